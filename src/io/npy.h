@@ -1,0 +1,16 @@
+// NumPy .npy files (version 1.0, little-endian, C order): f32 / i32 / i64 arrays.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "core/tensor.h"
+
+namespace zest::io {
+
+// Writes a CPU tensor (F32, I32 or I64) as .npy.
+Status write_npy(const std::string& file, const Tensor& t);
+// Reads an .npy with dtype <f4, <f2, <i4 or <i8 into a CPU tensor of that dtype (f2 -> F32).
+Result<Tensor> read_npy(const std::string& file);
+
+}  // namespace zest::io

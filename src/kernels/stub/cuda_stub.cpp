@@ -1,0 +1,10 @@
+// Built instead of the CUDA library when ZEST_CUDA is off.
+#include "kernels/backend.h"
+
+namespace zest::kernels {
+
+bool cuda_available() { return false; }
+Status cuda_init(int) { return unsupported("zest was built without CUDA (configure with -DZEST_CUDA=ON)"); }
+std::string cuda_describe() { return "CUDA backend not built"; }
+
+}  // namespace zest::kernels
