@@ -1,0 +1,58 @@
+// Image input: JPEG / PNG / WebP decoding from memory to 8-bit RGB, and the image sources an
+// OpenAI request can carry (data: URLs with base64, file:// URLs, plain paths).
+//
+// Conversion to RGB follows what transformers 5.17 does for Qwen3-VL when given a path, URL or
+// base64 string (image_utils.load_image_as_tensor -> torchvision.io.decode_image(mode=RGB)):
+// grayscale is replicated to three channels, palettes are expanded, alpha is dropped (not
+// composited), 16-bit samples keep their high byte, and EXIF orientation is NOT applied.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/status.h"
+
+namespace zest::io {
+
+// An 8-bit RGB image, row-major, interleaved (HWC): pixel (y, x) channel c is rgb[(y*width+x)*3+c].
+struct Image {
+  int64_t width = 0;
+  int64_t height = 0;
+  std::vector<uint8_t> rgb;
+};
+
+enum class ImageFormat { kUnknown, kJpeg, kPng, kWebp };
+const char* image_format_name(ImageFormat f);
+
+// Limits checked from the header before any pixel is decoded.
+struct ImageLimits {
+  int64_t max_pixels = 64LL * 1000 * 1000;  // width * height above this -> kOutOfRange
+  double max_aspect_ratio = 200.0;           // max(w,h) / min(w,h) above this -> kInvalidArgument
+};
+
+// Detects the container format from the first bytes (magic numbers).
+ImageFormat sniff_image_format(const uint8_t* data, size_t size);
+
+// Decodes a JPEG, PNG or WebP held in memory. Errors: empty or unknown data -> kInvalidArgument;
+// truncated or malformed data -> kCorrupt; zero size / aspect ratio -> kInvalidArgument;
+// width*height over limits.max_pixels -> kOutOfRange; WebP without libwebp -> kUnsupported.
+Result<Image> decode_image(const uint8_t* data, size_t size, const ImageLimits& limits = {});
+inline Result<Image> decode_image(const std::vector<uint8_t>& bytes, const ImageLimits& limits = {}) {
+  return decode_image(bytes.data(), bytes.size(), limits);
+}
+
+// Standard base64 (RFC 4648, '+' '/'; '-' '_' also accepted; ASCII whitespace skipped; padding
+// optional). Any other character or a dangling single symbol -> kInvalidArgument.
+Result<std::vector<uint8_t>> base64_decode(std::string_view text);
+
+// The raw bytes behind an image source: "data:image/<type>;base64,<data>", "file://<path>", or a
+// plain filesystem path. http(s) URLs -> kUnsupported (zest does not fetch remote content).
+// Files larger than max_bytes -> kOutOfRange.
+Result<std::vector<uint8_t>> read_image_source(const std::string& source, size_t max_bytes = 256u << 20);
+
+// read_image_source + decode_image.
+Result<Image> load_image(const std::string& source, const ImageLimits& limits = {});
+
+}  // namespace zest::io
