@@ -18,8 +18,10 @@ class Tokenizer {
   static Result<Tokenizer> load(const std::string& model_dir);
   static Result<Tokenizer> from_tokenizer_json(const std::string& file);
 
-  // NFC-normalises and encodes. With parse_special, added/special token strings in the text become
-  // their ids (as transformers does); otherwise they are encoded as plain text.
+  // NFC-normalises and encodes (ill-formed UTF-8 is first repaired to U+FFFD). With parse_special,
+  // special token strings in the text become their ids (as transformers does); otherwise they are
+  // encoded as plain text. Non-special added tokens (<think>, <tool_call>, ...) always match, as in
+  // HF tokenizers with encode_special_tokens / transformers with split_special_tokens=True.
   std::vector<int32_t> encode(std::string_view text, bool parse_special = true) const;
   // Decodes ids to UTF-8 (special tokens included as their text unless skip_special).
   std::string decode(const std::vector<int32_t>& ids, bool skip_special = false) const;

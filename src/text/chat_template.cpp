@@ -1,0 +1,1 @@
+#include "text/chat_template.h"
