@@ -1,2 +1,24 @@
+// zest: inference engine and server for Qwen3-MoE / Qwen3-VL models.
 #include <iostream>
-int main() { std::cout << "zest\n"; return 0; }
+
+#include "cli/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"zest: inference engine for Qwen3-MoE and Qwen3-VL models"};
+  app.require_subcommand(1);
+  std::function<int()> run;
+  zest::cli::register_generate(app, run);
+  zest::cli::register_logits(app, run);
+  zest::cli::register_tokenize(app, run);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    return run ? run() : 1;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,38 @@
+// Shared pieces of the zest subcommands: model loading, request assembly, errors.
+#pragma once
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "core/status.h"
+#include "engine/model_bundle.h"
+
+namespace zest::cli {
+
+// Options every model-running subcommand takes.
+struct ModelArgs {
+  std::string model;
+  int threads = 0;
+  std::string device = "auto";
+};
+void add_model_args(CLI::App* app, ModelArgs& a);
+// Applies threads/device and loads the model; prints nothing.
+Result<std::shared_ptr<engine::ModelBundle>> load_model(const ModelArgs& a);
+
+// Where a request comes from: a JSON body file, or --prompt with --image parts.
+struct RequestArgs {
+  std::string request_file;
+  std::string prompt;
+  std::string system;
+  std::vector<std::string> images;
+};
+void add_request_args(CLI::App* app, RequestArgs& a);
+// The chat-completions body these arguments describe.
+Result<nlohmann::json> request_body(const RequestArgs& a);
+
+// Prints "error: <message>" to stderr and returns exit code 1.
+int fail(const Status& st);
+
+}  // namespace zest::cli

@@ -1,0 +1,86 @@
+// zest logits: the decoder's logits for a request's prompt, as .npy; zest tokenize: token ids of a text.
+#include <iostream>
+#include <memory>
+
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "engine/chat_request.h"
+#include "io/npy.h"
+
+namespace zest::cli {
+namespace {
+
+struct LogitsArgs {
+  ModelArgs model;
+  RequestArgs request;
+  std::string out;
+  bool all_positions = false;
+};
+
+int run_logits(const LogitsArgs& a) {
+  auto body_r = request_body(a.request);
+  if (!body_r.ok()) return fail(body_r.status());
+  auto model_r = load_model(a.model);
+  if (!model_r.ok()) return fail(model_r.status());
+  auto model = std::move(model_r).value();
+  auto req_r = engine::parse_chat_request(*body_r, *model);
+  if (!req_r.ok()) return fail(req_r.status());
+  auto prompt_r = engine::build_prompt(*model, *req_r, {});
+  if (!prompt_r.ok()) return fail(prompt_r.status());
+  engine::Prompt& p = *prompt_r;
+
+  const int64_t n = static_cast<int64_t>(p.ids.size());
+  model::PagedKVCache cache = model->text.make_cache((n + 15) / 16, 16);
+  std::vector<int32_t> table;
+  Status st = cache.reserve(table, n);
+  if (!st.is_ok()) return fail(st);
+  model::ForwardBatch b;
+  b.tokens = p.ids;
+  b.positions = p.positions;
+  b.seqs.push_back({&table, 0, n, a.all_positions, true});
+  b.mm_embeds = p.mm_embeds;
+  b.mm_index = p.mm_index;
+  b.deepstack = p.deepstack;
+  auto logits = model->text.forward(b, cache);
+  if (!logits.ok()) return fail(logits.status());
+  Tensor out = *logits;
+  if (!a.all_positions) out = out.reshape({out.dim(1)});
+  st = io::write_npy(a.out, out);
+  if (!st.is_ok()) return fail(st);
+  std::cout << nlohmann::json(p.ids).dump() << "\n";
+  return 0;
+}
+
+struct TokenizeArgs {
+  ModelArgs model;
+  std::string text;
+};
+
+int run_tokenize(const TokenizeArgs& a) {
+  auto tok = text::Tokenizer::load(a.model.model);
+  if (!tok.ok()) return fail(tok.status());
+  std::cout << nlohmann::json(tok->encode(a.text, true)).dump() << "\n";
+  return 0;
+}
+
+}  // namespace
+
+void register_logits(CLI::App& app, std::function<int()>& run) {
+  auto a = std::make_shared<LogitsArgs>();
+  CLI::App* sub = app.add_subcommand("logits", "Write the prompt's logits as .npy and print the prompt token ids");
+  add_model_args(sub, a->model);
+  add_request_args(sub, a->request);
+  sub->add_option("--out", a->out, "output .npy file")->required();
+  sub->add_flag("--all-positions", a->all_positions, "logits of every prompt position [T, vocab]");
+  sub->callback([a, &run] { run = [a] { return run_logits(*a); }; });
+}
+
+void register_tokenize(CLI::App& app, std::function<int()>& run) {
+  auto a = std::make_shared<TokenizeArgs>();
+  CLI::App* sub = app.add_subcommand("tokenize", "Print the token ids of a text as a JSON array");
+  sub->add_option("--model", a->model.model, "model directory (its tokenizer is used)")->required();
+  sub->add_option("--text", a->text, "text to encode (special-token strings become special tokens)")->required();
+  sub->callback([a, &run] { run = [a] { return run_tokenize(*a); }; });
+}
+
+}  // namespace zest::cli

@@ -1,0 +1,295 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/timer.h"
+
+namespace zest::engine {
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::kNone: return "none";
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kAbort: return "abort";
+    case FinishReason::kError: return "error";
+  }
+  return "none";
+}
+
+bool StepPlan::decode_only() const {
+  for (const auto& c : chunks)
+    if (c.length != 1 || !c.sample) return false;
+  return !chunks.empty();
+}
+
+int64_t StepPlan::num_tokens() const {
+  int64_t n = 0;
+  for (const auto& c : chunks) n += c.length;
+  return n;
+}
+
+struct Engine::Seq {
+  Request req;
+  Sampler sampler;
+  std::vector<int32_t> tokens;  // prompt, then generated tokens
+  int64_t n_prompt = 0;
+  int64_t computed = 0;         // tokens whose K/V are in the cache
+  std::vector<int32_t> blocks;  // block table
+  RequestOutput out;
+  text::IncrementalDecoder detok;
+  std::string full_text;        // all decoded text (before stop-string cutting)
+  size_t emitted = 0;           // bytes of full_text already sent
+  bool done = false;
+
+  Seq(Request r, const text::Tokenizer& tok)
+      : req(std::move(r)), sampler(req.sampling), detok(tok, /*skip_special=*/true) {
+    tokens = req.prompt.ids;
+    n_prompt = static_cast<int64_t>(tokens.size());
+  }
+  int64_t remaining() const { return static_cast<int64_t>(tokens.size()) - computed; }
+  int64_t generated() const { return static_cast<int64_t>(tokens.size()) - n_prompt; }
+  // M-RoPE position of token i on axis a.
+  int32_t position(int64_t a, int64_t i) const {
+    if (i < n_prompt) return req.prompt.positions[a * n_prompt + i];
+    return static_cast<int32_t>(i + req.prompt.rope_delta);
+  }
+};
+
+Engine::Engine(std::shared_ptr<ModelBundle> model, EngineOptions opts) : model_(std::move(model)), opts_(opts) {
+  const auto& tc = model_->config.text;
+  max_context_ = opts_.max_context > 0 ? opts_.max_context
+                                       : std::min<int64_t>(tc.max_position_embeddings > 0 ? tc.max_position_embeddings : 32768, 32768);
+  const int64_t per_seq = (max_context_ + opts_.block_size - 1) / opts_.block_size;
+  const int64_t blocks = opts_.kv_blocks > 0 ? opts_.kv_blocks : per_seq * 4;
+  cache_ = model_->text.make_cache(blocks, opts_.block_size);
+  stats_.kv_blocks_total = blocks;
+}
+
+Engine::~Engine() = default;
+
+Status Engine::add(Request req) {
+  const int64_t n = static_cast<int64_t>(req.prompt.ids.size());
+  if (n == 0) return invalid_argument("the prompt is empty");
+  if (n >= max_context_)
+    return out_of_range("the prompt has " + std::to_string(n) + " tokens; this model's context limit is " +
+                        std::to_string(max_context_) + " tokens: shorten the prompt or its images");
+  if (cache_.blocks_for(n + 1) > cache_.num_blocks())
+    return out_of_range("the prompt needs more KV-cache blocks than the engine has");
+  if (static_cast<int64_t>(req.prompt.positions.size()) != 3 * n)
+    return invalid_argument("prompt positions must have 3 rows of the prompt length");
+  if (req.sampling.max_tokens <= 0) return invalid_argument("max_tokens must be positive");
+  auto s = std::make_unique<Seq>(std::move(req), model_->tokenizer);
+  s->out.arrival_ms = now_ms();
+  waiting_.push_back(std::move(s));
+  return Status::ok();
+}
+
+Engine::Seq* Engine::find(int64_t id) {
+  for (auto& s : running_)
+    if (s->req.id == id) return s.get();
+  for (auto& s : waiting_)
+    if (s->req.id == id) return s.get();
+  return nullptr;
+}
+
+void Engine::abort(int64_t id) {
+  Seq* s = find(id);
+  if (!s || s->done) return;
+  finish(*s, FinishReason::kAbort, s->out.text);
+  running_.remove_if([](const std::unique_ptr<Seq>& p) { return p->done; });
+  waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(), [](const std::unique_ptr<Seq>& p) { return p->done; }),
+                 waiting_.end());
+}
+
+void Engine::finish(Seq& s, FinishReason r, std::string final_text, const std::string& error) {
+  cache_.release(s.blocks);
+  s.done = true;
+  s.out.finish = r;
+  s.out.error = error;
+  s.out.finish_ms = now_ms();
+  std::string delta;
+  if (final_text.size() > s.emitted) delta = final_text.substr(s.emitted);
+  s.out.text = std::move(final_text);
+  s.emitted = s.out.text.size();
+  if (s.req.on_update) s.req.on_update(delta, s.out, true);
+}
+
+void Engine::preempt(Seq& s) {
+  // Recompute policy: drop the KV blocks; the sequence re-prefills prompt + generated tokens later.
+  cache_.release(s.blocks);
+  s.computed = 0;
+  ++stats_.preemptions;
+}
+
+StepPlan Engine::schedule() {
+  StepPlan plan;
+  int64_t budget = opts_.max_batched_tokens;
+  // Running sequences first, oldest first; a sequence that cannot get blocks preempts the newest ones.
+  for (auto it = running_.begin(); it != running_.end() && budget > 0; ++it) {
+    Seq& s = **it;
+    const int64_t len = std::min(s.remaining(), budget);
+    while (!cache_.reserve(s.blocks, s.computed + len).is_ok()) {
+      auto victim = std::prev(running_.end());
+      if (victim->get() == &s) break;
+      preempt(**victim);
+      plan.preempted.push_back((*victim)->req.id);
+      waiting_.push_front(std::move(*victim));
+      running_.erase(victim);
+    }
+    if (static_cast<int64_t>(s.blocks.size()) < cache_.blocks_for(s.computed + len)) continue;
+    plan.chunks.push_back({s.req.id, s.computed, len, s.computed + len == static_cast<int64_t>(s.tokens.size())});
+    budget -= len;
+  }
+  // Admit waiting requests in arrival order while there is room.
+  while (!waiting_.empty() && budget > 0 && static_cast<int64_t>(running_.size()) < opts_.max_num_seqs) {
+    Seq& s = *waiting_.front();
+    const int64_t len = std::min(s.remaining(), budget);
+    if (!cache_.reserve(s.blocks, s.computed + len).is_ok()) break;
+    if (s.out.first_scheduled_ms == 0) s.out.first_scheduled_ms = now_ms();
+    plan.chunks.push_back({s.req.id, s.computed, len, s.computed + len == static_cast<int64_t>(s.tokens.size())});
+    budget -= len;
+    running_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+  }
+  return plan;
+}
+
+Status Engine::run(const StepPlan& plan) {
+  model::ForwardBatch b;
+  std::vector<Seq*> seqs;
+  const int64_t T = plan.num_tokens();
+  const int64_t H = model_->config.text.hidden_size;
+  b.tokens.reserve(T);
+  b.positions.assign(3 * T, 0);
+  std::vector<std::pair<Seq*, int64_t>> mm_rows;  // (sequence, prompt mm row)
+  int64_t t = 0;
+  for (const ScheduledChunk& c : plan.chunks) {
+    Seq* s = find(c.seq);
+    seqs.push_back(s);
+    const Prompt& p = s->req.prompt;
+    for (int64_t i = c.start; i < c.start + c.length; ++i, ++t) {
+      b.tokens.push_back(s->tokens[i]);
+      for (int a = 0; a < 3; ++a) b.positions[a * T + t] = s->position(a, i);
+    }
+    // Visual rows that fall inside this chunk.
+    auto lo = std::lower_bound(p.mm_index.begin(), p.mm_index.end(), c.start);
+    auto hi = std::lower_bound(p.mm_index.begin(), p.mm_index.end(), c.start + c.length);
+    for (auto it = lo; it != hi; ++it) {
+      b.mm_index.push_back(t - c.length + (*it - c.start));
+      mm_rows.emplace_back(s, it - p.mm_index.begin());
+    }
+    b.seqs.push_back({&s->blocks, c.start, c.length, false, s->req.sere});
+  }
+  if (!mm_rows.empty()) {
+    const int64_t n = static_cast<int64_t>(mm_rows.size());
+    b.mm_embeds = Tensor::empty({n, H});
+    size_t n_ds = SIZE_MAX;
+    for (auto& [s, r] : mm_rows) n_ds = std::min(n_ds, s->req.prompt.deepstack.size());
+    for (size_t l = 0; l < n_ds; ++l) b.deepstack.push_back(Tensor::empty({n, H}));
+    for (int64_t i = 0; i < n; ++i) {
+      const auto& [s, r] = mm_rows[i];
+      std::memcpy(b.mm_embeds.data<float>() + i * H, s->req.prompt.mm_embeds.data<float>() + r * H, H * 4);
+      for (size_t l = 0; l < n_ds; ++l)
+        std::memcpy(b.deepstack[l].data<float>() + i * H, s->req.prompt.deepstack[l].data<float>() + r * H, H * 4);
+    }
+  }
+
+  const model::MoeHooks* hooks = opts_.moe_hooks ? opts_.moe_hooks(plan.decode_only()) : nullptr;
+  ZEST_ASSIGN_OR_RETURN(Tensor logits, model_->text.forward(b, cache_, hooks));
+  const int64_t V = logits.dim(1);
+  const std::vector<int32_t> eos = model_->eos_ids();
+
+  for (size_t ci = 0; ci < plan.chunks.size(); ++ci) {
+    const ScheduledChunk& c = plan.chunks[ci];
+    Seq& s = *seqs[ci];
+    s.computed += c.length;
+    if (!c.sample) continue;
+    const int32_t tok = s.sampler.sample(logits.data<float>() + ci * V, V);
+    s.tokens.push_back(tok);
+    s.out.token_ids.push_back(tok);
+    if (s.out.first_token_ms == 0) s.out.first_token_ms = now_ms();
+    const SamplingParams& sp = s.req.sampling;
+    const bool is_eos = !sp.ignore_eos && std::find(eos.begin(), eos.end(), tok) != eos.end();
+    const bool is_stop_id = std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), tok) != sp.stop_token_ids.end();
+    if (is_eos || is_stop_id) {
+      finish(s, FinishReason::kStop, s.full_text + s.detok.flush());
+      continue;
+    }
+    s.full_text += s.detok.push(tok);
+    // Stop strings: cut the text before the first match.
+    size_t cut = std::string::npos, hold = 0;
+    for (const std::string& st : sp.stop) {
+      if (st.empty()) continue;
+      const size_t from = s.emitted > st.size() ? s.emitted - st.size() : 0;
+      const size_t at = s.full_text.find(st, from);
+      if (at != std::string::npos) cut = std::min(cut, at);
+      hold = std::max(hold, st.size() - 1);
+    }
+    if (cut != std::string::npos) {
+      finish(s, FinishReason::kStop, s.full_text.substr(0, cut));
+      continue;
+    }
+    // Send what can no longer become part of a stop string.
+    const size_t safe = s.full_text.size() > hold ? s.full_text.size() - hold : 0;
+    std::string delta;
+    if (safe > s.emitted) {
+      delta = s.full_text.substr(s.emitted, safe - s.emitted);
+      s.emitted = safe;
+    }
+    s.out.text = s.full_text.substr(0, s.emitted);
+    if (s.generated() >= sp.max_tokens || static_cast<int64_t>(s.tokens.size()) >= max_context_) {
+      finish(s, FinishReason::kLength, s.full_text + s.detok.flush());
+      continue;
+    }
+    if (s.req.on_update) s.req.on_update(delta, s.out, false);
+  }
+  return Status::ok();
+}
+
+Status Engine::step() {
+  StepPlan plan = schedule();
+  if (plan.chunks.empty()) {
+    // Nothing fits: the oldest waiting request cannot get blocks even with nothing running.
+    if (running_.empty() && !waiting_.empty()) {
+      finish(*waiting_.front(), FinishReason::kError, waiting_.front()->out.text,
+             "the request does not fit the KV cache");
+      waiting_.pop_front();
+    }
+    return Status::ok();
+  }
+  ++stats_.steps;
+  Status st = run(plan);
+  if (!st.is_ok()) {
+    for (auto& s : running_) finish(*s, FinishReason::kError, s->out.text, st.message());
+    running_.clear();
+    return st;
+  }
+  running_.remove_if([](const std::unique_ptr<Seq>& p) { return p->done; });
+  return Status::ok();
+}
+
+EngineStats Engine::stats() const {
+  EngineStats s = stats_;
+  s.running = static_cast<int64_t>(running_.size());
+  s.waiting = static_cast<int64_t>(waiting_.size());
+  s.kv_blocks_used = cache_.used_blocks();
+  return s;
+}
+
+Result<RequestOutput> generate_one(std::shared_ptr<ModelBundle> model, Request req, EngineOptions opts) {
+  Engine engine(std::move(model), opts);
+  RequestOutput result;
+  auto user_cb = req.on_update;
+  req.on_update = [&](const std::string& delta, const RequestOutput& out, bool finished) {
+    if (user_cb) user_cb(delta, out, finished);
+    if (finished) result = out;
+  };
+  ZEST_RETURN_IF_ERROR(engine.add(std::move(req)));
+  while (engine.has_work()) ZEST_RETURN_IF_ERROR(engine.step());
+  if (result.finish == FinishReason::kError) return internal_error(result.error);
+  return result;
+}
+
+}  // namespace zest::engine

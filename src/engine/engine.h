@@ -1,0 +1,89 @@
+// The engine: continuous batching over a paged KV cache. Each step() asks the scheduler for a
+// StepPlan (decode tokens of running requests first, then prefill chunks under a token budget),
+// runs it on the model and samples. Invariants are written down in src/engine/README.md.
+#pragma once
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <list>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "core/status.h"
+#include "engine/model_bundle.h"
+#include "engine/request.h"
+#include "model/kv_cache.h"
+#include "text/tokenizer.h"
+
+namespace zest::engine {
+
+struct EngineOptions {
+  int64_t block_size = 16;
+  int64_t kv_blocks = 0;            // 0 = enough for max_num_seqs sequences of max_context tokens
+  int64_t max_num_seqs = 32;        // running sequences at once
+  int64_t max_batched_tokens = 2048;  // tokens per step (decode + prefill chunks)
+  int64_t max_context = 0;          // 0 = min(max_position_embeddings, 32768)
+  // Builds the MoE hooks for one step (null = none); `decode_only` says the step has no prefill.
+  std::function<const model::MoeHooks*(bool decode_only)> moe_hooks;
+};
+
+// One chunk of the plan: `length` tokens of request `seq` starting at token `start`.
+struct ScheduledChunk {
+  int64_t seq = 0;
+  int64_t start = 0;
+  int64_t length = 0;
+  bool sample = false;  // the chunk reaches the end of the known tokens: sample the next one
+};
+
+// What one step runs; plain data handed from the scheduler to the runner.
+struct StepPlan {
+  std::vector<ScheduledChunk> chunks;
+  std::vector<int64_t> preempted;  // requests sent back to waiting (their KV blocks freed)
+  bool decode_only() const;
+  int64_t num_tokens() const;
+};
+
+struct EngineStats {
+  int64_t running = 0, waiting = 0, kv_blocks_used = 0, kv_blocks_total = 0;
+  int64_t steps = 0, preemptions = 0;
+};
+
+class Engine {
+ public:
+  Engine(std::shared_ptr<ModelBundle> model, EngineOptions opts);
+  ~Engine();
+
+  // Queues a request; kOutOfRange when prompt + max_tokens cannot fit the context.
+  Status add(Request req);
+  // Ends a request (client gone); its blocks are freed at once, on_update gets kAbort.
+  void abort(int64_t id);
+  bool has_work() const { return !waiting_.empty() || !running_.empty(); }
+  // Plans and runs one step; calls on_update of the requests that advanced.
+  Status step();
+  EngineStats stats() const;
+  int64_t max_context() const { return max_context_; }
+  const ModelBundle& model() const { return *model_; }
+
+ private:
+  struct Seq;
+  StepPlan schedule();
+  Status run(const StepPlan& plan);
+  // Frees the blocks and reports the end with the final text (the part not yet sent is the delta).
+  void finish(Seq& s, FinishReason r, std::string final_text, const std::string& error = {});
+  void preempt(Seq& s);
+  Seq* find(int64_t id);
+
+  std::shared_ptr<ModelBundle> model_;
+  EngineOptions opts_;
+  int64_t max_context_ = 0;
+  model::PagedKVCache cache_;
+  std::list<std::unique_ptr<Seq>> running_;
+  std::deque<std::unique_ptr<Seq>> waiting_;
+  EngineStats stats_;
+};
+
+// Runs one request to completion on a fresh engine (CLI use). Returns its output.
+Result<RequestOutput> generate_one(std::shared_ptr<ModelBundle> model, Request req, EngineOptions opts = {});
+
+}  // namespace zest::engine

@@ -1,0 +1,38 @@
+// Everything loaded from one model directory: config, tokenizer, chat template, weights, decoder and
+// (for the VL models) the vision tower.
+#pragma once
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "core/status.h"
+#include "io/config.h"
+#include "io/safetensors.h"
+#include "model/qwen3.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
+
+namespace zest::vision {
+class VisionTower;
+}
+
+namespace zest::engine {
+
+struct ModelBundle {
+  std::string dir;
+  io::ModelConfig config;
+  io::GenerationDefaults generation;
+  io::PreprocessorConfig preprocessor;
+  text::Tokenizer tokenizer;
+  text::TemplateKind chat_template = text::TemplateKind::kQwen3;
+  io::SafeTensors weights;
+  model::Qwen3TextModel text;
+  std::shared_ptr<vision::VisionTower> vision;  // null for text-only models
+
+  // Loads DIR; every problem is returned as a Status naming the file and what is wrong.
+  static Result<std::shared_ptr<ModelBundle>> load(const std::string& dir);
+  // Token ids that end generation: generation_config eos ids, else <|im_end|> and <|endoftext|>.
+  std::vector<int32_t> eos_ids() const;
+};
+
+}  // namespace zest::engine

@@ -1,0 +1,48 @@
+// Request state shared by the scheduler and the runner.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "engine/sampler.h"
+
+namespace zest::engine {
+
+// A prompt ready for the decoder: token ids after image-token expansion, M-RoPE positions, and the
+// visual embeddings that replace the image-pad tokens.
+struct Prompt {
+  std::vector<int32_t> ids;
+  std::vector<int32_t> positions;  // [3, ids.size()]: rows t, h, w
+  int64_t rope_delta = 0;          // decode position = tokens in cache + rope_delta
+  Tensor mm_embeds;                // [n_mm, hidden]
+  std::vector<int64_t> mm_index;   // prompt index of each mm_embeds row (ascending)
+  std::vector<Tensor> deepstack;   // each [n_mm, hidden]
+  std::vector<int64_t> visual_tokens_before, visual_tokens_after;  // per image
+};
+
+enum class FinishReason { kNone, kStop, kLength, kAbort, kError };
+const char* finish_reason_name(FinishReason r);
+
+// What a caller sees of a request while and after it runs.
+struct RequestOutput {
+  std::vector<int32_t> token_ids;
+  std::string text;
+  FinishReason finish = FinishReason::kNone;
+  std::string error;
+  double arrival_ms = 0, first_scheduled_ms = 0, first_token_ms = 0, finish_ms = 0;
+};
+
+struct Request {
+  int64_t id = 0;
+  Prompt prompt;
+  SamplingParams sampling;
+  bool sere = true;  // takes part in expert re-routing
+  // Called from the engine thread with each newly decoded piece of text (may be empty) and, at the
+  // end, with finished = true.
+  std::function<void(const std::string& delta, const RequestOutput& out, bool finished)> on_update;
+};
+
+}  // namespace zest::engine

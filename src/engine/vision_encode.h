@@ -1,0 +1,31 @@
+// Runs a request's images through preprocessing and the vision tower (with VisionZip when enabled).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/status.h"
+#include "core/tensor.h"
+#include "engine/model_bundle.h"
+#include "io/image.h"
+
+namespace zest::engine {
+
+struct EncodedImages {
+  std::vector<std::pair<int64_t, int64_t>> merged_grids;  // (rows, cols) of merged tokens per image
+  std::vector<std::vector<int64_t>> kept;  // per image: kept merged-token indices (ascending), all when unpruned
+  Tensor embeds;                      // [sum kept, hidden]
+  std::vector<Tensor> deepstack;      // each [sum kept, hidden]
+  double preprocess_ms = 0, tower_ms = 0, select_ms = 0;
+};
+
+// Loads the vision tower of a VL model into model.vision (no-op for text-only models).
+Status load_vision_tower(ModelBundle& model);
+
+// Preprocesses and encodes the images. `mm_kwargs` may carry min_pixels / max_pixels;
+// `prune` the VisionZip overrides of the request (null = engine defaults).
+Result<EncodedImages> encode_images(const ModelBundle& model, const std::vector<io::Image>& images,
+                                    const nlohmann::json& mm_kwargs, const nlohmann::json& prune);
+
+}  // namespace zest::engine

@@ -1,0 +1,292 @@
+#include "model/qwen3.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "core/thread_pool.h"
+#include "kernels/cpu/ops.h"
+#include "model/weights.h"
+
+namespace zest::model {
+namespace {
+
+std::string text_prefix(const io::ModelConfig& cfg) {
+  return cfg.arch == io::Arch::kQwen3Moe ? "model." : "model.language_model.";
+}
+
+// Top-k of one probability row: descending value, ties to the lower expert id (as torch.topk on CPU).
+void top_k(const float* p, int64_t n, int64_t k, int32_t* ids, float* vals) {
+  std::vector<int32_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+    return p[a] > p[b] || (p[a] == p[b] && a < b);
+  });
+  for (int64_t i = 0; i < k; ++i) {
+    ids[i] = order[i];
+    vals[i] = p[order[i]];
+  }
+}
+
+}  // namespace
+
+Result<Qwen3TextModel> Qwen3TextModel::load(const io::SafeTensors& st, const io::ModelConfig& mc) {
+  Qwen3TextModel m;
+  m.cfg_ = mc.text;
+  const io::TextConfig& c = m.cfg_;
+  const std::string p = text_prefix(mc);
+  const int64_t H = c.hidden_size, hd = c.head_dim, nh = c.num_heads, nkv = c.num_kv_heads;
+
+  ZEST_ASSIGN_OR_RETURN(m.embed_, load_f32(st, p + "embed_tokens.weight", {c.vocab_size, H}));
+  ZEST_ASSIGN_OR_RETURN(m.final_norm_, load_f32(st, p + "norm.weight", {H}));
+  if (c.tie_word_embeddings && !st.contains("lm_head.weight")) {
+    m.lm_head_ = m.embed_;
+  } else {
+    ZEST_ASSIGN_OR_RETURN(m.lm_head_, load_f32(st, "lm_head.weight", {c.vocab_size, H}));
+  }
+
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string lp = p + "layers." + std::to_string(l) + ".";
+    Layer L;
+    ZEST_ASSIGN_OR_RETURN(L.in_norm, load_f32(st, lp + "input_layernorm.weight", {H}));
+    ZEST_ASSIGN_OR_RETURN(L.post_norm, load_f32(st, lp + "post_attention_layernorm.weight", {H}));
+    ZEST_ASSIGN_OR_RETURN(L.wq, load_f32(st, lp + "self_attn.q_proj.weight", {nh * hd, H}));
+    ZEST_ASSIGN_OR_RETURN(L.wk, load_f32(st, lp + "self_attn.k_proj.weight", {nkv * hd, H}));
+    ZEST_ASSIGN_OR_RETURN(L.wv, load_f32(st, lp + "self_attn.v_proj.weight", {nkv * hd, H}));
+    ZEST_ASSIGN_OR_RETURN(L.wo, load_f32(st, lp + "self_attn.o_proj.weight", {H, nh * hd}));
+    ZEST_ASSIGN_OR_RETURN(L.q_norm, load_f32(st, lp + "self_attn.q_norm.weight", {hd}));
+    ZEST_ASSIGN_OR_RETURN(L.k_norm, load_f32(st, lp + "self_attn.k_norm.weight", {hd}));
+    L.moe = mc.is_moe() && c.is_moe_layer(l);
+    if (L.moe) {
+      const int64_t E = c.num_experts, I = c.moe_intermediate_size;
+      ZEST_ASSIGN_OR_RETURN(L.router, load_f32(st, lp + "mlp.gate.weight", {E, H}));
+      if (st.contains(lp + "mlp.experts.gate_up_proj")) {
+        // Fused, input-major: gate_up [E, H, 2I] (gate = first I columns), down [E, I, H].
+        ZEST_ASSIGN_OR_RETURN(Tensor gu, load_f32(st, lp + "mlp.experts.gate_up_proj", {E, H, 2 * I}));
+        ZEST_ASSIGN_OR_RETURN(Tensor dn, load_f32(st, lp + "mlp.experts.down_proj", {E, I, H}));
+        for (int64_t e = 0; e < E; ++e) {
+          L.gate_up.push_back(transpose_2d(gu.rows(e, e + 1).reshape({H, 2 * I})));
+          L.down.push_back(transpose_2d(dn.rows(e, e + 1).reshape({I, H})));
+        }
+      } else {
+        for (int64_t e = 0; e < E; ++e) {
+          const std::string ep = lp + "mlp.experts." + std::to_string(e) + ".";
+          ZEST_ASSIGN_OR_RETURN(Tensor g, load_f32(st, ep + "gate_proj.weight", {I, H}));
+          ZEST_ASSIGN_OR_RETURN(Tensor u, load_f32(st, ep + "up_proj.weight", {I, H}));
+          ZEST_ASSIGN_OR_RETURN(Tensor d, load_f32(st, ep + "down_proj.weight", {H, I}));
+          Tensor gu = Tensor::empty({2 * I, H});
+          std::memcpy(gu.data<float>(), g.data<float>(), g.nbytes());
+          std::memcpy(gu.data<float>() + I * H, u.data<float>(), u.nbytes());
+          L.gate_up.push_back(gu);
+          L.down.push_back(d);
+        }
+      }
+    } else {
+      const int64_t I = c.intermediate_size;
+      ZEST_ASSIGN_OR_RETURN(Tensor g, load_f32(st, lp + "mlp.gate_proj.weight", {I, H}));
+      ZEST_ASSIGN_OR_RETURN(Tensor u, load_f32(st, lp + "mlp.up_proj.weight", {I, H}));
+      ZEST_ASSIGN_OR_RETURN(Tensor d, load_f32(st, lp + "mlp.down_proj.weight", {H, I}));
+      Tensor gu = Tensor::empty({2 * I, H});
+      std::memcpy(gu.data<float>(), g.data<float>(), g.nbytes());
+      std::memcpy(gu.data<float>() + I * H, u.data<float>(), u.nbytes());
+      L.gate_up.push_back(gu);
+      L.down.push_back(d);
+    }
+    m.layers_.push_back(std::move(L));
+  }
+
+  // RoPE frequencies, computed in f32 as the reference does: theta^(-2j/head_dim).
+  const int64_t half = hd / 2;
+  m.inv_freq_.resize(half);
+  m.freq_axis_.assign(half, 0);
+  for (int64_t j = 0; j < half; ++j)
+    m.inv_freq_[j] = 1.0f / std::pow(static_cast<float>(c.rope_theta), static_cast<float>(2 * j) / hd);
+  if (!c.mrope_section.empty()) {
+    // Interleaved M-RoPE: frequency j uses axis h when j % 3 == 1 and j < 3 * section[1], axis w when
+    // j % 3 == 2 and j < 3 * section[2], else t.
+    for (int64_t j = 0; j < half; ++j) {
+      if (c.mrope_section.size() >= 2 && j % 3 == 1 && j < 3 * c.mrope_section[1]) m.freq_axis_[j] = 1;
+      if (c.mrope_section.size() >= 3 && j % 3 == 2 && j < 3 * c.mrope_section[2]) m.freq_axis_[j] = 2;
+    }
+  }
+  return m;
+}
+
+PagedKVCache Qwen3TextModel::make_cache(int64_t num_blocks, int64_t block_size) const {
+  return PagedKVCache(cfg_.num_layers, num_blocks, block_size, cfg_.num_kv_heads, cfg_.head_dim);
+}
+
+void Qwen3TextModel::rope_tables(const ForwardBatch& b, std::vector<float>& cos, std::vector<float>& sin) const {
+  const int64_t T = b.num_tokens(), half = cfg_.head_dim / 2;
+  cos.resize(T * half);
+  sin.resize(T * half);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < half; ++j) {
+      const float pos = static_cast<float>(b.positions[freq_axis_[j] * T + t]);
+      const float a = pos * inv_freq_[j];
+      cos[t * half + j] = std::cos(a);
+      sin[t * half + j] = std::sin(a);
+    }
+}
+
+void Qwen3TextModel::attention(const Layer& L, int64_t layer, const ForwardBatch& b, PagedKVCache& cache,
+                               const float* x, float* out) const {
+  const int64_t T = b.num_tokens(), H = cfg_.hidden_size, hd = cfg_.head_dim;
+  const int64_t nh = cfg_.num_heads, nkv = cfg_.num_kv_heads, group = nh / nkv;
+  std::vector<float> q(T * nh * hd), k(T * nkv * hd), v(T * nkv * hd);
+  cpu::linear(q.data(), x, L.wq.data<float>(), nullptr, T, nh * hd, H);
+  cpu::linear(k.data(), x, L.wk.data<float>(), nullptr, T, nkv * hd, H);
+  cpu::linear(v.data(), x, L.wv.data<float>(), nullptr, T, nkv * hd, H);
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  cpu::rmsnorm(q.data(), q.data(), L.q_norm.data<float>(), T * nh, hd, eps);
+  cpu::rmsnorm(k.data(), k.data(), L.k_norm.data<float>(), T * nkv, hd, eps);
+  std::vector<float> cs, sn;
+  rope_tables(b, cs, sn);
+  cpu::rope_rotate_half(q.data(), cs.data(), sn.data(), T, nh, hd);
+  cpu::rope_rotate_half(k.data(), cs.data(), sn.data(), T, nkv, hd);
+
+  // Write this step's K/V into the cache, then attend causally over each sequence's cache.
+  std::vector<int64_t> tok_seq(T), tok_pos(T);
+  int64_t t = 0;
+  for (size_t s = 0; s < b.seqs.size(); ++s)
+    for (int64_t i = 0; i < b.seqs[s].length; ++i, ++t) {
+      tok_seq[t] = static_cast<int64_t>(s);
+      tok_pos[t] = b.seqs[s].start + i;
+      std::memcpy(cache.k_at(layer, *b.seqs[s].block_table, tok_pos[t]), &k[t * nkv * hd], nkv * hd * 4);
+      std::memcpy(cache.v_at(layer, *b.seqs[s].block_table, tok_pos[t]), &v[t * nkv * hd], nkv * hd * 4);
+    }
+  std::vector<float> attn(T * nh * hd);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  parallel_for(T * nh, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores;
+    for (int64_t idx = begin; idx < end; ++idx) {
+      const int64_t tt = idx / nh, h = idx % nh, kvh = h / group;
+      const auto& table = *b.seqs[tok_seq[tt]].block_table;
+      const int64_t n = tok_pos[tt] + 1;
+      const float* qv = &q[(tt * nh + h) * hd];
+      scores.resize(n);
+      for (int64_t j = 0; j < n; ++j) scores[j] = cpu::dot(qv, cache.k_at(layer, table, j) + kvh * hd, hd) * scale;
+      cpu::softmax_inplace(scores.data(), n);
+      float* o = &attn[(tt * nh + h) * hd];
+      std::fill(o, o + hd, 0.0f);
+      for (int64_t j = 0; j < n; ++j) {
+        const float* vv = cache.v_at(layer, table, j) + kvh * hd;
+        for (int64_t d = 0; d < hd; ++d) o[d] += scores[j] * vv[d];
+      }
+    }
+  });
+  cpu::linear(out, attn.data(), L.wo.data<float>(), nullptr, T, H, nh * hd);
+}
+
+void Qwen3TextModel::mlp(const Layer& L, int64_t layer, const ForwardBatch& b, const float* x, float* out,
+                         const MoeHooks* hooks) const {
+  const int64_t T = b.num_tokens(), H = cfg_.hidden_size;
+  if (!L.moe) {
+    const int64_t I = cfg_.intermediate_size;
+    std::vector<float> gu(T * 2 * I), a(T * I);
+    cpu::linear(gu.data(), x, L.gate_up[0].data<float>(), nullptr, T, 2 * I, H);
+    cpu::silu_mul(a.data(), gu.data(), T, I);
+    cpu::linear(out, a.data(), L.down[0].data<float>(), nullptr, T, H, I);
+    return;
+  }
+  if (hooks && hooks->moe_input) hooks->moe_input(layer, x, T);
+  const int64_t E = cfg_.num_experts, K = cfg_.num_experts_per_tok, I = cfg_.moe_intermediate_size;
+  std::vector<float> probs(T * E);
+  cpu::linear(probs.data(), x, L.router.data<float>(), nullptr, T, E, H);
+  std::vector<int32_t> ids(T * K);
+  std::vector<float> w(T * K);
+  for (int64_t t = 0; t < T; ++t) {
+    cpu::softmax_inplace(&probs[t * E], E);
+    top_k(&probs[t * E], E, K, &ids[t * K], &w[t * K]);
+    if (cfg_.norm_topk_prob) {
+      float s = 0;
+      for (int64_t k = 0; k < K; ++k) s += w[t * K + k];
+      for (int64_t k = 0; k < K; ++k) w[t * K + k] /= s;
+    }
+  }
+  if (hooks && hooks->route) {
+    std::vector<uint8_t> active(T, 1);
+    int64_t t = 0;
+    for (const SeqChunk& s : b.seqs)
+      for (int64_t i = 0; i < s.length; ++i, ++t) active[t] = s.reroute ? 1 : 0;
+    hooks->route(layer, ids.data(), w.data(), T, K, active);
+  }
+  // Group (token, slot) pairs by expert; each expert's weights are used once for all its tokens.
+  std::vector<std::vector<int64_t>> by_expert(E);
+  for (int64_t s = 0; s < T * K; ++s)
+    if (ids[s] >= 0 && ids[s] < E) by_expert[ids[s]].push_back(s);
+  std::vector<float> slot_out(T * K * H, 0.0f);
+  for (int64_t e = 0; e < E; ++e) {
+    const auto& slots = by_expert[e];
+    if (slots.empty()) continue;
+    const int64_t n = static_cast<int64_t>(slots.size());
+    std::vector<float> xe(n * H), gu(n * 2 * I), a(n * I), y(n * H);
+    for (int64_t r = 0; r < n; ++r) std::memcpy(&xe[r * H], x + (slots[r] / K) * H, H * 4);
+    cpu::linear(gu.data(), xe.data(), L.gate_up[e].data<float>(), nullptr, n, 2 * I, H);
+    cpu::silu_mul(a.data(), gu.data(), n, I);
+    cpu::linear(y.data(), a.data(), L.down[e].data<float>(), nullptr, n, H, I);
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t d = 0; d < H; ++d) slot_out[slots[r] * H + d] = y[r * H + d] * w[slots[r]];
+  }
+  for (int64_t t = 0; t < T; ++t) {
+    float* o = out + t * H;
+    std::fill(o, o + H, 0.0f);
+    for (int64_t k = 0; k < K; ++k) cpu::add_inplace(o, &slot_out[(t * K + k) * H], H);
+  }
+}
+
+Result<Tensor> Qwen3TextModel::forward(const ForwardBatch& b, PagedKVCache& cache, const MoeHooks* hooks) const {
+  const int64_t T = b.num_tokens(), H = cfg_.hidden_size, V = cfg_.vocab_size;
+  if (static_cast<int64_t>(b.positions.size()) != 3 * T) return invalid_argument("forward: positions must be [3, T]");
+  int64_t sum = 0;
+  for (const SeqChunk& s : b.seqs) {
+    if (!s.block_table || s.length <= 0) return invalid_argument("forward: empty chunk or missing block table");
+    if (cache.blocks_for(s.start + s.length) > static_cast<int64_t>(s.block_table->size()))
+      return invalid_argument("forward: KV blocks not reserved for the chunk");
+    sum += s.length;
+  }
+  if (sum != T) return invalid_argument("forward: chunk lengths do not add up to the token count");
+  for (int32_t tok : b.tokens)
+    if (tok < 0 || tok >= V) return invalid_argument("forward: token id " + std::to_string(tok) + " out of range");
+
+  Tensor xs = Tensor::empty({T, H});
+  float* x = xs.data<float>();
+  for (int64_t t = 0; t < T; ++t) std::memcpy(x + t * H, embed_.data<float>() + int64_t{b.tokens[t]} * H, H * 4);
+  for (size_t r = 0; r < b.mm_index.size(); ++r)
+    std::memcpy(x + b.mm_index[r] * H, b.mm_embeds.data<float>() + r * H, H * 4);
+
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  std::vector<float> h(T * H), y(T * H);
+  for (int64_t l = 0; l < cfg_.num_layers; ++l) {
+    const Layer& L = layers_[l];
+    cpu::rmsnorm(h.data(), x, L.in_norm.data<float>(), T, H, eps);
+    attention(L, l, b, cache, h.data(), y.data());
+    cpu::add_inplace(x, y.data(), T * H);
+    cpu::rmsnorm(h.data(), x, L.post_norm.data<float>(), T, H, eps);
+    mlp(L, l, b, h.data(), y.data(), hooks);
+    cpu::add_inplace(x, y.data(), T * H);
+    if (l < static_cast<int64_t>(b.deepstack.size()))
+      for (size_t r = 0; r < b.mm_index.size(); ++r)
+        cpu::add_inplace(x + b.mm_index[r] * H, b.deepstack[l].data<float>() + r * H, H);
+  }
+
+  // Rows that produce logits: every token of all_logits chunks, else each chunk's last token.
+  std::vector<int64_t> rows;
+  int64_t t0 = 0;
+  for (const SeqChunk& s : b.seqs) {
+    if (s.all_logits)
+      for (int64_t i = 0; i < s.length; ++i) rows.push_back(t0 + i);
+    else
+      rows.push_back(t0 + s.length - 1);
+    t0 += s.length;
+  }
+  const int64_t R = static_cast<int64_t>(rows.size());
+  std::vector<float> hn(R * H);
+  for (int64_t r = 0; r < R; ++r) cpu::rmsnorm(&hn[r * H], x + rows[r] * H, final_norm_.data<float>(), 1, H, eps);
+  Tensor logits = Tensor::empty({R, V});
+  cpu::linear(logits.data<float>(), hn.data(), lm_head_.data<float>(), nullptr, R, V, H);
+  return logits;
+}
+
+}  // namespace zest::model
