@@ -323,6 +323,7 @@ Result<SafeTensors> SafeTensors::open(const std::string& path) {
 
   const fs::path dir = fs::path(index_path).parent_path();
   SafeTensors st;
+  std::map<std::string, std::string> origin;  // tensor name -> shard that stores it
   for (const std::string& shard : shards) {
     const std::string shard_path = (dir / shard).string();
     auto mapped = MappedFile::open(shard_path);
@@ -333,13 +334,14 @@ Result<SafeTensors> SafeTensors::open(const std::string& path) {
     std::map<std::string, TensorView> shard_tensors;
     ZEST_RETURN_IF_ERROR(parse_file(**mapped, &shard_tensors, &st.metadata_).with_context(shard_path));
     for (auto& [name, view] : shard_tensors) {
+      auto [first, inserted] = origin.emplace(name, shard);
+      if (!inserted) {
+        return corrupt("duplicate tensor '" + name + "': stored in both " + first->second + " and " + shard);
+      }
       auto it = weight_map.find(name);
       if (it != weight_map.end() && it->second != shard) {
         return corrupt(shard_path + " stores tensor '" + name + "' but " + index_path + " maps it to " +
                        it->second);
-      }
-      if (st.tensors_.count(name) != 0) {
-        return corrupt("duplicate tensor '" + name + "': stored in " + shard + " and in another shard");
       }
       st.tensors_.emplace(name, std::move(view));
     }
