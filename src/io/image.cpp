@@ -121,10 +121,16 @@ Result<Image> decode_jpeg(const uint8_t* data, size_t size, const ImageLimits& l
     JSAMPROW row = is_cmyk ? cmyk.data() : dst;
     jpeg_read_scanlines(&cinfo, &row, 1);
     if (is_cmyk) {
-      // Adobe CMYK JPEGs store inverted inks, so channel * K / 255 is (255-C)(255-K)/255.
+      // PIL's CMYK -> RGB: out = (255-K) - (C*(255-K) rounded /255); Adobe files store inverted inks.
+      const bool inverted = cinfo.saw_Adobe_marker;
       for (int64_t x = 0; x < img.width; ++x) {
-        const unsigned k = cmyk[x * 4 + 3];
-        for (int c = 0; c < 3; ++c) dst[x * 3 + c] = static_cast<uint8_t>(cmyk[x * 4 + c] * k / 255);
+        const int k = inverted ? 255 - cmyk[x * 4 + 3] : cmyk[x * 4 + 3];
+        const int nk = 255 - k;
+        for (int c = 0; c < 3; ++c) {
+          const int ink = inverted ? 255 - cmyk[x * 4 + c] : cmyk[x * 4 + c];
+          const int t = ink * nk + 128;
+          dst[x * 3 + c] = static_cast<uint8_t>(std::clamp(nk - (((t >> 8) + t) >> 8), 0, 255));
+        }
       }
     }
   }
