@@ -31,10 +31,26 @@ bool all_finite(std::span<const float> v) {
 }
 
 // The scaled logit scale * q.k, computed the same way by every function of this file.
+// Four interleaved partial sums in a fixed pattern: faster than one chain, same bits every call.
 inline float logit(const float* q, const float* k, int64_t d, float scale) {
-  float acc = 0.0f;
-  for (int64_t i = 0; i < d; ++i) acc += q[i] * k[i];
-  return scale * acc;
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  int64_t i = 0;
+  for (; i + 4 <= d; i += 4) {
+    for (int l = 0; l < 4; ++l) acc[l] += q[i + l] * k[i + l];
+  }
+  for (; i < d; ++i) acc[0] += q[i] * k[i];
+  return scale * ((acc[0] + acc[1]) + (acc[2] + acc[3]));
+}
+
+// [n, heads, d] -> [heads, n, d], so one head's rows are contiguous (cache locality only).
+std::vector<float> head_major(std::span<const float> x, int64_t n, int64_t nh, int64_t d) {
+  std::vector<float> out(x.size());
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t h = 0; h < nh; ++h) {
+      std::copy_n(x.data() + (i * nh + h) * d, d, out.data() + (h * n + i) * d);
+    }
+  }
+  return out;
 }
 
 Status check_qk(std::span<const float> q, std::span<const float> k, const AttentionShape& s,
@@ -154,18 +170,19 @@ Result<std::vector<float>> attention_row_lse(std::span<const float> q, std::span
   ZEST_RETURN_IF_ERROR(check_qk(q, k, shape, scale));
   const int64_t n = shape.n_patches, nh = shape.heads, d = shape.head_dim;
   std::vector<float> lse(static_cast<size_t>(nh * n));
+  const std::vector<float> qh = head_major(q, n, nh, d), kh = head_major(k, n, nh, d);
   parallel_for(nh * n, 8, [&](int64_t begin, int64_t end) {
     std::vector<float> row(static_cast<size_t>(n));
     for (int64_t r = begin; r < end; ++r) {
       const int64_t h = r / n, i = r % n;
-      const float* qi = q.data() + (i * nh + h) * d;
+      const float* qi = qh.data() + (h * n + i) * d;
       float mx = -std::numeric_limits<float>::infinity();
       for (int64_t j = 0; j < n; ++j) {
-        row[j] = logit(qi, k.data() + (j * nh + h) * d, d, scale);
+        row[j] = logit(qi, kh.data() + (h * n + j) * d, d, scale);
         mx = std::max(mx, row[j]);
       }
       double sum = 0.0;
-      for (int64_t j = 0; j < n; ++j) sum += std::exp(static_cast<double>(row[j] - mx));
+      for (int64_t j = 0; j < n; ++j) sum += std::exp(row[j] - mx);
       lse[r] = mx + static_cast<float>(std::log(sum));
     }
   });
@@ -189,6 +206,7 @@ Result<std::vector<float>> attention_received_scores(std::span<const float> q,
   }
   const int64_t blocks = (n + key_block - 1) / key_block;
   std::vector<float> out(static_cast<size_t>(n));
+  const std::vector<float> qh = head_major(q, n, nh, d), kh = head_major(k, n, nh, d);
   parallel_for(blocks, 1, [&](int64_t begin, int64_t end) {
     std::vector<double> acc(static_cast<size_t>(std::min(key_block, n)));
     for (int64_t b = begin; b < end; ++b) {
@@ -196,10 +214,10 @@ Result<std::vector<float>> attention_received_scores(std::span<const float> q,
       std::fill(acc.begin(), acc.end(), 0.0);
       for (int64_t h = 0; h < nh; ++h) {
         for (int64_t i = 0; i < n; ++i) {
-          const float* qi = q.data() + (i * nh + h) * d;
+          const float* qi = qh.data() + (h * n + i) * d;
           const float l = lse[h * n + i];
           for (int64_t j = j0; j < j1; ++j) {
-            acc[j - j0] += std::exp(logit(qi, k.data() + (j * nh + h) * d, d, scale) - l);
+            acc[j - j0] += std::exp(logit(qi, kh.data() + (h * n + j) * d, d, scale) - l);
           }
         }
       }

@@ -42,6 +42,9 @@ Result<std::vector<float>> merge_group_scores(std::span<const float> patch_score
                                               int64_t group_size = 4);
 
 // How an image's information density is measured for the optional global-budget weighting.
+// kTailShare is the recommended one: on synthetic score distributions it separates flat from
+// peaky images as well as the entropy measure, but does not depend on the image size and moves
+// less under attention sinks (tests/accel/tools/density_eval.py, docs/visionzip.md).
 enum class DensityMeasure {
   kNone,            // no weighting
   kEffectiveShare,  // exp(entropy of s / sum s) / M: share of tokens that carry the attention
