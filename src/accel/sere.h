@@ -21,7 +21,8 @@ struct RerouteStats {
   int64_t primary_experts = 0;   // |P|
   int64_t distinct_before = 0;   // distinct valid expert ids before re-routing
   int64_t distinct_after = 0;    // after (= |P| + critical_experts when 0 < S < K)
-  int64_t critical_experts = 0;  // distinct secondary experts outside P kept because of rho
+  int64_t critical_experts = 0;  // distinct secondary experts outside P that kept their id
+                                 // (best match below rho, or P empty)
   int64_t rerouted_slots = 0;    // (token, slot) pairs whose expert id was replaced
 };
 
