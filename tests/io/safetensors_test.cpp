@@ -386,7 +386,7 @@ TEST_F(SafeTensorsTest, CorruptedHeaderBytesNeverCrash) {
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<uint8_t>(full[i]);
   std::mt19937 rng(42);
   int rejected = 0;
-  for (int trial = 0; trial < 2000; ++trial) {
+  for (int trial = 0; trial < 300; ++trial) {
     std::string bytes = full;
     const int flips = 1 + static_cast<int>(rng() % 3);
     for (int k = 0; k < flips; ++k) bytes[rng() % (8 + header_len)] = static_cast<char>(rng());
