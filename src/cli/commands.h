@@ -9,5 +9,6 @@ namespace zest::cli {
 void register_generate(CLI::App& app, std::function<int()>& run);
 void register_logits(CLI::App& app, std::function<int()>& run);
 void register_tokenize(CLI::App& app, std::function<int()>& run);
+void register_calibrate_sere(CLI::App& app, std::function<int()>& run);
 
 }  // namespace zest::cli

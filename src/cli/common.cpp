@@ -17,6 +17,8 @@ void add_model_args(CLI::App* app, ModelArgs& a) {
 }
 
 Result<std::shared_ptr<engine::ModelBundle>> load_model(const ModelArgs& a) {
+  if (a.device == "auto" && kernels::cuda_available())
+    std::cerr << "note: a GPU is present but the engine runs the decoder on the CPU backend for now\n";
   if (a.threads > 0) set_num_threads(a.threads);
   if (a.device == "cuda")
     return unsupported("--device cuda: the CUDA decoder path is not wired into the engine yet; use --device cpu");
@@ -50,6 +52,45 @@ Result<nlohmann::json> request_body(const RequestArgs& a) {
   if (!a.system.empty()) messages.push_back({{"role", "system"}, {"content", a.system}});
   messages.push_back({{"role", "user"}, {"content", content}});
   return json{{"messages", messages}};
+}
+
+void add_accel_args(CLI::App* app, AccelArgs& a) {
+  app->add_option("--sere-primary", a.sere.primary, "SERE: experts per token kept as primary (0 = off)");
+  app->add_option("--sere-threshold", a.sere.threshold, "SERE: keep an expert whose best substitute's similarity is below this");
+  app->add_option("--sere-layer-thresholds", a.sere.layer_thresholds, "SERE: one threshold per layer");
+  app->add_option("--sere-similarity", a.sere.similarity_file, "SERE similarity file (default: MODEL/sere_similarity.safetensors)");
+  app->add_flag("--sere-prefill", a.sere.prefill, "SERE: also re-route prefill steps");
+  app->add_option("--vision-prune-rate", a.vision_prune_rate, "VisionZip: share of visual tokens dropped (0 = off)")
+      ->check(CLI::Range(0.0f, 1.0f));
+  app->add_option("--vision-budget-mode", a.vision_budget_mode, "VisionZip: uniform | global")
+      ->check(CLI::IsMember({"uniform", "global"}));
+  app->add_option("--vision-budget", a.vision_budget, "VisionZip: absolute visual-token budget per request (global mode)");
+  app->add_option("--vision-score-layer", a.vision_score_layer, "VisionZip: vision block that scores tokens (negative counts from the end)");
+  app->add_option("--vision-min-tokens", a.vision_min_tokens, "VisionZip: tokens every image keeps at least")
+      ->check(CLI::PositiveNumber);
+  app->add_option("--vision-contextual", a.vision_contextual, "VisionZip: share of kept tokens that are merged tokens")
+      ->check(CLI::Range(0.0f, 0.99f));
+}
+
+Result<std::unique_ptr<engine::SereRuntime>> apply_accel(const AccelArgs& a, engine::ModelBundle& model,
+                                                         engine::EngineOptions& opts) {
+  auto& vp = model.vision_prune;
+  vp.rate = a.vision_prune_rate;
+  vp.mode = a.vision_budget_mode == "uniform" ? accel::VisionPruneOptions::Mode::kUniform
+                                              : accel::VisionPruneOptions::Mode::kGlobal;
+  vp.budget = a.vision_budget;
+  vp.min_tokens = a.vision_min_tokens;
+  vp.contextual = a.vision_contextual;
+  model.vision_score_layer = a.vision_score_layer;
+  std::unique_ptr<engine::SereRuntime> sere;
+  if (a.sere.enabled()) {
+    auto r = engine::SereRuntime::create(model, a.sere);
+    if (!r.ok()) return r.status();
+    sere = std::move(r).value();
+    engine::SereRuntime* raw = sere.get();
+    opts.moe_hooks = [raw](bool decode_only) { return raw->hooks(decode_only); };
+  }
+  return sere;
 }
 
 int fail(const Status& st) {

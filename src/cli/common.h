@@ -7,7 +7,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/status.h"
+#include "engine/engine.h"
 #include "engine/model_bundle.h"
+#include "engine/sere.h"
 
 namespace zest::cli {
 
@@ -31,6 +33,22 @@ struct RequestArgs {
 void add_request_args(CLI::App* app, RequestArgs& a);
 // The chat-completions body these arguments describe.
 Result<nlohmann::json> request_body(const RequestArgs& a);
+
+// Acceleration flags shared by generate, serve and bench: SERE and VisionZip defaults.
+struct AccelArgs {
+  engine::SereOptions sere;
+  float vision_prune_rate = 0.0f;
+  std::string vision_budget_mode = "global";
+  int64_t vision_budget = -1;
+  int64_t vision_score_layer = -2;
+  int64_t vision_min_tokens = 16;
+  float vision_contextual = 0.0f;
+};
+void add_accel_args(CLI::App* app, AccelArgs& a);
+// Applies the VisionZip defaults to the model and builds the SERE runtime (null when SERE is off);
+// installs its hooks into `opts`.
+Result<std::unique_ptr<engine::SereRuntime>> apply_accel(const AccelArgs& a, engine::ModelBundle& model,
+                                                         engine::EngineOptions& opts);
 
 // Prints "error: <message>" to stderr and returns exit code 1.
 int fail(const Status& st);

@@ -13,6 +13,7 @@ namespace {
 struct GenerateArgs {
   ModelArgs model;
   RequestArgs request;
+  AccelArgs accel;
   int64_t max_tokens = -1;
   double temperature = -1, top_p = -1;
   int64_t top_k = -1;
@@ -38,6 +39,10 @@ int run_generate(const GenerateArgs& a) {
   auto model_r = load_model(a.model);
   if (!model_r.ok()) return fail(model_r.status());
   auto model = std::move(model_r).value();
+  engine::EngineOptions eopts;
+  auto sere_r = apply_accel(a.accel, *model, eopts);
+  if (!sere_r.ok()) return fail(sere_r.status());
+  auto sere = std::move(sere_r).value();
   auto req_r = engine::parse_chat_request(body, *model);
   if (!req_r.ok()) return fail(req_r.status());
   engine::PromptOptions po;
@@ -57,7 +62,7 @@ int run_generate(const GenerateArgs& a) {
     };
   const std::vector<int32_t> prompt_ids = req.prompt.ids;
   const auto vis_before = req.prompt.visual_tokens_before, vis_after = req.prompt.visual_tokens_after;
-  auto out_r = engine::generate_one(model, std::move(req));
+  auto out_r = engine::generate_one(model, std::move(req), eopts);
   if (!out_r.ok()) return fail(out_r.status());
   const engine::RequestOutput& out = *out_r;
   if (stream_text) return 0;
@@ -85,6 +90,7 @@ int run_generate(const GenerateArgs& a) {
                   {"total_ms", out.finish_ms - out.arrival_ms},
                   {"prefill_tokens_per_s", ttft > 0 ? prompt_ids.size() / (ttft / 1000.0) : 0.0},
                   {"decode_tokens_per_s", decode_ms > 0 ? (n_gen - 1) / (decode_ms / 1000.0) : 0.0}};
+  if (sere) j["sere"] = sere->stats_json();
   std::cout << j.dump() << "\n";
   return 0;
 }
@@ -96,6 +102,7 @@ void register_generate(CLI::App& app, std::function<int()>& run) {
   CLI::App* sub = app.add_subcommand("generate", "Generate a reply to one chat request");
   add_model_args(sub, a->model);
   add_request_args(sub, a->request);
+  add_accel_args(sub, a->accel);
   sub->add_option("--max-tokens", a->max_tokens, "maximum tokens to generate (default 256)");
   sub->add_option("--temperature", a->temperature, "sampling temperature (0 = greedy)");
   sub->add_option("--top-p", a->top_p, "nucleus sampling mass");

@@ -10,6 +10,7 @@ int main(int argc, char** argv) {
   zest::cli::register_generate(app, run);
   zest::cli::register_logits(app, run);
   zest::cli::register_tokenize(app, run);
+  zest::cli::register_calibrate_sere(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 
+#include "accel/visionzip.h"
 #include "core/status.h"
 #include "io/config.h"
 #include "io/safetensors.h"
@@ -28,6 +29,10 @@ struct ModelBundle {
   io::SafeTensors weights;
   model::Qwen3TextModel text;
   std::shared_ptr<vision::VisionTower> vision;  // null for text-only models
+  // VisionZip defaults for requests that do not override them (rate 0 = off), and the vision block
+  // whose attention scores the tokens (negative counts from the end).
+  accel::VisionPruneOptions vision_prune;
+  int64_t vision_score_layer = -2;
 
   // Loads DIR; every problem is returned as a Status naming the file and what is wrong.
   static Result<std::shared_ptr<ModelBundle>> load(const std::string& dir);

@@ -191,7 +191,7 @@ void Qwen3TextModel::mlp(const Layer& L, int64_t layer, const ForwardBatch& b, c
     return;
   }
   if (hooks && hooks->moe_input) hooks->moe_input(layer, x, T);
-  const int64_t E = cfg_.num_experts, K = cfg_.num_experts_per_tok, I = cfg_.moe_intermediate_size;
+  const int64_t E = cfg_.num_experts, K = cfg_.num_experts_per_tok;
   std::vector<float> probs(T * E);
   cpu::linear(probs.data(), x, L.router.data<float>(), nullptr, T, E, H);
   std::vector<int32_t> ids(T * K);
@@ -221,11 +221,9 @@ void Qwen3TextModel::mlp(const Layer& L, int64_t layer, const ForwardBatch& b, c
     const auto& slots = by_expert[e];
     if (slots.empty()) continue;
     const int64_t n = static_cast<int64_t>(slots.size());
-    std::vector<float> xe(n * H), gu(n * 2 * I), a(n * I), y(n * H);
+    std::vector<float> xe(n * H), y(n * H);
     for (int64_t r = 0; r < n; ++r) std::memcpy(&xe[r * H], x + (slots[r] / K) * H, H * 4);
-    cpu::linear(gu.data(), xe.data(), L.gate_up[e].data<float>(), nullptr, n, 2 * I, H);
-    cpu::silu_mul(a.data(), gu.data(), n, I);
-    cpu::linear(y.data(), a.data(), L.down[e].data<float>(), nullptr, n, H, I);
+    run_expert(layer, e, xe.data(), n, y.data());
     for (int64_t r = 0; r < n; ++r)
       for (int64_t d = 0; d < H; ++d) slot_out[slots[r] * H + d] = y[r * H + d] * w[slots[r]];
   }
@@ -234,6 +232,15 @@ void Qwen3TextModel::mlp(const Layer& L, int64_t layer, const ForwardBatch& b, c
     std::fill(o, o + H, 0.0f);
     for (int64_t k = 0; k < K; ++k) cpu::add_inplace(o, &slot_out[(t * K + k) * H], H);
   }
+}
+
+void Qwen3TextModel::run_expert(int64_t layer, int64_t expert, const float* x, int64_t n, float* y) const {
+  const Layer& L = layers_[layer];
+  const int64_t H = cfg_.hidden_size, I = cfg_.moe_intermediate_size;
+  std::vector<float> gu(n * 2 * I), a(n * I);
+  cpu::linear(gu.data(), x, L.gate_up[expert].data<float>(), nullptr, n, 2 * I, H);
+  cpu::silu_mul(a.data(), gu.data(), n, I);
+  cpu::linear(y, a.data(), L.down[expert].data<float>(), nullptr, n, H, I);
 }
 
 Result<Tensor> Qwen3TextModel::forward(const ForwardBatch& b, PagedKVCache& cache, const MoeHooks* hooks) const {

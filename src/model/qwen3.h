@@ -61,6 +61,12 @@ class Qwen3TextModel {
   // R = sum over chunks of (all_logits ? length : 1), in chunk order.
   Result<Tensor> forward(const ForwardBatch& batch, PagedKVCache& cache, const MoeHooks* hooks = nullptr) const;
 
+  // Whether decoder layer `layer` has an MoE block.
+  bool is_moe_layer(int64_t layer) const { return layers_[layer].moe; }
+  // Runs expert `expert` of MoE layer `layer` on x [n, hidden] (the normalised MoE input) and writes
+  // its un-weighted output [n, hidden] to y (SERE calibration).
+  void run_expert(int64_t layer, int64_t expert, const float* x, int64_t n, float* y) const;
+
  private:
   struct Layer {
     Tensor in_norm, post_norm, wq, wk, wv, wo, q_norm, k_norm;

@@ -1,0 +1,188 @@
+#include "engine/sere.h"
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "core/timer.h"
+#include "io/safetensors.h"
+
+namespace zest::engine {
+
+std::string sere_config_hash(const io::ModelConfig& cfg) {
+  const auto& t = cfg.text;
+  std::ostringstream s;
+  s << io::arch_name(cfg.arch) << '|' << t.num_layers << '|' << t.hidden_size << '|' << t.num_experts << '|'
+    << t.num_experts_per_tok << '|' << t.moe_intermediate_size << '|' << t.vocab_size;
+  uint64_t h = 1469598103934665603ull;  // FNV-1a 64
+  for (unsigned char c : s.str()) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(h));
+  return buf;
+}
+
+Result<std::unique_ptr<SereRuntime>> SereRuntime::create(const ModelBundle& model, const SereOptions& opts) {
+  const auto& tc = model.config.text;
+  if (!model.config.is_moe()) return invalid_argument("SERE needs an MoE model; this model is dense");
+  auto rt = std::unique_ptr<SereRuntime>(new SereRuntime());
+  rt->opts_ = opts;
+  rt->experts_ = tc.num_experts;
+  rt->stats_.resize(tc.num_layers);
+  rt->sim_.resize(tc.num_layers);
+  if (!opts.layer_thresholds.empty() && static_cast<int64_t>(opts.layer_thresholds.size()) != tc.num_layers)
+    return invalid_argument("per-layer SERE thresholds: expected " + std::to_string(tc.num_layers) + " values");
+  if (opts.enabled() && opts.primary < tc.num_experts_per_tok) {
+    const std::string file =
+        opts.similarity_file.empty() ? model.dir + "/sere_similarity.safetensors" : opts.similarity_file;
+    auto st = io::SafeTensors::open_file(file);
+    if (!st.ok())
+      return st.status().with_context("SERE similarity '" + file + "' (make it with: zest calibrate-sere --model " +
+                                      model.dir + ")");
+    const auto& meta = st->metadata();
+    auto it = meta.find("config_hash");
+    if (it != meta.end() && it->second != sere_config_hash(model.config))
+      return invalid_argument("SERE similarity '" + file + "' was calibrated for another model (config hash " +
+                              it->second + ", this model " + sere_config_hash(model.config) + ")");
+    for (int64_t l = 0; l < tc.num_layers; ++l) {
+      if (!model.text.is_moe_layer(l)) continue;
+      auto v = st->get("layers." + std::to_string(l) + ".similarity", {tc.num_experts, tc.num_experts});
+      if (!v.ok()) return v.status().with_context("SERE similarity '" + file + "'");
+      Tensor t = v->to_f32();
+      rt->sim_[l].assign(t.data<float>(), t.data<float>() + t.numel());
+    }
+  }
+  SereRuntime* self = rt.get();
+  rt->hooks_.route = [self](int64_t layer, int32_t* ids, float* w, int64_t n, int64_t k,
+                            const std::vector<uint8_t>& active) {
+    if (self->sim_[layer].empty()) return;
+    accel::RerouteParams p;
+    p.primary = self->opts_.primary;
+    p.threshold = self->opts_.layer_thresholds.empty() ? self->opts_.threshold : self->opts_.layer_thresholds[layer];
+    auto r = accel::sere_reroute({ids, static_cast<size_t>(n * k)}, {w, static_cast<size_t>(n * k)}, n, k,
+                                 {active.data(), active.size()}, self->sim_[layer], self->experts_, p);
+    if (!r.ok()) return;
+    SereLayerStats& s = self->stats_[layer];
+    int64_t valid = 0;
+    for (uint8_t a : active) valid += a;
+    ++s.steps;
+    s.distinct_before += r->distinct_before;
+    s.distinct_after += r->distinct_after;
+    s.critical += r->critical_experts;
+    s.rerouted_slots += r->rerouted_slots;
+    s.slots += static_cast<double>(valid * k);
+  };
+  return rt;
+}
+
+const model::MoeHooks* SereRuntime::hooks(bool decode_only) const {
+  if (!opts_.enabled()) return nullptr;
+  if (!decode_only && !opts_.prefill) return nullptr;
+  return &hooks_;
+}
+
+nlohmann::json SereRuntime::stats_json() const {
+  nlohmann::json before = nlohmann::json::array(), after = nlohmann::json::array(), crit = nlohmann::json::array(),
+                 share = nlohmann::json::array();
+  int64_t steps = 0;
+  for (size_t l = 0; l < stats_.size(); ++l) {
+    const SereLayerStats& s = stats_[l];
+    if (sim_[l].empty()) continue;
+    const double n = std::max<int64_t>(s.steps, 1);
+    before.push_back(s.distinct_before / n);
+    after.push_back(s.distinct_after / n);
+    crit.push_back(s.critical / n);
+    share.push_back(s.slots > 0 ? s.rerouted_slots / s.slots : 0.0);
+    steps = std::max(steps, s.steps);
+  }
+  return {{"primary", opts_.primary},
+          {"threshold", opts_.threshold},
+          {"steps", steps},
+          {"experts_per_layer_before", before},
+          {"experts_per_layer_after", after},
+          {"critical_per_layer", crit},
+          {"rerouted_share_per_layer", share}};
+}
+
+Result<std::string> calibrate_sere(const ModelBundle& model, const CalibrationOptions& opts) {
+  const auto& tc = model.config.text;
+  if (!model.config.is_moe()) return invalid_argument("calibrate-sere needs an MoE model; this model is dense");
+  if (opts.text_files.empty()) return invalid_argument("give at least one calibration text file (--text)");
+  std::vector<int32_t> tokens;
+  for (const std::string& f : opts.text_files) {
+    std::ifstream in(f, std::ios::binary);
+    if (!in) return not_found("cannot open calibration text '" + f + "'");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    const auto ids = model.tokenizer.encode(ss.str(), /*parse_special=*/false);
+    tokens.insert(tokens.end(), ids.begin(), ids.end());
+    if (static_cast<int64_t>(tokens.size()) >= opts.max_tokens) break;
+  }
+  if (static_cast<int64_t>(tokens.size()) > opts.max_tokens) tokens.resize(opts.max_tokens);
+  if (tokens.size() < 2) return invalid_argument("the calibration text is too short (need at least 2 tokens)");
+
+  const int64_t E = tc.num_experts, H = tc.hidden_size, L = tc.num_layers;
+  std::vector<std::optional<accel::ExpertSimilarityAccumulator>> acc(L);
+  for (int64_t l = 0; l < L; ++l) {
+    if (!model.text.is_moe_layer(l)) continue;
+    auto a = accel::ExpertSimilarityAccumulator::create(E, H, opts.metric);
+    if (!a.ok()) return a.status().with_context("layer " + std::to_string(l));
+    acc[l] = std::move(a).value();
+  }
+  Status hook_status;
+  model::MoeHooks hooks;
+  std::vector<float> outs;
+  hooks.moe_input = [&](int64_t layer, const float* x, int64_t n) {
+    if (!acc[layer] || !hook_status.is_ok()) return;
+    outs.resize(static_cast<size_t>(E * n * H));
+    for (int64_t e = 0; e < E; ++e) model.text.run_expert(layer, e, x, n, outs.data() + e * n * H);
+    Status s = acc[layer]->add_chunk(outs, n);
+    if (!s.is_ok()) hook_status = s;
+  };
+
+  // The calibration text is one long sequence, fed in chunks (so attention sees real context).
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  model::PagedKVCache cache = model.text.make_cache((n + 15) / 16, 16);
+  std::vector<int32_t> table;
+  ZEST_RETURN_IF_ERROR(cache.reserve(table, n));
+  const double t0 = now_ms();
+  for (int64_t start = 0; start < n; start += opts.chunk_tokens) {
+    const int64_t len = std::min(opts.chunk_tokens, n - start);
+    model::ForwardBatch b;
+    b.tokens.assign(tokens.begin() + start, tokens.begin() + start + len);
+    b.positions.resize(3 * len);
+    for (int a = 0; a < 3; ++a)
+      for (int64_t i = 0; i < len; ++i) b.positions[a * len + i] = static_cast<int32_t>(start + i);
+    b.seqs.push_back({&table, start, len, false, false});
+    auto r = model.text.forward(b, cache, &hooks);
+    if (!r.ok()) return r.status();
+    ZEST_RETURN_IF_ERROR(hook_status);
+    if (opts.progress) {
+      const double frac = static_cast<double>(start + len) / n;
+      const int bar = static_cast<int>(frac * 30);
+      std::fprintf(stderr, "\rcalibrating [%s%s] %lld/%lld tokens %.1fs", std::string(bar, '#').c_str(),
+                   std::string(30 - bar, '.').c_str(), static_cast<long long>(start + len),
+                   static_cast<long long>(n), (now_ms() - t0) / 1000.0);
+    }
+  }
+  if (opts.progress) std::fprintf(stderr, "\n");
+
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (int64_t l = 0; l < L; ++l) {
+    if (!acc[l]) continue;
+    auto s = acc[l]->similarity();
+    if (!s.ok()) return s.status().with_context("layer " + std::to_string(l));
+    out.emplace_back("layers." + std::to_string(l) + ".similarity", Tensor::from_vector({E, E}, *s));
+  }
+  static const char* kMetric[] = {"frobenius", "cosine", "cka"};
+  const std::string file = opts.out_file.empty() ? model.dir + "/sere_similarity.safetensors" : opts.out_file;
+  ZEST_RETURN_IF_ERROR(io::write_safetensors(file, out,
+                                             {{"metric", kMetric[static_cast<int>(opts.metric)]},
+                                              {"tokens", std::to_string(n)},
+                                              {"config_hash", sere_config_hash(model.config)}}));
+  return file;
+}
+
+}  // namespace zest::engine
