@@ -85,10 +85,9 @@ void jpeg_message(j_common_ptr cinfo, int level) {
 
 void jpeg_silent(j_common_ptr) {}
 
-Result<Image> decode_jpeg(const uint8_t* data, size_t size, const ImageLimits& lim) {
+Status decode_jpeg(const uint8_t* data, size_t size, const ImageLimits& lim, Image& img) {
   jpeg_decompress_struct cinfo;
   JpegError err;
-  Image img;
   std::vector<uint8_t> cmyk;
   Status limit_status;
   cinfo.err = jpeg_std_error(&err.mgr);
@@ -136,7 +135,7 @@ Result<Image> decode_jpeg(const uint8_t* data, size_t size, const ImageLimits& l
   }
   jpeg_finish_decompress(&cinfo);
   jpeg_destroy_decompress(&cinfo);
-  return img;
+  return Status::ok();
 }
 
 // ---------------------------------------------------------------------------------------- PNG
@@ -163,7 +162,7 @@ void png_fail(png_structp png, png_const_charp msg) {
 
 void png_warn(png_structp, png_const_charp) {}
 
-Result<Image> decode_png(const uint8_t* data, size_t size, const ImageLimits& lim) {
+Status decode_png(const uint8_t* data, size_t size, const ImageLimits& lim, Image& img) {
   PngReader reader{data, size, 0, {0}};
   png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &reader, png_fail, png_warn);
   if (png == nullptr) return resource_exhausted("cannot allocate a PNG decoder");
@@ -172,7 +171,6 @@ Result<Image> decode_png(const uint8_t* data, size_t size, const ImageLimits& li
     png_destroy_read_struct(&png, nullptr, nullptr);
     return resource_exhausted("cannot allocate a PNG decoder");
   }
-  Image img;
   std::vector<uint8_t> raw;
   std::vector<png_bytep> rows;
   Status limit_status;
@@ -227,12 +225,12 @@ Result<Image> decode_png(const uint8_t* data, size_t size, const ImageLimits& li
       out[i * 3 + 2] = gray ? p[0] : p[2];
     }
   }
-  return img;
+  return Status::ok();
 }
 
 // ---------------------------------------------------------------------------------------- WebP
 
-Result<Image> decode_webp(const uint8_t* data, size_t size, const ImageLimits& lim) {
+Status decode_webp(const uint8_t* data, size_t size, const ImageLimits& lim, Image& img) {
 #if ZEST_HAVE_WEBP
   WebPBitstreamFeatures features;
   if (WebPGetFeatures(data, size, &features) != VP8_STATUS_OK) {
@@ -240,15 +238,15 @@ Result<Image> decode_webp(const uint8_t* data, size_t size, const ImageLimits& l
   }
   ZEST_RETURN_IF_ERROR(check_dimensions(features.width, features.height, lim, "WebP"));
   if (features.has_animation) return unsupported("animated WebP images are not supported; send a still image");
-  Image img;
   img.width = features.width;
   img.height = features.height;
   img.rgb.resize(static_cast<size_t>(img.width) * img.height * 3);
   if (WebPDecodeRGBInto(data, size, img.rgb.data(), img.rgb.size(), static_cast<int>(img.width * 3)) == nullptr) {
     return corrupt("WebP data is corrupt or truncated");
   }
-  return img;
+  return Status::ok();
 #else
+  (void)img;
   (void)data;
   (void)size;
   (void)lim;
@@ -284,15 +282,27 @@ std::string shorten(const std::string& s) { return s.size() <= 80 ? s : s.substr
 
 }  // namespace
 
-Result<Image> decode_image(const uint8_t* data, size_t size, const ImageLimits& limits) {
+Status decode_image_into(const uint8_t* data, size_t size, Image& out, const ImageLimits& limits) {
   if (data == nullptr || size == 0) return invalid_argument("image data is empty");
+  Status st;
   switch (sniff_image_format(data, size)) {
-    case ImageFormat::kJpeg: return decode_jpeg(data, size, limits);
-    case ImageFormat::kPng: return decode_png(data, size, limits);
-    case ImageFormat::kWebp: return decode_webp(data, size, limits);
-    case ImageFormat::kUnknown: break;
+    case ImageFormat::kJpeg: st = decode_jpeg(data, size, limits, out); break;
+    case ImageFormat::kPng: st = decode_png(data, size, limits, out); break;
+    case ImageFormat::kWebp: st = decode_webp(data, size, limits, out); break;
+    case ImageFormat::kUnknown:
+      return invalid_argument("data is not a JPEG, PNG or WebP image (unrecognised signature)");
   }
-  return invalid_argument("data is not a JPEG, PNG or WebP image (unrecognised signature)");
+  if (!st.is_ok()) {
+    out.width = out.height = 0;
+    out.rgb.clear();
+  }
+  return st;
+}
+
+Result<Image> decode_image(const uint8_t* data, size_t size, const ImageLimits& limits) {
+  Image img;
+  ZEST_RETURN_IF_ERROR(decode_image_into(data, size, img, limits));
+  return img;
 }
 
 Result<std::vector<uint8_t>> base64_decode(std::string_view text) {

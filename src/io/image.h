@@ -39,6 +39,9 @@ ImageFormat sniff_image_format(const uint8_t* data, size_t size);
 // truncated or malformed data -> kCorrupt; zero size / aspect ratio -> kInvalidArgument;
 // width*height over limits.max_pixels -> kOutOfRange; WebP without libwebp -> kUnsupported.
 Result<Image> decode_image(const uint8_t* data, size_t size, const ImageLimits& limits = {});
+// decode_image into an existing Image, reusing its buffer's capacity (no fresh pages when the
+// caller keeps one Image per thread). On error `out` is left empty.
+Status decode_image_into(const uint8_t* data, size_t size, Image& out, const ImageLimits& limits = {});
 inline Result<Image> decode_image(const std::vector<uint8_t>& bytes, const ImageLimits& limits = {}) {
   return decode_image(bytes.data(), bytes.size(), limits);
 }

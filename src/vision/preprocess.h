@@ -54,6 +54,29 @@ struct PixelBatch {
 Result<std::pair<int64_t, int64_t>> target_size(int64_t height, int64_t width, const io::PreprocessorConfig& cfg,
                                                 const PixelBudget& budget = {});
 
+// Sizes of a batch, known before any pixel work: each image's resized (height, width) and grid,
+// and the pixel_values shape [rows, cols].
+struct PreprocessPlan {
+  std::vector<std::pair<int64_t, int64_t>> resized;
+  std::vector<GridTHW> grids;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+Result<PreprocessPlan> plan_preprocess(const std::vector<io::Image>& images, const io::PreprocessorConfig& cfg,
+                                       const PixelBudget& budget = {});
+
+// Intermediate buffers of the resize passes. Keeping one alive across calls (one per thread)
+// avoids faulting in fresh pages for every image.
+struct ResizeScratch {
+  std::vector<uint8_t> horizontal;
+  std::vector<uint8_t> vertical;
+};
+
+// Writes the plan's pixel_values into out (plan.rows * plan.cols floats, caller-owned so a
+// staging buffer can be reused across requests).
+void preprocess_into(const std::vector<io::Image>& images, const PreprocessPlan& plan, const io::PreprocessorConfig& cfg,
+                     float* out, ResizeScratch& scratch);
+
 // Full preprocessing of still images (grid_t = 1 each): resize, normalise, duplicate in time, patchify.
 Result<PixelBatch> preprocess_images(const std::vector<io::Image>& images, const io::PreprocessorConfig& cfg,
                                      const PixelBudget& budget = {});
