@@ -27,7 +27,17 @@ constexpr double kQwen3MoeDefaultTheta = 10000.0;
 constexpr double kQwen3VLDefaultTheta = 500000.0;
 constexpr int64_t kQwen3MoeDefaultMaxPositions = 32768;
 constexpr int64_t kQwen3VLDefaultMaxPositions = 128000;
+constexpr int64_t kQwen3VLDefaultHeadDim = 128;  // Qwen3VLTextConfig; the MoE classes use hidden / heads
 const std::vector<int64_t> kDefaultMropeSection = {24, 20, 20};
+
+int64_t default_kv_heads(Arch arch) {
+  switch (arch) {
+    case Arch::kQwen3Moe: return 4;
+    case Arch::kQwen3VLMoe: return 16;
+    case Arch::kQwen3VL: return 32;
+  }
+  return 0;
+}
 
 // Typed access to the fields of one JSON object. The first error is recorded in *err and later reads
 // return their defaults, so a parser reads every field and checks *err once.
@@ -47,6 +57,10 @@ class Fields {
     return nullptr;
   }
   bool has(std::initializer_list<const char*> keys) const { return find(keys) != nullptr; }
+  bool is_null(const char* key) const {
+    auto it = obj_.find(key);
+    return it != obj_.end() && it->is_null();
+  }
 
   int64_t integer(std::initializer_list<const char*> keys) { return integer_impl(keys, std::nullopt); }
   int64_t integer(std::initializer_list<const char*> keys, int64_t def) { return integer_impl(keys, def); }
@@ -261,7 +275,9 @@ Status read_text(const json& obj, const std::string& prefix, Fields* outer, Arch
   tc->hidden_size = f.integer({"hidden_size"});
   tc->num_layers = f.integer({"num_hidden_layers"});
   tc->num_heads = f.integer({"num_attention_heads"});
-  tc->num_kv_heads = f.integer({"num_key_value_heads"}, tc->num_heads);
+  // Absent: the class default; null: transformers' __post_init__ copies num_attention_heads.
+  tc->num_kv_heads = f.is_null("num_key_value_heads") ? tc->num_heads
+                                                      : f.integer({"num_key_value_heads"}, default_kv_heads(arch));
   tc->rms_norm_eps = f.number({"rms_norm_eps"}, 1e-6);
   tc->max_position_embeddings = f.integer(
       {"max_position_embeddings"}, arch == Arch::kQwen3Moe ? kQwen3MoeDefaultMaxPositions : kQwen3VLDefaultMaxPositions);
@@ -284,6 +300,8 @@ Status read_text(const json& obj, const std::string& prefix, Fields* outer, Arch
 
   if (f.has({"head_dim"})) {
     tc->head_dim = f.integer({"head_dim"});
+  } else if (arch == Arch::kQwen3VL) {
+    tc->head_dim = kQwen3VLDefaultHeadDim;
   } else if (tc->num_heads > 0 && tc->hidden_size % tc->num_heads == 0) {
     tc->head_dim = tc->hidden_size / tc->num_heads;
   } else {

@@ -257,6 +257,7 @@ int64_t TensorView::numel() const {
 Tensor TensorView::to_f32() const {
   Tensor t = Tensor::empty(shape, DType::F32);
   const size_t n = static_cast<size_t>(numel());
+  if (n == 0) return t;
   if (reinterpret_cast<uintptr_t>(data) % dtype_size(dtype) == 0) {
     convert_to_f32(dtype, data, t.data<float>(), n);
   } else {

@@ -100,7 +100,7 @@ TEST(ConfigTest, MatchesTransformersForEveryRecordedConfig) {
     }
     ++checked;
   }
-  EXPECT_EQ(checked, 13);
+  EXPECT_EQ(checked, 19);
 }
 
 TEST(ConfigTest, RealCheckpointFacts) {
@@ -230,14 +230,22 @@ TEST_F(ConfigEditTest, TopKAboveExpertCount) {
 }
 
 TEST_F(ConfigEditTest, HeadDimDefaultsToHiddenOverHeads) {
-  vl_["text_config"].erase("head_dim");
-  auto c = parse(vl_);
+  // (Qwen3VLTextConfig instead defaults head_dim to 128; minimal_tiny_qwen3_vl.config.json checks that.)
+  vl_moe_["text_config"].erase("head_dim");
+  auto c = parse(vl_moe_);
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   EXPECT_EQ(c->text.head_dim, c->text.hidden_size / c->text.num_heads);
   moe_.erase("head_dim");
   moe_["num_attention_heads"] = 24;
   moe_["num_key_value_heads"] = 4;
   expect_error(parse(moe_).status(), ErrorCode::kCorrupt, {"head_dim is missing", "hidden_size 2048", "24"});
+}
+
+TEST_F(ConfigEditTest, NullKvHeadsMeansOnePerQueryHead) {
+  vl_["text_config"]["num_key_value_heads"] = nullptr;
+  auto c = parse(vl_);
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->text.num_kv_heads, c->text.num_heads);
 }
 
 TEST_F(ConfigEditTest, VisionOutputMustMatchTextWidth) {

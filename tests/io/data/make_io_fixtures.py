@@ -109,6 +109,53 @@ def make_configs():
         write_config(f"hf517_{src}", cfg)
         exp[f"hf517_{src}"] = expected(cfg)
 
+    # Configs holding only the fields zest requires: every other value is a transformers default.
+    required_text = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"]
+    required_moe = ["moe_intermediate_size", "num_experts", "num_experts_per_tok"]
+    required_vision = ["depth", "hidden_size", "num_heads", "intermediate_size", "out_hidden_size"]
+    for name, arch in [("qwen3_30b_a3b", "qwen3_moe"), ("qwen3_vl_30b_a3b_instruct", "qwen3_vl_moe"),
+                       ("qwen3_vl_8b_instruct", "qwen3_vl")]:
+        with open(os.path.join(HERE, f"{name}.config.json")) as f:
+            full = json.load(f)
+        keep = required_text + (["intermediate_size"] if arch == "qwen3_vl" else required_moe)
+        if arch == "qwen3_moe":
+            minimal = {"model_type": arch, **{k: full[k] for k in keep}}
+        else:
+            minimal = {"model_type": arch, "text_config": {k: full["text_config"][k] for k in keep},
+                       "vision_config": {k: full["vision_config"][k] for k in required_vision}}
+        src = f"minimal_{arch}.config.json"
+        with open(os.path.join(HERE, src), "w") as f:
+            json.dump(minimal, f, indent=2)
+        exp[src] = expected(CLASSES[arch].from_json_file(os.path.join(HERE, src)))
+        if arch != "qwen3_vl":
+            # Unused when every layer is MoE; zest leaves it 0 rather than guess the class default.
+            del exp[src]["text"]["intermediate_size"]
+
+    # Tiny minimal configs whose hidden / heads differs from 128: the head_dim defaults differ per class.
+    tiny_minimal = {
+        "minimal_tiny_qwen3_moe.config.json": {
+            "model_type": "qwen3_moe", "vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 8, "moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2},
+        "minimal_tiny_qwen3_vl_moe.config.json": {
+            "model_type": "qwen3_vl_moe",
+            "text_config": {"vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 16,
+                            "moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2},
+            "vision_config": {"depth": 2, "hidden_size": 32, "num_heads": 2, "intermediate_size": 48,
+                              "out_hidden_size": 64, "deepstack_visual_indexes": [1]}},
+        "minimal_tiny_qwen3_vl.config.json": {
+            "model_type": "qwen3_vl",
+            "text_config": {"vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 32,
+                            "intermediate_size": 96},
+            "vision_config": {"depth": 2, "hidden_size": 32, "num_heads": 2, "intermediate_size": 48,
+                              "out_hidden_size": 64, "deepstack_visual_indexes": [0]}},
+    }
+    for src, cfg in tiny_minimal.items():
+        with open(os.path.join(HERE, src), "w") as f:
+            json.dump(cfg, f, indent=2)
+        exp[src] = expected(CLASSES[cfg["model_type"]].from_json_file(os.path.join(HERE, src)))
+        if cfg["model_type"] != "qwen3_vl":
+            del exp[src]["text"]["intermediate_size"]
+
     tiny_text = dict(vocab_size=512, hidden_size=64, num_hidden_layers=6, num_attention_heads=4,
                      num_key_value_heads=2, intermediate_size=96, moe_intermediate_size=48, num_experts=8,
                      num_experts_per_tok=2, decoder_sparse_step=2, mlp_only_layers=[3])
