@@ -1,0 +1,239 @@
+// Decode attention over the paged KV cache (flash-decoding): CTA (split, kv head, sequence) with 4 warps,
+// each warp streams whole 16-token blocks and keeps an online softmax for all G query heads of its kv head
+// (K/V loaded once per group). The last CTA of a (sequence, kv head) merges the splits in fixed order.
+#include "kernels/cuda/common.cuh"
+
+namespace zest::cuda {
+
+namespace {
+
+constexpr int kHeadDim = 128;
+constexpr int kDecWarps = 4;
+
+struct SplitPlan {
+  int splits = 1, pages_per_split = 1;
+};
+
+SplitPlan split_plan(const DecodeAttention& p) {
+  const int pages = std::max(1, (p.max_context + kKvBlock - 1) / kKvBlock);
+  const int ctas = std::max(1, p.batch * p.kv_heads);
+  const int target = 2 * sm_count();
+  int splits = std::min(pages, std::max(1, (target + ctas - 1) / ctas));
+  SplitPlan sp;
+  sp.pages_per_split = (pages + splits - 1) / splits;
+  sp.splits = (pages + sp.pages_per_split - 1) / sp.pages_per_split;
+  return sp;
+}
+
+template <int G>
+__global__ void __launch_bounds__(kDecWarps * 32) decode_attention_kernel(
+    const bf16* __restrict__ q, int q_stride, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
+    const int32_t* __restrict__ block_table, int max_blocks, const int32_t* __restrict__ context_lens,
+    bf16* __restrict__ out, float* __restrict__ part, int* __restrict__ counters, int Hkv, int splits,
+    int pages_per_split, float scale) {
+  pdl_wait();
+  constexpr int D = kHeadDim;
+  __shared__ float q_s[G][D];
+  __shared__ float p_s[kDecWarps][G][kKvBlock];
+  __shared__ float m_s[kDecWarps][G], l_s[kDecWarps][G];
+  __shared__ float acc_s[kDecWarps][G][D];
+  __shared__ int last_s;
+
+  const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int Hq = Hkv * G;
+  const int ctx = context_lens[b];
+
+  for (int i = threadIdx.x; i < G * D; i += blockDim.x)
+    q_s[i / D][i % D] = __bfloat162float(q[static_cast<size_t>(b) * q_stride + kvh * G * D + i]);
+  __syncthreads();
+
+  float m[G], l[G], acc[G][4];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[g][i] = 0.f;
+  }
+
+  const int t = lane >> 1, hf = lane & 1;
+  const int pg_begin = split * pages_per_split;
+  const int pg_end = min(pg_begin + pages_per_split, (ctx + kKvBlock - 1) / kKvBlock);
+  const size_t row_stride = static_cast<size_t>(Hkv) * D;
+  for (int pg = pg_begin + warp; pg < pg_end; pg += kDecWarps) {
+    const int blk = block_table[static_cast<size_t>(b) * max_blocks + pg];
+    const int nv = min(kKvBlock, ctx - pg * kKvBlock);
+    const size_t base = (static_cast<size_t>(blk) * kKvBlock * Hkv + kvh) * D;
+    // Scores: lanes 2t, 2t+1 hold token t's two halves of the head dimension.
+    uint4 kv[8];
+    const bool valid = t < nv;
+    const bf16* krow = k_cache + base + t * row_stride + hf * 64;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) kv[i] = valid ? ld_stream(krow + i * 8) : make_uint4(0, 0, 0, 0);
+    uint2 vv[kKvBlock];
+    const bf16* vbase = v_cache + base + lane * 4;
+#pragma unroll
+    for (int tt = 0; tt < kKvBlock; ++tt)
+      vv[tt] = tt < nv ? *reinterpret_cast<const uint2*>(vbase + tt * row_stride) : make_uint2(0, 0);
+    float kf[64];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const __nv_bfloat162* pk = reinterpret_cast<const __nv_bfloat162*>(&kv[i]);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float2 f = __bfloat1622float2(pk[j]);
+        kf[i * 8 + 2 * j] = f.x;
+        kf[i * 8 + 2 * j + 1] = f.y;
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const float4* qv = reinterpret_cast<const float4*>(&q_s[g][hf * 64]);
+      float s = 0.f;
+#pragma unroll
+      for (int i = 0; i < 16; ++i) {
+        const float4 a = qv[i];
+        s = fmaf(a.x, kf[4 * i], s);
+        s = fmaf(a.y, kf[4 * i + 1], s);
+        s = fmaf(a.z, kf[4 * i + 2], s);
+        s = fmaf(a.w, kf[4 * i + 3], s);
+      }
+      s += __shfl_xor_sync(0xffffffffu, s, 1);
+      s = valid ? s * scale : -INFINITY;
+      float mx = s;
+#pragma unroll
+      for (int o = 2; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      const float m_new = fmaxf(m[g], mx);
+      const float pv = valid ? __expf(s - m_new) : 0.f;
+      float ps = hf == 0 ? pv : 0.f;
+#pragma unroll
+      for (int o = 2; o < 32; o <<= 1) ps += __shfl_xor_sync(0xffffffffu, ps, o);
+      const float alpha = __expf(m[g] - m_new);
+      l[g] = l[g] * alpha + ps;
+      m[g] = m_new;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[g][i] *= alpha;
+      if (hf == 0) p_s[warp][g][t] = pv;
+    }
+    __syncwarp();
+#pragma unroll
+    for (int tt = 0; tt < kKvBlock; ++tt) {
+      const __nv_bfloat162* pv2 = reinterpret_cast<const __nv_bfloat162*>(&vv[tt]);
+      const float2 v01 = __bfloat1622float2(pv2[0]), v23 = __bfloat1622float2(pv2[1]);
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+        const float p = p_s[warp][g][tt];
+        acc[g][0] = fmaf(p, v01.x, acc[g][0]);
+        acc[g][1] = fmaf(p, v01.y, acc[g][1]);
+        acc[g][2] = fmaf(p, v23.x, acc[g][2]);
+        acc[g][3] = fmaf(p, v23.y, acc[g][3]);
+      }
+    }
+    __syncwarp();
+  }
+
+  // Merge the warps of this CTA into one partial per query head.
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    if (lane == 0) {
+      m_s[warp][g] = m[g];
+      l_s[warp][g] = l[g];
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc_s[warp][g][lane * 4 + i] = acc[g][i];
+  }
+  __syncthreads();
+  const size_t part_stride = D + 2;
+  for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+    const int g = idx / D, d = idx % D;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kDecWarps; ++w) M = fmaxf(M, m_s[w][g]);
+    float L = 0.f, A = 0.f;
+    if (M != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kDecWarps; ++w) {
+        const float e = __expf(m_s[w][g] - M);
+        L += l_s[w][g] * e;
+        A += acc_s[w][g][d] * e;
+      }
+    }
+    float* pp = part + ((static_cast<size_t>(b) * Hq + kvh * G + g) * splits + split) * part_stride;
+    pp[2 + d] = A;
+    if (d == 0) {
+      pp[0] = M;
+      pp[1] = L;
+    }
+  }
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int* c = counters + b * Hkv + kvh;
+    const int prev = atomicAdd(c, 1);
+    last_s = prev == splits - 1;
+    if (last_s) *c = 0;
+  }
+  __syncthreads();
+  if (!last_s) return;
+  __threadfence();
+  for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+    const int g = idx / D, d = idx % D;
+    const float* pp = part + (static_cast<size_t>(b) * Hq + kvh * G + g) * splits * part_stride;
+    float M = -INFINITY;
+    for (int s = 0; s < splits; ++s) M = fmaxf(M, __ldcg(pp + s * part_stride));
+    float L = 0.f, A = 0.f;
+    if (M != -INFINITY) {
+      for (int s = 0; s < splits; ++s) {
+        const float e = __expf(__ldcg(pp + s * part_stride) - M);
+        L += __ldcg(pp + s * part_stride + 1) * e;
+        A += __ldcg(pp + s * part_stride + 2 + d) * e;
+      }
+    }
+    out[static_cast<size_t>(b) * Hq * D + (kvh * G + g) * D + d] = __float2bfloat16(L > 0.f ? A / L : 0.f);
+  }
+}
+
+}  // namespace
+
+size_t decode_attention_workspace_bytes(const DecodeAttention& p) {
+  const SplitPlan sp = split_plan(p);
+  const size_t parts = static_cast<size_t>(p.batch) * p.q_heads * sp.splits * (kHeadDim + 2) * sizeof(float);
+  const size_t counters = static_cast<size_t>(p.batch) * p.kv_heads * sizeof(int);
+  return (parts + 255) / 256 * 256 + counters;
+}
+
+Status decode_attention(const DecodeAttention& p, const bf16* q, int q_stride, const bf16* k_cache,
+                        const bf16* v_cache, const int32_t* block_table, const int32_t* context_lens, bf16* out,
+                        void* workspace, cudaStream_t stream) {
+  if (p.batch <= 0 || p.q_heads <= 0 || p.kv_heads <= 0 || p.q_heads % p.kv_heads != 0)
+    return invalid_argument("decode_attention: need batch, heads > 0 and q_heads divisible by kv_heads");
+  if (p.head_dim != kHeadDim)
+    return unsupported("decode_attention: head_dim " + std::to_string(p.head_dim) + " is not supported (only 128)");
+  if (p.max_context <= 0 || p.max_blocks * kKvBlock < p.max_context)
+    return invalid_argument("decode_attention: max_context must be positive and fit in max_blocks * 16");
+  if (!workspace) return invalid_argument("decode_attention: workspace is null");
+  const SplitPlan sp = split_plan(p);
+  const size_t parts = static_cast<size_t>(p.batch) * p.q_heads * sp.splits * (kHeadDim + 2) * sizeof(float);
+  float* part = static_cast<float*>(workspace);
+  int* counters = reinterpret_cast<int*>(static_cast<char*>(workspace) + (parts + 255) / 256 * 256);
+  const dim3 grid(sp.splits, p.kv_heads, p.batch), block(kDecWarps * 32);
+  const int G = p.q_heads / p.kv_heads;
+#define ZEST_DECODE_CASE(g)                                                                                    \
+  case g:                                                                                                      \
+    return launch("decode_attention", decode_attention_kernel<g>, grid, block, 0, stream, q, q_stride, k_cache, \
+                  v_cache, block_table, p.max_blocks, context_lens, out, part, counters, p.kv_heads, sp.splits,  \
+                  sp.pages_per_split, p.scale);
+  switch (G) {
+    ZEST_DECODE_CASE(1)
+    ZEST_DECODE_CASE(2)
+    ZEST_DECODE_CASE(4)
+    ZEST_DECODE_CASE(8)
+    ZEST_DECODE_CASE(16)
+    default:
+      return unsupported("decode_attention: " + std::to_string(G) + " query heads per kv head is not supported");
+  }
+#undef ZEST_DECODE_CASE
+}
+
+}  // namespace zest::cuda

@@ -1,0 +1,240 @@
+// Row-wise and element-wise kernels: embedding gather, RMSNorm variants (with fused residual add and MoE
+// combine), SwiGLU activation, greedy argmax and a device-side random fill.
+#include "kernels/cuda/common.cuh"
+
+namespace zest::cuda {
+
+namespace {
+
+constexpr int kRowThreads = 256;
+
+__device__ float block_sum(float v, float* red) {
+  v = warp_sum(v);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  const int nw = blockDim.x >> 5;
+  float t = lane < nw ? red[lane] : 0.f;
+  t = warp_sum(t);
+  __syncthreads();
+  return t;
+}
+
+__global__ void embedding_kernel(const int32_t* __restrict__ ids, const bf16* __restrict__ table,
+                                 bf16* __restrict__ out, int hidden, int vocab) {
+  pdl_wait();
+  const int t = blockIdx.x;
+  const int id = ids[t];
+  uint4* dst = reinterpret_cast<uint4*>(out + static_cast<size_t>(t) * hidden);
+  const int n = hidden / 8;
+  if (id < 0 || id >= vocab) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = make_uint4(0, 0, 0, 0);
+    return;
+  }
+  const uint4* src = reinterpret_cast<const uint4*>(table + static_cast<size_t>(id) * hidden);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+}
+
+// Stores 8 values of y = w * bf16(v * inv) for one 8-element chunk.
+__device__ __forceinline__ void norm_store8(const float* v, float inv, const bf16* w, bf16* y) {
+  const uint4 wv = *reinterpret_cast<const uint4*>(w);
+  const bf16* wb = reinterpret_cast<const bf16*>(&wv);
+  uint4 o;
+  bf16* ob = reinterpret_cast<bf16*>(&o);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) ob[i] = __float2bfloat16(bf16_round(v[i] * inv) * __bfloat162float(wb[i]));
+  *reinterpret_cast<uint4*>(y) = o;
+}
+
+__device__ __forceinline__ void load8(const bf16* p, float* v) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const bf16* b = reinterpret_cast<const bf16*>(&u);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) v[i] = __bfloat162float(b[i]);
+}
+
+__device__ __forceinline__ void store8(bf16* p, const float* v) {
+  uint4 u;
+  bf16* b = reinterpret_cast<bf16*>(&u);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) b[i] = __float2bfloat16(v[i]);
+  *reinterpret_cast<uint4*>(p) = u;
+}
+
+// Mode 0: y = norm(x). Mode 1: x = bf16(x + r), y = norm(x). Mode 2: x = bf16(x + bf16(sum_k slot_out)),
+// y = norm(x) when w != nullptr.
+template <int kMode>
+__global__ void __launch_bounds__(kRowThreads) norm_kernel(bf16* __restrict__ x, const bf16* __restrict__ r,
+                                                           const float* __restrict__ slot_out,
+                                                           const int32_t* __restrict__ ids, int K,
+                                                           const bf16* __restrict__ w, bf16* __restrict__ y,
+                                                           int hidden, float eps) {
+  pdl_wait();
+  __shared__ float red[32];
+  const int row = blockIdx.x;
+  bf16* xr = x + static_cast<size_t>(row) * hidden;
+  float ss = 0.f;
+  for (int c = threadIdx.x * 8; c < hidden; c += blockDim.x * 8) {
+    float v[8];
+    load8(xr + c, v);
+    if constexpr (kMode == 1) {
+      float rv[8];
+      load8(r + static_cast<size_t>(row) * hidden + c, rv);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = bf16_round(v[i] + rv[i]);
+      store8(xr + c, v);
+    } else if constexpr (kMode == 2) {
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int k = 0; k < K; ++k) {
+        if (ids[row * K + k] < 0) continue;
+        const float4* s = reinterpret_cast<const float4*>(slot_out + (static_cast<size_t>(row) * K + k) * hidden + c);
+        const float4 a = s[0], b = s[1];
+        acc[0] += a.x; acc[1] += a.y; acc[2] += a.z; acc[3] += a.w;
+        acc[4] += b.x; acc[5] += b.y; acc[6] += b.z; acc[7] += b.w;
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = bf16_round(v[i] + bf16_round(acc[i]));
+      store8(xr + c, v);
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) ss += v[i] * v[i];
+  }
+  if (kMode == 2 && w == nullptr) return;
+  const float tot = block_sum(ss, red);
+  const float inv = rsqrtf(tot / hidden + eps);
+  bf16* yr = y + static_cast<size_t>(row) * hidden;
+  for (int c = threadIdx.x * 8; c < hidden; c += blockDim.x * 8) {
+    float v[8];
+    load8(xr + c, v);
+    norm_store8(v, inv, w + c, yr + c);
+  }
+}
+
+__global__ void silu_mul_kernel(const bf16* __restrict__ gu, bf16* __restrict__ h, int rows, int I) {
+  pdl_wait();
+  const size_t total = static_cast<size_t>(rows) * I;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const size_t r = i / I, c = i % I;
+    const float g = __bfloat162float(gu[r * 2 * I + c]);
+    const float u = __bfloat162float(gu[r * 2 * I + I + c]);
+    const float s = bf16_round(g / (1.f + __expf(-g)));
+    h[i] = __float2bfloat16(s * u);
+  }
+}
+
+__global__ void argmax_kernel(const bf16* __restrict__ logits, int32_t* __restrict__ out, int vocab) {
+  pdl_wait();
+  __shared__ float sv[32];
+  __shared__ int si[32];
+  const bf16* row = logits + static_cast<size_t>(blockIdx.x) * vocab;
+  float best = -INFINITY;
+  int bi = 0x7fffffff;
+  for (int j = threadIdx.x; j < vocab; j += blockDim.x) {
+    const float v = __bfloat162float(row[j]);
+    if (v > best) {
+      best = v;
+      bi = j;
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (ov > best || (ov == best && oi < bi)) {
+      best = ov;
+      bi = oi;
+    }
+  }
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) {
+    sv[warp] = best;
+    si[warp] = bi;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    const int nw = blockDim.x >> 5;
+    best = lane < nw ? sv[lane] : -INFINITY;
+    bi = lane < nw ? si[lane] : 0x7fffffff;
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (ov > best || (ov == best && oi < bi)) {
+        best = ov;
+        bi = oi;
+      }
+    }
+    if (lane == 0) out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
+  }
+}
+
+__device__ __forceinline__ uint64_t splitmix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+__global__ void fill_random_kernel(bf16* __restrict__ p, size_t n, uint64_t seed, float lo, float scale) {
+  pdl_wait();
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const uint64_t h = splitmix64(seed * 0x100000001b3ull ^ i);
+    const float u = static_cast<float>(h >> 40) * (1.f / 16777216.f);
+    p[i] = __float2bfloat16(lo + u * scale);
+  }
+}
+
+Status check_rows(const char* op, int rows, int hidden) {
+  if (rows <= 0 || hidden <= 0 || hidden % 8 != 0)
+    return invalid_argument(std::string(op) + ": rows must be positive and hidden a positive multiple of 8 (rows=" +
+                            std::to_string(rows) + ", hidden=" + std::to_string(hidden) + ")");
+  return Status::ok();
+}
+
+}  // namespace
+
+Status embedding(const int32_t* ids, const bf16* table, bf16* out, int n, int hidden, int vocab, cudaStream_t stream) {
+  ZEST_RETURN_IF_ERROR(check_rows("embedding", n, hidden));
+  return launch("embedding", embedding_kernel, dim3(n), dim3(256), 0, stream, ids, table, out, hidden, vocab);
+}
+
+Status rmsnorm(const bf16* x, const bf16* w, bf16* y, int rows, int hidden, float eps, cudaStream_t stream) {
+  ZEST_RETURN_IF_ERROR(check_rows("rmsnorm", rows, hidden));
+  return launch("rmsnorm", norm_kernel<0>, dim3(rows), dim3(kRowThreads), 0, stream, const_cast<bf16*>(x),
+                nullptr, nullptr, nullptr, 0, w, y, hidden, eps);
+}
+
+Status add_rmsnorm(bf16* x, const bf16* r, const bf16* w, bf16* y, int rows, int hidden, float eps,
+                   cudaStream_t stream) {
+  ZEST_RETURN_IF_ERROR(check_rows("add_rmsnorm", rows, hidden));
+  return launch("add_rmsnorm", norm_kernel<1>, dim3(rows), dim3(kRowThreads), 0, stream, x, r, nullptr, nullptr, 0, w,
+                y, hidden, eps);
+}
+
+Status moe_combine_add_rmsnorm(bf16* x, const float* slot_out, const int32_t* ids, int K, const bf16* w, bf16* y,
+                               int rows, int hidden, float eps, cudaStream_t stream) {
+  ZEST_RETURN_IF_ERROR(check_rows("moe_combine_add_rmsnorm", rows, hidden));
+  if (K <= 0) return invalid_argument("moe_combine_add_rmsnorm: K must be positive");
+  return launch("moe_combine_add_rmsnorm", norm_kernel<2>, dim3(rows), dim3(kRowThreads), 0, stream, x, nullptr,
+                slot_out, ids, K, w, y, hidden, eps);
+}
+
+Status silu_mul(const bf16* gu, bf16* h, int rows, int I, cudaStream_t stream) {
+  if (rows <= 0 || I <= 0) return invalid_argument("silu_mul: rows and I must be positive");
+  const size_t total = static_cast<size_t>(rows) * I;
+  const int blocks = static_cast<int>(std::min<size_t>((total + 255) / 256, 65535));
+  return launch("silu_mul", silu_mul_kernel, dim3(blocks), dim3(256), 0, stream, gu, h, rows, I);
+}
+
+Status argmax_rows(const bf16* logits, int32_t* out, int rows, int vocab, cudaStream_t stream) {
+  if (rows <= 0 || vocab <= 0) return invalid_argument("argmax_rows: rows and vocab must be positive");
+  return launch("argmax", argmax_kernel, dim3(rows), dim3(1024), 0, stream, logits, out, vocab);
+}
+
+Status fill_random_bf16(bf16* p, size_t n, uint64_t seed, float lo, float hi, cudaStream_t stream) {
+  if (n == 0) return Status::ok();
+  const int blocks = static_cast<int>(std::min<size_t>((n + 255) / 256, 132 * 64));
+  return launch("fill_random", fill_random_kernel, dim3(blocks), dim3(256), 0, stream, p, n, seed, lo, hi - lo);
+}
+
+}  // namespace zest::cuda

@@ -1,0 +1,171 @@
+// CUDA kernels of the zest decoder (CUDA-side header: only code built with the CUDA backend includes it).
+//
+// Conventions shared by every function here:
+// - Storage is bf16, accumulation fp32; norms and softmax run in fp32.
+// - Every pointer is device memory; every launch is asynchronous on `stream` and allocates nothing,
+//   so a sequence of launches can be captured into a CUDA graph.
+// - A function returns an error Status for bad sizes (checked on the host, before launching) or when
+//   the launch itself fails; it never synchronises the stream.
+// - Linear weights use the nn.Linear layout W[out, in]: y = x * W^T.
+//
+// Paged KV cache layout (one pair of tensors per layer):
+//   k_cache, v_cache: [num_blocks, kKvBlock (16 token slots), kv_heads, head_dim] bf16.
+//   A token at position p of a sequence whose block table row is `bt` lives in block bt[p / 16], slot
+//   p % 16. A "slot index" is block * 16 + slot (what qk_norm_rope_kv takes per token).
+//   block_table: [batch, max_blocks] int32 row-major.
+//
+// MoE expert weight layout on device (nn.Linear layouts, all experts of a layer in one tensor):
+//   gate_up: [E, 2I, H] row-major; rows [0, I) of expert e are the gate projection, rows [I, 2I) up.
+//   down:    [E, H, I] row-major.
+//   Routing: ids [N, K] int32 and weights [N, K] fp32 per token, sorted by descending weight;
+//   id -1 marks an empty slot (weight 0), e.g. a duplicate folded by sere_reroute.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/status.h"
+
+namespace zest::cuda {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kKvBlock = 16;  // token slots per KV cache block
+
+// Programmatic dependent launch: when on, kernels of this library launch with the programmatic
+// stream serialisation attribute so their start overlaps the tail of the previous kernel.
+void set_programmatic_launch(bool on);
+bool programmatic_launch();
+
+// ---- dense ops ----------------------------------------------------------------------------------
+
+// y[M,N] = x[M,K] * w[N,K]^T, bf16 in/out, fp32 accumulation. Small M uses a weight-streaming kernel,
+// larger M cuBLASLt (handle, heuristics and a 32 MiB workspace are cached per device).
+Status gemm(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream);
+// The same product always through cuBLASLt (for tests and comparisons).
+Status gemm_cublaslt(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream);
+
+// out[t, :] = table[ids[t], :] for t < n (rows of `hidden` bf16); ids outside [0, vocab) give zeros.
+Status embedding(const int32_t* ids, const bf16* table, bf16* out, int n, int hidden, int vocab,
+                 cudaStream_t stream);
+
+// RMSNorm per row: y = w * bf16(x * rsqrt(mean(x^2) + eps)), statistics in fp32.
+Status rmsnorm(const bf16* x, const bf16* w, bf16* y, int rows, int hidden, float eps, cudaStream_t stream);
+
+// Fused residual add + RMSNorm: x = bf16(x + r); y = rmsnorm(x) (x updated in place).
+Status add_rmsnorm(bf16* x, const bf16* r, const bf16* w, bf16* y, int rows, int hidden, float eps,
+                   cudaStream_t stream);
+
+// MoE combine fused with the residual add and the next RMSNorm: x[n] = bf16(x[n] + sum_{k<K, ids[n,k]>=0}
+// slot_out[n,k,:]) summed in fixed k order (deterministic); then y = rmsnorm(x) when w != nullptr.
+Status moe_combine_add_rmsnorm(bf16* x, const float* slot_out, const int32_t* ids, int K, const bf16* w,
+                               bf16* y, int rows, int hidden, float eps, cudaStream_t stream);
+
+// h[r, i] = bf16(silu(gu[r, i]) * gu[r, I + i]) for gu [rows, 2I] (dense SwiGLU MLP).
+Status silu_mul(const bf16* gu, bf16* h, int rows, int I, cudaStream_t stream);
+
+// out[r] = argmax_j logits[r, j] (ties: lowest j), r < rows.
+Status argmax_rows(const bf16* logits, int32_t* out, int rows, int vocab, cudaStream_t stream);
+
+// ---- attention ------------------------------------------------------------------------------------
+
+struct RopeParams {
+  float theta = 1e6f;   // rope_theta
+  int section_h = 0;    // interleaved M-RoPE: frequency j uses axis h if j%3==1 && j < 3*section_h,
+  int section_w = 0;    // axis w if j%3==2 && j < 3*section_w, otherwise axis t
+};
+
+// For each token t < T of qkv [T, (Hq + 2*Hkv) * D] (q heads, then k heads, then v heads):
+// per-head RMSNorm of q and k (weights q_norm/k_norm [D]), then rotate-half RoPE with angle
+// pos[axis * pos_stride + t] * theta^(-2j/D) (pos_stride 0: 1-D RoPE from row 0), written back in place;
+// then k and v are stored into the paged cache at slot_mapping[t] (skipped when < 0).
+Status qk_norm_rope_kv(bf16* qkv, const bf16* q_norm, const bf16* k_norm, const int32_t* pos, int pos_stride,
+                       RopeParams rope, const int32_t* slot_mapping, bf16* k_cache, bf16* v_cache, int T,
+                       int Hq, int Hkv, int D, float eps, cudaStream_t stream);
+
+// Decode attention (one query token per sequence) over the paged cache, GQA-aware and split over the
+// context (flash-decoding; the last CTA of each (sequence, kv head) combines the splits in fixed order).
+// q: row b at q + b * q_stride, Hq heads of D=128. out [B, Hq * D]. context_lens[b] tokens are attended
+// (positions 0 .. len-1, the current token included). max_context bounds every context_lens[b].
+struct DecodeAttention {
+  int batch = 0, q_heads = 0, kv_heads = 0, head_dim = 128;
+  int max_context = 0;   // upper bound of context_lens (fixes the grid, so a graph can be replayed)
+  int max_blocks = 0;    // row stride of block_table
+  float scale = 0.f;     // softmax scale, usually 1/sqrt(head_dim)
+};
+// Bytes of workspace that decode_attention needs for `p`. The workspace must be zero-filled once when
+// allocated (the kernel leaves its counters at zero after every launch).
+size_t decode_attention_workspace_bytes(const DecodeAttention& p);
+Status decode_attention(const DecodeAttention& p, const bf16* q, int q_stride, const bf16* k_cache,
+                        const bf16* v_cache, const int32_t* block_table, const int32_t* context_lens, bf16* out,
+                        void* workspace, cudaStream_t stream);
+
+// Prefill attention: causal, GQA, variable-length sequences packed along tokens (cu_seqlens [nseq+1]).
+// q/k/v rows at q + t * q_stride (Hq heads of D=128), k + t * kv_stride, v + t * kv_stride (Hkv heads).
+// out [T, Hq * D]. Tensor cores (bf16 wmma), fp32 online softmax.
+Status prefill_attention(const bf16* q, int q_stride, const bf16* k, const bf16* v, int kv_stride,
+                         const int32_t* cu_seqlens, int nseq, int max_seqlen, bf16* out, int Hq, int Hkv, int D,
+                         float scale, cudaStream_t stream);
+
+// ---- MoE -----------------------------------------------------------------------------------------------
+
+// Router over logits [N, E] (bf16, the router GEMM output): p = softmax(fp32 logits + bias) (bias [E] fp32
+// may be nullptr), top-K by p (ties: lowest index) sorted descending, weights renormalised to sum 1 and
+// rounded to bf16 precision. ids [N, K] int32, weights [N, K] fp32. One warp per token; E <= 1024.
+Status router_topk(const bf16* logits, const float* bias, int32_t* ids, float* weights, int N, int E, int K,
+                   cudaStream_t stream);
+
+// SERE re-routing, one launch per layer, in place on ids/weights [N, K]: P = union over tokens of
+// ids[:, 0:S]; every expert u not in P maps to argmax_{v in P} sim[u, v] (fp32 [E, E], ties: lowest v),
+// unless rho > 0 and that best similarity is < rho (u kept). Secondary slots (k >= S) are rewritten
+// through that map; then duplicates inside a token are folded: the weight adds into the first slot
+// holding the expert and the later slot becomes id -1, weight 0. S <= 0 or S >= K: no change.
+// Ids < 0 are left alone and do not enter P. Single CTA, O(E^2 + N*K); E <= 1024.
+Status sere_reroute(int32_t* ids, float* weights, const float* sim, int N, int E, int K, int S, float rho,
+                    cudaStream_t stream);
+
+// Per-layer MoE plan built on device from ids (no host sync): the experts that have tokens, their
+// (token, slot) lists sorted by expert then slot, and the row tiles of the prefill grouped GEMM.
+struct MoePlan {
+  int32_t* num_active = nullptr;      // [1] experts with at least one slot
+  int32_t* active_experts = nullptr;  // [E] ascending expert ids, first num_active valid
+  int32_t* offsets = nullptr;         // [E + 1] start of active expert j's slots in sorted_slots
+  int32_t* sorted_slots = nullptr;    // [N * K] slot = n * K + k
+  int32_t* num_tiles = nullptr;       // [1] prefill tiles (kMoeTileM sorted slots of one expert each)
+  int32_t* tile_active = nullptr;     // [max tiles] active expert index of each tile
+  int32_t* tile_start = nullptr;      // [max tiles] first sorted position of each tile
+  int max_tokens = 0, top_k = 0, experts = 0;
+};
+constexpr int kMoeTileM = 64;
+// Upper bound of prefill tiles for N tokens.
+int moe_max_tiles(int N, int K, int E);
+// Bytes of device memory for a plan of N tokens; moe_plan_bind carves `buffer` into `plan`.
+size_t moe_plan_bytes(int N, int K, int E);
+void moe_plan_bind(MoePlan& plan, void* buffer, int N, int K, int E);
+// Builds the plan for ids [N, K] (ids < 0 are skipped). When active_count_sum != nullptr, the number of
+// active experts is added to *active_count_sum (for statistics; single-threaded, deterministic).
+Status moe_plan(const int32_t* ids, int N, int K, int E, MoePlan& plan, int64_t* active_count_sum,
+                cudaStream_t stream);
+
+// Decode/small-batch experts: h = silu(x Wg^T) * (x Wu^T) for each (token, slot) of each active expert, then
+// slot_out[n, k, :] = weights[n, k] * (h Wd^T). Each active expert's weights are read once (a CTA per
+// (expert, row tile), looping over that expert's tokens); experts without tokens are skipped.
+// x [N, H] bf16; h workspace [N * K, I] bf16 (indexed by sorted position); slot_out [N, K, H] fp32 (slots
+// with id -1 are not written; moe_combine_add_rmsnorm skips them).
+Status moe_experts_decode(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
+                          const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I,
+                          cudaStream_t stream);
+// Prefill experts: the same function as moe_experts_decode through tensor-core grouped GEMMs over the
+// plan's tiles (device-side offsets).
+Status moe_experts_prefill(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
+                           const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I,
+                           cudaStream_t stream);
+
+// ---- utilities --------------------------------------------------------------------------------------
+
+// Fills n bf16 values with uniform random numbers in [lo, hi) from a counter hash of (seed, index).
+Status fill_random_bf16(bf16* p, size_t n, uint64_t seed, float lo, float hi, cudaStream_t stream);
+
+}  // namespace zest::cuda

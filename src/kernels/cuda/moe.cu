@@ -1,0 +1,420 @@
+// MoE experts: the device-side plan (per-expert slot lists, no host sync), the decode path (weight-streaming
+// kernels that read each active expert once) and the prefill path (tensor-core grouped GEMMs over tiles).
+#include <mma.h>
+
+#include "kernels/cuda/common.cuh"
+
+namespace zest::cuda {
+
+namespace {
+
+constexpr int kMaxExperts = 1024;
+
+// ---- plan ------------------------------------------------------------------------------------------------
+
+__global__ void __launch_bounds__(1024) moe_plan_kernel(const int32_t* __restrict__ ids, int NK, int E,
+                                                        MoePlan plan, int64_t* active_count_sum) {
+  pdl_wait();
+  __shared__ int counts[kMaxExperts];
+  __shared__ int act_index[kMaxExperts];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  for (int e = warp; e < E; e += nwarps) {
+    int c = 0;
+    for (int base = 0; base < NK; base += 32) {
+      const int i = base + lane;
+      const int id = i < NK ? __ldg(ids + i) : -1;
+      c += __popc(__ballot_sync(0xffffffffu, id == e));
+    }
+    if (lane == 0) counts[e] = c;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int na = 0, off = 0, nt = 0;
+    for (int e = 0; e < E; ++e) {
+      act_index[e] = -1;
+      if (counts[e] == 0) continue;
+      act_index[e] = na;
+      plan.active_experts[na] = e;
+      plan.offsets[na] = off;
+      for (int r = 0; r < counts[e]; r += kMoeTileM) {
+        plan.tile_active[nt] = na;
+        plan.tile_start[nt] = off + r;
+        ++nt;
+      }
+      off += counts[e];
+      ++na;
+    }
+    plan.offsets[na] = off;
+    *plan.num_active = na;
+    *plan.num_tiles = nt;
+    if (active_count_sum) *active_count_sum += na;
+  }
+  __syncthreads();
+  for (int e = warp; e < E; e += nwarps) {
+    if (counts[e] == 0) continue;
+    int pos = plan.offsets[act_index[e]];
+    for (int base = 0; base < NK; base += 32) {
+      const int i = base + lane;
+      const int id = i < NK ? __ldg(ids + i) : -1;
+      const unsigned m = __ballot_sync(0xffffffffu, id == e);
+      if (id == e) plan.sorted_slots[pos + __popc(m & ((1u << lane) - 1))] = i;
+      pos += __popc(m);
+    }
+  }
+}
+
+// ---- decode experts -----------------------------------------------------------------------------------------
+
+constexpr int kTok = 8;       // tokens per pass over a weight row
+constexpr int kExpWarps = 8;  // warps per CTA
+
+// gate/up: item = (active expert j, 8 intermediate rows); warp w computes row i = 8*group + w for gate and up.
+__global__ void __launch_bounds__(kExpWarps * 32) moe_gate_up_decode_kernel(const bf16* __restrict__ x, MoePlan plan,
+                                                                            const bf16* __restrict__ gate_up,
+                                                                            bf16* __restrict__ h, int K, int H, int I) {
+  pdl_wait();
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16* xs = reinterpret_cast<bf16*>(smem_raw);  // [kTok][H]
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int groups = (I + kExpWarps - 1) / kExpWarps;
+  const int items = *plan.num_active * groups;
+  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+    const int j = item / groups, i = (item % groups) * kExpWarps + warp;
+    const int e = plan.active_experts[j];
+    const int beg = plan.offsets[j], end = plan.offsets[j + 1];
+    const bf16* wg = gate_up + (static_cast<size_t>(e) * 2 * I + i) * H;
+    const bf16* wu = wg + static_cast<size_t>(I) * H;
+    for (int c0 = beg; c0 < end; c0 += kTok) {
+      const int nt = min(kTok, end - c0);
+      __syncthreads();
+      for (int v = threadIdx.x; v < nt * H / 8; v += blockDim.x) {
+        const int t = v / (H / 8), c = (v % (H / 8)) * 8;
+        const int tok = plan.sorted_slots[c0 + t] / K;
+        *reinterpret_cast<uint4*>(xs + t * H + c) = *reinterpret_cast<const uint4*>(x + static_cast<size_t>(tok) * H + c);
+      }
+      __syncthreads();
+      if (i >= I) continue;
+      float ag[kTok], au[kTok];
+#pragma unroll
+      for (int t = 0; t < kTok; ++t) ag[t] = au[t] = 0.f;
+      constexpr int kU = 4;
+      for (int base = lane * 8; base < H; base += 256 * kU) {
+        uint4 g4[kU], u4[kU];
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+          const int k = base + u * 256;
+          g4[u] = k < H ? ld_stream(wg + k) : make_uint4(0, 0, 0, 0);
+          u4[u] = k < H ? ld_stream(wu + k) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+          const int k = base + u * 256;
+          if (k >= H) break;
+#pragma unroll
+          for (int t = 0; t < kTok; ++t) {
+            if (t >= nt) break;
+            const uint4 xv = *reinterpret_cast<const uint4*>(xs + t * H + k);
+            ag[t] += dot8(g4[u], xv);
+            au[t] += dot8(u4[u], xv);
+          }
+        }
+      }
+#pragma unroll
+      for (int t = 0; t < kTok; ++t) {
+        if (t >= nt) break;
+        const float g = bf16_round(warp_sum(ag[t]));
+        const float u = bf16_round(warp_sum(au[t]));
+        if (lane == t) {
+          const float s = bf16_round(g / (1.f + __expf(-g)));
+          h[static_cast<size_t>(c0 + t) * I + i] = __float2bfloat16(s * u);
+        }
+      }
+    }
+  }
+}
+
+// down: item = (active expert j, 32 output rows); 8 lanes per row, 4 rows per warp.
+__global__ void __launch_bounds__(kExpWarps * 32) moe_down_decode_kernel(MoePlan plan, const float* __restrict__ weights,
+                                                                         const bf16* __restrict__ down,
+                                                                         const bf16* __restrict__ h,
+                                                                         float* __restrict__ slot_out, int H, int I) {
+  pdl_wait();
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  bf16* hs = reinterpret_cast<bf16*>(smem_raw);  // [kTok][I]
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int sub = lane & 7;
+  constexpr int kRowsPerItem = kExpWarps * 4;
+  const int groups = (H + kRowsPerItem - 1) / kRowsPerItem;
+  const int items = *plan.num_active * groups;
+  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+    const int j = item / groups;
+    const int r = (item % groups) * kRowsPerItem + warp * 4 + (lane >> 3);
+    const int e = plan.active_experts[j];
+    const int beg = plan.offsets[j], end = plan.offsets[j + 1];
+    const bf16* wr = down + (static_cast<size_t>(e) * H + r) * I;
+    for (int c0 = beg; c0 < end; c0 += kTok) {
+      const int nt = min(kTok, end - c0);
+      __syncthreads();
+      for (int v = threadIdx.x; v < nt * I / 8; v += blockDim.x)
+        reinterpret_cast<uint4*>(hs)[v] = reinterpret_cast<const uint4*>(h + static_cast<size_t>(c0) * I)[v];
+      __syncthreads();
+      float acc[kTok];
+#pragma unroll
+      for (int t = 0; t < kTok; ++t) acc[t] = 0.f;
+      if (r < H) {
+        constexpr int kU = 4;
+        for (int base = sub * 8; base < I; base += 64 * kU) {
+          uint4 w4[kU];
+#pragma unroll
+          for (int u = 0; u < kU; ++u) {
+            const int k = base + u * 64;
+            w4[u] = k < I ? ld_stream(wr + k) : make_uint4(0, 0, 0, 0);
+          }
+#pragma unroll
+          for (int u = 0; u < kU; ++u) {
+            const int k = base + u * 64;
+            if (k >= I) break;
+#pragma unroll
+            for (int t = 0; t < kTok; ++t) {
+              if (t >= nt) break;
+              acc[t] += dot8(w4[u], *reinterpret_cast<const uint4*>(hs + t * I + k));
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int t = 0; t < kTok; ++t) {
+        float v = acc[t];
+        v += __shfl_xor_sync(0xffffffffu, v, 1);
+        v += __shfl_xor_sync(0xffffffffu, v, 2);
+        v += __shfl_xor_sync(0xffffffffu, v, 4);
+        acc[t] = v;
+      }
+      if (r < H && sub < nt) {
+        float v = acc[0];
+#pragma unroll
+        for (int t = 1; t < kTok; ++t)
+          if (sub == t) v = acc[t];
+        const int slot = plan.sorted_slots[c0 + sub];
+        slot_out[static_cast<size_t>(slot) * H + r] = bf16_round(bf16_round(v) * weights[slot]);
+      }
+    }
+  }
+}
+
+// ---- prefill experts: grouped GEMM over the plan's tiles ------------------------------------------------------
+
+using namespace nvcuda;
+constexpr int kGT = 64;       // tile rows (sorted slots), columns and k-chunk
+constexpr int kGLd = kGT + 8;  // padded bf16 row
+constexpr int kGWarps = 4;
+
+// kGateUp: C = A x [Wg | Wu]^T over H, epilogue h = silu(g) * u at the sorted position.
+// else:    C = h x Wd^T over I, epilogue slot_out[slot] = w[slot] * C.
+template <bool kGateUp>
+__global__ void __launch_bounds__(kGWarps * 32) moe_grouped_gemm_kernel(const bf16* __restrict__ a_src, MoePlan plan,
+                                                                        const float* __restrict__ weights,
+                                                                        const bf16* __restrict__ w_all,
+                                                                        bf16* __restrict__ h, float* __restrict__ slot_out,
+                                                                        int K, int H, int I) {
+  pdl_wait();
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  bf16* As = reinterpret_cast<bf16*>(smem_raw);       // [64][kGLd]
+  bf16* B0 = As + kGT * kGLd;                          // [64][kGLd]
+  bf16* B1 = B0 + kGT * kGLd;                          // [64][kGLd] (up rows, gate/up only)
+  float* C = reinterpret_cast<float*>(B1 + kGT * kGLd);  // [64][kGT + 4] x (kGateUp ? 2 : 1)
+  constexpr int kCLd = kGT + 4;
+  __shared__ int rows_tok[kGT];
+  const int tile = blockIdx.x;
+  if (tile >= *plan.num_tiles) return;
+  const int j = plan.tile_active[tile];
+  const int start = plan.tile_start[tile];
+  const int rows = min(kGT, plan.offsets[j + 1] - start);
+  const int e = plan.active_experts[j];
+  const int n0 = blockIdx.y * kGT;
+  const int Kdim = kGateUp ? H : I;
+  const int Nout = kGateUp ? I : H;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (threadIdx.x < kGT) {
+    const int r = threadIdx.x;
+    rows_tok[r] = r < rows ? (kGateUp ? plan.sorted_slots[start + r] / K : start + r) : -1;
+  }
+  const bf16* W0 = kGateUp ? w_all + static_cast<size_t>(e) * 2 * I * H + static_cast<size_t>(n0) * H
+                           : w_all + static_cast<size_t>(e) * H * I + static_cast<size_t>(n0) * I;
+  const bf16* W1 = W0 + static_cast<size_t>(I) * H;
+  __syncthreads();
+
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc0[4], acc1[4];
+#pragma unroll
+  for (int n = 0; n < 4; ++n) {
+    wmma::fill_fragment(acc0[n], 0.f);
+    wmma::fill_fragment(acc1[n], 0.f);
+  }
+  for (int k0 = 0; k0 < Kdim; k0 += kGT) {
+    for (int v = threadIdx.x; v < kGT * kGT / 8; v += blockDim.x) {
+      const int r = v / (kGT / 8), c = (v % (kGT / 8)) * 8;
+      const int src = rows_tok[r];
+      uint4 av = make_uint4(0, 0, 0, 0);
+      if (src >= 0) av = *reinterpret_cast<const uint4*>(a_src + static_cast<size_t>(src) * Kdim + k0 + c);
+      *reinterpret_cast<uint4*>(As + r * kGLd + c) = av;
+      uint4 b0 = make_uint4(0, 0, 0, 0), b1 = make_uint4(0, 0, 0, 0);
+      if (n0 + r < Nout) {
+        b0 = ld_stream(W0 + static_cast<size_t>(r) * Kdim + k0 + c);
+        if (kGateUp) b1 = ld_stream(W1 + static_cast<size_t>(r) * Kdim + k0 + c);
+      }
+      *reinterpret_cast<uint4*>(B0 + r * kGLd + c) = b0;
+      if (kGateUp) *reinterpret_cast<uint4*>(B1 + r * kGLd + c) = b1;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kGT; kk += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> af;
+      wmma::load_matrix_sync(af, As + warp * 16 * kGLd + kk, kGLd);
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> bfr;
+        wmma::load_matrix_sync(bfr, B0 + n * 16 * kGLd + kk, kGLd);
+        wmma::mma_sync(acc0[n], af, bfr, acc0[n]);
+        if (kGateUp) {
+          wmma::load_matrix_sync(bfr, B1 + n * 16 * kGLd + kk, kGLd);
+          wmma::mma_sync(acc1[n], af, bfr, acc1[n]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+  float* C0 = C;
+  float* C1 = C + kGT * kCLd;
+#pragma unroll
+  for (int n = 0; n < 4; ++n) {
+    wmma::store_matrix_sync(C0 + warp * 16 * kCLd + n * 16, acc0[n], kCLd, wmma::mem_row_major);
+    if (kGateUp) wmma::store_matrix_sync(C1 + warp * 16 * kCLd + n * 16, acc1[n], kCLd, wmma::mem_row_major);
+  }
+  __syncwarp();
+  for (int v = lane; v < 16 * kGT; v += 32) {
+    const int r = warp * 16 + v / kGT, c = v % kGT;
+    if (r >= rows || n0 + c >= Nout) continue;
+    if constexpr (kGateUp) {
+      const float g = bf16_round(C0[r * kCLd + c]);
+      const float u = bf16_round(C1[r * kCLd + c]);
+      const float s = bf16_round(g / (1.f + __expf(-g)));
+      h[static_cast<size_t>(start + r) * I + n0 + c] = __float2bfloat16(s * u);
+    } else {
+      const int slot = plan.sorted_slots[start + r];
+      slot_out[static_cast<size_t>(slot) * H + n0 + c] = bf16_round(bf16_round(C0[r * kCLd + c]) * weights[slot]);
+    }
+  }
+}
+
+size_t grouped_smem(bool gate_up) {
+  return (3 * kGT * kGLd) * sizeof(bf16) + (gate_up ? 2 : 1) * kGT * (kGT + 4) * sizeof(float);
+}
+
+Status check_moe(const char* op, int N, int K, int E, int H, int I) {
+  if (N <= 0 || K <= 0 || E <= 0 || E > kMaxExperts || K > E || H <= 0 || I <= 0 || H % 8 != 0 || I % 8 != 0)
+    return invalid_argument(std::string(op) + ": need N, K > 0, K <= E <= 1024 and H, I positive multiples of 8 (N=" +
+                            std::to_string(N) + " K=" + std::to_string(K) + " E=" + std::to_string(E) +
+                            " H=" + std::to_string(H) + " I=" + std::to_string(I) + ")");
+  return Status::ok();
+}
+
+// Grid of a persistent kernel: enough CTAs to fill the GPU, at most `items`.
+Status persistent_grid(const void* kernel, size_t smem, int items, int* grid) {
+  int per_sm = 0;
+  ZEST_RETURN_IF_ERROR(cuda_status(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kExpWarps * 32, smem), "occupancy"));
+  *grid = std::max(1, std::min(items, std::max(1, per_sm) * sm_count()));
+  return Status::ok();
+}
+
+Status set_smem(const void* kernel, size_t smem) {
+  if (smem <= 48 * 1024) return Status::ok();
+  return cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+                     "cudaFuncSetAttribute");
+}
+
+}  // namespace
+
+int moe_max_tiles(int N, int K, int E) { return (N * K + kMoeTileM - 1) / kMoeTileM + E; }
+
+size_t moe_plan_bytes(int N, int K, int E) {
+  const size_t ints = 2 + E + (E + 1) + static_cast<size_t>(N) * K + 2 * static_cast<size_t>(moe_max_tiles(N, K, E));
+  return (ints * sizeof(int32_t) + 255) / 256 * 256;
+}
+
+void moe_plan_bind(MoePlan& plan, void* buffer, int N, int K, int E) {
+  int32_t* p = static_cast<int32_t*>(buffer);
+  plan.num_active = p++;
+  plan.num_tiles = p++;
+  plan.active_experts = p;
+  p += E;
+  plan.offsets = p;
+  p += E + 1;
+  plan.sorted_slots = p;
+  p += static_cast<size_t>(N) * K;
+  plan.tile_active = p;
+  p += moe_max_tiles(N, K, E);
+  plan.tile_start = p;
+  plan.max_tokens = N;
+  plan.top_k = K;
+  plan.experts = E;
+}
+
+Status moe_plan(const int32_t* ids, int N, int K, int E, MoePlan& plan, int64_t* active_count_sum, cudaStream_t stream) {
+  ZEST_RETURN_IF_ERROR(check_moe("moe_plan", N, K, E, 8, 8));
+  if (N > plan.max_tokens || K != plan.top_k || E != plan.experts)
+    return invalid_argument("moe_plan: the plan was bound for other sizes (max_tokens " +
+                            std::to_string(plan.max_tokens) + ", top_k " + std::to_string(plan.top_k) + ", experts " +
+                            std::to_string(plan.experts) + ")");
+  return launch("moe_plan", moe_plan_kernel, dim3(1), dim3(1024), 0, stream, ids, N * K, E, plan, active_count_sum);
+}
+
+Status moe_experts_decode(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
+                          const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I,
+                          cudaStream_t stream) {
+  ZEST_RETURN_IF_ERROR(check_moe("moe_experts_decode", N, K, E, H, I));
+  const size_t smem_gu = static_cast<size_t>(kTok) * H * sizeof(bf16);
+  const size_t smem_dn = static_cast<size_t>(kTok) * I * sizeof(bf16);
+  static bool configured = false;
+  if (!configured) {
+    ZEST_RETURN_IF_ERROR(set_smem(reinterpret_cast<const void*>(moe_gate_up_decode_kernel), 16 * 8192 * sizeof(bf16)));
+    ZEST_RETURN_IF_ERROR(set_smem(reinterpret_cast<const void*>(moe_down_decode_kernel), 16 * 8192 * sizeof(bf16)));
+    configured = true;
+  }
+  if (smem_gu > 16 * 8192 * sizeof(bf16) || smem_dn > 16 * 8192 * sizeof(bf16))
+    return unsupported("moe_experts_decode: hidden or expert width above 16384 is not supported");
+  // Upper bound of work items: every expert with tokens (at most min(E, N*K)).
+  const int max_active = std::min(E, N * K);
+  int grid_gu = 0, grid_dn = 0;
+  ZEST_RETURN_IF_ERROR(persistent_grid(reinterpret_cast<const void*>(moe_gate_up_decode_kernel), smem_gu,
+                                       max_active * ((I + kExpWarps - 1) / kExpWarps), &grid_gu));
+  ZEST_RETURN_IF_ERROR(persistent_grid(reinterpret_cast<const void*>(moe_down_decode_kernel), smem_dn,
+                                       max_active * ((H + kExpWarps * 4 - 1) / (kExpWarps * 4)), &grid_dn));
+  ZEST_RETURN_IF_ERROR(launch("moe_gate_up_decode", moe_gate_up_decode_kernel, dim3(grid_gu), dim3(kExpWarps * 32),
+                              smem_gu, stream, x, plan, gate_up, h, K, H, I));
+  return launch("moe_down_decode", moe_down_decode_kernel, dim3(grid_dn), dim3(kExpWarps * 32), smem_dn, stream, plan,
+                weights, down, h, slot_out, H, I);
+}
+
+Status moe_experts_prefill(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
+                           const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I,
+                           cudaStream_t stream) {
+  ZEST_RETURN_IF_ERROR(check_moe("moe_experts_prefill", N, K, E, H, I));
+  if (H % kGT != 0 || I % kGT != 0)
+    return unsupported("moe_experts_prefill: hidden and expert width must be multiples of 64 (H=" + std::to_string(H) +
+                       " I=" + std::to_string(I) + "); use moe_experts_decode");
+  static bool configured = false;
+  if (!configured) {
+    ZEST_RETURN_IF_ERROR(set_smem(reinterpret_cast<const void*>(moe_grouped_gemm_kernel<true>), grouped_smem(true)));
+    ZEST_RETURN_IF_ERROR(set_smem(reinterpret_cast<const void*>(moe_grouped_gemm_kernel<false>), grouped_smem(false)));
+    configured = true;
+  }
+  const int tiles = moe_max_tiles(N, K, E);
+  ZEST_RETURN_IF_ERROR(launch("moe_gate_up_prefill", moe_grouped_gemm_kernel<true>, dim3(tiles, I / kGT),
+                              dim3(kGWarps * 32), grouped_smem(true), stream, x, plan, weights, gate_up, h, slot_out, K,
+                              H, I));
+  return launch("moe_down_prefill", moe_grouped_gemm_kernel<false>, dim3(tiles, H / kGT), dim3(kGWarps * 32),
+                grouped_smem(false), stream, static_cast<const bf16*>(h), plan, weights, down, h, slot_out, K, H, I);
+}
+
+}  // namespace zest::cuda

@@ -1,0 +1,361 @@
+// Synthetic Qwen3-shaped decoder for benchmarks: random weights on device, a filled paged KV cache, and a
+// decode step made only of zest CUDA kernels, captured into one CUDA graph per (batch, SERE on/off).
+#include "kernels/cuda/synthetic_decoder.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "kernels/cuda/common.cuh"
+
+namespace zest::cuda {
+
+namespace {
+
+constexpr float kEps = 1e-6f;
+
+__global__ void advance_inputs_kernel(int32_t* __restrict__ ids, int32_t* __restrict__ counter, int batch, int vocab) {
+  pdl_wait();
+  const uint32_t step = static_cast<uint32_t>(*counter);
+  for (int b = threadIdx.x; b < batch; b += blockDim.x) {
+    uint32_t z = step * 2654435761u ^ (static_cast<uint32_t>(b) * 2246822519u + 374761393u);
+    z ^= z >> 15;
+    z *= 2246822519u;
+    z ^= z >> 13;
+    z *= 3266489917u;
+    z ^= z >> 16;
+    ids[b] = static_cast<int32_t>(z % static_cast<uint32_t>(vocab));
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) *counter = static_cast<int32_t>(step + 1);
+}
+
+#define ZEST_CU(expr, what) ZEST_RETURN_IF_ERROR(cuda_status((expr), what))
+
+}  // namespace
+
+Result<SyntheticConfig> synthetic_config(const std::string& name, int layers) {
+  SyntheticConfig c;
+  c.name = name;
+  c.vocab = 151936;
+  c.head_dim = 128;
+  if (name == "qwen3-30b-a3b" || name == "qwen3-vl-30b-a3b") {
+    c.layers = 48;
+    c.hidden = 2048;
+    c.q_heads = 32;
+    c.kv_heads = 4;
+    c.experts = 128;
+    c.top_k = 8;
+    c.expert_inter = 768;
+    c.rope_theta = name == "qwen3-30b-a3b" ? 1e6f : 5e6f;
+    c.mrope = name != "qwen3-30b-a3b";
+  } else if (name == "qwen3-vl-235b-a22b") {
+    c.layers = 94;
+    c.hidden = 4096;
+    c.q_heads = 64;
+    c.kv_heads = 4;
+    c.experts = 128;
+    c.top_k = 8;
+    c.expert_inter = 1536;
+    c.rope_theta = 5e6f;
+    c.mrope = true;
+  } else if (name == "qwen3-vl-32b") {
+    c.layers = 64;
+    c.hidden = 5120;
+    c.q_heads = 64;
+    c.kv_heads = 8;
+    c.dense_inter = 25600;
+    c.rope_theta = 5e6f;
+    c.mrope = true;
+  } else {
+    return invalid_argument("unknown synthetic config '" + name +
+                            "'; use qwen3-30b-a3b, qwen3-vl-30b-a3b, qwen3-vl-235b-a22b or qwen3-vl-32b");
+  }
+  if (layers < 0) return invalid_argument("--layers must be positive");
+  if (layers > 0) c.layers = layers;
+  return c;
+}
+
+SyntheticDecoder::~SyntheticDecoder() {
+  for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g);
+  for (void* p : allocations_) cudaFree(p);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+Result<std::unique_ptr<SyntheticDecoder>> SyntheticDecoder::create(const SyntheticConfig& cfg,
+                                                                   const SyntheticOptions& opt) {
+  std::unique_ptr<SyntheticDecoder> d(new SyntheticDecoder());
+  ZEST_RETURN_IF_ERROR(d->init(cfg, opt));
+  return Result<std::unique_ptr<SyntheticDecoder>>(std::move(d));
+}
+
+bf16* SyntheticDecoder::carve(size_t elems) {
+  const size_t bytes = (elems * sizeof(bf16) + 255) / 256 * 256;
+  bf16* p = reinterpret_cast<bf16*>(arena_ + arena_used_);
+  arena_used_ += bytes;
+  return p;
+}
+
+Status SyntheticDecoder::init(const SyntheticConfig& cfg, const SyntheticOptions& opt) {
+  cfg_ = cfg;
+  opt_ = opt;
+  if (opt.max_batch <= 0 || opt.context < 0) return invalid_argument("batch must be positive and context >= 0");
+  const bool moe = cfg.experts > 0;
+  const size_t H = cfg.hidden, D = cfg.head_dim, Hq = cfg.q_heads, Hkv = cfg.kv_heads, E = cfg.experts;
+  const size_t I = moe ? cfg.expert_inter : cfg.dense_inter;
+  const size_t QKV = (Hq + 2 * Hkv) * D;
+  blocks_per_seq_ = (opt.context + 1 + kKvBlock - 1) / kKvBlock;
+  const size_t kv_elems = static_cast<size_t>(opt.max_batch) * blocks_per_seq_ * kKvBlock * Hkv * D;
+  auto r256 = [](size_t elems) { return (elems * 2 + 255) / 256 * 256; };
+  size_t per_layer = r256(H) * 2 + r256(D) * 2 + r256(QKV * H) + r256(H * Hq * D) + 2 * r256(kv_elems);
+  if (moe) per_layer += r256(E * H) + r256(E * 2 * I * H) + r256(E * H * I) + r256(2 * E) + r256(2 * E * E);
+  else per_layer += r256(2 * I * H) + r256(H * I);
+  arena_size_ = per_layer * cfg.layers + 2 * r256(static_cast<size_t>(cfg.vocab) * H) + r256(H);
+  size_t free_b = 0, total_b = 0;
+  ZEST_CU(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+  if (arena_size_ + (2ull << 30) > free_b)
+    return resource_exhausted("synthetic model '" + cfg.name + "' needs " + std::to_string(arena_size_ >> 30) +
+                              " GiB but the GPU has " + std::to_string(free_b >> 30) +
+                              " GiB free; lower --layers, --batch or --context");
+  ZEST_CU(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  void* arena = nullptr;
+  ZEST_CU(cudaMalloc(&arena, arena_size_), "cudaMalloc(model)");
+  allocations_.push_back(arena);
+  arena_ = static_cast<char*>(arena);
+
+  uint64_t seed = opt.seed * 1000003ull;
+  auto fill = [&](bf16* p, size_t n, float lo, float hi) { return fill_random_bf16(p, n, ++seed, lo, hi, stream_); };
+  std::mt19937_64 rng(opt.seed);
+  std::uniform_real_distribution<float> uni(0.f, 1.f);
+  std::vector<float> host_bias(E), host_sim(E * E);
+  layers_.resize(cfg.layers);
+  for (Layer& L : layers_) {
+    L = Layer{};
+    L.in_norm = carve(H);
+    L.post_norm = carve(H);
+    L.q_norm = carve(D);
+    L.k_norm = carve(D);
+    L.wqkv = carve(QKV * H);
+    L.wo = carve(H * Hq * D);
+    L.k_cache = carve(kv_elems);
+    L.v_cache = carve(kv_elems);
+    ZEST_RETURN_IF_ERROR(fill(L.in_norm, H, 0.9f, 1.1f));
+    ZEST_RETURN_IF_ERROR(fill(L.post_norm, H, 0.9f, 1.1f));
+    ZEST_RETURN_IF_ERROR(fill(L.q_norm, D, 0.9f, 1.1f));
+    ZEST_RETURN_IF_ERROR(fill(L.k_norm, D, 0.9f, 1.1f));
+    const float a_h = std::sqrt(3.f / H), a_o = std::sqrt(3.f / (Hq * D)), a_i = std::sqrt(3.f / I);
+    ZEST_RETURN_IF_ERROR(fill(L.wqkv, QKV * H, -a_h, a_h));
+    ZEST_RETURN_IF_ERROR(fill(L.wo, H * Hq * D, -a_o, a_o));
+    ZEST_RETURN_IF_ERROR(fill(L.k_cache, kv_elems, -1.f, 1.f));
+    ZEST_RETURN_IF_ERROR(fill(L.v_cache, kv_elems, -1.f, 1.f));
+    if (moe) {
+      L.router = carve(E * H);
+      L.gate_up = carve(E * 2 * I * H);
+      L.down = carve(E * H * I);
+      L.router_bias = reinterpret_cast<float*>(carve(2 * E));
+      L.sim = reinterpret_cast<float*>(carve(2 * E * E));
+      ZEST_RETURN_IF_ERROR(fill(L.router, E * H, -a_h, a_h));
+      ZEST_RETURN_IF_ERROR(fill(L.gate_up, E * 2 * I * H, -a_h, a_h));
+      ZEST_RETURN_IF_ERROR(fill(L.down, E * H * I, -a_i, a_i));
+      // Zipf-like popularity: a random rank per expert, bias = -skew * ln(rank + 1).
+      std::vector<int> rank(E);
+      std::iota(rank.begin(), rank.end(), 0);
+      std::shuffle(rank.begin(), rank.end(), rng);
+      for (size_t e = 0; e < E; ++e) host_bias[e] = -opt.skew * std::log(static_cast<float>(rank[e] + 1));
+      for (size_t u = 0; u < E; ++u) {
+        host_sim[u * E + u] = 1.f;
+        for (size_t v = u + 1; v < E; ++v) host_sim[u * E + v] = host_sim[v * E + u] = uni(rng);
+      }
+      ZEST_CU(cudaMemcpyAsync(L.router_bias, host_bias.data(), E * 4, cudaMemcpyHostToDevice, stream_), "bias copy");
+      ZEST_CU(cudaMemcpyAsync(L.sim, host_sim.data(), E * E * 4, cudaMemcpyHostToDevice, stream_), "sim copy");
+      ZEST_CU(cudaStreamSynchronize(stream_), "sync");
+    } else {
+      L.gate_up = carve(2 * I * H);
+      L.down = carve(H * I);
+      ZEST_RETURN_IF_ERROR(fill(L.gate_up, 2 * I * H, -a_h, a_h));
+      ZEST_RETURN_IF_ERROR(fill(L.down, H * I, -a_i, a_i));
+    }
+  }
+  embed_ = carve(static_cast<size_t>(cfg.vocab) * H);
+  lm_head_ = carve(static_cast<size_t>(cfg.vocab) * H);
+  final_norm_ = carve(H);
+  ZEST_RETURN_IF_ERROR(fill(embed_, static_cast<size_t>(cfg.vocab) * H, -1.f, 1.f));
+  ZEST_RETURN_IF_ERROR(fill(lm_head_, static_cast<size_t>(cfg.vocab) * H, -std::sqrt(3.f / H), std::sqrt(3.f / H)));
+  ZEST_RETURN_IF_ERROR(fill(final_norm_, H, 0.9f, 1.1f));
+
+  // Step buffers, sized for max_batch.
+  const size_t B = opt.max_batch, K = moe ? cfg.top_k : 1;
+  auto dev = [&](size_t bytes, auto** out) -> Status {
+    void* p = nullptr;
+    ZEST_CU(cudaMalloc(&p, std::max<size_t>(bytes, 256)), "cudaMalloc(step buffer)");
+    allocations_.push_back(p);
+    *out = static_cast<std::remove_reference_t<decltype(*out)>>(p);
+    return Status::ok();
+  };
+  ZEST_RETURN_IF_ERROR(dev(B * 4, &ids_));
+  ZEST_RETURN_IF_ERROR(dev(B * 4, &out_ids_));
+  ZEST_RETURN_IF_ERROR(dev(3 * B * 4, &pos_));
+  ZEST_RETURN_IF_ERROR(dev(B * 4, &slots_));
+  ZEST_RETURN_IF_ERROR(dev(B * blocks_per_seq_ * 4, &block_table_));
+  ZEST_RETURN_IF_ERROR(dev(B * 4, &ctx_lens_));
+  ZEST_RETURN_IF_ERROR(dev(B * K * 4, &route_ids_));
+  ZEST_RETURN_IF_ERROR(dev(4, &step_counter_));
+  ZEST_RETURN_IF_ERROR(dev(B * K * 4, &route_w_));
+  ZEST_RETURN_IF_ERROR(dev(B * K * H * 4, &slot_out_));
+  ZEST_RETURN_IF_ERROR(dev(B * H * 2, &x_));
+  ZEST_RETURN_IF_ERROR(dev(B * H * 2, &xn_));
+  ZEST_RETURN_IF_ERROR(dev(B * QKV * 2, &qkv_));
+  ZEST_RETURN_IF_ERROR(dev(B * Hq * D * 2, &attn_));
+  ZEST_RETURN_IF_ERROR(dev(B * H * 2, &o_));
+  ZEST_RETURN_IF_ERROR(dev(B * std::max<size_t>(E, 1) * 2, &router_logits_));
+  ZEST_RETURN_IF_ERROR(dev(B * K * I * 2, &h_));
+  ZEST_RETURN_IF_ERROR(dev(moe ? 256 : B * 2 * I * 2, &gu_));
+  ZEST_RETURN_IF_ERROR(dev(B * static_cast<size_t>(cfg.vocab) * 2, &logits_));
+  ZEST_RETURN_IF_ERROR(dev(cfg.layers * sizeof(int64_t), &expert_counts_));
+  size_t ws = 0;
+  for (int b = 1; b <= opt.max_batch; ++b) {
+    DecodeAttention p;
+    p.batch = b;
+    p.q_heads = cfg.q_heads;
+    p.kv_heads = cfg.kv_heads;
+    p.max_context = opt.context + 1;
+    p.max_blocks = blocks_per_seq_;
+    ws = std::max(ws, decode_attention_workspace_bytes(p));
+  }
+  ZEST_RETURN_IF_ERROR(dev(ws, &attn_ws_));
+  ZEST_CU(cudaMemsetAsync(attn_ws_, 0, ws, stream_), "memset");
+  if (moe) {
+    ZEST_RETURN_IF_ERROR(dev(moe_plan_bytes(opt.max_batch, cfg.top_k, cfg.experts), &plan_buf_));
+    moe_plan_bind(plan_, plan_buf_, opt.max_batch, cfg.top_k, cfg.experts);
+  }
+  ZEST_CU(cudaMemsetAsync(step_counter_, 0, 4, stream_), "memset");
+  ZEST_CU(cudaMemsetAsync(expert_counts_, 0, cfg.layers * sizeof(int64_t), stream_), "memset");
+
+  // Sequence b owns blocks [b * bps, (b + 1) * bps); the new token sits at position `context`.
+  std::vector<int32_t> bt(B * blocks_per_seq_), pos(3 * B, opt.context), slots(B), lens(B, opt.context + 1);
+  for (size_t b = 0; b < B; ++b) {
+    for (int i = 0; i < blocks_per_seq_; ++i) bt[b * blocks_per_seq_ + i] = static_cast<int32_t>(b * blocks_per_seq_ + i);
+    slots[b] = bt[b * blocks_per_seq_ + opt.context / kKvBlock] * kKvBlock + opt.context % kKvBlock;
+  }
+  ZEST_CU(cudaMemcpyAsync(block_table_, bt.data(), bt.size() * 4, cudaMemcpyHostToDevice, stream_), "copy");
+  ZEST_CU(cudaMemcpyAsync(pos_, pos.data(), pos.size() * 4, cudaMemcpyHostToDevice, stream_), "copy");
+  ZEST_CU(cudaMemcpyAsync(slots_, slots.data(), slots.size() * 4, cudaMemcpyHostToDevice, stream_), "copy");
+  ZEST_CU(cudaMemcpyAsync(ctx_lens_, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice, stream_), "copy");
+  ZEST_CU(cudaStreamSynchronize(stream_), "model init");
+  return Status::ok();
+}
+
+Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
+  if (batch <= 0 || batch > opt_.max_batch)
+    return invalid_argument("batch " + std::to_string(batch) + " outside [1, " + std::to_string(opt_.max_batch) + "]");
+  const SyntheticConfig& c = cfg_;
+  const bool moe = c.experts > 0;
+  const int H = c.hidden, D = c.head_dim, QKV = (c.q_heads + 2 * c.kv_heads) * D;
+  cudaStream_t s = stream_;
+  RopeParams rope;
+  rope.theta = c.rope_theta;
+  if (c.mrope) {
+    rope.section_h = 20;
+    rope.section_w = 20;
+  }
+  DecodeAttention ap;
+  ap.batch = batch;
+  ap.q_heads = c.q_heads;
+  ap.kv_heads = c.kv_heads;
+  ap.head_dim = D;
+  ap.max_context = opt_.context + 1;
+  ap.max_blocks = blocks_per_seq_;
+  ap.scale = 1.f / std::sqrt(static_cast<float>(D));
+
+  ZEST_RETURN_IF_ERROR(launch("advance_inputs", advance_inputs_kernel, dim3(1), dim3(256), 0, s, ids_, step_counter_,
+                              batch, c.vocab));
+  ZEST_RETURN_IF_ERROR(embedding(ids_, embed_, x_, batch, H, c.vocab, s));
+  ZEST_RETURN_IF_ERROR(rmsnorm(x_, layers_[0].in_norm, xn_, batch, H, kEps, s));
+  for (int l = 0; l < c.layers; ++l) {
+    const Layer& L = layers_[l];
+    const bf16* next_norm = l + 1 < c.layers ? layers_[l + 1].in_norm : final_norm_;
+    ZEST_RETURN_IF_ERROR(gemm(xn_, L.wqkv, qkv_, batch, QKV, H, s));
+    ZEST_RETURN_IF_ERROR(qk_norm_rope_kv(qkv_, L.q_norm, L.k_norm, pos_, c.mrope ? opt_.max_batch : 0, rope, slots_,
+                                         L.k_cache, L.v_cache, batch, c.q_heads, c.kv_heads, D, kEps, s));
+    ZEST_RETURN_IF_ERROR(decode_attention(ap, qkv_, QKV, L.k_cache, L.v_cache, block_table_, ctx_lens_, attn_, attn_ws_, s));
+    ZEST_RETURN_IF_ERROR(gemm(attn_, L.wo, o_, batch, H, c.q_heads * D, s));
+    ZEST_RETURN_IF_ERROR(add_rmsnorm(x_, o_, L.post_norm, xn_, batch, H, kEps, s));
+    if (moe) {
+      const int E = c.experts, K = c.top_k, I = c.expert_inter;
+      ZEST_RETURN_IF_ERROR(gemm(xn_, L.router, router_logits_, batch, E, H, s));
+      ZEST_RETURN_IF_ERROR(router_topk(router_logits_, opt_.skew > 0.f ? L.router_bias : nullptr, route_ids_, route_w_,
+                                       batch, E, K, s));
+      if (sere)
+        ZEST_RETURN_IF_ERROR(
+            sere_reroute(route_ids_, route_w_, L.sim, batch, E, K, opt_.sere_primary, opt_.sere_threshold, s));
+      ZEST_RETURN_IF_ERROR(moe_plan(route_ids_, batch, K, E, plan_, expert_counts_ + l, s));
+      ZEST_RETURN_IF_ERROR(moe_experts_decode(xn_, plan_, route_w_, L.gate_up, L.down, h_, slot_out_, batch, K, E, H, I, s));
+      ZEST_RETURN_IF_ERROR(moe_combine_add_rmsnorm(x_, slot_out_, route_ids_, K, next_norm, xn_, batch, H, kEps, s));
+    } else {
+      const int I = c.dense_inter;
+      ZEST_RETURN_IF_ERROR(gemm(xn_, L.gate_up, gu_, batch, 2 * I, H, s));
+      ZEST_RETURN_IF_ERROR(silu_mul(gu_, h_, batch, I, s));
+      ZEST_RETURN_IF_ERROR(gemm(h_, L.down, o_, batch, H, I, s));
+      ZEST_RETURN_IF_ERROR(add_rmsnorm(x_, o_, next_norm, xn_, batch, H, kEps, s));
+    }
+  }
+  ZEST_RETURN_IF_ERROR(gemm(xn_, lm_head_, logits_, batch, c.vocab, H, s));
+  return argmax_rows(logits_, out_ids_, batch, c.vocab, s);
+}
+
+Status SyntheticDecoder::replay(int batch, bool sere) {
+  const auto key = std::make_pair(batch, sere);
+  auto it = graphs_.find(key);
+  if (it == graphs_.end()) {
+    // One eager step first: creates cuBLASLt plans and sets kernel attributes outside the capture.
+    ZEST_RETURN_IF_ERROR(enqueue_step(batch, sere));
+    ZEST_CU(cudaStreamSynchronize(stream_), "eager step");
+    cudaGraph_t graph = nullptr;
+    ZEST_CU(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "begin capture");
+    const Status st = enqueue_step(batch, sere);
+    const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
+    ZEST_RETURN_IF_ERROR(st);
+    ZEST_CU(end, "end capture");
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    ZEST_CU(inst, "graph instantiate");
+    it = graphs_.emplace(key, exec).first;
+  }
+  return cuda_status(cudaGraphLaunch(it->second, stream_), "graph launch");
+}
+
+Status SyntheticDecoder::reset_expert_counts() {
+  return cuda_status(cudaMemsetAsync(expert_counts_, 0, cfg_.layers * sizeof(int64_t), stream_), "memset");
+}
+
+Result<double> SyntheticDecoder::mean_distinct_experts(int steps) {
+  if (cfg_.experts == 0) return 0.0;
+  std::vector<int64_t> counts(cfg_.layers);
+  ZEST_CU(cudaMemcpyAsync(counts.data(), expert_counts_, counts.size() * 8, cudaMemcpyDeviceToHost, stream_), "copy");
+  ZEST_CU(cudaStreamSynchronize(stream_), "sync");
+  double total = 0;
+  for (int64_t v : counts) total += static_cast<double>(v);
+  return total / (static_cast<double>(steps) * cfg_.layers);
+}
+
+double SyntheticDecoder::bytes_per_step(int batch, double distinct_experts) const {
+  const SyntheticConfig& c = cfg_;
+  const double H = c.hidden, D = c.head_dim, Hq = c.q_heads, Hkv = c.kv_heads;
+  double layer = (Hq + 2 * Hkv) * D * H + H * Hq * D + 2 * H + 2 * D;
+  if (c.experts > 0) layer += c.experts * H + distinct_experts * 3.0 * c.expert_inter * H;
+  else layer += 3.0 * c.dense_inter * H;
+  layer += static_cast<double>(batch) * (opt_.context + 1) * Hkv * D * 2;
+  const double elems = layer * c.layers + batch * H + H + static_cast<double>(c.vocab) * H;
+  return elems * 2.0;
+}
+
+Result<std::vector<int32_t>> SyntheticDecoder::last_tokens(int batch) {
+  std::vector<int32_t> out(batch);
+  ZEST_CU(cudaMemcpyAsync(out.data(), out_ids_, batch * 4, cudaMemcpyDeviceToHost, stream_), "copy");
+  ZEST_CU(cudaStreamSynchronize(stream_), "sync");
+  return out;
+}
+
+}  // namespace zest::cuda

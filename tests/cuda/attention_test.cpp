@@ -1,0 +1,247 @@
+// CUDA attention kernels (q/k norm + RoPE + KV write, paged decode attention, prefill attention) against
+// plain f32 loops.
+#ifdef ZEST_HAVE_CUDA
+#include <numeric>
+
+#include "cuda/cuda_test_util.h"
+
+namespace zest::cuda::test {
+namespace {
+
+constexpr float kEps = 1e-6f;
+constexpr double kTol = 2e-2;  // bf16 outputs: max abs err <= 2e-2 * max |ref|
+
+struct RopeCase {
+  int T, Hq, Hkv, D;
+  bool mrope;
+};
+
+void run_rope_case(const RopeCase& c, std::mt19937& rng) {
+  const int heads = c.Hq + 2 * c.Hkv, row = heads * c.D, num_blocks = 4;
+  auto qkv = random_bf16(static_cast<size_t>(c.T) * row, rng, -2.f, 2.f);
+  auto qn = random_bf16(c.D, rng, 0.5f, 1.5f), kn = random_bf16(c.D, rng, 0.5f, 1.5f);
+  std::uniform_int_distribution<int> pd(0, 6000);
+  std::vector<int32_t> pos(3 * c.T);
+  for (auto& p : pos) p = pd(rng);
+  std::vector<int32_t> slots(c.T);
+  for (int t = 0; t < c.T; ++t) slots[t] = t == 2 ? -1 : (t * 13 + 5) % (num_blocks * kKvBlock);
+  RopeParams rope;
+  rope.theta = 5e6f;
+  if (c.mrope) rope.section_h = rope.section_w = 20;
+  const int pos_stride = c.mrope ? c.T : 0;
+
+  auto dqkv = upload_bf16(qkv), dqn = upload_bf16(qn), dkn = upload_bf16(kn);
+  DevBuf<int32_t> dpos(pos), dslots(slots);
+  const size_t cache_elems = static_cast<size_t>(num_blocks) * kKvBlock * c.Hkv * c.D;
+  DevBuf<bf16> kc(cache_elems), vc(cache_elems);
+  kc.poison();
+  vc.poison();
+  ZEST_ASSERT_OK(qk_norm_rope_kv(dqkv->get(), dqn->get(), dkn->get(), dpos.get(), pos_stride, rope, dslots.get(),
+                                 kc.get(), vc.get(), c.T, c.Hq, c.Hkv, c.D, kEps, nullptr));
+  sync_ok();
+
+  std::vector<float> ref = qkv.f;
+  const int half = c.D / 2;
+  for (int t = 0; t < c.T; ++t)
+    for (int h = 0; h < c.Hq + c.Hkv; ++h) {
+      float* x = &ref[static_cast<size_t>(t) * row + h * c.D];
+      const std::vector<float>& w = h < c.Hq ? qn.f : kn.f;
+      double ss = 0;
+      for (int d = 0; d < c.D; ++d) ss += static_cast<double>(x[d]) * x[d];
+      const float inv = static_cast<float>(1.0 / std::sqrt(ss / c.D + kEps));
+      std::vector<float> n(c.D);
+      for (int d = 0; d < c.D; ++d) n[d] = round_bf16(round_bf16(x[d] * inv) * w[d]);
+      for (int j = 0; j < half; ++j) {
+        int axis = 0;
+        if (c.mrope && j % 3 == 1 && j < 60) axis = 1;
+        if (c.mrope && j % 3 == 2 && j < 60) axis = 2;
+        const double p = pos[(c.mrope ? axis * c.T : 0) + t];
+        const double ang = p / std::pow(5e6, 2.0 * j / c.D);
+        const float cs = round_bf16(static_cast<float>(std::cos(ang))), sn = round_bf16(static_cast<float>(std::sin(ang)));
+        x[j] = n[j] * cs - n[j + half] * sn;
+        x[j + half] = n[j + half] * cs + n[j] * sn;
+      }
+    }
+  ZEST_EXPECT_CLOSE(download_bf16(*dqkv), ref, kTol);
+
+  const auto kgot = download_bf16(kc), vgot = download_bf16(vc);
+  std::vector<float> kref, kg, vref, vg;
+  for (int t = 0; t < c.T; ++t) {
+    if (slots[t] < 0) continue;
+    for (int h = 0; h < c.Hkv; ++h)
+      for (int d = 0; d < c.D; ++d) {
+        const size_t dst = (static_cast<size_t>(slots[t]) * c.Hkv + h) * c.D + d;
+        kref.push_back(ref[static_cast<size_t>(t) * row + (c.Hq + h) * c.D + d]);
+        kg.push_back(kgot[dst]);
+        vref.push_back(qkv.f[static_cast<size_t>(t) * row + (c.Hq + c.Hkv + h) * c.D + d]);
+        vg.push_back(vgot[dst]);
+      }
+  }
+  ZEST_EXPECT_CLOSE(kg, kref, kTol);
+  ZEST_EXPECT_CLOSE(vg, vref, 0.0);
+  // A slot no token maps to keeps its poison.
+  std::vector<bool> used(num_blocks * kKvBlock, false);
+  for (int s : slots)
+    if (s >= 0) used[s] = true;
+  const int unused = static_cast<int>(std::find(used.begin(), used.end(), false) - used.begin());
+  EXPECT_TRUE(std::isnan(kgot[static_cast<size_t>(unused) * c.Hkv * c.D]));
+}
+
+TEST(CudaRope, MropeNormAndKvWriteMatchReference) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(21);
+  run_rope_case({5, 4, 2, 128, true}, rng);
+}
+
+TEST(CudaRope, OneDimensionalRopeWithSmallHeadDim) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(22);
+  run_rope_case({3, 6, 3, 64, false}, rng);
+}
+
+// Reference attention of one query over keys/values given as f32 rows (for each position) of one head.
+void ref_attend(const float* q, const std::vector<const float*>& k, const std::vector<const float*>& v, int D,
+                float scale, float* out) {
+  std::vector<double> s(k.size());
+  double mx = -INFINITY;
+  for (size_t j = 0; j < k.size(); ++j) {
+    double d = 0;
+    for (int i = 0; i < D; ++i) d += static_cast<double>(q[i]) * k[j][i];
+    s[j] = d * scale;
+    mx = std::max(mx, s[j]);
+  }
+  double sum = 0;
+  for (auto& x : s) sum += (x = std::exp(x - mx));
+  for (int i = 0; i < D; ++i) {
+    double o = 0;
+    for (size_t j = 0; j < k.size(); ++j) o += s[j] * v[j][i];
+    out[i] = static_cast<float>(o / sum);
+  }
+}
+
+void run_decode_case(const std::vector<int>& lens, int Hq, int Hkv, std::mt19937& rng) {
+  const int B = static_cast<int>(lens.size()), D = 128;
+  const int max_ctx = *std::max_element(lens.begin(), lens.end());
+  const int max_blocks = (max_ctx + kKvBlock - 1) / kKvBlock + 1;
+  const int num_blocks = B * max_blocks;
+  // Each sequence gets a random set of physical blocks.
+  std::vector<int32_t> perm(num_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<int32_t> bt(perm.begin(), perm.end());
+  const size_t cache_elems = static_cast<size_t>(num_blocks) * kKvBlock * Hkv * D;
+  auto kc = random_bf16(cache_elems, rng, -1.5f, 1.5f), vc = random_bf16(cache_elems, rng);
+  const int q_stride = (Hq + 2 * Hkv) * D;
+  auto q = random_bf16(static_cast<size_t>(B) * q_stride, rng, -1.5f, 1.5f);
+
+  DecodeAttention p;
+  p.batch = B;
+  p.q_heads = Hq;
+  p.kv_heads = Hkv;
+  p.max_context = max_ctx;
+  p.max_blocks = max_blocks;
+  p.scale = 1.f / std::sqrt(static_cast<float>(D));
+  auto dk = upload_bf16(kc), dv = upload_bf16(vc), dq = upload_bf16(q);
+  DevBuf<int32_t> dbt(bt), dlens(std::vector<int32_t>(lens.begin(), lens.end()));
+  DevBuf<unsigned char> ws(decode_attention_workspace_bytes(p));
+  ASSERT_EQ(cudaMemset(ws.get(), 0, ws.size()), cudaSuccess);
+  DevBuf<bf16> out(static_cast<size_t>(B) * Hq * D);
+  out.poison();
+  ZEST_ASSERT_OK(decode_attention(p, dq->get(), q_stride, dk->get(), dv->get(), dbt.get(), dlens.get(), out.get(),
+                                  ws.get(), nullptr));
+  sync_ok();
+  const auto got = download_bf16(out);
+
+  std::vector<float> ref(got.size());
+  const int G = Hq / Hkv;
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < Hq; ++h) {
+      std::vector<const float*> ks, vs;
+      for (int t = 0; t < lens[b]; ++t) {
+        const size_t off = ((static_cast<size_t>(bt[b * max_blocks + t / kKvBlock]) * kKvBlock + t % kKvBlock) * Hkv +
+                            h / G) * D;
+        ks.push_back(&kc.f[off]);
+        vs.push_back(&vc.f[off]);
+      }
+      ref_attend(&q.f[static_cast<size_t>(b) * q_stride + h * D], ks, vs, D, p.scale, &ref[(static_cast<size_t>(b) * Hq + h) * D]);
+    }
+  ZEST_EXPECT_CLOSE(got, ref, kTol);
+
+  // A second launch on the same workspace gives the same bits (the split counters were reset).
+  ZEST_ASSERT_OK(decode_attention(p, dq->get(), q_stride, dk->get(), dv->get(), dbt.get(), dlens.get(), out.get(),
+                                  ws.get(), nullptr));
+  sync_ok();
+  const auto again = download_bf16(out);
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(again[i], got[i]) << "element " << i;
+}
+
+TEST(CudaDecodeAttention, BatchOneLongContext) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(23);
+  run_decode_case({5000}, 32, 4, rng);
+}
+
+TEST(CudaDecodeAttention, MixedLengthsGqa8) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(24);
+  run_decode_case({1, 37, 16, 1025, 300}, 32, 4, rng);
+}
+
+TEST(CudaDecodeAttention, Gqa16AndGqa1) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(25);
+  run_decode_case({77, 5}, 16, 1, rng);
+  run_decode_case({129, 3}, 4, 4, rng);
+}
+
+TEST(CudaDecodeAttention, RejectsUnsupportedHeadDim) {
+  ZEST_REQUIRE_GPU();
+  DecodeAttention p;
+  p.batch = 1;
+  p.q_heads = 8;
+  p.kv_heads = 2;
+  p.head_dim = 64;
+  p.max_context = 16;
+  p.max_blocks = 1;
+  DevBuf<unsigned char> ws(4096);
+  const Status s = decode_attention(p, nullptr, 0, nullptr, nullptr, nullptr, nullptr, nullptr, ws.get(), nullptr);
+  EXPECT_EQ(s.code(), ErrorCode::kUnsupported);
+}
+
+TEST(CudaPrefillAttention, CausalVarlenGqaMatchesReference) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(26);
+  const std::vector<int> lens = {1, 70, 130, 64};
+  const int Hq = 8, Hkv = 2, D = 128, row = (Hq + 2 * Hkv) * D;
+  std::vector<int32_t> cu = {0};
+  for (int l : lens) cu.push_back(cu.back() + l);
+  const int T = cu.back(), max_len = *std::max_element(lens.begin(), lens.end());
+  auto qkv = random_bf16(static_cast<size_t>(T) * row, rng, -2.f, 2.f);
+  auto dqkv = upload_bf16(qkv);
+  DevBuf<int32_t> dcu(cu);
+  DevBuf<bf16> out(static_cast<size_t>(T) * Hq * D);
+  out.poison();
+  const float scale = 1.f / std::sqrt(128.f);
+  const bf16* base = dqkv->get();
+  ZEST_ASSERT_OK(prefill_attention(base, row, base + Hq * D, base + (Hq + Hkv) * D, row, dcu.get(),
+                                   static_cast<int>(lens.size()), max_len, out.get(), Hq, Hkv, D, scale, nullptr));
+  sync_ok();
+  const auto got = download_bf16(out);
+  std::vector<float> ref(got.size());
+  for (size_t s = 0; s < lens.size(); ++s)
+    for (int i = 0; i < lens[s]; ++i)
+      for (int h = 0; h < Hq; ++h) {
+        const int t = cu[s] + i;
+        std::vector<const float*> ks, vs;
+        for (int j = 0; j <= i; ++j) {
+          ks.push_back(&qkv.f[static_cast<size_t>(cu[s] + j) * row + (Hq + h / (Hq / Hkv)) * D]);
+          vs.push_back(&qkv.f[static_cast<size_t>(cu[s] + j) * row + (Hq + Hkv + h / (Hq / Hkv)) * D]);
+        }
+        ref_attend(&qkv.f[static_cast<size_t>(t) * row + h * D], ks, vs, D, scale, &ref[(static_cast<size_t>(t) * Hq + h) * D]);
+      }
+  ZEST_EXPECT_CLOSE(got, ref, kTol);
+}
+
+}  // namespace
+}  // namespace zest::cuda::test
+#endif  // ZEST_HAVE_CUDA

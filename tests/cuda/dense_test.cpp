@@ -1,0 +1,196 @@
+// CUDA dense kernels (GEMM, embedding, RMSNorm variants, SwiGLU, argmax) against plain f32 loops.
+#ifdef ZEST_HAVE_CUDA
+#include <tuple>
+
+#include "cuda/cuda_test_util.h"
+
+namespace zest::cuda::test {
+namespace {
+
+constexpr float kEps = 1e-6f;
+constexpr double kTol = 2e-2;  // bf16 outputs: max abs err <= 2e-2 * max |ref|
+
+std::vector<float> ref_gemm(const std::vector<float>& x, const std::vector<float>& w, int M, int N, int K) {
+  std::vector<float> y(static_cast<size_t>(M) * N);
+  for (int m = 0; m < M; ++m)
+    for (int n = 0; n < N; ++n) {
+      double s = 0;
+      for (int k = 0; k < K; ++k) s += static_cast<double>(x[m * K + k]) * w[static_cast<size_t>(n) * K + k];
+      y[static_cast<size_t>(m) * N + n] = static_cast<float>(s);
+    }
+  return y;
+}
+
+// y = w * bf16(x * rsqrt(mean(x^2) + eps)) per row.
+std::vector<float> ref_rmsnorm(const std::vector<float>& x, const std::vector<float>& w, int rows, int hidden) {
+  std::vector<float> y(x.size());
+  for (int r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int i = 0; i < hidden; ++i) ss += static_cast<double>(x[r * hidden + i]) * x[r * hidden + i];
+    const float inv = static_cast<float>(1.0 / std::sqrt(ss / hidden + kEps));
+    for (int i = 0; i < hidden; ++i) y[r * hidden + i] = round_bf16(x[r * hidden + i] * inv) * w[i];
+  }
+  return y;
+}
+
+TEST(CudaGemm, MatchesReferenceAcrossShapes) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(11);
+  // (M, N, K): the small-M streaming kernel (K not a multiple of 256 included) and cuBLASLt sizes.
+  for (auto [M, N, K] : {std::tuple{1, 67, 200}, {5, 300, 136}, {8, 1000, 2048}, {13, 72, 104}, {64, 512, 256}}) {
+    SCOPED_TRACE(testing::Message() << "M=" << M << " N=" << N << " K=" << K);
+    auto x = random_bf16(static_cast<size_t>(M) * K, rng), w = random_bf16(static_cast<size_t>(N) * K, rng);
+    auto dx = upload_bf16(x), dw = upload_bf16(w);
+    DevBuf<bf16> dy(static_cast<size_t>(M) * N);
+    dy.poison();
+    ZEST_ASSERT_OK(gemm(dx->get(), dw->get(), dy.get(), M, N, K, nullptr));
+    sync_ok();
+    const auto ref = ref_gemm(x.f, w.f, M, N, K);
+    ZEST_EXPECT_CLOSE(download_bf16(dy), ref, kTol);
+    if (N % 8 == 0) {
+      dy.poison();
+      ZEST_ASSERT_OK(gemm_cublaslt(dx->get(), dw->get(), dy.get(), M, N, K, nullptr));
+      sync_ok();
+      ZEST_EXPECT_CLOSE(download_bf16(dy), ref, kTol);
+    }
+  }
+}
+
+TEST(CudaGemm, RejectsBadSizes) {
+  ZEST_REQUIRE_GPU();
+  DevBuf<bf16> a(64);
+  EXPECT_FALSE(gemm(a.get(), a.get(), a.get(), 0, 8, 8, nullptr).is_ok());
+  EXPECT_FALSE(gemm(a.get(), a.get(), a.get(), 2, -1, 8, nullptr).is_ok());
+}
+
+TEST(CudaEmbedding, GathersRowsAndZeroesInvalidIds) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(12);
+  const int vocab = 50, hidden = 72;
+  auto table = random_bf16(static_cast<size_t>(vocab) * hidden, rng);
+  std::vector<int32_t> ids = {3, 49, 0, 17, 60, -2, 3};
+  const int n = static_cast<int>(ids.size());
+  auto dt = upload_bf16(table);
+  DevBuf<int32_t> di(ids);
+  DevBuf<bf16> out(static_cast<size_t>(n) * hidden);
+  out.poison();
+  ZEST_ASSERT_OK(embedding(di.get(), dt->get(), out.get(), n, hidden, vocab, nullptr));
+  sync_ok();
+  const auto got = download_bf16(out);
+  for (int t = 0; t < n; ++t)
+    for (int i = 0; i < hidden; ++i) {
+      const bool ok = ids[t] >= 0 && ids[t] < vocab;
+      const float want = ok ? table.f[static_cast<size_t>(ids[t]) * hidden + i] : 0.f;
+      ASSERT_EQ(got[static_cast<size_t>(t) * hidden + i], want) << "token " << t << " dim " << i;
+    }
+}
+
+TEST(CudaNorm, RmsnormMatchesReference) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(13);
+  for (auto [rows, hidden] : {std::pair{1, 2048}, {5, 1000}, {3, 8}}) {
+    auto x = random_bf16(static_cast<size_t>(rows) * hidden, rng, -3.f, 3.f), w = random_bf16(hidden, rng, 0.5f, 1.5f);
+    auto dx = upload_bf16(x), dw = upload_bf16(w);
+    DevBuf<bf16> dy(x.f.size());
+    dy.poison();
+    ZEST_ASSERT_OK(rmsnorm(dx->get(), dw->get(), dy.get(), rows, hidden, kEps, nullptr));
+    sync_ok();
+    ZEST_EXPECT_CLOSE(download_bf16(dy), ref_rmsnorm(x.f, w.f, rows, hidden), kTol);
+  }
+}
+
+TEST(CudaNorm, AddRmsnormUpdatesResidualAndNormalises) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(14);
+  const int rows = 4, hidden = 264;
+  auto x = random_bf16(rows * hidden, rng, -2.f, 2.f), r = random_bf16(rows * hidden, rng),
+       w = random_bf16(hidden, rng, 0.5f, 1.5f);
+  auto dx = upload_bf16(x), dr = upload_bf16(r), dw = upload_bf16(w);
+  DevBuf<bf16> dy(x.f.size());
+  dy.poison();
+  ZEST_ASSERT_OK(add_rmsnorm(dx->get(), dr->get(), dw->get(), dy.get(), rows, hidden, kEps, nullptr));
+  sync_ok();
+  std::vector<float> xs(x.f.size());
+  for (size_t i = 0; i < xs.size(); ++i) xs[i] = round_bf16(x.f[i] + r.f[i]);
+  ZEST_EXPECT_CLOSE(download_bf16(*dx), xs, 1e-2);
+  ZEST_EXPECT_CLOSE(download_bf16(dy), ref_rmsnorm(xs, w.f, rows, hidden), kTol);
+}
+
+TEST(CudaNorm, MoeCombineSkipsEmptySlotsAndNormalises) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(15);
+  const int rows = 3, K = 4, hidden = 264;
+  auto x = random_bf16(rows * hidden, rng), w = random_bf16(hidden, rng, 0.5f, 1.5f);
+  std::uniform_real_distribution<float> d(-1.f, 1.f);
+  std::vector<float> slots(static_cast<size_t>(rows) * K * hidden);
+  for (auto& v : slots) v = d(rng);
+  std::vector<int32_t> ids = {5, 2, -1, 7, 1, 0, 3, 4, -1, 6, 9, -1};
+  for (int n = 0; n < rows; ++n)
+    for (int k = 0; k < K; ++k)
+      if (ids[n * K + k] < 0)
+        for (int i = 0; i < hidden; ++i) slots[(static_cast<size_t>(n) * K + k) * hidden + i] = NAN;
+  auto dx = upload_bf16(x), dw = upload_bf16(w);
+  DevBuf<float> ds(slots);
+  DevBuf<int32_t> di(ids);
+  DevBuf<bf16> dy(x.f.size());
+  dy.poison();
+  ZEST_ASSERT_OK(moe_combine_add_rmsnorm(dx->get(), ds.get(), di.get(), K, dw->get(), dy.get(), rows, hidden, kEps, nullptr));
+  sync_ok();
+  std::vector<float> xs(x.f.size());
+  for (int n = 0; n < rows; ++n)
+    for (int i = 0; i < hidden; ++i) {
+      double s = 0;
+      for (int k = 0; k < K; ++k)
+        if (ids[n * K + k] >= 0) s += slots[(static_cast<size_t>(n) * K + k) * hidden + i];
+      xs[n * hidden + i] = round_bf16(x.f[n * hidden + i] + round_bf16(static_cast<float>(s)));
+    }
+  ZEST_EXPECT_CLOSE(download_bf16(*dx), xs, 1e-2);
+  ZEST_EXPECT_CLOSE(download_bf16(dy), ref_rmsnorm(xs, w.f, rows, hidden), kTol);
+}
+
+TEST(CudaActivation, SiluMulMatchesReference) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(16);
+  const int rows = 3, I = 100;
+  auto gu = random_bf16(rows * 2 * I, rng, -4.f, 4.f);
+  auto dgu = upload_bf16(gu);
+  DevBuf<bf16> h(rows * I);
+  h.poison();
+  ZEST_ASSERT_OK(silu_mul(dgu->get(), h.get(), rows, I, nullptr));
+  sync_ok();
+  std::vector<float> ref(rows * I);
+  for (int r = 0; r < rows; ++r)
+    for (int i = 0; i < I; ++i) {
+      const float g = gu.f[r * 2 * I + i], u = gu.f[r * 2 * I + I + i];
+      ref[r * I + i] = g / (1.f + std::exp(-g)) * u;
+    }
+  ZEST_EXPECT_CLOSE(download_bf16(h), ref, kTol);
+}
+
+TEST(CudaArgmax, FindsMaximumWithLowestIndexOnTies) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(17);
+  const int rows = 4, vocab = 151936;
+  auto logits = random_bf16(static_cast<size_t>(rows) * vocab, rng, -5.f, 5.f);
+  // Row 3: a planted tie between two maxima above every random value.
+  logits.bits[3 * static_cast<size_t>(vocab) + 90000] = f32_to_bf16(8.f);
+  logits.bits[3 * static_cast<size_t>(vocab) + 1234] = f32_to_bf16(8.f);
+  logits.f[3 * static_cast<size_t>(vocab) + 90000] = logits.f[3 * static_cast<size_t>(vocab) + 1234] = 8.f;
+  auto dl = upload_bf16(logits);
+  DevBuf<int32_t> out(rows);
+  out.poison();
+  ZEST_ASSERT_OK(argmax_rows(dl->get(), out.get(), rows, vocab, nullptr));
+  sync_ok();
+  const auto got = out.download();
+  for (int r = 0; r < rows; ++r) {
+    int best = 0;
+    for (int j = 1; j < vocab; ++j)
+      if (logits.f[static_cast<size_t>(r) * vocab + j] > logits.f[static_cast<size_t>(r) * vocab + best]) best = j;
+    EXPECT_EQ(got[r], best) << "row " << r;
+  }
+  EXPECT_EQ(got[3], 1234);
+}
+
+}  // namespace
+}  // namespace zest::cuda::test
+#endif  // ZEST_HAVE_CUDA
