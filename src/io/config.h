@@ -28,6 +28,9 @@ struct TextConfig {
   double rms_norm_eps = 1e-6;
   double rope_theta = 1e6;
   std::vector<int64_t> mrope_section;  // empty = 1-D RoPE; e.g. {24, 20, 20}
+  // Qwen3-VL (always set for it): rotary frequency j of head_dim/2 uses the H position when
+  // j % 3 == 1 && j < 3 * mrope_section[1], the W position when j % 3 == 2 && j < 3 * mrope_section[2],
+  // else the T position.
   bool mrope_interleaved = false;
   int64_t max_position_embeddings = 0;
   bool tie_word_embeddings = false;
@@ -66,7 +69,10 @@ struct ModelConfig {
 
 // Parses DIR/config.json (or a file path). Unknown model_type / architectures -> kUnsupported;
 // missing or ill-typed fields -> kCorrupt naming the field; inconsistent sizes
-// (heads * head_dim, experts per token > experts, ...) -> kCorrupt.
+// (kv heads not dividing heads, experts per token > experts, vision out_hidden_size != hidden_size,
+// deepstack index >= depth, ...) -> kCorrupt; RoPE scaling other than "default" -> kUnsupported.
+// Optional fields take the transformers 5.17 class defaults; RoPE settings are read from
+// rope_parameters (transformers 5) or rope_scaling + rope_theta (4.x).
 Result<ModelConfig> load_model_config(const std::string& path);
 Result<ModelConfig> parse_model_config(const std::string& json_text);
 

@@ -29,7 +29,9 @@ class MappedFile;  // an mmap of one file (private)
 
 // A set of tensors from one or more .safetensors files. Validates every header: JSON syntax,
 // header length vs file size, dtype names, shape * dtype size == byte range, ranges inside the data
-// section and non-overlapping, duplicate names across shards.
+// section and non-overlapping (gaps are allowed), duplicate names across shards, index entries
+// against shard contents. Missing files -> kNotFound, malformed ones -> kCorrupt, dtypes other than
+// F32/BF16/F16/I32/I64/U8 -> kUnsupported; messages name the file and the tensor.
 class SafeTensors {
  public:
   // Opens DIR/model.safetensors.index.json (sharded) or DIR/model.safetensors, or one file path.
@@ -52,7 +54,8 @@ class SafeTensors {
   std::map<std::string, std::string> metadata_;
 };
 
-// Writes tensors (CPU) and string metadata to one .safetensors file.
+// Writes tensors (CPU) and string metadata to one .safetensors file (header padded to 8 bytes; written to
+// FILE.tmp, then renamed).
 Status write_safetensors(const std::string& file, const std::vector<std::pair<std::string, Tensor>>& tensors,
                          const std::map<std::string, std::string>& metadata = {});
 
