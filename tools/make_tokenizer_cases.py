@@ -8,15 +8,19 @@ Writes
                                             and off, and HF's decode of those ids;
   tests/text/data/hf_char_classes.json     the pre-tokenizer character class HF's regex engine gives
                                             every code point (L letter, N number, R \\r or \\n,
-                                            W other white space, O other, S surrogate), as runs.
+                                            W other white space, O other, S surrogate), as runs;
+  tests/text/data/hf_nfc_cases.json        HF's NFC of every probe string on which it differs from
+                                            utf8proc's (the libutf8proc the C++ side links), plus
+                                            random mixes of combining marks around those code points.
 
 Run from the repository root:  /opt/refenv/bin/python tools/make_tokenizer_cases.py
 """
+import ctypes
 import json
 import os
 import random
 
-from tokenizers import Regex, Tokenizer, pre_tokenizers
+from tokenizers import Regex, Tokenizer, normalizers, pre_tokenizers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOKENIZER_JSON = os.path.join(ROOT, "assets/tokenizer/tokenizer.json")
@@ -98,6 +102,41 @@ def char_classes():
     return runs
 
 
+def nfc_cases(rng):
+    """Probe strings per code point: alone, before a ccc-1 mark, after a ccc-230 mark, and the
+    canonical decomposition of composites; keeps those where HF and utf8proc disagree."""
+    lib = ctypes.CDLL("libutf8proc.so")
+    lib.utf8proc_NFC.restype = ctypes.c_void_p
+    lib.utf8proc_NFD.restype = ctypes.c_void_p
+    libc = ctypes.CDLL(None)
+    libc.free.argtypes = [ctypes.c_void_p]
+
+    def u8(fn, s):
+        p = fn(s.encode("utf-8"))
+        r = ctypes.string_at(p).decode("utf-8")
+        libc.free(p)
+        return r
+
+    hf = normalizers.NFC()
+    differing, probes = set(), []
+    for c in range(1, 0x110000):
+        if 0xD800 <= c < 0xE000:
+            continue
+        ch = chr(c)
+        cands = [ch, "x" + ch + "\u0334", "x\u0301" + ch]
+        d = u8(lib.utf8proc_NFD, ch)
+        if len(d) > 1 and u8(lib.utf8proc_NFC, d) == ch:
+            cands.append(d)
+        for s in cands:
+            if hf.normalize_str(s) != u8(lib.utf8proc_NFC, s):
+                differing.update(ord(x) for x in s if x not in "x\u0334\u0301")
+                probes.append(s)
+    pool = sorted(differing) + list(range(0x300, 0x370)) + [0x41, 0x61, 0x1100, 0x1161, 0x11A8, 0x915, 0x93C, 0x94D]
+    for _ in range(1000):
+        probes.append("".join(chr(rng.choice(pool)) for _ in range(rng.randint(1, 8))))
+    return [{"input": s, "expected": hf.normalize_str(s)} for s in probes]
+
+
 def main():
     tok = Tokenizer.from_file(TOKENIZER_JSON)
     rng = random.Random(20240607)
@@ -125,6 +164,8 @@ def main():
     with open(os.path.join(DATA, "hf_char_classes.json"), "w", encoding="utf-8") as f:
         json.dump({"source": "class of each code point under the Qwen2 split regex in HF tokenizers",
                    "runs": char_classes()}, f)
+    with open(os.path.join(DATA, "hf_nfc_cases.json"), "w", encoding="utf-8") as f:
+        json.dump({"source": "HF tokenizers NFC normalizer", "cases": nfc_cases(rng)}, f, ensure_ascii=False, indent=0)
     print(len(cases), "cases")
 
 

@@ -1,6 +1,7 @@
 #include "text/bpe.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <queue>
 
 #include "text/unicode.h"
@@ -59,34 +60,80 @@ std::string byte_level_encode(std::string_view bytes) {
 }
 
 void MergeTable::grow() {
-  const size_t cap = keys_.empty() ? 1024 : keys_.size() * 2;
-  std::vector<uint64_t> old_keys = std::move(keys_);
-  std::vector<Entry> old_vals = std::move(vals_);
-  keys_.assign(cap, kEmpty);
-  vals_.assign(cap, Entry{0, 0});
+  const size_t cap = slots_.empty() ? 1024 : slots_.size() * 2;
+  std::vector<Slot> old = std::move(slots_);
+  slots_.assign(cap, Slot{kEmpty, Entry{0, 0}});
   mask_ = cap - 1;
-  for (size_t i = 0; i < old_keys.size(); ++i) {
-    if (old_keys[i] == kEmpty) continue;
-    size_t j = slot(old_keys[i]);
-    while (keys_[j] != kEmpty) j = (j + 1) & mask_;
-    keys_[j] = old_keys[i];
-    vals_[j] = old_vals[i];
+  for (const Slot& s : old) {
+    if (s.key == kEmpty) continue;
+    size_t j = slot(s.key);
+    while (slots_[j].key != kEmpty) j = (j + 1) & mask_;
+    slots_[j] = s;
   }
 }
 
 void MergeTable::insert(int32_t a, int32_t b, int32_t rank, int32_t merged_id) {
-  if ((count_ + 1) * 2 > keys_.size()) grow();
+  // Keep the load factor at or below 0.7.
+  if ((count_ + 1) * 10 > slots_.size() * 7) grow();
   const uint64_t key = pack(a, b);
   size_t i = slot(key);
-  while (keys_[i] != kEmpty && keys_[i] != key) i = (i + 1) & mask_;
-  if (keys_[i] == kEmpty) {
-    keys_[i] = key;
+  while (slots_[i].key != kEmpty && slots_[i].key != key) i = (i + 1) & mask_;
+  if (slots_[i].key == kEmpty) {
+    slots_[i].key = key;
     ++count_;
   }
-  vals_[i] = Entry{rank, merged_id};
+  slots_[i].entry = Entry{rank, merged_id};
+}
+
+void bpe_merge_small(const MergeTable& merges, std::vector<int32_t>& ids) {
+  constexpr int32_t kNone = INT32_MAX;
+  int n = static_cast<int>(ids.size());
+  if (n < 2) return;
+  std::vector<int32_t> rank_buf, merged_buf;
+  int32_t rank_small[kSmallWord], merged_small[kSmallWord];
+  int32_t* rank = rank_small;
+  int32_t* merged = merged_small;
+  if (n > kSmallWord) {
+    rank_buf.resize(static_cast<size_t>(n));
+    merged_buf.resize(static_cast<size_t>(n));
+    rank = rank_buf.data();
+    merged = merged_buf.data();
+  }
+  const auto pair_at = [&](int i) {
+    const MergeTable::Entry* e = merges.find(ids[i], ids[i + 1]);
+    rank[i] = e ? e->rank : kNone;
+    merged[i] = e ? e->merged_id : -1;
+  };
+  for (int i = 0; i + 1 < n; ++i) pair_at(i);
+  while (n > 1) {
+    int best = 0;
+    for (int i = 1; i + 1 < n; ++i) {
+      if (rank[i] < rank[best]) best = i;
+    }
+    if (rank[best] == kNone) break;
+    ids[best] = merged[best];
+    // Drop symbol best+1 and the pair that started at it.
+    for (int i = best + 1; i + 1 < n; ++i) ids[i] = ids[i + 1];
+    for (int i = best + 1; i + 2 < n; ++i) {
+      rank[i] = rank[i + 1];
+      merged[i] = merged[i + 1];
+    }
+    --n;
+    if (best > 0) pair_at(best - 1);
+    if (best + 1 < n) pair_at(best);
+  }
+  ids.resize(static_cast<size_t>(n));
 }
 
 void bpe_merge(const MergeTable& merges, std::vector<int32_t>& ids) {
+  if (ids.size() <= static_cast<size_t>(kSmallWord)) {
+    bpe_merge_small(merges, ids);
+  } else {
+    bpe_merge_heap(merges, ids);
+  }
+}
+
+void bpe_merge_heap(const MergeTable& merges, std::vector<int32_t>& ids) {
   const int n = static_cast<int>(ids.size());
   if (n < 2) return;
   struct Sym {
@@ -102,9 +149,7 @@ void bpe_merge(const MergeTable& merges, std::vector<int32_t>& ids) {
     bool operator<(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
   };
   std::vector<Sym> sym(static_cast<size_t>(n));
-  std::vector<Cand> heap_storage;
-  heap_storage.reserve(static_cast<size_t>(n));
-  std::priority_queue<Cand> heap(std::less<Cand>(), std::move(heap_storage));
+  std::priority_queue<Cand> heap;
   for (int i = 0; i < n; ++i) sym[i] = Sym{ids[i], i - 1, i + 1 < n ? i + 1 : -1, true};
   for (int i = 0; i + 1 < n; ++i) {
     if (const MergeTable::Entry* e = merges.find(ids[i], ids[i + 1])) heap.push({e->rank, i, e->merged_id});

@@ -31,11 +31,11 @@ class MergeTable {
   void insert(int32_t a, int32_t b, int32_t rank, int32_t merged_id);
   // The merge of (a, b), or nullptr.
   const Entry* find(int32_t a, int32_t b) const {
-    if (keys_.empty()) return nullptr;
+    if (slots_.empty()) return nullptr;
     const uint64_t key = pack(a, b);
     for (size_t i = slot(key);; i = (i + 1) & mask_) {
-      if (keys_[i] == key) return &vals_[i];
-      if (keys_[i] == kEmpty) return nullptr;
+      if (slots_[i].key == key) return &slots_[i].entry;
+      if (slots_[i].key == kEmpty) return nullptr;
     }
   }
   size_t size() const { return count_; }
@@ -46,14 +46,27 @@ class MergeTable {
   size_t slot(uint64_t key) const { return size_t((key * 0x9E3779B97F4A7C15ull) >> 20) & mask_; }
   void grow();
 
-  std::vector<uint64_t> keys_;
-  std::vector<Entry> vals_;
+  struct Slot {
+    uint64_t key;
+    Entry entry;
+  };
+  std::vector<Slot> slots_;  // key and value side by side: one cache miss per probe
   size_t mask_ = 0;
   size_t count_ = 0;
 };
 
+// Words of up to this many symbols use the quadratic merge loop (no heap, no allocation).
+inline constexpr int kSmallWord = 48;
+
 // Applies the merges to the symbol ids of one word exactly as HF tokenizers' BPE does (lowest
 // rank first, leftmost among equal ranks); `ids` holds the initial symbols and receives the result.
 void bpe_merge(const MergeTable& merges, std::vector<int32_t>& ids);
+
+// The two algorithms bpe_merge picks from, exposed so tests can check they agree.
+// Quadratic: rescans the adjacent pairs for the lowest rank after each merge. It equals the heap
+// variant because a merged id fixes the merged span, so no stale heap entry ever looks current.
+void bpe_merge_small(const MergeTable& merges, std::vector<int32_t>& ids);
+// HF's algorithm: a priority queue of (rank, position) over a linked list of symbols.
+void bpe_merge_heap(const MergeTable& merges, std::vector<int32_t>& ids);
 
 }  // namespace zest::text

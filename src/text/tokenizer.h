@@ -14,7 +14,8 @@ namespace zest::text {
 class Tokenizer {
  public:
   // Loads DIR/tokenizer.json, else DIR/vocab.json + DIR/merges.txt (+ added tokens from
-  // DIR/tokenizer_config.json). Malformed files -> kCorrupt; none present -> kNotFound.
+  // DIR/tokenizer_config.json); a path to a tokenizer.json file is also accepted. Malformed files
+  // -> kCorrupt; none present -> kNotFound; a pipeline other than Qwen2's -> kUnsupported.
   static Result<Tokenizer> load(const std::string& model_dir);
   static Result<Tokenizer> from_tokenizer_json(const std::string& file);
 

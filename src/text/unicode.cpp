@@ -1,6 +1,9 @@
 #include "text/unicode.h"
 
+#include <algorithm>
 #include <cstdlib>
+#include <iterator>
+#include <utility>
 
 #include <utf8proc.h>
 
@@ -32,6 +35,40 @@ constexpr Override kUnicode16[] = {
     {0x1E5F0, 0x1E5F0, CharClass::kLetter}, {0x1E5F1, 0x1E5FA, CharClass::kNumber},
     {0x2EBF0, 0x2EE5D, CharClass::kLetter},
 };
+
+// Code points that take part in normalisation in utf8proc's Unicode 15 tables (combining class,
+// composition) but are unassigned in the Unicode 9 tables of the NFC normaliser that HF tokenizers
+// uses, so HF leaves them, and everything around them, as they are. Found by comparing the two
+// normalisers on every code point (tools/make_tokenizer_cases.py records the probes).
+constexpr std::pair<char32_t, char32_t> kHfNfcInert[] = {
+    {0x007FD, 0x007FD}, {0x00898, 0x0089F}, {0x008CA, 0x008D3}, {0x009FE, 0x009FE}, {0x00C3C, 0x00C3C},
+    {0x00D3B, 0x00D3C}, {0x00EBA, 0x00EBA}, {0x01715, 0x01715}, {0x01ABF, 0x01ACE}, {0x01DF6, 0x01DFA},
+    {0x0A82C, 0x0A82C}, {0x10D24, 0x10D27}, {0x10EAB, 0x10EAC}, {0x10EFD, 0x10EFF}, {0x10F46, 0x10F50},
+    {0x10F82, 0x10F85}, {0x11070, 0x11070}, {0x1133B, 0x1133B}, {0x1145E, 0x1145E}, {0x11839, 0x1183A},
+    {0x11930, 0x11930}, {0x11935, 0x11935}, {0x11938, 0x11938}, {0x1193D, 0x1193E}, {0x11943, 0x11943},
+    {0x119E0, 0x119E0}, {0x11A34, 0x11A34}, {0x11A47, 0x11A47}, {0x11A99, 0x11A99}, {0x11D42, 0x11D42},
+    {0x11D44, 0x11D45}, {0x11D97, 0x11D97}, {0x11F41, 0x11F42}, {0x16FF0, 0x16FF1}, {0x1E08F, 0x1E08F},
+    {0x1E130, 0x1E136}, {0x1E2AE, 0x1E2AE}, {0x1E2EC, 0x1E2EF}, {0x1E4EC, 0x1E4EF},
+};
+
+bool hf_nfc_inert(char32_t c) {
+  if (c < 0x7FD) return false;
+  const auto* end = std::end(kHfNfcInert);
+  const auto* it = std::upper_bound(std::begin(kHfNfcInert), end, c,
+                                    [](char32_t v, const std::pair<char32_t, char32_t>& r) { return v < r.first; });
+  return it != std::begin(kHfNfcInert) && c <= (it - 1)->second;
+}
+
+std::string utf8proc_nfc(std::string_view s) {
+  utf8proc_uint8_t* buf = nullptr;
+  const utf8proc_ssize_t n =
+      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()), static_cast<utf8proc_ssize_t>(s.size()),
+                   &buf, static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+  if (n < 0) return std::string(s);
+  std::string out(reinterpret_cast<const char*>(buf), static_cast<size_t>(n));
+  std::free(buf);
+  return out;
+}
 
 // Unicode White_Space (what \s means in Oniguruma and the Rust regex crate).
 bool is_white_space(char32_t c) {
@@ -167,13 +204,22 @@ std::string nfc(std::string_view s) {
     }
   }
   if (plain) return std::string(s);
-  utf8proc_uint8_t* buf = nullptr;
-  const utf8proc_ssize_t n =
-      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()), static_cast<utf8proc_ssize_t>(s.size()),
-                   &buf, static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
-  if (n < 0) return std::string(s);
-  std::string out(reinterpret_cast<const char*>(buf), static_cast<size_t>(n));
-  std::free(buf);
+  // Normalise the runs between HF-inert code points separately; those code points block every
+  // reordering and composition across them, as in HF's tables.
+  std::string out;
+  out.reserve(s.size());
+  size_t run = 0;
+  for (size_t i = 0; i < s.size();) {
+    int len;
+    const char32_t cp = decode_utf8(s, i, len);
+    if (cp >= 0x7FD && hf_nfc_inert(cp)) {
+      if (i > run) out += utf8proc_nfc(s.substr(run, i - run));
+      out.append(s.substr(i, static_cast<size_t>(len)));
+      run = i + static_cast<size_t>(len);
+    }
+    i += static_cast<size_t>(len);
+  }
+  if (run < s.size()) out += utf8proc_nfc(s.substr(run));
   return out;
 }
 

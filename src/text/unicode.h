@@ -61,8 +61,9 @@ bool is_valid_utf8(std::string_view s);
 // subparts" practice, as Python's errors="replace" and Rust's from_utf8_lossy do).
 std::string repair_utf8(std::string_view s);
 
-// Canonical composition (NFC) of valid UTF-8 text; returns the input unchanged when it holds no
-// code point at or above U+0300 (all such text is already NFC).
+// Canonical composition (NFC) of valid UTF-8 text as HF tokenizers computes it (utf8proc, with the
+// combining marks newer than HF's Unicode 9 tables left alone); text without code points at or
+// above U+0300 is returned unchanged (it is already NFC).
 std::string nfc(std::string_view s);
 
 }  // namespace zest::text

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <utf8proc.h>
 
+#include "text/bpe.h"
 #include "text/tokenizer.h"
 #include "text/unicode.h"
 
@@ -170,6 +171,21 @@ TEST(Tokenizer, CharClassesMatchHfRegexEngine) {
   EXPECT_EQ(mismatches, 0);
 }
 
+TEST(Tokenizer, NfcMatchesHfNormalizer) {
+  // HF's NFC tables predate some combining marks that utf8proc knows; see hf_nfc_cases.json.
+  const json j = json::parse(slurp(kData + "/hf_nfc_cases.json"));
+  ASSERT_GE(j["cases"].size(), 1000u);
+  int mismatches = 0;
+  for (const json& c : j["cases"]) {
+    const std::string in = c["input"];
+    const std::string got = nfc(in);
+    if (got != c["expected"].get<std::string>() && ++mismatches <= 20) {
+      ADD_FAILURE() << "input " << json(in).dump() << " zest " << json(got).dump() << " hf " << c["expected"].dump();
+    }
+  }
+  EXPECT_EQ(mismatches, 0);
+}
+
 TEST(Tokenizer, VocabMergesLoaderGivesIdenticalIds) {
   TempDir dir("vm");
   fs::create_symlink(kAssets + "/vocab.json", dir.path / "vocab.json");
@@ -301,7 +317,7 @@ TEST(Tokenizer, RandomBytesRoundTrip) {
       if (cp >= 0xD800 && cp < 0xE000) cp = 'x';
       append_utf8(cp, s);
     }
-    EXPECT_EQ(tok().decode(tok().encode(s, false)), nfc_reference(s));
+    EXPECT_EQ(tok().decode(tok().encode(s, false)), nfc(s));
   }
 }
 
@@ -340,6 +356,38 @@ TEST(Tokenizer, DecodeRepairsPartialCharacters) {
   EXPECT_EQ(bytes, ch);
   const std::vector<int32_t> prefix(ids.begin(), ids.end() - 1);
   EXPECT_EQ(tok().decode(prefix), "\xEF\xBF\xBD");
+}
+
+TEST(Bpe, QuadraticAndHeapMergesAgree) {
+  // Words of every length up to several times kSmallWord, cut from the corpus at random places,
+  // merged with the Qwen merge table by both algorithms.
+  auto r = Tokenizer::from_tokenizer_json(kAssets + "/tokenizer.json");
+  ASSERT_TRUE(r.ok());
+  const json j = json::parse(slurp(kAssets + "/tokenizer.json"));
+  MergeTable merges;
+  const json& vocab = j["model"]["vocab"];
+  int32_t rank = 0;
+  for (const json& m : j["model"]["merges"]) {
+    const std::string a = m[0], b = m[1];
+    merges.insert(vocab[a].get<int32_t>(), vocab[b].get<int32_t>(), rank++, vocab[a + b].get<int32_t>());
+  }
+  std::string all;
+  for (const std::string& line : corpus()) all += line;
+  std::mt19937 rng(3);
+  int differing_from_input = 0;
+  for (int iter = 0; iter < 2000; ++iter) {
+    const size_t len = 2 + rng() % (3 * kSmallWord);
+    const size_t start = rng() % (all.size() - len);
+    std::vector<int32_t> a;
+    for (char ch : all.substr(start, len)) a.push_back(tok().token_to_id(byte_level_encode(std::string(1, ch))));
+    std::vector<int32_t> b = a;
+    const size_t before = a.size();
+    bpe_merge_small(merges, a);
+    bpe_merge_heap(merges, b);
+    ASSERT_EQ(a, b) << "at " << start << " len " << len;
+    if (a.size() < before) ++differing_from_input;
+  }
+  EXPECT_GT(differing_from_input, 1000);
 }
 
 TEST(IncrementalDecoder, NeverEmitsPartialCharacters) {
