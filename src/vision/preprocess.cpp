@@ -132,16 +132,19 @@ void resample_horizontal(const uint8_t* src, int64_t rows, int64_t in_w, uint8_t
   }
 }
 
-using v16i32 = int32_t __attribute__((vector_size(64)));
-using v16u8 = uint8_t __attribute__((vector_size(16)));
+using v8i32 = int32_t __attribute__((vector_size(32)));
+using v8u8 = uint8_t __attribute__((vector_size(8)));
 
-// Resamples along y: rows of `n` bytes (width * 3) -> out_h rows, 16 bytes at a time with GCC
-// vector extensions (integer math, so every instruction set gives the same bytes).
+// Resamples along y: rows of `n` bytes (width * 3) -> out_h rows, 16 bytes at a time in two
+// 8-lane int32 accumulators (GCC vector extensions; integer math, so every instruction set gives
+// the same bytes).
 [[gnu::always_inline]] inline void resample_vertical_body(const uint8_t* src, int64_t n, uint8_t* dst,
                                                           int64_t out_h, const AxisWeights& a) {
   const int32_t half = 1 << (a.precision - 1);
-  const v16i32 zero = {};
-  const v16i32 top = zero + 255;
+  const int32_t shift = static_cast<int32_t>(a.precision);
+  const v8i32 zero = {};
+  const v8i32 top = zero + 255;
+  const v8i32 init = zero + half;
   for (int64_t y = 0; y < out_h; ++y) {
     const int32_t* w = a.w.data() + y * a.taps;
     const uint8_t* base = src + a.first[y] * n;
@@ -149,17 +152,24 @@ using v16u8 = uint8_t __attribute__((vector_size(16)));
     uint8_t* d = dst + y * n;
     int64_t x0 = 0;
     for (; x0 + 16 <= n; x0 += 16) {
-      v16i32 acc = zero + half;
+      v8i32 lo = init, hi = init;
       for (int64_t k = 0; k < count; ++k) {
-        v16u8 b;
-        std::memcpy(&b, base + k * n + x0, 16);
-        acc += __builtin_convertvector(b, v16i32) * w[k];
+        v8u8 b0, b1;
+        std::memcpy(&b0, base + k * n + x0, 8);
+        std::memcpy(&b1, base + k * n + x0 + 8, 8);
+        const v8i32 wk = zero + w[k];
+        lo += __builtin_convertvector(b0, v8i32) * wk;
+        hi += __builtin_convertvector(b1, v8i32) * wk;
       }
-      acc >>= static_cast<int32_t>(a.precision);
-      acc = acc < zero ? zero : acc;
-      acc = acc > top ? top : acc;
-      const v16u8 out = __builtin_convertvector(acc, v16u8);
-      std::memcpy(d + x0, &out, 16);
+      lo >>= shift;
+      hi >>= shift;
+      lo = lo < zero ? zero : lo;
+      hi = hi < zero ? zero : hi;
+      lo = lo > top ? top : lo;
+      hi = hi > top ? top : hi;
+      const v8u8 o0 = __builtin_convertvector(lo, v8u8), o1 = __builtin_convertvector(hi, v8u8);
+      std::memcpy(d + x0, &o0, 8);
+      std::memcpy(d + x0 + 8, &o1, 8);
     }
     for (; x0 < n; ++x0) {
       int32_t acc = half;
