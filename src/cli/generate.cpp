@@ -5,6 +5,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "engine/chat_request.h"
+#include "core/timer.h"
 #include "engine/engine.h"
 
 namespace zest::cli {
@@ -45,6 +46,7 @@ int run_generate(const GenerateArgs& a) {
   auto sere = std::move(sere_r).value();
   auto req_r = engine::parse_chat_request(body, *model);
   if (!req_r.ok()) return fail(req_r.status());
+  const double t_start = now_ms();  // TTFT counts prompt building and image encoding too
   engine::PromptOptions po;
   po.allow_local_files = true;
   auto prompt_r = engine::build_prompt(*model, *req_r, po);
@@ -62,13 +64,15 @@ int run_generate(const GenerateArgs& a) {
     };
   const std::vector<int32_t> prompt_ids = req.prompt.ids;
   const auto vis_before = req.prompt.visual_tokens_before, vis_after = req.prompt.visual_tokens_after;
+  const double vis_pre = req.prompt.vision_preprocess_ms, vis_tower = req.prompt.vision_tower_ms,
+               vis_select = req.prompt.vision_select_ms;
   auto out_r = engine::generate_one(model, std::move(req), eopts);
   if (!out_r.ok()) return fail(out_r.status());
   const engine::RequestOutput& out = *out_r;
   if (stream_text) return 0;
 
   const int64_t n_gen = static_cast<int64_t>(out.token_ids.size());
-  const double ttft = out.first_token_ms - out.arrival_ms;
+  const double ttft = out.first_token_ms - t_start;
   const double decode_ms = out.finish_ms - out.first_token_ms;
   json j;
   j["prompt_token_ids"] = prompt_ids;
@@ -87,7 +91,10 @@ int run_generate(const GenerateArgs& a) {
                 {"visual_tokens_per_image_after", vis_after}};
   j["timings"] = {{"ttft_ms", ttft},
                   {"tpot_ms", n_gen > 1 ? decode_ms / (n_gen - 1) : 0.0},
-                  {"total_ms", out.finish_ms - out.arrival_ms},
+                  {"total_ms", out.finish_ms - t_start},
+                  {"vision_preprocess_ms", vis_pre},
+                  {"vision_tower_ms", vis_tower},
+                  {"vision_select_ms", vis_select},
                   {"prefill_tokens_per_s", ttft > 0 ? prompt_ids.size() / (ttft / 1000.0) : 0.0},
                   {"decode_tokens_per_s", decode_ms > 0 ? (n_gen - 1) / (decode_ms / 1000.0) : 0.0}};
   if (sere) j["sere"] = sere->stats_json();

@@ -278,6 +278,9 @@ Result<Prompt> build_prompt(const ModelBundle& model, const ChatRequest& req, co
     // Decode continues after the largest position used, counted against the pruned cache length.
     p.rope_delta = max_pos + 1 - ne;
     p.ids = std::move(expanded);
+    p.vision_preprocess_ms = enc.preprocess_ms;
+    p.vision_tower_ms = enc.tower_ms;
+    p.vision_select_ms = enc.select_ms;
     p.mm_embeds = enc.embeds;
     p.deepstack = enc.deepstack;
     return p;

@@ -21,6 +21,7 @@ struct Prompt {
   std::vector<int64_t> mm_index;   // prompt index of each mm_embeds row (ascending)
   std::vector<Tensor> deepstack;   // each [n_mm, hidden]
   std::vector<int64_t> visual_tokens_before, visual_tokens_after;  // per image
+  double vision_preprocess_ms = 0, vision_tower_ms = 0, vision_select_ms = 0;  // time spent on the images
 };
 
 enum class FinishReason { kNone, kStop, kLength, kAbort, kError };
