@@ -36,8 +36,10 @@ std::vector<float> ref_rmsnorm(const std::vector<float>& x, const std::vector<fl
 TEST(CudaGemm, MatchesReferenceAcrossShapes) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(11);
-  // (M, N, K): the small-M streaming kernel (K not a multiple of 256 included) and cuBLASLt sizes.
-  for (auto [M, N, K] : {std::tuple{1, 67, 200}, {5, 300, 136}, {8, 1000, 2048}, {13, 72, 104}, {64, 512, 256}}) {
+  // (M, N, K): tensor-core streaming (M <= 16, N % 16 == 0, K % 32 == 0), the CUDA-core streaming kernel
+  // (M <= 8, other N, K), and cuBLASLt sizes.
+  for (auto [M, N, K] : {std::tuple{1, 64, 2048}, {13, 160, 96}, {16, 512, 4096}, {1, 67, 200}, {5, 300, 136},
+                         {8, 1000, 2048}, {13, 72, 104}, {64, 512, 256}}) {
     SCOPED_TRACE(testing::Message() << "M=" << M << " N=" << N << " K=" << K);
     auto x = random_bf16(static_cast<size_t>(M) * K, rng), w = random_bf16(static_cast<size_t>(N) * K, rng);
     auto dx = upload_bf16(x), dw = upload_bf16(w);

@@ -282,6 +282,14 @@ TEST(CudaMoeExperts, DecodeBatchOne) {
   run_moe_case({1, 8, 128, 256, 64, 0}, false, rng);
 }
 
+TEST(CudaMoeExperts, DecodeTensorCoreModelShapesAndLongTokenLists) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(37);
+  run_moe_case({2, 8, 16, 2048, 768, 0}, false, rng);
+  // 37 tokens over 6 of 16 experts: more than one 16-token pass per expert, 10 experts without tokens.
+  run_moe_case({37, 4, 16, 256, 96, 6}, false, rng);
+}
+
 TEST(CudaMoeExperts, DecodeOddSizesIdleExpertsAndLongTokenLists) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(35);

@@ -9,16 +9,19 @@ namespace {
 
 constexpr int kHeadDim = 128;
 constexpr int kDecWarps = 4;
+constexpr int kMaxSplits = 128;
 
 struct SplitPlan {
   int splits = 1, pages_per_split = 1;
 };
 
 SplitPlan split_plan(const DecodeAttention& p) {
+  // About two CTAs per SM, each split holding at least one block per warp (fewer partials to merge).
   const int pages = std::max(1, (p.max_context + kKvBlock - 1) / kKvBlock);
   const int ctas = std::max(1, p.batch * p.kv_heads);
   const int target = 2 * sm_count();
-  int splits = std::min(pages, std::max(1, (target + ctas - 1) / ctas));
+  const int max_splits = std::max(1, (pages + kDecWarps - 1) / kDecWarps);
+  const int splits = std::min(std::min(kMaxSplits, max_splits), std::max(1, (target + ctas - 1) / ctas));
   SplitPlan sp;
   sp.pages_per_split = (pages + splits - 1) / splits;
   sp.splits = (pages + sp.pages_per_split - 1) / sp.pages_per_split;
@@ -177,20 +180,35 @@ __global__ void __launch_bounds__(kDecWarps * 32) decode_attention_kernel(
   __syncthreads();
   if (!last_s) return;
   __threadfence();
-  for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
-    const int g = idx / D, d = idx % D;
+  // Merge the splits: per query head, split weights exp(M_s - M) / L in shared memory, then one output
+  // dimension per thread (coalesced, independent loads over the splits).
+  __shared__ float sw[kMaxSplits];
+  __shared__ float s_l;
+  for (int g = 0; g < G; ++g) {
     const float* pp = part + (static_cast<size_t>(b) * Hq + kvh * G + g) * splits * part_stride;
-    float M = -INFINITY;
-    for (int s = 0; s < splits; ++s) M = fmaxf(M, __ldcg(pp + s * part_stride));
-    float L = 0.f, A = 0.f;
-    if (M != -INFINITY) {
-      for (int s = 0; s < splits; ++s) {
-        const float e = __expf(__ldcg(pp + s * part_stride) - M);
-        L += __ldcg(pp + s * part_stride + 1) * e;
-        A += __ldcg(pp + s * part_stride + 2 + d) * e;
+    for (int sp = threadIdx.x; sp < splits; sp += blockDim.x) sw[sp] = __ldcg(pp + sp * part_stride);
+    __syncthreads();
+    if (threadIdx.x < 32) {
+      float M = -INFINITY;
+      for (int sp = threadIdx.x; sp < splits; sp += 32) M = fmaxf(M, sw[sp]);
+      M = warp_max(M);
+      float L = 0.f;
+      for (int sp = threadIdx.x; sp < splits; sp += 32) {
+        const float e = M == -INFINITY ? 0.f : __expf(sw[sp] - M);
+        L += __ldcg(pp + sp * part_stride + 1) * e;
+        sw[sp] = e;
       }
+      L = warp_sum(L);
+      if (threadIdx.x == 0) s_l = L;
     }
-    out[static_cast<size_t>(b) * Hq * D + (kvh * G + g) * D + d] = __float2bfloat16(L > 0.f ? A / L : 0.f);
+    __syncthreads();
+    const float inv = s_l > 0.f ? 1.f / s_l : 0.f;
+    for (int d = threadIdx.x; d < D; d += blockDim.x) {
+      float A = 0.f;
+      for (int sp = 0; sp < splits; ++sp) A += __ldcg(pp + sp * part_stride + 2 + d) * sw[sp];
+      out[static_cast<size_t>(b) * Hq * D + (kvh * G + g) * D + d] = __float2bfloat16(A * inv);
+    }
+    __syncthreads();
   }
 }
 

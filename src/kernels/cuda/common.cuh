@@ -82,4 +82,11 @@ __device__ __forceinline__ uint4 ld_stream(const void* p) {
 // Number of multiprocessors of the current device (cached).
 int sm_count();
 
+// Tensor-core weight-streaming paths (rows_mma.cu) for few tokens, used by gemm and moe_experts_decode.
+bool rows_mma_gemm_ok(int M, int N, int K);
+Status rows_mma_gemm(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream);
+bool rows_mma_moe_ok(int H, int I);
+Status rows_mma_moe(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up, const bf16* down,
+                    bf16* h, float* slot_out, int N, int K, int E, int H, int I, cudaStream_t stream);
+
 }  // namespace zest::cuda

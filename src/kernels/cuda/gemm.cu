@@ -148,6 +148,7 @@ Status gemm_cublaslt(const bf16* x, const bf16* w, bf16* y, int M, int N, int K,
 Status gemm(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream) {
   ZEST_RETURN_IF_ERROR(check_dims(x, w, y, M, N, K));
   const bool aligned = K % 8 == 0 && (reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w)) % 16 == 0;
+  if (aligned && rows_mma_gemm_ok(M, N, K)) return rows_mma_gemm(x, w, y, M, N, K, stream);
   if (M <= kSkinnyMaxM && aligned) {
     switch (M) {
       case 1: return launch_skinny<1>(x, w, y, N, K, stream);

@@ -41,8 +41,9 @@ bool programmatic_launch();
 
 // ---- dense ops ----------------------------------------------------------------------------------
 
-// y[M,N] = x[M,K] * w[N,K]^T, bf16 in/out, fp32 accumulation. Small M uses a weight-streaming kernel,
-// larger M cuBLASLt (handle, heuristics and a 32 MiB workspace are cached per device).
+// y[M,N] = x[M,K] * w[N,K]^T, bf16 in/out, fp32 accumulation. M <= 16 (with N % 16 == 0, K % 32 == 0) streams
+// the weights once through tensor cores; other small M use a CUDA-core streaming kernel; larger M cuBLASLt
+// (handle, heuristics and a 32 MiB workspace are cached per device).
 Status gemm(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream);
 // The same product always through cuBLASLt (for tests and comparisons).
 Status gemm_cublaslt(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream);
@@ -96,7 +97,8 @@ struct DecodeAttention {
   float scale = 0.f;     // softmax scale, usually 1/sqrt(head_dim)
 };
 // Bytes of workspace that decode_attention needs for `p`. The workspace must be zero-filled once when
-// allocated (the kernel leaves its counters at zero after every launch).
+// allocated (the kernel leaves its counters at zero after every launch); it serves one (batch, heads,
+// max_context) shape: use one workspace per shape, or zero it again before using it for another shape.
 size_t decode_attention_workspace_bytes(const DecodeAttention& p);
 Status decode_attention(const DecodeAttention& p, const bf16* q, int q_stride, const bf16* k_cache,
                         const bf16* v_cache, const int32_t* block_table, const int32_t* context_lens, bf16* out,
@@ -151,7 +153,8 @@ Status moe_plan(const int32_t* ids, int N, int K, int E, MoePlan& plan, int64_t*
 
 // Decode/small-batch experts: h = silu(x Wg^T) * (x Wu^T) for each (token, slot) of each active expert, then
 // slot_out[n, k, :] = weights[n, k] * (h Wd^T). Each active expert's weights are read once (a CTA per
-// (expert, row tile), looping over that expert's tokens); experts without tokens are skipped.
+// (expert, row tile), looping over that expert's tokens, on tensor cores when H and I are multiples of 32);
+// experts without tokens are skipped.
 // x [N, H] bf16; h workspace [N * K, I] bf16 (indexed by sorted position); slot_out [N, K, H] fp32 (slots
 // with id -1 are not written; moe_combine_add_rmsnorm skips them).
 Status moe_experts_decode(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,

@@ -28,26 +28,43 @@ __global__ void __launch_bounds__(1024) moe_plan_kernel(const int32_t* __restric
     if (lane == 0) counts[e] = c;
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
+  if (warp == 0) {  // warp-parallel scans: active list, offsets and prefill tiles
     int na = 0, off = 0, nt = 0;
-    for (int e = 0; e < E; ++e) {
-      act_index[e] = -1;
-      if (counts[e] == 0) continue;
-      act_index[e] = na;
-      plan.active_experts[na] = e;
-      plan.offsets[na] = off;
-      for (int r = 0; r < counts[e]; r += kMoeTileM) {
-        plan.tile_active[nt] = na;
-        plan.tile_start[nt] = off + r;
-        ++nt;
+    for (int e0 = 0; e0 < E; e0 += 32) {
+      const int e = e0 + lane;
+      const int c = e < E ? counts[e] : 0;
+      const int tiles = (c + kMoeTileM - 1) / kMoeTileM;
+      const unsigned act = __ballot_sync(0xffffffffu, c > 0);
+      int cs = c, ts = tiles;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int a = __shfl_up_sync(0xffffffffu, cs, o), b = __shfl_up_sync(0xffffffffu, ts, o);
+        if (lane >= o) {
+          cs += a;
+          ts += b;
+        }
       }
-      off += counts[e];
-      ++na;
+      const int idx = na + __popc(act & ((1u << lane) - 1));
+      const int my_off = off + cs - c, my_tile = nt + ts - tiles;
+      if (e < E) act_index[e] = c > 0 ? idx : -1;
+      if (c > 0) {
+        plan.active_experts[idx] = e;
+        plan.offsets[idx] = my_off;
+        for (int r = 0; r < tiles; ++r) {
+          plan.tile_active[my_tile + r] = idx;
+          plan.tile_start[my_tile + r] = my_off + r * kMoeTileM;
+        }
+      }
+      na += __popc(act);
+      off += __shfl_sync(0xffffffffu, cs, 31);
+      nt += __shfl_sync(0xffffffffu, ts, 31);
     }
-    plan.offsets[na] = off;
-    *plan.num_active = na;
-    *plan.num_tiles = nt;
-    if (active_count_sum) *active_count_sum += na;
+    if (lane == 0) {
+      plan.offsets[na] = off;
+      *plan.num_active = na;
+      *plan.num_tiles = nt;
+      if (active_count_sum) *active_count_sum += na;
+    }
   }
   __syncthreads();
   for (int e = warp; e < E; e += nwarps) {
@@ -373,16 +390,18 @@ Status moe_experts_decode(const bf16* x, const MoePlan& plan, const float* weigh
                           const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I,
                           cudaStream_t stream) {
   ZEST_RETURN_IF_ERROR(check_moe("moe_experts_decode", N, K, E, H, I));
+  if (rows_mma_moe_ok(H, I)) return rows_mma_moe(x, plan, weights, gate_up, down, h, slot_out, N, K, E, H, I, stream);
   const size_t smem_gu = static_cast<size_t>(kTok) * H * sizeof(bf16);
   const size_t smem_dn = static_cast<size_t>(kTok) * I * sizeof(bf16);
+  constexpr size_t kMaxSmem = static_cast<size_t>(kTok) * 8192 * sizeof(bf16);
+  if (smem_gu > kMaxSmem || smem_dn > kMaxSmem)
+    return unsupported("moe_experts_decode: hidden or expert width above 8192 is not supported");
   static bool configured = false;
   if (!configured) {
-    ZEST_RETURN_IF_ERROR(set_smem(reinterpret_cast<const void*>(moe_gate_up_decode_kernel), 16 * 8192 * sizeof(bf16)));
-    ZEST_RETURN_IF_ERROR(set_smem(reinterpret_cast<const void*>(moe_down_decode_kernel), 16 * 8192 * sizeof(bf16)));
+    ZEST_RETURN_IF_ERROR(set_smem(reinterpret_cast<const void*>(moe_gate_up_decode_kernel), kMaxSmem));
+    ZEST_RETURN_IF_ERROR(set_smem(reinterpret_cast<const void*>(moe_down_decode_kernel), kMaxSmem));
     configured = true;
   }
-  if (smem_gu > 16 * 8192 * sizeof(bf16) || smem_dn > 16 * 8192 * sizeof(bf16))
-    return unsupported("moe_experts_decode: hidden or expert width above 16384 is not supported");
   // Upper bound of work items: every expert with tokens (at most min(E, N*K)).
   const int max_active = std::min(E, N * K);
   int grid_gu = 0, grid_dn = 0;

@@ -102,12 +102,21 @@ __global__ void __launch_bounds__(1024) sere_reroute_kernel(int32_t* __restrict_
     }
     float best = -INFINITY;
     int bv = 0x7fffffff;
-    for (int v = lane; v < E; v += 32) {
-      if (!primary[v]) continue;
-      const float s = sim[static_cast<size_t>(u) * E + v];
-      if (s > best) {
-        best = s;
-        bv = v;
+    const float* row = sim + static_cast<size_t>(u) * E;
+    for (int v0 = 0; v0 < E; v0 += 128) {  // 4 independent loads per lane, then the ascending scan
+      float sv[4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int v = v0 + q * 32 + lane;
+        sv[q] = v < E ? __ldg(row + v) : -INFINITY;
+      }
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int v = v0 + q * 32 + lane;
+        if (v < E && primary[v] && sv[q] > best) {
+          best = sv[q];
+          bv = v;
+        }
       }
     }
 #pragma unroll

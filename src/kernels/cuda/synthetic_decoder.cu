@@ -213,18 +213,6 @@ Status SyntheticDecoder::init(const SyntheticConfig& cfg, const SyntheticOptions
   ZEST_RETURN_IF_ERROR(dev(moe ? 256 : B * 2 * I * 2, &gu_));
   ZEST_RETURN_IF_ERROR(dev(B * static_cast<size_t>(cfg.vocab) * 2, &logits_));
   ZEST_RETURN_IF_ERROR(dev(cfg.layers * sizeof(int64_t), &expert_counts_));
-  size_t ws = 0;
-  for (int b = 1; b <= opt.max_batch; ++b) {
-    DecodeAttention p;
-    p.batch = b;
-    p.q_heads = cfg.q_heads;
-    p.kv_heads = cfg.kv_heads;
-    p.max_context = opt.context + 1;
-    p.max_blocks = blocks_per_seq_;
-    ws = std::max(ws, decode_attention_workspace_bytes(p));
-  }
-  ZEST_RETURN_IF_ERROR(dev(ws, &attn_ws_));
-  ZEST_CU(cudaMemsetAsync(attn_ws_, 0, ws, stream_), "memset");
   if (moe) {
     ZEST_RETURN_IF_ERROR(dev(moe_plan_bytes(opt.max_batch, cfg.top_k, cfg.experts), &plan_buf_));
     moe_plan_bind(plan_, plan_buf_, opt.max_batch, cfg.top_k, cfg.experts);
@@ -268,6 +256,13 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
   ap.max_blocks = blocks_per_seq_;
   ap.scale = 1.f / std::sqrt(static_cast<float>(D));
 
+  void*& ws = attn_ws_[batch];
+  if (!ws) {  // first step of this batch size: always an eager step, outside any graph capture
+    const size_t bytes = decode_attention_workspace_bytes(ap);
+    ZEST_CU(cudaMalloc(&ws, bytes), "cudaMalloc(attention workspace)");
+    allocations_.push_back(ws);
+    ZEST_CU(cudaMemsetAsync(ws, 0, bytes, s), "memset");
+  }
   ZEST_RETURN_IF_ERROR(launch("advance_inputs", advance_inputs_kernel, dim3(1), dim3(256), 0, s, ids_, step_counter_,
                               batch, c.vocab));
   ZEST_RETURN_IF_ERROR(embedding(ids_, embed_, x_, batch, H, c.vocab, s));
@@ -278,7 +273,7 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
     ZEST_RETURN_IF_ERROR(gemm(xn_, L.wqkv, qkv_, batch, QKV, H, s));
     ZEST_RETURN_IF_ERROR(qk_norm_rope_kv(qkv_, L.q_norm, L.k_norm, pos_, c.mrope ? opt_.max_batch : 0, rope, slots_,
                                          L.k_cache, L.v_cache, batch, c.q_heads, c.kv_heads, D, kEps, s));
-    ZEST_RETURN_IF_ERROR(decode_attention(ap, qkv_, QKV, L.k_cache, L.v_cache, block_table_, ctx_lens_, attn_, attn_ws_, s));
+    ZEST_RETURN_IF_ERROR(decode_attention(ap, qkv_, QKV, L.k_cache, L.v_cache, block_table_, ctx_lens_, attn_, ws, s));
     ZEST_RETURN_IF_ERROR(gemm(attn_, L.wo, o_, batch, H, c.q_heads * D, s));
     ZEST_RETURN_IF_ERROR(add_rmsnorm(x_, o_, L.post_norm, xn_, batch, H, kEps, s));
     if (moe) {

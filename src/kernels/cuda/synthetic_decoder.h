@@ -88,7 +88,7 @@ class SyntheticDecoder {
   float *route_w_ = nullptr, *slot_out_ = nullptr;
   bf16 *x_ = nullptr, *xn_ = nullptr, *qkv_ = nullptr, *attn_ = nullptr, *o_ = nullptr, *router_logits_ = nullptr,
        *h_ = nullptr, *gu_ = nullptr, *logits_ = nullptr;
-  void* attn_ws_ = nullptr;
+  std::map<int, void*> attn_ws_;  // decode-attention workspace per batch size
   void* plan_buf_ = nullptr;
   MoePlan plan_;
   int64_t* expert_counts_ = nullptr;

@@ -1,0 +1,264 @@
+// Decode benchmark of the CUDA kernels on a synthetic Qwen3-shaped model (random weights on the GPU):
+// TPOT per batch size from CUDA-graph replays timed with CUDA events, distinct experts per layer, bytes per
+// step and the HBM floor (bytes / device-to-device copy bandwidth measured in the same run).
+//   bench_decode_bench --config qwen3-30b-a3b --batch 1,8,32,64 --context 1024 [--sere-primary 2
+//                      --sere-threshold 0] [--skew 1.0] [--layers N] [--steps 200] [--pdl 1]
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#ifdef ZEST_HAVE_CUDA
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "kernels/backend.h"
+#include "kernels/cuda/kernels.h"
+#include "kernels/cuda/synthetic_decoder.h"
+
+namespace {
+
+using namespace zest;
+using namespace zest::cuda;
+
+bool check(const Status& s, const char* what) {
+  if (s.is_ok()) return true;
+  std::fprintf(stderr, "error: %s: %s\n", what, s.to_string().c_str());
+  return false;
+}
+
+bool check(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return true;
+  std::fprintf(stderr, "error: %s: %s\n", what, cudaGetErrorString(e));
+  return false;
+}
+
+struct Timing {
+  double median_ms = 0, p90_ms = 0;
+};
+
+Timing summarize(std::vector<float> ms) {
+  std::sort(ms.begin(), ms.end());
+  Timing t;
+  t.median_ms = ms[ms.size() / 2];
+  t.p90_ms = ms[std::min(ms.size() - 1, ms.size() * 9 / 10)];
+  return t;
+}
+
+// Device-to-device copy bandwidth in bytes/s (bytes read + bytes written), 2 GiB buffers (> L2).
+bool copy_bandwidth(double* bw) {
+  const size_t bytes = 2ull << 30;
+  void *a = nullptr, *b = nullptr;
+  if (!check(cudaMalloc(&a, bytes), "cudaMalloc") || !check(cudaMalloc(&b, bytes), "cudaMalloc")) return false;
+  cudaMemset(a, 1, bytes);
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  std::vector<float> ms;
+  for (int i = 0; i < 13; ++i) {
+    cudaEventRecord(e0);
+    cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice);
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float t = 0;
+    cudaEventElapsedTime(&t, e0, e1);
+    if (i >= 3) ms.push_back(t);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaFree(a);
+  cudaFree(b);
+  *bw = 2.0 * bytes / (summarize(ms).median_ms * 1e-3);
+  return check(cudaGetLastError(), "copy bandwidth");
+}
+
+// Mean time of one sere_reroute launch at N tokens (graph of 100 back-to-back launches, median of 20 replays).
+bool time_sere(int N, int E, int K, int S, double* us) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> d(0.f, 1.f);
+  std::vector<float> sim(static_cast<size_t>(E) * E);
+  for (int u = 0; u < E; ++u) {
+    sim[u * E + u] = 1.f;
+    for (int v = u + 1; v < E; ++v) sim[u * E + v] = sim[v * E + u] = d(rng);
+  }
+  bf16* logits = nullptr;
+  float *dsim = nullptr, *w = nullptr;
+  int32_t* ids = nullptr;
+  cudaStream_t s;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  cudaMalloc(&logits, static_cast<size_t>(N) * E * 2);
+  cudaMalloc(&dsim, sim.size() * 4);
+  cudaMalloc(&w, static_cast<size_t>(N) * K * 4);
+  cudaMalloc(&ids, static_cast<size_t>(N) * K * 4);
+  cudaMemcpy(dsim, sim.data(), sim.size() * 4, cudaMemcpyHostToDevice);
+  if (!check(fill_random_bf16(logits, static_cast<size_t>(N) * E, 99, -3.f, 3.f, s), "fill") ||
+      !check(router_topk(logits, nullptr, ids, w, N, E, K, s), "router_topk") ||
+      !check(sere_reroute(ids, w, dsim, N, E, K, S, 0.f, s), "sere warm-up") || !check(cudaStreamSynchronize(s), "sync"))
+    return false;
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  constexpr int kLaunches = 100;
+  cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+  for (int i = 0; i < kLaunches; ++i) (void)sere_reroute(ids, w, dsim, N, E, K, S, 0.f, s);
+  if (!check(cudaStreamEndCapture(s, &g), "capture") || !check(cudaGraphInstantiate(&ge, g, 0), "instantiate"))
+    return false;
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  std::vector<float> ms;
+  for (int r = 0; r < 23; ++r) {
+    cudaEventRecord(e0, s);
+    cudaGraphLaunch(ge, s);
+    cudaEventRecord(e1, s);
+    cudaEventSynchronize(e1);
+    float t = 0;
+    cudaEventElapsedTime(&t, e0, e1);
+    if (r >= 3) ms.push_back(t);
+  }
+  *us = summarize(ms).median_ms * 1e3 / kLaunches;
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(g);
+  cudaFree(logits);
+  cudaFree(dsim);
+  cudaFree(w);
+  cudaFree(ids);
+  cudaStreamDestroy(s);
+  return check(cudaGetLastError(), "sere timing");
+}
+
+struct Row {
+  int batch;
+  bool sere;
+  Timing t;
+  double experts, bytes, floor_ms;
+};
+
+bool run_batch(SyntheticDecoder& dec, int batch, bool sere, int warmup, int steps, Row* row) {
+  if (!check(dec.replay(batch, sere), "capture") || !check(cudaStreamSynchronize(dec.stream()), "sync")) return false;
+  for (int i = 0; i < warmup; ++i)
+    if (!check(dec.replay(batch, sere), "replay")) return false;
+  if (!check(dec.reset_expert_counts(), "reset")) return false;
+  std::vector<cudaEvent_t> ev(steps + 1);
+  for (auto& e : ev) cudaEventCreate(&e);
+  cudaEventRecord(ev[0], dec.stream());
+  for (int i = 0; i < steps; ++i) {
+    if (!check(dec.replay(batch, sere), "replay")) return false;
+    cudaEventRecord(ev[i + 1], dec.stream());
+  }
+  if (!check(cudaStreamSynchronize(dec.stream()), "timed steps")) return false;
+  std::vector<float> ms(steps);
+  for (int i = 0; i < steps; ++i) cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]);
+  for (auto& e : ev) cudaEventDestroy(e);
+  auto experts = dec.mean_distinct_experts(steps);
+  if (!check(experts.status(), "expert counts")) return false;
+  row->batch = batch;
+  row->sere = sere;
+  row->t = summarize(ms);
+  row->experts = *experts;
+  row->bytes = dec.bytes_per_step(batch, *experts);
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"zest CUDA decode benchmark on a synthetic Qwen3-shaped model"};
+  std::string config = "qwen3-30b-a3b", batches = "1,8,32,64";
+  int context = 1024, layers = 0, steps = 200, warmup = 20, sere_primary = 0, pdl = 1;
+  float sere_threshold = 0.f, skew = 0.f;
+  app.add_option("--config", config, "qwen3-30b-a3b | qwen3-vl-30b-a3b | qwen3-vl-235b-a22b | qwen3-vl-32b");
+  app.add_option("--batch", batches, "comma-separated batch sizes");
+  app.add_option("--context", context, "tokens already in each sequence's KV cache");
+  app.add_option("--layers", layers, "override the number of decoder layers (0: the model's)");
+  app.add_option("--steps", steps, "timed decode steps per batch size")->check(CLI::PositiveNumber);
+  app.add_option("--warmup", warmup, "untimed decode steps before timing");
+  app.add_option("--sere-primary", sere_primary, "SERE primary ranks S (0: off); also runs without SERE");
+  app.add_option("--sere-threshold", sere_threshold, "SERE similarity threshold rho");
+  app.add_option("--skew", skew, "Zipf exponent of the synthetic router bias (0: none)");
+  app.add_option("--pdl", pdl, "programmatic dependent launch between kernels (0/1)");
+  CLI11_PARSE(app, argc, argv);
+
+  std::vector<int> bs;
+  {
+    std::stringstream ss(batches);
+    std::string tok;
+    while (std::getline(ss, tok, ',')) {
+      const int b = std::atoi(tok.c_str());
+      if (b <= 0) {
+        std::fprintf(stderr, "error: bad batch size '%s' in --batch (want positive integers, e.g. 1,8,32)\n", tok.c_str());
+        return 2;
+      }
+      bs.push_back(b);
+    }
+  }
+  if (bs.empty()) {
+    std::fprintf(stderr, "error: --batch is empty\n");
+    return 2;
+  }
+  if (!check(kernels::cuda_init(0), "cuda_init")) return 1;
+  set_programmatic_launch(pdl != 0);
+  std::printf("device: %s\n", kernels::cuda_describe().c_str());
+  double bw = 0;
+  if (!copy_bandwidth(&bw)) return 1;
+  std::printf("device-to-device copy bandwidth: %.2f TB/s (read + write, 2 GiB buffers)\n", bw / 1e12);
+
+  auto cfg = synthetic_config(config, layers);
+  if (!check(cfg.status(), "config")) return 2;
+  SyntheticOptions opt;
+  opt.max_batch = *std::max_element(bs.begin(), bs.end());
+  opt.context = context;
+  opt.skew = skew;
+  opt.sere_primary = sere_primary;
+  opt.sere_threshold = sere_threshold;
+  auto dec = SyntheticDecoder::create(*cfg, opt);
+  if (!check(dec.status(), "synthetic model")) return 1;
+  std::printf("model: %s, %d layers, context %d, skew %.2f, pdl %d, %d steps (median, p90 of per-step CUDA events)\n",
+              cfg->name.c_str(), cfg->layers, context, skew, pdl, steps);
+
+  std::vector<Row> rows;
+  for (int b : bs) {
+    for (bool sere : {false, true}) {
+      if (sere && sere_primary <= 0) continue;
+      Row r;
+      if (!run_batch(**dec, b, sere, warmup, steps, &r)) return 1;
+      r.floor_ms = r.bytes / bw * 1e3;
+      rows.push_back(r);
+      std::printf("  batch %d%s: TPOT %.3f ms\n", b, sere ? " +SERE" : "", r.t.median_ms);
+      std::fflush(stdout);
+    }
+  }
+  double sere_us = 0;
+  if (!time_sere(256, 128, 8, 2, &sere_us)) return 1;
+
+  std::printf("\n| batch | SERE | TPOT median ms | TPOT p90 ms | tokens/s | experts/layer | GB/step | floor ms | floor share |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|\n");
+  for (const Row& r : rows) {
+    char sere_col[64] = "off";
+    if (r.sere) std::snprintf(sere_col, sizeof(sere_col), "S=%d rho=%.2f", sere_primary, sere_threshold);
+    std::printf("| %d | %s | %.3f | %.3f | %.0f | %.1f | %.3f | %.3f | %.0f%% |\n", r.batch, sere_col, r.t.median_ms,
+                r.t.p90_ms, r.batch * 1e3 / r.t.median_ms, r.experts, r.bytes / 1e9, r.floor_ms,
+                100.0 * r.floor_ms / r.t.median_ms);
+  }
+  for (size_t i = 0; i + 1 < rows.size(); ++i)
+    if (!rows[i].sere && rows[i + 1].sere && rows[i].batch == rows[i + 1].batch)
+      std::printf("SERE at batch %d: TPOT %.3f -> %.3f ms (%.1f%% lower), experts/layer %.1f -> %.1f\n", rows[i].batch,
+                  rows[i].t.median_ms, rows[i + 1].t.median_ms,
+                  100.0 * (1.0 - rows[i + 1].t.median_ms / rows[i].t.median_ms), rows[i].experts, rows[i + 1].experts);
+  std::printf("sere_reroute alone (N=256, E=128, K=8, S=2): %.2f us per launch (graph of 100 launches)\n", sere_us);
+  return 0;
+}
+
+#else
+
+int main(int argc, char** argv) {
+  CLI::App app{"zest CUDA decode benchmark"};
+  app.allow_extras();
+  CLI11_PARSE(app, argc, argv);
+  std::fprintf(stderr, "bench_decode_bench: zest was built without CUDA (configure with -DZEST_CUDA=ON)\n");
+  return 2;
+}
+
+#endif

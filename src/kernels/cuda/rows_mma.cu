@@ -1,0 +1,212 @@
+// Weight-streaming products for few tokens on tensor cores: out[token, row] = sum_k W[row, k] * src[token, k]
+// with bf16 mma.m16n8k16 (fp32 accumulation). A warp owns 16 weight rows and one slice of k; the weights go
+// from HBM straight into A fragments (16-byte loads, used once) and the tokens are the B fragments. Since a
+// dot product may sum k in any order, each thread loads 8 consecutive k of a row and both A and B fragments
+// use the same permutation of k. A CTA's warps split k and are reduced in shared memory in fixed order.
+// Modes: dense small-M GEMM, MoE gate/up (SiLU * up epilogue) and MoE down (routing-weight epilogue).
+#include "kernels/cuda/common.cuh"
+
+namespace zest::cuda {
+
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kRows = 16;     // weight rows per item
+constexpr int kChunk = 32;    // k per warp step (two mma k16 steps)
+constexpr int kTokens = 16;   // tokens per pass (two n8 tiles)
+
+enum Mode { kDense = 0, kGateUp = 1, kDown = 2 };
+
+struct RowsParams {
+  const bf16* src;        // token rows [*, Kdim]: x (dense, gate/up) or h by sorted position (down)
+  const bf16* w;          // dense: [N, K]; gate/up: [E, 2I, H]; down: [E, H, I]
+  bf16* out;              // dense: y [M, N]; gate/up: h [N*K, I]
+  float* slot_out;        // down: [N*K, H]
+  const float* route_w;   // down: routing weights [N*K]
+  MoePlan plan;
+  int M, N, Kdim, topk, I;
+};
+
+__device__ __forceinline__ void mma16816(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Two k16 steps over one 32-wide chunk: A rows g and g+8 (a_lo, a_hi), B token rows (x0: tokens 0-7, x1: 8-15).
+__device__ __forceinline__ void mma_chunk(float* c0, float* c1, const uint4& a_lo, const uint4& a_hi, const uint4& x0,
+                                          const uint4& x1, bool two_tiles) {
+  mma16816(c0, a_lo.x, a_hi.x, a_lo.y, a_hi.y, x0.x, x0.y);
+  mma16816(c0, a_lo.z, a_hi.z, a_lo.w, a_hi.w, x0.z, x0.w);
+  if (two_tiles) {
+    mma16816(c1, a_lo.x, a_hi.x, a_lo.y, a_hi.y, x1.x, x1.y);
+    mma16816(c1, a_lo.z, a_hi.z, a_lo.w, a_hi.w, x1.z, x1.w);
+  }
+}
+
+template <int kMode>
+__global__ void __launch_bounds__(kWarps * 32) rows_mma_kernel(RowsParams p) {
+  pdl_wait();
+  constexpr int kMats = kMode == kGateUp ? 2 : 1;  // weight matrices per item (gate and up)
+  constexpr int kVals = kMats * 2 * 4;             // accumulators per thread: mats x n-tiles x 4
+  __shared__ float red[kWarps][kVals][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, tq = lane & 3;
+  const int tiles_per_group = p.N / kRows;
+  const int groups = kMode == kDense ? 1 : *p.plan.num_active;
+  const int items = groups * tiles_per_group;
+  const int chunks = p.Kdim / kChunk;
+  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+    const int j = item / tiles_per_group, r0 = (item % tiles_per_group) * kRows;
+    int beg = 0, end = p.M;
+    const bf16* w0;
+    if constexpr (kMode == kDense) {
+      w0 = p.w + static_cast<size_t>(r0) * p.Kdim;
+    } else {
+      const int e = p.plan.active_experts[j];
+      beg = p.plan.offsets[j];
+      end = p.plan.offsets[j + 1];
+      w0 = kMode == kGateUp ? p.w + (static_cast<size_t>(e) * 2 * p.N + r0) * p.Kdim
+                            : p.w + (static_cast<size_t>(e) * p.N + r0) * p.Kdim;
+    }
+    const bf16* w1 = w0 + static_cast<size_t>(p.N) * p.Kdim;  // up rows (gate/up mode)
+    const bf16* a_lo0 = w0 + static_cast<size_t>(g) * p.Kdim + tq * 8;
+    const bf16* a_hi0 = a_lo0 + static_cast<size_t>(8) * p.Kdim;
+    const bf16* a_lo1 = w1 + static_cast<size_t>(g) * p.Kdim + tq * 8;
+    const bf16* a_hi1 = a_lo1 + static_cast<size_t>(8) * p.Kdim;
+    for (int c0 = beg; c0 < end; c0 += kTokens) {
+      const int nt = min(kTokens, end - c0);
+      const bool two = nt > 8;
+      // Token rows of B: this thread supplies tokens g and g + 8.
+      auto src_row = [&](int t) -> const bf16* {
+        if (t >= nt) return nullptr;
+        int row = c0 + t;
+        if constexpr (kMode == kGateUp) row = p.plan.sorted_slots[c0 + t] / p.topk;
+        return p.src + static_cast<size_t>(row) * p.Kdim + tq * 8;
+      };
+      const bf16* x0p = src_row(g);
+      const bf16* x1p = src_row(g + 8);
+      float acc[kMats][2][4];
+#pragma unroll
+      for (int m = 0; m < kMats; ++m)
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[m][n][i] = 0.f;
+      constexpr int kU = kMode == kGateUp ? 2 : 4;  // chunks in flight per warp
+      for (int cb = warp; cb < chunks; cb += kWarps * kU) {
+        uint4 lo[kU][kMats], hi[kU][kMats], xa[kU], xb[kU];
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+          const int c = cb + u * kWarps;
+          const size_t k = static_cast<size_t>(c) * kChunk;
+          const bool ok = c < chunks;
+          lo[u][0] = ok ? ld_stream(a_lo0 + k) : make_uint4(0, 0, 0, 0);
+          hi[u][0] = ok ? ld_stream(a_hi0 + k) : make_uint4(0, 0, 0, 0);
+          if constexpr (kMats == 2) {
+            lo[u][1] = ok ? ld_stream(a_lo1 + k) : make_uint4(0, 0, 0, 0);
+            hi[u][1] = ok ? ld_stream(a_hi1 + k) : make_uint4(0, 0, 0, 0);
+          }
+          xa[u] = ok && x0p ? __ldg(reinterpret_cast<const uint4*>(x0p + k)) : make_uint4(0, 0, 0, 0);
+          xb[u] = ok && x1p ? __ldg(reinterpret_cast<const uint4*>(x1p + k)) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < kU; ++u)
+#pragma unroll
+          for (int m = 0; m < kMats; ++m) mma_chunk(acc[m][0], acc[m][1], lo[u][m], hi[u][m], xa[u], xb[u], two);
+      }
+      // Reduce the warps' partial sums in fixed order.
+#pragma unroll
+      for (int m = 0; m < kMats; ++m)
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) red[warp][(m * 2 + n) * 4 + i][lane] = acc[m][n][i];
+      __syncthreads();
+      for (int idx = threadIdx.x; idx < kVals * 32; idx += blockDim.x) {
+        const int v = idx / 32, l = idx % 32;
+        float s = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) s += red[w][v][l];
+        red[0][v][l] = s;
+      }
+      __syncthreads();
+      if (warp == 0) {
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int t = n * 8 + tq * 2 + (i & 1);
+            const int row = r0 + g + (i >> 1) * 8;
+            if (t >= nt) continue;
+            const float v0 = red[0][n * 4 + i][lane];
+            if constexpr (kMode == kDense) {
+              p.out[static_cast<size_t>(c0 + t) * p.N + row] = __float2bfloat16(v0);
+            } else if constexpr (kMode == kGateUp) {
+              const float gt = bf16_round(v0), up = bf16_round(red[0][(2 + n) * 4 + i][lane]);
+              const float sl = bf16_round(gt / (1.f + __expf(-gt)));
+              p.out[static_cast<size_t>(c0 + t) * p.N + row] = __float2bfloat16(sl * up);
+            } else {
+              const int slot = p.plan.sorted_slots[c0 + t];
+              p.slot_out[static_cast<size_t>(slot) * p.N + row] = bf16_round(bf16_round(v0) * p.route_w[slot]);
+            }
+          }
+      }
+      __syncthreads();
+    }
+  }
+}
+
+template <int kMode>
+Status launch_rows(const RowsParams& p, int max_items, cudaStream_t stream) {
+  int per_sm = 0;
+  ZEST_RETURN_IF_ERROR(cuda_status(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, rows_mma_kernel<kMode>, kWarps * 32, 0), "occupancy"));
+  const int grid = std::max(1, std::min(max_items, std::max(1, per_sm) * sm_count()));
+  return launch("rows_mma", rows_mma_kernel<kMode>, dim3(grid), dim3(kWarps * 32), 0, stream, p);
+}
+
+}  // namespace
+
+bool rows_mma_gemm_ok(int M, int N, int K) { return M >= 1 && M <= kTokens && N % kRows == 0 && K % kChunk == 0; }
+
+Status rows_mma_gemm(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream) {
+  RowsParams p{};
+  p.src = x;
+  p.w = w;
+  p.out = y;
+  p.M = M;
+  p.N = N;
+  p.Kdim = K;
+  return launch_rows<kDense>(p, N / kRows, stream);
+}
+
+bool rows_mma_moe_ok(int H, int I) { return H % kChunk == 0 && I % kChunk == 0 && H % kRows == 0 && I % kRows == 0; }
+
+Status rows_mma_moe(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up, const bf16* down,
+                    bf16* h, float* slot_out, int N, int K, int E, int H, int I, cudaStream_t stream) {
+  const int max_active = std::min(E, N * K);
+  RowsParams gu{};
+  gu.src = x;
+  gu.w = gate_up;
+  gu.out = h;
+  gu.plan = plan;
+  gu.N = I;
+  gu.Kdim = H;
+  gu.topk = K;
+  ZEST_RETURN_IF_ERROR(launch_rows<kGateUp>(gu, max_active * (I / kRows), stream));
+  RowsParams dn{};
+  dn.src = h;
+  dn.w = down;
+  dn.slot_out = slot_out;
+  dn.route_w = weights;
+  dn.plan = plan;
+  dn.N = H;
+  dn.Kdim = I;
+  dn.topk = K;
+  return launch_rows<kDown>(dn, max_active * (H / kRows), stream);
+}
+
+}  // namespace zest::cuda

@@ -1,0 +1,82 @@
+// Tensor-core building blocks shared by the vision attention and VisionZip score kernels: cp.async tile
+// loads, ldmatrix and mma.sync m16n8k16 (bf16 in, fp32 accumulate).
+#pragma once
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+namespace zest::cuda::vmma {
+
+constexpr int kTile = 64;     // rows (queries or keys) per tile
+constexpr int kThreads = 128;  // 4 warps, 16 rows each
+
+// Padded row stride of a shared tile with dp (multiple of 16) columns: dp + 8 bf16 keeps ldmatrix rows on
+// distinct banks.
+__host__ __device__ constexpr int row_stride(int dp) { return dp + 8; }
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte async copy global -> shared; zero-fills when !valid (gmem is then not read).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// d += a * b for one m16n8k16 tile.
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Loads rows [row0, row0 + kTile) of one head (d columns, d % 8 == 0) into a shared tile of stride
+// row_stride(dp); rows >= row_end are zero-filled. Columns [d, dp) are left as they are.
+template <int DP>
+__device__ __forceinline__ void load_tile(__nv_bfloat16* tile, const __nv_bfloat16* base, int stride, int row0,
+                                          int row_end, int d) {
+  const int chunks = d / 8;
+  for (int i = threadIdx.x; i < kTile * chunks; i += kThreads) {
+    const int r = i / chunks, c = i % chunks;
+    const bool valid = row0 + r < row_end;
+    const __nv_bfloat16* src = base + static_cast<size_t>(valid ? row0 + r : 0) * stride + c * 8;
+    cp_async16(tile + r * row_stride(DP) + c * 8, src, valid);
+  }
+}
+
+// Zeroes columns [d, dp) of `n` tiles of kTile rows laid out back to back.
+template <int DP>
+__device__ __forceinline__ void zero_pad_columns(__nv_bfloat16* tiles, int n, int d) {
+  const int pad = DP - d;
+  if (pad == 0) return;
+  for (int i = threadIdx.x; i < n * kTile * pad; i += kThreads) {
+    const int r = i / pad, c = d + i % pad;
+    tiles[r * row_stride(DP) + c] = __float2bfloat16(0.f);
+  }
+}
+
+}  // namespace zest::cuda::vmma
