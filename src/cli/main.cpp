@@ -10,6 +10,8 @@ int main(int argc, char** argv) {
   zest::cli::register_generate(app, run);
   zest::cli::register_logits(app, run);
   zest::cli::register_tokenize(app, run);
+  zest::cli::register_serve(app, run);
+  zest::cli::register_bench(app, run);
   zest::cli::register_calibrate_sere(app, run);
   try {
     app.parse(argc, argv);

@@ -1,0 +1,121 @@
+#include "server/openai.h"
+
+namespace zest::server {
+
+using nlohmann::json;
+
+json error_body(int http_status, const std::string& message, const std::string& param) {
+  const char* type = http_status >= 500 ? "server_error" : "invalid_request_error";
+  return {{"error",
+           {{"message", message}, {"type", type}, {"param", param.empty() ? json(nullptr) : json(param)},
+            {"code", http_status}}}};
+}
+
+int http_status_for(const Status& st) {
+  switch (st.code()) {
+    case ErrorCode::kOk: return 200;
+    case ErrorCode::kInvalidArgument:
+    case ErrorCode::kNotFound:
+    case ErrorCode::kCorrupt:
+    case ErrorCode::kUnsupported:
+    case ErrorCode::kOutOfRange: return 400;
+    case ErrorCode::kResourceExhausted: return 503;
+    case ErrorCode::kInternal: return 500;
+  }
+  return 500;
+}
+
+std::string error_param(const std::string& message) {
+  if (message.rfind("messages", 0) == 0 || message.rfind("image ", 0) == 0 || message.rfind("too many images", 0) == 0)
+    return "messages";
+  if (message.size() > 2 && message[0] == '\'') {
+    const size_t end = message.find('\'', 1);
+    if (end != std::string::npos) return message.substr(1, end - 1);
+  }
+  return {};
+}
+
+const char* openai_finish_reason(engine::FinishReason r) {
+  switch (r) {
+    case engine::FinishReason::kStop: return "stop";
+    case engine::FinishReason::kLength: return "length";
+    case engine::FinishReason::kAbort: return "abort";
+    case engine::FinishReason::kError: return "error";
+    case engine::FinishReason::kNone: break;
+  }
+  return "stop";
+}
+
+json usage_json(const Usage& u) {
+  return {{"prompt_tokens", u.prompt_tokens},
+          {"completion_tokens", u.completion_tokens},
+          {"total_tokens", u.prompt_tokens + u.completion_tokens},
+          {"visual_tokens_before", u.visual_tokens_before},
+          {"visual_tokens_after", u.visual_tokens_after}};
+}
+
+json completion_json(const CompletionId& id, const std::string& text, engine::FinishReason finish, const Usage& u) {
+  json choice = {{"index", 0},
+                 {"message", {{"role", "assistant"}, {"content", text}}},
+                 {"logprobs", nullptr},
+                 {"finish_reason", openai_finish_reason(finish)}};
+  return {{"id", id.id},         {"object", "chat.completion"},   {"created", id.created},
+          {"model", id.model},   {"choices", json::array({choice})}, {"usage", usage_json(u)}};
+}
+
+json chunk_json(const CompletionId& id, const json& delta, const std::string& finish_reason, bool include_usage) {
+  json choice = {{"index", 0},
+                 {"delta", delta},
+                 {"logprobs", nullptr},
+                 {"finish_reason", finish_reason.empty() ? json(nullptr) : json(finish_reason)}};
+  json j = {{"id", id.id},       {"object", "chat.completion.chunk"}, {"created", id.created},
+            {"model", id.model}, {"choices", json::array({choice})}};
+  if (include_usage) j["usage"] = nullptr;
+  return j;
+}
+
+json usage_chunk_json(const CompletionId& id, const Usage& u) {
+  return {{"id", id.id},       {"object", "chat.completion.chunk"}, {"created", id.created},
+          {"model", id.model}, {"choices", json::array()},          {"usage", usage_json(u)}};
+}
+
+std::string dump_json(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+std::string sse_event(const json& j) { return "data: " + dump_json(j) + "\n\n"; }
+
+void SseReader::feed(const char* data, size_t n, std::vector<std::string>& events) {
+  buf_.append(data, n);
+  for (;;) {
+    // An event ends at a blank line; accept \n\n and \r\n\r\n.
+    size_t end = buf_.find("\n\n");
+    size_t sep = 2;
+    const size_t crlf = buf_.find("\r\n\r\n");
+    if (crlf != std::string::npos && (end == std::string::npos || crlf < end)) {
+      end = crlf;
+      sep = 4;
+    }
+    if (end == std::string::npos) return;
+    const std::string block = buf_.substr(0, end);
+    buf_.erase(0, end + sep);
+    std::string data_field;
+    bool has_data = false;
+    size_t pos = 0;
+    while (pos <= block.size()) {
+      size_t nl = block.find('\n', pos);
+      if (nl == std::string::npos) nl = block.size();
+      std::string line = block.substr(pos, nl - pos);
+      if (!line.empty() && line.back() == '\r') line.pop_back();
+      if (line.rfind("data:", 0) == 0) {
+        std::string v = line.substr(5);
+        if (!v.empty() && v[0] == ' ') v.erase(0, 1);
+        if (has_data) data_field += "\n";
+        data_field += v;
+        has_data = true;
+      }
+      pos = nl + 1;
+    }
+    if (has_data) events.push_back(std::move(data_field));
+  }
+}
+
+}  // namespace zest::server

@@ -1,0 +1,66 @@
+// The OpenAI chat-completions wire format as zest speaks it: error bodies, responses, stream chunks,
+// and a client-side reader for server-sent events (used by `zest bench serve` and the tests).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/status.h"
+#include "engine/request.h"
+
+namespace zest::server {
+
+// Token counts reported in `usage` (zest adds the visual-token counts before and after pruning).
+struct Usage {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  int64_t visual_tokens_before = 0;
+  int64_t visual_tokens_after = 0;
+};
+
+// Identity of one completion, shared by its response or all its chunks.
+struct CompletionId {
+  std::string id;       // "chatcmpl-..."
+  int64_t created = 0;  // Unix seconds
+  std::string model;
+};
+
+// {"error": {"message", "type", "param", "code"}}; type follows the status (4xx invalid_request_error,
+// 5xx server_error), code is the HTTP status, param null when empty.
+nlohmann::json error_body(int http_status, const std::string& message, const std::string& param = {});
+// The HTTP status for an error Status coming from request parsing, prompt building or the engine.
+int http_status_for(const Status& st);
+// The request field an error message names ("'top_p' must ..." -> top_p, "messages[2]..." -> messages).
+std::string error_param(const std::string& message);
+
+// OpenAI finish_reason for an engine finish (stop, length, abort; error -> "error").
+const char* openai_finish_reason(engine::FinishReason r);
+nlohmann::json usage_json(const Usage& u);
+// The non-streaming response object ("chat.completion").
+nlohmann::json completion_json(const CompletionId& id, const std::string& text, engine::FinishReason finish,
+                               const Usage& u);
+// One "chat.completion.chunk": `delta` is the choice's delta object, finish_reason null when empty.
+// With include_usage every chunk carries "usage": null.
+nlohmann::json chunk_json(const CompletionId& id, const nlohmann::json& delta, const std::string& finish_reason,
+                          bool include_usage);
+// The last chunk of a stream with include_usage: no choices, the usage.
+nlohmann::json usage_chunk_json(const CompletionId& id, const Usage& u);
+// "data: <json>\n\n" (invalid UTF-8 in strings is replaced by U+FFFD rather than thrown on).
+std::string sse_event(const nlohmann::json& j);
+// Serializes for an HTTP body with the same UTF-8 replacement.
+std::string dump_json(const nlohmann::json& j);
+
+// Incremental parser of a text/event-stream body: feed bytes as they arrive, collect the data field of
+// each complete event. Comment lines (":...", used as keep-alives) and other fields are skipped.
+class SseReader {
+ public:
+  // Appends bytes; every event completed by them is appended to `events` (its data lines joined by \n).
+  void feed(const char* data, size_t n, std::vector<std::string>& events);
+
+ private:
+  std::string buf_;
+};
+
+}  // namespace zest::server

@@ -1,0 +1,490 @@
+#include "server/server.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <chrono>
+#include <condition_variable>
+#include <csignal>
+#include <filesystem>
+#include <iostream>
+#include <random>
+#include <thread>
+
+#include "core/timer.h"
+#include "engine/chat_request.h"
+#include "server/engine_loop.h"
+#include "server/http.h"
+#include "server/openai.h"
+
+namespace zest::server {
+namespace {
+
+using nlohmann::json;
+
+constexpr const char* kChatPath = "/v1/chat/completions";
+constexpr const char* kJson = "application/json";
+
+int64_t unix_seconds() {
+  using namespace std::chrono;
+  return duration_cast<seconds>(system_clock::now().time_since_epoch()).count();
+}
+
+std::string hex(uint64_t v, int digits) {
+  static const char* kDigits = "0123456789abcdef";
+  std::string s(digits, '0');
+  for (int i = digits - 1; i >= 0; --i, v >>= 4) s[i] = kDigits[v & 15];
+  return s;
+}
+
+bool starts_with_nocase(const std::string& s, const char* prefix) {
+  for (size_t i = 0; prefix[i]; ++i)
+    if (i >= s.size() || std::tolower(static_cast<unsigned char>(s[i])) != prefix[i]) return false;
+  return true;
+}
+
+// The Allow header of the known paths; empty for unknown ones.
+const char* allowed_methods(const std::string& path) {
+  if (path == kChatPath) return "POST";
+  if (path == "/v1/models" || path == "/health" || path == "/metrics") return "GET";
+  return "";
+}
+
+// Refuses image sources the server will not read: http(s) URLs always, local files unless allowed.
+Status check_image_sources(const json& messages, bool allow_local_files) {
+  for (size_t mi = 0; mi < messages.size(); ++mi) {
+    const json& c = messages[mi].contains("content") ? messages[mi]["content"] : json();
+    if (!c.is_array()) continue;
+    for (size_t pi = 0; pi < c.size(); ++pi) {
+      const json& part = c[pi];
+      const std::string type = part.value("type", "");
+      if (type != "image_url" && type != "image") continue;
+      std::string url;
+      if (part.contains("image_url")) {
+        const json& u = part["image_url"];
+        if (u.is_string()) url = u.get<std::string>();
+        else if (u.is_object() && u.contains("url") && u["url"].is_string()) url = u["url"].get<std::string>();
+      } else if (part.contains("image") && part["image"].is_string()) {
+        url = part["image"].get<std::string>();
+      }
+      const std::string where = "messages[" + std::to_string(mi) + "].content[" + std::to_string(pi) + "]";
+      if (starts_with_nocase(url, "http://") || starts_with_nocase(url, "https://"))
+        return invalid_argument(where + ": zest does not fetch remote images; send the image inline as a "
+                                        "data:image/<type>;base64,... URL");
+      if (!allow_local_files && !starts_with_nocase(url, "data:"))
+        return invalid_argument(where + ": local image files are disabled on this server; send the image as a "
+                                        "data: URL, or start zest serve with --allow-local-files");
+    }
+  }
+  return Status::ok();
+}
+
+// httplib::Server with a larger listen backlog: the packaged library listens with a backlog of 5, so
+// a burst of concurrent connects overflows the accept queue (dropped handshakes, reset connections).
+class HttpServer : public httplib::Server {
+ public:
+  // Re-listens the bound socket with `backlog` pending connections; false when not bound.
+  bool set_backlog(int backlog) {
+    const socket_t sock = svr_sock_;
+    return sock != INVALID_SOCKET && ::listen(sock, backlog) == 0;
+  }
+};
+
+// Per-stream state shared by the content provider and its releaser.
+struct StreamState {
+  std::shared_ptr<RequestChannel> channel;
+  int64_t request_id = 0;
+  CompletionId cid;
+  Usage usage;
+  bool include_usage = false;
+  bool sent_role = false;
+};
+
+}  // namespace
+
+struct Server::Impl {
+  std::shared_ptr<engine::ModelBundle> model;
+  ServerOptions opts;
+  std::string model_name;
+  int64_t created = 0;
+  uint64_t id_prefix = 0;
+  std::atomic<int64_t> next_id{1};
+  std::atomic<bool> stopping{false};
+  Metrics metrics;
+  std::unique_ptr<EngineLoop> loop;
+  HttpServer http;
+  std::thread listener;
+  int port = 0;
+  std::mutex stop_mu;
+  bool stopped = false;
+  // Streams whose response is still being written; stop() lets them send their last event.
+  std::mutex streams_mu;
+  std::condition_variable streams_cv;
+  int64_t open_streams = 0;
+
+  void reply_error(httplib::Response& res, int status, const std::string& message, const std::string& param = {}) {
+    metrics.record_rejected(status);
+    res.status = status;
+    res.set_content(dump_json(error_body(status, message, param)), kJson);
+  }
+  void reply_status(httplib::Response& res, const Status& st) {
+    reply_error(res, http_status_for(st), st.message(), error_param(st.message()));
+  }
+
+  void routes();
+  void handle_chat(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader);
+  void respond_whole(httplib::Response& res, const std::shared_ptr<RequestChannel>& ch, const CompletionId& cid,
+                     Usage usage);
+  void respond_stream(httplib::Response& res, std::shared_ptr<StreamState> st);
+  // One provider call: waits for news (up to the keep-alive interval) and writes it; false = stop.
+  bool stream_step(StreamState& st, httplib::DataSink& sink);
+};
+
+void Server::Impl::routes() {
+  http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    const engine::EngineStats s = loop->stats();
+    json j = {{"status", stopping ? "stopping" : "ok"},
+              {"model", model_name},
+              {"kv_blocks_used", s.kv_blocks_used},
+              {"kv_blocks_total", s.kv_blocks_total},
+              {"requests_running", s.running},
+              {"requests_waiting", s.waiting}};
+    res.status = stopping ? 503 : 200;
+    res.set_content(dump_json(j), kJson);
+  });
+  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+    json m = {{"id", model_name},
+              {"object", "model"},
+              {"created", created},
+              {"owned_by", "zest"},
+              {"root", model->dir},
+              {"max_model_len", loop->max_context()}};
+    res.set_content(dump_json({{"object", "list"}, {"data", json::array({m})}}), kJson);
+  });
+  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(metrics.render(loop->stats()), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  http.Post(kChatPath, [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& r) {
+    handle_chat(req, res, r);
+  });
+  // Fills the body of every error response that has none: unknown paths (404), wrong methods on
+  // known paths (405), bodies over the limit (413), malformed HTTP (400).
+  http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
+                                                                      httplib::Response& res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    const char* allow = allowed_methods(req.path);
+    std::string message;
+    if (res.status == 404 && *allow) {
+      res.status = 405;
+      res.set_header("Allow", allow);
+      message = "method " + req.method + " is not allowed on " + req.path + "; use " + allow;
+    } else if (res.status == 404) {
+      message = "unknown path '" + req.path + "'; zest serves POST /v1/chat/completions, GET /v1/models, "
+                "GET /health and GET /metrics";
+    } else if (res.status == 413) {
+      message = "the request body is larger than the server's limit of " + std::to_string(opts.max_body_bytes) +
+                " bytes (--max-body-bytes)";
+    } else {
+      message = "the HTTP request could not be handled (status " + std::to_string(res.status) + ")";
+    }
+    metrics.record_rejected(res.status);
+    res.set_content(dump_json(error_body(res.status, message)), kJson);
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+  http.set_exception_handler([this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "unknown exception";
+    try {
+      if (ep) std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    reply_error(res, 500, "internal error: " + what);
+  });
+}
+
+void Server::Impl::handle_chat(const httplib::Request&, httplib::Response& res,
+                               const httplib::ContentReader& reader) {
+  const double received_ms = now_ms();
+  // Read the body, refusing (and draining, so the client sees the answer) anything over the limit.
+  std::string body;
+  const size_t limit = static_cast<size_t>(opts.max_body_bytes);
+  size_t drained = 0;
+  bool too_big = false;
+  const bool read_ok = reader([&](const char* data, size_t n) {
+    if (!too_big && body.size() + n <= limit) {
+      body.append(data, n);
+      return true;
+    }
+    too_big = true;
+    body.clear();
+    body.shrink_to_fit();
+    drained += n;
+    return drained <= 4 * limit + (1u << 20);
+  });
+  if (too_big || res.status == 413) {
+    res.set_header("Connection", "close");
+    return reply_error(res, 413,
+                       "the request body is larger than the server's limit of " + std::to_string(limit) +
+                           " bytes (--max-body-bytes)");
+  }
+  if (!read_ok) return reply_error(res, 400, "the request body could not be read");
+
+  json j;
+  try {
+    j = json::parse(body);
+  } catch (const json::parse_error& e) {
+    return reply_error(res, 400, std::string("the request body is not valid JSON: ") + e.what());
+  }
+  if (j.is_object() && j.contains("model") && !j["model"].is_null()) {
+    if (!j["model"].is_string()) return reply_error(res, 400, "'model' must be a string", "model");
+    if (j["model"].get<std::string>() != model_name)
+      return reply_error(res, 404,
+                         "the model '" + j["model"].get<std::string>() + "' does not exist; this server serves '" +
+                             model_name + "'",
+                         "model");
+  }
+  auto parsed = engine::parse_chat_request(j, *model);
+  if (!parsed.ok()) return reply_status(res, parsed.status());
+  const engine::ChatRequest& cr = *parsed;
+  if (Status st = check_image_sources(cr.messages, opts.allow_local_files); !st.is_ok()) return reply_status(res, st);
+
+  engine::PromptOptions po;
+  po.allow_local_files = opts.allow_local_files;
+  po.max_images = opts.max_images;
+  auto prompt = engine::build_prompt(*model, cr, po);
+  if (!prompt.ok()) return reply_status(res, prompt.status());
+  const int64_t n_prompt = static_cast<int64_t>(prompt->ids.size());
+  if (n_prompt >= loop->max_context())
+    return reply_error(res, 400,
+                       "the prompt has " + std::to_string(n_prompt) + " tokens (images included) but the context "
+                       "limit is " + std::to_string(loop->max_context()) + " tokens; shorten the messages or "
+                       "send smaller or fewer images",
+                       "messages");
+
+  Usage usage;
+  usage.prompt_tokens = n_prompt;
+  for (int64_t v : prompt->visual_tokens_before) usage.visual_tokens_before += v;
+  for (int64_t v : prompt->visual_tokens_after) usage.visual_tokens_after += v;
+
+  const int64_t id = next_id.fetch_add(1);
+  CompletionId cid{"chatcmpl-" + hex(id_prefix, 16) + hex(static_cast<uint64_t>(id), 8), unix_seconds(), model_name};
+  auto channel = std::make_shared<RequestChannel>();
+
+  engine::Request er;
+  er.id = id;
+  er.prompt = std::move(prompt).value();
+  er.sampling = cr.sampling;
+  er.sere = cr.sere;
+  er.on_update = [this, channel, received_ms, usage](const std::string& delta, const engine::RequestOutput& out,
+                                                      bool finished) {
+    if (finished) {
+      FinishedRequest f;
+      f.finish_reason = engine::finish_reason_name(out.finish);
+      f.prompt_tokens = usage.prompt_tokens;
+      f.generation_tokens = static_cast<int64_t>(out.token_ids.size());
+      f.visual_tokens_before = usage.visual_tokens_before;
+      f.visual_tokens_after = usage.visual_tokens_after;
+      if (out.first_token_ms > 0) f.time_to_first_token_s = (out.first_token_ms - received_ms) / 1000.0;
+      if (f.generation_tokens > 1)
+        f.time_per_output_token_s = (out.finish_ms - out.first_token_ms) / 1000.0 / (f.generation_tokens - 1);
+      f.e2e_latency_s = (out.finish_ms - received_ms) / 1000.0;
+      if (out.first_scheduled_ms > 0) f.queue_time_s = (out.first_scheduled_ms - out.arrival_ms) / 1000.0;
+      metrics.record_finished(f);
+    }
+    channel->push(delta, out, finished);
+  };
+  loop->submit(std::move(er), [this, channel](const Status& st) {
+    metrics.record_rejected(http_status_for(st));
+    channel->reject(st);
+  });
+
+  if (!cr.stream) return respond_whole(res, channel, cid, usage);
+  auto st = std::make_shared<StreamState>();
+  st->channel = channel;
+  st->request_id = id;
+  st->cid = cid;
+  st->usage = usage;
+  st->include_usage = cr.include_usage;
+  respond_stream(res, std::move(st));
+}
+
+void Server::Impl::respond_whole(httplib::Response& res, const std::shared_ptr<RequestChannel>& ch,
+                                 const CompletionId& cid, Usage usage) {
+  const ChannelUpdate u = ch->wait_final();
+  if (!u.rejected.is_ok()) {
+    // Counted as rejected by the submit callback already.
+    res.status = http_status_for(u.rejected);
+    res.set_content(dump_json(error_body(res.status, u.rejected.message(), error_param(u.rejected.message()))),
+                    kJson);
+    return;
+  }
+  const engine::RequestOutput& out = u.output;
+  if (out.finish == engine::FinishReason::kError) {
+    res.status = 500;
+    res.set_content(dump_json(error_body(500, "generation failed: " + out.error)), kJson);
+    return;
+  }
+  if (out.finish == engine::FinishReason::kAbort) {
+    res.status = 503;
+    res.set_content(dump_json(error_body(503, "the request was aborted: the server is shutting down")), kJson);
+    return;
+  }
+  usage.completion_tokens = static_cast<int64_t>(out.token_ids.size());
+  res.set_content(dump_json(completion_json(cid, out.text, out.finish, usage)), kJson);
+}
+
+bool Server::Impl::stream_step(StreamState& st, httplib::DataSink& sink) {
+  ChannelUpdate u;
+  if (!st.channel->take(u, std::chrono::milliseconds(opts.stream_keepalive_ms))) {
+    static const std::string kKeepAlive = ": keep-alive\n\n";
+    return sink.write(kKeepAlive.data(), kKeepAlive.size());
+  }
+  std::string out;
+  if (!u.rejected.is_ok()) {
+    out += sse_event(error_body(http_status_for(u.rejected), u.rejected.message(), error_param(u.rejected.message())));
+  } else {
+    if (!st.sent_role && (u.tokens > 0 || u.finished)) {
+      out += sse_event(chunk_json(st.cid, {{"role", "assistant"}, {"content", ""}}, "", st.include_usage));
+      st.sent_role = true;
+    }
+    if (!u.delta.empty()) out += sse_event(chunk_json(st.cid, {{"content", u.delta}}, "", st.include_usage));
+    if (u.finished) {
+      const engine::FinishReason fr = u.output.finish;
+      if (fr == engine::FinishReason::kError) {
+        out += sse_event(error_body(500, "generation failed: " + u.output.error));
+      } else if (fr == engine::FinishReason::kAbort) {
+        out += sse_event(error_body(503, "the request was aborted: the server is shutting down"));
+      } else {
+        out += sse_event(chunk_json(st.cid, json::object(), openai_finish_reason(fr), st.include_usage));
+        if (st.include_usage) {
+          Usage usage = st.usage;
+          usage.completion_tokens = static_cast<int64_t>(u.output.token_ids.size());
+          out += sse_event(usage_chunk_json(st.cid, usage));
+        }
+      }
+    }
+  }
+  const bool last = u.finished || !u.rejected.is_ok();
+  if (last) out += "data: [DONE]\n\n";
+  if (!out.empty() && !sink.write(out.data(), out.size())) return false;
+  if (last) sink.done();
+  return true;
+}
+
+void Server::Impl::respond_stream(httplib::Response& res, std::shared_ptr<StreamState> st) {
+  {
+    std::lock_guard<std::mutex> lock(streams_mu);
+    ++open_streams;
+  }
+  res.set_header("Cache-Control", "no-cache");
+  res.set_header("X-Accel-Buffering", "no");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [this, st](size_t, httplib::DataSink& sink) {
+        try {
+          return stream_step(*st, sink);
+        } catch (const std::exception& e) {
+          std::cerr << "zest serve: stream of request " << st->request_id << " failed: " << e.what() << "\n";
+          return false;
+        }
+      },
+      [this, st](bool) {
+        // The response is gone (finished, or the client disconnected): stop generating for it.
+        if (!st->channel->closed()) loop->abort(st->request_id);
+        std::lock_guard<std::mutex> lock(streams_mu);
+        if (--open_streams == 0) streams_cv.notify_all();
+      });
+}
+
+Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Server::~Server() { stop(); }
+
+Result<std::unique_ptr<Server>> Server::start(std::shared_ptr<engine::ModelBundle> model, ServerOptions opts) {
+  if (!model) return invalid_argument("no model loaded");
+  if (opts.port < 0 || opts.port > 65535) return invalid_argument("--port must be in [0, 65535]");
+  if (opts.max_body_bytes <= 0) return invalid_argument("--max-body-bytes must be positive");
+  if (opts.max_images < 0) return invalid_argument("--max-images must not be negative");
+  if (opts.stream_keepalive_ms <= 0) return invalid_argument("the stream keep-alive interval must be positive");
+  if (opts.engine.max_num_seqs <= 0) return invalid_argument("--max-num-seqs must be positive");
+  if (opts.engine.max_batched_tokens <= 0) return invalid_argument("--max-batched-tokens must be positive");
+  if (opts.engine.max_context < 0) return invalid_argument("--max-context must not be negative");
+  if (opts.engine.kv_blocks < 0) return invalid_argument("--kv-blocks must not be negative");
+
+  // A client that disconnects must not kill the process through SIGPIPE on the next write.
+  std::signal(SIGPIPE, SIG_IGN);
+
+  auto impl = std::make_unique<Impl>();
+  impl->model = model;
+  impl->opts = opts;
+  impl->model_name = opts.served_model_name;
+  if (impl->model_name.empty()) impl->model_name = std::filesystem::path(model->dir).filename().string();
+  if (impl->model_name.empty()) impl->model_name = std::filesystem::path(model->dir).parent_path().filename().string();
+  impl->created = unix_seconds();
+  impl->id_prefix = std::random_device{}() * 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(impl->created);
+  impl->loop = std::make_unique<EngineLoop>(model, opts.engine);
+
+  const int threads = opts.http_threads > 0
+                          ? opts.http_threads
+                          : static_cast<int>(std::max<int64_t>(32, 2 * opts.engine.max_num_seqs + 16));
+  impl->http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  impl->http.set_payload_max_length(static_cast<size_t>(opts.max_body_bytes));
+  impl->http.set_tcp_nodelay(true);
+  // SO_REUSEADDR only: httplib's default SO_REUSEPORT would let a second server share the port silently.
+  impl->http.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
+  impl->routes();
+
+  if (opts.port == 0) {
+    impl->port = impl->http.bind_to_any_port(opts.host);
+    if (impl->port <= 0) return invalid_argument("cannot bind any port on host '" + opts.host + "'");
+  } else {
+    if (!impl->http.bind_to_port(opts.host, opts.port))
+      return invalid_argument("cannot bind " + opts.host + ":" + std::to_string(opts.port) +
+                              " (in use, or not a local address); pick another --port or --host");
+    impl->port = opts.port;
+  }
+  if (!impl->http.set_backlog(1024)) return internal_error("cannot set the listen backlog of the server socket");
+  impl->loop->start();
+  Impl* p = impl.get();
+  impl->listener = std::thread([p] { p->http.listen_after_bind(); });
+  // stop() only takes effect on a running listener, so wait (bounded) until it runs.
+  const double deadline = now_ms() + 10000;
+  while (!impl->http.is_running() && now_ms() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (!impl->http.is_running()) {
+    impl->loop->stop();
+    impl->listener.join();
+    return internal_error("the HTTP listener did not start");
+  }
+  return std::unique_ptr<Server>(new Server(std::move(impl)));
+}
+
+int Server::port() const { return impl_->port; }
+
+const std::string& Server::model_name() const { return impl_->model_name; }
+
+void Server::stop() {
+  if (!impl_) return;
+  std::lock_guard<std::mutex> lock(impl_->stop_mu);
+  if (impl_->stopped) return;
+  impl_->stopped = true;
+  impl_->stopping = true;
+  // Ending the engine first finishes every request, so handler threads waiting on one return; open
+  // streams get a bounded time to write their last event before the listener shuts down.
+  impl_->loop->stop();
+  {
+    std::unique_lock<std::mutex> lock(impl_->streams_mu);
+    impl_->streams_cv.wait_for(lock, std::chrono::seconds(10), [&] { return impl_->open_streams == 0; });
+  }
+  impl_->http.stop();
+  if (impl_->listener.joinable()) impl_->listener.join();
+}
+
+void Server::add_metrics_provider(MetricsProvider provider) { impl_->metrics.add_provider(std::move(provider)); }
+
+engine::EngineStats Server::stats() const { return impl_->loop->stats(); }
+
+}  // namespace zest::server

@@ -1,0 +1,64 @@
+// `zest serve`: an OpenAI-compatible HTTP server over the engine.
+//
+// Threads: one engine thread (EngineLoop) owns the engine; HTTP handler threads (a cpp-httplib pool)
+// parse requests, build prompts (chat template, tokenizer, images, vision tower) and then talk to the
+// engine thread only through its command queue and a per-request RequestChannel.
+//
+// Endpoints: POST /v1/chat/completions (JSON or SSE stream), GET /v1/models, GET /health,
+// GET /metrics (Prometheus text). Errors are OpenAI-style JSON bodies with 4xx/5xx statuses.
+// A streaming client that disconnects has its request aborted (its KV blocks freed); a
+// non-streaming request runs to its end (it is bounded by max_tokens and the context).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/status.h"
+#include "engine/engine.h"
+#include "engine/model_bundle.h"
+#include "server/metrics.h"
+
+namespace zest::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;                   // 0 = any free port (read it back with Server::port())
+  std::string served_model_name;     // name in /v1/models and responses; empty = model directory name
+  bool allow_local_files = false;    // accept file:// URLs and paths as images (data: URLs always work)
+  int64_t max_body_bytes = 32 << 20;  // larger request bodies get 413
+  int64_t max_images = 16;           // images per request
+  int http_threads = 0;              // handler threads; 0 = max(32, 2 * max_num_seqs + 16)
+  int stream_keepalive_ms = 1000;    // a silent stream gets a ": keep-alive" comment this often (ms);
+                                     // a write failing there is how a client gone while queued is noticed
+  engine::EngineOptions engine;
+};
+
+class Server {
+ public:
+  // Binds host:port, starts the engine thread and the HTTP listener; returns once connections are
+  // accepted. Errors: the port cannot be bound, bad options.
+  static Result<std::unique_ptr<Server>> start(std::shared_ptr<engine::ModelBundle> model, ServerOptions opts);
+  // Stops (see stop()).
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // The bound TCP port.
+  int port() const;
+  // The name the server answers to in "model".
+  const std::string& model_name() const;
+  // Aborts every request (streams end with an error event, waiting non-streaming calls get 503), stops
+  // listening and joins all threads. Idempotent.
+  void stop();
+  // Adds text to every /metrics exposition (e.g. SERE per-layer expert gauges); see MetricsProvider.
+  void add_metrics_provider(MetricsProvider provider);
+  // Engine statistics after the engine thread's latest iteration.
+  engine::EngineStats stats() const;
+
+ private:
+  struct Impl;
+  explicit Server(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace zest::server

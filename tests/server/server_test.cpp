@@ -1,0 +1,514 @@
+// End-to-end tests of `zest serve` in-process on a free loopback port with the tiny fixture models.
+// References: the same request bodies run through engine::generate_one directly (one request on a
+// fresh engine, no server); greedy decoding, so server text and token counts must equal them exactly.
+// The CPU decoder computes every row independently of the batch it is in, so this also holds for
+// requests batched together.
+#include <atomic>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include "server_test_util.h"
+
+namespace zest::server::testing {
+namespace {
+
+struct StreamParts {
+  std::vector<json> chunks;  // parsed data events before [DONE]
+  bool done_last = false;    // "[DONE]" was the last event
+  std::string content;       // concatenated content deltas
+};
+
+StreamParts split_stream(const StreamReply& r) {
+  StreamParts p;
+  for (size_t i = 0; i < r.events.size(); ++i) {
+    if (r.events[i] == "[DONE]") {
+      p.done_last = i + 1 == r.events.size();
+      continue;
+    }
+    json j = json::parse(r.events[i], nullptr, false);
+    EXPECT_FALSE(j.is_discarded()) << r.events[i];
+    if (j.is_discarded()) continue;
+    if (j.contains("choices") && !j["choices"].empty() && j["choices"][0]["delta"].contains("content"))
+      p.content += j["choices"][0]["delta"]["content"].get<std::string>();
+    p.chunks.push_back(std::move(j));
+  }
+  return p;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+std::string base64(const std::string& in) {
+  static const char* k = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  for (size_t i = 0; i < in.size(); i += 3) {
+    uint32_t v = static_cast<uint8_t>(in[i]) << 16;
+    if (i + 1 < in.size()) v |= static_cast<uint8_t>(in[i + 1]) << 8;
+    if (i + 2 < in.size()) v |= static_cast<uint8_t>(in[i + 2]);
+    out += k[(v >> 18) & 63];
+    out += k[(v >> 12) & 63];
+    out += i + 1 < in.size() ? k[(v >> 6) & 63] : '=';
+    out += i + 2 < in.size() ? k[v & 63] : '=';
+  }
+  return out;
+}
+
+std::string chart_data_url() {
+  return "data:image/png;base64," +
+         base64(read_file(std::string(ZEST_SOURCE_DIR) + "/assets/images/chart_line_pew_pena_nieto.png"));
+}
+
+json image_body(int n_images, const std::string& url, int64_t max_tokens) {
+  json content = json::array();
+  for (int i = 0; i < n_images; ++i) content.push_back({{"type", "image_url"}, {"image_url", {{"url", url}}}});
+  content.push_back({{"type", "text"}, {"text", "Describe the chart."}});
+  return {{"messages", json::array({{{"role", "user"}, {"content", content}}})},
+          {"max_tokens", max_tokens},
+          {"temperature", 0},
+          {"mm_processor_kwargs", {{"min_pixels", 32 * 32}, {"max_pixels", 128 * 128}}}};
+}
+
+class ServerTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    ServerOptions o;
+    o.engine.max_num_seqs = 8;
+    o.engine.max_context = 2048;
+    o.max_body_bytes = 256 << 10;
+    o.max_images = 2;
+    o.stream_keepalive_ms = 50;
+    srv_ = start_server(GetParam(), o);
+    ASSERT_TRUE(srv_);
+    cli_ = client(*srv_);
+  }
+  void TearDown() override {
+    if (cli_) {
+      auto m = wait_metrics(*cli_, idle);
+      EXPECT_EQ(m["zest_kv_blocks_used"], 0) << "KV blocks left in use after the test";
+    }
+  }
+  std::unique_ptr<Server> srv_;
+  std::unique_ptr<httplib::Client> cli_;
+};
+
+TEST_P(ServerTest, PlainCompletionMatchesEngine) {
+  const json body = chat_body("Name three colors.", 12);
+  int64_t n_prompt = 0;
+  const engine::RequestOutput ref = reference_output(GetParam(), body, &n_prompt);
+  HttpReply r = post_json(*cli_, body.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json& j = r.j;
+  EXPECT_EQ(j["object"], "chat.completion");
+  EXPECT_EQ(j["id"].get<std::string>().rfind("chatcmpl-", 0), 0u);
+  EXPECT_EQ(j["model"], srv_->model_name());
+  EXPECT_TRUE(j["created"].is_number_integer());
+  ASSERT_EQ(j["choices"].size(), 1u);
+  EXPECT_EQ(j["choices"][0]["index"], 0);
+  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
+  EXPECT_EQ(j["choices"][0]["message"]["content"], ref.text);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], engine::finish_reason_name(ref.finish));
+  EXPECT_EQ(j["usage"]["prompt_tokens"], n_prompt);
+  EXPECT_EQ(j["usage"]["completion_tokens"], static_cast<int64_t>(ref.token_ids.size()));
+  EXPECT_EQ(j["usage"]["total_tokens"], n_prompt + static_cast<int64_t>(ref.token_ids.size()));
+  EXPECT_EQ(j["usage"]["visual_tokens_before"], 0);
+  EXPECT_EQ(j["usage"]["visual_tokens_after"], 0);
+
+  auto m = wait_metrics(*cli_, idle);
+  EXPECT_EQ(m["zest_prompt_tokens_total"], n_prompt);
+  EXPECT_EQ(m["zest_generation_tokens_total"], static_cast<double>(ref.token_ids.size()));
+  EXPECT_EQ(finished_total(m), 1);
+  EXPECT_EQ(m["zest_time_to_first_token_seconds_count"], 1);
+  EXPECT_EQ(m["zest_e2e_request_latency_seconds_count"], 1);
+  EXPECT_EQ(m["zest_request_queue_time_seconds_count"], 1);
+  EXPECT_EQ(m["zest_e2e_request_latency_seconds_bucket{le=\"+Inf\"}"], 1);
+}
+
+TEST_P(ServerTest, StreamingMatchesNonStreaming) {
+  json body = chat_body("Count from one to five.", 10);
+  body["ignore_eos"] = true;
+  int64_t n_prompt = 0;
+  const engine::RequestOutput ref = reference_output(GetParam(), body, &n_prompt);
+  body["stream"] = true;
+  StreamReply r = post_stream(*cli_, body.dump());
+  ASSERT_EQ(r.status, 200) << r.error_body;
+  EXPECT_EQ(r.content_type.rfind("text/event-stream", 0), 0u);
+  StreamParts p = split_stream(r);
+  ASSERT_GE(p.chunks.size(), 2u);
+  EXPECT_TRUE(p.done_last);
+  EXPECT_EQ(p.chunks.front()["choices"][0]["delta"]["role"], "assistant");
+  for (const json& c : p.chunks) {
+    EXPECT_EQ(c["object"], "chat.completion.chunk");
+    EXPECT_EQ(c["id"], p.chunks.front()["id"]);
+    EXPECT_FALSE(c.contains("usage")) << "usage appears only with stream_options.include_usage";
+  }
+  for (size_t i = 0; i + 1 < p.chunks.size(); ++i) EXPECT_TRUE(p.chunks[i]["choices"][0]["finish_reason"].is_null());
+  EXPECT_EQ(p.chunks.back()["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(p.content, ref.text);
+
+  // include_usage: every chunk has "usage": null, then one chunk with no choices and the usage.
+  body["stream_options"] = {{"include_usage", true}};
+  r = post_stream(*cli_, body.dump());
+  ASSERT_EQ(r.status, 200) << r.error_body;
+  p = split_stream(r);
+  ASSERT_GE(p.chunks.size(), 3u);
+  EXPECT_TRUE(p.done_last);
+  const json& last = p.chunks.back();
+  EXPECT_TRUE(last["choices"].empty());
+  EXPECT_EQ(last["usage"]["prompt_tokens"], n_prompt);
+  EXPECT_EQ(last["usage"]["completion_tokens"], 10);
+  EXPECT_EQ(last["usage"]["total_tokens"], n_prompt + 10);
+  for (size_t i = 0; i + 1 < p.chunks.size(); ++i) EXPECT_TRUE(p.chunks[i]["usage"].is_null());
+  EXPECT_EQ(p.chunks[p.chunks.size() - 2]["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(p.content, ref.text);
+}
+
+TEST_P(ServerTest, ModelsHealthAndMetricsEndpoints) {
+  HttpReply models = get(*cli_, "/v1/models");
+  ASSERT_EQ(models.status, 200);
+  EXPECT_EQ(models.j["object"], "list");
+  ASSERT_EQ(models.j["data"].size(), 1u);
+  EXPECT_EQ(models.j["data"][0]["id"], GetParam());
+  EXPECT_EQ(models.j["data"][0]["max_model_len"], 2048);
+  HttpReply health = get(*cli_, "/health");
+  ASSERT_EQ(health.status, 200);
+  EXPECT_EQ(health.j["status"], "ok");
+  EXPECT_EQ(health.j["kv_blocks_used"], 0);
+  EXPECT_GT(health.j["kv_blocks_total"].get<int64_t>(), 0);
+  auto res = cli_->Get("/metrics");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->get_header_value("Content-Type").rfind("text/plain", 0), 0u);
+  for (const char* name :
+       {"zest_time_to_first_token_seconds", "zest_time_per_output_token_seconds", "zest_e2e_request_latency_seconds",
+        "zest_request_queue_time_seconds"})
+    EXPECT_NE(res->body.find(std::string("# TYPE ") + name + " histogram"), std::string::npos) << name;
+  for (const char* name : {"zest_prompt_tokens_total", "zest_generation_tokens_total",
+                           "zest_visual_tokens_before_total", "zest_visual_tokens_after_total", "zest_requests_total"})
+    EXPECT_NE(res->body.find(std::string("# TYPE ") + name + " counter"), std::string::npos) << name;
+  for (const char* name :
+       {"zest_requests_running", "zest_requests_waiting", "zest_kv_cache_usage_ratio", "zest_kv_blocks_used"})
+    EXPECT_NE(res->body.find(std::string("# TYPE ") + name + " gauge"), std::string::npos) << name;
+}
+
+TEST_P(ServerTest, ConcurrentClientsGetTheirOwnAnswers) {
+  constexpr int kClients = 32;
+  std::vector<json> bodies;
+  std::vector<engine::RequestOutput> refs;
+  std::mt19937 rng(7);
+  for (int i = 0; i < kClients; ++i) {
+    json b = chat_body("Request number " + std::to_string(i) + ": say something about " +
+                           std::to_string(rng() % 100000) + ".",
+                       3 + static_cast<int64_t>(rng() % 6));
+    refs.push_back(reference_output(GetParam(), b));
+    bodies.push_back(std::move(b));
+  }
+  std::vector<std::string> got(kClients);
+  std::vector<int> status(kClients, 0);
+  std::vector<std::string> errors(kClients);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kClients; ++i)
+    threads.emplace_back([&, i] {
+      auto c = client(*srv_);
+      json b = bodies[i];
+      if (i % 2) {
+        b["stream"] = true;
+        StreamReply r = post_stream(*c, b.dump());
+        status[i] = r.status;
+        errors[i] = httplib::to_string(r.error);
+        got[i] = split_stream(r).content;
+      } else {
+        HttpReply r = post_json(*c, b.dump());
+        status[i] = r.status;
+        errors[i] = httplib::to_string(r.error);
+        if (r.status == 200) got[i] = r.j["choices"][0]["message"]["content"];
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kClients; ++i) {
+    EXPECT_EQ(status[i], 200) << "client " << i << ": " << errors[i];
+    EXPECT_EQ(got[i], refs[i].text) << "client " << i;
+  }
+  auto m = wait_metrics(*cli_, idle);
+  EXPECT_EQ(finished_total(m), kClients);
+}
+
+TEST_P(ServerTest, DisconnectMidStreamAbortsTheRequest) {
+  // The request could run to the context limit (about 2000 tokens); the client leaves after 3 events.
+  json body = chat_body("Write a very long story.", 100000);
+  body["ignore_eos"] = true;
+  body["stream"] = true;
+  StreamReply r = post_stream(*cli_, body.dump(), [](const std::vector<std::string>& ev) { return ev.size() < 3; });
+  EXPECT_EQ(r.status, 200);
+  EXPECT_FALSE(r.transport_ok) << "the client cancelled, so the transfer must not complete";
+  auto m = wait_metrics(*cli_, [](auto& m) { return idle(m) && finished_total(m) == 1; });
+  EXPECT_EQ(m["zest_requests_total{finish_reason=\"abort\"}"], 1);
+  EXPECT_EQ(m["zest_requests_total{finish_reason=\"length\"}"], 0);
+  EXPECT_EQ(m["zest_kv_blocks_used"], 0);
+  EXPECT_LT(m["zest_generation_tokens_total"], 1000) << "the abort must stop generation early";
+  // The server keeps serving.
+  HttpReply ok = post_json(*cli_, chat_body("Hello", 2).dump());
+  EXPECT_EQ(ok.status, 200) << ok.body;
+}
+
+TEST_P(ServerTest, DisconnectWhileQueuedAbortsTheRequest) {
+  // One sequence at a time: the second request waits behind the first and only gets keep-alive
+  // comments; its client leaves on the first one. The keep-alive write is how the server notices.
+  ServerOptions o;
+  o.engine.max_num_seqs = 1;
+  o.engine.max_context = 2048;
+  o.stream_keepalive_ms = 20;
+  auto one = start_server(GetParam(), o);
+  ASSERT_TRUE(one);
+  json long_body = chat_body("Write a very long story.", 100000);
+  long_body["ignore_eos"] = true;
+  long_body["stream"] = true;
+  std::atomic<bool> first_started{false};
+  std::thread first([&] {
+    auto c = client(*one);
+    // Leaves once the second request has been refused its slot and dropped (checked below).
+    post_stream(*c, long_body.dump(), [&](const std::vector<std::string>& ev) {
+      if (!ev.empty()) first_started = true;
+      auto mc = client(*one);
+      auto m = metrics(*mc);
+      return m["zest_requests_total{finish_reason=\"abort\"}"] < 1;
+    });
+  });
+  auto mc = client(*one);
+  wait_metrics(*mc, [&](auto&) { return first_started.load(); });
+  ASSERT_TRUE(first_started.load());
+  auto c2 = client(*one);
+  StreamReply second = post_stream(*c2, long_body.dump(), [](const std::vector<std::string>&) { return false; });
+  EXPECT_EQ(second.status, 200);
+  EXPECT_TRUE(second.events.empty()) << "the queued request must not have produced tokens";
+  first.join();
+  auto m = wait_metrics(*mc, [](auto& m) { return idle(m) && finished_total(m) == 2; });
+  EXPECT_EQ(m["zest_requests_total{finish_reason=\"abort\"}"], 2);
+  EXPECT_EQ(m["zest_kv_blocks_used"], 0);
+}
+
+struct BadCase {
+  std::string name, body;
+  int status;
+  std::string param;     // expected error.param ("" = any)
+  std::string message;   // a substring of error.message
+};
+
+TEST_P(ServerTest, BadInputsGetOpenAIErrors) {
+  const std::string big(300 << 10, 'a');
+  std::vector<BadCase> cases = {
+      {"malformed JSON", "{\"messages\": [", 400, "", "not valid JSON"},
+      {"not an object", "[1, 2]", 400, "", "JSON object"},
+      {"messages not an array", R"({"messages": "hi"})", 400, "messages", "non-empty array"},
+      {"empty messages", R"({"messages": []})", 400, "messages", "non-empty array"},
+      {"unknown role", R"({"messages": [{"role": "wizard", "content": "hi"}]})", 400, "messages", "wizard"},
+      {"content wrong type", R"({"messages": [{"role": "user", "content": 5}]})", 400, "messages", "content"},
+      {"temperature wrong type", R"({"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"})", 400,
+       "temperature", "number"},
+      {"negative max_tokens", R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": -1})", 400,
+       "max_tokens", "max_tokens"},
+      {"stream wrong type", R"({"messages": [{"role": "user", "content": "hi"}], "stream": "yes"})", 400, "stream",
+       "boolean"},
+      {"n = 2", R"({"messages": [{"role": "user", "content": "hi"}], "n": 2})", 400, "", "n = 1"},
+      {"model wrong type", R"({"model": 3, "messages": [{"role": "user", "content": "hi"}]})", 400, "model", "string"},
+      {"unknown model", R"({"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]})", 404, "model",
+       "gpt-9"},
+      {"body over the limit", R"({"messages": [{"role": "user", "content": ")" + big + "\"}]}", 413, "",
+       "--max-body-bytes"},
+  };
+  // A prompt longer than the 2048-token context (every " a" is a token of its own or more).
+  std::string long_text;
+  for (int i = 0; i < 5000; ++i) long_text += " zq" + std::to_string(i);
+  cases.push_back({"prompt over the context", chat_body(long_text, 4).dump(), 400, "messages", "context"});
+
+  for (const BadCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    HttpReply r = post_json(*cli_, c.body);
+    EXPECT_EQ(r.status, c.status) << r.body;
+    ASSERT_TRUE(r.j.is_object() && r.j.contains("error")) << r.body;
+    const json& e = r.j["error"];
+    EXPECT_TRUE(e["message"].is_string());
+    EXPECT_NE(e["message"].get<std::string>().find(c.message), std::string::npos) << e["message"];
+    EXPECT_EQ(e["type"], "invalid_request_error");
+    EXPECT_EQ(e["code"], c.status);
+    EXPECT_TRUE(e.contains("param"));
+    if (!c.param.empty()) {
+      EXPECT_EQ(e["param"], c.param);
+    }
+  }
+
+  HttpReply r = get(*cli_, "/v1/nothing");
+  EXPECT_EQ(r.status, 404);
+  EXPECT_TRUE(r.j.contains("error")) << r.body;
+  r = get(*cli_, "/v1/chat/completions");
+  EXPECT_EQ(r.status, 405);
+  EXPECT_TRUE(r.j.contains("error")) << r.body;
+  r = post_json(*cli_, "{}", "/health");
+  EXPECT_EQ(r.status, 405);
+  EXPECT_TRUE(r.j.contains("error")) << r.body;
+
+  auto m = wait_metrics(*cli_, idle);
+  EXPECT_EQ(finished_total(m), 0) << "no bad request may reach the engine";
+  // Still serving.
+  HttpReply ok = post_json(*cli_, chat_body("Hello", 2).dump());
+  EXPECT_EQ(ok.status, 200) << ok.body;
+}
+
+TEST_P(ServerTest, ImagesAsDataUrls) {
+  auto model = fixture_model(GetParam());
+  ASSERT_TRUE(model);
+  const std::string url = chart_data_url();
+  if (!model->config.vision) {
+    // A text-only model refuses images with a 400 naming the part.
+    HttpReply r = post_json(*cli_, image_body(1, url, 4).dump());
+    EXPECT_EQ(r.status, 400) << r.body;
+    EXPECT_NE(r.body.find("takes no images"), std::string::npos) << r.body;
+    return;
+  }
+  ASSERT_TRUE(model->vision) << "the VL fixture must load its vision tower";
+  const json body = image_body(1, url, 4);
+  int64_t n_prompt = 0;
+  const engine::RequestOutput ref = reference_output(GetParam(), body, &n_prompt);
+  HttpReply r = post_json(*cli_, body.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.j["choices"][0]["message"]["content"], ref.text);
+  EXPECT_EQ(r.j["usage"]["prompt_tokens"], n_prompt);
+  EXPECT_GT(r.j["usage"]["visual_tokens_before"].get<int64_t>(), 0);
+  EXPECT_GT(r.j["usage"]["visual_tokens_after"].get<int64_t>(), 0);
+
+  // Image errors: too many, undecodable, remote URL, local file without --allow-local-files.
+  HttpReply many = post_json(*cli_, image_body(3, url, 4).dump());
+  EXPECT_EQ(many.status, 400) << many.body;
+  EXPECT_NE(many.body.find("too many images"), std::string::npos) << many.body;
+  HttpReply broken = post_json(*cli_, image_body(1, "data:image/png;base64,iVBORw0KGgoAAAANSUhEUg==", 4).dump());
+  EXPECT_EQ(broken.status, 400) << broken.body;
+  HttpReply remote = post_json(*cli_, image_body(1, "https://example.com/a.png", 4).dump());
+  EXPECT_EQ(remote.status, 400) << remote.body;
+  EXPECT_NE(remote.body.find("remote"), std::string::npos) << remote.body;
+  HttpReply local = post_json(
+      *cli_, image_body(1, std::string(ZEST_SOURCE_DIR) + "/assets/images/chart_line_pew_pena_nieto.png", 4).dump());
+  EXPECT_EQ(local.status, 400) << local.body;
+  EXPECT_NE(local.body.find("--allow-local-files"), std::string::npos) << local.body;
+}
+
+TEST_P(ServerTest, RemoteImageUrlsAreRefused) {
+  auto model = fixture_model(GetParam());
+  ASSERT_TRUE(model);
+  HttpReply r = post_json(*cli_, image_body(1, "http://127.0.0.1:1/x.png", 4).dump());
+  EXPECT_EQ(r.status, 400) << r.body;
+  ASSERT_TRUE(r.j.contains("error")) << r.body;
+  EXPECT_EQ(r.j["error"]["param"], "messages");
+}
+
+// 1000 mixed requests (good, bad, cancelled) from 8 client threads after a warm-up of 200: the KV
+// cache must be empty afterwards, the counters must add up, and RSS must not grow by more than
+// 64 MiB between the end of the warm-up and the end of the soak.
+TEST_P(ServerTest, SoakMixedRequests) {
+  constexpr int kThreads = 8, kWarmup = 200, kSoak = 1000;
+  constexpr int64_t kRssBound = 64ll << 20;
+  const std::vector<std::string> bad = {
+      "{\"messages\": [", R"({"messages": []})", R"({"messages": [{"role": "wizard", "content": "x"}]})",
+      R"({"messages": [{"role": "user", "content": "x"}], "n": 3})",
+      R"({"messages": [{"role": "user", "content": "x"}], "top_p": "high"})"};
+  std::atomic<int> good{0}, rejected{0}, cancelled{0}, failures{0};
+  auto run = [&](int total, int seed) {
+    std::atomic<int> next{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t)
+      threads.emplace_back([&, t] {
+        auto c = client(*srv_);
+        std::mt19937 rng(seed * 100 + t);
+        for (int i = next++; i < total; i = next++) {
+          const int kind = static_cast<int>(rng() % 10);
+          json body = chat_body("Soak request " + std::to_string(i), 2 + static_cast<int64_t>(rng() % 3));
+          if (kind < 3) {
+            HttpReply r = post_json(*c, body.dump());
+            if (r.status == 200) ++good; else ++failures;
+          } else if (kind < 6) {
+            body["stream"] = true;
+            body["stream_options"] = {{"include_usage", rng() % 2 == 0}};
+            StreamReply r = post_stream(*c, body.dump());
+            if (r.status == 200 && !r.events.empty() && r.events.back() == "[DONE]") ++good; else ++failures;
+          } else if (kind < 8) {
+            HttpReply r = post_json(*c, bad[rng() % bad.size()]);
+            if (r.status == 400) ++rejected; else ++failures;
+          } else {
+            body["stream"] = true;
+            body["ignore_eos"] = true;
+            body["max_tokens"] = 1000;
+            post_stream(*c, body.dump(), [](const std::vector<std::string>& ev) { return ev.empty(); });
+            ++cancelled;
+            c = client(*srv_);  // the cancelled connection is gone
+          }
+        }
+      });
+    for (auto& th : threads) th.join();
+  };
+  run(kWarmup, 1);
+  auto m = wait_metrics(*cli_, [&](auto& m) { return idle(m) && finished_total(m) == good + cancelled; });
+  ASSERT_EQ(failures.load(), 0);
+  const int64_t rss_warm = rss_bytes();
+  run(kSoak, 2);
+  m = wait_metrics(*cli_, [&](auto& m) { return idle(m) && finished_total(m) == good + cancelled; });
+  const int64_t rss_end = rss_bytes();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(good + rejected + cancelled, kWarmup + kSoak);
+  EXPECT_EQ(m["zest_kv_blocks_used"], 0);
+  EXPECT_EQ(m["zest_requests_running"], 0);
+  EXPECT_EQ(finished_total(m), good + cancelled);
+  EXPECT_EQ(m["zest_requests_rejected_total{status=\"400\"}"], rejected.load());
+  EXPECT_EQ(m["zest_requests_total{finish_reason=\"error\"}"], 0);
+  EXPECT_LE(rss_end - rss_warm, kRssBound) << "RSS grew from " << rss_warm << " to " << rss_end << " bytes";
+  std::printf("soak: %d good, %d rejected, %d cancelled (%.0f aborted); RSS %.1f -> %.1f MiB\n", good.load(),
+              rejected.load(), cancelled.load(), m["zest_requests_total{finish_reason=\"abort\"}"],
+              rss_warm / 1048576.0, rss_end / 1048576.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(TinyModels, ServerTest, ::testing::Values("qwen3_vl_moe_tiny", "qwen3_moe_tiny"));
+
+TEST(ServerStop, StopEndsStreamsAndRefusesNewRequests) {
+  ServerOptions o;
+  o.engine.max_context = 2048;
+  auto s = start_server("qwen3_moe_tiny", o);
+  ASSERT_TRUE(s);
+  json body = chat_body("Write a very long story.", 100000);
+  body["ignore_eos"] = true;
+  body["stream"] = true;
+  std::atomic<bool> streaming{false};
+  StreamReply r;
+  std::thread t([&] {
+    auto c = client(*s);
+    r = post_stream(*c, body.dump(), [&](const std::vector<std::string>& ev) {
+      if (!ev.empty()) streaming = true;
+      return true;
+    });
+  });
+  auto mc = client(*s);
+  wait_metrics(*mc, [&](auto&) { return streaming.load(); });
+  ASSERT_TRUE(streaming.load());
+  s->stop();
+  t.join();
+  ASSERT_GE(r.events.size(), 2u);
+  EXPECT_EQ(r.events.back(), "[DONE]");
+  json err = json::parse(r.events[r.events.size() - 2], nullptr, false);
+  ASSERT_TRUE(err.contains("error")) << r.events[r.events.size() - 2];
+  EXPECT_EQ(err["error"]["code"], 503);
+  EXPECT_EQ(s->stats().kv_blocks_used, 0);
+  auto after = client(*s);
+  EXPECT_FALSE(after->Get("/health")) << "a stopped server must not answer";
+}
+
+TEST(ServerStart, PortInUseIsAnError) {
+  ServerOptions o;
+  auto a = start_server("qwen3_moe_tiny", o);
+  ASSERT_TRUE(a);
+  ServerOptions o2;
+  o2.host = "127.0.0.1";
+  o2.port = a->port();
+  auto b = Server::start(fixture_model("qwen3_moe_tiny"), o2);
+  EXPECT_FALSE(b.ok());
+}
+
+}  // namespace
+}  // namespace zest::server::testing
