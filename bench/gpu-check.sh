@@ -97,7 +97,7 @@ if [ -n "$BENCH_BIN" ]; then
     timeout 200 "$BENCH_BIN" "$@" ${ZEST_BENCH_ARGS:-} 2>&1 | tee "$OUTD/bench_$name.log"
   }
   run_bench main --config qwen3-30b-a3b --batch 1,8,32,64 --context 1024 --sere-primary 2 --sere-threshold 0 --pdl 1
-  run_bench nopdl --config qwen3-30b-a3b --batch 1,8 --context 1024 --pdl 0 --steps 100
+  run_bench profile --config qwen3-30b-a3b --batch 1,8,64 --context 1024 --pdl 0 --steps 50 --profile
   run_bench skew --config qwen3-30b-a3b --batch 8,32,64 --context 1024 --skew 1.0 --sere-primary 2 --pdl 1 --steps 100
 else
   summary+=("bench: NOT BUILT (see $LOG)")
@@ -109,5 +109,5 @@ for s in "${summary[@]}"; do echo "$s"; done
 for f in "$OUTD"/bench_*.log; do
   [ -f "$f" ] || continue
   echo "--- $(basename "$f" .log)"
-  grep -E "^\||^SERE|^sere_reroute|copy bandwidth|^error" "$f"
+  grep -E "^\||^SERE|^sere_reroute|copy bandwidth|^error|^    " "$f"
 done

@@ -1,4 +1,4 @@
-// Fused per-head q/k RMSNorm + (M-)RoPE + paged KV-cache write, one CTA per token.
+// Fused per-head q/k RMSNorm + (M-)RoPE + paged KV-cache write, one warp per (token, head).
 #include "kernels/cuda/common.cuh"
 
 namespace zest::cuda {
@@ -13,7 +13,7 @@ __global__ void __launch_bounds__(kRopeWarps * 32) qk_norm_rope_kv_kernel(
     bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int Hq, int Hkv, int D, float eps) {
   pdl_wait();
   const int t = blockIdx.x;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31, warp = blockIdx.y * kRopeWarps + (threadIdx.x >> 5);
   const int heads = Hq + 2 * Hkv;
   bf16* row = qkv + static_cast<size_t>(t) * heads * D;
   const int slot = slot_mapping ? slot_mapping[t] : -1;
@@ -22,7 +22,7 @@ __global__ void __launch_bounds__(kRopeWarps * 32) qk_norm_rope_kv_kernel(
   p_axis[0] = static_cast<float>(pos[t]);
   p_axis[1] = static_cast<float>(pos[pos_stride + t]);
   p_axis[2] = static_cast<float>(pos[2 * pos_stride + t]);
-  for (int h = warp; h < heads; h += kRopeWarps) {
+  for (int h = warp; h < heads; h += kRopeWarps * gridDim.y) {
     bf16* x = row + static_cast<size_t>(h) * D;
     if (h >= Hq + Hkv) {  // v head: copy into the cache only
       if (slot >= 0) {
@@ -71,7 +71,9 @@ Status qk_norm_rope_kv(bf16* qkv, const bf16* q_norm, const bf16* k_norm, const 
                             " D=" + std::to_string(D) + ")");
   if (pos_stride < 0) return invalid_argument("qk_norm_rope_kv: pos_stride must be >= 0");
   if (slot_mapping && (!k_cache || !v_cache)) return invalid_argument("qk_norm_rope_kv: slot_mapping needs both caches");
-  return launch("qk_norm_rope_kv", qk_norm_rope_kv_kernel, dim3(T), dim3(kRopeWarps * 32), 0, stream, qkv, q_norm,
+  const int heads = Hq + 2 * Hkv;
+  return launch("qk_norm_rope_kv", qk_norm_rope_kv_kernel, dim3(T, (heads + kRopeWarps - 1) / kRopeWarps),
+                dim3(kRopeWarps * 32), 0, stream, qkv, q_norm,
                 k_norm, pos, pos_stride, rope, slot_mapping, k_cache, v_cache, Hq, Hkv, D, eps);
 }
 

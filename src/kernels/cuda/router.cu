@@ -94,41 +94,55 @@ __global__ void __launch_bounds__(1024) sere_reroute_kernel(int32_t* __restrict_
     if (id >= 0 && id < E) primary[id] = 1;
   }
   __syncthreads();
-  // A warp per expert row u: best primary v by similarity (ties: lowest v).
-  for (int u = warp; u < E; u += nwarps) {
-    if (primary[u]) {
-      if (lane == 0) map[u] = u;
-      continue;
+  // A warp per expert row u (4 rows per pass, their loads issued together): best primary v by similarity
+  // (ties: lowest v).
+  for (int ub = warp; ub < E; ub += nwarps * 4) {
+    float best[4];
+    int bv[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      best[r] = -INFINITY;
+      bv[r] = 0x7fffffff;
     }
-    float best = -INFINITY;
-    int bv = 0x7fffffff;
-    const float* row = sim + static_cast<size_t>(u) * E;
-    for (int v0 = 0; v0 < E; v0 += 128) {  // 4 independent loads per lane, then the ascending scan
-      float sv[4];
+    for (int v0 = 0; v0 < E; v0 += 128) {
+      float sv[4][4];
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int v = v0 + q * 32 + lane;
-        sv[q] = v < E ? __ldg(row + v) : -INFINITY;
-      }
+      for (int r = 0; r < 4; ++r) {
+        const int u = ub + r * nwarps;
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int v = v0 + q * 32 + lane;
-        if (v < E && primary[v] && sv[q] > best) {
-          best = sv[q];
-          bv = v;
+        for (int q = 0; q < 4; ++q) {
+          const int v = v0 + q * 32 + lane;
+          sv[r][q] = u < E && v < E ? __ldg(sim + static_cast<size_t>(u) * E + v) : -INFINITY;
         }
       }
+#pragma unroll
+      for (int r = 0; r < 4; ++r)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int v = v0 + q * 32 + lane;
+          if (v < E && primary[v] && sv[r][q] > best[r]) {
+            best[r] = sv[r][q];
+            bv[r] = v;
+          }
+        }
     }
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, bv, o);
-      if (ov > best || (ov == best && oi < bv)) {
-        best = ov;
-        bv = oi;
+    for (int r = 0; r < 4; ++r) {
+      const int u = ub + r * nwarps;
+      float b = best[r];
+      int bi = bv[r];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, b, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > b || (ov == b && oi < bi)) {
+          b = ov;
+          bi = oi;
+        }
       }
+      if (lane == 0 && u < E)
+        map[u] = (primary[u] || bi == 0x7fffffff || (rho > 0.f && b < rho)) ? u : bi;
     }
-    if (lane == 0) map[u] = (bv == 0x7fffffff || (rho > 0.f && best < rho)) ? u : bv;
   }
   __syncthreads();
   for (int n = threadIdx.x; n < N; n += blockDim.x) {

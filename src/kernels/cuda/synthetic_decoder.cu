@@ -263,40 +263,69 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
     allocations_.push_back(ws);
     ZEST_CU(cudaMemsetAsync(ws, 0, bytes, s), "memset");
   }
+  auto mark = [&](const char* label) {
+    if (!profile_) return;
+    cudaEvent_t e = nullptr;
+    cudaEventCreate(&e);
+    cudaEventRecord(e, s);
+    marks_.emplace_back(label, e);
+  };
   ZEST_RETURN_IF_ERROR(launch("advance_inputs", advance_inputs_kernel, dim3(1), dim3(256), 0, s, ids_, step_counter_,
                               batch, c.vocab));
+  mark("inputs");
   ZEST_RETURN_IF_ERROR(embedding(ids_, embed_, x_, batch, H, c.vocab, s));
+  mark("embedding");
   ZEST_RETURN_IF_ERROR(rmsnorm(x_, layers_[0].in_norm, xn_, batch, H, kEps, s));
+  mark("rmsnorm");
   for (int l = 0; l < c.layers; ++l) {
     const Layer& L = layers_[l];
     const bf16* next_norm = l + 1 < c.layers ? layers_[l + 1].in_norm : final_norm_;
     ZEST_RETURN_IF_ERROR(gemm(xn_, L.wqkv, qkv_, batch, QKV, H, s));
+    mark("qkv gemm");
     ZEST_RETURN_IF_ERROR(qk_norm_rope_kv(qkv_, L.q_norm, L.k_norm, pos_, c.mrope ? opt_.max_batch : 0, rope, slots_,
                                          L.k_cache, L.v_cache, batch, c.q_heads, c.kv_heads, D, kEps, s));
+    mark("qk norm + rope + kv");
     ZEST_RETURN_IF_ERROR(decode_attention(ap, qkv_, QKV, L.k_cache, L.v_cache, block_table_, ctx_lens_, attn_, ws, s));
+    mark("decode attention");
     ZEST_RETURN_IF_ERROR(gemm(attn_, L.wo, o_, batch, H, c.q_heads * D, s));
+    mark("o gemm");
     ZEST_RETURN_IF_ERROR(add_rmsnorm(x_, o_, L.post_norm, xn_, batch, H, kEps, s));
+    mark("add + rmsnorm");
     if (moe) {
       const int E = c.experts, K = c.top_k, I = c.expert_inter;
       ZEST_RETURN_IF_ERROR(gemm(xn_, L.router, router_logits_, batch, E, H, s));
+      mark("router gemm");
       ZEST_RETURN_IF_ERROR(router_topk(router_logits_, opt_.skew > 0.f ? L.router_bias : nullptr, route_ids_, route_w_,
                                        batch, E, K, s));
-      if (sere)
+      mark("router top-k");
+      if (sere) {
         ZEST_RETURN_IF_ERROR(
             sere_reroute(route_ids_, route_w_, L.sim, batch, E, K, opt_.sere_primary, opt_.sere_threshold, s));
+        mark("sere");
+      }
       ZEST_RETURN_IF_ERROR(moe_plan(route_ids_, batch, K, E, plan_, expert_counts_ + l, s));
+      mark("moe plan");
       ZEST_RETURN_IF_ERROR(moe_experts_decode(xn_, plan_, route_w_, L.gate_up, L.down, h_, slot_out_, batch, K, E, H, I, s));
+      mark("moe experts");
       ZEST_RETURN_IF_ERROR(moe_combine_add_rmsnorm(x_, slot_out_, route_ids_, K, next_norm, xn_, batch, H, kEps, s));
+      mark("moe combine + rmsnorm");
     } else {
       const int I = c.dense_inter;
       ZEST_RETURN_IF_ERROR(gemm(xn_, L.gate_up, gu_, batch, 2 * I, H, s));
+      mark("mlp gate/up gemm");
       ZEST_RETURN_IF_ERROR(silu_mul(gu_, h_, batch, I, s));
+      mark("silu*up");
       ZEST_RETURN_IF_ERROR(gemm(h_, L.down, o_, batch, H, I, s));
+      mark("mlp down gemm");
       ZEST_RETURN_IF_ERROR(add_rmsnorm(x_, o_, next_norm, xn_, batch, H, kEps, s));
+      mark("add + rmsnorm");
     }
   }
   ZEST_RETURN_IF_ERROR(gemm(xn_, lm_head_, logits_, batch, c.vocab, H, s));
-  return argmax_rows(logits_, out_ids_, batch, c.vocab, s);
+  mark("lm_head gemm");
+  ZEST_RETURN_IF_ERROR(argmax_rows(logits_, out_ids_, batch, c.vocab, s));
+  mark("argmax");
+  return Status::ok();
 }
 
 Status SyntheticDecoder::replay(int batch, bool sere) {
@@ -344,6 +373,35 @@ double SyntheticDecoder::bytes_per_step(int batch, double distinct_experts) cons
   layer += static_cast<double>(batch) * (opt_.context + 1) * Hkv * D * 2;
   const double elems = layer * c.layers + batch * H + H + static_cast<double>(c.vocab) * H;
   return elems * 2.0;
+}
+
+Result<std::vector<std::pair<std::string, double>>> SyntheticDecoder::profile_step(int batch, bool sere) {
+  ZEST_RETURN_IF_ERROR(replay(batch, sere));  // first use of this batch size happens outside the profile
+  ZEST_CU(cudaStreamSynchronize(stream_), "sync");
+  profile_ = true;
+  marks_.clear();
+  cudaEvent_t start = nullptr;
+  cudaEventCreate(&start);
+  cudaEventRecord(start, stream_);
+  const Status st = enqueue_step(batch, sere);
+  profile_ = false;
+  const cudaError_t sync = cudaStreamSynchronize(stream_);
+  std::vector<std::pair<std::string, double>> out;
+  cudaEvent_t prev = start;
+  for (auto& [label, e] : marks_) {
+    float ms = 0.f;
+    cudaEventElapsedTime(&ms, prev, e);
+    auto it = std::find_if(out.begin(), out.end(), [&](const auto& p) { return p.first == label; });
+    if (it == out.end()) out.emplace_back(label, ms);
+    else it->second += ms;
+    prev = e;
+  }
+  for (auto& [label, e] : marks_) cudaEventDestroy(e);
+  cudaEventDestroy(start);
+  marks_.clear();
+  ZEST_RETURN_IF_ERROR(st);
+  ZEST_CU(sync, "profiled step");
+  return out;
 }
 
 Result<std::vector<int32_t>> SyntheticDecoder::last_tokens(int batch) {

@@ -62,6 +62,9 @@ class SyntheticDecoder {
   // layer, the batch's embedding rows, lm_head) plus the KV cache of the batch.
   double bytes_per_step(int batch, double distinct_experts) const;
   const SyntheticConfig& config() const { return cfg_; }
+  // GPU time per operation of one eagerly launched step, from events recorded between launches, summed over
+  // layers, in first-launch order: (operation, milliseconds). Synchronises; outside timed regions only.
+  Result<std::vector<std::pair<std::string, double>>> profile_step(int batch, bool sere);
   // Argmax token ids of the last step, [batch] (synchronises; outside timed regions only).
   Result<std::vector<int32_t>> last_tokens(int batch);
 
@@ -94,6 +97,8 @@ class SyntheticDecoder {
   int64_t* expert_counts_ = nullptr;
   int blocks_per_seq_ = 0;
   std::map<std::pair<int, bool>, cudaGraphExec_t> graphs_;
+  bool profile_ = false;
+  std::vector<std::pair<std::string, cudaEvent_t>> marks_;
 };
 
 }  // namespace zest::cuda
