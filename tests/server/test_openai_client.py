@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""`zest serve` driven by the official `openai` Python client (loopback only).
+
+Creates (once) a virtual environment with `openai` from PyPI, starts `zest serve --port 0` on each
+given model, and checks a plain completion, streaming (the streamed text equals the non-streamed
+text of the same greedy request), stream_options.include_usage, /v1/models, an image as a data URL
+(VL models), and OpenAI errors (400, 404) raised as the client's exception types.
+
+    test_openai_client.py --zest BUILD/zest --model DIR [--model DIR ...] --venv BUILD/openai-venv
+"""
+import argparse
+import base64
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+START_TIMEOUT_S = 120
+STOP_TIMEOUT_S = 30
+
+
+def ensure_venv(venv: pathlib.Path) -> None:
+    """Re-executes this script inside `venv`, creating it and installing openai when needed."""
+    python = venv / "bin" / "python"
+    if pathlib.Path(sys.prefix).resolve() == venv.resolve():
+        return
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    has_openai = subprocess.run([str(python), "-c", "import openai"], capture_output=True).returncode == 0
+    if not has_openai:
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "openai"],
+                       check=True)
+    os.execv(str(python), [str(python)] + sys.argv)
+
+
+class ZestServer:
+    """`zest serve --port 0` in a subprocess; the port is read from its start-up line on stderr."""
+
+    def __init__(self, zest: str, model: str):
+        self.proc = subprocess.Popen(
+            [zest, "serve", "--model", model, "--port", "0", "--max-context", "1024", "--max-num-seqs", "8"],
+            stderr=subprocess.PIPE, text=True)
+        self.port = None
+        self.log = []
+        found = threading.Event()
+
+        def read_stderr():
+            for line in self.proc.stderr:
+                self.log.append(line)
+                if self.port is None and "on http://" in line:
+                    self.port = int(line.split("on http://", 1)[1].split()[0].rsplit(":", 1)[1])
+                    found.set()
+            found.set()
+
+        self.reader = threading.Thread(target=read_stderr, daemon=True)
+        self.reader.start()
+        if not found.wait(START_TIMEOUT_S) or self.port is None:
+            self.proc.kill()
+            raise RuntimeError("zest serve did not start:\n" + "".join(self.log))
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.wait_healthy()
+
+    def wait_healthy(self):
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(self.base + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("zest serve never became healthy")
+
+    def health(self):
+        with urllib.request.urlopen(self.base + "/health", timeout=5) as r:
+            return json.loads(r.read())
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise RuntimeError("zest serve did not stop on SIGTERM")
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+def run_checks(srv: ZestServer, model_dir: str, source_dir: pathlib.Path) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=srv.base + "/v1", api_key="unused", max_retries=0, timeout=120)
+    models = client.models.list()
+    names = [m.id for m in models.data]
+    check(len(names) == 1, f"one model listed: {names}")
+    name = names[0]
+    messages = [{"role": "user", "content": "Name three colors."}]
+
+    # Plain completion.
+    plain = client.chat.completions.create(model=name, messages=messages, max_tokens=8, temperature=0)
+    check(plain.object == "chat.completion", plain.object)
+    check(plain.id.startswith("chatcmpl-"), plain.id)
+    choice = plain.choices[0]
+    check(choice.message.role == "assistant", choice.message.role)
+    check(choice.finish_reason in ("stop", "length"), choice.finish_reason)
+    u = plain.usage
+    check(u.prompt_tokens > 0 and 0 < u.completion_tokens <= 8, u)
+    check(u.total_tokens == u.prompt_tokens + u.completion_tokens, u)
+
+    # Streaming: same greedy request, same text, finish reason on the last choice chunk.
+    chunks = list(client.chat.completions.create(model=name, messages=messages, max_tokens=8, temperature=0,
+                                                 stream=True))
+    check(len(chunks) >= 2, f"{len(chunks)} chunks")
+    check(chunks[0].choices[0].delta.role == "assistant", chunks[0])
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    check(text == choice.message.content, f"streamed {text!r} != plain {choice.message.content!r}")
+    check(chunks[-1].choices[0].finish_reason == choice.finish_reason, chunks[-1])
+
+    # include_usage with ignore_eos: exactly max_tokens tokens, usage in a final chunk without choices.
+    chunks = list(client.chat.completions.create(model=name, messages=messages, max_tokens=6, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True},
+                                                 extra_body={"ignore_eos": True}))
+    last = chunks[-1]
+    check(last.choices == [] and last.usage is not None, last)
+    check(last.usage.completion_tokens == 6, last.usage)
+    check(last.usage.prompt_tokens == u.prompt_tokens, (last.usage, u))
+    check(all(c.usage is None for c in chunks[:-1]), "usage only on the last chunk")
+    check(chunks[-2].choices[0].finish_reason == "length", chunks[-2])
+
+    # An image as a data URL (VL models only).
+    if (pathlib.Path(model_dir) / "preprocessor_config.json").exists():
+        png = (source_dir / "assets/images/chart_line_pew_pena_nieto.png").read_bytes()
+        url = "data:image/png;base64," + base64.b64encode(png).decode()
+        r = client.chat.completions.create(
+            model=name, max_tokens=4, temperature=0,
+            messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                                   {"type": "text", "text": "Describe the chart."}]}],
+            extra_body={"mm_processor_kwargs": {"min_pixels": 32 * 32, "max_pixels": 128 * 128}})
+        extra = r.usage.model_extra or {}
+        check(extra.get("visual_tokens_before", 0) > 0, r.usage)
+        check(r.usage.prompt_tokens > u.prompt_tokens, (r.usage, u))
+
+    # Errors arrive as the client's exception types with the OpenAI error body.
+    try:
+        client.chat.completions.create(model=name, messages=[], max_tokens=4)
+        raise AssertionError("empty messages were accepted")
+    except openai.BadRequestError as e:
+        check(e.status_code == 400, e)
+        check(isinstance(e.body, dict) and "messages" in e.body.get("message", ""), e.body)
+    try:
+        client.chat.completions.create(model=name, messages=messages, max_tokens=4, n=2)
+        raise AssertionError("n = 2 was accepted")
+    except openai.BadRequestError as e:
+        check(e.status_code == 400, e)
+    try:
+        client.chat.completions.create(model="no-such-model", messages=messages, max_tokens=4)
+        raise AssertionError("an unknown model was accepted")
+    except openai.NotFoundError as e:
+        check(e.status_code == 404, e)
+
+    h = srv.health()
+    check(h["kv_blocks_used"] == 0, h)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--zest", required=True)
+    ap.add_argument("--model", action="append", required=True)
+    ap.add_argument("--venv", required=True)
+    args = ap.parse_args()
+    ensure_venv(pathlib.Path(args.venv))
+    source_dir = pathlib.Path(__file__).resolve().parents[2]
+    for model in args.model:
+        srv = ZestServer(args.zest, model)
+        try:
+            run_checks(srv, model, source_dir)
+        finally:
+            rc = srv.stop()
+        check(rc == 0, f"zest serve exited with {rc}")
+        print(f"ok: {pathlib.Path(model).name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
