@@ -240,11 +240,11 @@ Status vision_bias_add(bf16* y, const bf16* bias, int rows, int cols, cudaStream
   return bias_act("vision_bias_add", y, bias, rows, cols, 0, stream);
 }
 
-Status f32_to_bf16(const float* x, bf16* y, size_t n, cudaStream_t stream) {
+Status vision_f32_to_bf16(const float* x, bf16* y, size_t n, cudaStream_t stream) {
   if (n == 0) return Status::ok();
   const int threads = 256;
   const int blocks = static_cast<int>(std::min<size_t>((n + threads - 1) / threads, 16ull * sm_count()));
-  return launch("f32_to_bf16", f32_to_bf16_kernel, dim3(blocks), dim3(threads), 0, stream, x, y, n);
+  return launch("vision_f32_to_bf16", f32_to_bf16_kernel, dim3(blocks), dim3(threads), 0, stream, x, y, n);
 }
 
 Status vision_patch_coords(const int32_t* grids, int n_images, int N, int merge, int head_dim, float theta,

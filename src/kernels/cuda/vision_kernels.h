@@ -38,7 +38,7 @@ Status vision_bias_gelu(bf16* h, const bf16* bias, int rows, int cols, bool tanh
 Status vision_bias_add(bf16* y, const bf16* bias, int rows, int cols, cudaStream_t stream);
 
 // Elementwise y = bf16(x) for n values.
-Status f32_to_bf16(const float* x, bf16* y, size_t n, cudaStream_t stream);
+Status vision_f32_to_bf16(const float* x, bf16* y, size_t n, cudaStream_t stream);
 
 // Patch coordinates and 2-D rotary tables for all N patch rows: coords [N, 2] int32 = (row, col) in the
 // un-merged patch grid (block order of merge x merge groups, repeated per frame); rope_cs [N, head_dim / 2]
