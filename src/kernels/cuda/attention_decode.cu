@@ -29,7 +29,7 @@ SplitPlan split_plan(const DecodeAttention& p) {
 }
 
 template <int G>
-__global__ void __launch_bounds__(kDecWarps * 32) decode_attention_kernel(
+__global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_kernel(
     const bf16* __restrict__ q, int q_stride, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
     const int32_t* __restrict__ block_table, int max_blocks, const int32_t* __restrict__ context_lens,
     bf16* __restrict__ out, float* __restrict__ part, int* __restrict__ counters, int Hkv, int splits,
@@ -64,8 +64,16 @@ __global__ void __launch_bounds__(kDecWarps * 32) decode_attention_kernel(
   const int pg_begin = split * pages_per_split;
   const int pg_end = min(pg_begin + pages_per_split, (ctx + kKvBlock - 1) / kKvBlock);
   const size_t row_stride = static_cast<size_t>(Hkv) * D;
-  for (int pg = pg_begin + warp; pg < pg_end; pg += kDecWarps) {
-    const int blk = block_table[static_cast<size_t>(b) * max_blocks + pg];
+  // Block ids of this warp's pages, fetched together (lane i holds the i-th page's id).
+  int blk_lane = 0;
+  {
+    const int pg = pg_begin + warp + lane * kDecWarps;
+    if (pg < pg_end && lane < 32) blk_lane = block_table[static_cast<size_t>(b) * max_blocks + pg];
+  }
+  int page_i = 0;
+  for (int pg = pg_begin + warp; pg < pg_end; pg += kDecWarps, ++page_i) {
+    int blk = __shfl_sync(0xffffffffu, blk_lane, page_i & 31);
+    if (page_i >= 32) blk = block_table[static_cast<size_t>(b) * max_blocks + pg];
     const int nv = min(kKvBlock, ctx - pg * kKvBlock);
     const size_t base = (static_cast<size_t>(blk) * kKvBlock * Hkv + kvh) * D;
     // Scores: lanes 2t, 2t+1 hold token t's two halves of the head dimension.
@@ -79,28 +87,24 @@ __global__ void __launch_bounds__(kDecWarps * 32) decode_attention_kernel(
 #pragma unroll
     for (int tt = 0; tt < kKvBlock; ++tt)
       vv[tt] = tt < nv ? *reinterpret_cast<const uint2*>(vbase + tt * row_stride) : make_uint2(0, 0);
-    float kf[64];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const __nv_bfloat162* pk = reinterpret_cast<const __nv_bfloat162*>(&kv[i]);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 f = __bfloat1622float2(pk[j]);
-        kf[i * 8 + 2 * j] = f.x;
-        kf[i * 8 + 2 * j + 1] = f.y;
-      }
-    }
 #pragma unroll
     for (int g = 0; g < G; ++g) {
       const float4* qv = reinterpret_cast<const float4*>(&q_s[g][hf * 64]);
       float s = 0.f;
 #pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        const float4 a = qv[i];
-        s = fmaf(a.x, kf[4 * i], s);
-        s = fmaf(a.y, kf[4 * i + 1], s);
-        s = fmaf(a.z, kf[4 * i + 2], s);
-        s = fmaf(a.w, kf[4 * i + 3], s);
+      for (int i = 0; i < 8; ++i) {
+        const __nv_bfloat162* pk = reinterpret_cast<const __nv_bfloat162*>(&kv[i]);
+        const float4 a = qv[2 * i], c = qv[2 * i + 1];
+        const float2 k0 = __bfloat1622float2(pk[0]), k1 = __bfloat1622float2(pk[1]);
+        const float2 k2 = __bfloat1622float2(pk[2]), k3 = __bfloat1622float2(pk[3]);
+        s = fmaf(a.x, k0.x, s);
+        s = fmaf(a.y, k0.y, s);
+        s = fmaf(a.z, k1.x, s);
+        s = fmaf(a.w, k1.y, s);
+        s = fmaf(c.x, k2.x, s);
+        s = fmaf(c.y, k2.y, s);
+        s = fmaf(c.z, k3.x, s);
+        s = fmaf(c.w, k3.y, s);
       }
       s += __shfl_xor_sync(0xffffffffu, s, 1);
       s = valid ? s * scale : -INFINITY;
@@ -180,35 +184,39 @@ __global__ void __launch_bounds__(kDecWarps * 32) decode_attention_kernel(
   __syncthreads();
   if (!last_s) return;
   __threadfence();
-  // Merge the splits: per query head, split weights exp(M_s - M) / L in shared memory, then one output
-  // dimension per thread (coalesced, independent loads over the splits).
-  __shared__ float sw[kMaxSplits];
-  __shared__ float s_l;
-  for (int g = 0; g < G; ++g) {
-    const float* pp = part + (static_cast<size_t>(b) * Hq + kvh * G + g) * splits * part_stride;
-    for (int sp = threadIdx.x; sp < splits; sp += blockDim.x) sw[sp] = __ldcg(pp + sp * part_stride);
-    __syncthreads();
-    if (threadIdx.x < 32) {
-      float M = -INFINITY;
-      for (int sp = threadIdx.x; sp < splits; sp += 32) M = fmaxf(M, sw[sp]);
-      M = warp_max(M);
-      float L = 0.f;
-      for (int sp = threadIdx.x; sp < splits; sp += 32) {
-        const float e = M == -INFINITY ? 0.f : __expf(sw[sp] - M);
-        L += __ldcg(pp + sp * part_stride + 1) * e;
-        sw[sp] = e;
-      }
-      L = warp_sum(L);
-      if (threadIdx.x == 0) s_l = L;
+  // Merge the splits of all G heads at once (reusing acc_s): M and L of every (head, split) in one round of
+  // loads, then per-head weights exp(M_s - M) / L, then one output element per thread and head.
+  float* wm = &acc_s[0][0][0];           // [G][splits] M, then the weights
+  float* wl = wm + G * kMaxSplits;       // [G][splits] L
+  const float* pb = part + (static_cast<size_t>(b) * Hq + kvh * G) * splits * part_stride;
+  for (int i = threadIdx.x; i < G * splits; i += blockDim.x) {
+    const int g = i / splits, sp = i % splits;
+    wm[g * kMaxSplits + sp] = __ldcg(pb + (static_cast<size_t>(g) * splits + sp) * part_stride);
+    wl[g * kMaxSplits + sp] = __ldcg(pb + (static_cast<size_t>(g) * splits + sp) * part_stride + 1);
+  }
+  __syncthreads();
+  for (int g = warp; g < G; g += kDecWarps) {
+    float M = -INFINITY;
+    for (int sp = lane; sp < splits; sp += 32) M = fmaxf(M, wm[g * kMaxSplits + sp]);
+    M = warp_max(M);
+    float L = 0.f;
+    for (int sp = lane; sp < splits; sp += 32) {
+      const float e = M == -INFINITY ? 0.f : __expf(wm[g * kMaxSplits + sp] - M);
+      L += wl[g * kMaxSplits + sp] * e;
+      wm[g * kMaxSplits + sp] = e;
     }
-    __syncthreads();
-    const float inv = s_l > 0.f ? 1.f / s_l : 0.f;
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
-      float A = 0.f;
-      for (int sp = 0; sp < splits; ++sp) A += __ldcg(pp + sp * part_stride + 2 + d) * sw[sp];
-      out[static_cast<size_t>(b) * Hq * D + (kvh * G + g) * D + d] = __float2bfloat16(A * inv);
-    }
-    __syncthreads();
+    L = warp_sum(L);
+    const float inv = L > 0.f ? 1.f / L : 0.f;
+    __syncwarp();
+    for (int sp = lane; sp < splits; sp += 32) wm[g * kMaxSplits + sp] *= inv;
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+    const int g = idx / D, d = idx % D;
+    const float* pp = pb + static_cast<size_t>(g) * splits * part_stride + 2 + d;
+    float A = 0.f;
+    for (int sp = 0; sp < splits; ++sp) A += __ldcg(pp + sp * part_stride) * wm[g * kMaxSplits + sp];
+    out[static_cast<size_t>(b) * Hq * D + (kvh * G + g) * D + d] = __float2bfloat16(A);
   }
 }
 

@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(kWarps * 32) rows_mma_kernel(RowsParams p) {
         for (int n = 0; n < 2; ++n)
 #pragma unroll
           for (int i = 0; i < 4; ++i) acc[m][n][i] = 0.f;
-      constexpr int kU = kMode == kGateUp ? 2 : 4;  // chunks in flight per warp
+      constexpr int kU = kMode == kGateUp ? 4 : 8;  // chunks in flight per warp
       for (int cb = warp; cb < chunks; cb += kWarps * kU) {
         uint4 lo[kU][kMats], hi[kU][kMats], xa[kU], xb[kU];
 #pragma unroll
