@@ -170,8 +170,15 @@ void EngineLoop::run() {
       return;
     }
     if (engine_.has_work()) {
-      Status st = engine_.step();
-      if (!st.is_ok()) std::cerr << "zest serve: engine step failed: " << st.to_string() << "\n";
+      try {
+        Status st = engine_.step();
+        if (!st.is_ok()) std::cerr << "zest serve: engine step failed: " << st.to_string() << "\n";
+      } catch (const std::exception& e) {
+        // Nothing may escape the engine thread; end every request rather than the process.
+        std::cerr << "zest serve: engine step threw: " << e.what() << "; aborting all requests\n";
+        const std::vector<int64_t> ids(live_.begin(), live_.end());
+        for (int64_t id : ids) engine_.abort(id);
+      }
     }
     publish_stats();
     lock.lock();
