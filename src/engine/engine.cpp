@@ -231,6 +231,10 @@ Status Engine::run(const StepPlan& plan) {
       finish(s, FinishReason::kStop, s.full_text.substr(0, cut));
       continue;
     }
+    if (s.generated() >= sp.max_tokens || static_cast<int64_t>(s.tokens.size()) >= max_context_) {
+      finish(s, FinishReason::kLength, s.full_text + s.detok.flush());
+      continue;
+    }
     // Send what can no longer become part of a stop string.
     const size_t safe = s.full_text.size() > hold ? s.full_text.size() - hold : 0;
     std::string delta;
@@ -239,10 +243,6 @@ Status Engine::run(const StepPlan& plan) {
       s.emitted = safe;
     }
     s.out.text = s.full_text.substr(0, s.emitted);
-    if (s.generated() >= sp.max_tokens || static_cast<int64_t>(s.tokens.size()) >= max_context_) {
-      finish(s, FinishReason::kLength, s.full_text + s.detok.flush());
-      continue;
-    }
     if (s.req.on_update) s.req.on_update(delta, s.out, false);
   }
   return Status::ok();
@@ -251,8 +251,15 @@ Status Engine::run(const StepPlan& plan) {
 Status Engine::step() {
   StepPlan plan = schedule();
   if (plan.chunks.empty()) {
+    if (!running_.empty()) {
+      // Running requests that cannot grow (the cache holds nothing else to preempt) end by length
+      // rather than spin; waiting requests get the freed blocks next step.
+      for (auto& s : running_) finish(*s, FinishReason::kLength, s->full_text + s->detok.flush());
+      running_.clear();
+      return Status::ok();
+    }
     // Nothing fits: the oldest waiting request cannot get blocks even with nothing running.
-    if (running_.empty() && !waiting_.empty()) {
+    if (!waiting_.empty()) {
       finish(*waiting_.front(), FinishReason::kError, waiting_.front()->out.text,
              "the request does not fit the KV cache");
       waiting_.pop_front();

@@ -217,3 +217,52 @@ TEST(Engine, AbortFreesBlocksAndPromptPastContextIsRejected) {
 }
 
 }  // namespace
+
+namespace {
+
+// The text streamed through on_update adds up to the final text when a request ends by length.
+TEST(Engine, StreamedTextEqualsFinalTextAtLength) {
+  auto m = tiny();
+  ASSERT_TRUE(m);
+  engine::Request r;
+  r.prompt = text_prompt(*m, "Hello!");
+  r.sampling.temperature = 0;
+  r.sampling.max_tokens = 9;
+  r.sampling.ignore_eos = true;
+  std::string streamed;
+  r.on_update = [&](const std::string& d, const engine::RequestOutput&, bool) { streamed += d; };
+  auto out = engine::generate_one(m, r);
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(out->finish, engine::FinishReason::kLength);
+  EXPECT_EQ(streamed, out->text);
+  EXPECT_EQ(out->text, m->tokenizer.decode(out->token_ids, true));
+}
+
+// A request that outgrows a KV cache holding nothing else ends by length instead of stalling.
+TEST(Engine, RequestOutgrowingTheCacheEndsByLength) {
+  auto m = tiny();
+  ASSERT_TRUE(m);
+  engine::EngineOptions o;
+  o.kv_blocks = 2;  // 32 token slots
+  o.block_size = 16;
+  engine::Engine eng(m, o);
+  engine::Request r;
+  r.prompt = text_prompt(*m, "Hello!");
+  r.sampling.max_tokens = 100;
+  r.sampling.ignore_eos = true;
+  engine::RequestOutput last;
+  r.on_update = [&](const std::string&, const engine::RequestOutput& out, bool) { last = out; };
+  ASSERT_TRUE(eng.add(r).is_ok());
+  int steps = 0;
+  while (eng.has_work() && steps < 200) {
+    ASSERT_TRUE(eng.step().is_ok());
+    ++steps;
+  }
+  EXPECT_FALSE(eng.has_work());
+  EXPECT_EQ(last.finish, engine::FinishReason::kLength);
+  // 32 cached tokens, plus the last sampled token, whose K/V would need a 33rd slot.
+  EXPECT_EQ(static_cast<int64_t>(r.prompt.ids.size() + last.token_ids.size()), 2 * 16 + 1);
+  EXPECT_EQ(eng.stats().kv_blocks_used, 0);
+}
+
+}  // namespace
