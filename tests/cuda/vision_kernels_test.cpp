@@ -1,11 +1,12 @@
 // CUDA vision-tower kernels and VisionZip scores/gathers against plain loops written here, on random inputs
 // (grids with odd merged sides, one and several images, a two-frame video, head_dim 72 and 16).
 #ifdef ZEST_HAVE_CUDA
+#include "kernels/cuda/vision_kernels.h"
+
 #include <cstring>
 #include <numeric>
 
 #include "cuda/cuda_test_util.h"
-#include "kernels/cuda/vision_kernels.h"
 
 namespace zest::cuda::test {
 namespace {
@@ -99,8 +100,9 @@ TEST(CudaVision, BiasGeluTanhAndErf) {
       std::vector<float> ref(h.f.size());
       for (size_t i = 0; i < ref.size(); ++i) {
         const double v = static_cast<double>(h.f[i]) + bias.f[i % cols];
-        ref[i] = static_cast<float>(tanh_mode ? 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)))
-                                              : 0.5 * v * (1 + std::erf(v / std::sqrt(2.0))));
+        ref[i] =
+            static_cast<float>(tanh_mode ? 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)))
+                                         : 0.5 * v * (1 + std::erf(v / std::sqrt(2.0))));
       }
       ZEST_EXPECT_CLOSE(download_bf16(*dh), ref, 1e-2);
     }
@@ -225,9 +227,9 @@ TEST(CudaVision, VarlenAttentionWithLseAndScores) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(4);
   const std::vector<AttnCase> cases = {
-      {{{1, 10, 14}}, 2, 72},                                // one image, 140 patches (partial tiles)
+      {{{1, 10, 14}}, 2, 72},                                    // one image, 140 patches (partial tiles)
       {{{1, 6, 10}, {2, 4, 6}, {1, 2, 2}, {1, 18, 10}}, 3, 72},  // several images, a 2-frame video, a 4-patch image
-      {{{1, 8, 6}, {1, 4, 2}}, 2, 16},                      // the tiny fixture's head_dim
+      {{{1, 8, 6}, {1, 4, 2}}, 2, 16},                           // the tiny fixture's head_dim
   };
   for (const AttnCase& c : cases) {
     const auto cu = cu_seqlens(c.grids);
@@ -300,8 +302,8 @@ TEST(CudaVision, GatherRowsAndColumns) {
   std::vector<int32_t> pos(3 * 60);
   std::iota(pos.begin(), pos.end(), 1000);
   DevBuf<int32_t> dpos(pos), dcols(3 * idx.size());
-  ZEST_ASSERT_OK(visionzip_gather_columns(dpos.get(), 3, 60, didx.get(), 7, static_cast<int>(idx.size()), dcols.get(),
-                                          nullptr));
+  ZEST_ASSERT_OK(
+      visionzip_gather_columns(dpos.get(), 3, 60, didx.get(), 7, static_cast<int>(idx.size()), dcols.get(), nullptr));
   sync_ok();
   const auto got = download_bf16(dst);
   const auto cols = dcols.download();
@@ -313,9 +315,9 @@ TEST(CudaVision, GatherRowsAndColumns) {
 
 TEST(CudaVision, BadSizesAreErrors) {
   ZEST_REQUIRE_GPU();
-  EXPECT_FALSE(vision_attention(nullptr, nullptr, nullptr, 216, nullptr, 1, 4, 4, 3, 70, 0.1f, nullptr, nullptr,
-                                nullptr)
-                   .is_ok());
+  EXPECT_FALSE(
+      vision_attention(nullptr, nullptr, nullptr, 216, nullptr, 1, 4, 4, 3, 70, 0.1f, nullptr, nullptr, nullptr)
+          .is_ok());
   EXPECT_FALSE(vision_layernorm(nullptr, nullptr, nullptr, nullptr, 0, 16, 1e-6f, nullptr).is_ok());
   EXPECT_FALSE(visionzip_plan({4, 0}, VisionZipSelect{}).ok());
   VisionZipSelect bad;

@@ -22,11 +22,10 @@ constexpr size_t attention_smem_bytes() {
 }
 
 template <int DP>
-__global__ void __launch_bounds__(kThreads) attention_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k,
-                                                             const bf16* __restrict__ v, int stride,
-                                                             const int32_t* __restrict__ cu_seqlens, int N,
-                                                             int heads, int D, float scale_log2,
-                                                             bf16* __restrict__ out, float* __restrict__ lse) {
+__global__ void __launch_bounds__(kThreads)
+    attention_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k, const bf16* __restrict__ v, int stride,
+                     const int32_t* __restrict__ cu_seqlens, int N, int heads, int D, float scale_log2,
+                     bf16* __restrict__ out, float* __restrict__ lse) {
   constexpr int S = row_stride(DP), KS = DP / 16, NT = kTile / 8, DT = DP / 8;
   pdl_wait();
   const int seg = blockIdx.y, h = blockIdx.z;
@@ -153,8 +152,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(const bf16* __restr
 #pragma unroll
     for (int i = 0; i < DT; ++i) {
       const int col = i * 8 + 2 * t;
-      if (i * 8 < D)
-        *reinterpret_cast<uint32_t*>(orow + col) = pack_bf16(o[i][2 * r] * inv, o[i][2 * r + 1] * inv);
+      if (i * 8 < D) *reinterpret_cast<uint32_t*>(orow + col) = pack_bf16(o[i][2 * r] * inv, o[i][2 * r + 1] * inv);
     }
     if (lse && t == 0) lse[static_cast<size_t>(h) * N + row] = (m[r] + log2f(l[r])) * kLn2;
   }
@@ -165,19 +163,19 @@ Status launch_attention(const bf16* q, const bf16* k, const bf16* v, int stride,
                         int max_seqlen, int N, int heads, int D, float scale, bf16* out, float* lse,
                         cudaStream_t stream) {
   constexpr size_t smem = attention_smem_bytes<DP>();
-  static const cudaError_t attr = cudaFuncSetAttribute(attention_kernel<DP>,
-                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(attention_kernel<DP>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   ZEST_RETURN_IF_ERROR(cuda_status(attr, "vision_attention smem attribute"));
   const dim3 grid((max_seqlen + kTile - 1) / kTile, nseg, heads);
-  return launch("vision_attention", attention_kernel<DP>, grid, dim3(kThreads), smem, stream, q, k, v, stride, cu,
-                N, heads, D, scale * kLog2e, out, lse);
+  return launch("vision_attention", attention_kernel<DP>, grid, dim3(kThreads), smem, stream, q, k, v, stride, cu, N,
+                heads, D, scale * kLog2e, out, lse);
 }
 
 }  // namespace
 
-Status vision_attention(const bf16* q, const bf16* k, const bf16* v, int stride, const int32_t* cu_seqlens,
-                        int nseg, int max_seqlen, int N, int heads, int head_dim, float scale, bf16* out,
-                        float* lse, cudaStream_t stream) {
+Status vision_attention(const bf16* q, const bf16* k, const bf16* v, int stride, const int32_t* cu_seqlens, int nseg,
+                        int max_seqlen, int N, int heads, int head_dim, float scale, bf16* out, float* lse,
+                        cudaStream_t stream) {
   if (nseg <= 0 || max_seqlen <= 0 || N <= 0 || heads <= 0)
     return invalid_argument("vision_attention: nseg, max_seqlen, N and heads must be positive");
   if (head_dim <= 0 || head_dim % 8 != 0 || head_dim > 128)
@@ -187,7 +185,9 @@ Status vision_attention(const bf16* q, const bf16* k, const bf16* v, int stride,
     return invalid_argument("vision_attention: row stride " + std::to_string(stride) +
                             " must be a multiple of 8 and >= heads * head_dim");
   if ((reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(k) | reinterpret_cast<uintptr_t>(v) |
-       reinterpret_cast<uintptr_t>(out)) % 16 != 0)
+       reinterpret_cast<uintptr_t>(out)) %
+          16 !=
+      0)
     return invalid_argument("vision_attention: q, k, v and out must be 16-byte aligned");
   if (head_dim <= 32)
     return launch_attention<32>(q, k, v, stride, cu_seqlens, nseg, max_seqlen, N, heads, head_dim, scale, out, lse,

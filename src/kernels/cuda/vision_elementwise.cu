@@ -34,8 +34,8 @@ __device__ __forceinline__ void row_stats(const float* x, int dim, float eps, in
   inv = rsqrtf(warp_sum(v) / static_cast<float>(dim) + eps);
 }
 
-__global__ void layernorm_kernel(const float* __restrict__ x, const bf16* __restrict__ w,
-                                 const bf16* __restrict__ b, bf16* __restrict__ y, int rows, int dim, float eps) {
+__global__ void layernorm_kernel(const float* __restrict__ x, const bf16* __restrict__ w, const bf16* __restrict__ b,
+                                 bf16* __restrict__ y, int rows, int dim, float eps) {
   pdl_wait();
   const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / 32, lane = threadIdx.x % 32;
   if (row >= rows) return;
@@ -56,8 +56,7 @@ __global__ void residual_layernorm_kernel(float* __restrict__ x, const bf16* __r
   if (row >= rows) return;
   float* xr = x + static_cast<size_t>(row) * dim;
   const bf16* dr = delta + static_cast<size_t>(row) * dim;
-  for (int i = lane; i < dim; i += 32)
-    xr[i] += __bfloat162float(dr[i]) + (bias ? __bfloat162float(bias[i]) : 0.f);
+  for (int i = lane; i < dim; i += 32) xr[i] += __bfloat162float(dr[i]) + (bias ? __bfloat162float(bias[i]) : 0.f);
   float mean, inv;
   row_stats(xr, dim, eps, lane, mean, inv);
   bf16* yr = y + static_cast<size_t>(row) * dim;
@@ -75,8 +74,7 @@ __device__ __forceinline__ float gelu(float v, bool tanh_approx) {
 
 // 8 bf16 per thread (cols % 8 == 0) or one (otherwise); op 0: bias add, 1: bias + gelu tanh, 2: bias + gelu erf.
 template <int V>
-__global__ void bias_act_kernel(bf16* __restrict__ h, const bf16* __restrict__ bias, size_t n_vec, int cols,
-                                int op) {
+__global__ void bias_act_kernel(bf16* __restrict__ h, const bf16* __restrict__ bias, size_t n_vec, int cols, int op) {
   pdl_wait();
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n_vec;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
@@ -124,14 +122,16 @@ __device__ __forceinline__ int image_of_row(const int32_t* grids, int n_images, 
   int lo = 0, hi = n_images - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
-    if (grids[mid * 4] <= r) lo = mid; else hi = mid - 1;
+    if (grids[mid * 4] <= r)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   return lo;
 }
 
-__global__ void patch_coords_kernel(const int32_t* __restrict__ grids, int n_images, int N, int merge,
-                                    int half, float theta, int32_t* __restrict__ coords,
-                                    float2* __restrict__ rope_cs) {
+__global__ void patch_coords_kernel(const int32_t* __restrict__ grids, int n_images, int N, int merge, int half,
+                                    float theta, int32_t* __restrict__ coords, float2* __restrict__ rope_cs) {
   pdl_wait();
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r >= N) return;
@@ -166,8 +166,7 @@ __device__ __forceinline__ void axis_taps(int index, int size, int side, int tap
 // One CTA per patch row.
 __global__ void pos_embed_add_kernel(const bf16* __restrict__ pe, const bf16* __restrict__ bias,
                                      const bf16* __restrict__ table, int side, const int32_t* __restrict__ grids,
-                                     int n_images, const int32_t* __restrict__ coords, float* __restrict__ x,
-                                     int dim) {
+                                     int n_images, const int32_t* __restrict__ coords, float* __restrict__ x, int dim) {
   pdl_wait();
   const int r = blockIdx.x;
   const int img = image_of_row(grids, n_images, r);
@@ -175,10 +174,9 @@ __global__ void pos_embed_add_kernel(const bf16* __restrict__ pe, const bf16* __
   float wh[2], ww[2];
   axis_taps(coords[2 * r], grids[img * 4 + 2], side, th, wh);
   axis_taps(coords[2 * r + 1], grids[img * 4 + 3], side, tw, ww);
-  const bf16* rows[4] = {table + static_cast<size_t>(th[0] * side + tw[0]) * dim,
-                         table + static_cast<size_t>(th[0] * side + tw[1]) * dim,
-                         table + static_cast<size_t>(th[1] * side + tw[0]) * dim,
-                         table + static_cast<size_t>(th[1] * side + tw[1]) * dim};
+  const bf16* rows[4] = {
+      table + static_cast<size_t>(th[0] * side + tw[0]) * dim, table + static_cast<size_t>(th[0] * side + tw[1]) * dim,
+      table + static_cast<size_t>(th[1] * side + tw[0]) * dim, table + static_cast<size_t>(th[1] * side + tw[1]) * dim};
   const float wt[4] = {wh[0] * ww[0], wh[0] * ww[1], wh[1] * ww[0], wh[1] * ww[1]};
   const bf16* per = pe + static_cast<size_t>(r) * dim;
   float* xr = x + static_cast<size_t>(r) * dim;
@@ -223,13 +221,13 @@ Status vision_layernorm(const float* x, const bf16* w, const bf16* b, bf16* y, i
                 dim3(kRowsPerBlock * 32), 0, stream, x, w, b, y, rows, dim, eps);
 }
 
-Status vision_residual_layernorm(float* x, const bf16* delta, const bf16* bias, const bf16* w, const bf16* b,
-                                 bf16* y, int rows, int dim, float eps, cudaStream_t stream) {
+Status vision_residual_layernorm(float* x, const bf16* delta, const bf16* bias, const bf16* w, const bf16* b, bf16* y,
+                                 int rows, int dim, float eps, cudaStream_t stream) {
   ZEST_RETURN_IF_ERROR(check_rows("vision_residual_layernorm", rows, dim));
   if (!x || !delta || !w || !b || !y) return invalid_argument("vision_residual_layernorm: null pointer");
   return launch("vision_residual_layernorm", residual_layernorm_kernel,
-                dim3((rows + kRowsPerBlock - 1) / kRowsPerBlock), dim3(kRowsPerBlock * 32), 0, stream, x, delta,
-                bias, w, b, y, rows, dim, eps);
+                dim3((rows + kRowsPerBlock - 1) / kRowsPerBlock), dim3(kRowsPerBlock * 32), 0, stream, x, delta, bias,
+                w, b, y, rows, dim, eps);
 }
 
 Status vision_bias_gelu(bf16* h, const bf16* bias, int rows, int cols, bool tanh, cudaStream_t stream) {
@@ -257,9 +255,8 @@ Status vision_patch_coords(const int32_t* grids, int n_images, int N, int merge,
                 n_images, N, merge, head_dim / 2, theta, coords, rope_cs);
 }
 
-Status vision_pos_embed_add(const bf16* pe, const bf16* bias, const bf16* pos_table, int side,
-                            const int32_t* grids, int n_images, const int32_t* coords, float* x, int N, int dim,
-                            cudaStream_t stream) {
+Status vision_pos_embed_add(const bf16* pe, const bf16* bias, const bf16* pos_table, int side, const int32_t* grids,
+                            int n_images, const int32_t* coords, float* x, int N, int dim, cudaStream_t stream) {
   ZEST_RETURN_IF_ERROR(check_rows("vision_pos_embed_add", N, dim));
   if (side <= 0 || n_images <= 0) return invalid_argument("vision_pos_embed_add: side and n_images must be positive");
   return launch("vision_pos_embed_add", pos_embed_add_kernel, dim3(N), dim3(std::min(256, (dim + 31) / 32 * 32)), 0,
@@ -270,8 +267,7 @@ Status vision_qkv_rope(bf16* qkv, const bf16* bias, const float2* rope_cs, int N
                        cudaStream_t stream) {
   ZEST_RETURN_IF_ERROR(check_rows("vision_qkv_rope", N, heads * head_dim));
   if (head_dim % 2 != 0) return invalid_argument("vision_qkv_rope: head_dim must be even, got " + str(head_dim));
-  return launch("vision_qkv_rope", qkv_rope_kernel, dim3(N), dim3(256), 0, stream, qkv, bias, rope_cs, heads,
-                head_dim);
+  return launch("vision_qkv_rope", qkv_rope_kernel, dim3(N), dim3(256), 0, stream, qkv, bias, rope_cs, heads, head_dim);
 }
 
 }  // namespace zest::cuda

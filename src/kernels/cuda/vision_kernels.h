@@ -27,8 +27,8 @@ Status vision_layernorm(const float* x, const bf16* w, const bf16* b, bf16* y, i
 
 // Residual update fused with the next LayerNorm: x += float(delta) + float(bias) (bias [dim], may be
 // nullptr), then y = layernorm(x) with w, b (x updated in place, fp32).
-Status vision_residual_layernorm(float* x, const bf16* delta, const bf16* bias, const bf16* w, const bf16* b,
-                                 bf16* y, int rows, int dim, float eps, cudaStream_t stream);
+Status vision_residual_layernorm(float* x, const bf16* delta, const bf16* bias, const bf16* w, const bf16* b, bf16* y,
+                                 int rows, int dim, float eps, cudaStream_t stream);
 
 // In place h = bf16(gelu(float(h) + float(bias))) over h [rows, cols] (bias [cols], may be nullptr);
 // tanh = true: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))); false: exact 0.5 x (1 + erf(x / sqrt 2)).
@@ -50,9 +50,8 @@ Status vision_patch_coords(const int32_t* grids, int n_images, int N, int merge,
 // Patch embedding epilogue: x[r, :] = float(pe[r, :]) + float(bias) + bilinear(pos_table) where the learned
 // side x side table [side * side, dim] is sampled with align-corners bilinear taps at the patch's (row, col)
 // scaled to its image's (h, w) grid (fp32 weights, one rounding). x fp32 [N, dim].
-Status vision_pos_embed_add(const bf16* pe, const bf16* bias, const bf16* pos_table, int side,
-                            const int32_t* grids, int n_images, const int32_t* coords, float* x, int N, int dim,
-                            cudaStream_t stream);
+Status vision_pos_embed_add(const bf16* pe, const bf16* bias, const bf16* pos_table, int side, const int32_t* grids,
+                            int n_images, const int32_t* coords, float* x, int N, int dim, cudaStream_t stream);
 
 // qkv [N, 3 * heads * head_dim] (q heads, k heads, v heads) in place: adds the bias [3 * heads * head_dim]
 // (may be nullptr), then rotates q and k with rotate-half pairs (d, d + head_dim/2) using rope_cs, fp32 math.
@@ -66,9 +65,9 @@ Status vision_qkv_rope(bf16* qkv, const bf16* bias, const float2* rope_cs, int N
 // q/k/v rows at q + t * stride (heads * head_dim contiguous per row), out [N, heads * head_dim].
 // When lse != nullptr it receives lse[h * N + t] = ln sum_j exp(scale q_t . k_j) (fp32).
 // head_dim % 8 == 0 and <= 128; stride % 8 == 0; 16-byte aligned pointers.
-Status vision_attention(const bf16* q, const bf16* k, const bf16* v, int stride, const int32_t* cu_seqlens,
-                        int nseg, int max_seqlen, int N, int heads, int head_dim, float scale, bf16* out,
-                        float* lse, cudaStream_t stream);
+Status vision_attention(const bf16* q, const bf16* k, const bf16* v, int stride, const int32_t* cu_seqlens, int nseg,
+                        int max_seqlen, int N, int heads, int head_dim, float scale, bf16* out, float* lse,
+                        cudaStream_t stream);
 
 // ---- VisionZip -----------------------------------------------------------------------------------------
 
@@ -77,17 +76,17 @@ Status vision_attention(const bf16* q, const bf16* k, const bf16* v, int stride,
 // ((a_{4m} + a_{4m+1}) + a_{4m+2}) + a_{4m+3} for group = 4 patches (group = merge^2; segment lengths must be
 // multiples of it). patch_scores [N] receives a_j when not nullptr. Deterministic: one CTA per key tile
 // reduces every head and query tile in a fixed order, no atomics. Same layout limits as vision_attention.
-Status visionzip_scores(const bf16* q, const bf16* k, int stride, const float* lse, const int32_t* cu_seqlens,
-                        int nseg, int max_seqlen, int N, int heads, int head_dim, float scale, int group,
-                        float* token_scores, float* patch_scores, cudaStream_t stream);
+Status visionzip_scores(const bf16* q, const bf16* k, int stride, const float* lse, const int32_t* cu_seqlens, int nseg,
+                        int max_seqlen, int N, int heads, int head_dim, float scale, int group, float* token_scores,
+                        float* patch_scores, cudaStream_t stream);
 
 // Token selection on the device, the same result as accel::select_vision_tokens (kNone density, the
 // contextual fraction ignored): rate and mode read like accel::VisionPruneOptions.
 struct VisionZipSelect {
   float rate = 0.f;
-  bool global = false;     // false: per-image top-k_i; true: one budget over all images
-  int64_t budget = -1;     // global only: absolute budget, -1 = floor((1 - rate) * sum M_i)
-  int64_t min_tokens = 16; // floor per image
+  bool global = false;      // false: per-image top-k_i; true: one budget over all images
+  int64_t budget = -1;      // global only: absolute budget, -1 = floor((1 - rate) * sum M_i)
+  int64_t min_tokens = 16;  // floor per image
 };
 
 // Host-side plan of one selection: the counts that do not depend on scores, the workspace size and the
@@ -116,8 +115,7 @@ Status visionzip_select(const float* token_scores, const VisionZipPlan& plan, vo
                         int32_t* kept_counts, int64_t* host_counts, cudaStream_t stream);
 
 // dst[n, :] = src[index[n], :] for n < n_out, rows of `dim` bf16 (embeddings, deepstack features).
-Status visionzip_gather_rows(const bf16* src, int dim, const int32_t* index, int n_out, bf16* dst,
-                             cudaStream_t stream);
+Status visionzip_gather_rows(const bf16* src, int dim, const int32_t* index, int n_out, bf16* dst, cudaStream_t stream);
 
 // dst[r, n] = src[r, index[n] + index_offset] for r < rows, n < n_out: columns of a row-major
 // [rows, src_cols] int32 matrix (the [3, seq] M-RoPE positions); dst is [rows, n_out].

@@ -7,7 +7,7 @@
 
 namespace zest::cuda::vmma {
 
-constexpr int kTile = 64;     // rows (queries or keys) per tile
+constexpr int kTile = 64;      // rows (queries or keys) per tile
 constexpr int kThreads = 128;  // 4 warps, 16 rows each
 
 // Padded row stride of a shared tile with dp (multiple of 16) columns: dp + 8 bf16 keeps ldmatrix rows on

@@ -1,6 +1,4 @@
 // The Qwen3-VL vision tower runner on CUDA (see vision_tower.h).
-#include "kernels/cuda/vision_tower.h"
-
 #include <algorithm>
 #include <cmath>
 #include <set>
@@ -8,6 +6,7 @@
 #include "core/dtype.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/vision_kernels.h"
+#include "kernels/cuda/vision_tower.h"
 
 namespace zest::cuda {
 
@@ -78,7 +77,8 @@ int VisionTowerCuda::in_features() const {
 }
 
 std::vector<VisionTowerCuda::Param> VisionTowerCuda::params() {
-  const int64_t H = cfg_.hidden_size, I = cfg_.intermediate_size, M = H * cfg_.spatial_merge_size * cfg_.spatial_merge_size;
+  const int64_t H = cfg_.hidden_size, I = cfg_.intermediate_size,
+                M = H * cfg_.spatial_merge_size * cfg_.spatial_merge_size;
   const int64_t p = cfg_.patch_size, O = cfg_.out_hidden_size;
   std::vector<Param> ps;
   ps.push_back({"patch_embed.proj.weight", {H, cfg_.in_channels, cfg_.temporal_patch_size, p, p}, &patch_w_, 0});
@@ -171,8 +171,8 @@ Result<std::unique_ptr<VisionTowerCuda>> VisionTowerCuda::create_from(const io::
     int64_t n = 1;
     for (int64_t d : p.shape) n *= d;
     if (host.device() != Device::CPU || host.dtype() != DType::F32 || host.numel() != n)
-      return invalid_argument("vision tensor '" + p.name + "' must be a CPU f32 tensor of " + str(n) +
-                              " values, got " + host.shape_str());
+      return invalid_argument("vision tensor '" + p.name + "' must be a CPU f32 tensor of " + str(n) + " values, got " +
+                              host.shape_str());
     staging.resize(static_cast<size_t>(n));
     const float* f = host.data<float>();
     for (int64_t i = 0; i < n; ++i) staging[i] = zest::f32_to_bf16(f[i]);
@@ -226,7 +226,8 @@ Status VisionTowerCuda::ensure_buffers(int N, int nseg, int n_images, bool captu
 }
 
 Status VisionTowerCuda::run_merger(const Merger& m, bool postshuffle, bf16* out, cudaStream_t stream) {
-  const int H = static_cast<int>(cfg_.hidden_size), unit = static_cast<int>(cfg_.spatial_merge_size * cfg_.spatial_merge_size);
+  const int H = static_cast<int>(cfg_.hidden_size),
+            unit = static_cast<int>(cfg_.spatial_merge_size * cfg_.spatial_merge_size);
   const int M = H * unit, T = N_ / unit, O = static_cast<int>(cfg_.out_hidden_size);
   // The main merger's per-token LayerNorm was fused into the last block's residual update (u_).
   const bf16* z = u_;
@@ -250,16 +251,16 @@ Status VisionTowerCuda::forward(const bf16* pixel_values, const std::vector<visi
   for (size_t i = 0; i < grids.size(); ++i) {
     const vision::GridTHW& g = grids[i];
     if (g.t < 1 || g.h < m || g.w < m || g.h % m != 0 || g.w % m != 0)
-      return invalid_argument("image " + str(static_cast<int64_t>(i)) + " grid (" + str(g.t) + ", " + str(g.h) +
-                              ", " + str(g.w) + ") must have t >= 1 and h, w positive multiples of " + str(m));
+      return invalid_argument("image " + str(static_cast<int64_t>(i)) + " grid (" + str(g.t) + ", " + str(g.h) + ", " +
+                              str(g.w) + ") must have t >= 1 and h, w positive multiples of " + str(m));
     N += g.patches();
     nseg += g.t;
     max_seq = std::max(max_seq, g.h * g.w);
   }
   if (N > (int64_t{1} << 26)) return invalid_argument("too many patches for one vision forward: " + str(N));
   const bool capture = score_layer >= 0;
-  ZEST_RETURN_IF_ERROR(ensure_buffers(static_cast<int>(N), static_cast<int>(nseg), static_cast<int>(grids.size()),
-                                      capture));
+  ZEST_RETURN_IF_ERROR(
+      ensure_buffers(static_cast<int>(N), static_cast<int>(nseg), static_cast<int>(grids.size()), capture));
   N_ = static_cast<int>(N);
   const int n_img = static_cast<int>(grids.size());
   host_meta_.clear();
@@ -276,11 +277,11 @@ Status VisionTowerCuda::forward(const bf16* pixel_values, const std::vector<visi
       acc += g.h * g.w;
       host_meta_.push_back(static_cast<int32_t>(acc));
     }
-  ZEST_RETURN_IF_ERROR(cuda_status(cudaMemcpyAsync(grids_dev_, host_meta_.data(), n_img * 4 * sizeof(int32_t),
+  ZEST_RETURN_IF_ERROR(cuda_status(
+      cudaMemcpyAsync(grids_dev_, host_meta_.data(), n_img * 4 * sizeof(int32_t), cudaMemcpyHostToDevice, stream),
+      "vision grids upload"));
+  ZEST_RETURN_IF_ERROR(cuda_status(cudaMemcpyAsync(cu_dev_, host_meta_.data() + n_img * 4, (nseg + 1) * sizeof(int32_t),
                                                    cudaMemcpyHostToDevice, stream),
-                                   "vision grids upload"));
-  ZEST_RETURN_IF_ERROR(cuda_status(cudaMemcpyAsync(cu_dev_, host_meta_.data() + n_img * 4,
-                                                   (nseg + 1) * sizeof(int32_t), cudaMemcpyHostToDevice, stream),
                                    "vision cu_seqlens upload"));
 
   const int H = static_cast<int>(cfg_.hidden_size), I = static_cast<int>(cfg_.intermediate_size);
@@ -288,11 +289,10 @@ Status VisionTowerCuda::forward(const bf16* pixel_values, const std::vector<visi
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const bool tanh_gelu = cfg_.hidden_act == "gelu_pytorch_tanh";
   const int n = N_;
-  ZEST_RETURN_IF_ERROR(vision_patch_coords(grids_dev_, n_img, n, static_cast<int>(m), hd, kRopeTheta, coords_, rope_,
-                                           stream));
-  ZEST_RETURN_IF_ERROR(gemm(pixel_values, patch_w_, tmp_, n, H, in_features(), stream));
   ZEST_RETURN_IF_ERROR(
-      vision_pos_embed_add(tmp_, patch_b_, pos_, side_, grids_dev_, n_img, coords_, x_, n, H, stream));
+      vision_patch_coords(grids_dev_, n_img, n, static_cast<int>(m), hd, kRopeTheta, coords_, rope_, stream));
+  ZEST_RETURN_IF_ERROR(gemm(pixel_values, patch_w_, tmp_, n, H, in_features(), stream));
+  ZEST_RETURN_IF_ERROR(vision_pos_embed_add(tmp_, patch_b_, pos_, side_, grids_dev_, n_img, coords_, x_, n, H, stream));
   ZEST_RETURN_IF_ERROR(vision_layernorm(x_, blocks_[0].norm1_w, blocks_[0].norm1_b, u_, n, H, kNormEps, stream));
 
   const auto& ds = cfg_.deepstack_visual_indexes;
@@ -306,7 +306,8 @@ Status VisionTowerCuda::forward(const bf16* pixel_values, const std::vector<visi
                                           static_cast<int>(max_seq), n, heads, hd, scale, attn_, cap ? lse_ : nullptr,
                                           stream));
     ZEST_RETURN_IF_ERROR(gemm(attn_, k.proj_w, tmp_, n, H, H, stream));
-    ZEST_RETURN_IF_ERROR(vision_residual_layernorm(x_, tmp_, k.proj_b, k.norm2_w, k.norm2_b, u_, n, H, kNormEps, stream));
+    ZEST_RETURN_IF_ERROR(
+        vision_residual_layernorm(x_, tmp_, k.proj_b, k.norm2_w, k.norm2_b, u_, n, H, kNormEps, stream));
     ZEST_RETURN_IF_ERROR(gemm(u_, k.fc1_w, h_, n, I, H, stream));
     ZEST_RETURN_IF_ERROR(vision_bias_gelu(h_, k.fc1_b, n, I, tanh_gelu, stream));
     ZEST_RETURN_IF_ERROR(gemm(h_, k.fc2_w, tmp_, n, H, I, stream));

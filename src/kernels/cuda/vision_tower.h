@@ -28,8 +28,8 @@ Result<io::VisionConfig> vision_tower_config(const std::string& name);
 
 // Device outputs of the last forward (owned by the tower, valid until the next forward).
 struct VisionTowerOutput {
-  const bf16* embeds = nullptr;          // [tokens, out_hidden]
-  std::vector<const bf16*> deepstack;    // one [tokens, out_hidden] per deepstack index
+  const bf16* embeds = nullptr;        // [tokens, out_hidden]
+  std::vector<const bf16*> deepstack;  // one [tokens, out_hidden] per deepstack index
   int patches = 0, tokens = 0;
   std::vector<int64_t> tokens_per_image;
   // Score-layer capture (set when forward was given a score layer): q at column 0 and k at column
@@ -53,8 +53,7 @@ class VisionTowerCuda {
   static Result<std::unique_ptr<VisionTowerCuda>> create_random(const io::VisionConfig& cfg, uint64_t seed);
   // A tower with weights read through `source` (the tensor names and shapes of transformers' Qwen3-VL
   // vision model, as src/vision/tower.cpp loads them), converted to bf16.
-  static Result<std::unique_ptr<VisionTowerCuda>> create_from(const io::VisionConfig& cfg,
-                                                              const TensorSource& source);
+  static Result<std::unique_ptr<VisionTowerCuda>> create_from(const io::VisionConfig& cfg, const TensorSource& source);
   ~VisionTowerCuda();
   VisionTowerCuda(const VisionTowerCuda&) = delete;
   VisionTowerCuda& operator=(const VisionTowerCuda&) = delete;

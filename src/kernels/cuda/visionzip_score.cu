@@ -37,12 +37,10 @@ __device__ __forceinline__ void load_lse(float* dst, const float* lse, int N, in
 }
 
 template <int DP>
-__global__ void __launch_bounds__(kThreads) score_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k,
-                                                         int stride, const float* __restrict__ lse,
-                                                         const int32_t* __restrict__ cu_seqlens, int N, int heads,
-                                                         int D, float scale_log2, int group,
-                                                         float* __restrict__ token_scores,
-                                                         float* __restrict__ patch_scores) {
+__global__ void __launch_bounds__(kThreads)
+    score_kernel(const bf16* __restrict__ q, const bf16* __restrict__ k, int stride, const float* __restrict__ lse,
+                 const int32_t* __restrict__ cu_seqlens, int N, int heads, int D, float scale_log2, int group,
+                 float* __restrict__ token_scores, float* __restrict__ patch_scores) {
   constexpr int S = row_stride(DP), KS = DP / 16, NT = kTile / 8;
   pdl_wait();
   const int seg = blockIdx.y;
@@ -147,9 +145,9 @@ Status launch_scores(const bf16* q, const bf16* k, int stride, const float* lse,
 
 }  // namespace
 
-Status visionzip_scores(const bf16* q, const bf16* k, int stride, const float* lse, const int32_t* cu_seqlens,
-                        int nseg, int max_seqlen, int N, int heads, int head_dim, float scale, int group,
-                        float* token_scores, float* patch_scores, cudaStream_t stream) {
+Status visionzip_scores(const bf16* q, const bf16* k, int stride, const float* lse, const int32_t* cu_seqlens, int nseg,
+                        int max_seqlen, int N, int heads, int head_dim, float scale, int group, float* token_scores,
+                        float* patch_scores, cudaStream_t stream) {
   if (nseg <= 0 || max_seqlen <= 0 || N <= 0 || heads <= 0)
     return invalid_argument("visionzip_scores: nseg, max_seqlen, N and heads must be positive");
   if (head_dim <= 0 || head_dim % 8 != 0 || head_dim > 128)

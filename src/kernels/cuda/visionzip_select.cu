@@ -4,12 +4,11 @@
 // normalised scores: a candidate's global rank is counted exactly by binary searches in the other
 // images' sorted lists, ties to the lower image then the lower index, as accel::vision_keep_counts.
 // Kept flags are scanned into ascending index lists. The only host wait is the optional counts copy.
-#include <cub/device/device_scan.cuh>
-#include <cub/device/device_segmented_radix_sort.cuh>
-
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cub/device/device_scan.cuh>
+#include <cub/device/device_segmented_radix_sort.cuh>
 #include <string>
 
 #include "kernels/cuda/common.cuh"
@@ -67,7 +66,10 @@ __device__ __forceinline__ int image_of(const int32_t* offsets, int n, int p) {
   int lo = 0, hi = n - 1;
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
-    if (offsets[mid] <= p) lo = mid; else hi = mid - 1;
+    if (offsets[mid] <= p)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   return lo;
 }
@@ -106,22 +108,25 @@ __global__ void factor_kernel(const float* __restrict__ scores, const int32_t* _
 
 // Number of candidates of image i (sorted positions [offsets[i] + floors[i], offsets[i + 1])) whose
 // normalised score is > v (or >= v when `or_equal`).
-__device__ int count_better(const uint64_t* sorted, const int32_t* offsets, const int32_t* floors,
-                            const double* factor, int i, double v, bool or_equal) {
+__device__ int count_better(const uint64_t* sorted, const int32_t* offsets, const int32_t* floors, const double* factor,
+                            int i, double v, bool or_equal) {
   int lo = offsets[i] + floors[i], hi = offsets[i + 1];
   const int begin = lo;
   while (lo < hi) {  // first position that is not better
     const int mid = (lo + hi) / 2;
     const double k = static_cast<double>(key_score(sorted[mid])) * factor[i];
     const bool better = or_equal ? k >= v : k > v;
-    if (better) lo = mid + 1; else hi = mid;
+    if (better)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
   return lo - begin;
 }
 
 __global__ void select_kernel(const uint64_t* __restrict__ sorted, const int32_t* __restrict__ meta, int n, int T,
-                              int global, int64_t extra, const double* __restrict__ factor,
-                              int32_t* __restrict__ flags, int32_t* __restrict__ counts) {
+                              int global, int64_t extra, const double* __restrict__ factor, int32_t* __restrict__ flags,
+                              int32_t* __restrict__ counts) {
   pdl_wait();
   const int p = blockIdx.x * blockDim.x + threadIdx.x;
   if (p >= T) return;
@@ -182,8 +187,7 @@ __global__ void gather_columns_kernel(const int32_t* __restrict__ src, int rows,
 size_t cub_temp_bytes(int T, int n) {
   size_t sort_bytes = 0, scan_bytes = 0;
   cub::DeviceSegmentedRadixSort::SortKeys(nullptr, sort_bytes, static_cast<const uint64_t*>(nullptr),
-                                          static_cast<uint64_t*>(nullptr), T, n,
-                                          static_cast<const int32_t*>(nullptr),
+                                          static_cast<uint64_t*>(nullptr), T, n, static_cast<const int32_t*>(nullptr),
                                           static_cast<const int32_t*>(nullptr), 0, 64);
   cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, static_cast<const int32_t*>(nullptr),
                                 static_cast<int32_t*>(nullptr), T);
@@ -264,33 +268,35 @@ Status visionzip_select(const float* token_scores, const VisionZipPlan& plan, vo
   ZEST_RETURN_IF_ERROR(cuda_status(
       cudaMemcpyAsync(meta, host_meta.data(), host_meta.size() * sizeof(int32_t), cudaMemcpyHostToDevice, stream),
       "visionzip_select meta upload"));
-  ZEST_RETURN_IF_ERROR(cuda_status(cudaMemcpyAsync(kept_counts, meta + 2 * n + 1, n * sizeof(int32_t),
-                                                   cudaMemcpyDeviceToDevice, stream),
-                                   "visionzip_select counts init"));
+  ZEST_RETURN_IF_ERROR(
+      cuda_status(cudaMemcpyAsync(kept_counts, meta + 2 * n + 1, n * sizeof(int32_t), cudaMemcpyDeviceToDevice, stream),
+                  "visionzip_select counts init"));
   const int threads = 256, blocks = (T + threads - 1) / threads;
-  ZEST_RETURN_IF_ERROR(launch("visionzip_keys", keys_kernel, dim3(blocks), dim3(threads), 0, stream, token_scores,
-                              meta, n, T, keys_in));
+  ZEST_RETURN_IF_ERROR(
+      launch("visionzip_keys", keys_kernel, dim3(blocks), dim3(threads), 0, stream, token_scores, meta, n, T, keys_in));
   size_t temp_bytes = l.temp_bytes;
-  ZEST_RETURN_IF_ERROR(cuda_status(
-      cub::DeviceSegmentedRadixSort::SortKeys(temp, temp_bytes, keys_in, keys_out, T, n, meta, meta + 1, 0, 64,
-                                              stream),
-      "visionzip_select segmented sort"));
+  ZEST_RETURN_IF_ERROR(
+      cuda_status(cub::DeviceSegmentedRadixSort::SortKeys(temp, temp_bytes, static_cast<const uint64_t*>(keys_in),
+                                                          keys_out, T, n, static_cast<const int32_t*>(meta),
+                                                          static_cast<const int32_t*>(meta + 1), 0, 64, stream),
+                  "visionzip_select segmented sort"));
   if (plan.global) {
     ZEST_RETURN_IF_ERROR(launch("visionzip_factor", factor_kernel, dim3((n + 127) / 128), dim3(128), 0, stream,
                                 token_scores, meta, n, factor));
   }
-  ZEST_RETURN_IF_ERROR(launch("visionzip_select", select_kernel, dim3(blocks), dim3(threads), 0, stream, keys_out,
-                              meta, n, T, plan.global ? 1 : 0, plan.extra, factor, flags, kept_counts));
+  ZEST_RETURN_IF_ERROR(launch("visionzip_select", select_kernel, dim3(blocks), dim3(threads), 0, stream, keys_out, meta,
+                              n, T, plan.global ? 1 : 0, plan.extra, factor, flags, kept_counts));
   temp_bytes = l.temp_bytes;
   ZEST_RETURN_IF_ERROR(
-      cuda_status(cub::DeviceScan::ExclusiveSum(temp, temp_bytes, flags, scan, T, stream), "visionzip_select scan"));
-  ZEST_RETURN_IF_ERROR(launch("visionzip_scatter", scatter_kernel, dim3(blocks), dim3(threads), 0, stream, flags,
-                              scan, T, kept_index));
+      cuda_status(cub::DeviceScan::ExclusiveSum(temp, temp_bytes, static_cast<const int32_t*>(flags), scan, T, stream),
+                  "visionzip_select scan"));
+  ZEST_RETURN_IF_ERROR(
+      launch("visionzip_scatter", scatter_kernel, dim3(blocks), dim3(threads), 0, stream, flags, scan, T, kept_index));
   if (host_counts) {
     std::vector<int32_t> c(n);
-    ZEST_RETURN_IF_ERROR(cuda_status(
-        cudaMemcpyAsync(c.data(), kept_counts, n * sizeof(int32_t), cudaMemcpyDeviceToHost, stream),
-        "visionzip_select counts copy"));
+    ZEST_RETURN_IF_ERROR(
+        cuda_status(cudaMemcpyAsync(c.data(), kept_counts, n * sizeof(int32_t), cudaMemcpyDeviceToHost, stream),
+                    "visionzip_select counts copy"));
     ZEST_RETURN_IF_ERROR(cuda_status(cudaStreamSynchronize(stream), "visionzip_select sync"));
     for (int i = 0; i < n; ++i) host_counts[i] = c[i];
   }
@@ -303,8 +309,7 @@ Status visionzip_gather_rows(const bf16* src, int dim, const int32_t* index, int
   if (n_out == 0) return Status::ok();
   if (dim % 8 == 0 && (reinterpret_cast<uintptr_t>(src) | reinterpret_cast<uintptr_t>(dst)) % 16 != 0)
     return invalid_argument("visionzip_gather_rows: src and dst must be 16-byte aligned");
-  return launch("visionzip_gather_rows", gather_rows_kernel, dim3(n_out), dim3(128), 0, stream, src, dim, index,
-                dst);
+  return launch("visionzip_gather_rows", gather_rows_kernel, dim3(n_out), dim3(128), 0, stream, src, dim, index, dst);
 }
 
 Status visionzip_gather_columns(const int32_t* src, int rows, int src_cols, const int32_t* index, int index_offset,
@@ -313,8 +318,8 @@ Status visionzip_gather_columns(const int32_t* src, int rows, int src_cols, cons
     return invalid_argument("visionzip_gather_columns: rows and src_cols must be positive");
   if (n_out == 0) return Status::ok();
   const int total = rows * n_out;
-  return launch("visionzip_gather_columns", gather_columns_kernel, dim3((total + 255) / 256), dim3(256), 0, stream,
-                src, rows, src_cols, index, index_offset, n_out, dst);
+  return launch("visionzip_gather_columns", gather_columns_kernel, dim3((total + 255) / 256), dim3(256), 0, stream, src,
+                rows, src_cols, index, index_offset, n_out, dst);
 }
 
 }  // namespace zest::cuda

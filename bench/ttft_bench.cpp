@@ -1,0 +1,412 @@
+// Multi-image TTFT benchmark of the CUDA vision path: random-weight Qwen3-VL vision tower at real shapes,
+// VisionZip scoring + selection + gathers, and the decoder prefill of the resulting prompt.
+//   bench_ttft_bench --config qwen3-vl-30b-a3b --images 1,8,30 --image-size 640x480
+//                    --vision-prune-rate 0,0.3,0.4,0.5 [--mode uniform|global] [--iters 5] [--text-tokens 64]
+// Per (images, rate): CPU preprocessing (JPEG decode + smart_resize + patchify + bf16 of synthetic images,
+// one image per worker thread), the host-to-device copy, the tower (CUDA events, median of --iters), scoring
+// + selection + gathers (wall clock, including the one counts copy), and the prefill. The prefill is an
+// ESTIMATE: one decoder layer built from the CUDA decoder kernels (RMSNorm, QKV GEMM, causal prefill
+// attention, O GEMM, router, MoE plan + grouped expert GEMMs, combine) is timed at the prompt length and
+// multiplied by the layer count; RoPE/KV-cache writes, the embedding and the LM head are left out.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#ifdef ZEST_HAVE_CUDA
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <random>
+
+// jpeglib.h needs <cstdio> first.
+#include <jpeglib.h>
+
+#include "core/dtype.h"
+#include "core/thread_pool.h"
+#include "io/image.h"
+#include "kernels/backend.h"
+#include "kernels/cuda/kernels.h"
+#include "kernels/cuda/synthetic_decoder.h"
+#include "kernels/cuda/vision_kernels.h"
+#include "kernels/cuda/vision_tower.h"
+#include "vision/preprocess.h"
+
+namespace {
+
+using namespace zest;
+using namespace zest::cuda;
+using Clock = std::chrono::steady_clock;
+
+constexpr double kPeakBf16 = 989.4e12;  // H200 SXM dense bf16 tensor-core peak, FLOP/s
+
+bool ok(const Status& s, const char* what) {
+  if (s.is_ok()) return true;
+  std::fprintf(stderr, "error: %s: %s\n", what, s.to_string().c_str());
+  return false;
+}
+bool ok(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return true;
+  std::fprintf(stderr, "error: %s: %s\n", what, cudaGetErrorString(e));
+  return false;
+}
+
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// A synthetic photo-like JPEG (gradients + per-pixel noise, quality 90); seed varies the content.
+std::vector<uint8_t> make_jpeg(int w, int h, uint32_t seed) {
+  jpeg_compress_struct c;
+  jpeg_error_mgr err;
+  c.err = jpeg_std_error(&err);
+  jpeg_create_compress(&c);
+  unsigned char* buf = nullptr;
+  unsigned long len = 0;
+  jpeg_mem_dest(&c, &buf, &len);
+  c.image_width = w;
+  c.image_height = h;
+  c.input_components = 3;
+  c.in_color_space = JCS_RGB;
+  jpeg_set_defaults(&c);
+  jpeg_set_quality(&c, 90, TRUE);
+  jpeg_start_compress(&c, TRUE);
+  std::mt19937 rng(seed);
+  std::vector<uint8_t> row(static_cast<size_t>(w) * 3);
+  while (c.next_scanline < c.image_height) {
+    const int y = static_cast<int>(c.next_scanline);
+    for (int x = 0; x < w; ++x) {
+      const int n = static_cast<int>(rng() % 24);
+      row[x * 3 + 0] = static_cast<uint8_t>((x * 255 / w + n + seed * 7) & 255);
+      row[x * 3 + 1] = static_cast<uint8_t>((y * 255 / h + n) & 255);
+      row[x * 3 + 2] = static_cast<uint8_t>(((x + y) / 16 * 37 + n) & 255);
+    }
+    JSAMPROW p = row.data();
+    jpeg_write_scanlines(&c, &p, 1);
+  }
+  jpeg_finish_compress(&c);
+  std::vector<uint8_t> out(buf, buf + len);
+  jpeg_destroy_compress(&c);
+  free(buf);
+  return out;
+}
+
+template <typename T>
+std::vector<T> parse_list(const std::string& s) {
+  std::vector<T> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    std::stringstream is(item);
+    T v{};
+    is >> v;
+    out.push_back(v);
+  }
+  return out;
+}
+
+// One decoder layer of the synthetic model, built from the CUDA decoder kernels, for prefill timing.
+class PrefillLayer {
+ public:
+  bool init(const SyntheticConfig& c, int max_tokens) {
+    c_ = c;
+    max_ = max_tokens;
+    const size_t H = c.hidden, Q = static_cast<size_t>(c.q_heads) * c.head_dim,
+                 KV = static_cast<size_t>(c.kv_heads) * c.head_dim;
+    const size_t E = c.experts, I = c.expert_inter, T = max_tokens, K = c.top_k;
+    qkv_out_ = static_cast<int>(Q + 2 * KV);
+    bool good = alloc(&wqkv_, qkv_out_ * H) && alloc(&wo_, H * Q) && alloc(&router_, E * H) &&
+                alloc(&gate_up_, E * 2 * I * H) && alloc(&down_, E * H * I) && alloc(&norm_, H) && alloc(&x_, T * H) &&
+                alloc(&xn_, T * H) && alloc(&qkv_, T * qkv_out_) && alloc(&attn_, T * Q) && alloc(&o_, T * H) &&
+                alloc(&logits_, T * E) && alloc(&h_, T * K * I);
+    if (!good) return false;
+    if (!ok(cudaMalloc(&ids_, T * K * sizeof(int32_t)), "ids") ||
+        !ok(cudaMalloc(&weights_, T * K * sizeof(float)), "weights") ||
+        !ok(cudaMalloc(&slot_out_, T * K * H * sizeof(float)), "slot_out") ||
+        !ok(cudaMalloc(&cu_, 2 * sizeof(int32_t)), "cu") ||
+        !ok(cudaMalloc(&plan_buf_, moe_plan_bytes(max_tokens, c.top_k, c.experts)), "plan"))
+      return false;
+    moe_plan_bind(plan_, plan_buf_, max_tokens, c.top_k, c.experts);
+    uint64_t seed = 100;
+    auto fill = [&](bf16* p, size_t n, float a) { return ok(fill_random_bf16(p, n, ++seed, -a, a, nullptr), "fill"); };
+    return fill(wqkv_, qkv_out_ * H, 1.f / std::sqrt(float(H))) && fill(wo_, H * Q, 1.f / std::sqrt(float(Q))) &&
+           fill(router_, E * H, 1.f / std::sqrt(float(H))) &&
+           fill(gate_up_, E * 2 * I * H, 1.f / std::sqrt(float(H))) &&
+           fill(down_, E * H * I, 1.f / std::sqrt(float(I))) &&
+           ok(fill_random_bf16(norm_, H, 7, 0.9f, 1.1f, nullptr), "fill") && fill(x_, T * H, 1.f) &&
+           ok(cudaDeviceSynchronize(), "prefill init");
+  }
+  ~PrefillLayer() {
+    for (void* p : allocs_) cudaFree(p);
+    for (void* p : {static_cast<void*>(ids_), static_cast<void*>(weights_), static_cast<void*>(slot_out_),
+                    static_cast<void*>(cu_), plan_buf_})
+      if (p) cudaFree(p);
+  }
+  // Enqueues one layer over T tokens (one sequence) on `s`.
+  Status enqueue(int T, cudaStream_t s) {
+    const int H = c_.hidden, Q = c_.q_heads * c_.head_dim, KVd = c_.kv_heads * c_.head_dim, E = c_.experts,
+              K = c_.top_k;
+    const int32_t cu[2] = {0, T};
+    ZEST_RETURN_IF_ERROR(cuda_status_of(cudaMemcpyAsync(cu_, cu, sizeof(cu), cudaMemcpyHostToDevice, s)));
+    ZEST_RETURN_IF_ERROR(rmsnorm(x_, norm_, xn_, T, H, 1e-6f, s));
+    ZEST_RETURN_IF_ERROR(gemm(xn_, wqkv_, qkv_, T, qkv_out_, H, s));
+    ZEST_RETURN_IF_ERROR(prefill_attention(qkv_, qkv_out_, qkv_ + Q, qkv_ + Q + KVd, qkv_out_, cu_, 1, T, attn_,
+                                           c_.q_heads, c_.kv_heads, c_.head_dim, 1.f / std::sqrt(float(c_.head_dim)),
+                                           s));
+    ZEST_RETURN_IF_ERROR(gemm(attn_, wo_, o_, T, H, Q, s));
+    ZEST_RETURN_IF_ERROR(add_rmsnorm(x_, o_, norm_, xn_, T, H, 1e-6f, s));
+    ZEST_RETURN_IF_ERROR(gemm(xn_, router_, logits_, T, E, H, s));
+    ZEST_RETURN_IF_ERROR(router_topk(logits_, nullptr, ids_, weights_, T, E, K, s));
+    ZEST_RETURN_IF_ERROR(moe_plan(ids_, T, K, E, plan_, nullptr, s));
+    ZEST_RETURN_IF_ERROR(
+        moe_experts_prefill(xn_, plan_, weights_, gate_up_, down_, h_, slot_out_, T, K, E, H, c_.expert_inter, s));
+    return moe_combine_add_rmsnorm(x_, slot_out_, ids_, K, norm_, xn_, T, H, 1e-6f, s);
+  }
+
+ private:
+  static Status cuda_status_of(cudaError_t e) {
+    return e == cudaSuccess ? Status::ok() : internal_error(cudaGetErrorString(e));
+  }
+  bool alloc(bf16** p, size_t n) {
+    if (!ok(cudaMalloc(p, n * sizeof(bf16)), "cudaMalloc")) return false;
+    allocs_.push_back(*p);
+    return true;
+  }
+  SyntheticConfig c_;
+  int max_ = 0, qkv_out_ = 0;
+  std::vector<void*> allocs_;
+  bf16 *wqkv_ = nullptr, *wo_ = nullptr, *router_ = nullptr, *gate_up_ = nullptr, *down_ = nullptr, *norm_ = nullptr;
+  bf16 *x_ = nullptr, *xn_ = nullptr, *qkv_ = nullptr, *attn_ = nullptr, *o_ = nullptr, *logits_ = nullptr,
+       *h_ = nullptr;
+  int32_t *ids_ = nullptr, *cu_ = nullptr;
+  float *weights_ = nullptr, *slot_out_ = nullptr;
+  void* plan_buf_ = nullptr;
+  MoePlan plan_;
+};
+
+// Median time in ms of `fn` enqueued on `s` (CUDA events), after one warm-up.
+template <typename F>
+double time_gpu(int iters, cudaStream_t s, F fn, bool* good) {
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  std::vector<double> ms;
+  for (int i = 0; i <= iters; ++i) {
+    cudaEventRecord(e0, s);
+    if (!fn()) *good = false;
+    cudaEventRecord(e1, s);
+    cudaEventSynchronize(e1);
+    float t = 0;
+    cudaEventElapsedTime(&t, e0, e1);
+    if (i > 0) ms.push_back(t);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return median(ms);
+}
+
+// Measured bf16 GEMM throughput through cuda::gemm (FLOP/s) at 8192^3.
+double gemm_throughput(cudaStream_t s) {
+  const int n = 8192;
+  bf16 *a = nullptr, *b = nullptr, *c = nullptr;
+  cudaMalloc(&a, size_t(n) * n * 2);
+  cudaMalloc(&b, size_t(n) * n * 2);
+  cudaMalloc(&c, size_t(n) * n * 2);
+  bool good = fill_random_bf16(a, size_t(n) * n, 1, -1, 1, s).is_ok() &&
+              fill_random_bf16(b, size_t(n) * n, 2, -1, 1, s).is_ok();
+  const double t = time_gpu(
+      5, s, [&] { return gemm(a, b, c, n, n, n, s).is_ok(); }, &good);
+  cudaFree(a);
+  cudaFree(b);
+  cudaFree(c);
+  return good ? 2.0 * n * n * double(n) / (t * 1e-3) : 0.0;
+}
+
+struct Options {
+  std::string config = "qwen3-vl-30b-a3b", images = "1,8,30", size = "640x480", rates = "0,0.3,0.4,0.5";
+  std::string mode = "uniform";
+  int iters = 5, text_tokens = 64, threads = 0;
+};
+
+int run(const Options& o) {
+  if (!ok(kernels::cuda_init(0), "cuda_init")) return 1;
+  std::printf("device: %s\n", kernels::cuda_describe().c_str());
+  int W = 0, Hh = 0;
+  if (std::sscanf(o.size.c_str(), "%dx%d", &W, &Hh) != 2 || W <= 0 || Hh <= 0) {
+    std::fprintf(stderr, "error: --image-size must be WxH, e.g. 640x480\n");
+    return 1;
+  }
+  if (o.threads > 0) set_num_threads(o.threads);
+  const auto counts = parse_list<int>(o.images);
+  const auto rates = parse_list<float>(o.rates);
+  auto vcfg = vision_tower_config(o.config);
+  auto dcfg = synthetic_config(o.config, 0);
+  if (!ok(vcfg.status(), "vision config") || !ok(dcfg.status(), "decoder config")) return 1;
+  auto tower = VisionTowerCuda::create_random(*vcfg, 1);
+  if (!ok(tower.status(), "tower")) return 1;
+  cudaStream_t s;
+  cudaStreamCreate(&s);
+  const double gemm_tps = gemm_throughput(s);
+  std::printf("bf16 GEMM 8192^3 through cuda::gemm: %.0f TFLOP/s (peak used for MFU: %.0f TFLOP/s)\n", gemm_tps / 1e12,
+              kPeakBf16 / 1e12);
+
+  io::PreprocessorConfig pcfg;
+  const int max_images = *std::max_element(counts.begin(), counts.end());
+  std::vector<std::vector<uint8_t>> jpegs;
+  for (int i = 0; i < max_images; ++i) jpegs.push_back(make_jpeg(W, Hh, static_cast<uint32_t>(i + 1)));
+  std::printf(
+      "synthetic JPEG %dx%d, %.1f KB each; %d worker threads; mode %s; prefill: ESTIMATE = %d x one "
+      "measured decoder layer (%s shapes)\n",
+      W, Hh, jpegs[0].size() / 1e3, num_threads(), o.mode.c_str(), dcfg->layers, o.config.c_str());
+
+  // Largest prompt: all visual tokens of the largest request + text.
+  auto probe = io::decode_image(jpegs[0]);
+  if (!ok(probe.status(), "decode")) return 1;
+  auto probe_plan = vision::plan_preprocess({*probe}, pcfg);
+  if (!ok(probe_plan.status(), "plan")) return 1;
+  const int tok_per_img = static_cast<int>(probe_plan->grids[0].merged_tokens(pcfg.merge_size));
+  PrefillLayer layer;
+  if (!layer.init(*dcfg, max_images * tok_per_img + o.text_tokens)) return 1;
+
+  std::printf(
+      "\n| images | rate | visual tokens | kept | preprocess ms | H2D ms | tower ms | tower MFU | score+select ms "
+      "| score/tower | prefill ms (est.) | TTFT ms | TTFT vs rate 0 |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  bool good = true;
+  for (int n_img : counts) {
+    // Preprocess: one image per worker task (decode, resize, patchify, bf16) into a pinned staging buffer.
+    std::vector<vision::PreprocessPlan> plans(n_img);
+    std::vector<io::Image> decoded(n_img);
+    std::vector<vision::GridTHW> grids(n_img);
+    std::vector<int64_t> row0(n_img + 1, 0);
+    for (int i = 0; i < n_img; ++i) {
+      auto p = vision::plan_preprocess({*probe}, pcfg);
+      plans[i] = *p;
+      grids[i] = p->grids[0];
+      row0[i + 1] = row0[i] + p->rows;
+    }
+    const int64_t cols = plans[0].cols, rows = row0[n_img];
+    uint16_t* pinned = nullptr;
+    cudaMallocHost(&pinned, rows * cols * sizeof(uint16_t));
+    bf16* pv = nullptr;
+    cudaMalloc(&pv, rows * cols * sizeof(uint16_t));
+    std::vector<double> pre_ms, h2d_ms;
+    for (int it = 0; it < 3; ++it) {
+      const auto t0 = Clock::now();
+      parallel_for(n_img, 1, [&](int64_t b, int64_t e) {
+        vision::ResizeScratch scratch;
+        std::vector<float> f32(static_cast<size_t>(plans[0].rows * cols));
+        for (int64_t i = b; i < e; ++i) {
+          if (!io::decode_image_into(jpegs[i].data(), jpegs[i].size(), decoded[i]).is_ok()) continue;
+          vision::preprocess_into({decoded[i]}, plans[i], pcfg, f32.data(), scratch);
+          uint16_t* dst = pinned + row0[i] * cols;
+          for (size_t k = 0; k < f32.size(); ++k) dst[k] = f32_to_bf16(f32[k]);
+        }
+      });
+      pre_ms.push_back(ms_since(t0));
+      const auto t1 = Clock::now();
+      cudaMemcpyAsync(pv, pinned, rows * cols * sizeof(uint16_t), cudaMemcpyHostToDevice, s);
+      cudaStreamSynchronize(s);
+      h2d_ms.push_back(ms_since(t1));
+    }
+    const double t_pre = median(pre_ms), t_h2d = median(h2d_ms);
+    // Tower with the score layer captured (the last block, VisionZip's rule for Qwen3-VL).
+    const int score_layer = static_cast<int>(vcfg->depth) - 1;
+    const double t_tower = time_gpu(
+        o.iters, s, [&] { return (*tower)->forward(pv, grids, score_layer, s).is_ok(); }, &good);
+    const auto& out = (*tower)->output();
+    const double mfu = (*tower)->flops(grids) / (t_tower * 1e-3) / kPeakBf16;
+
+    float* scores = nullptr;
+    int32_t *kept = nullptr, *kept_counts = nullptr, *positions = nullptr, *positions_out = nullptr;
+    bf16 *emb_out = nullptr, *ds_out = nullptr;
+    const int O = static_cast<int>(vcfg->out_hidden_size), T = out.tokens;
+    cudaMalloc(&scores, T * sizeof(float));
+    cudaMalloc(&kept, T * sizeof(int32_t));
+    cudaMalloc(&kept_counts, n_img * sizeof(int32_t));
+    cudaMalloc(&positions, 3 * T * sizeof(int32_t));
+    cudaMemset(positions, 0, 3 * T * sizeof(int32_t));
+    cudaMalloc(&positions_out, 3 * T * sizeof(int32_t));
+    cudaMalloc(&emb_out, size_t(T) * O * sizeof(bf16));
+    cudaMalloc(&ds_out, out.deepstack.size() * size_t(T) * O * sizeof(bf16));
+    double ttft0 = 0;
+    for (float rate : rates) {
+      VisionZipSelect sel;
+      sel.rate = rate;
+      sel.global = o.mode == "global";
+      auto plan = visionzip_plan(out.tokens_per_image, sel);
+      if (!ok(plan.status(), "visionzip plan")) return 1;
+      void* ws = nullptr;
+      cudaMalloc(&ws, plan->workspace_bytes);
+      std::vector<int64_t> host_counts(n_img);
+      double t_sel = 0;
+      if (rate > 0.f) {
+        std::vector<double> sel_ms;
+        for (int it = 0; it <= o.iters; ++it) {
+          cudaStreamSynchronize(s);
+          const auto t0 = Clock::now();
+          bool g = (*tower)->scores(scores, nullptr, s).is_ok() &&
+                   visionzip_select(scores, *plan, ws, kept, kept_counts, host_counts.data(), s).is_ok();
+          const int n_out = static_cast<int>(plan->kept);
+          g = g && visionzip_gather_rows(out.embeds, O, kept, n_out, emb_out, s).is_ok();
+          for (size_t j = 0; j < out.deepstack.size(); ++j)
+            g = g && visionzip_gather_rows(out.deepstack[j], O, kept, n_out, ds_out + j * size_t(T) * O, s).is_ok();
+          g = g && visionzip_gather_columns(positions, 3, T, kept, 0, n_out, positions_out, s).is_ok();
+          cudaStreamSynchronize(s);
+          if (!g) good = false;
+          if (it > 0) sel_ms.push_back(ms_since(t0));
+        }
+        t_sel = median(sel_ms);
+      }
+      cudaFree(ws);
+      const int prompt = static_cast<int>(plan->kept) + o.text_tokens;
+      const double t_layer = time_gpu(
+          o.iters, s, [&] { return layer.enqueue(prompt, s).is_ok(); }, &good);
+      const double t_prefill = t_layer * dcfg->layers;
+      const double ttft = t_pre + t_h2d + t_tower + t_sel + t_prefill;
+      if (rate == 0.f) ttft0 = ttft;
+      char red[32] = "-";
+      if (rate > 0.f && ttft0 > 0) std::snprintf(red, sizeof(red), "%.1f%%", 100.0 * (1.0 - ttft / ttft0));
+      std::printf("| %d | %.2f | %d | %lld | %.1f | %.2f | %.2f | %.1f%% | %.3f | %.2f%% | %.2f | %.1f | %s |\n", n_img,
+                  rate, T, static_cast<long long>(plan->kept), t_pre, t_h2d, t_tower, 100 * mfu, t_sel,
+                  100 * t_sel / t_tower, t_prefill, ttft, red);
+      std::fflush(stdout);
+    }
+    for (void* p : {static_cast<void*>(scores), static_cast<void*>(kept), static_cast<void*>(kept_counts),
+                    static_cast<void*>(positions), static_cast<void*>(positions_out), static_cast<void*>(emb_out),
+                    static_cast<void*>(ds_out), static_cast<void*>(pv)})
+      cudaFree(p);
+    cudaFreeHost(pinned);
+  }
+  cudaStreamDestroy(s);
+  if (!good || !ok(cudaGetLastError(), "bench")) return 1;
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  CLI::App app{"TTFT of multi-image requests: vision tower + VisionZip + prefill (CUDA)"};
+  app.add_option("--config", o.config, "model shape (qwen3-vl-30b-a3b, qwen3-vl-32b, ...)");
+  app.add_option("--images", o.images, "comma-separated image counts per request");
+  app.add_option("--image-size", o.size, "synthetic image size WxH");
+  app.add_option("--vision-prune-rate", o.rates, "comma-separated VisionZip prune rates (0 = off)");
+  app.add_option("--mode", o.mode, "uniform | global budget")->check(CLI::IsMember({"uniform", "global"}));
+  app.add_option("--iters", o.iters, "timed iterations (median)");
+  app.add_option("--text-tokens", o.text_tokens, "text tokens in the prompt besides the images");
+  app.add_option("--threads", o.threads, "preprocessing worker threads (0 = all cores)");
+  CLI11_PARSE(app, argc, argv);
+  return run(o);
+}
+
+#else
+int main() {
+  std::fprintf(stderr, "bench_ttft_bench needs the CUDA backend (configure with -DZEST_CUDA=ON)\n");
+  return 1;
+}
+#endif
