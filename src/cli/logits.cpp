@@ -13,6 +13,7 @@ namespace {
 struct LogitsArgs {
   ModelArgs model;
   RequestArgs request;
+  AccelArgs accel;
   std::string out;
   bool all_positions = false;
 };
@@ -23,6 +24,9 @@ int run_logits(const LogitsArgs& a) {
   auto model_r = load_model(a.model);
   if (!model_r.ok()) return fail(model_r.status());
   auto model = std::move(model_r).value();
+  engine::EngineOptions unused;
+  auto accel = apply_accel(a.accel, *model, unused);
+  if (!accel.ok()) return fail(accel.status());
   auto req_r = engine::parse_chat_request(*body_r, *model);
   if (!req_r.ok()) return fail(req_r.status());
   auto prompt_r = engine::build_prompt(*model, *req_r, {});
@@ -41,7 +45,9 @@ int run_logits(const LogitsArgs& a) {
   b.mm_embeds = p.mm_embeds;
   b.mm_index = p.mm_index;
   b.deepstack = p.deepstack;
-  auto logits = model->text.forward(b, cache);
+  // SERE re-routes prompt (prefill) tokens only with --sere-prefill.
+  const model::MoeHooks* hooks = *accel ? (*accel)->hooks(/*decode_only=*/false) : nullptr;
+  auto logits = model->text.forward(b, cache, hooks);
   if (!logits.ok()) return fail(logits.status());
   Tensor out = *logits;
   if (!a.all_positions) out = out.reshape({out.dim(1)});
@@ -70,6 +76,7 @@ void register_logits(CLI::App& app, std::function<int()>& run) {
   CLI::App* sub = app.add_subcommand("logits", "Write the prompt's logits as .npy and print the prompt token ids");
   add_model_args(sub, a->model);
   add_request_args(sub, a->request);
+  add_accel_args(sub, a->accel);
   sub->add_option("--out", a->out, "output .npy file")->required();
   sub->add_flag("--all-positions", a->all_positions, "logits of every prompt position [T, vocab]");
   sub->callback([a, &run] { run = [a] { return run_logits(*a); }; });
