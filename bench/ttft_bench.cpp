@@ -277,6 +277,7 @@ int run(const Options& o) {
       "| score/tower | prefill ms (est.) | TTFT ms | TTFT vs rate 0 |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   bool good = true;
+  std::string breakdown;
   for (int n_img : counts) {
     // Preprocess: one image per worker task (decode, resize, patchify, bf16) into a pinned staging buffer.
     std::vector<vision::PreprocessPlan> plans(n_img);
@@ -318,8 +319,24 @@ int run(const Options& o) {
     const int score_layer = static_cast<int>(vcfg->depth) - 1;
     const double t_tower = time_gpu(
         o.iters, s, [&] { return (*tower)->forward(pv, grids, score_layer, s).is_ok(); }, &good);
-    const auto& out = (*tower)->output();
     const double mfu = (*tower)->flops(grids) / (t_tower * 1e-3) / kPeakBf16;
+    if (n_img == max_images) {
+      auto prof = (*tower)->profile_block(o.iters, s);
+      if (!ok(prof.status(), "profile")) return 1;
+      breakdown = "\nOne tower block at " + std::to_string(n_img) + " images (" + std::to_string(rows) +
+                  " patches), each op timed alone:\n\n| op | ms | TFLOP/s | x " + std::to_string(vcfg->depth) +
+                  " blocks ms |\n|---|---|---|---|\n";
+      for (const auto& r : *prof) {
+        char line[160];
+        std::snprintf(line, sizeof(line), "| %s | %.3f | %s | %.2f |\n", r.name.c_str(), r.ms,
+                      r.flops > 0 ? std::to_string(static_cast<int>(r.flops / (r.ms * 1e-3) / 1e12)).c_str() : "-",
+                      r.ms * vcfg->depth);
+        breakdown += line;
+      }
+      // Restore the outputs (profiling overwrote the buffers) before scoring.
+      if (!ok((*tower)->forward(pv, grids, score_layer, s), "forward")) return 1;
+    }
+    const auto& out = (*tower)->output();
 
     float* scores = nullptr;
     int32_t *kept = nullptr, *kept_counts = nullptr, *positions = nullptr, *positions_out = nullptr;
@@ -382,6 +399,7 @@ int run(const Options& o) {
       cudaFree(p);
     cudaFreeHost(pinned);
   }
+  std::printf("%s", breakdown.c_str());
   cudaStreamDestroy(s);
   if (!good || !ok(cudaGetLastError(), "bench")) return 1;
   return 0;

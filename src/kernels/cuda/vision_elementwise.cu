@@ -188,26 +188,42 @@ __global__ void pos_embed_add_kernel(const bf16* __restrict__ pe, const bf16* __
   }
 }
 
-// One CTA per row: bias on q, k, v, then rotate-half of q and k heads in fp32.
+// One thread per 8-byte chunk: 4 rotate-half pairs (d, d + head_dim/2) of a q or k head, or 8 values of v
+// (bias only). Math in fp32.
 __global__ void qkv_rope_kernel(bf16* __restrict__ qkv, const bf16* __restrict__ bias,
-                                const float2* __restrict__ rope_cs, int heads, int head_dim) {
+                                const float2* __restrict__ rope_cs, int N, int heads, int head_dim) {
   pdl_wait();
-  const int r = blockIdx.x, H = heads * head_dim, half = head_dim / 2;
-  bf16* row = qkv + static_cast<size_t>(r) * 3 * H;
-  const float2* cs = rope_cs + static_cast<size_t>(r) * half;
-  // q and k: pairs (d, d + half) of each of the 2 * heads rotated heads.
-  for (int i = threadIdx.x; i < 2 * heads * half; i += blockDim.x) {
-    const int hh = i / half, j = i % half;
-    const int d0 = hh * head_dim + j, d1 = d0 + half;
-    const float a = __bfloat162float(row[d0]) + (bias ? __bfloat162float(bias[d0]) : 0.f);
-    const float b = __bfloat162float(row[d1]) + (bias ? __bfloat162float(bias[d1]) : 0.f);
-    const float2 c = cs[j];
-    row[d0] = __float2bfloat16(a * c.x - b * c.y);
-    row[d1] = __float2bfloat16(b * c.x + a * c.y);
-  }
-  if (bias) {
-    for (int i = threadIdx.x; i < H; i += blockDim.x)
-      row[2 * H + i] = __float2bfloat16(__bfloat162float(row[2 * H + i]) + __bfloat162float(bias[2 * H + i]));
+  const int H = heads * head_dim, half = head_dim / 2, rot = 2 * heads * (half / 4), units = rot + H / 8;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < static_cast<size_t>(N) * units;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const int r = static_cast<int>(i / units), u = static_cast<int>(i % units);
+    bf16* row = qkv + static_cast<size_t>(r) * 3 * H;
+    if (u < rot) {
+      const int hh = u / (half / 4), j0 = (u % (half / 4)) * 4;
+      const int d0 = hh * head_dim + j0, d1 = d0 + half;
+      uint2 va = *reinterpret_cast<const uint2*>(row + d0), vb = *reinterpret_cast<const uint2*>(row + d1);
+      const bf16* a = reinterpret_cast<const bf16*>(&va);
+      const bf16* b = reinterpret_cast<const bf16*>(&vb);
+      bf16 oa[4], ob[4];
+      const float2* cs = rope_cs + static_cast<size_t>(r) * half + j0;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float x = __bfloat162float(a[e]) + (bias ? __bfloat162float(bias[d0 + e]) : 0.f);
+        const float y = __bfloat162float(b[e]) + (bias ? __bfloat162float(bias[d1 + e]) : 0.f);
+        const float2 c = cs[e];
+        oa[e] = __float2bfloat16(x * c.x - y * c.y);
+        ob[e] = __float2bfloat16(y * c.x + x * c.y);
+      }
+      *reinterpret_cast<uint2*>(row + d0) = *reinterpret_cast<const uint2*>(oa);
+      *reinterpret_cast<uint2*>(row + d1) = *reinterpret_cast<const uint2*>(ob);
+    } else if (bias) {
+      const int d = 2 * H + (u - rot) * 8;
+      uint4 vv = *reinterpret_cast<const uint4*>(row + d);
+      bf16* x = reinterpret_cast<bf16*>(&vv);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) x[e] = __float2bfloat16(__bfloat162float(x[e]) + __bfloat162float(bias[d + e]));
+      *reinterpret_cast<uint4*>(row + d) = vv;
+    }
   }
 }
 
@@ -266,8 +282,15 @@ Status vision_pos_embed_add(const bf16* pe, const bf16* bias, const bf16* pos_ta
 Status vision_qkv_rope(bf16* qkv, const bf16* bias, const float2* rope_cs, int N, int heads, int head_dim,
                        cudaStream_t stream) {
   ZEST_RETURN_IF_ERROR(check_rows("vision_qkv_rope", N, heads * head_dim));
-  if (head_dim % 2 != 0) return invalid_argument("vision_qkv_rope: head_dim must be even, got " + str(head_dim));
-  return launch("vision_qkv_rope", qkv_rope_kernel, dim3(N), dim3(256), 0, stream, qkv, bias, rope_cs, heads, head_dim);
+  if (head_dim % 8 != 0)
+    return invalid_argument("vision_qkv_rope: head_dim must be a multiple of 8, got " + str(head_dim));
+  if (reinterpret_cast<uintptr_t>(qkv) % 16 != 0)
+    return invalid_argument("vision_qkv_rope: qkv must be 16-byte aligned");
+  const size_t units = static_cast<size_t>(N) * (2 * heads * (head_dim / 8) + heads * head_dim / 8);
+  const int threads = 256;
+  const int blocks = static_cast<int>(std::min<size_t>((units + threads - 1) / threads, 16ull * sm_count()));
+  return launch("vision_qkv_rope", qkv_rope_kernel, dim3(blocks), dim3(threads), 0, stream, qkv, bias, rope_cs, N,
+                heads, head_dim);
 }
 
 }  // namespace zest::cuda

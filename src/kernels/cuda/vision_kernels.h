@@ -55,6 +55,7 @@ Status vision_pos_embed_add(const bf16* pe, const bf16* bias, const bf16* pos_ta
 
 // qkv [N, 3 * heads * head_dim] (q heads, k heads, v heads) in place: adds the bias [3 * heads * head_dim]
 // (may be nullptr), then rotates q and k with rotate-half pairs (d, d + head_dim/2) using rope_cs, fp32 math.
+// head_dim % 8 == 0, qkv 16-byte aligned.
 Status vision_qkv_rope(bf16* qkv, const bf16* bias, const float2* rope_cs, int N, int heads, int head_dim,
                        cudaStream_t stream);
 

@@ -34,6 +34,16 @@ __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_addr(p)));
 }
+__device__ __forceinline__ void ldsm_x2(uint32_t (&r)[2], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldsm_x2_trans(uint32_t (&r)[2], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(smem_addr(p)));
+}
 __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -49,33 +59,40 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// d += a * b for one m16n8k8 tile (the odd 8-wide tail of a head dimension).
+__device__ __forceinline__ void mma1688(float (&d)[4], const uint32_t (&a)[2], uint32_t b0) {
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(b0));
+}
+
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
-// Loads rows [row0, row0 + kTile) of one head (d columns, d % 8 == 0) into a shared tile of stride
-// row_stride(dp); rows >= row_end are zero-filled. Columns [d, dp) are left as they are.
-template <int DP>
+// Loads `rows` rows [row0, row0 + rows) of one head (d columns, d % 8 == 0) into a shared tile of row stride
+// S elements; rows >= row_end are zero-filled. Columns [d, S) are left as they are.
+template <int S>
 __device__ __forceinline__ void load_tile(__nv_bfloat16* tile, const __nv_bfloat16* base, int stride, int row0,
-                                          int row_end, int d) {
+                                          int row_end, int d, int rows = kTile) {
   const int chunks = d / 8;
-  for (int i = threadIdx.x; i < kTile * chunks; i += kThreads) {
+  for (int i = threadIdx.x; i < rows * chunks; i += kThreads) {
     const int r = i / chunks, c = i % chunks;
     const bool valid = row0 + r < row_end;
     const __nv_bfloat16* src = base + static_cast<size_t>(valid ? row0 + r : 0) * stride + c * 8;
-    cp_async16(tile + r * row_stride(DP) + c * 8, src, valid);
+    cp_async16(tile + r * S + c * 8, src, valid);
   }
 }
 
-// Zeroes columns [d, dp) of `n` tiles of kTile rows laid out back to back.
-template <int DP>
-__device__ __forceinline__ void zero_pad_columns(__nv_bfloat16* tiles, int n, int d) {
-  const int pad = DP - d;
-  if (pad == 0) return;
-  for (int i = threadIdx.x; i < n * kTile * pad; i += kThreads) {
+// Zeroes columns [d, W) of `rows` rows of stride S.
+template <int S, int W>
+__device__ __forceinline__ void zero_pad_columns(__nv_bfloat16* tiles, int rows, int d) {
+  const int pad = W - d;
+  if (pad <= 0) return;
+  for (int i = threadIdx.x; i < rows * pad; i += kThreads) {
     const int r = i / pad, c = d + i % pad;
-    tiles[r * row_stride(DP) + c] = __float2bfloat16(0.f);
+    tiles[r * S + c] = __float2bfloat16(0.f);
   }
 }
 

@@ -1,6 +1,7 @@
 // The Qwen3-VL vision tower runner on CUDA (see vision_tower.h).
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <set>
 
 #include "core/dtype.h"
@@ -349,6 +350,76 @@ Status VisionTowerCuda::scores(float* token_scores, float* patch_scores, cudaStr
                           out_.patches, static_cast<int>(cfg_.num_heads), head_dim(), scale,
                           static_cast<int>(cfg_.spatial_merge_size * cfg_.spatial_merge_size), token_scores,
                           patch_scores, stream);
+}
+
+Result<std::vector<VisionTowerCuda::OpTime>> VisionTowerCuda::profile_block(int iters, cudaStream_t stream) {
+  if (N_ == 0 || iters < 1) return invalid_argument("profile_block needs a forward first and iters >= 1");
+  const int n = N_, H = static_cast<int>(cfg_.hidden_size), I = static_cast<int>(cfg_.intermediate_size);
+  const int heads = static_cast<int>(cfg_.num_heads), hd = head_dim();
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const bool tanh_gelu = cfg_.hidden_act == "gelu_pytorch_tanh";
+  const Block& k = blocks_[0];
+  double attn_flops = 0;
+  {
+    std::vector<int32_t> cu(out_.nseg + 1);
+    ZEST_RETURN_IF_ERROR(cuda_status(
+        cudaMemcpy(cu.data(), cu_dev_, cu.size() * sizeof(int32_t), cudaMemcpyDeviceToHost), "profile cu_seqlens"));
+    for (int s = 0; s < out_.nseg; ++s) attn_flops += 4.0 * (cu[s + 1] - cu[s]) * double(cu[s + 1] - cu[s]) * H;
+  }
+  const double dn = n;
+  struct Op {
+    const char* name;
+    double flops;
+    std::function<Status()> fn;
+  };
+  const std::vector<Op> ops = {
+      {"qkv GEMM", 2 * dn * H * 3 * H, [&] { return gemm(u_, k.qkv_w, qkv_, n, 3 * H, H, stream); }},
+      {"qkv bias + 2-D rotary", 0, [&] { return vision_qkv_rope(qkv_, k.qkv_b, rope_, n, heads, hd, stream); }},
+      {"attention", attn_flops,
+       [&] {
+         return vision_attention(qkv_, qkv_ + H, qkv_ + 2 * H, 3 * H, cu_dev_, out_.nseg, out_.max_seqlen, n, heads, hd,
+                                 scale, attn_, nullptr, stream);
+       }},
+      {"attention + lse", attn_flops,
+       [&] {
+         return vision_attention(qkv_, qkv_ + H, qkv_ + 2 * H, 3 * H, cu_dev_, out_.nseg, out_.max_seqlen, n, heads, hd,
+                                 scale, attn_, lse_, stream);
+       }},
+      {"proj GEMM", 2 * dn * H * H, [&] { return gemm(attn_, k.proj_w, tmp_, n, H, H, stream); }},
+      {"residual + LayerNorm", 0,
+       [&] { return vision_residual_layernorm(x_, tmp_, k.proj_b, k.norm2_w, k.norm2_b, u_, n, H, kNormEps, stream); }},
+      {"fc1 GEMM", 2 * dn * H * I, [&] { return gemm(u_, k.fc1_w, h_, n, I, H, stream); }},
+      {"bias + GELU", 0, [&] { return vision_bias_gelu(h_, k.fc1_b, n, I, tanh_gelu, stream); }},
+      {"fc2 GEMM", 2 * dn * H * I, [&] { return gemm(h_, k.fc2_w, tmp_, n, H, I, stream); }},
+  };
+  cudaEvent_t e0, e1;
+  ZEST_RETURN_IF_ERROR(cuda_status(cudaEventCreate(&e0), "event"));
+  ZEST_RETURN_IF_ERROR(cuda_status(cudaEventCreate(&e1), "event"));
+  auto time_op = [&](const Op& op, double* ms) -> Status {
+    ZEST_RETURN_IF_ERROR(op.fn());
+    cudaEventRecord(e0, stream);
+    for (int i = 0; i < iters; ++i) ZEST_RETURN_IF_ERROR(op.fn());
+    cudaEventRecord(e1, stream);
+    ZEST_RETURN_IF_ERROR(cuda_status(cudaEventSynchronize(e1), "profile sync"));
+    float t = 0;
+    cudaEventElapsedTime(&t, e0, e1);
+    *ms = t / iters;
+    return Status::ok();
+  };
+  std::vector<OpTime> rows;
+  for (const Op& op : ops) {
+    double ms = 0;
+    const Status st = time_op(op, &ms);
+    if (!st.is_ok()) {
+      cudaEventDestroy(e0);
+      cudaEventDestroy(e1);
+      return st;
+    }
+    rows.push_back({op.name, ms, op.flops});
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return rows;
 }
 
 double VisionTowerCuda::flops(const std::vector<vision::GridTHW>& grids) const {

@@ -69,6 +69,15 @@ class VisionTowerCuda {
   // head-averaged attention each patch receives), patch_scores [patches] when not nullptr.
   Status scores(float* token_scores, float* patch_scores, cudaStream_t stream) const;
 
+  // Per-op timing of one block at the shapes of the last forward: each op launched `iters` times on the
+  // tower's buffers (CUDA events; the outputs of the last forward are overwritten). Rows of
+  // (op name, ms per launch, FLOPs per launch).
+  struct OpTime {
+    std::string name;
+    double ms = 0, flops = 0;
+  };
+  Result<std::vector<OpTime>> profile_block(int iters, cudaStream_t stream);
+
   // Floating-point operations of one forward over `grids` (GEMMs and attention, 2 per multiply-add).
   double flops(const std::vector<vision::GridTHW>& grids) const;
   const io::VisionConfig& config() const { return cfg_; }

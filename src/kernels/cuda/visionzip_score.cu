@@ -52,15 +52,15 @@ __global__ void __launch_bounds__(kThreads)
   bf16* sK = sQ + 2 * kTile * S;
   float* sL = reinterpret_cast<float*>(sK + 2 * kTile * S);
   float* sA = sL + 2 * kTile;
-  zero_pad_columns<DP>(sQ, 4, D);
+  zero_pad_columns<S, DP>(sQ, 4 * kTile, D);
 
   const int n_qt = (s1 - s0 + kTile - 1) / kTile, total = heads * n_qt;
   // Stage `it` = (head it / n_qt, query tile it % n_qt): its Q tile, its lse, and the head's K tile at qt 0.
   auto load_stage = [&](int it) {
     const int h = it / n_qt, qt = it % n_qt, b = it & 1;
-    load_tile<DP>(sQ + b * kTile * S, q + h * D, stride, s0 + qt * kTile, s1, D);
+    load_tile<S>(sQ + b * kTile * S, q + h * D, stride, s0 + qt * kTile, s1, D);
     load_lse(sL + b * kTile, lse, N, h, s0 + qt * kTile, s1);
-    if (qt == 0) load_tile<DP>(sK + (h & 1) * kTile * S, k + h * D, stride, k0, s1, D);
+    if (qt == 0) load_tile<S>(sK + (h & 1) * kTile * S, k + h * D, stride, k0, s1, D);
   };
   load_stage(0);
   cp_async_commit();
