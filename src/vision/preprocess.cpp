@@ -5,6 +5,10 @@
 #include <cstring>
 #include <string>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace zest::vision {
 
 Result<std::pair<int64_t, int64_t>> smart_resize(int64_t height, int64_t width, int64_t factor, int64_t min_pixels,
@@ -48,12 +52,15 @@ double aa_cubic(double x) {
 }
 
 // Fixed-point resampling weights of one axis: output i reads `count[i]` inputs from `first[i]`
-// with weights w[i * taps + k] in units of 2^-precision.
+// with int16 weights w[i * stride + k] in units of 2^-precision. stride is a multiple of 4 above
+// the tap count, and the weights past count[i] are zero, so kernels may read whole groups of
+// taps. pairs[i * stride / 2 + j] packs weights 2j (low half) and 2j+1 (high half) of output i.
 struct AxisWeights {
-  int64_t taps = 0;
+  int64_t stride = 0;
   unsigned precision = 0;
   std::vector<int64_t> first, count;
-  std::vector<int32_t> w;
+  std::vector<int16_t> w;
+  std::vector<int32_t> pairs;
 };
 
 // PyTorch's _compute_indices_min_size_weights_aa + _compute_index_ranges_int16_weights
@@ -64,7 +71,7 @@ AxisWeights axis_weights(int64_t in_size, int64_t out_size) {
   const int64_t taps = static_cast<int64_t>(std::ceil(support)) * 2 + 1;
   const double invscale = scale >= 1.0 ? 1.0 / scale : 1.0;
   AxisWeights a;
-  a.taps = taps;
+  a.stride = (taps + 4) / 4 * 4;
   a.first.resize(out_size);
   a.count.resize(out_size);
   std::vector<double> wf(static_cast<size_t>(out_size * taps), 0.0);
@@ -95,11 +102,18 @@ AxisWeights axis_weights(int64_t in_size, int64_t out_size) {
     if (next_value >= (1 << 15)) break;
   }
   a.precision = precision;
-  a.w.resize(wf.size());
-  for (size_t k = 0; k < wf.size(); ++k) {
-    const double v = wf[k] * (1 << precision);
-    // int16 storage, as PyTorch keeps the weights.
-    a.w[k] = static_cast<int16_t>(v < 0 ? static_cast<int>(-0.5 + v) : static_cast<int>(0.5 + v));
+  a.w.assign(static_cast<size_t>(out_size * a.stride), 0);
+  for (int64_t i = 0; i < out_size; ++i) {
+    for (int64_t j = 0; j < taps; ++j) {
+      const double v = wf[i * taps + j] * (1 << precision);
+      // int16 storage, as PyTorch keeps the weights.
+      a.w[i * a.stride + j] = static_cast<int16_t>(v < 0 ? static_cast<int>(-0.5 + v) : static_cast<int>(0.5 + v));
+    }
+  }
+  a.pairs.resize(a.w.size() / 2);
+  for (size_t j = 0; j < a.pairs.size(); ++j) {
+    const uint32_t lo = static_cast<uint16_t>(a.w[2 * j]), hi = static_cast<uint16_t>(a.w[2 * j + 1]);
+    a.pairs[j] = static_cast<int32_t>(lo | (hi << 16));
   }
   return a;
 }
@@ -109,128 +123,277 @@ inline uint8_t clip_shift(int32_t acc, unsigned precision) {
   return static_cast<uint8_t>(v < 0 ? 0 : (v > 255 ? 255 : v));
 }
 
-// Resamples along x: src rows of in_w RGB pixels -> rows of out_w pixels.
+// Output pixels [x0, x1) of one horizontally resampled RGB row (s: the input row).
+void horizontal_pixels(const uint8_t* s, const AxisWeights& a, int64_t x0, int64_t x1, uint8_t* d) {
+  const int32_t half = 1 << (a.precision - 1);
+  for (int64_t x = x0; x < x1; ++x) {
+    const int16_t* w = a.w.data() + x * a.stride;
+    const uint8_t* p = s + a.first[x] * 3;
+    int32_t r = half, g = half, b = half;
+    for (int64_t k = 0; k < a.count[x]; ++k) {
+      r += w[k] * p[k * 3 + 0];
+      g += w[k] * p[k * 3 + 1];
+      b += w[k] * p[k * 3 + 2];
+    }
+    d[x * 3 + 0] = clip_shift(r, a.precision);
+    d[x * 3 + 1] = clip_shift(g, a.precision);
+    d[x * 3 + 2] = clip_shift(b, a.precision);
+  }
+}
+
+// Bytes [b0, b1) of output row y of the vertical pass over src rows of n bytes.
+void vertical_bytes(const uint8_t* src, int64_t n, const AxisWeights& a, int64_t y, int64_t b0, int64_t b1,
+                    uint8_t* d) {
+  const int32_t half = 1 << (a.precision - 1);
+  const int16_t* w = a.w.data() + y * a.stride;
+  const uint8_t* base = src + a.first[y] * n;
+  for (int64_t x = b0; x < b1; ++x) {
+    int32_t acc = half;
+    for (int64_t k = 0; k < a.count[y]; ++k) acc += w[k] * base[k * n + x];
+    d[x] = clip_shift(acc, a.precision);
+  }
+}
+
+// Where the pixels of one band of patch rows go: a band is merge * patch image rows, which fill
+// (width / patch / merge) merge groups of merge * merge consecutive pixel_values rows.
+struct PatchLayout {
+  int64_t patch = 0, merge = 0, temporal = 0;
+  int64_t groups = 0;  // merge groups across the image width
+  int64_t cols = 0;    // floats per pixel_values row
+  float mean[3] = {}, stdv[3] = {};
+};
+
+// Rescale + normalise of one channel value as the torchvision backend does it:
+// (u - mean*255) / (std*255) in f32.
+inline float normalise(uint8_t u, float mean, float stdv) { return (static_cast<float>(u) - mean) / stdv; }
+
+// Writes one band (rows[r] = RGB bytes of image row r of the band) as pixel_values rows from
+// out; each value is normalised once and stored to every temporal frame.
+void write_band_generic(const uint8_t* const* rows, const PatchLayout& l, float* out) {
+  const int64_t p = l.patch, m = l.merge, pp = p * p;
+  float lut[3][256];
+  for (int c = 0; c < 3; ++c) {
+    for (int u = 0; u < 256; ++u) lut[c][u] = normalise(static_cast<uint8_t>(u), l.mean[c], l.stdv[c]);
+  }
+  for (int64_t bc = 0; bc < l.groups; ++bc) {
+    for (int64_t ir = 0; ir < m; ++ir) {
+      for (int64_t ic = 0; ic < m; ++ic, out += l.cols) {
+        const int64_t x0 = (bc * m + ic) * p * 3;
+        for (int c = 0; c < 3; ++c) {
+          float* frame0 = out + c * l.temporal * pp;
+          for (int64_t py = 0; py < p; ++py) {
+            const uint8_t* s = rows[ir * p + py] + x0 + c;
+            float* d = frame0 + py * p;
+            for (int64_t q = 0; q < p; ++q) d[q] = lut[c][s[q * 3]];
+          }
+          for (int64_t t = 1; t < l.temporal; ++t) std::memcpy(frame0 + t * pp, frame0, sizeof(float) * pp);
+        }
+      }
+    }
+  }
+}
+
+#if defined(__x86_64__)
+
+// One horizontally resampled RGB row. Taps go in groups of 4 through one 16-byte load: the low
+// 128-bit half takes taps 0-1 and the high half taps 2-3 as int16 pairs (c of tap j, c of tap j+1)
+// for c = R, G, B, then madd sums each pair times its weight pair. Integer math, so the sum is
+// exactly the scalar one. Pixels whose last load would pass the row end take the scalar path.
+[[gnu::target("avx2")]] void horizontal_row_avx2(const uint8_t* s, int64_t in_w, const AxisWeights& a, int64_t out_w,
+                                                 uint8_t* d) {
+  const __m256i pix_mask = _mm256_setr_epi8(0, -1, 3, -1, 1, -1, 4, -1, 2, -1, 5, -1, -1, -1, -1, -1,  //
+                                            6, -1, 9, -1, 7, -1, 10, -1, 8, -1, 11, -1, -1, -1, -1, -1);
+  const __m256i w_mask = _mm256_setr_epi8(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, -1, -1, -1, -1,  //
+                                          4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, -1, -1, -1, -1);
+  const __m128i half = _mm_set1_epi32(1 << (a.precision - 1));
+  const __m128i shift = _mm_cvtsi32_si128(static_cast<int>(a.precision));
+  const int64_t row_bytes = in_w * 3;
+  for (int64_t x = 0; x < out_w; ++x) {
+    const int64_t groups = (a.count[x] + 3) / 4;
+    const int64_t start = a.first[x] * 3;
+    if (start + 12 * groups + 4 > row_bytes) {
+      horizontal_pixels(s, a, x, x + 1, d);
+      continue;
+    }
+    const uint8_t* p = s + start;
+    const int16_t* w = a.w.data() + x * a.stride;
+    __m256i acc = _mm256_setzero_si256();
+    for (int64_t g = 0; g < groups; ++g) {
+      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 12 * g));
+      const __m256i px = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(raw), pix_mask);
+      int64_t wq;
+      std::memcpy(&wq, w + 4 * g, sizeof(wq));
+      const __m256i wv = _mm256_shuffle_epi8(_mm256_set1_epi64x(wq), w_mask);
+      acc = _mm256_add_epi32(acc, _mm256_madd_epi16(px, wv));
+    }
+    __m128i sum = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+    sum = _mm_sra_epi32(_mm_add_epi32(sum, half), shift);
+    // packs + packus clamp to [0, 255] exactly as clip_shift does.
+    const __m128i packed = _mm_packus_epi16(_mm_packs_epi32(sum, sum), sum);
+    const uint32_t rgb = static_cast<uint32_t>(_mm_cvtsi128_si32(packed));
+    std::memcpy(d + x * 3, &rgb, 3);
+  }
+}
+
+// Output row y of the vertical pass, 32 bytes at a time: bytes of taps k and k+1 are interleaved
+// into int16 pairs and madd'ed with the weight pair (an odd last tap pairs with a zero weight).
+[[gnu::target("avx2")]] void vertical_row_avx2(const uint8_t* src, int64_t n, const AxisWeights& a, int64_t y,
+                                               uint8_t* d) {
+  const uint8_t* base = src + a.first[y] * n;
+  const int32_t* pairs = a.pairs.data() + y * (a.stride / 2);
+  const int64_t count = a.count[y];
+  const __m256i init = _mm256_set1_epi32(1 << (a.precision - 1));
+  const __m128i shift = _mm_cvtsi32_si128(static_cast<int>(a.precision));
+  const __m256i zero = _mm256_setzero_si256();
+  int64_t x = 0;
+  for (; x + 32 <= n; x += 32) {
+    __m256i acc0 = init, acc1 = init, acc2 = init, acc3 = init;
+    for (int64_t k = 0; k < count; k += 2) {
+      const uint8_t* r0 = base + k * n + x;
+      const uint8_t* r1 = k + 1 < count ? r0 + n : r0;
+      const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r0));
+      const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r1));
+      const __m256i wk = _mm256_set1_epi32(pairs[k / 2]);
+      const __m256i lo = _mm256_unpacklo_epi8(v0, v1), hi = _mm256_unpackhi_epi8(v0, v1);
+      acc0 = _mm256_add_epi32(acc0, _mm256_madd_epi16(_mm256_unpacklo_epi8(lo, zero), wk));
+      acc1 = _mm256_add_epi32(acc1, _mm256_madd_epi16(_mm256_unpackhi_epi8(lo, zero), wk));
+      acc2 = _mm256_add_epi32(acc2, _mm256_madd_epi16(_mm256_unpacklo_epi8(hi, zero), wk));
+      acc3 = _mm256_add_epi32(acc3, _mm256_madd_epi16(_mm256_unpackhi_epi8(hi, zero), wk));
+    }
+    acc0 = _mm256_sra_epi32(acc0, shift);
+    acc1 = _mm256_sra_epi32(acc1, shift);
+    acc2 = _mm256_sra_epi32(acc2, shift);
+    acc3 = _mm256_sra_epi32(acc3, shift);
+    // The in-lane unpacks and packs undo each other's byte order; packs + packus clamp to [0, 255].
+    const __m256i out = _mm256_packus_epi16(_mm256_packs_epi32(acc0, acc1), _mm256_packs_epi32(acc2, acc3));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + x), out);
+  }
+  vertical_bytes(src, n, a, y, x, n, d);
+}
+
+// write_band_generic for 16x16 patches: 16 RGB pixels are split into channels with byte
+// shuffles, normalised 8 at a time (the same f32 subtract and divide as normalise()), and
+// streamed to pixel_values with non-temporal stores when out is 16-byte aligned (the rows are
+// written once and read by another device or much later, so caching them only evicts the source).
+template <bool kStream>
+[[gnu::target("avx2")]] void write_band16_avx2(const uint8_t* const* rows, const PatchLayout& l, float* out) {
+  // Channel c of pixels 0-15 sits at bytes 3q + c of the 48 loaded bytes (v0, v1, v2).
+  const __m128i m[3][3] = {
+      {_mm_setr_epi8(0, 3, 6, 9, 12, 15, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1),
+       _mm_setr_epi8(-1, -1, -1, -1, -1, -1, 2, 5, 8, 11, 14, -1, -1, -1, -1, -1),
+       _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 1, 4, 7, 10, 13)},
+      {_mm_setr_epi8(1, 4, 7, 10, 13, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1),
+       _mm_setr_epi8(-1, -1, -1, -1, -1, 0, 3, 6, 9, 12, 15, -1, -1, -1, -1, -1),
+       _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 2, 5, 8, 11, 14)},
+      {_mm_setr_epi8(2, 5, 8, 11, 14, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1),
+       _mm_setr_epi8(-1, -1, -1, -1, -1, 1, 4, 7, 10, 13, -1, -1, -1, -1, -1, -1),
+       _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 3, 6, 9, 12, 15)}};
+  __m256 mean[3], stdv[3];
+  for (int c = 0; c < 3; ++c) {
+    mean[c] = _mm256_set1_ps(l.mean[c]);
+    stdv[c] = _mm256_set1_ps(l.stdv[c]);
+  }
+  const int64_t m2 = l.merge;
+  for (int64_t bc = 0; bc < l.groups; ++bc) {
+    for (int64_t ir = 0; ir < m2; ++ir) {
+      for (int64_t ic = 0; ic < m2; ++ic, out += l.cols) {
+        const int64_t x0 = (bc * m2 + ic) * 48;
+        for (int64_t py = 0; py < 16; ++py) {
+          const uint8_t* s = rows[ir * 16 + py] + x0;
+          const __m128i v0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
+          const __m128i v1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16));
+          const __m128i v2 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 32));
+          for (int c = 0; c < 3; ++c) {
+            const __m128i ch = _mm_or_si128(_mm_or_si128(_mm_shuffle_epi8(v0, m[c][0]), _mm_shuffle_epi8(v1, m[c][1])),
+                                            _mm_shuffle_epi8(v2, m[c][2]));
+            const __m256 lo = _mm256_div_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(ch)), mean[c]), stdv[c]);
+            const __m256 hi = _mm256_div_ps(
+                _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(ch, 8))), mean[c]), stdv[c]);
+            for (int64_t t = 0; t < l.temporal; ++t) {
+              float* dst = out + (c * l.temporal + t) * 256 + py * 16;
+              if constexpr (kStream) {
+                _mm_stream_ps(dst, _mm256_castps256_ps128(lo));
+                _mm_stream_ps(dst + 4, _mm256_extractf128_ps(lo, 1));
+                _mm_stream_ps(dst + 8, _mm256_castps256_ps128(hi));
+                _mm_stream_ps(dst + 12, _mm256_extractf128_ps(hi, 1));
+              } else {
+                _mm256_storeu_ps(dst, lo);
+                _mm256_storeu_ps(dst + 8, hi);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  if constexpr (kStream) _mm_sfence();
+}
+
+const bool kHaveAvx2 = __builtin_cpu_supports("avx2");
+
+#endif
+
+// Horizontal pass over `rows` RGB rows of in_w pixels into rows of out_w pixels.
 void resample_horizontal(const uint8_t* src, int64_t rows, int64_t in_w, uint8_t* dst, int64_t out_w,
                          const AxisWeights& a) {
-  const int32_t half = 1 << (a.precision - 1);
   for (int64_t y = 0; y < rows; ++y) {
     const uint8_t* s = src + y * in_w * 3;
     uint8_t* d = dst + y * out_w * 3;
-    for (int64_t x = 0; x < out_w; ++x) {
-      const int32_t* w = a.w.data() + x * a.taps;
-      const uint8_t* p = s + a.first[x] * 3;
-      int32_t r = half, g = half, b = half;
-      for (int64_t k = 0; k < a.count[x]; ++k) {
-        r += w[k] * p[k * 3 + 0];
-        g += w[k] * p[k * 3 + 1];
-        b += w[k] * p[k * 3 + 2];
-      }
-      d[x * 3 + 0] = clip_shift(r, a.precision);
-      d[x * 3 + 1] = clip_shift(g, a.precision);
-      d[x * 3 + 2] = clip_shift(b, a.precision);
-    }
-  }
-}
-
-using v8i32 = int32_t __attribute__((vector_size(32)));
-using v8u8 = uint8_t __attribute__((vector_size(8)));
-
-// Resamples along y: rows of `n` bytes (width * 3) -> out_h rows, 16 bytes at a time in two
-// 8-lane int32 accumulators (GCC vector extensions; integer math, so every instruction set gives
-// the same bytes).
-[[gnu::always_inline]] inline void resample_vertical_body(const uint8_t* src, int64_t n, uint8_t* dst,
-                                                          int64_t out_h, const AxisWeights& a) {
-  const int32_t half = 1 << (a.precision - 1);
-  const int32_t shift = static_cast<int32_t>(a.precision);
-  const v8i32 zero = {};
-  const v8i32 top = zero + 255;
-  const v8i32 init = zero + half;
-  for (int64_t y = 0; y < out_h; ++y) {
-    const int32_t* w = a.w.data() + y * a.taps;
-    const uint8_t* base = src + a.first[y] * n;
-    const int64_t count = a.count[y];
-    uint8_t* d = dst + y * n;
-    int64_t x0 = 0;
-    for (; x0 + 16 <= n; x0 += 16) {
-      v8i32 lo = init, hi = init;
-      for (int64_t k = 0; k < count; ++k) {
-        v8u8 b0, b1;
-        std::memcpy(&b0, base + k * n + x0, 8);
-        std::memcpy(&b1, base + k * n + x0 + 8, 8);
-        const v8i32 wk = zero + w[k];
-        lo += __builtin_convertvector(b0, v8i32) * wk;
-        hi += __builtin_convertvector(b1, v8i32) * wk;
-      }
-      lo >>= shift;
-      hi >>= shift;
-      lo = lo < zero ? zero : lo;
-      hi = hi < zero ? zero : hi;
-      lo = lo > top ? top : lo;
-      hi = hi > top ? top : hi;
-      const v8u8 o0 = __builtin_convertvector(lo, v8u8), o1 = __builtin_convertvector(hi, v8u8);
-      std::memcpy(d + x0, &o0, 8);
-      std::memcpy(d + x0 + 8, &o1, 8);
-    }
-    for (; x0 < n; ++x0) {
-      int32_t acc = half;
-      for (int64_t k = 0; k < count; ++k) acc += w[k] * base[k * n + x0];
-      d[x0] = clip_shift(acc, a.precision);
-    }
-  }
-}
-
-void resample_vertical_generic(const uint8_t* src, int64_t n, uint8_t* dst, int64_t out_h, const AxisWeights& a) {
-  resample_vertical_body(src, n, dst, out_h, a);
-}
-
 #if defined(__x86_64__)
-[[gnu::target("avx2")]] void resample_vertical_avx2(const uint8_t* src, int64_t n, uint8_t* dst, int64_t out_h,
-                                                    const AxisWeights& a) {
-  resample_vertical_body(src, n, dst, out_h, a);
-}
+    if (kHaveAvx2) {
+      horizontal_row_avx2(s, in_w, a, out_w, d);
+      continue;
+    }
 #endif
+    horizontal_pixels(s, a, 0, out_w, d);
+  }
+}
 
-void resample_vertical(const uint8_t* src, int64_t n, uint8_t* dst, int64_t out_h, const AxisWeights& a) {
+// Output row y of the vertical pass over src rows of n bytes.
+void resample_vertical_row(const uint8_t* src, int64_t n, const AxisWeights& a, int64_t y, uint8_t* d) {
 #if defined(__x86_64__)
-  if (__builtin_cpu_supports("avx2")) return resample_vertical_avx2(src, n, dst, out_h, a);
+  if (kHaveAvx2) return vertical_row_avx2(src, n, a, y, d);
 #endif
-  resample_vertical_generic(src, n, dst, out_h, a);
+  vertical_bytes(src, n, a, y, 0, n, d);
 }
 
-}  // namespace
-
-namespace {
-
-// Resizes src (h x w RGB) to out_h x out_w; returns a pointer to the result, which lives in src or
-// in one of the scratch buffers.
-const uint8_t* resize_with_scratch(const uint8_t* src, int64_t h, int64_t w, int64_t out_h, int64_t out_w,
-                                   ResizeScratch& scratch) {
-  const uint8_t* cur = src;
-  if (out_w != w) {
-    const AxisWeights aw = axis_weights(w, out_w);
-    scratch.horizontal.resize(static_cast<size_t>(out_w * h * 3));
-    resample_horizontal(src, h, w, scratch.horizontal.data(), out_w, aw);
-    cur = scratch.horizontal.data();
+void write_band(const uint8_t* const* rows, const PatchLayout& l, float* out) {
+#if defined(__x86_64__)
+  if (kHaveAvx2 && l.patch == 16) {
+    if (reinterpret_cast<uintptr_t>(out) % 16 == 0) return write_band16_avx2<true>(rows, l, out);
+    return write_band16_avx2<false>(rows, l, out);
   }
-  if (out_h != h) {
-    const AxisWeights ah = axis_weights(h, out_h);
-    scratch.vertical.resize(static_cast<size_t>(out_w * out_h * 3));
-    resample_vertical(cur, out_w * 3, scratch.vertical.data(), out_h, ah);
-    cur = scratch.vertical.data();
-  }
-  return cur;
+#endif
+  write_band_generic(rows, l, out);
+}
+
+// The horizontal pass of a resize (or src itself when the width already matches): h rows of
+// out_w RGB pixels.
+const uint8_t* resize_width(const uint8_t* src, int64_t h, int64_t w, int64_t out_w, std::vector<uint8_t>& scratch) {
+  if (out_w == w) return src;
+  const AxisWeights aw = axis_weights(w, out_w);
+  scratch.resize(static_cast<size_t>(out_w * h * 3));
+  resample_horizontal(src, h, w, scratch.data(), out_w, aw);
+  return scratch.data();
 }
 
 }  // namespace
 
 io::Image resize_bicubic_aa(const io::Image& src, int64_t out_h, int64_t out_w) {
   if (out_h == src.height && out_w == src.width) return src;
-  ResizeScratch scratch;
-  const uint8_t* p = resize_with_scratch(src.rgb.data(), src.height, src.width, out_h, out_w, scratch);
+  std::vector<uint8_t> horizontal;
+  const uint8_t* cur = resize_width(src.rgb.data(), src.height, src.width, out_w, horizontal);
   io::Image out;
   out.width = out_w;
   out.height = out_h;
-  out.rgb.assign(p, p + out_w * out_h * 3);
+  const int64_t n = out_w * 3;
+  if (out_h == src.height) {
+    out.rgb.assign(cur, cur + out_h * n);
+    return out;
+  }
+  out.rgb.resize(static_cast<size_t>(out_h * n));
+  const AxisWeights ah = axis_weights(src.height, out_h);
+  for (int64_t y = 0; y < out_h; ++y) resample_vertical_row(cur, n, ah, y, out.rgb.data() + y * n);
   return out;
 }
 
@@ -248,43 +411,6 @@ Result<std::pair<int64_t, int64_t>> target_size(int64_t height, int64_t width, c
   }
   return smart_resize(height, width, cfg.patch_size * cfg.merge_size, min_pixels, max_pixels);
 }
-
-namespace {
-
-// Writes one resized image as patch rows (spec §1.4) into out[rows, 3 * tp * p * p].
-void patchify(const uint8_t* px, int64_t height, int64_t width, const io::PreprocessorConfig& cfg, float* out) {
-  const int64_t p = cfg.patch_size, m = cfg.merge_size, tp = cfg.temporal_patch_size;
-  const int64_t gh = height / p, gw = width / p;
-  const int64_t cols = 3 * tp * p * p;
-  // Fused rescale + normalise as the torchvision backend does it: (u - mean*255) / (std*255) in f32.
-  float lut[3][256];
-  for (int c = 0; c < 3; ++c) {
-    const float mean = cfg.image_mean[c] * 255.0f, stdv = cfg.image_std[c] * 255.0f;
-    for (int u = 0; u < 256; ++u) lut[c][u] = (static_cast<float>(u) - mean) / stdv;
-  }
-  int64_t row = 0;
-  for (int64_t br = 0; br < gh / m; ++br) {
-    for (int64_t bc = 0; bc < gw / m; ++bc) {
-      for (int64_t ir = 0; ir < m; ++ir) {
-        for (int64_t ic = 0; ic < m; ++ic, ++row) {
-          const int64_t y0 = (br * m + ir) * p, x0 = (bc * m + ic) * p;
-          float* o = out + row * cols;
-          for (int c = 0; c < 3; ++c) {
-            float* frame0 = o + c * tp * p * p;
-            for (int64_t py = 0; py < p; ++py) {
-              const uint8_t* s = px + ((y0 + py) * width + x0) * 3 + c;
-              float* d = frame0 + py * p;
-              for (int64_t q = 0; q < p; ++q) d[q] = lut[c][s[q * 3]];
-            }
-            for (int64_t t = 1; t < tp; ++t) std::memcpy(frame0 + t * p * p, frame0, sizeof(float) * p * p);
-          }
-        }
-      }
-    }
-  }
-}
-
-}  // namespace
 
 Result<PreprocessPlan> plan_preprocess(const std::vector<io::Image>& images, const io::PreprocessorConfig& cfg,
                                        const PixelBudget& budget) {
@@ -310,12 +436,43 @@ Result<PreprocessPlan> plan_preprocess(const std::vector<io::Image>& images, con
 
 void preprocess_into(const std::vector<io::Image>& images, const PreprocessPlan& plan, const io::PreprocessorConfig& cfg,
                      float* out, ResizeScratch& scratch) {
+  PatchLayout layout;
+  layout.patch = cfg.patch_size;
+  layout.merge = cfg.merge_size;
+  layout.temporal = cfg.temporal_patch_size;
+  layout.cols = plan.cols;
+  for (int c = 0; c < 3; ++c) {
+    layout.mean[c] = cfg.image_mean[c] * 255.0f;
+    layout.stdv[c] = cfg.image_std[c] * 255.0f;
+  }
+  const int64_t band = layout.merge * layout.patch;  // image rows per band of merge groups
+  std::vector<const uint8_t*> rows(static_cast<size_t>(band));
   for (size_t i = 0; i < images.size(); ++i) {
     const io::Image& img = images[i];
     const auto [h, w] = plan.resized[i];
-    const uint8_t* px = resize_with_scratch(img.rgb.data(), img.height, img.width, h, w, scratch);
-    patchify(px, h, w, cfg, out);
-    out += plan.grids[i].patches() * plan.cols;
+    const uint8_t* cur = resize_width(img.rgb.data(), img.height, img.width, w, scratch.horizontal);
+    const int64_t n = w * 3;
+    const bool vertical = h != img.height;
+    AxisWeights ah;
+    if (vertical) {
+      ah = axis_weights(img.height, h);
+      scratch.band.resize(static_cast<size_t>(band * n));
+    }
+    layout.groups = w / band;
+    const int64_t band_floats = layout.groups * layout.merge * layout.merge * plan.cols;
+    // Each band is resized into scratch.band (cache-resident) and written straight to its rows.
+    for (int64_t y0 = 0; y0 < h; y0 += band, out += band_floats) {
+      for (int64_t r = 0; r < band; ++r) {
+        if (vertical) {
+          uint8_t* d = scratch.band.data() + r * n;
+          resample_vertical_row(cur, n, ah, y0 + r, d);
+          rows[r] = d;
+        } else {
+          rows[r] = cur + (y0 + r) * n;
+        }
+      }
+      write_band(rows.data(), layout, out);
+    }
   }
 }
 

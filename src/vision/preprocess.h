@@ -65,11 +65,12 @@ struct PreprocessPlan {
 Result<PreprocessPlan> plan_preprocess(const std::vector<io::Image>& images, const io::PreprocessorConfig& cfg,
                                        const PixelBudget& budget = {});
 
-// Intermediate buffers of the resize passes. Keeping one alive across calls (one per thread)
-// avoids faulting in fresh pages for every image.
+// Intermediate buffers of the resize: the horizontal pass (input height x output width RGB) and
+// one band of merge_size * patch_size vertically resized rows. Keeping one alive across calls
+// (one per thread) avoids faulting in fresh pages for every image.
 struct ResizeScratch {
   std::vector<uint8_t> horizontal;
-  std::vector<uint8_t> vertical;
+  std::vector<uint8_t> band;
 };
 
 // Writes the plan's pixel_values into out (plan.rows * plan.cols floats, caller-owned so a
