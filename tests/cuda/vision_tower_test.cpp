@@ -1,8 +1,7 @@
 // The CUDA vision tower against the CPU f32 tower (vision::VisionTower) on the tiny Qwen3-VL-MoE fixture and
 // two real bundled images in one request: embeddings, DeepStack features, VisionZip scores of the score
-// layer, and the selections made from them. Needs test_cuda linked with zest_vision and zest_accel
-// (ZEST_TEST_CUDA_WITH_MODEL_LIBS, see tests/CMakeLists.txt).
-#if defined(ZEST_HAVE_CUDA) && defined(ZEST_TEST_CUDA_WITH_MODEL_LIBS)
+// layer, and the selections made from them.
+#if defined(ZEST_HAVE_CUDA)
 #include "kernels/cuda/vision_tower.h"
 
 #include "accel/visionzip.h"

@@ -1,8 +1,7 @@
 // VisionZip on CUDA against the CPU implementation in src/accel: scores vs attention_received_scores +
 // merge_group_scores, and device selection == select_vision_tokens exactly (random scores with many ties,
-// uniform and global modes, budgets and floors). Needs test_cuda linked with zest_accel
-// (ZEST_TEST_CUDA_WITH_MODEL_LIBS, see tests/CMakeLists.txt).
-#if defined(ZEST_HAVE_CUDA) && defined(ZEST_TEST_CUDA_WITH_MODEL_LIBS)
+// uniform and global modes, budgets and floors).
+#if defined(ZEST_HAVE_CUDA)
 #include "accel/visionzip.h"
 #include "cuda/cuda_test_util.h"
 #include "kernels/cuda/vision_kernels.h"
