@@ -18,6 +18,7 @@ class VisionTower;
 }
 
 namespace zest::engine {
+class EncoderCache;
 
 struct ModelBundle {
   std::string dir;
@@ -33,6 +34,8 @@ struct ModelBundle {
   // whose attention scores the tokens (negative counts from the end).
   accel::VisionPruneOptions vision_prune;
   int64_t vision_score_layer = -2;
+  // Vision-tower outputs by image content (null = no caching).
+  std::shared_ptr<EncoderCache> encoder_cache;
 
   // Loads DIR; every problem is returned as a Status naming the file and what is wrong.
   static Result<std::shared_ptr<ModelBundle>> load(const std::string& dir);

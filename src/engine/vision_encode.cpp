@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "accel/visionzip.h"
+#include "engine/encoder_cache.h"
 #include "core/timer.h"
 #include "vision/preprocess.h"
 #include "vision/tower.h"
@@ -74,6 +75,7 @@ Status load_vision_tower(ModelBundle& model) {
   if (!model.config.vision) return Status::ok();
   ZEST_ASSIGN_OR_RETURN(vision::VisionTower tower, vision::VisionTower::load(model.weights, *model.config.vision));
   model.vision = std::make_shared<vision::VisionTower>(std::move(tower));
+  model.encoder_cache = std::make_shared<EncoderCache>();
   return Status::ok();
 }
 
@@ -86,70 +88,111 @@ Result<EncodedImages> encode_images(const ModelBundle& model, const std::vector<
   int64_t layer = 0;
   ZEST_RETURN_IF_ERROR(prune_options(model, prune, popt, layer));
   const bool pruning = popt.rate > 0.0f || popt.budget >= 0;
-
-  double t0 = now_ms();
-  ZEST_ASSIGN_OR_RETURN(vision::PixelBatch batch, vision::preprocess_images(images, model.preprocessor, budget));
-  enc.preprocess_ms = now_ms() - t0;
-  t0 = now_ms();
-  ZEST_ASSIGN_OR_RETURN(vision::VisionOutput out,
-                        model.vision->forward(batch.pixel_values, batch.grids,
-                                              pruning ? std::optional<int64_t>(layer) : std::nullopt));
-  enc.tower_ms = now_ms() - t0;
-
   const int64_t merge = model.config.vision->spatial_merge_size;
-  for (const vision::GridTHW& g : batch.grids) enc.merged_grids.emplace_back(g.t * g.h / merge, g.w / merge);
-  const int64_t D = out.embeds.dim(1);
-  if (!pruning) {
-    for (int64_t n : out.tokens_per_image) {
-      enc.kept.emplace_back(n);
-      std::iota(enc.kept.back().begin(), enc.kept.back().end(), 0);
+
+  // Per image: the cached tower output, or a miss to encode now.
+  const int64_t min_px = budget.min_pixels.value_or(model.preprocessor.min_pixels);
+  const int64_t max_px = budget.max_pixels.value_or(model.preprocessor.max_pixels);
+  std::vector<std::shared_ptr<const CachedImage>> per_image(images.size());
+  std::vector<uint64_t> keys(images.size());
+  std::vector<size_t> misses;
+  for (size_t i = 0; i < images.size(); ++i) {
+    keys[i] = image_cache_key(images[i], min_px, max_px);
+    auto hit = model.encoder_cache ? model.encoder_cache->get(keys[i]) : nullptr;
+    if (hit && (!pruning || hit->score_layer == layer)) {
+      per_image[i] = std::move(hit);
+      ++enc.cache_hits;
+    } else {
+      misses.push_back(i);
     }
-    enc.embeds = out.embeds;
-    enc.deepstack = out.deepstack;
-    return enc;
   }
 
-  // VisionZip: attention-received scores per image, then one selection over the request.
-  t0 = now_ms();
-  const auto& cap = *out.attention;
-  const int64_t heads = model.config.vision->num_heads, hd = model.vision->head_dim();
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  std::vector<float> scores;
-  for (size_t i = 0; i < images.size(); ++i) {
-    const accel::AttentionShape shape{cap.q[i].dim(0), heads, hd};
-    ZEST_ASSIGN_OR_RETURN(std::vector<float> a,
-                          accel::attention_received_scores({cap.q[i].data<float>(), static_cast<size_t>(cap.q[i].numel())},
-                                                           {cap.k[i].data<float>(), static_cast<size_t>(cap.k[i].numel())},
-                                                           {cap.lse[i].data<float>(), static_cast<size_t>(cap.lse[i].numel())},
-                                                           shape, scale));
-    ZEST_ASSIGN_OR_RETURN(std::vector<float> s, accel::merge_group_scores(a, merge * merge));
-    scores.insert(scores.end(), s.begin(), s.end());
+  if (!misses.empty()) {
+    std::vector<io::Image> todo;
+    for (size_t i : misses) todo.push_back(images[i]);
+    double t0 = now_ms();
+    ZEST_ASSIGN_OR_RETURN(vision::PixelBatch batch, vision::preprocess_images(todo, model.preprocessor, budget));
+    enc.preprocess_ms = now_ms() - t0;
+    t0 = now_ms();
+    ZEST_ASSIGN_OR_RETURN(vision::VisionOutput out,
+                          model.vision->forward(batch.pixel_values, batch.grids,
+                                                pruning ? std::optional<int64_t>(layer) : std::nullopt));
+    enc.tower_ms = now_ms() - t0;
+    t0 = now_ms();
+    const int64_t heads = model.config.vision->num_heads, hd = model.vision->head_dim();
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    int64_t row = 0;
+    for (size_t m = 0; m < misses.size(); ++m) {
+      auto e = std::make_shared<CachedImage>();
+      const vision::GridTHW& g = batch.grids[m];
+      e->grid_t = g.t;
+      e->grid_h = g.h;
+      e->grid_w = g.w;
+      const int64_t M = out.tokens_per_image[m];
+      e->embeds = out.embeds.rows(row, row + M).clone();
+      for (const Tensor& ds : out.deepstack) e->deepstack.push_back(ds.rows(row, row + M).clone());
+      if (pruning) {
+        // VisionZip: the attention each patch receives inside its image, summed per merged token.
+        const auto& cap = *out.attention;
+        const accel::AttentionShape shape{cap.q[m].dim(0), heads, hd};
+        ZEST_ASSIGN_OR_RETURN(
+            std::vector<float> a,
+            accel::attention_received_scores({cap.q[m].data<float>(), static_cast<size_t>(cap.q[m].numel())},
+                                             {cap.k[m].data<float>(), static_cast<size_t>(cap.k[m].numel())},
+                                             {cap.lse[m].data<float>(), static_cast<size_t>(cap.lse[m].numel())},
+                                             shape, scale));
+        ZEST_ASSIGN_OR_RETURN(e->scores, accel::merge_group_scores(a, merge * merge));
+        e->score_layer = layer;
+      }
+      row += M;
+      if (model.encoder_cache) model.encoder_cache->put(keys[misses[m]], e);
+      per_image[misses[m]] = std::move(e);
+    }
+    enc.select_ms = now_ms() - t0;
   }
-  const std::span<const float> emb_all{out.embeds.data<float>(), static_cast<size_t>(out.embeds.numel())};
-  ZEST_ASSIGN_OR_RETURN(auto plan, accel::plan_vision_tokens(scores, out.tokens_per_image,
-                                                             popt.contextual > 0 ? emb_all : std::span<const float>{},
-                                                             popt.contextual > 0 ? D : 0, popt));
+
+  const double t0 = now_ms();
+  std::vector<int64_t> tokens_per_image;
+  for (const auto& e : per_image) {
+    enc.merged_grids.emplace_back(e->grid_t * e->grid_h / merge, e->grid_w / merge);
+    tokens_per_image.push_back(e->embeds.dim(0));
+  }
+  const int64_t D = per_image.front()->embeds.dim(1);
+  const size_t n_ds = per_image.front()->deepstack.size();
+  std::vector<std::vector<accel::VisionToken>> plan(per_image.size());
+  if (pruning) {
+    std::vector<float> scores, emb_all;
+    for (const auto& e : per_image) {
+      scores.insert(scores.end(), e->scores.begin(), e->scores.end());
+      if (popt.contextual > 0) emb_all.insert(emb_all.end(), e->embeds.data<float>(), e->embeds.data<float>() + e->embeds.numel());
+    }
+    ZEST_ASSIGN_OR_RETURN(plan, accel::plan_vision_tokens(scores, tokens_per_image, emb_all,
+                                                          popt.contextual > 0 ? D : 0, popt));
+  } else {
+    for (size_t i = 0; i < per_image.size(); ++i)
+      for (int64_t j = 0; j < tokens_per_image[i]; ++j) plan[i].push_back({j, false, {}});
+  }
   // Gather (or merge) the rows of the main embeddings and every deepstack feature.
   int64_t total = 0;
   for (const auto& toks : plan) total += static_cast<int64_t>(toks.size());
   enc.embeds = Tensor::empty({total, D});
-  for (size_t l = 0; l < out.deepstack.size(); ++l) enc.deepstack.push_back(Tensor::empty({total, D}));
-  int64_t src = 0, dst = 0;
+  for (size_t l = 0; l < n_ds; ++l) enc.deepstack.push_back(Tensor::empty({total, D}));
+  int64_t dst = 0;
   for (size_t i = 0; i < plan.size(); ++i) {
-    const int64_t M = out.tokens_per_image[i];
+    const CachedImage& e = *per_image[i];
+    const int64_t M = tokens_per_image[i];
     auto gather = [&](const Tensor& from, Tensor& to) -> Status {
       ZEST_ASSIGN_OR_RETURN(std::vector<float> rows,
-                            accel::build_merged_rows({from.data<float>() + src * D, static_cast<size_t>(M * D)}, D, plan[i]));
+                            accel::build_merged_rows({from.data<float>(), static_cast<size_t>(M * D)}, D, plan[i]));
       std::memcpy(to.data<float>() + dst * D, rows.data(), rows.size() * sizeof(float));
       return Status::ok();
     };
-    ZEST_RETURN_IF_ERROR(gather(out.embeds, enc.embeds));
-    for (size_t l = 0; l < out.deepstack.size(); ++l) ZEST_RETURN_IF_ERROR(gather(out.deepstack[l], enc.deepstack[l]));
+    ZEST_RETURN_IF_ERROR(gather(e.embeds, enc.embeds));
+    for (size_t l = 0; l < n_ds; ++l) ZEST_RETURN_IF_ERROR(gather(e.deepstack[l], enc.deepstack[l]));
     enc.kept.push_back(accel::token_positions(plan[i]));
-    src += M;
     dst += static_cast<int64_t>(plan[i].size());
   }
-  enc.select_ms = now_ms() - t0;
+  enc.select_ms += now_ms() - t0;
   return enc;
 }
 

@@ -18,6 +18,7 @@ struct EncodedImages {
   Tensor embeds;                      // [sum kept, hidden]
   std::vector<Tensor> deepstack;      // each [sum kept, hidden]
   double preprocess_ms = 0, tower_ms = 0, select_ms = 0;
+  int64_t cache_hits = 0;             // images served from the encoder cache
 };
 
 // Loads the vision tower of a VL model into model.vision (no-op for text-only models).
