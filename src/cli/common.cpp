@@ -17,12 +17,12 @@ void add_model_args(CLI::App* app, ModelArgs& a) {
 }
 
 Result<std::shared_ptr<engine::ModelBundle>> load_model(const ModelArgs& a) {
-  if (a.device == "auto" && kernels::cuda_available())
-    std::cerr << "note: a GPU is present but the engine runs the decoder on the CPU backend for now\n";
   if (a.threads > 0) set_num_threads(a.threads);
-  if (a.device == "cuda")
-    return unsupported("--device cuda: the CUDA decoder path is not wired into the engine yet; use --device cpu");
-  return engine::ModelBundle::load(a.model);
+  const bool gpu = kernels::cuda_available();
+  if (a.device == "cuda" && !gpu)
+    return unsupported("--device cuda: " + kernels::cuda_describe() + "; use --device cpu (or auto)");
+  const bool cuda = a.device == "cuda" || (a.device == "auto" && gpu);
+  return engine::ModelBundle::load(a.model, cuda ? model::Backend::kCuda : model::Backend::kCpu);
 }
 
 void add_request_args(CLI::App* app, RequestArgs& a) {

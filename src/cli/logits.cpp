@@ -34,7 +34,9 @@ int run_logits(const LogitsArgs& a) {
   engine::Prompt& p = *prompt_r;
 
   const int64_t n = static_cast<int64_t>(p.ids.size());
-  model::PagedKVCache cache = model->text.make_cache((n + 15) / 16, 16);
+  auto cache_r = model->decoder().allocate_cache((n + 15) / 16, 16);
+  if (!cache_r.ok()) return fail(cache_r.status());
+  model::PagedKVCache cache = std::move(cache_r).value();
   std::vector<int32_t> table;
   Status st = cache.reserve(table, n);
   if (!st.is_ok()) return fail(st);
@@ -47,7 +49,7 @@ int run_logits(const LogitsArgs& a) {
   b.deepstack = p.deepstack;
   // SERE re-routes prompt (prefill) tokens only with --sere-prefill.
   const model::MoeHooks* hooks = *accel ? (*accel)->hooks(/*decode_only=*/false) : nullptr;
-  auto logits = model->text.forward(b, cache, hooks);
+  auto logits = model->decoder().forward(b, cache, hooks);
   if (!logits.ok()) return fail(logits.status());
   Tensor out = *logits;
   if (!a.all_positions) out = out.reshape({out.dim(1)});

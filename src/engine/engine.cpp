@@ -63,13 +63,16 @@ Engine::Engine(std::shared_ptr<ModelBundle> model, EngineOptions opts) : model_(
                                        : std::min<int64_t>(tc.max_position_embeddings > 0 ? tc.max_position_embeddings : 32768, 32768);
   const int64_t per_seq = (max_context_ + opts_.block_size - 1) / opts_.block_size;
   const int64_t blocks = opts_.kv_blocks > 0 ? opts_.kv_blocks : per_seq * 4;
-  cache_ = model_->text.make_cache(blocks, opts_.block_size);
+  auto cache = model_->decoder().allocate_cache(blocks, opts_.block_size);
+  if (cache.ok()) cache_ = std::move(cache).value();
+  else init_status_ = cache.status().with_context("KV cache of " + std::to_string(blocks) + " blocks");
   stats_.kv_blocks_total = blocks;
 }
 
 Engine::~Engine() = default;
 
 Status Engine::add(Request req) {
+  ZEST_RETURN_IF_ERROR(init_status_);
   const int64_t n = static_cast<int64_t>(req.prompt.ids.size());
   if (n == 0) return invalid_argument("the prompt is empty");
   if (n >= max_context_)
@@ -197,7 +200,7 @@ Status Engine::run(const StepPlan& plan) {
   }
 
   const model::MoeHooks* hooks = opts_.moe_hooks ? opts_.moe_hooks(plan.decode_only()) : nullptr;
-  ZEST_ASSIGN_OR_RETURN(Tensor logits, model_->text.forward(b, cache_, hooks));
+  ZEST_ASSIGN_OR_RETURN(Tensor logits, model_->decoder().forward(b, cache_, hooks));
   const int64_t V = logits.dim(1);
   const std::vector<int32_t> eos = model_->eos_ids();
 

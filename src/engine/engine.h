@@ -77,6 +77,7 @@ class Engine {
   std::shared_ptr<ModelBundle> model_;
   EngineOptions opts_;
   int64_t max_context_ = 0;
+  Status init_status_;  // why the engine cannot run (the KV cache could not be allocated), else ok
   model::PagedKVCache cache_;
   std::list<std::unique_ptr<Seq>> running_;
   std::deque<std::unique_ptr<Seq>> waiting_;

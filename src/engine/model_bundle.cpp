@@ -3,10 +3,11 @@
 #include <filesystem>
 
 #include "engine/vision_encode.h"
+#include "kernels/backend.h"
 
 namespace zest::engine {
 
-Result<std::shared_ptr<ModelBundle>> ModelBundle::load(const std::string& dir) {
+Result<std::shared_ptr<ModelBundle>> ModelBundle::load(const std::string& dir, model::Backend backend) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
@@ -26,9 +27,18 @@ Result<std::shared_ptr<ModelBundle>> ModelBundle::load(const std::string& dir) {
   auto st = io::SafeTensors::open(dir);
   if (!st.ok()) return st.status().with_context("weights in " + dir);
   m->weights = std::move(st).value();
-  auto text = model::Qwen3TextModel::load(m->weights, m->config);
-  if (!text.ok()) return text.status().with_context("text decoder of " + dir);
-  m->text = std::move(text).value();
+  m->backend = backend;
+  if (backend == model::Backend::kCuda) {
+    Status init = kernels::cuda_init(0);
+    if (!init.is_ok()) return init.with_context("--device cuda");
+    auto dev = model::make_cuda_decoder(m->weights, m->config);
+    if (!dev.ok()) return dev.status().with_context("CUDA text decoder of " + dir);
+    m->device_text = std::move(dev).value();
+  } else {
+    auto text = model::Qwen3TextModel::load(m->weights, m->config);
+    if (!text.ok()) return text.status().with_context("text decoder of " + dir);
+    m->text = std::move(text).value();
+  }
   if (m->config.vision) {
     auto pre = io::load_preprocessor_config(dir);
     if (!pre.ok()) return pre.status().with_context(dir + "/preprocessor_config.json");

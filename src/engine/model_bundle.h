@@ -9,6 +9,7 @@
 #include "core/status.h"
 #include "io/config.h"
 #include "io/safetensors.h"
+#include "model/decoder.h"
 #include "model/qwen3.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
@@ -28,7 +29,9 @@ struct ModelBundle {
   text::Tokenizer tokenizer;
   text::TemplateKind chat_template = text::TemplateKind::kQwen3;
   io::SafeTensors weights;
-  model::Qwen3TextModel text;
+  model::Backend backend = model::Backend::kCpu;
+  model::Qwen3TextModel text;                      // the CPU decoder (loaded for the CPU backend only)
+  std::shared_ptr<model::TextDecoder> device_text;  // the device decoder (non-CPU backends)
   std::shared_ptr<vision::VisionTower> vision;  // null for text-only models
   // VisionZip defaults for requests that do not override them (rate 0 = off), and the vision block
   // whose attention scores the tokens (negative counts from the end).
@@ -37,8 +40,14 @@ struct ModelBundle {
   // Vision-tower outputs by image content (null = no caching).
   std::shared_ptr<EncoderCache> encoder_cache;
 
-  // Loads DIR; every problem is returned as a Status naming the file and what is wrong.
-  static Result<std::shared_ptr<ModelBundle>> load(const std::string& dir);
+  // Loads DIR with the text decoder on `backend`; every problem is returned as a Status naming the file
+  // and what is wrong.
+  static Result<std::shared_ptr<ModelBundle>> load(const std::string& dir,
+                                                   model::Backend backend = model::Backend::kCpu);
+  // The text decoder the engine runs (the device decoder, else the CPU one).
+  const model::TextDecoder& decoder() const {
+    return device_text ? *device_text : static_cast<const model::TextDecoder&>(text);
+  }
   // Token ids that end generation: generation_config eos ids, else <|im_end|> and <|endoftext|>.
   std::vector<int32_t> eos_ids() const;
 };

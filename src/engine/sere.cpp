@@ -30,8 +30,13 @@ Result<std::unique_ptr<SereRuntime>> SereRuntime::create(const ModelBundle& mode
   auto rt = std::unique_ptr<SereRuntime>(new SereRuntime());
   rt->opts_ = opts;
   rt->experts_ = tc.num_experts;
+  rt->decoder_ = &model.decoder();
+  auto base = rt->decoder_->reroute_counts();
+  if (!base.ok()) return base.status().with_context("SERE device counters");
+  rt->device_base_ = std::move(base).value();
   rt->stats_.resize(tc.num_layers);
-  rt->sim_.resize(tc.num_layers);
+  rt->spec_.similarity.resize(tc.num_layers);
+  rt->spec_.primary = opts.primary;
   if (!opts.layer_thresholds.empty() && static_cast<int64_t>(opts.layer_thresholds.size()) != tc.num_layers)
     return invalid_argument("per-layer SERE thresholds: expected " + std::to_string(tc.num_layers) + " values");
   if (opts.enabled() && opts.primary < tc.num_experts_per_tok) {
@@ -47,22 +52,24 @@ Result<std::unique_ptr<SereRuntime>> SereRuntime::create(const ModelBundle& mode
       return invalid_argument("SERE similarity '" + file + "' was calibrated for another model (config hash " +
                               it->second + ", this model " + sere_config_hash(model.config) + ")");
     for (int64_t l = 0; l < tc.num_layers; ++l) {
-      if (!model.text.is_moe_layer(l)) continue;
+      if (!tc.is_moe_layer(l)) continue;
       auto v = st->get("layers." + std::to_string(l) + ".similarity", {tc.num_experts, tc.num_experts});
       if (!v.ok()) return v.status().with_context("SERE similarity '" + file + "'");
       Tensor t = v->to_f32();
-      rt->sim_[l].assign(t.data<float>(), t.data<float>() + t.numel());
+      rt->spec_.similarity[l].assign(t.data<float>(), t.data<float>() + t.numel());
     }
   }
+  rt->spec_.thresholds = opts.layer_thresholds.empty() ? std::vector<float>(tc.num_layers, opts.threshold)
+                                                        : opts.layer_thresholds;
   SereRuntime* self = rt.get();
   rt->hooks_.route = [self](int64_t layer, int32_t* ids, float* w, int64_t n, int64_t k,
                             const std::vector<uint8_t>& active) {
-    if (self->sim_[layer].empty()) return;
+    if (self->spec_.similarity[layer].empty()) return;
     accel::RerouteParams p;
-    p.primary = self->opts_.primary;
-    p.threshold = self->opts_.layer_thresholds.empty() ? self->opts_.threshold : self->opts_.layer_thresholds[layer];
+    p.primary = self->spec_.primary;
+    p.threshold = self->spec_.thresholds[layer];
     auto r = accel::sere_reroute({ids, static_cast<size_t>(n * k)}, {w, static_cast<size_t>(n * k)}, n, k,
-                                 {active.data(), active.size()}, self->sim_[layer], self->experts_, p);
+                                 {active.data(), active.size()}, self->spec_.similarity[layer], self->experts_, p);
     if (!r.ok()) return;
     SereLayerStats& s = self->stats_[layer];
     int64_t valid = 0;
@@ -74,6 +81,7 @@ Result<std::unique_ptr<SereRuntime>> SereRuntime::create(const ModelBundle& mode
     s.rerouted_slots += r->rerouted_slots;
     s.slots += static_cast<double>(valid * k);
   };
+  rt->hooks_.reroute = &rt->spec_;
   return rt;
 }
 
@@ -83,13 +91,32 @@ const model::MoeHooks* SereRuntime::hooks(bool decode_only) const {
   return &hooks_;
 }
 
+std::vector<SereLayerStats> SereRuntime::layer_stats() const {
+  std::vector<SereLayerStats> out = stats_;
+  auto dev = decoder_->reroute_counts();
+  if (!dev.ok()) return out;
+  for (size_t l = 0; l < out.size() && l < dev->size() && l < device_base_.size(); ++l) {
+    const model::RerouteCounts& c = (*dev)[l];
+    const model::RerouteCounts& z = device_base_[l];
+    SereLayerStats& s = out[l];
+    s.steps += c.steps - z.steps;
+    s.distinct_before += static_cast<double>(c.distinct_before - z.distinct_before);
+    s.distinct_after += static_cast<double>(c.distinct_after - z.distinct_after);
+    s.critical += static_cast<double>(c.critical - z.critical);
+    s.rerouted_slots += static_cast<double>(c.rerouted_slots - z.rerouted_slots);
+    s.slots += static_cast<double>(c.slots - z.slots);
+  }
+  return out;
+}
+
 nlohmann::json SereRuntime::stats_json() const {
   nlohmann::json before = nlohmann::json::array(), after = nlohmann::json::array(), crit = nlohmann::json::array(),
                  share = nlohmann::json::array();
   int64_t steps = 0;
-  for (size_t l = 0; l < stats_.size(); ++l) {
-    const SereLayerStats& s = stats_[l];
-    if (sim_[l].empty()) continue;
+  const std::vector<SereLayerStats> all = layer_stats();
+  for (size_t l = 0; l < all.size(); ++l) {
+    const SereLayerStats& s = all[l];
+    if (spec_.similarity[l].empty()) continue;
     const double n = std::max<int64_t>(s.steps, 1);
     before.push_back(s.distinct_before / n);
     after.push_back(s.distinct_after / n);
@@ -123,10 +150,18 @@ Result<std::string> calibrate_sere(const ModelBundle& model, const CalibrationOp
   if (static_cast<int64_t>(tokens.size()) > opts.max_tokens) tokens.resize(opts.max_tokens);
   if (tokens.size() < 2) return invalid_argument("the calibration text is too short (need at least 2 tokens)");
 
+  // Calibration runs every expert on the CPU decoder; a bundle loaded for another backend gets one here.
+  model::Qwen3TextModel cpu_model;
+  if (model.backend != model::Backend::kCpu) {
+    auto m = model::Qwen3TextModel::load(model.weights, model.config);
+    if (!m.ok()) return m.status().with_context("CPU decoder for calibration");
+    cpu_model = std::move(m).value();
+  }
+  const model::Qwen3TextModel& text = model.backend == model::Backend::kCpu ? model.text : cpu_model;
   const int64_t E = tc.num_experts, H = tc.hidden_size, L = tc.num_layers;
   std::vector<std::optional<accel::ExpertSimilarityAccumulator>> acc(L);
   for (int64_t l = 0; l < L; ++l) {
-    if (!model.text.is_moe_layer(l)) continue;
+    if (!text.is_moe_layer(l)) continue;
     auto a = accel::ExpertSimilarityAccumulator::create(E, H, opts.metric);
     if (!a.ok()) return a.status().with_context("layer " + std::to_string(l));
     acc[l] = std::move(a).value();
@@ -137,14 +172,14 @@ Result<std::string> calibrate_sere(const ModelBundle& model, const CalibrationOp
   hooks.moe_input = [&](int64_t layer, const float* x, int64_t n) {
     if (!acc[layer] || !hook_status.is_ok()) return;
     outs.resize(static_cast<size_t>(E * n * H));
-    for (int64_t e = 0; e < E; ++e) model.text.run_expert(layer, e, x, n, outs.data() + e * n * H);
+    for (int64_t e = 0; e < E; ++e) text.run_expert(layer, e, x, n, outs.data() + e * n * H);
     Status s = acc[layer]->add_chunk(outs, n);
     if (!s.is_ok()) hook_status = s;
   };
 
   // The calibration text is one long sequence, fed in chunks (so attention sees real context).
   const int64_t n = static_cast<int64_t>(tokens.size());
-  model::PagedKVCache cache = model.text.make_cache((n + 15) / 16, 16);
+  model::PagedKVCache cache = text.make_cache((n + 15) / 16, 16);
   std::vector<int32_t> table;
   ZEST_RETURN_IF_ERROR(cache.reserve(table, n));
   const double t0 = now_ms();
@@ -156,7 +191,7 @@ Result<std::string> calibrate_sere(const ModelBundle& model, const CalibrationOp
     for (int a = 0; a < 3; ++a)
       for (int64_t i = 0; i < len; ++i) b.positions[a * len + i] = static_cast<int32_t>(start + i);
     b.seqs.push_back({&table, start, len, false, false});
-    auto r = model.text.forward(b, cache, &hooks);
+    auto r = text.forward(b, cache, &hooks);
     if (!r.ok()) return r.status();
     ZEST_RETURN_IF_ERROR(hook_status);
     if (opts.progress) {

@@ -33,20 +33,25 @@ struct SereLayerStats {
 
 class SereRuntime {
  public:
-  // Loads and checks the similarity file against the model (layers, experts, config hash).
+  // Loads and checks the similarity file against the model (layers, experts, config hash). The runtime
+  // reads the statistics of model.decoder(): the model must outlive it.
   static Result<std::unique_ptr<SereRuntime>> create(const ModelBundle& model, const SereOptions& opts);
   // Hooks for one step, or null when this step is not re-routed.
   const model::MoeHooks* hooks(bool decode_only) const;
   // {"experts_per_layer_before": [...], "experts_per_layer_after": [...], "critical_per_layer": [...],
-  //  "rerouted_share_per_layer": [...], "steps": n, ...}, averaged over re-routed steps.
+  //  "rerouted_share_per_layer": [...], "steps": n, ...}, averaged over re-routed steps (host re-routing
+  // and the decoder's own device re-routing together).
   nlohmann::json stats_json() const;
-  const std::vector<SereLayerStats>& layer_stats() const { return stats_; }
+  // Per-layer sums of both host and device re-routing.
+  std::vector<SereLayerStats> layer_stats() const;
 
  private:
   SereOptions opts_;
   int64_t experts_ = 0;
-  std::vector<std::vector<float>> sim_;  // per layer [E, E]; empty for dense layers
-  mutable std::vector<SereLayerStats> stats_;
+  const model::TextDecoder* decoder_ = nullptr;
+  std::vector<model::RerouteCounts> device_base_;  // the decoder's device counters when this runtime was made
+  model::RerouteSpec spec_;  // primary, per-layer rho and similarity [E, E] (empty for dense layers)
+  mutable std::vector<SereLayerStats> stats_;  // host re-routing only
   model::MoeHooks hooks_;
 };
 

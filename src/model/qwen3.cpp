@@ -246,6 +246,8 @@ void Qwen3TextModel::run_expert(int64_t layer, int64_t expert, const float* x, i
 Result<Tensor> Qwen3TextModel::forward(const ForwardBatch& b, PagedKVCache& cache, const MoeHooks* hooks) const {
   const int64_t T = b.num_tokens(), H = cfg_.hidden_size, V = cfg_.vocab_size;
   if (static_cast<int64_t>(b.positions.size()) != 3 * T) return invalid_argument("forward: positions must be [3, T]");
+  if (!dynamic_cast<CpuKvStorage*>(cache.storage()))
+    return invalid_argument("forward: the KV cache was not made by the CPU decoder (use its allocate_cache)");
   int64_t sum = 0;
   for (const SeqChunk& s : b.seqs) {
     if (!s.block_table || s.length <= 0) return invalid_argument("forward: empty chunk or missing block table");

@@ -11,55 +11,29 @@
 #include "core/tensor.h"
 #include "io/config.h"
 #include "io/safetensors.h"
+#include "model/decoder.h"
 #include "model/kv_cache.h"
 
 namespace zest::model {
 
-// One sequence's chunk inside a forward batch.
-struct SeqChunk {
-  std::vector<int32_t>* block_table = nullptr;  // the sequence's KV blocks (reserved by the caller)
-  int64_t start = 0;        // tokens of this sequence already in the KV cache
-  int64_t length = 0;       // tokens in this chunk
-  bool all_logits = false;  // logits for every token of the chunk instead of only the last
-  bool reroute = true;      // the sequence takes part in expert re-routing (SERE) when it is on
-};
-
-// A batch of chunks (prefill and decode mixed), flattened: tokens of seqs[0], then seqs[1], ...
-struct ForwardBatch {
-  std::vector<int32_t> tokens;     // [T]
-  std::vector<int32_t> positions;  // [3 * T]: rows t, h, w (all equal for text tokens)
-  std::vector<SeqChunk> seqs;
-  // Multimodal input: row r of mm_embeds replaces the embedding of token mm_index[r]; deepstack[l]
-  // row r is added to that token's hidden state after decoder layer l.
-  Tensor mm_embeds;
-  std::vector<int64_t> mm_index;
-  std::vector<Tensor> deepstack;
-  int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
-};
-
-// Callbacks into the MoE layers (expert re-routing, calibration, statistics).
-struct MoeHooks {
-  // After top-k + renormalisation: ids/weights [n, k] of the tokens in `active` order may be rewritten;
-  // `active[i]` says whether token i takes part (padding and opted-out sequences do not).
-  std::function<void(int64_t layer, int32_t* ids, float* weights, int64_t n, int64_t k,
-                     const std::vector<uint8_t>& active)> route;
-  // The normalised MoE input of a layer, x [n, hidden] f32 (for calibration).
-  std::function<void(int64_t layer, const float* x, int64_t n)> moe_input;
-};
-
-class Qwen3TextModel {
+class Qwen3TextModel : public TextDecoder {
  public:
   // Binds the decoder weights. `prefix` is "model." (qwen3_moe) or "model.language_model." (VL);
   // expert tensors in either layout (per-expert nn.Linear or fused input-major).
   static Result<Qwen3TextModel> load(const io::SafeTensors& st, const io::ModelConfig& cfg);
 
-  const io::TextConfig& config() const { return cfg_; }
+  Backend backend() const override { return Backend::kCpu; }
+  const io::TextConfig& config() const override { return cfg_; }
   // A KV cache sized for `num_blocks` blocks of `block_size` tokens.
   PagedKVCache make_cache(int64_t num_blocks, int64_t block_size = 16) const;
+  Result<PagedKVCache> allocate_cache(int64_t num_blocks, int64_t block_size) const override {
+    return make_cache(num_blocks, block_size);
+  }
 
   // Runs one forward step. Writes K/V of every token into the cache and returns logits [R, vocab],
   // R = sum over chunks of (all_logits ? length : 1), in chunk order.
-  Result<Tensor> forward(const ForwardBatch& batch, PagedKVCache& cache, const MoeHooks* hooks = nullptr) const;
+  Result<Tensor> forward(const ForwardBatch& batch, PagedKVCache& cache,
+                         const MoeHooks* hooks = nullptr) const override;
 
   // Whether decoder layer `layer` has an MoE block.
   bool is_moe_layer(int64_t layer) const { return layers_[layer].moe; }

@@ -234,10 +234,11 @@ Status decode_attention(const DecodeAttention& p, const bf16* q, int q_stride, c
                         void* workspace, cudaStream_t stream) {
   if (p.batch <= 0 || p.q_heads <= 0 || p.kv_heads <= 0 || p.q_heads % p.kv_heads != 0)
     return invalid_argument("decode_attention: need batch, heads > 0 and q_heads divisible by kv_heads");
-  if (p.head_dim != kHeadDim)
-    return unsupported("decode_attention: head_dim " + std::to_string(p.head_dim) + " is not supported (only 128)");
   if (p.max_context <= 0 || p.max_blocks * kKvBlock < p.max_context)
     return invalid_argument("decode_attention: max_context must be positive and fit in max_blocks * 16");
+  if (p.head_dim != kHeadDim)
+    return paged_attention(q, q_stride, k_cache, v_cache, block_table, p.max_blocks, nullptr, context_lens, nullptr,
+                           p.batch, out, p.q_heads * p.head_dim, p.q_heads, p.kv_heads, p.head_dim, p.scale, stream);
   if (!workspace) return invalid_argument("decode_attention: workspace is null");
   const SplitPlan sp = split_plan(p);
   const size_t parts = static_cast<size_t>(p.batch) * p.q_heads * sp.splits * (kHeadDim + 2) * sizeof(float);

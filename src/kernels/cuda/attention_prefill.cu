@@ -166,7 +166,9 @@ __global__ void __launch_bounds__(kPW * 32) prefill_attention_kernel(const bf16*
 Status prefill_attention(const bf16* q, int q_stride, const bf16* k, const bf16* v, int kv_stride,
                          const int32_t* cu_seqlens, int nseq, int max_seqlen, bf16* out, int Hq, int Hkv, int D,
                          float scale, cudaStream_t stream) {
-  if (D != kD) return unsupported("prefill_attention: head_dim " + std::to_string(D) + " is not supported (only 128)");
+  if (D != kD)
+    return prefill_attention_generic(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, D, scale,
+                                     stream);
   if (nseq <= 0 || max_seqlen <= 0 || Hq <= 0 || Hkv <= 0 || Hq % Hkv != 0)
     return invalid_argument("prefill_attention: need nseq, max_seqlen, heads > 0 and Hq divisible by Hkv");
   if (q_stride % 8 != 0 || kv_stride % 8 != 0)

@@ -88,7 +88,8 @@ Status qk_norm_rope_kv(bf16* qkv, const bf16* q_norm, const bf16* k_norm, const 
 
 // Decode attention (one query token per sequence) over the paged cache, GQA-aware and split over the
 // context (flash-decoding; the last CTA of each (sequence, kv head) combines the splits in fixed order).
-// q: row b at q + b * q_stride, Hq heads of D=128. out [B, Hq * D]. context_lens[b] tokens are attended
+// q: row b at q + b * q_stride, Hq heads of D (128 on the fast path; other even D <= 256 go through
+// paged_attention, which needs no workspace). out [B, Hq * D]. context_lens[b] tokens are attended
 // (positions 0 .. len-1, the current token included). max_context bounds every context_lens[b].
 struct DecodeAttention {
   int batch = 0, q_heads = 0, kv_heads = 0, head_dim = 128;
@@ -105,11 +106,26 @@ Status decode_attention(const DecodeAttention& p, const bf16* q, int q_stride, c
                         void* workspace, cudaStream_t stream);
 
 // Prefill attention: causal, GQA, variable-length sequences packed along tokens (cu_seqlens [nseq+1]).
-// q/k/v rows at q + t * q_stride (Hq heads of D=128), k + t * kv_stride, v + t * kv_stride (Hkv heads).
-// out [T, Hq * D]. Tensor cores (bf16 wmma), fp32 online softmax.
+// q/k/v rows at q + t * q_stride (Hq heads of D), k + t * kv_stride, v + t * kv_stride (Hkv heads).
+// out [T, Hq * D]. D = 128: tensor cores (bf16 wmma), fp32 online softmax; other even D <= 256:
+// prefill_attention_generic.
 Status prefill_attention(const bf16* q, int q_stride, const bf16* k, const bf16* v, int kv_stride,
                          const int32_t* cu_seqlens, int nseq, int max_seqlen, bf16* out, int Hq, int Hkv, int D,
                          float scale, cudaStream_t stream);
+
+// Generic attention over the paged cache for any even head_dim <= 256 (fp32 scores and softmax): query i < n is
+// token t = rows ? rows[i] : i, read at q + t * q_stride (Hq heads of D); it attends keys 0 .. ctx_lens[t] - 1 of
+// the sequence whose block-table row is seq_rows ? seq_rows[t] : t. Output row t at out + t * out_stride. Decode
+// steps, chunked prefill (each token of a chunk is a query with its own length) and mixed batches alike.
+Status paged_attention(const bf16* q, int q_stride, const bf16* k_cache, const bf16* v_cache, const int32_t* block_table,
+                       int max_blocks, const int32_t* seq_rows, const int32_t* ctx_lens, const int32_t* rows, int n,
+                       bf16* out, int out_stride, int Hq, int Hkv, int D, float scale, cudaStream_t stream);
+
+// The function of prefill_attention for any even head_dim <= 256 (CUDA cores, fp32 softmax); prefill_attention
+// calls it when head_dim != 128.
+Status prefill_attention_generic(const bf16* q, int q_stride, const bf16* k, const bf16* v, int kv_stride,
+                                 const int32_t* cu_seqlens, int nseq, int max_seqlen, bf16* out, int Hq, int Hkv, int D,
+                                 float scale, cudaStream_t stream);
 
 // ---- MoE -----------------------------------------------------------------------------------------------
 
@@ -161,12 +177,23 @@ Status moe_experts_decode(const bf16* x, const MoePlan& plan, const float* weigh
                           const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I,
                           cudaStream_t stream);
 // Prefill experts: the same function as moe_experts_decode through tensor-core grouped GEMMs over the
-// plan's tiles (device-side offsets).
+// plan's tiles (device-side offsets) when H and I are multiples of 64, else through moe_experts_decode.
 Status moe_experts_prefill(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
                            const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I,
                            cudaStream_t stream);
 
+// SERE statistics of one layer's re-routing, added to counts[6] (int64): steps += 1, distinct experts before
+// and after, critical experts (distinct after minus distinct primaries of slots < S), re-routed slots (slots
+// whose id changed, folded ones included) and slots += N * K. Ids outside [0, E) are not experts. E <= 1024.
+Status sere_stats(const int32_t* ids_before, const int32_t* ids_after, int N, int K, int S, int E, int64_t* counts,
+                  cudaStream_t stream);
+
 // ---- utilities --------------------------------------------------------------------------------------
+
+// dst[r, :] = src[idx[r], :] for r < n (rows of `hidden` bf16).
+Status gather_rows(const bf16* src, const int32_t* idx, bf16* dst, int n, int hidden, cudaStream_t stream);
+// dst[idx[r], :] = src[r, :] (add: bf16(dst + src)) for r < n; the idx[r] must be distinct.
+Status scatter_rows(const bf16* src, const int32_t* idx, bf16* dst, int n, int hidden, bool add, cudaStream_t stream);
 
 // Fills n bf16 values with uniform random numbers in [lo, hi) from a counter hash of (seed, index).
 Status fill_random_bf16(bf16* p, size_t n, uint64_t seed, float lo, float hi, cudaStream_t stream);

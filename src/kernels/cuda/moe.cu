@@ -420,8 +420,7 @@ Status moe_experts_prefill(const bf16* x, const MoePlan& plan, const float* weig
                            cudaStream_t stream) {
   ZEST_RETURN_IF_ERROR(check_moe("moe_experts_prefill", N, K, E, H, I));
   if (H % kGT != 0 || I % kGT != 0)
-    return unsupported("moe_experts_prefill: hidden and expert width must be multiples of 64 (H=" + std::to_string(H) +
-                       " I=" + std::to_string(I) + "); use moe_experts_decode");
+    return moe_experts_decode(x, plan, weights, gate_up, down, h, slot_out, N, K, E, H, I, stream);
   static bool configured = false;
   if (!configured) {
     ZEST_RETURN_IF_ERROR(set_smem(reinterpret_cast<const void*>(moe_grouped_gemm_kernel<true>), grouped_smem(true)));

@@ -1,5 +1,6 @@
 // Built instead of the CUDA library when ZEST_CUDA is off.
 #include "kernels/backend.h"
+#include "model/decoder.h"
 
 namespace zest::kernels {
 
@@ -8,3 +9,11 @@ Status cuda_init(int) { return unsupported("zest was built without CUDA (configu
 std::string cuda_describe() { return "CUDA backend not built"; }
 
 }  // namespace zest::kernels
+
+namespace zest::model {
+
+Result<std::unique_ptr<TextDecoder>> create_cuda_decoder(const DecoderWeights&) {
+  return unsupported("zest was built without CUDA (configure with -DZEST_CUDA=ON), so --device cuda is unavailable");
+}
+
+}  // namespace zest::model

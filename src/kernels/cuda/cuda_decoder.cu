@@ -1,0 +1,721 @@
+// The CUDA text decoder behind model::TextDecoder: bf16 weights uploaded once from the checkpoint mapping
+// (through pinned staging buffers, converting BF16/F16/F32 and both expert layouts to the kernels' layouts),
+// a paged bf16 KV cache on the device, and a forward step made of zest CUDA kernels: embedding (+ visual rows),
+// per layer q/k/v GEMM, q/k norm + M-RoPE + KV write, attention (fast decode / prefill kernels for head_dim 128
+// where they apply, the generic paged kernel otherwise), o GEMM, residual + norm, router top-k, SERE on the
+// device (or the host hooks), MoE experts or dense MLP, DeepStack additions, final norm and lm_head. Step
+// buffers grow to the largest batch seen and are reused, so a step allocates nothing once warm; the logits
+// come back to the host in one copy per step.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "kernels/backend.h"
+#include "kernels/cuda/common.cuh"
+#include "model/decoder.h"
+
+namespace zest::cuda {
+
+namespace {
+
+#define ZEST_CU(expr, what) ZEST_RETURN_IF_ERROR(cuda_status((expr), what))
+
+constexpr size_t kAlign = 256;
+size_t align_up(size_t b) { return (b + kAlign - 1) / kAlign * kAlign; }
+
+// A device allocation owned by the decoder (cudaMalloc'ed once, freed on destruction).
+class DeviceMemory {
+ public:
+  DeviceMemory() = default;
+  ~DeviceMemory() { release(); }
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+  Status allocate(size_t bytes, const std::string& what) {
+    release();
+    if (bytes == 0) return Status::ok();
+    if (cudaMalloc(&p_, bytes) != cudaSuccess) {
+      cudaGetLastError();
+      p_ = nullptr;
+      size_t free_b = 0, total_b = 0;
+      cudaMemGetInfo(&free_b, &total_b);
+      return resource_exhausted(what + " needs " + std::to_string(bytes >> 20) + " MiB of GPU memory but only " +
+                                std::to_string(free_b >> 20) + " MiB are free");
+    }
+    size_ = bytes;
+    return Status::ok();
+  }
+  void release() {
+    if (p_) cudaFree(p_);
+    p_ = nullptr;
+    size_ = 0;
+  }
+  char* get() const { return static_cast<char*>(p_); }
+  size_t size() const { return size_; }
+
+ private:
+  void* p_ = nullptr;
+  size_t size_ = 0;
+};
+
+// Page-locked host memory (for transfers that overlap and for one-copy step inputs/outputs).
+class PinnedMemory {
+ public:
+  PinnedMemory() = default;
+  ~PinnedMemory() { release(); }
+  PinnedMemory(const PinnedMemory&) = delete;
+  PinnedMemory& operator=(const PinnedMemory&) = delete;
+  Status allocate(size_t bytes) {
+    release();
+    if (bytes == 0) return Status::ok();
+    if (cudaMallocHost(&p_, bytes) != cudaSuccess) {
+      cudaGetLastError();
+      p_ = nullptr;
+      return resource_exhausted("cannot pin " + std::to_string(bytes >> 20) + " MiB of host memory");
+    }
+    return Status::ok();
+  }
+  void release() {
+    if (p_) cudaFreeHost(p_);
+    p_ = nullptr;
+  }
+  char* get() const { return static_cast<char*>(p_); }
+
+ private:
+  void* p_ = nullptr;
+};
+
+// Bump allocator over a byte range (sizes first with base == nullptr, then for real).
+struct Carver {
+  char* base = nullptr;
+  size_t used = 0;
+  template <typename T>
+  T* take(size_t elems) {
+    T* p = reinterpret_cast<T*>(base ? base + used : nullptr);
+    used += align_up(elems * sizeof(T));
+    return p;
+  }
+};
+
+// Step inputs: int32 sections, then bf16 visual rows (mm_embeds, then each DeepStack feature). The same layout
+// serves the pinned host staging buffer and its device copy.
+struct StepInputs {
+  int32_t *tokens, *pos, *slots, *tok_seq, *tok_ctx, *gen, *cu, *seq_ctx, *block_table, *rows, *mm_index;
+  uint16_t* mm_rows;
+};
+size_t layout_inputs(char* base, int64_t T, int64_t S, int64_t max_blocks, int64_t R, int64_t M, int64_t nds,
+                     int64_t H, StepInputs* in) {
+  Carver c{base, 0};
+  in->tokens = c.take<int32_t>(T);
+  in->pos = c.take<int32_t>(3 * T);
+  in->slots = c.take<int32_t>(T);
+  in->tok_seq = c.take<int32_t>(T);
+  in->tok_ctx = c.take<int32_t>(T);
+  in->gen = c.take<int32_t>(T);
+  in->cu = c.take<int32_t>(S + 1);
+  in->seq_ctx = c.take<int32_t>(S);
+  in->block_table = c.take<int32_t>(S * max_blocks);
+  in->rows = c.take<int32_t>(R);
+  in->mm_index = c.take<int32_t>(std::max<int64_t>(M, 1));
+  in->mm_rows = c.take<uint16_t>(std::max<int64_t>(M, 1) * H * (1 + nds));
+  return c.used;
+}
+
+// KV blocks on the device: per layer K then V, each [num_blocks, 16, kv_heads, head_dim] bf16.
+class CudaKvStorage : public model::KvStorage {
+ public:
+  const void* owner = nullptr;  // the decoder that made it
+  int64_t layers = 0, blocks = 0, per_layer = 0;
+  DeviceMemory mem;
+  bf16* k(int64_t l) const { return reinterpret_cast<bf16*>(mem.get()) + (2 * l) * per_layer; }
+  bf16* v(int64_t l) const { return reinterpret_cast<bf16*>(mem.get()) + (2 * l + 1) * per_layer; }
+};
+
+// Element i of a checkpoint tensor, as bf16 bits.
+inline uint16_t elem_bf16(const io::TensorView& t, size_t i) {
+  switch (t.dtype) {
+    case DType::BF16: return static_cast<const uint16_t*>(t.data)[i];
+    case DType::F16: return f32_to_bf16(f16_to_f32(static_cast<const uint16_t*>(t.data)[i]));
+    default: return f32_to_bf16(static_cast<const float*>(t.data)[i]);
+  }
+}
+
+// Weight upload through two pinned staging buffers: while one chunk is copied, the next is converted.
+class Uploader {
+ public:
+  static constexpr size_t kChunk = size_t{8} << 20;  // bf16 elements per staging buffer
+
+  ~Uploader() {
+    for (cudaEvent_t e : done_)
+      if (e) cudaEventDestroy(e);
+  }
+  Status init(cudaStream_t stream) {
+    stream_ = stream;
+    for (int b = 0; b < 2; ++b) {
+      ZEST_RETURN_IF_ERROR(buf_[b].allocate(kChunk * sizeof(uint16_t)));
+      ZEST_CU(cudaEventCreateWithFlags(&done_[b], cudaEventDisableTiming), "cudaEventCreate");
+      ZEST_CU(cudaEventRecord(done_[b], stream_), "cudaEventRecord");
+    }
+    return Status::ok();
+  }
+  // dst[i] = src element map(i) for i < n.
+  template <typename Map>
+  Status put(bf16* dst, const io::TensorView& src, size_t n, Map map) {
+    for (size_t off = 0; off < n; off += kChunk) {
+      const size_t cnt = std::min(kChunk, n - off);
+      const int b = next_++ & 1;
+      ZEST_CU(cudaEventSynchronize(done_[b]), "staging buffer wait");
+      uint16_t* h = reinterpret_cast<uint16_t*>(buf_[b].get());
+      for (size_t i = 0; i < cnt; ++i) h[i] = elem_bf16(src, map(off + i));
+      ZEST_CU(cudaMemcpyAsync(dst + off, h, cnt * sizeof(uint16_t), cudaMemcpyHostToDevice, stream_), "weight upload");
+      ZEST_CU(cudaEventRecord(done_[b], stream_), "cudaEventRecord");
+    }
+    return Status::ok();
+  }
+  // The whole tensor in its own layout (BF16 is copied as is).
+  Status put(bf16* dst, const io::TensorView& src) {
+    size_t n = 1;
+    for (int64_t d : src.shape) n *= static_cast<size_t>(d);
+    if (src.dtype == DType::BF16) {
+      for (size_t off = 0; off < n; off += kChunk) {
+        const size_t cnt = std::min(kChunk, n - off);
+        const int b = next_++ & 1;
+        ZEST_CU(cudaEventSynchronize(done_[b]), "staging buffer wait");
+        std::memcpy(buf_[b].get(), static_cast<const uint16_t*>(src.data) + off, cnt * sizeof(uint16_t));
+        ZEST_CU(cudaMemcpyAsync(dst + off, buf_[b].get(), cnt * sizeof(uint16_t), cudaMemcpyHostToDevice, stream_),
+                "weight upload");
+        ZEST_CU(cudaEventRecord(done_[b], stream_), "cudaEventRecord");
+      }
+      return Status::ok();
+    }
+    return put(dst, src, n, [](size_t i) { return i; });
+  }
+  Status finish() { return cuda_status(cudaStreamSynchronize(stream_), "weight upload"); }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  PinnedMemory buf_[2];
+  cudaEvent_t done_[2] = {nullptr, nullptr};
+  uint64_t next_ = 0;
+};
+
+class CudaTextDecoder final : public model::TextDecoder {
+ public:
+  ~CudaTextDecoder() override {
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+  Status init(const model::DecoderWeights& w);
+
+  model::Backend backend() const override { return model::Backend::kCuda; }
+  const io::TextConfig& config() const override { return cfg_; }
+  Result<model::PagedKVCache> allocate_cache(int64_t num_blocks, int64_t block_size) const override;
+  Result<Tensor> forward(const model::ForwardBatch& b, model::PagedKVCache& cache,
+                         const model::MoeHooks* hooks) const override;
+  Result<std::vector<model::RerouteCounts>> reroute_counts() const override;
+
+ private:
+  struct Layer {
+    bf16 *in_norm = nullptr, *post_norm = nullptr, *q_norm = nullptr, *k_norm = nullptr, *wqkv = nullptr,
+         *wo = nullptr, *router = nullptr, *gate_up = nullptr, *down = nullptr;
+    bool moe = false;
+  };
+  // Sizes the step buffers are allocated for.
+  struct Caps {
+    int64_t T = 0, S = 0, R = 0, M = 0, nds = 0, max_blocks = 0;
+  };
+  // Per-step state, mutated by the const forward (one caller at a time).
+  struct Step {
+    Caps caps;
+    DeviceMemory act, in_dev, ws, sim, counters;
+    PinnedMemory in_host, logits_host;
+    bf16 *x = nullptr, *xn = nullptr, *qkv = nullptr, *attn = nullptr, *o = nullptr, *rl = nullptr, *h = nullptr,
+         *gu = nullptr, *xr = nullptr, *logits = nullptr;
+    int32_t *ids = nullptr, *ids_before = nullptr;
+    float *route_w = nullptr, *slot_out = nullptr;
+    void* plan_buf = nullptr;
+    MoePlan plan;
+    const model::RerouteSpec* sim_spec = nullptr;  // the spec whose similarity matrices are on the device
+  };
+
+  Status upload_layer(Uploader& up, const model::DecoderLayerWeights& src, Layer& L);
+  Status ensure(const Caps& need) const;
+  Status run_moe(int64_t l, const Layer& L, int T, const model::ForwardBatch& b, const model::MoeHooks* hooks,
+                 bool all_active) const;
+
+  io::TextConfig cfg_;
+  int L_ = 0, H_ = 0, Hq_ = 0, Hkv_ = 0, D_ = 0, QKV_ = 0, E_ = 0, K_ = 0, I_ = 0, Id_ = 0, V_ = 0;
+  float eps_ = 1e-6f;
+  RopeParams rope_;
+  cudaStream_t stream_ = nullptr;
+  DeviceMemory weights_;
+  std::vector<Layer> layers_;
+  bf16 *embed_ = nullptr, *final_norm_ = nullptr, *lm_head_ = nullptr;
+  std::unique_ptr<Step> st_ = std::make_unique<Step>();
+};
+
+Status check_dtype(const io::TensorView& t) {
+  if (t.dtype == DType::BF16 || t.dtype == DType::F16 || t.dtype == DType::F32) return Status::ok();
+  return unsupported("tensor '" + t.name + "' has dtype " + dtype_name(t.dtype) +
+                     "; the CUDA decoder loads BF16, F16 or F32 weights");
+}
+
+Status CudaTextDecoder::init(const model::DecoderWeights& w) {
+  cfg_ = w.config;
+  const io::TextConfig& c = cfg_;
+  L_ = static_cast<int>(c.num_layers);
+  H_ = static_cast<int>(c.hidden_size);
+  Hq_ = static_cast<int>(c.num_heads);
+  Hkv_ = static_cast<int>(c.num_kv_heads);
+  D_ = static_cast<int>(c.head_dim);
+  QKV_ = (Hq_ + 2 * Hkv_) * D_;
+  E_ = static_cast<int>(c.num_experts);
+  K_ = static_cast<int>(c.num_experts_per_tok);
+  I_ = static_cast<int>(c.moe_intermediate_size);
+  Id_ = static_cast<int>(c.intermediate_size);
+  V_ = static_cast<int>(c.vocab_size);
+  eps_ = static_cast<float>(c.rms_norm_eps);
+  rope_.theta = static_cast<float>(c.rope_theta);
+  if (c.mrope_section.size() >= 2) rope_.section_h = static_cast<int>(c.mrope_section[1]);
+  if (c.mrope_section.size() >= 3) rope_.section_w = static_cast<int>(c.mrope_section[2]);
+  bool any_moe = false;
+  for (const auto& l : w.layers) any_moe = any_moe || l.moe;
+  if (H_ % 8 != 0) return unsupported("CUDA decoder: hidden_size must be a multiple of 8 (is " + std::to_string(H_) + ")");
+  if (D_ % 2 != 0 || D_ > 256)
+    return unsupported("CUDA decoder: head_dim must be even and at most 256 (is " + std::to_string(D_) + ")");
+  if (any_moe && (E_ > 1024 || K_ > 16 || I_ % 8 != 0 || !c.norm_topk_prob))
+    return unsupported("CUDA decoder: MoE layers need at most 1024 experts, top-k <= 16, an expert width that is a "
+                       "multiple of 8 and norm_topk_prob");
+
+  // Weight arena: sizes first, then one allocation.
+  const size_t H = H_, D = D_, QKV = QKV_, E = E_, I = I_, Id = Id_, V = V_;
+  const bool tied = w.lm_head.data == w.embed.data;
+  auto layout = [&](Carver& cv) {
+    layers_.assign(L_, Layer{});
+    for (int l = 0; l < L_; ++l) {
+      Layer& Ly = layers_[l];
+      Ly.moe = w.layers[l].moe;
+      Ly.in_norm = cv.take<bf16>(H);
+      Ly.post_norm = cv.take<bf16>(H);
+      Ly.q_norm = cv.take<bf16>(D);
+      Ly.k_norm = cv.take<bf16>(D);
+      Ly.wqkv = cv.take<bf16>(QKV * H);
+      Ly.wo = cv.take<bf16>(H * Hq_ * D);
+      if (Ly.moe) {
+        Ly.router = cv.take<bf16>(E * H);
+        Ly.gate_up = cv.take<bf16>(E * 2 * I * H);
+        Ly.down = cv.take<bf16>(E * H * I);
+      } else {
+        Ly.gate_up = cv.take<bf16>(2 * Id * H);
+        Ly.down = cv.take<bf16>(H * Id);
+      }
+    }
+    embed_ = cv.take<bf16>(V * H);
+    final_norm_ = cv.take<bf16>(H);
+    lm_head_ = tied ? embed_ : cv.take<bf16>(V * H);
+  };
+  Carver sizing;
+  layout(sizing);
+  size_t free_b = 0, total_b = 0;
+  ZEST_CU(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+  if (sizing.used > free_b)
+    return resource_exhausted("the model's bf16 weights need " + std::to_string(sizing.used >> 20) +
+                              " MiB of GPU memory but only " + std::to_string(free_b >> 20) + " MiB are free");
+  ZEST_RETURN_IF_ERROR(weights_.allocate(sizing.used, "the model's bf16 weights"));
+  Carver real{weights_.get(), 0};
+  layout(real);
+
+  ZEST_CU(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  Uploader up;
+  ZEST_RETURN_IF_ERROR(up.init(stream_));
+  for (const io::TensorView* t : {&w.embed, &w.final_norm, &w.lm_head}) ZEST_RETURN_IF_ERROR(check_dtype(*t));
+  ZEST_RETURN_IF_ERROR(up.put(embed_, w.embed));
+  ZEST_RETURN_IF_ERROR(up.put(final_norm_, w.final_norm));
+  if (!tied) ZEST_RETURN_IF_ERROR(up.put(lm_head_, w.lm_head));
+  for (int l = 0; l < L_; ++l) {
+    Status s = upload_layer(up, w.layers[l], layers_[l]);
+    if (!s.is_ok()) return s.with_context("layer " + std::to_string(l));
+  }
+  ZEST_RETURN_IF_ERROR(up.finish());
+  ZEST_RETURN_IF_ERROR(st_->counters.allocate(static_cast<size_t>(L_) * 6 * sizeof(int64_t), "SERE counters"));
+  ZEST_CU(cudaMemsetAsync(st_->counters.get(), 0, st_->counters.size(), stream_), "memset");
+  return cuda_status(cudaStreamSynchronize(stream_), "decoder init");
+}
+
+Status CudaTextDecoder::upload_layer(Uploader& up, const model::DecoderLayerWeights& s, Layer& L) {
+  for (const io::TensorView* t : {&s.in_norm, &s.post_norm, &s.q, &s.k, &s.v, &s.o, &s.q_norm, &s.k_norm})
+    ZEST_RETURN_IF_ERROR(check_dtype(*t));
+  const size_t H = H_, D = D_, I = L.moe ? I_ : Id_;
+  ZEST_RETURN_IF_ERROR(up.put(L.in_norm, s.in_norm));
+  ZEST_RETURN_IF_ERROR(up.put(L.post_norm, s.post_norm));
+  ZEST_RETURN_IF_ERROR(up.put(L.q_norm, s.q_norm));
+  ZEST_RETURN_IF_ERROR(up.put(L.k_norm, s.k_norm));
+  ZEST_RETURN_IF_ERROR(up.put(L.wqkv, s.q));
+  ZEST_RETURN_IF_ERROR(up.put(L.wqkv + Hq_ * D * H, s.k));
+  ZEST_RETURN_IF_ERROR(up.put(L.wqkv + (Hq_ + Hkv_) * D * H, s.v));
+  ZEST_RETURN_IF_ERROR(up.put(L.wo, s.o));
+  if (L.moe) {
+    ZEST_RETURN_IF_ERROR(check_dtype(s.router));
+    ZEST_RETURN_IF_ERROR(up.put(L.router, s.router));
+  }
+  if (s.fused_gate_up.data) {
+    // Input-major [E, H, 2I] -> [E, 2I, H] and [E, I, H] -> [E, H, I].
+    ZEST_RETURN_IF_ERROR(check_dtype(s.fused_gate_up));
+    ZEST_RETURN_IF_ERROR(check_dtype(s.fused_down));
+    const size_t E = E_;
+    ZEST_RETURN_IF_ERROR(up.put(L.gate_up, s.fused_gate_up, E * 2 * I * H, [&](size_t i) {
+      const size_t e = i / (2 * I * H), rem = i % (2 * I * H), r = rem / H, c = rem % H;
+      return e * H * 2 * I + c * 2 * I + r;
+    }));
+    ZEST_RETURN_IF_ERROR(up.put(L.down, s.fused_down, E * H * I, [&](size_t i) {
+      const size_t e = i / (H * I), rem = i % (H * I), r = rem / I, c = rem % I;
+      return e * I * H + c * H + r;
+    }));
+    return Status::ok();
+  }
+  for (size_t e = 0; e < s.gate.size(); ++e) {
+    for (const io::TensorView* t : {&s.gate[e], &s.up[e], &s.down[e]}) ZEST_RETURN_IF_ERROR(check_dtype(*t));
+    ZEST_RETURN_IF_ERROR(up.put(L.gate_up + e * 2 * I * H, s.gate[e]));
+    ZEST_RETURN_IF_ERROR(up.put(L.gate_up + e * 2 * I * H + I * H, s.up[e]));
+    ZEST_RETURN_IF_ERROR(up.put(L.down + e * H * I, s.down[e]));
+  }
+  return Status::ok();
+}
+
+Result<model::PagedKVCache> CudaTextDecoder::allocate_cache(int64_t num_blocks, int64_t block_size) const {
+  if (block_size != kKvBlock)
+    return invalid_argument("the CUDA KV cache uses blocks of " + std::to_string(kKvBlock) + " tokens (asked for " +
+                            std::to_string(block_size) + ")");
+  if (num_blocks <= 0) return invalid_argument("the KV cache needs at least one block");
+  auto s = std::make_shared<CudaKvStorage>();
+  s->owner = this;
+  s->layers = L_;
+  s->blocks = num_blocks;
+  s->per_layer = num_blocks * kKvBlock * Hkv_ * D_;
+  ZEST_RETURN_IF_ERROR(s->mem.allocate(static_cast<size_t>(2 * L_ * s->per_layer) * sizeof(bf16),
+                                       "the KV cache (" + std::to_string(num_blocks) + " blocks)"));
+  return model::PagedKVCache(num_blocks, block_size, std::move(s));
+}
+
+Status CudaTextDecoder::ensure(const Caps& need) const {
+  Step& s = *st_;
+  Caps& c = s.caps;
+  auto grow = [](int64_t have, int64_t want) {
+    if (want <= have) return have;
+    int64_t v = 16;
+    while (v < want) v *= 2;
+    return v;
+  };
+  const bool act = need.T > c.T || need.R > c.R;
+  const bool in = act || need.S > c.S || need.M > c.M || need.nds > c.nds || need.max_blocks > c.max_blocks;
+  if (!in) return Status::ok();
+  ZEST_CU(cudaStreamSynchronize(stream_), "sync before growing step buffers");
+  Caps n;
+  const Caps old = c;
+  c = Caps{};  // until every buffer is in place (a failed growth leaves nothing half-bound)
+  n.T = grow(old.T, need.T);
+  n.R = grow(old.R, need.R);
+  n.S = grow(old.S, need.S);
+  n.M = grow(old.M, need.M);
+  n.nds = std::max(old.nds, need.nds);
+  n.max_blocks = grow(old.max_blocks, need.max_blocks);
+  if (act || !s.act.get()) {
+    const size_t T = n.T, R = n.R, H = H_, K = std::max(K_, 1), E = std::max(E_, 1);
+    const size_t hw = std::max<size_t>(K * I_, Id_);
+    auto layout = [&](Carver& cv) {
+      s.x = cv.take<bf16>(T * H);
+      s.xn = cv.take<bf16>(T * H);
+      s.o = cv.take<bf16>(T * H);
+      s.qkv = cv.take<bf16>(T * QKV_);
+      s.attn = cv.take<bf16>(T * Hq_ * D_);
+      s.rl = cv.take<bf16>(T * E);
+      s.h = cv.take<bf16>(T * hw);
+      s.gu = cv.take<bf16>(T * 2 * Id_);
+      s.ids = cv.take<int32_t>(T * K);
+      s.ids_before = cv.take<int32_t>(T * K);
+      s.route_w = cv.take<float>(T * K);
+      s.slot_out = cv.take<float>(E_ > 0 ? T * K * H : 1);
+      s.plan_buf = cv.take<char>(E_ > 0 ? moe_plan_bytes(static_cast<int>(T), K_, E_) : 1);
+      s.xr = cv.take<bf16>(R * H);
+      s.logits = cv.take<bf16>(R * V_);
+    };
+    Carver sizing;
+    layout(sizing);
+    ZEST_RETURN_IF_ERROR(s.act.allocate(sizing.used, "step buffers for " + std::to_string(n.T) + " tokens"));
+    Carver real{s.act.get(), 0};
+    layout(real);
+    if (E_ > 0) moe_plan_bind(s.plan, s.plan_buf, static_cast<int>(T), K_, E_);
+    ZEST_RETURN_IF_ERROR(s.logits_host.allocate(R * V_ * sizeof(uint16_t)));
+  }
+  StepInputs unused;
+  const size_t bytes = layout_inputs(nullptr, n.T, n.S, n.max_blocks, n.R, n.M, n.nds, H_, &unused);
+  ZEST_RETURN_IF_ERROR(s.in_dev.allocate(bytes, "step inputs"));
+  ZEST_RETURN_IF_ERROR(s.in_host.allocate(bytes));
+  c = n;
+  return Status::ok();
+}
+
+Result<std::vector<model::RerouteCounts>> CudaTextDecoder::reroute_counts() const {
+  std::vector<int64_t> raw(static_cast<size_t>(L_) * 6);
+  ZEST_CU(cudaMemcpyAsync(raw.data(), st_->counters.get(), raw.size() * 8, cudaMemcpyDeviceToHost, stream_),
+          "SERE counters copy");
+  ZEST_CU(cudaStreamSynchronize(stream_), "SERE counters copy");
+  std::vector<model::RerouteCounts> out(L_);
+  for (int l = 0; l < L_; ++l) {
+    const int64_t* r = &raw[static_cast<size_t>(l) * 6];
+    out[l] = {r[0], r[1], r[2], r[3], r[4], r[5]};
+  }
+  return out;
+}
+
+Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const model::ForwardBatch& b,
+                                const model::MoeHooks* hooks, bool all_active) const {
+  Step& s = *st_;
+  cudaStream_t st = stream_;
+  if (hooks && hooks->moe_input) {
+    std::vector<uint16_t> bits(static_cast<size_t>(T) * H_);
+    ZEST_CU(cudaMemcpyAsync(bits.data(), s.xn, bits.size() * 2, cudaMemcpyDeviceToHost, st), "MoE input copy");
+    ZEST_CU(cudaStreamSynchronize(st), "MoE input copy");
+    std::vector<float> x(bits.size());
+    for (size_t i = 0; i < bits.size(); ++i) x[i] = bf16_to_f32(bits[i]);
+    hooks->moe_input(l, x.data(), T);
+  }
+  ZEST_RETURN_IF_ERROR(gemm(s.xn, Ly.router, s.rl, T, E_, H_, st));
+  ZEST_RETURN_IF_ERROR(router_topk(s.rl, nullptr, s.ids, s.route_w, T, E_, K_, st));
+  const model::RerouteSpec* spec = hooks ? hooks->reroute : nullptr;
+  const bool spec_ok = spec && static_cast<int>(spec->similarity.size()) == L_ &&
+                       static_cast<int>(spec->thresholds.size()) == L_;
+  if (spec_ok && all_active) {
+    if (!spec->similarity[l].empty() && spec->primary > 0 && spec->primary < K_) {
+      const size_t ee = static_cast<size_t>(E_) * E_;
+      if (spec->similarity[l].size() != ee)
+        return invalid_argument("SERE similarity of layer " + std::to_string(l) + " is not [experts, experts]");
+      if (s.sim_spec != spec) {
+        if (!s.sim.get()) ZEST_RETURN_IF_ERROR(s.sim.allocate(static_cast<size_t>(L_) * ee * 4, "SERE similarity"));
+        for (int k = 0; k < L_; ++k)
+          if (spec->similarity[k].size() == ee)
+            ZEST_CU(cudaMemcpyAsync(s.sim.get() + k * ee * 4, spec->similarity[k].data(), ee * 4,
+                                    cudaMemcpyHostToDevice, st),
+                    "SERE similarity upload");
+        ZEST_CU(cudaStreamSynchronize(st), "SERE similarity upload");
+        s.sim_spec = spec;
+      }
+      const int S = static_cast<int>(spec->primary);
+      ZEST_CU(cudaMemcpyAsync(s.ids_before, s.ids, static_cast<size_t>(T) * K_ * 4, cudaMemcpyDeviceToDevice, st),
+              "ids copy");
+      ZEST_RETURN_IF_ERROR(sere_reroute(s.ids, s.route_w, reinterpret_cast<const float*>(s.sim.get()) + l * ee, T, E_,
+                                        K_, S, spec->thresholds[l], st));
+      ZEST_RETURN_IF_ERROR(sere_stats(s.ids_before, s.ids, T, K_, S, E_,
+                                      reinterpret_cast<int64_t*>(s.counters.get()) + l * 6, st));
+    }
+  } else if (hooks && hooks->route) {
+    // Host re-routing: the hook sees the routing on the host, with per-token participation.
+    const size_t n = static_cast<size_t>(T) * K_;
+    std::vector<int32_t> ids(n);
+    std::vector<float> wts(n);
+    ZEST_CU(cudaMemcpyAsync(ids.data(), s.ids, n * 4, cudaMemcpyDeviceToHost, st), "routing copy");
+    ZEST_CU(cudaMemcpyAsync(wts.data(), s.route_w, n * 4, cudaMemcpyDeviceToHost, st), "routing copy");
+    ZEST_CU(cudaStreamSynchronize(st), "routing copy");
+    std::vector<uint8_t> active(T, 1);
+    int64_t t = 0;
+    for (const model::SeqChunk& c : b.seqs)
+      for (int64_t i = 0; i < c.length; ++i, ++t) active[t] = c.reroute ? 1 : 0;
+    hooks->route(l, ids.data(), wts.data(), T, K_, active);
+    ZEST_CU(cudaMemcpyAsync(s.ids, ids.data(), n * 4, cudaMemcpyHostToDevice, st), "routing copy");
+    ZEST_CU(cudaMemcpyAsync(s.route_w, wts.data(), n * 4, cudaMemcpyHostToDevice, st), "routing copy");
+    ZEST_CU(cudaStreamSynchronize(st), "routing copy");
+  }
+  ZEST_RETURN_IF_ERROR(moe_plan(s.ids, T, K_, E_, s.plan, nullptr, st));
+  if (T <= 16)
+    return moe_experts_decode(s.xn, s.plan, s.route_w, Ly.gate_up, Ly.down, s.h, s.slot_out, T, K_, E_, H_, I_, st);
+  return moe_experts_prefill(s.xn, s.plan, s.route_w, Ly.gate_up, Ly.down, s.h, s.slot_out, T, K_, E_, H_, I_, st);
+}
+
+Result<Tensor> CudaTextDecoder::forward(const model::ForwardBatch& b, model::PagedKVCache& cache,
+                                        const model::MoeHooks* hooks) const {
+  const int64_t T64 = b.num_tokens();
+  auto* kv = dynamic_cast<CudaKvStorage*>(cache.storage());
+  if (!kv || kv->owner != this)
+    return invalid_argument("forward: the KV cache was not made by this CUDA decoder (use its allocate_cache)");
+  if (T64 <= 0) return invalid_argument("forward: the batch has no tokens");
+  if (T64 > (int64_t{1} << 24)) return out_of_range("forward: too many tokens in one step");
+  if (static_cast<int64_t>(b.positions.size()) != 3 * T64) return invalid_argument("forward: positions must be [3, T]");
+  Caps need;
+  int64_t sum = 0, max_ctx = 0, max_len = 0;
+  bool decode_only = true, any_fresh = false, all_active = true;
+  for (const model::SeqChunk& c : b.seqs) {
+    if (!c.block_table || c.length <= 0) return invalid_argument("forward: empty chunk or missing block table");
+    const int64_t blocks = cache.blocks_for(c.start + c.length);
+    if (blocks > static_cast<int64_t>(c.block_table->size()))
+      return invalid_argument("forward: KV blocks not reserved for the chunk");
+    for (int64_t i = 0; i < blocks; ++i) {
+      const int32_t blk = (*c.block_table)[i];
+      if (blk < 0 || blk >= kv->blocks) return invalid_argument("forward: block id outside the KV cache");
+    }
+    need.max_blocks = std::max(need.max_blocks, blocks);
+    need.R += c.all_logits ? c.length : 1;
+    sum += c.length;
+    max_ctx = std::max(max_ctx, c.start + c.length);
+    max_len = std::max(max_len, c.length);
+    decode_only = decode_only && c.length == 1;
+    any_fresh = any_fresh || c.start == 0;
+    all_active = all_active && c.reroute;
+  }
+  if (sum != T64) return invalid_argument("forward: chunk lengths do not add up to the token count");
+  for (int32_t tok : b.tokens)
+    if (tok < 0 || tok >= V_) return invalid_argument("forward: token id " + std::to_string(tok) + " out of range");
+  const int64_t M = static_cast<int64_t>(b.mm_index.size());
+  const int64_t nds = M > 0 ? std::min<int64_t>(static_cast<int64_t>(b.deepstack.size()), L_) : 0;
+  if (M > 0) {
+    if (b.mm_embeds.dtype() != DType::F32 || b.mm_embeds.device() != Device::CPU || b.mm_embeds.ndim() != 2 ||
+        b.mm_embeds.dim(0) != M || b.mm_embeds.dim(1) != H_)
+      return invalid_argument("forward: mm_embeds must be a CPU f32 tensor [mm rows, hidden]");
+    for (int64_t l = 0; l < nds; ++l)
+      if (b.deepstack[l].dtype() != DType::F32 || b.deepstack[l].device() != Device::CPU ||
+          b.deepstack[l].numel() != M * H_)
+        return invalid_argument("forward: deepstack features must be CPU f32 tensors [mm rows, hidden]");
+    for (int64_t r : b.mm_index)
+      if (r < 0 || r >= T64) return invalid_argument("forward: mm_index row outside the batch");
+  }
+  const int T = static_cast<int>(T64), S = static_cast<int>(b.seqs.size());
+  need.T = T;
+  need.S = S;
+  need.M = M;
+  need.nds = nds;
+  ZEST_RETURN_IF_ERROR(ensure(need));
+  Step& s = *st_;
+  const Caps& cap = s.caps;
+  const int MB = static_cast<int>(cap.max_blocks), R = static_cast<int>(need.R);
+
+  // Host side of the step inputs, one H2D copy.
+  StepInputs hi, di;
+  const size_t in_bytes = layout_inputs(s.in_host.get(), T, S, MB, R, M, nds, H_, &hi);
+  layout_inputs(s.in_dev.get(), T, S, MB, R, M, nds, H_, &di);
+  int32_t *h_tokens = hi.tokens, *h_pos = hi.pos, *h_slots = hi.slots, *h_tok_seq = hi.tok_seq, *h_tok_ctx = hi.tok_ctx,
+          *h_gen = hi.gen, *h_cu = hi.cu, *h_seq_ctx = hi.seq_ctx, *h_bt = hi.block_table, *h_rows = hi.rows,
+          *h_mm = hi.mm_index;
+  uint16_t* h_mm_emb = hi.mm_rows;
+  std::memcpy(h_tokens, b.tokens.data(), static_cast<size_t>(T) * 4);
+  std::memcpy(h_pos, b.positions.data(), static_cast<size_t>(3) * T * 4);
+  int n_gen = 0, t = 0, r = 0;
+  h_cu[0] = 0;
+  for (int si = 0; si < S; ++si) {
+    const model::SeqChunk& c = b.seqs[si];
+    const std::vector<int32_t>& table = *c.block_table;
+    for (int i = 0; i < MB; ++i) h_bt[static_cast<size_t>(si) * MB + i] = i < static_cast<int>(table.size()) ? table[i] : 0;
+    for (int64_t i = 0; i < c.length; ++i, ++t) {
+      const int64_t p = c.start + i;
+      h_slots[t] = table[p / kKvBlock] * kKvBlock + static_cast<int32_t>(p % kKvBlock);
+      h_tok_seq[t] = si;
+      h_tok_ctx[t] = static_cast<int32_t>(p + 1);
+      if (c.start > 0) h_gen[n_gen++] = t;
+      if (c.all_logits) h_rows[r++] = t;
+    }
+    if (!c.all_logits) h_rows[r++] = t - 1;
+    h_cu[si + 1] = t;
+    h_seq_ctx[si] = static_cast<int32_t>(c.start + c.length);
+  }
+  for (int64_t i = 0; i < M; ++i) h_mm[i] = static_cast<int32_t>(b.mm_index[i]);
+  for (int64_t k = 0; k <= nds && M > 0; ++k) {
+    const float* src = k == 0 ? b.mm_embeds.data<float>() : b.deepstack[k - 1].data<float>();
+    for (int64_t i = 0; i < M * H_; ++i) h_mm_emb[k * M * H_ + i] = f32_to_bf16(src[i]);
+  }
+  cudaStream_t st = stream_;
+  ZEST_CU(cudaMemcpyAsync(s.in_dev.get(), s.in_host.get(), in_bytes, cudaMemcpyHostToDevice, st), "step input copy");
+  const int32_t *d_tokens = di.tokens, *d_pos = di.pos, *d_slots = di.slots, *d_tok_seq = di.tok_seq,
+                *d_tok_ctx = di.tok_ctx, *d_gen = di.gen, *d_cu = di.cu, *d_seq_ctx = di.seq_ctx,
+                *d_bt = di.block_table, *d_rows = di.rows, *d_mm = di.mm_index;
+  const bf16* d_mm_emb = reinterpret_cast<const bf16*>(di.mm_rows);
+
+  // Attention plan: the fast kernels need head_dim 128; decode-only steps use split-K decode attention; chunks
+  // starting at 0 use the contiguous prefill kernel (run on every chunk, its rows of chunks with a cached prefix
+  // are then recomputed); everything else goes through the generic paged kernel.
+  const float scale = 1.f / std::sqrt(static_cast<float>(D_));
+  const bool fast = D_ == 128;
+  const bool use_decode = fast && decode_only;
+  const bool use_prefill = fast && !decode_only && any_fresh;
+  DecodeAttention dp;
+  if (use_decode) {
+    dp.batch = S;
+    dp.q_heads = Hq_;
+    dp.kv_heads = Hkv_;
+    dp.head_dim = D_;
+    dp.max_context = static_cast<int>(max_ctx);
+    dp.max_blocks = MB;
+    dp.scale = scale;
+    const size_t ws = decode_attention_workspace_bytes(dp);
+    if (ws > s.ws.size()) ZEST_RETURN_IF_ERROR(s.ws.allocate(std::max(ws, 2 * s.ws.size()), "attention workspace"));
+    ZEST_CU(cudaMemsetAsync(s.ws.get(), 0, ws, st), "workspace memset");
+  }
+
+  ZEST_RETURN_IF_ERROR(embedding(d_tokens, embed_, s.x, T, H_, V_, st));
+  if (M > 0) ZEST_RETURN_IF_ERROR(scatter_rows(d_mm_emb, d_mm, s.x, static_cast<int>(M), H_, false, st));
+  ZEST_RETURN_IF_ERROR(rmsnorm(s.x, layers_[0].in_norm, s.xn, T, H_, eps_, st));
+  for (int l = 0; l < L_; ++l) {
+    const Layer& Ly = layers_[l];
+    const bf16* next = l + 1 < L_ ? layers_[l + 1].in_norm : final_norm_;
+    ZEST_RETURN_IF_ERROR(gemm(s.xn, Ly.wqkv, s.qkv, T, QKV_, H_, st));
+    ZEST_RETURN_IF_ERROR(qk_norm_rope_kv(s.qkv, Ly.q_norm, Ly.k_norm, d_pos, T, rope_, d_slots, kv->k(l), kv->v(l), T,
+                                         Hq_, Hkv_, D_, eps_, st));
+    if (use_decode) {
+      ZEST_RETURN_IF_ERROR(decode_attention(dp, s.qkv, QKV_, kv->k(l), kv->v(l), d_bt, d_seq_ctx, s.attn, s.ws.get(), st));
+    } else {
+      if (use_prefill)
+        ZEST_RETURN_IF_ERROR(prefill_attention(s.qkv, QKV_, s.qkv + Hq_ * D_, s.qkv + (Hq_ + Hkv_) * D_, QKV_, d_cu, S,
+                                               static_cast<int>(max_len), s.attn, Hq_, Hkv_, D_, scale, st));
+      const bool all_generic = !use_prefill;
+      const int n = all_generic ? T : n_gen;
+      if (n > 0)
+        ZEST_RETURN_IF_ERROR(paged_attention(s.qkv, QKV_, kv->k(l), kv->v(l), d_bt, MB, d_tok_seq, d_tok_ctx,
+                                             all_generic ? nullptr : d_gen, n, s.attn, Hq_ * D_, Hq_, Hkv_, D_, scale,
+                                             st));
+    }
+    ZEST_RETURN_IF_ERROR(gemm(s.attn, Ly.wo, s.o, T, H_, Hq_ * D_, st));
+    ZEST_RETURN_IF_ERROR(add_rmsnorm(s.x, s.o, Ly.post_norm, s.xn, T, H_, eps_, st));
+    const bool ds = l < nds;
+    if (Ly.moe) {
+      Status ms = run_moe(l, Ly, T, b, hooks, all_active);
+      if (!ms.is_ok()) return ms.with_context("layer " + std::to_string(l));
+      ZEST_RETURN_IF_ERROR(moe_combine_add_rmsnorm(s.x, s.slot_out, s.ids, K_, ds ? nullptr : next, s.xn, T, H_, eps_, st));
+    } else {
+      ZEST_RETURN_IF_ERROR(gemm(s.xn, Ly.gate_up, s.gu, T, 2 * Id_, H_, st));
+      ZEST_RETURN_IF_ERROR(silu_mul(s.gu, s.h, T, Id_, st));
+      ZEST_RETURN_IF_ERROR(gemm(s.h, Ly.down, s.o, T, H_, Id_, st));
+      ZEST_RETURN_IF_ERROR(add_rmsnorm(s.x, s.o, next, s.xn, T, H_, eps_, st));
+    }
+    if (ds) {
+      ZEST_RETURN_IF_ERROR(scatter_rows(d_mm_emb + (l + 1) * M * H_, d_mm, s.x, static_cast<int>(M), H_, true, st));
+      ZEST_RETURN_IF_ERROR(rmsnorm(s.x, next, s.xn, T, H_, eps_, st));
+    }
+  }
+  ZEST_RETURN_IF_ERROR(gather_rows(s.xn, d_rows, s.xr, R, H_, st));
+  ZEST_RETURN_IF_ERROR(gemm(s.xr, lm_head_, s.logits, R, V_, H_, st));
+  const size_t nl = static_cast<size_t>(R) * V_;
+  ZEST_CU(cudaMemcpyAsync(s.logits_host.get(), s.logits, nl * 2, cudaMemcpyDeviceToHost, st), "logits copy");
+  ZEST_CU(cudaStreamSynchronize(st), "forward step");
+  Tensor out = Tensor::empty({R, V_});
+  const uint16_t* bits = reinterpret_cast<const uint16_t*>(s.logits_host.get());
+  float* dst = out.data<float>();
+  for (size_t i = 0; i < nl; ++i) dst[i] = bf16_to_f32(bits[i]);
+  return out;
+}
+
+}  // namespace
+
+}  // namespace zest::cuda
+
+namespace zest::model {
+
+Result<std::unique_ptr<TextDecoder>> create_cuda_decoder(const DecoderWeights& weights) {
+  if (!kernels::cuda_available())
+    return unsupported("no usable CUDA GPU found (check the driver and CUDA_VISIBLE_DEVICES); use --device cpu");
+  auto d = std::make_unique<cuda::CudaTextDecoder>();
+  ZEST_RETURN_IF_ERROR(d->init(weights));
+  return std::unique_ptr<TextDecoder>(std::move(d));
+}
+
+}  // namespace zest::model

@@ -1,0 +1,117 @@
+// The backend-neutral text decoder interface: one forward step over a batch of sequence chunks with a
+// paged KV cache, implemented by the CPU f32 model (Qwen3TextModel) and by the CUDA bf16 decoder; the
+// MoE hooks both backends honour; and what a device backend needs to build itself from a checkpoint.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "core/status.h"
+#include "core/tensor.h"
+#include "io/config.h"
+#include "io/safetensors.h"
+#include "model/kv_cache.h"
+
+namespace zest::model {
+
+// One sequence's chunk inside a forward batch.
+struct SeqChunk {
+  std::vector<int32_t>* block_table = nullptr;  // the sequence's KV blocks (reserved by the caller)
+  int64_t start = 0;        // tokens of this sequence already in the KV cache
+  int64_t length = 0;       // tokens in this chunk
+  bool all_logits = false;  // logits for every token of the chunk instead of only the last
+  bool reroute = true;      // the sequence takes part in expert re-routing (SERE) when it is on
+};
+
+// A batch of chunks (prefill and decode mixed), flattened: tokens of seqs[0], then seqs[1], ...
+struct ForwardBatch {
+  std::vector<int32_t> tokens;     // [T]
+  std::vector<int32_t> positions;  // [3 * T]: rows t, h, w (all equal for text tokens)
+  std::vector<SeqChunk> seqs;
+  // Multimodal input: row r of mm_embeds replaces the embedding of token mm_index[r]; deepstack[l]
+  // row r is added to that token's hidden state after decoder layer l.
+  Tensor mm_embeds;
+  std::vector<int64_t> mm_index;
+  std::vector<Tensor> deepstack;
+  int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
+};
+
+// SERE re-routing described as data, so that a device backend can apply it without calling back into
+// the host: the same rule as accel::sere_reroute on every token of the batch.
+struct RerouteSpec {
+  int64_t primary = 0;                          // S
+  std::vector<float> thresholds;                // rho per layer
+  std::vector<std::vector<float>> similarity;   // per layer [E, E] f32; empty = layer not re-routed
+};
+
+// Callbacks into the MoE layers (expert re-routing, calibration, statistics).
+struct MoeHooks {
+  // After top-k + renormalisation: ids/weights [n, k] of the tokens in `active` order may be rewritten;
+  // `active[i]` says whether token i takes part (padding and opted-out sequences do not).
+  std::function<void(int64_t layer, int32_t* ids, float* weights, int64_t n, int64_t k,
+                     const std::vector<uint8_t>& active)> route;
+  // The normalised MoE input of a layer, x [n, hidden] f32 (for calibration).
+  std::function<void(int64_t layer, const float* x, int64_t n)> moe_input;
+  // The re-routing that `route` performs, as data (optional). A device backend applies it on the device
+  // (counting into TextDecoder::reroute_counts) instead of calling `route` when every token is active.
+  const RerouteSpec* reroute = nullptr;
+};
+
+// Re-routing counters of one layer, summed over the steps a backend re-routed on its own.
+struct RerouteCounts {
+  int64_t steps = 0, distinct_before = 0, distinct_after = 0, critical = 0, rerouted_slots = 0, slots = 0;
+};
+
+enum class Backend { kCpu, kCuda };
+inline const char* backend_name(Backend b) { return b == Backend::kCpu ? "cpu" : "cuda"; }
+
+class TextDecoder {
+ public:
+  virtual ~TextDecoder() = default;
+  virtual Backend backend() const = 0;
+  virtual const io::TextConfig& config() const = 0;
+  // A KV cache of `num_blocks` blocks of `block_size` token slots in this backend's storage.
+  virtual Result<PagedKVCache> allocate_cache(int64_t num_blocks, int64_t block_size) const = 0;
+  // Runs one forward step: writes K/V of every token into `cache` (made by allocate_cache of this
+  // decoder) and returns host f32 logits [R, vocab], R = sum over chunks of (all_logits ? length : 1), in
+  // chunk order. Not safe to call concurrently on one decoder.
+  virtual Result<Tensor> forward(const ForwardBatch& batch, PagedKVCache& cache,
+                                 const MoeHooks* hooks = nullptr) const = 0;
+  // Per-layer counters of the re-routing this backend applied itself from MoeHooks::reroute (all zero for
+  // backends that always call MoeHooks::route).
+  virtual Result<std::vector<RerouteCounts>> reroute_counts() const {
+    return std::vector<RerouteCounts>(static_cast<size_t>(config().num_layers));
+  }
+};
+
+// ---- building a device decoder ------------------------------------------------------------------------
+
+// Views into the checkpoint (valid while the SafeTensors object lives), shapes checked, in the on-disk dtype.
+struct DecoderLayerWeights {
+  io::TensorView in_norm, post_norm, q, k, v, o, q_norm, k_norm;
+  bool moe = false;
+  io::TensorView router;                     // [E, H]
+  std::vector<io::TensorView> gate, up, down;  // per expert [I, H], [I, H], [H, I]; dense MLP: one entry each
+  io::TensorView fused_gate_up, fused_down;  // input-major [E, H, 2I] and [E, I, H] (data == nullptr: absent)
+};
+
+struct DecoderWeights {
+  io::TextConfig config;
+  io::TensorView embed, final_norm, lm_head;  // lm_head.data == embed.data when the embeddings are tied
+  std::vector<DecoderLayerWeights> layers;
+};
+
+// Resolves and shape-checks every text-decoder tensor of a Qwen3-MoE / Qwen3-VL(-MoE) checkpoint
+// (kNotFound / kCorrupt naming the tensor).
+Result<DecoderWeights> collect_decoder_weights(const io::SafeTensors& st, const io::ModelConfig& cfg);
+
+// The CUDA decoder for a checkpoint (weights uploaded as bf16); kUnsupported when zest was built without
+// CUDA or no GPU is usable.
+Result<std::unique_ptr<TextDecoder>> make_cuda_decoder(const io::SafeTensors& st, const io::ModelConfig& cfg);
+
+// Implemented by the CUDA backend (src/kernels/cuda/cuda_decoder.cu) or its stub: builds the decoder from
+// collected weights.
+Result<std::unique_ptr<TextDecoder>> create_cuda_decoder(const DecoderWeights& weights);
+
+}  // namespace zest::model

@@ -1,0 +1,448 @@
+// The CUDA text decoder against the CPU f32 decoder: the three fixture checkpoints with their reference
+// prompts (last-position logits, greedy tokens through the engine), a random head_dim-128 checkpoint stored in
+// F32 that takes the fast attention and MoE kernels, mixed prefill/decode/chunked batches against one sequence
+// at a time, SERE on the device, and bad inputs. Needs test_cuda linked with the engine libraries
+// (define ZEST_TEST_CUDA_WITH_ENGINE; tests/CMakeLists.txt links test_cuda without the engine).
+//
+// Tolerances (bf16 weights and activations against f32):
+//   last-position logits: max|cuda - cpu| <= 3e-2 * max|cpu|;
+//   greedy tokens: equal up to the first step whose CPU top-2 margin is below 2x the largest logit error
+//   measured on that fixture's prompts (the bf16 noise);
+//   batch layouts (mixed prefill + decode + chunked prefill vs one sequence at a time): the same 3e-2 bound,
+//   since different batch shapes take different kernels with their own bf16 rounding.
+#if defined(ZEST_HAVE_CUDA) && defined(ZEST_TEST_CUDA_WITH_ENGINE)
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "engine/sere.h"
+#include "kernels/backend.h"
+#include "model/golden_util.h"
+#include "model/qwen3.h"
+
+namespace zest::cuda::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr double kLogitTol = 3e-2;
+constexpr double kNoiseFactor = 2.0;
+
+#define ZEST_REQUIRE_GPU_DECODER()                                                    \
+  do {                                                                              \
+    if (!::zest::kernels::cuda_available()) GTEST_SKIP() << "no CUDA GPU available"; \
+  } while (0)
+
+std::shared_ptr<engine::ModelBundle> cuda_fixture(const std::string& name) {
+  // Never destroyed: device memory must not be freed from static destructors after the CUDA runtime is gone.
+  static auto* cache = new std::map<std::string, std::shared_ptr<engine::ModelBundle>>();
+  auto& m = (*cache)[name];
+  if (!m) {
+    auto r = engine::ModelBundle::load(std::string(ZEST_FIXTURES_DIR) + "/models/" + name, model::Backend::kCuda);
+    EXPECT_TRUE(r.ok()) << r.status().to_string();
+    if (r.ok()) m = *r;
+  }
+  return m;
+}
+
+struct Err {
+  double max_err = 0, max_ref = 0;
+};
+Err compare_rows(const float* got, const float* ref, int64_t n) {
+  Err e;
+  for (int64_t i = 0; i < n; ++i) {
+    e.max_err = std::max(e.max_err, std::isnan(got[i]) ? INFINITY : std::fabs(static_cast<double>(got[i]) - ref[i]));
+    e.max_ref = std::max(e.max_ref, std::fabs(static_cast<double>(ref[i])));
+  }
+  return e;
+}
+
+// Logits of the prompt's last position on `dec`, one prefill on a fresh cache.
+Tensor prompt_logits(const model::TextDecoder& dec, const engine::Prompt& p) {
+  const int64_t n = static_cast<int64_t>(p.ids.size());
+  auto cache = dec.allocate_cache((n + 15) / 16 + 1, 16);
+  EXPECT_TRUE(cache.ok()) << cache.status().to_string();
+  if (!cache.ok()) return Tensor();
+  std::vector<int32_t> table;
+  EXPECT_TRUE(cache->reserve(table, n).is_ok());
+  model::ForwardBatch b;
+  b.tokens = p.ids;
+  b.positions = p.positions;
+  b.seqs.push_back({&table, 0, n, false, true});
+  b.mm_embeds = p.mm_embeds;
+  b.mm_index = p.mm_index;
+  b.deepstack = p.deepstack;
+  auto logits = dec.forward(b, *cache);
+  EXPECT_TRUE(logits.ok()) << logits.status().to_string();
+  return logits.ok() ? *logits : Tensor();
+}
+
+// Greedy decoding of `steps` tokens on `dec` (prefill, then one decode step per token): tokens and the top-2
+// margin of every step.
+void greedy(const model::TextDecoder& dec, const engine::Prompt& p, int steps, std::vector<int32_t>& tokens,
+            std::vector<double>& margins) {
+  const int64_t n = static_cast<int64_t>(p.ids.size());
+  auto cache = dec.allocate_cache((n + steps + 15) / 16 + 1, 16);
+  ASSERT_TRUE(cache.ok()) << cache.status().to_string();
+  std::vector<int32_t> table;
+  ASSERT_TRUE(cache->reserve(table, n + steps).is_ok());
+  model::ForwardBatch b;
+  b.tokens = p.ids;
+  b.positions = p.positions;
+  b.seqs.push_back({&table, 0, n, false, true});
+  b.mm_embeds = p.mm_embeds;
+  b.mm_index = p.mm_index;
+  b.deepstack = p.deepstack;
+  for (int s = 0; s < steps; ++s) {
+    auto logits = dec.forward(b, *cache);
+    ASSERT_TRUE(logits.ok()) << logits.status().to_string();
+    const float* l = logits->data<float>();
+    const int64_t V = logits->dim(1);
+    int64_t best = 0;
+    for (int64_t i = 1; i < V; ++i)
+      if (l[i] > l[best]) best = i;
+    float second = -INFINITY;
+    for (int64_t i = 0; i < V; ++i)
+      if (i != best) second = std::max(second, l[i]);
+    tokens.push_back(static_cast<int32_t>(best));
+    margins.push_back(static_cast<double>(l[best]) - second);
+    const int32_t pos = static_cast<int32_t>(n + s + p.rope_delta);
+    model::ForwardBatch d;
+    d.tokens = {static_cast<int32_t>(best)};
+    d.positions = {pos, pos, pos};
+    d.seqs.push_back({&table, n + s, 1, false, true});
+    b = std::move(d);
+  }
+}
+
+class CudaDecoderFixture : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaDecoderFixture, LogitsAndGreedyMatchCpu) {
+  ZEST_REQUIRE_GPU_DECODER();
+  const std::string name = GetParam();
+  auto cpu = zest::testing::fixture_model(name);
+  auto gpu = cuda_fixture(name);
+  ASSERT_TRUE(cpu && gpu);
+  ASSERT_EQ(gpu->decoder().backend(), model::Backend::kCuda);
+  const fs::path dir = fs::path(ZEST_FIXTURES_DIR) / "ref" / name;
+  const auto cases = zest::testing::json_cases(dir);
+  ASSERT_FALSE(cases.empty());
+  std::vector<engine::Prompt> prompts;
+  double noise = 0;
+  for (const auto& [case_name, ref] : cases) {
+    SCOPED_TRACE(name + "/" + case_name);
+    auto req = engine::parse_chat_request(ref["request"], *cpu);
+    ASSERT_TRUE(req.ok()) << req.status().to_string();
+    auto prompt = engine::build_prompt(*cpu, *req, zest::testing::fixture_prompt_options());
+    ASSERT_TRUE(prompt.ok()) << prompt.status().to_string();
+    const Tensor lc = prompt_logits(cpu->decoder(), *prompt), lg = prompt_logits(gpu->decoder(), *prompt);
+    ASSERT_TRUE(lc.defined() && lg.defined());
+    ASSERT_EQ(lc.numel(), lg.numel());
+    const Err e = compare_rows(lg.data<float>(), lc.data<float>(), lc.numel());
+    std::printf("[cuda-vs-cpu] %s/%s: %zu prompt tokens, last logits max|cuda-cpu| %.4g, max|cpu| %.4g, ratio %.3g\n",
+                name.c_str(), case_name.c_str(), prompt->ids.size(), e.max_err, e.max_ref, e.max_err / e.max_ref);
+    EXPECT_LE(e.max_err, kLogitTol * e.max_ref);
+    noise = std::max(noise, e.max_err);
+    prompts.push_back(std::move(*prompt));
+  }
+  const double threshold = kNoiseFactor * noise;
+  for (size_t c = 0; c < prompts.size(); ++c) {
+    SCOPED_TRACE(name + "/" + cases[c].first + " greedy");
+    const auto ref_tokens = cases[c].second["greedy_tokens"].get<std::vector<int32_t>>();
+    std::vector<int32_t> cpu_tokens;
+    std::vector<double> margins;
+    greedy(cpu->decoder(), prompts[c], static_cast<int>(ref_tokens.size()), cpu_tokens, margins);
+    engine::Request r;
+    r.prompt = prompts[c];
+    r.sampling.temperature = 0;
+    r.sampling.max_tokens = static_cast<int64_t>(ref_tokens.size());
+    r.sampling.ignore_eos = true;
+    auto out = engine::generate_one(gpu, r);
+    ASSERT_TRUE(out.ok()) << out.status().to_string();
+    ASSERT_EQ(out->token_ids.size(), cpu_tokens.size());
+    size_t compared = 0;
+    for (size_t i = 0; i < cpu_tokens.size(); ++i) {
+      EXPECT_EQ(out->token_ids[i], cpu_tokens[i]) << "greedy step " << i << " (cpu margin " << margins[i] << ")";
+      ++compared;
+      if (margins[i] < threshold) break;
+    }
+    std::printf("[cuda-vs-cpu] %s/%s: greedy tokens compared %zu of %zu (noise threshold %.4g)\n", name.c_str(),
+                cases[c].first.c_str(), compared, cpu_tokens.size(), threshold);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaDecoderFixture,
+                         ::testing::Values("qwen3_moe_tiny", "qwen3_vl_moe_tiny", "qwen3_vl_tiny"));
+
+// A random Qwen3-MoE checkpoint with head_dim 128 (hidden 64, experts of width 64), stored as F32: the shapes
+// where the fast decode/prefill attention and the tensor-core MoE kernels apply.
+struct RandomModel {
+  io::ModelConfig config;
+  io::SafeTensors st;
+  model::Qwen3TextModel cpu;
+  std::unique_ptr<model::TextDecoder> gpu;
+};
+
+std::unique_ptr<RandomModel> random_model(const fs::path& dir) {
+  std::ifstream f(fs::path(ZEST_FIXTURES_DIR) / "models" / "qwen3_moe_tiny" / "config.json");
+  nlohmann::json cfg = nlohmann::json::parse(f);
+  cfg["hidden_size"] = 64;
+  cfg["head_dim"] = 128;
+  cfg["num_attention_heads"] = 4;
+  cfg["num_key_value_heads"] = 2;
+  cfg["num_experts"] = 8;
+  cfg["num_local_experts"] = 8;
+  cfg["num_experts_per_tok"] = 2;
+  cfg["moe_intermediate_size"] = 64;
+  cfg["num_hidden_layers"] = 2;
+  cfg["max_window_layers"] = 2;
+  cfg["vocab_size"] = 512;
+  auto parsed = io::parse_model_config(cfg.dump());
+  EXPECT_TRUE(parsed.ok()) << parsed.status().to_string();
+  if (!parsed.ok()) return nullptr;
+  auto m = std::make_unique<RandomModel>();
+  m->config = *parsed;
+  const io::TextConfig& c = m->config.text;
+  std::mt19937 rng(91);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, float scale, float offset) {
+    Tensor t = Tensor::empty(shape);
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = offset + scale * nd(rng);
+    tensors.emplace_back(name, t);
+  };
+  const int64_t H = c.hidden_size, D = c.head_dim, E = c.num_experts, I = c.moe_intermediate_size;
+  const float lin = 1.f / std::sqrt(static_cast<float>(H));
+  add("model.embed_tokens.weight", {c.vocab_size, H}, 1.f, 0.f);
+  add("model.norm.weight", {H}, 0.1f, 1.f);
+  add("lm_head.weight", {c.vocab_size, H}, 2.f * lin, 0.f);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    add(p + "input_layernorm.weight", {H}, 0.1f, 1.f);
+    add(p + "post_attention_layernorm.weight", {H}, 0.1f, 1.f);
+    add(p + "self_attn.q_proj.weight", {c.num_heads * D, H}, lin, 0.f);
+    add(p + "self_attn.k_proj.weight", {c.num_kv_heads * D, H}, lin, 0.f);
+    add(p + "self_attn.v_proj.weight", {c.num_kv_heads * D, H}, lin, 0.f);
+    add(p + "self_attn.o_proj.weight", {H, c.num_heads * D}, 1.f / std::sqrt(static_cast<float>(c.num_heads * D)), 0.f);
+    add(p + "self_attn.q_norm.weight", {D}, 0.1f, 1.f);
+    add(p + "self_attn.k_norm.weight", {D}, 0.1f, 1.f);
+    add(p + "mlp.gate.weight", {E, H}, 3.f * lin, 0.f);
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string ep = p + "mlp.experts." + std::to_string(e) + ".";
+      add(ep + "gate_proj.weight", {I, H}, lin, 0.f);
+      add(ep + "up_proj.weight", {I, H}, lin, 0.f);
+      add(ep + "down_proj.weight", {H, I}, 1.f / std::sqrt(static_cast<float>(I)), 0.f);
+    }
+  }
+  fs::create_directories(dir);
+  const std::string file = (dir / "model.safetensors").string();
+  Status ws = io::write_safetensors(file, tensors);
+  EXPECT_TRUE(ws.is_ok()) << ws.to_string();
+  auto st = io::SafeTensors::open_file(file);
+  EXPECT_TRUE(st.ok()) << st.status().to_string();
+  if (!st.ok()) return nullptr;
+  m->st = std::move(*st);
+  auto cpu = model::Qwen3TextModel::load(m->st, m->config);
+  EXPECT_TRUE(cpu.ok()) << cpu.status().to_string();
+  auto gpu = model::make_cuda_decoder(m->st, m->config);
+  EXPECT_TRUE(gpu.ok()) << gpu.status().to_string();
+  if (!cpu.ok() || !gpu.ok()) return nullptr;
+  m->cpu = std::move(*cpu);
+  m->gpu = std::move(*gpu);
+  return m;
+}
+
+fs::path temp_dir(const std::string& name) {
+  return fs::temp_directory_path() / ("zest_cuda_decoder_" + name + "_" + std::to_string(::getpid()));
+}
+
+engine::Prompt text_ids_prompt(const std::vector<int32_t>& ids) {
+  engine::Prompt p;
+  p.ids = ids;
+  for (int a = 0; a < 3; ++a)
+    for (size_t i = 0; i < ids.size(); ++i) p.positions.push_back(static_cast<int32_t>(i));
+  return p;
+}
+
+TEST(CudaDecoder, HeadDim128RandomCheckpointMatchesCpu) {
+  ZEST_REQUIRE_GPU_DECODER();
+  const fs::path dir = temp_dir("hd128");
+  auto m = random_model(dir);
+  ASSERT_TRUE(m);
+  std::mt19937 rng(92);
+  std::uniform_int_distribution<int32_t> tok(0, 511);
+  for (int n : {5, 70, 150}) {
+    SCOPED_TRACE(::testing::Message() << "prompt of " << n << " tokens");
+    std::vector<int32_t> ids(n);
+    for (auto& t : ids) t = tok(rng);
+    const engine::Prompt p = text_ids_prompt(ids);
+    const Tensor lc = prompt_logits(m->cpu, p), lg = prompt_logits(*m->gpu, p);
+    ASSERT_TRUE(lc.defined() && lg.defined());
+    const Err e = compare_rows(lg.data<float>(), lc.data<float>(), lc.numel());
+    std::printf("[cuda-vs-cpu] random head_dim 128, %d tokens: max|cuda-cpu| %.4g, max|cpu| %.4g, ratio %.3g\n", n,
+                e.max_err, e.max_ref, e.max_err / e.max_ref);
+    EXPECT_LE(e.max_err, kLogitTol * e.max_ref);
+    std::vector<int32_t> tc, tg;
+    std::vector<double> mc, mg;
+    greedy(m->cpu, p, 8, tc, mc);
+    greedy(*m->gpu, p, 8, tg, mg);
+    for (size_t i = 0; i < tc.size(); ++i) {
+      EXPECT_EQ(tg[i], tc[i]) << "greedy step " << i;
+      if (mc[i] < kNoiseFactor * e.max_err) break;
+    }
+  }
+  fs::remove_all(dir);
+}
+
+// One forward of `chunks` (sequence index, start, length) over the sequences' tokens; logits rows in order.
+Result<Tensor> run_chunks(const model::TextDecoder& dec, model::PagedKVCache& cache,
+                          std::vector<std::vector<int32_t>>& tables, const std::vector<std::vector<int32_t>>& seqs,
+                          const std::vector<std::array<int64_t, 3>>& chunks) {
+  model::ForwardBatch b;
+  for (const auto& [s, start, len] : chunks) {
+    b.tokens.insert(b.tokens.end(), seqs[s].begin() + start, seqs[s].begin() + start + len);
+    b.seqs.push_back({&tables[s], start, len, false, true});
+  }
+  const int64_t T = b.num_tokens();
+  b.positions.resize(3 * T);
+  int64_t t = 0;
+  for (const auto& [s, start, len] : chunks)
+    for (int64_t i = 0; i < len; ++i, ++t)
+      for (int a = 0; a < 3; ++a) b.positions[a * T + t] = static_cast<int32_t>(start + i);
+  return dec.forward(b, cache);
+}
+
+// Prefix prefills, then a step mixing decode tokens, a fresh prefill and a chunk continuing a cached prefix,
+// then a decode-only step; every sequence's logits equal its one-sequence prefill.
+void check_mixed_batches(const model::TextDecoder& dec, int32_t vocab, const std::string& label) {
+  SCOPED_TRACE(label);
+  std::mt19937 rng(93);
+  std::uniform_int_distribution<int32_t> tok(0, vocab - 1);
+  std::vector<std::vector<int32_t>> seqs;
+  for (int len : {6, 18, 2, 34}) {
+    std::vector<int32_t> s(len);
+    for (auto& t : s) t = tok(rng);
+    seqs.push_back(s);
+  }
+  auto solo = [&](int s, int64_t upto) {
+    auto cache = dec.allocate_cache(8, 16);
+    EXPECT_TRUE(cache.ok());
+    std::vector<std::vector<int32_t>> tables(seqs.size());
+    EXPECT_TRUE(cache->reserve(tables[s], upto).is_ok());
+    auto l = run_chunks(dec, *cache, tables, seqs, {{s, 0, upto}});
+    EXPECT_TRUE(l.ok()) << l.status().to_string();
+    return l.ok() ? *l : Tensor();
+  };
+  auto cache = dec.allocate_cache(64, 16);
+  ASSERT_TRUE(cache.ok());
+  std::vector<std::vector<int32_t>> tables(seqs.size());
+  for (size_t s = 0; s < seqs.size(); ++s) ASSERT_TRUE(cache->reserve(tables[s], seqs[s].size()).is_ok());
+  ASSERT_TRUE(run_chunks(dec, *cache, tables, seqs, {{0, 0, 4}, {1, 0, 16}, {3, 0, 20}}).ok());
+  // Mixed: decode of 0 (position 4) and 1 (position 16), fresh prefill of 2 (1 token), chunk 20..32 of 3.
+  const std::vector<std::array<int64_t, 3>> mixed = {{0, 4, 1}, {1, 16, 1}, {2, 0, 1}, {3, 20, 13}};
+  // Decode-only: the next token of every sequence.
+  const std::vector<std::array<int64_t, 3>> decode = {{0, 5, 1}, {1, 17, 1}, {2, 1, 1}, {3, 33, 1}};
+  for (const auto* step : {&mixed, &decode}) {
+    auto l = run_chunks(dec, *cache, tables, seqs, *step);
+    ASSERT_TRUE(l.ok()) << l.status().to_string();
+    const int64_t V = l->dim(1);
+    for (size_t i = 0; i < step->size(); ++i) {
+      const auto& [s, start, len] = (*step)[i];
+      const Tensor ref = solo(static_cast<int>(s), start + len);
+      ASSERT_TRUE(ref.defined());
+      const Err e = compare_rows(l->data<float>() + i * V, ref.data<float>(), V);
+      std::printf("[batch-vs-solo] %s %s seq %lld: max diff %.4g, max |solo| %.4g\n", label.c_str(),
+                  step == &mixed ? "mixed" : "decode", static_cast<long long>(s), e.max_err, e.max_ref);
+      EXPECT_LE(e.max_err, kLogitTol * e.max_ref) << "sequence " << s;
+    }
+  }
+}
+
+TEST(CudaDecoder, MixedBatchEqualsOneByOne) {
+  ZEST_REQUIRE_GPU_DECODER();
+  for (const char* name : {"qwen3_moe_tiny", "qwen3_vl_tiny"}) {
+    auto gpu = cuda_fixture(name);
+    ASSERT_TRUE(gpu);
+    check_mixed_batches(gpu->decoder(), 151000, name);
+  }
+  const fs::path dir = temp_dir("mixed");
+  auto m = random_model(dir);
+  ASSERT_TRUE(m);
+  check_mixed_batches(*m->gpu, 512, "random head_dim 128");
+  fs::remove_all(dir);
+}
+
+// SERE with S = 1 on a batch of one sequence leaves exactly one expert per MoE layer in every decode step, counted
+// on the device and reported by SereRuntime::stats_json.
+TEST(CudaDecoder, SereS1BatchOneUsesOneExpertPerLayer) {
+  ZEST_REQUIRE_GPU_DECODER();
+  auto gpu = cuda_fixture("qwen3_moe_tiny");
+  ASSERT_TRUE(gpu);
+  const io::TextConfig& tc = gpu->config.text;
+  const int64_t E = tc.num_experts;
+  std::mt19937 rng(94);
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  std::vector<std::pair<std::string, Tensor>> sims;
+  for (int64_t l = 0; l < tc.num_layers; ++l) {
+    std::vector<float> s(E * E);
+    for (int64_t a = 0; a < E; ++a)
+      for (int64_t b = 0; b <= a; ++b) s[a * E + b] = s[b * E + a] = a == b ? 1.f : u(rng);
+    sims.emplace_back("layers." + std::to_string(l) + ".similarity", Tensor::from_vector({E, E}, s));
+  }
+  const fs::path dir = temp_dir("sere");
+  fs::create_directories(dir);
+  const std::string file = (dir / "sim.safetensors").string();
+  ASSERT_TRUE(io::write_safetensors(file, sims, {{"config_hash", engine::sere_config_hash(gpu->config)}}).is_ok());
+  engine::SereOptions so;
+  so.primary = 1;
+  so.similarity_file = file;
+  auto rt = engine::SereRuntime::create(*gpu, so);
+  ASSERT_TRUE(rt.ok()) << rt.status().to_string();
+  engine::EngineOptions eo;
+  engine::SereRuntime* raw = rt->get();
+  eo.moe_hooks = [raw](bool decode_only) { return raw->hooks(decode_only); };
+  engine::Request r;
+  r.prompt = text_ids_prompt({9707, 11, 1879, 0, 3555, 374});
+  r.sampling.temperature = 0;
+  r.sampling.max_tokens = 6;
+  r.sampling.ignore_eos = true;
+  auto out = engine::generate_one(gpu, r, eo);
+  ASSERT_TRUE(out.ok()) << out.status().to_string();
+  const nlohmann::json j = (*rt)->stats_json();
+  EXPECT_EQ(j["steps"].get<int64_t>(), 5);  // 6 tokens: the first from the prefill (not re-routed), 5 decode steps
+  ASSERT_EQ(j["experts_per_layer_after"].size(), static_cast<size_t>(tc.num_layers));
+  for (size_t l = 0; l < j["experts_per_layer_after"].size(); ++l) {
+    EXPECT_EQ(j["experts_per_layer_after"][l].get<double>(), 1.0) << "layer " << l;
+    EXPECT_EQ(j["experts_per_layer_before"][l].get<double>(), static_cast<double>(tc.num_experts_per_tok))
+        << "layer " << l;
+  }
+  fs::remove_all(dir);
+}
+
+TEST(CudaDecoder, RejectsForeignCacheAndOtherBlockSizes) {
+  ZEST_REQUIRE_GPU_DECODER();
+  auto gpu = cuda_fixture("qwen3_moe_tiny");
+  ASSERT_TRUE(gpu);
+  const model::TextDecoder& dec = gpu->decoder();
+  EXPECT_EQ(dec.allocate_cache(8, 32).status().code(), ErrorCode::kInvalidArgument);
+  model::PagedKVCache cpu_cache(3, 8, 16, 2, 16);
+  std::vector<int32_t> table;
+  ASSERT_TRUE(cpu_cache.reserve(table, 3).is_ok());
+  model::ForwardBatch b;
+  b.tokens = {1, 2, 3};
+  b.positions.assign(9, 0);
+  b.seqs.push_back({&table, 0, 3, false, true});
+  EXPECT_EQ(dec.forward(b, cpu_cache).status().code(), ErrorCode::kInvalidArgument);
+  auto cache = dec.allocate_cache(8, 16);
+  ASSERT_TRUE(cache.ok());
+  b.tokens = {1, 2, 151936};
+  EXPECT_EQ(dec.forward(b, *cache).status().code(), ErrorCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace zest::cuda::test
+#endif  // ZEST_HAVE_CUDA && ZEST_TEST_CUDA_WITH_ENGINE
