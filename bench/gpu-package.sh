@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Run here (no GPU needed): builds the CUDA targets and packs them, with the shared libraries the GPU
+# machine lacks (it has the CUDA toolkit but not zest's Debian -dev packages), into .gpu/zest-gpu.tar.xz.
+# bench/gpu-check.sh runs that package on the GPU machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+B=${BUILD:-build-gpu}
+export PATH=/usr/local/cuda/bin:$PATH
+cmake -S . -B "$B" -DZEST_CUDA=ON -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$B" -j"$(nproc)" --target test_cuda bench_decode_bench bench_ttft_bench zest
+rm -rf .gpu/pkg && mkdir -p .gpu/pkg/lib
+cp "$B/tests/test_cuda" "$B/bench/bench_decode_bench" "$B/bench/bench_ttft_bench" "$B/zest" .gpu/pkg/
+for bin in .gpu/pkg/test_cuda .gpu/pkg/bench_ttft_bench .gpu/pkg/zest; do
+  ldd "$bin" | awk '/=> \// {print $3}'
+done | sort -u | grep -vE '/(libc|libm|libdl|librt|libpthread|libgcc_s|libstdc\+\+|ld-linux[^/]*|libcuda|libcudart|libcublas|libcublasLt)\.so' \
+  | xargs -r cp -L -t .gpu/pkg/lib
+pwd >.gpu/pkg/source_dir  # tests find their fixtures through this compiled-in path
+tar -cJf .gpu/zest-gpu.tar.xz -C .gpu pkg
+echo "packed $(du -h .gpu/zest-gpu.tar.xz | cut -f1) from commit $(git rev-parse --short HEAD)"
