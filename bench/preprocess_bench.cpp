@@ -1,6 +1,6 @@
 // Times image decode + Qwen3-VL preprocessing (resize + normalise + patchify) of a 4032x3024 JPEG
 // on one thread. The JPEG is synthesised at start-up (smooth gradients plus noise, quality 90).
-// Usage: bench_preprocess_bench [repeats]
+// Usage: bench_preprocess_bench [repeats] [max_pixels] (both budgets below when max_pixels is omitted)
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -62,7 +62,9 @@ int main(int argc, char** argv) {
     int64_t max_pixels;
   };
   const Budget budgets[] = {{"default max_pixels 16777216", 16777216}, {"max_pixels 1003520 (1280 tokens)", 1003520}};
+  const int64_t only = argc > 2 ? std::atoll(argv[2]) : 0;
   for (const Budget& b : budgets) {
+    if (only != 0 && b.max_pixels != only) continue;
     zest::io::PreprocessorConfig cfg;
     cfg.max_pixels = b.max_pixels;
     // Cold: fresh allocations for every buffer (decode_image + preprocess_images).
