@@ -14,8 +14,29 @@ namespace {
 
 struct ServeArgs {
   ModelArgs model;
+  AccelArgs accel;
   server::ServerOptions opts;
 };
+
+// SERE's per-layer averages as Prometheus gauges.
+void sere_metrics(const engine::SereRuntime& sere, std::string& out) {
+  const auto st = sere.layer_stats();
+  out += "# HELP zest_sere_experts_per_layer_before Distinct experts per MoE layer per re-routed step, before SERE.\n"
+         "# TYPE zest_sere_experts_per_layer_before gauge\n";
+  std::string after = "# HELP zest_sere_experts_per_layer_after Distinct experts per MoE layer per re-routed step, after SERE.\n"
+                      "# TYPE zest_sere_experts_per_layer_after gauge\n";
+  std::string crit = "# HELP zest_sere_critical_experts_per_layer Experts kept for lack of a similar substitute, per step.\n"
+                     "# TYPE zest_sere_critical_experts_per_layer gauge\n";
+  for (size_t l = 0; l < st.size(); ++l) {
+    if (st[l].steps == 0) continue;
+    const double n = static_cast<double>(st[l].steps);
+    const std::string lbl = "{layer=\"" + std::to_string(l) + "\"} ";
+    out += "zest_sere_experts_per_layer_before" + lbl + std::to_string(st[l].distinct_before / n) + "\n";
+    after += "zest_sere_experts_per_layer_after" + lbl + std::to_string(st[l].distinct_after / n) + "\n";
+    crit += "zest_sere_critical_experts_per_layer" + lbl + std::to_string(st[l].critical / n) + "\n";
+  }
+  out += after + crit;
+}
 
 int run_serve(const ServeArgs& a) {
   // Block the stop signals in every thread (threads inherit the mask) and wait for them here.
@@ -27,8 +48,13 @@ int run_serve(const ServeArgs& a) {
 
   auto model = load_model(a.model);
   if (!model.ok()) return fail(model.status());
-  auto srv = server::Server::start(std::move(model).value(), a.opts);
+  server::ServerOptions opts = a.opts;
+  auto sere_r = apply_accel(a.accel, **model, opts.engine);
+  if (!sere_r.ok()) return fail(sere_r.status());
+  std::shared_ptr<engine::SereRuntime> sere = std::move(sere_r).value();
+  auto srv = server::Server::start(std::move(model).value(), opts);
   if (!srv.ok()) return fail(srv.status());
+  if (sere) (*srv)->add_metrics_provider([sere](std::string& out) { sere_metrics(*sere, out); });
   const engine::EngineStats s = (*srv)->stats();
   std::cerr << "zest serve: model '" << (*srv)->model_name() << "' on http://" << a.opts.host << ":" << (*srv)->port()
             << " (KV cache " << s.kv_blocks_total << " blocks)" << std::endl;
@@ -46,6 +72,7 @@ void register_serve(CLI::App& app, std::function<int()>& run) {
   server::ServerOptions& o = a->opts;
   CLI::App* sub = app.add_subcommand("serve", "Serve the OpenAI chat-completions API over HTTP");
   add_model_args(sub, a->model);
+  add_accel_args(sub, a->accel);
   sub->add_option("--host", o.host, "address to listen on")->capture_default_str();
   sub->add_option("--port", o.port, "TCP port (0 = any free port, printed at start)")->capture_default_str();
   sub->add_option("--max-num-seqs", o.engine.max_num_seqs, "requests decoded together at most")

@@ -71,6 +71,7 @@ Result<std::unique_ptr<SereRuntime>> SereRuntime::create(const ModelBundle& mode
     auto r = accel::sere_reroute({ids, static_cast<size_t>(n * k)}, {w, static_cast<size_t>(n * k)}, n, k,
                                  {active.data(), active.size()}, self->spec_.similarity[layer], self->experts_, p);
     if (!r.ok()) return;
+    std::lock_guard<std::mutex> lock(self->stats_mu_);
     SereLayerStats& s = self->stats_[layer];
     int64_t valid = 0;
     for (uint8_t a : active) valid += a;
@@ -92,7 +93,11 @@ const model::MoeHooks* SereRuntime::hooks(bool decode_only) const {
 }
 
 std::vector<SereLayerStats> SereRuntime::layer_stats() const {
-  std::vector<SereLayerStats> out = stats_;
+  std::vector<SereLayerStats> out;
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    out = stats_;
+  }
   auto dev = decoder_->reroute_counts();
   if (!dev.ok()) return out;
   for (size_t l = 0; l < out.size() && l < dev->size() && l < device_base_.size(); ++l) {

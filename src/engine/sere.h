@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,7 @@ class SereRuntime {
   const model::TextDecoder* decoder_ = nullptr;
   std::vector<model::RerouteCounts> device_base_;  // the decoder's device counters when this runtime was made
   model::RerouteSpec spec_;  // primary, per-layer rho and similarity [E, E] (empty for dense layers)
+  mutable std::mutex stats_mu_;  // stats are written on the engine thread and read by metrics readers
   mutable std::vector<SereLayerStats> stats_;  // host re-routing only
   model::MoeHooks hooks_;
 };
