@@ -9,28 +9,12 @@
 
 #include "engine/chat_request.h"
 #include "engine/engine.h"
+#include "engine_test_util.h"
 
 using namespace zest;
+using namespace zest::testing;
 
 namespace {
-
-std::shared_ptr<engine::ModelBundle> tiny() {
-  static std::shared_ptr<engine::ModelBundle> m = [] {
-    auto r = engine::ModelBundle::load(std::string(ZEST_FIXTURES_DIR) + "/models/qwen3_moe_tiny");
-    EXPECT_TRUE(r.ok()) << r.status().to_string();
-    return r.ok() ? *r : nullptr;
-  }();
-  return m;
-}
-
-engine::Prompt text_prompt(const engine::ModelBundle& m, const std::string& text) {
-  nlohmann::json body = {{"messages", {{{"role", "user"}, {"content", text}}}}};
-  auto req = engine::parse_chat_request(body, m);
-  EXPECT_TRUE(req.ok());
-  auto p = engine::build_prompt(m, *req, {});
-  EXPECT_TRUE(p.ok()) << p.status().to_string();
-  return *p;
-}
 
 // Logits of the last token of each prompt, computed one sequence at a time.
 std::vector<std::vector<float>> solo_logits(const engine::ModelBundle& m, const std::vector<std::vector<int32_t>>& seqs) {

@@ -9,20 +9,13 @@
 
 #include "engine/chat_request.h"
 #include "engine/engine.h"
+#include "engine_test_util.h"
 #include "engine/sere.h"
 
 using namespace zest;
+using namespace zest::testing;
 
 namespace {
-
-std::shared_ptr<engine::ModelBundle> tiny() {
-  static std::shared_ptr<engine::ModelBundle> m = [] {
-    auto r = engine::ModelBundle::load(std::string(ZEST_FIXTURES_DIR) + "/models/qwen3_moe_tiny");
-    EXPECT_TRUE(r.ok()) << r.status().to_string();
-    return r.ok() ? *r : nullptr;
-  }();
-  return m;
-}
 
 // A similarity file calibrated on the bundled corpus, made once per process.
 std::string similarity_file() {
@@ -46,14 +39,7 @@ std::vector<engine::Prompt> prompts(int n) {
                                  "What is the capital of France?", "def f(x): return x * 2",
                                  "The quick brown fox", "Explain MoE routing."};
   std::vector<engine::Prompt> out;
-  for (int i = 0; i < n; ++i) {
-    nlohmann::json body = {{"messages", {{{"role", "user"}, {"content", kTexts[i % 8]}}}}};
-    auto req = engine::parse_chat_request(body, *tiny());
-    EXPECT_TRUE(req.ok());
-    auto p = engine::build_prompt(*tiny(), *req, {});
-    EXPECT_TRUE(p.ok());
-    out.push_back(*p);
-  }
+  for (int i = 0; i < n; ++i) out.push_back(text_prompt(*tiny(), kTexts[i % 8]));
   return out;
 }
 
