@@ -12,10 +12,6 @@
 namespace zest::model {
 namespace {
 
-std::string text_prefix(const io::ModelConfig& cfg) {
-  return cfg.arch == io::Arch::kQwen3Moe ? "model." : "model.language_model.";
-}
-
 // Top-k of one probability row: descending value, ties to the lower expert id (as torch.topk on CPU).
 void top_k(const float* p, int64_t n, int64_t k, int32_t* ids, float* vals) {
   std::vector<int32_t> order(n);
@@ -32,66 +28,47 @@ void top_k(const float* p, int64_t n, int64_t k, int32_t* ids, float* vals) {
 }  // namespace
 
 Result<Qwen3TextModel> Qwen3TextModel::load(const io::SafeTensors& st, const io::ModelConfig& mc) {
+  ZEST_ASSIGN_OR_RETURN(DecoderWeights w, collect_decoder_weights(st, mc));
   Qwen3TextModel m;
-  m.cfg_ = mc.text;
+  m.cfg_ = w.config;
   const io::TextConfig& c = m.cfg_;
-  const std::string p = text_prefix(mc);
-  const int64_t H = c.hidden_size, hd = c.head_dim, nh = c.num_heads, nkv = c.num_kv_heads;
-
-  ZEST_ASSIGN_OR_RETURN(m.embed_, load_f32(st, p + "embed_tokens.weight", {c.vocab_size, H}));
-  ZEST_ASSIGN_OR_RETURN(m.final_norm_, load_f32(st, p + "norm.weight", {H}));
-  if (c.tie_word_embeddings && !st.contains("lm_head.weight")) {
-    m.lm_head_ = m.embed_;
-  } else {
-    ZEST_ASSIGN_OR_RETURN(m.lm_head_, load_f32(st, "lm_head.weight", {c.vocab_size, H}));
-  }
-
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const std::string lp = p + "layers." + std::to_string(l) + ".";
+  const int64_t H = c.hidden_size, hd = c.head_dim;
+  m.embed_ = w.embed.to_f32();
+  m.final_norm_ = w.final_norm.to_f32();
+  m.lm_head_ = w.lm_head.data == w.embed.data ? m.embed_ : w.lm_head.to_f32();
+  // gate [I, H] and up [I, H] stacked into one [2I, H] matrix (gate rows first).
+  auto stack = [](const io::TensorView& g, const io::TensorView& u) {
+    Tensor gt = g.to_f32(), ut = u.to_f32();
+    Tensor gu = Tensor::empty({gt.dim(0) + ut.dim(0), gt.dim(1)});
+    std::memcpy(gu.data<float>(), gt.data<float>(), gt.nbytes());
+    std::memcpy(gu.data<float>() + gt.numel(), ut.data<float>(), ut.nbytes());
+    return gu;
+  };
+  for (const DecoderLayerWeights& lw : w.layers) {
     Layer L;
-    ZEST_ASSIGN_OR_RETURN(L.in_norm, load_f32(st, lp + "input_layernorm.weight", {H}));
-    ZEST_ASSIGN_OR_RETURN(L.post_norm, load_f32(st, lp + "post_attention_layernorm.weight", {H}));
-    ZEST_ASSIGN_OR_RETURN(L.wq, load_f32(st, lp + "self_attn.q_proj.weight", {nh * hd, H}));
-    ZEST_ASSIGN_OR_RETURN(L.wk, load_f32(st, lp + "self_attn.k_proj.weight", {nkv * hd, H}));
-    ZEST_ASSIGN_OR_RETURN(L.wv, load_f32(st, lp + "self_attn.v_proj.weight", {nkv * hd, H}));
-    ZEST_ASSIGN_OR_RETURN(L.wo, load_f32(st, lp + "self_attn.o_proj.weight", {H, nh * hd}));
-    ZEST_ASSIGN_OR_RETURN(L.q_norm, load_f32(st, lp + "self_attn.q_norm.weight", {hd}));
-    ZEST_ASSIGN_OR_RETURN(L.k_norm, load_f32(st, lp + "self_attn.k_norm.weight", {hd}));
-    L.moe = mc.is_moe() && c.is_moe_layer(l);
-    if (L.moe) {
+    L.in_norm = lw.in_norm.to_f32();
+    L.post_norm = lw.post_norm.to_f32();
+    L.wq = lw.q.to_f32();
+    L.wk = lw.k.to_f32();
+    L.wv = lw.v.to_f32();
+    L.wo = lw.o.to_f32();
+    L.q_norm = lw.q_norm.to_f32();
+    L.k_norm = lw.k_norm.to_f32();
+    L.moe = lw.moe;
+    if (L.moe) L.router = lw.router.to_f32();
+    if (lw.fused_gate_up.data) {
+      // Fused, input-major: gate_up [E, H, 2I] (gate = first I columns), down [E, I, H].
       const int64_t E = c.num_experts, I = c.moe_intermediate_size;
-      ZEST_ASSIGN_OR_RETURN(L.router, load_f32(st, lp + "mlp.gate.weight", {E, H}));
-      if (st.contains(lp + "mlp.experts.gate_up_proj")) {
-        // Fused, input-major: gate_up [E, H, 2I] (gate = first I columns), down [E, I, H].
-        ZEST_ASSIGN_OR_RETURN(Tensor gu, load_f32(st, lp + "mlp.experts.gate_up_proj", {E, H, 2 * I}));
-        ZEST_ASSIGN_OR_RETURN(Tensor dn, load_f32(st, lp + "mlp.experts.down_proj", {E, I, H}));
-        for (int64_t e = 0; e < E; ++e) {
-          L.gate_up.push_back(transpose_2d(gu.rows(e, e + 1).reshape({H, 2 * I})));
-          L.down.push_back(transpose_2d(dn.rows(e, e + 1).reshape({I, H})));
-        }
-      } else {
-        for (int64_t e = 0; e < E; ++e) {
-          const std::string ep = lp + "mlp.experts." + std::to_string(e) + ".";
-          ZEST_ASSIGN_OR_RETURN(Tensor g, load_f32(st, ep + "gate_proj.weight", {I, H}));
-          ZEST_ASSIGN_OR_RETURN(Tensor u, load_f32(st, ep + "up_proj.weight", {I, H}));
-          ZEST_ASSIGN_OR_RETURN(Tensor d, load_f32(st, ep + "down_proj.weight", {H, I}));
-          Tensor gu = Tensor::empty({2 * I, H});
-          std::memcpy(gu.data<float>(), g.data<float>(), g.nbytes());
-          std::memcpy(gu.data<float>() + I * H, u.data<float>(), u.nbytes());
-          L.gate_up.push_back(gu);
-          L.down.push_back(d);
-        }
+      Tensor gu = lw.fused_gate_up.to_f32(), dn = lw.fused_down.to_f32();
+      for (int64_t e = 0; e < E; ++e) {
+        L.gate_up.push_back(transpose_2d(gu.rows(e, e + 1).reshape({H, 2 * I})));
+        L.down.push_back(transpose_2d(dn.rows(e, e + 1).reshape({I, H})));
       }
     } else {
-      const int64_t I = c.intermediate_size;
-      ZEST_ASSIGN_OR_RETURN(Tensor g, load_f32(st, lp + "mlp.gate_proj.weight", {I, H}));
-      ZEST_ASSIGN_OR_RETURN(Tensor u, load_f32(st, lp + "mlp.up_proj.weight", {I, H}));
-      ZEST_ASSIGN_OR_RETURN(Tensor d, load_f32(st, lp + "mlp.down_proj.weight", {H, I}));
-      Tensor gu = Tensor::empty({2 * I, H});
-      std::memcpy(gu.data<float>(), g.data<float>(), g.nbytes());
-      std::memcpy(gu.data<float>() + I * H, u.data<float>(), u.nbytes());
-      L.gate_up.push_back(gu);
-      L.down.push_back(d);
+      for (size_t e = 0; e < lw.gate.size(); ++e) {
+        L.gate_up.push_back(stack(lw.gate[e], lw.up[e]));
+        L.down.push_back(lw.down[e].to_f32());
+      }
     }
     m.layers_.push_back(std::move(L));
   }
