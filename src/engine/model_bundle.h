@@ -1,5 +1,5 @@
 // Everything loaded from one model directory: config, tokenizer, chat template, weights, decoder and
-// (for the VL models) the vision tower.
+// (for the VL models) the vision encoder on the same backend as the decoder.
 #pragma once
 #include <memory>
 #include <optional>
@@ -15,7 +15,7 @@
 #include "text/tokenizer.h"
 
 namespace zest::vision {
-class VisionTower;
+class VisionEncoder;
 }
 
 namespace zest::engine {
@@ -32,7 +32,7 @@ struct ModelBundle {
   model::Backend backend = model::Backend::kCpu;
   model::Qwen3TextModel text;                      // the CPU decoder (loaded for the CPU backend only)
   std::shared_ptr<model::TextDecoder> device_text;  // the device decoder (non-CPU backends)
-  std::shared_ptr<vision::VisionTower> vision;  // null for text-only models
+  std::shared_ptr<vision::VisionEncoder> vision;   // the vision tower on `backend`; null for text-only models
   // VisionZip defaults for requests that do not override them (rate 0 = off), and the vision block
   // whose attention scores the tokens (negative counts from the end).
   accel::VisionPruneOptions vision_prune;

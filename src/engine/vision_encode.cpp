@@ -1,14 +1,13 @@
 #include "engine/vision_encode.h"
 
-#include <cmath>
 #include <cstring>
 #include <numeric>
 
 #include "accel/visionzip.h"
 #include "engine/encoder_cache.h"
 #include "core/timer.h"
+#include "vision/encoder.h"
 #include "vision/preprocess.h"
-#include "vision/tower.h"
 
 namespace zest::engine {
 namespace {
@@ -73,8 +72,11 @@ Status prune_options(const ModelBundle& m, const json& o, accel::VisionPruneOpti
 
 Status load_vision_tower(ModelBundle& model) {
   if (!model.config.vision) return Status::ok();
-  ZEST_ASSIGN_OR_RETURN(vision::VisionTower tower, vision::VisionTower::load(model.weights, *model.config.vision));
-  model.vision = std::make_shared<vision::VisionTower>(std::move(tower));
+  ZEST_ASSIGN_OR_RETURN(std::unique_ptr<vision::VisionEncoder> encoder,
+                        model.backend == model::Backend::kCuda
+                            ? vision::make_cuda_vision_encoder(model.weights, *model.config.vision)
+                            : vision::make_cpu_vision_encoder(model.weights, *model.config.vision));
+  model.vision = std::move(encoder);
   model.encoder_cache = std::make_shared<EncoderCache>();
   return Status::ok();
 }
@@ -114,13 +116,10 @@ Result<EncodedImages> encode_images(const ModelBundle& model, const std::vector<
     ZEST_ASSIGN_OR_RETURN(vision::PixelBatch batch, vision::preprocess_images(todo, model.preprocessor, budget));
     enc.preprocess_ms = now_ms() - t0;
     t0 = now_ms();
-    ZEST_ASSIGN_OR_RETURN(vision::VisionOutput out,
-                          model.vision->forward(batch.pixel_values, batch.grids,
-                                                pruning ? std::optional<int64_t>(layer) : std::nullopt));
+    ZEST_ASSIGN_OR_RETURN(vision::VisionEncoding out,
+                          model.vision->forward(batch, pruning ? std::optional<int64_t>(layer) : std::nullopt));
     enc.tower_ms = now_ms() - t0;
     t0 = now_ms();
-    const int64_t heads = model.config.vision->num_heads, hd = model.vision->head_dim();
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     int64_t row = 0;
     for (size_t m = 0; m < misses.size(); ++m) {
       auto e = std::make_shared<CachedImage>();
@@ -133,15 +132,7 @@ Result<EncodedImages> encode_images(const ModelBundle& model, const std::vector<
       for (const Tensor& ds : out.deepstack) e->deepstack.push_back(ds.rows(row, row + M).clone());
       if (pruning) {
         // VisionZip: the attention each patch receives inside its image, summed per merged token.
-        const auto& cap = *out.attention;
-        const accel::AttentionShape shape{cap.q[m].dim(0), heads, hd};
-        ZEST_ASSIGN_OR_RETURN(
-            std::vector<float> a,
-            accel::attention_received_scores({cap.q[m].data<float>(), static_cast<size_t>(cap.q[m].numel())},
-                                             {cap.k[m].data<float>(), static_cast<size_t>(cap.k[m].numel())},
-                                             {cap.lse[m].data<float>(), static_cast<size_t>(cap.lse[m].numel())},
-                                             shape, scale));
-        ZEST_ASSIGN_OR_RETURN(e->scores, accel::merge_group_scores(a, merge * merge));
+        e->scores = std::move(out.scores[m]);
         e->score_layer = layer;
       }
       row += M;

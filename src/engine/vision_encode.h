@@ -21,7 +21,8 @@ struct EncodedImages {
   int64_t cache_hits = 0;             // images served from the encoder cache
 };
 
-// Loads the vision tower of a VL model into model.vision (no-op for text-only models).
+// Loads the vision tower of a VL model into model.vision on model.backend (the CUDA tower for kCuda, the
+// CPU tower otherwise) and creates the encoder cache; no-op for text-only models.
 Status load_vision_tower(ModelBundle& model);
 
 // Preprocesses and encodes the images. `mm_kwargs` may carry min_pixels / max_pixels;

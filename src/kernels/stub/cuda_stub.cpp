@@ -1,6 +1,7 @@
 // Built instead of the CUDA library when ZEST_CUDA is off.
 #include "kernels/backend.h"
 #include "model/decoder.h"
+#include "vision/encoder.h"
 
 namespace zest::kernels {
 
@@ -17,3 +18,11 @@ Result<std::unique_ptr<TextDecoder>> create_cuda_decoder(const DecoderWeights&) 
 }
 
 }  // namespace zest::model
+
+namespace zest::vision {
+
+Result<std::unique_ptr<VisionEncoder>> create_cuda_vision_encoder(const io::VisionConfig&, const VisionTensorSource&) {
+  return unsupported("zest was built without CUDA (configure with -DZEST_CUDA=ON), so the CUDA vision tower is unavailable");
+}
+
+}  // namespace zest::vision

@@ -1,0 +1,236 @@
+// The engine's vision path on CUDA against the same path on the CPU: a ModelBundle loaded with the CUDA
+// backend encodes the images of the VisionZip reference cases (tests/fixtures/ref/visionzip, tiny Qwen3-VL-MoE
+// fixture) through vision::VisionEncoder on the device; its embeddings, DeepStack features, VisionZip scores
+// and selections are compared with the CPU bundle's (the f32 reference tower).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/chat_request.h"
+#include "engine/model_bundle.h"
+#include "engine/vision_encode.h"
+#include "io/image.h"
+#include "kernels/backend.h"
+#include "vision/encoder.h"
+#include "vision/preprocess.h"
+
+namespace zest {
+namespace {
+
+using nlohmann::json;
+
+// bf16 weights and activations through the tower's blocks (as tests/cuda/vision_tower_test.cpp): every output
+// value within 5e-2 * max |cpu| of the CPU value.
+constexpr double kTol = 5e-2;
+
+const std::filesystem::path kCases = std::filesystem::path(ZEST_FIXTURES_DIR) / "ref" / "visionzip";
+const std::string kModel = std::string(ZEST_FIXTURES_DIR) + "/models/qwen3_vl_moe_tiny";
+
+std::vector<std::pair<std::string, json>> reference_cases() {
+  std::vector<std::pair<std::string, json>> out;
+  for (const auto& e : std::filesystem::directory_iterator(kCases)) {
+    if (e.path().extension() != ".json") continue;
+    std::ifstream f(e.path());
+    out.emplace_back(e.path().stem().string(), json::parse(f));
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  return out;
+}
+
+// The request of a reference case with its VisionZip settings.
+json pruned_request(const json& ref) {
+  json body = ref["request"];
+  body["vision_prune"] = {{"rate", ref["rate"].get<double>()},
+                          {"mode", ref["mode"].get<std::string>()},
+                          {"min_tokens", ref["min_tokens"].get<int64_t>()},
+                          {"score_layer", ref["score_layer_from_end"].get<int64_t>()}};
+  return body;
+}
+
+std::vector<io::Image> request_images(const engine::ChatRequest& req) {
+  std::vector<io::Image> images;
+  for (const auto& m : req.messages)
+    if (m["content"].is_array())
+      for (const auto& part : m["content"])
+        if (part.value("type", "") == "image_url") {
+          const std::string url = part["image_url"]["url"].get<std::string>();
+          auto img = io::load_image(std::string(ZEST_SOURCE_DIR) + "/" + url.substr(std::string("file://").size()));
+          EXPECT_TRUE(img.ok()) << img.status().to_string();
+          if (img.ok()) images.push_back(std::move(*img));
+        }
+  return images;
+}
+
+// max |got - want| and max |want| over rows [begin, end) of two [rows, D] tensors.
+struct Err {
+  double err = 0, ref = 0;
+};
+void accumulate(Err& e, const float* got, const float* want, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const double d = std::isnan(got[i]) ? INFINITY : std::fabs(static_cast<double>(got[i]) - want[i]);
+    e.err = std::max(e.err, d);
+    e.ref = std::max(e.ref, std::fabs(static_cast<double>(want[i])));
+  }
+}
+
+void expect_close(const Tensor& got, const Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  Err e;
+  accumulate(e, got.data<float>(), want.data<float>(), want.numel());
+  EXPECT_GT(e.ref, 0.0) << what;
+  EXPECT_LE(e.err, kTol * e.ref) << what << ": max err " << e.err << " max |cpu| " << e.ref;
+}
+
+class CudaVisionEngine : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!kernels::cuda_available()) GTEST_SKIP() << "no CUDA GPU available";
+    auto c = engine::ModelBundle::load(kModel, model::Backend::kCpu);
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    cpu = *c;
+    auto g = engine::ModelBundle::load(kModel, model::Backend::kCuda);
+    ASSERT_TRUE(g.ok()) << g.status().to_string();
+    gpu = *g;
+    ASSERT_TRUE(cpu->vision && gpu->vision);
+    ASSERT_STREQ(cpu->vision->backend_name(), "cpu");
+    ASSERT_STREQ(gpu->vision->backend_name(), "cuda");
+  }
+  std::shared_ptr<engine::ModelBundle> cpu, gpu;
+};
+
+TEST_F(CudaVisionEngine, EncodeImagesMatchesCpuBundleOnVisionZipCases) {
+  const auto cases = reference_cases();
+  ASSERT_FALSE(cases.empty());
+  for (const auto& [name, ref] : cases) {
+    SCOPED_TRACE(name);
+    auto req = engine::parse_chat_request(pruned_request(ref), *cpu);
+    ASSERT_TRUE(req.ok()) << req.status().to_string();
+    const std::vector<io::Image> images = request_images(*req);
+    ASSERT_FALSE(images.empty());
+
+    // Unpruned: every merged token's embedding and DeepStack features.
+    const json off = {{"rate", 0.0}};
+    auto cpu_full = engine::encode_images(*cpu, images, req->mm_processor_kwargs, off);
+    auto gpu_full = engine::encode_images(*gpu, images, req->mm_processor_kwargs, off);
+    ASSERT_TRUE(cpu_full.ok()) << cpu_full.status().to_string();
+    ASSERT_TRUE(gpu_full.ok()) << gpu_full.status().to_string();
+    EXPECT_EQ(gpu_full->merged_grids, cpu_full->merged_grids);
+    EXPECT_EQ(gpu_full->kept, cpu_full->kept);
+    expect_close(gpu_full->embeds, cpu_full->embeds, "embeds");
+    ASSERT_EQ(gpu_full->deepstack.size(), cpu_full->deepstack.size());
+    for (size_t l = 0; l < cpu_full->deepstack.size(); ++l)
+      expect_close(gpu_full->deepstack[l], cpu_full->deepstack[l], "deepstack " + std::to_string(l));
+
+    // The VisionZip scores the two encoders give at the case's score layer, on one preprocessed batch.
+    vision::PixelBudget budget;
+    if (req->mm_processor_kwargs.contains("min_pixels"))
+      budget.min_pixels = req->mm_processor_kwargs["min_pixels"].get<int64_t>();
+    if (req->mm_processor_kwargs.contains("max_pixels"))
+      budget.max_pixels = req->mm_processor_kwargs["max_pixels"].get<int64_t>();
+    auto batch = vision::preprocess_images(images, cpu->preprocessor, budget);
+    ASSERT_TRUE(batch.ok()) << batch.status().to_string();
+    const int64_t layer = cpu->config.vision->depth + ref["score_layer_from_end"].get<int64_t>();
+    auto cpu_enc = cpu->vision->forward(*batch, layer);
+    auto gpu_enc = gpu->vision->forward(*batch, layer);
+    ASSERT_TRUE(cpu_enc.ok()) << cpu_enc.status().to_string();
+    ASSERT_TRUE(gpu_enc.ok()) << gpu_enc.status().to_string();
+    ASSERT_EQ(gpu_enc->scores.size(), images.size());
+    ASSERT_EQ(cpu_enc->scores.size(), images.size());
+    Err score;
+    for (size_t i = 0; i < images.size(); ++i) {
+      ASSERT_EQ(gpu_enc->scores[i].size(), cpu_enc->scores[i].size());
+      accumulate(score, gpu_enc->scores[i].data(), cpu_enc->scores[i].data(),
+                 static_cast<int64_t>(cpu_enc->scores[i].size()));
+    }
+    EXPECT_LE(score.err, kTol * score.ref) << "scores: max err " << score.err << " max |cpu| " << score.ref;
+    std::cout << "[" << name << "] bf16 VisionZip score error " << score.err << " (max |cpu score| " << score.ref
+              << ")\n";
+
+    // Pruned: the same kept counts; the kept tokens equal except near-ties at the cut. A token may be kept by
+    // one backend and not the other only when its CPU score is within 2 * (measured max score error) of the
+    // CPU cut (the k-th largest CPU score of its image): the token's score and the cut token's score can each
+    // move by up to that error, so such a pair can swap order under bf16.
+    auto cpu_p = engine::encode_images(*cpu, images, req->mm_processor_kwargs, req->vision_prune);
+    auto gpu_p = engine::encode_images(*gpu, images, req->mm_processor_kwargs, req->vision_prune);
+    ASSERT_TRUE(cpu_p.ok()) << cpu_p.status().to_string();
+    ASSERT_TRUE(gpu_p.ok()) << gpu_p.status().to_string();
+    ASSERT_EQ(gpu_p->kept.size(), cpu_p->kept.size());
+    const int64_t D = cpu_full->embeds.dim(1);
+    int64_t cpu_off = 0, gpu_off = 0, full_off = 0, differing = 0;
+    Err pruned_err;
+    for (size_t i = 0; i < cpu_p->kept.size(); ++i) {
+      const auto& a = cpu_p->kept[i];
+      const auto& b = gpu_p->kept[i];
+      ASSERT_EQ(b.size(), a.size()) << "image " << i;
+      std::vector<float> sorted = cpu_enc->scores[i];
+      std::sort(sorted.rbegin(), sorted.rend());
+      const float cut = sorted[a.size() - 1];
+      std::vector<int64_t> diff;
+      std::set_symmetric_difference(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(diff));
+      for (int64_t j : diff)
+        EXPECT_LE(std::fabs(cpu_enc->scores[i][j] - cut), 2 * score.err) << "image " << i << " token " << j;
+      differing += static_cast<int64_t>(diff.size()) / 2;
+
+      // The kept rows: the device bundle's rows are its own unpruned rows, gathered exactly; rows kept by both
+      // backends agree within the tolerance.
+      for (size_t r = 0; r < b.size(); ++r) {
+        const float* got = gpu_p->embeds.data<float>() + (gpu_off + static_cast<int64_t>(r)) * D;
+        const float* full = gpu_full->embeds.data<float>() + (full_off + b[r]) * D;
+        EXPECT_TRUE(std::equal(got, got + D, full)) << "image " << i << " kept row " << r;
+        const auto it = std::lower_bound(a.begin(), a.end(), b[r]);
+        if (it != a.end() && *it == b[r])
+          accumulate(pruned_err, got, cpu_p->embeds.data<float>() + (cpu_off + (it - a.begin())) * D, D);
+      }
+      cpu_off += static_cast<int64_t>(a.size());
+      gpu_off += static_cast<int64_t>(b.size());
+      full_off += cpu_full->merged_grids[i].first * cpu_full->merged_grids[i].second;
+    }
+    EXPECT_LE(pruned_err.err, kTol * pruned_err.ref) << "pruned embeds: max err " << pruned_err.err;
+    std::cout << "[" << name << "] tokens kept by only one backend: " << differing << " pair(s)\n";
+  }
+}
+
+// Bad input to the device encoder is a clear error, the same kind as the CPU encoder's, and the encoder
+// stays usable afterwards.
+TEST_F(CudaVisionEngine, DeviceEncoderRejectsBadInput) {
+  auto img = io::load_image(std::string(ZEST_SOURCE_DIR) + "/assets/images/photo_street.jpg");
+  ASSERT_TRUE(img.ok()) << img.status().to_string();
+  vision::PixelBudget budget;
+  budget.max_pixels = 65536;
+  auto batch = vision::preprocess_images({*img}, cpu->preprocessor, budget);
+  ASSERT_TRUE(batch.ok()) << batch.status().to_string();
+  const int64_t depth = cpu->config.vision->depth;
+  for (int64_t layer : {int64_t{-1}, depth}) {
+    auto c = cpu->vision->forward(*batch, layer);
+    auto g = gpu->vision->forward(*batch, layer);
+    ASSERT_FALSE(c.ok());
+    ASSERT_FALSE(g.ok());
+    EXPECT_EQ(g.status().code(), c.status().code()) << g.status().to_string();
+  }
+  vision::PixelBatch short_rows;
+  short_rows.pixel_values = batch->pixel_values.rows(0, batch->pixel_values.dim(0) - 4).clone();
+  short_rows.grids = batch->grids;
+  auto c = cpu->vision->forward(short_rows);
+  auto g = gpu->vision->forward(short_rows);
+  ASSERT_FALSE(c.ok());
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), c.status().code()) << g.status().to_string();
+
+  auto cpu_ok = cpu->vision->forward(*batch);
+  auto gpu_ok = gpu->vision->forward(*batch);
+  ASSERT_TRUE(cpu_ok.ok()) << cpu_ok.status().to_string();
+  ASSERT_TRUE(gpu_ok.ok()) << gpu_ok.status().to_string();
+  EXPECT_TRUE(gpu_ok->scores.empty());
+  expect_close(gpu_ok->embeds, cpu_ok->embeds, "embeds after errors");
+}
+
+}  // namespace
+}  // namespace zest
