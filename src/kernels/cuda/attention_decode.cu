@@ -15,19 +15,6 @@ struct SplitPlan {
   int splits = 1, pages_per_split = 1;
 };
 
-SplitPlan split_plan(const DecodeAttention& p) {
-  // About two CTAs per SM, each split holding at least one block per warp (fewer partials to merge).
-  const int pages = std::max(1, (p.max_context + kKvBlock - 1) / kKvBlock);
-  const int ctas = std::max(1, p.batch * p.kv_heads);
-  const int target = 2 * sm_count();
-  const int max_splits = std::max(1, (pages + kDecWarps - 1) / kDecWarps);
-  const int splits = std::min(std::min(kMaxSplits, max_splits), std::max(1, (target + ctas - 1) / ctas));
-  SplitPlan sp;
-  sp.pages_per_split = (pages + splits - 1) / splits;
-  sp.splits = (pages + sp.pages_per_split - 1) / sp.pages_per_split;
-  return sp;
-}
-
 template <int G>
 __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_kernel(
     const bf16* __restrict__ q, int q_stride, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
@@ -218,6 +205,46 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_kernel(
     for (int sp = 0; sp < splits; ++sp) A += __ldcg(pp + sp * part_stride) * wm[g * kMaxSplits + sp];
     out[static_cast<size_t>(b) * Hq * D + (kvh * G + g) * D + d] = __float2bfloat16(A);
   }
+}
+
+// CTAs of decode_attention_kernel<G> resident per SM (3 from the launch bounds when the query fails).
+int decode_ctas_per_sm(int G) {
+  const void* fn = nullptr;
+  switch (G) {
+    case 1: fn = reinterpret_cast<const void*>(decode_attention_kernel<1>); break;
+    case 2: fn = reinterpret_cast<const void*>(decode_attention_kernel<2>); break;
+    case 4: fn = reinterpret_cast<const void*>(decode_attention_kernel<4>); break;
+    case 8: fn = reinterpret_cast<const void*>(decode_attention_kernel<8>); break;
+    case 16: fn = reinterpret_cast<const void*>(decode_attention_kernel<16>); break;
+    default: return 3;
+  }
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, kDecWarps * 32, 0) != cudaSuccess || n <= 0) return 3;
+  return n;
+}
+
+SplitPlan split_plan(const DecodeAttention& p) {
+  // At least about two CTAs per SM and at least one block per warp per split; among those split counts, the one
+  // with the least (waves of resident CTAs) x (blocks per split), so the last wave is not left mostly empty.
+  const int pages = std::max(1, (p.max_context + kKvBlock - 1) / kKvBlock);
+  const int ctas = std::max(1, p.batch * p.kv_heads);
+  const int slots = decode_ctas_per_sm(p.q_heads / std::max(1, p.kv_heads)) * sm_count();
+  const int max_splits = std::min(kMaxSplits, std::max(1, (pages + kDecWarps - 1) / kDecWarps));
+  const int min_splits = std::min(max_splits, std::max(1, (2 * sm_count() + ctas - 1) / ctas));
+  SplitPlan best;
+  long long best_cost = -1;
+  for (int s = min_splits; s <= max_splits; ++s) {
+    const int per = (pages + s - 1) / s;
+    const int splits = (pages + per - 1) / per;
+    const long long waves = (static_cast<long long>(ctas) * splits + slots - 1) / slots;
+    const long long cost = waves * per;
+    if (best_cost < 0 || cost < best_cost) {
+      best_cost = cost;
+      best.splits = splits;
+      best.pages_per_split = per;
+    }
+  }
+  return best;
 }
 
 }  // namespace
