@@ -167,16 +167,9 @@ void moe_plan_bind(MoePlan& plan, void* buffer, int N, int K, int E);
 Status moe_plan(const int32_t* ids, int N, int K, int E, MoePlan& plan, int64_t* active_count_sum,
                 cudaStream_t stream);
 
-// Decode routing in one launch (one CTA, for decode batches): router_topk, then sere_reroute when sim != nullptr
-// and 0 < S < K, then moe_plan; the same ids, weights and plan as those three launches.
-Status moe_route_plan(const bf16* logits, const float* bias, const float* sim, int S, float rho, int32_t* ids,
-                      float* weights, MoePlan& plan, int64_t* active_count_sum, int N, int E, int K,
-                      cudaStream_t stream);
-
 // Decode/small-batch experts: h = silu(x Wg^T) * (x Wu^T) for each (token, slot) of each active expert, then
 // slot_out[n, k, :] = weights[n, k] * (h Wd^T). Each active expert's weights are read once (a CTA per
-// (expert, row tile), looping over that expert's tokens, on tensor cores when H and I are multiples of 32;
-// when both are multiples of 256 the weights stream through a multi-stage cp.async ring in shared memory);
+// (expert, row tile), looping over that expert's tokens, on tensor cores when H and I are multiples of 32);
 // experts without tokens are skipped.
 // x [N, H] bf16; h workspace [N * K, I] bf16 (indexed by sorted position); slot_out [N, K, H] fp32 (slots
 // with id -1 are not written; moe_combine_add_rmsnorm skips them).

@@ -1,22 +1,83 @@
 // MoE experts: the device-side plan (per-expert slot lists, no host sync), the decode path (weight-streaming
-// kernels that read each active expert once, pipelined through shared memory when the widths allow) and the
-// prefill path (tensor-core grouped GEMMs over tiles).
+// kernels that read each active expert once) and the prefill path (tensor-core grouped GEMMs over tiles).
 #include <mma.h>
 
-#include "kernels/cuda/moe_route.cuh"
+#include "kernels/cuda/common.cuh"
 
 namespace zest::cuda {
 
 namespace {
 
-constexpr int kMaxExperts = kRouteMaxExperts;
+constexpr int kMaxExperts = 1024;
 
 // ---- plan ------------------------------------------------------------------------------------------------
 
 __global__ void __launch_bounds__(1024) moe_plan_kernel(const int32_t* __restrict__ ids, int NK, int E,
                                                         MoePlan plan, int64_t* active_count_sum) {
   pdl_wait();
-  moe_plan_block(ids, NK, E, plan, active_count_sum);
+  __shared__ int counts[kMaxExperts];
+  __shared__ int act_index[kMaxExperts];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  for (int e = warp; e < E; e += nwarps) {
+    int c = 0;
+    for (int base = 0; base < NK; base += 32) {
+      const int i = base + lane;
+      const int id = i < NK ? __ldg(ids + i) : -1;
+      c += __popc(__ballot_sync(0xffffffffu, id == e));
+    }
+    if (lane == 0) counts[e] = c;
+  }
+  __syncthreads();
+  if (warp == 0) {  // warp-parallel scans: active list, offsets and prefill tiles
+    int na = 0, off = 0, nt = 0;
+    for (int e0 = 0; e0 < E; e0 += 32) {
+      const int e = e0 + lane;
+      const int c = e < E ? counts[e] : 0;
+      const int tiles = (c + kMoeTileM - 1) / kMoeTileM;
+      const unsigned act = __ballot_sync(0xffffffffu, c > 0);
+      int cs = c, ts = tiles;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int a = __shfl_up_sync(0xffffffffu, cs, o), b = __shfl_up_sync(0xffffffffu, ts, o);
+        if (lane >= o) {
+          cs += a;
+          ts += b;
+        }
+      }
+      const int idx = na + __popc(act & ((1u << lane) - 1));
+      const int my_off = off + cs - c, my_tile = nt + ts - tiles;
+      if (e < E) act_index[e] = c > 0 ? idx : -1;
+      if (c > 0) {
+        plan.active_experts[idx] = e;
+        plan.offsets[idx] = my_off;
+        for (int r = 0; r < tiles; ++r) {
+          plan.tile_active[my_tile + r] = idx;
+          plan.tile_start[my_tile + r] = my_off + r * kMoeTileM;
+        }
+      }
+      na += __popc(act);
+      off += __shfl_sync(0xffffffffu, cs, 31);
+      nt += __shfl_sync(0xffffffffu, ts, 31);
+    }
+    if (lane == 0) {
+      plan.offsets[na] = off;
+      *plan.num_active = na;
+      *plan.num_tiles = nt;
+      if (active_count_sum) *active_count_sum += na;
+    }
+  }
+  __syncthreads();
+  for (int e = warp; e < E; e += nwarps) {
+    if (counts[e] == 0) continue;
+    int pos = plan.offsets[act_index[e]];
+    for (int base = 0; base < NK; base += 32) {
+      const int i = base + lane;
+      const int id = i < NK ? __ldg(ids + i) : -1;
+      const unsigned m = __ballot_sync(0xffffffffu, id == e);
+      if (id == e) plan.sorted_slots[pos + __popc(m & ((1u << lane) - 1))] = i;
+      pos += __popc(m);
+    }
+  }
 }
 
 // ---- decode experts -----------------------------------------------------------------------------------------
@@ -158,196 +219,6 @@ __global__ void __launch_bounds__(kExpWarps * 32) moe_down_decode_kernel(MoePlan
   }
 }
 
-// ---- decode experts, pipelined: the weights stream through a cp.async ring of stages in shared memory ---------
-//
-// The work is a sequence of (item, token pass, k stage) steps; an item is (active expert j, a 16-row weight
-// tile), a token pass up to 16 of the expert's tokens, a stage 256 k of the tile. Gate/up tiles hold 8 gate rows
-// and the matching 8 up rows (mma rows g and g + 8 of a thread then pair up in the SiLU epilogue); down tiles
-// hold 16 rows. Every thread walks the same sequence twice: a load cursor kStages - 1 steps ahead issues the
-// cp.async copies of a stage (also across item boundaries, so HBM never waits on a reduction), the compute
-// cursor runs the tensor-core products. Fragments as in rows_mma.cu: warp w takes k [32w, 32w + 32) of a
-// stage, each thread 8 consecutive k of a row for both A (weights, shared memory) and B (tokens, global).
-
-constexpr int kPWarps = 8;
-constexpr int kPRows = 16;               // weight rows per tile (mma M)
-constexpr int kPStageK = kPWarps * 32;   // k per stage
-constexpr int kPLd = kPStageK + 32;      // padded shared row (bf16): rows g and g + 1 use different banks
-constexpr int kPTokens = 16;             // tokens per pass (two mma n8 tiles)
-constexpr int kPStages = 6;              // ring depth: 5 stages (40 KB) in flight per CTA
-constexpr int kPStageElems = kPRows * kPLd;
-constexpr size_t kPSmem = static_cast<size_t>(kPStages) * kPStageElems * sizeof(bf16);
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
-}
-
-__device__ __forceinline__ void pipe_mma(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// Position in the step sequence of one CTA.
-struct PipeCursor {
-  int item, j, r0, end, c0, s;
-  bool valid;
-};
-
-__device__ __forceinline__ void cursor_start(PipeCursor& c, const MoePlan& plan, int item, int items, int tiles,
-                                             int tile_rows) {
-  c.item = item;
-  c.valid = item < items;
-  c.s = 0;
-  if (!c.valid) return;
-  c.j = item / tiles;
-  c.r0 = (item % tiles) * tile_rows;
-  c.c0 = plan.offsets[c.j];
-  c.end = plan.offsets[c.j + 1];
-}
-
-__device__ __forceinline__ void cursor_next(PipeCursor& c, const MoePlan& plan, int items, int tiles, int tile_rows,
-                                            int stages) {
-  if (!c.valid) return;
-  if (++c.s < stages) return;
-  c.s = 0;
-  c.c0 += kPTokens;
-  if (c.c0 < c.end) return;
-  cursor_start(c, plan, c.item + gridDim.x, items, tiles, tile_rows);
-}
-
-// kGU: h[pos, i] = bf16(silu(g) * u) with g, u = x[token(pos)] . W{g,u}[i] (rows = I, kdim = H); else
-// slot_out[slot, r] = w[slot] * bf16(h[pos] . Wd[r]) (rows = H, kdim = I).
-template <bool kGU>
-__global__ void __launch_bounds__(kPWarps * 32) moe_pipe_kernel(const bf16* __restrict__ src, MoePlan plan,
-                                                                const float* __restrict__ route_w,
-                                                                const bf16* __restrict__ w, bf16* __restrict__ h_out,
-                                                                float* __restrict__ slot_out, int rows, int kdim,
-                                                                int topk) {
-  pdl_wait();
-  constexpr int kTileRows = kGU ? kPRows / 2 : kPRows;  // output rows per tile
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  bf16* ring = reinterpret_cast<bf16*>(smem_raw);
-  __shared__ float red[kPWarps][8][32];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
-  const int tiles = rows / kTileRows;
-  const int items = *plan.num_active * tiles;
-  const int stages = kdim / kPStageK;
-
-  auto load_stage = [&](const PipeCursor& c, int slot) {
-    const int e = plan.active_experts[c.j];
-    bf16* dst = ring + slot * kPStageElems;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int idx = tid + i * kPWarps * 32;  // 16-byte piece: (tile row, piece of 8 k)
-      const int m = idx / 32, p = idx % 32;
-      // Gate/up: tile rows 0-7 are gate rows r0.., rows 8-15 the up rows I + r0.. of expert e's [2I, H] block.
-      const int grow = kGU ? (m < 8 ? c.r0 + m : rows + c.r0 + m - 8) : c.r0 + m;
-      const size_t base = static_cast<size_t>(e) * (kGU ? 2 : 1) * rows + grow;
-      cp_async16(dst + m * kPLd + p * 8, w + base * kdim + c.s * kPStageK + p * 8);
-    }
-  };
-
-  PipeCursor ld, cp;
-  cursor_start(ld, plan, blockIdx.x, items, tiles, kTileRows);
-  cp = ld;
-#pragma unroll
-  for (int i = 0; i < kPStages - 1; ++i) {
-    if (ld.valid) load_stage(ld, i);
-    cp_async_commit();
-    cursor_next(ld, plan, items, tiles, kTileRows, stages);
-  }
-  int slot = 0, ld_slot = kPStages - 1;
-  float acc[2][4];
-  const bf16 *x0p = nullptr, *x1p = nullptr;
-  int nt = 0;
-  while (cp.valid) {
-    cp_async_wait<kPStages - 2>();
-    __syncthreads();  // stage `slot` is complete for every thread; slot ld_slot was consumed last step
-    if (ld.valid) load_stage(ld, ld_slot);
-    cp_async_commit();
-    cursor_next(ld, plan, items, tiles, kTileRows, stages);
-    ld_slot = ld_slot + 1 == kPStages ? 0 : ld_slot + 1;
-
-    if (cp.s == 0) {
-      nt = min(kPTokens, cp.end - cp.c0);
-      auto src_row = [&](int t) -> const bf16* {
-        if (t >= nt) return nullptr;
-        const int row = kGU ? plan.sorted_slots[cp.c0 + t] / topk : cp.c0 + t;
-        return src + static_cast<size_t>(row) * kdim + warp * 32 + tq * 8;
-      };
-      x0p = src_row(g);
-      x1p = src_row(g + 8);
-#pragma unroll
-      for (int n = 0; n < 2; ++n)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) acc[n][i] = 0.f;
-    }
-    {
-      const size_t k = static_cast<size_t>(cp.s) * kPStageK;
-      const uint4 xa = x0p ? __ldg(reinterpret_cast<const uint4*>(x0p + k)) : make_uint4(0, 0, 0, 0);
-      const uint4 xb = x1p ? __ldg(reinterpret_cast<const uint4*>(x1p + k)) : make_uint4(0, 0, 0, 0);
-      const bf16* st = ring + slot * kPStageElems + warp * 32 + tq * 8;
-      const uint4 lo = *reinterpret_cast<const uint4*>(st + g * kPLd);
-      const uint4 hi = *reinterpret_cast<const uint4*>(st + (g + 8) * kPLd);
-      pipe_mma(acc[0], lo.x, hi.x, lo.y, hi.y, xa.x, xa.y);
-      pipe_mma(acc[0], lo.z, hi.z, lo.w, hi.w, xa.z, xa.w);
-      if (nt > 8) {
-        pipe_mma(acc[1], lo.x, hi.x, lo.y, hi.y, xb.x, xb.y);
-        pipe_mma(acc[1], lo.z, hi.z, lo.w, hi.w, xb.z, xb.w);
-      }
-    }
-    slot = slot + 1 == kPStages ? 0 : slot + 1;
-
-    if (cp.s == stages - 1) {  // last stage of this token pass: reduce the warps in fixed order, epilogue
-#pragma unroll
-      for (int n = 0; n < 2; ++n)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) red[warp][n * 4 + i][lane] = acc[n][i];
-      __syncthreads();
-      for (int idx = tid; idx < 8 * 32; idx += kPWarps * 32) {
-        const int v = idx / 32, l = idx % 32;
-        float s = 0.f;
-#pragma unroll
-        for (int ww = 0; ww < kPWarps; ++ww) s += red[ww][v][l];
-        red[0][v][l] = s;
-      }
-      __syncthreads();
-      // Accumulator i of n-tile n: tile row g + (i >> 1) * 8, token n * 8 + tq * 2 + (i & 1).
-      if (warp == 0) {
-#pragma unroll
-        for (int n = 0; n < 2; ++n)
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int t = n * 8 + tq * 2 + (i & 1);
-            if (t >= nt) continue;
-            if constexpr (kGU) {
-              if (i >= 2) continue;  // the up value of (g, t) is accumulator i + 2
-              const float gt = bf16_round(red[0][n * 4 + i][lane]), up = bf16_round(red[0][n * 4 + i + 2][lane]);
-              const float sl = bf16_round(gt / (1.f + __expf(-gt)));
-              h_out[static_cast<size_t>(cp.c0 + t) * rows + cp.r0 + g] = __float2bfloat16(sl * up);
-            } else {
-              const int sl = plan.sorted_slots[cp.c0 + t];
-              const int row = cp.r0 + g + (i >> 1) * 8;
-              slot_out[static_cast<size_t>(sl) * rows + row] =
-                  bf16_round(bf16_round(red[0][n * 4 + i][lane]) * route_w[sl]);
-            }
-          }
-      }
-      // red is written again only after the next step's barrier, which warp 0 reaches after this epilogue.
-    }
-    cursor_next(cp, plan, items, tiles, kTileRows, stages);
-  }
-  cp_async_wait<0>();
-}
-
 // ---- prefill experts: grouped GEMM over the plan's tiles ------------------------------------------------------
 
 using namespace nvcuda;
@@ -479,25 +350,6 @@ Status set_smem(const void* kernel, size_t smem) {
                      "cudaFuncSetAttribute");
 }
 
-bool pipe_ok(int H, int I) { return H % kPStageK == 0 && I % kPStageK == 0; }
-
-template <bool kGU>
-Status launch_pipe(const bf16* src, const MoePlan& plan, const float* route_w, const bf16* w, bf16* h_out,
-                   float* slot_out, int rows, int kdim, int topk, int max_items, cudaStream_t stream) {
-  const void* fn = reinterpret_cast<const void*>(moe_pipe_kernel<kGU>);
-  static bool configured = false;
-  if (!configured) {
-    ZEST_RETURN_IF_ERROR(set_smem(fn, kPSmem));
-    configured = true;
-  }
-  int per_sm = 0;
-  ZEST_RETURN_IF_ERROR(
-      cuda_status(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, kPWarps * 32, kPSmem), "occupancy"));
-  const int grid = std::max(1, std::min(max_items, std::max(1, per_sm) * sm_count()));
-  return launch("moe_pipe", moe_pipe_kernel<kGU>, dim3(grid), dim3(kPWarps * 32), kPSmem, stream, src, plan, route_w,
-                w, h_out, slot_out, rows, kdim, topk);
-}
-
 }  // namespace
 
 int moe_max_tiles(int N, int K, int E) { return (N * K + kMoeTileM - 1) / kMoeTileM + E; }
@@ -538,12 +390,6 @@ Status moe_experts_decode(const bf16* x, const MoePlan& plan, const float* weigh
                           const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I,
                           cudaStream_t stream) {
   ZEST_RETURN_IF_ERROR(check_moe("moe_experts_decode", N, K, E, H, I));
-  if (pipe_ok(H, I)) {
-    const int max_active = std::min(E, N * K);
-    ZEST_RETURN_IF_ERROR(
-        launch_pipe<true>(x, plan, weights, gate_up, h, slot_out, I, H, K, max_active * (I / (kPRows / 2)), stream));
-    return launch_pipe<false>(h, plan, weights, down, nullptr, slot_out, H, I, K, max_active * (H / kPRows), stream);
-  }
   if (rows_mma_moe_ok(H, I)) return rows_mma_moe(x, plan, weights, gate_up, down, h, slot_out, N, K, E, H, I, stream);
   const size_t smem_gu = static_cast<size_t>(kTok) * H * sizeof(bf16);
   const size_t smem_dn = static_cast<size_t>(kTok) * I * sizeof(bf16);

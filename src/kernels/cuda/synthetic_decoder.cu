@@ -295,10 +295,16 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
       const int E = c.experts, K = c.top_k, I = c.expert_inter;
       ZEST_RETURN_IF_ERROR(gemm(xn_, L.router, router_logits_, batch, E, H, s));
       mark("router gemm");
-      ZEST_RETURN_IF_ERROR(moe_route_plan(router_logits_, opt_.skew > 0.f ? L.router_bias : nullptr,
-                                          sere ? L.sim : nullptr, opt_.sere_primary, opt_.sere_threshold, route_ids_,
-                                          route_w_, plan_, expert_counts_ + l, batch, E, K, s));
-      mark(sere ? "router top-k + sere + plan" : "router top-k + plan");
+      ZEST_RETURN_IF_ERROR(router_topk(router_logits_, opt_.skew > 0.f ? L.router_bias : nullptr, route_ids_, route_w_,
+                                       batch, E, K, s));
+      mark("router top-k");
+      if (sere) {
+        ZEST_RETURN_IF_ERROR(
+            sere_reroute(route_ids_, route_w_, L.sim, batch, E, K, opt_.sere_primary, opt_.sere_threshold, s));
+        mark("sere");
+      }
+      ZEST_RETURN_IF_ERROR(moe_plan(route_ids_, batch, K, E, plan_, expert_counts_ + l, s));
+      mark("moe plan");
       ZEST_RETURN_IF_ERROR(moe_experts_decode(xn_, plan_, route_w_, L.gate_up, L.down, h_, slot_out_, batch, K, E, H, I, s));
       mark("moe experts");
       ZEST_RETURN_IF_ERROR(moe_combine_add_rmsnorm(x_, slot_out_, route_ids_, K, next_norm, xn_, batch, H, kEps, s));
