@@ -17,6 +17,8 @@ struct EncodedImages {
   std::vector<std::vector<int64_t>> kept;  // per image: kept merged-token indices (ascending), all when unpruned
   Tensor embeds;                      // [sum kept, hidden]
   std::vector<Tensor> deepstack;      // each [sum kept, hidden]
+  // Wall time of the cache misses' preprocessing, of the encoder forward (VisionZip scores included) and of
+  // the cache bookkeeping, selection and gather.
   double preprocess_ms = 0, tower_ms = 0, select_ms = 0;
   int64_t cache_hits = 0;             // images served from the encoder cache
 };

@@ -22,7 +22,8 @@ Result<std::unique_ptr<TextDecoder>> create_cuda_decoder(const DecoderWeights&) 
 namespace zest::vision {
 
 Result<std::unique_ptr<VisionEncoder>> create_cuda_vision_encoder(const io::VisionConfig&, const VisionTensorSource&) {
-  return unsupported("zest was built without CUDA (configure with -DZEST_CUDA=ON), so the CUDA vision tower is unavailable");
+  return unsupported(
+      "zest was built without CUDA (configure with -DZEST_CUDA=ON), so the CUDA vision tower is unavailable");
 }
 
 }  // namespace zest::vision
