@@ -61,11 +61,13 @@ Status launch_skinny(const bf16* x, const bf16* w, bf16* y, int N, int K, cudaSt
                 dim3(kSkinnyWarps * 32), 0, s, x, w, y, N, K);
 }
 
-// cuBLASLt state: one handle, one workspace, and the chosen algorithm per (M, N, K).
+// cuBLASLt state: one handle, one workspace per stream (GEMMs on different streams, e.g. the vision
+// encoder's and the decoder's, run concurrently and must not share scratch memory), and the chosen
+// algorithm per (M, N, K).
 struct LtState {
   std::mutex mu;
   cublasLtHandle_t handle = nullptr;
-  void* workspace = nullptr;
+  std::map<cudaStream_t, void*> workspaces;
   size_t workspace_bytes = 32u << 20;
   struct Plan {
     cublasLtMatmulDesc_t desc = nullptr;
@@ -95,10 +97,7 @@ Status lt_plan(int M, int N, int K, LtState::Plan** out) {
     *out = &it->second;
     return Status::ok();
   }
-  if (!s.handle) {
-    ZEST_RETURN_IF_ERROR(lt_status(cublasLtCreate(&s.handle), "cublasLtCreate"));
-    ZEST_RETURN_IF_ERROR(cuda_status(cudaMalloc(&s.workspace, s.workspace_bytes), "cuBLASLt workspace"));
-  }
+  if (!s.handle) ZEST_RETURN_IF_ERROR(lt_status(cublasLtCreate(&s.handle), "cublasLtCreate"));
   LtState::Plan p;
   ZEST_RETURN_IF_ERROR(lt_status(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc"));
   cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
@@ -139,9 +138,11 @@ Status gemm_cublaslt(const bf16* x, const bf16* w, bf16* y, int M, int N, int K,
   std::lock_guard<std::mutex> lock(s.mu);
   LtState::Plan* p = nullptr;
   ZEST_RETURN_IF_ERROR(lt_plan(M, N, K, &p));
+  void*& ws = s.workspaces[stream];
+  if (!ws) ZEST_RETURN_IF_ERROR(cuda_status(cudaMalloc(&ws, s.workspace_bytes), "cuBLASLt workspace"));
   const float alpha = 1.f, beta = 0.f;
   return lt_status(cublasLtMatmul(s.handle, p->desc, &alpha, w, p->a, x, p->b, &beta, y, p->c, y, p->c, &p->algo,
-                                  s.workspace, s.workspace_bytes, stream),
+                                  ws, s.workspace_bytes, stream),
                    "cublasLtMatmul");
 }
 
