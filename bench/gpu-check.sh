@@ -36,6 +36,7 @@ echo "== ttft"
 timeout 150 "$P/bench_ttft_bench" --config qwen3-vl-30b-a3b --images 1,8,30 --image-size 640x480 \
   --vision-prune-rate 0,0.4 >"$OUTD/ttft.log" 2>&1
 summary+=("ttft bench: rc=$?")
+echo "== prefill"; timeout 200 "$P/bench_prefill_bench" --config qwen3-30b-a3b --tokens 512,2048,8192 --layers 2 >"$OUTD/prefill.log" 2>&1; summary+=("prefill bench: rc=$?")
 
 echo
 echo "================ summary ================"
