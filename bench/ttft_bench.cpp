@@ -20,8 +20,6 @@
 #include <cmath>
 #include <random>
 
-// jpeglib.h needs <cstdio> first.
-#include <jpeglib.h>
 
 #include "core/dtype.h"
 #include "core/thread_pool.h"
@@ -61,38 +59,20 @@ double median(std::vector<double> v) {
 
 // A synthetic photo-like JPEG (gradients + per-pixel noise, quality 90); seed varies the content.
 std::vector<uint8_t> make_jpeg(int w, int h, uint32_t seed) {
-  jpeg_compress_struct c;
-  jpeg_error_mgr err;
-  c.err = jpeg_std_error(&err);
-  jpeg_create_compress(&c);
-  unsigned char* buf = nullptr;
-  unsigned long len = 0;
-  jpeg_mem_dest(&c, &buf, &len);
-  c.image_width = w;
-  c.image_height = h;
-  c.input_components = 3;
-  c.in_color_space = JCS_RGB;
-  jpeg_set_defaults(&c);
-  jpeg_set_quality(&c, 90, TRUE);
-  jpeg_start_compress(&c, TRUE);
+  io::Image img;
+  img.width = w;
+  img.height = h;
+  img.rgb.resize(static_cast<size_t>(w) * h * 3);
   std::mt19937 rng(seed);
-  std::vector<uint8_t> row(static_cast<size_t>(w) * 3);
-  while (c.next_scanline < c.image_height) {
-    const int y = static_cast<int>(c.next_scanline);
+  for (int y = 0; y < h; ++y)
     for (int x = 0; x < w; ++x) {
+      uint8_t* px = &img.rgb[(static_cast<size_t>(y) * w + x) * 3];
       const int n = static_cast<int>(rng() % 24);
-      row[x * 3 + 0] = static_cast<uint8_t>((x * 255 / w + n + seed * 7) & 255);
-      row[x * 3 + 1] = static_cast<uint8_t>((y * 255 / h + n) & 255);
-      row[x * 3 + 2] = static_cast<uint8_t>(((x + y) / 16 * 37 + n) & 255);
+      px[0] = static_cast<uint8_t>((x * 255 / w + n + seed * 7) & 255);
+      px[1] = static_cast<uint8_t>((y * 255 / h + n) & 255);
+      px[2] = static_cast<uint8_t>(((x + y) / 16 * 37 + n) & 255);
     }
-    JSAMPROW p = row.data();
-    jpeg_write_scanlines(&c, &p, 1);
-  }
-  jpeg_finish_compress(&c);
-  std::vector<uint8_t> out(buf, buf + len);
-  jpeg_destroy_compress(&c);
-  free(buf);
-  return out;
+  return io::encode_jpeg(img, 90).value();
 }
 
 template <typename T>

@@ -4,6 +4,7 @@
 #include <cctype>
 #include <csetjmp>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -84,6 +85,41 @@ void jpeg_message(j_common_ptr cinfo, int level) {
 }
 
 void jpeg_silent(j_common_ptr) {}
+
+// Compresses rows of RGB into a JPEG in memory; errors come back through the same longjmp handler.
+Status encode_jpeg_rows(const Image& img, int quality, std::vector<uint8_t>& out) {
+  jpeg_compress_struct cinfo;
+  JpegError err;
+  cinfo.err = jpeg_std_error(&err.mgr);
+  err.mgr.error_exit = jpeg_fail;
+  err.mgr.output_message = jpeg_silent;
+  err.message[0] = '\0';
+  unsigned char* buf = nullptr;
+  unsigned long len = 0;
+  if (setjmp(err.jump)) {
+    jpeg_destroy_compress(&cinfo);
+    std::free(buf);
+    return internal_error(std::string("JPEG encoding failed: ") + err.message);
+  }
+  jpeg_create_compress(&cinfo);
+  jpeg_mem_dest(&cinfo, &buf, &len);
+  cinfo.image_width = static_cast<JDIMENSION>(img.width);
+  cinfo.image_height = static_cast<JDIMENSION>(img.height);
+  cinfo.input_components = 3;
+  cinfo.in_color_space = JCS_RGB;
+  jpeg_set_defaults(&cinfo);
+  jpeg_set_quality(&cinfo, quality, TRUE);
+  jpeg_start_compress(&cinfo, TRUE);
+  while (cinfo.next_scanline < cinfo.image_height) {
+    JSAMPROW row = const_cast<uint8_t*>(img.rgb.data()) + static_cast<size_t>(cinfo.next_scanline) * img.width * 3;
+    jpeg_write_scanlines(&cinfo, &row, 1);
+  }
+  jpeg_finish_compress(&cinfo);
+  out.assign(buf, buf + len);
+  jpeg_destroy_compress(&cinfo);
+  std::free(buf);
+  return Status::ok();
+}
 
 Status decode_jpeg(const uint8_t* data, size_t size, const ImageLimits& lim, Image& img) {
   jpeg_decompress_struct cinfo;
@@ -303,6 +339,19 @@ Result<Image> decode_image(const uint8_t* data, size_t size, const ImageLimits& 
   Image img;
   ZEST_RETURN_IF_ERROR(decode_image_into(data, size, img, limits));
   return img;
+}
+
+Result<std::vector<uint8_t>> encode_jpeg(const Image& img, int quality) {
+  if (img.width <= 0 || img.height <= 0 || img.width > 65500 || img.height > 65500)
+    return invalid_argument("encode_jpeg: image size " + std::to_string(img.width) + "x" +
+                            std::to_string(img.height) + " is outside 1..65500");
+  if (img.rgb.size() != static_cast<size_t>(img.width * img.height * 3))
+    return invalid_argument("encode_jpeg: rgb holds " + std::to_string(img.rgb.size()) + " bytes, expected " +
+                            std::to_string(img.width * img.height * 3));
+  if (quality < 1 || quality > 100) return invalid_argument("encode_jpeg: quality must be in 1..100");
+  std::vector<uint8_t> out;
+  ZEST_RETURN_IF_ERROR(encode_jpeg_rows(img, quality, out));
+  return out;
 }
 
 Result<std::vector<uint8_t>> base64_decode(std::string_view text) {

@@ -46,6 +46,10 @@ inline Result<Image> decode_image(const std::vector<uint8_t>& bytes, const Image
   return decode_image(bytes.data(), bytes.size(), limits);
 }
 
+// Encodes an RGB image as a baseline JPEG (libjpeg defaults, `quality` 1..100); for tests, benchmarks
+// and debugging output.
+Result<std::vector<uint8_t>> encode_jpeg(const Image& img, int quality = 75);
+
 // Standard base64 (RFC 4648, '+' '/'; '-' '_' also accepted; ASCII whitespace skipped; padding
 // optional). Any other character or a dangling single symbol -> kInvalidArgument.
 Result<std::vector<uint8_t>> base64_decode(std::string_view text);

@@ -1,7 +1,6 @@
 // Image decoding vs torchvision.io.decode_image(mode=RGB) (recorded by tools/make_vision_refs.py),
 // and every malformed-input case giving a clear error without crashing.
 #include <gtest/gtest.h>
-#include <jpeglib.h>
 #include <zlib.h>
 
 #include <random>
@@ -156,30 +155,14 @@ TEST(Image, HeaderLimitsAreCheckedBeforeDecoding) {
 
 // Encodes an RGB image as JPEG with libjpeg (used for shapes no bundled image has).
 std::vector<uint8_t> encode_jpeg(int w, int h, std::mt19937& rng) {
-  jpeg_compress_struct c;
-  jpeg_error_mgr err;
-  c.err = jpeg_std_error(&err);
-  jpeg_create_compress(&c);
-  unsigned char* buf = nullptr;
-  unsigned long len = 0;
-  jpeg_mem_dest(&c, &buf, &len);
-  c.image_width = w;
-  c.image_height = h;
-  c.input_components = 3;
-  c.in_color_space = JCS_RGB;
-  jpeg_set_defaults(&c);
-  jpeg_start_compress(&c, TRUE);
-  std::vector<uint8_t> row(w * 3);
-  while (c.next_scanline < c.image_height) {
-    for (auto& b : row) b = static_cast<uint8_t>(rng());
-    JSAMPROW p = row.data();
-    jpeg_write_scanlines(&c, &p, 1);
-  }
-  jpeg_finish_compress(&c);
-  std::vector<uint8_t> out(buf, buf + len);
-  jpeg_destroy_compress(&c);
-  free(buf);
-  return out;
+  io::Image img;
+  img.width = w;
+  img.height = h;
+  img.rgb.resize(static_cast<size_t>(w) * h * 3);
+  for (auto& b : img.rgb) b = static_cast<uint8_t>(rng());
+  auto jpeg = io::encode_jpeg(img);
+  EXPECT_TRUE(jpeg.ok()) << jpeg.status().to_string();
+  return jpeg.ok() ? *jpeg : std::vector<uint8_t>{};
 }
 
 TEST(Image, JpegAspectRatioAboveLimitIsRejected) {
