@@ -189,5 +189,32 @@ TEST(Image, BadSourcesGiveClearErrors) {
   EXPECT_EQ(big.status().code(), ErrorCode::kOutOfRange);
 }
 
+// encode_jpeg: a smooth image survives a quality-100 round trip within a few levels (JPEG is lossy);
+// wrong sizes and qualities are refused.
+TEST(Image, EncodeJpegRoundTripAndBadInput) {
+  io::Image img;
+  img.width = 67;
+  img.height = 41;
+  img.rgb.resize(static_cast<size_t>(img.width) * img.height * 3);
+  for (int y = 0; y < img.height; ++y)
+    for (int x = 0; x < img.width; ++x)
+      for (int c = 0; c < 3; ++c)
+        img.rgb[(static_cast<size_t>(y) * img.width + x) * 3 + c] = static_cast<uint8_t>(20 + x + y + 30 * c);
+  auto jpeg = io::encode_jpeg(img, 100);
+  ASSERT_TRUE(jpeg.ok()) << jpeg.status().to_string();
+  auto back = io::decode_image(*jpeg);
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  ASSERT_EQ(back->width, img.width);
+  ASSERT_EQ(back->height, img.height);
+  int max_err = 0;
+  for (size_t i = 0; i < img.rgb.size(); ++i) max_err = std::max(max_err, std::abs(int(img.rgb[i]) - int(back->rgb[i])));
+  EXPECT_LE(max_err, 8);  // chroma subsampling on a smooth ramp
+  io::Image bad = img;
+  bad.rgb.pop_back();
+  EXPECT_FALSE(io::encode_jpeg(bad).ok());
+  EXPECT_FALSE(io::encode_jpeg(img, 0).ok());
+  EXPECT_FALSE(io::encode_jpeg(io::Image{}).ok());
+}
+
 }  // namespace
 }  // namespace zest
