@@ -159,6 +159,44 @@ TEST(CudaSere, RerouteMatchesReference) {
   }
 }
 
+// The kernel's paths: float4 rows (E % 4 == 0) or scalar ones, rows and columns past the first 128, tokens
+// past the CTA's 1024 threads, K above 8. Exact comparison (ids equal, weights bit-identical).
+TEST(CudaSere, RerouteMatchesReferenceAcrossShapes) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(34);
+  struct Shape {
+    int N, E, K, S;
+    float rho;
+  };
+  for (const Shape sh : {Shape{256, 128, 8, 2, 0.f}, Shape{256, 128, 8, 2, 0.75f}, Shape{1500, 130, 12, 3, 0.f},
+                         Shape{7, 257, 4, 1, 0.6f}, Shape{40, 1024, 16, 2, 0.f}, Shape{2100, 64, 6, 1, 0.f}}) {
+    const int N = sh.N, E = sh.E, K = sh.K, S = sh.S;
+    SCOPED_TRACE(testing::Message() << "N=" << N << " E=" << E << " K=" << K << " S=" << S << " rho=" << sh.rho);
+    std::vector<float> sim(static_cast<size_t>(E) * E);
+    std::uniform_int_distribution<int> q(0, 9);  // tenths, so that ties occur
+    for (int u = 0; u < E; ++u) {
+      sim[static_cast<size_t>(u) * E + u] = 1.f;
+      for (int v = u + 1; v < E; ++v)
+        sim[static_cast<size_t>(u) * E + v] = sim[static_cast<size_t>(v) * E + u] = q(rng) / 10.f;
+    }
+    std::vector<int32_t> ids;
+    std::vector<float> w;
+    random_routing(N, E, K, rng, ids, w);
+    for (int k = 0; k < K; ++k) {
+      ids[(N / 2) * K + k] = -1;
+      w[(N / 2) * K + k] = 0.f;
+    }
+    DevBuf<float> dsim(sim);
+    DevBuf<int32_t> di(ids);
+    DevBuf<float> dw(w);
+    ZEST_ASSERT_OK(sere_reroute(di.get(), dw.get(), dsim.get(), N, E, K, S, sh.rho, nullptr));
+    sync_ok();
+    ref_sere(ids, w, sim, N, E, K, S, sh.rho);
+    EXPECT_EQ(di.download(), ids);
+    EXPECT_EQ(dw.download(), w);
+  }
+}
+
 struct HostPlan {
   std::vector<int> active, offsets, sorted;
 };

@@ -80,105 +80,139 @@ __global__ void __launch_bounds__(kRouterWarps * 32) router_topk_kernel(const bf
   }
 }
 
-__global__ void __launch_bounds__(1024) sere_reroute_kernel(int32_t* __restrict__ ids, float* __restrict__ weights,
-                                                            const float* __restrict__ sim, int N, int E, int K,
-                                                            int S, float rho) {
-  pdl_wait();
-  __shared__ int primary[kMaxExperts];
+constexpr int kSereThreads = 1024;
+constexpr int kSereRows = 4;  // expert rows per warp whose first 128 similarities are loaded up front
+
+// Four similarities sim[u, c..c+3] (one float4 load when vec; columns >= E read as -inf).
+__device__ __forceinline__ float4 sere_load4(const float* __restrict__ sim, int u, int c, int E, bool vec) {
+  const float* p = sim + static_cast<size_t>(u) * E + c;
+  if (vec && c < E) return __ldg(reinterpret_cast<const float4*>(p));
+  return make_float4(c < E ? __ldg(p) : -INFINITY, c + 1 < E ? __ldg(p + 1) : -INFINITY,
+                     c + 2 < E ? __ldg(p + 2) : -INFINITY, c + 3 < E ? __ldg(p + 3) : -INFINITY);
+}
+
+// Folds sim[u, c..c+3] into a lane's running best over primary experts (strictly greater wins, so the
+// lowest column keeps a tie). primary holds one byte per expert, zero past E.
+__device__ __forceinline__ void sere_scan4(float4 s, int c, const unsigned char* primary, float& best, int& bv) {
+  const uchar4 p = *reinterpret_cast<const uchar4*>(primary + c);
+  if (p.x && s.x > best) best = s.x, bv = c;
+  if (p.y && s.y > best) best = s.y, bv = c + 1;
+  if (p.z && s.z > best) best = s.z, bv = c + 2;
+  if (p.w && s.w > best) best = s.w, bv = c + 3;
+}
+
+// Finishes expert row u: scans its columns from 128 on, takes the warp argmax (ties: lowest v) and lets
+// lane 0 write map[u].
+__device__ __forceinline__ void sere_finish_row(float4 first, const float* __restrict__ sim, int u, int E, bool vec,
+                                                float rho, const unsigned char* primary, int* map, int lane) {
+  float best = -INFINITY;
+  int bv = 0x7fffffff;
+  sere_scan4(first, 4 * lane, primary, best, bv);
+  for (int c = 128 + 4 * lane; c < E; c += 128) sere_scan4(sere_load4(sim, u, c, E, vec), c, primary, best, bv);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+    const int ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    if (ob > best || (ob == best && ov < bv)) best = ob, bv = ov;
+  }
+  if (lane == 0) map[u] = (primary[u] || bv == 0x7fffffff || (rho > 0.f && best < rho)) ? u : bv;
+}
+
+// Rewrites one token's slots k >= S through map and folds duplicates into their first slot.
+template <int kK>
+__device__ __forceinline__ void sere_fold(int (&id)[kK], float (&w)[kK], int K, int S, int E, const int* map) {
+#pragma unroll
+  for (int k = 0; k < kK; ++k)
+    if (k < K && k >= S && id[k] >= 0 && id[k] < E) id[k] = map[id[k]];
+#pragma unroll
+  for (int k = 1; k < kK; ++k) {
+    if (k >= K || id[k] < 0) continue;
+    bool done = false;
+#pragma unroll
+    for (int j = 0; j < k; ++j)
+      if (!done && id[j] == id[k]) {
+        w[j] += w[k];
+        w[k] = 0.f;
+        id[k] = -1;
+        done = true;
+      }
+  }
+}
+
+template <int kK>
+__device__ __forceinline__ void sere_load_token(const int32_t* ids, const float* weights, int n, int K, int (&id)[kK],
+                                                float (&w)[kK]) {
+#pragma unroll
+  for (int k = 0; k < kK; ++k)
+    if (k < K) {
+      id[k] = ids[static_cast<size_t>(n) * K + k];
+      w[k] = weights[static_cast<size_t>(n) * K + k];
+    }
+}
+
+template <int kK>
+__device__ __forceinline__ void sere_store_token(int32_t* ids, float* weights, int n, int K, const int (&id)[kK],
+                                                 const float (&w)[kK]) {
+#pragma unroll
+  for (int k = 0; k < kK; ++k)
+    if (k < K) {
+      ids[static_cast<size_t>(n) * K + k] = id[k];
+      weights[static_cast<size_t>(n) * K + k] = w[k];
+    }
+}
+
+// One CTA of kSereThreads. Every global load that does not depend on P is issued first (the similarity rows
+// before pdl_wait: sim is a weight no kernel writes), so their latencies overlap: thread t holds token t's
+// ids/weights, warp w the first 128 similarities of rows w + r * 32 (r < kSereRows). Three barriers: P cleared,
+// P marked, map built. K <= kK.
+template <int kK>
+__global__ void __launch_bounds__(kSereThreads) sere_reroute_kernel(int32_t* __restrict__ ids,
+                                                                    float* __restrict__ weights,
+                                                                    const float* __restrict__ sim, int N, int E, int K,
+                                                                    int S, float rho, bool vec) {
+  __shared__ __align__(16) unsigned char primary[kMaxExperts];
   __shared__ int map[kMaxExperts];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  for (int e = threadIdx.x; e < E; e += blockDim.x) primary[e] = 0;
-  __syncthreads();
-  for (int i = threadIdx.x; i < N * S; i += blockDim.x) {
-    const int id = ids[(i / S) * K + i % S];
-    if (id >= 0 && id < E) primary[id] = 1;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  constexpr int kWarps = kSereThreads / 32;
+  float4 first[kSereRows];
+#pragma unroll
+  for (int r = 0; r < kSereRows; ++r) {
+    const int u = warp + r * kWarps;
+    first[r] = u < E ? sere_load4(sim, u, 4 * lane, E, vec) : make_float4(0.f, 0.f, 0.f, 0.f);
   }
+  pdl_wait();
+  const bool own = tid < N;
+  int id[kK];
+  float w[kK];
+  if (own) sere_load_token(ids, weights, tid, K, id, w);
+  for (int i = tid; i < kMaxExperts / 4; i += kSereThreads) reinterpret_cast<unsigned*>(primary)[i] = 0u;
   __syncthreads();
-  // A warp per expert row u (4 rows per pass, their loads issued together): best primary v by similarity
-  // (ties: lowest v).
-  for (int ub = warp; ub < E; ub += nwarps * 4) {
-    float best[4];
-    int bv[4];
+  if (own)
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      best[r] = -INFINITY;
-      bv[r] = 0x7fffffff;
+    for (int k = 0; k < kK; ++k)
+      if (k < S && id[k] >= 0 && id[k] < E) primary[id[k]] = 1;
+  for (int n = tid + kSereThreads; n < N; n += kSereThreads)
+    for (int k = 0; k < S; ++k) {
+      const int v = ids[static_cast<size_t>(n) * K + k];
+      if (v >= 0 && v < E) primary[v] = 1;
     }
-    for (int v0 = 0; v0 < E; v0 += 128) {
-      float sv[4][4];
+  __syncthreads();
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int u = ub + r * nwarps;
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int v = v0 + q * 32 + lane;
-          sv[r][q] = u < E && v < E ? __ldg(sim + static_cast<size_t>(u) * E + v) : -INFINITY;
-        }
-      }
-#pragma unroll
-      for (int r = 0; r < 4; ++r)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int v = v0 + q * 32 + lane;
-          if (v < E && primary[v] && sv[r][q] > best[r]) {
-            best[r] = sv[r][q];
-            bv[r] = v;
-          }
-        }
-    }
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int u = ub + r * nwarps;
-      float b = best[r];
-      int bi = bv[r];
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, b, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (ov > b || (ov == b && oi < bi)) {
-          b = ov;
-          bi = oi;
-        }
-      }
-      if (lane == 0 && u < E)
-        map[u] = (primary[u] || bi == 0x7fffffff || (rho > 0.f && b < rho)) ? u : bi;
-    }
+  for (int r = 0; r < kSereRows; ++r) {
+    const int u = warp + r * kWarps;
+    if (u < E) sere_finish_row(first[r], sim, u, E, vec, rho, primary, map, lane);
   }
+  for (int u = warp + kSereRows * kWarps; u < E; u += kWarps)
+    sere_finish_row(sere_load4(sim, u, 4 * lane, E, vec), sim, u, E, vec, rho, primary, map, lane);
   __syncthreads();
-  for (int n = threadIdx.x; n < N; n += blockDim.x) {
-    int32_t* ti = ids + static_cast<size_t>(n) * K;
-    float* tw = weights + static_cast<size_t>(n) * K;
-    int id[kMaxTopK];
-    float w[kMaxTopK];
-#pragma unroll
-    for (int k = 0; k < kMaxTopK; ++k) {
-      if (k < K) {
-        id[k] = ti[k];
-        w[k] = tw[k];
-        if (k >= S && id[k] >= 0 && id[k] < E) id[k] = map[id[k]];
-      }
-    }
-#pragma unroll
-    for (int k = 1; k < kMaxTopK; ++k) {
-      if (k >= K || id[k] < 0) continue;
-#pragma unroll
-      for (int j = 0; j < kMaxTopK; ++j) {
-        if (j >= k) break;
-        if (id[j] == id[k]) {
-          w[j] += w[k];
-          w[k] = 0.f;
-          id[k] = -1;
-          break;
-        }
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < kMaxTopK; ++k) {
-      if (k < K) {
-        ti[k] = id[k];
-        tw[k] = w[k];
-      }
-    }
+  if (own) {
+    sere_fold(id, w, K, S, E, map);
+    sere_store_token(ids, weights, tid, K, id, w);
+  }
+  for (int n = tid + kSereThreads; n < N; n += kSereThreads) {
+    sere_load_token(ids, weights, n, K, id, w);
+    sere_fold(id, w, K, S, E, map);
+    sere_store_token(ids, weights, n, K, id, w);
   }
 }
 
@@ -201,8 +235,12 @@ Status sere_reroute(int32_t* ids, float* weights, const float* sim, int N, int E
     return invalid_argument("sere_reroute: need N > 0, 0 < E <= 1024 and K <= 16 (N=" + std::to_string(N) +
                             " E=" + std::to_string(E) + " K=" + std::to_string(K) + ")");
   if (!sim) return invalid_argument("sere_reroute: the similarity matrix is null");
-  return launch("sere_reroute", sere_reroute_kernel, dim3(1), dim3(1024), 0, stream, ids, weights, sim, N, E, K, S,
-                rho);
+  const bool vec = E % 4 == 0 && reinterpret_cast<uintptr_t>(sim) % 16 == 0;
+  if (K <= 8)
+    return launch("sere_reroute", sere_reroute_kernel<8>, dim3(1), dim3(kSereThreads), 0, stream, ids, weights, sim, N,
+                  E, K, S, rho, vec);
+  return launch("sere_reroute", sere_reroute_kernel<kMaxTopK>, dim3(1), dim3(kSereThreads), 0, stream, ids, weights,
+                sim, N, E, K, S, rho, vec);
 }
 
 }  // namespace zest::cuda
