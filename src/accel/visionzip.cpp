@@ -10,9 +10,6 @@
 #include "core/thread_pool.h"
 
 namespace zest::accel {
-namespace {
-
-// The decimal a float was written as (0.3f -> 0.3), so fractions of counts floor as users expect.
 double decimal_value(float f) {
   char buf[64];
   const auto r = std::to_chars(buf, buf + sizeof(buf), f);
@@ -21,10 +18,11 @@ double decimal_value(float f) {
   return d;
 }
 
-// floor(m * frac) with a guard against the last-bit error of the product.
 int64_t floor_fraction(int64_t m, double frac) {
   return static_cast<int64_t>(std::floor(static_cast<double>(m) * frac + 1e-9));
 }
+
+namespace {
 
 bool all_finite(std::span<const float> v) {
   return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });

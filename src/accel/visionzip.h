@@ -12,6 +12,12 @@
 
 namespace zest::accel {
 
+// The decimal a float was written as (0.3f -> 0.3), so fractions of counts floor as users expect.
+double decimal_value(float f);
+// floor(m * frac) with a guard against the last-bit error of the product. Every VisionZip count (CPU
+// and device selection) is computed with these two, so both agree on every rate.
+int64_t floor_fraction(int64_t m, double frac);
+
 // q/k of ONE image at the scoring vision block, after rotary: [n_patches, heads, head_dim] f32.
 struct AttentionShape {
   int64_t n_patches = 0;

@@ -64,26 +64,6 @@ Err compare_rows(const float* got, const float* ref, int64_t n) {
   return e;
 }
 
-// Logits of the prompt's last position on `dec`, one prefill on a fresh cache.
-Tensor prompt_logits(const model::TextDecoder& dec, const engine::Prompt& p) {
-  const int64_t n = static_cast<int64_t>(p.ids.size());
-  auto cache = dec.allocate_cache((n + 15) / 16 + 1, 16);
-  EXPECT_TRUE(cache.ok()) << cache.status().to_string();
-  if (!cache.ok()) return Tensor();
-  std::vector<int32_t> table;
-  EXPECT_TRUE(cache->reserve(table, n).is_ok());
-  model::ForwardBatch b;
-  b.tokens = p.ids;
-  b.positions = p.positions;
-  b.seqs.push_back({&table, 0, n, false, true});
-  b.mm_embeds = p.mm_embeds;
-  b.mm_index = p.mm_index;
-  b.deepstack = p.deepstack;
-  auto logits = dec.forward(b, *cache);
-  EXPECT_TRUE(logits.ok()) << logits.status().to_string();
-  return logits.ok() ? *logits : Tensor();
-}
-
 // Greedy decoding of `steps` tokens on `dec` (prefill, then one decode step per token): tokens and the top-2
 // margin of every step.
 void greedy(const model::TextDecoder& dec, const engine::Prompt& p, int steps, std::vector<int32_t>& tokens,
@@ -142,7 +122,8 @@ TEST_P(CudaDecoderFixture, LogitsAndGreedyMatchCpu) {
     ASSERT_TRUE(req.ok()) << req.status().to_string();
     auto prompt = engine::build_prompt(*cpu, *req, zest::testing::fixture_prompt_options());
     ASSERT_TRUE(prompt.ok()) << prompt.status().to_string();
-    const Tensor lc = prompt_logits(cpu->decoder(), *prompt), lg = prompt_logits(gpu->decoder(), *prompt);
+    const Tensor lc = zest::testing::last_logits(cpu->decoder(), *prompt);
+    const Tensor lg = zest::testing::last_logits(gpu->decoder(), *prompt);
     ASSERT_TRUE(lc.defined() && lg.defined());
     ASSERT_EQ(lc.numel(), lg.numel());
     const Err e = compare_rows(lg.data<float>(), lc.data<float>(), lc.numel());
@@ -280,7 +261,8 @@ TEST(CudaDecoder, HeadDim128RandomCheckpointMatchesCpu) {
     std::vector<int32_t> ids(n);
     for (auto& t : ids) t = tok(rng);
     const engine::Prompt p = text_ids_prompt(ids);
-    const Tensor lc = prompt_logits(m->cpu, p), lg = prompt_logits(*m->gpu, p);
+    const Tensor lc = zest::testing::last_logits(m->cpu, p);
+    const Tensor lg = zest::testing::last_logits(*m->gpu, p);
     ASSERT_TRUE(lc.defined() && lg.defined());
     const Err e = compare_rows(lg.data<float>(), lc.data<float>(), lc.numel());
     std::printf("[cuda-vs-cpu] random head_dim 128, %d tokens: max|cuda-cpu| %.4g, max|cpu| %.4g, ratio %.3g\n", n,

@@ -48,12 +48,14 @@ inline engine::PromptOptions fixture_prompt_options() {
   return po;
 }
 
-// Logits [vocab] of the prompt's last position, one prefill on a fresh cache.
-inline Tensor last_logits(const engine::ModelBundle& model, const engine::Prompt& p) {
+// Logits [vocab] of the prompt's last position on `dec` (any backend), one prefill on a fresh cache.
+inline Tensor last_logits(const model::TextDecoder& dec, const engine::Prompt& p) {
   const int64_t n = static_cast<int64_t>(p.ids.size());
-  model::PagedKVCache cache = model.text.make_cache((n + 15) / 16 + 1, 16);
+  auto cache = dec.allocate_cache((n + 15) / 16 + 1, 16);
+  EXPECT_TRUE(cache.ok()) << cache.status().to_string();
+  if (!cache.ok()) return Tensor();
   std::vector<int32_t> table;
-  EXPECT_TRUE(cache.reserve(table, n).is_ok());
+  EXPECT_TRUE(cache->reserve(table, n).is_ok());
   model::ForwardBatch b;
   b.tokens = p.ids;
   b.positions = p.positions;
@@ -61,9 +63,14 @@ inline Tensor last_logits(const engine::ModelBundle& model, const engine::Prompt
   b.mm_embeds = p.mm_embeds;
   b.mm_index = p.mm_index;
   b.deepstack = p.deepstack;
-  auto logits = model.text.forward(b, cache);
+  auto logits = dec.forward(b, *cache);
   EXPECT_TRUE(logits.ok()) << logits.status().to_string();
   return logits.ok() ? *logits : Tensor();
+}
+
+// The same on the model's own decoder.
+inline Tensor last_logits(const engine::ModelBundle& model, const engine::Prompt& p) {
+  return last_logits(model.decoder(), p);
 }
 
 // Checks max|logits - ref| <= rel * max|ref| for the reference .npy file.

@@ -14,23 +14,11 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/vision_kernels.h"
 
+#include "accel/visionzip.h"
+
 namespace zest::cuda {
 
 namespace {
-
-// The decimal a float was written as (0.3f -> 0.3), as accel::VisionPruneOptions reads rates.
-double decimal_value(float f) {
-  char buf[64];
-  const auto r = std::to_chars(buf, buf + sizeof(buf), f);
-  double d = 0.0;
-  std::from_chars(buf, r.ptr, d);
-  return d;
-}
-
-// floor(m * frac) with the same last-bit guard as accel.
-int64_t floor_fraction(int64_t m, double frac) {
-  return static_cast<int64_t>(std::floor(static_cast<double>(m) * frac + 1e-9));
-}
 
 size_t align256(size_t b) { return (b + 255) / 256 * 256; }
 
@@ -210,7 +198,7 @@ Result<VisionZipPlan> visionzip_plan(const std::vector<int64_t>& tokens_per_imag
   VisionZipPlan plan;
   plan.global = opt.global;
   plan.tokens = tokens_per_image;
-  const double keep_frac = 1.0 - decimal_value(opt.rate);
+  const double keep_frac = 1.0 - accel::decimal_value(opt.rate);
   int64_t floor_sum = 0;
   for (size_t i = 0; i < tokens_per_image.size(); ++i) {
     const int64_t m = tokens_per_image[i];
@@ -225,11 +213,11 @@ Result<VisionZipPlan> visionzip_plan(const std::vector<int64_t>& tokens_per_imag
   if (plan.total > (int64_t{1} << 30)) return invalid_argument("too many vision tokens for one selection");
   if (!opt.global) {
     for (size_t i = 0; i < tokens_per_image.size(); ++i) {
-      plan.counts.push_back(std::max(plan.floors[i], floor_fraction(tokens_per_image[i], keep_frac)));
+      plan.counts.push_back(std::max(plan.floors[i], accel::floor_fraction(tokens_per_image[i], keep_frac)));
       plan.kept += plan.counts.back();
     }
   } else {
-    int64_t budget = opt.budget >= 0 ? opt.budget : floor_fraction(plan.total, keep_frac);
+    int64_t budget = opt.budget >= 0 ? opt.budget : accel::floor_fraction(plan.total, keep_frac);
     budget = std::clamp(budget, floor_sum, plan.total);
     plan.counts = plan.floors;
     plan.kept = budget;
