@@ -16,5 +16,6 @@ for bin in .gpu/pkg/test_cuda .gpu/pkg/bench_ttft_bench .gpu/pkg/zest; do
 done | sort -u | grep -vE '/(libc|libm|libdl|librt|libpthread|libgcc_s|libstdc\+\+|ld-linux[^/]*|libcuda|libcudart|libcublas|libcublasLt)\.so' \
   | xargs -r cp -L -t .gpu/pkg/lib
 pwd >.gpu/pkg/source_dir  # tests find their fixtures through this compiled-in path
+git rev-parse --short HEAD >.gpu/pkg/commit
 tar -cJf .gpu/zest-gpu.tar.xz -C .gpu pkg
 echo "packed $(du -h .gpu/zest-gpu.tar.xz | cut -f1) from commit $(git rev-parse --short HEAD)"
