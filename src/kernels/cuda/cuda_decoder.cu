@@ -569,8 +569,16 @@ Result<Tensor> CudaTextDecoder::forward(const model::ForwardBatch& b, model::Pag
   for (int32_t tok : b.tokens)
     if (tok < 0 || tok >= V_) return invalid_argument("forward: token id " + std::to_string(tok) + " out of range");
   const int64_t M = static_cast<int64_t>(b.mm_index.size());
-  const int64_t nds = M > 0 ? std::min<int64_t>(static_cast<int64_t>(b.deepstack.size()), L_) : 0;
-  if (M > 0) {
+  const bool mm_dev = b.mm_device.embeds != nullptr;
+  const int64_t nds =
+      M > 0 ? std::min<int64_t>(static_cast<int64_t>(mm_dev ? b.mm_device.deepstack.size() : b.deepstack.size()), L_)
+            : 0;
+  if (M > 0 && mm_dev) {
+    for (int64_t l = 0; l < nds; ++l)
+      if (!b.mm_device.deepstack[l]) return invalid_argument("forward: null device deepstack rows");
+    for (int64_t r : b.mm_index)
+      if (r < 0 || r >= T64) return invalid_argument("forward: mm_index row outside the batch");
+  } else if (M > 0) {
     if (b.mm_embeds.dtype() != DType::F32 || b.mm_embeds.device() != Device::CPU || b.mm_embeds.ndim() != 2 ||
         b.mm_embeds.dim(0) != M || b.mm_embeds.dim(1) != H_)
       return invalid_argument("forward: mm_embeds must be a CPU f32 tensor [mm rows, hidden]");
@@ -620,7 +628,7 @@ Result<Tensor> CudaTextDecoder::forward(const model::ForwardBatch& b, model::Pag
     h_seq_ctx[si] = static_cast<int32_t>(c.start + c.length);
   }
   for (int64_t i = 0; i < M; ++i) h_mm[i] = static_cast<int32_t>(b.mm_index[i]);
-  for (int64_t k = 0; k <= nds && M > 0; ++k) {
+  for (int64_t k = 0; k <= nds && M > 0 && !mm_dev; ++k) {
     const float* src = k == 0 ? b.mm_embeds.data<float>() : b.deepstack[k - 1].data<float>();
     for (int64_t i = 0; i < M * H_; ++i) h_mm_emb[k * M * H_ + i] = f32_to_bf16(src[i]);
   }
@@ -630,6 +638,11 @@ Result<Tensor> CudaTextDecoder::forward(const model::ForwardBatch& b, model::Pag
                 *d_tok_ctx = di.tok_ctx, *d_gen = di.gen, *d_cu = di.cu, *d_seq_ctx = di.seq_ctx,
                 *d_bt = di.block_table, *d_rows = di.rows, *d_mm = di.mm_index;
   const bf16* d_mm_emb = reinterpret_cast<const bf16*>(di.mm_rows);
+  // Visual rows of feature k (0: embeddings, l + 1: DeepStack after layer l): staged copy or caller's device rows.
+  auto mm_src = [&](int64_t k) -> const bf16* {
+    if (!mm_dev) return d_mm_emb + k * M * H_;
+    return static_cast<const bf16*>(k == 0 ? b.mm_device.embeds : b.mm_device.deepstack[k - 1]);
+  };
 
   // Attention plan: the fast kernels need head_dim 128; decode-only steps use split-K decode attention; chunks
   // starting at 0 use the contiguous prefill kernel (run on every chunk, its rows of chunks with a cached prefix
@@ -653,7 +666,7 @@ Result<Tensor> CudaTextDecoder::forward(const model::ForwardBatch& b, model::Pag
   }
 
   ZEST_RETURN_IF_ERROR(embedding(d_tokens, embed_, s.x, T, H_, V_, st));
-  if (M > 0) ZEST_RETURN_IF_ERROR(scatter_rows(d_mm_emb, d_mm, s.x, static_cast<int>(M), H_, false, st));
+  if (M > 0) ZEST_RETURN_IF_ERROR(scatter_rows(mm_src(0), d_mm, s.x, static_cast<int>(M), H_, false, st));
   ZEST_RETURN_IF_ERROR(rmsnorm(s.x, layers_[0].in_norm, s.xn, T, H_, eps_, st));
   for (int l = 0; l < L_; ++l) {
     const Layer& Ly = layers_[l];
@@ -688,7 +701,7 @@ Result<Tensor> CudaTextDecoder::forward(const model::ForwardBatch& b, model::Pag
       ZEST_RETURN_IF_ERROR(add_rmsnorm(s.x, s.o, next, s.xn, T, H_, eps_, st));
     }
     if (ds) {
-      ZEST_RETURN_IF_ERROR(scatter_rows(d_mm_emb + (l + 1) * M * H_, d_mm, s.x, static_cast<int>(M), H_, true, st));
+      ZEST_RETURN_IF_ERROR(scatter_rows(mm_src(l + 1), d_mm, s.x, static_cast<int>(M), H_, true, st));
       ZEST_RETURN_IF_ERROR(rmsnorm(s.x, next, s.xn, T, H_, eps_, st));
     }
   }
