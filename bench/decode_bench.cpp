@@ -164,7 +164,7 @@ bool run_batch(SyntheticDecoder& dec, int batch, bool sere, int warmup, int step
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int bench_decode_main(int argc, char** argv) {
   CLI::App app{"zest CUDA decode benchmark on a synthetic Qwen3-shaped model"};
   std::string config = "qwen3-30b-a3b", batches = "1,8,32,64";
   int context = 1024, layers = 0, steps = 200, warmup = 20, sere_primary = 0, pdl = 1;
@@ -264,7 +264,7 @@ int main(int argc, char** argv) {
 
 #else
 
-int main(int argc, char** argv) {
+int bench_decode_main(int argc, char** argv) {
   CLI::App app{"zest CUDA decode benchmark"};
   app.allow_extras();
   CLI11_PARSE(app, argc, argv);

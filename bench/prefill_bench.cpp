@@ -212,7 +212,7 @@ Result<std::vector<Timing>> run_decoder(const model::DecoderWeights& w, const st
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int bench_prefill_main(int argc, char** argv) {
   CLI::App app{"zest CUDA prefill benchmark on random weights of a real model shape"};
   std::string config = "qwen3-30b-a3b", tokens = "512,2048,8192";
   int64_t layers = 2;

@@ -387,7 +387,7 @@ int run(const Options& o) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int bench_ttft_main(int argc, char** argv) {
   Options o;
   CLI::App app{"TTFT of multi-image requests: vision tower + VisionZip + prefill (CUDA)"};
   app.add_option("--config", o.config, "model shape (qwen3-vl-30b-a3b, qwen3-vl-32b, ...)");
@@ -403,7 +403,7 @@ int main(int argc, char** argv) {
 }
 
 #else
-int main() {
+int bench_ttft_main(int, char**) {
   std::fprintf(stderr, "bench_ttft_bench needs the CUDA backend (configure with -DZEST_CUDA=ON)\n");
   return 1;
 }
