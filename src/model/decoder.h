@@ -71,6 +71,14 @@ struct RerouteCounts {
   int64_t steps = 0, distinct_before = 0, distinct_after = 0, critical = 0, rerouted_slots = 0, slots = 0;
 };
 
+// A device backend's expert weights of one MoE layer, bf16 in device memory: gate_up [E, 2I, H] (per expert
+// I gate rows, then I up rows, each over H inputs) and down [E, H, I].
+struct DeviceExpertWeights {
+  const void* gate_up = nullptr;
+  const void* down = nullptr;
+  int64_t experts = 0, hidden = 0, inter = 0;
+};
+
 enum class Backend { kCpu, kCuda };
 inline const char* backend_name(Backend b) { return b == Backend::kCpu ? "cpu" : "cuda"; }
 
@@ -90,6 +98,12 @@ class TextDecoder {
   // backends that always call MoeHooks::route).
   virtual Result<std::vector<RerouteCounts>> reroute_counts() const {
     return std::vector<RerouteCounts>(static_cast<size_t>(config().num_layers));
+  }
+  // The device copy of MoE layer `layer`'s expert weights (for device-side SERE calibration); kUnsupported
+  // for backends without one, kInvalidArgument for a layer that is not MoE.
+  virtual Result<DeviceExpertWeights> device_expert_weights(int64_t layer) const {
+    (void)layer;
+    return unsupported("this decoder backend keeps no device copy of the expert weights");
   }
 };
 

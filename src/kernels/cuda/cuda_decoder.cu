@@ -217,6 +217,11 @@ class CudaTextDecoder final : public model::TextDecoder {
   Result<Tensor> forward(const model::ForwardBatch& b, model::PagedKVCache& cache,
                          const model::MoeHooks* hooks) const override;
   Result<std::vector<model::RerouteCounts>> reroute_counts() const override;
+  Result<model::DeviceExpertWeights> device_expert_weights(int64_t layer) const override {
+    if (layer < 0 || layer >= L_ || !layers_[layer].moe)
+      return invalid_argument("layer " + std::to_string(layer) + " is not an MoE layer of this decoder");
+    return model::DeviceExpertWeights{layers_[layer].gate_up, layers_[layer].down, E_, H_, I_};
+  }
 
  private:
   struct Layer {
