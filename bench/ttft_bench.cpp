@@ -2,12 +2,18 @@
 // VisionZip scoring + selection + gathers, and the decoder prefill of the resulting prompt.
 //   bench_ttft_bench --config qwen3-vl-30b-a3b --images 1,8,30 --image-size 640x480
 //                    --vision-prune-rate 0,0.3,0.4,0.5 [--mode uniform|global] [--iters 5] [--text-tokens 64]
+//                    [--prefill measured|estimate|both] [--prefill-iters 3]
 // Per (images, rate): CPU preprocessing (JPEG decode + smart_resize + patchify + bf16 of synthetic images,
 // one image per worker thread), the host-to-device copy, the tower (CUDA events, median of --iters), scoring
-// + selection + gathers (wall clock, including the one counts copy), and the prefill. The prefill is an
-// ESTIMATE: one decoder layer built from the CUDA decoder kernels (RMSNorm, QKV GEMM, causal prefill
-// attention, O GEMM, router, MoE plan + grouped expert GEMMs, combine) is timed at the prompt length and
-// multiplied by the layer count; RoPE/KV-cache writes, the embedding and the LM head are left out.
+// + selection + gathers (wall clock, including the one device-to-host copy of the kept counts and indices),
+// and the decoder prefill.
+// Measured prefill: the full-depth CUDA decoder (model::create_cuda_decoder) over random host weights (one
+// synthesised layer and one synthesised expert shared by every layer and expert; the values do not change
+// the work), one forward of the request's prompt (kept visual tokens, then the text tokens) with M-RoPE
+// positions of the kept tokens and the three DeepStack features, visual rows read from device memory
+// (ForwardBatch::mm_device); wall clock around forward(), which returns the last token's logits.
+// Estimated prefill (labelled): one decoder layer built from the CUDA decoder kernels timed at the prompt
+// length, times the layer count (RoPE/KV writes, embedding and LM head left out).
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <sstream>
@@ -18,6 +24,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
+#include <memory>
 #include <random>
 
 
@@ -29,6 +37,8 @@
 #include "kernels/cuda/synthetic_decoder.h"
 #include "kernels/cuda/vision_kernels.h"
 #include "kernels/cuda/vision_tower.h"
+#include "model/decoder.h"
+#include "model/kv_cache.h"
 #include "vision/preprocess.h"
 
 namespace {
@@ -168,6 +178,176 @@ class PrefillLayer {
   MoePlan plan_;
 };
 
+// The text shape of a named synthetic config as the decoder's io::TextConfig.
+io::TextConfig text_config(const SyntheticConfig& c) {
+  io::TextConfig t;
+  t.vocab_size = c.vocab;
+  t.hidden_size = c.hidden;
+  t.num_layers = c.layers;
+  t.num_heads = c.q_heads;
+  t.num_kv_heads = c.kv_heads;
+  t.head_dim = c.head_dim;
+  t.intermediate_size = c.dense_inter;
+  t.moe_intermediate_size = c.expert_inter;
+  t.num_experts = c.experts;
+  t.num_experts_per_tok = c.top_k;
+  t.norm_topk_prob = true;
+  t.rope_theta = c.rope_theta;
+  if (c.mrope) {
+    t.mrope_section = {24, 20, 20};
+    t.mrope_interleaved = true;
+  }
+  t.max_position_embeddings = 262144;
+  t.tie_word_embeddings = true;  // one host/device copy of the [vocab, hidden] matrix
+  return t;
+}
+
+// Host bf16 tensors of uniform random values (splitmix64 counter hash, parallel fill).
+class HostTensors {
+ public:
+  io::TensorView uniform(const std::string& name, std::vector<int64_t> shape, float lo, float hi) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    std::unique_ptr<uint16_t[]> buf(new uint16_t[static_cast<size_t>(n)]);
+    uint16_t* p = buf.get();
+    const uint64_t base = (++count_) * 0xD1B54A32D192ED03ull;
+    constexpr int64_t kChunk = 1 << 16;
+    parallel_for((n + kChunk - 1) / kChunk, 1, [&](int64_t b, int64_t e) {
+      for (int64_t c = b; c < e; ++c) {
+        uint64_t state = base ^ (static_cast<uint64_t>(c) * 0xBF58476D1CE4E5B9ull);
+        for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i) {
+          uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+          z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+          z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+          z ^= z >> 31;
+          p[i] = f32_to_bf16(lo + (hi - lo) * static_cast<float>(z >> 40) / 16777216.f);
+        }
+      }
+    });
+    io::TensorView v;
+    v.name = name;
+    v.dtype = DType::BF16;
+    v.shape = std::move(shape);
+    v.data = p;
+    v.nbytes = static_cast<size_t>(n) * 2;
+    bufs_.push_back(std::move(buf));
+    return v;
+  }
+
+ private:
+  uint64_t count_ = 0;
+  std::vector<std::unique_ptr<uint16_t[]>> bufs_;
+};
+
+// Random weights of the full-depth decoder: one layer (and one expert) synthesised, every layer's and
+// expert's views pointing at it (uniform with std 1/sqrt(fan_in); norms in [0.5, 1.5)).
+model::DecoderWeights random_decoder_weights(const io::TextConfig& c, HostTensors& ht) {
+  model::DecoderWeights w;
+  w.config = c;
+  const int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_heads, Hkv = c.num_kv_heads;
+  auto a = [](int64_t fan_in) { return std::sqrt(3.f / static_cast<float>(fan_in)); };
+  w.embed = ht.uniform("embed_tokens", {c.vocab_size, H}, -1.7f, 1.7f);
+  w.lm_head = w.embed;
+  w.final_norm = ht.uniform("norm", {H}, 0.5f, 1.5f);
+  model::DecoderLayerWeights L;
+  L.in_norm = ht.uniform("input_layernorm", {H}, 0.5f, 1.5f);
+  L.post_norm = ht.uniform("post_attention_layernorm", {H}, 0.5f, 1.5f);
+  L.q = ht.uniform("q_proj", {Hq * D, H}, -a(H), a(H));
+  L.k = ht.uniform("k_proj", {Hkv * D, H}, -a(H), a(H));
+  L.v = ht.uniform("v_proj", {Hkv * D, H}, -a(H), a(H));
+  L.o = ht.uniform("o_proj", {H, Hq * D}, -a(Hq * D), a(Hq * D));
+  L.q_norm = ht.uniform("q_norm", {D}, 0.5f, 1.5f);
+  L.k_norm = ht.uniform("k_norm", {D}, 0.5f, 1.5f);
+  L.moe = c.num_experts > 0;
+  const int64_t I = L.moe ? c.moe_intermediate_size : c.intermediate_size;
+  const io::TensorView g = ht.uniform("gate_proj", {I, H}, -a(H), a(H));
+  const io::TensorView u = ht.uniform("up_proj", {I, H}, -a(H), a(H));
+  const io::TensorView d = ht.uniform("down_proj", {H, I}, -a(I), a(I));
+  const int64_t copies = L.moe ? c.num_experts : 1;
+  if (L.moe) L.router = ht.uniform("router", {c.num_experts, H}, -a(H), a(H));
+  L.gate.assign(static_cast<size_t>(copies), g);
+  L.up.assign(static_cast<size_t>(copies), u);
+  L.down.assign(static_cast<size_t>(copies), d);
+  w.layers.assign(static_cast<size_t>(c.num_layers), L);
+  return w;
+}
+
+// M-RoPE positions of the visual tokens of images with merged grids (rows, cols), one frame each, as three
+// rows t, h, w of V columns: image tokens at (start, start + r, start + c), the next image starting after
+// the previous one's largest position. *next receives the first text position after the images.
+std::vector<std::vector<int32_t>> visual_positions(const std::vector<std::pair<int, int>>& merged, int32_t* next) {
+  std::vector<std::vector<int32_t>> pos(3);
+  int32_t start = 0;
+  for (const auto& [rows, cols] : merged) {
+    for (int r = 0; r < rows; ++r)
+      for (int c = 0; c < cols; ++c) {
+        pos[0].push_back(start);
+        pos[1].push_back(start + r);
+        pos[2].push_back(start + c);
+      }
+    start += std::max(rows, cols);
+  }
+  *next = start;
+  return pos;
+}
+
+// One prefill forward of the full-depth decoder per call: kept visual tokens (their rows and DeepStack
+// features on the device), then text tokens; the KV blocks are reserved and released around the call.
+class MeasuredPrefill {
+ public:
+  Status init(const SyntheticConfig& sc, int max_tokens) {
+    const io::TextConfig c = text_config(sc);
+    const auto t0 = Clock::now();
+    model::DecoderWeights w = random_decoder_weights(c, host_);
+    ZEST_ASSIGN_OR_RETURN(dec_, model::create_cuda_decoder(w));
+    constexpr int64_t kBlock = 16;
+    ZEST_ASSIGN_OR_RETURN(model::PagedKVCache cache, dec_->allocate_cache((max_tokens + kBlock - 1) / kBlock, kBlock));
+    cache_ = std::make_unique<model::PagedKVCache>(std::move(cache));
+    std::printf("measured prefill: %lld-layer decoder built and uploaded in %.1f s\n",
+                static_cast<long long>(c.num_layers), ms_since(t0) / 1e3);
+    return Status::ok();
+  }
+  // visual: kept visual tokens (rows of `embeds` / `deepstack` on the device), vis_pos [3][visual] their
+  // positions, then `text` text tokens from position text_start. Returns the wall time in ms.
+  Result<double> run(int visual, const std::vector<std::vector<int32_t>>& vis_pos, int text, int32_t text_start,
+                     const bf16* embeds, const std::vector<const bf16*>& deepstack, uint64_t seed) {
+    const int T = visual + text;
+    model::ForwardBatch b;
+    b.tokens.resize(T);
+    b.positions.resize(3 * static_cast<size_t>(T));
+    std::mt19937 rng(static_cast<uint32_t>(seed));
+    for (int i = 0; i < T; ++i) {
+      b.tokens[i] = i < visual ? kImagePad : static_cast<int32_t>(rng() % 150000);
+      for (int r = 0; r < 3; ++r)
+        b.positions[static_cast<size_t>(r) * T + i] = i < visual ? vis_pos[r][i] : text_start + (i - visual);
+      if (i < visual) b.mm_index.push_back(i);
+    }
+    b.mm_device.embeds = embeds;
+    for (const bf16* d : deepstack) b.mm_device.deepstack.push_back(d);
+    model::SeqChunk chunk;
+    chunk.block_table = &table_;
+    chunk.start = 0;
+    chunk.length = T;
+    b.seqs.push_back(chunk);
+    ZEST_RETURN_IF_ERROR(cache_->reserve(table_, T));
+    const auto t0 = Clock::now();
+    Result<Tensor> logits = dec_->forward(b, *cache_);
+    const double ms = ms_since(t0);
+    cache_->release(table_);
+    if (!logits.ok()) return logits.status();
+    for (int64_t i = 0; i < logits->numel(); ++i)
+      if (!std::isfinite(logits->data<float>()[i])) return internal_error("non-finite prefill logit");
+    return ms;
+  }
+
+ private:
+  static constexpr int32_t kImagePad = 151655;
+  HostTensors host_;
+  std::unique_ptr<model::TextDecoder> dec_;
+  std::unique_ptr<model::PagedKVCache> cache_;
+  std::vector<int32_t> table_;
+};
+
 // Median time in ms of `fn` enqueued on `s` (CUDA events), after one warm-up.
 template <typename F>
 double time_gpu(int iters, cudaStream_t s, F fn, bool* good) {
@@ -208,8 +388,8 @@ double gemm_throughput(cudaStream_t s) {
 
 struct Options {
   std::string config = "qwen3-vl-30b-a3b", images = "1,8,30", size = "640x480", rates = "0,0.3,0.4,0.5";
-  std::string mode = "uniform";
-  int iters = 5, text_tokens = 64, threads = 0;
+  std::string mode = "uniform", prefill = "both";
+  int iters = 5, prefill_iters = 3, text_tokens = 64, threads = 0;
 };
 
 int run(const Options& o) {
@@ -221,11 +401,26 @@ int run(const Options& o) {
     return 1;
   }
   if (o.threads > 0) set_num_threads(o.threads);
+  const bool measured = o.prefill != "estimate", estimate = o.prefill != "measured";
   const auto counts = parse_list<int>(o.images);
   const auto rates = parse_list<float>(o.rates);
+  if (counts.empty() || rates.empty()) {
+    std::fprintf(stderr, "error: --images and --vision-prune-rate need at least one value\n");
+    return 1;
+  }
+  for (int c : counts)
+    if (c <= 0) {
+      std::fprintf(stderr, "error: --images values must be positive\n");
+      return 1;
+    }
   auto vcfg = vision_tower_config(o.config);
   auto dcfg = synthetic_config(o.config, 0);
   if (!ok(vcfg.status(), "vision config") || !ok(dcfg.status(), "decoder config")) return 1;
+  if (vcfg->out_hidden_size != dcfg->hidden) {
+    std::fprintf(stderr, "error: vision out_hidden %lld != decoder hidden %d\n",
+                 static_cast<long long>(vcfg->out_hidden_size), dcfg->hidden);
+    return 1;
+  }
   auto tower = VisionTowerCuda::create_random(*vcfg, 1);
   if (!ok(tower.status(), "tower")) return 1;
   cudaStream_t s;
@@ -238,10 +433,12 @@ int run(const Options& o) {
   const int max_images = *std::max_element(counts.begin(), counts.end());
   std::vector<std::vector<uint8_t>> jpegs;
   for (int i = 0; i < max_images; ++i) jpegs.push_back(make_jpeg(W, Hh, static_cast<uint32_t>(i + 1)));
-  std::printf(
-      "synthetic JPEG %dx%d, %.1f KB each; %d worker threads; mode %s; prefill: ESTIMATE = %d x one "
-      "measured decoder layer (%s shapes)\n",
-      W, Hh, jpegs[0].size() / 1e3, num_threads(), o.mode.c_str(), dcfg->layers, o.config.c_str());
+  std::printf("synthetic JPEG %dx%d, %.1f KB each; %d worker threads; mode %s; prefill: %s (%d layers, %s shapes)\n",
+              W, Hh, jpegs[0].size() / 1e3, num_threads(), o.mode.c_str(),
+              measured && estimate ? "measured full-depth forward + ESTIMATE column (one layer x depth)"
+              : measured           ? "measured full-depth forward"
+                                   : "ESTIMATE (one measured layer x depth)",
+              dcfg->layers, o.config.c_str());
 
   // Largest prompt: all visual tokens of the largest request + text.
   auto probe = io::decode_image(jpegs[0]);
@@ -249,13 +446,17 @@ int run(const Options& o) {
   auto probe_plan = vision::plan_preprocess({*probe}, pcfg);
   if (!ok(probe_plan.status(), "plan")) return 1;
   const int tok_per_img = static_cast<int>(probe_plan->grids[0].merged_tokens(pcfg.merge_size));
+  const int max_prompt = max_images * tok_per_img + o.text_tokens;
   PrefillLayer layer;
-  if (!layer.init(*dcfg, max_images * tok_per_img + o.text_tokens)) return 1;
+  if (estimate && !layer.init(*dcfg, max_prompt)) return 1;
+  MeasuredPrefill full;
+  if (measured && !ok(full.init(*dcfg, max_prompt), "measured prefill decoder")) return 1;
 
   std::printf(
       "\n| images | rate | visual tokens | kept | preprocess ms | H2D ms | tower ms | tower MFU | score+select ms "
-      "| score/tower | prefill ms (est.) | TTFT ms | TTFT vs rate 0 |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "| score/tower | prefill ms | TTFT ms | TTFT vs rate 0 |%s\n",
+      estimate ? " prefill est. ms | TTFT est. ms |" : "");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|%s\n", estimate ? "---|---|" : "");
   bool good = true;
   std::string breakdown;
   for (int n_img : counts) {
@@ -264,11 +465,13 @@ int run(const Options& o) {
     std::vector<io::Image> decoded(n_img);
     std::vector<vision::GridTHW> grids(n_img);
     std::vector<int64_t> row0(n_img + 1, 0);
+    std::vector<std::pair<int, int>> merged(n_img);
     for (int i = 0; i < n_img; ++i) {
       auto p = vision::plan_preprocess({*probe}, pcfg);
       plans[i] = *p;
       grids[i] = p->grids[0];
       row0[i + 1] = row0[i] + p->rows;
+      merged[i] = {static_cast<int>(grids[i].h / pcfg.merge_size), static_cast<int>(grids[i].w / pcfg.merge_size)};
     }
     const int64_t cols = plans[0].cols, rows = row0[n_img];
     uint16_t* pinned = nullptr;
@@ -317,20 +520,20 @@ int run(const Options& o) {
       if (!ok((*tower)->forward(pv, grids, score_layer, s), "forward")) return 1;
     }
     const auto& out = (*tower)->output();
+    int32_t text_start = 0;
+    const auto all_pos = visual_positions(merged, &text_start);
 
     float* scores = nullptr;
-    int32_t *kept = nullptr, *kept_counts = nullptr, *positions = nullptr, *positions_out = nullptr;
+    int32_t* sel_dev = nullptr;  // kept indices, then the per-image kept counts: one device-to-host copy
+    int32_t* sel_host = nullptr;
     bf16 *emb_out = nullptr, *ds_out = nullptr;
     const int O = static_cast<int>(vcfg->out_hidden_size), T = out.tokens;
     cudaMalloc(&scores, T * sizeof(float));
-    cudaMalloc(&kept, T * sizeof(int32_t));
-    cudaMalloc(&kept_counts, n_img * sizeof(int32_t));
-    cudaMalloc(&positions, 3 * T * sizeof(int32_t));
-    cudaMemset(positions, 0, 3 * T * sizeof(int32_t));
-    cudaMalloc(&positions_out, 3 * T * sizeof(int32_t));
+    cudaMalloc(&sel_dev, (T + n_img) * sizeof(int32_t));
+    cudaMallocHost(&sel_host, (T + n_img) * sizeof(int32_t));
     cudaMalloc(&emb_out, size_t(T) * O * sizeof(bf16));
     cudaMalloc(&ds_out, out.deepstack.size() * size_t(T) * O * sizeof(bf16));
-    double ttft0 = 0;
+    double ttft0 = 0, ttft0_est = 0;
     for (float rate : rates) {
       VisionZipSelect sel;
       sel.rate = rate;
@@ -339,44 +542,83 @@ int run(const Options& o) {
       if (!ok(plan.status(), "visionzip plan")) return 1;
       void* ws = nullptr;
       cudaMalloc(&ws, plan->workspace_bytes);
-      std::vector<int64_t> host_counts(n_img);
+      const int n_out = static_cast<int>(plan->kept);
       double t_sel = 0;
+      // The decoder's visual rows: all tower rows at rate 0, else the gathered kept rows.
+      const bf16* emb_in = out.embeds;
+      std::vector<const bf16*> ds_in(out.deepstack.begin(), out.deepstack.end());
+      std::vector<std::vector<int32_t>> kept_pos = all_pos;
       if (rate > 0.f) {
         std::vector<double> sel_ms;
         for (int it = 0; it <= o.iters; ++it) {
           cudaStreamSynchronize(s);
           const auto t0 = Clock::now();
           bool g = (*tower)->scores(scores, nullptr, s).is_ok() &&
-                   visionzip_select(scores, *plan, ws, kept, kept_counts, host_counts.data(), s).is_ok();
-          const int n_out = static_cast<int>(plan->kept);
-          g = g && visionzip_gather_rows(out.embeds, O, kept, n_out, emb_out, s).is_ok();
+                   visionzip_select(scores, *plan, ws, sel_dev, sel_dev + n_out, nullptr, s).is_ok() &&
+                   cudaMemcpyAsync(sel_host, sel_dev, (n_out + n_img) * sizeof(int32_t), cudaMemcpyDeviceToHost, s) ==
+                       cudaSuccess;
+          g = g && visionzip_gather_rows(out.embeds, O, sel_dev, n_out, emb_out, s).is_ok();
           for (size_t j = 0; j < out.deepstack.size(); ++j)
-            g = g && visionzip_gather_rows(out.deepstack[j], O, kept, n_out, ds_out + j * size_t(T) * O, s).is_ok();
-          g = g && visionzip_gather_columns(positions, 3, T, kept, 0, n_out, positions_out, s).is_ok();
-          cudaStreamSynchronize(s);
+            g = g && visionzip_gather_rows(out.deepstack[j], O, sel_dev, n_out, ds_out + j * size_t(T) * O, s).is_ok();
+          g = g && cudaStreamSynchronize(s) == cudaSuccess;
           if (!g) good = false;
           if (it > 0) sel_ms.push_back(ms_since(t0));
         }
         t_sel = median(sel_ms);
+        emb_in = emb_out;
+        for (size_t j = 0; j < ds_in.size(); ++j) ds_in[j] = ds_out + j * size_t(T) * O;
+        int64_t sum = 0;
+        for (int i = 0; i < n_img; ++i) sum += sel_host[n_out + i];
+        if (sum != n_out) {
+          std::fprintf(stderr, "error: kept counts add up to %lld, the plan says %d\n", static_cast<long long>(sum),
+                       n_out);
+          good = false;
+        }
+        for (int r = 0; r < 3; ++r) {
+          kept_pos[r].resize(n_out);
+          for (int i = 0; i < n_out; ++i) kept_pos[r][i] = all_pos[r][sel_host[i]];
+        }
       }
       cudaFree(ws);
-      const int prompt = static_cast<int>(plan->kept) + o.text_tokens;
-      const double t_layer = time_gpu(
-          o.iters, s, [&] { return layer.enqueue(prompt, s).is_ok(); }, &good);
-      const double t_prefill = t_layer * dcfg->layers;
-      const double ttft = t_pre + t_h2d + t_tower + t_sel + t_prefill;
-      if (rate == 0.f) ttft0 = ttft;
-      char red[32] = "-";
-      if (rate > 0.f && ttft0 > 0) std::snprintf(red, sizeof(red), "%.1f%%", 100.0 * (1.0 - ttft / ttft0));
-      std::printf("| %d | %.2f | %d | %lld | %.1f | %.2f | %.2f | %.1f%% | %.3f | %.2f%% | %.2f | %.1f | %s |\n", n_img,
-                  rate, T, static_cast<long long>(plan->kept), t_pre, t_h2d, t_tower, 100 * mfu, t_sel,
-                  100 * t_sel / t_tower, t_prefill, ttft, red);
+      const int prompt = n_out + o.text_tokens;
+      double t_prefill = 0, t_est = 0;
+      if (measured) {
+        std::vector<double> ms;
+        for (int it = 0; it <= o.prefill_iters; ++it) {
+          auto r = full.run(n_out, kept_pos, o.text_tokens, text_start, emb_in, ds_in, 99 + it);
+          if (!ok(r.status(), "prefill forward")) return 1;
+          if (it > 0) ms.push_back(*r);
+        }
+        t_prefill = median(ms);
+      }
+      if (estimate) {
+        const double t_layer = time_gpu(
+            o.iters, s, [&] { return layer.enqueue(prompt, s).is_ok(); }, &good);
+        t_est = t_layer * dcfg->layers;
+      }
+      const double front = t_pre + t_h2d + t_tower + t_sel;
+      const double ttft = front + (measured ? t_prefill : t_est), ttft_est = front + t_est;
+      if (rate == 0.f) {
+        ttft0 = ttft;
+        ttft0_est = ttft_est;
+      }
+      char red[32] = "-", est[96] = "";
+      if (rate > 0.f && ttft0 > 0) std::snprintf(red, sizeof(red), "%.1f%%", -100.0 * (1.0 - ttft / ttft0));
+      if (estimate) {
+        char red_e[32] = "";
+        if (rate > 0.f && ttft0_est > 0) std::snprintf(red_e, sizeof(red_e), " (%.1f%%)", -100.0 * (1.0 - ttft_est / ttft0_est));
+        std::snprintf(est, sizeof(est), " %.2f | %.1f%s |", t_est, ttft_est, red_e);
+      }
+      char pf[32] = "-";
+      if (measured) std::snprintf(pf, sizeof(pf), "%.2f", t_prefill);
+      std::printf("| %d | %.2f | %d | %d | %.1f | %.2f | %.2f | %.1f%% | %.3f | %.2f%% | %s | %.1f | %s |%s\n", n_img,
+                  rate, T, n_out, t_pre, t_h2d, t_tower, 100 * mfu, t_sel, 100 * t_sel / t_tower, pf, ttft, red, est);
       std::fflush(stdout);
     }
-    for (void* p : {static_cast<void*>(scores), static_cast<void*>(kept), static_cast<void*>(kept_counts),
-                    static_cast<void*>(positions), static_cast<void*>(positions_out), static_cast<void*>(emb_out),
+    for (void* p : {static_cast<void*>(scores), static_cast<void*>(sel_dev), static_cast<void*>(emb_out),
                     static_cast<void*>(ds_out), static_cast<void*>(pv)})
       cudaFree(p);
+    cudaFreeHost(sel_host);
     cudaFreeHost(pinned);
   }
   std::printf("%s", breakdown.c_str());
@@ -398,6 +640,9 @@ int bench_ttft_main(int argc, char** argv) {
   app.add_option("--iters", o.iters, "timed iterations (median)");
   app.add_option("--text-tokens", o.text_tokens, "text tokens in the prompt besides the images");
   app.add_option("--threads", o.threads, "preprocessing worker threads (0 = all cores)");
+  app.add_option("--prefill", o.prefill, "measured (full-depth decoder forward), estimate (one layer x depth) or both")
+      ->check(CLI::IsMember({"measured", "estimate", "both"}));
+  app.add_option("--prefill-iters", o.prefill_iters, "timed prefill forwards per row (median)");
   CLI11_PARSE(app, argc, argv);
   return run(o);
 }
