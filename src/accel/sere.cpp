@@ -239,6 +239,22 @@ Status ExpertSimilarityAccumulator::add_chunk(std::span<const float> outputs, in
   return Status::ok();
 }
 
+Status ExpertSimilarityAccumulator::add_gram(std::span<const double> gram, int64_t n_tokens) {
+  const int64_t ne = experts_;
+  if (metric_ == SimilarityMetric::kLinearCka)
+    return invalid_argument("linear CKA needs the expert outputs themselves; a pair statistic cannot feed it");
+  if (n_tokens < 1 || static_cast<int64_t>(gram.size()) != ne * ne)
+    return invalid_argument("pair statistic holds " + std::to_string(gram.size()) + " values for " +
+                            std::to_string(n_tokens) + " tokens; [n_experts, n_experts] needs " +
+                            std::to_string(ne * ne) + " and at least one token");
+  for (double v : gram)
+    if (!std::isfinite(v)) return invalid_argument("pair statistic holds a NaN or infinity");
+  for (int64_t p = 0; p < ne; ++p)
+    for (int64_t q = p; q < ne; ++q) pair_[p * ne + q] += gram[p * ne + q];
+  tokens_ += n_tokens;
+  return Status::ok();
+}
+
 Result<std::vector<float>> ExpertSimilarityAccumulator::similarity() const {
   const int64_t ne = experts_, h = hidden_;
   const int64_t min_tokens = metric_ == SimilarityMetric::kLinearCka ? 2 : 1;

@@ -63,6 +63,10 @@ class ExpertSimilarityAccumulator {
 
   // Adds one chunk: outputs [n_experts, n_tokens, hidden] f32, expert e's output on token t.
   Status add_chunk(std::span<const float> outputs, int64_t n_tokens);
+  // Adds one chunk's pair statistic computed elsewhere (a device backend): gram [n_experts, n_experts]
+  // row-major, sum over the chunk's n_tokens tokens of <y_p, y_q> (frobenius) or of their cosine (cosine),
+  // read on and above the diagonal. Linear CKA cannot be fed this way.
+  Status add_gram(std::span<const double> gram, int64_t n_tokens);
 
   // The similarity matrix [n_experts, n_experts] f32, row-major; needs at least one token
   // (two for linear CKA).

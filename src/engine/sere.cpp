@@ -6,6 +6,7 @@
 
 #include "core/timer.h"
 #include "io/safetensors.h"
+#include "kernels/sere_calibration.h"
 
 namespace zest::engine {
 
@@ -155,18 +156,34 @@ Result<std::string> calibrate_sere(const ModelBundle& model, const CalibrationOp
   if (static_cast<int64_t>(tokens.size()) > opts.max_tokens) tokens.resize(opts.max_tokens);
   if (tokens.size() < 2) return invalid_argument("the calibration text is too short (need at least 2 tokens)");
 
-  // Calibration runs every expert on the CPU decoder; a bundle loaded for another backend gets one here.
+  const int64_t E = tc.num_experts, H = tc.hidden_size, L = tc.num_layers;
+  // On a device backend (except for linear CKA, whose state lives on the host) the model runs on the device
+  // and every expert of a layer runs there too, reduced to an [E, E] pair statistic per chunk. Otherwise
+  // calibration runs every expert on the CPU decoder (a bundle loaded for another backend gets one here).
+  const bool on_device = model.backend != model::Backend::kCpu && opts.metric != accel::SimilarityMetric::kLinearCka;
+  std::unique_ptr<kernels::ExpertGram> gram;
   model::Qwen3TextModel cpu_model;
-  if (model.backend != model::Backend::kCpu) {
+  if (on_device) {
+    auto g = kernels::make_cuda_expert_gram(E, H, tc.moe_intermediate_size, opts.chunk_tokens);
+    if (!g.ok()) return g.status().with_context("device SERE calibration");
+    gram = std::move(g).value();
+  } else if (model.backend != model::Backend::kCpu) {
     auto m = model::Qwen3TextModel::load(model.weights, model.config);
     if (!m.ok()) return m.status().with_context("CPU decoder for calibration");
     cpu_model = std::move(m).value();
   }
   const model::Qwen3TextModel& text = model.backend == model::Backend::kCpu ? model.text : cpu_model;
-  const int64_t E = tc.num_experts, H = tc.hidden_size, L = tc.num_layers;
+  const model::TextDecoder& dec = on_device ? model.decoder() : static_cast<const model::TextDecoder&>(text);
   std::vector<std::optional<accel::ExpertSimilarityAccumulator>> acc(L);
+  std::vector<model::DeviceExpertWeights> dev_w(L);
   for (int64_t l = 0; l < L; ++l) {
-    if (!text.is_moe_layer(l)) continue;
+    if (on_device) {
+      auto w = dec.device_expert_weights(l);
+      if (!w.ok()) continue;  // not an MoE layer
+      dev_w[l] = *w;
+    } else if (!text.is_moe_layer(l)) {
+      continue;
+    }
     auto a = accel::ExpertSimilarityAccumulator::create(E, H, opts.metric);
     if (!a.ok()) return a.status().with_context("layer " + std::to_string(l));
     acc[l] = std::move(a).value();
@@ -174,17 +191,27 @@ Result<std::string> calibrate_sere(const ModelBundle& model, const CalibrationOp
   Status hook_status;
   model::MoeHooks hooks;
   std::vector<float> outs;
+  std::vector<double> pair;
+  const bool cosine = opts.metric == accel::SimilarityMetric::kCosine;
   hooks.moe_input = [&](int64_t layer, const float* x, int64_t n) {
     if (!acc[layer] || !hook_status.is_ok()) return;
-    outs.resize(static_cast<size_t>(E * n * H));
-    for (int64_t e = 0; e < E; ++e) text.run_expert(layer, e, x, n, outs.data() + e * n * H);
-    Status s = acc[layer]->add_chunk(outs, n);
-    if (!s.is_ok()) hook_status = s;
+    Status s;
+    if (on_device) {
+      s = gram->compute(dev_w[layer], x, n, cosine, pair);
+      if (s.is_ok()) s = acc[layer]->add_gram(pair, n);
+    } else {
+      outs.resize(static_cast<size_t>(E * n * H));
+      for (int64_t e = 0; e < E; ++e) text.run_expert(layer, e, x, n, outs.data() + e * n * H);
+      s = acc[layer]->add_chunk(outs, n);
+    }
+    if (!s.is_ok()) hook_status = s.with_context("layer " + std::to_string(layer));
   };
 
   // The calibration text is one long sequence, fed in chunks (so attention sees real context).
   const int64_t n = static_cast<int64_t>(tokens.size());
-  model::PagedKVCache cache = text.make_cache((n + 15) / 16, 16);
+  auto cache_r = dec.allocate_cache((n + 15) / 16, 16);
+  if (!cache_r.ok()) return cache_r.status().with_context("KV cache for calibration");
+  model::PagedKVCache cache = std::move(cache_r).value();
   std::vector<int32_t> table;
   ZEST_RETURN_IF_ERROR(cache.reserve(table, n));
   const double t0 = now_ms();
@@ -196,7 +223,7 @@ Result<std::string> calibrate_sere(const ModelBundle& model, const CalibrationOp
     for (int a = 0; a < 3; ++a)
       for (int64_t i = 0; i < len; ++i) b.positions[a * len + i] = static_cast<int32_t>(start + i);
     b.seqs.push_back({&table, start, len, false, false});
-    auto r = text.forward(b, cache, &hooks);
+    auto r = dec.forward(b, cache, &hooks);
     if (!r.ok()) return r.status();
     ZEST_RETURN_IF_ERROR(hook_status);
     if (opts.progress) {

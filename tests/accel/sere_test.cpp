@@ -333,6 +333,50 @@ TEST(SereCalibration, MatchesDirectReferenceAndChunkingIsExact) {
   }
 }
 
+TEST(SereCalibration, PairStatisticFromElsewhereMatchesOutputs) {
+  // add_gram with the per-chunk pair statistic (computed here by plain loops, as a device backend would)
+  // gives the same similarity as add_chunk on the outputs, for the metrics that support it.
+  const int64_t e = 5, t = 23, h = 7;
+  const auto a = random_outputs(e, t, h, 9);
+  for (auto metric : {SimilarityMetric::kFrobenius, SimilarityMetric::kCosine}) {
+    auto direct = ExpertSimilarityAccumulator::create(e, h, metric);
+    auto fed = ExpertSimilarityAccumulator::create(e, h, metric);
+    ASSERT_TRUE(direct.ok() && fed.ok());
+    for (int64_t t0 = 0; t0 < t; t0 += 10) {
+      const int64_t tn = std::min<int64_t>(10, t - t0);
+      std::vector<float> part(e * tn * h);
+      for (int64_t p = 0; p < e; ++p)
+        std::copy(a.begin() + (p * t + t0) * h, a.begin() + (p * t + t0 + tn) * h, part.begin() + p * tn * h);
+      ASSERT_TRUE(direct->add_chunk(part, tn).is_ok());
+      std::vector<double> gram(e * e, 0.0);
+      for (int64_t p = 0; p < e; ++p)
+        for (int64_t q = 0; q < e; ++q)
+          for (int64_t tok = 0; tok < tn; ++tok) {
+            double dot = 0, np = 0, nq = 0;
+            for (int64_t i = 0; i < h; ++i) {
+              const double x = part[(p * tn + tok) * h + i], y = part[(q * tn + tok) * h + i];
+              dot += x * y, np += x * x, nq += y * y;
+            }
+            gram[p * e + q] += metric == SimilarityMetric::kFrobenius ? dot : dot / std::sqrt(np * nq);
+          }
+      ASSERT_TRUE(fed->add_gram(gram, tn).is_ok());
+    }
+    EXPECT_EQ(fed->tokens_seen(), t);
+    auto s1 = direct->similarity();
+    auto s2 = fed->similarity();
+    ASSERT_TRUE(s1.ok() && s2.ok());
+    for (size_t i = 0; i < s1->size(); ++i) EXPECT_NEAR((*s1)[i], (*s2)[i], 1e-6) << "metric " << int(metric);
+  }
+  auto cka = ExpertSimilarityAccumulator::create(2, 3, SimilarityMetric::kLinearCka);
+  ASSERT_TRUE(cka.ok());
+  EXPECT_FALSE(cka->add_gram(std::vector<double>(4, 1.0), 1).is_ok());  // CKA needs the outputs
+  auto fro = ExpertSimilarityAccumulator::create(2, 3, SimilarityMetric::kFrobenius);
+  ASSERT_TRUE(fro.ok());
+  EXPECT_FALSE(fro->add_gram(std::vector<double>(3, 1.0), 1).is_ok());  // wrong size
+  EXPECT_FALSE(fro->add_gram(std::vector<double>(4, 1.0), 0).is_ok());  // no tokens
+  EXPECT_FALSE(fro->add_gram(std::vector<double>{1.0, std::nan(""), 1.0, 1.0}, 1).is_ok());
+}
+
 TEST(SereCalibration, ErrorsAndLimits) {
   EXPECT_FALSE(ExpertSimilarityAccumulator::create(0, 4, SimilarityMetric::kCosine).ok());
   // Linear CKA keeps H x H per pair: 128 experts x hidden 2048 is far over 1 GiB.
