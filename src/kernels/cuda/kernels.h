@@ -107,11 +107,15 @@ Status decode_attention(const DecodeAttention& p, const bf16* q, int q_stride, c
 
 // Prefill attention: causal, GQA, variable-length sequences packed along tokens (cu_seqlens [nseq+1]).
 // q/k/v rows at q + t * q_stride (Hq heads of D), k + t * kv_stride, v + t * kv_stride (Hkv heads).
-// out [T, Hq * D]. D = 128: tensor cores (bf16 wmma), fp32 online softmax; other even D <= 256:
-// prefill_attention_generic.
+// out [T, Hq * D]. D = 128: tensor cores (mma.sync, FlashAttention-2 style), fp32 online softmax; other even
+// D <= 256: prefill_attention_generic. Pointers and strides must be 16-byte aligned (multiples of 8 elements).
 Status prefill_attention(const bf16* q, int q_stride, const bf16* k, const bf16* v, int kv_stride,
                          const int32_t* cu_seqlens, int nseq, int max_seqlen, bf16* out, int Hq, int Hkv, int D,
                          float scale, cudaStream_t stream);
+// The same function (D = 128 only) through the previous wmma kernel, kept for comparison in benchmarks.
+Status prefill_attention_wmma(const bf16* q, int q_stride, const bf16* k, const bf16* v, int kv_stride,
+                              const int32_t* cu_seqlens, int nseq, int max_seqlen, bf16* out, int Hq, int Hkv, int D,
+                              float scale, cudaStream_t stream);
 
 // Generic attention over the paged cache for any even head_dim <= 256 (fp32 scores and softmax): query i < n is
 // token t = rows ? rows[i] : i, read at q + t * q_stride (Hq heads of D); it attends keys 0 .. ctx_lens[t] - 1 of
@@ -177,10 +181,22 @@ Status moe_experts_decode(const bf16* x, const MoePlan& plan, const float* weigh
                           const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I,
                           cudaStream_t stream);
 // Prefill experts: the same function as moe_experts_decode through tensor-core grouped GEMMs over the
-// plan's tiles (device-side offsets) when H and I are multiples of 64, else through moe_experts_decode.
+// plan's tiles (device-side offsets): moe_prefill_gate_up then moe_prefill_down when H % 128 == 0 and
+// I % 64 == 0, else moe_experts_prefill_wmma.
 Status moe_experts_prefill(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
                            const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I,
                            cudaStream_t stream);
+// The two grouped GEMMs of moe_experts_prefill (mma.sync, cp.async pipeline; H % 128 == 0, I % 64 == 0):
+// h[sorted position] = silu(x Wg^T) * (x Wu^T), then slot_out[slot] = weights[slot] * (h Wd^T).
+Status moe_prefill_gate_up(const bf16* x, const MoePlan& plan, const bf16* gate_up, bf16* h, int N, int K, int E,
+                           int H, int I, cudaStream_t stream);
+Status moe_prefill_down(const bf16* h, const MoePlan& plan, const float* weights, const bf16* down, float* slot_out,
+                        int N, int K, int E, int H, int I, cudaStream_t stream);
+// The previous grouped GEMMs (wmma 64x64 tiles) when H and I are multiples of 64, else moe_experts_decode;
+// kept for comparison in benchmarks.
+Status moe_experts_prefill_wmma(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
+                                const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I,
+                                cudaStream_t stream);
 
 // SERE statistics of one layer's re-routing, added to counts[6] (int64): steps += 1, distinct experts before
 // and after, critical experts (distinct after minus distinct primaries of slots < S), re-routed slots (slots
