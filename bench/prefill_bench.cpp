@@ -4,6 +4,9 @@
 // of --runs after one warm-up. A second, 1-layer decoder over the same weights separates the per-layer
 // time from the embed/final-norm/lm_head part, which extrapolates the full-depth prefill time.
 //   bench_prefill_bench --config qwen3-30b-a3b --tokens 512,2048,8192 --layers 2 [--runs 5]
+// --ops times each kernel of one decoder layer instead (kernels called directly on random device data,
+// CUDA events around each launch, median of --runs after warm-up), with the TFLOP/s of the matmul ops.
+//   bench_prefill_bench --config qwen3-30b-a3b --tokens 2048,8192 --ops [--runs 10]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -21,6 +24,14 @@
 #include "core/thread_pool.h"
 #include "kernels/backend.h"
 #include "model/decoder.h"
+
+#ifdef ZEST_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include <functional>
+
+#include "kernels/cuda/kernels.h"
+#endif
 
 namespace {
 
@@ -210,6 +221,220 @@ Result<std::vector<Timing>> run_decoder(const model::DecoderWeights& w, const st
   return out;
 }
 
+
+#ifdef ZEST_HAVE_CUDA
+// ---- --ops: per-kernel timing of one decoder layer ---------------------------------------------------------
+
+// Device allocations freed together.
+class DeviceArena {
+ public:
+  DeviceArena() = default;
+  DeviceArena(const DeviceArena&) = delete;
+  DeviceArena& operator=(const DeviceArena&) = delete;
+  ~DeviceArena() {
+    for (void* p : ptrs_) cudaFree(p);
+  }
+  template <class T>
+  T* take(size_t n) {
+    void* p = nullptr;
+    if (cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)) != cudaSuccess) {
+      cudaGetLastError();
+      ok_ = false;
+      return nullptr;
+    }
+    ptrs_.push_back(p);
+    return static_cast<T*>(p);
+  }
+  bool ok() const { return ok_; }
+
+ private:
+  std::vector<void*> ptrs_;
+  bool ok_ = true;
+};
+
+Status cu(cudaError_t e, const char* what) {
+  return e == cudaSuccess ? Status::ok() : internal_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+// Median device time (ms) of `fn` over `runs` calls after two warm-ups, CUDA events around each call.
+Result<double> time_op(cudaStream_t st, int runs, const std::function<Status()>& fn) {
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  ZEST_RETURN_IF_ERROR(cu(cudaEventCreate(&e0), "cudaEventCreate"));
+  ZEST_RETURN_IF_ERROR(cu(cudaEventCreate(&e1), "cudaEventCreate"));
+  std::vector<double> ms;
+  Status s = Status::ok();
+  for (int r = 0; r < runs + 2 && s.is_ok(); ++r) {
+    s = cu(cudaEventRecord(e0, st), "cudaEventRecord");
+    if (s.is_ok()) s = fn();
+    if (s.is_ok()) s = cu(cudaEventRecord(e1, st), "cudaEventRecord");
+    if (s.is_ok()) s = cu(cudaEventSynchronize(e1), "op");
+    float t = 0;
+    if (s.is_ok()) s = cu(cudaEventElapsedTime(&t, e0, e1), "cudaEventElapsedTime");
+    if (r >= 2) ms.push_back(t);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  ZEST_RETURN_IF_ERROR(s);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+// max |a - b| and max |b| of two bf16 device arrays of n elements.
+Result<std::pair<double, double>> compare_bf16(const cuda::bf16* a, const cuda::bf16* b, size_t n) {
+  std::vector<uint16_t> ha(n), hb(n);
+  ZEST_RETURN_IF_ERROR(cu(cudaMemcpy(ha.data(), a, n * 2, cudaMemcpyDeviceToHost), "copy"));
+  ZEST_RETURN_IF_ERROR(cu(cudaMemcpy(hb.data(), b, n * 2, cudaMemcpyDeviceToHost), "copy"));
+  double err = 0, ref = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double x = bf16_to_f32(ha[i]), y = bf16_to_f32(hb[i]);
+    err = std::max(err, std::isnan(x) ? INFINITY : std::fabs(x - y));
+    ref = std::max(ref, std::fabs(y));
+  }
+  return std::make_pair(err, ref);
+}
+Result<std::pair<double, double>> compare_f32(const float* a, const float* b, size_t n) {
+  std::vector<float> ha(n), hb(n);
+  ZEST_RETURN_IF_ERROR(cu(cudaMemcpy(ha.data(), a, n * 4, cudaMemcpyDeviceToHost), "copy"));
+  ZEST_RETURN_IF_ERROR(cu(cudaMemcpy(hb.data(), b, n * 4, cudaMemcpyDeviceToHost), "copy"));
+  double err = 0, ref = 0;
+  for (size_t i = 0; i < n; ++i) {
+    err = std::max(err, std::isnan(ha[i]) ? INFINITY : std::fabs(static_cast<double>(ha[i]) - hb[i]));
+    ref = std::max(ref, std::fabs(static_cast<double>(hb[i])));
+  }
+  return std::make_pair(err, ref);
+}
+
+// Times each kernel of one MoE decoder layer over a T-token prefill (one sequence from position 0) on random
+// device data: uniform weights with std 1/sqrt(fan_in), activations uniform in [-1, 1).
+Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
+  using cuda::bf16;
+  const int T = static_cast<int>(T64), H = static_cast<int>(c.hidden_size), D = static_cast<int>(c.head_dim);
+  const int Hq = static_cast<int>(c.num_heads), Hkv = static_cast<int>(c.num_kv_heads);
+  const int E = static_cast<int>(c.num_experts), K = static_cast<int>(c.num_experts_per_tok);
+  const int I = static_cast<int>(c.moe_intermediate_size), QKV = (Hq + 2 * Hkv) * D;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  cudaStream_t st = nullptr;
+  ZEST_RETURN_IF_ERROR(cu(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "cudaStreamCreate"));
+  struct StreamGuard {
+    cudaStream_t s;
+    ~StreamGuard() { cudaStreamDestroy(s); }
+  } guard{st};
+  DeviceArena a;
+  const size_t blocks = (static_cast<size_t>(T) + cuda::kKvBlock - 1) / cuda::kKvBlock;
+  bf16 *x = a.take<bf16>(size_t(T) * H), *xn = a.take<bf16>(size_t(T) * H), *qkv = a.take<bf16>(size_t(T) * QKV);
+  bf16 *attn = a.take<bf16>(size_t(T) * Hq * D), *attn2 = a.take<bf16>(size_t(T) * Hq * D);
+  bf16 *o = a.take<bf16>(size_t(T) * H), *rl = a.take<bf16>(size_t(T) * E), *h = a.take<bf16>(size_t(T) * K * I);
+  bf16 *wqkv = a.take<bf16>(size_t(QKV) * H), *wo = a.take<bf16>(size_t(H) * Hq * D), *wr = a.take<bf16>(size_t(E) * H);
+  bf16 *gate_up = a.take<bf16>(size_t(E) * 2 * I * H), *down = a.take<bf16>(size_t(E) * H * I);
+  bf16 *qn = a.take<bf16>(D), *kn = a.take<bf16>(D), *norm = a.take<bf16>(H);
+  bf16 *kc = a.take<bf16>(blocks * cuda::kKvBlock * Hkv * D), *vc = a.take<bf16>(blocks * cuda::kKvBlock * Hkv * D);
+  int32_t *pos = a.take<int32_t>(T), *slots = a.take<int32_t>(T), *cus = a.take<int32_t>(2);
+  int32_t* ids = a.take<int32_t>(size_t(T) * K);
+  float *rw = a.take<float>(size_t(T) * K), *slot_out = a.take<float>(size_t(T) * K * H);
+  float* slot_out2 = a.take<float>(size_t(T) * K * H);
+  void* plan_buf = a.take<char>(cuda::moe_plan_bytes(T, K, E));
+  if (!a.ok()) return resource_exhausted("--ops: not enough GPU memory for T=" + std::to_string(T));
+  cuda::MoePlan plan;
+  cuda::moe_plan_bind(plan, plan_buf, T, K, E);
+  uint64_t seed = 99;
+  auto fill = [&](bf16* p, size_t n, float fan_in) {
+    const float r = fan_in > 0 ? std::sqrt(3.f / fan_in) : 1.f;
+    return cuda::fill_random_bf16(p, n, ++seed, -r, r, st);
+  };
+  ZEST_RETURN_IF_ERROR(fill(x, size_t(T) * H, 0));
+  ZEST_RETURN_IF_ERROR(fill(xn, size_t(T) * H, 0));
+  ZEST_RETURN_IF_ERROR(fill(wqkv, size_t(QKV) * H, H));
+  ZEST_RETURN_IF_ERROR(fill(wo, size_t(H) * Hq * D, Hq * D));
+  ZEST_RETURN_IF_ERROR(fill(wr, size_t(E) * H, H));
+  ZEST_RETURN_IF_ERROR(fill(gate_up, size_t(E) * 2 * I * H, H));
+  ZEST_RETURN_IF_ERROR(fill(down, size_t(E) * H * I, I));
+  ZEST_RETURN_IF_ERROR(cuda::fill_random_bf16(qn, D, ++seed, 0.5f, 1.5f, st));
+  ZEST_RETURN_IF_ERROR(cuda::fill_random_bf16(kn, D, ++seed, 0.5f, 1.5f, st));
+  ZEST_RETURN_IF_ERROR(cuda::fill_random_bf16(norm, H, ++seed, 0.5f, 1.5f, st));
+  std::vector<int32_t> hp(T);
+  for (int t = 0; t < T; ++t) hp[t] = t;
+  ZEST_RETURN_IF_ERROR(cu(cudaMemcpy(pos, hp.data(), size_t(T) * 4, cudaMemcpyHostToDevice), "copy"));
+  ZEST_RETURN_IF_ERROR(cu(cudaMemcpy(slots, hp.data(), size_t(T) * 4, cudaMemcpyHostToDevice), "copy"));
+  const int32_t hcu[2] = {0, T};
+  ZEST_RETURN_IF_ERROR(cu(cudaMemcpy(cus, hcu, 8, cudaMemcpyHostToDevice), "copy"));
+  cuda::RopeParams rope;
+  rope.theta = static_cast<float>(c.rope_theta);
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  const bf16* kq = qkv + Hq * D;
+  const bf16* vq = qkv + (Hq + Hkv) * D;
+
+  struct Op {
+    std::string name;
+    double flops;  // 0: not a matmul op
+    bool in_layer;  // counted in the per-layer sum (the previous kernels are not)
+    std::function<Status()> fn;
+  };
+  const double t = T;
+  std::vector<Op> ops = {
+      {"qkv gemm", 2 * t * QKV * H, true, [&] { return cuda::gemm(xn, wqkv, qkv, T, QKV, H, st); }},
+      {"q/k norm + rope + kv write", 0, true,
+       [&] {
+         return cuda::qk_norm_rope_kv(qkv, qn, kn, pos, 0, rope, slots, kc, vc, T, Hq, Hkv, D, eps, st);
+       }},
+      {"prefill attention", 4 * t * t / 2 * Hq * D, true,
+       [&] { return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn, Hq, Hkv, D, scale, st); }},
+      {"prefill attention (previous wmma)", 4 * t * t / 2 * Hq * D, false,
+       [&] { return cuda::prefill_attention_wmma(qkv, QKV, kq, vq, QKV, cus, 1, T, attn2, Hq, Hkv, D, scale, st); }},
+      {"o gemm", 2 * t * H * Hq * D, true, [&] { return cuda::gemm(attn, wo, o, T, H, Hq * D, st); }},
+      {"residual + rmsnorm", 0, true, [&] { return cuda::add_rmsnorm(x, o, norm, xn, T, H, eps, st); }},
+      {"router gemm + top-k", 2 * t * E * H, true,
+       [&] {
+         ZEST_RETURN_IF_ERROR(cuda::gemm(xn, wr, rl, T, E, H, st));
+         return cuda::router_topk(rl, nullptr, ids, rw, T, E, K, st);
+       }},
+      {"moe plan", 0, true, [&] { return cuda::moe_plan(ids, T, K, E, plan, nullptr, st); }},
+      {"experts gate/up", 2 * t * K * 2 * I * H, true,
+       [&] { return cuda::moe_prefill_gate_up(xn, plan, gate_up, h, T, K, E, H, I, st); }},
+      {"experts down", 2 * t * K * H * I, true,
+       [&] { return cuda::moe_prefill_down(h, plan, rw, down, slot_out, T, K, E, H, I, st); }},
+      {"experts gate/up + down (previous wmma)", 2 * t * K * 3 * I * H, false,
+       [&] {
+         return cuda::moe_experts_prefill_wmma(xn, plan, rw, gate_up, down, h, slot_out2, T, K, E, H, I, st);
+       }},
+      {"combine + residual + rmsnorm", 0, true,
+       [&] { return cuda::moe_combine_add_rmsnorm(x, slot_out, ids, K, norm, xn, T, H, eps, st); }},
+  };
+  // One pass in layer order first, so every op's inputs exist (routing, plan, h).
+  for (const Op& op : ops) ZEST_RETURN_IF_ERROR(op.fn());
+  ZEST_RETURN_IF_ERROR(cu(cudaStreamSynchronize(st), "warm-up pass"));
+  std::vector<double> ms(ops.size());
+  double layer_ms = 0, layer_flops = 0;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    ZEST_ASSIGN_OR_RETURN(ms[i], time_op(st, runs, ops[i].fn));
+    if (ops[i].in_layer) layer_ms += ms[i], layer_flops += ops[i].flops;
+  }
+  std::printf("\nT=%d, one layer, device time per op (median of %d, CUDA events):\n", T, runs);
+  std::printf("| op | ms | TFLOP/s | share of layer |\n|---|---|---|---|\n");
+  for (size_t i = 0; i < ops.size(); ++i) {
+    char tf[32] = "-";
+    if (ops[i].flops > 0) std::snprintf(tf, sizeof tf, "%.1f", ops[i].flops / (ms[i] * 1e-3) / 1e12);
+    char share[32] = "-";
+    if (ops[i].in_layer) std::snprintf(share, sizeof share, "%.1f%%", 100.0 * ms[i] / layer_ms);
+    std::printf("| %s | %.3f | %s | %s |\n", ops[i].name.c_str(), ms[i], tf, share);
+  }
+  std::printf("| layer (sum of the ops above, previous kernels excluded) | %.3f | %.1f | 100%% |\n", layer_ms,
+              layer_flops / (layer_ms * 1e-3) / 1e12);
+  // The new kernels against the previous ones on these inputs (a sanity check; the tests hold the references).
+  ZEST_RETURN_IF_ERROR(cuda::qk_norm_rope_kv(qkv, qn, kn, pos, 0, rope, slots, kc, vc, T, Hq, Hkv, D, eps, st));
+  ZEST_RETURN_IF_ERROR(cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn, Hq, Hkv, D, scale, st));
+  ZEST_RETURN_IF_ERROR(cuda::prefill_attention_wmma(qkv, QKV, kq, vq, QKV, cus, 1, T, attn2, Hq, Hkv, D, scale, st));
+  ZEST_RETURN_IF_ERROR(cuda::moe_experts_prefill(xn, plan, rw, gate_up, down, h, slot_out, T, K, E, H, I, st));
+  ZEST_RETURN_IF_ERROR(cuda::moe_experts_prefill_wmma(xn, plan, rw, gate_up, down, h, slot_out2, T, K, E, H, I, st));
+  ZEST_RETURN_IF_ERROR(cu(cudaStreamSynchronize(st), "comparison pass"));
+  ZEST_ASSIGN_OR_RETURN(auto ad, compare_bf16(attn, attn2, size_t(T) * Hq * D));
+  const size_t n_slots = std::min<size_t>(size_t(T) * K * H, size_t{1} << 24);
+  ZEST_ASSIGN_OR_RETURN(auto ed, compare_f32(slot_out, slot_out2, n_slots));
+  std::printf("new vs previous kernels: attention max |diff| %.3g (max |out| %.3g); experts max |diff| %.3g "
+              "(max |out| %.3g, first %zu values)\n",
+              ad.first, ad.second, ed.first, ed.second, n_slots);
+  return Status::ok();
+}
+#endif  // ZEST_HAVE_CUDA
 }  // namespace
 
 int bench_prefill_main(int argc, char** argv) {
@@ -222,6 +447,8 @@ int bench_prefill_main(int argc, char** argv) {
   app.add_option("--layers", layers, "decoder layers to simulate (>= 2 separates the per-layer time)")
       ->check(CLI::Range(1, 48));
   app.add_option("--runs", runs, "timed forwards per T (median reported)")->check(CLI::Range(1, 100));
+  bool per_op = false;
+  app.add_flag("--ops", per_op, "time each kernel of one layer (device time, CUDA events) instead of forward()");
   CLI11_PARSE(app, argc, argv);
 
   std::vector<int64_t> Ts;
@@ -264,6 +491,22 @@ int bench_prefill_main(int argc, char** argv) {
     return 1;
   }
   std::printf("device: %s\n", kernels::cuda_describe().c_str());
+  if (per_op) {
+#ifdef ZEST_HAVE_CUDA
+    for (int64_t T : Ts) {
+      Status s = run_ops(cfg, T, runs);
+      if (!s.is_ok()) {
+        std::fprintf(stderr, "error: %s\n", s.to_string().c_str());
+        return 1;
+      }
+      std::fflush(stdout);
+    }
+    return 0;
+#else
+    std::fprintf(stderr, "error: --ops needs zest built with CUDA\n");
+    return 1;
+#endif
+  }
 
   const auto g0 = std::chrono::steady_clock::now();
   HostWeights hw(7);

@@ -1,9 +1,22 @@
-// Prefill attention (causal, GQA, packed variable-length sequences) with bf16 tensor cores (wmma) and an
-// fp32 online softmax. CTA = (64-query tile, query head, sequence); each of its 4 warps owns 16 query rows.
-// Correctness first: scores, probabilities and the output accumulator go through shared memory.
+// Prefill attention (causal, GQA, packed variable-length sequences), head_dim 128, bf16 tensor cores.
+//
+// Main kernel (FlashAttention-2 style): CTA = (query head, 128-query tile, sequence), 8 warps of 16 query
+// rows. The warp's Q fragments stay in registers for the whole key loop; S = Q K^T and P are mma.sync
+// m16n8k16 accumulators/fragments (no shared-memory round trip), softmax is online in fp32 and base 2
+// (scale pre-multiplied by log2 e). K/V tiles of 64 keys are double-buffered with cp.async and read with
+// ldmatrix (V transposed). Key tiles above the diagonal are not loaded; a warp skips a tile all of whose keys
+// lie after its rows, and only tiles that cross a warp's diagonal are masked. The longest query tiles are
+// scheduled first (grid y runs from the last tile down), and the query heads of one kv head are adjacent in
+// the grid so their K/V reads hit L2.
+//
+// The previous kernel (wmma, scores/probabilities/accumulator through shared memory, 64-query tiles) stays
+// as prefill_attention_wmma for comparison.
 #include <mma.h>
 
+#include <string>
+
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/vision_mma.cuh"
 
 namespace zest::cuda {
 
@@ -161,6 +174,181 @@ __global__ void __launch_bounds__(kPW * 32) prefill_attention_kernel(const bf16*
   }
 }
 
+
+// ---- FlashAttention-2 style kernel -------------------------------------------------------------------------
+
+constexpr int kFaWarps = 8;
+constexpr int kFaThreads = kFaWarps * 32;
+constexpr int kFaBQ = kFaWarps * 16;  // query rows per CTA
+constexpr int kFaBK = 64;             // keys per tile
+constexpr int kFaLd = kD + 8;         // padded tile row (272 bytes: an odd number of 16-byte units)
+constexpr size_t kFaSmem = static_cast<size_t>(kFaBQ + 4 * kFaBK) * kFaLd * sizeof(bf16);  // Q, K x2, V x2
+
+// cp.async of `rows` rows [row0, row0 + rows) of one head (128 columns) into a tile; rows >= row_end zero-fill.
+template <int kRows>
+__device__ __forceinline__ void fa_load_tile(bf16* tile, const bf16* base, int stride, int row0, int row_end) {
+  constexpr int kChunks = kD / 8;
+#pragma unroll
+  for (int i = threadIdx.x; i < kRows * kChunks; i += kFaThreads) {
+    const int r = i / kChunks, c = i % kChunks;
+    const bool valid = row0 + r < row_end;
+    vmma::cp_async16(tile + r * kFaLd + c * 8, base + static_cast<size_t>(valid ? row0 + r : 0) * stride + c * 8,
+                     valid);
+  }
+}
+
+__global__ void __launch_bounds__(kFaThreads, 1)
+    prefill_attention_fa_kernel(const bf16* __restrict__ q, int q_stride, const bf16* __restrict__ k,
+                                const bf16* __restrict__ v, int kv_stride, const int32_t* __restrict__ cu_seqlens,
+                                bf16* __restrict__ out, int Hq, int Hkv, float scale_log2) {
+  using namespace vmma;
+  constexpr int NT = kFaBK / 8;  // n-tiles of 8 keys
+  constexpr int KS = kD / 16;    // k-steps over the head dimension
+  constexpr int DT = kD / 8;     // n-tiles of 8 output columns
+  pdl_wait();
+  const int h = blockIdx.x, seq = blockIdx.z;
+  const int qt = gridDim.y - 1 - blockIdx.y;  // longest tiles first
+  const int start = cu_seqlens[seq], len = cu_seqlens[seq + 1] - start;
+  const int q0 = qt * kFaBQ;
+  if (q0 >= len) return;
+  const int kvh = h / (Hq / Hkv);
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  bf16* sQ = reinterpret_cast<bf16*>(smem_raw);
+  bf16* sK = sQ + kFaBQ * kFaLd;
+  bf16* sV = sK + 2 * kFaBK * kFaLd;
+
+  const bf16* qh = q + static_cast<size_t>(start) * q_stride + h * kD;
+  const bf16* kh = k + static_cast<size_t>(start) * kv_stride + kvh * kD;
+  const bf16* vh = v + static_cast<size_t>(start) * kv_stride + kvh * kD;
+  const int q_end = min(q0 + kFaBQ, len);    // rows past the sequence are zero-filled, never written
+  const int n_kt = (q_end + kFaBK - 1) / kFaBK;  // key tiles up to the diagonal
+
+  fa_load_tile<kFaBQ>(sQ, qh, q_stride, q0, len);
+  fa_load_tile<kFaBK>(sK, kh, kv_stride, 0, len);
+  fa_load_tile<kFaBK>(sV, vh, kv_stride, 0, len);
+  cp_async_commit();
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int row0 = q0 + warp * 16;  // this warp's first query row (sequence-relative)
+  uint32_t qa[KS][4];
+  float o[DT][4];
+#pragma unroll
+  for (int i = 0; i < DT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+
+  for (int kt = 0; kt < n_kt; ++kt) {
+    const int buf = kt & 1;
+    if (kt + 1 < n_kt) {
+      fa_load_tile<kFaBK>(sK + (buf ^ 1) * kFaBK * kFaLd, kh, kv_stride, (kt + 1) * kFaBK, len);
+      fa_load_tile<kFaBK>(sV + (buf ^ 1) * kFaBK * kFaLd, vh, kv_stride, (kt + 1) * kFaBK, len);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    if (kt == 0) {
+      const bf16* qrow = sQ + (warp * 16 + (lane & 15)) * kFaLd + (lane >> 4) * 8;
+#pragma unroll
+      for (int kk = 0; kk < KS; ++kk) ldsm_x4(qa[kk], qrow + kk * 16);
+    }
+    const int k0 = kt * kFaBK;
+    if (row0 < len && k0 <= row0 + 15) {  // the warp has rows, and a key of this tile precedes its last row
+      const bf16* tK = sK + buf * kFaBK * kFaLd;
+      const bf16* tV = sV + buf * kFaBK * kFaLd;
+      float s[NT][4];
+#pragma unroll
+      for (int j = 0; j < NT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < KS; ++kk) {
+#pragma unroll
+        for (int jp = 0; jp < NT / 2; ++jp) {
+          uint32_t b[4];
+          ldsm_x4(b, tK + ((jp * 2 + (lane >> 4)) * 8 + (lane & 7)) * kFaLd + kk * 16 + ((lane >> 3) & 1) * 8);
+          mma16816(s[2 * jp], qa[kk], b[0], b[1]);
+          mma16816(s[2 * jp + 1], qa[kk], b[2], b[3]);
+        }
+      }
+      const bool diag = k0 + kFaBK - 1 > row0;  // some key of this tile lies after the warp's first row
+      float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float x = s[j][e] * scale_log2;
+          if (diag && k0 + j * 8 + 2 * t + (e & 1) > row0 + g + (e >> 1) * 8) x = -INFINITY;
+          s[j][e] = x;
+          mx[e >> 1] = fmaxf(mx[e >> 1], x);
+        }
+      }
+      float alpha[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        const float mn = fmaxf(m[r], mx[r]);  // finite: key 0 (tile 0) precedes every row
+        alpha[r] = exp2f(m[r] - mn);
+        m[r] = mn;
+        l[r] *= alpha[r];
+      }
+#pragma unroll
+      for (int i = 0; i < DT; ++i) {
+        o[i][0] *= alpha[0];
+        o[i][1] *= alpha[0];
+        o[i][2] *= alpha[1];
+        o[i][3] *= alpha[1];
+      }
+      uint32_t pa[kFaBK / 16][4];
+#pragma unroll
+      for (int j = 0; j < NT; ++j) {
+        const float p0 = exp2f(s[j][0] - m[0]), p1 = exp2f(s[j][1] - m[0]);
+        const float p2 = exp2f(s[j][2] - m[1]), p3 = exp2f(s[j][3] - m[1]);
+        l[0] += p0 + p1;
+        l[1] += p2 + p3;
+        pa[j / 2][(j % 2) * 2] = pack_bf16(p0, p1);
+        pa[j / 2][(j % 2) * 2 + 1] = pack_bf16(p2, p3);
+      }
+#pragma unroll
+      for (int kk = 0; kk < kFaBK / 16; ++kk) {
+#pragma unroll
+        for (int np = 0; np < DT / 2; ++np) {
+          uint32_t b[4];
+          ldsm_x4_trans(b, tV + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kFaLd + (np * 2 + (lane >> 4)) * 8);
+          mma16816(o[2 * np], pa[kk], b[0], b[1]);
+          mma16816(o[2 * np + 1], pa[kk], b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+
+  const size_t out_stride = static_cast<size_t>(Hq) * kD;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float lr = l[r];
+    lr += __shfl_xor_sync(0xffffffffu, lr, 1);
+    lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+    const int row = row0 + g + r * 8;
+    if (row >= len) continue;
+    const float inv = 1.f / lr;
+    bf16* orow = out + static_cast<size_t>(start + row) * out_stride + h * kD;
+#pragma unroll
+    for (int i = 0; i < DT; ++i)
+      *reinterpret_cast<uint32_t*>(orow + i * 8 + 2 * t) = vmma::pack_bf16(o[i][2 * r] * inv, o[i][2 * r + 1] * inv);
+  }
+}
+
+Status check_prefill(const bf16* q, int q_stride, const bf16* k, const bf16* v, int kv_stride, int nseq,
+                     int max_seqlen, const bf16* out, int Hq, int Hkv, int D) {
+  if (D != kD) return invalid_argument("prefill_attention: this kernel needs head_dim 128, got " + std::to_string(D));
+  if (nseq <= 0 || max_seqlen <= 0 || Hq <= 0 || Hkv <= 0 || Hq % Hkv != 0)
+    return invalid_argument("prefill_attention: need nseq, max_seqlen, heads > 0 and Hq divisible by Hkv");
+  if (q_stride % 8 != 0 || kv_stride % 8 != 0)
+    return invalid_argument("prefill_attention: row strides must be multiples of 8 elements");
+  if ((reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(k) | reinterpret_cast<uintptr_t>(v) |
+       reinterpret_cast<uintptr_t>(out)) % 16 != 0)
+    return invalid_argument("prefill_attention: q, k, v and out must be 16-byte aligned");
+  return Status::ok();
+}
+
 }  // namespace
 
 Status prefill_attention(const bf16* q, int q_stride, const bf16* k, const bf16* v, int kv_stride,
@@ -169,10 +357,20 @@ Status prefill_attention(const bf16* q, int q_stride, const bf16* k, const bf16*
   if (D != kD)
     return prefill_attention_generic(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, D, scale,
                                      stream);
-  if (nseq <= 0 || max_seqlen <= 0 || Hq <= 0 || Hkv <= 0 || Hq % Hkv != 0)
-    return invalid_argument("prefill_attention: need nseq, max_seqlen, heads > 0 and Hq divisible by Hkv");
-  if (q_stride % 8 != 0 || kv_stride % 8 != 0)
-    return invalid_argument("prefill_attention: row strides must be multiples of 8 elements");
+  ZEST_RETURN_IF_ERROR(check_prefill(q, q_stride, k, v, kv_stride, nseq, max_seqlen, out, Hq, Hkv, D));
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      prefill_attention_fa_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kFaSmem));
+  ZEST_RETURN_IF_ERROR(cuda_status(attr, "prefill_attention smem attribute"));
+  constexpr float kLog2e = 1.4426950408889634f;
+  const dim3 grid(Hq, (max_seqlen + kFaBQ - 1) / kFaBQ, nseq);
+  return launch("prefill_attention", prefill_attention_fa_kernel, grid, dim3(kFaThreads), kFaSmem, stream, q, q_stride,
+                k, v, kv_stride, cu_seqlens, out, Hq, Hkv, scale * kLog2e);
+}
+
+Status prefill_attention_wmma(const bf16* q, int q_stride, const bf16* k, const bf16* v, int kv_stride,
+                              const int32_t* cu_seqlens, int nseq, int max_seqlen, bf16* out, int Hq, int Hkv, int D,
+                              float scale, cudaStream_t stream) {
+  ZEST_RETURN_IF_ERROR(check_prefill(q, q_stride, k, v, kv_stride, nseq, max_seqlen, out, Hq, Hkv, D));
   const size_t smem = sizeof(PrefillSmem);
   static bool configured = false;
   if (!configured) {

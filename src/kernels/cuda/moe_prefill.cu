@@ -1,11 +1,25 @@
 // MoE prefill experts: tensor-core grouped GEMMs over the tiles of the device-side plan (MoePlan), gate/up with
 // the SiLU*up epilogue, then down with the routing-weight epilogue.
+//
+// Main kernels (mma.sync): CTA = 128 sorted slots of one expert x 128 weight rows, 8 warps (4 along the rows x
+// 2 along the weight rows, 32 x 64 each), k-chunks of 32 through a 4-stage cp.async ring, ldmatrix fragments,
+// mma.sync m16n8k16 with fp32 accumulators. The gate/up CTA takes 64 gate rows and the matching 64 up rows
+// of one expert, so each warp holds gate and up of the same 32 columns and the SiLU*up epilogue runs in
+// registers. The A rows of gate/up are tokens gathered through the plan's sorted slots (one cp.async per
+// 16 bytes of a row); those of down are the contiguous h rows of the sorted positions. The plan's tiles are
+// kMoeTileM (64) slots: the CTA of an even tile (counted from its expert's first) covers it and the next.
+// The grid runs the weight-row tiles fastest, so the CTAs of one expert's row tile (and then of its next row
+// tiles) run together and share the A rows and the expert's weights in L2.
+//
+// The previous kernels (wmma 64x64 tiles, plain loads) stay behind moe_experts_prefill_wmma for comparison
+// and serve widths that are multiples of 64 but not of the main kernels' tiles.
 #include <mma.h>
 
 #include <algorithm>
 #include <string>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/vision_mma.cuh"
 
 namespace zest::cuda {
 
@@ -119,6 +133,166 @@ size_t grouped_smem(bool gate_up) {
   return (3 * kGT * kGLd) * sizeof(bf16) + (gate_up ? 2 : 1) * kGT * (kGT + 4) * sizeof(float);
 }
 
+
+// ---- main grouped GEMM (mma.sync, cp.async ring) ------------------------------------------------------------
+
+constexpr int kMBM = 128;     // sorted slots per CTA (two plan tiles)
+constexpr int kMBN = 128;     // weight rows per CTA
+constexpr int kMBK = 32;      // k-chunk
+constexpr int kMStages = 4;   // cp.async ring depth
+constexpr int kMWarps = 8;
+constexpr int kMThreads = kMWarps * 32;
+constexpr int kMLd = kMBK + 8;  // padded smem row: 80 bytes (5 x 16 B, conflict-free ldmatrix)
+constexpr size_t kMStageElems = static_cast<size_t>(kMBM + kMBN) * kMLd;
+constexpr size_t kMSmem = kMStages * kMStageElems * sizeof(bf16);
+static_assert(kMBM % kMoeTileM == 0, "a CTA covers whole plan tiles");
+
+// kGateUp: C = x[token] x [Wg | Wu]^T over H for 64 intermediate columns; h = silu(g) * u at the sorted position.
+// else:    C = h x Wd^T over I for 128 output columns; slot_out[slot] = w[slot] * C.
+template <bool kGateUp>
+__global__ void __launch_bounds__(kMThreads, 2)
+    moe_grouped_mma_kernel(const bf16* __restrict__ a_src, MoePlan plan, const float* __restrict__ weights,
+                           const bf16* __restrict__ w_all, bf16* __restrict__ h, float* __restrict__ slot_out, int K,
+                           int H, int I) {
+  using namespace vmma;
+  pdl_wait();
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  bf16* smem = reinterpret_cast<bf16*>(smem_raw);
+  __shared__ int a_row[kMBM];
+  const int Kdim = kGateUp ? H : I;
+  const int nk = Kdim / kMBK;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int wm = warp & 3, wn = warp >> 2;
+  const int num_tiles = *plan.num_tiles;
+  for (int tile = blockIdx.y; tile < num_tiles; tile += gridDim.y) {
+    const int j = plan.tile_active[tile];
+    const int start = plan.tile_start[tile];
+    const int beg = plan.offsets[j], end = plan.offsets[j + 1];
+    if (((start - beg) / kMoeTileM) % (kMBM / kMoeTileM) != 0) continue;  // covered by an earlier tile's CTA
+    const int rows = min(kMBM, end - start);
+    const int e = plan.active_experts[j];
+    __syncthreads();  // a_row and the ring of the previous tile are no longer read
+    if (threadIdx.x < kMBM) {
+      const int r = threadIdx.x;
+      a_row[r] = r < rows ? (kGateUp ? plan.sorted_slots[start + r] / K : start + r) : -1;
+    }
+    __syncthreads();
+
+    // Each thread copies 16 bytes of two A rows and two B rows per stage: rows lr and lr + 64, chunk lc.
+    const int lr = threadIdx.x >> 2, lc = threadIdx.x & 3;
+    const bf16* a_ptr[2];
+    bool a_ok[2];
+    const bf16* b_ptr[2];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int r = lr + u * 64;
+      const int src = a_row[r];
+      a_ok[u] = src >= 0;
+      a_ptr[u] = a_src + static_cast<size_t>(src >= 0 ? src : 0) * Kdim + lc * 8;
+      size_t wrow;
+      if constexpr (kGateUp) {
+        const int n0 = blockIdx.x * (kMBN / 2);
+        wrow = static_cast<size_t>(e) * 2 * I + (r < 64 ? n0 + r : I + n0 + r - 64);
+      } else {
+        wrow = static_cast<size_t>(e) * H + blockIdx.x * kMBN + r;
+      }
+      b_ptr[u] = w_all + wrow * Kdim + lc * 8;
+    }
+    auto load_stage = [&](int stage, int kc) {
+      bf16* sA = smem + stage * kMStageElems;
+      bf16* sB = sA + kMBM * kMLd;
+      const int k0 = kc * kMBK;
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const int r = lr + u * 64;
+        cp_async16(sA + r * kMLd + lc * 8, a_ptr[u] + k0, a_ok[u]);
+        cp_async16(sB + r * kMLd + lc * 8, b_ptr[u] + k0, true);
+      }
+    };
+
+    float acc[2][8][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.f;
+
+#pragma unroll
+    for (int s = 0; s < kMStages - 1; ++s) {
+      if (s < nk) load_stage(s, s);
+      cp_async_commit();
+    }
+    // B row of n-tile nt (pairs 2p, 2p+1 are adjacent): gate/up: 32 gate rows then the same 32 up rows.
+    auto brow = [&](int nt) {
+      if constexpr (kGateUp) return nt < 4 ? 32 * wn + 8 * nt : 64 + 32 * wn + 8 * (nt - 4);
+      else return 64 * wn + 8 * nt;
+    };
+    for (int kt = 0; kt < nk; ++kt) {
+      cp_async_wait<kMStages - 2>();
+      __syncthreads();
+      if (kt + kMStages - 1 < nk) load_stage((kt + kMStages - 1) % kMStages, kt + kMStages - 1);
+      cp_async_commit();
+      const bf16* sA = smem + (kt % kMStages) * kMStageElems;
+      const bf16* sB = sA + kMBM * kMLd;
+#pragma unroll
+      for (int kk = 0; kk < kMBK / 16; ++kk) {
+        uint32_t af[2][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt)
+          ldsm_x4(af[mt], sA + (32 * wm + 16 * mt + (lane & 15)) * kMLd + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+        for (int p = 0; p < 4; ++p) {
+          uint32_t b[4];
+          ldsm_x4(b, sB + (brow(2 * p) + (lane >> 4) * 8 + (lane & 7)) * kMLd + kk * 16 + ((lane >> 3) & 1) * 8);
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+            mma16816(acc[mt][2 * p], af[mt], b[0], b[1]);
+            mma16816(acc[mt][2 * p + 1], af[mt], b[2], b[3]);
+          }
+        }
+      }
+    }
+    cp_async_wait<0>();
+
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int r = 32 * wm + 16 * mt + g + hr * 8;
+        if (r >= rows) continue;
+        if constexpr (kGateUp) {
+          bf16* hrow = h + static_cast<size_t>(start + r) * I + blockIdx.x * (kMBN / 2) + 32 * wn + 2 * t;
+#pragma unroll
+          for (int nt = 0; nt < 4; ++nt) {
+            float hv[2];
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              const float gv = bf16_round(acc[mt][nt][hr * 2 + c]);
+              const float uv = bf16_round(acc[mt][nt + 4][hr * 2 + c]);
+              hv[c] = bf16_round(gv / (1.f + __expf(-gv))) * uv;
+            }
+            *reinterpret_cast<__nv_bfloat162*>(hrow + 8 * nt) = __floats2bfloat162_rn(hv[0], hv[1]);
+          }
+        } else {
+          const int slot = plan.sorted_slots[start + r];
+          const float wt = weights[slot];
+          float* orow = slot_out + static_cast<size_t>(slot) * H + blockIdx.x * kMBN + 64 * wn + 2 * t;
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt)
+            *reinterpret_cast<float2*>(orow + 8 * nt) =
+                make_float2(bf16_round(bf16_round(acc[mt][nt][hr * 2]) * wt),
+                            bf16_round(bf16_round(acc[mt][nt][hr * 2 + 1]) * wt));
+        }
+      }
+  }
+}
+
+bool mma_shapes_ok(int H, int I) { return H % kMBN == 0 && I % (kMBN / 2) == 0 && H % kMBK == 0 && I % kMBK == 0; }
+
+// Grid of the main kernels: weight-row tiles along x (fastest), plan tiles along y (grid-stride past 65535).
+dim3 mma_grid(int N, int K, int E, int n_tiles) {
+  return dim3(n_tiles, std::min(moe_max_tiles(N, K, E), 65535));
+}
+
 Status check_grouped(int N, int K, int E, int H, int I) {
   if (N <= 0 || K <= 0 || E <= 0 || E > 1024 || K > E || H <= 0 || I <= 0 || H % 8 != 0 || I % 8 != 0)
     return invalid_argument("moe_experts_prefill: need N, K > 0, K <= E <= 1024 and H, I positive multiples of 8 (N=" +
@@ -135,9 +309,47 @@ Status set_smem(const void* kernel, size_t smem) {
 
 }  // namespace
 
+Status moe_prefill_gate_up(const bf16* x, const MoePlan& plan, const bf16* gate_up, bf16* h, int N, int K, int E,
+                           int H, int I, cudaStream_t stream) {
+  ZEST_RETURN_IF_ERROR(check_grouped(N, K, E, H, I));
+  if (!mma_shapes_ok(H, I))
+    return invalid_argument("moe_prefill_gate_up: needs H % 128 == 0 and I % 64 == 0 (H=" + std::to_string(H) +
+                            " I=" + std::to_string(I) + ")");
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      moe_grouped_mma_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMSmem));
+  ZEST_RETURN_IF_ERROR(cuda_status(attr, "moe_prefill_gate_up smem attribute"));
+  return launch("moe_prefill_gate_up", moe_grouped_mma_kernel<true>, mma_grid(N, K, E, I / (kMBN / 2)),
+                dim3(kMThreads), kMSmem, stream, x, plan, static_cast<const float*>(nullptr), gate_up, h,
+                static_cast<float*>(nullptr), K, H, I);
+}
+
+Status moe_prefill_down(const bf16* h, const MoePlan& plan, const float* weights, const bf16* down, float* slot_out,
+                        int N, int K, int E, int H, int I, cudaStream_t stream) {
+  ZEST_RETURN_IF_ERROR(check_grouped(N, K, E, H, I));
+  if (!mma_shapes_ok(H, I))
+    return invalid_argument("moe_prefill_down: needs H % 128 == 0 and I % 64 == 0 (H=" + std::to_string(H) +
+                            " I=" + std::to_string(I) + ")");
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      moe_grouped_mma_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMSmem));
+  ZEST_RETURN_IF_ERROR(cuda_status(attr, "moe_prefill_down smem attribute"));
+  return launch("moe_prefill_down", moe_grouped_mma_kernel<false>, mma_grid(N, K, E, H / kMBN), dim3(kMThreads), kMSmem,
+                stream, h, plan, weights, down, static_cast<bf16*>(nullptr), slot_out, K, H, I);
+}
+
 Status moe_experts_prefill(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
                            const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I,
                            cudaStream_t stream) {
+  ZEST_RETURN_IF_ERROR(check_grouped(N, K, E, H, I));
+  if (mma_shapes_ok(H, I)) {
+    ZEST_RETURN_IF_ERROR(moe_prefill_gate_up(x, plan, gate_up, h, N, K, E, H, I, stream));
+    return moe_prefill_down(h, plan, weights, down, slot_out, N, K, E, H, I, stream);
+  }
+  return moe_experts_prefill_wmma(x, plan, weights, gate_up, down, h, slot_out, N, K, E, H, I, stream);
+}
+
+Status moe_experts_prefill_wmma(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
+                                const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I,
+                                cudaStream_t stream) {
   ZEST_RETURN_IF_ERROR(check_grouped(N, K, E, H, I));
   if (H % kGT != 0 || I % kGT != 0)
     return moe_experts_decode(x, plan, weights, gate_up, down, h, slot_out, N, K, E, H, I, stream);

@@ -1,0 +1,232 @@
+// CUDA prefill kernels against plain f64 loops on fresh random inputs: the FlashAttention-style prefill
+// attention (causal, GQA, packed variable-length sequences) and the mma.sync grouped GEMMs of the MoE
+// experts (gate/up with SiLU*up, down with the routing weights) over experts with 0, 1, 17 and 300 slots.
+#ifdef ZEST_HAVE_CUDA
+#include <numeric>
+
+#include "cuda/cuda_test_util.h"
+
+namespace zest::cuda::test {
+namespace {
+
+// bf16 outputs: max abs err <= 2e-2 * max |ref| (P and h are rounded to bf16 before their second matmul).
+constexpr double kTol = 2e-2;
+
+// Causal attention of packed sequences `lens` over a [T, (Hq + 2 Hkv) * D] qkv buffer (row stride `row`),
+// through prefill_attention (or prefill_attention_wmma), compared with an f64 reference.
+void run_prefill_case(const std::vector<int>& lens, int Hq, int Hkv, int row_pad, bool wmma, std::mt19937& rng) {
+  SCOPED_TRACE(testing::Message() << "Hq=" << Hq << " Hkv=" << Hkv << " seqs=" << lens.size()
+                                  << (wmma ? " wmma" : ""));
+  const int D = 128, row = (Hq + 2 * Hkv) * D + row_pad;
+  std::vector<int32_t> cu = {0};
+  for (int l : lens) cu.push_back(cu.back() + l);
+  const int T = cu.back(), max_len = *std::max_element(lens.begin(), lens.end());
+  auto qkv = random_bf16(static_cast<size_t>(T) * row, rng, -2.f, 2.f);
+  auto dqkv = upload_bf16(qkv);
+  DevBuf<int32_t> dcu(cu);
+  DevBuf<bf16> out(static_cast<size_t>(T) * Hq * D);
+  out.poison();
+  const float scale = 1.f / std::sqrt(128.f);
+  const bf16* base = dqkv->get();
+  const bf16* k = base + Hq * D;
+  const bf16* v = base + (Hq + Hkv) * D;
+  const int nseq = static_cast<int>(lens.size());
+  if (wmma)
+    ZEST_ASSERT_OK(prefill_attention_wmma(base, row, k, v, row, dcu.get(), nseq, max_len, out.get(), Hq, Hkv, D, scale,
+                                          nullptr));
+  else
+    ZEST_ASSERT_OK(
+        prefill_attention(base, row, k, v, row, dcu.get(), nseq, max_len, out.get(), Hq, Hkv, D, scale, nullptr));
+  sync_ok();
+  const auto got = download_bf16(out);
+  std::vector<float> ref(got.size());
+  std::vector<double> s;
+  for (size_t sq = 0; sq < lens.size(); ++sq)
+    for (int i = 0; i < lens[sq]; ++i)
+      for (int h = 0; h < Hq; ++h) {
+        const int t = cu[sq] + i, kvh = h / (Hq / Hkv);
+        const float* qr = &qkv.f[static_cast<size_t>(t) * row + h * D];
+        s.assign(i + 1, 0.0);
+        double mx = -INFINITY;
+        for (int j = 0; j <= i; ++j) {
+          const float* kr = &qkv.f[static_cast<size_t>(cu[sq] + j) * row + (Hq + kvh) * D];
+          double d = 0;
+          for (int c = 0; c < D; ++c) d += static_cast<double>(qr[c]) * kr[c];
+          mx = std::max(mx, s[j] = d * scale);
+        }
+        double sum = 0;
+        for (auto& x : s) sum += (x = std::exp(x - mx));
+        float* o = &ref[(static_cast<size_t>(t) * Hq + h) * D];
+        for (int c = 0; c < D; ++c) {
+          double acc = 0;
+          for (int j = 0; j <= i; ++j)
+            acc += s[j] * qkv.f[static_cast<size_t>(cu[sq] + j) * row + (Hq + Hkv + kvh) * D + c];
+          o[c] = static_cast<float>(acc / sum);
+        }
+      }
+  ZEST_EXPECT_CLOSE(got, ref, kTol);
+}
+
+TEST(CudaPrefillKernels, AttentionOddLengthsPackedGqa4) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(501);
+  // Lengths around the 64-key and 128-query tiles, a single token and a long sequence, packed together.
+  run_prefill_case({1, 17, 63, 65, 1000}, 4, 1, 0, false, rng);
+}
+
+TEST(CudaPrefillKernels, AttentionGqa1AndGqa8PaddedRows) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(502);
+  run_prefill_case({129, 256, 7}, 3, 3, 8, false, rng);  // no grouping, row stride padded by 8 elements
+  run_prefill_case({300, 128}, 16, 2, 0, false, rng);    // 8 query heads per kv head
+}
+
+TEST(CudaPrefillKernels, PreviousWmmaAttentionMatchesReference) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(503);
+  run_prefill_case({1, 65, 200}, 4, 2, 0, true, rng);
+}
+
+TEST(CudaPrefillKernels, AttentionRejectsBadShapes) {
+  ZEST_REQUIRE_GPU();
+  DevBuf<bf16> buf(4096);
+  DevBuf<int32_t> cu(std::vector<int32_t>{0, 4});
+  const bf16* p = buf.get();
+  // Hq not a multiple of Hkv.
+  EXPECT_EQ(prefill_attention(p, 1024, p, p, 1024, cu.get(), 1, 4, buf.get(), 6, 4, 128, 0.1f, nullptr).code(),
+            ErrorCode::kInvalidArgument);
+  // Row stride not a multiple of 8 elements.
+  EXPECT_EQ(prefill_attention(p, 1020, p, p, 1020, cu.get(), 1, 4, buf.get(), 4, 2, 128, 0.1f, nullptr).code(),
+            ErrorCode::kInvalidArgument);
+  // No sequences.
+  EXPECT_EQ(prefill_attention(p, 1024, p, p, 1024, cu.get(), 0, 4, buf.get(), 4, 2, 128, 0.1f, nullptr).code(),
+            ErrorCode::kInvalidArgument);
+}
+
+// ---- grouped MoE GEMMs ---------------------------------------------------------------------------------------
+
+// Routing of N tokens, K = 2, over E >= 8 experts with the given slot counts: expert 0 gets c0 slots, expert 1
+// c1, expert 2 c2, expert 3 none; the rest of slot 0 goes to expert 5, slot 1 to experts 4 and 6. Tokens are
+// shuffled so an expert's rows are scattered; token `empty` has an empty second slot.
+void make_routing(int N, int c0, int c1, int c2, std::mt19937& rng, std::vector<int32_t>& ids, std::vector<float>& w,
+                  int empty) {
+  const int K = 2;
+  std::vector<int> perm(N);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  ids.assign(static_cast<size_t>(N) * K, -1);
+  w.assign(ids.size(), 0.f);
+  std::uniform_real_distribution<float> d(0.05f, 1.f);
+  for (int i = 0; i < N; ++i) {
+    const int n = perm[i];
+    ids[n * K] = i < c0 ? 0 : i < c0 + c1 ? 1 : i < c0 + c1 + c2 ? 2 : 5;
+    ids[n * K + 1] = i < N / 2 ? 4 : 6;
+    float a = d(rng), b = d(rng);
+    if (a < b) std::swap(a, b);
+    w[n * K] = round_bf16(a / (a + b));
+    w[n * K + 1] = round_bf16(b / (a + b));
+  }
+  ids[empty * K + 1] = -1;
+  w[empty * K + 1] = 0.f;
+}
+
+struct GroupedCase {
+  int N, E, H, I, c0, c1, c2;
+};
+
+void run_grouped_case(const GroupedCase& c, bool wmma, std::mt19937& rng) {
+  SCOPED_TRACE(testing::Message() << "N=" << c.N << " E=" << c.E << " H=" << c.H << " I=" << c.I << " counts " << c.c0
+                                  << "," << c.c1 << "," << c.c2 << (wmma ? " wmma" : ""));
+  const int K = 2;
+  std::vector<int32_t> ids;
+  std::vector<float> w;
+  make_routing(c.N, c.c0, c.c1, c.c2, rng, ids, w, c.N / 3);
+  auto x = random_bf16(static_cast<size_t>(c.N) * c.H, rng);
+  const float ag = std::sqrt(3.f / c.H), ad = std::sqrt(3.f / c.I);
+  auto gu = random_bf16(static_cast<size_t>(c.E) * 2 * c.I * c.H, rng, -ag, ag);
+  auto dn = random_bf16(static_cast<size_t>(c.E) * c.H * c.I, rng, -ad, ad);
+  auto dx = upload_bf16(x), dgu = upload_bf16(gu), ddn = upload_bf16(dn);
+  DevBuf<int32_t> di(ids);
+  DevBuf<float> dw(w), out(static_cast<size_t>(c.N) * K * c.H);
+  DevBuf<bf16> h(static_cast<size_t>(c.N) * K * c.I);
+  DevBuf<unsigned char> buf(moe_plan_bytes(c.N, K, c.E));
+  out.poison();
+  h.poison();
+  MoePlan plan;
+  moe_plan_bind(plan, buf.get(), c.N, K, c.E);
+  ZEST_ASSERT_OK(moe_plan(di.get(), c.N, K, c.E, plan, nullptr, nullptr));
+  if (wmma)
+    ZEST_ASSERT_OK(moe_experts_prefill_wmma(dx->get(), plan, dw.get(), dgu->get(), ddn->get(), h.get(), out.get(), c.N,
+                                            K, c.E, c.H, c.I, nullptr));
+  else
+    ZEST_ASSERT_OK(moe_experts_prefill(dx->get(), plan, dw.get(), dgu->get(), ddn->get(), h.get(), out.get(), c.N, K,
+                                       c.E, c.H, c.I, nullptr));
+  sync_ok();
+  const auto got_all = out.download();
+  std::vector<float> got, ref, hv(c.I);
+  for (int n = 0; n < c.N; ++n)
+    for (int k = 0; k < K; ++k) {
+      const int e = ids[n * K + k];
+      if (e < 0) continue;
+      for (int i = 0; i < c.I; ++i) {
+        double g = 0, u = 0;
+        const float* wg = &gu.f[(static_cast<size_t>(e) * 2 * c.I + i) * c.H];
+        const float* wu = wg + static_cast<size_t>(c.I) * c.H;
+        for (int j = 0; j < c.H; ++j) {
+          g += static_cast<double>(x.f[static_cast<size_t>(n) * c.H + j]) * wg[j];
+          u += static_cast<double>(x.f[static_cast<size_t>(n) * c.H + j]) * wu[j];
+        }
+        const float gb = round_bf16(static_cast<float>(g)), ub = round_bf16(static_cast<float>(u));
+        hv[i] = round_bf16(round_bf16(gb / (1.f + std::exp(-gb))) * ub);
+      }
+      for (int r = 0; r < c.H; ++r) {
+        double y = 0;
+        const float* wd = &dn.f[(static_cast<size_t>(e) * c.H + r) * c.I];
+        for (int i = 0; i < c.I; ++i) y += static_cast<double>(hv[i]) * wd[i];
+        ref.push_back(round_bf16(static_cast<float>(y)) * w[n * K + k]);
+        got.push_back(got_all[(static_cast<size_t>(n) * K + k) * c.H + r]);
+      }
+    }
+  ZEST_EXPECT_CLOSE(got, ref, kTol);
+  // The empty slot is not written.
+  EXPECT_TRUE(std::isnan(got_all[(static_cast<size_t>(c.N / 3) * K + 1) * c.H]));
+}
+
+TEST(CudaPrefillKernels, GroupedExpertsWith0_1_17_300Rows) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(511);
+  // Expert 0: 300 slots (three 128-row CTAs, the last partial), 1: 17, 2: 1, 3 and 7: none.
+  run_grouped_case({320, 8, 256, 128, 300, 17, 1}, false, rng);
+}
+
+TEST(CudaPrefillKernels, GroupedExpertsModelWidths) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(512);
+  // Qwen3-30B-A3B widths (H 2048, I 768): 17, 1 and 0 slots, then a 130-slot expert.
+  run_grouped_case({40, 8, 2048, 768, 17, 1, 0}, false, rng);
+  run_grouped_case({150, 10, 2048, 768, 130, 3, 1}, false, rng);
+}
+
+TEST(CudaPrefillKernels, PreviousWmmaGroupedExpertsMatchReference) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(513);
+  run_grouped_case({200, 8, 256, 128, 150, 17, 1}, true, rng);
+}
+
+TEST(CudaPrefillKernels, GroupedGemmsRejectWidthsOffTheirTiles) {
+  ZEST_REQUIRE_GPU();
+  const int N = 4, K = 2, E = 8;
+  DevBuf<unsigned char> buf(moe_plan_bytes(N, K, E));
+  MoePlan plan;
+  moe_plan_bind(plan, buf.get(), N, K, E);
+  DevBuf<bf16> p(1024);
+  DevBuf<float> f(1024);
+  EXPECT_EQ(moe_prefill_gate_up(p.get(), plan, p.get(), p.get(), N, K, E, 192, 64, nullptr).code(),
+            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(moe_prefill_down(p.get(), plan, f.get(), p.get(), f.get(), N, K, E, 256, 96, nullptr).code(),
+            ErrorCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace zest::cuda::test
+#endif  // ZEST_HAVE_CUDA
