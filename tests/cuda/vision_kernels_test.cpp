@@ -115,6 +115,48 @@ TEST(CudaVision, BiasGeluTanhAndErf) {
   }
 }
 
+TEST(CudaVision, GemmBiasAndBiasGeluEpilogues) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(12);
+  struct Shape {
+    int M, N, K;
+  };
+  // Odd row counts, the tower's fc1 and qkv widths, and a tiny shape.
+  for (const Shape sz : {Shape{37, 72, 40}, Shape{61, 4304, 1152}, Shape{130, 3456, 1152}, Shape{1, 8, 8}}) {
+    SCOPED_TRACE("M=" + std::to_string(sz.M) + " N=" + std::to_string(sz.N) + " K=" + std::to_string(sz.K));
+    const float a = std::sqrt(3.f / static_cast<float>(sz.K));
+    auto x = random_bf16(static_cast<size_t>(sz.M) * sz.K, rng, -2.f, 2.f);
+    auto w = random_bf16(static_cast<size_t>(sz.N) * sz.K, rng, -a, a);
+    auto bias = random_bf16(sz.N, rng, -1.f, 1.f);
+    auto dx = upload_bf16(x), dw = upload_bf16(w), db = upload_bf16(bias);
+    std::vector<double> acc(static_cast<size_t>(sz.M) * sz.N);
+    for (int m = 0; m < sz.M; ++m)
+      for (int n = 0; n < sz.N; ++n) {
+        double s = bias.f[n];
+        for (int k = 0; k < sz.K; ++k)
+          s += static_cast<double>(x.f[static_cast<size_t>(m) * sz.K + k]) * w.f[static_cast<size_t>(n) * sz.K + k];
+        acc[static_cast<size_t>(m) * sz.N + n] = s;
+      }
+    for (VisionEpilogue ep : {VisionEpilogue::kBias, VisionEpilogue::kBiasGeluTanh}) {
+      DevBuf<bf16> y(acc.size());
+      y.poison();
+      ZEST_ASSERT_OK(vision_gemm_epilogue(dx->get(), dw->get(), db->get(), y.get(), sz.M, sz.N, sz.K, ep, nullptr));
+      sync_ok();
+      std::vector<float> ref(acc.size());
+      for (size_t i = 0; i < ref.size(); ++i) {
+        const double v = acc[i];
+        ref[i] = static_cast<float>(ep == VisionEpilogue::kBias
+                                        ? v
+                                        : 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v))));
+      }
+      ZEST_EXPECT_CLOSE(download_bf16(y), ref, 1e-2);  // bf16 output, fp32 accumulation: <= 1% of max |ref|
+    }
+  }
+  DevBuf<bf16> y(8);
+  EXPECT_FALSE(vision_gemm_epilogue(nullptr, y.get(), y.get(), y.get(), 1, 8, 8, VisionEpilogue::kBias, nullptr).is_ok());
+  EXPECT_FALSE(vision_gemm_epilogue(y.get(), y.get(), y.get(), y.get(), 0, 8, 8, VisionEpilogue::kBias, nullptr).is_ok());
+}
+
 TEST(CudaVision, PatchCoordsPositionEmbeddingAndRotary) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(3);

@@ -74,6 +74,16 @@ TEST(CudaVisionTower, MatchesCpuTowerOnFixtureAndRealImages) {
                       kTowerTol);
   }
 
+  // The unfused path (GEMMs, then the separate bias / bias + GELU kernels) against the same reference; then
+  // the fused outputs again for the scores below.
+  (*gpu)->set_fused_epilogues(false);
+  ZEST_ASSERT_OK((*gpu)->forward(pv.get(), batch->grids, score_layer, nullptr));
+  sync_ok();
+  ZEST_EXPECT_CLOSE(download_rows(out.embeds, static_cast<size_t>(out.tokens) * O), to_vec(ref->embeds), kTowerTol);
+  (*gpu)->set_fused_epilogues(true);
+  ZEST_ASSERT_OK((*gpu)->forward(pv.get(), batch->grids, score_layer, nullptr));
+  sync_ok();
+
   // VisionZip scores: device kernel on the device capture vs the CPU scores of the CPU capture.
   DevBuf<float> tok(out.tokens);
   ZEST_ASSERT_OK((*gpu)->scores(tok.get(), nullptr, nullptr));

@@ -193,7 +193,7 @@ __global__ void pos_embed_add_kernel(const bf16* __restrict__ pe, const bf16* __
 __global__ void qkv_rope_kernel(bf16* __restrict__ qkv, const bf16* __restrict__ bias,
                                 const float2* __restrict__ rope_cs, int N, int heads, int head_dim) {
   pdl_wait();
-  const int H = heads * head_dim, half = head_dim / 2, rot = 2 * heads * (half / 4), units = rot + H / 8;
+  const int H = heads * head_dim, half = head_dim / 2, rot = 2 * heads * (half / 4), units = rot + (bias ? H / 8 : 0);
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < static_cast<size_t>(N) * units;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const int r = static_cast<int>(i / units), u = static_cast<int>(i % units);
@@ -286,7 +286,7 @@ Status vision_qkv_rope(bf16* qkv, const bf16* bias, const float2* rope_cs, int N
     return invalid_argument("vision_qkv_rope: head_dim must be a multiple of 8, got " + str(head_dim));
   if (reinterpret_cast<uintptr_t>(qkv) % 16 != 0)
     return invalid_argument("vision_qkv_rope: qkv must be 16-byte aligned");
-  const size_t units = static_cast<size_t>(N) * (2 * heads * (head_dim / 8) + heads * head_dim / 8);
+  const size_t units = static_cast<size_t>(N) * (2 * heads * (head_dim / 8) + (bias ? heads * head_dim / 8 : 0));
   const int threads = 256;
   const int blocks = static_cast<int>(std::min<size_t>((units + threads - 1) / threads, 16ull * sm_count()));
   return launch("vision_qkv_rope", qkv_rope_kernel, dim3(blocks), dim3(threads), 0, stream, qkv, bias, rope_cs, N,

@@ -59,6 +59,17 @@ Status vision_pos_embed_add(const bf16* pe, const bf16* bias, const bf16* pos_ta
 Status vision_qkv_rope(bf16* qkv, const bf16* bias, const float2* rope_cs, int N, int heads, int head_dim,
                        cudaStream_t stream);
 
+// ---- GEMM with a fused epilogue ------------------------------------------------------------------------
+
+// kBias: y = bf16(x W^T + bias); kBiasGeluTanh: y = bf16(gelu_tanh(x W^T + bias)) with
+// gelu_tanh(v) = 0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3))); fp32 accumulation and epilogue, one rounding.
+enum class VisionEpilogue { kBias, kBiasGeluTanh };
+
+// Row-major y[M, N] = epilogue(x[M, K] W[N, K]^T) through cuBLASLt, bias [N] bf16. kUnsupported when cuBLASLt
+// offers no fused algorithm for the shape (callers then use gemm + an elementwise kernel).
+Status vision_gemm_epilogue(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int M, int N, int K,
+                            VisionEpilogue ep, cudaStream_t stream);
+
 // ---- attention -------------------------------------------------------------------------------------------
 
 // Non-causal attention inside each segment (all images of a request in one launch), tensor cores

@@ -242,6 +242,29 @@ Status VisionTowerCuda::run_merger(const Merger& m, bool postshuffle, bf16* out,
   return vision_bias_add(out, m.fc2_b, T, O, stream);
 }
 
+Status VisionTowerCuda::qkv_rope(const Block& k, bf16* qkv, cudaStream_t stream) {
+  const int n = N_, H = static_cast<int>(cfg_.hidden_size), heads = static_cast<int>(cfg_.num_heads);
+  if (fused_epilogues_) {
+    // Bias in the GEMM epilogue; the rotary pass then touches q and k only.
+    const Status st = vision_gemm_epilogue(u_, k.qkv_w, k.qkv_b, qkv, n, 3 * H, H, VisionEpilogue::kBias, stream);
+    if (st.is_ok()) return vision_qkv_rope(qkv, nullptr, rope_, n, heads, head_dim(), stream);
+    if (st.code() != ErrorCode::kUnsupported) return st;
+  }
+  ZEST_RETURN_IF_ERROR(gemm(u_, k.qkv_w, qkv, n, 3 * H, H, stream));
+  return vision_qkv_rope(qkv, k.qkv_b, rope_, n, heads, head_dim(), stream);
+}
+
+Status VisionTowerCuda::fc1_gelu(const Block& k, cudaStream_t stream) {
+  const int n = N_, H = static_cast<int>(cfg_.hidden_size), I = static_cast<int>(cfg_.intermediate_size);
+  const bool tanh_gelu = cfg_.hidden_act == "gelu_pytorch_tanh";
+  if (fused_epilogues_ && tanh_gelu) {
+    const Status st = vision_gemm_epilogue(u_, k.fc1_w, k.fc1_b, h_, n, I, H, VisionEpilogue::kBiasGeluTanh, stream);
+    if (st.code() != ErrorCode::kUnsupported) return st;
+  }
+  ZEST_RETURN_IF_ERROR(gemm(u_, k.fc1_w, h_, n, I, H, stream));
+  return vision_bias_gelu(h_, k.fc1_b, n, I, tanh_gelu, stream);
+}
+
 Status VisionTowerCuda::forward(const bf16* pixel_values, const std::vector<vision::GridTHW>& grids, int score_layer,
                                 cudaStream_t stream) {
   const int64_t m = cfg_.spatial_merge_size, unit = m * m;
@@ -288,7 +311,6 @@ Status VisionTowerCuda::forward(const bf16* pixel_values, const std::vector<visi
   const int H = static_cast<int>(cfg_.hidden_size), I = static_cast<int>(cfg_.intermediate_size);
   const int heads = static_cast<int>(cfg_.num_heads), hd = head_dim();
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const bool tanh_gelu = cfg_.hidden_act == "gelu_pytorch_tanh";
   const int n = N_;
   ZEST_RETURN_IF_ERROR(
       vision_patch_coords(grids_dev_, n_img, n, static_cast<int>(m), hd, kRopeTheta, coords_, rope_, stream));
@@ -301,16 +323,14 @@ Status VisionTowerCuda::forward(const bf16* pixel_values, const std::vector<visi
     const Block& k = blocks_[b];
     const bool cap = b == score_layer;
     bf16* qkv = cap ? qkv_score_ : qkv_;
-    ZEST_RETURN_IF_ERROR(gemm(u_, k.qkv_w, qkv, n, 3 * H, H, stream));
-    ZEST_RETURN_IF_ERROR(vision_qkv_rope(qkv, k.qkv_b, rope_, n, heads, hd, stream));
+    ZEST_RETURN_IF_ERROR(qkv_rope(k, qkv, stream));
     ZEST_RETURN_IF_ERROR(vision_attention(qkv, qkv + H, qkv + 2 * H, 3 * H, cu_dev_, static_cast<int>(nseg),
                                           static_cast<int>(max_seq), n, heads, hd, scale, attn_, cap ? lse_ : nullptr,
                                           stream));
     ZEST_RETURN_IF_ERROR(gemm(attn_, k.proj_w, tmp_, n, H, H, stream));
     ZEST_RETURN_IF_ERROR(
         vision_residual_layernorm(x_, tmp_, k.proj_b, k.norm2_w, k.norm2_b, u_, n, H, kNormEps, stream));
-    ZEST_RETURN_IF_ERROR(gemm(u_, k.fc1_w, h_, n, I, H, stream));
-    ZEST_RETURN_IF_ERROR(vision_bias_gelu(h_, k.fc1_b, n, I, tanh_gelu, stream));
+    ZEST_RETURN_IF_ERROR(fc1_gelu(k, stream));
     ZEST_RETURN_IF_ERROR(gemm(h_, k.fc2_w, tmp_, n, H, I, stream));
     const bool last = b + 1 == cfg_.depth;
     const bf16* nw = last ? merger_.norm_w : blocks_[b + 1].norm1_w;
@@ -375,6 +395,12 @@ Result<std::vector<VisionTowerCuda::OpTime>> VisionTowerCuda::profile_block(int 
   const std::vector<Op> ops = {
       {"qkv GEMM", 2 * dn * H * 3 * H, [&] { return gemm(u_, k.qkv_w, qkv_, n, 3 * H, H, stream); }},
       {"qkv bias + 2-D rotary", 0, [&] { return vision_qkv_rope(qkv_, k.qkv_b, rope_, n, heads, hd, stream); }},
+      {"qkv GEMM + bias epilogue (fused)", 2 * dn * H * 3 * H,
+       [&] {
+         return vision_gemm_epilogue(u_, k.qkv_w, k.qkv_b, qkv_, n, 3 * H, H, VisionEpilogue::kBias, stream);
+       }},
+      {"2-D rotary of q, k (fused path)", 0,
+       [&] { return vision_qkv_rope(qkv_, nullptr, rope_, n, heads, hd, stream); }},
       {"attention", attn_flops,
        [&] {
          return vision_attention(qkv_, qkv_ + H, qkv_ + 2 * H, 3 * H, cu_dev_, out_.nseg, out_.max_seqlen, n, heads, hd,
@@ -390,6 +416,10 @@ Result<std::vector<VisionTowerCuda::OpTime>> VisionTowerCuda::profile_block(int 
        [&] { return vision_residual_layernorm(x_, tmp_, k.proj_b, k.norm2_w, k.norm2_b, u_, n, H, kNormEps, stream); }},
       {"fc1 GEMM", 2 * dn * H * I, [&] { return gemm(u_, k.fc1_w, h_, n, I, H, stream); }},
       {"bias + GELU", 0, [&] { return vision_bias_gelu(h_, k.fc1_b, n, I, tanh_gelu, stream); }},
+      {"fc1 GEMM + bias + GELU epilogue (fused)", 2 * dn * H * I,
+       [&] {
+         return vision_gemm_epilogue(u_, k.fc1_w, k.fc1_b, h_, n, I, H, VisionEpilogue::kBiasGeluTanh, stream);
+       }},
       {"fc2 GEMM", 2 * dn * H * I, [&] { return gemm(h_, k.fc2_w, tmp_, n, H, I, stream); }},
   };
   cudaEvent_t e0, e1;
@@ -410,6 +440,7 @@ Result<std::vector<VisionTowerCuda::OpTime>> VisionTowerCuda::profile_block(int 
   for (const Op& op : ops) {
     double ms = 0;
     const Status st = time_op(op, &ms);
+    if (st.code() == ErrorCode::kUnsupported) continue;  // a fused form cuBLASLt does not offer
     if (!st.is_ok()) {
       cudaEventDestroy(e0);
       cudaEventDestroy(e1);

@@ -78,6 +78,10 @@ class VisionTowerCuda {
   };
   Result<std::vector<OpTime>> profile_block(int iters, cudaStream_t stream);
 
+  // Bias (qkv) and bias + tanh GELU (fc1) in the GEMM epilogues (default on; a shape cuBLASLt has no fused
+  // algorithm for falls back to the separate kernels either way).
+  void set_fused_epilogues(bool on) { fused_epilogues_ = on; }
+
   // Floating-point operations of one forward over `grids` (GEMMs and attention, 2 per multiply-add).
   double flops(const std::vector<vision::GridTHW>& grids) const;
   const io::VisionConfig& config() const { return cfg_; }
@@ -103,6 +107,9 @@ class VisionTowerCuda {
   std::vector<Param> params();
   Status ensure_buffers(int N, int nseg, int n_images, bool capture);
   Status run_merger(const Merger& m, bool postshuffle, bf16* out, cudaStream_t stream);
+  // qkv = rotary(u_ W_qkv^T + b) into `qkv`; h_ = gelu(u_ W_fc1^T + b) (fused epilogues when on).
+  Status qkv_rope(const Block& k, bf16* qkv, cudaStream_t stream);
+  Status fc1_gelu(const Block& k, cudaStream_t stream);
 
   io::VisionConfig cfg_;
   int side_ = 0;
@@ -126,6 +133,7 @@ class VisionTowerCuda {
   int32_t *coords_ = nullptr, *grids_dev_ = nullptr, *cu_dev_ = nullptr;
   std::vector<int32_t> host_meta_;
   int N_ = 0;
+  bool fused_epilogues_ = true;
   VisionTowerOutput out_;
 };
 
