@@ -1,19 +1,40 @@
 #include "cli/common.h"
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
 
 #include "core/thread_pool.h"
 #include "kernels/backend.h"
+#include "model/random_weights.h"
 
 namespace zest::cli {
 
-void add_model_args(CLI::App* app, ModelArgs& a) {
-  app->add_option("--model", a.model, "Hugging Face model directory (config.json, *.safetensors, tokenizer)")
-      ->required();
+void add_model_args(CLI::App* app, ModelArgs& a, bool random_model) {
+  CLI::Option* model =
+      app->add_option("--model", a.model, "Hugging Face model directory (config.json, *.safetensors, tokenizer)");
   app->add_option("--threads", a.threads, "CPU threads (0 = all cores)");
   app->add_option("--device", a.device, "cpu | cuda | auto")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  if (!random_model) {
+    model->required();
+    return;
+  }
+  std::string names;
+  for (const std::string& n : model::named_model_configs()) names += (names.empty() ? "" : ", ") + n;
+  CLI::Option* config = app->add_option(
+      "--config", a.config,
+      "run a model with RANDOM weights of this shape instead of --model: " + names + ", or a config.json path");
+  model->excludes(config);
+  config->excludes(model);
+  app->add_option("--layers", a.layers, "with --config: decoder layers (0 = the config's)")
+      ->check(CLI::NonNegativeNumber);
+  a.tokenizer = std::string(ZEST_ASSETS_DIR) + "/tokenizer";
+  app->add_option("--tokenizer", a.tokenizer, "with --config: tokenizer.json or a directory with one")
+      ->capture_default_str();
+  app->add_option("--seed", a.seed, "with --config: seed of the random weights")->capture_default_str();
 }
 
 Result<std::shared_ptr<engine::ModelBundle>> load_model(const ModelArgs& a) {
@@ -22,7 +43,32 @@ Result<std::shared_ptr<engine::ModelBundle>> load_model(const ModelArgs& a) {
   if (a.device == "cuda" && !gpu)
     return unsupported("--device cuda: " + kernels::cuda_describe() + "; use --device cpu (or auto)");
   const bool cuda = a.device == "cuda" || (a.device == "auto" && gpu);
-  return engine::ModelBundle::load(a.model, cuda ? model::Backend::kCuda : model::Backend::kCpu);
+  const model::Backend backend = cuda ? model::Backend::kCuda : model::Backend::kCpu;
+  if (a.model.empty() && a.config.empty())
+    return invalid_argument("give --model DIR (a checkpoint) or --config NAME (random weights of a named shape)");
+  if (!a.config.empty()) {
+    engine::RandomModelOptions o;
+    o.config = a.config;
+    o.layers = a.layers;
+    o.tokenizer = a.tokenizer;
+    o.seed = a.seed;
+    return engine::ModelBundle::random(o, backend);
+  }
+  return engine::ModelBundle::load(a.model, backend);
+}
+
+std::string random_model_note(const engine::ModelBundle& m) {
+  if (!m.random_seed) return "";
+  const io::TextConfig& t = m.config.text;
+  return "RANDOM WEIGHTS (seed " + std::to_string(*m.random_seed) + ", no checkpoint; outputs are meaningless): '" +
+         m.dir + "' shape, " + std::to_string(t.num_layers) + " decoder layers, hidden " +
+         std::to_string(t.hidden_size) + ", " +
+         (t.num_experts > 0 ? std::to_string(t.num_experts) + " experts top-" + std::to_string(t.num_experts_per_tok)
+                            : std::string("dense")) +
+         (m.config.vision ? ", vision tower " + std::to_string(m.config.vision->depth) + " blocks" : "") + ", " +
+         std::to_string(model::text_parameters(t) +
+                        (m.config.vision ? model::vision_parameters(*m.config.vision) : 0)) +
+         " parameters on " + model::backend_name(m.backend);
 }
 
 void add_request_args(CLI::App* app, RequestArgs& a) {
@@ -72,6 +118,27 @@ void add_accel_args(CLI::App* app, AccelArgs& a) {
       ->check(CLI::Range(0.0f, 0.99f));
 }
 
+namespace {
+
+// Writes model::random_sere_similarity of a random model to a temporary file; returns its path.
+Result<std::string> write_random_similarity(const engine::ModelBundle& model) {
+  const auto sim = model::random_sere_similarity(model.config.text, *model.random_seed);
+  const int64_t E = model.config.text.num_experts;
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (size_t l = 0; l < sim.size(); ++l)
+    if (!sim[l].empty())
+      tensors.emplace_back("layers." + std::to_string(l) + ".similarity", Tensor::from_vector({E, E}, sim[l]));
+  static int counter = 0;
+  std::error_code ec;
+  const std::string file = (std::filesystem::temp_directory_path(ec) /
+                            ("zest-sere-" + std::to_string(::getpid()) + "-" + std::to_string(counter++) + ".safetensors"))
+                               .string();
+  ZEST_RETURN_IF_ERROR(io::write_safetensors(file, tensors, {{"metric", "random"}}).with_context("SERE similarity"));
+  return file;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<engine::SereRuntime>> apply_accel(const AccelArgs& a, engine::ModelBundle& model,
                                                          engine::EngineOptions& opts) {
   auto& vp = model.vision_prune;
@@ -84,7 +151,15 @@ Result<std::unique_ptr<engine::SereRuntime>> apply_accel(const AccelArgs& a, eng
   model.vision_score_layer = a.vision_score_layer;
   std::unique_ptr<engine::SereRuntime> sere;
   if (a.sere.enabled()) {
-    auto r = engine::SereRuntime::create(model, a.sere);
+    engine::SereOptions so = a.sere;
+    std::string temp;
+    if (model.random_seed && so.similarity_file.empty() && model.config.is_moe()) {
+      // A random model has no calibration: a random symmetric similarity with unit diagonal per layer.
+      ZEST_ASSIGN_OR_RETURN(temp, write_random_similarity(model));
+      so.similarity_file = temp;
+    }
+    auto r = engine::SereRuntime::create(model, so);
+    if (!temp.empty()) std::filesystem::remove(temp);
     if (!r.ok()) return r.status();
     sere = std::move(r).value();
     engine::SereRuntime* raw = sere.get();

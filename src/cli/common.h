@@ -18,10 +18,19 @@ struct ModelArgs {
   std::string model;
   int threads = 0;
   std::string device = "auto";
+  // A random-weight model instead of --model (subcommands that allow it): a named shape or a config.json.
+  std::string config;
+  int64_t layers = 0;
+  std::string tokenizer;
+  uint64_t seed = 1;
 };
-void add_model_args(CLI::App* app, ModelArgs& a);
-// Applies threads/device and loads the model; prints nothing.
+// With `random_model`, --config/--layers/--tokenizer/--seed are added and --model becomes optional
+// (one of --model and --config is required).
+void add_model_args(CLI::App* app, ModelArgs& a, bool random_model = false);
+// Applies threads/device and loads the model (or makes the random one); prints nothing.
 Result<std::shared_ptr<engine::ModelBundle>> load_model(const ModelArgs& a);
+// One line describing a random-weight model (empty for a checkpoint).
+std::string random_model_note(const engine::ModelBundle& m);
 
 // Where a request comes from: a JSON body file, or --prompt with --image parts.
 struct RequestArgs {

@@ -48,6 +48,8 @@ int run_serve(const ServeArgs& a) {
 
   auto model = load_model(a.model);
   if (!model.ok()) return fail(model.status());
+  const std::string note = random_model_note(**model);
+  if (!note.empty()) std::cerr << "zest serve: " << note << std::endl;
   server::ServerOptions opts = a.opts;
   auto sere_r = apply_accel(a.accel, **model, opts.engine);
   if (!sere_r.ok()) return fail(sere_r.status());
@@ -70,8 +72,9 @@ int run_serve(const ServeArgs& a) {
 void register_serve(CLI::App& app, std::function<int()>& run) {
   auto a = std::make_shared<ServeArgs>();
   server::ServerOptions& o = a->opts;
-  CLI::App* sub = app.add_subcommand("serve", "Serve the OpenAI chat-completions API over HTTP");
-  add_model_args(sub, a->model);
+  CLI::App* sub = app.add_subcommand(
+      "serve", "Serve the OpenAI chat-completions API over HTTP (a checkpoint, or random weights with --config)");
+  add_model_args(sub, a->model, /*random_model=*/true);
   add_accel_args(sub, a->accel);
   sub->add_option("--host", o.host, "address to listen on")->capture_default_str();
   sub->add_option("--port", o.port, "TCP port (0 = any free port, printed at start)")->capture_default_str();

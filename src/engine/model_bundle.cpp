@@ -1,9 +1,15 @@
 #include "engine/model_bundle.h"
 
+#include <unistd.h>
+
+#include <atomic>
 #include <filesystem>
 
+#include "engine/encoder_cache.h"
 #include "engine/vision_encode.h"
 #include "kernels/backend.h"
+#include "model/random_weights.h"
+#include "vision/encoder.h"
 
 namespace zest::engine {
 
@@ -45,6 +51,89 @@ Result<std::shared_ptr<ModelBundle>> ModelBundle::load(const std::string& dir, m
     m->preprocessor = std::move(pre).value();
     Status vs = load_vision_tower(*m);
     if (!vs.is_ok()) return vs.with_context("vision tower of " + dir);
+  }
+  return m;
+}
+
+Result<std::shared_ptr<ModelBundle>> ModelBundle::random(const RandomModelOptions& o, model::Backend backend) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  auto m = std::make_shared<ModelBundle>();
+  const bool from_file = fs::is_regular_file(o.config, ec) || fs::is_directory(o.config, ec);
+  if (from_file) {
+    auto cfg = io::load_model_config(o.config);
+    if (!cfg.ok()) return cfg.status().with_context("--config " + o.config);
+    m->config = std::move(cfg).value();
+    if (o.layers < 0) return invalid_argument("the layer count must be positive (0 = the model's)");
+    if (o.layers > 0) m->config.text.num_layers = o.layers;
+    const fs::path p(o.config);
+    m->dir = "random-" + (fs::is_directory(p, ec) ? p.filename() : p.parent_path().filename()).string();
+  } else {
+    auto cfg = model::named_model_config(o.config, o.layers);
+    if (!cfg.ok()) return cfg.status().with_context("--config (a named shape, or a config.json path)");
+    m->config = std::move(cfg).value();
+    m->dir = o.config;
+  }
+  const io::TextConfig& tc = m->config.text;
+  auto tok = text::Tokenizer::load(o.tokenizer);
+  if (!tok.ok()) return tok.status().with_context("tokenizer " + o.tokenizer);
+  m->tokenizer = std::move(tok).value();
+  if (m->tokenizer.size() > tc.vocab_size)
+    return invalid_argument("the tokenizer " + o.tokenizer + " has " + std::to_string(m->tokenizer.size()) +
+                            " tokens but the model's vocabulary only " + std::to_string(tc.vocab_size));
+  m->chat_template = m->config.arch == io::Arch::kQwen3Moe ? text::TemplateKind::kQwen3 : text::TemplateKind::kQwen3VL;
+  m->backend = backend;
+  m->random_seed = o.seed;
+
+  if (backend == model::Backend::kCuda) {
+    Status init = kernels::cuda_init(0);
+    if (!init.is_ok()) return init.with_context("--device cuda");
+    {
+      model::RandomTensors store(o.seed);
+      const model::DecoderWeights w = model::random_decoder_weights(tc, store, o.distinct_layers);
+      auto dev = model::create_cuda_decoder(w);
+      if (!dev.ok()) return dev.status().with_context("CUDA text decoder with random weights");
+      m->device_text = std::move(dev).value();
+    }
+    if (m->config.vision) {
+      const uint64_t seed = o.seed;
+      auto enc = vision::create_cuda_vision_encoder(
+          *m->config.vision, [seed](const std::string& name, const std::vector<int64_t>& shape) -> Result<Tensor> {
+            return model::random_vision_tensor(name, shape, seed);
+          });
+      if (!enc.ok()) return enc.status().with_context("CUDA vision tower with random weights");
+      m->vision = std::move(enc).value();
+      m->encoder_cache = std::make_shared<EncoderCache>();
+    }
+    return m;
+  }
+
+  // CPU: through a checkpoint file (unlinked once mapped) and the ordinary loaders.
+  const double f32_bytes =
+      4.0 * static_cast<double>(model::text_parameters(tc) +
+                                (m->config.vision ? model::vision_parameters(*m->config.vision) : 0));
+  if (f32_bytes > 16.0 * (1ull << 30))
+    return invalid_argument("random weights of '" + o.config + "' need " +
+                            std::to_string(static_cast<int64_t>(f32_bytes / (1ull << 30))) +
+                            " GiB of f32 on the CPU backend (at most 16 GiB): pass fewer layers or use --device cuda");
+  static std::atomic<int> counter{0};
+  const fs::path file = fs::temp_directory_path(ec) / ("zest-random-" + std::to_string(::getpid()) + "-" +
+                                                       std::to_string(counter++) + ".safetensors");
+  Status ws = model::write_random_checkpoint(m->config, file.string(), o.seed);
+  if (!ws.is_ok()) {
+    fs::remove(file, ec);
+    return ws.with_context("random checkpoint");
+  }
+  auto st = io::SafeTensors::open_file(file.string());
+  fs::remove(file, ec);
+  if (!st.ok()) return st.status().with_context("random checkpoint");
+  m->weights = std::move(st).value();
+  auto text = model::Qwen3TextModel::load(m->weights, m->config);
+  if (!text.ok()) return text.status().with_context("text decoder with random weights");
+  m->text = std::move(text).value();
+  if (m->config.vision) {
+    Status vs = load_vision_tower(*m);
+    if (!vs.is_ok()) return vs.with_context("vision tower with random weights");
   }
   return m;
 }

@@ -21,6 +21,17 @@ class VisionEncoder;
 namespace zest::engine {
 class EncoderCache;
 
+// A model with random weights (benchmarks and load tests without a checkpoint).
+struct RandomModelOptions {
+  std::string config;     // a model::named_model_configs() name, or a config.json file or a directory with one
+  int64_t layers = 0;     // > 0: the decoder gets this many layers instead of the config's
+  std::string tokenizer;  // tokenizer.json, or a directory with one (the Qwen tokenizer)
+  uint64_t seed = 1;
+  // Device backends: layers synthesised on the host with tensors of their own; the others reuse them
+  // (every layer is still uploaded). 0 = all.
+  int64_t distinct_layers = 1;
+};
+
 struct ModelBundle {
   std::string dir;
   io::ModelConfig config;
@@ -44,6 +55,13 @@ struct ModelBundle {
   // and what is wrong.
   static Result<std::shared_ptr<ModelBundle>> load(const std::string& dir,
                                                    model::Backend backend = model::Backend::kCpu);
+  // A model of the shape `opts.config` with random weights on `backend` (dir = the config's name). The
+  // CPU backend loads them through a temporary checkpoint file (small shapes only: its f32 weights must
+  // fit in 16 GiB); device backends upload host tensors directly.
+  static Result<std::shared_ptr<ModelBundle>> random(const RandomModelOptions& opts,
+                                                     model::Backend backend = model::Backend::kCpu);
+  // Set by random(): the seed the weights came from.
+  std::optional<uint64_t> random_seed;
   // The text decoder the engine runs (the device decoder, else the CPU one).
   const model::TextDecoder& decoder() const {
     return device_text ? *device_text : static_cast<const model::TextDecoder&>(text);

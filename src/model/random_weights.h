@@ -1,0 +1,74 @@
+// Random-weight models: named real model shapes (text decoder and vision tower) and host synthesis of
+// random weights for them, so that benchmarks and load tests run a model of the right size without its
+// checkpoint. Values come from a counter-based hash of (seed, tensor name, element index): the same
+// seed and name always give the same tensor, whatever the order of synthesis or the thread count.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/status.h"
+#include "core/tensor.h"
+#include "io/config.h"
+#include "io/safetensors.h"
+#include "model/decoder.h"
+
+namespace zest::model {
+
+// The names named_model_config knows: qwen3-30b-a3b (text only), qwen3-vl-30b-a3b, qwen3-vl-235b-a22b
+// (MoE) and qwen3-vl-32b (dense); the same shapes as cuda::synthetic_config.
+std::vector<std::string> named_model_configs();
+
+// The config of a named shape; layers > 0 overrides the decoder's layer count. Unknown names and
+// negative layer counts -> kInvalidArgument listing the known names.
+Result<io::ModelConfig> named_model_config(const std::string& name, int64_t layers = 0);
+
+// Host bf16 tensors of random values; the views handed out stay valid while the store lives.
+class RandomTensors {
+ public:
+  explicit RandomTensors(uint64_t seed) : seed_(seed) {}
+  // Approximately N(0, stddev^2) (Irwin-Hall sum of four uniforms, so |x| < 3.47 stddev).
+  io::TensorView normal(const std::string& name, std::vector<int64_t> shape, float stddev);
+  // Uniform in [lo, hi).
+  io::TensorView uniform(const std::string& name, std::vector<int64_t> shape, float lo, float hi);
+  // Host bytes held.
+  size_t bytes() const { return bytes_; }
+
+ private:
+  io::TensorView make(const std::string& name, std::vector<int64_t> shape, bool normal, float a, float b);
+  uint64_t seed_;
+  size_t bytes_ = 0;
+  std::vector<std::unique_ptr<uint16_t[]>> bufs_;
+};
+
+// Random text-decoder weights of `cfg` as views into `store`: embeddings N(0, 1), every matrix
+// N(0, 1/fan_in) in the per-expert nn.Linear layout, norm weights uniform in [0.9, 1.1). Only the first
+// `distinct_layers` layers get tensors of their own (0 or >= num_layers: every layer); layer l >= that
+// views the tensors of layer l % distinct_layers, so a deep model costs the host memory of a few layers
+// while the device decoder still gets (and uploads) every layer.
+DecoderWeights random_decoder_weights(const io::TextConfig& cfg, RandomTensors& store, int64_t distinct_layers = 0);
+
+// One vision-tower tensor (name relative to the tower prefix, as vision::VisionTensorSource asks for it)
+// as CPU f32: matrices uniform with variance 1/fan_in (fan_in = product of all dims but the first),
+// biases uniform in [-0.02, 0.02), norm weights in [0.9, 1.1), position embeddings N(0, 0.02^2)-like.
+Tensor random_vision_tensor(const std::string& name, const std::vector<int64_t>& shape, uint64_t seed);
+
+// Every tensor the Qwen3-VL vision tower loads (names relative to the tower prefix) with its shape.
+std::vector<std::pair<std::string, std::vector<int64_t>>> vision_tensor_shapes(const io::VisionConfig& cfg);
+
+// Random SERE similarity: per MoE layer a symmetric [E, E] f32 matrix with unit diagonal and off-diagonal
+// entries uniform in [0, 1) (as the synthetic decoder draws them); empty for dense layers.
+std::vector<std::vector<float>> random_sere_similarity(const io::TextConfig& cfg, uint64_t seed);
+
+// Writes a whole random checkpoint of `cfg` (text decoder and, for VL models, the vision tower, in the
+// official tensor names) to one .safetensors file: text tensors bf16, vision tensors f32. For the CPU
+// backend, which loads checkpoints through io::SafeTensors; meant for small shapes.
+Status write_random_checkpoint(const io::ModelConfig& cfg, const std::string& file, uint64_t seed);
+
+// Parameters of the text decoder (embeddings and lm_head included) and of the vision tower.
+int64_t text_parameters(const io::TextConfig& cfg);
+int64_t vision_parameters(const io::VisionConfig& cfg);
+
+}  // namespace zest::model
