@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run on the GPU machine with the package from bench/gpu-package.sh carried (.gpu/zest-gpu.tar.xz): unpacks it,
 # then runs each job script given as an argument (bench/gpu/<name>.sh; a "# limit: SECONDS" line sets its time
-# limit, default 60) with P = the unpacked package (test_cuda, bench_*, zest, lib/). Each job's output goes
+# limit, default 60; ZEST_JOB_CAP caps every limit) with P = the unpacked package (test_cuda, bench_*, zest, lib/). Each job's output goes
 # to $OUT/<name>.log; a summary line per job is printed last.
 set -u
 cd "$(dirname "$0")/.."
@@ -19,10 +19,12 @@ summary=()
 for job in "$@"; do
   name=$(basename "$job" .sh)
   limit=$(sed -n 's/^# limit: *\([0-9][0-9]*\).*/\1/p' "$job" | head -1)
+  limit=${limit:-60}
+  if [ -n "${ZEST_JOB_CAP:-}" ] && [ "$limit" -gt "$ZEST_JOB_CAP" ]; then limit=$ZEST_JOB_CAP; fi
   start=$(date +%s)
-  timeout "${limit:-60}" bash "$job" >"$OUTD/$name.log" 2>&1
+  timeout "$limit" bash "$job" >"$OUTD/$name.log" 2>&1
   rc=$?
-  summary+=("$name: rc=$rc $(($(date +%s) - start)) s (limit ${limit:-60})")
+  summary+=("$name: rc=$rc $(($(date +%s) - start)) s (limit $limit)")
 done
 echo "================ jobs ================"
 for s in "${summary[@]}"; do echo "$s"; done
