@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -39,6 +40,9 @@ struct BenchServeArgs {
   int64_t concurrency = 0;
   int64_t images = 0;
   std::string image;
+  std::string image_size;    // WxH: resize --image first (empty = as it is)
+  bool same_images = false;  // send --image unchanged (hits the server's encoder cache after the first)
+  std::string table_row;     // also print one markdown table row with this label
   int64_t output_len = 128;
   int64_t prompt_len = 256;
   uint64_t seed = 0;
@@ -80,6 +84,59 @@ Result<std::string> image_data_url(const std::string& path) {
                                                    : nullptr;
   if (!mime) return invalid_argument("--image " + path + " is not a JPEG, PNG or WebP file");
   return "data:" + std::string(mime) + ";base64," + base64_encode(*bytes);
+}
+
+// Width and height from "WxH".
+Result<std::pair<int, int>> parse_size(const std::string& s) {
+  int w = 0, h = 0;
+  char x = 0, extra = 0;
+  if (std::sscanf(s.c_str(), "%d%c%d%c", &w, &x, &h, &extra) != 3 || (x != 'x' && x != 'X') || w <= 0 || h <= 0 ||
+      w > 16384 || h > 16384)
+    return invalid_argument("--image-size '" + s + "' is not WxH (e.g. 640x480)");
+  return std::make_pair(w, h);
+}
+
+// Nearest-neighbour resize (a load generator needs the size, not the quality).
+io::Image resize_nearest(const io::Image& src, int w, int h) {
+  io::Image out;
+  out.width = w;
+  out.height = h;
+  out.rgb.resize(static_cast<size_t>(w) * h * 3);
+  for (int y = 0; y < h; ++y) {
+    const int64_t sy = static_cast<int64_t>(y) * src.height / h;
+    for (int x = 0; x < w; ++x) {
+      const int64_t sx = static_cast<int64_t>(x) * src.width / w;
+      std::memcpy(&out.rgb[(static_cast<size_t>(y) * w + x) * 3], &src.rgb[(sy * src.width + sx) * 3], 3);
+    }
+  }
+  return out;
+}
+
+// The JPEG data: URLs of every request's images: copies of --image (resized to --image-size), each made
+// distinct from all others (a stripe of pixels in its first row encodes its index) unless --same-images,
+// so that the server's vision encoder cache does not serve repeats.
+Result<std::vector<std::string>> request_images(const BenchServeArgs& a, int64_t count) {
+  if (a.same_images && a.image_size.empty()) {
+    ZEST_ASSIGN_OR_RETURN(std::string url, image_data_url(a.image));
+    return std::vector<std::string>(static_cast<size_t>(count), url);
+  }
+  ZEST_ASSIGN_OR_RETURN(io::Image img, io::load_image(a.image));
+  if (!a.image_size.empty()) {
+    ZEST_ASSIGN_OR_RETURN(auto wh, parse_size(a.image_size));
+    img = resize_nearest(img, wh.first, wh.second);
+  }
+  std::vector<std::string> urls;
+  for (int64_t i = 0; i < (a.same_images ? 1 : count); ++i) {
+    io::Image v = img;
+    for (int b = 0; b < 32 && b < v.width; ++b) {
+      uint8_t* px = &v.rgb[static_cast<size_t>(b) * 3];
+      px[0] = px[1] = px[2] = ((static_cast<uint64_t>(i) >> b) & 1) ? 255 : 0;
+    }
+    ZEST_ASSIGN_OR_RETURN(std::vector<uint8_t> jpeg, io::encode_jpeg(v, 90));
+    urls.push_back("data:image/jpeg;base64," + base64_encode(jpeg));
+  }
+  if (a.same_images) urls.resize(static_cast<size_t>(count), urls[0]);
+  return urls;
 }
 
 // About `n` tokens of random common words (one word is about one token for Qwen's tokenizer).
@@ -210,11 +267,11 @@ int run_bench_serve(const BenchServeArgs& a) {
   if (a.output_len <= 0 || a.prompt_len <= 0) return fail(invalid_argument("--output-len and --prompt-len must be positive"));
   if (a.images < 0) return fail(invalid_argument("--images must not be negative"));
   if (a.images > 0 && a.image.empty()) return fail(invalid_argument("--images needs --image PATH (a JPEG, PNG or WebP)"));
-  std::string image_url;
+  std::vector<std::string> image_urls;
   if (a.images > 0) {
-    auto u = image_data_url(a.image);
-    if (!u.ok()) return fail(u.status());
-    image_url = std::move(u).value();
+    auto u = request_images(a, a.requests * a.images);
+    if (!u.ok()) return fail(u.status().with_context("--image " + a.image));
+    image_urls = std::move(u).value();
   }
   auto model = resolve_model(a);
   if (!model.ok()) return fail(model.status());
@@ -229,7 +286,8 @@ int run_bench_serve(const BenchServeArgs& a) {
   double t = 0;
   for (int64_t i = 0; i < n; ++i) {
     json content = json::array();
-    for (int64_t k = 0; k < a.images; ++k) content.push_back({{"type", "image_url"}, {"image_url", {{"url", image_url}}}});
+    for (int64_t k = 0; k < a.images; ++k)
+      content.push_back({{"type", "image_url"}, {"image_url", {{"url", image_urls[i * a.images + k]}}}});
     content.push_back({{"type", "text"}, {"text", random_prompt(a.prompt_len, rng)}});
     json body = {{"model", *model},
                  {"messages", json::array({{{"role", "user"}, {"content", content}}})},
@@ -305,6 +363,11 @@ int run_bench_serve(const BenchServeArgs& a) {
   section("----------------End-to-end Latency----------------", "E2EL", e2e);
   std::printf("==================================================\n");
   if (!first_error.empty()) std::fprintf(stderr, "first failure: %s\n", first_error.c_str());
+  if (!a.table_row.empty())
+    std::printf("| %s | %lld | %lld/%lld | %.1f | %.1f | %.2f | %.2f | %.2f | %.1f |\n", a.table_row.c_str(),
+                static_cast<long long>(workers), static_cast<long long>(ok), static_cast<long long>(n),
+                percentile(ttft, 50), percentile(ttft, 99), percentile(tpot, 50), percentile(tpot, 99), ok / duration_s,
+                out_tok / duration_s);
 
   if (!a.output_json.empty()) {
     auto stats = [](const std::vector<double>& v) {
@@ -346,7 +409,14 @@ void register_bench_serve(CLI::App& bench, std::function<int()>& run) {
   sub->add_option("--concurrency", a->concurrency, "requests in flight at most (0 = up to 256)")
       ->capture_default_str();
   sub->add_option("--images", a->images, "images per request (copies of --image)")->capture_default_str();
-  sub->add_option("--image", a->image, "image file sent as a data: URL");
+  sub->add_option("--image", a->image, "image file sent as a data: URL (re-encoded as JPEG unless --same-images)");
+  sub->add_option("--image-size", a->image_size, "resize --image to WxH first (e.g. 640x480)");
+  sub->add_flag("--same-images", a->same_images,
+                "send --image unchanged in every request (otherwise each image is made distinct, so that the "
+                "server's encoder cache does not serve repeats)");
+  sub->add_option("--table-row", a->table_row,
+                  "also print one markdown row: | LABEL | concurrency | ok/n | TTFT p50 | TTFT p99 | TPOT p50 | "
+                  "TPOT p99 | req/s | output tok/s |");
   sub->add_option("--output-len", a->output_len, "generated tokens per request (ignore_eos)")->capture_default_str();
   sub->add_option("--prompt-len", a->prompt_len, "prompt words per request (about one token each)")
       ->capture_default_str();
