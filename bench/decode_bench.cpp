@@ -2,7 +2,11 @@
 // TPOT per batch size from CUDA-graph replays timed with CUDA events, distinct experts per layer, bytes per
 // step and the HBM floor (bytes / device-to-device copy bandwidth measured in the same run).
 //   bench_decode_bench --config qwen3-30b-a3b --batch 1,8,32,64 --context 1024 [--sere-primary 2
-//                      --sere-threshold 0] [--skew 1.0] [--layers N] [--steps 200] [--pdl 1]
+//                      --sere-threshold 0] [--skew 1.0] [--layers N] [--steps 200] [--pdl 1] [--profile]
+//                      [--ablate 1,64] [--variant l2=7,sere=0 ...]
+// --variant (repeatable) reruns everything with decode options set (l2: DecodeOption::kL2Prefetch mask,
+// sere: kSereKernel, splitk: kGemmSplitK, moe: kMoeOccupancy); --ablate times the graph again with each
+// operation left out (per-op cost inside the replayed graph, PDL overlap included).
 #include <cstdio>
 #include <sstream>
 #include <string>
@@ -162,6 +166,27 @@ bool run_batch(SyntheticDecoder& dec, int batch, bool sere, int warmup, int step
   return true;
 }
 
+// Parses "name=value,..." into decode options (names: l2, sere, splitk, moe; the others back to 0). Returns false
+// on a bad entry.
+bool apply_variant(const std::string& spec) {
+  for (int i = 0; i < static_cast<int>(DecodeOption::kCount); ++i) set_decode_option(static_cast<DecodeOption>(i), 0);
+  std::stringstream ss(spec);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos) return false;
+    const std::string name = item.substr(0, eq);
+    const int value = std::atoi(item.c_str() + eq + 1);
+    if (name == "l2") set_decode_option(DecodeOption::kL2Prefetch, value);
+    else if (name == "sere") set_decode_option(DecodeOption::kSereKernel, value);
+    else if (name == "splitk") set_decode_option(DecodeOption::kGemmSplitK, value);
+    else if (name == "moe") set_decode_option(DecodeOption::kMoeOccupancy, value);
+    else return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 int bench_decode_main(int argc, char** argv) {
@@ -180,7 +205,15 @@ int bench_decode_main(int argc, char** argv) {
   app.add_option("--skew", skew, "Zipf exponent of the synthetic router bias (0: none)");
   app.add_option("--pdl", pdl, "programmatic dependent launch between kernels (0/1)");
   bool profile = false;
+  std::string ablate;
+  int ablate_steps = 30;
+  std::vector<std::string> variants;
   app.add_flag("--profile", profile, "also print GPU time per operation of one eager step per batch");
+  app.add_option("--ablate", ablate,
+                 "batch sizes (comma-separated) at which the graph is also timed with each operation left out "
+                 "(SERE off, first variant only)");
+  app.add_option("--ablate-steps", ablate_steps, "timed steps per ablated graph")->check(CLI::PositiveNumber);
+  app.add_option("--variant", variants, "decode options to compare, e.g. l2=7,sere=1 (repeatable; default: defaults)");
   CLI11_PARSE(app, argc, argv);
 
   std::vector<int> bs;
@@ -220,6 +253,15 @@ int bench_decode_main(int argc, char** argv) {
   std::printf("model: %s, %d layers, context %d, skew %.2f, pdl %d, %d steps (median, p90 of per-step CUDA events)\n",
               cfg->name.c_str(), cfg->layers, context, skew, pdl, steps);
 
+  if (variants.empty()) variants.push_back("");
+  for (const std::string& variant : variants) {
+  if (!apply_variant(variant)) {
+    std::fprintf(stderr, "error: bad --variant '%s' (want name=value,... with names l2, sere, splitk, moe)\n",
+                 variant.c_str());
+    return 2;
+  }
+  (*dec)->clear_graphs();
+  std::printf("\n== variant: %s ==\n", variant.empty() ? "defaults" : variant.c_str());
   std::vector<Row> rows;
   for (int b : bs) {
     for (bool sere : {false, true}) {
@@ -238,11 +280,27 @@ int bench_decode_main(int argc, char** argv) {
         for (const auto& [op, ms] : *prof)
           std::printf("    %-24s %8.3f ms %5.1f%%\n", op.c_str(), ms, 100.0 * ms / total);
       }
+      const bool ablate_here = ("," + ablate + ",").find("," + std::to_string(b) + ",") != std::string::npos;
+      if (!sere && &variant == &variants.front() && ablate_here) {
+        std::printf("    ablation (graph TPOT without the op; cost = difference):\n");
+        for (const std::string& op : (*dec)->op_labels(false)) {
+          (*dec)->set_skip(op);
+          Row a;
+          if (!run_batch(**dec, b, false, 3, ablate_steps, &a)) return 1;
+          std::printf("    %-24s %8.3f ms  cost %7.3f ms (%5.1f us/layer)\n", op.c_str(), a.t.median_ms,
+                      r.t.median_ms - a.t.median_ms, 1e3 * (r.t.median_ms - a.t.median_ms) / cfg->layers);
+        }
+        (*dec)->set_skip("");
+      }
       std::fflush(stdout);
     }
   }
-  double sere_us = 0;
+  double sere_us = 0, sere_single_us = 0;
   if (!time_sere(256, 128, 8, 2, &sere_us)) return 1;
+  const int sere_kernel = decode_option(DecodeOption::kSereKernel);
+  set_decode_option(DecodeOption::kSereKernel, 1);
+  if (!time_sere(256, 128, 8, 2, &sere_single_us)) return 1;
+  set_decode_option(DecodeOption::kSereKernel, sere_kernel);
 
   std::printf("\n| batch | SERE | TPOT median ms | TPOT p90 ms | tokens/s | experts/layer | GB/step | floor ms | floor share |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|\n");
@@ -258,7 +316,10 @@ int bench_decode_main(int argc, char** argv) {
       std::printf("SERE at batch %d: TPOT %.3f -> %.3f ms (%.1f%% lower), experts/layer %.1f -> %.1f\n", rows[i].batch,
                   rows[i].t.median_ms, rows[i + 1].t.median_ms,
                   100.0 * (1.0 - rows[i + 1].t.median_ms / rows[i].t.median_ms), rows[i].experts, rows[i + 1].experts);
-  std::printf("sere_reroute alone (N=256, E=128, K=8, S=2): %.2f us per launch (graph of 100 launches)\n", sere_us);
+  std::printf("sere_reroute alone (N=256, E=128, K=8, S=2): %.2f us per launch (graph of 100 launches; "
+              "single-CTA kernel: %.2f us)\n", sere_us, sere_single_us);
+  std::fflush(stdout);
+  }
   return 0;
 }
 

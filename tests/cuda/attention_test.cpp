@@ -119,7 +119,8 @@ void ref_attend(const float* q, const std::vector<const float*>& k, const std::v
   }
 }
 
-void run_decode_case(const std::vector<int>& lens, int Hq, int Hkv, std::mt19937& rng) {
+// prefetch: also pass L2 prefetch hints (the K cache, and an odd-sized unaligned slice of V) with the option on.
+void run_decode_case(const std::vector<int>& lens, int Hq, int Hkv, std::mt19937& rng, bool prefetch = false) {
   const int B = static_cast<int>(lens.size()), D = 128;
   const int max_ctx = *std::max_element(lens.begin(), lens.end());
   const int max_blocks = (max_ctx + kKvBlock - 1) / kKvBlock + 1;
@@ -132,7 +133,9 @@ void run_decode_case(const std::vector<int>& lens, int Hq, int Hkv, std::mt19937
   const size_t cache_elems = static_cast<size_t>(num_blocks) * kKvBlock * Hkv * D;
   auto kc = random_bf16(cache_elems, rng, -1.5f, 1.5f), vc = random_bf16(cache_elems, rng);
   const int q_stride = (Hq + 2 * Hkv) * D;
-  auto q = random_bf16(static_cast<size_t>(B) * q_stride, rng, -1.5f, 1.5f);
+  // With prefetch the query rows also start one element past a 16-byte boundary (the scalar query load).
+  const int shift = prefetch ? 1 : 0;
+  auto q = random_bf16(static_cast<size_t>(B) * q_stride + shift, rng, -1.5f, 1.5f);
 
   DecodeAttention p;
   p.batch = B;
@@ -147,8 +150,15 @@ void run_decode_case(const std::vector<int>& lens, int Hq, int Hkv, std::mt19937
   ASSERT_EQ(cudaMemset(ws.get(), 0, ws.size()), cudaSuccess);
   DevBuf<bf16> out(static_cast<size_t>(B) * Hq * D);
   out.poison();
-  ZEST_ASSERT_OK(decode_attention(p, dq->get(), q_stride, dk->get(), dv->get(), dbt.get(), dlens.get(), out.get(),
-                                  ws.get(), nullptr));
+  if (prefetch) {
+    p.prefetch[0] = L2Prefetch{dk->get(), cache_elems * sizeof(bf16)};
+    p.prefetch[1] = L2Prefetch{reinterpret_cast<const char*>(dv->get()) + 6, cache_elems + 11};
+    set_decode_option(DecodeOption::kL2Prefetch, 7);
+  }
+  const Status launched = decode_attention(p, dq->get() + shift, q_stride, dk->get(), dv->get(), dbt.get(), dlens.get(),
+                                           out.get(), ws.get(), nullptr);
+  set_decode_option(DecodeOption::kL2Prefetch, 0);
+  ZEST_ASSERT_OK(launched);
   sync_ok();
   const auto got = download_bf16(out);
 
@@ -163,12 +173,12 @@ void run_decode_case(const std::vector<int>& lens, int Hq, int Hkv, std::mt19937
         ks.push_back(&kc.f[off]);
         vs.push_back(&vc.f[off]);
       }
-      ref_attend(&q.f[static_cast<size_t>(b) * q_stride + h * D], ks, vs, D, p.scale, &ref[(static_cast<size_t>(b) * Hq + h) * D]);
+      ref_attend(&q.f[shift + static_cast<size_t>(b) * q_stride + h * D], ks, vs, D, p.scale, &ref[(static_cast<size_t>(b) * Hq + h) * D]);
     }
   ZEST_EXPECT_CLOSE(got, ref, kTol);
 
   // A second launch on the same workspace gives the same bits (the split counters were reset).
-  ZEST_ASSERT_OK(decode_attention(p, dq->get(), q_stride, dk->get(), dv->get(), dbt.get(), dlens.get(), out.get(),
+  ZEST_ASSERT_OK(decode_attention(p, dq->get() + shift, q_stride, dk->get(), dv->get(), dbt.get(), dlens.get(), out.get(),
                                   ws.get(), nullptr));
   sync_ok();
   const auto again = download_bf16(out);
@@ -192,6 +202,13 @@ TEST(CudaDecodeAttention, Gqa16AndGqa1) {
   std::mt19937 rng(25);
   run_decode_case({77, 5}, 16, 1, rng);
   run_decode_case({129, 3}, 4, 4, rng);
+}
+
+TEST(CudaDecodeAttention, L2PrefetchHintsAndUnalignedQueries) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(26);
+  run_decode_case({1025, 3, 40}, 32, 4, rng, true);
+  run_decode_case({1}, 16, 1, rng, true);
 }
 
 TEST(CudaDecodeAttention, RejectsOddHeadDim) {

@@ -3,6 +3,7 @@
 #ifdef ZEST_HAVE_CUDA
 #include <numeric>
 #include <set>
+#include <tuple>
 
 #include "cuda/cuda_test_util.h"
 
@@ -272,6 +273,43 @@ TEST(CudaSereStats, CountsMatchLoops) {
   EXPECT_EQ(got[3], 2 * static_cast<int64_t>(a_set.size() - p_set.size()));
   EXPECT_EQ(got[4], 2 * rerouted);
   EXPECT_EQ(got[5], 2 * static_cast<int64_t>(N) * K);
+}
+
+// Small-M GEMM (tensor-core weight streaming) in its variants: the L2 prefetch of each CTA's first weight tile
+// (a hint: same results) and split K over CTAs (auto, or 3 slices with a short last slice), against an f32 loop,
+// including N with fewer row tiles than SMs. A repeated split launch gives the same bits (counters reset).
+TEST(CudaGemmSmallM, PrefetchAndSplitKMatchReference) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(81);
+  for (auto [M, N, K, l2, split] : {std::tuple{1, 48, 96, 1, 0}, std::tuple{5, 4096, 2048, 1, 0},
+                                    std::tuple{16, 128, 2080, 1, 0}, std::tuple{1, 2048, 4096, 0, 1},
+                                    std::tuple{16, 128, 2048, 1, 1}, std::tuple{3, 160, 1600, 0, 3},
+                                    std::tuple{7, 5120, 2048, 1, 1}}) {
+    SCOPED_TRACE(testing::Message() << "M=" << M << " N=" << N << " K=" << K << " l2=" << l2 << " split=" << split);
+    set_decode_option(DecodeOption::kL2Prefetch, l2);
+    set_decode_option(DecodeOption::kGemmSplitK, split);
+    auto x = random_bf16(static_cast<size_t>(M) * K, rng), w = random_bf16(static_cast<size_t>(N) * K, rng);
+    auto dx = upload_bf16(x), dw = upload_bf16(w);
+    DevBuf<bf16> dy(static_cast<size_t>(M) * N);
+    dy.poison();
+    ZEST_ASSERT_OK(gemm(dx->get(), dw->get(), dy.get(), M, N, K, nullptr));
+    sync_ok();
+    std::vector<float> ref(static_cast<size_t>(M) * N);
+    for (int m = 0; m < M; ++m)
+      for (int n = 0; n < N; ++n) {
+        double acc = 0;
+        for (int k = 0; k < K; ++k)
+          acc += static_cast<double>(x.f[static_cast<size_t>(m) * K + k]) * w.f[static_cast<size_t>(n) * K + k];
+        ref[static_cast<size_t>(m) * N + n] = static_cast<float>(acc);
+      }
+    const auto got = download_bf16(dy);
+    ZEST_EXPECT_CLOSE(got, ref, kTol);
+    ZEST_ASSERT_OK(gemm(dx->get(), dw->get(), dy.get(), M, N, K, nullptr));
+    sync_ok();
+    EXPECT_EQ(download_bf16(dy), got);
+  }
+  set_decode_option(DecodeOption::kL2Prefetch, 0);
+  set_decode_option(DecodeOption::kGemmSplitK, 0);
 }
 
 }  // namespace

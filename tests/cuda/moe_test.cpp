@@ -12,6 +12,13 @@ namespace {
 
 constexpr double kTol = 2e-2;  // bf16 outputs: max abs err <= 2e-2 * max |ref|
 
+// Sets a decode option for one scope and restores the default (0) afterwards.
+struct OptionScope {
+  DecodeOption opt;
+  OptionScope(DecodeOption o, int v) : opt(o) { set_decode_option(o, v); }
+  ~OptionScope() { set_decode_option(opt, 0); }
+};
+
 void ref_router(const std::vector<float>& logits, const std::vector<float>* bias, int N, int E, int K,
                 std::vector<int32_t>& ids, std::vector<float>& w) {
   ids.assign(static_cast<size_t>(N) * K, 0);
@@ -115,8 +122,12 @@ void random_routing(int N, int E, int K, std::mt19937& rng, std::vector<int32_t>
   }
 }
 
+// Both SERE kernels (kSereKernel 0: per-CTA map for E <= 128; 1: single CTA) must give the same exact result.
 TEST(CudaSere, RerouteMatchesReference) {
   ZEST_REQUIRE_GPU();
+  for (int kernel : {0, 1}) {
+  SCOPED_TRACE(testing::Message() << "kernel " << kernel);
+  OptionScope scope(DecodeOption::kSereKernel, kernel);
   std::mt19937 rng(32);
   const int N = 33, E = 64, K = 8;
   // Similarity quantised to tenths so that ties occur (lowest index must win).
@@ -157,19 +168,24 @@ TEST(CudaSere, RerouteMatchesReference) {
       EXPECT_EQ(used, P);
     }
   }
+  }
 }
 
 // The kernel's paths: float4 rows (E % 4 == 0) or scalar ones, rows and columns past the first 128, tokens
 // past the CTA's 1024 threads, K above 8. Exact comparison (ids equal, weights bit-identical).
 TEST(CudaSere, RerouteMatchesReferenceAcrossShapes) {
   ZEST_REQUIRE_GPU();
+  for (int kernel : {0, 1}) {
+  SCOPED_TRACE(testing::Message() << "kernel " << kernel);
+  OptionScope scope(DecodeOption::kSereKernel, kernel);
   std::mt19937 rng(34);
   struct Shape {
     int N, E, K, S;
     float rho;
   };
   for (const Shape sh : {Shape{256, 128, 8, 2, 0.f}, Shape{256, 128, 8, 2, 0.75f}, Shape{1500, 130, 12, 3, 0.f},
-                         Shape{7, 257, 4, 1, 0.6f}, Shape{40, 1024, 16, 2, 0.f}, Shape{2100, 64, 6, 1, 0.f}}) {
+                         Shape{7, 257, 4, 1, 0.6f}, Shape{40, 1024, 16, 2, 0.f}, Shape{2100, 64, 6, 1, 0.f},
+                         Shape{1, 128, 8, 2, 0.f}, Shape{300, 127, 16, 3, 0.5f}, Shape{513, 37, 5, 2, 0.f}}) {
     const int N = sh.N, E = sh.E, K = sh.K, S = sh.S;
     SCOPED_TRACE(testing::Message() << "N=" << N << " E=" << E << " K=" << K << " S=" << S << " rho=" << sh.rho);
     std::vector<float> sim(static_cast<size_t>(E) * E);
@@ -194,6 +210,7 @@ TEST(CudaSere, RerouteMatchesReferenceAcrossShapes) {
     ref_sere(ids, w, sim, N, E, K, S, sh.rho);
     EXPECT_EQ(di.download(), ids);
     EXPECT_EQ(dw.download(), w);
+  }
   }
 }
 
@@ -384,6 +401,41 @@ TEST(CudaSyntheticDecoder, GraphStepProducesTokensAndExpertCounts) {
     for (int t : *toks) EXPECT_TRUE(t >= 0 && t < cfg->vocab);
   }
   EXPECT_FALSE(synthetic_config("no-such-model", 0).ok());
+}
+
+// The decode variants are the same arithmetic: L2 prefetch hints (every bit), either SERE kernel and the expert
+// kernels' occupancy variant (same chunk order per warp) give the same greedy tokens, step after step, as the
+// defaults (all kernels are deterministic).
+TEST(CudaSyntheticDecoder, DecodeVariantsGiveIdenticalTokens) {
+  ZEST_REQUIRE_GPU();
+  auto cfg = synthetic_config("qwen3-30b-a3b", 3);
+  ASSERT_TRUE(cfg.ok());
+  SyntheticOptions opt;
+  opt.max_batch = 5;
+  opt.context = 70;
+  opt.sere_primary = 2;
+  for (int batch : {1, 5}) {
+    for (bool sere : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "batch " << batch << " sere " << sere);
+      std::vector<std::vector<int32_t>> runs;
+      for (int variant = 0; variant < 4; ++variant) {
+        OptionScope l2(DecodeOption::kL2Prefetch, variant == 1 ? 7 : 0);
+        OptionScope sk(DecodeOption::kSereKernel, variant == 2 ? 1 : 0);
+        OptionScope mo(DecodeOption::kMoeOccupancy, variant == 3 ? 1 : 0);
+        auto dec = SyntheticDecoder::create(*cfg, opt);  // same seed: same weights and inputs
+        ASSERT_TRUE(dec.ok()) << dec.status().to_string();
+        std::vector<int32_t> toks;
+        for (int step = 0; step < 3; ++step) {
+          ZEST_ASSERT_OK((*dec)->replay(batch, sere));
+          auto t = (*dec)->last_tokens(batch);
+          ASSERT_TRUE(t.ok());
+          toks.insert(toks.end(), t->begin(), t->end());
+        }
+        runs.push_back(toks);
+      }
+      for (size_t v = 1; v < runs.size(); ++v) EXPECT_EQ(runs[v], runs[0]) << "variant " << v;
+    }
+  }
 }
 
 }  // namespace

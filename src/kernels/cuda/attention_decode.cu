@@ -10,6 +10,8 @@ namespace {
 constexpr int kHeadDim = 128;
 constexpr int kDecWarps = 4;
 constexpr int kMaxSplits = 128;
+// Per (head, split) partial: M, L, 2 pad, then D accumulators (16-byte aligned).
+constexpr int kPartStride = kHeadDim + 4;
 
 struct SplitPlan {
   int splits = 1, pages_per_split = 1;
@@ -20,7 +22,15 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_kernel(
     const bf16* __restrict__ q, int q_stride, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
     const int32_t* __restrict__ block_table, int max_blocks, const int32_t* __restrict__ context_lens,
     bf16* __restrict__ out, float* __restrict__ part, int* __restrict__ counters, int Hkv, int splits,
-    int pages_per_split, float scale) {
+    int pages_per_split, float scale, L2Prefetch pf0, L2Prefetch pf1) {
+  {  // the next ops' weights: independent of the previous kernel, pulled into L2 while this one waits and runs
+    const int rank = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+    const int ranks = gridDim.x * gridDim.y * gridDim.z;
+    if (threadIdx.x < 32) {
+      prefetch_l2_range(pf0.ptr, pf0.bytes, rank * 32 + threadIdx.x, ranks * 32);
+      prefetch_l2_range(pf1.ptr, pf1.bytes, rank * 32 + threadIdx.x, ranks * 32);
+    }
+  }
   pdl_wait();
   constexpr int D = kHeadDim;
   __shared__ float q_s[G][D];
@@ -34,8 +44,24 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_kernel(
   const int Hq = Hkv * G;
   const int ctx = context_lens[b];
 
-  for (int i = threadIdx.x; i < G * D; i += blockDim.x)
-    q_s[i / D][i % D] = __bfloat162float(q[static_cast<size_t>(b) * q_stride + kvh * G * D + i]);
+  {
+    const bf16* qg = q + static_cast<size_t>(b) * q_stride + kvh * G * D;
+    if ((reinterpret_cast<uintptr_t>(qg) & 15) == 0) {  // 8 values per 16-byte load, all loads in flight at once
+      for (int i = threadIdx.x; i < G * D / 8; i += blockDim.x) {
+        const uint4 v = __ldg(reinterpret_cast<const uint4*>(qg) + i);
+        const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&v);
+        float* dst = &q_s[0][0] + i * 8;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float2 f = __bfloat1622float2(h2[j]);
+          dst[2 * j] = f.x;
+          dst[2 * j + 1] = f.y;
+        }
+      }
+    } else {
+      for (int i = threadIdx.x; i < G * D; i += blockDim.x) q_s[i / D][i % D] = __bfloat162float(qg[i]);
+    }
+  }
   __syncthreads();
 
   float m[G], l[G], acc[G][4];
@@ -138,7 +164,7 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_kernel(
     for (int i = 0; i < 4; ++i) acc_s[warp][g][lane * 4 + i] = acc[g][i];
   }
   __syncthreads();
-  const size_t part_stride = D + 2;
+  constexpr size_t part_stride = kPartStride;
   for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
     const int g = idx / D, d = idx % D;
     float M = -INFINITY;
@@ -154,7 +180,7 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_kernel(
       }
     }
     float* pp = part + ((static_cast<size_t>(b) * Hq + kvh * G + g) * splits + split) * part_stride;
-    pp[2 + d] = A;
+    pp[4 + d] = A;
     if (d == 0) {
       pp[0] = M;
       pp[1] = L;
@@ -198,12 +224,35 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_kernel(
     for (int sp = lane; sp < splits; sp += 32) wm[g * kMaxSplits + sp] *= inv;
   }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
-    const int g = idx / D, d = idx % D;
-    const float* pp = pb + static_cast<size_t>(g) * splits * part_stride + 2 + d;
-    float A = 0.f;
-    for (int sp = 0; sp < splits; ++sp) A += __ldcg(pp + sp * part_stride) * wm[g * kMaxSplits + sp];
-    out[static_cast<size_t>(b) * Hq * D + (kvh * G + g) * D + d] = __float2bfloat16(A);
+  // Four output elements per thread (16-byte loads), splits in fixed order; the loads of 8 splits are issued
+  // before their sums so that they overlap.
+  for (int idx = threadIdx.x; idx < G * D / 4; idx += blockDim.x) {
+    const int g = idx / (D / 4), d = (idx % (D / 4)) * 4;
+    const float* pp = pb + static_cast<size_t>(g) * splits * part_stride + 4 + d;
+    const float* wg = wm + g * kMaxSplits;
+    float4 A = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s0 = 0; s0 < splits; s0 += 8) {
+      float4 v[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u)
+        v[u] = s0 + u < splits ? __ldcg(reinterpret_cast<const float4*>(pp + (s0 + u) * part_stride))
+                               : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        if (s0 + u >= splits) break;
+        const float wv = wg[s0 + u];
+        A.x += v[u].x * wv;
+        A.y += v[u].y * wv;
+        A.z += v[u].z * wv;
+        A.w += v[u].w * wv;
+      }
+    }
+    bf16* o = out + static_cast<size_t>(b) * Hq * D + (kvh * G + g) * D + d;
+    __nv_bfloat162 lo = __floats2bfloat162_rn(A.x, A.y), hi = __floats2bfloat162_rn(A.z, A.w);
+    uint2 pk;
+    pk.x = *reinterpret_cast<uint32_t*>(&lo);
+    pk.y = *reinterpret_cast<uint32_t*>(&hi);
+    *reinterpret_cast<uint2*>(o) = pk;
   }
 }
 
@@ -251,7 +300,7 @@ SplitPlan split_plan(const DecodeAttention& p) {
 
 size_t decode_attention_workspace_bytes(const DecodeAttention& p) {
   const SplitPlan sp = split_plan(p);
-  const size_t parts = static_cast<size_t>(p.batch) * p.q_heads * sp.splits * (kHeadDim + 2) * sizeof(float);
+  const size_t parts = static_cast<size_t>(p.batch) * p.q_heads * sp.splits * kPartStride * sizeof(float);
   const size_t counters = static_cast<size_t>(p.batch) * p.kv_heads * sizeof(int);
   return (parts + 255) / 256 * 256 + counters;
 }
@@ -268,16 +317,17 @@ Status decode_attention(const DecodeAttention& p, const bf16* q, int q_stride, c
                            p.batch, out, p.q_heads * p.head_dim, p.q_heads, p.kv_heads, p.head_dim, p.scale, stream);
   if (!workspace) return invalid_argument("decode_attention: workspace is null");
   const SplitPlan sp = split_plan(p);
-  const size_t parts = static_cast<size_t>(p.batch) * p.q_heads * sp.splits * (kHeadDim + 2) * sizeof(float);
+  const size_t parts = static_cast<size_t>(p.batch) * p.q_heads * sp.splits * kPartStride * sizeof(float);
   float* part = static_cast<float*>(workspace);
   int* counters = reinterpret_cast<int*>(static_cast<char*>(workspace) + (parts + 255) / 256 * 256);
   const dim3 grid(sp.splits, p.kv_heads, p.batch), block(kDecWarps * 32);
+  const L2Prefetch pf0 = prefetch_if(p.prefetch[0], 2), pf1 = prefetch_if(p.prefetch[1], 2);
   const int G = p.q_heads / p.kv_heads;
 #define ZEST_DECODE_CASE(g)                                                                                    \
   case g:                                                                                                      \
     return launch("decode_attention", decode_attention_kernel<g>, grid, block, 0, stream, q, q_stride, k_cache, \
                   v_cache, block_table, p.max_blocks, context_lens, out, part, counters, p.kv_heads, sp.splits,  \
-                  sp.pages_per_split, p.scale);
+                  sp.pages_per_split, p.scale, pf0, pf1);
   switch (G) {
     ZEST_DECODE_CASE(1)
     ZEST_DECODE_CASE(2)

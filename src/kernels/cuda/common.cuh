@@ -79,6 +79,31 @@ __device__ __forceinline__ uint4 ld_stream(const void* p) {
   return r;
 }
 
+// Asynchronous prefetch of [p, p + bytes) into L2 (p 16-byte aligned, bytes a multiple of 16; sm_90 bulk copy).
+__device__ __forceinline__ void prefetch_l2_bulk(const void* p, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+}
+
+// Spreads an L2 prefetch of a range over the threads of a grid: 64 KiB per instruction, thread `rank` of
+// `ranks` issues pieces rank, rank + ranks, ... (the 16-byte-aligned interior of the range only).
+__device__ __forceinline__ void prefetch_l2_range(const void* ptr, size_t bytes, int rank, int ranks) {
+  if (!ptr || bytes == 0) return;
+  const uintptr_t b0 = (reinterpret_cast<uintptr_t>(ptr) + 15) & ~static_cast<uintptr_t>(15);
+  const uintptr_t b1 = (reinterpret_cast<uintptr_t>(ptr) + bytes) & ~static_cast<uintptr_t>(15);
+  if (b1 <= b0) return;
+  constexpr size_t kPiece = 64 * 1024;
+  const size_t pieces = (b1 - b0 + kPiece - 1) / kPiece;
+  for (size_t i = rank; i < pieces; i += ranks) {
+    const uintptr_t a = b0 + i * kPiece;
+    prefetch_l2_bulk(reinterpret_cast<const void*>(a), static_cast<uint32_t>(b1 - a < kPiece ? b1 - a : kPiece));
+  }
+}
+
+// Host side: the L2Prefetch range when bit `bit` of DecodeOption::kL2Prefetch is on, else an empty one.
+inline L2Prefetch prefetch_if(L2Prefetch p, int bit) {
+  return (decode_option(DecodeOption::kL2Prefetch) & bit) ? p : L2Prefetch{};
+}
+
 // Number of multiprocessors of the current device (cached).
 int sm_count();
 

@@ -1,6 +1,8 @@
 // Dense y[M,N] = x[M,K] * W[N,K]^T: a weight-streaming kernel for small M (decode) and cuBLASLt otherwise.
 #include <cublasLt.h>
 
+#include <array>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -8,6 +10,25 @@
 #include "kernels/cuda/common.cuh"
 
 namespace zest::cuda {
+
+namespace {
+
+std::array<std::atomic<int>, static_cast<size_t>(DecodeOption::kCount)>& decode_options() {
+  static std::array<std::atomic<int>, static_cast<size_t>(DecodeOption::kCount)> opts{};
+  return opts;
+}
+
+}  // namespace
+
+void set_decode_option(DecodeOption opt, int value) {
+  const auto i = static_cast<size_t>(opt);
+  if (i < decode_options().size()) decode_options()[i].store(value);
+}
+
+int decode_option(DecodeOption opt) {
+  const auto i = static_cast<size_t>(opt);
+  return i < decode_options().size() ? decode_options()[i].load() : 0;
+}
 
 namespace {
 

@@ -39,6 +39,27 @@ constexpr int kKvBlock = 16;  // token slots per KV cache block
 void set_programmatic_launch(bool on);
 bool programmatic_launch();
 
+// Decode variants that benchmarks compare (process-wide switches, read on the host at launch time; a CUDA
+// graph keeps the variant it was captured with). Defaults are the variants measured fastest on H200.
+enum class DecodeOption : int {
+  kL2Prefetch = 0,  // bit mask: 1 = a small-M GEMM prefetches its first weight tile into L2 before waiting on
+                    // the previous kernel; 2 = decode attention prefetches DecodeAttention::prefetch; 4 = the MoE
+                    // combine prefetches its L2Prefetch range (the next layer's first weights)
+  kSereKernel,      // 0 = per-CTA map kernel when E <= 128 (else 1); 1 = the single-CTA kernel for any E
+  kGemmSplitK,      // small-M tensor-core GEMM: 0 = no split; 1 = split K over CTAs when row tiles are few
+                    // (about four items per SM); n > 1 = n slices
+  kMoeOccupancy,    // decode experts: 0 = 4/8 chunks in flight per warp, one CTA per SM; 1 = 2/4 chunks, 3 CTAs
+  kCount
+};
+void set_decode_option(DecodeOption opt, int value);
+int decode_option(DecodeOption opt);
+
+// A device range for a kernel to pull into L2 ahead of its use (a hint; null or 0 bytes: none).
+struct L2Prefetch {
+  const void* ptr = nullptr;
+  size_t bytes = 0;
+};
+
 // ---- dense ops ----------------------------------------------------------------------------------
 
 // y[M,N] = x[M,K] * w[N,K]^T, bf16 in/out, fp32 accumulation. M <= 16 (with N % 16 == 0, K % 32 == 0) streams
@@ -61,8 +82,10 @@ Status add_rmsnorm(bf16* x, const bf16* r, const bf16* w, bf16* y, int rows, int
 
 // MoE combine fused with the residual add and the next RMSNorm: x[n] = bf16(x[n] + sum_{k<K, ids[n,k]>=0}
 // slot_out[n,k,:]) summed in fixed k order (deterministic); then y = rmsnorm(x) when w != nullptr.
+// `prefetch` (optional) is pulled into L2 while the kernel runs, e.g. the next layer's QKV weights.
 Status moe_combine_add_rmsnorm(bf16* x, const float* slot_out, const int32_t* ids, int K, const bf16* w,
-                               bf16* y, int rows, int hidden, float eps, cudaStream_t stream);
+                               bf16* y, int rows, int hidden, float eps, cudaStream_t stream,
+                               L2Prefetch prefetch = {});
 
 // h[r, i] = bf16(silu(gu[r, i]) * gu[r, I + i]) for gu [rows, 2I] (dense SwiGLU MLP).
 Status silu_mul(const bf16* gu, bf16* h, int rows, int I, cudaStream_t stream);
@@ -96,6 +119,7 @@ struct DecodeAttention {
   int max_context = 0;   // upper bound of context_lens (fixes the grid, so a graph can be replayed)
   int max_blocks = 0;    // row stride of block_table
   float scale = 0.f;     // softmax scale, usually 1/sqrt(head_dim)
+  L2Prefetch prefetch[2];  // weights of the next ops, pulled into L2 while attention runs (latency-bound)
 };
 // Bytes of workspace that decode_attention needs for `p`. The workspace must be zero-filled once when
 // allocated (the kernel leaves its counters at zero after every launch); it serves one (batch, heads,
@@ -112,6 +136,13 @@ Status decode_attention(const DecodeAttention& p, const bf16* q, int q_stride, c
 Status prefill_attention(const bf16* q, int q_stride, const bf16* k, const bf16* v, int kv_stride,
                          const int32_t* cu_seqlens, int nseq, int max_seqlen, bf16* out, int Hq, int Hkv, int D,
                          float scale, cudaStream_t stream);
+// Prefill kernel variants that benchmarks compare (process-wide switches read on the host at launch time;
+// 0 = the default, the variant measured fastest on H200).
+//   kAttention (prefill_attention, D = 128): 1 = CTAs of 8 warps x 16 query rows, 2 = 4 warps x 16 rows.
+//   kGroupedGemm (moe_prefill_gate_up/down): 1 = k-chunks of 32 in a 4-stage cp.async ring, 2 = 64 in 3 stages.
+enum class PrefillOption : int { kAttention = 0, kGroupedGemm, kCount };
+void set_prefill_option(PrefillOption opt, int value);
+int prefill_option(PrefillOption opt);
 // The same function (D = 128 only) through the previous wmma kernel, kept for comparison in benchmarks.
 Status prefill_attention_wmma(const bf16* q, int q_stride, const bf16* k, const bf16* v, int kv_stride,
                               const int32_t* cu_seqlens, int nseq, int max_seqlen, bf16* out, int Hq, int Hkv, int D,

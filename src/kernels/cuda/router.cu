@@ -216,6 +216,94 @@ __global__ void __launch_bounds__(kSereThreads) sere_reroute_kernel(int32_t* __r
   }
 }
 
+// Per-CTA map variant for E <= 128: 256 threads; thread t owns half (t & 1) of expert row u = t >> 1 of the
+// similarity matrix, 64 floats held in registers, loaded before pdl_wait (sim is a weight). After the wait each
+// thread reads the primary ids of tokens t, t + 256, ... and its CTA's own tokens; the primary set P is a 128-bit
+// mask reduced per warp (__reduce_or_sync) and across warps through shared memory (one barrier); every CTA
+// builds the whole map (one more barrier) and folds its 256 tokens. Two barriers and two global round trips
+// after the wait; CTAs for N > 256 run side by side.
+constexpr int kSereFastThreads = 256;
+constexpr int kSereFastMaxE = 128;
+
+template <int kK>
+__global__ void __launch_bounds__(kSereFastThreads) sere_reroute_fast_kernel(int32_t* __restrict__ ids,
+                                                                             float* __restrict__ weights,
+                                                                             const float* __restrict__ sim, int N,
+                                                                             int E, int K, int S, float rho, bool vec) {
+  __shared__ unsigned warp_mask[kSereFastThreads / 32][kSereFastMaxE / 32];
+  __shared__ int map[kSereFastMaxE];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int u = tid >> 1, half = tid & 1;
+  // Columns 4 * (2 i + half) .. + 3 of row u, i < 16 (pairs of threads read adjacent 16-byte pieces).
+  float4 row[16];
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const int c = 4 * (2 * i + half);
+    row[i] = u < E ? sere_load4(sim, u, c, E, vec) : make_float4(-INFINITY, -INFINITY, -INFINITY, -INFINITY);
+  }
+  pdl_wait();
+  const int n_own = blockIdx.x * kSereFastThreads + tid;
+  const bool own = n_own < N;
+  int id[kK];
+  float w[kK];
+  if (own) sere_load_token(ids, weights, n_own, K, id, w);
+  unsigned m0 = 0, m1 = 0, m2 = 0, m3 = 0;
+  for (int n = tid; n < N; n += kSereFastThreads)
+    for (int k = 0; k < S; ++k) {
+      const int v = __ldg(ids + static_cast<size_t>(n) * K + k);
+      if (v < 0 || v >= E) continue;
+      const unsigned bit = 1u << (v & 31);
+      const int word = v >> 5;
+      m0 |= word == 0 ? bit : 0u;
+      m1 |= word == 1 ? bit : 0u;
+      m2 |= word == 2 ? bit : 0u;
+      m3 |= word == 3 ? bit : 0u;
+    }
+  m0 = __reduce_or_sync(0xffffffffu, m0);
+  m1 = __reduce_or_sync(0xffffffffu, m1);
+  m2 = __reduce_or_sync(0xffffffffu, m2);
+  m3 = __reduce_or_sync(0xffffffffu, m3);
+  if (lane == 0) {
+    warp_mask[warp][0] = m0;
+    warp_mask[warp][1] = m1;
+    warp_mask[warp][2] = m2;
+    warp_mask[warp][3] = m3;
+  }
+  __syncthreads();
+  unsigned P[4] = {0u, 0u, 0u, 0u};  // indexed by constants only (stays in registers)
+#pragma unroll
+  for (int wi = 0; wi < kSereFastThreads / 32; ++wi)
+#pragma unroll
+    for (int q = 0; q < 4; ++q) P[q] |= warp_mask[wi][q];
+  auto p_word = [&](int word) { return word == 0 ? P[0] : word == 1 ? P[1] : word == 2 ? P[2] : P[3]; };
+  // Masked argmax over this thread's 64 columns in ascending order (strictly greater wins: lowest column on ties).
+  float best = -INFINITY;
+  int bv = 0x7fffffff;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const int c = 4 * (2 * i + half);  // c >> 5 == i >> 2 for both halves
+    const unsigned bits = (P[i >> 2] >> (c & 31)) & 0xfu;
+    if ((bits & 1u) && row[i].x > best) best = row[i].x, bv = c;
+    if ((bits & 2u) && row[i].y > best) best = row[i].y, bv = c + 1;
+    if ((bits & 4u) && row[i].z > best) best = row[i].z, bv = c + 2;
+    if ((bits & 8u) && row[i].w > best) best = row[i].w, bv = c + 3;
+  }
+  {  // the other half of the row (ties: lowest column)
+    const float ob = __shfl_xor_sync(0xffffffffu, best, 1);
+    const int ov = __shfl_xor_sync(0xffffffffu, bv, 1);
+    if (ob > best || (ob == best && ov < bv)) best = ob, bv = ov;
+  }
+  if (half == 0 && u < E) {
+    const bool primary = (p_word(u >> 5) >> (u & 31)) & 1u;
+    map[u] = (primary || bv == 0x7fffffff || (rho > 0.f && best < rho)) ? u : bv;
+  }
+  __syncthreads();
+  if (own) {
+    sere_fold(id, w, K, S, E, map);
+    sere_store_token(ids, weights, n_own, K, id, w);
+  }
+}
+
 }  // namespace
 
 Status router_topk(const bf16* logits, const float* bias, int32_t* ids, float* weights, int N, int E, int K,
@@ -236,6 +324,14 @@ Status sere_reroute(int32_t* ids, float* weights, const float* sim, int N, int E
                             " E=" + std::to_string(E) + " K=" + std::to_string(K) + ")");
   if (!sim) return invalid_argument("sere_reroute: the similarity matrix is null");
   const bool vec = E % 4 == 0 && reinterpret_cast<uintptr_t>(sim) % 16 == 0;
+  if (E <= kSereFastMaxE && decode_option(DecodeOption::kSereKernel) == 0) {
+    const dim3 grid((N + kSereFastThreads - 1) / kSereFastThreads);
+    if (K <= 8)
+      return launch("sere_reroute", sere_reroute_fast_kernel<8>, grid, dim3(kSereFastThreads), 0, stream, ids, weights,
+                    sim, N, E, K, S, rho, vec);
+    return launch("sere_reroute", sere_reroute_fast_kernel<kMaxTopK>, grid, dim3(kSereFastThreads), 0, stream, ids,
+                  weights, sim, N, E, K, S, rho, vec);
+  }
   if (K <= 8)
     return launch("sere_reroute", sere_reroute_kernel<8>, dim3(1), dim3(kSereThreads), 0, stream, ids, weights, sim, N,
                   E, K, S, rho, vec);

@@ -4,6 +4,10 @@
 // dot product may sum k in any order, each thread loads 8 consecutive k of a row and both A and B fragments
 // use the same permutation of k. A CTA's warps split k and are reduced in shared memory in fixed order.
 // Modes: dense small-M GEMM, MoE gate/up (SiLU * up epilogue) and MoE down (routing-weight epilogue).
+#include <algorithm>
+#include <map>
+#include <mutex>
+
 #include "kernels/cuda/common.cuh"
 
 namespace zest::cuda {
@@ -25,6 +29,12 @@ struct RowsParams {
   const float* route_w;   // down: routing weights [N*K]
   MoePlan plan;
   int M, N, Kdim, topk, I;
+  int prefetch;           // dense: pull the CTA's first weight tile into L2 before waiting on the previous kernel
+  // Dense split-K (ksplit > 1): item = (row tile, k slice); slices write fp32 partials [ksplit][M][N] and the last
+  // CTA of a row tile (counters[tile], left at zero) sums them in slice order.
+  int ksplit;
+  float* partial;
+  int* counters;
 };
 
 __device__ __forceinline__ void mma16816(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
@@ -46,20 +56,33 @@ __device__ __forceinline__ void mma_chunk(float* c0, float* c1, const uint4& a_l
   }
 }
 
-template <int kMode>
-__global__ void __launch_bounds__(kWarps * 32) rows_mma_kernel(RowsParams p) {
+// kU: 32-wide chunks in flight per warp and weight matrix; kMinBlocks: CTAs per SM the registers must allow.
+template <int kMode, int kU, int kMinBlocks>
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks) rows_mma_kernel(RowsParams p) {
+  if constexpr (kMode == kDense) {
+    // Weights are never written by the previous kernel: start pulling this CTA's first tile now.
+    if (p.prefetch && threadIdx.x == 0 && static_cast<int>(blockIdx.x) < p.N / kRows)
+      prefetch_l2_bulk(p.w + static_cast<size_t>(blockIdx.x) * kRows * p.Kdim,
+                       static_cast<uint32_t>(kRows * p.Kdim * sizeof(bf16)));
+  }
   pdl_wait();
   constexpr int kMats = kMode == kGateUp ? 2 : 1;  // weight matrices per item (gate and up)
   constexpr int kVals = kMats * 2 * 4;             // accumulators per thread: mats x n-tiles x 4
   __shared__ float red[kWarps][kVals][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, tq = lane & 3;
+  __shared__ int last_s;
   const int tiles_per_group = p.N / kRows;
-  const int groups = kMode == kDense ? 1 : *p.plan.num_active;
+  const int ksplit = kMode == kDense ? p.ksplit : 1;
+  const int groups = kMode == kDense ? ksplit : *p.plan.num_active;
   const int items = groups * tiles_per_group;
-  const int chunks = p.Kdim / kChunk;
+  const int chunks_all = p.Kdim / kChunk;
+  const int chunks_per_split = (chunks_all + ksplit - 1) / ksplit;
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
     const int j = item / tiles_per_group, r0 = (item % tiles_per_group) * kRows;
+    // Dense: j is the k slice [c_lo, c_hi) of chunks; MoE: one slice, j is the active expert.
+    const int c_lo = kMode == kDense ? j * chunks_per_split : 0;
+    const int c_hi = kMode == kDense ? min(chunks_all, c_lo + chunks_per_split) : chunks_all;
     int beg = 0, end = p.M;
     const bf16* w0;
     if constexpr (kMode == kDense) {
@@ -95,14 +118,13 @@ __global__ void __launch_bounds__(kWarps * 32) rows_mma_kernel(RowsParams p) {
         for (int n = 0; n < 2; ++n)
 #pragma unroll
           for (int i = 0; i < 4; ++i) acc[m][n][i] = 0.f;
-      constexpr int kU = kMode == kGateUp ? 4 : 8;  // chunks in flight per warp
-      for (int cb = warp; cb < chunks; cb += kWarps * kU) {
+      for (int cb = c_lo + warp; cb < c_hi; cb += kWarps * kU) {
         uint4 lo[kU][kMats], hi[kU][kMats], xa[kU], xb[kU];
 #pragma unroll
         for (int u = 0; u < kU; ++u) {
           const int c = cb + u * kWarps;
           const size_t k = static_cast<size_t>(c) * kChunk;
-          const bool ok = c < chunks;
+          const bool ok = c < c_hi;
           lo[u][0] = ok ? ld_stream(a_lo0 + k) : make_uint4(0, 0, 0, 0);
           hi[u][0] = ok ? ld_stream(a_hi0 + k) : make_uint4(0, 0, 0, 0);
           if constexpr (kMats == 2) {
@@ -133,6 +155,46 @@ __global__ void __launch_bounds__(kWarps * 32) rows_mma_kernel(RowsParams p) {
         red[0][v][l] = s;
       }
       __syncthreads();
+      if (kMode == kDense && ksplit > 1) {
+        // Publish this slice's partial sums; the last slice of the row tile adds all slices in fixed order.
+        const int tile = item % tiles_per_group;
+        if (warp == 0) {
+#pragma unroll
+          for (int n = 0; n < 2; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const int t = n * 8 + tq * 2 + (i & 1);
+              const size_t at = (static_cast<size_t>(j) * p.M + c0 + t) * p.N + r0 + g + (i >> 1) * 8;
+              if (t < nt) p.partial[at] = red[0][n * 4 + i][lane];
+            }
+          __threadfence();
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+          const int prev = atomicAdd(p.counters + tile, 1);
+          last_s = prev == ksplit - 1;
+          if (last_s) p.counters[tile] = 0;
+        }
+        __syncthreads();
+        if (last_s && warp == 0) {
+          __threadfence();
+#pragma unroll
+          for (int n = 0; n < 2; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const int t = n * 8 + tq * 2 + (i & 1);
+              float v = 0.f;
+              if (t < nt)
+                for (int sl = 0; sl < ksplit; ++sl)
+                  v += __ldcg(p.partial + (static_cast<size_t>(sl) * p.M + c0 + t) * p.N + r0 + g + (i >> 1) * 8);
+              red[0][n * 4 + i][lane] = v;
+            }
+        }
+        if (!last_s) {
+          __syncthreads();
+          continue;
+        }
+      }
       if (warp == 0) {
 #pragma unroll
         for (int n = 0; n < 2; ++n)
@@ -159,13 +221,48 @@ __global__ void __launch_bounds__(kWarps * 32) rows_mma_kernel(RowsParams p) {
   }
 }
 
-template <int kMode>
+template <int kMode, int kU, int kMinBlocks>
 Status launch_rows(const RowsParams& p, int max_items, cudaStream_t stream) {
   int per_sm = 0;
-  ZEST_RETURN_IF_ERROR(cuda_status(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, rows_mma_kernel<kMode>, kWarps * 32, 0), "occupancy"));
+  ZEST_RETURN_IF_ERROR(cuda_status(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                                       &per_sm, rows_mma_kernel<kMode, kU, kMinBlocks>, kWarps * 32, 0),
+                                   "occupancy"));
   const int grid = std::max(1, std::min(max_items, std::max(1, per_sm) * sm_count()));
-  return launch("rows_mma", rows_mma_kernel<kMode>, dim3(grid), dim3(kWarps * 32), 0, stream, p);
+  return launch("rows_mma", rows_mma_kernel<kMode, kU, kMinBlocks>, dim3(grid), dim3(kWarps * 32), 0, stream, p);
+}
+
+// Split-K scratch of the dense path, one per stream (kernels on different streams may run concurrently).
+struct SplitScratch {
+  float* partial = nullptr;
+  int* counters = nullptr;
+};
+constexpr size_t kSplitPartialFloats = 1u << 20;  // 4 MiB: ksplit * M * N fp32
+constexpr int kSplitCounters = 1 << 14;           // row tiles
+
+Status split_scratch(cudaStream_t stream, SplitScratch* out) {
+  static std::mutex mu;
+  static std::map<cudaStream_t, SplitScratch> all;
+  std::lock_guard<std::mutex> lock(mu);
+  SplitScratch& s = all[stream];
+  if (!s.partial) {
+    ZEST_RETURN_IF_ERROR(cuda_status(cudaMalloc(&s.partial, kSplitPartialFloats * sizeof(float)), "split-K scratch"));
+    ZEST_RETURN_IF_ERROR(cuda_status(cudaMalloc(&s.counters, kSplitCounters * sizeof(int)), "split-K counters"));
+    ZEST_RETURN_IF_ERROR(cuda_status(cudaMemset(s.counters, 0, kSplitCounters * sizeof(int)), "split-K counters"));
+  }
+  *out = s;
+  return Status::ok();
+}
+
+// Slices of K for a dense product (option kGemmSplitK: 1 = about four items per SM, n > 1 = n), at least two chunks
+// per warp per slice.
+int dense_ksplit(int M, int N, int K) {
+  const int mode = decode_option(DecodeOption::kGemmSplitK);
+  if (mode <= 0) return 1;
+  const int tiles = N / kRows, chunks = K / kChunk;
+  int ks = mode > 1 ? mode : (4 * sm_count() + tiles - 1) / tiles;
+  ks = std::min({ks, 16, std::max(1, chunks / (2 * kWarps))});
+  if (ks <= 1 || tiles > kSplitCounters || static_cast<size_t>(ks) * M * N > kSplitPartialFloats) return 1;
+  return ks;
 }
 
 }  // namespace
@@ -180,7 +277,15 @@ Status rows_mma_gemm(const bf16* x, const bf16* w, bf16* y, int M, int N, int K,
   p.M = M;
   p.N = N;
   p.Kdim = K;
-  return launch_rows<kDense>(p, N / kRows, stream);
+  p.prefetch = (decode_option(DecodeOption::kL2Prefetch) & 1) != 0;
+  p.ksplit = dense_ksplit(M, N, K);
+  if (p.ksplit > 1) {
+    SplitScratch scratch;
+    ZEST_RETURN_IF_ERROR(split_scratch(stream, &scratch));
+    p.partial = scratch.partial;
+    p.counters = scratch.counters;
+  }
+  return launch_rows<kDense, 8, 1>(p, p.ksplit * (N / kRows), stream);
 }
 
 bool rows_mma_moe_ok(int H, int I) { return H % kChunk == 0 && I % kChunk == 0 && H % kRows == 0 && I % kRows == 0; }
@@ -196,7 +301,10 @@ Status rows_mma_moe(const bf16* x, const MoePlan& plan, const float* weights, co
   gu.N = I;
   gu.Kdim = H;
   gu.topk = K;
-  ZEST_RETURN_IF_ERROR(launch_rows<kGateUp>(gu, max_active * (I / kRows), stream));
+  const bool occupancy = decode_option(DecodeOption::kMoeOccupancy) != 0;
+  const Status st = occupancy ? launch_rows<kGateUp, 2, 3>(gu, max_active * (I / kRows), stream)
+                              : launch_rows<kGateUp, 4, 1>(gu, max_active * (I / kRows), stream);
+  ZEST_RETURN_IF_ERROR(st);
   RowsParams dn{};
   dn.src = h;
   dn.w = down;
@@ -206,7 +314,8 @@ Status rows_mma_moe(const bf16* x, const MoePlan& plan, const float* weights, co
   dn.N = H;
   dn.Kdim = I;
   dn.topk = K;
-  return launch_rows<kDown>(dn, max_active * (H / kRows), stream);
+  return occupancy ? launch_rows<kDown, 4, 3>(dn, max_active * (H / kRows), stream)
+                   : launch_rows<kDown, 8, 1>(dn, max_active * (H / kRows), stream);
 }
 
 }  // namespace zest::cuda

@@ -270,61 +270,59 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
     cudaEventRecord(e, s);
     marks_.emplace_back(label, e);
   };
-  ZEST_RETURN_IF_ERROR(launch("advance_inputs", advance_inputs_kernel, dim3(1), dim3(256), 0, s, ids_, step_counter_,
-                              batch, c.vocab));
-  mark("inputs");
-  ZEST_RETURN_IF_ERROR(embedding(ids_, embed_, x_, batch, H, c.vocab, s));
-  mark("embedding");
-  ZEST_RETURN_IF_ERROR(rmsnorm(x_, layers_[0].in_norm, xn_, batch, H, kEps, s));
-  mark("rmsnorm");
+  // Runs one operation unless it is the ablated one, then marks it.
+  auto op = [&](const char* label, auto&& fn) -> Status {
+    if (skip_ != label) ZEST_RETURN_IF_ERROR(fn());
+    mark(label);
+    return Status::ok();
+  };
+#define ZEST_OP(label, expr) ZEST_RETURN_IF_ERROR(op(label, [&]() -> Status { return (expr); }))
+  ZEST_OP("inputs", launch("advance_inputs", advance_inputs_kernel, dim3(1), dim3(256), 0, s, ids_, step_counter_,
+                            batch, c.vocab));
+  ZEST_OP("embedding", embedding(ids_, embed_, x_, batch, H, c.vocab, s));
+  ZEST_OP("rmsnorm", rmsnorm(x_, layers_[0].in_norm, xn_, batch, H, kEps, s));
+  const size_t qkv_bytes = static_cast<size_t>(QKV) * H * sizeof(bf16);
   for (int l = 0; l < c.layers; ++l) {
     const Layer& L = layers_[l];
     const bf16* next_norm = l + 1 < c.layers ? layers_[l + 1].in_norm : final_norm_;
-    ZEST_RETURN_IF_ERROR(gemm(xn_, L.wqkv, qkv_, batch, QKV, H, s));
-    mark("qkv gemm");
-    ZEST_RETURN_IF_ERROR(qk_norm_rope_kv(qkv_, L.q_norm, L.k_norm, pos_, c.mrope ? opt_.max_batch : 0, rope, slots_,
-                                         L.k_cache, L.v_cache, batch, c.q_heads, c.kv_heads, D, kEps, s));
-    mark("qk norm + rope + kv");
-    ZEST_RETURN_IF_ERROR(decode_attention(ap, qkv_, QKV, L.k_cache, L.v_cache, block_table_, ctx_lens_, attn_, ws, s));
-    mark("decode attention");
-    ZEST_RETURN_IF_ERROR(gemm(attn_, L.wo, o_, batch, H, c.q_heads * D, s));
-    mark("o gemm");
-    ZEST_RETURN_IF_ERROR(add_rmsnorm(x_, o_, L.post_norm, xn_, batch, H, kEps, s));
-    mark("add + rmsnorm");
+    // While attention (latency-bound) runs, the o projection and router weights are pulled into L2; while
+    // the MoE combine runs, the next layer's QKV weights (or lm_head's first rows).
+    ap.prefetch[0] = L2Prefetch{L.wo, static_cast<size_t>(H) * c.q_heads * D * sizeof(bf16)};
+    ap.prefetch[1] = moe ? L2Prefetch{L.router, static_cast<size_t>(c.experts) * H * sizeof(bf16)} : L2Prefetch{};
+    const L2Prefetch next_pf = l + 1 < c.layers ? L2Prefetch{layers_[l + 1].wqkv, qkv_bytes}
+                                                : L2Prefetch{lm_head_, qkv_bytes};
+    ZEST_OP("qkv gemm", gemm(xn_, L.wqkv, qkv_, batch, QKV, H, s));
+    ZEST_OP("qk norm + rope + kv", qk_norm_rope_kv(qkv_, L.q_norm, L.k_norm, pos_, c.mrope ? opt_.max_batch : 0, rope,
+                                                   slots_, L.k_cache, L.v_cache, batch, c.q_heads, c.kv_heads, D, kEps,
+                                                   s));
+    ZEST_OP("decode attention",
+            decode_attention(ap, qkv_, QKV, L.k_cache, L.v_cache, block_table_, ctx_lens_, attn_, ws, s));
+    ZEST_OP("o gemm", gemm(attn_, L.wo, o_, batch, H, c.q_heads * D, s));
+    ZEST_OP("add + rmsnorm", add_rmsnorm(x_, o_, L.post_norm, xn_, batch, H, kEps, s));
     if (moe) {
       const int E = c.experts, K = c.top_k, I = c.expert_inter;
-      ZEST_RETURN_IF_ERROR(gemm(xn_, L.router, router_logits_, batch, E, H, s));
-      mark("router gemm");
-      ZEST_RETURN_IF_ERROR(router_topk(router_logits_, opt_.skew > 0.f ? L.router_bias : nullptr, route_ids_, route_w_,
-                                       batch, E, K, s));
-      mark("router top-k");
-      if (sere) {
-        ZEST_RETURN_IF_ERROR(
-            sere_reroute(route_ids_, route_w_, L.sim, batch, E, K, opt_.sere_primary, opt_.sere_threshold, s));
-        mark("sere");
-      }
-      ZEST_RETURN_IF_ERROR(moe_plan(route_ids_, batch, K, E, plan_, expert_counts_ + l, s));
-      mark("moe plan");
-      ZEST_RETURN_IF_ERROR(moe_experts_decode(xn_, plan_, route_w_, L.gate_up, L.down, h_, slot_out_, batch, K, E, H, I, s));
-      mark("moe experts");
-      ZEST_RETURN_IF_ERROR(moe_combine_add_rmsnorm(x_, slot_out_, route_ids_, K, next_norm, xn_, batch, H, kEps, s));
-      mark("moe combine + rmsnorm");
+      ZEST_OP("router gemm", gemm(xn_, L.router, router_logits_, batch, E, H, s));
+      ZEST_OP("router top-k", router_topk(router_logits_, opt_.skew > 0.f ? L.router_bias : nullptr, route_ids_,
+                                          route_w_, batch, E, K, s));
+      if (sere)
+        ZEST_OP("sere",
+                sere_reroute(route_ids_, route_w_, L.sim, batch, E, K, opt_.sere_primary, opt_.sere_threshold, s));
+      ZEST_OP("moe plan", moe_plan(route_ids_, batch, K, E, plan_, expert_counts_ + l, s));
+      ZEST_OP("moe experts",
+              moe_experts_decode(xn_, plan_, route_w_, L.gate_up, L.down, h_, slot_out_, batch, K, E, H, I, s));
+      ZEST_OP("moe combine + rmsnorm",
+              moe_combine_add_rmsnorm(x_, slot_out_, route_ids_, K, next_norm, xn_, batch, H, kEps, s, next_pf));
     } else {
       const int I = c.dense_inter;
-      ZEST_RETURN_IF_ERROR(gemm(xn_, L.gate_up, gu_, batch, 2 * I, H, s));
-      mark("mlp gate/up gemm");
-      ZEST_RETURN_IF_ERROR(silu_mul(gu_, h_, batch, I, s));
-      mark("silu*up");
-      ZEST_RETURN_IF_ERROR(gemm(h_, L.down, o_, batch, H, I, s));
-      mark("mlp down gemm");
-      ZEST_RETURN_IF_ERROR(add_rmsnorm(x_, o_, next_norm, xn_, batch, H, kEps, s));
-      mark("add + rmsnorm");
+      ZEST_OP("mlp gate/up gemm", gemm(xn_, L.gate_up, gu_, batch, 2 * I, H, s));
+      ZEST_OP("silu*up", silu_mul(gu_, h_, batch, I, s));
+      ZEST_OP("mlp down gemm", gemm(h_, L.down, o_, batch, H, I, s));
+      ZEST_OP("add + rmsnorm", add_rmsnorm(x_, o_, next_norm, xn_, batch, H, kEps, s));
     }
   }
-  ZEST_RETURN_IF_ERROR(gemm(xn_, lm_head_, logits_, batch, c.vocab, H, s));
-  mark("lm_head gemm");
-  ZEST_RETURN_IF_ERROR(argmax_rows(logits_, out_ids_, batch, c.vocab, s));
-  mark("argmax");
+  ZEST_OP("lm_head gemm", gemm(xn_, lm_head_, logits_, batch, c.vocab, H, s));
+  ZEST_OP("argmax", argmax_rows(logits_, out_ids_, batch, c.vocab, s));
+#undef ZEST_OP
   return Status::ok();
 }
 
@@ -348,6 +346,27 @@ Status SyntheticDecoder::replay(int batch, bool sere) {
     it = graphs_.emplace(key, exec).first;
   }
   return cuda_status(cudaGraphLaunch(it->second, stream_), "graph launch");
+}
+
+void SyntheticDecoder::clear_graphs() {
+  for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g);
+  graphs_.clear();
+}
+
+void SyntheticDecoder::set_skip(const std::string& op) {
+  skip_ = op;
+  clear_graphs();
+}
+
+std::vector<std::string> SyntheticDecoder::op_labels(bool sere) const {
+  if (cfg_.experts == 0)
+    return {"qkv gemm", "qk norm + rope + kv", "decode attention", "o gemm", "add + rmsnorm", "mlp gate/up gemm",
+            "silu*up", "mlp down gemm", "lm_head gemm", "argmax"};
+  std::vector<std::string> ops = {"qkv gemm", "qk norm + rope + kv", "decode attention", "o gemm", "add + rmsnorm",
+                                  "router gemm", "router top-k"};
+  if (sere) ops.push_back("sere");
+  for (const char* o : {"moe plan", "moe experts", "moe combine + rmsnorm", "lm_head gemm"}) ops.push_back(o);
+  return ops;
 }
 
 Status SyntheticDecoder::reset_expert_counts() {

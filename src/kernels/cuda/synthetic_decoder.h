@@ -67,6 +67,13 @@ class SyntheticDecoder {
   Result<std::vector<std::pair<std::string, double>>> profile_step(int batch, bool sere);
   // Argmax token ids of the last step, [batch] (synchronises; outside timed regions only).
   Result<std::vector<int32_t>> last_tokens(int batch);
+  // Ablation for benchmarks: the operation with this profile label (e.g. "decode attention") is left out of
+  // later steps ("" = none); its outputs keep the previous step's values. Clears the captured graphs.
+  void set_skip(const std::string& op);
+  // Drops the captured graphs (after changing decode options, so that the next replay captures them again).
+  void clear_graphs();
+  // Profile labels of the operations of one step, in launch order.
+  std::vector<std::string> op_labels(bool sere) const;
 
  private:
   SyntheticDecoder() = default;
@@ -98,6 +105,7 @@ class SyntheticDecoder {
   int blocks_per_seq_ = 0;
   std::map<std::pair<int, bool>, cudaGraphExec_t> graphs_;
   bool profile_ = false;
+  std::string skip_;
   std::vector<std::pair<std::string, cudaEvent_t>> marks_;
 };
 
