@@ -81,6 +81,27 @@ TEST(CudaPrefillKernels, AttentionGqa1AndGqa8PaddedRows) {
   run_prefill_case({300, 128}, 16, 2, 0, false, rng);    // 8 query heads per kv head
 }
 
+// Selects a prefill kernel variant for the scope of a test.
+class OptionScope {
+ public:
+  OptionScope(PrefillOption opt, int value) : opt_(opt), before_(prefill_option(opt)) { set_prefill_option(opt, value); }
+  ~OptionScope() { set_prefill_option(opt_, before_); }
+
+ private:
+  PrefillOption opt_;
+  int before_;
+};
+
+TEST(CudaPrefillKernels, AttentionVariantsMatchReference) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(504);
+  for (int variant : {1, 2}) {
+    SCOPED_TRACE(testing::Message() << "variant " << variant);
+    OptionScope scope(PrefillOption::kAttention, variant);
+    run_prefill_case({1, 17, 63, 65, 200}, 4, 2, 0, false, rng);
+  }
+}
+
 TEST(CudaPrefillKernels, PreviousWmmaAttentionMatchesReference) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(503);
@@ -205,6 +226,17 @@ TEST(CudaPrefillKernels, GroupedExpertsModelWidths) {
   // Qwen3-30B-A3B widths (H 2048, I 768): 17, 1 and 0 slots, then a 130-slot expert.
   run_grouped_case({40, 8, 2048, 768, 17, 1, 0}, false, rng);
   run_grouped_case({150, 10, 2048, 768, 130, 3, 1}, false, rng);
+}
+
+TEST(CudaPrefillKernels, GroupedGemmVariantsMatchReference) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(514);
+  for (int variant : {1, 2}) {
+    SCOPED_TRACE(testing::Message() << "variant " << variant);
+    OptionScope scope(PrefillOption::kGroupedGemm, variant);
+    run_grouped_case({320, 8, 256, 128, 300, 17, 1}, false, rng);
+    run_grouped_case({40, 8, 2048, 768, 17, 1, 0}, false, rng);
+  }
 }
 
 TEST(CudaPrefillKernels, PreviousWmmaGroupedExpertsMatchReference) {

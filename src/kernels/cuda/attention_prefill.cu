@@ -177,19 +177,20 @@ __global__ void __launch_bounds__(kPW * 32) prefill_attention_kernel(const bf16*
 
 // ---- FlashAttention-2 style kernel -------------------------------------------------------------------------
 
-constexpr int kFaWarps = 8;
-constexpr int kFaThreads = kFaWarps * 32;
-constexpr int kFaBQ = kFaWarps * 16;  // query rows per CTA
-constexpr int kFaBK = 64;             // keys per tile
-constexpr int kFaLd = kD + 8;         // padded tile row (272 bytes: an odd number of 16-byte units)
-constexpr size_t kFaSmem = static_cast<size_t>(kFaBQ + 4 * kFaBK) * kFaLd * sizeof(bf16);  // Q, K x2, V x2
+// W warps of 16 query rows per CTA (8: one CTA per SM by registers; 4: two).
+constexpr int kFaBK = 64;      // keys per tile
+constexpr int kFaLd = kD + 8;  // padded tile row (272 bytes: an odd number of 16-byte units)
+template <int W>
+constexpr size_t fa_smem() {
+  return static_cast<size_t>(W * 16 + 4 * kFaBK) * kFaLd * sizeof(bf16);  // Q, K x2, V x2
+}
 
 // cp.async of `rows` rows [row0, row0 + rows) of one head (128 columns) into a tile; rows >= row_end zero-fill.
-template <int kRows>
+template <int kRows, int kThreads>
 __device__ __forceinline__ void fa_load_tile(bf16* tile, const bf16* base, int stride, int row0, int row_end) {
   constexpr int kChunks = kD / 8;
 #pragma unroll
-  for (int i = threadIdx.x; i < kRows * kChunks; i += kFaThreads) {
+  for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
     const int r = i / kChunks, c = i % kChunks;
     const bool valid = row0 + r < row_end;
     vmma::cp_async16(tile + r * kFaLd + c * 8, base + static_cast<size_t>(valid ? row0 + r : 0) * stride + c * 8,
@@ -197,7 +198,8 @@ __device__ __forceinline__ void fa_load_tile(bf16* tile, const bf16* base, int s
   }
 }
 
-__global__ void __launch_bounds__(kFaThreads, 1)
+template <int W>
+__global__ void __launch_bounds__(W * 32, 8 / W)
     prefill_attention_fa_kernel(const bf16* __restrict__ q, int q_stride, const bf16* __restrict__ k,
                                 const bf16* __restrict__ v, int kv_stride, const int32_t* __restrict__ cu_seqlens,
                                 bf16* __restrict__ out, int Hq, int Hkv, float scale_log2) {
@@ -205,6 +207,7 @@ __global__ void __launch_bounds__(kFaThreads, 1)
   constexpr int NT = kFaBK / 8;  // n-tiles of 8 keys
   constexpr int KS = kD / 16;    // k-steps over the head dimension
   constexpr int DT = kD / 8;     // n-tiles of 8 output columns
+  constexpr int kFaThreads = W * 32, kFaBQ = W * 16;
   pdl_wait();
   const int h = blockIdx.x, seq = blockIdx.z;
   const int qt = gridDim.y - 1 - blockIdx.y;  // longest tiles first
@@ -223,9 +226,9 @@ __global__ void __launch_bounds__(kFaThreads, 1)
   const int q_end = min(q0 + kFaBQ, len);    // rows past the sequence are zero-filled, never written
   const int n_kt = (q_end + kFaBK - 1) / kFaBK;  // key tiles up to the diagonal
 
-  fa_load_tile<kFaBQ>(sQ, qh, q_stride, q0, len);
-  fa_load_tile<kFaBK>(sK, kh, kv_stride, 0, len);
-  fa_load_tile<kFaBK>(sV, vh, kv_stride, 0, len);
+  fa_load_tile<kFaBQ, kFaThreads>(sQ, qh, q_stride, q0, len);
+  fa_load_tile<kFaBK, kFaThreads>(sK, kh, kv_stride, 0, len);
+  fa_load_tile<kFaBK, kFaThreads>(sV, vh, kv_stride, 0, len);
   cp_async_commit();
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -239,8 +242,8 @@ __global__ void __launch_bounds__(kFaThreads, 1)
   for (int kt = 0; kt < n_kt; ++kt) {
     const int buf = kt & 1;
     if (kt + 1 < n_kt) {
-      fa_load_tile<kFaBK>(sK + (buf ^ 1) * kFaBK * kFaLd, kh, kv_stride, (kt + 1) * kFaBK, len);
-      fa_load_tile<kFaBK>(sV + (buf ^ 1) * kFaBK * kFaLd, vh, kv_stride, (kt + 1) * kFaBK, len);
+      fa_load_tile<kFaBK, kFaThreads>(sK + (buf ^ 1) * kFaBK * kFaLd, kh, kv_stride, (kt + 1) * kFaBK, len);
+      fa_load_tile<kFaBK, kFaThreads>(sV + (buf ^ 1) * kFaBK * kFaLd, vh, kv_stride, (kt + 1) * kFaBK, len);
     }
     cp_async_commit();
     cp_async_wait<1>();
@@ -349,7 +352,25 @@ Status check_prefill(const bf16* q, int q_stride, const bf16* k, const bf16* v, 
   return Status::ok();
 }
 
+template <int W>
+Status launch_fa(const bf16* q, int q_stride, const bf16* k, const bf16* v, int kv_stride, const int32_t* cu_seqlens,
+                 int nseq, int max_seqlen, bf16* out, int Hq, int Hkv, float scale, cudaStream_t stream) {
+  constexpr size_t smem = fa_smem<W>();
+  static const cudaError_t attr = cudaFuncSetAttribute(prefill_attention_fa_kernel<W>,
+                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  ZEST_RETURN_IF_ERROR(cuda_status(attr, "prefill_attention smem attribute"));
+  constexpr float kLog2e = 1.4426950408889634f;
+  const dim3 grid(Hq, (max_seqlen + W * 16 - 1) / (W * 16), nseq);
+  return launch("prefill_attention", prefill_attention_fa_kernel<W>, grid, dim3(W * 32), smem, stream, q, q_stride, k, v,
+                kv_stride, cu_seqlens, out, Hq, Hkv, scale * kLog2e);
+}
+
+int g_prefill_options[static_cast<int>(PrefillOption::kCount)] = {};
+
 }  // namespace
+
+void set_prefill_option(PrefillOption opt, int value) { g_prefill_options[static_cast<int>(opt)] = value; }
+int prefill_option(PrefillOption opt) { return g_prefill_options[static_cast<int>(opt)]; }
 
 Status prefill_attention(const bf16* q, int q_stride, const bf16* k, const bf16* v, int kv_stride,
                          const int32_t* cu_seqlens, int nseq, int max_seqlen, bf16* out, int Hq, int Hkv, int D,
@@ -358,13 +379,9 @@ Status prefill_attention(const bf16* q, int q_stride, const bf16* k, const bf16*
     return prefill_attention_generic(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, D, scale,
                                      stream);
   ZEST_RETURN_IF_ERROR(check_prefill(q, q_stride, k, v, kv_stride, nseq, max_seqlen, out, Hq, Hkv, D));
-  static const cudaError_t attr = cudaFuncSetAttribute(
-      prefill_attention_fa_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kFaSmem));
-  ZEST_RETURN_IF_ERROR(cuda_status(attr, "prefill_attention smem attribute"));
-  constexpr float kLog2e = 1.4426950408889634f;
-  const dim3 grid(Hq, (max_seqlen + kFaBQ - 1) / kFaBQ, nseq);
-  return launch("prefill_attention", prefill_attention_fa_kernel, grid, dim3(kFaThreads), kFaSmem, stream, q, q_stride,
-                k, v, kv_stride, cu_seqlens, out, Hq, Hkv, scale * kLog2e);
+  return prefill_option(PrefillOption::kAttention) == 2
+             ? launch_fa<4>(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, scale, stream)
+             : launch_fa<8>(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, scale, stream);
 }
 
 Status prefill_attention_wmma(const bf16* q, int q_stride, const bf16* k, const bf16* v, int kv_stride,

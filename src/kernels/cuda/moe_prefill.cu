@@ -138,23 +138,37 @@ size_t grouped_smem(bool gate_up) {
 
 constexpr int kMBM = 128;     // sorted slots per CTA (two plan tiles)
 constexpr int kMBN = 128;     // weight rows per CTA
-constexpr int kMBK = 32;      // k-chunk
-constexpr int kMStages = 4;   // cp.async ring depth
 constexpr int kMWarps = 8;
 constexpr int kMThreads = kMWarps * 32;
-constexpr int kMLd = kMBK + 8;  // padded smem row: 80 bytes (5 x 16 B, conflict-free ldmatrix)
-constexpr size_t kMStageElems = static_cast<size_t>(kMBM + kMBN) * kMLd;
-constexpr size_t kMSmem = kMStages * kMStageElems * sizeof(bf16);
 static_assert(kMBM % kMoeTileM == 0, "a CTA covers whole plan tiles");
+// k-chunk BK (32 or 64) and ring depth; smem rows padded by 8 elements (an odd number of 16-byte units, so
+// ldmatrix rows fall on distinct banks).
+template <int BK>
+constexpr int m_ld() {
+  return BK + 8;
+}
+template <int BK>
+constexpr size_t m_stage_elems() {
+  return static_cast<size_t>(kMBM + kMBN) * m_ld<BK>();
+}
+template <int BK, int ST>
+constexpr size_t m_smem() {
+  return ST * m_stage_elems<BK>() * sizeof(bf16);
+}
 
 // kGateUp: C = x[token] x [Wg | Wu]^T over H for 64 intermediate columns; h = silu(g) * u at the sorted position.
 // else:    C = h x Wd^T over I for 128 output columns; slot_out[slot] = w[slot] * C.
-template <bool kGateUp>
+template <bool kGateUp, int BK, int ST>
 __global__ void __launch_bounds__(kMThreads, 2)
     moe_grouped_mma_kernel(const bf16* __restrict__ a_src, MoePlan plan, const float* __restrict__ weights,
                            const bf16* __restrict__ w_all, bf16* __restrict__ h, float* __restrict__ slot_out, int K,
                            int H, int I) {
   using namespace vmma;
+  constexpr int kMBK = BK, kMStages = ST, kMLd = m_ld<BK>();
+  constexpr size_t kMStageElems = m_stage_elems<BK>();
+  constexpr int kCh = BK / 8;               // 16-byte chunks per smem row
+  constexpr int kRowsPass = kMThreads / kCh;  // rows one pass of the CTA copies
+  constexpr int kPasses = kMBM / kRowsPass;
   pdl_wait();
   extern __shared__ __align__(128) unsigned char smem_raw[];
   bf16* smem = reinterpret_cast<bf16*>(smem_raw);
@@ -178,14 +192,14 @@ __global__ void __launch_bounds__(kMThreads, 2)
     }
     __syncthreads();
 
-    // Each thread copies 16 bytes of two A rows and two B rows per stage: rows lr and lr + 64, chunk lc.
-    const int lr = threadIdx.x >> 2, lc = threadIdx.x & 3;
-    const bf16* a_ptr[2];
-    bool a_ok[2];
-    const bf16* b_ptr[2];
+    // Each thread copies 16 bytes (chunk lc) of kPasses A rows and kPasses B rows per stage.
+    const int lr = threadIdx.x / kCh, lc = threadIdx.x % kCh;
+    const bf16* a_ptr[kPasses];
+    bool a_ok[kPasses];
+    const bf16* b_ptr[kPasses];
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
-      const int r = lr + u * 64;
+    for (int u = 0; u < kPasses; ++u) {
+      const int r = lr + u * kRowsPass;
       const int src = a_row[r];
       a_ok[u] = src >= 0;
       a_ptr[u] = a_src + static_cast<size_t>(src >= 0 ? src : 0) * Kdim + lc * 8;
@@ -203,8 +217,8 @@ __global__ void __launch_bounds__(kMThreads, 2)
       bf16* sB = sA + kMBM * kMLd;
       const int k0 = kc * kMBK;
 #pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const int r = lr + u * 64;
+      for (int u = 0; u < kPasses; ++u) {
+        const int r = lr + u * kRowsPass;
         cp_async16(sA + r * kMLd + lc * 8, a_ptr[u] + k0, a_ok[u]);
         cp_async16(sB + r * kMLd + lc * 8, b_ptr[u] + k0, true);
       }
@@ -286,11 +300,20 @@ __global__ void __launch_bounds__(kMThreads, 2)
   }
 }
 
-bool mma_shapes_ok(int H, int I) { return H % kMBN == 0 && I % (kMBN / 2) == 0 && H % kMBK == 0 && I % kMBK == 0; }
+// Variant 2 of PrefillOption::kGroupedGemm: k-chunks of 64 in a 3-stage ring; otherwise 32 in a 4-stage ring.
+bool mma_shapes_ok(int H, int I) { return H % kMBN == 0 && I % (kMBN / 2) == 0; }
 
-// Grid of the main kernels: weight-row tiles along x (fastest), plan tiles along y (grid-stride past 65535).
-dim3 mma_grid(int N, int K, int E, int n_tiles) {
-  return dim3(n_tiles, std::min(moe_max_tiles(N, K, E), 65535));
+template <bool kGateUp, int BK, int ST>
+Status launch_grouped(const bf16* a, const MoePlan& plan, const float* weights, const bf16* w, bf16* h,
+                      float* slot_out, int N, int K, int E, int H, int I, cudaStream_t stream) {
+  constexpr size_t smem = m_smem<BK, ST>();
+  static const cudaError_t attr = cudaFuncSetAttribute(moe_grouped_mma_kernel<kGateUp, BK, ST>,
+                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  ZEST_RETURN_IF_ERROR(cuda_status(attr, "moe grouped GEMM smem attribute"));
+  const int n_tiles = kGateUp ? I / (kMBN / 2) : H / kMBN;
+  return launch(kGateUp ? "moe_prefill_gate_up" : "moe_prefill_down", moe_grouped_mma_kernel<kGateUp, BK, ST>,
+                dim3(n_tiles, std::min(moe_max_tiles(N, K, E), 65535)), dim3(kMThreads), smem, stream, a, plan, weights,
+                w, h, slot_out, K, H, I);
 }
 
 Status check_grouped(int N, int K, int E, int H, int I) {
@@ -315,12 +338,9 @@ Status moe_prefill_gate_up(const bf16* x, const MoePlan& plan, const bf16* gate_
   if (!mma_shapes_ok(H, I))
     return invalid_argument("moe_prefill_gate_up: needs H % 128 == 0 and I % 64 == 0 (H=" + std::to_string(H) +
                             " I=" + std::to_string(I) + ")");
-  static const cudaError_t attr = cudaFuncSetAttribute(
-      moe_grouped_mma_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMSmem));
-  ZEST_RETURN_IF_ERROR(cuda_status(attr, "moe_prefill_gate_up smem attribute"));
-  return launch("moe_prefill_gate_up", moe_grouped_mma_kernel<true>, mma_grid(N, K, E, I / (kMBN / 2)),
-                dim3(kMThreads), kMSmem, stream, x, plan, static_cast<const float*>(nullptr), gate_up, h,
-                static_cast<float*>(nullptr), K, H, I);
+  if (prefill_option(PrefillOption::kGroupedGemm) == 2)
+    return launch_grouped<true, 64, 3>(x, plan, nullptr, gate_up, h, nullptr, N, K, E, H, I, stream);
+  return launch_grouped<true, 32, 4>(x, plan, nullptr, gate_up, h, nullptr, N, K, E, H, I, stream);
 }
 
 Status moe_prefill_down(const bf16* h, const MoePlan& plan, const float* weights, const bf16* down, float* slot_out,
@@ -329,11 +349,9 @@ Status moe_prefill_down(const bf16* h, const MoePlan& plan, const float* weights
   if (!mma_shapes_ok(H, I))
     return invalid_argument("moe_prefill_down: needs H % 128 == 0 and I % 64 == 0 (H=" + std::to_string(H) +
                             " I=" + std::to_string(I) + ")");
-  static const cudaError_t attr = cudaFuncSetAttribute(
-      moe_grouped_mma_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMSmem));
-  ZEST_RETURN_IF_ERROR(cuda_status(attr, "moe_prefill_down smem attribute"));
-  return launch("moe_prefill_down", moe_grouped_mma_kernel<false>, mma_grid(N, K, E, H / kMBN), dim3(kMThreads), kMSmem,
-                stream, h, plan, weights, down, static_cast<bf16*>(nullptr), slot_out, K, H, I);
+  if (prefill_option(PrefillOption::kGroupedGemm) == 2)
+    return launch_grouped<false, 64, 3>(h, plan, weights, down, nullptr, slot_out, N, K, E, H, I, stream);
+  return launch_grouped<false, 32, 4>(h, plan, weights, down, nullptr, slot_out, N, K, E, H, I, stream);
 }
 
 Status moe_experts_prefill(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
