@@ -387,9 +387,27 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
        }},
       {"prefill attention", 4 * t * t / 2 * Hq * D, true,
        [&] { return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn, Hq, Hkv, D, scale, st); }},
-      {"prefill attention, variant 2 (4 warps)", 4 * t * t / 2 * Hq * D, false,
+      {"prefill attention, variant 2 (4 warps x 16 rows, 64 keys)", 4 * t * t / 2 * Hq * D, false,
        [&] {
          return with_option(cuda::PrefillOption::kAttention, 2, [&] {
+           return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn2, Hq, Hkv, D, scale, st);
+         });
+       }},
+      {"prefill attention, variant 3 (8 warps x 32 rows, 32 keys)", 4 * t * t / 2 * Hq * D, false,
+       [&] {
+         return with_option(cuda::PrefillOption::kAttention, 3, [&] {
+           return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn2, Hq, Hkv, D, scale, st);
+         });
+       }},
+      {"prefill attention, variant 4 (4 warps x 32 rows, 32 keys)", 4 * t * t / 2 * Hq * D, false,
+       [&] {
+         return with_option(cuda::PrefillOption::kAttention, 4, [&] {
+           return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn2, Hq, Hkv, D, scale, st);
+         });
+       }},
+      {"prefill attention, variant 5 (8 warps x 16 rows, 32 keys)", 4 * t * t / 2 * Hq * D, false,
+       [&] {
+         return with_option(cuda::PrefillOption::kAttention, 5, [&] {
            return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn2, Hq, Hkv, D, scale, st);
          });
        }},

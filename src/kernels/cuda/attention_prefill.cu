@@ -1,19 +1,21 @@
 // Prefill attention (causal, GQA, packed variable-length sequences), head_dim 128, bf16 tensor cores.
 //
-// Main kernel (FlashAttention-2 style): CTA = (query head, 128-query tile, sequence), 8 warps of 16 query
-// rows. The warp's Q fragments stay in registers for the whole key loop; S = Q K^T and P are mma.sync
-// m16n8k16 accumulators/fragments (no shared-memory round trip), softmax is online in fp32 and base 2
-// (scale pre-multiplied by log2 e). K/V tiles of 64 keys are double-buffered with cp.async and read with
-// ldmatrix (V transposed). Key tiles above the diagonal are not loaded; a warp skips a tile all of whose keys
-// lie after its rows, and only tiles that cross a warp's diagonal are masked. The longest query tiles are
-// scheduled first (grid y runs from the last tile down), and the query heads of one kv head are adjacent in
-// the grid so their K/V reads hit L2.
+// Main kernel (FlashAttention-2 style): CTA = (query head, query tile, sequence) of W warps, each owning MT
+// m16 tiles of query rows. S = Q K^T and P are mma.sync m16n8k16 accumulators/fragments (no shared-memory
+// round trip); with one m-tile per warp the Q fragments stay in registers for the whole key loop. Softmax is
+// online in fp32 and base 2 (scale pre-multiplied by log2 e). K/V tiles of BK keys are double-buffered with
+// cp.async and read with ldmatrix (V transposed). Key tiles above the diagonal are not loaded; a warp skips a
+// tile all of whose keys lie after its rows, and only tiles that cross an m-tile's diagonal are masked. The
+// longest query tiles are scheduled first (grid y runs from the last tile down), and the query heads of one
+// kv head are adjacent in the grid so their K/V reads hit L2. The (W, MT, BK) shape is chosen by
+// PrefillOption::kAttention (kernels.h).
 //
 // The previous kernel (wmma, scores/probabilities/accumulator through shared memory, 64-query tiles) stays
 // as prefill_attention_wmma for comparison.
 #include <mma.h>
 
 #include <string>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/vision_mma.cuh"
@@ -177,12 +179,10 @@ __global__ void __launch_bounds__(kPW * 32) prefill_attention_kernel(const bf16*
 
 // ---- FlashAttention-2 style kernel -------------------------------------------------------------------------
 
-// W warps of 16 query rows per CTA (8: one CTA per SM by registers; 4: two).
-constexpr int kFaBK = 64;      // keys per tile
 constexpr int kFaLd = kD + 8;  // padded tile row (272 bytes: an odd number of 16-byte units)
-template <int W>
+template <int W, int MT, int BK>
 constexpr size_t fa_smem() {
-  return static_cast<size_t>(W * 16 + 4 * kFaBK) * kFaLd * sizeof(bf16);  // Q, K x2, V x2
+  return static_cast<size_t>(W * 16 * MT + 4 * BK) * kFaLd * sizeof(bf16);  // Q, K x2, V x2
 }
 
 // cp.async of `rows` rows [row0, row0 + rows) of one head (128 columns) into a tile; rows >= row_end zero-fill.
@@ -198,16 +198,19 @@ __device__ __forceinline__ void fa_load_tile(bf16* tile, const bf16* base, int s
   }
 }
 
-template <int W>
-__global__ void __launch_bounds__(W * 32, 8 / W)
+// W warps of MT m16 row tiles each, key tiles of BK; MT == 1 keeps the warp's Q fragments in registers, MT == 2
+// reads them from shared memory at every k-step (registers go to the second accumulator tile instead).
+template <int W, int MT, int BK>
+__global__ void __launch_bounds__(W * 32, W * MT >= 8 ? 1 : 2)
     prefill_attention_fa_kernel(const bf16* __restrict__ q, int q_stride, const bf16* __restrict__ k,
                                 const bf16* __restrict__ v, int kv_stride, const int32_t* __restrict__ cu_seqlens,
                                 bf16* __restrict__ out, int Hq, int Hkv, float scale_log2) {
   using namespace vmma;
-  constexpr int NT = kFaBK / 8;  // n-tiles of 8 keys
+  constexpr int NT = BK / 8;  // n-tiles of 8 keys
   constexpr int KS = kD / 16;    // k-steps over the head dimension
   constexpr int DT = kD / 8;     // n-tiles of 8 output columns
-  constexpr int kFaThreads = W * 32, kFaBQ = W * 16;
+  constexpr int kFaThreads = W * 32, kWarpRows = 16 * MT, kFaBQ = W * kWarpRows;
+  constexpr bool kQRegs = MT == 1;
   pdl_wait();
   const int h = blockIdx.x, seq = blockIdx.z;
   const int qt = gridDim.y - 1 - blockIdx.y;  // longest tiles first
@@ -218,105 +221,128 @@ __global__ void __launch_bounds__(W * 32, 8 / W)
   extern __shared__ __align__(128) unsigned char smem_raw[];
   bf16* sQ = reinterpret_cast<bf16*>(smem_raw);
   bf16* sK = sQ + kFaBQ * kFaLd;
-  bf16* sV = sK + 2 * kFaBK * kFaLd;
+  bf16* sV = sK + 2 * BK * kFaLd;
 
   const bf16* qh = q + static_cast<size_t>(start) * q_stride + h * kD;
   const bf16* kh = k + static_cast<size_t>(start) * kv_stride + kvh * kD;
   const bf16* vh = v + static_cast<size_t>(start) * kv_stride + kvh * kD;
-  const int q_end = min(q0 + kFaBQ, len);    // rows past the sequence are zero-filled, never written
-  const int n_kt = (q_end + kFaBK - 1) / kFaBK;  // key tiles up to the diagonal
+  const int q_end = min(q0 + kFaBQ, len);        // rows past the sequence are zero-filled, never written
+  const int n_kt = (q_end + BK - 1) / BK;  // key tiles up to the diagonal
 
   fa_load_tile<kFaBQ, kFaThreads>(sQ, qh, q_stride, q0, len);
-  fa_load_tile<kFaBK, kFaThreads>(sK, kh, kv_stride, 0, len);
-  fa_load_tile<kFaBK, kFaThreads>(sV, vh, kv_stride, 0, len);
+  fa_load_tile<BK, kFaThreads>(sK, kh, kv_stride, 0, len);
+  fa_load_tile<BK, kFaThreads>(sV, vh, kv_stride, 0, len);
   cp_async_commit();
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int row0 = q0 + warp * 16;  // this warp's first query row (sequence-relative)
-  uint32_t qa[KS][4];
-  float o[DT][4];
+  const int row0 = q0 + warp * kWarpRows;  // this warp's first query row (sequence-relative)
+  const bf16* qrow = sQ + (warp * kWarpRows + (lane & 15)) * kFaLd + (lane >> 4) * 8;
+  uint32_t qa[kQRegs ? KS : 1][4];
+  float o[MT][DT][4];
 #pragma unroll
-  for (int i = 0; i < DT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int i = 0; i < DT; ++i) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.f;
+  float m[MT][2], l[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0.f;
 
   for (int kt = 0; kt < n_kt; ++kt) {
     const int buf = kt & 1;
     if (kt + 1 < n_kt) {
-      fa_load_tile<kFaBK, kFaThreads>(sK + (buf ^ 1) * kFaBK * kFaLd, kh, kv_stride, (kt + 1) * kFaBK, len);
-      fa_load_tile<kFaBK, kFaThreads>(sV + (buf ^ 1) * kFaBK * kFaLd, vh, kv_stride, (kt + 1) * kFaBK, len);
+      fa_load_tile<BK, kFaThreads>(sK + (buf ^ 1) * BK * kFaLd, kh, kv_stride, (kt + 1) * BK, len);
+      fa_load_tile<BK, kFaThreads>(sV + (buf ^ 1) * BK * kFaLd, vh, kv_stride, (kt + 1) * BK, len);
     }
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
-    if (kt == 0) {
-      const bf16* qrow = sQ + (warp * 16 + (lane & 15)) * kFaLd + (lane >> 4) * 8;
+    if (kQRegs && kt == 0) {
 #pragma unroll
-      for (int kk = 0; kk < KS; ++kk) ldsm_x4(qa[kk], qrow + kk * 16);
+      for (int kk = 0; kk < KS; ++kk) ldsm_x4(qa[kQRegs ? kk : 0], qrow + kk * 16);
     }
-    const int k0 = kt * kFaBK;
-    if (row0 < len && k0 <= row0 + 15) {  // the warp has rows, and a key of this tile precedes its last row
-      const bf16* tK = sK + buf * kFaBK * kFaLd;
-      const bf16* tV = sV + buf * kFaBK * kFaLd;
-      float s[NT][4];
+    const int k0 = kt * BK;
+    // The warp has rows, and a key of this tile precedes its last row.
+    if (row0 < len && k0 <= row0 + kWarpRows - 1) {
+      const bf16* tK = sK + buf * BK * kFaLd;
+      const bf16* tV = sV + buf * BK * kFaLd;
+      float s[MT][NT][4];
 #pragma unroll
-      for (int j = 0; j < NT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = 0.f;
 #pragma unroll
       for (int kk = 0; kk < KS; ++kk) {
+        uint32_t qf[MT][4];
+        if constexpr (!kQRegs) {
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) ldsm_x4(qf[mt], qrow + mt * 16 * kFaLd + kk * 16);
+        }
 #pragma unroll
         for (int jp = 0; jp < NT / 2; ++jp) {
           uint32_t b[4];
           ldsm_x4(b, tK + ((jp * 2 + (lane >> 4)) * 8 + (lane & 7)) * kFaLd + kk * 16 + ((lane >> 3) & 1) * 8);
-          mma16816(s[2 * jp], qa[kk], b[0], b[1]);
-          mma16816(s[2 * jp + 1], qa[kk], b[2], b[3]);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            const uint32_t(&a)[4] = kQRegs ? qa[kQRegs ? kk : 0] : qf[mt];
+            mma16816(s[mt][2 * jp], a, b[0], b[1]);
+            mma16816(s[mt][2 * jp + 1], a, b[2], b[3]);
+          }
         }
       }
-      const bool diag = k0 + kFaBK - 1 > row0;  // some key of this tile lies after the warp's first row
-      float mx[2] = {-INFINITY, -INFINITY};
+      uint32_t pa[MT][BK / 16][4];
 #pragma unroll
-      for (int j = 0; j < NT; ++j) {
+      for (int mt = 0; mt < MT; ++mt) {
+        const int mrow = row0 + mt * 16;                // first row of this m-tile
+        const bool diag = k0 + BK - 1 > mrow;        // some key of this tile lies after the m-tile's first row
+        float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float x = s[j][e] * scale_log2;
-          if (diag && k0 + j * 8 + 2 * t + (e & 1) > row0 + g + (e >> 1) * 8) x = -INFINITY;
-          s[j][e] = x;
-          mx[e >> 1] = fmaxf(mx[e >> 1], x);
+        for (int j = 0; j < NT; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float x = s[mt][j][e] * scale_log2;
+            if (diag && k0 + j * 8 + 2 * t + (e & 1) > mrow + g + (e >> 1) * 8) x = -INFINITY;
+            s[mt][j][e] = x;
+            mx[e >> 1] = fmaxf(mx[e >> 1], x);
+          }
+        }
+        float alpha[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+          const float mn = fmaxf(m[mt][r], mx[r]);  // finite: key 0 (tile 0) precedes every row
+          alpha[r] = exp2f(m[mt][r] - mn);
+          m[mt][r] = mn;
+          l[mt][r] *= alpha[r];
+        }
+#pragma unroll
+        for (int i = 0; i < DT; ++i) {
+          o[mt][i][0] *= alpha[0];
+          o[mt][i][1] *= alpha[0];
+          o[mt][i][2] *= alpha[1];
+          o[mt][i][3] *= alpha[1];
+        }
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+          const float p0 = exp2f(s[mt][j][0] - m[mt][0]), p1 = exp2f(s[mt][j][1] - m[mt][0]);
+          const float p2 = exp2f(s[mt][j][2] - m[mt][1]), p3 = exp2f(s[mt][j][3] - m[mt][1]);
+          l[mt][0] += p0 + p1;
+          l[mt][1] += p2 + p3;
+          pa[mt][j / 2][(j % 2) * 2] = pack_bf16(p0, p1);
+          pa[mt][j / 2][(j % 2) * 2 + 1] = pack_bf16(p2, p3);
         }
       }
-      float alpha[2];
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        const float mn = fmaxf(m[r], mx[r]);  // finite: key 0 (tile 0) precedes every row
-        alpha[r] = exp2f(m[r] - mn);
-        m[r] = mn;
-        l[r] *= alpha[r];
-      }
-#pragma unroll
-      for (int i = 0; i < DT; ++i) {
-        o[i][0] *= alpha[0];
-        o[i][1] *= alpha[0];
-        o[i][2] *= alpha[1];
-        o[i][3] *= alpha[1];
-      }
-      uint32_t pa[kFaBK / 16][4];
-#pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        const float p0 = exp2f(s[j][0] - m[0]), p1 = exp2f(s[j][1] - m[0]);
-        const float p2 = exp2f(s[j][2] - m[1]), p3 = exp2f(s[j][3] - m[1]);
-        l[0] += p0 + p1;
-        l[1] += p2 + p3;
-        pa[j / 2][(j % 2) * 2] = pack_bf16(p0, p1);
-        pa[j / 2][(j % 2) * 2 + 1] = pack_bf16(p2, p3);
-      }
-#pragma unroll
-      for (int kk = 0; kk < kFaBK / 16; ++kk) {
+      for (int kk = 0; kk < BK / 16; ++kk) {
 #pragma unroll
         for (int np = 0; np < DT / 2; ++np) {
           uint32_t b[4];
           ldsm_x4_trans(b, tV + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kFaLd + (np * 2 + (lane >> 4)) * 8);
-          mma16816(o[2 * np], pa[kk], b[0], b[1]);
-          mma16816(o[2 * np + 1], pa[kk], b[2], b[3]);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            mma16816(o[mt][2 * np], pa[mt][kk], b[0], b[1]);
+            mma16816(o[mt][2 * np + 1], pa[mt][kk], b[2], b[3]);
+          }
         }
       }
     }
@@ -325,18 +351,21 @@ __global__ void __launch_bounds__(W * 32, 8 / W)
 
   const size_t out_stride = static_cast<size_t>(Hq) * kD;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float lr = l[r];
-    lr += __shfl_xor_sync(0xffffffffu, lr, 1);
-    lr += __shfl_xor_sync(0xffffffffu, lr, 2);
-    const int row = row0 + g + r * 8;
-    if (row >= len) continue;
-    const float inv = 1.f / lr;
-    bf16* orow = out + static_cast<size_t>(start + row) * out_stride + h * kD;
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int i = 0; i < DT; ++i)
-      *reinterpret_cast<uint32_t*>(orow + i * 8 + 2 * t) = vmma::pack_bf16(o[i][2 * r] * inv, o[i][2 * r + 1] * inv);
-  }
+    for (int r = 0; r < 2; ++r) {
+      float lr = l[mt][r];
+      lr += __shfl_xor_sync(0xffffffffu, lr, 1);
+      lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+      const int row = row0 + mt * 16 + g + r * 8;
+      if (row >= len) continue;
+      const float inv = 1.f / lr;
+      bf16* orow = out + static_cast<size_t>(start + row) * out_stride + h * kD;
+#pragma unroll
+      for (int i = 0; i < DT; ++i)
+        *reinterpret_cast<uint32_t*>(orow + i * 8 + 2 * t) =
+            vmma::pack_bf16(o[mt][i][2 * r] * inv, o[mt][i][2 * r + 1] * inv);
+    }
 }
 
 Status check_prefill(const bf16* q, int q_stride, const bf16* k, const bf16* v, int kv_stride, int nseq,
@@ -352,17 +381,18 @@ Status check_prefill(const bf16* q, int q_stride, const bf16* k, const bf16* v, 
   return Status::ok();
 }
 
-template <int W>
+template <int W, int MT, int BK>
 Status launch_fa(const bf16* q, int q_stride, const bf16* k, const bf16* v, int kv_stride, const int32_t* cu_seqlens,
                  int nseq, int max_seqlen, bf16* out, int Hq, int Hkv, float scale, cudaStream_t stream) {
-  constexpr size_t smem = fa_smem<W>();
-  static const cudaError_t attr = cudaFuncSetAttribute(prefill_attention_fa_kernel<W>,
+  constexpr size_t smem = fa_smem<W, MT, BK>();
+  constexpr int rows = W * 16 * MT;
+  static const cudaError_t attr = cudaFuncSetAttribute(prefill_attention_fa_kernel<W, MT, BK>,
                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   ZEST_RETURN_IF_ERROR(cuda_status(attr, "prefill_attention smem attribute"));
   constexpr float kLog2e = 1.4426950408889634f;
-  const dim3 grid(Hq, (max_seqlen + W * 16 - 1) / (W * 16), nseq);
-  return launch("prefill_attention", prefill_attention_fa_kernel<W>, grid, dim3(W * 32), smem, stream, q, q_stride, k, v,
-                kv_stride, cu_seqlens, out, Hq, Hkv, scale * kLog2e);
+  const dim3 grid(Hq, (max_seqlen + rows - 1) / rows, nseq);
+  return launch("prefill_attention", prefill_attention_fa_kernel<W, MT, BK>, grid, dim3(W * 32), smem, stream, q, q_stride,
+                k, v, kv_stride, cu_seqlens, out, Hq, Hkv, scale * kLog2e);
 }
 
 int g_prefill_options[static_cast<int>(PrefillOption::kCount)] = {};
@@ -379,9 +409,23 @@ Status prefill_attention(const bf16* q, int q_stride, const bf16* k, const bf16*
     return prefill_attention_generic(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, D, scale,
                                      stream);
   ZEST_RETURN_IF_ERROR(check_prefill(q, q_stride, k, v, kv_stride, nseq, max_seqlen, out, Hq, Hkv, D));
-  return prefill_option(PrefillOption::kAttention) == 2
-             ? launch_fa<4>(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, scale, stream)
-             : launch_fa<8>(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, scale, stream);
+  auto run = [&](auto w, auto mt, auto bk) {
+    return launch_fa<decltype(w)::value, decltype(mt)::value, decltype(bk)::value>(q, q_stride, k, v, kv_stride, cu_seqlens, nseq,
+                                                              max_seqlen, out, Hq, Hkv, scale, stream);
+  };
+  using I1 = std::integral_constant<int, 1>;
+  using I2 = std::integral_constant<int, 2>;
+  using I4 = std::integral_constant<int, 4>;
+  using I8 = std::integral_constant<int, 8>;
+  using K32 = std::integral_constant<int, 32>;
+  using K64 = std::integral_constant<int, 64>;
+  switch (prefill_option(PrefillOption::kAttention)) {
+    case 2: return run(I4{}, I1{}, K64{});
+    case 3: return run(I8{}, I2{}, K32{});
+    case 4: return run(I4{}, I2{}, K32{});
+    case 5: return run(I8{}, I1{}, K32{});
+    default: return run(I8{}, I1{}, K64{});
+  }
 }
 
 Status prefill_attention_wmma(const bf16* q, int q_stride, const bf16* k, const bf16* v, int kv_stride,
