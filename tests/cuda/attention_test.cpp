@@ -211,6 +211,18 @@ TEST(CudaDecodeAttention, L2PrefetchHintsAndUnalignedQueries) {
   run_decode_case({1}, 16, 1, rng, true);
 }
 
+// The tensor-core page loop (8 query heads per kv head): long and short contexts, lengths at and around page
+// boundaries (masked tokens of the last page), several sequences per launch; against the same f32 reference.
+TEST(CudaDecodeAttention, TensorCorePageLoopMatchesReference) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(27);
+  set_decode_option(DecodeOption::kAttentionKernel, 1);
+  run_decode_case({5000}, 32, 4, rng);
+  run_decode_case({1, 15, 16, 17, 33, 1025, 300}, 32, 4, rng);
+  run_decode_case({64, 2}, 8, 1, rng, true);
+  set_decode_option(DecodeOption::kAttentionKernel, 0);
+}
+
 TEST(CudaDecodeAttention, RejectsOddHeadDim) {
   ZEST_REQUIRE_GPU();
   DecodeAttention p;

@@ -17,7 +17,154 @@ struct SplitPlan {
   int splits = 1, pages_per_split = 1;
 };
 
-template <int G>
+__device__ __forceinline__ void mma16816(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t a) {
+  uint32_t d;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(d) : "r"(a));
+  return d;
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0) : "memory");
+}
+
+// Tensor-core page loop for 8 query heads per kv head (one warp per page, pages pg_first, pg_first + kDecWarps, ...
+// below pg_end). Per 16-token page: S^T[16 tokens x 8 heads] = K Q^T by mma (K rows straight from global memory
+// as A fragments, q as B fragments, the same permutation of the head dimension for both: each thread holds 8
+// consecutive values); online softmax per head over the tokens (column reductions over the 8 lanes of a thread
+// quad position); P^T turned into B fragments by movmatrix; O^T[128 x 8] += V^T P^T with V^T A fragments from a
+// swizzled shared-memory copy of the page (cp.async, ldmatrix.trans). The next page's K and V are in flight while
+// the current one is computed. Leaves m, l (heads 2tq, 2tq+1) and O^T in registers.
+struct MmaState {
+  float m[2], l[2];
+  float o[8][4];  // m-tile mt: [d mt*16 + g][heads 2tq, 2tq+1], [d mt*16 + g + 8][...]
+};
+
+__device__ __forceinline__ void mma_decode_pages(MmaState& st, const bf16* __restrict__ qg,
+                                                 const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
+                                                 const int32_t* __restrict__ table, int Hkv, int kvh, int ctx,
+                                                 int pg_first, int pg_end, float scale, bf16* v_s /* [2][16 * 128] */) {
+  constexpr int D = kHeadDim;
+  const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+  const size_t row_stride = static_cast<size_t>(Hkv) * D;
+  st.m[0] = st.m[1] = -INFINITY;
+  st.l[0] = st.l[1] = 0.f;
+#pragma unroll
+  for (int mt = 0; mt < 8; ++mt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) st.o[mt][i] = 0.f;
+  uint4 qf[4];  // head g, d = c * 32 + tq * 8 .. + 7
+#pragma unroll
+  for (int c = 0; c < 4; ++c) qf[c] = __ldg(reinterpret_cast<const uint4*>(qg + g * D + c * 32 + tq * 8));
+
+  // Issues the loads of page pg into buffer buf: V by cp.async (tokens >= nv zero-filled), K rows g, g + 8 into kf.
+  auto load_page = [&](int pg, int buf, uint4 (&kf)[4][2]) {
+    const int blk = table[pg];
+    const int nv = min(kKvBlock, ctx - pg * kKvBlock);
+    const size_t base = (static_cast<size_t>(blk) * kKvBlock * Hkv + kvh) * D;
+    bf16* vb = v_s + buf * kKvBlock * D;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int piece = lane + 32 * i, tok = piece >> 4, c8 = piece & 15;
+      cp_async16(vb + tok * D + ((c8 ^ (tok & 7)) * 8), v_cache + base + (tok < nv ? tok : 0) * row_stride + c8 * 8,
+                 tok < nv);
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      kf[c][0] = g < nv ? ld_stream(k_cache + base + g * row_stride + c * 32 + tq * 8) : make_uint4(0, 0, 0, 0);
+      kf[c][1] = g + 8 < nv ? ld_stream(k_cache + base + (g + 8) * row_stride + c * 32 + tq * 8)
+                            : make_uint4(0, 0, 0, 0);
+    }
+  };
+
+  uint4 kcur[4][2], knext[4][2];
+  int buf = 0;
+  if (pg_first < pg_end) load_page(pg_first, 0, kcur);
+  for (int pg = pg_first; pg < pg_end; pg += kDecWarps) {
+    const bool more = pg + kDecWarps < pg_end;
+    if (more) load_page(pg + kDecWarps, buf ^ 1, knext);
+    const int nv = min(kKvBlock, ctx - pg * kKvBlock);
+    // Scores S^T: c0, c1 = token g, heads 2tq, 2tq + 1; c2, c3 = token g + 8.
+    float sc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      mma16816(sc, kcur[c][0].x, kcur[c][1].x, kcur[c][0].y, kcur[c][1].y, qf[c].x, qf[c].y);
+      mma16816(sc, kcur[c][0].z, kcur[c][1].z, kcur[c][0].w, kcur[c][1].w, qf[c].z, qf[c].w);
+    }
+    const bool v0 = g < nv, v1 = g + 8 < nv;
+    float s[4] = {v0 ? sc[0] * scale : -INFINITY, v0 ? sc[1] * scale : -INFINITY, v1 ? sc[2] * scale : -INFINITY,
+                  v1 ? sc[3] * scale : -INFINITY};
+    float p[4], alpha[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // head 2tq + h: values s[h] (token g) and s[2 + h] (token g + 8)
+      float mx = fmaxf(s[h], s[2 + h]);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+      const float m_new = fmaxf(st.m[h], mx);
+      const bool any = m_new != -INFINITY;
+      p[h] = any && s[h] != -INFINITY ? __expf(s[h] - m_new) : 0.f;
+      p[2 + h] = any && s[2 + h] != -INFINITY ? __expf(s[2 + h] - m_new) : 0.f;
+      float ps = p[h] + p[2 + h];
+      ps += __shfl_xor_sync(0xffffffffu, ps, 4);
+      ps += __shfl_xor_sync(0xffffffffu, ps, 8);
+      ps += __shfl_xor_sync(0xffffffffu, ps, 16);
+      alpha[h] = st.m[h] == -INFINITY ? 0.f : __expf(st.m[h] - m_new);
+      st.l[h] = st.l[h] * alpha[h] + ps;
+      st.m[h] = m_new;
+    }
+#pragma unroll
+    for (int mt = 0; mt < 8; ++mt) {
+      st.o[mt][0] *= alpha[0];
+      st.o[mt][1] *= alpha[1];
+      st.o[mt][2] *= alpha[0];
+      st.o[mt][3] *= alpha[1];
+    }
+    // P^T as B fragments: [token g][heads 2tq..] blocks transposed to [head g][tokens 2tq..].
+    const uint32_t pb0 = movmatrix_trans(pack_bf16(p[0], p[1]));
+    const uint32_t pb1 = movmatrix_trans(pack_bf16(p[2], p[3]));
+    if (more) asm volatile("cp.async.wait_group 1;" ::: "memory");
+    else asm volatile("cp.async.wait_group 0;" ::: "memory");
+    __syncwarp();
+    const bf16* vb = v_s + buf * kKvBlock * D;
+    const int mi = lane >> 3, r = lane & 7;
+    const int tok = r + (mi >= 2 ? 8 : 0);
+#pragma unroll
+    for (int mt = 0; mt < 8; ++mt) {
+      const int c8 = mt * 2 + (mi & 1);
+      const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(vb + tok * D + ((c8 ^ (tok & 7)) * 8)));
+      uint32_t a0, a1, a2, a3;
+      asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                   : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3)
+                   : "r"(addr));
+      mma16816(st.o[mt], a0, a1, a2, a3, pb0, pb1);
+    }
+    __syncwarp();  // this buffer is refilled two pages later
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      kcur[c][0] = knext[c][0];
+      kcur[c][1] = knext[c][1];
+    }
+    buf ^= 1;
+  }
+}
+
+// kMma: the tensor-core page loop (G == 8 only); else CUDA cores for any G.
+template <int G, bool kMma>
 __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_kernel(
     const bf16* __restrict__ q, int q_stride, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
     const int32_t* __restrict__ block_table, int max_blocks, const int32_t* __restrict__ context_lens,
@@ -33,17 +180,50 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_kernel(
   }
   pdl_wait();
   constexpr int D = kHeadDim;
-  __shared__ float q_s[G][D];
-  __shared__ float p_s[kDecWarps][G][kKvBlock];
+  // Shared memory of the page loop (CUDA cores: q and probabilities; mma: two V pages per warp), reused for the
+  // per-warp partial outputs once every warp has left the loop.
+  constexpr size_t kCoreBytes = (G * D + kDecWarps * G * kKvBlock) * sizeof(float);
+  constexpr size_t kMmaBytes = kMma ? kDecWarps * 2 * kKvBlock * D * sizeof(bf16) : 0;
+  constexpr size_t kAccBytes = kDecWarps * G * D * sizeof(float);
+  constexpr size_t kBytes = kCoreBytes > kMmaBytes ? (kCoreBytes > kAccBytes ? kCoreBytes : kAccBytes)
+                                                   : (kMmaBytes > kAccBytes ? kMmaBytes : kAccBytes);
+  __shared__ __align__(16) unsigned char smem_raw[kBytes];
+  float(*q_s)[D] = reinterpret_cast<float(*)[D]>(smem_raw);
+  float(*p_s)[G][kKvBlock] = reinterpret_cast<float(*)[G][kKvBlock]>(smem_raw + G * D * sizeof(float));
+  float(*acc_s)[G][D] = reinterpret_cast<float(*)[G][D]>(smem_raw);
   __shared__ float m_s[kDecWarps][G], l_s[kDecWarps][G];
-  __shared__ float acc_s[kDecWarps][G][D];
   __shared__ int last_s;
 
   const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int Hq = Hkv * G;
   const int ctx = context_lens[b];
+  const int pg_begin = split * pages_per_split;
+  const int pg_end = min(pg_begin + pages_per_split, (ctx + kKvBlock - 1) / kKvBlock);
 
+  if constexpr (kMma) {
+    static_assert(!kMma || G == 8, "the tensor-core page loop serves 8 query heads per kv head");
+    MmaState st;
+    mma_decode_pages(st, q + static_cast<size_t>(b) * q_stride + kvh * G * D, k_cache, v_cache,
+                     block_table + static_cast<size_t>(b) * max_blocks, Hkv, kvh, ctx, pg_begin + warp, pg_end, scale,
+                     reinterpret_cast<bf16*>(smem_raw) + warp * 2 * kKvBlock * D);
+    __syncthreads();  // acc_s overlays the V pages
+    const int g = lane >> 2, tq = lane & 3;
+    if (g == 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        m_s[warp][2 * tq + h] = st.m[h];
+        l_s[warp][2 * tq + h] = st.l[h];
+      }
+    }
+#pragma unroll
+    for (int mt = 0; mt < 8; ++mt) {
+      acc_s[warp][2 * tq][mt * 16 + g] = st.o[mt][0];
+      acc_s[warp][2 * tq + 1][mt * 16 + g] = st.o[mt][1];
+      acc_s[warp][2 * tq][mt * 16 + g + 8] = st.o[mt][2];
+      acc_s[warp][2 * tq + 1][mt * 16 + g + 8] = st.o[mt][3];
+    }
+  } else {
   {
     const bf16* qg = q + static_cast<size_t>(b) * q_stride + kvh * G * D;
     if ((reinterpret_cast<uintptr_t>(qg) & 15) == 0) {  // 8 values per 16-byte load, all loads in flight at once
@@ -74,8 +254,6 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_kernel(
   }
 
   const int t = lane >> 1, hf = lane & 1;
-  const int pg_begin = split * pages_per_split;
-  const int pg_end = min(pg_begin + pages_per_split, (ctx + kKvBlock - 1) / kKvBlock);
   const size_t row_stride = static_cast<size_t>(Hkv) * D;
   // Block ids of this warp's pages, fetched together (lane i holds the i-th page's id).
   int blk_lane = 0;
@@ -153,6 +331,7 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_kernel(
     __syncwarp();
   }
 
+  __syncthreads();  // acc_s overlays q_s and p_s
   // Merge the warps of this CTA into one partial per query head.
 #pragma unroll
   for (int g = 0; g < G; ++g) {
@@ -163,6 +342,7 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_kernel(
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc_s[warp][g][lane * 4 + i] = acc[g][i];
   }
+  }  // CUDA-core page loop
   __syncthreads();
   constexpr size_t part_stride = kPartStride;
   for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
@@ -256,15 +436,16 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_kernel(
   }
 }
 
-// CTAs of decode_attention_kernel<G> resident per SM (3 from the launch bounds when the query fails).
+// CTAs of decode_attention_kernel<G, false> resident per SM (3 from the launch bounds when the query fails). The
+// split plan (and so the workspace size) depends on this only, not on the page-loop variant.
 int decode_ctas_per_sm(int G) {
   const void* fn = nullptr;
   switch (G) {
-    case 1: fn = reinterpret_cast<const void*>(decode_attention_kernel<1>); break;
-    case 2: fn = reinterpret_cast<const void*>(decode_attention_kernel<2>); break;
-    case 4: fn = reinterpret_cast<const void*>(decode_attention_kernel<4>); break;
-    case 8: fn = reinterpret_cast<const void*>(decode_attention_kernel<8>); break;
-    case 16: fn = reinterpret_cast<const void*>(decode_attention_kernel<16>); break;
+    case 1: fn = reinterpret_cast<const void*>(decode_attention_kernel<1, false>); break;
+    case 2: fn = reinterpret_cast<const void*>(decode_attention_kernel<2, false>); break;
+    case 4: fn = reinterpret_cast<const void*>(decode_attention_kernel<4, false>); break;
+    case 8: fn = reinterpret_cast<const void*>(decode_attention_kernel<8, false>); break;
+    case 16: fn = reinterpret_cast<const void*>(decode_attention_kernel<16, false>); break;
     default: return 3;
   }
   int n = 0;
@@ -323,11 +504,16 @@ Status decode_attention(const DecodeAttention& p, const bf16* q, int q_stride, c
   const dim3 grid(sp.splits, p.kv_heads, p.batch), block(kDecWarps * 32);
   const L2Prefetch pf0 = prefetch_if(p.prefetch[0], 2), pf1 = prefetch_if(p.prefetch[1], 2);
   const int G = p.q_heads / p.kv_heads;
-#define ZEST_DECODE_CASE(g)                                                                                    \
-  case g:                                                                                                      \
-    return launch("decode_attention", decode_attention_kernel<g>, grid, block, 0, stream, q, q_stride, k_cache, \
-                  v_cache, block_table, p.max_blocks, context_lens, out, part, counters, p.kv_heads, sp.splits,  \
+  const bool q_aligned = q_stride % 8 == 0 && reinterpret_cast<uintptr_t>(q) % 16 == 0;
+  if (G == 8 && q_aligned && decode_option(DecodeOption::kAttentionKernel) == 1)
+    return launch("decode_attention", decode_attention_kernel<8, true>, grid, block, 0, stream, q, q_stride, k_cache,
+                  v_cache, block_table, p.max_blocks, context_lens, out, part, counters, p.kv_heads, sp.splits,
                   sp.pages_per_split, p.scale, pf0, pf1);
+#define ZEST_DECODE_CASE(g)                                                                                        \
+  case g:                                                                                                          \
+    return launch("decode_attention", decode_attention_kernel<g, false>, grid, block, 0, stream, q, q_stride,      \
+                  k_cache, v_cache, block_table, p.max_blocks, context_lens, out, part, counters, p.kv_heads,      \
+                  sp.splits, sp.pages_per_split, p.scale, pf0, pf1);
   switch (G) {
     ZEST_DECODE_CASE(1)
     ZEST_DECODE_CASE(2)

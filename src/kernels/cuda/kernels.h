@@ -49,6 +49,8 @@ enum class DecodeOption : int {
   kGemmSplitK,      // small-M tensor-core GEMM: 0 = no split; 1 = split K over CTAs when row tiles are few
                     // (about four items per SM); n > 1 = n slices
   kMoeOccupancy,    // decode experts: 0 = 4/8 chunks in flight per warp, one CTA per SM; 1 = 2/4 chunks, 3 CTAs
+  kAttentionKernel, // decode attention: 0 = CUDA-core page loop; 1 = tensor cores (mma.sync) when 8 query heads
+                    // share a kv head and q rows are 16-byte aligned
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);
