@@ -425,12 +425,12 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
        [&] { return cuda::moe_prefill_gate_up(xn, plan, gate_up, h, T, K, E, H, I, st); }},
       {"experts down", 2 * t * K * H * I, true,
        [&] { return cuda::moe_prefill_down(h, plan, rw, down, slot_out, T, K, E, H, I, st); }},
-      {"experts gate/up, variant 2 (k-chunk 64, 3 stages)", 2 * t * K * 2 * I * H, false,
+      {"experts gate/up, variant 2 (mma.sync, k-chunk 64, 3 stages)", 2 * t * K * 2 * I * H, false,
        [&] {
          return with_option(cuda::PrefillOption::kGroupedGemm, 2,
                             [&] { return cuda::moe_prefill_gate_up(xn, plan, gate_up, h, T, K, E, H, I, st); });
        }},
-      {"experts down, variant 2 (k-chunk 64, 3 stages)", 2 * t * K * H * I, false,
+      {"experts down, variant 2 (mma.sync, k-chunk 64, 3 stages)", 2 * t * K * H * I, false,
        [&] {
          return with_option(cuda::PrefillOption::kGroupedGemm, 2, [&] {
            return cuda::moe_prefill_down(h, plan, rw, down, slot_out2, T, K, E, H, I, st);
@@ -442,27 +442,44 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
        }},
       {"combine + residual + rmsnorm", 0, true,
        [&] { return cuda::moe_combine_add_rmsnorm(x, slot_out, ids, K, norm, xn, T, H, eps, st); }},
+      {"experts gate/up, variant 3 (wgmma, k-chunk 64, 3 stages)", 2 * t * K * 2 * I * H, false,
+       [&] {
+         return with_option(cuda::PrefillOption::kGroupedGemm, 3,
+                            [&] { return cuda::moe_prefill_gate_up(xn, plan, gate_up, h, T, K, E, H, I, st); });
+       }},
+      {"experts down, variant 3 (wgmma, k-chunk 64, 3 stages)", 2 * t * K * H * I, false,
+       [&] {
+         return with_option(cuda::PrefillOption::kGroupedGemm, 3, [&] {
+           return cuda::moe_prefill_down(h, plan, rw, down, slot_out2, T, K, E, H, I, st);
+         });
+       }},
   };
-  // One pass in layer order first, so every op's inputs exist (routing, plan, h).
-  for (const Op& op : ops) ZEST_RETURN_IF_ERROR(op.fn());
+  // One pass of the layer's ops in order first, so every op's inputs exist (routing, plan, h).
+  for (const Op& op : ops)
+    if (op.in_layer) ZEST_RETURN_IF_ERROR(op.fn());
   ZEST_RETURN_IF_ERROR(cu(cudaStreamSynchronize(st), "warm-up pass"));
+  auto tflops = [](const Op& op, double ms) {
+    char buf[32] = "-";
+    if (op.flops > 0) std::snprintf(buf, sizeof buf, "%.1f", op.flops / (ms * 1e-3) / 1e12);
+    return std::string(buf);
+  };
   std::vector<double> ms(ops.size());
   double layer_ms = 0, layer_flops = 0;
   for (size_t i = 0; i < ops.size(); ++i) {
+    if (!ops[i].in_layer) continue;
     ZEST_ASSIGN_OR_RETURN(ms[i], time_op(st, runs, ops[i].fn));
-    if (ops[i].in_layer) layer_ms += ms[i], layer_flops += ops[i].flops;
+    layer_ms += ms[i];
+    layer_flops += ops[i].flops;
   }
   std::printf("\nT=%d, one layer, device time per op (median of %d, CUDA events):\n", T, runs);
   std::printf("| op | ms | TFLOP/s | share of layer |\n|---|---|---|---|\n");
-  for (size_t i = 0; i < ops.size(); ++i) {
-    char tf[32] = "-";
-    if (ops[i].flops > 0) std::snprintf(tf, sizeof tf, "%.1f", ops[i].flops / (ms[i] * 1e-3) / 1e12);
-    char share[32] = "-";
-    if (ops[i].in_layer) std::snprintf(share, sizeof share, "%.1f%%", 100.0 * ms[i] / layer_ms);
-    std::printf("| %s | %.3f | %s | %s |\n", ops[i].name.c_str(), ms[i], tf, share);
-  }
-  std::printf("| layer (sum of the default ops above) | %.3f | %.1f | 100%% |\n", layer_ms,
+  for (size_t i = 0; i < ops.size(); ++i)
+    if (ops[i].in_layer)
+      std::printf("| %s | %.3f | %s | %.1f%% |\n", ops[i].name.c_str(), ms[i], tflops(ops[i], ms[i]).c_str(),
+                  100.0 * ms[i] / layer_ms);
+  std::printf("| layer (sum of the ops above) | %.3f | %.1f | 100%% |\n", layer_ms,
               layer_flops / (layer_ms * 1e-3) / 1e12);
+  std::fflush(stdout);
   // The new kernels against the previous ones on these inputs (a sanity check; the tests hold the references).
   ZEST_RETURN_IF_ERROR(cuda::qk_norm_rope_kv(qkv, qn, kn, pos, 0, rope, slots, kc, vc, T, Hq, Hkv, D, eps, st));
   ZEST_RETURN_IF_ERROR(cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn, Hq, Hkv, D, scale, st));
@@ -476,6 +493,25 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
   std::printf("new vs previous kernels: attention max |diff| %.3g (max |out| %.3g); experts max |diff| %.3g "
               "(max |out| %.3g, first %zu values)\n",
               ad.first, ad.second, ed.first, ed.second, n_slots);
+  // Variants and the previous kernels, one row as each is measured.
+  std::printf("\nT=%d, variants and previous kernels:\n| op | ms | TFLOP/s |\n|---|---|---|\n", T);
+  std::fflush(stdout);
+  for (size_t i = 0; i < ops.size(); ++i) {
+    if (ops[i].in_layer) continue;
+    ZEST_ASSIGN_OR_RETURN(ms[i], time_op(st, runs, ops[i].fn));
+    std::printf("| %s | %.3f | %s |\n", ops[i].name.c_str(), ms[i], tflops(ops[i], ms[i]).c_str());
+    std::fflush(stdout);
+  }
+  // Every grouped-GEMM variant against the default on the layer's routing.
+  for (int v = 2; v <= 3; ++v) {
+    ZEST_RETURN_IF_ERROR(with_option(cuda::PrefillOption::kGroupedGemm, v, [&] {
+      return cuda::moe_experts_prefill(xn, plan, rw, gate_up, down, h, slot_out2, T, K, E, H, I, st);
+    }));
+    ZEST_RETURN_IF_ERROR(cuda::moe_experts_prefill(xn, plan, rw, gate_up, down, h, slot_out, T, K, E, H, I, st));
+    ZEST_RETURN_IF_ERROR(cu(cudaStreamSynchronize(st), "comparison pass"));
+    ZEST_ASSIGN_OR_RETURN(auto vd, compare_f32(slot_out2, slot_out, n_slots));
+    std::printf("grouped GEMM variant %d vs default: max |diff| %.3g (max |out| %.3g)\n", v, vd.first, vd.second);
+  }
   return Status::ok();
 }
 #endif  // ZEST_HAVE_CUDA

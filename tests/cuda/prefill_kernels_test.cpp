@@ -239,6 +239,15 @@ TEST(CudaPrefillKernels, GroupedGemmVariantsMatchReference) {
   }
 }
 
+// The wgmma variant is experimental: run with --gtest_also_run_disabled_tests (bench/gpu/prefill.sh does).
+TEST(CudaPrefillKernels, DISABLED_GroupedGemmWgmmaVariantMatchesReference) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(515);
+  OptionScope scope(PrefillOption::kGroupedGemm, 3);
+  run_grouped_case({320, 8, 256, 128, 300, 17, 1}, false, rng);
+  run_grouped_case({40, 8, 2048, 768, 17, 1, 0}, false, rng);
+}
+
 TEST(CudaPrefillKernels, PreviousWmmaGroupedExpertsMatchReference) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(513);

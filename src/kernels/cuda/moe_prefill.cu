@@ -316,6 +316,170 @@ Status launch_grouped(const bf16* a, const MoePlan& plan, const float* weights, 
                 w, h, slot_out, K, H, I);
 }
 
+
+// ---- grouped GEMM on wgmma (variant 3) ---------------------------------------------------------------------
+//
+// CTA = 2 warpgroups over 128 sorted slots (64 each) x 128 weight rows, k-chunks of 64 (one 128-byte swizzled
+// row per operand row) through a 3-stage cp.async ring; each warpgroup issues wgmma.m64n128k16 with both
+// operands in shared memory (K-major, 128-byte swizzle: the 16-byte chunk c of row r is stored at chunk
+// c ^ (r % 8), matrix descriptors with 1024-byte 8-row groups). The accumulator fragment of a warp has the
+// mma.sync m16n8 layout per 8 columns, so the epilogues are those of the mma.sync kernels.
+
+constexpr int kWBK = 64;
+constexpr int kWStages = 3;
+constexpr size_t kWStageBytes = static_cast<size_t>(kMBM + kMBN) * kWBK * sizeof(bf16);  // 32 KiB
+constexpr size_t kWSmem = kWStages * kWStageBytes + 1024;                                 // + alignment slack
+
+__device__ __forceinline__ uint64_t wgmma_desc(const void* smem) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  uint64_t d = (a >> 4) & 0x3FFF;
+  d |= static_cast<uint64_t>(1) << 16;             // leading byte offset (unused with 128-byte swizzle)
+  d |= static_cast<uint64_t>(1024 >> 4) << 32;     // stride byte offset: next 8-row group
+  d |= static_cast<uint64_t>(1) << 62;             // 128-byte swizzle
+  return d;
+}
+
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
+  asm volatile(
+      "{\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, 1, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b));
+}
+
+template <bool kGateUp>
+__global__ void __launch_bounds__(kMThreads, 2)
+    moe_grouped_wgmma_kernel(const bf16* __restrict__ a_src, MoePlan plan, const float* __restrict__ weights,
+                             const bf16* __restrict__ w_all, bf16* __restrict__ h, float* __restrict__ slot_out, int K,
+                             int H, int I) {
+  using namespace vmma;
+  pdl_wait();
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  // Stages start on a 1024-byte boundary (the swizzle pattern repeats every 8 rows of 128 bytes).
+  unsigned char* smem = smem_raw + ((1024 - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
+  __shared__ int a_row[kMBM];
+  const int Kdim = kGateUp ? H : I;
+  const int nk = Kdim / kWBK;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int wg = warp >> 2, wq = warp & 3;  // warpgroup, warp inside it
+  const int num_tiles = *plan.num_tiles;
+  for (int tile = blockIdx.y; tile < num_tiles; tile += gridDim.y) {
+    const int j = plan.tile_active[tile];
+    const int start = plan.tile_start[tile];
+    const int beg = plan.offsets[j], end = plan.offsets[j + 1];
+    if (((start - beg) / kMoeTileM) % (kMBM / kMoeTileM) != 0) continue;  // covered by an earlier tile's CTA
+    const int rows = min(kMBM, end - start);
+    const int e = plan.active_experts[j];
+    __syncthreads();
+    if (threadIdx.x < kMBM) {
+      const int r = threadIdx.x;
+      a_row[r] = r < rows ? (kGateUp ? plan.sorted_slots[start + r] / K : start + r) : -1;
+    }
+    __syncthreads();
+
+    // Thread copies chunk lc of rows lr + 32u (u < 4) of A and B; its swizzled chunk is lc ^ (lr % 8).
+    const int lr = threadIdx.x >> 3, lc = threadIdx.x & 7;
+    const int sw = (lc ^ (lr & 7)) * 8;
+    const bf16* a_ptr[4];
+    bool a_ok[4];
+    const bf16* b_ptr[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int r = lr + u * 32;
+      const int src = a_row[r];
+      a_ok[u] = src >= 0;
+      a_ptr[u] = a_src + static_cast<size_t>(src >= 0 ? src : 0) * Kdim + lc * 8;
+      size_t wrow;
+      if constexpr (kGateUp) {
+        const int n0 = blockIdx.x * (kMBN / 2);
+        wrow = static_cast<size_t>(e) * 2 * I + (r < 64 ? n0 + r : I + n0 + r - 64);
+      } else {
+        wrow = static_cast<size_t>(e) * H + blockIdx.x * kMBN + r;
+      }
+      b_ptr[u] = w_all + wrow * Kdim + lc * 8;
+    }
+    auto load_stage = [&](int stage, int kc) {
+      bf16* sA = reinterpret_cast<bf16*>(smem + stage * kWStageBytes);
+      bf16* sB = sA + kMBM * kWBK;
+      const int k0 = kc * kWBK;
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int r = lr + u * 32;
+        cp_async16(sA + r * kWBK + sw, a_ptr[u] + k0, a_ok[u]);
+        cp_async16(sB + r * kWBK + sw, b_ptr[u] + k0, true);
+      }
+    };
+
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+#pragma unroll
+    for (int s = 0; s < kWStages - 1; ++s) {
+      if (s < nk) load_stage(s, s);
+      cp_async_commit();
+    }
+    for (int kt = 0; kt < nk; ++kt) {
+      cp_async_wait<kWStages - 2>();
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async writes -> wgmma reads
+      __syncthreads();
+      if (kt + kWStages - 1 < nk) load_stage((kt + kWStages - 1) % kWStages, kt + kWStages - 1);
+      cp_async_commit();
+      const unsigned char* st = smem + (kt % kWStages) * kWStageBytes;
+      const unsigned char* sA = st + wg * 64 * kWBK * sizeof(bf16);
+      const unsigned char* sB = st + kMBM * kWBK * sizeof(bf16);
+      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+      for (int kk = 0; kk < kWBK / 16; ++kk) wgmma_m64n128k16(acc, wgmma_desc(sA + kk * 32), wgmma_desc(sB + kk * 32));
+      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    }
+    cp_async_wait<0>();
+
+    // acc[4 * i + 2 * hr + c]: row 16 * wq + g + 8 * hr of this warpgroup, column 8 * i + 2 * t + c.
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      const int r = wg * 64 + 16 * wq + g + hr * 8;
+      if (r >= rows) continue;
+      if constexpr (kGateUp) {
+        bf16* hrow = h + static_cast<size_t>(start + r) * I + blockIdx.x * (kMBN / 2) + 2 * t;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          float hv[2];
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const float gv = bf16_round(acc[4 * i + 2 * hr + c]);
+            const float uv = bf16_round(acc[4 * (i + 8) + 2 * hr + c]);
+            hv[c] = bf16_round(gv / (1.f + __expf(-gv))) * uv;
+          }
+          *reinterpret_cast<__nv_bfloat162*>(hrow + 8 * i) = __floats2bfloat162_rn(hv[0], hv[1]);
+        }
+      } else {
+        const int slot = plan.sorted_slots[start + r];
+        const float wt = weights[slot];
+        float* orow = slot_out + static_cast<size_t>(slot) * H + blockIdx.x * kMBN + 2 * t;
+#pragma unroll
+        for (int i = 0; i < 16; ++i)
+          *reinterpret_cast<float2*>(orow + 8 * i) = make_float2(bf16_round(bf16_round(acc[4 * i + 2 * hr]) * wt),
+                                                                 bf16_round(bf16_round(acc[4 * i + 2 * hr + 1]) * wt));
+      }
+    }
+  }
+}
+
+template <bool kGateUp>
+Status launch_grouped_wgmma(const bf16* a, const MoePlan& plan, const float* weights, const bf16* w, bf16* h,
+                            float* slot_out, int N, int K, int E, int H, int I, cudaStream_t stream) {
+  static const cudaError_t attr = cudaFuncSetAttribute(moe_grouped_wgmma_kernel<kGateUp>,
+                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kWSmem));
+  ZEST_RETURN_IF_ERROR(cuda_status(attr, "moe grouped GEMM (wgmma) smem attribute"));
+  const int n_tiles = kGateUp ? I / (kMBN / 2) : H / kMBN;
+  return launch(kGateUp ? "moe_prefill_gate_up" : "moe_prefill_down", moe_grouped_wgmma_kernel<kGateUp>,
+                dim3(n_tiles, std::min(moe_max_tiles(N, K, E), 65535)), dim3(kMThreads), kWSmem, stream, a, plan,
+                weights, w, h, slot_out, K, H, I);
+}
+
 Status check_grouped(int N, int K, int E, int H, int I) {
   if (N <= 0 || K <= 0 || E <= 0 || E > 1024 || K > E || H <= 0 || I <= 0 || H % 8 != 0 || I % 8 != 0)
     return invalid_argument("moe_experts_prefill: need N, K > 0, K <= E <= 1024 and H, I positive multiples of 8 (N=" +
@@ -338,6 +502,8 @@ Status moe_prefill_gate_up(const bf16* x, const MoePlan& plan, const bf16* gate_
   if (!mma_shapes_ok(H, I))
     return invalid_argument("moe_prefill_gate_up: needs H % 128 == 0 and I % 64 == 0 (H=" + std::to_string(H) +
                             " I=" + std::to_string(I) + ")");
+  if (prefill_option(PrefillOption::kGroupedGemm) == 3)
+    return launch_grouped_wgmma<true>(x, plan, nullptr, gate_up, h, nullptr, N, K, E, H, I, stream);
   if (prefill_option(PrefillOption::kGroupedGemm) == 2)
     return launch_grouped<true, 64, 3>(x, plan, nullptr, gate_up, h, nullptr, N, K, E, H, I, stream);
   return launch_grouped<true, 32, 4>(x, plan, nullptr, gate_up, h, nullptr, N, K, E, H, I, stream);
@@ -349,6 +515,8 @@ Status moe_prefill_down(const bf16* h, const MoePlan& plan, const float* weights
   if (!mma_shapes_ok(H, I))
     return invalid_argument("moe_prefill_down: needs H % 128 == 0 and I % 64 == 0 (H=" + std::to_string(H) +
                             " I=" + std::to_string(I) + ")");
+  if (prefill_option(PrefillOption::kGroupedGemm) == 3)
+    return launch_grouped_wgmma<false>(h, plan, weights, down, nullptr, slot_out, N, K, E, H, I, stream);
   if (prefill_option(PrefillOption::kGroupedGemm) == 2)
     return launch_grouped<false, 64, 3>(h, plan, weights, down, nullptr, slot_out, N, K, E, H, I, stream);
   return launch_grouped<false, 32, 4>(h, plan, weights, down, nullptr, slot_out, N, K, E, H, I, stream);
