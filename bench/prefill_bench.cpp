@@ -442,6 +442,12 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
        }},
       {"combine + residual + rmsnorm", 0, true,
        [&] { return cuda::moe_combine_add_rmsnorm(x, slot_out, ids, K, norm, xn, T, H, eps, st); }},
+      {"prefill attention, variant 6 (wgmma, 2 warpgroups x 64 rows, 128 keys)", 4 * t * t / 2 * Hq * D, false,
+       [&] {
+         return with_option(cuda::PrefillOption::kAttention, 6, [&] {
+           return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn2, Hq, Hkv, D, scale, st);
+         });
+       }},
       {"experts gate/up, variant 3 (wgmma, k-chunk 64, 3 stages)", 2 * t * K * 2 * I * H, false,
        [&] {
          return with_option(cuda::PrefillOption::kGroupedGemm, 3,
@@ -502,6 +508,14 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
     std::printf("| %s | %.3f | %s |\n", ops[i].name.c_str(), ms[i], tflops(ops[i], ms[i]).c_str());
     std::fflush(stdout);
   }
+  // The wgmma attention against the default kernel.
+  ZEST_RETURN_IF_ERROR(with_option(cuda::PrefillOption::kAttention, 6, [&] {
+    return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn2, Hq, Hkv, D, scale, st);
+  }));
+  ZEST_RETURN_IF_ERROR(cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn, Hq, Hkv, D, scale, st));
+  ZEST_RETURN_IF_ERROR(cu(cudaStreamSynchronize(st), "comparison pass"));
+  ZEST_ASSIGN_OR_RETURN(auto wd, compare_bf16(attn2, attn, size_t(T) * Hq * D));
+  std::printf("attention variant 6 vs default: max |diff| %.3g (max |out| %.3g)\n", wd.first, wd.second);
   // Every grouped-GEMM variant against the default on the layer's routing.
   for (int v = 2; v <= 3; ++v) {
     ZEST_RETURN_IF_ERROR(with_option(cuda::PrefillOption::kGroupedGemm, v, [&] {

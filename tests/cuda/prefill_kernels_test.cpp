@@ -102,6 +102,15 @@ TEST(CudaPrefillKernels, AttentionVariantsMatchReference) {
   }
 }
 
+// The wgmma variant is experimental: run with --gtest_also_run_disabled_tests (bench/gpu/prefill.sh does).
+TEST(CudaPrefillKernels, DISABLED_AttentionWgmmaVariantMatchesReference) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(505);
+  OptionScope scope(PrefillOption::kAttention, 6);
+  run_prefill_case({1, 17, 63, 65, 300}, 4, 2, 0, false, rng);
+  run_prefill_case({129, 256, 7}, 3, 3, 8, false, rng);
+}
+
 TEST(CudaPrefillKernels, PreviousWmmaAttentionMatchesReference) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(503);
