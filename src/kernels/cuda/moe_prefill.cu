@@ -247,6 +247,7 @@ __global__ void __launch_bounds__(kMThreads, 2)
       cp_async_commit();
       const bf16* sA = smem + (kt % kMStages) * kMStageElems;
       const bf16* sB = sA + kMBM * kMLd;
+      if (32 * wm >= rows) continue;  // this warp's rows are all past the expert's last slot
 #pragma unroll
       for (int kk = 0; kk < kMBK / 16; ++kk) {
         uint32_t af[2][4];
@@ -429,6 +430,7 @@ __global__ void __launch_bounds__(kMThreads, 2)
       const unsigned char* st = smem + (kt % kWStages) * kWStageBytes;
       const unsigned char* sA = st + wg * 64 * kWBK * sizeof(bf16);
       const unsigned char* sB = st + kMBM * kWBK * sizeof(bf16);
+      if (64 * wg >= rows) continue;  // the warpgroup's rows are all past the expert's last slot
       asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
       for (int kk = 0; kk < kWBK / 16; ++kk) wgmma_m64n128k16(acc, wgmma_desc(sA + kk * 32), wgmma_desc(sB + kk * 32));
