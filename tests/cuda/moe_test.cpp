@@ -403,9 +403,9 @@ TEST(CudaSyntheticDecoder, GraphStepProducesTokensAndExpertCounts) {
   EXPECT_FALSE(synthetic_config("no-such-model", 0).ok());
 }
 
-// The decode variants are the same arithmetic: L2 prefetch hints (every bit), either SERE kernel and the expert
-// kernels' occupancy variant (same chunk order per warp) give the same greedy tokens, step after step, as the
-// defaults (all kernels are deterministic).
+// The decode variants are the same arithmetic: L2 prefetch hints (every bit), either SERE kernel, the expert
+// kernels' occupancy variant (same chunk order per warp) and the fused GEMM epilogues give the same greedy
+// tokens, step after step, as the defaults (all kernels are deterministic).
 TEST(CudaSyntheticDecoder, DecodeVariantsGiveIdenticalTokens) {
   ZEST_REQUIRE_GPU();
   auto cfg = synthetic_config("qwen3-30b-a3b", 3);
@@ -418,10 +418,11 @@ TEST(CudaSyntheticDecoder, DecodeVariantsGiveIdenticalTokens) {
     for (bool sere : {false, true}) {
       SCOPED_TRACE(testing::Message() << "batch " << batch << " sere " << sere);
       std::vector<std::vector<int32_t>> runs;
-      for (int variant = 0; variant < 4; ++variant) {
+      for (int variant = 0; variant < 5; ++variant) {
         OptionScope l2(DecodeOption::kL2Prefetch, variant == 1 ? 7 : 0);
         OptionScope sk(DecodeOption::kSereKernel, variant == 2 ? 1 : 0);
         OptionScope mo(DecodeOption::kMoeOccupancy, variant == 3 ? 1 : 0);
+        OptionScope fu(DecodeOption::kFuseEpilogues, variant == 4 ? 1 : 0);
         auto dec = SyntheticDecoder::create(*cfg, opt);  // same seed: same weights and inputs
         ASSERT_TRUE(dec.ok()) << dec.status().to_string();
         std::vector<int32_t> toks;

@@ -104,12 +104,145 @@ inline L2Prefetch prefetch_if(L2Prefetch p, int bit) {
   return (decode_option(DecodeOption::kL2Prefetch) & bit) ? p : L2Prefetch{};
 }
 
+// ---- row epilogues shared by standalone kernels and fused GEMM epilogues (same arithmetic, same bits) ----
+
+constexpr int kRouterMaxTopK = 16;
+
+// One token's router by one warp: p = softmax(fp32 logits + bias) over E (scratch p: E floats, shared memory),
+// top-K by p (ties: lowest index) sorted descending, weights renormalised to sum 1 and rounded to bf16 precision.
+// Logits are read with ld.cg (they may come from other CTAs of the same kernel). K <= kRouterMaxTopK.
+__device__ __forceinline__ void warp_router_topk(const bf16* row, const float* bias, float* p, int E, int K,
+                                                 int32_t* ids, float* weights, int lane) {
+  float mx = -INFINITY;
+  for (int e = lane; e < E; e += 32) {
+    const unsigned short raw = __ldcg(reinterpret_cast<const unsigned short*>(row) + e);
+    const float v = __bfloat162float(__ushort_as_bfloat16(raw)) + (bias ? bias[e] : 0.f);
+    p[e] = v;
+    mx = fmaxf(mx, v);
+  }
+  mx = warp_max(mx);
+  float sum = 0.f;
+  for (int e = lane; e < E; e += 32) {
+    const float v = expf(p[e] - mx);
+    p[e] = v;
+    sum += v;
+  }
+  sum = warp_sum(sum);
+  const float inv = 1.f / sum;
+  for (int e = lane; e < E; e += 32) p[e] *= inv;
+  __syncwarp();
+  // K rounds of warp argmax (ties: lowest index); chosen entries are marked -1.
+  float sel_v[kRouterMaxTopK];
+  int sel_i[kRouterMaxTopK];
+  float total = 0.f;
+#pragma unroll
+  for (int k = 0; k < kRouterMaxTopK; ++k) {
+    if (k >= K) break;
+    float best = -1.f;
+    int bi = 0x7fffffff;
+    for (int e = lane; e < E; e += 32) {
+      const float v = p[e];
+      if (v > best) {
+        best = v;
+        bi = e;
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (ov > best || (ov == best && oi < bi)) {
+        best = ov;
+        bi = oi;
+      }
+    }
+    sel_v[k] = best;
+    sel_i[k] = bi;
+    total += best;
+    __syncwarp();
+    if (lane == 0) p[bi] = -1.f;
+    __syncwarp();
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int k = 0; k < kRouterMaxTopK; ++k) {
+      if (k >= K) break;
+      ids[k] = sel_i[k];
+      weights[k] = bf16_round(sel_v[k] / total);
+    }
+  }
+}
+
+// Residual add + RMSNorm of one row by one warp with the exact arithmetic of the 256-thread row kernel
+// (elementwise.cu, norm_kernel<1>): x = bf16(x + r); y = w * bf16(x * rsqrt(mean(x^2) + eps)). The sum of squares
+// is formed in that kernel's order: virtual thread t = 32 w + lane sums its 8-wide chunks c = 8 t + 2048 i, each
+// warp w is reduced by the same xor tree, then the 8 warp sums. r is read with ld.cg (written by other CTAs).
+// hidden % 8 == 0.
+__device__ __forceinline__ void warp_add_rmsnorm_row(bf16* x, const bf16* r, const bf16* w, bf16* y, int hidden,
+                                                     float eps, int lane) {
+  constexpr int kVirtualWarps = 8;  // the row kernel's 256 threads
+  float ssw[kVirtualWarps];
+#pragma unroll
+  for (int vw = 0; vw < kVirtualWarps; ++vw) {
+    float ss = 0.f;
+    for (int c = (vw * 32 + lane) * 8; c < hidden; c += kVirtualWarps * 32 * 8) {
+      const uint4 xu = *reinterpret_cast<const uint4*>(x + c);
+      const uint4 ru = __ldcg(reinterpret_cast<const uint4*>(r + c));
+      const bf16* xb = reinterpret_cast<const bf16*>(&xu);
+      const bf16* rb = reinterpret_cast<const bf16*>(&ru);
+      uint4 ou;
+      bf16* ob = reinterpret_cast<bf16*>(&ou);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float v = bf16_round(__bfloat162float(xb[i]) + __bfloat162float(rb[i]));
+        ob[i] = __float2bfloat16(v);
+        ss = fmaf(v, v, ss);
+      }
+      *reinterpret_cast<uint4*>(x + c) = ou;
+    }
+    ssw[vw] = warp_sum(ss);
+  }
+  float mine = 0.f;
+#pragma unroll
+  for (int vw = 0; vw < kVirtualWarps; ++vw)
+    if (lane == vw) mine = ssw[vw];
+  const float tot = warp_sum(mine);
+  const float inv = rsqrtf(tot / hidden + eps);
+  __syncwarp();
+  for (int c = lane * 8; c < hidden; c += 32 * 8) {
+    const uint4 xu = *reinterpret_cast<const uint4*>(x + c);
+    const uint4 wu = *reinterpret_cast<const uint4*>(w + c);
+    const bf16* xb = reinterpret_cast<const bf16*>(&xu);
+    const bf16* wb = reinterpret_cast<const bf16*>(&wu);
+    uint4 ou;
+    bf16* ob = reinterpret_cast<bf16*>(&ou);
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      ob[i] = __float2bfloat16(bf16_round(__bfloat162float(xb[i]) * inv) * __bfloat162float(wb[i]));
+    *reinterpret_cast<uint4*>(y + c) = ou;
+  }
+}
+
 // Number of multiprocessors of the current device (cached).
 int sm_count();
 
 // Tensor-core weight-streaming paths (rows_mma.cu) for few tokens, used by gemm and moe_experts_decode.
 bool rows_mma_gemm_ok(int M, int N, int K);
-Status rows_mma_gemm(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream);
+// Row epilogue fused into the small-M GEMM (run by its last CTA, one warp per row; see gemm_add_rmsnorm and
+// gemm_router_topk in kernels.h): kind 1 = residual add + RMSNorm, 2 = router softmax + top-k (N <= 256).
+struct RowsEpilogue {
+  int kind = 0;
+  bf16* x_res = nullptr;
+  const bf16* norm_w = nullptr;
+  bf16* xn = nullptr;
+  float eps = 0.f;
+  const float* bias = nullptr;
+  int32_t* ids = nullptr;
+  float* route_w = nullptr;
+  int top_k = 0;
+};
+Status rows_mma_gemm(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream,
+                     const RowsEpilogue* epi = nullptr);
 bool rows_mma_moe_ok(int H, int I);
 Status rows_mma_moe(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up, const bf16* down,
                     bf16* h, float* slot_out, int N, int K, int E, int H, int I, cudaStream_t stream);

@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(kRowThreads) norm_kernel(bf16* __restrict__ x,
       store8(xr + c, v);
     }
 #pragma unroll
-    for (int i = 0; i < 8; ++i) ss += v[i] * v[i];
+    for (int i = 0; i < 8; ++i) ss = fmaf(v[i], v[i], ss);
   }
   if (kMode == 2 && w == nullptr) return;
   const float tot = block_sum(ss, red);

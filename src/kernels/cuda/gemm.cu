@@ -167,6 +167,49 @@ Status gemm_cublaslt(const bf16* x, const bf16* w, bf16* y, int M, int N, int K,
                    "cublasLtMatmul");
 }
 
+namespace {
+
+bool fusable(const bf16* x, const bf16* w, int M, int N, int K) {
+  const bool aligned = K % 8 == 0 && (reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w)) % 16 == 0;
+  return decode_option(DecodeOption::kFuseEpilogues) == 1 && aligned && rows_mma_gemm_ok(M, N, K);
+}
+
+}  // namespace
+
+Status gemm_add_rmsnorm(const bf16* x, const bf16* w, bf16* out, bf16* x_res, const bf16* norm_w, bf16* xn, int M,
+                        int N, int K, float eps, cudaStream_t stream) {
+  ZEST_RETURN_IF_ERROR(check_dims(x, w, out, M, N, K));
+  if (!x_res || !norm_w || !xn) return invalid_argument("gemm_add_rmsnorm: null pointer");
+  if (fusable(x, w, M, N, K) && N % 8 == 0) {
+    RowsEpilogue epi;
+    epi.kind = 1;
+    epi.x_res = x_res;
+    epi.norm_w = norm_w;
+    epi.xn = xn;
+    epi.eps = eps;
+    return rows_mma_gemm(x, w, out, M, N, K, stream, &epi);
+  }
+  ZEST_RETURN_IF_ERROR(gemm(x, w, out, M, N, K, stream));
+  return add_rmsnorm(x_res, out, norm_w, xn, M, N, eps, stream);
+}
+
+Status gemm_router_topk(const bf16* x, const bf16* w_router, bf16* logits, const float* bias, int32_t* ids,
+                        float* weights, int N, int E, int H, int K, cudaStream_t stream) {
+  ZEST_RETURN_IF_ERROR(check_dims(x, w_router, logits, N, E, H));
+  if (!ids || !weights) return invalid_argument("gemm_router_topk: null pointer");
+  if (fusable(x, w_router, N, E, H) && E <= 256 && K >= 1 && K <= kRouterMaxTopK && K <= E) {
+    RowsEpilogue epi;
+    epi.kind = 2;
+    epi.bias = bias;
+    epi.ids = ids;
+    epi.route_w = weights;
+    epi.top_k = K;
+    return rows_mma_gemm(x, w_router, logits, N, E, H, stream, &epi);
+  }
+  ZEST_RETURN_IF_ERROR(gemm(x, w_router, logits, N, E, H, stream));
+  return router_topk(logits, bias, ids, weights, N, E, K, stream);
+}
+
 Status gemm(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream) {
   ZEST_RETURN_IF_ERROR(check_dims(x, w, y, M, N, K));
   const bool aligned = K % 8 == 0 && (reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w)) % 16 == 0;

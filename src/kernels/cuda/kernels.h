@@ -51,6 +51,7 @@ enum class DecodeOption : int {
   kMoeOccupancy,    // decode experts: 0 = 4/8 chunks in flight per warp, one CTA per SM; 1 = 2/4 chunks, 3 CTAs
   kAttentionKernel, // decode attention: 0 = CUDA-core page loop; 1 = tensor cores (mma.sync) when 8 query heads
                     // share a kv head and q rows are 16-byte aligned
+  kFuseEpilogues,   // 1 = gemm_add_rmsnorm / gemm_router_topk run their row op in the GEMM's last CTA (M <= 16)
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);
@@ -81,6 +82,11 @@ Status rmsnorm(const bf16* x, const bf16* w, bf16* y, int rows, int hidden, floa
 // Fused residual add + RMSNorm: x = bf16(x + r); y = rmsnorm(x) (x updated in place).
 Status add_rmsnorm(bf16* x, const bf16* r, const bf16* w, bf16* y, int rows, int hidden, float eps,
                    cudaStream_t stream);
+
+// gemm(x, w, out, M, N, K) then add_rmsnorm(x_res, out, norm_w, xn, M, N, eps), with the same results; with
+// DecodeOption::kFuseEpilogues and M <= 16 the row op runs in the GEMM kernel's last CTA (one launch).
+Status gemm_add_rmsnorm(const bf16* x, const bf16* w, bf16* out, bf16* x_res, const bf16* norm_w, bf16* xn, int M,
+                        int N, int K, float eps, cudaStream_t stream);
 
 // MoE combine fused with the residual add and the next RMSNorm: x[n] = bf16(x[n] + sum_{k<K, ids[n,k]>=0}
 // slot_out[n,k,:]) summed in fixed k order (deterministic); then y = rmsnorm(x) when w != nullptr.
@@ -174,6 +180,10 @@ Status prefill_attention_generic(const bf16* q, int q_stride, const bf16* k, con
 // rounded to bf16 precision. ids [N, K] int32, weights [N, K] fp32. One warp per token; E <= 1024.
 Status router_topk(const bf16* logits, const float* bias, int32_t* ids, float* weights, int N, int E, int K,
                    cudaStream_t stream);
+// gemm(x, w_router, logits, N, E, H) then router_topk(logits, bias, ids, weights, N, E, K), with the same results;
+// with DecodeOption::kFuseEpilogues, N <= 16 and E <= 256 the top-k runs in the GEMM kernel's last CTA.
+Status gemm_router_topk(const bf16* x, const bf16* w_router, bf16* logits, const float* bias, int32_t* ids,
+                        float* weights, int N, int E, int H, int K, cudaStream_t stream);
 
 // SERE re-routing, one launch per layer, in place on ids/weights [N, K]: P = union over tokens of
 // ids[:, 0:S]; every expert u not in P maps to argmax_{v in P} sim[u, v] (fp32 [E, E], ties: lowest v),

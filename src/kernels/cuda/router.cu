@@ -7,7 +7,7 @@ namespace {
 
 constexpr int kRouterWarps = 4;
 constexpr int kMaxExperts = 1024;
-constexpr int kMaxTopK = 16;
+constexpr int kMaxTopK = kRouterMaxTopK;
 
 __global__ void __launch_bounds__(kRouterWarps * 32) router_topk_kernel(const bf16* __restrict__ logits,
                                                                         const float* __restrict__ bias,
@@ -19,65 +19,8 @@ __global__ void __launch_bounds__(kRouterWarps * 32) router_topk_kernel(const bf
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int n = blockIdx.x * kRouterWarps + warp;
   if (n >= N) return;
-  float* p = probs_all + warp * E;
-  const bf16* row = logits + static_cast<size_t>(n) * E;
-  float mx = -INFINITY;
-  for (int e = lane; e < E; e += 32) {
-    const float v = __bfloat162float(row[e]) + (bias ? bias[e] : 0.f);
-    p[e] = v;
-    mx = fmaxf(mx, v);
-  }
-  mx = warp_max(mx);
-  float sum = 0.f;
-  for (int e = lane; e < E; e += 32) {
-    const float v = expf(p[e] - mx);
-    p[e] = v;
-    sum += v;
-  }
-  sum = warp_sum(sum);
-  const float inv = 1.f / sum;
-  for (int e = lane; e < E; e += 32) p[e] *= inv;
-  __syncwarp();
-  // K rounds of warp argmax (ties: lowest index); chosen entries are marked -1.
-  float sel_v[kMaxTopK];
-  int sel_i[kMaxTopK];
-  float total = 0.f;
-#pragma unroll
-  for (int k = 0; k < kMaxTopK; ++k) {
-    if (k >= K) break;
-    float best = -1.f;
-    int bi = 0x7fffffff;
-    for (int e = lane; e < E; e += 32) {
-      const float v = p[e];
-      if (v > best) {
-        best = v;
-        bi = e;
-      }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (ov > best || (ov == best && oi < bi)) {
-        best = ov;
-        bi = oi;
-      }
-    }
-    sel_v[k] = best;
-    sel_i[k] = bi;
-    total += best;
-    __syncwarp();
-    if (lane == 0) p[bi] = -1.f;
-    __syncwarp();
-  }
-  if (lane == 0) {
-#pragma unroll
-    for (int k = 0; k < kMaxTopK; ++k) {
-      if (k >= K) break;
-      ids[static_cast<size_t>(n) * K + k] = sel_i[k];
-      weights[static_cast<size_t>(n) * K + k] = bf16_round(sel_v[k] / total);
-    }
-  }
+  warp_router_topk(logits + static_cast<size_t>(n) * E, bias, probs_all + warp * E, E, K,
+                   ids + static_cast<size_t>(n) * K, weights + static_cast<size_t>(n) * K, lane);
 }
 
 constexpr int kSereThreads = 1024;

@@ -35,6 +35,19 @@ struct RowsParams {
   int ksplit;
   float* partial;
   int* counters;
+  // Dense epilogue run by the CTA that completes the last row tile (counter `done`, left at zero), one warp per
+  // token row: 1 = residual add + RMSNorm (x_res, norm_w, xn, eps); 2 = router softmax + top-k (bias, ids,
+  // route_w, top_k; N <= 256 experts).
+  int epilogue;
+  int* done;
+  bf16* x_res;
+  const bf16* norm_w;
+  bf16* xn;
+  float eps;
+  const float* bias;
+  int32_t* ids;
+  float* route_w_out;
+  int top_k;
 };
 
 __device__ __forceinline__ void mma16816(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
@@ -216,6 +229,29 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) rows_mma_kernel(RowsP
             }
           }
       }
+      if (kMode == kDense && p.epilogue) {
+        // The CTA that writes the last row tile runs the row epilogue over all M rows.
+        if (warp == 0) __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) {
+          const int prev = atomicAdd(p.done, 1);
+          last_s = prev == tiles_per_group - 1;
+          if (last_s) *p.done = 0;
+        }
+        __syncthreads();
+        if (last_s) {
+          __threadfence();
+          for (int m = warp; m < p.M; m += kWarps) {
+            const size_t row = static_cast<size_t>(m) * p.N;
+            if (p.epilogue == 1)
+              warp_add_rmsnorm_row(p.x_res + row, p.out + row, p.norm_w, p.xn + row, p.N, p.eps, lane);
+            else
+              warp_router_topk(p.out + row, p.bias, &red[warp][0][0], p.N, p.top_k,
+                               p.ids + static_cast<size_t>(m) * p.top_k, p.route_w_out + static_cast<size_t>(m) * p.top_k,
+                               lane);
+          }
+        }
+      }
       __syncthreads();
     }
   }
@@ -237,7 +273,7 @@ struct SplitScratch {
   int* counters = nullptr;
 };
 constexpr size_t kSplitPartialFloats = 1u << 20;  // 4 MiB: ksplit * M * N fp32
-constexpr int kSplitCounters = 1 << 14;           // row tiles
+constexpr int kSplitCounters = 1 << 14;           // row tiles (one more counter: the epilogue's)
 
 Status split_scratch(cudaStream_t stream, SplitScratch* out) {
   static std::mutex mu;
@@ -246,8 +282,9 @@ Status split_scratch(cudaStream_t stream, SplitScratch* out) {
   SplitScratch& s = all[stream];
   if (!s.partial) {
     ZEST_RETURN_IF_ERROR(cuda_status(cudaMalloc(&s.partial, kSplitPartialFloats * sizeof(float)), "split-K scratch"));
-    ZEST_RETURN_IF_ERROR(cuda_status(cudaMalloc(&s.counters, kSplitCounters * sizeof(int)), "split-K counters"));
-    ZEST_RETURN_IF_ERROR(cuda_status(cudaMemset(s.counters, 0, kSplitCounters * sizeof(int)), "split-K counters"));
+    ZEST_RETURN_IF_ERROR(cuda_status(cudaMalloc(&s.counters, (kSplitCounters + 1) * sizeof(int)), "split-K counters"));
+    ZEST_RETURN_IF_ERROR(
+        cuda_status(cudaMemset(s.counters, 0, (kSplitCounters + 1) * sizeof(int)), "split-K counters"));
   }
   *out = s;
   return Status::ok();
@@ -269,8 +306,23 @@ int dense_ksplit(int M, int N, int K) {
 
 bool rows_mma_gemm_ok(int M, int N, int K) { return M >= 1 && M <= kTokens && N % kRows == 0 && K % kChunk == 0; }
 
-Status rows_mma_gemm(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream) {
+Status rows_mma_gemm(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream,
+                     const RowsEpilogue* epi) {
   RowsParams p{};
+  if (epi) {
+    SplitScratch scratch;
+    ZEST_RETURN_IF_ERROR(split_scratch(stream, &scratch));
+    p.epilogue = epi->kind;
+    p.done = scratch.counters + kSplitCounters;
+    p.x_res = epi->x_res;
+    p.norm_w = epi->norm_w;
+    p.xn = epi->xn;
+    p.eps = epi->eps;
+    p.bias = epi->bias;
+    p.ids = epi->ids;
+    p.route_w_out = epi->route_w;
+    p.top_k = epi->top_k;
+  }
   p.src = x;
   p.w = w;
   p.out = y;

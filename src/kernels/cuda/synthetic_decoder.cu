@@ -282,6 +282,7 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
   ZEST_OP("embedding", embedding(ids_, embed_, x_, batch, H, c.vocab, s));
   ZEST_OP("rmsnorm", rmsnorm(x_, layers_[0].in_norm, xn_, batch, H, kEps, s));
   const size_t qkv_bytes = static_cast<size_t>(QKV) * H * sizeof(bf16);
+  const bool fused = decode_option(DecodeOption::kFuseEpilogues) == 1;
   for (int l = 0; l < c.layers; ++l) {
     const Layer& L = layers_[l];
     const bf16* next_norm = l + 1 < c.layers ? layers_[l + 1].in_norm : final_norm_;
@@ -297,13 +298,23 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
                                                    s));
     ZEST_OP("decode attention",
             decode_attention(ap, qkv_, QKV, L.k_cache, L.v_cache, block_table_, ctx_lens_, attn_, ws, s));
-    ZEST_OP("o gemm", gemm(attn_, L.wo, o_, batch, H, c.q_heads * D, s));
-    ZEST_OP("add + rmsnorm", add_rmsnorm(x_, o_, L.post_norm, xn_, batch, H, kEps, s));
+    if (fused) {
+      ZEST_OP("o gemm + add + rmsnorm",
+              gemm_add_rmsnorm(attn_, L.wo, o_, x_, L.post_norm, xn_, batch, H, c.q_heads * D, kEps, s));
+    } else {
+      ZEST_OP("o gemm", gemm(attn_, L.wo, o_, batch, H, c.q_heads * D, s));
+      ZEST_OP("add + rmsnorm", add_rmsnorm(x_, o_, L.post_norm, xn_, batch, H, kEps, s));
+    }
     if (moe) {
       const int E = c.experts, K = c.top_k, I = c.expert_inter;
-      ZEST_OP("router gemm", gemm(xn_, L.router, router_logits_, batch, E, H, s));
-      ZEST_OP("router top-k", router_topk(router_logits_, opt_.skew > 0.f ? L.router_bias : nullptr, route_ids_,
-                                          route_w_, batch, E, K, s));
+      const float* bias = opt_.skew > 0.f ? L.router_bias : nullptr;
+      if (fused) {
+        ZEST_OP("router gemm + top-k",
+                gemm_router_topk(xn_, L.router, router_logits_, bias, route_ids_, route_w_, batch, E, H, K, s));
+      } else {
+        ZEST_OP("router gemm", gemm(xn_, L.router, router_logits_, batch, E, H, s));
+        ZEST_OP("router top-k", router_topk(router_logits_, bias, route_ids_, route_w_, batch, E, K, s));
+      }
       if (sere)
         ZEST_OP("sere",
                 sere_reroute(route_ids_, route_w_, L.sim, batch, E, K, opt_.sere_primary, opt_.sere_threshold, s));
@@ -364,6 +375,8 @@ std::vector<std::string> SyntheticDecoder::op_labels(bool sere) const {
             "silu*up", "mlp down gemm", "lm_head gemm", "argmax"};
   std::vector<std::string> ops = {"qkv gemm", "qk norm + rope + kv", "decode attention", "o gemm", "add + rmsnorm",
                                   "router gemm", "router top-k"};
+  if (decode_option(DecodeOption::kFuseEpilogues) == 1)
+    ops = {"qkv gemm", "qk norm + rope + kv", "decode attention", "o gemm + add + rmsnorm", "router gemm + top-k"};
   if (sere) ops.push_back("sere");
   for (const char* o : {"moe plan", "moe experts", "moe combine + rmsnorm", "lm_head gemm"}) ops.push_back(o);
   return ops;
