@@ -43,6 +43,7 @@ struct BenchServeArgs {
   std::string image_size;    // WxH: resize --image first (empty = as it is)
   bool same_images = false;  // send --image unchanged (hits the server's encoder cache after the first)
   std::string table_row;     // also print one markdown table row with this label
+  std::string extra_body;    // JSON object merged into every request body
   int64_t output_len = 128;
   int64_t prompt_len = 256;
   uint64_t seed = 0;
@@ -113,7 +114,8 @@ io::Image resize_nearest(const io::Image& src, int w, int h) {
 }
 
 // The JPEG data: URLs of every request's images: copies of --image (resized to --image-size), each made
-// distinct from all others (a stripe of pixels in its first row encodes its index) unless --same-images,
+// distinct from all others (a stripe of pixels in its first row encodes its index and the seed) unless
+// --same-images,
 // so that the server's vision encoder cache does not serve repeats.
 Result<std::vector<std::string>> request_images(const BenchServeArgs& a, int64_t count) {
   if (a.same_images && a.image_size.empty()) {
@@ -128,9 +130,13 @@ Result<std::vector<std::string>> request_images(const BenchServeArgs& a, int64_t
   std::vector<std::string> urls;
   for (int64_t i = 0; i < (a.same_images ? 1 : count); ++i) {
     io::Image v = img;
-    for (int b = 0; b < 32 && b < v.width; ++b) {
+    // 48 black/white pixels: the image index mixed with the seed (runs with other seeds get other images).
+    uint64_t mark = a.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(i);
+    mark = (mark ^ (mark >> 31)) * 0xBF58476D1CE4E5B9ull;
+    mark ^= mark >> 29;
+    for (int b = 0; b < 48 && b < v.width; ++b) {
       uint8_t* px = &v.rgb[static_cast<size_t>(b) * 3];
-      px[0] = px[1] = px[2] = ((static_cast<uint64_t>(i) >> b) & 1) ? 255 : 0;
+      px[0] = px[1] = px[2] = ((mark >> b) & 1) ? 255 : 0;
     }
     ZEST_ASSIGN_OR_RETURN(std::vector<uint8_t> jpeg, io::encode_jpeg(v, 90));
     urls.push_back("data:image/jpeg;base64," + base64_encode(jpeg));
@@ -273,6 +279,12 @@ int run_bench_serve(const BenchServeArgs& a) {
     if (!u.ok()) return fail(u.status().with_context("--image " + a.image));
     image_urls = std::move(u).value();
   }
+  json extra = json::object();
+  if (!a.extra_body.empty()) {
+    extra = json::parse(a.extra_body, nullptr, false);
+    if (extra.is_discarded() || !extra.is_object())
+      return fail(invalid_argument("--extra-body must be a JSON object, e.g. '{\"sere\": false}'"));
+  }
   auto model = resolve_model(a);
   if (!model.ok()) return fail(model.status());
 
@@ -296,6 +308,7 @@ int run_bench_serve(const BenchServeArgs& a) {
                  {"temperature", 0},
                  {"stream", true},
                  {"stream_options", {{"include_usage", true}}}};
+    body.update(extra);
     bodies[i] = body.dump();
     if (paced) t += gap(rng);
     arrival[i] = t;
@@ -414,6 +427,8 @@ void register_bench_serve(CLI::App& bench, std::function<int()>& run) {
   sub->add_flag("--same-images", a->same_images,
                 "send --image unchanged in every request (otherwise each image is made distinct, so that the "
                 "server's encoder cache does not serve repeats)");
+  sub->add_option("--extra-body", a->extra_body,
+                  "JSON object merged into every request body (e.g. '{\"vision_prune\": {\"rate\": 0.4}}')");
   sub->add_option("--table-row", a->table_row,
                   "also print one markdown row: | LABEL | concurrency | ok/n | TTFT p50 | TTFT p99 | TPOT p50 | "
                   "TPOT p99 | req/s | output tok/s |");

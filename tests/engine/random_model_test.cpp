@@ -1,0 +1,270 @@
+// Random-weight models: named shapes, the host synthesis, the checkpoint the CPU backend loads, and
+// ModelBundle::random on the CPU backend with a tiny config.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <set>
+
+#include <unistd.h>
+
+#include "core/dtype.h"
+#include "engine/model_bundle.h"
+#include "io/safetensors.h"
+#include "model/random_weights.h"
+#include "vision/encoder.h"
+
+namespace zest {
+namespace {
+
+const std::string kTinyVl = std::string(ZEST_FIXTURES_DIR) + "/models/qwen3_vl_moe_tiny";
+const std::string kTokenizer = std::string(ZEST_SOURCE_DIR) + "/assets/tokenizer";
+
+std::string temp_file(const std::string& stem) {
+  return (std::filesystem::temp_directory_path() / (stem + "-" + std::to_string(::getpid()) + ".safetensors")).string();
+}
+
+TEST(RandomModel, NamedConfigsAreConsistent) {
+  for (const std::string& name : model::named_model_configs()) {
+    SCOPED_TRACE(name);
+    auto c = model::named_model_config(name);
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    const io::TextConfig& t = c->text;
+    EXPECT_GT(t.num_layers, 0);
+    EXPECT_EQ(t.num_heads % t.num_kv_heads, 0);
+    EXPECT_EQ(t.vocab_size, 151936);
+    if (t.num_experts > 0) {
+      EXPECT_TRUE(c->is_moe());
+      EXPECT_LE(t.num_experts_per_tok, t.num_experts);
+      EXPECT_GT(t.moe_intermediate_size, 0);
+    } else {
+      EXPECT_GT(t.intermediate_size, 0);
+    }
+    if (c->vision) {
+      EXPECT_NE(c->arch, io::Arch::kQwen3Moe);
+      EXPECT_EQ(c->vision->out_hidden_size, t.hidden_size);  // the vision rows replace text embeddings
+      for (int64_t d : c->vision->deepstack_visual_indexes) EXPECT_LT(d, c->vision->depth);
+      ASSERT_EQ(t.mrope_section.size(), 3u);
+      EXPECT_EQ(t.mrope_section[0] + t.mrope_section[1] + t.mrope_section[2], t.head_dim / 2);
+    } else {
+      EXPECT_EQ(c->arch, io::Arch::kQwen3Moe);
+    }
+    auto two = model::named_model_config(name, 2);
+    ASSERT_TRUE(two.ok());
+    EXPECT_EQ(two->text.num_layers, 2);
+  }
+  // Parameter counts of the published models (Qwen3-30B-A3B: 30.5B in total, 3.3B active).
+  auto m30 = model::named_model_config("qwen3-30b-a3b");
+  ASSERT_TRUE(m30.ok());
+  EXPECT_NEAR(static_cast<double>(model::text_parameters(m30->text)), 30.5e9, 0.2e9);
+}
+
+TEST(RandomModel, UnknownNameAndBadLayerCountAreErrors) {
+  auto bad = model::named_model_config("qwen3-7b");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("qwen3-7b"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("qwen3-vl-30b-a3b"), std::string::npos);  // lists the known names
+  EXPECT_FALSE(model::named_model_config("qwen3-30b-a3b", -1).ok());
+}
+
+TEST(RandomModel, TensorsAreDeterministicPerNameWithTheRequestedStatistics) {
+  model::RandomTensors a(7), b(7), c(8);
+  const int64_t n = 1 << 20;
+  const io::TensorView x = a.normal("w", {n}, 0.5f);
+  const io::TensorView u = a.uniform("n", {n}, 0.9f, 1.1f);
+  b.uniform("other", {16}, 0.f, 1.f);  // creation order must not matter
+  const io::TensorView x2 = b.normal("w", {n}, 0.5f);
+  const io::TensorView y = a.normal("w2", {n}, 0.5f);
+  const io::TensorView z = c.normal("w", {n}, 0.5f);
+  EXPECT_EQ(std::memcmp(x.data, x2.data, x.nbytes), 0);
+  EXPECT_NE(std::memcmp(x.data, y.data, x.nbytes), 0);
+  EXPECT_NE(std::memcmp(x.data, z.data, x.nbytes), 0);
+  EXPECT_EQ(a.bytes(), static_cast<size_t>(3 * n * 2));
+
+  const Tensor xf = x.to_f32(), uf = u.to_f32();
+  double s = 0, s2 = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = xf.data<float>()[i];
+    s += v;
+    s2 += v * v;
+    ASSERT_LT(std::abs(v), 3.47 * 0.5 + 0.01);
+    const float w = uf.data<float>()[i];
+    // bf16 keeps 8 significant bits: rounding moves a value by at most half a step (2^-8 near 1.0).
+    ASSERT_GE(w, 0.9f - 0.004f);
+    ASSERT_LE(w, 1.1f + 0.004f);
+  }
+  const double mean = s / n, sd = std::sqrt(s2 / n - mean * mean);
+  // Standard error of the mean 0.5 / 1024; tolerances are several of them.
+  EXPECT_NEAR(mean, 0.0, 0.005);
+  EXPECT_NEAR(sd, 0.5, 0.01);
+}
+
+TEST(RandomModel, SharedLayersViewTheFirstLayersTensors) {
+  auto cfg = model::named_model_config("qwen3-30b-a3b", 3);
+  ASSERT_TRUE(cfg.ok());
+  io::TextConfig t = cfg->text;
+  t.vocab_size = 64;  // keep the host memory of the test small
+  t.num_experts = 4;
+  t.num_experts_per_tok = 2;
+  model::RandomTensors shared(1), all(1);
+  const model::DecoderWeights ws = model::random_decoder_weights(t, shared, 1);
+  const model::DecoderWeights wa = model::random_decoder_weights(t, all, 0);
+  ASSERT_EQ(ws.layers.size(), 3u);
+  ASSERT_EQ(wa.layers.size(), 3u);
+  EXPECT_EQ(ws.layers[2].q.data, ws.layers[0].q.data);
+  EXPECT_EQ(ws.layers[1].gate[3].data, ws.layers[0].gate[3].data);
+  EXPECT_NE(wa.layers[2].q.data, wa.layers[0].q.data);
+  EXPECT_NE(std::memcmp(wa.layers[2].q.data, wa.layers[0].q.data, wa.layers[0].q.nbytes), 0);
+  EXPECT_LT(shared.bytes(), all.bytes());
+  // Layer 0 is the same either way; the embeddings are untied.
+  EXPECT_EQ(std::memcmp(ws.layers[0].down[1].data, wa.layers[0].down[1].data, wa.layers[0].down[1].nbytes), 0);
+  EXPECT_NE(ws.lm_head.data, ws.embed.data);
+  EXPECT_EQ(ws.layers[0].gate.size(), 4u);
+  EXPECT_EQ(ws.layers[0].down[0].shape, (std::vector<int64_t>{t.hidden_size, t.moe_intermediate_size}));
+}
+
+TEST(RandomModel, CheckpointLoadsThroughTheCheckpointLoaders) {
+  auto cfg = io::load_model_config(kTinyVl);
+  ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
+  const std::string file = temp_file("zest-random-test");
+  ASSERT_TRUE(model::write_random_checkpoint(*cfg, file, 3).is_ok());
+  auto st = io::SafeTensors::open_file(file);
+  std::filesystem::remove(file);
+  ASSERT_TRUE(st.ok()) << st.status().to_string();
+  // The text loader resolves and shape-checks every tensor by its checkpoint name.
+  auto w = model::collect_decoder_weights(*st, *cfg);
+  ASSERT_TRUE(w.ok()) << w.status().to_string();
+  // The written values are the host synthesis of the same seed.
+  model::RandomTensors store(3);
+  const model::DecoderWeights ref = model::random_decoder_weights(cfg->text, store);
+  EXPECT_EQ(std::memcmp(w->layers[1].o.data, ref.layers[1].o.data, ref.layers[1].o.nbytes), 0);
+  EXPECT_EQ(std::memcmp(w->layers[2].router.data, ref.layers[2].router.data, ref.layers[2].router.nbytes), 0);
+  // The vision loader finds every tower tensor with its shape.
+  auto enc = vision::make_cpu_vision_encoder(*st, *cfg->vision);
+  ASSERT_TRUE(enc.ok()) << enc.status().to_string();
+  const auto shapes = model::vision_tensor_shapes(*cfg->vision);
+  EXPECT_EQ(st->names().size(), shapes.size() + 3 + 8 * 3 + 3 * (1 + 3 * 16));  // vision + text tensors
+  const Tensor pos = model::random_vision_tensor("pos_embed.weight", {64, 32}, 3);
+  const Tensor pos2 = model::random_vision_tensor("pos_embed.weight", {64, 32}, 3);
+  EXPECT_EQ(std::memcmp(pos.data<float>(), pos2.data<float>(), pos.nbytes()), 0);
+  const Tensor qkv = model::random_vision_tensor("blocks.0.attn.qkv.weight", {96, 32}, 3);
+  const float bound = std::sqrt(3.f / 32.f);
+  float lo = 0, hi = 0;
+  for (int64_t i = 0; i < qkv.numel(); ++i) {
+    lo = std::min(lo, qkv.data<float>()[i]);
+    hi = std::max(hi, qkv.data<float>()[i]);
+  }
+  EXPECT_GE(lo, -bound);
+  EXPECT_LE(hi, bound);
+  EXPECT_LT(lo, -0.5f * bound);  // 3072 draws spread over the range
+  EXPECT_GT(hi, 0.5f * bound);
+}
+
+TEST(RandomModel, SereSimilarityIsSymmetricWithUnitDiagonal) {
+  auto cfg = model::named_model_config("qwen3-vl-30b-a3b", 2);
+  ASSERT_TRUE(cfg.ok());
+  const auto sim = model::random_sere_similarity(cfg->text, 5);
+  ASSERT_EQ(sim.size(), 2u);
+  const int64_t E = cfg->text.num_experts;
+  for (const auto& s : sim) {
+    ASSERT_EQ(static_cast<int64_t>(s.size()), E * E);
+    for (int64_t u = 0; u < E; ++u) {
+      ASSERT_EQ(s[u * E + u], 1.f);
+      for (int64_t v = 0; v < E; ++v) {
+        ASSERT_EQ(s[u * E + v], s[v * E + u]);
+        if (u != v) {
+          ASSERT_GE(s[u * E + v], 0.f);
+          ASSERT_LT(s[u * E + v], 1.f);
+        }
+      }
+    }
+  }
+  EXPECT_NE(sim[0], sim[1]);
+  auto dense = model::named_model_config("qwen3-vl-32b", 2);
+  ASSERT_TRUE(dense.ok());
+  for (const auto& s : model::random_sere_similarity(dense->text, 5)) EXPECT_TRUE(s.empty());
+}
+
+// Logits of one short prompt through the bundle's decoder.
+Tensor logits_of(const engine::ModelBundle& m) {
+  const model::TextDecoder& dec = m.decoder();
+  auto cache = dec.allocate_cache(4, 16);
+  EXPECT_TRUE(cache.ok());
+  std::vector<int32_t> table;
+  model::ForwardBatch b;
+  b.tokens = m.tokenizer.encode("hello random world");
+  const int64_t T = b.num_tokens();
+  for (int r = 0; r < 3; ++r)
+    for (int64_t i = 0; i < T; ++i) b.positions.push_back(static_cast<int32_t>(i));
+  EXPECT_TRUE(cache->reserve(table, T).is_ok());
+  b.seqs.push_back({&table, 0, T, false, true});
+  auto out = dec.forward(b, *cache);
+  EXPECT_TRUE(out.ok()) << out.status().to_string();
+  return out.ok() ? *out : Tensor();
+}
+
+TEST(RandomModel, BundleOnTheCpuFromAConfigJson) {
+  engine::RandomModelOptions o;
+  o.config = kTinyVl + "/config.json";
+  o.layers = 2;
+  o.tokenizer = kTokenizer;
+  o.seed = 11;
+  auto m = engine::ModelBundle::random(o, model::Backend::kCpu);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ((*m)->config.text.num_layers, 2);
+  EXPECT_EQ((*m)->decoder().config().num_layers, 2);
+  EXPECT_EQ((*m)->dir, "random-qwen3_vl_moe_tiny");
+  ASSERT_TRUE((*m)->random_seed.has_value());
+  EXPECT_EQ(*(*m)->random_seed, 11u);
+  ASSERT_NE((*m)->vision, nullptr);
+  EXPECT_EQ((*m)->chat_template, text::TemplateKind::kQwen3VL);
+  // The bundled tokenizer is the fixture's (the Qwen tokenizer).
+  auto fixture_tok = text::Tokenizer::load(kTinyVl);
+  ASSERT_TRUE(fixture_tok.ok());
+  EXPECT_EQ((*m)->tokenizer.encode("<|im_start|>user hello"), fixture_tok->encode("<|im_start|>user hello"));
+  EXPECT_FALSE((*m)->eos_ids().empty());
+
+  const Tensor l1 = logits_of(**m);
+  ASSERT_EQ(l1.numel(), (*m)->config.text.vocab_size);
+  for (int64_t i = 0; i < l1.numel(); ++i) ASSERT_TRUE(std::isfinite(l1.data<float>()[i]));
+  // The same seed gives the same model; another seed another one.
+  auto again = engine::ModelBundle::random(o, model::Backend::kCpu);
+  ASSERT_TRUE(again.ok());
+  const Tensor l2 = logits_of(**again);
+  EXPECT_EQ(std::memcmp(l1.data<float>(), l2.data<float>(), l1.nbytes()), 0);
+  o.seed = 12;
+  auto other = engine::ModelBundle::random(o, model::Backend::kCpu);
+  ASSERT_TRUE(other.ok());
+  const Tensor l3 = logits_of(**other);
+  EXPECT_NE(std::memcmp(l1.data<float>(), l3.data<float>(), l1.nbytes()), 0);
+}
+
+TEST(RandomModel, BundleErrors) {
+  engine::RandomModelOptions o;
+  o.tokenizer = kTokenizer;
+  o.config = "no-such-model";
+  auto r = engine::ModelBundle::random(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("unknown model config 'no-such-model'"), std::string::npos);
+
+  o.config = "qwen3-vl-30b-a3b";  // 30B parameters of f32 do not fit the CPU limit
+  r = engine::ModelBundle::random(o, model::Backend::kCpu);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("16 GiB"), std::string::npos);
+
+  o.config = kTinyVl;
+  o.tokenizer = "/nonexistent/tokenizer";
+  r = engine::ModelBundle::random(o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), ErrorCode::kNotFound);
+
+  o.tokenizer = kTokenizer;
+  o.layers = -2;
+  r = engine::ModelBundle::random(o);
+  EXPECT_FALSE(r.ok());
+}
+
+}  // namespace
+}  // namespace zest
