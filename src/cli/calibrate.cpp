@@ -20,6 +20,9 @@ struct CalibrateArgs {
 };
 
 int run_calibrate(const CalibrateArgs& a) {
+  if (a.out.empty() && !a.model.config.empty()) {
+    return fail(invalid_argument("a random-weight model (--config) has no model directory: give --out FILE"));
+  }
   auto model_r = load_model(a.model);
   if (!model_r.ok()) return fail(model_r.status());
   engine::CalibrationOptions co;
@@ -48,7 +51,7 @@ int run_calibrate(const CalibrateArgs& a) {
 void register_calibrate_sere(CLI::App& app, std::function<int()>& run) {
   auto a = std::make_shared<CalibrateArgs>();
   CLI::App* sub = app.add_subcommand("calibrate-sere", "Measure expert similarity for SERE on calibration text");
-  add_model_args(sub, a->model);
+  add_model_args(sub, a->model, /*random_model=*/true);
   sub->add_option("--text", a->text, "calibration text file (repeatable; default: the bundled corpus)");
   sub->add_option("--tokens", a->tokens, "calibration tokens")->check(CLI::PositiveNumber);
   sub->add_option("--metric", a->metric, "frobenius | cosine | cka")
