@@ -153,7 +153,7 @@ void run_decode_case(const std::vector<int>& lens, int Hq, int Hkv, std::mt19937
   if (prefetch) {
     p.prefetch[0] = L2Prefetch{dk->get(), cache_elems * sizeof(bf16)};
     p.prefetch[1] = L2Prefetch{reinterpret_cast<const char*>(dv->get()) + 6, cache_elems + 11};
-    set_decode_option(DecodeOption::kL2Prefetch, 7);
+    set_decode_option(DecodeOption::kL2Prefetch, 15);
   }
   const Status launched = decode_attention(p, dq->get() + shift, q_stride, dk->get(), dv->get(), dbt.get(), dlens.get(),
                                            out.get(), ws.get(), nullptr);

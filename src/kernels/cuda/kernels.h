@@ -44,7 +44,9 @@ bool programmatic_launch();
 enum class DecodeOption : int {
   kL2Prefetch = 0,  // bit mask: 1 = a small-M GEMM prefetches its first weight tile into L2 before waiting on
                     // the previous kernel; 2 = decode attention prefetches DecodeAttention::prefetch; 4 = the MoE
-                    // combine prefetches its L2Prefetch range (the next layer's first weights)
+                    // combine prefetches its L2Prefetch range (the next layer's first weights); 8 = decode
+                    // attention pulls its KV blocks into L2 before waiting (block table and context lengths must
+                    // not be written by the kernel launched just before it)
   kSereKernel,      // 0 = per-CTA map kernel when E <= 128 (else 1); 1 = the single-CTA kernel for any E
   kGemmSplitK,      // small-M tensor-core GEMM: 0 = no split; 1 = split K over CTAs when row tiles are few
                     // (about four items per SM); n > 1 = n slices
@@ -146,11 +148,11 @@ Status prefill_attention(const bf16* q, int q_stride, const bf16* k, const bf16*
                          float scale, cudaStream_t stream);
 // Prefill kernel variants that benchmarks compare (process-wide switches read on the host at launch time;
 // 0 = the default, the variant measured fastest on H200).
-//   kAttention (prefill_attention, D = 128): CTAs of W warps x R query rows, key tiles of B:
+//   kAttention (prefill_attention, D = 128; default 4): CTAs of W warps x R query rows, key tiles of B:
 //     mma.sync: 1 = 8 x 16, B 64; 2 = 4 x 16, B 64; 3 = 8 x 32, B 32; 4 = 4 x 32, B 32; 5 = 8 x 16, B 32;
 //     6 = wgmma, 2 warpgroups x 64 rows, B 128.
-//   kGroupedGemm (moe_prefill_gate_up/down): mma.sync with 1 = k-chunks of 32 in a 4-stage cp.async ring,
-//     2 = 64 in 3 stages; 3 = wgmma (two warpgroups of 64 rows, k-chunks of 64 in 3 stages).
+//   kGroupedGemm (moe_prefill_gate_up/down; default 2): mma.sync with 1 = k-chunks of 32 in a 4-stage cp.async
+//     ring, 2 = 64 in 3 stages; 3 = wgmma (two warpgroups of 64 rows, k-chunks of 64 in 3 stages).
 enum class PrefillOption : int { kAttention = 0, kGroupedGemm, kCount };
 void set_prefill_option(PrefillOption opt, int value);
 int prefill_option(PrefillOption opt);
