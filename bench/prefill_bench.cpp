@@ -24,6 +24,7 @@
 #include "core/thread_pool.h"
 #include "kernels/backend.h"
 #include "model/decoder.h"
+#include "model/random_weights.h"
 
 #ifdef ZEST_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -39,115 +40,15 @@ using namespace zest;
 
 constexpr double kPeakFlops = 989e12;  // H200 dense bf16 tensor-core peak, FLOP/s
 
-// The text shape of a named real model with `layers` decoder layers; full_layers gets the model's depth.
+// The text shape of a named MoE model (model::named_model_config) with `layers` decoder layers;
+// full_layers gets the model's depth.
 bool named_config(const std::string& name, int64_t layers, io::TextConfig* c, int64_t* full_layers) {
-  if (name != "qwen3-30b-a3b") return false;
-  c->vocab_size = 151936;
-  c->hidden_size = 2048;
+  auto full = model::named_model_config(name);
+  if (!full.ok() || !full->is_moe()) return false;
+  *c = full->text;
+  *full_layers = c->num_layers;
   c->num_layers = layers;
-  c->num_heads = 32;
-  c->num_kv_heads = 4;
-  c->head_dim = 128;
-  c->intermediate_size = 6144;
-  c->moe_intermediate_size = 768;
-  c->num_experts = 128;
-  c->num_experts_per_tok = 8;
-  c->norm_topk_prob = true;
-  c->rms_norm_eps = 1e-6;
-  c->rope_theta = 1e6;
-  c->max_position_embeddings = 40960;
-  c->tie_word_embeddings = false;
-  *full_layers = 48;
   return true;
-}
-
-// Host bf16 tensors with random contents; views stay valid while the store lives.
-class HostWeights {
- public:
-  explicit HostWeights(uint64_t seed) : seed_(seed) {}
-
-  // A [shape] bf16 tensor of approximately N(0, std^2) values (Irwin-Hall sum of four uniforms).
-  io::TensorView normal(const std::string& name, std::vector<int64_t> shape, float stddev) {
-    return make(name, std::move(shape), [stddev](uint64_t r) {
-      const float s = static_cast<float>(r & 0xffff) + static_cast<float>((r >> 16) & 0xffff) +
-                      static_cast<float>((r >> 32) & 0xffff) + static_cast<float>(r >> 48);
-      return (s / 65536.f - 2.f) * 1.7320508f * stddev;  // mean 2, variance 1/3 before scaling
-    });
-  }
-  // A [shape] bf16 tensor of values uniform in [lo, hi) (norm weights).
-  io::TensorView uniform(const std::string& name, std::vector<int64_t> shape, float lo, float hi) {
-    return make(name, std::move(shape), [lo, hi](uint64_t r) {
-      return lo + (hi - lo) * static_cast<float>(r >> 40) / 16777216.f;
-    });
-  }
-
- private:
-  template <class Dist>
-  io::TensorView make(const std::string& name, std::vector<int64_t> shape, Dist dist) {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    std::unique_ptr<uint16_t[]> buf(new uint16_t[static_cast<size_t>(n)]);  // filled below
-    uint16_t* p = buf.get();
-    const uint64_t base = seed_ * 0x9E3779B97F4A7C15ull + (++count_) * 0xD1B54A32D192ED03ull;
-    constexpr int64_t kChunk = 1 << 16;
-    parallel_for((n + kChunk - 1) / kChunk, 1, [&](int64_t b, int64_t e) {
-      for (int64_t c = b; c < e; ++c) {
-        uint64_t state = base ^ (static_cast<uint64_t>(c) * 0xBF58476D1CE4E5B9ull);
-        for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i) {
-          uint64_t z = (state += 0x9E3779B97F4A7C15ull);  // splitmix64
-          z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-          z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-          p[i] = f32_to_bf16(dist(z ^ (z >> 31)));
-        }
-      }
-    });
-    io::TensorView v;
-    v.name = name;
-    v.dtype = DType::BF16;
-    v.shape = std::move(shape);
-    v.data = p;
-    v.nbytes = static_cast<size_t>(n) * 2;
-    bufs_.push_back(std::move(buf));
-    return v;
-  }
-
-  uint64_t seed_;
-  uint64_t count_ = 0;
-  std::vector<std::unique_ptr<uint16_t[]>> bufs_;
-};
-
-// Random weights of the text decoder of `c` (per-expert nn.Linear layout, std 1/sqrt(fan_in)).
-model::DecoderWeights synthesise(const io::TextConfig& c, HostWeights& hw) {
-  model::DecoderWeights w;
-  w.config = c;
-  const int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_heads, Hkv = c.num_kv_heads;
-  const int64_t E = c.num_experts, I = c.moe_intermediate_size;
-  auto sd = [](int64_t fan_in) { return 1.f / std::sqrt(static_cast<float>(fan_in)); };
-  w.embed = hw.normal("embed_tokens", {c.vocab_size, H}, 1.f);
-  w.final_norm = hw.uniform("norm", {H}, 0.5f, 1.5f);
-  w.lm_head = hw.normal("lm_head", {c.vocab_size, H}, sd(H));
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const std::string p = "layers." + std::to_string(l) + ".";
-    model::DecoderLayerWeights L;
-    L.in_norm = hw.uniform(p + "input_layernorm", {H}, 0.5f, 1.5f);
-    L.post_norm = hw.uniform(p + "post_attention_layernorm", {H}, 0.5f, 1.5f);
-    L.q = hw.normal(p + "q_proj", {Hq * D, H}, sd(H));
-    L.k = hw.normal(p + "k_proj", {Hkv * D, H}, sd(H));
-    L.v = hw.normal(p + "v_proj", {Hkv * D, H}, sd(H));
-    L.o = hw.normal(p + "o_proj", {H, Hq * D}, sd(Hq * D));
-    L.q_norm = hw.uniform(p + "q_norm", {D}, 0.5f, 1.5f);
-    L.k_norm = hw.uniform(p + "k_norm", {D}, 0.5f, 1.5f);
-    L.moe = true;
-    L.router = hw.normal(p + "router", {E, H}, sd(H));
-    for (int64_t e = 0; e < E; ++e) {
-      const std::string ep = p + "experts." + std::to_string(e) + ".";
-      L.gate.push_back(hw.normal(ep + "gate_proj", {I, H}, sd(H)));
-      L.up.push_back(hw.normal(ep + "up_proj", {I, H}, sd(H)));
-      L.down.push_back(hw.normal(ep + "down_proj", {H, I}, sd(I)));
-    }
-    w.layers.push_back(std::move(L));
-  }
-  return w;
 }
 
 // FLOPs of one decoder layer over a T-token prefill: 2 * (attention projections + router + top-k experts'
@@ -385,7 +286,7 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
        [&] {
          return cuda::qk_norm_rope_kv(qkv, qn, kn, pos, 0, rope, slots, kc, vc, T, Hq, Hkv, D, eps, st);
        }},
-      {"prefill attention", 4 * t * t / 2 * Hq * D, true,
+      {"prefill attention (default: variant 4, 4 warps x 32 rows, 32 keys)", 4 * t * t / 2 * Hq * D, true,
        [&] { return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn, Hq, Hkv, D, scale, st); }},
       {"prefill attention, variant 2 (4 warps x 16 rows, 64 keys)", 4 * t * t / 2 * Hq * D, false,
        [&] {
@@ -399,9 +300,9 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
            return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn2, Hq, Hkv, D, scale, st);
          });
        }},
-      {"prefill attention, variant 4 (4 warps x 32 rows, 32 keys)", 4 * t * t / 2 * Hq * D, false,
+      {"prefill attention, variant 1 (8 warps x 16 rows, 64 keys)", 4 * t * t / 2 * Hq * D, false,
        [&] {
-         return with_option(cuda::PrefillOption::kAttention, 4, [&] {
+         return with_option(cuda::PrefillOption::kAttention, 1, [&] {
            return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn2, Hq, Hkv, D, scale, st);
          });
        }},
@@ -420,19 +321,20 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
          ZEST_RETURN_IF_ERROR(cuda::gemm(xn, wr, rl, T, E, H, st));
          return cuda::router_topk(rl, nullptr, ids, rw, T, E, K, st);
        }},
-      {"moe plan", 0, true, [&] { return cuda::moe_plan(ids, T, K, E, plan, nullptr, st); }},
-      {"experts gate/up", 2 * t * K * 2 * I * H, true,
+      {"moe plan (moe_plan_prefill)", 0, true, [&] { return cuda::moe_plan_prefill(ids, T, K, E, plan, nullptr, st); }},
+      {"moe plan (moe_plan, as decode)", 0, false, [&] { return cuda::moe_plan(ids, T, K, E, plan, nullptr, st); }},
+      {"experts gate/up (default: variant 2)", 2 * t * K * 2 * I * H, true,
        [&] { return cuda::moe_prefill_gate_up(xn, plan, gate_up, h, T, K, E, H, I, st); }},
-      {"experts down", 2 * t * K * H * I, true,
+      {"experts down (default: variant 2)", 2 * t * K * H * I, true,
        [&] { return cuda::moe_prefill_down(h, plan, rw, down, slot_out, T, K, E, H, I, st); }},
-      {"experts gate/up, variant 2 (mma.sync, k-chunk 64, 3 stages)", 2 * t * K * 2 * I * H, false,
+      {"experts gate/up, variant 1 (mma.sync, k-chunk 32, 4 stages)", 2 * t * K * 2 * I * H, false,
        [&] {
-         return with_option(cuda::PrefillOption::kGroupedGemm, 2,
+         return with_option(cuda::PrefillOption::kGroupedGemm, 1,
                             [&] { return cuda::moe_prefill_gate_up(xn, plan, gate_up, h, T, K, E, H, I, st); });
        }},
-      {"experts down, variant 2 (mma.sync, k-chunk 64, 3 stages)", 2 * t * K * H * I, false,
+      {"experts down, variant 1 (mma.sync, k-chunk 32, 4 stages)", 2 * t * K * H * I, false,
        [&] {
-         return with_option(cuda::PrefillOption::kGroupedGemm, 2, [&] {
+         return with_option(cuda::PrefillOption::kGroupedGemm, 1, [&] {
            return cuda::moe_prefill_down(h, plan, rw, down, slot_out2, T, K, E, H, I, st);
          });
        }},
@@ -517,7 +419,7 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
   ZEST_ASSIGN_OR_RETURN(auto wd, compare_bf16(attn2, attn, size_t(T) * Hq * D));
   std::printf("attention variant 6 vs default: max |diff| %.3g (max |out| %.3g)\n", wd.first, wd.second);
   // Every grouped-GEMM variant against the default on the layer's routing.
-  for (int v = 2; v <= 3; ++v) {
+  for (int v : {1, 3}) {
     ZEST_RETURN_IF_ERROR(with_option(cuda::PrefillOption::kGroupedGemm, v, [&] {
       return cuda::moe_experts_prefill(xn, plan, rw, gate_up, down, h, slot_out2, T, K, E, H, I, st);
     }));
@@ -566,7 +468,8 @@ int bench_prefill_main(int argc, char** argv) {
   io::TextConfig cfg;
   int64_t full_layers = 0;
   if (!named_config(config, layers, &cfg, &full_layers)) {
-    std::fprintf(stderr, "error: unknown --config '%s' (known: qwen3-30b-a3b)\n", config.c_str());
+    std::fprintf(stderr, "error: unknown --config '%s' (known: qwen3-30b-a3b, qwen3-vl-30b-a3b, qwen3-vl-235b-a22b)\n",
+                 config.c_str());
     return 2;
   }
 
@@ -603,8 +506,8 @@ int bench_prefill_main(int argc, char** argv) {
   }
 
   const auto g0 = std::chrono::steady_clock::now();
-  HostWeights hw(7);
-  model::DecoderWeights w = synthesise(cfg, hw);
+  model::RandomTensors hw(7);
+  model::DecoderWeights w = model::random_decoder_weights(cfg, hw);
   std::printf("model: %s shapes, %lld of %lld layers simulated, random bf16 weights synthesised in %.1f s\n",
               config.c_str(), static_cast<long long>(layers), static_cast<long long>(full_layers),
               std::chrono::duration<double>(std::chrono::steady_clock::now() - g0).count());
