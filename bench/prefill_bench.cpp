@@ -286,7 +286,7 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
        [&] {
          return cuda::qk_norm_rope_kv(qkv, qn, kn, pos, 0, rope, slots, kc, vc, T, Hq, Hkv, D, eps, st);
        }},
-      {"prefill attention", 4 * t * t / 2 * Hq * D, true,
+      {"prefill attention (default: variant 4, 4 warps x 32 rows, 32 keys)", 4 * t * t / 2 * Hq * D, true,
        [&] { return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn, Hq, Hkv, D, scale, st); }},
       {"prefill attention, variant 2 (4 warps x 16 rows, 64 keys)", 4 * t * t / 2 * Hq * D, false,
        [&] {
@@ -300,9 +300,9 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
            return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn2, Hq, Hkv, D, scale, st);
          });
        }},
-      {"prefill attention, variant 4 (4 warps x 32 rows, 32 keys)", 4 * t * t / 2 * Hq * D, false,
+      {"prefill attention, variant 1 (8 warps x 16 rows, 64 keys)", 4 * t * t / 2 * Hq * D, false,
        [&] {
-         return with_option(cuda::PrefillOption::kAttention, 4, [&] {
+         return with_option(cuda::PrefillOption::kAttention, 1, [&] {
            return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn2, Hq, Hkv, D, scale, st);
          });
        }},
@@ -321,19 +321,20 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
          ZEST_RETURN_IF_ERROR(cuda::gemm(xn, wr, rl, T, E, H, st));
          return cuda::router_topk(rl, nullptr, ids, rw, T, E, K, st);
        }},
-      {"moe plan", 0, true, [&] { return cuda::moe_plan(ids, T, K, E, plan, nullptr, st); }},
-      {"experts gate/up", 2 * t * K * 2 * I * H, true,
+      {"moe plan (moe_plan_prefill)", 0, true, [&] { return cuda::moe_plan_prefill(ids, T, K, E, plan, nullptr, st); }},
+      {"moe plan (moe_plan, as decode)", 0, false, [&] { return cuda::moe_plan(ids, T, K, E, plan, nullptr, st); }},
+      {"experts gate/up (default: variant 2)", 2 * t * K * 2 * I * H, true,
        [&] { return cuda::moe_prefill_gate_up(xn, plan, gate_up, h, T, K, E, H, I, st); }},
-      {"experts down", 2 * t * K * H * I, true,
+      {"experts down (default: variant 2)", 2 * t * K * H * I, true,
        [&] { return cuda::moe_prefill_down(h, plan, rw, down, slot_out, T, K, E, H, I, st); }},
-      {"experts gate/up, variant 2 (mma.sync, k-chunk 64, 3 stages)", 2 * t * K * 2 * I * H, false,
+      {"experts gate/up, variant 1 (mma.sync, k-chunk 32, 4 stages)", 2 * t * K * 2 * I * H, false,
        [&] {
-         return with_option(cuda::PrefillOption::kGroupedGemm, 2,
+         return with_option(cuda::PrefillOption::kGroupedGemm, 1,
                             [&] { return cuda::moe_prefill_gate_up(xn, plan, gate_up, h, T, K, E, H, I, st); });
        }},
-      {"experts down, variant 2 (mma.sync, k-chunk 64, 3 stages)", 2 * t * K * H * I, false,
+      {"experts down, variant 1 (mma.sync, k-chunk 32, 4 stages)", 2 * t * K * H * I, false,
        [&] {
-         return with_option(cuda::PrefillOption::kGroupedGemm, 2, [&] {
+         return with_option(cuda::PrefillOption::kGroupedGemm, 1, [&] {
            return cuda::moe_prefill_down(h, plan, rw, down, slot_out2, T, K, E, H, I, st);
          });
        }},
@@ -418,7 +419,7 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
   ZEST_ASSIGN_OR_RETURN(auto wd, compare_bf16(attn2, attn, size_t(T) * Hq * D));
   std::printf("attention variant 6 vs default: max |diff| %.3g (max |out| %.3g)\n", wd.first, wd.second);
   // Every grouped-GEMM variant against the default on the layer's routing.
-  for (int v = 2; v <= 3; ++v) {
+  for (int v : {1, 3}) {
     ZEST_RETURN_IF_ERROR(with_option(cuda::PrefillOption::kGroupedGemm, v, [&] {
       return cuda::moe_experts_prefill(xn, plan, rw, gate_up, down, h, slot_out2, T, K, E, H, I, st);
     }));

@@ -160,6 +160,79 @@ void make_routing(int N, int c0, int c1, int c2, std::mt19937& rng, std::vector<
   w[empty * K + 1] = 0.f;
 }
 
+// moe_plan_prefill against a host reference: active experts ascending, offsets, slots sorted by expert then
+// slot, tiles of kMoeTileM per active expert; and against moe_plan (the same bytes).
+void run_plan_case(int N, int K, int E, int expert_limit, std::mt19937& rng) {
+  SCOPED_TRACE(testing::Message() << "N=" << N << " K=" << K << " E=" << E << " experts used " << expert_limit);
+  std::vector<int32_t> ids(static_cast<size_t>(N) * K);
+  std::uniform_int_distribution<int> pick(0, expert_limit - 1);
+  for (int n = 0; n < N; ++n)
+    for (int k = 0; k < K; ++k) {
+      int e;
+      do {
+        e = pick(rng);
+      } while (std::find(&ids[static_cast<size_t>(n) * K], &ids[static_cast<size_t>(n) * K + k], e) !=
+               &ids[static_cast<size_t>(n) * K + k]);
+      ids[static_cast<size_t>(n) * K + k] = e;
+    }
+  for (size_t i = 3; i < ids.size(); i += 97) ids[i] = -1;  // empty slots
+  std::vector<int> ref_active, ref_off = {0}, ref_sorted, ref_tile_active, ref_tile_start;
+  for (int e = 0; e < E; ++e) {
+    std::vector<int> slots;
+    for (size_t i = 0; i < ids.size(); ++i)
+      if (ids[i] == e) slots.push_back(static_cast<int>(i));
+    if (slots.empty()) continue;
+    const int j = static_cast<int>(ref_active.size());
+    ref_active.push_back(e);
+    for (int r = 0; r < static_cast<int>(slots.size()); r += kMoeTileM) {
+      ref_tile_active.push_back(j);
+      ref_tile_start.push_back(ref_off.back() + r);
+    }
+    ref_sorted.insert(ref_sorted.end(), slots.begin(), slots.end());
+    ref_off.push_back(ref_off.back() + static_cast<int>(slots.size()));
+  }
+  DevBuf<int32_t> di(ids);
+  for (int which = 0; which < 2; ++which) {
+    SCOPED_TRACE(which == 0 ? "moe_plan_prefill" : "moe_plan");
+    DevBuf<unsigned char> buf(moe_plan_bytes(N, K, E));
+    buf.poison();
+    MoePlan plan;
+    moe_plan_bind(plan, buf.get(), N, K, E);
+    DevBuf<int64_t> count(std::vector<int64_t>{7});
+    if (which == 0)
+      ZEST_ASSERT_OK(moe_plan_prefill(di.get(), N, K, E, plan, count.get(), nullptr));
+    else
+      ZEST_ASSERT_OK(moe_plan(di.get(), N, K, E, plan, count.get(), nullptr));
+    sync_ok();
+    int na = 0, nt = 0;
+    ASSERT_EQ(cudaMemcpy(&na, plan.num_active, 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(&nt, plan.num_tiles, 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(na, static_cast<int>(ref_active.size()));
+    ASSERT_EQ(nt, static_cast<int>(ref_tile_active.size()));
+    std::vector<int> act(na), off(na + 1), sorted(ref_sorted.size()), ta(nt), ts(nt);
+    ASSERT_EQ(cudaMemcpy(act.data(), plan.active_experts, na * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(off.data(), plan.offsets, (na + 1) * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(sorted.data(), plan.sorted_slots, sorted.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(ta.data(), plan.tile_active, nt * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(ts.data(), plan.tile_start, nt * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(act, ref_active);
+    EXPECT_EQ(off, ref_off);
+    EXPECT_EQ(sorted, ref_sorted);
+    EXPECT_EQ(ta, ref_tile_active);
+    EXPECT_EQ(ts, ref_tile_start);
+    EXPECT_EQ(count.download()[0], 7 + na);
+  }
+}
+
+TEST(CudaPrefillKernels, PlanForManyTokensMatchesReference) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(521);
+  run_plan_case(3000, 8, 128, 128, rng);  // Qwen3-30B-A3B routing shape, uneven 32-slot groups
+  run_plan_case(1, 8, 128, 128, rng);     // a single token
+  run_plan_case(777, 4, 256, 40, rng);    // 216 experts without slots, E at the shared-memory limit
+  run_plan_case(50, 2, 8, 8, rng);        // fewer slots than warps
+}
+
 struct GroupedCase {
   int N, E, H, I, c0, c1, c2;
 };

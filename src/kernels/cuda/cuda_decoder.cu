@@ -533,7 +533,8 @@ Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const model::
     ZEST_CU(cudaMemcpyAsync(s.route_w, wts.data(), n * 4, cudaMemcpyHostToDevice, st), "routing copy");
     ZEST_CU(cudaStreamSynchronize(st), "routing copy");
   }
-  ZEST_RETURN_IF_ERROR(moe_plan(s.ids, T, K_, E_, s.plan, nullptr, st));
+  ZEST_RETURN_IF_ERROR(T <= 16 ? moe_plan(s.ids, T, K_, E_, s.plan, nullptr, st)
+                               : moe_plan_prefill(s.ids, T, K_, E_, s.plan, nullptr, st));
   if (T <= 16)
     return moe_experts_decode(s.xn, s.plan, s.route_w, Ly.gate_up, Ly.down, s.h, s.slot_out, T, K_, E_, H_, I_, st);
   return moe_experts_prefill(s.xn, s.plan, s.route_w, Ly.gate_up, Ly.down, s.h, s.slot_out, T, K_, E_, H_, I_, st);

@@ -219,6 +219,11 @@ void moe_plan_bind(MoePlan& plan, void* buffer, int N, int K, int E);
 Status moe_plan(const int32_t* ids, int N, int K, int E, MoePlan& plan, int64_t* active_count_sum,
                 cudaStream_t stream);
 
+// The plan of moe_plan (the same contents), built for many tokens: one CTA reads the ids twice (per-warp
+// expert counts, a scan, then in-order placement) instead of once per expert. E > 256 goes to moe_plan.
+Status moe_plan_prefill(const int32_t* ids, int N, int K, int E, MoePlan& plan, int64_t* active_count_sum,
+                        cudaStream_t stream);
+
 // Decode/small-batch experts: h = silu(x Wg^T) * (x Wu^T) for each (token, slot) of each active expert, then
 // slot_out[n, k, :] = weights[n, k] * (h Wd^T). Each active expert's weights are read once (a CTA per
 // (expert, row tile), looping over that expert's tokens, on tensor cores when H and I are multiples of 32);

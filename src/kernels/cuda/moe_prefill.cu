@@ -482,6 +482,98 @@ Status launch_grouped_wgmma(const bf16* a, const MoePlan& plan, const float* wei
                 weights, w, h, slot_out, K, H, I);
 }
 
+
+// ---- plan for many tokens -------------------------------------------------------------------------------------
+//
+// One CTA of 32 warps; warp w owns the contiguous slot range [w * per, (w + 1) * per). Pass 1 counts each warp's
+// slots per expert (shared-memory atomics); a scan over (warp, expert) gives every warp the first position of its
+// slots of each expert; pass 2 places each warp's slots in slot order (ranks inside a 32-slot group from
+// __match_any_sync). The ids are read twice in all, instead of once per expert.
+constexpr int kPlanWarps = 32;
+constexpr int kPlanMaxExperts = 256;
+
+__global__ void __launch_bounds__(kPlanWarps * 32) moe_plan_prefill_kernel(const int32_t* __restrict__ ids, int NK,
+                                                                           int E, MoePlan plan,
+                                                                           int64_t* active_count_sum) {
+  pdl_wait();
+  extern __shared__ int cnt[];  // [kPlanWarps][E]: counts, then each warp's next position per expert
+  __shared__ int total[kPlanMaxExperts];
+  __shared__ int first[kPlanMaxExperts];  // sorted position of each expert's first slot
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int i = threadIdx.x; i < kPlanWarps * E; i += blockDim.x) cnt[i] = 0;
+  __syncthreads();
+  const int per = ((NK + kPlanWarps - 1) / kPlanWarps + 31) / 32 * 32;
+  const int beg = min(NK, warp * per), end = min(NK, beg + per);
+  for (int i = beg + lane; i < end; i += 32) {
+    const int id = __ldg(ids + i);
+    if (id >= 0 && id < E) atomicAdd(&cnt[warp * E + id], 1);
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {  // exclusive prefix over warps
+    int sum = 0;
+    for (int w = 0; w < kPlanWarps; ++w) {
+      const int c = cnt[w * E + e];
+      cnt[w * E + e] = sum;
+      sum += c;
+    }
+    total[e] = sum;
+  }
+  __syncthreads();
+  if (warp == 0) {  // active list, offsets and tiles, as moe_plan
+    int na = 0, off = 0, nt = 0;
+    for (int e0 = 0; e0 < E; e0 += 32) {
+      const int e = e0 + lane;
+      const int c = e < E ? total[e] : 0;
+      const int tiles = (c + kMoeTileM - 1) / kMoeTileM;
+      const unsigned act = __ballot_sync(0xffffffffu, c > 0);
+      int cs = c, ts = tiles;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int a = __shfl_up_sync(0xffffffffu, cs, o), b = __shfl_up_sync(0xffffffffu, ts, o);
+        if (lane >= o) {
+          cs += a;
+          ts += b;
+        }
+      }
+      const int idx = na + __popc(act & ((1u << lane) - 1));
+      const int my_off = off + cs - c, my_tile = nt + ts - tiles;
+      if (e < E) first[e] = my_off;
+      if (c > 0) {
+        plan.active_experts[idx] = e;
+        plan.offsets[idx] = my_off;
+        for (int r = 0; r < tiles; ++r) {
+          plan.tile_active[my_tile + r] = idx;
+          plan.tile_start[my_tile + r] = my_off + r * kMoeTileM;
+        }
+      }
+      na += __popc(act);
+      off += __shfl_sync(0xffffffffu, cs, 31);
+      nt += __shfl_sync(0xffffffffu, ts, 31);
+    }
+    if (lane == 0) {
+      plan.offsets[na] = off;
+      *plan.num_active = na;
+      *plan.num_tiles = nt;
+      if (active_count_sum) *active_count_sum += na;
+    }
+  }
+  __syncthreads();
+  int* next = cnt + warp * E;
+  for (int e = lane; e < E; e += 32) next[e] += first[e];
+  __syncwarp();
+  for (int i0 = beg; i0 < end; i0 += 32) {
+    const int i = i0 + lane;
+    int id = i < end ? __ldg(ids + i) : -1;
+    if (id >= E) id = -1;
+    const unsigned same = __match_any_sync(0xffffffffu, id);
+    const int rank = __popc(same & ((1u << lane) - 1));
+    if (id >= 0) plan.sorted_slots[next[id] + rank] = i;
+    __syncwarp();
+    if (id >= 0 && rank == 0) next[id] += __popc(same);
+    __syncwarp();
+  }
+}
+
 Status check_grouped(int N, int K, int E, int H, int I) {
   if (N <= 0 || K <= 0 || E <= 0 || E > 1024 || K > E || H <= 0 || I <= 0 || H % 8 != 0 || I % 8 != 0)
     return invalid_argument("moe_experts_prefill: need N, K > 0, K <= E <= 1024 and H, I positive multiples of 8 (N=" +
@@ -498,6 +590,21 @@ Status set_smem(const void* kernel, size_t smem) {
 
 }  // namespace
 
+Status moe_plan_prefill(const int32_t* ids, int N, int K, int E, MoePlan& plan, int64_t* active_count_sum,
+                        cudaStream_t stream) {
+  if (E > kPlanMaxExperts) return moe_plan(ids, N, K, E, plan, active_count_sum, stream);
+  if (N <= 0 || K <= 0 || E <= 0 || K > E)
+    return invalid_argument("moe_plan_prefill: need N, K, E > 0 and K <= E (N=" + std::to_string(N) +
+                            " K=" + std::to_string(K) + " E=" + std::to_string(E) + ")");
+  if (N > plan.max_tokens || K != plan.top_k || E != plan.experts)
+    return invalid_argument("moe_plan_prefill: the plan was bound for other sizes (max_tokens " +
+                            std::to_string(plan.max_tokens) + ", top_k " + std::to_string(plan.top_k) + ", experts " +
+                            std::to_string(plan.experts) + ")");
+  const size_t smem = static_cast<size_t>(kPlanWarps) * E * sizeof(int);
+  return launch("moe_plan_prefill", moe_plan_prefill_kernel, dim3(1), dim3(kPlanWarps * 32), smem, stream, ids, N * K,
+                E, plan, active_count_sum);
+}
+
 Status moe_prefill_gate_up(const bf16* x, const MoePlan& plan, const bf16* gate_up, bf16* h, int N, int K, int E,
                            int H, int I, cudaStream_t stream) {
   ZEST_RETURN_IF_ERROR(check_grouped(N, K, E, H, I));
@@ -506,9 +613,8 @@ Status moe_prefill_gate_up(const bf16* x, const MoePlan& plan, const bf16* gate_
                             " I=" + std::to_string(I) + ")");
   if (prefill_option(PrefillOption::kGroupedGemm) == 3)
     return launch_grouped_wgmma<true>(x, plan, nullptr, gate_up, h, nullptr, N, K, E, H, I, stream);
-  if (prefill_option(PrefillOption::kGroupedGemm) == 2)
-    return launch_grouped<true, 64, 3>(x, plan, nullptr, gate_up, h, nullptr, N, K, E, H, I, stream);
-  return launch_grouped<true, 32, 4>(x, plan, nullptr, gate_up, h, nullptr, N, K, E, H, I, stream);
+  if (prefill_option(PrefillOption::kGroupedGemm) == 1) return launch_grouped<true, 32, 4>(x, plan, nullptr, gate_up, h, nullptr, N, K, E, H, I, stream);
+  return launch_grouped<true, 64, 3>(x, plan, nullptr, gate_up, h, nullptr, N, K, E, H, I, stream);
 }
 
 Status moe_prefill_down(const bf16* h, const MoePlan& plan, const float* weights, const bf16* down, float* slot_out,
@@ -519,9 +625,8 @@ Status moe_prefill_down(const bf16* h, const MoePlan& plan, const float* weights
                             " I=" + std::to_string(I) + ")");
   if (prefill_option(PrefillOption::kGroupedGemm) == 3)
     return launch_grouped_wgmma<false>(h, plan, weights, down, nullptr, slot_out, N, K, E, H, I, stream);
-  if (prefill_option(PrefillOption::kGroupedGemm) == 2)
-    return launch_grouped<false, 64, 3>(h, plan, weights, down, nullptr, slot_out, N, K, E, H, I, stream);
-  return launch_grouped<false, 32, 4>(h, plan, weights, down, nullptr, slot_out, N, K, E, H, I, stream);
+  if (prefill_option(PrefillOption::kGroupedGemm) == 1) return launch_grouped<false, 32, 4>(h, plan, weights, down, nullptr, slot_out, N, K, E, H, I, stream);
+  return launch_grouped<false, 64, 3>(h, plan, weights, down, nullptr, slot_out, N, K, E, H, I, stream);
 }
 
 Status moe_experts_prefill(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
