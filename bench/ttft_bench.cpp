@@ -322,8 +322,11 @@ class MeasuredPrefill {
         b.positions[static_cast<size_t>(r) * T + i] = i < visual ? vis_pos[r][i] : text_start + (i - visual);
       if (i < visual) b.mm_index.push_back(i);
     }
-    b.mm_device.embeds = embeds;
-    for (const bf16* d : deepstack) b.mm_device.deepstack.push_back(d);
+    model::ForwardBatch::DeviceRows rows;
+    rows.embeds = embeds;
+    for (const bf16* d : deepstack) rows.deepstack.push_back(d);
+    rows.rows = visual;
+    b.mm_device.push_back(rows);
     model::SeqChunk chunk;
     chunk.block_table = &table_;
     chunk.start = 0;

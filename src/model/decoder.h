@@ -34,14 +34,16 @@ struct ForwardBatch {
   Tensor mm_embeds;
   std::vector<int64_t> mm_index;
   std::vector<Tensor> deepstack;
-  // Device alternative to mm_embeds / deepstack (CUDA decoder only): when embeds is set, the visual rows are
-  // read from device memory, bf16 [mm_index.size(), hidden] each, written completely before forward is
-  // called; mm_embeds and deepstack are then ignored.
+  // Device alternative to mm_embeds / deepstack (CUDA decoder only): when not empty, the visual rows come
+  // from device memory as consecutive segments in mm_index order; segment s supplies `rows` rows of bf16
+  // [rows, hidden] from embeds and from each deepstack pointer, written completely before forward is called.
+  // mm_embeds and deepstack are then ignored.
   struct DeviceRows {
     const void* embeds = nullptr;
     std::vector<const void*> deepstack;
+    int64_t rows = 0;
   };
-  DeviceRows mm_device;
+  std::vector<DeviceRows> mm_device;
   int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
 };
 

@@ -574,13 +574,20 @@ Result<Tensor> CudaTextDecoder::forward(const model::ForwardBatch& b, model::Pag
   for (int32_t tok : b.tokens)
     if (tok < 0 || tok >= V_) return invalid_argument("forward: token id " + std::to_string(tok) + " out of range");
   const int64_t M = static_cast<int64_t>(b.mm_index.size());
-  const bool mm_dev = b.mm_device.embeds != nullptr;
-  const int64_t nds =
-      M > 0 ? std::min<int64_t>(static_cast<int64_t>(mm_dev ? b.mm_device.deepstack.size() : b.deepstack.size()), L_)
-            : 0;
+  const bool mm_dev = !b.mm_device.empty();
+  int64_t dev_ds = mm_dev ? INT64_MAX : 0, dev_rows = 0;
+  for (const auto& seg : b.mm_device) {
+    dev_ds = std::min<int64_t>(dev_ds, static_cast<int64_t>(seg.deepstack.size()));
+    dev_rows += seg.rows;
+  }
+  const int64_t nds = M > 0 ? std::min<int64_t>(mm_dev ? dev_ds : static_cast<int64_t>(b.deepstack.size()), L_) : 0;
   if (M > 0 && mm_dev) {
-    for (int64_t l = 0; l < nds; ++l)
-      if (!b.mm_device.deepstack[l]) return invalid_argument("forward: null device deepstack rows");
+    if (dev_rows != M) return invalid_argument("forward: device visual row segments do not add up to mm_index");
+    for (const auto& seg : b.mm_device) {
+      if (seg.rows < 0 || (seg.rows > 0 && !seg.embeds)) return invalid_argument("forward: bad device visual rows");
+      for (int64_t l = 0; l < nds && seg.rows > 0; ++l)
+        if (!seg.deepstack[l]) return invalid_argument("forward: null device deepstack rows");
+    }
     for (int64_t r : b.mm_index)
       if (r < 0 || r >= T64) return invalid_argument("forward: mm_index row outside the batch");
   } else if (M > 0) {
@@ -643,10 +650,25 @@ Result<Tensor> CudaTextDecoder::forward(const model::ForwardBatch& b, model::Pag
                 *d_tok_ctx = di.tok_ctx, *d_gen = di.gen, *d_cu = di.cu, *d_seq_ctx = di.seq_ctx,
                 *d_bt = di.block_table, *d_rows = di.rows, *d_mm = di.mm_index;
   const bf16* d_mm_emb = reinterpret_cast<const bf16*>(di.mm_rows);
-  // Visual rows of feature k (0: embeddings, l + 1: DeepStack after layer l): staged copy or caller's device rows.
+  // Visual rows of feature k (0: embeddings, l + 1: DeepStack after layer l): the staged rows, the caller's
+  // device rows (one segment), or several device segments copied into the staging area.
+  auto seg_ptr = [&](const model::ForwardBatch::DeviceRows& seg, int64_t k) {
+    return static_cast<const bf16*>(k == 0 ? seg.embeds : seg.deepstack[k - 1]);
+  };
+  if (mm_dev && M > 0 && b.mm_device.size() > 1)
+    for (int64_t k = 0; k <= nds; ++k) {
+      int64_t at = 0;
+      for (const auto& seg : b.mm_device) {
+        if (seg.rows > 0)
+          ZEST_CU(cudaMemcpyAsync(di.mm_rows + (k * M + at) * H_, seg_ptr(seg, k),
+                                  static_cast<size_t>(seg.rows * H_) * sizeof(bf16), cudaMemcpyDeviceToDevice, st),
+                  "visual row copy");
+        at += seg.rows;
+      }
+    }
   auto mm_src = [&](int64_t k) -> const bf16* {
-    if (!mm_dev) return d_mm_emb + k * M * H_;
-    return static_cast<const bf16*>(k == 0 ? b.mm_device.embeds : b.mm_device.deepstack[k - 1]);
+    if (mm_dev && b.mm_device.size() == 1) return seg_ptr(b.mm_device[0], k);
+    return d_mm_emb + k * M * H_;
   };
 
   // Attention plan: the fast kernels need head_dim 128; decode-only steps use split-K decode attention; chunks
