@@ -159,6 +159,23 @@ StepPlan Engine::schedule() {
   return plan;
 }
 
+namespace {
+
+// Rows [r0, r0 + n) of a prompt whose visual rows live in device memory (the CUDA vision path), as one
+// segment of the decoder's device input.
+model::ForwardBatch::DeviceRows device_rows(const Prompt& p, int64_t r0, int64_t n) {
+  auto at = [&](const Tensor& x) {
+    return static_cast<const char*>(x.raw()) + static_cast<size_t>(r0 * x.dim(1)) * dtype_size(x.dtype());
+  };
+  model::ForwardBatch::DeviceRows seg;
+  seg.embeds = at(p.mm_embeds);
+  for (const Tensor& d : p.deepstack) seg.deepstack.push_back(at(d));
+  seg.rows = n;
+  return seg;
+}
+
+}  // namespace
+
 Status Engine::run(const StepPlan& plan) {
   model::ForwardBatch b;
   std::vector<Seq*> seqs;
@@ -179,12 +196,16 @@ Status Engine::run(const StepPlan& plan) {
     // Visual rows that fall inside this chunk.
     auto lo = std::lower_bound(p.mm_index.begin(), p.mm_index.end(), c.start);
     auto hi = std::lower_bound(p.mm_index.begin(), p.mm_index.end(), c.start + c.length);
+    const bool on_device = p.mm_embeds.defined() && p.mm_embeds.device() != Device::CPU;
     for (auto it = lo; it != hi; ++it) {
       b.mm_index.push_back(t - c.length + (*it - c.start));
-      mm_rows.emplace_back(s, it - p.mm_index.begin());
+      if (!on_device) mm_rows.emplace_back(s, it - p.mm_index.begin());
     }
+    if (on_device && lo != hi) b.mm_device.push_back(device_rows(p, lo - p.mm_index.begin(), hi - lo));
     b.seqs.push_back({&s->blocks, c.start, c.length, false, s->req.sere});
   }
+  if (!mm_rows.empty() && !b.mm_device.empty())
+    return internal_error("one step mixes host and device visual rows");
   if (!mm_rows.empty()) {
     const int64_t n = static_cast<int64_t>(mm_rows.size());
     b.mm_embeds = Tensor::empty({n, H});
