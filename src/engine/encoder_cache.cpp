@@ -5,7 +5,7 @@
 namespace zest::engine {
 
 size_t CachedImage::bytes() const {
-  size_t b = embeds.nbytes() + scores.size() * sizeof(float);
+  size_t b = embeds.nbytes() + scores.size() * sizeof(float) + (device_scores.defined() ? device_scores.nbytes() : 0);
   for (const Tensor& t : deepstack) b += t.nbytes();
   return b;
 }

@@ -20,6 +20,7 @@ struct CachedImage {
   Tensor embeds;                      // [M, hidden] merged tokens
   std::vector<Tensor> deepstack;      // each [M, hidden]
   std::vector<float> scores;          // [M] VisionZip token scores at score_layer; empty if not computed
+  Tensor device_scores;               // device-resident encoders: the scores as an f32 device tensor [M]
   int64_t score_layer = -1;
   size_t bytes() const;
 };

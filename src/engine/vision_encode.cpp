@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <numeric>
+#include <optional>
 
 #include "accel/visionzip.h"
 #include "engine/encoder_cache.h"
@@ -109,6 +110,11 @@ Result<EncodedImages> encode_images(const ModelBundle& model, const std::vector<
     }
   }
 
+  // Device-resident encoders keep the tower outputs, the cache entries and the selected rows on the device;
+  // VisionZip with contextual tokens or density weighting takes the host path below.
+  const bool device = model.vision->device_resident();
+  const bool device_select =
+      device && popt.contextual == 0 && (popt.density == accel::DensityMeasure::kNone || popt.density_gamma == 0);
   if (!misses.empty()) {
     std::vector<io::Image> todo;
     for (size_t i : misses) todo.push_back(images[i]);
@@ -116,8 +122,14 @@ Result<EncodedImages> encode_images(const ModelBundle& model, const std::vector<
     ZEST_ASSIGN_OR_RETURN(vision::PixelBatch batch, vision::preprocess_images(todo, model.preprocessor, budget));
     enc.preprocess_ms = now_ms() - t0;
     t0 = now_ms();
-    ZEST_ASSIGN_OR_RETURN(vision::VisionEncoding out,
-                          model.vision->forward(batch, pruning ? std::optional<int64_t>(layer) : std::nullopt));
+    const std::optional<int64_t> score_layer = pruning ? std::optional<int64_t>(layer) : std::nullopt;
+    vision::VisionEncoding out;
+    vision::DeviceEncoding dout;
+    if (device) {
+      ZEST_ASSIGN_OR_RETURN(dout, model.vision->forward_device(batch, score_layer));
+    } else {
+      ZEST_ASSIGN_OR_RETURN(out, model.vision->forward(batch, score_layer));
+    }
     enc.tower_ms = now_ms() - t0;
     t0 = now_ms();
     int64_t row = 0;
@@ -127,19 +139,70 @@ Result<EncodedImages> encode_images(const ModelBundle& model, const std::vector<
       e->grid_t = g.t;
       e->grid_h = g.h;
       e->grid_w = g.w;
-      const int64_t M = out.tokens_per_image[m];
-      e->embeds = out.embeds.rows(row, row + M).clone();
-      for (const Tensor& ds : out.deepstack) e->deepstack.push_back(ds.rows(row, row + M).clone());
-      if (pruning) {
-        // VisionZip: the attention each patch receives inside its image, summed per merged token.
-        e->scores = std::move(out.scores[m]);
-        e->score_layer = layer;
+      if (device) {
+        // Views of the forward's device tensors (the entries share their storage).
+        const int64_t M = dout.tokens_per_image[m];
+        e->embeds = dout.embeds.rows(row, row + M);
+        for (const Tensor& ds : dout.deepstack) e->deepstack.push_back(ds.rows(row, row + M));
+        if (pruning) {
+          e->device_scores = dout.scores.rows(row, row + M);
+          e->score_layer = layer;
+        }
+        row += M;
+      } else {
+        const int64_t M = out.tokens_per_image[m];
+        e->embeds = out.embeds.rows(row, row + M).clone();
+        for (const Tensor& ds : out.deepstack) e->deepstack.push_back(ds.rows(row, row + M).clone());
+        if (pruning) {
+          // VisionZip: the attention each patch receives inside its image, summed per merged token.
+          e->scores = std::move(out.scores[m]);
+          e->score_layer = layer;
+        }
+        row += M;
       }
-      row += M;
       if (model.encoder_cache) model.encoder_cache->put(keys[misses[m]], e);
       per_image[misses[m]] = std::move(e);
     }
     enc.select_ms = now_ms() - t0;
+  }
+
+  if (device_select) {
+    // Scores -> selection -> one gather of the embeddings and DeepStack rows, on the device.
+    const double t0 = now_ms();
+    std::vector<vision::DeviceImageRows> rows;
+    for (const auto& e : per_image) {
+      enc.merged_grids.emplace_back(e->grid_t * e->grid_h / merge, e->grid_w / merge);
+      rows.push_back({e->embeds, e->deepstack, e->device_scores});
+    }
+    vision::DeviceSelectOptions so;
+    if (pruning) {
+      so.rate = popt.rate;
+      so.global = popt.mode == accel::VisionPruneOptions::Mode::kGlobal;
+      so.budget = popt.budget;
+      so.min_tokens = popt.min_tokens;
+    }
+    ZEST_ASSIGN_OR_RETURN(vision::DeviceSelection sel, model.vision->select_device(rows, so));
+    enc.kept = std::move(sel.kept);
+    enc.embeds = std::move(sel.embeds);
+    enc.deepstack = std::move(sel.deepstack);
+    enc.select_ms += now_ms() - t0;
+    return enc;
+  }
+  if (device) {
+    // Host selection (contextual tokens, density weighting) over device entries: host copies of them.
+    for (auto& e : per_image) {
+      if (e->embeds.device() == Device::CPU) continue;
+      auto h = std::make_shared<CachedImage>(*e);
+      ZEST_ASSIGN_OR_RETURN(h->embeds, model.vision->to_host(e->embeds));
+      for (size_t l = 0; l < e->deepstack.size(); ++l) {
+        ZEST_ASSIGN_OR_RETURN(h->deepstack[l], model.vision->to_host(e->deepstack[l]));
+      }
+      if (e->device_scores.defined()) {
+        ZEST_ASSIGN_OR_RETURN(Tensor sc, model.vision->to_host(e->device_scores));
+        h->scores.assign(sc.data<float>(), sc.data<float>() + sc.numel());
+      }
+      e = std::move(h);
+    }
   }
 
   const double t0 = now_ms();

@@ -28,6 +28,38 @@ struct VisionEncoding {
   std::vector<std::vector<float>> scores;
 };
 
+// Outputs of one forward kept in device memory (device encoders): bf16 tensors on the encoder's device,
+// images in batch order; valid after the call returns (the encoder has synchronised).
+struct DeviceEncoding {
+  Tensor embeds;                  // [sum of merged tokens, out_hidden] bf16
+  std::vector<Tensor> deepstack;  // same rows as embeds
+  Tensor scores;                  // [sum of merged tokens] f32 VisionZip scores; undefined without a score layer
+  std::vector<int64_t> tokens_per_image;
+};
+
+// One image's device rows for select_device (views, e.g. rows of a DeviceEncoding or cached entries).
+struct DeviceImageRows {
+  Tensor embeds;                  // [M, out_hidden] bf16
+  std::vector<Tensor> deepstack;  // each [M, out_hidden] bf16
+  Tensor scores;                  // [M] f32 (needed only when pruning)
+};
+
+// The kept rows of a request's images, concatenated in image order, in device memory.
+struct DeviceSelection {
+  std::vector<std::vector<int64_t>> kept;  // per image: kept merged-token indices, ascending
+  Tensor embeds;                           // [sum kept, out_hidden] bf16
+  std::vector<Tensor> deepstack;           // each [sum kept, out_hidden] bf16
+};
+
+// What select_device keeps: VisionZip's uniform or global budget on the scores (accel::select_vision_tokens
+// without density weighting or contextual tokens); rate 0 and budget -1 keep every token.
+struct DeviceSelectOptions {
+  float rate = 0.f;
+  bool global = false;
+  int64_t budget = -1;
+  int64_t min_tokens = 16;
+};
+
 class VisionEncoder {
  public:
   virtual ~VisionEncoder() = default;
@@ -39,6 +71,29 @@ class VisionEncoder {
   // several threads (a device encoder runs one call at a time).
   virtual Result<VisionEncoding> forward(const PixelBatch& batch,
                                          std::optional<int64_t> score_layer = std::nullopt) const = 0;
+
+  // Device encoders: whether the device-resident calls below are available.
+  virtual bool device_resident() const { return false; }
+  // As forward, but the outputs stay in device memory (no device-to-host copy).
+  virtual Result<DeviceEncoding> forward_device(const PixelBatch& batch,
+                                                std::optional<int64_t> score_layer = std::nullopt) const {
+    (void)batch;
+    (void)score_layer;
+    return unsupported(std::string("the ") + backend_name() + " vision encoder keeps no outputs on a device");
+  }
+  // Scores -> selection -> gathers of the embeddings and every DeepStack feature with one index list, on the
+  // device; the one device-to-host copy is the kept counts and indices.
+  virtual Result<DeviceSelection> select_device(const std::vector<DeviceImageRows>& images,
+                                                const DeviceSelectOptions& opt) const {
+    (void)images;
+    (void)opt;
+    return unsupported(std::string("the ") + backend_name() + " vision encoder has no device selection");
+  }
+  // A device bf16 or f32 tensor as a host f32 tensor (device encoders).
+  virtual Result<Tensor> to_host(const Tensor& device_rows) const {
+    (void)device_rows;
+    return unsupported(std::string("the ") + backend_name() + " vision encoder has no device tensors");
+  }
 };
 
 // Reads one tower tensor by its name relative to the tower prefix (e.g. "blocks.0.attn.qkv.weight") with the

@@ -1,7 +1,8 @@
 // The engine's vision path on CUDA against the same path on the CPU: a ModelBundle loaded with the CUDA
 // backend encodes the images of the VisionZip reference cases (tests/fixtures/ref/visionzip, tiny Qwen3-VL-MoE
-// fixture) through vision::VisionEncoder on the device; its embeddings, DeepStack features, VisionZip scores
-// and selections are compared with the CPU bundle's (the f32 reference tower).
+// fixture) through vision::VisionEncoder on the device (tower, scores, selection and gathers stay on the
+// device; the kept rows feed the CUDA decoder from device memory); its embeddings, DeepStack features,
+// VisionZip scores, selections and greedy tokens are compared with the CPU bundle's (the f32 reference).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/chat_request.h"
+#include "engine/engine.h"
 #include "engine/model_bundle.h"
 #include "engine/vision_encode.h"
 #include "io/image.h"
@@ -89,6 +91,66 @@ void expect_close(const Tensor& got, const Tensor& want, const std::string& what
   EXPECT_LE(e.err, kTol * e.ref) << what << ": max err " << e.err << " max |cpu| " << e.ref;
 }
 
+// The encoded rows as host f32 tensors (the CUDA bundle keeps them on the device).
+void to_host(const engine::ModelBundle& m, engine::EncodedImages& enc) {
+  ASSERT_EQ(enc.embeds.device(), Device::CUDA) << "the CUDA bundle should keep the visual rows on the device";
+  auto e = m.vision->to_host(enc.embeds);
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  enc.embeds = *e;
+  for (Tensor& d : enc.deepstack) {
+    auto h = m.vision->to_host(d);
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    d = *h;
+  }
+}
+
+// One prefill of the prompt on `dec` (visual rows from the host or, for device prompts, from device memory),
+// then `steps` greedy decode steps: the first step's logits, the tokens and every step's top-2 margin.
+void greedy(const model::TextDecoder& dec, const engine::Prompt& p, int steps, Tensor& first,
+            std::vector<int32_t>& tokens, std::vector<double>& margins) {
+  const int64_t n = static_cast<int64_t>(p.ids.size());
+  auto cache = dec.allocate_cache((n + steps + 15) / 16 + 1, 16);
+  ASSERT_TRUE(cache.ok()) << cache.status().to_string();
+  std::vector<int32_t> table;
+  ASSERT_TRUE(cache->reserve(table, n + steps).is_ok());
+  model::ForwardBatch b;
+  b.tokens = p.ids;
+  b.positions = p.positions;
+  b.seqs.push_back({&table, 0, n, false, true});
+  b.mm_index = p.mm_index;
+  if (p.mm_embeds.device() != Device::CPU) {
+    model::ForwardBatch::DeviceRows rows;
+    rows.embeds = p.mm_embeds.raw();
+    for (const Tensor& d : p.deepstack) rows.deepstack.push_back(d.raw());
+    rows.rows = p.mm_embeds.dim(0);
+    b.mm_device.push_back(rows);
+  } else {
+    b.mm_embeds = p.mm_embeds;
+    b.deepstack = p.deepstack;
+  }
+  for (int s = 0; s < steps; ++s) {
+    auto logits = dec.forward(b, *cache);
+    ASSERT_TRUE(logits.ok()) << logits.status().to_string();
+    if (s == 0) first = *logits;
+    const float* l = logits->data<float>();
+    const int64_t V = logits->dim(1);
+    int64_t best = 0;
+    for (int64_t i = 1; i < V; ++i)
+      if (l[i] > l[best]) best = i;
+    float second = -INFINITY;
+    for (int64_t i = 0; i < V; ++i)
+      if (i != best) second = std::max(second, l[i]);
+    tokens.push_back(static_cast<int32_t>(best));
+    margins.push_back(static_cast<double>(l[best]) - second);
+    const int32_t pos = static_cast<int32_t>(n + s + p.rope_delta);
+    model::ForwardBatch d;
+    d.tokens = {static_cast<int32_t>(best)};
+    d.positions = {pos, pos, pos};
+    d.seqs.push_back({&table, n + s, 1, false, true});
+    b = std::move(d);
+  }
+}
+
 class CudaVisionEngine : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -122,6 +184,7 @@ TEST_F(CudaVisionEngine, EncodeImagesMatchesCpuBundleOnVisionZipCases) {
     auto gpu_full = engine::encode_images(*gpu, images, req->mm_processor_kwargs, off);
     ASSERT_TRUE(cpu_full.ok()) << cpu_full.status().to_string();
     ASSERT_TRUE(gpu_full.ok()) << gpu_full.status().to_string();
+    to_host(*gpu, *gpu_full);
     EXPECT_EQ(gpu_full->merged_grids, cpu_full->merged_grids);
     EXPECT_EQ(gpu_full->kept, cpu_full->kept);
     expect_close(gpu_full->embeds, cpu_full->embeds, "embeds");
@@ -162,6 +225,7 @@ TEST_F(CudaVisionEngine, EncodeImagesMatchesCpuBundleOnVisionZipCases) {
     auto gpu_p = engine::encode_images(*gpu, images, req->mm_processor_kwargs, req->vision_prune);
     ASSERT_TRUE(cpu_p.ok()) << cpu_p.status().to_string();
     ASSERT_TRUE(gpu_p.ok()) << gpu_p.status().to_string();
+    to_host(*gpu, *gpu_p);
     ASSERT_EQ(gpu_p->kept.size(), cpu_p->kept.size());
     const int64_t D = cpu_full->embeds.dim(1);
     int64_t cpu_off = 0, gpu_off = 0, full_off = 0, differing = 0;
@@ -196,6 +260,87 @@ TEST_F(CudaVisionEngine, EncodeImagesMatchesCpuBundleOnVisionZipCases) {
     EXPECT_LE(pruned_err.err, kTol * pruned_err.ref) << "pruned embeds: max err " << pruned_err.err;
     std::cout << "[" << name << "] tokens kept by only one backend: " << differing << " pair(s)\n";
   }
+}
+
+// Prompts built by the CUDA bundle (visual rows selected, gathered and kept on the device) against the CPU
+// bundle's: the same selections (exactly, unless a near-tie at the cut swapped a pair, as above) and the same
+// greedy tokens up to the first step whose CPU top-2 margin is below 2x the measured first-step logit error;
+// and the device rows against the same rows handed over from the host, through the CUDA decoder and through
+// the engine with prefill chunks of 16 tokens: identical logits and tokens.
+TEST_F(CudaVisionEngine, DevicePromptsMatchCpuAndHostRows) {
+  constexpr int kSteps = 8;
+  const auto cases = reference_cases();
+  ASSERT_FALSE(cases.empty());
+  engine::PromptOptions po;
+  po.base_dir = ZEST_SOURCE_DIR;
+  int same_selection = 0;
+  for (const auto& [name, ref] : cases) {
+    SCOPED_TRACE(name);
+    auto req_c = engine::parse_chat_request(pruned_request(ref), *cpu);
+    auto req_g = engine::parse_chat_request(pruned_request(ref), *gpu);
+    ASSERT_TRUE(req_c.ok() && req_g.ok());
+    auto pc = engine::build_prompt(*cpu, *req_c, po);
+    auto pg = engine::build_prompt(*gpu, *req_g, po);
+    ASSERT_TRUE(pc.ok()) << pc.status().to_string();
+    ASSERT_TRUE(pg.ok()) << pg.status().to_string();
+    ASSERT_EQ(pg->mm_embeds.device(), Device::CUDA);
+    ASSERT_EQ(pg->mm_index.size(), pc->mm_index.size());
+    ASSERT_EQ(pg->ids.size(), pc->ids.size());
+
+    // Device rows vs the same rows from the host, on the CUDA decoder: bit-identical logits.
+    engine::Prompt ph = *pg;
+    {
+      auto e = gpu->vision->to_host(pg->mm_embeds);
+      ASSERT_TRUE(e.ok()) << e.status().to_string();
+      ph.mm_embeds = *e;
+      for (Tensor& d : ph.deepstack) {
+        auto h = gpu->vision->to_host(d);
+        ASSERT_TRUE(h.ok());
+        d = *h;
+      }
+    }
+    Tensor l_dev, l_host, l_cpu;
+    std::vector<int32_t> t_dev, t_host, t_cpu;
+    std::vector<double> m_dev, m_host, m_cpu;
+    greedy(gpu->decoder(), *pg, kSteps, l_dev, t_dev, m_dev);
+    greedy(gpu->decoder(), ph, kSteps, l_host, t_host, m_host);
+    ASSERT_TRUE(l_dev.defined() && l_host.defined());
+    EXPECT_TRUE(std::equal(l_dev.data<float>(), l_dev.data<float>() + l_dev.numel(), l_host.data<float>()))
+        << "device rows and host rows give different logits";
+    EXPECT_EQ(t_dev, t_host);
+
+    // Through the engine with 16-token prefill chunks (one device segment per chunk).
+    engine::EngineOptions eo;
+    eo.max_batched_tokens = 16;
+    for (const engine::Prompt* p : {&*pg, &ph}) {
+      engine::Request r;
+      r.prompt = *p;
+      r.sampling.temperature = 0;
+      r.sampling.max_tokens = kSteps;
+      r.sampling.ignore_eos = true;
+      auto out = engine::generate_one(gpu, r, eo);
+      ASSERT_TRUE(out.ok()) << out.status().to_string();
+      EXPECT_EQ(out->token_ids, t_dev) << (p == &ph ? "host rows" : "device rows") << " through the engine";
+    }
+
+    // Against the CPU bundle: when both selected the same tokens, the greedy tokens agree above the noise.
+    if (pg->positions != pc->positions) {
+      std::cout << "[" << name << "] selections differ at a near-tie (checked in EncodeImagesMatchesCpuBundle)\n";
+      continue;
+    }
+    ++same_selection;
+    greedy(cpu->decoder(), *pc, kSteps, l_cpu, t_cpu, m_cpu);
+    ASSERT_TRUE(l_cpu.defined());
+    Err e;
+    accumulate(e, l_dev.data<float>(), l_cpu.data<float>(), l_cpu.numel());
+    EXPECT_LE(e.err, kTol * e.ref) << "first-step logits: max err " << e.err;
+    size_t compared = 0;
+    for (size_t i = 0; i < t_cpu.size() && m_cpu[i] >= 2 * e.err; ++i, ++compared)
+      EXPECT_EQ(t_dev[i], t_cpu[i]) << "greedy step " << i << " (cpu margin " << m_cpu[i] << ")";
+    std::cout << "[" << name << "] greedy tokens compared " << compared << " of " << t_cpu.size()
+              << " (logit error " << e.err << ")\n";
+  }
+  EXPECT_GT(same_selection, 0) << "no case selected the same tokens on both backends";
 }
 
 // Bad input to the device encoder is a clear error, the same kind as the CPU encoder's, and the encoder
