@@ -361,6 +361,17 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
            return cuda::moe_prefill_down(h, plan, rw, down, slot_out2, T, K, E, H, I, st);
          });
        }},
+      {"experts gate/up, variant 4 (wgmma, k-chunk 64, 4 stages, overlapped)", 2 * t * K * 2 * I * H, false,
+       [&] {
+         return with_option(cuda::PrefillOption::kGroupedGemm, 4,
+                            [&] { return cuda::moe_prefill_gate_up(xn, plan, gate_up, h, T, K, E, H, I, st); });
+       }},
+      {"experts down, variant 4 (wgmma, k-chunk 64, 4 stages, overlapped)", 2 * t * K * H * I, false,
+       [&] {
+         return with_option(cuda::PrefillOption::kGroupedGemm, 4, [&] {
+           return cuda::moe_prefill_down(h, plan, rw, down, slot_out2, T, K, E, H, I, st);
+         });
+       }},
   };
   // One pass of the layer's ops in order first, so every op's inputs exist (routing, plan, h).
   for (const Op& op : ops)
@@ -419,7 +430,7 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
   ZEST_ASSIGN_OR_RETURN(auto wd, compare_bf16(attn2, attn, size_t(T) * Hq * D));
   std::printf("attention variant 6 vs default: max |diff| %.3g (max |out| %.3g)\n", wd.first, wd.second);
   // Every grouped-GEMM variant against the default on the layer's routing.
-  for (int v : {1, 3}) {
+  for (int v : {1, 3, 4}) {
     ZEST_RETURN_IF_ERROR(with_option(cuda::PrefillOption::kGroupedGemm, v, [&] {
       return cuda::moe_experts_prefill(xn, plan, rw, gate_up, down, h, slot_out2, T, K, E, H, I, st);
     }));

@@ -325,9 +325,12 @@ TEST(CudaPrefillKernels, GroupedGemmVariantsMatchReference) {
 TEST(CudaPrefillKernels, DISABLED_GroupedGemmWgmmaVariantMatchesReference) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(515);
-  OptionScope scope(PrefillOption::kGroupedGemm, 3);
-  run_grouped_case({320, 8, 256, 128, 300, 17, 1}, false, rng);
-  run_grouped_case({40, 8, 2048, 768, 17, 1, 0}, false, rng);
+  for (int variant : {3, 4}) {
+    SCOPED_TRACE(testing::Message() << "variant " << variant);
+    OptionScope scope(PrefillOption::kGroupedGemm, variant);
+    run_grouped_case({320, 8, 256, 128, 300, 17, 1}, false, rng);
+    run_grouped_case({40, 8, 2048, 768, 17, 1, 0}, false, rng);
+  }
 }
 
 TEST(CudaPrefillKernels, PreviousWmmaGroupedExpertsMatchReference) {

@@ -152,7 +152,8 @@ Status prefill_attention(const bf16* q, int q_stride, const bf16* k, const bf16*
 //     mma.sync: 1 = 8 x 16, B 64; 2 = 4 x 16, B 64; 3 = 8 x 32, B 32; 4 = 4 x 32, B 32; 5 = 8 x 16, B 32;
 //     6 = wgmma, 2 warpgroups x 64 rows, B 128.
 //   kGroupedGemm (moe_prefill_gate_up/down; default 2): mma.sync with 1 = k-chunks of 32 in a 4-stage cp.async
-//     ring, 2 = 64 in 3 stages; 3 = wgmma (two warpgroups of 64 rows, k-chunks of 64 in 3 stages).
+//     ring, 2 = 64 in 3 stages; wgmma (two warpgroups of 64 rows, k-chunks of 64): 3 = 3 stages, each stage's
+//     wgmma waited for; 4 = 4 stages, one wgmma group left in flight.
 enum class PrefillOption : int { kAttention = 0, kGroupedGemm, kCount };
 void set_prefill_option(PrefillOption opt, int value);
 int prefill_option(PrefillOption opt);

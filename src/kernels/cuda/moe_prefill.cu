@@ -326,10 +326,14 @@ Status launch_grouped(const bf16* a, const MoePlan& plan, const float* weights, 
 // c ^ (r % 8), matrix descriptors with 1024-byte 8-row groups). The accumulator fragment of a warp has the
 // mma.sync m16n8 layout per 8 columns, so the epilogues are those of the mma.sync kernels.
 
+// ST stages; kOverlap keeps one wgmma group in flight while the next stage's wgmma is issued (prefetch distance
+// ST - 2), otherwise each stage's wgmma is waited for before the next (prefetch distance ST - 1).
 constexpr int kWBK = 64;
-constexpr int kWStages = 3;
 constexpr size_t kWStageBytes = static_cast<size_t>(kMBM + kMBN) * kWBK * sizeof(bf16);  // 32 KiB
-constexpr size_t kWSmem = kWStages * kWStageBytes + 1024;                                 // + alignment slack
+template <int ST>
+constexpr size_t w_smem() {
+  return ST * kWStageBytes + 1024;  // + alignment slack
+}
 
 __device__ __forceinline__ uint64_t wgmma_desc(const void* smem) {
   const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
@@ -350,8 +354,8 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a
       : "l"(desc_a), "l"(desc_b));
 }
 
-template <bool kGateUp>
-__global__ void __launch_bounds__(kMThreads, 2)
+template <bool kGateUp, int kWStages, bool kOverlap>
+__global__ void __launch_bounds__(kMThreads, kWStages <= 3 ? 2 : 1)
     moe_grouped_wgmma_kernel(const bf16* __restrict__ a_src, MoePlan plan, const float* __restrict__ weights,
                              const bf16* __restrict__ w_all, bf16* __restrict__ h, float* __restrict__ slot_out, int K,
                              int H, int I) {
@@ -416,16 +420,19 @@ __global__ void __launch_bounds__(kMThreads, 2)
     float acc[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+    constexpr int kDist = kOverlap ? kWStages - 2 : kWStages - 1;  // stages loaded ahead
 #pragma unroll
-    for (int s = 0; s < kWStages - 1; ++s) {
+    for (int s = 0; s < kDist; ++s) {
       if (s < nk) load_stage(s, s);
       cp_async_commit();
     }
     for (int kt = 0; kt < nk; ++kt) {
-      cp_async_wait<kWStages - 2>();
+      cp_async_wait<kDist - 1>();
       asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async writes -> wgmma reads
+      // Also: every warpgroup's wgmma of stage kt - kDist (kt - 1 without overlap) has completed, so that stage
+      // can be refilled.
       __syncthreads();
-      if (kt + kWStages - 1 < nk) load_stage((kt + kWStages - 1) % kWStages, kt + kWStages - 1);
+      if (kt + kDist < nk) load_stage((kt + kDist) % kWStages, kt + kDist);
       cp_async_commit();
       const unsigned char* st = smem + (kt % kWStages) * kWStageBytes;
       const unsigned char* sA = st + wg * 64 * kWBK * sizeof(bf16);
@@ -435,8 +442,12 @@ __global__ void __launch_bounds__(kMThreads, 2)
 #pragma unroll
       for (int kk = 0; kk < kWBK / 16; ++kk) wgmma_m64n128k16(acc, wgmma_desc(sA + kk * 32), wgmma_desc(sB + kk * 32));
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+      if constexpr (kOverlap)
+        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+      else
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
     }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
     cp_async_wait<0>();
 
     // acc[4 * i + 2 * hr + c]: row 16 * wq + g + 8 * hr of this warpgroup, column 8 * i + 2 * t + c.
@@ -470,14 +481,15 @@ __global__ void __launch_bounds__(kMThreads, 2)
   }
 }
 
-template <bool kGateUp>
+template <bool kGateUp, int ST, bool kOverlap>
 Status launch_grouped_wgmma(const bf16* a, const MoePlan& plan, const float* weights, const bf16* w, bf16* h,
                             float* slot_out, int N, int K, int E, int H, int I, cudaStream_t stream) {
-  static const cudaError_t attr = cudaFuncSetAttribute(moe_grouped_wgmma_kernel<kGateUp>,
+  constexpr size_t kWSmem = w_smem<ST>();
+  static const cudaError_t attr = cudaFuncSetAttribute(moe_grouped_wgmma_kernel<kGateUp, ST, kOverlap>,
                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kWSmem));
   ZEST_RETURN_IF_ERROR(cuda_status(attr, "moe grouped GEMM (wgmma) smem attribute"));
   const int n_tiles = kGateUp ? I / (kMBN / 2) : H / kMBN;
-  return launch(kGateUp ? "moe_prefill_gate_up" : "moe_prefill_down", moe_grouped_wgmma_kernel<kGateUp>,
+  return launch(kGateUp ? "moe_prefill_gate_up" : "moe_prefill_down", moe_grouped_wgmma_kernel<kGateUp, ST, kOverlap>,
                 dim3(n_tiles, std::min(moe_max_tiles(N, K, E), 65535)), dim3(kMThreads), kWSmem, stream, a, plan,
                 weights, w, h, slot_out, K, H, I);
 }
@@ -612,7 +624,9 @@ Status moe_prefill_gate_up(const bf16* x, const MoePlan& plan, const bf16* gate_
     return invalid_argument("moe_prefill_gate_up: needs H % 128 == 0 and I % 64 == 0 (H=" + std::to_string(H) +
                             " I=" + std::to_string(I) + ")");
   if (prefill_option(PrefillOption::kGroupedGemm) == 3)
-    return launch_grouped_wgmma<true>(x, plan, nullptr, gate_up, h, nullptr, N, K, E, H, I, stream);
+    return launch_grouped_wgmma<true, 3, false>(x, plan, nullptr, gate_up, h, nullptr, N, K, E, H, I, stream);
+  if (prefill_option(PrefillOption::kGroupedGemm) == 4)
+    return launch_grouped_wgmma<true, 4, true>(x, plan, nullptr, gate_up, h, nullptr, N, K, E, H, I, stream);
   if (prefill_option(PrefillOption::kGroupedGemm) == 1) return launch_grouped<true, 32, 4>(x, plan, nullptr, gate_up, h, nullptr, N, K, E, H, I, stream);
   return launch_grouped<true, 64, 3>(x, plan, nullptr, gate_up, h, nullptr, N, K, E, H, I, stream);
 }
@@ -624,7 +638,9 @@ Status moe_prefill_down(const bf16* h, const MoePlan& plan, const float* weights
     return invalid_argument("moe_prefill_down: needs H % 128 == 0 and I % 64 == 0 (H=" + std::to_string(H) +
                             " I=" + std::to_string(I) + ")");
   if (prefill_option(PrefillOption::kGroupedGemm) == 3)
-    return launch_grouped_wgmma<false>(h, plan, weights, down, nullptr, slot_out, N, K, E, H, I, stream);
+    return launch_grouped_wgmma<false, 3, false>(h, plan, weights, down, nullptr, slot_out, N, K, E, H, I, stream);
+  if (prefill_option(PrefillOption::kGroupedGemm) == 4)
+    return launch_grouped_wgmma<false, 4, true>(h, plan, weights, down, nullptr, slot_out, N, K, E, H, I, stream);
   if (prefill_option(PrefillOption::kGroupedGemm) == 1) return launch_grouped<false, 32, 4>(h, plan, weights, down, nullptr, slot_out, N, K, E, H, I, stream);
   return launch_grouped<false, 64, 3>(h, plan, weights, down, nullptr, slot_out, N, K, E, H, I, stream);
 }
