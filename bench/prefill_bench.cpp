@@ -350,6 +350,12 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
            return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn2, Hq, Hkv, D, scale, st);
          });
        }},
+      {"prefill attention, variant 7 (wgmma, 1 warpgroup x 64 rows, 64 keys)", 4 * t * t / 2 * Hq * D, false,
+       [&] {
+         return with_option(cuda::PrefillOption::kAttention, 7, [&] {
+           return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn2, Hq, Hkv, D, scale, st);
+         });
+       }},
       {"experts gate/up, variant 3 (wgmma, k-chunk 64, 3 stages)", 2 * t * K * 2 * I * H, false,
        [&] {
          return with_option(cuda::PrefillOption::kGroupedGemm, 3,
@@ -421,14 +427,16 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
     std::printf("| %s | %.3f | %s |\n", ops[i].name.c_str(), ms[i], tflops(ops[i], ms[i]).c_str());
     std::fflush(stdout);
   }
-  // The wgmma attention against the default kernel.
-  ZEST_RETURN_IF_ERROR(with_option(cuda::PrefillOption::kAttention, 6, [&] {
-    return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn2, Hq, Hkv, D, scale, st);
-  }));
-  ZEST_RETURN_IF_ERROR(cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn, Hq, Hkv, D, scale, st));
-  ZEST_RETURN_IF_ERROR(cu(cudaStreamSynchronize(st), "comparison pass"));
-  ZEST_ASSIGN_OR_RETURN(auto wd, compare_bf16(attn2, attn, size_t(T) * Hq * D));
-  std::printf("attention variant 6 vs default: max |diff| %.3g (max |out| %.3g)\n", wd.first, wd.second);
+  // The wgmma attention kernels against the default kernel.
+  for (int v : {6, 7}) {
+    ZEST_RETURN_IF_ERROR(with_option(cuda::PrefillOption::kAttention, v, [&] {
+      return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn2, Hq, Hkv, D, scale, st);
+    }));
+    ZEST_RETURN_IF_ERROR(cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn, Hq, Hkv, D, scale, st));
+    ZEST_RETURN_IF_ERROR(cu(cudaStreamSynchronize(st), "comparison pass"));
+    ZEST_ASSIGN_OR_RETURN(auto wd, compare_bf16(attn2, attn, size_t(T) * Hq * D));
+    std::printf("attention variant %d vs default: max |diff| %.3g (max |out| %.3g)\n", v, wd.first, wd.second);
+  }
   // Every grouped-GEMM variant against the default on the layer's routing.
   for (int v : {1, 3, 4}) {
     ZEST_RETURN_IF_ERROR(with_option(cuda::PrefillOption::kGroupedGemm, v, [&] {

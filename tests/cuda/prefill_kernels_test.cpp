@@ -106,9 +106,12 @@ TEST(CudaPrefillKernels, AttentionVariantsMatchReference) {
 TEST(CudaPrefillKernels, DISABLED_AttentionWgmmaVariantMatchesReference) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(505);
-  OptionScope scope(PrefillOption::kAttention, 6);
-  run_prefill_case({1, 17, 63, 65, 300}, 4, 2, 0, false, rng);
-  run_prefill_case({129, 256, 7}, 3, 3, 8, false, rng);
+  for (int variant : {6, 7}) {
+    SCOPED_TRACE(testing::Message() << "variant " << variant);
+    OptionScope scope(PrefillOption::kAttention, variant);
+    run_prefill_case({1, 17, 63, 65, 300}, 4, 2, 0, false, rng);
+    run_prefill_case({129, 256, 7}, 3, 3, 8, false, rng);
+  }
 }
 
 TEST(CudaPrefillKernels, PreviousWmmaAttentionMatchesReference) {

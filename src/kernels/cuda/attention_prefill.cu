@@ -369,21 +369,28 @@ __global__ void __launch_bounds__(W * 32, W * MT >= 8 ? 1 : 2)
 }
 
 
-// ---- wgmma kernel (variant 6) --------------------------------------------------------------------------------
+// ---- wgmma kernels (variants 6 and 7) ------------------------------------------------------------------------
 //
-// CTA = 2 warpgroups x 64 query rows, key tiles of 128 double-buffered with cp.async. Q, K and V tiles share one
+// CTA = WGS warpgroups x 64 query rows, key tiles of BN double-buffered with cp.async. Q, K and V tiles share one
 // shared-memory form: two 64-column blocks of 128-byte rows, 128-byte swizzled (16-byte chunk c of row r at
-// chunk c ^ (r % 8)), blocks 1024-byte aligned. S = Q K^T is wgmma m64n128k16 with both operands K-major in
+// chunk c ^ (r % 8)), blocks 1024-byte aligned. S = Q K^T is wgmma m64nBNk16 with both operands K-major in
 // shared memory; O += P V takes P from registers (the S accumulator converted in place) and V N-major
 // (transposed B, leading byte offset = the distance of the two 64-column blocks).
 
-constexpr int kWgRows = 128;  // query rows per CTA (2 warpgroups x 64)
-constexpr int kWgKeys = 128;  // keys per tile
-constexpr size_t kWgTileBytes = static_cast<size_t>(128) * kD * sizeof(bf16);  // 128 rows x 256 bytes
-constexpr size_t kWgSmem = 5 * kWgTileBytes + 1024;                          // Q, K x2, V x2, alignment slack
+template <int WGS, int BN>
+constexpr size_t wg_smem() {
+  return static_cast<size_t>(64 * WGS + 4 * BN) * kD * sizeof(bf16) + 1024;  // Q, K x2, V x2, alignment slack
+}
 
+// d (m64 x n64, fp32) += A (m64 x k16) * B (k16 x n64), both from shared memory (K-major descriptors).
+__device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t desc_a, uint64_t desc_b) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, 1, 1, 1, 0, 0;\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b));
+}
 // d (m64 x n128, fp32) += A (m64 x k16) * B (k16 x n128), both from shared memory (K-major descriptors).
-__device__ __forceinline__ void wgmma_ss(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
+__device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], uint64_t desc_a, uint64_t desc_b) {
   asm volatile(
       "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, 1, 1, 1, 0, 0;\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
@@ -397,92 +404,104 @@ __device__ __forceinline__ void wgmma_rs_tb(float (&d)[64], const uint32_t (&a)[
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
 }
 
+template <int BN>
+__device__ __forceinline__ void wgmma_s(float (&d)[BN / 2], uint64_t desc_a, uint64_t desc_b) {
+  if constexpr (BN == 64)
+    wgmma_ss_n64(d, desc_a, desc_b);
+  else
+    wgmma_ss_n128(d, desc_a, desc_b);
+}
+
 __device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
   return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>((lbo & 0x3FFFF) >> 4) << 16) |
          (static_cast<uint64_t>((sbo & 0x3FFFF) >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
 }
 
-// cp.async of 128 rows [row0, row0 + 128) of one head into a swizzled tile (rows >= row_end zero-filled).
+// cp.async of ROWS rows [row0, row0 + ROWS) of one head into a swizzled tile (rows >= row_end zero-filled).
+template <int ROWS, int THREADS>
 __device__ __forceinline__ void wg_load_tile(unsigned char* tile, const bf16* base, int stride, int row0, int row_end) {
 #pragma unroll
-  for (int i = threadIdx.x; i < 128 * 16; i += 256) {
+  for (int i = threadIdx.x; i < ROWS * 16; i += THREADS) {
     const int r = i >> 4, c = i & 15;
     const bool valid = row0 + r < row_end;
-    unsigned char* dst = tile + (c >> 3) * (128 * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+    unsigned char* dst = tile + (c >> 3) * (ROWS * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
     vmma::cp_async16(dst, base + static_cast<size_t>(valid ? row0 + r : 0) * stride + c * 8, valid);
   }
 }
 
-__global__ void __launch_bounds__(256, 1)
+template <int WGS, int BN>
+__global__ void __launch_bounds__(WGS * 128, WGS == 1 ? 2 : 1)
     prefill_attention_wgmma_kernel(const bf16* __restrict__ q, int q_stride, const bf16* __restrict__ k,
                                    const bf16* __restrict__ v, int kv_stride, const int32_t* __restrict__ cu_seqlens,
                                    bf16* __restrict__ out, int Hq, int Hkv, float scale_log2) {
   using namespace vmma;
+  constexpr int kThreads = WGS * 128, kRows = WGS * 64;
+  constexpr uint32_t kQBytes = kRows * kD * sizeof(bf16), kTileBytes = BN * kD * sizeof(bf16);
+  constexpr uint32_t kQBlock = kRows * 128, kKvBlock = BN * 128;  // bytes of one 64-column block
   pdl_wait();
   const int h = blockIdx.x, seq = blockIdx.z;
   const int qt = gridDim.y - 1 - blockIdx.y;  // longest tiles first
   const int start = cu_seqlens[seq], len = cu_seqlens[seq + 1] - start;
-  const int q0 = qt * kWgRows;
+  const int q0 = qt * kRows;
   if (q0 >= len) return;
   const int kvh = h / (Hq / Hkv);
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024 - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
   unsigned char* sQ = smem;
-  unsigned char* sK = sQ + kWgTileBytes;
-  unsigned char* sV = sK + 2 * kWgTileBytes;
+  unsigned char* sK = sQ + kQBytes;
+  unsigned char* sV = sK + 2 * kTileBytes;
   const uint32_t aQ = static_cast<uint32_t>(__cvta_generic_to_shared(sQ));
-  const uint32_t aK = aQ + kWgTileBytes, aV = aK + 2 * kWgTileBytes;
+  const uint32_t aK = aQ + kQBytes, aV = aK + 2 * kTileBytes;
 
   const bf16* qh = q + static_cast<size_t>(start) * q_stride + h * kD;
   const bf16* kh = k + static_cast<size_t>(start) * kv_stride + kvh * kD;
   const bf16* vh = v + static_cast<size_t>(start) * kv_stride + kvh * kD;
-  const int q_end = min(q0 + kWgRows, len);
-  const int n_kt = (q_end + kWgKeys - 1) / kWgKeys;
+  const int q_end = min(q0 + kRows, len);
+  const int n_kt = (q_end + BN - 1) / BN;
 
-  wg_load_tile(sQ, qh, q_stride, q0, len);
-  wg_load_tile(sK, kh, kv_stride, 0, len);
-  wg_load_tile(sV, vh, kv_stride, 0, len);
+  wg_load_tile<kRows, kThreads>(sQ, qh, q_stride, q0, len);
+  wg_load_tile<BN, kThreads>(sK, kh, kv_stride, 0, len);
+  wg_load_tile<BN, kThreads>(sV, vh, kv_stride, 0, len);
   cp_async_commit();
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int wg = warp >> 2, wq = warp & 3;
-  const int row0 = q0 + wg * 64 + wq * 16;  // this warp's first query row
+  const int wg_row0 = q0 + wg * 64;   // this warpgroup's first query row
+  const int row0 = wg_row0 + wq * 16;  // this warp's first query row
   float o[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  constexpr uint32_t kBlock = 128 * 128;  // bytes of one 64-column block of a tile
 
   for (int kt = 0; kt < n_kt; ++kt) {
     const int buf = kt & 1;
     if (kt + 1 < n_kt) {
-      wg_load_tile(sK + (buf ^ 1) * kWgTileBytes, kh, kv_stride, (kt + 1) * kWgKeys, len);
-      wg_load_tile(sV + (buf ^ 1) * kWgTileBytes, vh, kv_stride, (kt + 1) * kWgKeys, len);
+      wg_load_tile<BN, kThreads>(sK + (buf ^ 1) * kTileBytes, kh, kv_stride, (kt + 1) * BN, len);
+      wg_load_tile<BN, kThreads>(sV + (buf ^ 1) * kTileBytes, vh, kv_stride, (kt + 1) * BN, len);
     }
     cp_async_commit();
     cp_async_wait<1>();
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();
-    const int k0 = kt * kWgKeys;
-    // Warpgroup-uniform: some key of this tile precedes the warpgroup's last row.
-    if (k0 <= q0 + wg * 64 + 63 && q0 + wg * 64 < len) {
-      float s[64];
+    const int k0 = kt * BN;
+    // Warpgroup-uniform: the warpgroup has rows, and some key of this tile precedes its last row.
+    if (wg_row0 < len && k0 <= wg_row0 + 63) {
+      float s[BN / 2];
 #pragma unroll
-      for (int i = 0; i < 64; ++i) s[i] = 0.f;
-      const uint32_t qa = aQ + wg * 64 * 128, ka = aK + buf * kWgTileBytes;
+      for (int i = 0; i < BN / 2; ++i) s[i] = 0.f;
+      const uint32_t qa = aQ + wg * 64 * 128, ka = aK + buf * kTileBytes;
       asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) {
-        const uint32_t off = (kk >> 2) * kBlock + (kk & 3) * 32;
-        wgmma_ss(s, wg_desc(qa + off, 16, 1024), wg_desc(ka + off, 16, 1024));
-      }
+      for (int kk = 0; kk < kD / 16; ++kk)
+        wgmma_s<BN>(s, wg_desc(qa + (kk >> 2) * kQBlock + (kk & 3) * 32, 16, 1024),
+                    wg_desc(ka + (kk >> 2) * kKvBlock + (kk & 3) * 32, 16, 1024));
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
       asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 
-      const bool diag = k0 + kWgKeys - 1 > row0;
+      const bool diag = k0 + BN - 1 > row0;
       float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-      for (int i = 0; i < 16; ++i)
+      for (int i = 0; i < BN / 8; ++i)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           float x = s[4 * i + e] * scale_log2;
@@ -507,9 +526,9 @@ __global__ void __launch_bounds__(256, 1)
         o[4 * i + 2] *= alpha[1];
         o[4 * i + 3] *= alpha[1];
       }
-      uint32_t pa[8][4];
+      uint32_t pa[BN / 16][4];
 #pragma unroll
-      for (int i = 0; i < 16; ++i) {
+      for (int i = 0; i < BN / 8; ++i) {
         const float p0 = exp2f(s[4 * i] - m[0]), p1 = exp2f(s[4 * i + 1] - m[0]);
         const float p2 = exp2f(s[4 * i + 2] - m[1]), p3 = exp2f(s[4 * i + 3] - m[1]);
         l[0] += p0 + p1;
@@ -517,10 +536,10 @@ __global__ void __launch_bounds__(256, 1)
         pa[i / 2][(i % 2) * 2] = pack_bf16(p0, p1);
         pa[i / 2][(i % 2) * 2 + 1] = pack_bf16(p2, p3);
       }
-      const uint32_t va = aV + buf * kWgTileBytes;
+      const uint32_t va = aV + buf * kTileBytes;
       asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-      for (int kk = 0; kk < kWgKeys / 16; ++kk) wgmma_rs_tb(o, pa[kk], wg_desc(va + kk * 16 * 128, kBlock, 1024));
+      for (int kk = 0; kk < BN / 16; ++kk) wgmma_rs_tb(o, pa[kk], wg_desc(va + kk * 16 * 128, kKvBlock, 1024));
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
       asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
     }
@@ -543,16 +562,19 @@ __global__ void __launch_bounds__(256, 1)
   }
 }
 
+template <int WGS, int BN>
 Status launch_wgmma(const bf16* q, int q_stride, const bf16* k, const bf16* v, int kv_stride, const int32_t* cu_seqlens,
                     int nseq, int max_seqlen, bf16* out, int Hq, int Hkv, float scale, cudaStream_t stream) {
-  static const cudaError_t attr = cudaFuncSetAttribute(prefill_attention_wgmma_kernel,
+  constexpr size_t smem = wg_smem<WGS, BN>();
+  static const cudaError_t attr = cudaFuncSetAttribute(prefill_attention_wgmma_kernel<WGS, BN>,
                                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                       static_cast<int>(kWgSmem));
+                                                       static_cast<int>(smem));
   ZEST_RETURN_IF_ERROR(cuda_status(attr, "prefill_attention (wgmma) smem attribute"));
   constexpr float kLog2e = 1.4426950408889634f;
-  const dim3 grid(Hq, (max_seqlen + kWgRows - 1) / kWgRows, nseq);
-  return launch("prefill_attention", prefill_attention_wgmma_kernel, grid, dim3(256), kWgSmem, stream, q, q_stride, k,
-                v, kv_stride, cu_seqlens, out, Hq, Hkv, scale * kLog2e);
+  constexpr int rows = WGS * 64;
+  const dim3 grid(Hq, (max_seqlen + rows - 1) / rows, nseq);
+  return launch("prefill_attention", prefill_attention_wgmma_kernel<WGS, BN>, grid, dim3(WGS * 128), smem, stream, q,
+                q_stride, k, v, kv_stride, cu_seqlens, out, Hq, Hkv, scale * kLog2e);
 }
 
 Status check_prefill(const bf16* q, int q_stride, const bf16* k, const bf16* v, int kv_stride, int nseq,
@@ -612,7 +634,11 @@ Status prefill_attention(const bf16* q, int q_stride, const bf16* k, const bf16*
     case 3: return run(I8{}, I2{}, K32{});
     case 5: return run(I8{}, I1{}, K32{});
     case 6:
-      return launch_wgmma(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, scale, stream);
+      return launch_wgmma<2, 128>(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, scale,
+                                  stream);
+    case 7:
+      return launch_wgmma<1, 64>(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, scale,
+                                 stream);
     default: return run(I4{}, I2{}, K32{});  // 0 and 4: 272 TFLOP/s at T = 8192 on H200 (variant 1: 245)
   }
 }
