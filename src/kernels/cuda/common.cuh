@@ -240,6 +240,11 @@ struct RowsEpilogue {
   int32_t* ids = nullptr;
   float* route_w = nullptr;
   int top_k = 0;
+  const float* sere_sim = nullptr;  // kind 2: then SERE (E <= 128), then the plan when plan != nullptr
+  int sere_s = 0;
+  float sere_rho = 0.f;
+  const MoePlan* plan = nullptr;
+  int64_t* count_sum = nullptr;
 };
 Status rows_mma_gemm(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream,
                      const RowsEpilogue* epi = nullptr);

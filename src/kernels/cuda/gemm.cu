@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/moe_route.cuh"
 
 namespace zest::cuda {
 
@@ -208,6 +209,36 @@ Status gemm_router_topk(const bf16* x, const bf16* w_router, bf16* logits, const
   }
   ZEST_RETURN_IF_ERROR(gemm(x, w_router, logits, N, E, H, stream));
   return router_topk(logits, bias, ids, weights, N, E, K, stream);
+}
+
+Status moe_route(const bf16* x, const bf16* w_router, bf16* logits, const float* bias, int32_t* ids, float* weights,
+                 int N, int E, int H, int K, const float* sim, int S, float rho, MoePlan* plan,
+                 int64_t* active_count_sum, cudaStream_t stream) {
+  ZEST_RETURN_IF_ERROR(check_dims(x, w_router, logits, N, E, H));
+  if (!ids || !weights) return invalid_argument("moe_route: null pointer");
+  const bool sere = sim && S > 0 && S < K;
+  if (plan && (N > plan->max_tokens || K != plan->top_k || E != plan->experts))
+    return invalid_argument("moe_route: the plan was bound for other sizes");
+  if (fusable(x, w_router, N, E, H) && E <= kRouteMaxE && K >= 1 && K <= kRouterMaxTopK && K <= E &&
+      N * K <= kRouteMaxNK && (!sere || E <= kRouteSereMaxE)) {
+    RowsEpilogue epi;
+    epi.kind = 2;
+    epi.bias = bias;
+    epi.ids = ids;
+    epi.route_w = weights;
+    epi.top_k = K;
+    epi.sere_sim = sere ? sim : nullptr;
+    epi.sere_s = S;
+    epi.sere_rho = rho;
+    epi.plan = plan;
+    epi.count_sum = active_count_sum;
+    return rows_mma_gemm(x, w_router, logits, N, E, H, stream, &epi);
+  }
+  ZEST_RETURN_IF_ERROR(gemm(x, w_router, logits, N, E, H, stream));
+  ZEST_RETURN_IF_ERROR(router_topk(logits, bias, ids, weights, N, E, K, stream));
+  if (sere) ZEST_RETURN_IF_ERROR(sere_reroute(ids, weights, sim, N, E, K, S, rho, stream));
+  if (plan) ZEST_RETURN_IF_ERROR(moe_plan(ids, N, K, E, *plan, active_count_sum, stream));
+  return Status::ok();
 }
 
 Status gemm(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream) {

@@ -219,6 +219,13 @@ void moe_plan_bind(MoePlan& plan, void* buffer, int N, int K, int E);
 // active experts is added to *active_count_sum (for statistics; single-threaded, deterministic).
 Status moe_plan(const int32_t* ids, int N, int K, int E, MoePlan& plan, int64_t* active_count_sum,
                 cudaStream_t stream);
+// The whole router of an MoE layer for a decode batch: gemm_router_topk, then sere_reroute(ids, weights, sim, N,
+// E, K, S, rho) when sim != nullptr, then moe_plan(ids, N, K, E, *plan, active_count_sum) when plan != nullptr.
+// With DecodeOption::kFuseEpilogues, N <= 16, N * K <= 256 and E <= 256 (E <= 128 with SERE) all of it runs in
+// the router GEMM's last CTA (one launch); otherwise as separate launches. Same results either way.
+Status moe_route(const bf16* x, const bf16* w_router, bf16* logits, const float* bias, int32_t* ids, float* weights,
+                 int N, int E, int H, int K, const float* sim, int S, float rho, MoePlan* plan,
+                 int64_t* active_count_sum, cudaStream_t stream);
 
 // The plan of moe_plan (the same contents), built for many tokens: one CTA reads the ids twice (per-warp
 // expert counts, a scan, then in-order placement) instead of once per expert. E > 256 goes to moe_plan.

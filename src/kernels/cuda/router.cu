@@ -1,5 +1,6 @@
 // MoE routing: softmax + top-k + renormalisation (one warp per token) and SERE re-routing (one CTA per layer).
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/moe_route.cuh"
 
 namespace zest::cuda {
 
@@ -59,49 +60,6 @@ __device__ __forceinline__ void sere_finish_row(float4 first, const float* __res
     if (ob > best || (ob == best && ov < bv)) best = ob, bv = ov;
   }
   if (lane == 0) map[u] = (primary[u] || bv == 0x7fffffff || (rho > 0.f && best < rho)) ? u : bv;
-}
-
-// Rewrites one token's slots k >= S through map and folds duplicates into their first slot.
-template <int kK>
-__device__ __forceinline__ void sere_fold(int (&id)[kK], float (&w)[kK], int K, int S, int E, const int* map) {
-#pragma unroll
-  for (int k = 0; k < kK; ++k)
-    if (k < K && k >= S && id[k] >= 0 && id[k] < E) id[k] = map[id[k]];
-#pragma unroll
-  for (int k = 1; k < kK; ++k) {
-    if (k >= K || id[k] < 0) continue;
-    bool done = false;
-#pragma unroll
-    for (int j = 0; j < k; ++j)
-      if (!done && id[j] == id[k]) {
-        w[j] += w[k];
-        w[k] = 0.f;
-        id[k] = -1;
-        done = true;
-      }
-  }
-}
-
-template <int kK>
-__device__ __forceinline__ void sere_load_token(const int32_t* ids, const float* weights, int n, int K, int (&id)[kK],
-                                                float (&w)[kK]) {
-#pragma unroll
-  for (int k = 0; k < kK; ++k)
-    if (k < K) {
-      id[k] = ids[static_cast<size_t>(n) * K + k];
-      w[k] = weights[static_cast<size_t>(n) * K + k];
-    }
-}
-
-template <int kK>
-__device__ __forceinline__ void sere_store_token(int32_t* ids, float* weights, int n, int K, const int (&id)[kK],
-                                                 const float (&w)[kK]) {
-#pragma unroll
-  for (int k = 0; k < kK; ++k)
-    if (k < K) {
-      ids[static_cast<size_t>(n) * K + k] = id[k];
-      weights[static_cast<size_t>(n) * K + k] = w[k];
-    }
 }
 
 // One CTA of kSereThreads. Every global load that does not depend on P is issued first (the similarity rows

@@ -9,6 +9,7 @@
 #include <mutex>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/moe_route.cuh"
 
 namespace zest::cuda {
 
@@ -48,6 +49,13 @@ struct RowsParams {
   int32_t* ids;
   float* route_w_out;
   int top_k;
+  // Router epilogue, continued: SERE re-routing when sere_sim != nullptr (E <= 128), then the MoE plan into `plan`
+  // when route_plan (count added to *count_sum when not null).
+  const float* sere_sim;
+  int sere_s;
+  float sere_rho;
+  int route_plan;
+  int64_t* count_sum;
 };
 
 __device__ __forceinline__ void mma16816(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
@@ -229,26 +237,37 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) rows_mma_kernel(RowsP
             }
           }
       }
-      if (kMode == kDense && p.epilogue) {
-        // The CTA that writes the last row tile runs the row epilogue over all M rows.
-        if (warp == 0) __threadfence();
-        __syncthreads();
-        if (threadIdx.x == 0) {
-          const int prev = atomicAdd(p.done, 1);
-          last_s = prev == tiles_per_group - 1;
-          if (last_s) *p.done = 0;
-        }
-        __syncthreads();
-        if (last_s) {
-          __threadfence();
-          for (int m = warp; m < p.M; m += kWarps) {
-            const size_t row = static_cast<size_t>(m) * p.N;
-            if (p.epilogue == 1)
-              warp_add_rmsnorm_row(p.x_res + row, p.out + row, p.norm_w, p.xn + row, p.N, p.eps, lane);
-            else
-              warp_router_topk(p.out + row, p.bias, &red[warp][0][0], p.N, p.top_k,
-                               p.ids + static_cast<size_t>(m) * p.top_k, p.route_w_out + static_cast<size_t>(m) * p.top_k,
-                               lane);
+      if constexpr (kMode == kDense) {
+        if (p.epilogue) {
+          // The CTA that writes the last row tile runs the row epilogue over all M rows.
+          __shared__ RouteSmem route_sm;
+          if (warp == 0) __threadfence();
+          __syncthreads();
+          if (threadIdx.x == 0) {
+            const int prev = atomicAdd(p.done, 1);
+            last_s = prev == tiles_per_group - 1;
+            if (last_s) *p.done = 0;
+          }
+          __syncthreads();
+          if (last_s) {
+            __threadfence();
+            for (int m = warp; m < p.M; m += kWarps) {
+              const size_t row = static_cast<size_t>(m) * p.N;
+              if (p.epilogue == 1)
+                warp_add_rmsnorm_row(p.x_res + row, p.out + row, p.norm_w, p.xn + row, p.N, p.eps, lane);
+              else
+                warp_router_topk(p.out + row, p.bias, &red[warp][0][0], p.N, p.top_k,
+                                 p.ids + static_cast<size_t>(m) * p.top_k,
+                                 p.route_w_out + static_cast<size_t>(m) * p.top_k, lane);
+            }
+            if (p.epilogue == 2 && p.sere_sim) {
+              __syncthreads();
+              cta_sere_small(p.ids, p.route_w_out, p.sere_sim, p.M, p.N, p.top_k, p.sere_s, p.sere_rho, route_sm);
+            }
+            if (p.epilogue == 2 && p.route_plan) {
+              __syncthreads();
+              cta_moe_plan(p.ids, p.M * p.top_k, p.N, p.plan, p.count_sum, route_sm);
+            }
           }
         }
       }
@@ -322,6 +341,12 @@ Status rows_mma_gemm(const bf16* x, const bf16* w, bf16* y, int M, int N, int K,
     p.ids = epi->ids;
     p.route_w_out = epi->route_w;
     p.top_k = epi->top_k;
+    p.sere_sim = epi->sere_sim;
+    p.sere_s = epi->sere_s;
+    p.sere_rho = epi->sere_rho;
+    p.route_plan = epi->plan != nullptr;
+    if (epi->plan) p.plan = *epi->plan;
+    p.count_sum = epi->count_sum;
   }
   p.src = x;
   p.w = w;

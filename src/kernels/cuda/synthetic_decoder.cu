@@ -308,17 +308,19 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
     if (moe) {
       const int E = c.experts, K = c.top_k, I = c.expert_inter;
       const float* bias = opt_.skew > 0.f ? L.router_bias : nullptr;
-      if (fused) {
-        ZEST_OP("router gemm + top-k",
-                gemm_router_topk(xn_, L.router, router_logits_, bias, route_ids_, route_w_, batch, E, H, K, s));
+      if (fused) {  // router GEMM, top-k, SERE and plan: one launch for small batches
+        const float* sim = sere ? L.sim : nullptr;
+        ZEST_OP("router + sere + plan", moe_route(xn_, L.router, router_logits_, bias, route_ids_, route_w_, batch, E, H,
+                                                  K, sim, opt_.sere_primary, opt_.sere_threshold, &plan_,
+                                                  expert_counts_ + l, s));
       } else {
         ZEST_OP("router gemm", gemm(xn_, L.router, router_logits_, batch, E, H, s));
         ZEST_OP("router top-k", router_topk(router_logits_, bias, route_ids_, route_w_, batch, E, K, s));
+        if (sere)
+          ZEST_OP("sere",
+                  sere_reroute(route_ids_, route_w_, L.sim, batch, E, K, opt_.sere_primary, opt_.sere_threshold, s));
+        ZEST_OP("moe plan", moe_plan(route_ids_, batch, K, E, plan_, expert_counts_ + l, s));
       }
-      if (sere)
-        ZEST_OP("sere",
-                sere_reroute(route_ids_, route_w_, L.sim, batch, E, K, opt_.sere_primary, opt_.sere_threshold, s));
-      ZEST_OP("moe plan", moe_plan(route_ids_, batch, K, E, plan_, expert_counts_ + l, s));
       ZEST_OP("moe experts",
               moe_experts_decode(xn_, plan_, route_w_, L.gate_up, L.down, h_, slot_out_, batch, K, E, H, I, s));
       ZEST_OP("moe combine + rmsnorm",
@@ -373,12 +375,16 @@ std::vector<std::string> SyntheticDecoder::op_labels(bool sere) const {
   if (cfg_.experts == 0)
     return {"qkv gemm", "qk norm + rope + kv", "decode attention", "o gemm", "add + rmsnorm", "mlp gate/up gemm",
             "silu*up", "mlp down gemm", "lm_head gemm", "argmax"};
-  std::vector<std::string> ops = {"qkv gemm", "qk norm + rope + kv", "decode attention", "o gemm", "add + rmsnorm",
-                                  "router gemm", "router top-k"};
-  if (decode_option(DecodeOption::kFuseEpilogues) == 1)
-    ops = {"qkv gemm", "qk norm + rope + kv", "decode attention", "o gemm + add + rmsnorm", "router gemm + top-k"};
-  if (sere) ops.push_back("sere");
-  for (const char* o : {"moe plan", "moe experts", "moe combine + rmsnorm", "lm_head gemm"}) ops.push_back(o);
+  std::vector<std::string> ops;
+  if (decode_option(DecodeOption::kFuseEpilogues) == 1) {
+    ops = {"qkv gemm", "qk norm + rope + kv", "decode attention", "o gemm + add + rmsnorm", "router + sere + plan"};
+  } else {
+    ops = {"qkv gemm", "qk norm + rope + kv", "decode attention", "o gemm", "add + rmsnorm", "router gemm",
+           "router top-k"};
+    if (sere) ops.push_back("sere");
+    ops.push_back("moe plan");
+  }
+  for (const char* o : {"moe experts", "moe combine + rmsnorm", "lm_head gemm"}) ops.push_back(o);
   return ops;
 }
 
