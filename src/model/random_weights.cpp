@@ -161,7 +161,8 @@ io::TensorView RandomTensors::make(const std::string& name, std::vector<int64_t>
   return v;
 }
 
-DecoderWeights random_decoder_weights(const io::TextConfig& c, RandomTensors& store, int64_t distinct_layers) {
+DecoderWeights random_decoder_weights(const io::TextConfig& c, RandomTensors& store, int64_t distinct_layers,
+                                      int64_t distinct_experts) {
   DecoderWeights w;
   w.config = c;
   const int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_heads, Hkv = c.num_kv_heads;
@@ -192,7 +193,14 @@ DecoderWeights random_decoder_weights(const io::TextConfig& c, RandomTensors& st
     L.moe = c.is_moe_layer(l);
     const int64_t E = L.moe ? c.num_experts : 1, I = L.moe ? c.moe_intermediate_size : c.intermediate_size;
     if (L.moe) L.router = store.normal(p + "router", {E, H}, sd(H));
+    const int64_t own = distinct_experts <= 0 ? E : std::min(distinct_experts, E);
     for (int64_t e = 0; e < E; ++e) {
+      if (e >= own) {
+        L.gate.push_back(L.gate[static_cast<size_t>(e % own)]);
+        L.up.push_back(L.up[static_cast<size_t>(e % own)]);
+        L.down.push_back(L.down[static_cast<size_t>(e % own)]);
+        continue;
+      }
       const std::string ep = L.moe ? p + "experts." + std::to_string(e) + "." : p + "mlp.";
       L.gate.push_back(store.normal(ep + "gate_proj", {I, H}, sd(H)));
       L.up.push_back(store.normal(ep + "up_proj", {I, H}, sd(H)));

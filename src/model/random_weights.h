@@ -47,8 +47,10 @@ class RandomTensors {
 // N(0, 1/fan_in) in the per-expert nn.Linear layout, norm weights uniform in [0.9, 1.1). Only the first
 // `distinct_layers` layers get tensors of their own (0 or >= num_layers: every layer); layer l >= that
 // views the tensors of layer l % distinct_layers, so a deep model costs the host memory of a few layers
-// while the device decoder still gets (and uploads) every layer.
-DecoderWeights random_decoder_weights(const io::TextConfig& cfg, RandomTensors& store, int64_t distinct_layers = 0);
+// while the device decoder still gets (and uploads) every layer. Likewise within an MoE layer, expert
+// e >= distinct_experts views expert e % distinct_experts (0: every expert its own).
+DecoderWeights random_decoder_weights(const io::TextConfig& cfg, RandomTensors& store, int64_t distinct_layers = 0,
+                                      int64_t distinct_experts = 0);
 
 // One vision-tower tensor (name relative to the tower prefix, as vision::VisionTensorSource asks for it)
 // as CPU f32: matrices uniform with variance 1/fan_in (fan_in = product of all dims but the first),

@@ -122,6 +122,14 @@ TEST(RandomModel, SharedLayersViewTheFirstLayersTensors) {
   EXPECT_EQ(std::memcmp(ws.layers[0].down[1].data, wa.layers[0].down[1].data, wa.layers[0].down[1].nbytes), 0);
   EXPECT_NE(ws.lm_head.data, ws.embed.data);
   EXPECT_EQ(ws.layers[0].gate.size(), 4u);
+  // One expert shared by all four.
+  model::RandomTensors one(1);
+  const model::DecoderWeights w1 = model::random_decoder_weights(t, one, 1, 1);
+  ASSERT_EQ(w1.layers[2].down.size(), 4u);
+  EXPECT_EQ(w1.layers[2].down[3].data, w1.layers[0].down[0].data);
+  EXPECT_EQ(w1.layers[1].up[2].data, w1.layers[1].up[0].data);
+  EXPECT_EQ(std::memcmp(w1.layers[0].gate[0].data, wa.layers[0].gate[0].data, wa.layers[0].gate[0].nbytes), 0);
+  EXPECT_LT(one.bytes(), shared.bytes());
   EXPECT_EQ(ws.layers[0].down[0].shape, (std::vector<int64_t>{t.hidden_size, t.moe_intermediate_size}));
 }
 
