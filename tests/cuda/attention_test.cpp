@@ -223,6 +223,55 @@ TEST(CudaDecodeAttention, TensorCorePageLoopMatchesReference) {
   set_decode_option(DecodeOption::kAttentionKernel, 0);
 }
 
+// gemm_qk_norm_rope_kv with the per-head epilogue fused into the QKV GEMM gives the bits of gemm + qk_norm_rope_kv
+// (qkv rows and both caches): batch 1, M-RoPE with 5 tokens and a skipped cache slot, 16 tokens with split K, and
+// 17 tokens (two launches either way).
+TEST(CudaRope, FusedIntoQkvGemmEqualsSeparateLaunches) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(29);
+  struct Case {
+    int T, Hq, Hkv, D, K, split;
+    bool mrope;
+  };
+  for (const Case c : {Case{1, 32, 4, 128, 2048, 0, false}, Case{5, 8, 2, 64, 256, 0, true},
+                       Case{16, 32, 4, 128, 2048, 1, false}, Case{17, 4, 2, 32, 64, 0, false}}) {
+    SCOPED_TRACE(testing::Message() << "T=" << c.T << " Hq=" << c.Hq << " D=" << c.D << " split=" << c.split);
+    const int N = (c.Hq + 2 * c.Hkv) * c.D, slots = 4 * kKvBlock;
+    auto x = random_bf16(static_cast<size_t>(c.T) * c.K, rng), w = random_bf16(static_cast<size_t>(N) * c.K, rng);
+    auto qn = random_bf16(c.D, rng, 0.5f, 1.5f), kn = random_bf16(c.D, rng, 0.5f, 1.5f);
+    auto cache0 = random_bf16(static_cast<size_t>(slots) * c.Hkv * c.D, rng);
+    std::vector<int32_t> pos(3 * c.T), slot(c.T);
+    std::uniform_int_distribution<int> pd(0, 5000);
+    for (auto& v : pos) v = pd(rng);
+    for (int t = 0; t < c.T; ++t) slot[t] = t == 3 ? -1 : (t * 7 + 5) % slots;
+    RopeParams rope;
+    rope.theta = 1e6f;
+    if (c.mrope) rope.section_h = rope.section_w = 10;
+    auto dx = upload_bf16(x), dw = upload_bf16(w), dqn = upload_bf16(qn), dkn = upload_bf16(kn);
+    DevBuf<int32_t> dpos(pos), dslot(slot);
+    set_decode_option(DecodeOption::kGemmSplitK, c.split);
+    std::vector<std::vector<float>> outs;
+    for (int fuse : {0, 1}) {
+      set_decode_option(DecodeOption::kFuseEpilogues, fuse);
+      DevBuf<bf16> qkv(static_cast<size_t>(c.T) * N);
+      auto kc = upload_bf16(cache0), vc = upload_bf16(cache0);
+      qkv.poison();
+      ZEST_ASSERT_OK(gemm_qk_norm_rope_kv(dx->get(), dw->get(), qkv.get(), c.K, dqn->get(), dkn->get(), dpos.get(),
+                                          c.mrope ? c.T : 0, rope, dslot.get(), kc->get(), vc->get(), c.T, c.Hq, c.Hkv,
+                                          c.D, 1e-6f, nullptr));
+      sync_ok();
+      auto a = download_bf16(qkv), b = download_bf16(*kc), d = download_bf16(*vc);
+      a.insert(a.end(), b.begin(), b.end());
+      a.insert(a.end(), d.begin(), d.end());
+      outs.push_back(a);
+    }
+    for (float v : outs[0]) ASSERT_FALSE(std::isnan(v));
+    EXPECT_EQ(outs[1], outs[0]);
+  }
+  set_decode_option(DecodeOption::kFuseEpilogues, 0);
+  set_decode_option(DecodeOption::kGemmSplitK, 0);
+}
+
 TEST(CudaDecodeAttention, RejectsOddHeadDim) {
   ZEST_REQUIRE_GPU();
   DecodeAttention p;

@@ -223,6 +223,55 @@ __device__ __forceinline__ void warp_add_rmsnorm_row(bf16* x, const bf16* r, con
   }
 }
 
+// One (token, head) of qk_norm_rope_kv by one warp (row: the token's qkv row; see kernels.h): a v head is copied into
+// the cache; a q or k head gets per-head RMSNorm and rotate-half (M-)RoPE in place, a k head also goes into the
+// cache (slot < 0: no cache write). kCg: read the row with ld.cg (written by other CTAs of the same kernel).
+template <bool kCg>
+__device__ __forceinline__ void warp_qk_norm_rope_head(bf16* row, int h, const bf16* q_norm, const bf16* k_norm,
+                                                       const float (&p_axis)[3], const RopeParams& rope, int slot,
+                                                       bf16* k_cache, bf16* v_cache, int Hq, int Hkv, int D, float eps,
+                                                       int lane) {
+  auto ld = [](const bf16* p) -> float {
+    if constexpr (kCg) return __bfloat162float(__ushort_as_bfloat16(__ldcg(reinterpret_cast<const unsigned short*>(p))));
+    return __bfloat162float(*p);
+  };
+  const int half = D / 2;
+  bf16* x = row + static_cast<size_t>(h) * D;
+  if (h >= Hq + Hkv) {  // v head: copy into the cache only
+    if (slot >= 0) {
+      bf16* dst = v_cache + (static_cast<size_t>(slot) * Hkv + (h - Hq - Hkv)) * D;
+      for (int d = lane; d < D; d += 32) dst[d] = __float2bfloat16(ld(x + d));
+    }
+    return;
+  }
+  const bf16* w = h < Hq ? q_norm : k_norm;
+  float ss = 0.f;
+  for (int d = lane; d < D; d += 32) {
+    const float v = ld(x + d);
+    ss = fmaf(v, v, ss);
+  }
+  const float inv = rsqrtf(warp_sum(ss) / D + eps);
+  for (int j = lane; j < half; j += 32) {
+    const float a = bf16_round(bf16_round(ld(x + j) * inv) * __bfloat162float(w[j]));
+    const float b = bf16_round(bf16_round(ld(x + j + half) * inv) * __bfloat162float(w[j + half]));
+    int axis = 0;
+    if (j % 3 == 1 && j < 3 * rope.section_h) axis = 1;
+    else if (j % 3 == 2 && j < 3 * rope.section_w) axis = 2;
+    const float inv_freq = 1.f / powf(rope.theta, static_cast<float>(2 * j) / static_cast<float>(D));
+    const float ang = p_axis[axis] * inv_freq;
+    const float c = bf16_round(cosf(ang)), s = bf16_round(sinf(ang));
+    const bf16 o1 = __float2bfloat16(__fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s)));  // no contraction: same bits
+    const bf16 o2 = __float2bfloat16(__fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s)));  // in every caller
+    x[j] = o1;
+    x[j + half] = o2;
+    if (h >= Hq && slot >= 0) {
+      bf16* dst = k_cache + (static_cast<size_t>(slot) * Hkv + (h - Hq)) * D;
+      dst[j] = o1;
+      dst[j + half] = o2;
+    }
+  }
+}
+
 // Number of multiprocessors of the current device (cached).
 int sm_count();
 
@@ -245,6 +294,16 @@ struct RowsEpilogue {
   float sere_rho = 0.f;
   const MoePlan* plan = nullptr;
   int64_t* count_sum = nullptr;
+  // kind 3: qk_norm_rope_kv per head, run by the CTA that completes the head's row tiles (head_dim % 16 == 0)
+  const bf16* q_norm = nullptr;
+  const bf16* k_norm = nullptr;
+  const int32_t* pos = nullptr;
+  int pos_stride = 0;
+  RopeParams rope;
+  const int32_t* slot_mapping = nullptr;
+  bf16* k_cache = nullptr;
+  bf16* v_cache = nullptr;
+  int q_heads = 0, kv_heads = 0, head_dim = 0;
 };
 Status rows_mma_gemm(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream,
                      const RowsEpilogue* epi = nullptr);

@@ -211,6 +211,37 @@ Status gemm_router_topk(const bf16* x, const bf16* w_router, bf16* logits, const
   return router_topk(logits, bias, ids, weights, N, E, K, stream);
 }
 
+Status gemm_qk_norm_rope_kv(const bf16* x, const bf16* w_qkv, bf16* qkv, int K, const bf16* q_norm, const bf16* k_norm,
+                            const int32_t* pos, int pos_stride, RopeParams rope, const int32_t* slot_mapping,
+                            bf16* k_cache, bf16* v_cache, int T, int Hq, int Hkv, int D, float eps, cudaStream_t stream) {
+  const int N = (Hq + 2 * Hkv) * D;
+  ZEST_RETURN_IF_ERROR(check_dims(x, w_qkv, qkv, T, N, K));
+  if (Hq <= 0 || Hkv <= 0 || Hq % Hkv != 0 || D <= 0 || D % 2 != 0 || pos_stride < 0 || !pos ||
+      (slot_mapping && (!k_cache || !v_cache)))
+    return qk_norm_rope_kv(qkv, q_norm, k_norm, pos, pos_stride, rope, slot_mapping, k_cache, v_cache, T, Hq, Hkv, D,
+                           eps, stream);  // reports the bad argument
+  if (fusable(x, w_qkv, T, N, K) && D % 16 == 0 && Hq + 2 * Hkv <= 1024) {
+    RowsEpilogue epi;
+    epi.kind = 3;
+    epi.eps = eps;
+    epi.q_norm = q_norm;
+    epi.k_norm = k_norm;
+    epi.pos = pos;
+    epi.pos_stride = pos_stride;
+    epi.rope = rope;
+    epi.slot_mapping = slot_mapping;
+    epi.k_cache = k_cache;
+    epi.v_cache = v_cache;
+    epi.q_heads = Hq;
+    epi.kv_heads = Hkv;
+    epi.head_dim = D;
+    return rows_mma_gemm(x, w_qkv, qkv, T, N, K, stream, &epi);
+  }
+  ZEST_RETURN_IF_ERROR(gemm(x, w_qkv, qkv, T, N, K, stream));
+  return qk_norm_rope_kv(qkv, q_norm, k_norm, pos, pos_stride, rope, slot_mapping, k_cache, v_cache, T, Hq, Hkv, D, eps,
+                         stream);
+}
+
 Status moe_route(const bf16* x, const bf16* w_router, bf16* logits, const float* bias, int32_t* ids, float* weights,
                  int N, int E, int H, int K, const float* sim, int S, float rho, MoePlan* plan,
                  int64_t* active_count_sum, cudaStream_t stream) {

@@ -119,6 +119,13 @@ Status qk_norm_rope_kv(bf16* qkv, const bf16* q_norm, const bf16* k_norm, const 
                        RopeParams rope, const int32_t* slot_mapping, bf16* k_cache, bf16* v_cache, int T,
                        int Hq, int Hkv, int D, float eps, cudaStream_t stream);
 
+// gemm(x, w_qkv, qkv, T, (Hq + 2 Hkv) * D, K) then qk_norm_rope_kv(qkv, ...) (same arguments), with the same
+// results; with DecodeOption::kFuseEpilogues, T <= 16 and D % 16 == 0 the per-head norm/RoPE/KV write runs in the
+// GEMM CTA that completes the head (one launch).
+Status gemm_qk_norm_rope_kv(const bf16* x, const bf16* w_qkv, bf16* qkv, int K, const bf16* q_norm, const bf16* k_norm,
+                            const int32_t* pos, int pos_stride, RopeParams rope, const int32_t* slot_mapping,
+                            bf16* k_cache, bf16* v_cache, int T, int Hq, int Hkv, int D, float eps, cudaStream_t stream);
+
 // Decode attention (one query token per sequence) over the paged cache, GQA-aware and split over the
 // context (flash-decoding; the last CTA of each (sequence, kv head) combines the splits in fixed order).
 // q: row b at q + b * q_stride, Hq heads of D (128 on the fast path; other even D <= 256 go through

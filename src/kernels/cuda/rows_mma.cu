@@ -56,6 +56,17 @@ struct RowsParams {
   float sere_rho;
   int route_plan;
   int64_t* count_sum;
+  // Epilogue 3 (qk_norm_rope_kv per head; counters head_done[head], left at zero).
+  int* head_done;
+  const bf16* q_norm;
+  const bf16* k_norm;
+  const int32_t* pos;
+  int pos_stride;
+  RopeParams rope;
+  const int32_t* slot_mapping;
+  bf16* k_cache;
+  bf16* v_cache;
+  int q_heads, kv_heads, head_dim;
 };
 
 __device__ __forceinline__ void mma16816(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
@@ -238,7 +249,31 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) rows_mma_kernel(RowsP
           }
       }
       if constexpr (kMode == kDense) {
-        if (p.epilogue) {
+        if (p.epilogue == 3) {
+          // The CTA that writes a head's last row tile normalises and rotates that head for all tokens.
+          const int head = r0 / p.head_dim;
+          if (warp == 0) __threadfence();
+          __syncthreads();
+          if (threadIdx.x == 0) {
+            const int prev = atomicAdd(p.head_done + head, 1);
+            last_s = prev == p.head_dim / kRows - 1;
+            if (last_s) p.head_done[head] = 0;
+          }
+          __syncthreads();
+          if (last_s) {
+            __threadfence();
+            for (int t = warp; t < p.M; t += kWarps) {
+              float p_axis[3];
+              p_axis[0] = static_cast<float>(p.pos[t]);
+              p_axis[1] = static_cast<float>(p.pos[p.pos_stride + t]);
+              p_axis[2] = static_cast<float>(p.pos[2 * p.pos_stride + t]);
+              const int slot = p.slot_mapping ? p.slot_mapping[t] : -1;
+              warp_qk_norm_rope_head<true>(p.out + static_cast<size_t>(t) * p.N, head, p.q_norm, p.k_norm, p_axis,
+                                           p.rope, slot, p.k_cache, p.v_cache, p.q_heads, p.kv_heads, p.head_dim,
+                                           p.eps, lane);
+            }
+          }
+        } else if (p.epilogue) {
           // The CTA that writes the last row tile runs the row epilogue over all M rows.
           __shared__ RouteSmem route_sm;
           if (warp == 0) __threadfence();
@@ -292,7 +327,8 @@ struct SplitScratch {
   int* counters = nullptr;
 };
 constexpr size_t kSplitPartialFloats = 1u << 20;  // 4 MiB: ksplit * M * N fp32
-constexpr int kSplitCounters = 1 << 14;           // row tiles (one more counter: the epilogue's)
+constexpr int kSplitCounters = 1 << 14;           // row tiles (then one for the epilogue, then per-head ones)
+constexpr int kHeadCounters = 1024;
 
 Status split_scratch(cudaStream_t stream, SplitScratch* out) {
   static std::mutex mu;
@@ -301,9 +337,9 @@ Status split_scratch(cudaStream_t stream, SplitScratch* out) {
   SplitScratch& s = all[stream];
   if (!s.partial) {
     ZEST_RETURN_IF_ERROR(cuda_status(cudaMalloc(&s.partial, kSplitPartialFloats * sizeof(float)), "split-K scratch"));
-    ZEST_RETURN_IF_ERROR(cuda_status(cudaMalloc(&s.counters, (kSplitCounters + 1) * sizeof(int)), "split-K counters"));
-    ZEST_RETURN_IF_ERROR(
-        cuda_status(cudaMemset(s.counters, 0, (kSplitCounters + 1) * sizeof(int)), "split-K counters"));
+    const size_t n = kSplitCounters + 1 + kHeadCounters;
+    ZEST_RETURN_IF_ERROR(cuda_status(cudaMalloc(&s.counters, n * sizeof(int)), "split-K counters"));
+    ZEST_RETURN_IF_ERROR(cuda_status(cudaMemset(s.counters, 0, n * sizeof(int)), "split-K counters"));
   }
   *out = s;
   return Status::ok();
@@ -347,6 +383,20 @@ Status rows_mma_gemm(const bf16* x, const bf16* w, bf16* y, int M, int N, int K,
     p.route_plan = epi->plan != nullptr;
     if (epi->plan) p.plan = *epi->plan;
     p.count_sum = epi->count_sum;
+    p.head_done = scratch.counters + kSplitCounters + 1;
+    p.q_norm = epi->q_norm;
+    p.k_norm = epi->k_norm;
+    p.pos = epi->pos;
+    p.pos_stride = epi->pos_stride;
+    p.rope = epi->rope;
+    p.slot_mapping = epi->slot_mapping;
+    p.k_cache = epi->k_cache;
+    p.v_cache = epi->v_cache;
+    p.q_heads = epi->q_heads;
+    p.kv_heads = epi->kv_heads;
+    p.head_dim = epi->head_dim;
+    if (epi->kind == 3 && (epi->head_dim % kRows != 0 || N / epi->head_dim > kHeadCounters))
+      return invalid_argument("rows_mma_gemm: the per-head epilogue needs head_dim % 16 == 0 and at most 1024 heads");
   }
   p.src = x;
   p.w = w;

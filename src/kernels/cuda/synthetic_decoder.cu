@@ -292,10 +292,16 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
     ap.prefetch[1] = moe ? L2Prefetch{L.router, static_cast<size_t>(c.experts) * H * sizeof(bf16)} : L2Prefetch{};
     const L2Prefetch next_pf = l + 1 < c.layers ? L2Prefetch{layers_[l + 1].wqkv, qkv_bytes}
                                                 : L2Prefetch{lm_head_, qkv_bytes};
-    ZEST_OP("qkv gemm", gemm(xn_, L.wqkv, qkv_, batch, QKV, H, s));
-    ZEST_OP("qk norm + rope + kv", qk_norm_rope_kv(qkv_, L.q_norm, L.k_norm, pos_, c.mrope ? opt_.max_batch : 0, rope,
-                                                   slots_, L.k_cache, L.v_cache, batch, c.q_heads, c.kv_heads, D, kEps,
-                                                   s));
+    const int pos_stride = c.mrope ? opt_.max_batch : 0;
+    if (fused) {
+      ZEST_OP("qkv gemm + qk norm + rope + kv",
+              gemm_qk_norm_rope_kv(xn_, L.wqkv, qkv_, H, L.q_norm, L.k_norm, pos_, pos_stride, rope, slots_, L.k_cache,
+                                   L.v_cache, batch, c.q_heads, c.kv_heads, D, kEps, s));
+    } else {
+      ZEST_OP("qkv gemm", gemm(xn_, L.wqkv, qkv_, batch, QKV, H, s));
+      ZEST_OP("qk norm + rope + kv", qk_norm_rope_kv(qkv_, L.q_norm, L.k_norm, pos_, pos_stride, rope, slots_,
+                                                     L.k_cache, L.v_cache, batch, c.q_heads, c.kv_heads, D, kEps, s));
+    }
     ZEST_OP("decode attention",
             decode_attention(ap, qkv_, QKV, L.k_cache, L.v_cache, block_table_, ctx_lens_, attn_, ws, s));
     if (fused) {
@@ -377,7 +383,7 @@ std::vector<std::string> SyntheticDecoder::op_labels(bool sere) const {
             "silu*up", "mlp down gemm", "lm_head gemm", "argmax"};
   std::vector<std::string> ops;
   if (decode_option(DecodeOption::kFuseEpilogues) == 1) {
-    ops = {"qkv gemm", "qk norm + rope + kv", "decode attention", "o gemm + add + rmsnorm", "router + sere + plan"};
+    ops = {"qkv gemm + qk norm + rope + kv", "decode attention", "o gemm + add + rmsnorm", "router + sere + plan"};
   } else {
     ops = {"qkv gemm", "qk norm + rope + kv", "decode attention", "o gemm", "add + rmsnorm", "router gemm",
            "router top-k"};
