@@ -698,9 +698,8 @@ Result<Tensor> CudaTextDecoder::forward(const model::ForwardBatch& b, model::Pag
   for (int l = 0; l < L_; ++l) {
     const Layer& Ly = layers_[l];
     const bf16* next = l + 1 < L_ ? layers_[l + 1].in_norm : final_norm_;
-    ZEST_RETURN_IF_ERROR(gemm(s.xn, Ly.wqkv, s.qkv, T, QKV_, H_, st));
-    ZEST_RETURN_IF_ERROR(qk_norm_rope_kv(s.qkv, Ly.q_norm, Ly.k_norm, d_pos, T, rope_, d_slots, kv->k(l), kv->v(l), T,
-                                         Hq_, Hkv_, D_, eps_, st));
+    ZEST_RETURN_IF_ERROR(gemm_qk_norm_rope_kv(s.xn, Ly.wqkv, s.qkv, H_, Ly.q_norm, Ly.k_norm, d_pos, T, rope_, d_slots,
+                                              kv->k(l), kv->v(l), T, Hq_, Hkv_, D_, eps_, st));
     if (use_decode) {
       ZEST_RETURN_IF_ERROR(decode_attention(dp, s.qkv, QKV_, kv->k(l), kv->v(l), d_bt, d_seq_ctx, s.attn, s.ws.get(), st));
     } else {
