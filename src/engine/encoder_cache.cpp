@@ -46,6 +46,13 @@ int64_t EncoderCache::hits() const {
   return hits_;
 }
 
+void EncoderCache::clear() {
+  std::lock_guard<std::mutex> lock(mu_);
+  lru_.clear();
+  index_.clear();
+  bytes_ = 0;
+}
+
 int64_t EncoderCache::misses() const {
   std::lock_guard<std::mutex> lock(mu_);
   return misses_;

@@ -34,6 +34,8 @@ class EncoderCache {
   void put(uint64_t key, std::shared_ptr<const CachedImage> entry);
   int64_t hits() const;
   int64_t misses() const;
+  // Drops every entry (the counters stay).
+  void clear();
 
  private:
   using List = std::list<std::pair<uint64_t, std::shared_ptr<const CachedImage>>>;

@@ -1,8 +1,11 @@
 #include "engine/vision_encode.h"
 
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <numeric>
 #include <optional>
+#include <thread>
 
 #include "accel/visionzip.h"
 #include "engine/encoder_cache.h"
@@ -83,7 +86,7 @@ Status load_vision_tower(ModelBundle& model) {
 }
 
 Result<EncodedImages> encode_images(const ModelBundle& model, const std::vector<io::Image>& images,
-                                    const json& mm_kwargs, const json& prune) {
+                                    const json& mm_kwargs, const json& prune, const EncodeOptions& opts) {
   if (!model.vision) return invalid_argument("this model takes no images (it has no vision tower)");
   EncodedImages enc;
   ZEST_ASSIGN_OR_RETURN(vision::PixelBudget budget, pixel_budget(mm_kwargs));
@@ -116,54 +119,115 @@ Result<EncodedImages> encode_images(const ModelBundle& model, const std::vector<
   const bool device_select =
       device && popt.contextual == 0 && (popt.density == accel::DensityMeasure::kNone || popt.density_gamma == 0);
   if (!misses.empty()) {
-    std::vector<io::Image> todo;
-    for (size_t i : misses) todo.push_back(images[i]);
-    double t0 = now_ms();
-    ZEST_ASSIGN_OR_RETURN(vision::PixelBatch batch, vision::preprocess_images(todo, model.preprocessor, budget));
-    enc.preprocess_ms = now_ms() - t0;
-    t0 = now_ms();
     const std::optional<int64_t> score_layer = pruning ? std::optional<int64_t>(layer) : std::nullopt;
-    vision::VisionEncoding out;
-    vision::DeviceEncoding dout;
-    if (device) {
-      ZEST_ASSIGN_OR_RETURN(dout, model.vision->forward_device(batch, score_layer));
-    } else {
-      ZEST_ASSIGN_OR_RETURN(out, model.vision->forward(batch, score_layer));
-    }
-    enc.tower_ms = now_ms() - t0;
-    t0 = now_ms();
-    int64_t row = 0;
-    for (size_t m = 0; m < misses.size(); ++m) {
-      auto e = std::make_shared<CachedImage>();
-      const vision::GridTHW& g = batch.grids[m];
-      e->grid_t = g.t;
-      e->grid_h = g.h;
-      e->grid_w = g.w;
-      if (device) {
-        // Views of the forward's device tensors (the entries share their storage).
-        const int64_t M = dout.tokens_per_image[m];
-        e->embeds = dout.embeds.rows(row, row + M);
-        for (const Tensor& ds : dout.deepstack) e->deepstack.push_back(ds.rows(row, row + M));
-        if (pruning) {
-          e->device_scores = dout.scores.rows(row, row + M);
-          e->score_layer = layer;
-        }
-        row += M;
+    // Groups of misses, one tower forward each (device encoders, many images): while the tower runs group g,
+    // a producer thread preprocesses group g + 1 on the worker threads.
+    const size_t G = device && opts.group_images > 0 ? static_cast<size_t>(opts.group_images) : misses.size();
+    std::vector<std::vector<size_t>> groups;
+    for (size_t at = 0; at < misses.size(); at += G)
+      groups.emplace_back(misses.begin() + at, misses.begin() + std::min(misses.size(), at + G));
+    struct Prepared {
+      Result<vision::PixelBatch> batch = internal_error("not prepared");
+      double ms = 0;
+    };
+    std::vector<Prepared> prepared(groups.size());
+    auto prepare = [&](size_t g) {
+      const double t = now_ms();
+      if (groups.size() == 1 && misses.size() == images.size()) {
+        prepared[g].batch = vision::preprocess_images_parallel(images, model.preprocessor, budget);
       } else {
-        const int64_t M = out.tokens_per_image[m];
-        e->embeds = out.embeds.rows(row, row + M).clone();
-        for (const Tensor& ds : out.deepstack) e->deepstack.push_back(ds.rows(row, row + M).clone());
-        if (pruning) {
-          // VisionZip: the attention each patch receives inside its image, summed per merged token.
-          e->scores = std::move(out.scores[m]);
-          e->score_layer = layer;
-        }
-        row += M;
+        std::vector<io::Image> todo;
+        for (size_t i : groups[g]) todo.push_back(images[i]);
+        prepared[g].batch = vision::preprocess_images_parallel(todo, model.preprocessor, budget);
       }
-      if (model.encoder_cache) model.encoder_cache->put(keys[misses[m]], e);
-      per_image[misses[m]] = std::move(e);
+      prepared[g].ms = now_ms() - t;
+    };
+    std::mutex mu;
+    std::condition_variable cv;
+    size_t ready = 0;
+    std::thread producer;
+    const bool overlap = opts.overlap && groups.size() > 1;
+    if (overlap)
+      producer = std::thread([&] {
+        for (size_t g = 0; g < groups.size(); ++g) {
+          prepare(g);
+          std::lock_guard<std::mutex> l(mu);
+          ready = g + 1;
+          cv.notify_one();
+        }
+      });
+    const double t_front = now_ms();
+    Status failed = Status::ok();
+    for (size_t g = 0; g < groups.size() && failed.is_ok(); ++g) {
+      if (overlap) {
+        std::unique_lock<std::mutex> l(mu);
+        cv.wait(l, [&] { return ready > g; });
+      } else {
+        prepare(g);
+      }
+      enc.preprocess_ms += prepared[g].ms;
+      if (!prepared[g].batch.ok()) {
+        failed = prepared[g].batch.status();
+        break;
+      }
+      const vision::PixelBatch& batch = *prepared[g].batch;
+      double t0 = now_ms();
+      vision::VisionEncoding out;
+      vision::DeviceEncoding dout;
+      Status st = Status::ok();
+      if (device) {
+        auto r = model.vision->forward_device(batch, score_layer);
+        if (r.ok()) dout = std::move(r).value();
+        st = r.status();
+      } else {
+        auto r = model.vision->forward(batch, score_layer);
+        if (r.ok()) out = std::move(r).value();
+        st = r.status();
+      }
+      enc.tower_ms += now_ms() - t0;
+      if (!st.is_ok()) {
+        failed = st;
+        break;
+      }
+      t0 = now_ms();
+      int64_t row = 0;
+      for (size_t m = 0; m < groups[g].size(); ++m) {
+        auto e = std::make_shared<CachedImage>();
+        const vision::GridTHW& gr = batch.grids[m];
+        e->grid_t = gr.t;
+        e->grid_h = gr.h;
+        e->grid_w = gr.w;
+        if (device) {
+          // Views of the forward's device tensors (the entries share their storage).
+          const int64_t M = dout.tokens_per_image[m];
+          e->embeds = dout.embeds.rows(row, row + M);
+          for (const Tensor& ds : dout.deepstack) e->deepstack.push_back(ds.rows(row, row + M));
+          if (pruning) {
+            e->device_scores = dout.scores.rows(row, row + M);
+            e->score_layer = layer;
+          }
+          row += M;
+        } else {
+          const int64_t M = out.tokens_per_image[m];
+          e->embeds = out.embeds.rows(row, row + M).clone();
+          for (const Tensor& ds : out.deepstack) e->deepstack.push_back(ds.rows(row, row + M).clone());
+          if (pruning) {
+            // VisionZip: the attention each patch receives inside its image, summed per merged token.
+            e->scores = std::move(out.scores[m]);
+            e->score_layer = layer;
+          }
+          row += M;
+        }
+        if (model.encoder_cache) model.encoder_cache->put(keys[groups[g][m]], e);
+        per_image[groups[g][m]] = std::move(e);
+      }
+      prepared[g].batch = internal_error("consumed");  // frees the group's pixel_values
+      enc.select_ms += now_ms() - t0;
     }
-    enc.select_ms = now_ms() - t0;
+    if (producer.joinable()) producer.join();
+    enc.front_ms = now_ms() - t_front;
+    enc.tower_forwards = static_cast<int64_t>(groups.size());
+    ZEST_RETURN_IF_ERROR(failed);
   }
 
   if (device_select) {

@@ -20,16 +20,27 @@ struct EncodedImages {
   // Wall time of the cache misses' preprocessing, of the encoder forward (VisionZip scores included) and of
   // the cache bookkeeping, selection and gather.
   double preprocess_ms = 0, tower_ms = 0, select_ms = 0;
+  double front_ms = 0;                // wall time of preprocessing + tower of the misses (overlapped when grouped)
+  int64_t tower_forwards = 0;         // tower forwards run (groups of misses)
   int64_t cache_hits = 0;             // images served from the encoder cache
+};
+
+struct EncodeOptions {
+  // Device encoders: images per tower forward when a request misses more (0 = all in one forward).
+  int64_t group_images = 8;
+  // Preprocess the next group on the worker threads while the tower runs the current one (results are the
+  // same as without: each group is preprocessed and encoded the same way).
+  bool overlap = true;
 };
 
 // Loads the vision tower of a VL model into model.vision on model.backend (the CUDA tower for kCuda, the
 // CPU tower otherwise) and creates the encoder cache; no-op for text-only models.
 Status load_vision_tower(ModelBundle& model);
 
-// Preprocesses and encodes the images. `mm_kwargs` may carry min_pixels / max_pixels;
+// Preprocesses (one image per worker task) and encodes the images. `mm_kwargs` may carry min_pixels / max_pixels;
 // `prune` the VisionZip overrides of the request (null = engine defaults).
 Result<EncodedImages> encode_images(const ModelBundle& model, const std::vector<io::Image>& images,
-                                    const nlohmann::json& mm_kwargs, const nlohmann::json& prune);
+                                    const nlohmann::json& mm_kwargs, const nlohmann::json& prune,
+                                    const EncodeOptions& opts = {});
 
 }  // namespace zest::engine

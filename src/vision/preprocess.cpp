@@ -5,6 +5,8 @@
 #include <cstring>
 #include <string>
 
+#include "core/thread_pool.h"
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -455,8 +457,9 @@ Result<PreprocessPlan> plan_preprocess(const std::vector<io::Image>& images, con
   return plan;
 }
 
-void preprocess_into(const std::vector<io::Image>& images, const PreprocessPlan& plan, const io::PreprocessorConfig& cfg,
-                     float* out, ResizeScratch& scratch) {
+namespace {
+
+PatchLayout patch_layout(const PreprocessPlan& plan, const io::PreprocessorConfig& cfg) {
   PatchLayout layout;
   layout.patch = cfg.patch_size;
   layout.merge = cfg.merge_size;
@@ -466,35 +469,73 @@ void preprocess_into(const std::vector<io::Image>& images, const PreprocessPlan&
     layout.mean[c] = cfg.image_mean[c] * 255.0f;
     layout.stdv[c] = cfg.image_std[c] * 255.0f;
   }
+  return layout;
+}
+
+// Resizes one image to h x w and writes its patch rows at `out`.
+void preprocess_one(const io::Image& img, int64_t h, int64_t w, PatchLayout layout, float* out,
+                    ResizeScratch& scratch) {
   const int64_t band = layout.merge * layout.patch;  // image rows per band of merge groups
   std::vector<const uint8_t*> rows(static_cast<size_t>(band));
-  for (size_t i = 0; i < images.size(); ++i) {
-    const io::Image& img = images[i];
-    const auto [h, w] = plan.resized[i];
-    const uint8_t* cur = resize_width(img.rgb.data(), img.height, img.width, w, scratch.horizontal);
-    const int64_t n = w * 3;
-    const bool vertical = h != img.height;
-    AxisWeights ah;
-    if (vertical) {
-      ah = axis_weights(img.height, h);
-      scratch.band.resize(static_cast<size_t>(band * n));
-    }
-    layout.groups = w / band;
-    const int64_t band_floats = layout.groups * layout.merge * layout.merge * plan.cols;
-    // Each band is resized into scratch.band (cache-resident) and written straight to its rows.
-    for (int64_t y0 = 0; y0 < h; y0 += band, out += band_floats) {
-      for (int64_t r = 0; r < band; ++r) {
-        if (vertical) {
-          uint8_t* d = scratch.band.data() + r * n;
-          resample_vertical_row(cur, n, ah, y0 + r, d);
-          rows[r] = d;
-        } else {
-          rows[r] = cur + (y0 + r) * n;
-        }
-      }
-      write_band(rows.data(), layout, out);
-    }
+  const uint8_t* cur = resize_width(img.rgb.data(), img.height, img.width, w, scratch.horizontal);
+  const int64_t n = w * 3;
+  const bool vertical = h != img.height;
+  AxisWeights ah;
+  if (vertical) {
+    ah = axis_weights(img.height, h);
+    scratch.band.resize(static_cast<size_t>(band * n));
   }
+  layout.groups = w / band;
+  const int64_t band_floats = layout.groups * layout.merge * layout.merge * layout.cols;
+  // Each band is resized into scratch.band (cache-resident) and written straight to its rows.
+  for (int64_t y0 = 0; y0 < h; y0 += band, out += band_floats) {
+    for (int64_t r = 0; r < band; ++r) {
+      if (vertical) {
+        uint8_t* d = scratch.band.data() + r * n;
+        resample_vertical_row(cur, n, ah, y0 + r, d);
+        rows[r] = d;
+      } else {
+        rows[r] = cur + (y0 + r) * n;
+      }
+    }
+    write_band(rows.data(), layout, out);
+  }
+}
+
+}  // namespace
+
+void preprocess_into(const std::vector<io::Image>& images, const PreprocessPlan& plan, const io::PreprocessorConfig& cfg,
+                     float* out, ResizeScratch& scratch) {
+  const PatchLayout layout = patch_layout(plan, cfg);
+  for (size_t i = 0; i < images.size(); ++i) {
+    const auto [h, w] = plan.resized[i];
+    preprocess_one(images[i], h, w, layout, out, scratch);
+    out += plan.grids[i].patches() * plan.cols;
+  }
+}
+
+void preprocess_into_parallel(const std::vector<io::Image>& images, const PreprocessPlan& plan,
+                              const io::PreprocessorConfig& cfg, float* out) {
+  const PatchLayout layout = patch_layout(plan, cfg);
+  std::vector<int64_t> row0(images.size() + 1, 0);
+  for (size_t i = 0; i < images.size(); ++i) row0[i + 1] = row0[i] + plan.grids[i].patches();
+  parallel_for(static_cast<int64_t>(images.size()), 1, [&](int64_t b, int64_t e) {
+    ResizeScratch scratch;
+    for (int64_t i = b; i < e; ++i) {
+      const auto [h, w] = plan.resized[i];
+      preprocess_one(images[i], h, w, layout, out + row0[i] * plan.cols, scratch);
+    }
+  });
+}
+
+Result<PixelBatch> preprocess_images_parallel(const std::vector<io::Image>& images, const io::PreprocessorConfig& cfg,
+                                              const PixelBudget& budget) {
+  ZEST_ASSIGN_OR_RETURN(PreprocessPlan plan, plan_preprocess(images, cfg, budget));
+  PixelBatch batch;
+  batch.pixel_values = Tensor::empty({plan.rows, plan.cols});
+  preprocess_into_parallel(images, plan, cfg, batch.pixel_values.data<float>());
+  batch.grids = std::move(plan.grids);
+  return batch;
 }
 
 Result<PixelBatch> preprocess_images(const std::vector<io::Image>& images, const io::PreprocessorConfig& cfg,

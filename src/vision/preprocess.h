@@ -82,4 +82,11 @@ void preprocess_into(const std::vector<io::Image>& images, const PreprocessPlan&
 Result<PixelBatch> preprocess_images(const std::vector<io::Image>& images, const io::PreprocessorConfig& cfg,
                                      const PixelBudget& budget = {});
 
+// As preprocess_into / preprocess_images with one image per parallel_for task (each task with its own
+// scratch): the same bytes as the serial functions, for any thread count.
+void preprocess_into_parallel(const std::vector<io::Image>& images, const PreprocessPlan& plan,
+                              const io::PreprocessorConfig& cfg, float* out);
+Result<PixelBatch> preprocess_images_parallel(const std::vector<io::Image>& images, const io::PreprocessorConfig& cfg,
+                                              const PixelBudget& budget = {});
+
 }  // namespace zest::vision
