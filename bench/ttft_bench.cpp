@@ -39,6 +39,7 @@
 #include "kernels/cuda/vision_tower.h"
 #include "model/decoder.h"
 #include "model/kv_cache.h"
+#include "model/random_weights.h"
 #include "vision/preprocess.h"
 
 namespace {
@@ -202,76 +203,6 @@ io::TextConfig text_config(const SyntheticConfig& c) {
   return t;
 }
 
-// Host bf16 tensors of uniform random values (splitmix64 counter hash, parallel fill).
-class HostTensors {
- public:
-  io::TensorView uniform(const std::string& name, std::vector<int64_t> shape, float lo, float hi) {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    std::unique_ptr<uint16_t[]> buf(new uint16_t[static_cast<size_t>(n)]);
-    uint16_t* p = buf.get();
-    const uint64_t base = (++count_) * 0xD1B54A32D192ED03ull;
-    constexpr int64_t kChunk = 1 << 16;
-    parallel_for((n + kChunk - 1) / kChunk, 1, [&](int64_t b, int64_t e) {
-      for (int64_t c = b; c < e; ++c) {
-        uint64_t state = base ^ (static_cast<uint64_t>(c) * 0xBF58476D1CE4E5B9ull);
-        for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i) {
-          uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-          z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-          z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-          z ^= z >> 31;
-          p[i] = f32_to_bf16(lo + (hi - lo) * static_cast<float>(z >> 40) / 16777216.f);
-        }
-      }
-    });
-    io::TensorView v;
-    v.name = name;
-    v.dtype = DType::BF16;
-    v.shape = std::move(shape);
-    v.data = p;
-    v.nbytes = static_cast<size_t>(n) * 2;
-    bufs_.push_back(std::move(buf));
-    return v;
-  }
-
- private:
-  uint64_t count_ = 0;
-  std::vector<std::unique_ptr<uint16_t[]>> bufs_;
-};
-
-// Random weights of the full-depth decoder: one layer (and one expert) synthesised, every layer's and
-// expert's views pointing at it (uniform with std 1/sqrt(fan_in); norms in [0.5, 1.5)).
-model::DecoderWeights random_decoder_weights(const io::TextConfig& c, HostTensors& ht) {
-  model::DecoderWeights w;
-  w.config = c;
-  const int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_heads, Hkv = c.num_kv_heads;
-  auto a = [](int64_t fan_in) { return std::sqrt(3.f / static_cast<float>(fan_in)); };
-  w.embed = ht.uniform("embed_tokens", {c.vocab_size, H}, -1.7f, 1.7f);
-  w.lm_head = w.embed;
-  w.final_norm = ht.uniform("norm", {H}, 0.5f, 1.5f);
-  model::DecoderLayerWeights L;
-  L.in_norm = ht.uniform("input_layernorm", {H}, 0.5f, 1.5f);
-  L.post_norm = ht.uniform("post_attention_layernorm", {H}, 0.5f, 1.5f);
-  L.q = ht.uniform("q_proj", {Hq * D, H}, -a(H), a(H));
-  L.k = ht.uniform("k_proj", {Hkv * D, H}, -a(H), a(H));
-  L.v = ht.uniform("v_proj", {Hkv * D, H}, -a(H), a(H));
-  L.o = ht.uniform("o_proj", {H, Hq * D}, -a(Hq * D), a(Hq * D));
-  L.q_norm = ht.uniform("q_norm", {D}, 0.5f, 1.5f);
-  L.k_norm = ht.uniform("k_norm", {D}, 0.5f, 1.5f);
-  L.moe = c.num_experts > 0;
-  const int64_t I = L.moe ? c.moe_intermediate_size : c.intermediate_size;
-  const io::TensorView g = ht.uniform("gate_proj", {I, H}, -a(H), a(H));
-  const io::TensorView u = ht.uniform("up_proj", {I, H}, -a(H), a(H));
-  const io::TensorView d = ht.uniform("down_proj", {H, I}, -a(I), a(I));
-  const int64_t copies = L.moe ? c.num_experts : 1;
-  if (L.moe) L.router = ht.uniform("router", {c.num_experts, H}, -a(H), a(H));
-  L.gate.assign(static_cast<size_t>(copies), g);
-  L.up.assign(static_cast<size_t>(copies), u);
-  L.down.assign(static_cast<size_t>(copies), d);
-  w.layers.assign(static_cast<size_t>(c.num_layers), L);
-  return w;
-}
-
 // M-RoPE positions of the visual tokens of images with merged grids (rows, cols), one frame each, as three
 // rows t, h, w of V columns: image tokens at (start, start + r, start + c), the next image starting after
 // the previous one's largest position. *next receives the first text position after the images.
@@ -298,7 +229,8 @@ class MeasuredPrefill {
   Status init(const SyntheticConfig& sc, int max_tokens) {
     const io::TextConfig c = text_config(sc);
     const auto t0 = Clock::now();
-    model::DecoderWeights w = random_decoder_weights(c, host_);
+    // One layer and one expert synthesised; every layer's and expert's views point at them.
+    model::DecoderWeights w = model::random_decoder_weights(c, host_, 1, 1);
     ZEST_ASSIGN_OR_RETURN(dec_, model::create_cuda_decoder(w));
     constexpr int64_t kBlock = 16;
     ZEST_ASSIGN_OR_RETURN(model::PagedKVCache cache, dec_->allocate_cache((max_tokens + kBlock - 1) / kBlock, kBlock));
@@ -345,7 +277,7 @@ class MeasuredPrefill {
 
  private:
   static constexpr int32_t kImagePad = 151655;
-  HostTensors host_;
+  model::RandomTensors host_{7};
   std::unique_ptr<model::TextDecoder> dec_;
   std::unique_ptr<model::PagedKVCache> cache_;
   std::vector<int32_t> table_;
