@@ -645,7 +645,10 @@ Result<Tensor> CudaTextDecoder::forward(const model::ForwardBatch& b, model::Pag
     for (int64_t i = 0; i < M * H_; ++i) h_mm_emb[k * M * H_ + i] = f32_to_bf16(src[i]);
   }
   cudaStream_t st = stream_;
-  ZEST_CU(cudaMemcpyAsync(s.in_dev.get(), s.in_host.get(), in_bytes, cudaMemcpyHostToDevice, st), "step input copy");
+  // Device visual rows: the staged rows section (the layout's last) is not copied.
+  const size_t copy_bytes =
+      mm_dev ? static_cast<size_t>(reinterpret_cast<char*>(hi.mm_rows) - s.in_host.get()) : in_bytes;
+  ZEST_CU(cudaMemcpyAsync(s.in_dev.get(), s.in_host.get(), copy_bytes, cudaMemcpyHostToDevice, st), "step input copy");
   const int32_t *d_tokens = di.tokens, *d_pos = di.pos, *d_slots = di.slots, *d_tok_seq = di.tok_seq,
                 *d_tok_ctx = di.tok_ctx, *d_gen = di.gen, *d_cu = di.cu, *d_seq_ctx = di.seq_ctx,
                 *d_bt = di.block_table, *d_rows = di.rows, *d_mm = di.mm_index;
