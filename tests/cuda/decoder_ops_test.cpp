@@ -275,13 +275,13 @@ TEST(CudaSereStats, CountsMatchLoops) {
   EXPECT_EQ(got[5], 2 * static_cast<int64_t>(N) * K);
 }
 
-// Small-M GEMM (tensor-core weight streaming) in its variants: the L2 prefetch of each CTA's first weight tile
-// (a hint: same results) and split K over CTAs (auto, or 3 slices with a short last slice), against an f32 loop,
+// Small-M GEMM (tensor-core weight streaming) in its variants: the L2 prefetch of each CTA's first and next weight
+// tiles (hints: same results) and split K over CTAs (auto, or 3 slices with a short last slice), against an f32 loop,
 // including N with fewer row tiles than SMs. A repeated split launch gives the same bits (counters reset).
 TEST(CudaGemmSmallM, PrefetchAndSplitKMatchReference) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(81);
-  for (auto [M, N, K, l2, split] : {std::tuple{1, 48, 96, 1, 0}, std::tuple{5, 4096, 2048, 1, 0},
+  for (auto [M, N, K, l2, split] : {std::tuple{1, 48, 96, 1, 0}, std::tuple{5, 4096, 2048, 17, 0},
                                     std::tuple{16, 128, 2080, 1, 0}, std::tuple{1, 2048, 4096, 0, 1},
                                     std::tuple{16, 128, 2048, 1, 1}, std::tuple{3, 160, 1600, 0, 3},
                                     std::tuple{7, 5120, 2048, 1, 1}}) {

@@ -500,7 +500,7 @@ TEST(CudaSyntheticDecoder, DecodeVariantsGiveIdenticalTokens) {
       SCOPED_TRACE(testing::Message() << "batch " << batch << " sere " << sere);
       std::vector<std::vector<int32_t>> runs;
       for (int variant = 0; variant < 5; ++variant) {
-        OptionScope l2(DecodeOption::kL2Prefetch, variant == 1 ? 15 : 0);
+        OptionScope l2(DecodeOption::kL2Prefetch, variant == 1 ? 31 : 0);
         OptionScope sk(DecodeOption::kSereKernel, variant == 2 ? 1 : 0);
         OptionScope mo(DecodeOption::kMoeOccupancy, variant == 3 ? 1 : 0);
         OptionScope fu(DecodeOption::kFuseEpilogues, variant == 4 ? 1 : 0);

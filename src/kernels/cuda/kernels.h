@@ -46,7 +46,8 @@ enum class DecodeOption : int {
                     // the previous kernel; 2 = decode attention prefetches DecodeAttention::prefetch; 4 = the MoE
                     // combine prefetches its L2Prefetch range (the next layer's first weights); 8 = decode
                     // attention pulls its KV blocks into L2 before waiting (block table and context lengths must
-                    // not be written by the kernel launched just before it)
+                    // not be written by the kernel launched just before it); 16 = small-M GEMM and decode expert
+                    // CTAs pull their next item's weight rows into L2 while working on the current one
   kSereKernel,      // 0 = per-CTA map kernel when E <= 128 (else 1); 1 = the single-CTA kernel for any E
   kGemmSplitK,      // small-M tensor-core GEMM: 0 = no split; 1 = split K over CTAs when row tiles are few
                     // (about four items per SM); n > 1 = n slices

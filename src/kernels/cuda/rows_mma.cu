@@ -31,6 +31,7 @@ struct RowsParams {
   MoePlan plan;
   int M, N, Kdim, topk, I;
   int prefetch;           // dense: pull the CTA's first weight tile into L2 before waiting on the previous kernel
+  int prefetch_next;      // pull the weight rows of the CTA's next item into L2 while the current one runs
   // Dense split-K (ksplit > 1): item = (row tile, k slice); slices write fp32 partials [ksplit][M][N] and the last
   // CTA of a row tile (counters[tile], left at zero) sums them in slice order.
   int ksplit;
@@ -127,6 +128,28 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) rows_mma_kernel(RowsP
                             : p.w + (static_cast<size_t>(e) * p.N + r0) * p.Kdim;
     }
     const bf16* w1 = w0 + static_cast<size_t>(p.N) * p.Kdim;  // up rows (gate/up mode)
+    if (p.prefetch_next && threadIdx.x == 0 && (kMode != kDense || ksplit == 1)) {
+      // Keep HBM busy through this item's reductions: the next item's rows (16 x Kdim, contiguous per matrix)
+      // go to L2 now; an MoE CTA's first item is fetched the same way (its expert was unknown before the wait).
+      const uint32_t bytes = static_cast<uint32_t>(kRows * p.Kdim * sizeof(bf16));
+      auto rows_of = [&](int it) -> const bf16* {
+        const int jj = it / tiles_per_group, rr = (it % tiles_per_group) * kRows;
+        if constexpr (kMode == kDense) return p.w + static_cast<size_t>(rr) * p.Kdim;
+        const int ee = p.plan.active_experts[jj];
+        return kMode == kGateUp ? p.w + (static_cast<size_t>(ee) * 2 * p.N + rr) * p.Kdim
+                                : p.w + (static_cast<size_t>(ee) * p.N + rr) * p.Kdim;
+      };
+      if (kMode != kDense && item == static_cast<int>(blockIdx.x)) {
+        prefetch_l2_bulk(w0, bytes);
+        if (kMode == kGateUp) prefetch_l2_bulk(w1, bytes);
+      }
+      const int next = item + gridDim.x;
+      if (next < items) {
+        const bf16* n0 = rows_of(next);
+        prefetch_l2_bulk(n0, bytes);
+        if (kMode == kGateUp) prefetch_l2_bulk(n0 + static_cast<size_t>(p.N) * p.Kdim, bytes);
+      }
+    }
     const bf16* a_lo0 = w0 + static_cast<size_t>(g) * p.Kdim + tq * 8;
     const bf16* a_hi0 = a_lo0 + static_cast<size_t>(8) * p.Kdim;
     const bf16* a_lo1 = w1 + static_cast<size_t>(g) * p.Kdim + tq * 8;
@@ -405,6 +428,7 @@ Status rows_mma_gemm(const bf16* x, const bf16* w, bf16* y, int M, int N, int K,
   p.N = N;
   p.Kdim = K;
   p.prefetch = (decode_option(DecodeOption::kL2Prefetch) & 1) != 0;
+  p.prefetch_next = (decode_option(DecodeOption::kL2Prefetch) & 16) != 0;
   p.ksplit = dense_ksplit(M, N, K);
   if (p.ksplit > 1) {
     SplitScratch scratch;
@@ -428,6 +452,7 @@ Status rows_mma_moe(const bf16* x, const MoePlan& plan, const float* weights, co
   gu.N = I;
   gu.Kdim = H;
   gu.topk = K;
+  gu.prefetch_next = (decode_option(DecodeOption::kL2Prefetch) & 16) != 0;
   const bool occupancy = decode_option(DecodeOption::kMoeOccupancy) != 0;
   const Status st = occupancy ? launch_rows<kGateUp, 2, 3>(gu, max_active * (I / kRows), stream)
                               : launch_rows<kGateUp, 4, 1>(gu, max_active * (I / kRows), stream);
@@ -441,6 +466,7 @@ Status rows_mma_moe(const bf16* x, const MoePlan& plan, const float* weights, co
   dn.N = H;
   dn.Kdim = I;
   dn.topk = K;
+  dn.prefetch_next = gu.prefetch_next;
   return occupancy ? launch_rows<kDown, 4, 3>(dn, max_active * (H / kRows), stream)
                    : launch_rows<kDown, 8, 1>(dn, max_active * (H / kRows), stream);
 }
