@@ -6,4 +6,5 @@
 # alone. Output is flushed per batch, so a cut run still reports; the newest kernels run last.
 "$P/bench_decode_bench" --config qwen3-30b-a3b --batch 1,8,32,64 --context 1024 --sere-primary 2 --sere-threshold 0 \
   --steps 30 --warmup 3 --ablate 1,64 --ablate-steps 15 \
-  --variant l2=0 --variant moe=1 --variant l2=31 --variant l2=16 --variant splitk=1 --variant fuse=1 --variant attn=1
+  --variant l2=0 --variant moe=1 --variant l2=31 --variant l2=16 --variant splitk=1 --variant fuse=1 --variant attn=1 \
+  --variant moe=1,l2=31,fuse=1,attn=1
