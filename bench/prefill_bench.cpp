@@ -286,7 +286,7 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
        [&] {
          return cuda::qk_norm_rope_kv(qkv, qn, kn, pos, 0, rope, slots, kc, vc, T, Hq, Hkv, D, eps, st);
        }},
-      {"prefill attention (default: variant 4, 4 warps x 32 rows, 32 keys)", 4 * t * t / 2 * Hq * D, true,
+      {"prefill attention (default: variant 6, wgmma, 2 warpgroups x 64 rows, 128 keys)", 4 * t * t / 2 * Hq * D, true,
        [&] { return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn, Hq, Hkv, D, scale, st); }},
       {"prefill attention, variant 2 (4 warps x 16 rows, 64 keys)", 4 * t * t / 2 * Hq * D, false,
        [&] {
@@ -323,9 +323,9 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
        }},
       {"moe plan (moe_plan_prefill)", 0, true, [&] { return cuda::moe_plan_prefill(ids, T, K, E, plan, nullptr, st); }},
       {"moe plan (moe_plan, as decode)", 0, false, [&] { return cuda::moe_plan(ids, T, K, E, plan, nullptr, st); }},
-      {"experts gate/up (default: variant 2)", 2 * t * K * 2 * I * H, true,
+      {"experts gate/up (default: variant 3, wgmma)", 2 * t * K * 2 * I * H, true,
        [&] { return cuda::moe_prefill_gate_up(xn, plan, gate_up, h, T, K, E, H, I, st); }},
-      {"experts down (default: variant 2)", 2 * t * K * H * I, true,
+      {"experts down (default: variant 3, wgmma)", 2 * t * K * H * I, true,
        [&] { return cuda::moe_prefill_down(h, plan, rw, down, slot_out, T, K, E, H, I, st); }},
       {"experts gate/up, variant 1 (mma.sync, k-chunk 32, 4 stages)", 2 * t * K * 2 * I * H, false,
        [&] {
@@ -344,9 +344,9 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
        }},
       {"combine + residual + rmsnorm", 0, true,
        [&] { return cuda::moe_combine_add_rmsnorm(x, slot_out, ids, K, norm, xn, T, H, eps, st); }},
-      {"prefill attention, variant 6 (wgmma, 2 warpgroups x 64 rows, 128 keys)", 4 * t * t / 2 * Hq * D, false,
+      {"prefill attention, variant 4 (mma.sync, 4 warps x 32 rows, 32 keys)", 4 * t * t / 2 * Hq * D, false,
        [&] {
-         return with_option(cuda::PrefillOption::kAttention, 6, [&] {
+         return with_option(cuda::PrefillOption::kAttention, 4, [&] {
            return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn2, Hq, Hkv, D, scale, st);
          });
        }},
@@ -356,14 +356,14 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
            return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn2, Hq, Hkv, D, scale, st);
          });
        }},
-      {"experts gate/up, variant 3 (wgmma, k-chunk 64, 3 stages)", 2 * t * K * 2 * I * H, false,
+      {"experts gate/up, variant 2 (mma.sync, k-chunk 64, 3 stages)", 2 * t * K * 2 * I * H, false,
        [&] {
-         return with_option(cuda::PrefillOption::kGroupedGemm, 3,
+         return with_option(cuda::PrefillOption::kGroupedGemm, 2,
                             [&] { return cuda::moe_prefill_gate_up(xn, plan, gate_up, h, T, K, E, H, I, st); });
        }},
-      {"experts down, variant 3 (wgmma, k-chunk 64, 3 stages)", 2 * t * K * H * I, false,
+      {"experts down, variant 2 (mma.sync, k-chunk 64, 3 stages)", 2 * t * K * H * I, false,
        [&] {
-         return with_option(cuda::PrefillOption::kGroupedGemm, 3, [&] {
+         return with_option(cuda::PrefillOption::kGroupedGemm, 2, [&] {
            return cuda::moe_prefill_down(h, plan, rw, down, slot_out2, T, K, E, H, I, st);
          });
        }},
@@ -375,6 +375,17 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
       {"experts down, variant 4 (wgmma, k-chunk 64, 4 stages, overlapped)", 2 * t * K * H * I, false,
        [&] {
          return with_option(cuda::PrefillOption::kGroupedGemm, 4, [&] {
+           return cuda::moe_prefill_down(h, plan, rw, down, slot_out2, T, K, E, H, I, st);
+         });
+       }},
+      {"experts gate/up, variant 5 (wgmma, k-chunk 64, 3 stages, overlapped)", 2 * t * K * 2 * I * H, false,
+       [&] {
+         return with_option(cuda::PrefillOption::kGroupedGemm, 5,
+                            [&] { return cuda::moe_prefill_gate_up(xn, plan, gate_up, h, T, K, E, H, I, st); });
+       }},
+      {"experts down, variant 5 (wgmma, k-chunk 64, 3 stages, overlapped)", 2 * t * K * H * I, false,
+       [&] {
+         return with_option(cuda::PrefillOption::kGroupedGemm, 5, [&] {
            return cuda::moe_prefill_down(h, plan, rw, down, slot_out2, T, K, E, H, I, st);
          });
        }},
@@ -427,8 +438,8 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
     std::printf("| %s | %.3f | %s |\n", ops[i].name.c_str(), ms[i], tflops(ops[i], ms[i]).c_str());
     std::fflush(stdout);
   }
-  // The wgmma attention kernels against the default kernel.
-  for (int v : {6, 7}) {
+  // Attention variants against the default kernel.
+  for (int v : {4, 7}) {
     ZEST_RETURN_IF_ERROR(with_option(cuda::PrefillOption::kAttention, v, [&] {
       return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn2, Hq, Hkv, D, scale, st);
     }));
@@ -438,7 +449,7 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
     std::printf("attention variant %d vs default: max |diff| %.3g (max |out| %.3g)\n", v, wd.first, wd.second);
   }
   // Every grouped-GEMM variant against the default on the layer's routing.
-  for (int v : {1, 3, 4}) {
+  for (int v : {1, 2, 4, 5}) {
     ZEST_RETURN_IF_ERROR(with_option(cuda::PrefillOption::kGroupedGemm, v, [&] {
       return cuda::moe_experts_prefill(xn, plan, rw, gate_up, down, h, slot_out2, T, K, E, H, I, st);
     }));

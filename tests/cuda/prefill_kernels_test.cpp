@@ -102,8 +102,7 @@ TEST(CudaPrefillKernels, AttentionVariantsMatchReference) {
   }
 }
 
-// The wgmma variant is experimental: run with --gtest_also_run_disabled_tests (bench/gpu/prefill.sh does).
-TEST(CudaPrefillKernels, DISABLED_AttentionWgmmaVariantMatchesReference) {
+TEST(CudaPrefillKernels, AttentionWgmmaVariantsMatchReference) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(505);
   for (int variant : {6, 7}) {
@@ -324,11 +323,10 @@ TEST(CudaPrefillKernels, GroupedGemmVariantsMatchReference) {
   }
 }
 
-// The wgmma variant is experimental: run with --gtest_also_run_disabled_tests (bench/gpu/prefill.sh does).
-TEST(CudaPrefillKernels, DISABLED_GroupedGemmWgmmaVariantMatchesReference) {
+TEST(CudaPrefillKernels, GroupedGemmWgmmaVariantsMatchReference) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(515);
-  for (int variant : {3, 4}) {
+  for (int variant : {3, 4, 5}) {
     SCOPED_TRACE(testing::Message() << "variant " << variant);
     OptionScope scope(PrefillOption::kGroupedGemm, variant);
     run_grouped_case({320, 8, 256, 128, 300, 17, 1}, false, rng);

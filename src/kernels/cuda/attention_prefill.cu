@@ -1,14 +1,16 @@
 // Prefill attention (causal, GQA, packed variable-length sequences), head_dim 128, bf16 tensor cores.
 //
-// Main kernel (FlashAttention-2 style): CTA = (query head, query tile, sequence) of W warps, each owning MT
-// m16 tiles of query rows. S = Q K^T and P are mma.sync m16n8k16 accumulators/fragments (no shared-memory
-// round trip); with one m-tile per warp the Q fragments stay in registers for the whole key loop. Softmax is
-// online in fp32 and base 2 (scale pre-multiplied by log2 e). K/V tiles of BK keys are double-buffered with
-// cp.async and read with ldmatrix (V transposed). Key tiles above the diagonal are not loaded; a warp skips a
-// tile all of whose keys lie after its rows, and only tiles that cross an m-tile's diagonal are masked. The
-// longest query tiles are scheduled first (grid y runs from the last tile down), and the query heads of one
-// kv head are adjacent in the grid so their K/V reads hit L2. The (W, MT, BK) shape is chosen by
-// PrefillOption::kAttention (kernels.h).
+// Common to the kernels here: CTA = (query head, query tile, sequence); softmax online in fp32 and base 2
+// (scale pre-multiplied by log2 e); K/V tiles double-buffered with cp.async; key tiles above the diagonal are
+// not loaded, tiles all of whose keys lie after a warp's (warpgroup's) rows are skipped, and only tiles that
+// cross the diagonal are masked; the longest query tiles are scheduled first (grid y runs from the last tile
+// down) and the query heads of one kv head are adjacent in the grid so their K/V reads hit L2. The kernel is
+// chosen by PrefillOption::kAttention (kernels.h):
+// - wgmma (default; FlashAttention-3 style without warp specialisation): warpgroups of 64 query rows,
+//   S = Q K^T from shared-memory operands, O += P V with P in registers (see the section below);
+// - mma.sync (FlashAttention-2 style): W warps each owning MT m16 tiles of query rows; S and P are m16n8k16
+//   accumulators/fragments; with one m-tile per warp the Q fragments stay in registers; K and V^T through
+//   ldmatrix.
 //
 // The previous kernel (wmma, scores/probabilities/accumulator through shared memory, 64-query tiles) stays
 // as prefill_attention_wmma for comparison.
@@ -632,14 +634,14 @@ Status prefill_attention(const bf16* q, int q_stride, const bf16* k, const bf16*
     case 1: return run(I8{}, I1{}, K64{});
     case 2: return run(I4{}, I1{}, K64{});
     case 3: return run(I8{}, I2{}, K32{});
+    case 4: return run(I4{}, I2{}, K32{});
     case 5: return run(I8{}, I1{}, K32{});
-    case 6:
-      return launch_wgmma<2, 128>(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, scale,
-                                  stream);
     case 7:
       return launch_wgmma<1, 64>(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, scale,
                                  stream);
-    default: return run(I4{}, I2{}, K32{});  // 0 and 4: 272 TFLOP/s at T = 8192 on H200 (variant 1: 245)
+    default:  // 0 and 6: 350 TFLOP/s at T = 8192 on H200 (mma.sync variant 4: 272)
+      return launch_wgmma<2, 128>(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, scale,
+                                  stream);
   }
 }
 

@@ -1,15 +1,18 @@
 // MoE prefill experts: tensor-core grouped GEMMs over the tiles of the device-side plan (MoePlan), gate/up with
-// the SiLU*up epilogue, then down with the routing-weight epilogue.
+// the SiLU*up epilogue, then down with the routing-weight epilogue; and moe_plan_prefill, the plan for many tokens.
 //
-// Main kernels (mma.sync): CTA = 128 sorted slots of one expert x 128 weight rows, 8 warps (4 along the rows x
-// 2 along the weight rows, 32 x 64 each), k-chunks of 32 through a 4-stage cp.async ring, ldmatrix fragments,
-// mma.sync m16n8k16 with fp32 accumulators. The gate/up CTA takes 64 gate rows and the matching 64 up rows
-// of one expert, so each warp holds gate and up of the same 32 columns and the SiLU*up epilogue runs in
-// registers. The A rows of gate/up are tokens gathered through the plan's sorted slots (one cp.async per
-// 16 bytes of a row); those of down are the contiguous h rows of the sorted positions. The plan's tiles are
-// kMoeTileM (64) slots: the CTA of an even tile (counted from its expert's first) covers it and the next.
-// The grid runs the weight-row tiles fastest, so the CTAs of one expert's row tile (and then of its next row
-// tiles) run together and share the A rows and the expert's weights in L2.
+// CTA = 128 sorted slots of one expert x 128 weight rows. The gate/up CTA takes 64 gate rows and the matching 64
+// up rows of one expert, so a thread holds gate and up of the same columns and the SiLU*up epilogue runs in
+// registers. The A rows of gate/up are tokens gathered through the plan's sorted slots (one cp.async per 16
+// bytes of a row); those of down are the contiguous h rows of the sorted positions. The plan's tiles are
+// kMoeTileM (64) slots: the CTA of an even tile (counted from its expert's first) covers it and the next. The
+// grid runs the weight-row tiles fastest, so the CTAs of one expert's row tile (and then of its next row tiles)
+// run together and share the A rows and the expert's weights in L2. Two kernel families, chosen by
+// PrefillOption::kGroupedGemm (kernels.h):
+// - wgmma (default): two warpgroups of 64 rows issue wgmma.m64n128k16 on 128-byte swizzled shared-memory
+//   stages filled by cp.async (see the section below);
+// - mma.sync: 8 warps (4 along the rows x 2 along the weight rows, 32 x 64 each), ldmatrix fragments, a
+//   cp.async ring of k-chunks.
 //
 // The previous kernels (wmma 64x64 tiles, plain loads) stay behind moe_experts_prefill_wmma for comparison
 // and serve widths that are multiples of 64 but not of the main kernels' tiles.
@@ -623,12 +626,14 @@ Status moe_prefill_gate_up(const bf16* x, const MoePlan& plan, const bf16* gate_
   if (!mma_shapes_ok(H, I))
     return invalid_argument("moe_prefill_gate_up: needs H % 128 == 0 and I % 64 == 0 (H=" + std::to_string(H) +
                             " I=" + std::to_string(I) + ")");
-  if (prefill_option(PrefillOption::kGroupedGemm) == 3)
-    return launch_grouped_wgmma<true, 3, false>(x, plan, nullptr, gate_up, h, nullptr, N, K, E, H, I, stream);
-  if (prefill_option(PrefillOption::kGroupedGemm) == 4)
-    return launch_grouped_wgmma<true, 4, true>(x, plan, nullptr, gate_up, h, nullptr, N, K, E, H, I, stream);
-  if (prefill_option(PrefillOption::kGroupedGemm) == 1) return launch_grouped<true, 32, 4>(x, plan, nullptr, gate_up, h, nullptr, N, K, E, H, I, stream);
-  return launch_grouped<true, 64, 3>(x, plan, nullptr, gate_up, h, nullptr, N, K, E, H, I, stream);
+  auto run = [&](auto fn) { return fn(x, plan, nullptr, gate_up, h, nullptr, N, K, E, H, I, stream); };
+  switch (prefill_option(PrefillOption::kGroupedGemm)) {
+    case 1: return run(launch_grouped<true, 32, 4>);
+    case 2: return run(launch_grouped<true, 64, 3>);
+    case 4: return run(launch_grouped_wgmma<true, 4, true>);
+    case 5: return run(launch_grouped_wgmma<true, 3, true>);
+    default: return run(launch_grouped_wgmma<true, 3, false>);  // 0 and 3: the fastest on H200
+  }
 }
 
 Status moe_prefill_down(const bf16* h, const MoePlan& plan, const float* weights, const bf16* down, float* slot_out,
@@ -637,12 +642,14 @@ Status moe_prefill_down(const bf16* h, const MoePlan& plan, const float* weights
   if (!mma_shapes_ok(H, I))
     return invalid_argument("moe_prefill_down: needs H % 128 == 0 and I % 64 == 0 (H=" + std::to_string(H) +
                             " I=" + std::to_string(I) + ")");
-  if (prefill_option(PrefillOption::kGroupedGemm) == 3)
-    return launch_grouped_wgmma<false, 3, false>(h, plan, weights, down, nullptr, slot_out, N, K, E, H, I, stream);
-  if (prefill_option(PrefillOption::kGroupedGemm) == 4)
-    return launch_grouped_wgmma<false, 4, true>(h, plan, weights, down, nullptr, slot_out, N, K, E, H, I, stream);
-  if (prefill_option(PrefillOption::kGroupedGemm) == 1) return launch_grouped<false, 32, 4>(h, plan, weights, down, nullptr, slot_out, N, K, E, H, I, stream);
-  return launch_grouped<false, 64, 3>(h, plan, weights, down, nullptr, slot_out, N, K, E, H, I, stream);
+  auto run = [&](auto fn) { return fn(h, plan, weights, down, nullptr, slot_out, N, K, E, H, I, stream); };
+  switch (prefill_option(PrefillOption::kGroupedGemm)) {
+    case 1: return run(launch_grouped<false, 32, 4>);
+    case 2: return run(launch_grouped<false, 64, 3>);
+    case 4: return run(launch_grouped_wgmma<false, 4, true>);
+    case 5: return run(launch_grouped_wgmma<false, 3, true>);
+    default: return run(launch_grouped_wgmma<false, 3, false>);  // 0 and 3: the fastest on H200
+  }
 }
 
 Status moe_experts_prefill(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
