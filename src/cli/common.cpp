@@ -35,6 +35,9 @@ void add_model_args(CLI::App* app, ModelArgs& a, bool random_model) {
   app->add_option("--tokenizer", a.tokenizer, "with --config: tokenizer.json or a directory with one")
       ->capture_default_str();
   app->add_option("--seed", a.seed, "with --config: seed of the random weights")->capture_default_str();
+  app->add_option("--skew", a.skew,
+                  "with --config: Zipf-like expert popularity, router logits biased by -SKEW*ln(rank+1) (0 = uniform)")
+      ->check(CLI::NonNegativeNumber);
 }
 
 Result<std::shared_ptr<engine::ModelBundle>> load_model(const ModelArgs& a) {
@@ -52,6 +55,7 @@ Result<std::shared_ptr<engine::ModelBundle>> load_model(const ModelArgs& a) {
     o.layers = a.layers;
     o.tokenizer = a.tokenizer;
     o.seed = a.seed;
+    o.router_skew = a.skew;
     return engine::ModelBundle::random(o, backend);
   }
   return engine::ModelBundle::load(a.model, backend);
@@ -65,6 +69,8 @@ std::string random_model_note(const engine::ModelBundle& m) {
          std::to_string(t.hidden_size) + ", " +
          (t.num_experts > 0 ? std::to_string(t.num_experts) + " experts top-" + std::to_string(t.num_experts_per_tok)
                             : std::string("dense")) +
+         (t.num_experts > 0 && m.random_router_skew > 0.f ? ", router skew " + std::to_string(m.random_router_skew)
+                                                            : std::string()) +
          (m.config.vision ? ", vision tower " + std::to_string(m.config.vision->depth) + " blocks" : "") + ", " +
          std::to_string(model::text_parameters(t) +
                         (m.config.vision ? model::vision_parameters(*m.config.vision) : 0)) +

@@ -23,6 +23,7 @@ struct ModelArgs {
   int64_t layers = 0;
   std::string tokenizer;
   uint64_t seed = 1;
+  float skew = 0.f;
 };
 // With `random_model`, --config/--layers/--tokenizer/--seed are added and --model becomes optional
 // (one of --model and --config is required).

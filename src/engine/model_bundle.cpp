@@ -84,13 +84,15 @@ Result<std::shared_ptr<ModelBundle>> ModelBundle::random(const RandomModelOption
   m->chat_template = m->config.arch == io::Arch::kQwen3Moe ? text::TemplateKind::kQwen3 : text::TemplateKind::kQwen3VL;
   m->backend = backend;
   m->random_seed = o.seed;
+  if (o.router_skew < 0.f) return invalid_argument("the router skew must not be negative");
+  m->random_router_skew = o.router_skew;
 
   if (backend == model::Backend::kCuda) {
     Status init = kernels::cuda_init(0);
     if (!init.is_ok()) return init.with_context("--device cuda");
     {
       model::RandomTensors store(o.seed);
-      const model::DecoderWeights w = model::random_decoder_weights(tc, store, o.distinct_layers);
+      const model::DecoderWeights w = model::random_decoder_weights(tc, store, o.distinct_layers, 0, o.router_skew);
       auto dev = model::create_cuda_decoder(w);
       if (!dev.ok()) return dev.status().with_context("CUDA text decoder with random weights");
       m->device_text = std::move(dev).value();
@@ -119,7 +121,7 @@ Result<std::shared_ptr<ModelBundle>> ModelBundle::random(const RandomModelOption
   static std::atomic<int> counter{0};
   const fs::path file = fs::temp_directory_path(ec) / ("zest-random-" + std::to_string(::getpid()) + "-" +
                                                        std::to_string(counter++) + ".safetensors");
-  Status ws = model::write_random_checkpoint(m->config, file.string(), o.seed);
+  Status ws = model::write_random_checkpoint(m->config, file.string(), o.seed, o.router_skew);
   if (!ws.is_ok()) {
     fs::remove(file, ec);
     return ws.with_context("random checkpoint");

@@ -30,6 +30,8 @@ struct RandomModelOptions {
   // Device backends: layers synthesised on the host with tensors of their own; the others reuse them
   // (every layer is still uploaded). 0 = all.
   int64_t distinct_layers = 1;
+  // > 0: Zipf-like expert popularity (model::random_decoder_weights' router_skew).
+  float router_skew = 0.f;
 };
 
 struct ModelBundle {
@@ -60,8 +62,9 @@ struct ModelBundle {
   // fit in 16 GiB); device backends upload host tensors directly.
   static Result<std::shared_ptr<ModelBundle>> random(const RandomModelOptions& opts,
                                                      model::Backend backend = model::Backend::kCpu);
-  // Set by random(): the seed the weights came from.
+  // Set by random(): the seed the weights came from, and the router skew.
   std::optional<uint64_t> random_seed;
+  float random_router_skew = 0.f;
   // The text decoder the engine runs (the device decoder, else the CPU one).
   const model::TextDecoder& decoder() const {
     return device_text ? *device_text : static_cast<const model::TextDecoder&>(text);

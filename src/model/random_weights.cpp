@@ -91,6 +91,41 @@ void make_vl(io::ModelConfig& c, int64_t out_hidden) {
   c.vision = v;
 }
 
+// Element i of a tensor the store owns.
+void set_bf16(const io::TensorView& v, int64_t i, float x) {
+  const_cast<uint16_t*>(static_cast<const uint16_t*>(v.data))[i] = f32_to_bf16(x);
+}
+
+// Hidden coordinate 0 as the router-bias channel (see random_decoder_weights): the per-layer part.
+constexpr float kBiasChannelScale = 10.f;  // the channel's value in units of sqrt(hidden)
+
+void bias_channel_layer(DecoderLayerWeights& L, int64_t own_experts, int64_t H, const std::vector<float>& bias) {
+  set_bf16(L.in_norm, 0, 0.f);
+  set_bf16(L.post_norm, 0, 1.f);
+  const int64_t o_cols = L.o.shape[1];
+  for (int64_t j = 0; j < o_cols; ++j) set_bf16(L.o, j, 0.f);  // row 0 of o_proj
+  for (int64_t e = 0; e < own_experts; ++e) {
+    const int64_t I = L.gate[e].shape[0];
+    for (int64_t r = 0; r < I; ++r) {
+      set_bf16(L.gate[e], r * H, 0.f);  // column 0 of gate and up
+      set_bf16(L.up[e], r * H, 0.f);
+      set_bf16(L.down[e], r, 0.f);  // row 0 of down
+    }
+  }
+  if (!L.moe) return;
+  // The normalised channel is about C * sqrt(H) / sqrt(C^2 + H) for C = 10 sqrt(H) and unit-variance other
+  // coordinates; those shrink by the same factor, so the random columns are scaled up to keep N(0, 1) logits.
+  const float c2 = kBiasChannelScale * kBiasChannelScale;
+  const float x0 = kBiasChannelScale * std::sqrt(static_cast<float>(H)) / std::sqrt(c2 + 1.f);
+  const float widen = std::sqrt(c2 + 1.f);
+  const int64_t E = L.router.shape[0];
+  const uint16_t* r = static_cast<const uint16_t*>(L.router.data);
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t j = 1; j < H; ++j) set_bf16(L.router, e * H + j, widen * bf16_to_f32(r[e * H + j]));
+    set_bf16(L.router, e * H, bias[static_cast<size_t>(e)] / x0);
+  }
+}
+
 std::string text_prefix(const io::ModelConfig& c) {
   return c.arch == io::Arch::kQwen3Moe ? "model." : "model.language_model.";
 }
@@ -161,8 +196,23 @@ io::TensorView RandomTensors::make(const std::string& name, std::vector<int64_t>
   return v;
 }
 
+std::vector<float> random_router_bias(int64_t experts, float skew, uint64_t seed) {
+  // A random permutation by sorting hash keys.
+  const uint64_t key = tensor_key(seed, "router_rank");
+  std::vector<int64_t> order(static_cast<size_t>(experts));
+  for (int64_t e = 0; e < experts; ++e) order[static_cast<size_t>(e)] = e;
+  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    const uint64_t ka = mix64(key + static_cast<uint64_t>(a)), kb = mix64(key + static_cast<uint64_t>(b));
+    return ka < kb || (ka == kb && a < b);
+  });
+  std::vector<float> bias(static_cast<size_t>(experts));
+  for (int64_t rank = 0; rank < experts; ++rank)
+    bias[static_cast<size_t>(order[static_cast<size_t>(rank)])] = -skew * std::log(static_cast<float>(rank + 1));
+  return bias;
+}
+
 DecoderWeights random_decoder_weights(const io::TextConfig& c, RandomTensors& store, int64_t distinct_layers,
-                                      int64_t distinct_experts) {
+                                      int64_t distinct_experts, float router_skew) {
   DecoderWeights w;
   w.config = c;
   const int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_heads, Hkv = c.num_kv_heads;
@@ -192,8 +242,9 @@ DecoderWeights random_decoder_weights(const io::TextConfig& c, RandomTensors& st
     L.k_norm = store.uniform(p + "k_norm", {D}, 0.9f, 1.1f);
     L.moe = c.is_moe_layer(l);
     const int64_t E = L.moe ? c.num_experts : 1, I = L.moe ? c.moe_intermediate_size : c.intermediate_size;
+    int64_t own = E;
     if (L.moe) L.router = store.normal(p + "router", {E, H}, sd(H));
-    const int64_t own = distinct_experts <= 0 ? E : std::min(distinct_experts, E);
+    own = distinct_experts <= 0 ? E : std::min(distinct_experts, E);
     for (int64_t e = 0; e < E; ++e) {
       if (e >= own) {
         L.gate.push_back(L.gate[static_cast<size_t>(e % own)]);
@@ -206,7 +257,16 @@ DecoderWeights random_decoder_weights(const io::TextConfig& c, RandomTensors& st
       L.up.push_back(store.normal(ep + "up_proj", {I, H}, sd(H)));
       L.down.push_back(store.normal(ep + "down_proj", {H, I}, sd(I)));
     }
+    if (router_skew > 0.f)
+      bias_channel_layer(L, L.moe ? own : 1, H,
+                         L.moe ? random_router_bias(E, router_skew, store.seed() * 1000003ull + static_cast<uint64_t>(l))
+                               : std::vector<float>());
     w.layers.push_back(std::move(L));
+  }
+  if (router_skew > 0.f) {
+    const float channel = kBiasChannelScale * std::sqrt(static_cast<float>(H));
+    for (int64_t v = 0; v < c.vocab_size; ++v) set_bf16(w.embed, v * H, channel);
+    set_bf16(w.final_norm, 0, 0.f);
   }
   return w;
 }
@@ -289,9 +349,10 @@ std::vector<std::vector<float>> random_sere_similarity(const io::TextConfig& cfg
   return sim;
 }
 
-Status write_random_checkpoint(const io::ModelConfig& cfg, const std::string& file, uint64_t seed) {
+Status write_random_checkpoint(const io::ModelConfig& cfg, const std::string& file, uint64_t seed,
+                               float router_skew) {
   RandomTensors store(seed);
-  const DecoderWeights w = random_decoder_weights(cfg.text, store);
+  const DecoderWeights w = random_decoder_weights(cfg.text, store, 0, 0, router_skew);
   std::vector<std::pair<std::string, Tensor>> tensors;
   auto add = [&](const std::string& name, const io::TensorView& v) {
     tensors.emplace_back(name, Tensor::wrap(const_cast<void*>(v.data), v.shape, v.dtype));

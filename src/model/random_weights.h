@@ -35,6 +35,7 @@ class RandomTensors {
   io::TensorView uniform(const std::string& name, std::vector<int64_t> shape, float lo, float hi);
   // Host bytes held.
   size_t bytes() const { return bytes_; }
+  uint64_t seed() const { return seed_; }
 
  private:
   io::TensorView make(const std::string& name, std::vector<int64_t> shape, bool normal, float a, float b);
@@ -49,8 +50,22 @@ class RandomTensors {
 // views the tensors of layer l % distinct_layers, so a deep model costs the host memory of a few layers
 // while the device decoder still gets (and uploads) every layer. Likewise within an MoE layer, expert
 // e >= distinct_experts views expert e % distinct_experts (0: every expert its own).
+//
+// router_skew > 0 makes expert popularity Zipf-like, as the synthetic decoder's router bias does: every MoE
+// layer's router logits get about -router_skew * ln(rank_e + 1) added (random_router_bias) on top of a
+// N(0, 1)-like random part. There is no bias tensor in the checkpoint layout, so hidden coordinate 0
+// carries it: every embedding row has 10 * sqrt(hidden) there, nothing writes that coordinate (row 0 of
+// o_proj and of every down_proj is zero), the attention, the experts and the final norm ignore it (weight
+// 0 in input_layernorm and the final norm, column 0 of gate/up zero), and router column 0 turns the
+// normalised constant into the bias. The constant dominates the RMS of the hidden state, so the layer
+// inputs shrink about tenfold (the work is the same) and the bias stays within a few percent with depth.
+// Visual rows (which replace embeddings) do not carry it.
 DecoderWeights random_decoder_weights(const io::TextConfig& cfg, RandomTensors& store, int64_t distinct_layers = 0,
-                                      int64_t distinct_experts = 0);
+                                      int64_t distinct_experts = 0, float router_skew = 0.f);
+
+// The router bias random_decoder_weights aims at with router_skew: -skew * ln(rank_e + 1) for a random
+// permutation rank of the experts (from `seed`).
+std::vector<float> random_router_bias(int64_t experts, float skew, uint64_t seed);
 
 // One vision-tower tensor (name relative to the tower prefix, as vision::VisionTensorSource asks for it)
 // as CPU f32: matrices uniform with variance 1/fan_in (fan_in = product of all dims but the first),
@@ -67,7 +82,8 @@ std::vector<std::vector<float>> random_sere_similarity(const io::TextConfig& cfg
 // Writes a whole random checkpoint of `cfg` (text decoder and, for VL models, the vision tower, in the
 // official tensor names) to one .safetensors file: text tensors bf16, vision tensors f32. For the CPU
 // backend, which loads checkpoints through io::SafeTensors; meant for small shapes.
-Status write_random_checkpoint(const io::ModelConfig& cfg, const std::string& file, uint64_t seed);
+Status write_random_checkpoint(const io::ModelConfig& cfg, const std::string& file, uint64_t seed,
+                               float router_skew = 0.f);
 
 // Parameters of the text decoder (embeddings and lm_head included) and of the vision tower.
 int64_t text_parameters(const io::TextConfig& cfg);
