@@ -105,11 +105,12 @@ TEST(CudaPrefillKernels, AttentionVariantsMatchReference) {
 TEST(CudaPrefillKernels, AttentionWgmmaVariantsMatchReference) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(505);
-  for (int variant : {6, 7}) {
+  for (int variant : {6, 7, 8}) {
     SCOPED_TRACE(testing::Message() << "variant " << variant);
     OptionScope scope(PrefillOption::kAttention, variant);
     run_prefill_case({1, 17, 63, 65, 300}, 4, 2, 0, false, rng);
     run_prefill_case({129, 256, 7}, 3, 3, 8, false, rng);
+    run_prefill_case({700}, 2, 1, 0, false, rng);  // 6 key tiles of 128: the triple buffer of variant 8 wraps
   }
 }
 

@@ -579,6 +579,169 @@ Status launch_wgmma(const bf16* q, int q_stride, const bf16* k, const bf16* v, i
                 q_stride, k, v, kv_stride, cu_seqlens, out, Hq, Hkv, scale * kLog2e);
 }
 
+// Variant 8: the wgmma kernel with 2 warpgroups and 128-key tiles, pipelined inside each warpgroup: S of tile
+// kt + 1 is issued before the softmax of tile kt, so the softmax overlaps a wgmma. K/V tiles are triple-buffered
+// (tile kt + 2 is loaded while kt and kt + 1 are in use); 224 KiB of shared memory, one CTA per SM.
+constexpr size_t kPipeTileBytes = static_cast<size_t>(128) * kD * sizeof(bf16);
+constexpr size_t kPipeSmem = 7 * kPipeTileBytes + 1024;  // Q, K x3, V x3, alignment slack
+
+__global__ void __launch_bounds__(256, 1)
+    prefill_attention_wgmma_pipe_kernel(const bf16* __restrict__ q, int q_stride, const bf16* __restrict__ k,
+                                        const bf16* __restrict__ v, int kv_stride,
+                                        const int32_t* __restrict__ cu_seqlens, bf16* __restrict__ out, int Hq, int Hkv,
+                                        float scale_log2) {
+  using namespace vmma;
+  constexpr uint32_t kTile = kPipeTileBytes, kBlock = 128 * 128;  // bytes of a tile, of one 64-column block
+  pdl_wait();
+  const int h = blockIdx.x, seq = blockIdx.z;
+  const int qt = gridDim.y - 1 - blockIdx.y;  // longest tiles first
+  const int start = cu_seqlens[seq], len = cu_seqlens[seq + 1] - start;
+  const int q0 = qt * 128;
+  if (q0 >= len) return;
+  const int kvh = h / (Hq / Hkv);
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024 - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
+  unsigned char* sQ = smem;
+  unsigned char* sK = sQ + kTile;       // 3 tiles
+  unsigned char* sV = sK + 3 * kTile;   // 3 tiles
+  const uint32_t aQ = static_cast<uint32_t>(__cvta_generic_to_shared(sQ));
+  const uint32_t aK = aQ + kTile, aV = aK + 3 * kTile;
+
+  const bf16* qh = q + static_cast<size_t>(start) * q_stride + h * kD;
+  const bf16* kh = k + static_cast<size_t>(start) * kv_stride + kvh * kD;
+  const bf16* vh = v + static_cast<size_t>(start) * kv_stride + kvh * kD;
+  const int q_end = min(q0 + 128, len);
+  const int n_kt = (q_end + 127) / 128;  // every tile up to the diagonal: each active warpgroup has keys in all
+
+  wg_load_tile<128, 256>(sQ, qh, q_stride, q0, len);
+  wg_load_tile<128, 256>(sK, kh, kv_stride, 0, len);
+  wg_load_tile<128, 256>(sV, vh, kv_stride, 0, len);
+  cp_async_commit();
+  if (n_kt > 1) {
+    wg_load_tile<128, 256>(sK + kTile, kh, kv_stride, 128, len);
+    wg_load_tile<128, 256>(sV + kTile, vh, kv_stride, 128, len);
+  }
+  cp_async_commit();
+  cp_async_wait<1>();
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  __syncthreads();
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int wg = warp >> 2, wq = warp & 3;
+  const int row0 = q0 + wg * 64 + wq * 16;
+  const uint32_t qa = aQ + wg * 64 * 128;
+  // No branch while a wgmma is in flight (ptxas would serialise them): a warpgroup whose rows are all past the
+  // sequence computes anyway and writes nothing, every key is masked by comparison, and the last tile is peeled.
+  auto issue_s = [&](float (&acc)[64], int buf) {
+    const uint32_t ka = aK + buf * kTile;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk)
+      wgmma_ss_n128(acc, wg_desc(qa + (kk >> 2) * kBlock + (kk & 3) * 32, 16, 1024),
+                    wg_desc(ka + (kk >> 2) * kBlock + (kk & 3) * 32, 16, 1024));
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+  };
+  float o[64], sc[64], sn[64];
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  // Softmax of tile kt (scores in sc), then O += P V of tile kt issued (committed, not waited for).
+  auto softmax_pv = [&](int kt) {
+    const int k0 = kt * 128;
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float x = k0 + 8 * i + 2 * t + (e & 1) > row0 + g + (e >> 1) * 8 ? -INFINITY : sc[4 * i + e] * scale_log2;
+        sc[4 * i + e] = x;
+        mx[e >> 1] = fmaxf(mx[e >> 1], x);
+      }
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float mn = fmaxf(m[r], mx[r]);  // finite: key 0 (tile 0) precedes every row
+      alpha[r] = exp2f(m[r] - mn);
+      m[r] = mn;
+      l[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      o[4 * i] *= alpha[0];
+      o[4 * i + 1] *= alpha[0];
+      o[4 * i + 2] *= alpha[1];
+      o[4 * i + 3] *= alpha[1];
+    }
+    uint32_t pa[8][4];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const float p0 = exp2f(sc[4 * i] - m[0]), p1 = exp2f(sc[4 * i + 1] - m[0]);
+      const float p2 = exp2f(sc[4 * i + 2] - m[1]), p3 = exp2f(sc[4 * i + 3] - m[1]);
+      l[0] += p0 + p1;
+      l[1] += p2 + p3;
+      pa[i / 2][(i % 2) * 2] = pack_bf16(p0, p1);
+      pa[i / 2][(i % 2) * 2 + 1] = pack_bf16(p2, p3);
+    }
+    const uint32_t va = aV + (kt % 3) * kTile;
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) wgmma_rs_tb(o, pa[kk], wg_desc(va + kk * 16 * 128, kBlock, 1024));
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+  };
+
+  issue_s(sc, 0);
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+  for (int kt = 0; kt + 1 < n_kt; ++kt) {
+    cp_async_wait<0>();  // tile kt + 1
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();  // every warpgroup is done with tile kt - 1: its buffer takes tile kt + 2
+    if (kt + 2 < n_kt) {
+      const int b = (kt + 2) % 3;
+      wg_load_tile<128, 256>(sK + b * kTile, kh, kv_stride, (kt + 2) * 128, len);
+      wg_load_tile<128, 256>(sV + b * kTile, vh, kv_stride, (kt + 2) * 128, len);
+    }
+    cp_async_commit();
+    issue_s(sn, (kt + 1) % 3);  // runs on the tensor cores during the softmax below
+    softmax_pv(kt);
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#pragma unroll
+    for (int i = 0; i < 64; ++i) sc[i] = sn[i];
+  }
+  softmax_pv(n_kt - 1);
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+
+  const size_t out_stride = static_cast<size_t>(Hq) * kD;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float lr = l[r];
+    lr += __shfl_xor_sync(0xffffffffu, lr, 1);
+    lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+    const int row = row0 + g + r * 8;
+    if (row >= len) continue;
+    const float inv = 1.f / lr;
+    bf16* orow = out + static_cast<size_t>(start + row) * out_stride + h * kD;
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+      *reinterpret_cast<uint32_t*>(orow + i * 8 + 2 * t) = pack_bf16(o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv);
+  }
+}
+
+Status launch_wgmma_pipe(const bf16* q, int q_stride, const bf16* k, const bf16* v, int kv_stride,
+                         const int32_t* cu_seqlens, int nseq, int max_seqlen, bf16* out, int Hq, int Hkv, float scale,
+                         cudaStream_t stream) {
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      prefill_attention_wgmma_pipe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kPipeSmem));
+  ZEST_RETURN_IF_ERROR(cuda_status(attr, "prefill_attention (wgmma, pipelined) smem attribute"));
+  constexpr float kLog2e = 1.4426950408889634f;
+  const dim3 grid(Hq, (max_seqlen + 127) / 128, nseq);
+  return launch("prefill_attention", prefill_attention_wgmma_pipe_kernel, grid, dim3(256), kPipeSmem, stream, q,
+                q_stride, k, v, kv_stride, cu_seqlens, out, Hq, Hkv, scale * kLog2e);
+}
+
 Status check_prefill(const bf16* q, int q_stride, const bf16* k, const bf16* v, int kv_stride, int nseq,
                      int max_seqlen, const bf16* out, int Hq, int Hkv, int D) {
   if (D != kD) return invalid_argument("prefill_attention: this kernel needs head_dim 128, got " + std::to_string(D));
@@ -636,6 +799,8 @@ Status prefill_attention(const bf16* q, int q_stride, const bf16* k, const bf16*
     case 3: return run(I8{}, I2{}, K32{});
     case 4: return run(I4{}, I2{}, K32{});
     case 5: return run(I8{}, I1{}, K32{});
+    case 8:
+      return launch_wgmma_pipe(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, scale, stream);
     case 7:
       return launch_wgmma<1, 64>(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, scale,
                                  stream);
