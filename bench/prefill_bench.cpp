@@ -395,6 +395,28 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
            return cuda::moe_prefill_down(h, plan, rw, down, slot_out2, T, K, E, H, I, st);
          });
        }},
+      {"experts gate/up, variant 6 (wgmma, 256 weight rows, 3 stages)", 2 * t * K * 2 * I * H, false,
+       [&] {
+         return with_option(cuda::PrefillOption::kGroupedGemm, 6,
+                            [&] { return cuda::moe_prefill_gate_up(xn, plan, gate_up, h, T, K, E, H, I, st); });
+       }},
+      {"experts down, variant 6 (wgmma, 256 weight rows, 3 stages)", 2 * t * K * H * I, false,
+       [&] {
+         return with_option(cuda::PrefillOption::kGroupedGemm, 6, [&] {
+           return cuda::moe_prefill_down(h, plan, rw, down, slot_out2, T, K, E, H, I, st);
+         });
+       }},
+      {"experts gate/up, variant 7 (wgmma, 256 weight rows, 4 stages, overlapped)", 2 * t * K * 2 * I * H, false,
+       [&] {
+         return with_option(cuda::PrefillOption::kGroupedGemm, 7,
+                            [&] { return cuda::moe_prefill_gate_up(xn, plan, gate_up, h, T, K, E, H, I, st); });
+       }},
+      {"experts down, variant 7 (wgmma, 256 weight rows, 4 stages, overlapped)", 2 * t * K * H * I, false,
+       [&] {
+         return with_option(cuda::PrefillOption::kGroupedGemm, 7, [&] {
+           return cuda::moe_prefill_down(h, plan, rw, down, slot_out2, T, K, E, H, I, st);
+         });
+       }},
   };
   // One pass of the layer's ops in order first, so every op's inputs exist (routing, plan, h).
   for (const Op& op : ops)
@@ -455,7 +477,7 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
     std::printf("attention variant %d vs default: max |diff| %.3g (max |out| %.3g)\n", v, wd.first, wd.second);
   }
   // Every grouped-GEMM variant against the default on the layer's routing.
-  for (int v : {1, 2, 4, 5}) {
+  for (int v : {1, 2, 4, 5, 6, 7}) {
     ZEST_RETURN_IF_ERROR(with_option(cuda::PrefillOption::kGroupedGemm, v, [&] {
       return cuda::moe_experts_prefill(xn, plan, rw, gate_up, down, h, slot_out2, T, K, E, H, I, st);
     }));

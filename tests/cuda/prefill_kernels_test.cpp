@@ -327,11 +327,12 @@ TEST(CudaPrefillKernels, GroupedGemmVariantsMatchReference) {
 TEST(CudaPrefillKernels, GroupedGemmWgmmaVariantsMatchReference) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(515);
-  for (int variant : {3, 4, 5}) {
+  for (int variant : {3, 4, 5, 6, 7}) {
     SCOPED_TRACE(testing::Message() << "variant " << variant);
     OptionScope scope(PrefillOption::kGroupedGemm, variant);
     run_grouped_case({320, 8, 256, 128, 300, 17, 1}, false, rng);
     run_grouped_case({40, 8, 2048, 768, 17, 1, 0}, false, rng);
+    run_grouped_case({60, 8, 384, 192, 40, 1, 1}, false, rng);  // widths off the 256-row tiles
   }
 }
 

@@ -331,11 +331,15 @@ Status launch_grouped(const bf16* a, const MoePlan& plan, const float* weights, 
 
 // ST stages; kOverlap keeps one wgmma group in flight while the next stage's wgmma is issued (prefetch distance
 // ST - 2), otherwise each stage's wgmma is waited for before the next (prefetch distance ST - 1).
+// BN weight rows per CTA (128: m64n128k16; 256: m64n256k16, gate/up then covers 128 intermediate columns).
 constexpr int kWBK = 64;
-constexpr size_t kWStageBytes = static_cast<size_t>(kMBM + kMBN) * kWBK * sizeof(bf16);  // 32 KiB
-template <int ST>
+template <int BN>
+constexpr size_t w_stage_bytes() {
+  return static_cast<size_t>(kMBM + BN) * kWBK * sizeof(bf16);  // 32 or 48 KiB
+}
+template <int BN, int ST>
 constexpr size_t w_smem() {
-  return ST * kWStageBytes + 1024;  // + alignment slack
+  return ST * w_stage_bytes<BN>() + 1024;  // + alignment slack
 }
 
 __device__ __forceinline__ uint64_t wgmma_desc(const void* smem) {
@@ -357,8 +361,23 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t desc_a
       : "l"(desc_a), "l"(desc_b));
 }
 
-template <bool kGateUp, int kWStages, bool kOverlap>
-__global__ void __launch_bounds__(kMThreads, kWStages <= 3 ? 2 : 1)
+__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_a, uint64_t desc_b) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, 1, 1, 1, 0, 0;\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(desc_a), "l"(desc_b));
+}
+
+template <int BN>
+__device__ __forceinline__ void wgmma_n(float (&d)[BN / 2], uint64_t desc_a, uint64_t desc_b) {
+  if constexpr (BN == 128)
+    wgmma_m64n128k16(d, desc_a, desc_b);
+  else
+    wgmma_m64n256k16(d, desc_a, desc_b);
+}
+
+template <bool kGateUp, int BN, int kWStages, bool kOverlap>
+__global__ void __launch_bounds__(kMThreads, kWStages <= 3 && BN == 128 ? 2 : 1)
     moe_grouped_wgmma_kernel(const bf16* __restrict__ a_src, MoePlan plan, const float* __restrict__ weights,
                              const bf16* __restrict__ w_all, bf16* __restrict__ h, float* __restrict__ slot_out, int K,
                              int H, int I) {
@@ -387,42 +406,45 @@ __global__ void __launch_bounds__(kMThreads, kWStages <= 3 ? 2 : 1)
     }
     __syncthreads();
 
-    // Thread copies chunk lc of rows lr + 32u (u < 4) of A and B; its swizzled chunk is lc ^ (lr % 8).
+    // Thread copies chunk lc of rows lr + 32u of A (u < 4) and B (u < BN / 32); its swizzled chunk is
+    // lc ^ (lr % 8).
     const int lr = threadIdx.x >> 3, lc = threadIdx.x & 7;
     const int sw = (lc ^ (lr & 7)) * 8;
     const bf16* a_ptr[4];
     bool a_ok[4];
-    const bf16* b_ptr[4];
+    const bf16* b_ptr[BN / 32];
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-      const int r = lr + u * 32;
-      const int src = a_row[r];
+      const int src = a_row[lr + u * 32];
       a_ok[u] = src >= 0;
       a_ptr[u] = a_src + static_cast<size_t>(src >= 0 ? src : 0) * Kdim + lc * 8;
+    }
+#pragma unroll
+    for (int u = 0; u < BN / 32; ++u) {
+      const int r = lr + u * 32;
       size_t wrow;
       if constexpr (kGateUp) {
-        const int n0 = blockIdx.x * (kMBN / 2);
-        wrow = static_cast<size_t>(e) * 2 * I + (r < 64 ? n0 + r : I + n0 + r - 64);
+        const int n0 = blockIdx.x * (BN / 2);
+        wrow = static_cast<size_t>(e) * 2 * I + (r < BN / 2 ? n0 + r : I + n0 + r - BN / 2);
       } else {
-        wrow = static_cast<size_t>(e) * H + blockIdx.x * kMBN + r;
+        wrow = static_cast<size_t>(e) * H + blockIdx.x * BN + r;
       }
       b_ptr[u] = w_all + wrow * Kdim + lc * 8;
     }
+    constexpr size_t kWStageBytes = w_stage_bytes<BN>();
     auto load_stage = [&](int stage, int kc) {
       bf16* sA = reinterpret_cast<bf16*>(smem + stage * kWStageBytes);
       bf16* sB = sA + kMBM * kWBK;
       const int k0 = kc * kWBK;
 #pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int r = lr + u * 32;
-        cp_async16(sA + r * kWBK + sw, a_ptr[u] + k0, a_ok[u]);
-        cp_async16(sB + r * kWBK + sw, b_ptr[u] + k0, true);
-      }
+      for (int u = 0; u < 4; ++u) cp_async16(sA + (lr + u * 32) * kWBK + sw, a_ptr[u] + k0, a_ok[u]);
+#pragma unroll
+      for (int u = 0; u < BN / 32; ++u) cp_async16(sB + (lr + u * 32) * kWBK + sw, b_ptr[u] + k0, true);
     };
 
-    float acc[64];
+    float acc[BN / 2];
 #pragma unroll
-    for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+    for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
     constexpr int kDist = kOverlap ? kWStages - 2 : kWStages - 1;  // stages loaded ahead
 #pragma unroll
     for (int s = 0; s < kDist; ++s) {
@@ -443,7 +465,7 @@ __global__ void __launch_bounds__(kMThreads, kWStages <= 3 ? 2 : 1)
       if (64 * wg >= rows) continue;  // the warpgroup's rows are all past the expert's last slot
       asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-      for (int kk = 0; kk < kWBK / 16; ++kk) wgmma_m64n128k16(acc, wgmma_desc(sA + kk * 32), wgmma_desc(sB + kk * 32));
+      for (int kk = 0; kk < kWBK / 16; ++kk) wgmma_n<BN>(acc, wgmma_desc(sA + kk * 32), wgmma_desc(sB + kk * 32));
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
       if constexpr (kOverlap)
         asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
@@ -459,14 +481,14 @@ __global__ void __launch_bounds__(kMThreads, kWStages <= 3 ? 2 : 1)
       const int r = wg * 64 + 16 * wq + g + hr * 8;
       if (r >= rows) continue;
       if constexpr (kGateUp) {
-        bf16* hrow = h + static_cast<size_t>(start + r) * I + blockIdx.x * (kMBN / 2) + 2 * t;
+        bf16* hrow = h + static_cast<size_t>(start + r) * I + blockIdx.x * (BN / 2) + 2 * t;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
+        for (int i = 0; i < BN / 16; ++i) {
           float hv[2];
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
             const float gv = bf16_round(acc[4 * i + 2 * hr + c]);
-            const float uv = bf16_round(acc[4 * (i + 8) + 2 * hr + c]);
+            const float uv = bf16_round(acc[4 * (i + BN / 16) + 2 * hr + c]);
             hv[c] = bf16_round(gv / (1.f + __expf(-gv))) * uv;
           }
           *reinterpret_cast<__nv_bfloat162*>(hrow + 8 * i) = __floats2bfloat162_rn(hv[0], hv[1]);
@@ -474,9 +496,9 @@ __global__ void __launch_bounds__(kMThreads, kWStages <= 3 ? 2 : 1)
       } else {
         const int slot = plan.sorted_slots[start + r];
         const float wt = weights[slot];
-        float* orow = slot_out + static_cast<size_t>(slot) * H + blockIdx.x * kMBN + 2 * t;
+        float* orow = slot_out + static_cast<size_t>(slot) * H + blockIdx.x * BN + 2 * t;
 #pragma unroll
-        for (int i = 0; i < 16; ++i)
+        for (int i = 0; i < BN / 8; ++i)
           *reinterpret_cast<float2*>(orow + 8 * i) = make_float2(bf16_round(bf16_round(acc[4 * i + 2 * hr]) * wt),
                                                                  bf16_round(bf16_round(acc[4 * i + 2 * hr + 1]) * wt));
       }
@@ -484,15 +506,18 @@ __global__ void __launch_bounds__(kMThreads, kWStages <= 3 ? 2 : 1)
   }
 }
 
-template <bool kGateUp, int ST, bool kOverlap>
+template <bool kGateUp, int BN, int ST, bool kOverlap>
 Status launch_grouped_wgmma(const bf16* a, const MoePlan& plan, const float* weights, const bf16* w, bf16* h,
                             float* slot_out, int N, int K, int E, int H, int I, cudaStream_t stream) {
-  constexpr size_t kWSmem = w_smem<ST>();
-  static const cudaError_t attr = cudaFuncSetAttribute(moe_grouped_wgmma_kernel<kGateUp, ST, kOverlap>,
-                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kWSmem));
+  if (BN == 256 && (I % 128 != 0 || H % 256 != 0))  // the 256-row tiles do not divide the widths: 128-row tiles
+    return launch_grouped_wgmma<kGateUp, 128, 3, false>(a, plan, weights, w, h, slot_out, N, K, E, H, I, stream);
+  constexpr size_t kWSmem = w_smem<BN, ST>();
+  auto* kernel = moe_grouped_wgmma_kernel<kGateUp, BN, ST, kOverlap>;
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kWSmem));
   ZEST_RETURN_IF_ERROR(cuda_status(attr, "moe grouped GEMM (wgmma) smem attribute"));
-  const int n_tiles = kGateUp ? I / (kMBN / 2) : H / kMBN;
-  return launch(kGateUp ? "moe_prefill_gate_up" : "moe_prefill_down", moe_grouped_wgmma_kernel<kGateUp, ST, kOverlap>,
+  const int n_tiles = kGateUp ? I / (BN / 2) : H / BN;
+  return launch(kGateUp ? "moe_prefill_gate_up" : "moe_prefill_down", kernel,
                 dim3(n_tiles, std::min(moe_max_tiles(N, K, E), 65535)), dim3(kMThreads), kWSmem, stream, a, plan,
                 weights, w, h, slot_out, K, H, I);
 }
@@ -630,9 +655,11 @@ Status moe_prefill_gate_up(const bf16* x, const MoePlan& plan, const bf16* gate_
   switch (prefill_option(PrefillOption::kGroupedGemm)) {
     case 1: return run(launch_grouped<true, 32, 4>);
     case 2: return run(launch_grouped<true, 64, 3>);
-    case 4: return run(launch_grouped_wgmma<true, 4, true>);
-    case 5: return run(launch_grouped_wgmma<true, 3, true>);
-    default: return run(launch_grouped_wgmma<true, 3, false>);  // 0 and 3: the fastest on H200
+    case 4: return run(launch_grouped_wgmma<true, 128, 4, true>);
+    case 5: return run(launch_grouped_wgmma<true, 128, 3, true>);
+    case 6: return run(launch_grouped_wgmma<true, 256, 3, false>);
+    case 7: return run(launch_grouped_wgmma<true, 256, 4, true>);
+    default: return run(launch_grouped_wgmma<true, 128, 3, false>);  // 0 and 3: the fastest on H200
   }
 }
 
@@ -646,9 +673,11 @@ Status moe_prefill_down(const bf16* h, const MoePlan& plan, const float* weights
   switch (prefill_option(PrefillOption::kGroupedGemm)) {
     case 1: return run(launch_grouped<false, 32, 4>);
     case 2: return run(launch_grouped<false, 64, 3>);
-    case 4: return run(launch_grouped_wgmma<false, 4, true>);
-    case 5: return run(launch_grouped_wgmma<false, 3, true>);
-    default: return run(launch_grouped_wgmma<false, 3, false>);  // 0 and 3: the fastest on H200
+    case 4: return run(launch_grouped_wgmma<false, 128, 4, true>);
+    case 5: return run(launch_grouped_wgmma<false, 128, 3, true>);
+    case 6: return run(launch_grouped_wgmma<false, 256, 3, false>);
+    case 7: return run(launch_grouped_wgmma<false, 256, 4, true>);
+    default: return run(launch_grouped_wgmma<false, 128, 3, false>);  // 0 and 3: the fastest on H200
   }
 }
 
