@@ -5,7 +5,8 @@
 //                      --sere-threshold 0] [--skew 1.0] [--layers N] [--steps 200] [--pdl 1] [--profile]
 //                      [--ablate 1,64] [--variant l2=7,sere=0 ...]
 // --variant (repeatable) reruns everything with decode options set (l2: DecodeOption::kL2Prefetch mask,
-// sere: kSereKernel, splitk: kGemmSplitK, moe: kMoeOccupancy, attn: kAttentionKernel, fuse: kFuseEpilogues);
+// sere: kSereKernel, splitk: kGemmSplitK, moe: kMoeOccupancy, attn: kAttentionKernel, fuse: kFuseEpilogues,
+// gemm: kGemmVariant);
 // --ablate times the graph again with each operation left out (per-op cost inside the replayed graph, PDL
 // overlap included).
 #include <cstdio>
@@ -167,10 +168,11 @@ bool run_batch(SyntheticDecoder& dec, int batch, bool sere, int warmup, int step
   return true;
 }
 
-// Parses "name=value,..." into decode options (names: l2, sere, splitk, moe, attn, fuse; the others back
-// to 0). Returns false on a bad entry.
+// Parses "name=value,..." into decode options (names: l2, sere, splitk, moe, attn, fuse, gemm; the others
+// back to their defaults). Returns false on a bad entry.
 bool apply_variant(const std::string& spec) {
-  for (int i = 0; i < static_cast<int>(DecodeOption::kCount); ++i) set_decode_option(static_cast<DecodeOption>(i), 0);
+  for (int i = 0; i < static_cast<int>(DecodeOption::kCount); ++i)
+    set_decode_option(static_cast<DecodeOption>(i), default_decode_option(static_cast<DecodeOption>(i)));
   std::stringstream ss(spec);
   std::string item;
   while (std::getline(ss, item, ',')) {
@@ -185,6 +187,7 @@ bool apply_variant(const std::string& spec) {
     else if (name == "moe") set_decode_option(DecodeOption::kMoeOccupancy, value);
     else if (name == "attn") set_decode_option(DecodeOption::kAttentionKernel, value);
     else if (name == "fuse") set_decode_option(DecodeOption::kFuseEpilogues, value);
+    else if (name == "gemm") set_decode_option(DecodeOption::kGemmVariant, value);
     else return false;
   }
   return true;
@@ -259,7 +262,7 @@ int bench_decode_main(int argc, char** argv) {
   if (variants.empty()) variants.push_back("");
   for (const std::string& variant : variants) {
   if (!apply_variant(variant)) {
-    std::fprintf(stderr, "error: bad --variant '%s' (want name=value,... with names l2, sere, splitk, moe, attn, fuse)\n",
+    std::fprintf(stderr, "error: bad --variant '%s' (want name=value,... with names l2, sere, splitk, moe, attn, fuse, gemm)\n",
                  variant.c_str());
     return 2;
   }

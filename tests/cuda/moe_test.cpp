@@ -12,11 +12,11 @@ namespace {
 
 constexpr double kTol = 2e-2;  // bf16 outputs: max abs err <= 2e-2 * max |ref|
 
-// Sets a decode option for one scope and restores the default (0) afterwards.
+// Sets a decode option for one scope and restores its default afterwards.
 struct OptionScope {
   DecodeOption opt;
   OptionScope(DecodeOption o, int v) : opt(o) { set_decode_option(o, v); }
-  ~OptionScope() { set_decode_option(opt, 0); }
+  ~OptionScope() { set_decode_option(opt, default_decode_option(opt)); }
 };
 
 void ref_router(const std::vector<float>& logits, const std::vector<float>* bias, int N, int E, int K,
@@ -502,7 +502,7 @@ TEST(CudaSyntheticDecoder, DecodeVariantsGiveIdenticalTokens) {
       for (int variant = 0; variant < 5; ++variant) {
         OptionScope l2(DecodeOption::kL2Prefetch, variant == 1 ? 31 : 0);
         OptionScope sk(DecodeOption::kSereKernel, variant == 2 ? 1 : 0);
-        OptionScope mo(DecodeOption::kMoeOccupancy, variant == 3 ? 1 : 0);
+        OptionScope mo(DecodeOption::kMoeOccupancy, variant == 3 ? 0 : 1);
         OptionScope fu(DecodeOption::kFuseEpilogues, variant == 4 ? 1 : 0);
         auto dec = SyntheticDecoder::create(*cfg, opt);  // same seed: same weights and inputs
         ASSERT_TRUE(dec.ok()) << dec.status().to_string();

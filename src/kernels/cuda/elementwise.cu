@@ -217,7 +217,7 @@ Status moe_combine_add_rmsnorm(bf16* x, const float* slot_out, const int32_t* id
   ZEST_RETURN_IF_ERROR(check_rows("moe_combine_add_rmsnorm", rows, hidden));
   if (K <= 0) return invalid_argument("moe_combine_add_rmsnorm: K must be positive");
   return launch("moe_combine_add_rmsnorm", norm_kernel<2>, dim3(rows), dim3(kRowThreads), 0, stream, x, nullptr,
-                slot_out, ids, K, w, y, hidden, eps, prefetch_if(prefetch, 4));
+                slot_out, ids, K, w, y, hidden, eps, rows >= 16 ? prefetch_if(prefetch, 4) : L2Prefetch{});
 }
 
 Status silu_mul(const bf16* gu, bf16* h, int rows, int I, cudaStream_t stream) {

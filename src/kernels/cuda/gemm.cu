@@ -15,11 +15,22 @@ namespace zest::cuda {
 namespace {
 
 std::array<std::atomic<int>, static_cast<size_t>(DecodeOption::kCount)>& decode_options() {
-  static std::array<std::atomic<int>, static_cast<size_t>(DecodeOption::kCount)> opts{};
-  return opts;
+  static std::array<std::atomic<int>, static_cast<size_t>(DecodeOption::kCount)>* opts = [] {
+    auto* o = new std::array<std::atomic<int>, static_cast<size_t>(DecodeOption::kCount)>();
+    for (size_t i = 0; i < o->size(); ++i) (*o)[i].store(default_decode_option(static_cast<DecodeOption>(i)));
+    return o;
+  }();
+  return *opts;
 }
 
 }  // namespace
+
+int default_decode_option(DecodeOption opt) {
+  switch (opt) {
+    case DecodeOption::kMoeOccupancy: return 1;
+    default: return 0;
+  }
+}
 
 void set_decode_option(DecodeOption opt, int value) {
   const auto i = static_cast<size_t>(opt);

@@ -44,21 +44,25 @@ bool programmatic_launch();
 enum class DecodeOption : int {
   kL2Prefetch = 0,  // bit mask: 1 = a small-M GEMM prefetches its first weight tile into L2 before waiting on
                     // the previous kernel; 2 = decode attention prefetches DecodeAttention::prefetch; 4 = the MoE
-                    // combine prefetches its L2Prefetch range (the next layer's first weights); 8 = decode
+                    // combine prefetches its L2Prefetch range (the next layer's first weights; from 16 rows: one
+                    // CTA's bulk prefetch of a whole range stalls that CTA); 8 = decode
                     // attention pulls its KV blocks into L2 before waiting (block table and context lengths must
                     // not be written by the kernel launched just before it); 16 = small-M GEMM and decode expert
                     // CTAs pull their next item's weight rows into L2 while working on the current one
   kSereKernel,      // 0 = per-CTA map kernel when E <= 128 (else 1); 1 = the single-CTA kernel for any E
   kGemmSplitK,      // small-M tensor-core GEMM: 0 = no split; 1 = split K over CTAs when row tiles are few
                     // (about four items per SM); n > 1 = n slices
-  kMoeOccupancy,    // decode experts: 0 = 4/8 chunks in flight per warp, one CTA per SM; 1 = 2/4 chunks, 3 CTAs
+  kMoeOccupancy,    // decode experts, chunks in flight per warp (gate/up, down) and CTAs per SM the registers
+                    // allow: 1 (default) = 2/4 chunks, 3 CTAs; 0 = 4/8, 1 CTA; 2 = 2/4, 4 CTAs; 3 = 4/8, 2 CTAs
   kAttentionKernel, // decode attention: 0 = CUDA-core page loop; 1 = tensor cores (mma.sync) when 8 query heads
                     // share a kv head and q rows are 16-byte aligned
   kFuseEpilogues,   // 1 = gemm_add_rmsnorm / gemm_router_topk run their row op in the GEMM's last CTA (M <= 16)
+  kGemmVariant,     // small-M GEMM, chunks in flight per warp and CTAs per SM: 0 = 8, 1 CTA; 1 = 4, 3; 2 = 8, 2
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);
 int decode_option(DecodeOption opt);
+int default_decode_option(DecodeOption opt);
 
 // A device range for a kernel to pull into L2 ahead of its use (a hint; null or 0 bytes: none).
 struct L2Prefetch {

@@ -436,7 +436,11 @@ Status rows_mma_gemm(const bf16* x, const bf16* w, bf16* y, int M, int N, int K,
     p.partial = scratch.partial;
     p.counters = scratch.counters;
   }
-  return launch_rows<kDense, 8, 1>(p, p.ksplit * (N / kRows), stream);
+  switch (decode_option(DecodeOption::kGemmVariant)) {
+    case 1: return launch_rows<kDense, 4, 3>(p, p.ksplit * (N / kRows), stream);
+    case 2: return launch_rows<kDense, 8, 2>(p, p.ksplit * (N / kRows), stream);
+    default: return launch_rows<kDense, 8, 1>(p, p.ksplit * (N / kRows), stream);
+  }
 }
 
 bool rows_mma_moe_ok(int H, int I) { return H % kChunk == 0 && I % kChunk == 0 && H % kRows == 0 && I % kRows == 0; }
@@ -453,9 +457,16 @@ Status rows_mma_moe(const bf16* x, const MoePlan& plan, const float* weights, co
   gu.Kdim = H;
   gu.topk = K;
   gu.prefetch_next = (decode_option(DecodeOption::kL2Prefetch) & 16) != 0;
-  const bool occupancy = decode_option(DecodeOption::kMoeOccupancy) != 0;
-  const Status st = occupancy ? launch_rows<kGateUp, 2, 3>(gu, max_active * (I / kRows), stream)
-                              : launch_rows<kGateUp, 4, 1>(gu, max_active * (I / kRows), stream);
+  const int variant = decode_option(DecodeOption::kMoeOccupancy);
+  const int gu_items = max_active * (I / kRows), dn_items = max_active * (H / kRows);
+  const Status st = [&]() -> Status {
+    switch (variant) {
+      case 0: return launch_rows<kGateUp, 4, 1>(gu, gu_items, stream);
+      case 2: return launch_rows<kGateUp, 2, 4>(gu, gu_items, stream);
+      case 3: return launch_rows<kGateUp, 4, 2>(gu, gu_items, stream);
+      default: return launch_rows<kGateUp, 2, 3>(gu, gu_items, stream);
+    }
+  }();
   ZEST_RETURN_IF_ERROR(st);
   RowsParams dn{};
   dn.src = h;
@@ -467,8 +478,12 @@ Status rows_mma_moe(const bf16* x, const MoePlan& plan, const float* weights, co
   dn.Kdim = I;
   dn.topk = K;
   dn.prefetch_next = gu.prefetch_next;
-  return occupancy ? launch_rows<kDown, 4, 3>(dn, max_active * (H / kRows), stream)
-                   : launch_rows<kDown, 8, 1>(dn, max_active * (H / kRows), stream);
+  switch (variant) {
+    case 0: return launch_rows<kDown, 8, 1>(dn, dn_items, stream);
+    case 2: return launch_rows<kDown, 4, 4>(dn, dn_items, stream);
+    case 3: return launch_rows<kDown, 8, 2>(dn, dn_items, stream);
+    default: return launch_rows<kDown, 4, 3>(dn, dn_items, stream);
+  }
 }
 
 }  // namespace zest::cuda
