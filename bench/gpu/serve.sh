@@ -2,7 +2,8 @@
 # Load test of zest serve on the GPU: a random-weight model of Qwen3-VL-30B-A3B shapes (zest serve --config),
 # driven by zest bench serve with closed-loop clients (--concurrency 1, 8, 32). Requests carry 2 distinct
 # 640x480 JPEG images and ~64 words of text and generate 128 tokens (ignore_eos). VisionZip is set per
-# request (vision_prune.rate 0 or 0.4); SERE (S=2, rho=0, random similarity) needs a second server.
+# request (vision_prune.rate 0 or 0.4); SERE (S=2, rho=0, random similarity) needs a second server; two
+# more servers repeat part of it with skewed expert popularity (--skew 1).
 # Prints one markdown table; the servers are killed at the end.
 # CONFIG / DEVICE override the model (e.g. a tiny config.json on the CPU to try the script out).
 set -u
@@ -49,41 +50,60 @@ stop_server() {
     SERVER=
   fi
 }
-trap stop_server EXIT
 
-bench() {  # bench LABEL CONCURRENCY REQUESTS EXTRA_BODY
+ROWS=()
+bench() {  # bench LABEL CONCURRENCY REQUESTS IMAGES EXTRA_BODY: appends one table row to ROWS
   SEED=$((SEED + 1))
-  timeout 60 "$P/zest" bench serve --url "http://127.0.0.1:$PORT" --requests "$3" --concurrency "$2" \
-    --images 2 --image "$IMG" --image-size 640x480 --prompt-len 64 --output-len 128 --seed "$SEED" \
-    --extra-body "$4" --table-row "$1" 2>&1 | grep -E '^\| |^first failure|^error' || echo "| $1 | $2 | no result |"
+  local row
+  row=$(timeout 60 "$P/zest" bench serve --url "http://127.0.0.1:$PORT" --requests "$3" --concurrency "$2" \
+    --images "$4" --image "$IMG" --image-size 640x480 --prompt-len 64 --output-len 128 --seed "$SEED" \
+    --extra-body "$5" --table-row "$1" 2>&1 | grep -E '^\| |^first failure|^error')
+  ROWS+=("${row:-| $1 | $2 | no result |}")
 }
 
-matrix() {  # matrix SERE_LABEL SERE_ON
-  for rate in 0 0.4; do
+sere_gauges() {  # mean over layers of SERE's experts per layer before / after, from /metrics
+  { exec 3<>"/dev/tcp/127.0.0.1/$PORT"; } 2>/dev/null || return
+  printf 'GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' >&3
+  timeout 5 cat <&3 | awk '/^zest_sere_experts_per_layer_before/ {b += $2; nb++} /^zest_sere_experts_per_layer_after/ {a += $2; na++}
+    END {if (nb) printf "%.1f -> %.1f distinct experts per MoE layer per re-routed step", b / nb, a / na}'
+  exec 3>&-
+}
+
+run_server() {  # run_server full|short SERE_LABEL SERE_ON [server flags]
+  local mode=$1 label=$2 on=$3
+  shift 3
+  start_server "$@" || return
+  bench warmup 4 8 2 '{}'
+  unset 'ROWS[-1]'
+  # Text only (64 words, 128 tokens): decode dominates.
+  local cs="8 32" rates="0 0.4"
+  [ "$mode" = short ] && cs=32 && rates=0.4
+  for c in $cs; do bench "SERE $label, text only" "$c" $((2 * c)) 0 "{\"sere\": $on}"; done
+  [ "$on" = true ] && echo "SERE $label after the text-only runs: $(sere_gauges)"
+  for rate in $rates; do
     for c in 1 8 32; do
-      local n=$((c == 1 ? 4 : 2 * c))
-      bench "SERE $1, VisionZip $rate" "$c" "$n" "{\"vision_prune\": {\"rate\": $rate}, \"sere\": $2}"
+      [ "$mode" = short ] && [ "$c" = 1 ] && continue
+      bench "SERE $label, 2 images, VisionZip $rate" "$c" $((c == 1 ? 4 : 2 * c)) 2 \
+        "{\"vision_prune\": {\"rate\": $rate}, \"sere\": $on}"
     done
   done
+  grep -E "error|Error" "$SLOG" | head -5
+  stop_server
 }
 
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-rows=()
-if start_server; then
-  bench warmup 4 8 '{}' >/dev/null
-  mapfile -t -O "${#rows[@]}" rows < <(matrix off false)
-  grep -E "error|Error" "$SLOG" | head -5
-fi
-stop_server
-if start_server --sere-primary 2 --sere-threshold 0; then
-  bench warmup 4 8 '{}' >/dev/null
-  mapfile -t -O "${#rows[@]}" rows < <(matrix "S=2" true)
-  grep -E "error|Error" "$SLOG" | head -5
-fi
-stop_server
+print_table() {
+  echo
+  echo "zest serve --config $CONFIG --device $DEVICE (random weights); zest bench serve with closed-loop clients, 2x clients requests (4 at 1 client), 64 words (+ 2 distinct 640x480 JPEGs) per request, 128 output tokens (ignore_eos)"
+  echo "| setup | clients | ok/requests | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | TPOT p99 ms | req/s | output tok/s |"
+  echo "|---|---|---|---|---|---|---|---|---|"
+  for r in "${ROWS[@]}"; do echo "$r"; done
+  echo "total $SECONDS s"
+}
+trap 'stop_server; print_table' EXIT
 
-echo
-echo "zest serve --config $CONFIG --device $DEVICE (random weights); zest bench serve, 2 images 640x480 + 64 words per request, 128 output tokens, closed-loop clients"
-echo "| setup | clients | ok/requests | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | TPOT p99 ms | req/s | output tok/s |"
-echo "|---|---|---|---|---|---|---|---|---|"
-for r in "${rows[@]}"; do echo "$r"; done
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+run_server full off false
+run_server full "S=2" true --sere-primary 2 --sere-threshold 0
+# Zipf-like expert popularity (--skew 1: router logits biased by -ln(rank + 1)), closer to trained routers.
+run_server short "off (skew 1)" false --skew 1
+run_server short "S=2 (skew 1)" true --skew 1 --sere-primary 2 --sere-threshold 0
