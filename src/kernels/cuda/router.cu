@@ -119,10 +119,9 @@ __global__ void __launch_bounds__(kSereThreads) sere_reroute_kernel(int32_t* __r
 
 // Per-CTA map variant for E <= 128: 256 threads; thread t owns half (t & 1) of expert row u = t >> 1 of the
 // similarity matrix, 64 floats held in registers, loaded before pdl_wait (sim is a weight). After the wait each
-// thread reads the primary ids of tokens t, t + 256, ... and its CTA's own tokens; the primary set P is a 128-bit
-// mask reduced per warp (__reduce_or_sync) and across warps through shared memory (one barrier); every CTA
-// builds the whole map (one more barrier) and folds its 256 tokens. Two barriers and two global round trips
-// after the wait; CTAs for N > 256 run side by side.
+// thread loads its own token (16-byte loads when K % 4 == 0) and every warp all tokens' primaries, OR-reduced into
+// the 128-bit primary set P (__reduce_or_sync, no barrier); every CTA builds the whole map (one barrier) and folds
+// its 256 tokens. One barrier and two global round trips after the wait; CTAs for N > 256 run side by side.
 constexpr int kSereFastThreads = 256;
 constexpr int kSereFastMaxE = 128;
 
@@ -130,10 +129,10 @@ template <int kK>
 __global__ void __launch_bounds__(kSereFastThreads) sere_reroute_fast_kernel(int32_t* __restrict__ ids,
                                                                              float* __restrict__ weights,
                                                                              const float* __restrict__ sim, int N,
-                                                                             int E, int K, int S, float rho, bool vec) {
-  __shared__ unsigned warp_mask[kSereFastThreads / 32][kSereFastMaxE / 32];
+                                                                             int E, int K, int S, float rho, bool vec,
+                                                                             bool vec_tok) {
   __shared__ int map[kSereFastMaxE];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = threadIdx.x, lane = tid & 31;
   const int u = tid >> 1, half = tid & 1;
   // Columns 4 * (2 i + half) .. + 3 of row u, i < 16 (pairs of threads read adjacent 16-byte pieces).
   float4 row[16];
@@ -147,9 +146,23 @@ __global__ void __launch_bounds__(kSereFastThreads) sere_reroute_fast_kernel(int
   const bool own = n_own < N;
   int id[kK];
   float w[kK];
-  if (own) sere_load_token(ids, weights, n_own, K, id, w);
+  if (own) {
+    if (vec_tok) {  // K % 4 == 0, rows 16-byte aligned
+#pragma unroll
+      for (int k = 0; k < kK; k += 4)
+        if (k < K) {
+          const int4 iv = __ldg(reinterpret_cast<const int4*>(ids + static_cast<size_t>(n_own) * K + k));
+          const float4 wv = __ldg(reinterpret_cast<const float4*>(weights + static_cast<size_t>(n_own) * K + k));
+          id[k] = iv.x, id[k + 1] = iv.y, id[k + 2] = iv.z, id[k + 3] = iv.w;
+          w[k] = wv.x, w[k + 1] = wv.y, w[k + 2] = wv.z, w[k + 3] = wv.w;
+        }
+    } else {
+      sere_load_token(ids, weights, n_own, K, id, w);
+    }
+  }
+  // P, computed by every warp from all tokens' primaries (no barrier): a 128-bit mask OR-reduced over the lanes.
   unsigned m0 = 0, m1 = 0, m2 = 0, m3 = 0;
-  for (int n = tid; n < N; n += kSereFastThreads)
+  for (int n = lane; n < N; n += 32)
     for (int k = 0; k < S; ++k) {
       const int v = __ldg(ids + static_cast<size_t>(n) * K + k);
       if (v < 0 || v >= E) continue;
@@ -160,22 +173,9 @@ __global__ void __launch_bounds__(kSereFastThreads) sere_reroute_fast_kernel(int
       m2 |= word == 2 ? bit : 0u;
       m3 |= word == 3 ? bit : 0u;
     }
-  m0 = __reduce_or_sync(0xffffffffu, m0);
-  m1 = __reduce_or_sync(0xffffffffu, m1);
-  m2 = __reduce_or_sync(0xffffffffu, m2);
-  m3 = __reduce_or_sync(0xffffffffu, m3);
-  if (lane == 0) {
-    warp_mask[warp][0] = m0;
-    warp_mask[warp][1] = m1;
-    warp_mask[warp][2] = m2;
-    warp_mask[warp][3] = m3;
-  }
-  __syncthreads();
-  unsigned P[4] = {0u, 0u, 0u, 0u};  // indexed by constants only (stays in registers)
-#pragma unroll
-  for (int wi = 0; wi < kSereFastThreads / 32; ++wi)
-#pragma unroll
-    for (int q = 0; q < 4; ++q) P[q] |= warp_mask[wi][q];
+  // indexed by constants only (stays in registers)
+  const unsigned P[4] = {__reduce_or_sync(0xffffffffu, m0), __reduce_or_sync(0xffffffffu, m1),
+                         __reduce_or_sync(0xffffffffu, m2), __reduce_or_sync(0xffffffffu, m3)};
   auto p_word = [&](int word) { return word == 0 ? P[0] : word == 1 ? P[1] : word == 2 ? P[2] : P[3]; };
   // Masked argmax over this thread's 64 columns in ascending order (strictly greater wins: lowest column on ties).
   float best = -INFINITY;
@@ -226,12 +226,13 @@ Status sere_reroute(int32_t* ids, float* weights, const float* sim, int N, int E
   if (!sim) return invalid_argument("sere_reroute: the similarity matrix is null");
   const bool vec = E % 4 == 0 && reinterpret_cast<uintptr_t>(sim) % 16 == 0;
   if (E <= kSereFastMaxE && decode_option(DecodeOption::kSereKernel) == 0) {
+    const bool vec_tok = K % 4 == 0 && (reinterpret_cast<uintptr_t>(ids) | reinterpret_cast<uintptr_t>(weights)) % 16 == 0;
     const dim3 grid((N + kSereFastThreads - 1) / kSereFastThreads);
     if (K <= 8)
       return launch("sere_reroute", sere_reroute_fast_kernel<8>, grid, dim3(kSereFastThreads), 0, stream, ids, weights,
-                    sim, N, E, K, S, rho, vec);
+                    sim, N, E, K, S, rho, vec, vec_tok);
     return launch("sere_reroute", sere_reroute_fast_kernel<kMaxTopK>, grid, dim3(kSereFastThreads), 0, stream, ids,
-                  weights, sim, N, E, K, S, rho, vec);
+                  weights, sim, N, E, K, S, rho, vec, vec_tok);
   }
   if (K <= 8)
     return launch("sere_reroute", sere_reroute_kernel<8>, dim3(1), dim3(kSereThreads), 0, stream, ids, weights, sim, N,
