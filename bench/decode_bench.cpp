@@ -301,8 +301,9 @@ int bench_decode_main(int argc, char** argv) {
       std::fflush(stdout);
     }
   }
-  double sere_us = 0, sere_single_us = 0;
+  double sere_us = 0, sere_single_us = 0, sere_one_us = 0;
   if (!time_sere(256, 128, 8, 2, &sere_us)) return 1;
+  if (!time_sere(1, 128, 8, 2, &sere_one_us)) return 1;  // one token: about the launch-to-launch floor
   const int sere_kernel = decode_option(DecodeOption::kSereKernel);
   set_decode_option(DecodeOption::kSereKernel, 1);
   if (!time_sere(256, 128, 8, 2, &sere_single_us)) return 1;
@@ -323,7 +324,7 @@ int bench_decode_main(int argc, char** argv) {
                   rows[i].t.median_ms, rows[i + 1].t.median_ms,
                   100.0 * (1.0 - rows[i + 1].t.median_ms / rows[i].t.median_ms), rows[i].experts, rows[i + 1].experts);
   std::printf("sere_reroute alone (N=256, E=128, K=8, S=2): %.2f us per launch (graph of 100 launches; "
-              "single-CTA kernel: %.2f us)\n", sere_us, sere_single_us);
+              "single-CTA kernel: %.2f us; N=1: %.2f us)\n", sere_us, sere_single_us, sere_one_us);
   std::fflush(stdout);
   }
   return 0;
