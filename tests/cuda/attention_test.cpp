@@ -211,16 +211,19 @@ TEST(CudaDecodeAttention, L2PrefetchHintsAndUnalignedQueries) {
   run_decode_case({1}, 16, 1, rng, true);
 }
 
-// The tensor-core page loop (8 query heads per kv head): long and short contexts, lengths at and around page
-// boundaries (masked tokens of the last page), several sequences per launch; against the same f32 reference.
-TEST(CudaDecodeAttention, TensorCorePageLoopMatchesReference) {
+// Both page loops (tensor cores for 8 query heads per kv head; CUDA cores): long and short contexts, lengths at and
+// around page boundaries (masked tokens of the last page), several sequences per launch; same f32 reference.
+TEST(CudaDecodeAttention, BothPageLoopsMatchReference) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(27);
-  set_decode_option(DecodeOption::kAttentionKernel, 1);
-  run_decode_case({5000}, 32, 4, rng);
-  run_decode_case({1, 15, 16, 17, 33, 1025, 300}, 32, 4, rng);
-  run_decode_case({64, 2}, 8, 1, rng, true);
-  set_decode_option(DecodeOption::kAttentionKernel, 0);
+  for (int kernel : {1, 0}) {  // tensor cores, then the CUDA-core page loop
+    SCOPED_TRACE(testing::Message() << "kernel " << kernel);
+    set_decode_option(DecodeOption::kAttentionKernel, kernel);
+    run_decode_case({5000}, 32, 4, rng);
+    run_decode_case({1, 15, 16, 17, 33, 1025, 300}, 32, 4, rng);
+    run_decode_case({64, 2}, 8, 1, rng, true);
+  }
+  set_decode_option(DecodeOption::kAttentionKernel, default_decode_option(DecodeOption::kAttentionKernel));
 }
 
 // gemm_qk_norm_rope_kv with the per-head epilogue fused into the QKV GEMM gives the bits of gemm + qk_norm_rope_kv

@@ -54,8 +54,8 @@ enum class DecodeOption : int {
                     // (about four items per SM); n > 1 = n slices
   kMoeOccupancy,    // decode experts, chunks in flight per warp (gate/up, down) and CTAs per SM the registers
                     // allow: 1 (default) = 2/4 chunks, 3 CTAs; 0 = 4/8, 1 CTA; 2 = 2/4, 4 CTAs; 3 = 4/8, 2 CTAs
-  kAttentionKernel, // decode attention: 0 = CUDA-core page loop; 1 = tensor cores (mma.sync) when 8 query heads
-                    // share a kv head and q rows are 16-byte aligned
+  kAttentionKernel, // decode attention: 1 (default) = tensor cores (mma.sync) when 8 query heads share a kv head
+                    // and q rows are 16-byte aligned; 0 = the CUDA-core page loop
   kFuseEpilogues,   // 1 = gemm_add_rmsnorm / gemm_router_topk run their row op in the GEMM's last CTA (M <= 16)
   kGemmVariant,     // small-M GEMM, chunks in flight per warp and CTAs per SM: 0 = 8, 1 CTA; 1 = 4, 3; 2 = 8, 2
   kCount
