@@ -3,6 +3,7 @@
 #ifdef ZEST_HAVE_CUDA
 #include <numeric>
 #include <set>
+#include <tuple>
 
 #include "cuda/cuda_test_util.h"
 #include "kernels/cuda/synthetic_decoder.h"
@@ -235,10 +236,12 @@ HostPlan ref_plan(const std::vector<int32_t>& ids, int E) {
 TEST(CudaMoePlan, ListsTokensPerActiveExpert) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(33);
-  const int N = 40, K = 4, E = 32;
+  // 160 slots are staged in shared memory; 4400 slots (over the 4096 staged) are read from global memory.
+  for (auto [N, K, E] : {std::tuple{40, 4, 32}, std::tuple{1100, 4, 64}}) {
+  SCOPED_TRACE(testing::Message() << "N=" << N << " K=" << K << " E=" << E);
   std::vector<int32_t> ids;
   std::vector<float> w;
-  random_routing(N, E, K, rng, ids, w, 20);  // experts 20..31 get no tokens
+  random_routing(N, E, K, rng, ids, w, E - 12);  // the last 12 experts get no tokens
   ids[7] = -1;
   ids[100] = -1;
   DevBuf<int32_t> di(ids);
@@ -266,6 +269,7 @@ TEST(CudaMoePlan, ListsTokensPerActiveExpert) {
   for (int j = 0; j < na; ++j) tiles += (ref.offsets[j + 1] - ref.offsets[j] + kMoeTileM - 1) / kMoeTileM;
   EXPECT_EQ(got_nt, tiles);
   EXPECT_EQ(count.download()[0], 5 + na);
+  }
 }
 
 struct MoeCase {

@@ -7,6 +7,7 @@ namespace zest::cuda {
 namespace {
 
 constexpr int kMaxExperts = 1024;
+constexpr int kPlanStage = 4096;  // slot ids staged in shared memory by moe_plan_kernel (16 KiB)
 
 // ---- plan ------------------------------------------------------------------------------------------------
 
@@ -15,12 +16,21 @@ __global__ void __launch_bounds__(1024) moe_plan_kernel(const int32_t* __restric
   pdl_wait();
   __shared__ int counts[kMaxExperts];
   __shared__ int act_index[kMaxExperts];
+  __shared__ int ids_s[kPlanStage];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  // Decode-sized id lists are staged in shared memory once (every warp scans them for each of its experts;
+  // from global memory those scans were a chain of dependent L2 round trips).
+  const bool staged = NK <= kPlanStage;
+  if (staged) {
+    for (int i = threadIdx.x; i < NK; i += blockDim.x) ids_s[i] = __ldg(ids + i);
+    __syncthreads();
+  }
+  const int32_t* src = staged ? ids_s : ids;
   for (int e = warp; e < E; e += nwarps) {
     int c = 0;
     for (int base = 0; base < NK; base += 32) {
       const int i = base + lane;
-      const int id = i < NK ? __ldg(ids + i) : -1;
+      const int id = i < NK ? src[i] : -1;
       c += __popc(__ballot_sync(0xffffffffu, id == e));
     }
     if (lane == 0) counts[e] = c;
@@ -70,7 +80,7 @@ __global__ void __launch_bounds__(1024) moe_plan_kernel(const int32_t* __restric
     int pos = plan.offsets[act_index[e]];
     for (int base = 0; base < NK; base += 32) {
       const int i = base + lane;
-      const int id = i < NK ? __ldg(ids + i) : -1;
+      const int id = i < NK ? src[i] : -1;
       const unsigned m = __ballot_sync(0xffffffffu, id == e);
       if (id == e) plan.sorted_slots[pos + __popc(m & ((1u << lane) - 1))] = i;
       pos += __popc(m);
