@@ -57,7 +57,8 @@ enum class DecodeOption : int {
   kAttentionKernel, // decode attention: 1 (default) = tensor cores (mma.sync) when 8 query heads share a kv head
                     // and q rows are 16-byte aligned; 0 = the CUDA-core page loop
   kFuseEpilogues,   // 1 = gemm_add_rmsnorm / gemm_router_topk run their row op in the GEMM's last CTA (M <= 16)
-  kGemmVariant,     // small-M GEMM, chunks in flight per warp and CTAs per SM: 0 = 8, 1 CTA; 1 = 4, 3; 2 = 8, 2
+  kGemmVariant,     // small-M GEMM, chunks in flight per warp and CTAs per SM: 0 = 8, 1 CTA; 1 = 4, 3; 2 = 8, 2;
+                    // 3 = 2, 4
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);

@@ -89,8 +89,9 @@ __device__ __forceinline__ void mma_chunk(float* c0, float* c1, const uint4& a_l
   }
 }
 
-// kU: 32-wide chunks in flight per warp and weight matrix; kMinBlocks: CTAs per SM the registers must allow.
-template <int kMode, int kU, int kMinBlocks>
+// kU: 32-wide chunks in flight per warp and weight matrix; kMinBlocks: CTAs per SM the registers must allow;
+// kEpilogue (dense): the fused row epilogues are compiled in (they cost registers).
+template <int kMode, int kU, int kMinBlocks, bool kEpilogue = false>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) rows_mma_kernel(RowsParams p) {
   if constexpr (kMode == kDense) {
     // Weights are never written by the previous kernel: start pulling this CTA's first tile now.
@@ -271,7 +272,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) rows_mma_kernel(RowsP
             }
           }
       }
-      if constexpr (kMode == kDense) {
+      if constexpr (kMode == kDense && kEpilogue) {
         if (p.epilogue == 3) {
           // The CTA that writes a head's last row tile normalises and rotates that head for all tokens.
           const int head = r0 / p.head_dim;
@@ -334,14 +335,15 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) rows_mma_kernel(RowsP
   }
 }
 
-template <int kMode, int kU, int kMinBlocks>
+template <int kMode, int kU, int kMinBlocks, bool kEpilogue = false>
 Status launch_rows(const RowsParams& p, int max_items, cudaStream_t stream) {
   int per_sm = 0;
   ZEST_RETURN_IF_ERROR(cuda_status(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                                       &per_sm, rows_mma_kernel<kMode, kU, kMinBlocks>, kWarps * 32, 0),
+                                       &per_sm, rows_mma_kernel<kMode, kU, kMinBlocks, kEpilogue>, kWarps * 32, 0),
                                    "occupancy"));
   const int grid = std::max(1, std::min(max_items, std::max(1, per_sm) * sm_count()));
-  return launch("rows_mma", rows_mma_kernel<kMode, kU, kMinBlocks>, dim3(grid), dim3(kWarps * 32), 0, stream, p);
+  return launch("rows_mma", rows_mma_kernel<kMode, kU, kMinBlocks, kEpilogue>, dim3(grid), dim3(kWarps * 32), 0,
+                stream, p);
 }
 
 // Split-K scratch of the dense path, one per stream (kernels on different streams may run concurrently).
@@ -436,10 +438,13 @@ Status rows_mma_gemm(const bf16* x, const bf16* w, bf16* y, int M, int N, int K,
     p.partial = scratch.partial;
     p.counters = scratch.counters;
   }
+  const int items = p.ksplit * (N / kRows);
+  if (p.epilogue) return launch_rows<kDense, 8, 1, true>(p, items, stream);
   switch (decode_option(DecodeOption::kGemmVariant)) {
-    case 1: return launch_rows<kDense, 4, 3>(p, p.ksplit * (N / kRows), stream);
-    case 2: return launch_rows<kDense, 8, 2>(p, p.ksplit * (N / kRows), stream);
-    default: return launch_rows<kDense, 8, 1>(p, p.ksplit * (N / kRows), stream);
+    case 1: return launch_rows<kDense, 4, 3>(p, items, stream);
+    case 2: return launch_rows<kDense, 8, 2>(p, items, stream);
+    case 3: return launch_rows<kDense, 2, 4>(p, items, stream);
+    default: return launch_rows<kDense, 8, 1>(p, items, stream);
   }
 }
 
