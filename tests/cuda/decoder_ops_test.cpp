@@ -281,13 +281,16 @@ TEST(CudaSereStats, CountsMatchLoops) {
 TEST(CudaGemmSmallM, PrefetchAndSplitKMatchReference) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(81);
-  for (auto [M, N, K, l2, split] : {std::tuple{1, 48, 96, 1, 0}, std::tuple{5, 4096, 2048, 17, 0},
-                                    std::tuple{16, 128, 2080, 1, 0}, std::tuple{1, 2048, 4096, 0, 1},
-                                    std::tuple{16, 128, 2048, 1, 1}, std::tuple{3, 160, 1600, 0, 3},
-                                    std::tuple{7, 5120, 2048, 1, 1}}) {
-    SCOPED_TRACE(testing::Message() << "M=" << M << " N=" << N << " K=" << K << " l2=" << l2 << " split=" << split);
+  for (auto [M, N, K, l2, split, variant] :
+       {std::tuple{1, 48, 96, 1, 0, 0}, std::tuple{5, 4096, 2048, 17, 0, 0}, std::tuple{16, 128, 2080, 1, 0, 0},
+        std::tuple{1, 2048, 4096, 0, 1, 0}, std::tuple{16, 128, 2048, 1, 1, 0}, std::tuple{3, 160, 1600, 0, 3, 0},
+        std::tuple{7, 5120, 2048, 1, 1, 0}, std::tuple{9, 2048, 4096, 16, 0, 1}, std::tuple{1, 5120, 2048, 0, 0, 2},
+        std::tuple{16, 208, 1056, 16, 0, 3}}) {
+    SCOPED_TRACE(testing::Message() << "M=" << M << " N=" << N << " K=" << K << " l2=" << l2 << " split=" << split
+                                    << " variant=" << variant);
     set_decode_option(DecodeOption::kL2Prefetch, l2);
     set_decode_option(DecodeOption::kGemmSplitK, split);
+    set_decode_option(DecodeOption::kGemmVariant, variant);
     auto x = random_bf16(static_cast<size_t>(M) * K, rng), w = random_bf16(static_cast<size_t>(N) * K, rng);
     auto dx = upload_bf16(x), dw = upload_bf16(w);
     DevBuf<bf16> dy(static_cast<size_t>(M) * N);
@@ -310,6 +313,7 @@ TEST(CudaGemmSmallM, PrefetchAndSplitKMatchReference) {
   }
   set_decode_option(DecodeOption::kL2Prefetch, 0);
   set_decode_option(DecodeOption::kGemmSplitK, 0);
+  set_decode_option(DecodeOption::kGemmVariant, 0);
 }
 
 // The fused GEMM epilogues give the bits of the two-launch sequences (gemm + add_rmsnorm, gemm + router_topk):
