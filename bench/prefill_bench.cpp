@@ -286,7 +286,7 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
        [&] {
          return cuda::qk_norm_rope_kv(qkv, qn, kn, pos, 0, rope, slots, kc, vc, T, Hq, Hkv, D, eps, st);
        }},
-      {"prefill attention (default: variant 6, wgmma, 2 warpgroups x 64 rows, 128 keys)", 4 * t * t / 2 * Hq * D, true,
+      {"prefill attention (default: variant 8, wgmma, 2 warpgroups x 64 rows, 128 keys, pipelined)", 4 * t * t / 2 * Hq * D, true,
        [&] { return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn, Hq, Hkv, D, scale, st); }},
       {"prefill attention, variant 2 (4 warps x 16 rows, 64 keys)", 4 * t * t / 2 * Hq * D, false,
        [&] {
@@ -356,9 +356,15 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
            return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn2, Hq, Hkv, D, scale, st);
          });
        }},
-      {"prefill attention, variant 8 (wgmma, as 6, next S before softmax)", 4 * t * t / 2 * Hq * D, false,
+      {"prefill attention, variant 6 (wgmma, not pipelined)", 4 * t * t / 2 * Hq * D, false,
        [&] {
-         return with_option(cuda::PrefillOption::kAttention, 8, [&] {
+         return with_option(cuda::PrefillOption::kAttention, 6, [&] {
+           return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn2, Hq, Hkv, D, scale, st);
+         });
+       }},
+      {"prefill attention, variant 9 (as 8, diagonal-only mask, FFMA exponent)", 4 * t * t / 2 * Hq * D, false,
+       [&] {
+         return with_option(cuda::PrefillOption::kAttention, 9, [&] {
            return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn2, Hq, Hkv, D, scale, st);
          });
        }},
@@ -467,7 +473,7 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
     std::fflush(stdout);
   }
   // Attention variants against the default kernel.
-  for (int v : {4, 7, 8}) {
+  for (int v : {4, 6, 7, 9}) {
     ZEST_RETURN_IF_ERROR(with_option(cuda::PrefillOption::kAttention, v, [&] {
       return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn2, Hq, Hkv, D, scale, st);
     }));

@@ -585,6 +585,7 @@ Status launch_wgmma(const bf16* q, int q_stride, const bf16* k, const bf16* v, i
 constexpr size_t kPipeTileBytes = static_cast<size_t>(128) * kD * sizeof(bf16);
 constexpr size_t kPipeSmem = 7 * kPipeTileBytes + 1024;  // Q, K x3, V x3, alignment slack
 
+template <bool kLean>
 __global__ void __launch_bounds__(256, 1)
     prefill_attention_wgmma_pipe_kernel(const bf16* __restrict__ q, int q_stride, const bf16* __restrict__ k,
                                         const bf16* __restrict__ v, int kv_stride,
@@ -648,14 +649,19 @@ __global__ void __launch_bounds__(256, 1)
   for (int i = 0; i < 64; ++i) o[i] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   // Softmax of tile kt (scores in sc), then O += P V of tile kt issued (committed, not waited for).
-  auto softmax_pv = [&](int kt) {
+  // kLean: scores stay unscaled (the max is taken on them, scale > 0) and p = exp2(s * scale - m) is one FFMA
+  // and EX2; the causal mask is applied to the last tile only (with 128-row query tiles and 128-key tiles it is
+  // the only one that crosses the diagonal). Otherwise every tile is scaled, then masked by comparison.
+  auto softmax_pv = [&](int kt, auto last) {
+    constexpr bool kMask = !kLean || decltype(last)::value;
     const int k0 = kt * 128;
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int i = 0; i < 16; ++i)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float x = k0 + 8 * i + 2 * t + (e & 1) > row0 + g + (e >> 1) * 8 ? -INFINITY : sc[4 * i + e] * scale_log2;
+        float x = kLean ? sc[4 * i + e] : sc[4 * i + e] * scale_log2;
+        if (kMask && k0 + 8 * i + 2 * t + (e & 1) > row0 + g + (e >> 1) * 8) x = -INFINITY;
         sc[4 * i + e] = x;
         mx[e >> 1] = fmaxf(mx[e >> 1], x);
       }
@@ -664,6 +670,7 @@ __global__ void __launch_bounds__(256, 1)
     for (int r = 0; r < 2; ++r) {
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
       mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      if (kLean) mx[r] *= scale_log2;
       const float mn = fmaxf(m[r], mx[r]);  // finite: key 0 (tile 0) precedes every row
       alpha[r] = exp2f(m[r] - mn);
       m[r] = mn;
@@ -679,12 +686,14 @@ __global__ void __launch_bounds__(256, 1)
     uint32_t pa[8][4];
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
-      const float p0 = exp2f(sc[4 * i] - m[0]), p1 = exp2f(sc[4 * i + 1] - m[0]);
-      const float p2 = exp2f(sc[4 * i + 2] - m[1]), p3 = exp2f(sc[4 * i + 3] - m[1]);
-      l[0] += p0 + p1;
-      l[1] += p2 + p3;
-      pa[i / 2][(i % 2) * 2] = pack_bf16(p0, p1);
-      pa[i / 2][(i % 2) * 2 + 1] = pack_bf16(p2, p3);
+      float p[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        p[e] = kLean ? exp2f(fmaf(sc[4 * i + e], scale_log2, -m[e >> 1])) : exp2f(sc[4 * i + e] - m[e >> 1]);
+      l[0] += p[0] + p[1];
+      l[1] += p[2] + p[3];
+      pa[i / 2][(i % 2) * 2] = pack_bf16(p[0], p[1]);
+      pa[i / 2][(i % 2) * 2 + 1] = pack_bf16(p[2], p[3]);
     }
     const uint32_t va = aV + (kt % 3) * kTile;
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
@@ -706,12 +715,12 @@ __global__ void __launch_bounds__(256, 1)
     }
     cp_async_commit();
     issue_s(sn, (kt + 1) % 3);  // runs on the tensor cores during the softmax below
-    softmax_pv(kt);
+    softmax_pv(kt, std::false_type{});
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 #pragma unroll
     for (int i = 0; i < 64; ++i) sc[i] = sn[i];
   }
-  softmax_pv(n_kt - 1);
+  softmax_pv(n_kt - 1, std::true_type{});
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 
   const size_t out_stride = static_cast<size_t>(Hq) * kD;
@@ -730,15 +739,16 @@ __global__ void __launch_bounds__(256, 1)
   }
 }
 
+template <bool kLean>
 Status launch_wgmma_pipe(const bf16* q, int q_stride, const bf16* k, const bf16* v, int kv_stride,
                          const int32_t* cu_seqlens, int nseq, int max_seqlen, bf16* out, int Hq, int Hkv, float scale,
                          cudaStream_t stream) {
   static const cudaError_t attr = cudaFuncSetAttribute(
-      prefill_attention_wgmma_pipe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kPipeSmem));
+      prefill_attention_wgmma_pipe_kernel<kLean>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kPipeSmem));
   ZEST_RETURN_IF_ERROR(cuda_status(attr, "prefill_attention (wgmma, pipelined) smem attribute"));
   constexpr float kLog2e = 1.4426950408889634f;
   const dim3 grid(Hq, (max_seqlen + 127) / 128, nseq);
-  return launch("prefill_attention", prefill_attention_wgmma_pipe_kernel, grid, dim3(256), kPipeSmem, stream, q,
+  return launch("prefill_attention", prefill_attention_wgmma_pipe_kernel<kLean>, grid, dim3(256), kPipeSmem, stream, q,
                 q_stride, k, v, kv_stride, cu_seqlens, out, Hq, Hkv, scale * kLog2e);
 }
 
@@ -799,14 +809,18 @@ Status prefill_attention(const bf16* q, int q_stride, const bf16* k, const bf16*
     case 3: return run(I8{}, I2{}, K32{});
     case 4: return run(I4{}, I2{}, K32{});
     case 5: return run(I8{}, I1{}, K32{});
-    case 8:
-      return launch_wgmma_pipe(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, scale, stream);
+    case 6:
+      return launch_wgmma<2, 128>(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, scale,
+                                  stream);
+    case 9:
+      return launch_wgmma_pipe<true>(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, scale,
+                                     stream);
     case 7:
       return launch_wgmma<1, 64>(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, scale,
                                  stream);
-    default:  // 0 and 6: 350 TFLOP/s at T = 8192 on H200 (mma.sync variant 4: 272)
-      return launch_wgmma<2, 128>(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, scale,
-                                  stream);
+    default:  // 0 and 8: 387 TFLOP/s at T = 8192 on H200 (variant 6: 350, mma.sync variant 4: 274)
+      return launch_wgmma_pipe<false>(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, scale,
+                                      stream);
   }
 }
 
