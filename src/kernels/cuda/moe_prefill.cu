@@ -331,15 +331,20 @@ Status launch_grouped(const bf16* a, const MoePlan& plan, const float* weights, 
 
 // ST stages; kOverlap keeps one wgmma group in flight while the next stage's wgmma is issued (prefetch distance
 // ST - 2), otherwise each stage's wgmma is waited for before the next (prefetch distance ST - 1).
-// BN weight rows per CTA (128: m64n128k16; 256: m64n256k16, gate/up then covers 128 intermediate columns).
+// BM sorted slots per CTA (BM / 64 warpgroups: 128, or 64 for one plan tile per CTA) and BN weight rows (128:
+// m64n128k16; 256: m64n256k16, gate/up then covers 128 intermediate columns).
 constexpr int kWBK = 64;
-template <int BN>
+template <int BM, int BN>
 constexpr size_t w_stage_bytes() {
-  return static_cast<size_t>(kMBM + BN) * kWBK * sizeof(bf16);  // 32 or 48 KiB
+  return static_cast<size_t>(BM + BN) * kWBK * sizeof(bf16);
 }
-template <int BN, int ST>
+template <int BM, int BN, int ST>
 constexpr size_t w_smem() {
-  return ST * w_stage_bytes<BN>() + 1024;  // + alignment slack
+  return ST * w_stage_bytes<BM, BN>() + 1024;  // + alignment slack
+}
+template <int BM, int BN, int ST>
+constexpr int w_ctas_per_sm() {
+  return BM == 64 ? 3 : (ST <= 3 && BN == 128 ? 2 : 1);
 }
 
 __device__ __forceinline__ uint64_t wgmma_desc(const void* smem) {
@@ -376,8 +381,8 @@ __device__ __forceinline__ void wgmma_n(float (&d)[BN / 2], uint64_t desc_a, uin
     wgmma_m64n256k16(d, desc_a, desc_b);
 }
 
-template <bool kGateUp, int BN, int kWStages, bool kOverlap>
-__global__ void __launch_bounds__(kMThreads, kWStages <= 3 && BN == 128 ? 2 : 1)
+template <bool kGateUp, int BM, int BN, int kWStages, bool kOverlap>
+__global__ void __launch_bounds__(BM * 2, w_ctas_per_sm<BM, BN, kWStages>())
     moe_grouped_wgmma_kernel(const bf16* __restrict__ a_src, MoePlan plan, const float* __restrict__ weights,
                              const bf16* __restrict__ w_all, bf16* __restrict__ h, float* __restrict__ slot_out, int K,
                              int H, int I) {
@@ -386,7 +391,8 @@ __global__ void __launch_bounds__(kMThreads, kWStages <= 3 && BN == 128 ? 2 : 1)
   extern __shared__ __align__(128) unsigned char smem_raw[];
   // Stages start on a 1024-byte boundary (the swizzle pattern repeats every 8 rows of 128 bytes).
   unsigned char* smem = smem_raw + ((1024 - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
-  __shared__ int a_row[kMBM];
+  constexpr int kThreads = BM * 2, kRowsPass = kThreads / 8;  // rows one pass of 16-byte copies covers
+  __shared__ int a_row[BM];
   const int Kdim = kGateUp ? H : I;
   const int nk = Kdim / kWBK;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -396,32 +402,32 @@ __global__ void __launch_bounds__(kMThreads, kWStages <= 3 && BN == 128 ? 2 : 1)
     const int j = plan.tile_active[tile];
     const int start = plan.tile_start[tile];
     const int beg = plan.offsets[j], end = plan.offsets[j + 1];
-    if (((start - beg) / kMoeTileM) % (kMBM / kMoeTileM) != 0) continue;  // covered by an earlier tile's CTA
-    const int rows = min(kMBM, end - start);
+    if (((start - beg) / kMoeTileM) % (BM / kMoeTileM) != 0) continue;  // covered by an earlier tile's CTA
+    const int rows = min(BM, end - start);
     const int e = plan.active_experts[j];
     __syncthreads();
-    if (threadIdx.x < kMBM) {
+    if (threadIdx.x < BM) {
       const int r = threadIdx.x;
       a_row[r] = r < rows ? (kGateUp ? plan.sorted_slots[start + r] / K : start + r) : -1;
     }
     __syncthreads();
 
-    // Thread copies chunk lc of rows lr + 32u of A (u < 4) and B (u < BN / 32); its swizzled chunk is
-    // lc ^ (lr % 8).
+    // Thread copies chunk lc of rows lr + kRowsPass * u of A (u < 4) and B (u < BN / kRowsPass); its swizzled
+    // chunk is lc ^ (lr % 8).
     const int lr = threadIdx.x >> 3, lc = threadIdx.x & 7;
     const int sw = (lc ^ (lr & 7)) * 8;
     const bf16* a_ptr[4];
     bool a_ok[4];
-    const bf16* b_ptr[BN / 32];
+    const bf16* b_ptr[BN / kRowsPass];
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-      const int src = a_row[lr + u * 32];
+      const int src = a_row[lr + u * kRowsPass];
       a_ok[u] = src >= 0;
       a_ptr[u] = a_src + static_cast<size_t>(src >= 0 ? src : 0) * Kdim + lc * 8;
     }
 #pragma unroll
-    for (int u = 0; u < BN / 32; ++u) {
-      const int r = lr + u * 32;
+    for (int u = 0; u < BN / kRowsPass; ++u) {
+      const int r = lr + u * kRowsPass;
       size_t wrow;
       if constexpr (kGateUp) {
         const int n0 = blockIdx.x * (BN / 2);
@@ -431,15 +437,16 @@ __global__ void __launch_bounds__(kMThreads, kWStages <= 3 && BN == 128 ? 2 : 1)
       }
       b_ptr[u] = w_all + wrow * Kdim + lc * 8;
     }
-    constexpr size_t kWStageBytes = w_stage_bytes<BN>();
+    constexpr size_t kWStageBytes = w_stage_bytes<BM, BN>();
     auto load_stage = [&](int stage, int kc) {
       bf16* sA = reinterpret_cast<bf16*>(smem + stage * kWStageBytes);
-      bf16* sB = sA + kMBM * kWBK;
+      bf16* sB = sA + BM * kWBK;
       const int k0 = kc * kWBK;
 #pragma unroll
-      for (int u = 0; u < 4; ++u) cp_async16(sA + (lr + u * 32) * kWBK + sw, a_ptr[u] + k0, a_ok[u]);
+      for (int u = 0; u < 4; ++u) cp_async16(sA + (lr + u * kRowsPass) * kWBK + sw, a_ptr[u] + k0, a_ok[u]);
 #pragma unroll
-      for (int u = 0; u < BN / 32; ++u) cp_async16(sB + (lr + u * 32) * kWBK + sw, b_ptr[u] + k0, true);
+      for (int u = 0; u < BN / kRowsPass; ++u)
+        cp_async16(sB + (lr + u * kRowsPass) * kWBK + sw, b_ptr[u] + k0, true);
     };
 
     float acc[BN / 2];
@@ -461,7 +468,7 @@ __global__ void __launch_bounds__(kMThreads, kWStages <= 3 && BN == 128 ? 2 : 1)
       cp_async_commit();
       const unsigned char* st = smem + (kt % kWStages) * kWStageBytes;
       const unsigned char* sA = st + wg * 64 * kWBK * sizeof(bf16);
-      const unsigned char* sB = st + kMBM * kWBK * sizeof(bf16);
+      const unsigned char* sB = st + BM * kWBK * sizeof(bf16);
       if (64 * wg >= rows) continue;  // the warpgroup's rows are all past the expert's last slot
       asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
@@ -506,19 +513,19 @@ __global__ void __launch_bounds__(kMThreads, kWStages <= 3 && BN == 128 ? 2 : 1)
   }
 }
 
-template <bool kGateUp, int BN, int ST, bool kOverlap>
+template <bool kGateUp, int BM, int BN, int ST, bool kOverlap>
 Status launch_grouped_wgmma(const bf16* a, const MoePlan& plan, const float* weights, const bf16* w, bf16* h,
                             float* slot_out, int N, int K, int E, int H, int I, cudaStream_t stream) {
   if (BN == 256 && (I % 128 != 0 || H % 256 != 0))  // the 256-row tiles do not divide the widths: 128-row tiles
-    return launch_grouped_wgmma<kGateUp, 128, 3, false>(a, plan, weights, w, h, slot_out, N, K, E, H, I, stream);
-  constexpr size_t kWSmem = w_smem<BN, ST>();
-  auto* kernel = moe_grouped_wgmma_kernel<kGateUp, BN, ST, kOverlap>;
+    return launch_grouped_wgmma<kGateUp, BM, 128, 3, false>(a, plan, weights, w, h, slot_out, N, K, E, H, I, stream);
+  constexpr size_t kWSmem = w_smem<BM, BN, ST>();
+  auto* kernel = moe_grouped_wgmma_kernel<kGateUp, BM, BN, ST, kOverlap>;
   static const cudaError_t attr =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kWSmem));
   ZEST_RETURN_IF_ERROR(cuda_status(attr, "moe grouped GEMM (wgmma) smem attribute"));
   const int n_tiles = kGateUp ? I / (BN / 2) : H / BN;
   return launch(kGateUp ? "moe_prefill_gate_up" : "moe_prefill_down", kernel,
-                dim3(n_tiles, std::min(moe_max_tiles(N, K, E), 65535)), dim3(kMThreads), kWSmem, stream, a, plan,
+                dim3(n_tiles, std::min(moe_max_tiles(N, K, E), 65535)), dim3(BM * 2), kWSmem, stream, a, plan,
                 weights, w, h, slot_out, K, H, I);
 }
 
@@ -655,11 +662,12 @@ Status moe_prefill_gate_up(const bf16* x, const MoePlan& plan, const bf16* gate_
   switch (prefill_option(PrefillOption::kGroupedGemm)) {
     case 1: return run(launch_grouped<true, 32, 4>);
     case 2: return run(launch_grouped<true, 64, 3>);
-    case 4: return run(launch_grouped_wgmma<true, 128, 4, true>);
-    case 5: return run(launch_grouped_wgmma<true, 128, 3, true>);
-    case 6: return run(launch_grouped_wgmma<true, 256, 3, false>);
-    case 7: return run(launch_grouped_wgmma<true, 256, 4, true>);
-    default: return run(launch_grouped_wgmma<true, 128, 3, false>);  // 0 and 3: the fastest on H200
+    case 4: return run(launch_grouped_wgmma<true, 128, 128, 4, true>);
+    case 5: return run(launch_grouped_wgmma<true, 128, 128, 3, true>);
+    case 6: return run(launch_grouped_wgmma<true, 128, 256, 3, false>);
+    case 7: return run(launch_grouped_wgmma<true, 128, 256, 4, true>);
+    case 8: return run(launch_grouped_wgmma<true, 64, 128, 3, false>);
+    default: return run(launch_grouped_wgmma<true, 128, 128, 3, false>);  // 0 and 3: the fastest on H200
   }
 }
 
@@ -673,11 +681,12 @@ Status moe_prefill_down(const bf16* h, const MoePlan& plan, const float* weights
   switch (prefill_option(PrefillOption::kGroupedGemm)) {
     case 1: return run(launch_grouped<false, 32, 4>);
     case 2: return run(launch_grouped<false, 64, 3>);
-    case 4: return run(launch_grouped_wgmma<false, 128, 4, true>);
-    case 5: return run(launch_grouped_wgmma<false, 128, 3, true>);
-    case 6: return run(launch_grouped_wgmma<false, 256, 3, false>);
-    case 7: return run(launch_grouped_wgmma<false, 256, 4, true>);
-    default: return run(launch_grouped_wgmma<false, 128, 3, false>);  // 0 and 3: the fastest on H200
+    case 4: return run(launch_grouped_wgmma<false, 128, 128, 4, true>);
+    case 5: return run(launch_grouped_wgmma<false, 128, 128, 3, true>);
+    case 6: return run(launch_grouped_wgmma<false, 128, 256, 3, false>);
+    case 7: return run(launch_grouped_wgmma<false, 128, 256, 4, true>);
+    case 8: return run(launch_grouped_wgmma<false, 64, 128, 3, false>);
+    default: return run(launch_grouped_wgmma<false, 128, 128, 3, false>);  // 0 and 3: the fastest on H200
   }
 }
 
