@@ -73,13 +73,24 @@ run_server() {  # run_server full|short SERE_LABEL SERE_ON [server flags]
   local mode=$1 label=$2 on=$3
   shift 3
   start_server "$@" || return
-  bench warmup 4 8 2 '{}'
+  bench warmup 4 8 2 '{"sere": false}'  # not re-routed, so the SERE gauges below count the next run only
   unset 'ROWS[-1]'
-  # Text only (64 words, 128 tokens): decode dominates.
-  local cs="8 32" rates="0 0.4"
+  # Text only (64 words, 128 tokens): decode dominates. GPU utilisation sampled during the 32-client run.
+  local cs="32 8" rates="0 0.4"
   [ "$mode" = short ] && cs=32 && rates=0.4
-  for c in $cs; do bench "SERE $label, text only" "$c" $((2 * c)) 0 "{\"sere\": $on}"; done
-  [ "$on" = true ] && echo "SERE $label after the text-only runs: $(sere_gauges)"
+  for c in $cs; do
+    if [ "$c" = 32 ]; then
+      nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 200 >/tmp/zest-util.txt 2>/dev/null &
+      local smi=$!
+    fi
+    bench "SERE $label, text only" "$c" $((2 * c)) 0 "{\"sere\": $on}"
+    if [ "$c" = 32 ]; then
+      kill "$smi" 2>/dev/null
+      wait "$smi" 2>/dev/null
+      echo "SERE $label, 32 text clients: GPU busy $(awk '{s += $1; n++} END {if (n) printf "%.0f%% (mean of %d samples every 200 ms)", s / n, n}' /tmp/zest-util.txt)"
+      [ "$on" = true ] && echo "SERE $label, 32 text clients: $(sere_gauges)"
+    fi
+  done
   for rate in $rates; do
     for c in 1 8 32; do
       [ "$mode" = short ] && [ "$c" = 1 ] && continue
