@@ -482,6 +482,8 @@ int run(const Options& o) {
       pipeline += line;
     }
     if (n_img == max_images) {
+      // Profile at the shapes of one forward over all images (the pipelined runs left a group's shapes).
+      if (!ok((*tower)->forward(pv, grids, score_layer, s), "forward")) return 1;
       auto prof = (*tower)->profile_block(o.iters, s);
       if (!ok(prof.status(), "profile")) return 1;
       breakdown = "\nOne tower block at " + std::to_string(n_img) + " images (" + std::to_string(rows) +

@@ -2,6 +2,7 @@
 // accumulator before the one rounding to bf16 (see vision_kernels.h).
 #include <cublasLt.h>
 
+#include <cmath>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -15,6 +16,8 @@ namespace {
 
 std::string str(int64_t v) { return std::to_string(v); }
 
+constexpr int kCandidates = 6;  // heuristic results timed at a shape's first call
+
 // One handle, one workspace per stream and one plan per (M, N, K, epilogue). A shape with no algorithm is
 // remembered as unsupported so that the caller's fallback does not ask again.
 struct VisionLt {
@@ -23,10 +26,12 @@ struct VisionLt {
   std::map<cudaStream_t, void*> workspaces;
   size_t workspace_bytes = 32u << 20;
   struct Plan {
-    bool ok = false;
+    bool ok = false, tuned = false;
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
+    cublasLtMatmulAlgo_t candidates[kCandidates] = {};  // the heuristic's best few, timed at the first call
+    int n_candidates = 0;
   };
   std::map<std::tuple<int, int, int, int>, Plan> plans;
 };
@@ -64,14 +69,32 @@ Status build_plan(int M, int N, int K, VisionEpilogue ep, VisionLt::Plan* p) {
   ZEST_RETURN_IF_ERROR(lt_check(cublasLtMatmulPreferenceCreate(&pref), "preference"));
   cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &s.workspace_bytes,
                                        sizeof(s.workspace_bytes));
-  cublasLtMatmulHeuristicResult_t res{};
+  cublasLtMatmulHeuristicResult_t res[kCandidates] = {};
   int found = 0;
   const cublasStatus_t st =
-      cublasLtMatmulAlgoGetHeuristic(s.handle, p->desc, p->a, p->b, p->c, p->c, pref, 1, &res, &found);
+      cublasLtMatmulAlgoGetHeuristic(s.handle, p->desc, p->a, p->b, p->c, p->c, pref, kCandidates, res, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   p->ok = st == CUBLAS_STATUS_SUCCESS && found > 0;
-  if (p->ok) p->algo = res.algo;
+  if (p->ok) {
+    p->algo = res[0].algo;
+    for (int i = 0; i < found; ++i)
+      if (res[i].state == CUBLAS_STATUS_SUCCESS) p->candidates[p->n_candidates++] = res[i].algo;
+  }
   return Status::ok();
+}
+
+struct Operands {
+  const bf16* x;
+  const bf16* w;
+  bf16* y;
+  void* ws;
+};
+
+cublasStatus_t run(VisionLt& s, const VisionLt::Plan& p, const Operands& o, const cublasLtMatmulAlgo_t& algo,
+                   cudaStream_t stream) {
+  const float alpha = 1.f, beta = 0.f;
+  return cublasLtMatmul(s.handle, p.desc, &alpha, o.w, p.a, o.x, p.b, &beta, o.y, p.c, o.y, p.c, &algo, o.ws,
+                        s.workspace_bytes, stream);
 }
 
 }  // namespace
@@ -93,7 +116,7 @@ Status vision_gemm_epilogue(const bf16* x, const bf16* w, const bf16* bias, bf16
     ZEST_RETURN_IF_ERROR(build_plan(M, N, K, ep, &p));
     it = s.plans.emplace(key, p).first;
   }
-  const VisionLt::Plan& p = it->second;
+  VisionLt::Plan& p = it->second;
   if (!p.ok)
     return unsupported("vision_gemm_epilogue: cuBLASLt has no fused-epilogue algorithm for M=" + str(M) +
                        " N=" + str(N) + " K=" + str(K));
@@ -101,10 +124,36 @@ Status vision_gemm_epilogue(const bf16* x, const bf16* w, const bf16* bias, bf16
   if (!ws) ZEST_RETURN_IF_ERROR(cuda_status(cudaMalloc(&ws, s.workspace_bytes), "vision GEMM workspace"));
   ZEST_RETURN_IF_ERROR(lt_check(
       cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)), "bias pointer"));
-  const float alpha = 1.f, beta = 0.f;
-  return lt_check(cublasLtMatmul(s.handle, p.desc, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo, ws,
-                                 s.workspace_bytes, stream),
-                  "cublasLtMatmul");
+  const Operands ops{x, w, y, ws};
+  if (!p.tuned) {
+    // First call of the shape: time the heuristic's candidates on this call's buffers (y is overwritten by
+    // the real product below) and keep the fastest; this synchronises the stream once per shape.
+    p.tuned = true;
+    if (p.n_candidates > 1) {
+      cudaEvent_t e0 = nullptr, e1 = nullptr;
+      if (cudaEventCreate(&e0) == cudaSuccess && cudaEventCreate(&e1) == cudaSuccess) {
+        float best = INFINITY;
+        for (int c = 0; c < p.n_candidates; ++c) {
+          const cublasLtMatmulAlgo_t& algo = p.candidates[c];
+          if (run(s, p, ops, algo, stream) != CUBLAS_STATUS_SUCCESS) continue;  // warm-up; a candidate that fails is skipped
+          cudaEventRecord(e0, stream);
+          bool good = true;
+          for (int r = 0; r < 3; ++r) good = good && run(s, p, ops, algo, stream) == CUBLAS_STATUS_SUCCESS;
+          cudaEventRecord(e1, stream);
+          float ms = 0;
+          if (good && cudaEventSynchronize(e1) == cudaSuccess && cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess &&
+              ms < best) {
+            best = ms;
+            p.algo = algo;
+          }
+        }
+      }
+      if (e0) cudaEventDestroy(e0);
+      if (e1) cudaEventDestroy(e1);
+      cudaGetLastError();
+    }
+  }
+  return lt_check(run(s, p, ops, p.algo, stream), "cublasLtMatmul");
 }
 
 }  // namespace zest::cuda

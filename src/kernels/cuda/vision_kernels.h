@@ -66,7 +66,9 @@ Status vision_qkv_rope(bf16* qkv, const bf16* bias, const float2* rope_cs, int N
 enum class VisionEpilogue { kBias, kBiasGeluTanh };
 
 // Row-major y[M, N] = epilogue(x[M, K] W[N, K]^T) through cuBLASLt, bias [N] bf16. kUnsupported when cuBLASLt
-// offers no fused algorithm for the shape (callers then use gemm + an elementwise kernel).
+// offers no fused algorithm for the shape (callers then use gemm + an elementwise kernel). The first call of
+// a shape times the heuristic's best few algorithms on its own buffers and keeps the fastest (one stream
+// synchronisation per shape).
 Status vision_gemm_epilogue(const bf16* x, const bf16* w, const bf16* bias, bf16* y, int M, int N, int K,
                             VisionEpilogue ep, cudaStream_t stream);
 
