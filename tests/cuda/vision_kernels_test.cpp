@@ -115,7 +115,7 @@ TEST(CudaVision, BiasGeluTanhAndErf) {
   }
 }
 
-TEST(CudaVision, GemmBiasAndBiasGeluEpilogues) {
+TEST(CudaVision, GemmNoneBiasAndBiasGeluEpilogues) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(12);
   struct Shape {
@@ -137,17 +137,18 @@ TEST(CudaVision, GemmBiasAndBiasGeluEpilogues) {
           s += static_cast<double>(x.f[static_cast<size_t>(m) * sz.K + k]) * w.f[static_cast<size_t>(n) * sz.K + k];
         acc[static_cast<size_t>(m) * sz.N + n] = s;
       }
-    for (VisionEpilogue ep : {VisionEpilogue::kBias, VisionEpilogue::kBiasGeluTanh}) {
+    for (VisionEpilogue ep : {VisionEpilogue::kNone, VisionEpilogue::kBias, VisionEpilogue::kBiasGeluTanh}) {
       DevBuf<bf16> y(acc.size());
       y.poison();
-      ZEST_ASSERT_OK(vision_gemm_epilogue(dx->get(), dw->get(), db->get(), y.get(), sz.M, sz.N, sz.K, ep, nullptr));
+      const bf16* b = ep == VisionEpilogue::kNone ? nullptr : db->get();
+      ZEST_ASSERT_OK(vision_gemm_epilogue(dx->get(), dw->get(), b, y.get(), sz.M, sz.N, sz.K, ep, nullptr));
       sync_ok();
       std::vector<float> ref(acc.size());
       for (size_t i = 0; i < ref.size(); ++i) {
-        const double v = acc[i];
-        ref[i] = static_cast<float>(ep == VisionEpilogue::kBias
-                                        ? v
-                                        : 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v))));
+        const double v = acc[i] - (ep == VisionEpilogue::kNone ? bias.f[i % sz.N] : 0.0);
+        ref[i] = static_cast<float>(ep == VisionEpilogue::kBiasGeluTanh
+                                        ? 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)))
+                                        : v);
       }
       ZEST_EXPECT_CLOSE(download_bf16(y), ref, 1e-2);  // bf16 output, fp32 accumulation: <= 1% of max |ref|
     }

@@ -1,5 +1,5 @@
-// Vision tower GEMMs with a fused epilogue (cuBLASLt): bias, or bias + tanh GELU, applied to the fp32
-// accumulator before the one rounding to bf16 (see vision_kernels.h).
+// Vision tower GEMMs through cuBLASLt with a fused epilogue (bias, or bias + tanh GELU, applied to the fp32
+// accumulator before the one rounding to bf16) or none, the algorithm timed per shape (see vision_kernels.h).
 #include <cublasLt.h>
 
 #include <cmath>
@@ -55,13 +55,17 @@ Status build_plan(int M, int N, int K, VisionEpilogue ep, VisionLt::Plan* p) {
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta));
   cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb));
-  const cublasLtEpilogue_t e = ep == VisionEpilogue::kBiasGeluTanh ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
+  const cublasLtEpilogue_t e = ep == VisionEpilogue::kBiasGeluTanh ? CUBLASLT_EPILOGUE_GELU_BIAS
+                               : ep == VisionEpilogue::kBias       ? CUBLASLT_EPILOGUE_BIAS
+                                                                   : CUBLASLT_EPILOGUE_DEFAULT;
   ZEST_RETURN_IF_ERROR(
       lt_check(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &e, sizeof(e)), "epilogue"));
-  const cudaDataType_t bias_type = CUDA_R_16BF;
-  ZEST_RETURN_IF_ERROR(lt_check(
-      cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)),
-      "bias type"));
+  if (ep != VisionEpilogue::kNone) {
+    const cudaDataType_t bias_type = CUDA_R_16BF;
+    ZEST_RETURN_IF_ERROR(lt_check(
+        cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)),
+        "bias type"));
+  }
   ZEST_RETURN_IF_ERROR(lt_check(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, K, N, K), "layout A"));
   ZEST_RETURN_IF_ERROR(lt_check(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, K, M, K), "layout B"));
   ZEST_RETURN_IF_ERROR(lt_check(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_16BF, N, M, N), "layout C"));
@@ -104,9 +108,10 @@ Status vision_gemm_epilogue(const bf16* x, const bf16* w, const bf16* bias, bf16
   if (M <= 0 || N <= 0 || K <= 0)
     return invalid_argument("vision_gemm_epilogue: sizes must be positive (M=" + str(M) + " N=" + str(N) +
                             " K=" + str(K) + ")");
-  if (!x || !w || !bias || !y) return invalid_argument("vision_gemm_epilogue: null pointer");
-  if (ep != VisionEpilogue::kBias && ep != VisionEpilogue::kBiasGeluTanh)
+  if (ep != VisionEpilogue::kBias && ep != VisionEpilogue::kBiasGeluTanh && ep != VisionEpilogue::kNone)
     return invalid_argument("vision_gemm_epilogue: unknown epilogue");
+  if (!x || !w || !y || (!bias && ep != VisionEpilogue::kNone))
+    return invalid_argument("vision_gemm_epilogue: null pointer");
   VisionLt& s = vlt();
   std::lock_guard<std::mutex> lock(s.mu);
   const auto key = std::make_tuple(M, N, K, static_cast<int>(ep));
@@ -122,8 +127,10 @@ Status vision_gemm_epilogue(const bf16* x, const bf16* w, const bf16* bias, bf16
                        " N=" + str(N) + " K=" + str(K));
   void*& ws = s.workspaces[stream];
   if (!ws) ZEST_RETURN_IF_ERROR(cuda_status(cudaMalloc(&ws, s.workspace_bytes), "vision GEMM workspace"));
-  ZEST_RETURN_IF_ERROR(lt_check(
-      cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)), "bias pointer"));
+  if (ep != VisionEpilogue::kNone)
+    ZEST_RETURN_IF_ERROR(lt_check(
+        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
+        "bias pointer"));
   const Operands ops{x, w, y, ws};
   if (!p.tuned) {
     // First call of the shape: time the heuristic's candidates on this call's buffers (y is overwritten by

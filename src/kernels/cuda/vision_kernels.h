@@ -61,9 +61,10 @@ Status vision_qkv_rope(bf16* qkv, const bf16* bias, const float2* rope_cs, int N
 
 // ---- GEMM with a fused epilogue ------------------------------------------------------------------------
 
-// kBias: y = bf16(x W^T + bias); kBiasGeluTanh: y = bf16(gelu_tanh(x W^T + bias)) with
-// gelu_tanh(v) = 0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3))); fp32 accumulation and epilogue, one rounding.
-enum class VisionEpilogue { kBias, kBiasGeluTanh };
+// kNone: y = bf16(x W^T) (bias unused, may be nullptr); kBias: y = bf16(x W^T + bias); kBiasGeluTanh:
+// y = bf16(gelu_tanh(x W^T + bias)) with gelu_tanh(v) = 0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3)));
+// fp32 accumulation and epilogue, one rounding.
+enum class VisionEpilogue { kNone, kBias, kBiasGeluTanh };
 
 // Row-major y[M, N] = epilogue(x[M, K] W[N, K]^T) through cuBLASLt, bias [N] bf16. kUnsupported when cuBLASLt
 // offers no fused algorithm for the shape (callers then use gemm + an elementwise kernel). The first call of

@@ -242,6 +242,14 @@ Status VisionTowerCuda::run_merger(const Merger& m, bool postshuffle, bf16* out,
   return vision_bias_add(out, m.fc2_b, T, O, stream);
 }
 
+Status VisionTowerCuda::linear(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream) {
+  if (fused_epilogues_) {
+    const Status st = vision_gemm_epilogue(x, w, nullptr, y, M, N, K, VisionEpilogue::kNone, stream);
+    if (st.code() != ErrorCode::kUnsupported) return st;
+  }
+  return gemm(x, w, y, M, N, K, stream);
+}
+
 Status VisionTowerCuda::qkv_rope(const Block& k, bf16* qkv, cudaStream_t stream) {
   const int n = N_, H = static_cast<int>(cfg_.hidden_size), heads = static_cast<int>(cfg_.num_heads);
   if (fused_epilogues_) {
@@ -327,11 +335,11 @@ Status VisionTowerCuda::forward(const bf16* pixel_values, const std::vector<visi
     ZEST_RETURN_IF_ERROR(vision_attention(qkv, qkv + H, qkv + 2 * H, 3 * H, cu_dev_, static_cast<int>(nseg),
                                           static_cast<int>(max_seq), n, heads, hd, scale, attn_, cap ? lse_ : nullptr,
                                           stream));
-    ZEST_RETURN_IF_ERROR(gemm(attn_, k.proj_w, tmp_, n, H, H, stream));
+    ZEST_RETURN_IF_ERROR(linear(attn_, k.proj_w, tmp_, n, H, H, stream));
     ZEST_RETURN_IF_ERROR(
         vision_residual_layernorm(x_, tmp_, k.proj_b, k.norm2_w, k.norm2_b, u_, n, H, kNormEps, stream));
     ZEST_RETURN_IF_ERROR(fc1_gelu(k, stream));
-    ZEST_RETURN_IF_ERROR(gemm(h_, k.fc2_w, tmp_, n, H, I, stream));
+    ZEST_RETURN_IF_ERROR(linear(h_, k.fc2_w, tmp_, n, H, I, stream));
     const bool last = b + 1 == cfg_.depth;
     const bf16* nw = last ? merger_.norm_w : blocks_[b + 1].norm1_w;
     const bf16* nb = last ? merger_.norm_b : blocks_[b + 1].norm1_b;
@@ -412,6 +420,8 @@ Result<std::vector<VisionTowerCuda::OpTime>> VisionTowerCuda::profile_block(int 
                                  scale, attn_, lse_, stream);
        }},
       {"proj GEMM", 2 * dn * H * H, [&] { return gemm(attn_, k.proj_w, tmp_, n, H, H, stream); }},
+      {"proj GEMM (timed algorithm)", 2 * dn * H * H,
+       [&] { return vision_gemm_epilogue(attn_, k.proj_w, nullptr, tmp_, n, H, H, VisionEpilogue::kNone, stream); }},
       {"residual + LayerNorm", 0,
        [&] { return vision_residual_layernorm(x_, tmp_, k.proj_b, k.norm2_w, k.norm2_b, u_, n, H, kNormEps, stream); }},
       {"fc1 GEMM", 2 * dn * H * I, [&] { return gemm(u_, k.fc1_w, h_, n, I, H, stream); }},
@@ -421,6 +431,8 @@ Result<std::vector<VisionTowerCuda::OpTime>> VisionTowerCuda::profile_block(int 
          return vision_gemm_epilogue(u_, k.fc1_w, k.fc1_b, h_, n, I, H, VisionEpilogue::kBiasGeluTanh, stream);
        }},
       {"fc2 GEMM", 2 * dn * H * I, [&] { return gemm(h_, k.fc2_w, tmp_, n, H, I, stream); }},
+      {"fc2 GEMM (timed algorithm)", 2 * dn * H * I,
+       [&] { return vision_gemm_epilogue(h_, k.fc2_w, nullptr, tmp_, n, H, I, VisionEpilogue::kNone, stream); }},
   };
   cudaEvent_t e0, e1;
   ZEST_RETURN_IF_ERROR(cuda_status(cudaEventCreate(&e0), "event"));

@@ -78,8 +78,8 @@ class VisionTowerCuda {
   };
   Result<std::vector<OpTime>> profile_block(int iters, cudaStream_t stream);
 
-  // Bias (qkv) and bias + tanh GELU (fc1) in the GEMM epilogues (default on; a shape cuBLASLt has no fused
-  // algorithm for falls back to the separate kernels either way).
+  // Bias (qkv) and bias + tanh GELU (fc1) in the GEMM epilogues and timed cuBLASLt algorithms for proj and fc2
+  // (default on; a shape cuBLASLt has no fused algorithm for falls back to the separate kernels either way).
   void set_fused_epilogues(bool on) { fused_epilogues_ = on; }
 
   // Floating-point operations of one forward over `grids` (GEMMs and attention, 2 per multiply-add).
@@ -107,6 +107,8 @@ class VisionTowerCuda {
   std::vector<Param> params();
   Status ensure_buffers(int N, int nseg, int n_images, bool capture);
   Status run_merger(const Merger& m, bool postshuffle, bf16* out, cudaStream_t stream);
+  // y = x W^T (the timed-algorithm GEMM when fused epilogues are on, else cuda::gemm).
+  Status linear(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream);
   // qkv = rotary(u_ W_qkv^T + b) into `qkv`; h_ = gelu(u_ W_fc1^T + b) (fused epilogues when on).
   Status qkv_rope(const Block& k, bf16* qkv, cudaStream_t stream);
   Status fc1_gelu(const Block& k, cudaStream_t stream);
