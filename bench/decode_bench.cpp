@@ -3,12 +3,10 @@
 // step and the HBM floor (bytes / device-to-device copy bandwidth measured in the same run).
 //   bench_decode_bench --config qwen3-30b-a3b --batch 1,8,32,64 --context 1024 [--sere-primary 2
 //                      --sere-threshold 0] [--skew 1.0] [--layers N] [--steps 200] [--pdl 1] [--profile]
-//                      [--ablate 1,64] [--variant l2=7,sere=0 ...]
-// --variant (repeatable) reruns everything with decode options set (l2: DecodeOption::kL2Prefetch mask,
-// sere: kSereKernel, splitk: kGemmSplitK, moe: kMoeOccupancy, attn: kAttentionKernel, fuse: kFuseEpilogues,
-// gemm: kGemmVariant);
-// --ablate times the graph again with each operation left out (per-op cost inside the replayed graph, PDL
-// overlap included).
+//                      [--ablate 1,64] [--variant moe=2,gemm=1 ...]
+// --variant (repeatable) reruns everything with decode options set (sere: DecodeOption::kSereKernel, moe:
+// kMoeOccupancy, attn: kAttentionKernel, gemm: kGemmVariant); --ablate times the graph again with each operation
+// left out (per-op cost inside the replayed graph, PDL overlap included).
 #include <cstdio>
 #include <sstream>
 #include <string>
@@ -168,8 +166,8 @@ bool run_batch(SyntheticDecoder& dec, int batch, bool sere, int warmup, int step
   return true;
 }
 
-// Parses "name=value,..." into decode options (names: l2, sere, splitk, moe, attn, fuse, gemm; the others
-// back to their defaults). Returns false on a bad entry.
+// Parses "name=value,..." into decode options (names: sere, moe, attn, gemm; the others back to their
+// defaults). Returns false on a bad entry.
 bool apply_variant(const std::string& spec) {
   for (int i = 0; i < static_cast<int>(DecodeOption::kCount); ++i)
     set_decode_option(static_cast<DecodeOption>(i), default_decode_option(static_cast<DecodeOption>(i)));
@@ -181,12 +179,9 @@ bool apply_variant(const std::string& spec) {
     if (eq == std::string::npos) return false;
     const std::string name = item.substr(0, eq);
     const int value = std::atoi(item.c_str() + eq + 1);
-    if (name == "l2") set_decode_option(DecodeOption::kL2Prefetch, value);
-    else if (name == "sere") set_decode_option(DecodeOption::kSereKernel, value);
-    else if (name == "splitk") set_decode_option(DecodeOption::kGemmSplitK, value);
+    if (name == "sere") set_decode_option(DecodeOption::kSereKernel, value);
     else if (name == "moe") set_decode_option(DecodeOption::kMoeOccupancy, value);
     else if (name == "attn") set_decode_option(DecodeOption::kAttentionKernel, value);
-    else if (name == "fuse") set_decode_option(DecodeOption::kFuseEpilogues, value);
     else if (name == "gemm") set_decode_option(DecodeOption::kGemmVariant, value);
     else return false;
   }
@@ -219,7 +214,7 @@ int bench_decode_main(int argc, char** argv) {
                  "batch sizes (comma-separated) at which the graph is also timed with each operation left out "
                  "(SERE off, first variant only)");
   app.add_option("--ablate-steps", ablate_steps, "timed steps per ablated graph")->check(CLI::PositiveNumber);
-  app.add_option("--variant", variants, "decode options to compare, e.g. l2=7,sere=1 (repeatable; default: defaults)");
+  app.add_option("--variant", variants, "decode options to compare, e.g. moe=2,gemm=1 (repeatable; default: defaults)");
   CLI11_PARSE(app, argc, argv);
 
   std::vector<int> bs;
@@ -262,7 +257,7 @@ int bench_decode_main(int argc, char** argv) {
   if (variants.empty()) variants.push_back("");
   for (const std::string& variant : variants) {
   if (!apply_variant(variant)) {
-    std::fprintf(stderr, "error: bad --variant '%s' (want name=value,... with names l2, sere, splitk, moe, attn, fuse, gemm)\n",
+    std::fprintf(stderr, "error: bad --variant '%s' (want name=value,... with names sere, moe, attn, gemm)\n",
                  variant.c_str());
     return 2;
   }

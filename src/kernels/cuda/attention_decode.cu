@@ -169,31 +169,7 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_kernel(
     const bf16* __restrict__ q, int q_stride, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
     const int32_t* __restrict__ block_table, int max_blocks, const int32_t* __restrict__ context_lens,
     bf16* __restrict__ out, float* __restrict__ part, int* __restrict__ counters, int Hkv, int splits,
-    int pages_per_split, float scale, L2Prefetch pf0, L2Prefetch pf1, bool kv_prefetch) {
-  {  // the next ops' weights: independent of the previous kernel, pulled into L2 while this one waits and runs
-    const int rank = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-    const int ranks = gridDim.x * gridDim.y * gridDim.z;
-    if (threadIdx.x < 32) {
-      prefetch_l2_range(pf0.ptr, pf0.bytes, rank * 32 + threadIdx.x, ranks * 32);
-      prefetch_l2_range(pf1.ptr, pf1.bytes, rank * 32 + threadIdx.x, ranks * 32);
-    }
-  }
-  if (kv_prefetch) {
-    // This split's KV blocks into L2 before the wait (the block table and lengths are step inputs that the
-    // previous kernel does not write; the cache rows it writes are read again after the wait). The kv-head CTAs
-    // of a split take every Hkv-th block, whole blocks (all heads) of K and V.
-    const int bb = blockIdx.z;
-    const int n_pages = (context_lens[bb] + kKvBlock - 1) / kKvBlock;
-    const int p0 = blockIdx.x * pages_per_split, p1 = min(p0 + pages_per_split, n_pages);
-    const uint32_t block_bytes = static_cast<uint32_t>(kKvBlock * Hkv * kHeadDim * sizeof(bf16));
-    for (int i = threadIdx.x; i < 2 * (p1 - p0); i += blockDim.x) {
-      const int pg = p0 + i / 2;
-      if (pg % Hkv != static_cast<int>(blockIdx.y) % Hkv) continue;
-      const int blk = block_table[static_cast<size_t>(bb) * max_blocks + pg];
-      const bf16* base = (i & 1 ? v_cache : k_cache) + static_cast<size_t>(blk) * kKvBlock * Hkv * kHeadDim;
-      prefetch_l2_bulk(base, block_bytes);
-    }
-  }
+    int pages_per_split, float scale) {
   pdl_wait();
   constexpr int D = kHeadDim;
   // Shared memory of the page loop (CUDA cores: q and probabilities; mma: two V pages per warp), reused for the
@@ -518,19 +494,17 @@ Status decode_attention(const DecodeAttention& p, const bf16* q, int q_stride, c
   float* part = static_cast<float*>(workspace);
   int* counters = reinterpret_cast<int*>(static_cast<char*>(workspace) + (parts + 255) / 256 * 256);
   const dim3 grid(sp.splits, p.kv_heads, p.batch), block(kDecWarps * 32);
-  const L2Prefetch pf0 = prefetch_if(p.prefetch[0], 2), pf1 = prefetch_if(p.prefetch[1], 2);
-  const bool kv_prefetch = (decode_option(DecodeOption::kL2Prefetch) & 8) != 0;
   const int G = p.q_heads / p.kv_heads;
   const bool q_aligned = q_stride % 8 == 0 && reinterpret_cast<uintptr_t>(q) % 16 == 0;
   if (G == 8 && q_aligned && decode_option(DecodeOption::kAttentionKernel) == 1)
     return launch("decode_attention", decode_attention_kernel<8, true>, grid, block, 0, stream, q, q_stride, k_cache,
                   v_cache, block_table, p.max_blocks, context_lens, out, part, counters, p.kv_heads, sp.splits,
-                  sp.pages_per_split, p.scale, pf0, pf1, kv_prefetch);
+                  sp.pages_per_split, p.scale);
 #define ZEST_DECODE_CASE(g)                                                                                        \
   case g:                                                                                                          \
     return launch("decode_attention", decode_attention_kernel<g, false>, grid, block, 0, stream, q, q_stride,      \
                   k_cache, v_cache, block_table, p.max_blocks, context_lens, out, part, counters, p.kv_heads,      \
-                  sp.splits, sp.pages_per_split, p.scale, pf0, pf1, kv_prefetch);
+                  sp.splits, sp.pages_per_split, p.scale);
   switch (G) {
     ZEST_DECODE_CASE(1)
     ZEST_DECODE_CASE(2)

@@ -489,7 +489,8 @@ Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const model::
     for (size_t i = 0; i < bits.size(); ++i) x[i] = bf16_to_f32(bits[i]);
     hooks->moe_input(l, x.data(), T);
   }
-  ZEST_RETURN_IF_ERROR(gemm_router_topk(s.xn, Ly.router, s.rl, nullptr, s.ids, s.route_w, T, E_, H_, K_, st));
+  ZEST_RETURN_IF_ERROR(gemm(s.xn, Ly.router, s.rl, T, E_, H_, st));
+  ZEST_RETURN_IF_ERROR(router_topk(s.rl, nullptr, s.ids, s.route_w, T, E_, K_, st));
   const model::RerouteSpec* spec = hooks ? hooks->reroute : nullptr;
   const bool spec_ok = spec && static_cast<int>(spec->similarity.size()) == L_ &&
                        static_cast<int>(spec->thresholds.size()) == L_;
@@ -704,8 +705,9 @@ Result<Tensor> CudaTextDecoder::forward(const model::ForwardBatch& b, model::Pag
   for (int l = 0; l < L_; ++l) {
     const Layer& Ly = layers_[l];
     const bf16* next = l + 1 < L_ ? layers_[l + 1].in_norm : final_norm_;
-    ZEST_RETURN_IF_ERROR(gemm_qk_norm_rope_kv(s.xn, Ly.wqkv, s.qkv, H_, Ly.q_norm, Ly.k_norm, d_pos, T, rope_, d_slots,
-                                              kv->k(l), kv->v(l), T, Hq_, Hkv_, D_, eps_, st));
+    ZEST_RETURN_IF_ERROR(gemm(s.xn, Ly.wqkv, s.qkv, T, QKV_, H_, st));
+    ZEST_RETURN_IF_ERROR(qk_norm_rope_kv(s.qkv, Ly.q_norm, Ly.k_norm, d_pos, T, rope_, d_slots, kv->k(l), kv->v(l), T,
+                                         Hq_, Hkv_, D_, eps_, st));
     if (use_decode) {
       ZEST_RETURN_IF_ERROR(decode_attention(dp, s.qkv, QKV_, kv->k(l), kv->v(l), d_bt, d_seq_ctx, s.attn, s.ws.get(), st));
     } else {
@@ -719,7 +721,8 @@ Result<Tensor> CudaTextDecoder::forward(const model::ForwardBatch& b, model::Pag
                                              all_generic ? nullptr : d_gen, n, s.attn, Hq_ * D_, Hq_, Hkv_, D_, scale,
                                              st));
     }
-    ZEST_RETURN_IF_ERROR(gemm_add_rmsnorm(s.attn, Ly.wo, s.o, s.x, Ly.post_norm, s.xn, T, H_, Hq_ * D_, eps_, st));
+    ZEST_RETURN_IF_ERROR(gemm(s.attn, Ly.wo, s.o, T, H_, Hq_ * D_, st));
+    ZEST_RETURN_IF_ERROR(add_rmsnorm(s.x, s.o, Ly.post_norm, s.xn, T, H_, eps_, st));
     const bool ds = l < nds;
     if (Ly.moe) {
       Status ms = run_moe(l, Ly, T, b, hooks, all_active);

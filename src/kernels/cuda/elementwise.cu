@@ -68,8 +68,7 @@ __global__ void __launch_bounds__(kRowThreads) norm_kernel(bf16* __restrict__ x,
                                                            const float* __restrict__ slot_out,
                                                            const int32_t* __restrict__ ids, int K,
                                                            const bf16* __restrict__ w, bf16* __restrict__ y,
-                                                           int hidden, float eps, L2Prefetch pf) {
-  prefetch_l2_range(pf.ptr, pf.bytes, blockIdx.x * blockDim.x + threadIdx.x, gridDim.x * blockDim.x);
+                                                           int hidden, float eps) {
   pdl_wait();
   __shared__ float red[32];
   const int row = blockIdx.x;
@@ -98,7 +97,7 @@ __global__ void __launch_bounds__(kRowThreads) norm_kernel(bf16* __restrict__ x,
       store8(xr + c, v);
     }
 #pragma unroll
-    for (int i = 0; i < 8; ++i) ss = fmaf(v[i], v[i], ss);
+    for (int i = 0; i < 8; ++i) ss += v[i] * v[i];
   }
   if (kMode == 2 && w == nullptr) return;
   const float tot = block_sum(ss, red);
@@ -202,22 +201,22 @@ Status embedding(const int32_t* ids, const bf16* table, bf16* out, int n, int hi
 Status rmsnorm(const bf16* x, const bf16* w, bf16* y, int rows, int hidden, float eps, cudaStream_t stream) {
   ZEST_RETURN_IF_ERROR(check_rows("rmsnorm", rows, hidden));
   return launch("rmsnorm", norm_kernel<0>, dim3(rows), dim3(kRowThreads), 0, stream, const_cast<bf16*>(x),
-                nullptr, nullptr, nullptr, 0, w, y, hidden, eps, L2Prefetch{});
+                nullptr, nullptr, nullptr, 0, w, y, hidden, eps);
 }
 
 Status add_rmsnorm(bf16* x, const bf16* r, const bf16* w, bf16* y, int rows, int hidden, float eps,
                    cudaStream_t stream) {
   ZEST_RETURN_IF_ERROR(check_rows("add_rmsnorm", rows, hidden));
   return launch("add_rmsnorm", norm_kernel<1>, dim3(rows), dim3(kRowThreads), 0, stream, x, r, nullptr, nullptr, 0, w,
-                y, hidden, eps, L2Prefetch{});
+                y, hidden, eps);
 }
 
 Status moe_combine_add_rmsnorm(bf16* x, const float* slot_out, const int32_t* ids, int K, const bf16* w, bf16* y,
-                               int rows, int hidden, float eps, cudaStream_t stream, L2Prefetch prefetch) {
+                               int rows, int hidden, float eps, cudaStream_t stream) {
   ZEST_RETURN_IF_ERROR(check_rows("moe_combine_add_rmsnorm", rows, hidden));
   if (K <= 0) return invalid_argument("moe_combine_add_rmsnorm: K must be positive");
   return launch("moe_combine_add_rmsnorm", norm_kernel<2>, dim3(rows), dim3(kRowThreads), 0, stream, x, nullptr,
-                slot_out, ids, K, w, y, hidden, eps, rows >= 16 ? prefetch_if(prefetch, 4) : L2Prefetch{});
+                slot_out, ids, K, w, y, hidden, eps);
 }
 
 Status silu_mul(const bf16* gu, bf16* h, int rows, int I, cudaStream_t stream) {

@@ -8,7 +8,6 @@
 #include <tuple>
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/moe_route.cuh"
 
 namespace zest::cuda {
 
@@ -178,110 +177,6 @@ Status gemm_cublaslt(const bf16* x, const bf16* w, bf16* y, int M, int N, int K,
   return lt_status(cublasLtMatmul(s.handle, p->desc, &alpha, w, p->a, x, p->b, &beta, y, p->c, y, p->c, &p->algo,
                                   ws, s.workspace_bytes, stream),
                    "cublasLtMatmul");
-}
-
-namespace {
-
-bool fusable(const bf16* x, const bf16* w, int M, int N, int K) {
-  const bool aligned = K % 8 == 0 && (reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w)) % 16 == 0;
-  return decode_option(DecodeOption::kFuseEpilogues) == 1 && aligned && rows_mma_gemm_ok(M, N, K);
-}
-
-}  // namespace
-
-Status gemm_add_rmsnorm(const bf16* x, const bf16* w, bf16* out, bf16* x_res, const bf16* norm_w, bf16* xn, int M,
-                        int N, int K, float eps, cudaStream_t stream) {
-  ZEST_RETURN_IF_ERROR(check_dims(x, w, out, M, N, K));
-  if (!x_res || !norm_w || !xn) return invalid_argument("gemm_add_rmsnorm: null pointer");
-  if (fusable(x, w, M, N, K) && N % 8 == 0) {
-    RowsEpilogue epi;
-    epi.kind = 1;
-    epi.x_res = x_res;
-    epi.norm_w = norm_w;
-    epi.xn = xn;
-    epi.eps = eps;
-    return rows_mma_gemm(x, w, out, M, N, K, stream, &epi);
-  }
-  ZEST_RETURN_IF_ERROR(gemm(x, w, out, M, N, K, stream));
-  return add_rmsnorm(x_res, out, norm_w, xn, M, N, eps, stream);
-}
-
-Status gemm_router_topk(const bf16* x, const bf16* w_router, bf16* logits, const float* bias, int32_t* ids,
-                        float* weights, int N, int E, int H, int K, cudaStream_t stream) {
-  ZEST_RETURN_IF_ERROR(check_dims(x, w_router, logits, N, E, H));
-  if (!ids || !weights) return invalid_argument("gemm_router_topk: null pointer");
-  if (fusable(x, w_router, N, E, H) && E <= 256 && K >= 1 && K <= kRouterMaxTopK && K <= E) {
-    RowsEpilogue epi;
-    epi.kind = 2;
-    epi.bias = bias;
-    epi.ids = ids;
-    epi.route_w = weights;
-    epi.top_k = K;
-    return rows_mma_gemm(x, w_router, logits, N, E, H, stream, &epi);
-  }
-  ZEST_RETURN_IF_ERROR(gemm(x, w_router, logits, N, E, H, stream));
-  return router_topk(logits, bias, ids, weights, N, E, K, stream);
-}
-
-Status gemm_qk_norm_rope_kv(const bf16* x, const bf16* w_qkv, bf16* qkv, int K, const bf16* q_norm, const bf16* k_norm,
-                            const int32_t* pos, int pos_stride, RopeParams rope, const int32_t* slot_mapping,
-                            bf16* k_cache, bf16* v_cache, int T, int Hq, int Hkv, int D, float eps, cudaStream_t stream) {
-  const int N = (Hq + 2 * Hkv) * D;
-  ZEST_RETURN_IF_ERROR(check_dims(x, w_qkv, qkv, T, N, K));
-  if (Hq <= 0 || Hkv <= 0 || Hq % Hkv != 0 || D <= 0 || D % 2 != 0 || pos_stride < 0 || !pos ||
-      (slot_mapping && (!k_cache || !v_cache)))
-    return qk_norm_rope_kv(qkv, q_norm, k_norm, pos, pos_stride, rope, slot_mapping, k_cache, v_cache, T, Hq, Hkv, D,
-                           eps, stream);  // reports the bad argument
-  if (fusable(x, w_qkv, T, N, K) && D % 16 == 0 && Hq + 2 * Hkv <= 1024) {
-    RowsEpilogue epi;
-    epi.kind = 3;
-    epi.eps = eps;
-    epi.q_norm = q_norm;
-    epi.k_norm = k_norm;
-    epi.pos = pos;
-    epi.pos_stride = pos_stride;
-    epi.rope = rope;
-    epi.slot_mapping = slot_mapping;
-    epi.k_cache = k_cache;
-    epi.v_cache = v_cache;
-    epi.q_heads = Hq;
-    epi.kv_heads = Hkv;
-    epi.head_dim = D;
-    return rows_mma_gemm(x, w_qkv, qkv, T, N, K, stream, &epi);
-  }
-  ZEST_RETURN_IF_ERROR(gemm(x, w_qkv, qkv, T, N, K, stream));
-  return qk_norm_rope_kv(qkv, q_norm, k_norm, pos, pos_stride, rope, slot_mapping, k_cache, v_cache, T, Hq, Hkv, D, eps,
-                         stream);
-}
-
-Status moe_route(const bf16* x, const bf16* w_router, bf16* logits, const float* bias, int32_t* ids, float* weights,
-                 int N, int E, int H, int K, const float* sim, int S, float rho, MoePlan* plan,
-                 int64_t* active_count_sum, cudaStream_t stream) {
-  ZEST_RETURN_IF_ERROR(check_dims(x, w_router, logits, N, E, H));
-  if (!ids || !weights) return invalid_argument("moe_route: null pointer");
-  const bool sere = sim && S > 0 && S < K;
-  if (plan && (N > plan->max_tokens || K != plan->top_k || E != plan->experts))
-    return invalid_argument("moe_route: the plan was bound for other sizes");
-  if (fusable(x, w_router, N, E, H) && E <= kRouteMaxE && K >= 1 && K <= kRouterMaxTopK && K <= E &&
-      N * K <= kRouteMaxNK && (!sere || E <= kRouteSereMaxE)) {
-    RowsEpilogue epi;
-    epi.kind = 2;
-    epi.bias = bias;
-    epi.ids = ids;
-    epi.route_w = weights;
-    epi.top_k = K;
-    epi.sere_sim = sere ? sim : nullptr;
-    epi.sere_s = S;
-    epi.sere_rho = rho;
-    epi.plan = plan;
-    epi.count_sum = active_count_sum;
-    return rows_mma_gemm(x, w_router, logits, N, E, H, stream, &epi);
-  }
-  ZEST_RETURN_IF_ERROR(gemm(x, w_router, logits, N, E, H, stream));
-  ZEST_RETURN_IF_ERROR(router_topk(logits, bias, ids, weights, N, E, K, stream));
-  if (sere) ZEST_RETURN_IF_ERROR(sere_reroute(ids, weights, sim, N, E, K, S, rho, stream));
-  if (plan) ZEST_RETURN_IF_ERROR(moe_plan(ids, N, K, E, *plan, active_count_sum, stream));
-  return Status::ok();
 }
 
 Status gemm(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream) {

@@ -42,21 +42,11 @@ bool programmatic_launch();
 // Decode variants that benchmarks compare (process-wide switches, read on the host at launch time; a CUDA
 // graph keeps the variant it was captured with). Defaults are the variants measured fastest on H200.
 enum class DecodeOption : int {
-  kL2Prefetch = 0,  // bit mask: 1 = a small-M GEMM prefetches its first weight tile into L2 before waiting on
-                    // the previous kernel; 2 = decode attention prefetches DecodeAttention::prefetch; 4 = the MoE
-                    // combine prefetches its L2Prefetch range (the next layer's first weights; from 16 rows: one
-                    // CTA's bulk prefetch of a whole range stalls that CTA); 8 = decode
-                    // attention pulls its KV blocks into L2 before waiting (block table and context lengths must
-                    // not be written by the kernel launched just before it); 16 = small-M GEMM and decode expert
-                    // CTAs pull their next item's weight rows into L2 while working on the current one
-  kSereKernel,      // 0 = per-CTA map kernel when E <= 128 (else 1); 1 = the single-CTA kernel for any E
-  kGemmSplitK,      // small-M tensor-core GEMM: 0 = no split; 1 = split K over CTAs when row tiles are few
-                    // (about four items per SM); n > 1 = n slices
+  kSereKernel = 0,  // 0 = per-CTA map kernel when E <= 128 (else 1); 1 = the single-CTA kernel for any E
   kMoeOccupancy,    // decode experts, chunks in flight per warp (gate/up, down) and CTAs per SM the registers
                     // allow: 1 (default) = 2/4 chunks, 3 CTAs; 0 = 4/8, 1 CTA; 2 = 2/4, 4 CTAs; 3 = 4/8, 2 CTAs
   kAttentionKernel, // decode attention: 1 (default) = tensor cores (mma.sync) when 8 query heads share a kv head
                     // and q rows are 16-byte aligned; 0 = the CUDA-core page loop
-  kFuseEpilogues,   // 1 = gemm_add_rmsnorm / gemm_router_topk run their row op in the GEMM's last CTA (M <= 16)
   kGemmVariant,     // small-M GEMM, chunks in flight per warp and CTAs per SM: 0 = 8, 1 CTA; 1 = 4, 3; 2 = 8, 2;
                     // 3 = 2, 4
   kCount
@@ -64,12 +54,6 @@ enum class DecodeOption : int {
 void set_decode_option(DecodeOption opt, int value);
 int decode_option(DecodeOption opt);
 int default_decode_option(DecodeOption opt);
-
-// A device range for a kernel to pull into L2 ahead of its use (a hint; null or 0 bytes: none).
-struct L2Prefetch {
-  const void* ptr = nullptr;
-  size_t bytes = 0;
-};
 
 // ---- dense ops ----------------------------------------------------------------------------------
 
@@ -91,17 +75,10 @@ Status rmsnorm(const bf16* x, const bf16* w, bf16* y, int rows, int hidden, floa
 Status add_rmsnorm(bf16* x, const bf16* r, const bf16* w, bf16* y, int rows, int hidden, float eps,
                    cudaStream_t stream);
 
-// gemm(x, w, out, M, N, K) then add_rmsnorm(x_res, out, norm_w, xn, M, N, eps), with the same results; with
-// DecodeOption::kFuseEpilogues and M <= 16 the row op runs in the GEMM kernel's last CTA (one launch).
-Status gemm_add_rmsnorm(const bf16* x, const bf16* w, bf16* out, bf16* x_res, const bf16* norm_w, bf16* xn, int M,
-                        int N, int K, float eps, cudaStream_t stream);
-
 // MoE combine fused with the residual add and the next RMSNorm: x[n] = bf16(x[n] + sum_{k<K, ids[n,k]>=0}
 // slot_out[n,k,:]) summed in fixed k order (deterministic); then y = rmsnorm(x) when w != nullptr.
-// `prefetch` (optional) is pulled into L2 while the kernel runs, e.g. the next layer's QKV weights.
 Status moe_combine_add_rmsnorm(bf16* x, const float* slot_out, const int32_t* ids, int K, const bf16* w,
-                               bf16* y, int rows, int hidden, float eps, cudaStream_t stream,
-                               L2Prefetch prefetch = {});
+                               bf16* y, int rows, int hidden, float eps, cudaStream_t stream);
 
 // h[r, i] = bf16(silu(gu[r, i]) * gu[r, I + i]) for gu [rows, 2I] (dense SwiGLU MLP).
 Status silu_mul(const bf16* gu, bf16* h, int rows, int I, cudaStream_t stream);
@@ -125,13 +102,6 @@ Status qk_norm_rope_kv(bf16* qkv, const bf16* q_norm, const bf16* k_norm, const 
                        RopeParams rope, const int32_t* slot_mapping, bf16* k_cache, bf16* v_cache, int T,
                        int Hq, int Hkv, int D, float eps, cudaStream_t stream);
 
-// gemm(x, w_qkv, qkv, T, (Hq + 2 Hkv) * D, K) then qk_norm_rope_kv(qkv, ...) (same arguments), with the same
-// results; with DecodeOption::kFuseEpilogues, T <= 16 and D % 16 == 0 the per-head norm/RoPE/KV write runs in the
-// GEMM CTA that completes the head (one launch).
-Status gemm_qk_norm_rope_kv(const bf16* x, const bf16* w_qkv, bf16* qkv, int K, const bf16* q_norm, const bf16* k_norm,
-                            const int32_t* pos, int pos_stride, RopeParams rope, const int32_t* slot_mapping,
-                            bf16* k_cache, bf16* v_cache, int T, int Hq, int Hkv, int D, float eps, cudaStream_t stream);
-
 // Decode attention (one query token per sequence) over the paged cache, GQA-aware and split over the
 // context (flash-decoding; the last CTA of each (sequence, kv head) combines the splits in fixed order).
 // q: row b at q + b * q_stride, Hq heads of D (128 on the fast path; other even D <= 256 go through
@@ -142,7 +112,6 @@ struct DecodeAttention {
   int max_context = 0;   // upper bound of context_lens (fixes the grid, so a graph can be replayed)
   int max_blocks = 0;    // row stride of block_table
   float scale = 0.f;     // softmax scale, usually 1/sqrt(head_dim)
-  L2Prefetch prefetch[2];  // weights of the next ops, pulled into L2 while attention runs (latency-bound)
 };
 // Bytes of workspace that decode_attention needs for `p`. The workspace must be zero-filled once when
 // allocated (the kernel leaves its counters at zero after every launch); it serves one (batch, heads,
@@ -201,10 +170,6 @@ Status prefill_attention_generic(const bf16* q, int q_stride, const bf16* k, con
 // rounded to bf16 precision. ids [N, K] int32, weights [N, K] fp32. One warp per token; E <= 1024.
 Status router_topk(const bf16* logits, const float* bias, int32_t* ids, float* weights, int N, int E, int K,
                    cudaStream_t stream);
-// gemm(x, w_router, logits, N, E, H) then router_topk(logits, bias, ids, weights, N, E, K), with the same results;
-// with DecodeOption::kFuseEpilogues, N <= 16 and E <= 256 the top-k runs in the GEMM kernel's last CTA.
-Status gemm_router_topk(const bf16* x, const bf16* w_router, bf16* logits, const float* bias, int32_t* ids,
-                        float* weights, int N, int E, int H, int K, cudaStream_t stream);
 
 // SERE re-routing, one launch per layer, in place on ids/weights [N, K]: P = union over tokens of
 // ids[:, 0:S]; every expert u not in P maps to argmax_{v in P} sim[u, v] (fp32 [E, E], ties: lowest v),
@@ -237,13 +202,6 @@ void moe_plan_bind(MoePlan& plan, void* buffer, int N, int K, int E);
 // active experts is added to *active_count_sum (for statistics; single-threaded, deterministic).
 Status moe_plan(const int32_t* ids, int N, int K, int E, MoePlan& plan, int64_t* active_count_sum,
                 cudaStream_t stream);
-// The whole router of an MoE layer for a decode batch: gemm_router_topk, then sere_reroute(ids, weights, sim, N,
-// E, K, S, rho) when sim != nullptr, then moe_plan(ids, N, K, E, *plan, active_count_sum) when plan != nullptr.
-// With DecodeOption::kFuseEpilogues, N <= 16, N * K <= 256 and E <= 256 (E <= 128 with SERE) all of it runs in
-// the router GEMM's last CTA (one launch); otherwise as separate launches. Same results either way.
-Status moe_route(const bf16* x, const bf16* w_router, bf16* logits, const float* bias, int32_t* ids, float* weights,
-                 int N, int E, int H, int K, const float* sim, int S, float rho, MoePlan* plan,
-                 int64_t* active_count_sum, cudaStream_t stream);
 
 // The plan of moe_plan (the same contents), built for many tokens: one CTA reads the ids twice (per-warp
 // expert counts, a scan, then in-order placement) instead of once per expert. E > 256 goes to moe_plan.

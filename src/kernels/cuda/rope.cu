@@ -17,12 +17,47 @@ __global__ void __launch_bounds__(kRopeWarps * 32) qk_norm_rope_kv_kernel(
   const int heads = Hq + 2 * Hkv;
   bf16* row = qkv + static_cast<size_t>(t) * heads * D;
   const int slot = slot_mapping ? slot_mapping[t] : -1;
+  const int half = D / 2;
   float p_axis[3];
   p_axis[0] = static_cast<float>(pos[t]);
   p_axis[1] = static_cast<float>(pos[pos_stride + t]);
   p_axis[2] = static_cast<float>(pos[2 * pos_stride + t]);
-  for (int h = warp; h < heads; h += kRopeWarps * gridDim.y)
-    warp_qk_norm_rope_head<false>(row, h, q_norm, k_norm, p_axis, rope, slot, k_cache, v_cache, Hq, Hkv, D, eps, lane);
+  for (int h = warp; h < heads; h += kRopeWarps * gridDim.y) {
+    bf16* x = row + static_cast<size_t>(h) * D;
+    if (h >= Hq + Hkv) {  // v head: copy into the cache only
+      if (slot >= 0) {
+        bf16* dst = v_cache + (static_cast<size_t>(slot) * Hkv + (h - Hq - Hkv)) * D;
+        for (int d = lane; d < D; d += 32) dst[d] = x[d];
+      }
+      continue;
+    }
+    const bf16* w = h < Hq ? q_norm : k_norm;
+    float ss = 0.f;
+    for (int d = lane; d < D; d += 32) {
+      const float v = __bfloat162float(x[d]);
+      ss += v * v;
+    }
+    const float inv = rsqrtf(warp_sum(ss) / D + eps);
+    for (int j = lane; j < half; j += 32) {
+      const float a = bf16_round(bf16_round(__bfloat162float(x[j]) * inv) * __bfloat162float(w[j]));
+      const float b = bf16_round(bf16_round(__bfloat162float(x[j + half]) * inv) * __bfloat162float(w[j + half]));
+      int axis = 0;
+      if (j % 3 == 1 && j < 3 * rope.section_h) axis = 1;
+      else if (j % 3 == 2 && j < 3 * rope.section_w) axis = 2;
+      const float inv_freq = 1.f / powf(rope.theta, static_cast<float>(2 * j) / static_cast<float>(D));
+      const float ang = p_axis[axis] * inv_freq;
+      const float c = bf16_round(cosf(ang)), s = bf16_round(sinf(ang));
+      const bf16 o1 = __float2bfloat16(a * c - b * s);
+      const bf16 o2 = __float2bfloat16(b * c + a * s);
+      x[j] = o1;
+      x[j + half] = o2;
+      if (h >= Hq && slot >= 0) {
+        bf16* dst = k_cache + (static_cast<size_t>(slot) * Hkv + (h - Hq)) * D;
+        dst[j] = o1;
+        dst[j + half] = o2;
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -1,6 +1,5 @@
 // MoE routing: softmax + top-k + renormalisation (one warp per token) and SERE re-routing (one CTA per layer).
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/moe_route.cuh"
 
 namespace zest::cuda {
 
@@ -8,7 +7,72 @@ namespace {
 
 constexpr int kRouterWarps = 4;
 constexpr int kMaxExperts = 1024;
-constexpr int kMaxTopK = kRouterMaxTopK;
+constexpr int kMaxTopK = 16;
+
+// One token's router by one warp: p = softmax(fp32 logits + bias) over E (scratch p: E floats, shared memory),
+// top-K by p (ties: lowest index) sorted descending, weights renormalised to sum 1 and rounded to bf16 precision.
+// K <= kMaxTopK.
+__device__ __forceinline__ void warp_router_topk(const bf16* row, const float* bias, float* p, int E, int K,
+                                                 int32_t* ids, float* weights, int lane) {
+  float mx = -INFINITY;
+#pragma unroll 4
+  for (int e = lane; e < E; e += 32) {  // unrolled: the loads of 4 columns per lane are in flight together
+    const float v = __bfloat162float(row[e]) + (bias ? bias[e] : 0.f);
+    p[e] = v;
+    mx = fmaxf(mx, v);
+  }
+  mx = warp_max(mx);
+  float sum = 0.f;
+  for (int e = lane; e < E; e += 32) {
+    const float v = expf(p[e] - mx);
+    p[e] = v;
+    sum += v;
+  }
+  sum = warp_sum(sum);
+  const float inv = 1.f / sum;
+  for (int e = lane; e < E; e += 32) p[e] *= inv;
+  __syncwarp();
+  // K rounds of warp argmax (ties: lowest index); chosen entries are marked -1.
+  float sel_v[kMaxTopK];
+  int sel_i[kMaxTopK];
+  float total = 0.f;
+#pragma unroll
+  for (int k = 0; k < kMaxTopK; ++k) {
+    if (k >= K) break;
+    float best = -1.f;
+    int bi = 0x7fffffff;
+    for (int e = lane; e < E; e += 32) {
+      const float v = p[e];
+      if (v > best) {
+        best = v;
+        bi = e;
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (ov > best || (ov == best && oi < bi)) {
+        best = ov;
+        bi = oi;
+      }
+    }
+    sel_v[k] = best;
+    sel_i[k] = bi;
+    total += best;
+    __syncwarp();
+    if (lane == 0) p[bi] = -1.f;
+    __syncwarp();
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int k = 0; k < kMaxTopK; ++k) {
+      if (k >= K) break;
+      ids[k] = sel_i[k];
+      weights[k] = bf16_round(sel_v[k] / total);
+    }
+  }
+}
 
 __global__ void __launch_bounds__(kRouterWarps * 32) router_topk_kernel(const bf16* __restrict__ logits,
                                                                         const float* __restrict__ bias,
@@ -60,6 +124,49 @@ __device__ __forceinline__ void sere_finish_row(float4 first, const float* __res
     if (ob > best || (ob == best && ov < bv)) best = ob, bv = ov;
   }
   if (lane == 0) map[u] = (primary[u] || bv == 0x7fffffff || (rho > 0.f && best < rho)) ? u : bv;
+}
+
+// Rewrites one token's slots k >= S through map and folds duplicates into their first slot.
+template <int kK>
+__device__ __forceinline__ void sere_fold(int (&id)[kK], float (&w)[kK], int K, int S, int E, const int* map) {
+#pragma unroll
+  for (int k = 0; k < kK; ++k)
+    if (k < K && k >= S && id[k] >= 0 && id[k] < E) id[k] = map[id[k]];
+#pragma unroll
+  for (int k = 1; k < kK; ++k) {
+    if (k >= K || id[k] < 0) continue;
+    bool done = false;
+#pragma unroll
+    for (int j = 0; j < k; ++j)
+      if (!done && id[j] == id[k]) {
+        w[j] += w[k];
+        w[k] = 0.f;
+        id[k] = -1;
+        done = true;
+      }
+  }
+}
+
+template <int kK>
+__device__ __forceinline__ void sere_load_token(const int32_t* ids, const float* weights, int n, int K, int (&id)[kK],
+                                                float (&w)[kK]) {
+#pragma unroll
+  for (int k = 0; k < kK; ++k)
+    if (k < K) {
+      id[k] = ids[static_cast<size_t>(n) * K + k];
+      w[k] = weights[static_cast<size_t>(n) * K + k];
+    }
+}
+
+template <int kK>
+__device__ __forceinline__ void sere_store_token(int32_t* ids, float* weights, int n, int K, const int (&id)[kK],
+                                                 const float (&w)[kK]) {
+#pragma unroll
+  for (int k = 0; k < kK; ++k)
+    if (k < K) {
+      ids[static_cast<size_t>(n) * K + k] = id[k];
+      weights[static_cast<size_t>(n) * K + k] = w[k];
+    }
 }
 
 // One CTA of kSereThreads. Every global load that does not depend on P is issued first (the similarity rows
@@ -259,7 +366,8 @@ Status sere_reroute(int32_t* ids, float* weights, const float* sim, int N, int E
   if (!sim) return invalid_argument("sere_reroute: the similarity matrix is null");
   const bool vec = E % 4 == 0 && reinterpret_cast<uintptr_t>(sim) % 16 == 0;
   if (E <= kSereFastMaxE && decode_option(DecodeOption::kSereKernel) == 0) {
-    const bool vec_tok = K % 4 == 0 && (reinterpret_cast<uintptr_t>(ids) | reinterpret_cast<uintptr_t>(weights)) % 16 == 0;
+    const bool vec_tok =
+        K % 4 == 0 && (reinterpret_cast<uintptr_t>(ids) | reinterpret_cast<uintptr_t>(weights)) % 16 == 0;
     const dim3 grid((N + kSereFastThreads - 1) / kSereFastThreads);
     if (K <= 8)
       return launch("sere_reroute", sere_reroute_fast_kernel<8>, grid, dim3(kSereFastThreads), 0, stream, ids, weights,

@@ -281,56 +281,30 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
                             batch, c.vocab));
   ZEST_OP("embedding", embedding(ids_, embed_, x_, batch, H, c.vocab, s));
   ZEST_OP("rmsnorm", rmsnorm(x_, layers_[0].in_norm, xn_, batch, H, kEps, s));
-  const size_t qkv_bytes = static_cast<size_t>(QKV) * H * sizeof(bf16);
-  const bool fused = decode_option(DecodeOption::kFuseEpilogues) == 1;
   for (int l = 0; l < c.layers; ++l) {
     const Layer& L = layers_[l];
     const bf16* next_norm = l + 1 < c.layers ? layers_[l + 1].in_norm : final_norm_;
-    // While attention (latency-bound) runs, the o projection and router weights are pulled into L2; while
-    // the MoE combine runs, the next layer's QKV weights (or lm_head's first rows).
-    ap.prefetch[0] = L2Prefetch{L.wo, static_cast<size_t>(H) * c.q_heads * D * sizeof(bf16)};
-    ap.prefetch[1] = moe ? L2Prefetch{L.router, static_cast<size_t>(c.experts) * H * sizeof(bf16)} : L2Prefetch{};
-    const L2Prefetch next_pf = l + 1 < c.layers ? L2Prefetch{layers_[l + 1].wqkv, qkv_bytes}
-                                                : L2Prefetch{lm_head_, qkv_bytes};
-    const int pos_stride = c.mrope ? opt_.max_batch : 0;
-    if (fused) {
-      ZEST_OP("qkv gemm + qk norm + rope + kv",
-              gemm_qk_norm_rope_kv(xn_, L.wqkv, qkv_, H, L.q_norm, L.k_norm, pos_, pos_stride, rope, slots_, L.k_cache,
-                                   L.v_cache, batch, c.q_heads, c.kv_heads, D, kEps, s));
-    } else {
-      ZEST_OP("qkv gemm", gemm(xn_, L.wqkv, qkv_, batch, QKV, H, s));
-      ZEST_OP("qk norm + rope + kv", qk_norm_rope_kv(qkv_, L.q_norm, L.k_norm, pos_, pos_stride, rope, slots_,
-                                                     L.k_cache, L.v_cache, batch, c.q_heads, c.kv_heads, D, kEps, s));
-    }
+    ZEST_OP("qkv gemm", gemm(xn_, L.wqkv, qkv_, batch, QKV, H, s));
+    ZEST_OP("qk norm + rope + kv", qk_norm_rope_kv(qkv_, L.q_norm, L.k_norm, pos_, c.mrope ? opt_.max_batch : 0, rope,
+                                                   slots_, L.k_cache, L.v_cache, batch, c.q_heads, c.kv_heads, D, kEps,
+                                                   s));
     ZEST_OP("decode attention",
             decode_attention(ap, qkv_, QKV, L.k_cache, L.v_cache, block_table_, ctx_lens_, attn_, ws, s));
-    if (fused) {
-      ZEST_OP("o gemm + add + rmsnorm",
-              gemm_add_rmsnorm(attn_, L.wo, o_, x_, L.post_norm, xn_, batch, H, c.q_heads * D, kEps, s));
-    } else {
-      ZEST_OP("o gemm", gemm(attn_, L.wo, o_, batch, H, c.q_heads * D, s));
-      ZEST_OP("add + rmsnorm", add_rmsnorm(x_, o_, L.post_norm, xn_, batch, H, kEps, s));
-    }
+    ZEST_OP("o gemm", gemm(attn_, L.wo, o_, batch, H, c.q_heads * D, s));
+    ZEST_OP("add + rmsnorm", add_rmsnorm(x_, o_, L.post_norm, xn_, batch, H, kEps, s));
     if (moe) {
       const int E = c.experts, K = c.top_k, I = c.expert_inter;
-      const float* bias = opt_.skew > 0.f ? L.router_bias : nullptr;
-      if (fused) {  // router GEMM, top-k, SERE and plan: one launch for small batches
-        const float* sim = sere ? L.sim : nullptr;
-        ZEST_OP("router + sere + plan", moe_route(xn_, L.router, router_logits_, bias, route_ids_, route_w_, batch, E, H,
-                                                  K, sim, opt_.sere_primary, opt_.sere_threshold, &plan_,
-                                                  expert_counts_ + l, s));
-      } else {
-        ZEST_OP("router gemm", gemm(xn_, L.router, router_logits_, batch, E, H, s));
-        ZEST_OP("router top-k", router_topk(router_logits_, bias, route_ids_, route_w_, batch, E, K, s));
-        if (sere)
-          ZEST_OP("sere",
-                  sere_reroute(route_ids_, route_w_, L.sim, batch, E, K, opt_.sere_primary, opt_.sere_threshold, s));
-        ZEST_OP("moe plan", moe_plan(route_ids_, batch, K, E, plan_, expert_counts_ + l, s));
-      }
+      ZEST_OP("router gemm", gemm(xn_, L.router, router_logits_, batch, E, H, s));
+      ZEST_OP("router top-k", router_topk(router_logits_, opt_.skew > 0.f ? L.router_bias : nullptr, route_ids_,
+                                          route_w_, batch, E, K, s));
+      if (sere)
+        ZEST_OP("sere",
+                sere_reroute(route_ids_, route_w_, L.sim, batch, E, K, opt_.sere_primary, opt_.sere_threshold, s));
+      ZEST_OP("moe plan", moe_plan(route_ids_, batch, K, E, plan_, expert_counts_ + l, s));
       ZEST_OP("moe experts",
               moe_experts_decode(xn_, plan_, route_w_, L.gate_up, L.down, h_, slot_out_, batch, K, E, H, I, s));
       ZEST_OP("moe combine + rmsnorm",
-              moe_combine_add_rmsnorm(x_, slot_out_, route_ids_, K, next_norm, xn_, batch, H, kEps, s, next_pf));
+              moe_combine_add_rmsnorm(x_, slot_out_, route_ids_, K, next_norm, xn_, batch, H, kEps, s));
     } else {
       const int I = c.dense_inter;
       ZEST_OP("mlp gate/up gemm", gemm(xn_, L.gate_up, gu_, batch, 2 * I, H, s));
@@ -381,16 +355,10 @@ std::vector<std::string> SyntheticDecoder::op_labels(bool sere) const {
   if (cfg_.experts == 0)
     return {"qkv gemm", "qk norm + rope + kv", "decode attention", "o gemm", "add + rmsnorm", "mlp gate/up gemm",
             "silu*up", "mlp down gemm", "lm_head gemm", "argmax"};
-  std::vector<std::string> ops;
-  if (decode_option(DecodeOption::kFuseEpilogues) == 1) {
-    ops = {"qkv gemm + qk norm + rope + kv", "decode attention", "o gemm + add + rmsnorm", "router + sere + plan"};
-  } else {
-    ops = {"qkv gemm", "qk norm + rope + kv", "decode attention", "o gemm", "add + rmsnorm", "router gemm",
-           "router top-k"};
-    if (sere) ops.push_back("sere");
-    ops.push_back("moe plan");
-  }
-  for (const char* o : {"moe experts", "moe combine + rmsnorm", "lm_head gemm"}) ops.push_back(o);
+  std::vector<std::string> ops = {"qkv gemm", "qk norm + rope + kv", "decode attention", "o gemm", "add + rmsnorm",
+                                  "router gemm", "router top-k"};
+  if (sere) ops.push_back("sere");
+  for (const char* o : {"moe plan", "moe experts", "moe combine + rmsnorm", "lm_head gemm"}) ops.push_back(o);
   return ops;
 }
 
