@@ -286,7 +286,7 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
        [&] {
          return cuda::qk_norm_rope_kv(qkv, qn, kn, pos, 0, rope, slots, kc, vc, T, Hq, Hkv, D, eps, st);
        }},
-      {"prefill attention (default: variant 8, wgmma, 2 warpgroups x 64 rows, 128 keys, pipelined)", 4 * t * t / 2 * Hq * D, true,
+      {"prefill attention (default: variant 9, wgmma, 2 warpgroups x 64 rows, 128 keys, pipelined)", 4 * t * t / 2 * Hq * D, true,
        [&] { return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn, Hq, Hkv, D, scale, st); }},
       {"prefill attention, variant 2 (4 warps x 16 rows, 64 keys)", 4 * t * t / 2 * Hq * D, false,
        [&] {
@@ -362,9 +362,15 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
            return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn2, Hq, Hkv, D, scale, st);
          });
        }},
-      {"prefill attention, variant 9 (as 8, diagonal-only mask, FFMA exponent)", 4 * t * t / 2 * Hq * D, false,
+      {"prefill attention, variant 8 (as 9, every tile masked, scale then subtract)", 4 * t * t / 2 * Hq * D, false,
        [&] {
-         return with_option(cuda::PrefillOption::kAttention, 9, [&] {
+         return with_option(cuda::PrefillOption::kAttention, 8, [&] {
+           return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn2, Hq, Hkv, D, scale, st);
+         });
+       }},
+      {"prefill attention, variant 10 (as 9, score arrays swapped, no copy)", 4 * t * t / 2 * Hq * D, false,
+       [&] {
+         return with_option(cuda::PrefillOption::kAttention, 10, [&] {
            return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn2, Hq, Hkv, D, scale, st);
          });
        }},
@@ -484,7 +490,7 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
     std::fflush(stdout);
   }
   // Attention variants against the default kernel.
-  for (int v : {4, 6, 7, 9}) {
+  for (int v : {4, 6, 7, 8, 10}) {
     ZEST_RETURN_IF_ERROR(with_option(cuda::PrefillOption::kAttention, v, [&] {
       return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn2, Hq, Hkv, D, scale, st);
     }));

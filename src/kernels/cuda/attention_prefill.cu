@@ -585,7 +585,7 @@ Status launch_wgmma(const bf16* q, int q_stride, const bf16* k, const bf16* v, i
 constexpr size_t kPipeTileBytes = static_cast<size_t>(128) * kD * sizeof(bf16);
 constexpr size_t kPipeSmem = 7 * kPipeTileBytes + 1024;  // Q, K x3, V x3, alignment slack
 
-template <bool kLean>
+template <bool kLean, bool kSwap>
 __global__ void __launch_bounds__(256, 1)
     prefill_attention_wgmma_pipe_kernel(const bf16* __restrict__ q, int q_stride, const bf16* __restrict__ k,
                                         const bf16* __restrict__ v, int kv_stride,
@@ -652,7 +652,7 @@ __global__ void __launch_bounds__(256, 1)
   // kLean: scores stay unscaled (the max is taken on them, scale > 0) and p = exp2(s * scale - m) is one FFMA
   // and EX2; the causal mask is applied to the last tile only (with 128-row query tiles and 128-key tiles it is
   // the only one that crosses the diagonal). Otherwise every tile is scaled, then masked by comparison.
-  auto softmax_pv = [&](int kt, auto last) {
+  auto softmax_pv = [&](int kt, float (&sv)[64], auto last) {
     constexpr bool kMask = !kLean || decltype(last)::value;
     const int k0 = kt * 128;
     float mx[2] = {-INFINITY, -INFINITY};
@@ -660,9 +660,9 @@ __global__ void __launch_bounds__(256, 1)
     for (int i = 0; i < 16; ++i)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float x = kLean ? sc[4 * i + e] : sc[4 * i + e] * scale_log2;
+        float x = kLean ? sv[4 * i + e] : sv[4 * i + e] * scale_log2;
         if (kMask && k0 + 8 * i + 2 * t + (e & 1) > row0 + g + (e >> 1) * 8) x = -INFINITY;
-        sc[4 * i + e] = x;
+        sv[4 * i + e] = x;
         mx[e >> 1] = fmaxf(mx[e >> 1], x);
       }
     float alpha[2];
@@ -689,7 +689,7 @@ __global__ void __launch_bounds__(256, 1)
       float p[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e)
-        p[e] = kLean ? exp2f(fmaf(sc[4 * i + e], scale_log2, -m[e >> 1])) : exp2f(sc[4 * i + e] - m[e >> 1]);
+        p[e] = kLean ? exp2f(fmaf(sv[4 * i + e], scale_log2, -m[e >> 1])) : exp2f(sv[4 * i + e] - m[e >> 1]);
       l[0] += p[0] + p[1];
       l[1] += p[2] + p[3];
       pa[i / 2][(i % 2) * 2] = pack_bf16(p[0], p[1]);
@@ -704,7 +704,9 @@ __global__ void __launch_bounds__(256, 1)
 
   issue_s(sc, 0);
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-  for (int kt = 0; kt + 1 < n_kt; ++kt) {
+  // One key tile with scores in cur: S of tile kt + 1 into nxt (runs on the tensor cores during the softmax),
+  // softmax and O += P V of tile kt, then both waited for.
+  auto step = [&](int kt, float (&cur)[64], float (&nxt)[64]) {
     cp_async_wait<0>();  // tile kt + 1
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
     __syncthreads();  // every warpgroup is done with tile kt - 1: its buffer takes tile kt + 2
@@ -714,13 +716,30 @@ __global__ void __launch_bounds__(256, 1)
       wg_load_tile<128, 256>(sV + b * kTile, vh, kv_stride, (kt + 2) * 128, len);
     }
     cp_async_commit();
-    issue_s(sn, (kt + 1) % 3);  // runs on the tensor cores during the softmax below
-    softmax_pv(kt, std::false_type{});
+    issue_s(nxt, (kt + 1) % 3);
+    softmax_pv(kt, cur, std::false_type{});
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+  };
+  if constexpr (kSwap) {  // the two score arrays swap roles every tile (unrolled by two, no copy)
+    int kt = 0;
+    for (; kt + 2 < n_kt; kt += 2) {
+      step(kt, sc, sn);
+      step(kt + 1, sn, sc);
+    }
+    if (kt + 1 < n_kt) {
+      step(kt, sc, sn);
+      softmax_pv(n_kt - 1, sn, std::true_type{});
+    } else {
+      softmax_pv(n_kt - 1, sc, std::true_type{});
+    }
+  } else {
+    for (int kt = 0; kt + 1 < n_kt; ++kt) {
+      step(kt, sc, sn);
 #pragma unroll
-    for (int i = 0; i < 64; ++i) sc[i] = sn[i];
+      for (int i = 0; i < 64; ++i) sc[i] = sn[i];
+    }
+    softmax_pv(n_kt - 1, sc, std::true_type{});
   }
-  softmax_pv(n_kt - 1, std::true_type{});
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 
   const size_t out_stride = static_cast<size_t>(Hq) * kD;
@@ -739,16 +758,16 @@ __global__ void __launch_bounds__(256, 1)
   }
 }
 
-template <bool kLean>
+template <bool kLean, bool kSwap = false>
 Status launch_wgmma_pipe(const bf16* q, int q_stride, const bf16* k, const bf16* v, int kv_stride,
                          const int32_t* cu_seqlens, int nseq, int max_seqlen, bf16* out, int Hq, int Hkv, float scale,
                          cudaStream_t stream) {
   static const cudaError_t attr = cudaFuncSetAttribute(
-      prefill_attention_wgmma_pipe_kernel<kLean>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kPipeSmem));
+      prefill_attention_wgmma_pipe_kernel<kLean, kSwap>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kPipeSmem));
   ZEST_RETURN_IF_ERROR(cuda_status(attr, "prefill_attention (wgmma, pipelined) smem attribute"));
   constexpr float kLog2e = 1.4426950408889634f;
   const dim3 grid(Hq, (max_seqlen + 127) / 128, nseq);
-  return launch("prefill_attention", prefill_attention_wgmma_pipe_kernel<kLean>, grid, dim3(256), kPipeSmem, stream, q,
+  return launch("prefill_attention", prefill_attention_wgmma_pipe_kernel<kLean, kSwap>, grid, dim3(256), kPipeSmem, stream, q,
                 q_stride, k, v, kv_stride, cu_seqlens, out, Hq, Hkv, scale * kLog2e);
 }
 
@@ -812,15 +831,18 @@ Status prefill_attention(const bf16* q, int q_stride, const bf16* k, const bf16*
     case 6:
       return launch_wgmma<2, 128>(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, scale,
                                   stream);
-    case 9:
-      return launch_wgmma_pipe<true>(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, scale,
-                                     stream);
+    case 8:
+      return launch_wgmma_pipe<false>(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, scale,
+                                      stream);
+    case 10:
+      return launch_wgmma_pipe<true, true>(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv,
+                                           scale, stream);
     case 7:
       return launch_wgmma<1, 64>(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, scale,
                                  stream);
-    default:  // 0 and 8: 387 TFLOP/s at T = 8192 on H200 (variant 6: 350, mma.sync variant 4: 274)
-      return launch_wgmma_pipe<false>(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, scale,
-                                      stream);
+    default:  // 0 and 9: 433 TFLOP/s at T = 8192 on H200 (variant 8: 382, 6: 352, mma.sync variant 4: 274)
+      return launch_wgmma_pipe<true>(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, scale,
+                                     stream);
   }
 }
 
