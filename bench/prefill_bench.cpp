@@ -440,6 +440,28 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
            return cuda::moe_prefill_down(h, plan, rw, down, slot_out2, T, K, E, H, I, st);
          });
        }},
+      {"experts gate/up, variant 9 (wgmma, 64-row CTAs, 4 stages, overlapped)", 2 * t * K * 2 * I * H, false,
+       [&] {
+         return with_option(cuda::PrefillOption::kGroupedGemm, 9,
+                            [&] { return cuda::moe_prefill_gate_up(xn, plan, gate_up, h, T, K, E, H, I, st); });
+       }},
+      {"experts down, variant 9 (wgmma, 64-row CTAs, 4 stages, overlapped)", 2 * t * K * H * I, false,
+       [&] {
+         return with_option(cuda::PrefillOption::kGroupedGemm, 9, [&] {
+           return cuda::moe_prefill_down(h, plan, rw, down, slot_out2, T, K, E, H, I, st);
+         });
+       }},
+      {"experts gate/up, variant 10 (wgmma, 64-row CTAs, 3 stages, overlapped)", 2 * t * K * 2 * I * H, false,
+       [&] {
+         return with_option(cuda::PrefillOption::kGroupedGemm, 10,
+                            [&] { return cuda::moe_prefill_gate_up(xn, plan, gate_up, h, T, K, E, H, I, st); });
+       }},
+      {"experts down, variant 10 (wgmma, 64-row CTAs, 3 stages, overlapped)", 2 * t * K * H * I, false,
+       [&] {
+         return with_option(cuda::PrefillOption::kGroupedGemm, 10, [&] {
+           return cuda::moe_prefill_down(h, plan, rw, down, slot_out2, T, K, E, H, I, st);
+         });
+       }},
   };
   // One pass of the layer's ops in order first, so every op's inputs exist (routing, plan, h).
   for (const Op& op : ops)
@@ -500,7 +522,7 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
     std::printf("attention variant %d vs default: max |diff| %.3g (max |out| %.3g)\n", v, wd.first, wd.second);
   }
   // Every grouped-GEMM variant against the default on the layer's routing.
-  for (int v : {1, 2, 4, 5, 6, 7, 8}) {
+  for (int v : {1, 2, 4, 5, 6, 7, 8, 9, 10}) {
     ZEST_RETURN_IF_ERROR(with_option(cuda::PrefillOption::kGroupedGemm, v, [&] {
       return cuda::moe_experts_prefill(xn, plan, rw, gate_up, down, h, slot_out2, T, K, E, H, I, st);
     }));

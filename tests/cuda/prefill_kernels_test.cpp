@@ -327,7 +327,7 @@ TEST(CudaPrefillKernels, GroupedGemmVariantsMatchReference) {
 TEST(CudaPrefillKernels, GroupedGemmWgmmaVariantsMatchReference) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(515);
-  for (int variant : {3, 4, 5, 6, 7, 8}) {
+  for (int variant : {3, 4, 5, 6, 7, 8, 9, 10}) {
     SCOPED_TRACE(testing::Message() << "variant " << variant);
     OptionScope scope(PrefillOption::kGroupedGemm, variant);
     run_grouped_case({320, 8, 256, 128, 300, 17, 1}, false, rng);

@@ -140,8 +140,8 @@ Status prefill_attention(const bf16* q, int q_stride, const bf16* k, const bf16*
 //     ring, 2 = 64 in 3 stages; wgmma (two warpgroups of 64 rows, k-chunks of 64): 3 = 3 stages, each stage's
 //     wgmma waited for; 4 = 4 stages, one wgmma group left in flight; 5 = 3 stages, one group in flight;
 //     256 weight rows per CTA (m64n256k16; needs I % 128 == 0 and H % 256 == 0, else variant 3): 6 = 3 stages,
-//     7 = 4 stages with one group in flight; 8 = one warpgroup of 64 rows per CTA (one plan tile, three CTAs
-//     per SM), 3 stages.
+//     7 = 4 stages with one group in flight; one warpgroup of 64 rows per CTA (one plan tile): 8 = 3 stages (three
+//     CTAs per SM), 9 = 4 stages with one group in flight, 10 = 3 stages with one group in flight.
 enum class PrefillOption : int { kAttention = 0, kGroupedGemm, kCount };
 void set_prefill_option(PrefillOption opt, int value);
 int prefill_option(PrefillOption opt);

@@ -667,6 +667,8 @@ Status moe_prefill_gate_up(const bf16* x, const MoePlan& plan, const bf16* gate_
     case 6: return run(launch_grouped_wgmma<true, 128, 256, 3, false>);
     case 7: return run(launch_grouped_wgmma<true, 128, 256, 4, true>);
     case 8: return run(launch_grouped_wgmma<true, 64, 128, 3, false>);
+    case 9: return run(launch_grouped_wgmma<true, 64, 128, 4, true>);
+    case 10: return run(launch_grouped_wgmma<true, 64, 128, 3, true>);
     default: return run(launch_grouped_wgmma<true, 128, 128, 3, false>);  // 0 and 3: the fastest on H200
   }
 }
@@ -686,6 +688,8 @@ Status moe_prefill_down(const bf16* h, const MoePlan& plan, const float* weights
     case 6: return run(launch_grouped_wgmma<false, 128, 256, 3, false>);
     case 7: return run(launch_grouped_wgmma<false, 128, 256, 4, true>);
     case 8: return run(launch_grouped_wgmma<false, 64, 128, 3, false>);
+    case 9: return run(launch_grouped_wgmma<false, 64, 128, 4, true>);
+    case 10: return run(launch_grouped_wgmma<false, 64, 128, 3, true>);
     default: return run(launch_grouped_wgmma<false, 128, 128, 3, false>);  // 0 and 3: the fastest on H200
   }
 }
