@@ -47,8 +47,8 @@ enum class DecodeOption : int {
                     // allow: 1 (default) = 2/4 chunks, 3 CTAs; 0 = 4/8, 1 CTA; 2 = 2/4, 4 CTAs; 3 = 4/8, 2 CTAs
   kAttentionKernel, // decode attention: 1 (default) = tensor cores (mma.sync) when 8 query heads share a kv head
                     // and q rows are 16-byte aligned; 0 = the CUDA-core page loop
-  kGemmVariant,     // small-M GEMM, chunks in flight per warp and CTAs per SM: 0 = 8, 1 CTA; 1 = 4, 3; 2 = 8, 2;
-                    // 3 = 2, 4
+  kGemmVariant,     // small-M GEMM, chunks in flight per warp and CTAs per SM: 1 (default) = 4, 3 CTAs; 0 = 8, 1;
+                    // 2 = 8, 2; 3 = 2, 4
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);
