@@ -236,8 +236,10 @@ HostPlan ref_plan(const std::vector<int32_t>& ids, int E) {
 TEST(CudaMoePlan, ListsTokensPerActiveExpert) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(33);
-  // 160 slots are staged in shared memory; 4400 slots (over the 4096 staged) are read from global memory.
-  for (auto [N, K, E] : {std::tuple{40, 4, 32}, std::tuple{1100, 4, 64}}) {
+  // The kernel's paths: a slot per thread (160 slots), slots staged in shared memory (2400 slots; 600 slots with
+  // 300 experts), slots read from global memory (4400, over the 4096 staged).
+  for (auto [N, K, E] : {std::tuple{40, 4, 32}, std::tuple{300, 8, 64}, std::tuple{150, 4, 300},
+                         std::tuple{1100, 4, 64}}) {
   SCOPED_TRACE(testing::Message() << "N=" << N << " K=" << K << " E=" << E);
   std::vector<int32_t> ids;
   std::vector<float> w;

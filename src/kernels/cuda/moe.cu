@@ -8,6 +8,7 @@ namespace {
 
 constexpr int kMaxExperts = 1024;
 constexpr int kPlanStage = 4096;  // slot ids staged in shared memory by moe_plan_kernel (16 KiB)
+constexpr int kPlanSlotE = 256;   // slot-per-thread path: at most blockDim slots and this many experts
 
 // ---- plan ------------------------------------------------------------------------------------------------
 
@@ -15,27 +16,54 @@ __global__ void __launch_bounds__(1024) moe_plan_kernel(const int32_t* __restric
                                                         MoePlan plan, int64_t* active_count_sum) {
   pdl_wait();
   __shared__ int counts[kMaxExperts];
-  __shared__ int act_index[kMaxExperts];
-  __shared__ int ids_s[kPlanStage];
+  __shared__ int offset_of[kMaxExperts];
+  // Slot ids staged for the per-expert scans, or per-warp counts [32][E] of the slot-per-thread path.
+  __shared__ int scratch[kPlanStage > 32 * kPlanSlotE ? kPlanStage : 32 * kPlanSlotE];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  // Decode-sized id lists are staged in shared memory once (every warp scans them for each of its experts;
-  // from global memory those scans were a chain of dependent L2 round trips).
-  const bool staged = NK <= kPlanStage;
-  if (staged) {
-    for (int i = threadIdx.x; i < NK; i += blockDim.x) ids_s[i] = __ldg(ids + i);
+  // Slot-per-thread path (decode batches): thread i holds slot i; its rank among equal ids is the warp's match
+  // mask below its lane plus the counts of the same id in earlier warps. Three barriers, no loops over slots.
+  const bool per_thread = NK <= static_cast<int>(blockDim.x) && E <= kPlanSlotE;
+  int my_id = -1;
+  unsigned below = 0;
+  // Otherwise decode-sized id lists are staged in shared memory once (every warp scans them for each of its
+  // experts; from global memory those scans were a chain of dependent L2 round trips).
+  const bool staged = !per_thread && NK <= kPlanStage;
+  if (per_thread) {
+    for (int i = threadIdx.x; i < nwarps * E; i += blockDim.x) scratch[i] = 0;
+    my_id = static_cast<int>(threadIdx.x) < NK ? __ldg(ids + threadIdx.x) : -1;
+    if (my_id >= E) my_id = -1;
+    const unsigned peers = __match_any_sync(0xffffffffu, my_id >= 0 ? my_id : E + lane);
+    below = peers & ((1u << lane) - 1u);
+    __syncthreads();
+    if (my_id >= 0 && below == 0) scratch[warp * E + my_id] = __popc(peers);
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {  // exclusive prefix over warps, total count
+      int c = 0;
+      for (int w = 0; w < nwarps; ++w) {
+        const int t = scratch[w * E + e];
+        scratch[w * E + e] = c;
+        c += t;
+      }
+      counts[e] = c;
+    }
+    __syncthreads();
+  } else {
+    if (staged) {
+      for (int i = threadIdx.x; i < NK; i += blockDim.x) scratch[i] = __ldg(ids + i);
+      __syncthreads();
+    }
+    const int32_t* src = staged ? scratch : ids;
+    for (int e = warp; e < E; e += nwarps) {
+      int c = 0;
+      for (int base = 0; base < NK; base += 32) {
+        const int i = base + lane;
+        const int id = i < NK ? src[i] : -1;
+        c += __popc(__ballot_sync(0xffffffffu, id == e));
+      }
+      if (lane == 0) counts[e] = c;
+    }
     __syncthreads();
   }
-  const int32_t* src = staged ? ids_s : ids;
-  for (int e = warp; e < E; e += nwarps) {
-    int c = 0;
-    for (int base = 0; base < NK; base += 32) {
-      const int i = base + lane;
-      const int id = i < NK ? src[i] : -1;
-      c += __popc(__ballot_sync(0xffffffffu, id == e));
-    }
-    if (lane == 0) counts[e] = c;
-  }
-  __syncthreads();
   if (warp == 0) {  // warp-parallel scans: active list, offsets and prefill tiles
     int na = 0, off = 0, nt = 0;
     for (int e0 = 0; e0 < E; e0 += 32) {
@@ -54,7 +82,7 @@ __global__ void __launch_bounds__(1024) moe_plan_kernel(const int32_t* __restric
       }
       const int idx = na + __popc(act & ((1u << lane) - 1));
       const int my_off = off + cs - c, my_tile = nt + ts - tiles;
-      if (e < E) act_index[e] = c > 0 ? idx : -1;
+      if (e < E) offset_of[e] = my_off;
       if (c > 0) {
         plan.active_experts[idx] = e;
         plan.offsets[idx] = my_off;
@@ -75,9 +103,14 @@ __global__ void __launch_bounds__(1024) moe_plan_kernel(const int32_t* __restric
     }
   }
   __syncthreads();
+  if (per_thread) {
+    if (my_id >= 0) plan.sorted_slots[offset_of[my_id] + scratch[warp * E + my_id] + __popc(below)] = threadIdx.x;
+    return;
+  }
+  const int32_t* src = staged ? scratch : ids;
   for (int e = warp; e < E; e += nwarps) {
     if (counts[e] == 0) continue;
-    int pos = plan.offsets[act_index[e]];
+    int pos = offset_of[e];
     for (int base = 0; base < NK; base += 32) {
       const int i = base + lane;
       const int id = i < NK ? src[i] : -1;
