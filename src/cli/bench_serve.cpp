@@ -145,7 +145,10 @@ Result<std::vector<std::string>> request_images(const BenchServeArgs& a, int64_t
   return urls;
 }
 
-// About `n` tokens of random common words (one word is about one token for Qwen's tokenizer).
+// About `n` words of random text: common English words mixed with made-up ones (consonant-vowel
+// syllables), so that prompts differ in content and not only in word order (a model's routing and output
+// then differ from request to request). A common word is about one token of Qwen's tokenizer, a made-up
+// one about two.
 std::string random_prompt(int64_t n, std::mt19937_64& rng) {
   static const char* kWords[] = {
       "time", "year", "people", "way", "day", "man", "thing", "woman", "life", "child", "world", "school",
@@ -154,11 +157,21 @@ std::string random_prompt(int64_t n, std::mt19937_64& rng) {
       "water", "room", "mother", "area", "money", "story", "fact", "month", "lot", "right", "study", "book",
       "eye", "job", "word", "business", "issue", "side", "kind", "head", "house", "service", "friend",
       "father", "power", "hour", "game", "line", "end", "member", "law", "car", "city", "community", "name"};
+  static const char kConsonants[] = "bcdfghjklmnprstvwz";
+  static const char kVowels[] = "aeiou";
   constexpr size_t kCount = sizeof(kWords) / sizeof(kWords[0]);
   std::string s;
   for (int64_t i = 0; i < n; ++i) {
     if (i) s += ' ';
-    s += kWords[rng() % kCount];
+    if (rng() % 2 == 0) {
+      s += kWords[rng() % kCount];
+    } else {
+      const int syllables = 2 + static_cast<int>(rng() % 2);
+      for (int k = 0; k < syllables; ++k) {
+        s += kConsonants[rng() % (sizeof(kConsonants) - 1)];
+        s += kVowels[rng() % (sizeof(kVowels) - 1)];
+      }
+    }
   }
   return s;
 }
@@ -433,7 +446,7 @@ void register_bench_serve(CLI::App& bench, std::function<int()>& run) {
                   "also print one markdown row: | LABEL | concurrency | ok/n | TTFT p50 | TTFT p99 | TPOT p50 | "
                   "TPOT p99 | req/s | output tok/s |");
   sub->add_option("--output-len", a->output_len, "generated tokens per request (ignore_eos)")->capture_default_str();
-  sub->add_option("--prompt-len", a->prompt_len, "prompt words per request (about one token each)")
+  sub->add_option("--prompt-len", a->prompt_len, "prompt words per request (about 1.5 tokens each)")
       ->capture_default_str();
   sub->add_option("--seed", a->seed, "seed of prompts and arrival times")->capture_default_str();
   sub->add_option("--timeout", a->timeout_s, "per-request timeout in seconds")->capture_default_str();

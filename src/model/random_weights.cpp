@@ -96,33 +96,39 @@ void set_bf16(const io::TensorView& v, int64_t i, float x) {
   const_cast<uint16_t*>(static_cast<const uint16_t*>(v.data))[i] = f32_to_bf16(x);
 }
 
-// Hidden coordinate 0 as the router-bias channel (see random_decoder_weights): the per-layer part.
-constexpr float kBiasChannelScale = 10.f;  // the channel's value in units of sqrt(hidden)
+constexpr float kContextGain = 3.f;  // layer 0's o_proj rows that write the token channels
 
-void bias_channel_layer(DecoderLayerWeights& L, int64_t own_experts, int64_t H, const std::vector<float>& bias) {
-  set_bf16(L.in_norm, 0, 0.f);
-  set_bf16(L.post_norm, 0, 1.f);
+// The per-layer part of the reserved hidden coordinates (see random_decoder_weights): [0, 1 + K) are never
+// written by a layer and never read by attention or the experts; the router reads them (column 0 the bias,
+// columns 1..K unit-norm random rows over the token channels, every other column zero).
+void reserve_channels(DecoderLayerWeights& L, int64_t own_experts, int64_t H, int64_t K, float channel,
+                      const std::vector<float>& bias) {
+  const int64_t R = 1 + K;
+  for (int64_t j = 0; j < R; ++j) {
+    set_bf16(L.in_norm, j, 0.f);
+    set_bf16(L.post_norm, j, 1.f);
+  }
   const int64_t o_cols = L.o.shape[1];
-  for (int64_t j = 0; j < o_cols; ++j) set_bf16(L.o, j, 0.f);  // row 0 of o_proj
+  for (int64_t j = 0; j < o_cols; ++j) set_bf16(L.o, j, 0.f);  // row 0 of o_proj (rows 1..K: by the caller)
   for (int64_t e = 0; e < own_experts; ++e) {
     const int64_t I = L.gate[e].shape[0];
-    for (int64_t r = 0; r < I; ++r) {
-      set_bf16(L.gate[e], r * H, 0.f);  // column 0 of gate and up
-      set_bf16(L.up[e], r * H, 0.f);
-      set_bf16(L.down[e], r, 0.f);  // row 0 of down
-    }
+    for (int64_t r = 0; r < I; ++r)
+      for (int64_t j = 0; j < R; ++j) {
+        set_bf16(L.gate[e], r * H + j, 0.f);  // columns [0, R) of gate and up
+        set_bf16(L.up[e], r * H + j, 0.f);
+      }
+    for (int64_t j = 0; j < R * I; ++j) set_bf16(L.down[e], j, 0.f);  // rows [0, R) of down
   }
   if (!L.moe) return;
-  // The normalised channel is about C * sqrt(H) / sqrt(C^2 + H) for C = 10 sqrt(H) and unit-variance other
-  // coordinates; those shrink by the same factor, so the random columns are scaled up to keep N(0, 1) logits.
-  const float c2 = kBiasChannelScale * kBiasChannelScale;
-  const float x0 = kBiasChannelScale * std::sqrt(static_cast<float>(H)) / std::sqrt(c2 + 1.f);
-  const float widen = std::sqrt(c2 + 1.f);
   const int64_t E = L.router.shape[0];
-  const uint16_t* r = static_cast<const uint16_t*>(L.router.data);
+  const uint16_t* w = static_cast<const uint16_t*>(L.router.data);
   for (int64_t e = 0; e < E; ++e) {
-    for (int64_t j = 1; j < H; ++j) set_bf16(L.router, e * H + j, widen * bf16_to_f32(r[e * H + j]));
-    set_bf16(L.router, e * H, bias[static_cast<size_t>(e)] / x0);
+    double norm = 0;
+    for (int64_t j = 1; j < R; ++j) norm += static_cast<double>(bf16_to_f32(w[e * H + j])) * bf16_to_f32(w[e * H + j]);
+    const float inv = norm > 0 ? static_cast<float>(1.0 / std::sqrt(norm)) : 0.f;
+    for (int64_t j = 1; j < R; ++j) set_bf16(L.router, e * H + j, inv * bf16_to_f32(w[e * H + j]));
+    for (int64_t j = R; j < H; ++j) set_bf16(L.router, e * H + j, 0.f);
+    set_bf16(L.router, e * H, bias[static_cast<size_t>(e)] / channel);
   }
 }
 
@@ -131,6 +137,8 @@ std::string text_prefix(const io::ModelConfig& c) {
 }
 
 }  // namespace
+
+int64_t token_channels(int64_t hidden) { return hidden >= 8 ? std::min<int64_t>(64, (hidden - 1) / 2) : 0; }
 
 std::vector<std::string> named_model_configs() {
   return {"qwen3-30b-a3b", "qwen3-vl-30b-a3b", "qwen3-vl-235b-a22b", "qwen3-vl-32b"};
@@ -221,11 +229,15 @@ DecoderWeights random_decoder_weights(const io::TextConfig& c, RandomTensors& st
   w.final_norm = store.uniform("norm", {H}, 0.9f, 1.1f);
   w.lm_head = c.tie_word_embeddings ? w.embed : store.normal("lm_head", {c.vocab_size, H}, sd(H));
   const int64_t distinct = distinct_layers <= 0 ? c.num_layers : std::min(distinct_layers, c.num_layers);
+  const int64_t K = token_channels(H);
+  const float channel = std::sqrt(static_cast<float>(H));  // the bias channel's constant
+  io::TensorView o_later;  // layer 0's o_proj without its token-channel rows, for the layers that share it
   for (int64_t l = 0; l < c.num_layers; ++l) {
     if (l >= distinct) {
       DecoderLayerWeights L = w.layers[static_cast<size_t>(l % distinct)];
       L.moe = c.is_moe_layer(l);
       if (L.moe == w.layers[static_cast<size_t>(l % distinct)].moe) {
+        if (l % distinct == 0 && K > 0) L.o = o_later;  // only layer 0 writes the token channels
         w.layers.push_back(std::move(L));
         continue;
       }
@@ -257,16 +269,31 @@ DecoderWeights random_decoder_weights(const io::TextConfig& c, RandomTensors& st
       L.up.push_back(store.normal(ep + "up_proj", {I, H}, sd(H)));
       L.down.push_back(store.normal(ep + "down_proj", {H, I}, sd(I)));
     }
-    if (router_skew > 0.f)
-      bias_channel_layer(L, L.moe ? own : 1, H,
-                         L.moe ? random_router_bias(E, router_skew, store.seed() * 1000003ull + static_cast<uint64_t>(l))
-                               : std::vector<float>());
+    if (K > 0) {
+      // Layer 0's attention writes the token channels (so the next token and the routing also depend on
+      // the context, not only on the current token); later layers do not (rows 1..K of o_proj zero).
+      const int64_t o_cols = L.o.shape[1];
+      if (l == 0) {
+        o_later = store.normal(p + "o_proj.later", {H, Hq * D}, sd(Hq * D));
+        for (int64_t j = 0; j < (1 + K) * o_cols; ++j) set_bf16(o_later, j, 0.f);
+        // An attention output averages over the context, so it is several times smaller than an embedding
+        // value: scaled up so that the context and the current token weigh alike in the token channels.
+        const uint16_t* ov = static_cast<const uint16_t*>(L.o.data);
+        for (int64_t j = o_cols; j < (1 + K) * o_cols; ++j) set_bf16(L.o, j, kContextGain * bf16_to_f32(ov[j]));
+      } else {
+        for (int64_t j = o_cols; j < (1 + K) * o_cols; ++j) set_bf16(L.o, j, 0.f);
+      }
+    }
+    if (K > 0)
+      reserve_channels(L, L.moe ? own : 1, H, K, channel,
+                       L.moe && router_skew > 0.f
+                           ? random_router_bias(E, router_skew, store.seed() * 1000003ull + static_cast<uint64_t>(l))
+                           : std::vector<float>(static_cast<size_t>(E), 0.f));
     w.layers.push_back(std::move(L));
   }
-  if (router_skew > 0.f) {
-    const float channel = kBiasChannelScale * std::sqrt(static_cast<float>(H));
+  if (K > 0) {
     for (int64_t v = 0; v < c.vocab_size; ++v) set_bf16(w.embed, v * H, channel);
-    set_bf16(w.final_norm, 0, 0.f);
+    for (int64_t j = 0; j < H; ++j) set_bf16(w.final_norm, j, j >= 1 && j <= K ? 1.f : 0.f);
   }
   return w;
 }

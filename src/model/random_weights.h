@@ -51,17 +51,25 @@ class RandomTensors {
 // while the device decoder still gets (and uploads) every layer. Likewise within an MoE layer, expert
 // e >= distinct_experts views expert e % distinct_experts (0: every expert its own).
 //
-// router_skew > 0 makes expert popularity Zipf-like, as the synthetic decoder's router bias does: every MoE
-// layer's router logits get about -router_skew * ln(rank_e + 1) added (random_router_bias) on top of a
-// N(0, 1)-like random part. There is no bias tensor in the checkpoint layout, so hidden coordinate 0
-// carries it: every embedding row has 10 * sqrt(hidden) there, nothing writes that coordinate (row 0 of
-// o_proj and of every down_proj is zero), the attention, the experts and the final norm ignore it (weight
-// 0 in input_layernorm and the final norm, column 0 of gate/up zero), and router column 0 turns the
-// normalised constant into the bias. The constant dominates the RMS of the hidden state, so the layer
-// inputs shrink about tenfold (the work is the same) and the bias stays within a few percent with depth.
-// Visual rows (which replace embeddings) do not carry it.
+// Routing and the next token follow the current token, not the layers' computation: a deep random network
+// makes the hidden states of different tokens alike (and greedy decoding then repeats a few tokens), which
+// would route a whole batch onto a few experts, far from a trained model. So hidden coordinates
+// [0, 1 + K), K = token_channels(hidden), are reserved: no layer writes them (their rows of o_proj and
+// down_proj are zero), attention and the experts ignore them (input_layernorm weight 0 there, their
+// columns of gate/up zero); coordinate 0 holds sqrt(hidden) in every embedding row, coordinates 1..K keep
+// the token's random embedding values. Router row e reads only these: a unit-norm random vector over the
+// K token channels (an N(0, 1) logit for a random token) and column 0, which adds bias_e; every other
+// router column is zero. The final norm keeps only the token channels, so the next token is a random
+// function of the current one. Up to a common positive scale, the router logits are N(0, 1)-like per token
+// plus bias_e at every depth. The layers' work is the same as with any other weights.
+//
+// router_skew > 0 makes expert popularity Zipf-like, as the synthetic decoder's router bias does: bias_e =
+// -router_skew * ln(rank_e + 1) (random_router_bias); 0 = no bias.
 DecoderWeights random_decoder_weights(const io::TextConfig& cfg, RandomTensors& store, int64_t distinct_layers = 0,
                                       int64_t distinct_experts = 0, float router_skew = 0.f);
+
+// Token channels random_decoder_weights reserves: min(64, (hidden - 1) / 2), 0 below hidden 8.
+int64_t token_channels(int64_t hidden);
 
 // The router bias random_decoder_weights aims at with router_skew: -skew * ln(rank_e + 1) for a random
 // permutation rank of the experts (from `seed`).

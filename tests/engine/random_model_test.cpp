@@ -5,12 +5,15 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <algorithm>
 #include <functional>
 #include <random>
 #include <set>
 
 #include <unistd.h>
+
+#include <nlohmann/json.hpp>
 
 #include "core/dtype.h"
 #include "engine/model_bundle.h"
@@ -327,6 +330,76 @@ TEST(RandomModel, RouterSkewConcentratesTheRoutingOnTheBiasedExperts) {
   for (double s : popular_share(**skewed, 4, 512)) EXPECT_NEAR(s, expected, 0.1);
   o.router_skew = -1.f;
   EXPECT_FALSE(engine::ModelBundle::random(o, model::Backend::kCpu).ok());
+}
+
+TEST(RandomModel, RoutingAndNextTokenDoNotCollapseWithDepth) {
+  // A deep random network makes the hidden states of a sequence's tokens alike (attention averages them),
+  // which would route them onto the same experts; the reserved token channels keep each token's routing
+  // its own. Shape: hidden 128, 16 layers, 64 experts top-4.
+  nlohmann::json cfg;
+  {
+    std::ifstream f(kTinyVl + "/config.json");
+    cfg = nlohmann::json::parse(f);
+  }
+  auto& t = cfg["text_config"];
+  t["hidden_size"] = 128;
+  t["head_dim"] = 32;
+  t["num_hidden_layers"] = 16;
+  t["num_experts"] = 64;
+  t["num_local_experts"] = 64;
+  t["num_experts_per_tok"] = 4;
+  t["moe_intermediate_size"] = 32;
+  for (const char* k : {"rope_parameters", "rope_scaling"}) t[k]["mrope_section"] = {8, 4, 4};
+  cfg["vision_config"]["out_hidden_size"] = 128;
+  const std::string file = (std::filesystem::temp_directory_path() /
+                            ("zest-random-config-" + std::to_string(::getpid()) + ".json")).string();
+  {
+    std::ofstream f(file);
+    f << cfg.dump();
+  }
+  engine::RandomModelOptions o;
+  o.config = file;
+  o.tokenizer = kTokenizer;
+  auto m = engine::ModelBundle::random(o, model::Backend::kCpu);
+  std::filesystem::remove(file);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  const io::TextConfig& c = (*m)->config.text;
+  const int64_t T = 64, K = c.num_experts_per_tok, E = c.num_experts;
+  std::vector<int32_t> ids_last;
+  model::MoeHooks hooks;
+  hooks.route = [&](int64_t layer, int32_t* ids, float*, int64_t rows, int64_t k, const std::vector<uint8_t>&) {
+    if (layer == c.num_layers - 1) ids_last.assign(ids, ids + rows * k);
+  };
+  auto cache = (*m)->decoder().allocate_cache(T / 16, 16);
+  ASSERT_TRUE(cache.ok());
+  std::vector<int32_t> table;
+  ASSERT_TRUE(cache->reserve(table, T).is_ok());
+  model::ForwardBatch b;
+  for (int64_t i = 0; i < T; ++i) b.tokens.push_back(static_cast<int32_t>(1000 + i * 2311));
+  for (int r = 0; r < 3; ++r)
+    for (int64_t i = 0; i < T; ++i) b.positions.push_back(static_cast<int32_t>(i));
+  b.seqs.push_back({&table, 0, T, true, true});
+  auto out = (*m)->decoder().forward(b, *cache, &hooks);
+  ASSERT_TRUE(out.ok()) << out.status().to_string();
+  ASSERT_EQ(static_cast<int64_t>(ids_last.size()), T * K);
+  // Independent uniform top-K routing shares K/E = 1/16 of the experts between two tokens on average; the
+  // sequence's common context adds some. Without the token channels this shape shares about half.
+  double overlap = 0;
+  int64_t pairs = 0;
+  for (int64_t i = 0; i < T; ++i)
+    for (int64_t j = i + 1; j < T; ++j, ++pairs)
+      for (int64_t a = 0; a < K; ++a)
+        overlap += std::count(ids_last.begin() + j * K, ids_last.begin() + (j + 1) * K, ids_last[i * K + a]);
+  overlap /= static_cast<double>(pairs * K);
+  EXPECT_LT(overlap, 3.0 * K / E);
+  // Greedy next tokens (all positions' logits) differ between most positions.
+  std::set<int64_t> next;
+  const int64_t V = out->dim(1);
+  for (int64_t i = 0; i < T; ++i) {
+    const float* row = out->data<float>() + i * V;
+    next.insert(std::max_element(row, row + V) - row);
+  }
+  EXPECT_GE(next.size(), 48u);
 }
 
 TEST(RandomModel, RouterBiasIsAZipfRankingPermutation) {
