@@ -54,10 +54,12 @@ class RandomTensors {
 // Routing and the next token follow the current token, not the layers' computation: a deep random network
 // makes the hidden states of different tokens alike (and greedy decoding then repeats a few tokens), which
 // would route a whole batch onto a few experts, far from a trained model. So hidden coordinates
-// [0, 1 + K), K = token_channels(hidden), are reserved: no layer writes them (their rows of o_proj and
-// down_proj are zero), attention and the experts ignore them (input_layernorm weight 0 there, their
-// columns of gate/up zero); coordinate 0 holds sqrt(hidden) in every embedding row, coordinates 1..K keep
-// the token's random embedding values. Router row e reads only these: a unit-norm random vector over the
+// [0, 1 + K), K = token_channels(hidden), are reserved: attention and the experts ignore them
+// (input_layernorm weight 0 there, their columns of gate/up zero) and the layers do not write them (their
+// rows of o_proj and down_proj are zero), except that layer 0's attention adds the context to 1..K (its
+// o_proj rows there, scaled up 3x; layers sharing layer 0's tensors get an o_proj without them).
+// Coordinate 0 holds sqrt(hidden) in every embedding row, coordinates 1..K start as the token's random
+// embedding values. Router row e reads only these: a unit-norm random vector over the
 // K token channels (an N(0, 1) logit for a random token) and column 0, which adds bias_e; every other
 // router column is zero. The final norm keeps only the token channels, so the next token is a random
 // function of the current one. Up to a common positive scale, the router logits are N(0, 1)-like per token
