@@ -5,8 +5,8 @@
 //                      --sere-threshold 0] [--skew 1.0] [--layers N] [--steps 200] [--pdl 1] [--profile]
 //                      [--ablate 1,64] [--variant moe=2,gemm=1 ...]
 // --variant (repeatable) reruns everything with decode options set (sere: DecodeOption::kSereKernel, moe:
-// kMoeOccupancy, attn: kAttentionKernel, gemm: kGemmVariant, splits: kAttentionSplits); --ablate times the graph
-// again with each operation left out (per-op cost inside the replayed graph, PDL overlap included).
+// kMoeOccupancy, attn: kAttentionKernel, gemm: kGemmVariant); --ablate times the graph again with each operation
+// left out (per-op cost inside the replayed graph, PDL overlap included).
 #include <cstdio>
 #include <sstream>
 #include <string>
@@ -166,8 +166,8 @@ bool run_batch(SyntheticDecoder& dec, int batch, bool sere, int warmup, int step
   return true;
 }
 
-// Parses "name=value,..." into decode options (names: sere, moe, attn, gemm, splits; the others back to
-// their defaults). Returns false on a bad entry.
+// Parses "name=value,..." into decode options (names: sere, moe, attn, gemm; the others back to their
+// defaults). Returns false on a bad entry.
 bool apply_variant(const std::string& spec) {
   for (int i = 0; i < static_cast<int>(DecodeOption::kCount); ++i)
     set_decode_option(static_cast<DecodeOption>(i), default_decode_option(static_cast<DecodeOption>(i)));
@@ -183,7 +183,6 @@ bool apply_variant(const std::string& spec) {
     else if (name == "moe") set_decode_option(DecodeOption::kMoeOccupancy, value);
     else if (name == "attn") set_decode_option(DecodeOption::kAttentionKernel, value);
     else if (name == "gemm") set_decode_option(DecodeOption::kGemmVariant, value);
-    else if (name == "splits") set_decode_option(DecodeOption::kAttentionSplits, value);
     else return false;
   }
   return true;
@@ -258,7 +257,7 @@ int bench_decode_main(int argc, char** argv) {
   if (variants.empty()) variants.push_back("");
   for (const std::string& variant : variants) {
   if (!apply_variant(variant)) {
-    std::fprintf(stderr, "error: bad --variant '%s' (want name=value,... with names sere, moe, attn, gemm, splits)\n",
+    std::fprintf(stderr, "error: bad --variant '%s' (want name=value,... with names sere, moe, attn, gemm)\n",
                  variant.c_str());
     return 2;
   }

@@ -203,24 +203,19 @@ TEST(CudaDecodeAttention, UnalignedQueries) {
   run_decode_case({1}, 16, 1, rng, true);
 }
 
-// Both page loops (tensor cores for 8 query heads per kv head; CUDA cores) with every split plan: long and short
-// contexts (5000 tokens: more pages than 128 splits of one page), lengths at and around page boundaries (masked
-// tokens of the last page), several sequences per launch; same f32 reference.
+// Both page loops (tensor cores for 8 query heads per kv head; CUDA cores): long and short contexts, lengths at and
+// around page boundaries (masked tokens of the last page), several sequences per launch; same f32 reference.
 TEST(CudaDecodeAttention, BothPageLoopsMatchReference) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(27);
   for (int kernel : {1, 0}) {  // tensor cores, then the CUDA-core page loop
-    for (int splits : {0, 1, 2}) {  // split plans: by waves, at most 1 or 2 pages per warp and split
-      SCOPED_TRACE(testing::Message() << "kernel " << kernel << " splits " << splits);
-      set_decode_option(DecodeOption::kAttentionKernel, kernel);
-      set_decode_option(DecodeOption::kAttentionSplits, splits);
-      run_decode_case({5000}, 32, 4, rng);
-      run_decode_case({1, 15, 16, 17, 33, 1025, 300}, 32, 4, rng);
-      run_decode_case({64, 2}, 8, 1, rng, true);
-    }
+    SCOPED_TRACE(testing::Message() << "kernel " << kernel);
+    set_decode_option(DecodeOption::kAttentionKernel, kernel);
+    run_decode_case({5000}, 32, 4, rng);
+    run_decode_case({1, 15, 16, 17, 33, 1025, 300}, 32, 4, rng);
+    run_decode_case({64, 2}, 8, 1, rng, true);
   }
   set_decode_option(DecodeOption::kAttentionKernel, default_decode_option(DecodeOption::kAttentionKernel));
-  set_decode_option(DecodeOption::kAttentionSplits, default_decode_option(DecodeOption::kAttentionSplits));
 }
 
 TEST(CudaDecodeAttention, RejectsOddHeadDim) {

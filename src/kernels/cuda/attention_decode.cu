@@ -445,18 +445,10 @@ int decode_ctas_per_sm(int G) {
   return n;
 }
 
-// variant (DecodeOption::kAttentionSplits): 0 = the wave-aware choice below; n > 0 = at most n pages per warp
-// and split (more, shorter CTAs).
-SplitPlan split_plan(const DecodeAttention& p, int variant) {
-  const int pages = std::max(1, (p.max_context + kKvBlock - 1) / kKvBlock);
-  if (variant > 0) {
-    SplitPlan sp;
-    sp.pages_per_split = std::max(std::min(pages, variant * kDecWarps), (pages + kMaxSplits - 1) / kMaxSplits);
-    sp.splits = (pages + sp.pages_per_split - 1) / sp.pages_per_split;
-    return sp;
-  }
+SplitPlan split_plan(const DecodeAttention& p) {
   // At least about two CTAs per SM and at least one block per warp per split; among those split counts, the one
   // with the least (waves of resident CTAs) x (blocks per split), so the last wave is not left mostly empty.
+  const int pages = std::max(1, (p.max_context + kKvBlock - 1) / kKvBlock);
   const int ctas = std::max(1, p.batch * p.kv_heads);
   const int slots = decode_ctas_per_sm(p.q_heads / std::max(1, p.kv_heads)) * sm_count();
   const int max_splits = std::min(kMaxSplits, std::max(1, (pages + kDecWarps - 1) / kDecWarps));
@@ -477,18 +469,13 @@ SplitPlan split_plan(const DecodeAttention& p, int variant) {
   return best;
 }
 
-// Workspace: the split counters first (a fixed place, left at zero by every launch), then the partials of the
-// split plan with the most splits over the variants (so one workspace serves every variant).
-size_t counters_bytes(const DecodeAttention& p) {
-  return (static_cast<size_t>(p.batch) * p.kv_heads * sizeof(int) + 255) / 256 * 256;
-}
-
 }  // namespace
 
 size_t decode_attention_workspace_bytes(const DecodeAttention& p) {
-  int splits = 1;
-  for (int v = 0; v <= 2; ++v) splits = std::max(splits, split_plan(p, v).splits);
-  return counters_bytes(p) + static_cast<size_t>(p.batch) * p.q_heads * splits * kPartStride * sizeof(float);
+  const SplitPlan sp = split_plan(p);
+  const size_t parts = static_cast<size_t>(p.batch) * p.q_heads * sp.splits * kPartStride * sizeof(float);
+  const size_t counters = static_cast<size_t>(p.batch) * p.kv_heads * sizeof(int);
+  return (parts + 255) / 256 * 256 + counters;
 }
 
 Status decode_attention(const DecodeAttention& p, const bf16* q, int q_stride, const bf16* k_cache,
@@ -502,10 +489,10 @@ Status decode_attention(const DecodeAttention& p, const bf16* q, int q_stride, c
     return paged_attention(q, q_stride, k_cache, v_cache, block_table, p.max_blocks, nullptr, context_lens, nullptr,
                            p.batch, out, p.q_heads * p.head_dim, p.q_heads, p.kv_heads, p.head_dim, p.scale, stream);
   if (!workspace) return invalid_argument("decode_attention: workspace is null");
-  const int variant = std::min(2, std::max(0, decode_option(DecodeOption::kAttentionSplits)));
-  const SplitPlan sp = split_plan(p, variant);
-  int* counters = static_cast<int*>(workspace);
-  float* part = reinterpret_cast<float*>(static_cast<char*>(workspace) + counters_bytes(p));
+  const SplitPlan sp = split_plan(p);
+  const size_t parts = static_cast<size_t>(p.batch) * p.q_heads * sp.splits * kPartStride * sizeof(float);
+  float* part = static_cast<float*>(workspace);
+  int* counters = reinterpret_cast<int*>(static_cast<char*>(workspace) + (parts + 255) / 256 * 256);
   const dim3 grid(sp.splits, p.kv_heads, p.batch), block(kDecWarps * 32);
   const int G = p.q_heads / p.kv_heads;
   const bool q_aligned = q_stride % 8 == 0 && reinterpret_cast<uintptr_t>(q) % 16 == 0;

@@ -49,7 +49,6 @@ enum class DecodeOption : int {
                     // and q rows are 16-byte aligned; 0 = the CUDA-core page loop
   kGemmVariant,     // small-M GEMM, chunks in flight per warp and CTAs per SM: 1 (default) = 4, 3 CTAs; 0 = 8, 1;
                     // 2 = 8, 2; 3 = 2, 4
-  kAttentionSplits, // decode attention splits: 0 = by waves of resident CTAs; 1 / 2 = at most 1 / 2 pages per warp
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);
