@@ -276,16 +276,14 @@ TEST(CudaSereStats, CountsMatchLoops) {
 }
 
 // Small-M GEMM (tensor-core weight streaming) in its variants (DecodeOption::kGemmVariant: chunks in flight per warp
-// and CTAs per SM) against an f32 loop, including N with fewer row tiles than SMs, K not a multiple of 256, and
-// 17-64 token rows (groups of 16 tokens as separate items).
+// and CTAs per SM) against an f32 loop, including N with fewer row tiles than SMs and K not a multiple of 256.
 TEST(CudaGemmSmallM, VariantsMatchReference) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(81);
   for (auto [M, N, K, variant] :
        {std::tuple{1, 48, 96, 0}, std::tuple{5, 4096, 2048, 0}, std::tuple{16, 128, 2080, 0},
         std::tuple{1, 2048, 4096, 1}, std::tuple{9, 2048, 4096, 1}, std::tuple{1, 5120, 2048, 2},
-        std::tuple{16, 208, 1056, 3}, std::tuple{3, 160, 1600, 3}, std::tuple{17, 48, 96, 1},
-        std::tuple{33, 128, 2048, 1}, std::tuple{64, 2048, 4096, 1}, std::tuple{50, 2048, 512, 0}}) {
+        std::tuple{16, 208, 1056, 3}, std::tuple{3, 160, 1600, 3}}) {
     SCOPED_TRACE(testing::Message() << "M=" << M << " N=" << N << " K=" << K << " variant=" << variant);
     set_decode_option(DecodeOption::kGemmVariant, variant);
     auto x = random_bf16(static_cast<size_t>(M) * K, rng), w = random_bf16(static_cast<size_t>(N) * K, rng);

@@ -57,9 +57,9 @@ int default_decode_option(DecodeOption opt);
 
 // ---- dense ops ----------------------------------------------------------------------------------
 
-// y[M,N] = x[M,K] * w[N,K]^T, bf16 in/out, fp32 accumulation. M <= 16, or M <= 64 with N <= 2048 (with
-// N % 16 == 0, K % 32 == 0), streams the weights from HBM once through tensor cores; other small M use a
-// CUDA-core streaming kernel; larger M cuBLASLt (handle, heuristics and a 32 MiB workspace are cached per device).
+// y[M,N] = x[M,K] * w[N,K]^T, bf16 in/out, fp32 accumulation. M <= 16 (with N % 16 == 0, K % 32 == 0) streams
+// the weights once through tensor cores; other small M use a CUDA-core streaming kernel; larger M cuBLASLt
+// (handle, heuristics and a 32 MiB workspace are cached per device).
 Status gemm(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream);
 // The same product always through cuBLASLt (for tests and comparisons).
 Status gemm_cublaslt(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream);

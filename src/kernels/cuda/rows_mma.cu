@@ -57,9 +57,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) rows_mma_kernel(RowsP
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, tq = lane & 3;
   const int tiles_per_group = p.N / kRows;
-  // Dense: groups of kTokens token rows (each item streams its row tile for one group; the groups of a tile read
-  // it again from L2). MoE: the active experts.
-  const int groups = kMode == kDense ? (p.M + kTokens - 1) / kTokens : *p.plan.num_active;
+  const int groups = kMode == kDense ? 1 : *p.plan.num_active;
   const int items = groups * tiles_per_group;
   const int chunks = p.Kdim / kChunk;
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
@@ -67,8 +65,6 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) rows_mma_kernel(RowsP
     int beg = 0, end = p.M;
     const bf16* w0;
     if constexpr (kMode == kDense) {
-      beg = j * kTokens;
-      end = min(p.M, beg + kTokens);
       w0 = p.w + static_cast<size_t>(r0) * p.Kdim;
     } else {
       const int e = p.plan.active_experts[j];
@@ -176,11 +172,7 @@ Status launch_rows(const RowsParams& p, int max_items, cudaStream_t stream) {
 
 }  // namespace
 
-// Up to 16 tokens for any N; up to 64 tokens when N <= 2048 (few row tiles: cuBLASLt measured 10 us for the o
-// projection and the router at 64 tokens).
-bool rows_mma_gemm_ok(int M, int N, int K) {
-  return M >= 1 && (M <= kTokens || (M <= 4 * kTokens && N <= 2048)) && N % kRows == 0 && K % kChunk == 0;
-}
+bool rows_mma_gemm_ok(int M, int N, int K) { return M >= 1 && M <= kTokens && N % kRows == 0 && K % kChunk == 0; }
 
 Status rows_mma_gemm(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream) {
   RowsParams p{};
@@ -190,12 +182,11 @@ Status rows_mma_gemm(const bf16* x, const bf16* w, bf16* y, int M, int N, int K,
   p.M = M;
   p.N = N;
   p.Kdim = K;
-  const int items = (N / kRows) * ((M + kTokens - 1) / kTokens);
   switch (decode_option(DecodeOption::kGemmVariant)) {
-    case 1: return launch_rows<kDense, 4, 3>(p, items, stream);
-    case 2: return launch_rows<kDense, 8, 2>(p, items, stream);
-    case 3: return launch_rows<kDense, 2, 4>(p, items, stream);
-    default: return launch_rows<kDense, 8, 1>(p, items, stream);
+    case 1: return launch_rows<kDense, 4, 3>(p, N / kRows, stream);
+    case 2: return launch_rows<kDense, 8, 2>(p, N / kRows, stream);
+    case 3: return launch_rows<kDense, 2, 4>(p, N / kRows, stream);
+    default: return launch_rows<kDense, 8, 1>(p, N / kRows, stream);
   }
 }
 
