@@ -1,47 +1,56 @@
 #!/usr/bin/env bash
-# Run on the GPU machine with the package from bench/gpu-package.sh (carry .gpu): the CUDA tests, a
-# compute-sanitizer memcheck pass, the decode benchmark (Qwen3-30B-A3B shapes, with and without SERE)
-# and the multi-image TTFT benchmark (Qwen3-VL-30B-A3B shapes, with and without VisionZip); prints a
-# short summary last. Logs go to $OUT (default /tmp/zest-gpu-check). MEMCHECK=0 skips the sanitizer pass.
+# One call on the GPU machine, with the package from bench/gpu-package.sh carried (.gpu/zest-gpu.tar.xz): the CUDA
+# test suite, a compute-sanitizer memcheck pass over it (MEMCHECK=0 skips), the decode benchmark (Qwen3-30B-A3B
+# shapes, SERE off/on), the prefill benchmark, the multi-image TTFT benchmark (Qwen3-VL-30B-A3B shapes, VisionZip
+# rates), SERE calibration on the CUDA decoder, and with SERVE=1 the zest serve load test (bench/gpu/serve.sh).
+# Each step is a job of bench/gpu-batch.sh with its own time limit; logs go to $OUT (default /tmp/zest-gpu-batch).
+# A short summary is printed last.
 set -u
 cd "$(dirname "$0")/.."
-OUTD=${OUT:-/tmp/zest-gpu-check}
-mkdir -p "$OUTD"
-PKG=${ZEST_PKG:-.gpu/zest-gpu.tar.xz}
-rm -rf /tmp/zest-pkg && mkdir -p /tmp/zest-pkg && tar -xJf "$PKG" -C /tmp/zest-pkg || exit 1
-P=/tmp/zest-pkg/pkg
-SRC=$(cat "$P/source_dir")
-if [ "$SRC" != "$PWD" ] && [ ! -e "$SRC" ]; then mkdir -p "$(dirname "$SRC")" && ln -s "$PWD" "$SRC"; fi
-export LD_LIBRARY_PATH="$P/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-summary=()
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUTD/gpu.txt"
-
-echo "== tests"
-timeout 180 "$P/test_cuda" >"$OUTD/test_cuda.log" 2>&1
-summary+=("test_cuda: rc=$? $(grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+ test|^\[  SKIPPED \] [0-9]+' "$OUTD/test_cuda.log" | tr '\n' ' ')")
-grep -E "^\[  FAILED|Failure" -A3 "$OUTD/test_cuda.log" | head -30
-
-if [ "${MEMCHECK:-1}" = 1 ] && command -v compute-sanitizer >/dev/null 2>&1; then
-  echo "== memcheck"
-  timeout 240 compute-sanitizer --tool memcheck --error-exitcode 3 "$P/test_cuda" \
-    --gtest_filter='-*Synthetic*:*LongContext*:*Fixture*:*HeadDim128*:*MatchesCpuTower*' >"$OUTD/memcheck.log" 2>&1
-  summary+=("memcheck: rc=$? $(grep 'ERROR SUMMARY' "$OUTD/memcheck.log" | tail -1)")
-fi
-
-echo "== decode"
-timeout 150 "$P/bench_decode_bench" --config qwen3-30b-a3b --batch 1,8,32,64 --context 1024 \
-  --sere-primary 2 --sere-threshold 0 --pdl 1 >"$OUTD/decode.log" 2>&1
-summary+=("decode bench: rc=$?")
-echo "== ttft"
-timeout 150 "$P/bench_ttft_bench" --config qwen3-vl-30b-a3b --images 1,8,30 --image-size 640x480 \
-  --vision-prune-rate 0,0.4 >"$OUTD/ttft.log" 2>&1
-summary+=("ttft bench: rc=$?")
-echo "== prefill"; timeout 200 "$P/bench_prefill_bench" --config qwen3-30b-a3b --tokens 512,2048,8192 --layers 2 >"$OUTD/prefill.log" 2>&1; summary+=("prefill bench: rc=$?")
-
-echo
+J=/tmp/zest-check-jobs
+rm -rf "$J" && mkdir -p "$J"
+cat >"$J/tests.sh" <<'JOB'
+# limit: 120
+"$P/test_cuda" 2>&1 | grep -vE '^\[ +(RUN|OK) +\]'
+JOB
+cat >"$J/memcheck.sh" <<'JOB'
+# limit: 200
+# The suite without its long benchmark-sized cases (full-depth synthetic models, 5000-token contexts, fixtures
+# run end to end), which take minutes under the sanitizer.
+compute-sanitizer --tool memcheck --error-exitcode 3 "$P/test_cuda" \
+  --gtest_filter='-*Synthetic*:*LongContext*:*Fixture*:*HeadDim128*:*MatchesCpuTower*:*CalibrationOnCudaDecoder*' 2>&1 \
+  | grep -E 'ERROR SUMMARY|PASSED|FAILED|Invalid|out of bounds' | head -20
+JOB
+cat >"$J/decode.sh" <<'JOB'
+# limit: 90
+"$P/bench_decode_bench" --config qwen3-30b-a3b --batch 1,8,32,64 --context 1024 --sere-primary 2 --sere-threshold 0
+JOB
+cat >"$J/prefill.sh" <<'JOB'
+# limit: 90
+"$P/bench_prefill_bench" --config qwen3-30b-a3b --tokens 512,2048,8192 --layers 2
+JOB
+cat >"$J/ttft.sh" <<'JOB'
+# limit: 90
+"$P/bench_ttft_bench" --config qwen3-vl-30b-a3b --images 1,8,30 --image-size 640x480 --vision-prune-rate 0,0.3,0.4,0.5
+JOB
+cat >"$J/sere.sh" <<'JOB'
+# limit: 60
+start=$(date +%s%N)
+"$P/zest" calibrate-sere --config qwen3-30b-a3b --device cuda --tokens 2048 --out /tmp/sere_sim.safetensors 2>&1 | tr '\r' '\n' | tail -3
+echo "calibrate-sere wall: $((($(date +%s%N) - start) / 1000000)) ms (model synthesis and upload included)"
+JOB
+jobs=("$J/tests.sh")
+[ "${MEMCHECK:-1}" = 1 ] && jobs+=("$J/memcheck.sh")
+jobs+=("$J/decode.sh" "$J/prefill.sh" "$J/ttft.sh" "$J/sere.sh")
+[ "${SERVE:-0}" = 1 ] && jobs+=(bench/gpu/serve.sh)
+bash bench/gpu-batch.sh "${jobs[@]}"
+L=${OUT:-/tmp/zest-gpu-batch}
 echo "================ summary ================"
-for s in "${summary[@]}"; do echo "$s"; done
-echo "--- decode"
-grep -E "^\||^SERE|^sere_reroute|copy bandwidth|^error" "$OUTD/decode.log"
-echo "--- ttft"
-grep -E "^\||^error|MFU|estimate" "$OUTD/ttft.log" | head -40
+grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+ test|^\[  SKIPPED \] [0-9]+' "$L/tests.log"
+[ -e "$L/memcheck.log" ] && grep -E 'ERROR SUMMARY' "$L/memcheck.log" | tail -1
+echo "--- decode"; grep -E '^\||^SERE at|^sere_reroute|copy bandwidth' "$L/decode.log"
+echo "--- prefill"; grep -E '^\|' "$L/prefill.log"
+echo "--- ttft"; grep -E '^\|' "$L/ttft.log" | head -20
+echo "--- sere calibration"; cat "$L/sere.log"
+[ -e "$L/serve.log" ] && { echo "--- serve"; grep -E '^\|' "$L/serve.log"; }
+true
