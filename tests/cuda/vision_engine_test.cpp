@@ -345,6 +345,85 @@ TEST_F(CudaVisionEngine, DevicePromptsMatchCpuAndHostRows) {
   EXPECT_GT(same_selection, 0) << "no case selected the same tokens on both backends";
 }
 
+// Two device prompts in one decoder step: each sequence's visual rows come as its own device segment (the
+// decoder copies both into its staging rows); the same step with the rows from the host gives bit-identical
+// logits.
+TEST_F(CudaVisionEngine, TwoDeviceSegmentsInOneStepEqualHostRows) {
+  const auto cases = reference_cases();
+  ASSERT_GE(cases.size(), 2u);
+  engine::PromptOptions po;
+  po.base_dir = ZEST_SOURCE_DIR;
+  std::vector<engine::Prompt> prompts;
+  for (size_t c = 0; c < 2; ++c) {
+    auto req = engine::parse_chat_request(pruned_request(cases[c].second), *gpu);
+    ASSERT_TRUE(req.ok());
+    auto p = engine::build_prompt(*gpu, *req, po);
+    ASSERT_TRUE(p.ok()) << p.status().to_string();
+    ASSERT_EQ(p->mm_embeds.device(), Device::CUDA);
+    prompts.push_back(std::move(*p));
+  }
+  const model::TextDecoder& dec = gpu->decoder();
+  int64_t T = 0, M = 0;
+  for (const auto& p : prompts) {
+    T += static_cast<int64_t>(p.ids.size());
+    M += p.mm_embeds.dim(0);
+  }
+  const int64_t H = prompts[0].mm_embeds.dim(1);
+  const size_t nds = prompts[0].deepstack.size();
+  auto run = [&](bool device) -> Tensor {
+    auto cache = dec.allocate_cache(T / 16 + 4, 16);
+    EXPECT_TRUE(cache.ok());
+    if (!cache.ok()) return Tensor();
+    std::vector<std::vector<int32_t>> tables(prompts.size());
+    model::ForwardBatch b;
+    b.positions.assign(static_cast<size_t>(3 * T), 0);
+    Tensor host_emb = Tensor::empty({M, H});
+    std::vector<Tensor> host_ds;
+    for (size_t l = 0; l < nds; ++l) host_ds.push_back(Tensor::empty({M, H}));
+    int64_t t0 = 0, r0 = 0;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      const engine::Prompt& p = prompts[i];
+      const int64_t n = static_cast<int64_t>(p.ids.size()), m = p.mm_embeds.dim(0);
+      EXPECT_TRUE(cache->reserve(tables[i], n).is_ok());
+      b.tokens.insert(b.tokens.end(), p.ids.begin(), p.ids.end());
+      for (int a = 0; a < 3; ++a)
+        for (int64_t j = 0; j < n; ++j) b.positions[a * T + t0 + j] = p.positions[a * n + j];
+      for (int64_t r : p.mm_index) b.mm_index.push_back(t0 + r);
+      b.seqs.push_back({&tables[i], 0, n, false, true});
+      if (device) {
+        model::ForwardBatch::DeviceRows rows;
+        rows.embeds = p.mm_embeds.raw();
+        for (const Tensor& d : p.deepstack) rows.deepstack.push_back(d.raw());
+        rows.rows = m;
+        b.mm_device.push_back(rows);
+      } else {
+        auto e = gpu->vision->to_host(p.mm_embeds);
+        EXPECT_TRUE(e.ok());
+        std::memcpy(host_emb.data<float>() + r0 * H, e->data<float>(), e->nbytes());
+        for (size_t l = 0; l < nds; ++l) {
+          auto d = gpu->vision->to_host(p.deepstack[l]);
+          EXPECT_TRUE(d.ok());
+          std::memcpy(host_ds[l].data<float>() + r0 * H, d->data<float>(), d->nbytes());
+        }
+      }
+      t0 += n;
+      r0 += m;
+    }
+    if (!device) {
+      b.mm_embeds = host_emb;
+      b.deepstack = host_ds;
+    }
+    auto logits = dec.forward(b, *cache);
+    EXPECT_TRUE(logits.ok()) << logits.status().to_string();
+    return logits.ok() ? *logits : Tensor();
+  };
+  const Tensor ld = run(true), lh = run(false);
+  ASSERT_TRUE(ld.defined() && lh.defined());
+  ASSERT_EQ(ld.shape(), lh.shape());
+  ASSERT_EQ(ld.dim(0), 2);
+  EXPECT_EQ(std::memcmp(ld.raw(), lh.raw(), ld.nbytes()), 0) << "two device segments differ from the host rows";
+}
+
 // Many images of one request in groups (one tower forward per group): preprocessing the next group on the
 // worker threads while the tower runs gives the same bytes as running the groups one after the other, and
 // the grouped encoding agrees with one forward over all images (GEMM shapes differ, so within bf16 noise)
