@@ -374,6 +374,12 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
            return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn2, Hq, Hkv, D, scale, st);
          });
        }},
+      {"prefill attention, variant 11 (as 9, ex2.approx.ftz)", 4 * t * t / 2 * Hq * D, false,
+       [&] {
+         return with_option(cuda::PrefillOption::kAttention, 11, [&] {
+           return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn2, Hq, Hkv, D, scale, st);
+         });
+       }},
       {"experts gate/up, variant 2 (mma.sync, k-chunk 64, 3 stages)", 2 * t * K * 2 * I * H, false,
        [&] {
          return with_option(cuda::PrefillOption::kGroupedGemm, 2,
@@ -512,7 +518,7 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
     std::fflush(stdout);
   }
   // Attention variants against the default kernel.
-  for (int v : {4, 6, 7, 8, 10}) {
+  for (int v : {4, 6, 7, 8, 10, 11}) {
     ZEST_RETURN_IF_ERROR(with_option(cuda::PrefillOption::kAttention, v, [&] {
       return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn2, Hq, Hkv, D, scale, st);
     }));

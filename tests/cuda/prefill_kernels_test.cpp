@@ -105,7 +105,7 @@ TEST(CudaPrefillKernels, AttentionVariantsMatchReference) {
 TEST(CudaPrefillKernels, AttentionWgmmaVariantsMatchReference) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(505);
-  for (int variant : {6, 7, 8, 9, 10}) {
+  for (int variant : {6, 7, 8, 9, 10, 11}) {
     SCOPED_TRACE(testing::Message() << "variant " << variant);
     OptionScope scope(PrefillOption::kAttention, variant);
     run_prefill_case({1, 17, 63, 65, 300}, 4, 2, 0, false, rng);

@@ -585,7 +585,14 @@ Status launch_wgmma(const bf16* q, int q_stride, const bf16* k, const bf16* v, i
 constexpr size_t kPipeTileBytes = static_cast<size_t>(128) * kD * sizeof(bf16);
 constexpr size_t kPipeSmem = 7 * kPipeTileBytes + 1024;  // Q, K x3, V x3, alignment slack
 
-template <bool kLean, bool kSwap>
+// 2^x by ex2.approx.ftz (no denormal handling: a probability below 2^-126 becomes 0).
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+template <bool kLean, bool kSwap, bool kFtz>
 __global__ void __launch_bounds__(256, 1)
     prefill_attention_wgmma_pipe_kernel(const bf16* __restrict__ q, int q_stride, const bf16* __restrict__ k,
                                         const bf16* __restrict__ v, int kv_stride,
@@ -689,7 +696,9 @@ __global__ void __launch_bounds__(256, 1)
       float p[4];
 #pragma unroll
       for (int e = 0; e < 4; ++e)
-        p[e] = kLean ? exp2f(fmaf(sv[4 * i + e], scale_log2, -m[e >> 1])) : exp2f(sv[4 * i + e] - m[e >> 1]);
+        p[e] = kLean ? (kFtz ? exp2_ftz(fmaf(sv[4 * i + e], scale_log2, -m[e >> 1]))
+                             : exp2f(fmaf(sv[4 * i + e], scale_log2, -m[e >> 1])))
+                     : exp2f(sv[4 * i + e] - m[e >> 1]);
       l[0] += p[0] + p[1];
       l[1] += p[2] + p[3];
       pa[i / 2][(i % 2) * 2] = pack_bf16(p[0], p[1]);
@@ -758,16 +767,16 @@ __global__ void __launch_bounds__(256, 1)
   }
 }
 
-template <bool kLean, bool kSwap = false>
+template <bool kLean, bool kSwap = false, bool kFtz = false>
 Status launch_wgmma_pipe(const bf16* q, int q_stride, const bf16* k, const bf16* v, int kv_stride,
                          const int32_t* cu_seqlens, int nseq, int max_seqlen, bf16* out, int Hq, int Hkv, float scale,
                          cudaStream_t stream) {
   static const cudaError_t attr = cudaFuncSetAttribute(
-      prefill_attention_wgmma_pipe_kernel<kLean, kSwap>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kPipeSmem));
+      prefill_attention_wgmma_pipe_kernel<kLean, kSwap, kFtz>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kPipeSmem));
   ZEST_RETURN_IF_ERROR(cuda_status(attr, "prefill_attention (wgmma, pipelined) smem attribute"));
   constexpr float kLog2e = 1.4426950408889634f;
   const dim3 grid(Hq, (max_seqlen + 127) / 128, nseq);
-  return launch("prefill_attention", prefill_attention_wgmma_pipe_kernel<kLean, kSwap>, grid, dim3(256), kPipeSmem, stream, q,
+  return launch("prefill_attention", prefill_attention_wgmma_pipe_kernel<kLean, kSwap, kFtz>, grid, dim3(256), kPipeSmem, stream, q,
                 q_stride, k, v, kv_stride, cu_seqlens, out, Hq, Hkv, scale * kLog2e);
 }
 
@@ -837,6 +846,9 @@ Status prefill_attention(const bf16* q, int q_stride, const bf16* k, const bf16*
     case 10:
       return launch_wgmma_pipe<true, true>(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv,
                                            scale, stream);
+    case 11:
+      return launch_wgmma_pipe<true, false, true>(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq,
+                                                  Hkv, scale, stream);
     case 7:
       return launch_wgmma<1, 64>(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, scale,
                                  stream);

@@ -135,7 +135,8 @@ Status prefill_attention(const bf16* q, int q_stride, const bf16* k, const bf16*
 //     wgmma: 6 = 2 warpgroups x 64 rows, B 128; 7 = 1 warpgroup x 64 rows, B 64 (two CTAs per SM); 8 = as 6,
 //     with S of the next tile issued before the softmax of the current one (K/V triple-buffered); 9 = as 8, the
 //     causal mask on the diagonal tile only and the scale folded into the exponent's FFMA; 10 = as 9, the two
-//     score register arrays swapping roles every tile instead of a copy.
+//     score register arrays swapping roles every tile instead of a copy; 11 = as 9, exponentials by
+//     ex2.approx.ftz.
 //   kGroupedGemm (moe_prefill_gate_up/down; default 3): mma.sync with 1 = k-chunks of 32 in a 4-stage cp.async
 //     ring, 2 = 64 in 3 stages; wgmma (two warpgroups of 64 rows, k-chunks of 64): 3 = 3 stages, each stage's
 //     wgmma waited for; 4 = 4 stages, one wgmma group left in flight; 5 = 3 stages, one group in flight;
