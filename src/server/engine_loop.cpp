@@ -52,15 +52,22 @@ bool RequestChannel::take(ChannelUpdate& u, std::chrono::milliseconds timeout) {
 }
 
 ChannelUpdate RequestChannel::wait_final() {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return finished_ || rejected_; });
   ChannelUpdate u;
+  while (!wait_final_for(u, std::chrono::hours(1))) {
+  }
+  return u;
+}
+
+bool RequestChannel::wait_final_for(ChannelUpdate& u, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_for(lock, timeout, [&] { return finished_ || rejected_; })) return false;
+  u = ChannelUpdate{};
   u.tokens = tokens_;
   u.finished = finished_;
   u.output = output_;
   if (rejected_) u.rejected = reject_status_;
   end_seen_ = true;
-  return u;
+  return true;
 }
 
 bool RequestChannel::closed() const {

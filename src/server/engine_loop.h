@@ -39,6 +39,8 @@ class RequestChannel {
   bool take(ChannelUpdate& u, std::chrono::milliseconds timeout);
   // Waits until the request finished or was rejected; returns the final update.
   ChannelUpdate wait_final();
+  // The same, waiting at most `timeout`: true with the final update in `u`, false when it did not come.
+  bool wait_final_for(ChannelUpdate& u, std::chrono::milliseconds timeout);
   // The request finished or was rejected (whether or not the handler has seen it).
   bool closed() const;
 

@@ -133,8 +133,11 @@ struct Server::Impl {
 
   void routes();
   void handle_chat(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader);
-  void respond_whole(httplib::Response& res, const std::shared_ptr<RequestChannel>& ch, const CompletionId& cid,
-                     Usage usage);
+  // Non-streaming reply; requests that outlast a keep-alive interval are answered chunked so that a client
+  // that disconnects is noticed (see the definition).
+  void respond_whole(httplib::Response& res, const std::shared_ptr<RequestChannel>& ch, int64_t request_id,
+                     const CompletionId& cid, Usage usage);
+  static std::pair<int, std::string> whole_body(const ChannelUpdate& u, const CompletionId& cid, Usage usage);
   void respond_stream(httplib::Response& res, std::shared_ptr<StreamState> st);
   // One provider call: waits for news (up to the keep-alive interval) and writes it; false = stop.
   bool stream_step(StreamState& st, httplib::DataSink& sink);
@@ -299,7 +302,7 @@ void Server::Impl::handle_chat(const httplib::Request&, httplib::Response& res,
     channel->reject(st);
   });
 
-  if (!cr.stream) return respond_whole(res, channel, cid, usage);
+  if (!cr.stream) return respond_whole(res, channel, id, cid, usage);
   auto st = std::make_shared<StreamState>();
   st->channel = channel;
   st->request_id = id;
@@ -309,29 +312,59 @@ void Server::Impl::handle_chat(const httplib::Request&, httplib::Response& res,
   respond_stream(res, std::move(st));
 }
 
-void Server::Impl::respond_whole(httplib::Response& res, const std::shared_ptr<RequestChannel>& ch,
-                                 const CompletionId& cid, Usage usage) {
-  const ChannelUpdate u = ch->wait_final();
+// The body (and status) of a non-streaming response from the request's final update.
+std::pair<int, std::string> Server::Impl::whole_body(const ChannelUpdate& u, const CompletionId& cid, Usage usage) {
   if (!u.rejected.is_ok()) {
     // Counted as rejected by the submit callback already.
-    res.status = http_status_for(u.rejected);
-    res.set_content(dump_json(error_body(res.status, u.rejected.message(), error_param(u.rejected.message()))),
-                    kJson);
-    return;
+    const int status = http_status_for(u.rejected);
+    return {status, dump_json(error_body(status, u.rejected.message(), error_param(u.rejected.message())))};
   }
   const engine::RequestOutput& out = u.output;
-  if (out.finish == engine::FinishReason::kError) {
-    res.status = 500;
-    res.set_content(dump_json(error_body(500, "generation failed: " + out.error)), kJson);
-    return;
-  }
-  if (out.finish == engine::FinishReason::kAbort) {
-    res.status = 503;
-    res.set_content(dump_json(error_body(503, "the request was aborted: the server is shutting down")), kJson);
-    return;
-  }
+  if (out.finish == engine::FinishReason::kError)
+    return {500, dump_json(error_body(500, "generation failed: " + out.error))};
+  if (out.finish == engine::FinishReason::kAbort)
+    return {503, dump_json(error_body(503, "the request was aborted: the server is shutting down"))};
   usage.completion_tokens = static_cast<int64_t>(out.token_ids.size());
-  res.set_content(dump_json(completion_json(cid, out.text, out.finish, usage)), kJson);
+  return {200, dump_json(completion_json(cid, out.text, out.finish, usage))};
+}
+
+void Server::Impl::respond_whole(httplib::Response& res, const std::shared_ptr<RequestChannel>& ch, int64_t request_id,
+                                 const CompletionId& cid, Usage usage) {
+  const auto interval = std::chrono::milliseconds(opts.stream_keepalive_ms);
+  ChannelUpdate u;
+  if (ch->wait_final_for(u, interval)) {
+    // Done (or refused) within one keep-alive interval: a plain response with its own status code.
+    auto [status, body] = whole_body(u, cid, usage);
+    res.status = status;
+    res.set_content(body, kJson);
+    return;
+  }
+  // A longer request. The handler sees no socket, so the only way to notice a client that went away is to
+  // write to it: the response becomes a chunked 200 whose JSON body is preceded by one space per keep-alive
+  // interval (leading whitespace is valid JSON); a failed write aborts the request, as for streams. An
+  // error after this point (shutdown, engine failure) arrives as an error object in that 200 body.
+  {
+    std::lock_guard<std::mutex> lock(streams_mu);
+    ++open_streams;
+  }
+  auto done = std::make_shared<bool>(false);
+  res.set_chunked_content_provider(
+      kJson,
+      [this, ch, cid, usage, interval, done](size_t, httplib::DataSink& sink) {
+        if (*done) return false;
+        ChannelUpdate fin;
+        if (!ch->wait_final_for(fin, interval)) return sink.write(" ", 1);
+        const std::string body = whole_body(fin, cid, usage).second;
+        *done = true;
+        if (!sink.write(body.data(), body.size())) return false;
+        sink.done();
+        return true;
+      },
+      [this, ch, request_id](bool) {
+        if (!ch->closed()) loop->abort(request_id);
+        std::lock_guard<std::mutex> lock(streams_mu);
+        if (--open_streams == 0) streams_cv.notify_all();
+      });
 }
 
 bool Server::Impl::stream_step(StreamState& st, httplib::DataSink& sink) {

@@ -29,7 +29,9 @@ struct ServerOptions {
   int64_t max_images = 16;           // images per request
   int http_threads = 0;              // handler threads; 0 = max(32, 2 * max_num_seqs + 16)
   int stream_keepalive_ms = 1000;    // a silent stream gets a ": keep-alive" comment this often (ms);
-                                     // a write failing there is how a client gone while queued is noticed
+                                     // a write failing there is how a client gone while queued is noticed;
+                                     // a non-streaming request running longer is answered chunked, with one
+                                     // space of JSON whitespace per interval for the same purpose
   engine::EngineOptions engine;
 };
 
