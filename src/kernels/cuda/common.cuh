@@ -79,6 +79,49 @@ __device__ __forceinline__ uint4 ld_stream(const void* p) {
   return r;
 }
 
+// One warp (all 32 lanes) turns per-expert slot counts [E] into the MoE plan: the active-expert list, their slot
+// offsets, the kMoeTileM-row prefill tiles and the counts; offset_of[e] receives expert e's first sorted slot.
+__device__ __forceinline__ void moe_plan_scan_warp(const int* counts, int E, const MoePlan& plan, int* offset_of,
+                                                   int64_t* active_count_sum) {
+  const int lane = threadIdx.x & 31;
+  int na = 0, off = 0, nt = 0;
+  for (int e0 = 0; e0 < E; e0 += 32) {
+    const int e = e0 + lane;
+    const int c = e < E ? counts[e] : 0;
+    const int tiles = (c + kMoeTileM - 1) / kMoeTileM;
+    const unsigned act = __ballot_sync(0xffffffffu, c > 0);
+    int cs = c, ts = tiles;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int a = __shfl_up_sync(0xffffffffu, cs, o), b = __shfl_up_sync(0xffffffffu, ts, o);
+      if (lane >= o) {
+        cs += a;
+        ts += b;
+      }
+    }
+    const int idx = na + __popc(act & ((1u << lane) - 1));
+    const int my_off = off + cs - c, my_tile = nt + ts - tiles;
+    if (e < E) offset_of[e] = my_off;
+    if (c > 0) {
+      plan.active_experts[idx] = e;
+      plan.offsets[idx] = my_off;
+      for (int r = 0; r < tiles; ++r) {
+        plan.tile_active[my_tile + r] = idx;
+        plan.tile_start[my_tile + r] = my_off + r * kMoeTileM;
+      }
+    }
+    na += __popc(act);
+    off += __shfl_sync(0xffffffffu, cs, 31);
+    nt += __shfl_sync(0xffffffffu, ts, 31);
+  }
+  if (lane == 0) {
+    plan.offsets[na] = off;
+    *plan.num_active = na;
+    *plan.num_tiles = nt;
+    if (active_count_sum) *active_count_sum += na;
+  }
+}
+
 // Number of multiprocessors of the current device (cached).
 int sm_count();
 

@@ -64,44 +64,7 @@ __global__ void __launch_bounds__(1024) moe_plan_kernel(const int32_t* __restric
     }
     __syncthreads();
   }
-  if (warp == 0) {  // warp-parallel scans: active list, offsets and prefill tiles
-    int na = 0, off = 0, nt = 0;
-    for (int e0 = 0; e0 < E; e0 += 32) {
-      const int e = e0 + lane;
-      const int c = e < E ? counts[e] : 0;
-      const int tiles = (c + kMoeTileM - 1) / kMoeTileM;
-      const unsigned act = __ballot_sync(0xffffffffu, c > 0);
-      int cs = c, ts = tiles;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int a = __shfl_up_sync(0xffffffffu, cs, o), b = __shfl_up_sync(0xffffffffu, ts, o);
-        if (lane >= o) {
-          cs += a;
-          ts += b;
-        }
-      }
-      const int idx = na + __popc(act & ((1u << lane) - 1));
-      const int my_off = off + cs - c, my_tile = nt + ts - tiles;
-      if (e < E) offset_of[e] = my_off;
-      if (c > 0) {
-        plan.active_experts[idx] = e;
-        plan.offsets[idx] = my_off;
-        for (int r = 0; r < tiles; ++r) {
-          plan.tile_active[my_tile + r] = idx;
-          plan.tile_start[my_tile + r] = my_off + r * kMoeTileM;
-        }
-      }
-      na += __popc(act);
-      off += __shfl_sync(0xffffffffu, cs, 31);
-      nt += __shfl_sync(0xffffffffu, ts, 31);
-    }
-    if (lane == 0) {
-      plan.offsets[na] = off;
-      *plan.num_active = na;
-      *plan.num_tiles = nt;
-      if (active_count_sum) *active_count_sum += na;
-    }
-  }
+  if (warp == 0) moe_plan_scan_warp(counts, E, plan, offset_of, active_count_sum);
   __syncthreads();
   if (per_thread) {
     if (my_id >= 0) plan.sorted_slots[offset_of[my_id] + scratch[warp * E + my_id] + __popc(below)] = threadIdx.x;
