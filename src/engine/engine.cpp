@@ -221,8 +221,15 @@ Status Engine::run(const StepPlan& plan) {
   }
 
   const model::MoeHooks* hooks = opts_.moe_hooks ? opts_.moe_hooks(plan.decode_only()) : nullptr;
-  ZEST_ASSIGN_OR_RETURN(Tensor logits, model_->decoder().forward(b, cache_, hooks));
-  const int64_t V = logits.dim(1);
+  // One row per chunk: the sampled chunks plan their row (drawing their uniform number), the others need nothing.
+  const int64_t V = model_->decoder().config().vocab_size;
+  std::vector<model::SampleRow> rows(plan.chunks.size());
+  for (size_t ci = 0; ci < plan.chunks.size(); ++ci) {
+    if (plan.chunks[ci].sample) rows[ci] = seqs[ci]->sampler.plan(V);
+    else rows[ci].mode = model::SampleMode::kNone;
+  }
+  ZEST_ASSIGN_OR_RETURN(std::vector<model::SampleResult> picked, model_->decoder().forward_sample(b, cache_, hooks, rows));
+  if (picked.size() != rows.size()) return internal_error("the decoder returned a wrong number of sampled rows");
   const std::vector<int32_t> eos = model_->eos_ids();
 
   for (size_t ci = 0; ci < plan.chunks.size(); ++ci) {
@@ -230,7 +237,8 @@ Status Engine::run(const StepPlan& plan) {
     Seq& s = *seqs[ci];
     s.computed += c.length;
     if (!c.sample) continue;
-    const int32_t tok = s.sampler.sample(logits.data<float>() + ci * V, V);
+    const int32_t tok = Sampler::finish(rows[ci], picked[ci], V);
+    if (tok < 0 || tok >= V) return internal_error("sampling did not produce a token");
     s.tokens.push_back(tok);
     s.out.token_ids.push_back(tok);
     if (s.out.first_token_ms == 0) s.out.first_token_ms = now_ms();

@@ -1,10 +1,14 @@
-// Token sampling on the host from f32 logits: greedy, temperature, top-k, top-p, seeded.
+// Token sampling: greedy, temperature, top-k, top-p, seeded. A Sampler plans each row (mode and one uniform
+// number from the request's own seeded generator) and finishes the pick from the row's summary
+// (model/sampling.h), which the decoder computes on its device or, for the CPU path, on the host.
 #pragma once
 #include <cstdint>
 #include <optional>
 #include <random>
 #include <string>
 #include <vector>
+
+#include "model/sampling.h"
 
 namespace zest::engine {
 
@@ -22,7 +26,15 @@ struct SamplingParams {
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& p);
-  // Picks the next token from logits[vocab].
+  // The next row's plan over a vocabulary of `vocab`: draws one uniform number unless the row is greedy.
+  model::SampleRow plan(int64_t vocab);
+  // The token from the summary of the row planned last (-1 when the summary cannot decide).
+  static int32_t finish(const model::SampleRow& row, const model::SampleResult& r, int64_t vocab) {
+    return model::pick_from_summary(row, r, vocab);
+  }
+  // Picks the next token from host logits[vocab] (plan, host summary, finish). Greedy and top-k / top-p
+  // give the tokens of a full sort of the logits (descending, ties to the lower id); pure temperature
+  // (top_k = 0, top_p = 1) walks the distribution in token-id order.
   int32_t sample(const float* logits, int64_t vocab);
 
  private:

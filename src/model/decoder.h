@@ -12,6 +12,7 @@
 #include "io/config.h"
 #include "io/safetensors.h"
 #include "model/kv_cache.h"
+#include "model/sampling.h"
 
 namespace zest::model {
 
@@ -96,6 +97,13 @@ class TextDecoder {
   // chunk order. Not safe to call concurrently on one decoder.
   virtual Result<Tensor> forward(const ForwardBatch& batch, PagedKVCache& cache,
                                  const MoeHooks* hooks = nullptr) const = 0;
+  // Runs one forward step like forward() but returns, per logits row, the sampling summary that rows[r] asks
+  // for (model/sampling.h; rows.size() must be R) instead of host logits; rows whose candidates cannot decide
+  // come back with the whole row (full == true). The default calls forward() and summarises on the host; a
+  // device backend computes the summaries on the device and copies back only those.
+  virtual Result<std::vector<SampleResult>> forward_sample(const ForwardBatch& batch, PagedKVCache& cache,
+                                                           const MoeHooks* hooks,
+                                                           const std::vector<SampleRow>& rows) const;
   // Per-layer counters of the re-routing this backend applied itself from MoeHooks::reroute (all zero for
   // backends that always call MoeHooks::route).
   virtual Result<std::vector<RerouteCounts>> reroute_counts() const {
