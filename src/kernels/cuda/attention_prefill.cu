@@ -14,9 +14,12 @@
 //
 // The previous kernel (wmma, scores/probabilities/accumulator through shared memory, 64-query tiles) stays
 // as prefill_attention_wmma for comparison.
+#include <cuda.h>
 #include <mma.h>
 
+#include <cstdlib>
 #include <string>
+#include <utility>
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
@@ -780,6 +783,386 @@ Status launch_wgmma_pipe(const bf16* q, int q_stride, const bf16* k, const bf16*
                 q_stride, k, v, kv_stride, cu_seqlens, out, Hq, Hkv, scale * kLog2e);
 }
 
+// ---- Warp-specialised wgmma kernel (variants 12 and 13; FlashAttention-3 style) ---------------------------
+//
+// CTA = 3 warpgroups for one (query head, 128-row query tile): warpgroup 0 is the producer (one warp issues TMA
+// loads of the Q tile and of the K and V tiles into a ring of STAGES mbarrier-guarded stages, its registers cut
+// to 40 by setmaxnreg), warpgroups 1 and 2 are consumers of 64 query rows each (registers raised to 232). Key
+// tiles of 128 run from the diagonal tile (the only one masked) down to tile 0. Per key tile a consumer issues
+// S = Q K^T of this tile and O += P V of the previous one, then the softmax of S runs while the PV GEMM is in
+// flight (P stays in registers as the A operand, O is rescaled once the GEMM is done). The two consumers take
+// turns at issuing their GEMMs (named barriers 1 and 2), so one warpgroup's softmax overlaps the other's GEMMs.
+// K and V live in the qkv buffer with a row stride: the tensor maps are 3-D (64 columns, 128-byte column
+// blocks of the heads, token rows), one box = 64 columns x 128 rows, 128-byte swizzled: the shared-memory form
+// of the other wgmma kernels. The Q tile and the diagonal K/V tile of a sequence's last query tile, which
+// reach past the sequence end, are loaded by the producer warp with cp.async (zero-filled rows) instead, so TMA
+// never reads a row outside the sequences (the host does not know the total token count).
+
+constexpr int kWsThreads = 384;
+constexpr uint32_t kWsTile = 128 * kD * sizeof(bf16);  // bytes of one 128-row tile (two 64-column blocks)
+constexpr uint32_t kWsBlock = 128 * 128;               // bytes of one 64-column block of a tile
+template <int STAGES>
+constexpr size_t ws_smem() {
+  return static_cast<size_t>(1 + 2 * STAGES) * kWsTile + 1024 + 256;  // Q, K/V rings, alignment, barriers
+}
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+// Two TMA boxes (the 64-column blocks) of one 128-row tile: rows [row, row + 128) of head `head`.
+__device__ __forceinline__ void tma_tile(uint32_t dst, const CUtensorMap* map, uint32_t bar, int head, int row) {
+#pragma unroll
+  for (int b = 0; b < 2; ++b)
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n" ::"r"(
+            dst + b * kWsBlock),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(0), "r"(2 * head + b), "r"(row)
+        : "memory");
+}
+// cp.async of a 128-row tile by one warp (rows >= row_end zero-filled), into the swizzled form.
+__device__ __forceinline__ void warp_load_tile(uint32_t dst, const bf16* base, int stride, int row0, int row_end,
+                                               int lane) {
+  for (int i = lane; i < 128 * 16; i += 32) {
+    const int r = i >> 4, c = i & 15;
+    const bool valid = row0 + r < row_end;
+    const uint32_t d = dst + (c >> 3) * kWsBlock + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+    const bf16* src = base + static_cast<size_t>(valid ? row0 + r : 0) * stride + c * 8;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0)
+                 : "memory");
+  }
+}
+// d (m64 x n128, fp32) = (accumulate ? d : 0) + A * B, both from shared memory (K-major descriptors).
+__device__ __forceinline__ void wgmma_ss_n128_acc(float (&d)[64], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+template <int STAGES, bool kPingPong>
+__global__ void __launch_bounds__(kWsThreads, 1)
+    prefill_attention_ws_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                                const __grid_constant__ CUtensorMap tm_v, const bf16* __restrict__ q, int q_stride,
+                                const bf16* __restrict__ k, const bf16* __restrict__ v, int kv_stride,
+                                const int32_t* __restrict__ cu_seqlens, bf16* __restrict__ out, int Hq, int Hkv,
+                                float scale_log2) {
+  using namespace vmma;
+  pdl_wait();
+  const int h = blockIdx.x, seq = blockIdx.z;
+  const int qt = gridDim.y - 1 - blockIdx.y;  // longest tiles first
+  const int start = cu_seqlens[seq], len = cu_seqlens[seq + 1] - start;
+  const int q0 = qt * 128;
+  if (q0 >= len) return;
+  const int kvh = h / (Hq / Hkv);
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  const uint32_t aQ = raw + ((1024 - (raw & 1023)) & 1023);
+  const uint32_t aK = aQ + kWsTile, aV = aK + STAGES * kWsTile, aBar = aV + STAGES * kWsTile;
+  const uint32_t q_full = aBar;
+  auto k_full = [&](int s) { return aBar + 8 * (1 + s); };
+  auto v_full = [&](int s) { return aBar + 8 * (1 + STAGES + s); };
+  auto k_empty = [&](int s) { return aBar + 8 * (1 + 2 * STAGES + s); };
+  auto v_empty = [&](int s) { return aBar + 8 * (1 + 3 * STAGES + s); };
+  const int n_kt = qt + 1;                // key tiles 0 .. qt; tile qt is the diagonal one
+  const bool partial = q0 + 128 > len;    // the Q tile and the diagonal K/V tile reach past the sequence end
+  if (threadIdx.x == 0) {
+    mbar_init(q_full, 1);
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(k_full(s), 1);
+      mbar_init(v_full(s), 1);
+      mbar_init(k_empty(s), 8);  // one arrival per consumer warp
+      mbar_init(v_empty(s), 8);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  const int wg = threadIdx.x >> 7, lane = threadIdx.x & 31;
+
+  if (wg == 0) {  // producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    if (threadIdx.x >= 32) return;
+    // Tile i (i = 0 .. n_kt - 1) is key tile n_kt - 1 - i, in stage i % STAGES.
+    const int krow = start + (n_kt - 1) * 128;
+    if (partial) {
+      warp_load_tile(aQ, q + static_cast<size_t>(start) * q_stride + h * kD, q_stride, q0, len, lane);
+      warp_load_tile(aK, k + static_cast<size_t>(start) * kv_stride + kvh * kD, kv_stride, (n_kt - 1) * 128, len,
+                     lane);
+      asm volatile("cp.async.wait_all;\n" ::: "memory");
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      __syncwarp();
+      if (lane == 0) {
+        mbar_arrive(q_full);
+        mbar_arrive(k_full(0));
+      }
+    } else if (lane == 0) {
+      mbar_expect_tx(q_full, kWsTile);
+      tma_tile(aQ, &tm_q, q_full, h, start + q0);
+      mbar_expect_tx(k_full(0), kWsTile);
+      tma_tile(aK, &tm_k, k_full(0), kvh, krow);
+    }
+    // K of tile i, then V of tile i - 1 (K leads: the S GEMM of a tile comes before the PV GEMM of the last).
+    for (int i = 1; i <= n_kt; ++i) {
+      if (i < n_kt && lane == 0) {
+        const int s = i % STAGES;
+        if (i >= STAGES) mbar_wait(k_empty(s), ((i / STAGES) - 1) & 1);
+        mbar_expect_tx(k_full(s), kWsTile);
+        tma_tile(aK + s * kWsTile, &tm_k, k_full(s), kvh, start + (n_kt - 1 - i) * 128);
+      }
+      const int j = i - 1, s = j % STAGES;
+      if (j == 0 && partial) {
+        warp_load_tile(aV, v + static_cast<size_t>(start) * kv_stride + kvh * kD, kv_stride, (n_kt - 1) * 128, len,
+                       lane);
+        asm volatile("cp.async.wait_all;\n" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncwarp();
+        if (lane == 0) mbar_arrive(v_full(0));
+      } else if (lane == 0) {
+        if (j >= STAGES) mbar_wait(v_empty(s), ((j / STAGES) - 1) & 1);
+        mbar_expect_tx(v_full(s), kWsTile);
+        tma_tile(aV + s * kWsTile, &tm_v, v_full(s), kvh, start + (n_kt - 1 - j) * 128);
+      }
+    }
+    return;
+  }
+
+  // Consumers.
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+  const int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
+  const int row0 = q0 + cw * 64 + warp * 16;  // this warp's first query row (sequence-relative)
+  const uint32_t qa = aQ + cw * 64 * 128;
+  // Turn-taking of the two consumers at issuing GEMMs: consumer c waits on barrier 1 + c, then lets the other go.
+  auto sched_sync = [&]() {
+    if constexpr (kPingPong) named_sync(1 + cw, 256);
+  };
+  auto sched_arrive = [&]() {
+    if constexpr (kPingPong) named_arrive(2 - cw, 256);
+  };
+  if (cw == 1) {
+    if constexpr (kPingPong) named_arrive(1, 256);  // consumer 0 goes first
+  }
+  auto release = [&](uint32_t bar) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar);
+  };
+  auto issue_s = [&](float (&acc)[64], int s) {
+    const uint32_t ka = aK + s * kWsTile;
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk)
+      wgmma_ss_n128_acc(acc, wg_desc(qa + (kk >> 2) * kWsBlock + (kk & 3) * 32, 16, 1024),
+                        wg_desc(ka + (kk >> 2) * kWsBlock + (kk & 3) * 32, 16, 1024), kk > 0);
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+  };
+  float o[64], sv[64];
+  uint32_t pa[8][4];
+  auto issue_pv = [&](int s) {
+    const uint32_t va = aV + s * kWsTile;
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) wgmma_rs_tb(o, pa[kk], wg_desc(va + kk * 16 * 128, kWsBlock, 1024));
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+  };
+  auto pack_p = [&]() {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      pa[i / 2][(i % 2) * 2] = pack_bf16(sv[4 * i], sv[4 * i + 1]);
+      pa[i / 2][(i % 2) * 2 + 1] = pack_bf16(sv[4 * i + 2], sv[4 * i + 3]);
+    }
+  };
+#pragma unroll
+  for (int i = 0; i < 64; ++i) o[i] = 0.f;
+  float m[2], l[2] = {0.f, 0.f};
+
+  mbar_wait(q_full, 0);
+  // Tile 0: the diagonal key tile (keys q0 .. q0 + 127), masked. Every row has its own key here, so the row
+  // maxima are finite from the start.
+  mbar_wait(k_full(0), 0);
+  sched_sync();
+  issue_s(sv, 0);
+  sched_arrive();
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+  release(k_empty(0));
+  {
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = sv[4 * i + e];
+        if (q0 + 8 * i + 2 * t + (e & 1) > row0 + g + (e >> 1) * 8) x = -INFINITY;
+        sv[4 * i + e] = x;
+        mx[e >> 1] = fmaxf(mx[e >> 1], x);
+      }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      m[r] = mx[r] * scale_log2;
+    }
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      sv[i] = exp2f(fmaf(sv[i], scale_log2, -m[(i >> 1) & 1]));
+      l[(i >> 1) & 1] += sv[i];
+    }
+    pack_p();
+  }
+  for (int i = 1; i < n_kt; ++i) {
+    const int s = i % STAGES, ps = (i - 1) % STAGES;
+    mbar_wait(k_full(s), (i / STAGES) & 1);
+    sched_sync();
+    issue_s(sv, s);
+    mbar_wait(v_full(ps), ((i - 1) / STAGES) & 1);
+    issue_pv(ps);
+    sched_arrive();
+    asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");  // S done, PV in flight
+    release(k_empty(s));
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < 64; ++j) mx[(j >> 1) & 1] = fmaxf(mx[(j >> 1) & 1], sv[j]);
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float mn = fmaxf(m[r], mx[r] * scale_log2);
+      alpha[r] = exp2f(m[r] - mn);
+      m[r] = mn;
+      l[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int j = 0; j < 64; ++j) {
+      sv[j] = exp2f(fmaf(sv[j], scale_log2, -m[(j >> 1) & 1]));
+      l[(j >> 1) & 1] += sv[j];
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");  // PV of tile i - 1 done
+    release(v_empty(ps));
+#pragma unroll
+    for (int j = 0; j < 64; ++j) o[j] *= alpha[(j >> 1) & 1];
+    pack_p();
+  }
+  {
+    const int ps = (n_kt - 1) % STAGES;
+    mbar_wait(v_full(ps), ((n_kt - 1) / STAGES) & 1);
+    sched_sync();
+    issue_pv(ps);
+    if (cw == 0) sched_arrive();  // consumer 1's last turn hands over to nobody
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+  }
+
+  // Epilogue: O / l as bf16 into this consumer's 64 rows of the Q tile (its own S GEMMs are done; the other
+  // consumer reads only its own rows), same swizzled form, then 16-byte coalesced stores.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    l[r] = 1.f / l[r];
+  }
+#pragma unroll
+  for (int i = 0; i < 16; ++i)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int rr = warp * 16 + g + 8 * r;  // row within this consumer's 64
+      const uint32_t addr = qa + (i >> 3) * kWsBlock + rr * 128 + (((i & 7) ^ (rr & 7)) << 4) + 4 * t;
+      const uint32_t val = pack_bf16(o[4 * i + 2 * r] * l[r], o[4 * i + 2 * r + 1] * l[r]);
+      asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(val) : "memory");
+    }
+  named_sync(3 + cw, 128);
+  const int ct = threadIdx.x & 127;
+  const size_t out_stride = static_cast<size_t>(Hq) * kD;
+#pragma unroll
+  for (int it = 0; it < 8; ++it) {
+    const int c = ct + 128 * it, rr = c >> 4, ch = c & 15;
+    const int row = q0 + cw * 64 + rr;
+    uint4 val;
+    const uint32_t addr = qa + (ch >> 3) * kWsBlock + rr * 128 + (((ch & 7) ^ (rr & 7)) << 4);
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(val.x), "=r"(val.y), "=r"(val.z), "=r"(val.w)
+                 : "r"(addr));
+    if (row < len)
+      *reinterpret_cast<uint4*>(out + static_cast<size_t>(start + row) * out_stride + h * kD + ch * 8) = val;
+  }
+}
+
+using TensorMapEncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                          const cuuint64_t*, const cuuint32_t*, const cuuint32_t*,
+                                          CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
+                                          CUtensorMapFloatOOBfill);
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda).
+Status tensor_map_encoder(TensorMapEncodeTiled* fn) {
+  static TensorMapEncodeTiled encode = nullptr;
+  static const cudaError_t err = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult qr;
+    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &qr);
+    if (e == cudaSuccess && qr == cudaDriverEntryPointSuccess) encode = reinterpret_cast<TensorMapEncodeTiled>(p);
+    return e == cudaSuccess && qr != cudaDriverEntryPointSuccess ? cudaErrorSymbolNotFound : e;
+  }();
+  ZEST_RETURN_IF_ERROR(cuda_status(err, "prefill_attention: cuTensorMapEncodeTiled entry point"));
+  *fn = encode;
+  return Status::ok();
+}
+
+// Tensor map of `heads` heads of 128 columns at base + row * stride: dims (64 columns, 2 * heads column
+// blocks, rows), boxes of 64 columns x 128 rows, 128-byte swizzle.
+Status head_tensor_map(CUtensorMap* map, const bf16* base, int heads, int stride, uint64_t rows) {
+  TensorMapEncodeTiled encode = nullptr;
+  ZEST_RETURN_IF_ERROR(tensor_map_encoder(&encode));
+  const cuuint64_t dims[3] = {64, static_cast<cuuint64_t>(2 * heads), rows};
+  const cuuint64_t strides[2] = {128, static_cast<cuuint64_t>(stride) * sizeof(bf16)};
+  const cuuint32_t box[3] = {64, 1, 128};
+  const cuuint32_t estr[3] = {1, 1, 1};
+  const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<bf16*>(base), dims, strides, box,
+                            estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return internal_error("prefill_attention: cuTensorMapEncodeTiled failed (" + std::to_string(static_cast<int>(r)) +
+                          ")");
+  return Status::ok();
+}
+
+template <int STAGES, bool kPingPong>
+Status launch_ws(const bf16* q, int q_stride, const bf16* k, const bf16* v, int kv_stride, const int32_t* cu_seqlens,
+                 int nseq, int max_seqlen, bf16* out, int Hq, int Hkv, float scale, cudaStream_t stream) {
+  constexpr size_t smem = ws_smem<STAGES>();
+  static const cudaError_t attr = cudaFuncSetAttribute(prefill_attention_ws_kernel<STAGES, kPingPong>,
+                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  ZEST_RETURN_IF_ERROR(cuda_status(attr, "prefill_attention (warp-specialised) smem attribute"));
+  // Rows bound: every sequence ends at or before nseq * max_seqlen; TMA only reads whole tiles inside sequences.
+  const uint64_t rows = static_cast<uint64_t>(nseq) * static_cast<uint64_t>(max_seqlen);
+  CUtensorMap tq, tk, tv;
+  ZEST_RETURN_IF_ERROR(head_tensor_map(&tq, q, Hq, q_stride, rows));
+  ZEST_RETURN_IF_ERROR(head_tensor_map(&tk, k, Hkv, kv_stride, rows));
+  ZEST_RETURN_IF_ERROR(head_tensor_map(&tv, v, Hkv, kv_stride, rows));
+  constexpr float kLog2e = 1.4426950408889634f;
+  const dim3 grid(Hq, (max_seqlen + 127) / 128, nseq);
+  return launch("prefill_attention", prefill_attention_ws_kernel<STAGES, kPingPong>, grid, dim3(kWsThreads), smem,
+                stream, tq, tk, tv, q, q_stride, k, v, kv_stride, cu_seqlens, out, Hq, Hkv, scale * kLog2e);
+}
+
 Status check_prefill(const bf16* q, int q_stride, const bf16* k, const bf16* v, int kv_stride, int nseq,
                      int max_seqlen, const bf16* out, int Hq, int Hkv, int D) {
   if (D != kD) return invalid_argument("prefill_attention: this kernel needs head_dim 128, got " + std::to_string(D));
@@ -808,6 +1191,14 @@ Status launch_fa(const bf16* q, int q_stride, const bf16* k, const bf16* v, int 
 }
 
 int g_prefill_options[static_cast<int>(PrefillOption::kCount)] = {};
+// Start values from the environment (A/B runs of whole programs): ZEST_PREFILL_ATTENTION, ZEST_PREFILL_ROPE.
+[[maybe_unused]] const bool g_prefill_env = [] {
+  const std::pair<const char*, PrefillOption> vars[] = {{"ZEST_PREFILL_ATTENTION", PrefillOption::kAttention},
+                                                        {"ZEST_PREFILL_ROPE", PrefillOption::kRope}};
+  for (const auto& [name, opt] : vars)
+    if (const char* e = std::getenv(name)) g_prefill_options[static_cast<int>(opt)] = std::atoi(e);
+  return true;
+}();
 
 }  // namespace
 
@@ -849,6 +1240,15 @@ Status prefill_attention(const bf16* q, int q_stride, const bf16* k, const bf16*
     case 11:
       return launch_wgmma_pipe<true, false, true>(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq,
                                                   Hkv, scale, stream);
+    case 12:
+      return launch_ws<2, true>(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, scale,
+                                stream);
+    case 13:
+      return launch_ws<3, true>(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, scale,
+                                stream);
+    case 14:
+      return launch_ws<2, false>(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, scale,
+                                 stream);
     case 7:
       return launch_wgmma<1, 64>(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, scale,
                                  stream);

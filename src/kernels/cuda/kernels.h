@@ -136,14 +136,21 @@ Status prefill_attention(const bf16* q, int q_stride, const bf16* k, const bf16*
 //     with S of the next tile issued before the softmax of the current one (K/V triple-buffered); 9 = as 8, the
 //     causal mask on the diagonal tile only and the scale folded into the exponent's FFMA; 10 = as 9, the two
 //     score register arrays swapping roles every tile instead of a copy; 11 = as 9, exponentials by
-//     ex2.approx.ftz.
+//     ex2.approx.ftz; warp-specialised (a TMA producer warp, mbarrier-guarded K/V stages, two consumer
+//     warpgroups of 64 rows with setmaxnreg, softmax overlapping the PV GEMM): 12 = 2 stages, the consumers
+//     taking turns at issuing GEMMs; 13 = as 12 with 3 stages; 14 = as 12 without the turn-taking.
 //   kGroupedGemm (moe_prefill_gate_up/down; default 3): mma.sync with 1 = k-chunks of 32 in a 4-stage cp.async
 //     ring, 2 = 64 in 3 stages; wgmma (two warpgroups of 64 rows, k-chunks of 64): 3 = 3 stages, each stage's
 //     wgmma waited for; 4 = 4 stages, one wgmma group left in flight; 5 = 3 stages, one group in flight;
 //     256 weight rows per CTA (m64n256k16; needs I % 128 == 0 and H % 256 == 0, else variant 3): 6 = 3 stages,
 //     7 = 4 stages with one group in flight; one warpgroup of 64 rows per CTA (one plan tile): 8 = 3 stages (three
 //     CTAs per SM), 9 = 4 stages with one group in flight, 10 = 3 stages with one group in flight.
-enum class PrefillOption : int { kAttention = 0, kGroupedGemm, kCount };
+//   kRope (qk_norm_rope_kv at every T, decode included; default 1): 1 = one warp per (token, head), scalar loads;
+//     2 = head_dim 128 only (other sizes take 1): a half-warp per (token, head) with 16-byte loads and stores, the
+//     cos/sin of a CTA's tokens computed once in shared memory, 4 tokens per CTA (T >= 256) or one token's heads
+//     over CTAs of 16 rows.
+//   Start values of kAttention and kRope may be given by the environment: ZEST_PREFILL_ATTENTION, ZEST_PREFILL_ROPE.
+enum class PrefillOption : int { kAttention = 0, kGroupedGemm, kRope, kCount };
 void set_prefill_option(PrefillOption opt, int value);
 int prefill_option(PrefillOption opt);
 // The same function (D = 128 only) through the previous wmma kernel, kept for comparison in benchmarks.
