@@ -183,6 +183,7 @@ bool apply_variant(const std::string& spec) {
     else if (name == "moe") set_decode_option(DecodeOption::kMoeOccupancy, value);
     else if (name == "attn") set_decode_option(DecodeOption::kAttentionKernel, value);
     else if (name == "gemm") set_decode_option(DecodeOption::kGemmVariant, value);
+    else if (name == "route") set_decode_option(DecodeOption::kRouteFused, value);
     else return false;
   }
   return true;

@@ -48,7 +48,10 @@ enum class DecodeOption : int {
   kAttentionKernel, // decode attention: 1 (default) = tensor cores (mma.sync) when 8 query heads share a kv head
                     // and q rows are 16-byte aligned; 0 = the CUDA-core page loop
   kGemmVariant,     // small-M GEMM, chunks in flight per warp and CTAs per SM: 1 (default) = 4, 3 CTAs; 0 = 8, 1;
-                    // 2 = 8, 2; 3 = 2, 4
+                    // 2 = 8, 2; 3 = 2, 4; 4 = the weight tile bulk-copied into shared memory before the wait on the
+                    // previous kernel, one CTA per 16-row tile (when every tile's CTA fits on the GPU; else 1)
+  kRouteFused,      // decode routing (T <= 16): 1 = moe_route (router GEMM + top-k + plan in one cluster launch);
+                    // 0 = router GEMM, router_topk and moe_plan as separate launches
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);
@@ -216,6 +219,16 @@ Status moe_plan(const int32_t* ids, int N, int K, int E, MoePlan& plan, int64_t*
 // expert counts, a scan, then in-order placement) instead of once per expert. E > 256 goes to moe_plan.
 Status moe_plan_prefill(const int32_t* ids, int N, int K, int E, MoePlan& plan, int64_t* active_count_sum,
                         cudaStream_t stream);
+
+// Fused decode routing, one launch: logits = xn[T, H] * router_w[E, H]^T (fp32 sums rounded to bf16, as the gemm
+// output), then router_topk's softmax/top-k/renormalisation into ids/weights [T, K], then (plan != nullptr) the
+// MoE plan of those ids (moe_plan's contents; *active_count_sum += active experts when not null). logits [T, E]
+// receives the bf16 logits when not null. One thread-block cluster (CTAs split the experts; distributed shared
+// memory, no global fences). Needs moe_route_ok(T, H, E, K): 1 <= T <= 16, K <= min(16, E), E <= 256 in at most
+// 16 experts per CTA, H % 32 == 0, and a schedulable cluster.
+bool moe_route_ok(int T, int H, int E, int K);
+Status moe_route(const bf16* xn, const bf16* router_w, const float* bias, int32_t* ids, float* weights, bf16* logits,
+                 MoePlan* plan, int64_t* active_count_sum, int T, int H, int E, int K, cudaStream_t stream);
 
 // Decode/small-batch experts: h = silu(x Wg^T) * (x Wu^T) for each (token, slot) of each active expert, then
 // slot_out[n, k, :] = weights[n, k] * (h Wd^T). Each active expert's weights are read once (a CTA per

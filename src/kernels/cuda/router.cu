@@ -1,4 +1,5 @@
 // MoE routing: softmax + top-k + renormalisation (one warp per token) and SERE re-routing (one CTA per layer).
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/common.cuh"
 
 namespace zest::cuda {
@@ -12,12 +13,14 @@ constexpr int kMaxTopK = 16;
 // One token's router by one warp: p = softmax(fp32 logits + bias) over E (scratch p: E floats, shared memory),
 // top-K by p (ties: lowest index) sorted descending, weights renormalised to sum 1 and rounded to bf16 precision.
 // K <= kMaxTopK.
-__device__ __forceinline__ void warp_router_topk(const bf16* row, const float* bias, float* p, int E, int K,
-                                                 int32_t* ids, float* weights, int lane) {
+// logit(e) gives the router logit of expert e; ids_copy (may be null) receives the ids too.
+template <typename Logit>
+__device__ __forceinline__ void warp_router_topk(Logit logit, const float* bias, float* p, int E, int K,
+                                                 int32_t* ids, float* weights, int lane, int* ids_copy = nullptr) {
   float mx = -INFINITY;
 #pragma unroll 4
   for (int e = lane; e < E; e += 32) {  // unrolled: the loads of 4 columns per lane are in flight together
-    const float v = __bfloat162float(row[e]) + (bias ? bias[e] : 0.f);
+    const float v = logit(e) + (bias ? bias[e] : 0.f);
     p[e] = v;
     mx = fmaxf(mx, v);
   }
@@ -70,6 +73,7 @@ __device__ __forceinline__ void warp_router_topk(const bf16* row, const float* b
       if (k >= K) break;
       ids[k] = sel_i[k];
       weights[k] = bf16_round(sel_v[k] / total);
+      if (ids_copy) ids_copy[k] = sel_i[k];
     }
   }
 }
@@ -84,9 +88,175 @@ __global__ void __launch_bounds__(kRouterWarps * 32) router_topk_kernel(const bf
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int n = blockIdx.x * kRouterWarps + warp;
   if (n >= N) return;
-  warp_router_topk(logits + static_cast<size_t>(n) * E, bias, probs_all + warp * E, E, K,
+  const bf16* row = logits + static_cast<size_t>(n) * E;
+  warp_router_topk([row](int e) { return __bfloat162float(row[e]); }, bias, probs_all + warp * E, E, K,
                    ids + static_cast<size_t>(n) * K, weights + static_cast<size_t>(n) * K, lane);
 }
+
+// ---- fused routing for decode batches ---------------------------------------------------------------------------
+// Router GEMM + softmax/top-k/renormalisation + MoE plan in one launch, for T <= 16 tokens. The grid is one thread-
+// block cluster of C CTAs; CTA r owns experts [r * E / C, (r + 1) * E / C) (at most 16 rows of the router weight).
+// Before waiting on the previous kernel it bulk-copies its rows into shared memory (rows padded by 16 bytes); after
+// the wait its warps split the hidden dimension (mma.m16n8k16 as in the small-M GEMM, tokens as B fragments), the
+// warps' sums are reduced in fixed order and the bf16-rounded logits are stored into CTA 0's shared memory
+// (distributed shared memory). After one cluster barrier CTA 0 runs the router (one warp per token, the same code as
+// router_topk) and builds the plan (slot per thread, as moe_plan's decode path). No global-memory fences or counters.
+constexpr int kRouteThreads = 256;
+constexpr int kRouteWarps = kRouteThreads / 32;
+constexpr int kRouteMaxT = 16;
+constexpr int kRouteMaxE = 256;
+constexpr int kRouteChunks = 8;  // 32-wide k chunks in flight per warp
+
+struct RouteParams {
+  const bf16* xn;       // [T, H]
+  const bf16* w;        // [E, H]
+  const float* bias;    // [E] or null
+  int32_t* ids;         // [T, K]
+  float* weights;       // [T, K]
+  bf16* logits;         // [T, E] or null
+  MoePlan plan;
+  int make_plan;
+  int64_t* count_sum;
+  int T, H, E, K;
+};
+
+__device__ __forceinline__ void route_mma(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                          uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__global__ void __launch_bounds__(kRouteThreads, 1) moe_route_kernel(RouteParams p) {
+  extern __shared__ __align__(128) unsigned char wsm[];  // [rows][H * 2 + 16]
+  __shared__ __align__(8) uint64_t bar;
+  __shared__ float red[kRouteWarps][8][32];
+  __shared__ float logit_s[kRouteMaxT][kRouteMaxE];  // CTA 0: every logit, [token][expert]
+  __shared__ float probs[kRouteWarps][kRouteMaxE];
+  __shared__ int ids_s[kRouteMaxT * kMaxTopK];
+  __shared__ int scratch[kRouteWarps * kRouteMaxE];
+  __shared__ int counts[kRouteMaxE], offset_of[kRouteMaxE];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, tq = lane & 3;
+  const int rank = static_cast<int>(cluster_rank()), C = static_cast<int>(cluster_size());
+  const int rows = p.E / C, e0 = rank * rows;
+  const uint32_t row_bytes = static_cast<uint32_t>(p.H) * 2, stride = row_bytes + 16;
+  if (tid == 0) {
+    mbar_init(&bar);
+    mbar_arrive_expect_tx(&bar, rows * row_bytes);
+    for (int r = 0; r < rows; ++r) bulk_load(wsm + r * stride, p.w + static_cast<size_t>(e0 + r) * p.H, row_bytes, &bar);
+  }
+  cluster_arrive_relaxed();  // every CTA of the cluster runs before any distributed shared-memory store
+  __syncthreads();
+  pdl_wait();
+  const int T = p.T, chunks = p.H / 32;
+  const bf16* x0p = g < T ? p.xn + static_cast<size_t>(g) * p.H + tq * 8 : nullptr;
+  const bf16* x1p = g + 8 < T ? p.xn + static_cast<size_t>(g + 8) * p.H + tq * 8 : nullptr;
+  const bool two = T > 8;
+  const unsigned char* a_lo = g < rows ? wsm + g * stride + tq * 16 : nullptr;
+  const unsigned char* a_hi = g + 8 < rows ? wsm + (g + 8) * stride + tq * 16 : nullptr;
+  float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+  bool landed = false;
+  for (int cb = warp; cb < chunks; cb += kRouteWarps * kRouteChunks) {
+    uint4 xa[kRouteChunks], xb[kRouteChunks];
+#pragma unroll
+    for (int u = 0; u < kRouteChunks; ++u) {
+      const int c = cb + u * kRouteWarps;
+      const bool ok = c < chunks;
+      xa[u] = ok && x0p ? __ldg(reinterpret_cast<const uint4*>(x0p + c * 32)) : make_uint4(0, 0, 0, 0);
+      xb[u] = ok && x1p ? __ldg(reinterpret_cast<const uint4*>(x1p + c * 32)) : make_uint4(0, 0, 0, 0);
+    }
+    if (!landed) {
+      mbar_wait(&bar, 0);
+      landed = true;
+    }
+#pragma unroll
+    for (int u = 0; u < kRouteChunks; ++u) {
+      const int c = cb + u * kRouteWarps;
+      if (c >= chunks) break;
+      const uint4 lo = a_lo ? *reinterpret_cast<const uint4*>(a_lo + c * 64) : make_uint4(0, 0, 0, 0);
+      const uint4 hi = a_hi ? *reinterpret_cast<const uint4*>(a_hi + c * 64) : make_uint4(0, 0, 0, 0);
+      route_mma(acc[0], lo.x, hi.x, lo.y, hi.y, xa[u].x, xa[u].y);
+      route_mma(acc[0], lo.z, hi.z, lo.w, hi.w, xa[u].z, xa[u].w);
+      if (two) {
+        route_mma(acc[1], lo.x, hi.x, lo.y, hi.y, xb[u].x, xb[u].y);
+        route_mma(acc[1], lo.z, hi.z, lo.w, hi.w, xb[u].z, xb[u].w);
+      }
+    }
+  }
+  if (!landed) mbar_wait(&bar, 0);  // no chunk for this warp: the copy must still land before the CTA exits
+#pragma unroll
+  for (int n = 0; n < 2; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) red[warp][n * 4 + i][lane] = acc[n][i];
+  __syncthreads();
+  cluster_wait();
+  {
+    const int v = tid >> 5, l = tid & 31;  // one (accumulator, lane) per thread
+    const int n = v >> 2, i = v & 3;
+    const int t = n * 8 + (l & 3) * 2 + (i & 1);
+    const int r = (l >> 2) + (i >> 1) * 8;
+    if (t < T && r < rows) {
+      float s = 0.f;
+#pragma unroll
+      for (int ww = 0; ww < kRouteWarps; ++ww) s += red[ww][v][l];
+      st_cluster_f32(cluster_map(&logit_s[t][e0 + r], 0), bf16_round(s));
+    }
+  }
+  cluster_arrive();
+  cluster_wait();
+  if (rank != 0) return;
+  const int E = p.E, K = p.K;
+  if (p.logits)
+    for (int i = tid; i < T * E; i += kRouteThreads)
+      p.logits[i] = __float2bfloat16(logit_s[i / E][i % E]);
+  for (int t = warp; t < T; t += kRouteWarps) {
+    const float* row = logit_s[t];
+    warp_router_topk([row](int e) { return row[e]; }, p.bias, probs[warp], E, K, p.ids + static_cast<size_t>(t) * K,
+                     p.weights + static_cast<size_t>(t) * K, lane, ids_s + t * K);
+  }
+  if (!p.make_plan) return;
+  __syncthreads();
+  // The plan, slot per thread (T * K <= 256 slots): rank among equal ids from the warp's match mask and the counts of
+  // earlier warps; the shared warp scan turns the counts into the active list, offsets and tiles.
+  const int NK = T * K;
+  int my_id = tid < NK ? ids_s[tid] : -1;
+  if (my_id >= E) my_id = -1;
+  for (int i = tid; i < kRouteWarps * E; i += kRouteThreads) scratch[i] = 0;
+  const unsigned peers = __match_any_sync(0xffffffffu, my_id >= 0 ? my_id : E + lane);
+  const unsigned below = peers & ((1u << lane) - 1u);
+  __syncthreads();
+  if (my_id >= 0 && below == 0) scratch[warp * E + my_id] = __popc(peers);
+  __syncthreads();
+  for (int e = tid; e < E; e += kRouteThreads) {
+    int c = 0;
+#pragma unroll
+    for (int w = 0; w < kRouteWarps; ++w) {
+      const int t = scratch[w * E + e];
+      scratch[w * E + e] = c;
+      c += t;
+    }
+    counts[e] = c;
+  }
+  __syncthreads();
+  if (warp == 0) moe_plan_scan_warp(counts, E, p.plan, offset_of, p.count_sum);
+  __syncthreads();
+  if (my_id >= 0) p.plan.sorted_slots[offset_of[my_id] + scratch[warp * E + my_id] + __popc(below)] = tid;
+}
+
+// Cluster size for E experts: the largest C <= 16 dividing E with at most 16 experts per CTA (0: none).
+int route_cluster(int E) {
+  for (int c : {16, 8, 4, 2, 1})
+    if (E % c == 0 && E / c <= 16) return c;
+  return 0;
+}
+
+size_t route_smem(int E, int H) {
+  const int c = route_cluster(E);
+  return c ? static_cast<size_t>(E / c) * (static_cast<size_t>(H) * 2 + 16) : 0;
+}
+constexpr size_t kRouteMaxSmem = 160 * 1024;
 
 constexpr int kSereThreads = 1024;
 constexpr int kSereRows = 4;  // expert rows per warp whose first 128 similarities are loaded up front
@@ -355,6 +525,77 @@ Status router_topk(const bf16* logits, const float* bias, int32_t* ids, float* w
   const size_t smem = static_cast<size_t>(kRouterWarps) * E * sizeof(float);
   return launch("router_topk", router_topk_kernel, dim3((N + kRouterWarps - 1) / kRouterWarps),
                 dim3(kRouterWarps * 32), smem, stream, logits, bias, ids, weights, N, E, K);
+}
+
+bool moe_route_ok(int T, int H, int E, int K) {
+  if (T < 1 || T > kRouteMaxT || E < 1 || E > kRouteMaxE || K < 1 || K > kMaxTopK || K > E || H < 32 || H % 32 != 0 ||
+      route_cluster(E) == 0 || route_smem(E, H) > kRouteMaxSmem)
+    return false;
+  static int usable = -1;  // whether a cluster of the largest size can be scheduled at all (checked once)
+  if (usable < 0) {
+    usable = 0;
+    const void* fn = reinterpret_cast<const void*>(moe_route_kernel);
+    if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kRouteMaxSmem)) ==
+            cudaSuccess &&
+        cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(16);
+      cfg.blockDim = dim3(kRouteThreads);
+      cfg.dynamicSmemBytes = kRouteMaxSmem;
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = 16;
+      attr[0].val.clusterDim.y = 1;
+      attr[0].val.clusterDim.z = 1;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      int clusters = 0;
+      if (cudaOccupancyMaxActiveClusters(&clusters, moe_route_kernel, &cfg) == cudaSuccess && clusters > 0) usable = 1;
+    }
+    cudaGetLastError();
+  }
+  return usable == 1;
+}
+
+Status moe_route(const bf16* xn, const bf16* router_w, const float* bias, int32_t* ids, float* weights, bf16* logits,
+                 MoePlan* plan, int64_t* active_count_sum, int T, int H, int E, int K, cudaStream_t stream) {
+  if (!moe_route_ok(T, H, E, K))
+    return invalid_argument("moe_route: need 1 <= T <= 16, E <= 256 split into at most 16 rows per CTA, K <= min(16, E), "
+                            "H a multiple of 32 and a schedulable 16-CTA cluster (T=" + std::to_string(T) + " H=" +
+                            std::to_string(H) + " E=" + std::to_string(E) + " K=" + std::to_string(K) + ")");
+  if (plan && (T > plan->max_tokens || K != plan->top_k || E != plan->experts))
+    return invalid_argument("moe_route: the plan was bound for other sizes");
+  if (!xn || !router_w || !ids || !weights) return invalid_argument("moe_route: null pointer");
+  RouteParams p{};
+  p.xn = xn;
+  p.w = router_w;
+  p.bias = bias;
+  p.ids = ids;
+  p.weights = weights;
+  p.logits = logits;
+  if (plan) p.plan = *plan;
+  p.make_plan = plan ? 1 : 0;
+  p.count_sum = active_count_sum;
+  p.T = T;
+  p.H = H;
+  p.E = E;
+  p.K = K;
+  const int C = route_cluster(E);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(C);
+  cfg.blockDim = dim3(kRouteThreads);
+  cfg.dynamicSmemBytes = route_smem(E, H);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = C;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = programmatic_launch() ? 2 : 1;
+  return cuda_status(cudaLaunchKernelEx(&cfg, moe_route_kernel, p), "moe_route");
 }
 
 Status sere_reroute(int32_t* ids, float* weights, const float* sim, int N, int E, int K, int S, float rho,

@@ -4,6 +4,7 @@
 // dot product may sum k in any order, each thread loads 8 consecutive k of a row and both A and B fragments
 // use the same permutation of k. A CTA's warps split k and are reduced in shared memory in fixed order.
 // Modes: dense small-M GEMM, MoE gate/up (SiLU * up epilogue) and MoE down (routing-weight epilogue).
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/common.cuh"
 
 namespace zest::cuda {
@@ -160,6 +161,111 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) rows_mma_kernel(RowsP
   }
 }
 
+// Dense small-M GEMM with the weights in shared memory: one CTA per 16-row tile (the grid must fit on the GPU at
+// once). Before waiting on the previous kernel (the weights are never written by it), thread 0 starts bulk copies
+// (TMA) of the tile's 16 rows into shared memory, rows padded by 16 bytes so the A-fragment reads are free of bank
+// conflicts; the weight stream so overlaps the previous kernel. After the wait the warps load their k-slices of the
+// token rows (all chunks of a round in flight), wait for the tile and run the same mma chunks as rows_mma_kernel;
+// the warps' partial sums are reduced in shared memory in fixed order. kTwo: more than 8 token rows (M <= 16).
+constexpr int kPreRound = 8;  // token chunks in flight per warp
+
+template <bool kTwo>
+__global__ void __launch_bounds__(kWarps * 32, 1) rows_pre_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w,
+                                                                  bf16* __restrict__ y, int M, int N, int Kdim) {
+  extern __shared__ __align__(128) unsigned char wsm[];
+  __shared__ __align__(8) uint64_t bar;
+  __shared__ float red[kWarps][8][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, tq = lane & 3;
+  const int r0 = blockIdx.x * kRows;
+  const uint32_t row_bytes = static_cast<uint32_t>(Kdim) * 2, stride = row_bytes + 16;
+  if (threadIdx.x == 0) {
+    mbar_init(&bar);
+    mbar_arrive_expect_tx(&bar, kRows * row_bytes);
+    for (int r = 0; r < kRows; ++r) bulk_load(wsm + r * stride, w + static_cast<size_t>(r0 + r) * Kdim, row_bytes, &bar);
+  }
+  __syncthreads();
+  pdl_wait();
+  const int chunks = Kdim / kChunk;
+  const bf16* x0p = g < M ? x + static_cast<size_t>(g) * Kdim + tq * 8 : nullptr;
+  const bf16* x1p = kTwo && g + 8 < M ? x + static_cast<size_t>(g + 8) * Kdim + tq * 8 : nullptr;
+  const unsigned char* a_lo = wsm + g * stride + tq * 16;
+  const unsigned char* a_hi = a_lo + 8 * stride;
+  float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+  bool landed = false;
+  for (int cb = warp; cb < chunks; cb += kWarps * kPreRound) {
+    uint4 xa[kPreRound], xb[kPreRound];
+#pragma unroll
+    for (int u = 0; u < kPreRound; ++u) {
+      const int c = cb + u * kWarps;
+      const bool ok = c < chunks;
+      xa[u] = ok && x0p ? __ldg(reinterpret_cast<const uint4*>(x0p + c * kChunk)) : make_uint4(0, 0, 0, 0);
+      if constexpr (kTwo) xb[u] = ok && x1p ? __ldg(reinterpret_cast<const uint4*>(x1p + c * kChunk)) : make_uint4(0, 0, 0, 0);
+      else xb[u] = make_uint4(0, 0, 0, 0);
+    }
+    if (!landed) {
+      mbar_wait(&bar, 0);
+      landed = true;
+    }
+#pragma unroll
+    for (int u = 0; u < kPreRound; ++u) {
+      const int c = cb + u * kWarps;
+      if (c >= chunks) break;
+      const uint4 lo = *reinterpret_cast<const uint4*>(a_lo + c * kChunk * 2);
+      const uint4 hi = *reinterpret_cast<const uint4*>(a_hi + c * kChunk * 2);
+      mma_chunk(acc[0], acc[1], lo, hi, xa[u], xb[u], kTwo);
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < 2; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) red[warp][n * 4 + i][lane] = acc[n][i];
+  __syncthreads();
+  {
+    const int v = threadIdx.x >> 5, l = threadIdx.x & 31;  // 256 threads: one (value, lane) each
+    const int n = v >> 2, i = v & 3;
+    const int t = n * 8 + (l & 3) * 2 + (i & 1);
+    const int row = r0 + (l >> 2) + (i >> 1) * 8;
+    if (t < M) {
+      float s = 0.f;
+#pragma unroll
+      for (int ww = 0; ww < kWarps; ++ww) s += red[ww][v][l];
+      y[static_cast<size_t>(t) * N + row] = __float2bfloat16(s);
+    }
+  }
+}
+
+constexpr size_t kPreMaxSmem = 200 * 1024;
+
+size_t rows_pre_smem(int K) { return static_cast<size_t>(kRows) * (static_cast<size_t>(K) * 2 + 16); }
+
+// Whether rows_pre_kernel serves (M, N, K): the tile fits in shared memory and every tile has its CTA resident.
+bool rows_pre_ok(int M, int N, int K) {
+  if (M < 1 || M > kTokens || N % kRows != 0 || K % kChunk != 0 || rows_pre_smem(K) > kPreMaxSmem) return false;
+  const size_t smem = rows_pre_smem(K);
+  const void* fn = M > 8 ? reinterpret_cast<const void*>(rows_pre_kernel<true>)
+                         : reinterpret_cast<const void*>(rows_pre_kernel<false>);
+  static bool configured = false;
+  if (!configured) {
+    for (const void* f : {reinterpret_cast<const void*>(rows_pre_kernel<true>),
+                          reinterpret_cast<const void*>(rows_pre_kernel<false>)})
+      if (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kPreMaxSmem)) !=
+          cudaSuccess)
+        return false;
+    configured = true;
+  }
+  int n = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, kWarps * 32, smem) != cudaSuccess) return false;
+  return N / kRows <= n * sm_count();
+}
+
+Status launch_rows_pre(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream) {
+  const size_t smem = rows_pre_smem(K);
+  if (M > 8)
+    return launch("rows_pre", rows_pre_kernel<true>, dim3(N / kRows), dim3(kWarps * 32), smem, stream, x, w, y, M, N, K);
+  return launch("rows_pre", rows_pre_kernel<false>, dim3(N / kRows), dim3(kWarps * 32), smem, stream, x, w, y, M, N, K);
+}
+
 template <int kMode, int kU, int kMinBlocks>
 Status launch_rows(const RowsParams& p, int max_items, cudaStream_t stream) {
   int per_sm = 0;
@@ -183,6 +289,9 @@ Status rows_mma_gemm(const bf16* x, const bf16* w, bf16* y, int M, int N, int K,
   p.N = N;
   p.Kdim = K;
   switch (decode_option(DecodeOption::kGemmVariant)) {
+    case 4:
+      if (rows_pre_ok(M, N, K)) return launch_rows_pre(x, w, y, M, N, K, stream);
+      return launch_rows<kDense, 4, 3>(p, N / kRows, stream);
     case 1: return launch_rows<kDense, 4, 3>(p, N / kRows, stream);
     case 2: return launch_rows<kDense, 8, 2>(p, N / kRows, stream);
     case 3: return launch_rows<kDense, 2, 4>(p, N / kRows, stream);

@@ -294,13 +294,20 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
     ZEST_OP("add + rmsnorm", add_rmsnorm(x_, o_, L.post_norm, xn_, batch, H, kEps, s));
     if (moe) {
       const int E = c.experts, K = c.top_k, I = c.expert_inter;
-      ZEST_OP("router gemm", gemm(xn_, L.router, router_logits_, batch, E, H, s));
-      ZEST_OP("router top-k", router_topk(router_logits_, opt_.skew > 0.f ? L.router_bias : nullptr, route_ids_,
-                                          route_w_, batch, E, K, s));
+      const float* bias = opt_.skew > 0.f ? L.router_bias : nullptr;
+      // Fused routing: with SERE the re-routing runs between top-k and the plan, so the plan stays separate.
+      const bool fused = decode_option(DecodeOption::kRouteFused) == 1 && moe_route_ok(batch, H, E, K);
+      if (fused) {
+        ZEST_OP("router (fused)", moe_route(xn_, L.router, bias, route_ids_, route_w_, nullptr, sere ? nullptr : &plan_,
+                                            sere ? nullptr : expert_counts_ + l, batch, H, E, K, s));
+      } else {
+        ZEST_OP("router gemm", gemm(xn_, L.router, router_logits_, batch, E, H, s));
+        ZEST_OP("router top-k", router_topk(router_logits_, bias, route_ids_, route_w_, batch, E, K, s));
+      }
       if (sere)
         ZEST_OP("sere",
                 sere_reroute(route_ids_, route_w_, L.sim, batch, E, K, opt_.sere_primary, opt_.sere_threshold, s));
-      ZEST_OP("moe plan", moe_plan(route_ids_, batch, K, E, plan_, expert_counts_ + l, s));
+      if (!fused || sere) ZEST_OP("moe plan", moe_plan(route_ids_, batch, K, E, plan_, expert_counts_ + l, s));
       ZEST_OP("moe experts",
               moe_experts_decode(xn_, plan_, route_w_, L.gate_up, L.down, h_, slot_out_, batch, K, E, H, I, s));
       ZEST_OP("moe combine + rmsnorm",
@@ -355,8 +362,10 @@ std::vector<std::string> SyntheticDecoder::op_labels(bool sere) const {
   if (cfg_.experts == 0)
     return {"qkv gemm", "qk norm + rope + kv", "decode attention", "o gemm", "add + rmsnorm", "mlp gate/up gemm",
             "silu*up", "mlp down gemm", "lm_head gemm", "argmax"};
+  // The union over the decode variants: an op a step does not launch has no cost in the ablation.
   std::vector<std::string> ops = {"qkv gemm", "qk norm + rope + kv", "decode attention", "o gemm", "add + rmsnorm",
                                   "router gemm", "router top-k"};
+  if (decode_option(DecodeOption::kRouteFused) == 1) ops.push_back("router (fused)");
   if (sere) ops.push_back("sere");
   for (const char* o : {"moe plan", "moe experts", "moe combine + rmsnorm", "lm_head gemm"}) ops.push_back(o);
   return ops;
