@@ -16,7 +16,7 @@ echo "=== end to end, 2 layers, new"
 ZEST_PREFILL_ATTENTION=12 ZEST_PREFILL_ROPE=2 $B --tokens 512,2048,8192 --layers 2 2>&1 | tail -12
 echo "=== end to end, 2 layers, old"
 ZEST_PREFILL_ATTENTION=9 ZEST_PREFILL_ROPE=1 $B --tokens 512,2048,8192 --layers 2 2>&1 | tail -12
-for v in 13 14; do
+for v in 15 13 14 16; do
   echo "=== T=8192, attention $v"
   ZEST_PREFILL_ATTENTION=$v ZEST_PREFILL_ROPE=2 $B --tokens 8192 --ops --runs 10 $NOVAR 2>&1 | layer
 done

@@ -17,6 +17,7 @@
 #include <cuda.h>
 #include <mma.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <utility>
@@ -1163,6 +1164,305 @@ Status launch_ws(const bf16* q, int q_stride, const bf16* k, const bf16* v, int 
                 stream, tq, tk, tv, q, q_stride, k, v, kv_stride, cu_seqlens, out, Hq, Hkv, scale * kLog2e);
 }
 
+// Persistent form of the warp-specialised kernel (variants 15 and 16): one CTA per SM walks the (query tile, head,
+// sequence) items, longest query tiles first, in a snake order (round r of gridDim.x items runs forward when r is
+// even, backward when odd, so every CTA gets a similar total length). The K/V ring runs on across items, and the
+// output goes through its own shared tile, so the producer loads the next item's Q as soon as the last S GEMM of
+// the current one is done and its K/V tiles as soon as stages free up: the next item's loads overlap the current
+// item's last PV GEMM and epilogue. STAGES = 2 (Q, O and two K/V stages: 192 KiB).
+template <bool kPingPong>
+__global__ void __launch_bounds__(kWsThreads, 1)
+    prefill_attention_wsp_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                                 const __grid_constant__ CUtensorMap tm_v, const bf16* __restrict__ q, int q_stride,
+                                 const bf16* __restrict__ k, const bf16* __restrict__ v, int kv_stride,
+                                 const int32_t* __restrict__ cu_seqlens, bf16* __restrict__ out, int Hq, int Hkv,
+                                 int q_tiles, int nseq, float scale_log2) {
+  using namespace vmma;
+  constexpr int STAGES = 2;
+  pdl_wait();
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw));
+  const uint32_t aQ = raw + ((1024 - (raw & 1023)) & 1023);
+  const uint32_t aO = aQ + kWsTile, aK = aO + kWsTile, aV = aK + STAGES * kWsTile, aBar = aV + STAGES * kWsTile;
+  const uint32_t q_full = aBar, q_empty = aBar + 8;
+  auto k_full = [&](int s) { return aBar + 8 * (2 + s); };
+  auto v_full = [&](int s) { return aBar + 8 * (2 + STAGES + s); };
+  auto k_empty = [&](int s) { return aBar + 8 * (2 + 2 * STAGES + s); };
+  auto v_empty = [&](int s) { return aBar + 8 * (2 + 3 * STAGES + s); };
+  if (threadIdx.x == 0) {
+    mbar_init(q_full, 1);
+    mbar_init(q_empty, 8);  // one arrival per consumer warp
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(k_full(s), 1);
+      mbar_init(v_full(s), 1);
+      mbar_init(k_empty(s), 8);
+      mbar_init(v_empty(s), 8);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  const int wg = threadIdx.x >> 7, lane = threadIdx.x & 31;
+  const int total = Hq * q_tiles * nseq, G = gridDim.x, b = blockIdx.x;
+  // Item of round r for this CTA: false when the round has none; else its head, query tile and sequence.
+  auto item = [&](int r, int& h, int& qt, int& seq) {
+    const int w = r * G + ((r & 1) ? G - 1 - b : b);
+    if (w >= total) return false;
+    const int per_tile = Hq * nseq;
+    qt = q_tiles - 1 - w / per_tile;  // longest query tiles first
+    seq = (w % per_tile) / Hq;
+    h = w % Hq;
+    return true;
+  };
+  const int rounds = (total + G - 1) / G;
+
+  if (wg == 0) {  // producer
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+    if (threadIdx.x >= 32) return;
+    uint32_t kit = 0, vit = 0, qi = 0;  // K tiles, V tiles and items loaded so far
+    for (int r = 0; r < rounds; ++r) {
+      int h, qt, seq;
+      if (!item(r, h, qt, seq)) continue;
+      const int start = cu_seqlens[seq], len = cu_seqlens[seq + 1] - start, q0 = qt * 128;
+      if (q0 >= len) continue;
+      const int kvh = h / (Hq / Hkv), n_kt = qt + 1;
+      const bool partial = q0 + 128 > len;
+      const bf16* kb = k + static_cast<size_t>(start) * kv_stride + kvh * kD;
+      const bf16* vb = v + static_cast<size_t>(start) * kv_stride + kvh * kD;
+      // One tile (Q, K or V) into dst: TMA when whole, else cp.async by the warp (zero-filled rows past len).
+      auto load = [&](uint32_t dst, uint32_t bar, const CUtensorMap* map, const bf16* base, int stride, int head,
+                      int row0, bool cp) {
+        if (cp) {
+          warp_load_tile(dst, base, stride, row0, len, lane);
+          asm volatile("cp.async.wait_all;\n" ::: "memory");
+          asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+          __syncwarp();
+          if (lane == 0) mbar_arrive(bar);
+        } else if (lane == 0) {
+          mbar_expect_tx(bar, kWsTile);
+          tma_tile(dst, map, bar, head, start + row0);
+        }
+        __syncwarp();
+      };
+      auto load_k = [&](int i) {
+        const int s = kit % STAGES;
+        if (kit >= STAGES) mbar_wait(k_empty(s), ((kit / STAGES) - 1) & 1);
+        load(aK + s * kWsTile, k_full(s), &tm_k, kb, kv_stride, kvh, (n_kt - 1 - i) * 128, partial && i == 0);
+        ++kit;
+      };
+      auto load_v = [&](int i) {
+        const int s = vit % STAGES;
+        if (vit >= STAGES) mbar_wait(v_empty(s), ((vit / STAGES) - 1) & 1);
+        load(aV + s * kWsTile, v_full(s), &tm_v, vb, kv_stride, kvh, (n_kt - 1 - i) * 128, partial && i == 0);
+        ++vit;
+      };
+      if (qi > 0) mbar_wait(q_empty, (qi - 1) & 1);
+      load(aQ, q_full, &tm_q, q + static_cast<size_t>(start) * q_stride + h * kD, q_stride, h, q0, partial);
+      ++qi;
+      load_k(0);
+      for (int i = 1; i <= n_kt; ++i) {
+        if (i < n_kt) load_k(i);
+        load_v(i - 1);
+      }
+    }
+    return;
+  }
+
+  // Consumers.
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+  const int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
+  const uint32_t qa = aQ + cw * 64 * 128, oa = aO + cw * 64 * 128;
+  auto sched_sync = [&]() {
+    if constexpr (kPingPong) named_sync(1 + cw, 256);
+  };
+  auto sched_arrive = [&]() {
+    if constexpr (kPingPong) named_arrive(2 - cw, 256);
+  };
+  auto release = [&](uint32_t bar) {
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar);
+  };
+  auto issue_s = [&](float (&acc)[64], int s) {
+    const uint32_t ka = aK + s * kWsTile;
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk)
+      wgmma_ss_n128_acc(acc, wg_desc(qa + (kk >> 2) * kWsBlock + (kk & 3) * 32, 16, 1024),
+                        wg_desc(ka + (kk >> 2) * kWsBlock + (kk & 3) * 32, 16, 1024), kk > 0);
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+  };
+  float o[64], sv[64];
+  uint32_t pa[8][4];
+  auto issue_pv = [&](int s) {
+    const uint32_t va = aV + s * kWsTile;
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) wgmma_rs_tb(o, pa[kk], wg_desc(va + kk * 16 * 128, kWsBlock, 1024));
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+  };
+  auto pack_p = [&]() {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      pa[i / 2][(i % 2) * 2] = pack_bf16(sv[4 * i], sv[4 * i + 1]);
+      pa[i / 2][(i % 2) * 2 + 1] = pack_bf16(sv[4 * i + 2], sv[4 * i + 3]);
+    }
+  };
+  const size_t out_stride = static_cast<size_t>(Hq) * kD;
+  uint32_t kit = 0, vit = 0, qi = 0;
+  for (int r = 0; r < rounds; ++r) {
+    int h, qt, seq;
+    if (!item(r, h, qt, seq)) continue;
+    const int start = cu_seqlens[seq], len = cu_seqlens[seq + 1] - start, q0 = qt * 128;
+    if (q0 >= len) continue;
+    const int n_kt = qt + 1;
+    const int row0 = q0 + cw * 64 + warp * 16;
+    if (cw == 1) {
+      if constexpr (kPingPong) named_arrive(1, 256);  // consumer 0 goes first
+    }
+#pragma unroll
+    for (int i = 0; i < 64; ++i) o[i] = 0.f;
+    float m[2], l[2] = {0.f, 0.f};
+    mbar_wait(q_full, qi & 1);
+    ++qi;
+    {
+      const int s = kit % STAGES;
+      mbar_wait(k_full(s), (kit / STAGES) & 1);
+      sched_sync();
+      issue_s(sv, s);
+      sched_arrive();
+      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+      release(k_empty(s));
+      ++kit;
+      if (n_kt == 1) release(q_empty);
+      float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int i = 0; i < 16; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float x = sv[4 * i + e];
+          if (q0 + 8 * i + 2 * t + (e & 1) > row0 + g + (e >> 1) * 8) x = -INFINITY;
+          sv[4 * i + e] = x;
+          mx[e >> 1] = fmaxf(mx[e >> 1], x);
+        }
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        mx[rr] = fmaxf(mx[rr], __shfl_xor_sync(0xffffffffu, mx[rr], 1));
+        mx[rr] = fmaxf(mx[rr], __shfl_xor_sync(0xffffffffu, mx[rr], 2));
+        m[rr] = mx[rr] * scale_log2;
+      }
+#pragma unroll
+      for (int i = 0; i < 64; ++i) {
+        sv[i] = exp2f(fmaf(sv[i], scale_log2, -m[(i >> 1) & 1]));
+        l[(i >> 1) & 1] += sv[i];
+      }
+      pack_p();
+    }
+    for (int i = 1; i < n_kt; ++i) {
+      const int s = kit % STAGES, ps = vit % STAGES;
+      mbar_wait(k_full(s), (kit / STAGES) & 1);
+      sched_sync();
+      issue_s(sv, s);
+      mbar_wait(v_full(ps), (vit / STAGES) & 1);
+      issue_pv(ps);
+      sched_arrive();
+      asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");  // S done, PV in flight
+      release(k_empty(s));
+      ++kit;
+      if (i == n_kt - 1) release(q_empty);  // last S GEMM of the item: Q may be replaced
+      float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int j = 0; j < 64; ++j) mx[(j >> 1) & 1] = fmaxf(mx[(j >> 1) & 1], sv[j]);
+      float alpha[2];
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        mx[rr] = fmaxf(mx[rr], __shfl_xor_sync(0xffffffffu, mx[rr], 1));
+        mx[rr] = fmaxf(mx[rr], __shfl_xor_sync(0xffffffffu, mx[rr], 2));
+        const float mn = fmaxf(m[rr], mx[rr] * scale_log2);
+        alpha[rr] = exp2f(m[rr] - mn);
+        m[rr] = mn;
+        l[rr] *= alpha[rr];
+      }
+#pragma unroll
+      for (int j = 0; j < 64; ++j) {
+        sv[j] = exp2f(fmaf(sv[j], scale_log2, -m[(j >> 1) & 1]));
+        l[(j >> 1) & 1] += sv[j];
+      }
+      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");  // PV of tile i - 1 done
+      release(v_empty(ps));
+      ++vit;
+#pragma unroll
+      for (int j = 0; j < 64; ++j) o[j] *= alpha[(j >> 1) & 1];
+      pack_p();
+    }
+    {
+      const int ps = vit % STAGES;
+      mbar_wait(v_full(ps), (vit / STAGES) & 1);
+      sched_sync();
+      issue_pv(ps);
+      if (cw == 0) sched_arrive();  // consumer 1's last turn of the item hands over to nobody
+      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+      release(v_empty(ps));
+      ++vit;
+    }
+    // Epilogue through this consumer's 64 rows of the O tile (the previous item's reads of them are done once
+    // every warp of the warpgroup passed the first barrier).
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr) {
+      l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 1);
+      l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 2);
+      l[rr] = 1.f / l[rr];
+    }
+    named_sync(3 + cw, 128);
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+#pragma unroll
+      for (int rr = 0; rr < 2; ++rr) {
+        const int row = warp * 16 + g + 8 * rr;
+        const uint32_t addr = oa + (i >> 3) * kWsBlock + row * 128 + (((i & 7) ^ (row & 7)) << 4) + 4 * t;
+        const uint32_t val = pack_bf16(o[4 * i + 2 * rr] * l[rr], o[4 * i + 2 * rr + 1] * l[rr]);
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(val) : "memory");
+      }
+    named_sync(3 + cw, 128);
+    const int ct = threadIdx.x & 127;
+#pragma unroll
+    for (int it = 0; it < 8; ++it) {
+      const int c = ct + 128 * it, rr = c >> 4, ch = c & 15;
+      const int row = q0 + cw * 64 + rr;
+      uint4 val;
+      const uint32_t addr = oa + (ch >> 3) * kWsBlock + rr * 128 + (((ch & 7) ^ (rr & 7)) << 4);
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(val.x), "=r"(val.y), "=r"(val.z), "=r"(val.w)
+                   : "r"(addr));
+      if (row < len)
+        *reinterpret_cast<uint4*>(out + static_cast<size_t>(start + row) * out_stride + h * kD + ch * 8) = val;
+    }
+  }
+}
+
+template <bool kPingPong>
+Status launch_wsp(const bf16* q, int q_stride, const bf16* k, const bf16* v, int kv_stride, const int32_t* cu_seqlens,
+                  int nseq, int max_seqlen, bf16* out, int Hq, int Hkv, float scale, cudaStream_t stream) {
+  constexpr size_t smem = static_cast<size_t>(6) * kWsTile + 1024 + 256;  // Q, O, 2 x K/V, alignment, barriers
+  static const cudaError_t attr = cudaFuncSetAttribute(prefill_attention_wsp_kernel<kPingPong>,
+                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  ZEST_RETURN_IF_ERROR(cuda_status(attr, "prefill_attention (persistent) smem attribute"));
+  int dev = 0, sms = 0;
+  ZEST_RETURN_IF_ERROR(cuda_status(cudaGetDevice(&dev), "cudaGetDevice"));
+  ZEST_RETURN_IF_ERROR(
+      cuda_status(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "multiprocessor count"));
+  const uint64_t rows = static_cast<uint64_t>(nseq) * static_cast<uint64_t>(max_seqlen);
+  CUtensorMap tq, tk, tv;
+  ZEST_RETURN_IF_ERROR(head_tensor_map(&tq, q, Hq, q_stride, rows));
+  ZEST_RETURN_IF_ERROR(head_tensor_map(&tk, k, Hkv, kv_stride, rows));
+  ZEST_RETURN_IF_ERROR(head_tensor_map(&tv, v, Hkv, kv_stride, rows));
+  constexpr float kLog2e = 1.4426950408889634f;
+  const int q_tiles = (max_seqlen + 127) / 128;
+  const int64_t items = static_cast<int64_t>(Hq) * q_tiles * nseq;
+  const int grid = static_cast<int>(std::min<int64_t>(items, sms));
+  return launch("prefill_attention", prefill_attention_wsp_kernel<kPingPong>, dim3(grid), dim3(kWsThreads), smem,
+                stream, tq, tk, tv, q, q_stride, k, v, kv_stride, cu_seqlens, out, Hq, Hkv, q_tiles, nseq,
+                scale * kLog2e);
+}
+
 Status check_prefill(const bf16* q, int q_stride, const bf16* k, const bf16* v, int kv_stride, int nseq,
                      int max_seqlen, const bf16* out, int Hq, int Hkv, int D) {
   if (D != kD) return invalid_argument("prefill_attention: this kernel needs head_dim 128, got " + std::to_string(D));
@@ -1249,6 +1549,12 @@ Status prefill_attention(const bf16* q, int q_stride, const bf16* k, const bf16*
     case 14:
       return launch_ws<2, false>(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, scale,
                                  stream);
+    case 15:
+      return launch_wsp<true>(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, scale,
+                              stream);
+    case 16:
+      return launch_wsp<false>(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, scale,
+                               stream);
     case 7:
       return launch_wgmma<1, 64>(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, scale,
                                  stream);

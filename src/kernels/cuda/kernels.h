@@ -52,6 +52,8 @@ enum class DecodeOption : int {
                     // previous kernel, one CTA per 16-row tile (when every tile's CTA fits on the GPU; else 1)
   kRouteFused,      // decode routing (T <= 16): 1 = moe_route (router GEMM + top-k + plan in one cluster launch);
                     // 0 = router GEMM, router_topk and moe_plan as separate launches
+  kMoeKernel,       // decode experts: 0 (default) = the variant moe.cu names as default; 1 = rows_mma gate/up + down
+                    // kernels; 2-5 = one persistent bulk-copy streaming kernel (moe_stream.h variants 0-3)
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);
@@ -141,7 +143,10 @@ Status prefill_attention(const bf16* q, int q_stride, const bf16* k, const bf16*
 //     score register arrays swapping roles every tile instead of a copy; 11 = as 9, exponentials by
 //     ex2.approx.ftz; warp-specialised (a TMA producer warp, mbarrier-guarded K/V stages, two consumer
 //     warpgroups of 64 rows with setmaxnreg, softmax overlapping the PV GEMM): 12 = 2 stages, the consumers
-//     taking turns at issuing GEMMs; 13 = as 12 with 3 stages; 14 = as 12 without the turn-taking.
+//     taking turns at issuing GEMMs; 13 = as 12 with 3 stages; 14 = as 12 without the turn-taking; persistent
+//     (one CTA per SM over the (query tile, head, sequence) items in snake order, the K/V ring and a separate O
+//     tile carried across items so the next item's loads overlap the current epilogue): 15 = with turn-taking,
+//     16 = without.
 //   kGroupedGemm (moe_prefill_gate_up/down; default 3): mma.sync with 1 = k-chunks of 32 in a 4-stage cp.async
 //     ring, 2 = 64 in 3 stages; wgmma (two warpgroups of 64 rows, k-chunks of 64): 3 = 3 stages, each stage's
 //     wgmma waited for; 4 = 4 stages, one wgmma group left in flight; 5 = 3 stages, one group in flight;
@@ -251,6 +256,13 @@ Status moe_prefill_gate_up(const bf16* x, const MoePlan& plan, const bf16* gate_
                            int H, int I, cudaStream_t stream);
 Status moe_prefill_down(const bf16* h, const MoePlan& plan, const float* weights, const bf16* down, float* slot_out,
                         int N, int K, int E, int H, int I, cudaStream_t stream);
+// PrefillOption::kGroupedGemm 11-13 run both as warp-specialised persistent kernels: one CTA per SM walks a flat
+// list of (128 sorted slots of one expert) x (BN weight rows) tiles; a producer warpgroup fills a ring of k-chunks
+// (weights and down's h rows by TMA, gate/up's token rows gathered by cp.async) under full/empty mbarriers, two
+// wgmma consumer warpgroups (64 rows each) compute and store. 11 = BN 256, 4 stages (needs I % 128 == 0 and
+// H % 256 == 0); 12 = BN 128, 6 stages; 13 = as 11 in clusters of two CTAs on consecutive row tiles that share (TMA
+// multicast) the weight tile when both belong to one expert. All need E <= 256 and 16-byte aligned operands, else
+// variant 3 runs.
 // The previous grouped GEMMs (wmma 64x64 tiles) when H and I are multiples of 64, else moe_experts_decode;
 // kept for comparison in benchmarks.
 Status moe_experts_prefill_wmma(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
