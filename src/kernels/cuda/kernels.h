@@ -52,8 +52,6 @@ enum class DecodeOption : int {
                     // previous kernel, one CTA per 16-row tile (when every tile's CTA fits on the GPU; else 1)
   kRouteFused,      // decode routing (T <= 16): 1 = moe_route (router GEMM + top-k + plan in one cluster launch);
                     // 0 = router GEMM, router_topk and moe_plan as separate launches
-  kMoeKernel,       // decode experts: 0 (default) = the variant moe.cu names as default; 1 = rows_mma gate/up + down
-                    // kernels; 2-5 = one persistent bulk-copy streaming kernel (moe_stream.h variants 0-3)
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);
@@ -256,13 +254,6 @@ Status moe_prefill_gate_up(const bf16* x, const MoePlan& plan, const bf16* gate_
                            int H, int I, cudaStream_t stream);
 Status moe_prefill_down(const bf16* h, const MoePlan& plan, const float* weights, const bf16* down, float* slot_out,
                         int N, int K, int E, int H, int I, cudaStream_t stream);
-// PrefillOption::kGroupedGemm 11-13 run both as warp-specialised persistent kernels: one CTA per SM walks a flat
-// list of (128 sorted slots of one expert) x (BN weight rows) tiles; a producer warpgroup fills a ring of k-chunks
-// (weights and down's h rows by TMA, gate/up's token rows gathered by cp.async) under full/empty mbarriers, two
-// wgmma consumer warpgroups (64 rows each) compute and store. 11 = BN 256, 4 stages (needs I % 128 == 0 and
-// H % 256 == 0); 12 = BN 128, 6 stages; 13 = as 11 in clusters of two CTAs on consecutive row tiles that share (TMA
-// multicast) the weight tile when both belong to one expert. All need E <= 256 and 16-byte aligned operands, else
-// variant 3 runs.
 // The previous grouped GEMMs (wmma 64x64 tiles) when H and I are multiples of 64, else moe_experts_decode;
 // kept for comparison in benchmarks.
 Status moe_experts_prefill_wmma(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
