@@ -26,3 +26,5 @@ e2e 9 1
 for v in 13 14 16; do ops $v 2 8192 "$NOVAR"; done
 ops 12 2 2048 "$NOVAR"
 ops 9 1 2048 "$NOVAR"
+# Decode-sized T (the rope kernel's small-T path): T = 1 and 64, rope 2 against 1.
+for T in 1 64; do ops 12 2 $T "$NOVAR"; ops 9 1 $T "$NOVAR"; done
