@@ -216,7 +216,18 @@ Status with_option(cuda::PrefillOption opt, int value, const std::function<Statu
 
 // Times each kernel of one MoE decoder layer over a T-token prefill (one sequence from position 0) on random
 // device data: uniform weights with std 1/sqrt(fan_in), activations uniform in [-1, 1).
-Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
+// Whether `name` contains one of the '|'-separated parts of `filter` (an empty filter matches everything).
+bool name_matches(const std::string& name, const std::string& filter) {
+  if (filter.empty()) return true;
+  std::stringstream ss(filter);
+  std::string part;
+  while (std::getline(ss, part, '|'))
+    if (!part.empty() && name.find(part) != std::string::npos) return true;
+  return false;
+}
+
+// variant_filter: only the variant rows whose name matches it (name_matches) are timed.
+Status run_ops(const io::TextConfig& c, int64_t T64, int runs, const std::string& variant_filter) {
   using cuda::bf16;
   const int T = static_cast<int>(T64), H = static_cast<int>(c.hidden_size), D = static_cast<int>(c.head_dim);
   const int Hq = static_cast<int>(c.num_heads), Hkv = static_cast<int>(c.num_kv_heads);
@@ -280,6 +291,8 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
     std::function<Status()> fn;
   };
   const double t = T;
+  const int gemm_option = cuda::prefill_option(cuda::PrefillOption::kGroupedGemm);
+  const std::string gemm_in_use = gemm_option == 0 ? "default" : std::to_string(gemm_option);
   std::vector<Op> ops = {
       {"qkv gemm", 2 * t * QKV * H, true, [&] { return cuda::gemm(xn, wqkv, qkv, T, QKV, H, st); }},
       {"q/k norm + rope + kv write", 0, true,
@@ -323,9 +336,9 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
        }},
       {"moe plan (moe_plan_prefill)", 0, true, [&] { return cuda::moe_plan_prefill(ids, T, K, E, plan, nullptr, st); }},
       {"moe plan (moe_plan, as decode)", 0, false, [&] { return cuda::moe_plan(ids, T, K, E, plan, nullptr, st); }},
-      {"experts gate/up (default: variant 3, wgmma)", 2 * t * K * 2 * I * H, true,
+      {"experts gate/up (variant " + gemm_in_use + ")", 2 * t * K * 2 * I * H, true,
        [&] { return cuda::moe_prefill_gate_up(xn, plan, gate_up, h, T, K, E, H, I, st); }},
-      {"experts down (default: variant 3, wgmma)", 2 * t * K * H * I, true,
+      {"experts down (variant " + gemm_in_use + ")", 2 * t * K * H * I, true,
        [&] { return cuda::moe_prefill_down(h, plan, rw, down, slot_out, T, K, E, H, I, st); }},
       {"experts gate/up, variant 1 (mma.sync, k-chunk 32, 4 stages)", 2 * t * K * 2 * I * H, false,
        [&] {
@@ -469,6 +482,25 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
          });
        }},
   };
+  // Grouped-GEMM variants 3 (the previous default) and the warp-specialised ones, whatever the default is.
+  for (const auto& [v, what] : std::vector<std::pair<int, std::string>>{
+           {3, "wgmma, all threads load, 3 stages"},
+           {11, "warp-specialised: TMA/cp.async producer, mbarriers, 128 x 256 tiles, 4 stages"},
+           {12, "warp-specialised, 128 x 128 tiles, 6 stages"},
+           {13, "as 11, two-CTA clusters sharing the weight tile by TMA multicast"}}) {
+    ops.push_back({"experts gate/up, variant " + std::to_string(v) + " (" + what + ")", 2 * t * K * 2 * I * H, false,
+                   [&, v] {
+                     return with_option(cuda::PrefillOption::kGroupedGemm, v, [&] {
+                       return cuda::moe_prefill_gate_up(xn, plan, gate_up, h, T, K, E, H, I, st);
+                     });
+                   }});
+    ops.push_back({"experts down, variant " + std::to_string(v) + " (" + what + ")", 2 * t * K * H * I, false,
+                   [&, v] {
+                     return with_option(cuda::PrefillOption::kGroupedGemm, v, [&] {
+                       return cuda::moe_prefill_down(h, plan, rw, down, slot_out2, T, K, E, H, I, st);
+                     });
+                   }});
+  }
   // One pass of the layer's ops in order first, so every op's inputs exist (routing, plan, h).
   for (const Op& op : ops)
     if (op.in_layer) ZEST_RETURN_IF_ERROR(op.fn());
@@ -513,12 +545,14 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
   std::fflush(stdout);
   for (size_t i = 0; i < ops.size(); ++i) {
     if (ops[i].in_layer) continue;
+    if (!name_matches(ops[i].name, variant_filter)) continue;
     ZEST_ASSIGN_OR_RETURN(ms[i], time_op(st, runs, ops[i].fn));
     std::printf("| %s | %.3f | %s |\n", ops[i].name.c_str(), ms[i], tflops(ops[i], ms[i]).c_str());
     std::fflush(stdout);
   }
   // Attention variants against the default kernel.
   for (int v : {4, 6, 7, 8, 10, 11}) {
+    if (!name_matches("attention variant", variant_filter)) break;
     ZEST_RETURN_IF_ERROR(with_option(cuda::PrefillOption::kAttention, v, [&] {
       return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn2, Hq, Hkv, D, scale, st);
     }));
@@ -528,7 +562,8 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
     std::printf("attention variant %d vs default: max |diff| %.3g (max |out| %.3g)\n", v, wd.first, wd.second);
   }
   // Every grouped-GEMM variant against the default on the layer's routing.
-  for (int v : {1, 2, 4, 5, 6, 7, 8, 9, 10}) {
+  for (int v : {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13}) {
+    if (!name_matches("variant " + std::to_string(v) + " (", variant_filter)) continue;
     ZEST_RETURN_IF_ERROR(with_option(cuda::PrefillOption::kGroupedGemm, v, [&] {
       return cuda::moe_experts_prefill(xn, plan, rw, gate_up, down, h, slot_out2, T, K, E, H, I, st);
     }));
@@ -554,6 +589,13 @@ int bench_prefill_main(int argc, char** argv) {
   app.add_option("--runs", runs, "timed forwards per T (median reported)")->check(CLI::Range(1, 100));
   bool per_op = false;
   app.add_flag("--ops", per_op, "time each kernel of one layer (device time, CUDA events) instead of forward()");
+  int grouped_gemm = -1;
+  app.add_option("--grouped-gemm", grouped_gemm,
+                 "MoE expert grouped-GEMM variant (PrefillOption::kGroupedGemm) for the layer and forward() timings; "
+                 "default: the library's");
+  std::string variant_filter;
+  app.add_option("--variant-filter", variant_filter,
+                 "--ops: time only the variant rows whose name contains one of these '|'-separated strings");
   CLI11_PARSE(app, argc, argv);
 
   std::vector<int64_t> Ts;
@@ -597,10 +639,16 @@ int bench_prefill_main(int argc, char** argv) {
     return 1;
   }
   std::printf("device: %s\n", kernels::cuda_describe().c_str());
+#ifdef ZEST_HAVE_CUDA
+  if (grouped_gemm >= 0) {
+    cuda::set_prefill_option(cuda::PrefillOption::kGroupedGemm, grouped_gemm);
+    std::printf("MoE grouped-GEMM variant %d\n", grouped_gemm);
+  }
+#endif
   if (per_op) {
 #ifdef ZEST_HAVE_CUDA
     for (int64_t T : Ts) {
-      Status s = run_ops(cfg, T, runs);
+      Status s = run_ops(cfg, T, runs, variant_filter);
       if (!s.is_ok()) {
         std::fprintf(stderr, "error: %s\n", s.to_string().c_str());
         return 1;

@@ -254,6 +254,13 @@ Status moe_prefill_gate_up(const bf16* x, const MoePlan& plan, const bf16* gate_
                            int H, int I, cudaStream_t stream);
 Status moe_prefill_down(const bf16* h, const MoePlan& plan, const float* weights, const bf16* down, float* slot_out,
                         int N, int K, int E, int H, int I, cudaStream_t stream);
+// PrefillOption::kGroupedGemm 11-13 run both as warp-specialised persistent kernels: one CTA per SM walks a flat
+// list of (128 sorted slots of one expert) x (BN weight rows) tiles; a producer warpgroup fills a ring of k-chunks
+// (weights and down's h rows by TMA, gate/up's token rows gathered by cp.async) under full/empty mbarriers, two
+// wgmma consumer warpgroups (64 rows each) compute and store. 11 = BN 256, 4 stages (needs I % 128 == 0 and
+// H % 256 == 0); 12 = BN 128, 6 stages; 13 = as 11 in clusters of two CTAs on consecutive row tiles that share (TMA
+// multicast) the weight tile when both belong to one expert. All need E <= 256 and 16-byte aligned operands, else
+// variant 3 runs.
 // The previous grouped GEMMs (wmma 64x64 tiles) when H and I are multiples of 64, else moe_experts_decode;
 // kept for comparison in benchmarks.
 Status moe_experts_prefill_wmma(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,

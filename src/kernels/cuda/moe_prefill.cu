@@ -16,6 +16,7 @@
 //
 // The previous kernels (wmma 64x64 tiles, plain loads) stay behind moe_experts_prefill_wmma for comparison
 // and serve widths that are multiples of 64 but not of the main kernels' tiles.
+#include <cuda.h>
 #include <mma.h>
 
 #include <algorithm>
@@ -530,6 +531,460 @@ Status launch_grouped_wgmma(const bf16* a, const MoePlan& plan, const float* wei
 }
 
 
+// ---- warp-specialised persistent grouped GEMM (variants 11-13) ------------------------------------------------
+//
+// CTA = one producer warpgroup + two consumer warpgroups (384 threads, one CTA per SM, persistent over a flat list
+// of work tiles). A work tile is 128 sorted slots of one expert (the consumers take 64 rows each, like variant 3)
+// x BN weight rows (BN = 256: gate/up covers 128 intermediate columns, gate rows then the matching up rows; down
+// 256 output columns; BN = 128 halves both). Each CTA builds the list itself: per active expert ceil(slots / 128)
+// row tiles (a prefix sum in shared memory), times the weight-row tiles, weight-row tiles fastest; CTA b takes
+// tiles b, b + grid, ... so the CTAs running together share an expert's A rows and weights in L2.
+//
+// Producer: the weight tiles (and down's contiguous h rows) by TMA (cp.async.bulk.tensor, 128-byte swizzle, tensor
+// maps built on the host), gate/up's token rows gathered through the plan by cp.async (eight 16-byte chunks per row
+// across 8 lanes, swizzled by hand to the same layout), into an ST-stage ring of k-chunks of 64. Stage s has two
+// mbarriers: full[s] (TMA bytes + one cp.async arrival per producer thread) and empty[s] (one arrival per consumer
+// warp once its wgmma reading the stage has completed). setmaxnreg moves registers from the producer (56) to the
+// consumers (224). Consumers: wgmma.m64nBNk16 from shared memory with one wgmma group left in flight, stage kt - 1
+// released after the wait; the epilogue stores straight from registers while the producer already fills the ring
+// with the next tile's k-chunks.
+constexpr int kXBM = 128;          // sorted slots per work tile
+constexpr int kXBK = 64;           // k-chunk (one 128-byte row per operand row)
+constexpr int kXThreads = 384;     // producer warpgroup + 2 consumer warpgroups
+constexpr int kXMaxExperts = 256;  // active-expert prefix table in shared memory
+constexpr int kXRowBytes = kXBK * 2;
+
+template <int BN>
+constexpr size_t x_stage_bytes() {
+  return static_cast<size_t>(kXBM + BN) * kXRowBytes;
+}
+template <int BN, int ST>
+constexpr size_t x_smem() {
+  return ST * x_stage_bytes<BN>() + 1024;  // + alignment slack
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(vmma::smem_addr(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, unsigned parity) {
+  uint32_t ok;
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(ok)
+      : "r"(vmma::smem_addr(bar)), "r"(parity)
+      : "memory");
+  return ok != 0;
+}
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
+  while (!mbar_try_wait(bar, parity)) {
+  }
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(vmma::smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(vmma::smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+// Arrives on `bar` once every cp.async this thread issued before has landed (counts as one of its arrivals).
+__device__ __forceinline__ void cp_async_mbar_arrive(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(vmma::smem_addr(bar)) : "memory");
+}
+// 2-D TMA load of the box at (column c0, row c1) of `map` into shared memory; completes bytes on `bar`.
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+          vmma::smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(vmma::smem_addr(bar))
+      : "memory");
+}
+
+__device__ __forceinline__ uint32_t cluster_rank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+// All threads of both CTAs of the cluster (release/acquire: shared-memory writes before it are visible after it).
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// Waits for the phase of `bar` with `parity`, acquiring what the arrivals of other CTAs of the cluster released.
+__device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar, unsigned parity) {
+  uint32_t ok = 0;
+  while (!ok) {
+    asm volatile(
+        "{\n"
+        ".reg .pred p;\n"
+        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n"
+        "}\n"
+        : "=r"(ok)
+        : "r"(vmma::smem_addr(bar)), "r"(parity)
+        : "memory");
+  }
+}
+// Arrives (release, cluster scope) on the barrier at the same shared-memory offset as `bar` in CTA `cta` of the
+// cluster.
+__device__ __forceinline__ void mbar_arrive_remote(uint64_t* bar, uint32_t cta) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(vmma::smem_addr(bar)), "r"(cta));
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+}
+// tma_load_2d into the same shared-memory offset of every CTA in `mask`, completing bytes on each one's `bar`.
+__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar,
+                                                      uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, "
+      "%3}], [%4], %5;\n" ::"r"(vmma::smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(vmma::smem_addr(bar)), "h"(mask)
+      : "memory");
+}
+
+// CL = 1: CTAs independent. CL = 2 (variant 13): clusters of two CTAs take consecutive row tiles 2p and 2p + 1 of the
+// flat list with the same weight-row tile; when both row tiles belong to one expert, each CTA loads half of the
+// weight tile and multicasts it into both (half the weight traffic from L2), else each loads its own. A stage is
+// refilled only once the consumers of both CTAs released it (empty barriers count the 8 consumer warps of each).
+template <bool kGateUp, int BN, int ST, int CL>
+__global__ void __launch_bounds__(kXThreads, 1)
+    moe_grouped_ws_kernel(const __grid_constant__ CUtensorMap tm_w, const __grid_constant__ CUtensorMap tm_a,
+                          const bf16* __restrict__ a_src, MoePlan plan, const float* __restrict__ weights,
+                          bf16* __restrict__ h, float* __restrict__ slot_out, int K, int H, int I) {
+  using namespace vmma;
+  static_assert(CL == 1 || CL == 2, "clusters of one or two CTAs");
+  constexpr size_t kStage = x_stage_bytes<BN>();
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  unsigned char* smem = smem_raw + ((1024 - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
+  __shared__ __align__(8) uint64_t full_bar[ST];
+  __shared__ __align__(8) uint64_t empty_bar[ST];
+  __shared__ int mstart[kXMaxExperts + 1];  // first row tile of each active expert
+  __shared__ int s_active;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const uint32_t rank = CL > 1 ? cluster_rank() : 0;
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < ST; ++s) {
+      mbar_init(&full_bar[s], kGateUp ? 128 + 1 : 1);
+      mbar_init(&empty_bar[s], 8 * CL);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  pdl_wait();
+  if (warp == 0) {
+    const int na = *plan.num_active;
+    int base = 0;
+    for (int j0 = 0; j0 < na; j0 += 32) {
+      const int j = j0 + lane;
+      const int m = j < na ? (plan.offsets[j + 1] - plan.offsets[j] + kXBM - 1) / kXBM : 0;
+      int s = m;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, s, o);
+        if (lane >= o) s += v;
+      }
+      if (j < na) mstart[j] = base + s - m;
+      base += __shfl_sync(0xffffffffu, s, 31);
+    }
+    if (lane == 0) {
+      mstart[na] = base;
+      s_active = na;
+    }
+  }
+  if constexpr (CL > 1)
+    cluster_sync();  // also: the partner's barriers are initialised before any multicast or remote arrival
+  else
+    __syncthreads();
+  const int na = s_active;
+  const int total_m = mstart[na];
+  const int n_tiles = kGateUp ? I / (BN / 2) : H / BN;
+  const int units = (total_m + CL - 1) / CL * n_tiles;
+  const int Kdim = kGateUp ? H : I;
+  const int nk = Kdim / kXBK;
+  // Row tile q -> active expert j (-1 past the list), first sorted position m0, rows.
+  auto decode_rows = [&](int q, int& j, int& m0, int& rows) {
+    if (q >= total_m) {
+      j = -1;
+      m0 = 0;
+      rows = 0;
+      return;
+    }
+    int lo = 0, hi = na - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (mstart[mid] <= q)
+        lo = mid;
+      else
+        hi = mid - 1;
+    }
+    j = lo;
+    m0 = plan.offsets[j] + (q - mstart[j]) * kXBM;
+    rows = min(kXBM, plan.offsets[j + 1] - m0);
+  };
+  // Work unit u -> this CTA's row tile (j, m0, rows), weight-row tile nt, and whether the cluster shares the weight
+  // tile. A CTA whose row tile is past the list (rows 0) takes its partner's expert and computes nothing.
+  auto decode = [&](int u, int& j, int& m0, int& rows, int& nt, bool& shared) {
+    const int pq = u / n_tiles;
+    nt = u - pq * n_tiles;
+    decode_rows(pq * CL + static_cast<int>(rank), j, m0, rows);
+    shared = false;
+    if constexpr (CL > 1) {
+      int jp, mp, rp;
+      decode_rows(pq * CL + static_cast<int>(rank ^ 1), jp, mp, rp);
+      shared = j >= 0 && j == jp;
+      if (j < 0) {
+        j = jp;
+        m0 = mp;
+      }
+    }
+  };
+
+  if (warp < 4) {
+    // ---- producer warpgroup ----
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
+    const int p = threadIdx.x;
+    const int lr = p >> 3, lc = p & 7;  // rows lr + 16 u (u < 8), 16-byte chunk lc
+    const int sw = ((lc ^ (lr & 7)) * 16);
+    int stage = 0;
+    unsigned phase = 0;
+    for (int u = blockIdx.x / CL; u < units; u += gridDim.x / CL) {
+      int j, m0, rows, nt;
+      bool shared;
+      decode(u, j, m0, rows, nt, shared);
+      const int e = plan.active_experts[j];
+      int wr0, wr1;  // first rows of the two halves of the weight tile
+      if constexpr (kGateUp) {
+        wr0 = e * 2 * I + nt * (BN / 2);
+        wr1 = wr0 + I;
+      } else {
+        wr0 = e * H + nt * BN;
+        wr1 = wr0 + BN / 2;
+      }
+      int tok[8];
+      if constexpr (kGateUp) {
+#pragma unroll
+        for (int v = 0; v < 8; ++v) {
+          const int r = lr + 16 * v;
+          tok[v] = r < rows ? plan.sorted_slots[m0 + r] / K : -1;
+        }
+      }
+      for (int kc = 0; kc < nk; ++kc) {
+        if constexpr (CL > 1)
+          mbar_wait_cluster(&empty_bar[stage], phase ^ 1);
+        else
+          mbar_wait(&empty_bar[stage], phase ^ 1);
+        unsigned char* sA = smem + stage * kStage;
+        unsigned char* sB = sA + kXBM * kXRowBytes;
+        if (p == 0) {
+          mbar_arrive_expect_tx(&full_bar[stage], BN * kXRowBytes + (kGateUp ? 0 : kXBM * kXRowBytes));
+          if (CL > 1 && shared) {
+            tma_load_2d_multicast(sB + rank * (BN / 2) * kXRowBytes, &tm_w, kc * kXBK, rank ? wr1 : wr0,
+                                  &full_bar[stage], static_cast<uint16_t>((1u << CL) - 1));
+          } else {
+            tma_load_2d(sB, &tm_w, kc * kXBK, wr0, &full_bar[stage]);
+            tma_load_2d(sB + (BN / 2) * kXRowBytes, &tm_w, kc * kXBK, wr1, &full_bar[stage]);
+          }
+          if constexpr (!kGateUp) tma_load_2d(sA, &tm_a, kc * kXBK, m0, &full_bar[stage]);
+        }
+        if constexpr (kGateUp) {
+#pragma unroll
+          for (int v = 0; v < 8; ++v) {
+            const int r = lr + 16 * v;
+            const bf16* src = a_src + static_cast<size_t>(tok[v] >= 0 ? tok[v] : 0) * H + kc * kXBK + lc * 8;
+            cp_async16(sA + r * kXRowBytes + sw, src, tok[v] >= 0);
+          }
+          cp_async_mbar_arrive(&full_bar[stage]);
+        }
+        if (++stage == ST) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+    }
+    if constexpr (kGateUp) cp_async_wait<0>();
+  } else {
+    // ---- consumer warpgroups ----
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
+    const int wg = (warp >> 2) - 1, wq = warp & 3, g = lane >> 2, t = lane & 3;
+    auto release = [&](int s) {
+      if (lane != 0) return;
+      if constexpr (CL > 1) {
+#pragma unroll
+        for (int c = 0; c < CL; ++c) mbar_arrive_remote(&empty_bar[s], c);
+      } else {
+        mbar_arrive(&empty_bar[s]);
+      }
+    };
+    int stage = 0;
+    unsigned phase = 0;
+    for (int u = blockIdx.x / CL; u < units; u += gridDim.x / CL) {
+      int j, m0, rows, nt;
+      bool shared;
+      decode(u, j, m0, rows, nt, shared);
+      const bool active = 64 * wg < rows;  // else this warpgroup's rows are all past the expert's last slot
+      float acc[BN / 2];
+#pragma unroll
+      for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+      int prev = -1;
+      for (int kc = 0; kc < nk; ++kc) {
+        mbar_wait(&full_bar[stage], phase);
+        if (active) {
+          if constexpr (kGateUp) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async -> wgmma
+          const unsigned char* sA = smem + stage * kStage + wg * 64 * kXRowBytes;
+          const unsigned char* sB = smem + stage * kStage + kXBM * kXRowBytes;
+          asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+          for (int kk = 0; kk < kXBK / 16; ++kk) wgmma_n<BN>(acc, wgmma_desc(sA + kk * 32), wgmma_desc(sB + kk * 32));
+          asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+          asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+        }
+        if (prev >= 0) release(prev);  // its wgmma group has completed
+        prev = stage;
+        if (++stage == ST) {
+          stage = 0;
+          phase ^= 1;
+        }
+      }
+      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+      if (prev >= 0) release(prev);
+      if (!active) continue;
+
+      // acc[4 * i + 2 * hr + c]: row 16 * wq + g + 8 * hr of this warpgroup, column 8 * i + 2 * t + c.
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {
+        const int r = wg * 64 + 16 * wq + g + hr * 8;
+        if (r >= rows) continue;
+        if constexpr (kGateUp) {
+          bf16* hrow = h + static_cast<size_t>(m0 + r) * I + nt * (BN / 2) + 2 * t;
+#pragma unroll
+          for (int i = 0; i < BN / 16; ++i) {
+            float hv[2];
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              const float gv = bf16_round(acc[4 * i + 2 * hr + c]);
+              const float uv = bf16_round(acc[4 * (i + BN / 16) + 2 * hr + c]);
+              hv[c] = bf16_round(gv / (1.f + __expf(-gv))) * uv;
+            }
+            *reinterpret_cast<__nv_bfloat162*>(hrow + 8 * i) = __floats2bfloat162_rn(hv[0], hv[1]);
+          }
+        } else {
+          const int slot = plan.sorted_slots[m0 + r];
+          const float wt = weights[slot];
+          float* orow = slot_out + static_cast<size_t>(slot) * H + nt * BN + 2 * t;
+#pragma unroll
+          for (int i = 0; i < BN / 8; ++i)
+            *reinterpret_cast<float2*>(orow + 8 * i) = make_float2(bf16_round(bf16_round(acc[4 * i + 2 * hr]) * wt),
+                                                                   bf16_round(bf16_round(acc[4 * i + 2 * hr + 1]) * wt));
+        }
+      }
+    }
+  }
+  // A CTA of a cluster stays until its partner no longer multicasts into it or arrives on its barriers.
+  if constexpr (CL > 1) cluster_sync();
+}
+
+// cuTensorMapEncodeTiled from the driver (through the runtime, so the library needs no link to libcuda).
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+EncodeTiledFn encode_tiled_fn() {
+  static const EncodeTiledFn fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return static_cast<EncodeTiledFn>(nullptr);
+    }
+    return reinterpret_cast<EncodeTiledFn>(p);
+  }();
+  return fn;
+}
+
+// Tensor map over a row-major bf16 matrix [rows, cols]: boxes of 64 columns (128 bytes, 128-byte swizzle) x
+// box_rows rows; reads past the last row give zeros.
+Status make_tensor_map(CUtensorMap* map, const bf16* base, uint64_t rows, uint64_t cols, uint32_t box_rows) {
+  const EncodeTiledFn fn = encode_tiled_fn();
+  if (fn == nullptr) return internal_error("moe grouped GEMM: cuTensorMapEncodeTiled is not available");
+  const cuuint64_t dims[2] = {cols, rows};
+  const cuuint64_t strides[1] = {cols * sizeof(bf16)};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(kXBK), box_rows};
+  const cuuint32_t elem[2] = {1, 1};
+  const CUresult r = fn(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(base), dims, strides, box, elem,
+                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) return internal_error("moe grouped GEMM: cuTensorMapEncodeTiled failed (" + std::to_string(r) + ")");
+  return Status::ok();
+}
+
+// Whether the warp-specialised kernel takes these sizes (else the caller runs variant 3).
+template <bool kGateUp, int BN>
+bool ws_ok(const void* a, const void* w, int E, int H, int I) {
+  const bool widths = kGateUp ? (I % (BN / 2) == 0 && H % kXBK == 0) : (H % BN == 0 && I % kXBK == 0);
+  return widths && E <= kXMaxExperts && reinterpret_cast<uintptr_t>(a) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(w) % 16 == 0 && encode_tiled_fn() != nullptr;
+}
+
+template <bool kGateUp, int BN, int ST, int CL = 1>
+Status launch_grouped_ws(const bf16* a, const MoePlan& plan, const float* weights, const bf16* w, bf16* h,
+                         float* slot_out, int N, int K, int E, int H, int I, cudaStream_t stream) {
+  if (!ws_ok<kGateUp, BN>(a, w, E, H, I))
+    return launch_grouped_wgmma<kGateUp, 128, 128, 3, false>(a, plan, weights, w, h, slot_out, N, K, E, H, I, stream);
+  constexpr size_t kSmem = x_smem<BN, ST>();
+  auto* kernel = moe_grouped_ws_kernel<kGateUp, BN, ST, CL>;
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
+  ZEST_RETURN_IF_ERROR(cuda_status(attr, "moe grouped GEMM (warp-specialised) smem attribute"));
+  CUtensorMap tm_w, tm_a;
+  if constexpr (kGateUp) {
+    ZEST_RETURN_IF_ERROR(make_tensor_map(&tm_w, w, static_cast<uint64_t>(E) * 2 * I, H, BN / 2));
+    tm_a = tm_w;  // unused: gate/up gathers its rows by cp.async
+  } else {
+    ZEST_RETURN_IF_ERROR(make_tensor_map(&tm_w, w, static_cast<uint64_t>(E) * H, I, BN / 2));
+    ZEST_RETURN_IF_ERROR(make_tensor_map(&tm_a, a, static_cast<uint64_t>(N) * K, I, kXBM));
+  }
+  const int n_tiles = kGateUp ? I / (BN / 2) : H / BN;
+  const long long units = static_cast<long long>((moe_max_tiles(N, K, E) + CL - 1) / CL) * n_tiles;
+  const char* name = kGateUp ? "moe_prefill_gate_up" : "moe_prefill_down";
+  if constexpr (CL == 1) {
+    const int grid = static_cast<int>(std::max<long long>(1, std::min<long long>(sm_count(), units)));
+    return launch(name, kernel, dim3(grid), dim3(kXThreads), kSmem, stream, tm_w, tm_a, a, plan, weights, h, slot_out,
+                  K, H, I);
+  } else {
+    cudaLaunchConfig_t cfg = {};
+    cfg.blockDim = dim3(kXThreads);
+    cfg.dynamicSmemBytes = kSmem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attrs[2];
+    attrs[0].id = cudaLaunchAttributeClusterDimension;
+    attrs[0].val.clusterDim.x = CL;
+    attrs[0].val.clusterDim.y = 1;
+    attrs[0].val.clusterDim.z = 1;
+    attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[1].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attrs;
+    cfg.numAttrs = 1;
+    // Clusters that fit at once (one CTA per SM; GPCs with an odd SM count leave an SM out).
+    static int max_clusters = 0;
+    if (max_clusters == 0) {
+      cfg.gridDim = dim3(CL * sm_count());
+      int n = 0;
+      if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess || n <= 0) {
+        cudaGetLastError();
+        n = sm_count() / CL;
+      }
+      max_clusters = n;
+    }
+    cfg.gridDim = dim3(CL * static_cast<int>(std::max<long long>(1, std::min<long long>(max_clusters, units))));
+    cfg.numAttrs = programmatic_launch() ? 2 : 1;
+    return cuda_status(cudaLaunchKernelEx(&cfg, kernel, tm_w, tm_a, a, plan, weights, h, slot_out, K, H, I), name);
+  }
+}
+
+
 // ---- plan for many tokens -------------------------------------------------------------------------------------
 //
 // One CTA of 32 warps; warp w owns the contiguous slot range [w * per, (w + 1) * per). Pass 1 counts each warp's
@@ -632,6 +1087,9 @@ Status moe_prefill_gate_up(const bf16* x, const MoePlan& plan, const bf16* gate_
     case 8: return run(launch_grouped_wgmma<true, 64, 128, 3, false>);
     case 9: return run(launch_grouped_wgmma<true, 64, 128, 4, true>);
     case 10: return run(launch_grouped_wgmma<true, 64, 128, 3, true>);
+    case 11: return run(launch_grouped_ws<true, 256, 4>);
+    case 12: return run(launch_grouped_ws<true, 128, 6>);
+    case 13: return run(launch_grouped_ws<true, 256, 4, 2>);
     default: return run(launch_grouped_wgmma<true, 128, 128, 3, false>);  // 0 and 3: the fastest on H200
   }
 }
@@ -653,6 +1111,9 @@ Status moe_prefill_down(const bf16* h, const MoePlan& plan, const float* weights
     case 8: return run(launch_grouped_wgmma<false, 64, 128, 3, false>);
     case 9: return run(launch_grouped_wgmma<false, 64, 128, 4, true>);
     case 10: return run(launch_grouped_wgmma<false, 64, 128, 3, true>);
+    case 11: return run(launch_grouped_ws<false, 256, 4>);
+    case 12: return run(launch_grouped_ws<false, 128, 6>);
+    case 13: return run(launch_grouped_ws<false, 256, 4, 2>);
     default: return run(launch_grouped_wgmma<false, 128, 128, 3, false>);  // 0 and 3: the fastest on H200
   }
 }

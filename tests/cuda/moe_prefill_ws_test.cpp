@@ -1,0 +1,182 @@
+// Warp-specialised persistent grouped GEMMs of the MoE prefill experts (PrefillOption::kGroupedGemm 11-13: TMA +
+// cp.async producer warpgroup, mbarrier ring, two wgmma consumer warpgroups; 13 in two-CTA clusters sharing the
+// weight tile by TMA multicast) against a plain f64 host reference on fresh random data: routing with odd slot counts per expert, empty experts, empty slots (id -1),
+// one expert that every token picks, T = 1, 17, 333 and 4096, model widths and widths off the kernels' tiles.
+#ifdef ZEST_HAVE_CUDA
+#include <numeric>
+
+#include "cuda/cuda_test_util.h"
+
+namespace zest::cuda::test {
+namespace {
+
+// slot outputs: max abs err <= 2e-2 * max |ref| (g, u and h are rounded to bf16 before the next product, so a
+// one-ulp difference in a bf16 rounding of the reference moves an output by up to ~1% of its magnitude).
+constexpr double kTol = 2e-2;
+
+class GemmVariant {
+ public:
+  explicit GemmVariant(int v) : before_(prefill_option(PrefillOption::kGroupedGemm)) {
+    set_prefill_option(PrefillOption::kGroupedGemm, v);
+  }
+  ~GemmVariant() { set_prefill_option(PrefillOption::kGroupedGemm, before_); }
+
+ private:
+  int before_;
+};
+
+struct Case {
+  int N, K, E, H, I;
+  int used_experts;  // slots pick among experts [0, used_experts); the rest have no slots
+  int all_expert;    // >= 0: slot 0 of every token is this expert
+  int checked;       // tokens checked against the host reference (spread over [0, N)); all when >= N
+};
+
+// Random routing: K distinct experts per token, weights positive and summing to ~1 (bf16-rounded); every 11th
+// token's last slot is empty (id -1, weight 0).
+void make_routing(const Case& c, std::mt19937& rng, std::vector<int32_t>& ids, std::vector<float>& w) {
+  ids.assign(static_cast<size_t>(c.N) * c.K, -1);
+  w.assign(ids.size(), 0.f);
+  std::uniform_int_distribution<int> pick(0, c.used_experts - 1);
+  std::uniform_real_distribution<float> d(0.05f, 1.f);
+  for (int n = 0; n < c.N; ++n) {
+    int32_t* row = &ids[static_cast<size_t>(n) * c.K];
+    float sum = 0;
+    for (int k = 0; k < c.K; ++k) {
+      int e = (k == 0 && c.all_expert >= 0) ? c.all_expert : pick(rng);
+      while (std::find(row, row + k, e) != row + k) e = pick(rng);
+      row[k] = e;
+      w[static_cast<size_t>(n) * c.K + k] = d(rng);
+      sum += w[static_cast<size_t>(n) * c.K + k];
+    }
+    for (int k = 0; k < c.K; ++k) w[static_cast<size_t>(n) * c.K + k] = round_bf16(w[static_cast<size_t>(n) * c.K + k] / sum);
+    if (n % 11 == 5 && c.K > 1) {
+      row[c.K - 1] = -1;
+      w[static_cast<size_t>(n) * c.K + c.K - 1] = 0.f;
+    }
+  }
+}
+
+// Runs variant 3 and each of `variants` on the same data and plan; checks each against the host reference on
+// the checked tokens and against variant 3 on every slot.
+void run_case(const Case& c, const std::vector<int>& variants, std::mt19937& rng) {
+  SCOPED_TRACE(testing::Message() << "N=" << c.N << " K=" << c.K << " E=" << c.E << " H=" << c.H << " I=" << c.I
+                                  << " used experts " << c.used_experts << " all-token expert " << c.all_expert);
+  std::vector<int32_t> ids;
+  std::vector<float> w;
+  make_routing(c, rng, ids, w);
+  auto x = random_bf16(static_cast<size_t>(c.N) * c.H, rng);
+  const float ag = std::sqrt(3.f / c.H), ad = std::sqrt(3.f / c.I);
+  auto gu = random_bf16(static_cast<size_t>(c.E) * 2 * c.I * c.H, rng, -ag, ag);
+  auto dn = random_bf16(static_cast<size_t>(c.E) * c.H * c.I, rng, -ad, ad);
+  auto dx = upload_bf16(x), dgu = upload_bf16(gu), ddn = upload_bf16(dn);
+  const size_t slots = static_cast<size_t>(c.N) * c.K;
+  DevBuf<int32_t> di(ids);
+  DevBuf<float> dw(w), out(slots * c.H);
+  DevBuf<bf16> h(slots * c.I);
+  DevBuf<unsigned char> buf(moe_plan_bytes(c.N, c.K, c.E));
+  MoePlan plan;
+  moe_plan_bind(plan, buf.get(), c.N, c.K, c.E);
+  ZEST_ASSERT_OK(moe_plan_prefill(di.get(), c.N, c.K, c.E, plan, nullptr, nullptr));
+  auto run = [&](int variant) {
+    out.poison();
+    h.poison();
+    GemmVariant v(variant);
+    const Status s = moe_experts_prefill(dx->get(), plan, dw.get(), dgu->get(), ddn->get(), h.get(), out.get(), c.N,
+                                         c.K, c.E, c.H, c.I, nullptr);
+    EXPECT_TRUE(s.is_ok()) << s.to_string();
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    return out.download();
+  };
+  const std::vector<float> v3_all = run(3);
+
+  // Host reference for the checked tokens.
+  std::vector<int> tokens;
+  if (c.checked >= c.N) {
+    tokens.resize(c.N);
+    std::iota(tokens.begin(), tokens.end(), 0);
+  } else {
+    std::uniform_int_distribution<int> pick(0, c.N - 1);
+    tokens = {0, c.N - 1};
+    while (static_cast<int>(tokens.size()) < c.checked) tokens.push_back(pick(rng));
+  }
+  std::vector<float> ref, hv(c.I);
+  std::vector<size_t> ref_at;  // flat index into the slot outputs of each reference value
+  for (int n : tokens)
+    for (int k = 0; k < c.K; ++k) {
+      const int e = ids[static_cast<size_t>(n) * c.K + k];
+      if (e < 0) continue;
+      const float* xr = &x.f[static_cast<size_t>(n) * c.H];
+      for (int i = 0; i < c.I; ++i) {
+        double g = 0, u = 0;
+        const float* wg = &gu.f[(static_cast<size_t>(e) * 2 * c.I + i) * c.H];
+        const float* wu = wg + static_cast<size_t>(c.I) * c.H;
+        for (int j = 0; j < c.H; ++j) {
+          g += static_cast<double>(xr[j]) * wg[j];
+          u += static_cast<double>(xr[j]) * wu[j];
+        }
+        const float gb = round_bf16(static_cast<float>(g)), ub = round_bf16(static_cast<float>(u));
+        hv[i] = round_bf16(round_bf16(gb / (1.f + std::exp(-gb))) * ub);
+      }
+      for (int r = 0; r < c.H; ++r) {
+        double y = 0;
+        const float* wd = &dn.f[(static_cast<size_t>(e) * c.H + r) * c.I];
+        for (int i = 0; i < c.I; ++i) y += static_cast<double>(hv[i]) * wd[i];
+        ref.push_back(round_bf16(static_cast<float>(y)) * w[static_cast<size_t>(n) * c.K + k]);
+        ref_at.push_back((static_cast<size_t>(n) * c.K + k) * c.H + r);
+      }
+    }
+
+  for (int variant : variants) {
+    SCOPED_TRACE(testing::Message() << "variant " << variant);
+    const std::vector<float> got_all = run(variant);
+    std::vector<float> got(ref.size());
+    for (size_t i = 0; i < ref.size(); ++i) got[i] = got_all[ref_at[i]];
+    ZEST_EXPECT_CLOSE(got, ref, kTol);
+    // Every written slot against variant 3 (itself checked against the reference in prefill_kernels_test), same
+    // tolerance; empty slots stay unwritten (NaN poison).
+    double err = 0, mx = 0;
+    int unwritten_empty = 0, empty = 0;
+    for (size_t s = 0; s < slots; ++s) {
+      if (ids[s] < 0) {
+        ++empty;
+        unwritten_empty += std::isnan(got_all[s * c.H]) ? 1 : 0;
+        continue;
+      }
+      for (size_t i = s * c.H; i < (s + 1) * c.H; ++i) {
+        err = std::max(err, std::isnan(got_all[i]) ? INFINITY : std::fabs(static_cast<double>(got_all[i]) - v3_all[i]));
+        mx = std::max(mx, std::fabs(static_cast<double>(v3_all[i])));
+      }
+    }
+    EXPECT_GT(mx, 0.0);
+    EXPECT_LE(err, kTol * mx) << "against variant 3: max err " << err << " max |out| " << mx;
+    EXPECT_EQ(unwritten_empty, empty) << "an empty slot was written";
+  }
+}
+
+TEST(CudaMoePrefillWs, ModelWidthsFewTokens) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(901);
+  run_case({1, 8, 32, 2048, 768, 32, -1, 1}, {11, 12, 13}, rng);     // one token: 8 experts of one row
+  run_case({17, 8, 32, 2048, 768, 32, -1, 17}, {11, 12, 13}, rng);   // odd counts, several experts empty
+}
+
+TEST(CudaMoePrefillWs, ModelWidths4096TokensOneExpertEverywhere) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(902);
+  // Expert 7 in every token's first slot (4096 rows: 32 row tiles), the other slots over experts 0..31 (odd
+  // counts, ~900 rows each), experts 32..39 empty; 16 tokens against the reference, all slots against variant 3.
+  run_case({4096, 8, 40, 2048, 768, 32, 7, 16}, {11, 12, 13}, rng);
+}
+
+TEST(CudaMoePrefillWs, SmallWidthsAllSlots) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(903);
+  run_case({333, 2, 8, 256, 128, 6, 0, 333}, {11, 12, 13}, rng);   // expert 0: 333 rows (last tile 77), 6 and 7 empty
+  run_case({77, 2, 8, 384, 192, 8, -1, 77}, {11, 12, 13}, rng);    // widths off variant 11's tiles (runs variant 3)
+  run_case({130, 4, 16, 512, 256, 5, -1, 130}, {11, 12, 13}, rng);  // K = 4 over 5 experts: ~100 rows each
+}
+
+}  // namespace
+}  // namespace zest::cuda::test
+#endif  // ZEST_HAVE_CUDA
