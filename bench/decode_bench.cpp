@@ -184,6 +184,7 @@ bool apply_variant(const std::string& spec) {
     else if (name == "attn") set_decode_option(DecodeOption::kAttentionKernel, value);
     else if (name == "gemm") set_decode_option(DecodeOption::kGemmVariant, value);
     else if (name == "route") set_decode_option(DecodeOption::kRouteFused, value);
+    else if (name == "experts") set_decode_option(DecodeOption::kMoeKernel, value);
     else return false;
   }
   return true;

@@ -1,6 +1,7 @@
 // MoE experts: the device-side plan (per-expert slot lists, no host sync) and the decode path (weight-streaming
 // kernels that read each active expert once). The prefill path (grouped GEMMs over tiles) is in moe_prefill.cu.
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/moe_stream.h"
 
 namespace zest::cuda {
 
@@ -9,6 +10,8 @@ namespace {
 constexpr int kMaxExperts = 1024;
 constexpr int kPlanStage = 4096;  // slot ids staged in shared memory by moe_plan_kernel (16 KiB)
 constexpr int kPlanSlotE = 256;   // slot-per-thread path: at most blockDim slots and this many experts
+// DecodeOption::kMoeKernel when left at 0: 1 = rows_mma gate/up + down kernels, 2-5 = moe_experts_stream variants 0-3.
+constexpr int kDefaultMoeKernel = 1;
 
 // ---- plan ------------------------------------------------------------------------------------------------
 
@@ -286,6 +289,10 @@ Status moe_experts_decode(const bf16* x, const MoePlan& plan, const float* weigh
                           const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I,
                           cudaStream_t stream) {
   ZEST_RETURN_IF_ERROR(check_moe("moe_experts_decode", N, K, E, H, I));
+  int kernel = decode_option(DecodeOption::kMoeKernel);
+  if (kernel == 0) kernel = kDefaultMoeKernel;
+  if (kernel >= 2 && kernel < 2 + kStreamVariants && moe_stream_ok(H, I))
+    return moe_experts_stream(x, plan, weights, gate_up, down, h, slot_out, N, K, E, H, I, kernel - 2, stream);
   if (rows_mma_moe_ok(H, I)) return rows_mma_moe(x, plan, weights, gate_up, down, h, slot_out, N, K, E, H, I, stream);
   const size_t smem_gu = static_cast<size_t>(kTok) * H * sizeof(bf16);
   const size_t smem_dn = static_cast<size_t>(kTok) * I * sizeof(bf16);

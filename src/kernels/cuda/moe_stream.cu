@@ -1,0 +1,416 @@
+// Decode experts as one persistent weight-streaming kernel (see moe_stream.h).
+//
+// Work items, in this order: gate/up items (active expert j, intermediate rows [8t, 8t + 8)), expert-major, then down
+// items (active expert j, output rows [16t, 16t + 16)). CTA b takes items b, b + grid, ... A stage of the ring holds
+// 16 weight rows x KC columns (gate/up: 8 gate rows then the 8 matching up rows, so one m16 tile gives a thread the
+// gate and up values of the same intermediate index) and up to TG (8 or 16) token rows x KC (x rows for gate/up, h
+// rows by sorted position for down), each row one bulk copy; an expert with more tokens takes several passes. The
+// producer warp (the last warp) and the consumer warps walk the same (item, token pass, k chunk) sequence. Consumer
+// warp w takes the 32-wide k steps w, w + 4, ... of every chunk (the same split for every KC, so the variants agree
+// bit for bit) and the four partial sums are reduced in fixed order through shared memory (double-buffered: one
+// named barrier per pass); warp 0 writes the outputs.
+//
+// Down items of expert j need all of j's h rows: after a gate/up item's last pass, warp 0 publishes its h stores and
+// adds 1 to ready[j] (release); the producer issues a down stage's weight copies, then waits (acquire) until
+// ready[j] counts all I/8 gate/up items of j before it copies h rows. Every CTA finishes its gate/up items before its
+// first down item and all CTAs are resident (grid <= occupancy x SMs), so the lowest unfinished item can always run.
+// The counters are this file's device memory (zero when the module loads); the last CTA to finish clears them, so
+// launches must not overlap in time (one decode stream per device).
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/moe_stream.h"
+
+namespace zest::cuda {
+
+namespace {
+
+constexpr int kConsumers = 4;                     // consumer warps; warp kConsumers is the producer
+constexpr int kThreads = (kConsumers + 1) * 32;
+constexpr int kRowsA = 16;                        // weight rows per stage (one mma m16 tile)
+constexpr int kMaxTokG = 16;                      // tokens per pass: at most two n8 tiles
+constexpr int kGuRows = 8;                        // intermediate rows per gate/up item
+constexpr int kPadBytes = 64;                     // after each shared row: rows g and g+1 fall in different banks
+constexpr int kWidthStep = 64;                    // H and I multiples of this: chunks are whole 32-wide k steps
+constexpr int kBarBytes = 1024;                   // mbarriers (full[NS], empty[NS])
+constexpr int kRedFloats = 2 * kConsumers * 8 * 32;  // partial sums, two buffers
+constexpr int kHeadBytes = kBarBytes + kRedFloats * 4;
+constexpr int kMaxExperts = 1024;
+
+// Ready counters per active expert, then [kMaxExperts] = CTAs finished.
+__device__ uint32_t g_ready[kMaxExperts + 1];
+
+// A ring stage: 16 weight rows, then TG token rows, each KC columns.
+template <int KC, int TG>
+struct Ring {
+  static_assert(TG == 8 || TG == kMaxTokG, "one or two n8 tiles");
+  static constexpr int kRowBytes = KC * 2 + kPadBytes;
+  static constexpr int kSlotBytes = (kRowsA + TG) * kRowBytes;
+};
+
+struct StreamArgs {
+  const bf16* x;
+  const bf16* gate_up;
+  const bf16* down;
+  bf16* h;
+  float* slot_out;
+  const float* route_w;
+  MoePlan plan;
+  int K, H, I;
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+
+__device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// A wait that never ends means a bug (a byte count or a dependency that cannot complete): trap after this long, so
+// the launch fails with an error instead of hanging the device.
+constexpr uint64_t kWatchdogNs = 10'000'000'000ull;
+
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  if (mbar_try_wait(bar, parity)) return;
+  const uint64_t t0 = global_ns();
+  while (!mbar_try_wait(bar, parity))
+    if (global_ns() - t0 > kWatchdogNs) __trap();
+}
+
+// Global -> shared bulk copy completing on `bar` (bytes and addresses multiples of 16).
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
+// The same with an L2 eviction-priority policy (weights: evict first, they are read once).
+__device__ __forceinline__ void bulk_copy_hint(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,
+                                               uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
+          dst),
+      "l"(src), "r"(bytes), "r"(bar), "l"(policy)
+      : "memory");
+}
+
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+
+__device__ __forceinline__ uint32_t ld_acquire(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void red_release_add(uint32_t* p, uint32_t v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
+
+__device__ __forceinline__ void consumer_sync() {
+  asm volatile("bar.sync 1, %0;" ::"n"(kConsumers * 32) : "memory");
+}
+
+__device__ __forceinline__ void mma16816(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// One 32-wide k step: thread (g, q) holds k = 8q .. 8q+7 of A rows g and g+8 and of token row g; both operands use
+// the same permutation of k (mma k' 2q, 2q+1, 2q+8, 2q+9 <- k 8q .. 8q+3, then 8q+4 .. 8q+7).
+__device__ __forceinline__ void mma_k32(float* c, const uint4& lo, const uint4& hi, const uint4& b) {
+  mma16816(c, lo.x, hi.x, lo.y, hi.y, b.x, b.y);
+  mma16816(c, lo.z, hi.z, lo.w, hi.w, b.z, b.w);
+}
+
+// The item list shared by producer and consumers.
+struct Item {
+  bool gu;
+  int j, tile, e, beg, end;
+};
+
+__device__ __forceinline__ Item decode_item(const StreamArgs& a, int item, int n_gu, int gu_tiles, int dn_tiles) {
+  Item it;
+  it.gu = item < n_gu;
+  const int idx = it.gu ? item : item - n_gu;
+  const int tiles = it.gu ? gu_tiles : dn_tiles;
+  it.j = idx / tiles;
+  it.tile = idx - it.j * tiles;
+  it.e = __ldg(a.plan.active_experts + it.j);
+  it.beg = __ldg(a.plan.offsets + it.j);
+  it.end = __ldg(a.plan.offsets + it.j + 1);
+  return it;
+}
+
+template <int KC, int NS, int TG, int kMinBlocks>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) moe_stream_kernel(StreamArgs a) {
+  using R = Ring<KC, TG>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  float* red = reinterpret_cast<float*>(smem + kBarBytes);
+  unsigned char* slots = smem + kHeadBytes;
+  const uint32_t bar0 = smem_addr(smem);  // full[s] at bar0 + 8s, empty[s] at bar0 + 8(NS + s)
+  const uint32_t slot0 = smem_addr(slots);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < NS; ++s) {
+      mbar_init(bar0 + 8 * s, 1);
+      mbar_init(bar0 + 8 * (NS + s), kConsumers);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  }
+  __syncthreads();
+  pdl_wait();
+  const int na = __ldg(a.plan.num_active);
+  const int gu_tiles = a.I / kGuRows, dn_tiles = a.H / kRowsA;
+  const int n_gu = na * gu_tiles, total = n_gu + na * dn_tiles;
+  uint32_t stage = 0;  // stages walked so far (the same count in every role)
+
+  if (warp == kConsumers) {
+    // ---- producer warp: lanes 0-15 copy weight rows, lanes 16-31 token rows ----
+    const uint64_t policy = evict_first_policy();
+    for (int item = blockIdx.x; item < total; item += gridDim.x) {
+      const Item it = decode_item(a, item, n_gu, gu_tiles, dn_tiles);
+      const int width = it.gu ? a.H : a.I;
+      const bf16* wrow = nullptr;
+      if (lane < kRowsA) {
+        const size_t row = it.gu ? static_cast<size_t>(it.e) * 2 * a.I + (lane < kGuRows ? 0 : a.I) +
+                                       it.tile * kGuRows + (lane & (kGuRows - 1))
+                                 : static_cast<size_t>(it.e) * a.H + it.tile * kRowsA + lane;
+        wrow = (it.gu ? a.gate_up : a.down) + row * width;
+      }
+      bool h_ready = it.gu;
+      for (int c0 = it.beg; c0 < it.end; c0 += TG) {
+        const int nt = min(TG, it.end - c0);
+        const int t = lane - kRowsA;
+        const bool has_row = t >= 0 && t < nt;
+        const bf16* brow = nullptr;  // set after the first chunk's weight copies are under way
+        for (int k0 = 0; k0 < width; k0 += KC, ++stage) {
+          const int s = stage % NS;
+          const uint32_t par = (stage / NS) & 1u;
+          const uint32_t bytes = static_cast<uint32_t>(min(KC, width - k0)) * 2u;
+          const uint32_t full = bar0 + 8 * s, empty = bar0 + 8 * (NS + s);
+          if (lane == 0) {
+            mbar_wait(empty, par ^ 1u);
+            mbar_expect_tx(full, bytes * static_cast<uint32_t>(kRowsA + nt));
+          }
+          __syncwarp();
+          const uint32_t dst = slot0 + s * R::kSlotBytes + lane * R::kRowBytes;
+          if (wrow) bulk_copy_hint(dst, wrow + k0, bytes, full, policy);
+          if (!h_ready) {
+            if (lane == 0) {
+              const uint32_t target = static_cast<uint32_t>(gu_tiles);
+              const uint64_t t0 = global_ns();
+              while (ld_acquire(g_ready + it.j) < target) {
+                __nanosleep(128);
+                if (global_ns() - t0 > kWatchdogNs) __trap();
+              }
+            }
+            __syncwarp();
+            fence_proxy_async_global();
+            h_ready = true;
+          }
+          if (has_row && !brow)
+            brow = it.gu ? a.x + static_cast<size_t>(__ldg(a.plan.sorted_slots + c0 + t) / a.K) * a.H
+                         : a.h + static_cast<size_t>(c0 + t) * a.I;
+          if (has_row) bulk_copy(dst, brow + k0, bytes, full);
+        }
+      }
+    }
+  } else {
+    // ---- consumer warps ----
+    const int g = lane >> 2, q = lane & 3;
+    int buf = 0;
+    for (int item = blockIdx.x; item < total; item += gridDim.x) {
+      const Item it = decode_item(a, item, n_gu, gu_tiles, dn_tiles);
+      const int width = it.gu ? a.H : a.I;
+      for (int c0 = it.beg; c0 < it.end; c0 += TG) {
+        const int nt = min(TG, it.end - c0);
+        const bool two = TG > 8 && nt > 8;
+        float acc[2][4];
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[n][i] = 0.f;
+        for (int k0 = 0; k0 < width; k0 += KC, ++stage) {
+          const int s = stage % NS;
+          const uint32_t par = (stage / NS) & 1u;
+          const int steps = min(KC, width - k0) / 32;
+          mbar_wait(bar0 + 8 * s, par);
+          const unsigned char* sb = slots + s * R::kSlotBytes + q * 16;
+          const unsigned char* a_lo = sb + g * R::kRowBytes;
+          const unsigned char* a_hi = a_lo + 8 * R::kRowBytes;
+          const unsigned char* b_0 = sb + (kRowsA + g) * R::kRowBytes;
+          const unsigned char* b_1 = b_0 + 8 * R::kRowBytes;
+          for (int ks = warp; ks < steps; ks += kConsumers) {
+            const int off = ks * 64;
+            const uint4 lo = *reinterpret_cast<const uint4*>(a_lo + off);
+            const uint4 hi = *reinterpret_cast<const uint4*>(a_hi + off);
+            const uint4 x0 = *reinterpret_cast<const uint4*>(b_0 + off);
+            mma_k32(acc[0], lo, hi, x0);
+            if (two) {
+              const uint4 x1 = *reinterpret_cast<const uint4*>(b_1 + off);
+              mma_k32(acc[1], lo, hi, x1);
+            }
+          }
+          __syncwarp();
+          if (lane == 0) mbar_arrive(bar0 + 8 * (NS + s));
+        }
+        // Partial sums of the four warps, reduced in fixed order by warp 0.
+        float* rb = red + buf * (kConsumers * 8 * 32);
+#pragma unroll
+        for (int v = 0; v < 8; ++v) rb[(warp * 8 + v) * 32 + lane] = acc[v >> 2][v & 3];
+        consumer_sync();
+        if (warp == 0) {
+          float sum[8];
+#pragma unroll
+          for (int v = 0; v < 8; ++v) {
+            float t = rb[v * 32 + lane];
+#pragma unroll
+            for (int w = 1; w < kConsumers; ++w) t += rb[(w * 8 + v) * 32 + lane];
+            sum[v] = t;
+          }
+#pragma unroll
+          for (int n = 0; n < 2; ++n) {
+            if (it.gu) {
+#pragma unroll
+              for (int i = 0; i < 2; ++i) {
+                const int t = n * 8 + q * 2 + i;
+                if (t >= nt) continue;
+                const float gt = bf16_round(sum[n * 4 + i]), up = bf16_round(sum[n * 4 + 2 + i]);
+                const float sl = bf16_round(gt / (1.f + __expf(-gt)));
+                a.h[static_cast<size_t>(c0 + t) * a.I + it.tile * kGuRows + g] = __float2bfloat16(sl * up);
+              }
+            } else {
+#pragma unroll
+              for (int i = 0; i < 4; ++i) {
+                const int t = n * 8 + q * 2 + (i & 1);
+                if (t >= nt) continue;
+                const int row = it.tile * kRowsA + g + (i >> 1) * 8;
+                const int slot = __ldg(a.plan.sorted_slots + c0 + t);
+                a.slot_out[static_cast<size_t>(slot) * a.H + row] =
+                    bf16_round(bf16_round(sum[n * 4 + i]) * __ldg(a.route_w + slot));
+              }
+            }
+          }
+        }
+        buf ^= 1;
+      }
+      if (it.gu && warp == 0) {
+        // Publish this item's h rows to the copy engine of any CTA, then count the item.
+        __threadfence();
+        fence_proxy_async_global();
+        __syncwarp();
+        if (lane == 0) red_release_add(g_ready + it.j, 1u);
+      }
+    }
+  }
+
+  // The last CTA to finish clears the counters for the next launch.
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(g_ready + kMaxExperts, 1u) == gridDim.x - 1) {
+      for (int j = 0; j < na; ++j) g_ready[j] = 0;
+      g_ready[kMaxExperts] = 0;
+      __threadfence();
+    }
+  }
+}
+
+template <int KC, int NS, int TG, int kMinBlocks>
+Status launch_stream(const StreamArgs& args, int max_items, cudaStream_t stream) {
+  constexpr size_t smem = kHeadBytes + static_cast<size_t>(NS) * Ring<KC, TG>::kSlotBytes;
+  static_assert(2 * NS * 8 <= kBarBytes, "mbarriers do not fit");
+  const void* fn = reinterpret_cast<const void*>(moe_stream_kernel<KC, NS, TG, kMinBlocks>);
+  static bool configured = false;
+  if (!configured) {
+    ZEST_RETURN_IF_ERROR(cuda_status(
+        cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+        "moe_experts_stream: cudaFuncSetAttribute"));
+    configured = true;
+  }
+  int per_sm = 0;
+  ZEST_RETURN_IF_ERROR(
+      cuda_status(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, kThreads, smem), "occupancy"));
+  if (per_sm < 1) return unsupported("moe_experts_stream: the kernel does not fit on a multiprocessor");
+  // Every CTA must be resident at once (down items wait for other CTAs' gate/up items).
+  const int grid = std::max(1, std::min(max_items, per_sm * sm_count()));
+  return launch("moe_experts_stream", moe_stream_kernel<KC, NS, TG, kMinBlocks>, dim3(grid), dim3(kThreads), smem, stream,
+                args);
+}
+
+}  // namespace
+
+bool moe_stream_ok(int H, int I) { return H > 0 && I > 0 && H % kWidthStep == 0 && I % kWidthStep == 0; }
+
+Status moe_experts_stream(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
+                          const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I, int variant,
+                          cudaStream_t stream) {
+  if (N <= 0 || K <= 0 || E <= 0 || K > E || E > kMaxExperts || !moe_stream_ok(H, I))
+    return unsupported("moe_experts_stream: need N, K > 0, K <= E <= 1024 and H, I positive multiples of 64 (N=" +
+                       std::to_string(N) + " K=" + std::to_string(K) + " E=" + std::to_string(E) +
+                       " H=" + std::to_string(H) + " I=" + std::to_string(I) + ")");
+  if (N > plan.max_tokens || K != plan.top_k || E != plan.experts)
+    return invalid_argument("moe_experts_stream: the plan was bound for other sizes (max_tokens " +
+                            std::to_string(plan.max_tokens) + ", top_k " + std::to_string(plan.top_k) + ", experts " +
+                            std::to_string(plan.experts) + ")");
+  if (variant < 0 || variant >= kStreamVariants)
+    return invalid_argument("moe_experts_stream: variant " + std::to_string(variant) + " (want 0 to " +
+                            std::to_string(kStreamVariants - 1) + ")");
+  StreamArgs args{};
+  args.x = x;
+  args.gate_up = gate_up;
+  args.down = down;
+  args.h = h;
+  args.slot_out = slot_out;
+  args.route_w = weights;
+  args.plan = plan;
+  args.K = K;
+  args.H = H;
+  args.I = I;
+  const int max_items = std::min(E, N * K) * (I / kGuRows + H / kRowsA);
+  switch (variant) {
+    case 1: return launch_stream<512, 6, 16, 1>(args, max_items, stream);
+    case 2: return launch_stream<256, 5, 16, 2>(args, max_items, stream);
+    case 3: return launch_stream<256, 15, 8, 1>(args, max_items, stream);
+    default: return launch_stream<256, 11, 16, 1>(args, max_items, stream);
+  }
+}
+
+}  // namespace zest::cuda

@@ -1,0 +1,26 @@
+// Decode experts as one persistent weight-streaming kernel (moe_stream.cu): a producer warp per CTA issues bulk
+// copies (cp.async.bulk, the Hopper copy engine) of weight rows and token rows into a ring of shared-memory stages
+// guarded by mbarriers, and consumer warps multiply them on tensor cores. Each CTA walks a flat list of work items,
+// first every (expert, 8 intermediate rows) gate/up item, then every (expert, 16 output rows) down item; a down
+// item waits only for its own expert's gate/up items (per-expert ready counters), and its weight copies are issued
+// before that wait. Same function and numerics as moe_experts_decode.
+#pragma once
+#include <cstdint>
+
+#include "kernels/cuda/kernels.h"
+
+namespace zest::cuda {
+
+// Shapes the streaming kernel takes: H and I positive multiples of 64.
+bool moe_stream_ok(int H, int I);
+constexpr int kStreamVariants = 4;
+
+// Variants (k chunk, stages, tokens per pass, CTAs per SM): 0 = 256, 11, 16, 1; 1 = 512, 6, 16, 1; 2 = 256, 5, 16, 2;
+// 3 = 256, 15, 8, 1. All give bit-identical results (the same k split over the consumer warps, per-column sums). The plan must be bound for (N, K, E) (moe_plan_bind). Launches on one device must not overlap
+// in time (the ready counters are the module's; each launch leaves them cleared). Unsupported shapes give an error
+// Status.
+Status moe_experts_stream(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
+                          const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I, int variant,
+                          cudaStream_t stream);
+
+}  // namespace zest::cuda

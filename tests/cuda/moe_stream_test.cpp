@@ -1,0 +1,236 @@
+// The streaming decode-experts kernel (moe_experts_stream, DecodeOption::kMoeKernel 2-5) against a plain host loop
+// on fresh random inputs: every written slot vs the reference, slots with id -1 never written, all its variants
+// bit-identical, a second launch on the same plan identical to the first (the ready counters are cleared), and the
+// shapes it refuses.
+#ifdef ZEST_HAVE_CUDA
+#include <cstring>
+#include <numeric>
+#include <tuple>
+
+#include "cuda/cuda_test_util.h"
+#include "kernels/cuda/moe_stream.h"
+
+namespace zest::cuda::test {
+namespace {
+
+constexpr double kTol = 2e-2;  // max abs err <= 2e-2 * max |ref| (bf16 h and outputs, fp32 sums in another order)
+
+struct StreamCase {
+  int N, K, E, H, I;
+  int pool;        // experts that receive tokens (0 = all E)
+  int hot;         // >= 0: every token's first slot goes to this expert
+  int holes;       // slots set to -1 (SERE-folded), spread over the batch
+};
+
+struct Routing {
+  std::vector<int32_t> ids;
+  std::vector<float> w;
+};
+
+Routing make_routing(const StreamCase& c, std::mt19937& rng) {
+  Routing r;
+  r.ids.resize(static_cast<size_t>(c.N) * c.K);
+  r.w.resize(r.ids.size());
+  std::uniform_real_distribution<float> d(0.05f, 1.f);
+  const int pool = c.pool > 0 ? c.pool : c.E;
+  for (int n = 0; n < c.N; ++n) {
+    std::vector<int> all(pool);
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), rng);
+    if (c.hot >= 0) {
+      const auto it = std::find(all.begin(), all.end(), c.hot);
+      std::iter_swap(all.begin(), it);
+    }
+    float s = 0;
+    std::vector<float> ws(c.K);
+    for (auto& v : ws) s += (v = d(rng));
+    for (int k = 0; k < c.K; ++k) {
+      r.ids[n * c.K + k] = all[k];
+      r.w[n * c.K + k] = round_bf16(ws[k] / s);
+    }
+  }
+  for (int i = 0; i < c.holes; ++i) {
+    const size_t slot = (static_cast<size_t>(i) * 7919 + 3) % r.ids.size();
+    r.ids[slot] = -1;
+    r.w[slot] = 0.f;
+  }
+  return r;
+}
+
+struct Inputs {
+  Routing route;
+  HostBF16 x, gu, dn;
+};
+
+// Host reference of one (token, slot): slot_out row of H values.
+std::vector<float> ref_slot(const StreamCase& c, const Inputs& in, int n, int k) {
+  const int e = in.route.ids[n * c.K + k];
+  std::vector<float> hv(c.I), out(c.H);
+  for (int i = 0; i < c.I; ++i) {
+    double g = 0, u = 0;
+    const float* wg = &in.gu.f[(static_cast<size_t>(e) * 2 * c.I + i) * c.H];
+    const float* wu = wg + static_cast<size_t>(c.I) * c.H;
+    const float* xr = &in.x.f[static_cast<size_t>(n) * c.H];
+    for (int j = 0; j < c.H; ++j) {
+      g += static_cast<double>(xr[j]) * wg[j];
+      u += static_cast<double>(xr[j]) * wu[j];
+    }
+    const float gb = round_bf16(static_cast<float>(g)), ub = round_bf16(static_cast<float>(u));
+    hv[i] = round_bf16(round_bf16(gb / (1.f + std::exp(-gb))) * ub);
+  }
+  for (int r = 0; r < c.H; ++r) {
+    double y = 0;
+    const float* wd = &in.dn.f[(static_cast<size_t>(e) * c.H + r) * c.I];
+    for (int i = 0; i < c.I; ++i) y += static_cast<double>(hv[i]) * wd[i];
+    out[r] = round_bf16(static_cast<float>(y)) * in.route.w[n * c.K + k];
+  }
+  return out;
+}
+
+// Runs the plan, then every variant twice on the same plan, then variant 0 through moe_experts_decode with
+// kMoeKernel = 2; checks each output against the host reference and bit for bit against the first run.
+void run_stream_case(const StreamCase& c, std::mt19937& rng) {
+  SCOPED_TRACE(testing::Message() << "N=" << c.N << " K=" << c.K << " E=" << c.E << " H=" << c.H << " I=" << c.I
+                                  << " pool=" << c.pool << " hot=" << c.hot << " holes=" << c.holes);
+  Inputs in;
+  in.route = make_routing(c, rng);
+  in.x = random_bf16(static_cast<size_t>(c.N) * c.H, rng);
+  const float ag = std::sqrt(3.f / c.H), ad = std::sqrt(3.f / c.I);
+  in.gu = random_bf16(static_cast<size_t>(c.E) * 2 * c.I * c.H, rng, -ag, ag);
+  in.dn = random_bf16(static_cast<size_t>(c.E) * c.H * c.I, rng, -ad, ad);
+  auto dx = upload_bf16(in.x), dgu = upload_bf16(in.gu), ddn = upload_bf16(in.dn);
+  DevBuf<int32_t> di(in.route.ids);
+  DevBuf<float> dw(in.route.w), out(static_cast<size_t>(c.N) * c.K * c.H);
+  DevBuf<bf16> h(static_cast<size_t>(c.N) * c.K * c.I);
+  DevBuf<unsigned char> buf(moe_plan_bytes(c.N, c.K, c.E));
+  buf.poison();
+  MoePlan plan;
+  moe_plan_bind(plan, buf.get(), c.N, c.K, c.E);
+  ZEST_ASSERT_OK(moe_plan(di.get(), c.N, c.K, c.E, plan, nullptr, nullptr));
+  sync_ok();
+
+  // Reference over the written slots.
+  std::vector<float> ref;
+  for (int n = 0; n < c.N; ++n)
+    for (int k = 0; k < c.K; ++k) {
+      if (in.route.ids[n * c.K + k] < 0) continue;
+      const auto r = ref_slot(c, in, n, k);
+      ref.insert(ref.end(), r.begin(), r.end());
+    }
+
+  std::vector<uint32_t> first_bits;
+  const int runs = 2 * kStreamVariants + 1;
+  for (int run = 0; run < runs; ++run) {
+    const int variant = run < runs - 1 ? run / 2 : 0;
+    SCOPED_TRACE(testing::Message() << "run " << run << " variant " << variant);
+    out.poison();
+    if (run < runs - 1) {
+      ZEST_ASSERT_OK(moe_experts_stream(dx->get(), plan, dw.get(), dgu->get(), ddn->get(), h.get(), out.get(), c.N, c.K,
+                                        c.E, c.H, c.I, variant, nullptr));
+    } else {
+      set_decode_option(DecodeOption::kMoeKernel, 2);
+      const Status st = moe_experts_decode(dx->get(), plan, dw.get(), dgu->get(), ddn->get(), h.get(), out.get(), c.N,
+                                           c.K, c.E, c.H, c.I, nullptr);
+      set_decode_option(DecodeOption::kMoeKernel, default_decode_option(DecodeOption::kMoeKernel));
+      ZEST_ASSERT_OK(st);
+    }
+    sync_ok();
+    const auto all = out.download();
+    std::vector<float> got;
+    std::vector<uint32_t> bits(all.size());
+    std::memcpy(bits.data(), all.data(), all.size() * 4);
+    for (int n = 0; n < c.N; ++n)
+      for (int k = 0; k < c.K; ++k) {
+        const size_t slot = static_cast<size_t>(n) * c.K + k;
+        if (in.route.ids[slot] < 0) {
+          // Empty slots are never written (still poison).
+          for (int r = 0; r < c.H; ++r) ASSERT_EQ(bits[slot * c.H + r], 0xffffffffu) << "slot " << slot;
+          continue;
+        }
+        got.insert(got.end(), all.begin() + slot * c.H, all.begin() + (slot + 1) * c.H);
+      }
+    if (!ref.empty()) {
+      ZEST_EXPECT_CLOSE(got, ref, kTol);
+    }
+    if (run == 0) {
+      first_bits = bits;
+    } else {
+      EXPECT_TRUE(bits == first_bits) << "outputs differ from the first run";
+    }
+  }
+}
+
+TEST(CudaMoeStream, BatchOneModelExpertCount) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(51);
+  run_stream_case({1, 8, 128, 512, 256, 0, -1, 0}, rng);
+}
+
+TEST(CudaMoeStream, ModelWidthsBatchSeven) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(52);
+  // H = 2048, I = 768: gate/up chunks 8 x 256 or 4 x 512, down chunks 3 x 256 or 512 + 256; two -1 slots.
+  run_stream_case({7, 8, 16, 2048, 768, 0, -1, 2}, rng);
+}
+
+TEST(CudaMoeStream, BatchSixtyFourIdleExpertsAndEmptySlots) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(53);
+  // 64 tokens over 40 of 64 experts (24 idle), 37 slots folded to -1; experts with 1-16+ tokens.
+  run_stream_case({64, 8, 64, 256, 128, 40, -1, 37}, rng);
+}
+
+TEST(CudaMoeStream, OneExpertTakesEveryToken) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(54);
+  // Expert 3 holds all 64 tokens (four 16-token passes); the other slots spread over 8 experts.
+  run_stream_case({64, 4, 8, 192, 128, 0, 3, 5}, rng);
+  // 9-16 tokens on one expert: the second n8 tile of a single pass.
+  run_stream_case({13, 2, 4, 128, 64, 0, 1, 0}, rng);
+}
+
+TEST(CudaMoeStream, OddWidthsMultipleOf64) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(55);
+  // H = 320: a 64-wide last chunk (256 + 64; one 320 chunk of the 512 variant); I = 192 and I = 64 (one k step pair).
+  run_stream_case({5, 4, 16, 320, 192, 0, -1, 1}, rng);
+  run_stream_case({3, 2, 6, 64, 64, 0, -1, 0}, rng);
+  run_stream_case({9, 3, 12, 576, 832, 0, -1, 2}, rng);
+}
+
+TEST(CudaMoeStream, EverySlotEmpty) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(56);
+  run_stream_case({4, 2, 8, 128, 64, 0, -1, 8}, rng);  // all 8 slots -1: nothing written, counters stay clear
+  run_stream_case({2, 2, 8, 128, 64, 0, -1, 0}, rng);  // and the next launch still works
+}
+
+TEST(CudaMoeStream, RefusesUnsupportedShapes) {
+  ZEST_REQUIRE_GPU();
+  const int N = 2, K = 2, E = 4;
+  DevBuf<unsigned char> buf(moe_plan_bytes(N, K, E));
+  MoePlan plan;
+  moe_plan_bind(plan, buf.get(), N, K, E);
+  DevBuf<bf16> x(N * 1024), gu(E * 2 * 1024 * 1024), dn(E * 1024 * 1024), h(N * K * 1024);
+  DevBuf<float> w(N * K), out(N * K * 1024);
+  for (auto [H, I] : {std::tuple{72, 64}, {64, 40}, {96, 64}, {0, 64}}) {
+    SCOPED_TRACE(testing::Message() << "H=" << H << " I=" << I);
+    EXPECT_FALSE(moe_stream_ok(H, I));
+    const Status st = moe_experts_stream(x.get(), plan, w.get(), gu.get(), dn.get(), h.get(), out.get(), N, K, E, H, I,
+                                         0, nullptr);
+    EXPECT_FALSE(st.is_ok());
+    EXPECT_NE(st.to_string().find("multiples of 64"), std::string::npos) << st.to_string();
+  }
+  // A plan bound for other sizes, and an unknown variant.
+  EXPECT_FALSE(moe_experts_stream(x.get(), plan, w.get(), gu.get(), dn.get(), h.get(), out.get(), N + 1, K, E, 128, 64,
+                                  0, nullptr)
+                   .is_ok());
+  EXPECT_FALSE(moe_experts_stream(x.get(), plan, w.get(), gu.get(), dn.get(), h.get(), out.get(), N, K, E, 128, 64,
+                                  kStreamVariants, nullptr)
+                   .is_ok());
+  sync_ok();
+}
+
+}  // namespace
+}  // namespace zest::cuda::test
+#endif  // ZEST_HAVE_CUDA
