@@ -428,6 +428,339 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_kernel(
   }
 }
 
+// ---- decode attention with the current token's q/k RMSNorm + RoPE + KV write folded in (G == 8, D == 128) -----
+// The function of qk_norm_rope_kv (decode: one token per sequence) followed by decode_attention, in one launch:
+// - before waiting on the previous kernel (the qkv GEMM), each warp issues the loads of its first KV page (K rows
+//   into registers, V by cp.async), since the cache holds no value of this step yet;
+// - after the wait, every CTA normalises and rotates the 8 query heads of its kv head itself (the same arithmetic
+//   as qk_norm_rope_kv, lane i holding elements i, i + 32, i + 64, i + 96) into shared memory; the CTA whose split
+//   holds the current token's page also normalises and rotates that token's k, copies its v, stores both into the
+//   cache slot and patches its page in registers (K) and shared memory (V) with them;
+// - the page loop, the split partials and the merge are those of decode_attention_kernel<8, true>.
+struct DecodeFuse {
+  const bf16* q_norm;
+  const bf16* k_norm;
+  const int32_t* pos;
+  int pos_stride;
+  RopeParams rope;
+  const int32_t* slots;
+  float eps;
+};
+
+// Lane's part of one head row x [128] (bf16, global): RMSNorm with weight w then rotate-half RoPE at position angle
+// p_axis[axis(j)]; writes the 4 results (elements lane + 32 i) to dst (shared) and, when kv_dst != null, to kv_dst.
+__device__ __forceinline__ void norm_rope_head(const bf16* __restrict__ x, const bf16* __restrict__ w,
+                                               const float* p_axis, const RopeParams& rope, float eps, bf16* dst,
+                                               bf16* kv_dst, int lane) {
+  constexpr int D = kHeadDim, half = D / 2;
+  float v[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) v[i] = __bfloat162float(x[lane + 32 * i]);
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) ss += v[i] * v[i];
+  const float inv = rsqrtf(warp_sum(ss) / D + eps);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {  // pairs (j, j + 64), j = lane + 32 i
+    const int j = lane + 32 * i;
+    const float a = bf16_round(bf16_round(v[i] * inv) * __bfloat162float(w[j]));
+    const float b = bf16_round(bf16_round(v[i + 2] * inv) * __bfloat162float(w[j + half]));
+    int axis = 0;
+    if (j % 3 == 1 && j < 3 * rope.section_h) axis = 1;
+    else if (j % 3 == 2 && j < 3 * rope.section_w) axis = 2;
+    const float inv_freq = 1.f / powf(rope.theta, static_cast<float>(2 * j) / static_cast<float>(D));
+    const float ang = p_axis[axis] * inv_freq;
+    const float c = bf16_round(cosf(ang)), sn = bf16_round(sinf(ang));
+    const bf16 o1 = __float2bfloat16(a * c - b * sn);
+    const bf16 o2 = __float2bfloat16(b * c + a * sn);
+    dst[j] = o1;
+    dst[j + half] = o2;
+    if (kv_dst) {
+      kv_dst[j] = o1;
+      kv_dst[j + half] = o2;
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kernel(
+    const bf16* __restrict__ qkv, int q_stride, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
+    const int32_t* __restrict__ block_table, int max_blocks, const int32_t* __restrict__ context_lens,
+    bf16* __restrict__ out, float* __restrict__ part, int* __restrict__ counters, int Hkv, int splits,
+    int pages_per_split, float scale, DecodeFuse f) {
+  constexpr int G = 8, D = kHeadDim;
+  constexpr size_t kMmaBytes = kDecWarps * 2 * kKvBlock * D * sizeof(bf16);
+  constexpr size_t kAccBytes = kDecWarps * G * D * sizeof(float);
+  constexpr size_t kBytes = kMmaBytes > kAccBytes ? kMmaBytes : kAccBytes;
+  __shared__ __align__(16) unsigned char smem_raw[kBytes];
+  __shared__ __align__(16) bf16 q_s[G * D];
+  __shared__ __align__(16) bf16 kn_s[D], vn_s[D];
+  float(*acc_s)[G][D] = reinterpret_cast<float(*)[G][D]>(smem_raw);
+  __shared__ float m_s[kDecWarps][G], l_s[kDecWarps][G];
+  __shared__ int last_s;
+
+  const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, tq = lane & 3;
+  const int Hq = Hkv * G;
+  const int ctx = context_lens[b];  // a step input, not written by the previous kernel
+  const int pg_begin = split * pages_per_split;
+  const int pg_end = min(pg_begin + pages_per_split, (ctx + kKvBlock - 1) / kKvBlock);
+  const int new_pos = ctx - 1;
+  const int new_pg = new_pos >= 0 && new_pos / kKvBlock >= pg_begin && new_pos / kKvBlock < pg_end ? new_pos / kKvBlock
+                                                                                                  : -1;
+  const int32_t* table = block_table + static_cast<size_t>(b) * max_blocks;
+  const size_t row_stride = static_cast<size_t>(Hkv) * D;
+  bf16* v_s = reinterpret_cast<bf16*>(smem_raw) + warp * 2 * kKvBlock * D;
+
+  auto load_page = [&](int pg, int buf, uint4 (&kf)[4][2]) {
+    const int blk = table[pg];
+    const int nv = min(kKvBlock, ctx - pg * kKvBlock);
+    const size_t base = (static_cast<size_t>(blk) * kKvBlock * Hkv + kvh) * D;
+    bf16* vb = v_s + buf * kKvBlock * D;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int piece = lane + 32 * i, tok = piece >> 4, c8 = piece & 15;
+      cp_async16(vb + tok * D + ((c8 ^ (tok & 7)) * 8), v_cache + base + (tok < nv ? tok : 0) * row_stride + c8 * 8,
+                 tok < nv);
+    }
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      kf[c][0] = g < nv ? ld_stream(k_cache + base + g * row_stride + c * 32 + tq * 8) : make_uint4(0, 0, 0, 0);
+      kf[c][1] = g + 8 < nv ? ld_stream(k_cache + base + (g + 8) * row_stride + c * 32 + tq * 8)
+                            : make_uint4(0, 0, 0, 0);
+    }
+  };
+
+  const int pg_first = pg_begin + warp;
+  uint4 kcur[4][2], knext[4][2];
+  if (pg_first < pg_end) load_page(pg_first, 0, kcur);  // before the wait: the cache is not written by this step yet
+  pdl_wait();
+
+  {  // q heads 2 warp, 2 warp + 1 of this kv head; the current token's k (warp 0) and v (warp 1) in the owner CTA
+    const bf16* row = qkv + static_cast<size_t>(b) * q_stride;
+    float p_axis[3];
+    p_axis[0] = static_cast<float>(f.pos[b]);
+    p_axis[1] = static_cast<float>(f.pos[f.pos_stride + b]);
+    p_axis[2] = static_cast<float>(f.pos[2 * f.pos_stride + b]);
+    for (int h = 2 * warp; h < 2 * warp + 2; ++h)
+      norm_rope_head(row + static_cast<size_t>(kvh * G + h) * D, f.q_norm, p_axis, f.rope, f.eps, q_s + h * D, nullptr,
+                     lane);
+    if (new_pg >= 0) {
+      const int slot = f.slots ? f.slots[b] : -1;
+      const size_t dst = (static_cast<size_t>(slot) * Hkv + kvh) * D;
+      if (warp == 0) {
+        norm_rope_head(row + static_cast<size_t>(Hq + kvh) * D, f.k_norm, p_axis, f.rope, f.eps, kn_s,
+                       slot >= 0 ? k_cache + dst : nullptr, lane);
+      } else if (warp == 1) {
+        const bf16* vr = row + static_cast<size_t>(Hq + Hkv + kvh) * D;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const bf16 v = vr[lane + 32 * i];
+          vn_s[lane + 32 * i] = v;
+          if (slot >= 0) v_cache[dst + lane + 32 * i] = v;
+        }
+      }
+    }
+  }
+  __syncthreads();
+
+  MmaState st;
+  st.m[0] = st.m[1] = -INFINITY;
+  st.l[0] = st.l[1] = 0.f;
+#pragma unroll
+  for (int mt = 0; mt < 8; ++mt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) st.o[mt][i] = 0.f;
+  uint4 qf[4];
+#pragma unroll
+  for (int c = 0; c < 4; ++c) qf[c] = *reinterpret_cast<const uint4*>(q_s + g * D + c * 32 + tq * 8);
+  int buf = 0;
+  for (int pg = pg_first; pg < pg_end; pg += kDecWarps) {
+    const bool more = pg + kDecWarps < pg_end;
+    if (more) load_page(pg + kDecWarps, buf ^ 1, knext);
+    const int nv = min(kKvBlock, ctx - pg * kKvBlock);
+    const int tn = pg == new_pg ? new_pos - pg * kKvBlock : -1;  // the current token's row in this page
+    if (tn >= 0 && (tn & 7) == g) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const uint4 kv = *reinterpret_cast<const uint4*>(kn_s + c * 32 + tq * 8);
+        if (tn < 8) kcur[c][0] = kv;
+        else kcur[c][1] = kv;
+      }
+    }
+    float sc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      mma16816(sc, kcur[c][0].x, kcur[c][1].x, kcur[c][0].y, kcur[c][1].y, qf[c].x, qf[c].y);
+      mma16816(sc, kcur[c][0].z, kcur[c][1].z, kcur[c][0].w, kcur[c][1].w, qf[c].z, qf[c].w);
+    }
+    const bool v0 = g < nv, v1 = g + 8 < nv;
+    float s[4] = {v0 ? sc[0] * scale : -INFINITY, v0 ? sc[1] * scale : -INFINITY, v1 ? sc[2] * scale : -INFINITY,
+                  v1 ? sc[3] * scale : -INFINITY};
+    float pr[4], alpha[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = fmaxf(s[h], s[2 + h]);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+      const float m_new = fmaxf(st.m[h], mx);
+      const bool any = m_new != -INFINITY;
+      pr[h] = any && s[h] != -INFINITY ? __expf(s[h] - m_new) : 0.f;
+      pr[2 + h] = any && s[2 + h] != -INFINITY ? __expf(s[2 + h] - m_new) : 0.f;
+      float ps = pr[h] + pr[2 + h];
+      ps += __shfl_xor_sync(0xffffffffu, ps, 4);
+      ps += __shfl_xor_sync(0xffffffffu, ps, 8);
+      ps += __shfl_xor_sync(0xffffffffu, ps, 16);
+      alpha[h] = st.m[h] == -INFINITY ? 0.f : __expf(st.m[h] - m_new);
+      st.l[h] = st.l[h] * alpha[h] + ps;
+      st.m[h] = m_new;
+    }
+#pragma unroll
+    for (int mt = 0; mt < 8; ++mt) {
+      st.o[mt][0] *= alpha[0];
+      st.o[mt][1] *= alpha[1];
+      st.o[mt][2] *= alpha[0];
+      st.o[mt][3] *= alpha[1];
+    }
+    const uint32_t pb0 = movmatrix_trans(pack_bf16(pr[0], pr[1]));
+    const uint32_t pb1 = movmatrix_trans(pack_bf16(pr[2], pr[3]));
+    if (more) asm volatile("cp.async.wait_group 1;" ::: "memory");
+    else asm volatile("cp.async.wait_group 0;" ::: "memory");
+    __syncwarp();
+    bf16* vb = v_s + buf * kKvBlock * D;
+    if (tn >= 0) {  // the current token's v over the (stale) cache row
+      if (lane < 16)
+        *reinterpret_cast<uint4*>(vb + tn * D + ((lane ^ (tn & 7)) * 8)) =
+            *reinterpret_cast<const uint4*>(vn_s + lane * 8);
+      __syncwarp();
+    }
+    const int mi = lane >> 3, r = lane & 7;
+    const int tok = r + (mi >= 2 ? 8 : 0);
+#pragma unroll
+    for (int mt = 0; mt < 8; ++mt) {
+      const int c8 = mt * 2 + (mi & 1);
+      const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(vb + tok * D + ((c8 ^ (tok & 7)) * 8)));
+      uint32_t a0, a1, a2, a3;
+      asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                   : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3)
+                   : "r"(addr));
+      mma16816(st.o[mt], a0, a1, a2, a3, pb0, pb1);
+    }
+    __syncwarp();
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      kcur[c][0] = knext[c][0];
+      kcur[c][1] = knext[c][1];
+    }
+    buf ^= 1;
+  }
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
+  __syncthreads();  // acc_s overlays the V pages
+  if (g == 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      m_s[warp][2 * tq + h] = st.m[h];
+      l_s[warp][2 * tq + h] = st.l[h];
+    }
+  }
+#pragma unroll
+  for (int mt = 0; mt < 8; ++mt) {
+    acc_s[warp][2 * tq][mt * 16 + g] = st.o[mt][0];
+    acc_s[warp][2 * tq + 1][mt * 16 + g] = st.o[mt][1];
+    acc_s[warp][2 * tq][mt * 16 + g + 8] = st.o[mt][2];
+    acc_s[warp][2 * tq + 1][mt * 16 + g + 8] = st.o[mt][3];
+  }
+  __syncthreads();
+  constexpr size_t part_stride = kPartStride;
+  for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+    const int hh = idx / D, d = idx % D;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kDecWarps; ++w) M = fmaxf(M, m_s[w][hh]);
+    float L = 0.f, A = 0.f;
+    if (M != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kDecWarps; ++w) {
+        const float e = __expf(m_s[w][hh] - M);
+        L += l_s[w][hh] * e;
+        A += acc_s[w][hh][d] * e;
+      }
+    }
+    float* pp = part + ((static_cast<size_t>(b) * Hq + kvh * G + hh) * splits + split) * part_stride;
+    pp[4 + d] = A;
+    if (d == 0) {
+      pp[0] = M;
+      pp[1] = L;
+    }
+  }
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int* c = counters + b * Hkv + kvh;
+    const int prev = atomicAdd(c, 1);
+    last_s = prev == splits - 1;
+    if (last_s) *c = 0;
+  }
+  __syncthreads();
+  if (!last_s) return;
+  __threadfence();
+  float* wm = &acc_s[0][0][0];
+  float* wl = wm + G * kMaxSplits;
+  const float* pb = part + (static_cast<size_t>(b) * Hq + kvh * G) * splits * part_stride;
+  for (int i = threadIdx.x; i < G * splits; i += blockDim.x) {
+    const int hh = i / splits, sp = i % splits;
+    wm[hh * kMaxSplits + sp] = __ldcg(pb + (static_cast<size_t>(hh) * splits + sp) * part_stride);
+    wl[hh * kMaxSplits + sp] = __ldcg(pb + (static_cast<size_t>(hh) * splits + sp) * part_stride + 1);
+  }
+  __syncthreads();
+  for (int hh = warp; hh < G; hh += kDecWarps) {
+    float M = -INFINITY;
+    for (int sp = lane; sp < splits; sp += 32) M = fmaxf(M, wm[hh * kMaxSplits + sp]);
+    M = warp_max(M);
+    float L = 0.f;
+    for (int sp = lane; sp < splits; sp += 32) {
+      const float e = M == -INFINITY ? 0.f : __expf(wm[hh * kMaxSplits + sp] - M);
+      L += wl[hh * kMaxSplits + sp] * e;
+      wm[hh * kMaxSplits + sp] = e;
+    }
+    L = warp_sum(L);
+    const float inv = L > 0.f ? 1.f / L : 0.f;
+    __syncwarp();
+    for (int sp = lane; sp < splits; sp += 32) wm[hh * kMaxSplits + sp] *= inv;
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < G * D / 4; idx += blockDim.x) {
+    const int hh = idx / (D / 4), d = (idx % (D / 4)) * 4;
+    const float* pp = pb + static_cast<size_t>(hh) * splits * part_stride + 4 + d;
+    const float* wg = wm + hh * kMaxSplits;
+    float4 A = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s0 = 0; s0 < splits; s0 += 8) {
+      float4 v[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u)
+        v[u] = s0 + u < splits ? __ldcg(reinterpret_cast<const float4*>(pp + (s0 + u) * part_stride))
+                               : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        if (s0 + u >= splits) break;
+        const float wv = wg[s0 + u];
+        A.x += v[u].x * wv;
+        A.y += v[u].y * wv;
+        A.z += v[u].z * wv;
+        A.w += v[u].w * wv;
+      }
+    }
+    bf16* o = out + static_cast<size_t>(b) * Hq * D + (kvh * G + hh) * D + d;
+    __nv_bfloat162 lo = __floats2bfloat162_rn(A.x, A.y), hi = __floats2bfloat162_rn(A.z, A.w);
+    uint2 pk;
+    pk.x = *reinterpret_cast<uint32_t*>(&lo);
+    pk.y = *reinterpret_cast<uint32_t*>(&hi);
+    *reinterpret_cast<uint2*>(o) = pk;
+  }
+}
+
 // CTAs of decode_attention_kernel<G, false> resident per SM (3 from the launch bounds when the query fails). The
 // split plan (and so the workspace size) depends on this only, not on the page-loop variant.
 int decode_ctas_per_sm(int G) {
@@ -496,7 +829,7 @@ Status decode_attention(const DecodeAttention& p, const bf16* q, int q_stride, c
   const dim3 grid(sp.splits, p.kv_heads, p.batch), block(kDecWarps * 32);
   const int G = p.q_heads / p.kv_heads;
   const bool q_aligned = q_stride % 8 == 0 && reinterpret_cast<uintptr_t>(q) % 16 == 0;
-  if (G == 8 && q_aligned && decode_option(DecodeOption::kAttentionKernel) == 1)
+  if (G == 8 && q_aligned && decode_option(DecodeOption::kAttentionKernel) >= 1)
     return launch("decode_attention", decode_attention_kernel<8, true>, grid, block, 0, stream, q, q_stride, k_cache,
                   v_cache, block_table, p.max_blocks, context_lens, out, part, counters, p.kv_heads, sp.splits,
                   sp.pages_per_split, p.scale);
@@ -515,6 +848,32 @@ Status decode_attention(const DecodeAttention& p, const bf16* q, int q_stride, c
       return unsupported("decode_attention: " + std::to_string(G) + " query heads per kv head is not supported");
   }
 #undef ZEST_DECODE_CASE
+}
+
+bool decode_attention_fused_ok(const DecodeAttention& p, const bf16* qkv, int q_stride) {
+  return p.head_dim == kHeadDim && p.kv_heads > 0 && p.q_heads == 8 * p.kv_heads && p.batch > 0 &&
+         p.max_context > 0 && p.max_blocks * kKvBlock >= p.max_context && q_stride % 8 == 0 &&
+         q_stride >= (p.q_heads + 2 * p.kv_heads) * kHeadDim && reinterpret_cast<uintptr_t>(qkv) % 16 == 0;
+}
+
+Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_stride, const bf16* q_norm,
+                              const bf16* k_norm, const int32_t* pos, int pos_stride, RopeParams rope,
+                              const int32_t* slot_mapping, bf16* k_cache, bf16* v_cache, const int32_t* block_table,
+                              const int32_t* context_lens, bf16* out, void* workspace, float eps, cudaStream_t stream) {
+  if (!decode_attention_fused_ok(p, qkv, q_stride))
+    return invalid_argument("decode_attention_fused: needs head_dim 128, 8 query heads per kv head, q rows of q, k and "
+                            "v heads at a 16-byte aligned stride, and max_context within max_blocks * 16");
+  if (!workspace || !q_norm || !k_norm || !pos || !k_cache || !v_cache)
+    return invalid_argument("decode_attention_fused: null pointer");
+  if (pos_stride < 0) return invalid_argument("decode_attention_fused: pos_stride must be >= 0");
+  const SplitPlan sp = split_plan(p);
+  const size_t parts = static_cast<size_t>(p.batch) * p.q_heads * sp.splits * kPartStride * sizeof(float);
+  float* part = static_cast<float*>(workspace);
+  int* counters = reinterpret_cast<int*>(static_cast<char*>(workspace) + (parts + 255) / 256 * 256);
+  DecodeFuse f{q_norm, k_norm, pos, pos_stride, rope, slot_mapping, eps};
+  return launch("decode_attention_fused", decode_attention_fused_kernel, dim3(sp.splits, p.kv_heads, p.batch),
+                dim3(kDecWarps * 32), 0, stream, qkv, q_stride, k_cache, v_cache, block_table, p.max_blocks,
+                context_lens, out, part, counters, p.kv_heads, sp.splits, sp.pages_per_split, p.scale, f);
 }
 
 }  // namespace zest::cuda

@@ -46,7 +46,8 @@ enum class DecodeOption : int {
   kMoeOccupancy,    // decode experts, chunks in flight per warp (gate/up, down) and CTAs per SM the registers
                     // allow: 1 (default) = 2/4 chunks, 3 CTAs; 0 = 4/8, 1 CTA; 2 = 2/4, 4 CTAs; 3 = 4/8, 2 CTAs
   kAttentionKernel, // decode attention: 1 (default) = tensor cores (mma.sync) when 8 query heads share a kv head
-                    // and q rows are 16-byte aligned; 0 = the CUDA-core page loop
+                    // and q rows are 16-byte aligned; 0 = the CUDA-core page loop; 2 = as 1, and decoders call
+                    // decode_attention_fused (q/k norm + RoPE + KV write folded in) for decode steps
   kGemmVariant,     // small-M GEMM, chunks in flight per warp and CTAs per SM: 1 (default) = 4, 3 CTAs; 0 = 8, 1;
                     // 2 = 8, 2; 3 = 2, 4; 4 = the weight tile bulk-copied into shared memory before the wait on the
                     // previous kernel, one CTA per 16-row tile (when every tile's CTA fits on the GPU; else 1)
@@ -125,6 +126,18 @@ size_t decode_attention_workspace_bytes(const DecodeAttention& p);
 Status decode_attention(const DecodeAttention& p, const bf16* q, int q_stride, const bf16* k_cache,
                         const bf16* v_cache, const int32_t* block_table, const int32_t* context_lens, bf16* out,
                         void* workspace, cudaStream_t stream);
+
+// qk_norm_rope_kv followed by decode_attention for a decode step (token b of qkv is sequence b's current token), in
+// one launch: each CTA normalises and rotates its query heads itself; the CTA whose split holds the current token
+// (position context_lens[b] - 1) normalises and rotates its k, stores k and v at slot_mapping[b] (skipped when < 0)
+// and attends them from on-chip copies; the KV pages are loaded before the wait on the previous kernel. qkv is read
+// only (its q and k are not rewritten). Same workspace as decode_attention. Needs decode_attention_fused_ok: head_dim
+// 128, q_heads == 8 * kv_heads, qkv 16-byte aligned with q_stride % 8 == 0; every context_lens[b] >= 1.
+bool decode_attention_fused_ok(const DecodeAttention& p, const bf16* qkv, int q_stride);
+Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_stride, const bf16* q_norm,
+                              const bf16* k_norm, const int32_t* pos, int pos_stride, RopeParams rope,
+                              const int32_t* slot_mapping, bf16* k_cache, bf16* v_cache, const int32_t* block_table,
+                              const int32_t* context_lens, bf16* out, void* workspace, float eps, cudaStream_t stream);
 
 // Prefill attention: causal, GQA, variable-length sequences packed along tokens (cu_seqlens [nseq+1]).
 // q/k/v rows at q + t * q_stride (Hq heads of D), k + t * kv_stride, v + t * kv_stride (Hkv heads).

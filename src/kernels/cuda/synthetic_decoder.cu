@@ -285,11 +285,17 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
     const Layer& L = layers_[l];
     const bf16* next_norm = l + 1 < c.layers ? layers_[l + 1].in_norm : final_norm_;
     ZEST_OP("qkv gemm", gemm(xn_, L.wqkv, qkv_, batch, QKV, H, s));
-    ZEST_OP("qk norm + rope + kv", qk_norm_rope_kv(qkv_, L.q_norm, L.k_norm, pos_, c.mrope ? opt_.max_batch : 0, rope,
-                                                   slots_, L.k_cache, L.v_cache, batch, c.q_heads, c.kv_heads, D, kEps,
-                                                   s));
-    ZEST_OP("decode attention",
-            decode_attention(ap, qkv_, QKV, L.k_cache, L.v_cache, block_table_, ctx_lens_, attn_, ws, s));
+    const int pos_stride = c.mrope ? opt_.max_batch : 0;
+    if (decode_option(DecodeOption::kAttentionKernel) == 2 && decode_attention_fused_ok(ap, qkv_, QKV)) {
+      ZEST_OP("decode attention (fused)",
+              decode_attention_fused(ap, qkv_, QKV, L.q_norm, L.k_norm, pos_, pos_stride, rope, slots_, L.k_cache,
+                                     L.v_cache, block_table_, ctx_lens_, attn_, ws, kEps, s));
+    } else {
+      ZEST_OP("qk norm + rope + kv", qk_norm_rope_kv(qkv_, L.q_norm, L.k_norm, pos_, pos_stride, rope, slots_,
+                                                     L.k_cache, L.v_cache, batch, c.q_heads, c.kv_heads, D, kEps, s));
+      ZEST_OP("decode attention",
+              decode_attention(ap, qkv_, QKV, L.k_cache, L.v_cache, block_table_, ctx_lens_, attn_, ws, s));
+    }
     ZEST_OP("o gemm", gemm(attn_, L.wo, o_, batch, H, c.q_heads * D, s));
     ZEST_OP("add + rmsnorm", add_rmsnorm(x_, o_, L.post_norm, xn_, batch, H, kEps, s));
     if (moe) {
@@ -365,6 +371,7 @@ std::vector<std::string> SyntheticDecoder::op_labels(bool sere) const {
   // The union over the decode variants: an op a step does not launch has no cost in the ablation.
   std::vector<std::string> ops = {"qkv gemm", "qk norm + rope + kv", "decode attention", "o gemm", "add + rmsnorm",
                                   "router gemm", "router top-k"};
+  if (decode_option(DecodeOption::kAttentionKernel) == 2) ops.push_back("decode attention (fused)");
   if (decode_option(DecodeOption::kRouteFused) == 1) ops.push_back("router (fused)");
   if (sere) ops.push_back("sere");
   for (const char* o : {"moe plan", "moe experts", "moe combine + rmsnorm", "lm_head gemm"}) ops.push_back(o);
