@@ -487,7 +487,9 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs, const std::string
            {3, "wgmma, all threads load, 3 stages"},
            {11, "warp-specialised: TMA/cp.async producer, mbarriers, 128 x 256 tiles, 4 stages"},
            {12, "warp-specialised, 128 x 128 tiles, 6 stages"},
-           {13, "as 11, two-CTA clusters sharing the weight tile by TMA multicast"}}) {
+           {13, "as 11, two-CTA clusters sharing the weight tile by TMA multicast"},
+           {14, "warp-specialised ping-pong, 128 x 128 tile per warpgroup, 6 stages"},
+           {15, "as 14, two-CTA clusters sharing the weight tile by TMA multicast"}}) {
     ops.push_back({"experts gate/up, variant " + std::to_string(v) + " (" + what + ")", 2 * t * K * 2 * I * H, false,
                    [&, v] {
                      return with_option(cuda::PrefillOption::kGroupedGemm, v, [&] {
@@ -562,7 +564,7 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs, const std::string
     std::printf("attention variant %d vs default: max |diff| %.3g (max |out| %.3g)\n", v, wd.first, wd.second);
   }
   // Every grouped-GEMM variant against the default on the layer's routing.
-  for (int v : {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13}) {
+  for (int v : {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}) {
     if (!name_matches("variant " + std::to_string(v) + " (", variant_filter)) continue;
     ZEST_RETURN_IF_ERROR(with_option(cuda::PrefillOption::kGroupedGemm, v, [&] {
       return cuda::moe_experts_prefill(xn, plan, rw, gate_up, down, h, slot_out2, T, K, E, H, I, st);

@@ -531,7 +531,7 @@ Status launch_grouped_wgmma(const bf16* a, const MoePlan& plan, const float* wei
 }
 
 
-// ---- warp-specialised persistent grouped GEMM (variants 11-13) ------------------------------------------------
+// ---- warp-specialised persistent grouped GEMM (variants 11-15) ------------------------------------------------
 //
 // CTA = one producer warpgroup + two consumer warpgroups (384 threads, one CTA per SM, persistent over a flat list
 // of work tiles). A work tile is 128 sorted slots of one expert (the consumers take 64 rows each, like variant 3)
@@ -547,7 +547,9 @@ Status launch_grouped_wgmma(const bf16* a, const MoePlan& plan, const float* wei
 // warp once its wgmma reading the stage has completed). setmaxnreg moves registers from the producer (56) to the
 // consumers (224). Consumers: wgmma.m64nBNk16 from shared memory with one wgmma group left in flight, stage kt - 1
 // released after the wait; the epilogue stores straight from registers while the producer already fills the ring
-// with the next tile's k-chunks.
+// with the next tile's k-chunks. Cooperative (11-13): both consumer warpgroups take every tile, 64 rows each.
+// Ping-pong (14, 15; BN = 128): warpgroup w takes the CTA's tiles i with i % 2 == w, all 128 rows (two m64 row
+// blocks); as the ring holds the tiles' k-chunks in order, one warpgroup's epilogue overlaps the other's GEMM.
 constexpr int kXBM = 128;          // sorted slots per work tile
 constexpr int kXBK = 64;           // k-chunk (one 128-byte row per operand row)
 constexpr int kXThreads = 384;     // producer warpgroup + 2 consumer warpgroups
@@ -649,13 +651,14 @@ __device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorM
 // flat list with the same weight-row tile; when both row tiles belong to one expert, each CTA loads half of the
 // weight tile and multicasts it into both (half the weight traffic from L2), else each loads its own. A stage is
 // refilled only once the consumers of both CTAs released it (empty barriers count the 8 consumer warps of each).
-template <bool kGateUp, int BN, int ST, int CL>
+template <bool kGateUp, int BN, int ST, int CL, bool kPP>
 __global__ void __launch_bounds__(kXThreads, 1)
     moe_grouped_ws_kernel(const __grid_constant__ CUtensorMap tm_w, const __grid_constant__ CUtensorMap tm_a,
                           const bf16* __restrict__ a_src, MoePlan plan, const float* __restrict__ weights,
                           bf16* __restrict__ h, float* __restrict__ slot_out, int K, int H, int I) {
   using namespace vmma;
   static_assert(CL == 1 || CL == 2, "clusters of one or two CTAs");
+  static_assert(!kPP || BN == 128, "ping-pong: a warpgroup holds 128 x 128 accumulators");
   constexpr size_t kStage = x_stage_bytes<BN>();
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024 - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
@@ -669,7 +672,7 @@ __global__ void __launch_bounds__(kXThreads, 1)
 #pragma unroll
     for (int s = 0; s < ST; ++s) {
       mbar_init(&full_bar[s], kGateUp ? 128 + 1 : 1);
-      mbar_init(&empty_bar[s], 8 * CL);
+      mbar_init(&empty_bar[s], (kPP ? 4 : 8) * CL);  // the consumer warps that read the stage, in every CTA
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -818,66 +821,80 @@ __global__ void __launch_bounds__(kXThreads, 1)
         mbar_arrive(&empty_bar[s]);
       }
     };
-    int stage = 0;
-    unsigned phase = 0;
-    for (int u = blockIdx.x / CL; u < units; u += gridDim.x / CL) {
+    // Cooperative: both warpgroups take every work tile, 64 rows each (row block wg). Ping-pong: warpgroup wg takes
+    // the CTA's work tiles i with i % 2 == wg, all 128 rows (row blocks 0 and 1); the ring holds the tiles' k-chunks
+    // in order, so one warpgroup's epilogue runs while the other's GEMM does.
+    constexpr int RB = kPP ? 2 : 1;
+    int i = 0;
+    for (int u = blockIdx.x / CL; u < units; u += gridDim.x / CL, ++i) {
+      if (kPP && (i & 1) != wg) continue;
       int j, m0, rows, nt;
       bool shared;
       decode(u, j, m0, rows, nt, shared);
-      const bool active = 64 * wg < rows;  // else this warpgroup's rows are all past the expert's last slot
-      float acc[BN / 2];
+      bool act[RB];  // row block rb has rows of the expert
 #pragma unroll
-      for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+      for (int rb = 0; rb < RB; ++rb) act[rb] = 64 * (kPP ? rb : wg) < rows;
+      float acc[RB][BN / 2];
+#pragma unroll
+      for (int rb = 0; rb < RB; ++rb)
+#pragma unroll
+        for (int c = 0; c < BN / 2; ++c) acc[rb][c] = 0.f;
       int prev = -1;
       for (int kc = 0; kc < nk; ++kc) {
-        mbar_wait(&full_bar[stage], phase);
-        if (active) {
+        const int pos = i * nk + kc;  // position in the ring's sequence of k-chunks
+        const int stage = pos % ST;
+        mbar_wait(&full_bar[stage], (pos / ST) & 1);
+        if (act[0]) {
           if constexpr (kGateUp) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async -> wgmma
-          const unsigned char* sA = smem + stage * kStage + wg * 64 * kXRowBytes;
+          const unsigned char* sA = smem + stage * kStage + (kPP ? 0 : wg) * 64 * kXRowBytes;
           const unsigned char* sB = smem + stage * kStage + kXBM * kXRowBytes;
           asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-          for (int kk = 0; kk < kXBK / 16; ++kk) wgmma_n<BN>(acc, wgmma_desc(sA + kk * 32), wgmma_desc(sB + kk * 32));
+          for (int kk = 0; kk < kXBK / 16; ++kk)
+#pragma unroll
+            for (int rb = 0; rb < RB; ++rb)
+              if (rb == 0 || act[rb])
+                wgmma_n<BN>(acc[rb], wgmma_desc(sA + rb * 64 * kXRowBytes + kk * 32), wgmma_desc(sB + kk * 32));
           asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
           asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
         }
         if (prev >= 0) release(prev);  // its wgmma group has completed
         prev = stage;
-        if (++stage == ST) {
-          stage = 0;
-          phase ^= 1;
-        }
       }
       asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
       if (prev >= 0) release(prev);
-      if (!active) continue;
 
-      // acc[4 * i + 2 * hr + c]: row 16 * wq + g + 8 * hr of this warpgroup, column 8 * i + 2 * t + c.
+      // acc[rb][4 * c8 + 2 * hr + c]: row 16 * wq + g + 8 * hr of row block rb, column 8 * c8 + 2 * t + c.
 #pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-        const int r = wg * 64 + 16 * wq + g + hr * 8;
-        if (r >= rows) continue;
-        if constexpr (kGateUp) {
-          bf16* hrow = h + static_cast<size_t>(m0 + r) * I + nt * (BN / 2) + 2 * t;
+      for (int rb = 0; rb < RB; ++rb) {
+        if (!act[rb]) continue;
 #pragma unroll
-          for (int i = 0; i < BN / 16; ++i) {
-            float hv[2];
+        for (int hr = 0; hr < 2; ++hr) {
+          const int r = (kPP ? rb : wg) * 64 + 16 * wq + g + hr * 8;
+          if (r >= rows) continue;
+          if constexpr (kGateUp) {
+            bf16* hrow = h + static_cast<size_t>(m0 + r) * I + nt * (BN / 2) + 2 * t;
 #pragma unroll
-            for (int c = 0; c < 2; ++c) {
-              const float gv = bf16_round(acc[4 * i + 2 * hr + c]);
-              const float uv = bf16_round(acc[4 * (i + BN / 16) + 2 * hr + c]);
-              hv[c] = bf16_round(gv / (1.f + __expf(-gv))) * uv;
+            for (int c8 = 0; c8 < BN / 16; ++c8) {
+              float hv[2];
+#pragma unroll
+              for (int c = 0; c < 2; ++c) {
+                const float gv = bf16_round(acc[rb][4 * c8 + 2 * hr + c]);
+                const float uv = bf16_round(acc[rb][4 * (c8 + BN / 16) + 2 * hr + c]);
+                hv[c] = bf16_round(gv / (1.f + __expf(-gv))) * uv;
+              }
+              *reinterpret_cast<__nv_bfloat162*>(hrow + 8 * c8) = __floats2bfloat162_rn(hv[0], hv[1]);
             }
-            *reinterpret_cast<__nv_bfloat162*>(hrow + 8 * i) = __floats2bfloat162_rn(hv[0], hv[1]);
-          }
-        } else {
-          const int slot = plan.sorted_slots[m0 + r];
-          const float wt = weights[slot];
-          float* orow = slot_out + static_cast<size_t>(slot) * H + nt * BN + 2 * t;
+          } else {
+            const int slot = plan.sorted_slots[m0 + r];
+            const float wt = weights[slot];
+            float* orow = slot_out + static_cast<size_t>(slot) * H + nt * BN + 2 * t;
 #pragma unroll
-          for (int i = 0; i < BN / 8; ++i)
-            *reinterpret_cast<float2*>(orow + 8 * i) = make_float2(bf16_round(bf16_round(acc[4 * i + 2 * hr]) * wt),
-                                                                   bf16_round(bf16_round(acc[4 * i + 2 * hr + 1]) * wt));
+            for (int c8 = 0; c8 < BN / 8; ++c8)
+              *reinterpret_cast<float2*>(orow + 8 * c8) =
+                  make_float2(bf16_round(bf16_round(acc[rb][4 * c8 + 2 * hr]) * wt),
+                              bf16_round(bf16_round(acc[rb][4 * c8 + 2 * hr + 1]) * wt));
+          }
         }
       }
     }
@@ -928,13 +945,13 @@ bool ws_ok(const void* a, const void* w, int E, int H, int I) {
          reinterpret_cast<uintptr_t>(w) % 16 == 0 && encode_tiled_fn() != nullptr;
 }
 
-template <bool kGateUp, int BN, int ST, int CL = 1>
+template <bool kGateUp, int BN, int ST, int CL = 1, bool kPP = false>
 Status launch_grouped_ws(const bf16* a, const MoePlan& plan, const float* weights, const bf16* w, bf16* h,
                          float* slot_out, int N, int K, int E, int H, int I, cudaStream_t stream) {
   if (!ws_ok<kGateUp, BN>(a, w, E, H, I))
     return launch_grouped_wgmma<kGateUp, 128, 128, 3, false>(a, plan, weights, w, h, slot_out, N, K, E, H, I, stream);
   constexpr size_t kSmem = x_smem<BN, ST>();
-  auto* kernel = moe_grouped_ws_kernel<kGateUp, BN, ST, CL>;
+  auto* kernel = moe_grouped_ws_kernel<kGateUp, BN, ST, CL, kPP>;
   static const cudaError_t attr =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
   ZEST_RETURN_IF_ERROR(cuda_status(attr, "moe grouped GEMM (warp-specialised) smem attribute"));
@@ -1090,6 +1107,8 @@ Status moe_prefill_gate_up(const bf16* x, const MoePlan& plan, const bf16* gate_
     case 11: return run(launch_grouped_ws<true, 256, 4>);
     case 12: return run(launch_grouped_ws<true, 128, 6>);
     case 13: return run(launch_grouped_ws<true, 256, 4, 2>);
+    case 14: return run(launch_grouped_ws<true, 128, 6, 1, true>);
+    case 15: return run(launch_grouped_ws<true, 128, 6, 2, true>);
     default: return run(launch_grouped_wgmma<true, 128, 128, 3, false>);  // 0 and 3: the fastest on H200
   }
 }
@@ -1114,6 +1133,8 @@ Status moe_prefill_down(const bf16* h, const MoePlan& plan, const float* weights
     case 11: return run(launch_grouped_ws<false, 256, 4>);
     case 12: return run(launch_grouped_ws<false, 128, 6>);
     case 13: return run(launch_grouped_ws<false, 256, 4, 2>);
+    case 14: return run(launch_grouped_ws<false, 128, 6, 1, true>);
+    case 15: return run(launch_grouped_ws<false, 128, 6, 2, true>);
     default: return run(launch_grouped_wgmma<false, 128, 128, 3, false>);  // 0 and 3: the fastest on H200
   }
 }
