@@ -1,7 +1,9 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "core/timer.h"
 
@@ -228,7 +230,15 @@ Status Engine::run(const StepPlan& plan) {
     if (plan.chunks[ci].sample) rows[ci] = seqs[ci]->sampler.plan(V);
     else rows[ci].mode = model::SampleMode::kNone;
   }
-  ZEST_ASSIGN_OR_RETURN(std::vector<model::SampleResult> picked, model_->decoder().forward_sample(b, cache_, hooks, rows));
+  // ZEST_DEVICE_SAMPLING=0: host logits and host summaries whatever the backend (for A/B measurements).
+  static const bool device_sampling = [] {
+    const char* e = std::getenv("ZEST_DEVICE_SAMPLING");
+    return !(e && std::string(e) == "0");
+  }();
+  const model::TextDecoder& dec = model_->decoder();
+  ZEST_ASSIGN_OR_RETURN(std::vector<model::SampleResult> picked,
+                        device_sampling ? dec.forward_sample(b, cache_, hooks, rows)
+                                        : dec.model::TextDecoder::forward_sample(b, cache_, hooks, rows));
   if (picked.size() != rows.size()) return internal_error("the decoder returned a wrong number of sampled rows");
   const std::vector<int32_t> eos = model_->eos_ids();
 

@@ -9,10 +9,15 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/dtype.h"
@@ -106,6 +111,7 @@ struct Carver {
 // serves the pinned host staging buffer and its device copy.
 struct StepInputs {
   int32_t *tokens, *pos, *slots, *tok_seq, *tok_ctx, *gen, *cu, *seq_ctx, *block_table, *rows, *mm_index;
+  SampleRowSpec* specs;  // [R] sampling plans of the logits rows (forward_sample)
   uint16_t* mm_rows;
 };
 size_t layout_inputs(char* base, int64_t T, int64_t S, int64_t max_blocks, int64_t R, int64_t M, int64_t nds,
@@ -122,6 +128,7 @@ size_t layout_inputs(char* base, int64_t T, int64_t S, int64_t max_blocks, int64
   in->block_table = c.take<int32_t>(S * max_blocks);
   in->rows = c.take<int32_t>(R);
   in->mm_index = c.take<int32_t>(std::max<int64_t>(M, 1));
+  in->specs = c.take<SampleRowSpec>(R);
   in->mm_rows = c.take<uint16_t>(std::max<int64_t>(M, 1) * H * (1 + nds));
   return c.used;
 }
@@ -207,6 +214,7 @@ class Uploader {
 class CudaTextDecoder final : public model::TextDecoder {
  public:
   ~CudaTextDecoder() override {
+    clear_graphs();
     if (stream_) cudaStreamDestroy(stream_);
   }
   Status init(const model::DecoderWeights& w);
@@ -216,6 +224,9 @@ class CudaTextDecoder final : public model::TextDecoder {
   Result<model::PagedKVCache> allocate_cache(int64_t num_blocks, int64_t block_size) const override;
   Result<Tensor> forward(const model::ForwardBatch& b, model::PagedKVCache& cache,
                          const model::MoeHooks* hooks) const override;
+  Result<std::vector<model::SampleResult>> forward_sample(const model::ForwardBatch& b, model::PagedKVCache& cache,
+                                                          const model::MoeHooks* hooks,
+                                                          const std::vector<model::SampleRow>& rows) const override;
   Result<std::vector<model::RerouteCounts>> reroute_counts() const override;
   Result<model::DeviceExpertWeights> device_expert_weights(int64_t layer) const override {
     if (layer < 0 || layer >= L_ || !layers_[layer].moe)
@@ -245,9 +256,29 @@ class CudaTextDecoder final : public model::TextDecoder {
     void* plan_buf = nullptr;
     MoePlan plan;
     const model::RerouteSpec* sim_spec = nullptr;  // the spec whose similarity matrices are on the device
+    // Sampling summaries: per-row outputs and top-C candidates on the device, their pinned host copies.
+    DeviceMemory samp;
+    PinnedMemory samp_host;
+    int64_t samp_rows = 0;
+    SampleRowOut* samp_out = nullptr;
+    int32_t* cand_ids = nullptr;
+    float* cand_logits = nullptr;
+    // Decode-step graphs: key (sequences, context bound in KV blocks, device SERE spec, summary tail) -> the
+    // instantiated graph, nullptr after the key's first (eager) step. Valid while the buffers and kernel
+    // options they were captured with stay the same (fingerprint).
+    std::map<std::tuple<int, int, const void*, bool>, cudaGraphExec_t> graphs;
+    std::vector<uintptr_t> graph_fingerprint;
+    bool graphs_broken = false;  // a capture failed: eager steps from then on
   };
 
   Status upload_layer(Uploader& up, const model::DecoderLayerWeights& src, Layer& L);
+  // One forward step: host logits into *logits_out (rows == nullptr) or the rows' sampling summaries.
+  Status run_step(const model::ForwardBatch& b, model::PagedKVCache& cache, const model::MoeHooks* hooks,
+                  const std::vector<model::SampleRow>* rows, Tensor* logits_out,
+                  std::vector<model::SampleResult>* sampled) const;
+  Status ensure_sample(int64_t rows) const;
+  void clear_graphs() const;
+  std::vector<uintptr_t> graph_fingerprint() const;
   Status ensure(const Caps& need) const;
   Status run_moe(int64_t l, const Layer& L, int T, const model::ForwardBatch& b, const model::MoeHooks* hooks,
                  bool all_active) const;
@@ -544,8 +575,99 @@ Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const model::
   return moe_experts_prefill(s.xn, s.plan, s.route_w, Ly.gate_up, Ly.down, s.h, s.slot_out, T, K_, E_, H_, I_, st);
 }
 
+// ---- decode graphs and device sampling -------------------------------------------------------------------
+
+// ZEST_CUDA_GRAPHS: unset or "1" = decode steps replay CUDA graphs (decode attention bounded by a context bucket);
+// "0" = every step launched eagerly with the exact context bound (the behaviour without graphs);
+// "eager" = eager launches with the graphs' context buckets (the same kernels and arguments as a replay).
+enum GraphMode { kGraphsOff = 0, kGraphsOn = 1, kGraphsEager = 2 };
+GraphMode graph_mode() {
+  const char* e = std::getenv("ZEST_CUDA_GRAPHS");
+  if (!e || !*e) return kGraphsOn;
+  const std::string v(e);
+  if (v == "0" || v == "off") return kGraphsOff;
+  if (v == "eager") return kGraphsEager;
+  return kGraphsOn;
+}
+// Graphs at most this many sequences (larger decode batches run eagerly).
+constexpr int kMaxGraphSeqs = 512;
+// The decode-attention bound of a step whose longest sequence needs `blocks` KV blocks: the next power of two up
+// to 16 blocks, then the next multiple of 16 blocks, at most the block-table width.
+int context_bucket_blocks(int64_t blocks, int64_t table_width) {
+  int64_t b = 1;
+  if (blocks <= 16) {
+    while (b < blocks) b *= 2;
+  } else {
+    b = (blocks + 15) / 16 * 16;
+  }
+  return static_cast<int>(std::min(b, table_width));
+}
+std::atomic<int64_t> g_graph_launches{0};
+// The part of a graph key that bounds decode attention (0 when the step takes no bound: head_dim != 128).
+int use_decode_bound_key(int ctx_bucket, int head_dim) { return head_dim == 128 ? ctx_bucket : 0; }
+
+Status CudaTextDecoder::ensure_sample(int64_t rows) const {
+  Step& s = *st_;
+  if (rows <= s.samp_rows && s.samp.get()) return Status::ok();
+  ZEST_CU(cudaStreamSynchronize(stream_), "sync before growing sampling buffers");
+  s.samp_rows = 0;
+  const size_t R = static_cast<size_t>(rows), C = kSampleMaxCandidates;
+  auto layout = [&](Carver& cv) {
+    s.samp_out = cv.take<SampleRowOut>(R);
+    s.cand_ids = cv.take<int32_t>(R * C);
+    s.cand_logits = cv.take<float>(R * C);
+  };
+  Carver sizing;
+  layout(sizing);
+  ZEST_RETURN_IF_ERROR(s.samp.allocate(sizing.used, "sampling buffers"));
+  ZEST_RETURN_IF_ERROR(s.samp_host.allocate(sizing.used));
+  Carver real{s.samp.get(), 0};
+  layout(real);
+  s.samp_rows = rows;
+  return Status::ok();
+}
+
+void CudaTextDecoder::clear_graphs() const {
+  Step& s = *st_;
+  for (auto& [key, g] : s.graphs)
+    if (g) cudaGraphExecDestroy(g);
+  s.graphs.clear();
+}
+
+// What a captured step depends on besides its key: every buffer address and the kernel variant switches.
+std::vector<uintptr_t> CudaTextDecoder::graph_fingerprint() const {
+  const Step& s = *st_;
+  std::vector<uintptr_t> f = {reinterpret_cast<uintptr_t>(s.act.get()),       reinterpret_cast<uintptr_t>(s.in_dev.get()),
+                              reinterpret_cast<uintptr_t>(s.in_host.get()),   reinterpret_cast<uintptr_t>(s.ws.get()),
+                              reinterpret_cast<uintptr_t>(s.sim.get()),       reinterpret_cast<uintptr_t>(s.samp.get()),
+                              reinterpret_cast<uintptr_t>(s.samp_host.get()), reinterpret_cast<uintptr_t>(s.logits_host.get()),
+                              static_cast<uintptr_t>(s.caps.max_blocks),      static_cast<uintptr_t>(programmatic_launch())};
+  for (int o = 0; o < static_cast<int>(DecodeOption::kCount); ++o)
+    f.push_back(static_cast<uintptr_t>(decode_option(static_cast<DecodeOption>(o))));
+  for (int o = 0; o < static_cast<int>(PrefillOption::kCount); ++o)
+    f.push_back(static_cast<uintptr_t>(prefill_option(static_cast<PrefillOption>(o))));
+  return f;
+}
+
 Result<Tensor> CudaTextDecoder::forward(const model::ForwardBatch& b, model::PagedKVCache& cache,
                                         const model::MoeHooks* hooks) const {
+  Tensor out;
+  ZEST_RETURN_IF_ERROR(run_step(b, cache, hooks, nullptr, &out, nullptr));
+  return out;
+}
+
+Result<std::vector<model::SampleResult>> CudaTextDecoder::forward_sample(const model::ForwardBatch& b,
+                                                                         model::PagedKVCache& cache,
+                                                                         const model::MoeHooks* hooks,
+                                                                         const std::vector<model::SampleRow>& rows) const {
+  std::vector<model::SampleResult> out;
+  ZEST_RETURN_IF_ERROR(run_step(b, cache, hooks, &rows, nullptr, &out));
+  return out;
+}
+
+Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCache& cache, const model::MoeHooks* hooks,
+                                 const std::vector<model::SampleRow>* sample_rows_in, Tensor* logits_out,
+                                 std::vector<model::SampleResult>* sampled) const {
   const int64_t T64 = b.num_tokens();
   auto* kv = dynamic_cast<CudaKvStorage*>(cache.storage());
   if (!kv || kv->owner != this)
@@ -614,6 +736,32 @@ Result<Tensor> CudaTextDecoder::forward(const model::ForwardBatch& b, model::Pag
   Step& s = *st_;
   const Caps& cap = s.caps;
   const int MB = static_cast<int>(cap.max_blocks), R = static_cast<int>(need.R);
+  if (sample_rows_in) {
+    if (static_cast<int64_t>(sample_rows_in->size()) != need.R)
+      return invalid_argument("forward_sample: " + std::to_string(sample_rows_in->size()) + " row plans for " +
+                              std::to_string(need.R) + " logits rows");
+    for (const model::SampleRow& row : *sample_rows_in) {
+      const bool sampled_mode = row.mode == model::SampleMode::kTemperature || row.mode == model::SampleMode::kCandidates;
+      if (static_cast<int>(row.mode) < 0 || static_cast<int>(row.mode) > static_cast<int>(model::SampleMode::kFull))
+        return invalid_argument("forward_sample: unknown sampling mode");
+      if (sampled_mode && !(row.temperature > 0))
+        return invalid_argument("forward_sample: temperature must be positive for sampled rows");
+      if (row.mode == model::SampleMode::kCandidates &&
+          (row.candidates < 1 || row.candidates > std::min<int64_t>(V_, kSampleMaxCandidates)))
+        return invalid_argument("forward_sample: candidates must be in [1, min(vocab, 1024)]");
+    }
+    ZEST_RETURN_IF_ERROR(ensure_sample(cap.R));
+  }
+  // A decode step without host hooks or visual rows can replay a CUDA graph: everything its kernels read is at
+  // fixed device addresses, and decode attention's bound is the context bucket rather than the exact length.
+  const GraphMode gmode = graph_mode();
+  const model::RerouteSpec* gspec = hooks ? hooks->reroute : nullptr;
+  const bool sere_dev = gspec && static_cast<int>(gspec->similarity.size()) == L_ &&
+                        static_cast<int>(gspec->thresholds.size()) == L_ && all_active;
+  const bool host_hooks = hooks && (hooks->moe_input || (hooks->route && !sere_dev));
+  const bool graphable = gmode == kGraphsOn && !st_->graphs_broken && decode_only && M == 0 && S <= kMaxGraphSeqs &&
+                         !host_hooks && (!sere_dev || st_->sim_spec == gspec);
+  const int ctx_bucket = gmode == kGraphsOff ? 0 : context_bucket_blocks(need.max_blocks, MB);
 
   // Host side of the step inputs, one H2D copy.
   StepInputs hi, di;
@@ -648,10 +796,24 @@ Result<Tensor> CudaTextDecoder::forward(const model::ForwardBatch& b, model::Pag
     const float* src = k == 0 ? b.mm_embeds.data<float>() : b.deepstack[k - 1].data<float>();
     for (int64_t i = 0; i < M * H_; ++i) h_mm_emb[k * M * H_ + i] = f32_to_bf16(src[i]);
   }
+  for (int i = 0; i < R; ++i) {
+    SampleRowSpec spec;
+    if (sample_rows_in) {
+      const model::SampleRow& row = (*sample_rows_in)[i];
+      spec.mode = static_cast<int32_t>(row.mode);
+      spec.candidates = row.candidates;
+      spec.inv_t = row.temperature > 0 ? static_cast<float>(1.0 / row.temperature) : 1.f;
+      spec.u = row.u;
+    }
+    hi.specs[i] = spec;
+  }
   cudaStream_t st = stream_;
   // Device visual rows: the staged rows section (the layout's last) is not copied.
   const size_t copy_bytes =
       mm_dev ? static_cast<size_t>(reinterpret_cast<char*>(hi.mm_rows) - s.in_host.get()) : in_bytes;
+  // The device work of the step, from the input copy to the output copies: launched eagerly, or captured once per
+  // graph key and replayed.
+  auto enqueue = [&]() -> Status {
   ZEST_CU(cudaMemcpyAsync(s.in_dev.get(), s.in_host.get(), copy_bytes, cudaMemcpyHostToDevice, st), "step input copy");
   const int32_t *d_tokens = di.tokens, *d_pos = di.pos, *d_slots = di.slots, *d_tok_seq = di.tok_seq,
                 *d_tok_ctx = di.tok_ctx, *d_gen = di.gen, *d_cu = di.cu, *d_seq_ctx = di.seq_ctx,
@@ -691,7 +853,7 @@ Result<Tensor> CudaTextDecoder::forward(const model::ForwardBatch& b, model::Pag
     dp.q_heads = Hq_;
     dp.kv_heads = Hkv_;
     dp.head_dim = D_;
-    dp.max_context = static_cast<int>(max_ctx);
+    dp.max_context = ctx_bucket > 0 ? ctx_bucket * kKvBlock : static_cast<int>(max_ctx);
     dp.max_blocks = MB;
     dp.scale = scale;
     const size_t ws = decode_attention_workspace_bytes(dp);
@@ -741,17 +903,144 @@ Result<Tensor> CudaTextDecoder::forward(const model::ForwardBatch& b, model::Pag
   }
   ZEST_RETURN_IF_ERROR(gather_rows(s.xn, d_rows, s.xr, R, H_, st));
   ZEST_RETURN_IF_ERROR(gemm(s.xr, lm_head_, s.logits, R, V_, H_, st));
-  const size_t nl = static_cast<size_t>(R) * V_;
-  ZEST_CU(cudaMemcpyAsync(s.logits_host.get(), s.logits, nl * 2, cudaMemcpyDeviceToHost, st), "logits copy");
+  if (sample_rows_in) {
+    // Per-row summaries on the device; only they come back in the step (candidates and whole rows after it).
+    ZEST_RETURN_IF_ERROR(sample_rows(s.logits, R, V_, di.specs, s.samp_out, s.cand_ids, s.cand_logits, st));
+    ZEST_CU(cudaMemcpyAsync(s.samp_host.get(), s.samp_out, static_cast<size_t>(R) * sizeof(SampleRowOut),
+                            cudaMemcpyDeviceToHost, st),
+            "sampling summary copy");
+  } else {
+    ZEST_CU(cudaMemcpyAsync(s.logits_host.get(), s.logits, static_cast<size_t>(R) * V_ * 2, cudaMemcpyDeviceToHost, st),
+            "logits copy");
+  }
+  return Status::ok();
+  };  // enqueue
+
+  if (!graphable) {
+    ZEST_RETURN_IF_ERROR(enqueue());
+  } else {
+    std::vector<uintptr_t> fp = graph_fingerprint();
+    if (fp != s.graph_fingerprint) {
+      ZEST_CU(cudaStreamSynchronize(st), "sync before dropping graphs");
+      clear_graphs();
+      s.graph_fingerprint = std::move(fp);
+    }
+    const auto key = std::make_tuple(S, use_decode_bound_key(ctx_bucket, D_), sere_dev ? static_cast<const void*>(gspec)
+                                                                                       : nullptr,
+                                     sample_rows_in != nullptr);
+    auto it = s.graphs.find(key);
+    if (it == s.graphs.end()) {
+      // First step of this key: eager (cuBLASLt plans, kernel attributes and workspaces are set up outside a capture).
+      s.graphs.emplace(key, nullptr);
+      ZEST_RETURN_IF_ERROR(enqueue());
+    } else {
+      if (!it->second) {
+        cudaGraph_t graph = nullptr;
+        ZEST_CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), "begin graph capture");
+        const Status cs = enqueue();
+        const cudaError_t end = cudaStreamEndCapture(st, &graph);
+        cudaGraphExec_t exec = nullptr;
+        cudaError_t inst = cudaErrorUnknown;
+        if (cs.is_ok() && end == cudaSuccess) inst = cudaGraphInstantiate(&exec, graph, 0);
+        if (graph) cudaGraphDestroy(graph);
+        if (!cs.is_ok() || end != cudaSuccess || inst != cudaSuccess) {
+          // Not capturable: eager steps from now on (reported once).
+          cudaGetLastError();
+          std::fprintf(stderr, "zest: CUDA graph capture of a decode step failed (%s); decode steps run eagerly\n",
+                       !cs.is_ok() ? cs.to_string().c_str()
+                                   : cudaGetErrorString(end != cudaSuccess ? end : inst));
+          s.graphs_broken = true;
+          ZEST_RETURN_IF_ERROR(enqueue());
+        } else {
+          it->second = exec;
+        }
+      }
+      if (it->second) {
+        ZEST_CU(cudaGraphLaunch(it->second, st), "graph launch");
+        g_graph_launches.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
+  }
   ZEST_CU(cudaStreamSynchronize(st), "forward step");
-  Tensor out = Tensor::empty({R, V_});
-  const uint16_t* bits = reinterpret_cast<const uint16_t*>(s.logits_host.get());
-  float* dst = out.data<float>();
-  for (size_t i = 0; i < nl; ++i) dst[i] = bf16_to_f32(bits[i]);
-  return out;
+
+  if (!sample_rows_in) {
+    const size_t nl = static_cast<size_t>(R) * V_;
+    Tensor out = Tensor::empty({R, V_});
+    const uint16_t* bits = reinterpret_cast<const uint16_t*>(s.logits_host.get());
+    float* dst = out.data<float>();
+    for (size_t i = 0; i < nl; ++i) dst[i] = bf16_to_f32(bits[i]);
+    *logits_out = std::move(out);
+    return Status::ok();
+  }
+  // Candidates of the rows that have them (one range of rows), then whole rows where the candidates cannot decide.
+  const std::vector<model::SampleRow>& plans = *sample_rows_in;
+  std::vector<model::SampleResult>& res = *sampled;
+  res.assign(R, model::SampleResult{});
+  std::vector<SampleRowOut> outs(R);
+  std::memcpy(outs.data(), s.samp_host.get(), static_cast<size_t>(R) * sizeof(SampleRowOut));
+  int c0 = -1, c1 = -1;
+  for (int i = 0; i < R; ++i)
+    if (plans[i].mode == model::SampleMode::kCandidates) {
+      if (c0 < 0) c0 = i;
+      c1 = i;
+    }
+  const size_t C = kSampleMaxCandidates;
+  const int32_t* h_ids = reinterpret_cast<const int32_t*>(s.samp_host.get() + (reinterpret_cast<char*>(s.cand_ids) - s.samp.get()));
+  const float* h_cl = reinterpret_cast<const float*>(s.samp_host.get() + (reinterpret_cast<char*>(s.cand_logits) - s.samp.get()));
+  if (c0 >= 0) {
+    const size_t off = static_cast<size_t>(c0) * C, n = static_cast<size_t>(c1 - c0 + 1) * C;
+    ZEST_CU(cudaMemcpyAsync(const_cast<int32_t*>(h_ids) + off, s.cand_ids + off, n * 4, cudaMemcpyDeviceToHost, st),
+            "candidates copy");
+    ZEST_CU(cudaMemcpyAsync(const_cast<float*>(h_cl) + off, s.cand_logits + off, n * 4, cudaMemcpyDeviceToHost, st),
+            "candidates copy");
+    ZEST_CU(cudaStreamSynchronize(st), "candidates copy");
+  }
+  std::vector<int> full;
+  for (int i = 0; i < R; ++i) {
+    const model::SampleRow& row = plans[i];
+    model::SampleResult& r = res[i];
+    const SampleRowOut& o = outs[i];
+    switch (row.mode) {
+      case model::SampleMode::kGreedy:
+      case model::SampleMode::kTemperature:
+        r.token = o.token;
+        r.max = o.max;
+        r.z = o.z;
+        break;
+      case model::SampleMode::kCandidates: {
+        if (o.count != row.candidates) return internal_error("sampling: the device returned a wrong candidate count");
+        r.max = o.max;
+        r.z = o.z;
+        r.ids.assign(h_ids + i * C, h_ids + i * C + o.count);
+        r.logits.assign(h_cl + i * C, h_cl + i * C + o.count);
+        if (!model::candidates_decide(row, r, V_)) full.push_back(i);
+        break;
+      }
+      case model::SampleMode::kFull: full.push_back(i); break;
+      default: break;
+    }
+  }
+  if (!full.empty()) {
+    for (int i : full)
+      ZEST_CU(cudaMemcpyAsync(s.logits_host.get() + static_cast<size_t>(i) * V_ * 2, s.logits + static_cast<size_t>(i) * V_,
+                              static_cast<size_t>(V_) * 2, cudaMemcpyDeviceToHost, st),
+              "logits row copy");
+    ZEST_CU(cudaStreamSynchronize(st), "logits row copy");
+    for (int i : full) {
+      const uint16_t* bits = reinterpret_cast<const uint16_t*>(s.logits_host.get()) + static_cast<size_t>(i) * V_;
+      model::SampleResult& r = res[i];
+      r.ids.clear();
+      r.full = true;
+      r.logits.resize(V_);
+      for (int v = 0; v < V_; ++v) r.logits[v] = bf16_to_f32(bits[v]);
+    }
+  }
+  return Status::ok();
 }
 
 }  // namespace
+
+int64_t decode_graph_launches() { return g_graph_launches.load(std::memory_order_relaxed); }
 
 }  // namespace zest::cuda
 

@@ -289,6 +289,34 @@ Status moe_experts_prefill_wmma(const bf16* x, const MoePlan& plan, const float*
 Status sere_stats(const int32_t* ids_before, const int32_t* ids_after, int N, int K, int S, int E, int64_t* counts,
                   cudaStream_t stream);
 
+// ---- sampling summaries (the device side of model/sampling.h) --------------------------------------------
+
+constexpr int kSampleMaxCandidates = 1024;
+enum : int32_t { kSampleNone = 0, kSampleGreedy = 1, kSampleTemperature = 2, kSampleCandidates = 3, kSampleFull = 4 };
+// The plan of one logits row (the values of model::SampleMode; kSampleNone / kSampleFull rows get nothing).
+struct SampleRowSpec {
+  int32_t mode = kSampleNone;
+  int32_t candidates = 0;  // kSampleCandidates: C, 1 <= C <= min(vocab, kSampleMaxCandidates)
+  float inv_t = 1.f;       // 1 / temperature
+  float pad = 0.f;
+  double u = 0.0;          // kSampleTemperature: uniform in [0, 1)
+};
+struct SampleRowOut {
+  int32_t token = -1;      // greedy: the argmax (ties to the lowest id); temperature: the id-order pick at u * z
+  int32_t count = 0;       // candidates: C
+  double z = 0.0;          // temperature, candidates: sum over the row of exp((l - max) * inv_t) (fp32 terms, fp64 sum)
+  float max = 0.f;         // the largest logit
+  float pad = 0.f;
+};
+// One CTA per row of logits [rows, vocab] bf16: out[r] per spec[r]; candidates rows also write their top C, logit
+// descending with ties to the lower id, to cand_ids / cand_logits [rows, kSampleMaxCandidates] (first C of the row).
+Status sample_rows(const bf16* logits, int rows, int vocab, const SampleRowSpec* spec, SampleRowOut* out,
+                   int32_t* cand_ids, float* cand_logits, cudaStream_t stream);
+
+// CUDA graph launches of decode steps by the CUDA text decoder in this process (ZEST_CUDA_GRAPHS, see
+// cuda_decoder.cu), for tests that check a replay happened.
+int64_t decode_graph_launches();
+
 // ---- utilities --------------------------------------------------------------------------------------
 
 // dst[r, :] = src[idx[r], :] for r < n (rows of `hidden` bf16).

@@ -1,0 +1,160 @@
+// sample_rows (kernels/cuda/sample.cu) against the host reference of model/sampling.h on fresh random bf16
+// logits: odd and round vocabulary sizes (the scalar and the 16-byte load paths), 1 and 64 rows, every mode,
+// rows with many ties (values on a coarse grid), and -0 next to +0.
+// Tolerances: argmax, the top-C ids and their logits are exact (the same bf16 values); max is exact;
+// Z: |z - z_ref| <= 1e-5 * z_ref (fp32 exponentials against double); the temperature pick is the host's
+// id-order walk at a target within 1e-5 relative of u * Z (the two sums round differently, so a target this
+// close to a boundary may fall on either side).
+#if defined(ZEST_HAVE_CUDA)
+#include <algorithm>
+#include <cmath>
+
+#include "cuda_test_util.h"
+#include "model/sampling.h"
+
+namespace zest::cuda::test {
+namespace {
+
+using model::SampleMode;
+using model::SampleRow;
+
+struct Case {
+  int rows, vocab;
+  bool ties;
+};
+
+// Random logits as bf16: normal(0, 2.5), or on a grid of 0.25 (many exact ties), with -0 and +0 sprinkled in.
+HostBF16 make_logits(int rows, int vocab, bool ties, std::mt19937& rng) {
+  std::normal_distribution<float> d(0.f, 2.5f);
+  HostBF16 h;
+  h.bits.resize(static_cast<size_t>(rows) * vocab);
+  h.f.resize(h.bits.size());
+  for (size_t i = 0; i < h.bits.size(); ++i) {
+    float v = d(rng);
+    if (ties) v = std::round(v * 4.f) / 4.f;
+    h.bits[i] = f32_to_bf16(v);
+    if (ties && i % 97 == 5) h.bits[i] = (i % 2) ? 0x8000 : 0x0000;
+    h.f[i] = bf16_to_f32(h.bits[i]);
+  }
+  return h;
+}
+
+// A plan for row r: the modes in turn, with varied temperatures, top-k and top-p.
+SampleRow plan_for(int r, int vocab, std::mt19937& rng) {
+  const double temps[] = {0.6, 1.0, 1.7};
+  const int64_t ks[] = {0, 1, 2, 7, 50, 1000, 1024};
+  const double t = temps[r % 3];
+  SampleRow row;
+  switch (r % 4) {
+    case 0: row = model::plan_sample_row(0.0, 0, 1.0, vocab); break;
+    case 1: row = model::plan_sample_row(t, 0, 1.0, vocab); break;
+    case 2: row = model::plan_sample_row(t, ks[(r / 4) % 7], 1.0, vocab); break;
+    default: row = model::plan_sample_row(t, (r / 4) % 2 ? 40 : 0, 0.9, vocab); break;
+  }
+  row.u = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+  return row;
+}
+
+void run_case(const Case& c, uint32_t seed) {
+  SCOPED_TRACE("rows " + std::to_string(c.rows) + " vocab " + std::to_string(c.vocab) + (c.ties ? " ties" : ""));
+  std::mt19937 rng(seed);
+  const HostBF16 h = make_logits(c.rows, c.vocab, c.ties, rng);
+  std::vector<SampleRow> plans(c.rows);
+  std::vector<SampleRowSpec> specs(c.rows);
+  for (int r = 0; r < c.rows; ++r) {
+    plans[r] = plan_for(r, c.vocab, rng);
+    specs[r].mode = static_cast<int32_t>(plans[r].mode);
+    specs[r].candidates = plans[r].candidates;
+    specs[r].inv_t = static_cast<float>(1.0 / plans[r].temperature);
+    specs[r].u = plans[r].u;
+  }
+  auto d_logits = upload_bf16(h);
+  DevBuf<SampleRowSpec> d_spec(specs);
+  DevBuf<SampleRowOut> d_out(c.rows);
+  DevBuf<int32_t> d_ids(static_cast<size_t>(c.rows) * kSampleMaxCandidates);
+  DevBuf<float> d_cl(static_cast<size_t>(c.rows) * kSampleMaxCandidates);
+  d_out.poison();
+  d_ids.poison();
+  d_cl.poison();
+  ZEST_ASSERT_OK(sample_rows(d_logits->get(), c.rows, c.vocab, d_spec.get(), d_out.get(), d_ids.get(), d_cl.get(),
+                             nullptr));
+  sync_ok();
+  const auto out = d_out.download();
+  const auto ids = d_ids.download();
+  const auto cl = d_cl.download();
+  int checked[5] = {0, 0, 0, 0, 0};
+  for (int r = 0; r < c.rows; ++r) {
+    const float* row = h.f.data() + static_cast<size_t>(r) * c.vocab;
+    const SampleRow& p = plans[r];
+    SCOPED_TRACE("row " + std::to_string(r) + " mode " + std::to_string(static_cast<int>(p.mode)));
+    ++checked[static_cast<int>(p.mode)];
+    // The reference summary, candidates never replaced by the whole row.
+    SampleRow ref_plan = p;
+    ref_plan.top_p = 1.0;
+    const model::SampleResult ref = model::summarize_row(row, c.vocab, ref_plan);
+    const SampleRowOut& o = out[r];
+    if (p.mode == SampleMode::kGreedy) {
+      EXPECT_EQ(o.token, ref.token);
+      continue;
+    }
+    EXPECT_EQ(o.max, ref.max);
+    EXPECT_NEAR(o.z, ref.z, 1e-5 * ref.z);
+    if (p.mode == SampleMode::kTemperature) {
+      const double inv_t = 1.0 / p.temperature;
+      const double target = p.u * ref.z;
+      const int lo = model::temperature_walk(row, c.vocab, ref.max, inv_t, target * (1 - 1e-5));
+      const int hi = model::temperature_walk(row, c.vocab, ref.max, inv_t, target * (1 + 1e-5));
+      ASSERT_GE(o.token, 0);
+      ASSERT_LT(o.token, c.vocab);
+      EXPECT_GE(o.token, lo);
+      EXPECT_LE(o.token, hi);
+      continue;
+    }
+    ASSERT_EQ(p.mode, SampleMode::kCandidates);
+    ASSERT_EQ(o.count, p.candidates);
+    ASSERT_EQ(ref.ids.size(), static_cast<size_t>(p.candidates));
+    for (int i = 0; i < p.candidates; ++i) {
+      const size_t at = static_cast<size_t>(r) * kSampleMaxCandidates + i;
+      ASSERT_EQ(ids[at], ref.ids[i]) << "candidate " << i;
+      ASSERT_EQ(cl[at], ref.logits[i]) << "candidate " << i;
+    }
+  }
+  if (c.rows >= 16)
+    for (int m = 1; m <= 3; ++m) EXPECT_GT(checked[m], 0) << "mode " << m;
+}
+
+TEST(SampleRows, MatchesHostReference) {
+  ZEST_REQUIRE_GPU();
+  const Case cases[] = {{1, 1, false},     {4, 7, false},      {64, 1000, false},  {64, 1000, true},
+                        {8, 1023, true},   {64, 4097, false},  {16, 8192, true},   {1, 151936, false},
+                        {64, 151936, false}, {64, 151936, true}, {3, 151935, true},  {64, 32000, true}};
+  uint32_t seed = 11;
+  for (const Case& c : cases)
+    for (int rep = 0; rep < 2; ++rep) run_case(c, seed++);
+}
+
+TEST(SampleRows, NoneAndFullRowsAreLeftAlone) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(3);
+  const HostBF16 h = make_logits(2, 300, false, rng);
+  auto d_logits = upload_bf16(h);
+  std::vector<SampleRowSpec> specs(2);
+  specs[0].mode = kSampleNone;
+  specs[1].mode = kSampleFull;
+  DevBuf<SampleRowSpec> d_spec(specs);
+  DevBuf<SampleRowOut> d_out(2);
+  DevBuf<int32_t> d_ids(2 * kSampleMaxCandidates);
+  DevBuf<float> d_cl(2 * kSampleMaxCandidates);
+  d_out.poison();
+  ZEST_ASSERT_OK(sample_rows(d_logits->get(), 2, 300, d_spec.get(), d_out.get(), d_ids.get(), d_cl.get(), nullptr));
+  sync_ok();
+  for (const SampleRowOut& o : d_out.download()) {
+    EXPECT_EQ(o.token, -1);
+    EXPECT_EQ(o.count, 0);
+  }
+  EXPECT_FALSE(sample_rows(d_logits->get(), 0, 300, d_spec.get(), d_out.get(), d_ids.get(), d_cl.get(), nullptr).is_ok());
+}
+
+}  // namespace
+}  // namespace zest::cuda::test
+#endif  // ZEST_HAVE_CUDA
