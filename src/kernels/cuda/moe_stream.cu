@@ -1,10 +1,10 @@
 // Decode experts as one persistent weight-streaming kernel (see moe_stream.h).
 //
-// Work items, in this order: gate/up items (active expert j, intermediate rows [8t, 8t + 8)), expert-major, then down
-// items (active expert j, output rows [16t, 16t + 16)). CTA b takes items b, b + grid, ... A stage of the ring holds
-// 16 weight rows x KC columns (gate/up: 8 gate rows then the 8 matching up rows, so one m16 tile gives a thread the
-// gate and up values of the same intermediate index) and up to TG (8 or 16) token rows x KC (x rows for gate/up, h
-// rows by sorted position for down), each row one bulk copy; an expert with more tokens takes several passes. The
+// Work items, in this order: gate/up items (active expert j, 8 MT intermediate rows), expert-major, then down items
+// (active expert j, 16 MT output rows). CTA b takes items b, b + grid, ... A stage of the ring holds MT m16 tiles of
+// weight rows x KC columns (gate/up: each tile 8 gate rows then the 8 matching up rows, so a thread holds the gate
+// and up values of the same intermediate index) and up to TG (8 or 16) token rows x KC (x rows for gate/up, h rows
+// by sorted position for down), each row one bulk copy; an expert with more tokens takes several passes. The
 // producer warp (the last warp) and the consumer warps walk the same (item, token pass, k chunk) sequence. Consumer
 // warp w takes the 32-wide k steps w, w + 4, ... of every chunk (the same split for every KC, so the variants agree
 // bit for bit) and the four partial sums are reduced in fixed order through shared memory (double-buffered: one
@@ -12,7 +12,7 @@
 //
 // Down items of expert j need all of j's h rows: after a gate/up item's last pass, warp 0 publishes its h stores and
 // adds 1 to ready[j] (release); the producer issues a down stage's weight copies, then waits (acquire) until
-// ready[j] counts all I/8 gate/up items of j before it copies h rows. Every CTA finishes its gate/up items before its
+// ready[j] counts all of j's gate/up items before it copies h rows. Every CTA finishes its gate/up items before its
 // first down item and all CTAs are resident (grid <= occupancy x SMs), so the lowest unfinished item can always run.
 // The counters are this file's device memory (zero when the module loads); the last CTA to finish clears them, so
 // launches must not overlap in time (one decode stream per device).
@@ -25,25 +25,29 @@ namespace {
 
 constexpr int kConsumers = 4;                     // consumer warps; warp kConsumers is the producer
 constexpr int kThreads = (kConsumers + 1) * 32;
-constexpr int kRowsA = 16;                        // weight rows per stage (one mma m16 tile)
+constexpr int kTileRows = 16;                     // weight rows of one mma m16 tile
 constexpr int kMaxTokG = 16;                      // tokens per pass: at most two n8 tiles
-constexpr int kGuRows = 8;                        // intermediate rows per gate/up item
 constexpr int kPadBytes = 64;                     // after each shared row: rows g and g+1 fall in different banks
 constexpr int kWidthStep = 64;                    // H and I multiples of this: chunks are whole 32-wide k steps
 constexpr int kBarBytes = 1024;                   // mbarriers (full[NS], empty[NS])
-constexpr int kRedFloats = 2 * kConsumers * 8 * 32;  // partial sums, two buffers
-constexpr int kHeadBytes = kBarBytes + kRedFloats * 4;
+// Shared memory before the ring: mbarriers, then partial sums (two buffers of [warp][MT * 8 values][lane]).
+constexpr int head_bytes(int MT) { return kBarBytes + 2 * kConsumers * MT * 8 * 32 * 4; }
 constexpr int kMaxExperts = 1024;
 
 // Ready counters per active expert, then [kMaxExperts] = CTAs finished.
 __device__ uint32_t g_ready[kMaxExperts + 1];
 
-// A ring stage: 16 weight rows, then TG token rows, each KC columns.
-template <int KC, int TG>
+// A ring stage: MT m16 tiles of weight rows (RA = 16 MT rows), then TG token rows, each KC columns. A gate/up item
+// covers GU = 8 MT intermediate rows: tile m holds gate rows 8m .. 8m+7 of the item, then the matching up rows.
+template <int KC, int TG, int MT>
 struct Ring {
   static_assert(TG == 8 || TG == kMaxTokG, "one or two n8 tiles");
+  static_assert(MT == 1 || MT == 2, "one or two m16 tiles");
+  static constexpr int RA = kTileRows * MT;
+  static constexpr int GU = 8 * MT;
   static constexpr int kRowBytes = KC * 2 + kPadBytes;
-  static constexpr int kSlotBytes = (kRowsA + TG) * kRowBytes;
+  static constexpr int kSlotBytes = (RA + TG) * kRowBytes;
+  static constexpr int kHead = head_bytes(MT);
 };
 
 struct StreamArgs {
@@ -177,12 +181,13 @@ __device__ __forceinline__ Item decode_item(const StreamArgs& a, int item, int n
   return it;
 }
 
-template <int KC, int NS, int TG, int kMinBlocks>
+template <int KC, int NS, int TG, int MT, int kMinBlocks>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) moe_stream_kernel(StreamArgs a) {
-  using R = Ring<KC, TG>;
+  using R = Ring<KC, TG, MT>;
+  constexpr int RA = R::RA, GU = R::GU;
   extern __shared__ __align__(128) unsigned char smem[];
   float* red = reinterpret_cast<float*>(smem + kBarBytes);
-  unsigned char* slots = smem + kHeadBytes;
+  unsigned char* slots = smem + R::kHead;
   const uint32_t bar0 = smem_addr(smem);  // full[s] at bar0 + 8s, empty[s] at bar0 + 8(NS + s)
   const uint32_t slot0 = smem_addr(slots);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -197,28 +202,30 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) moe_stream_kernel(Stream
   __syncthreads();
   pdl_wait();
   const int na = __ldg(a.plan.num_active);
-  const int gu_tiles = a.I / kGuRows, dn_tiles = a.H / kRowsA;
+  const int gu_tiles = a.I / GU, dn_tiles = a.H / RA;
   const int n_gu = na * gu_tiles, total = n_gu + na * dn_tiles;
   uint32_t stage = 0;  // stages walked so far (the same count in every role)
 
   if (warp == kConsumers) {
-    // ---- producer warp: lanes 0-15 copy weight rows, lanes 16-31 token rows ----
+    // ---- producer warp: lane l copies stage row l if l < RA (a weight row) and token row t = the lane's next stage
+    // row (l or l + 32) minus RA when t < TG ----
     const uint64_t policy = evict_first_policy();
+    const int t = lane >= RA ? lane - RA : lane + 32 - RA;
+    const uint32_t b_row = static_cast<uint32_t>(RA + t);
     for (int item = blockIdx.x; item < total; item += gridDim.x) {
       const Item it = decode_item(a, item, n_gu, gu_tiles, dn_tiles);
       const int width = it.gu ? a.H : a.I;
       const bf16* wrow = nullptr;
-      if (lane < kRowsA) {
-        const size_t row = it.gu ? static_cast<size_t>(it.e) * 2 * a.I + (lane < kGuRows ? 0 : a.I) +
-                                       it.tile * kGuRows + (lane & (kGuRows - 1))
-                                 : static_cast<size_t>(it.e) * a.H + it.tile * kRowsA + lane;
+      if (lane < RA) {
+        const int m = lane / kTileRows, r = lane % kTileRows;
+        const size_t row = it.gu ? static_cast<size_t>(it.e) * 2 * a.I + (r < 8 ? 0 : a.I) + it.tile * GU + m * 8 + (r & 7)
+                                 : static_cast<size_t>(it.e) * a.H + it.tile * RA + lane;
         wrow = (it.gu ? a.gate_up : a.down) + row * width;
       }
       bool h_ready = it.gu;
       for (int c0 = it.beg; c0 < it.end; c0 += TG) {
         const int nt = min(TG, it.end - c0);
-        const int t = lane - kRowsA;
-        const bool has_row = t >= 0 && t < nt;
+        const bool has_row = t < nt;
         const bf16* brow = nullptr;  // set after the first chunk's weight copies are under way
         for (int k0 = 0; k0 < width; k0 += KC, ++stage) {
           const int s = stage % NS;
@@ -227,11 +234,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) moe_stream_kernel(Stream
           const uint32_t full = bar0 + 8 * s, empty = bar0 + 8 * (NS + s);
           if (lane == 0) {
             mbar_wait(empty, par ^ 1u);
-            mbar_expect_tx(full, bytes * static_cast<uint32_t>(kRowsA + nt));
+            mbar_expect_tx(full, bytes * static_cast<uint32_t>(RA + nt));
           }
           __syncwarp();
-          const uint32_t dst = slot0 + s * R::kSlotBytes + lane * R::kRowBytes;
-          if (wrow) bulk_copy_hint(dst, wrow + k0, bytes, full, policy);
+          const uint32_t slot = slot0 + s * R::kSlotBytes;
+          if (wrow) bulk_copy_hint(slot + lane * R::kRowBytes, wrow + k0, bytes, full, policy);
           if (!h_ready) {
             if (lane == 0) {
               const uint32_t target = static_cast<uint32_t>(gu_tiles);
@@ -248,7 +255,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) moe_stream_kernel(Stream
           if (has_row && !brow)
             brow = it.gu ? a.x + static_cast<size_t>(__ldg(a.plan.sorted_slots + c0 + t) / a.K) * a.H
                          : a.h + static_cast<size_t>(c0 + t) * a.I;
-          if (has_row) bulk_copy(dst, brow + k0, bytes, full);
+          if (has_row) bulk_copy(slot + b_row * R::kRowBytes, brow + k0, bytes, full);
         }
       }
     }
@@ -262,11 +269,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) moe_stream_kernel(Stream
       for (int c0 = it.beg; c0 < it.end; c0 += TG) {
         const int nt = min(TG, it.end - c0);
         const bool two = TG > 8 && nt > 8;
-        float acc[2][4];
+        float acc[MT][2][4];
 #pragma unroll
-        for (int n = 0; n < 2; ++n)
+        for (int m = 0; m < MT; ++m)
 #pragma unroll
-          for (int i = 0; i < 4; ++i) acc[n][i] = 0.f;
+          for (int n = 0; n < 2; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[m][n][i] = 0.f;
         for (int k0 = 0; k0 < width; k0 += KC, ++stage) {
           const int s = stage % NS;
           const uint32_t par = (stage / NS) & 1u;
@@ -275,56 +284,62 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) moe_stream_kernel(Stream
           const unsigned char* sb = slots + s * R::kSlotBytes + q * 16;
           const unsigned char* a_lo = sb + g * R::kRowBytes;
           const unsigned char* a_hi = a_lo + 8 * R::kRowBytes;
-          const unsigned char* b_0 = sb + (kRowsA + g) * R::kRowBytes;
+          const unsigned char* b_0 = sb + (RA + g) * R::kRowBytes;
           const unsigned char* b_1 = b_0 + 8 * R::kRowBytes;
           for (int ks = warp; ks < steps; ks += kConsumers) {
             const int off = ks * 64;
-            const uint4 lo = *reinterpret_cast<const uint4*>(a_lo + off);
-            const uint4 hi = *reinterpret_cast<const uint4*>(a_hi + off);
             const uint4 x0 = *reinterpret_cast<const uint4*>(b_0 + off);
-            mma_k32(acc[0], lo, hi, x0);
-            if (two) {
-              const uint4 x1 = *reinterpret_cast<const uint4*>(b_1 + off);
-              mma_k32(acc[1], lo, hi, x1);
+            const uint4 x1 = two ? *reinterpret_cast<const uint4*>(b_1 + off) : x0;
+#pragma unroll
+            for (int m = 0; m < MT; ++m) {
+              const int mo = m * kTileRows * R::kRowBytes + off;
+              const uint4 lo = *reinterpret_cast<const uint4*>(a_lo + mo);
+              const uint4 hi = *reinterpret_cast<const uint4*>(a_hi + mo);
+              mma_k32(acc[m][0], lo, hi, x0);
+              if (two) mma_k32(acc[m][1], lo, hi, x1);
             }
           }
           __syncwarp();
           if (lane == 0) mbar_arrive(bar0 + 8 * (NS + s));
         }
         // Partial sums of the four warps, reduced in fixed order by warp 0.
-        float* rb = red + buf * (kConsumers * 8 * 32);
+        constexpr int kV = MT * 8;  // values per lane
+        float* rb = red + buf * (kConsumers * kV * 32);
 #pragma unroll
-        for (int v = 0; v < 8; ++v) rb[(warp * 8 + v) * 32 + lane] = acc[v >> 2][v & 3];
+        for (int v = 0; v < kV; ++v) rb[(warp * kV + v) * 32 + lane] = acc[v >> 3][(v >> 2) & 1][v & 3];
         consumer_sync();
         if (warp == 0) {
-          float sum[8];
 #pragma unroll
-          for (int v = 0; v < 8; ++v) {
-            float t = rb[v * 32 + lane];
+          for (int m = 0; m < MT; ++m) {
+            float sum[8];
 #pragma unroll
-            for (int w = 1; w < kConsumers; ++w) t += rb[(w * 8 + v) * 32 + lane];
-            sum[v] = t;
-          }
+            for (int v = 0; v < 8; ++v) {
+              float x = rb[(m * 8 + v) * 32 + lane];
 #pragma unroll
-          for (int n = 0; n < 2; ++n) {
-            if (it.gu) {
+              for (int w = 1; w < kConsumers; ++w) x += rb[(w * kV + m * 8 + v) * 32 + lane];
+              sum[v] = x;
+            }
 #pragma unroll
-              for (int i = 0; i < 2; ++i) {
-                const int t = n * 8 + q * 2 + i;
-                if (t >= nt) continue;
-                const float gt = bf16_round(sum[n * 4 + i]), up = bf16_round(sum[n * 4 + 2 + i]);
-                const float sl = bf16_round(gt / (1.f + __expf(-gt)));
-                a.h[static_cast<size_t>(c0 + t) * a.I + it.tile * kGuRows + g] = __float2bfloat16(sl * up);
-              }
-            } else {
+            for (int n = 0; n < 2; ++n) {
+              if (it.gu) {
 #pragma unroll
-              for (int i = 0; i < 4; ++i) {
-                const int t = n * 8 + q * 2 + (i & 1);
-                if (t >= nt) continue;
-                const int row = it.tile * kRowsA + g + (i >> 1) * 8;
-                const int slot = __ldg(a.plan.sorted_slots + c0 + t);
-                a.slot_out[static_cast<size_t>(slot) * a.H + row] =
-                    bf16_round(bf16_round(sum[n * 4 + i]) * __ldg(a.route_w + slot));
+                for (int i = 0; i < 2; ++i) {
+                  const int tk = n * 8 + q * 2 + i;
+                  if (tk >= nt) continue;
+                  const float gt = bf16_round(sum[n * 4 + i]), up = bf16_round(sum[n * 4 + 2 + i]);
+                  const float sl = bf16_round(gt / (1.f + __expf(-gt)));
+                  a.h[static_cast<size_t>(c0 + tk) * a.I + it.tile * GU + m * 8 + g] = __float2bfloat16(sl * up);
+                }
+              } else {
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                  const int tk = n * 8 + q * 2 + (i & 1);
+                  if (tk >= nt) continue;
+                  const int row = it.tile * RA + m * kTileRows + g + (i >> 1) * 8;
+                  const int slot = __ldg(a.plan.sorted_slots + c0 + tk);
+                  a.slot_out[static_cast<size_t>(slot) * a.H + row] =
+                      bf16_round(bf16_round(sum[n * 4 + i]) * __ldg(a.route_w + slot));
+                }
               }
             }
           }
@@ -353,11 +368,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) moe_stream_kernel(Stream
   }
 }
 
-template <int KC, int NS, int TG, int kMinBlocks>
-Status launch_stream(const StreamArgs& args, int max_items, cudaStream_t stream) {
-  constexpr size_t smem = kHeadBytes + static_cast<size_t>(NS) * Ring<KC, TG>::kSlotBytes;
+template <int KC, int NS, int TG, int MT, int kMinBlocks>
+Status launch_stream(const StreamArgs& args, int max_active, cudaStream_t stream) {
+  using R = Ring<KC, TG, MT>;
+  constexpr size_t smem = R::kHead + static_cast<size_t>(NS) * R::kSlotBytes;
   static_assert(2 * NS * 8 <= kBarBytes, "mbarriers do not fit");
-  const void* fn = reinterpret_cast<const void*>(moe_stream_kernel<KC, NS, TG, kMinBlocks>);
+  static_assert(smem <= 227 * 1024, "shared memory of one CTA");
+  const void* fn = reinterpret_cast<const void*>(moe_stream_kernel<KC, NS, TG, MT, kMinBlocks>);
   static bool configured = false;
   if (!configured) {
     ZEST_RETURN_IF_ERROR(cuda_status(
@@ -370,8 +387,9 @@ Status launch_stream(const StreamArgs& args, int max_items, cudaStream_t stream)
       cuda_status(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, kThreads, smem), "occupancy"));
   if (per_sm < 1) return unsupported("moe_experts_stream: the kernel does not fit on a multiprocessor");
   // Every CTA must be resident at once (down items wait for other CTAs' gate/up items).
+  const int max_items = max_active * (args.I / R::GU + args.H / R::RA);
   const int grid = std::max(1, std::min(max_items, per_sm * sm_count()));
-  return launch("moe_experts_stream", moe_stream_kernel<KC, NS, TG, kMinBlocks>, dim3(grid), dim3(kThreads), smem, stream,
+  return launch("moe_experts_stream", moe_stream_kernel<KC, NS, TG, MT, kMinBlocks>, dim3(grid), dim3(kThreads), smem, stream,
                 args);
 }
 
@@ -404,12 +422,14 @@ Status moe_experts_stream(const bf16* x, const MoePlan& plan, const float* weigh
   args.K = K;
   args.H = H;
   args.I = I;
-  const int max_items = std::min(E, N * K) * (I / kGuRows + H / kRowsA);
+  const int max_active = std::min(E, N * K);
   switch (variant) {
-    case 1: return launch_stream<512, 6, 16, 1>(args, max_items, stream);
-    case 2: return launch_stream<256, 5, 16, 2>(args, max_items, stream);
-    case 3: return launch_stream<256, 15, 8, 1>(args, max_items, stream);
-    default: return launch_stream<256, 11, 16, 1>(args, max_items, stream);
+    case 1: return launch_stream<512, 6, 16, 1, 1>(args, max_active, stream);
+    case 2: return launch_stream<256, 5, 16, 1, 2>(args, max_active, stream);
+    case 3: return launch_stream<256, 15, 8, 1, 1>(args, max_active, stream);
+    case 4: return launch_stream<256, 7, 16, 2, 1>(args, max_active, stream);
+    case 5: return launch_stream<256, 8, 8, 2, 1>(args, max_active, stream);
+    default: return launch_stream<256, 11, 16, 1, 1>(args, max_active, stream);
   }
 }
 

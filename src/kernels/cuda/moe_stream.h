@@ -13,10 +13,11 @@ namespace zest::cuda {
 
 // Shapes the streaming kernel takes: H and I positive multiples of 64.
 bool moe_stream_ok(int H, int I);
-constexpr int kStreamVariants = 4;
+constexpr int kStreamVariants = 6;
 
-// Variants (k chunk, stages, tokens per pass, CTAs per SM): 0 = 256, 11, 16, 1; 1 = 512, 6, 16, 1; 2 = 256, 5, 16, 2;
-// 3 = 256, 15, 8, 1. All give bit-identical results (the same k split over the consumer warps, per-column sums). The plan must be bound for (N, K, E) (moe_plan_bind). Launches on one device must not overlap
+// Variants (k chunk, stages, tokens per pass, m16 weight tiles per stage, CTAs per SM): 0 = 256, 11, 16, 1, 1;
+// 1 = 512, 6, 16, 1, 1; 2 = 256, 5, 16, 1, 2; 3 = 256, 15, 8, 1, 1; 4 = 256, 7, 16, 2, 1; 5 = 256, 8, 8, 2, 1.
+// All give bit-identical results (each output row and token column is summed the same way in every variant). The plan must be bound for (N, K, E) (moe_plan_bind). Launches on one device must not overlap
 // in time (the ready counters are the module's; each launch leaves them cleared). Unsupported shapes give an error
 // Status.
 Status moe_experts_stream(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
