@@ -1,5 +1,5 @@
 # limit: 75
-# Prefill attention variants 12-16 (warp-specialised: TMA producer, mbarrier stages, two consumer warpgroups; 15/16
+# Prefill attention variants 12-17 (warp-specialised: TMA producer, mbarrier stages, two consumer warpgroups; 15/16
 # persistent) and the streaming q/k norm + RoPE + KV write (PrefillOption::kRope 2): their tests, then the per-op
 # layer profile with the new kernels (ZEST_PREFILL_ATTENTION / ZEST_PREFILL_ROPE) against the previous defaults
 # (attention 9, rope 1), then the 2-layer end-to-end prefill, new and old. Every step has its own time limit.
@@ -20,6 +20,7 @@ echo "=== T=8192, attention 12, rope 2, attention variant rows compared with 12"
 ZEST_PREFILL_ATTENTION=12 ZEST_PREFILL_ROPE=2 timeout 16 $B --tokens 8192 --ops --runs 10 $ATT 2>&1 |
   grep -E '^\| (q/k|prefill attention|layer)|^T=|attention.*max \|diff\|'
 ops 15 2 8192 "$NOVAR"
+ops 17 2 8192 "$NOVAR"
 ops 9 1 8192 "$NOVAR"
 e2e 12 2
 e2e 9 1

@@ -836,10 +836,11 @@ __device__ __forceinline__ void tma_tile(uint32_t dst, const CUtensorMap* map, u
         "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(0), "r"(2 * head + b), "r"(row)
         : "memory");
 }
-// cp.async of a 128-row tile by one warp (rows >= row_end zero-filled), into the swizzled form.
+// cp.async of a 128-row tile (or its first `rows` rows) by one warp (rows >= row_end zero-filled), into the
+// swizzled form (dst may point at row 64 of a tile: the swizzle depends on the row modulo 8 only).
 __device__ __forceinline__ void warp_load_tile(uint32_t dst, const bf16* base, int stride, int row0, int row_end,
-                                               int lane) {
-  for (int i = lane; i < 128 * 16; i += 32) {
+                                               int lane, int rows = 128) {
+  for (int i = lane; i < rows * 16; i += 32) {
     const int r = i >> 4, c = i & 15;
     const bool valid = row0 + r < row_end;
     const uint32_t d = dst + (c >> 3) * kWsBlock + r * 128 + (((c & 7) ^ (r & 7)) << 4);
@@ -1128,13 +1129,13 @@ Status tensor_map_encoder(TensorMapEncodeTiled* fn) {
 }
 
 // Tensor map of `heads` heads of 128 columns at base + row * stride: dims (64 columns, 2 * heads column
-// blocks, rows), boxes of 64 columns x 128 rows, 128-byte swizzle.
-Status head_tensor_map(CUtensorMap* map, const bf16* base, int heads, int stride, uint64_t rows) {
+// blocks, rows), boxes of 64 columns x box_rows rows, 128-byte swizzle.
+Status head_tensor_map(CUtensorMap* map, const bf16* base, int heads, int stride, uint64_t rows, int box_rows = 128) {
   TensorMapEncodeTiled encode = nullptr;
   ZEST_RETURN_IF_ERROR(tensor_map_encoder(&encode));
   const cuuint64_t dims[3] = {64, static_cast<cuuint64_t>(2 * heads), rows};
   const cuuint64_t strides[2] = {128, static_cast<cuuint64_t>(stride) * sizeof(bf16)};
-  const cuuint32_t box[3] = {64, 1, 128};
+  const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(box_rows)};
   const cuuint32_t estr[3] = {1, 1, 1};
   const CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<bf16*>(base), dims, strides, box,
                             estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
@@ -1170,7 +1171,7 @@ Status launch_ws(const bf16* q, int q_stride, const bf16* k, const bf16* v, int 
 // output goes through its own shared tile, so the producer loads the next item's Q as soon as the last S GEMM of
 // the current one is done and its K/V tiles as soon as stages free up: the next item's loads overlap the current
 // item's last PV GEMM and epilogue. STAGES = 2 (Q, O and two K/V stages: 192 KiB).
-template <bool kPingPong>
+template <bool kPingPong, bool kPack>
 __global__ void __launch_bounds__(kWsThreads, 1)
     prefill_attention_wsp_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                                  const __grid_constant__ CUtensorMap tm_v, const bf16* __restrict__ q, int q_stride,
@@ -1202,15 +1203,20 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   }
   __syncthreads();
   const int wg = threadIdx.x >> 7, lane = threadIdx.x & 31;
-  const int total = Hq * q_tiles * nseq, G = gridDim.x, b = blockIdx.x;
+  const int G = gridDim.x, b = blockIdx.x;
   // Item of round r for this CTA: false when the round has none; else its head, query tile and sequence.
+  // kPack: an item is two query heads of one kv head x 64 query rows (consumer c takes head h + c), so every K/V
+  // tile serves both heads; otherwise one head x 128 rows (consumer c takes rows 64c .. 64c + 63).
+  constexpr int kRows = kPack ? 64 : 128, kHeadsPer = kPack ? 2 : 1;
+  const int head_items = Hq / kHeadsPer;
+  const int total = head_items * q_tiles * nseq;
   auto item = [&](int r, int& h, int& qt, int& seq) {
     const int w = r * G + ((r & 1) ? G - 1 - b : b);
     if (w >= total) return false;
-    const int per_tile = Hq * nseq;
+    const int per_tile = head_items * nseq;
     qt = q_tiles - 1 - w / per_tile;  // longest query tiles first
-    seq = (w % per_tile) / Hq;
-    h = w % Hq;
+    seq = (w % per_tile) / head_items;
+    h = (w % head_items) * kHeadsPer;
     return true;
   };
   const int rounds = (total + G - 1) / G;
@@ -1222,10 +1228,10 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     for (int r = 0; r < rounds; ++r) {
       int h, qt, seq;
       if (!item(r, h, qt, seq)) continue;
-      const int start = cu_seqlens[seq], len = cu_seqlens[seq + 1] - start, q0 = qt * 128;
+      const int start = cu_seqlens[seq], len = cu_seqlens[seq + 1] - start, q0 = qt * kRows;
       if (q0 >= len) continue;
-      const int kvh = h / (Hq / Hkv), n_kt = qt + 1;
-      const bool partial = q0 + 128 > len;
+      const int kvh = h / (Hq / Hkv), n_kt = q0 / 128 + 1;
+      const bool q_partial = q0 + kRows > len, kv_partial = n_kt * 128 > len;
       const bf16* kb = k + static_cast<size_t>(start) * kv_stride + kvh * kD;
       const bf16* vb = v + static_cast<size_t>(start) * kv_stride + kvh * kD;
       // One tile (Q, K or V) into dst: TMA when whole, else cp.async by the warp (zero-filled rows past len).
@@ -1243,20 +1249,42 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         }
         __syncwarp();
       };
+      // The Q tile: kPack: 64 rows of heads h and h + 1 into rows 0-63 and 64-127 of the tile.
+      auto load_q = [&]() {
+        const bf16* qb = q + static_cast<size_t>(start) * q_stride + h * kD;
+        if constexpr (!kPack) {
+          load(aQ, q_full, &tm_q, qb, q_stride, h, q0, q_partial);
+        } else if (q_partial) {
+          warp_load_tile(aQ, qb, q_stride, q0, len, lane, 64);
+          warp_load_tile(aQ + 64 * 128, qb + kD, q_stride, q0, len, lane, 64);
+          asm volatile("cp.async.wait_all;\n" ::: "memory");
+          asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+          __syncwarp();
+          if (lane == 0) mbar_arrive(q_full);
+          __syncwarp();
+        } else {
+          if (lane == 0) {
+            mbar_expect_tx(q_full, kWsTile);
+            tma_tile(aQ, &tm_q, q_full, h, start + q0);
+            tma_tile(aQ + 64 * 128, &tm_q, q_full, h + 1, start + q0);
+          }
+          __syncwarp();
+        }
+      };
       auto load_k = [&](int i) {
         const int s = kit % STAGES;
         if (kit >= STAGES) mbar_wait(k_empty(s), ((kit / STAGES) - 1) & 1);
-        load(aK + s * kWsTile, k_full(s), &tm_k, kb, kv_stride, kvh, (n_kt - 1 - i) * 128, partial && i == 0);
+        load(aK + s * kWsTile, k_full(s), &tm_k, kb, kv_stride, kvh, (n_kt - 1 - i) * 128, kv_partial && i == 0);
         ++kit;
       };
       auto load_v = [&](int i) {
         const int s = vit % STAGES;
         if (vit >= STAGES) mbar_wait(v_empty(s), ((vit / STAGES) - 1) & 1);
-        load(aV + s * kWsTile, v_full(s), &tm_v, vb, kv_stride, kvh, (n_kt - 1 - i) * 128, partial && i == 0);
+        load(aV + s * kWsTile, v_full(s), &tm_v, vb, kv_stride, kvh, (n_kt - 1 - i) * 128, kv_partial && i == 0);
         ++vit;
       };
       if (qi > 0) mbar_wait(q_empty, (qi - 1) & 1);
-      load(aQ, q_full, &tm_q, q + static_cast<size_t>(start) * q_stride + h * kD, q_stride, h, q0, partial);
+      load_q();
       ++qi;
       load_k(0);
       for (int i = 1; i <= n_kt; ++i) {
@@ -1311,10 +1339,12 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   for (int r = 0; r < rounds; ++r) {
     int h, qt, seq;
     if (!item(r, h, qt, seq)) continue;
-    const int start = cu_seqlens[seq], len = cu_seqlens[seq + 1] - start, q0 = qt * 128;
+    const int start = cu_seqlens[seq], len = cu_seqlens[seq + 1] - start, q0 = qt * kRows;
     if (q0 >= len) continue;
-    const int n_kt = qt + 1;
-    const int row0 = q0 + cw * 64 + warp * 16;
+    const int n_kt = q0 / 128 + 1, kdiag = (n_kt - 1) * 128;
+    const int rbase = kPack ? q0 : q0 + cw * 64;  // this consumer's first query row
+    const int row0 = rbase + warp * 16;
+    const int oh = kPack ? h + cw : h;            // this consumer's query head
     if (cw == 1) {
       if constexpr (kPingPong) named_arrive(1, 256);  // consumer 0 goes first
     }
@@ -1339,7 +1369,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           float x = sv[4 * i + e];
-          if (q0 + 8 * i + 2 * t + (e & 1) > row0 + g + (e >> 1) * 8) x = -INFINITY;
+          if (kdiag + 8 * i + 2 * t + (e & 1) > row0 + g + (e >> 1) * 8) x = -INFINITY;
           sv[4 * i + e] = x;
           mx[e >> 1] = fmaxf(mx[e >> 1], x);
         }
@@ -1426,23 +1456,23 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 #pragma unroll
     for (int it = 0; it < 8; ++it) {
       const int c = ct + 128 * it, rr = c >> 4, ch = c & 15;
-      const int row = q0 + cw * 64 + rr;
+      const int row = rbase + rr;
       uint4 val;
       const uint32_t addr = oa + (ch >> 3) * kWsBlock + rr * 128 + (((ch & 7) ^ (rr & 7)) << 4);
       asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
                    : "=r"(val.x), "=r"(val.y), "=r"(val.z), "=r"(val.w)
                    : "r"(addr));
       if (row < len)
-        *reinterpret_cast<uint4*>(out + static_cast<size_t>(start + row) * out_stride + h * kD + ch * 8) = val;
+        *reinterpret_cast<uint4*>(out + static_cast<size_t>(start + row) * out_stride + oh * kD + ch * 8) = val;
     }
   }
 }
 
-template <bool kPingPong>
+template <bool kPingPong, bool kPack = false>
 Status launch_wsp(const bf16* q, int q_stride, const bf16* k, const bf16* v, int kv_stride, const int32_t* cu_seqlens,
                   int nseq, int max_seqlen, bf16* out, int Hq, int Hkv, float scale, cudaStream_t stream) {
   constexpr size_t smem = static_cast<size_t>(6) * kWsTile + 1024 + 256;  // Q, O, 2 x K/V, alignment, barriers
-  static const cudaError_t attr = cudaFuncSetAttribute(prefill_attention_wsp_kernel<kPingPong>,
+  static const cudaError_t attr = cudaFuncSetAttribute(prefill_attention_wsp_kernel<kPingPong, kPack>,
                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   ZEST_RETURN_IF_ERROR(cuda_status(attr, "prefill_attention (persistent) smem attribute"));
   int dev = 0, sms = 0;
@@ -1451,14 +1481,15 @@ Status launch_wsp(const bf16* q, int q_stride, const bf16* k, const bf16* v, int
       cuda_status(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "multiprocessor count"));
   const uint64_t rows = static_cast<uint64_t>(nseq) * static_cast<uint64_t>(max_seqlen);
   CUtensorMap tq, tk, tv;
-  ZEST_RETURN_IF_ERROR(head_tensor_map(&tq, q, Hq, q_stride, rows));
+  constexpr int kRows = kPack ? 64 : 128;
+  ZEST_RETURN_IF_ERROR(head_tensor_map(&tq, q, Hq, q_stride, rows, kRows));
   ZEST_RETURN_IF_ERROR(head_tensor_map(&tk, k, Hkv, kv_stride, rows));
   ZEST_RETURN_IF_ERROR(head_tensor_map(&tv, v, Hkv, kv_stride, rows));
   constexpr float kLog2e = 1.4426950408889634f;
-  const int q_tiles = (max_seqlen + 127) / 128;
-  const int64_t items = static_cast<int64_t>(Hq) * q_tiles * nseq;
+  const int q_tiles = (max_seqlen + kRows - 1) / kRows;
+  const int64_t items = static_cast<int64_t>(Hq / (kPack ? 2 : 1)) * q_tiles * nseq;
   const int grid = static_cast<int>(std::min<int64_t>(items, sms));
-  return launch("prefill_attention", prefill_attention_wsp_kernel<kPingPong>, dim3(grid), dim3(kWsThreads), smem,
+  return launch("prefill_attention", prefill_attention_wsp_kernel<kPingPong, kPack>, dim3(grid), dim3(kWsThreads), smem,
                 stream, tq, tk, tv, q, q_stride, k, v, kv_stride, cu_seqlens, out, Hq, Hkv, q_tiles, nseq,
                 scale * kLog2e);
 }
@@ -1555,6 +1586,12 @@ Status prefill_attention(const bf16* q, int q_stride, const bf16* k, const bf16*
     case 16:
       return launch_wsp<false>(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, scale,
                                stream);
+    case 17:  // two query heads per item: needs an even number of query heads per kv head
+      if ((Hq / Hkv) % 2 != 0)
+        return launch_wsp<true>(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, scale,
+                                stream);
+      return launch_wsp<true, true>(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, scale,
+                                    stream);
     case 7:
       return launch_wgmma<1, 64>(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, scale,
                                  stream);
