@@ -52,6 +52,7 @@ enum class DecodeOption : int {
                     // 2 = 8, 2; 3 = 2, 4; 4 = the weight tile bulk-copied into shared memory before the wait on the
                     // previous kernel, one CTA per 16-row tile (when every tile's CTA fits on the GPU; else 1)
   kRouteFused,      // decode routing (T <= 16): 1 = moe_route (router GEMM + top-k + plan in one cluster launch);
+                    // 2 = moe_add_norm_route (the residual add + RMSNorm before it in the same launch);
                     // 0 = router GEMM, router_topk and moe_plan as separate launches
   kMoeKernel,       // decode experts: 0 (default) = the variant moe.cu names as default; 1 = rows_mma gate/up + down
                     // kernels; 2-7 = one persistent bulk-copy streaming kernel (moe_stream.h variants 0-5)
@@ -248,6 +249,11 @@ Status moe_plan_prefill(const int32_t* ids, int N, int K, int E, MoePlan& plan, 
 bool moe_route_ok(int T, int H, int E, int K);
 Status moe_route(const bf16* xn, const bf16* router_w, const float* bias, int32_t* ids, float* weights, bf16* logits,
                  MoePlan* plan, int64_t* active_count_sum, int T, int H, int E, int K, cudaStream_t stream);
+// add_rmsnorm(x, r, norm_w, xn) followed by moe_route(xn, ...) in the same single launch (every CTA normalises the
+// T rows itself; x and xn are written once every CTA has read x). Same conditions as moe_route.
+Status moe_add_norm_route(bf16* x, const bf16* r, const bf16* norm_w, bf16* xn, float eps, const bf16* router_w,
+                          const float* bias, int32_t* ids, float* weights, bf16* logits, MoePlan* plan,
+                          int64_t* active_count_sum, int T, int H, int E, int K, cudaStream_t stream);
 
 // Decode/small-batch experts: h = silu(x Wg^T) * (x Wu^T) for each (token, slot) of each active expert, then
 // slot_out[n, k, :] = weights[n, k] * (h Wd^T). Each active expert's weights are read once (a CTA per
