@@ -365,6 +365,52 @@ TEST(CudaLatencyRoute, FusedAddNormRoutingMatchesReference) {
   }
 }
 
+// MoE combine + residual add + RMSNorm (the register path for hidden <= 2048 and the loop above it): x equals the
+// host's fp32 sum of the non-empty slots in slot order, rounded as the kernel rounds (bit for bit); y within bf16
+// tolerance of a host RMSNorm. Empty slots hold NaN (they must not be read into the sum); K = 8 and 10 (two groups
+// of loads), T = 1 and 16.
+TEST(CudaLatencyNorm, CombineAddRmsnormMatchesReference) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(905);
+  for (auto [rows, K, hidden] : {std::tuple{1, 8, 2048}, std::tuple{16, 8, 2048}, std::tuple{3, 10, 520},
+                                 std::tuple{2, 8, 4096}}) {
+    SCOPED_TRACE(testing::Message() << "rows=" << rows << " K=" << K << " hidden=" << hidden);
+    auto x = random_bf16(static_cast<size_t>(rows) * hidden, rng), w = random_bf16(hidden, rng, 0.5f, 1.5f);
+    std::uniform_real_distribution<float> d(-1.f, 1.f);
+    std::vector<float> slots(static_cast<size_t>(rows) * K * hidden);
+    for (auto& v : slots) v = d(rng);
+    std::vector<int32_t> ids(static_cast<size_t>(rows) * K);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = i % 3 == 1 ? -1 : static_cast<int32_t>(i % 128);
+    for (size_t i = 0; i < ids.size(); ++i)
+      if (ids[i] < 0)
+        for (int h = 0; h < hidden; ++h) slots[i * hidden + h] = NAN;
+    auto dx = upload_bf16(x), dw = upload_bf16(w);
+    DevBuf<float> ds(slots);
+    DevBuf<int32_t> di(ids);
+    DevBuf<bf16> dy(x.f.size());
+    dy.poison();
+    ZEST_ASSERT_OK(
+        moe_combine_add_rmsnorm(dx->get(), ds.get(), di.get(), K, dw->get(), dy.get(), rows, hidden, 1e-6f, nullptr));
+    sync_ok();
+    std::vector<float> xs(x.f.size()), yref(x.f.size());
+    for (int n = 0; n < rows; ++n) {
+      double ss = 0;
+      for (int h = 0; h < hidden; ++h) {
+        float acc = 0.f;
+        for (int k = 0; k < K; ++k)
+          if (ids[n * K + k] >= 0) acc += slots[(static_cast<size_t>(n) * K + k) * hidden + h];
+        const float v = round_bf16(x.f[n * hidden + h] + round_bf16(acc));
+        xs[n * hidden + h] = v;
+        ss += static_cast<double>(v) * v;
+      }
+      const float inv = static_cast<float>(1.0 / std::sqrt(ss / hidden + 1e-6));
+      for (int h = 0; h < hidden; ++h) yref[n * hidden + h] = round_bf16(round_bf16(xs[n * hidden + h] * inv) * w.f[h]);
+    }
+    EXPECT_EQ(download_bf16(*dx), xs);
+    ZEST_EXPECT_CLOSE(download_bf16(dy), yref, kTol);
+  }
+}
+
 // The synthetic decoder with the low-latency variants (fused routing with and without the add + RMSNorm, shared-memory
 // GEMM tiles, fused attention) captures and replays its graphs at batch 1 and 5, with and without SERE; expert counts
 // stay within what top-8 (or SERE's S=2 union) allows and the tokens are valid.

@@ -69,10 +69,62 @@ __global__ void __launch_bounds__(kRowThreads) norm_kernel(bf16* __restrict__ x,
                                                            const int32_t* __restrict__ ids, int K,
                                                            const bf16* __restrict__ w, bf16* __restrict__ y,
                                                            int hidden, float eps) {
-  pdl_wait();
   __shared__ float red[32];
   const int row = blockIdx.x;
   bf16* xr = x + static_cast<size_t>(row) * hidden;
+  if (hidden <= kRowThreads * 8) {
+    // One 8-element chunk per thread, kept in registers: the norm weight is loaded before the wait (a weight, not
+    // written by the previous kernel), then every load of the row (x, r, the ids and all K slot rows, unconditionally:
+    // empty slots are skipped at the sum) is issued at once. Same arithmetic and order as the loop below.
+    const int c = threadIdx.x * 8;
+    const bool own = c < hidden;
+    uint4 wv = make_uint4(0, 0, 0, 0);
+    if (own && w) wv = *reinterpret_cast<const uint4*>(w + c);
+    pdl_wait();
+    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (own) {
+      load8(xr + c, v);
+      if constexpr (kMode == 1) {
+        float rv[8];
+        load8(r + static_cast<size_t>(row) * hidden + c, rv);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = bf16_round(v[i] + rv[i]);
+      } else if constexpr (kMode == 2) {
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int k0 = 0; k0 < K; k0 += 8) {
+          float4 a[8], b[8];
+          int id[8];
+#pragma unroll
+          for (int u = 0; u < 8; ++u) {
+            const int k = k0 + u;
+            id[u] = k < K ? ids[row * K + k] : -1;
+            const float4* sp =
+                reinterpret_cast<const float4*>(slot_out + (static_cast<size_t>(row) * K + (k < K ? k : 0)) * hidden + c);
+            a[u] = sp[0];
+            b[u] = sp[1];
+          }
+#pragma unroll
+          for (int u = 0; u < 8; ++u) {
+            if (id[u] < 0) continue;
+            acc[0] += a[u].x; acc[1] += a[u].y; acc[2] += a[u].z; acc[3] += a[u].w;
+            acc[4] += b[u].x; acc[5] += b[u].y; acc[6] += b[u].z; acc[7] += b[u].w;
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = bf16_round(v[i] + bf16_round(acc[i]));
+      }
+      if constexpr (kMode != 0) store8(xr + c, v);
+    }
+    if (kMode == 2 && w == nullptr) return;
+    float ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) ss += v[i] * v[i];
+    const float tot = block_sum(ss, red);
+    const float inv = rsqrtf(tot / hidden + eps);
+    if (own) norm_store8(v, inv, reinterpret_cast<const bf16*>(&wv), y + static_cast<size_t>(row) * hidden + c);
+    return;
+  }
+  pdl_wait();
   float ss = 0.f;
   for (int c = threadIdx.x * 8; c < hidden; c += blockDim.x * 8) {
     float v[8];
