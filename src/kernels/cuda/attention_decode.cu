@@ -447,11 +447,33 @@ struct DecodeFuse {
   float eps;
 };
 
-// Lane's part of one head row x [128] (bf16, global): RMSNorm with weight w then rotate-half RoPE at position angle
-// p_axis[axis(j)]; writes the 4 results (elements lane + 32 i) to dst (shared) and, when kv_dst != null, to kv_dst.
-__device__ __forceinline__ void norm_rope_head(const bf16* __restrict__ x, const bf16* __restrict__ w,
-                                               const float* p_axis, const RopeParams& rope, float eps, bf16* dst,
-                                               bf16* kv_dst, int lane) {
+// A lane's RoPE factors for its two rotation pairs (j = lane, lane + 32) and its four norm weights (elements lane + 32 i).
+struct RopeLane {
+  float c[2], s[2];
+};
+
+__device__ __forceinline__ RopeLane rope_lane(const float* p_axis, const RopeParams& rope, int lane) {
+  constexpr int D = kHeadDim;
+  RopeLane r;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int j = lane + 32 * i;
+    int axis = 0;
+    if (j % 3 == 1 && j < 3 * rope.section_h) axis = 1;
+    else if (j % 3 == 2 && j < 3 * rope.section_w) axis = 2;
+    const float inv_freq = 1.f / powf(rope.theta, static_cast<float>(2 * j) / static_cast<float>(D));
+    const float ang = p_axis[axis] * inv_freq;
+    r.c[i] = bf16_round(cosf(ang));
+    r.s[i] = bf16_round(sinf(ang));
+  }
+  return r;
+}
+
+// Lane's part of one head row x [128] (bf16, global): RMSNorm with weights w4 (elements lane + 32 i) then rotate-half
+// RoPE with the lane's factors; writes the 4 results to dst (shared) and, when kv_dst != null, to kv_dst. The same
+// arithmetic as qk_norm_rope_kv.
+__device__ __forceinline__ void norm_rope_head(const bf16* __restrict__ x, const float* w4, const RopeLane& rl,
+                                               float eps, bf16* dst, bf16* kv_dst, int lane) {
   constexpr int D = kHeadDim, half = D / 2;
   float v[4];
 #pragma unroll
@@ -463,16 +485,10 @@ __device__ __forceinline__ void norm_rope_head(const bf16* __restrict__ x, const
 #pragma unroll
   for (int i = 0; i < 2; ++i) {  // pairs (j, j + 64), j = lane + 32 i
     const int j = lane + 32 * i;
-    const float a = bf16_round(bf16_round(v[i] * inv) * __bfloat162float(w[j]));
-    const float b = bf16_round(bf16_round(v[i + 2] * inv) * __bfloat162float(w[j + half]));
-    int axis = 0;
-    if (j % 3 == 1 && j < 3 * rope.section_h) axis = 1;
-    else if (j % 3 == 2 && j < 3 * rope.section_w) axis = 2;
-    const float inv_freq = 1.f / powf(rope.theta, static_cast<float>(2 * j) / static_cast<float>(D));
-    const float ang = p_axis[axis] * inv_freq;
-    const float c = bf16_round(cosf(ang)), sn = bf16_round(sinf(ang));
-    const bf16 o1 = __float2bfloat16(a * c - b * sn);
-    const bf16 o2 = __float2bfloat16(b * c + a * sn);
+    const float a = bf16_round(bf16_round(v[i] * inv) * w4[i]);
+    const float b = bf16_round(bf16_round(v[i + 2] * inv) * w4[i + 2]);
+    const bf16 o1 = __float2bfloat16(a * rl.c[i] - b * rl.s[i]);
+    const bf16 o2 = __float2bfloat16(b * rl.c[i] + a * rl.s[i]);
     dst[j] = o1;
     dst[j + half] = o2;
     if (kv_dst) {
@@ -535,22 +551,32 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kern
   const int pg_first = pg_begin + warp;
   uint4 kcur[4][2], knext[4][2];
   if (pg_first < pg_end) load_page(pg_first, 0, kcur);  // before the wait: the cache is not written by this step yet
-  pdl_wait();
-
-  {  // q heads 2 warp, 2 warp + 1 of this kv head; the current token's k (warp 0) and v (warp 1) in the owner CTA
-    const bf16* row = qkv + static_cast<size_t>(b) * q_stride;
+  // Also before the wait: the RoPE factors (positions are step inputs) and the norm weights.
+  RopeLane rl;
+  float qw[4], kw[4];
+  {
     float p_axis[3];
     p_axis[0] = static_cast<float>(f.pos[b]);
     p_axis[1] = static_cast<float>(f.pos[f.pos_stride + b]);
     p_axis[2] = static_cast<float>(f.pos[2 * f.pos_stride + b]);
+    rl = rope_lane(p_axis, f.rope, lane);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      qw[i] = __bfloat162float(f.q_norm[lane + 32 * i]);
+      kw[i] = __bfloat162float(f.k_norm[lane + 32 * i]);
+    }
+  }
+  const int slot = new_pg >= 0 && f.slots ? f.slots[b] : -1;
+  pdl_wait();
+
+  {  // q heads 2 warp, 2 warp + 1 of this kv head; the current token's k (warp 0) and v (warp 1) in the owner CTA
+    const bf16* row = qkv + static_cast<size_t>(b) * q_stride;
     for (int h = 2 * warp; h < 2 * warp + 2; ++h)
-      norm_rope_head(row + static_cast<size_t>(kvh * G + h) * D, f.q_norm, p_axis, f.rope, f.eps, q_s + h * D, nullptr,
-                     lane);
+      norm_rope_head(row + static_cast<size_t>(kvh * G + h) * D, qw, rl, f.eps, q_s + h * D, nullptr, lane);
     if (new_pg >= 0) {
-      const int slot = f.slots ? f.slots[b] : -1;
       const size_t dst = (static_cast<size_t>(slot) * Hkv + kvh) * D;
       if (warp == 0) {
-        norm_rope_head(row + static_cast<size_t>(Hq + kvh) * D, f.k_norm, p_axis, f.rope, f.eps, kn_s,
+        norm_rope_head(row + static_cast<size_t>(Hq + kvh) * D, kw, rl, f.eps, kn_s,
                        slot >= 0 ? k_cache + dst : nullptr, lane);
       } else if (warp == 1) {
         const bf16* vr = row + static_cast<size_t>(Hq + Hkv + kvh) * D;
