@@ -1,4 +1,4 @@
 # limit: 150
-# The whole CUDA test suite (failures and the summary only; unbuffered, so a run cut by the limit still
-# shows the tests that finished).
-"$P/test_cuda" --gtest_brief=1 2>&1
+# The whole CUDA test suite, written straight to the log (gtest flushes per test, so a run cut by the time
+# limit still shows which test was running).
+"$P/test_cuda" 2>&1
