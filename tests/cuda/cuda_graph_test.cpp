@@ -5,10 +5,11 @@
 // and on a random-weight model of the Qwen3-30B-A3B shapes cut to 2 layers (decode attention with its bucketed
 // bound, the decode MoE kernels), with and without SERE re-routing on the device, through forward (logits) and
 // forward_sample (greedy, temperature and top-k/top-p rows). A replay really happened: the decoder's graph launch
-// counter grows.
+// counter grows. Also forward_sample against forward on one prefill step, whole-row fallbacks included.
 #if defined(ZEST_HAVE_CUDA)
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <random>
@@ -174,6 +175,81 @@ TEST(CudaGraph, DecodeReplayEqualsEagerOnRandomModel) {
     ADD_FAILURE() << "host re-routing called although every token is active";
   };
   expect_graphs_equal_eager(*dec, &hooks, "random qwen3-30b-a3b x2, SERE S=2");
+}
+
+// forward_sample against forward on the same prefill step (not graphed; the same kernels up to lm_head): greedy
+// rows give the argmax of the logits, candidate rows the host summary's pick, rows that ask for the whole row
+// (top_k > 1024) or whose top-p mass is not inside the 1024 candidates (a flat distribution) get the logits row
+// bit for bit, and rows of chunks that do not sample get nothing.
+TEST(CudaGraph, ForwardSampleMatchesForwardAndFallsBackToWholeRows) {
+  if (!kernels::cuda_available()) GTEST_SKIP() << "no CUDA GPU available";
+  auto m = engine::ModelBundle::load(std::string(ZEST_FIXTURES_DIR) + "/models/qwen3_moe_tiny", model::Backend::kCuda);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  const model::TextDecoder& dec = (*m)->decoder();
+  const int64_t V = dec.config().vocab_size;
+  auto c1 = dec.allocate_cache(64, 16), c2 = dec.allocate_cache(64, 16);
+  ASSERT_TRUE(c1.ok() && c2.ok());
+  std::mt19937 rng(23);
+  const int lens[] = {5, 9, 30, 2, 14, 7};
+  constexpr int kSeqs = 6;
+  std::vector<std::vector<int32_t>> t1(kSeqs), t2(kSeqs);
+  model::ForwardBatch b1, b2;
+  int total = 0;
+  for (int len : lens) total += len;
+  b1.positions.resize(3 * total);
+  int at = 0;
+  for (int j = 0; j < kSeqs; ++j) {
+    ASSERT_TRUE(c1->reserve(t1[j], lens[j]).is_ok());
+    ASSERT_TRUE(c2->reserve(t2[j], lens[j]).is_ok());
+    for (int i = 0; i < lens[j]; ++i, ++at) {
+      b1.tokens.push_back(static_cast<int32_t>(rng() % V));
+      for (int a = 0; a < 3; ++a) b1.positions[a * total + at] = i;
+    }
+    b1.seqs.push_back({&t1[j], 0, lens[j], false, true});
+  }
+  b2 = b1;
+  for (int j = 0; j < kSeqs; ++j) b2.seqs[j].block_table = &t2[j];
+  auto logits = dec.forward(b1, *c1);
+  ASSERT_TRUE(logits.ok()) << logits.status().to_string();
+  std::vector<model::SampleRow> rows(kSeqs);
+  rows[0] = model::plan_sample_row(0.0, 0, 1.0, V);        // greedy
+  rows[1] = model::plan_sample_row(1.0, 2000, 1.0, V);     // top_k > 1024: the whole row
+  rows[2] = model::plan_sample_row(1000.0, 0, 0.999, V);   // flat: top-p not reached in 1024 candidates
+  rows[3] = model::plan_sample_row(0.7, 30, 0.8, V);       // candidates decide
+  rows[4].mode = model::SampleMode::kNone;                 // a chunk that does not sample
+  rows[5] = model::plan_sample_row(0.9, 0, 0.5, V);        // top-p over the whole row
+  for (int j = 0; j < kSeqs; ++j) rows[j].u = 0.1 + 0.15 * j;
+  auto got = dec.forward_sample(b2, *c2, nullptr, rows);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  ASSERT_EQ(got->size(), static_cast<size_t>(kSeqs));
+  for (int j = 0; j < kSeqs; ++j) {
+    SCOPED_TRACE("row " + std::to_string(j));
+    const float* l = logits->data<float>() + j * V;
+    const model::SampleResult& r = (*got)[j];
+    if (rows[j].mode == model::SampleMode::kNone) {
+      EXPECT_EQ(r.token, -1);
+      EXPECT_TRUE(r.ids.empty() && r.logits.empty());
+      continue;
+    }
+    const model::SampleResult ref = model::summarize_row(l, V, rows[j]);
+    EXPECT_EQ(r.full, ref.full);
+    if (ref.full) {
+      ASSERT_EQ(r.logits.size(), static_cast<size_t>(V));
+      size_t diff = 0;
+      for (int64_t i = 0; i < V; ++i) diff += r.logits[i] != l[i];
+      EXPECT_EQ(diff, 0u);
+    } else if (rows[j].mode == model::SampleMode::kCandidates) {
+      EXPECT_EQ(r.ids, ref.ids);
+      EXPECT_EQ(r.logits, ref.logits);
+    }
+    EXPECT_EQ(model::pick_from_summary(rows[j], r, V), model::pick_from_summary(rows[j], ref, V));
+  }
+  EXPECT_TRUE((*got)[1].full);
+  EXPECT_TRUE((*got)[2].full);
+  EXPECT_FALSE((*got)[3].full);
+  // Bad plans are rejected before anything runs.
+  std::vector<model::SampleRow> short_rows(rows.begin(), rows.begin() + 2);
+  EXPECT_EQ(dec.forward_sample(b2, *c2, nullptr, short_rows).status().code(), ErrorCode::kInvalidArgument);
 }
 
 }  // namespace
