@@ -573,6 +573,7 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs, const std::string
     ZEST_RETURN_IF_ERROR(cu(cudaStreamSynchronize(st), "comparison pass"));
     ZEST_ASSIGN_OR_RETURN(auto vd, compare_f32(slot_out2, slot_out, n_slots));
     std::printf("grouped GEMM variant %d vs default: max |diff| %.3g (max |out| %.3g)\n", v, vd.first, vd.second);
+    std::fflush(stdout);
   }
   return Status::ok();
 }

@@ -637,6 +637,14 @@ __device__ __forceinline__ void mbar_arrive_remote(uint64_t* bar, uint32_t cta) 
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(vmma::smem_addr(bar)), "r"(cta));
   asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
 }
+// Named barriers 1.. between warpgroups: sync waits until `count` threads arrived (itself included), arrive does not
+// wait.
+__device__ __forceinline__ void named_bar_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
 // tma_load_2d into the same shared-memory offset of every CTA in `mask`, completing bytes on each one's `bar`.
 __device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar,
                                                       uint16_t mask) {
@@ -839,6 +847,9 @@ __global__ void __launch_bounds__(kXThreads, 1)
       for (int rb = 0; rb < RB; ++rb)
 #pragma unroll
         for (int c = 0; c < BN / 2; ++c) acc[rb][c] = 0.f;
+      // Ping-pong: start tile i once the other warpgroup has waited for every k-chunk of tile i - 1, so a wait on a
+      // full barrier is never more than one phase ahead of it (parity waits cannot tell phases two apart).
+      if (kPP && i > 0) named_bar_sync(1 + wg, 256);
       int prev = -1;
       for (int kc = 0; kc < nk; ++kc) {
         const int pos = i * nk + kc;  // position in the ring's sequence of k-chunks
@@ -861,6 +872,7 @@ __global__ void __launch_bounds__(kXThreads, 1)
         if (prev >= 0) release(prev);  // its wgmma group has completed
         prev = stage;
       }
+      if (kPP && u + static_cast<int>(gridDim.x) / CL < units) named_bar_arrive(1 + (wg ^ 1), 256);  // tile i + 1
       asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
       if (prev >= 0) release(prev);
 
