@@ -1,11 +1,12 @@
 # limit: 90
 # Device sampling and CUDA graphs of decode steps: their tests, then a short served load test on a random-weight
-# model of Qwen3-30B-A3B shapes (zest serve --config qwen3-30b-a3b), text only, greedy, 64 output tokens, at 1 and
-# 32 closed-loop clients, against three servers of the same package:
-#   before:   ZEST_CUDA_GRAPHS=0 ZEST_DEVICE_SAMPLING=0 (eager steps, host logits, host sampling)
-#   sampling: ZEST_CUDA_GRAPHS=0 (eager steps, sampling summaries on the device)
-#   graphs:   defaults (decode steps replayed from CUDA graphs, sampling on the device)
-# GPU busy share (nvidia-smi utilization.gpu, 200 ms samples) during each 32-client run.
+# model of Qwen3-30B-A3B shapes (zest serve --config qwen3-30b-a3b), text only, 64 words, 64 output tokens
+# (ignore_eos), closed-loop clients, against servers of the same package:
+#   before: ZEST_CUDA_GRAPHS=0 ZEST_DEVICE_SAMPLING=0 (eager steps, host logits, host sampling)
+#   graphs: defaults (decode steps replayed from CUDA graphs, sampling summaries on the device)
+# each without and with SERE (S=2, rho=0, random similarity). Greedy at 1, 8 and 32 clients; at 32 clients also
+# top-k 50 at T=0.8 and pure temperature T=1 (without SERE). GPU busy share (nvidia-smi utilization.gpu, 200 ms
+# samples) during the greedy 32-client run.
 set -u
 "$P/test_cuda" --gtest_filter='SampleRows*:CudaGraph*' 2>&1 | grep -vE '^\[ +(RUN|OK) +\]'
 
@@ -29,18 +30,19 @@ stop_server() {
     SERVER=
   fi
 }
-bench() {  # LABEL CONCURRENCY REQUESTS
+bench() {  # LABEL CONCURRENCY REQUESTS [EXTRA_BODY]
   local row
   row=$(timeout 40 "$P/zest" bench serve --url "http://127.0.0.1:$PORT" --requests "$3" --concurrency "$2" \
-    --prompt-len 64 --output-len 64 --seed "$2" --table-row "$1" 2>&1 | grep -E '^\| |^first failure|^error')
+    --prompt-len 64 --output-len 64 --seed "$2" --extra-body "${4:-{\}}" --table-row "$1" 2>&1 |
+    grep -E '^\| |^first failure|^error')
   ROWS+=("${row:-| $1 | $2 | no result |}")
 }
-run() {  # LABEL ENV...
-  local label=$1
-  shift
+run() {  # LABEL SAMPLING(0/1) SERVER_FLAGS -- ENV...
+  local label=$1 sampling=$2 flags=$3
+  shift 4
   local t0=$(date +%s%N)
   env "$@" "$P/zest" serve --config "$CONFIG" --device cuda --port "$PORT" --max-num-seqs 32 --max-context 8192 \
-    >"$SLOG" 2>&1 &
+    $flags >"$SLOG" 2>&1 &
   SERVER=$!
   local up=0
   for _ in $(seq 1 120); do
@@ -54,28 +56,34 @@ run() {  # LABEL ENV...
     stop_server
     return
   fi
-  echo "$label: server up in $((($(date +%s%N) - t0) / 1000000)) ms ($*)"
+  echo "$label: server up in $((($(date +%s%N) - t0) / 1000000)) ms ($* $flags)"
   bench warmup 8 8 >/dev/null
   unset 'ROWS[-1]'
   bench "$label" 1 3
+  bench "$label" 8 16
   nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 200 >/tmp/zest-sample-util.txt 2>/dev/null &
   local smi=$!
   bench "$label" 32 64
   kill "$smi" 2>/dev/null
   wait "$smi" 2>/dev/null
   echo "$label, 32 clients: GPU busy $(awk '{s += $1; n++} END {if (n) printf "%.0f%% (%d samples)", s / n, n}' /tmp/zest-sample-util.txt)"
+  if [ "$sampling" = 1 ]; then
+    bench "$label, top-k 50 T 0.8" 32 64 '{"temperature": 0.8, "top_k": 50}'
+    bench "$label, T 1" 32 64 '{"temperature": 1.0}'
+  fi
   grep -E "error|Error|graph" "$SLOG" | head -5
   stop_server
 }
 print_table() {
   echo
-  echo "zest serve --config $CONFIG --device cuda (random weights), text only, 64 words, 64 output tokens, greedy"
+  echo "zest serve --config $CONFIG --device cuda (random weights), text only, 64 words, 64 output tokens (ignore_eos), greedy unless named"
   echo "| setup | clients | ok/requests | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | TPOT p99 ms | req/s | output tok/s |"
   echo "|---|---|---|---|---|---|---|---|---|"
   for r in "${ROWS[@]}"; do echo "$r"; done
   echo "total $SECONDS s"
 }
 trap 'stop_server; print_table' EXIT
-run before ZEST_CUDA_GRAPHS=0 ZEST_DEVICE_SAMPLING=0
-run graphs ZEST_CUDA_GRAPHS=1
-run sampling ZEST_CUDA_GRAPHS=0
+run before 1 "" -- ZEST_CUDA_GRAPHS=0 ZEST_DEVICE_SAMPLING=0
+run graphs 1 "" -- ZEST_CUDA_GRAPHS=1
+run "before, SERE S=2" 0 "--sere-primary 2 --sere-threshold 0" -- ZEST_CUDA_GRAPHS=0 ZEST_DEVICE_SAMPLING=0
+run "graphs, SERE S=2" 0 "--sere-primary 2 --sere-threshold 0" -- ZEST_CUDA_GRAPHS=1
