@@ -246,10 +246,14 @@ TEST(CudaRopeStream, DecodeSizes) {
 TEST(CudaRopeStream, PrefillSizes) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(9102);
-  VariantScope scope(PrefillOption::kRope, 2);
-  rope_case({256, 32, 4, 128, false, true}, rng);
-  rope_case({1001, 32, 4, 128, true, true}, rng);  // T % 4 != 0: the last CTA has one token
-  rope_case({777, 3, 1, 128, false, true}, rng);   // 5 heads: rows of a CTA span tokens unevenly
+  for (int variant : {2, 3}) {
+    SCOPED_TRACE(testing::Message() << "variant " << variant);
+    VariantScope scope(PrefillOption::kRope, variant);
+    rope_case({256, 32, 4, 128, false, true}, rng);
+    rope_case({1001, 32, 4, 128, true, true}, rng);  // T % 4 != 0: the last CTA has one token
+    rope_case({777, 3, 1, 128, false, true}, rng);   // 5 heads: rows of a CTA span tokens unevenly
+    rope_case({300, 32, 4, 128, false, false}, rng);  // no cache write
+  }
 }
 
 TEST(CudaRopeStream, OtherHeadDimTakesThePerWarpKernel) {

@@ -800,6 +800,7 @@ Status launch_wgmma_pipe(const bf16* q, int q_stride, const bf16* k, const bf16*
 // never reads a row outside the sequences (the host does not know the total token count).
 
 constexpr int kWsThreads = 384;
+constexpr int kWsMinSeqlen = 256;  // the default takes the persistent kernel above this max_seqlen
 constexpr uint32_t kWsTile = 128 * kD * sizeof(bf16);  // bytes of one 128-row tile (two 64-column blocks)
 constexpr uint32_t kWsBlock = 128 * 128;               // bytes of one 64-column block of a tile
 template <int STAGES>
@@ -1553,7 +1554,12 @@ Status prefill_attention(const bf16* q, int q_stride, const bf16* k, const bf16*
   using I8 = std::integral_constant<int, 8>;
   using K32 = std::integral_constant<int, 32>;
   using K64 = std::integral_constant<int, 64>;
-  switch (prefill_option(PrefillOption::kAttention)) {
+  int variant = prefill_option(PrefillOption::kAttention);
+  // Default: the persistent warp-specialised kernel (H200, T = 8192: 645 TFLOP/s against 431 for variant 9; T = 2048:
+  // 473 against 322 for variant 12), variant 9 for short sequences, where the fixed cost of a CTA dominates
+  // (T = 64: 13 us against 16 us for variant 12).
+  if (variant == 0) variant = max_seqlen > kWsMinSeqlen ? 15 : 9;
+  switch (variant) {
     case 1: return run(I8{}, I1{}, K64{});
     case 2: return run(I4{}, I1{}, K64{});
     case 3: return run(I8{}, I2{}, K32{});
@@ -1595,7 +1601,7 @@ Status prefill_attention(const bf16* q, int q_stride, const bf16* k, const bf16*
     case 7:
       return launch_wgmma<1, 64>(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, scale,
                                  stream);
-    default:  // 0 and 9: 433 TFLOP/s at T = 8192 on H200 (variant 8: 382, 6: 352, mma.sync variant 4: 274)
+    default:  // 9: 433 TFLOP/s at T = 8192 on H200 (variant 8: 382, 6: 352, mma.sync variant 4: 274)
       return launch_wgmma_pipe<true>(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, scale,
                                      stream);
   }

@@ -149,7 +149,8 @@ Status prefill_attention(const bf16* q, int q_stride, const bf16* k, const bf16*
                          float scale, cudaStream_t stream);
 // Prefill kernel variants that benchmarks compare (process-wide switches read on the host at launch time;
 // 0 = the default, the variant measured fastest on H200).
-//   kAttention (prefill_attention, D = 128; default 9): CTAs of W warps x R query rows, key tiles of B:
+//   kAttention (prefill_attention, D = 128; default 15 when max_seqlen > 256, else 9): CTAs of W warps x R query
+//     rows, key tiles of B:
 //     mma.sync: 1 = 8 x 16, B 64; 2 = 4 x 16, B 64; 3 = 8 x 32, B 32; 4 = 4 x 32, B 32; 5 = 8 x 16, B 32;
 //     wgmma: 6 = 2 warpgroups x 64 rows, B 128; 7 = 1 warpgroup x 64 rows, B 64 (two CTAs per SM); 8 = as 6,
 //     with S of the next tile issued before the softmax of the current one (K/V triple-buffered); 9 = as 8, the
@@ -168,10 +169,11 @@ Status prefill_attention(const bf16* q, int q_stride, const bf16* k, const bf16*
 //     256 weight rows per CTA (m64n256k16; needs I % 128 == 0 and H % 256 == 0, else variant 3): 6 = 3 stages,
 //     7 = 4 stages with one group in flight; one warpgroup of 64 rows per CTA (one plan tile): 8 = 3 stages (three
 //     CTAs per SM), 9 = 4 stages with one group in flight, 10 = 3 stages with one group in flight.
-//   kRope (qk_norm_rope_kv at every T, decode included; default 1): 1 = one warp per (token, head), scalar loads;
+//   kRope (qk_norm_rope_kv at every T, decode included; default 2): 1 = one warp per (token, head), scalar loads;
 //     2 = head_dim 128 only (other sizes take 1): a half-warp per (token, head) with 16-byte loads and stores, the
 //     cos/sin of a CTA's tokens computed once in shared memory, 4 tokens per CTA (T >= 256) or one token's heads
-//     over CTAs of 16 rows.
+//     over CTAs of 16 rows, two rows per half-warp in flight; 3 = as 2 with five rows in flight and the tokens'
+//     cache slots read once into shared memory.
 //   Start values of kAttention and kRope may be given by the environment: ZEST_PREFILL_ATTENTION, ZEST_PREFILL_ROPE.
 enum class PrefillOption : int { kAttention = 0, kGroupedGemm, kRope, kCount };
 void set_prefill_option(PrefillOption opt, int value);

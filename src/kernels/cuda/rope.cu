@@ -70,15 +70,15 @@ __global__ void __launch_bounds__(kRopeWarps * 32) qk_norm_rope_kv_kernel(
 // past the CTA's range load nothing and store nothing. The bf16 roundings and float expressions are those of
 // the per-warp kernel above (only the order of the sum of squares differs).
 constexpr int kStreamThreads = 256;
-constexpr int kStreamUnroll = 2;
 
-template <int TPC>
-__global__ void __launch_bounds__(kStreamThreads) qk_norm_rope_kv_stream_kernel(
+template <int TPC, int UNROLL>
+__global__ void __launch_bounds__(kStreamThreads, UNROLL > 2 ? 3 : 4) qk_norm_rope_kv_stream_kernel(
     bf16* __restrict__ qkv, const bf16* __restrict__ q_norm, const bf16* __restrict__ k_norm,
     const int32_t* __restrict__ pos, int pos_stride, RopeParams rope, const int32_t* __restrict__ slot_mapping,
     bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int T, int Hq, int Hkv, int heads_per_cta, float eps) {
   constexpr int D = 128, kHalf = 64;
   __shared__ float s_cos[TPC][kHalf], s_sin[TPC][kHalf];
+  __shared__ int s_slot[TPC];
   pdl_wait();
   const int heads = Hq + 2 * Hkv;
   const int t0 = blockIdx.x * TPC;
@@ -96,9 +96,9 @@ __global__ void __launch_bounds__(kStreamThreads) qk_norm_rope_kv_stream_kernel(
     return qkv + (static_cast<size_t>(t0 + tt) * heads + h) * D + l * 8;
   };
   // First rows' loads go out before the cos/sin table is built.
-  uint4 x[kStreamUnroll];
+  uint4 x[UNROLL];
 #pragma unroll
-  for (int u = 0; u < kStreamUnroll; ++u) {
+  for (int u = 0; u < UNROLL; ++u) {
     const int r = hw + u * kHalfWarps;
     x[u] = r < rows ? *reinterpret_cast<const uint4*>(row_ptr(r)) : make_uint4(0, 0, 0, 0);
   }
@@ -113,20 +113,21 @@ __global__ void __launch_bounds__(kStreamThreads) qk_norm_rope_kv_stream_kernel(
     s_cos[tt][j] = bf16_round(cosf(ang));
     s_sin[tt][j] = bf16_round(sinf(ang));
   }
+  if (threadIdx.x < ntok) s_slot[threadIdx.x] = slot_mapping ? slot_mapping[t0 + threadIdx.x] : -1;
   __syncthreads();
 
   const bool first = l < 8;
-  for (int base = 0; base < rows; base += kStreamUnroll * kHalfWarps) {
+  for (int base = 0; base < rows; base += UNROLL * kHalfWarps) {
 #pragma unroll
-    for (int u = 0; u < kStreamUnroll; ++u) {
+    for (int u = 0; u < UNROLL; ++u) {
       const int r = base + hw + u * kHalfWarps;
       const bool valid = r < rows;
       const int tt = valid ? r / nh : 0, h = h0 + (valid ? r - tt * nh : 0), t = t0 + tt;
       const uint4 xv = x[u];
       // Next round's load for this slot goes out before the math.
-      const int rn = r + kStreamUnroll * kHalfWarps;
+      const int rn = r + UNROLL * kHalfWarps;
       if (rn < rows) x[u] = *reinterpret_cast<const uint4*>(row_ptr(rn));
-      const int slot = valid && slot_mapping ? slot_mapping[t] : -1;
+      const int slot = valid ? s_slot[tt] : -1;
       const bf16* xb = reinterpret_cast<const bf16*>(&xv);
       float f[8];
       float ss = 0.f;
@@ -190,17 +191,21 @@ Status qk_norm_rope_kv(bf16* qkv, const bf16* q_norm, const bf16* k_norm, const 
   const bool aligned = ((reinterpret_cast<uintptr_t>(qkv) | reinterpret_cast<uintptr_t>(q_norm) |
                           reinterpret_cast<uintptr_t>(k_norm) | reinterpret_cast<uintptr_t>(k_cache) |
                           reinterpret_cast<uintptr_t>(v_cache)) & 15) == 0;
-  if (D == 128 && variant == 2 && aligned) {
+  if (D == 128 && (variant == 0 || variant == 2 || variant == 3) && aligned) {
     // Decode-sized batches: one token per CTA, its rows split over CTAs of 16 rows (one round of loads);
     // prefill: 4 tokens per CTA, all heads.
     if (T < 256) {
       const int split = (heads + 15) / 16;
-      return launch("qk_norm_rope_kv", qk_norm_rope_kv_stream_kernel<1>, dim3(T, split), dim3(kStreamThreads), 0,
+      return launch("qk_norm_rope_kv", qk_norm_rope_kv_stream_kernel<1, 1>, dim3(T, split), dim3(kStreamThreads), 0,
                     stream, qkv, q_norm, k_norm, pos, pos_stride, rope, slot_mapping, k_cache, v_cache, T, Hq, Hkv,
                     (heads + split - 1) / split, eps);
     }
-    return launch("qk_norm_rope_kv", qk_norm_rope_kv_stream_kernel<4>, dim3((T + 3) / 4, 1), dim3(kStreamThreads), 0,
-                  stream, qkv, q_norm, k_norm, pos, pos_stride, rope, slot_mapping, k_cache, v_cache, T, Hq, Hkv,
+    if (variant == 3)
+      return launch("qk_norm_rope_kv", qk_norm_rope_kv_stream_kernel<4, 5>, dim3((T + 3) / 4, 1),
+                    dim3(kStreamThreads), 0, stream, qkv, q_norm, k_norm, pos, pos_stride, rope, slot_mapping, k_cache,
+                    v_cache, T, Hq, Hkv, heads, eps);
+    return launch("qk_norm_rope_kv", qk_norm_rope_kv_stream_kernel<4, 2>, dim3((T + 3) / 4, 1), dim3(kStreamThreads),
+                  0, stream, qkv, q_norm, k_norm, pos, pos_stride, rope, slot_mapping, k_cache, v_cache, T, Hq, Hkv,
                   heads, eps);
   }
   return launch("qk_norm_rope_kv", qk_norm_rope_kv_kernel, dim3(T, (heads + kRopeWarps - 1) / kRopeWarps),
