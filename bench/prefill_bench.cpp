@@ -489,7 +489,8 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs, const std::string
            {12, "warp-specialised, 128 x 128 tiles, 6 stages"},
            {13, "as 11, two-CTA clusters sharing the weight tile by TMA multicast"},
            {14, "warp-specialised ping-pong, 128 x 128 tile per warpgroup, 6 stages"},
-           {15, "as 14, two-CTA clusters sharing the weight tile by TMA multicast"}}) {
+           {15, "as 14, two-CTA clusters sharing the weight tile by TMA multicast"},
+           {16, "as 13, sm_count / 2 clusters launched"}}) {
     ops.push_back({"experts gate/up, variant " + std::to_string(v) + " (" + what + ")", 2 * t * K * 2 * I * H, false,
                    [&, v] {
                      return with_option(cuda::PrefillOption::kGroupedGemm, v, [&] {
@@ -542,6 +543,8 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs, const std::string
   std::printf("new vs previous kernels: attention max |diff| %.3g (max |out| %.3g); experts max |diff| %.3g "
               "(max |out| %.3g, first %zu values)\n",
               ad.first, ad.second, ed.first, ed.second, n_slots);
+  std::printf("variant 13 clusters of two CTAs resident at once: gate/up %d, down %d\n",
+              cuda::moe_prefill_cluster_capacity(true), cuda::moe_prefill_cluster_capacity(false));
   // Variants and the previous kernels, one row as each is measured.
   std::printf("\nT=%d, variants and previous kernels:\n| op | ms | TFLOP/s |\n|---|---|---|\n", T);
   std::fflush(stdout);
@@ -564,7 +567,7 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs, const std::string
     std::printf("attention variant %d vs default: max |diff| %.3g (max |out| %.3g)\n", v, wd.first, wd.second);
   }
   // Every grouped-GEMM variant against the default on the layer's routing.
-  for (int v : {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}) {
+  for (int v : {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}) {
     if (!name_matches("variant " + std::to_string(v) + " (", variant_filter)) continue;
     ZEST_RETURN_IF_ERROR(with_option(cuda::PrefillOption::kGroupedGemm, v, [&] {
       return cuda::moe_experts_prefill(xn, plan, rw, gate_up, down, h, slot_out2, T, K, E, H, I, st);

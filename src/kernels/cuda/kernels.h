@@ -284,8 +284,11 @@ Status moe_prefill_down(const bf16* h, const MoePlan& plan, const float* weights
 // wgmma consumer warpgroups (64 rows each) compute and store. 11 = BN 256, 4 stages (needs I % 128 == 0 and
 // H % 256 == 0); 12 = BN 128, 6 stages; 13 = as 11 in clusters of two CTAs on consecutive row tiles that share (TMA
 // multicast) the weight tile when both belong to one expert; 14 = ping-pong: each consumer warpgroup takes every
-// other tile whole (128 x 128, 6 stages), its epilogue overlapping the other's GEMM; 15 = 14 in clusters as 13. All
-// need E <= 256 and 16-byte aligned operands, else variant 3 runs.
+// other tile whole (128 x 128, 6 stages), its epilogue overlapping the other's GEMM; 15 = 14 in clusters as 13;
+// 16 = 13 launching sm_count / 2 clusters whatever the occupancy query says. All need E <= 256 and 16-byte aligned
+// operands, else variant 3 runs.
+// Clusters of variant 13's gate/up (or down) kernel that can be resident at once (cudaOccupancyMaxActiveClusters).
+int moe_prefill_cluster_capacity(bool gate_up);
 // The previous grouped GEMMs (wmma 64x64 tiles) when H and I are multiples of 64, else moe_experts_decode;
 // kept for comparison in benchmarks.
 Status moe_experts_prefill_wmma(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,

@@ -957,7 +957,36 @@ bool ws_ok(const void* a, const void* w, int E, int H, int I) {
          reinterpret_cast<uintptr_t>(w) % 16 == 0 && encode_tiled_fn() != nullptr;
 }
 
-template <bool kGateUp, int BN, int ST, int CL = 1, bool kPP = false>
+// Clusters of CL CTAs of the warp-specialised kernel that can be resident at once (cudaOccupancyMaxActiveClusters;
+// sm_count / CL when the query fails). Needs the kernel's shared-memory attribute set.
+template <bool kGateUp, int BN, int ST, int CL, bool kPP>
+int ws_max_clusters() {
+  static int max_clusters = 0;
+  if (max_clusters == 0) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(CL * sm_count());
+    cfg.blockDim = dim3(kXThreads);
+    cfg.dynamicSmemBytes = x_smem<BN, ST>();
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = CL;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, moe_grouped_ws_kernel<kGateUp, BN, ST, CL, kPP>, &cfg) != cudaSuccess ||
+        n <= 0) {
+      cudaGetLastError();
+      n = sm_count() / CL;
+    }
+    max_clusters = n;
+  }
+  return max_clusters;
+}
+
+// kFullGrid (CL > 1): launch sm_count / CL clusters instead of the number the occupancy query reports.
+template <bool kGateUp, int BN, int ST, int CL = 1, bool kPP = false, bool kFullGrid = false>
 Status launch_grouped_ws(const bf16* a, const MoePlan& plan, const float* weights, const bf16* w, bf16* h,
                          float* slot_out, int N, int K, int E, int H, int I, cudaStream_t stream) {
   if (!ws_ok<kGateUp, BN>(a, w, E, H, I))
@@ -983,7 +1012,9 @@ Status launch_grouped_ws(const bf16* a, const MoePlan& plan, const float* weight
     return launch(name, kernel, dim3(grid), dim3(kXThreads), kSmem, stream, tm_w, tm_a, a, plan, weights, h, slot_out,
                   K, H, I);
   } else {
+    const int clusters = kFullGrid ? std::max(1, sm_count() / CL) : ws_max_clusters<kGateUp, BN, ST, CL, kPP>();
     cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(CL * static_cast<int>(std::max<long long>(1, std::min<long long>(clusters, units))));
     cfg.blockDim = dim3(kXThreads);
     cfg.dynamicSmemBytes = kSmem;
     cfg.stream = stream;
@@ -995,19 +1026,6 @@ Status launch_grouped_ws(const bf16* a, const MoePlan& plan, const float* weight
     attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attrs[1].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attrs;
-    cfg.numAttrs = 1;
-    // Clusters that fit at once (one CTA per SM; GPCs with an odd SM count leave an SM out).
-    static int max_clusters = 0;
-    if (max_clusters == 0) {
-      cfg.gridDim = dim3(CL * sm_count());
-      int n = 0;
-      if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess || n <= 0) {
-        cudaGetLastError();
-        n = sm_count() / CL;
-      }
-      max_clusters = n;
-    }
-    cfg.gridDim = dim3(CL * static_cast<int>(std::max<long long>(1, std::min<long long>(max_clusters, units))));
     cfg.numAttrs = programmatic_launch() ? 2 : 1;
     return cuda_status(cudaLaunchKernelEx(&cfg, kernel, tm_w, tm_a, a, plan, weights, h, slot_out, K, H, I), name);
   }
@@ -1121,6 +1139,7 @@ Status moe_prefill_gate_up(const bf16* x, const MoePlan& plan, const bf16* gate_
     case 13: return run(launch_grouped_ws<true, 256, 4, 2>);
     case 14: return run(launch_grouped_ws<true, 128, 6, 1, true>);
     case 15: return run(launch_grouped_ws<true, 128, 6, 2, true>);
+    case 16: return run(launch_grouped_ws<true, 256, 4, 2, false, true>);
     default: return run(launch_grouped_wgmma<true, 128, 128, 3, false>);  // 0 and 3: the fastest on H200
   }
 }
@@ -1147,8 +1166,27 @@ Status moe_prefill_down(const bf16* h, const MoePlan& plan, const float* weights
     case 13: return run(launch_grouped_ws<false, 256, 4, 2>);
     case 14: return run(launch_grouped_ws<false, 128, 6, 1, true>);
     case 15: return run(launch_grouped_ws<false, 128, 6, 2, true>);
+    case 16: return run(launch_grouped_ws<false, 256, 4, 2, false, true>);
     default: return run(launch_grouped_wgmma<false, 128, 128, 3, false>);  // 0 and 3: the fastest on H200
   }
+}
+
+int moe_prefill_cluster_capacity(bool gate_up) {
+  // The attribute must be set before the occupancy query counts the kernel's shared memory.
+  if (gate_up) {
+    if (cudaFuncSetAttribute(moe_grouped_ws_kernel<true, 256, 4, 2, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(x_smem<256, 4>())) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return ws_max_clusters<true, 256, 4, 2, false>();
+  }
+  if (cudaFuncSetAttribute(moe_grouped_ws_kernel<false, 256, 4, 2, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(x_smem<256, 4>())) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return ws_max_clusters<false, 256, 4, 2, false>();
 }
 
 Status moe_experts_prefill(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
