@@ -295,12 +295,19 @@ void run_fused_attention_case(const std::vector<int>& lens, int Hkv, bool mrope,
   ZEST_EXPECT_CLOSE(download_bf16(*dv1), vref, 0.0);
 }
 
+// Both merges: global partials with a last-CTA merge (kAttentionKernel 2) and the cluster merge (3; contexts above
+// 2048 tokens fall back to the global merge).
 TEST(CudaLatencyAttention, FusedNormRopeKvMatchesReferenceAndSeparateKernels) {
   ZEST_REQUIRE_GPU();
-  std::mt19937 rng(903);
-  run_fused_attention_case({1025}, 4, false, rng);
-  run_fused_attention_case({1, 16, 17, 300, 1025}, 2, true, rng);
-  run_fused_attention_case({33, 5, 64}, 1, false, rng);
+  for (int variant : {2, 3}) {
+    SCOPED_TRACE(testing::Message() << "kAttentionKernel " << variant);
+    OptionScope opt(DecodeOption::kAttentionKernel, variant);
+    std::mt19937 rng(903);
+    run_fused_attention_case({1025}, 4, false, rng);
+    run_fused_attention_case({1, 16, 17, 300, 1025}, 2, true, rng);
+    run_fused_attention_case({33, 5, 64}, 1, false, rng);
+    run_fused_attention_case({2049, 700}, 1, false, rng);
+  }
 }
 
 // Residual add + RMSNorm fused before the routing: x becomes bf16(x + r) exactly, xn is within bf16 tolerance of a
@@ -423,8 +430,8 @@ TEST(CudaLatencyDecoder, LowLatencyVariantsRunInGraphs) {
   opt.context = 50;
   opt.sere_primary = 2;
   OptionScope gemm_v(DecodeOption::kGemmVariant, 4);
-  OptionScope attn(DecodeOption::kAttentionKernel, 2);
   for (int route_v : {1, 2}) {
+  OptionScope attn(DecodeOption::kAttentionKernel, route_v + 1);
   OptionScope route(DecodeOption::kRouteFused, route_v);
   auto dec = SyntheticDecoder::create(*cfg, opt);
   ASSERT_TRUE(dec.ok()) << dec.status().to_string();

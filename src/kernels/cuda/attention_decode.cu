@@ -1,6 +1,7 @@
 // Decode attention over the paged KV cache (flash-decoding): CTA (split, kv head, sequence) with 4 warps,
 // each warp streams whole 16-token blocks and keeps an online softmax for all G query heads of its kv head
 // (K/V loaded once per group). The last CTA of a (sequence, kv head) merges the splits in fixed order.
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/common.cuh"
 
 namespace zest::cuda {
@@ -498,6 +499,10 @@ __device__ __forceinline__ void norm_rope_head(const bf16* __restrict__ x, const
   }
 }
 
+// kCluster: the grid's splits of one (kv head, sequence) form one thread-block cluster; each CTA keeps its partial
+// (M, L and the 8 x 128 sums) in its shared memory and, after a cluster barrier, merges a slice of the outputs from
+// every CTA's partial (distributed shared memory, fixed split order): no global partials, fences or counters.
+template <bool kCluster>
 __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kernel(
     const bf16* __restrict__ qkv, int q_stride, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
     const int32_t* __restrict__ block_table, int max_blocks, const int32_t* __restrict__ context_lens,
@@ -506,7 +511,9 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kern
   constexpr int G = 8, D = kHeadDim;
   constexpr size_t kMmaBytes = kDecWarps * 2 * kKvBlock * D * sizeof(bf16);
   constexpr size_t kAccBytes = kDecWarps * G * D * sizeof(float);
-  constexpr size_t kBytes = kMmaBytes > kAccBytes ? kMmaBytes : kAccBytes;
+  constexpr size_t kClusterBytes = kAccBytes + (G * D + 2 * G) * sizeof(float);
+  constexpr size_t kBytes0 = kMmaBytes > kAccBytes ? kMmaBytes : kAccBytes;
+  constexpr size_t kBytes = kCluster && kClusterBytes > kBytes0 ? kClusterBytes : kBytes0;
   __shared__ __align__(16) unsigned char smem_raw[kBytes];
   __shared__ __align__(16) bf16 q_s[G * D];
   __shared__ __align__(16) bf16 kn_s[D], vn_s[D];
@@ -699,6 +706,63 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kern
     acc_s[warp][2 * tq + 1][mt * 16 + g + 8] = st.o[mt][3];
   }
   __syncthreads();
+  if constexpr (kCluster) {
+    // This CTA's partial, in the bytes after acc_s: [G][D] sums, then M and L per head.
+    float* cp = reinterpret_cast<float*>(smem_raw + kAccBytes);
+    float* cm = cp + G * D;
+    float* cl = cm + G;
+    for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+      const int hh = idx / D, d = idx % D;
+      float M = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < kDecWarps; ++w) M = fmaxf(M, m_s[w][hh]);
+      float L = 0.f, A = 0.f;
+      if (M != -INFINITY) {
+#pragma unroll
+        for (int w = 0; w < kDecWarps; ++w) {
+          const float e = __expf(m_s[w][hh] - M);
+          L += l_s[w][hh] * e;
+          A += acc_s[w][hh][d] * e;
+        }
+      }
+      cp[idx] = A;
+      if (d == 0) {
+        cm[hh] = M;
+        cl[hh] = L;
+      }
+    }
+    cluster_arrive();
+    cluster_wait();
+    const int C = static_cast<int>(cluster_size()), rank = static_cast<int>(cluster_rank());
+    for (int idx = rank * static_cast<int>(blockDim.x) + threadIdx.x; idx < G * D;
+         idx += C * static_cast<int>(blockDim.x)) {
+      const int hh = idx / D;
+      float ms[16], ls[16], as[16];
+#pragma unroll
+      for (int r = 0; r < 16; ++r) {
+        ms[r] = r < C ? ld_cluster_f32(cluster_map(cm + hh, r)) : -INFINITY;
+        ls[r] = r < C ? ld_cluster_f32(cluster_map(cl + hh, r)) : 0.f;
+        as[r] = r < C ? ld_cluster_f32(cluster_map(cp + idx, r)) : 0.f;
+      }
+      float M = -INFINITY;
+#pragma unroll
+      for (int r = 0; r < 16; ++r) M = fmaxf(M, ms[r]);
+      float L = 0.f;
+#pragma unroll
+      for (int r = 0; r < 16; ++r) {
+        ms[r] = M == -INFINITY ? 0.f : __expf(ms[r] - M);
+        L += ls[r] * ms[r];
+      }
+      const float inv = L > 0.f ? 1.f / L : 0.f;
+      float A = 0.f;
+#pragma unroll
+      for (int r = 0; r < 16; ++r) A += as[r] * (ms[r] * inv);
+      out[static_cast<size_t>(b) * Hq * D + static_cast<size_t>(kvh) * G * D + idx] = __float2bfloat16(A);
+    }
+    cluster_arrive();  // no CTA leaves while another may still read its partial
+    cluster_wait();
+    return;
+  }
   constexpr size_t part_stride = kPartStride;
   for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
     const int hh = idx / D, d = idx % D;
@@ -876,6 +940,39 @@ Status decode_attention(const DecodeAttention& p, const bf16* q, int q_stride, c
 #undef ZEST_DECODE_CASE
 }
 
+namespace {
+
+constexpr int kClusterMaxPages = 16 * kDecWarps * 2;  // cluster merge up to 2 pages per warp (2048 tokens)
+
+// Whether 16-CTA clusters of the fused kernel can be scheduled (checked once).
+bool cluster_attention_ok() {
+  static int ok = -1;
+  if (ok < 0) {
+    ok = 0;
+    const void* fn = reinterpret_cast<const void*>(decode_attention_fused_kernel<true>);
+    if (cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(16);
+      cfg.blockDim = dim3(kDecWarps * 32);
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = 16;
+      attr[0].val.clusterDim.y = 1;
+      attr[0].val.clusterDim.z = 1;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      int clusters = 0;
+      if (cudaOccupancyMaxActiveClusters(&clusters, decode_attention_fused_kernel<true>, &cfg) == cudaSuccess &&
+          clusters > 0)
+        ok = 1;
+    }
+    cudaGetLastError();
+  }
+  return ok == 1;
+}
+
+}  // namespace
+
 bool decode_attention_fused_ok(const DecodeAttention& p, const bf16* qkv, int q_stride) {
   return p.head_dim == kHeadDim && p.kv_heads > 0 && p.q_heads == 8 * p.kv_heads && p.batch > 0 &&
          p.max_context > 0 && p.max_blocks * kKvBlock >= p.max_context && q_stride % 8 == 0 &&
@@ -897,7 +994,30 @@ Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_s
   float* part = static_cast<float*>(workspace);
   int* counters = reinterpret_cast<int*>(static_cast<char*>(workspace) + (parts + 255) / 256 * 256);
   DecodeFuse f{q_norm, k_norm, pos, pos_stride, rope, slot_mapping, eps};
-  return launch("decode_attention_fused", decode_attention_fused_kernel, dim3(sp.splits, p.kv_heads, p.batch),
+  const int pages = (p.max_context + kKvBlock - 1) / kKvBlock;
+  if (decode_option(DecodeOption::kAttentionKernel) == 3 && pages <= kClusterMaxPages && cluster_attention_ok()) {
+    // At most 16 splits (one cluster per kv head and sequence), at least one page per warp.
+    const int per = std::max(kDecWarps, (pages + 15) / 16);
+    const int splits = (pages + per - 1) / per;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(splits, p.kv_heads, p.batch);
+    cfg.blockDim = dim3(kDecWarps * 32);
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[2];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = splits;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[1].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = programmatic_launch() ? 2 : 1;
+    return cuda_status(cudaLaunchKernelEx(&cfg, decode_attention_fused_kernel<true>, qkv, q_stride, k_cache, v_cache,
+                                          block_table, p.max_blocks, context_lens, out, part, counters, p.kv_heads,
+                                          splits, per, p.scale, f),
+                       "decode_attention_fused");
+  }
+  return launch("decode_attention_fused", decode_attention_fused_kernel<false>, dim3(sp.splits, p.kv_heads, p.batch),
                 dim3(kDecWarps * 32), 0, stream, qkv, q_stride, k_cache, v_cache, block_table, p.max_blocks,
                 context_lens, out, part, counters, p.kv_heads, sp.splits, sp.pages_per_split, p.scale, f);
 }

@@ -28,7 +28,8 @@ int default_decode_option(DecodeOption opt) {
   switch (opt) {
     case DecodeOption::kMoeOccupancy: return 1;
     case DecodeOption::kAttentionKernel: return 1;
-    case DecodeOption::kGemmVariant: return 1;
+    case DecodeOption::kGemmVariant: return 4;
+    case DecodeOption::kRouteFused: return 1;
     default: return 0;
   }
 }

@@ -47,12 +47,13 @@ enum class DecodeOption : int {
                     // allow: 1 (default) = 2/4 chunks, 3 CTAs; 0 = 4/8, 1 CTA; 2 = 2/4, 4 CTAs; 3 = 4/8, 2 CTAs
   kAttentionKernel, // decode attention: 1 (default) = tensor cores (mma.sync) when 8 query heads share a kv head
                     // and q rows are 16-byte aligned; 0 = the CUDA-core page loop; 2 = as 1, and decoders call
-                    // decode_attention_fused (q/k norm + RoPE + KV write folded in) for decode steps
-  kGemmVariant,     // small-M GEMM, chunks in flight per warp and CTAs per SM: 1 (default) = 4, 3 CTAs; 0 = 8, 1;
-                    // 2 = 8, 2; 3 = 2, 4; 4 = the weight tile bulk-copied into shared memory before the wait on the
+                    // decode_attention_fused (q/k norm + RoPE + KV write folded in) for decode steps; 3 = as 2, the
+                    // fused kernel's splits (at most 16) merged inside a thread-block cluster up to 2048 tokens
+  kGemmVariant,     // small-M GEMM, chunks in flight per warp and CTAs per SM: 1 = 4, 3 CTAs; 0 = 8, 1; 2 = 8, 2;
+                    // 3 = 2, 4; 4 (default) = the weight tile bulk-copied into shared memory before the wait on the
                     // previous kernel, one CTA per 16-row tile (when every tile's CTA fits on the GPU; else 1)
-  kRouteFused,      // decode routing (T <= 16): 1 = moe_route (router GEMM + top-k + plan in one cluster launch);
-                    // 2 = moe_add_norm_route (the residual add + RMSNorm before it in the same launch);
+  kRouteFused,      // decode routing (T <= 16): 1 (default) = moe_route (router GEMM + top-k + plan in one cluster
+                    // launch); 2 = moe_add_norm_route (the residual add + RMSNorm before it in the same launch);
                     // 0 = router GEMM, router_topk and moe_plan as separate launches
   kMoeKernel,       // decode experts: 0 (default) = the variant moe.cu names as default; 1 = rows_mma gate/up + down
                     // kernels; 2-7 = one persistent bulk-copy streaming kernel (moe_stream.h variants 0-5)

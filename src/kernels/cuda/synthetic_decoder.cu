@@ -286,7 +286,7 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
     const bf16* next_norm = l + 1 < c.layers ? layers_[l + 1].in_norm : final_norm_;
     ZEST_OP("qkv gemm", gemm(xn_, L.wqkv, qkv_, batch, QKV, H, s));
     const int pos_stride = c.mrope ? opt_.max_batch : 0;
-    if (decode_option(DecodeOption::kAttentionKernel) == 2 && decode_attention_fused_ok(ap, qkv_, QKV)) {
+    if (decode_option(DecodeOption::kAttentionKernel) >= 2 && decode_attention_fused_ok(ap, qkv_, QKV)) {
       ZEST_OP("decode attention (fused)",
               decode_attention_fused(ap, qkv_, QKV, L.q_norm, L.k_norm, pos_, pos_stride, rope, slots_, L.k_cache,
                                      L.v_cache, block_table_, ctx_lens_, attn_, ws, kEps, s));
@@ -376,7 +376,7 @@ std::vector<std::string> SyntheticDecoder::op_labels(bool sere) const {
   // The union over the decode variants: an op a step does not launch has no cost in the ablation.
   std::vector<std::string> ops = {"qkv gemm", "qk norm + rope + kv", "decode attention", "o gemm", "add + rmsnorm",
                                   "router gemm", "router top-k"};
-  if (decode_option(DecodeOption::kAttentionKernel) == 2) ops.push_back("decode attention (fused)");
+  if (decode_option(DecodeOption::kAttentionKernel) >= 2) ops.push_back("decode attention (fused)");
   if (decode_option(DecodeOption::kRouteFused) == 1) ops.push_back("router (fused)");
   if (decode_option(DecodeOption::kRouteFused) == 2) ops.push_back("add + rmsnorm + router (fused)");
   if (sere) ops.push_back("sere");
