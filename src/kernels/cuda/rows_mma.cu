@@ -169,12 +169,16 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) rows_mma_kernel(RowsP
 // the warps' partial sums are reduced in shared memory in fixed order. kTwo: more than 8 token rows (M <= 16).
 constexpr int kPreRound = 8;  // token chunks in flight per warp
 
+// Registers allow 3 CTAs per SM with two token tiles (fewer chunks in flight per round), as the shared memory does for
+// K <= 2048.
 template <bool kTwo>
-__global__ void __launch_bounds__(kWarps * 32, 1) rows_pre_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w,
-                                                                  bf16* __restrict__ y, int M, int N, int Kdim) {
+__global__ void __launch_bounds__(kWarps * 32, kTwo ? 3 : 1) rows_pre_kernel(const bf16* __restrict__ x,
+                                                                             const bf16* __restrict__ w,
+                                                                             bf16* __restrict__ y, int M, int N,
+                                                                             int Kdim) {
+  constexpr int kRound = kTwo ? kPreRound / 2 : kPreRound;
   extern __shared__ __align__(128) unsigned char wsm[];
   __shared__ __align__(8) uint64_t bar;
-  __shared__ float red[kWarps][8][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, tq = lane & 3;
   const int r0 = blockIdx.x * kRows;
@@ -193,10 +197,10 @@ __global__ void __launch_bounds__(kWarps * 32, 1) rows_pre_kernel(const bf16* __
   const unsigned char* a_hi = a_lo + 8 * stride;
   float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
   bool landed = false;
-  for (int cb = warp; cb < chunks; cb += kWarps * kPreRound) {
-    uint4 xa[kPreRound], xb[kPreRound];
+  for (int cb = warp; cb < chunks; cb += kWarps * kRound) {
+    uint4 xa[kRound], xb[kRound];
 #pragma unroll
-    for (int u = 0; u < kPreRound; ++u) {
+    for (int u = 0; u < kRound; ++u) {
       const int c = cb + u * kWarps;
       const bool ok = c < chunks;
       xa[u] = ok && x0p ? __ldg(reinterpret_cast<const uint4*>(x0p + c * kChunk)) : make_uint4(0, 0, 0, 0);
@@ -208,7 +212,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1) rows_pre_kernel(const bf16* __
       landed = true;
     }
 #pragma unroll
-    for (int u = 0; u < kPreRound; ++u) {
+    for (int u = 0; u < kRound; ++u) {
       const int c = cb + u * kWarps;
       if (c >= chunks) break;
       const uint4 lo = *reinterpret_cast<const uint4*>(a_lo + c * kChunk * 2);
@@ -216,6 +220,10 @@ __global__ void __launch_bounds__(kWarps * 32, 1) rows_pre_kernel(const bf16* __
       mma_chunk(acc[0], acc[1], lo, hi, xa[u], xb[u], kTwo);
     }
   }
+  // The warps' partial sums go into the weight tile's shared memory once every warp is done with the tile.
+  if (!landed) mbar_wait(&bar, 0);
+  __syncthreads();
+  float(*red)[8][32] = reinterpret_cast<float(*)[8][32]>(wsm);
 #pragma unroll
   for (int n = 0; n < 2; ++n)
 #pragma unroll
@@ -237,7 +245,10 @@ __global__ void __launch_bounds__(kWarps * 32, 1) rows_pre_kernel(const bf16* __
 
 constexpr size_t kPreMaxSmem = 200 * 1024;
 
-size_t rows_pre_smem(int K) { return static_cast<size_t>(kRows) * (static_cast<size_t>(K) * 2 + 16); }
+// The weight tile (rows padded by 16 bytes), at least the 8 KiB of the final reduction that reuses it.
+size_t rows_pre_smem(int K) {
+  return std::max<size_t>(static_cast<size_t>(kRows) * (static_cast<size_t>(K) * 2 + 16), kWarps * 8 * 32 * sizeof(float));
+}
 
 // Whether rows_pre_kernel serves (M, N, K): the tile fits in shared memory and every tile has its CTA resident.
 bool rows_pre_ok(int M, int N, int K) {
