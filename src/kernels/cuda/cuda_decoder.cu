@@ -520,11 +520,21 @@ Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const model::
     for (size_t i = 0; i < bits.size(); ++i) x[i] = bf16_to_f32(bits[i]);
     hooks->moe_input(l, x.data(), T);
   }
-  ZEST_RETURN_IF_ERROR(gemm(s.xn, Ly.router, s.rl, T, E_, H_, st));
-  ZEST_RETURN_IF_ERROR(router_topk(s.rl, nullptr, s.ids, s.route_w, T, E_, K_, st));
   const model::RerouteSpec* spec = hooks ? hooks->reroute : nullptr;
   const bool spec_ok = spec && static_cast<int>(spec->similarity.size()) == L_ &&
                        static_cast<int>(spec->thresholds.size()) == L_;
+  // Decode-sized steps route in one launch (router GEMM + top-k, and the plan too when nothing re-routes in between).
+  const bool fuse_route = decode_option(DecodeOption::kRouteFused) >= 1 && moe_route_ok(T, H_, E_, K_);
+  const bool rerouted = spec_ok && all_active ? !spec->similarity[l].empty() && spec->primary > 0 && spec->primary < K_
+                                              : hooks && hooks->route;
+  const bool plan_routed = fuse_route && !rerouted;
+  if (fuse_route) {
+    ZEST_RETURN_IF_ERROR(moe_route(s.xn, Ly.router, nullptr, s.ids, s.route_w, s.rl, plan_routed ? &s.plan : nullptr,
+                                   nullptr, T, H_, E_, K_, st));
+  } else {
+    ZEST_RETURN_IF_ERROR(gemm(s.xn, Ly.router, s.rl, T, E_, H_, st));
+    ZEST_RETURN_IF_ERROR(router_topk(s.rl, nullptr, s.ids, s.route_w, T, E_, K_, st));
+  }
   if (spec_ok && all_active) {
     if (!spec->similarity[l].empty() && spec->primary > 0 && spec->primary < K_) {
       const size_t ee = static_cast<size_t>(E_) * E_;
@@ -568,8 +578,9 @@ Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const model::
   // Up to a decode batch of 64 tokens the experts stream their weights through the decode kernels (what the
   // synthetic decode benchmark measures at batches 1-64); larger steps use the grouped prefill GEMMs.
   constexpr int kDecodeMoeTokens = 64;
-  ZEST_RETURN_IF_ERROR(T <= kDecodeMoeTokens ? moe_plan(s.ids, T, K_, E_, s.plan, nullptr, st)
-                               : moe_plan_prefill(s.ids, T, K_, E_, s.plan, nullptr, st));
+  if (!plan_routed)
+    ZEST_RETURN_IF_ERROR(T <= kDecodeMoeTokens ? moe_plan(s.ids, T, K_, E_, s.plan, nullptr, st)
+                                 : moe_plan_prefill(s.ids, T, K_, E_, s.plan, nullptr, st));
   if (T <= kDecodeMoeTokens)
     return moe_experts_decode(s.xn, s.plan, s.route_w, Ly.gate_up, Ly.down, s.h, s.slot_out, T, K_, E_, H_, I_, st);
   return moe_experts_prefill(s.xn, s.plan, s.route_w, Ly.gate_up, Ly.down, s.h, s.slot_out, T, K_, E_, H_, I_, st);
@@ -868,9 +879,16 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
     const Layer& Ly = layers_[l];
     const bf16* next = l + 1 < L_ ? layers_[l + 1].in_norm : final_norm_;
     ZEST_RETURN_IF_ERROR(gemm(s.xn, Ly.wqkv, s.qkv, T, QKV_, H_, st));
-    ZEST_RETURN_IF_ERROR(qk_norm_rope_kv(s.qkv, Ly.q_norm, Ly.k_norm, d_pos, T, rope_, d_slots, kv->k(l), kv->v(l), T,
-                                         Hq_, Hkv_, D_, eps_, st));
-    if (use_decode) {
+    // Decode steps (token b is sequence b's current token) may fold q/k norm + RoPE + KV write into the attention.
+    const bool fused_attn = use_decode && decode_option(DecodeOption::kAttentionKernel) >= 2 &&
+                            decode_attention_fused_ok(dp, s.qkv, QKV_);
+    if (!fused_attn)
+      ZEST_RETURN_IF_ERROR(qk_norm_rope_kv(s.qkv, Ly.q_norm, Ly.k_norm, d_pos, T, rope_, d_slots, kv->k(l), kv->v(l), T,
+                                           Hq_, Hkv_, D_, eps_, st));
+    if (fused_attn) {
+      ZEST_RETURN_IF_ERROR(decode_attention_fused(dp, s.qkv, QKV_, Ly.q_norm, Ly.k_norm, d_pos, T, rope_, d_slots,
+                                                  kv->k(l), kv->v(l), d_bt, d_seq_ctx, s.attn, s.ws.get(), eps_, st));
+    } else if (use_decode) {
       ZEST_RETURN_IF_ERROR(decode_attention(dp, s.qkv, QKV_, kv->k(l), kv->v(l), d_bt, d_seq_ctx, s.attn, s.ws.get(), st));
     } else {
       if (use_prefill)
