@@ -7,10 +7,13 @@
 // bytes of a row); those of down are the contiguous h rows of the sorted positions. The plan's tiles are
 // kMoeTileM (64) slots: the CTA of an even tile (counted from its expert's first) covers it and the next. The
 // grid runs the weight-row tiles fastest, so the CTAs of one expert's row tile (and then of its next row tiles)
-// run together and share the A rows and the expert's weights in L2. Two kernel families, chosen by
+// run together and share the A rows and the expert's weights in L2. Three kernel families, chosen by
 // PrefillOption::kGroupedGemm (kernels.h):
-// - wgmma (default): two warpgroups of 64 rows issue wgmma.m64n128k16 on 128-byte swizzled shared-memory
-//   stages filled by cp.async (see the section below);
+// - warp-specialised wgmma (default, variant 11; 11-16 in the section "warp-specialised persistent grouped GEMM"):
+//   persistent CTAs of 128 slots x 256 weight rows, a TMA/cp.async producer warpgroup and two consumer warpgroups
+//   synchronised by mbarriers; sizes it does not take run variant 3;
+// - wgmma (variants 3-10): two warpgroups of 64 rows issue wgmma.m64n128k16 on 128-byte swizzled shared-memory
+//   stages filled by cp.async by all threads (see the section below);
 // - mma.sync: 8 warps (4 along the rows x 2 along the weight rows, 32 x 64 each), ldmatrix fragments, a
 //   cp.async ring of k-chunks.
 //
@@ -615,27 +618,13 @@ __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
   asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
-// Waits for the phase of `bar` with `parity`, acquiring what the arrivals of other CTAs of the cluster released.
-__device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar, unsigned parity) {
-  uint32_t ok = 0;
-  while (!ok) {
-    asm volatile(
-        "{\n"
-        ".reg .pred p;\n"
-        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n"
-        "}\n"
-        : "=r"(ok)
-        : "r"(vmma::smem_addr(bar)), "r"(parity)
-        : "memory");
-  }
-}
-// Arrives (release, cluster scope) on the barrier at the same shared-memory offset as `bar` in CTA `cta` of the
-// cluster.
+// Arrives on the barrier at the same shared-memory offset as `bar` in CTA `cta` of the cluster. A consumer arrives
+// only after its wgmma reads of the stage have completed (wgmma.wait_group), so the partner's multicast that follows
+// the arrival cannot overwrite data still being read; no cluster-scope release is needed (nor waited for).
 __device__ __forceinline__ void mbar_arrive_remote(uint64_t* bar, uint32_t cta) {
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(vmma::smem_addr(bar)), "r"(cta));
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
 }
 // Named barriers 1.. between warpgroups: sync waits until `count` threads arrived (itself included), arrive does not
 // wait.
@@ -783,10 +772,7 @@ __global__ void __launch_bounds__(kXThreads, 1)
         }
       }
       for (int kc = 0; kc < nk; ++kc) {
-        if constexpr (CL > 1)
-          mbar_wait_cluster(&empty_bar[stage], phase ^ 1);
-        else
-          mbar_wait(&empty_bar[stage], phase ^ 1);
+        mbar_wait(&empty_bar[stage], phase ^ 1);
         unsigned char* sA = smem + stage * kStage;
         unsigned char* sB = sA + kXBM * kXRowBytes;
         if (p == 0) {
@@ -822,12 +808,8 @@ __global__ void __launch_bounds__(kXThreads, 1)
     const int wg = (warp >> 2) - 1, wq = warp & 3, g = lane >> 2, t = lane & 3;
     auto release = [&](int s) {
       if (lane != 0) return;
-      if constexpr (CL > 1) {
-#pragma unroll
-        for (int c = 0; c < CL; ++c) mbar_arrive_remote(&empty_bar[s], c);
-      } else {
-        mbar_arrive(&empty_bar[s]);
-      }
+      mbar_arrive(&empty_bar[s]);
+      if constexpr (CL > 1) mbar_arrive_remote(&empty_bar[s], rank ^ 1);  // the partner multicasts into this stage
     };
     // Cooperative: both warpgroups take every work tile, 64 rows each (row block wg). Ping-pong: warpgroup wg takes
     // the CTA's work tiles i with i % 2 == wg, all 128 rows (row blocks 0 and 1); the ring holds the tiles' k-chunks
@@ -1134,13 +1116,13 @@ Status moe_prefill_gate_up(const bf16* x, const MoePlan& plan, const bf16* gate_
     case 8: return run(launch_grouped_wgmma<true, 64, 128, 3, false>);
     case 9: return run(launch_grouped_wgmma<true, 64, 128, 4, true>);
     case 10: return run(launch_grouped_wgmma<true, 64, 128, 3, true>);
-    case 11: return run(launch_grouped_ws<true, 256, 4>);
     case 12: return run(launch_grouped_ws<true, 128, 6>);
     case 13: return run(launch_grouped_ws<true, 256, 4, 2>);
     case 14: return run(launch_grouped_ws<true, 128, 6, 1, true>);
     case 15: return run(launch_grouped_ws<true, 128, 6, 2, true>);
     case 16: return run(launch_grouped_ws<true, 256, 4, 2, false, true>);
-    default: return run(launch_grouped_wgmma<true, 128, 128, 3, false>);  // 0 and 3: the fastest on H200
+    case 3: return run(launch_grouped_wgmma<true, 128, 128, 3, false>);
+    default: return run(launch_grouped_ws<true, 256, 4>);  // 0 and 11: the fastest on H200
   }
 }
 
@@ -1161,13 +1143,13 @@ Status moe_prefill_down(const bf16* h, const MoePlan& plan, const float* weights
     case 8: return run(launch_grouped_wgmma<false, 64, 128, 3, false>);
     case 9: return run(launch_grouped_wgmma<false, 64, 128, 4, true>);
     case 10: return run(launch_grouped_wgmma<false, 64, 128, 3, true>);
-    case 11: return run(launch_grouped_ws<false, 256, 4>);
     case 12: return run(launch_grouped_ws<false, 128, 6>);
     case 13: return run(launch_grouped_ws<false, 256, 4, 2>);
     case 14: return run(launch_grouped_ws<false, 128, 6, 1, true>);
     case 15: return run(launch_grouped_ws<false, 128, 6, 2, true>);
     case 16: return run(launch_grouped_ws<false, 256, 4, 2, false, true>);
-    default: return run(launch_grouped_wgmma<false, 128, 128, 3, false>);  // 0 and 3: the fastest on H200
+    case 3: return run(launch_grouped_wgmma<false, 128, 128, 3, false>);
+    default: return run(launch_grouped_ws<false, 256, 4>);  // 0 and 11: the fastest on H200
   }
 }
 
