@@ -4,7 +4,8 @@
 // ("eager": the graphs' context bounds without graphs). Checked on the tiny MoE fixture (generic paged attention)
 // and on a random-weight model of the Qwen3-30B-A3B shapes cut to 2 layers (decode attention with its bucketed
 // bound, the decode MoE kernels), with and without SERE re-routing on the device, through forward (logits) and
-// forward_sample (greedy, temperature and top-k/top-p rows). A replay really happened: the decoder's graph launch
+// forward_sample (greedy, temperature and top-k/top-p rows), twice, each run over a KV cache of its own (graphs
+// captured over another cache must not replay). A replay really happened: the decoder's graph launch
 // counter grows. Also forward_sample against forward on one prefill step, whole-row fallbacks included.
 #if defined(ZEST_HAVE_CUDA)
 #include <gtest/gtest.h>
@@ -39,25 +40,29 @@ struct Trace {
 // 7 sequences with prompts of 3 .. 300 tokens are prefilled one at a time, then 36 decode steps run; the set of
 // sequences in a step changes every 3 steps, so each (batch, context bucket) key recurs and gets captured and
 // replayed. The next token of a sequence is the argmax of its logits (forward) or its sampled token.
-void run_schedule(const model::TextDecoder& dec, bool sample, const model::MoeHooks* hooks, Trace& out) {
+// The cache stays alive in *keep, so that the next run's cache is at another address.
+void run_schedule(const model::TextDecoder& dec, bool sample, const model::MoeHooks* hooks, Trace& out,
+                  std::vector<std::unique_ptr<model::PagedKVCache>>* keep) {
   const int64_t V = dec.config().vocab_size;
   const int lens[] = {3, 17, 40, 100, 250, 255, 300};
   constexpr int kSeqs = 7, kSteps = 36;
   auto cache = dec.allocate_cache(kSeqs * ((300 + kSteps) / 16 + 2), 16);
   ASSERT_TRUE(cache.ok()) << cache.status().to_string();
+  keep->push_back(std::make_unique<model::PagedKVCache>(std::move(cache).value()));
+  model::PagedKVCache* kv = keep->back().get();
   std::mt19937 rng(17);
   std::vector<std::vector<int32_t>> tables(kSeqs);
   std::vector<int64_t> ctx(kSeqs);
   std::vector<int32_t> next(kSeqs);
   for (int j = 0; j < kSeqs; ++j) {
-    ASSERT_TRUE(cache->reserve(tables[j], lens[j] + kSteps + 1).is_ok());
+    ASSERT_TRUE(kv->reserve(tables[j], lens[j] + kSteps + 1).is_ok());
     model::ForwardBatch b;
     for (int i = 0; i < lens[j]; ++i) b.tokens.push_back(static_cast<int32_t>(rng() % V));
     b.positions.resize(3 * lens[j]);
     for (int a = 0; a < 3; ++a)
       for (int i = 0; i < lens[j]; ++i) b.positions[a * lens[j] + i] = i;
     b.seqs.push_back({&tables[j], 0, lens[j], false, true});
-    auto l = dec.forward(b, *cache, hooks);
+    auto l = dec.forward(b, *kv, hooks);
     ASSERT_TRUE(l.ok()) << l.status().to_string();
     next[j] = static_cast<int32_t>(std::max_element(l->data<float>(), l->data<float>() + V) - l->data<float>());
     ctx[j] = lens[j];
@@ -86,7 +91,7 @@ void run_schedule(const model::TextDecoder& dec, bool sample, const model::MoeHo
       rows.push_back(row);
     }
     if (sample) {
-      auto r = dec.forward_sample(b, *cache, hooks, rows);
+      auto r = dec.forward_sample(b, *kv, hooks, rows);
       ASSERT_TRUE(r.ok()) << r.status().to_string();
       ASSERT_EQ(r->size(), static_cast<size_t>(n));
       for (int i = 0; i < n; ++i) {
@@ -97,7 +102,7 @@ void run_schedule(const model::TextDecoder& dec, bool sample, const model::MoeHo
         out.tokens.push_back(tok);
       }
     } else {
-      auto l = dec.forward(b, *cache, hooks);
+      auto l = dec.forward(b, *kv, hooks);
       ASSERT_TRUE(l.ok()) << l.status().to_string();
       out.logits.emplace_back(l->data<float>(), l->data<float>() + n * V);
       for (int i = 0; i < n; ++i) {
@@ -113,25 +118,31 @@ void run_schedule(const model::TextDecoder& dec, bool sample, const model::MoeHo
 void expect_graphs_equal_eager(const model::TextDecoder& dec, const model::MoeHooks* hooks, const std::string& what) {
   for (bool sample : {false, true}) {
     SCOPED_TRACE(what + (sample ? " forward_sample" : " forward"));
-    Trace eager, graphs;
+    Trace eager;
+    std::vector<std::unique_ptr<model::PagedKVCache>> keep;
     {
       GraphEnv env("eager");
-      run_schedule(dec, sample, hooks, eager);
+      run_schedule(dec, sample, hooks, eager, &keep);
     }
-    const int64_t before = decode_graph_launches();
-    {
-      GraphEnv env("1");
-      run_schedule(dec, sample, hooks, graphs);
-    }
-    EXPECT_GE(decode_graph_launches() - before, 12) << "decode steps were not replayed from graphs";
-    ASSERT_EQ(eager.tokens.size(), graphs.tokens.size());
-    EXPECT_EQ(eager.tokens, graphs.tokens);
-    ASSERT_EQ(eager.logits.size(), graphs.logits.size());
-    for (size_t s = 0; s < eager.logits.size(); ++s) {
-      ASSERT_EQ(eager.logits[s].size(), graphs.logits[s].size());
-      size_t diff = 0;
-      for (size_t i = 0; i < eager.logits[s].size(); ++i) diff += eager.logits[s][i] != graphs.logits[s][i];
-      EXPECT_EQ(diff, 0u) << "step " << s;
+    // Twice: the second run has a KV cache of its own, so graphs captured over the first cache must not replay.
+    for (int rep = 0; rep < 2; ++rep) {
+      SCOPED_TRACE("graph run " + std::to_string(rep));
+      Trace graphs;
+      const int64_t before = decode_graph_launches();
+      {
+        GraphEnv env("1");
+        run_schedule(dec, sample, hooks, graphs, &keep);
+      }
+      EXPECT_GE(decode_graph_launches() - before, 12) << "decode steps were not replayed from graphs";
+      ASSERT_EQ(eager.tokens.size(), graphs.tokens.size());
+      EXPECT_EQ(eager.tokens, graphs.tokens);
+      ASSERT_EQ(eager.logits.size(), graphs.logits.size());
+      for (size_t s = 0; s < eager.logits.size(); ++s) {
+        ASSERT_EQ(eager.logits[s].size(), graphs.logits[s].size());
+        size_t diff = 0;
+        for (size_t i = 0; i < eager.logits[s].size(); ++i) diff += eager.logits[s][i] != graphs.logits[s][i];
+        EXPECT_EQ(diff, 0u) << "step " << s;
+      }
     }
   }
 }

@@ -164,8 +164,8 @@ Status prefill_attention(const bf16* q, int q_stride, const bf16* k, const bf16*
 //     tile carried across items so the next item's loads overlap the current epilogue): 15 = with turn-taking,
 //     16 = without; 17 = as 15 with items of two query heads of one kv head x 64 rows (one consumer per head, each
 //     K/V tile read once for both; an odd number of query heads per kv head takes 15).
-//   kGroupedGemm (moe_prefill_gate_up/down; default 11, see below): mma.sync with 1 = k-chunks of 32 in a 4-stage cp.async
-//     ring, 2 = 64 in 3 stages; wgmma (two warpgroups of 64 rows, k-chunks of 64): 3 = 3 stages, each stage's
+//   kGroupedGemm (moe_prefill_gate_up/down; default 11, see below): mma.sync with 1 = k-chunks of 32 in a 4-stage
+//     cp.async ring, 2 = 64 in 3 stages; wgmma (two warpgroups of 64 rows, k-chunks of 64): 3 = 3 stages, each stage's
 //     wgmma waited for; 4 = 4 stages, one wgmma group left in flight; 5 = 3 stages, one group in flight;
 //     256 weight rows per CTA (m64n256k16; needs I % 128 == 0 and H % 256 == 0, else variant 3): 6 = 3 stages,
 //     7 = 4 stages with one group in flight; one warpgroup of 64 rows per CTA (one plan tile): 8 = 3 stages (three
@@ -287,8 +287,8 @@ Status moe_prefill_down(const bf16* h, const MoePlan& plan, const float* weights
 // 6 stages; 13 = as 11 in clusters of two CTAs on consecutive row tiles that share (TMA
 // multicast) the weight tile when both belong to one expert; 14 = ping-pong: each consumer warpgroup takes every
 // other tile whole (128 x 128, 6 stages), its epilogue overlapping the other's GEMM; 15 = 14 in clusters as 13;
-// 16 = 13 launching sm_count / 2 clusters whatever the occupancy query says. All need E <= 256 and 16-byte aligned
-// operands, else variant 3 runs.
+// 16 = 13 launching sm_count / 2 clusters whatever the occupancy query says; 17 = 11 with evict-first (streaming)
+// output stores. All need E <= 256 and 16-byte aligned operands, else variant 3 runs.
 // Clusters of variant 13's gate/up (or down) kernel that can be resident at once (cudaOccupancyMaxActiveClusters).
 int moe_prefill_cluster_capacity(bool gate_up);
 // The previous grouped GEMMs (wmma 64x64 tiles) when H and I are multiples of 64, else moe_experts_decode;

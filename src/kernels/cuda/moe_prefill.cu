@@ -648,7 +648,9 @@ __device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorM
 // flat list with the same weight-row tile; when both row tiles belong to one expert, each CTA loads half of the
 // weight tile and multicasts it into both (half the weight traffic from L2), else each loads its own. A stage is
 // refilled only once the consumers of both CTAs released it (empty barriers count the 8 consumer warps of each).
-template <bool kGateUp, int BN, int ST, int CL, bool kPP>
+// kStream: the epilogue stores with the evict-first (streaming) cache policy, so the outputs passing through L2 do
+// not push out the weights and activations the other CTAs still read.
+template <bool kGateUp, int BN, int ST, int CL, bool kPP, bool kStream = false>
 __global__ void __launch_bounds__(kXThreads, 1)
     moe_grouped_ws_kernel(const __grid_constant__ CUtensorMap tm_w, const __grid_constant__ CUtensorMap tm_a,
                           const bf16* __restrict__ a_src, MoePlan plan, const float* __restrict__ weights,
@@ -877,17 +879,25 @@ __global__ void __launch_bounds__(kXThreads, 1)
                 const float uv = bf16_round(acc[rb][4 * (c8 + BN / 16) + 2 * hr + c]);
                 hv[c] = bf16_round(gv / (1.f + __expf(-gv))) * uv;
               }
-              *reinterpret_cast<__nv_bfloat162*>(hrow + 8 * c8) = __floats2bfloat162_rn(hv[0], hv[1]);
+              const __nv_bfloat162 hb = __floats2bfloat162_rn(hv[0], hv[1]);
+              if constexpr (kStream)
+                __stcs(reinterpret_cast<unsigned int*>(hrow + 8 * c8), *reinterpret_cast<const unsigned int*>(&hb));
+              else
+                *reinterpret_cast<__nv_bfloat162*>(hrow + 8 * c8) = hb;
             }
           } else {
             const int slot = plan.sorted_slots[m0 + r];
             const float wt = weights[slot];
             float* orow = slot_out + static_cast<size_t>(slot) * H + nt * BN + 2 * t;
 #pragma unroll
-            for (int c8 = 0; c8 < BN / 8; ++c8)
-              *reinterpret_cast<float2*>(orow + 8 * c8) =
-                  make_float2(bf16_round(bf16_round(acc[rb][4 * c8 + 2 * hr]) * wt),
-                              bf16_round(bf16_round(acc[rb][4 * c8 + 2 * hr + 1]) * wt));
+            for (int c8 = 0; c8 < BN / 8; ++c8) {
+              const float2 ov = make_float2(bf16_round(bf16_round(acc[rb][4 * c8 + 2 * hr]) * wt),
+                                            bf16_round(bf16_round(acc[rb][4 * c8 + 2 * hr + 1]) * wt));
+              if constexpr (kStream)
+                __stcs(reinterpret_cast<float2*>(orow + 8 * c8), ov);
+              else
+                *reinterpret_cast<float2*>(orow + 8 * c8) = ov;
+            }
           }
         }
       }
@@ -968,13 +978,13 @@ int ws_max_clusters() {
 }
 
 // kFullGrid (CL > 1): launch sm_count / CL clusters instead of the number the occupancy query reports.
-template <bool kGateUp, int BN, int ST, int CL = 1, bool kPP = false, bool kFullGrid = false>
+template <bool kGateUp, int BN, int ST, int CL = 1, bool kPP = false, bool kFullGrid = false, bool kStream = false>
 Status launch_grouped_ws(const bf16* a, const MoePlan& plan, const float* weights, const bf16* w, bf16* h,
                          float* slot_out, int N, int K, int E, int H, int I, cudaStream_t stream) {
   if (!ws_ok<kGateUp, BN>(a, w, E, H, I))
     return launch_grouped_wgmma<kGateUp, 128, 128, 3, false>(a, plan, weights, w, h, slot_out, N, K, E, H, I, stream);
   constexpr size_t kSmem = x_smem<BN, ST>();
-  auto* kernel = moe_grouped_ws_kernel<kGateUp, BN, ST, CL, kPP>;
+  auto* kernel = moe_grouped_ws_kernel<kGateUp, BN, ST, CL, kPP, kStream>;
   static const cudaError_t attr =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
   ZEST_RETURN_IF_ERROR(cuda_status(attr, "moe grouped GEMM (warp-specialised) smem attribute"));
@@ -1121,6 +1131,7 @@ Status moe_prefill_gate_up(const bf16* x, const MoePlan& plan, const bf16* gate_
     case 14: return run(launch_grouped_ws<true, 128, 6, 1, true>);
     case 15: return run(launch_grouped_ws<true, 128, 6, 2, true>);
     case 16: return run(launch_grouped_ws<true, 256, 4, 2, false, true>);
+    case 17: return run(launch_grouped_ws<true, 256, 4, 1, false, false, true>);
     case 3: return run(launch_grouped_wgmma<true, 128, 128, 3, false>);
     default: return run(launch_grouped_ws<true, 256, 4>);  // 0 and 11: the fastest on H200
   }
@@ -1148,6 +1159,7 @@ Status moe_prefill_down(const bf16* h, const MoePlan& plan, const float* weights
     case 14: return run(launch_grouped_ws<false, 128, 6, 1, true>);
     case 15: return run(launch_grouped_ws<false, 128, 6, 2, true>);
     case 16: return run(launch_grouped_ws<false, 256, 4, 2, false, true>);
+    case 17: return run(launch_grouped_ws<false, 256, 4, 1, false, false, true>);
     case 3: return run(launch_grouped_wgmma<false, 128, 128, 3, false>);
     default: return run(launch_grouped_ws<false, 256, 4>);  // 0 and 11: the fastest on H200
   }
