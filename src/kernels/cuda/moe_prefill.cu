@@ -649,8 +649,9 @@ __device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorM
 // weight tile and multicasts it into both (half the weight traffic from L2), else each loads its own. A stage is
 // refilled only once the consumers of both CTAs released it (empty barriers count the 8 consumer warps of each).
 // kStream: the epilogue stores with the evict-first (streaming) cache policy, so the outputs passing through L2 do
-// not push out the weights and activations the other CTAs still read.
-template <bool kGateUp, int BN, int ST, int CL, bool kPP, bool kStream = false>
+// not push out the weights and activations the other CTAs still read. kPrefetch: down's epilogue inputs (the slot
+// and routing weight of the thread's rows) are loaded before the GEMM instead of after it.
+template <bool kGateUp, int BN, int ST, int CL, bool kPP, bool kStream = false, bool kPrefetch = false>
 __global__ void __launch_bounds__(kXThreads, 1)
     moe_grouped_ws_kernel(const __grid_constant__ CUtensorMap tm_w, const __grid_constant__ CUtensorMap tm_a,
                           const bf16* __restrict__ a_src, MoePlan plan, const float* __restrict__ weights,
@@ -826,6 +827,18 @@ __global__ void __launch_bounds__(kXThreads, 1)
       bool act[RB];  // row block rb has rows of the expert
 #pragma unroll
       for (int rb = 0; rb < RB; ++rb) act[rb] = 64 * (kPP ? rb : wg) < rows;
+      int pre_slot[RB][2];  // kPrefetch (down): slot and routing weight of rows 16 * wq + g + 8 * hr of row block rb
+      float pre_wt[RB][2];
+      if constexpr (!kGateUp && kPrefetch) {
+#pragma unroll
+        for (int rb = 0; rb < RB; ++rb)
+#pragma unroll
+          for (int hr = 0; hr < 2; ++hr) {
+            const int r = (kPP ? rb : wg) * 64 + 16 * wq + g + hr * 8;
+            pre_slot[rb][hr] = r < rows ? plan.sorted_slots[m0 + r] : 0;
+            pre_wt[rb][hr] = r < rows ? weights[pre_slot[rb][hr]] : 0.f;
+          }
+      }
       float acc[RB][BN / 2];
 #pragma unroll
       for (int rb = 0; rb < RB; ++rb)
@@ -886,8 +899,8 @@ __global__ void __launch_bounds__(kXThreads, 1)
                 *reinterpret_cast<__nv_bfloat162*>(hrow + 8 * c8) = hb;
             }
           } else {
-            const int slot = plan.sorted_slots[m0 + r];
-            const float wt = weights[slot];
+            const int slot = kPrefetch ? pre_slot[rb][hr] : plan.sorted_slots[m0 + r];
+            const float wt = kPrefetch ? pre_wt[rb][hr] : weights[slot];
             float* orow = slot_out + static_cast<size_t>(slot) * H + nt * BN + 2 * t;
 #pragma unroll
             for (int c8 = 0; c8 < BN / 8; ++c8) {
@@ -978,13 +991,14 @@ int ws_max_clusters() {
 }
 
 // kFullGrid (CL > 1): launch sm_count / CL clusters instead of the number the occupancy query reports.
-template <bool kGateUp, int BN, int ST, int CL = 1, bool kPP = false, bool kFullGrid = false, bool kStream = false>
+template <bool kGateUp, int BN, int ST, int CL = 1, bool kPP = false, bool kFullGrid = false, bool kStream = false,
+          bool kPrefetch = false>
 Status launch_grouped_ws(const bf16* a, const MoePlan& plan, const float* weights, const bf16* w, bf16* h,
                          float* slot_out, int N, int K, int E, int H, int I, cudaStream_t stream) {
   if (!ws_ok<kGateUp, BN>(a, w, E, H, I))
     return launch_grouped_wgmma<kGateUp, 128, 128, 3, false>(a, plan, weights, w, h, slot_out, N, K, E, H, I, stream);
   constexpr size_t kSmem = x_smem<BN, ST>();
-  auto* kernel = moe_grouped_ws_kernel<kGateUp, BN, ST, CL, kPP, kStream>;
+  auto* kernel = moe_grouped_ws_kernel<kGateUp, BN, ST, CL, kPP, kStream, kPrefetch>;
   static const cudaError_t attr =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
   ZEST_RETURN_IF_ERROR(cuda_status(attr, "moe grouped GEMM (warp-specialised) smem attribute"));
@@ -1132,6 +1146,7 @@ Status moe_prefill_gate_up(const bf16* x, const MoePlan& plan, const bf16* gate_
     case 15: return run(launch_grouped_ws<true, 128, 6, 2, true>);
     case 16: return run(launch_grouped_ws<true, 256, 4, 2, false, true>);
     case 17: return run(launch_grouped_ws<true, 256, 4, 1, false, false, true>);
+    case 18: return run(launch_grouped_ws<true, 256, 4, 1, false, false, false, true>);
     case 3: return run(launch_grouped_wgmma<true, 128, 128, 3, false>);
     default: return run(launch_grouped_ws<true, 256, 4>);  // 0 and 11: the fastest on H200
   }
@@ -1160,6 +1175,7 @@ Status moe_prefill_down(const bf16* h, const MoePlan& plan, const float* weights
     case 15: return run(launch_grouped_ws<false, 128, 6, 2, true>);
     case 16: return run(launch_grouped_ws<false, 256, 4, 2, false, true>);
     case 17: return run(launch_grouped_ws<false, 256, 4, 1, false, false, true>);
+    case 18: return run(launch_grouped_ws<false, 256, 4, 1, false, false, false, true>);
     case 3: return run(launch_grouped_wgmma<false, 128, 128, 3, false>);
     default: return run(launch_grouped_ws<false, 256, 4>);  // 0 and 11: the fastest on H200
   }
