@@ -5,10 +5,11 @@
 // weight rows x KC columns (gate/up: each tile 8 gate rows then the 8 matching up rows, so a thread holds the gate
 // and up values of the same intermediate index) and up to TG (8 or 16) token rows x KC (x rows for gate/up, h rows
 // by sorted position for down), each row one bulk copy; an expert with more tokens takes several passes. The
-// producer warp (the last warp) and the consumer warps walk the same (item, token pass, k chunk) sequence. Consumer
-// warp w takes the 32-wide k steps w, w + 4, ... of every chunk (the same split for every KC, so the variants agree
-// bit for bit) and the four partial sums are reduced in fixed order through shared memory (double-buffered: one
-// named barrier per pass); warp 0 writes the outputs.
+// producer warps (after the consumers; each copies every P-th row of a stage: the copies of one warp are issued one
+// after another, so several producers multiply the copy rate) and the consumer warps walk the same (item, token
+// pass, k chunk) sequence. Consumer warp w takes the 32-wide k steps w, w + 4, ... of every chunk (the same split for
+// every KC, so the variants agree bit for bit) and the four partial sums are reduced in fixed order through shared
+// memory (double-buffered: one named barrier per pass); warp 0 writes the outputs.
 //
 // Down items of expert j need all of j's h rows: after a gate/up item's last pass, warp 0 publishes its h stores and
 // adds 1 to ready[j] (release); the producer issues a down stage's weight copies, then waits (acquire) until
@@ -23,8 +24,8 @@ namespace zest::cuda {
 
 namespace {
 
-constexpr int kConsumers = 4;                     // consumer warps; warp kConsumers is the producer
-constexpr int kThreads = (kConsumers + 1) * 32;
+constexpr int kConsumers = 4;                     // consumer warps 0-3; warps 4 .. 3 + P are the producers
+constexpr int threads(int P) { return (kConsumers + P) * 32; }
 constexpr int kTileRows = 16;                     // weight rows of one mma m16 tile
 constexpr int kMaxTokG = 16;                      // tokens per pass: at most two n8 tiles
 constexpr int kPadBytes = 64;                     // after each shared row: rows g and g+1 fall in different banks
@@ -181,8 +182,8 @@ __device__ __forceinline__ Item decode_item(const StreamArgs& a, int item, int n
   return it;
 }
 
-template <int KC, int NS, int TG, int MT, int kMinBlocks>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) moe_stream_kernel(StreamArgs a) {
+template <int KC, int NS, int TG, int MT, int P, int kMinBlocks>
+__global__ void __launch_bounds__(threads(P), kMinBlocks) moe_stream_kernel(StreamArgs a) {
   using R = Ring<KC, TG, MT>;
   constexpr int RA = R::RA, GU = R::GU;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -193,7 +194,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) moe_stream_kernel(Stream
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (threadIdx.x == 0) {
     for (int s = 0; s < NS; ++s) {
-      mbar_init(bar0 + 8 * s, 1);
+      mbar_init(bar0 + 8 * s, P);
       mbar_init(bar0 + 8 * (NS + s), kConsumers);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -206,26 +207,31 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) moe_stream_kernel(Stream
   const int n_gu = na * gu_tiles, total = n_gu + na * dn_tiles;
   uint32_t stage = 0;  // stages walked so far (the same count in every role)
 
-  if (warp == kConsumers) {
-    // ---- producer warp: lane l copies stage row l if l < RA (a weight row) and token row t = the lane's next stage
-    // row (l or l + 32) minus RA when t < TG ----
+  if (warp >= kConsumers) {
+    // ---- producer warps: warp p copies the stage rows p + P i (weight rows below RA, then token rows); lane l takes
+    // row ri = p + P l when it is a weight row, and token row t = ri - RA (or ri + 32 P - RA) when t < TG. Each warp
+    // arrives on the full barrier once per stage with its own byte count. ----
     const uint64_t policy = evict_first_policy();
-    const int t = lane >= RA ? lane - RA : lane + 32 - RA;
+    const int ri = (warp - kConsumers) + P * lane;
+    const bool has_a = ri < RA;
+    const int t = ri >= RA ? ri - RA : ri + 32 * P - RA;
     const uint32_t b_row = static_cast<uint32_t>(RA + t);
+    const uint32_t a_rows = __popc(__ballot_sync(0xffffffffu, has_a));
     for (int item = blockIdx.x; item < total; item += gridDim.x) {
       const Item it = decode_item(a, item, n_gu, gu_tiles, dn_tiles);
       const int width = it.gu ? a.H : a.I;
       const bf16* wrow = nullptr;
-      if (lane < RA) {
-        const int m = lane / kTileRows, r = lane % kTileRows;
+      if (has_a) {
+        const int m = ri / kTileRows, r = ri % kTileRows;
         const size_t row = it.gu ? static_cast<size_t>(it.e) * 2 * a.I + (r < 8 ? 0 : a.I) + it.tile * GU + m * 8 + (r & 7)
-                                 : static_cast<size_t>(it.e) * a.H + it.tile * RA + lane;
+                                 : static_cast<size_t>(it.e) * a.H + it.tile * RA + ri;
         wrow = (it.gu ? a.gate_up : a.down) + row * width;
       }
       bool h_ready = it.gu;
       for (int c0 = it.beg; c0 < it.end; c0 += TG) {
         const int nt = min(TG, it.end - c0);
         const bool has_row = t < nt;
+        const uint32_t rows = a_rows + __popc(__ballot_sync(0xffffffffu, has_row));
         const bf16* brow = nullptr;  // set after the first chunk's weight copies are under way
         for (int k0 = 0; k0 < width; k0 += KC, ++stage) {
           const int s = stage % NS;
@@ -234,11 +240,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) moe_stream_kernel(Stream
           const uint32_t full = bar0 + 8 * s, empty = bar0 + 8 * (NS + s);
           if (lane == 0) {
             mbar_wait(empty, par ^ 1u);
-            mbar_expect_tx(full, bytes * static_cast<uint32_t>(RA + nt));
+            mbar_expect_tx(full, bytes * rows);
           }
           __syncwarp();
           const uint32_t slot = slot0 + s * R::kSlotBytes;
-          if (wrow) bulk_copy_hint(slot + lane * R::kRowBytes, wrow + k0, bytes, full, policy);
+          if (wrow) bulk_copy_hint(slot + ri * R::kRowBytes, wrow + k0, bytes, full, policy);
           if (!h_ready) {
             if (lane == 0) {
               const uint32_t target = static_cast<uint32_t>(gu_tiles);
@@ -368,13 +374,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) moe_stream_kernel(Stream
   }
 }
 
-template <int KC, int NS, int TG, int MT, int kMinBlocks>
+template <int KC, int NS, int TG, int MT, int P, int kMinBlocks>
 Status launch_stream(const StreamArgs& args, int max_active, cudaStream_t stream) {
   using R = Ring<KC, TG, MT>;
   constexpr size_t smem = R::kHead + static_cast<size_t>(NS) * R::kSlotBytes;
   static_assert(2 * NS * 8 <= kBarBytes, "mbarriers do not fit");
   static_assert(smem <= 227 * 1024, "shared memory of one CTA");
-  const void* fn = reinterpret_cast<const void*>(moe_stream_kernel<KC, NS, TG, MT, kMinBlocks>);
+  const void* fn = reinterpret_cast<const void*>(moe_stream_kernel<KC, NS, TG, MT, P, kMinBlocks>);
   static bool configured = false;
   if (!configured) {
     ZEST_RETURN_IF_ERROR(cuda_status(
@@ -384,12 +390,13 @@ Status launch_stream(const StreamArgs& args, int max_active, cudaStream_t stream
   }
   int per_sm = 0;
   ZEST_RETURN_IF_ERROR(
-      cuda_status(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, kThreads, smem), "occupancy"));
+      cuda_status(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, threads(P), smem), "occupancy"));
   if (per_sm < 1) return unsupported("moe_experts_stream: the kernel does not fit on a multiprocessor");
   // Every CTA must be resident at once (down items wait for other CTAs' gate/up items).
   const int max_items = max_active * (args.I / R::GU + args.H / R::RA);
   const int grid = std::max(1, std::min(max_items, per_sm * sm_count()));
-  return launch("moe_experts_stream", moe_stream_kernel<KC, NS, TG, MT, kMinBlocks>, dim3(grid), dim3(kThreads), smem, stream,
+  return launch("moe_experts_stream", moe_stream_kernel<KC, NS, TG, MT, P, kMinBlocks>, dim3(grid), dim3(threads(P)),
+                smem, stream,
                 args);
 }
 
@@ -424,12 +431,13 @@ Status moe_experts_stream(const bf16* x, const MoePlan& plan, const float* weigh
   args.I = I;
   const int max_active = std::min(E, N * K);
   switch (variant) {
-    case 1: return launch_stream<512, 6, 16, 1, 1>(args, max_active, stream);
-    case 2: return launch_stream<256, 5, 16, 1, 2>(args, max_active, stream);
-    case 3: return launch_stream<256, 15, 8, 1, 1>(args, max_active, stream);
-    case 4: return launch_stream<256, 7, 16, 2, 1>(args, max_active, stream);
-    case 5: return launch_stream<256, 8, 8, 2, 1>(args, max_active, stream);
-    default: return launch_stream<256, 11, 16, 1, 1>(args, max_active, stream);
+    case 1: return launch_stream<256, 11, 16, 1, 4, 1>(args, max_active, stream);
+    case 2: return launch_stream<512, 6, 16, 1, 2, 1>(args, max_active, stream);
+    case 3: return launch_stream<512, 3, 16, 1, 4, 2>(args, max_active, stream);
+    case 4: return launch_stream<256, 5, 16, 1, 1, 2>(args, max_active, stream);
+    case 5: return launch_stream<256, 3, 16, 1, 1, 3>(args, max_active, stream);
+    case 6: return launch_stream<256, 7, 16, 2, 4, 1>(args, max_active, stream);
+    default: return launch_stream<512, 6, 16, 1, 4, 1>(args, max_active, stream);
   }
 }
 

@@ -1,7 +1,7 @@
-// Decode experts as one persistent weight-streaming kernel (moe_stream.cu): a producer warp per CTA issues bulk
+// Decode experts as one persistent weight-streaming kernel (moe_stream.cu): producer warps issue bulk
 // copies (cp.async.bulk, the Hopper copy engine) of weight rows and token rows into a ring of shared-memory stages
 // guarded by mbarriers, and consumer warps multiply them on tensor cores. Each CTA walks a flat list of work items,
-// first every (expert, 8 intermediate rows) gate/up item, then every (expert, 16 output rows) down item; a down
+// first every (expert, 8 or 16 intermediate rows) gate/up item, then every (expert, 16 or 32 output rows) down item; a down
 // item waits only for its own expert's gate/up items (per-expert ready counters), and its weight copies are issued
 // before that wait. Same function and numerics as moe_experts_decode.
 #pragma once
@@ -13,11 +13,12 @@ namespace zest::cuda {
 
 // Shapes the streaming kernel takes: H and I positive multiples of 64.
 bool moe_stream_ok(int H, int I);
-constexpr int kStreamVariants = 6;
+constexpr int kStreamVariants = 7;
 
-// Variants (k chunk, stages, tokens per pass, m16 weight tiles per stage, CTAs per SM): 0 = 256, 11, 16, 1, 1;
-// 1 = 512, 6, 16, 1, 1; 2 = 256, 5, 16, 1, 2; 3 = 256, 15, 8, 1, 1; 4 = 256, 7, 16, 2, 1; 5 = 256, 8, 8, 2, 1.
-// All give bit-identical results (each output row and token column is summed the same way in every variant). The plan must be bound for (N, K, E) (moe_plan_bind). Launches on one device must not overlap
+// Variants (k chunk, stages, tokens per pass, m16 weight tiles per stage, producer warps, CTAs per SM):
+// 0 = 512, 6, 16, 1, 4, 1; 1 = 256, 11, 16, 1, 4, 1; 2 = 512, 6, 16, 1, 2, 1; 3 = 512, 3, 16, 1, 4, 2;
+// 4 = 256, 5, 16, 1, 1, 2; 5 = 256, 3, 16, 1, 1, 3; 6 = 256, 7, 16, 2, 4, 1. All give bit-identical results (each
+// output row and token column is summed the same way in every variant). The plan must be bound for (N, K, E) (moe_plan_bind). Launches on one device must not overlap
 // in time (the ready counters are the module's; each launch leaves them cleared). Unsupported shapes give an error
 // Status.
 Status moe_experts_stream(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
