@@ -1171,7 +1171,8 @@ Status launch_ws(const bf16* q, int q_stride, const bf16* k, const bf16* v, int 
 // even, backward when odd, so every CTA gets a similar total length). The K/V ring runs on across items, and the
 // output goes through its own shared tile, so the producer loads the next item's Q as soon as the last S GEMM of
 // the current one is done and its K/V tiles as soon as stages free up: the next item's loads overlap the current
-// item's last PV GEMM and epilogue. STAGES = 2 (Q, O and two K/V stages: 192 KiB).
+// item's last PV GEMM and epilogue. STAGES = 2 (Q, O and two K/V stages: 192 KiB). Producer warpgroup at 56
+// registers, consumers at 224.
 template <bool kPingPong, bool kPack>
 __global__ void __launch_bounds__(kWsThreads, 1)
     prefill_attention_wsp_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
@@ -1223,8 +1224,12 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const int rounds = (total + G - 1) / G;
 
   if (wg == 0) {  // producer
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
-    if (threadIdx.x >= 32) return;
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
+    // Warp 0 waits for free stages and issues the TMA loads (lane 0); tiles that reach past a sequence end are
+    // copied by all four producer warps with cp.async (named barrier 5 brackets each such copy): rows past the
+    // end are not read; a V tile's are zeroed (P is 0 there, and 0 * V must stay 0), a Q or K tile's keep stale
+    // data (K: those keys are masked; Q: those rows are never written out).
+    const int pt = threadIdx.x, pw = pt >> 5;
     uint32_t kit = 0, vit = 0, qi = 0;  // K tiles, V tiles and items loaded so far
     for (int r = 0; r < rounds; ++r) {
       int h, qt, seq;
@@ -1235,56 +1240,72 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       const bool q_partial = q0 + kRows > len, kv_partial = n_kt * 128 > len;
       const bf16* kb = k + static_cast<size_t>(start) * kv_stride + kvh * kD;
       const bf16* vb = v + static_cast<size_t>(start) * kv_stride + kvh * kD;
-      // One tile (Q, K or V) into dst: TMA when whole, else cp.async by the warp (zero-filled rows past len).
-      auto load = [&](uint32_t dst, uint32_t bar, const CUtensorMap* map, const bf16* base, int stride, int head,
-                      int row0, bool cp) {
-        if (cp) {
-          warp_load_tile(dst, base, stride, row0, len, lane);
-          asm volatile("cp.async.wait_all;\n" ::: "memory");
-          asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-          __syncwarp();
-          if (lane == 0) mbar_arrive(bar);
-        } else if (lane == 0) {
-          mbar_expect_tx(bar, kWsTile);
-          tma_tile(dst, map, bar, head, start + row0);
+      const bf16* qb = q + static_cast<size_t>(start) * q_stride + h * kD;
+      // cp.async of `rows` rows from row0 into dst by the 128 producer threads, then bar arrives once.
+      auto copy_rows = [&](uint32_t dst, const bf16* base, int stride, int row0, int rows, bool zero_rest) {
+        for (int i = pt; i < rows * 16; i += 128) {
+          const int rr = i >> 4, c = i & 15;
+          const uint32_t d = dst + (c >> 3) * kWsBlock + rr * 128 + (((c & 7) ^ (rr & 7)) << 4);
+          if (row0 + rr < len) {
+            const bf16* src = base + static_cast<size_t>(row0 + rr) * stride + c * 8;
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+          } else if (zero_rest) {
+            asm volatile("st.shared.v4.b32 [%0], {%1, %1, %1, %1};\n" ::"r"(d), "r"(0) : "memory");
+          }
         }
-        __syncwarp();
       };
-      // The Q tile: kPack: 64 rows of heads h and h + 1 into rows 0-63 and 64-127 of the tile.
+      auto copy_done = [&](uint32_t bar) {
+        asm volatile("cp.async.wait_all;\n" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        named_sync(5, 128);
+        if (pt == 0) mbar_arrive(bar);
+      };
+      // One K or V tile: TMA when whole, else the shared copy.
+      auto load = [&](uint32_t dst, uint32_t bar, const CUtensorMap* map, const bf16* base, int row0, bool cp,
+                      bool zero_rest) {
+        if (cp) {
+          named_sync(5, 128);  // warp 0 has seen the stage free
+          copy_rows(dst, base, kv_stride, row0, 128, zero_rest);
+          copy_done(bar);
+        } else if (pt == 0) {
+          mbar_expect_tx(bar, kWsTile);
+          tma_tile(dst, map, bar, kvh, start + row0);
+        }
+      };
+      // The Q tile; kPack: 64 rows of heads h and h + 1 into rows 0-63 and 64-127 of the tile.
       auto load_q = [&]() {
-        const bf16* qb = q + static_cast<size_t>(start) * q_stride + h * kD;
-        if constexpr (!kPack) {
-          load(aQ, q_full, &tm_q, qb, q_stride, h, q0, q_partial);
-        } else if (q_partial) {
-          warp_load_tile(aQ, qb, q_stride, q0, len, lane, 64);
-          warp_load_tile(aQ + 64 * 128, qb + kD, q_stride, q0, len, lane, 64);
-          asm volatile("cp.async.wait_all;\n" ::: "memory");
-          asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-          __syncwarp();
-          if (lane == 0) mbar_arrive(q_full);
-          __syncwarp();
-        } else {
-          if (lane == 0) {
-            mbar_expect_tx(q_full, kWsTile);
+        if (q_partial) {
+          named_sync(5, 128);
+          if constexpr (kPack) {
+            copy_rows(aQ, qb, q_stride, q0, 64, false);
+            copy_rows(aQ + 64 * 128, qb + kD, q_stride, q0, 64, false);
+          } else {
+            copy_rows(aQ, qb, q_stride, q0, 128, false);
+          }
+          copy_done(q_full);
+        } else if (pt == 0) {
+          mbar_expect_tx(q_full, kWsTile);
+          if constexpr (kPack) {
             tma_tile(aQ, &tm_q, q_full, h, start + q0);
             tma_tile(aQ + 64 * 128, &tm_q, q_full, h + 1, start + q0);
+          } else {
+            tma_tile(aQ, &tm_q, q_full, h, start + q0);
           }
-          __syncwarp();
         }
       };
       auto load_k = [&](int i) {
         const int s = kit % STAGES;
-        if (kit >= STAGES) mbar_wait(k_empty(s), ((kit / STAGES) - 1) & 1);
-        load(aK + s * kWsTile, k_full(s), &tm_k, kb, kv_stride, kvh, (n_kt - 1 - i) * 128, kv_partial && i == 0);
+        if (pw == 0 && kit >= STAGES) mbar_wait(k_empty(s), ((kit / STAGES) - 1) & 1);
+        load(aK + s * kWsTile, k_full(s), &tm_k, kb, (n_kt - 1 - i) * 128, kv_partial && i == 0, false);
         ++kit;
       };
       auto load_v = [&](int i) {
         const int s = vit % STAGES;
-        if (vit >= STAGES) mbar_wait(v_empty(s), ((vit / STAGES) - 1) & 1);
-        load(aV + s * kWsTile, v_full(s), &tm_v, vb, kv_stride, kvh, (n_kt - 1 - i) * 128, kv_partial && i == 0);
+        if (pw == 0 && vit >= STAGES) mbar_wait(v_empty(s), ((vit / STAGES) - 1) & 1);
+        load(aV + s * kWsTile, v_full(s), &tm_v, vb, (n_kt - 1 - i) * 128, kv_partial && i == 0, true);
         ++vit;
       };
-      if (qi > 0) mbar_wait(q_empty, (qi - 1) & 1);
+      if (pw == 0 && qi > 0) mbar_wait(q_empty, (qi - 1) & 1);
       load_q();
       ++qi;
       load_k(0);
@@ -1297,7 +1318,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   }
 
   // Consumers.
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
   const int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
   const uint32_t qa = aQ + cw * 64 * 128, oa = aO + cw * 64 * 128;
   auto sched_sync = [&]() {
@@ -1558,7 +1579,10 @@ Status prefill_attention(const bf16* q, int q_stride, const bf16* k, const bf16*
   // Default: the persistent warp-specialised kernel (H200, T = 8192: 645 TFLOP/s against 431 for variant 9; T = 2048:
   // 473 against 322 for variant 12), variant 9 for short sequences, where the fixed cost of a CTA dominates
   // (T = 64: 13 us against 16 us for variant 12).
-  if (variant == 0) variant = max_seqlen > kWsMinSeqlen ? 15 : 9;
+  // Many short sequences (mixed batches of decode tokens and a chunk) keep variant 9: the persistent kernel's
+  // items would be mostly one-tile copies.
+  if (variant == 0)
+    variant = max_seqlen > kWsMinSeqlen && static_cast<int64_t>(nseq) * 128 <= max_seqlen ? 15 : 9;
   switch (variant) {
     case 1: return run(I8{}, I1{}, K64{});
     case 2: return run(I4{}, I1{}, K64{});

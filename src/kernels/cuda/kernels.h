@@ -150,8 +150,8 @@ Status prefill_attention(const bf16* q, int q_stride, const bf16* k, const bf16*
                          float scale, cudaStream_t stream);
 // Prefill kernel variants that benchmarks compare (process-wide switches read on the host at launch time;
 // 0 = the default, the variant measured fastest on H200).
-//   kAttention (prefill_attention, D = 128; default 15 when max_seqlen > 256, else 9): CTAs of W warps x R query
-//     rows, key tiles of B:
+//   kAttention (prefill_attention, D = 128; default 15 when max_seqlen > 256 and nseq * 128 <= max_seqlen, else
+//     9): CTAs of W warps x R query rows, key tiles of B:
 //     mma.sync: 1 = 8 x 16, B 64; 2 = 4 x 16, B 64; 3 = 8 x 32, B 32; 4 = 4 x 32, B 32; 5 = 8 x 16, B 32;
 //     wgmma: 6 = 2 warpgroups x 64 rows, B 128; 7 = 1 warpgroup x 64 rows, B 64 (two CTAs per SM); 8 = as 6,
 //     with S of the next tile issued before the softmax of the current one (K/V triple-buffered); 9 = as 8, the
