@@ -278,7 +278,7 @@ class CudaTextDecoder final : public model::TextDecoder {
                   std::vector<model::SampleResult>* sampled) const;
   Status ensure_sample(int64_t rows) const;
   void clear_graphs() const;
-  std::vector<uintptr_t> graph_fingerprint() const;
+  std::vector<uintptr_t> graph_fingerprint(const CudaKvStorage& kv) const;
   Status ensure(const Caps& need) const;
   Status run_moe(int64_t l, const Layer& L, int T, const model::ForwardBatch& b, const model::MoeHooks* hooks,
                  bool all_active) const;
@@ -645,10 +645,12 @@ void CudaTextDecoder::clear_graphs() const {
   s.graphs.clear();
 }
 
-// What a captured step depends on besides its key: every buffer address and the kernel variant switches.
-std::vector<uintptr_t> CudaTextDecoder::graph_fingerprint() const {
+// What a captured step depends on besides its key: every buffer address (the KV cache's included: its layers'
+// K/V pointers are kernel arguments) and the kernel variant switches.
+std::vector<uintptr_t> CudaTextDecoder::graph_fingerprint(const CudaKvStorage& kv) const {
   const Step& s = *st_;
-  std::vector<uintptr_t> f = {reinterpret_cast<uintptr_t>(s.act.get()),       reinterpret_cast<uintptr_t>(s.in_dev.get()),
+  std::vector<uintptr_t> f = {reinterpret_cast<uintptr_t>(kv.mem.get()), static_cast<uintptr_t>(kv.per_layer),
+                              reinterpret_cast<uintptr_t>(s.act.get()),       reinterpret_cast<uintptr_t>(s.in_dev.get()),
                               reinterpret_cast<uintptr_t>(s.in_host.get()),   reinterpret_cast<uintptr_t>(s.ws.get()),
                               reinterpret_cast<uintptr_t>(s.sim.get()),       reinterpret_cast<uintptr_t>(s.samp.get()),
                               reinterpret_cast<uintptr_t>(s.samp_host.get()), reinterpret_cast<uintptr_t>(s.logits_host.get()),
@@ -937,7 +939,7 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
   if (!graphable) {
     ZEST_RETURN_IF_ERROR(enqueue());
   } else {
-    std::vector<uintptr_t> fp = graph_fingerprint();
+    std::vector<uintptr_t> fp = graph_fingerprint(*kv);
     if (fp != s.graph_fingerprint) {
       ZEST_CU(cudaStreamSynchronize(st), "sync before dropping graphs");
       clear_graphs();
