@@ -56,7 +56,7 @@ enum class DecodeOption : int {
                     // launch); 2 = moe_add_norm_route (the residual add + RMSNorm before it in the same launch);
                     // 0 = router GEMM, router_topk and moe_plan as separate launches
   kMoeKernel,       // decode experts: 0 (default) = the variant moe.cu names as default; 1 = rows_mma gate/up + down
-                    // kernels; 2-8 = one persistent bulk-copy streaming kernel (moe_stream.h variants 0-6)
+                    // kernels; 2-10 = one persistent bulk-copy streaming kernel (moe_stream.h variants 0-8)
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);

@@ -17,6 +17,10 @@
 // first down item and all CTAs are resident (grid <= occupancy x SMs), so the lowest unfinished item can always run.
 // The counters are this file's device memory (zero when the module loads); the last CTA to finish clears them, so
 // launches must not overlap in time (one decode stream per device).
+#include <cuda.h>
+
+#include <cstring>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/moe_stream.h"
 
@@ -38,15 +42,19 @@ constexpr int kMaxExperts = 1024;
 // Ready counters per active expert, then [kMaxExperts] = CTAs finished.
 __device__ uint32_t g_ready[kMaxExperts + 1];
 
-// A ring stage: MT m16 tiles of weight rows (RA = 16 MT rows), then TG token rows, each KC columns. A gate/up item
-// covers GU = 8 MT intermediate rows: tile m holds gate rows 8m .. 8m+7 of the item, then the matching up rows.
-template <int KC, int TG, int MT>
+// A ring stage: RA = 16 MT weight rows, then TG token rows, each KC columns. A gate/up item covers GU = 8 MT
+// intermediate rows: stage rows [0, GU) are its gate rows, [GU, 2 GU) the matching up rows, and m16 tile m takes gate
+// rows 8m .. 8m+7 (tile rows 0-7) and the matching up rows (tile rows 8-15). A down item's rows are in order. BOX:
+// the weight rows come as 2-D tensor boxes (dense rows, KC <= 256); else each row is one 1-D copy (rows padded so
+// that rows g and g+1 fall in different banks).
+template <int KC, int TG, int MT, bool BOX>
 struct Ring {
   static_assert(TG == 8 || TG == kMaxTokG, "one or two n8 tiles");
   static_assert(MT == 1 || MT == 2, "one or two m16 tiles");
+  static_assert(!BOX || KC <= 256, "a tensor box has at most 256 columns");
   static constexpr int RA = kTileRows * MT;
   static constexpr int GU = 8 * MT;
-  static constexpr int kRowBytes = KC * 2 + kPadBytes;
+  static constexpr int kRowBytes = KC * 2 + (BOX ? 0 : kPadBytes);
   static constexpr int kSlotBytes = (RA + TG) * kRowBytes;
   static constexpr int kHead = head_bytes(MT);
 };
@@ -59,7 +67,7 @@ struct StreamArgs {
   float* slot_out;
   const float* route_w;
   MoePlan plan;
-  int K, H, I;
+  int K, H, I, NK;
 };
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -126,6 +134,24 @@ __device__ __forceinline__ void bulk_copy_hint(uint32_t dst, const void* src, ui
       : "memory");
 }
 
+// 2-D tensor box (columns c0.., rows c1..) of `map` into shared memory, completing its bytes on `bar`.
+__device__ __forceinline__ void box_copy(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
+          dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+
+__device__ __forceinline__ void box_copy_hint(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar,
+                                              uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, "
+      "%3}], [%4], %5;" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "l"(policy)
+      : "memory");
+}
+
 __device__ __forceinline__ uint64_t evict_first_policy() {
   uint64_t p;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
@@ -182,9 +208,16 @@ __device__ __forceinline__ Item decode_item(const StreamArgs& a, int item, int n
   return it;
 }
 
-template <int KC, int NS, int TG, int MT, int P, int kMinBlocks>
-__global__ void __launch_bounds__(threads(P), kMinBlocks) moe_stream_kernel(StreamArgs a) {
-  using R = Ring<KC, TG, MT>;
+// Tensor maps of the BOX variants (unused otherwise): gate_up [E 2I, H] in boxes of KC x GU, down [E H, I] in boxes of
+// KC x RA, h [N K, I] in boxes of KC x TG.
+struct StreamMaps {
+  CUtensorMap gu, dn, h;
+};
+
+template <int KC, int NS, int TG, int MT, int P, int kMinBlocks, bool BOX>
+__global__ void __launch_bounds__(threads(P), kMinBlocks)
+    moe_stream_kernel(StreamArgs a, const __grid_constant__ StreamMaps maps) {
+  using R = Ring<KC, TG, MT, BOX>;
   constexpr int RA = R::RA, GU = R::GU;
   extern __shared__ __align__(128) unsigned char smem[];
   float* red = reinterpret_cast<float*>(smem + kBarBytes);
@@ -207,7 +240,60 @@ __global__ void __launch_bounds__(threads(P), kMinBlocks) moe_stream_kernel(Stre
   const int n_gu = na * gu_tiles, total = n_gu + na * dn_tiles;
   uint32_t stage = 0;  // stages walked so far (the same count in every role)
 
-  if (warp >= kConsumers) {
+  if (BOX && warp >= kConsumers) {
+    // ---- producer warps, BOX: lane 0 of producer warp 0 copies the weight boxes (and a down pass's h box, after the
+    // ready wait); gate/up token rows t = p + P l go by 1-D copies from every producer warp ----
+    const uint64_t policy = evict_first_policy();
+    const int pw = warp - kConsumers;
+    const int tb = pw + P * lane;
+    for (int item = blockIdx.x; item < total; item += gridDim.x) {
+      const Item it = decode_item(a, item, n_gu, gu_tiles, dn_tiles);
+      const int width = it.gu ? a.H : a.I;
+      bool h_ready = it.gu;
+      for (int c0 = it.beg; c0 < it.end; c0 += TG) {
+        const int nt = min(TG, it.end - c0);
+        const bool has_b = it.gu && tb < nt;
+        const uint32_t b_rows = __popc(__ballot_sync(0xffffffffu, has_b));
+        const bf16* brow = nullptr;
+        for (int k0 = 0; k0 < width; k0 += KC, ++stage) {
+          const int s = stage % NS;
+          const uint32_t par = (stage / NS) & 1u;
+          const uint32_t bytes = static_cast<uint32_t>(min(KC, width - k0)) * 2u;
+          const uint32_t full = bar0 + 8 * s, empty = bar0 + 8 * (NS + s);
+          const uint32_t boxes = pw == 0 ? static_cast<uint32_t>((RA + (it.gu ? 0 : TG)) * KC * 2) : 0u;
+          if (lane == 0) {
+            mbar_wait(empty, par ^ 1u);
+            mbar_expect_tx(full, boxes + bytes * b_rows);
+          }
+          __syncwarp();
+          const uint32_t slot = slot0 + s * R::kSlotBytes;
+          if (pw == 0 && lane == 0) {
+            if (it.gu) {
+              const int r0 = it.e * 2 * a.I + it.tile * GU;
+              box_copy_hint(slot, &maps.gu, k0, r0, full, policy);
+              box_copy_hint(slot + GU * R::kRowBytes, &maps.gu, k0, r0 + a.I, full, policy);
+            } else {
+              box_copy_hint(slot, &maps.dn, k0, it.e * a.H + it.tile * RA, full, policy);
+              if (!h_ready) {
+                const uint64_t t0 = global_ns();
+                while (ld_acquire(g_ready + it.j) < static_cast<uint32_t>(gu_tiles)) {
+                  __nanosleep(128);
+                  if (global_ns() - t0 > kWatchdogNs) __trap();
+                }
+                fence_proxy_async_global();
+                h_ready = true;
+              }
+              box_copy(slot + RA * R::kRowBytes, &maps.h, k0, c0, full);
+            }
+          }
+          if (has_b) {
+            if (!brow) brow = a.x + static_cast<size_t>(__ldg(a.plan.sorted_slots + c0 + tb) / a.K) * a.H;
+            bulk_copy(slot + (RA + tb) * R::kRowBytes, brow + k0, bytes, full);
+          }
+        }
+      }
+    }
+  } else if (!BOX && warp >= kConsumers) {
     // ---- producer warps: warp p copies the stage rows p + P i (weight rows below RA, then token rows); lane l takes
     // row ri = p + P l when it is a weight row, and token row t = ri - RA (or ri + 32 P - RA) when t < TG. Each warp
     // arrives on the full barrier once per stage with its own byte count. ----
@@ -222,8 +308,7 @@ __global__ void __launch_bounds__(threads(P), kMinBlocks) moe_stream_kernel(Stre
       const int width = it.gu ? a.H : a.I;
       const bf16* wrow = nullptr;
       if (has_a) {
-        const int m = ri / kTileRows, r = ri % kTileRows;
-        const size_t row = it.gu ? static_cast<size_t>(it.e) * 2 * a.I + (r < 8 ? 0 : a.I) + it.tile * GU + m * 8 + (r & 7)
+        const size_t row = it.gu ? static_cast<size_t>(it.e) * 2 * a.I + (ri < GU ? ri : a.I + ri - GU) + it.tile * GU
                                  : static_cast<size_t>(it.e) * a.H + it.tile * RA + ri;
         wrow = (it.gu ? a.gate_up : a.down) + row * width;
       }
@@ -289,7 +374,8 @@ __global__ void __launch_bounds__(threads(P), kMinBlocks) moe_stream_kernel(Stre
           mbar_wait(bar0 + 8 * s, par);
           const unsigned char* sb = slots + s * R::kSlotBytes + q * 16;
           const unsigned char* a_lo = sb + g * R::kRowBytes;
-          const unsigned char* a_hi = a_lo + 8 * R::kRowBytes;
+          const unsigned char* a_hi = a_lo + (it.gu ? GU : 8) * R::kRowBytes;
+          const int m_step = (it.gu ? 8 : kTileRows) * R::kRowBytes;
           const unsigned char* b_0 = sb + (RA + g) * R::kRowBytes;
           const unsigned char* b_1 = b_0 + 8 * R::kRowBytes;
           for (int ks = warp; ks < steps; ks += kConsumers) {
@@ -298,7 +384,7 @@ __global__ void __launch_bounds__(threads(P), kMinBlocks) moe_stream_kernel(Stre
             const uint4 x1 = two ? *reinterpret_cast<const uint4*>(b_1 + off) : x0;
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
-              const int mo = m * kTileRows * R::kRowBytes + off;
+              const int mo = m * m_step + off;
               const uint4 lo = *reinterpret_cast<const uint4*>(a_lo + mo);
               const uint4 hi = *reinterpret_cast<const uint4*>(a_hi + mo);
               mma_k32(acc[m][0], lo, hi, x0);
@@ -374,13 +460,49 @@ __global__ void __launch_bounds__(threads(P), kMinBlocks) moe_stream_kernel(Stre
   }
 }
 
-template <int KC, int NS, int TG, int MT, int P, int kMinBlocks>
+// cuTensorMapEncodeTiled, looked up through the runtime (no link to libcuda); nullptr when the driver lacks it.
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+EncodeTiled encode_tiled() {
+  static const EncodeTiled fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return static_cast<EncodeTiled>(nullptr);
+    }
+    return reinterpret_cast<EncodeTiled>(p);
+  }();
+  return fn;
+}
+
+// Tensor map over a row-major bf16 matrix [rows, cols] in dense boxes of box_cols x box_rows (no swizzle); reads
+// past the last row or column give zeros (and still count as box bytes on the barrier).
+Status make_map(CUtensorMap* map, const bf16* base, uint64_t rows, uint64_t cols, uint32_t box_cols,
+                uint32_t box_rows) {
+  const EncodeTiled fn = encode_tiled();
+  if (fn == nullptr) return unsupported("moe_experts_stream: cuTensorMapEncodeTiled is not available");
+  const cuuint64_t dims[2] = {cols, rows};
+  const cuuint64_t strides[1] = {cols * sizeof(bf16)};
+  const cuuint32_t box[2] = {box_cols, box_rows};
+  const cuuint32_t elem[2] = {1, 1};
+  const CUresult r = fn(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(base), dims, strides, box, elem,
+                        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return internal_error("moe_experts_stream: cuTensorMapEncodeTiled failed (" + std::to_string(r) + ")");
+  return Status::ok();
+}
+
+template <int KC, int NS, int TG, int MT, int P, int kMinBlocks, bool BOX = false>
 Status launch_stream(const StreamArgs& args, int max_active, cudaStream_t stream) {
-  using R = Ring<KC, TG, MT>;
+  using R = Ring<KC, TG, MT, BOX>;
   constexpr size_t smem = R::kHead + static_cast<size_t>(NS) * R::kSlotBytes;
   static_assert(2 * NS * 8 <= kBarBytes, "mbarriers do not fit");
   static_assert(smem <= 227 * 1024, "shared memory of one CTA");
-  const void* fn = reinterpret_cast<const void*>(moe_stream_kernel<KC, NS, TG, MT, P, kMinBlocks>);
+  const void* fn = reinterpret_cast<const void*>(moe_stream_kernel<KC, NS, TG, MT, P, kMinBlocks, BOX>);
   static bool configured = false;
   if (!configured) {
     ZEST_RETURN_IF_ERROR(cuda_status(
@@ -395,9 +517,16 @@ Status launch_stream(const StreamArgs& args, int max_active, cudaStream_t stream
   // Every CTA must be resident at once (down items wait for other CTAs' gate/up items).
   const int max_items = max_active * (args.I / R::GU + args.H / R::RA);
   const int grid = std::max(1, std::min(max_items, per_sm * sm_count()));
-  return launch("moe_experts_stream", moe_stream_kernel<KC, NS, TG, MT, P, kMinBlocks>, dim3(grid), dim3(threads(P)),
-                smem, stream,
-                args);
+  StreamMaps maps;
+  std::memset(&maps, 0, sizeof(maps));
+  if constexpr (BOX) {
+    const int E = args.plan.experts;
+    ZEST_RETURN_IF_ERROR(make_map(&maps.gu, args.gate_up, static_cast<uint64_t>(E) * 2 * args.I, args.H, KC, R::GU));
+    ZEST_RETURN_IF_ERROR(make_map(&maps.dn, args.down, static_cast<uint64_t>(E) * args.H, args.I, KC, R::RA));
+    ZEST_RETURN_IF_ERROR(make_map(&maps.h, args.h, static_cast<uint64_t>(args.NK), args.I, KC, TG));
+  }
+  return launch("moe_experts_stream", moe_stream_kernel<KC, NS, TG, MT, P, kMinBlocks, BOX>, dim3(grid),
+                dim3(threads(P)), smem, stream, args, maps);
 }
 
 }  // namespace
@@ -429,6 +558,7 @@ Status moe_experts_stream(const bf16* x, const MoePlan& plan, const float* weigh
   args.K = K;
   args.H = H;
   args.I = I;
+  args.NK = N * K;
   const int max_active = std::min(E, N * K);
   switch (variant) {
     case 1: return launch_stream<256, 11, 16, 1, 4, 1>(args, max_active, stream);
@@ -437,6 +567,8 @@ Status moe_experts_stream(const bf16* x, const MoePlan& plan, const float* weigh
     case 4: return launch_stream<256, 5, 16, 1, 1, 2>(args, max_active, stream);
     case 5: return launch_stream<256, 3, 16, 1, 1, 3>(args, max_active, stream);
     case 6: return launch_stream<256, 7, 16, 2, 4, 1>(args, max_active, stream);
+    case 7: return launch_stream<256, 12, 16, 1, 2, 1, true>(args, max_active, stream);
+    case 8: return launch_stream<256, 8, 16, 2, 2, 1, true>(args, max_active, stream);
     default: return launch_stream<512, 6, 16, 1, 4, 1>(args, max_active, stream);
   }
 }

@@ -13,12 +13,13 @@ namespace zest::cuda {
 
 // Shapes the streaming kernel takes: H and I positive multiples of 64.
 bool moe_stream_ok(int H, int I);
-constexpr int kStreamVariants = 7;
+constexpr int kStreamVariants = 9;
 
 // Variants (k chunk, stages, tokens per pass, m16 weight tiles per stage, producer warps, CTAs per SM):
 // 0 = 512, 6, 16, 1, 4, 1; 1 = 256, 11, 16, 1, 4, 1; 2 = 512, 6, 16, 1, 2, 1; 3 = 512, 3, 16, 1, 4, 2;
-// 4 = 256, 5, 16, 1, 1, 2; 5 = 256, 3, 16, 1, 1, 3; 6 = 256, 7, 16, 2, 4, 1. All give bit-identical results (each
-// output row and token column is summed the same way in every variant). The plan must be bound for (N, K, E) (moe_plan_bind). Launches on one device must not overlap
+// 4 = 256, 5, 16, 1, 1, 2; 5 = 256, 3, 16, 1, 1, 3; 6 = 256, 7, 16, 2, 4, 1; weight rows (and down's h rows) as 2-D
+// tensor boxes, one copy per 8-32 rows: 7 = 256, 12, 16, 1, 2, 1; 8 = 256, 8, 16, 2, 2, 1. All give bit-identical
+// results (each output row and token column is summed the same way in every variant). The plan must be bound for (N, K, E) (moe_plan_bind). Launches on one device must not overlap
 // in time (the ready counters are the module's; each launch leaves them cleared). Unsupported shapes give an error
 // Status.
 Status moe_experts_stream(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
