@@ -310,68 +310,6 @@ TEST(CudaLatencyAttention, FusedNormRopeKvMatchesReferenceAndSeparateKernels) {
   }
 }
 
-// Residual add + RMSNorm fused before the routing: x becomes bf16(x + r) exactly, xn is within bf16 tolerance of a
-// host RMSNorm, the logits of a double GEMM on the host xn, the ids/weights are the router reference on the kernel's
-// logits and the plan the host plan of those ids. T = 1 and 16 and odd sizes.
-TEST(CudaLatencyRoute, FusedAddNormRoutingMatchesReference) {
-  ZEST_REQUIRE_GPU();
-  std::mt19937 rng(904);
-  for (auto [T, E, K, H] : {std::tuple{1, 128, 8, 2048}, std::tuple{16, 128, 8, 2048}, std::tuple{5, 40, 4, 96},
-                            std::tuple{11, 24, 3, 800}}) {
-    SCOPED_TRACE(testing::Message() << "T=" << T << " E=" << E << " K=" << K << " H=" << H);
-    ASSERT_TRUE(moe_route_ok(T, H, E, K));
-    auto x = random_bf16(static_cast<size_t>(T) * H, rng, -2.f, 2.f), r = random_bf16(static_cast<size_t>(T) * H, rng);
-    auto nw = random_bf16(H, rng, 0.8f, 1.2f);
-    const float a = std::sqrt(3.f / H);
-    auto w = random_bf16(static_cast<size_t>(E) * H, rng, -a, a);
-    auto dx = upload_bf16(x), dr = upload_bf16(r), dnw = upload_bf16(nw), dw = upload_bf16(w);
-    DevBuf<bf16> dxn(static_cast<size_t>(T) * H), dl(static_cast<size_t>(T) * E);
-    DevBuf<float> dwt(static_cast<size_t>(T) * K);
-    DevBuf<int32_t> di(static_cast<size_t>(T) * K);
-    DevBuf<unsigned char> buf(moe_plan_bytes(T, K, E));
-    dxn.poison();
-    di.poison();
-    buf.poison();
-    MoePlan plan;
-    moe_plan_bind(plan, buf.get(), T, K, E);
-    ZEST_ASSERT_OK(moe_add_norm_route(dx->get(), dr->get(), dnw->get(), dxn.get(), 1e-6f, dw->get(), nullptr, di.get(),
-                                      dwt.get(), dl.get(), &plan, nullptr, T, H, E, K, nullptr));
-    sync_ok();
-    std::vector<float> xs(x.f.size()), xn(x.f.size());
-    for (size_t i = 0; i < xs.size(); ++i) xs[i] = round_bf16(x.f[i] + r.f[i]);
-    for (int t = 0; t < T; ++t) {
-      double ss = 0;
-      for (int h = 0; h < H; ++h) ss += static_cast<double>(xs[t * H + h]) * xs[t * H + h];
-      const float inv = static_cast<float>(1.0 / std::sqrt(ss / H + 1e-6));
-      for (int h = 0; h < H; ++h) xn[t * H + h] = round_bf16(round_bf16(xs[t * H + h] * inv) * nw.f[h]);
-    }
-    EXPECT_EQ(download_bf16(*dx), xs);
-    ZEST_EXPECT_CLOSE(download_bf16(dxn), xn, kTol);
-    const auto logits = download_bf16(dl);
-    ZEST_EXPECT_CLOSE(logits, ref_gemm(xn, w.f, T, E, H), kTol);
-    std::vector<int32_t> ref_ids;
-    std::vector<float> ref_w;
-    ref_topk(logits, nullptr, T, E, K, ref_ids, ref_w);
-    const auto ids = di.download();
-    ASSERT_EQ(ids, ref_ids);
-    const auto gw = dwt.download();
-    for (size_t i = 0; i < ref_w.size(); ++i) EXPECT_NEAR(gw[i], ref_w[i], 1e-2 * ref_w[i] + 1e-6) << "slot " << i;
-    std::vector<int> counts(E, 0);
-    for (int id : ids) ++counts[id];
-    int na = 0;
-    for (int c : counts) na += c > 0;
-    int got_na = 0;
-    ASSERT_EQ(cudaMemcpy(&got_na, plan.num_active, 4, cudaMemcpyDeviceToHost), cudaSuccess);
-    EXPECT_EQ(got_na, na);
-    std::vector<int> gsorted(static_cast<size_t>(T) * K);
-    ASSERT_EQ(cudaMemcpy(gsorted.data(), plan.sorted_slots, gsorted.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-    std::vector<int> sorted(gsorted.size());
-    std::iota(sorted.begin(), sorted.end(), 0);
-    std::stable_sort(sorted.begin(), sorted.end(), [&](int p, int q) { return ids[p] < ids[q]; });
-    EXPECT_EQ(gsorted, sorted);
-  }
-}
-
 // MoE combine + residual add + RMSNorm (the register path for hidden <= 2048 and the loop above it): x equals the
 // host's fp32 sum of the non-empty slots in slot order, rounded as the kernel rounds (bit for bit); y within bf16
 // tolerance of a host RMSNorm. Empty slots hold NaN (they must not be read into the sum); K = 8 and 10 (two groups
@@ -418,9 +356,9 @@ TEST(CudaLatencyNorm, CombineAddRmsnormMatchesReference) {
   }
 }
 
-// The synthetic decoder with the low-latency variants (fused routing with and without the add + RMSNorm, shared-memory
-// GEMM tiles, fused attention) captures and replays its graphs at batch 1 and 5, with and without SERE; expert counts
-// stay within what top-8 (or SERE's S=2 union) allows and the tokens are valid.
+// The synthetic decoder with the low-latency variants (fused routing, shared-memory GEMM tiles, fused attention with
+// either merge) captures and replays its graphs at batch 1 and 5, with and without SERE; expert counts stay within what
+// top-8 (or SERE's S=2 union) allows and the tokens are valid.
 TEST(CudaLatencyDecoder, LowLatencyVariantsRunInGraphs) {
   ZEST_REQUIRE_GPU();
   auto cfg = synthetic_config("qwen3-30b-a3b", 2);
@@ -430,15 +368,15 @@ TEST(CudaLatencyDecoder, LowLatencyVariantsRunInGraphs) {
   opt.context = 50;
   opt.sere_primary = 2;
   OptionScope gemm_v(DecodeOption::kGemmVariant, 4);
-  for (int route_v : {1, 2}) {
-  OptionScope attn(DecodeOption::kAttentionKernel, route_v + 1);
-  OptionScope route(DecodeOption::kRouteFused, route_v);
+  OptionScope route(DecodeOption::kRouteFused, 1);
+  for (int attn_v : {2, 3}) {
+  OptionScope attn(DecodeOption::kAttentionKernel, attn_v);
   auto dec = SyntheticDecoder::create(*cfg, opt);
   ASSERT_TRUE(dec.ok()) << dec.status().to_string();
   SyntheticDecoder& d = **dec;
   for (int batch : {1, 5})
     for (bool sere : {false, true}) {
-      SCOPED_TRACE(testing::Message() << "route " << route_v << " batch " << batch << " sere " << sere);
+      SCOPED_TRACE(testing::Message() << "attn " << attn_v << " batch " << batch << " sere " << sere);
       ZEST_ASSERT_OK(d.replay(batch, sere));
       ZEST_ASSERT_OK(d.reset_expert_counts());
       for (int i = 0; i < 3; ++i) ZEST_ASSERT_OK(d.replay(batch, sere));
@@ -451,6 +389,33 @@ TEST(CudaLatencyDecoder, LowLatencyVariantsRunInGraphs) {
       for (int t : *toks) EXPECT_TRUE(t >= 0 && t < cfg->vocab);
     }
   }
+}
+
+// The default decode kernels give the same greedy tokens replayed from the CUDA graph as launched eagerly (two
+// decoders with the same seed: graph replays against eager steps), batch 1 and 5, SERE off and on.
+TEST(CudaLatencyDecoder, GraphReplayMatchesEagerSteps) {
+  ZEST_REQUIRE_GPU();
+  auto cfg = synthetic_config("qwen3-30b-a3b", 2);
+  ASSERT_TRUE(cfg.ok());
+  SyntheticOptions opt;
+  opt.max_batch = 5;
+  opt.context = 40;
+  opt.sere_primary = 2;
+  for (int batch : {1, 5})
+    for (bool sere : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "batch " << batch << " sere " << sere);
+      auto a = SyntheticDecoder::create(*cfg, opt), b = SyntheticDecoder::create(*cfg, opt);
+      ASSERT_TRUE(a.ok() && b.ok());
+      ZEST_ASSERT_OK((*a)->replay(batch, sere));  // one eager step, then the first graph launch
+      ZEST_ASSERT_OK((*b)->enqueue_step(batch, sere));
+      for (int step = 0; step < 3; ++step) {
+        if (step > 0) ZEST_ASSERT_OK((*a)->replay(batch, sere));
+        ZEST_ASSERT_OK((*b)->enqueue_step(batch, sere));
+        auto ta = (*a)->last_tokens(batch), tb = (*b)->last_tokens(batch);
+        ASSERT_TRUE(ta.ok() && tb.ok());
+        EXPECT_EQ(*ta, *tb) << "step " << step;
+      }
+    }
 }
 
 }  // namespace

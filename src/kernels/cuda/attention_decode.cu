@@ -943,6 +943,7 @@ Status decode_attention(const DecodeAttention& p, const bf16* q, int q_stride, c
 namespace {
 
 constexpr int kClusterMaxPages = 16 * kDecWarps * 2;  // cluster merge up to 2 pages per warp (2048 tokens)
+constexpr int kClusterMaxPairs = 8;                    // and up to 8 (sequence, kv head) pairs
 
 // Whether 16-CTA clusters of the fused kernel can be scheduled (checked once).
 bool cluster_attention_ok() {
@@ -995,7 +996,10 @@ Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_s
   int* counters = reinterpret_cast<int*>(static_cast<char*>(workspace) + (parts + 255) / 256 * 256);
   DecodeFuse f{q_norm, k_norm, pos, pos_stride, rope, slot_mapping, eps};
   const int pages = (p.max_context + kKvBlock - 1) / kKvBlock;
-  if (decode_option(DecodeOption::kAttentionKernel) == 3 && pages <= kClusterMaxPages && cluster_attention_ok()) {
+  // The cluster merge pays off at small batches (measured at batch 1: 13 splits of 5 pages); at batch 8 and 64 the
+  // many CTAs of the forced 13+ splits cost more than the global merge saves.
+  if (decode_option(DecodeOption::kAttentionKernel) == 3 && pages <= kClusterMaxPages &&
+      p.batch * p.kv_heads <= kClusterMaxPairs && cluster_attention_ok()) {
     // At most 16 splits (one cluster per kv head and sequence), at least one page per warp.
     const int per = std::max(kDecWarps, (pages + 15) / 16);
     const int splits = (pages + per - 1) / per;

@@ -45,16 +45,16 @@ enum class DecodeOption : int {
   kSereKernel = 0,  // 0 = per-CTA map kernel when E <= 128 (else 1); 1 = the single-CTA kernel for any E
   kMoeOccupancy,    // decode experts, chunks in flight per warp (gate/up, down) and CTAs per SM the registers
                     // allow: 1 (default) = 2/4 chunks, 3 CTAs; 0 = 4/8, 1 CTA; 2 = 2/4, 4 CTAs; 3 = 4/8, 2 CTAs
-  kAttentionKernel, // decode attention: 1 (default) = tensor cores (mma.sync) when 8 query heads share a kv head
-                    // and q rows are 16-byte aligned; 0 = the CUDA-core page loop; 2 = as 1, and decoders call
-                    // decode_attention_fused (q/k norm + RoPE + KV write folded in) for decode steps; 3 = as 2, the
-                    // fused kernel's splits (at most 16) merged inside a thread-block cluster up to 2048 tokens
+  kAttentionKernel, // decode attention: 1 = tensor cores (mma.sync) when 8 query heads share a kv head and q rows
+                    // are 16-byte aligned; 0 = the CUDA-core page loop; 2 = as 1, and decoders call
+                    // decode_attention_fused (q/k norm + RoPE + KV write folded in) for decode steps; 3 (default) =
+                    // as 2, the fused kernel's splits (at most 16) merged inside a thread-block cluster when there
+                    // are at most 8 (sequence, kv head) pairs and 2048 tokens
   kGemmVariant,     // small-M GEMM, chunks in flight per warp and CTAs per SM: 1 = 4, 3 CTAs; 0 = 8, 1; 2 = 8, 2;
                     // 3 = 2, 4; 4 (default) = the weight tile bulk-copied into shared memory before the wait on the
                     // previous kernel, one CTA per 16-row tile (when every tile's CTA fits on the GPU; else 1)
   kRouteFused,      // decode routing (T <= 16): 1 (default) = moe_route (router GEMM + top-k + plan in one cluster
-                    // launch); 2 = moe_add_norm_route (the residual add + RMSNorm before it in the same launch);
-                    // 0 = router GEMM, router_topk and moe_plan as separate launches
+                    // launch); 0 = router GEMM, router_topk and moe_plan as separate launches
   kMoeKernel,       // decode experts: 0 (default) = the variant moe.cu names as default; 1 = rows_mma gate/up + down
                     // kernels; 2-10 = one persistent bulk-copy streaming kernel (moe_stream.h variants 0-8)
   kCount
@@ -252,11 +252,6 @@ Status moe_plan_prefill(const int32_t* ids, int N, int K, int E, MoePlan& plan, 
 bool moe_route_ok(int T, int H, int E, int K);
 Status moe_route(const bf16* xn, const bf16* router_w, const float* bias, int32_t* ids, float* weights, bf16* logits,
                  MoePlan* plan, int64_t* active_count_sum, int T, int H, int E, int K, cudaStream_t stream);
-// add_rmsnorm(x, r, norm_w, xn) followed by moe_route(xn, ...) in the same single launch (every CTA normalises the
-// T rows itself; x and xn are written once every CTA has read x). Same conditions as moe_route.
-Status moe_add_norm_route(bf16* x, const bf16* r, const bf16* norm_w, bf16* xn, float eps, const bf16* router_w,
-                          const float* bias, int32_t* ids, float* weights, bf16* logits, MoePlan* plan,
-                          int64_t* active_count_sum, int T, int H, int E, int K, cudaStream_t stream);
 
 // Decode/small-batch experts: h = silu(x Wg^T) * (x Wu^T) for each (token, slot) of each active expert, then
 // slot_out[n, k, :] = weights[n, k] * (h Wd^T). Each active expert's weights are read once (a CTA per

@@ -118,28 +118,7 @@ struct RouteParams {
   int make_plan;
   int64_t* count_sum;
   int T, H, E, K;
-  // kNorm: the kernel first makes xn itself: x = bf16(x + resid) (written back), xn = rmsnorm(x) * norm_w.
-  bf16* x_res;
-  const bf16* resid;
-  const bf16* norm_w;
-  bf16* xn_out;
-  float eps;
 };
-
-__device__ __forceinline__ void route_load8(const bf16* p, float* v) {
-  const uint4 u = *reinterpret_cast<const uint4*>(p);
-  const bf16* b = reinterpret_cast<const bf16*>(&u);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) v[i] = __bfloat162float(b[i]);
-}
-
-__device__ __forceinline__ uint4 route_pack8(const float* v) {
-  uint4 u;
-  bf16* b = reinterpret_cast<bf16*>(&u);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) b[i] = __float2bfloat16(v[i]);
-  return u;
-}
 
 __device__ __forceinline__ void route_mma(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                           uint32_t b1) {
@@ -149,9 +128,8 @@ __device__ __forceinline__ void route_mma(float* c, uint32_t a0, uint32_t a1, ui
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-template <bool kNorm>
 __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_kernel(RouteParams p) {
-  extern __shared__ __align__(128) unsigned char wsm[];  // [rows][H * 2 + 16], then (kNorm) xn [T][H * 2 + 16]
+  extern __shared__ __align__(128) unsigned char wsm[];  // [rows][H * 2 + 16]
   __shared__ __align__(8) uint64_t bar;
   __shared__ float red[kRouteWarps][8][32];
   __shared__ float logit_s[kRouteMaxT][kRouteMaxE];  // CTA 0: every logit, [token][expert]
@@ -173,44 +151,8 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_kernel(RouteParams
   __syncthreads();
   pdl_wait();
   const int T = p.T, chunks = p.H / 32;
-  unsigned char* xs = wsm + rows * stride;  // kNorm: this CTA's copy of xn
-  if constexpr (kNorm) {
-    // Residual add + RMSNorm of every token (one warp per token), kept in shared memory: x = bf16(x + resid),
-    // xn = bf16(bf16(x * rsqrt(mean(x^2) + eps)) * w). Global x is rewritten only after the last cluster barrier.
-    for (int t = warp; t < T; t += kRouteWarps) {
-      const bf16* xr = p.x_res + static_cast<size_t>(t) * p.H;
-      const bf16* rr = p.resid + static_cast<size_t>(t) * p.H;
-      bf16* row = reinterpret_cast<bf16*>(xs + t * stride);
-      float ss = 0.f;
-#pragma unroll 4
-      for (int c = lane * 8; c < p.H; c += 256) {
-        float a[8], r8[8];
-        route_load8(xr + c, a);
-        route_load8(rr + c, r8);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          a[i] = bf16_round(a[i] + r8[i]);
-          ss += a[i] * a[i];
-        }
-        *reinterpret_cast<uint4*>(row + c) = route_pack8(a);
-      }
-      const float inv = rsqrtf(warp_sum(ss) / p.H + p.eps);
-      for (int c = lane * 8; c < p.H; c += 256) {
-        float a[8], w8[8];
-        route_load8(row + c, a);
-        route_load8(p.norm_w + c, w8);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) a[i] = bf16_round(a[i] * inv) * w8[i];
-        *reinterpret_cast<uint4*>(row + c) = route_pack8(a);
-      }
-    }
-    __syncthreads();
-  }
-  const bf16* x0p = g < T ? (kNorm ? reinterpret_cast<const bf16*>(xs + g * stride) : p.xn + static_cast<size_t>(g) * p.H) + tq * 8
-                          : nullptr;
-  const bf16* x1p = g + 8 < T ? (kNorm ? reinterpret_cast<const bf16*>(xs + (g + 8) * stride)
-                                       : p.xn + static_cast<size_t>(g + 8) * p.H) + tq * 8
-                              : nullptr;
+  const bf16* x0p = g < T ? p.xn + static_cast<size_t>(g) * p.H + tq * 8 : nullptr;
+  const bf16* x1p = g + 8 < T ? p.xn + static_cast<size_t>(g + 8) * p.H + tq * 8 : nullptr;
   const bool two = T > 8;
   const unsigned char* a_lo = g < rows ? wsm + g * stride + tq * 16 : nullptr;
   const unsigned char* a_hi = g + 8 < rows ? wsm + (g + 8) * stride + tq * 16 : nullptr;
@@ -222,13 +164,8 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_kernel(RouteParams
     for (int u = 0; u < kRouteChunks; ++u) {
       const int c = cb + u * kRouteWarps;
       const bool ok = c < chunks;
-      if constexpr (kNorm) {
-        xa[u] = ok && x0p ? *reinterpret_cast<const uint4*>(x0p + c * 32) : make_uint4(0, 0, 0, 0);
-        xb[u] = ok && x1p ? *reinterpret_cast<const uint4*>(x1p + c * 32) : make_uint4(0, 0, 0, 0);
-      } else {
-        xa[u] = ok && x0p ? __ldg(reinterpret_cast<const uint4*>(x0p + c * 32)) : make_uint4(0, 0, 0, 0);
-        xb[u] = ok && x1p ? __ldg(reinterpret_cast<const uint4*>(x1p + c * 32)) : make_uint4(0, 0, 0, 0);
-      }
+      xa[u] = ok && x0p ? __ldg(reinterpret_cast<const uint4*>(x0p + c * 32)) : make_uint4(0, 0, 0, 0);
+      xb[u] = ok && x1p ? __ldg(reinterpret_cast<const uint4*>(x1p + c * 32)) : make_uint4(0, 0, 0, 0);
     }
     if (!landed) {
       mbar_wait(&bar, 0);
@@ -269,22 +206,6 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_kernel(RouteParams
   }
   cluster_arrive();
   cluster_wait();
-  if constexpr (kNorm) {
-    // Every CTA has read x: CTA r now writes the 8-column chunks r, r + C, ... of x and xn for every token.
-    const int c8s = p.H / 8;
-    for (int i = tid; i < T * c8s; i += kRouteThreads) {
-      const int t = i / c8s, c8 = i % c8s;
-      if (c8 % C != rank) continue;
-      const size_t off = static_cast<size_t>(t) * p.H + c8 * 8;
-      float a[8], r8[8];
-      route_load8(p.x_res + off, a);
-      route_load8(p.resid + off, r8);
-#pragma unroll
-      for (int k = 0; k < 8; ++k) a[k] = a[k] + r8[k];
-      *reinterpret_cast<uint4*>(p.x_res + off) = route_pack8(a);
-      *reinterpret_cast<uint4*>(p.xn_out + off) = *reinterpret_cast<const uint4*>(xs + t * stride + c8 * 16);
-    }
-  }
   if (rank != 0) return;
   const int E = p.E, K = p.K;
   if (p.logits)
@@ -331,12 +252,12 @@ int route_cluster(int E) {
   return 0;
 }
 
-// Dynamic shared memory: the CTA's router rows and, with the fused residual add + RMSNorm, T rows of xn.
-size_t route_smem(int E, int H, int T) {
+// Dynamic shared memory: the CTA's router rows.
+size_t route_smem(int E, int H) {
   const int c = route_cluster(E);
-  return c ? static_cast<size_t>(E / c + T) * (static_cast<size_t>(H) * 2 + 16) : 0;
+  return c ? static_cast<size_t>(E / c) * (static_cast<size_t>(H) * 2 + 16) : 0;
 }
-constexpr size_t kRouteMaxSmem = 176 * 1024;
+constexpr size_t kRouteMaxSmem = 160 * 1024;
 
 constexpr int kSereThreads = 1024;
 constexpr int kSereRows = 4;  // expert rows per warp whose first 128 similarities are loaded up front
@@ -609,19 +530,15 @@ Status router_topk(const bf16* logits, const float* bias, int32_t* ids, float* w
 
 bool moe_route_ok(int T, int H, int E, int K) {
   if (T < 1 || T > kRouteMaxT || E < 1 || E > kRouteMaxE || K < 1 || K > kMaxTopK || K > E || H < 32 || H % 32 != 0 ||
-      route_cluster(E) == 0 || route_smem(E, H, T) > kRouteMaxSmem)
+      route_cluster(E) == 0 || route_smem(E, H) > kRouteMaxSmem)
     return false;
   static int usable = -1;  // whether a cluster of the largest size can be scheduled at all (checked once)
   if (usable < 0) {
     usable = 0;
-    bool set = true;
-    for (const void* fn : {reinterpret_cast<const void*>(moe_route_kernel<false>),
-                           reinterpret_cast<const void*>(moe_route_kernel<true>)})
-      set = set &&
-            cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kRouteMaxSmem)) ==
-                cudaSuccess &&
-            cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
-    if (set) {
+    const void* fn = reinterpret_cast<const void*>(moe_route_kernel);
+    if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kRouteMaxSmem)) ==
+            cudaSuccess &&
+        cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
       cudaLaunchConfig_t cfg = {};
       cfg.gridDim = dim3(16);
       cfg.blockDim = dim3(kRouteThreads);
@@ -634,8 +551,7 @@ bool moe_route_ok(int T, int H, int E, int K) {
       cfg.attrs = attr;
       cfg.numAttrs = 1;
       int clusters = 0;
-      if (cudaOccupancyMaxActiveClusters(&clusters, moe_route_kernel<true>, &cfg) == cudaSuccess && clusters > 0)
-        usable = 1;
+      if (cudaOccupancyMaxActiveClusters(&clusters, moe_route_kernel, &cfg) == cudaSuccess && clusters > 0) usable = 1;
     }
     cudaGetLastError();
   }
@@ -644,12 +560,12 @@ bool moe_route_ok(int T, int H, int E, int K) {
 
 namespace {
 
-Status launch_route(const RouteParams& p, bool norm, cudaStream_t stream) {
+Status launch_route(const RouteParams& p, cudaStream_t stream) {
   const int C = route_cluster(p.E);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(C);
   cfg.blockDim = dim3(kRouteThreads);
-  cfg.dynamicSmemBytes = route_smem(p.E, p.H, norm ? p.T : 0);
+  cfg.dynamicSmemBytes = route_smem(p.E, p.H);
   cfg.stream = stream;
   cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -660,8 +576,7 @@ Status launch_route(const RouteParams& p, bool norm, cudaStream_t stream) {
   attr[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = programmatic_launch() ? 2 : 1;
-  if (norm) return cuda_status(cudaLaunchKernelEx(&cfg, moe_route_kernel<true>, p), "moe_route");
-  return cuda_status(cudaLaunchKernelEx(&cfg, moe_route_kernel<false>, p), "moe_route");
+  return cuda_status(cudaLaunchKernelEx(&cfg, moe_route_kernel, p), "moe_route");
 }
 
 Status route_params(RouteParams& p, const bf16* router_w, const float* bias, int32_t* ids, float* weights,
@@ -696,21 +611,7 @@ Status moe_route(const bf16* xn, const bf16* router_w, const float* bias, int32_
   ZEST_RETURN_IF_ERROR(route_params(p, router_w, bias, ids, weights, logits, plan, active_count_sum, T, H, E, K));
   if (!xn) return invalid_argument("moe_route: null pointer");
   p.xn = xn;
-  return launch_route(p, false, stream);
-}
-
-Status moe_add_norm_route(bf16* x, const bf16* r, const bf16* norm_w, bf16* xn, float eps, const bf16* router_w,
-                          const float* bias, int32_t* ids, float* weights, bf16* logits, MoePlan* plan,
-                          int64_t* active_count_sum, int T, int H, int E, int K, cudaStream_t stream) {
-  RouteParams p{};
-  ZEST_RETURN_IF_ERROR(route_params(p, router_w, bias, ids, weights, logits, plan, active_count_sum, T, H, E, K));
-  if (!x || !r || !norm_w || !xn) return invalid_argument("moe_add_norm_route: null pointer");
-  p.x_res = x;
-  p.resid = r;
-  p.norm_w = norm_w;
-  p.xn_out = xn;
-  p.eps = eps;
-  return launch_route(p, true, stream);
+  return launch_route(p, stream);
 }
 
 Status sere_reroute(int32_t* ids, float* weights, const float* sim, int N, int E, int K, int S, float rho,

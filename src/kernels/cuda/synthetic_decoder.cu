@@ -297,18 +297,13 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
               decode_attention(ap, qkv_, QKV, L.k_cache, L.v_cache, block_table_, ctx_lens_, attn_, ws, s));
     }
     ZEST_OP("o gemm", gemm(attn_, L.wo, o_, batch, H, c.q_heads * D, s));
-    const int route_v = moe ? decode_option(DecodeOption::kRouteFused) : 0;
-    const bool fused = route_v >= 1 && moe_route_ok(batch, H, c.experts, c.top_k);
-    if (!fused || route_v != 2) ZEST_OP("add + rmsnorm", add_rmsnorm(x_, o_, L.post_norm, xn_, batch, H, kEps, s));
+    ZEST_OP("add + rmsnorm", add_rmsnorm(x_, o_, L.post_norm, xn_, batch, H, kEps, s));
     if (moe) {
       const int E = c.experts, K = c.top_k, I = c.expert_inter;
       const float* bias = opt_.skew > 0.f ? L.router_bias : nullptr;
       // Fused routing: with SERE the re-routing runs between top-k and the plan, so the plan stays separate.
-      if (fused && route_v == 2) {
-        ZEST_OP("add + rmsnorm + router (fused)",
-                moe_add_norm_route(x_, o_, L.post_norm, xn_, kEps, L.router, bias, route_ids_, route_w_, nullptr,
-                                   sere ? nullptr : &plan_, sere ? nullptr : expert_counts_ + l, batch, H, E, K, s));
-      } else if (fused) {
+      const bool fused = decode_option(DecodeOption::kRouteFused) == 1 && moe_route_ok(batch, H, E, K);
+      if (fused) {
         ZEST_OP("router (fused)", moe_route(xn_, L.router, bias, route_ids_, route_w_, nullptr, sere ? nullptr : &plan_,
                                             sere ? nullptr : expert_counts_ + l, batch, H, E, K, s));
       } else {
@@ -378,7 +373,6 @@ std::vector<std::string> SyntheticDecoder::op_labels(bool sere) const {
                                   "router gemm", "router top-k"};
   if (decode_option(DecodeOption::kAttentionKernel) >= 2) ops.push_back("decode attention (fused)");
   if (decode_option(DecodeOption::kRouteFused) == 1) ops.push_back("router (fused)");
-  if (decode_option(DecodeOption::kRouteFused) == 2) ops.push_back("add + rmsnorm + router (fused)");
   if (sere) ops.push_back("sere");
   for (const char* o : {"moe plan", "moe experts", "moe combine + rmsnorm", "lm_head gemm"}) ops.push_back(o);
   return ops;
