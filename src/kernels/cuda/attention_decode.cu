@@ -557,7 +557,9 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kern
 
   const int pg_first = pg_begin + warp;
   uint4 kcur[4][2], knext[4][2];
-  if (pg_first < pg_end) load_page(pg_first, 0, kcur);  // before the wait: the cache is not written by this step yet
+  // Before the wait (the cache is not written by this step yet): the warp's first two pages, both buffers.
+  if (pg_first < pg_end) load_page(pg_first, 0, kcur);
+  if (pg_first + kDecWarps < pg_end) load_page(pg_first + kDecWarps, 1, knext);
   // Also before the wait: the RoPE factors (positions are step inputs) and the norm weights.
   RopeLane rl;
   float qw[4], kw[4];
@@ -611,7 +613,7 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kern
   int buf = 0;
   for (int pg = pg_first; pg < pg_end; pg += kDecWarps) {
     const bool more = pg + kDecWarps < pg_end;
-    if (more) load_page(pg + kDecWarps, buf ^ 1, knext);
+    if (more && pg != pg_first) load_page(pg + kDecWarps, buf ^ 1, knext);  // the second page was issued before
     const int nv = min(kKvBlock, ctx - pg * kKvBlock);
     const int tn = pg == new_pg ? new_pos - pg * kKvBlock : -1;  // the current token's row in this page
     if (tn >= 0 && (tn & 7) == g) {
