@@ -1147,6 +1147,7 @@ Status moe_prefill_gate_up(const bf16* x, const MoePlan& plan, const bf16* gate_
     case 16: return run(launch_grouped_ws<true, 256, 4, 2, false, true>);
     case 17: return run(launch_grouped_ws<true, 256, 4, 1, false, false, true>);
     case 18: return run(launch_grouped_ws<true, 256, 4, 1, false, false, false, true>);
+    case 19: return run(launch_grouped_ws<true, 256, 4, 1, false, false, true, true>);
     case 3: return run(launch_grouped_wgmma<true, 128, 128, 3, false>);
     default: return run(launch_grouped_ws<true, 256, 4>);  // 0 and 11: the fastest on H200
   }
@@ -1176,6 +1177,7 @@ Status moe_prefill_down(const bf16* h, const MoePlan& plan, const float* weights
     case 16: return run(launch_grouped_ws<false, 256, 4, 2, false, true>);
     case 17: return run(launch_grouped_ws<false, 256, 4, 1, false, false, true>);
     case 18: return run(launch_grouped_ws<false, 256, 4, 1, false, false, false, true>);
+    case 19: return run(launch_grouped_ws<false, 256, 4, 1, false, false, true, true>);
     case 3: return run(launch_grouped_wgmma<false, 128, 128, 3, false>);
     default: return run(launch_grouped_ws<false, 256, 4>);  // 0 and 11: the fastest on H200
   }
