@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/status.h"
@@ -103,7 +104,16 @@ class TextDecoder {
   // device backend computes the summaries on the device and copies back only those.
   virtual Result<std::vector<SampleResult>> forward_sample(const ForwardBatch& batch, PagedKVCache& cache,
                                                            const MoeHooks* hooks,
-                                                           const std::vector<SampleRow>& rows) const;
+                                                           const std::vector<SampleRow>& rows) const {
+    ZEST_ASSIGN_OR_RETURN(Tensor logits, forward(batch, cache, hooks));
+    const int64_t R = logits.dim(0), V = logits.dim(1);
+    if (static_cast<int64_t>(rows.size()) != R)
+      return invalid_argument("forward_sample: " + std::to_string(rows.size()) + " row plans for " +
+                              std::to_string(R) + " logits rows");
+    std::vector<SampleResult> out(R);
+    for (int64_t r = 0; r < R; ++r) out[r] = summarize_row(logits.data<float>() + r * V, V, rows[r]);
+    return out;
+  }
   // Per-layer counters of the re-routing this backend applied itself from MoeHooks::reroute (all zero for
   // backends that always call MoeHooks::route).
   virtual Result<std::vector<RerouteCounts>> reroute_counts() const {

@@ -7,8 +7,12 @@
 //                   the caller cuts top-k / top-p and picks from them (engine::Sampler);
 //   full         -> the whole row (top_k > kMaxSampleCandidates, or top_p's mass not inside the candidates).
 // summarize_row is the host reference; the CUDA decoder computes the same on the device (kernels/cuda/sample.cu).
+// Header-only: the CUDA library uses these without linking the model library.
 #pragma once
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <numeric>
 #include <vector>
 
 namespace zest::model {
@@ -42,27 +46,188 @@ struct SampleResult {
 };
 
 // The row's plan for the given sampling parameters (u is set by the caller).
-SampleRow plan_sample_row(double temperature, int64_t top_k, double top_p, int64_t vocab);
-
-// The host reference summary of one row of logits[vocab] (f32). Rows that need the whole row (kFull, and
-// candidate rows that cannot decide, see candidates_decide) come back with full == true.
-SampleResult summarize_row(const float* logits, int64_t vocab, const SampleRow& row);
+inline SampleRow plan_sample_row(double temperature, int64_t top_k, double top_p, int64_t vocab) {
+  SampleRow r;
+  r.temperature = temperature;
+  r.top_k = top_k;
+  r.top_p = top_p;
+  if (temperature <= 0.0 || top_k == 1) {
+    r.mode = SampleMode::kGreedy;
+  } else if (top_k <= 0 && top_p >= 1.0) {
+    r.mode = SampleMode::kTemperature;
+  } else if (top_k > kMaxSampleCandidates) {
+    r.mode = SampleMode::kFull;
+  } else {
+    r.mode = SampleMode::kCandidates;
+    const int64_t c = top_k > 0 ? top_k : kMaxSampleCandidates;
+    r.candidates = static_cast<int32_t>(std::min<int64_t>(c, vocab));
+  }
+  return r;
+}
 
 // The id-order inverse-CDF walk: the first id whose prefix sum of exp((l - max) / T) exceeds u * z, or the last
 // id with a positive weight when rounding leaves the target past the end. Accumulates in double.
-int32_t temperature_walk(const float* logits, int64_t vocab, float max, double inv_t, double target);
+inline int32_t temperature_walk(const float* logits, int64_t vocab, float max, double inv_t, double target) {
+  double cum = 0;
+  int64_t last = -1;
+  for (int64_t i = 0; i < vocab; ++i) {
+    const double w = std::exp((static_cast<double>(logits[i]) - max) * inv_t);
+    if (w > 0) last = i;
+    cum += w;
+    if (cum > target) return static_cast<int32_t>(i);
+  }
+  return static_cast<int32_t>(last >= 0 ? last : 0);
+}
+
+// Helpers of the functions below.
+namespace sampling_detail {
+
+// The norm of top-p: the candidates' own sum when they are the whole kept set.
+inline bool candidates_are_kept_set(const SampleRow& row, int64_t n, int64_t vocab) { return row.top_k > 0 || n >= vocab; }
+
+// Top-k / top-p pick from candidates sorted descending (the kept set when norm_by_sum, else the first n of the
+// row with z over the row); the old full-sort sampler's arithmetic. -1 when the candidates cannot decide.
+inline int32_t pick_sorted(const int32_t* ids, const float* logits, int64_t n, bool norm_by_sum, double z,
+                           const SampleRow& row) {
+  if (n <= 0) return -1;
+  const double inv_t = 1.0 / row.temperature;
+  const double mx = logits[0];
+  std::vector<double> prob(n);
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += prob[i] = std::exp((logits[i] - mx) * inv_t);
+  const double norm = norm_by_sum ? sum : z;
+  int64_t keep = n;
+  if (row.top_p < 1.0) {
+    double cum = 0;
+    int64_t cut = -1;
+    for (int64_t i = 0; i < n; ++i) {
+      cum += prob[i] / norm;
+      if (cum >= row.top_p) {
+        cut = i + 1;
+        break;
+      }
+    }
+    if (cut < 0 && !norm_by_sum) return -1;
+    if (cut > 0) keep = cut;
+  }
+  double total = 0;
+  for (int64_t i = 0; i < keep; ++i) total += prob[i];
+  double r = row.u * total;
+  for (int64_t i = 0; i < keep; ++i) {
+    r -= prob[i];
+    if (r <= 0) return ids[i];
+  }
+  return ids[keep - 1];
+}
+
+// Ids of the top n logits, descending, ties to the lower id.
+inline std::vector<int32_t> top_ids(const float* logits, int64_t vocab, int64_t n) {
+  std::vector<int32_t> idx(vocab);
+  std::iota(idx.begin(), idx.end(), 0);
+  auto cmp = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  std::partial_sort(idx.begin(), idx.begin() + n, idx.end(), cmp);
+  idx.resize(n);
+  return idx;
+}
+
+inline int32_t argmax_row(const float* logits, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i)
+    if (logits[i] > logits[best]) best = i;
+  return static_cast<int32_t>(best);
+}
+
+}  // namespace sampling_detail
 
 // The number of leading candidates that top-p keeps, from candidate logits sorted descending:
 // probabilities exp((l - max) / T) / norm accumulated in order until they reach top_p (norm = the sum over
 // the candidates when top_k > 0 or the candidates are the whole row, else z). Returns n when top_p >= 1, and
 // -1 when the candidates' mass stays below top_p with a whole-row norm (the whole row is needed).
-int64_t top_p_keep(const float* cand_logits, int64_t n, int64_t vocab, const SampleRow& row, double z);
+inline int64_t top_p_keep(const float* cand_logits, int64_t n, int64_t vocab, const SampleRow& row, double z) {
+  if (row.top_p >= 1.0 || n <= 0) return n;
+  const bool by_sum = sampling_detail::candidates_are_kept_set(row, n, vocab);
+  const double inv_t = 1.0 / row.temperature;
+  const double mx = cand_logits[0];
+  std::vector<double> prob(n);
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) sum += prob[i] = std::exp((cand_logits[i] - mx) * inv_t);
+  const double norm = by_sum ? sum : z;
+  double cum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    cum += prob[i] / norm;
+    if (cum >= row.top_p) return i + 1;
+  }
+  return by_sum ? n : -1;
+}
 
 // Whether a candidates summary decides the token (else the whole row is needed).
-bool candidates_decide(const SampleRow& row, const SampleResult& r, int64_t vocab);
+inline bool candidates_decide(const SampleRow& row, const SampleResult& r, int64_t vocab) {
+  if (r.full) return true;
+  const int64_t n = static_cast<int64_t>(r.ids.size());
+  if (n == 0 || static_cast<int64_t>(r.logits.size()) != n) return false;
+  return top_p_keep(r.logits.data(), n, vocab, row, r.z) >= 0;
+}
+
+// The host reference summary of one row of logits[vocab] (f32). Rows that need the whole row (kFull, and
+// candidate rows that cannot decide, see candidates_decide) come back with full == true.
+inline SampleResult summarize_row(const float* logits, int64_t vocab, const SampleRow& row) {
+  SampleResult s;
+  switch (row.mode) {
+    case SampleMode::kNone: return s;
+    case SampleMode::kGreedy: s.token = sampling_detail::argmax_row(logits, vocab); return s;
+    case SampleMode::kFull:
+      s.full = true;
+      s.logits.assign(logits, logits + vocab);
+      return s;
+    default: break;
+  }
+  const double inv_t = 1.0 / row.temperature;
+  s.max = logits[sampling_detail::argmax_row(logits, vocab)];
+  for (int64_t i = 0; i < vocab; ++i) s.z += std::exp((static_cast<double>(logits[i]) - s.max) * inv_t);
+  if (row.mode == SampleMode::kTemperature) {
+    s.token = temperature_walk(logits, vocab, s.max, inv_t, row.u * s.z);
+    return s;
+  }
+  const int64_t c = std::min<int64_t>(row.candidates, vocab);
+  s.ids = sampling_detail::top_ids(logits, vocab, c);
+  s.logits.resize(c);
+  for (int64_t i = 0; i < c; ++i) s.logits[i] = logits[s.ids[i]];
+  if (!candidates_decide(row, s, vocab)) {
+    s.ids.clear();
+    s.full = true;
+    s.logits.assign(logits, logits + vocab);
+  }
+  return s;
+}
 
 // The token from a summary (kGreedy / kTemperature: the summary's token; candidates or a full row: the
 // top-k / top-p pick with row.u). -1 when the summary cannot decide.
-int32_t pick_from_summary(const SampleRow& row, const SampleResult& r, int64_t vocab);
+inline int32_t pick_from_summary(const SampleRow& row, const SampleResult& r, int64_t vocab) {
+  switch (row.mode) {
+    case SampleMode::kNone: return -1;
+    case SampleMode::kGreedy:
+      if (r.full && static_cast<int64_t>(r.logits.size()) == vocab) return sampling_detail::argmax_row(r.logits.data(), vocab);
+      return r.token;
+    case SampleMode::kTemperature:
+      if (r.full && static_cast<int64_t>(r.logits.size()) == vocab) {
+        const SampleResult s = summarize_row(r.logits.data(), vocab, row);
+        return s.token;
+      }
+      return r.token;
+    default: break;
+  }
+  if (r.full) {
+    if (static_cast<int64_t>(r.logits.size()) != vocab) return -1;
+    // The whole kept set sorted: top_k (when set) or the whole row.
+    const int64_t k = row.top_k > 0 ? std::min<int64_t>(row.top_k, vocab) : vocab;
+    const std::vector<int32_t> ids = sampling_detail::top_ids(r.logits.data(), vocab, k);
+    std::vector<float> l(k);
+    for (int64_t i = 0; i < k; ++i) l[i] = r.logits[ids[i]];
+    return sampling_detail::pick_sorted(ids.data(), l.data(), k, true, 0.0, row);
+  }
+  const int64_t n = static_cast<int64_t>(r.ids.size());
+  if (n == 0 || static_cast<int64_t>(r.logits.size()) != n) return -1;
+  return sampling_detail::pick_sorted(r.ids.data(), r.logits.data(), n, sampling_detail::candidates_are_kept_set(row, n, vocab), r.z, row);
+}
 
 }  // namespace zest::model
