@@ -169,14 +169,14 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) rows_mma_kernel(RowsP
 // the warps' partial sums are reduced in shared memory in fixed order. kTwo: more than 8 token rows (M <= 16).
 constexpr int kPreRound = 8;  // token chunks in flight per warp
 
-// Registers allow 3 CTAs per SM with two token tiles (fewer chunks in flight per round), as the shared memory does for
-// K <= 2048.
-template <bool kTwo>
-__global__ void __launch_bounds__(kWarps * 32, kTwo ? 3 : 1) rows_pre_kernel(const bf16* __restrict__ x,
-                                                                             const bf16* __restrict__ w,
-                                                                             bf16* __restrict__ y, int M, int N,
-                                                                             int Kdim) {
-  constexpr int kRound = kTwo ? kPreRound / 2 : kPreRound;
+// kRound: token chunks per warp and round (all of a warp's chunks in one round for K <= 32 * kWarps * kRound).
+// Registers allow 3 CTAs per SM for K <= 2048 (as the shared memory does): one token tile with 8 chunks per round
+// (62 registers) or two with 4 (70); K = 4096 tiles (one CTA per SM) take one token tile's 16 chunks in one round.
+template <bool kTwo, int kRound>
+__global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_kernel(const bf16* __restrict__ x,
+                                                                                    const bf16* __restrict__ w,
+                                                                                    bf16* __restrict__ y, int M, int N,
+                                                                                    int Kdim) {
   extern __shared__ __align__(128) unsigned char wsm[];
   __shared__ __align__(8) uint64_t bar;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -250,31 +250,36 @@ size_t rows_pre_smem(int K) {
   return std::max<size_t>(static_cast<size_t>(kRows) * (static_cast<size_t>(K) * 2 + 16), kWarps * 8 * 32 * sizeof(float));
 }
 
+// The instantiation for (M, K): two token tiles above 8 rows; 16 chunks per round for one tile when K > 2048.
+using PreKernel = void (*)(const bf16*, const bf16*, bf16*, int, int, int);
+PreKernel rows_pre_pick(int M, int K) {
+  if (M > 8) return rows_pre_kernel<true, kPreRound / 2>;
+  return K > kWarps * kChunk * kPreRound ? rows_pre_kernel<false, 2 * kPreRound> : rows_pre_kernel<false, kPreRound>;
+}
+
 // Whether rows_pre_kernel serves (M, N, K): the tile fits in shared memory and every tile has its CTA resident.
 bool rows_pre_ok(int M, int N, int K) {
   if (M < 1 || M > kTokens || N % kRows != 0 || K % kChunk != 0 || rows_pre_smem(K) > kPreMaxSmem) return false;
   const size_t smem = rows_pre_smem(K);
-  const void* fn = M > 8 ? reinterpret_cast<const void*>(rows_pre_kernel<true>)
-                         : reinterpret_cast<const void*>(rows_pre_kernel<false>);
   static bool configured = false;
   if (!configured) {
-    for (const void* f : {reinterpret_cast<const void*>(rows_pre_kernel<true>),
-                          reinterpret_cast<const void*>(rows_pre_kernel<false>)})
-      if (cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kPreMaxSmem)) !=
-          cudaSuccess)
+    for (PreKernel f : {rows_pre_kernel<true, kPreRound / 2>, rows_pre_kernel<false, kPreRound>,
+                        rows_pre_kernel<false, 2 * kPreRound>})
+      if (cudaFuncSetAttribute(reinterpret_cast<const void*>(f), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(kPreMaxSmem)) != cudaSuccess)
         return false;
     configured = true;
   }
   int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, kWarps * 32, smem) != cudaSuccess) return false;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, reinterpret_cast<const void*>(rows_pre_pick(M, K)), kWarps * 32,
+                                                    smem) != cudaSuccess)
+    return false;
   return N / kRows <= n * sm_count();
 }
 
 Status launch_rows_pre(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream) {
-  const size_t smem = rows_pre_smem(K);
-  if (M > 8)
-    return launch("rows_pre", rows_pre_kernel<true>, dim3(N / kRows), dim3(kWarps * 32), smem, stream, x, w, y, M, N, K);
-  return launch("rows_pre", rows_pre_kernel<false>, dim3(N / kRows), dim3(kWarps * 32), smem, stream, x, w, y, M, N, K);
+  return launch("rows_pre", rows_pre_pick(M, K), dim3(N / kRows), dim3(kWarps * 32), rows_pre_smem(K), stream, x, w, y,
+                M, N, K);
 }
 
 template <int kMode, int kU, int kMinBlocks>
