@@ -493,7 +493,8 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs, const std::string
            {16, "as 13, sm_count / 2 clusters launched"},
            {17, "as 11, evict-first output stores"},
            {18, "as 11, down's slots and weights loaded before the GEMM"},
-           {19, "as 11, with both 17 and 18"}}) {
+           {19, "as 11, with both 17 and 18"},
+           {11, "measured again last: the drift of the GPU's speed over this table"}}) {
     ops.push_back({"experts gate/up, variant " + std::to_string(v) + " (" + what + ")", 2 * t * K * 2 * I * H, false,
                    [&, v] {
                      return with_option(cuda::PrefillOption::kGroupedGemm, v, [&] {
