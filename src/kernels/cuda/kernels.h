@@ -283,8 +283,9 @@ Status moe_prefill_down(const bf16* h, const MoePlan& plan, const float* weights
 // multicast) the weight tile when both belong to one expert; 14 = ping-pong: each consumer warpgroup takes every
 // other tile whole (128 x 128, 6 stages), its epilogue overlapping the other's GEMM; 15 = 14 in clusters as 13;
 // 16 = 13 launching sm_count / 2 clusters whatever the occupancy query says; 17 = 11 with evict-first (streaming)
-// output stores; 18 = 11 with down's slots and routing weights loaded before the GEMM; 19 = 17 and 18 together. All
-// need E <= 256 and 16-byte aligned operands, else variant 3 runs.
+// output stores; 18 = 11 with down's slots and routing weights loaded before the GEMM; 19 = 17 and 18 together;
+// 20 = 18 with the epilogue's outputs (all of gate/up's, half of down's) kept as bf16 pairs in registers and stored
+// during the next tile's first k-chunks. All need E <= 256 and 16-byte aligned operands, else variant 3 runs.
 // Clusters of variant 13's gate/up (or down) kernel that can be resident at once (cudaOccupancyMaxActiveClusters).
 int moe_prefill_cluster_capacity(bool gate_up);
 // The previous grouped GEMMs (wmma 64x64 tiles) when H and I are multiples of 64, else moe_experts_decode;

@@ -651,7 +651,11 @@ __device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorM
 // kStream: the epilogue stores with the evict-first (streaming) cache policy, so the outputs passing through L2 do
 // not push out the weights and activations the other CTAs still read. kPrefetch: down's epilogue inputs (the slot
 // and routing weight of the thread's rows) are loaded before the GEMM instead of after it.
-template <bool kGateUp, int BN, int ST, int CL, bool kPP, bool kStream = false, bool kPrefetch = false>
+// kDefer (cooperative, CL = 1): the epilogue's outputs (bf16 values) are packed into bf16 pairs in registers and
+// stored during the first k-chunks of the next tile, so the stores overlap its GEMM instead of idling the tensor
+// cores.
+template <bool kGateUp, int BN, int ST, int CL, bool kPP, bool kStream = false, bool kPrefetch = false,
+          bool kDefer = false>
 __global__ void __launch_bounds__(kXThreads, 1)
     moe_grouped_ws_kernel(const __grid_constant__ CUtensorMap tm_w, const __grid_constant__ CUtensorMap tm_a,
                           const bf16* __restrict__ a_src, MoePlan plan, const float* __restrict__ weights,
@@ -659,6 +663,7 @@ __global__ void __launch_bounds__(kXThreads, 1)
   using namespace vmma;
   static_assert(CL == 1 || CL == 2, "clusters of one or two CTAs");
   static_assert(!kPP || BN == 128, "ping-pong: a warpgroup holds 128 x 128 accumulators");
+  static_assert(!kDefer || (!kPP && CL == 1), "deferred epilogue: cooperative, one CTA per cluster");
   constexpr size_t kStage = x_stage_bytes<BN>();
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024 - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
@@ -747,7 +752,11 @@ __global__ void __launch_bounds__(kXThreads, 1)
 
   if (warp < 4) {
     // ---- producer warpgroup ----
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
+    // (down with the deferred epilogue: the producer only issues TMA, and the consumers hold 64 more registers)
+    if constexpr (kDefer && !kGateUp)
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    else
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
     const int p = threadIdx.x;
     const int lr = p >> 3, lc = p & 7;  // rows lr + 16 u (u < 8), 16-byte chunk lc
     const int sw = ((lc ^ (lr & 7)) * 16);
@@ -807,7 +816,10 @@ __global__ void __launch_bounds__(kXThreads, 1)
     if constexpr (kGateUp) cp_async_wait<0>();
   } else {
     // ---- consumer warpgroups ----
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
+    if constexpr (kDefer && !kGateUp)
+      asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+    else
+      asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
     const int wg = (warp >> 2) - 1, wq = warp & 3, g = lane >> 2, t = lane & 3;
     auto release = [&](int s) {
       if (lane != 0) return;
@@ -818,6 +830,36 @@ __global__ void __launch_bounds__(kXThreads, 1)
     // the CTA's work tiles i with i % 2 == wg, all 128 rows (row blocks 0 and 1); the ring holds the tiles' k-chunks
     // in order, so one warpgroup's epilogue runs while the other's GEMM does.
     constexpr int RB = kPP ? 2 : 1;
+    // kDefer: the previous tile's outputs, packed bf16 pairs: index hr * kPairsRow + c8 (gate/up: h columns
+    // 8 * c8 + 2 * t, + 1; down: output columns likewise, routing weight applied), stored in kParts parts.
+    // Down defers only the second of its two rows (hr = 1): both would not fit in the registers next to the
+    // accumulators.
+    constexpr int kPairsRow = kGateUp ? BN / 16 : BN / 8;
+    constexpr int kDeferHr = kGateUp ? 2 : 1;  // deferred rows hr = 2 - kDeferHr .. 1
+    constexpr int kParts = 4;
+    constexpr int kPerPart = kDeferHr * kPairsRow / kParts;
+    uint32_t pk[kDefer ? kDeferHr * kPairsRow : 1];
+    int d_m0 = 0, d_rows = 0, d_nt = 0, d_slot[2] = {0, 0};
+    bool d_pend = false;
+    auto flush = [&](int part) {
+      if constexpr (kDefer) {
+#pragma unroll
+        for (int idx = 0; idx < kDeferHr * kPairsRow; ++idx) {
+          if (idx / kPerPart != part) continue;
+          const int hr = 2 - kDeferHr + idx / kPairsRow, c8 = idx % kPairsRow;
+          const int r = wg * 64 + 16 * wq + g + hr * 8;
+          if (r >= d_rows) continue;
+          const __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(&pk[idx]);
+          if constexpr (kGateUp) {
+            *reinterpret_cast<__nv_bfloat162*>(h + static_cast<size_t>(d_m0 + r) * I + d_nt * (BN / 2) + 2 * t +
+                                               8 * c8) = v;
+          } else {
+            *reinterpret_cast<float2*>(slot_out + static_cast<size_t>(d_slot[hr]) * H + d_nt * BN + 2 * t + 8 * c8) =
+                __bfloat1622float2(v);
+          }
+        }
+      }
+    };
     int i = 0;
     for (int u = blockIdx.x / CL; u < units; u += gridDim.x / CL, ++i) {
       if (kPP && (i & 1) != wg) continue;
@@ -829,7 +871,7 @@ __global__ void __launch_bounds__(kXThreads, 1)
       for (int rb = 0; rb < RB; ++rb) act[rb] = 64 * (kPP ? rb : wg) < rows;
       int pre_slot[RB][2];  // kPrefetch (down): slot and routing weight of rows 16 * wq + g + 8 * hr of row block rb
       float pre_wt[RB][2];
-      if constexpr (!kGateUp && kPrefetch) {
+      if constexpr (!kGateUp && (kPrefetch || kDefer)) {
 #pragma unroll
         for (int rb = 0; rb < RB; ++rb)
 #pragma unroll
@@ -868,10 +910,47 @@ __global__ void __launch_bounds__(kXThreads, 1)
         }
         if (prev >= 0) release(prev);  // its wgmma group has completed
         prev = stage;
+        if (kDefer && d_pend && kc < kParts) flush(kc);  // while this k-chunk's wgmma runs
       }
       if (kPP && u + static_cast<int>(gridDim.x) / CL < units) named_bar_arrive(1 + (wg ^ 1), 256);  // tile i + 1
       asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
       if (prev >= 0) release(prev);
+      if constexpr (kDefer) {
+        if (d_pend)
+          for (int part = nk; part < kParts; ++part) flush(part);  // tiles of fewer k-chunks than parts
+        d_pend = act[0];
+        if (!act[0]) continue;
+        d_m0 = m0;
+        d_rows = rows;
+        d_nt = nt;
+#pragma unroll
+        for (int hr = 0; hr < 2; ++hr) {
+          const bool deferred = hr >= 2 - kDeferHr;
+          const int r = wg * 64 + 16 * wq + g + hr * 8;
+          if constexpr (!kGateUp) d_slot[hr] = pre_slot[0][hr];
+#pragma unroll
+          for (int c8 = 0; c8 < kPairsRow; ++c8) {
+            float v[2];
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              if constexpr (kGateUp) {
+                const float gv = bf16_round(acc[0][4 * c8 + 2 * hr + c]);
+                const float uv = bf16_round(acc[0][4 * (c8 + BN / 16) + 2 * hr + c]);
+                v[c] = bf16_round(gv / (1.f + __expf(-gv))) * uv;
+              } else {
+                v[c] = bf16_round(bf16_round(acc[0][4 * c8 + 2 * hr + c]) * pre_wt[0][hr]);
+              }
+            }
+            if (deferred) {
+              const __nv_bfloat162 b = __floats2bfloat162_rn(v[0], v[1]);
+              pk[(hr - (2 - kDeferHr)) * kPairsRow + c8] = *reinterpret_cast<const uint32_t*>(&b);
+            } else if (r < rows) {  // down, row hr = 0: stored now
+              *reinterpret_cast<float2*>(slot_out + static_cast<size_t>(pre_slot[0][hr]) * H + nt * BN + 2 * t +
+                                         8 * c8) = make_float2(v[0], v[1]);
+            }
+          }
+        }
+      } else {
 
       // acc[rb][4 * c8 + 2 * hr + c]: row 16 * wq + g + 8 * hr of row block rb, column 8 * c8 + 2 * t + c.
 #pragma unroll
@@ -914,6 +993,11 @@ __global__ void __launch_bounds__(kXThreads, 1)
           }
         }
       }
+      }  // !kDefer
+    }
+    if constexpr (kDefer) {
+      if (d_pend)
+        for (int part = 0; part < kParts; ++part) flush(part);
     }
   }
   // A CTA of a cluster stays until its partner no longer multicasts into it or arrives on its barriers.
@@ -992,13 +1076,13 @@ int ws_max_clusters() {
 
 // kFullGrid (CL > 1): launch sm_count / CL clusters instead of the number the occupancy query reports.
 template <bool kGateUp, int BN, int ST, int CL = 1, bool kPP = false, bool kFullGrid = false, bool kStream = false,
-          bool kPrefetch = false>
+          bool kPrefetch = false, bool kDefer = false>
 Status launch_grouped_ws(const bf16* a, const MoePlan& plan, const float* weights, const bf16* w, bf16* h,
                          float* slot_out, int N, int K, int E, int H, int I, cudaStream_t stream) {
   if (!ws_ok<kGateUp, BN>(a, w, E, H, I))
     return launch_grouped_wgmma<kGateUp, 128, 128, 3, false>(a, plan, weights, w, h, slot_out, N, K, E, H, I, stream);
   constexpr size_t kSmem = x_smem<BN, ST>();
-  auto* kernel = moe_grouped_ws_kernel<kGateUp, BN, ST, CL, kPP, kStream, kPrefetch>;
+  auto* kernel = moe_grouped_ws_kernel<kGateUp, BN, ST, CL, kPP, kStream, kPrefetch, kDefer>;
   static const cudaError_t attr =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
   ZEST_RETURN_IF_ERROR(cuda_status(attr, "moe grouped GEMM (warp-specialised) smem attribute"));
@@ -1148,6 +1232,7 @@ Status moe_prefill_gate_up(const bf16* x, const MoePlan& plan, const bf16* gate_
     case 17: return run(launch_grouped_ws<true, 256, 4, 1, false, false, true>);
     case 18: return run(launch_grouped_ws<true, 256, 4, 1, false, false, false, true>);
     case 19: return run(launch_grouped_ws<true, 256, 4, 1, false, false, true, true>);
+    case 20: return run(launch_grouped_ws<true, 256, 4, 1, false, false, false, false, true>);
     case 3: return run(launch_grouped_wgmma<true, 128, 128, 3, false>);
     default: return run(launch_grouped_ws<true, 256, 4>);  // 0 and 11: the fastest on H200
   }
@@ -1178,6 +1263,7 @@ Status moe_prefill_down(const bf16* h, const MoePlan& plan, const float* weights
     case 17: return run(launch_grouped_ws<false, 256, 4, 1, false, false, true>);
     case 18: return run(launch_grouped_ws<false, 256, 4, 1, false, false, false, true>);
     case 19: return run(launch_grouped_ws<false, 256, 4, 1, false, false, true, true>);
+    case 20: return run(launch_grouped_ws<false, 256, 4, 1, false, false, false, false, true>);
     case 3: return run(launch_grouped_wgmma<false, 128, 128, 3, false>);
     default: return run(launch_grouped_ws<false, 256, 4>);  // 0 and 11: the fastest on H200
   }
