@@ -1,4 +1,4 @@
-# limit: 75
+# limit: 60
 # Device sampling and CUDA graphs of decode steps: their tests, then a short served load test on a random-weight
 # model of Qwen3-30B-A3B shapes (zest serve --config qwen3-30b-a3b), text only, 64 words, 64 output tokens
 # (ignore_eos), closed-loop clients, against servers of the same package:
@@ -84,7 +84,6 @@ print_table() {
   echo "total $SECONDS s"
 }
 trap 'stop_server; print_table' EXIT
-# The rows of the previous runs (before, graphs, before with SERE) are in BENCHMARKS.md; this run adds graphs with
-# SERE and device sampling without graphs.
-run "graphs, SERE S=2" 0 "--sere-primary 2 --sere-threshold 0" -- ZEST_CUDA_GRAPHS=1
-run sampling 0 "" -- ZEST_CUDA_GRAPHS=0
+# Final check of the package: before against graphs, greedy (earlier runs' rows are in BENCHMARKS.md).
+run before 0 "" -- ZEST_CUDA_GRAPHS=0 ZEST_DEVICE_SAMPLING=0
+run graphs 0 "" -- ZEST_CUDA_GRAPHS=1

@@ -4,8 +4,8 @@
 // ("eager": the graphs' context bounds without graphs). Checked on the tiny MoE fixture (generic paged attention)
 // and on a random-weight model of the Qwen3-30B-A3B shapes cut to 2 layers (decode attention with its bucketed
 // bound, the decode MoE kernels), with and without SERE re-routing on the device, through forward (logits) and
-// forward_sample (greedy, temperature and top-k/top-p rows), twice, each run over a KV cache of its own (graphs
-// captured over another cache must not replay). A replay really happened: the decoder's graph launch
+// forward_sample (greedy, temperature and top-k/top-p rows), three times, each run over a KV cache of its own
+// (graphs captured over another cache must not replay), the third keeping at most 2 graphs (LRU eviction). A replay really happened: the decoder's graph launch
 // counter grows. Also forward_sample against forward on one prefill step, whole-row fallbacks included.
 #if defined(ZEST_HAVE_CUDA)
 #include <gtest/gtest.h>
@@ -125,13 +125,17 @@ void expect_graphs_equal_eager(const model::TextDecoder& dec, const model::MoeHo
       run_schedule(dec, sample, hooks, eager, &keep);
     }
     // Twice: the second run has a KV cache of its own, so graphs captured over the first cache must not replay.
-    for (int rep = 0; rep < 2; ++rep) {
+    // Then a third time keeping at most 2 instantiated graphs (least recently used ones destroyed and captured
+    // again).
+    for (int rep = 0; rep < 3; ++rep) {
       SCOPED_TRACE("graph run " + std::to_string(rep));
       Trace graphs;
       const int64_t before = decode_graph_launches();
       {
         GraphEnv env("1");
+        if (rep == 2) setenv("ZEST_CUDA_GRAPH_CAP", "2", 1);
         run_schedule(dec, sample, hooks, graphs, &keep);
+        unsetenv("ZEST_CUDA_GRAPH_CAP");
       }
       EXPECT_GE(decode_graph_launches() - before, 12) << "decode steps were not replayed from graphs";
       ASSERT_EQ(eager.tokens.size(), graphs.tokens.size());

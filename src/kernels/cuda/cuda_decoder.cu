@@ -264,9 +264,16 @@ class CudaTextDecoder final : public model::TextDecoder {
     int32_t* cand_ids = nullptr;
     float* cand_logits = nullptr;
     // Decode-step graphs: key (sequences, context bound in KV blocks, device SERE spec, summary tail) -> the
-    // instantiated graph, nullptr after the key's first (eager) step. Valid while the buffers and kernel
-    // options they were captured with stay the same (fingerprint).
-    std::map<std::tuple<int, int, const void*, bool>, cudaGraphExec_t> graphs;
+    // instantiated graph (nullptr after the key's first, eager, step or after eviction) and its last use. Valid
+    // while the buffers and kernel options they were captured with stay the same (fingerprint). At most
+    // graph_cap() are instantiated; the least recently used one is destroyed for a new one.
+    struct GraphEntry {
+      cudaGraphExec_t exec = nullptr;
+      uint64_t last_use = 0;
+    };
+    std::map<std::tuple<int, int, const void*, bool>, GraphEntry> graphs;
+    uint64_t graph_clock = 0;
+    int live_graphs = 0;
     std::vector<uintptr_t> graph_fingerprint;
     bool graphs_broken = false;  // a capture failed: eager steps from then on
   };
@@ -602,6 +609,13 @@ GraphMode graph_mode() {
 }
 // Graphs at most this many sequences (larger decode batches run eagerly).
 constexpr int kMaxGraphSeqs = 512;
+// Instantiated graphs kept at most (ZEST_CUDA_GRAPH_CAP, default 256), and keys remembered at most.
+int graph_cap() {
+  const char* e = std::getenv("ZEST_CUDA_GRAPH_CAP");
+  const int v = e && *e ? std::atoi(e) : 256;
+  return std::max(1, v);
+}
+constexpr size_t kMaxGraphKeys = 16384;
 // The decode-attention bound of a step whose longest sequence needs `blocks` KV blocks: the next power of two up
 // to 16 blocks, then the next multiple of 16 blocks, at most the block-table width.
 int context_bucket_blocks(int64_t blocks, int64_t table_width) {
@@ -641,8 +655,9 @@ Status CudaTextDecoder::ensure_sample(int64_t rows) const {
 void CudaTextDecoder::clear_graphs() const {
   Step& s = *st_;
   for (auto& [key, g] : s.graphs)
-    if (g) cudaGraphExecDestroy(g);
+    if (g.exec) cudaGraphExecDestroy(g.exec);
   s.graphs.clear();
+  s.live_graphs = 0;
 }
 
 // What a captured step depends on besides its key: every buffer address (the KV cache's included: its layers'
@@ -951,10 +966,22 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
     auto it = s.graphs.find(key);
     if (it == s.graphs.end()) {
       // First step of this key: eager (cuBLASLt plans, kernel attributes and workspaces are set up outside a capture).
-      s.graphs.emplace(key, nullptr);
+      if (s.graphs.size() >= kMaxGraphKeys) clear_graphs();
+      s.graphs.emplace(key, Step::GraphEntry{});
       ZEST_RETURN_IF_ERROR(enqueue());
     } else {
-      if (!it->second) {
+      if (!it->second.exec) {
+        // Room for one more: the least recently used graph goes (no graph is in flight between steps).
+        if (s.live_graphs >= graph_cap()) {
+          auto lru = s.graphs.end();
+          for (auto g = s.graphs.begin(); g != s.graphs.end(); ++g)
+            if (g->second.exec && (lru == s.graphs.end() || g->second.last_use < lru->second.last_use)) lru = g;
+          if (lru != s.graphs.end()) {
+            cudaGraphExecDestroy(lru->second.exec);
+            lru->second.exec = nullptr;
+            --s.live_graphs;
+          }
+        }
         cudaGraph_t graph = nullptr;
         ZEST_CU(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), "begin graph capture");
         const Status cs = enqueue();
@@ -972,11 +999,13 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
           s.graphs_broken = true;
           ZEST_RETURN_IF_ERROR(enqueue());
         } else {
-          it->second = exec;
+          it->second.exec = exec;
+          ++s.live_graphs;
         }
       }
-      if (it->second) {
-        ZEST_CU(cudaGraphLaunch(it->second, st), "graph launch");
+      if (it->second.exec) {
+        it->second.last_use = ++s.graph_clock;
+        ZEST_CU(cudaGraphLaunch(it->second.exec, st), "graph launch");
         g_graph_launches.fetch_add(1, std::memory_order_relaxed);
       }
     }
