@@ -74,7 +74,7 @@ void attention_case(const std::vector<int>& lens, int Hq, int Hkv, int pad, std:
 TEST(CudaPrefillWs, VarlenOddLengthsAndLengthOne) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(9001);
-  for (int variant : {12, 13, 14, 15, 16, 17}) {
+  for (int variant : {12, 13, 14, 15, 16, 17, 18}) {
     SCOPED_TRACE(testing::Message() << "variant " << variant);
     VariantScope scope(PrefillOption::kAttention, variant);
     // Lengths around the 64-row halves and 128-row tiles; a single token alone and packed.
@@ -87,7 +87,7 @@ TEST(CudaPrefillWs, VarlenOddLengthsAndLengthOne) {
 TEST(CudaPrefillWs, WholeTilesOnlyTakeTheTmaPath) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(9002);
-  for (int variant : {12, 13, 14, 15, 16, 17}) {
+  for (int variant : {12, 13, 14, 15, 16, 17, 18}) {
     SCOPED_TRACE(testing::Message() << "variant " << variant);
     VariantScope scope(PrefillOption::kAttention, variant);
     attention_case({128, 384, 256}, 4, 1, 0, rng);  // every tile whole: no cp.async fallback
@@ -109,7 +109,7 @@ TEST(CudaPrefillWs, LongSequencesGqa8WrapTheRing) {
 TEST(CudaPrefillWs, PersistentCtasTakeManyItems) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(9005);
-  for (int variant : {15, 16, 17}) {
+  for (int variant : {15, 16, 17, 18}) {
     SCOPED_TRACE(testing::Message() << "variant " << variant);
     VariantScope scope(PrefillOption::kAttention, variant);
     // 32 heads x 5 query tiles x 3 sequences = 480 items (variant 17: 16 head pairs x 10 tiles of 64 rows x 3),

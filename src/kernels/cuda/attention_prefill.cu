@@ -1173,7 +1173,7 @@ Status launch_ws(const bf16* q, int q_stride, const bf16* k, const bf16* v, int 
 // the current one is done and its K/V tiles as soon as stages free up: the next item's loads overlap the current
 // item's last PV GEMM and epilogue. STAGES = 2 (Q, O and two K/V stages: 192 KiB). Producer warpgroup at 56
 // registers, consumers at 224.
-template <bool kPingPong, bool kPack>
+template <bool kPingPong, bool kPack, bool kFast>
 __global__ void __launch_bounds__(kWsThreads, 1)
     prefill_attention_wsp_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
                                  const __grid_constant__ CUtensorMap tm_v, const bf16* __restrict__ q, int q_stride,
@@ -1403,7 +1403,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       }
 #pragma unroll
       for (int i = 0; i < 64; ++i) {
-        sv[i] = exp2f(fmaf(sv[i], scale_log2, -m[(i >> 1) & 1]));
+        sv[i] = kFast ? exp2_ftz(fmaf(sv[i], scale_log2, -m[(i >> 1) & 1]))
+                      : exp2f(fmaf(sv[i], scale_log2, -m[(i >> 1) & 1]));
         l[(i >> 1) & 1] += sv[i];
       }
       pack_p();
@@ -1435,14 +1436,18 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       }
 #pragma unroll
       for (int j = 0; j < 64; ++j) {
-        sv[j] = exp2f(fmaf(sv[j], scale_log2, -m[(j >> 1) & 1]));
+        sv[j] = kFast ? exp2_ftz(fmaf(sv[j], scale_log2, -m[(j >> 1) & 1]))
+                      : exp2f(fmaf(sv[j], scale_log2, -m[(j >> 1) & 1]));
         l[(j >> 1) & 1] += sv[j];
       }
       asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");  // PV of tile i - 1 done
       release(v_empty(ps));
       ++vit;
+      // kFast: the rescale is skipped when no row of the warp changed its maximum.
+      if (!kFast || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-      for (int j = 0; j < 64; ++j) o[j] *= alpha[(j >> 1) & 1];
+        for (int j = 0; j < 64; ++j) o[j] *= alpha[(j >> 1) & 1];
+      }
       pack_p();
     }
     {
@@ -1490,11 +1495,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   }
 }
 
-template <bool kPingPong, bool kPack = false>
+template <bool kPingPong, bool kPack = false, bool kFast = false>
 Status launch_wsp(const bf16* q, int q_stride, const bf16* k, const bf16* v, int kv_stride, const int32_t* cu_seqlens,
                   int nseq, int max_seqlen, bf16* out, int Hq, int Hkv, float scale, cudaStream_t stream) {
   constexpr size_t smem = static_cast<size_t>(6) * kWsTile + 1024 + 256;  // Q, O, 2 x K/V, alignment, barriers
-  static const cudaError_t attr = cudaFuncSetAttribute(prefill_attention_wsp_kernel<kPingPong, kPack>,
+  static const cudaError_t attr = cudaFuncSetAttribute(prefill_attention_wsp_kernel<kPingPong, kPack, kFast>,
                                                        cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   ZEST_RETURN_IF_ERROR(cuda_status(attr, "prefill_attention (persistent) smem attribute"));
   int dev = 0, sms = 0;
@@ -1511,7 +1516,7 @@ Status launch_wsp(const bf16* q, int q_stride, const bf16* k, const bf16* v, int
   const int q_tiles = (max_seqlen + kRows - 1) / kRows;
   const int64_t items = static_cast<int64_t>(Hq / (kPack ? 2 : 1)) * q_tiles * nseq;
   const int grid = static_cast<int>(std::min<int64_t>(items, sms));
-  return launch("prefill_attention", prefill_attention_wsp_kernel<kPingPong, kPack>, dim3(grid), dim3(kWsThreads), smem,
+  return launch("prefill_attention", prefill_attention_wsp_kernel<kPingPong, kPack, kFast>, dim3(grid), dim3(kWsThreads), smem,
                 stream, tq, tk, tv, q, q_stride, k, v, kv_stride, cu_seqlens, out, Hq, Hkv, q_tiles, nseq,
                 scale * kLog2e);
 }
@@ -1622,6 +1627,9 @@ Status prefill_attention(const bf16* q, int q_stride, const bf16* k, const bf16*
                                 stream);
       return launch_wsp<true, true>(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, scale,
                                     stream);
+    case 18:
+      return launch_wsp<true, false, true>(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv,
+                                           scale, stream);
     case 7:
       return launch_wgmma<1, 64>(q, q_stride, k, v, kv_stride, cu_seqlens, nseq, max_seqlen, out, Hq, Hkv, scale,
                                  stream);

@@ -163,7 +163,8 @@ Status prefill_attention(const bf16* q, int q_stride, const bf16* k, const bf16*
 //     (one CTA per SM over the (query tile, head, sequence) items in snake order, the K/V ring and a separate O
 //     tile carried across items so the next item's loads overlap the current epilogue): 15 = with turn-taking,
 //     16 = without; 17 = as 15 with items of two query heads of one kv head x 64 rows (one consumer per head, each
-//     K/V tile read once for both; an odd number of query heads per kv head takes 15).
+//     K/V tile read once for both; an odd number of query heads per kv head takes 15); 18 = as 15 with
+//     exponentials by ex2.approx.ftz and the O rescale skipped when no row of a warp changed its maximum.
 //   kGroupedGemm (moe_prefill_gate_up/down; default 11, see below): mma.sync with 1 = k-chunks of 32 in a 4-stage
 //     cp.async ring, 2 = 64 in 3 stages; wgmma (two warpgroups of 64 rows, k-chunks of 64): 3 = 3 stages, each stage's
 //     wgmma waited for; 4 = 4 stages, one wgmma group left in flight; 5 = 3 stages, one group in flight;
