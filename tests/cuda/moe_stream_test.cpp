@@ -1,4 +1,4 @@
-// The streaming decode-experts kernel (moe_experts_stream, DecodeOption::kMoeKernel 2-10) against a plain host loop
+// The streaming decode-experts kernel (moe_experts_stream, DecodeOption::kMoeKernel 2-9) against a plain host loop
 // on fresh random inputs: every written slot vs the reference, slots with id -1 never written, all its variants
 // bit-identical, a second launch on the same plan identical to the first (the ready counters are cleared), and the
 // shapes it refuses.

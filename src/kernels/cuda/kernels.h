@@ -56,7 +56,7 @@ enum class DecodeOption : int {
   kRouteFused,      // decode routing (T <= 16): 1 (default) = moe_route (router GEMM + top-k + plan in one cluster
                     // launch); 0 = router GEMM, router_topk and moe_plan as separate launches
   kMoeKernel,       // decode experts: 0 (default) = the variant moe.cu names as default; 1 = rows_mma gate/up + down
-                    // kernels; 2-10 = one persistent bulk-copy streaming kernel (moe_stream.h variants 0-8)
+                    // kernels; 2-9 = one persistent bulk-copy streaming kernel (moe_stream.h variants 0-7)
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);

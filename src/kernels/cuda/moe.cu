@@ -10,7 +10,7 @@ namespace {
 constexpr int kMaxExperts = 1024;
 constexpr int kPlanStage = 4096;  // slot ids staged in shared memory by moe_plan_kernel (16 KiB)
 constexpr int kPlanSlotE = 256;   // slot-per-thread path: at most blockDim slots and this many experts
-// DecodeOption::kMoeKernel when left at 0: 1 = rows_mma gate/up + down kernels, 2-10 = moe_experts_stream variants 0-8.
+// DecodeOption::kMoeKernel when left at 0: 1 = rows_mma gate/up + down kernels, 2-9 = moe_experts_stream variants 0-7.
 constexpr int kDefaultMoeKernel = 1;
 
 // ---- plan ------------------------------------------------------------------------------------------------

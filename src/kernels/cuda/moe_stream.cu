@@ -152,6 +152,12 @@ __device__ __forceinline__ void box_copy_hint(uint32_t dst, const CUtensorMap* m
       : "memory");
 }
 
+__device__ __forceinline__ uint64_t evict_normal_policy() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+
 __device__ __forceinline__ uint64_t evict_first_policy() {
   uint64_t p;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
@@ -214,7 +220,7 @@ struct StreamMaps {
   CUtensorMap gu, dn, h;
 };
 
-template <int KC, int NS, int TG, int MT, int P, int kMinBlocks, bool BOX>
+template <int KC, int NS, int TG, int MT, int P, int kMinBlocks, bool BOX, bool EVICT_FIRST>
 __global__ void __launch_bounds__(threads(P), kMinBlocks)
     moe_stream_kernel(StreamArgs a, const __grid_constant__ StreamMaps maps) {
   using R = Ring<KC, TG, MT, BOX>;
@@ -243,7 +249,7 @@ __global__ void __launch_bounds__(threads(P), kMinBlocks)
   if (BOX && warp >= kConsumers) {
     // ---- producer warps, BOX: lane 0 of producer warp 0 copies the weight boxes (and a down pass's h box, after the
     // ready wait); gate/up token rows t = p + P l go by 1-D copies from every producer warp ----
-    const uint64_t policy = evict_first_policy();
+    const uint64_t policy = EVICT_FIRST ? evict_first_policy() : evict_normal_policy();
     const int pw = warp - kConsumers;
     const int tb = pw + P * lane;
     for (int item = blockIdx.x; item < total; item += gridDim.x) {
@@ -297,7 +303,7 @@ __global__ void __launch_bounds__(threads(P), kMinBlocks)
     // ---- producer warps: warp p copies the stage rows p + P i (weight rows below RA, then token rows); lane l takes
     // row ri = p + P l when it is a weight row, and token row t = ri - RA (or ri + 32 P - RA) when t < TG. Each warp
     // arrives on the full barrier once per stage with its own byte count. ----
-    const uint64_t policy = evict_first_policy();
+    const uint64_t policy = EVICT_FIRST ? evict_first_policy() : evict_normal_policy();
     const int ri = (warp - kConsumers) + P * lane;
     const bool has_a = ri < RA;
     const int t = ri >= RA ? ri - RA : ri + 32 * P - RA;
@@ -360,6 +366,22 @@ __global__ void __launch_bounds__(threads(P), kMinBlocks)
       for (int c0 = it.beg; c0 < it.end; c0 += TG) {
         const int nt = min(TG, it.end - c0);
         const bool two = TG > 8 && nt > 8;
+        // A down pass's slots and routing weights for warp 0's epilogue, loaded now so that their latency overlaps
+        // the pass instead of following it.
+        int ep_slot[2][2] = {{0, 0}, {0, 0}};
+        float ep_w[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+        if (!it.gu && warp == 0) {
+#pragma unroll
+          for (int n = 0; n < 2; ++n)
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+              const int tk = n * 8 + q * 2 + i;
+              if (tk < nt) {
+                ep_slot[n][i] = __ldg(a.plan.sorted_slots + c0 + tk);
+                ep_w[n][i] = __ldg(a.route_w + ep_slot[n][i]);
+              }
+            }
+        }
         float acc[MT][2][4];
 #pragma unroll
         for (int m = 0; m < MT; ++m)
@@ -428,9 +450,8 @@ __global__ void __launch_bounds__(threads(P), kMinBlocks)
                   const int tk = n * 8 + q * 2 + (i & 1);
                   if (tk >= nt) continue;
                   const int row = it.tile * RA + m * kTileRows + g + (i >> 1) * 8;
-                  const int slot = __ldg(a.plan.sorted_slots + c0 + tk);
-                  a.slot_out[static_cast<size_t>(slot) * a.H + row] =
-                      bf16_round(bf16_round(sum[n * 4 + i]) * __ldg(a.route_w + slot));
+                  a.slot_out[static_cast<size_t>(ep_slot[n][i & 1]) * a.H + row] =
+                      bf16_round(bf16_round(sum[n * 4 + i]) * ep_w[n][i & 1]);
                 }
               }
             }
@@ -496,13 +517,13 @@ Status make_map(CUtensorMap* map, const bf16* base, uint64_t rows, uint64_t cols
   return Status::ok();
 }
 
-template <int KC, int NS, int TG, int MT, int P, int kMinBlocks, bool BOX = false>
+template <int KC, int NS, int TG, int MT, int P, int kMinBlocks, bool BOX = false, bool EVICT_FIRST = true>
 Status launch_stream(const StreamArgs& args, int max_active, cudaStream_t stream) {
   using R = Ring<KC, TG, MT, BOX>;
   constexpr size_t smem = R::kHead + static_cast<size_t>(NS) * R::kSlotBytes;
   static_assert(2 * NS * 8 <= kBarBytes, "mbarriers do not fit");
   static_assert(smem <= 227 * 1024, "shared memory of one CTA");
-  const void* fn = reinterpret_cast<const void*>(moe_stream_kernel<KC, NS, TG, MT, P, kMinBlocks, BOX>);
+  const void* fn = reinterpret_cast<const void*>(moe_stream_kernel<KC, NS, TG, MT, P, kMinBlocks, BOX, EVICT_FIRST>);
   static bool configured = false;
   if (!configured) {
     ZEST_RETURN_IF_ERROR(cuda_status(
@@ -525,7 +546,7 @@ Status launch_stream(const StreamArgs& args, int max_active, cudaStream_t stream
     ZEST_RETURN_IF_ERROR(make_map(&maps.dn, args.down, static_cast<uint64_t>(E) * args.H, args.I, KC, R::RA));
     ZEST_RETURN_IF_ERROR(make_map(&maps.h, args.h, static_cast<uint64_t>(args.NK), args.I, KC, TG));
   }
-  return launch("moe_experts_stream", moe_stream_kernel<KC, NS, TG, MT, P, kMinBlocks, BOX>, dim3(grid),
+  return launch("moe_experts_stream", moe_stream_kernel<KC, NS, TG, MT, P, kMinBlocks, BOX, EVICT_FIRST>, dim3(grid),
                 dim3(threads(P)), smem, stream, args, maps);
 }
 
@@ -561,15 +582,14 @@ Status moe_experts_stream(const bf16* x, const MoePlan& plan, const float* weigh
   args.NK = N * K;
   const int max_active = std::min(E, N * K);
   switch (variant) {
-    case 1: return launch_stream<256, 11, 16, 1, 4, 1>(args, max_active, stream);
-    case 2: return launch_stream<512, 6, 16, 1, 2, 1>(args, max_active, stream);
-    case 3: return launch_stream<512, 3, 16, 1, 4, 2>(args, max_active, stream);
-    case 4: return launch_stream<256, 5, 16, 1, 1, 2>(args, max_active, stream);
-    case 5: return launch_stream<256, 3, 16, 1, 1, 3>(args, max_active, stream);
-    case 6: return launch_stream<256, 7, 16, 2, 4, 1>(args, max_active, stream);
-    case 7: return launch_stream<256, 12, 16, 1, 2, 1, true>(args, max_active, stream);
-    case 8: return launch_stream<256, 8, 16, 2, 2, 1, true>(args, max_active, stream);
-    default: return launch_stream<512, 6, 16, 1, 4, 1>(args, max_active, stream);
+    case 1: return launch_stream<256, 3, 16, 2, 1, 2, true, false>(args, max_active, stream);
+    case 2: return launch_stream<256, 3, 16, 2, 1, 2, true>(args, max_active, stream);
+    case 3: return launch_stream<256, 4, 16, 1, 1, 3, true>(args, max_active, stream);
+    case 4: return launch_stream<256, 2, 16, 1, 1, 4>(args, max_active, stream);
+    case 5: return launch_stream<256, 8, 16, 2, 2, 1, true>(args, max_active, stream);
+    case 6: return launch_stream<512, 3, 16, 1, 2, 2>(args, max_active, stream);
+    case 7: return launch_stream<256, 3, 16, 2, 4, 2>(args, max_active, stream);
+    default: return launch_stream<512, 3, 16, 1, 4, 2>(args, max_active, stream);
   }
 }
 

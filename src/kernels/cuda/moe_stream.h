@@ -1,9 +1,9 @@
 // Decode experts as one persistent weight-streaming kernel (moe_stream.cu): producer warps issue bulk
 // copies (cp.async.bulk, the Hopper copy engine) of weight rows and token rows into a ring of shared-memory stages
 // guarded by mbarriers, and consumer warps multiply them on tensor cores. Each CTA walks a flat list of work items,
-// first every (expert, 8 or 16 intermediate rows) gate/up item, then every (expert, 16 or 32 output rows) down item; a down
-// item waits only for its own expert's gate/up items (per-expert ready counters), and its weight copies are issued
-// before that wait. Same function and numerics as moe_experts_decode.
+// first every (expert, 8 or 16 intermediate rows) gate/up item, then every (expert, 16 or 32 output rows) down
+// item; a down item waits only for its own expert's gate/up items (per-expert ready counters), and its weight copies
+// are issued before that wait. Same function and numerics as moe_experts_decode.
 #pragma once
 #include <cstdint>
 
@@ -13,15 +13,15 @@ namespace zest::cuda {
 
 // Shapes the streaming kernel takes: H and I positive multiples of 64.
 bool moe_stream_ok(int H, int I);
-constexpr int kStreamVariants = 9;
+constexpr int kStreamVariants = 8;
 
-// Variants (k chunk, stages, tokens per pass, m16 weight tiles per stage, producer warps, CTAs per SM):
-// 0 = 512, 6, 16, 1, 4, 1; 1 = 256, 11, 16, 1, 4, 1; 2 = 512, 6, 16, 1, 2, 1; 3 = 512, 3, 16, 1, 4, 2;
-// 4 = 256, 5, 16, 1, 1, 2; 5 = 256, 3, 16, 1, 1, 3; 6 = 256, 7, 16, 2, 4, 1; weight rows (and down's h rows) as 2-D
-// tensor boxes, one copy per 8-32 rows: 7 = 256, 12, 16, 1, 2, 1; 8 = 256, 8, 16, 2, 2, 1. All give bit-identical
-// results (each output row and token column is summed the same way in every variant). The plan must be bound for (N, K, E) (moe_plan_bind). Launches on one device must not overlap
-// in time (the ready counters are the module's; each launch leaves them cleared). Unsupported shapes give an error
-// Status.
+// Variants (k chunk, stages, tokens per pass, m16 weight tiles per stage, producer warps, CTAs per SM; B = weight rows
+// and down's h rows as 2-D tensor boxes, one copy per 8-32 rows): 0 = 512, 3, 16, 1, 4, 2; 1 = as 2, weights read
+// at normal instead of evict-first L2 priority; 2 = B 256, 3, 16, 2, 1, 2; 3 = B 256, 4, 16, 1, 1, 3;
+// 4 = 256, 2, 16, 1, 1, 4; 5 = B 256, 8, 16, 2, 2, 1; 6 = 512, 3, 16, 1, 2, 2; 7 = 256, 3, 16, 2, 4, 2. All give
+// bit-identical results (each output row and token column is summed the same way in every variant). The plan must
+// be bound for (N, K, E) (moe_plan_bind). Launches on one device must not overlap in time (the ready counters are
+// the module's; each launch leaves them cleared). Unsupported shapes give an error Status.
 Status moe_experts_stream(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
                           const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I, int variant,
                           cudaStream_t stream);
