@@ -82,6 +82,9 @@ void ref_topk(const std::vector<float>& logits, const std::vector<float>* bias, 
 // with and without the plan.
 TEST(CudaLatencyRoute, FusedRoutingMatchesReference) {
   ZEST_REQUIRE_GPU();
+  for (int variant : {1, 2, 3}) {  // clusters of up to 16 CTAs, of up to 8, late trigger of the next kernel
+  SCOPED_TRACE(testing::Message() << "kRouteFused " << variant);
+  OptionScope opt(DecodeOption::kRouteFused, variant);
   std::mt19937 rng(902);
   for (auto [T, E, K, H, use_bias] :
        {std::tuple{1, 128, 8, 2048, false}, std::tuple{16, 128, 8, 2048, true}, std::tuple{5, 40, 4, 96, true},
@@ -156,6 +159,7 @@ TEST(CudaLatencyRoute, FusedRoutingMatchesReference) {
       EXPECT_EQ(count.download()[0], 3 + na);
       count.upload(std::vector<int64_t>{3});
     }
+  }
   }
   // Sizes outside the fused kernel's range are refused with an error, not launched.
   EXPECT_FALSE(moe_route_ok(17, 2048, 128, 8));

@@ -54,7 +54,8 @@ enum class DecodeOption : int {
                     // 3 = 2, 4; 4 (default) = the weight tile bulk-copied into shared memory before the wait on the
                     // previous kernel, one CTA per 16-row tile (when every tile's CTA fits on the GPU; else 1)
   kRouteFused,      // decode routing (T <= 16): 1 (default) = moe_route (router GEMM + top-k + plan in one cluster
-                    // launch); 0 = router GEMM, router_topk and moe_plan as separate launches
+                    // launch); 2 = as 1 in clusters of at most 8 CTAs; 3 = as 1, the next kernel launched only when
+                    // it exits; 0 = router GEMM, router_topk and moe_plan as separate launches
   kMoeKernel,       // decode experts: 0 (default) = the variant moe.cu names as default; 1 = rows_mma gate/up + down
                     // kernels; 2-9 = one persistent bulk-copy streaming kernel (moe_stream.h variants 0-7)
   kCount

@@ -116,6 +116,7 @@ struct RouteParams {
   bf16* logits;         // [T, E] or null
   MoePlan plan;
   int make_plan;
+  int early_trigger;  // let the next kernel launch right after the wait (else when this grid exits)
   int64_t* count_sum;
   int T, H, E, K;
 };
@@ -149,7 +150,8 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_kernel(RouteParams
   }
   cluster_arrive_relaxed();  // every CTA of the cluster runs before any distributed shared-memory store
   __syncthreads();
-  pdl_wait();
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  if (p.early_trigger) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const int T = p.T, chunks = p.H / 32;
   const bf16* x0p = g < T ? p.xn + static_cast<size_t>(g) * p.H + tq * 8 : nullptr;
   const bf16* x1p = g + 8 < T ? p.xn + static_cast<size_t>(g + 8) * p.H + tq * 8 : nullptr;
@@ -245,16 +247,16 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_kernel(RouteParams
   if (my_id >= 0) p.plan.sorted_slots[offset_of[my_id] + scratch[warp * E + my_id] + __popc(below)] = tid;
 }
 
-// Cluster size for E experts: the largest C <= 16 dividing E with at most 16 experts per CTA (0: none).
-int route_cluster(int E) {
+// Cluster size for E experts: the largest C <= max_c dividing E with at most 16 experts per CTA (0: none).
+int route_cluster(int E, int max_c = 16) {
   for (int c : {16, 8, 4, 2, 1})
-    if (E % c == 0 && E / c <= 16) return c;
+    if (c <= max_c && E % c == 0 && E / c <= 16) return c;
   return 0;
 }
 
 // Dynamic shared memory: the CTA's router rows.
-size_t route_smem(int E, int H) {
-  const int c = route_cluster(E);
+size_t route_smem(int E, int H, int max_c = 16) {
+  const int c = route_cluster(E, max_c);
   return c ? static_cast<size_t>(E / c) * (static_cast<size_t>(H) * 2 + 16) : 0;
 }
 constexpr size_t kRouteMaxSmem = 160 * 1024;
@@ -560,12 +562,18 @@ bool moe_route_ok(int T, int H, int E, int K) {
 
 namespace {
 
-Status launch_route(const RouteParams& p, cudaStream_t stream) {
-  const int C = route_cluster(p.E);
+// DecodeOption::kRouteFused: 2 = clusters of at most 8 CTAs (16 experts each at E = 128); 3 = the next kernel launches
+// only when this grid exits.
+Status launch_route(RouteParams p, cudaStream_t stream) {
+  const int variant = decode_option(DecodeOption::kRouteFused);
+  int max_c = variant == 2 ? 8 : 16;
+  if (route_cluster(p.E, max_c) == 0 || route_smem(p.E, p.H, max_c) > kRouteMaxSmem) max_c = 16;  // as variant 1
+  p.early_trigger = variant == 3 ? 0 : 1;
+  const int C = route_cluster(p.E, max_c);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(C);
   cfg.blockDim = dim3(kRouteThreads);
-  cfg.dynamicSmemBytes = route_smem(p.E, p.H);
+  cfg.dynamicSmemBytes = route_smem(p.E, p.H, max_c);
   cfg.stream = stream;
   cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;

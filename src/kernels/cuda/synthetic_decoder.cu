@@ -302,7 +302,7 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
       const int E = c.experts, K = c.top_k, I = c.expert_inter;
       const float* bias = opt_.skew > 0.f ? L.router_bias : nullptr;
       // Fused routing: with SERE the re-routing runs between top-k and the plan, so the plan stays separate.
-      const bool fused = decode_option(DecodeOption::kRouteFused) == 1 && moe_route_ok(batch, H, E, K);
+      const bool fused = decode_option(DecodeOption::kRouteFused) >= 1 && moe_route_ok(batch, H, E, K);
       if (fused) {
         ZEST_OP("router (fused)", moe_route(xn_, L.router, bias, route_ids_, route_w_, nullptr, sere ? nullptr : &plan_,
                                             sere ? nullptr : expert_counts_ + l, batch, H, E, K, s));
@@ -372,7 +372,7 @@ std::vector<std::string> SyntheticDecoder::op_labels(bool sere) const {
   std::vector<std::string> ops = {"qkv gemm", "qk norm + rope + kv", "decode attention", "o gemm", "add + rmsnorm",
                                   "router gemm", "router top-k"};
   if (decode_option(DecodeOption::kAttentionKernel) >= 2) ops.push_back("decode attention (fused)");
-  if (decode_option(DecodeOption::kRouteFused) == 1) ops.push_back("router (fused)");
+  if (decode_option(DecodeOption::kRouteFused) >= 1) ops.push_back("router (fused)");
   if (sere) ops.push_back("sere");
   for (const char* o : {"moe plan", "moe experts", "moe combine + rmsnorm", "lm_head gemm"}) ops.push_back(o);
   return ops;
