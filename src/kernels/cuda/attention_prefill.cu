@@ -1581,13 +1581,14 @@ Status prefill_attention(const bf16* q, int q_stride, const bf16* k, const bf16*
   using K32 = std::integral_constant<int, 32>;
   using K64 = std::integral_constant<int, 64>;
   int variant = prefill_option(PrefillOption::kAttention);
-  // Default: the persistent warp-specialised kernel (H200, T = 8192: 645 TFLOP/s against 431 for variant 9; T = 2048:
-  // 473 against 322 for variant 12), variant 9 for short sequences, where the fixed cost of a CTA dominates
+  // Default: the persistent warp-specialised kernel with ex2.approx exponentials and the skipped O rescale, variant
+  // 18 (H200, T = 8192: 698 TFLOP/s against 646 for variant 15 and 430 for variant 9 in the same run; variant 15 at
+  // T = 2048: 471 against 323 for variant 9), variant 9 for short sequences, where the fixed cost of a CTA dominates
   // (T = 64: 13 us against 16 us for variant 12).
   // Many short sequences (mixed batches of decode tokens and a chunk) keep variant 9: the persistent kernel's
   // items would be mostly one-tile copies.
   if (variant == 0)
-    variant = max_seqlen > kWsMinSeqlen && static_cast<int64_t>(nseq) * 128 <= max_seqlen ? 15 : 9;
+    variant = max_seqlen > kWsMinSeqlen && static_cast<int64_t>(nseq) * 128 <= max_seqlen ? 18 : 9;
   switch (variant) {
     case 1: return run(I8{}, I1{}, K64{});
     case 2: return run(I4{}, I1{}, K64{});

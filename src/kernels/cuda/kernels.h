@@ -56,7 +56,7 @@ enum class DecodeOption : int {
   kRouteFused,      // decode routing (T <= 16): 1 (default) = moe_route (router GEMM + top-k + plan in one cluster
                     // launch); 2 = as 1 in clusters of at most 8 CTAs; 3 = as 1, the next kernel launched only when
                     // it exits; 0 = router GEMM, router_topk and moe_plan as separate launches
-  kMoeKernel,       // decode experts: 0 (default) = the variant moe.cu names as default; 1 = rows_mma gate/up + down
+  kMoeKernel,       // decode experts: 0 (default) = by batch: rows_mma for one token, streaming variant 2 up to 8, variant 7 above; 1 = rows_mma gate/up + down
                     // kernels; 2-9 = one persistent bulk-copy streaming kernel (moe_stream.h variants 0-7)
   kCount
 };
@@ -151,7 +151,7 @@ Status prefill_attention(const bf16* q, int q_stride, const bf16* k, const bf16*
                          float scale, cudaStream_t stream);
 // Prefill kernel variants that benchmarks compare (process-wide switches read on the host at launch time;
 // 0 = the default, the variant measured fastest on H200).
-//   kAttention (prefill_attention, D = 128; default 15 when max_seqlen > 256 and nseq * 128 <= max_seqlen, else
+//   kAttention (prefill_attention, D = 128; default 18 when max_seqlen > 256 and nseq * 128 <= max_seqlen, else
 //     9): CTAs of W warps x R query rows, key tiles of B:
 //     mma.sync: 1 = 8 x 16, B 64; 2 = 4 x 16, B 64; 3 = 8 x 32, B 32; 4 = 4 x 32, B 32; 5 = 8 x 16, B 32;
 //     wgmma: 6 = 2 warpgroups x 64 rows, B 128; 7 = 1 warpgroup x 64 rows, B 64 (two CTAs per SM); 8 = as 6,

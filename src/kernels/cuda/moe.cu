@@ -11,7 +11,11 @@ constexpr int kMaxExperts = 1024;
 constexpr int kPlanStage = 4096;  // slot ids staged in shared memory by moe_plan_kernel (16 KiB)
 constexpr int kPlanSlotE = 256;   // slot-per-thread path: at most blockDim slots and this many experts
 // DecodeOption::kMoeKernel when left at 0: 1 = rows_mma gate/up + down kernels, 2-9 = moe_experts_stream variants 0-7.
-constexpr int kDefaultMoeKernel = 1;
+// Default by decode batch (H200, Qwen3-30B-A3B shapes, TPOT against rows_mma in the same run): one token keeps
+// rows_mma (the streaming kernels are ~2% slower there); up to 8 tokens stream variant 2 (tensor boxes, two CTAs
+// per SM: batch 8 9.46 -> 8.81 ms); more tokens stream variant 7 (row copies, two CTAs per SM: batch 32 18.05 ->
+// 17.20 ms, batch 64 21.32 -> 20.03 ms).
+int default_moe_kernel(int N) { return N <= 1 ? 1 : N <= 8 ? 4 : 9; }
 
 // ---- plan ------------------------------------------------------------------------------------------------
 
@@ -290,7 +294,7 @@ Status moe_experts_decode(const bf16* x, const MoePlan& plan, const float* weigh
                           cudaStream_t stream) {
   ZEST_RETURN_IF_ERROR(check_moe("moe_experts_decode", N, K, E, H, I));
   int kernel = decode_option(DecodeOption::kMoeKernel);
-  if (kernel == 0) kernel = kDefaultMoeKernel;
+  if (kernel == 0) kernel = default_moe_kernel(N);
   if (kernel >= 2 && kernel < 2 + kStreamVariants && moe_stream_ok(H, I))
     return moe_experts_stream(x, plan, weights, gate_up, down, h, slot_out, N, K, E, H, I, kernel - 2, stream);
   if (rows_mma_moe_ok(H, I)) return rows_mma_moe(x, plan, weights, gate_up, down, h, slot_out, N, K, E, H, I, stream);
