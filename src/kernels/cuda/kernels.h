@@ -56,8 +56,8 @@ enum class DecodeOption : int {
   kRouteFused,      // decode routing (T <= 16): 1 (default) = moe_route (router GEMM + top-k + plan in one cluster
                     // launch); 2 = as 1 in clusters of at most 8 CTAs; 3 = as 1, the next kernel launched only when
                     // it exits; 0 = router GEMM, router_topk and moe_plan as separate launches
-  kMoeKernel,       // decode experts: 0 (default) = rows_mma (see moe.cu); 1 = rows_mma gate/up + down
-                    // kernels; 2-9 = one persistent bulk-copy streaming kernel (moe_stream.h variants 0-7)
+  kMoeKernel,       // decode experts: 0 (default) = rows_mma (see moe.cu); 1 = rows_mma gate/up + down kernels;
+                    // 2-9 = one persistent bulk-copy streaming kernel (moe_stream.h variants 0-7)
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);
