@@ -1109,31 +1109,11 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   }
 }
 
-using TensorMapEncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                          const cuuint64_t*, const cuuint32_t*, const cuuint32_t*,
-                                          CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
-                                          CUtensorMapFloatOOBfill);
-
-// cuTensorMapEncodeTiled through the runtime's driver entry point (no link against libcuda).
-Status tensor_map_encoder(TensorMapEncodeTiled* fn) {
-  static TensorMapEncodeTiled encode = nullptr;
-  static const cudaError_t err = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult qr;
-    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &qr);
-    if (e == cudaSuccess && qr == cudaDriverEntryPointSuccess) encode = reinterpret_cast<TensorMapEncodeTiled>(p);
-    return e == cudaSuccess && qr != cudaDriverEntryPointSuccess ? cudaErrorSymbolNotFound : e;
-  }();
-  ZEST_RETURN_IF_ERROR(cuda_status(err, "prefill_attention: cuTensorMapEncodeTiled entry point"));
-  *fn = encode;
-  return Status::ok();
-}
-
 // Tensor map of `heads` heads of 128 columns at base + row * stride: dims (64 columns, 2 * heads column
 // blocks, rows), boxes of 64 columns x box_rows rows, 128-byte swizzle.
 Status head_tensor_map(CUtensorMap* map, const bf16* base, int heads, int stride, uint64_t rows, int box_rows = 128) {
-  TensorMapEncodeTiled encode = nullptr;
-  ZEST_RETURN_IF_ERROR(tensor_map_encoder(&encode));
+  const EncodeTiledFn encode = encode_tiled_fn();
+  if (encode == nullptr) return unsupported("prefill_attention: cuTensorMapEncodeTiled is not available");
   const cuuint64_t dims[3] = {64, static_cast<cuuint64_t>(2 * heads), rows};
   const cuuint64_t strides[2] = {128, static_cast<cuuint64_t>(stride) * sizeof(bf16)};
   const cuuint32_t box[3] = {64, 1, static_cast<cuuint32_t>(box_rows)};

@@ -1,5 +1,6 @@
 // Helpers shared by the CUDA kernels of zest: error conversion, launches, bf16 vector math, warp reductions.
 #pragma once
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -33,6 +34,25 @@ Status launch(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block,
   cfg.attrs = attr;
   cfg.numAttrs = programmatic_launch() ? 1 : 0;
   return cuda_status(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(std::forward<Args>(args))...), name);
+}
+
+// cuTensorMapEncodeTiled, looked up once through the runtime's driver entry point (so the library needs no link
+// against libcuda); nullptr when the driver lacks it.
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+inline EncodeTiledFn encode_tiled_fn() {
+  static const EncodeTiledFn fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return static_cast<EncodeTiledFn>(nullptr);
+    }
+    return reinterpret_cast<EncodeTiledFn>(p);
+  }();
+  return fn;
 }
 
 // Waits for the previous kernel in the stream (no-op without programmatic launch), then lets the next

@@ -1004,24 +1004,6 @@ __global__ void __launch_bounds__(kXThreads, 1)
   if constexpr (CL > 1) cluster_sync();
 }
 
-// cuTensorMapEncodeTiled from the driver (through the runtime, so the library needs no link to libcuda).
-using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-EncodeTiledFn encode_tiled_fn() {
-  static const EncodeTiledFn fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();
-      return static_cast<EncodeTiledFn>(nullptr);
-    }
-    return reinterpret_cast<EncodeTiledFn>(p);
-  }();
-  return fn;
-}
-
 // Tensor map over a row-major bf16 matrix [rows, cols]: boxes of 64 columns (128 bytes, 128-byte swizzle) x
 // box_rows rows; reads past the last row give zeros.
 Status make_tensor_map(CUtensorMap* map, const bf16* base, uint64_t rows, uint64_t cols, uint32_t box_rows) {

@@ -481,29 +481,11 @@ __global__ void __launch_bounds__(threads(P), kMinBlocks)
   }
 }
 
-// cuTensorMapEncodeTiled, looked up through the runtime (no link to libcuda); nullptr when the driver lacks it.
-using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-EncodeTiled encode_tiled() {
-  static const EncodeTiled fn = [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      cudaGetLastError();
-      return static_cast<EncodeTiled>(nullptr);
-    }
-    return reinterpret_cast<EncodeTiled>(p);
-  }();
-  return fn;
-}
-
 // Tensor map over a row-major bf16 matrix [rows, cols] in dense boxes of box_cols x box_rows (no swizzle); reads
 // past the last row or column give zeros (and still count as box bytes on the barrier).
 Status make_map(CUtensorMap* map, const bf16* base, uint64_t rows, uint64_t cols, uint32_t box_cols,
                 uint32_t box_rows) {
-  const EncodeTiled fn = encode_tiled();
+  const EncodeTiledFn fn = encode_tiled_fn();
   if (fn == nullptr) return unsupported("moe_experts_stream: cuTensorMapEncodeTiled is not available");
   const cuuint64_t dims[2] = {cols, rows};
   const cuuint64_t strides[1] = {cols * sizeof(bf16)};
