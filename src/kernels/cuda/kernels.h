@@ -227,6 +227,8 @@ struct MoePlan {
   int32_t* num_tiles = nullptr;       // [1] prefill tiles (kMoeTileM sorted slots of one expert each)
   int32_t* tile_active = nullptr;     // [max tiles] active expert index of each tile
   int32_t* tile_start = nullptr;      // [max tiles] first sorted position of each tile
+  uint32_t* ready = nullptr;          // [E + 1] streaming decode experts' per-active-expert ready counts, then the
+                                      // count of finished CTAs; zeroed by every plan build (each plan has its own)
   int max_tokens = 0, top_k = 0, experts = 0;
 };
 constexpr int kMoeTileM = 64;

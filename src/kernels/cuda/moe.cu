@@ -14,9 +14,8 @@ constexpr int kPlanSlotE = 256;   // slot-per-thread path: at most blockDim slot
 // The default stays rows_mma at every batch. The streaming kernels measured faster on H200 (Qwen3-30B-A3B shapes,
 // TPOT against rows_mma in the same run: variant 2 at batch 8 9.46 -> 8.81 ms, variant 7 at batch 32 / 64 18.05 ->
 // 17.20 / 21.32 -> 20.03 ms), but with them as the default the CUDA suite's graph-replay-versus-eager decoder test
-// (batch 5) hit the kernel's wait watchdog: their per-expert ready counters are process-wide device state, so two
-// launches that overlap in time (several decoders, streams or graphs) can wait on each other's counts. They stay
-// selectable (DecodeOption::kMoeKernel 2-9) until the counters live in per-launch workspace.
+// (batch 5) hit the kernel's wait watchdog while their per-expert ready counters were process-wide device state (two
+// decoders on two streams waited on each other's counts). The counters now live in each plan (MoePlan::ready).
 int default_moe_kernel(int /*N*/) { return 1; }
 
 // ---- plan ------------------------------------------------------------------------------------------------
@@ -260,7 +259,8 @@ Status set_smem(const void* kernel, size_t smem) {
 int moe_max_tiles(int N, int K, int E) { return (N * K + kMoeTileM - 1) / kMoeTileM + E; }
 
 size_t moe_plan_bytes(int N, int K, int E) {
-  const size_t ints = 2 + E + (E + 1) + static_cast<size_t>(N) * K + 2 * static_cast<size_t>(moe_max_tiles(N, K, E));
+  const size_t ints =
+      2 + E + (E + 1) + static_cast<size_t>(N) * K + 2 * static_cast<size_t>(moe_max_tiles(N, K, E)) + (E + 1);
   return (ints * sizeof(int32_t) + 255) / 256 * 256;
 }
 
@@ -277,6 +277,8 @@ void moe_plan_bind(MoePlan& plan, void* buffer, int N, int K, int E) {
   plan.tile_active = p;
   p += moe_max_tiles(N, K, E);
   plan.tile_start = p;
+  p += moe_max_tiles(N, K, E);
+  plan.ready = reinterpret_cast<uint32_t*>(p);
   plan.max_tokens = N;
   plan.top_k = K;
   plan.experts = E;

@@ -15,8 +15,8 @@
 // adds 1 to ready[j] (release); the producer issues a down stage's weight copies, then waits (acquire) until
 // ready[j] counts all of j's gate/up items before it copies h rows. Every CTA finishes its gate/up items before its
 // first down item and all CTAs are resident (grid <= occupancy x SMs), so the lowest unfinished item can always run.
-// The counters are this file's device memory (zero when the module loads); the last CTA to finish clears them, so
-// launches must not overlap in time (one decode stream per device).
+// The counters are the plan's (MoePlan::ready, zeroed by every plan build), so launches on different plans may overlap
+// in time; the last CTA to finish clears them again, so a plan can be launched on more than once.
 #include <cuda.h>
 
 #include <cstring>
@@ -38,9 +38,6 @@ constexpr int kBarBytes = 1024;                   // mbarriers (full[NS], empty[
 // Shared memory before the ring: mbarriers, then partial sums (two buffers of [warp][MT * 8 values][lane]).
 constexpr int head_bytes(int MT) { return kBarBytes + 2 * kConsumers * MT * 8 * 32 * 4; }
 constexpr int kMaxExperts = 1024;
-
-// Ready counters per active expert, then [kMaxExperts] = CTAs finished.
-__device__ uint32_t g_ready[kMaxExperts + 1];
 
 // A ring stage: RA = 16 MT weight rows, then TG token rows, each KC columns. A gate/up item covers GU = 8 MT
 // intermediate rows: stage rows [0, GU) are its gate rows, [GU, 2 GU) the matching up rows, and m16 tile m takes gate
@@ -282,7 +279,7 @@ __global__ void __launch_bounds__(threads(P), kMinBlocks)
               box_copy_hint(slot, &maps.dn, k0, it.e * a.H + it.tile * RA, full, policy);
               if (!h_ready) {
                 const uint64_t t0 = global_ns();
-                while (ld_acquire(g_ready + it.j) < static_cast<uint32_t>(gu_tiles)) {
+                while (ld_acquire(a.plan.ready + it.j) < static_cast<uint32_t>(gu_tiles)) {
                   __nanosleep(128);
                   if (global_ns() - t0 > kWatchdogNs) __trap();
                 }
@@ -340,7 +337,7 @@ __global__ void __launch_bounds__(threads(P), kMinBlocks)
             if (lane == 0) {
               const uint32_t target = static_cast<uint32_t>(gu_tiles);
               const uint64_t t0 = global_ns();
-              while (ld_acquire(g_ready + it.j) < target) {
+              while (ld_acquire(a.plan.ready + it.j) < target) {
                 __nanosleep(128);
                 if (global_ns() - t0 > kWatchdogNs) __trap();
               }
@@ -464,7 +461,7 @@ __global__ void __launch_bounds__(threads(P), kMinBlocks)
         __threadfence();
         fence_proxy_async_global();
         __syncwarp();
-        if (lane == 0) red_release_add(g_ready + it.j, 1u);
+        if (lane == 0) red_release_add(a.plan.ready + it.j, 1u);
       }
     }
   }
@@ -473,9 +470,10 @@ __global__ void __launch_bounds__(threads(P), kMinBlocks)
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
-    if (atomicAdd(g_ready + kMaxExperts, 1u) == gridDim.x - 1) {
-      for (int j = 0; j < na; ++j) g_ready[j] = 0;
-      g_ready[kMaxExperts] = 0;
+    const int E = a.plan.experts;
+    if (atomicAdd(a.plan.ready + E, 1u) == gridDim.x - 1) {
+      for (int j = 0; j < na; ++j) a.plan.ready[j] = 0;
+      a.plan.ready[E] = 0;
       __threadfence();
     }
   }
