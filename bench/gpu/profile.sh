@@ -1,0 +1,32 @@
+# limit: 120
+# Where the batch-1 and batch-8 decode step goes (Qwen3-30B-A3B shapes, 48 layers, context 1024): GPU time per
+# operation of one eager step (--profile), TPOT with and without programmatic dependent launch, and each kernel of
+# one replayed layer under Nsight Compute (duration and DRAM bytes read, kernels serialised: the sum against TPOT
+# per layer is the cost of the dependent chain).
+B="$P/bench_decode_bench"
+"$B" --config qwen3-30b-a3b --batch 1,8 --context 1024 --steps 30 --warmup 5 --profile 2>&1 | grep -v '^sere_reroute'
+"$B" --config qwen3-30b-a3b --batch 1,8 --context 1024 --steps 30 --warmup 5 --pdl 0 2>&1 | grep -E 'batch|TPOT|tpot'
+if command -v ncu >/dev/null; then
+  for b in 1 8; do
+    echo "== ncu, batch $b: one layer of a replayed step (duration us, DRAM MB read) =="
+    timeout 40 ncu --clock-control none --graph-profiling node --launch-skip 1200 --launch-count 24 \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size,launch__cluster_dim_x --csv \
+      "$B" --config qwen3-30b-a3b --batch $b --context 1024 --steps 3 --warmup 1 2>/dev/null |
+      python3 -c '
+import csv, sys
+rows = [r for r in csv.reader(l for l in sys.stdin if l.startswith("\"")) ]
+hdr, rows = rows[0], rows[1:]
+i = {k: hdr.index(k) for k in ("ID", "Kernel Name", "Metric Name", "Metric Value")}
+k = {}
+for r in rows:
+    key = (int(r[i["ID"]]), r[i["Kernel Name"]].split("(")[0].split("<")[0][-40:])
+    k.setdefault(key, {})[r[i["Metric Name"]]] = r[i["Metric Value"]].replace(",", "")
+for (id_, name), m in sorted(k.items()):
+    d = float(m.get("gpu__time_duration.sum", 0)) / 1e3
+    mb = float(m.get("dram__bytes_read.sum", 0)) / 1e6
+    print(f"{id_:4d} {name:40s} {d:8.2f} us {mb:8.2f} MB {mb / d / 1e3 if d else 0:6.2f} TB/s grid {m.get(\"launch__grid_size\", \"?\")} cluster {m.get(\"launch__cluster_dim_x\", \"?\")}")
+'
+  done
+else
+  echo "ncu not found"
+fi
