@@ -9,7 +9,7 @@ B="$P/bench_decode_bench"
 if command -v ncu >/dev/null; then
   for b in 1 8; do
     echo "== ncu, batch $b: one layer of a replayed step (duration us, DRAM MB read) =="
-    timeout 40 ncu --clock-control none --graph-profiling node --launch-skip 1200 --launch-count 24 \
+    timeout 40 ncu --clock-control none --graph-profiling node -k regex:"rows_|decode_attention|moe_|norm_kernel|router|gemm_skinny" --launch-skip 500 --launch-count 16 \
       --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size,launch__cluster_dim_x --csv \
       "$B" --config qwen3-30b-a3b --batch $b --context 1024 --steps 3 --warmup 1 2>/dev/null |
       python3 -c '
