@@ -6,12 +6,18 @@
 // bound, the decode MoE kernels), with and without SERE re-routing on the device, through forward (logits) and
 // forward_sample (greedy, temperature and top-k/top-p rows), three times, each run over a KV cache of its own
 // (graphs captured over another cache must not replay), the third keeping at most 2 graphs (LRU eviction). A replay really happened: the decoder's graph launch
-// counter grows. Also forward_sample against forward on one prefill step, whole-row fallbacks included.
+// counter grows. Padded graphs (ZEST_CUDA_GRAPH_PAD): steps of 3, 5, 6, 7, 11 and 13 sequences replayed as steps of
+// 4, 8, 12 and 16 rows give the unpadded eager steps' logits bit for bit, the same sampled tokens, the same K/V of the
+// real tokens and the same SERE statistics, with fewer graphs captured than without padding. Also forward_sample
+// against forward on one prefill step, whole-row fallbacks included.
 #if defined(ZEST_HAVE_CUDA)
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <climits>
+#include <cstdint>
 #include <cstdlib>
+#include <iterator>
 #include <memory>
 #include <random>
 #include <string>
@@ -190,6 +196,289 @@ TEST(CudaGraph, DecodeReplayEqualsEagerOnRandomModel) {
     ADD_FAILURE() << "host re-routing called although every token is active";
   };
   expect_graphs_equal_eager(*dec, &hooks, "random qwen3-30b-a3b x2, SERE S=2");
+}
+
+// ---- padded decode graphs (ZEST_CUDA_GRAPH_PAD) ----------------------------------------------------------
+
+struct PadEnv {
+  explicit PadEnv(const char* v) { setenv("ZEST_CUDA_GRAPH_PAD", v, 1); }
+  ~PadEnv() { unsetenv("ZEST_CUDA_GRAPH_PAD"); }
+};
+
+struct PadRun {
+  Trace trace;
+  std::vector<std::vector<int32_t>> tables;  // block tables of the sequences
+  std::vector<int64_t> ctx;                  // their final context lengths
+  model::PagedKVCache* kv = nullptr;
+  int64_t launches = 0, captures = 0;        // graph launches and captures during the decode steps
+};
+
+// Batch sizes of the decode steps, cycled: all but 1 and 16 off the padding ladder (3 -> 4, 5/6/7 -> 8, 11 -> 12,
+// 13 -> 16).
+constexpr int kPadSizes[] = {3, 5, 13, 6, 11, 7, 16, 1};
+
+// 16 sequences with prompts of 140 .. 219 tokens are prefilled one at a time (eagerly), then 24 decode steps run with
+// the batch sizes of kPadSizes (three rounds), the members of a step a rotating window over the sequences. Contexts
+// stay within 129 .. 256 tokens (one context bucket), so each batch size recurs under one graph key. Next tokens as in
+// run_schedule.
+void run_padded_schedule(const model::TextDecoder& dec, bool sample, const model::MoeHooks* hooks, PadRun& out,
+                         std::vector<std::unique_ptr<model::PagedKVCache>>* keep) {
+  const int64_t V = dec.config().vocab_size;
+  constexpr int kSeqs = 16, kSteps = 24;
+  auto cache = dec.allocate_cache(kSeqs * (256 / 16 + 1), 16);
+  ASSERT_TRUE(cache.ok()) << cache.status().to_string();
+  keep->push_back(std::make_unique<model::PagedKVCache>(std::move(cache).value()));
+  out.kv = keep->back().get();
+  std::mt19937 rng(29);
+  out.tables.assign(kSeqs, {});
+  out.ctx.assign(kSeqs, 0);
+  std::vector<int32_t> next(kSeqs);
+  for (int j = 0; j < kSeqs; ++j) {
+    const int len = 140 + static_cast<int>(rng() % 80);
+    ASSERT_TRUE(out.kv->reserve(out.tables[j], len + kSteps).is_ok());
+    model::ForwardBatch b;
+    for (int i = 0; i < len; ++i) b.tokens.push_back(static_cast<int32_t>(rng() % V));
+    b.positions.resize(3 * len);
+    for (int a = 0; a < 3; ++a)
+      for (int i = 0; i < len; ++i) b.positions[a * len + i] = i;
+    b.seqs.push_back({&out.tables[j], 0, len, false, true});
+    auto l = dec.forward(b, *out.kv, hooks);
+    ASSERT_TRUE(l.ok()) << l.status().to_string();
+    next[j] = static_cast<int32_t>(std::max_element(l->data<float>(), l->data<float>() + V) - l->data<float>());
+    out.ctx[j] = len;
+  }
+  const int64_t launches0 = decode_graph_launches(), captures0 = decode_graph_captures();
+  std::mt19937_64 urng(9);
+  for (int step = 0; step < kSteps; ++step) {
+    const int n = kPadSizes[step % std::size(kPadSizes)];
+    std::vector<int> members;
+    for (int i = 0; i < n; ++i) members.push_back((step * 5 + i) % kSeqs);
+    model::ForwardBatch b;
+    b.positions.resize(3 * n);
+    std::vector<model::SampleRow> rows;
+    for (int i = 0; i < n; ++i) {
+      const int j = members[i];
+      b.tokens.push_back(next[j]);
+      for (int a = 0; a < 3; ++a) b.positions[a * n + i] = static_cast<int32_t>(out.ctx[j]);
+      b.seqs.push_back({&out.tables[j], out.ctx[j], 1, false, true});
+      model::SampleRow row;
+      switch (j % 3) {
+        case 0: row = model::plan_sample_row(0.0, 0, 1.0, V); break;
+        case 1: row = model::plan_sample_row(0.8, 0, 1.0, V); break;
+        default: row = model::plan_sample_row(1.0, 20, 0.9, V); break;
+      }
+      if (row.mode != model::SampleMode::kGreedy) row.u = std::uniform_real_distribution<double>(0.0, 1.0)(urng);
+      rows.push_back(row);
+    }
+    if (sample) {
+      auto r = dec.forward_sample(b, *out.kv, hooks, rows);
+      ASSERT_TRUE(r.ok()) << r.status().to_string();
+      ASSERT_EQ(r->size(), static_cast<size_t>(n)) << "padding rows reached the caller";
+      for (int i = 0; i < n; ++i) {
+        const int32_t tok = model::pick_from_summary(rows[i], (*r)[i], V);
+        ASSERT_GE(tok, 0);
+        ASSERT_LT(tok, V);
+        next[members[i]] = tok;
+        out.trace.tokens.push_back(tok);
+      }
+    } else {
+      auto l = dec.forward(b, *out.kv, hooks);
+      ASSERT_TRUE(l.ok()) << l.status().to_string();
+      ASSERT_EQ(l->dim(0), n) << "padding rows reached the caller";
+      out.trace.logits.emplace_back(l->data<float>(), l->data<float>() + n * V);
+      for (int i = 0; i < n; ++i) {
+        const float* row = l->data<float>() + i * V;
+        next[members[i]] = static_cast<int32_t>(std::max_element(row, row + V) - row);
+        out.trace.tokens.push_back(next[members[i]]);
+      }
+    }
+    for (int j : members) ++out.ctx[j];
+  }
+  out.launches = decode_graph_launches() - launches0;
+  out.captures = decode_graph_captures() - captures0;
+}
+
+// Differing K/V rows (bf16 bits) of every real token of the sequences (positions < ctx), over all layers.
+size_t kv_rows_differing(const model::TextDecoder& dec, const PadRun& a, const PadRun& b) {
+  std::vector<uint16_t> ka, kb;
+  EXPECT_TRUE(decode_kv_cache_copy(*a.kv, &ka).is_ok());
+  EXPECT_TRUE(decode_kv_cache_copy(*b.kv, &kb).is_ok());
+  EXPECT_EQ(ka.size(), kb.size());
+  if (ka.size() != kb.size() || ka.empty()) return SIZE_MAX;
+  const auto& c = dec.config();
+  const size_t row = static_cast<size_t>(c.num_kv_heads * c.head_dim);
+  const size_t per_half = ka.size() / (2 * static_cast<size_t>(c.num_layers));  // one layer's K (or V)
+  size_t diff = 0;
+  for (size_t j = 0; j < a.tables.size(); ++j) {
+    EXPECT_EQ(a.tables[j], b.tables[j]);
+    EXPECT_EQ(a.ctx[j], b.ctx[j]);
+    for (int64_t p = 0; p < a.ctx[j]; ++p) {
+      const size_t slot = static_cast<size_t>(a.tables[j][p / 16]) * 16 + p % 16;
+      for (size_t h = 0; h < 2 * static_cast<size_t>(c.num_layers); ++h) {
+        const size_t off = h * per_half + slot * row;
+        diff += !std::equal(ka.begin() + off, ka.begin() + off + row, kb.begin() + off);
+      }
+    }
+  }
+  return diff;
+}
+
+// Padded graph replays (ZEST_CUDA_GRAPH_PAD on) against unpadded eager steps of the same schedule ("eager": the
+// graphs' context buckets; ZEST_CUDA_GRAPH_PAD=0): the real rows' logits bit for bit, the same sampled tokens, the
+// same K/V of every real token, and, with SERE on the device, the same re-routing statistics (padding rows are not
+// counted). Also unpadded graph replays against the same reference, and fewer graphs captured with padding than
+// without over the schedule.
+void expect_padded_equal_unpadded(const model::TextDecoder& dec, const model::MoeHooks* hooks, const std::string& what) {
+  for (bool sample : {false, true}) {
+    SCOPED_TRACE(what + (sample ? " forward_sample" : " forward"));
+    std::vector<std::unique_ptr<model::PagedKVCache>> keep;
+    PadRun ref, padded, unpadded;
+    std::vector<model::RerouteCounts> c0, c1, c2;
+    auto counts = [&](std::vector<model::RerouteCounts>& c) {
+      auto r = dec.reroute_counts();
+      ASSERT_TRUE(r.ok()) << r.status().to_string();
+      c = *r;
+    };
+    counts(c0);
+    {
+      GraphEnv env("eager");
+      PadEnv pad("0");
+      run_padded_schedule(dec, sample, hooks, ref, &keep);
+    }
+    counts(c1);
+    {
+      GraphEnv env("1");
+      PadEnv pad("1");
+      run_padded_schedule(dec, sample, hooks, padded, &keep);
+    }
+    counts(c2);
+    {
+      GraphEnv env("1");
+      PadEnv pad("0");
+      run_padded_schedule(dec, sample, hooks, unpadded, &keep);
+    }
+    EXPECT_EQ(ref.launches, 0);
+    EXPECT_GE(padded.launches, 12) << "padded decode steps were not replayed from graphs";
+    EXPECT_GE(unpadded.launches, 12);
+    EXPECT_GT(padded.captures, 0);
+    EXPECT_LT(padded.captures, unpadded.captures) << "padding did not reduce the graphs captured";
+    for (const PadRun* run : {&padded, &unpadded}) {
+      SCOPED_TRACE(run == &padded ? "padded graphs" : "unpadded graphs");
+      EXPECT_EQ(ref.trace.tokens, run->trace.tokens);
+      ASSERT_EQ(ref.trace.logits.size(), run->trace.logits.size());
+      for (size_t st = 0; st < ref.trace.logits.size(); ++st) {
+        ASSERT_EQ(ref.trace.logits[st].size(), run->trace.logits[st].size());
+        size_t diff = 0;
+        for (size_t i = 0; i < ref.trace.logits[st].size(); ++i) diff += ref.trace.logits[st][i] != run->trace.logits[st][i];
+        EXPECT_EQ(diff, 0u) << "step " << st << " (" << kPadSizes[st % std::size(kPadSizes)] << " sequences)";
+      }
+      EXPECT_EQ(kv_rows_differing(dec, ref, *run), 0u) << "K/V rows of real tokens differ";
+    }
+    // SERE statistics of the padded run equal the unpadded eager run's (all zero without SERE).
+    ASSERT_EQ(c0.size(), c1.size());
+    ASSERT_EQ(c1.size(), c2.size());
+    for (size_t l = 0; l < c0.size(); ++l) {
+      SCOPED_TRACE("layer " + std::to_string(l));
+      EXPECT_EQ(c1[l].steps - c0[l].steps, c2[l].steps - c1[l].steps);
+      EXPECT_EQ(c1[l].distinct_before - c0[l].distinct_before, c2[l].distinct_before - c1[l].distinct_before);
+      EXPECT_EQ(c1[l].distinct_after - c0[l].distinct_after, c2[l].distinct_after - c1[l].distinct_after);
+      EXPECT_EQ(c1[l].critical - c0[l].critical, c2[l].critical - c1[l].critical);
+      EXPECT_EQ(c1[l].rerouted_slots - c0[l].rerouted_slots, c2[l].rerouted_slots - c1[l].rerouted_slots);
+      EXPECT_EQ(c1[l].slots - c0[l].slots, c2[l].slots - c1[l].slots);
+      if (hooks) {
+        EXPECT_GT(c1[l].slots - c0[l].slots, 0);
+      }
+    }
+  }
+}
+
+TEST(CudaGraph, PaddedReplayEqualsUnpaddedEagerOnTinyFixture) {
+  if (!kernels::cuda_available()) GTEST_SKIP() << "no CUDA GPU available";
+  auto m = engine::ModelBundle::load(std::string(ZEST_FIXTURES_DIR) + "/models/qwen3_moe_tiny", model::Backend::kCuda);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  expect_padded_equal_unpadded((*m)->decoder(), nullptr, "qwen3_moe_tiny");
+}
+
+TEST(CudaGraph, PaddedReplayEqualsUnpaddedEagerOnRandomModel) {
+  if (!kernels::cuda_available()) GTEST_SKIP() << "no CUDA GPU available";
+  auto cfg = model::named_model_config("qwen3-30b-a3b", 2);
+  ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
+  std::unique_ptr<model::TextDecoder> dec;
+  {
+    model::RandomTensors store(11);
+    const model::DecoderWeights w = model::random_decoder_weights(cfg->text, store, 0, 8);
+    auto d = model::create_cuda_decoder(w);
+    ASSERT_TRUE(d.ok()) << d.status().to_string();
+    dec = std::move(*d);
+  }
+  expect_padded_equal_unpadded(*dec, nullptr, "random qwen3-30b-a3b x2");
+  const int64_t E = cfg->text.num_experts, L = cfg->text.num_layers;
+  model::RerouteSpec spec;
+  spec.primary = 2;
+  spec.thresholds.assign(L, 0.f);
+  std::mt19937 rng(4);
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  for (int64_t l = 0; l < L; ++l) {
+    std::vector<float> sim(E * E);
+    for (int64_t a = 0; a < E; ++a)
+      for (int64_t b = 0; b <= a; ++b) sim[a * E + b] = sim[b * E + a] = a == b ? 1.f : u(rng);
+    spec.similarity.push_back(std::move(sim));
+  }
+  model::MoeHooks hooks;
+  hooks.reroute = &spec;
+  hooks.route = [](int64_t, int32_t*, float*, int64_t, int64_t, const std::vector<uint8_t>&) {
+    ADD_FAILURE() << "host re-routing called although every token is active";
+  };
+  expect_padded_equal_unpadded(*dec, &hooks, "random qwen3-30b-a3b x2, SERE S=2");
+}
+
+// sere_stats with the row count on the device counts the first n rows only (what a padded step passes).
+TEST(CudaGraph, SereStatsCountsRowsGivenOnDevice) {
+  if (!kernels::cuda_available()) GTEST_SKIP() << "no CUDA GPU available";
+  std::mt19937 rng(31);
+  const int N = 24, K = 8, E = 64, S = 2;
+  for (int n : {1, 13, 24, 40}) {
+    SCOPED_TRACE("n = " + std::to_string(n));
+    std::vector<int32_t> before(N * K), after(N * K);
+    for (int i = 0; i < N * K; ++i) {
+      before[i] = static_cast<int32_t>(rng() % E);
+      after[i] = rng() % 3 == 0 ? static_cast<int32_t>(rng() % E) : (rng() % 5 == 0 ? -1 : before[i]);
+    }
+    int32_t *db = nullptr, *da = nullptr, *dn = nullptr;
+    int64_t* dc = nullptr;
+    ASSERT_EQ(cudaMalloc(&db, N * K * 4), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&da, N * K * 4), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dn, 4), cudaSuccess);
+    ASSERT_EQ(cudaMalloc(&dc, 6 * 8), cudaSuccess);
+    cudaMemcpy(db, before.data(), N * K * 4, cudaMemcpyHostToDevice);
+    cudaMemcpy(da, after.data(), N * K * 4, cudaMemcpyHostToDevice);
+    cudaMemcpy(dn, &n, 4, cudaMemcpyHostToDevice);
+    cudaMemset(dc, 0, 6 * 8);
+    EXPECT_TRUE(sere_stats(db, da, N, K, S, E, dc, nullptr, dn).is_ok());
+    int64_t got[6] = {};
+    ASSERT_EQ(cudaMemcpy(got, dc, sizeof got, cudaMemcpyDeviceToHost), cudaSuccess);
+    cudaFree(db);
+    cudaFree(da);
+    cudaFree(dn);
+    cudaFree(dc);
+    const int rows = std::min(n, N);
+    std::vector<int> bset(E, 0), aset(E, 0), pset(E, 0);
+    int64_t rerouted = 0;
+    for (int i = 0; i < rows * K; ++i) {
+      bset[before[i]] = 1;
+      if (after[i] >= 0) aset[after[i]] = 1;
+      if (i % K < S) pset[before[i]] = 1;
+      rerouted += after[i] != before[i];
+    }
+    const int64_t db_n = std::count(bset.begin(), bset.end(), 1), da_n = std::count(aset.begin(), aset.end(), 1),
+                  dp_n = std::count(pset.begin(), pset.end(), 1);
+    EXPECT_EQ(got[0], 1);
+    EXPECT_EQ(got[1], db_n);
+    EXPECT_EQ(got[2], da_n);
+    EXPECT_EQ(got[3], da_n - dp_n);
+    EXPECT_EQ(got[4], rerouted);
+    EXPECT_EQ(got[5], static_cast<int64_t>(rows) * K);
+  }
 }
 
 // forward_sample against forward on the same prefill step (not graphed; the same kernels up to lm_head): greedy

@@ -111,6 +111,7 @@ struct Carver {
 // serves the pinned host staging buffer and its device copy.
 struct StepInputs {
   int32_t *tokens, *pos, *slots, *tok_seq, *tok_ctx, *gen, *cu, *seq_ctx, *block_table, *rows, *mm_index;
+  int32_t* n_real;       // [1] the real (unpadded) tokens of the step
   SampleRowSpec* specs;  // [R] sampling plans of the logits rows (forward_sample)
   uint16_t* mm_rows;
 };
@@ -128,6 +129,7 @@ size_t layout_inputs(char* base, int64_t T, int64_t S, int64_t max_blocks, int64
   in->block_table = c.take<int32_t>(S * max_blocks);
   in->rows = c.take<int32_t>(R);
   in->mm_index = c.take<int32_t>(std::max<int64_t>(M, 1));
+  in->n_real = c.take<int32_t>(1);
   in->specs = c.take<SampleRowSpec>(R);
   in->mm_rows = c.take<uint16_t>(std::max<int64_t>(M, 1) * H * (1 + nds));
   return c.used;
@@ -256,6 +258,7 @@ class CudaTextDecoder final : public model::TextDecoder {
     void* plan_buf = nullptr;
     MoePlan plan;
     const model::RerouteSpec* sim_spec = nullptr;  // the spec whose similarity matrices are on the device
+    const int32_t* n_real = nullptr;               // the current step's real token count (device)
     // Sampling summaries: per-row outputs and top-C candidates on the device, their pinned host copies.
     DeviceMemory samp;
     PinnedMemory samp_host;
@@ -563,7 +566,7 @@ Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const model::
       ZEST_RETURN_IF_ERROR(sere_reroute(s.ids, s.route_w, reinterpret_cast<const float*>(s.sim.get()) + l * ee, T, E_,
                                         K_, S, spec->thresholds[l], st));
       ZEST_RETURN_IF_ERROR(sere_stats(s.ids_before, s.ids, T, K_, S, E_,
-                                      reinterpret_cast<int64_t*>(s.counters.get()) + l * 6, st));
+                                      reinterpret_cast<int64_t*>(s.counters.get()) + l * 6, st, s.n_real));
     }
   } else if (hooks && hooks->route) {
     // Host re-routing: the hook sees the routing on the host, with per-token participation.
@@ -609,6 +612,31 @@ GraphMode graph_mode() {
 }
 // Graphs at most this many sequences (larger decode batches run eagerly).
 constexpr int kMaxGraphSeqs = 512;
+// ZEST_CUDA_GRAPH_PAD: unset or "1" = a decode step of S sequences that can replay a graph runs as a step of
+// graph_pad_rows(S) rows (padding rows, see run_step), so serving's ever-changing batch sizes share a few graph keys;
+// "0" = every sequence count is a key of its own.
+bool graph_padding() {
+  const char* e = std::getenv("ZEST_CUDA_GRAPH_PAD");
+  if (!e || !*e) return true;
+  const std::string v(e);
+  return !(v == "0" || v == "off");
+}
+// The padded row count of a decode step of S sequences: the smallest ladder size >= S, the ladder being 1, 2, 4, 8,
+// 12, 16, 24, 32, 40, 48, 56, 64, then multiples of 16 up to kMaxGraphSeqs. The kernels change shape or variant with
+// the row count at 1, 2, 4 and 8 (the decode attention's cluster merge at <= 8 (sequence, kv head) pairs, the expert
+// kernel by batch), 16 (small-M GEMM on tensor cores and fused routing up to 16 tokens) and 64 (decode experts up
+// to 64 tokens): all on the ladder, so a padded step takes the kernel paths of its unpadded one.
+int graph_pad_rows(int S) {
+  static constexpr int kLadder[] = {1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64};
+  for (int p : kLadder)
+    if (S <= p) return p;
+  return std::min((S + 15) / 16 * 16, kMaxGraphSeqs);
+}
+// ZEST_CUDA_GRAPH_LOG=1: one stderr line per captured graph (benchmarks count them).
+bool graph_log() {
+  const char* e = std::getenv("ZEST_CUDA_GRAPH_LOG");
+  return e && std::string(e) == "1";
+}
 // Instantiated graphs kept at most (ZEST_CUDA_GRAPH_CAP, default 256), and keys remembered at most.
 int graph_cap() {
   const char* e = std::getenv("ZEST_CUDA_GRAPH_CAP");
@@ -628,6 +656,7 @@ int context_bucket_blocks(int64_t blocks, int64_t table_width) {
   return static_cast<int>(std::min(b, table_width));
 }
 std::atomic<int64_t> g_graph_launches{0};
+std::atomic<int64_t> g_graph_captures{0};
 // The part of a graph key that bounds decode attention (0 when the step takes no bound: head_dim != 128).
 int use_decode_bound_key(int ctx_bucket, int head_dim) { return head_dim == 128 ? ctx_bucket : 0; }
 
@@ -755,19 +784,49 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
     for (int64_t r : b.mm_index)
       if (r < 0 || r >= T64) return invalid_argument("forward: mm_index row outside the batch");
   }
-  const int T = static_cast<int>(T64), S = static_cast<int>(b.seqs.size());
+  // A decode step without host hooks or visual rows can replay a CUDA graph: everything its kernels read is at
+  // fixed device addresses, and decode attention's bound is the context bucket rather than the exact length.
+  const GraphMode gmode = graph_mode();
+  const model::RerouteSpec* gspec = hooks ? hooks->reroute : nullptr;
+  const bool sere_dev = gspec && static_cast<int>(gspec->similarity.size()) == L_ &&
+                        static_cast<int>(gspec->thresholds.size()) == L_ && all_active;
+  const bool host_hooks = hooks && (hooks->moe_input || (hooks->route && !sere_dev));
+  const int S_in = static_cast<int>(b.seqs.size());
+  const bool graph_step = gmode != kGraphsOff && !(gmode == kGraphsOn && st_->graphs_broken) && decode_only &&
+                          M == 0 && S_in <= kMaxGraphSeqs && !host_hooks;
+  const bool graphable = gmode == kGraphsOn && graph_step && (!sere_dev || st_->sim_spec == gspec);
+  // Padding of a decode step that replays a graph (or, in "eager" mode, launches what a replay would): S_in real
+  // sequences run as P = graph_pad_rows(S_in) rows, rows S_in .. P-1 being padding rows. Padding row i repeats real
+  // row (i - S_in) % S_in: its token, positions, context length and block table row, so every kernel computes for it
+  // bit for bit what it computes for that real row (the same hidden state in every layer). Hence:
+  // - KV cache: its slot is -1, so qk_norm_rope_kv and decode_attention_fused write nothing for it; it only reads
+  //   its real row's pages, whose current token the fused kernel takes from its own on-chip k/v (equal to what the
+  //   real row stores) and the unfused kernels from the cache after the real row's write.
+  // - MoE: its experts are its real row's, so the union of the step's experts (the weights read), the SERE primary
+  //   set (sere_reroute maps over that union) and so every real row's routing are those of the unpadded step; the
+  //   SERE statistics count the first S_in rows only (the real count is a step input). An expert's token count can
+  //   at most double (P <= 2 * S_in).
+  // - Outputs: its logits row and sampling summary (plan kSampleNone: no candidates, no whole row) stay on the
+  //   device or in the staging buffers; the caller gets the first S_in rows only.
+  // Each real row's results equal the unpadded step's as long as the kernels' per-row results do not depend on the
+  // row count; the ladder keeps every kernel-path switch (see graph_pad_rows) on the same side for S_in and P.
+  const int P = graph_step && graph_padding() ? graph_pad_rows(S_in) : S_in;
+  const bool padded = P != S_in;
+  const int T = padded ? P : static_cast<int>(T64), S = P;
   need.T = T;
   need.S = S;
   need.M = M;
   need.nds = nds;
+  const int R_out = static_cast<int>(need.R);  // the caller's logits rows
+  need.R = padded ? P : need.R;
   ZEST_RETURN_IF_ERROR(ensure(need));
   Step& s = *st_;
   const Caps& cap = s.caps;
   const int MB = static_cast<int>(cap.max_blocks), R = static_cast<int>(need.R);
   if (sample_rows_in) {
-    if (static_cast<int64_t>(sample_rows_in->size()) != need.R)
+    if (static_cast<int64_t>(sample_rows_in->size()) != R_out)
       return invalid_argument("forward_sample: " + std::to_string(sample_rows_in->size()) + " row plans for " +
-                              std::to_string(need.R) + " logits rows");
+                              std::to_string(R_out) + " logits rows");
     for (const model::SampleRow& row : *sample_rows_in) {
       const bool sampled_mode = row.mode == model::SampleMode::kTemperature || row.mode == model::SampleMode::kCandidates;
       if (static_cast<int>(row.mode) < 0 || static_cast<int>(row.mode) > static_cast<int>(model::SampleMode::kFull))
@@ -780,15 +839,6 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
     }
     ZEST_RETURN_IF_ERROR(ensure_sample(cap.R));
   }
-  // A decode step without host hooks or visual rows can replay a CUDA graph: everything its kernels read is at
-  // fixed device addresses, and decode attention's bound is the context bucket rather than the exact length.
-  const GraphMode gmode = graph_mode();
-  const model::RerouteSpec* gspec = hooks ? hooks->reroute : nullptr;
-  const bool sere_dev = gspec && static_cast<int>(gspec->similarity.size()) == L_ &&
-                        static_cast<int>(gspec->thresholds.size()) == L_ && all_active;
-  const bool host_hooks = hooks && (hooks->moe_input || (hooks->route && !sere_dev));
-  const bool graphable = gmode == kGraphsOn && !st_->graphs_broken && decode_only && M == 0 && S <= kMaxGraphSeqs &&
-                         !host_hooks && (!sere_dev || st_->sim_spec == gspec);
   const int ctx_bucket = gmode == kGraphsOff ? 0 : context_bucket_blocks(need.max_blocks, MB);
 
   // Host side of the step inputs, one H2D copy.
@@ -799,11 +849,15 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
           *h_gen = hi.gen, *h_cu = hi.cu, *h_seq_ctx = hi.seq_ctx, *h_bt = hi.block_table, *h_rows = hi.rows,
           *h_mm = hi.mm_index;
   uint16_t* h_mm_emb = hi.mm_rows;
-  std::memcpy(h_tokens, b.tokens.data(), static_cast<size_t>(T) * 4);
-  std::memcpy(h_pos, b.positions.data(), static_cast<size_t>(3) * T * 4);
+  const int T_in = static_cast<int>(T64);
+  std::memcpy(h_tokens, b.tokens.data(), static_cast<size_t>(T_in) * 4);
+  for (int a = 0; a < 3; ++a)
+    std::memcpy(h_pos + static_cast<size_t>(a) * T, b.positions.data() + static_cast<size_t>(a) * T_in,
+                static_cast<size_t>(T_in) * 4);
+  *hi.n_real = T_in;
   int n_gen = 0, t = 0, r = 0;
   h_cu[0] = 0;
-  for (int si = 0; si < S; ++si) {
+  for (int si = 0; si < S_in; ++si) {
     const model::SeqChunk& c = b.seqs[si];
     const std::vector<int32_t>& table = *c.block_table;
     for (int i = 0; i < MB; ++i) h_bt[static_cast<size_t>(si) * MB + i] = i < static_cast<int>(table.size()) ? table[i] : 0;
@@ -819,14 +873,28 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
     h_cu[si + 1] = t;
     h_seq_ctx[si] = static_cast<int32_t>(c.start + c.length);
   }
+  // Padding rows (decode-only: row i is token i and sequence i): copies of real row src without a KV slot.
+  for (int i = S_in; i < P; ++i) {
+    const int src = (i - S_in) % S_in;
+    h_tokens[i] = h_tokens[src];
+    for (int a = 0; a < 3; ++a) h_pos[static_cast<size_t>(a) * T + i] = h_pos[static_cast<size_t>(a) * T + src];
+    h_slots[i] = -1;
+    h_tok_seq[i] = i;
+    h_tok_ctx[i] = h_tok_ctx[src];
+    if (b.seqs[src].start > 0) h_gen[n_gen++] = i;
+    std::memcpy(h_bt + static_cast<size_t>(i) * MB, h_bt + static_cast<size_t>(src) * MB, static_cast<size_t>(MB) * 4);
+    h_rows[r++] = i;
+    h_cu[i + 1] = i + 1;
+    h_seq_ctx[i] = h_seq_ctx[src];
+  }
   for (int64_t i = 0; i < M; ++i) h_mm[i] = static_cast<int32_t>(b.mm_index[i]);
   for (int64_t k = 0; k <= nds && M > 0 && !mm_dev; ++k) {
     const float* src = k == 0 ? b.mm_embeds.data<float>() : b.deepstack[k - 1].data<float>();
     for (int64_t i = 0; i < M * H_; ++i) h_mm_emb[k * M * H_ + i] = f32_to_bf16(src[i]);
   }
   for (int i = 0; i < R; ++i) {
-    SampleRowSpec spec;
-    if (sample_rows_in) {
+    SampleRowSpec spec;  // padding rows: kSampleNone
+    if (sample_rows_in && i < R_out) {
       const model::SampleRow& row = (*sample_rows_in)[i];
       spec.mode = static_cast<int32_t>(row.mode);
       spec.candidates = row.candidates;
@@ -835,6 +903,7 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
     }
     hi.specs[i] = spec;
   }
+  s.n_real = di.n_real;
   cudaStream_t st = stream_;
   // Device visual rows: the staged rows section (the layout's last) is not copied.
   const size_t copy_bytes =
@@ -1001,6 +1070,10 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
         } else {
           it->second.exec = exec;
           ++s.live_graphs;
+          const int64_t n = g_graph_captures.fetch_add(1, std::memory_order_relaxed) + 1;
+          if (graph_log())
+            std::fprintf(stderr, "zest: decode graph captured: %d rows (%d sequences), context bucket %d, %d live, %lld captured\n",
+                         S, S_in, ctx_bucket, s.live_graphs, static_cast<long long>(n));
         }
       }
       if (it->second.exec) {
@@ -1013,8 +1086,8 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
   ZEST_CU(cudaStreamSynchronize(st), "forward step");
 
   if (!sample_rows_in) {
-    const size_t nl = static_cast<size_t>(R) * V_;
-    Tensor out = Tensor::empty({R, V_});
+    const size_t nl = static_cast<size_t>(R_out) * V_;
+    Tensor out = Tensor::empty({R_out, V_});
     const uint16_t* bits = reinterpret_cast<const uint16_t*>(s.logits_host.get());
     float* dst = out.data<float>();
     for (size_t i = 0; i < nl; ++i) dst[i] = bf16_to_f32(bits[i]);
@@ -1024,11 +1097,11 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
   // Candidates of the rows that have them (one range of rows), then whole rows where the candidates cannot decide.
   const std::vector<model::SampleRow>& plans = *sample_rows_in;
   std::vector<model::SampleResult>& res = *sampled;
-  res.assign(R, model::SampleResult{});
-  std::vector<SampleRowOut> outs(R);
-  std::memcpy(outs.data(), s.samp_host.get(), static_cast<size_t>(R) * sizeof(SampleRowOut));
+  res.assign(R_out, model::SampleResult{});
+  std::vector<SampleRowOut> outs(R_out);
+  std::memcpy(outs.data(), s.samp_host.get(), static_cast<size_t>(R_out) * sizeof(SampleRowOut));
   int c0 = -1, c1 = -1;
-  for (int i = 0; i < R; ++i)
+  for (int i = 0; i < R_out; ++i)
     if (plans[i].mode == model::SampleMode::kCandidates) {
       if (c0 < 0) c0 = i;
       c1 = i;
@@ -1045,7 +1118,7 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
     ZEST_CU(cudaStreamSynchronize(st), "candidates copy");
   }
   std::vector<int> full;
-  for (int i = 0; i < R; ++i) {
+  for (int i = 0; i < R_out; ++i) {
     const model::SampleRow& row = plans[i];
     model::SampleResult& r = res[i];
     const SampleRowOut& o = outs[i];
@@ -1090,6 +1163,14 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
 }  // namespace
 
 int64_t decode_graph_launches() { return g_graph_launches.load(std::memory_order_relaxed); }
+int64_t decode_graph_captures() { return g_graph_captures.load(std::memory_order_relaxed); }
+
+Status decode_kv_cache_copy(const model::PagedKVCache& cache, std::vector<uint16_t>* out) {
+  const auto* kv = dynamic_cast<const CudaKvStorage*>(cache.storage());
+  if (!kv) return invalid_argument("decode_kv_cache_copy: not a KV cache of the CUDA decoder");
+  out->assign(kv->mem.size() / sizeof(uint16_t), 0);
+  return cuda_status(cudaMemcpy(out->data(), kv->mem.get(), kv->mem.size(), cudaMemcpyDeviceToHost), "KV cache copy");
+}
 
 }  // namespace zest::cuda
 

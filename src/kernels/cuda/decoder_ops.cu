@@ -143,8 +143,10 @@ __global__ void scatter_rows_kernel(const bf16* __restrict__ src, const int32_t*
 
 __global__ void __launch_bounds__(1024) sere_stats_kernel(const int32_t* __restrict__ before,
                                                           const int32_t* __restrict__ after, int N, int K, int S,
-                                                          int E, int64_t* __restrict__ counts) {
+                                                          int E, int64_t* __restrict__ counts,
+                                                          const int32_t* __restrict__ n_rows) {
   pdl_wait();
+  if (n_rows) N = max(0, min(N, *n_rows));
   __shared__ int in_before[kMaxExperts], in_after[kMaxExperts], in_primary[kMaxExperts];
   __shared__ int totals[4];  // distinct before, distinct after, |P|, re-routed slots
   for (int e = threadIdx.x; e < E; e += blockDim.x) in_before[e] = in_after[e] = in_primary[e] = 0;
@@ -242,11 +244,11 @@ Status scatter_rows(const bf16* src, const int32_t* idx, bf16* dst, int n, int h
 }
 
 Status sere_stats(const int32_t* ids_before, const int32_t* ids_after, int N, int K, int S, int E, int64_t* counts,
-                  cudaStream_t stream) {
+                  cudaStream_t stream, const int32_t* n_rows) {
   if (N <= 0 || K <= 0 || E <= 0 || E > kMaxExperts)
     return invalid_argument("sere_stats: need N, K > 0 and 0 < E <= 1024");
   return launch("sere_stats", sere_stats_kernel, dim3(1), dim3(1024), 0, stream, ids_before, ids_after, N, K, S, E,
-                counts);
+                counts, n_rows);
 }
 
 }  // namespace zest::cuda

@@ -25,8 +25,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "core/status.h"
+
+namespace zest::model {
+class PagedKVCache;
+}
 
 namespace zest::cuda {
 
@@ -301,8 +306,9 @@ Status moe_experts_prefill_wmma(const bf16* x, const MoePlan& plan, const float*
 // SERE statistics of one layer's re-routing, added to counts[6] (int64): steps += 1, distinct experts before
 // and after, critical experts (distinct after minus distinct primaries of slots < S), re-routed slots (slots
 // whose id changed, folded ones included) and slots += N * K. Ids outside [0, E) are not experts. E <= 1024.
+// n_rows (device int32, optional): only the first min(*n_rows, N) tokens count (a step padded with extra rows).
 Status sere_stats(const int32_t* ids_before, const int32_t* ids_after, int N, int K, int S, int E, int64_t* counts,
-                  cudaStream_t stream);
+                  cudaStream_t stream, const int32_t* n_rows = nullptr);
 
 // ---- sampling summaries (the device side of model/sampling.h) --------------------------------------------
 
@@ -331,6 +337,11 @@ Status sample_rows(const bf16* logits, int rows, int vocab, const SampleRowSpec*
 // CUDA graph launches of decode steps by the CUDA text decoder in this process (ZEST_CUDA_GRAPHS, see
 // cuda_decoder.cu), for tests that check a replay happened.
 int64_t decode_graph_launches();
+// CUDA graphs of decode steps captured (and instantiated) by the CUDA text decoder in this process.
+int64_t decode_graph_captures();
+// The whole device KV cache of a CUDA text decoder, bf16 bits: per layer K then V, each [blocks, 16, kv_heads,
+// head_dim] (for tests).
+Status decode_kv_cache_copy(const model::PagedKVCache& cache, std::vector<uint16_t>* out);
 
 // ---- utilities --------------------------------------------------------------------------------------
 
