@@ -215,16 +215,17 @@ struct PadRun {
 
 // Batch sizes of the decode steps, cycled: all but 1 and 16 off the padding ladder (3 -> 4, 5/6/7 -> 8, 11 -> 12,
 // 13 -> 16).
-constexpr int kPadSizes[] = {3, 5, 13, 6, 11, 7, 16, 1};
+const std::vector<int> kPadSizes = {3, 5, 13, 6, 11, 7, 16, 1};
 
-// 16 sequences with prompts of 140 .. 219 tokens are prefilled one at a time (eagerly), then 24 decode steps run with
-// the batch sizes of kPadSizes (three rounds), the members of a step a rotating window over the sequences. Contexts
-// stay within 129 .. 256 tokens (one context bucket), so each batch size recurs under one graph key. Next tokens as in
+// kSeqs sequences with prompts of 140 .. 219 tokens are prefilled one at a time (eagerly), then decode steps run with
+// the batch sizes `sizes` (three rounds), the members of a step a rotating window over the sequences. Contexts stay
+// within 129 .. 256 tokens (one context bucket), so each batch size recurs under one graph key. Next tokens as in
 // run_schedule.
 void run_padded_schedule(const model::TextDecoder& dec, bool sample, const model::MoeHooks* hooks, PadRun& out,
-                         std::vector<std::unique_ptr<model::PagedKVCache>>* keep) {
+                         std::vector<std::unique_ptr<model::PagedKVCache>>* keep, const std::vector<int>& sizes) {
   const int64_t V = dec.config().vocab_size;
-  constexpr int kSeqs = 16, kSteps = 24;
+  const int kSeqs = *std::max_element(sizes.begin(), sizes.end()), kSteps = 3 * static_cast<int>(sizes.size());
+  ASSERT_LE(kSteps, 36);
   auto cache = dec.allocate_cache(kSeqs * (256 / 16 + 1), 16);
   ASSERT_TRUE(cache.ok()) << cache.status().to_string();
   keep->push_back(std::make_unique<model::PagedKVCache>(std::move(cache).value()));
@@ -250,7 +251,7 @@ void run_padded_schedule(const model::TextDecoder& dec, bool sample, const model
   const int64_t launches0 = decode_graph_launches(), captures0 = decode_graph_captures();
   std::mt19937_64 urng(9);
   for (int step = 0; step < kSteps; ++step) {
-    const int n = kPadSizes[step % std::size(kPadSizes)];
+    const int n = sizes[step % sizes.size()];
     std::vector<int> members;
     for (int i = 0; i < n; ++i) members.push_back((step * 5 + i) % kSeqs);
     model::ForwardBatch b;
@@ -328,7 +329,8 @@ size_t kv_rows_differing(const model::TextDecoder& dec, const PadRun& a, const P
 // same K/V of every real token, and, with SERE on the device, the same re-routing statistics (padding rows are not
 // counted). Also unpadded graph replays against the same reference, and fewer graphs captured with padding than
 // without over the schedule.
-void expect_padded_equal_unpadded(const model::TextDecoder& dec, const model::MoeHooks* hooks, const std::string& what) {
+void expect_padded_equal_unpadded(const model::TextDecoder& dec, const model::MoeHooks* hooks, const std::string& what,
+                                  const std::vector<int>& sizes = kPadSizes) {
   for (bool sample : {false, true}) {
     SCOPED_TRACE(what + (sample ? " forward_sample" : " forward"));
     std::vector<std::unique_ptr<model::PagedKVCache>> keep;
@@ -343,19 +345,19 @@ void expect_padded_equal_unpadded(const model::TextDecoder& dec, const model::Mo
     {
       GraphEnv env("eager");
       PadEnv pad("0");
-      run_padded_schedule(dec, sample, hooks, ref, &keep);
+      run_padded_schedule(dec, sample, hooks, ref, &keep, sizes);
     }
     counts(c1);
     {
       GraphEnv env("1");
       PadEnv pad("1");
-      run_padded_schedule(dec, sample, hooks, padded, &keep);
+      run_padded_schedule(dec, sample, hooks, padded, &keep, sizes);
     }
     counts(c2);
     {
       GraphEnv env("1");
       PadEnv pad("0");
-      run_padded_schedule(dec, sample, hooks, unpadded, &keep);
+      run_padded_schedule(dec, sample, hooks, unpadded, &keep, sizes);
     }
     EXPECT_EQ(ref.launches, 0);
     EXPECT_GE(padded.launches, 12) << "padded decode steps were not replayed from graphs";
@@ -370,7 +372,7 @@ void expect_padded_equal_unpadded(const model::TextDecoder& dec, const model::Mo
         ASSERT_EQ(ref.trace.logits[st].size(), run->trace.logits[st].size());
         size_t diff = 0;
         for (size_t i = 0; i < ref.trace.logits[st].size(); ++i) diff += ref.trace.logits[st][i] != run->trace.logits[st][i];
-        EXPECT_EQ(diff, 0u) << "step " << st << " (" << kPadSizes[st % std::size(kPadSizes)] << " sequences)";
+        EXPECT_EQ(diff, 0u) << "step " << st << " (" << sizes[st % sizes.size()] << " sequences)";
       }
       EXPECT_EQ(kv_rows_differing(dec, ref, *run), 0u) << "K/V rows of real tokens differ";
     }
@@ -430,6 +432,20 @@ TEST(CudaGraph, PaddedReplayEqualsUnpaddedEagerOnRandomModel) {
     ADD_FAILURE() << "host re-routing called although every token is active";
   };
   expect_padded_equal_unpadded(*dec, &hooks, "random qwen3-30b-a3b x2, SERE S=2");
+}
+
+// Above 16 rows the projections run through cuBLASLt, whose algorithm is chosen per row count: whether padded rows
+// (17/21 -> 24, 26 -> 32, 33 -> 40, 45 -> 48, 57 -> 64) still give the unpadded steps' bits. A measurement, run
+// by bench/gpu/graphs.sh (--gtest_also_run_disabled_tests), not part of the suite.
+TEST(CudaGraph, DISABLED_PaddedAbove16RowsOnRandomModel) {
+  if (!kernels::cuda_available()) GTEST_SKIP() << "no CUDA GPU available";
+  auto cfg = model::named_model_config("qwen3-30b-a3b", 2);
+  ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
+  model::RandomTensors store(13);
+  const model::DecoderWeights w = model::random_decoder_weights(cfg->text, store, 0, 8);
+  auto d = model::create_cuda_decoder(w);
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  expect_padded_equal_unpadded(**d, nullptr, "random qwen3-30b-a3b x2, 17-57 sequences", {17, 21, 33, 26, 45, 57});
 }
 
 // sere_stats with the row count on the device counts the first n rows only (what a padded step passes).
