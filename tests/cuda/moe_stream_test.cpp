@@ -1,10 +1,14 @@
 // The streaming decode-experts kernel (moe_experts_stream, DecodeOption::kMoeKernel 2-9) against a plain host loop
 // on fresh random inputs: every written slot vs the reference, slots with id -1 never written, all its variants
-// bit-identical, a second launch on the same plan identical to the first (the ready counters are cleared), and the
-// shapes it refuses.
+// bit-identical, a second launch on the same plan identical to the first (the plan's counters are cleared), launches
+// on two plans running on two streams at once, a launch that gets only the multiprocessors another kernel leaves
+// free (CTAs that never become resident while it runs), and the shapes it refuses.
 #ifdef ZEST_HAVE_CUDA
+#include <chrono>
 #include <cstring>
+#include <memory>
 #include <numeric>
+#include <string>
 #include <tuple>
 
 #include "cuda/cuda_test_util.h"
@@ -87,71 +91,108 @@ std::vector<float> ref_slot(const StreamCase& c, const Inputs& in, int n, int k)
   return out;
 }
 
-// Runs the plan, then every variant twice on the same plan, then variant 0 through moe_experts_decode with
-// kMoeKernel = 2; checks each output against the host reference and bit for bit against the first run.
-void run_stream_case(const StreamCase& c, std::mt19937& rng) {
-  SCOPED_TRACE(testing::Message() << "N=" << c.N << " K=" << c.K << " E=" << c.E << " H=" << c.H << " I=" << c.I
-                                  << " pool=" << c.pool << " hot=" << c.hot << " holes=" << c.holes);
+// One case on the device: inputs, the built plan, output buffers and the host reference of the written slots.
+struct Setup {
+  StreamCase c;
   Inputs in;
+  std::unique_ptr<DevBuf<bf16>> x, gu, dn;
+  DevBuf<int32_t> ids;
+  DevBuf<float> w, out;
+  DevBuf<bf16> h;
+  DevBuf<unsigned char> plan_buf;
+  MoePlan plan;
+  std::vector<float> ref;
+
+  Status launch(int variant, cudaStream_t stream) const {
+    return moe_experts_stream(x->get(), plan, w.get(), gu->get(), dn->get(), h.get(), out.get(), c.N, c.K, c.E, c.H,
+                              c.I, variant, stream);
+  }
+};
+
+std::unique_ptr<Setup> make_setup(const StreamCase& c, std::mt19937& rng) {
+  auto s = std::make_unique<Setup>();
+  s->c = c;
+  Inputs& in = s->in;
   in.route = make_routing(c, rng);
   in.x = random_bf16(static_cast<size_t>(c.N) * c.H, rng);
   const float ag = std::sqrt(3.f / c.H), ad = std::sqrt(3.f / c.I);
   in.gu = random_bf16(static_cast<size_t>(c.E) * 2 * c.I * c.H, rng, -ag, ag);
   in.dn = random_bf16(static_cast<size_t>(c.E) * c.H * c.I, rng, -ad, ad);
-  auto dx = upload_bf16(in.x), dgu = upload_bf16(in.gu), ddn = upload_bf16(in.dn);
-  DevBuf<int32_t> di(in.route.ids);
-  DevBuf<float> dw(in.route.w), out(static_cast<size_t>(c.N) * c.K * c.H);
-  DevBuf<bf16> h(static_cast<size_t>(c.N) * c.K * c.I);
-  DevBuf<unsigned char> buf(moe_plan_bytes(c.N, c.K, c.E));
-  buf.poison();
-  MoePlan plan;
-  moe_plan_bind(plan, buf.get(), c.N, c.K, c.E);
-  ZEST_ASSERT_OK(moe_plan(di.get(), c.N, c.K, c.E, plan, nullptr, nullptr));
-  sync_ok();
-
-  // Reference over the written slots.
-  std::vector<float> ref;
+  s->x = upload_bf16(in.x);
+  s->gu = upload_bf16(in.gu);
+  s->dn = upload_bf16(in.dn);
+  s->ids.resize(in.route.ids.size());
+  s->ids.upload(in.route.ids);
+  s->w.resize(in.route.w.size());
+  s->w.upload(in.route.w);
+  s->out.resize(static_cast<size_t>(c.N) * c.K * c.H);
+  s->h.resize(static_cast<size_t>(c.N) * c.K * c.I);
+  s->plan_buf.resize(moe_plan_bytes(c.N, c.K, c.E));
+  s->plan_buf.poison();
+  moe_plan_bind(s->plan, s->plan_buf.get(), c.N, c.K, c.E);
+  EXPECT_TRUE(moe_plan(s->ids.get(), c.N, c.K, c.E, s->plan, nullptr, nullptr).is_ok());
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   for (int n = 0; n < c.N; ++n)
     for (int k = 0; k < c.K; ++k) {
       if (in.route.ids[n * c.K + k] < 0) continue;
       const auto r = ref_slot(c, in, n, k);
-      ref.insert(ref.end(), r.begin(), r.end());
+      s->ref.insert(s->ref.end(), r.begin(), r.end());
     }
+  return s;
+}
 
+// Downloads the outputs, checks them (slots with id -1 still poison, the others within kTol of the reference) and
+// returns their bits in *bits.
+void check_outputs(const Setup& s, std::vector<uint32_t>* bits_out) {
+  const StreamCase& c = s.c;
+  const auto all = s.out.download();
+  std::vector<float> got;
+  std::vector<uint32_t> bits(all.size());
+  std::memcpy(bits.data(), all.data(), all.size() * 4);
+  for (int n = 0; n < c.N; ++n)
+    for (int k = 0; k < c.K; ++k) {
+      const size_t slot = static_cast<size_t>(n) * c.K + k;
+      if (s.in.route.ids[slot] < 0) {
+        for (int r = 0; r < c.H; ++r) EXPECT_EQ(bits[slot * c.H + r], 0xffffffffu) << "slot " << slot;
+        continue;
+      }
+      got.insert(got.end(), all.begin() + slot * c.H, all.begin() + (slot + 1) * c.H);
+    }
+  *bits_out = bits;
+  if (!s.ref.empty()) {
+    ZEST_EXPECT_CLOSE(got, s.ref, kTol);
+  }
+}
+
+std::string case_name(const StreamCase& c) {
+  return "N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) + " E=" + std::to_string(c.E) +
+         " H=" + std::to_string(c.H) + " I=" + std::to_string(c.I) + " pool=" + std::to_string(c.pool) +
+         " hot=" + std::to_string(c.hot) + " holes=" + std::to_string(c.holes);
+}
+
+// Runs the plan, then every variant twice on the same plan, then variant 0 through moe_experts_decode with
+// kMoeKernel = 2; checks each output against the host reference and bit for bit against the first run.
+void run_stream_case(const StreamCase& c, std::mt19937& rng) {
+  SCOPED_TRACE(case_name(c));
+  const auto s = make_setup(c, rng);
   std::vector<uint32_t> first_bits;
   const int runs = 2 * kStreamVariants + 1;
   for (int run = 0; run < runs; ++run) {
     const int variant = run < runs - 1 ? run / 2 : 0;
     SCOPED_TRACE(testing::Message() << "run " << run << " variant " << variant);
-    out.poison();
+    s->out.poison();
     if (run < runs - 1) {
-      ZEST_ASSERT_OK(moe_experts_stream(dx->get(), plan, dw.get(), dgu->get(), ddn->get(), h.get(), out.get(), c.N, c.K,
-                                        c.E, c.H, c.I, variant, nullptr));
+      ZEST_ASSERT_OK(s->launch(variant, nullptr));
     } else {
       set_decode_option(DecodeOption::kMoeKernel, 2);
-      const Status st = moe_experts_decode(dx->get(), plan, dw.get(), dgu->get(), ddn->get(), h.get(), out.get(), c.N,
-                                           c.K, c.E, c.H, c.I, nullptr);
+      const Status st = moe_experts_decode(s->x->get(), s->plan, s->w.get(), s->gu->get(), s->dn->get(), s->h.get(),
+                                           s->out.get(), c.N, c.K, c.E, c.H, c.I, nullptr);
       set_decode_option(DecodeOption::kMoeKernel, default_decode_option(DecodeOption::kMoeKernel));
       ZEST_ASSERT_OK(st);
     }
     sync_ok();
-    const auto all = out.download();
-    std::vector<float> got;
-    std::vector<uint32_t> bits(all.size());
-    std::memcpy(bits.data(), all.data(), all.size() * 4);
-    for (int n = 0; n < c.N; ++n)
-      for (int k = 0; k < c.K; ++k) {
-        const size_t slot = static_cast<size_t>(n) * c.K + k;
-        if (in.route.ids[slot] < 0) {
-          // Empty slots are never written (still poison).
-          for (int r = 0; r < c.H; ++r) ASSERT_EQ(bits[slot * c.H + r], 0xffffffffu) << "slot " << slot;
-          continue;
-        }
-        got.insert(got.end(), all.begin() + slot * c.H, all.begin() + (slot + 1) * c.H);
-      }
-    if (!ref.empty()) {
-      ZEST_EXPECT_CLOSE(got, ref, kTol);
-    }
+    std::vector<uint32_t> bits;
+    check_outputs(*s, &bits);
     if (run == 0) {
       first_bits = bits;
     } else {
@@ -159,6 +200,29 @@ void run_stream_case(const StreamCase& c, std::mt19937& rng) {
     }
   }
 }
+
+// A non-blocking stream, destroyed at scope exit.
+struct Stream {
+  cudaStream_t s = nullptr;
+  Stream() { EXPECT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess); }
+  ~Stream() {
+    if (s) cudaStreamDestroy(s);
+  }
+};
+
+// Host memory mapped into the device, zeroed.
+struct Mapped {
+  int* p = nullptr;
+  explicit Mapped(size_t n) {
+    EXPECT_EQ(cudaHostAlloc(reinterpret_cast<void**>(&p), n * sizeof(int), cudaHostAllocMapped), cudaSuccess);
+    if (p) std::memset(p, 0, n * sizeof(int));
+  }
+  ~Mapped() {
+    if (p) cudaFreeHost(p);
+  }
+  int get(size_t i) const { return reinterpret_cast<const volatile int*>(p)[i]; }
+  void set(size_t i, int v) { reinterpret_cast<volatile int*>(p)[i] = v; }
+};
 
 TEST(CudaMoeStream, BatchOneModelExpertCount) {
   ZEST_REQUIRE_GPU();
@@ -203,6 +267,115 @@ TEST(CudaMoeStream, EverySlotEmpty) {
   std::mt19937 rng(56);
   run_stream_case({4, 2, 8, 128, 64, 0, -1, 8}, rng);  // all 8 slots -1: nothing written, counters stay clear
   run_stream_case({2, 2, 8, 128, 64, 0, -1, 0}, rng);  // and the next launch still works
+}
+
+TEST(CudaMoeStream, TwoPlansOnTwoStreamsAtOnce) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(57);
+  // Two cases with thousands of items (about 64 and 48 active experts, 48-128 items each), so that each launch
+  // fills the GPU and the two share the multiprocessors while they overlap.
+  const auto a = make_setup({32, 8, 64, 1024, 512, 0, -1, 3}, rng);
+  const auto b = make_setup({24, 8, 96, 768, 384, 48, 5, 0}, rng);
+  Stream s1, s2;
+  for (int variant = 0; variant < kStreamVariants; ++variant) {
+    SCOPED_TRACE(testing::Message() << "variant " << variant);
+    // Each alone first: the bits every overlapped launch must reproduce.
+    a->out.poison();
+    b->out.poison();
+    ZEST_ASSERT_OK(a->launch(variant, nullptr));
+    ZEST_ASSERT_OK(b->launch(variant, nullptr));
+    sync_ok();
+    std::vector<uint32_t> bits_a, bits_b;
+    {
+      SCOPED_TRACE(case_name(a->c));
+      check_outputs(*a, &bits_a);
+    }
+    {
+      SCOPED_TRACE(case_name(b->c));
+      check_outputs(*b, &bits_b);
+    }
+    // Then three launches on each plan, its own stream each, issued alternately so that they overlap.
+    a->out.poison();
+    b->out.poison();
+    for (int rep = 0; rep < 3; ++rep) {
+      ZEST_ASSERT_OK(a->launch(variant, s1.s));
+      ZEST_ASSERT_OK(b->launch(variant, s2.s));
+    }
+    sync_ok();
+    std::vector<uint32_t> got_a, got_b;
+    {
+      SCOPED_TRACE(case_name(a->c));
+      check_outputs(*a, &got_a);
+      EXPECT_TRUE(got_a == bits_a) << "overlapped launches differ from the launch alone";
+    }
+    {
+      SCOPED_TRACE(case_name(b->c));
+      check_outputs(*b, &got_b);
+      EXPECT_TRUE(got_b == bits_b) << "overlapped launches differ from the launch alone";
+    }
+  }
+}
+
+TEST(CudaMoeStream, FinishesOnTheMultiprocessorsAnotherKernelLeaves) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(58);
+  int dev = 0, sms = 0;
+  ASSERT_EQ(cudaGetDevice(&dev), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), cudaSuccess);
+  if (sms < 3) GTEST_SKIP() << "needs at least 3 multiprocessors";
+  // About 48 active experts x (16 or 32 gate/up + 16 or 32 down items): a grid of far more CTAs than the two free
+  // multiprocessors hold at once.
+  const auto s = make_setup({32, 8, 48, 512, 256, 0, -1, 2}, rng);
+  const int held = sms - 2;
+  Stream hold_stream, run_stream;
+  for (int variant = 0; variant < kStreamVariants; ++variant) {
+    SCOPED_TRACE(testing::Message() << "variant " << variant);
+    s->out.poison();
+    ZEST_ASSERT_OK(s->launch(variant, nullptr));
+    sync_ok();
+    std::vector<uint32_t> alone, beside;
+    check_outputs(*s, &alone);
+
+    Mapped started(held), release(1);
+    ASSERT_NE(started.p, nullptr);
+    ASSERT_NE(release.p, nullptr);
+    ZEST_ASSERT_OK(hold_multiprocessors(held, started.p, release.p, hold_stream.s));
+    // Every holding CTA resident before the streaming launch (deadline: it fails rather than waits forever).
+    using Clock = std::chrono::steady_clock;
+    auto deadline = Clock::now() + std::chrono::seconds(20);
+    int running = 0;
+    while (Clock::now() < deadline) {
+      running = 0;
+      for (int i = 0; i < held; ++i) running += started.get(i);
+      if (running == held) break;
+    }
+    if (running != held) {
+      release.set(0, 1);
+      cudaDeviceSynchronize();
+    }
+    ASSERT_EQ(running, held) << "the holding kernel did not start on every multiprocessor it asked for";
+
+    s->out.poison();
+    const Status st = s->launch(variant, run_stream.s);
+    cudaError_t done = cudaErrorNotReady;
+    bool hold_running = false;
+    deadline = Clock::now() + std::chrono::seconds(25);
+    while (st.is_ok() && Clock::now() < deadline) {
+      done = cudaStreamQuery(run_stream.s);
+      if (done != cudaErrorNotReady) {
+        hold_running = cudaStreamQuery(hold_stream.s) == cudaErrorNotReady;
+        break;
+      }
+    }
+    release.set(0, 1);
+    const cudaError_t all = cudaDeviceSynchronize();
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    ASSERT_EQ(done, cudaSuccess) << cudaGetErrorString(done);
+    EXPECT_TRUE(hold_running) << "the holding kernel ended before the streaming launch finished";
+    ASSERT_EQ(all, cudaSuccess) << cudaGetErrorString(all);
+    check_outputs(*s, &beside);
+    EXPECT_TRUE(beside == alone) << "the launch beside the holding kernel differs from the launch alone";
+  }
 }
 
 TEST(CudaMoeStream, RefusesUnsupportedShapes) {

@@ -61,8 +61,9 @@ enum class DecodeOption : int {
   kRouteFused,      // decode routing (T <= 16): 1 (default) = moe_route (router GEMM + top-k + plan in one cluster
                     // launch); 2 = as 1 in clusters of at most 8 CTAs; 3 = as 1, the next kernel launched only when
                     // it exits; 0 = router GEMM, router_topk and moe_plan as separate launches
-  kMoeKernel,       // decode experts: 0 (default) = rows_mma (see moe.cu); 1 = rows_mma gate/up + down kernels;
-                    // 2-9 = one persistent bulk-copy streaming kernel (moe_stream.h variants 0-7)
+  kMoeKernel,       // decode experts: 0 (default) = by batch (see moe.cu: rows_mma for one token, else streaming);
+                    // 1 = rows_mma gate/up + down kernels; 2-9 = one persistent bulk-copy streaming kernel (moe_stream.h
+                    // variants 0-7)
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);
@@ -232,8 +233,8 @@ struct MoePlan {
   int32_t* num_tiles = nullptr;       // [1] prefill tiles (kMoeTileM sorted slots of one expert each)
   int32_t* tile_active = nullptr;     // [max tiles] active expert index of each tile
   int32_t* tile_start = nullptr;      // [max tiles] first sorted position of each tile
-  uint32_t* ready = nullptr;          // [E + 1] streaming decode experts' per-active-expert ready counts, then the
-                                      // count of finished CTAs; zeroed by every plan build (each plan has its own)
+  uint32_t* ready = nullptr;          // [E + 2] streaming decode experts' per-active-expert ready counts, the count
+                                      // of finished CTAs, the item counter; zeroed by every plan build (per plan)
   int max_tokens = 0, top_k = 0, experts = 0;
 };
 constexpr int kMoeTileM = 64;

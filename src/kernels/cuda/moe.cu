@@ -11,12 +11,12 @@ constexpr int kMaxExperts = 1024;
 constexpr int kPlanStage = 4096;  // slot ids staged in shared memory by moe_plan_kernel (16 KiB)
 constexpr int kPlanSlotE = 256;   // slot-per-thread path: at most blockDim slots and this many experts
 // DecodeOption::kMoeKernel when left at 0: 1 = rows_mma gate/up + down kernels, 2-9 = moe_experts_stream variants 0-7.
-// The default stays rows_mma at every batch. The streaming kernels measured faster on H200 (Qwen3-30B-A3B shapes,
-// TPOT against rows_mma in the same run: variant 2 at batch 8 9.46 -> 8.81 ms, variant 7 at batch 32 / 64 18.05 ->
-// 17.20 / 21.32 -> 20.03 ms), but with them as the default the CUDA suite's graph-replay-versus-eager decoder test
-// (batch 5) hit the kernel's wait watchdog while their per-expert ready counters were process-wide device state (two
-// decoders on two streams waited on each other's counts). The counters now live in each plan (MoePlan::ready).
-int default_moe_kernel(int /*N*/) { return 1; }
+// By batch: rows_mma for one token; streaming variant 2 (tensor boxes, one producer warp) up to 8 tokens, variant 7
+// (1-D rows, four producer warps) above. Measured on H200 (Qwen3-30B-A3B shapes, TPOT against rows_mma in the same
+// run: batch 8 9.46 -> 8.81 ms, batch 32 / 64 18.05 -> 17.20 / 21.32 -> 20.03 ms; at one token the streaming kernels
+// were 2% slower). The streaming kernel claims its items in order, so it completes whatever share of the GPU it gets
+// (two decoders on two streams at once).
+int default_moe_kernel(int N) { return N <= 1 ? 1 : N <= 8 ? 4 : 9; }
 
 // ---- plan ------------------------------------------------------------------------------------------------
 
@@ -260,7 +260,7 @@ int moe_max_tiles(int N, int K, int E) { return (N * K + kMoeTileM - 1) / kMoeTi
 
 size_t moe_plan_bytes(int N, int K, int E) {
   const size_t ints =
-      2 + E + (E + 1) + static_cast<size_t>(N) * K + 2 * static_cast<size_t>(moe_max_tiles(N, K, E)) + (E + 1);
+      2 + E + (E + 1) + static_cast<size_t>(N) * K + 2 * static_cast<size_t>(moe_max_tiles(N, K, E)) + (E + 2);
   return (ints * sizeof(int32_t) + 255) / 256 * 256;
 }
 

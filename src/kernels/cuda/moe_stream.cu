@@ -1,22 +1,27 @@
 // Decode experts as one persistent weight-streaming kernel (see moe_stream.h).
 //
 // Work items, in this order: gate/up items (active expert j, 8 MT intermediate rows), expert-major, then down items
-// (active expert j, 16 MT output rows). CTA b takes items b, b + grid, ... A stage of the ring holds MT m16 tiles of
-// weight rows x KC columns (gate/up: each tile 8 gate rows then the 8 matching up rows, so a thread holds the gate
-// and up values of the same intermediate index) and up to TG (8 or 16) token rows x KC (x rows for gate/up, h rows
-// by sorted position for down), each row one bulk copy; an expert with more tokens takes several passes. The
-// producer warps (after the consumers; each copies every P-th row of a stage: the copies of one warp are issued one
-// after another, so several producers multiply the copy rate) and the consumer warps walk the same (item, token
-// pass, k chunk) sequence. Consumer warp w takes the 32-wide k steps w, w + 4, ... of every chunk (the same split for
-// every KC, so the variants agree bit for bit) and the four partial sums are reduced in fixed order through shared
-// memory (double-buffered: one named barrier per pass); warp 0 writes the outputs.
+// (active expert j, 16 MT output rows). A stage of the ring holds MT m16 tiles of weight rows x KC columns (gate/up:
+// each tile 8 gate rows then the 8 matching up rows, so a thread holds the gate and up values of the same intermediate
+// index) and up to TG (8 or 16) token rows x KC (x rows for gate/up, h rows by sorted position for down), each row one
+// bulk copy; an expert with more tokens takes several passes. The producer warps (after the consumers; each copies
+// every P-th row of a stage: the copies of one warp are issued one after another, so several producers multiply the
+// copy rate) and the consumer warps walk the same (item, token pass, k chunk) sequence. Consumer warp w takes the
+// 32-wide k steps w, w + 4, ... of every chunk (the same split for every KC, so the variants agree bit for bit) and
+// the four partial sums are reduced in fixed order through shared memory (double-buffered: one named barrier per
+// pass); warp 0 writes the outputs.
 //
-// Down items of expert j need all of j's h rows: after a gate/up item's last pass, warp 0 publishes its h stores and
-// adds 1 to ready[j] (release); the producer issues a down stage's weight copies, then waits (acquire) until
-// ready[j] counts all of j's gate/up items before it copies h rows. Every CTA finishes its gate/up items before its
-// first down item and all CTAs are resident (grid <= occupancy x SMs), so the lowest unfinished item can always run.
-// The counters are the plan's (MoePlan::ready, zeroed by every plan build), so launches on different plans may overlap
-// in time; the last CTA to finish clears them again, so a plan can be launched on more than once.
+// Items are handed out dynamically in strict order: lane 0 of the first producer warp claims the next item number
+// from the plan's item counter (one atomic add, one item ahead of the one it copies) and passes it to the other warps
+// of its CTA through a small ring of item words guarded by mbarriers. Down items of expert j need all of j's h rows:
+// after a gate/up item's last pass, warp 0 publishes its h stores and adds 1 to ready[j] (release); the producer
+// issues a down stage's weight copies, then waits (acquire) until ready[j] counts all of j's gate/up items before it
+// copies h rows. Because items are claimed in order, every gate/up item has been claimed by a running CTA before any
+// down item is claimed, and a running CTA finishes its gate/up items without waiting on anything: no wait depends on
+// a CTA that is not resident, so the kernel completes however few of its CTAs fit on the GPU (another kernel on
+// another stream may hold the rest). The counters are the plan's (MoePlan::ready: per-expert counts, finished CTAs,
+// the item counter; zeroed by every plan build), so launches on different plans may overlap in time; the last CTA
+// to finish clears them again, so a plan can be launched on more than once.
 #include <cuda.h>
 
 #include <cstring>
@@ -34,7 +39,9 @@ constexpr int kTileRows = 16;                     // weight rows of one mma m16 
 constexpr int kMaxTokG = 16;                      // tokens per pass: at most two n8 tiles
 constexpr int kPadBytes = 64;                     // after each shared row: rows g and g+1 fall in different banks
 constexpr int kWidthStep = 64;                    // H and I multiples of this: chunks are whole 32-wide k steps
-constexpr int kBarBytes = 1024;                   // mbarriers (full[NS], empty[NS])
+constexpr int kBarBytes = 1024;                   // mbarriers (full[NS], empty[NS], item_full[R], item_empty[R]), item words
+constexpr int kItemRing = 8;                      // R: items claimed and not yet taken by every warp of the CTA
+constexpr int kItemWords = 768;                   // byte offset of the item words [R] inside the barrier block
 // Shared memory before the ring: mbarriers, then partial sums (two buffers of [warp][MT * 8 values][lane]).
 constexpr int head_bytes(int MT) { return kBarBytes + 2 * kConsumers * MT * 8 * 32 * 4; }
 constexpr int kMaxExperts = 1024;
@@ -211,6 +218,47 @@ __device__ __forceinline__ Item decode_item(const StreamArgs& a, int item, int n
   return it;
 }
 
+// The CTA's sequence of items. Lane 0 of the claiming warp (the first producer warp) takes item numbers from the
+// plan's counter, in the order of the atomic adds of every CTA, and posts each into item word n % R (after the item
+// before it in that word has been taken by every other warp: item_empty, one arrival per reading warp), arriving on
+// item_full; the other warps wait on item_full and read it. A number >= total ends the sequence. The claiming warp
+// claims one item ahead, so the atomic's round trip overlaps the current item's copies.
+struct ItemFeed {
+  uint32_t bar;        // item_full[d] at bar + 8d, item_empty[d] at bar + 8 (R + d)
+  volatile int* word;  // [R]
+  uint32_t* counter;
+  uint32_t n;          // items taken so far
+  int ahead;           // the claiming warp's lane 0: the item claimed ahead
+
+  __device__ __forceinline__ int claim() const { return static_cast<int>(atomicAdd(counter, 1u)); }
+
+  // Claiming warp: posts the item claimed ahead (claims it first on the first call), claims the next one.
+  __device__ __forceinline__ int next_claiming(int lane, int total) {
+    int item = 0;
+    if (lane == 0) {
+      item = n == 0 ? claim() : ahead;
+      const int d = static_cast<int>(n % kItemRing);
+      mbar_wait(bar + 8 * (kItemRing + d), ((n / kItemRing) & 1u) ^ 1u);
+      word[d] = item;
+      mbar_arrive(bar + 8 * d);
+      if (item < total) ahead = claim();
+    }
+    ++n;
+    return __shfl_sync(0xffffffffu, item, 0);
+  }
+
+  // Every other warp: the next posted item.
+  __device__ __forceinline__ int next_reading(int lane) {
+    const int d = static_cast<int>(n % kItemRing);
+    mbar_wait(bar + 8 * d, (n / kItemRing) & 1u);
+    const int item = word[d];
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bar + 8 * (kItemRing + d));
+    ++n;
+    return item;
+  }
+};
+
 // Tensor maps of the BOX variants (unused otherwise): gate_up [E 2I, H] in boxes of KC x GU, down [E H, I] in boxes of
 // KC x RA, h [N K, I] in boxes of KC x TG.
 struct StreamMaps {
@@ -228,10 +276,18 @@ __global__ void __launch_bounds__(threads(P), kMinBlocks)
   const uint32_t bar0 = smem_addr(smem);  // full[s] at bar0 + 8s, empty[s] at bar0 + 8(NS + s)
   const uint32_t slot0 = smem_addr(slots);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int E = a.plan.experts;
+  // Item feed: the first producer warp claims, the other P - 1 producer warps and the consumers read.
+  ItemFeed feed{bar0 + 8 * 2 * NS, reinterpret_cast<volatile int*>(smem + kItemWords), a.plan.ready + E + 1, 0u, 0};
+  const bool claiming = warp == kConsumers;
   if (threadIdx.x == 0) {
     for (int s = 0; s < NS; ++s) {
       mbar_init(bar0 + 8 * s, P);
       mbar_init(bar0 + 8 * (NS + s), kConsumers);
+    }
+    for (int d = 0; d < kItemRing; ++d) {
+      mbar_init(feed.bar + 8 * d, 1);
+      mbar_init(feed.bar + 8 * (kItemRing + d), P - 1 + kConsumers);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -249,7 +305,9 @@ __global__ void __launch_bounds__(threads(P), kMinBlocks)
     const uint64_t policy = EVICT_FIRST ? evict_first_policy() : evict_normal_policy();
     const int pw = warp - kConsumers;
     const int tb = pw + P * lane;
-    for (int item = blockIdx.x; item < total; item += gridDim.x) {
+    for (;;) {
+      const int item = claiming ? feed.next_claiming(lane, total) : feed.next_reading(lane);
+      if (item >= total) break;
       const Item it = decode_item(a, item, n_gu, gu_tiles, dn_tiles);
       const int width = it.gu ? a.H : a.I;
       bool h_ready = it.gu;
@@ -306,7 +364,9 @@ __global__ void __launch_bounds__(threads(P), kMinBlocks)
     const int t = ri >= RA ? ri - RA : ri + 32 * P - RA;
     const uint32_t b_row = static_cast<uint32_t>(RA + t);
     const uint32_t a_rows = __popc(__ballot_sync(0xffffffffu, has_a));
-    for (int item = blockIdx.x; item < total; item += gridDim.x) {
+    for (;;) {
+      const int item = claiming ? feed.next_claiming(lane, total) : feed.next_reading(lane);
+      if (item >= total) break;
       const Item it = decode_item(a, item, n_gu, gu_tiles, dn_tiles);
       const int width = it.gu ? a.H : a.I;
       const bf16* wrow = nullptr;
@@ -357,7 +417,9 @@ __global__ void __launch_bounds__(threads(P), kMinBlocks)
     // ---- consumer warps ----
     const int g = lane >> 2, q = lane & 3;
     int buf = 0;
-    for (int item = blockIdx.x; item < total; item += gridDim.x) {
+    for (;;) {
+      const int item = feed.next_reading(lane);
+      if (item >= total) break;
       const Item it = decode_item(a, item, n_gu, gu_tiles, dn_tiles);
       const int width = it.gu ? a.H : a.I;
       for (int c0 = it.beg; c0 < it.end; c0 += TG) {
@@ -470,10 +532,10 @@ __global__ void __launch_bounds__(threads(P), kMinBlocks)
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
-    const int E = a.plan.experts;
     if (atomicAdd(a.plan.ready + E, 1u) == gridDim.x - 1) {
       for (int j = 0; j < na; ++j) a.plan.ready[j] = 0;
       a.plan.ready[E] = 0;
+      a.plan.ready[E + 1] = 0;
       __threadfence();
     }
   }
@@ -501,7 +563,8 @@ template <int KC, int NS, int TG, int MT, int P, int kMinBlocks, bool BOX = fals
 Status launch_stream(const StreamArgs& args, int max_active, cudaStream_t stream) {
   using R = Ring<KC, TG, MT, BOX>;
   constexpr size_t smem = R::kHead + static_cast<size_t>(NS) * R::kSlotBytes;
-  static_assert(2 * NS * 8 <= kBarBytes, "mbarriers do not fit");
+  static_assert(8 * (2 * NS + 2 * kItemRing) <= kItemWords && kItemWords + 4 * kItemRing <= kBarBytes,
+                "mbarriers and item words do not fit");
   static_assert(smem <= 227 * 1024, "shared memory of one CTA");
   const void* fn = reinterpret_cast<const void*>(moe_stream_kernel<KC, NS, TG, MT, P, kMinBlocks, BOX, EVICT_FIRST>);
   static bool configured = false;
@@ -515,7 +578,7 @@ Status launch_stream(const StreamArgs& args, int max_active, cudaStream_t stream
   ZEST_RETURN_IF_ERROR(
       cuda_status(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, threads(P), smem), "occupancy"));
   if (per_sm < 1) return unsupported("moe_experts_stream: the kernel does not fit on a multiprocessor");
-  // Every CTA must be resident at once (down items wait for other CTAs' gate/up items).
+  // As many CTAs as fit at once (items are claimed in order, so fewer resident CTAs only take longer).
   const int max_items = max_active * (args.I / R::GU + args.H / R::RA);
   const int grid = std::max(1, std::min(max_items, per_sm * sm_count()));
   StreamMaps maps;
@@ -530,7 +593,30 @@ Status launch_stream(const StreamArgs& args, int max_active, cudaStream_t stream
                 dim3(threads(P)), smem, stream, args, maps);
 }
 
+__global__ void hold_kernel(int* started, const int* release) {
+  if (threadIdx.x != 0) return;
+  *reinterpret_cast<volatile int*>(started + blockIdx.x) = 1;
+  __threadfence_system();
+  const uint64_t t0 = global_ns();
+  while (*reinterpret_cast<const volatile int*>(release) == 0 && global_ns() - t0 < 30'000'000'000ull) __nanosleep(1000);
+}
+
 }  // namespace
+
+Status hold_multiprocessors(int ctas, int* started, const int* release, cudaStream_t stream) {
+  if (ctas <= 0 || started == nullptr || release == nullptr)
+    return invalid_argument("hold_multiprocessors: need ctas > 0 and both flags");
+  int dev = 0, smem = 0;
+  ZEST_RETURN_IF_ERROR(cuda_status(cudaGetDevice(&dev), "hold_multiprocessors: cudaGetDevice"));
+  ZEST_RETURN_IF_ERROR(cuda_status(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+                                   "hold_multiprocessors: shared memory per block"));
+  ZEST_RETURN_IF_ERROR(cuda_status(
+      cudaFuncSetAttribute(reinterpret_cast<const void*>(hold_kernel), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           smem),
+      "hold_multiprocessors: cudaFuncSetAttribute"));
+  hold_kernel<<<ctas, 32, static_cast<size_t>(smem), stream>>>(started, release);
+  return cuda_status(cudaGetLastError(), "hold_multiprocessors");
+}
 
 bool moe_stream_ok(int H, int I) { return H > 0 && I > 0 && H % kWidthStep == 0 && I % kWidthStep == 0; }
 

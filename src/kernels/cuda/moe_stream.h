@@ -20,10 +20,17 @@ constexpr int kStreamVariants = 8;
 // at normal instead of evict-first L2 priority; 2 = B 256, 3, 16, 2, 1, 2; 3 = B 256, 4, 16, 1, 1, 3;
 // 4 = 256, 2, 16, 1, 1, 4; 5 = B 256, 8, 16, 2, 2, 1; 6 = 512, 3, 16, 1, 2, 2; 7 = 256, 3, 16, 2, 4, 2. All give
 // bit-identical results (each output row and token column is summed the same way in every variant). The plan must
-// be bound for (N, K, E) (moe_plan_bind) and built; its ready counters belong to this launch, so launches on one plan
-// must not overlap in time (launches on different plans may). Unsupported shapes give an error Status.
+// be bound for (N, K, E) (moe_plan_bind) and built; its counters (MoePlan::ready) belong to this launch, so launches on
+// one plan must not overlap in time (launches on different plans may). CTAs claim items in order, so the launch
+// completes even when only some of its CTAs fit beside other kernels. Unsupported shapes give an error Status.
 Status moe_experts_stream(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
                           const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I, int variant,
                           cudaStream_t stream);
+
+// For tests of the above on a partly occupied GPU: launches `ctas` one-warp CTAs on `stream`, each with the largest
+// shared memory a CTA may have (so no CTA of the streaming kernel fits beside one on its multiprocessor). CTA b sets
+// started[b] = 1, then spins until *release != 0 or 30 s have passed. `started` and `release` are host memory mapped
+// into the device (cudaHostAllocMapped), so the host sees the CTAs start and ends them while they run.
+Status hold_multiprocessors(int ctas, int* started, const int* release, cudaStream_t stream);
 
 }  // namespace zest::cuda
