@@ -1,7 +1,7 @@
 # limit: 75
 # Padded decode graphs (ZEST_CUDA_GRAPH_PAD): a short served load test on a random-weight model
 # of Qwen3-30B-A3B shapes (zest serve --config qwen3-30b-a3b), text only, 64 words, 64 output tokens (ignore_eos),
-# greedy, closed-loop clients, 8 and 32 at a time, against two servers of the same package: padding on (the default)
+# greedy, closed-loop clients, 8, 32 and 20 at a time, against two servers of the same package: padding on (the default)
 # and off (ZEST_CUDA_GRAPH_PAD=0). Graphs captured per server (ZEST_CUDA_GRAPH_LOG=1 lines, warmup included).
 # Then the padded graph tests and the measurement above 16 rows (the disabled test; the suite runs the others too).
 set -u
@@ -60,6 +60,8 @@ run() {  # LABEL -- ENV...
   echo "$label: graphs captured after 8 clients: $(grep -c 'decode graph captured' "$SLOG")"
   bench "$label" 32 64
   echo "$label: graphs captured after 32 clients: $(grep -c 'decode graph captured' "$SLOG")"
+  bench "$label" 20 40
+  echo "$label: graphs captured after 20 clients: $(grep -c 'decode graph captured' "$SLOG")"
   grep 'decode graph captured' "$SLOG" | awk '{print $5}' | sort -n | uniq -c | tr '\n' ' ' | sed 's/^/  captures by rows: /'
   echo
   grep -E "error|Error|failed" "$SLOG" | head -5
