@@ -4,13 +4,24 @@
 # one replayed layer under Nsight Compute (duration and DRAM bytes read, kernels serialised: the sum against TPOT
 # per layer is the cost of the dependent chain).
 B="$P/bench_decode_bench"
-"$B" --config qwen3-30b-a3b --batch 1,8 --context 1024 --steps 30 --warmup 5 --profile 2>&1 | grep -v '^sere_reroute'
-"$B" --config qwen3-30b-a3b --batch 1,8 --context 1024 --steps 30 --warmup 5 --pdl 0 2>&1 | grep -E 'batch|TPOT|tpot'
-if command -v ncu >/dev/null; then
+[ -n "${NCU_ONLY:-}" ] || "$B" --config qwen3-30b-a3b --batch 1,8 --context 1024 --steps 30 --warmup 5 --profile 2>&1 | grep -v '^sere_reroute'
+[ -n "${NCU_ONLY:-}" ] || "$B" --config qwen3-30b-a3b --batch 1,8 --context 1024 --steps 30 --warmup 5 --pdl 0 2>&1 | grep -E 'batch|TPOT|tpot'
+if [ -n "${NCU_DETAIL:-}" ]; then
+  # One launch of each named kernel (regex) at batch NCU_BATCH (default 1): where its warps stall.
+  for k in $NCU_DETAIL; do
+    echo "== ncu detail: $k, batch ${NCU_BATCH:-1} =="
+    timeout 60 ncu --clock-control none --graph-profiling node -k "regex:$k" --launch-skip 100 --launch-count 1 \
+      --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+      --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
+      "$B" --config qwen3-30b-a3b --batch "${NCU_BATCH:-1}" --context 1024 --steps 2 --warmup 1 2>&1 |
+      awk '/^  [^ ]/ {print; next} /stalled/ {v = $NF + 0; if (v >= 0.3) print; next}
+           /Duration|Throughput|Elapsed Cycles|Registers|Shared Memory Config|Dynamic Shared|Grid Size|Block Size|Cluster|Achieved Occupancy|Theoretical Occupancy|Warp Cycles Per|Issued Warp|No Eligible|Active Warps/ {print}' | head -70
+  done
+elif command -v ncu >/dev/null; then
   for b in 1 8; do
     echo "== ncu, batch $b: one layer of a replayed step (duration us, DRAM MB read) =="
     timeout 40 ncu --clock-control none --graph-profiling node -k regex:"rows_|decode_attention|moe_|norm_kernel|router|gemm_skinny" --launch-skip 500 --launch-count 16 \
-      --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size,launch__cluster_dim_x --csv \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size,launch__cluster_dim_x --csv --print-units base \
       "$B" --config qwen3-30b-a3b --batch $b --context 1024 --steps 3 --warmup 1 2>/dev/null |
       python3 -c '
 import csv, sys
@@ -24,7 +35,8 @@ for r in rows:
 for (id_, name), m in sorted(k.items()):
     d = float(m.get("gpu__time_duration.sum", 0)) / 1e3
     mb = float(m.get("dram__bytes_read.sum", 0)) / 1e6
-    print(f"{id_:4d} {name:40s} {d:8.2f} us {mb:8.2f} MB {mb / d / 1e3 if d else 0:6.2f} TB/s grid {m.get(\"launch__grid_size\", \"?\")} cluster {m.get(\"launch__cluster_dim_x\", \"?\")}")
+    g = m.get("launch__grid_size", "?"); c = m.get("launch__cluster_dim_x", "?")
+    print(f"{id_:4d} {name:40s} {d:8.2f} us {mb:8.2f} MB {mb / d / 1e3 if d else 0:6.2f} TB/s grid {g} cluster {c}")
 '
   done
 else
