@@ -34,14 +34,17 @@ namespace zest::cuda {
 namespace {
 
 constexpr int kConsumers = 4;                     // consumer warps 0-3; warps 4 .. 3 + P are the producers
-constexpr int threads(int P) { return (kConsumers + P) * 32; }
+// Then, with EPI, one epilogue warp (4 + P).
+constexpr int threads(int P, bool EPI) { return (kConsumers + P + (EPI ? 1 : 0)) * 32; }
+// Named barriers of the EPI variants: partial sums of buffer b written (kFullBar + b), read (kFreeBar + b).
+constexpr int kFullBar = 2, kFreeBar = 4;
 constexpr int kTileRows = 16;                     // weight rows of one mma m16 tile
 constexpr int kMaxTokG = 16;                      // tokens per pass: at most two n8 tiles
 constexpr int kPadBytes = 64;                     // after each shared row: rows g and g+1 fall in different banks
 constexpr int kWidthStep = 64;                    // H and I multiples of this: chunks are whole 32-wide k steps
 constexpr int kBarBytes = 1024;                   // mbarriers (full[NS], empty[NS], item_full[R], item_empty[R]), item words
 constexpr int kItemRing = 8;                      // R: items claimed and not yet taken by every warp of the CTA
-constexpr int kItemWords = 768;                   // byte offset of the item words [R] inside the barrier block
+constexpr int kItemWords = 768;                   // byte offset of the item words int4 [R] inside the barrier block
 // Shared memory before the ring: mbarriers, then partial sums (two buffers of [warp][MT * 8 values][lane]).
 constexpr int head_bytes(int MT) { return kBarBytes + 2 * kConsumers * MT * 8 * 32 * 4; }
 constexpr int kMaxExperts = 1024;
@@ -54,7 +57,7 @@ constexpr int kMaxExperts = 1024;
 template <int KC, int TG, int MT, bool BOX>
 struct Ring {
   static_assert(TG == 8 || TG == kMaxTokG, "one or two n8 tiles");
-  static_assert(MT == 1 || MT == 2, "one or two m16 tiles");
+  static_assert(MT == 1 || MT == 2 || MT == 4, "one, two or four m16 tiles");
   static_assert(!BOX || KC <= 256, "a tensor box has at most 256 columns");
   static constexpr int RA = kTileRows * MT;
   static constexpr int GU = 8 * MT;
@@ -184,6 +187,14 @@ __device__ __forceinline__ void consumer_sync() {
   asm volatile("bar.sync 1, %0;" ::"n"(kConsumers * 32) : "memory");
 }
 
+// The consumer warps and the epilogue warp (EPI variants) on named barrier `id`: wait, or arrive without waiting.
+__device__ __forceinline__ void epi_sync(int id) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "n"((kConsumers + 1) * 32) : "memory");
+}
+__device__ __forceinline__ void epi_arrive(int id) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "n"((kConsumers + 1) * 32) : "memory");
+}
+
 __device__ __forceinline__ void mma16816(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                          uint32_t b1) {
   asm volatile(
@@ -221,43 +232,171 @@ __device__ __forceinline__ Item decode_item(const StreamArgs& a, int item, int n
 // The CTA's sequence of items. Lane 0 of the claiming warp (the first producer warp) takes item numbers from the
 // plan's counter, in the order of the atomic adds of every CTA, and posts each into item word n % R (after the item
 // before it in that word has been taken by every other warp: item_empty, one arrival per reading warp), arriving on
-// item_full; the other warps wait on item_full and read it. A number >= total ends the sequence. The claiming warp
-// claims one item ahead, so the atomic's round trip overlaps the current item's copies.
+// item_full; the other warps wait on item_full and read it. A number >= total ends the sequence. Without AHEAD the
+// claiming warp claims one item ahead (the atomic's round trip overlaps the current item's copies) and every warp
+// loads an item's expert and token range itself; with AHEAD it claims two ahead, loads the next item's expert and
+// token range while the current one streams and posts them with the item, so no warp waits on a load when an item
+// starts.
+template <bool AHEAD>
 struct ItemFeed {
-  uint32_t bar;        // item_full[d] at bar + 8d, item_empty[d] at bar + 8 (R + d)
-  volatile int* word;  // [R]
+  uint32_t bar;     // item_full[d] at bar + 8d, item_empty[d] at bar + 8 (R + d)
+  int4* word;       // [R]: item, expert, first and end sorted position (AHEAD)
   uint32_t* counter;
-  uint32_t n;          // items taken so far
-  int ahead;           // the claiming warp's lane 0: the item claimed ahead
+  uint32_t n = 0;   // items taken so far
+  // The claiming warp's lane 0: the next item to post (with AHEAD its expert and token range, loaded), the one
+  // claimed after it.
+  int nxt = 0, nxt_e = 0, nxt_beg = 0, nxt_end = 0, after = 0;
 
   __device__ __forceinline__ int claim() const { return static_cast<int>(atomicAdd(counter, 1u)); }
 
-  // Claiming warp: posts the item claimed ahead (claims it first on the first call), claims the next one.
-  __device__ __forceinline__ int next_claiming(int lane, int total) {
-    int item = 0;
+  __device__ __forceinline__ void load(const StreamArgs& a, int n_gu, int gu_tiles, int dn_tiles) {
+    const Item it = decode_item(a, nxt, n_gu, gu_tiles, dn_tiles);
+    nxt_e = it.e;
+    nxt_beg = it.beg;
+    nxt_end = it.end;
+  }
+
+  __device__ __forceinline__ void post(int4 w) {
+    const int d = static_cast<int>(n % kItemRing);
+    mbar_wait(bar + 8 * (kItemRing + d), ((n / kItemRing) & 1u) ^ 1u);
+    word[d] = w;
+    mbar_arrive(bar + 8 * d);
+  }
+
+  // Claiming warp: posts the next item and claims ahead; every lane gets the item (and with AHEAD its range).
+  __device__ __forceinline__ int4 next_claiming(int lane, int total, const StreamArgs& a, int n_gu, int gu_tiles,
+                                                int dn_tiles) {
+    int4 w = make_int4(0, 0, 0, 0);
     if (lane == 0) {
-      item = n == 0 ? claim() : ahead;
-      const int d = static_cast<int>(n % kItemRing);
-      mbar_wait(bar + 8 * (kItemRing + d), ((n / kItemRing) & 1u) ^ 1u);
-      word[d] = item;
-      mbar_arrive(bar + 8 * d);
-      if (item < total) ahead = claim();
+      if (n == 0) {
+        nxt = claim();
+        if (AHEAD && nxt < total) {
+          load(a, n_gu, gu_tiles, dn_tiles);
+          after = claim();
+        }
+      }
+      w = make_int4(nxt, nxt_e, nxt_beg, nxt_end);
+      post(w);
+      if (nxt < total) {
+        if (AHEAD) {
+          nxt = after;
+          if (nxt < total) {
+            load(a, n_gu, gu_tiles, dn_tiles);  // used at the next post
+            after = claim();
+          }
+        } else {
+          nxt = claim();
+        }
+      }
     }
     ++n;
-    return __shfl_sync(0xffffffffu, item, 0);
+    w.x = __shfl_sync(0xffffffffu, w.x, 0);
+    if (AHEAD) {
+      w.y = __shfl_sync(0xffffffffu, w.y, 0);
+      w.z = __shfl_sync(0xffffffffu, w.z, 0);
+      w.w = __shfl_sync(0xffffffffu, w.w, 0);
+    }
+    return w;
   }
 
   // Every other warp: the next posted item.
-  __device__ __forceinline__ int next_reading(int lane) {
+  __device__ __forceinline__ int4 next_reading(int lane) {
     const int d = static_cast<int>(n % kItemRing);
     mbar_wait(bar + 8 * d, (n / kItemRing) & 1u);
-    const int item = word[d];
+    const int4 w = word[d];
     __syncwarp();
     if (lane == 0) mbar_arrive(bar + 8 * (kItemRing + d));
     ++n;
-    return item;
+    return w;
   }
 };
+
+// The item of a posted word: with AHEAD its expert and token range come with it, else they are loaded.
+template <bool AHEAD>
+__device__ __forceinline__ Item item_of(const StreamArgs& a, int4 w, int n_gu, int gu_tiles, int dn_tiles) {
+  if (!AHEAD) return decode_item(a, w.x, n_gu, gu_tiles, dn_tiles);
+  Item it;
+  it.gu = w.x < n_gu;
+  const int idx = it.gu ? w.x : w.x - n_gu;
+  const int tiles = it.gu ? gu_tiles : dn_tiles;
+  it.j = idx / tiles;
+  it.tile = idx - it.j * tiles;
+  it.e = w.y;
+  it.beg = w.z;
+  it.end = w.w;
+  return it;
+}
+
+// A down pass's slots and routing weights for the epilogue (lane (g, q) writes tokens n * 8 + 2q + i).
+struct PassOut {
+  int slot[2][2];
+  float w[2][2];
+};
+
+__device__ __forceinline__ PassOut load_pass_out(const StreamArgs& a, int c0, int nt, int q) {
+  PassOut o = {{{0, 0}, {0, 0}}, {{0.f, 0.f}, {0.f, 0.f}}};
+#pragma unroll
+  for (int n = 0; n < 2; ++n)
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int tk = n * 8 + q * 2 + i;
+      if (tk < nt) {
+        o.slot[n][i] = __ldg(a.plan.sorted_slots + c0 + tk);
+        o.w[n][i] = __ldg(a.route_w + o.slot[n][i]);
+      }
+    }
+  return o;
+}
+
+// One pass's outputs from the four consumer warps' partial sums rb [warp][MT * 8 values][lane], summed in fixed warp
+// order: gate/up -> h rows (SiLU(gate) * up, rounded as rows_mma does), down -> slot_out rows times the routing weight.
+template <int MT, int GU, int RA>
+__device__ __forceinline__ void pass_epilogue(const StreamArgs& a, const Item& it, int c0, int nt, const float* rb,
+                                              const PassOut& o, int lane) {
+  constexpr int kV = MT * 8;
+  const int g = lane >> 2, q = lane & 3;
+#pragma unroll
+  for (int m = 0; m < MT; ++m) {
+    float sum[8];
+#pragma unroll
+    for (int v = 0; v < 8; ++v) {
+      float x = rb[(m * 8 + v) * 32 + lane];
+#pragma unroll
+      for (int w = 1; w < kConsumers; ++w) x += rb[(w * kV + m * 8 + v) * 32 + lane];
+      sum[v] = x;
+    }
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      if (it.gu) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int tk = n * 8 + q * 2 + i;
+          if (tk >= nt) continue;
+          const float gt = bf16_round(sum[n * 4 + i]), up = bf16_round(sum[n * 4 + 2 + i]);
+          const float sl = bf16_round(gt / (1.f + __expf(-gt)));
+          a.h[static_cast<size_t>(c0 + tk) * a.I + it.tile * GU + m * 8 + g] = __float2bfloat16(sl * up);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int tk = n * 8 + q * 2 + (i & 1);
+          if (tk >= nt) continue;
+          const int row = it.tile * RA + m * kTileRows + g + (i >> 1) * 8;
+          a.slot_out[static_cast<size_t>(o.slot[n][i & 1]) * a.H + row] =
+              bf16_round(bf16_round(sum[n * 4 + i]) * o.w[n][i & 1]);
+        }
+      }
+    }
+  }
+}
+
+// After a gate/up item's last pass (one warp): publish its h rows to the copy engine of any CTA, then count the item.
+__device__ __forceinline__ void publish_item(const StreamArgs& a, int j, int lane) {
+  __threadfence();
+  fence_proxy_async_global();
+  __syncwarp();
+  if (lane == 0) red_release_add(a.plan.ready + j, 1u);
+}
 
 // Tensor maps of the BOX variants (unused otherwise): gate_up [E 2I, H] in boxes of KC x GU, down [E H, I] in boxes of
 // KC x RA, h [N K, I] in boxes of KC x TG.
@@ -265,11 +404,12 @@ struct StreamMaps {
   CUtensorMap gu, dn, h;
 };
 
-template <int KC, int NS, int TG, int MT, int P, int kMinBlocks, bool BOX, bool EVICT_FIRST>
-__global__ void __launch_bounds__(threads(P), kMinBlocks)
+template <int KC, int NS, int TG, int MT, int P, int kMinBlocks, bool BOX, bool EVICT_FIRST, bool AHEAD, bool EPI>
+__global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
     moe_stream_kernel(StreamArgs a, const __grid_constant__ StreamMaps maps) {
   using R = Ring<KC, TG, MT, BOX>;
   constexpr int RA = R::RA, GU = R::GU;
+  static_assert(BOX || 32 * P >= RA, "the producer lanes cover every weight row of a stage");
   extern __shared__ __align__(128) unsigned char smem[];
   float* red = reinterpret_cast<float*>(smem + kBarBytes);
   unsigned char* slots = smem + R::kHead;
@@ -277,9 +417,14 @@ __global__ void __launch_bounds__(threads(P), kMinBlocks)
   const uint32_t slot0 = smem_addr(slots);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int E = a.plan.experts;
-  // Item feed: the first producer warp claims, the other P - 1 producer warps and the consumers read.
-  ItemFeed feed{bar0 + 8 * 2 * NS, reinterpret_cast<volatile int*>(smem + kItemWords), a.plan.ready + E + 1, 0u, 0};
+  // Item feed: the first producer warp claims; the other P - 1 producer warps, the consumers and the epilogue warp
+  // read.
+  ItemFeed<AHEAD> feed;
+  feed.bar = bar0 + 8 * 2 * NS;
+  feed.word = reinterpret_cast<int4*>(smem + kItemWords);
+  feed.counter = a.plan.ready + E + 1;
   const bool claiming = warp == kConsumers;
+  const bool producer = warp >= kConsumers && warp < kConsumers + P;
   if (threadIdx.x == 0) {
     for (int s = 0; s < NS; ++s) {
       mbar_init(bar0 + 8 * s, P);
@@ -287,7 +432,7 @@ __global__ void __launch_bounds__(threads(P), kMinBlocks)
     }
     for (int d = 0; d < kItemRing; ++d) {
       mbar_init(feed.bar + 8 * d, 1);
-      mbar_init(feed.bar + 8 * (kItemRing + d), P - 1 + kConsumers);
+      mbar_init(feed.bar + 8 * (kItemRing + d), P - 1 + kConsumers + (EPI ? 1 : 0));
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -299,16 +444,16 @@ __global__ void __launch_bounds__(threads(P), kMinBlocks)
   const int n_gu = na * gu_tiles, total = n_gu + na * dn_tiles;
   uint32_t stage = 0;  // stages walked so far (the same count in every role)
 
-  if (BOX && warp >= kConsumers) {
+  if (BOX && producer) {
     // ---- producer warps, BOX: lane 0 of producer warp 0 copies the weight boxes (and a down pass's h box, after the
     // ready wait); gate/up token rows t = p + P l go by 1-D copies from every producer warp ----
     const uint64_t policy = EVICT_FIRST ? evict_first_policy() : evict_normal_policy();
     const int pw = warp - kConsumers;
     const int tb = pw + P * lane;
     for (;;) {
-      const int item = claiming ? feed.next_claiming(lane, total) : feed.next_reading(lane);
-      if (item >= total) break;
-      const Item it = decode_item(a, item, n_gu, gu_tiles, dn_tiles);
+      const int4 w = claiming ? feed.next_claiming(lane, total, a, n_gu, gu_tiles, dn_tiles) : feed.next_reading(lane);
+      if (w.x >= total) break;
+      const Item it = item_of<AHEAD>(a, w, n_gu, gu_tiles, dn_tiles);
       const int width = it.gu ? a.H : a.I;
       bool h_ready = it.gu;
       for (int c0 = it.beg; c0 < it.end; c0 += TG) {
@@ -354,7 +499,7 @@ __global__ void __launch_bounds__(threads(P), kMinBlocks)
         }
       }
     }
-  } else if (!BOX && warp >= kConsumers) {
+  } else if (!BOX && producer) {
     // ---- producer warps: warp p copies the stage rows p + P i (weight rows below RA, then token rows); lane l takes
     // row ri = p + P l when it is a weight row, and token row t = ri - RA (or ri + 32 P - RA) when t < TG. Each warp
     // arrives on the full barrier once per stage with its own byte count. ----
@@ -365,9 +510,9 @@ __global__ void __launch_bounds__(threads(P), kMinBlocks)
     const uint32_t b_row = static_cast<uint32_t>(RA + t);
     const uint32_t a_rows = __popc(__ballot_sync(0xffffffffu, has_a));
     for (;;) {
-      const int item = claiming ? feed.next_claiming(lane, total) : feed.next_reading(lane);
-      if (item >= total) break;
-      const Item it = decode_item(a, item, n_gu, gu_tiles, dn_tiles);
+      const int4 w = claiming ? feed.next_claiming(lane, total, a, n_gu, gu_tiles, dn_tiles) : feed.next_reading(lane);
+      if (w.x >= total) break;
+      const Item it = item_of<AHEAD>(a, w, n_gu, gu_tiles, dn_tiles);
       const int width = it.gu ? a.H : a.I;
       const bf16* wrow = nullptr;
       if (has_a) {
@@ -413,34 +558,41 @@ __global__ void __launch_bounds__(threads(P), kMinBlocks)
         }
       }
     }
-  } else {
+  } else if (EPI && warp == kConsumers + P) {
+    // ---- epilogue warp: reduces each pass's partial sums and writes its outputs while the consumers go on ----
+    const int q = lane & 3;
+    constexpr int kV = MT * 8;
+    uint32_t pass = 0;
+    for (;;) {
+      const int4 w = feed.next_reading(lane);
+      if (w.x >= total) break;
+      const Item it = item_of<AHEAD>(a, w, n_gu, gu_tiles, dn_tiles);
+      for (int c0 = it.beg; c0 < it.end; c0 += TG, ++pass) {
+        const int nt = min(TG, it.end - c0);
+        const PassOut o = it.gu ? PassOut{} : load_pass_out(a, c0, nt, q);
+        const int buf = static_cast<int>(pass & 1u);
+        epi_sync(kFullBar + buf);
+        pass_epilogue<MT, GU, RA>(a, it, c0, nt, red + buf * (kConsumers * kV * 32), o, lane);
+        epi_arrive(kFreeBar + buf);
+      }
+      if (it.gu) publish_item(a, it.j, lane);
+    }
+  } else if (warp < kConsumers) {
     // ---- consumer warps ----
     const int g = lane >> 2, q = lane & 3;
-    int buf = 0;
+    constexpr int kV = MT * 8;  // partial sums per lane and pass
+    uint32_t pass = 0;
     for (;;) {
-      const int item = feed.next_reading(lane);
-      if (item >= total) break;
-      const Item it = decode_item(a, item, n_gu, gu_tiles, dn_tiles);
+      const int4 w = feed.next_reading(lane);
+      if (w.x >= total) break;
+      const Item it = item_of<AHEAD>(a, w, n_gu, gu_tiles, dn_tiles);
       const int width = it.gu ? a.H : a.I;
-      for (int c0 = it.beg; c0 < it.end; c0 += TG) {
+      for (int c0 = it.beg; c0 < it.end; c0 += TG, ++pass) {
         const int nt = min(TG, it.end - c0);
         const bool two = TG > 8 && nt > 8;
-        // A down pass's slots and routing weights for warp 0's epilogue, loaded now so that their latency overlaps
-        // the pass instead of following it.
-        int ep_slot[2][2] = {{0, 0}, {0, 0}};
-        float ep_w[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
-        if (!it.gu && warp == 0) {
-#pragma unroll
-          for (int n = 0; n < 2; ++n)
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-              const int tk = n * 8 + q * 2 + i;
-              if (tk < nt) {
-                ep_slot[n][i] = __ldg(a.plan.sorted_slots + c0 + tk);
-                ep_w[n][i] = __ldg(a.route_w + ep_slot[n][i]);
-              }
-            }
-        }
+        // Without EPI, a down pass's slots and routing weights for warp 0's epilogue, loaded now so that their
+        // latency overlaps the pass instead of following it.
+        const PassOut o = !EPI && !it.gu && warp == 0 ? load_pass_out(a, c0, nt, q) : PassOut{};
         float acc[MT][2][4];
 #pragma unroll
         for (int m = 0; m < MT; ++m)
@@ -475,57 +627,24 @@ __global__ void __launch_bounds__(threads(P), kMinBlocks)
           __syncwarp();
           if (lane == 0) mbar_arrive(bar0 + 8 * (NS + s));
         }
-        // Partial sums of the four warps, reduced in fixed order by warp 0.
-        constexpr int kV = MT * 8;  // values per lane
+        // Partial sums of the four warps (double-buffered), reduced in fixed order by warp 0 or the epilogue warp.
+        const int buf = static_cast<int>(pass & 1u);
         float* rb = red + buf * (kConsumers * kV * 32);
+        if (EPI && pass >= 2) epi_sync(kFreeBar + buf);  // the epilogue warp has read this buffer two passes ago
 #pragma unroll
         for (int v = 0; v < kV; ++v) rb[(warp * kV + v) * 32 + lane] = acc[v >> 3][(v >> 2) & 1][v & 3];
-        consumer_sync();
-        if (warp == 0) {
-#pragma unroll
-          for (int m = 0; m < MT; ++m) {
-            float sum[8];
-#pragma unroll
-            for (int v = 0; v < 8; ++v) {
-              float x = rb[(m * 8 + v) * 32 + lane];
-#pragma unroll
-              for (int w = 1; w < kConsumers; ++w) x += rb[(w * kV + m * 8 + v) * 32 + lane];
-              sum[v] = x;
-            }
-#pragma unroll
-            for (int n = 0; n < 2; ++n) {
-              if (it.gu) {
-#pragma unroll
-                for (int i = 0; i < 2; ++i) {
-                  const int tk = n * 8 + q * 2 + i;
-                  if (tk >= nt) continue;
-                  const float gt = bf16_round(sum[n * 4 + i]), up = bf16_round(sum[n * 4 + 2 + i]);
-                  const float sl = bf16_round(gt / (1.f + __expf(-gt)));
-                  a.h[static_cast<size_t>(c0 + tk) * a.I + it.tile * GU + m * 8 + g] = __float2bfloat16(sl * up);
-                }
-              } else {
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                  const int tk = n * 8 + q * 2 + (i & 1);
-                  if (tk >= nt) continue;
-                  const int row = it.tile * RA + m * kTileRows + g + (i >> 1) * 8;
-                  a.slot_out[static_cast<size_t>(ep_slot[n][i & 1]) * a.H + row] =
-                      bf16_round(bf16_round(sum[n * 4 + i]) * ep_w[n][i & 1]);
-                }
-              }
-            }
-          }
+        if (EPI) {
+          epi_arrive(kFullBar + buf);
+        } else {
+          consumer_sync();
+          if (warp == 0) pass_epilogue<MT, GU, RA>(a, it, c0, nt, rb, o, lane);
         }
-        buf ^= 1;
       }
-      if (it.gu && warp == 0) {
-        // Publish this item's h rows to the copy engine of any CTA, then count the item.
-        __threadfence();
-        fence_proxy_async_global();
-        __syncwarp();
-        if (lane == 0) red_release_add(a.plan.ready + it.j, 1u);
-      }
+      if (!EPI && it.gu && warp == 0) publish_item(a, it.j, lane);
     }
+    // EPI: match the epilogue warp's last two releases of the buffers.
+    if (EPI)
+      for (uint32_t p = pass >= 2 ? pass - 2 : 0; p < pass; ++p) epi_sync(kFreeBar + static_cast<int>(p & 1u));
   }
 
   // The last CTA to finish clears the counters for the next launch.
@@ -559,14 +678,16 @@ Status make_map(CUtensorMap* map, const bf16* base, uint64_t rows, uint64_t cols
   return Status::ok();
 }
 
-template <int KC, int NS, int TG, int MT, int P, int kMinBlocks, bool BOX = false, bool EVICT_FIRST = true>
+template <int KC, int NS, int TG, int MT, int P, int kMinBlocks, bool BOX = false, bool EVICT_FIRST = true,
+          bool AHEAD = false, bool EPI = false>
 Status launch_stream(const StreamArgs& args, int max_active, cudaStream_t stream) {
   using R = Ring<KC, TG, MT, BOX>;
   constexpr size_t smem = R::kHead + static_cast<size_t>(NS) * R::kSlotBytes;
-  static_assert(8 * (2 * NS + 2 * kItemRing) <= kItemWords && kItemWords + 4 * kItemRing <= kBarBytes,
+  static_assert(8 * (2 * NS + 2 * kItemRing) <= kItemWords && kItemWords + 16 * kItemRing <= kBarBytes,
                 "mbarriers and item words do not fit");
   static_assert(smem <= 227 * 1024, "shared memory of one CTA");
-  const void* fn = reinterpret_cast<const void*>(moe_stream_kernel<KC, NS, TG, MT, P, kMinBlocks, BOX, EVICT_FIRST>);
+  const auto kernel = moe_stream_kernel<KC, NS, TG, MT, P, kMinBlocks, BOX, EVICT_FIRST, AHEAD, EPI>;
+  const void* fn = reinterpret_cast<const void*>(kernel);
   static bool configured = false;
   if (!configured) {
     ZEST_RETURN_IF_ERROR(cuda_status(
@@ -576,7 +697,7 @@ Status launch_stream(const StreamArgs& args, int max_active, cudaStream_t stream
   }
   int per_sm = 0;
   ZEST_RETURN_IF_ERROR(
-      cuda_status(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, threads(P), smem), "occupancy"));
+      cuda_status(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, threads(P, EPI), smem), "occupancy"));
   if (per_sm < 1) return unsupported("moe_experts_stream: the kernel does not fit on a multiprocessor");
   // As many CTAs as fit at once (items are claimed in order, so fewer resident CTAs only take longer).
   const int max_items = max_active * (args.I / R::GU + args.H / R::RA);
@@ -589,8 +710,7 @@ Status launch_stream(const StreamArgs& args, int max_active, cudaStream_t stream
     ZEST_RETURN_IF_ERROR(make_map(&maps.dn, args.down, static_cast<uint64_t>(E) * args.H, args.I, KC, R::RA));
     ZEST_RETURN_IF_ERROR(make_map(&maps.h, args.h, static_cast<uint64_t>(args.NK), args.I, KC, TG));
   }
-  return launch("moe_experts_stream", moe_stream_kernel<KC, NS, TG, MT, P, kMinBlocks, BOX, EVICT_FIRST>, dim3(grid),
-                dim3(threads(P)), smem, stream, args, maps);
+  return launch("moe_experts_stream", kernel, dim3(grid), dim3(threads(P, EPI)), smem, stream, args, maps);
 }
 
 __global__ void hold_kernel(int* started, const int* release) {
@@ -655,6 +775,12 @@ Status moe_experts_stream(const bf16* x, const MoePlan& plan, const float* weigh
     case 5: return launch_stream<256, 8, 16, 2, 2, 1, true>(args, max_active, stream);
     case 6: return launch_stream<512, 3, 16, 1, 2, 2>(args, max_active, stream);
     case 7: return launch_stream<256, 3, 16, 2, 4, 2>(args, max_active, stream);
+    case 8: return launch_stream<256, 3, 16, 2, 4, 2, false, true, true>(args, max_active, stream);
+    case 9: return launch_stream<256, 3, 16, 2, 4, 2, false, true, false, true>(args, max_active, stream);
+    case 10: return launch_stream<256, 3, 16, 2, 4, 2, false, true, true, true>(args, max_active, stream);
+    case 11: return launch_stream<256, 3, 16, 2, 1, 2, true, true, true, true>(args, max_active, stream);
+    case 12: return launch_stream<256, 2, 16, 4, 1, 2, true, true, true, true>(args, max_active, stream);
+    case 13: return launch_stream<128, 3, 16, 4, 4, 2, false, true, true, true>(args, max_active, stream);
     default: return launch_stream<512, 3, 16, 1, 4, 2>(args, max_active, stream);
   }
 }
