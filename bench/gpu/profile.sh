@@ -6,7 +6,38 @@
 B="$P/bench_decode_bench"
 [ -n "${NCU_ONLY:-}" ] || "$B" --config qwen3-30b-a3b --batch 1,8 --context 1024 --steps 30 --warmup 5 --profile 2>&1 | grep -v '^sere_reroute'
 [ -n "${NCU_ONLY:-}" ] || "$B" --config qwen3-30b-a3b --batch 1,8 --context 1024 --steps 30 --warmup 5 --pdl 0 2>&1 | grep -E 'batch|TPOT|tpot'
-if [ -n "${NCU_DETAIL:-}" ]; then
+if [ -n "${NCU_SOURCE:-}" ]; then
+  # Per-instruction warp stall samples of one launch of each named kernel (regex) at batch NCU_BATCH: the hottest
+  # SASS instructions in program order, with their share of all samples.
+  for k in $NCU_SOURCE; do
+    echo "== ncu source: $k, batch ${NCU_BATCH:-1} =="
+    timeout 90 ncu --clock-control none --graph-profiling node -k "regex:$k" --launch-skip 100 --launch-count 1 \
+      --section SourceCounters --section WarpStateStats --page source --print-source sass --csv \
+      "$B" --config qwen3-30b-a3b --batch "${NCU_BATCH:-1}" --context 1024 --steps 2 --warmup 1 2>/dev/null |
+      python3 -c '
+import csv, sys
+lines = [l for l in sys.stdin if l.startswith("\"")]
+rows = list(csv.reader(lines))
+hdr = rows[0]
+def col(*names):
+    for n in names:
+        for j, h in enumerate(hdr):
+            if h.startswith(n): return j
+    return None
+ja, js, jw = col("Address"), col("Source"), col("Warp Stall Sampling (All", "Warp Stall Sampling")
+body = [r for r in rows[1:] if len(r) == len(hdr)]
+def num(x):
+    try: return float(x.replace(",", ""))
+    except ValueError: return 0.0
+tot = sum(num(r[jw]) for r in body) or 1
+print(f"{len(body)} instructions, {tot:.0f} samples; columns: {hdr[ja]}, {hdr[jw]}")
+hot = sorted(range(len(body)), key=lambda i: -num(body[i][jw]))[:45]
+for i in sorted(hot):
+    r = body[i]
+    print(f"{i:5d} {r[ja]:>8s} {100 * num(r[jw]) / tot:5.1f}% {r[js][:90]}")
+'
+  done
+elif [ -n "${NCU_DETAIL:-}" ]; then
   # One launch of each named kernel (regex) at batch NCU_BATCH (default 1): where its warps stall.
   for k in $NCU_DETAIL; do
     echo "== ncu detail: $k, batch ${NCU_BATCH:-1} =="
