@@ -185,6 +185,7 @@ bool apply_variant(const std::string& spec) {
     else if (name == "gemm") set_decode_option(DecodeOption::kGemmVariant, value);
     else if (name == "route") set_decode_option(DecodeOption::kRouteFused, value);
     else if (name == "experts") set_decode_option(DecodeOption::kMoeKernel, value);
+    else if (name == "block") set_decode_option(DecodeOption::kMoeBlock, value);
     else return false;
   }
   return true;

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/moe_block.h"
 
 namespace zest::cuda {
 
@@ -216,6 +217,10 @@ Status SyntheticDecoder::init(const SyntheticConfig& cfg, const SyntheticOptions
   if (moe) {
     ZEST_RETURN_IF_ERROR(dev(moe_plan_bytes(opt.max_batch, cfg.top_k, cfg.experts), &plan_buf_));
     moe_plan_bind(plan_, plan_buf_, opt.max_batch, cfg.top_k, cfg.experts);
+    // moe_block_decode's workspace (steps of at most 8 tokens), zeroed once.
+    block_ws_bytes_ = moe_block_workspace_bytes(8, cfg.experts, cfg.top_k, cfg.expert_inter);
+    ZEST_RETURN_IF_ERROR(dev(block_ws_bytes_, &block_ws_));
+    ZEST_CU(cudaMemsetAsync(block_ws_, 0, block_ws_bytes_, stream_), "memset");
   }
   ZEST_CU(cudaMemsetAsync(step_counter_, 0, 4, stream_), "memset");
   ZEST_CU(cudaMemsetAsync(expert_counts_, 0, cfg.layers * sizeof(int64_t), stream_), "memset");
@@ -297,6 +302,15 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
               decode_attention(ap, qkv_, QKV, L.k_cache, L.v_cache, block_table_, ctx_lens_, attn_, ws, s));
     }
     ZEST_OP("o gemm", gemm(attn_, L.wo, o_, batch, H, c.q_heads * D, s));
+    // The MoE half of the layer in one launch (DecodeOption::kMoeBlock; nothing re-routes without SERE).
+    if (moe && !sere && block_ws_ && decode_option(DecodeOption::kMoeBlock) >= 1 &&
+        moe_block_ok(batch, H, c.experts, c.top_k, c.expert_inter)) {
+      ZEST_OP("moe block", moe_block_decode(x_, o_, L.post_norm, L.router, opt_.skew > 0.f ? L.router_bias : nullptr,
+                                            L.gate_up, L.down, next_norm, xn_, route_ids_, route_w_, nullptr,
+                                            expert_counts_ + l, block_ws_, block_ws_bytes_, batch, H, c.experts,
+                                            c.top_k, c.expert_inter, kEps, s));
+      continue;
+    }
     ZEST_OP("add + rmsnorm", add_rmsnorm(x_, o_, L.post_norm, xn_, batch, H, kEps, s));
     if (moe) {
       const int E = c.experts, K = c.top_k, I = c.expert_inter;
@@ -373,6 +387,7 @@ std::vector<std::string> SyntheticDecoder::op_labels(bool sere) const {
                                   "router gemm", "router top-k"};
   if (decode_option(DecodeOption::kAttentionKernel) >= 2) ops.push_back("decode attention (fused)");
   if (decode_option(DecodeOption::kRouteFused) >= 1) ops.push_back("router (fused)");
+  if (decode_option(DecodeOption::kMoeBlock) >= 1 && !sere) ops.push_back("moe block");
   if (sere) ops.push_back("sere");
   for (const char* o : {"moe plan", "moe experts", "moe combine + rmsnorm", "lm_head gemm"}) ops.push_back(o);
   return ops;
