@@ -20,7 +20,7 @@ constexpr int kMaxP = 4;        // experts per down buffer
 constexpr int kMaxH = kThreads * 8;
 constexpr int kMaxI = 1024;
 constexpr int kDownChunks = kMaxI / 32 / kWarps;  // down k chunks per warp at most
-constexpr int kGuRound = 8;     // gate/up k chunks in flight per warp
+constexpr int kGuRound = kMaxH / 32 / kWarps;  // gate/up k chunks per warp (all of an item's)
 constexpr int kRouterRows = 8;  // experts per router CTA
 constexpr int kRows = 16;       // weight rows per gate/up item and per down group
 constexpr uint64_t kWatchdogNs = 10'000'000'000ull;
@@ -410,49 +410,55 @@ __global__ void __launch_bounds__(kThreads, 1) moe_block_kernel(BlockParams p) {
                 &dbar[buf]);
     }
   };
-  if (warp == 0) {
-    if (loads > 0) issue(0);
-    if (loads > 1) issue(1);
-  }
 
-  // ---- B: gate/up items (active expert, 16 intermediate rows) (rows_mma_kernel's arithmetic, gate/up mode) ----
+  // ---- B: gate/up items (active expert, 16 intermediate rows) (rows_mma_kernel's arithmetic, gate/up mode). H <= 2048:
+  // a warp's k chunks of an item are one round of loads. The next item's loads are issued before the cross-warp
+  // reduction of the current one (double-buffered partial sums, one CTA barrier per item). ----
   {
     const int gu_tiles = I / kRows, items = na * gu_tiles, chunks = H / 32;
-    for (int item = b; item < items; item += G) {
+    uint4 lo[kGuRound][2], hi[kGuRound][2];
+    auto load_item = [&](int item) {
       const int j = item / gu_tiles, r0 = (item % gu_tiles) * kRows;
-      const int e = act_s[j], beg = off_s[j], nt = off_s[j + 1] - beg;
-      const bf16* w0 = p.gate_up + (static_cast<size_t>(e) * 2 * I + r0) * H;
-      const bf16* w1 = w0 + static_cast<size_t>(I) * H;
+      const bf16* w0 = p.gate_up + (static_cast<size_t>(act_s[j]) * 2 * I + r0) * H;
       const bf16* a_lo0 = w0 + static_cast<size_t>(g) * H + tq * 8;
       const bf16* a_hi0 = a_lo0 + static_cast<size_t>(8) * H;
-      const bf16* a_lo1 = w1 + static_cast<size_t>(g) * H + tq * 8;
+      const bf16* a_lo1 = a_lo0 + static_cast<size_t>(I) * H;
       const bf16* a_hi1 = a_lo1 + static_cast<size_t>(8) * H;
+#pragma unroll
+      for (int u = 0; u < kGuRound; ++u) {
+        const int c = warp + u * kWarps;
+        const size_t k = static_cast<size_t>(c) * 32;
+        const bool ok = c < chunks;
+        lo[u][0] = ok ? ld_stream(a_lo0 + k) : zero4;
+        hi[u][0] = ok ? ld_stream(a_hi0 + k) : zero4;
+        lo[u][1] = ok ? ld_stream(a_lo1 + k) : zero4;
+        hi[u][1] = ok ? ld_stream(a_hi1 + k) : zero4;
+      }
+    };
+    if (b < items) load_item(b);
+    if (warp == 0) {  // the first two down loads, behind the first gate/up item's
+      if (loads > 0) issue(0);
+      if (loads > 1) issue(1);
+    }
+    int rb = 0;
+    for (int item = b; item < items; item += G, rb ^= 1) {
+      const int j = item / gu_tiles, r0 = (item % gu_tiles) * kRows;
+      const int beg = off_s[j], nt = off_s[j + 1] - beg;
       const bf16* xb = g < nt ? xn_s + static_cast<size_t>(sorted_s[beg + g] / K) * H + tq * 8 : nullptr;
       float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-      for (int cb = warp; cb < chunks; cb += kWarps * kGuRound) {
-        uint4 lo[kGuRound][2], hi[kGuRound][2];
 #pragma unroll
-        for (int u = 0; u < kGuRound; ++u) {
-          const int c = cb + u * kWarps;
-          const size_t k = static_cast<size_t>(c) * 32;
-          const bool ok = c < chunks;
-          lo[u][0] = ok ? ld_stream(a_lo0 + k) : zero4;
-          hi[u][0] = ok ? ld_stream(a_hi0 + k) : zero4;
-          lo[u][1] = ok ? ld_stream(a_lo1 + k) : zero4;
-          hi[u][1] = ok ? ld_stream(a_hi1 + k) : zero4;
-        }
-#pragma unroll
-        for (int u = 0; u < kGuRound; ++u) {
-          const int c = cb + u * kWarps;
-          const uint4 xa = c < chunks && xb ? *reinterpret_cast<const uint4*>(xb + c * 32) : zero4;
-          mma_chunk(acc[0], lo[u][0], hi[u][0], xa);
-          mma_chunk(acc[1], lo[u][1], hi[u][1], xa);
-        }
+      for (int u = 0; u < kGuRound; ++u) {
+        const int c = warp + u * kWarps;
+        const uint4 xa = c < chunks && xb ? *reinterpret_cast<const uint4*>(xb + c * 32) : zero4;
+        mma_chunk(acc[0], lo[u][0], hi[u][0], xa);
+        mma_chunk(acc[1], lo[u][1], hi[u][1], xa);
       }
+      float* rr = red + rb * (kWarps * 8 * 32);
 #pragma unroll
       for (int m = 0; m < 2; ++m)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) red[(warp * 8 + m * 4 + i) * 32 + lane] = acc[m][i];
+        for (int i = 0; i < 4; ++i) rr[(warp * 8 + m * 4 + i) * 32 + lane] = acc[m][i];
+      if (item + G < items) load_item(item + G);
       __syncthreads();
       if (tid < 128) {
         const int v = tid >> 5, l = tid & 31;
@@ -461,15 +467,14 @@ __global__ void __launch_bounds__(kThreads, 1) moe_block_kernel(BlockParams p) {
           float sg = 0.f, su = 0.f;
 #pragma unroll
           for (int ww = 0; ww < kWarps; ++ww) {
-            sg += red[(ww * 8 + v) * 32 + l];
-            su += red[(ww * 8 + 4 + v) * 32 + l];
+            sg += rr[(ww * 8 + v) * 32 + l];
+            su += rr[(ww * 8 + 4 + v) * 32 + l];
           }
           const float gt = bf16_round(sg), up = bf16_round(su);
           const float sl = bf16_round(gt / (1.f + __expf(-gt)));
           p.h[static_cast<size_t>(beg + t) * I + row] = __float2bfloat16(sl * up);
         }
       }
-      __syncthreads();
     }
   }
   grid_barrier(p.sync + 2, epoch, true, b == 0, G, true);
@@ -580,7 +585,7 @@ Layout layout_for(int T, int H, int K, int I, int P) {
       std::max(static_cast<size_t>(kRouterRows) * (static_cast<size_t>(H) * 2 + 16), 2 * static_cast<size_t>(P) * tile);
   L.off_w = align128(static_cast<size_t>(T) * H * 2);
   L.off_red = align128(L.off_w + wbytes);
-  const size_t red = static_cast<size_t>(kWarps) * std::max(8, 4 * kMaxP) * 32 * 4;
+  const size_t red = static_cast<size_t>(kWarps) * std::max(2 * 8, 4 * kMaxP) * 32 * 4;  // gate/up: two buffers
   L.off_sval = align128(L.off_red + red);
   L.bytes = align128(L.off_sval + static_cast<size_t>(T) * K * kRows * 4);
   return L;
