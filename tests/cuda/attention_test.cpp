@@ -218,6 +218,157 @@ TEST(CudaDecodeAttention, BothPageLoopsMatchReference) {
   set_decode_option(DecodeOption::kAttentionKernel, default_decode_option(DecodeOption::kAttentionKernel));
 }
 
+// Host q/k RMSNorm + rotate-half RoPE of one head row (D = 128) with the kernels' bf16 roundings (eps 1e-6).
+void ref_norm_rope128(const float* x, const std::vector<float>& w, const double* p_axis, bool mrope, double theta,
+                      float* out) {
+  const int D = 128, half = 64;
+  double ss = 0;
+  for (int d = 0; d < D; ++d) ss += static_cast<double>(x[d]) * x[d];
+  const float inv = static_cast<float>(1.0 / std::sqrt(ss / D + kEps));
+  std::vector<float> n(D);
+  for (int d = 0; d < D; ++d) n[d] = round_bf16(round_bf16(x[d] * inv) * w[d]);
+  for (int j = 0; j < half; ++j) {
+    int axis = 0;
+    if (mrope && j % 3 == 1 && j < 60) axis = 1;
+    if (mrope && j % 3 == 2 && j < 60) axis = 2;
+    const double ang = p_axis[axis] / std::pow(theta, 2.0 * j / D);
+    const float cs = round_bf16(static_cast<float>(std::cos(ang))), sn = round_bf16(static_cast<float>(std::sin(ang)));
+    out[j] = round_bf16(n[j] * cs - n[j + half] * sn);
+    out[j + half] = round_bf16(n[j + half] * cs + n[j] * sn);
+  }
+}
+
+// decode_attention_fused with kAttentionKernel `variant` against a host reference: q/k norm + RoPE, the current
+// token's k/v stored at its slot (k within bf16 tolerance, v bit for bit) and attended, attention in double (output
+// within kTol = 2e-2 of max |ref|). The cache is random; rows past each sequence's context in its last page hold NaN
+// (never attended: no NaN may reach the output) and the current token's slot holds stale random values. A second
+// launch on the same workspace gives the same bits (counters reset).
+void run_fused_variant_case(int variant, const std::vector<int>& lens, int Hkv, bool mrope, std::mt19937& rng) {
+  const int B = static_cast<int>(lens.size()), D = 128, Hq = 8 * Hkv;
+  SCOPED_TRACE(testing::Message() << "variant " << variant << " B=" << B << " Hkv=" << Hkv << " mrope=" << mrope
+                                  << " first len=" << lens[0]);
+  const int max_ctx = *std::max_element(lens.begin(), lens.end());
+  const int max_blocks = (max_ctx + kKvBlock - 1) / kKvBlock + 1;
+  const int num_blocks = B * max_blocks;
+  std::vector<int32_t> bt(num_blocks);
+  std::iota(bt.begin(), bt.end(), 0);
+  std::shuffle(bt.begin(), bt.end(), rng);
+  const size_t cache_elems = static_cast<size_t>(num_blocks) * kKvBlock * Hkv * D;
+  auto kc = random_bf16(cache_elems, rng, -1.5f, 1.5f), vc = random_bf16(cache_elems, rng);
+  const uint16_t nan_bits = 0x7fc0;
+  for (int b = 0; b < B; ++b)
+    for (int t = lens[b]; t < (lens[b] + kKvBlock - 1) / kKvBlock * kKvBlock; ++t) {
+      const size_t off =
+          (static_cast<size_t>(bt[b * max_blocks + t / kKvBlock]) * kKvBlock + t % kKvBlock) * Hkv * D;
+      for (size_t i = 0; i < static_cast<size_t>(Hkv) * D; ++i) {
+        kc.bits[off + i] = vc.bits[off + i] = nan_bits;
+        kc.f[off + i] = vc.f[off + i] = NAN;
+      }
+    }
+  const int q_stride = (Hq + 2 * Hkv) * D;
+  auto qkv = random_bf16(static_cast<size_t>(B) * q_stride, rng, -2.f, 2.f);
+  auto qn = random_bf16(D, rng, 0.5f, 1.5f), kn = random_bf16(D, rng, 0.5f, 1.5f);
+  std::vector<int32_t> pos(3 * B), slots(B);
+  std::uniform_int_distribution<int> pd(0, 3000);
+  for (int b = 0; b < B; ++b) {
+    pos[b] = lens[b] - 1;
+    pos[B + b] = pd(rng);
+    pos[2 * B + b] = pd(rng);
+    const int p = lens[b] - 1;
+    slots[b] = bt[b * max_blocks + p / kKvBlock] * kKvBlock + p % kKvBlock;
+  }
+  RopeParams rope;
+  rope.theta = mrope ? 5e6f : 1e6f;
+  if (mrope) rope.section_h = rope.section_w = 20;
+  const int pos_stride = mrope ? B : 0;
+  DecodeAttention p;
+  p.batch = B;
+  p.q_heads = Hq;
+  p.kv_heads = Hkv;
+  p.max_context = max_ctx;
+  p.max_blocks = max_blocks;
+  p.scale = 1.f / std::sqrt(static_cast<float>(D));
+  set_decode_option(DecodeOption::kAttentionKernel, variant);
+  DevBuf<int32_t> dbt(bt), dlens(std::vector<int32_t>(lens.begin(), lens.end())), dpos(pos), dslots(slots);
+  auto dqn = upload_bf16(qn), dkn = upload_bf16(kn);
+  DevBuf<unsigned char> ws(decode_attention_workspace_bytes(p));
+  ASSERT_EQ(cudaMemset(ws.get(), 0, ws.size()), cudaSuccess);
+  auto dk = upload_bf16(kc), dv = upload_bf16(vc), dq = upload_bf16(qkv);
+  DevBuf<bf16> out(static_cast<size_t>(B) * Hq * D);
+  out.poison();
+  ZEST_ASSERT_OK(decode_attention_fused(p, dq->get(), q_stride, dqn->get(), dkn->get(), dpos.get(), pos_stride, rope,
+                                        dslots.get(), dk->get(), dv->get(), dbt.get(), dlens.get(), out.get(), ws.get(),
+                                        kEps, nullptr));
+  sync_ok();
+  const auto got = download_bf16(out);
+
+  std::vector<float> kref = kc.f, vref = vc.f, ref(got.size()), qh(D);
+  for (int b = 0; b < B; ++b) {
+    const double pa[3] = {static_cast<double>(pos[b]), static_cast<double>(pos[mrope ? B + b : b]),
+                          static_cast<double>(pos[mrope ? 2 * B + b : b])};
+    for (int h = 0; h < Hkv; ++h) {
+      const size_t dst = (static_cast<size_t>(slots[b]) * Hkv + h) * D;
+      ref_norm_rope128(&qkv.f[static_cast<size_t>(b) * q_stride + (Hq + h) * D], kn.f, pa, mrope, rope.theta,
+                       &kref[dst]);
+      for (int d = 0; d < D; ++d) vref[dst + d] = qkv.f[static_cast<size_t>(b) * q_stride + (Hq + Hkv + h) * D + d];
+    }
+    for (int h = 0; h < Hq; ++h) {
+      ref_norm_rope128(&qkv.f[static_cast<size_t>(b) * q_stride + h * D], qn.f, pa, mrope, rope.theta, qh.data());
+      std::vector<const float*> ks, vs;
+      for (int t = 0; t < lens[b]; ++t) {
+        const size_t off =
+            ((static_cast<size_t>(bt[b * max_blocks + t / kKvBlock]) * kKvBlock + t % kKvBlock) * Hkv + h / 8) * D;
+        ks.push_back(&kref[off]);
+        vs.push_back(&vref[off]);
+      }
+      ref_attend(qh.data(), ks, vs, D, p.scale, &ref[(static_cast<size_t>(b) * Hq + h) * D]);
+    }
+  }
+  ZEST_EXPECT_CLOSE(got, ref, kTol);
+  // The current tokens' k and v at their slots.
+  const auto kgot = download_bf16(*dk), vgot = download_bf16(*dv);
+  std::vector<float> kg, kr, vg, vr;
+  for (int b = 0; b < B; ++b)
+    for (size_t i = 0; i < static_cast<size_t>(Hkv) * D; ++i) {
+      const size_t at = static_cast<size_t>(slots[b]) * Hkv * D + i;
+      kg.push_back(kgot[at]);
+      kr.push_back(kref[at]);
+      vg.push_back(vgot[at]);
+      vr.push_back(vref[at]);
+    }
+  ZEST_EXPECT_CLOSE(kg, kr, kTol);
+  EXPECT_EQ(vg, vr);
+
+  ZEST_ASSERT_OK(decode_attention_fused(p, dq->get(), q_stride, dqn->get(), dkn->get(), dpos.get(), pos_stride, rope,
+                                        dslots.get(), dk->get(), dv->get(), dbt.get(), dlens.get(), out.get(), ws.get(),
+                                        kEps, nullptr));
+  sync_ok();
+  const auto again = download_bf16(out);
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(again[i], got[i]) << "element " << i;
+  set_decode_option(DecodeOption::kAttentionKernel, default_decode_option(DecodeOption::kAttentionKernel));
+}
+
+// Every fused variant (2: global merge, 3: cluster merge at small sizes, 4: bulk-copy ring with the global merge,
+// 5: the ring with the cluster merge): batch 1 (one page, odd lengths, a long context of 5000 tokens), mixed lengths
+// around page boundaries with M-RoPE, batch 8 and 37 at the decode benchmark's length, two kv-head groups
+// (Hkv = 8), and Hkv = 2 (the ring needs groups of 4: variants 4 and 5 fall back to the other kernel).
+TEST(CudaDecodeAttention, FusedVariantsMatchReference) {
+  ZEST_REQUIRE_GPU();
+  for (int variant : {4, 5, 2, 3}) {
+    std::mt19937 rng(41 + variant);
+    run_fused_variant_case(variant, {1}, 4, false, rng);
+    run_fused_variant_case(variant, {1025}, 4, false, rng);
+    run_fused_variant_case(variant, {5000}, 4, true, rng);
+    run_fused_variant_case(variant, {1, 15, 16, 17, 33, 64, 300, 1025}, 4, true, rng);
+    run_fused_variant_case(variant, std::vector<int>(8, 1025), 4, false, rng);
+    std::vector<int> mixed(37);
+    for (int i = 0; i < 37; ++i) mixed[i] = 1 + (i * 389) % 1100;
+    run_fused_variant_case(variant, mixed, 4, false, rng);
+    run_fused_variant_case(variant, {700, 2049, 3}, 8, false, rng);
+    run_fused_variant_case(variant, {129, 40}, 2, true, rng);
+  }
+}
+
 TEST(CudaDecodeAttention, RejectsOddHeadDim) {
   ZEST_REQUIRE_GPU();
   DecodeAttention p;

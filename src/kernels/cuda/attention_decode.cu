@@ -853,6 +853,422 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kern
   }
 }
 
+// ---- fused decode attention fed by a bulk-copy ring (kAttentionKernel 4 and 5; 4 kv heads per CTA) -------------
+// The paged cache stores a token's row with all its kv heads ([block][token][kv head][128]), so the 4 kv heads
+// [4 grp, 4 grp + 4) of one token are 1 KB of contiguous bytes. CTA (split, group, sequence), 5 warps:
+// - the producer warp copies every page of the split (16 token rows of K and 16 of V, 1 KB each, one
+//   cp.async.bulk per row and lane) into a ring of kRingStages shared-memory stages (rows padded to 1040 bytes so
+//   that ldmatrix is free of bank conflicts), completing on the stage's full mbarrier; the first stages are issued
+//   before the wait on the previous kernel, later ones when the four consumer warps have released the stage;
+// - consumer warp w serves kv head 4 grp + w and its 8 query heads over every page of the split: q/k RMSNorm +
+//   RoPE and the current token's k/v as in decode_attention_fused_kernel (the CTA whose split holds the current
+//   token patches that row of the stage), S^T = K q^T with K A fragments by ldmatrix, the online softmax,
+//   movmatrix and V^T P^T steps of mma_decode_pages; rows past the context are copies of the page's last valid
+//   row (finite values, masked scores, zero probabilities);
+// - every warp ends with a whole split partial of its 8 heads (no merge across warps); splits merge through
+//   global partials and a last-CTA merge of all 32 heads (kCluster false) or inside a thread-block cluster over
+//   distributed shared memory (kCluster true, at most 16 splits).
+constexpr int kRingHeads = 4;                                   // kv heads per CTA (one consumer warp each)
+constexpr int kRingStages = 3;
+constexpr int kRingRowCopy = kRingHeads * kHeadDim * 2;        // bytes of one token row's 4 heads
+constexpr int kRingRow = kRingRowCopy + 16;                     // padded row in shared memory
+constexpr int kRingStageBytes = 2 * kKvBlock * kRingRow;        // K rows, then V rows
+constexpr int kRingMaxSplits = 64;
+constexpr int kRingThreads = (kRingHeads + 1) * 32;
+constexpr int kRingQHeads = kRingHeads * 8;                     // query heads per CTA
+constexpr size_t kRingQOff = static_cast<size_t>(kRingStages) * kRingStageBytes;  // q_s [32][128] bf16
+constexpr size_t kRingKnOff = kRingQOff + kRingQHeads * kHeadDim * 2;            // kn_s [4][128], vn_s [4][128]
+constexpr size_t kRingBarOff = kRingKnOff + 2 * kRingHeads * kHeadDim * 2;       // full [S], empty [S]
+constexpr size_t kRingSmem = kRingBarOff + 2 * kRingStages * sizeof(uint64_t);
+static_assert(kRingQHeads * kHeadDim * sizeof(float) + 2 * kRingQHeads * sizeof(float) <= kRingQOff,
+              "the cluster partial fits in the ring");
+static_assert(2 * kRingQHeads * kRingMaxSplits * sizeof(float) <= kRingQOff, "the merge weights fit in the ring");
+
+__device__ __forceinline__ void ring_bar_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void ring_bar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+
+// norm_rope_head on a lane's 4 values (elements lane + 32 i) already in registers.
+__device__ __forceinline__ void norm_rope_vals(const float (&v)[4], const float* w4, const RopeLane& rl, float eps,
+                                               bf16* dst, bf16* kv_dst, int lane) {
+  constexpr int D = kHeadDim, half = D / 2;
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) ss += v[i] * v[i];
+  const float inv = rsqrtf(warp_sum(ss) / D + eps);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int j = lane + 32 * i;
+    const float a = bf16_round(bf16_round(v[i] * inv) * w4[i]);
+    const float b = bf16_round(bf16_round(v[i + 2] * inv) * w4[i + 2]);
+    const bf16 o1 = __float2bfloat16(a * rl.c[i] - b * rl.s[i]);
+    const bf16 o2 = __float2bfloat16(b * rl.c[i] + a * rl.s[i]);
+    dst[j] = o1;
+    dst[j + half] = o2;
+    if (kv_dst) {
+      kv_dst[j] = o1;
+      kv_dst[j + half] = o2;
+    }
+  }
+}
+
+template <bool kCluster>
+__global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
+    const bf16* __restrict__ qkv, int q_stride, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
+    const int32_t* __restrict__ block_table, int max_blocks, const int32_t* __restrict__ context_lens,
+    bf16* __restrict__ out, float* __restrict__ part, int* __restrict__ counters, int Hkv, int splits,
+    int pages_per_split, float scale, DecodeFuse f) {
+  constexpr int G = 8, D = kHeadDim, S = kRingStages, GH = kRingQHeads;
+  extern __shared__ __align__(128) unsigned char smem[];
+  bf16* q_s = reinterpret_cast<bf16*>(smem + kRingQOff);
+  bf16* kn_s = reinterpret_cast<bf16*>(smem + kRingKnOff);
+  bf16* vn_s = kn_s + kRingHeads * D;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kRingBarOff);
+  uint64_t* empty = full + S;
+  __shared__ int last_s;
+
+  const int split = blockIdx.x, grp = blockIdx.y, b = blockIdx.z;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, tq = lane & 3;
+  const int Hq = Hkv * G;
+  const int kvh0 = grp * kRingHeads;
+  const int ctx = context_lens[b];  // a step input, not written by the previous kernel
+  const int pg_begin = split * pages_per_split;
+  const int pg_end = min(pg_begin + pages_per_split, (ctx + kKvBlock - 1) / kKvBlock);
+  const int npages = max(0, pg_end - pg_begin);
+  const int new_pos = ctx - 1;
+  const int new_pg = new_pos >= 0 && new_pos / kKvBlock >= pg_begin && new_pos / kKvBlock < pg_end ? new_pos / kKvBlock
+                                                                                                  : -1;
+  const int32_t* table = block_table + static_cast<size_t>(b) * max_blocks;
+  const size_t row_stride = static_cast<size_t>(Hkv) * D;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) {
+      ring_bar_init(&full[s], 1);
+      ring_bar_init(&empty[s], kRingHeads);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  }
+  __syncthreads();
+
+  MmaState st;
+  if (warp == kRingHeads) {
+    // Producer: page pg_begin + i into stage i % S; lanes 0-15 copy K rows, lanes 16-31 V rows.
+    auto issue = [&](int i) {
+      const int s = i % S, pg = pg_begin + i;
+      const int blk = table[pg];
+      const int nv = min(kKvBlock, ctx - pg * kKvBlock);
+      if (lane == 0) mbar_arrive_expect_tx(&full[s], 2 * kKvBlock * kRingRowCopy);
+      __syncwarp();
+      const int r = lane & 15, row = min(r, nv - 1);
+      const bf16* src = (lane < 16 ? k_cache : v_cache) + (static_cast<size_t>(blk) * kKvBlock + row) * row_stride +
+                        static_cast<size_t>(kvh0) * D;
+      unsigned char* dst = smem + static_cast<size_t>(s) * kRingStageBytes + (lane < 16 ? 0 : kKvBlock * kRingRow) +
+                           r * kRingRow;
+      bulk_load(dst, src, kRingRowCopy, &full[s]);
+    };
+    const int pre = min(npages, S);
+    for (int i = 0; i < pre; ++i) issue(i);  // before the wait: the cache holds no value of this step yet
+    pdl_wait();
+    for (int i = S; i < npages; ++i) {
+      mbar_wait(&empty[i % S], ((i / S) - 1) & 1);
+      issue(i);
+    }
+  } else {
+    const int kvh = kvh0 + warp;
+    RopeLane rl;
+    float qw[4], kw[4];
+    {
+      float p_axis[3];
+      p_axis[0] = static_cast<float>(f.pos[b]);
+      p_axis[1] = static_cast<float>(f.pos[f.pos_stride + b]);
+      p_axis[2] = static_cast<float>(f.pos[2 * f.pos_stride + b]);
+      rl = rope_lane(p_axis, f.rope, lane);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        qw[i] = __bfloat162float(f.q_norm[lane + 32 * i]);
+        kw[i] = __bfloat162float(f.k_norm[lane + 32 * i]);
+      }
+    }
+    const int slot = new_pg >= 0 && f.slots ? f.slots[b] : -1;
+    pdl_wait();
+    const bf16* row = qkv + static_cast<size_t>(b) * q_stride;
+    {  // this kv head's 8 query heads (all loads issued first), then the current token's k and v in the owner CTA
+      float v[G][4];
+#pragma unroll
+      for (int h = 0; h < G; ++h)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) v[h][i] = __bfloat162float(row[static_cast<size_t>(kvh * G + h) * D + lane + 32 * i]);
+#pragma unroll
+      for (int h = 0; h < G; ++h) norm_rope_vals(v[h], qw, rl, f.eps, q_s + (warp * G + h) * D, nullptr, lane);
+      if (new_pg >= 0) {
+        const size_t dst = (static_cast<size_t>(slot) * Hkv + kvh) * D;
+        float kv4[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) kv4[i] = __bfloat162float(row[static_cast<size_t>(Hq + kvh) * D + lane + 32 * i]);
+        norm_rope_vals(kv4, kw, rl, f.eps, kn_s + warp * D, slot >= 0 ? k_cache + dst : nullptr, lane);
+        const bf16* vr = row + static_cast<size_t>(Hq + Hkv + kvh) * D;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const bf16 x = vr[lane + 32 * i];
+          vn_s[warp * D + lane + 32 * i] = x;
+          if (slot >= 0) v_cache[dst + lane + 32 * i] = x;
+        }
+      }
+    }
+    __syncwarp();
+    uint32_t qb[8][2];  // B fragments of q^T: head g, d = kc * 16 + 2 tq (+1), + 8
+#pragma unroll
+    for (int kc = 0; kc < 8; ++kc) {
+      const bf16* qr = q_s + (warp * G + g) * D + kc * 16 + 2 * tq;
+      qb[kc][0] = *reinterpret_cast<const uint32_t*>(qr);
+      qb[kc][1] = *reinterpret_cast<const uint32_t*>(qr + 8);
+    }
+    st.m[0] = st.m[1] = -INFINITY;
+    st.l[0] = st.l[1] = 0.f;
+#pragma unroll
+    for (int mt = 0; mt < 8; ++mt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) st.o[mt][i] = 0.f;
+    const int mi = lane >> 3, r8 = lane & 7;
+    // ldmatrix row addresses: K (non-transposed, rows = tokens) and V (transposed).
+    const uint32_t k_lane = (r8 + (mi & 1) * 8) * kRingRow + warp * D * 2 + (mi >> 1) * 16;
+    const uint32_t v_lane = (r8 + (mi >= 2 ? 8 : 0)) * kRingRow + warp * D * 2 + (mi & 1) * 16;
+    for (int i = 0; i < npages; ++i) {
+      const int s = i % S;
+      mbar_wait(&full[s], (i / S) & 1);
+      unsigned char* kst = smem + static_cast<size_t>(s) * kRingStageBytes;
+      unsigned char* vst = kst + kKvBlock * kRingRow;
+      const int pg = pg_begin + i;
+      const int nv = min(kKvBlock, ctx - pg * kKvBlock);
+      const int tn = pg == new_pg ? new_pos - pg * kKvBlock : -1;  // the current token's row in this page
+      if (tn >= 0) {  // its k and v over the (stale) copies of the cache row
+        const bf16* src = (lane < 16 ? kn_s : vn_s) + warp * D + (lane & 15) * 8;
+        unsigned char* dst = (lane < 16 ? kst : vst) + tn * kRingRow + warp * D * 2 + (lane & 15) * 16;
+        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+        __syncwarp();
+      }
+      float sc[4] = {0.f, 0.f, 0.f, 0.f};
+      const uint32_t ka = smem_addr(kst) + k_lane;
+#pragma unroll
+      for (int kc = 0; kc < 8; ++kc) {
+        uint32_t a0, a1, a2, a3;
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3)
+                     : "r"(ka + kc * 32));
+        mma16816(sc, a0, a1, a2, a3, qb[kc][0], qb[kc][1]);
+      }
+      const bool v0 = g < nv, v1 = g + 8 < nv;
+      float sv[4] = {v0 ? sc[0] * scale : -INFINITY, v0 ? sc[1] * scale : -INFINITY, v1 ? sc[2] * scale : -INFINITY,
+                     v1 ? sc[3] * scale : -INFINITY};
+      float pr[4], alpha[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mx = fmaxf(sv[h], sv[2 + h]);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+        const float m_new = fmaxf(st.m[h], mx);
+        const bool any = m_new != -INFINITY;
+        pr[h] = any && sv[h] != -INFINITY ? __expf(sv[h] - m_new) : 0.f;
+        pr[2 + h] = any && sv[2 + h] != -INFINITY ? __expf(sv[2 + h] - m_new) : 0.f;
+        float ps = pr[h] + pr[2 + h];
+        ps += __shfl_xor_sync(0xffffffffu, ps, 4);
+        ps += __shfl_xor_sync(0xffffffffu, ps, 8);
+        ps += __shfl_xor_sync(0xffffffffu, ps, 16);
+        alpha[h] = st.m[h] == -INFINITY ? 0.f : __expf(st.m[h] - m_new);
+        st.l[h] = st.l[h] * alpha[h] + ps;
+        st.m[h] = m_new;
+      }
+#pragma unroll
+      for (int mt = 0; mt < 8; ++mt) {
+        st.o[mt][0] *= alpha[0];
+        st.o[mt][1] *= alpha[1];
+        st.o[mt][2] *= alpha[0];
+        st.o[mt][3] *= alpha[1];
+      }
+      const uint32_t pb0 = movmatrix_trans(pack_bf16(pr[0], pr[1]));
+      const uint32_t pb1 = movmatrix_trans(pack_bf16(pr[2], pr[3]));
+      const uint32_t va = smem_addr(vst) + v_lane;
+#pragma unroll
+      for (int mt = 0; mt < 8; ++mt) {
+        uint32_t a0, a1, a2, a3;
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3)
+                     : "r"(va + mt * 32));
+        mma16816(st.o[mt], a0, a1, a2, a3, pb0, pb1);
+      }
+      // The patched row was written through the generic proxy; the stage's next bulk copy must come after it.
+      if (tn >= 0) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      __syncwarp();
+      if (lane == 0) ring_bar_arrive(&empty[s]);
+    }
+  }
+  __syncthreads();  // every stage consumed: the ring's bytes are free
+
+  if constexpr (kCluster) {
+    // This CTA's partial at the start of the ring: [32][128] sums, then M and L per query head.
+    float* cp = reinterpret_cast<float*>(smem);
+    float* cm = cp + GH * D;
+    float* cl = cm + GH;
+    if (warp < kRingHeads) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int hh = warp * G + 2 * tq + h;
+#pragma unroll
+        for (int mt = 0; mt < 8; ++mt) {
+          cp[hh * D + mt * 16 + g] = st.o[mt][h];
+          cp[hh * D + mt * 16 + g + 8] = st.o[mt][2 + h];
+        }
+        if (g == 0) {
+          cm[hh] = st.m[h];
+          cl[hh] = st.l[h];
+        }
+      }
+    }
+    cluster_arrive();
+    cluster_wait();
+    const int C = static_cast<int>(cluster_size()), rank = static_cast<int>(cluster_rank());
+    for (int idx = rank * static_cast<int>(blockDim.x) + threadIdx.x; idx < GH * D;
+         idx += C * static_cast<int>(blockDim.x)) {
+      const int hh = idx / D;
+      float ms[16], ls[16], as[16];
+#pragma unroll
+      for (int r = 0; r < 16; ++r) {
+        ms[r] = r < C ? ld_cluster_f32(cluster_map(cm + hh, r)) : -INFINITY;
+        ls[r] = r < C ? ld_cluster_f32(cluster_map(cl + hh, r)) : 0.f;
+        as[r] = r < C ? ld_cluster_f32(cluster_map(cp + idx, r)) : 0.f;
+      }
+      float M = -INFINITY;
+#pragma unroll
+      for (int r = 0; r < 16; ++r) M = fmaxf(M, ms[r]);
+      float L = 0.f;
+#pragma unroll
+      for (int r = 0; r < 16; ++r) {
+        ms[r] = M == -INFINITY ? 0.f : __expf(ms[r] - M);
+        L += ls[r] * ms[r];
+      }
+      const float inv = L > 0.f ? 1.f / L : 0.f;
+      float A = 0.f;
+#pragma unroll
+      for (int r = 0; r < 16; ++r) A += as[r] * (ms[r] * inv);
+      out[static_cast<size_t>(b) * Hq * D + static_cast<size_t>(kvh0) * G * D + idx] = __float2bfloat16(A);
+    }
+    cluster_arrive();  // no CTA leaves while another may still read its partial
+    cluster_wait();
+    return;
+  }
+
+  constexpr size_t part_stride = kPartStride;
+  if (warp < kRingHeads) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int qh = (kvh0 + warp) * G + 2 * tq + h;
+      float* pp = part + ((static_cast<size_t>(b) * Hq + qh) * splits + split) * part_stride;
+#pragma unroll
+      for (int mt = 0; mt < 8; ++mt) {
+        pp[4 + mt * 16 + g] = st.o[mt][h];
+        pp[4 + mt * 16 + g + 8] = st.o[mt][2 + h];
+      }
+      if (g == 0) {
+        pp[0] = st.m[h];
+        pp[1] = st.l[h];
+      }
+    }
+  }
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int* c = counters + b * Hkv + kvh0;
+    const int prev = atomicAdd(c, 1);
+    last_s = prev == splits - 1;
+    if (last_s) *c = 0;
+  }
+  __syncthreads();
+  if (!last_s) return;
+  __threadfence();
+  // Merge the splits of the 32 query heads (as decode_attention_kernel's merge, G = 32).
+  constexpr int kWarps = kRingThreads / 32;
+  float* wm = reinterpret_cast<float*>(smem);  // [32][kRingMaxSplits] M, then the weights
+  float* wl = wm + GH * kRingMaxSplits;        // [32][kRingMaxSplits] L
+  const float* pb = part + (static_cast<size_t>(b) * Hq + kvh0 * G) * splits * part_stride;
+  for (int i = threadIdx.x; i < GH * splits; i += blockDim.x) {
+    const int hh = i / splits, sp = i % splits;
+    wm[hh * kRingMaxSplits + sp] = __ldcg(pb + (static_cast<size_t>(hh) * splits + sp) * part_stride);
+    wl[hh * kRingMaxSplits + sp] = __ldcg(pb + (static_cast<size_t>(hh) * splits + sp) * part_stride + 1);
+  }
+  __syncthreads();
+  for (int hh = warp; hh < GH; hh += kWarps) {
+    float M = -INFINITY;
+    for (int sp = lane; sp < splits; sp += 32) M = fmaxf(M, wm[hh * kRingMaxSplits + sp]);
+    M = warp_max(M);
+    float L = 0.f;
+    for (int sp = lane; sp < splits; sp += 32) {
+      const float e = M == -INFINITY ? 0.f : __expf(wm[hh * kRingMaxSplits + sp] - M);
+      L += wl[hh * kRingMaxSplits + sp] * e;
+      wm[hh * kRingMaxSplits + sp] = e;
+    }
+    L = warp_sum(L);
+    const float inv = L > 0.f ? 1.f / L : 0.f;
+    __syncwarp();
+    for (int sp = lane; sp < splits; sp += 32) wm[hh * kRingMaxSplits + sp] *= inv;
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < GH * D / 4; idx += blockDim.x) {
+    const int hh = idx / (D / 4), d = (idx % (D / 4)) * 4;
+    const float* pp = pb + static_cast<size_t>(hh) * splits * part_stride + 4 + d;
+    const float* wg = wm + hh * kRingMaxSplits;
+    float4 A = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s0 = 0; s0 < splits; s0 += 8) {
+      float4 v[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u)
+        v[u] = s0 + u < splits ? __ldcg(reinterpret_cast<const float4*>(pp + (s0 + u) * part_stride))
+                               : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        if (s0 + u >= splits) break;
+        const float wv = wg[s0 + u];
+        A.x += v[u].x * wv;
+        A.y += v[u].y * wv;
+        A.z += v[u].z * wv;
+        A.w += v[u].w * wv;
+      }
+    }
+    bf16* o = out + static_cast<size_t>(b) * Hq * D + (kvh0 * G + hh) * D + d;
+    __nv_bfloat162 lo = __floats2bfloat162_rn(A.x, A.y), hi = __floats2bfloat162_rn(A.z, A.w);
+    uint2 pk;
+    pk.x = *reinterpret_cast<uint32_t*>(&lo);
+    pk.y = *reinterpret_cast<uint32_t*>(&hi);
+    *reinterpret_cast<uint2*>(o) = pk;
+  }
+}
+
+struct RingPlan {
+  int splits = 1, pages_per_split = 1;
+};
+
+// Splits of the ring kernel: about two CTAs per SM over all (sequence, kv-head group) pairs, at least 4 pages per
+// split with the global merge (its one merging CTA per sequence reads every split's partial) and 2 with the cluster
+// merge (at most 16 splits there, 64 otherwise).
+RingPlan ring_plan(const DecodeAttention& p, bool cluster) {
+  const int pages = std::max(1, (p.max_context + kKvBlock - 1) / kKvBlock);
+  const int units = std::max(1, p.batch * std::max(1, p.kv_heads / kRingHeads));
+  const int split_target = std::max(1, 2 * sm_count() / units);
+  int per = std::max(cluster ? 2 : 4, (pages + split_target - 1) / split_target);
+  per = std::max(per, (pages + (cluster ? 15 : kRingMaxSplits - 1)) / (cluster ? 16 : kRingMaxSplits));
+  per = std::min(per, pages);
+  RingPlan r;
+  r.pages_per_split = per;
+  r.splits = (pages + per - 1) / per;
+  return r;
+}
+
 // CTAs of decode_attention_kernel<G, false> resident per SM (3 from the launch bounds when the query fails). The
 // split plan (and so the workspace size) depends on this only, not on the page-loop variant.
 int decode_ctas_per_sm(int G) {
@@ -896,11 +1312,20 @@ SplitPlan split_plan(const DecodeAttention& p) {
 
 }  // namespace
 
+namespace {
+
+// Workspace: split partials (as many as the largest plan of any variant needs), then the (sequence, kv head)
+// counters at an offset that does not depend on the variant (a workspace may serve several).
+size_t counters_offset(const DecodeAttention& p) {
+  const int splits = std::max(split_plan(p).splits, ring_plan(p, false).splits);
+  const size_t parts = static_cast<size_t>(p.batch) * p.q_heads * splits * kPartStride * sizeof(float);
+  return (parts + 255) / 256 * 256;
+}
+
+}  // namespace
+
 size_t decode_attention_workspace_bytes(const DecodeAttention& p) {
-  const SplitPlan sp = split_plan(p);
-  const size_t parts = static_cast<size_t>(p.batch) * p.q_heads * sp.splits * kPartStride * sizeof(float);
-  const size_t counters = static_cast<size_t>(p.batch) * p.kv_heads * sizeof(int);
-  return (parts + 255) / 256 * 256 + counters;
+  return counters_offset(p) + static_cast<size_t>(p.batch) * p.kv_heads * sizeof(int);
 }
 
 Status decode_attention(const DecodeAttention& p, const bf16* q, int q_stride, const bf16* k_cache,
@@ -915,9 +1340,8 @@ Status decode_attention(const DecodeAttention& p, const bf16* q, int q_stride, c
                            p.batch, out, p.q_heads * p.head_dim, p.q_heads, p.kv_heads, p.head_dim, p.scale, stream);
   if (!workspace) return invalid_argument("decode_attention: workspace is null");
   const SplitPlan sp = split_plan(p);
-  const size_t parts = static_cast<size_t>(p.batch) * p.q_heads * sp.splits * kPartStride * sizeof(float);
   float* part = static_cast<float*>(workspace);
-  int* counters = reinterpret_cast<int*>(static_cast<char*>(workspace) + (parts + 255) / 256 * 256);
+  int* counters = reinterpret_cast<int*>(static_cast<char*>(workspace) + counters_offset(p));
   const dim3 grid(sp.splits, p.kv_heads, p.batch), block(kDecWarps * 32);
   const int G = p.q_heads / p.kv_heads;
   const bool q_aligned = q_stride % 8 == 0 && reinterpret_cast<uintptr_t>(q) % 16 == 0;
@@ -974,6 +1398,85 @@ bool cluster_attention_ok() {
   return ok == 1;
 }
 
+// The ring kernel serves groups of 4 kv heads and copies cache rows with 16-byte aligned bulk copies.
+bool ring_ok(const DecodeAttention& p, const bf16* k_cache, const bf16* v_cache) {
+  return p.kv_heads % kRingHeads == 0 && reinterpret_cast<uintptr_t>(k_cache) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(v_cache) % 16 == 0;
+}
+
+template <bool kCluster>
+bool ring_smem_set() {
+  static const bool ok = cudaFuncSetAttribute(decode_attention_ring_kernel<kCluster>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                              static_cast<int>(kRingSmem)) == cudaSuccess;
+  return ok;
+}
+
+// Whether clusters of `size` CTAs of the ring kernel can be scheduled (checked once per size).
+bool ring_cluster_ok(int size) {
+  static int ok[17] = {};
+  if (size < 1 || size > 16) return false;
+  if (ok[size] == 0) {
+    ok[size] = 2;
+    const void* fn = reinterpret_cast<const void*>(decode_attention_ring_kernel<true>);
+    if (ring_smem_set<true>() &&
+        cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(size);
+      cfg.blockDim = dim3(kRingThreads);
+      cfg.dynamicSmemBytes = kRingSmem;
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = size;
+      attr[0].val.clusterDim.y = 1;
+      attr[0].val.clusterDim.z = 1;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      int clusters = 0;
+      if (cudaOccupancyMaxActiveClusters(&clusters, decode_attention_ring_kernel<true>, &cfg) == cudaSuccess &&
+          clusters > 0)
+        ok[size] = 1;
+    }
+    cudaGetLastError();
+  }
+  return ok[size] == 1;
+}
+
+Status launch_ring(const DecodeAttention& p, const bf16* qkv, int q_stride, bf16* k_cache, bf16* v_cache,
+                   const int32_t* block_table, const int32_t* context_lens, bf16* out, float* part, int* counters,
+                   const DecodeFuse& f, bool cluster, cudaStream_t stream) {
+  const dim3 block(kRingThreads);
+  const int groups = p.kv_heads / kRingHeads;
+  if (cluster) {
+    const RingPlan rp = ring_plan(p, true);
+    if (ring_cluster_ok(rp.splits)) {
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(rp.splits, groups, p.batch);
+      cfg.blockDim = block;
+      cfg.dynamicSmemBytes = kRingSmem;
+      cfg.stream = stream;
+      cudaLaunchAttribute attr[2];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = rp.splits;
+      attr[0].val.clusterDim.y = 1;
+      attr[0].val.clusterDim.z = 1;
+      attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attr[1].val.programmaticStreamSerializationAllowed = 1;
+      cfg.attrs = attr;
+      cfg.numAttrs = programmatic_launch() ? 2 : 1;
+      return cuda_status(cudaLaunchKernelEx(&cfg, decode_attention_ring_kernel<true>, qkv, q_stride, k_cache, v_cache,
+                                            block_table, p.max_blocks, context_lens, out, part, counters, p.kv_heads,
+                                            rp.splits, rp.pages_per_split, p.scale, f),
+                         "decode_attention_fused (ring, cluster)");
+    }
+  }
+  if (!ring_smem_set<false>()) return internal_error("decode_attention_fused: ring kernel shared memory attribute");
+  const RingPlan rp = ring_plan(p, false);
+  return launch("decode_attention_fused (ring)", decode_attention_ring_kernel<false>, dim3(rp.splits, groups, p.batch),
+                block, kRingSmem, stream, qkv, q_stride, k_cache, v_cache, block_table, p.max_blocks, context_lens, out,
+                part, counters, p.kv_heads, rp.splits, rp.pages_per_split, p.scale, f);
+}
+
 }  // namespace
 
 bool decode_attention_fused_ok(const DecodeAttention& p, const bf16* qkv, int q_stride) {
@@ -993,10 +1496,13 @@ Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_s
     return invalid_argument("decode_attention_fused: null pointer");
   if (pos_stride < 0) return invalid_argument("decode_attention_fused: pos_stride must be >= 0");
   const SplitPlan sp = split_plan(p);
-  const size_t parts = static_cast<size_t>(p.batch) * p.q_heads * sp.splits * kPartStride * sizeof(float);
   float* part = static_cast<float*>(workspace);
-  int* counters = reinterpret_cast<int*>(static_cast<char*>(workspace) + (parts + 255) / 256 * 256);
+  int* counters = reinterpret_cast<int*>(static_cast<char*>(workspace) + counters_offset(p));
   DecodeFuse f{q_norm, k_norm, pos, pos_stride, rope, slot_mapping, eps};
+  const int variant = decode_option(DecodeOption::kAttentionKernel);
+  if ((variant == 4 || variant == 5) && ring_ok(p, k_cache, v_cache))
+    return launch_ring(p, qkv, q_stride, k_cache, v_cache, block_table, context_lens, out, part, counters, f,
+                       variant == 5, stream);
   const int pages = (p.max_context + kKvBlock - 1) / kKvBlock;
   // The cluster merge pays off at small batches (measured at batch 1: 13 splits of 5 pages); at batch 8 and 64 the
   // many CTAs of the forced 13+ splits cost more than the global merge saves.

@@ -362,3 +362,6 @@ Status scatter_rows(const bf16* src, const int32_t* idx, bf16* dst, int n, int h
 Status fill_random_bf16(bf16* p, size_t n, uint64_t seed, float lo, float hi, cudaStream_t stream);
 
 }  // namespace zest::cuda
+
+// The MoE half of a decode layer in one launch (moe_block_decode, moe_block_ok).
+#include "kernels/cuda/moe_block.h"
