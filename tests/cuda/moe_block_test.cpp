@@ -4,7 +4,8 @@
 // chain's rounding points and summation orders, so its outputs are expected to be the chain's bits; the assertions
 // allow: ids equal wherever the chain's top-k margin (K-th minus (K+1)-th probability) is above 1e-6, routing weights
 // within 1e-3, x and xn within 1e-2 * max |ref| (the count of differing bits is printed). Then: a second launch on the
-// same workspace gives the first one's bits (barrier generations), launches on two streams with two workspaces and a
+// same workspace gives the first one's bits (barrier generations), launches on two streams with two workspaces (the
+// caller's or the function's own) and a
 // CUDA graph replay (with programmatic launches) give the bits of the launch alone, and the shapes it refuses.
 #ifdef ZEST_HAVE_CUDA
 #include <cstdio>
@@ -53,13 +54,14 @@ struct Setup {
   DevBuf<float> w;
   DevBuf<int64_t> count;
   DevBuf<unsigned char> ws;
+  bool own_ws = false;  // pass no workspace: the function's own one for the stream
 
   // One launch: x reset to the inputs first (on `stream`) unless reset is false; outputs poisoned by the caller.
   Status launch(cudaStream_t stream, bool reset = true) {
     if (reset) reset_x(stream);
     return moe_block_decode(x.get(), o_d->get(), post->get(), router->get(), nullptr, gu->get(), dn->get(), next->get(),
-                            xn.get(), ids.get(), w.get(), logits.get(), count.get(), ws.get(), ws.size(), c.T, c.H,
-                            c.E, c.K, c.I, kEps, stream);
+                            xn.get(), ids.get(), w.get(), logits.get(), count.get(), own_ws ? nullptr : ws.get(),
+                            own_ws ? 0 : ws.size(), c.T, c.H, c.E, c.K, c.I, kEps, stream);
   }
 };
 
@@ -236,17 +238,21 @@ TEST(CudaMoeBlockRuns, TwoStreamsTwoWorkspaces) {
   check_against_chain(*a, &bits_a);
   check_against_chain(*b, &bits_b);
   Stream s1, s2;
-  poison(*a);
-  poison(*b);
-  for (int rep = 0; rep < 4; ++rep) {
-    ZEST_ASSERT_OK(a->launch(s1.s));
-    ZEST_ASSERT_OK(b->launch(s2.s));
+  for (bool own : {false, true}) {  // the caller's workspaces, then the function's own per stream
+    SCOPED_TRACE(own ? "own workspaces" : "caller's workspaces");
+    a->own_ws = b->own_ws = own;
+    poison(*a);
+    poison(*b);
+    for (int rep = 0; rep < 4; ++rep) {
+      ZEST_ASSERT_OK(a->launch(s1.s));
+      ZEST_ASSERT_OK(b->launch(s2.s));
+    }
+    sync_ok();
+    check_against_chain(*a, &got_a);
+    check_against_chain(*b, &got_b);
+    EXPECT_TRUE(got_a == bits_a) << "launches on two streams differ from the launch alone";
+    EXPECT_TRUE(got_b == bits_b) << "launches on two streams differ from the launch alone";
   }
-  sync_ok();
-  check_against_chain(*a, &got_a);
-  check_against_chain(*b, &got_b);
-  EXPECT_TRUE(got_a == bits_a) << "launches on two streams differ from the launch alone";
-  EXPECT_TRUE(got_b == bits_b) << "launches on two streams differ from the launch alone";
 }
 
 TEST(CudaMoeBlockRuns, GraphReplayWithProgrammaticLaunch) {

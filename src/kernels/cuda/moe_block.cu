@@ -2,6 +2,9 @@
 // phase is that of the kernels it replaces (norm_kernel, moe_route_kernel, rows_mma_kernel, the combine): the same
 // per-thread chunks, mma k order, warp split of k and fixed-order cross-warp sums, so the results are the chain's bits.
 #include <algorithm>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/common.cuh"
@@ -645,6 +648,40 @@ int pdl_state = -1;  // -1 unknown, 0 no, 1 yes
 
 size_t align256(size_t v) { return (v + 255) / 256 * 256; }
 
+// Workspaces that moe_block_decode keeps itself for callers that pass none: one per stream (launches on one stream run
+// in order), allocated and zeroed outside stream capture at the first launch that needs it (then kept for the
+// process; a graph captured later reuses it).
+Status stream_workspace(cudaStream_t stream, size_t bytes, void** out) {
+  static std::mutex mu;
+  static std::map<cudaStream_t, std::pair<void*, size_t>> spaces;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& e = spaces[stream];
+  if (e.second >= bytes) {
+    *out = e.first;
+    return Status::ok();
+  }
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  ZEST_RETURN_IF_ERROR(cuda_status(cudaStreamIsCapturing(stream, &cap), "moe_block_decode"));
+  if (cap != cudaStreamCaptureStatusNone)
+    return unsupported("moe_block_decode: no workspace for this stream yet (first launch inside a capture)");
+  if (e.first) {
+    ZEST_RETURN_IF_ERROR(cuda_status(cudaStreamSynchronize(stream), "moe_block_decode"));
+    cudaFree(e.first);
+    e = {nullptr, 0};
+  }
+  const size_t sized = std::max<size_t>(bytes, moe_block_workspace_bytes(kMaxT, kMaxE, kMaxK, kMaxI));
+  void* p = nullptr;
+  ZEST_RETURN_IF_ERROR(cuda_status(cudaMalloc(&p, sized), "moe_block_decode workspace"));
+  const cudaError_t z = cudaMemsetAsync(p, 0, sized, stream);
+  if (z != cudaSuccess) {
+    cudaFree(p);
+    return cuda_status(z, "moe_block_decode workspace");
+  }
+  e = {p, sized};
+  *out = p;
+  return Status::ok();
+}
+
 }  // namespace
 
 bool moe_block_ok(int T, int H, int E, int K, int I) {
@@ -671,8 +708,12 @@ Status moe_block_decode(bf16* x, const bf16* o, const bf16* post_norm, const bf1
                             "to 2048, I a multiple of 32 up to 1024 and a device with cooperative launches (T=" +
                             std::to_string(T) + " H=" + std::to_string(H) + " E=" + std::to_string(E) + " K=" +
                             std::to_string(K) + " I=" + std::to_string(I) + ")");
-  if (!x || !o || !post_norm || !router_w || !gate_up || !down || !xn || !ids || !weights || !workspace)
+  if (!x || !o || !post_norm || !router_w || !gate_up || !down || !xn || !ids || !weights)
     return invalid_argument("moe_block_decode: null pointer");
+  if (!workspace) {
+    workspace_bytes = moe_block_workspace_bytes(T, E, K, I);
+    ZEST_RETURN_IF_ERROR(stream_workspace(stream, workspace_bytes, &workspace));
+  }
   if (workspace_bytes < moe_block_workspace_bytes(T, E, K, I))
     return invalid_argument("moe_block_decode: workspace too small");
   const Layout L = pick_layout(T, H, K, I);

@@ -16,7 +16,9 @@
 //      shared memory) and combines them with the residual for those columns;
 //   D. CTA t < T normalises row t.
 // The workspace (moe_block_workspace_bytes) must be zero-filled once when allocated; it is never reset afterwards
-// (barrier generations). Launches that may run at the same time (two streams) need two workspaces.
+// (barrier generations). Launches that may run at the same time (two streams) need two workspaces. With
+// workspace == nullptr the function uses one of its own per stream (allocated at the first such launch on the
+// stream, which must not be inside a stream capture).
 #pragma once
 #include "kernels/cuda/kernels.h"
 
