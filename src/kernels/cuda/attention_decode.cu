@@ -888,6 +888,15 @@ __device__ __forceinline__ void ring_bar_init(uint64_t* bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
 }
 
+__device__ __forceinline__ float4 ld_cluster_f32x4(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0,%1,%2,%3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+}
+
 __device__ __forceinline__ void ring_bar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
@@ -1053,7 +1062,8 @@ __global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
         *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
         __syncwarp();
       }
-      float sc[4] = {0.f, 0.f, 0.f, 0.f};
+      // Two accumulator chains (even and odd head-dimension chunks) halve the dependent mma latency.
+      float sc[4] = {0.f, 0.f, 0.f, 0.f}, sc2[4] = {0.f, 0.f, 0.f, 0.f};
       const uint32_t ka = smem_addr(kst) + k_lane;
 #pragma unroll
       for (int kc = 0; kc < 8; ++kc) {
@@ -1061,8 +1071,10 @@ __global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
         asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                      : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3)
                      : "r"(ka + kc * 32));
-        mma16816(sc, a0, a1, a2, a3, qb[kc][0], qb[kc][1]);
+        mma16816(kc & 1 ? sc2 : sc, a0, a1, a2, a3, qb[kc][0], qb[kc][1]);
       }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) sc[i] += sc2[i];
       const bool v0 = g < nv, v1 = g + 8 < nv;
       float sv[4] = {v0 ? sc[0] * scale : -INFINITY, v0 ? sc[1] * scale : -INFINITY, v1 ? sc[2] * scale : -INFINITY,
                      v1 ? sc[3] * scale : -INFINITY};
@@ -1133,16 +1145,18 @@ __global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
     }
     cluster_arrive();
     cluster_wait();
+    // Four consecutive outputs per thread (16-byte loads from every CTA of the cluster), splits in rank order.
     const int C = static_cast<int>(cluster_size()), rank = static_cast<int>(cluster_rank());
-    for (int idx = rank * static_cast<int>(blockDim.x) + threadIdx.x; idx < GH * D;
-         idx += C * static_cast<int>(blockDim.x)) {
-      const int hh = idx / D;
-      float ms[16], ls[16], as[16];
+    for (int idx4 = rank * static_cast<int>(blockDim.x) + threadIdx.x; idx4 < GH * D / 4;
+         idx4 += C * static_cast<int>(blockDim.x)) {
+      const int hh = idx4 / (D / 4);
+      float ms[16], ls[16];
+      float4 as[16];
 #pragma unroll
       for (int r = 0; r < 16; ++r) {
         ms[r] = r < C ? ld_cluster_f32(cluster_map(cm + hh, r)) : -INFINITY;
         ls[r] = r < C ? ld_cluster_f32(cluster_map(cl + hh, r)) : 0.f;
-        as[r] = r < C ? ld_cluster_f32(cluster_map(cp + idx, r)) : 0.f;
+        as[r] = r < C ? ld_cluster_f32x4(cluster_map(cp + idx4 * 4, r)) : make_float4(0.f, 0.f, 0.f, 0.f);
       }
       float M = -INFINITY;
 #pragma unroll
@@ -1154,10 +1168,21 @@ __global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
         L += ls[r] * ms[r];
       }
       const float inv = L > 0.f ? 1.f / L : 0.f;
-      float A = 0.f;
+      float4 A = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-      for (int r = 0; r < 16; ++r) A += as[r] * (ms[r] * inv);
-      out[static_cast<size_t>(b) * Hq * D + static_cast<size_t>(kvh0) * G * D + idx] = __float2bfloat16(A);
+      for (int r = 0; r < 16; ++r) {
+        const float w = ms[r] * inv;
+        A.x += as[r].x * w;
+        A.y += as[r].y * w;
+        A.z += as[r].z * w;
+        A.w += as[r].w * w;
+      }
+      const __nv_bfloat162 lo = __floats2bfloat162_rn(A.x, A.y), hi = __floats2bfloat162_rn(A.z, A.w);
+      uint2 pk;
+      pk.x = *reinterpret_cast<const uint32_t*>(&lo);
+      pk.y = *reinterpret_cast<const uint32_t*>(&hi);
+      *reinterpret_cast<uint2*>(out + static_cast<size_t>(b) * Hq * D + static_cast<size_t>(kvh0) * G * D +
+                                idx4 * 4) = pk;
     }
     cluster_arrive();  // no CTA leaves while another may still read its partial
     cluster_wait();
