@@ -988,6 +988,14 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
                                              st));
     }
     ZEST_RETURN_IF_ERROR(gemm(s.attn, Ly.wo, s.o, T, H_, Hq_ * D_, st));
+    // The MoE half of a decode layer in one launch (DecodeOption::kMoeBlock, moe_block.h) when nothing re-routes and
+    // no DeepStack rows follow the layer: x, xn, ids, weights and the router logits as the chain below leaves them.
+    if (Ly.moe && decode_only && l >= nds && decode_option(DecodeOption::kMoeBlock) >= 1 &&
+        (!hooks || (!hooks->route && !hooks->moe_input && !hooks->reroute)) && moe_block_ok(T, H_, E_, K_, I_)) {
+      ZEST_RETURN_IF_ERROR(moe_block_decode(s.x, s.o, Ly.post_norm, Ly.router, nullptr, Ly.gate_up, Ly.down, next, s.xn,
+                                            s.ids, s.route_w, s.rl, nullptr, nullptr, 0, T, H_, E_, K_, I_, eps_, st));
+      continue;
+    }
     ZEST_RETURN_IF_ERROR(add_rmsnorm(s.x, s.o, Ly.post_norm, s.xn, T, H_, eps_, st));
     const bool ds = l < nds;
     if (Ly.moe) {
