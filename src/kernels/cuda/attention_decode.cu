@@ -857,7 +857,7 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kern
 // The paged cache stores a token's row with all its kv heads ([block][token][kv head][128]), so the 4 kv heads
 // [4 grp, 4 grp + 4) of one token are 1 KB of contiguous bytes. CTA (split, group, sequence), 5 warps:
 // - the producer warp copies every page of the split (16 token rows of K and 16 of V, 1 KB each, one
-//   cp.async.bulk per row and lane) into a ring of kRingStages shared-memory stages (rows padded to 1040 bytes so
+//   cp.async.bulk per row and lane) into a ring of kStages shared-memory stages (rows padded to 1040 bytes so
 //   that ldmatrix is free of bank conflicts), completing on the stage's full mbarrier; the first stages are issued
 //   before the wait on the previous kernel, later ones when the four consumer warps have released the stage;
 // - consumer warp w serves kv head 4 grp + w and its 8 query heads over every page of the split: q/k RMSNorm +
@@ -869,20 +869,21 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kern
 //   global partials and a last-CTA merge of all 32 heads (kCluster false) or inside a thread-block cluster over
 //   distributed shared memory (kCluster true, at most 16 splits).
 constexpr int kRingHeads = 4;                                   // kv heads per CTA (one consumer warp each)
-constexpr int kRingStages = 3;
 constexpr int kRingRowCopy = kRingHeads * kHeadDim * 2;        // bytes of one token row's 4 heads
 constexpr int kRingRow = kRingRowCopy + 16;                     // padded row in shared memory
 constexpr int kRingStageBytes = 2 * kKvBlock * kRingRow;        // K rows, then V rows
 constexpr int kRingMaxSplits = 64;
 constexpr int kRingThreads = (kRingHeads + 1) * 32;
 constexpr int kRingQHeads = kRingHeads * 8;                     // query heads per CTA
-constexpr size_t kRingQOff = static_cast<size_t>(kRingStages) * kRingStageBytes;  // q_s [32][128] bf16
-constexpr size_t kRingKnOff = kRingQOff + kRingQHeads * kHeadDim * 2;            // kn_s [4][128], vn_s [4][128]
-constexpr size_t kRingBarOff = kRingKnOff + 2 * kRingHeads * kHeadDim * 2;       // full [S], empty [S]
-constexpr size_t kRingSmem = kRingBarOff + 2 * kRingStages * sizeof(uint64_t);
-static_assert(kRingQHeads * kHeadDim * sizeof(float) + 2 * kRingQHeads * sizeof(float) <= kRingQOff,
+// Dynamic shared memory of a ring of S stages: the stages, q_s [32][128] bf16, kn_s and vn_s [4][128] bf16, then the
+// full [S] and empty [S] mbarriers.
+constexpr size_t ring_q_off(int S) { return static_cast<size_t>(S) * kRingStageBytes; }
+constexpr size_t ring_kn_off(int S) { return ring_q_off(S) + kRingQHeads * kHeadDim * 2; }
+constexpr size_t ring_bar_off(int S) { return ring_kn_off(S) + 2 * kRingHeads * kHeadDim * 2; }
+constexpr size_t ring_smem(int S) { return ring_bar_off(S) + 2 * S * sizeof(uint64_t); }
+static_assert(kRingQHeads * kHeadDim * sizeof(float) + 2 * kRingQHeads * sizeof(float) <= ring_q_off(2),
               "the cluster partial fits in the ring");
-static_assert(2 * kRingQHeads * kRingMaxSplits * sizeof(float) <= kRingQOff, "the merge weights fit in the ring");
+static_assert(2 * kRingQHeads * kRingMaxSplits * sizeof(float) <= ring_q_off(2), "the merge weights fit in the ring");
 
 __device__ __forceinline__ void ring_bar_init(uint64_t* bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
@@ -925,18 +926,18 @@ __device__ __forceinline__ void norm_rope_vals(const float (&v)[4], const float*
   }
 }
 
-template <bool kCluster>
+template <bool kCluster, int kStages>
 __global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
     const bf16* __restrict__ qkv, int q_stride, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
     const int32_t* __restrict__ block_table, int max_blocks, const int32_t* __restrict__ context_lens,
     bf16* __restrict__ out, float* __restrict__ part, int* __restrict__ counters, int Hkv, int splits,
     int pages_per_split, float scale, DecodeFuse f) {
-  constexpr int G = 8, D = kHeadDim, S = kRingStages, GH = kRingQHeads;
+  constexpr int G = 8, D = kHeadDim, S = kStages, GH = kRingQHeads;
   extern __shared__ __align__(128) unsigned char smem[];
-  bf16* q_s = reinterpret_cast<bf16*>(smem + kRingQOff);
-  bf16* kn_s = reinterpret_cast<bf16*>(smem + kRingKnOff);
+  bf16* q_s = reinterpret_cast<bf16*>(smem + ring_q_off(S));
+  bf16* kn_s = reinterpret_cast<bf16*>(smem + ring_kn_off(S));
   bf16* vn_s = kn_s + kRingHeads * D;
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kRingBarOff);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + ring_bar_off(S));
   uint64_t* empty = full + S;
   __shared__ int last_s;
 
@@ -1278,13 +1279,13 @@ struct RingPlan {
   int splits = 1, pages_per_split = 1;
 };
 
-// Splits of the ring kernel: about two CTAs per SM over all (sequence, kv-head group) pairs, at least 4 pages per
+// Splits of the ring kernel: about ctas_per_sm CTAs per SM over all (sequence, kv-head group) pairs, at least 4 pages per
 // split with the global merge (its one merging CTA per sequence reads every split's partial) and 2 with the cluster
 // merge (at most 16 splits there, 64 otherwise).
-RingPlan ring_plan(const DecodeAttention& p, bool cluster) {
+RingPlan ring_plan(const DecodeAttention& p, bool cluster, int ctas_per_sm = 2) {
   const int pages = std::max(1, (p.max_context + kKvBlock - 1) / kKvBlock);
   const int units = std::max(1, p.batch * std::max(1, p.kv_heads / kRingHeads));
-  const int split_target = std::max(1, 2 * sm_count() / units);
+  const int split_target = std::max(1, ctas_per_sm * sm_count() / units);
   int per = std::max(cluster ? 2 : 4, (pages + split_target - 1) / split_target);
   per = std::max(per, (pages + (cluster ? 15 : kRingMaxSplits - 1)) / (cluster ? 16 : kRingMaxSplits));
   per = std::min(per, pages);
@@ -1429,27 +1430,28 @@ bool ring_ok(const DecodeAttention& p, const bf16* k_cache, const bf16* v_cache)
          reinterpret_cast<uintptr_t>(v_cache) % 16 == 0;
 }
 
-template <bool kCluster>
+template <bool kCluster, int S>
 bool ring_smem_set() {
-  static const bool ok = cudaFuncSetAttribute(decode_attention_ring_kernel<kCluster>,
+  static const bool ok = cudaFuncSetAttribute(decode_attention_ring_kernel<kCluster, S>,
                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              static_cast<int>(kRingSmem)) == cudaSuccess;
+                                              static_cast<int>(ring_smem(S))) == cudaSuccess;
   return ok;
 }
 
 // Whether clusters of `size` CTAs of the ring kernel can be scheduled (checked once per size).
+template <int S>
 bool ring_cluster_ok(int size) {
   static int ok[17] = {};
   if (size < 1 || size > 16) return false;
   if (ok[size] == 0) {
     ok[size] = 2;
-    const void* fn = reinterpret_cast<const void*>(decode_attention_ring_kernel<true>);
-    if (ring_smem_set<true>() &&
+    const void* fn = reinterpret_cast<const void*>(decode_attention_ring_kernel<true, S>);
+    if (ring_smem_set<true, S>() &&
         cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
       cudaLaunchConfig_t cfg = {};
       cfg.gridDim = dim3(size);
       cfg.blockDim = dim3(kRingThreads);
-      cfg.dynamicSmemBytes = kRingSmem;
+      cfg.dynamicSmemBytes = ring_smem(S);
       cudaLaunchAttribute attr[1];
       attr[0].id = cudaLaunchAttributeClusterDimension;
       attr[0].val.clusterDim.x = size;
@@ -1458,7 +1460,7 @@ bool ring_cluster_ok(int size) {
       cfg.attrs = attr;
       cfg.numAttrs = 1;
       int clusters = 0;
-      if (cudaOccupancyMaxActiveClusters(&clusters, decode_attention_ring_kernel<true>, &cfg) == cudaSuccess &&
+      if (cudaOccupancyMaxActiveClusters(&clusters, decode_attention_ring_kernel<true, S>, &cfg) == cudaSuccess &&
           clusters > 0)
         ok[size] = 1;
     }
@@ -1467,18 +1469,22 @@ bool ring_cluster_ok(int size) {
   return ok[size] == 1;
 }
 
+// The ring kernel with S stages: the cluster merge when `cluster` and clusters of the plan's splits can be
+// scheduled (splits for about ctas_per_sm CTAs per SM), else the global merge (its plan always for two CTAs per SM:
+// the workspace is sized for that plan).
+template <int S>
 Status launch_ring(const DecodeAttention& p, const bf16* qkv, int q_stride, bf16* k_cache, bf16* v_cache,
                    const int32_t* block_table, const int32_t* context_lens, bf16* out, float* part, int* counters,
-                   const DecodeFuse& f, bool cluster, cudaStream_t stream) {
+                   const DecodeFuse& f, bool cluster, int ctas_per_sm, cudaStream_t stream) {
   const dim3 block(kRingThreads);
   const int groups = p.kv_heads / kRingHeads;
   if (cluster) {
-    const RingPlan rp = ring_plan(p, true);
-    if (ring_cluster_ok(rp.splits)) {
+    const RingPlan rp = ring_plan(p, true, ctas_per_sm);
+    if (ring_cluster_ok<S>(rp.splits)) {
       cudaLaunchConfig_t cfg = {};
       cfg.gridDim = dim3(rp.splits, groups, p.batch);
       cfg.blockDim = block;
-      cfg.dynamicSmemBytes = kRingSmem;
+      cfg.dynamicSmemBytes = ring_smem(S);
       cfg.stream = stream;
       cudaLaunchAttribute attr[2];
       attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -1489,17 +1495,18 @@ Status launch_ring(const DecodeAttention& p, const bf16* qkv, int q_stride, bf16
       attr[1].val.programmaticStreamSerializationAllowed = 1;
       cfg.attrs = attr;
       cfg.numAttrs = programmatic_launch() ? 2 : 1;
-      return cuda_status(cudaLaunchKernelEx(&cfg, decode_attention_ring_kernel<true>, qkv, q_stride, k_cache, v_cache,
-                                            block_table, p.max_blocks, context_lens, out, part, counters, p.kv_heads,
-                                            rp.splits, rp.pages_per_split, p.scale, f),
+      return cuda_status(cudaLaunchKernelEx(&cfg, decode_attention_ring_kernel<true, S>, qkv, q_stride, k_cache,
+                                            v_cache, block_table, p.max_blocks, context_lens, out, part, counters,
+                                            p.kv_heads, rp.splits, rp.pages_per_split, p.scale, f),
                          "decode_attention_fused (ring, cluster)");
     }
   }
-  if (!ring_smem_set<false>()) return internal_error("decode_attention_fused: ring kernel shared memory attribute");
+  if (!ring_smem_set<false, S>()) return internal_error("decode_attention_fused: ring kernel shared memory attribute");
   const RingPlan rp = ring_plan(p, false);
-  return launch("decode_attention_fused (ring)", decode_attention_ring_kernel<false>, dim3(rp.splits, groups, p.batch),
-                block, kRingSmem, stream, qkv, q_stride, k_cache, v_cache, block_table, p.max_blocks, context_lens, out,
-                part, counters, p.kv_heads, rp.splits, rp.pages_per_split, p.scale, f);
+  return launch("decode_attention_fused (ring)", decode_attention_ring_kernel<false, S>,
+                dim3(rp.splits, groups, p.batch), block, ring_smem(S), stream, qkv, q_stride, k_cache, v_cache,
+                block_table, p.max_blocks, context_lens, out, part, counters, p.kv_heads, rp.splits,
+                rp.pages_per_split, p.scale, f);
 }
 
 }  // namespace
@@ -1525,9 +1532,17 @@ Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_s
   int* counters = reinterpret_cast<int*>(static_cast<char*>(workspace) + counters_offset(p));
   DecodeFuse f{q_norm, k_norm, pos, pos_stride, rope, slot_mapping, eps};
   const int variant = decode_option(DecodeOption::kAttentionKernel);
-  if ((variant == 4 || variant == 5) && ring_ok(p, k_cache, v_cache))
-    return launch_ring(p, qkv, q_stride, k_cache, v_cache, block_table, context_lens, out, part, counters, f,
-                       variant == 5, stream);
+  if (variant >= 4 && variant <= 7 && ring_ok(p, k_cache, v_cache)) {
+    // 4: global merge; 5: cluster merge; 6: as 5 with two stages; 7: as 5 with four stages, one CTA per SM.
+    if (variant == 6)
+      return launch_ring<2>(p, qkv, q_stride, k_cache, v_cache, block_table, context_lens, out, part, counters, f,
+                            true, 2, stream);
+    if (variant == 7)
+      return launch_ring<4>(p, qkv, q_stride, k_cache, v_cache, block_table, context_lens, out, part, counters, f,
+                            true, 1, stream);
+    return launch_ring<3>(p, qkv, q_stride, k_cache, v_cache, block_table, context_lens, out, part, counters, f,
+                          variant == 5, 2, stream);
+  }
   const int pages = (p.max_context + kKvBlock - 1) / kKvBlock;
   // The cluster merge pays off at small batches (measured at batch 1: 13 splits of 5 pages); at batch 8 and 64 the
   // many CTAs of the forced 13+ splits cost more than the global merge saves.
