@@ -6,15 +6,26 @@
 // within 1e-3, x and xn within 1e-2 * max |ref| (the count of differing bits is printed). Then: a second launch on the
 // same workspace gives the first one's bits (barrier generations), launches on two streams with two workspaces (the
 // caller's or the function's own) and a
-// CUDA graph replay (with programmatic launches) give the bits of the launch alone, and the shapes it refuses.
+// CUDA graph replay (with programmatic launches) give the bits of the launch alone, the shapes it refuses, and the
+// CUDA text decoder with the option on against off.
 #ifdef ZEST_HAVE_CUDA
 #include <cstdio>
 #include <memory>
 #include <numeric>
 #include <string>
 
+#include <unistd.h>
+
+#include <array>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
 #include "cuda/cuda_test_util.h"
+#include "io/config.h"
+#include "io/safetensors.h"
 #include "kernels/cuda/moe_block.h"
+#include "model/decoder.h"
 
 namespace zest::cuda::test {
 namespace {
@@ -322,6 +333,127 @@ TEST(CudaMoeBlockRuns, RefusesUnsupportedShapes) {
                                           dummy.get(), 128, 1, 2048, 128, 8, 768, kEps, nullptr);
     EXPECT_FALSE(small.is_ok());
   }
+}
+
+// The CUDA text decoder with DecodeOption::kMoeBlock on against off: a random checkpoint (hidden 64, head_dim 128, 8
+// experts of width 64, top-2, two layers) where the fused kernel applies; prefills, then decode-only steps of 4
+// sequences (eager, captured, replayed). The chain runs its experts through rows_mma (DecodeOption::kMoeKernel 1), so
+// the logits are expected to match bit for bit; asserted: max |on - off| <= 1e-3 * max |off| on every step.
+TEST(CudaMoeBlockRuns, DecoderStepsMatchTheChain) {
+  ZEST_REQUIRE_GPU();
+  namespace fs = std::filesystem;
+  std::ifstream f(fs::path(ZEST_FIXTURES_DIR) / "models" / "qwen3_moe_tiny" / "config.json");
+  nlohmann::json cfg = nlohmann::json::parse(f);
+  cfg["hidden_size"] = 64;
+  cfg["head_dim"] = 128;
+  cfg["num_attention_heads"] = 4;
+  cfg["num_key_value_heads"] = 2;
+  cfg["num_experts"] = 8;
+  cfg["num_local_experts"] = 8;
+  cfg["num_experts_per_tok"] = 2;
+  cfg["moe_intermediate_size"] = 64;
+  cfg["num_hidden_layers"] = 2;
+  cfg["max_window_layers"] = 2;
+  cfg["vocab_size"] = 512;
+  auto parsed = io::parse_model_config(cfg.dump());
+  ASSERT_TRUE(parsed.ok()) << parsed.status().to_string();
+  const io::TextConfig& c = parsed->text;
+  if (!moe_block_ok(4, static_cast<int>(c.hidden_size), static_cast<int>(c.num_experts),
+                    static_cast<int>(c.num_experts_per_tok), static_cast<int>(c.moe_intermediate_size)))
+    GTEST_SKIP() << "moe_block_decode not available here";
+  std::mt19937 rng(93);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, float scale, float offset) {
+    Tensor t = Tensor::empty(shape);
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = offset + scale * nd(rng);
+    tensors.emplace_back(name, t);
+  };
+  const int64_t H = c.hidden_size, D = c.head_dim, E = c.num_experts, I = c.moe_intermediate_size;
+  const float lin = 1.f / std::sqrt(static_cast<float>(H));
+  add("model.embed_tokens.weight", {c.vocab_size, H}, 1.f, 0.f);
+  add("model.norm.weight", {H}, 0.1f, 1.f);
+  add("lm_head.weight", {c.vocab_size, H}, 2.f * lin, 0.f);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    add(p + "input_layernorm.weight", {H}, 0.1f, 1.f);
+    add(p + "post_attention_layernorm.weight", {H}, 0.1f, 1.f);
+    add(p + "self_attn.q_proj.weight", {c.num_heads * D, H}, lin, 0.f);
+    add(p + "self_attn.k_proj.weight", {c.num_kv_heads * D, H}, lin, 0.f);
+    add(p + "self_attn.v_proj.weight", {c.num_kv_heads * D, H}, lin, 0.f);
+    add(p + "self_attn.o_proj.weight", {H, c.num_heads * D}, 1.f / std::sqrt(static_cast<float>(c.num_heads * D)), 0.f);
+    add(p + "self_attn.q_norm.weight", {D}, 0.1f, 1.f);
+    add(p + "self_attn.k_norm.weight", {D}, 0.1f, 1.f);
+    add(p + "mlp.gate.weight", {E, H}, 3.f * lin, 0.f);
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string ep = p + "mlp.experts." + std::to_string(e) + ".";
+      add(ep + "gate_proj.weight", {I, H}, lin, 0.f);
+      add(ep + "up_proj.weight", {I, H}, lin, 0.f);
+      add(ep + "down_proj.weight", {H, I}, 1.f / std::sqrt(static_cast<float>(I)), 0.f);
+    }
+  }
+  const fs::path dir = fs::temp_directory_path() / ("zest_moe_block_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string file = (dir / "model.safetensors").string();
+  ZEST_ASSERT_OK(io::write_safetensors(file, tensors));
+  auto st = io::SafeTensors::open_file(file);
+  ASSERT_TRUE(st.ok()) << st.status().to_string();
+  auto dec = model::make_cuda_decoder(*st, *parsed);
+  ASSERT_TRUE(dec.ok()) << dec.status().to_string();
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.vocab_size) - 1);
+  std::vector<std::vector<int32_t>> seqs;
+  for (int len : {7, 19, 3, 30}) {
+    std::vector<int32_t> s(len + 4);
+    for (auto& t : s) t = tok(rng);
+    seqs.push_back(s);
+  }
+  auto cache = (*dec)->allocate_cache(64, 16);
+  ASSERT_TRUE(cache.ok()) << cache.status().to_string();
+  std::vector<std::vector<int32_t>> tables(seqs.size());
+  for (size_t s = 0; s < seqs.size(); ++s) ASSERT_TRUE(cache->reserve(tables[s], seqs[s].size()).is_ok());
+  // One forward of chunks (sequence, start, length); logits rows in order.
+  auto run = [&](const std::vector<std::array<int64_t, 3>>& chunks) -> Result<Tensor> {
+    model::ForwardBatch b;
+    for (const auto& [s, start, len] : chunks) {
+      b.tokens.insert(b.tokens.end(), seqs[s].begin() + start, seqs[s].begin() + start + len);
+      b.seqs.push_back({&tables[s], start, len, false, true});
+    }
+    const int64_t T = b.num_tokens();
+    b.positions.resize(3 * T);
+    int64_t t = 0;
+    for (const auto& [s, start, len] : chunks)
+      for (int64_t i = 0; i < len; ++i, ++t)
+        for (int a = 0; a < 3; ++a) b.positions[a * T + t] = static_cast<int32_t>(start + i);
+    return (*dec)->forward(b, *cache);
+  };
+  const int block = decode_option(DecodeOption::kMoeBlock), kernel = decode_option(DecodeOption::kMoeKernel);
+  set_decode_option(DecodeOption::kMoeKernel, 1);
+  set_decode_option(DecodeOption::kMoeBlock, 0);
+  std::vector<std::array<int64_t, 3>> prefill, step;
+  for (int64_t s = 0; s < static_cast<int64_t>(seqs.size()); ++s) {
+    prefill.push_back({s, 0, static_cast<int64_t>(seqs[s].size()) - 4});
+    step.push_back({s, static_cast<int64_t>(seqs[s].size()) - 4, 1});
+  }
+  ASSERT_TRUE(run(prefill).ok());
+  auto ref = run(step);  // the chain (the step writes the same K/V slot every time)
+  ASSERT_TRUE(ref.ok()) << ref.status().to_string();
+  set_decode_option(DecodeOption::kMoeBlock, 1);
+  for (int rep = 0; rep < 3; ++rep) {  // eager first use of the graph key, then captured and replayed
+    auto got = run(step);
+    ASSERT_TRUE(got.ok()) << got.status().to_string();
+    ASSERT_EQ(got->numel(), ref->numel());
+    double max_err = 0, max_ref = 0;
+    for (int64_t i = 0; i < ref->numel(); ++i) {
+      max_err = std::max(max_err, static_cast<double>(std::fabs(got->data<float>()[i] - ref->data<float>()[i])));
+      max_ref = std::max(max_ref, static_cast<double>(std::fabs(ref->data<float>()[i])));
+    }
+    std::printf("[moe_block decoder] step %d: max |on - off| %.4g, max |off| %.4g\n", rep, max_err, max_ref);
+    EXPECT_GT(max_ref, 0.0);
+    EXPECT_LE(max_err, 1e-3 * max_ref) << "step " << rep;
+  }
+  set_decode_option(DecodeOption::kMoeBlock, block);
+  set_decode_option(DecodeOption::kMoeKernel, kernel);
+  fs::remove_all(dir);
 }
 
 }  // namespace
