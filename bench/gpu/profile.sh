@@ -17,14 +17,16 @@ if [ -n "${NCU_SOURCE:-}" ]; then
       python3 -c '
 import csv, sys
 lines = [l for l in sys.stdin if l.startswith("\"")]
-rows = list(csv.reader(lines))
+rows = [r for r in csv.reader(lines) if r and r[0] != "Kernel Name"]
 hdr = rows[0]
 def col(*names):
     for n in names:
         for j, h in enumerate(hdr):
             if h.startswith(n): return j
     return None
-ja, js, jw = col("Address"), col("Source"), col("Warp Stall Sampling (All", "Warp Stall Sampling")
+ja, js, jw = col("Address", "#"), col("Source"), col("Warp Stall Sampling (All", "Warp Stall Sampling", "stall")
+if None in (ja, js, jw):
+    print("columns:", hdr); [print(r[:8]) for r in rows[1:4]]; sys.exit(0)
 body = [r for r in rows[1:] if len(r) == len(hdr)]
 def num(x):
     try: return float(x.replace(",", ""))
