@@ -217,16 +217,17 @@ struct PadRun {
 // 13 -> 16).
 const std::vector<int> kPadSizes = {3, 5, 13, 6, 11, 7, 16, 1};
 
-// kSeqs sequences with prompts of 140 .. 219 tokens are prefilled one at a time (eagerly), then decode steps run with
-// the batch sizes `sizes` (three rounds), the members of a step a rotating window over the sequences. Contexts stay
-// within 129 .. 256 tokens (one context bucket), so each batch size recurs under one graph key. Next tokens as in
-// run_schedule.
+// max(sizes) sequences with prompts of base .. base + 79 tokens are prefilled one at a time (eagerly), then decode
+// steps run with the batch sizes `sizes` (three rounds), the members of a step a rotating window over the sequences.
+// Contexts stay within one context bucket (base 140: 129 .. 256 tokens; base 1850: 1793 .. 2048), so each batch size
+// recurs under one graph key. Next tokens as in run_schedule.
 void run_padded_schedule(const model::TextDecoder& dec, bool sample, const model::MoeHooks* hooks, PadRun& out,
-                         std::vector<std::unique_ptr<model::PagedKVCache>>* keep, const std::vector<int>& sizes) {
+                         std::vector<std::unique_ptr<model::PagedKVCache>>* keep, const std::vector<int>& sizes,
+                         int base) {
   const int64_t V = dec.config().vocab_size;
   const int kSeqs = *std::max_element(sizes.begin(), sizes.end()), kSteps = 3 * static_cast<int>(sizes.size());
   ASSERT_LE(kSteps, 36);
-  auto cache = dec.allocate_cache(kSeqs * (256 / 16 + 1), 16);
+  auto cache = dec.allocate_cache(kSeqs * ((base + 80 + kSteps) / 16 + 2), 16);
   ASSERT_TRUE(cache.ok()) << cache.status().to_string();
   keep->push_back(std::make_unique<model::PagedKVCache>(std::move(cache).value()));
   out.kv = keep->back().get();
@@ -235,7 +236,7 @@ void run_padded_schedule(const model::TextDecoder& dec, bool sample, const model
   out.ctx.assign(kSeqs, 0);
   std::vector<int32_t> next(kSeqs);
   for (int j = 0; j < kSeqs; ++j) {
-    const int len = 140 + static_cast<int>(rng() % 80);
+    const int len = base + static_cast<int>(rng() % 80);
     ASSERT_TRUE(out.kv->reserve(out.tables[j], len + kSteps).is_ok());
     model::ForwardBatch b;
     for (int i = 0; i < len; ++i) b.tokens.push_back(static_cast<int32_t>(rng() % V));
@@ -330,7 +331,7 @@ size_t kv_rows_differing(const model::TextDecoder& dec, const PadRun& a, const P
 // counted). Also unpadded graph replays against the same reference, and fewer graphs captured with padding than
 // without over the schedule.
 void expect_padded_equal_unpadded(const model::TextDecoder& dec, const model::MoeHooks* hooks, const std::string& what,
-                                  const std::vector<int>& sizes = kPadSizes) {
+                                  const std::vector<int>& sizes = kPadSizes, int base = 140) {
   for (bool sample : {false, true}) {
     SCOPED_TRACE(what + (sample ? " forward_sample" : " forward"));
     std::vector<std::unique_ptr<model::PagedKVCache>> keep;
@@ -345,19 +346,19 @@ void expect_padded_equal_unpadded(const model::TextDecoder& dec, const model::Mo
     {
       GraphEnv env("eager");
       PadEnv pad("0");
-      run_padded_schedule(dec, sample, hooks, ref, &keep, sizes);
+      run_padded_schedule(dec, sample, hooks, ref, &keep, sizes, base);
     }
     counts(c1);
     {
       GraphEnv env("1");
       PadEnv pad("1");
-      run_padded_schedule(dec, sample, hooks, padded, &keep, sizes);
+      run_padded_schedule(dec, sample, hooks, padded, &keep, sizes, base);
     }
     counts(c2);
     {
       GraphEnv env("1");
       PadEnv pad("0");
-      run_padded_schedule(dec, sample, hooks, unpadded, &keep, sizes);
+      run_padded_schedule(dec, sample, hooks, unpadded, &keep, sizes, base);
     }
     EXPECT_EQ(ref.launches, 0);
     EXPECT_GE(padded.launches, 12) << "padded decode steps were not replayed from graphs";
@@ -414,6 +415,8 @@ TEST(CudaGraph, PaddedReplayEqualsUnpaddedEagerOnRandomModel) {
     dec = std::move(*d);
   }
   expect_padded_equal_unpadded(*dec, nullptr, "random qwen3-30b-a3b x2");
+  // Contexts of about 2k tokens: decode attention with up to 16 splits, its split plan made for the row class.
+  expect_padded_equal_unpadded(*dec, nullptr, "random qwen3-30b-a3b x2, 2k contexts", kPadSizes, 1850);
   const int64_t E = cfg->text.num_experts, L = cfg->text.num_layers;
   model::RerouteSpec spec;
   spec.primary = 2;

@@ -1284,7 +1284,7 @@ struct RingPlan {
 // merge (at most 16 splits there, 64 otherwise).
 RingPlan ring_plan(const DecodeAttention& p, bool cluster, int ctas_per_sm = 2) {
   const int pages = std::max(1, (p.max_context + kKvBlock - 1) / kKvBlock);
-  const int units = std::max(1, p.batch * std::max(1, p.kv_heads / kRingHeads));
+  const int units = std::max(1, rows_class(p.batch) * std::max(1, p.kv_heads / kRingHeads));  // (kernels.h)
   const int split_target = std::max(1, ctas_per_sm * sm_count() / units);
   int per = std::max(cluster ? 2 : 4, (pages + split_target - 1) / split_target);
   per = std::max(per, (pages + (cluster ? 15 : kRingMaxSplits - 1)) / (cluster ? 16 : kRingMaxSplits));
@@ -1316,7 +1316,7 @@ SplitPlan split_plan(const DecodeAttention& p) {
   // At least about two CTAs per SM and at least one block per warp per split; among those split counts, the one
   // with the least (waves of resident CTAs) x (blocks per split), so the last wave is not left mostly empty.
   const int pages = std::max(1, (p.max_context + kKvBlock - 1) / kKvBlock);
-  const int ctas = std::max(1, p.batch * p.kv_heads);
+  const int ctas = std::max(1, rows_class(p.batch) * p.kv_heads);  // planned for the row class (kernels.h)
   const int slots = decode_ctas_per_sm(p.q_heads / std::max(1, p.kv_heads)) * sm_count();
   const int max_splits = std::min(kMaxSplits, std::max(1, (pages + kDecWarps - 1) / kDecWarps));
   const int min_splits = std::min(max_splits, std::max(1, (2 * sm_count() + ctas - 1) / ctas));

@@ -621,17 +621,8 @@ bool graph_padding() {
   const std::string v(e);
   return !(v == "0" || v == "off");
 }
-// The padded row count of a decode step of S sequences: the smallest ladder size >= S, the ladder being 1, 2, 4, 8,
-// 12, 16, 24, 32, 40, 48, 56, 64, then multiples of 16 up to kMaxGraphSeqs. The kernels change shape or variant with
-// the row count at 1, 2, 4 and 8 (the decode attention's cluster merge at <= 8 (sequence, kv head) pairs, the expert
-// kernel by batch), 16 (small-M GEMM on tensor cores and fused routing up to 16 tokens) and 64 (decode experts up
-// to 64 tokens): all on the ladder, so a padded step takes the kernel paths of its unpadded one.
-int graph_pad_rows(int S) {
-  static constexpr int kLadder[] = {1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64};
-  for (int p : kLadder)
-    if (S <= p) return p;
-  return std::min((S + 15) / 16 * 16, kMaxGraphSeqs);
-}
+// The padded row count of a decode step of S sequences: rows_class(S) (kernels.h).
+int graph_pad_rows(int S) { return rows_class(S); }
 // ZEST_CUDA_GRAPH_LOG=1: one stderr line per captured graph (benchmarks count them).
 bool graph_log() {
   const char* e = std::getenv("ZEST_CUDA_GRAPH_LOG");
@@ -808,8 +799,9 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
   //   at most double (P <= 2 * S_in).
   // - Outputs: its logits row and sampling summary (plan kSampleNone: no candidates, no whole row) stay on the
   //   device or in the staging buffers; the caller gets the first S_in rows only.
-  // Each real row's results equal the unpadded step's as long as the kernels' per-row results do not depend on the
-  // row count; the ladder keeps every kernel-path switch (see graph_pad_rows) on the same side for S_in and P.
+  // The kernels take the same paths for S_in and P rows (every path switch is on the ladder, see rows_class) and
+  // make their row-count-dependent choices (cuBLASLt algorithm, decode attention split plan) for the row class, so
+  // each real row gets the unpadded step's bits.
   const int P = graph_step && graph_padding() ? graph_pad_rows(S_in) : S_in;
   const bool padded = P != S_in;
   const int T = padded ? P : static_cast<int>(T64), S = P;
@@ -1172,6 +1164,17 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
 
 int64_t decode_graph_launches() { return g_graph_launches.load(std::memory_order_relaxed); }
 int64_t decode_graph_captures() { return g_graph_captures.load(std::memory_order_relaxed); }
+
+// The ladder's sizes hold every row count where a kernel changes path: 1, 2, 4 and 8 (the decode attention's cluster
+// merge at <= 8 (sequence, kv head) pairs, the decode expert kernel by batch), 16 (small-M GEMM on tensor cores, fused
+// routing) and 64 (decode experts), so a padded step takes its unpadded step's kernel paths.
+int rows_class(int rows) {
+  static constexpr int kLadder[] = {1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64};
+  if (rows > 512) return rows;
+  for (int p : kLadder)
+    if (rows <= p) return p;
+  return (rows + 15) / 16 * 16;
+}
 
 Status decode_kv_cache_copy(const model::PagedKVCache& cache, std::vector<uint16_t>* out) {
   const auto* kv = dynamic_cast<const CudaKvStorage*>(cache.storage());

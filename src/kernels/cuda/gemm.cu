@@ -147,7 +147,26 @@ Status lt_plan(int M, int N, int K, LtState::Plan** out) {
                                        sizeof(s.workspace_bytes));
   cublasLtMatmulHeuristicResult_t res{};
   int found = 0;
-  cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(s.handle, p.desc, p.a, p.b, p.c, p.c, pref, 1, &res, &found);
+  cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
+  // The heuristic's pick for the row class of M (rows_class) when it also serves M: rows then get the same bits in
+  // products of any row count of one class (padded CUDA decode graphs against unpadded steps).
+  const int Mc = rows_class(M);
+  if (Mc != M) {
+    cublasLtMatrixLayout_t bc = nullptr, cc = nullptr;
+    cublasLtMatmulHeuristicResult_t check{};
+    const bool ok = cublasLtMatrixLayoutCreate(&bc, CUDA_R_16BF, K, Mc, K) == CUBLAS_STATUS_SUCCESS &&
+                    cublasLtMatrixLayoutCreate(&cc, CUDA_R_16BF, N, Mc, N) == CUBLAS_STATUS_SUCCESS &&
+                    cublasLtMatmulAlgoGetHeuristic(s.handle, p.desc, p.a, bc, cc, cc, pref, 1, &res, &found) ==
+                        CUBLAS_STATUS_SUCCESS &&
+                    found > 0 &&
+                    cublasLtMatmulAlgoCheck(s.handle, p.desc, p.a, p.b, p.c, p.c, &res.algo, &check) ==
+                        CUBLAS_STATUS_SUCCESS &&
+                    check.workspaceSize <= s.workspace_bytes;
+    if (!ok) found = 0;
+    if (bc) cublasLtMatrixLayoutDestroy(bc);
+    if (cc) cublasLtMatrixLayoutDestroy(cc);
+  }
+  if (found == 0) st = cublasLtMatmulAlgoGetHeuristic(s.handle, p.desc, p.a, p.b, p.c, p.c, pref, 1, &res, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS || found == 0)
     return internal_error("cuBLASLt found no algorithm for a bf16 GEMM of M=" + std::to_string(M) +
