@@ -205,6 +205,19 @@ void check_against_chain(Setup& s, std::vector<uint32_t>* bits) {
 
 class CudaMoeBlock : public testing::TestWithParam<BlockCase> {};
 
+// Phase boundaries that CTA 0 stamps into the workspace (globaltimer ns at sync[8..15]), printed (not asserted).
+void print_phases(const Setup& s, int variant) {
+  std::vector<unsigned char> raw(128);
+  ASSERT_EQ(cudaMemcpy(raw.data(), s.ws.get(), raw.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  const uint64_t* t = reinterpret_cast<const uint64_t*>(raw.data()) + 8;
+  auto us = [&](int a, int b) { return (static_cast<double>(t[b]) - static_cast<double>(t[a])) * 1e-3; };
+  std::printf("[moe_block %s variant %d] CTA 0 phases, us (eager launch): norm + router + barrier 1 %.1f | top-k + "
+              "plan %.1f | gate/up %.1f | barrier 2 %.1f | down + combine %.1f | barrier 3 %.1f | norm %.1f | total "
+              "%.1f\n",
+              case_name(s.c).c_str(), variant, us(0, 1), us(1, 2), us(2, 3), us(3, 4), us(4, 5), us(5, 6), us(6, 7),
+              us(0, 7));
+}
+
 TEST_P(CudaMoeBlock, MatchesTheChainAndRepeats) {
   ZEST_REQUIRE_GPU();
   const BlockCase c = GetParam();
@@ -212,19 +225,29 @@ TEST_P(CudaMoeBlock, MatchesTheChainAndRepeats) {
   if (!moe_block_ok(c.T, c.H, c.E, c.K, c.I)) GTEST_SKIP() << "moe_block_decode not available here";
   auto s = make_setup(c, rng);
   SCOPED_TRACE(case_name(c));
-  std::vector<uint32_t> first, second;
-  poison(*s);
-  ZEST_ASSERT_OK(s->launch(nullptr));
-  sync_ok();
-  check_against_chain(*s, &first);
-  EXPECT_EQ(s->count.download()[0], s->ref_count) << "distinct experts";
-  // A second launch on the same workspace (the next barrier generation): the same bits; the count adds up.
-  poison(*s);
-  ZEST_ASSERT_OK(s->launch(nullptr));
-  sync_ok();
-  check_against_chain(*s, &second);
-  EXPECT_TRUE(first == second) << "second launch differs from the first";
-  EXPECT_EQ(s->count.download()[0], 2 * s->ref_count);
+  const int option = decode_option(DecodeOption::kMoeBlock);
+  for (int variant : {1, 3}) {  // gate/up weights through the bulk-copy ring, then through register loads
+    SCOPED_TRACE(testing::Message() << "variant " << variant);
+    set_decode_option(DecodeOption::kMoeBlock, variant);
+    ASSERT_EQ(cudaMemset(s->count.get(), 0, 8), cudaSuccess);
+    std::vector<uint32_t> first, second;
+    poison(*s);
+    ZEST_ASSERT_OK(s->launch(nullptr));
+    sync_ok();
+    check_against_chain(*s, &first);
+    EXPECT_EQ(s->count.download()[0], s->ref_count) << "distinct experts";
+    // Further launches on the same workspace (the next barrier generations): the same bits; the count adds up.
+    for (int rep = 0; rep < 2; ++rep) {
+      poison(*s);
+      ZEST_ASSERT_OK(s->launch(nullptr));
+      sync_ok();
+      check_against_chain(*s, &second);
+      EXPECT_TRUE(first == second) << "launch " << rep + 2 << " differs from the first";
+    }
+    EXPECT_EQ(s->count.download()[0], 3 * s->ref_count);
+    print_phases(*s, variant);
+  }
+  set_decode_option(DecodeOption::kMoeBlock, option);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaMoeBlock,

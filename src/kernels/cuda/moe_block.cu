@@ -25,6 +25,8 @@ constexpr int kMaxI = 1024;
 constexpr int kDownChunks = kMaxI / 32 / kWarps;  // down k chunks per warp at most
 constexpr int kGuRound = kMaxH / 32 / kWarps;  // gate/up k chunks per warp (all of an item's)
 constexpr int kRouterRows = 8;  // experts per router CTA
+constexpr int kMaxStages = 4;   // gate/up ring stages at most
+constexpr int kMaxKC = 1024;    // columns per gate/up stage at most
 constexpr int kRows = 16;       // weight rows per gate/up item and per down group
 constexpr uint64_t kWatchdogNs = 10'000'000'000ull;
 
@@ -48,6 +50,8 @@ struct BlockParams {
   int T, H, E, K, I;
   int P;  // experts per down buffer
   int R;  // router CTAs
+  int ring;    // gate/up weights: 1 = bulk copies into a ring of NS stages in shared memory, 0 = register loads
+  int NS, KC;  // ring stages; columns of H per stage (H / KC stages per item)
   uint32_t off_w, off_red, off_sval;
   float eps;
 };
@@ -218,7 +222,7 @@ __device__ __forceinline__ void warp_topk(const float* logit, const float* bias,
 
 __global__ void __launch_bounds__(kThreads, 1) moe_block_kernel(BlockParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
-  __shared__ __align__(8) uint64_t rbar, dbar[2];
+  __shared__ __align__(8) uint64_t rbar, dbar[2], full[kMaxStages];
   __shared__ float red8[kMaxT][kWarps];
   __shared__ int ids_s[kMaxT * kMaxK];
   __shared__ float w_s[kMaxT * kMaxK];
@@ -247,6 +251,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_block_kernel(BlockParams p) {
     mbar_init(&rbar);
     mbar_init(&dbar[0]);
     mbar_init(&dbar[1]);
+    for (int i = 0; i < kMaxStages; ++i) mbar_init(&full[i]);
     if (router) {
       mbar_arrive_expect_tx(&rbar, rrows * hrow);
       for (int r = 0; r < rrows; ++r)
@@ -262,6 +267,11 @@ __global__ void __launch_bounds__(kThreads, 1) moe_block_kernel(BlockParams p) {
   __syncthreads();
   asm volatile("griddepcontrol.wait;" ::: "memory");
   if (tid == 0) epoch_s = ld_relaxed(p.sync);
+  // CTA 0 stamps its phase boundaries (globaltimer) into the workspace: sync[8 + k], for tests to print.
+  auto stamp = [&](int k) {
+    if (b == 0 && tid == 0) p.sync[8 + k] = global_ns();
+  };
+  stamp(0);
 
   // ---- A: x1 = bf16(x + o) and xn' = rmsnorm(x1) of every row, in every CTA (norm_kernel's arithmetic) ----
   {
@@ -330,6 +340,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_block_kernel(BlockParams p) {
   }
   const unsigned long long epoch = epoch_s;
   grid_barrier(p.sync + 1, epoch, router, b == 0, p.R, true);
+  stamp(1);
 
   // ---- B: top-k (every CTA, warp t for token t) and the expert list ----
   if (warp < T)
@@ -392,6 +403,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_block_kernel(BlockParams p) {
   }
   __syncthreads();
   const int na = na_s;
+  stamp(2);
 
   // Down tiles: load i of this CTA is (group b + G * (i / rounds), experts of round i % rounds), into buffer i & 1.
   const int P = p.P;
@@ -417,8 +429,9 @@ __global__ void __launch_bounds__(kThreads, 1) moe_block_kernel(BlockParams p) {
   // ---- B: gate/up items (active expert, 16 intermediate rows) (rows_mma_kernel's arithmetic, gate/up mode). H <= 2048:
   // a warp's k chunks of an item are one round of loads. The next item's loads are issued before the cross-warp
   // reduction of the current one (double-buffered partial sums, one CTA barrier per item). ----
-  {
-    const int gu_tiles = I / kRows, items = na * gu_tiles, chunks = H / 32;
+  const int gu_tiles = I / kRows, items = na * gu_tiles;
+  if (!p.ring) {
+    const int chunks = H / 32;
     uint4 lo[kGuRound][2], hi[kGuRound][2];
     auto load_item = [&](int item) {
       const int j = item / gu_tiles, r0 = (item % gu_tiles) * kRows;
@@ -480,7 +493,87 @@ __global__ void __launch_bounds__(kThreads, 1) moe_block_kernel(BlockParams p) {
       }
     }
   }
+  // The same items with the weights bulk-copied (TMA) into a ring of NS stages: stage i of this CTA holds the 16 gate
+  // and 16 up rows of its item i / parts, columns [KC (i % parts), + KC) (rows padded by 16 bytes). Every warp computes
+  // its chunks (c = warp mod 8, ascending: rows_mma's order) of every stage; after a CTA barrier the stage is refilled
+  // with stage i + NS. The down tiles are copied once the ring is drained.
+  if (p.ring) {
+    const int KC = p.KC, NS = p.NS, parts = H / KC, cpp = KC / 32;
+    const uint32_t krow = static_cast<uint32_t>(KC) * 2, kstride = krow + 16, stage_bytes = 2 * kRows * kstride;
+    const int my_items = b < items ? (items - b + G - 1) / G : 0;
+    const int nst = my_items * parts;
+    auto issue_stage = [&](int i) {  // warp 0: one row per lane
+      const int item = b + (i / parts) * G, part = i % parts;
+      const int j = item / gu_tiles, r0 = (item % gu_tiles) * kRows;
+      const int slot = i % NS;
+      if (lane == 0) mbar_arrive_expect_tx(&full[slot], 2 * kRows * krow);
+      __syncwarp();
+      const int row = lane < kRows ? r0 + lane : I + r0 + lane - kRows;
+      bulk_load(wreg + slot * stage_bytes + lane * kstride,
+                p.gate_up + (static_cast<size_t>(act_s[j]) * 2 * I + row) * H + static_cast<size_t>(part) * KC, krow,
+                &full[slot]);
+    };
+    if (warp == 0)
+      for (int i = 0; i < NS && i < nst; ++i) issue_stage(i);
+    int rb = 0;
+    float acc[2][4];
+    for (int i = 0; i < nst; ++i) {
+      const int item = b + (i / parts) * G, part = i % parts;
+      const int j = item / gu_tiles, r0 = (item % gu_tiles) * kRows;
+      const int beg = off_s[j], nt = off_s[j + 1] - beg;
+      if (part == 0)
+#pragma unroll
+        for (int m = 0; m < 2; ++m)
+#pragma unroll
+          for (int v = 0; v < 4; ++v) acc[m][v] = 0.f;
+      const bf16* xb = g < nt ? xn_s + static_cast<size_t>(sorted_s[beg + g] / K) * H + tq * 8 : nullptr;
+      const unsigned char* st = wreg + (i % NS) * stage_bytes + g * kstride + tq * 16;
+      mbar_wait(&full[i % NS], (i / NS) & 1);
+      const int c0 = part * cpp;
+      for (int c = c0 + ((warp - c0) % kWarps + kWarps) % kWarps; c < c0 + cpp; c += kWarps) {
+        const unsigned char* a = st + (c - c0) * 64;
+        const uint4 xa = xb ? *reinterpret_cast<const uint4*>(xb + c * 32) : zero4;
+        mma_chunk(acc[0], *reinterpret_cast<const uint4*>(a), *reinterpret_cast<const uint4*>(a + 8 * kstride), xa);
+        mma_chunk(acc[1], *reinterpret_cast<const uint4*>(a + kRows * kstride),
+                  *reinterpret_cast<const uint4*>(a + (kRows + 8) * kstride), xa);
+      }
+      const bool last = part == parts - 1;
+      float* rr = red + rb * (kWarps * 8 * 32);
+      if (last)
+#pragma unroll
+        for (int m = 0; m < 2; ++m)
+#pragma unroll
+          for (int v = 0; v < 4; ++v) rr[(warp * 8 + m * 4 + v) * 32 + lane] = acc[m][v];
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      __syncthreads();
+      if (warp == 0 && i + NS < nst) issue_stage(i + NS);
+      if (last) {
+        if (tid < 128) {
+          const int v = tid >> 5, l = tid & 31;
+          const int t = (l & 3) * 2 + (v & 1), row = r0 + (l >> 2) + (v >> 1) * 8;
+          if (t < nt) {
+            float sg = 0.f, su = 0.f;
+#pragma unroll
+            for (int ww = 0; ww < kWarps; ++ww) {
+              sg += rr[(ww * 8 + v) * 32 + l];
+              su += rr[(ww * 8 + 4 + v) * 32 + l];
+            }
+            const float gt = bf16_round(sg), up = bf16_round(su);
+            const float sl = bf16_round(gt / (1.f + __expf(-gt)));
+            p.h[static_cast<size_t>(beg + t) * I + row] = __float2bfloat16(sl * up);
+          }
+        }
+        rb ^= 1;
+      }
+    }
+    if (warp == 0) {  // the ring is drained (every stage consumed before the last CTA barrier)
+      if (loads > 0) issue(0);
+      if (loads > 1) issue(1);
+    }
+  }
+  stamp(3);
   grid_barrier(p.sync + 2, epoch, true, b == 0, G, true);
+  stamp(4);
   if (b == 0 && tid == 0) st_relaxed(p.sync, epoch + 1);  // every CTA read the epoch before this barrier
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 
@@ -556,7 +649,9 @@ __global__ void __launch_bounds__(kThreads, 1) moe_block_kernel(BlockParams p) {
       }
     }
   }
+  stamp(5);
   grid_barrier(p.sync + 3, epoch, true, b == 0, G, b < T);
+  stamp(6);
 
   // ---- D: xn = rmsnorm(x) of row b (norm_kernel's arithmetic) ----
   if (b < T && p.next_norm) {
@@ -569,26 +664,45 @@ __global__ void __launch_bounds__(kThreads, 1) moe_block_kernel(BlockParams p) {
     const float inv = rsqrtf(tot / H + p.eps);
     if (own) *reinterpret_cast<uint4*>(p.xn + static_cast<size_t>(b) * H + c8) = norm8(v, inv, wnext);
   }
+  stamp(7);
 }
 
 struct Layout {
   uint32_t off_w = 0, off_red = 0, off_sval = 0, bytes = 0;
-  int P = 0;
+  int P = 0, NS = 0, KC = 0;
 };
 
 uint32_t align128(size_t v) { return static_cast<uint32_t>((v + 127) / 128 * 128); }
 
-// Dynamic shared memory for (T, H, K, I) with P experts per down buffer: xn rows, router rows / down buffers,
-// the cross-warp reduction and the scaled down outputs of a group.
-Layout layout_for(int T, int H, int K, int I, int P) {
+// Columns of H per gate/up ring stage: the largest divisor of H that is a multiple of 32 and at most kMaxKC.
+int stage_cols(int H) {
+  for (int parts = 1; parts <= H / 32; ++parts)
+    if (H % parts == 0 && (H / parts) % 32 == 0 && H / parts <= kMaxKC) return H / parts;
+  return 0;
+}
+
+// Dynamic shared memory for (T, H, K, I) within max_dyn bytes: xn rows; one region for the router rows, then the
+// gate/up ring (NS stages of 32 rows x KC columns), then the two down buffers (P experts' 16-row tiles each); the
+// cross-warp reduction; the scaled down outputs of a group. NS = 0 / P = 0: does not fit.
+Layout pick_layout(int T, int H, int K, int I, int max_dyn) {
   Layout L;
-  L.P = P;
+  L.KC = stage_cols(H);
   const size_t tile = static_cast<size_t>(kRows) * (static_cast<size_t>(I) * 2 + 16);
-  const size_t wbytes =
-      std::max(static_cast<size_t>(kRouterRows) * (static_cast<size_t>(H) * 2 + 16), 2 * static_cast<size_t>(P) * tile);
+  const size_t stage = static_cast<size_t>(2 * kRows) * (static_cast<size_t>(L.KC) * 2 + 16);
+  const size_t router = static_cast<size_t>(kRouterRows) * (static_cast<size_t>(H) * 2 + 16);
+  const size_t red = static_cast<size_t>(kWarps) * std::max(2 * 8, 4 * kMaxP) * 32 * 4;  // gate/up: two buffers
+  const size_t fixed = align128(static_cast<size_t>(T) * H * 2) + align128(red) +
+                       align128(static_cast<size_t>(T) * K * kRows * 4) + 128;
+  if (static_cast<size_t>(max_dyn) <= fixed) return L;
+  const size_t region = static_cast<size_t>(max_dyn) - fixed;
+  if (region < router) return L;
+  L.NS = static_cast<int>(std::min<size_t>(kMaxStages, region / stage));
+  L.P = static_cast<int>(std::min<size_t>(kMaxP, region / (2 * tile)));
+  if (L.NS < 2) L.NS = 0;
+  if (L.P < 1) return L;
+  const size_t wbytes = std::max({router, 2 * static_cast<size_t>(L.P) * tile, static_cast<size_t>(L.NS) * stage});
   L.off_w = align128(static_cast<size_t>(T) * H * 2);
   L.off_red = align128(L.off_w + wbytes);
-  const size_t red = static_cast<size_t>(kWarps) * std::max(2 * 8, 4 * kMaxP) * 32 * 4;  // gate/up: two buffers
   L.off_sval = align128(L.off_red + red);
   L.bytes = align128(L.off_sval + static_cast<size_t>(T) * K * kRows * 4);
   return L;
@@ -623,15 +737,7 @@ const DeviceInfo& device_info() {
   return info;
 }
 
-// The largest P <= kMaxP whose layout fits (P = 0: none).
-Layout pick_layout(int T, int H, int K, int I) {
-  const DeviceInfo& d = device_info();
-  for (int P = kMaxP; P >= 1; --P) {
-    const Layout L = layout_for(T, H, K, I, P);
-    if (static_cast<int>(L.bytes) <= d.max_dyn) return L;
-  }
-  return Layout{};
-}
+Layout pick_layout(int T, int H, int K, int I) { return pick_layout(T, H, K, I, device_info().max_dyn); }
 
 // CTAs of the cooperative grid for `smem` bytes (0: cannot launch).
 int grid_for(size_t smem) {
@@ -742,6 +848,11 @@ Status moe_block_decode(bf16* x, const bf16* o, const bf16* post_norm, const bf1
   p.I = I;
   p.P = L.P;
   p.R = (E + kRouterRows - 1) / kRouterRows;
+  // DecodeOption::kMoeBlock 3: gate/up weights through register loads instead of the bulk-copy ring.
+  const int variant = decode_option(DecodeOption::kMoeBlock);
+  p.ring = variant != 3 && L.NS >= 2 ? 1 : 0;
+  p.NS = L.NS;
+  p.KC = L.KC;
   p.off_w = L.off_w;
   p.off_red = L.off_red;
   p.off_sval = L.off_sval;
