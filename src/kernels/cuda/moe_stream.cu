@@ -263,18 +263,13 @@ struct ItemFeed {
     mbar_arrive(bar + 8 * d);
   }
 
-  // Claiming warp: posts the next item and claims ahead; every lane gets the item (and with AHEAD its range).
+  // Claiming warp: posts the next item and claims ahead; every lane gets the item (and with AHEAD its range). The
+  // kernel makes the first claims (nxt, with AHEAD also after) right after the wait on the previous kernel.
   __device__ __forceinline__ int4 next_claiming(int lane, int total, const StreamArgs& a, int n_gu, int gu_tiles,
                                                 int dn_tiles) {
     int4 w = make_int4(0, 0, 0, 0);
     if (lane == 0) {
-      if (n == 0) {
-        nxt = claim();
-        if (AHEAD && nxt < total) {
-          load(a, n_gu, gu_tiles, dn_tiles);
-          after = claim();
-        }
-      }
+      if (AHEAD && n == 0 && nxt < total) load(a, n_gu, gu_tiles, dn_tiles);
       w = make_int4(nxt, nxt_e, nxt_beg, nxt_end);
       post(w);
       if (nxt < total) {
@@ -450,6 +445,10 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
   }
   __syncthreads();
   pdl_wait();
+  if (claiming && lane == 0) {  // the first claims, in flight with the loads below
+    feed.nxt = feed.claim();
+    if (AHEAD) feed.after = feed.claim();
+  }
   const int na = __ldg(a.plan.num_active);
   const int gu_tiles = a.I / GU, dn_tiles = a.H / RA;
   const int n_gu = na * gu_tiles, total = n_gu + na * dn_tiles;
