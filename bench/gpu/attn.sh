@@ -35,7 +35,7 @@ for (id_, name), m in sorted(k.items()):
     d = float(m.get("gpu__time_duration.sum", 0)) / 1e3
     mb = float(m.get("dram__bytes_read.sum", 0)) / 1e6
     g = m.get("launch__grid_size", "?"); c = m.get("launch__cluster_dim_x", "?")
-    print(f"{id_:4d} {name:40s} {d:8.2f} us {mb:8.2f} MB {mb / d / 1e3 if d else 0:6.2f} TB/s grid {g} cluster {c}")
+    print(f"{id_:4d} {name:40s} {d:8.2f} us {mb:8.2f} MB {mb / d if d else 0:6.2f} TB/s grid {g} cluster {c}")
 '
   done
 done
