@@ -1,20 +1,20 @@
 # limit: 75
 # Decode attention at Qwen3-30B-A3B shapes (32 query / 4 kv heads of 128, 16-token pages, context 1024, one H200):
-# the decode attention tests (every fused variant against the host reference), TPOT at batch 1/8/32/64 for attn=3
-# (current default: cluster merge at small sizes, else global merge), attn=5 (bulk-copy ring, cluster merge),
-# attn=4 (bulk-copy ring, global merge), attn=6 (ring of two stages, cluster merge) and attn=7 (four stages, one CTA
-# per SM, cluster merge), with the per-op cost inside the graph for the first variant (--ablate), then
-# Nsight Compute durations of the decode attention kernel at batch 8 and 64 for attn=3 and attn=5 (kernels
-# serialised, one replayed layer). Every step has its own time limit; output is line-buffered.
+# the decode attention tests (every fused variant against the host reference), TPOT at batch 1/8/32/64 for attn=5
+# (bulk-copy ring, cluster merge; with the per-op cost inside the graph, --ablate), attn=3 (current default: cluster
+# merge at small sizes, else global merge), attn=4 (bulk-copy ring, global merge), attn=6 (ring of two stages,
+# cluster merge) and attn=7 (four stages, one CTA per SM, cluster merge), then Nsight Compute durations of the decode
+# attention kernel at batch 8 and 64 for attn=5 and attn=6 (kernels serialised, launches of replayed steps). Every
+# step has its own time limit; output is line-buffered.
 timeout 15 "$P/test_cuda" --gtest_filter='CudaDecodeAttention*:CudaLatencyAttention*' 2>&1 |
   grep --line-buffered -vE '^\[ +(RUN|OK) +\]'
 echo "test_cuda exit: ${PIPESTATUS[0]}"
 B="$P/bench_decode_bench"
 timeout 45 "$B" --config qwen3-30b-a3b --batch 1,8,32,64 --context 1024 --steps 30 --warmup 5 --ablate 8,64 \
-  --ablate-steps 8 --variant attn=3 --variant attn=5 --variant attn=4 --variant attn=6 --variant attn=7 2>&1 |
+  --ablate-steps 8 --variant attn=5 --variant attn=3 --variant attn=4 --variant attn=6 --variant attn=7 2>&1 |
   grep --line-buffered -vE '^sere_reroute|^\|---'
 command -v ncu >/dev/null || { echo "ncu not found"; exit 0; }
-for v in 3 5; do
+for v in 5 6; do
   for b in 8 64; do
     echo "== ncu attn=$v batch $b: decode attention launches of replayed steps (us, DRAM MB read, grid, cluster) =="
     timeout 8 ncu --clock-control none --graph-profiling node -k regex:decode_attention --launch-skip 100 \
