@@ -349,12 +349,12 @@ void run_fused_variant_case(int variant, const std::vector<int>& lens, int Hkv, 
 }
 
 // Every fused variant (2: global merge, 3: cluster merge at small sizes, 4: bulk-copy ring with the global merge,
-// 5: the ring with the cluster merge, 6: as 5 with two stages, 7: as 5 with four stages): batch 1 (one page, odd lengths, a long context of 5000 tokens), mixed lengths
+// 5: the ring with the cluster merge, 6: as 5 with two stages, 7: as 5 with four stages, 8: 3 or 5 by size): batch 1 (one page, odd lengths, a long context of 5000 tokens), mixed lengths
 // around page boundaries with M-RoPE, batch 8 and 37 at the decode benchmark's length, two kv-head groups
 // (Hkv = 8), and Hkv = 2 (the ring needs groups of 4: variants 4-7 fall back to the other kernel).
 TEST(CudaDecodeAttention, FusedVariantsMatchReference) {
   ZEST_REQUIRE_GPU();
-  for (int variant : {4, 5, 6, 7, 2, 3}) {
+  for (int variant : {4, 5, 6, 7, 8, 2, 3}) {
     std::mt19937 rng(41 + variant);
     run_fused_variant_case(variant, {1}, 4, false, rng);
     run_fused_variant_case(variant, {1025}, 4, false, rng);

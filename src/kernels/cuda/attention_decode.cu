@@ -1396,6 +1396,7 @@ namespace {
 
 constexpr int kClusterMaxPages = 16 * kDecWarps * 2;  // cluster merge up to 2 pages per warp (2048 tokens)
 constexpr int kClusterMaxPairs = 8;                    // and up to 8 (sequence, kv head) pairs
+constexpr int kRingBySize = 5;  // the ring variant that kAttentionKernel 8 runs above the cluster merge's sizes
 
 // Whether 16-CTA clusters of the fused kernel can be scheduled (checked once).
 bool cluster_attention_ok() {
@@ -1531,7 +1532,12 @@ Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_s
   float* part = static_cast<float*>(workspace);
   int* counters = reinterpret_cast<int*>(static_cast<char*>(workspace) + counters_offset(p));
   DecodeFuse f{q_norm, k_norm, pos, pos_stride, rope, slot_mapping, eps};
-  const int variant = decode_option(DecodeOption::kAttentionKernel);
+  const int pages = (p.max_context + kKvBlock - 1) / kKvBlock;
+  int variant = decode_option(DecodeOption::kAttentionKernel);
+  if (variant == 8) {  // by size: the cluster merge of variant 3 where it applies, else the ring kernel
+    const bool small = pages <= kClusterMaxPages && p.batch * p.kv_heads <= kClusterMaxPairs;
+    variant = small || !ring_ok(p, k_cache, v_cache) ? 3 : kRingBySize;
+  }
   if (variant >= 4 && variant <= 7 && ring_ok(p, k_cache, v_cache)) {
     // 4: global merge; 5: cluster merge; 6: as 5 with two stages; 7: as 5 with four stages, one CTA per SM.
     if (variant == 6)
@@ -1543,10 +1549,9 @@ Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_s
     return launch_ring<3>(p, qkv, q_stride, k_cache, v_cache, block_table, context_lens, out, part, counters, f,
                           variant == 5, 2, stream);
   }
-  const int pages = (p.max_context + kKvBlock - 1) / kKvBlock;
   // The cluster merge pays off at small batches (measured at batch 1: 13 splits of 5 pages); at batch 8 and 64 the
   // many CTAs of the forced 13+ splits cost more than the global merge saves.
-  if (decode_option(DecodeOption::kAttentionKernel) == 3 && pages <= kClusterMaxPages &&
+  if (variant == 3 && pages <= kClusterMaxPages &&
       p.batch * p.kv_heads <= kClusterMaxPairs && cluster_attention_ok()) {
     // At most 16 splits (one cluster per kv head and sequence), at least one page per warp.
     const int per = std::max(kDecWarps, (pages + 15) / 16);
