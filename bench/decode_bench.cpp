@@ -186,7 +186,6 @@ bool apply_variant(const std::string& spec) {
     else if (name == "route") set_decode_option(DecodeOption::kRouteFused, value);
     else if (name == "experts") set_decode_option(DecodeOption::kMoeKernel, value);
     else if (name == "block") set_decode_option(DecodeOption::kMoeBlock, value);
-    else if (name == "prefetch") set_decode_option(DecodeOption::kL2Prefetch, value);
     else return false;
   }
   return true;

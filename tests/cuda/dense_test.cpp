@@ -118,55 +118,6 @@ TEST(CudaNorm, AddRmsnormUpdatesResidualAndNormalises) {
   ZEST_EXPECT_CLOSE(download_bf16(dy), ref_rmsnorm(xs, w.f, rows, hidden), kTol);
 }
 
-// L2 prefetch CTAs carried by add_rmsnorm (DecodeOption::kL2Prefetch): a hint only, so the outputs must be
-// bit-identical to the launch without them, whatever the ranges (unaligned starts and ends, a range shorter than 16
-// bytes, more CTAs than 16-byte units, both priorities); the prefetched data stays untouched; bad counts are errors.
-TEST(CudaNorm, AddRmsnormWithL2PrefetchIsBitIdentical) {
-  ZEST_REQUIRE_GPU();
-  std::mt19937 rng(16);
-  const int rows = 3, hidden = 2048;
-  auto x = random_bf16(rows * hidden, rng, -2.f, 2.f), r = random_bf16(rows * hidden, rng),
-       w = random_bf16(hidden, rng, 0.5f, 1.5f);
-  auto blob = random_bf16(3 * 1000 * 1000 + 7, rng);  // stands for weights
-  auto dblob = upload_bf16(blob);
-  auto bits_of = [](const DevBuf<bf16>& b) {
-    std::vector<uint16_t> v(b.size());
-    EXPECT_EQ(cudaMemcpy(v.data(), b.get(), v.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-    return v;
-  };
-  auto run = [&](const L2Prefetch* pf, std::vector<uint16_t>* xo, std::vector<uint16_t>* yo) {
-    auto dx = upload_bf16(x), dr = upload_bf16(r), dw = upload_bf16(w);
-    DevBuf<bf16> dy(x.f.size());
-    dy.poison();
-    ZEST_ASSERT_OK(add_rmsnorm(dx->get(), dr->get(), dw->get(), dy.get(), rows, hidden, kEps, nullptr, pf));
-    sync_ok();
-    *xo = bits_of(*dx);
-    *yo = bits_of(dy);
-  };
-  std::vector<uint16_t> x0, y0;
-  run(nullptr, &x0, &y0);
-  const char* base = reinterpret_cast<const char*>(dblob->get());
-  for (int variant = 0; variant < 3; ++variant) {
-    L2Prefetch pf;
-    pf.add(base + 3, 5'000'001);       // unaligned start and end
-    pf.add(base + 5'000'100, 9);       // shorter than one 16-byte unit: nothing to fetch
-    pf.add(base + 5'000'200, 1'000'000);
-    pf.ctas = variant == 0 ? 1 : variant == 1 ? 132 : 1024;
-    pf.evict_last = variant == 2;
-    std::vector<uint16_t> x1, y1;
-    run(&pf, &x1, &y1);
-    EXPECT_EQ(x1, x0) << "variant " << variant;
-    EXPECT_EQ(y1, y0) << "variant " << variant;
-  }
-  EXPECT_EQ(bits_of(*dblob), blob.bits);
-  L2Prefetch bad;
-  bad.add(base, 64);
-  bad.ctas = 2000;
-  DevBuf<bf16> dy(x.f.size());
-  auto dx = upload_bf16(x), dr = upload_bf16(r), dw = upload_bf16(w);
-  EXPECT_FALSE(add_rmsnorm(dx->get(), dr->get(), dw->get(), dy.get(), rows, hidden, kEps, nullptr, &bad).is_ok());
-}
-
 TEST(CudaNorm, MoeCombineSkipsEmptySlotsAndNormalises) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(15);

@@ -61,59 +61,16 @@ __device__ __forceinline__ void store8(bf16* p, const float* v) {
   *reinterpret_cast<uint4*>(p) = u;
 }
 
-// CTA c of P prefetch CTAs: an equal share of the ranges' bytes (in 16-byte units), in pieces of at most
-// kPrefetchPiece bytes spread over the threads; one bulk L2 prefetch per piece (no completion to wait for).
-constexpr uint32_t kPrefetchPiece = 32 * 1024;
-
-__device__ void l2_prefetch_share(const L2Prefetch& pf, int c, int P) {
-  uint64_t total = 0;  // in 16-byte units, after trimming each range inward to 16-byte boundaries
-  uint64_t first[L2Prefetch::kMaxSpans], units[L2Prefetch::kMaxSpans];
-  for (int i = 0; i < pf.spans; ++i) {
-    const uint64_t a = reinterpret_cast<uint64_t>(pf.ptr[i]), b = a + pf.bytes[i];
-    first[i] = (a + 15) / 16;
-    units[i] = b / 16 > first[i] ? b / 16 - first[i] : 0;
-    total += units[i];
-  }
-  const uint64_t lo = total * c / P, hi = total * (c + 1) / P;
-  uint64_t policy = 0;
-  if (pf.evict_last) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-  constexpr uint64_t kPieceUnits = kPrefetchPiece / 16;
-  const uint64_t pieces = (hi - lo + kPieceUnits - 1) / kPieceUnits;
-  for (uint64_t q = threadIdx.x; q < pieces; q += blockDim.x) {
-    uint64_t u = lo + q * kPieceUnits;
-    const uint64_t end = u + kPieceUnits < hi ? u + kPieceUnits : hi;
-    uint64_t base = 0;
-    for (int i = 0; i < pf.spans && u < end; ++i) {  // a piece may cross from one range into the next
-      const uint64_t s0 = base, s1 = base + units[i];
-      base = s1;
-      if (u >= s1) continue;
-      const uint64_t v = end < s1 ? end : s1;
-      const uint64_t addr = (first[i] + (u - s0)) * 16;
-      const uint32_t bytes = static_cast<uint32_t>((v - u) * 16);
-      if (pf.evict_last)
-        asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(addr), "r"(bytes), "l"(policy)
-                     : "memory");
-      else
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(addr), "r"(bytes) : "memory");
-      u = v;
-    }
-  }
-}
-
 // Mode 0: y = norm(x). Mode 1: x = bf16(x + r), y = norm(x). Mode 2: x = bf16(x + bf16(sum_k slot_out)),
-// y = norm(x) when w != nullptr. CTAs from `rows` on only issue the L2 prefetches of `pf` and exit.
+// y = norm(x) when w != nullptr.
 template <int kMode>
 __global__ void __launch_bounds__(kRowThreads) norm_kernel(bf16* __restrict__ x, const bf16* __restrict__ r,
                                                            const float* __restrict__ slot_out,
                                                            const int32_t* __restrict__ ids, int K,
                                                            const bf16* __restrict__ w, bf16* __restrict__ y,
-                                                           int hidden, float eps, int rows, const L2Prefetch pf) {
+                                                           int hidden, float eps) {
   __shared__ float red[32];
   const int row = blockIdx.x;
-  if (row >= rows) {
-    l2_prefetch_share(pf, row - rows, static_cast<int>(gridDim.x) - rows);
-    return;
-  }
   bf16* xr = x + static_cast<size_t>(row) * hidden;
   if (hidden <= kRowThreads * 8) {
     // One 8-element chunk per thread, kept in registers: the norm weight is loaded before the wait (a weight, not
@@ -296,20 +253,14 @@ Status embedding(const int32_t* ids, const bf16* table, bf16* out, int n, int hi
 Status rmsnorm(const bf16* x, const bf16* w, bf16* y, int rows, int hidden, float eps, cudaStream_t stream) {
   ZEST_RETURN_IF_ERROR(check_rows("rmsnorm", rows, hidden));
   return launch("rmsnorm", norm_kernel<0>, dim3(rows), dim3(kRowThreads), 0, stream, const_cast<bf16*>(x),
-                nullptr, nullptr, nullptr, 0, w, y, hidden, eps, rows, L2Prefetch{});
+                nullptr, nullptr, nullptr, 0, w, y, hidden, eps);
 }
 
 Status add_rmsnorm(bf16* x, const bf16* r, const bf16* w, bf16* y, int rows, int hidden, float eps,
-                   cudaStream_t stream, const L2Prefetch* prefetch) {
+                   cudaStream_t stream) {
   ZEST_RETURN_IF_ERROR(check_rows("add_rmsnorm", rows, hidden));
-  L2Prefetch pf;
-  if (prefetch && prefetch->spans > 0 && prefetch->ctas > 0) {
-    if (prefetch->spans > L2Prefetch::kMaxSpans || prefetch->ctas > 1024)
-      return invalid_argument("add_rmsnorm: at most 4 prefetch ranges and 1024 prefetch CTAs");
-    pf = *prefetch;
-  }
-  return launch("add_rmsnorm", norm_kernel<1>, dim3(rows + pf.ctas), dim3(kRowThreads), 0, stream, x, r, nullptr,
-                nullptr, 0, w, y, hidden, eps, rows, pf);
+  return launch("add_rmsnorm", norm_kernel<1>, dim3(rows), dim3(kRowThreads), 0, stream, x, r, nullptr, nullptr, 0, w,
+                y, hidden, eps);
 }
 
 Status moe_combine_add_rmsnorm(bf16* x, const float* slot_out, const int32_t* ids, int K, const bf16* w, bf16* y,
@@ -317,7 +268,7 @@ Status moe_combine_add_rmsnorm(bf16* x, const float* slot_out, const int32_t* id
   ZEST_RETURN_IF_ERROR(check_rows("moe_combine_add_rmsnorm", rows, hidden));
   if (K <= 0) return invalid_argument("moe_combine_add_rmsnorm: K must be positive");
   return launch("moe_combine_add_rmsnorm", norm_kernel<2>, dim3(rows), dim3(kRowThreads), 0, stream, x, nullptr,
-                slot_out, ids, K, w, y, hidden, eps, rows, L2Prefetch{});
+                slot_out, ids, K, w, y, hidden, eps);
 }
 
 Status silu_mul(const bf16* gu, bf16* h, int rows, int I, cudaStream_t stream) {

@@ -69,10 +69,6 @@ enum class DecodeOption : int {
   kMoeKernel,       // decode experts: 0 (default) = by batch (see moe.cu: rows_mma for one token, else streaming);
                     // 1 = rows_mma gate/up + down kernels; 2-15 = one persistent bulk-copy streaming kernel
                     // (moe_stream.h variants 0-13)
-  kL2Prefetch,      // decode: 0 (default) = off; 1 = the post-attention residual add + RMSNorm of layer l also pulls layer
-                    // l + 1's qkv and o weights into the L2 cache (extra CTAs issue bulk L2 prefetches and exit), so the
-                    // next layer's first two GEMMs read them from L2 while HBM would idle during routing; 2 = as 1 with
-                    // evict-last priority
   kMoeBlock,        // decode MoE half of a layer (T <= 8, MoE layer, nothing re-routes: no SERE, no host hooks): 0 (default)
                     // = the chain add + RMSNorm, routing, experts, combine + RMSNorm; 1 = moe_block_decode (moe_block.h),
                     // one cooperative launch with programmatic serialisation where the driver takes it, gate/up
@@ -100,26 +96,9 @@ Status embedding(const int32_t* ids, const bf16* table, bf16* out, int n, int hi
 // RMSNorm per row: y = w * bf16(x * rsqrt(mean(x^2) + eps)), statistics in fp32.
 Status rmsnorm(const bf16* x, const bf16* w, bf16* y, int rows, int hidden, float eps, cudaStream_t stream);
 
-// Byte ranges to pull into the L2 cache ahead of their use: a hint that never changes a result. `ctas` extra CTAs
-// of the launch that carries it split the ranges between them, issue bulk L2 prefetches and exit (before the wait
-// on the previous kernel: the ranges must be data no kernel in flight writes, e.g. weights). Ranges are trimmed to
-// 16-byte boundaries.
-struct L2Prefetch {
-  static constexpr int kMaxSpans = 4;
-  const void* ptr[kMaxSpans] = {};
-  size_t bytes[kMaxSpans] = {};
-  int spans = 0;
-  int ctas = 0;
-  bool evict_last = false;  // else normal priority
-  void add(const void* p, size_t n) {
-    if (spans < kMaxSpans && p != nullptr && n > 0) ptr[spans] = p, bytes[spans++] = n;
-  }
-};
-
-// Fused residual add + RMSNorm: x = bf16(x + r); y = rmsnorm(x) (x updated in place). With `prefetch` (may be null)
-// the launch also carries its L2 prefetches.
+// Fused residual add + RMSNorm: x = bf16(x + r); y = rmsnorm(x) (x updated in place).
 Status add_rmsnorm(bf16* x, const bf16* r, const bf16* w, bf16* y, int rows, int hidden, float eps,
-                   cudaStream_t stream, const L2Prefetch* prefetch = nullptr);
+                   cudaStream_t stream);
 
 // MoE combine fused with the residual add and the next RMSNorm: x[n] = bf16(x[n] + sum_{k<K, ids[n,k]>=0}
 // slot_out[n,k,:]) summed in fixed k order (deterministic); then y = rmsnorm(x) when w != nullptr.

@@ -311,16 +311,7 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
                                             c.top_k, c.expert_inter, kEps, s));
       continue;
     }
-    // With DecodeOption::kL2Prefetch, the next layer's qkv and o weights head for L2 while routing keeps HBM idle.
-    L2Prefetch pf;
-    if (const int pfo = decode_option(DecodeOption::kL2Prefetch); pfo >= 1 && l + 1 < c.layers) {
-      const Layer& N = layers_[l + 1];
-      pf.add(N.wqkv, static_cast<size_t>(QKV) * H * sizeof(bf16));
-      pf.add(N.wo, static_cast<size_t>(H) * c.q_heads * D * sizeof(bf16));
-      pf.ctas = sm_count();
-      pf.evict_last = pfo == 2;
-    }
-    ZEST_OP("add + rmsnorm", add_rmsnorm(x_, o_, L.post_norm, xn_, batch, H, kEps, s, &pf));
+    ZEST_OP("add + rmsnorm", add_rmsnorm(x_, o_, L.post_norm, xn_, batch, H, kEps, s));
     if (moe) {
       const int E = c.experts, K = c.top_k, I = c.expert_inter;
       const float* bias = opt_.skew > 0.f ? L.router_bias : nullptr;
