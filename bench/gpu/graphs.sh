@@ -1,8 +1,9 @@
 # limit: 60
 # Padded decode graphs (ZEST_CUDA_GRAPH_PAD): a short served load test on a random-weight model
 # of Qwen3-30B-A3B shapes (zest serve --config qwen3-30b-a3b), text only, 64 words, 64 output tokens (ignore_eos),
-# greedy, closed-loop clients, 8, 32 and 20 at a time, against two servers of the same package: padding on (the default)
-# and off (ZEST_CUDA_GRAPH_PAD=0). Graphs captured per server (ZEST_CUDA_GRAPH_LOG=1 lines, warmup included).
+# greedy, closed-loop clients, 8 and 32 at a time, then 60 requests arriving as a Poisson process of 20/s (the batch
+# size changes nearly every step), against two servers of the same package: padding on (the default) and off
+# (ZEST_CUDA_GRAPH_PAD=0). Graphs captured per server (ZEST_CUDA_GRAPH_LOG=1 lines, warmup included).
 # The padded graph tests (CudaGraph.Padded*) run with the whole CUDA suite.
 set -u
 
@@ -26,10 +27,11 @@ stop_server() {
     SERVER=
   fi
 }
-bench() {  # LABEL CONCURRENCY REQUESTS
+bench() {  # LABEL CONCURRENCY REQUESTS [RATE]
   local row
   row=$(timeout 30 "$P/zest" bench serve --url "http://127.0.0.1:$PORT" --requests "$3" --concurrency "$2" \
-    --prompt-len 64 --output-len 64 --seed "$2" --table-row "$1" 2>&1 | grep -E '^\| |^first failure|^error')
+    --rate "${4:-0}" --prompt-len 64 --output-len 64 --seed "$2" --table-row "$1" 2>&1 |
+    grep -E '^\| |^first failure|^error')
   ROWS+=("${row:-| $1 | $2 | no result |}")
   echo "${ROWS[-1]}"
 }
@@ -60,8 +62,8 @@ run() {  # LABEL -- ENV...
   echo "$label: graphs captured after 8 clients: $(grep -c 'decode graph captured' "$SLOG")"
   bench "$label" 32 64
   echo "$label: graphs captured after 32 clients: $(grep -c 'decode graph captured' "$SLOG")"
-  bench "$label" 20 40
-  echo "$label: graphs captured after 20 clients: $(grep -c 'decode graph captured' "$SLOG")"
+  bench "$label, Poisson 20/s" 0 60 20
+  echo "$label: graphs captured after Poisson arrivals: $(grep -c 'decode graph captured' "$SLOG")"
   grep 'decode graph captured' "$SLOG" | awk '{print $5}' | sort -n | uniq -c | tr '\n' ' ' | sed 's/^/  captures by rows: /'
   echo
   grep -E "error|Error|failed" "$SLOG" | head -5
