@@ -54,16 +54,16 @@ constexpr int kMaxExperts = 1024;
 // rows 8m .. 8m+7 (tile rows 0-7) and the matching up rows (tile rows 8-15). A down item's rows are in order. BOX:
 // the weight rows come as 2-D tensor boxes (dense rows, KC <= 256); else each row is one 1-D copy (rows padded so
 // that rows g and g+1 fall in different banks).
-template <int KC, int TG, int MT, bool BOX, bool WT>
+template <int KC, int TG, int MT, bool BOX>
 struct Ring {
   static_assert(TG == 8 || TG == kMaxTokG, "one or two n8 tiles");
-  static_assert(MT == 1 || MT == 2 || MT == 4 || MT == 8, "1, 2, 4 or 8 m16 tiles");
+  static_assert(MT == 1 || MT == 2 || MT == 4, "one, two or four m16 tiles");
   static_assert(!BOX || KC <= 256, "a tensor box has at most 256 columns");
   static constexpr int RA = kTileRows * MT;
   static constexpr int GU = 8 * MT;
   static constexpr int kRowBytes = KC * 2 + (BOX ? 0 : kPadBytes);
   static constexpr int kSlotBytes = (RA + TG) * kRowBytes;
-  static constexpr int kHead = WT ? kBarBytes : head_bytes(MT);  // WT: no partial sums in shared memory
+  static constexpr int kHead = head_bytes(MT);
 };
 
 struct StreamArgs {
@@ -343,42 +343,13 @@ __device__ __forceinline__ PassOut load_pass_out(const StreamArgs& a, int c0, in
   return o;
 }
 
-// The outputs of m16 tile m of a pass from its sums (mma fragment order: n8 tile n = v / 4, element v % 4): gate/up ->
-// h rows (SiLU(gate) * up, rounded as rows_mma does), down -> slot_out rows times the routing weight.
-template <int GU, int RA>
-__device__ __forceinline__ void tile_epilogue(const StreamArgs& a, const Item& it, int c0, int nt, int m,
-                                              const float (&sum)[8], const PassOut& o, int lane) {
-  const int g = lane >> 2, q = lane & 3;
-#pragma unroll
-  for (int n = 0; n < 2; ++n) {
-    if (it.gu) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int tk = n * 8 + q * 2 + i;
-        if (tk >= nt) continue;
-        const float gt = bf16_round(sum[n * 4 + i]), up = bf16_round(sum[n * 4 + 2 + i]);
-        const float sl = bf16_round(gt / (1.f + __expf(-gt)));
-        a.h[static_cast<size_t>(c0 + tk) * a.I + it.tile * GU + m * 8 + g] = __float2bfloat16(sl * up);
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int tk = n * 8 + q * 2 + (i & 1);
-        if (tk >= nt) continue;
-        const int row = it.tile * RA + m * kTileRows + g + (i >> 1) * 8;
-        a.slot_out[static_cast<size_t>(o.slot[n][i & 1]) * a.H + row] =
-            bf16_round(bf16_round(sum[n * 4 + i]) * o.w[n][i & 1]);
-      }
-    }
-  }
-}
-
 // One pass's outputs from the four consumer warps' partial sums rb [warp][MT * 8 values][lane], summed in fixed warp
-// order.
+// order: gate/up -> h rows (SiLU(gate) * up, rounded as rows_mma does), down -> slot_out rows times the routing weight.
 template <int MT, int GU, int RA>
 __device__ __forceinline__ void pass_epilogue(const StreamArgs& a, const Item& it, int c0, int nt, const float* rb,
                                               const PassOut& o, int lane) {
   constexpr int kV = MT * 8;
+  const int g = lane >> 2, q = lane & 3;
 #pragma unroll
   for (int m = 0; m < MT; ++m) {
     float sum[8];
@@ -389,7 +360,28 @@ __device__ __forceinline__ void pass_epilogue(const StreamArgs& a, const Item& i
       for (int w = 1; w < kConsumers; ++w) x += rb[(w * kV + m * 8 + v) * 32 + lane];
       sum[v] = x;
     }
-    tile_epilogue<GU, RA>(a, it, c0, nt, m, sum, o, lane);
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      if (it.gu) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int tk = n * 8 + q * 2 + i;
+          if (tk >= nt) continue;
+          const float gt = bf16_round(sum[n * 4 + i]), up = bf16_round(sum[n * 4 + 2 + i]);
+          const float sl = bf16_round(gt / (1.f + __expf(-gt)));
+          a.h[static_cast<size_t>(c0 + tk) * a.I + it.tile * GU + m * 8 + g] = __float2bfloat16(sl * up);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int tk = n * 8 + q * 2 + (i & 1);
+          if (tk >= nt) continue;
+          const int row = it.tile * RA + m * kTileRows + g + (i >> 1) * 8;
+          a.slot_out[static_cast<size_t>(o.slot[n][i & 1]) * a.H + row] =
+              bf16_round(bf16_round(sum[n * 4 + i]) * o.w[n][i & 1]);
+        }
+      }
+    }
   }
 }
 
@@ -407,15 +399,12 @@ struct StreamMaps {
   CUtensorMap gu, dn, h;
 };
 
-template <int KC, int NS, int TG, int MT, int P, int kMinBlocks, bool BOX, bool EVICT_FIRST, bool AHEAD, bool EPI,
-          bool WT>
+template <int KC, int NS, int TG, int MT, int P, int kMinBlocks, bool BOX, bool EVICT_FIRST, bool AHEAD, bool EPI>
 __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
     moe_stream_kernel(StreamArgs a, const __grid_constant__ StreamMaps maps) {
-  using R = Ring<KC, TG, MT, BOX, WT>;
+  using R = Ring<KC, TG, MT, BOX>;
   constexpr int RA = R::RA, GU = R::GU;
   static_assert(BOX || 32 * P >= RA, "the producer lanes cover every weight row of a stage");
-  static_assert(!WT || (MT % kConsumers == 0 && KC % (32 * kConsumers) == 0 && !EPI),
-                "WT: whole m16 tiles per consumer warp, chunks of whole k-step rounds, no epilogue warp");
   extern __shared__ __align__(128) unsigned char smem[];
   float* red = reinterpret_cast<float*>(smem + kBarBytes);
   unsigned char* slots = smem + R::kHead;
@@ -452,8 +441,6 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
   const int na = __ldg(a.plan.num_active);
   const int gu_tiles = a.I / GU, dn_tiles = a.H / RA;
   const int n_gu = na * gu_tiles, total = n_gu + na * dn_tiles;
-  // ready[j] when all of expert j's h rows are stored: one count per gate/up item (WT: per item and consumer warp).
-  const uint32_t h_target = static_cast<uint32_t>(gu_tiles * (WT ? kConsumers : 1));
   uint32_t stage = 0;  // stages walked so far (the same count in every role)
 
   if (BOX && producer) {
@@ -494,7 +481,7 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
               box_copy_hint(slot, &maps.dn, k0, it.e * a.H + it.tile * RA, full, policy);
               if (!h_ready) {
                 const uint64_t t0 = global_ns();
-                while (ld_acquire(a.plan.ready + it.j) < h_target) {
+                while (ld_acquire(a.plan.ready + it.j) < static_cast<uint32_t>(gu_tiles)) {
                   __nanosleep(128);
                   if (global_ns() - t0 > kWatchdogNs) __trap();
                 }
@@ -552,8 +539,9 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
           if (wrow) bulk_copy_hint(slot + ri * R::kRowBytes, wrow + k0, bytes, full, policy);
           if (!h_ready) {
             if (lane == 0) {
+              const uint32_t target = static_cast<uint32_t>(gu_tiles);
               const uint64_t t0 = global_ns();
-              while (ld_acquire(a.plan.ready + it.j) < h_target) {
+              while (ld_acquire(a.plan.ready + it.j) < target) {
                 __nanosleep(128);
                 if (global_ns() - t0 > kWatchdogNs) __trap();
               }
@@ -585,78 +573,6 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
         epi_sync(kFullBar + buf);
         pass_epilogue<MT, GU, RA>(a, it, c0, nt, red + buf * (kConsumers * kV * 32), o, lane);
         epi_arrive(kFreeBar + buf);
-      }
-      if (it.gu) publish_item(a, it.j, lane);
-    }
-  } else if (WT && warp < kConsumers) {
-    // ---- consumer warps, WT: warp w owns m16 tiles w MW .. w MW + MW - 1 of every stage and all k steps of a chunk,
-    // with one accumulator per k-step residue mod 4 (the steps that consumer warp r takes in the other variants),
-    // added in residue order after the pass: the same sums as the cross-warp reduction, with no shared partial sums
-    // and no barrier between the warps; each warp writes its tiles' outputs and publishes its part of a gate/up item ----
-    constexpr int MW = WT ? MT / kConsumers : 1;
-    const int g = lane >> 2, q = lane & 3;
-    for (;;) {
-      const int4 w = feed.next_reading(lane);
-      if (w.x >= total) break;
-      const Item it = item_of<AHEAD>(a, w, n_gu, gu_tiles, dn_tiles);
-      const int width = it.gu ? a.H : a.I;
-      for (int c0 = it.beg; c0 < it.end; c0 += TG) {
-        const int nt = min(TG, it.end - c0);
-        const bool two = TG > 8 && nt > 8;
-        const PassOut o = it.gu ? PassOut{} : load_pass_out(a, c0, nt, q);
-        float acc[MW][kConsumers][2][4];
-#pragma unroll
-        for (int mw = 0; mw < MW; ++mw)
-#pragma unroll
-          for (int r = 0; r < kConsumers; ++r)
-#pragma unroll
-            for (int n = 0; n < 2; ++n)
-#pragma unroll
-              for (int i = 0; i < 4; ++i) acc[mw][r][n][i] = 0.f;
-        for (int k0 = 0; k0 < width; k0 += KC, ++stage) {
-          const int s = stage % NS;
-          const uint32_t par = (stage / NS) & 1u;
-          const int steps = min(KC, width - k0) / 32;
-          mbar_wait(bar0 + 8 * s, par);
-          const unsigned char* sb = slots + s * R::kSlotBytes + q * 16;
-          const unsigned char* a_lo = sb + g * R::kRowBytes;
-          const unsigned char* a_hi = a_lo + (it.gu ? GU : 8) * R::kRowBytes;
-          const int m_step = (it.gu ? 8 : kTileRows) * R::kRowBytes;
-          const unsigned char* b_0 = sb + (RA + g) * R::kRowBytes;
-          const unsigned char* b_1 = b_0 + 8 * R::kRowBytes;
-          for (int ks0 = 0; ks0 < steps; ks0 += kConsumers) {
-#pragma unroll
-            for (int r = 0; r < kConsumers; ++r) {
-              const int ks = ks0 + r;
-              if (ks >= steps) break;
-              const int off = ks * 64;
-              const uint4 x0 = *reinterpret_cast<const uint4*>(b_0 + off);
-              const uint4 x1 = two ? *reinterpret_cast<const uint4*>(b_1 + off) : x0;
-#pragma unroll
-              for (int mw = 0; mw < MW; ++mw) {
-                const int mo = (warp * MW + mw) * m_step + off;
-                const uint4 lo = *reinterpret_cast<const uint4*>(a_lo + mo);
-                const uint4 hi = *reinterpret_cast<const uint4*>(a_hi + mo);
-                mma_k32(acc[mw][r][0], lo, hi, x0);
-                if (two) mma_k32(acc[mw][r][1], lo, hi, x1);
-              }
-            }
-          }
-          __syncwarp();
-          if (lane == 0) mbar_arrive(bar0 + 8 * (NS + s));
-        }
-#pragma unroll
-        for (int mw = 0; mw < MW; ++mw) {
-          float sum[8];
-#pragma unroll
-          for (int v = 0; v < 8; ++v) {
-            float x = acc[mw][0][v >> 2][v & 3];
-#pragma unroll
-            for (int r = 1; r < kConsumers; ++r) x += acc[mw][r][v >> 2][v & 3];
-            sum[v] = x;
-          }
-          tile_epilogue<GU, RA>(a, it, c0, nt, warp * MW + mw, sum, o, lane);
-        }
       }
       if (it.gu) publish_item(a, it.j, lane);
     }
@@ -762,14 +678,14 @@ Status make_map(CUtensorMap* map, const bf16* base, uint64_t rows, uint64_t cols
 }
 
 template <int KC, int NS, int TG, int MT, int P, int kMinBlocks, bool BOX = false, bool EVICT_FIRST = true,
-          bool AHEAD = false, bool EPI = false, bool WT = false>
+          bool AHEAD = false, bool EPI = false>
 Status launch_stream(const StreamArgs& args, int max_active, cudaStream_t stream) {
-  using R = Ring<KC, TG, MT, BOX, WT>;
+  using R = Ring<KC, TG, MT, BOX>;
   constexpr size_t smem = R::kHead + static_cast<size_t>(NS) * R::kSlotBytes;
   static_assert(8 * (2 * NS + 2 * kItemRing) <= kItemWords && kItemWords + 16 * kItemRing <= kBarBytes,
                 "mbarriers and item words do not fit");
   static_assert(smem <= 227 * 1024, "shared memory of one CTA");
-  const auto kernel = moe_stream_kernel<KC, NS, TG, MT, P, kMinBlocks, BOX, EVICT_FIRST, AHEAD, EPI, WT>;
+  const auto kernel = moe_stream_kernel<KC, NS, TG, MT, P, kMinBlocks, BOX, EVICT_FIRST, AHEAD, EPI>;
   const void* fn = reinterpret_cast<const void*>(kernel);
   static bool configured = false;
   if (!configured) {
@@ -865,10 +781,8 @@ Status moe_experts_stream(const bf16* x, const MoePlan& plan, const float* weigh
     case 11: return launch_stream<256, 3, 16, 2, 1, 2, true, true, true, true>(args, max_active, stream);
     case 12: return launch_stream<256, 2, 16, 4, 1, 2, true, true, true, true>(args, max_active, stream);
     case 13: return launch_stream<128, 3, 16, 4, 4, 2, false, true, true, true>(args, max_active, stream);
-    case 14: return launch_stream<256, 3, 8, 4, 1, 2, true, true, true, false, true>(args, max_active, stream);
-    case 15: return launch_stream<256, 2, 16, 4, 1, 2, true, true, true, false, true>(args, max_active, stream);
-    case 16: return launch_stream<128, 3, 16, 8, 1, 2, true, true, true, false, true>(args, max_active, stream);
-    case 17: return launch_stream<256, 2, 8, 4, 1, 3, true, true, true, false, true>(args, max_active, stream);
+    case 14: return launch_stream<256, 4, 16, 2, 1, 2, true, true, true, true>(args, max_active, stream);
+    case 15: return launch_stream<256, 2, 16, 2, 1, 3, true, true, true, true>(args, max_active, stream);
     default: return launch_stream<512, 3, 16, 1, 4, 2>(args, max_active, stream);
   }
 }
