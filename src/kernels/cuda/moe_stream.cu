@@ -9,12 +9,14 @@
 // copy rate) and the consumer warps walk the same (item, token pass, k chunk) sequence. Consumer warp w takes the
 // 32-wide k steps w, w + 4, ... of every chunk (the same split for every KC, so the variants agree bit for bit) and
 // the four partial sums are reduced in fixed order through shared memory (double-buffered: one named barrier per
-// pass); warp 0 writes the outputs.
+// pass); warp 0 writes the outputs, or (EPI variants) a dedicated epilogue warp after the producers does, so that the
+// consumer warps go on to the next pass at once (they wait only when both partial-sum buffers are still unread).
 //
 // Items are handed out dynamically in strict order: lane 0 of the first producer warp claims the next item number
-// from the plan's item counter (one atomic add, one item ahead of the one it copies) and passes it to the other warps
-// of its CTA through a small ring of item words guarded by mbarriers. Down items of expert j need all of j's h rows:
-// after a gate/up item's last pass, warp 0 publishes its h stores and adds 1 to ready[j] (release); the producer
+// from the plan's item counter (one atomic add, one item ahead of the one it copies; AHEAD variants two ahead, with
+// the item's expert and token range loaded early and posted along) and passes it to the other warps of its CTA through
+// a small ring of item words guarded by mbarriers. Down items of expert j need all of j's h rows: after a gate/up
+// item's last pass, the warp that wrote them publishes its h stores and adds 1 to ready[j] (release); the producer
 // issues a down stage's weight copies, then waits (acquire) until ready[j] counts all of j's gate/up items before it
 // copies h rows. Because items are claimed in order, every gate/up item has been claimed by a running CTA before any
 // down item is claimed, and a running CTA finishes its gate/up items without waiting on anything: no wait depends on
