@@ -27,6 +27,8 @@ constexpr int kGuRound = kMaxH / 32 / kWarps;  // gate/up k chunks per warp (all
 constexpr int kRouterRows = 8;  // experts per router CTA
 constexpr int kMaxStages = 4;   // gate/up ring stages at most
 constexpr int kMaxKC = 1024;    // columns per gate/up stage at most
+constexpr int kItemPrefetch = 2;  // gate/up items of a CTA prefetched into L2 ahead of its ring
+constexpr int kDownPrefetch = 4;  // down loads prefetched into L2 ahead of their bulk copies
 constexpr int kRows = 16;       // weight rows per gate/up item and per down group
 constexpr uint64_t kWatchdogNs = 10'000'000'000ull;
 
@@ -148,6 +150,24 @@ __device__ __forceinline__ float cta_sum(float v, float* red8) {
   return t;
 }
 
+// Order-preserving map of floats to unsigned keys and back.
+__device__ __forceinline__ unsigned float_key(float f) {
+  const unsigned u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float key_float(unsigned k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+// L2 prefetch of `bytes` (multiple of 16) at p (16-byte aligned), in pieces of at most 16 KiB.
+__device__ __forceinline__ void prefetch_l2(const void* p, size_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (size_t o = 0; o < bytes; o += 16384) {
+    const uint32_t n = static_cast<uint32_t>(bytes - o < 16384 ? bytes - o : 16384);
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(c + o), "r"(n) : "memory");
+  }
+}
+
 // One token's router by one warp from fp32 logits (8 per lane in registers): the arithmetic of warp_router_topk
 // (softmax in the same per-lane order, K rounds of warp argmax with ties to the lowest index, weights renormalised
 // and rounded to bf16). Lane 0 writes ids / weights.
@@ -163,7 +183,8 @@ __device__ __forceinline__ void warp_topk(const float* logit, const float* bias,
       mx = fmaxf(mx, p[i]);
     }
   }
-  mx = warp_max(mx);
+  // The warp maximum through redux on order-preserving keys (the same value as the butterfly of fmaxf).
+  mx = key_float(__reduce_max_sync(0xffffffffu, float_key(mx)));
   float sum = 0.f;
 #pragma unroll
   for (int i = 0; i < kMaxE / 32; ++i) {
@@ -175,40 +196,38 @@ __device__ __forceinline__ void warp_topk(const float* logit, const float* bias,
   }
   sum = warp_sum(sum);
   const float inv = 1.f / sum;
+  // Probabilities as keys: bits + 1 (order-preserving for p >= 0), 0 for taken or missing experts.
+  unsigned key[kMaxE / 32];
 #pragma unroll
   for (int i = 0; i < kMaxE / 32; ++i) {
     const int e = lane + 32 * i;
-    p[i] = e < E ? p[i] * inv : -1.f;
+    key[i] = e < E ? __float_as_uint(p[i] * inv) + 1u : 0u;
   }
   float sel_v[kMaxK];
   int sel_i[kMaxK];
   float total = 0.f;
+  // K rounds: the largest probability, ties to the lowest expert (a lane's own entries ascending, then the lowest
+  // lane index among the lanes holding the warp maximum): warp_router_topk's choice.
 #pragma unroll
   for (int k = 0; k < kMaxK; ++k) {
     if (k >= K) break;
-    float best = -1.f;
+    unsigned bk = 0u;
     int bi = 0x7fffffff;
 #pragma unroll
     for (int i = 0; i < kMaxE / 32; ++i)
-      if (p[i] > best) {
-        best = p[i];
+      if (key[i] > bk) {
+        bk = key[i];
         bi = lane + 32 * i;
       }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (ov > best || (ov == best && oi < bi)) {
-        best = ov;
-        bi = oi;
-      }
-    }
+    const unsigned wk = __reduce_max_sync(0xffffffffu, bk);
+    const int wi = __reduce_min_sync(0xffffffffu, bk == wk ? bi : 0x7fffffff);
+    const float best = __uint_as_float(wk - 1u);
     sel_v[k] = best;
-    sel_i[k] = bi;
+    sel_i[k] = wi;
     total += best;
 #pragma unroll
     for (int i = 0; i < kMaxE / 32; ++i)
-      if (lane + 32 * i == bi) p[i] = -1.f;
+      if (lane + 32 * i == wi) key[i] = 0u;
   }
   if (lane == 0) {
 #pragma unroll
@@ -391,7 +410,6 @@ __global__ void __launch_bounds__(kThreads, 1) moe_block_kernel(BlockParams p) {
     if (lane == 31) {
       na_s = as;
       off_s[as] = ts;
-      if (b == 0 && p.count_sum) *p.count_sum += as;
     }
   }
   __syncthreads();
@@ -411,7 +429,16 @@ __global__ void __launch_bounds__(kThreads, 1) moe_block_kernel(BlockParams p) {
   const int groups = H / kRows;
   const int my_groups = b < groups ? (groups - b + G - 1) / G : 0;
   const int loads = my_groups * rounds;
+  // L2 prefetch of down load i's tiles (one thread; the ring variant prefetches ahead of its bulk copies).
+  auto prefetch_down = [&](int i) {
+    const int gi = b + (i / rounds) * G, r = i % rounds;
+    const int qn = min(P, na - r * P);
+    for (int q = 0; q < qn; ++q)
+      prefetch_l2(p.down + (static_cast<size_t>(act_s[r * P + q]) * H + gi * kRows) * I,
+                  static_cast<size_t>(kRows) * I * 2);
+  };
   auto issue = [&](int i) {  // warp 0
+    if (p.ring && lane == 0 && i + 2 < loads && i + 2 >= kDownPrefetch) prefetch_down(i + 2);
     const int gi = b + (i / rounds) * G, r = i % rounds;
     const int qn = min(P, na - r * P);
     const int buf = i & 1;
@@ -502,10 +529,25 @@ __global__ void __launch_bounds__(kThreads, 1) moe_block_kernel(BlockParams p) {
     const uint32_t krow = static_cast<uint32_t>(KC) * 2, kstride = krow + 16, stage_bytes = 2 * kRows * kstride;
     const int my_items = b < items ? (items - b + G - 1) / G : 0;
     const int nst = my_items * parts;
+    // L2 prefetch of item m's 16 gate and 16 up rows (one thread), kItemPrefetch items ahead of the ring; the first
+    // down tiles when the last item enters the ring.
+    auto prefetch_item = [&](int m) {
+      const int item = b + m * G;
+      const int j = item / gu_tiles, r0 = (item % gu_tiles) * kRows;
+      const bf16* w0 = p.gate_up + (static_cast<size_t>(act_s[j]) * 2 * I + r0) * H;
+      prefetch_l2(w0, static_cast<size_t>(kRows) * H * 2);
+      prefetch_l2(w0 + static_cast<size_t>(I) * H, static_cast<size_t>(kRows) * H * 2);
+    };
     auto issue_stage = [&](int i) {  // warp 0: one row per lane
       const int item = b + (i / parts) * G, part = i % parts;
       const int j = item / gu_tiles, r0 = (item % gu_tiles) * kRows;
       const int slot = i % NS;
+      if (lane == 0 && part == 0) {
+        const int m = i / parts;
+        if (m + kItemPrefetch < my_items) prefetch_item(m + kItemPrefetch);
+        if (m == my_items - 1)
+          for (int d = 0; d < kDownPrefetch && d < loads; ++d) prefetch_down(d);
+      }
       if (lane == 0) mbar_arrive_expect_tx(&full[slot], 2 * kRows * krow);
       __syncwarp();
       const int row = lane < kRows ? r0 + lane : I + r0 + lane - kRows;
@@ -513,6 +555,11 @@ __global__ void __launch_bounds__(kThreads, 1) moe_block_kernel(BlockParams p) {
                 p.gate_up + (static_cast<size_t>(act_s[j]) * 2 * I + row) * H + static_cast<size_t>(part) * KC, krow,
                 &full[slot]);
     };
+    if (tid == 0) {
+      for (int m = 0; m < kItemPrefetch && m < my_items; ++m) prefetch_item(m);
+      if (my_items == 0)
+        for (int d = 0; d < kDownPrefetch && d < loads; ++d) prefetch_down(d);
+    }
     if (warp == 0)
       for (int i = 0; i < NS && i < nst; ++i) issue_stage(i);
     int rb = 0;
@@ -664,6 +711,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_block_kernel(BlockParams p) {
     const float inv = rsqrtf(tot / H + p.eps);
     if (own) *reinterpret_cast<uint4*>(p.xn + static_cast<size_t>(b) * H + c8) = norm8(v, inv, wnext);
   }
+  if (b == 0 && tid == 0 && p.count_sum) *p.count_sum += na;  // statistics, off the critical path
   stamp(7);
 }
 
