@@ -73,7 +73,8 @@ enum class DecodeOption : int {
                     // = the chain add + RMSNorm, routing, experts, combine + RMSNorm; 1 = moe_block_decode (moe_block.h),
                     // one cooperative launch with programmatic serialisation where the driver takes it, gate/up
                     // weights bulk-copied into a shared-memory ring; 2 = as 1, never with programmatic serialisation;
-                    // 3 = as 1 with the gate/up weights through register loads
+                    // 3 = as 1 with the gate/up weights through register loads; 4 = as 1 with a small shared-memory
+                    // layout (stages of 256 columns), two CTAs per SM
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);

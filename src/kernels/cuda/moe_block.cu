@@ -52,8 +52,7 @@ struct BlockParams {
   int T, H, E, K, I;
   int P;  // experts per down buffer
   int R;  // router CTAs
-  int ring;    // gate/up weights: 1 = bulk copies into a ring of NS stages in shared memory, 0 = register loads
-  int NS, KC;  // ring stages; columns of H per stage (H / KC stages per item)
+  int NS, KC;  // gate/up ring stages; columns of H per stage (H / KC stages per item)
   uint32_t off_w, off_red, off_sval;
   float eps;
 };
@@ -239,7 +238,10 @@ __device__ __forceinline__ void warp_topk(const float* logit, const float* bias,
   }
 }
 
-__global__ void __launch_bounds__(kThreads, 1) moe_block_kernel(BlockParams p) {
+// kMode 0: gate/up weights through register loads; 1: bulk-copy ring; 2: as 1, registers capped for two CTAs per SM
+// (with the small shared-memory layout).
+template <int kMode>
+__global__ void __launch_bounds__(kThreads, kMode == 2 ? 2 : 1) moe_block_kernel(BlockParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ __align__(8) uint64_t rbar, dbar[2], full[kMaxStages];
   __shared__ float red8[kMaxT][kWarps];
@@ -438,7 +440,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_block_kernel(BlockParams p) {
                   static_cast<size_t>(kRows) * I * 2);
   };
   auto issue = [&](int i) {  // warp 0
-    if (p.ring && lane == 0 && i + 2 < loads && i + 2 >= kDownPrefetch) prefetch_down(i + 2);
+    if (kMode != 0 && lane == 0 && i + 2 < loads && i + 2 >= kDownPrefetch) prefetch_down(i + 2);
     const int gi = b + (i / rounds) * G, r = i % rounds;
     const int qn = min(P, na - r * P);
     const int buf = i & 1;
@@ -457,7 +459,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_block_kernel(BlockParams p) {
   // a warp's k chunks of an item are one round of loads. The next item's loads are issued before the cross-warp
   // reduction of the current one (double-buffered partial sums, one CTA barrier per item). ----
   const int gu_tiles = I / kRows, items = na * gu_tiles;
-  if (!p.ring) {
+  if constexpr (kMode == 0) {
     const int chunks = H / 32;
     uint4 lo[kGuRound][2], hi[kGuRound][2];
     auto load_item = [&](int item) {
@@ -524,7 +526,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_block_kernel(BlockParams p) {
   // and 16 up rows of its item i / parts, columns [KC (i % parts), + KC) (rows padded by 16 bytes). Every warp computes
   // its chunks (c = warp mod 8, ascending: rows_mma's order) of every stage; after a CTA barrier the stage is refilled
   // with stage i + NS. The down tiles are copied once the ring is drained.
-  if (p.ring) {
+  if constexpr (kMode != 0) {
     const int KC = p.KC, NS = p.NS, parts = H / KC, cpp = KC / 32;
     const uint32_t krow = static_cast<uint32_t>(KC) * 2, kstride = krow + 16, stage_bytes = 2 * kRows * kstride;
     const int my_items = b < items ? (items - b + G - 1) / G : 0;
@@ -722,19 +724,19 @@ struct Layout {
 
 uint32_t align128(size_t v) { return static_cast<uint32_t>((v + 127) / 128 * 128); }
 
-// Columns of H per gate/up ring stage: the largest divisor of H that is a multiple of 32 and at most kMaxKC.
-int stage_cols(int H) {
+// Columns of H per gate/up ring stage: the largest divisor of H that is a multiple of 32 and at most max_kc.
+int stage_cols(int H, int max_kc) {
   for (int parts = 1; parts <= H / 32; ++parts)
-    if (H % parts == 0 && (H / parts) % 32 == 0 && H / parts <= kMaxKC) return H / parts;
+    if (H % parts == 0 && (H / parts) % 32 == 0 && H / parts <= max_kc) return H / parts;
   return 0;
 }
 
 // Dynamic shared memory for (T, H, K, I) within max_dyn bytes: xn rows; one region for the router rows, then the
 // gate/up ring (NS stages of 32 rows x KC columns), then the two down buffers (P experts' 16-row tiles each); the
 // cross-warp reduction; the scaled down outputs of a group. NS = 0 / P = 0: does not fit.
-Layout pick_layout(int T, int H, int K, int I, int max_dyn) {
+Layout pick_layout(int T, int H, int K, int I, int max_dyn, int max_kc) {
   Layout L;
-  L.KC = stage_cols(H);
+  L.KC = stage_cols(H, max_kc);
   const size_t tile = static_cast<size_t>(kRows) * (static_cast<size_t>(I) * 2 + 16);
   const size_t stage = static_cast<size_t>(2 * kRows) * (static_cast<size_t>(L.KC) * 2 + 16);
   const size_t router = static_cast<size_t>(kRouterRows) * (static_cast<size_t>(H) * 2 + 16);
@@ -762,35 +764,54 @@ struct DeviceInfo {
   int sms = 0;
 };
 
+using BlockKernel = void (*)(BlockParams);
+BlockKernel kernel_of(int mode) {
+  return mode == 0 ? moe_block_kernel<0> : mode == 1 ? moe_block_kernel<1> : moe_block_kernel<2>;
+}
+
 const DeviceInfo& device_info() {
   static const DeviceInfo info = [] {
     DeviceInfo d;
     int dev = 0, coop = 0, optin = 0;
-    cudaFuncAttributes attr{};
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
-        cudaFuncGetAttributes(&attr, moe_block_kernel) != cudaSuccess) {
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
       cudaGetLastError();
       return d;
     }
-    d.max_dyn = optin - static_cast<int>(attr.sharedSizeBytes);
+    size_t stat = 0;
+    for (int m = 0; m < 3; ++m) {
+      cudaFuncAttributes attr{};
+      if (cudaFuncGetAttributes(&attr, kernel_of(m)) != cudaSuccess) {
+        cudaGetLastError();
+        return d;
+      }
+      stat = std::max(stat, attr.sharedSizeBytes);
+    }
+    d.max_dyn = optin - static_cast<int>(stat);
     d.sms = sm_count();
-    d.ok = coop != 0 && d.max_dyn > 0 &&
-           cudaFuncSetAttribute(reinterpret_cast<const void*>(moe_block_kernel),
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, d.max_dyn) == cudaSuccess;
+    d.ok = coop != 0 && d.max_dyn > 0;
+    for (int m = 0; m < 3 && d.ok; ++m)
+      d.ok = cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel_of(m)),
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, d.max_dyn) == cudaSuccess;
     cudaGetLastError();
     return d;
   }();
   return info;
 }
 
-Layout pick_layout(int T, int H, int K, int I) { return pick_layout(T, H, K, I, device_info().max_dyn); }
+// The default layout (stages of up to kMaxKC columns, all the shared memory a CTA may have) and the small one of
+// DecodeOption::kMoeBlock 4 (stages of up to 256 columns within kSmallSmem bytes, two CTAs per SM).
+constexpr int kSmallSmem = 110 * 1024;
+Layout pick_layout(int T, int H, int K, int I, bool small = false) {
+  return small ? pick_layout(T, H, K, I, std::min(device_info().max_dyn, kSmallSmem), 256)
+               : pick_layout(T, H, K, I, device_info().max_dyn, kMaxKC);
+}
 
-// CTAs of the cooperative grid for `smem` bytes (0: cannot launch).
-int grid_for(size_t smem) {
+// CTAs of the cooperative grid of `mode` for `smem` bytes (0: cannot launch).
+int grid_for(int mode, size_t smem) {
   int per_sm = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_block_kernel, kThreads, smem) != cudaSuccess) {
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel_of(mode), kThreads, smem) != cudaSuccess) {
     cudaGetLastError();
     return 0;
   }
@@ -845,7 +866,7 @@ bool moe_block_ok(int T, int H, int E, int K, int I) {
   if (!device_info().ok) return false;
   const Layout L = pick_layout(T, H, K, I);
   if (L.P == 0) return false;
-  const int G = grid_for(L.bytes);
+  const int G = grid_for(L.NS >= 2 ? 1 : 0, L.bytes);
   return G >= (E + kRouterRows - 1) / kRouterRows && G >= T;
 }
 
@@ -870,7 +891,23 @@ Status moe_block_decode(bf16* x, const bf16* o, const bf16* post_norm, const bf1
   }
   if (workspace_bytes < moe_block_workspace_bytes(T, E, K, I))
     return invalid_argument("moe_block_decode: workspace too small");
-  const Layout L = pick_layout(T, H, K, I);
+  // DecodeOption::kMoeBlock 3: gate/up weights through register loads; 4: the small layout, two CTAs per SM (when it
+  // fits); otherwise the bulk-copy ring (register loads when fewer than two stages fit).
+  const int option = decode_option(DecodeOption::kMoeBlock);
+  const int R = (E + kRouterRows - 1) / kRouterRows;
+  int mode = option == 3 ? 0 : option == 4 ? 2 : 1;
+  Layout L;
+  int G = 0;
+  if (mode == 2) {
+    L = pick_layout(T, H, K, I, true);
+    if (L.P > 0 && L.NS >= 2) G = grid_for(2, L.bytes);
+    if (G < R || G < T) mode = 1;
+  }
+  if (mode != 2) {
+    L = pick_layout(T, H, K, I);
+    if (L.NS < 2) mode = 0;
+    G = grid_for(mode, L.bytes);
+  }
   BlockParams p{};
   p.x = x;
   p.o = o;
@@ -895,17 +932,13 @@ Status moe_block_decode(bf16* x, const bf16* o, const bf16* post_norm, const bf1
   p.K = K;
   p.I = I;
   p.P = L.P;
-  p.R = (E + kRouterRows - 1) / kRouterRows;
-  // DecodeOption::kMoeBlock 3: gate/up weights through register loads instead of the bulk-copy ring.
-  const int variant = decode_option(DecodeOption::kMoeBlock);
-  p.ring = variant != 3 && L.NS >= 2 ? 1 : 0;
+  p.R = R;
   p.NS = L.NS;
   p.KC = L.KC;
   p.off_w = L.off_w;
   p.off_red = L.off_red;
   p.off_sval = L.off_sval;
   p.eps = eps;
-  const int G = grid_for(L.bytes);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(G);
   cfg.blockDim = dim3(kThreads);
@@ -918,14 +951,15 @@ Status moe_block_decode(bf16* x, const bf16* o, const bf16* post_norm, const bf1
   attr[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   // DecodeOption::kMoeBlock 2: never with programmatic serialisation.
-  const bool want_pdl = programmatic_launch() && pdl_state != 0 && decode_option(DecodeOption::kMoeBlock) != 2;
+  const bool want_pdl = programmatic_launch() && pdl_state != 0 && option != 2;
   cfg.numAttrs = want_pdl ? 2 : 1;
-  cudaError_t err = cudaLaunchKernelEx(&cfg, moe_block_kernel, p);
+  const BlockKernel kernel = kernel_of(mode);
+  cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, p);
   if (err != cudaSuccess && want_pdl && pdl_state < 0) {
     cudaGetLastError();
     pdl_state = 0;
     cfg.numAttrs = 1;
-    err = cudaLaunchKernelEx(&cfg, moe_block_kernel, p);
+    err = cudaLaunchKernelEx(&cfg, kernel, p);
   } else if (err == cudaSuccess && want_pdl) {
     pdl_state = 1;
   }
