@@ -238,15 +238,16 @@ void ref_norm_rope128(const float* x, const std::vector<float>& w, const double*
   }
 }
 
-// decode_attention_fused with kAttentionKernel `variant` against a host reference: q/k norm + RoPE, the current
-// token's k/v stored at its slot (k within bf16 tolerance, v bit for bit) and attended, attention in double (output
-// within kTol = 2e-2 of max |ref|). The cache is random; rows past each sequence's context in its last page hold NaN
-// (never attended: no NaN may reach the output) and the current token's slot holds stale random values. A second
-// launch on the same workspace gives the same bits (counters reset).
-void run_fused_variant_case(int variant, const std::vector<int>& lens, int Hkv, bool mrope, std::mt19937& rng) {
+// decode_attention_fused with each kAttentionKernel value of `variants` against one host reference: q/k norm + RoPE,
+// the current token's k/v stored at its slot (k within bf16 tolerance, v bit for bit) and attended, attention in
+// double (output within kTol = 2e-2 of max |ref|). The cache is random; rows past each sequence's context in its last
+// page hold NaN (never attended: no NaN may reach the output) and the current token's slot holds stale random values.
+// Each variant starts from fresh copies of the inputs; a second launch on the same workspace gives the same bits
+// (counters reset).
+void run_fused_variants_case(const std::vector<int>& variants, const std::vector<int>& lens, int Hkv, bool mrope,
+                             std::mt19937& rng) {
   const int B = static_cast<int>(lens.size()), D = 128, Hq = 8 * Hkv;
-  SCOPED_TRACE(testing::Message() << "variant " << variant << " B=" << B << " Hkv=" << Hkv << " mrope=" << mrope
-                                  << " first len=" << lens[0]);
+  SCOPED_TRACE(testing::Message() << "B=" << B << " Hkv=" << Hkv << " mrope=" << mrope << " first len=" << lens[0]);
   const int max_ctx = *std::max_element(lens.begin(), lens.end());
   const int max_blocks = (max_ctx + kKvBlock - 1) / kKvBlock + 1;
   const int num_blocks = B * max_blocks;
@@ -288,21 +289,9 @@ void run_fused_variant_case(int variant, const std::vector<int>& lens, int Hkv, 
   p.max_context = max_ctx;
   p.max_blocks = max_blocks;
   p.scale = 1.f / std::sqrt(static_cast<float>(D));
-  set_decode_option(DecodeOption::kAttentionKernel, variant);
-  DevBuf<int32_t> dbt(bt), dlens(std::vector<int32_t>(lens.begin(), lens.end())), dpos(pos), dslots(slots);
-  auto dqn = upload_bf16(qn), dkn = upload_bf16(kn);
-  DevBuf<unsigned char> ws(decode_attention_workspace_bytes(p));
-  ASSERT_EQ(cudaMemset(ws.get(), 0, ws.size()), cudaSuccess);
-  auto dk = upload_bf16(kc), dv = upload_bf16(vc), dq = upload_bf16(qkv);
-  DevBuf<bf16> out(static_cast<size_t>(B) * Hq * D);
-  out.poison();
-  ZEST_ASSERT_OK(decode_attention_fused(p, dq->get(), q_stride, dqn->get(), dkn->get(), dpos.get(), pos_stride, rope,
-                                        dslots.get(), dk->get(), dv->get(), dbt.get(), dlens.get(), out.get(), ws.get(),
-                                        kEps, nullptr));
-  sync_ok();
-  const auto got = download_bf16(out);
 
-  std::vector<float> kref = kc.f, vref = vc.f, ref(got.size()), qh(D);
+  // Host reference (once for all variants).
+  std::vector<float> kref = kc.f, vref = vc.f, ref(static_cast<size_t>(B) * Hq * D), qh(D);
   for (int b = 0; b < B; ++b) {
     const double pa[3] = {static_cast<double>(pos[b]), static_cast<double>(pos[mrope ? B + b : b]),
                           static_cast<double>(pos[mrope ? 2 * B + b : b])};
@@ -324,49 +313,73 @@ void run_fused_variant_case(int variant, const std::vector<int>& lens, int Hkv, 
       ref_attend(qh.data(), ks, vs, D, p.scale, &ref[(static_cast<size_t>(b) * Hq + h) * D]);
     }
   }
-  ZEST_EXPECT_CLOSE(got, ref, kTol);
-  // The current tokens' k and v at their slots.
-  const auto kgot = download_bf16(*dk), vgot = download_bf16(*dv);
-  std::vector<float> kg, kr, vg, vr;
+  std::vector<float> kr, vr;
   for (int b = 0; b < B; ++b)
     for (size_t i = 0; i < static_cast<size_t>(Hkv) * D; ++i) {
-      const size_t at = static_cast<size_t>(slots[b]) * Hkv * D + i;
-      kg.push_back(kgot[at]);
-      kr.push_back(kref[at]);
-      vg.push_back(vgot[at]);
-      vr.push_back(vref[at]);
+      kr.push_back(kref[static_cast<size_t>(slots[b]) * Hkv * D + i]);
+      vr.push_back(vref[static_cast<size_t>(slots[b]) * Hkv * D + i]);
     }
-  ZEST_EXPECT_CLOSE(kg, kr, kTol);
-  EXPECT_EQ(vg, vr);
 
-  ZEST_ASSERT_OK(decode_attention_fused(p, dq->get(), q_stride, dqn->get(), dkn->get(), dpos.get(), pos_stride, rope,
-                                        dslots.get(), dk->get(), dv->get(), dbt.get(), dlens.get(), out.get(), ws.get(),
-                                        kEps, nullptr));
-  sync_ok();
-  const auto again = download_bf16(out);
-  for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(again[i], got[i]) << "element " << i;
-  set_decode_option(DecodeOption::kAttentionKernel, default_decode_option(DecodeOption::kAttentionKernel));
+  DevBuf<int32_t> dbt(bt), dlens(std::vector<int32_t>(lens.begin(), lens.end())), dpos(pos), dslots(slots);
+  auto dqn = upload_bf16(qn), dkn = upload_bf16(kn), dq = upload_bf16(qkv);
+  DevBuf<unsigned char> ws(decode_attention_workspace_bytes(p));
+  ASSERT_EQ(cudaMemset(ws.get(), 0, ws.size()), cudaSuccess);
+  for (int variant : variants) {
+    SCOPED_TRACE(testing::Message() << "kAttentionKernel " << variant);
+    set_decode_option(DecodeOption::kAttentionKernel, variant);
+    auto dk = upload_bf16(kc), dv = upload_bf16(vc);
+    DevBuf<bf16> out(static_cast<size_t>(B) * Hq * D);
+    out.poison();
+    const Status st1 = decode_attention_fused(p, dq->get(), q_stride, dqn->get(), dkn->get(), dpos.get(), pos_stride,
+                                              rope, dslots.get(), dk->get(), dv->get(), dbt.get(), dlens.get(),
+                                              out.get(), ws.get(), kEps, nullptr);
+    set_decode_option(DecodeOption::kAttentionKernel, default_decode_option(DecodeOption::kAttentionKernel));
+    ZEST_ASSERT_OK(st1);
+    sync_ok();
+    const auto got = download_bf16(out);
+    ZEST_EXPECT_CLOSE(got, ref, kTol);
+    // The current tokens' k and v at their slots.
+    const auto kgot = download_bf16(*dk), vgot = download_bf16(*dv);
+    std::vector<float> kg, vg;
+    for (int b = 0; b < B; ++b)
+      for (size_t i = 0; i < static_cast<size_t>(Hkv) * D; ++i) {
+        kg.push_back(kgot[static_cast<size_t>(slots[b]) * Hkv * D + i]);
+        vg.push_back(vgot[static_cast<size_t>(slots[b]) * Hkv * D + i]);
+      }
+    ZEST_EXPECT_CLOSE(kg, kr, kTol);
+    EXPECT_EQ(vg, vr);
+
+    set_decode_option(DecodeOption::kAttentionKernel, variant);
+    const Status st2 = decode_attention_fused(p, dq->get(), q_stride, dqn->get(), dkn->get(), dpos.get(), pos_stride,
+                                              rope, dslots.get(), dk->get(), dv->get(), dbt.get(), dlens.get(),
+                                              out.get(), ws.get(), kEps, nullptr);
+    set_decode_option(DecodeOption::kAttentionKernel, default_decode_option(DecodeOption::kAttentionKernel));
+    ZEST_ASSERT_OK(st2);
+    sync_ok();
+    const auto again = download_bf16(out);
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(again[i], got[i]) << "element " << i;
+  }
 }
 
 // Every fused variant (2: global merge, 3: cluster merge at small sizes, 4: bulk-copy ring with the global merge,
-// 5: the ring with the cluster merge, 6: as 5 with two stages, 7: as 5 with four stages, 8: 3 or 5 by size): batch 1 (one page, odd lengths, a long context of 5000 tokens), mixed lengths
-// around page boundaries with M-RoPE, batch 8 and 37 at the decode benchmark's length, two kv-head groups
-// (Hkv = 8), and Hkv = 2 (the ring needs groups of 4: variants 4-7 fall back to the other kernel).
+// 5: the ring with the cluster merge, 6: as 5 with two stages, 7: as 5 with four stages, 8: by size) on the same
+// inputs: batch 1 (one token, 1025 tokens, a long context of 5000 with M-RoPE), mixed lengths around page boundaries
+// with M-RoPE, batch 8 and 37 at about the decode benchmark's length, two kv-head groups (Hkv = 8), and Hkv = 2
+// (the ring needs groups of 4: variants 4-8 fall back to the other kernel).
 TEST(CudaDecodeAttention, FusedVariantsMatchReference) {
   ZEST_REQUIRE_GPU();
-  for (int variant : {4, 5, 6, 7, 8, 2, 3}) {
-    std::mt19937 rng(41 + variant);
-    run_fused_variant_case(variant, {1}, 4, false, rng);
-    run_fused_variant_case(variant, {1025}, 4, false, rng);
-    run_fused_variant_case(variant, {5000}, 4, true, rng);
-    run_fused_variant_case(variant, {1, 15, 16, 17, 33, 64, 300, 1025}, 4, true, rng);
-    run_fused_variant_case(variant, std::vector<int>(8, 1025), 4, false, rng);
-    std::vector<int> mixed(37);
-    for (int i = 0; i < 37; ++i) mixed[i] = 1 + (i * 389) % 1100;
-    run_fused_variant_case(variant, mixed, 4, false, rng);
-    run_fused_variant_case(variant, {700, 2049, 3}, 8, false, rng);
-    run_fused_variant_case(variant, {129, 40}, 2, true, rng);
-  }
+  const std::vector<int> variants = {4, 5, 6, 7, 8, 2, 3};
+  std::mt19937 rng(41);
+  run_fused_variants_case(variants, {1}, 4, false, rng);
+  run_fused_variants_case(variants, {1025}, 4, false, rng);
+  run_fused_variants_case(variants, {5000}, 4, true, rng);
+  run_fused_variants_case(variants, {1, 15, 16, 17, 33, 64, 300, 1025}, 4, true, rng);
+  run_fused_variants_case(variants, std::vector<int>(8, 1025), 4, false, rng);
+  std::vector<int> mixed(37);
+  for (int i = 0; i < 37; ++i) mixed[i] = 1 + (i * 389) % 1100;
+  run_fused_variants_case(variants, mixed, 4, false, rng);
+  run_fused_variants_case(variants, {700, 2049, 3}, 8, false, rng);
+  run_fused_variants_case(variants, {129, 40}, 2, true, rng);
 }
 
 TEST(CudaDecodeAttention, RejectsOddHeadDim) {

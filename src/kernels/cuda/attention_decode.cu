@@ -1396,7 +1396,12 @@ namespace {
 
 constexpr int kClusterMaxPages = 16 * kDecWarps * 2;  // cluster merge up to 2 pages per warp (2048 tokens)
 constexpr int kClusterMaxPairs = 8;                    // and up to 8 (sequence, kv head) pairs
-constexpr int kRingBySize = 5;  // the ring variant that kAttentionKernel 8 runs above the cluster merge's sizes
+// kAttentionKernel 8 (by size) runs ring variant kRingBySize above the cluster merge's sizes up to kRingBySizeMaxPairs
+// (sequence, kv head) pairs, variant 3 otherwise. Measured on H200 at Qwen3-30B-A3B shapes, context 1024 (51ca14c):
+// in the decode graph the ring kernel costs 13.2 us per layer at batch 8 against 15.8 for variant 3, but is slower at
+// batch 32 and 64 (TPOT 16.32 / 19.01 ms against 15.94 / 18.57).
+constexpr int kRingBySize = 5;
+constexpr int kRingBySizeMaxPairs = 32;
 
 // Whether 16-CTA clusters of the fused kernel can be scheduled (checked once).
 bool cluster_attention_ok() {
@@ -1431,11 +1436,19 @@ bool ring_ok(const DecodeAttention& p, const bf16* k_cache, const bf16* v_cache)
          reinterpret_cast<uintptr_t>(v_cache) % 16 == 0;
 }
 
+// The dynamic shared memory size, and the largest shared-memory carveout (two CTAs of the three-stage ring per SM
+// need 222 KB of the 228).
 template <bool kCluster, int S>
 bool ring_smem_set() {
-  static const bool ok = cudaFuncSetAttribute(decode_attention_ring_kernel<kCluster, S>,
-                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+  static const bool ok = [] {
+    const void* fn = reinterpret_cast<const void*>(decode_attention_ring_kernel<kCluster, S>);
+    const bool size_ok = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                               static_cast<int>(ring_smem(S))) == cudaSuccess;
+    if (cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) !=
+        cudaSuccess)
+      cudaGetLastError();
+    return size_ok;
+  }();
   return ok;
 }
 
@@ -1534,9 +1547,10 @@ Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_s
   DecodeFuse f{q_norm, k_norm, pos, pos_stride, rope, slot_mapping, eps};
   const int pages = (p.max_context + kKvBlock - 1) / kKvBlock;
   int variant = decode_option(DecodeOption::kAttentionKernel);
-  if (variant == 8) {  // by size: the cluster merge of variant 3 where it applies, else the ring kernel
-    const bool small = pages <= kClusterMaxPages && p.batch * p.kv_heads <= kClusterMaxPairs;
-    variant = small || !ring_ok(p, k_cache, v_cache) ? 3 : kRingBySize;
+  if (variant == 8) {  // by size: variant 3's cluster merge where it applies, the ring kernel above, up to 32 pairs
+    const int pairs = p.batch * p.kv_heads;
+    const bool small = pages <= kClusterMaxPages && pairs <= kClusterMaxPairs;
+    variant = small || pairs > kRingBySizeMaxPairs || !ring_ok(p, k_cache, v_cache) ? 3 : kRingBySize;
   }
   if (variant >= 4 && variant <= 7 && ring_ok(p, k_cache, v_cache)) {
     // 4: global merge; 5: cluster merge; 6: as 5 with two stages; 7: as 5 with four stages, one CTA per SM.
