@@ -4,8 +4,8 @@
 # and S=2) for experts=0 (the default by batch: rows_mma at one token, experts=13 up to 8 tokens, experts=14 above)
 # against experts=1 (rows_mma), with the step timed without each op at batch 8 and 64 for the default (the experts'
 # cost per layer); then batch 8/32/64 without SERE: experts=13 / 14 (variants 11 / 12, the defaults) against
-# experts=16 / 17 (variants 14 / 15: variant 11 with four stages, or with three CTAs per SM). Output is line-buffered
-# so that a cut run still reports.
+# experts=4 / 9 (variants 2 / 7, the streaming pair before the epilogue warp and the items claimed ahead). Output is
+# line-buffered so that a cut run still reports.
 timeout 20 "$P/test_cuda" --gtest_filter='CudaMoeStream*' 2>&1 | grep --line-buffered -vE '^\[ +(RUN|OK) +\]'
 echo "test_cuda exit: ${PIPESTATUS[0]}"
 F='^    (qkv|qk norm|o gemm|add|router|lm_head|moe plan|moe combine|decode attention|ablation)|^sere_reroute'
@@ -13,5 +13,5 @@ F='^    (qkv|qk norm|o gemm|add|router|lm_head|moe plan|moe combine|decode atten
   --steps 20 --warmup 3 --ablate 8,64 --ablate-steps 6 --variant experts=0 --variant experts=1 2>&1 |
   grep --line-buffered -vE "$F"
 "$P/bench_decode_bench" --config qwen3-30b-a3b --batch 8,32,64 --context 1024 --steps 20 --warmup 3 \
-  --variant experts=13 --variant experts=14 --variant experts=16 --variant experts=17 2>&1 |
+  --variant experts=13 --variant experts=14 --variant experts=4 --variant experts=9 2>&1 |
   grep --line-buffered -E 'variant|batch [0-9]+:|^\| [0-9]'

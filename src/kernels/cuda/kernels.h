@@ -67,14 +67,13 @@ enum class DecodeOption : int {
                     // launch); 2 = as 1 in clusters of at most 8 CTAs; 3 = as 1, the next kernel launched only when
                     // it exits; 0 = router GEMM, router_topk and moe_plan as separate launches
   kMoeKernel,       // decode experts: 0 (default) = by batch (see moe.cu: rows_mma for one token, else streaming);
-                    // 1 = rows_mma gate/up + down kernels; 2-17 = one persistent bulk-copy streaming kernel
-                    // (moe_stream.h variants 0-15)
+                    // 1 = rows_mma gate/up + down kernels; 2-15 = one persistent bulk-copy streaming kernel
+                    // (moe_stream.h variants 0-13)
   kMoeBlock,        // decode MoE half of a layer (T <= 8, MoE layer, nothing re-routes: no SERE, no host hooks): 0 (default)
                     // = the chain add + RMSNorm, routing, experts, combine + RMSNorm; 1 = moe_block_decode (moe_block.h),
                     // one cooperative launch with programmatic serialisation where the driver takes it, gate/up
                     // weights bulk-copied into a shared-memory ring; 2 = as 1, never with programmatic serialisation;
-                    // 3 = as 1 with the gate/up weights through register loads; 4 = as 1 with a small shared-memory
-                    // layout (stages of 256 columns), two CTAs per SM
+                    // 3 = as 1 with the gate/up weights through register loads
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);

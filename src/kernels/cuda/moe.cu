@@ -10,8 +10,8 @@ namespace {
 constexpr int kMaxExperts = 1024;
 constexpr int kPlanStage = 4096;  // slot ids staged in shared memory by moe_plan_kernel (16 KiB)
 constexpr int kPlanSlotE = 256;   // slot-per-thread path: at most blockDim slots and this many experts
-// DecodeOption::kMoeKernel when left at 0: 1 = rows_mma gate/up + down kernels, 2-17 = moe_experts_stream variants
-// 0-15. By batch: rows_mma for one token; streaming variant 11 (tensor boxes, two m16 tiles per stage, items claimed
+// DecodeOption::kMoeKernel when left at 0: 1 = rows_mma gate/up + down kernels, 2-15 = moe_experts_stream variants
+// 0-13. By batch: rows_mma for one token; streaming variant 11 (tensor boxes, two m16 tiles per stage, items claimed
 // ahead, epilogue warp) up to 8 tokens, variant 12 (as 11 with four m16 tiles, two stages) above. Measured on H200
 // (Qwen3-30B-A3B shapes, 48 layers, context 1024, TPOT in one run at 6ca2520): batch 8 / 32 / 64 rows_mma 9.456 /
 // 18.097 / 21.365 ms, variants 2 + 7 (the previous streaming pair) 8.762 / 16.830 / 19.603, variant 11 8.477 / 16.365

@@ -783,8 +783,6 @@ Status moe_experts_stream(const bf16* x, const MoePlan& plan, const float* weigh
     case 11: return launch_stream<256, 3, 16, 2, 1, 2, true, true, true, true>(args, max_active, stream);
     case 12: return launch_stream<256, 2, 16, 4, 1, 2, true, true, true, true>(args, max_active, stream);
     case 13: return launch_stream<128, 3, 16, 4, 4, 2, false, true, true, true>(args, max_active, stream);
-    case 14: return launch_stream<256, 4, 16, 2, 1, 2, true, true, true, true>(args, max_active, stream);
-    case 15: return launch_stream<256, 2, 16, 2, 1, 3, true, true, true, true>(args, max_active, stream);
     default: return launch_stream<512, 3, 16, 1, 4, 2>(args, max_active, stream);
   }
 }

@@ -13,7 +13,7 @@ namespace zest::cuda {
 
 // Shapes the streaming kernel takes: H and I positive multiples of 64.
 bool moe_stream_ok(int H, int I);
-constexpr int kStreamVariants = 16;
+constexpr int kStreamVariants = 14;
 
 // Variants (k chunk, stages, tokens per pass, m16 weight tiles per stage, producer warps, CTAs per SM; B = weight rows
 // and down's h rows as 2-D tensor boxes, one copy per 8-64 rows): 0 = 512, 3, 16, 1, 4, 2; 1 = as 2, weights read
@@ -22,11 +22,11 @@ constexpr int kStreamVariants = 16;
 // A = items claimed two ahead, their expert and token range loaded while the item before streams; W = a dedicated
 // epilogue warp (double-buffered partial sums: the consumer warps never wait for a pass's outputs or the h publish):
 // 8 = 7 + A; 9 = 7 + W; 10 = 7 + A + W; 11 = 2 + A + W; 12 = B 256, 2, 16, 4, 1, 2 + A + W; 13 = 128, 3, 16, 4, 4, 2
-// + A + W; 14 = B 256, 4, 16, 2, 1, 2 + A + W; 15 = B 256, 2, 16, 2, 1, 3 + A + W. All give bit-identical results
-// (each output row and token column is summed the same way in every variant). The plan must be bound for (N, K, E)
-// (moe_plan_bind) and built; its counters (MoePlan::ready) belong to this launch, so launches on one plan must not
-// overlap in time (launches on different plans may). CTAs claim items in order, so the launch completes even when
-// only some of its CTAs fit beside other kernels. Unsupported shapes give an error Status.
+// + A + W. All give bit-identical results (each output row and token column is summed the same way in every
+// variant). The plan must be bound for (N, K, E) (moe_plan_bind) and built; its counters (MoePlan::ready) belong to
+// this launch, so launches on one plan must not overlap in time (launches on different plans may). CTAs claim items
+// in order, so the launch completes even when only some of its CTAs fit beside other kernels. Unsupported shapes give
+// an error Status.
 Status moe_experts_stream(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
                           const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I, int variant,
                           cudaStream_t stream);
