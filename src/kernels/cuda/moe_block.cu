@@ -27,8 +27,6 @@ constexpr int kGuRound = kMaxH / 32 / kWarps;  // gate/up k chunks per warp (all
 constexpr int kRouterRows = 8;  // experts per router CTA
 constexpr int kMaxStages = 4;   // gate/up ring stages at most
 constexpr int kMaxKC = 1024;    // columns per gate/up stage at most
-constexpr int kItemPrefetch = 2;  // gate/up items of a CTA prefetched into L2 ahead of its ring
-constexpr int kDownPrefetch = 4;  // down loads prefetched into L2 ahead of their bulk copies
 constexpr int kRows = 16;       // weight rows per gate/up item and per down group
 constexpr uint64_t kWatchdogNs = 10'000'000'000ull;
 
@@ -158,15 +156,6 @@ __device__ __forceinline__ float key_float(unsigned k) {
   return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
 }
 
-// L2 prefetch of `bytes` (multiple of 16) at p (16-byte aligned), in pieces of at most 16 KiB.
-__device__ __forceinline__ void prefetch_l2(const void* p, size_t bytes) {
-  const char* c = static_cast<const char*>(p);
-  for (size_t o = 0; o < bytes; o += 16384) {
-    const uint32_t n = static_cast<uint32_t>(bytes - o < 16384 ? bytes - o : 16384);
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(c + o), "r"(n) : "memory");
-  }
-}
-
 // One token's router by one warp from fp32 logits (8 per lane in registers): the arithmetic of warp_router_topk
 // (softmax in the same per-lane order, K rounds of warp argmax with ties to the lowest index, weights renormalised
 // and rounded to bf16). Lane 0 writes ids / weights.
@@ -238,10 +227,9 @@ __device__ __forceinline__ void warp_topk(const float* logit, const float* bias,
   }
 }
 
-// kMode 0: gate/up weights through register loads; 1: bulk-copy ring; 2: as 1, registers capped for two CTAs per SM
-// (with the small shared-memory layout).
+// kMode 0: gate/up weights through register loads; 1: through the bulk-copy ring.
 template <int kMode>
-__global__ void __launch_bounds__(kThreads, kMode == 2 ? 2 : 1) moe_block_kernel(BlockParams p) {
+__global__ void __launch_bounds__(kThreads, 1) moe_block_kernel(BlockParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ __align__(8) uint64_t rbar, dbar[2], full[kMaxStages];
   __shared__ float red8[kMaxT][kWarps];
@@ -431,16 +419,7 @@ __global__ void __launch_bounds__(kThreads, kMode == 2 ? 2 : 1) moe_block_kernel
   const int groups = H / kRows;
   const int my_groups = b < groups ? (groups - b + G - 1) / G : 0;
   const int loads = my_groups * rounds;
-  // L2 prefetch of down load i's tiles (one thread; the ring variant prefetches ahead of its bulk copies).
-  auto prefetch_down = [&](int i) {
-    const int gi = b + (i / rounds) * G, r = i % rounds;
-    const int qn = min(P, na - r * P);
-    for (int q = 0; q < qn; ++q)
-      prefetch_l2(p.down + (static_cast<size_t>(act_s[r * P + q]) * H + gi * kRows) * I,
-                  static_cast<size_t>(kRows) * I * 2);
-  };
   auto issue = [&](int i) {  // warp 0
-    if (kMode != 0 && lane == 0 && i + 2 < loads && i + 2 >= kDownPrefetch) prefetch_down(i + 2);
     const int gi = b + (i / rounds) * G, r = i % rounds;
     const int qn = min(P, na - r * P);
     const int buf = i & 1;
@@ -531,25 +510,10 @@ __global__ void __launch_bounds__(kThreads, kMode == 2 ? 2 : 1) moe_block_kernel
     const uint32_t krow = static_cast<uint32_t>(KC) * 2, kstride = krow + 16, stage_bytes = 2 * kRows * kstride;
     const int my_items = b < items ? (items - b + G - 1) / G : 0;
     const int nst = my_items * parts;
-    // L2 prefetch of item m's 16 gate and 16 up rows (one thread), kItemPrefetch items ahead of the ring; the first
-    // down tiles when the last item enters the ring.
-    auto prefetch_item = [&](int m) {
-      const int item = b + m * G;
-      const int j = item / gu_tiles, r0 = (item % gu_tiles) * kRows;
-      const bf16* w0 = p.gate_up + (static_cast<size_t>(act_s[j]) * 2 * I + r0) * H;
-      prefetch_l2(w0, static_cast<size_t>(kRows) * H * 2);
-      prefetch_l2(w0 + static_cast<size_t>(I) * H, static_cast<size_t>(kRows) * H * 2);
-    };
     auto issue_stage = [&](int i) {  // warp 0: one row per lane
       const int item = b + (i / parts) * G, part = i % parts;
       const int j = item / gu_tiles, r0 = (item % gu_tiles) * kRows;
       const int slot = i % NS;
-      if (lane == 0 && part == 0) {
-        const int m = i / parts;
-        if (m + kItemPrefetch < my_items) prefetch_item(m + kItemPrefetch);
-        if (m == my_items - 1)
-          for (int d = 0; d < kDownPrefetch && d < loads; ++d) prefetch_down(d);
-      }
       if (lane == 0) mbar_arrive_expect_tx(&full[slot], 2 * kRows * krow);
       __syncwarp();
       const int row = lane < kRows ? r0 + lane : I + r0 + lane - kRows;
@@ -557,11 +521,6 @@ __global__ void __launch_bounds__(kThreads, kMode == 2 ? 2 : 1) moe_block_kernel
                 p.gate_up + (static_cast<size_t>(act_s[j]) * 2 * I + row) * H + static_cast<size_t>(part) * KC, krow,
                 &full[slot]);
     };
-    if (tid == 0) {
-      for (int m = 0; m < kItemPrefetch && m < my_items; ++m) prefetch_item(m);
-      if (my_items == 0)
-        for (int d = 0; d < kDownPrefetch && d < loads; ++d) prefetch_down(d);
-    }
     if (warp == 0)
       for (int i = 0; i < NS && i < nst; ++i) issue_stage(i);
     int rb = 0;
@@ -765,9 +724,7 @@ struct DeviceInfo {
 };
 
 using BlockKernel = void (*)(BlockParams);
-BlockKernel kernel_of(int mode) {
-  return mode == 0 ? moe_block_kernel<0> : mode == 1 ? moe_block_kernel<1> : moe_block_kernel<2>;
-}
+BlockKernel kernel_of(int mode) { return mode == 0 ? moe_block_kernel<0> : moe_block_kernel<1>; }
 
 const DeviceInfo& device_info() {
   static const DeviceInfo info = [] {
@@ -780,7 +737,7 @@ const DeviceInfo& device_info() {
       return d;
     }
     size_t stat = 0;
-    for (int m = 0; m < 3; ++m) {
+    for (int m = 0; m < 2; ++m) {
       cudaFuncAttributes attr{};
       if (cudaFuncGetAttributes(&attr, kernel_of(m)) != cudaSuccess) {
         cudaGetLastError();
@@ -791,7 +748,7 @@ const DeviceInfo& device_info() {
     d.max_dyn = optin - static_cast<int>(stat);
     d.sms = sm_count();
     d.ok = coop != 0 && d.max_dyn > 0;
-    for (int m = 0; m < 3 && d.ok; ++m)
+    for (int m = 0; m < 2 && d.ok; ++m)
       d.ok = cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel_of(m)),
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, d.max_dyn) == cudaSuccess;
     cudaGetLastError();
@@ -800,13 +757,8 @@ const DeviceInfo& device_info() {
   return info;
 }
 
-// The default layout (stages of up to kMaxKC columns, all the shared memory a CTA may have) and the small one of
-// DecodeOption::kMoeBlock 4 (stages of up to 256 columns within kSmallSmem bytes, two CTAs per SM).
-constexpr int kSmallSmem = 110 * 1024;
-Layout pick_layout(int T, int H, int K, int I, bool small = false) {
-  return small ? pick_layout(T, H, K, I, std::min(device_info().max_dyn, kSmallSmem), 256)
-               : pick_layout(T, H, K, I, device_info().max_dyn, kMaxKC);
-}
+// The layout: stages of up to kMaxKC columns, all the shared memory a CTA may have.
+Layout pick_layout(int T, int H, int K, int I) { return pick_layout(T, H, K, I, device_info().max_dyn, kMaxKC); }
 
 // CTAs of the cooperative grid of `mode` for `smem` bytes (0: cannot launch).
 int grid_for(int mode, size_t smem) {
@@ -891,23 +843,13 @@ Status moe_block_decode(bf16* x, const bf16* o, const bf16* post_norm, const bf1
   }
   if (workspace_bytes < moe_block_workspace_bytes(T, E, K, I))
     return invalid_argument("moe_block_decode: workspace too small");
-  // DecodeOption::kMoeBlock 3: gate/up weights through register loads; 4: the small layout, two CTAs per SM (when it
-  // fits); otherwise the bulk-copy ring (register loads when fewer than two stages fit).
+  // DecodeOption::kMoeBlock 3: gate/up weights through register loads; otherwise the bulk-copy ring (register loads
+  // when fewer than two stages fit).
   const int option = decode_option(DecodeOption::kMoeBlock);
   const int R = (E + kRouterRows - 1) / kRouterRows;
-  int mode = option == 3 ? 0 : option == 4 ? 2 : 1;
-  Layout L;
-  int G = 0;
-  if (mode == 2) {
-    L = pick_layout(T, H, K, I, true);
-    if (L.P > 0 && L.NS >= 2) G = grid_for(2, L.bytes);
-    if (G < R || G < T) mode = 1;
-  }
-  if (mode != 2) {
-    L = pick_layout(T, H, K, I);
-    if (L.NS < 2) mode = 0;
-    G = grid_for(mode, L.bytes);
-  }
+  const Layout L = pick_layout(T, H, K, I);
+  const int mode = option == 3 || L.NS < 2 ? 0 : 1;
+  const int G = grid_for(mode, L.bytes);
   BlockParams p{};
   p.x = x;
   p.o = o;
