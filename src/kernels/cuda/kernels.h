@@ -52,14 +52,14 @@ enum class DecodeOption : int {
                     // allow: 1 (default) = 2/4 chunks, 3 CTAs; 0 = 4/8, 1 CTA; 2 = 2/4, 4 CTAs; 3 = 4/8, 2 CTAs
   kAttentionKernel, // decode attention: 1 = tensor cores (mma.sync) when 8 query heads share a kv head and q rows
                     // are 16-byte aligned; 0 = the CUDA-core page loop; 2 = as 1, and decoders call
-                    // decode_attention_fused (q/k norm + RoPE + KV write folded in) for decode steps; 3 (default) =
+                    // decode_attention_fused (q/k norm + RoPE + KV write folded in) for decode steps; 3 =
                     // as 2, the fused kernel's splits (at most 16) merged inside a thread-block cluster when there
                     // are at most 8 (sequence, kv head) pairs and 2048 tokens; 4 = as 2 with decode_attention_fused
                     // run by the bulk-copy ring kernel (CTA = split x 4 kv heads, a producer warp copying K/V rows
                     // into an mbarrier ring, splits sized by batch, global last-CTA merge) when kv_heads % 4 == 0;
                     // 5 = as 4 with the splits (at most 16) merged inside a thread-block cluster; 6 = as 5 with a
-                    // two-stage ring; 7 = as 5 with four stages and splits for one CTA per SM; 8 = by size: 3 up
-                    // to 8 (sequence, kv head) pairs and 2048 tokens, else 5
+                    // two-stage ring; 7 = as 5 with four stages and splits for one CTA per SM; 8 (default) = by
+                    // size: 3 up to 8 (sequence, kv head) pairs and 2048 tokens, 5 up to 32 pairs, 3 above
   kGemmVariant,     // small-M GEMM, chunks in flight per warp and CTAs per SM: 1 = 4, 3 CTAs; 0 = 8, 1; 2 = 8, 2;
                     // 3 = 2, 4; 4 (default) = the weight tile bulk-copied into shared memory before the wait on the
                     // previous kernel, one CTA per 16-row tile (when every tile's CTA fits on the GPU; else 1)
@@ -67,14 +67,13 @@ enum class DecodeOption : int {
                     // launch); 2 = as 1 in clusters of at most 8 CTAs; 3 = as 1, the next kernel launched only when
                     // it exits; 0 = router GEMM, router_topk and moe_plan as separate launches
   kMoeKernel,       // decode experts: 0 (default) = by batch (see moe.cu: rows_mma for one token, else streaming);
-                    // 1 = rows_mma gate/up + down kernels; 2-17 = one persistent bulk-copy streaming kernel
-                    // (moe_stream.h variants 0-15)
+                    // 1 = rows_mma gate/up + down kernels; 2-15 = one persistent bulk-copy streaming kernel
+                    // (moe_stream.h variants 0-13)
   kMoeBlock,        // decode MoE half of a layer (T <= 8, MoE layer, nothing re-routes: no SERE, no host hooks): 0 (default)
                     // = the chain add + RMSNorm, routing, experts, combine + RMSNorm; 1 = moe_block_decode (moe_block.h),
                     // one cooperative launch with programmatic serialisation where the driver takes it, gate/up
                     // weights bulk-copied into a shared-memory ring; 2 = as 1, never with programmatic serialisation;
-                    // 3 = as 1 with the gate/up weights through register loads; 4 = as 1 with a small shared-memory
-                    // layout (stages of 256 columns), two CTAs per SM
+                    // 3 = as 1 with the gate/up weights through register loads
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);
