@@ -10,8 +10,9 @@
 // One cooperative launch (every CTA resident), phases separated by grid barriers on counters in `workspace`:
 //   A. every CTA adds and normalises the T rows itself; the first ceil(E / 8) CTAs compute 8 experts' logits each
 //      (router rows bulk-copied into shared memory before the wait on the previous kernel);
-//   B. every CTA runs the top-k and builds the expert list in shared memory; CTA 0 writes ids / weights; CTAs start
-//      bulk copies of their down tiles, then compute gate/up items (expert, 16 intermediate rows) into h;
+//   B. every CTA runs the top-k and builds the expert list in shared memory; CTA 0 writes ids / weights; CTAs compute
+//      gate/up items (expert, 16 intermediate rows) into h, the weights bulk-copied into a ring of shared-memory
+//      stages (DecodeOption::kMoeBlock 3: register loads), then start the bulk copies of their down tiles;
 //   C. CTA g owns output rows [16 g, 16 g + 16) of every active expert's down projection (tiles double-buffered in
 //      shared memory) and combines them with the residual for those columns;
 //   D. CTA t < T normalises row t.
