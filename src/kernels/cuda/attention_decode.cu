@@ -872,6 +872,16 @@ constexpr int kRingHeads = 4;                                   // kv heads per 
 constexpr int kRingRowCopy = kRingHeads * kHeadDim * 2;        // bytes of one token row's 4 heads
 constexpr int kRingRow = kRingRowCopy + 16;                     // padded row in shared memory
 constexpr int kRingStageBytes = 2 * kKvBlock * kRingRow;        // K rows, then V rows
+// With two-row copies (kv_heads == 4: consecutive token rows are contiguous in the cache) a pair of rows is copied
+// at once; pairs are padded by 16 bytes (two-way conflicts of ldmatrix between the rows of a pair).
+constexpr int kRingPairRow = 2 * kRingRowCopy + 16;
+static_assert(kKvBlock / 2 * kRingPairRow <= kKvBlock * kRingRow, "a stage holds the paired layout");
+
+// Byte offset of token row r of a stage's K (or V) half.
+template <bool kPairs>
+__host__ __device__ constexpr int ring_row_off(int r) {
+  return kPairs ? (r >> 1) * kRingPairRow + (r & 1) * kRingRowCopy : r * kRingRow;
+}
 constexpr int kRingMaxSplits = 64;
 constexpr int kRingThreads = (kRingHeads + 1) * 32;
 constexpr int kRingQHeads = kRingHeads * 8;                     // query heads per CTA
@@ -926,7 +936,7 @@ __device__ __forceinline__ void norm_rope_vals(const float (&v)[4], const float*
   }
 }
 
-template <bool kCluster, int kStages>
+template <bool kCluster, int kStages, bool kPairs>
 __global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
     const bf16* __restrict__ qkv, int q_stride, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
     const int32_t* __restrict__ block_table, int max_blocks, const int32_t* __restrict__ context_lens,
@@ -975,12 +985,24 @@ __global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
       const int nv = min(kKvBlock, ctx - pg * kKvBlock);
       if (lane == 0) mbar_arrive_expect_tx(&full[s], 2 * kKvBlock * kRingRowCopy);
       __syncwarp();
-      const int r = lane & 15, row = min(r, nv - 1);
-      const bf16* src = (lane < 16 ? k_cache : v_cache) + (static_cast<size_t>(blk) * kKvBlock + row) * row_stride +
-                        static_cast<size_t>(kvh0) * D;
-      unsigned char* dst = smem + static_cast<size_t>(s) * kRingStageBytes + (lane < 16 ? 0 : kKvBlock * kRingRow) +
-                           r * kRingRow;
-      bulk_load(dst, src, kRingRowCopy, &full[s]);
+      const bf16* base = (lane < 16 ? k_cache : v_cache) + static_cast<size_t>(blk) * kKvBlock * row_stride +
+                         static_cast<size_t>(kvh0) * D;
+      unsigned char* half = smem + static_cast<size_t>(s) * kRingStageBytes + (lane < 16 ? 0 : kKvBlock * kRingRow);
+      if constexpr (kPairs) {  // lanes 0-7: K pairs, 16-23: V pairs; a pair that crosses the context end row by row
+        const int pr = lane & 15;
+        if (pr < kKvBlock / 2) {
+          unsigned char* dst = half + pr * kRingPairRow;
+          if (2 * pr + 1 < nv) {
+            bulk_load(dst, base + static_cast<size_t>(2 * pr) * row_stride, 2 * kRingRowCopy, &full[s]);
+          } else {
+            bulk_load(dst, base + static_cast<size_t>(min(2 * pr, nv - 1)) * row_stride, kRingRowCopy, &full[s]);
+            bulk_load(dst + kRingRowCopy, base + static_cast<size_t>(nv - 1) * row_stride, kRingRowCopy, &full[s]);
+          }
+        }
+      } else {
+        const int r = lane & 15, row = min(r, nv - 1);
+        bulk_load(half + r * kRingRow, base + static_cast<size_t>(row) * row_stride, kRingRowCopy, &full[s]);
+      }
     };
     const int pre = min(npages, S);
     for (int i = 0; i < pre; ++i) issue(i);  // before the wait: the cache holds no value of this step yet
@@ -1013,7 +1035,8 @@ __global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
 #pragma unroll
       for (int h = 0; h < G; ++h)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) v[h][i] = __bfloat162float(row[static_cast<size_t>(kvh * G + h) * D + lane + 32 * i]);
+        for (int i = 0; i < 4; ++i)
+          v[h][i] = __bfloat162float(row[static_cast<size_t>(kvh * G + h) * D + lane + 32 * i]);
 #pragma unroll
       for (int h = 0; h < G; ++h) norm_rope_vals(v[h], qw, rl, f.eps, q_s + (warp * G + h) * D, nullptr, lane);
       if (new_pg >= 0) {
@@ -1047,8 +1070,8 @@ __global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
       for (int i = 0; i < 4; ++i) st.o[mt][i] = 0.f;
     const int mi = lane >> 3, r8 = lane & 7;
     // ldmatrix row addresses: K (non-transposed, rows = tokens) and V (transposed).
-    const uint32_t k_lane = (r8 + (mi & 1) * 8) * kRingRow + warp * D * 2 + (mi >> 1) * 16;
-    const uint32_t v_lane = (r8 + (mi >= 2 ? 8 : 0)) * kRingRow + warp * D * 2 + (mi & 1) * 16;
+    const uint32_t k_lane = ring_row_off<kPairs>(r8 + (mi & 1) * 8) + warp * D * 2 + (mi >> 1) * 16;
+    const uint32_t v_lane = ring_row_off<kPairs>(r8 + (mi >= 2 ? 8 : 0)) + warp * D * 2 + (mi & 1) * 16;
     for (int i = 0; i < npages; ++i) {
       const int s = i % S;
       mbar_wait(&full[s], (i / S) & 1);
@@ -1059,7 +1082,7 @@ __global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
       const int tn = pg == new_pg ? new_pos - pg * kKvBlock : -1;  // the current token's row in this page
       if (tn >= 0) {  // its k and v over the (stale) copies of the cache row
         const bf16* src = (lane < 16 ? kn_s : vn_s) + warp * D + (lane & 15) * 8;
-        unsigned char* dst = (lane < 16 ? kst : vst) + tn * kRingRow + warp * D * 2 + (lane & 15) * 16;
+        unsigned char* dst = (lane < 16 ? kst : vst) + ring_row_off<kPairs>(tn) + warp * D * 2 + (lane & 15) * 16;
         *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
         __syncwarp();
       }
@@ -1279,9 +1302,9 @@ struct RingPlan {
   int splits = 1, pages_per_split = 1;
 };
 
-// Splits of the ring kernel: about ctas_per_sm CTAs per SM over all (sequence, kv-head group) pairs, at least 4 pages per
-// split with the global merge (its one merging CTA per sequence reads every split's partial) and 2 with the cluster
-// merge (at most 16 splits there, 64 otherwise).
+// Splits of the ring kernel: about ctas_per_sm CTAs per SM over all (sequence, kv-head group) pairs, at least 4
+// pages per split with the global merge (its one merging CTA per sequence reads every split's partial) and 2 with
+// the cluster merge (at most 16 splits there, 64 otherwise).
 RingPlan ring_plan(const DecodeAttention& p, bool cluster, int ctas_per_sm = 2) {
   const int pages = std::max(1, (p.max_context + kKvBlock - 1) / kKvBlock);
   const int units = std::max(1, rows_class(p.batch) * std::max(1, p.kv_heads / kRingHeads));  // (kernels.h)
@@ -1438,10 +1461,10 @@ bool ring_ok(const DecodeAttention& p, const bf16* k_cache, const bf16* v_cache)
 
 // The dynamic shared memory size, and the largest shared-memory carveout (two CTAs of the three-stage ring per SM
 // need 222 KB of the 228).
-template <bool kCluster, int S>
+template <bool kCluster, int S, bool kPairs>
 bool ring_smem_set() {
   static const bool ok = [] {
-    const void* fn = reinterpret_cast<const void*>(decode_attention_ring_kernel<kCluster, S>);
+    const void* fn = reinterpret_cast<const void*>(decode_attention_ring_kernel<kCluster, S, kPairs>);
     const bool size_ok = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                               static_cast<int>(ring_smem(S))) == cudaSuccess;
     if (cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) !=
@@ -1453,14 +1476,14 @@ bool ring_smem_set() {
 }
 
 // Whether clusters of `size` CTAs of the ring kernel can be scheduled (checked once per size).
-template <int S>
+template <int S, bool kPairs>
 bool ring_cluster_ok(int size) {
   static int ok[17] = {};
   if (size < 1 || size > 16) return false;
   if (ok[size] == 0) {
     ok[size] = 2;
-    const void* fn = reinterpret_cast<const void*>(decode_attention_ring_kernel<true, S>);
-    if (ring_smem_set<true, S>() &&
+    const void* fn = reinterpret_cast<const void*>(decode_attention_ring_kernel<true, S, kPairs>);
+    if (ring_smem_set<true, S, kPairs>() &&
         cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
       cudaLaunchConfig_t cfg = {};
       cfg.gridDim = dim3(size);
@@ -1474,7 +1497,8 @@ bool ring_cluster_ok(int size) {
       cfg.attrs = attr;
       cfg.numAttrs = 1;
       int clusters = 0;
-      if (cudaOccupancyMaxActiveClusters(&clusters, decode_attention_ring_kernel<true, S>, &cfg) == cudaSuccess &&
+      if (cudaOccupancyMaxActiveClusters(&clusters, decode_attention_ring_kernel<true, S, kPairs>, &cfg) ==
+              cudaSuccess &&
           clusters > 0)
         ok[size] = 1;
     }
@@ -1486,7 +1510,7 @@ bool ring_cluster_ok(int size) {
 // The ring kernel with S stages: the cluster merge when `cluster` and clusters of the plan's splits can be
 // scheduled (splits for about ctas_per_sm CTAs per SM), else the global merge (its plan always for two CTAs per SM:
 // the workspace is sized for that plan).
-template <int S>
+template <int S, bool kPairs = false>
 Status launch_ring(const DecodeAttention& p, const bf16* qkv, int q_stride, bf16* k_cache, bf16* v_cache,
                    const int32_t* block_table, const int32_t* context_lens, bf16* out, float* part, int* counters,
                    const DecodeFuse& f, bool cluster, int ctas_per_sm, cudaStream_t stream) {
@@ -1494,7 +1518,7 @@ Status launch_ring(const DecodeAttention& p, const bf16* qkv, int q_stride, bf16
   const int groups = p.kv_heads / kRingHeads;
   if (cluster) {
     const RingPlan rp = ring_plan(p, true, ctas_per_sm);
-    if (ring_cluster_ok<S>(rp.splits)) {
+    if (ring_cluster_ok<S, kPairs>(rp.splits)) {
       cudaLaunchConfig_t cfg = {};
       cfg.gridDim = dim3(rp.splits, groups, p.batch);
       cfg.blockDim = block;
@@ -1509,15 +1533,16 @@ Status launch_ring(const DecodeAttention& p, const bf16* qkv, int q_stride, bf16
       attr[1].val.programmaticStreamSerializationAllowed = 1;
       cfg.attrs = attr;
       cfg.numAttrs = programmatic_launch() ? 2 : 1;
-      return cuda_status(cudaLaunchKernelEx(&cfg, decode_attention_ring_kernel<true, S>, qkv, q_stride, k_cache,
-                                            v_cache, block_table, p.max_blocks, context_lens, out, part, counters,
-                                            p.kv_heads, rp.splits, rp.pages_per_split, p.scale, f),
+      return cuda_status(cudaLaunchKernelEx(&cfg, decode_attention_ring_kernel<true, S, kPairs>, qkv, q_stride,
+                                            k_cache, v_cache, block_table, p.max_blocks, context_lens, out, part,
+                                            counters, p.kv_heads, rp.splits, rp.pages_per_split, p.scale, f),
                          "decode_attention_fused (ring, cluster)");
     }
   }
-  if (!ring_smem_set<false, S>()) return internal_error("decode_attention_fused: ring kernel shared memory attribute");
+  if (!ring_smem_set<false, S, kPairs>())
+    return internal_error("decode_attention_fused: ring kernel shared memory attribute");
   const RingPlan rp = ring_plan(p, false);
-  return launch("decode_attention_fused (ring)", decode_attention_ring_kernel<false, S>,
+  return launch("decode_attention_fused (ring)", decode_attention_ring_kernel<false, S, kPairs>,
                 dim3(rp.splits, groups, p.batch), block, ring_smem(S), stream, qkv, q_stride, k_cache, v_cache,
                 block_table, p.max_blocks, context_lens, out, part, counters, p.kv_heads, rp.splits,
                 rp.pages_per_split, p.scale, f);
@@ -1552,8 +1577,12 @@ Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_s
     const bool small = pages <= kClusterMaxPages && pairs <= kClusterMaxPairs;
     variant = small || pairs > kRingBySizeMaxPairs || !ring_ok(p, k_cache, v_cache) ? 3 : kRingBySize;
   }
-  if (variant >= 4 && variant <= 7 && ring_ok(p, k_cache, v_cache)) {
-    // 4: global merge; 5: cluster merge; 6: as 5 with two stages; 7: as 5 with four stages, one CTA per SM.
+  if (variant >= 4 && variant <= 9 && variant != 8 && ring_ok(p, k_cache, v_cache)) {
+    // 4: global merge; 5: cluster merge; 6: as 5 with two stages; 7: as 5 with four stages, one CTA per SM; 9: as 5
+    // with two token rows per bulk copy (kv_heads == 4 only; else as 5).
+    if (variant == 9 && p.kv_heads == kRingHeads)
+      return launch_ring<3, true>(p, qkv, q_stride, k_cache, v_cache, block_table, context_lens, out, part, counters,
+                                  f, true, 2, stream);
     if (variant == 6)
       return launch_ring<2>(p, qkv, q_stride, k_cache, v_cache, block_table, context_lens, out, part, counters, f,
                             true, 2, stream);
@@ -1561,7 +1590,7 @@ Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_s
       return launch_ring<4>(p, qkv, q_stride, k_cache, v_cache, block_table, context_lens, out, part, counters, f,
                             true, 1, stream);
     return launch_ring<3>(p, qkv, q_stride, k_cache, v_cache, block_table, context_lens, out, part, counters, f,
-                          variant == 5, 2, stream);
+                          variant != 4, 2, stream);
   }
   // The cluster merge pays off at small batches (measured at batch 1: 13 splits of 5 pages); at batch 8 and 64 the
   // many CTAs of the forced 13+ splits cost more than the global merge saves.
