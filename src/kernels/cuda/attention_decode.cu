@@ -1420,9 +1420,10 @@ namespace {
 constexpr int kClusterMaxPages = 16 * kDecWarps * 2;  // cluster merge up to 2 pages per warp (2048 tokens)
 constexpr int kClusterMaxPairs = 8;                    // and up to 8 (sequence, kv head) pairs
 // kAttentionKernel 8 (by size) runs ring variant kRingBySize above the cluster merge's sizes up to kRingBySizeMaxPairs
-// (sequence, kv head) pairs, variant 3 otherwise. Measured on H200 at Qwen3-30B-A3B shapes, context 1024 (51ca14c):
-// in the decode graph the ring kernel costs 13.2 us per layer at batch 8 against 15.8 for variant 3, but is slower at
-// batch 32 and 64 (TPOT 16.32 / 19.01 ms against 15.94 / 18.57).
+// (sequence, kv head) pairs, variant 3 otherwise. Measured on H200 at Qwen3-30B-A3B shapes, context 1024 (51ca14c,
+// ce692be): in the decode graph the ring kernel costs 13.2-14.2 us per layer at batch 8 against 15.8 for variant 3
+// (TPOT at batch 4 / 8: 5.720 / 8.430 ms against 5.793 / 8.498), but is slower at batch 32 and 64 (TPOT 16.44 / 19.05
+// ms against 15.93 / 18.54; alone at batch 64 60 us against 51, with two-row copies (variant 9) 53-57 us).
 constexpr int kRingBySize = 5;
 constexpr int kRingBySizeMaxPairs = 32;
 
