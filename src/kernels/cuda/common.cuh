@@ -143,6 +143,16 @@ __device__ __forceinline__ void moe_plan_scan_warp(const int* counts, int E, con
   }
 }
 
+// c += a * b for one bf16 mma.m16n8k16 tile (fp32 accumulators): a0-a3 the A fragment (rows g and g + 8, k pairs
+// tq and tq + 4), b0-b1 the B fragment.
+__device__ __forceinline__ void mma16816(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
 // Number of multiprocessors of the current device (cached).
 int sm_count();
 

@@ -197,14 +197,6 @@ __device__ __forceinline__ void epi_arrive(int id) {
   asm volatile("bar.arrive %0, %1;" ::"r"(id), "n"((kConsumers + 1) * 32) : "memory");
 }
 
-__device__ __forceinline__ void mma16816(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 // One 32-wide k step: thread (g, q) holds k = 8q .. 8q+7 of A rows g and g+8 and of token row g; both operands use
 // the same permutation of k (mma k' 2q, 2q+1, 2q+8, 2q+9 <- k 8q .. 8q+3, then 8q+4 .. 8q+7).
 __device__ __forceinline__ void mma_k32(float* c, const uint4& lo, const uint4& hi, const uint4& b) {

@@ -121,14 +121,6 @@ struct RouteParams {
   int T, H, E, K;
 };
 
-__device__ __forceinline__ void route_mma(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                          uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_kernel(RouteParams p) {
   extern __shared__ __align__(128) unsigned char wsm[];  // [rows][H * 2 + 16]
   __shared__ __align__(8) uint64_t bar;
@@ -179,11 +171,11 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_kernel(RouteParams
       if (c >= chunks) break;
       const uint4 lo = a_lo ? *reinterpret_cast<const uint4*>(a_lo + c * 64) : make_uint4(0, 0, 0, 0);
       const uint4 hi = a_hi ? *reinterpret_cast<const uint4*>(a_hi + c * 64) : make_uint4(0, 0, 0, 0);
-      route_mma(acc[0], lo.x, hi.x, lo.y, hi.y, xa[u].x, xa[u].y);
-      route_mma(acc[0], lo.z, hi.z, lo.w, hi.w, xa[u].z, xa[u].w);
+      mma16816(acc[0], lo.x, hi.x, lo.y, hi.y, xa[u].x, xa[u].y);
+      mma16816(acc[0], lo.z, hi.z, lo.w, hi.w, xa[u].z, xa[u].w);
       if (two) {
-        route_mma(acc[1], lo.x, hi.x, lo.y, hi.y, xb[u].x, xb[u].y);
-        route_mma(acc[1], lo.z, hi.z, lo.w, hi.w, xb[u].z, xb[u].w);
+        mma16816(acc[1], lo.x, hi.x, lo.y, hi.y, xb[u].x, xb[u].y);
+        mma16816(acc[1], lo.z, hi.z, lo.w, hi.w, xb[u].z, xb[u].w);
       }
     }
   }

@@ -28,14 +28,6 @@ struct RowsParams {
   int M, N, Kdim, topk, I;
 };
 
-__device__ __forceinline__ void mma16816(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 // Two k16 steps over one 32-wide chunk: A rows g and g+8 (a_lo, a_hi), B token rows (x0: tokens 0-7, x1: 8-15).
 __device__ __forceinline__ void mma_chunk(float* c0, float* c1, const uint4& a_lo, const uint4& a_hi, const uint4& x0,
                                           const uint4& x1, bool two_tiles) {
