@@ -157,6 +157,67 @@ __device__ __forceinline__ void mma_decode_pages(MmaState& st, const bf16* __res
 }
 
 // kMma: the tensor-core page loop (G == 8 only); else CUDA cores for any G.
+// The last CTA of a (sequence, head group) merges the split partials of `heads` consecutive query heads (pb: the
+// first head's partials [heads][splits][kPartStride]; o: its output row) in fixed split order: M and L of every
+// (head, split) in one round of loads into shared memory (wm: 2 * heads * max_splits floats), then per-head weights
+// exp(M_s - M) / L, then four output elements per thread (16-byte loads, the loads of 8 splits issued before their
+// sums so that they overlap).
+__device__ void merge_split_partials(const float* pb, int heads, int splits, int max_splits, float* wm, bf16* o) {
+  constexpr int D = kHeadDim;
+  constexpr size_t part_stride = kPartStride;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  float* wl = wm + heads * max_splits;
+  for (int i = threadIdx.x; i < heads * splits; i += blockDim.x) {
+    const int hh = i / splits, sp = i % splits;
+    wm[hh * max_splits + sp] = __ldcg(pb + (static_cast<size_t>(hh) * splits + sp) * part_stride);
+    wl[hh * max_splits + sp] = __ldcg(pb + (static_cast<size_t>(hh) * splits + sp) * part_stride + 1);
+  }
+  __syncthreads();
+  for (int hh = warp; hh < heads; hh += nwarps) {
+    float M = -INFINITY;
+    for (int sp = lane; sp < splits; sp += 32) M = fmaxf(M, wm[hh * max_splits + sp]);
+    M = warp_max(M);
+    float L = 0.f;
+    for (int sp = lane; sp < splits; sp += 32) {
+      const float e = M == -INFINITY ? 0.f : __expf(wm[hh * max_splits + sp] - M);
+      L += wl[hh * max_splits + sp] * e;
+      wm[hh * max_splits + sp] = e;
+    }
+    L = warp_sum(L);
+    const float inv = L > 0.f ? 1.f / L : 0.f;
+    __syncwarp();
+    for (int sp = lane; sp < splits; sp += 32) wm[hh * max_splits + sp] *= inv;
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < heads * D / 4; idx += blockDim.x) {
+    const int hh = idx / (D / 4), d = (idx % (D / 4)) * 4;
+    const float* pp = pb + static_cast<size_t>(hh) * splits * part_stride + 4 + d;
+    const float* wg = wm + hh * max_splits;
+    float4 A = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s0 = 0; s0 < splits; s0 += 8) {
+      float4 v[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u)
+        v[u] = s0 + u < splits ? __ldcg(reinterpret_cast<const float4*>(pp + (s0 + u) * part_stride))
+                               : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        if (s0 + u >= splits) break;
+        const float wv = wg[s0 + u];
+        A.x += v[u].x * wv;
+        A.y += v[u].y * wv;
+        A.z += v[u].z * wv;
+        A.w += v[u].w * wv;
+      }
+    }
+    __nv_bfloat162 lo = __floats2bfloat162_rn(A.x, A.y), hi = __floats2bfloat162_rn(A.z, A.w);
+    uint2 pk;
+    pk.x = *reinterpret_cast<uint32_t*>(&lo);
+    pk.y = *reinterpret_cast<uint32_t*>(&hi);
+    *reinterpret_cast<uint2*>(o + static_cast<size_t>(hh) * D + d) = pk;
+  }
+}
+
 template <int G, bool kMma>
 __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_kernel(
     const bf16* __restrict__ q, int q_stride, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
@@ -362,63 +423,9 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_kernel(
   __syncthreads();
   if (!last_s) return;
   __threadfence();
-  // Merge the splits of all G heads at once (reusing acc_s): M and L of every (head, split) in one round of
-  // loads, then per-head weights exp(M_s - M) / L, then one output element per thread and head.
-  float* wm = &acc_s[0][0][0];           // [G][splits] M, then the weights
-  float* wl = wm + G * kMaxSplits;       // [G][splits] L
-  const float* pb = part + (static_cast<size_t>(b) * Hq + kvh * G) * splits * part_stride;
-  for (int i = threadIdx.x; i < G * splits; i += blockDim.x) {
-    const int g = i / splits, sp = i % splits;
-    wm[g * kMaxSplits + sp] = __ldcg(pb + (static_cast<size_t>(g) * splits + sp) * part_stride);
-    wl[g * kMaxSplits + sp] = __ldcg(pb + (static_cast<size_t>(g) * splits + sp) * part_stride + 1);
-  }
-  __syncthreads();
-  for (int g = warp; g < G; g += kDecWarps) {
-    float M = -INFINITY;
-    for (int sp = lane; sp < splits; sp += 32) M = fmaxf(M, wm[g * kMaxSplits + sp]);
-    M = warp_max(M);
-    float L = 0.f;
-    for (int sp = lane; sp < splits; sp += 32) {
-      const float e = M == -INFINITY ? 0.f : __expf(wm[g * kMaxSplits + sp] - M);
-      L += wl[g * kMaxSplits + sp] * e;
-      wm[g * kMaxSplits + sp] = e;
-    }
-    L = warp_sum(L);
-    const float inv = L > 0.f ? 1.f / L : 0.f;
-    __syncwarp();
-    for (int sp = lane; sp < splits; sp += 32) wm[g * kMaxSplits + sp] *= inv;
-  }
-  __syncthreads();
-  // Four output elements per thread (16-byte loads), splits in fixed order; the loads of 8 splits are issued
-  // before their sums so that they overlap.
-  for (int idx = threadIdx.x; idx < G * D / 4; idx += blockDim.x) {
-    const int g = idx / (D / 4), d = (idx % (D / 4)) * 4;
-    const float* pp = pb + static_cast<size_t>(g) * splits * part_stride + 4 + d;
-    const float* wg = wm + g * kMaxSplits;
-    float4 A = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int s0 = 0; s0 < splits; s0 += 8) {
-      float4 v[8];
-#pragma unroll
-      for (int u = 0; u < 8; ++u)
-        v[u] = s0 + u < splits ? __ldcg(reinterpret_cast<const float4*>(pp + (s0 + u) * part_stride))
-                               : make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        if (s0 + u >= splits) break;
-        const float wv = wg[s0 + u];
-        A.x += v[u].x * wv;
-        A.y += v[u].y * wv;
-        A.z += v[u].z * wv;
-        A.w += v[u].w * wv;
-      }
-    }
-    bf16* o = out + static_cast<size_t>(b) * Hq * D + (kvh * G + g) * D + d;
-    __nv_bfloat162 lo = __floats2bfloat162_rn(A.x, A.y), hi = __floats2bfloat162_rn(A.z, A.w);
-    uint2 pk;
-    pk.x = *reinterpret_cast<uint32_t*>(&lo);
-    pk.y = *reinterpret_cast<uint32_t*>(&hi);
-    *reinterpret_cast<uint2*>(o) = pk;
-  }
+  // Merge the splits of all G heads at once (reusing acc_s).
+  merge_split_partials(part + (static_cast<size_t>(b) * Hq + kvh * G) * splits * kPartStride, G, splits, kMaxSplits,
+                       &acc_s[0][0][0], out + (static_cast<size_t>(b) * Hq + kvh * G) * kHeadDim);
 }
 
 // ---- decode attention with the current token's q/k RMSNorm + RoPE + KV write folded in (G == 8, D == 128) -----
@@ -790,59 +797,8 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kern
   __syncthreads();
   if (!last_s) return;
   __threadfence();
-  float* wm = &acc_s[0][0][0];
-  float* wl = wm + G * kMaxSplits;
-  const float* pb = part + (static_cast<size_t>(b) * Hq + kvh * G) * splits * part_stride;
-  for (int i = threadIdx.x; i < G * splits; i += blockDim.x) {
-    const int hh = i / splits, sp = i % splits;
-    wm[hh * kMaxSplits + sp] = __ldcg(pb + (static_cast<size_t>(hh) * splits + sp) * part_stride);
-    wl[hh * kMaxSplits + sp] = __ldcg(pb + (static_cast<size_t>(hh) * splits + sp) * part_stride + 1);
-  }
-  __syncthreads();
-  for (int hh = warp; hh < G; hh += kDecWarps) {
-    float M = -INFINITY;
-    for (int sp = lane; sp < splits; sp += 32) M = fmaxf(M, wm[hh * kMaxSplits + sp]);
-    M = warp_max(M);
-    float L = 0.f;
-    for (int sp = lane; sp < splits; sp += 32) {
-      const float e = M == -INFINITY ? 0.f : __expf(wm[hh * kMaxSplits + sp] - M);
-      L += wl[hh * kMaxSplits + sp] * e;
-      wm[hh * kMaxSplits + sp] = e;
-    }
-    L = warp_sum(L);
-    const float inv = L > 0.f ? 1.f / L : 0.f;
-    __syncwarp();
-    for (int sp = lane; sp < splits; sp += 32) wm[hh * kMaxSplits + sp] *= inv;
-  }
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < G * D / 4; idx += blockDim.x) {
-    const int hh = idx / (D / 4), d = (idx % (D / 4)) * 4;
-    const float* pp = pb + static_cast<size_t>(hh) * splits * part_stride + 4 + d;
-    const float* wg = wm + hh * kMaxSplits;
-    float4 A = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int s0 = 0; s0 < splits; s0 += 8) {
-      float4 v[8];
-#pragma unroll
-      for (int u = 0; u < 8; ++u)
-        v[u] = s0 + u < splits ? __ldcg(reinterpret_cast<const float4*>(pp + (s0 + u) * part_stride))
-                               : make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        if (s0 + u >= splits) break;
-        const float wv = wg[s0 + u];
-        A.x += v[u].x * wv;
-        A.y += v[u].y * wv;
-        A.z += v[u].z * wv;
-        A.w += v[u].w * wv;
-      }
-    }
-    bf16* o = out + static_cast<size_t>(b) * Hq * D + (kvh * G + hh) * D + d;
-    __nv_bfloat162 lo = __floats2bfloat162_rn(A.x, A.y), hi = __floats2bfloat162_rn(A.z, A.w);
-    uint2 pk;
-    pk.x = *reinterpret_cast<uint32_t*>(&lo);
-    pk.y = *reinterpret_cast<uint32_t*>(&hi);
-    *reinterpret_cast<uint2*>(o) = pk;
-  }
+  merge_split_partials(part + (static_cast<size_t>(b) * Hq + kvh * G) * splits * kPartStride, G, splits, kMaxSplits,
+                       &acc_s[0][0][0], out + (static_cast<size_t>(b) * Hq + kvh * G) * kHeadDim);
 }
 
 // ---- fused decode attention fed by a bulk-copy ring (kAttentionKernel 4 and 5; 4 kv heads per CTA) -------------
@@ -1234,60 +1190,9 @@ __global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
   if (!last_s) return;
   __threadfence();
   // Merge the splits of the 32 query heads (as decode_attention_kernel's merge, G = 32).
-  constexpr int kWarps = kRingThreads / 32;
-  float* wm = reinterpret_cast<float*>(smem);  // [32][kRingMaxSplits] M, then the weights
-  float* wl = wm + GH * kRingMaxSplits;        // [32][kRingMaxSplits] L
-  const float* pb = part + (static_cast<size_t>(b) * Hq + kvh0 * G) * splits * part_stride;
-  for (int i = threadIdx.x; i < GH * splits; i += blockDim.x) {
-    const int hh = i / splits, sp = i % splits;
-    wm[hh * kRingMaxSplits + sp] = __ldcg(pb + (static_cast<size_t>(hh) * splits + sp) * part_stride);
-    wl[hh * kRingMaxSplits + sp] = __ldcg(pb + (static_cast<size_t>(hh) * splits + sp) * part_stride + 1);
-  }
-  __syncthreads();
-  for (int hh = warp; hh < GH; hh += kWarps) {
-    float M = -INFINITY;
-    for (int sp = lane; sp < splits; sp += 32) M = fmaxf(M, wm[hh * kRingMaxSplits + sp]);
-    M = warp_max(M);
-    float L = 0.f;
-    for (int sp = lane; sp < splits; sp += 32) {
-      const float e = M == -INFINITY ? 0.f : __expf(wm[hh * kRingMaxSplits + sp] - M);
-      L += wl[hh * kRingMaxSplits + sp] * e;
-      wm[hh * kRingMaxSplits + sp] = e;
-    }
-    L = warp_sum(L);
-    const float inv = L > 0.f ? 1.f / L : 0.f;
-    __syncwarp();
-    for (int sp = lane; sp < splits; sp += 32) wm[hh * kRingMaxSplits + sp] *= inv;
-  }
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < GH * D / 4; idx += blockDim.x) {
-    const int hh = idx / (D / 4), d = (idx % (D / 4)) * 4;
-    const float* pp = pb + static_cast<size_t>(hh) * splits * part_stride + 4 + d;
-    const float* wg = wm + hh * kRingMaxSplits;
-    float4 A = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int s0 = 0; s0 < splits; s0 += 8) {
-      float4 v[8];
-#pragma unroll
-      for (int u = 0; u < 8; ++u)
-        v[u] = s0 + u < splits ? __ldcg(reinterpret_cast<const float4*>(pp + (s0 + u) * part_stride))
-                               : make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        if (s0 + u >= splits) break;
-        const float wv = wg[s0 + u];
-        A.x += v[u].x * wv;
-        A.y += v[u].y * wv;
-        A.z += v[u].z * wv;
-        A.w += v[u].w * wv;
-      }
-    }
-    bf16* o = out + static_cast<size_t>(b) * Hq * D + (kvh0 * G + hh) * D + d;
-    __nv_bfloat162 lo = __floats2bfloat162_rn(A.x, A.y), hi = __floats2bfloat162_rn(A.z, A.w);
-    uint2 pk;
-    pk.x = *reinterpret_cast<uint32_t*>(&lo);
-    pk.y = *reinterpret_cast<uint32_t*>(&hi);
-    *reinterpret_cast<uint2*>(o) = pk;
-  }
+  merge_split_partials(part + (static_cast<size_t>(b) * Hq + kvh0 * G) * splits * kPartStride, GH, splits,
+                       kRingMaxSplits, reinterpret_cast<float*>(smem),
+                       out + (static_cast<size_t>(b) * Hq + kvh0 * G) * kHeadDim);
 }
 
 struct RingPlan {
