@@ -158,6 +158,44 @@ void expect_graphs_equal_eager(const model::TextDecoder& dec, const model::MoeHo
   }
 }
 
+// DecodeOption::kEarlyTrigger: the row-norm kernels let the next kernel launch before they wait, so that kernel's
+// prologue runs beside the kernel two back. The same schedule replayed from graphs with the option on gives the
+// option-off logits and tokens bit for bit (a dependent reading data before its wait that the chain writes would
+// show here as differing logits).
+TEST(CudaGraph, EarlyTriggerGivesTheSameSteps) {
+  if (!kernels::cuda_available()) GTEST_SKIP() << "no CUDA GPU available";
+  auto cfg = model::named_model_config("qwen3-30b-a3b", 2);
+  ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
+  std::unique_ptr<model::TextDecoder> dec;
+  {
+    model::RandomTensors store(11);
+    const model::DecoderWeights w = model::random_decoder_weights(cfg->text, store, 0, 8);
+    auto d = model::create_cuda_decoder(w);
+    ASSERT_TRUE(d.ok()) << d.status().to_string();
+    dec = std::move(*d);
+  }
+  const int option = decode_option(DecodeOption::kEarlyTrigger);
+  Trace off, on;
+  std::vector<std::unique_ptr<model::PagedKVCache>> keep;
+  {
+    GraphEnv env("1");
+    set_decode_option(DecodeOption::kEarlyTrigger, 0);
+    run_schedule(*dec, false, nullptr, off, &keep);
+    set_decode_option(DecodeOption::kEarlyTrigger, 1);
+    run_schedule(*dec, false, nullptr, on, &keep);
+  }
+  set_decode_option(DecodeOption::kEarlyTrigger, option);
+  EXPECT_EQ(off.tokens, on.tokens);
+  ASSERT_EQ(off.logits.size(), on.logits.size());
+  ASSERT_FALSE(off.logits.empty());
+  for (size_t s = 0; s < off.logits.size(); ++s) {
+    ASSERT_EQ(off.logits[s].size(), on.logits[s].size());
+    size_t diff = 0;
+    for (size_t i = 0; i < off.logits[s].size(); ++i) diff += off.logits[s][i] != on.logits[s][i];
+    EXPECT_EQ(diff, 0u) << "step " << s;
+  }
+}
+
 TEST(CudaGraph, DecodeReplayEqualsEagerOnTinyFixture) {
   if (!kernels::cuda_available()) GTEST_SKIP() << "no CUDA GPU available";
   auto m = engine::ModelBundle::load(std::string(ZEST_FIXTURES_DIR) + "/models/qwen3_moe_tiny", model::Backend::kCuda);

@@ -75,6 +75,9 @@ enum class DecodeOption : int {
                     // one cooperative launch with programmatic serialisation where the driver takes it, gate/up
                     // weights bulk-copied into a shared-memory ring; 2 = as 1, never with programmatic serialisation;
                     // 3 = as 1 with the gate/up weights through register loads
+  kEarlyTrigger,    // 1 = the row-norm kernels (add + RMSNorm, combine + residual + RMSNorm) let the next kernel launch
+                    // before they wait on the previous one, so its prologue (weight copies before its own wait)
+                    // overlaps the tail of the kernel two back; 0 (default) = after the wait, like every kernel
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);
