@@ -158,22 +158,54 @@ void expect_graphs_equal_eager(const model::TextDecoder& dec, const model::MoeHo
   }
 }
 
+// A random-weight decoder of the Qwen3-30B-A3B shapes cut to 2 layers (weights drawn from `seed`).
+std::unique_ptr<model::TextDecoder> random_30b_decoder(uint64_t seed, io::ModelConfig* cfg_out = nullptr) {
+  auto cfg = model::named_model_config("qwen3-30b-a3b", 2);
+  EXPECT_TRUE(cfg.ok()) << cfg.status().to_string();
+  if (!cfg.ok()) return nullptr;
+  if (cfg_out) *cfg_out = *cfg;
+  model::RandomTensors store(seed);
+  const model::DecoderWeights w = model::random_decoder_weights(cfg->text, store, 0, 8);
+  auto d = model::create_cuda_decoder(w);
+  EXPECT_TRUE(d.ok()) << d.status().to_string();
+  return d.ok() ? std::move(*d) : nullptr;
+}
+
+// SERE S = 2 of top-8 with rho = 0 and a random symmetric similarity per layer (drawn from `seed`).
+model::RerouteSpec random_sere_spec(const io::TextConfig& c, uint32_t seed) {
+  const int64_t E = c.num_experts, L = c.num_layers;
+  model::RerouteSpec spec;
+  spec.primary = 2;
+  spec.thresholds.assign(L, 0.f);
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  for (int64_t l = 0; l < L; ++l) {
+    std::vector<float> sim(E * E);
+    for (int64_t a = 0; a < E; ++a)
+      for (int64_t b = 0; b <= a; ++b) sim[a * E + b] = sim[b * E + a] = a == b ? 1.f : u(rng);
+    spec.similarity.push_back(std::move(sim));
+  }
+  return spec;
+}
+
+// Hooks that re-route on the device with `spec`; the host hook must never be called (every token is active).
+model::MoeHooks device_sere_hooks(const model::RerouteSpec* spec) {
+  model::MoeHooks hooks;
+  hooks.reroute = spec;
+  hooks.route = [](int64_t, int32_t*, float*, int64_t, int64_t, const std::vector<uint8_t>&) {
+    ADD_FAILURE() << "host re-routing called although every token is active";
+  };
+  return hooks;
+}
+
 // DecodeOption::kEarlyTrigger: the row-norm kernels let the next kernel launch before they wait, so that kernel's
 // prologue runs beside the kernel two back. The same schedule replayed from graphs with the option on gives the
 // option-off logits and tokens bit for bit (a dependent reading data before its wait that the chain writes would
 // show here as differing logits).
 TEST(CudaGraph, EarlyTriggerGivesTheSameSteps) {
   if (!kernels::cuda_available()) GTEST_SKIP() << "no CUDA GPU available";
-  auto cfg = model::named_model_config("qwen3-30b-a3b", 2);
-  ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
-  std::unique_ptr<model::TextDecoder> dec;
-  {
-    model::RandomTensors store(11);
-    const model::DecoderWeights w = model::random_decoder_weights(cfg->text, store, 0, 8);
-    auto d = model::create_cuda_decoder(w);
-    ASSERT_TRUE(d.ok()) << d.status().to_string();
-    dec = std::move(*d);
-  }
+  std::unique_ptr<model::TextDecoder> dec = random_30b_decoder(11);
+  ASSERT_TRUE(dec);
   const int option = decode_option(DecodeOption::kEarlyTrigger);
   Trace off, on;
   std::vector<std::unique_ptr<model::PagedKVCache>> keep;
@@ -205,35 +237,13 @@ TEST(CudaGraph, DecodeReplayEqualsEagerOnTinyFixture) {
 
 TEST(CudaGraph, DecodeReplayEqualsEagerOnRandomModel) {
   if (!kernels::cuda_available()) GTEST_SKIP() << "no CUDA GPU available";
-  auto cfg = model::named_model_config("qwen3-30b-a3b", 2);
-  ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
-  std::unique_ptr<model::TextDecoder> dec;
-  {
-    model::RandomTensors store(7);
-    const model::DecoderWeights w = model::random_decoder_weights(cfg->text, store, 0, 8);
-    auto d = model::create_cuda_decoder(w);
-    ASSERT_TRUE(d.ok()) << d.status().to_string();
-    dec = std::move(*d);
-  }
+  io::ModelConfig cfg;
+  std::unique_ptr<model::TextDecoder> dec = random_30b_decoder(7, &cfg);
+  ASSERT_TRUE(dec);
   expect_graphs_equal_eager(*dec, nullptr, "random qwen3-30b-a3b x2");
   // SERE on the device (S = 2 of top-8, random symmetric similarity): graphs keyed by the spec.
-  const int64_t E = cfg->text.num_experts, L = cfg->text.num_layers;
-  model::RerouteSpec spec;
-  spec.primary = 2;
-  spec.thresholds.assign(L, 0.f);
-  std::mt19937 rng(3);
-  std::uniform_real_distribution<float> u(0.f, 1.f);
-  for (int64_t l = 0; l < L; ++l) {
-    std::vector<float> sim(E * E);
-    for (int64_t a = 0; a < E; ++a)
-      for (int64_t b = 0; b <= a; ++b) sim[a * E + b] = sim[b * E + a] = a == b ? 1.f : u(rng);
-    spec.similarity.push_back(std::move(sim));
-  }
-  model::MoeHooks hooks;
-  hooks.reroute = &spec;
-  hooks.route = [](int64_t, int32_t*, float*, int64_t, int64_t, const std::vector<uint8_t>&) {
-    ADD_FAILURE() << "host re-routing called although every token is active";
-  };
+  const model::RerouteSpec spec = random_sere_spec(cfg.text, 3);
+  const model::MoeHooks hooks = device_sere_hooks(&spec);
   expect_graphs_equal_eager(*dec, &hooks, "random qwen3-30b-a3b x2, SERE S=2");
 }
 
@@ -443,36 +453,14 @@ TEST(CudaGraph, PaddedReplayEqualsUnpaddedEagerOnTinyFixture) {
 
 TEST(CudaGraph, PaddedReplayEqualsUnpaddedEagerOnRandomModel) {
   if (!kernels::cuda_available()) GTEST_SKIP() << "no CUDA GPU available";
-  auto cfg = model::named_model_config("qwen3-30b-a3b", 2);
-  ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
-  std::unique_ptr<model::TextDecoder> dec;
-  {
-    model::RandomTensors store(11);
-    const model::DecoderWeights w = model::random_decoder_weights(cfg->text, store, 0, 8);
-    auto d = model::create_cuda_decoder(w);
-    ASSERT_TRUE(d.ok()) << d.status().to_string();
-    dec = std::move(*d);
-  }
+  io::ModelConfig cfg;
+  std::unique_ptr<model::TextDecoder> dec = random_30b_decoder(11, &cfg);
+  ASSERT_TRUE(dec);
   expect_padded_equal_unpadded(*dec, nullptr, "random qwen3-30b-a3b x2");
   // Contexts of about 2k tokens: decode attention with up to 16 splits, its split plan made for the row class.
   expect_padded_equal_unpadded(*dec, nullptr, "random qwen3-30b-a3b x2, 2k contexts", kPadSizes, 1850);
-  const int64_t E = cfg->text.num_experts, L = cfg->text.num_layers;
-  model::RerouteSpec spec;
-  spec.primary = 2;
-  spec.thresholds.assign(L, 0.f);
-  std::mt19937 rng(4);
-  std::uniform_real_distribution<float> u(0.f, 1.f);
-  for (int64_t l = 0; l < L; ++l) {
-    std::vector<float> sim(E * E);
-    for (int64_t a = 0; a < E; ++a)
-      for (int64_t b = 0; b <= a; ++b) sim[a * E + b] = sim[b * E + a] = a == b ? 1.f : u(rng);
-    spec.similarity.push_back(std::move(sim));
-  }
-  model::MoeHooks hooks;
-  hooks.reroute = &spec;
-  hooks.route = [](int64_t, int32_t*, float*, int64_t, int64_t, const std::vector<uint8_t>&) {
-    ADD_FAILURE() << "host re-routing called although every token is active";
-  };
+  const model::RerouteSpec spec = random_sere_spec(cfg.text, 4);
+  const model::MoeHooks hooks = device_sere_hooks(&spec);
   expect_padded_equal_unpadded(*dec, &hooks, "random qwen3-30b-a3b x2, SERE S=2");
 }
 
@@ -480,13 +468,9 @@ TEST(CudaGraph, PaddedReplayEqualsUnpaddedEagerOnRandomModel) {
 // steps (17/21 -> 24, 26 -> 32, 33 -> 40, 45 -> 48, 57 -> 64 rows) give the unpadded steps' bits.
 TEST(CudaGraph, PaddedAbove16RowsOnRandomModel) {
   if (!kernels::cuda_available()) GTEST_SKIP() << "no CUDA GPU available";
-  auto cfg = model::named_model_config("qwen3-30b-a3b", 2);
-  ASSERT_TRUE(cfg.ok()) << cfg.status().to_string();
-  model::RandomTensors store(13);
-  const model::DecoderWeights w = model::random_decoder_weights(cfg->text, store, 0, 8);
-  auto d = model::create_cuda_decoder(w);
-  ASSERT_TRUE(d.ok()) << d.status().to_string();
-  expect_padded_equal_unpadded(**d, nullptr, "random qwen3-30b-a3b x2, 17-57 sequences", {17, 21, 33, 26, 45, 57});
+  std::unique_ptr<model::TextDecoder> dec = random_30b_decoder(13);
+  ASSERT_TRUE(dec);
+  expect_padded_equal_unpadded(*dec, nullptr, "random qwen3-30b-a3b x2, 17-57 sequences", {17, 21, 33, 26, 45, 57});
 }
 
 // sere_stats with the row count on the device counts the first n rows only (what a padded step passes).
