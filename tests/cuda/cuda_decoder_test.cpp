@@ -21,6 +21,7 @@
 #include <fstream>
 #include <random>
 
+#include "cuda/random_checkpoint.h"
 #include "engine/sere.h"
 #include "kernels/backend.h"
 #include "model/golden_util.h"
@@ -159,8 +160,7 @@ TEST_P(CudaDecoderFixture, LogitsAndGreedyMatchCpu) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaDecoderFixture,
                          ::testing::Values("qwen3_moe_tiny", "qwen3_vl_moe_tiny", "qwen3_vl_tiny"));
 
-// A random Qwen3-MoE checkpoint with head_dim 128 (hidden 64, experts of width 64), stored as F32: the shapes
-// where the fast decode/prefill attention and the tensor-core MoE kernels apply.
+// The random checkpoint of random_checkpoint.h, loaded on the CPU (reference) and on the GPU.
 struct RandomModel {
   io::ModelConfig config;
   io::SafeTensors st;
@@ -169,61 +169,12 @@ struct RandomModel {
 };
 
 std::unique_ptr<RandomModel> random_model(const fs::path& dir) {
-  std::ifstream f(fs::path(ZEST_FIXTURES_DIR) / "models" / "qwen3_moe_tiny" / "config.json");
-  nlohmann::json cfg = nlohmann::json::parse(f);
-  cfg["hidden_size"] = 64;
-  cfg["head_dim"] = 128;
-  cfg["num_attention_heads"] = 4;
-  cfg["num_key_value_heads"] = 2;
-  cfg["num_experts"] = 8;
-  cfg["num_local_experts"] = 8;
-  cfg["num_experts_per_tok"] = 2;
-  cfg["moe_intermediate_size"] = 64;
-  cfg["num_hidden_layers"] = 2;
-  cfg["max_window_layers"] = 2;
-  cfg["vocab_size"] = 512;
-  auto parsed = io::parse_model_config(cfg.dump());
-  EXPECT_TRUE(parsed.ok()) << parsed.status().to_string();
-  if (!parsed.ok()) return nullptr;
+  auto ck = write_random_moe_checkpoint(dir, 91);
+  EXPECT_TRUE(ck.ok()) << ck.status().to_string();
+  if (!ck.ok()) return nullptr;
   auto m = std::make_unique<RandomModel>();
-  m->config = *parsed;
-  const io::TextConfig& c = m->config.text;
-  std::mt19937 rng(91);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  auto add = [&](const std::string& name, std::vector<int64_t> shape, float scale, float offset) {
-    Tensor t = Tensor::empty(shape);
-    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = offset + scale * nd(rng);
-    tensors.emplace_back(name, t);
-  };
-  const int64_t H = c.hidden_size, D = c.head_dim, E = c.num_experts, I = c.moe_intermediate_size;
-  const float lin = 1.f / std::sqrt(static_cast<float>(H));
-  add("model.embed_tokens.weight", {c.vocab_size, H}, 1.f, 0.f);
-  add("model.norm.weight", {H}, 0.1f, 1.f);
-  add("lm_head.weight", {c.vocab_size, H}, 2.f * lin, 0.f);
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    add(p + "input_layernorm.weight", {H}, 0.1f, 1.f);
-    add(p + "post_attention_layernorm.weight", {H}, 0.1f, 1.f);
-    add(p + "self_attn.q_proj.weight", {c.num_heads * D, H}, lin, 0.f);
-    add(p + "self_attn.k_proj.weight", {c.num_kv_heads * D, H}, lin, 0.f);
-    add(p + "self_attn.v_proj.weight", {c.num_kv_heads * D, H}, lin, 0.f);
-    add(p + "self_attn.o_proj.weight", {H, c.num_heads * D}, 1.f / std::sqrt(static_cast<float>(c.num_heads * D)), 0.f);
-    add(p + "self_attn.q_norm.weight", {D}, 0.1f, 1.f);
-    add(p + "self_attn.k_norm.weight", {D}, 0.1f, 1.f);
-    add(p + "mlp.gate.weight", {E, H}, 3.f * lin, 0.f);
-    for (int64_t e = 0; e < E; ++e) {
-      const std::string ep = p + "mlp.experts." + std::to_string(e) + ".";
-      add(ep + "gate_proj.weight", {I, H}, lin, 0.f);
-      add(ep + "up_proj.weight", {I, H}, lin, 0.f);
-      add(ep + "down_proj.weight", {H, I}, 1.f / std::sqrt(static_cast<float>(I)), 0.f);
-    }
-  }
-  fs::create_directories(dir);
-  const std::string file = (dir / "model.safetensors").string();
-  Status ws = io::write_safetensors(file, tensors);
-  EXPECT_TRUE(ws.is_ok()) << ws.to_string();
-  auto st = io::SafeTensors::open_file(file);
+  m->config = ck->config;
+  auto st = io::SafeTensors::open_file(ck->file);
   EXPECT_TRUE(st.ok()) << st.status().to_string();
   if (!st.ok()) return nullptr;
   m->st = std::move(*st);

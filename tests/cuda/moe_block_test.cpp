@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cuda/cuda_test_util.h"
+#include "cuda/random_checkpoint.h"
 #include "io/config.h"
 #include "io/safetensors.h"
 #include "kernels/cuda/moe_block.h"
@@ -369,61 +370,16 @@ TEST(CudaMoeBlockRuns, RefusesUnsupportedShapes) {
 TEST(CudaMoeBlockRuns, DecoderStepsMatchTheChain) {
   ZEST_REQUIRE_GPU();
   namespace fs = std::filesystem;
-  std::ifstream f(fs::path(ZEST_FIXTURES_DIR) / "models" / "qwen3_moe_tiny" / "config.json");
-  nlohmann::json cfg = nlohmann::json::parse(f);
-  cfg["hidden_size"] = 64;
-  cfg["head_dim"] = 128;
-  cfg["num_attention_heads"] = 4;
-  cfg["num_key_value_heads"] = 2;
-  cfg["num_experts"] = 8;
-  cfg["num_local_experts"] = 8;
-  cfg["num_experts_per_tok"] = 2;
-  cfg["moe_intermediate_size"] = 64;
-  cfg["num_hidden_layers"] = 2;
-  cfg["max_window_layers"] = 2;
-  cfg["vocab_size"] = 512;
-  auto parsed = io::parse_model_config(cfg.dump());
-  ASSERT_TRUE(parsed.ok()) << parsed.status().to_string();
+  const fs::path dir = fs::temp_directory_path() / ("zest_moe_block_" + std::to_string(::getpid()));
+  auto ck = write_random_moe_checkpoint(dir, 93);
+  ASSERT_TRUE(ck.ok()) << ck.status().to_string();
+  const io::ModelConfig* parsed = &ck->config;
   const io::TextConfig& c = parsed->text;
   if (!moe_block_ok(4, static_cast<int>(c.hidden_size), static_cast<int>(c.num_experts),
                     static_cast<int>(c.num_experts_per_tok), static_cast<int>(c.moe_intermediate_size)))
     GTEST_SKIP() << "moe_block_decode not available here";
   std::mt19937 rng(93);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  auto add = [&](const std::string& name, std::vector<int64_t> shape, float scale, float offset) {
-    Tensor t = Tensor::empty(shape);
-    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = offset + scale * nd(rng);
-    tensors.emplace_back(name, t);
-  };
-  const int64_t H = c.hidden_size, D = c.head_dim, E = c.num_experts, I = c.moe_intermediate_size;
-  const float lin = 1.f / std::sqrt(static_cast<float>(H));
-  add("model.embed_tokens.weight", {c.vocab_size, H}, 1.f, 0.f);
-  add("model.norm.weight", {H}, 0.1f, 1.f);
-  add("lm_head.weight", {c.vocab_size, H}, 2.f * lin, 0.f);
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    add(p + "input_layernorm.weight", {H}, 0.1f, 1.f);
-    add(p + "post_attention_layernorm.weight", {H}, 0.1f, 1.f);
-    add(p + "self_attn.q_proj.weight", {c.num_heads * D, H}, lin, 0.f);
-    add(p + "self_attn.k_proj.weight", {c.num_kv_heads * D, H}, lin, 0.f);
-    add(p + "self_attn.v_proj.weight", {c.num_kv_heads * D, H}, lin, 0.f);
-    add(p + "self_attn.o_proj.weight", {H, c.num_heads * D}, 1.f / std::sqrt(static_cast<float>(c.num_heads * D)), 0.f);
-    add(p + "self_attn.q_norm.weight", {D}, 0.1f, 1.f);
-    add(p + "self_attn.k_norm.weight", {D}, 0.1f, 1.f);
-    add(p + "mlp.gate.weight", {E, H}, 3.f * lin, 0.f);
-    for (int64_t e = 0; e < E; ++e) {
-      const std::string ep = p + "mlp.experts." + std::to_string(e) + ".";
-      add(ep + "gate_proj.weight", {I, H}, lin, 0.f);
-      add(ep + "up_proj.weight", {I, H}, lin, 0.f);
-      add(ep + "down_proj.weight", {H, I}, 1.f / std::sqrt(static_cast<float>(I)), 0.f);
-    }
-  }
-  const fs::path dir = fs::temp_directory_path() / ("zest_moe_block_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  const std::string file = (dir / "model.safetensors").string();
-  ZEST_ASSERT_OK(io::write_safetensors(file, tensors));
-  auto st = io::SafeTensors::open_file(file);
+  auto st = io::SafeTensors::open_file(ck->file);
   ASSERT_TRUE(st.ok()) << st.status().to_string();
   auto dec = model::make_cuda_decoder(*st, *parsed);
   ASSERT_TRUE(dec.ok()) << dec.status().to_string();
