@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "cuda/cuda_test_util.h"
+#include "cuda/prefill_attention_check.h"
 
 namespace zest::cuda::test {
 namespace {
@@ -12,59 +13,10 @@ namespace {
 // bf16 outputs: max abs err <= 2e-2 * max |ref| (P and h are rounded to bf16 before their second matmul).
 constexpr double kTol = 2e-2;
 
-// Causal attention of packed sequences `lens` over a [T, (Hq + 2 Hkv) * D] qkv buffer (row stride `row`),
-// through prefill_attention (or prefill_attention_wmma), compared with an f64 reference.
+// Causal attention of packed sequences through prefill_attention (or prefill_attention_wmma) against an f64
+// reference (prefill_attention_check.h).
 void run_prefill_case(const std::vector<int>& lens, int Hq, int Hkv, int row_pad, bool wmma, std::mt19937& rng) {
-  SCOPED_TRACE(testing::Message() << "Hq=" << Hq << " Hkv=" << Hkv << " seqs=" << lens.size()
-                                  << (wmma ? " wmma" : ""));
-  const int D = 128, row = (Hq + 2 * Hkv) * D + row_pad;
-  std::vector<int32_t> cu = {0};
-  for (int l : lens) cu.push_back(cu.back() + l);
-  const int T = cu.back(), max_len = *std::max_element(lens.begin(), lens.end());
-  auto qkv = random_bf16(static_cast<size_t>(T) * row, rng, -2.f, 2.f);
-  auto dqkv = upload_bf16(qkv);
-  DevBuf<int32_t> dcu(cu);
-  DevBuf<bf16> out(static_cast<size_t>(T) * Hq * D);
-  out.poison();
-  const float scale = 1.f / std::sqrt(128.f);
-  const bf16* base = dqkv->get();
-  const bf16* k = base + Hq * D;
-  const bf16* v = base + (Hq + Hkv) * D;
-  const int nseq = static_cast<int>(lens.size());
-  if (wmma)
-    ZEST_ASSERT_OK(prefill_attention_wmma(base, row, k, v, row, dcu.get(), nseq, max_len, out.get(), Hq, Hkv, D, scale,
-                                          nullptr));
-  else
-    ZEST_ASSERT_OK(
-        prefill_attention(base, row, k, v, row, dcu.get(), nseq, max_len, out.get(), Hq, Hkv, D, scale, nullptr));
-  sync_ok();
-  const auto got = download_bf16(out);
-  std::vector<float> ref(got.size());
-  std::vector<double> s;
-  for (size_t sq = 0; sq < lens.size(); ++sq)
-    for (int i = 0; i < lens[sq]; ++i)
-      for (int h = 0; h < Hq; ++h) {
-        const int t = cu[sq] + i, kvh = h / (Hq / Hkv);
-        const float* qr = &qkv.f[static_cast<size_t>(t) * row + h * D];
-        s.assign(i + 1, 0.0);
-        double mx = -INFINITY;
-        for (int j = 0; j <= i; ++j) {
-          const float* kr = &qkv.f[static_cast<size_t>(cu[sq] + j) * row + (Hq + kvh) * D];
-          double d = 0;
-          for (int c = 0; c < D; ++c) d += static_cast<double>(qr[c]) * kr[c];
-          mx = std::max(mx, s[j] = d * scale);
-        }
-        double sum = 0;
-        for (auto& x : s) sum += (x = std::exp(x - mx));
-        float* o = &ref[(static_cast<size_t>(t) * Hq + h) * D];
-        for (int c = 0; c < D; ++c) {
-          double acc = 0;
-          for (int j = 0; j <= i; ++j)
-            acc += s[j] * qkv.f[static_cast<size_t>(cu[sq] + j) * row + (Hq + Hkv + kvh) * D + c];
-          o[c] = static_cast<float>(acc / sum);
-        }
-      }
-  ZEST_EXPECT_CLOSE(got, ref, kTol);
+  check_prefill_attention(lens, Hq, Hkv, row_pad, wmma, kTol, rng);
 }
 
 TEST(CudaPrefillKernels, AttentionOddLengthsPackedGqa4) {
