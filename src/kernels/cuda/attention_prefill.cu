@@ -865,6 +865,46 @@ __device__ __forceinline__ void named_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// The consumer warpgroups' steps, shared by prefill_attention_ws_kernel and its persistent variant.
+// Turn-taking at issuing GEMMs (ping-pong): consumer cw waits on barrier 1 + cw, then lets the other go.
+template <bool kPingPong>
+__device__ __forceinline__ void ws_sched_sync(int cw) {
+  if constexpr (kPingPong) named_sync(1 + cw, 256);
+}
+template <bool kPingPong>
+__device__ __forceinline__ void ws_sched_arrive(int cw) {
+  if constexpr (kPingPong) named_arrive(2 - cw, 256);
+}
+// One arrival per warp on a ring slot's empty barrier.
+__device__ __forceinline__ void ws_release(uint32_t bar, int lane) {
+  __syncwarp();
+  if (lane == 0) mbar_arrive(bar);
+}
+// acc = Q K^T of a consumer's 64 query rows (shared address qa) against the 128-key tile at ka.
+__device__ __forceinline__ void ws_issue_s(float (&acc)[64], uint32_t qa, uint32_t ka) {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk)
+    wgmma_ss_n128_acc(acc, wg_desc(qa + (kk >> 2) * kWsBlock + (kk & 3) * 32, 16, 1024),
+                      wg_desc(ka + (kk >> 2) * kWsBlock + (kk & 3) * 32, 16, 1024), kk > 0);
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+// o += P V with P (bf16, packed by ws_pack_p) in registers and the 128-row V tile at va.
+__device__ __forceinline__ void ws_issue_pv(float (&o)[64], const uint32_t (&pa)[8][4], uint32_t va) {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) wgmma_rs_tb(o, pa[kk], wg_desc(va + kk * 16 * 128, kWsBlock, 1024));
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+// The softmax numerators sv (fp32 accumulator layout) as bf16 A fragments.
+__device__ __forceinline__ void ws_pack_p(uint32_t (&pa)[8][4], const float (&sv)[64]) {
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    pa[i / 2][(i % 2) * 2] = vmma::pack_bf16(sv[4 * i], sv[4 * i + 1]);
+    pa[i / 2][(i % 2) * 2 + 1] = vmma::pack_bf16(sv[4 * i + 2], sv[4 * i + 3]);
+  }
+}
+
 template <int STAGES, bool kPingPong>
 __global__ void __launch_bounds__(kWsThreads, 1)
     prefill_attention_ws_kernel(const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
@@ -957,44 +997,17 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const int row0 = q0 + cw * 64 + warp * 16;  // this warp's first query row (sequence-relative)
   const uint32_t qa = aQ + cw * 64 * 128;
   // Turn-taking of the two consumers at issuing GEMMs: consumer c waits on barrier 1 + c, then lets the other go.
-  auto sched_sync = [&]() {
-    if constexpr (kPingPong) named_sync(1 + cw, 256);
-  };
-  auto sched_arrive = [&]() {
-    if constexpr (kPingPong) named_arrive(2 - cw, 256);
-  };
+  auto sched_sync = [&]() { ws_sched_sync<kPingPong>(cw); };
+  auto sched_arrive = [&]() { ws_sched_arrive<kPingPong>(cw); };
   if (cw == 1) {
     if constexpr (kPingPong) named_arrive(1, 256);  // consumer 0 goes first
   }
-  auto release = [&](uint32_t bar) {
-    __syncwarp();
-    if (lane == 0) mbar_arrive(bar);
-  };
-  auto issue_s = [&](float (&acc)[64], int s) {
-    const uint32_t ka = aK + s * kWsTile;
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk)
-      wgmma_ss_n128_acc(acc, wg_desc(qa + (kk >> 2) * kWsBlock + (kk & 3) * 32, 16, 1024),
-                        wg_desc(ka + (kk >> 2) * kWsBlock + (kk & 3) * 32, 16, 1024), kk > 0);
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-  };
+  auto release = [&](uint32_t bar) { ws_release(bar, lane); };
+  auto issue_s = [&](float (&acc)[64], int s) { ws_issue_s(acc, qa, aK + s * kWsTile); };
   float o[64], sv[64];
   uint32_t pa[8][4];
-  auto issue_pv = [&](int s) {
-    const uint32_t va = aV + s * kWsTile;
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk) wgmma_rs_tb(o, pa[kk], wg_desc(va + kk * 16 * 128, kWsBlock, 1024));
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-  };
-  auto pack_p = [&]() {
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      pa[i / 2][(i % 2) * 2] = pack_bf16(sv[4 * i], sv[4 * i + 1]);
-      pa[i / 2][(i % 2) * 2 + 1] = pack_bf16(sv[4 * i + 2], sv[4 * i + 3]);
-    }
-  };
+  auto issue_pv = [&](int s) { ws_issue_pv(o, pa, aV + s * kWsTile); };
+  auto pack_p = [&]() { ws_pack_p(pa, sv); };
 #pragma unroll
   for (int i = 0; i < 64; ++i) o[i] = 0.f;
   float m[2], l[2] = {0.f, 0.f};
@@ -1301,41 +1314,14 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
   const int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, g = lane >> 2, t = lane & 3;
   const uint32_t qa = aQ + cw * 64 * 128, oa = aO + cw * 64 * 128;
-  auto sched_sync = [&]() {
-    if constexpr (kPingPong) named_sync(1 + cw, 256);
-  };
-  auto sched_arrive = [&]() {
-    if constexpr (kPingPong) named_arrive(2 - cw, 256);
-  };
-  auto release = [&](uint32_t bar) {
-    __syncwarp();
-    if (lane == 0) mbar_arrive(bar);
-  };
-  auto issue_s = [&](float (&acc)[64], int s) {
-    const uint32_t ka = aK + s * kWsTile;
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk)
-      wgmma_ss_n128_acc(acc, wg_desc(qa + (kk >> 2) * kWsBlock + (kk & 3) * 32, 16, 1024),
-                        wg_desc(ka + (kk >> 2) * kWsBlock + (kk & 3) * 32, 16, 1024), kk > 0);
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-  };
+  auto sched_sync = [&]() { ws_sched_sync<kPingPong>(cw); };
+  auto sched_arrive = [&]() { ws_sched_arrive<kPingPong>(cw); };
+  auto release = [&](uint32_t bar) { ws_release(bar, lane); };
+  auto issue_s = [&](float (&acc)[64], int s) { ws_issue_s(acc, qa, aK + s * kWsTile); };
   float o[64], sv[64];
   uint32_t pa[8][4];
-  auto issue_pv = [&](int s) {
-    const uint32_t va = aV + s * kWsTile;
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk) wgmma_rs_tb(o, pa[kk], wg_desc(va + kk * 16 * 128, kWsBlock, 1024));
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-  };
-  auto pack_p = [&]() {
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      pa[i / 2][(i % 2) * 2] = pack_bf16(sv[4 * i], sv[4 * i + 1]);
-      pa[i / 2][(i % 2) * 2 + 1] = pack_bf16(sv[4 * i + 2], sv[4 * i + 3]);
-    }
-  };
+  auto issue_pv = [&](int s) { ws_issue_pv(o, pa, aV + s * kWsTile); };
+  auto pack_p = [&]() { ws_pack_p(pa, sv); };
   const size_t out_stride = static_cast<size_t>(Hq) * kD;
   uint32_t kit = 0, vit = 0, qi = 0;
   for (int r = 0; r < rounds; ++r) {
