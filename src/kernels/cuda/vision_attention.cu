@@ -135,32 +135,7 @@ __global__ void __launch_bounds__(kThreads, 2)
           mx[e / 2] = fmaxf(mx[e / 2], x);
         }
       }
-      float alpha[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        const float mn = fmaxf(m[mt][r], mx[r]);
-        alpha[r] = exp2f(m[mt][r] - mn);
-        m[mt][r] = mn;
-        l[mt][r] *= alpha[r];
-      }
-#pragma unroll
-      for (int i = 0; i < DK8; ++i) {
-        o[mt][i][0] *= alpha[0];
-        o[mt][i][1] *= alpha[0];
-        o[mt][i][2] *= alpha[1];
-        o[mt][i][3] *= alpha[1];
-      }
-#pragma unroll
-      for (int j = 0; j < NT; ++j) {
-        const float p0 = exp2f(s[mt][j][0] - m[mt][0]), p1 = exp2f(s[mt][j][1] - m[mt][0]);
-        const float p2 = exp2f(s[mt][j][2] - m[mt][1]), p3 = exp2f(s[mt][j][3] - m[mt][1]);
-        l[mt][0] += p0 + p1;
-        l[mt][1] += p2 + p3;
-        pa[mt][j / 2][(j % 2) * 2] = pack_bf16(p0, p1);
-        pa[mt][j / 2][(j % 2) * 2 + 1] = pack_bf16(p2, p3);
-      }
+      online_softmax_step(s[mt], mx, m[mt], l[mt], o[mt], pa[mt]);
     }
 #pragma unroll
     for (int kk = 0; kk < kTile / 16; ++kk) {

@@ -71,6 +71,41 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// One online-softmax step of an m16 tile of scores s (log2 units, masked keys at -inf) whose per-thread row maxima
+// are mx: the maxima reduced over the quad, the running maxima m raised (finite once a row has seen one key), the
+// running sums l and the output tiles o rescaled by exp2(m_old - m_new), this tile's exp2(s - m) added to l and packed
+// as bf16 A fragments pa for the PV product.
+template <int NT, int DT>
+__device__ __forceinline__ void online_softmax_step(const float (&s)[NT][4], float (&mx)[2], float (&m)[2],
+                                                    float (&l)[2], float (&o)[DT][4], uint32_t (&pa)[NT / 2][4]) {
+  float alpha[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    const float mn = fmaxf(m[r], mx[r]);
+    alpha[r] = exp2f(m[r] - mn);
+    m[r] = mn;
+    l[r] *= alpha[r];
+  }
+#pragma unroll
+  for (int i = 0; i < DT; ++i) {
+    o[i][0] *= alpha[0];
+    o[i][1] *= alpha[0];
+    o[i][2] *= alpha[1];
+    o[i][3] *= alpha[1];
+  }
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const float p0 = exp2f(s[j][0] - m[0]), p1 = exp2f(s[j][1] - m[0]);
+    const float p2 = exp2f(s[j][2] - m[1]), p3 = exp2f(s[j][3] - m[1]);
+    l[0] += p0 + p1;
+    l[1] += p2 + p3;
+    pa[j / 2][(j % 2) * 2] = pack_bf16(p0, p1);
+    pa[j / 2][(j % 2) * 2 + 1] = pack_bf16(p2, p3);
+  }
+}
+
 // Loads `rows` rows [row0, row0 + rows) of one head (d columns, d % 8 == 0) into a shared tile of row stride
 // S elements; rows >= row_end are zero-filled. Columns [d, S) are left as they are.
 template <int S>
