@@ -118,6 +118,7 @@ struct RouteParams {
   int make_plan;
   int early_trigger;  // let the next kernel launch right after the wait (else when this grid exits)
   int64_t* count_sum;
+  long long* clocks;  // compact kernel, when not null: CTA 0 thread 0's clock64 at 8 points (phase diagnostics)
   int T, H, E, K;
 };
 
@@ -239,16 +240,261 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_kernel(RouteParams
   if (my_id >= 0) p.plan.sorted_slots[offset_of[my_id] + scratch[warp * E + my_id] + __popc(below)] = tid;
 }
 
-// Cluster size for E experts: the largest C <= max_c dividing E with at most 16 experts per CTA (0: none).
-int route_cluster(int E, int max_c = 16) {
+// ---- fused routing, compact (kRouteFused 4-6) -----------------------------------------------------------------
+// moe_route_kernel's arithmetic (same logits, ids, weights and plan, bit for bit) with a shorter chain after the
+// wait and less code: each CTA's logits go to CTA 0 by st.async completing bytes on an mbarrier of CTA 0 (CTA 0 waits
+// for exactly T * E * 4 bytes; the other CTAs exit after their stores, no second cluster barrier); warp t of CTA 0
+// runs token t's top-k with the probabilities in registers (redux max / min on order-preserving keys, lane k keeps
+// the k-th choice, so the rounds are a loop and not unrolled code); the plan comes from per-expert token masks
+// (shared-memory atomicOr of the top-k lanes): one warp scans (count, active, tiles) packed in one integer, and
+// each slot's sorted position is its expert's offset plus the tokens below it in the mask. kMT m16 tiles of router
+// rows per CTA (rows <= 16 kMT), kEP experts per lane (E <= 32 kEP).
+constexpr int kRoute2MaxRows = 32;
+
+__device__ __forceinline__ void st_async_f32(uint32_t addr, float v, uint32_t bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(addr),
+               "r"(__float_as_uint(v)), "r"(bar)
+               : "memory");
+}
+
+template <int kMT, int kEP>
+__global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(RouteParams p) {
+  extern __shared__ __align__(128) unsigned char wsm[];  // [rows][H * 2 + 16]
+  __shared__ __align__(8) uint64_t wbar, lbar;
+  __shared__ float red[kRouteWarps][kMT * 8][32];
+  __shared__ float logit_s[kRouteMaxT][kRouteMaxE];  // CTA 0: every logit, [token][expert]
+  __shared__ int ids_s[kRouteMaxT * kMaxTopK];
+  __shared__ unsigned tok_mask[kRouteMaxE];  // CTA 0: bit t set when token t chose the expert
+  __shared__ int offset_of[kRouteMaxE];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, tq = lane & 3;
+  const int rank = static_cast<int>(cluster_rank()), C = static_cast<int>(cluster_size());
+  const int T = p.T, E = p.E, K = p.K;
+  const int rows = E / C, e0 = rank * rows;
+  const uint32_t row_bytes = static_cast<uint32_t>(p.H) * 2, stride = row_bytes + 16;
+  const bool stamp = p.clocks && rank == 0 && tid == 0;
+  if (stamp) p.clocks[0] = clock64();
+  if (tid == 0) {
+    mbar_init(&wbar);
+    mbar_arrive_expect_tx(&wbar, rows * row_bytes);
+    for (int r = 0; r < rows; ++r) bulk_load(wsm + r * stride, p.w + static_cast<size_t>(e0 + r) * p.H, row_bytes, &wbar);
+    if (rank == 0) {
+      mbar_init(&lbar);  // its one arrival now; the phase completes when all T * E logits have landed
+      mbar_arrive_expect_tx(&lbar, static_cast<uint32_t>(T * E) * 4u);
+    }
+  }
+  if (rank == 0)
+    for (int e = tid; e < kRouteMaxE; e += kRouteThreads) tok_mask[e] = 0u;
+  // The bias is a weight: loaded before the wait by the warps that run a token's top-k.
+  float bias_r[kEP];
+#pragma unroll
+  for (int i = 0; i < kEP; ++i) {
+    const int e = lane + 32 * i;
+    bias_r[i] = rank == 0 && warp < T && p.bias && e < E ? __ldg(p.bias + e) : 0.f;
+  }
+  cluster_arrive_relaxed();  // CTA 0's mbarrier is initialised before any CTA stores into it (wait below)
+  __syncthreads();
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  if (stamp) p.clocks[1] = clock64();
+  const int chunks = p.H / 32;
+  const bf16* x0p = g < T ? p.xn + static_cast<size_t>(g) * p.H + tq * 8 : nullptr;
+  const bf16* x1p = g + 8 < T ? p.xn + static_cast<size_t>(g + 8) * p.H + tq * 8 : nullptr;
+  const bool two = T > 8;
+  const unsigned char* a_lo[kMT];
+  const unsigned char* a_hi[kMT];
+#pragma unroll
+  for (int m = 0; m < kMT; ++m) {
+    a_lo[m] = m * 16 + g < rows ? wsm + (m * 16 + g) * stride + tq * 16 : nullptr;
+    a_hi[m] = m * 16 + g + 8 < rows ? wsm + (m * 16 + g + 8) * stride + tq * 16 : nullptr;
+  }
+  float acc[kMT][2][4];
+#pragma unroll
+  for (int m = 0; m < kMT; ++m)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[m][0][i] = acc[m][1][i] = 0.f;
+  bool landed = false;
+  for (int cb = warp; cb < chunks; cb += kRouteWarps * kRouteChunks) {
+    uint4 xa[kRouteChunks], xb[kRouteChunks];
+#pragma unroll
+    for (int u = 0; u < kRouteChunks; ++u) {
+      const int c = cb + u * kRouteWarps;
+      const bool ok = c < chunks;
+      xa[u] = ok && x0p ? __ldg(reinterpret_cast<const uint4*>(x0p + c * 32)) : make_uint4(0, 0, 0, 0);
+      xb[u] = ok && x1p ? __ldg(reinterpret_cast<const uint4*>(x1p + c * 32)) : make_uint4(0, 0, 0, 0);
+    }
+    if (!landed) {
+      mbar_wait(&wbar, 0);
+      landed = true;
+    }
+#pragma unroll
+    for (int u = 0; u < kRouteChunks; ++u) {
+      const int c = cb + u * kRouteWarps;
+      if (c >= chunks) break;
+#pragma unroll
+      for (int m = 0; m < kMT; ++m) {
+        const uint4 lo = a_lo[m] ? *reinterpret_cast<const uint4*>(a_lo[m] + c * 64) : make_uint4(0, 0, 0, 0);
+        const uint4 hi = a_hi[m] ? *reinterpret_cast<const uint4*>(a_hi[m] + c * 64) : make_uint4(0, 0, 0, 0);
+        mma16816(acc[m][0], lo.x, hi.x, lo.y, hi.y, xa[u].x, xa[u].y);
+        mma16816(acc[m][0], lo.z, hi.z, lo.w, hi.w, xa[u].z, xa[u].w);
+        if (two) {
+          mma16816(acc[m][1], lo.x, hi.x, lo.y, hi.y, xb[u].x, xb[u].y);
+          mma16816(acc[m][1], lo.z, hi.z, lo.w, hi.w, xb[u].z, xb[u].w);
+        }
+      }
+    }
+  }
+  if (!landed) mbar_wait(&wbar, 0);  // no chunk for this warp: the copy must still land before the CTA exits
+  if (stamp) p.clocks[2] = clock64();
+#pragma unroll
+  for (int m = 0; m < kMT; ++m)
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) red[warp][m * 8 + n * 4 + i][lane] = acc[m][n][i];
+  __syncthreads();
+  cluster_wait();
+  if (stamp) p.clocks[3] = clock64();
+  const uint32_t lbar0 = cluster_map(&lbar, 0);
+#pragma unroll
+  for (int m = 0; m < kMT; ++m) {
+    const int v = tid >> 5, l = tid & 31;  // one (accumulator, lane) per thread
+    const int n = v >> 2, i = v & 3;
+    const int t = n * 8 + (l & 3) * 2 + (i & 1);
+    const int r = m * 16 + (l >> 2) + (i >> 1) * 8;
+    if (t < T && r < rows) {
+      float s = 0.f;
+#pragma unroll
+      for (int ww = 0; ww < kRouteWarps; ++ww) s += red[ww][m * 8 + v][l];
+      s = bf16_round(s);
+      if (p.logits) p.logits[static_cast<size_t>(t) * E + e0 + r] = __float2bfloat16(s);
+      st_async_f32(cluster_map(&logit_s[t][e0 + r], 0), s, lbar0);
+    }
+  }
+  if (rank != 0) return;
+  mbar_wait(&lbar, 0);
+  if (stamp) p.clocks[4] = clock64();
+  // Top-k, warp t for token t: router_topk's arithmetic (softmax in the same per-lane order and the same butterfly
+  // sum, K rounds of argmax with ties to the lowest expert, weights renormalised in selection order, bf16-rounded).
+  for (int t = warp; t < T; t += kRouteWarps) {
+    float pr[kEP];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kEP; ++i) {
+      const int e = lane + 32 * i;
+      pr[i] = e < E ? logit_s[t][e] + bias_r[i] : -INFINITY;
+      mx = fmaxf(mx, pr[i]);
+    }
+    mx = warp_max(mx);
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < kEP; ++i)
+      if (lane + 32 * i < E) {
+        pr[i] = expf(pr[i] - mx);
+        sum += pr[i];
+      }
+    sum = warp_sum(sum);
+    const float inv = 1.f / sum;
+    unsigned key[kEP];  // probability bits + 1 (order-preserving for p >= 0); 0 = taken or no expert
+#pragma unroll
+    for (int i = 0; i < kEP; ++i) key[i] = lane + 32 * i < E ? __float_as_uint(pr[i] * inv) + 1u : 0u;
+    float total = 0.f, my_v = 0.f;
+    int my_i = 0;
+#pragma unroll 1
+    for (int k = 0; k < K; ++k) {
+      unsigned bk = 0u;
+      int bi = 0x7fffffff;
+#pragma unroll
+      for (int i = 0; i < kEP; ++i)
+        if (key[i] > bk) {
+          bk = key[i];
+          bi = lane + 32 * i;
+        }
+      const unsigned wk = __reduce_max_sync(0xffffffffu, bk);
+      const int wi = __reduce_min_sync(0xffffffffu, bk == wk ? bi : 0x7fffffff);
+      const float best = __uint_as_float(wk - 1u);
+      total += best;
+      if (lane == k) {
+        my_v = best;
+        my_i = wi;
+      }
+#pragma unroll
+      for (int i = 0; i < kEP; ++i)
+        if (lane + 32 * i == wi) key[i] = 0u;
+    }
+    if (lane < K) {
+      p.ids[t * K + lane] = my_i;
+      p.weights[t * K + lane] = bf16_round(my_v / total);
+      ids_s[t * K + lane] = my_i;
+      atomicOr(&tok_mask[my_i], 1u << t);
+    }
+  }
+  if (stamp) p.clocks[5] = clock64();
+  if (!p.make_plan) return;
+  __syncthreads();
+  if (warp != 0) return;
+  if (stamp) p.clocks[6] = clock64();
+  // The plan by warp 0: lane l owns experts [l kEP, l kEP + kEP); one scan of (slots, active experts, tiles).
+  unsigned msk[kEP];
+  int packed = 0;
+#pragma unroll
+  for (int j = 0; j < kEP; ++j) {
+    const int e = lane * kEP + j;
+    msk[j] = e < E ? tok_mask[e] : 0u;
+    const int c = __popc(msk[j]);
+    packed += c + (c > 0 ? 1 << 10 : 0) + (((c + kMoeTileM - 1) / kMoeTileM) << 20);
+  }
+  int incl = packed;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int a = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += a;
+  }
+  const int excl = incl - packed;
+  int off = excl & 1023, idx = (excl >> 10) & 1023, tile = excl >> 20;
+#pragma unroll
+  for (int j = 0; j < kEP; ++j) {
+    const int e = lane * kEP + j;
+    const int c = __popc(msk[j]);
+    if (e < E) offset_of[e] = off;
+    if (c > 0) {
+      p.plan.active_experts[idx] = e;
+      p.plan.offsets[idx] = off;
+      const int tiles = (c + kMoeTileM - 1) / kMoeTileM;
+      for (int r = 0; r < tiles; ++r) {
+        p.plan.tile_active[tile + r] = idx;
+        p.plan.tile_start[tile + r] = off + r * kMoeTileM;
+      }
+      ++idx;
+      tile += tiles;
+      off += c;
+    }
+  }
+  if (lane == 31) {
+    p.plan.offsets[idx] = off;
+    *p.plan.num_active = idx;
+    *p.plan.num_tiles = tile;
+    if (p.count_sum) *p.count_sum += idx;
+  }
+  for (int e = lane; e <= E + 1; e += 32) p.plan.ready[e] = 0u;  // a fresh plan: nothing ready, claimed or finished
+  __syncwarp();
+  for (int s = lane; s < T * K; s += 32) {
+    const int t = s / K, id = ids_s[s];
+    p.plan.sorted_slots[offset_of[id] + __popc(tok_mask[id] & ((1u << t) - 1u))] = s;
+  }
+  if (stamp) p.clocks[7] = clock64();
+}
+
+// Cluster size for E experts: the largest C <= max_c dividing E with at most max_rows experts per CTA (0: none).
+int route_cluster(int E, int max_c = 16, int max_rows = 16) {
   for (int c : {16, 8, 4, 2, 1})
-    if (c <= max_c && E % c == 0 && E / c <= 16) return c;
+    if (c <= max_c && E % c == 0 && E / c <= max_rows) return c;
   return 0;
 }
 
 // Dynamic shared memory: the CTA's router rows.
-size_t route_smem(int E, int H, int max_c = 16) {
-  const int c = route_cluster(E, max_c);
+size_t route_smem(int E, int H, int max_c = 16, int max_rows = 16) {
+  const int c = route_cluster(E, max_c, max_rows);
   return c ? static_cast<size_t>(E / c) * (static_cast<size_t>(H) * 2 + 16) : 0;
 }
 constexpr size_t kRouteMaxSmem = 160 * 1024;
@@ -555,17 +801,40 @@ bool moe_route_ok(int T, int H, int E, int K) {
 namespace {
 
 // DecodeOption::kRouteFused: 2 = clusters of at most 8 CTAs (16 experts each at E = 128); 3 = the next kernel launches
-// only when this grid exits.
+// only when this grid exits; 4 / 5 / 6 = moe_route_compact_kernel in clusters of at most 16 / 8 / 4 CTAs (at most 32
+// experts per CTA). A size the variant's cluster cannot take runs as variant 1 (4 when compact).
 Status launch_route(RouteParams p, cudaStream_t stream) {
   const int variant = decode_option(DecodeOption::kRouteFused);
-  int max_c = variant == 2 ? 8 : 16;
-  if (route_cluster(p.E, max_c) == 0 || route_smem(p.E, p.H, max_c) > kRouteMaxSmem) max_c = 16;  // as variant 1
+  const bool compact = variant >= 4 && variant <= 6;
+  int max_c = variant == 2 || variant == 5 ? 8 : variant == 6 ? 4 : 16;
+  int max_rows = compact ? kRoute2MaxRows : 16;
+  if (route_cluster(p.E, max_c, max_rows) == 0 || route_smem(p.E, p.H, max_c, max_rows) > kRouteMaxSmem) {
+    max_c = 16;  // as variant 1
+    max_rows = 16;
+  }
   p.early_trigger = variant == 3 ? 0 : 1;
-  const int C = route_cluster(p.E, max_c);
+  const int C = route_cluster(p.E, max_c, max_rows);
+  void (*kernel)(RouteParams) = moe_route_kernel;
+  if (compact) {
+    static bool attributes_set[4] = {false, false, false, false};
+    const int mt2 = p.E / C > 16 ? 1 : 0, ep8 = p.E > 128 ? 1 : 0;
+    kernel = mt2 ? (ep8 ? moe_route_compact_kernel<2, 8> : moe_route_compact_kernel<2, 4>)
+                 : (ep8 ? moe_route_compact_kernel<1, 8> : moe_route_compact_kernel<1, 4>);
+    bool& set = attributes_set[mt2 * 2 + ep8];
+    if (!set) {
+      const void* fn = reinterpret_cast<const void*>(kernel);
+      ZEST_RETURN_IF_ERROR(cuda_status(
+          cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kRouteMaxSmem)),
+          "moe_route"));
+      ZEST_RETURN_IF_ERROR(
+          cuda_status(cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1), "moe_route"));
+      set = true;
+    }
+  }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(C);
   cfg.blockDim = dim3(kRouteThreads);
-  cfg.dynamicSmemBytes = route_smem(p.E, p.H, max_c);
+  cfg.dynamicSmemBytes = route_smem(p.E, p.H, max_c, max_rows);
   cfg.stream = stream;
   cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -576,7 +845,7 @@ Status launch_route(RouteParams p, cudaStream_t stream) {
   attr[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = programmatic_launch() ? 2 : 1;
-  return cuda_status(cudaLaunchKernelEx(&cfg, moe_route_kernel, p), "moe_route");
+  return cuda_status(cudaLaunchKernelEx(&cfg, kernel, p), "moe_route");
 }
 
 Status route_params(RouteParams& p, const bf16* router_w, const float* bias, int32_t* ids, float* weights,
@@ -611,6 +880,21 @@ Status moe_route(const bf16* xn, const bf16* router_w, const float* bias, int32_
   ZEST_RETURN_IF_ERROR(route_params(p, router_w, bias, ids, weights, logits, plan, active_count_sum, T, H, E, K));
   if (!xn) return invalid_argument("moe_route: null pointer");
   p.xn = xn;
+  return launch_route(p, stream);
+}
+
+// moe_route with the compact kernel's phase clocks (DecodeOption::kRouteFused 4-6 only; clocks: 8 values on the
+// device): for tests that print where one launch's time goes. Not declared in kernels.h.
+Status moe_route_phase_clocks(const bf16* xn, const bf16* router_w, const float* bias, int32_t* ids, float* weights,
+                              bf16* logits, MoePlan* plan, int64_t* active_count_sum, int T, int H, int E, int K,
+                              long long* clocks, cudaStream_t stream) {
+  const int variant = decode_option(DecodeOption::kRouteFused);
+  if (variant < 4 || variant > 6 || !clocks) return invalid_argument("moe_route_phase_clocks: compact variants only");
+  RouteParams p{};
+  ZEST_RETURN_IF_ERROR(route_params(p, router_w, bias, ids, weights, logits, plan, active_count_sum, T, H, E, K));
+  if (!xn) return invalid_argument("moe_route: null pointer");
+  p.xn = xn;
+  p.clocks = clocks;
   return launch_route(p, stream);
 }
 

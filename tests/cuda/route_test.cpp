@@ -1,0 +1,294 @@
+// Fused decode routing: the compact kernel (DecodeOption::kRouteFused 4-6: logits gathered into CTA 0 by st.async on
+// an mbarrier, top-k with the probabilities in registers, the plan from per-expert token masks) against the cluster
+// kernel (kRouteFused 1) and the separate router_topk + moe_plan launches, bit for bit; and in the synthetic
+// decoder's graphs against kRouteFused 1 (same greedy tokens).
+#ifdef ZEST_HAVE_CUDA
+#include <cstring>
+#include <tuple>
+
+#include "cuda/cuda_test_util.h"
+#include "kernels/cuda/synthetic_decoder.h"
+
+namespace zest::cuda {
+// router.cu: moe_route with the compact kernel's phase clocks (CTA 0 thread 0's clock64 at 8 points).
+Status moe_route_phase_clocks(const bf16* xn, const bf16* router_w, const float* bias, int32_t* ids, float* weights,
+                              bf16* logits, MoePlan* plan, int64_t* active_count_sum, int T, int H, int E, int K,
+                              long long* clocks, cudaStream_t stream);
+}  // namespace zest::cuda
+
+namespace zest::cuda::test {
+namespace {
+
+struct OptionScope {
+  DecodeOption opt;
+  OptionScope(DecodeOption o, int v) : opt(o) { set_decode_option(o, v); }
+  ~OptionScope() { set_decode_option(opt, default_decode_option(opt)); }
+};
+
+// Everything one routing launch writes, downloaded.
+struct RouteOut {
+  std::vector<uint16_t> logits;  // bf16 bits
+  std::vector<int32_t> ids;
+  std::vector<uint32_t> weights;  // fp32 bits
+  int num_active = -1, num_tiles = -1;
+  std::vector<int32_t> active, offsets, sorted, tile_active, tile_start;
+  std::vector<uint32_t> ready;
+  int64_t count = -1;
+};
+
+std::vector<uint32_t> bits_of(const std::vector<float>& v) {
+  std::vector<uint32_t> b(v.size());
+  std::memcpy(b.data(), v.data(), v.size() * 4);
+  return b;
+}
+
+template <typename T>
+std::vector<T> download_n(const T* p, size_t n) {
+  std::vector<T> v(n);
+  if (n) {
+    EXPECT_EQ(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+  }
+  return v;
+}
+
+// The plan's contents (first num_active / num_tiles entries) and the E + 2 ready words.
+void download_plan(const MoePlan& plan, int T, int K, int E, RouteOut& o) {
+  o.num_active = download_n(plan.num_active, 1)[0];
+  o.num_tiles = download_n(plan.num_tiles, 1)[0];
+  ASSERT_GE(o.num_active, 1);
+  ASSERT_LE(o.num_active, E);
+  ASSERT_GE(o.num_tiles, 0);
+  ASSERT_LE(o.num_tiles, moe_max_tiles(T, K, E));
+  o.active = download_n(plan.active_experts, o.num_active);
+  o.offsets = download_n(plan.offsets, o.num_active + 1);
+  o.sorted = download_n(plan.sorted_slots, static_cast<size_t>(T) * K);
+  o.tile_active = download_n(plan.tile_active, o.num_tiles);
+  o.tile_start = download_n(plan.tile_start, o.num_tiles);
+  o.ready = download_n(plan.ready, E + 2);
+}
+
+// Compact variants 4 (clusters of up to 16 CTAs), 5 (8) and 6 (4, up to 32 router rows per CTA: two m16 tiles)
+// against variant 1 on the same inputs: logits, ids, weights, the plan and the active-expert count equal bit for bit;
+// variant 1's ids / weights also equal router_topk on its own logits and its plan equals moe_plan's on its ids (so
+// all of them are the separate launches' results). Poisoned outputs catch anything left unwritten; the plan's ready
+// words must come back zero. T = 1, 2, 8, 9 and 16; E = 128 (the model), 256 and 160 (8 experts per lane), 96 (24
+// rows per CTA at variant 6: a partial second tile), 40, 24 and 7; K up to 16; H from 32 (one chunk: idle warps) to
+// 4096 (variant 6 falls back to 16-CTA clusters: its rows do not fit in shared memory); with and without bias.
+TEST(CudaRoute, CompactKernelMatchesClusterKernelBitForBit) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(911);
+  for (auto [T, E, K, H, use_bias] :
+       {std::tuple{1, 128, 8, 2048, false}, std::tuple{8, 128, 8, 2048, false}, std::tuple{16, 128, 8, 2048, true},
+        std::tuple{9, 128, 8, 4096, false}, std::tuple{2, 128, 8, 2048, true}, std::tuple{16, 256, 16, 512, false},
+        std::tuple{5, 160, 6, 256, true}, std::tuple{7, 96, 6, 160, false}, std::tuple{5, 40, 4, 96, true},
+        std::tuple{3, 24, 3, 64, false}, std::tuple{2, 7, 2, 32, true}, std::tuple{16, 64, 1, 128, false}}) {
+    SCOPED_TRACE(testing::Message() << "T=" << T << " E=" << E << " K=" << K << " H=" << H << " bias=" << use_bias);
+    ASSERT_TRUE(moe_route_ok(T, H, E, K));
+    auto x = random_bf16(static_cast<size_t>(T) * H, rng, -2.f, 2.f);
+    const float a = std::sqrt(3.f / H);
+    auto w = random_bf16(static_cast<size_t>(E) * H, rng, -a, a);
+    std::vector<float> bias(E);
+    std::uniform_real_distribution<float> bd(-1.f, 0.f);
+    for (auto& b : bias) b = bd(rng);
+    auto dx = upload_bf16(x), dw = upload_bf16(w);
+    DevBuf<float> dbias(bias), dwt(static_cast<size_t>(T) * K);
+    DevBuf<int32_t> di(static_cast<size_t>(T) * K);
+    DevBuf<bf16> dl(static_cast<size_t>(T) * E);
+    DevBuf<unsigned char> buf(moe_plan_bytes(T, K, E));
+    DevBuf<int64_t> count(std::vector<int64_t>{5});
+    auto run = [&](int variant, bool with_plan) {
+      OptionScope opt(DecodeOption::kRouteFused, variant);
+      di.poison();
+      dwt.poison();
+      dl.poison();
+      buf.poison();
+      count.upload(std::vector<int64_t>{5});
+      MoePlan plan;
+      moe_plan_bind(plan, buf.get(), T, K, E);
+      RouteOut o;
+      EXPECT_TRUE(moe_route(dx->get(), dw->get(), use_bias ? dbias.get() : nullptr, di.get(), dwt.get(), dl.get(),
+                            with_plan ? &plan : nullptr, with_plan ? count.get() : nullptr, T, H, E, K, nullptr)
+                      .is_ok());
+      sync_ok();
+      o.logits = download_n(reinterpret_cast<const uint16_t*>(dl.get()), dl.size());
+      o.ids = di.download();
+      o.weights = bits_of(dwt.download());
+      if (with_plan) {
+        download_plan(plan, T, K, E, o);
+        o.count = count.download()[0];
+      }
+      return o;
+    };
+    for (bool with_plan : {true, false}) {
+      SCOPED_TRACE(testing::Message() << "plan " << with_plan);
+      const RouteOut ref = run(1, with_plan);
+      for (int32_t id : ref.ids) ASSERT_TRUE(id >= 0 && id < E);
+      if (with_plan) {
+        // Variant 1 against the separate launches on its own logits and ids.
+        DevBuf<int32_t> si(static_cast<size_t>(T) * K);
+        DevBuf<float> sw(static_cast<size_t>(T) * K);
+        ZEST_ASSERT_OK(router_topk(dl.get(), use_bias ? dbias.get() : nullptr, si.get(), sw.get(), T, E, K, nullptr));
+        sync_ok();
+        EXPECT_EQ(si.download(), ref.ids);
+        EXPECT_EQ(bits_of(sw.download()), ref.weights);
+        DevBuf<int32_t> ids_again(ref.ids);
+        DevBuf<unsigned char> buf2(moe_plan_bytes(T, K, E));
+        buf2.poison();
+        MoePlan plan2;
+        moe_plan_bind(plan2, buf2.get(), T, K, E);
+        ZEST_ASSERT_OK(moe_plan(ids_again.get(), T, K, E, plan2, nullptr, nullptr));
+        sync_ok();
+        RouteOut sep;
+        download_plan(plan2, T, K, E, sep);
+        EXPECT_EQ(sep.num_active, ref.num_active);
+        EXPECT_EQ(sep.num_tiles, ref.num_tiles);
+        EXPECT_EQ(sep.active, ref.active);
+        EXPECT_EQ(sep.offsets, ref.offsets);
+        EXPECT_EQ(sep.sorted, ref.sorted);
+        EXPECT_EQ(sep.tile_active, ref.tile_active);
+        EXPECT_EQ(sep.tile_start, ref.tile_start);
+        EXPECT_EQ(ref.ready, std::vector<uint32_t>(E + 2, 0u));
+        EXPECT_EQ(ref.count, 5 + ref.num_active);
+      }
+      for (int variant : {4, 5, 6}) {
+        SCOPED_TRACE(testing::Message() << "kRouteFused " << variant);
+        const RouteOut got = run(variant, with_plan);
+        EXPECT_EQ(got.logits, ref.logits);
+        EXPECT_EQ(got.ids, ref.ids);
+        EXPECT_EQ(got.weights, ref.weights);
+        if (!with_plan) continue;
+        EXPECT_EQ(got.num_active, ref.num_active);
+        EXPECT_EQ(got.num_tiles, ref.num_tiles);
+        EXPECT_EQ(got.active, ref.active);
+        EXPECT_EQ(got.offsets, ref.offsets);
+        EXPECT_EQ(got.sorted, ref.sorted);
+        EXPECT_EQ(got.tile_active, ref.tile_active);
+        EXPECT_EQ(got.tile_start, ref.tile_start);
+        EXPECT_EQ(got.ready, ref.ready);
+        EXPECT_EQ(got.count, ref.count);
+      }
+    }
+  }
+}
+
+// Repeated launches into one plan buffer on one stream (each launch rebuilds the plan; the next one must not see the
+// previous one's masks or counts): alternating inputs, the compact kernel's results equal variant 1's each time.
+TEST(CudaRoute, CompactKernelBackToBack) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(912);
+  const int T = 8, E = 128, K = 8, H = 2048;
+  const float a = std::sqrt(3.f / H);
+  auto w = random_bf16(static_cast<size_t>(E) * H, rng, -a, a);
+  auto dw = upload_bf16(w);
+  std::vector<std::unique_ptr<DevBuf<bf16>>> xs;
+  for (int i = 0; i < 3; ++i) xs.push_back(upload_bf16(random_bf16(static_cast<size_t>(T) * H, rng, -2.f, 2.f)));
+  DevBuf<float> dwt(static_cast<size_t>(T) * K);
+  DevBuf<int32_t> di(static_cast<size_t>(T) * K);
+  DevBuf<unsigned char> buf(moe_plan_bytes(T, K, E));
+  MoePlan plan;
+  moe_plan_bind(plan, buf.get(), T, K, E);
+  auto results = [&](int variant) {
+    OptionScope opt(DecodeOption::kRouteFused, variant);
+    buf.poison();
+    std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> out;
+    for (int rep = 0; rep < 6; ++rep) {
+      EXPECT_TRUE(moe_route(xs[rep % 3]->get(), dw->get(), nullptr, di.get(), dwt.get(), nullptr, &plan, nullptr, T, H,
+                            E, K, nullptr)
+                      .is_ok());
+      sync_ok();
+      RouteOut o;
+      download_plan(plan, T, K, E, o);
+      out.emplace_back(di.download(), o.sorted);
+    }
+    return out;
+  };
+  const auto ref = results(1);
+  EXPECT_EQ(results(4), ref);
+  EXPECT_EQ(results(6), ref);
+}
+
+// Where one compact-kernel launch spends its time (printed, not asserted: eager launches, no previous kernel): CTA 0's
+// clock64 deltas between the start, the wait on the previous grid, the end of its router GEMM, the cluster barrier,
+// the last logit landing, the end of warp 0's top-k, the barrier before the plan and the end of the plan. The launch
+// with clocks must give the same ids, weights and plan as without.
+TEST(CudaRoute, CompactKernelPhaseClocks) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(913);
+  const int E = 128, K = 8, H = 2048;
+  const float a = std::sqrt(3.f / H);
+  auto w = random_bf16(static_cast<size_t>(E) * H, rng, -a, a);
+  auto dw = upload_bf16(w);
+  for (int variant : {4, 5, 6})
+    for (int T : {1, 8, 16}) {
+      SCOPED_TRACE(testing::Message() << "kRouteFused " << variant << " T=" << T);
+      OptionScope opt(DecodeOption::kRouteFused, variant);
+      auto dx = upload_bf16(random_bf16(static_cast<size_t>(T) * H, rng, -2.f, 2.f));
+      DevBuf<float> dwt(static_cast<size_t>(T) * K);
+      DevBuf<int32_t> di(static_cast<size_t>(T) * K);
+      DevBuf<unsigned char> buf(moe_plan_bytes(T, K, E));
+      DevBuf<long long> clocks(8);
+      MoePlan plan;
+      moe_plan_bind(plan, buf.get(), T, K, E);
+      ZEST_ASSERT_OK(moe_route(dx->get(), dw->get(), nullptr, di.get(), dwt.get(), nullptr, &plan, nullptr, T, H, E, K,
+                               nullptr));
+      sync_ok();
+      const auto ids = di.download();
+      const auto wts = bits_of(dwt.download());
+      RouteOut ref;
+      download_plan(plan, T, K, E, ref);
+      std::vector<long long> c;
+      for (int rep = 0; rep < 5; ++rep) {  // the last of five launches (warm instruction cache and L2)
+        di.poison();
+        dwt.poison();
+        buf.poison();
+        clocks.poison();
+        ZEST_ASSERT_OK(moe_route_phase_clocks(dx->get(), dw->get(), nullptr, di.get(), dwt.get(), nullptr, &plan,
+                                              nullptr, T, H, E, K, clocks.get(), nullptr));
+        sync_ok();
+        c = clocks.download();
+      }
+      EXPECT_EQ(di.download(), ids);
+      EXPECT_EQ(bits_of(dwt.download()), wts);
+      RouteOut got;
+      download_plan(plan, T, K, E, got);
+      EXPECT_EQ(got.sorted, ref.sorted);
+      EXPECT_EQ(got.active, ref.active);
+      std::printf("[route phases kRouteFused %d T=%d] cycles: wait %lld | gemm %lld | cluster barrier %lld | "
+                  "logits landed %lld | top-k %lld | plan barrier %lld | plan %lld | after wait %lld\n",
+                  variant, T, c[1] - c[0], c[2] - c[1], c[3] - c[2], c[4] - c[3], c[5] - c[4], c[6] - c[5],
+                  c[7] - c[6], c[7] - c[1]);
+    }
+}
+
+// The synthetic decoder (2 layers of Qwen3-30B-A3B shapes) with the compact routing kernel in its graphs gives the
+// same greedy tokens as with kRouteFused 1, batch 1 and 5, SERE off (plan in the kernel) and on (plan separate).
+TEST(CudaRoute, CompactKernelInDecoderGraphsMatchesClusterKernel) {
+  ZEST_REQUIRE_GPU();
+  auto cfg = synthetic_config("qwen3-30b-a3b", 2);
+  ASSERT_TRUE(cfg.ok());
+  SyntheticOptions opt;
+  opt.max_batch = 5;
+  opt.context = 40;
+  opt.sere_primary = 2;
+  for (int batch : {1, 5})
+    for (bool sere : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "batch " << batch << " sere " << sere);
+      std::vector<std::vector<int32_t>> tokens[2];
+      for (int which = 0; which < 2; ++which) {
+        OptionScope route(DecodeOption::kRouteFused, which == 0 ? 1 : 4);
+        auto d = SyntheticDecoder::create(*cfg, opt);
+        ASSERT_TRUE(d.ok()) << d.status().to_string();
+        for (int step = 0; step < 3; ++step) {
+          ZEST_ASSERT_OK((*d)->replay(batch, sere));
+          auto t = (*d)->last_tokens(batch);
+          ASSERT_TRUE(t.ok());
+          tokens[which].push_back(*t);
+        }
+      }
+      EXPECT_EQ(tokens[1], tokens[0]);
+    }
+}
+
+}  // namespace
+}  // namespace zest::cuda::test
+#endif  // ZEST_HAVE_CUDA
