@@ -71,9 +71,10 @@ void download_plan(const MoePlan& plan, int T, int K, int E, RouteOut& o) {
 // against variant 1 on the same inputs: logits, ids, weights, the plan and the active-expert count equal bit for bit;
 // variant 1's ids / weights also equal router_topk on its own logits and its plan equals moe_plan's on its ids (so
 // all of them are the separate launches' results). Poisoned outputs catch anything left unwritten; the plan's ready
-// words must come back zero. T = 1, 2, 8, 9 and 16; E = 128 (the model), 256 and 160 (8 experts per lane), 96 (24
-// rows per CTA at variant 6: a partial second tile), 40, 24 and 7; K up to 16; H from 32 (one chunk: idle warps) to
-// 4096 (variant 6 falls back to 16-CTA clusters: its rows do not fit in shared memory); with and without bias.
+// words must come back zero. T = 1 (its own plan path), 2, 3, 5, 7, 8, 9 and 16; E = 128 (the model), 256 and 160
+// (8 experts per lane), 96 (24 rows per CTA at variant 6: a partial second tile), 40, 24 and 7; K from 1 to 16; H
+// from 32 (one chunk: idle warps) to 4096 (variant 6 falls back to 16-CTA clusters: its rows do not fit in shared
+// memory); with and without bias.
 TEST(CudaRoute, CompactKernelMatchesClusterKernelBitForBit) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(911);
@@ -81,7 +82,8 @@ TEST(CudaRoute, CompactKernelMatchesClusterKernelBitForBit) {
        {std::tuple{1, 128, 8, 2048, false}, std::tuple{8, 128, 8, 2048, false}, std::tuple{16, 128, 8, 2048, true},
         std::tuple{9, 128, 8, 4096, false}, std::tuple{2, 128, 8, 2048, true}, std::tuple{16, 256, 16, 512, false},
         std::tuple{5, 160, 6, 256, true}, std::tuple{7, 96, 6, 160, false}, std::tuple{5, 40, 4, 96, true},
-        std::tuple{3, 24, 3, 64, false}, std::tuple{2, 7, 2, 32, true}, std::tuple{16, 64, 1, 128, false}}) {
+        std::tuple{3, 24, 3, 64, false}, std::tuple{2, 7, 2, 32, true}, std::tuple{16, 64, 1, 128, false},
+        std::tuple{1, 256, 16, 512, true}, std::tuple{1, 40, 5, 64, false}, std::tuple{1, 7, 1, 32, false}}) {
     SCOPED_TRACE(testing::Message() << "T=" << T << " E=" << E << " K=" << K << " H=" << H << " bias=" << use_bias);
     ASSERT_TRUE(moe_route_ok(T, H, E, K));
     auto x = random_bf16(static_cast<size_t>(T) * H, rng, -2.f, 2.f);

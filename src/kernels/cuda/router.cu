@@ -376,6 +376,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
   if (stamp) p.clocks[4] = clock64();
   // Top-k, warp t for token t: router_topk's arithmetic (softmax in the same per-lane order and the same butterfly
   // sum, K rounds of argmax with ties to the lowest expert, weights renormalised in selection order, bf16-rounded).
+  int my_i = 0;  // lane k < K: the k-th choice of the warp's (last) token
   for (int t = warp; t < T; t += kRouteWarps) {
     float pr[kEP];
     float mx = -INFINITY;
@@ -399,7 +400,6 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
 #pragma unroll
     for (int i = 0; i < kEP; ++i) key[i] = lane + 32 * i < E ? __float_as_uint(pr[i] * inv) + 1u : 0u;
     float total = 0.f, my_v = 0.f;
-    int my_i = 0;
 #pragma unroll 1
     for (int k = 0; k < K; ++k) {
       unsigned bk = 0u;
@@ -431,6 +431,36 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
   }
   if (stamp) p.clocks[5] = clock64();
   if (!p.make_plan) return;
+  if (T == 1) {
+    // One token: warp 0 holds the K distinct ids (lane k the k-th); an id's sorted position is the number of chosen
+    // ids below it (a mask of the chosen experts, one word per 32 experts, OR-reduced over the warp). Each active
+    // expert has one slot and one tile.
+    if (warp != 0) return;
+    if (stamp) p.clocks[6] = clock64();
+    const int word = my_i >> 5;
+    int pos = 0;
+#pragma unroll
+    for (int j = 0; j < kEP; ++j) {
+      const unsigned wj = __reduce_or_sync(0xffffffffu, lane < K && word == j ? 1u << (my_i & 31) : 0u);
+      pos += j < word ? __popc(wj) : j == word ? __popc(wj & ((1u << (my_i & 31)) - 1u)) : 0;
+    }
+    if (lane < K) {
+      p.plan.active_experts[pos] = my_i;
+      p.plan.offsets[pos] = pos;
+      p.plan.sorted_slots[pos] = lane;
+      p.plan.tile_active[pos] = pos;
+      p.plan.tile_start[pos] = pos;
+    }
+    if (lane == 0) {
+      p.plan.offsets[K] = K;
+      *p.plan.num_active = K;
+      *p.plan.num_tiles = K;
+      if (p.count_sum) *p.count_sum += K;
+    }
+    for (int e = lane; e <= E + 1; e += 32) p.plan.ready[e] = 0u;
+    if (stamp) p.clocks[7] = clock64();
+    return;
+  }
   __syncthreads();
   if (warp != 0) return;
   if (stamp) p.clocks[6] = clock64();
