@@ -14,23 +14,7 @@ set -u
 CONFIG=${CONFIG:-qwen3-30b-a3b}
 PORT=18090
 SLOG=/tmp/zest-sample-serve.log
-SERVER=
-ROWS=()
-health() {
-  { exec 3<>"/dev/tcp/127.0.0.1/$PORT"; } 2>/dev/null || return 1
-  printf 'GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' >&3
-  local line
-  read -r -t 5 line <&3
-  exec 3>&-
-  [[ "$line" == *" 200"* ]]
-}
-stop_server() {
-  if [ -n "$SERVER" ]; then
-    kill "$SERVER" 2>/dev/null
-    wait "$SERVER" 2>/dev/null
-    SERVER=
-  fi
-}
+. "$(dirname "$0")/serve_lib.sh"
 bench() {  # LABEL CONCURRENCY REQUESTS [EXTRA_BODY]
   local row
   row=$(timeout 40 "$P/zest" bench serve --url "http://127.0.0.1:$PORT" --requests "$3" --concurrency "$2" \
@@ -41,33 +25,15 @@ bench() {  # LABEL CONCURRENCY REQUESTS [EXTRA_BODY]
 run() {  # LABEL SAMPLING(0/1) SERVER_FLAGS -- ENV...
   local label=$1 sampling=$2 flags=$3
   shift 4
-  local t0=$(date +%s%N)
-  env "$@" "$P/zest" serve --config "$CONFIG" --device cuda --port "$PORT" --max-num-seqs 32 --max-context 8192 \
-    $flags >"$SLOG" 2>&1 &
-  SERVER=$!
-  local up=0
-  for _ in $(seq 1 120); do
-    if health; then up=1; break; fi
-    kill -0 "$SERVER" 2>/dev/null || break
-    sleep 0.5
-  done
-  if [ $up = 0 ]; then
-    echo "$label: server did not come up"
-    tail -5 "$SLOG"
-    stop_server
-    return
-  fi
-  echo "$label: server up in $((($(date +%s%N) - t0) / 1000000)) ms ($* $flags)"
+  echo -n "$label: "
+  start_server "$@" -- $flags || return
   bench warmup 8 8 >/dev/null
   unset 'ROWS[-1]'
   bench "$label" 1 3
   bench "$label" 8 16
-  nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 200 >/tmp/zest-sample-util.txt 2>/dev/null &
-  local smi=$!
+  gpu_busy_start /tmp/zest-sample-util.txt
   bench "$label" 32 64
-  kill "$smi" 2>/dev/null
-  wait "$smi" 2>/dev/null
-  echo "$label, 32 clients: GPU busy $(awk '{s += $1; n++} END {if (n) printf "%.0f%% (%d samples)", s / n, n}' /tmp/zest-sample-util.txt)"
+  echo "$label, 32 clients: GPU busy $(gpu_busy_stop /tmp/zest-sample-util.txt)"
   if [ "$sampling" = 1 ]; then
     bench "$label, top-k 50 T 0.8" 32 64 '{"temperature": 0.8, "top_k": 50}'
     bench "$label, T 1" 32 64 '{"temperature": 1.0}'
@@ -75,15 +41,7 @@ run() {  # LABEL SAMPLING(0/1) SERVER_FLAGS -- ENV...
   grep -E "error|Error|graph" "$SLOG" | head -5
   stop_server
 }
-print_table() {
-  echo
-  echo "zest serve --config $CONFIG --device cuda (random weights), text only, 64 words, 64 output tokens (ignore_eos), greedy unless named"
-  echo "| setup | clients | ok/requests | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | TPOT p99 ms | req/s | output tok/s |"
-  echo "|---|---|---|---|---|---|---|---|---|"
-  for r in "${ROWS[@]}"; do echo "$r"; done
-  echo "total $SECONDS s"
-}
-trap 'stop_server; print_table' EXIT
+trap 'stop_server; print_table "zest serve --config $CONFIG --device ${DEVICE:-cuda} (random weights), text only, 64 words, 64 output tokens (ignore_eos), greedy unless named"' EXIT
 # Final check of the package: before against graphs, greedy (earlier runs' rows are in BENCHMARKS.md).
 run before 0 "" -- ZEST_CUDA_GRAPHS=0 ZEST_DEVICE_SAMPLING=0
 run graphs 0 "" -- ZEST_CUDA_GRAPHS=1

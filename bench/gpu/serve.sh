@@ -12,46 +12,9 @@ DEVICE=${DEVICE:-cuda}
 PORT=18080
 IMG=assets/images/photo_street.jpg
 SLOG=/tmp/zest-serve-bench.log
-SERVER=
 SEED=0  # every run gets its own seed, hence its own images (the server's encoder cache never hits)
+. "$(dirname "$0")/serve_lib.sh"
 
-health() {  # 0 when GET /health answers 200
-  { exec 3<>"/dev/tcp/127.0.0.1/$PORT"; } 2>/dev/null || return 1
-  printf 'GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' >&3
-  local line
-  read -r -t 5 line <&3
-  exec 3>&-
-  [[ "$line" == *" 200"* ]]
-}
-
-start_server() {
-  local t0=$(date +%s%N)
-  "$P/zest" serve --config "$CONFIG" --device "$DEVICE" --port "$PORT" --max-num-seqs 32 --max-context 8192 \
-    "$@" >"$SLOG" 2>&1 &
-  SERVER=$!
-  for _ in $(seq 1 240); do
-    if health; then
-      echo "server up in $((($(date +%s%N) - t0) / 1000000)) ms: zest serve $*"
-      grep -E "RANDOM|model '" "$SLOG"
-      return 0
-    fi
-    kill -0 "$SERVER" 2>/dev/null || break
-    sleep 0.5
-  done
-  echo "server did not come up ($*):"
-  tail -20 "$SLOG"
-  return 1
-}
-
-stop_server() {
-  if [ -n "$SERVER" ]; then
-    kill "$SERVER" 2>/dev/null
-    wait "$SERVER" 2>/dev/null
-    SERVER=
-  fi
-}
-
-ROWS=()
 bench() {  # bench LABEL CONCURRENCY REQUESTS IMAGES EXTRA_BODY: appends one table row to ROWS
   SEED=$((SEED + 1))
   local row
@@ -72,22 +35,18 @@ sere_gauges() {  # mean over layers of SERE's experts per layer before / after, 
 run_server() {  # run_server full|short SERE_LABEL SERE_ON [server flags]
   local mode=$1 label=$2 on=$3
   shift 3
-  start_server "$@" || return
+  start_server -- "$@" || return
+  grep -E "RANDOM|model '" "$SLOG"
   bench warmup 4 8 2 '{"sere": false}'  # not re-routed, so the SERE gauges below count the next run only
   unset 'ROWS[-1]'
   # Text only (64 words, 128 tokens): decode dominates. GPU utilisation sampled during the 32-client run.
   local cs="32 8" rates="0 0.4"
   [ "$mode" = short ] && cs=32 && rates=0.4
   for c in $cs; do
-    if [ "$c" = 32 ]; then
-      nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 200 >/tmp/zest-util.txt 2>/dev/null &
-      local smi=$!
-    fi
+    [ "$c" = 32 ] && gpu_busy_start /tmp/zest-util.txt
     bench "SERE $label, text only" "$c" $((2 * c)) 0 "{\"sere\": $on}"
     if [ "$c" = 32 ]; then
-      kill "$smi" 2>/dev/null
-      wait "$smi" 2>/dev/null
-      echo "SERE $label, 32 text clients: GPU busy $(awk '{s += $1; n++} END {if (n) printf "%.0f%% (mean of %d samples every 200 ms)", s / n, n}' /tmp/zest-util.txt)"
+      echo "SERE $label, 32 text clients: GPU busy $(gpu_busy_stop /tmp/zest-util.txt)"
       [ "$on" = true ] && echo "SERE $label, 32 text clients: $(sere_gauges)"
     fi
   done
@@ -102,15 +61,7 @@ run_server() {  # run_server full|short SERE_LABEL SERE_ON [server flags]
   stop_server
 }
 
-print_table() {
-  echo
-  echo "zest serve --config $CONFIG --device $DEVICE (random weights); zest bench serve with closed-loop clients, 2x clients requests (4 at 1 client), 64 words (+ 2 distinct 640x480 JPEGs) per request, 128 output tokens (ignore_eos)"
-  echo "| setup | clients | ok/requests | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | TPOT p99 ms | req/s | output tok/s |"
-  echo "|---|---|---|---|---|---|---|---|---|"
-  for r in "${ROWS[@]}"; do echo "$r"; done
-  echo "total $SECONDS s"
-}
-trap 'stop_server; print_table' EXIT
+trap 'stop_server; print_table "zest serve --config $CONFIG --device $DEVICE (random weights); zest bench serve with closed-loop clients, 2x clients requests (4 at 1 client), 64 words (+ 2 distinct 640x480 JPEGs) per request, 128 output tokens (ignore_eos)"' EXIT
 
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 run_server full off false
