@@ -77,7 +77,9 @@ enum class DecodeOption : int {
                     // 3 = as 1 with the gate/up weights through register loads
   kEarlyTrigger,    // 1 = the row-norm kernels (add + RMSNorm, combine + residual + RMSNorm) let the next kernel launch
                     // before they wait on the previous one, so its prologue (weight copies before its own wait)
-                    // overlaps the tail of the kernel two back; 0 (default) = after the wait, like every kernel
+                    // overlaps the tail of the kernel two back; 2 = as 1, and captured decode graphs fire every
+                    // programmatic edge once the upstream kernel's blocks have all begun (graph_edges.h); 0 (default)
+                    // = after the wait, like every kernel
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);
