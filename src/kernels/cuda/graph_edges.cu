@@ -1,10 +1,40 @@
 #include "kernels/cuda/graph_edges.h"
 
+#include <mutex>
+#include <unordered_set>
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
 
 namespace zest::cuda {
+
+namespace {
+
+std::mutex& kept_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::unordered_set<const void*>& kept_kernels() {
+  static auto* s = new std::unordered_set<const void*>();
+  return *s;
+}
+
+bool edge_kept(cudaGraphNode_t to) {
+  cudaKernelNodeParams kp = {};
+  if (cudaGraphKernelNodeGetParams(to, &kp) != cudaSuccess) {
+    cudaGetLastError();
+    return true;  // not a kernel node we can inspect: leave the edge alone
+  }
+  std::lock_guard<std::mutex> lock(kept_mutex());
+  return kept_kernels().count(kp.func) != 0;
+}
+
+}  // namespace
+
+void keep_programmatic_edges_into(const void* kernel) {
+  std::lock_guard<std::mutex> lock(kept_mutex());
+  kept_kernels().insert(kernel);
+}
 
 Status launch_order_edges(cudaGraph_t graph, size_t* changed) {
   if (changed) *changed = 0;
@@ -17,7 +47,8 @@ Status launch_order_edges(cudaGraph_t graph, size_t* changed) {
   std::vector<cudaGraphNode_t> sel_from, sel_to;
   std::vector<cudaGraphEdgeData> old_data, new_data;
   for (size_t i = 0; i < n; ++i) {
-    if (data[i].type != cudaGraphDependencyTypeProgrammatic || data[i].from_port != cudaGraphKernelNodePortProgrammatic)
+    if (data[i].type != cudaGraphDependencyTypeProgrammatic || data[i].from_port != cudaGraphKernelNodePortProgrammatic ||
+        edge_kept(to[i]))
       continue;
     sel_from.push_back(from[i]);
     sel_to.push_back(to[i]);
