@@ -1,6 +1,7 @@
 // MoE experts: the device-side plan (per-expert slot lists, no host sync) and the decode path (weight-streaming
 // kernels that read each active expert once). The prefill path (grouped GEMMs over tiles) is in moe_prefill.cu.
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/moe_one.h"
 #include "kernels/cuda/moe_stream.h"
 
 namespace zest::cuda {
@@ -300,6 +301,15 @@ Status moe_experts_decode(const bf16* x, const MoePlan& plan, const float* weigh
   ZEST_RETURN_IF_ERROR(check_moe("moe_experts_decode", N, K, E, H, I));
   int kernel = decode_option(DecodeOption::kMoeKernel);
   if (kernel == 0) kernel = default_moe_kernel(N);
+  // 16 + v: moe_one.h variant v (the down weights copied into shared memory while gate/up runs); sizes it does not
+  // take go to the default by batch (rows_mma where that is moe_one too).
+  constexpr int kOneBase = 2 + kStreamVariants;
+  if (kernel >= kOneBase && kernel < kOneBase + kOneVariants) {
+    if (moe_one_ok(N, K, E, H, I))
+      return moe_experts_one(x, plan, weights, gate_up, down, h, slot_out, N, K, E, H, I, kernel - kOneBase, stream);
+    kernel = default_moe_kernel(N);
+    if (kernel >= kOneBase) kernel = 1;
+  }
   if (kernel >= 2 && kernel < 2 + kStreamVariants && moe_stream_ok(H, I))
     return moe_experts_stream(x, plan, weights, gate_up, down, h, slot_out, N, K, E, H, I, kernel - 2, stream);
   if (rows_mma_moe_ok(H, I)) return rows_mma_moe(x, plan, weights, gate_up, down, h, slot_out, N, K, E, H, I, stream);

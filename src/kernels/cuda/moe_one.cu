@@ -1,0 +1,338 @@
+// Decode experts at one token (up to 8): gate/up then down, as rows_mma computes them (bf16 mma.m16n8k16, fp32 sums,
+// the same k split over eight slices and fixed-order sums, so the same bits), arranged so that the 75 MB of expert
+// weights of a Qwen3-30B-A3B layer stream without a gap between the two kernels:
+// - gate/up: CTAs of 8 warps on (expert, 16 intermediate rows) items, 2 (or 3) CTAs per SM with 8 KB of shared
+//   memory each, the weights register-streamed (16-byte loads used once) with 4 (or 2) 32-wide k chunks in flight
+//   per warp and matrix; the 8 warps split k and are reduced in shared memory in fixed order; SiLU(gate) * up.
+// - down: one CTA per SM owns a contiguous range of the (active expert, 16 output rows) tiles of the step. Before
+//   its programmatic-dependent-launch wait it reads the MoE plan and bulk-copies (TMA, cp.async.bulk + mbarrier)
+//   its tiles' weight rows into shared memory, so the down weights move while gate/up runs beside it; after the
+//   wait it stages the h rows of its experts, and each warp multiplies one tile from shared memory (partial sums
+//   kept per k slice, summed in slice order: rows_mma's order) and writes slot_out.
+#include "kernels/cuda/moe_one.h"
+
+#include <algorithm>
+#include <string>
+
+#include "kernels/cuda/async_copy.cuh"
+#include "kernels/cuda/common.cuh"
+
+namespace zest::cuda {
+
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kRows = 16;    // weight rows per tile (one m16 tile)
+constexpr int kChunk = 32;   // k per chunk (two mma k16 steps)
+constexpr int kSlices = 8;   // k slices (chunk % 8), summed in this order: rows_mma's eight warps
+constexpr int kMaxTok = 8;   // token rows per pass (one n8 tile)
+// Shared memory of a down CTA, at most: with it, two gate/up CTAs (8 KB each) fit beside it on an SM (228 KB).
+constexpr size_t kMaxDownSmem = 200 * 1024;
+
+struct OneParams {
+  const bf16* x;         // [N, H]
+  const bf16* gate_up;   // [E, 2I, H]
+  const bf16* down;      // [E, H, I]
+  bf16* h;               // [N * K, I] by sorted position
+  float* slot_out;       // [N * K, H]
+  const float* route_w;  // [N * K]
+  MoePlan plan;
+  int K, H, I;
+  int max_tiles;  // down tiles one CTA's shared memory holds
+  int hs_rows;    // h rows the down CTA's shared memory holds after its tiles
+};
+
+// gate/up: item = (active expert j, 16 intermediate rows); warp w takes chunks w, w + 8, ... of k (kU of them in
+// flight per matrix), as rows_mma_kernel<kGateUp> does.
+template <int kU, int kMinBlocks>
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks) __maxnreg__(kMinBlocks == 2 ? 96 : 64) one_gate_up_kernel(OneParams p) {
+  // Every CTA waits first, before any exit: the down kernel starts only once each CTA of this grid has passed this
+  // wait (pdl_wait triggers the dependents after it), i.e. after the kernel that built the plan has completed; the
+  // down kernel reads the plan before its own wait on that basis.
+  pdl_wait();
+  __shared__ float red[kWarps][8][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, tq = lane & 3;
+  const int tiles = p.I / kRows;
+  const int items = *p.plan.num_active * tiles;
+  const int chunks = p.H / kChunk;
+  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+    const int j = item / tiles, r0 = (item % tiles) * kRows;
+    const int e = p.plan.active_experts[j];
+    const int beg = p.plan.offsets[j], end = p.plan.offsets[j + 1];
+    const bf16* lo0 = p.gate_up + (static_cast<size_t>(e) * 2 * p.I + r0 + g) * p.H + tq * 8;
+    const bf16* hi0 = lo0 + static_cast<size_t>(8) * p.H;
+    const bf16* lo1 = lo0 + static_cast<size_t>(p.I) * p.H;  // up rows
+    const bf16* hi1 = hi0 + static_cast<size_t>(p.I) * p.H;
+    for (int c0 = beg; c0 < end; c0 += kMaxTok) {
+      const int nt = min(kMaxTok, end - c0);
+      const bf16* xp =
+          g < nt ? p.x + static_cast<size_t>(p.plan.sorted_slots[c0 + g] / p.K) * p.H + tq * 8 : nullptr;
+      float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+      for (int cb = warp; cb < chunks; cb += kWarps * kU) {
+        uint4 a[kU][4];
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+          const size_t k = static_cast<size_t>(cb + u * kWarps) * kChunk;
+          const bool ok = cb + u * kWarps < chunks;
+          const uint4 z = make_uint4(0, 0, 0, 0);
+          a[u][0] = ok ? ld_stream(lo0 + k) : z;
+          a[u][1] = ok ? ld_stream(hi0 + k) : z;
+          a[u][2] = ok ? ld_stream(lo1 + k) : z;
+          a[u][3] = ok ? ld_stream(hi1 + k) : z;
+        }
+        // Token fragments (L1 hits after the first item) after the weight loads, so they do not hold registers
+        // while the weights are in flight.
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+          const size_t k = static_cast<size_t>(cb + u * kWarps) * kChunk;
+          const uint4 xa = cb + u * kWarps < chunks && xp ? __ldg(reinterpret_cast<const uint4*>(xp + k))
+                                                           : make_uint4(0, 0, 0, 0);
+          mma16816(acc[0], a[u][0].x, a[u][1].x, a[u][0].y, a[u][1].y, xa.x, xa.y);
+          mma16816(acc[0], a[u][0].z, a[u][1].z, a[u][0].w, a[u][1].w, xa.z, xa.w);
+          mma16816(acc[1], a[u][2].x, a[u][3].x, a[u][2].y, a[u][3].y, xa.x, xa.y);
+          mma16816(acc[1], a[u][2].z, a[u][3].z, a[u][2].w, a[u][3].w, xa.z, xa.w);
+        }
+      }
+#pragma unroll
+      for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) red[warp][m * 4 + i][lane] = acc[m][i];
+      __syncthreads();
+      if (threadIdx.x < 4 * 32) {
+        const int i = threadIdx.x >> 5, l = threadIdx.x & 31;
+        const int t = (l & 3) * 2 + (i & 1);
+        if (t < nt) {
+          float sg = 0.f, su = 0.f;
+#pragma unroll
+          for (int w = 0; w < kWarps; ++w) {
+            sg += red[w][i][l];
+            su += red[w][4 + i][l];
+          }
+          const int row = r0 + (l >> 2) + (i >> 1) * 8;
+          const float gt = bf16_round(sg), up = bf16_round(su);
+          const float sl = bf16_round(gt / (1.f + __expf(-gt)));
+          p.h[static_cast<size_t>(c0 + t) * p.I + row] = __float2bfloat16(sl * up);
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
+// Rotation (bytes) of local weight row r inside its own rb bytes in the down CTA's shared memory: odd rows start 64
+// bytes into a 128-byte bank window, even rows at 0, so the two rows a quarter-warp reads (g, g + 1) hit distinct banks.
+__device__ __forceinline__ uint32_t row_rot(int r, uint32_t rb) {
+  const uint32_t want = (r & 1) * 64u, have = (static_cast<uint32_t>(r) * rb) & 127u;
+  return (want - have) & 127u;
+}
+
+// 16 bytes at byte b of local weight row r (rotated).
+__device__ __forceinline__ uint4 ld_row(const unsigned char* base, int r, uint32_t rb, uint32_t rot, uint32_t b) {
+  uint32_t o = b + rot;
+  if (o >= rb) o -= rb;
+  return *reinterpret_cast<const uint4*>(base + static_cast<size_t>(r) * rb + o);
+}
+
+// down: CTA b owns tiles [b * T / G, (b + 1) * T / G) of the T = num_active * H / 16 (active expert, 16 output rows)
+// tiles; warp w multiplies local tiles w, w + 8, ... kEarly: the weight copies are issued before the PDL wait.
+template <bool kEarly>
+__global__ void __maxnreg__(64) one_down_kernel(OneParams p) {
+  extern __shared__ __align__(128) unsigned char sm[];
+  __shared__ __align__(8) uint64_t bar;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, tq = lane & 3;
+  const int tiles = p.H / kRows;
+  const uint32_t rb = static_cast<uint32_t>(p.I) * 2;
+  if (!kEarly) pdl_wait();
+  // Before the wait (kEarly) the plan is read at L2 (ld.global.cg): this grid starts only after every CTA of the
+  // gate/up grid has passed its own wait, so the kernel that built the plan (the one gate/up waits on, or an earlier
+  // one) has completed and its writes are visible. The down weights are never written by a kernel.
+  const int total = __ldcg(p.plan.num_active) * tiles;
+  const int t0 = static_cast<int>(static_cast<long long>(blockIdx.x) * total / gridDim.x);
+  const int t1 = static_cast<int>(static_cast<long long>(blockIdx.x + 1) * total / gridDim.x);
+  const int nt = min(t1 - t0, p.max_tiles);  // t1 - t0 <= max_tiles by the host's sizing
+  if (warp == 0) {
+    if (lane == 0) {
+      mbar_init(&bar);
+      mbar_arrive_expect_tx(&bar, static_cast<uint32_t>(nt) * kRows * rb);
+    }
+    __syncwarp();
+    for (int r = lane; r < nt * kRows; r += 32) {
+      const int tile = t0 + r / kRows;
+      const int e = __ldcg(p.plan.active_experts + tile / tiles);
+      const int row = (tile % tiles) * kRows + r % kRows;
+      const unsigned char* src =
+          reinterpret_cast<const unsigned char*>(p.down + (static_cast<size_t>(e) * p.H + row) * p.I);
+      unsigned char* dst = sm + static_cast<size_t>(r) * rb;
+      const uint32_t rot = row_rot(r, rb);
+      if (rot == 0) {
+        bulk_load(dst, src, rb, &bar);
+      } else {
+        bulk_load(dst + rot, src, rb - rot, &bar);
+        bulk_load(dst, src + (rb - rot), rot, &bar);
+      }
+    }
+  }
+  __syncthreads();
+  if (kEarly) pdl_wait();
+  if (nt <= 0) return;
+  // h rows (by sorted position) of the experts of this CTA's tiles, staged once for all warps when they fit.
+  const int jlo = t0 / tiles, jhi = (t0 + nt - 1) / tiles;
+  const int pos_lo = p.plan.offsets[jlo], pos_hi = p.plan.offsets[jhi + 1];
+  const bool staged = pos_hi - pos_lo <= p.hs_rows;
+  unsigned char* hs = sm + static_cast<size_t>(p.max_tiles) * kRows * rb;
+  if (staged) {
+    const uint4* src = reinterpret_cast<const uint4*>(p.h + static_cast<size_t>(pos_lo) * p.I);
+    const int n16 = (pos_hi - pos_lo) * static_cast<int>(rb / 16);
+    for (int v = threadIdx.x; v < n16; v += blockDim.x) reinterpret_cast<uint4*>(hs)[v] = __ldg(src + v);
+  }
+  __syncthreads();
+  mbar_wait(&bar, 0);
+  const int chunks = p.I / kChunk;
+  for (int ti = warp; ti < nt; ti += kWarps) {
+    const int tile = t0 + ti, j = tile / tiles, r0 = (tile % tiles) * kRows;
+    const int beg = p.plan.offsets[j], end = p.plan.offsets[j + 1];
+    const int rlo = ti * kRows + g, rhi = rlo + 8;
+    const uint32_t rot_lo = row_rot(rlo, rb), rot_hi = row_rot(rhi, rb);
+    for (int c0 = beg; c0 < end; c0 += kMaxTok) {
+      const int ntok = min(kMaxTok, end - c0);
+      const unsigned char* xrow = nullptr;
+      if (g < ntok)
+        xrow = staged ? hs + static_cast<size_t>(c0 + g - pos_lo) * rb
+                      : reinterpret_cast<const unsigned char*>(p.h + static_cast<size_t>(c0 + g) * p.I);
+      // Slice s = chunks s, s + 8, ... in ascending order (one rows_mma warp's partial sum), added to the total in
+      // slice order, as rows_mma's fixed-order reduction over its eight warps does.
+      // Four slices at a time (independent mma chains).
+      float tot[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int s0 = 0; s0 < kSlices; s0 += 4) {
+        float acc[4][4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[q][i] = 0.f;
+        for (int c = s0; c < chunks; c += kSlices) {
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            if (c + q >= chunks) break;
+            const uint32_t b = static_cast<uint32_t>(c + q) * kChunk * 2 + tq * 16;
+            const uint4 lo = ld_row(sm, rlo, rb, rot_lo, b), hi = ld_row(sm, rhi, rb, rot_hi, b);
+            uint4 xb = make_uint4(0, 0, 0, 0);
+            if (xrow)
+              xb = staged ? *reinterpret_cast<const uint4*>(xrow + b)
+                          : __ldg(reinterpret_cast<const uint4*>(xrow + b));
+            mma16816(acc[q], lo.x, hi.x, lo.y, hi.y, xb.x, xb.y);
+            mma16816(acc[q], lo.z, hi.z, lo.w, hi.w, xb.z, xb.w);
+          }
+        }
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) tot[i] += acc[q][i];
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int t = tq * 2 + (i & 1);
+        if (t >= ntok) continue;
+        const float v = tot[i];
+        const int row = r0 + g + (i >> 1) * 8;
+        const int slot = p.plan.sorted_slots[c0 + t];
+        p.slot_out[static_cast<size_t>(slot) * p.H + row] = bf16_round(bf16_round(v) * p.route_w[slot]);
+      }
+    }
+  }
+}
+
+// Launch geometry for (N, K, E, H, I).
+struct OneShape {
+  int max_active = 0;  // active experts at most
+  int gu_items = 0;    // gate/up items at most
+  int dn_grid = 0;     // down CTAs
+  int max_tiles = 0;   // down tiles per CTA at most
+  int hs_rows = 0;     // h rows staged per down CTA
+  size_t dn_smem = 0;  // dynamic shared memory of a down CTA
+};
+
+OneShape one_shape(int N, int K, int E, int H, int I) {
+  OneShape s;
+  s.max_active = std::min(E, N * K);
+  s.gu_items = s.max_active * (I / kRows);
+  const int tiles = H / kRows, total = s.max_active * tiles;
+  s.dn_grid = std::max(1, std::min(sm_count(), total));
+  s.max_tiles = (total + s.dn_grid - 1) / s.dn_grid;
+  // A range of max_tiles consecutive tiles touches at most this many experts; each has at most N slots when the
+  // ids of a token are distinct (else the down CTA reads h from global memory instead).
+  const int experts = std::min(s.max_active, (s.max_tiles + tiles - 1) / tiles + 1);
+  s.hs_rows = std::min(N * K, experts * N);
+  s.dn_smem = (static_cast<size_t>(s.max_tiles) * kRows + s.hs_rows) * static_cast<size_t>(I) * 2;
+  return s;
+}
+
+template <typename Kernel>
+Status configure(Kernel kernel, size_t smem) {
+  const void* f = reinterpret_cast<const void*>(kernel);
+  ZEST_RETURN_IF_ERROR(cuda_status(
+      cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)), "moe_one smem"));
+  return cuda_status(
+      cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared),
+      "moe_one carveout");
+}
+
+Status configure_all() {
+  static const Status st = []() -> Status {
+    ZEST_RETURN_IF_ERROR(configure(one_gate_up_kernel<4, 2>, 0));
+    ZEST_RETURN_IF_ERROR(configure(one_gate_up_kernel<2, 3>, 0));
+    ZEST_RETURN_IF_ERROR(configure(one_down_kernel<true>, kMaxDownSmem));
+    return configure(one_down_kernel<false>, kMaxDownSmem);
+  }();
+  return st;
+}
+
+}  // namespace
+
+bool moe_one_ok(int N, int K, int E, int H, int I) {
+  if (N < 1 || N > kMaxTok || K < 1 || E < 1 || K > E || H < kRows || I < 64) return false;
+  if (H % kChunk != 0 || I % kChunk != 0) return false;
+  return one_shape(N, K, E, H, I).dn_smem <= kMaxDownSmem;
+}
+
+Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up, const bf16* down,
+                       bf16* h, float* slot_out, int N, int K, int E, int H, int I, int variant, cudaStream_t stream) {
+  if (!moe_one_ok(N, K, E, H, I))
+    return invalid_argument("moe_experts_one: unsupported sizes (need 1 <= N <= 8, K <= E, H and I multiples of 32, "
+                            "I >= 64 and a down share within shared memory; N=" + std::to_string(N) +
+                            " K=" + std::to_string(K) + " E=" + std::to_string(E) + " H=" + std::to_string(H) +
+                            " I=" + std::to_string(I) + ")");
+  if (variant < 0 || variant >= kOneVariants)
+    return invalid_argument("moe_experts_one: variant " + std::to_string(variant) + " out of range");
+  ZEST_RETURN_IF_ERROR(configure_all());
+  const OneShape s = one_shape(N, K, E, H, I);
+  OneParams p{};
+  p.x = x;
+  p.gate_up = gate_up;
+  p.down = down;
+  p.h = h;
+  p.slot_out = slot_out;
+  p.route_w = weights;
+  p.plan = plan;
+  p.K = K;
+  p.H = H;
+  p.I = I;
+  p.max_tiles = s.max_tiles;
+  p.hs_rows = s.hs_rows;
+  const int sms = sm_count();
+  const dim3 block(kWarps * 32);
+  if (variant == 2) {
+    ZEST_RETURN_IF_ERROR(launch("moe_one_gate_up", one_gate_up_kernel<2, 3>, dim3(std::min(3 * sms, s.gu_items)), block,
+                                0, stream, p));
+  } else {
+    ZEST_RETURN_IF_ERROR(launch("moe_one_gate_up", one_gate_up_kernel<4, 2>, dim3(std::min(2 * sms, s.gu_items)), block,
+                                0, stream, p));
+  }
+  if (variant == 1)
+    return launch("moe_one_down", one_down_kernel<false>, dim3(s.dn_grid), block, s.dn_smem, stream, p);
+  return launch("moe_one_down", one_down_kernel<true>, dim3(s.dn_grid), block, s.dn_smem, stream, p);
+}
+
+}  // namespace zest::cuda

@@ -1,0 +1,326 @@
+// The one-token decode experts (moe_experts_one, DecodeOption::kMoeKernel 16-18) against a plain host loop on fresh
+// random inputs: every written slot within tolerance of the reference, slots with id -1 never written, every variant
+// bit-identical to the rows_mma kernels and to itself on a second launch, through moe_experts_decode, under CUDA graph
+// replay with programmatic launches while the routing changes between replays (the down kernel reads the plan before
+// its wait), and the sizes it refuses.
+#ifdef ZEST_HAVE_CUDA
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <string>
+
+#include "cuda/cuda_test_util.h"
+#include "kernels/cuda/moe_one.h"
+
+namespace zest::cuda::test {
+namespace {
+
+constexpr double kTol = 2e-2;  // max abs err <= 2e-2 * max |ref| (bf16 h and outputs, fp32 sums in another order)
+
+struct OneCase {
+  int N, K, E, H, I;
+  int pool;   // experts that receive tokens (0 = all E)
+  int hot;    // >= 0: every token's first slot goes to this expert
+  int holes;  // slots set to -1 (SERE-folded), spread over the batch
+  bool dup;   // every slot of a token names its first slot's expert (ids not distinct)
+};
+
+struct Routing {
+  std::vector<int32_t> ids;
+  std::vector<float> w;
+};
+
+Routing make_routing(const OneCase& c, std::mt19937& rng) {
+  Routing r;
+  r.ids.resize(static_cast<size_t>(c.N) * c.K);
+  r.w.resize(r.ids.size());
+  std::uniform_real_distribution<float> d(0.05f, 1.f);
+  const int pool = c.pool > 0 ? c.pool : c.E;
+  for (int n = 0; n < c.N; ++n) {
+    std::vector<int> all(pool);
+    std::iota(all.begin(), all.end(), 0);
+    std::shuffle(all.begin(), all.end(), rng);
+    if (c.hot >= 0) std::iter_swap(all.begin(), std::find(all.begin(), all.end(), c.hot));
+    float s = 0;
+    std::vector<float> ws(c.K);
+    for (auto& v : ws) s += (v = d(rng));
+    for (int k = 0; k < c.K; ++k) {
+      r.ids[n * c.K + k] = c.dup ? all[0] : all[k];
+      r.w[n * c.K + k] = round_bf16(ws[k] / s);
+    }
+  }
+  for (int i = 0; i < c.holes; ++i) {
+    const size_t slot = (static_cast<size_t>(i) * 7919 + 3) % r.ids.size();
+    r.ids[slot] = -1;
+    r.w[slot] = 0.f;
+  }
+  return r;
+}
+
+struct Weights {
+  HostBF16 x, gu, dn;
+};
+
+// Host reference of slot (n, k): slot_out row of H values.
+std::vector<float> ref_slot(const OneCase& c, const Weights& in, const Routing& route, int n, int k) {
+  const int e = route.ids[n * c.K + k];
+  std::vector<float> hv(c.I), out(c.H);
+  const float* xr = &in.x.f[static_cast<size_t>(n) * c.H];
+  for (int i = 0; i < c.I; ++i) {
+    double g = 0, u = 0;
+    const float* wg = &in.gu.f[(static_cast<size_t>(e) * 2 * c.I + i) * c.H];
+    const float* wu = wg + static_cast<size_t>(c.I) * c.H;
+    for (int j = 0; j < c.H; ++j) {
+      g += static_cast<double>(xr[j]) * wg[j];
+      u += static_cast<double>(xr[j]) * wu[j];
+    }
+    const float gb = round_bf16(static_cast<float>(g)), ub = round_bf16(static_cast<float>(u));
+    hv[i] = round_bf16(round_bf16(gb / (1.f + std::exp(-gb))) * ub);
+  }
+  for (int r = 0; r < c.H; ++r) {
+    double y = 0;
+    const float* wd = &in.dn.f[(static_cast<size_t>(e) * c.H + r) * c.I];
+    for (int i = 0; i < c.I; ++i) y += static_cast<double>(hv[i]) * wd[i];
+    out[r] = round_bf16(static_cast<float>(y)) * route.w[n * c.K + k];
+  }
+  return out;
+}
+
+// One case on the device: weights, a routing with its plan, output buffers.
+struct Setup {
+  OneCase c;
+  Weights in;
+  Routing route;
+  std::unique_ptr<DevBuf<bf16>> x, gu, dn;
+  DevBuf<int32_t> ids;
+  DevBuf<float> w, out;
+  DevBuf<bf16> h;
+  DevBuf<unsigned char> plan_buf;
+  MoePlan plan;
+
+  // Uploads a routing and builds its plan (synchronised).
+  void set_routing(const Routing& r) {
+    route = r;
+    ids.upload(r.ids);
+    w.upload(r.w);
+    EXPECT_TRUE(moe_plan(ids.get(), c.N, c.K, c.E, plan, nullptr, nullptr).is_ok());
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
+  Status run_one(int variant, cudaStream_t stream) const {
+    return moe_experts_one(x->get(), plan, w.get(), gu->get(), dn->get(), h.get(), out.get(), c.N, c.K, c.E, c.H, c.I,
+                           variant, stream);
+  }
+  // moe_experts_decode with DecodeOption::kMoeKernel = kernel (restored afterwards).
+  Status run_decode(int kernel, cudaStream_t stream) const {
+    set_decode_option(DecodeOption::kMoeKernel, kernel);
+    const Status st = moe_experts_decode(x->get(), plan, w.get(), gu->get(), dn->get(), h.get(), out.get(), c.N, c.K,
+                                         c.E, c.H, c.I, stream);
+    set_decode_option(DecodeOption::kMoeKernel, default_decode_option(DecodeOption::kMoeKernel));
+    return st;
+  }
+  std::vector<uint32_t> bits() const {
+    const auto all = out.download();
+    std::vector<uint32_t> b(all.size());
+    std::memcpy(b.data(), all.data(), all.size() * 4);
+    return b;
+  }
+};
+
+std::unique_ptr<Setup> make_setup(const OneCase& c, std::mt19937& rng) {
+  auto s = std::make_unique<Setup>();
+  s->c = c;
+  s->in.x = random_bf16(static_cast<size_t>(c.N) * c.H, rng);
+  const float ag = std::sqrt(3.f / c.H), ad = std::sqrt(3.f / c.I);
+  s->in.gu = random_bf16(static_cast<size_t>(c.E) * 2 * c.I * c.H, rng, -ag, ag);
+  s->in.dn = random_bf16(static_cast<size_t>(c.E) * c.H * c.I, rng, -ad, ad);
+  s->x = upload_bf16(s->in.x);
+  s->gu = upload_bf16(s->in.gu);
+  s->dn = upload_bf16(s->in.dn);
+  s->ids.resize(static_cast<size_t>(c.N) * c.K);
+  s->w.resize(static_cast<size_t>(c.N) * c.K);
+  s->out.resize(static_cast<size_t>(c.N) * c.K * c.H);
+  s->h.resize(static_cast<size_t>(c.N) * c.K * c.I);
+  s->plan_buf.resize(moe_plan_bytes(c.N, c.K, c.E));
+  s->plan_buf.poison();
+  moe_plan_bind(s->plan, s->plan_buf.get(), c.N, c.K, c.E);
+  s->set_routing(make_routing(c, rng));
+  return s;
+}
+
+// Checks output bits against the host reference: slots with id -1 still poison, the others within kTol.
+void check_reference(const Setup& s, const std::vector<uint32_t>& bits) {
+  const OneCase& c = s.c;
+  std::vector<float> got, ref;
+  for (int n = 0; n < c.N; ++n)
+    for (int k = 0; k < c.K; ++k) {
+      const size_t slot = static_cast<size_t>(n) * c.K + k;
+      if (s.route.ids[slot] < 0) {
+        for (int r = 0; r < c.H; ++r) ASSERT_EQ(bits[slot * c.H + r], 0xffffffffu) << "slot " << slot << " written";
+        continue;
+      }
+      for (int r = 0; r < c.H; ++r) {
+        float v;
+        std::memcpy(&v, &bits[slot * c.H + r], 4);
+        got.push_back(v);
+      }
+      const auto rr = ref_slot(c, s.in, s.route, n, k);
+      ref.insert(ref.end(), rr.begin(), rr.end());
+    }
+  if (!ref.empty()) {
+    ZEST_EXPECT_CLOSE(got, ref, kTol);
+  }
+}
+
+std::string case_name(const OneCase& c) {
+  return "N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) + " E=" + std::to_string(c.E) +
+         " H=" + std::to_string(c.H) + " I=" + std::to_string(c.I) + " pool=" + std::to_string(c.pool) +
+         " hot=" + std::to_string(c.hot) + " holes=" + std::to_string(c.holes) + " dup=" + std::to_string(c.dup);
+}
+
+// rows_mma (kMoeKernel 1) first: its bits must match the host reference; then every variant twice, with and without
+// programmatic launches, and once through moe_experts_decode (kMoeKernel 16): each bit for bit equal to rows_mma.
+void run_case(const OneCase& c, std::mt19937& rng) {
+  SCOPED_TRACE(case_name(c));
+  ASSERT_TRUE(moe_one_ok(c.N, c.K, c.E, c.H, c.I));
+  const auto s = make_setup(c, rng);
+  s->out.poison();
+  ZEST_ASSERT_OK(s->run_decode(1, nullptr));
+  sync_ok();
+  const auto want = s->bits();
+  check_reference(*s, want);
+  const bool pdl = programmatic_launch();
+  for (int variant = 0; variant < kOneVariants; ++variant)
+    for (int run = 0; run < 4; ++run) {
+      SCOPED_TRACE(testing::Message() << "variant " << variant << " run " << run);
+      set_programmatic_launch(run >= 2);
+      s->out.poison();
+      s->h.poison();
+      const Status st = s->run_one(variant, nullptr);
+      set_programmatic_launch(pdl);
+      ZEST_ASSERT_OK(st);
+      sync_ok();
+      EXPECT_TRUE(s->bits() == want) << "differs from rows_mma";
+    }
+  s->out.poison();
+  ZEST_ASSERT_OK(s->run_decode(16, nullptr));
+  sync_ok();
+  EXPECT_TRUE(s->bits() == want) << "moe_experts_decode (kMoeKernel 16) differs from rows_mma";
+}
+
+TEST(CudaMoeOne, ModelShapeOneToken) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(101);
+  run_case({1, 8, 128, 2048, 768, 0, -1, 0, false}, rng);
+}
+
+TEST(CudaMoeOne, ModelShapeTwoActiveExperts) {  // SERE S=2 at one token: six of the eight slots folded
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(102);
+  run_case({1, 8, 128, 2048, 768, 0, -1, 6, false}, rng);
+}
+
+TEST(CudaMoeOne, OddWidths) {  // I not a multiple of 64 rows of 128 bytes; 10 tiles per expert; three tokens
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(103);
+  run_case({3, 6, 60, 160, 96, 0, -1, 2, false}, rng);
+  run_case({1, 6, 60, 384, 160, 0, -1, 0, false}, rng);
+}
+
+TEST(CudaMoeOne, EightTokensOneHotExpert) {  // one expert takes every token (8 slots in one pass)
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(104);
+  run_case({8, 4, 64, 512, 256, 0, 5, 3, false}, rng);
+}
+
+TEST(CudaMoeOne, FewExpertsFewTiles) {  // fewer down tiles than multiprocessors
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(105);
+  run_case({5, 2, 4, 64, 64, 0, -1, 1, false}, rng);
+}
+
+TEST(CudaMoeOne, RepeatedIdsInAToken) {  // an expert with more slots than tokens: h read from global memory
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(106);
+  run_case({1, 4, 16, 256, 128, 0, -1, 0, true}, rng);
+  run_case({2, 4, 16, 256, 128, 0, -1, 1, true}, rng);
+}
+
+TEST(CudaMoeOne, EverySlotEmpty) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(107);
+  const OneCase c{2, 4, 16, 256, 128, 0, -1, 8, false};
+  const auto s = make_setup(c, rng);
+  for (int variant = 0; variant < kOneVariants; ++variant) {
+    s->out.poison();
+    ZEST_ASSERT_OK(s->run_one(variant, nullptr));
+    sync_ok();
+    for (uint32_t b : s->bits()) ASSERT_EQ(b, 0xffffffffu);
+  }
+}
+
+// Graph of (moe_plan, moe_experts_one) captured once with programmatic launches and replayed for several routings:
+// the down kernel reads the plan before its wait, so each replay must use the plan its own moe_plan built.
+TEST(CudaMoeOne, GraphReplayWithProgrammaticLaunchAndNewRoutings) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(108);
+  const OneCase c{1, 8, 128, 2048, 768, 0, -1, 0, false};
+  const auto s = make_setup(c, rng);
+  const bool pdl = programmatic_launch();
+  for (int variant = 0; variant < kOneVariants; ++variant) {
+    SCOPED_TRACE(testing::Message() << "variant " << variant);
+    cudaStream_t st = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+    set_programmatic_launch(true);
+    ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    const Status plan_st = moe_plan(s->ids.get(), c.N, c.K, c.E, s->plan, nullptr, st);
+    const Status one_st = s->run_one(variant, st);
+    cudaGraph_t graph = nullptr;
+    const cudaError_t end = cudaStreamEndCapture(st, &graph);
+    set_programmatic_launch(pdl);
+    ZEST_ASSERT_OK(plan_st);
+    ZEST_ASSERT_OK(one_st);
+    ASSERT_EQ(end, cudaSuccess);
+    cudaGraphExec_t exec = nullptr;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    cudaGraphDestroy(graph);
+    for (int rep = 0; rep < 3; ++rep) {
+      SCOPED_TRACE(testing::Message() << "routing " << rep);
+      OneCase rc = c;
+      rc.holes = rep == 2 ? 6 : 0;  // the third routing has two active experts
+      s->set_routing(make_routing(rc, rng));
+      s->out.poison();
+      ZEST_ASSERT_OK(s->run_decode(1, nullptr));
+      sync_ok();
+      const auto want = s->bits();
+      check_reference(*s, want);
+      s->out.poison();
+      s->h.poison();
+      ASSERT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+      EXPECT_TRUE(s->bits() == want) << "graph replay differs from rows_mma";
+    }
+    cudaGraphExecDestroy(exec);
+    cudaStreamDestroy(st);
+  }
+}
+
+TEST(CudaMoeOne, RefusesUnsupportedSizes) {
+  ZEST_REQUIRE_GPU();
+  EXPECT_FALSE(moe_one_ok(9, 4, 64, 512, 256));     // more than 8 tokens
+  EXPECT_FALSE(moe_one_ok(1, 8, 128, 2048, 48));    // I below 64
+  EXPECT_FALSE(moe_one_ok(1, 8, 128, 2040, 768));   // H not a multiple of 32
+  EXPECT_FALSE(moe_one_ok(1, 8, 128, 2048, 784));   // I not a multiple of 32
+  EXPECT_FALSE(moe_one_ok(2, 8, 128, 2048, 768));   // 16 experts' down weights exceed the shared memory
+  EXPECT_TRUE(moe_one_ok(1, 8, 128, 2048, 768));
+  const bf16* none = nullptr;
+  MoePlan plan;
+  const Status st = moe_experts_one(none, plan, nullptr, none, none, nullptr, nullptr, 2, 8, 128, 2048, 768, 0, nullptr);
+  EXPECT_FALSE(st.is_ok());
+  EXPECT_FALSE(moe_experts_one(none, plan, nullptr, none, none, nullptr, nullptr, 1, 8, 128, 2048, 768, kOneVariants,
+                               nullptr)
+                   .is_ok());
+}
+
+}  // namespace
+}  // namespace zest::cuda::test
+#endif
