@@ -188,6 +188,7 @@ bool apply_variant(const std::string& spec) {
     else if (name == "experts") set_decode_option(DecodeOption::kMoeKernel, value);
     else if (name == "block") set_decode_option(DecodeOption::kMoeBlock, value);
     else if (name == "early") set_decode_option(DecodeOption::kEarlyTrigger, value);
+    else if (name == "l2") set_decode_option(DecodeOption::kL2Prefetch, value);
     else return false;
   }
   return true;
@@ -262,7 +263,7 @@ int bench_decode_main(int argc, char** argv) {
   if (variants.empty()) variants.push_back("");
   for (const std::string& variant : variants) {
   if (!apply_variant(variant)) {
-    std::fprintf(stderr, "error: bad --variant '%s' (want name=value,... with names sere, moe, attn, gemm, route, experts, block, early)\n",
+    std::fprintf(stderr, "error: bad --variant '%s' (want name=value,... with names sere, moe, attn, gemm, route, experts, block, early, l2)\n",
                  variant.c_str());
     return 2;
   }

@@ -242,8 +242,8 @@ void ref_norm_rope128(const float* x, const std::vector<float>& w, const double*
 // the current token's k/v stored at its slot (k within bf16 tolerance, v bit for bit) and attended, attention in
 // double (output within kTol = 2e-2 of max |ref|). The cache is random; rows past each sequence's context in its last
 // page hold NaN (never attended: no NaN may reach the output) and the current token's slot holds stale random values.
-// Each variant starts from fresh copies of the inputs; a second launch on the same workspace gives the same bits
-// (counters reset).
+// Each variant starts from fresh copies of the inputs; a second launch on the same workspace, prefetching a buffer
+// into L2 for the next kernel (DecodeAttention::l2_next), gives the same bits (counters reset).
 void run_fused_variants_case(const std::vector<int>& variants, const std::vector<int>& lens, int Hkv, bool mrope,
                              std::mt19937& rng) {
   const int B = static_cast<int>(lens.size()), D = 128, Hq = 8 * Hkv;
@@ -324,6 +324,11 @@ void run_fused_variants_case(const std::vector<int>& variants, const std::vector
   auto dqn = upload_bf16(qn), dkn = upload_bf16(kn), dq = upload_bf16(qkv);
   DevBuf<unsigned char> ws(decode_attention_workspace_bytes(p));
   ASSERT_EQ(cudaMemset(ws.get(), 0, ws.size()), cudaSuccess);
+  DevBuf<unsigned char> next(1000003);  // prefetched for the "next kernel" (its size not a multiple of 16)
+  DecodeAttention p2 = p;
+  p2.l2_next = next.get();
+  p2.l2_next_bytes = next.size();
+  const int l2_modes[3] = {1, 3, 4};
   for (int variant : variants) {
     SCOPED_TRACE(testing::Message() << "kAttentionKernel " << variant);
     set_decode_option(DecodeOption::kAttentionKernel, variant);
@@ -349,11 +354,14 @@ void run_fused_variants_case(const std::vector<int>& variants, const std::vector
     ZEST_EXPECT_CLOSE(kg, kr, kTol);
     EXPECT_EQ(vg, vr);
 
+    // The second launch also prefetches a buffer for the next kernel into L2 (kL2Prefetch 1, 3 or 4).
     set_decode_option(DecodeOption::kAttentionKernel, variant);
-    const Status st2 = decode_attention_fused(p, dq->get(), q_stride, dqn->get(), dkn->get(), dpos.get(), pos_stride,
+    set_decode_option(DecodeOption::kL2Prefetch, l2_modes[variant % 3]);
+    const Status st2 = decode_attention_fused(p2, dq->get(), q_stride, dqn->get(), dkn->get(), dpos.get(), pos_stride,
                                               rope, dslots.get(), dk->get(), dv->get(), dbt.get(), dlens.get(),
                                               out.get(), ws.get(), kEps, nullptr);
     set_decode_option(DecodeOption::kAttentionKernel, default_decode_option(DecodeOption::kAttentionKernel));
+    set_decode_option(DecodeOption::kL2Prefetch, default_decode_option(DecodeOption::kL2Prefetch));
     ZEST_ASSERT_OK(st2);
     sync_ok();
     const auto again = download_bf16(out);

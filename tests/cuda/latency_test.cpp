@@ -53,6 +53,63 @@ TEST(CudaLatencyGemm, SharedMemoryTileMatchesReference) {
   }
 }
 
+// The qkv GEMM with L2 prefetches of a paged KV cache (gemm_kv_prefetch, DecodeOption::kL2Prefetch 0-4): the same
+// bits as gemm() and within bf16 tolerance of a double reference, for M = 1, 3, 8, 9 and 16 sequences of mixed
+// context lengths (1: nothing to prefetch; page boundaries; 1025) over a shuffled block table, at the model's qkv shape
+// and an odd one, with 4 and 2 kv heads per row; a KvPrefetch without a cache falls back to gemm().
+TEST(CudaLatencyGemm, KvPrefetchGemmMatchesGemm) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(907);
+  OptionScope opt(DecodeOption::kGemmVariant, 4);
+  for (auto [M, N, K, Hkv] : {std::tuple{1, 5120, 2048, 4}, std::tuple{8, 5120, 2048, 4}, std::tuple{9, 5120, 2048, 4},
+                              std::tuple{16, 5120, 2048, 4}, std::tuple{3, 208, 1056, 2}}) {
+    SCOPED_TRACE(testing::Message() << "M=" << M << " N=" << N << " K=" << K << " Hkv=" << Hkv);
+    std::vector<int32_t> lens(M);
+    const int pick[] = {1, 16, 17, 1025, 300, 2, 33, 1024};
+    for (int b = 0; b < M; ++b) lens[b] = pick[(b * 5 + M) % 8];
+    const int max_blocks = 1025 / kKvBlock + 2, blocks = M * max_blocks;
+    std::vector<int32_t> bt(blocks);
+    std::iota(bt.begin(), bt.end(), 0);
+    std::shuffle(bt.begin(), bt.end(), rng);
+    const size_t cache_elems = static_cast<size_t>(blocks) * kKvBlock * Hkv * 128;
+    auto kc = random_bf16(cache_elems, rng), vc = random_bf16(cache_elems, rng);
+    auto dk = upload_bf16(kc), dv = upload_bf16(vc);
+    DevBuf<int32_t> dbt(bt), dlens(lens);
+    auto x = random_bf16(static_cast<size_t>(M) * K, rng), w = random_bf16(static_cast<size_t>(N) * K, rng);
+    auto dx = upload_bf16(x), dw = upload_bf16(w);
+    DevBuf<bf16> base(static_cast<size_t>(M) * N);
+    base.poison();
+    ZEST_ASSERT_OK(gemm(dx->get(), dw->get(), base.get(), M, N, K, nullptr));
+    sync_ok();
+    const auto want = download_bf16(base);
+    ZEST_EXPECT_CLOSE(want, ref_gemm(x.f, w.f, M, N, K), kTol);
+    KvPrefetch kv;
+    kv.k_cache = dk->get();
+    kv.v_cache = dv->get();
+    kv.block_table = dbt.get();
+    kv.context_lens = dlens.get();
+    kv.batch = M;
+    kv.max_blocks = max_blocks;
+    kv.row_bytes = Hkv * 128 * 2;
+    for (int mode = 0; mode <= 4; ++mode) {
+      SCOPED_TRACE(testing::Message() << "kL2Prefetch " << mode);
+      OptionScope l2(DecodeOption::kL2Prefetch, mode);
+      for (int variant = 0; variant < 2; ++variant) {
+        KvPrefetch use = kv;
+        if (variant == 1) use.k_cache = nullptr;  // no cache: plain gemm()
+        DevBuf<bf16> dy(static_cast<size_t>(M) * N);
+        dy.poison();
+        ZEST_ASSERT_OK(gemm_kv_prefetch(dx->get(), dw->get(), dy.get(), M, N, K, use, nullptr));
+        sync_ok();
+        EXPECT_EQ(download_bf16(dy), want);
+      }
+    }
+    // The caches are read only.
+    EXPECT_EQ(download_bf16(*dk), kc.f);
+    EXPECT_EQ(download_bf16(*dv), vc.f);
+  }
+}
+
 // Router reference on given logits: softmax(logits + bias) in double, top-K (ties: lowest index), weights
 // renormalised and rounded to bf16.
 void ref_topk(const std::vector<float>& logits, const std::vector<float>* bias, int T, int E, int K,

@@ -445,7 +445,24 @@ struct DecodeFuse {
   RopeParams rope;
   const int32_t* slots;
   float eps;
+  const unsigned char* next;  // bytes of the next kernel prefetched into L2 after the wait (nullptr: none)
+  size_t next_bytes;          // a multiple of 16
 };
+
+// This CTA's share of the next kernel's bytes (DecodeFuse::next) into L2: one warp's lanes issue bulk prefetches of at
+// most 32 KB each.
+__device__ __forceinline__ void prefetch_next_l2(const DecodeFuse& f, int lane) {
+  if (!f.next) return;
+  constexpr size_t kPiece = 32 * 1024;
+  const size_t ctas = static_cast<size_t>(gridDim.x) * gridDim.y * gridDim.z;
+  const size_t cta = blockIdx.x + static_cast<size_t>(gridDim.x) * (blockIdx.y + static_cast<size_t>(gridDim.y) * blockIdx.z);
+  const size_t per = ((f.next_bytes + ctas - 1) / ctas + 15) / 16 * 16;
+  const size_t beg = cta * per, end = min(beg + per, f.next_bytes);
+  for (size_t o = beg + lane * kPiece; o < end; o += 32 * kPiece)
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(f.next + o),
+                 "r"(static_cast<uint32_t>(min(kPiece, end - o)))
+                 : "memory");
+}
 
 // A lane's RoPE factors for its two rotation pairs (j = lane, lane + 32) and its four norm weights (elements lane + 32 i).
 struct RopeLane {
@@ -576,6 +593,7 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kern
   }
   const int slot = new_pg >= 0 && f.slots ? f.slots[b] : -1;
   pdl_wait();
+  if (warp == kDecWarps - 1) prefetch_next_l2(f, lane);
 
   {  // q heads 2 warp, 2 warp + 1 of this kv head; the current token's k (warp 0) and v (warp 1) in the owner CTA
     const bf16* row = qkv + static_cast<size_t>(b) * q_stride;
@@ -955,6 +973,7 @@ __global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
     const int pre = min(npages, S);
     for (int i = 0; i < pre; ++i) issue(i);  // before the wait: the cache holds no value of this step yet
     pdl_wait();
+    prefetch_next_l2(f, lane);
     for (int i = S; i < npages; ++i) {
       mbar_wait(&empty[i % S], ((i / S) - 1) & 1);
       issue(i);
@@ -1467,7 +1486,13 @@ Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_s
   const SplitPlan sp = split_plan(p);
   float* part = static_cast<float*>(workspace);
   int* counters = reinterpret_cast<int*>(static_cast<char*>(workspace) + counters_offset(p));
-  DecodeFuse f{q_norm, k_norm, pos, pos_stride, rope, slot_mapping, eps};
+  DecodeFuse f{q_norm, k_norm, pos, pos_stride, rope, slot_mapping, eps, nullptr, 0};
+  const int l2 = decode_option(DecodeOption::kL2Prefetch);
+  if ((l2 == 1 || l2 == 3 || l2 == 4) && p.batch <= 16 && p.l2_next &&
+      reinterpret_cast<uintptr_t>(p.l2_next) % 16 == 0 && p.l2_next_bytes >= 16) {
+    f.next = static_cast<const unsigned char*>(p.l2_next);
+    f.next_bytes = p.l2_next_bytes / 16 * 16;
+  }
   const int pages = (p.max_context + kKvBlock - 1) / kKvBlock;
   int variant = decode_option(DecodeOption::kAttentionKernel);
   if (variant == 8) {  // by size: variant 3's cluster merge where it applies, the ring kernel above, up to 32 pairs

@@ -957,7 +957,21 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
   for (int l = 0; l < L_; ++l) {
     const Layer& Ly = layers_[l];
     const bf16* next = l + 1 < L_ ? layers_[l + 1].in_norm : final_norm_;
-    ZEST_RETURN_IF_ERROR(gemm(s.xn, Ly.wqkv, s.qkv, T, QKV_, H_, st));
+    if (use_decode) {  // the qkv GEMM may prefetch the layer's KV rows, the attention the o weights (kL2Prefetch)
+      KvPrefetch kvp;
+      kvp.k_cache = kv->k(l);
+      kvp.v_cache = kv->v(l);
+      kvp.block_table = d_bt;
+      kvp.context_lens = d_seq_ctx;
+      kvp.batch = dp.batch;
+      kvp.max_blocks = MB;
+      kvp.row_bytes = Hkv_ * D_ * 2;
+      dp.l2_next = Ly.wo;
+      dp.l2_next_bytes = static_cast<size_t>(H_) * Hq_ * D_ * 2;
+      ZEST_RETURN_IF_ERROR(gemm_kv_prefetch(s.xn, Ly.wqkv, s.qkv, T, QKV_, H_, kvp, st));
+    } else {
+      ZEST_RETURN_IF_ERROR(gemm(s.xn, Ly.wqkv, s.qkv, T, QKV_, H_, st));
+    }
     // Decode steps (token b is sequence b's current token) may fold q/k norm + RoPE + KV write into the attention.
     const bool fused_attn = use_decode && decode_option(DecodeOption::kAttentionKernel) >= 2 &&
                             decode_attention_fused_ok(dp, s.qkv, QKV_);

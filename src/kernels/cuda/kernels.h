@@ -76,6 +76,12 @@ enum class DecodeOption : int {
                     // one cooperative launch with programmatic serialisation where the driver takes it, gate/up
                     // weights bulk-copied into a shared-memory ring; 2 = as 1, never with programmatic serialisation;
                     // 3 = as 1 with the gate/up weights through register loads
+  kL2Prefetch,      // decode steps of at most 16 tokens, L2 prefetches for the kernel that follows: 0 (default) = none;
+                    // 1 = the qkv GEMM (gemm_kv_prefetch on the shared-memory small-M path) prefetches the layer's KV
+                    // rows of the earlier tokens before its wait, its weight tiles copied with an evict-first policy,
+                    // and the fused decode attention prefetches the o GEMM's weights (DecodeAttention::l2_next) after
+                    // its wait; 2 = the KV prefetch only (weight tiles without the policy); 3 = the o weights only;
+                    // 4 = as 1 with the KV prefetch issued after the qkv GEMM's wait
   kEarlyTrigger,    // 1 = the row-norm kernels (add + RMSNorm, combine + residual + RMSNorm) let the next kernel launch
                     // before they wait on the previous one, so its prologue (weight copies before its own wait)
                     // overlaps the tail of the kernel two back; 2 = as 1, and captured decode graphs fire every
@@ -144,6 +150,10 @@ struct DecodeAttention {
   int max_context = 0;   // upper bound of context_lens (fixes the grid, so a graph can be replayed)
   int max_blocks = 0;    // row stride of block_table
   float scale = 0.f;     // softmax scale, usually 1/sqrt(head_dim)
+  // decode_attention_fused with DecodeOption::kL2Prefetch 1, 3 or 4 and batch <= 16: bytes for the next kernel (the o
+  // projection's weights) that its CTAs prefetch into L2 after their wait; nullptr: none. 16-byte aligned.
+  const void* l2_next = nullptr;
+  size_t l2_next_bytes = 0;
 };
 // Bytes of workspace that decode_attention needs for `p`. The workspace must be zero-filled once when
 // allocated (the kernel leaves its counters at zero after every launch); it serves one (batch, heads,
@@ -164,6 +174,23 @@ Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_s
                               const bf16* k_norm, const int32_t* pos, int pos_stride, RopeParams rope,
                               const int32_t* slot_mapping, bf16* k_cache, bf16* v_cache, const int32_t* block_table,
                               const int32_t* context_lens, bf16* out, void* workspace, float eps, cudaStream_t stream);
+
+// The paged KV rows of a decode step's earlier tokens (positions 0 .. context_lens[b] - 2 of sequence b, blocks of
+// kKvBlock token rows of row_bytes each in k_cache and v_cache), which the kernel before the decode attention may
+// prefetch into L2.
+struct KvPrefetch {
+  const bf16* k_cache = nullptr;
+  const bf16* v_cache = nullptr;
+  const int32_t* block_table = nullptr;  // [batch, max_blocks]
+  const int32_t* context_lens = nullptr;  // [batch], the current token included
+  int batch = 0, max_blocks = 0;
+  int row_bytes = 0;  // one token's row of all kv heads: kv_heads * head_dim * 2 (a multiple of 16)
+};
+// gemm() for the qkv projection of a decode step: with DecodeOption::kL2Prefetch 1, 2 or 4 and the shared-memory
+// small-M path serving (M, N, K), its CTAs also prefetch kv's rows into L2 (a hint: the result is gemm()'s, bit for
+// bit); otherwise gemm().
+Status gemm_kv_prefetch(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, const KvPrefetch& kv,
+                        cudaStream_t stream);
 
 // Prefill attention: causal, GQA, variable-length sequences packed along tokens (cu_seqlens [nseq+1]).
 // q/k/v rows at q + t * q_stride (Hq heads of D), k + t * kv_stride, v + t * kv_stride (Hkv heads).

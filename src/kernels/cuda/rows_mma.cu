@@ -161,14 +161,55 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) rows_mma_kernel(RowsP
 // the warps' partial sums are reduced in shared memory in fixed order. kTwo: more than 8 token rows (M <= 16).
 constexpr int kPreRound = 8;  // token chunks in flight per warp
 
+// L2 prefetches issued by rows_pre_kernel (DecodeOption::kL2Prefetch): none; the KV rows before the wait with the
+// weight tile copied evict-first; the KV rows before the wait, plain tile copies; the KV rows after the wait with the
+// tile copied evict-first.
+enum PreFetch { kPfNone = 0, kPfBefore = 1, kPfBeforePlain = 2, kPfAfter = 3 };
+
+__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
+
+// bulk_load with an L2 cache policy.
+__device__ __forceinline__ void bulk_load_hint(void* dst, const void* src, uint32_t bytes, uint64_t* bar, uint64_t pol) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
+          smem_addr(dst)),
+      "l"(src), "r"(bytes), "r"(smem_addr(bar)), "l"(pol)
+      : "memory");
+}
+
+// The KV rows of kv's earlier tokens into L2: items (sequence, page, K or V) over the grid's threads, one bulk
+// prefetch per item of the page's rows before the current token (position context_lens[b] - 1).
+__device__ __forceinline__ void prefetch_kv_l2(const KvPrefetch& kv) {
+  const int threads = gridDim.x * blockDim.x;
+  const int items = kv.batch * kv.max_blocks * 2;
+  for (int it = blockIdx.x * blockDim.x + threadIdx.x; it < items; it += threads) {
+    const int b = it / (2 * kv.max_blocks), pg = (it >> 1) % kv.max_blocks;
+    const int r0 = pg * kKvBlock, r1 = min(r0 + kKvBlock, kv.context_lens[b] - 1);
+    if (r1 <= r0) continue;
+    const int blk = kv.block_table[static_cast<size_t>(b) * kv.max_blocks + pg];
+    const unsigned char* base = reinterpret_cast<const unsigned char*>((it & 1) ? kv.v_cache : kv.k_cache) +
+                                static_cast<size_t>(blk) * kKvBlock * kv.row_bytes;
+    prefetch_l2(base, static_cast<uint32_t>((r1 - r0) * kv.row_bytes));
+  }
+}
+
 // kRound: token chunks per warp and round (all of a warp's chunks in one round for K <= 32 * kWarps * kRound).
 // Registers allow 3 CTAs per SM for K <= 2048 (as the shared memory does): one token tile with 8 chunks per round
 // (62 registers) or two with 4 (70); K = 4096 tiles (one CTA per SM) take one token tile's 16 chunks in one round.
-template <bool kTwo, int kRound>
+// kPf (PreFetch): the L2 prefetches of kv's rows and the tile's cache policy.
+template <bool kTwo, int kRound, int kPf>
 __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_kernel(const bf16* __restrict__ x,
                                                                                     const bf16* __restrict__ w,
                                                                                     bf16* __restrict__ y, int M, int N,
-                                                                                    int Kdim) {
+                                                                                    int Kdim, KvPrefetch kv) {
   extern __shared__ __align__(128) unsigned char wsm[];
   __shared__ __align__(8) uint64_t bar;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -178,10 +219,20 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
   if (threadIdx.x == 0) {
     mbar_init(&bar);
     mbar_arrive_expect_tx(&bar, kRows * row_bytes);
-    for (int r = 0; r < kRows; ++r) bulk_load(wsm + r * stride, w + static_cast<size_t>(r0 + r) * Kdim, row_bytes, &bar);
+    if constexpr (kPf == kPfBefore || kPf == kPfAfter) {
+      const uint64_t pol = evict_first_policy();
+      for (int r = 0; r < kRows; ++r)
+        bulk_load_hint(wsm + r * stride, w + static_cast<size_t>(r0 + r) * Kdim, row_bytes, &bar, pol);
+    } else {
+      for (int r = 0; r < kRows; ++r)
+        bulk_load(wsm + r * stride, w + static_cast<size_t>(r0 + r) * Kdim, row_bytes, &bar);
+    }
   }
+  // Block tables and context lengths are step inputs, not written by the previous kernel.
+  if constexpr (kPf == kPfBefore || kPf == kPfBeforePlain) prefetch_kv_l2(kv);
   __syncthreads();
   pdl_wait();
+  if constexpr (kPf == kPfAfter) prefetch_kv_l2(kv);
   const int chunks = Kdim / kChunk;
   const bf16* x0p = g < M ? x + static_cast<size_t>(g) * Kdim + tq * 8 : nullptr;
   const bf16* x1p = kTwo && g + 8 < M ? x + static_cast<size_t>(g + 8) * Kdim + tq * 8 : nullptr;
@@ -242,36 +293,60 @@ size_t rows_pre_smem(int K) {
   return std::max<size_t>(static_cast<size_t>(kRows) * (static_cast<size_t>(K) * 2 + 16), kWarps * 8 * 32 * sizeof(float));
 }
 
-// The instantiation for (M, K): two token tiles above 8 rows; 16 chunks per round for one tile when K > 2048.
-using PreKernel = void (*)(const bf16*, const bf16*, bf16*, int, int, int);
-PreKernel rows_pre_pick(int M, int K) {
-  if (M > 8) return rows_pre_kernel<true, kPreRound / 2>;
-  return K > kWarps * kChunk * kPreRound ? rows_pre_kernel<false, 2 * kPreRound> : rows_pre_kernel<false, kPreRound>;
+// The instantiation for (M, K, prefetch): two token tiles above 8 rows; 16 chunks per round for one tile when
+// K > 2048.
+using PreKernel = void (*)(const bf16*, const bf16*, bf16*, int, int, int, KvPrefetch);
+template <int kPf>
+PreKernel rows_pre_pick_pf(int M, int K) {
+  if (M > 8) return rows_pre_kernel<true, kPreRound / 2, kPf>;
+  return K > kWarps * kChunk * kPreRound ? rows_pre_kernel<false, 2 * kPreRound, kPf>
+                                         : rows_pre_kernel<false, kPreRound, kPf>;
+}
+PreKernel rows_pre_pick(int M, int K, int pf) {
+  switch (pf) {
+    case kPfBefore: return rows_pre_pick_pf<kPfBefore>(M, K);
+    case kPfBeforePlain: return rows_pre_pick_pf<kPfBeforePlain>(M, K);
+    case kPfAfter: return rows_pre_pick_pf<kPfAfter>(M, K);
+    default: return rows_pre_pick_pf<kPfNone>(M, K);
+  }
 }
 
-// Whether rows_pre_kernel serves (M, N, K): the tile fits in shared memory and every tile has its CTA resident.
-bool rows_pre_ok(int M, int N, int K) {
+template <int kPf>
+bool rows_pre_configure() {
+  static const bool ok = [] {
+    for (PreKernel f : {rows_pre_kernel<true, kPreRound / 2, kPf>, rows_pre_kernel<false, kPreRound, kPf>,
+                        rows_pre_kernel<false, 2 * kPreRound, kPf>})
+      if (cudaFuncSetAttribute(reinterpret_cast<const void*>(f), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(kPreMaxSmem)) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+      }
+    return true;
+  }();
+  return ok;
+}
+
+// Whether rows_pre_kernel (with prefetch mode pf) serves (M, N, K): the tile fits in shared memory and every tile
+// has its CTA resident.
+bool rows_pre_ok(int M, int N, int K, int pf = kPfNone) {
   if (M < 1 || M > kTokens || N % kRows != 0 || K % kChunk != 0 || rows_pre_smem(K) > kPreMaxSmem) return false;
   const size_t smem = rows_pre_smem(K);
-  static bool configured = false;
-  if (!configured) {
-    for (PreKernel f : {rows_pre_kernel<true, kPreRound / 2>, rows_pre_kernel<false, kPreRound>,
-                        rows_pre_kernel<false, 2 * kPreRound>})
-      if (cudaFuncSetAttribute(reinterpret_cast<const void*>(f), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(kPreMaxSmem)) != cudaSuccess)
-        return false;
-    configured = true;
-  }
+  const bool configured = pf == kPfBefore         ? rows_pre_configure<kPfBefore>()
+                          : pf == kPfBeforePlain ? rows_pre_configure<kPfBeforePlain>()
+                          : pf == kPfAfter       ? rows_pre_configure<kPfAfter>()
+                                                 : rows_pre_configure<kPfNone>();
+  if (!configured) return false;
   int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, reinterpret_cast<const void*>(rows_pre_pick(M, K)), kWarps * 32,
-                                                    smem) != cudaSuccess)
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, reinterpret_cast<const void*>(rows_pre_pick(M, K, pf)),
+                                                    kWarps * 32, smem) != cudaSuccess)
     return false;
   return N / kRows <= n * sm_count();
 }
 
-Status launch_rows_pre(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream) {
-  return launch("rows_pre", rows_pre_pick(M, K), dim3(N / kRows), dim3(kWarps * 32), rows_pre_smem(K), stream, x, w, y,
-                M, N, K);
+Status launch_rows_pre(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream,
+                       int pf = kPfNone, const KvPrefetch& kv = KvPrefetch{}) {
+  return launch("rows_pre", rows_pre_pick(M, K, pf), dim3(N / kRows), dim3(kWarps * 32), rows_pre_smem(K), stream, x,
+                w, y, M, N, K, kv);
 }
 
 template <int kMode, int kU, int kMinBlocks>
@@ -305,6 +380,24 @@ Status rows_mma_gemm(const bf16* x, const bf16* w, bf16* y, int M, int N, int K,
     case 3: return launch_rows<kDense, 2, 4>(p, N / kRows, stream);
     default: return launch_rows<kDense, 8, 1>(p, N / kRows, stream);
   }
+}
+
+Status gemm_kv_prefetch(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, const KvPrefetch& kv,
+                        cudaStream_t stream) {
+  int pf = kPfNone;
+  switch (decode_option(DecodeOption::kL2Prefetch)) {
+    case 1: pf = kPfBefore; break;
+    case 2: pf = kPfBeforePlain; break;
+    case 4: pf = kPfAfter; break;
+    default: break;
+  }
+  const bool kv_ok = kv.k_cache && kv.v_cache && kv.block_table && kv.context_lens && kv.batch > 0 &&
+                     kv.max_blocks > 0 && kv.row_bytes > 0 && kv.row_bytes % 16 == 0 &&
+                     (reinterpret_cast<uintptr_t>(kv.k_cache) | reinterpret_cast<uintptr_t>(kv.v_cache)) % 16 == 0;
+  const bool aligned = x && w && y && K % 8 == 0 && (reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w)) % 16 == 0;
+  if (pf != kPfNone && kv_ok && aligned && decode_option(DecodeOption::kGemmVariant) == 4 && rows_pre_ok(M, N, K, pf))
+    return launch_rows_pre(x, w, y, M, N, K, stream, pf, kv);
+  return gemm(x, w, y, M, N, K, stream);
 }
 
 bool rows_mma_moe_ok(int H, int I) { return H % kChunk == 0 && I % kChunk == 0 && H % kRows == 0 && I % kRows == 0; }

@@ -290,7 +290,19 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
   for (int l = 0; l < c.layers; ++l) {
     const Layer& L = layers_[l];
     const bf16* next_norm = l + 1 < c.layers ? layers_[l + 1].in_norm : final_norm_;
-    ZEST_OP("qkv gemm", gemm(xn_, L.wqkv, qkv_, batch, QKV, H, s));
+    // The qkv GEMM may prefetch this layer's KV rows into L2, the attention the o GEMM's weights
+    // (DecodeOption::kL2Prefetch).
+    KvPrefetch kvp;
+    kvp.k_cache = L.k_cache;
+    kvp.v_cache = L.v_cache;
+    kvp.block_table = block_table_;
+    kvp.context_lens = ctx_lens_;
+    kvp.batch = batch;
+    kvp.max_blocks = blocks_per_seq_;
+    kvp.row_bytes = c.kv_heads * D * 2;
+    ap.l2_next = L.wo;
+    ap.l2_next_bytes = static_cast<size_t>(H) * c.q_heads * D * 2;
+    ZEST_OP("qkv gemm", gemm_kv_prefetch(xn_, L.wqkv, qkv_, batch, QKV, H, kvp, s));
     const int pos_stride = c.mrope ? opt_.max_batch : 0;
     if (decode_option(DecodeOption::kAttentionKernel) >= 2 && decode_attention_fused_ok(ap, qkv_, QKV)) {
       ZEST_OP("decode attention (fused)",
