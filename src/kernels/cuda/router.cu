@@ -240,7 +240,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_kernel(RouteParams
   if (my_id >= 0) p.plan.sorted_slots[offset_of[my_id] + scratch[warp * E + my_id] + __popc(below)] = tid;
 }
 
-// ---- fused routing, compact (kRouteFused 4-6) -----------------------------------------------------------------
+// ---- fused routing, compact (kRouteFused 4-7) -----------------------------------------------------------------
 // moe_route_kernel's arithmetic (same logits, ids, weights and plan, bit for bit) with a shorter chain after the
 // wait and less code: each CTA's logits go to CTA 0 by st.async completing bytes on an mbarrier of CTA 0 (CTA 0 waits
 // for exactly T * E * 4 bytes; the other CTAs exit after their stores, no second cluster barrier); warp t of CTA 0
@@ -257,7 +257,20 @@ __device__ __forceinline__ void st_async_f32(uint32_t addr, float v, uint32_t ba
                : "memory");
 }
 
-template <int kMT, int kEP>
+// Order-preserving map of floats to unsigned keys and back.
+__device__ __forceinline__ unsigned float_key(float f) {
+  const unsigned u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+__device__ __forceinline__ float key_float(unsigned k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+// kSorted: the warp maximum of the logits through redux on order-preserving keys (the same value as the butterfly);
+// each lane sorts its kEP keys once (odd-even transposition on strict >, so equal keys keep ascending experts), then
+// every round takes the lanes' heads: redux max, the winning lane from the ballot of equal heads (redux min of their
+// experts only on a tie), the winner pops its head and records the expert in shared memory.
+template <int kMT, int kEP, bool kSorted>
 __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(RouteParams p) {
   extern __shared__ __align__(128) unsigned char wsm[];  // [rows][H * 2 + 16]
   __shared__ __align__(8) uint64_t wbar, lbar;
@@ -266,6 +279,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
   __shared__ int ids_s[kRouteMaxT * kMaxTopK];
   __shared__ unsigned tok_mask[kRouteMaxE];  // CTA 0: bit t set when token t chose the expert
   __shared__ int offset_of[kRouteMaxE];
+  __shared__ int sel_s[kRouteWarps][kMaxTopK];  // kSorted: expert of each round, per warp
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, tq = lane & 3;
   const int rank = static_cast<int>(cluster_rank()), C = static_cast<int>(cluster_size());
@@ -386,7 +400,10 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
       pr[i] = e < E ? logit_s[t][e] + bias_r[i] : -INFINITY;
       mx = fmaxf(mx, pr[i]);
     }
-    mx = warp_max(mx);
+    if constexpr (kSorted)
+      mx = key_float(__reduce_max_sync(0xffffffffu, float_key(mx)));
+    else
+      mx = warp_max(mx);
     float sum = 0.f;
 #pragma unroll
     for (int i = 0; i < kEP; ++i)
@@ -400,6 +417,46 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
 #pragma unroll
     for (int i = 0; i < kEP; ++i) key[i] = lane + 32 * i < E ? __float_as_uint(pr[i] * inv) + 1u : 0u;
     float total = 0.f, my_v = 0.f;
+    if constexpr (kSorted) {
+      int idx[kEP];
+#pragma unroll
+      for (int i = 0; i < kEP; ++i) idx[i] = lane + 32 * i;
+#pragma unroll
+      for (int pass = 0; pass < kEP; ++pass)
+#pragma unroll
+        for (int i = pass & 1; i + 1 < kEP; i += 2)
+          if (key[i + 1] > key[i]) {
+            const unsigned tk = key[i];
+            key[i] = key[i + 1];
+            key[i + 1] = tk;
+            const int ti = idx[i];
+            idx[i] = idx[i + 1];
+            idx[i + 1] = ti;
+          }
+#pragma unroll 1
+      for (int k = 0; k < K; ++k) {
+        const unsigned wk = __reduce_max_sync(0xffffffffu, key[0]);
+        const unsigned tied = __ballot_sync(0xffffffffu, key[0] == wk);
+        const int wl = __popc(tied) == 1
+                           ? __ffs(tied) - 1
+                           : (__reduce_min_sync(0xffffffffu, key[0] == wk ? idx[0] : 0x7fffffff) & 31);
+        const float best = __uint_as_float(wk - 1u);
+        total += best;
+        if (lane == k) my_v = best;
+        if (lane == wl) {
+          sel_s[warp][k] = idx[0];
+#pragma unroll
+          for (int i = 0; i + 1 < kEP; ++i) {
+            key[i] = key[i + 1];
+            idx[i] = idx[i + 1];
+          }
+          key[kEP - 1] = 0u;
+        }
+      }
+      __syncwarp();
+      if (lane < K) my_i = sel_s[warp][lane];
+      __syncwarp();  // the next token of this warp rewrites sel_s
+    } else {
 #pragma unroll 1
     for (int k = 0; k < K; ++k) {
       unsigned bk = 0u;
@@ -421,6 +478,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
 #pragma unroll
       for (int i = 0; i < kEP; ++i)
         if (lane + 32 * i == wi) key[i] = 0u;
+    }
     }
     if (lane < K) {
       p.ids[t * K + lane] = my_i;
@@ -832,10 +890,11 @@ namespace {
 
 // DecodeOption::kRouteFused: 2 = clusters of at most 8 CTAs (16 experts each at E = 128); 3 = the next kernel launches
 // only when this grid exits; 4 / 5 / 6 = moe_route_compact_kernel in clusters of at most 16 / 8 / 4 CTAs (at most 32
-// experts per CTA). A size the variant's cluster cannot take runs as variant 1 (4 when compact).
+// experts per CTA); 7 = as 4 with kSorted (lane-sorted keys, redux maximum). A size the variant's cluster cannot take
+// runs as variant 1 (4 or 7 when compact).
 Status launch_route(RouteParams p, cudaStream_t stream) {
   const int variant = decode_option(DecodeOption::kRouteFused);
-  const bool compact = variant >= 4 && variant <= 6;
+  const bool compact = variant >= 4 && variant <= 7;
   int max_c = variant == 2 || variant == 5 ? 8 : variant == 6 ? 4 : 16;
   int max_rows = compact ? kRoute2MaxRows : 16;
   if (route_cluster(p.E, max_c, max_rows) == 0 || route_smem(p.E, p.H, max_c, max_rows) > kRouteMaxSmem) {
@@ -846,11 +905,15 @@ Status launch_route(RouteParams p, cudaStream_t stream) {
   const int C = route_cluster(p.E, max_c, max_rows);
   void (*kernel)(RouteParams) = moe_route_kernel;
   if (compact) {
-    static bool attributes_set[4] = {false, false, false, false};
-    const int mt2 = p.E / C > 16 ? 1 : 0, ep8 = p.E > 128 ? 1 : 0;
-    kernel = mt2 ? (ep8 ? moe_route_compact_kernel<2, 8> : moe_route_compact_kernel<2, 4>)
-                 : (ep8 ? moe_route_compact_kernel<1, 8> : moe_route_compact_kernel<1, 4>);
-    bool& set = attributes_set[mt2 * 2 + ep8];
+    static bool attributes_set[8] = {};
+    const int mt2 = p.E / C > 16 ? 1 : 0, ep8 = p.E > 128 ? 1 : 0, sorted = variant == 7 ? 1 : 0;
+    if (sorted)
+      kernel = mt2 ? (ep8 ? moe_route_compact_kernel<2, 8, true> : moe_route_compact_kernel<2, 4, true>)
+                   : (ep8 ? moe_route_compact_kernel<1, 8, true> : moe_route_compact_kernel<1, 4, true>);
+    else
+      kernel = mt2 ? (ep8 ? moe_route_compact_kernel<2, 8, false> : moe_route_compact_kernel<2, 4, false>)
+                   : (ep8 ? moe_route_compact_kernel<1, 8, false> : moe_route_compact_kernel<1, 4, false>);
+    bool& set = attributes_set[sorted * 4 + mt2 * 2 + ep8];
     if (!set) {
       const void* fn = reinterpret_cast<const void*>(kernel);
       ZEST_RETURN_IF_ERROR(cuda_status(
@@ -913,13 +976,13 @@ Status moe_route(const bf16* xn, const bf16* router_w, const float* bias, int32_
   return launch_route(p, stream);
 }
 
-// moe_route with the compact kernel's phase clocks (DecodeOption::kRouteFused 4-6 only; clocks: 8 values on the
+// moe_route with the compact kernel's phase clocks (DecodeOption::kRouteFused 4-7 only; clocks: 8 values on the
 // device): for tests that print where one launch's time goes. Not declared in kernels.h.
 Status moe_route_phase_clocks(const bf16* xn, const bf16* router_w, const float* bias, int32_t* ids, float* weights,
                               bf16* logits, MoePlan* plan, int64_t* active_count_sum, int T, int H, int E, int K,
                               long long* clocks, cudaStream_t stream) {
   const int variant = decode_option(DecodeOption::kRouteFused);
-  if (variant < 4 || variant > 6 || !clocks) return invalid_argument("moe_route_phase_clocks: compact variants only");
+  if (variant < 4 || variant > 7 || !clocks) return invalid_argument("moe_route_phase_clocks: compact variants only");
   RouteParams p{};
   ZEST_RETURN_IF_ERROR(route_params(p, router_w, bias, ids, weights, logits, plan, active_count_sum, T, H, E, K));
   if (!xn) return invalid_argument("moe_route: null pointer");
