@@ -4,6 +4,8 @@
 // replay with programmatic launches while the routing changes between replays (the down kernel reads the plan before
 // its wait), and the sizes it refuses.
 #ifdef ZEST_HAVE_CUDA
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <numeric>
@@ -207,16 +209,18 @@ void run_case(const OneCase& c, std::mt19937& rng) {
   EXPECT_TRUE(s->bits() == want) << "moe_experts_decode (kMoeKernel 16) differs from rows_mma";
 }
 
+// Model widths (H 2048, I 768, K 8) with E = 12 experts (8 active at one token as in the model; fewer experts keep the
+// host-side inputs small).
 TEST(CudaMoeOne, ModelShapeOneToken) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(101);
-  run_case({1, 8, 128, 2048, 768, 0, -1, 0, false}, rng);
+  run_case({1, 8, 12, 2048, 768, 0, -1, 0, false}, rng);
 }
 
 TEST(CudaMoeOne, ModelShapeTwoActiveExperts) {  // SERE S=2 at one token: six of the eight slots folded
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(102);
-  run_case({1, 8, 128, 2048, 768, 0, -1, 6, false}, rng);
+  run_case({1, 8, 12, 2048, 768, 0, -1, 6, false}, rng);
 }
 
 TEST(CudaMoeOne, OddWidths) {  // I not a multiple of 64 rows of 128 bytes; 10 tiles per expert; three tokens
@@ -263,7 +267,7 @@ TEST(CudaMoeOne, EverySlotEmpty) {
 TEST(CudaMoeOne, GraphReplayWithProgrammaticLaunchAndNewRoutings) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(108);
-  const OneCase c{1, 8, 128, 2048, 768, 0, -1, 0, false};
+  const OneCase c{1, 8, 12, 2048, 768, 0, -1, 0, false};
   const auto s = make_setup(c, rng);
   const bool pdl = programmatic_launch();
   for (int variant = 0; variant < kOneVariants; ++variant) {
@@ -301,6 +305,75 @@ TEST(CudaMoeOne, GraphReplayWithProgrammaticLaunchAndNewRoutings) {
     }
     cudaGraphExecDestroy(exec);
     cudaStreamDestroy(st);
+  }
+}
+
+// Phase times (printed, not asserted) of each variant at the model shape inside a replayed graph (moe_plan, then the
+// two kernels, programmatic launches): when the down CTAs start, issue their copies, leave their wait, and when the
+// gate/up CTAs start and end, in microseconds from the first gate/up CTA's start. The outputs must match rows_mma.
+TEST(CudaMoeOne, PhaseTimesInAGraph) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(109);
+  const OneCase c{1, 8, 12, 2048, 768, 0, -1, 0, false};
+  const auto s = make_setup(c, rng);
+  s->out.poison();
+  ZEST_ASSERT_OK(s->run_decode(1, nullptr));
+  sync_ok();
+  const auto want = s->bits();
+  const bool pdl = programmatic_launch();
+  for (int variant = 0; variant < kOneVariants; ++variant) {
+    SCOPED_TRACE(testing::Message() << "variant " << variant);
+    int gg = 0, dg = 0;
+    moe_one_grids(c.N, c.K, c.E, c.H, c.I, variant, &gg, &dg);
+    DevBuf<uint64_t> stamps(2 * static_cast<size_t>(gg) + 5 * static_cast<size_t>(dg));
+    cudaStream_t st = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+    set_programmatic_launch(true);
+    ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    const Status plan_st = moe_plan(s->ids.get(), c.N, c.K, c.E, s->plan, nullptr, st);
+    const Status one_st = moe_experts_one(s->x->get(), s->plan, s->w.get(), s->gu->get(), s->dn->get(), s->h.get(),
+                                          s->out.get(), c.N, c.K, c.E, c.H, c.I, variant, st, stamps.get());
+    cudaGraph_t graph = nullptr;
+    const cudaError_t end = cudaStreamEndCapture(st, &graph);
+    set_programmatic_launch(pdl);
+    ZEST_ASSERT_OK(plan_st);
+    ZEST_ASSERT_OK(one_st);
+    ASSERT_EQ(end, cudaSuccess);
+    cudaGraphExec_t exec = nullptr;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    cudaGraphDestroy(graph);
+    s->out.poison();
+    for (int rep = 0; rep < 4; ++rep) ASSERT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+    cudaGraphExecDestroy(exec);
+    cudaStreamDestroy(st);
+    EXPECT_TRUE(s->bits() == want) << "differs from rows_mma";
+    const auto t = stamps.download();
+    uint64_t t0 = ~0ull;
+    for (int b = 0; b < gg; ++b) t0 = std::min(t0, t[2 * b]);
+    auto us = [&](uint64_t v) { return (static_cast<double>(v) - static_cast<double>(t0)) * 1e-3; };
+    auto range = [&](size_t base, int stride, int n, int k, double* lo, double* med, double* hi) {
+      std::vector<double> v;
+      for (int b = 0; b < n; ++b) v.push_back(us(t[base + static_cast<size_t>(stride) * b + k]));
+      std::sort(v.begin(), v.end());
+      *lo = v.front();
+      *med = v[v.size() / 2];
+      *hi = v.back();
+    };
+    double lo, med, hi;
+    std::printf("variant %d (us from the first gate/up start; min / median / max over CTAs)\n", variant);
+    range(0, 2, gg, 0, &lo, &med, &hi);
+    std::printf("  gate/up (%d CTAs) start %.2f / %.2f / %.2f", gg, lo, med, hi);
+    range(0, 2, gg, 1, &lo, &med, &hi);
+    std::printf("  end %.2f / %.2f / %.2f\n", lo, med, hi);
+    const size_t d = 2 * static_cast<size_t>(gg);
+    const char* names[5] = {"entry", "copies issued", "after wait", "tiles landed", "end"};
+    std::printf("  down (%d CTAs)", dg);
+    for (int k = 0; k < 5; ++k) {
+      range(d, 5, dg, k, &lo, &med, &hi);
+      std::printf("%s %s %.2f / %.2f / %.2f", k ? "," : "", names[k], lo, med, hi);
+    }
+    std::printf("\n");
   }
 }
 

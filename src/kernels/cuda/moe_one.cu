@@ -40,23 +40,52 @@ struct OneParams {
   int K, H, I;
   int max_tiles;  // down tiles one CTA's shared memory holds
   int hs_rows;    // h rows the down CTA's shared memory holds after its tiles
+  uint64_t* stamps_gu;  // optional: gate/up CTA b writes [2b] after its wait, [2b + 1] at its end (globaltimer)
+  uint64_t* stamps_dn;  // optional: down CTA b writes [5b ..]: entry, copies issued, after the wait, tiles landed, end
 };
 
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ void prefetch_l2(const void* ptr, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(ptr), "r"(bytes) : "memory");
+}
+
 // gate/up: item = (active expert j, 16 intermediate rows); warp w takes chunks w, w + 8, ... of k (kU of them in
-// flight per matrix), as rows_mma_kernel<kGateUp> does.
-template <int kU, int kMinBlocks>
-__global__ void __launch_bounds__(kWarps * 32, kMinBlocks) __maxnreg__(kMinBlocks == 2 ? 96 : 64) one_gate_up_kernel(OneParams p) {
+// flight per matrix), as rows_mma_kernel<kGateUp> does. CTA b takes items b, b + G, b + 2G, ... (G = grid), or with
+// kClaim item b, then items from G on in claim order from the plan's item counter (MoePlan::ready[E + 1], zeroed by
+// the plan build; the last CTA to finish zeroes it and the finished-CTA count ready[E] again), each claim issued when
+// the item before it starts. kPrefetch (static order): when an item starts, warp 0 prefetches the CTA's next item
+// (its 32 weight rows) into L2 (cp.async.bulk.prefetch.L2).
+template <int kU, int kMinBlocks, bool kClaim, bool kPrefetch>
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks) __maxnreg__(kMinBlocks == 2 ? 96 : 64)
+    one_gate_up_kernel(OneParams p) {
   // Every CTA waits first, before any exit: the down kernel starts only once each CTA of this grid has passed this
   // wait (pdl_wait triggers the dependents after it), i.e. after the kernel that built the plan has completed; the
   // down kernel reads the plan before its own wait on that basis.
   pdl_wait();
+  if (p.stamps_gu && threadIdx.x == 0) p.stamps_gu[2 * blockIdx.x] = global_ns();
   __shared__ float red[kWarps][8][32];
+  __shared__ int next_item;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, tq = lane & 3;
   const int tiles = p.I / kRows;
   const int items = *p.plan.num_active * tiles;
   const int chunks = p.H / kChunk;
-  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+  uint32_t* const counter = p.plan.ready + p.plan.experts + 1;
+  uint32_t* const finished = p.plan.ready + p.plan.experts;
+  for (int item = blockIdx.x; item < items;) {
+    int claim = items;
+    if (kClaim && threadIdx.x == 0) claim = static_cast<int>(atomicAdd(counter, 1u)) + gridDim.x;
+    if (kPrefetch && !kClaim && warp == 0 && item + gridDim.x < items) {
+      const int nx = item + gridDim.x;
+      const int ej = p.plan.active_experts[nx / tiles], rr = (nx % tiles) * kRows + (lane & 15);
+      const size_t row = static_cast<size_t>(ej) * 2 * p.I + rr + (lane >> 4) * static_cast<size_t>(p.I);
+      prefetch_l2(p.gate_up + row * p.H, static_cast<uint32_t>(p.H) * 2);
+    }
     const int j = item / tiles, r0 = (item % tiles) * kRows;
     const int e = p.plan.active_experts[j];
     const int beg = p.plan.offsets[j], end = p.plan.offsets[j + 1];
@@ -117,6 +146,24 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) __maxnreg__(kMinBlock
       }
       __syncthreads();
     }
+    if constexpr (kClaim) {
+      if (threadIdx.x == 0) next_item = claim;
+      __syncthreads();
+      item = next_item;
+      __syncthreads();
+    } else {
+      item += gridDim.x;
+    }
+  }
+  if (p.stamps_gu && threadIdx.x == 0) p.stamps_gu[2 * blockIdx.x + 1] = global_ns();
+  if constexpr (kClaim) {
+    if (threadIdx.x == 0) {
+      __threadfence();
+      if (atomicAdd(finished, 1u) == gridDim.x - 1) {
+        *counter = 0u;
+        *finished = 0u;
+      }
+    }
   }
 }
 
@@ -144,6 +191,8 @@ __global__ void __maxnreg__(64) one_down_kernel(OneParams p) {
   const int g = lane >> 2, tq = lane & 3;
   const int tiles = p.H / kRows;
   const uint32_t rb = static_cast<uint32_t>(p.I) * 2;
+  uint64_t* const stamp = p.stamps_dn && threadIdx.x == 0 ? p.stamps_dn + 5 * blockIdx.x : nullptr;
+  if (stamp) stamp[0] = global_ns();
   if (!kEarly) pdl_wait();
   // Before the wait (kEarly) the plan is read at L2 (ld.global.cg): this grid starts only after every CTA of the
   // gate/up grid has passed its own wait, so the kernel that built the plan (the one gate/up waits on, or an earlier
@@ -175,8 +224,17 @@ __global__ void __maxnreg__(64) one_down_kernel(OneParams p) {
     }
   }
   __syncthreads();
+  if (stamp) stamp[1] = global_ns();
   if (kEarly) pdl_wait();
-  if (nt <= 0) return;
+  if (stamp) {
+    stamp[2] = global_ns();
+    mbar_wait(&bar, 0);
+    stamp[3] = global_ns();
+  }
+  if (nt <= 0) {
+    if (stamp) stamp[4] = global_ns();
+    return;
+  }
   // h rows (by sorted position) of the experts of this CTA's tiles, staged once for all warps when they fit.
   const int jlo = t0 / tiles, jhi = (t0 + nt - 1) / tiles;
   const int pos_lo = p.plan.offsets[jlo], pos_hi = p.plan.offsets[jhi + 1];
@@ -242,6 +300,10 @@ __global__ void __maxnreg__(64) one_down_kernel(OneParams p) {
       }
     }
   }
+  if (p.stamps_dn) {
+    __syncthreads();
+    if (stamp) stamp[4] = global_ns();
+  }
 }
 
 // Launch geometry for (N, K, E, H, I).
@@ -279,10 +341,23 @@ Status configure(Kernel kernel, size_t smem) {
       "moe_one carveout");
 }
 
+using GateUpKernel = void (*)(OneParams);
+
+// Gate/up kernel and CTAs per SM of a variant.
+GateUpKernel gate_up_pick(int variant, int* per_sm) {
+  *per_sm = 2;
+  switch (variant) {
+    case 2: *per_sm = 3; return one_gate_up_kernel<2, 3, false, false>;
+    case 3: return one_gate_up_kernel<4, 2, true, false>;
+    case 4: return one_gate_up_kernel<4, 2, false, true>;
+    default: return one_gate_up_kernel<4, 2, false, false>;
+  }
+}
+
 Status configure_all() {
   static const Status st = []() -> Status {
-    ZEST_RETURN_IF_ERROR(configure(one_gate_up_kernel<4, 2>, 0));
-    ZEST_RETURN_IF_ERROR(configure(one_gate_up_kernel<2, 3>, 0));
+    int per_sm = 0;
+    for (int v = 0; v < kOneVariants; ++v) ZEST_RETURN_IF_ERROR(configure(gate_up_pick(v, &per_sm), 0));
     ZEST_RETURN_IF_ERROR(configure(one_down_kernel<true>, kMaxDownSmem));
     return configure(one_down_kernel<false>, kMaxDownSmem);
   }();
@@ -297,8 +372,17 @@ bool moe_one_ok(int N, int K, int E, int H, int I) {
   return one_shape(N, K, E, H, I).dn_smem <= kMaxDownSmem;
 }
 
+void moe_one_grids(int N, int K, int E, int H, int I, int variant, int* gate_up_grid, int* down_grid) {
+  const OneShape s = one_shape(N, K, E, H, I);
+  int per_sm = 0;
+  gate_up_pick(variant, &per_sm);
+  *gate_up_grid = std::min(per_sm * sm_count(), s.gu_items);
+  *down_grid = s.dn_grid;
+}
+
 Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up, const bf16* down,
-                       bf16* h, float* slot_out, int N, int K, int E, int H, int I, int variant, cudaStream_t stream) {
+                       bf16* h, float* slot_out, int N, int K, int E, int H, int I, int variant, cudaStream_t stream,
+                       uint64_t* stamps) {
   if (!moe_one_ok(N, K, E, H, I))
     return invalid_argument("moe_experts_one: unsupported sizes (need 1 <= N <= 8, K <= E, H and I multiples of 32, "
                             "I >= 64 and a down share within shared memory; N=" + std::to_string(N) +
@@ -308,6 +392,8 @@ Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights,
     return invalid_argument("moe_experts_one: variant " + std::to_string(variant) + " out of range");
   ZEST_RETURN_IF_ERROR(configure_all());
   const OneShape s = one_shape(N, K, E, H, I);
+  int gu_grid = 0, dn_grid = 0;
+  moe_one_grids(N, K, E, H, I, variant, &gu_grid, &dn_grid);
   OneParams p{};
   p.x = x;
   p.gate_up = gate_up;
@@ -321,18 +407,15 @@ Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights,
   p.I = I;
   p.max_tiles = s.max_tiles;
   p.hs_rows = s.hs_rows;
-  const int sms = sm_count();
+  p.stamps_gu = stamps;
+  p.stamps_dn = stamps ? stamps + 2 * static_cast<size_t>(gu_grid) : nullptr;
+  int per_sm = 0;
+  const GateUpKernel gu = gate_up_pick(variant, &per_sm);
   const dim3 block(kWarps * 32);
-  if (variant == 2) {
-    ZEST_RETURN_IF_ERROR(launch("moe_one_gate_up", one_gate_up_kernel<2, 3>, dim3(std::min(3 * sms, s.gu_items)), block,
-                                0, stream, p));
-  } else {
-    ZEST_RETURN_IF_ERROR(launch("moe_one_gate_up", one_gate_up_kernel<4, 2>, dim3(std::min(2 * sms, s.gu_items)), block,
-                                0, stream, p));
-  }
+  ZEST_RETURN_IF_ERROR(launch("moe_one_gate_up", gu, dim3(gu_grid), block, 0, stream, p));
   if (variant == 1)
-    return launch("moe_one_down", one_down_kernel<false>, dim3(s.dn_grid), block, s.dn_smem, stream, p);
-  return launch("moe_one_down", one_down_kernel<true>, dim3(s.dn_grid), block, s.dn_smem, stream, p);
+    return launch("moe_one_down", one_down_kernel<false>, dim3(dn_grid), block, s.dn_smem, stream, p);
+  return launch("moe_one_down", one_down_kernel<true>, dim3(dn_grid), block, s.dn_smem, stream, p);
 }
 
 }  // namespace zest::cuda

@@ -11,16 +11,23 @@ namespace zest::cuda {
 
 // Variants (DecodeOption::kMoeKernel 16 + variant): 0 = gate/up with 4 chunks in flight per warp at two CTAs per SM,
 // the down weights copied before the wait; 1 = as 0 with the down copies issued after the wait (what the early copies
-// buy); 2 = as 0 with 2 chunks in flight per warp at three gate/up CTAs per SM.
-constexpr int kOneVariants = 3;
+// buy); 2 = as 0 with 2 chunks in flight per warp at three gate/up CTAs per SM; 3 = as 0 with the gate/up items after
+// each CTA's first claimed in order from a counter (MoePlan::ready, as moe_experts_stream uses it: launches on one plan
+// must not overlap); 4 = as 0 with each CTA's next gate/up item prefetched into L2 when an item starts.
+constexpr int kOneVariants = 5;
 
 // Whether moe_experts_one serves these sizes: N <= 8 tokens, H and I multiples of 32, I * 2 bytes rows of at least
 // 128 bytes, and each CTA's share of the down weights of min(E, N * K) experts (plus its h rows) in shared memory.
 bool moe_one_ok(int N, int K, int E, int H, int I);
 
 // The function of moe_experts_decode (same arguments and layouts; the plan must be built for these ids). h is
-// written by the gate/up kernel and read by the down kernel. Unsupported sizes give an error Status.
+// written by the gate/up kernel and read by the down kernel. Unsupported sizes give an error Status. stamps (tests):
+// when not null, globaltimer stamps [2 * gate/up grid + 5 * down grid] (grids from moe_one_grids): gate/up CTA b
+// after its wait and at its end; down CTA b at entry, copies issued, after its wait, tiles landed and at its end.
 Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up, const bf16* down,
-                       bf16* h, float* slot_out, int N, int K, int E, int H, int I, int variant, cudaStream_t stream);
+                       bf16* h, float* slot_out, int N, int K, int E, int H, int I, int variant, cudaStream_t stream,
+                       uint64_t* stamps = nullptr);
+// The gate/up and down grids of moe_experts_one for these sizes and variant.
+void moe_one_grids(int N, int K, int E, int H, int I, int variant, int* gate_up_grid, int* down_grid);
 
 }  // namespace zest::cuda
