@@ -58,9 +58,10 @@ __device__ __forceinline__ void prefetch_l2(const void* ptr, uint32_t bytes) {
 // flight per matrix), as rows_mma_kernel<kGateUp> does. CTA b takes items b, b + G, b + 2G, ... (G = grid), or with
 // kClaim item b, then items from G on in claim order from the plan's item counter (MoePlan::ready[E + 1], zeroed by
 // the plan build; the last CTA to finish zeroes it and the finished-CTA count ready[E] again), each claim issued when
-// the item before it starts. kPrefetch (static order): when an item starts, warp 0 prefetches the CTA's next item
-// (its 32 weight rows) into L2 (cp.async.bulk.prefetch.L2).
-template <int kU, int kMinBlocks, bool kClaim, bool kPrefetch>
+// the item before it starts. kPrefetch (static order; cp.async.bulk.prefetch.L2 by warp 0 when an item starts, one
+// weight row per lane): 1 = the CTA's next item (its 32 weight rows); 2 = also the current item's k beyond its first
+// round of loads, so that the later rounds read L2.
+template <int kU, int kMinBlocks, bool kClaim, int kPrefetch>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) __maxnreg__(kMinBlocks == 2 ? 96 : 64)
     one_gate_up_kernel(OneParams p) {
   // Every CTA waits first, before any exit: the down kernel starts only once each CTA of this grid has passed this
@@ -80,11 +81,21 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) __maxnreg__(kMinBlock
   for (int item = blockIdx.x; item < items;) {
     int claim = items;
     if (kClaim && threadIdx.x == 0) claim = static_cast<int>(atomicAdd(counter, 1u)) + gridDim.x;
-    if (kPrefetch && !kClaim && warp == 0 && item + gridDim.x < items) {
+    if (kPrefetch > 0 && !kClaim && warp == 0) {
+      // Lane l: row l % 16 of the gate (l < 16) or up (l >= 16) block.
+      const size_t lane_row = (lane & 15) + (lane >> 4) * static_cast<size_t>(p.I);
+      constexpr int kFirst = kWarps * kU * kChunk;  // k of the first round of loads
+      if (kPrefetch == 2 && p.H > kFirst) {
+        const size_t row = static_cast<size_t>(p.plan.active_experts[item / tiles]) * 2 * p.I +
+                           (item % tiles) * kRows + lane_row;
+        prefetch_l2(p.gate_up + row * p.H + kFirst, static_cast<uint32_t>(p.H - kFirst) * 2);
+      }
       const int nx = item + gridDim.x;
-      const int ej = p.plan.active_experts[nx / tiles], rr = (nx % tiles) * kRows + (lane & 15);
-      const size_t row = static_cast<size_t>(ej) * 2 * p.I + rr + (lane >> 4) * static_cast<size_t>(p.I);
-      prefetch_l2(p.gate_up + row * p.H, static_cast<uint32_t>(p.H) * 2);
+      if (nx < items) {
+        const size_t row = static_cast<size_t>(p.plan.active_experts[nx / tiles]) * 2 * p.I + (nx % tiles) * kRows +
+                           lane_row;
+        prefetch_l2(p.gate_up + row * p.H, static_cast<uint32_t>(p.H) * 2);
+      }
     }
     const int j = item / tiles, r0 = (item % tiles) * kRows;
     const int e = p.plan.active_experts[j];
@@ -347,10 +358,11 @@ using GateUpKernel = void (*)(OneParams);
 GateUpKernel gate_up_pick(int variant, int* per_sm) {
   *per_sm = 2;
   switch (variant) {
-    case 2: *per_sm = 3; return one_gate_up_kernel<2, 3, false, false>;
-    case 3: return one_gate_up_kernel<4, 2, true, false>;
-    case 4: return one_gate_up_kernel<4, 2, false, true>;
-    default: return one_gate_up_kernel<4, 2, false, false>;
+    case 2: *per_sm = 3; return one_gate_up_kernel<2, 3, false, 0>;
+    case 3: return one_gate_up_kernel<4, 2, true, 0>;
+    case 4: return one_gate_up_kernel<4, 2, false, 1>;
+    case 5: return one_gate_up_kernel<4, 2, false, 2>;
+    default: return one_gate_up_kernel<4, 2, false, 0>;
   }
 }
 

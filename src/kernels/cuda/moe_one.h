@@ -13,8 +13,9 @@ namespace zest::cuda {
 // the down weights copied before the wait; 1 = as 0 with the down copies issued after the wait (what the early copies
 // buy); 2 = as 0 with 2 chunks in flight per warp at three gate/up CTAs per SM; 3 = as 0 with the gate/up items after
 // each CTA's first claimed in order from a counter (MoePlan::ready, as moe_experts_stream uses it: launches on one plan
-// must not overlap); 4 = as 0 with each CTA's next gate/up item prefetched into L2 when an item starts.
-constexpr int kOneVariants = 5;
+// must not overlap); 4 = as 0 with each CTA's next gate/up item prefetched into L2 when an item starts; 5 = as 4, and
+// the k of the current item beyond its first round of register loads prefetched too.
+constexpr int kOneVariants = 6;
 
 // Whether moe_experts_one serves these sizes: N <= 8 tokens, H and I multiples of 32, I * 2 bytes rows of at least
 // 128 bytes, and each CTA's share of the down weights of min(E, N * K) experts (plus its h rows) in shared memory.
