@@ -204,8 +204,10 @@ __device__ __forceinline__ void prefetch_kv_l2(const KvPrefetch& kv) {
 // kRound: token chunks per warp and round (all of a warp's chunks in one round for K <= 32 * kWarps * kRound).
 // Registers allow 3 CTAs per SM for K <= 2048 (as the shared memory does): one token tile with 8 chunks per round
 // (62 registers) or two with 4 (70); K = 4096 tiles (one CTA per SM) take one token tile's 16 chunks in one round.
-// kPf (PreFetch): the L2 prefetches of kv's rows and the tile's cache policy.
-template <bool kTwo, int kRound, int kPf>
+// kPf (PreFetch): the L2 prefetches of kv's rows and the tile's cache policy. kTile: weight rows per CTA, 16 or 8 (the
+// mma's rows 8-15 then zero: half the shared memory per CTA, so that a CTA fits beside a larger kernel's; the same
+// arithmetic per output row).
+template <bool kTwo, int kRound, int kPf, int kTile = kRows>
 __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_kernel(const bf16* __restrict__ x,
                                                                                     const bf16* __restrict__ w,
                                                                                     bf16* __restrict__ y, int M, int N,
@@ -214,17 +216,18 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
   __shared__ __align__(8) uint64_t bar;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, tq = lane & 3;
-  const int r0 = blockIdx.x * kRows;
+  static_assert(kTile == kRows || kTile == 8, "tiles of 16 or 8 weight rows");
+  const int r0 = blockIdx.x * kTile;
   const uint32_t row_bytes = static_cast<uint32_t>(Kdim) * 2, stride = row_bytes + 16;
   if (threadIdx.x == 0) {
     mbar_init(&bar);
-    mbar_arrive_expect_tx(&bar, kRows * row_bytes);
+    mbar_arrive_expect_tx(&bar, kTile * row_bytes);
     if constexpr (kPf == kPfBefore || kPf == kPfAfter) {
       const uint64_t pol = evict_first_policy();
-      for (int r = 0; r < kRows; ++r)
+      for (int r = 0; r < kTile; ++r)
         bulk_load_hint(wsm + r * stride, w + static_cast<size_t>(r0 + r) * Kdim, row_bytes, &bar, pol);
     } else {
-      for (int r = 0; r < kRows; ++r)
+      for (int r = 0; r < kTile; ++r)
         bulk_load(wsm + r * stride, w + static_cast<size_t>(r0 + r) * Kdim, row_bytes, &bar);
     }
   }
@@ -259,7 +262,7 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
       const int c = cb + u * kWarps;
       if (c >= chunks) break;
       const uint4 lo = *reinterpret_cast<const uint4*>(a_lo + c * kChunk * 2);
-      const uint4 hi = *reinterpret_cast<const uint4*>(a_hi + c * kChunk * 2);
+      const uint4 hi = kTile == kRows ? *reinterpret_cast<const uint4*>(a_hi + c * kChunk * 2) : make_uint4(0, 0, 0, 0);
       mma_chunk(acc[0], acc[1], lo, hi, xa[u], xb[u], kTwo);
     }
   }
@@ -277,7 +280,7 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
     const int n = v >> 2, i = v & 3;
     const int t = n * 8 + (l & 3) * 2 + (i & 1);
     const int row = r0 + (l >> 2) + (i >> 1) * 8;
-    if (t < M) {
+    if (t < M && (kTile == kRows || i < 2)) {
       float s = 0.f;
 #pragma unroll
       for (int ww = 0; ww < kWarps; ++ww) s += red[ww][v][l];
@@ -289,20 +292,22 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
 constexpr size_t kPreMaxSmem = 200 * 1024;
 
 // The weight tile (rows padded by 16 bytes), at least the 8 KiB of the final reduction that reuses it.
-size_t rows_pre_smem(int K) {
-  return std::max<size_t>(static_cast<size_t>(kRows) * (static_cast<size_t>(K) * 2 + 16), kWarps * 8 * 32 * sizeof(float));
+size_t rows_pre_smem(int K, int tile = kRows) {
+  return std::max<size_t>(static_cast<size_t>(tile) * (static_cast<size_t>(K) * 2 + 16), kWarps * 8 * 32 * sizeof(float));
 }
 
 // The instantiation for (M, K, prefetch): two token tiles above 8 rows; 16 chunks per round for one tile when
 // K > 2048.
 using PreKernel = void (*)(const bf16*, const bf16*, bf16*, int, int, int, KvPrefetch);
-template <int kPf>
+template <int kPf, int kTile = kRows>
 PreKernel rows_pre_pick_pf(int M, int K) {
-  if (M > 8) return rows_pre_kernel<true, kPreRound / 2, kPf>;
-  return K > kWarps * kChunk * kPreRound ? rows_pre_kernel<false, 2 * kPreRound, kPf>
-                                         : rows_pre_kernel<false, kPreRound, kPf>;
+  if (M > 8) return rows_pre_kernel<true, kPreRound / 2, kPf, kTile>;
+  return K > kWarps * kChunk * kPreRound ? rows_pre_kernel<false, 2 * kPreRound, kPf, kTile>
+                                         : rows_pre_kernel<false, kPreRound, kPf, kTile>;
 }
-PreKernel rows_pre_pick(int M, int K, int pf) {
+// pf: a PreFetch mode; tile 8: 8-row tiles (without prefetches).
+PreKernel rows_pre_pick(int M, int K, int pf, int tile = kRows) {
+  if (tile == 8) return rows_pre_pick_pf<kPfNone, 8>(M, K);
   switch (pf) {
     case kPfBefore: return rows_pre_pick_pf<kPfBefore>(M, K);
     case kPfBeforePlain: return rows_pre_pick_pf<kPfBeforePlain>(M, K);
@@ -311,11 +316,11 @@ PreKernel rows_pre_pick(int M, int K, int pf) {
   }
 }
 
-template <int kPf>
+template <int kPf, int kTile = kRows>
 bool rows_pre_configure() {
   static const bool ok = [] {
-    for (PreKernel f : {rows_pre_kernel<true, kPreRound / 2, kPf>, rows_pre_kernel<false, kPreRound, kPf>,
-                        rows_pre_kernel<false, 2 * kPreRound, kPf>})
+    for (PreKernel f : {rows_pre_kernel<true, kPreRound / 2, kPf, kTile>, rows_pre_kernel<false, kPreRound, kPf, kTile>,
+                        rows_pre_kernel<false, 2 * kPreRound, kPf, kTile>})
       if (cudaFuncSetAttribute(reinterpret_cast<const void*>(f), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(kPreMaxSmem)) != cudaSuccess) {
         cudaGetLastError();
@@ -326,27 +331,28 @@ bool rows_pre_configure() {
   return ok;
 }
 
-// Whether rows_pre_kernel (with prefetch mode pf) serves (M, N, K): the tile fits in shared memory and every tile
-// has its CTA resident.
-bool rows_pre_ok(int M, int N, int K, int pf = kPfNone) {
-  if (M < 1 || M > kTokens || N % kRows != 0 || K % kChunk != 0 || rows_pre_smem(K) > kPreMaxSmem) return false;
-  const size_t smem = rows_pre_smem(K);
-  const bool configured = pf == kPfBefore         ? rows_pre_configure<kPfBefore>()
+// Whether rows_pre_kernel (with prefetch mode pf, tiles of `tile` rows) serves (M, N, K): the tile fits in shared
+// memory and every tile has its CTA resident.
+bool rows_pre_ok(int M, int N, int K, int pf = kPfNone, int tile = kRows) {
+  if (M < 1 || M > kTokens || N % tile != 0 || K % kChunk != 0 || rows_pre_smem(K, tile) > kPreMaxSmem) return false;
+  const size_t smem = rows_pre_smem(K, tile);
+  const bool configured = tile == 8               ? rows_pre_configure<kPfNone, 8>()
+                          : pf == kPfBefore       ? rows_pre_configure<kPfBefore>()
                           : pf == kPfBeforePlain ? rows_pre_configure<kPfBeforePlain>()
                           : pf == kPfAfter       ? rows_pre_configure<kPfAfter>()
                                                  : rows_pre_configure<kPfNone>();
   if (!configured) return false;
   int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, reinterpret_cast<const void*>(rows_pre_pick(M, K, pf)),
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, reinterpret_cast<const void*>(rows_pre_pick(M, K, pf, tile)),
                                                     kWarps * 32, smem) != cudaSuccess)
     return false;
-  return N / kRows <= n * sm_count();
+  return N / tile <= n * sm_count();
 }
 
 Status launch_rows_pre(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream,
-                       int pf = kPfNone, const KvPrefetch& kv = KvPrefetch{}) {
-  return launch("rows_pre", rows_pre_pick(M, K, pf), dim3(N / kRows), dim3(kWarps * 32), rows_pre_smem(K), stream, x,
-                w, y, M, N, K, kv);
+                       int pf = kPfNone, const KvPrefetch& kv = KvPrefetch{}, int tile = kRows) {
+  return launch("rows_pre", rows_pre_pick(M, K, pf, tile), dim3(N / tile), dim3(kWarps * 32), rows_pre_smem(K, tile),
+                stream, x, w, y, M, N, K, kv);
 }
 
 template <int kMode, int kU, int kMinBlocks>
@@ -372,6 +378,10 @@ Status rows_mma_gemm(const bf16* x, const bf16* w, bf16* y, int M, int N, int K,
   p.N = N;
   p.Kdim = K;
   switch (decode_option(DecodeOption::kGemmVariant)) {
+    case 5:  // 8-row tiles for K > 2048 (one 16-row tile per SM otherwise), else as 4
+      if (K > kWarps * kChunk * kPreRound && rows_pre_ok(M, N, K, kPfNone, 8))
+        return launch_rows_pre(x, w, y, M, N, K, stream, kPfNone, KvPrefetch{}, 8);
+      [[fallthrough]];
     case 4:
       if (rows_pre_ok(M, N, K)) return launch_rows_pre(x, w, y, M, N, K, stream);
       return launch_rows<kDense, 4, 3>(p, N / kRows, stream);
@@ -394,8 +404,10 @@ Status gemm_kv_prefetch(const bf16* x, const bf16* w, bf16* y, int M, int N, int
   const bool kv_ok = kv.k_cache && kv.v_cache && kv.block_table && kv.context_lens && kv.batch > 0 &&
                      kv.max_blocks > 0 && kv.row_bytes > 0 && kv.row_bytes % 16 == 0 &&
                      (reinterpret_cast<uintptr_t>(kv.k_cache) | reinterpret_cast<uintptr_t>(kv.v_cache)) % 16 == 0;
-  const bool aligned = x && w && y && K % 8 == 0 && (reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w)) % 16 == 0;
-  if (pf != kPfNone && kv_ok && aligned && decode_option(DecodeOption::kGemmVariant) == 4 && rows_pre_ok(M, N, K, pf))
+  const bool aligned =
+      x && w && y && K % 8 == 0 && (reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w)) % 16 == 0;
+  const int gv = decode_option(DecodeOption::kGemmVariant);
+  if (pf != kPfNone && kv_ok && aligned && (gv == 4 || gv == 5) && rows_pre_ok(M, N, K, pf))
     return launch_rows_pre(x, w, y, M, N, K, stream, pf, kv);
   return gemm(x, w, y, M, N, K, stream);
 }
