@@ -192,9 +192,10 @@ __device__ __forceinline__ void prefetch_kv_l2(const KvPrefetch& kv) {
   const int items = kv.batch * kv.max_blocks * 2;
   for (int it = blockIdx.x * blockDim.x + threadIdx.x; it < items; it += threads) {
     const int b = it / (2 * kv.max_blocks), pg = (it >> 1) % kv.max_blocks;
-    const int r0 = pg * kKvBlock, r1 = min(r0 + kKvBlock, kv.context_lens[b] - 1);
+    const int ctx = kv.context_lens[b];
+    const int blk = kv.block_table[static_cast<size_t>(b) * kv.max_blocks + pg];  // both loads in flight at once
+    const int r0 = pg * kKvBlock, r1 = min(r0 + kKvBlock, ctx - 1);
     if (r1 <= r0) continue;
-    const int blk = kv.block_table[static_cast<size_t>(b) * kv.max_blocks + pg];
     const unsigned char* base = reinterpret_cast<const unsigned char*>((it & 1) ? kv.v_cache : kv.k_cache) +
                                 static_cast<size_t>(blk) * kKvBlock * kv.row_bytes;
     prefetch_l2(base, static_cast<uint32_t>((r1 - r0) * kv.row_bytes));
