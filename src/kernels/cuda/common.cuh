@@ -62,14 +62,6 @@ __device__ __forceinline__ void pdl_wait() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
 
-// As pdl_wait(), but the next kernel may launch before this one waits: for kernels whose dependents read nothing
-// before their own wait but data that no kernel of the stream writes (weights). Their wait still orders them after
-// this kernel, which completes only after the one it waits on.
-__device__ __forceinline__ void pdl_trigger_then_wait() {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-}
-
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

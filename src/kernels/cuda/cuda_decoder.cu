@@ -23,7 +23,6 @@
 #include "core/dtype.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/graph_edges.h"
 #include "model/decoder.h"
 
 namespace zest::cuda {
@@ -1072,10 +1071,7 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
         const cudaError_t end = cudaStreamEndCapture(st, &graph);
         cudaGraphExec_t exec = nullptr;
         cudaError_t inst = cudaErrorUnknown;
-        // DecodeOption::kEarlyTrigger 2: programmatic edges fire at the upstream kernel's launch completion.
-        if (cs.is_ok() && end == cudaSuccess &&
-            (decode_option(DecodeOption::kEarlyTrigger) < 2 || launch_order_edges(graph).is_ok()))
-          inst = cudaGraphInstantiate(&exec, graph, 0);
+        if (cs.is_ok() && end == cudaSuccess) inst = cudaGraphInstantiate(&exec, graph, 0);
         if (graph) cudaGraphDestroy(graph);
         if (!cs.is_ok() || end != cudaSuccess || inst != cudaSuccess) {
           // Not capturable: eager steps from now on (reported once).

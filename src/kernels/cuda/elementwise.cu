@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(kRowThreads) norm_kernel(bf16* __restrict__ x,
                                                            const float* __restrict__ slot_out,
                                                            const int32_t* __restrict__ ids, int K,
                                                            const bf16* __restrict__ w, bf16* __restrict__ y,
-                                                           int hidden, float eps, int early) {
+                                                           int hidden, float eps) {
   __shared__ float red[32];
   const int row = blockIdx.x;
   bf16* xr = x + static_cast<size_t>(row) * hidden;
@@ -80,8 +80,7 @@ __global__ void __launch_bounds__(kRowThreads) norm_kernel(bf16* __restrict__ x,
     const bool own = c < hidden;
     uint4 wv = make_uint4(0, 0, 0, 0);
     if (own && w) wv = *reinterpret_cast<const uint4*>(w + c);
-    if (early) pdl_trigger_then_wait();
-    else pdl_wait();
+    pdl_wait();
     float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     if (own) {
       load8(xr + c, v);
@@ -125,8 +124,7 @@ __global__ void __launch_bounds__(kRowThreads) norm_kernel(bf16* __restrict__ x,
     if (own) norm_store8(v, inv, reinterpret_cast<const bf16*>(&wv), y + static_cast<size_t>(row) * hidden + c);
     return;
   }
-  if (early) pdl_trigger_then_wait();
-  else pdl_wait();
+  pdl_wait();
   float ss = 0.f;
   for (int c = threadIdx.x * 8; c < hidden; c += blockDim.x * 8) {
     float v[8];
@@ -255,14 +253,14 @@ Status embedding(const int32_t* ids, const bf16* table, bf16* out, int n, int hi
 Status rmsnorm(const bf16* x, const bf16* w, bf16* y, int rows, int hidden, float eps, cudaStream_t stream) {
   ZEST_RETURN_IF_ERROR(check_rows("rmsnorm", rows, hidden));
   return launch("rmsnorm", norm_kernel<0>, dim3(rows), dim3(kRowThreads), 0, stream, const_cast<bf16*>(x),
-                nullptr, nullptr, nullptr, 0, w, y, hidden, eps, 0);
+                nullptr, nullptr, nullptr, 0, w, y, hidden, eps);
 }
 
 Status add_rmsnorm(bf16* x, const bf16* r, const bf16* w, bf16* y, int rows, int hidden, float eps,
                    cudaStream_t stream) {
   ZEST_RETURN_IF_ERROR(check_rows("add_rmsnorm", rows, hidden));
   return launch("add_rmsnorm", norm_kernel<1>, dim3(rows), dim3(kRowThreads), 0, stream, x, r, nullptr, nullptr, 0, w,
-                y, hidden, eps, decode_option(DecodeOption::kEarlyTrigger));
+                y, hidden, eps);
 }
 
 Status moe_combine_add_rmsnorm(bf16* x, const float* slot_out, const int32_t* ids, int K, const bf16* w, bf16* y,
@@ -270,7 +268,7 @@ Status moe_combine_add_rmsnorm(bf16* x, const float* slot_out, const int32_t* id
   ZEST_RETURN_IF_ERROR(check_rows("moe_combine_add_rmsnorm", rows, hidden));
   if (K <= 0) return invalid_argument("moe_combine_add_rmsnorm: K must be positive");
   return launch("moe_combine_add_rmsnorm", norm_kernel<2>, dim3(rows), dim3(kRowThreads), 0, stream, x, nullptr,
-                slot_out, ids, K, w, y, hidden, eps, decode_option(DecodeOption::kEarlyTrigger));
+                slot_out, ids, K, w, y, hidden, eps);
 }
 
 Status silu_mul(const bf16* gu, bf16* h, int rows, int I, cudaStream_t stream) {

@@ -87,11 +87,6 @@ enum class DecodeOption : int {
                     // and the fused decode attention prefetches the o GEMM's weights (DecodeAttention::l2_next) after
                     // its wait; 2 = the KV prefetch only (weight tiles without the policy); 3 = the o weights only;
                     // 4 = as 1 with the KV prefetch issued after the qkv GEMM's wait
-  kEarlyTrigger,    // 1 = the row-norm kernels (add + RMSNorm, combine + residual + RMSNorm) let the next kernel launch
-                    // before they wait on the previous one, so its prologue (weight copies before its own wait)
-                    // overlaps the tail of the kernel two back; 2 = as 1, and captured decode graphs fire every
-                    // programmatic edge once the upstream kernel's blocks have all begun (graph_edges.h); 0 (default)
-                    // = after the wait, like every kernel
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);

@@ -8,7 +8,6 @@
 #include <random>
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/graph_edges.h"
 #include "kernels/cuda/moe_block.h"
 
 namespace zest::cuda {
@@ -372,13 +371,6 @@ Status SyntheticDecoder::replay(int batch, bool sere) {
     const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
     ZEST_RETURN_IF_ERROR(st);
     ZEST_CU(end, "end capture");
-    if (decode_option(DecodeOption::kEarlyTrigger) >= 2) {  // programmatic edges fire at launch completion
-      const Status e = launch_order_edges(graph);
-      if (!e.is_ok()) {
-        cudaGraphDestroy(graph);
-        return e;
-      }
-    }
     cudaGraphExec_t exec = nullptr;
     const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);
