@@ -445,7 +445,7 @@ struct DecodeFuse {
   RopeParams rope;
   const int32_t* slots;
   float eps;
-  const unsigned char* next;  // bytes of the next kernel prefetched into L2 after the wait (nullptr: none)
+  const unsigned char* next;  // bytes of the next kernel prefetched into L2 by the ring kernel (nullptr: none)
   size_t next_bytes;          // a multiple of 16
 };
 
@@ -593,7 +593,6 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kern
   }
   const int slot = new_pg >= 0 && f.slots ? f.slots[b] : -1;
   pdl_wait();
-  if (warp == kDecWarps - 1) prefetch_next_l2(f, lane);
 
   {  // q heads 2 warp, 2 warp + 1 of this kv head; the current token's k (warp 0) and v (warp 1) in the owner CTA
     const bf16* row = qkv + static_cast<size_t>(b) * q_stride;
@@ -973,11 +972,12 @@ __global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
     const int pre = min(npages, S);
     for (int i = 0; i < pre; ++i) issue(i);  // before the wait: the cache holds no value of this step yet
     pdl_wait();
-    prefetch_next_l2(f, lane);
     for (int i = S; i < npages; ++i) {
       mbar_wait(&empty[i % S], ((i / S) - 1) & 1);
       issue(i);
     }
+    // After this CTA's own copies: the SM's copy engine serves bulk prefetches in issue order with them.
+    prefetch_next_l2(f, lane);
   } else {
     const int kvh = kvh0 + warp;
     RopeLane rl;

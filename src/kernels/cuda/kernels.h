@@ -84,8 +84,8 @@ enum class DecodeOption : int {
   kL2Prefetch,      // decode steps of at most 16 tokens, L2 prefetches for the kernel that follows: 0 (default) = none;
                     // 1 = the qkv GEMM (gemm_kv_prefetch on the shared-memory small-M path) prefetches the layer's KV
                     // rows of the earlier tokens before its wait, its weight tiles copied with an evict-first policy,
-                    // and the fused decode attention prefetches the o GEMM's weights (DecodeAttention::l2_next) after
-                    // its wait; 2 = the KV prefetch only (weight tiles without the policy); 3 = the o weights only;
+                    // and the ring decode attention prefetches the o GEMM's weights (DecodeAttention::l2_next) after
+                    // its copies; 2 = the KV prefetch only (weight tiles without the policy); 3 = the o weights only;
                     // 4 = as 1 with the KV prefetch issued after the qkv GEMM's wait
   kCount
 };
@@ -150,8 +150,9 @@ struct DecodeAttention {
   int max_context = 0;   // upper bound of context_lens (fixes the grid, so a graph can be replayed)
   int max_blocks = 0;    // row stride of block_table
   float scale = 0.f;     // softmax scale, usually 1/sqrt(head_dim)
-  // decode_attention_fused with DecodeOption::kL2Prefetch 1, 3 or 4 and batch <= 16: bytes for the next kernel (the o
-  // projection's weights) that its CTAs prefetch into L2 after their wait; nullptr: none. 16-byte aligned.
+  // decode_attention_fused with DecodeOption::kL2Prefetch 1, 3 or 4 and batch <= 16, run by the bulk-copy ring kernel:
+  // bytes for the next kernel (the o projection's weights, whose CTAs cannot be resident beside the ring's) that its
+  // CTAs prefetch into L2 after their own copies; nullptr: none. 16-byte aligned.
   const void* l2_next = nullptr;
   size_t l2_next_bytes = 0;
 };

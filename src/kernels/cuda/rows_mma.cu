@@ -185,12 +185,13 @@ __device__ __forceinline__ void bulk_load_hint(void* dst, const void* src, uint3
       : "memory");
 }
 
-// The KV rows of kv's earlier tokens into L2: items (sequence, page, K or V) over the grid's threads, one bulk
+// The KV rows of kv's earlier tokens into L2: items (sequence, page, K or V) dealt round-robin over the CTAs (an SM's
+// copy engine serves bulk prefetches in order with the CTA's own copies, so they are spread over every SM), one bulk
 // prefetch per item of the page's rows before the current token (position context_lens[b] - 1).
 __device__ __forceinline__ void prefetch_kv_l2(const KvPrefetch& kv) {
   const int threads = gridDim.x * blockDim.x;
   const int items = kv.batch * kv.max_blocks * 2;
-  for (int it = blockIdx.x * blockDim.x + threadIdx.x; it < items; it += threads) {
+  for (int it = threadIdx.x * gridDim.x + blockIdx.x; it < items; it += threads) {
     const int b = it / (2 * kv.max_blocks), pg = (it >> 1) % kv.max_blocks;
     const int ctx = kv.context_lens[b];
     const int blk = kv.block_table[static_cast<size_t>(b) * kv.max_blocks + pg];  // both loads in flight at once
