@@ -26,6 +26,8 @@ constexpr int kRows = 16;    // weight rows per tile (one m16 tile)
 constexpr int kChunk = 32;   // k per chunk (two mma k16 steps)
 constexpr int kSlices = 8;   // k slices (chunk % 8), summed in this order: rows_mma's eight warps
 constexpr int kMaxTok = 8;   // token rows per pass (one n8 tile)
+constexpr int kStageExperts = 32;  // a down CTA stages the plan entries of at most this many experts
+constexpr int kStageRows = 64;     // and h rows, slot ids and routing weights of at most this many sorted positions
 // Shared memory of a down CTA, at most: with it, two gate/up CTAs (8 KB each) fit beside it on an SM (228 KB).
 constexpr size_t kMaxDownSmem = 200 * 1024;
 
@@ -74,11 +76,16 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) __maxnreg__(kMinBlock
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, tq = lane & 3;
   const int tiles = p.I / kRows;
+  // The first item's expert and slot range are loaded beside the active count (one round trip instead of two), from
+  // an index clamped into the plan's arrays in case the item does not exist.
+  const int jf = min(static_cast<int>(blockIdx.x) / tiles, p.plan.experts - 1);
+  const int ef = p.plan.active_experts[jf], begf = p.plan.offsets[jf], endf = p.plan.offsets[jf + 1];
   const int items = *p.plan.num_active * tiles;
   const int chunks = p.H / kChunk;
   uint32_t* const counter = p.plan.ready + p.plan.experts + 1;
   uint32_t* const finished = p.plan.ready + p.plan.experts;
   for (int item = blockIdx.x; item < items;) {
+    const bool first = item == static_cast<int>(blockIdx.x);
     int claim = items;
     if (kClaim && threadIdx.x == 0) claim = static_cast<int>(atomicAdd(counter, 1u)) + gridDim.x;
     if (kPrefetch > 0 && !kClaim && warp == 0) {
@@ -98,8 +105,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) __maxnreg__(kMinBlock
       }
     }
     const int j = item / tiles, r0 = (item % tiles) * kRows;
-    const int e = p.plan.active_experts[j];
-    const int beg = p.plan.offsets[j], end = p.plan.offsets[j + 1];
+    const int e = first ? ef : p.plan.active_experts[j];
+    const int beg = first ? begf : p.plan.offsets[j], end = first ? endf : p.plan.offsets[j + 1];
     const bf16* lo0 = p.gate_up + (static_cast<size_t>(e) * 2 * p.I + r0 + g) * p.H + tq * 8;
     const bf16* hi0 = lo0 + static_cast<size_t>(8) * p.H;
     const bf16* lo1 = lo0 + static_cast<size_t>(p.I) * p.H;  // up rows
@@ -198,6 +205,9 @@ template <bool kEarly>
 __global__ void __maxnreg__(64) one_down_kernel(OneParams p) {
   extern __shared__ __align__(128) unsigned char sm[];
   __shared__ __align__(8) uint64_t bar;
+  __shared__ int s_off[kStageExperts + 1];  // offsets of the CTA's experts jlo .. jhi + 1
+  __shared__ int s_slot[kStageRows];        // sorted_slots and routing weights of positions pos_lo .. pos_hi - 1
+  __shared__ float s_w[kStageRows];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, tq = lane & 3;
   const int tiles = p.H / kRows;
@@ -234,6 +244,23 @@ __global__ void __maxnreg__(64) one_down_kernel(OneParams p) {
       }
     }
   }
+  // The experts of this CTA's tiles, their slot ranges, slot ids and routing weights (all written before this launch
+  // began, like the plan) are staged in shared memory when they fit, so that after the wait only h is read.
+  const int jlo = t0 / tiles, jhi = nt > 0 ? (t0 + nt - 1) / tiles : jlo - 1;
+  int pos_lo = 0, pos_hi = 0;
+  if (nt > 0) {
+    pos_lo = __ldcg(p.plan.offsets + jlo);
+    pos_hi = __ldcg(p.plan.offsets + jhi + 1);
+  }
+  const bool staged = nt > 0 && pos_hi - pos_lo <= p.hs_rows && jhi - jlo < kStageExperts;
+  if (staged) {
+    for (int i = threadIdx.x; i <= jhi - jlo + 1; i += blockDim.x) s_off[i] = __ldcg(p.plan.offsets + jlo + i);
+    for (int i = threadIdx.x; i < pos_hi - pos_lo; i += blockDim.x) {
+      const int slot = __ldcg(p.plan.sorted_slots + pos_lo + i);
+      s_slot[i] = slot;
+      s_w[i] = __ldcg(p.route_w + slot);
+    }
+  }
   __syncthreads();
   if (stamp) stamp[1] = global_ns();
   if (kEarly) pdl_wait();
@@ -247,9 +274,6 @@ __global__ void __maxnreg__(64) one_down_kernel(OneParams p) {
     return;
   }
   // h rows (by sorted position) of the experts of this CTA's tiles, staged once for all warps when they fit.
-  const int jlo = t0 / tiles, jhi = (t0 + nt - 1) / tiles;
-  const int pos_lo = p.plan.offsets[jlo], pos_hi = p.plan.offsets[jhi + 1];
-  const bool staged = pos_hi - pos_lo <= p.hs_rows;
   unsigned char* hs = sm + static_cast<size_t>(p.max_tiles) * kRows * rb;
   if (staged) {
     const uint4* src = reinterpret_cast<const uint4*>(p.h + static_cast<size_t>(pos_lo) * p.I);
@@ -261,7 +285,8 @@ __global__ void __maxnreg__(64) one_down_kernel(OneParams p) {
   const int chunks = p.I / kChunk;
   for (int ti = warp; ti < nt; ti += kWarps) {
     const int tile = t0 + ti, j = tile / tiles, r0 = (tile % tiles) * kRows;
-    const int beg = p.plan.offsets[j], end = p.plan.offsets[j + 1];
+    const int beg = staged ? s_off[j - jlo] : p.plan.offsets[j];
+    const int end = staged ? s_off[j - jlo + 1] : p.plan.offsets[j + 1];
     const int rlo = ti * kRows + g, rhi = rlo + 8;
     const uint32_t rot_lo = row_rot(rlo, rb), rot_hi = row_rot(rhi, rb);
     for (int c0 = beg; c0 < end; c0 += kMaxTok) {
@@ -306,8 +331,9 @@ __global__ void __maxnreg__(64) one_down_kernel(OneParams p) {
         if (t >= ntok) continue;
         const float v = tot[i];
         const int row = r0 + g + (i >> 1) * 8;
-        const int slot = p.plan.sorted_slots[c0 + t];
-        p.slot_out[static_cast<size_t>(slot) * p.H + row] = bf16_round(bf16_round(v) * p.route_w[slot]);
+        const int slot = staged ? s_slot[c0 + t - pos_lo] : p.plan.sorted_slots[c0 + t];
+        const float rw = staged ? s_w[c0 + t - pos_lo] : p.route_w[slot];
+        p.slot_out[static_cast<size_t>(slot) * p.H + row] = bf16_round(bf16_round(v) * rw);
       }
     }
   }
@@ -337,7 +363,7 @@ OneShape one_shape(int N, int K, int E, int H, int I) {
   // A range of max_tiles consecutive tiles touches at most this many experts; each has at most N slots when the
   // ids of a token are distinct (else the down CTA reads h from global memory instead).
   const int experts = std::min(s.max_active, (s.max_tiles + tiles - 1) / tiles + 1);
-  s.hs_rows = std::min(N * K, experts * N);
+  s.hs_rows = std::min({N * K, experts * N, kStageRows});
   s.dn_smem = (static_cast<size_t>(s.max_tiles) * kRows + s.hs_rows) * static_cast<size_t>(I) * 2;
   return s;
 }
