@@ -1,7 +1,7 @@
-// Fused decode routing: the compact kernel (DecodeOption::kRouteFused 4-7: logits gathered into CTA 0 by st.async on
-// an mbarrier, top-k with the probabilities in registers, the plan from per-expert token masks) against the cluster
-// kernel (kRouteFused 1) and the separate router_topk + moe_plan launches, bit for bit; and in the synthetic
-// decoder's graphs against kRouteFused 1 (same greedy tokens).
+// Fused decode routing: the compact kernel (DecodeOption::kRouteFused 4-6 and 8: logits gathered into CTA 0 by
+// st.async on an mbarrier, top-k with the probabilities in registers, the plan from per-expert token masks) against
+// the cluster kernel (kRouteFused 1) and the separate router_topk + moe_plan launches, bit for bit; and in the
+// synthetic decoder's graphs against kRouteFused 1 (same greedy tokens).
 #ifdef ZEST_HAVE_CUDA
 #include <cstring>
 #include <tuple>
@@ -67,8 +67,8 @@ void download_plan(const MoePlan& plan, int T, int K, int E, RouteOut& o) {
   o.ready = download_n(plan.ready, E + 2);
 }
 
-// Compact variants 4 (clusters of up to 16 CTAs), 5 (8), 6 (4, up to 32 router rows per CTA: two m16 tiles) and 7
-// (as 4 with lane-sorted keys in the top-k rounds) against variant 1 on the same inputs: logits, ids, weights, the plan and the active-expert count equal bit for bit;
+// Compact variants 4 (clusters of up to 16 CTAs), 5 (8), 6 (4, up to 32 router rows per CTA: two m16 tiles) and 8
+// (as 4 with a warm-up warp running the same code before the wait, storing nothing) against variant 1 on the same inputs: logits, ids, weights, the plan and the active-expert count equal bit for bit;
 // variant 1's ids / weights also equal router_topk on its own logits and its plan equals moe_plan's on its ids (so
 // all of them are the separate launches' results). Poisoned outputs catch anything left unwritten; the plan's ready
 // words must come back zero. T = 1 (its own plan path), 2, 3, 5, 7, 8, 9 and 16; E = 128 (the model), 256 and 160
@@ -152,7 +152,7 @@ TEST(CudaRoute, CompactKernelMatchesClusterKernelBitForBit) {
         EXPECT_EQ(ref.ready, std::vector<uint32_t>(E + 2, 0u));
         EXPECT_EQ(ref.count, 5 + ref.num_active);
       }
-      for (int variant : {4, 5, 6, 7}) {
+      for (int variant : {4, 5, 6, 8}) {
         SCOPED_TRACE(testing::Message() << "kRouteFused " << variant);
         const RouteOut got = run(variant, with_plan);
         EXPECT_EQ(got.logits, ref.logits);
@@ -207,7 +207,7 @@ TEST(CudaRoute, CompactKernelBackToBack) {
   const auto ref = results(1);
   EXPECT_EQ(results(4), ref);
   EXPECT_EQ(results(6), ref);
-  EXPECT_EQ(results(7), ref);
+  EXPECT_EQ(results(8), ref);
 }
 
 // Where one compact-kernel launch spends its time (printed, not asserted: eager launches, no previous kernel): CTA 0's
@@ -221,7 +221,7 @@ TEST(CudaRoute, CompactKernelPhaseClocks) {
   const float a = std::sqrt(3.f / H);
   auto w = random_bf16(static_cast<size_t>(E) * H, rng, -a, a);
   auto dw = upload_bf16(w);
-  for (int variant : {4, 5, 6, 7})
+  for (int variant : {4, 5, 6, 8})
     for (int T : {1, 8, 16}) {
       SCOPED_TRACE(testing::Message() << "kRouteFused " << variant << " T=" << T);
       OptionScope opt(DecodeOption::kRouteFused, variant);
@@ -263,7 +263,7 @@ TEST(CudaRoute, CompactKernelPhaseClocks) {
     }
 }
 
-// The synthetic decoder (2 layers of Qwen3-30B-A3B shapes) with the compact routing kernel (kRouteFused 4 and 7) in
+// The synthetic decoder (2 layers of Qwen3-30B-A3B shapes) with the compact routing kernel (kRouteFused 4 and 8) in
 // its graphs gives the same greedy tokens as with kRouteFused 1, batch 1 and 5, SERE off (plan in the kernel) and on (plan separate).
 TEST(CudaRoute, CompactKernelInDecoderGraphsMatchesClusterKernel) {
   ZEST_REQUIRE_GPU();
@@ -278,7 +278,7 @@ TEST(CudaRoute, CompactKernelInDecoderGraphsMatchesClusterKernel) {
       SCOPED_TRACE(testing::Message() << "batch " << batch << " sere " << sere);
       std::vector<std::vector<int32_t>> tokens[3];
       for (int which = 0; which < 3; ++which) {
-        OptionScope route(DecodeOption::kRouteFused, which == 0 ? 1 : which == 1 ? 4 : 7);
+        OptionScope route(DecodeOption::kRouteFused, which == 0 ? 1 : which == 1 ? 4 : 8);
         auto d = SyntheticDecoder::create(*cfg, opt);
         ASSERT_TRUE(d.ok()) << d.status().to_string();
         for (int step = 0; step < 3; ++step) {

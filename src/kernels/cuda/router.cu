@@ -240,15 +240,20 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_kernel(RouteParams
   if (my_id >= 0) p.plan.sorted_slots[offset_of[my_id] + scratch[warp * E + my_id] + __popc(below)] = tid;
 }
 
-// ---- fused routing, compact (kRouteFused 4-7) -----------------------------------------------------------------
+// ---- fused routing, compact (kRouteFused 4-6, 8) --------------------------------------------------------------
 // moe_route_kernel's arithmetic (same logits, ids, weights and plan, bit for bit) with a shorter chain after the
 // wait and less code: each CTA's logits go to CTA 0 by st.async completing bytes on an mbarrier of CTA 0 (CTA 0 waits
 // for exactly T * E * 4 bytes; the other CTAs exit after their stores, no second cluster barrier); warp t of CTA 0
 // runs token t's top-k with the probabilities in registers (redux max / min on order-preserving keys, lane k keeps
 // the k-th choice, so the rounds are a loop and not unrolled code); the plan comes from per-expert token masks
 // (shared-memory atomicOr of the top-k lanes): one warp scans (count, active, tiles) packed in one integer, and
-// each slot's sorted position is its expert's offset plus the tokens below it in the mask. kMT m16 tiles of router
-// rows per CTA (rows <= 16 kMT), kEP experts per lane (E <= 32 kEP).
+// each slot's sorted position is its expert's offset plus the tokens below it in the mask (one token: from the
+// chosen ids alone, no block barrier). kMT m16 tiles of router rows per CTA (rows <= 16 kMT), kEP experts per lane
+// (E <= 32 kEP).
+// kWarm: a ninth warp runs the same instructions before the wait on the previous kernel (router GEMM on weight rows
+// instead of x, then in CTA 0 the top-k and plan on whatever shared memory holds), storing nothing, so that the
+// working warps find that code in the SM's instruction caches (measured: the chain after the wait is mostly
+// instruction fetches of code that runs once per launch). Barriers after the split count the 256 working threads.
 constexpr int kRoute2MaxRows = 32;
 
 __device__ __forceinline__ void st_async_f32(uint32_t addr, float v, uint32_t bar) {
@@ -257,21 +262,13 @@ __device__ __forceinline__ void st_async_f32(uint32_t addr, float v, uint32_t ba
                : "memory");
 }
 
-// Order-preserving map of floats to unsigned keys and back.
-__device__ __forceinline__ unsigned float_key(float f) {
-  const unsigned u = __float_as_uint(f);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-__device__ __forceinline__ float key_float(unsigned k) {
-  return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+// Barrier of the kRouteThreads working threads (a warm-up warp does not take part).
+__device__ __forceinline__ void route_work_sync() {
+  asm volatile("bar.sync 1, %0;" ::"n"(kRouteThreads) : "memory");
 }
 
-// kSorted: the warp maximum of the logits through redux on order-preserving keys (the same value as the butterfly);
-// each lane sorts its kEP keys once (odd-even transposition on strict >, so equal keys keep ascending experts), then
-// every round takes the lanes' heads: redux max, the winning lane from the ballot of equal heads (redux min of their
-// experts only on a tie), the winner pops its head and records the expert in shared memory.
-template <int kMT, int kEP, bool kSorted>
-__global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(RouteParams p) {
+template <int kMT, int kEP, bool kWarm>
+__global__ void __launch_bounds__(kRouteThreads + (kWarm ? 32 : 0), 1) moe_route_compact_kernel(RouteParams p) {
   extern __shared__ __align__(128) unsigned char wsm[];  // [rows][H * 2 + 16]
   __shared__ __align__(8) uint64_t wbar, lbar;
   __shared__ float red[kRouteWarps][kMT * 8][32];
@@ -279,8 +276,9 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
   __shared__ int ids_s[kRouteMaxT * kMaxTopK];
   __shared__ unsigned tok_mask[kRouteMaxE];  // CTA 0: bit t set when token t chose the expert
   __shared__ int offset_of[kRouteMaxE];
-  __shared__ int sel_s[kRouteWarps][kMaxTopK];  // kSorted: expert of each round, per warp
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const bool dry = kWarm && warp == kRouteWarps;  // the warm-up warp
+  const int worker = dry ? 0 : warp;              // the warp whose instructions it runs
   const int g = lane >> 2, tq = lane & 3;
   const int rank = static_cast<int>(cluster_rank()), C = static_cast<int>(cluster_size());
   const int T = p.T, E = p.E, K = p.K;
@@ -297,23 +295,28 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
       mbar_arrive_expect_tx(&lbar, static_cast<uint32_t>(T * E) * 4u);
     }
   }
-  if (rank == 0)
-    for (int e = tid; e < kRouteMaxE; e += kRouteThreads) tok_mask[e] = 0u;
+  if (rank == 0 && tid < kRouteMaxE) tok_mask[tid] = 0u;
   // The bias is a weight: loaded before the wait by the warps that run a token's top-k.
   float bias_r[kEP];
 #pragma unroll
   for (int i = 0; i < kEP; ++i) {
     const int e = lane + 32 * i;
-    bias_r[i] = rank == 0 && warp < T && p.bias && e < E ? __ldg(p.bias + e) : 0.f;
+    bias_r[i] = rank == 0 && worker < T && p.bias && e < E ? __ldg(p.bias + e) : 0.f;
   }
   cluster_arrive_relaxed();  // CTA 0's mbarrier is initialised before any CTA stores into it (wait below)
   __syncthreads();
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  if (dry) {
+    cluster_wait();
+  } else {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  }
   if (stamp) p.clocks[1] = clock64();
   const int chunks = p.H / 32;
-  const bf16* x0p = g < T ? p.xn + static_cast<size_t>(g) * p.H + tq * 8 : nullptr;
-  const bf16* x1p = g + 8 < T ? p.xn + static_cast<size_t>(g + 8) * p.H + tq * 8 : nullptr;
+  // The warm-up warp reads weight row 0 (any valid memory; x is not written yet).
+  const bf16* xb = dry ? p.w + tq * 8 : p.xn + static_cast<size_t>(g) * p.H + tq * 8;
+  const bf16* x0p = g < T ? xb : nullptr;
+  const bf16* x1p = g + 8 < T ? (dry ? xb : xb + static_cast<size_t>(8) * p.H) : nullptr;
   const bool two = T > 8;
   const unsigned char* a_lo[kMT];
   const unsigned char* a_hi[kMT];
@@ -328,14 +331,14 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[m][0][i] = acc[m][1][i] = 0.f;
   bool landed = false;
-  for (int cb = warp; cb < chunks; cb += kRouteWarps * kRouteChunks) {
-    uint4 xa[kRouteChunks], xb[kRouteChunks];
+  for (int cb = worker; cb < chunks; cb += kRouteWarps * kRouteChunks) {
+    uint4 xa[kRouteChunks], xb2[kRouteChunks];
 #pragma unroll
     for (int u = 0; u < kRouteChunks; ++u) {
       const int c = cb + u * kRouteWarps;
       const bool ok = c < chunks;
       xa[u] = ok && x0p ? __ldg(reinterpret_cast<const uint4*>(x0p + c * 32)) : make_uint4(0, 0, 0, 0);
-      xb[u] = ok && x1p ? __ldg(reinterpret_cast<const uint4*>(x1p + c * 32)) : make_uint4(0, 0, 0, 0);
+      xb2[u] = ok && x1p ? __ldg(reinterpret_cast<const uint4*>(x1p + c * 32)) : make_uint4(0, 0, 0, 0);
     }
     if (!landed) {
       mbar_wait(&wbar, 0);
@@ -352,46 +355,48 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
         mma16816(acc[m][0], lo.x, hi.x, lo.y, hi.y, xa[u].x, xa[u].y);
         mma16816(acc[m][0], lo.z, hi.z, lo.w, hi.w, xa[u].z, xa[u].w);
         if (two) {
-          mma16816(acc[m][1], lo.x, hi.x, lo.y, hi.y, xb[u].x, xb[u].y);
-          mma16816(acc[m][1], lo.z, hi.z, lo.w, hi.w, xb[u].z, xb[u].w);
+          mma16816(acc[m][1], lo.x, hi.x, lo.y, hi.y, xb2[u].x, xb2[u].y);
+          mma16816(acc[m][1], lo.z, hi.z, lo.w, hi.w, xb2[u].z, xb2[u].w);
         }
       }
     }
   }
   if (!landed) mbar_wait(&wbar, 0);  // no chunk for this warp: the copy must still land before the CTA exits
   if (stamp) p.clocks[2] = clock64();
+  if (!dry) {
 #pragma unroll
-  for (int m = 0; m < kMT; ++m)
+    for (int m = 0; m < kMT; ++m)
 #pragma unroll
-    for (int n = 0; n < 2; ++n)
+      for (int n = 0; n < 2; ++n)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) red[warp][m * 8 + n * 4 + i][lane] = acc[m][n][i];
-  __syncthreads();
-  cluster_wait();
-  if (stamp) p.clocks[3] = clock64();
-  const uint32_t lbar0 = cluster_map(&lbar, 0);
+        for (int i = 0; i < 4; ++i) red[warp][m * 8 + n * 4 + i][lane] = acc[m][n][i];
+    route_work_sync();
+    cluster_wait();
+    if (stamp) p.clocks[3] = clock64();
+    const uint32_t lbar0 = cluster_map(&lbar, 0);
 #pragma unroll
-  for (int m = 0; m < kMT; ++m) {
-    const int v = tid >> 5, l = tid & 31;  // one (accumulator, lane) per thread
-    const int n = v >> 2, i = v & 3;
-    const int t = n * 8 + (l & 3) * 2 + (i & 1);
-    const int r = m * 16 + (l >> 2) + (i >> 1) * 8;
-    if (t < T && r < rows) {
-      float s = 0.f;
+    for (int m = 0; m < kMT; ++m) {
+      const int v = tid >> 5, l = tid & 31;  // one (accumulator, lane) per thread
+      const int n = v >> 2, i = v & 3;
+      const int t = n * 8 + (l & 3) * 2 + (i & 1);
+      const int r = m * 16 + (l >> 2) + (i >> 1) * 8;
+      if (t < T && r < rows) {
+        float s = 0.f;
 #pragma unroll
-      for (int ww = 0; ww < kRouteWarps; ++ww) s += red[ww][m * 8 + v][l];
-      s = bf16_round(s);
-      if (p.logits) p.logits[static_cast<size_t>(t) * E + e0 + r] = __float2bfloat16(s);
-      st_async_f32(cluster_map(&logit_s[t][e0 + r], 0), s, lbar0);
+        for (int ww = 0; ww < kRouteWarps; ++ww) s += red[ww][m * 8 + v][l];
+        s = bf16_round(s);
+        if (p.logits) p.logits[static_cast<size_t>(t) * E + e0 + r] = __float2bfloat16(s);
+        st_async_f32(cluster_map(&logit_s[t][e0 + r], 0), s, lbar0);
+      }
     }
   }
   if (rank != 0) return;
-  mbar_wait(&lbar, 0);
+  if (!dry) mbar_wait(&lbar, 0);
   if (stamp) p.clocks[4] = clock64();
   // Top-k, warp t for token t: router_topk's arithmetic (softmax in the same per-lane order and the same butterfly
   // sum, K rounds of argmax with ties to the lowest expert, weights renormalised in selection order, bf16-rounded).
   int my_i = 0;  // lane k < K: the k-th choice of the warp's (last) token
-  for (int t = warp; t < T; t += kRouteWarps) {
+  for (int t = worker; t < T; t += kRouteWarps) {
     float pr[kEP];
     float mx = -INFINITY;
 #pragma unroll
@@ -400,63 +405,20 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
       pr[i] = e < E ? logit_s[t][e] + bias_r[i] : -INFINITY;
       mx = fmaxf(mx, pr[i]);
     }
-    if constexpr (kSorted)
-      mx = key_float(__reduce_max_sync(0xffffffffu, float_key(mx)));
-    else
-      mx = warp_max(mx);
+    mx = warp_max(mx);
+    // exp(-inf) = 0 for lanes past E: adding it leaves the sum as it is (no branch per value).
     float sum = 0.f;
 #pragma unroll
-    for (int i = 0; i < kEP; ++i)
-      if (lane + 32 * i < E) {
-        pr[i] = expf(pr[i] - mx);
-        sum += pr[i];
-      }
+    for (int i = 0; i < kEP; ++i) {
+      pr[i] = expf(pr[i] - mx);
+      sum += pr[i];
+    }
     sum = warp_sum(sum);
     const float inv = 1.f / sum;
     unsigned key[kEP];  // probability bits + 1 (order-preserving for p >= 0); 0 = taken or no expert
 #pragma unroll
     for (int i = 0; i < kEP; ++i) key[i] = lane + 32 * i < E ? __float_as_uint(pr[i] * inv) + 1u : 0u;
     float total = 0.f, my_v = 0.f;
-    if constexpr (kSorted) {
-      int idx[kEP];
-#pragma unroll
-      for (int i = 0; i < kEP; ++i) idx[i] = lane + 32 * i;
-#pragma unroll
-      for (int pass = 0; pass < kEP; ++pass)
-#pragma unroll
-        for (int i = pass & 1; i + 1 < kEP; i += 2)
-          if (key[i + 1] > key[i]) {
-            const unsigned tk = key[i];
-            key[i] = key[i + 1];
-            key[i + 1] = tk;
-            const int ti = idx[i];
-            idx[i] = idx[i + 1];
-            idx[i + 1] = ti;
-          }
-#pragma unroll 1
-      for (int k = 0; k < K; ++k) {
-        const unsigned wk = __reduce_max_sync(0xffffffffu, key[0]);
-        const unsigned tied = __ballot_sync(0xffffffffu, key[0] == wk);
-        const int wl = __popc(tied) == 1
-                           ? __ffs(tied) - 1
-                           : (__reduce_min_sync(0xffffffffu, key[0] == wk ? idx[0] : 0x7fffffff) & 31);
-        const float best = __uint_as_float(wk - 1u);
-        total += best;
-        if (lane == k) my_v = best;
-        if (lane == wl) {
-          sel_s[warp][k] = idx[0];
-#pragma unroll
-          for (int i = 0; i + 1 < kEP; ++i) {
-            key[i] = key[i + 1];
-            idx[i] = idx[i + 1];
-          }
-          key[kEP - 1] = 0u;
-        }
-      }
-      __syncwarp();
-      if (lane < K) my_i = sel_s[warp][lane];
-      __syncwarp();  // the next token of this warp rewrites sel_s
-    } else {
 #pragma unroll 1
     for (int k = 0; k < K; ++k) {
       unsigned bk = 0u;
@@ -479,10 +441,10 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
       for (int i = 0; i < kEP; ++i)
         if (lane + 32 * i == wi) key[i] = 0u;
     }
-    }
-    if (lane < K) {
+    const float wv = bf16_round(my_v / total);
+    if (lane < K && !dry) {
       p.ids[t * K + lane] = my_i;
-      p.weights[t * K + lane] = bf16_round(my_v / total);
+      p.weights[t * K + lane] = wv;
       ids_s[t * K + lane] = my_i;
       atomicOr(&tok_mask[my_i], 1u << t);
     }
@@ -493,7 +455,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
     // One token: warp 0 holds the K distinct ids (lane k the k-th); an id's sorted position is the number of chosen
     // ids below it (a mask of the chosen experts, one word per 32 experts, OR-reduced over the warp). Each active
     // expert has one slot and one tile.
-    if (warp != 0) return;
+    if (worker != 0) return;
     if (stamp) p.clocks[6] = clock64();
     const int word = my_i >> 5;
     int pos = 0;
@@ -502,25 +464,26 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
       const unsigned wj = __reduce_or_sync(0xffffffffu, lane < K && word == j ? 1u << (my_i & 31) : 0u);
       pos += j < word ? __popc(wj) : j == word ? __popc(wj & ((1u << (my_i & 31)) - 1u)) : 0;
     }
-    if (lane < K) {
+    if (lane < K && !dry) {
       p.plan.active_experts[pos] = my_i;
       p.plan.offsets[pos] = pos;
       p.plan.sorted_slots[pos] = lane;
       p.plan.tile_active[pos] = pos;
       p.plan.tile_start[pos] = pos;
     }
-    if (lane == 0) {
+    if (lane == 0 && !dry) {
       p.plan.offsets[K] = K;
       *p.plan.num_active = K;
       *p.plan.num_tiles = K;
       if (p.count_sum) *p.count_sum += K;
     }
-    for (int e = lane; e <= E + 1; e += 32) p.plan.ready[e] = 0u;
+#pragma unroll 1
+    for (int e = lane; e <= E + 1 && !dry; e += 32) p.plan.ready[e] = 0u;
     if (stamp) p.clocks[7] = clock64();
     return;
   }
-  __syncthreads();
-  if (warp != 0) return;
+  if (!dry) route_work_sync();
+  if (worker != 0) return;
   if (stamp) p.clocks[6] = clock64();
   // The plan by warp 0: lane l owns experts [l kEP, l kEP + kEP); one scan of (slots, active experts, tiles).
   unsigned msk[kEP];
@@ -544,31 +507,37 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
   for (int j = 0; j < kEP; ++j) {
     const int e = lane * kEP + j;
     const int c = __popc(msk[j]);
-    if (e < E) offset_of[e] = off;
+    if (e < E && !dry) offset_of[e] = off;
     if (c > 0) {
-      p.plan.active_experts[idx] = e;
-      p.plan.offsets[idx] = off;
       const int tiles = (c + kMoeTileM - 1) / kMoeTileM;
-      for (int r = 0; r < tiles; ++r) {
-        p.plan.tile_active[tile + r] = idx;
-        p.plan.tile_start[tile + r] = off + r * kMoeTileM;
+      if (!dry) {
+        p.plan.active_experts[idx] = e;
+        p.plan.offsets[idx] = off;
+        for (int r = 0; r < tiles; ++r) {
+          p.plan.tile_active[tile + r] = idx;
+          p.plan.tile_start[tile + r] = off + r * kMoeTileM;
+        }
       }
       ++idx;
       tile += tiles;
       off += c;
     }
   }
-  if (lane == 31) {
+  if (lane == 31 && !dry) {
     p.plan.offsets[idx] = off;
     *p.plan.num_active = idx;
     *p.plan.num_tiles = tile;
     if (p.count_sum) *p.count_sum += idx;
   }
-  for (int e = lane; e <= E + 1; e += 32) p.plan.ready[e] = 0u;  // a fresh plan: nothing ready, claimed or finished
+  // A fresh plan: nothing ready, claimed or finished.
+#pragma unroll 1
+  for (int e = lane; e <= E + 1 && !dry; e += 32) p.plan.ready[e] = 0u;
   __syncwarp();
+#pragma unroll 1
   for (int s = lane; s < T * K; s += 32) {
-    const int t = s / K, id = ids_s[s];
-    p.plan.sorted_slots[offset_of[id] + __popc(tok_mask[id] & ((1u << t) - 1u))] = s;
+    const int t = s / K, id = min(max(ids_s[s], 0), E - 1);  // (the warm-up warp reads stale ids)
+    const int pos = offset_of[id] + __popc(tok_mask[id] & ((1u << t) - 1u));
+    if (!dry) p.plan.sorted_slots[pos] = s;
   }
   if (stamp) p.clocks[7] = clock64();
 }
@@ -890,11 +859,11 @@ namespace {
 
 // DecodeOption::kRouteFused: 2 = clusters of at most 8 CTAs (16 experts each at E = 128); 3 = the next kernel launches
 // only when this grid exits; 4 / 5 / 6 = moe_route_compact_kernel in clusters of at most 16 / 8 / 4 CTAs (at most 32
-// experts per CTA); 7 = as 4 with kSorted (lane-sorted keys, redux maximum). A size the variant's cluster cannot take
-// runs as variant 1 (4 or 7 when compact).
+// experts per CTA); 8 = as 4 with the warm-up warp (kWarm). A size the variant's cluster cannot take runs in clusters
+// of at most 16 CTAs. (7, lane-sorted top-k keys, was removed: no faster than 4.)
 Status launch_route(RouteParams p, cudaStream_t stream) {
   const int variant = decode_option(DecodeOption::kRouteFused);
-  const bool compact = variant >= 4 && variant <= 7;
+  const bool compact = (variant >= 4 && variant <= 6) || variant == 8;
   int max_c = variant == 2 || variant == 5 ? 8 : variant == 6 ? 4 : 16;
   int max_rows = compact ? kRoute2MaxRows : 16;
   if (route_cluster(p.E, max_c, max_rows) == 0 || route_smem(p.E, p.H, max_c, max_rows) > kRouteMaxSmem) {
@@ -906,14 +875,14 @@ Status launch_route(RouteParams p, cudaStream_t stream) {
   void (*kernel)(RouteParams) = moe_route_kernel;
   if (compact) {
     static bool attributes_set[8] = {};
-    const int mt2 = p.E / C > 16 ? 1 : 0, ep8 = p.E > 128 ? 1 : 0, sorted = variant == 7 ? 1 : 0;
-    if (sorted)
+    const int mt2 = p.E / C > 16 ? 1 : 0, ep8 = p.E > 128 ? 1 : 0, warm = variant == 8 ? 1 : 0;
+    if (warm)
       kernel = mt2 ? (ep8 ? moe_route_compact_kernel<2, 8, true> : moe_route_compact_kernel<2, 4, true>)
                    : (ep8 ? moe_route_compact_kernel<1, 8, true> : moe_route_compact_kernel<1, 4, true>);
     else
       kernel = mt2 ? (ep8 ? moe_route_compact_kernel<2, 8, false> : moe_route_compact_kernel<2, 4, false>)
                    : (ep8 ? moe_route_compact_kernel<1, 8, false> : moe_route_compact_kernel<1, 4, false>);
-    bool& set = attributes_set[sorted * 4 + mt2 * 2 + ep8];
+    bool& set = attributes_set[warm * 4 + mt2 * 2 + ep8];
     if (!set) {
       const void* fn = reinterpret_cast<const void*>(kernel);
       ZEST_RETURN_IF_ERROR(cuda_status(
@@ -926,7 +895,7 @@ Status launch_route(RouteParams p, cudaStream_t stream) {
   }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(C);
-  cfg.blockDim = dim3(kRouteThreads);
+  cfg.blockDim = dim3(kRouteThreads + (variant == 8 ? 32 : 0));
   cfg.dynamicSmemBytes = route_smem(p.E, p.H, max_c, max_rows);
   cfg.stream = stream;
   cudaLaunchAttribute attr[2];
@@ -976,13 +945,14 @@ Status moe_route(const bf16* xn, const bf16* router_w, const float* bias, int32_
   return launch_route(p, stream);
 }
 
-// moe_route with the compact kernel's phase clocks (DecodeOption::kRouteFused 4-7 only; clocks: 8 values on the
+// moe_route with the compact kernel's phase clocks (DecodeOption::kRouteFused 4-6 and 8 only; clocks: 8 values on the
 // device): for tests that print where one launch's time goes. Not declared in kernels.h.
 Status moe_route_phase_clocks(const bf16* xn, const bf16* router_w, const float* bias, int32_t* ids, float* weights,
                               bf16* logits, MoePlan* plan, int64_t* active_count_sum, int T, int H, int E, int K,
                               long long* clocks, cudaStream_t stream) {
   const int variant = decode_option(DecodeOption::kRouteFused);
-  if (variant < 4 || variant > 7 || !clocks) return invalid_argument("moe_route_phase_clocks: compact variants only");
+  if (variant < 4 || variant > 8 || variant == 7 || !clocks)
+    return invalid_argument("moe_route_phase_clocks: compact variants only");
   RouteParams p{};
   ZEST_RETURN_IF_ERROR(route_params(p, router_w, bias, ids, weights, logits, plan, active_count_sum, T, H, E, K));
   if (!xn) return invalid_argument("moe_route: null pointer");
