@@ -68,13 +68,13 @@ void download_plan(const MoePlan& plan, int T, int K, int E, RouteOut& o) {
 }
 
 // Compact variants 4 (clusters of up to 16 CTAs), 5 (8), 6 (4, up to 32 router rows per CTA: two m16 tiles) and 8
-// (as 4 with a warm-up warp running the same code before the wait, storing nothing) against variant 1 on the same inputs: logits, ids, weights, the plan and the active-expert count equal bit for bit;
-// variant 1's ids / weights also equal router_topk on its own logits and its plan equals moe_plan's on its ids (so
-// all of them are the separate launches' results). Poisoned outputs catch anything left unwritten; the plan's ready
-// words must come back zero. T = 1 (its own plan path), 2, 3, 5, 7, 8, 9 and 16; E = 128 (the model), 256 and 160
-// (8 experts per lane), 96 (24 rows per CTA at variant 6: a partial second tile), 40, 24 and 7; K from 1 to 16; H
-// from 32 (one chunk: idle warps) to 4096 (variant 6 falls back to 16-CTA clusters: its rows do not fit in shared
-// memory); with and without bias.
+// (as 4 with a warm-up warp running the same code before the wait, storing nothing) against variant 1 on the same
+// inputs: logits, ids, weights, the plan and the active-expert count equal bit for bit; variant 1's ids / weights
+// also equal router_topk on its own logits and its plan equals moe_plan's on its ids (so all of them are the separate
+// launches' results). Poisoned outputs catch anything left unwritten; the plan's ready words must come back zero.
+// T = 1 (its own plan path), 2, 3, 5, 7, 8, 9 and 16; E = 128 (the model), 256 and 160 (8 experts per lane), 96 (24
+// rows per CTA at variant 6: a partial second tile), 40, 24 and 7; K from 1 to 16; H from 32 (one chunk: idle warps)
+// to 4096 (variant 6 falls back to 16-CTA clusters: its rows do not fit in shared memory); with and without bias.
 TEST(CudaRoute, CompactKernelMatchesClusterKernelBitForBit) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(911);
@@ -264,7 +264,8 @@ TEST(CudaRoute, CompactKernelPhaseClocks) {
 }
 
 // The synthetic decoder (2 layers of Qwen3-30B-A3B shapes) with the compact routing kernel (kRouteFused 4 and 8) in
-// its graphs gives the same greedy tokens as with kRouteFused 1, batch 1 and 5, SERE off (plan in the kernel) and on (plan separate).
+// its graphs gives the same greedy tokens as with kRouteFused 1, batch 1 and 5, SERE off (plan in the kernel) and on
+// (plan separate).
 TEST(CudaRoute, CompactKernelInDecoderGraphsMatchesClusterKernel) {
   ZEST_REQUIRE_GPU();
   auto cfg = synthetic_config("qwen3-30b-a3b", 2);

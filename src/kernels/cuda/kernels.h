@@ -66,13 +66,13 @@ enum class DecodeOption : int {
                     // previous kernel, one CTA per 16-row tile (when every tile's CTA fits on the GPU; else 1); 5 = as
                     // 4 with tiles of 8 weight rows when K > 2048 (half the shared memory per CTA: the o GEMM's CTAs
                     // fit beside the decode attention's bulk-copy ring kernel)
-  kRouteFused,      // decode routing (T <= 16): 1 (default) = moe_route (router GEMM + top-k + plan in one cluster
+  kRouteFused,      // decode routing (T <= 16): 1 = moe_route (router GEMM + top-k + plan in one cluster
                     // launch); 2 = as 1 in clusters of at most 8 CTAs; 3 = as 1, the next kernel launched only when
-                    // it exits; 4 = the compact kernel (router.cu: logits into CTA 0 by st.async on an mbarrier,
-                    // top-k rounds in registers, the plan from per-expert token masks; the same results bit for bit);
-                    // 5 / 6 = as 4 in clusters of at most 8 / 4 CTAs; 8 = as 4 with a warm-up warp running the
-                    // same code before the wait (instruction caches); 0 = router GEMM, router_topk and moe_plan as
-                    // separate launches
+                    // it exits; 4 (default) = the compact kernel (router.cu: logits into CTA 0 by st.async on an
+                    // mbarrier, top-k rounds in registers, the plan from per-expert token masks; the same results bit
+                    // for bit); 5 / 6 = as 4 in clusters of at most 8 / 4 CTAs; 8 = as 4 with a warm-up warp running
+                    // the same code before the wait (instruction caches); 0 = router GEMM, router_topk and moe_plan
+                    // as separate launches
   kMoeKernel,       // decode experts: 0 (default) = by batch (see moe.cu: rows_mma for one token, else streaming);
                     // 1 = rows_mma gate/up + down kernels; 2-15 = one persistent bulk-copy streaming kernel
                     // (moe_stream.h variants 0-13); 16-21 = moe_one.h variants 0-5 (up to 8 tokens where each CTA's
