@@ -35,12 +35,12 @@ std::vector<float> ref_gemm(const std::vector<float>& x, const std::vector<float
 // Small-M GEMM, weight tile bulk-copied into shared memory before the PDL wait (kGemmVariant 4), at the model's
 // shapes (qkv 5120 x 2048, o 2048 x 4096, router 128 x 2048) and odd ones; M = 1, 8, 9 and 16 (one or two token
 // tiles). Shapes with more tiles than resident CTAs fall back to the streaming kernel and must match as well.
-// Variant 5 (8-row tiles for K > 2048) on the same shapes and two more with K > 2048 (K = 2080: 65 chunks of 32;
-// N = 1040: an odd number of 16-row tiles).
+// Variants 5 (8-row tiles for K > 2048), 6 and 7 (register streaming above / up to K = 2048) on the same shapes and two
+// more with K > 2048 (K = 2080: 65 chunks of 32; N = 1040: an odd number of 16-row tiles).
 TEST(CudaLatencyGemm, SharedMemoryTileMatchesReference) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(901);
-  for (int variant : {4, 5})
+  for (int variant : {4, 5, 6, 7})
   for (auto [M, N, K] : {std::tuple{1, 5120, 2048}, std::tuple{1, 2048, 4096}, std::tuple{16, 2048, 4096},
                          std::tuple{9, 128, 2048}, std::tuple{8, 48, 96}, std::tuple{3, 208, 1056},
                          std::tuple{16, 16, 32}, std::tuple{5, 16 * 1000, 64}, std::tuple{8, 2064, 2080},

@@ -65,7 +65,9 @@ enum class DecodeOption : int {
                     // 3 = 2, 4; 4 (default) = the weight tile bulk-copied into shared memory before the wait on the
                     // previous kernel, one CTA per 16-row tile (when every tile's CTA fits on the GPU; else 1); 5 = as
                     // 4 with tiles of 8 weight rows when K > 2048 (half the shared memory per CTA: the o GEMM's CTAs
-                    // fit beside the decode attention's bulk-copy ring kernel)
+                    // fit beside the decode attention's bulk-copy ring kernel); 6 = 1 for K > 2048, else 4; 7 = 1 for
+                    // K <= 2048, else 4 (at Qwen3-30B-A3B shapes: register-streamed o / qkv GEMM, whose CTAs need no
+                    // dynamic shared memory)
   kRouteFused,      // decode routing (T <= 16): 1 = moe_route (router GEMM + top-k + plan in one cluster
                     // launch); 2 = as 1 in clusters of at most 8 CTAs; 3 = as 1, the next kernel launched only when
                     // it exits; 4 (default) = the compact kernel (router.cu: logits into CTA 0 by st.async on an

@@ -379,9 +379,17 @@ Status rows_mma_gemm(const bf16* x, const bf16* w, bf16* y, int M, int N, int K,
   p.M = M;
   p.N = N;
   p.Kdim = K;
+  const bool long_k = K > kWarps * kChunk * kPreRound;  // rows_pre holds one 16-row tile per SM
   switch (decode_option(DecodeOption::kGemmVariant)) {
-    case 5:  // 8-row tiles for K > 2048 (one 16-row tile per SM otherwise), else as 4
-      if (K > kWarps * kChunk * kPreRound && rows_pre_ok(M, N, K, kPfNone, 8))
+    case 6:  // register-streamed (variant 1) for K > 2048, else as 4
+      if (long_k) return launch_rows<kDense, 4, 3>(p, N / kRows, stream);
+      if (rows_pre_ok(M, N, K)) return launch_rows_pre(x, w, y, M, N, K, stream);
+      return launch_rows<kDense, 4, 3>(p, N / kRows, stream);
+    case 7:  // register-streamed (variant 1) for K <= 2048, else as 4
+      if (long_k && rows_pre_ok(M, N, K)) return launch_rows_pre(x, w, y, M, N, K, stream);
+      return launch_rows<kDense, 4, 3>(p, N / kRows, stream);
+    case 5:  // 8-row tiles for K > 2048, else as 4
+      if (long_k && rows_pre_ok(M, N, K, kPfNone, 8))
         return launch_rows_pre(x, w, y, M, N, K, stream, kPfNone, KvPrefetch{}, 8);
       [[fallthrough]];
     case 4:
@@ -409,7 +417,7 @@ Status gemm_kv_prefetch(const bf16* x, const bf16* w, bf16* y, int M, int N, int
   const bool aligned =
       x && w && y && K % 8 == 0 && (reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w)) % 16 == 0;
   const int gv = decode_option(DecodeOption::kGemmVariant);
-  if (pf != kPfNone && kv_ok && aligned && (gv == 4 || gv == 5) && rows_pre_ok(M, N, K, pf))
+  if (pf != kPfNone && kv_ok && aligned && (gv >= 4 && gv <= 6) && rows_pre_ok(M, N, K, pf))
     return launch_rows_pre(x, w, y, M, N, K, stream, pf, kv);
   return gemm(x, w, y, M, N, K, stream);
 }
