@@ -377,6 +377,54 @@ TEST(CudaMoeOne, PhaseTimesInAGraph) {
   }
 }
 
+// Time per replay (printed, not asserted) of a graph of moe_plan and the experts with programmatic launches, at the
+// model shape: rows_mma (kMoeKernel 1) and every moe_one variant, so the experts' cost alone can be told apart from
+// their cost inside a decode step.
+TEST(CudaMoeOne, GraphReplayTimesPrinted) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(110);
+  const OneCase c{1, 8, 12, 2048, 768, 0, -1, 0, false};
+  const auto s = make_setup(c, rng);
+  const bool pdl = programmatic_launch();
+  cudaStream_t st = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+  cudaEvent_t e0, e1;
+  ASSERT_EQ(cudaEventCreate(&e0), cudaSuccess);
+  ASSERT_EQ(cudaEventCreate(&e1), cudaSuccess);
+  for (int v = -1; v < kOneVariants; ++v) {
+    set_programmatic_launch(true);
+    ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    Status plan_st = Status::ok(), one_st = Status::ok();
+    for (int rep = 0; rep < 4; ++rep) {  // four layers' worth per replay
+      plan_st = moe_plan(s->ids.get(), c.N, c.K, c.E, s->plan, nullptr, st);
+      one_st = v < 0 ? s->run_decode(1, st) : s->run_one(v, st);
+    }
+    cudaGraph_t graph = nullptr;
+    const cudaError_t end = cudaStreamEndCapture(st, &graph);
+    set_programmatic_launch(pdl);
+    ZEST_ASSERT_OK(plan_st);
+    ZEST_ASSERT_OK(one_st);
+    ASSERT_EQ(end, cudaSuccess);
+    cudaGraphExec_t exec = nullptr;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    cudaGraphDestroy(graph);
+    for (int r = 0; r < 5; ++r) ASSERT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
+    ASSERT_EQ(cudaEventRecord(e0, st), cudaSuccess);
+    constexpr int kReps = 20;
+    for (int r = 0; r < kReps; ++r) ASSERT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
+    ASSERT_EQ(cudaEventRecord(e1, st), cudaSuccess);
+    ASSERT_EQ(cudaEventSynchronize(e1), cudaSuccess);
+    float ms = 0.f;
+    ASSERT_EQ(cudaEventElapsedTime(&ms, e0, e1), cudaSuccess);
+    cudaGraphExecDestroy(exec);
+    std::printf("%s: %.2f us per (plan + experts)\n",
+                v < 0 ? "rows_mma" : ("moe_one variant " + std::to_string(v)).c_str(), ms * 1e3 / (kReps * 4));
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaStreamDestroy(st);
+}
+
 TEST(CudaMoeOne, RefusesUnsupportedSizes) {
   ZEST_REQUIRE_GPU();
   EXPECT_FALSE(moe_one_ok(9, 4, 64, 512, 256));     // more than 8 tokens

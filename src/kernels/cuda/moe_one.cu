@@ -56,15 +56,31 @@ __device__ __forceinline__ void prefetch_l2(const void* ptr, uint32_t bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(ptr), "r"(bytes) : "memory");
 }
 
+// kL2Down of one_gate_up_kernel (its ninth warp): this CTA's share of the down tiles of the n_active experts, one
+// weight row per lane and prefetch.
+__device__ __forceinline__ void l2_down_share(const OneParams& p, int n_active, int lane) {
+  const int dtiles = p.H / kRows, total = n_active * dtiles;
+  const int t0 = static_cast<int>(static_cast<long long>(blockIdx.x) * total / gridDim.x);
+  const int t1 = static_cast<int>(static_cast<long long>(blockIdx.x + 1) * total / gridDim.x);
+  for (int r = t0 * kRows + lane; r < t1 * kRows; r += 32) {
+    const int tile = r / kRows;
+    const size_t row =
+        static_cast<size_t>(p.plan.active_experts[tile / dtiles]) * p.H + (tile % dtiles) * kRows + r % kRows;
+    prefetch_l2(p.down + row * p.I, static_cast<uint32_t>(p.I) * 2);
+  }
+}
+
 // gate/up: item = (active expert j, 16 intermediate rows); warp w takes chunks w, w + 8, ... of k (kU of them in
 // flight per matrix), as rows_mma_kernel<kGateUp> does. CTA b takes items b, b + G, b + 2G, ... (G = grid), or with
 // kClaim item b, then items from G on in claim order from the plan's item counter (MoePlan::ready[E + 1], zeroed by
 // the plan build; the last CTA to finish zeroes it and the finished-CTA count ready[E] again), each claim issued when
 // the item before it starts. kPrefetch (static order; cp.async.bulk.prefetch.L2 by warp 0 when an item starts, one
 // weight row per lane): 1 = the CTA's next item (its 32 weight rows); 2 = also the current item's k beyond its first
-// round of loads, so that the later rounds read L2.
-template <int kU, int kMinBlocks, bool kClaim, int kPrefetch>
-__global__ void __launch_bounds__(kWarps * 32, kMinBlocks) __maxnreg__(kMinBlocks == 2 ? 96 : 64)
+// round of loads, so that the later rounds read L2. kL2Down: a ninth warp prefetches this CTA's equal share of the
+// step's down weights into L2 (l2_down_share) right after the wait, so that HBM streams them while gate/up runs and
+// the down kernel reads L2; the eight mma warps then synchronise on named barrier 1.
+template <int kU, int kMinBlocks, bool kClaim, int kPrefetch, bool kL2Down = false>
+__global__ void __launch_bounds__((kWarps + kL2Down) * 32, kMinBlocks) __maxnreg__(kMinBlocks == 2 ? 96 : 64)
     one_gate_up_kernel(OneParams p) {
   // Every CTA waits first, before any exit: the down kernel starts only once each CTA of this grid has passed this
   // wait (pdl_wait triggers the dependents after it), i.e. after the kernel that built the plan has completed; the
@@ -82,6 +98,18 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) __maxnreg__(kMinBlock
   const int ef = p.plan.active_experts[jf], begf = p.plan.offsets[jf], endf = p.plan.offsets[jf + 1];
   const int items = *p.plan.num_active * tiles;
   const int chunks = p.H / kChunk;
+  if (kL2Down && warp == kWarps) {
+    l2_down_share(p, items / tiles, lane);
+    return;
+  }
+  // The mma warps' barrier: all threads, or the eight mma warps beside the prefetch warp.
+  auto sync = [] {
+    if constexpr (kL2Down) {
+      asm volatile("bar.sync 1, %0;" ::"n"(kWarps * 32) : "memory");
+    } else {
+      __syncthreads();
+    }
+  };
   uint32_t* const counter = p.plan.ready + p.plan.experts + 1;
   uint32_t* const finished = p.plan.ready + p.plan.experts;
   for (int item = blockIdx.x; item < items;) {
@@ -145,7 +173,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) __maxnreg__(kMinBlock
       for (int m = 0; m < 2; ++m)
 #pragma unroll
         for (int i = 0; i < 4; ++i) red[warp][m * 4 + i][lane] = acc[m][i];
-      __syncthreads();
+      sync();
       if (threadIdx.x < 4 * 32) {
         const int i = threadIdx.x >> 5, l = threadIdx.x & 31;
         const int t = (l & 3) * 2 + (i & 1);
@@ -162,13 +190,13 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) __maxnreg__(kMinBlock
           p.h[static_cast<size_t>(c0 + t) * p.I + row] = __float2bfloat16(sl * up);
         }
       }
-      __syncthreads();
+      sync();
     }
     if constexpr (kClaim) {
       if (threadIdx.x == 0) next_item = claim;
-      __syncthreads();
+      sync();
       item = next_item;
-      __syncthreads();
+      sync();
     } else {
       item += gridDim.x;
     }
@@ -200,8 +228,8 @@ __device__ __forceinline__ uint4 ld_row(const unsigned char* base, int r, uint32
 }
 
 // down: CTA b owns tiles [b * T / G, (b + 1) * T / G) of the T = num_active * H / 16 (active expert, 16 output rows)
-// tiles; warp w multiplies local tiles w, w + 8, ... kEarly: the weight copies are issued before the PDL wait.
-template <bool kEarly>
+// tiles; warp w multiplies local tiles w, w + kDnWarps, ... kEarly: the weight copies are issued before the PDL wait.
+template <bool kEarly, int kDnWarps = kWarps>
 __global__ void __maxnreg__(64) one_down_kernel(OneParams p) {
   extern __shared__ __align__(128) unsigned char sm[];
   __shared__ __align__(8) uint64_t bar;
@@ -283,7 +311,7 @@ __global__ void __maxnreg__(64) one_down_kernel(OneParams p) {
   __syncthreads();
   mbar_wait(&bar, 0);
   const int chunks = p.I / kChunk;
-  for (int ti = warp; ti < nt; ti += kWarps) {
+  for (int ti = warp; ti < nt; ti += kDnWarps) {
     const int tile = t0 + ti, j = tile / tiles, r0 = (tile % tiles) * kRows;
     const int beg = staged ? s_off[j - jlo] : p.plan.offsets[j];
     const int end = staged ? s_off[j - jlo + 1] : p.plan.offsets[j + 1];
@@ -378,26 +406,39 @@ Status configure(Kernel kernel, size_t smem) {
       "moe_one carveout");
 }
 
-using GateUpKernel = void (*)(OneParams);
+using OneKernel = void (*)(OneParams);
 
-// Gate/up kernel and CTAs per SM of a variant.
-GateUpKernel gate_up_pick(int variant, int* per_sm) {
-  *per_sm = 2;
+// The kernels of a variant: gate/up with its CTAs per SM, down with its warps per CTA.
+struct OneVariant {
+  OneKernel gate_up;
+  int per_sm;  // gate/up CTAs per SM
+  int gate_up_warps;
+  OneKernel down;
+  int down_warps;
+};
+
+OneVariant variant_kernels(int variant) {
   switch (variant) {
-    case 2: *per_sm = 3; return one_gate_up_kernel<2, 3, false, 0>;
-    case 3: return one_gate_up_kernel<4, 2, true, 0>;
-    case 4: return one_gate_up_kernel<4, 2, false, 1>;
-    case 5: return one_gate_up_kernel<4, 2, false, 2>;
-    default: return one_gate_up_kernel<4, 2, false, 0>;
+    case 1: return {one_gate_up_kernel<4, 2, false, 0>, 2, kWarps, one_down_kernel<false>, kWarps};
+    case 2: return {one_gate_up_kernel<2, 3, false, 0>, 3, kWarps, one_down_kernel<true>, kWarps};
+    case 3: return {one_gate_up_kernel<4, 2, true, 0>, 2, kWarps, one_down_kernel<true>, kWarps};
+    case 4: return {one_gate_up_kernel<4, 2, false, 1>, 2, kWarps, one_down_kernel<true>, kWarps};
+    case 5: return {one_gate_up_kernel<4, 2, false, 2>, 2, kWarps, one_down_kernel<true>, kWarps};
+    case 6: return {one_gate_up_kernel<4, 2, false, 0>, 2, kWarps, one_down_kernel<true, 4>, 4};
+    case 7: return {one_gate_up_kernel<4, 2, false, 0, true>, 2, kWarps + 1, one_down_kernel<false>, kWarps};
+    case 8: return {one_gate_up_kernel<4, 2, false, 0, true>, 2, kWarps + 1, one_down_kernel<true, 4>, 4};
+    default: return {one_gate_up_kernel<4, 2, false, 0>, 2, kWarps, one_down_kernel<true>, kWarps};
   }
 }
 
 Status configure_all() {
   static const Status st = []() -> Status {
-    int per_sm = 0;
-    for (int v = 0; v < kOneVariants; ++v) ZEST_RETURN_IF_ERROR(configure(gate_up_pick(v, &per_sm), 0));
-    ZEST_RETURN_IF_ERROR(configure(one_down_kernel<true>, kMaxDownSmem));
-    return configure(one_down_kernel<false>, kMaxDownSmem);
+    for (int v = 0; v < kOneVariants; ++v) {
+      const OneVariant k = variant_kernels(v);
+      ZEST_RETURN_IF_ERROR(configure(k.gate_up, 0));
+      ZEST_RETURN_IF_ERROR(configure(k.down, kMaxDownSmem));
+    }
+    return Status::ok();
   }();
   return st;
 }
@@ -412,9 +453,7 @@ bool moe_one_ok(int N, int K, int E, int H, int I) {
 
 void moe_one_grids(int N, int K, int E, int H, int I, int variant, int* gate_up_grid, int* down_grid) {
   const OneShape s = one_shape(N, K, E, H, I);
-  int per_sm = 0;
-  gate_up_pick(variant, &per_sm);
-  *gate_up_grid = std::min(per_sm * sm_count(), s.gu_items);
+  *gate_up_grid = std::min(variant_kernels(variant).per_sm * sm_count(), s.gu_items);
   *down_grid = s.dn_grid;
 }
 
@@ -447,13 +486,9 @@ Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights,
   p.hs_rows = s.hs_rows;
   p.stamps_gu = stamps;
   p.stamps_dn = stamps ? stamps + 2 * static_cast<size_t>(gu_grid) : nullptr;
-  int per_sm = 0;
-  const GateUpKernel gu = gate_up_pick(variant, &per_sm);
-  const dim3 block(kWarps * 32);
-  ZEST_RETURN_IF_ERROR(launch("moe_one_gate_up", gu, dim3(gu_grid), block, 0, stream, p));
-  if (variant == 1)
-    return launch("moe_one_down", one_down_kernel<false>, dim3(dn_grid), block, s.dn_smem, stream, p);
-  return launch("moe_one_down", one_down_kernel<true>, dim3(dn_grid), block, s.dn_smem, stream, p);
+  const OneVariant k = variant_kernels(variant);
+  ZEST_RETURN_IF_ERROR(launch("moe_one_gate_up", k.gate_up, dim3(gu_grid), dim3(k.gate_up_warps * 32), 0, stream, p));
+  return launch("moe_one_down", k.down, dim3(dn_grid), dim3(k.down_warps * 32), s.dn_smem, stream, p);
 }
 
 }  // namespace zest::cuda

@@ -14,8 +14,11 @@ namespace zest::cuda {
 // buy); 2 = as 0 with 2 chunks in flight per warp at three gate/up CTAs per SM; 3 = as 0 with the gate/up items after
 // each CTA's first claimed in order from a counter (MoePlan::ready, as moe_experts_stream uses it: launches on one plan
 // must not overlap); 4 = as 0 with each CTA's next gate/up item prefetched into L2 when an item starts; 5 = as 4, and
-// the k of the current item beyond its first round of register loads prefetched too.
-constexpr int kOneVariants = 6;
+// the k of the current item beyond its first round of register loads prefetched too; 6 = as 0 with down CTAs of 4
+// warps (2 tiles each; fewer registers beside the gate/up CTAs); 7 = as 1, and each gate/up CTA prefetches an equal
+// share of the step's down weights into L2 right after its wait (a ninth warp); 8 = as 7 with the down copies
+// before the wait by down CTAs of 4 warps.
+constexpr int kOneVariants = 9;
 
 // Whether moe_experts_one serves these sizes: N <= 8 tokens, H and I multiples of 32, I * 2 bytes rows of at least
 // 128 bytes, and each CTA's share of the down weights of min(E, N * K) experts (plus its h rows) in shared memory.
