@@ -52,21 +52,29 @@ __device__ __forceinline__ uint64_t global_ns() {
   return t;
 }
 
+// ld_stream with an L2 cache policy.
+__device__ __forceinline__ uint4 ld_stream_ef(const void* ptr, uint64_t pol) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(ptr), "l"(pol));
+  return r;
+}
+
 __device__ __forceinline__ void prefetch_l2(const void* ptr, uint32_t bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(ptr), "r"(bytes) : "memory");
 }
 
-// kL2Down of one_gate_up_kernel (its ninth warp): this CTA's share of the down tiles of the n_active experts, one
-// weight row per lane and prefetch.
+// kL2Down of one_gate_up_kernel: this CTA's share of the down tiles of the n_active experts, one tile (16 contiguous
+// weight rows) per lane and prefetch, the lanes' expert ids loaded at once.
 __device__ __forceinline__ void l2_down_share(const OneParams& p, int n_active, int lane) {
   const int dtiles = p.H / kRows, total = n_active * dtiles;
   const int t0 = static_cast<int>(static_cast<long long>(blockIdx.x) * total / gridDim.x);
   const int t1 = static_cast<int>(static_cast<long long>(blockIdx.x + 1) * total / gridDim.x);
-  for (int r = t0 * kRows + lane; r < t1 * kRows; r += 32) {
-    const int tile = r / kRows;
-    const size_t row =
-        static_cast<size_t>(p.plan.active_experts[tile / dtiles]) * p.H + (tile % dtiles) * kRows + r % kRows;
-    prefetch_l2(p.down + row * p.I, static_cast<uint32_t>(p.I) * 2);
+  const uint32_t bytes = static_cast<uint32_t>(kRows) * p.I * 2;
+  for (int tile = t0 + lane; tile < t1; tile += 32) {
+    const size_t row = static_cast<size_t>(p.plan.active_experts[tile / dtiles]) * p.H + (tile % dtiles) * kRows;
+    prefetch_l2(p.down + row * p.I, bytes);
   }
 }
 
@@ -76,11 +84,14 @@ __device__ __forceinline__ void l2_down_share(const OneParams& p, int n_active, 
 // the plan build; the last CTA to finish zeroes it and the finished-CTA count ready[E] again), each claim issued when
 // the item before it starts. kPrefetch (static order; cp.async.bulk.prefetch.L2 by warp 0 when an item starts, one
 // weight row per lane): 1 = the CTA's next item (its 32 weight rows); 2 = also the current item's k beyond its first
-// round of loads, so that the later rounds read L2. kL2Down: a ninth warp prefetches this CTA's equal share of the
-// step's down weights into L2 (l2_down_share) right after the wait, so that HBM streams them while gate/up runs and
-// the down kernel reads L2; the eight mma warps then synchronise on named barrier 1.
-template <int kU, int kMinBlocks, bool kClaim, int kPrefetch, bool kL2Down = false>
-__global__ void __launch_bounds__((kWarps + kL2Down) * 32, kMinBlocks) __maxnreg__(kMinBlocks == 2 ? 96 : 64)
+// round of loads, so that the later rounds read L2. kL2Down: this CTA's equal share of the step's down weights is
+// prefetched into L2 (l2_down_share) so that HBM streams them while gate/up runs and the down kernel reads L2: 1 = by
+// a ninth warp right after the wait (the eight mma warps then synchronise on named barrier 1); 2 = by warp 0 once its
+// first round of loads is issued. kEvictFirst: the weight loads carry an L2 evict-first policy (so they do not push
+// the prefetched down weights out of L2). kRegs: the register cap.
+template <int kU, int kMinBlocks, bool kClaim, int kPrefetch, int kL2Down = 0, bool kEvictFirst = false,
+          int kRegs = kMinBlocks == 2 ? 96 : 64>
+__global__ void __launch_bounds__((kWarps + (kL2Down == 1)) * 32, kMinBlocks) __maxnreg__(kRegs)
     one_gate_up_kernel(OneParams p) {
   // Every CTA waits first, before any exit: the down kernel starts only once each CTA of this grid has passed this
   // wait (pdl_wait triggers the dependents after it), i.e. after the kernel that built the plan has completed; the
@@ -98,18 +109,20 @@ __global__ void __launch_bounds__((kWarps + kL2Down) * 32, kMinBlocks) __maxnreg
   const int ef = p.plan.active_experts[jf], begf = p.plan.offsets[jf], endf = p.plan.offsets[jf + 1];
   const int items = *p.plan.num_active * tiles;
   const int chunks = p.H / kChunk;
-  if (kL2Down && warp == kWarps) {
+  if (kL2Down == 1 && warp == kWarps) {
     l2_down_share(p, items / tiles, lane);
     return;
   }
   // The mma warps' barrier: all threads, or the eight mma warps beside the prefetch warp.
   auto sync = [] {
-    if constexpr (kL2Down) {
+    if constexpr (kL2Down == 1) {
       asm volatile("bar.sync 1, %0;" ::"n"(kWarps * 32) : "memory");
     } else {
       __syncthreads();
     }
   };
+  uint64_t pol = 0;
+  if constexpr (kEvictFirst) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
   uint32_t* const counter = p.plan.ready + p.plan.experts + 1;
   uint32_t* const finished = p.plan.ready + p.plan.experts;
   for (int item = blockIdx.x; item < items;) {
@@ -151,11 +164,19 @@ __global__ void __launch_bounds__((kWarps + kL2Down) * 32, kMinBlocks) __maxnreg
           const size_t k = static_cast<size_t>(cb + u * kWarps) * kChunk;
           const bool ok = cb + u * kWarps < chunks;
           const uint4 z = make_uint4(0, 0, 0, 0);
-          a[u][0] = ok ? ld_stream(lo0 + k) : z;
-          a[u][1] = ok ? ld_stream(hi0 + k) : z;
-          a[u][2] = ok ? ld_stream(lo1 + k) : z;
-          a[u][3] = ok ? ld_stream(hi1 + k) : z;
+          if constexpr (kEvictFirst) {
+            a[u][0] = ok ? ld_stream_ef(lo0 + k, pol) : z;
+            a[u][1] = ok ? ld_stream_ef(hi0 + k, pol) : z;
+            a[u][2] = ok ? ld_stream_ef(lo1 + k, pol) : z;
+            a[u][3] = ok ? ld_stream_ef(hi1 + k, pol) : z;
+          } else {
+            a[u][0] = ok ? ld_stream(lo0 + k) : z;
+            a[u][1] = ok ? ld_stream(hi0 + k) : z;
+            a[u][2] = ok ? ld_stream(lo1 + k) : z;
+            a[u][3] = ok ? ld_stream(hi1 + k) : z;
+          }
         }
+        if (kL2Down == 2 && warp == 0 && first && cb == 0 && c0 == beg) l2_down_share(p, items / tiles, lane);
         // Token fragments (L1 hits after the first item) after the weight loads, so they do not hold registers
         // while the weights are in flight.
 #pragma unroll
@@ -425,8 +446,11 @@ OneVariant variant_kernels(int variant) {
     case 4: return {one_gate_up_kernel<4, 2, false, 1>, 2, kWarps, one_down_kernel<true>, kWarps};
     case 5: return {one_gate_up_kernel<4, 2, false, 2>, 2, kWarps, one_down_kernel<true>, kWarps};
     case 6: return {one_gate_up_kernel<4, 2, false, 0>, 2, kWarps, one_down_kernel<true, 4>, 4};
-    case 7: return {one_gate_up_kernel<4, 2, false, 0, true>, 2, kWarps + 1, one_down_kernel<false>, kWarps};
-    case 8: return {one_gate_up_kernel<4, 2, false, 0, true>, 2, kWarps + 1, one_down_kernel<true, 4>, 4};
+    case 7: return {one_gate_up_kernel<4, 2, false, 0, 1>, 2, kWarps + 1, one_down_kernel<false>, kWarps};
+    case 8: return {one_gate_up_kernel<4, 2, false, 0, 1>, 2, kWarps + 1, one_down_kernel<true, 4>, 4};
+    case 9: return {one_gate_up_kernel<2, 3, false, 0, 2, true, 80>, 3, kWarps, one_down_kernel<false>, kWarps};
+    case 10: return {one_gate_up_kernel<2, 3, false, 0, 2, false, 80>, 3, kWarps, one_down_kernel<false>, kWarps};
+    case 11: return {one_gate_up_kernel<2, 3, false, 0, 0, false, 80>, 3, kWarps, one_down_kernel<false>, kWarps};
     default: return {one_gate_up_kernel<4, 2, false, 0>, 2, kWarps, one_down_kernel<true>, kWarps};
   }
 }

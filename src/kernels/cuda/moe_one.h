@@ -17,8 +17,11 @@ namespace zest::cuda {
 // the k of the current item beyond its first round of register loads prefetched too; 6 = as 0 with down CTAs of 4
 // warps (2 tiles each; fewer registers beside the gate/up CTAs); 7 = as 1, and each gate/up CTA prefetches an equal
 // share of the step's down weights into L2 right after its wait (a ninth warp); 8 = as 7 with the down copies
-// before the wait by down CTAs of 4 warps.
-constexpr int kOneVariants = 9;
+// before the wait by down CTAs of 4 warps; 9 = gate/up as rows_mma's (2 chunks in flight, three CTAs per SM, 80
+// registers) with evict-first weight loads, warp 0 prefetching the CTA's share of the down weights into L2 after its
+// first loads, down copies after the wait; 10 = as 9 without the evict-first policy; 11 = as 10 without the L2
+// prefetch.
+constexpr int kOneVariants = 12;
 
 // Whether moe_experts_one serves these sizes: N <= 8 tokens, H and I multiples of 32, I * 2 bytes rows of at least
 // 128 bytes, and each CTA's share of the down weights of min(E, N * K) experts (plus its h rows) in shared memory.
