@@ -82,9 +82,9 @@ __device__ __forceinline__ void l2_down_share(const OneParams& p, int n_active, 
 // flight per matrix), as rows_mma_kernel<kGateUp> does. CTA b takes items b, b + G, b + 2G, ... (G = grid), or with
 // kClaim item b, then items from G on in claim order from the plan's item counter (MoePlan::ready[E + 1], zeroed by
 // the plan build; the last CTA to finish zeroes it and the finished-CTA count ready[E] again), each claim issued when
-// the item before it starts. kPrefetch (static order; cp.async.bulk.prefetch.L2 by warp 0 when an item starts, one
-// weight row per lane): 1 = the CTA's next item (its 32 weight rows); 2 = also the current item's k beyond its first
-// round of loads, so that the later rounds read L2. kL2Down: this CTA's equal share of the step's down weights is
+// the item before it starts. kPrefetch (static order; cp.async.bulk.prefetch.L2 by warp 0 once its first loads of
+// an item are issued, one weight row per lane): 1 = the CTA's next item (its 32 weight rows); 2 = also the current
+// item's k beyond its first round of loads, so that the later rounds read L2. kL2Down: this CTA's equal share of the step's down weights is
 // prefetched into L2 (l2_down_share) so that HBM streams them while gate/up runs and the down kernel reads L2: 1 = by
 // a ninth warp right after the wait (the eight mma warps then synchronise on named barrier 1); 2 = by warp 0 once its
 // first round of loads is issued. kEvictFirst: the weight loads carry an L2 evict-first policy (so they do not push
@@ -129,22 +129,6 @@ __global__ void __launch_bounds__((kWarps + (kL2Down == 1)) * 32, kMinBlocks) __
     const bool first = item == static_cast<int>(blockIdx.x);
     int claim = items;
     if (kClaim && threadIdx.x == 0) claim = static_cast<int>(atomicAdd(counter, 1u)) + gridDim.x;
-    if (kPrefetch > 0 && !kClaim && warp == 0) {
-      // Lane l: row l % 16 of the gate (l < 16) or up (l >= 16) block.
-      const size_t lane_row = (lane & 15) + (lane >> 4) * static_cast<size_t>(p.I);
-      constexpr int kFirst = kWarps * kU * kChunk;  // k of the first round of loads
-      if (kPrefetch == 2 && p.H > kFirst) {
-        const size_t row = static_cast<size_t>(p.plan.active_experts[item / tiles]) * 2 * p.I +
-                           (item % tiles) * kRows + lane_row;
-        prefetch_l2(p.gate_up + row * p.H + kFirst, static_cast<uint32_t>(p.H - kFirst) * 2);
-      }
-      const int nx = item + gridDim.x;
-      if (nx < items) {
-        const size_t row = static_cast<size_t>(p.plan.active_experts[nx / tiles]) * 2 * p.I + (nx % tiles) * kRows +
-                           lane_row;
-        prefetch_l2(p.gate_up + row * p.H, static_cast<uint32_t>(p.H) * 2);
-      }
-    }
     const int j = item / tiles, r0 = (item % tiles) * kRows;
     const int e = first ? ef : p.plan.active_experts[j];
     const int beg = first ? begf : p.plan.offsets[j], end = first ? endf : p.plan.offsets[j + 1];
@@ -174,6 +158,21 @@ __global__ void __launch_bounds__((kWarps + (kL2Down == 1)) * 32, kMinBlocks) __
             a[u][1] = ok ? ld_stream(hi0 + k) : z;
             a[u][2] = ok ? ld_stream(lo1 + k) : z;
             a[u][3] = ok ? ld_stream(hi1 + k) : z;
+          }
+        }
+        if (kPrefetch > 0 && !kClaim && warp == 0 && cb == 0 && c0 == beg) {
+          // Lane l: row l % 16 of the gate (l < 16) or up (l >= 16) block.
+          const size_t lane_row = (lane & 15) + (lane >> 4) * static_cast<size_t>(p.I);
+          constexpr int kFirst = kWarps * kU * kChunk;  // k of the first round of loads
+          if (kPrefetch == 2 && p.H > kFirst) {
+            const size_t row = static_cast<size_t>(e) * 2 * p.I + r0 + lane_row;
+            prefetch_l2(p.gate_up + row * p.H + kFirst, static_cast<uint32_t>(p.H - kFirst) * 2);
+          }
+          const int nx = item + gridDim.x;
+          if (nx < items) {
+            const size_t row = static_cast<size_t>(p.plan.active_experts[nx / tiles]) * 2 * p.I +
+                               (nx % tiles) * kRows + lane_row;
+            prefetch_l2(p.gate_up + row * p.H, static_cast<uint32_t>(p.H) * 2);
           }
         }
         if (kL2Down == 2 && warp == 0 && first && cb == 0 && c0 == beg) l2_down_share(p, items / tiles, lane);
@@ -451,6 +450,8 @@ OneVariant variant_kernels(int variant) {
     case 9: return {one_gate_up_kernel<2, 3, false, 0, 2, true, 80>, 3, kWarps, one_down_kernel<false>, kWarps};
     case 10: return {one_gate_up_kernel<2, 3, false, 0, 2, false, 80>, 3, kWarps, one_down_kernel<false>, kWarps};
     case 11: return {one_gate_up_kernel<2, 3, false, 0, 0, false, 80>, 3, kWarps, one_down_kernel<false>, kWarps};
+    case 12: return {one_gate_up_kernel<2, 3, false, 2, 2, true, 80>, 3, kWarps, one_down_kernel<false>, kWarps};
+    case 13: return {one_gate_up_kernel<2, 3, false, 2, 0, true, 80>, 3, kWarps, one_down_kernel<false>, kWarps};
     default: return {one_gate_up_kernel<4, 2, false, 0>, 2, kWarps, one_down_kernel<true>, kWarps};
   }
 }
