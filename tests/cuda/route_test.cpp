@@ -1,4 +1,4 @@
-// Fused decode routing: the compact kernel (DecodeOption::kRouteFused 4-6 and 8: logits gathered into CTA 0 by
+// Fused decode routing: the compact kernel (DecodeOption::kRouteFused 4-6 and 9: logits gathered into CTA 0 by
 // st.async on an mbarrier, top-k with the probabilities in registers, the plan from per-expert token masks) against
 // the cluster kernel (kRouteFused 1) and the separate router_topk + moe_plan launches, bit for bit; and in the
 // synthetic decoder's graphs against kRouteFused 1 (same greedy tokens).
@@ -67,14 +67,15 @@ void download_plan(const MoePlan& plan, int T, int K, int E, RouteOut& o) {
   o.ready = download_n(plan.ready, E + 2);
 }
 
-// Compact variants 4 (clusters of up to 16 CTAs), 5 (8), 6 (4, up to 32 router rows per CTA: two m16 tiles) and 8
-// (as 4 with a warm-up warp running the same code before the wait, storing nothing) against variant 1 on the same
-// inputs: logits, ids, weights, the plan and the active-expert count equal bit for bit; variant 1's ids / weights
-// also equal router_topk on its own logits and its plan equals moe_plan's on its ids (so all of them are the separate
-// launches' results). Poisoned outputs catch anything left unwritten; the plan's ready words must come back zero.
-// T = 1 (its own plan path), 2, 3, 5, 7, 8, 9 and 16; E = 128 (the model), 256 and 160 (8 experts per lane), 96 (24
-// rows per CTA at variant 6: a partial second tile), 40, 24 and 7; K from 1 to 16; H from 32 (one chunk: idle warps)
-// to 4096 (variant 6 falls back to 16-CTA clusters: its rows do not fit in shared memory); with and without bias.
+// Compact variants 4 (clusters of up to 16 CTAs), 5 (8), 6 (4, up to 32 router rows per CTA: two m16 tiles) and 9
+// (as 4 with the top-k by ranks for one or two tokens and the plan's routing-independent entries written early)
+// against variant 1 on the same inputs: logits, ids, weights, the plan and the active-expert count equal bit for
+// bit; variant 1's ids / weights also equal router_topk on its own logits and its plan equals moe_plan's on its ids
+// (so all of them are the separate launches' results). Poisoned outputs catch anything left unwritten; the plan's
+// ready words must come back zero. T = 1 (its own plan path), 2, 3, 5, 7, 8, 9 and 16; E = 128 (the model), 256 and
+// 160 (8 experts per lane), 96 (24 rows per CTA at variant 6: a partial second tile), 40, 24 and 7; K from 1 to 16;
+// H from 32 (one chunk: idle warps) to 4096 (variant 6 falls back to 16-CTA clusters: its rows do not fit in shared
+// memory); with and without bias.
 TEST(CudaRoute, CompactKernelMatchesClusterKernelBitForBit) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(911);
@@ -152,7 +153,7 @@ TEST(CudaRoute, CompactKernelMatchesClusterKernelBitForBit) {
         EXPECT_EQ(ref.ready, std::vector<uint32_t>(E + 2, 0u));
         EXPECT_EQ(ref.count, 5 + ref.num_active);
       }
-      for (int variant : {4, 5, 6, 8}) {
+      for (int variant : {4, 5, 6, 9}) {
         SCOPED_TRACE(testing::Message() << "kRouteFused " << variant);
         const RouteOut got = run(variant, with_plan);
         EXPECT_EQ(got.logits, ref.logits);
@@ -171,6 +172,72 @@ TEST(CudaRoute, CompactKernelMatchesClusterKernelBitForBit) {
       }
     }
   }
+}
+
+// Ties: router rows repeated (row e = row e % D, D = 5 or 3), so the probabilities come in D distinct values and
+// every top-k holds equal ones (K > D): the choices must go to the lowest experts in both the rounds and the ranks,
+// with the same ids, weights and plan as variant 1. T = 1, 2, 3 and 8; with a bias of the same period (ties kept)
+// and without.
+TEST(CudaRoute, CompactKernelTiesMatchClusterKernel) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(914);
+  for (auto [E, K, D, H] : {std::tuple{128, 8, 5, 2048}, std::tuple{24, 6, 3, 64}})
+    for (int T : {1, 2, 3, 8})
+      for (bool use_bias : {false, true}) {
+        SCOPED_TRACE(testing::Message() << "T=" << T << " E=" << E << " K=" << K << " bias=" << use_bias);
+        auto x = random_bf16(static_cast<size_t>(T) * H, rng, -2.f, 2.f);
+        const float a = std::sqrt(3.f / H);
+        auto base = random_bf16(static_cast<size_t>(D) * H, rng, -a, a);
+        std::vector<uint16_t> wbits(static_cast<size_t>(E) * H);
+        for (int e = 0; e < E; ++e)
+          std::copy_n(base.bits.begin() + static_cast<size_t>(e % D) * H, H,
+                      wbits.begin() + static_cast<size_t>(e) * H);
+        std::vector<float> bias(E);
+        std::uniform_real_distribution<float> bd(-1.f, 0.f);
+        for (int e = 0; e < D; ++e) bias[e] = bd(rng);
+        for (int e = D; e < E; ++e) bias[e] = bias[e % D];
+        auto dx = upload_bf16(x);
+        DevBuf<bf16> dw(wbits.size());
+        ASSERT_EQ(cudaMemcpy(dw.get(), wbits.data(), wbits.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+        DevBuf<float> dbias(bias), dwt(static_cast<size_t>(T) * K);
+        DevBuf<int32_t> di(static_cast<size_t>(T) * K);
+        DevBuf<unsigned char> buf(moe_plan_bytes(T, K, E));
+        auto run = [&](int variant) {
+          OptionScope opt(DecodeOption::kRouteFused, variant);
+          di.poison();
+          dwt.poison();
+          buf.poison();
+          MoePlan plan;
+          moe_plan_bind(plan, buf.get(), T, K, E);
+          EXPECT_TRUE(moe_route(dx->get(), dw.get(), use_bias ? dbias.get() : nullptr, di.get(), dwt.get(), nullptr,
+                                &plan, nullptr, T, H, E, K, nullptr)
+                          .is_ok());
+          sync_ok();
+          RouteOut o;
+          o.ids = di.download();
+          o.weights = bits_of(dwt.download());
+          download_plan(plan, T, K, E, o);
+          return o;
+        };
+        const RouteOut ref = run(1);
+        // Token 0's choices include equal weights (K > D distinct probabilities).
+        std::vector<uint32_t> w0(ref.weights.begin(), ref.weights.begin() + K);
+        std::sort(w0.begin(), w0.end());
+        EXPECT_NE(std::adjacent_find(w0.begin(), w0.end()), w0.end());
+        for (int variant : {4, 9}) {
+          SCOPED_TRACE(testing::Message() << "kRouteFused " << variant);
+          const RouteOut got = run(variant);
+          EXPECT_EQ(got.ids, ref.ids);
+          EXPECT_EQ(got.weights, ref.weights);
+          EXPECT_EQ(got.num_active, ref.num_active);
+          EXPECT_EQ(got.active, ref.active);
+          EXPECT_EQ(got.offsets, ref.offsets);
+          EXPECT_EQ(got.sorted, ref.sorted);
+          EXPECT_EQ(got.tile_active, ref.tile_active);
+          EXPECT_EQ(got.tile_start, ref.tile_start);
+          EXPECT_EQ(got.ready, ref.ready);
+        }
+      }
 }
 
 // Repeated launches into one plan buffer on one stream (each launch rebuilds the plan; the next one must not see the
@@ -207,7 +274,7 @@ TEST(CudaRoute, CompactKernelBackToBack) {
   const auto ref = results(1);
   EXPECT_EQ(results(4), ref);
   EXPECT_EQ(results(6), ref);
-  EXPECT_EQ(results(8), ref);
+  EXPECT_EQ(results(9), ref);
 }
 
 // Where one compact-kernel launch spends its time (printed, not asserted: eager launches, no previous kernel): CTA 0's
@@ -221,8 +288,8 @@ TEST(CudaRoute, CompactKernelPhaseClocks) {
   const float a = std::sqrt(3.f / H);
   auto w = random_bf16(static_cast<size_t>(E) * H, rng, -a, a);
   auto dw = upload_bf16(w);
-  for (int variant : {4, 5, 6, 8})
-    for (int T : {1, 8, 16}) {
+  for (int variant : {4, 9})
+    for (int T : {1, 2, 8}) {
       SCOPED_TRACE(testing::Message() << "kRouteFused " << variant << " T=" << T);
       OptionScope opt(DecodeOption::kRouteFused, variant);
       auto dx = upload_bf16(random_bf16(static_cast<size_t>(T) * H, rng, -2.f, 2.f));
@@ -263,7 +330,7 @@ TEST(CudaRoute, CompactKernelPhaseClocks) {
     }
 }
 
-// The synthetic decoder (2 layers of Qwen3-30B-A3B shapes) with the compact routing kernel (kRouteFused 4 and 8) in
+// The synthetic decoder (2 layers of Qwen3-30B-A3B shapes) with the compact routing kernel (kRouteFused 4 and 9) in
 // its graphs gives the same greedy tokens as with kRouteFused 1, batch 1 and 5, SERE off (plan in the kernel) and on
 // (plan separate).
 TEST(CudaRoute, CompactKernelInDecoderGraphsMatchesClusterKernel) {
@@ -279,7 +346,7 @@ TEST(CudaRoute, CompactKernelInDecoderGraphsMatchesClusterKernel) {
       SCOPED_TRACE(testing::Message() << "batch " << batch << " sere " << sere);
       std::vector<std::vector<int32_t>> tokens[3];
       for (int which = 0; which < 3; ++which) {
-        OptionScope route(DecodeOption::kRouteFused, which == 0 ? 1 : which == 1 ? 4 : 8);
+        OptionScope route(DecodeOption::kRouteFused, which == 0 ? 1 : which == 1 ? 4 : 9);
         auto d = SyntheticDecoder::create(*cfg, opt);
         ASSERT_TRUE(d.ok()) << d.status().to_string();
         for (int step = 0; step < 3; ++step) {

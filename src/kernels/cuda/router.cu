@@ -240,7 +240,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_kernel(RouteParams
   if (my_id >= 0) p.plan.sorted_slots[offset_of[my_id] + scratch[warp * E + my_id] + __popc(below)] = tid;
 }
 
-// ---- fused routing, compact (kRouteFused 4-6, 8) --------------------------------------------------------------
+// ---- fused routing, compact (kRouteFused 4-6, 9) --------------------------------------------------------------
 // moe_route_kernel's arithmetic (same logits, ids, weights and plan, bit for bit) with a shorter chain after the
 // wait and less code: each CTA's logits go to CTA 0 by st.async completing bytes on an mbarrier of CTA 0 (CTA 0 waits
 // for exactly T * E * 4 bytes; the other CTAs exit after their stores, no second cluster barrier); warp t of CTA 0
@@ -250,10 +250,12 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_kernel(RouteParams
 // each slot's sorted position is its expert's offset plus the tokens below it in the mask (one token: from the
 // chosen ids alone, no block barrier). kMT m16 tiles of router rows per CTA (rows <= 16 kMT), kEP experts per lane
 // (E <= 32 kEP).
-// kWarm: a ninth warp runs the same instructions before the wait on the previous kernel (router GEMM on weight rows
-// instead of x, then in CTA 0 the top-k and plan on whatever shared memory holds), storing nothing, so that the
-// working warps find that code in the SM's instruction caches (measured: the chain after the wait is mostly
-// instruction fetches of code that runs once per launch). Barriers after the split count the 256 working threads.
+// kRank: when every token can have G = ceil(E / 32) warps (T G <= 8: one or two tokens at E = 128), the top-k is
+// ranks instead of rounds: each warp of a token's group computes the token's softmax (the same arithmetic), lane l of
+// group warp j owns expert 32 j + l and counts the experts ahead of it (larger probability, or equal with a lower
+// index) over the token's probabilities in shared memory; ranks below K are the choices, renormalised in rank order.
+// Also the plan entries that do not depend on the routing (the ready words; with one token the offsets and tiles,
+// 0..K, and the counts) are written right after the wait by the threads of CTA 0, off the chain.
 constexpr int kRoute2MaxRows = 32;
 
 __device__ __forceinline__ void st_async_f32(uint32_t addr, float v, uint32_t bar) {
@@ -262,13 +264,8 @@ __device__ __forceinline__ void st_async_f32(uint32_t addr, float v, uint32_t ba
                : "memory");
 }
 
-// Barrier of the kRouteThreads working threads (a warm-up warp does not take part).
-__device__ __forceinline__ void route_work_sync() {
-  asm volatile("bar.sync 1, %0;" ::"n"(kRouteThreads) : "memory");
-}
-
-template <int kMT, int kEP, bool kWarm>
-__global__ void __launch_bounds__(kRouteThreads + (kWarm ? 32 : 0), 1) moe_route_compact_kernel(RouteParams p) {
+template <int kMT, int kEP, bool kRank>
+__global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(RouteParams p) {
   extern __shared__ __align__(128) unsigned char wsm[];  // [rows][H * 2 + 16]
   __shared__ __align__(8) uint64_t wbar, lbar;
   __shared__ float red[kRouteWarps][kMT * 8][32];
@@ -276,13 +273,17 @@ __global__ void __launch_bounds__(kRouteThreads + (kWarm ? 32 : 0), 1) moe_route
   __shared__ int ids_s[kRouteMaxT * kMaxTopK];
   __shared__ unsigned tok_mask[kRouteMaxE];  // CTA 0: bit t set when token t chose the expert
   __shared__ int offset_of[kRouteMaxE];
+  __shared__ __align__(16) unsigned key_s[kRank ? kRouteWarps * 32 : 1];  // kRank: [token][G * 32] keys
+  __shared__ float sel_p[kRank ? kRouteWarps : 1][kMaxTopK];              // kRank: choices by rank
+  __shared__ int sel_i[kRank ? kRouteWarps : 1][kMaxTopK];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const bool dry = kWarm && warp == kRouteWarps;  // the warm-up warp
-  const int worker = dry ? 0 : warp;              // the warp whose instructions it runs
   const int g = lane >> 2, tq = lane & 3;
   const int rank = static_cast<int>(cluster_rank()), C = static_cast<int>(cluster_size());
   const int T = p.T, E = p.E, K = p.K;
   const int rows = E / C, e0 = rank * rows;
+  const int G = (E + 31) >> 5;
+  const bool by_rank = kRank && T * G <= kRouteWarps;
+  const int tw = by_rank ? warp / G : warp;  // the token of this warp (the first one: t += kRouteWarps)
   const uint32_t row_bytes = static_cast<uint32_t>(p.H) * 2, stride = row_bytes + 16;
   const bool stamp = p.clocks && rank == 0 && tid == 0;
   if (stamp) p.clocks[0] = clock64();
@@ -295,28 +296,38 @@ __global__ void __launch_bounds__(kRouteThreads + (kWarm ? 32 : 0), 1) moe_route
       mbar_arrive_expect_tx(&lbar, static_cast<uint32_t>(T * E) * 4u);
     }
   }
-  if (rank == 0 && tid < kRouteMaxE) tok_mask[tid] = 0u;
+  if (rank == 0) tok_mask[tid] = 0u;
   // The bias is a weight: loaded before the wait by the warps that run a token's top-k.
   float bias_r[kEP];
 #pragma unroll
   for (int i = 0; i < kEP; ++i) {
     const int e = lane + 32 * i;
-    bias_r[i] = rank == 0 && worker < T && p.bias && e < E ? __ldg(p.bias + e) : 0.f;
+    bias_r[i] = rank == 0 && tw < T && p.bias && e < E ? __ldg(p.bias + e) : 0.f;
   }
   cluster_arrive_relaxed();  // CTA 0's mbarrier is initialised before any CTA stores into it (wait below)
   __syncthreads();
-  if (dry) {
-    cluster_wait();
-  } else {
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  }
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   if (stamp) p.clocks[1] = clock64();
+  if (kRank && rank == 0 && p.make_plan) {
+    // Plan entries that do not depend on the routing, while the GEMM's loads are in flight.
+    for (int e = tid; e <= E + 1; e += kRouteThreads) p.plan.ready[e] = 0u;  // nothing ready, claimed or finished
+    if (T == 1) {
+      if (tid < K) {
+        p.plan.offsets[tid] = tid;
+        p.plan.tile_active[tid] = tid;
+        p.plan.tile_start[tid] = tid;
+      } else if (tid == K) {
+        p.plan.offsets[K] = K;
+        *p.plan.num_active = K;
+        *p.plan.num_tiles = K;
+        if (p.count_sum) *p.count_sum += K;
+      }
+    }
+  }
   const int chunks = p.H / 32;
-  // The warm-up warp reads weight row 0 (any valid memory; x is not written yet).
-  const bf16* xb = dry ? p.w + tq * 8 : p.xn + static_cast<size_t>(g) * p.H + tq * 8;
-  const bf16* x0p = g < T ? xb : nullptr;
-  const bf16* x1p = g + 8 < T ? (dry ? xb : xb + static_cast<size_t>(8) * p.H) : nullptr;
+  const bf16* x0p = g < T ? p.xn + static_cast<size_t>(g) * p.H + tq * 8 : nullptr;
+  const bf16* x1p = g + 8 < T ? p.xn + static_cast<size_t>(g + 8) * p.H + tq * 8 : nullptr;
   const bool two = T > 8;
   const unsigned char* a_lo[kMT];
   const unsigned char* a_hi[kMT];
@@ -331,14 +342,14 @@ __global__ void __launch_bounds__(kRouteThreads + (kWarm ? 32 : 0), 1) moe_route
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[m][0][i] = acc[m][1][i] = 0.f;
   bool landed = false;
-  for (int cb = worker; cb < chunks; cb += kRouteWarps * kRouteChunks) {
-    uint4 xa[kRouteChunks], xb2[kRouteChunks];
+  for (int cb = warp; cb < chunks; cb += kRouteWarps * kRouteChunks) {
+    uint4 xa[kRouteChunks], xb[kRouteChunks];
 #pragma unroll
     for (int u = 0; u < kRouteChunks; ++u) {
       const int c = cb + u * kRouteWarps;
       const bool ok = c < chunks;
       xa[u] = ok && x0p ? __ldg(reinterpret_cast<const uint4*>(x0p + c * 32)) : make_uint4(0, 0, 0, 0);
-      xb2[u] = ok && x1p ? __ldg(reinterpret_cast<const uint4*>(x1p + c * 32)) : make_uint4(0, 0, 0, 0);
+      xb[u] = ok && x1p ? __ldg(reinterpret_cast<const uint4*>(x1p + c * 32)) : make_uint4(0, 0, 0, 0);
     }
     if (!landed) {
       mbar_wait(&wbar, 0);
@@ -355,48 +366,48 @@ __global__ void __launch_bounds__(kRouteThreads + (kWarm ? 32 : 0), 1) moe_route
         mma16816(acc[m][0], lo.x, hi.x, lo.y, hi.y, xa[u].x, xa[u].y);
         mma16816(acc[m][0], lo.z, hi.z, lo.w, hi.w, xa[u].z, xa[u].w);
         if (two) {
-          mma16816(acc[m][1], lo.x, hi.x, lo.y, hi.y, xb2[u].x, xb2[u].y);
-          mma16816(acc[m][1], lo.z, hi.z, lo.w, hi.w, xb2[u].z, xb2[u].w);
+          mma16816(acc[m][1], lo.x, hi.x, lo.y, hi.y, xb[u].x, xb[u].y);
+          mma16816(acc[m][1], lo.z, hi.z, lo.w, hi.w, xb[u].z, xb[u].w);
         }
       }
     }
   }
   if (!landed) mbar_wait(&wbar, 0);  // no chunk for this warp: the copy must still land before the CTA exits
   if (stamp) p.clocks[2] = clock64();
-  if (!dry) {
 #pragma unroll
-    for (int m = 0; m < kMT; ++m)
+  for (int m = 0; m < kMT; ++m)
 #pragma unroll
-      for (int n = 0; n < 2; ++n)
+    for (int n = 0; n < 2; ++n)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) red[warp][m * 8 + n * 4 + i][lane] = acc[m][n][i];
-    route_work_sync();
-    cluster_wait();
-    if (stamp) p.clocks[3] = clock64();
-    const uint32_t lbar0 = cluster_map(&lbar, 0);
+      for (int i = 0; i < 4; ++i) red[warp][m * 8 + n * 4 + i][lane] = acc[m][n][i];
+  __syncthreads();
+  cluster_wait();
+  if (stamp) p.clocks[3] = clock64();
+  const uint32_t lbar0 = cluster_map(&lbar, 0);
 #pragma unroll
-    for (int m = 0; m < kMT; ++m) {
-      const int v = tid >> 5, l = tid & 31;  // one (accumulator, lane) per thread
-      const int n = v >> 2, i = v & 3;
-      const int t = n * 8 + (l & 3) * 2 + (i & 1);
-      const int r = m * 16 + (l >> 2) + (i >> 1) * 8;
-      if (t < T && r < rows) {
-        float s = 0.f;
+  for (int m = 0; m < kMT; ++m) {
+    const int v = tid >> 5, l = tid & 31;  // one (accumulator, lane) per thread
+    const int n = v >> 2, i = v & 3;
+    const int t = n * 8 + (l & 3) * 2 + (i & 1);
+    const int r = m * 16 + (l >> 2) + (i >> 1) * 8;
+    if (t < T && r < rows) {
+      float s = 0.f;
 #pragma unroll
-        for (int ww = 0; ww < kRouteWarps; ++ww) s += red[ww][m * 8 + v][l];
-        s = bf16_round(s);
-        if (p.logits) p.logits[static_cast<size_t>(t) * E + e0 + r] = __float2bfloat16(s);
-        st_async_f32(cluster_map(&logit_s[t][e0 + r], 0), s, lbar0);
-      }
+      for (int ww = 0; ww < kRouteWarps; ++ww) s += red[ww][m * 8 + v][l];
+      s = bf16_round(s);
+      if (p.logits) p.logits[static_cast<size_t>(t) * E + e0 + r] = __float2bfloat16(s);
+      st_async_f32(cluster_map(&logit_s[t][e0 + r], 0), s, lbar0);
     }
   }
   if (rank != 0) return;
-  if (!dry) mbar_wait(&lbar, 0);
+  mbar_wait(&lbar, 0);
   if (stamp) p.clocks[4] = clock64();
-  // Top-k, warp t for token t: router_topk's arithmetic (softmax in the same per-lane order and the same butterfly
-  // sum, K rounds of argmax with ties to the lowest expert, weights renormalised in selection order, bf16-rounded).
+  // Top-k, warp t for token t (kRank: the warps of token t's group): router_topk's arithmetic (softmax in the same
+  // per-lane order and the same butterfly sum, the K largest probabilities with ties to the lowest expert, weights
+  // renormalised in that order, bf16-rounded).
   int my_i = 0;  // lane k < K: the k-th choice of the warp's (last) token
-  for (int t = worker; t < T; t += kRouteWarps) {
+  // Probability keys of token t: bits + 1 (order-preserving for p >= 0); 0 = taken or no expert.
+  auto keys_of = [&](int t, unsigned (&key)[kEP]) {
     float pr[kEP];
     float mx = -INFINITY;
 #pragma unroll
@@ -415,38 +426,88 @@ __global__ void __launch_bounds__(kRouteThreads + (kWarm ? 32 : 0), 1) moe_route
     }
     sum = warp_sum(sum);
     const float inv = 1.f / sum;
-    unsigned key[kEP];  // probability bits + 1 (order-preserving for p >= 0); 0 = taken or no expert
 #pragma unroll
     for (int i = 0; i < kEP; ++i) key[i] = lane + 32 * i < E ? __float_as_uint(pr[i] * inv) + 1u : 0u;
-    float total = 0.f, my_v = 0.f;
-#pragma unroll 1
-    for (int k = 0; k < K; ++k) {
-      unsigned bk = 0u;
-      int bi = 0x7fffffff;
-#pragma unroll
-      for (int i = 0; i < kEP; ++i)
-        if (key[i] > bk) {
-          bk = key[i];
-          bi = lane + 32 * i;
-        }
-      const unsigned wk = __reduce_max_sync(0xffffffffu, bk);
-      const int wi = __reduce_min_sync(0xffffffffu, bk == wk ? bi : 0x7fffffff);
-      const float best = __uint_as_float(wk - 1u);
-      total += best;
-      if (lane == k) {
-        my_v = best;
-        my_i = wi;
-      }
-#pragma unroll
-      for (int i = 0; i < kEP; ++i)
-        if (lane + 32 * i == wi) key[i] = 0u;
-    }
-    const float wv = bf16_round(my_v / total);
-    if (lane < K && !dry) {
+  };
+  auto store_choice = [&](int t, float my_v, float total) {
+    if (lane < K) {
       p.ids[t * K + lane] = my_i;
-      p.weights[t * K + lane] = wv;
+      p.weights[t * K + lane] = bf16_round(my_v / total);
       ids_s[t * K + lane] = my_i;
       atomicOr(&tok_mask[my_i], 1u << t);
+    }
+  };
+  if (by_rank) {
+    // Lane l of group warp j: expert e = 32 j + l; its rank = experts with a larger key, or an equal key and a
+    // lower index (key_f + (f < e) > key_e counts both). Every warp of CTA 0 takes the two barriers.
+    const int t = tw, j = warp - t * G, e = 32 * j + lane;
+    const bool act = t < T;
+    unsigned* ks = key_s + t * G * 32;
+    unsigned mine = 0u;
+    if (act) {
+      unsigned key[kEP];
+      keys_of(t, key);
+#pragma unroll
+      for (int i = 0; i < kEP; ++i)
+        if (i == j) mine = key[i];
+      ks[e] = mine;  // 0 past E: never ahead of a real expert
+    }
+    __syncthreads();
+    if (act) {
+      int r0 = 0, r1 = 0, r2 = 0, r3 = 0;
+#pragma unroll 4
+      for (int f = 0; f < G * 32; f += 4) {
+        const uint4 kf = *reinterpret_cast<const uint4*>(ks + f);
+        r0 += kf.x + (f < e ? 1u : 0u) > mine ? 1 : 0;
+        r1 += kf.y + (f + 1 < e ? 1u : 0u) > mine ? 1 : 0;
+        r2 += kf.z + (f + 2 < e ? 1u : 0u) > mine ? 1 : 0;
+        r3 += kf.w + (f + 3 < e ? 1u : 0u) > mine ? 1 : 0;
+      }
+      const int rk = r0 + r1 + r2 + r3;
+      if (e < E && rk < K) {
+        sel_p[t][rk] = __uint_as_float(mine - 1u);
+        sel_i[t][rk] = e;
+      }
+    }
+    __syncthreads();
+    if (act && j == 0) {  // the group's first warp writes the token's choices
+      float total = 0.f, my_v = 0.f;
+#pragma unroll 1
+      for (int k = 0; k < K; ++k) total += sel_p[t][k];  // in rank order, as the rounds add them
+      if (lane < K) {
+        my_v = sel_p[t][lane];
+        my_i = sel_i[t][lane];
+      }
+      store_choice(t, my_v, total);
+    }
+  } else {
+    for (int t = warp; t < T; t += kRouteWarps) {
+      unsigned key[kEP];
+      keys_of(t, key);
+      float total = 0.f, my_v = 0.f;
+#pragma unroll 1
+      for (int k = 0; k < K; ++k) {
+        unsigned bk = 0u;
+        int bi = 0x7fffffff;
+#pragma unroll
+        for (int i = 0; i < kEP; ++i)
+          if (key[i] > bk) {
+            bk = key[i];
+            bi = lane + 32 * i;
+          }
+        const unsigned wk = __reduce_max_sync(0xffffffffu, bk);
+        const int wi = __reduce_min_sync(0xffffffffu, bk == wk ? bi : 0x7fffffff);
+        const float best = __uint_as_float(wk - 1u);
+        total += best;
+        if (lane == k) {
+          my_v = best;
+          my_i = wi;
+        }
+#pragma unroll
+        for (int i = 0; i < kEP; ++i)
+          if (lane + 32 * i == wi) key[i] = 0u;
+      }
+      store_choice(t, my_v, total);
     }
   }
   if (stamp) p.clocks[5] = clock64();
@@ -455,7 +516,7 @@ __global__ void __launch_bounds__(kRouteThreads + (kWarm ? 32 : 0), 1) moe_route
     // One token: warp 0 holds the K distinct ids (lane k the k-th); an id's sorted position is the number of chosen
     // ids below it (a mask of the chosen experts, one word per 32 experts, OR-reduced over the warp). Each active
     // expert has one slot and one tile.
-    if (worker != 0) return;
+    if (warp != 0) return;
     if (stamp) p.clocks[6] = clock64();
     const int word = my_i >> 5;
     int pos = 0;
@@ -464,26 +525,30 @@ __global__ void __launch_bounds__(kRouteThreads + (kWarm ? 32 : 0), 1) moe_route
       const unsigned wj = __reduce_or_sync(0xffffffffu, lane < K && word == j ? 1u << (my_i & 31) : 0u);
       pos += j < word ? __popc(wj) : j == word ? __popc(wj & ((1u << (my_i & 31)) - 1u)) : 0;
     }
-    if (lane < K && !dry) {
+    if (lane < K) {
       p.plan.active_experts[pos] = my_i;
-      p.plan.offsets[pos] = pos;
       p.plan.sorted_slots[pos] = lane;
-      p.plan.tile_active[pos] = pos;
-      p.plan.tile_start[pos] = pos;
+      if (!kRank) {
+        p.plan.offsets[pos] = pos;
+        p.plan.tile_active[pos] = pos;
+        p.plan.tile_start[pos] = pos;
+      }
     }
-    if (lane == 0 && !dry) {
-      p.plan.offsets[K] = K;
-      *p.plan.num_active = K;
-      *p.plan.num_tiles = K;
-      if (p.count_sum) *p.count_sum += K;
-    }
+    if (!kRank) {
+      if (lane == 0) {
+        p.plan.offsets[K] = K;
+        *p.plan.num_active = K;
+        *p.plan.num_tiles = K;
+        if (p.count_sum) *p.count_sum += K;
+      }
 #pragma unroll 1
-    for (int e = lane; e <= E + 1 && !dry; e += 32) p.plan.ready[e] = 0u;
+      for (int e = lane; e <= E + 1; e += 32) p.plan.ready[e] = 0u;
+    }
     if (stamp) p.clocks[7] = clock64();
     return;
   }
-  if (!dry) route_work_sync();
-  if (worker != 0) return;
+  __syncthreads();
+  if (warp != 0) return;
   if (stamp) p.clocks[6] = clock64();
   // The plan by warp 0: lane l owns experts [l kEP, l kEP + kEP); one scan of (slots, active experts, tiles).
   unsigned msk[kEP];
@@ -507,37 +572,35 @@ __global__ void __launch_bounds__(kRouteThreads + (kWarm ? 32 : 0), 1) moe_route
   for (int j = 0; j < kEP; ++j) {
     const int e = lane * kEP + j;
     const int c = __popc(msk[j]);
-    if (e < E && !dry) offset_of[e] = off;
+    if (e < E) offset_of[e] = off;
     if (c > 0) {
+      p.plan.active_experts[idx] = e;
+      p.plan.offsets[idx] = off;
       const int tiles = (c + kMoeTileM - 1) / kMoeTileM;
-      if (!dry) {
-        p.plan.active_experts[idx] = e;
-        p.plan.offsets[idx] = off;
-        for (int r = 0; r < tiles; ++r) {
-          p.plan.tile_active[tile + r] = idx;
-          p.plan.tile_start[tile + r] = off + r * kMoeTileM;
-        }
+      for (int r = 0; r < tiles; ++r) {
+        p.plan.tile_active[tile + r] = idx;
+        p.plan.tile_start[tile + r] = off + r * kMoeTileM;
       }
       ++idx;
       tile += tiles;
       off += c;
     }
   }
-  if (lane == 31 && !dry) {
+  if (lane == 31) {
     p.plan.offsets[idx] = off;
     *p.plan.num_active = idx;
     *p.plan.num_tiles = tile;
     if (p.count_sum) *p.count_sum += idx;
   }
-  // A fresh plan: nothing ready, claimed or finished.
+  if (!kRank) {
 #pragma unroll 1
-  for (int e = lane; e <= E + 1 && !dry; e += 32) p.plan.ready[e] = 0u;
+    for (int e = lane; e <= E + 1; e += 32) p.plan.ready[e] = 0u;  // a fresh plan: nothing ready, claimed or finished
+  }
   __syncwarp();
 #pragma unroll 1
   for (int s = lane; s < T * K; s += 32) {
-    const int t = s / K, id = min(max(ids_s[s], 0), E - 1);  // (the warm-up warp reads stale ids)
-    const int pos = offset_of[id] + __popc(tok_mask[id] & ((1u << t) - 1u));
-    if (!dry) p.plan.sorted_slots[pos] = s;
+    const int t = s / K, id = ids_s[s];
+    p.plan.sorted_slots[offset_of[id] + __popc(tok_mask[id] & ((1u << t) - 1u))] = s;
   }
   if (stamp) p.clocks[7] = clock64();
 }
@@ -859,11 +922,12 @@ namespace {
 
 // DecodeOption::kRouteFused: 2 = clusters of at most 8 CTAs (16 experts each at E = 128); 3 = the next kernel launches
 // only when this grid exits; 4 / 5 / 6 = moe_route_compact_kernel in clusters of at most 16 / 8 / 4 CTAs (at most 32
-// experts per CTA); 8 = as 4 with the warm-up warp (kWarm). A size the variant's cluster cannot take runs in clusters
-// of at most 16 CTAs. (7, lane-sorted top-k keys, was removed: no faster than 4.)
+// experts per CTA); 9 = as 4 with kRank (ranks instead of rounds for one or two tokens, routing-independent plan
+// entries written off the chain). A size the variant's cluster cannot take runs in clusters of at most 16 CTAs.
+// (Removed, no faster than 4 on H200: 7, lane-sorted top-k keys; 8, a warm-up warp running the code before the wait.)
 Status launch_route(RouteParams p, cudaStream_t stream) {
   const int variant = decode_option(DecodeOption::kRouteFused);
-  const bool compact = (variant >= 4 && variant <= 6) || variant == 8;
+  const bool compact = (variant >= 4 && variant <= 6) || variant == 9;
   int max_c = variant == 2 || variant == 5 ? 8 : variant == 6 ? 4 : 16;
   int max_rows = compact ? kRoute2MaxRows : 16;
   if (route_cluster(p.E, max_c, max_rows) == 0 || route_smem(p.E, p.H, max_c, max_rows) > kRouteMaxSmem) {
@@ -875,14 +939,14 @@ Status launch_route(RouteParams p, cudaStream_t stream) {
   void (*kernel)(RouteParams) = moe_route_kernel;
   if (compact) {
     static bool attributes_set[8] = {};
-    const int mt2 = p.E / C > 16 ? 1 : 0, ep8 = p.E > 128 ? 1 : 0, warm = variant == 8 ? 1 : 0;
-    if (warm)
+    const int mt2 = p.E / C > 16 ? 1 : 0, ep8 = p.E > 128 ? 1 : 0, by_rank = variant == 9 ? 1 : 0;
+    if (by_rank)
       kernel = mt2 ? (ep8 ? moe_route_compact_kernel<2, 8, true> : moe_route_compact_kernel<2, 4, true>)
                    : (ep8 ? moe_route_compact_kernel<1, 8, true> : moe_route_compact_kernel<1, 4, true>);
     else
       kernel = mt2 ? (ep8 ? moe_route_compact_kernel<2, 8, false> : moe_route_compact_kernel<2, 4, false>)
                    : (ep8 ? moe_route_compact_kernel<1, 8, false> : moe_route_compact_kernel<1, 4, false>);
-    bool& set = attributes_set[warm * 4 + mt2 * 2 + ep8];
+    bool& set = attributes_set[by_rank * 4 + mt2 * 2 + ep8];
     if (!set) {
       const void* fn = reinterpret_cast<const void*>(kernel);
       ZEST_RETURN_IF_ERROR(cuda_status(
@@ -895,7 +959,7 @@ Status launch_route(RouteParams p, cudaStream_t stream) {
   }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(C);
-  cfg.blockDim = dim3(kRouteThreads + (variant == 8 ? 32 : 0));
+  cfg.blockDim = dim3(kRouteThreads);
   cfg.dynamicSmemBytes = route_smem(p.E, p.H, max_c, max_rows);
   cfg.stream = stream;
   cudaLaunchAttribute attr[2];
@@ -945,13 +1009,13 @@ Status moe_route(const bf16* xn, const bf16* router_w, const float* bias, int32_
   return launch_route(p, stream);
 }
 
-// moe_route with the compact kernel's phase clocks (DecodeOption::kRouteFused 4-6 and 8 only; clocks: 8 values on the
+// moe_route with the compact kernel's phase clocks (DecodeOption::kRouteFused 4-6 and 9 only; clocks: 8 values on the
 // device): for tests that print where one launch's time goes. Not declared in kernels.h.
 Status moe_route_phase_clocks(const bf16* xn, const bf16* router_w, const float* bias, int32_t* ids, float* weights,
                               bf16* logits, MoePlan* plan, int64_t* active_count_sum, int T, int H, int E, int K,
                               long long* clocks, cudaStream_t stream) {
   const int variant = decode_option(DecodeOption::kRouteFused);
-  if (variant < 4 || variant > 8 || variant == 7 || !clocks)
+  if (variant < 4 || variant > 9 || variant == 7 || variant == 8 || !clocks)
     return invalid_argument("moe_route_phase_clocks: compact variants only");
   RouteParams p{};
   ZEST_RETURN_IF_ERROR(route_params(p, router_w, bias, ids, weights, logits, plan, active_count_sum, T, H, E, K));
