@@ -42,6 +42,7 @@ struct OneParams {
   int K, H, I;
   int max_tiles;  // down tiles one CTA's shared memory holds
   int hs_rows;    // h rows the down CTA's shared memory holds after its tiles
+  int max_active;  // active experts at most (min(E, N * K))
   uint64_t* stamps_gu;  // optional: gate/up CTA b writes [2b] after its wait, [2b + 1] at its end (globaltimer)
   uint64_t* stamps_dn;  // optional: down CTA b writes [5b ..]: entry, copies issued, after the wait, tiles landed, end
 };
@@ -233,6 +234,65 @@ __global__ void __launch_bounds__((kWarps + (kL2Down == 1)) * 32, kMinBlocks) __
   }
 }
 
+// down without shared-memory tiles (for the variants whose gate/up prefetched the down weights into L2): item =
+// (active expert j, 16 output rows); warp w takes chunks w, w + 8, ... of k (kU in flight), the warps' partial sums
+// reduced in shared memory in fixed order, as rows_mma_kernel<kDown> does; 3 CTAs per SM.
+template <int kU>
+__global__ void __launch_bounds__(kWarps * 32, 3) one_down_reg_kernel(OneParams p) {
+  pdl_wait();
+  __shared__ float red[kWarps][4][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, tq = lane & 3;
+  const int tiles = p.H / kRows;
+  const int items = *p.plan.num_active * tiles;
+  const int chunks = p.I / kChunk;
+  for (int item = blockIdx.x; item < items; item += gridDim.x) {
+    const int j = item / tiles, r0 = (item % tiles) * kRows;
+    const int e = p.plan.active_experts[j];
+    const int beg = p.plan.offsets[j], end = p.plan.offsets[j + 1];
+    const bf16* lo0 = p.down + (static_cast<size_t>(e) * p.H + r0 + g) * p.I + tq * 8;
+    const bf16* hi0 = lo0 + static_cast<size_t>(8) * p.I;
+    for (int c0 = beg; c0 < end; c0 += kMaxTok) {
+      const int nt = min(kMaxTok, end - c0);
+      const bf16* xp = g < nt ? p.h + static_cast<size_t>(c0 + g) * p.I + tq * 8 : nullptr;
+      float acc[4] = {0.f, 0.f, 0.f, 0.f};
+      for (int cb = warp; cb < chunks; cb += kWarps * kU) {
+        uint4 lo[kU], hi[kU], xa[kU];
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+          const size_t k = static_cast<size_t>(cb + u * kWarps) * kChunk;
+          const bool ok = cb + u * kWarps < chunks;
+          const uint4 z = make_uint4(0, 0, 0, 0);
+          lo[u] = ok ? ld_stream(lo0 + k) : z;
+          hi[u] = ok ? ld_stream(hi0 + k) : z;
+          xa[u] = ok && xp ? __ldg(reinterpret_cast<const uint4*>(xp + k)) : z;
+        }
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+          mma16816(acc, lo[u].x, hi[u].x, lo[u].y, hi[u].y, xa[u].x, xa[u].y);
+          mma16816(acc, lo[u].z, hi[u].z, lo[u].w, hi[u].w, xa[u].z, xa[u].w);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) red[warp][i][lane] = acc[i];
+      __syncthreads();
+      if (threadIdx.x < 4 * 32) {
+        const int i = threadIdx.x >> 5, l = threadIdx.x & 31;
+        const int t = (l & 3) * 2 + (i & 1);
+        if (t < nt) {
+          float v = 0.f;
+#pragma unroll
+          for (int w = 0; w < kWarps; ++w) v += red[w][i][l];
+          const int row = r0 + (l >> 2) + (i >> 1) * 8;
+          const int slot = p.plan.sorted_slots[c0 + t];
+          p.slot_out[static_cast<size_t>(slot) * p.H + row] = bf16_round(bf16_round(v) * p.route_w[slot]);
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
 // Rotation (bytes) of local weight row r inside its own rb bytes in the down CTA's shared memory: odd rows start 64
 // bytes into a 128-byte bank window, even rows at 0, so the two rows a quarter-warp reads (g, g + 1) hit distinct banks.
 __device__ __forceinline__ uint32_t row_rot(int r, uint32_t rb) {
@@ -266,19 +326,34 @@ __global__ void __maxnreg__(64) one_down_kernel(OneParams p) {
   // Before the wait (kEarly) the plan is read at L2 (ld.global.cg): this grid starts only after every CTA of the
   // gate/up grid has passed its own wait, so the kernel that built the plan (the one gate/up waits on, or an earlier
   // one) has completed and its writes are visible. The down weights are never written by a kernel.
+  // The experts of this CTA's tiles are loaded beside the active count, for the tile range the CTA has when every
+  // expert the launch allows is active (always so at one token without folded slots): one round trip instead of two
+  // before the copies go out, which matters because these loads queue behind gate/up's weight stream.
+  const int max_total = p.max_active * tiles;
+  const int sj = static_cast<int>(static_cast<long long>(blockIdx.x) * max_total / gridDim.x) / tiles;
+  int ex = sj + lane < p.plan.experts ? __ldcg(p.plan.active_experts + sj + lane) : 0;
   const int total = __ldcg(p.plan.num_active) * tiles;
   const int t0 = static_cast<int>(static_cast<long long>(blockIdx.x) * total / gridDim.x);
   const int t1 = static_cast<int>(static_cast<long long>(blockIdx.x + 1) * total / gridDim.x);
   const int nt = min(t1 - t0, p.max_tiles);  // t1 - t0 <= max_tiles by the host's sizing
   if (warp == 0) {
+    int jb = sj;
+    if (total != max_total) {  // fewer experts: the range's own experts, one round trip more
+      jb = t0 / tiles;
+      ex = jb + lane < p.plan.experts ? __ldcg(p.plan.active_experts + jb + lane) : 0;
+    }
     if (lane == 0) {
       mbar_init(&bar);
       mbar_arrive_expect_tx(&bar, static_cast<uint32_t>(nt) * kRows * rb);
     }
     __syncwarp();
-    for (int r = lane; r < nt * kRows; r += 32) {
-      const int tile = t0 + r / kRows;
-      const int e = __ldcg(p.plan.active_experts + tile / tiles);
+    for (int base = 0; base < nt * kRows; base += 32) {
+      const int r = base + lane;
+      const int tile = t0 + min(r, nt * kRows - 1) / kRows;
+      const int j = tile / tiles;
+      const int from = __shfl_sync(0xffffffffu, ex, (j - jb) & 31);
+      if (r >= nt * kRows) continue;
+      const int e = j - jb < 32 ? from : __ldcg(p.plan.active_experts + j);
       const int row = (tile % tiles) * kRows + r % kRows;
       const unsigned char* src =
           reinterpret_cast<const unsigned char*>(p.down + (static_cast<size_t>(e) * p.H + row) * p.I);
@@ -416,11 +491,14 @@ OneShape one_shape(int N, int K, int E, int H, int I) {
   return s;
 }
 
+// Dynamic shared memory limit of a kernel, and (max_shared) the preference for the largest shared-memory carveout,
+// which kernels that must fit beside a down CTA holding its tiles ask for.
 template <typename Kernel>
-Status configure(Kernel kernel, size_t smem) {
+Status configure(Kernel kernel, size_t smem, bool max_shared) {
   const void* f = reinterpret_cast<const void*>(kernel);
   ZEST_RETURN_IF_ERROR(cuda_status(
       cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)), "moe_one smem"));
+  if (!max_shared) return Status::ok();
   return cuda_status(
       cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared),
       "moe_one carveout");
@@ -435,6 +513,7 @@ struct OneVariant {
   int gate_up_warps;
   OneKernel down;
   int down_warps;
+  bool down_reg = false;  // one_down_reg_kernel: 3 CTAs per SM on the down items, no dynamic shared memory
 };
 
 OneVariant variant_kernels(int variant) {
@@ -452,6 +531,9 @@ OneVariant variant_kernels(int variant) {
     case 11: return {one_gate_up_kernel<2, 3, false, 0, 0, false, 80>, 3, kWarps, one_down_kernel<false>, kWarps};
     case 12: return {one_gate_up_kernel<2, 3, false, 2, 2, true, 80>, 3, kWarps, one_down_kernel<false>, kWarps};
     case 13: return {one_gate_up_kernel<2, 3, false, 2, 0, true, 80>, 3, kWarps, one_down_kernel<false>, kWarps};
+    case 14: return {one_gate_up_kernel<2, 3, false, 0, 2, true, 80>, 3, kWarps, one_down_reg_kernel<4>, kWarps, true};
+    case 15: return {one_gate_up_kernel<2, 3, false, 2, 2, true, 80>, 3, kWarps, one_down_reg_kernel<4>, kWarps, true};
+    case 16: return {one_gate_up_kernel<2, 3, false, 0, 0, false, 80>, 3, kWarps, one_down_reg_kernel<4>, kWarps, true};
     default: return {one_gate_up_kernel<4, 2, false, 0>, 2, kWarps, one_down_kernel<true>, kWarps};
   }
 }
@@ -460,8 +542,9 @@ Status configure_all() {
   static const Status st = []() -> Status {
     for (int v = 0; v < kOneVariants; ++v) {
       const OneVariant k = variant_kernels(v);
-      ZEST_RETURN_IF_ERROR(configure(k.gate_up, 0));
-      ZEST_RETURN_IF_ERROR(configure(k.down, kMaxDownSmem));
+      const bool beside = v <= 8;  // variants 0-8: down CTAs copy their tiles while gate/up runs beside them
+      ZEST_RETURN_IF_ERROR(configure(k.gate_up, 0, beside));
+      ZEST_RETURN_IF_ERROR(configure(k.down, k.down_reg ? 0 : kMaxDownSmem, beside));
     }
     return Status::ok();
   }();
@@ -479,7 +562,8 @@ bool moe_one_ok(int N, int K, int E, int H, int I) {
 void moe_one_grids(int N, int K, int E, int H, int I, int variant, int* gate_up_grid, int* down_grid) {
   const OneShape s = one_shape(N, K, E, H, I);
   *gate_up_grid = std::min(variant_kernels(variant).per_sm * sm_count(), s.gu_items);
-  *down_grid = s.dn_grid;
+  const OneVariant k = variant_kernels(variant);
+  *down_grid = k.down_reg ? std::min(3 * sm_count(), s.max_active * (H / kRows)) : s.dn_grid;
 }
 
 Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up, const bf16* down,
@@ -508,12 +592,13 @@ Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights,
   p.H = H;
   p.I = I;
   p.max_tiles = s.max_tiles;
+  p.max_active = s.max_active;
   p.hs_rows = s.hs_rows;
   p.stamps_gu = stamps;
   p.stamps_dn = stamps ? stamps + 2 * static_cast<size_t>(gu_grid) : nullptr;
   const OneVariant k = variant_kernels(variant);
   ZEST_RETURN_IF_ERROR(launch("moe_one_gate_up", k.gate_up, dim3(gu_grid), dim3(k.gate_up_warps * 32), 0, stream, p));
-  return launch("moe_one_down", k.down, dim3(dn_grid), dim3(k.down_warps * 32), s.dn_smem, stream, p);
+  return launch("moe_one_down", k.down, dim3(dn_grid), dim3(k.down_warps * 32), k.down_reg ? 0 : s.dn_smem, stream, p);
 }
 
 }  // namespace zest::cuda
