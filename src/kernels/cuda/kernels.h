@@ -90,8 +90,6 @@ enum class DecodeOption : int {
                     // and the ring decode attention prefetches the o GEMM's weights (DecodeAttention::l2_next) after
                     // its copies; 2 = the KV prefetch only (weight tiles without the policy); 3 = the o weights only;
                     // 4 = as 1 with the KV prefetch issued after the qkv GEMM's wait
-  kStreamReserve,   // streaming decode experts (moe_stream.h): multiprocessors left without a CTA of the launch, so
-                    // the small kernels after it (combine + RMSNorm) are resident and waiting when it ends; 0 (default)
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);

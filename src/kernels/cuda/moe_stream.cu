@@ -694,9 +694,7 @@ Status launch_stream(const StreamArgs& args, int max_active, cudaStream_t stream
   if (per_sm < 1) return unsupported("moe_experts_stream: the kernel does not fit on a multiprocessor");
   // As many CTAs as fit at once (items are claimed in order, so fewer resident CTAs only take longer).
   const int max_items = max_active * (args.I / R::GU + args.H / R::RA);
-  // DecodeOption::kStreamReserve multiprocessors stay free of this launch for the kernels that follow it.
-  const int sms = std::max(1, sm_count() - std::max(0, decode_option(DecodeOption::kStreamReserve)));
-  const int grid = std::max(1, std::min(max_items, per_sm * sms));
+  const int grid = std::max(1, std::min(max_items, per_sm * sm_count()));
   StreamMaps maps;
   std::memset(&maps, 0, sizeof(maps));
   if constexpr (BOX) {
