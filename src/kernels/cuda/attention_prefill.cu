@@ -871,6 +871,35 @@ __device__ __forceinline__ void ws_issue_pv(float (&o)[64], const uint32_t (&pa)
   for (int kk = 0; kk < 8; ++kk) wgmma_rs_tb(o, pa[kk], wg_desc(va + kk * 16 * 128, kWsBlock, 1024));
   asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
+// The first (diagonal) key tile's softmax of a consumer warp: scores sv of query rows row0 + g (+ 8) against keys
+// kdiag + 8 i + 2 t (+ 1) masked causally, the running maxima m and sums l started from this tile, sv replaced by
+// exp2(sv * scale_log2 - m) (kFast: exp2 with flush to zero).
+template <bool kFast>
+__device__ __forceinline__ void ws_first_tile_softmax(float (&sv)[64], float (&m)[2], float (&l)[2], int kdiag,
+                                                      int row0, int g, int t, float scale_log2) {
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int i = 0; i < 16; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float x = sv[4 * i + e];
+      if (kdiag + 8 * i + 2 * t + (e & 1) > row0 + g + (e >> 1) * 8) x = -INFINITY;
+      sv[4 * i + e] = x;
+      mx[e >> 1] = fmaxf(mx[e >> 1], x);
+    }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    m[r] = mx[r] * scale_log2;
+  }
+#pragma unroll
+  for (int i = 0; i < 64; ++i) {
+    sv[i] = kFast ? exp2_ftz(fmaf(sv[i], scale_log2, -m[(i >> 1) & 1]))
+                  : exp2f(fmaf(sv[i], scale_log2, -m[(i >> 1) & 1]));
+    l[(i >> 1) & 1] += sv[i];
+  }
+}
 // The softmax numerators sv (fp32 accumulator layout) as bf16 A fragments.
 __device__ __forceinline__ void ws_pack_p(uint32_t (&pa)[8][4], const float (&sv)[64]) {
 #pragma unroll
@@ -996,30 +1025,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   sched_arrive();
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
   release(k_empty(0));
-  {
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int i = 0; i < 16; ++i)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = sv[4 * i + e];
-        if (q0 + 8 * i + 2 * t + (e & 1) > row0 + g + (e >> 1) * 8) x = -INFINITY;
-        sv[4 * i + e] = x;
-        mx[e >> 1] = fmaxf(mx[e >> 1], x);
-      }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      m[r] = mx[r] * scale_log2;
-    }
-#pragma unroll
-    for (int i = 0; i < 64; ++i) {
-      sv[i] = exp2f(fmaf(sv[i], scale_log2, -m[(i >> 1) & 1]));
-      l[(i >> 1) & 1] += sv[i];
-    }
-    pack_p();
-  }
+  ws_first_tile_softmax<false>(sv, m, l, q0, row0, g, t, scale_log2);
+  pack_p();
   for (int i = 1; i < n_kt; ++i) {
     const int s = i % STAGES, ps = (i - 1) % STAGES;
     mbar_wait(k_full(s), (i / STAGES) & 1);
@@ -1326,28 +1333,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       release(k_empty(s));
       ++kit;
       if (n_kt == 1) release(q_empty);
-      float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int i = 0; i < 16; ++i)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float x = sv[4 * i + e];
-          if (kdiag + 8 * i + 2 * t + (e & 1) > row0 + g + (e >> 1) * 8) x = -INFINITY;
-          sv[4 * i + e] = x;
-          mx[e >> 1] = fmaxf(mx[e >> 1], x);
-        }
-#pragma unroll
-      for (int rr = 0; rr < 2; ++rr) {
-        mx[rr] = fmaxf(mx[rr], __shfl_xor_sync(0xffffffffu, mx[rr], 1));
-        mx[rr] = fmaxf(mx[rr], __shfl_xor_sync(0xffffffffu, mx[rr], 2));
-        m[rr] = mx[rr] * scale_log2;
-      }
-#pragma unroll
-      for (int i = 0; i < 64; ++i) {
-        sv[i] = kFast ? exp2_ftz(fmaf(sv[i], scale_log2, -m[(i >> 1) & 1]))
-                      : exp2f(fmaf(sv[i], scale_log2, -m[(i >> 1) & 1]));
-        l[(i >> 1) & 1] += sv[i];
-      }
+      ws_first_tile_softmax<kFast>(sv, m, l, kdiag, row0, g, t, scale_log2);
       pack_p();
     }
     for (int i = 1; i < n_kt; ++i) {
