@@ -69,38 +69,7 @@ Err compare_rows(const float* got, const float* ref, int64_t n) {
 // margin of every step.
 void greedy(const model::TextDecoder& dec, const engine::Prompt& p, int steps, std::vector<int32_t>& tokens,
             std::vector<double>& margins) {
-  const int64_t n = static_cast<int64_t>(p.ids.size());
-  auto cache = dec.allocate_cache((n + steps + 15) / 16 + 1, 16);
-  ASSERT_TRUE(cache.ok()) << cache.status().to_string();
-  std::vector<int32_t> table;
-  ASSERT_TRUE(cache->reserve(table, n + steps).is_ok());
-  model::ForwardBatch b;
-  b.tokens = p.ids;
-  b.positions = p.positions;
-  b.seqs.push_back({&table, 0, n, false, true});
-  b.mm_embeds = p.mm_embeds;
-  b.mm_index = p.mm_index;
-  b.deepstack = p.deepstack;
-  for (int s = 0; s < steps; ++s) {
-    auto logits = dec.forward(b, *cache);
-    ASSERT_TRUE(logits.ok()) << logits.status().to_string();
-    const float* l = logits->data<float>();
-    const int64_t V = logits->dim(1);
-    int64_t best = 0;
-    for (int64_t i = 1; i < V; ++i)
-      if (l[i] > l[best]) best = i;
-    float second = -INFINITY;
-    for (int64_t i = 0; i < V; ++i)
-      if (i != best) second = std::max(second, l[i]);
-    tokens.push_back(static_cast<int32_t>(best));
-    margins.push_back(static_cast<double>(l[best]) - second);
-    const int32_t pos = static_cast<int32_t>(n + s + p.rope_delta);
-    model::ForwardBatch d;
-    d.tokens = {static_cast<int32_t>(best)};
-    d.positions = {pos, pos, pos};
-    d.seqs.push_back({&table, n + s, 1, false, true});
-    b = std::move(d);
-  }
+  zest::testing::greedy_steps(dec, p, steps, tokens, margins);
 }
 
 class CudaDecoderFixture : public ::testing::TestWithParam<std::string> {};

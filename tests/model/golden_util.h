@@ -73,6 +73,54 @@ inline Tensor last_logits(const engine::ModelBundle& model, const engine::Prompt
   return last_logits(model.decoder(), p);
 }
 
+// One prefill of the prompt on `dec` (any backend; visual rows from the host or, for device prompts, from device
+// memory), then `steps` greedy decode steps: the tokens, every step's top-2 margin and (when `first` is given) the
+// first step's logits.
+inline void greedy_steps(const model::TextDecoder& dec, const engine::Prompt& p, int steps,
+                         std::vector<int32_t>& tokens, std::vector<double>& margins, Tensor* first = nullptr) {
+  const int64_t n = static_cast<int64_t>(p.ids.size());
+  auto cache = dec.allocate_cache((n + steps + 15) / 16 + 1, 16);
+  ASSERT_TRUE(cache.ok()) << cache.status().to_string();
+  std::vector<int32_t> table;
+  ASSERT_TRUE(cache->reserve(table, n + steps).is_ok());
+  model::ForwardBatch b;
+  b.tokens = p.ids;
+  b.positions = p.positions;
+  b.seqs.push_back({&table, 0, n, false, true});
+  b.mm_index = p.mm_index;
+  if (p.mm_embeds.numel() > 0 && p.mm_embeds.device() != Device::CPU) {
+    model::ForwardBatch::DeviceRows rows;
+    rows.embeds = p.mm_embeds.raw();
+    for (const Tensor& d : p.deepstack) rows.deepstack.push_back(d.raw());
+    rows.rows = p.mm_embeds.dim(0);
+    b.mm_device.push_back(rows);
+  } else {
+    b.mm_embeds = p.mm_embeds;
+    b.deepstack = p.deepstack;
+  }
+  for (int s = 0; s < steps; ++s) {
+    auto logits = dec.forward(b, *cache);
+    ASSERT_TRUE(logits.ok()) << logits.status().to_string();
+    if (s == 0 && first) *first = *logits;
+    const float* l = logits->data<float>();
+    const int64_t V = logits->dim(1);
+    int64_t best = 0;
+    for (int64_t i = 1; i < V; ++i)
+      if (l[i] > l[best]) best = i;
+    float second = -INFINITY;
+    for (int64_t i = 0; i < V; ++i)
+      if (i != best) second = std::max(second, l[i]);
+    tokens.push_back(static_cast<int32_t>(best));
+    margins.push_back(static_cast<double>(l[best]) - second);
+    const int32_t pos = static_cast<int32_t>(n + s + p.rope_delta);
+    model::ForwardBatch d;
+    d.tokens = {static_cast<int32_t>(best)};
+    d.positions = {pos, pos, pos};
+    d.seqs.push_back({&table, n + s, 1, false, true});
+    b = std::move(d);
+  }
+}
+
 // Checks max|logits - ref| <= rel * max|ref| for the reference .npy file.
 inline void expect_logits_close(const Tensor& logits, const std::string& npy, float rel) {
   auto ref = io::read_npy(npy);
