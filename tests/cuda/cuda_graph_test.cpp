@@ -9,7 +9,8 @@
 // counter grows. Padded graphs (ZEST_CUDA_GRAPH_PAD): steps of 3, 5, 6, 7, 11 and 13 sequences replayed as steps of
 // 4, 8, 12 and 16 rows (contexts of about 200 and 2000 tokens), and of 17 to 57 sequences as steps of 24 to 64 rows,
 // give the unpadded eager steps' logits bit for bit, the same sampled tokens, the same K/V of the real tokens and the
-// same SERE statistics, with fewer graphs captured than without padding. Also forward_sample against forward on one
+// same SERE statistics, with fewer graphs captured than without padding; so do steps of 65 to 96 sequences as 80 and
+// 96 rows. Also forward_sample against forward on one
 // prefill step, whole-row fallbacks included.
 #if defined(ZEST_HAVE_CUDA)
 #include <gtest/gtest.h>
@@ -441,6 +442,15 @@ TEST(CudaGraph, PaddedAbove16RowsOnRandomModel) {
   std::unique_ptr<model::TextDecoder> dec = random_30b_decoder(13);
   ASSERT_TRUE(dec);
   expect_padded_equal_unpadded(*dec, nullptr, "random qwen3-30b-a3b x2, 17-57 sequences", {17, 21, 33, 26, 45, 57});
+}
+
+// Above 64 rows the ladder goes in steps of 16: steps of 65 to 96 sequences (contexts of about 200 tokens) replayed
+// as 80 and 96 rows give the unpadded steps' bits, as below 64.
+TEST(CudaGraph, PaddedAbove64RowsOnRandomModel) {
+  if (!kernels::cuda_available()) GTEST_SKIP() << "no CUDA GPU available";
+  std::unique_ptr<model::TextDecoder> dec = random_30b_decoder(17);
+  ASSERT_TRUE(dec);
+  expect_padded_equal_unpadded(*dec, nullptr, "random qwen3-30b-a3b x2, 65-96 sequences", {70, 90, 65, 81, 75, 96});
 }
 
 // sere_stats with the row count on the device counts the first n rows only (what a padded step passes).
