@@ -17,8 +17,10 @@ constexpr int kPlanSlotE = 256;   // slot-per-thread path: at most blockDim slot
 // (Qwen3-30B-A3B shapes, 48 layers, context 1024, TPOT in one run at 6ca2520): batch 8 / 32 / 64 rows_mma 9.456 /
 // 18.097 / 21.365 ms, variants 2 + 7 (the previous streaming pair) 8.762 / 16.830 / 19.603, variant 11 8.477 / 16.365
 // / 19.037, variant 12 8.534 / 16.062 / 18.653. The streaming kernel claims its items in order, so it completes
-// whatever share of the GPU it gets (two decoders on two streams at once).
-int default_moe_kernel(int N) { return N <= 1 ? 1 : N <= 8 ? 13 : 14; }
+// whatever share of the GPU it gets (two decoders on two streams at once). One token: moe_one variant 16 (32; rows_mma's
+// two kernels with the first item's plan entries loaded beside the active count and a one-barrier epilogue, the same
+// bits): batch-1 TPOT 2.807 ms against 2.899 with rows_mma, SERE S=2 2.366 against 2.476 (H200, f8caf08).
+int default_moe_kernel(int N) { return N <= 1 ? 32 : N <= 8 ? 13 : 14; }
 
 // ---- plan ------------------------------------------------------------------------------------------------
 

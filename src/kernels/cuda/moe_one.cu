@@ -234,18 +234,46 @@ __global__ void __launch_bounds__((kWarps + (kL2Down == 1)) * 32, kMinBlocks) __
   }
 }
 
-// down without shared-memory tiles (for the variants whose gate/up prefetched the down weights into L2): item =
-// (active expert j, 16 output rows); warp w takes chunks w, w + 8, ... of k (kU in flight), the warps' partial sums
-// reduced in shared memory in fixed order, as rows_mma_kernel<kDown> does; 3 CTAs per SM.
-template <int kU>
+// down without shared-memory tiles: item = (active expert j, 16 output rows); warp w takes chunks w, w + 8, ... of k
+// (kU in flight), the warps' partial sums reduced in shared memory in fixed order, as rows_mma_kernel<kDown> does;
+// 3 CTAs per SM. kPre: before its wait the CTA loads the weights of its first item's first round into registers and
+// prefetches its later items' weights into L2 (the plan is read before the wait as one_down_kernel explains; its
+// first item's expert and the later items' experts are loaded beside the active count), so that the down weights
+// stream while the gate/up CTAs that finish last are still running.
+template <int kU, bool kPre = false>
 __global__ void __launch_bounds__(kWarps * 32, 3) one_down_reg_kernel(OneParams p) {
-  pdl_wait();
-  __shared__ float red[kWarps][4][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, tq = lane & 3;
   const int tiles = p.H / kRows;
-  const int items = *p.plan.num_active * tiles;
   const int chunks = p.I / kChunk;
+  uint4 lo[kU], hi[kU];  // a round of weight fragments (the first item's first round loaded before the wait: kPre)
+  bool pre = false;
+  if constexpr (kPre) {
+    const int jf = min(static_cast<int>(blockIdx.x) / tiles, p.plan.experts - 1);
+    const int nx = blockIdx.x + (lane + 1) * gridDim.x;  // warp 0, lanes 0-3: the later items
+    const int jx = min(nx / tiles, p.plan.experts - 1);
+    const int ef = __ldcg(p.plan.active_experts + jf);
+    const int ex = warp == 0 && lane < 4 ? __ldcg(p.plan.active_experts + jx) : 0;
+    const int nitems = __ldcg(p.plan.num_active) * tiles;
+    pre = static_cast<int>(blockIdx.x) < nitems;
+    if (pre) {
+      const bf16* lo0 = p.down + (static_cast<size_t>(ef) * p.H + (blockIdx.x % tiles) * kRows + g) * p.I + tq * 8;
+      const bf16* hi0 = lo0 + static_cast<size_t>(8) * p.I;
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const size_t k = static_cast<size_t>(warp + u * kWarps) * kChunk;
+        const bool ok = warp + u * kWarps < chunks;
+        lo[u] = ok ? ld_stream(lo0 + k) : make_uint4(0, 0, 0, 0);
+        hi[u] = ok ? ld_stream(hi0 + k) : make_uint4(0, 0, 0, 0);
+      }
+    }
+    if (warp == 0 && lane < 4 && nx < nitems)
+      prefetch_l2(p.down + (static_cast<size_t>(ex) * p.H + (nx % tiles) * kRows) * p.I,
+                  static_cast<uint32_t>(kRows) * p.I * 2);
+  }
+  pdl_wait();
+  __shared__ float red[kWarps][4][32];
+  const int items = *p.plan.num_active * tiles;
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
     const int j = item / tiles, r0 = (item % tiles) * kRows;
     const int e = p.plan.active_experts[j];
@@ -257,14 +285,17 @@ __global__ void __launch_bounds__(kWarps * 32, 3) one_down_reg_kernel(OneParams 
       const bf16* xp = g < nt ? p.h + static_cast<size_t>(c0 + g) * p.I + tq * 8 : nullptr;
       float acc[4] = {0.f, 0.f, 0.f, 0.f};
       for (int cb = warp; cb < chunks; cb += kWarps * kU) {
-        uint4 lo[kU], hi[kU], xa[kU];
+        uint4 xa[kU];
+        const bool use_pre = kPre && pre && item == static_cast<int>(blockIdx.x) && c0 == beg && cb == warp;
 #pragma unroll
         for (int u = 0; u < kU; ++u) {
           const size_t k = static_cast<size_t>(cb + u * kWarps) * kChunk;
           const bool ok = cb + u * kWarps < chunks;
           const uint4 z = make_uint4(0, 0, 0, 0);
-          lo[u] = ok ? ld_stream(lo0 + k) : z;
-          hi[u] = ok ? ld_stream(hi0 + k) : z;
+          if (!use_pre) {
+            lo[u] = ok ? ld_stream(lo0 + k) : z;
+            hi[u] = ok ? ld_stream(hi0 + k) : z;
+          }
           xa[u] = ok && xp ? __ldg(reinterpret_cast<const uint4*>(xp + k)) : z;
         }
 #pragma unroll
@@ -534,6 +565,8 @@ OneVariant variant_kernels(int variant) {
     case 14: return {one_gate_up_kernel<2, 3, false, 0, 2, true, 80>, 3, kWarps, one_down_reg_kernel<4>, kWarps, true};
     case 15: return {one_gate_up_kernel<2, 3, false, 2, 2, true, 80>, 3, kWarps, one_down_reg_kernel<4>, kWarps, true};
     case 16: return {one_gate_up_kernel<2, 3, false, 0, 0, false, 80>, 3, kWarps, one_down_reg_kernel<4>, kWarps, true};
+    case 17:
+      return {one_gate_up_kernel<2, 3, false, 0, 0, false, 80>, 3, kWarps, one_down_reg_kernel<4, true>, kWarps, true};
     default: return {one_gate_up_kernel<4, 2, false, 0>, 2, kWarps, one_down_kernel<true>, kWarps};
   }
 }

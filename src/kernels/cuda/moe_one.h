@@ -23,8 +23,10 @@ namespace zest::cuda {
 // prefetch; 12 = as 9, and warp 0 also prefetches the rest of its CTA's gate/up item (beyond the first round of loads)
 // into L2; 13 = as 12 without the down weights' prefetch; 14 = as 9 with the down kernel streaming its weights (from
 // L2) through registers, as rows_mma's down kernel (3 CTAs per SM, no dynamic shared memory); 15 = as 12 with that
-// down kernel; 16 = as 14 without prefetches or evict-first policy (rows_mma's two kernels, cloned).
-constexpr int kOneVariants = 17;
+// down kernel; 16 = as 14 without prefetches or evict-first policy (rows_mma's two kernels, cloned); 17 = as 16 with
+// each down CTA loading its first item's weights into registers and prefetching its later items into L2 before its
+// wait.
+constexpr int kOneVariants = 18;
 
 // Whether moe_experts_one serves these sizes: N <= 8 tokens, H and I multiples of 32, I * 2 bytes rows of at least
 // 128 bytes, and each CTA's share of the down weights of min(E, N * K) experts (plus its h rows) in shared memory.
