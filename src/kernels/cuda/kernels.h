@@ -72,9 +72,9 @@ enum class DecodeOption : int {
                     // launch); 2 = as 1 in clusters of at most 8 CTAs; 3 = as 1, the next kernel launched only when
                     // it exits; 4 (default) = the compact kernel (router.cu: logits into CTA 0 by st.async on an
                     // mbarrier, top-k rounds in registers, the plan from per-expert token masks; the same results bit
-                    // for bit); 5 / 6 = as 4 in clusters of at most 8 / 4 CTAs; 9 = as 4 with the top-k by ranks
-                    // for one or two tokens and the plan entries that do not depend on the routing written early;
-                    // 0 = router GEMM, router_topk and moe_plan as separate launches
+                    // for bit); 5 / 6 = as 4 in clusters of at most 8 / 4 CTAs; 10 = as 4 with the plan entries
+                    // that do not depend on the routing written early; 0 = router GEMM, router_topk and moe_plan as
+                    // separate launches
   kMoeKernel,       // decode experts: 0 (default) = by batch (see moe.cu: 32 for one token, else streaming);
                     // 1 = rows_mma gate/up + down kernels; 2-15 = one persistent bulk-copy streaming kernel
                     // (moe_stream.h variants 0-13); 16-33 = moe_one.h variants 0-17 (up to 8 tokens where each CTA's
