@@ -1,4 +1,4 @@
-// Fused decode routing: the compact kernel (DecodeOption::kRouteFused 4-6 and 9: logits gathered into CTA 0 by
+// Fused decode routing: the compact kernel (DecodeOption::kRouteFused 4-6 and 10: logits gathered into CTA 0 by
 // st.async on an mbarrier, top-k with the probabilities in registers, the plan from per-expert token masks) against
 // the cluster kernel (kRouteFused 1) and the separate router_topk + moe_plan launches, bit for bit; and in the
 // synthetic decoder's graphs against kRouteFused 1 (same greedy tokens).
@@ -67,15 +67,14 @@ void download_plan(const MoePlan& plan, int T, int K, int E, RouteOut& o) {
   o.ready = download_n(plan.ready, E + 2);
 }
 
-// Compact variants 4 (clusters of up to 16 CTAs), 5 (8), 6 (4, up to 32 router rows per CTA: two m16 tiles) and 9
-// (as 4 with the top-k by ranks for one or two tokens and the plan's routing-independent entries written early)
-// against variant 1 on the same inputs: logits, ids, weights, the plan and the active-expert count equal bit for
-// bit; variant 1's ids / weights also equal router_topk on its own logits and its plan equals moe_plan's on its ids
-// (so all of them are the separate launches' results). Poisoned outputs catch anything left unwritten; the plan's
-// ready words must come back zero. T = 1 (its own plan path), 2, 3, 5, 7, 8, 9 and 16; E = 128 (the model), 256 and
-// 160 (8 experts per lane), 96 (24 rows per CTA at variant 6: a partial second tile), 40, 24 and 7; K from 1 to 16;
-// H from 32 (one chunk: idle warps) to 4096 (variant 6 falls back to 16-CTA clusters: its rows do not fit in shared
-// memory); with and without bias.
+// Compact variants 4 (clusters of up to 16 CTAs), 5 (8), 6 (4, up to 32 router rows per CTA: two m16 tiles) and 10
+// (as 4 with the plan's routing-independent entries written early) against variant 1 on the same inputs: logits,
+// ids, weights, the plan and the active-expert count equal bit for bit; variant 1's ids / weights also equal
+// router_topk on its own logits and its plan equals moe_plan's on its ids (so all of them are the separate launches'
+// results). Poisoned outputs catch anything left unwritten; the plan's ready words must come back zero. T = 1 (its
+// own plan path), 2, 3, 5, 7, 8, 9 and 16; E = 128 (the model), 256 and 160 (8 experts per lane), 96 (24 rows per CTA
+// at variant 6: a partial second tile), 40, 24 and 7; K from 1 to 16; H from 32 (one chunk: idle warps) to 4096
+// (variant 6 falls back to 16-CTA clusters: its rows do not fit in shared memory); with and without bias.
 TEST(CudaRoute, CompactKernelMatchesClusterKernelBitForBit) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(911);
@@ -153,7 +152,7 @@ TEST(CudaRoute, CompactKernelMatchesClusterKernelBitForBit) {
         EXPECT_EQ(ref.ready, std::vector<uint32_t>(E + 2, 0u));
         EXPECT_EQ(ref.count, 5 + ref.num_active);
       }
-      for (int variant : {4, 5, 6, 9}) {
+      for (int variant : {4, 5, 6, 10}) {
         SCOPED_TRACE(testing::Message() << "kRouteFused " << variant);
         const RouteOut got = run(variant, with_plan);
         EXPECT_EQ(got.logits, ref.logits);
@@ -175,9 +174,8 @@ TEST(CudaRoute, CompactKernelMatchesClusterKernelBitForBit) {
 }
 
 // Ties: router rows repeated (row e = row e % D, D = 5 or 3), so the probabilities come in D distinct values and
-// every top-k holds equal ones (K > D): the choices must go to the lowest experts in both the rounds and the ranks,
-// with the same ids, weights and plan as variant 1. T = 1, 2, 3 and 8; with a bias of the same period (ties kept)
-// and without.
+// every top-k holds equal ones (K > D): the choices must go to the lowest experts, with the same ids, weights and
+// plan as variant 1. T = 1, 2, 3 and 8; with a bias of the same period (ties kept) and without.
 TEST(CudaRoute, CompactKernelTiesMatchClusterKernel) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(914);
@@ -224,7 +222,7 @@ TEST(CudaRoute, CompactKernelTiesMatchClusterKernel) {
         std::vector<uint32_t> w0(ref.weights.begin(), ref.weights.begin() + K);
         std::sort(w0.begin(), w0.end());
         EXPECT_NE(std::adjacent_find(w0.begin(), w0.end()), w0.end());
-        for (int variant : {4, 9}) {
+        for (int variant : {4, 10}) {
           SCOPED_TRACE(testing::Message() << "kRouteFused " << variant);
           const RouteOut got = run(variant);
           EXPECT_EQ(got.ids, ref.ids);
@@ -274,7 +272,7 @@ TEST(CudaRoute, CompactKernelBackToBack) {
   const auto ref = results(1);
   EXPECT_EQ(results(4), ref);
   EXPECT_EQ(results(6), ref);
-  EXPECT_EQ(results(9), ref);
+  EXPECT_EQ(results(10), ref);
 }
 
 // Where one compact-kernel launch spends its time (printed, not asserted: eager launches, no previous kernel): CTA 0's
@@ -288,7 +286,7 @@ TEST(CudaRoute, CompactKernelPhaseClocks) {
   const float a = std::sqrt(3.f / H);
   auto w = random_bf16(static_cast<size_t>(E) * H, rng, -a, a);
   auto dw = upload_bf16(w);
-  for (int variant : {4, 9})
+  for (int variant : {4, 10})
     for (int T : {1, 2, 8}) {
       SCOPED_TRACE(testing::Message() << "kRouteFused " << variant << " T=" << T);
       OptionScope opt(DecodeOption::kRouteFused, variant);
@@ -330,7 +328,7 @@ TEST(CudaRoute, CompactKernelPhaseClocks) {
     }
 }
 
-// The synthetic decoder (2 layers of Qwen3-30B-A3B shapes) with the compact routing kernel (kRouteFused 4 and 9) in
+// The synthetic decoder (2 layers of Qwen3-30B-A3B shapes) with the compact routing kernel (kRouteFused 4 and 10) in
 // its graphs gives the same greedy tokens as with kRouteFused 1, batch 1 and 5, SERE off (plan in the kernel) and on
 // (plan separate).
 TEST(CudaRoute, CompactKernelInDecoderGraphsMatchesClusterKernel) {
@@ -346,7 +344,7 @@ TEST(CudaRoute, CompactKernelInDecoderGraphsMatchesClusterKernel) {
       SCOPED_TRACE(testing::Message() << "batch " << batch << " sere " << sere);
       std::vector<std::vector<int32_t>> tokens[3];
       for (int which = 0; which < 3; ++which) {
-        OptionScope route(DecodeOption::kRouteFused, which == 0 ? 1 : which == 1 ? 4 : 9);
+        OptionScope route(DecodeOption::kRouteFused, which == 0 ? 1 : which == 1 ? 4 : 10);
         auto d = SyntheticDecoder::create(*cfg, opt);
         ASSERT_TRUE(d.ok()) << d.status().to_string();
         for (int step = 0; step < 3; ++step) {

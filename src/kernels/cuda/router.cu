@@ -240,7 +240,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_kernel(RouteParams
   if (my_id >= 0) p.plan.sorted_slots[offset_of[my_id] + scratch[warp * E + my_id] + __popc(below)] = tid;
 }
 
-// ---- fused routing, compact (kRouteFused 4-6, 9) --------------------------------------------------------------
+// ---- fused routing, compact (kRouteFused 4-6, 10) -------------------------------------------------------------
 // moe_route_kernel's arithmetic (same logits, ids, weights and plan, bit for bit) with a shorter chain after the
 // wait and less code: each CTA's logits go to CTA 0 by st.async completing bytes on an mbarrier of CTA 0 (CTA 0 waits
 // for exactly T * E * 4 bytes; the other CTAs exit after their stores, no second cluster barrier); warp t of CTA 0
@@ -250,12 +250,9 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_kernel(RouteParams
 // each slot's sorted position is its expert's offset plus the tokens below it in the mask (one token: from the
 // chosen ids alone, no block barrier). kMT m16 tiles of router rows per CTA (rows <= 16 kMT), kEP experts per lane
 // (E <= 32 kEP).
-// kRank: when every token can have G = ceil(E / 32) warps (T G <= 8: one or two tokens at E = 128), the top-k is
-// ranks instead of rounds: each warp of a token's group computes the token's softmax (the same arithmetic), lane l of
-// group warp j owns expert 32 j + l and counts the experts ahead of it (larger probability, or equal with a lower
-// index) over the token's probabilities in shared memory; ranks below K are the choices, renormalised in rank order.
-// Also the plan entries that do not depend on the routing (the ready words; with one token the offsets and tiles,
-// 0..K, and the counts) are written right after the wait by the threads of CTA 0, off the chain.
+// kEarly: the plan entries that do not depend on the routing (the ready words; with one token the offsets and tiles,
+// 0..K, and the counts) are written right after the wait by the threads of CTA 0, off the chain; with one token each
+// chosen id's sorted position is counted over the K ids in shared memory (no warp reductions).
 constexpr int kRoute2MaxRows = 32;
 
 __device__ __forceinline__ void st_async_f32(uint32_t addr, float v, uint32_t bar) {
@@ -264,7 +261,7 @@ __device__ __forceinline__ void st_async_f32(uint32_t addr, float v, uint32_t ba
                : "memory");
 }
 
-template <int kMT, int kEP, bool kRank>
+template <int kMT, int kEP, bool kEarly>
 __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(RouteParams p) {
   extern __shared__ __align__(128) unsigned char wsm[];  // [rows][H * 2 + 16]
   __shared__ __align__(8) uint64_t wbar, lbar;
@@ -273,17 +270,11 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
   __shared__ int ids_s[kRouteMaxT * kMaxTopK];
   __shared__ unsigned tok_mask[kRouteMaxE];  // CTA 0: bit t set when token t chose the expert
   __shared__ int offset_of[kRouteMaxE];
-  __shared__ __align__(16) unsigned key_s[kRank ? kRouteWarps * 32 : 1];  // kRank: [token][G * 32] keys
-  __shared__ float sel_p[kRank ? kRouteWarps : 1][kMaxTopK];              // kRank: choices by rank
-  __shared__ int sel_i[kRank ? kRouteWarps : 1][kMaxTopK];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, tq = lane & 3;
   const int rank = static_cast<int>(cluster_rank()), C = static_cast<int>(cluster_size());
   const int T = p.T, E = p.E, K = p.K;
   const int rows = E / C, e0 = rank * rows;
-  const int G = (E + 31) >> 5;
-  const bool by_rank = kRank && T * G <= kRouteWarps;
-  const int tw = by_rank ? warp / G : warp;  // the token of this warp (the first one: t += kRouteWarps)
   const uint32_t row_bytes = static_cast<uint32_t>(p.H) * 2, stride = row_bytes + 16;
   const bool stamp = p.clocks && rank == 0 && tid == 0;
   if (stamp) p.clocks[0] = clock64();
@@ -302,14 +293,14 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
 #pragma unroll
   for (int i = 0; i < kEP; ++i) {
     const int e = lane + 32 * i;
-    bias_r[i] = rank == 0 && tw < T && p.bias && e < E ? __ldg(p.bias + e) : 0.f;
+    bias_r[i] = rank == 0 && warp < T && p.bias && e < E ? __ldg(p.bias + e) : 0.f;
   }
   cluster_arrive_relaxed();  // CTA 0's mbarrier is initialised before any CTA stores into it (wait below)
   __syncthreads();
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   if (stamp) p.clocks[1] = clock64();
-  if (kRank && rank == 0 && p.make_plan) {
+  if (kEarly && rank == 0 && p.make_plan) {
     // Plan entries that do not depend on the routing, while the GEMM's loads are in flight.
     for (int e = tid; e <= E + 1; e += kRouteThreads) p.plan.ready[e] = 0u;  // nothing ready, claimed or finished
     if (T == 1) {
@@ -402,12 +393,10 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
   if (rank != 0) return;
   mbar_wait(&lbar, 0);
   if (stamp) p.clocks[4] = clock64();
-  // Top-k, warp t for token t (kRank: the warps of token t's group): router_topk's arithmetic (softmax in the same
-  // per-lane order and the same butterfly sum, the K largest probabilities with ties to the lowest expert, weights
-  // renormalised in that order, bf16-rounded).
+  // Top-k, warp t for token t: router_topk's arithmetic (softmax in the same per-lane order and the same butterfly
+  // sum, K rounds of argmax with ties to the lowest expert, weights renormalised in selection order, bf16-rounded).
   int my_i = 0;  // lane k < K: the k-th choice of the warp's (last) token
-  // Probability keys of token t: bits + 1 (order-preserving for p >= 0); 0 = taken or no expert.
-  auto keys_of = [&](int t, unsigned (&key)[kEP]) {
+  for (int t = warp; t < T; t += kRouteWarps) {
     float pr[kEP];
     float mx = -INFINITY;
 #pragma unroll
@@ -426,115 +415,71 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
     }
     sum = warp_sum(sum);
     const float inv = 1.f / sum;
+    unsigned key[kEP];  // probability bits + 1 (order-preserving for p >= 0); 0 = taken or no expert
 #pragma unroll
     for (int i = 0; i < kEP; ++i) key[i] = lane + 32 * i < E ? __float_as_uint(pr[i] * inv) + 1u : 0u;
-  };
-  auto store_choice = [&](int t, float my_v, float total) {
+    float total = 0.f, my_v = 0.f;
+#pragma unroll 1
+    for (int k = 0; k < K; ++k) {
+      unsigned bk = 0u;
+      int bi = 0x7fffffff;
+#pragma unroll
+      for (int i = 0; i < kEP; ++i)
+        if (key[i] > bk) {
+          bk = key[i];
+          bi = lane + 32 * i;
+        }
+      const unsigned wk = __reduce_max_sync(0xffffffffu, bk);
+      const int wi = __reduce_min_sync(0xffffffffu, bk == wk ? bi : 0x7fffffff);
+      const float best = __uint_as_float(wk - 1u);
+      total += best;
+      if (lane == k) {
+        my_v = best;
+        my_i = wi;
+      }
+#pragma unroll
+      for (int i = 0; i < kEP; ++i)
+        if (lane + 32 * i == wi) key[i] = 0u;
+    }
     if (lane < K) {
       p.ids[t * K + lane] = my_i;
       p.weights[t * K + lane] = bf16_round(my_v / total);
       ids_s[t * K + lane] = my_i;
       atomicOr(&tok_mask[my_i], 1u << t);
     }
-  };
-  if (by_rank) {
-    // Lane l of group warp j: expert e = 32 j + l; its rank = experts with a larger key, or an equal key and a
-    // lower index (key_f + (f < e) > key_e counts both). Every warp of CTA 0 takes the two barriers.
-    const int t = tw, j = warp - t * G, e = 32 * j + lane;
-    const bool act = t < T;
-    unsigned* ks = key_s + t * G * 32;
-    unsigned mine = 0u;
-    if (act) {
-      unsigned key[kEP];
-      keys_of(t, key);
-#pragma unroll
-      for (int i = 0; i < kEP; ++i)
-        if (i == j) mine = key[i];
-      ks[e] = mine;  // 0 past E: never ahead of a real expert
-    }
-    __syncthreads();
-    if (act) {
-      int r0 = 0, r1 = 0, r2 = 0, r3 = 0;
-#pragma unroll 4
-      for (int f = 0; f < G * 32; f += 4) {
-        const uint4 kf = *reinterpret_cast<const uint4*>(ks + f);
-        r0 += kf.x + (f < e ? 1u : 0u) > mine ? 1 : 0;
-        r1 += kf.y + (f + 1 < e ? 1u : 0u) > mine ? 1 : 0;
-        r2 += kf.z + (f + 2 < e ? 1u : 0u) > mine ? 1 : 0;
-        r3 += kf.w + (f + 3 < e ? 1u : 0u) > mine ? 1 : 0;
-      }
-      const int rk = r0 + r1 + r2 + r3;
-      if (e < E && rk < K) {
-        sel_p[t][rk] = __uint_as_float(mine - 1u);
-        sel_i[t][rk] = e;
-      }
-    }
-    __syncthreads();
-    if (act && j == 0) {  // the group's first warp writes the token's choices
-      float total = 0.f, my_v = 0.f;
-#pragma unroll 1
-      for (int k = 0; k < K; ++k) total += sel_p[t][k];  // in rank order, as the rounds add them
-      if (lane < K) {
-        my_v = sel_p[t][lane];
-        my_i = sel_i[t][lane];
-      }
-      store_choice(t, my_v, total);
-    }
-  } else {
-    for (int t = warp; t < T; t += kRouteWarps) {
-      unsigned key[kEP];
-      keys_of(t, key);
-      float total = 0.f, my_v = 0.f;
-#pragma unroll 1
-      for (int k = 0; k < K; ++k) {
-        unsigned bk = 0u;
-        int bi = 0x7fffffff;
-#pragma unroll
-        for (int i = 0; i < kEP; ++i)
-          if (key[i] > bk) {
-            bk = key[i];
-            bi = lane + 32 * i;
-          }
-        const unsigned wk = __reduce_max_sync(0xffffffffu, bk);
-        const int wi = __reduce_min_sync(0xffffffffu, bk == wk ? bi : 0x7fffffff);
-        const float best = __uint_as_float(wk - 1u);
-        total += best;
-        if (lane == k) {
-          my_v = best;
-          my_i = wi;
-        }
-#pragma unroll
-        for (int i = 0; i < kEP; ++i)
-          if (lane + 32 * i == wi) key[i] = 0u;
-      }
-      store_choice(t, my_v, total);
-    }
   }
   if (stamp) p.clocks[5] = clock64();
   if (!p.make_plan) return;
   if (T == 1) {
     // One token: warp 0 holds the K distinct ids (lane k the k-th); an id's sorted position is the number of chosen
-    // ids below it (a mask of the chosen experts, one word per 32 experts, OR-reduced over the warp). Each active
-    // expert has one slot and one tile.
+    // ids below it (kEarly: counted over ids_s; else from a mask of the chosen experts, one word per 32 experts,
+    // OR-reduced over the warp). Each active expert has one slot and one tile.
     if (warp != 0) return;
     if (stamp) p.clocks[6] = clock64();
-    const int word = my_i >> 5;
     int pos = 0;
+    if (kEarly) {
+      __syncwarp();  // ids_s[0..K) written by this warp's lanes
 #pragma unroll
-    for (int j = 0; j < kEP; ++j) {
-      const unsigned wj = __reduce_or_sync(0xffffffffu, lane < K && word == j ? 1u << (my_i & 31) : 0u);
-      pos += j < word ? __popc(wj) : j == word ? __popc(wj & ((1u << (my_i & 31)) - 1u)) : 0;
+      for (int k = 0; k < kMaxTopK; ++k)
+        if (k < K) pos += ids_s[k] < my_i ? 1 : 0;
+    } else {
+      const int word = my_i >> 5;
+#pragma unroll
+      for (int j = 0; j < kEP; ++j) {
+        const unsigned wj = __reduce_or_sync(0xffffffffu, lane < K && word == j ? 1u << (my_i & 31) : 0u);
+        pos += j < word ? __popc(wj) : j == word ? __popc(wj & ((1u << (my_i & 31)) - 1u)) : 0;
+      }
     }
     if (lane < K) {
       p.plan.active_experts[pos] = my_i;
       p.plan.sorted_slots[pos] = lane;
-      if (!kRank) {
+      if (!kEarly) {
         p.plan.offsets[pos] = pos;
         p.plan.tile_active[pos] = pos;
         p.plan.tile_start[pos] = pos;
       }
     }
-    if (!kRank) {
+    if (!kEarly) {
       if (lane == 0) {
         p.plan.offsets[K] = K;
         *p.plan.num_active = K;
@@ -592,7 +537,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
     *p.plan.num_tiles = tile;
     if (p.count_sum) *p.count_sum += idx;
   }
-  if (!kRank) {
+  if (!kEarly) {
 #pragma unroll 1
     for (int e = lane; e <= E + 1; e += 32) p.plan.ready[e] = 0u;  // a fresh plan: nothing ready, claimed or finished
   }
@@ -922,12 +867,13 @@ namespace {
 
 // DecodeOption::kRouteFused: 2 = clusters of at most 8 CTAs (16 experts each at E = 128); 3 = the next kernel launches
 // only when this grid exits; 4 / 5 / 6 = moe_route_compact_kernel in clusters of at most 16 / 8 / 4 CTAs (at most 32
-// experts per CTA); 9 = as 4 with kRank (ranks instead of rounds for one or two tokens, routing-independent plan
-// entries written off the chain). A size the variant's cluster cannot take runs in clusters of at most 16 CTAs.
-// (Removed, no faster than 4 on H200: 7, lane-sorted top-k keys; 8, a warm-up warp running the code before the wait.)
+// experts per CTA); 10 = as 4 with kEarly (the plan entries that do not depend on the routing written off the chain).
+// A size the variant's cluster cannot take runs in clusters of at most 16 CTAs. (Removed, no faster than 4 on H200:
+// 7, lane-sorted top-k keys; 8, a warm-up warp running the code before the wait; 9, the top-k by ranks over shared
+// memory for one or two tokens.)
 Status launch_route(RouteParams p, cudaStream_t stream) {
   const int variant = decode_option(DecodeOption::kRouteFused);
-  const bool compact = (variant >= 4 && variant <= 6) || variant == 9;
+  const bool compact = (variant >= 4 && variant <= 6) || variant == 10;
   int max_c = variant == 2 || variant == 5 ? 8 : variant == 6 ? 4 : 16;
   int max_rows = compact ? kRoute2MaxRows : 16;
   if (route_cluster(p.E, max_c, max_rows) == 0 || route_smem(p.E, p.H, max_c, max_rows) > kRouteMaxSmem) {
@@ -939,14 +885,14 @@ Status launch_route(RouteParams p, cudaStream_t stream) {
   void (*kernel)(RouteParams) = moe_route_kernel;
   if (compact) {
     static bool attributes_set[8] = {};
-    const int mt2 = p.E / C > 16 ? 1 : 0, ep8 = p.E > 128 ? 1 : 0, by_rank = variant == 9 ? 1 : 0;
-    if (by_rank)
+    const int mt2 = p.E / C > 16 ? 1 : 0, ep8 = p.E > 128 ? 1 : 0, early = variant == 10 ? 1 : 0;
+    if (early)
       kernel = mt2 ? (ep8 ? moe_route_compact_kernel<2, 8, true> : moe_route_compact_kernel<2, 4, true>)
                    : (ep8 ? moe_route_compact_kernel<1, 8, true> : moe_route_compact_kernel<1, 4, true>);
     else
       kernel = mt2 ? (ep8 ? moe_route_compact_kernel<2, 8, false> : moe_route_compact_kernel<2, 4, false>)
                    : (ep8 ? moe_route_compact_kernel<1, 8, false> : moe_route_compact_kernel<1, 4, false>);
-    bool& set = attributes_set[by_rank * 4 + mt2 * 2 + ep8];
+    bool& set = attributes_set[early * 4 + mt2 * 2 + ep8];
     if (!set) {
       const void* fn = reinterpret_cast<const void*>(kernel);
       ZEST_RETURN_IF_ERROR(cuda_status(
@@ -1009,13 +955,13 @@ Status moe_route(const bf16* xn, const bf16* router_w, const float* bias, int32_
   return launch_route(p, stream);
 }
 
-// moe_route with the compact kernel's phase clocks (DecodeOption::kRouteFused 4-6 and 9 only; clocks: 8 values on the
+// moe_route with the compact kernel's phase clocks (DecodeOption::kRouteFused 4-6 and 10 only; clocks: 8 values on the
 // device): for tests that print where one launch's time goes. Not declared in kernels.h.
 Status moe_route_phase_clocks(const bf16* xn, const bf16* router_w, const float* bias, int32_t* ids, float* weights,
                               bf16* logits, MoePlan* plan, int64_t* active_count_sum, int T, int H, int E, int K,
                               long long* clocks, cudaStream_t stream) {
   const int variant = decode_option(DecodeOption::kRouteFused);
-  if (variant < 4 || variant > 9 || variant == 7 || variant == 8 || !clocks)
+  if (!((variant >= 4 && variant <= 6) || variant == 10) || !clocks)
     return invalid_argument("moe_route_phase_clocks: compact variants only");
   RouteParams p{};
   ZEST_RETURN_IF_ERROR(route_params(p, router_w, bias, ids, weights, logits, plan, active_count_sum, T, H, E, K));
