@@ -1488,7 +1488,7 @@ Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_s
   int* counters = reinterpret_cast<int*>(static_cast<char*>(workspace) + counters_offset(p));
   DecodeFuse f{q_norm, k_norm, pos, pos_stride, rope, slot_mapping, eps, nullptr, 0};
   const int l2 = decode_option(DecodeOption::kL2Prefetch);
-  if ((l2 == 1 || l2 == 3 || l2 == 4) && p.batch <= 16 && p.l2_next &&
+  if ((l2 == 1 || l2 == 3) && p.batch <= 16 && p.l2_next &&
       reinterpret_cast<uintptr_t>(p.l2_next) % 16 == 0 && p.l2_next_bytes >= 16) {
     f.next = static_cast<const unsigned char*>(p.l2_next);
     f.next_bytes = p.l2_next_bytes / 16 * 16;

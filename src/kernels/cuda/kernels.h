@@ -63,11 +63,9 @@ enum class DecodeOption : int {
                     // 5 with two token rows per bulk copy when kv_heads == 4
   kGemmVariant,     // small-M GEMM, chunks in flight per warp and CTAs per SM: 1 = 4, 3 CTAs; 0 = 8, 1; 2 = 8, 2;
                     // 3 = 2, 4; 4 (default) = the weight tile bulk-copied into shared memory before the wait on the
-                    // previous kernel, one CTA per 16-row tile (when every tile's CTA fits on the GPU; else 1); 5 = as
-                    // 4 with tiles of 8 weight rows when K > 2048 (half the shared memory per CTA: the o GEMM's CTAs
-                    // fit beside the decode attention's bulk-copy ring kernel); 6 = 1 for K > 2048, else 4; 7 = 1 for
-                    // K <= 2048, else 4 (at Qwen3-30B-A3B shapes: register-streamed o / qkv GEMM, whose CTAs need no
-                    // dynamic shared memory)
+                    // previous kernel, one CTA per 16-row tile (when every tile's CTA fits on the GPU; else 1), except
+                    // 1 for 9-16 rows when K <= 2048 (the qkv GEMM at batch 9-16: measured faster at 16); 7 = 1 when
+                    // K <= 2048 at every row count, else as 4; 8 = the tile at every row count (4 before)
   kRouteFused,      // decode routing (T <= 16): 1 = moe_route (router GEMM + top-k + plan in one cluster
                     // launch); 2 = as 1 in clusters of at most 8 CTAs; 3 = as 1, the next kernel launched only when
                     // it exits; 4 (default) = the compact kernel (router.cu: logits into CTA 0 by st.async on an
@@ -84,12 +82,13 @@ enum class DecodeOption : int {
                     // one cooperative launch with programmatic serialisation where the driver takes it, gate/up
                     // weights bulk-copied into a shared-memory ring; 2 = as 1, never with programmatic serialisation;
                     // 3 = as 1 with the gate/up weights through register loads
-  kL2Prefetch,      // decode steps of at most 16 tokens, L2 prefetches for the kernel that follows: 0 (default) = none;
-                    // 1 = the qkv GEMM (gemm_kv_prefetch on the shared-memory small-M path) prefetches the layer's KV
-                    // rows of the earlier tokens before its wait, its weight tiles copied with an evict-first policy,
-                    // and the ring decode attention prefetches the o GEMM's weights (DecodeAttention::l2_next) after
-                    // its copies; 2 = the KV prefetch only (weight tiles without the policy); 3 = the o weights only;
-                    // 4 = as 1 with the KV prefetch issued after the qkv GEMM's wait
+  kL2Prefetch,      // decode steps of at most 16 tokens, L2 prefetches for the kernel that follows: 0 (default) = 1's
+                    // KV prefetch for steps of at most 2 tokens (measured faster at batch 1 and 2), none above; 1 =
+                    // the qkv GEMM (gemm_kv_prefetch on the shared-memory small-M path) prefetches the layer's KV rows
+                    // of the earlier tokens before its wait, its weight tiles copied with an evict-first policy, and
+                    // the ring decode attention prefetches the o GEMM's weights (DecodeAttention::l2_next) after its
+                    // copies; 2 = the KV prefetch only (weight tiles without the policy); 3 = the o weights only; 4 =
+                    // none
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);
@@ -153,7 +152,7 @@ struct DecodeAttention {
   int max_context = 0;   // upper bound of context_lens (fixes the grid, so a graph can be replayed)
   int max_blocks = 0;    // row stride of block_table
   float scale = 0.f;     // softmax scale, usually 1/sqrt(head_dim)
-  // decode_attention_fused with DecodeOption::kL2Prefetch 1, 3 or 4 and batch <= 16, run by the bulk-copy ring kernel:
+  // decode_attention_fused with DecodeOption::kL2Prefetch 1 or 3 and batch <= 16, run by the bulk-copy ring kernel:
   // bytes for the next kernel (the o projection's weights, whose CTAs cannot be resident beside the ring's) that its
   // CTAs prefetch into L2 after their own copies; nullptr: none. 16-byte aligned.
   const void* l2_next = nullptr;
@@ -190,9 +189,9 @@ struct KvPrefetch {
   int batch = 0, max_blocks = 0;
   int row_bytes = 0;  // one token's row of all kv heads: kv_heads * head_dim * 2 (a multiple of 16)
 };
-// gemm() for the qkv projection of a decode step: with DecodeOption::kL2Prefetch 1, 2 or 4 and the shared-memory
-// small-M path serving (M, N, K), its CTAs also prefetch kv's rows into L2 (a hint: the result is gemm()'s, bit for
-// bit); otherwise gemm().
+// gemm() for the qkv projection of a decode step: with DecodeOption::kL2Prefetch 0 (M <= 2), 1 or 2 and the
+// shared-memory small-M path serving (M, N, K), its CTAs also prefetch kv's rows into L2 (a hint: the result is
+// gemm()'s, bit for bit); otherwise gemm().
 Status gemm_kv_prefetch(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, const KvPrefetch& kv,
                         cudaStream_t stream);
 

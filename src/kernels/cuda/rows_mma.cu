@@ -162,9 +162,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) rows_mma_kernel(RowsP
 constexpr int kPreRound = 8;  // token chunks in flight per warp
 
 // L2 prefetches issued by rows_pre_kernel (DecodeOption::kL2Prefetch): none; the KV rows before the wait with the
-// weight tile copied evict-first; the KV rows before the wait, plain tile copies; the KV rows after the wait with the
-// tile copied evict-first.
-enum PreFetch { kPfNone = 0, kPfBefore = 1, kPfBeforePlain = 2, kPfAfter = 3 };
+// weight tile copied evict-first; the KV rows before the wait, plain tile copies.
+enum PreFetch { kPfNone = 0, kPfBefore = 1, kPfBeforePlain = 2 };
 
 __device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
@@ -206,10 +205,8 @@ __device__ __forceinline__ void prefetch_kv_l2(const KvPrefetch& kv) {
 // kRound: token chunks per warp and round (all of a warp's chunks in one round for K <= 32 * kWarps * kRound).
 // Registers allow 3 CTAs per SM for K <= 2048 (as the shared memory does): one token tile with 8 chunks per round
 // (62 registers) or two with 4 (70); K = 4096 tiles (one CTA per SM) take one token tile's 16 chunks in one round.
-// kPf (PreFetch): the L2 prefetches of kv's rows and the tile's cache policy. kTile: weight rows per CTA, 16 or 8 (the
-// mma's rows 8-15 then zero: half the shared memory per CTA, so that a CTA fits beside a larger kernel's; the same
-// arithmetic per output row).
-template <bool kTwo, int kRound, int kPf, int kTile = kRows>
+// kPf (PreFetch): the L2 prefetches of kv's rows and the tile's cache policy.
+template <bool kTwo, int kRound, int kPf>
 __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_kernel(const bf16* __restrict__ x,
                                                                                     const bf16* __restrict__ w,
                                                                                     bf16* __restrict__ y, int M, int N,
@@ -218,26 +215,24 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
   __shared__ __align__(8) uint64_t bar;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, tq = lane & 3;
-  static_assert(kTile == kRows || kTile == 8, "tiles of 16 or 8 weight rows");
-  const int r0 = blockIdx.x * kTile;
+  const int r0 = blockIdx.x * kRows;
   const uint32_t row_bytes = static_cast<uint32_t>(Kdim) * 2, stride = row_bytes + 16;
   if (threadIdx.x == 0) {
     mbar_init(&bar);
-    mbar_arrive_expect_tx(&bar, kTile * row_bytes);
-    if constexpr (kPf == kPfBefore || kPf == kPfAfter) {
+    mbar_arrive_expect_tx(&bar, kRows * row_bytes);
+    if constexpr (kPf == kPfBefore) {
       const uint64_t pol = evict_first_policy();
-      for (int r = 0; r < kTile; ++r)
+      for (int r = 0; r < kRows; ++r)
         bulk_load_hint(wsm + r * stride, w + static_cast<size_t>(r0 + r) * Kdim, row_bytes, &bar, pol);
     } else {
-      for (int r = 0; r < kTile; ++r)
+      for (int r = 0; r < kRows; ++r)
         bulk_load(wsm + r * stride, w + static_cast<size_t>(r0 + r) * Kdim, row_bytes, &bar);
     }
   }
   // Block tables and context lengths are step inputs, not written by the previous kernel.
-  if constexpr (kPf == kPfBefore || kPf == kPfBeforePlain) prefetch_kv_l2(kv);
+  if constexpr (kPf != kPfNone) prefetch_kv_l2(kv);
   __syncthreads();
   pdl_wait();
-  if constexpr (kPf == kPfAfter) prefetch_kv_l2(kv);
   const int chunks = Kdim / kChunk;
   const bf16* x0p = g < M ? x + static_cast<size_t>(g) * Kdim + tq * 8 : nullptr;
   const bf16* x1p = kTwo && g + 8 < M ? x + static_cast<size_t>(g + 8) * Kdim + tq * 8 : nullptr;
@@ -264,7 +259,7 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
       const int c = cb + u * kWarps;
       if (c >= chunks) break;
       const uint4 lo = *reinterpret_cast<const uint4*>(a_lo + c * kChunk * 2);
-      const uint4 hi = kTile == kRows ? *reinterpret_cast<const uint4*>(a_hi + c * kChunk * 2) : make_uint4(0, 0, 0, 0);
+      const uint4 hi = *reinterpret_cast<const uint4*>(a_hi + c * kChunk * 2);
       mma_chunk(acc[0], acc[1], lo, hi, xa[u], xb[u], kTwo);
     }
   }
@@ -282,7 +277,7 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
     const int n = v >> 2, i = v & 3;
     const int t = n * 8 + (l & 3) * 2 + (i & 1);
     const int row = r0 + (l >> 2) + (i >> 1) * 8;
-    if (t < M && (kTile == kRows || i < 2)) {
+    if (t < M) {
       float s = 0.f;
 #pragma unroll
       for (int ww = 0; ww < kWarps; ++ww) s += red[ww][v][l];
@@ -294,35 +289,33 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
 constexpr size_t kPreMaxSmem = 200 * 1024;
 
 // The weight tile (rows padded by 16 bytes), at least the 8 KiB of the final reduction that reuses it.
-size_t rows_pre_smem(int K, int tile = kRows) {
-  return std::max<size_t>(static_cast<size_t>(tile) * (static_cast<size_t>(K) * 2 + 16), kWarps * 8 * 32 * sizeof(float));
+size_t rows_pre_smem(int K) {
+  return std::max<size_t>(static_cast<size_t>(kRows) * (static_cast<size_t>(K) * 2 + 16), kWarps * 8 * 32 * sizeof(float));
 }
 
 // The instantiation for (M, K, prefetch): two token tiles above 8 rows; 16 chunks per round for one tile when
 // K > 2048.
 using PreKernel = void (*)(const bf16*, const bf16*, bf16*, int, int, int, KvPrefetch);
-template <int kPf, int kTile = kRows>
+template <int kPf>
 PreKernel rows_pre_pick_pf(int M, int K) {
-  if (M > 8) return rows_pre_kernel<true, kPreRound / 2, kPf, kTile>;
-  return K > kWarps * kChunk * kPreRound ? rows_pre_kernel<false, 2 * kPreRound, kPf, kTile>
-                                         : rows_pre_kernel<false, kPreRound, kPf, kTile>;
+  if (M > 8) return rows_pre_kernel<true, kPreRound / 2, kPf>;
+  return K > kWarps * kChunk * kPreRound ? rows_pre_kernel<false, 2 * kPreRound, kPf>
+                                         : rows_pre_kernel<false, kPreRound, kPf>;
 }
-// pf: a PreFetch mode; tile 8: 8-row tiles (without prefetches).
-PreKernel rows_pre_pick(int M, int K, int pf, int tile = kRows) {
-  if (tile == 8) return rows_pre_pick_pf<kPfNone, 8>(M, K);
+// pf: a PreFetch mode.
+PreKernel rows_pre_pick(int M, int K, int pf) {
   switch (pf) {
     case kPfBefore: return rows_pre_pick_pf<kPfBefore>(M, K);
     case kPfBeforePlain: return rows_pre_pick_pf<kPfBeforePlain>(M, K);
-    case kPfAfter: return rows_pre_pick_pf<kPfAfter>(M, K);
     default: return rows_pre_pick_pf<kPfNone>(M, K);
   }
 }
 
-template <int kPf, int kTile = kRows>
+template <int kPf>
 bool rows_pre_configure() {
   static const bool ok = [] {
-    for (PreKernel f : {rows_pre_kernel<true, kPreRound / 2, kPf, kTile>, rows_pre_kernel<false, kPreRound, kPf, kTile>,
-                        rows_pre_kernel<false, 2 * kPreRound, kPf, kTile>})
+    for (PreKernel f : {rows_pre_kernel<true, kPreRound / 2, kPf>, rows_pre_kernel<false, kPreRound, kPf>,
+                        rows_pre_kernel<false, 2 * kPreRound, kPf>})
       if (cudaFuncSetAttribute(reinterpret_cast<const void*>(f), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(kPreMaxSmem)) != cudaSuccess) {
         cudaGetLastError();
@@ -333,29 +326,36 @@ bool rows_pre_configure() {
   return ok;
 }
 
-// Whether rows_pre_kernel (with prefetch mode pf, tiles of `tile` rows) serves (M, N, K): the tile fits in shared
-// memory and every tile has its CTA resident.
-bool rows_pre_ok(int M, int N, int K, int pf = kPfNone, int tile = kRows) {
-  if (M < 1 || M > kTokens || N % tile != 0 || K % kChunk != 0 || rows_pre_smem(K, tile) > kPreMaxSmem) return false;
-  const size_t smem = rows_pre_smem(K, tile);
-  const bool configured = tile == 8               ? rows_pre_configure<kPfNone, 8>()
-                          : pf == kPfBefore       ? rows_pre_configure<kPfBefore>()
+// Whether rows_pre_kernel (with prefetch mode pf) serves (M, N, K): the tile fits in shared memory and every tile
+// has its CTA resident.
+bool rows_pre_ok(int M, int N, int K, int pf = kPfNone) {
+  if (M < 1 || M > kTokens || N % kRows != 0 || K % kChunk != 0 || rows_pre_smem(K) > kPreMaxSmem) return false;
+  const size_t smem = rows_pre_smem(K);
+  const bool configured = pf == kPfBefore         ? rows_pre_configure<kPfBefore>()
                           : pf == kPfBeforePlain ? rows_pre_configure<kPfBeforePlain>()
-                          : pf == kPfAfter       ? rows_pre_configure<kPfAfter>()
                                                  : rows_pre_configure<kPfNone>();
   if (!configured) return false;
   int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, reinterpret_cast<const void*>(rows_pre_pick(M, K, pf, tile)),
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, reinterpret_cast<const void*>(rows_pre_pick(M, K, pf)),
                                                     kWarps * 32, smem) != cudaSuccess)
     return false;
-  return N / tile <= n * sm_count();
+  return N / kRows <= n * sm_count();
 }
 
 Status launch_rows_pre(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream,
-                       int pf = kPfNone, const KvPrefetch& kv = KvPrefetch{}, int tile = kRows) {
-  return launch("rows_pre", rows_pre_pick(M, K, pf, tile), dim3(N / tile), dim3(kWarps * 32), rows_pre_smem(K, tile),
-                stream, x, w, y, M, N, K, kv);
+                       int pf = kPfNone, const KvPrefetch& kv = KvPrefetch{}) {
+  return launch("rows_pre", rows_pre_pick(M, K, pf), dim3(N / kRows), dim3(kWarps * 32), rows_pre_smem(K), stream, x,
+                w, y, M, N, K, kv);
 }
+
+// kGemmVariant 4 (default) runs the register-streamed kernel for 9-16 token rows when K <= 2048 (the qkv GEMM at
+// Qwen3-30B-A3B shapes), measured faster at batch 16 on H200 (TPOT 11.810 / 11.748 against 11.890 / 11.872-11.850
+// ms at b8cfb69 / f8caf08; batch 8 and below equal or slower, so the tile stays up to 8 rows).
+constexpr int kStreamMinRows = 9;
+// kL2Prefetch 0 (default) prefetches the KV rows (with evict-first tiles) for steps of at most this many rows:
+// measured faster at batch 1 and 2 (TPOT -0.04 to -0.07 ms in four comparisons at batch 1, two at batch 2), slower
+// at batch 4 (+0.1 ms) and equal at 8 and 16 (b8cfb69, f8caf08).
+constexpr int kPrefetchMaxRows = 2;
 
 template <int kMode, int kU, int kMinBlocks>
 Status launch_rows(const RowsParams& p, int max_items, cudaStream_t stream) {
@@ -381,18 +381,13 @@ Status rows_mma_gemm(const bf16* x, const bf16* w, bf16* y, int M, int N, int K,
   p.Kdim = K;
   const bool long_k = K > kWarps * kChunk * kPreRound;  // rows_pre holds one 16-row tile per SM
   switch (decode_option(DecodeOption::kGemmVariant)) {
-    case 6:  // register-streamed (variant 1) for K > 2048, else as 4
-      if (long_k) return launch_rows<kDense, 4, 3>(p, N / kRows, stream);
-      if (rows_pre_ok(M, N, K)) return launch_rows_pre(x, w, y, M, N, K, stream);
+    case 4:  // the tile in shared memory; register streaming for 9-16 rows at K <= 2048
+      if ((long_k || M < kStreamMinRows) && rows_pre_ok(M, N, K)) return launch_rows_pre(x, w, y, M, N, K, stream);
       return launch_rows<kDense, 4, 3>(p, N / kRows, stream);
-    case 7:  // register-streamed (variant 1) for K <= 2048, else as 4
+    case 7:  // register streaming for K <= 2048 at every row count, the tile otherwise
       if (long_k && rows_pre_ok(M, N, K)) return launch_rows_pre(x, w, y, M, N, K, stream);
       return launch_rows<kDense, 4, 3>(p, N / kRows, stream);
-    case 5:  // 8-row tiles for K > 2048, else as 4
-      if (long_k && rows_pre_ok(M, N, K, kPfNone, 8))
-        return launch_rows_pre(x, w, y, M, N, K, stream, kPfNone, KvPrefetch{}, 8);
-      [[fallthrough]];
-    case 4:
+    case 8:  // the tile at every row count
       if (rows_pre_ok(M, N, K)) return launch_rows_pre(x, w, y, M, N, K, stream);
       return launch_rows<kDense, 4, 3>(p, N / kRows, stream);
     case 1: return launch_rows<kDense, 4, 3>(p, N / kRows, stream);
@@ -406,9 +401,9 @@ Status gemm_kv_prefetch(const bf16* x, const bf16* w, bf16* y, int M, int N, int
                         cudaStream_t stream) {
   int pf = kPfNone;
   switch (decode_option(DecodeOption::kL2Prefetch)) {
+    case 0: pf = M <= kPrefetchMaxRows ? kPfBefore : kPfNone; break;
     case 1: pf = kPfBefore; break;
     case 2: pf = kPfBeforePlain; break;
-    case 4: pf = kPfAfter; break;
     default: break;
   }
   const bool kv_ok = kv.k_cache && kv.v_cache && kv.block_table && kv.context_lens && kv.batch > 0 &&
@@ -416,8 +411,11 @@ Status gemm_kv_prefetch(const bf16* x, const bf16* w, bf16* y, int M, int N, int
                      (reinterpret_cast<uintptr_t>(kv.k_cache) | reinterpret_cast<uintptr_t>(kv.v_cache)) % 16 == 0;
   const bool aligned =
       x && w && y && K % 8 == 0 && (reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w)) % 16 == 0;
+  // The GEMM variants that run rows_pre_kernel for these sizes.
   const int gv = decode_option(DecodeOption::kGemmVariant);
-  if (pf != kPfNone && kv_ok && aligned && (gv >= 4 && gv <= 6) && rows_pre_ok(M, N, K, pf))
+  const bool long_k = K > kWarps * kChunk * kPreRound;
+  const bool pre = gv == 8 || (gv == 4 && (long_k || M < kStreamMinRows)) || (gv == 7 && long_k);
+  if (pf != kPfNone && kv_ok && aligned && pre && rows_mma_gemm_ok(M, N, K) && rows_pre_ok(M, N, K, pf))
     return launch_rows_pre(x, w, y, M, N, K, stream, pf, kv);
   return gemm(x, w, y, M, N, K, stream);
 }
