@@ -14,7 +14,7 @@ cat >"$J/tests.sh" <<'JOB'
 "$P/test_cuda" --gtest_brief=1 2>&1
 JOB
 cat >"$J/memcheck.sh" <<'JOB'
-# limit: 150
+# limit: 240
 # The suite without its long benchmark-sized cases (full-depth synthetic models, 5000-token contexts, fixtures
 # run end to end), which take minutes under the sanitizer, and without the tests of kernels running side by side
 # (the sanitizer serialises launches, so a kernel that waits for another one to run beside it cannot finish).
