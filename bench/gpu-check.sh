@@ -3,6 +3,7 @@
 # test suite, a compute-sanitizer memcheck pass over it (MEMCHECK=0 skips), the decode benchmark (Qwen3-30B-A3B
 # shapes, SERE off/on), the prefill benchmark, the multi-image TTFT benchmark (Qwen3-VL-30B-A3B shapes, VisionZip
 # rates), SERE calibration on the CUDA decoder, and with SERVE=1 the zest serve load test (bench/gpu/serve.sh).
+# MEMCHECK=only runs the memcheck pass alone (so that a long sanitizer run gets a call of its own).
 # Each step is a job of bench/gpu-batch.sh with its own time limit; logs go to $OUT (default /tmp/zest-gpu-batch).
 # A short summary is printed last.
 set -u
@@ -43,15 +44,18 @@ JOB
 jobs=("$J/tests.sh")
 [ "${MEMCHECK:-1}" = 1 ] && jobs+=("$J/memcheck.sh")
 jobs+=("$J/decode.sh" "$J/prefill.sh" "$J/ttft.sh" "$J/sere.sh")
+[ "${MEMCHECK:-1}" = only ] && jobs=("$J/memcheck.sh")
 [ "${SERVE:-0}" = 1 ] && jobs+=(bench/gpu/serve.sh)
 bash bench/gpu-batch.sh "${jobs[@]}"
 L=${OUT:-/tmp/zest-gpu-batch}
 echo "================ summary ================"
-grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+ test|^\[  SKIPPED \] [0-9]+' "$L/tests.log"
+[ -e "$L/tests.log" ] && grep -E '^\[  PASSED|^\[  FAILED  \] [0-9]+ test|^\[  SKIPPED \] [0-9]+' "$L/tests.log"
 [ -e "$L/memcheck.log" ] && grep -E 'ERROR SUMMARY' "$L/memcheck.log" | tail -1
-echo "--- decode"; grep -E '^\||^SERE at|^sere_reroute|copy bandwidth' "$L/decode.log"
-echo "--- prefill"; grep -E '^\|' "$L/prefill.log"
-echo "--- ttft"; grep -E '^\|' "$L/ttft.log" | head -20
-echo "--- sere calibration"; cat "$L/sere.log"
+if [ -e "$L/decode.log" ]; then
+  echo "--- decode"; grep -E '^\||^SERE at|^sere_reroute|copy bandwidth' "$L/decode.log"
+  echo "--- prefill"; grep -E '^\|' "$L/prefill.log"
+  echo "--- ttft"; grep -E '^\|' "$L/ttft.log" | head -20
+  echo "--- sere calibration"; cat "$L/sere.log"
+fi
 [ -e "$L/serve.log" ] && { echo "--- serve"; grep -E '^\|' "$L/serve.log"; }
 true
