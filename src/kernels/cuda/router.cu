@@ -251,7 +251,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_kernel(RouteParams
 // chosen ids alone, no block barrier). kMT m16 tiles of router rows per CTA (rows <= 16 kMT), kEP experts per lane
 // (E <= 32 kEP).
 // kEarly: the plan entries that do not depend on the routing (the ready words; with one token the offsets and tiles,
-// 0..K, and the counts) are written right after the wait by the threads of CTA 0, off the chain; with one token each
+// 0..K, and the counts) are written by the threads of CTA 0 once their x loads are in flight, off the chain; with one token each
 // chosen id's sorted position is counted over the K ids in shared memory (no warp reductions).
 constexpr int kRoute2MaxRows = 32;
 
@@ -300,22 +300,25 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   if (stamp) p.clocks[1] = clock64();
-  if (kEarly && rank == 0 && p.make_plan) {
-    // Plan entries that do not depend on the routing, while the GEMM's loads are in flight.
-    for (int e = tid; e <= E + 1; e += kRouteThreads) p.plan.ready[e] = 0u;  // nothing ready, claimed or finished
-    if (T == 1) {
-      if (tid < K) {
-        p.plan.offsets[tid] = tid;
-        p.plan.tile_active[tid] = tid;
-        p.plan.tile_start[tid] = tid;
-      } else if (tid == K) {
-        p.plan.offsets[K] = K;
-        *p.plan.num_active = K;
-        *p.plan.num_tiles = K;
-        if (p.count_sum) *p.count_sum += K;
+  // kEarly: plan entries that do not depend on the routing, written by CTA 0 once its x loads are in flight.
+  auto early_plan = [&]() {
+    if constexpr (kEarly) {
+      if (rank != 0 || !p.make_plan) return;
+      for (int e = tid; e <= E + 1; e += kRouteThreads) p.plan.ready[e] = 0u;  // nothing ready, claimed or finished
+      if (T == 1) {
+        if (tid < K) {
+          p.plan.offsets[tid] = tid;
+          p.plan.tile_active[tid] = tid;
+          p.plan.tile_start[tid] = tid;
+        } else if (tid == K) {
+          p.plan.offsets[K] = K;
+          *p.plan.num_active = K;
+          *p.plan.num_tiles = K;
+          if (p.count_sum) *p.count_sum += K;
+        }
       }
     }
-  }
+  };
   const int chunks = p.H / 32;
   const bf16* x0p = g < T ? p.xn + static_cast<size_t>(g) * p.H + tq * 8 : nullptr;
   const bf16* x1p = g + 8 < T ? p.xn + static_cast<size_t>(g + 8) * p.H + tq * 8 : nullptr;
@@ -343,6 +346,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
       xb[u] = ok && x1p ? __ldg(reinterpret_cast<const uint4*>(x1p + c * 32)) : make_uint4(0, 0, 0, 0);
     }
     if (!landed) {
+      early_plan();
       mbar_wait(&wbar, 0);
       landed = true;
     }
@@ -363,7 +367,10 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
       }
     }
   }
-  if (!landed) mbar_wait(&wbar, 0);  // no chunk for this warp: the copy must still land before the CTA exits
+  if (!landed) {  // no chunk for this warp: the copy must still land before the CTA exits
+    early_plan();
+    mbar_wait(&wbar, 0);
+  }
   if (stamp) p.clocks[2] = clock64();
 #pragma unroll
   for (int m = 0; m < kMT; ++m)
