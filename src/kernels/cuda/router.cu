@@ -251,8 +251,8 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_kernel(RouteParams
 // chosen ids alone, no block barrier). kMT m16 tiles of router rows per CTA (rows <= 16 kMT), kEP experts per lane
 // (E <= 32 kEP).
 // kEarly: the plan entries that do not depend on the routing (the ready words; with one token the offsets and tiles,
-// 0..K, and the counts) are written by the threads of CTA 0 once their x loads are in flight, off the chain; with one token each
-// chosen id's sorted position is counted over the K ids in shared memory (no warp reductions).
+// 0..K, and the counts) are written by the threads of CTA 0 once their x loads are in flight, off the chain; with one
+// token each chosen id's sorted position is counted over the K ids in shared memory (no warp reductions).
 constexpr int kRoute2MaxRows = 32;
 
 __device__ __forceinline__ void st_async_f32(uint32_t addr, float v, uint32_t bar) {
