@@ -281,7 +281,8 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
   if (tid == 0) {
     mbar_init(&wbar);
     mbar_arrive_expect_tx(&wbar, rows * row_bytes);
-    for (int r = 0; r < rows; ++r) bulk_load(wsm + r * stride, p.w + static_cast<size_t>(e0 + r) * p.H, row_bytes, &wbar);
+    for (int r = 0; r < rows; ++r)
+      bulk_load(wsm + r * stride, p.w + static_cast<size_t>(e0 + r) * p.H, row_bytes, &wbar);
     if (rank == 0) {
       mbar_init(&lbar);  // its one arrival now; the phase completes when all T * E logits have landed
       mbar_arrive_expect_tx(&lbar, static_cast<uint32_t>(T * E) * 4u);
