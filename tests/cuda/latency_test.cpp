@@ -35,29 +35,33 @@ std::vector<float> ref_gemm(const std::vector<float>& x, const std::vector<float
 // Small-M GEMM, weight tile bulk-copied into shared memory before the PDL wait (kGemmVariant 4), at the model's
 // shapes (qkv 5120 x 2048, o 2048 x 4096, router 128 x 2048) and odd ones; M = 1, 8, 9 and 16 (one or two token
 // tiles). Shapes with more tiles than resident CTAs fall back to the streaming kernel and must match as well.
-// Variants 7 (register streaming up to K = 2048) and 8 (the tile at every row count) on the same shapes and two more
-// with K > 2048 (K = 2080: 65 chunks of 32; N = 1040: an odd number of 16-row tiles).
+// Variants 7 (register streaming up to K = 2048) and 8 (the tile at every row count), and 4 with the tiles copied
+// evict-first (kL2Prefetch 5), on the same shapes and three more (K = 2080: 65 chunks of 32; N = 1040: an odd number
+// of 16-row tiles; M = 2).
 TEST(CudaLatencyGemm, SharedMemoryTileMatchesReference) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(901);
-  for (int variant : {4, 7, 8})
-  for (auto [M, N, K] : {std::tuple{1, 5120, 2048}, std::tuple{1, 2048, 4096}, std::tuple{16, 2048, 4096},
-                         std::tuple{9, 128, 2048}, std::tuple{8, 48, 96}, std::tuple{3, 208, 1056},
-                         std::tuple{16, 16, 32}, std::tuple{5, 16 * 1000, 64}, std::tuple{8, 2064, 2080},
-                         std::tuple{9, 1040, 4096}}) {
-    OptionScope opt(DecodeOption::kGemmVariant, variant);
-    SCOPED_TRACE(testing::Message() << "gemm variant " << variant << " M=" << M << " N=" << N << " K=" << K);
-    auto x = random_bf16(static_cast<size_t>(M) * K, rng), w = random_bf16(static_cast<size_t>(N) * K, rng);
-    auto dx = upload_bf16(x), dw = upload_bf16(w);
-    DevBuf<bf16> dy(static_cast<size_t>(M) * N);
-    dy.poison();
-    ZEST_ASSERT_OK(gemm(dx->get(), dw->get(), dy.get(), M, N, K, nullptr));
-    sync_ok();
-    ZEST_EXPECT_CLOSE(download_bf16(dy), ref_gemm(x.f, w.f, M, N, K), kTol);
+  // (gemm variant, kL2Prefetch): 5 copies the tiles evict-first for M <= 2.
+  for (auto [variant, l2mode] : {std::pair{4, 0}, std::pair{7, 0}, std::pair{8, 0}, std::pair{4, 5}}) {
+    OptionScope opt(DecodeOption::kGemmVariant, variant), l2(DecodeOption::kL2Prefetch, l2mode);
+    for (auto [M, N, K] : {std::tuple{1, 5120, 2048}, std::tuple{1, 2048, 4096}, std::tuple{16, 2048, 4096},
+                           std::tuple{9, 128, 2048}, std::tuple{8, 48, 96}, std::tuple{3, 208, 1056},
+                           std::tuple{16, 16, 32}, std::tuple{5, 16 * 1000, 64}, std::tuple{8, 2064, 2080},
+                           std::tuple{9, 1040, 4096}, std::tuple{2, 2048, 4096}}) {
+      SCOPED_TRACE(testing::Message() << "gemm variant " << variant << " l2 " << l2mode << " M=" << M << " N=" << N
+                                      << " K=" << K);
+      auto x = random_bf16(static_cast<size_t>(M) * K, rng), w = random_bf16(static_cast<size_t>(N) * K, rng);
+      auto dx = upload_bf16(x), dw = upload_bf16(w);
+      DevBuf<bf16> dy(static_cast<size_t>(M) * N);
+      dy.poison();
+      ZEST_ASSERT_OK(gemm(dx->get(), dw->get(), dy.get(), M, N, K, nullptr));
+      sync_ok();
+      ZEST_EXPECT_CLOSE(download_bf16(dy), ref_gemm(x.f, w.f, M, N, K), kTol);
+    }
   }
 }
 
-// The qkv GEMM with L2 prefetches of a paged KV cache (gemm_kv_prefetch, DecodeOption::kL2Prefetch 0-4, small-M GEMM
+// The qkv GEMM with L2 prefetches of a paged KV cache (gemm_kv_prefetch, DecodeOption::kL2Prefetch 0-5, small-M GEMM
 // variants 4 and 8): the same bits as gemm() and within bf16 tolerance of a double reference, for M = 1, 3, 8, 9 and
 // 16 sequences of mixed context lengths (1: nothing to prefetch; page boundaries; 1025) over a shuffled block table,
 // at the model's qkv shape and an odd one, with 4 and 2 kv heads per row; a KvPrefetch without a cache falls back to
@@ -98,7 +102,7 @@ TEST(CudaLatencyGemm, KvPrefetchGemmMatchesGemm) {
       sync_ok();
       const auto want = download_bf16(base);
       ZEST_EXPECT_CLOSE(want, ref, kTol);
-      for (int mode = 0; mode <= 4; ++mode) {
+      for (int mode = 0; mode <= 5; ++mode) {
         SCOPED_TRACE(testing::Message() << "gemm variant " << gv << " kL2Prefetch " << mode);
         OptionScope l2(DecodeOption::kL2Prefetch, mode);
         for (int variant = 0; variant < 2; ++variant) {

@@ -88,7 +88,7 @@ enum class DecodeOption : int {
                     // of the earlier tokens before its wait, its weight tiles copied with an evict-first policy, and
                     // the ring decode attention prefetches the o GEMM's weights (DecodeAttention::l2_next) after its
                     // copies; 2 = the KV prefetch only (weight tiles without the policy); 3 = the o weights only; 4 =
-                    // none
+                    // none; 5 = as 0, and every other small-M GEMM's tiles (o) evict-first for steps of at most 2 tokens
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);

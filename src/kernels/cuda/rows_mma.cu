@@ -162,8 +162,8 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) rows_mma_kernel(RowsP
 constexpr int kPreRound = 8;  // token chunks in flight per warp
 
 // L2 prefetches issued by rows_pre_kernel (DecodeOption::kL2Prefetch): none; the KV rows before the wait with the
-// weight tile copied evict-first; the KV rows before the wait, plain tile copies.
-enum PreFetch { kPfNone = 0, kPfBefore = 1, kPfBeforePlain = 2 };
+// weight tile copied evict-first; the KV rows before the wait, plain tile copies; no prefetch, the tile evict-first.
+enum PreFetch { kPfNone = 0, kPfBefore = 1, kPfBeforePlain = 2, kPfTileHint = 3 };
 
 __device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
@@ -220,7 +220,7 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
   if (threadIdx.x == 0) {
     mbar_init(&bar);
     mbar_arrive_expect_tx(&bar, kRows * row_bytes);
-    if constexpr (kPf == kPfBefore) {
+    if constexpr (kPf == kPfBefore || kPf == kPfTileHint) {
       const uint64_t pol = evict_first_policy();
       for (int r = 0; r < kRows; ++r)
         bulk_load_hint(wsm + r * stride, w + static_cast<size_t>(r0 + r) * Kdim, row_bytes, &bar, pol);
@@ -230,7 +230,7 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
     }
   }
   // Block tables and context lengths are step inputs, not written by the previous kernel.
-  if constexpr (kPf != kPfNone) prefetch_kv_l2(kv);
+  if constexpr (kPf == kPfBefore || kPf == kPfBeforePlain) prefetch_kv_l2(kv);
   __syncthreads();
   pdl_wait();
   const int chunks = Kdim / kChunk;
@@ -307,6 +307,7 @@ PreKernel rows_pre_pick(int M, int K, int pf) {
   switch (pf) {
     case kPfBefore: return rows_pre_pick_pf<kPfBefore>(M, K);
     case kPfBeforePlain: return rows_pre_pick_pf<kPfBeforePlain>(M, K);
+    case kPfTileHint: return rows_pre_pick_pf<kPfTileHint>(M, K);
     default: return rows_pre_pick_pf<kPfNone>(M, K);
   }
 }
@@ -333,6 +334,7 @@ bool rows_pre_ok(int M, int N, int K, int pf = kPfNone) {
   const size_t smem = rows_pre_smem(K);
   const bool configured = pf == kPfBefore         ? rows_pre_configure<kPfBefore>()
                           : pf == kPfBeforePlain ? rows_pre_configure<kPfBeforePlain>()
+                          : pf == kPfTileHint    ? rows_pre_configure<kPfTileHint>()
                                                  : rows_pre_configure<kPfNone>();
   if (!configured) return false;
   int n = 0;
@@ -381,9 +383,13 @@ Status rows_mma_gemm(const bf16* x, const bf16* w, bf16* y, int M, int N, int K,
   p.Kdim = K;
   const bool long_k = K > kWarps * kChunk * kPreRound;  // rows_pre holds one 16-row tile per SM
   switch (decode_option(DecodeOption::kGemmVariant)) {
-    case 4:  // the tile in shared memory; register streaming for 9-16 rows at K <= 2048
-      if ((long_k || M < kStreamMinRows) && rows_pre_ok(M, N, K)) return launch_rows_pre(x, w, y, M, N, K, stream);
+    case 4: {  // the tile in shared memory; register streaming for 9-16 rows at K <= 2048
+      // kL2Prefetch 5: tiles copied evict-first for steps of at most kPrefetchMaxRows rows.
+      const int pf = decode_option(DecodeOption::kL2Prefetch) == 5 && M <= kPrefetchMaxRows ? kPfTileHint : kPfNone;
+      if ((long_k || M < kStreamMinRows) && rows_pre_ok(M, N, K, pf))
+        return launch_rows_pre(x, w, y, M, N, K, stream, pf);
       return launch_rows<kDense, 4, 3>(p, N / kRows, stream);
+    }
     case 7:  // register streaming for K <= 2048 at every row count, the tile otherwise
       if (long_k && rows_pre_ok(M, N, K)) return launch_rows_pre(x, w, y, M, N, K, stream);
       return launch_rows<kDense, 4, 3>(p, N / kRows, stream);
@@ -401,7 +407,8 @@ Status gemm_kv_prefetch(const bf16* x, const bf16* w, bf16* y, int M, int N, int
                         cudaStream_t stream) {
   int pf = kPfNone;
   switch (decode_option(DecodeOption::kL2Prefetch)) {
-    case 0: pf = M <= kPrefetchMaxRows ? kPfBefore : kPfNone; break;
+    case 0:
+    case 5: pf = M <= kPrefetchMaxRows ? kPfBefore : kPfNone; break;
     case 1: pf = kPfBefore; break;
     case 2: pf = kPfBeforePlain; break;
     default: break;
