@@ -17,10 +17,11 @@ constexpr int kPlanSlotE = 256;   // slot-per-thread path: at most blockDim slot
 // (Qwen3-30B-A3B shapes, 48 layers, context 1024, TPOT in one run at 6ca2520): batch 8 / 32 / 64 rows_mma 9.456 /
 // 18.097 / 21.365 ms, variants 2 + 7 (the previous streaming pair) 8.762 / 16.830 / 19.603, variant 11 8.477 / 16.365
 // / 19.037, variant 12 8.534 / 16.062 / 18.653. The streaming kernel claims its items in order, so it completes
-// whatever share of the GPU it gets (two decoders on two streams at once). One token: moe_one variant 16 (32; rows_mma's
-// two kernels with the first item's plan entries loaded beside the active count and a one-barrier epilogue, the same
-// bits): batch-1 TPOT 2.807 ms against 2.899 with rows_mma, SERE S=2 2.366 against 2.476 (H200, f8caf08).
-int default_moe_kernel(int N) { return N <= 1 ? 32 : N <= 8 ? 13 : 14; }
+// whatever share of the GPU it gets (two decoders on two streams at once). One token: moe_one variant 1 (17; rows_mma's
+// two kernels with the first gate/up item's plan entries loaded beside the active count, one-barrier epilogues and
+// the down CTAs' first weights loaded before their wait; the same bits): batch-1 TPOT 2.742 ms against 2.853 with
+// rows_mma, SERE S=2 2.306 against 2.445 (H200, d84b9e8, where it ran as 33).
+int default_moe_kernel(int N) { return N <= 1 ? 17 : N <= 8 ? 13 : 14; }
 
 // ---- plan ------------------------------------------------------------------------------------------------
 
@@ -303,8 +304,7 @@ Status moe_experts_decode(const bf16* x, const MoePlan& plan, const float* weigh
   ZEST_RETURN_IF_ERROR(check_moe("moe_experts_decode", N, K, E, H, I));
   int kernel = decode_option(DecodeOption::kMoeKernel);
   if (kernel == 0) kernel = default_moe_kernel(N);
-  // 16 + v: moe_one.h variant v (the down weights copied into shared memory while gate/up runs); sizes it does not
-  // take go to the default by batch (rows_mma where that is moe_one too).
+  // 16 + v: moe_one.h variant v; sizes it does not take go to the default by batch (rows_mma where that is moe_one).
   constexpr int kOneBase = 2 + kStreamVariants;
   if (kernel >= kOneBase && kernel < kOneBase + kOneVariants) {
     if (moe_one_ok(N, K, E, H, I))
