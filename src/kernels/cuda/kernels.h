@@ -73,10 +73,10 @@ enum class DecodeOption : int {
                     // for bit); 5 / 6 = as 4 in clusters of at most 8 / 4 CTAs; 10 = as 4 with the plan entries
                     // that do not depend on the routing written early; 0 = router GEMM, router_topk and moe_plan as
                     // separate launches
-  kMoeKernel,       // decode experts: 0 (default) = by batch (see moe.cu: 32 for one token, else streaming);
+  kMoeKernel,       // decode experts: 0 (default) = by batch (see moe.cu: 17 for one token, else streaming);
                     // 1 = rows_mma gate/up + down kernels; 2-15 = one persistent bulk-copy streaming kernel
-                    // (moe_stream.h variants 0-13); 16-33 = moe_one.h variants 0-17 (up to 8 tokens where each CTA's
-                    // share of the down weights fits in shared memory, else the default by batch)
+                    // (moe_stream.h variants 0-13); 16-17 = moe_one.h variants 0-1 (up to 8 tokens, H and I
+                    // multiples of 32; other sizes take the default by batch)
   kMoeBlock,        // decode MoE half of a layer (T <= 8, MoE layer, nothing re-routes: no SERE, no host hooks): 0 (default)
                     // = the chain add + RMSNorm, routing, experts, combine + RMSNorm; 1 = moe_block_decode (moe_block.h),
                     // one cooperative launch with programmatic serialisation where the driver takes it, gate/up
