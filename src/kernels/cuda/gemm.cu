@@ -29,7 +29,7 @@ int default_decode_option(DecodeOption opt) {
     case DecodeOption::kMoeOccupancy: return 1;
     case DecodeOption::kAttentionKernel: return 8;
     case DecodeOption::kGemmVariant: return 4;
-    case DecodeOption::kRouteFused: return 4;
+    case DecodeOption::kRouteFused: return 10;
     default: return 0;
   }
 }

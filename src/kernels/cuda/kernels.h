@@ -68,11 +68,11 @@ enum class DecodeOption : int {
                     // K <= 2048 at every row count, else as 4; 8 = the tile at every row count (4 before)
   kRouteFused,      // decode routing (T <= 16): 1 = moe_route (router GEMM + top-k + plan in one cluster
                     // launch); 2 = as 1 in clusters of at most 8 CTAs; 3 = as 1, the next kernel launched only when
-                    // it exits; 4 (default) = the compact kernel (router.cu: logits into CTA 0 by st.async on an
-                    // mbarrier, top-k rounds in registers, the plan from per-expert token masks; the same results bit
-                    // for bit); 5 / 6 = as 4 in clusters of at most 8 / 4 CTAs; 10 = as 4 with the plan entries
-                    // that do not depend on the routing written early; 0 = router GEMM, router_topk and moe_plan as
-                    // separate launches
+                    // it exits; 4 = the compact kernel (router.cu: logits into CTA 0 by st.async on an mbarrier,
+                    // top-k rounds in registers, the plan from per-expert token masks; the same results bit for
+                    // bit); 5 / 6 = as 4 in clusters of at most 8 / 4 CTAs; 10 (default) = as 4 with the plan
+                    // entries that do not depend on the routing written early (off the top-k warp's chain); 0 =
+                    // router GEMM, router_topk and moe_plan as separate launches
   kMoeKernel,       // decode experts: 0 (default) = by batch (see moe.cu: 17 for one token, else streaming);
                     // 1 = rows_mma gate/up + down kernels; 2-15 = one persistent bulk-copy streaming kernel
                     // (moe_stream.h variants 0-13); 16-17 = moe_one.h variants 0-1 (up to 8 tokens, H and I
@@ -82,13 +82,14 @@ enum class DecodeOption : int {
                     // one cooperative launch with programmatic serialisation where the driver takes it, gate/up
                     // weights bulk-copied into a shared-memory ring; 2 = as 1, never with programmatic serialisation;
                     // 3 = as 1 with the gate/up weights through register loads
-  kL2Prefetch,      // decode steps of at most 16 tokens, L2 prefetches for the kernel that follows: 0 (default) = 1's
-                    // KV prefetch for steps of at most 2 tokens (measured faster at batch 1 and 2), none above; 1 =
-                    // the qkv GEMM (gemm_kv_prefetch on the shared-memory small-M path) prefetches the layer's KV rows
-                    // of the earlier tokens before its wait, its weight tiles copied with an evict-first policy, and
-                    // the ring decode attention prefetches the o GEMM's weights (DecodeAttention::l2_next) after its
-                    // copies; 2 = the KV prefetch only (weight tiles without the policy); 3 = the o weights only; 4 =
-                    // none; 5 = as 0, and every other small-M GEMM's tiles (o) evict-first for steps of at most 2 tokens
+  kL2Prefetch,      // decode steps of at most 16 tokens, L2 prefetches for the kernel that follows: 0 (default) = for
+                    // steps of at most 2 tokens (measured faster at batch 1 and 2) 1's KV prefetch, and the other
+                    // small-M GEMMs' weight tiles (the o GEMM's) copied evict-first as well; none above; 1 = the qkv
+                    // GEMM (gemm_kv_prefetch on the shared-memory small-M path) prefetches the layer's KV rows of the
+                    // earlier tokens before its wait, its weight tiles copied with an evict-first policy, and the ring
+                    // decode attention prefetches the o GEMM's weights (DecodeAttention::l2_next) after its copies;
+                    // 2 = the KV prefetch only (weight tiles without the policy); 3 = the o weights only; 4 = none;
+                    // 5 = as 0 without the other GEMMs' evict-first tiles
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);

@@ -301,17 +301,19 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   if (stamp) p.clocks[1] = clock64();
-  // kEarly: plan entries that do not depend on the routing, written by CTA 0 once its x loads are in flight.
+  // kEarly: plan entries that do not depend on the routing, written by warps 1-7 of CTA 0 once their x loads are in
+  // flight (warp 0, whose top-k and plan are the chain at one token, writes none of them).
   auto early_plan = [&]() {
     if constexpr (kEarly) {
-      if (rank != 0 || !p.make_plan) return;
-      for (int e = tid; e <= E + 1; e += kRouteThreads) p.plan.ready[e] = 0u;  // nothing ready, claimed or finished
+      if (rank != 0 || !p.make_plan || warp == 0) return;
+      const int w = tid - 32;
+      for (int e = w; e <= E + 1; e += kRouteThreads - 32) p.plan.ready[e] = 0u;  // nothing ready, claimed or finished
       if (T == 1) {
-        if (tid < K) {
-          p.plan.offsets[tid] = tid;
-          p.plan.tile_active[tid] = tid;
-          p.plan.tile_start[tid] = tid;
-        } else if (tid == K) {
+        if (w < K) {
+          p.plan.offsets[w] = w;
+          p.plan.tile_active[w] = w;
+          p.plan.tile_start[w] = w;
+        } else if (w == K) {
           p.plan.offsets[K] = K;
           *p.plan.num_active = K;
           *p.plan.num_tiles = K;
