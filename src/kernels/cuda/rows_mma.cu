@@ -354,9 +354,10 @@ Status launch_rows_pre(const bf16* x, const bf16* w, bf16* y, int M, int N, int 
 // Qwen3-30B-A3B shapes), measured faster at batch 16 on H200 (TPOT 11.810 / 11.748 against 11.890 / 11.872-11.850
 // ms at b8cfb69 / f8caf08; batch 8 and below equal or slower, so the tile stays up to 8 rows).
 constexpr int kStreamMinRows = 9;
-// kL2Prefetch 0 (default) prefetches the KV rows (with evict-first tiles) for steps of at most this many rows:
+// kL2Prefetch 0 (default) prefetches the KV rows (with evict-first qkv tiles) for steps of at most this many rows:
 // measured faster at batch 1 and 2 (TPOT -0.04 to -0.07 ms in four comparisons at batch 1, two at batch 2), slower
-// at batch 4 (+0.1 ms) and equal at 8 and 16 (b8cfb69, f8caf08).
+// at batch 4 (+0.1 ms) and equal at 8 and 16 (b8cfb69, f8caf08); the other small-M GEMMs' tiles (the o GEMM's)
+// evict-first as well: batch 1 -0.009 to -0.012 ms in three comparisons, batch 2 equal (89d6b4e).
 constexpr int kPrefetchMaxRows = 2;
 
 template <int kMode, int kU, int kMinBlocks>
@@ -384,8 +385,8 @@ Status rows_mma_gemm(const bf16* x, const bf16* w, bf16* y, int M, int N, int K,
   const bool long_k = K > kWarps * kChunk * kPreRound;  // rows_pre holds one 16-row tile per SM
   switch (decode_option(DecodeOption::kGemmVariant)) {
     case 4: {  // the tile in shared memory; register streaming for 9-16 rows at K <= 2048
-      // kL2Prefetch 5: tiles copied evict-first for steps of at most kPrefetchMaxRows rows.
-      const int pf = decode_option(DecodeOption::kL2Prefetch) == 5 && M <= kPrefetchMaxRows ? kPfTileHint : kPfNone;
+      // kL2Prefetch 0: tiles copied evict-first for steps of at most kPrefetchMaxRows rows.
+      const int pf = decode_option(DecodeOption::kL2Prefetch) == 0 && M <= kPrefetchMaxRows ? kPfTileHint : kPfNone;
       if ((long_k || M < kStreamMinRows) && rows_pre_ok(M, N, K, pf))
         return launch_rows_pre(x, w, y, M, N, K, stream, pf);
       return launch_rows<kDense, 4, 3>(p, N / kRows, stream);
