@@ -352,12 +352,13 @@ Status launch_rows_pre(const bf16* x, const bf16* w, bf16* y, int M, int N, int 
 
 // kGemmVariant 4 (default) runs the register-streamed kernel for 9-16 token rows when K <= 2048 (the qkv GEMM at
 // Qwen3-30B-A3B shapes), measured faster at batch 16 on H200 (TPOT 11.810 / 11.748 against 11.890 / 11.872-11.850
-// ms at b8cfb69 / f8caf08; batch 8 and below equal or slower, so the tile stays up to 8 rows).
+// ms at b8cfb69 / f8caf08; at 12 / 16 10.10-10.13 / 11.74-11.78 against 10.21 / 11.86-11.87 at d84b9e8 and aea5e48;
+// batch 8 and below equal or slower, so the tile stays up to 8 rows).
 constexpr int kStreamMinRows = 9;
 // kL2Prefetch 0 (default) prefetches the KV rows (with evict-first qkv tiles) for steps of at most this many rows:
 // measured faster at batch 1 and 2 (TPOT -0.04 to -0.07 ms in four comparisons at batch 1, two at batch 2), slower
 // at batch 4 (+0.1 ms) and equal at 8 and 16 (b8cfb69, f8caf08); the other small-M GEMMs' tiles (the o GEMM's)
-// evict-first as well: batch 1 -0.009 to -0.012 ms in three comparisons, batch 2 equal (89d6b4e).
+// evict-first as well: batch 1 -0.009 to -0.018 ms in five comparisons, batch 2 equal (89d6b4e, aea5e48).
 constexpr int kPrefetchMaxRows = 2;
 
 template <int kMode, int kU, int kMinBlocks>
