@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "cuda/cuda_test_util.h"
+#include "cuda/moe_decode_case.h"
 #include "kernels/cuda/moe_stream.h"
 
 namespace zest::cuda::test {
@@ -19,47 +20,7 @@ namespace {
 
 constexpr double kTol = 2e-2;  // max abs err <= 2e-2 * max |ref| (bf16 h and outputs, fp32 sums in another order)
 
-struct StreamCase {
-  int N, K, E, H, I;
-  int pool;        // experts that receive tokens (0 = all E)
-  int hot;         // >= 0: every token's first slot goes to this expert
-  int holes;       // slots set to -1 (SERE-folded), spread over the batch
-};
-
-struct Routing {
-  std::vector<int32_t> ids;
-  std::vector<float> w;
-};
-
-Routing make_routing(const StreamCase& c, std::mt19937& rng) {
-  Routing r;
-  r.ids.resize(static_cast<size_t>(c.N) * c.K);
-  r.w.resize(r.ids.size());
-  std::uniform_real_distribution<float> d(0.05f, 1.f);
-  const int pool = c.pool > 0 ? c.pool : c.E;
-  for (int n = 0; n < c.N; ++n) {
-    std::vector<int> all(pool);
-    std::iota(all.begin(), all.end(), 0);
-    std::shuffle(all.begin(), all.end(), rng);
-    if (c.hot >= 0) {
-      const auto it = std::find(all.begin(), all.end(), c.hot);
-      std::iter_swap(all.begin(), it);
-    }
-    float s = 0;
-    std::vector<float> ws(c.K);
-    for (auto& v : ws) s += (v = d(rng));
-    for (int k = 0; k < c.K; ++k) {
-      r.ids[n * c.K + k] = all[k];
-      r.w[n * c.K + k] = round_bf16(ws[k] / s);
-    }
-  }
-  for (int i = 0; i < c.holes; ++i) {
-    const size_t slot = (static_cast<size_t>(i) * 7919 + 3) % r.ids.size();
-    r.ids[slot] = -1;
-    r.w[slot] = 0.f;
-  }
-  return r;
-}
+using StreamCase = MoeCase;
 
 struct Inputs {
   Routing route;
@@ -68,27 +29,7 @@ struct Inputs {
 
 // Host reference of one (token, slot): slot_out row of H values.
 std::vector<float> ref_slot(const StreamCase& c, const Inputs& in, int n, int k) {
-  const int e = in.route.ids[n * c.K + k];
-  std::vector<float> hv(c.I), out(c.H);
-  for (int i = 0; i < c.I; ++i) {
-    double g = 0, u = 0;
-    const float* wg = &in.gu.f[(static_cast<size_t>(e) * 2 * c.I + i) * c.H];
-    const float* wu = wg + static_cast<size_t>(c.I) * c.H;
-    const float* xr = &in.x.f[static_cast<size_t>(n) * c.H];
-    for (int j = 0; j < c.H; ++j) {
-      g += static_cast<double>(xr[j]) * wg[j];
-      u += static_cast<double>(xr[j]) * wu[j];
-    }
-    const float gb = round_bf16(static_cast<float>(g)), ub = round_bf16(static_cast<float>(u));
-    hv[i] = round_bf16(round_bf16(gb / (1.f + std::exp(-gb))) * ub);
-  }
-  for (int r = 0; r < c.H; ++r) {
-    double y = 0;
-    const float* wd = &in.dn.f[(static_cast<size_t>(e) * c.H + r) * c.I];
-    for (int i = 0; i < c.I; ++i) y += static_cast<double>(hv[i]) * wd[i];
-    out[r] = round_bf16(static_cast<float>(y)) * in.route.w[n * c.K + k];
-  }
-  return out;
+  return ref_slot(c, in.x, in.gu, in.dn, in.route, n, k);
 }
 
 // One case on the device: inputs, the built plan, output buffers and the host reference of the written slots.
