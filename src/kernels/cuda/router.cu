@@ -883,7 +883,7 @@ namespace {
 // memory for one or two tokens.)
 Status launch_route(RouteParams p, cudaStream_t stream) {
   const int variant = decode_option(DecodeOption::kRouteFused);
-  const bool compact = (variant >= 4 && variant <= 6) || variant == 10;
+  bool compact = (variant >= 4 && variant <= 6) || variant == 10;
   int max_c = variant == 2 || variant == 5 ? 8 : variant == 6 ? 4 : 16;
   int max_rows = compact ? kRoute2MaxRows : 16;
   if (route_cluster(p.E, max_c, max_rows) == 0 || route_smem(p.E, p.H, max_c, max_rows) > kRouteMaxSmem) {
@@ -891,7 +891,15 @@ Status launch_route(RouteParams p, cudaStream_t stream) {
     max_rows = 16;
   }
   p.early_trigger = variant == 3 ? 0 : 1;
-  const int C = route_cluster(p.E, max_c, max_rows);
+  int C = route_cluster(p.E, max_c, max_rows);
+  if (compact && C < 2) {
+    // st.async into shared::cluster needs a cluster of at least two CTAs: a single-CTA split (odd E <= 16) takes the
+    // cluster kernel, which gives the same results.
+    compact = false;
+    max_c = 16;
+    max_rows = 16;
+    C = route_cluster(p.E, max_c, max_rows);
+  }
   void (*kernel)(RouteParams) = moe_route_kernel;
   if (compact) {
     static bool attributes_set[8] = {};
