@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "cuda/cuda_test_util.h"
+#include "cuda/prefill_attention_check.h"
 
 namespace zest::cuda::test {
 namespace {
@@ -408,35 +409,7 @@ TEST(CudaDecodeAttention, RejectsOddHeadDim) {
 TEST(CudaPrefillAttention, CausalVarlenGqaMatchesReference) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(26);
-  const std::vector<int> lens = {1, 70, 130, 64};
-  const int Hq = 8, Hkv = 2, D = 128, row = (Hq + 2 * Hkv) * D;
-  std::vector<int32_t> cu = {0};
-  for (int l : lens) cu.push_back(cu.back() + l);
-  const int T = cu.back(), max_len = *std::max_element(lens.begin(), lens.end());
-  auto qkv = random_bf16(static_cast<size_t>(T) * row, rng, -2.f, 2.f);
-  auto dqkv = upload_bf16(qkv);
-  DevBuf<int32_t> dcu(cu);
-  DevBuf<bf16> out(static_cast<size_t>(T) * Hq * D);
-  out.poison();
-  const float scale = 1.f / std::sqrt(128.f);
-  const bf16* base = dqkv->get();
-  ZEST_ASSERT_OK(prefill_attention(base, row, base + Hq * D, base + (Hq + Hkv) * D, row, dcu.get(),
-                                   static_cast<int>(lens.size()), max_len, out.get(), Hq, Hkv, D, scale, nullptr));
-  sync_ok();
-  const auto got = download_bf16(out);
-  std::vector<float> ref(got.size());
-  for (size_t s = 0; s < lens.size(); ++s)
-    for (int i = 0; i < lens[s]; ++i)
-      for (int h = 0; h < Hq; ++h) {
-        const int t = cu[s] + i;
-        std::vector<const float*> ks, vs;
-        for (int j = 0; j <= i; ++j) {
-          ks.push_back(&qkv.f[static_cast<size_t>(cu[s] + j) * row + (Hq + h / (Hq / Hkv)) * D]);
-          vs.push_back(&qkv.f[static_cast<size_t>(cu[s] + j) * row + (Hq + Hkv + h / (Hq / Hkv)) * D]);
-        }
-        ref_attend(&qkv.f[static_cast<size_t>(t) * row + h * D], ks, vs, D, scale, &ref[(static_cast<size_t>(t) * Hq + h) * D]);
-      }
-  ZEST_EXPECT_CLOSE(got, ref, kTol);
+  check_prefill_attention({1, 70, 130, 64}, 8, 2, 0, false, kTol, rng);
 }
 
 }  // namespace

@@ -54,30 +54,36 @@ inline Routing make_routing(const MoeCase& c, std::mt19937& rng) {
   return r;
 }
 
-// Host reference of slot (n, k): its slot_out row of H values (x [N, H], gate_up [E, 2I, H], down [E, H, I]).
-inline std::vector<float> ref_slot(const MoeCase& c, const HostBF16& x, const HostBF16& gu, const HostBF16& dn,
-                                   const Routing& route, int n, int k) {
-  const int e = route.ids[n * c.K + k];
-  std::vector<float> hv(c.I), out(c.H);
-  const float* xr = &x.f[static_cast<size_t>(n) * c.H];
-  for (int i = 0; i < c.I; ++i) {
+// Host reference of one token row xr [H] through expert e (gate_up [E, 2I, H], down [E, H, I]) times its routing
+// weight w: H values, with h and the outputs rounded to bf16 where the kernels round.
+inline std::vector<float> ref_expert(const float* xr, const HostBF16& gu, const HostBF16& dn, int e, int H, int I,
+                                     float w) {
+  std::vector<float> hv(I), out(H);
+  for (int i = 0; i < I; ++i) {
     double g = 0, u = 0;
-    const float* wg = &gu.f[(static_cast<size_t>(e) * 2 * c.I + i) * c.H];
-    const float* wu = wg + static_cast<size_t>(c.I) * c.H;
-    for (int j = 0; j < c.H; ++j) {
+    const float* wg = &gu.f[(static_cast<size_t>(e) * 2 * I + i) * H];
+    const float* wu = wg + static_cast<size_t>(I) * H;
+    for (int j = 0; j < H; ++j) {
       g += static_cast<double>(xr[j]) * wg[j];
       u += static_cast<double>(xr[j]) * wu[j];
     }
     const float gb = round_bf16(static_cast<float>(g)), ub = round_bf16(static_cast<float>(u));
     hv[i] = round_bf16(round_bf16(gb / (1.f + std::exp(-gb))) * ub);
   }
-  for (int r = 0; r < c.H; ++r) {
+  for (int r = 0; r < H; ++r) {
     double y = 0;
-    const float* wd = &dn.f[(static_cast<size_t>(e) * c.H + r) * c.I];
-    for (int i = 0; i < c.I; ++i) y += static_cast<double>(hv[i]) * wd[i];
-    out[r] = round_bf16(static_cast<float>(y)) * route.w[n * c.K + k];
+    const float* wd = &dn.f[(static_cast<size_t>(e) * H + r) * I];
+    for (int i = 0; i < I; ++i) y += static_cast<double>(hv[i]) * wd[i];
+    out[r] = round_bf16(static_cast<float>(y)) * w;
   }
   return out;
+}
+
+// Host reference of slot (n, k): its slot_out row of H values (x [N, H]).
+inline std::vector<float> ref_slot(const MoeCase& c, const HostBF16& x, const HostBF16& gu, const HostBF16& dn,
+                                   const Routing& route, int n, int k) {
+  return ref_expert(&x.f[static_cast<size_t>(n) * c.H], gu, dn, route.ids[n * c.K + k], c.H, c.I,
+                    route.w[n * c.K + k]);
 }
 
 }  // namespace zest::cuda::test

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "cuda/cuda_test_util.h"
+#include "cuda/moe_decode_case.h"
 
 namespace zest::cuda::test {
 namespace {
@@ -118,31 +119,15 @@ void run_case(const Case& c, const std::vector<int>& variants, std::mt19937& rng
     tokens = {0, c.N - 1};
     while (static_cast<int>(tokens.size()) < c.checked) tokens.push_back(pick(rng));
   }
-  std::vector<float> ref, hv(c.I);
+  std::vector<float> ref;
   std::vector<size_t> ref_at;  // flat index into the slot outputs of each reference value
   for (int n : tokens)
     for (int k = 0; k < c.K; ++k) {
-      const int e = ids[static_cast<size_t>(n) * c.K + k];
-      if (e < 0) continue;
-      const float* xr = &x.f[static_cast<size_t>(n) * c.H];
-      for (int i = 0; i < c.I; ++i) {
-        double g = 0, u = 0;
-        const float* wg = &gu.f[(static_cast<size_t>(e) * 2 * c.I + i) * c.H];
-        const float* wu = wg + static_cast<size_t>(c.I) * c.H;
-        for (int j = 0; j < c.H; ++j) {
-          g += static_cast<double>(xr[j]) * wg[j];
-          u += static_cast<double>(xr[j]) * wu[j];
-        }
-        const float gb = round_bf16(static_cast<float>(g)), ub = round_bf16(static_cast<float>(u));
-        hv[i] = round_bf16(round_bf16(gb / (1.f + std::exp(-gb))) * ub);
-      }
-      for (int r = 0; r < c.H; ++r) {
-        double y = 0;
-        const float* wd = &dn.f[(static_cast<size_t>(e) * c.H + r) * c.I];
-        for (int i = 0; i < c.I; ++i) y += static_cast<double>(hv[i]) * wd[i];
-        ref.push_back(round_bf16(static_cast<float>(y)) * w[static_cast<size_t>(n) * c.K + k]);
-        ref_at.push_back((static_cast<size_t>(n) * c.K + k) * c.H + r);
-      }
+      const size_t slot = static_cast<size_t>(n) * c.K + k;
+      if (ids[slot] < 0) continue;
+      const auto row = ref_expert(&x.f[static_cast<size_t>(n) * c.H], gu, dn, ids[slot], c.H, c.I, w[slot]);
+      ref.insert(ref.end(), row.begin(), row.end());
+      for (int r = 0; r < c.H; ++r) ref_at.push_back(slot * c.H + r);
     }
 
   for (int variant : variants) {
