@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "cuda/cuda_test_util.h"
+#include "cuda/route_case.h"
 #include "kernels/cuda/synthetic_decoder.h"
 
 namespace zest::cuda::test {
@@ -161,18 +162,18 @@ TEST(CudaLatencyRoute, FusedRoutingMatchesReference) {
         std::tuple{2, 7, 2, 32, true}}) {
     SCOPED_TRACE(testing::Message() << "T=" << T << " E=" << E << " K=" << K << " H=" << H);
     ASSERT_TRUE(moe_route_ok(T, H, E, K));
-    auto x = random_bf16(static_cast<size_t>(T) * H, rng, -2.f, 2.f);
-    const float a = std::sqrt(3.f / H);
-    auto w = random_bf16(static_cast<size_t>(E) * H, rng, -a, a);
-    std::vector<float> bias(E);
-    std::uniform_real_distribution<float> bd(-1.f, 0.f);
-    for (auto& b : bias) b = bd(rng);
-    auto dx = upload_bf16(x), dw = upload_bf16(w);
-    DevBuf<float> dbias(bias), dwt(static_cast<size_t>(T) * K);
-    DevBuf<int32_t> di(static_cast<size_t>(T) * K);
-    DevBuf<bf16> dl(static_cast<size_t>(T) * E);
-    DevBuf<unsigned char> buf(moe_plan_bytes(T, K, E));
-    DevBuf<int64_t> count(std::vector<int64_t>{3});
+    const auto rc = make_route_case(T, E, K, H, rng, 3);
+    auto& x = rc->x;
+    auto& w = rc->w;
+    auto& bias = rc->bias;
+    auto& dx = rc->dx;
+    auto& dw = rc->dw;
+    auto& dbias = rc->dbias;
+    auto& dwt = rc->dwt;
+    auto& di = rc->di;
+    auto& dl = rc->dl;
+    auto& buf = rc->buf;
+    auto& count = rc->count;
     for (bool with_plan : {true, false}) {
       di.poison();
       dwt.poison();

@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "cuda/cuda_test_util.h"
+#include "cuda/route_case.h"
 #include "kernels/cuda/synthetic_decoder.h"
 
 namespace zest::cuda {
@@ -86,18 +87,15 @@ TEST(CudaRoute, CompactKernelMatchesClusterKernelBitForBit) {
         std::tuple{1, 256, 16, 512, true}, std::tuple{1, 40, 5, 64, false}, std::tuple{1, 7, 1, 32, false}}) {
     SCOPED_TRACE(testing::Message() << "T=" << T << " E=" << E << " K=" << K << " H=" << H << " bias=" << use_bias);
     ASSERT_TRUE(moe_route_ok(T, H, E, K));
-    auto x = random_bf16(static_cast<size_t>(T) * H, rng, -2.f, 2.f);
-    const float a = std::sqrt(3.f / H);
-    auto w = random_bf16(static_cast<size_t>(E) * H, rng, -a, a);
-    std::vector<float> bias(E);
-    std::uniform_real_distribution<float> bd(-1.f, 0.f);
-    for (auto& b : bias) b = bd(rng);
-    auto dx = upload_bf16(x), dw = upload_bf16(w);
-    DevBuf<float> dbias(bias), dwt(static_cast<size_t>(T) * K);
-    DevBuf<int32_t> di(static_cast<size_t>(T) * K);
-    DevBuf<bf16> dl(static_cast<size_t>(T) * E);
-    DevBuf<unsigned char> buf(moe_plan_bytes(T, K, E));
-    DevBuf<int64_t> count(std::vector<int64_t>{5});
+    const auto rc = make_route_case(T, E, K, H, rng, 5);
+    auto& dx = rc->dx;
+    auto& dw = rc->dw;
+    auto& dbias = rc->dbias;
+    auto& dwt = rc->dwt;
+    auto& di = rc->di;
+    auto& dl = rc->dl;
+    auto& buf = rc->buf;
+    auto& count = rc->count;
     auto run = [&](int variant, bool with_plan) {
       OptionScope opt(DecodeOption::kRouteFused, variant);
       di.poison();
