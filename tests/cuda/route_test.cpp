@@ -37,6 +37,18 @@ struct RouteOut {
   int64_t count = -1;
 };
 
+// The MoE plan of two launches, equal entry for entry.
+void expect_plan_equal(const RouteOut& got, const RouteOut& ref) {
+  EXPECT_EQ(got.num_active, ref.num_active);
+  EXPECT_EQ(got.num_tiles, ref.num_tiles);
+  EXPECT_EQ(got.active, ref.active);
+  EXPECT_EQ(got.offsets, ref.offsets);
+  EXPECT_EQ(got.sorted, ref.sorted);
+  EXPECT_EQ(got.tile_active, ref.tile_active);
+  EXPECT_EQ(got.tile_start, ref.tile_start);
+  EXPECT_EQ(got.ready, ref.ready);
+}
+
 std::vector<uint32_t> bits_of(const std::vector<float>& v) {
   std::vector<uint32_t> b(v.size());
   std::memcpy(b.data(), v.data(), v.size() * 4);
@@ -157,14 +169,7 @@ TEST(CudaRoute, CompactKernelMatchesClusterKernelBitForBit) {
         EXPECT_EQ(got.ids, ref.ids);
         EXPECT_EQ(got.weights, ref.weights);
         if (!with_plan) continue;
-        EXPECT_EQ(got.num_active, ref.num_active);
-        EXPECT_EQ(got.num_tiles, ref.num_tiles);
-        EXPECT_EQ(got.active, ref.active);
-        EXPECT_EQ(got.offsets, ref.offsets);
-        EXPECT_EQ(got.sorted, ref.sorted);
-        EXPECT_EQ(got.tile_active, ref.tile_active);
-        EXPECT_EQ(got.tile_start, ref.tile_start);
-        EXPECT_EQ(got.ready, ref.ready);
+        expect_plan_equal(got, ref);
         EXPECT_EQ(got.count, ref.count);
       }
     }
@@ -225,13 +230,7 @@ TEST(CudaRoute, CompactKernelTiesMatchClusterKernel) {
           const RouteOut got = run(variant);
           EXPECT_EQ(got.ids, ref.ids);
           EXPECT_EQ(got.weights, ref.weights);
-          EXPECT_EQ(got.num_active, ref.num_active);
-          EXPECT_EQ(got.active, ref.active);
-          EXPECT_EQ(got.offsets, ref.offsets);
-          EXPECT_EQ(got.sorted, ref.sorted);
-          EXPECT_EQ(got.tile_active, ref.tile_active);
-          EXPECT_EQ(got.tile_start, ref.tile_start);
-          EXPECT_EQ(got.ready, ref.ready);
+          expect_plan_equal(got, ref);
         }
       }
 }
