@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -206,6 +207,36 @@ TEST(CudaMoeOne, EverySlotEmpty) {
   }
 }
 
+// Captures `layers` x (moe_plan, experts(stream)) on `st` with programmatic launches and instantiates the graph;
+// nullptr (with a test failure recorded) when a launch, the capture or the instantiation fails.
+cudaGraphExec_t capture_plan_and_experts(Setup& s, cudaStream_t st, int layers,
+                                         const std::function<Status(cudaStream_t)>& experts) {
+  const bool pdl = programmatic_launch();
+  set_programmatic_launch(true);
+  if (cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+    set_programmatic_launch(pdl);
+    ADD_FAILURE() << "begin capture";
+    return nullptr;
+  }
+  Status plan_st = Status::ok(), one_st = Status::ok();
+  for (int rep = 0; rep < layers; ++rep) {
+    plan_st = moe_plan(s.ids.get(), s.c.N, s.c.K, s.c.E, s.plan, nullptr, st);
+    one_st = experts(st);
+  }
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(st, &graph);
+  set_programmatic_launch(pdl);
+  EXPECT_TRUE(plan_st.is_ok()) << plan_st.to_string();
+  EXPECT_TRUE(one_st.is_ok()) << one_st.to_string();
+  EXPECT_EQ(end, cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  if (plan_st.is_ok() && one_st.is_ok() && end == cudaSuccess) {
+    EXPECT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  }
+  if (graph) cudaGraphDestroy(graph);
+  return exec;
+}
+
 // Graph of (moe_plan, moe_experts_one) captured once with programmatic launches and replayed for several routings:
 // the down kernel reads the plan before its wait, so each replay must use the plan its own moe_plan built.
 TEST(CudaMoeOne, GraphReplayWithProgrammaticLaunchAndNewRoutings) {
@@ -213,24 +244,13 @@ TEST(CudaMoeOne, GraphReplayWithProgrammaticLaunchAndNewRoutings) {
   std::mt19937 rng(108);
   const OneCase c{1, 8, 12, 2048, 768, 0, -1, 0, false};
   const auto s = make_setup(c, rng);
-  const bool pdl = programmatic_launch();
   for (int variant = 0; variant < kOneVariants; ++variant) {
     SCOPED_TRACE(testing::Message() << "variant " << variant);
     cudaStream_t st = nullptr;
     ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
-    set_programmatic_launch(true);
-    ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    const Status plan_st = moe_plan(s->ids.get(), c.N, c.K, c.E, s->plan, nullptr, st);
-    const Status one_st = s->run_one(variant, st);
-    cudaGraph_t graph = nullptr;
-    const cudaError_t end = cudaStreamEndCapture(st, &graph);
-    set_programmatic_launch(pdl);
-    ZEST_ASSERT_OK(plan_st);
-    ZEST_ASSERT_OK(one_st);
-    ASSERT_EQ(end, cudaSuccess);
-    cudaGraphExec_t exec = nullptr;
-    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-    cudaGraphDestroy(graph);
+    cudaGraphExec_t exec =
+        capture_plan_and_experts(*s, st, 1, [&](cudaStream_t stream) { return s->run_one(variant, stream); });
+    ASSERT_NE(exec, nullptr);
     for (int rep = 0; rep < 3; ++rep) {
       SCOPED_TRACE(testing::Message() << "routing " << rep);
       OneCase rc = c;
@@ -264,7 +284,6 @@ TEST(CudaMoeOne, PhaseTimesInAGraph) {
   ZEST_ASSERT_OK(s->run_decode(1, nullptr));
   sync_ok();
   const auto want = s->bits();
-  const bool pdl = programmatic_launch();
   int gg = 0, dg = 0;
   moe_one_grids(c.N, c.K, c.E, c.H, c.I, &gg, &dg);
   for (int variant = 0; variant < kOneVariants; ++variant) {
@@ -272,20 +291,11 @@ TEST(CudaMoeOne, PhaseTimesInAGraph) {
     DevBuf<uint64_t> stamps(2 * static_cast<size_t>(gg) + 3 * static_cast<size_t>(dg));
     cudaStream_t st = nullptr;
     ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
-    set_programmatic_launch(true);
-    ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    const Status plan_st = moe_plan(s->ids.get(), c.N, c.K, c.E, s->plan, nullptr, st);
-    const Status one_st = moe_experts_one(s->x->get(), s->plan, s->w.get(), s->gu->get(), s->dn->get(), s->h.get(),
-                                          s->out.get(), c.N, c.K, c.E, c.H, c.I, variant, st, stamps.get());
-    cudaGraph_t graph = nullptr;
-    const cudaError_t end = cudaStreamEndCapture(st, &graph);
-    set_programmatic_launch(pdl);
-    ZEST_ASSERT_OK(plan_st);
-    ZEST_ASSERT_OK(one_st);
-    ASSERT_EQ(end, cudaSuccess);
-    cudaGraphExec_t exec = nullptr;
-    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-    cudaGraphDestroy(graph);
+    cudaGraphExec_t exec = capture_plan_and_experts(*s, st, 1, [&](cudaStream_t stream) {
+      return moe_experts_one(s->x->get(), s->plan, s->w.get(), s->gu->get(), s->dn->get(), s->h.get(), s->out.get(),
+                             c.N, c.K, c.E, c.H, c.I, variant, stream, stamps.get());
+    });
+    ASSERT_NE(exec, nullptr);
     s->out.poison();
     for (int rep = 0; rep < 4; ++rep) ASSERT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
     ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
@@ -323,29 +333,16 @@ TEST(CudaMoeOne, GraphReplayTimesPrinted) {
   std::mt19937 rng(110);
   const OneCase c{1, 8, 12, 2048, 768, 0, -1, 0, false};
   const auto s = make_setup(c, rng);
-  const bool pdl = programmatic_launch();
   cudaStream_t st = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
   cudaEvent_t e0, e1;
   ASSERT_EQ(cudaEventCreate(&e0), cudaSuccess);
   ASSERT_EQ(cudaEventCreate(&e1), cudaSuccess);
   for (int v = -1; v < kOneVariants; ++v) {
-    set_programmatic_launch(true);
-    ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-    Status plan_st = Status::ok(), one_st = Status::ok();
-    for (int rep = 0; rep < 4; ++rep) {  // four layers' worth per replay
-      plan_st = moe_plan(s->ids.get(), c.N, c.K, c.E, s->plan, nullptr, st);
-      one_st = v < 0 ? s->run_decode(1, st) : s->run_one(v, st);
-    }
-    cudaGraph_t graph = nullptr;
-    const cudaError_t end = cudaStreamEndCapture(st, &graph);
-    set_programmatic_launch(pdl);
-    ZEST_ASSERT_OK(plan_st);
-    ZEST_ASSERT_OK(one_st);
-    ASSERT_EQ(end, cudaSuccess);
-    cudaGraphExec_t exec = nullptr;
-    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-    cudaGraphDestroy(graph);
+    cudaGraphExec_t exec = capture_plan_and_experts(*s, st, 4, [&](cudaStream_t stream) {  // four layers per replay
+      return v < 0 ? s->run_decode(1, stream) : s->run_one(v, stream);
+    });
+    ASSERT_NE(exec, nullptr);
     for (int r = 0; r < 5; ++r) ASSERT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
     ASSERT_EQ(cudaEventRecord(e0, st), cudaSuccess);
     constexpr int kReps = 20;
