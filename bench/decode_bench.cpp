@@ -3,11 +3,12 @@
 // step and the HBM floor (bytes / device-to-device copy bandwidth measured in the same run).
 //   bench_decode_bench --config qwen3-30b-a3b --batch 1,8,32,64 --context 1024 [--sere-primary 2
 //                      --sere-threshold 0] [--skew 1.0] [--layers N] [--steps 200] [--pdl 1] [--profile]
-//                      [--ablate 1,64] [--variant moe=2,gemm=1 ...]
+//                      [--ablate 1,64] [--timeline 1,8] [--variant moe=2,gemm=1 ...]
 // --variant (repeatable) reruns everything with decode options set (sere: DecodeOption::kSereKernel, moe:
 // kMoeOccupancy, attn: kAttentionKernel, gemm: kGemmVariant, route: kRouteFused, experts: kMoeKernel, block:
 // kMoeBlock, l2: kL2Prefetch); --ablate times the graph again with each operation
-// left out (per-op cost inside the replayed graph, PDL overlap included).
+// left out (per-op cost inside the replayed graph, PDL overlap included); --timeline prints when each kernel of one
+// replayed step was released from its PDL wait (step timeline, kernels.h).
 #include <cstdio>
 #include <sstream>
 #include <string>
@@ -193,6 +194,84 @@ bool apply_variant(const std::string& spec) {
   return true;
 }
 
+// One replayed step with the step timeline on (kernels.h): per launch, when its CTAs were resident and when their
+// PDL wait released, labelled by the launch log of an eager step. Prints, per kernel of a layer (averaged over the
+// layers but the first and last), the time from its release to the next kernel's release ("span": its part of the
+// layer's critical path), how long before its release its first CTA was resident, and how long after the release
+// its last CTA passed the wait (CTAs not resident at release).
+bool print_timeline(SyntheticDecoder& dec, int batch, int layers, double tpot_ms) {
+  if (!check(dec.replay(batch, false), "replay") || !check(cudaStreamSynchronize(dec.stream()), "sync")) return false;
+  set_launch_log(true);
+  auto eager = dec.profile_step(batch, false);
+  set_launch_log(false);
+  const std::vector<std::string> names = take_launch_log();
+  if (!check(eager.status(), "eager step")) return false;
+  auto buf = alloc_step_timeline(256, 4096);
+  if (!check(buf.status(), "timeline buffer")) return false;
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  bool ok = check(dec.replay(batch, false), "replay") && check(cudaStreamSynchronize(dec.stream()), "sync") &&
+            check(set_step_timeline(*buf), "timeline on") && check(cudaEventRecord(e0, dec.stream()), "event") &&
+            check(dec.replay(batch, false), "replay") && check(cudaEventRecord(e1, dec.stream()), "event") &&
+            check(cudaStreamSynchronize(dec.stream()), "sync");
+  ok = check(set_step_timeline(nullptr), "timeline off") && ok;
+  float rec_ms = 0;
+  cudaEventElapsedTime(&rec_ms, e0, e1);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  long long dropped = 0;
+  auto launches = ok ? read_step_timeline(*buf, &dropped) : Result<std::vector<TimelineLaunch>>(internal_error("no run"));
+  cudaFree(*buf);
+  if (!ok || !check(launches.status(), "read timeline")) return false;
+  const std::vector<TimelineLaunch>& k = *launches;
+  const int n = static_cast<int>(k.size());
+  std::printf("    timeline: %d launches recorded (%zu launched, %lld records dropped), step %.3f ms with recording "
+              "(TPOT %.3f ms without)\n", n, names.size(), dropped, rec_ms, tpot_ms);
+  const bool named = static_cast<int>(names.size()) == n;
+  auto label = [&](int i) { return named ? names[i] : std::string("?"); };
+  auto us = [](unsigned long long a, unsigned long long b) { return (static_cast<double>(a) - static_cast<double>(b)) / 1e3; };
+  // The layer period: the first (prologue p, period L) under which the labels repeat over every layer.
+  int p0 = -1, L = 0;
+  for (int p = 0; p <= 8 && p0 < 0 && named; ++p)
+    for (int l = 1; l <= 64 && p0 < 0; ++l) {
+      if (p + l * layers > n) break;
+      bool rep = true;
+      for (int j = 0; j + l < l * layers && rep; ++j) rep = names[p + j] == names[p + j + l] && k[p + j].ctas == k[p + j + l].ctas;
+      if (rep) p0 = p, L = l;
+    }
+  if (p0 < 0 || layers < 3) {
+    for (int i = 0; i + 1 < n; ++i)
+      std::printf("    %4d %-40s ctas %4d span %7.2f us early %7.2f late %7.2f\n", i, label(i).c_str(), k[i].ctas,
+                  us(k[i + 1].first_release, k[i].first_release), us(k[i].first_release, k[i].first_ready),
+                  us(k[i].last_release, k[i].first_release));
+    return true;
+  }
+  std::printf("    per layer (%d kernels, mean over layers 2-%d; us): span = release to the next kernel's release, early = "
+              "first CTA resident before release, late = last CTA's release after the first\n", L, layers - 1);
+  std::printf("    | kernel | CTAs | span | early | late |\n    |---|---|---|---|---|\n");
+  double total = 0;
+  for (int j = 0; j < L; ++j) {
+    double span = 0, early = 0, late = 0;
+    for (int l = 1; l + 1 < layers; ++l) {
+      const int i = p0 + l * L + j;
+      span += us(k[i + 1].first_release, k[i].first_release);
+      early += us(k[i].first_release, k[i].first_ready);
+      late += us(k[i].last_release, k[i].first_release);
+    }
+    const double m = layers - 2;
+    total += span / m;
+    std::printf("    | %s | %d | %.2f | %.2f | %.2f |\n", label(p0 + L + j).c_str(), k[p0 + L + j].ctas, span / m, early / m,
+                late / m);
+  }
+  std::printf("    layer: %.2f us (%.3f ms for %d layers); step from first to last release %.3f ms\n", total,
+              total * layers / 1e3, layers, us(k[n - 1].first_release, k[0].first_release) / 1e3);
+  for (int i = p0 + L * layers; i < n; ++i)
+    std::printf("    after the layers: %-32s ctas %4d span to next %s\n", label(i).c_str(), k[i].ctas,
+                i + 1 < n ? std::to_string(us(k[i + 1].first_release, k[i].first_release)).c_str() : "-");
+  return true;
+}
+
 }  // namespace
 
 int bench_decode_main(int argc, char** argv) {
@@ -219,6 +298,10 @@ int bench_decode_main(int argc, char** argv) {
                  "batch sizes (comma-separated) at which the graph is also timed with each operation left out "
                  "(SERE off, first variant only)");
   app.add_option("--ablate-steps", ablate_steps, "timed steps per ablated graph")->check(CLI::PositiveNumber);
+  std::string timeline;
+  app.add_option("--timeline", timeline,
+                 "batch sizes (comma-separated) at which one replayed step's kernel timeline is printed (PDL-wait "
+                 "release times per launch; SERE off, first variant only)");
   app.add_option("--variant", variants, "decode options to compare, e.g. moe=2,gemm=1 (repeatable; default: defaults)");
   CLI11_PARSE(app, argc, argv);
 
@@ -286,6 +369,10 @@ int bench_decode_main(int argc, char** argv) {
         for (const auto& [op, ms] : *prof)
           std::printf("    %-24s %8.3f ms %5.1f%%\n", op.c_str(), ms, 100.0 * ms / total);
       }
+      const bool timeline_here = ("," + timeline + ",").find("," + std::to_string(b) + ",") != std::string::npos;
+      if (!sere && &variant == &variants.front() && timeline_here &&
+          !print_timeline(**dec, b, cfg->layers, r.t.median_ms))
+        return 1;
       const bool ablate_here = ("," + ablate + ",").find("," + std::to_string(b) + ",") != std::string::npos;
       if (!sere && &variant == &variants.front() && ablate_here) {
         std::printf("    ablation (graph TPOT without the op; cost = difference):\n");

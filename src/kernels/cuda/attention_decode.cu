@@ -1450,6 +1450,7 @@ Status launch_ring(const DecodeAttention& p, const bf16* qkv, int q_stride, bf16
       attr[1].val.programmaticStreamSerializationAllowed = 1;
       cfg.attrs = attr;
       cfg.numAttrs = programmatic_launch() ? 2 : 1;
+      note_launch("decode_attention_fused (ring, cluster)");
       return cuda_status(cudaLaunchKernelEx(&cfg, decode_attention_ring_kernel<true, S, kPairs>, qkv, q_stride,
                                             k_cache, v_cache, block_table, p.max_blocks, context_lens, out, part,
                                             counters, p.kv_heads, rp.splits, rp.pages_per_split, p.scale, f),
@@ -1535,6 +1536,7 @@ Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_s
     attr[1].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = programmatic_launch() ? 2 : 1;
+    note_launch("decode_attention_fused (cluster)");
     return cuda_status(cudaLaunchKernelEx(&cfg, decode_attention_fused_kernel<true>, qkv, q_stride, k_cache, v_cache,
                                           block_table, p.max_blocks, context_lens, out, part, counters, p.kv_heads,
                                           splits, per, p.scale, f),

@@ -33,6 +33,7 @@ Status launch(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block,
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = programmatic_launch() ? 1 : 0;
+  note_launch(name);
   return cuda_status(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(std::forward<Args>(args))...), name);
 }
 
@@ -55,11 +56,76 @@ inline EncodeTiledFn encode_tiled_fn() {
   return fn;
 }
 
+// Step timeline (set_step_timeline, kernels.h): this translation unit's copy of the device buffer pointer, set
+// through the setter each unit registers at static initialisation. Null (the default): nothing is recorded.
+namespace {
+__constant__ unsigned long long* g_step_timeline = nullptr;
+cudaError_t set_unit_step_timeline(void* buffer) {
+  return cudaMemcpyToSymbol(g_step_timeline, &buffer, sizeof(buffer));
+}
+[[maybe_unused]] const bool g_step_timeline_registered = register_step_timeline_unit(&set_unit_step_timeline);
+}  // namespace
+
+__device__ __forceinline__ unsigned long long globaltimer_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Step timeline: the first thread of a CTA reads the buffer pointer (constant bank) and the time before the wait,
+// and only after the wait (when a buffer is set) takes a record slot and fills it: with no buffer the wait gains no
+// dependent latency. Per-SM counters keep the atomics of one launch apart.
+struct StepTimelineSlot {
+  unsigned long long* tl = nullptr;
+  unsigned long long ready = 0;
+};
+
+__device__ __forceinline__ StepTimelineSlot step_timeline_begin() {
+  StepTimelineSlot slot;
+  if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
+    slot.tl = g_step_timeline;
+    slot.ready = globaltimer_ns();
+  }
+  return slot;
+}
+
+static __device__ __noinline__ void step_timeline_record(unsigned long long* tl, unsigned long long ready) {
+  const unsigned long long released = globaltimer_ns();
+  unsigned long long grid;
+  unsigned int sm;
+  asm volatile("mov.u64 %0, %%gridid;" : "=l"(grid));
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+  const unsigned long long sms = tl[0], cap = tl[1];
+  if (sm >= sms) return;
+  const unsigned long long i = atomicAdd(tl + 2 + sm, 1ull);
+  if (i >= cap) return;
+  unsigned long long* r = tl + 2 + sms + 4 * (sm * cap + i);
+  const unsigned int cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  r[0] = grid;
+  r[1] = static_cast<unsigned long long>(sm) << 32 | cta;
+  r[2] = ready;
+  r[3] = released;
+}
+
+__device__ __forceinline__ void step_timeline_end(const StepTimelineSlot& slot) {
+  if (slot.tl) step_timeline_record(slot.tl, slot.ready);
+}
+
+// The PDL wait alone (the caller lets its dependents launch itself). With a step timeline set, the first thread of
+// each CTA records the times before and after the wait.
+__device__ __forceinline__ void pdl_wait_only() {
+  const StepTimelineSlot slot = step_timeline_begin();
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  step_timeline_end(slot);
+}
+
 // Waits for the previous kernel in the stream (no-op without programmatic launch), then lets the next
 // kernel start its prologue early.
 __device__ __forceinline__ void pdl_wait() {
+  const StepTimelineSlot slot = step_timeline_begin();
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  step_timeline_end(slot);
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

@@ -25,6 +25,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/status.h"
@@ -43,6 +44,38 @@ constexpr int kKvBlock = 16;  // token slots per KV cache block
 // stream serialisation attribute so their start overlaps the tail of the previous kernel.
 void set_programmatic_launch(bool on);
 bool programmatic_launch();
+
+// Step timeline, for benchmarks: while a device buffer is set, the first thread of every CTA of this library's
+// kernels records, after its PDL wait, one StepTimelineRecord: the launch's %gridid, SM and linear CTA index, and
+// %globaltimer ns before and after the wait. Buffer layout (unsigned 64-bit words): [0] S = SM slots, [1] C =
+// capacity per SM, [2, 2 + S) per-SM record counts (atomically incremented; counts above C mean dropped records),
+// then S x C records (SM s's i-th at record index s * C + i). Null stops recording. Set it while no kernel of this
+// library runs. Recording adds an atomic round trip after each CTA's wait.
+struct StepTimelineRecord {
+  unsigned long long grid;         // %gridid: one value per launch (graph replays included)
+  unsigned long long sm_cta;       // SM id << 32 | blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)
+  unsigned long long ready_ns;     // before the wait (after any prologue the kernel runs before it)
+  unsigned long long released_ns;  // after the wait
+};
+Status set_step_timeline(void* device_buffer);
+// A step timeline buffer: allocated, header written, counts zero (sms slots of `capacity` records each);
+// read_step_timeline groups its records by launch, in the order the launches were released (first release
+// time), and reports the records dropped for lack of capacity.
+struct TimelineLaunch {
+  unsigned long long grid = 0;
+  int ctas = 0;                     // records (CTAs that passed the wait)
+  unsigned int max_cta = 0;         // largest linear CTA index seen
+  bool ctas_unique = true;          // no CTA index twice
+  unsigned long long first_ready = 0, last_ready = 0, first_release = 0, last_release = 0;  // globaltimer ns
+};
+Result<void*> alloc_step_timeline(int sms, int capacity);
+Result<std::vector<TimelineLaunch>> read_step_timeline(const void* device_buffer, long long* dropped);
+// Per translation unit of the library: registers the setter of its copy of the buffer pointer (common.cuh).
+bool register_step_timeline_unit(cudaError_t (*setter)(void*));
+// Launch log, for benchmarks: while on, every kernel launch of this library appends its name (host side).
+void set_launch_log(bool on);
+std::vector<std::string> take_launch_log();
+void note_launch(const char* name);
 
 // Decode variants that benchmarks compare (process-wide switches, read on the host at launch time; a CUDA
 // graph keeps the variant it was captured with). Defaults are the variants measured fastest on H200.

@@ -266,7 +266,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_block_kernel(BlockParams p) {
   const uint4 wnext = own && p.next_norm ? __ldg(reinterpret_cast<const uint4*>(p.next_norm + c8)) : zero4;
   for (int e = tid; e < E; e += kThreads) counts_s[e] = 0;
   __syncthreads();
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  pdl_wait_only();
   if (tid == 0) epoch_s = ld_relaxed(p.sync);
   // CTA 0 stamps its phase boundaries (globaltimer) into the workspace: sync[8 + k], for tests to print.
   auto stamp = [&](int k) {
@@ -888,6 +888,7 @@ Status moe_block_decode(bf16* x, const bf16* o, const bf16* post_norm, const bf1
   const bool want_pdl = programmatic_launch() && pdl_state != 0 && option != 2;
   cfg.numAttrs = want_pdl ? 2 : 1;
   const BlockKernel kernel = kernel_of(mode);
+  note_launch("moe_block_decode");
   cudaError_t err = cudaLaunchKernelEx(&cfg, kernel, p);
   if (err != cudaSuccess && want_pdl && pdl_state < 0) {
     cudaGetLastError();

@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_kernel(RouteParams
   }
   cluster_arrive_relaxed();  // every CTA of the cluster runs before any distributed shared-memory store
   __syncthreads();
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  pdl_wait_only();
   if (p.early_trigger) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   const int T = p.T, chunks = p.H / 32;
   const bf16* x0p = g < T ? p.xn + static_cast<size_t>(g) * p.H + tq * 8 : nullptr;
@@ -298,8 +298,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
   }
   cluster_arrive_relaxed();  // CTA 0's mbarrier is initialised before any CTA stores into it (wait below)
   __syncthreads();
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  pdl_wait();
   if (stamp) p.clocks[1] = clock64();
   // kEarly: plan entries that do not depend on the routing, written by warps 1-7 of CTA 0 once their x loads are in
   // flight (warp 0, whose top-k and plan are the chain at one token, writes none of them).
@@ -935,6 +934,7 @@ Status launch_route(RouteParams p, cudaStream_t stream) {
   attr[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = programmatic_launch() ? 2 : 1;
+  note_launch("moe_route");
   return cuda_status(cudaLaunchKernelEx(&cfg, kernel, p), "moe_route");
 }
 

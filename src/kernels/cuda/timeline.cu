@@ -1,0 +1,123 @@
+// Step timeline and launch log (kernels.h): the host side of the per-CTA PDL-wait records that common.cuh's
+// pdl_wait() writes, for benchmarks that look at where a replayed decode step spends its time.
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <mutex>
+
+#include "kernels/cuda/common.cuh"
+
+namespace zest::cuda {
+
+namespace {
+
+using Setter = cudaError_t (*)(void*);
+
+std::mutex& registry_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::vector<Setter>& setters() {
+  static std::vector<Setter> v;
+  return v;
+}
+
+std::atomic<bool> g_log_on{false};
+std::mutex g_log_mutex;
+std::vector<std::string> g_log;
+
+}  // namespace
+
+bool register_step_timeline_unit(cudaError_t (*setter)(void*)) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  setters().push_back(setter);
+  return true;
+}
+
+Status set_step_timeline(void* device_buffer) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  for (Setter s : setters()) ZEST_RETURN_IF_ERROR(cuda_status(s(device_buffer), "set_step_timeline"));
+  return Status::ok();
+}
+
+void set_launch_log(bool on) {
+  std::lock_guard<std::mutex> lock(g_log_mutex);
+  if (on) g_log.clear();
+  g_log_on.store(on, std::memory_order_relaxed);
+}
+
+std::vector<std::string> take_launch_log() {
+  std::lock_guard<std::mutex> lock(g_log_mutex);
+  std::vector<std::string> out;
+  out.swap(g_log);
+  return out;
+}
+
+void note_launch(const char* name) {
+  if (!g_log_on.load(std::memory_order_relaxed)) return;
+  std::lock_guard<std::mutex> lock(g_log_mutex);
+  g_log.emplace_back(name);
+}
+
+Result<void*> alloc_step_timeline(int sms, int capacity) {
+  if (sms <= 0 || capacity <= 0) return invalid_argument("alloc_step_timeline: sms and capacity must be positive");
+  const size_t words = 2 + static_cast<size_t>(sms) + 4 * static_cast<size_t>(sms) * capacity;
+  void* buf = nullptr;
+  ZEST_RETURN_IF_ERROR(cuda_status(cudaMalloc(&buf, words * 8), "cudaMalloc(step timeline)"));
+  std::vector<unsigned long long> head(2 + static_cast<size_t>(sms), 0);
+  head[0] = static_cast<unsigned long long>(sms);
+  head[1] = static_cast<unsigned long long>(capacity);
+  const cudaError_t e = cudaMemcpy(buf, head.data(), head.size() * 8, cudaMemcpyHostToDevice);
+  if (e != cudaSuccess) {
+    cudaFree(buf);
+    return cuda_status(e, "step timeline header");
+  }
+  return buf;
+}
+
+Result<std::vector<TimelineLaunch>> read_step_timeline(const void* device_buffer, long long* dropped) {
+  if (!device_buffer) return invalid_argument("read_step_timeline: null buffer");
+  unsigned long long dims[2];
+  ZEST_RETURN_IF_ERROR(cuda_status(cudaMemcpy(dims, device_buffer, sizeof(dims), cudaMemcpyDeviceToHost), "copy"));
+  const size_t sms = dims[0], cap = dims[1];
+  std::vector<unsigned long long> all(2 + sms + 4 * sms * cap);
+  ZEST_RETURN_IF_ERROR(
+      cuda_status(cudaMemcpy(all.data(), device_buffer, all.size() * 8, cudaMemcpyDeviceToHost), "copy"));
+  long long lost = 0;
+  std::map<unsigned long long, TimelineLaunch> by_grid;
+  std::map<unsigned long long, std::vector<unsigned int>> ctas;
+  for (size_t sm = 0; sm < sms; ++sm) {
+    const unsigned long long n = all[2 + sm];
+    if (n > cap) lost += static_cast<long long>(n - cap);
+    for (size_t i = 0; i < std::min<unsigned long long>(n, cap); ++i) {
+      const unsigned long long* r = &all[2 + sms + 4 * (sm * cap + i)];
+      TimelineLaunch& k = by_grid[r[0]];
+      const unsigned int cta = static_cast<unsigned int>(r[1] & 0xffffffffu);
+      if (k.ctas == 0) {
+        k.grid = r[0];
+        k.first_ready = k.last_ready = r[2];
+        k.first_release = k.last_release = r[3];
+      }
+      ++k.ctas;
+      k.max_cta = std::max(k.max_cta, cta);
+      k.first_ready = std::min(k.first_ready, r[2]);
+      k.last_ready = std::max(k.last_ready, r[2]);
+      k.first_release = std::min(k.first_release, r[3]);
+      k.last_release = std::max(k.last_release, r[3]);
+      ctas[r[0]].push_back(cta);
+    }
+  }
+  std::vector<TimelineLaunch> out;
+  for (auto& [grid, k] : by_grid) {
+    std::vector<unsigned int>& c = ctas[grid];
+    std::sort(c.begin(), c.end());
+    k.ctas_unique = std::adjacent_find(c.begin(), c.end()) == c.end();
+    out.push_back(k);
+  }
+  std::sort(out.begin(), out.end(),
+            [](const TimelineLaunch& a, const TimelineLaunch& b) { return a.first_release < b.first_release; });
+  if (dropped) *dropped = lost;
+  return out;
+}
+
+}  // namespace zest::cuda
