@@ -301,7 +301,7 @@ int bench_decode_main(int argc, char** argv) {
   std::string timeline;
   app.add_option("--timeline", timeline,
                  "batch sizes (comma-separated) at which one replayed step's kernel timeline is printed (PDL-wait "
-                 "release times per launch; SERE off, first variant only)");
+                 "release times per launch; SERE off, every variant)");
   app.add_option("--variant", variants, "decode options to compare, e.g. moe=2,gemm=1 (repeatable; default: defaults)");
   CLI11_PARSE(app, argc, argv);
 
@@ -370,7 +370,7 @@ int bench_decode_main(int argc, char** argv) {
           std::printf("    %-24s %8.3f ms %5.1f%%\n", op.c_str(), ms, 100.0 * ms / total);
       }
       const bool timeline_here = ("," + timeline + ",").find("," + std::to_string(b) + ",") != std::string::npos;
-      if (!sere && &variant == &variants.front() && timeline_here &&
+      if (!sere && timeline_here &&
           !print_timeline(**dec, b, cfg->layers, r.t.median_ms))
         return 1;
       const bool ablate_here = ("," + ablate + ",").find("," + std::to_string(b) + ",") != std::string::npos;

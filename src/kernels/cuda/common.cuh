@@ -89,7 +89,7 @@ __device__ __forceinline__ StepTimelineSlot step_timeline_begin() {
   return slot;
 }
 
-static __device__ __noinline__ void step_timeline_record(unsigned long long* tl, unsigned long long ready) {
+static __device__ __forceinline__ void step_timeline_record(unsigned long long* tl, unsigned long long ready) {
   const unsigned long long released = globaltimer_ns();
   unsigned long long grid;
   unsigned int sm;
