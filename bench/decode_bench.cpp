@@ -7,8 +7,9 @@
 // --variant (repeatable) reruns everything with decode options set (sere: DecodeOption::kSereKernel, moe:
 // kMoeOccupancy, attn: kAttentionKernel, gemm: kGemmVariant, route: kRouteFused, experts: kMoeKernel, block:
 // kMoeBlock, l2: kL2Prefetch); --ablate times the graph again with each operation
-// left out (per-op cost inside the replayed graph, PDL overlap included); --timeline prints when each kernel of one
-// replayed step was released from its PDL wait (step timeline, kernels.h).
+// left out (per-op cost inside the replayed graph, PDL overlap included); --timeline (bench_decode_timeline only: the
+// same program on the kernels built with step-timeline records) prints when each kernel of one replayed step was
+// released from its PDL wait (kernels.h).
 #include <cstdio>
 #include <sstream>
 #include <string>
@@ -320,6 +321,11 @@ int bench_decode_main(int argc, char** argv) {
   }
   if (bs.empty()) {
     std::fprintf(stderr, "error: --batch is empty\n");
+    return 2;
+  }
+  if (!timeline.empty() && !step_timeline_built()) {
+    std::fprintf(stderr, "error: --timeline needs the kernels built with step-timeline records: run "
+                         "bench_decode_timeline (same options)\n");
     return 2;
   }
   if (!check(kernels::cuda_init(0), "cuda_init")) return 1;

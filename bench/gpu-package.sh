@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run here (no GPU needed): builds the CUDA targets and packs them, with the shared libraries the GPU
 # machine lacks (it has the CUDA toolkit but not zest's Debian -dev packages), into .gpu/zest-gpu.tar.xz.
-# bench/gpu-check.sh runs that package on the GPU machine.
+# bench/gpu-check.sh runs that package on the GPU machine. TIMELINE=1 also packs the timeline tools (below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${BUILD:-build-gpu}
@@ -23,3 +23,13 @@ pwd >.gpu/pkg/source_dir  # tests find their fixtures through this compiled-in p
 git rev-parse --short HEAD >.gpu/pkg/commit
 tar -cJf .gpu/zest-gpu.tar.xz -C .gpu pkg
 echo "packed $(du -h .gpu/zest-gpu.tar.xz | cut -f1) from commit $(git rev-parse --short HEAD)"
+# TIMELINE=1: also the timeline tools (the kernels built with step-timeline records: bench_decode_timeline,
+# test_cuda_timeline) in their own package, .gpu/zest-timeline.tar.xz (run it with ZEST_PKG=.gpu/zest-timeline.tar.xz
+# bench/gpu-batch.sh bench/gpu/timeline.sh).
+if [ -n "${TIMELINE:-}" ]; then
+  cmake --build "$B" -j"$(nproc)" --target bench_decode_timeline test_cuda_timeline
+  rm -rf .gpu/tl && mkdir -p .gpu/tl/pkg && cp -r .gpu/pkg/lib .gpu/pkg/source_dir .gpu/pkg/commit .gpu/tl/pkg/
+  cp "$B/bench/bench_decode_timeline" "$B/tests/test_cuda_timeline" .gpu/tl/pkg/
+  tar -cJf .gpu/zest-timeline.tar.xz -C .gpu/tl pkg
+  echo "packed $(du -h .gpu/zest-timeline.tar.xz | cut -f1) (timeline tools) from commit $(git rev-parse --short HEAD)"
+fi

@@ -56,8 +56,10 @@ inline EncodeTiledFn encode_tiled_fn() {
   return fn;
 }
 
-// Step timeline (set_step_timeline, kernels.h): this translation unit's copy of the device buffer pointer, set
-// through the setter each unit registers at static initialisation. Null (the default): nothing is recorded.
+#ifdef ZEST_STEP_TIMELINE
+// Step timeline (set_step_timeline, kernels.h; only in the library built with ZEST_STEP_TIMELINE, which the
+// timeline tools link, so that the kernels of every other build keep their bare PDL waits): this translation unit's
+// copy of the device buffer pointer, set through the setter each unit registers at static initialisation.
 namespace {
 __constant__ unsigned long long* g_step_timeline = nullptr;
 cudaError_t set_unit_step_timeline(void* buffer) {
@@ -72,9 +74,8 @@ __device__ __forceinline__ unsigned long long globaltimer_ns() {
   return t;
 }
 
-// Step timeline: the first thread of a CTA reads the buffer pointer (constant bank) and the time before the wait,
-// and only after the wait (when a buffer is set) takes a record slot and fills it: with no buffer the wait gains no
-// dependent latency. Per-SM counters keep the atomics of one launch apart.
+// The first thread of a CTA reads the buffer pointer and the time before the wait and, when a buffer is set, takes a
+// record slot after the wait and fills it. Per-SM counters keep the atomics of one launch apart.
 struct StepTimelineSlot {
   unsigned long long* tl = nullptr;
   unsigned long long ready = 0;
@@ -89,7 +90,9 @@ __device__ __forceinline__ StepTimelineSlot step_timeline_begin() {
   return slot;
 }
 
-static __device__ __forceinline__ void step_timeline_record(unsigned long long* tl, unsigned long long ready) {
+__device__ __forceinline__ void step_timeline_end(const StepTimelineSlot& slot) {
+  unsigned long long* tl = slot.tl;
+  if (!tl) return;
   const unsigned long long released = globaltimer_ns();
   unsigned long long grid;
   unsigned int sm;
@@ -103,16 +106,16 @@ static __device__ __forceinline__ void step_timeline_record(unsigned long long* 
   const unsigned int cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
   r[0] = grid;
   r[1] = static_cast<unsigned long long>(sm) << 32 | cta;
-  r[2] = ready;
+  r[2] = slot.ready;
   r[3] = released;
 }
+#else
+struct StepTimelineSlot {};
+__device__ __forceinline__ StepTimelineSlot step_timeline_begin() { return {}; }
+__device__ __forceinline__ void step_timeline_end(const StepTimelineSlot&) {}
+#endif
 
-__device__ __forceinline__ void step_timeline_end(const StepTimelineSlot& slot) {
-  if (slot.tl) step_timeline_record(slot.tl, slot.ready);
-}
-
-// The PDL wait alone (the caller lets its dependents launch itself). With a step timeline set, the first thread of
-// each CTA records the times before and after the wait.
+// The PDL wait alone (the caller lets its dependents launch itself).
 __device__ __forceinline__ void pdl_wait_only() {
   const StepTimelineSlot slot = step_timeline_begin();
   asm volatile("griddepcontrol.wait;" ::: "memory");

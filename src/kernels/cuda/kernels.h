@@ -50,13 +50,16 @@ bool programmatic_launch();
 // %globaltimer ns before and after the wait. Buffer layout (unsigned 64-bit words): [0] S = SM slots, [1] C =
 // capacity per SM, [2, 2 + S) per-SM record counts (atomically incremented; counts above C mean dropped records),
 // then S x C records (SM s's i-th at record index s * C + i). Null stops recording. Set it while no kernel of this
-// library runs. Recording adds an atomic round trip after each CTA's wait.
+// library runs. Recording adds an atomic round trip after each CTA's wait. Only the library built with
+// ZEST_STEP_TIMELINE records (CMake target zest_kernels_cuda_timeline, linked by bench_decode_timeline and
+// test_cuda_timeline); elsewhere the waits carry no check and set_step_timeline returns kUnsupported.
 struct StepTimelineRecord {
   unsigned long long grid;         // %gridid: one value per launch (graph replays included)
   unsigned long long sm_cta;       // SM id << 32 | blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)
   unsigned long long ready_ns;     // before the wait (after any prologue the kernel runs before it)
   unsigned long long released_ns;  // after the wait
 };
+bool step_timeline_built();
 Status set_step_timeline(void* device_buffer);
 // A step timeline buffer: allocated, header written, counts zero (sms slots of `capacity` records each);
 // read_step_timeline groups its records by launch, in the order the launches were released (first release

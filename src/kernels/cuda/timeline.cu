@@ -34,7 +34,18 @@ bool register_step_timeline_unit(cudaError_t (*setter)(void*)) {
   return true;
 }
 
+bool step_timeline_built() {
+#ifdef ZEST_STEP_TIMELINE
+  return true;
+#else
+  return false;
+#endif
+}
+
 Status set_step_timeline(void* device_buffer) {
+  if (!step_timeline_built())
+    return unsupported("step timeline: this build's kernels do not record (the ZEST_STEP_TIMELINE build does: "
+                       "bench_decode_timeline, test_cuda_timeline)");
   std::lock_guard<std::mutex> lock(registry_mutex());
   for (Setter s : setters()) ZEST_RETURN_IF_ERROR(cuda_status(s(device_buffer), "set_step_timeline"));
   return Status::ok();
