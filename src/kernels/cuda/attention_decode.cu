@@ -1441,15 +1441,13 @@ Status launch_ring(const DecodeAttention& p, const bf16* qkv, int q_stride, bf16
       cfg.blockDim = block;
       cfg.dynamicSmemBytes = ring_smem(S);
       cfg.stream = stream;
-      cudaLaunchAttribute attr[2];
+      cudaLaunchAttribute attr[3];
       attr[0].id = cudaLaunchAttributeClusterDimension;
       attr[0].val.clusterDim.x = rp.splits;
       attr[0].val.clusterDim.y = 1;
       attr[0].val.clusterDim.z = 1;
-      attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      attr[1].val.programmaticStreamSerializationAllowed = 1;
       cfg.attrs = attr;
-      cfg.numAttrs = programmatic_launch() ? 2 : 1;
+      cfg.numAttrs = static_cast<unsigned int>(common_launch_attrs(attr, 1));
       note_launch("decode_attention_fused (ring, cluster)");
       return cuda_status(cudaLaunchKernelEx(&cfg, decode_attention_ring_kernel<true, S, kPairs>, qkv, q_stride,
                                             k_cache, v_cache, block_table, p.max_blocks, context_lens, out, part,
@@ -1534,15 +1532,13 @@ Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_s
     cfg.gridDim = dim3(splits, p.kv_heads, p.batch);
     cfg.blockDim = dim3(kDecWarps * 32);
     cfg.stream = stream;
-    cudaLaunchAttribute attr[2];
+    cudaLaunchAttribute attr[3];
     attr[0].id = cudaLaunchAttributeClusterDimension;
     attr[0].val.clusterDim.x = splits;
     attr[0].val.clusterDim.y = 1;
     attr[0].val.clusterDim.z = 1;
-    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[1].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
-    cfg.numAttrs = programmatic_launch() ? 2 : 1;
+    cfg.numAttrs = static_cast<unsigned int>(common_launch_attrs(attr, 1));
     note_launch("decode_attention_fused (cluster)");
     return cuda_status(cudaLaunchKernelEx(&cfg, decode_attention_fused_kernel<true>, qkv, q_stride, k_cache, v_cache,
                                           block_table, p.max_blocks, context_lens, out, part, counters, p.kv_heads,

@@ -18,6 +18,23 @@ inline Status cuda_status(cudaError_t e, const char* what) {
   return internal_error(std::string(what) + ": " + cudaGetErrorString(e));
 }
 
+// Appends the launch attributes every launch of this library carries to attrs[n...]: programmatic stream
+// serialisation when enabled (`pdl`), the largest shared-memory carveout with DecodeOption::kCarveout 1. Returns the
+// new count (at most n + 2).
+inline int common_launch_attrs(cudaLaunchAttribute* attrs, int n, bool pdl = true) {
+  if (pdl && programmatic_launch()) {
+    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  if (decode_option(DecodeOption::kCarveout) == 1) {
+    attrs[n].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
+    attrs[n].val.sharedMemCarveout = cudaSharedmemCarveoutMaxShared;
+    ++n;
+  }
+  return n;
+}
+
 // Launches `kernel` on `stream`, with the programmatic-dependent-launch attribute when it is enabled.
 // Every kernel launched this way calls pdl_wait() before touching memory.
 template <typename... KArgs, typename... Args>
@@ -28,11 +45,9 @@ Status launch(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block,
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
   cfg.attrs = attr;
-  cfg.numAttrs = programmatic_launch() ? 1 : 0;
+  cfg.numAttrs = static_cast<unsigned int>(common_launch_attrs(attr, 0));
   note_launch(name);
   return cuda_status(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(std::forward<Args>(args))...), name);
 }

@@ -127,6 +127,9 @@ enum class DecodeOption : int {
                     // decode attention prefetches the o GEMM's weights (DecodeAttention::l2_next) after its copies;
                     // 2 = the KV prefetch only (weight tiles without the policy); 3 = the o weights only; 4 = none;
                     // 5 = as 0 without the other GEMMs' evict-first tiles
+  kCarveout,        // shared-memory carveout of this library's kernel launches: 0 = the driver's choice per kernel;
+                    // 1 = every launch asks for the largest shared-memory carveout (launch attribute), so that a
+                    // kernel's CTAs can become resident beside the previous kernel's (an SM hosts CTAs of one carveout)
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);

@@ -925,15 +925,13 @@ Status launch_route(RouteParams p, cudaStream_t stream) {
   cfg.blockDim = dim3(kRouteThreads);
   cfg.dynamicSmemBytes = route_smem(p.E, p.H, max_c, max_rows);
   cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
+  cudaLaunchAttribute attr[3];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = C;
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = programmatic_launch() ? 2 : 1;
+  cfg.numAttrs = static_cast<unsigned int>(common_launch_attrs(attr, 1));
   note_launch("moe_route");
   return cuda_status(cudaLaunchKernelEx(&cfg, kernel, p), "moe_route");
 }
