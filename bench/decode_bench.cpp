@@ -251,20 +251,34 @@ bool print_timeline(SyntheticDecoder& dec, int batch, int layers, double tpot_ms
   }
   std::printf("    per layer (%d kernels, mean over layers 2-%d; us): span = release to the next kernel's release, early = "
               "first CTA resident before release, late = last CTA's release after the first\n", L, layers - 1);
-  std::printf("    | kernel | CTAs | span | early | late |\n    |---|---|---|---|---|\n");
+  std::printf("    phases: the kernel's own stamps (0 = first instruction), us after its release, first / last CTA\n");
+  std::printf("    | kernel | CTAs | span | early | late | phases |\n    |---|---|---|---|---|---|\n");
   double total = 0;
   for (int j = 0; j < L; ++j) {
-    double span = 0, early = 0, late = 0;
+    double span = 0, early = 0, late = 0, ph_first[8] = {}, ph_last[8] = {};
     for (int l = 1; l + 1 < layers; ++l) {
       const int i = p0 + l * L + j;
       span += us(k[i + 1].first_release, k[i].first_release);
       early += us(k[i].first_release, k[i].first_ready);
       late += us(k[i].last_release, k[i].first_release);
+      for (int f = 0; f < 8; ++f)
+        if (k[i].phase_count[f] > 0) {
+          ph_first[f] += us(k[i].phase_first[f], k[i].first_release);
+          ph_last[f] += us(k[i].phase_last[f], k[i].first_release);
+        }
     }
     const double m = layers - 2;
     total += span / m;
-    std::printf("    | %s | %d | %.2f | %.2f | %.2f |\n", label(p0 + L + j).c_str(), k[p0 + L + j].ctas, span / m, early / m,
-                late / m);
+    std::string phases;
+    for (int f = 0; f < 8; ++f)
+      if (k[p0 + L + j].phase_count[f] > 0) {
+        char buf[64];
+        std::snprintf(buf, sizeof(buf), "%sp%d %.2f / %.2f", phases.empty() ? "" : ", ", f, ph_first[f] / m,
+                      ph_last[f] / m);
+        phases += buf;
+      }
+    std::printf("    | %s | %d | %.2f | %.2f | %.2f | %s |\n", label(p0 + L + j).c_str(), k[p0 + L + j].ctas, span / m,
+                early / m, late / m, phases.c_str());
   }
   std::printf("    layer: %.2f us (%.3f ms for %d layers); step from first to last release %.3f ms\n", total,
               total * layers / 1e3, layers, us(k[n - 1].first_release, k[0].first_release) / 1e3);

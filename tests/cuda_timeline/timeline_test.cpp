@@ -1,4 +1,5 @@
-// Step timeline (kernels.h): every CTA of each launch leaves exactly one record, releases follow the stream order,
+// Step timeline (kernels.h): every CTA of each launch leaves exactly one record (and its phase stamps), releases
+// follow the stream order,
 // recording leaves the outputs unchanged, nothing is recorded without a buffer, and records past the capacity are
 // counted as dropped.
 #ifdef ZEST_HAVE_CUDA
@@ -74,6 +75,13 @@ TEST(CudaStepTimeline, EveryCtaOnceInStreamOrder) {
     EXPECT_LE(k.first_ready, k.first_release);
     EXPECT_LE(k.last_ready, k.last_release);
     EXPECT_NE(k.grid, 0ull);
+    // The small-M GEMM stamps phase 0 at its first instruction and phase 1 when its weight tile has landed, once
+    // per CTA each: the first before the CTA's wait, the second after it.
+    EXPECT_EQ(k.phase_count[0], k.ctas);
+    EXPECT_EQ(k.phase_count[1], k.ctas);
+    EXPECT_LE(k.phase_first[0], k.first_ready);
+    EXPECT_LE(k.phase_last[0], k.last_ready);
+    EXPECT_GE(k.phase_first[1], k.first_release);
   }
   EXPECT_NE((*got)[0].grid, (*got)[1].grid);
   // The second launch waits for the whole first one, whose CTAs all passed their waits before it completed.

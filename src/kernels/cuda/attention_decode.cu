@@ -239,6 +239,7 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_kernel(
   float(*acc_s)[G][D] = reinterpret_cast<float(*)[G][D]>(smem_raw);
   __shared__ float m_s[kDecWarps][G], l_s[kDecWarps][G];
   __shared__ int last_s;
+  step_timeline_phase(0);
 
   const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -615,6 +616,7 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kern
     }
   }
   __syncthreads();
+  step_timeline_phase(1);  // q normalised and roped, the current token's k / v stored
 
   MmaState st;
   st.m[0] = st.m[1] = -INFINITY;
@@ -724,6 +726,7 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kern
     acc_s[warp][2 * tq + 1][mt * 16 + g + 8] = st.o[mt][3];
   }
   __syncthreads();
+  step_timeline_phase(2);  // the pages attended
   if constexpr (kCluster) {
     // This CTA's partial, in the bytes after acc_s: [G][D] sums, then M and L per head.
     float* cp = reinterpret_cast<float*>(smem_raw + kAccBytes);
@@ -751,6 +754,7 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kern
     }
     cluster_arrive();
     cluster_wait();
+    step_timeline_phase(3);  // every split's partial in its CTA's shared memory
     const int C = static_cast<int>(cluster_size()), rank = static_cast<int>(cluster_rank());
     for (int idx = rank * static_cast<int>(blockDim.x) + threadIdx.x; idx < G * D;
          idx += C * static_cast<int>(blockDim.x)) {
@@ -777,6 +781,7 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kern
       for (int r = 0; r < 16; ++r) A += as[r] * (ms[r] * inv);
       out[static_cast<size_t>(b) * Hq * D + static_cast<size_t>(kvh) * G * D + idx] = __float2bfloat16(A);
     }
+    step_timeline_phase(4);  // this CTA's slice of the output written
     cluster_arrive();  // no CTA leaves while another may still read its partial
     cluster_wait();
     return;

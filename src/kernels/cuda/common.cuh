@@ -124,7 +124,31 @@ __device__ __forceinline__ void step_timeline_end(const StepTimelineSlot& slot) 
   r[2] = slot.ready;
   r[3] = released;
 }
+
+// A phase stamp: thread 0 of the CTA appends {grid, (k + 1) << 56 | SM << 32 | CTA, globaltimer, 0} (k < 8), e.g.
+// phase 0 at the kernel's first instruction (when the CTA became resident) and later ones at its inner steps.
+__device__ __forceinline__ void step_timeline_phase(int k) {
+  if (threadIdx.x != 0 || threadIdx.y != 0 || threadIdx.z != 0) return;
+  unsigned long long* tl = g_step_timeline;
+  if (!tl) return;
+  const unsigned long long t = globaltimer_ns();
+  unsigned long long grid;
+  unsigned int sm;
+  asm volatile("mov.u64 %0, %%gridid;" : "=l"(grid));
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+  const unsigned long long sms = tl[0], cap = tl[1];
+  if (sm >= sms) return;
+  const unsigned long long i = atomicAdd(tl + 2 + sm, 1ull);
+  if (i >= cap) return;
+  unsigned long long* r = tl + 2 + sms + 4 * (sm * cap + i);
+  const unsigned int cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  r[0] = grid;
+  r[1] = static_cast<unsigned long long>(k + 1) << 56 | static_cast<unsigned long long>(sm) << 32 | cta;
+  r[2] = t;
+  r[3] = 0;
+}
 #else
+__device__ __forceinline__ void step_timeline_phase(int) {}
 struct StepTimelineSlot {};
 __device__ __forceinline__ StepTimelineSlot step_timeline_begin() { return {}; }
 __device__ __forceinline__ void step_timeline_end(const StepTimelineSlot&) {}

@@ -70,6 +70,7 @@ __global__ void __launch_bounds__(kRowThreads) norm_kernel(bf16* __restrict__ x,
                                                            const bf16* __restrict__ w, bf16* __restrict__ y,
                                                            int hidden, float eps) {
   __shared__ float red[32];
+  step_timeline_phase(0);
   const int row = blockIdx.x;
   bf16* xr = x + static_cast<size_t>(row) * hidden;
   if (hidden <= kRowThreads * 8) {
@@ -122,6 +123,7 @@ __global__ void __launch_bounds__(kRowThreads) norm_kernel(bf16* __restrict__ x,
     const float tot = block_sum(ss, red);
     const float inv = rsqrtf(tot / hidden + eps);
     if (own) norm_store8(v, inv, reinterpret_cast<const bf16*>(&wv), y + static_cast<size_t>(row) * hidden + c);
+    step_timeline_phase(2);
     return;
   }
   pdl_wait();

@@ -47,7 +47,8 @@ bool programmatic_launch();
 
 // Step timeline, for benchmarks: while a device buffer is set, the first thread of every CTA of this library's
 // kernels records, after its PDL wait, one StepTimelineRecord: the launch's %gridid, SM and linear CTA index, and
-// %globaltimer ns before and after the wait. Buffer layout (unsigned 64-bit words): [0] S = SM slots, [1] C =
+// %globaltimer ns before and after the wait; kernels may add phase stamps (sm_cta bits 56-63 = phase + 1, ready_ns =
+// the time). Buffer layout (unsigned 64-bit words): [0] S = SM slots, [1] C =
 // capacity per SM, [2, 2 + S) per-SM record counts (atomically incremented; counts above C mean dropped records),
 // then S x C records (SM s's i-th at record index s * C + i). Null stops recording. Set it while no kernel of this
 // library runs. Recording adds an atomic round trip after each CTA's wait. Only the library built with
@@ -70,6 +71,9 @@ struct TimelineLaunch {
   unsigned int max_cta = 0;         // largest linear CTA index seen
   bool ctas_unique = true;          // no CTA index twice
   unsigned long long first_ready = 0, last_ready = 0, first_release = 0, last_release = 0;  // globaltimer ns
+  // Phase stamps (step_timeline_phase k < 8, common.cuh; 0: the kernel's first instruction): count, first, last.
+  int phase_count[8] = {};
+  unsigned long long phase_first[8] = {}, phase_last[8] = {};
 };
 Result<void*> alloc_step_timeline(int sms, int capacity);
 Result<std::vector<TimelineLaunch>> read_step_timeline(const void* device_buffer, long long* dropped);

@@ -56,6 +56,7 @@ __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_gate_up_kernel(OnePar
   // Every CTA waits first, before any exit: the down kernel starts only once each CTA of this grid has passed this
   // wait (pdl_wait triggers the dependents after it), i.e. after the kernel that built the plan has completed; the
   // down kernel of variant 1 reads the plan before its own wait on that basis.
+  step_timeline_phase(0);
   pdl_wait();
   if (p.stamps_gu && threadIdx.x == 0) p.stamps_gu[2 * blockIdx.x] = global_ns();
   constexpr int kU = 2;
@@ -131,6 +132,7 @@ __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_gate_up_kernel(OnePar
       __syncthreads();
     }
   }
+  step_timeline_phase(2);
   if (p.stamps_gu && threadIdx.x == 0) p.stamps_gu[2 * blockIdx.x + 1] = global_ns();
 }
 
@@ -148,6 +150,7 @@ __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_down_kernel(OneParams
   const int g = lane >> 2, tq = lane & 3;
   const int tiles = p.H / kRows;
   const int chunks = p.I / kChunk;
+  step_timeline_phase(0);
   if (p.stamps_dn && threadIdx.x == 0) p.stamps_dn[3 * blockIdx.x] = global_ns();
   uint4 lo[kU], hi[kU];  // a round of weight fragments (kPre: the first item's first round, loaded before the wait)
   bool pre = false;
@@ -226,6 +229,7 @@ __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_down_kernel(OneParams
       __syncthreads();
     }
   }
+  step_timeline_phase(2);
   if (p.stamps_dn && threadIdx.x == 0) p.stamps_dn[3 * blockIdx.x + 2] = global_ns();
 }
 

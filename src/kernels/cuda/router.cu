@@ -129,6 +129,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_kernel(RouteParams
   __shared__ float logit_s[kRouteMaxT][kRouteMaxE];  // CTA 0: every logit, [token][expert]
   __shared__ float probs[kRouteWarps][kRouteMaxE];
   __shared__ int ids_s[kRouteMaxT * kMaxTopK];
+  step_timeline_phase(0);
   __shared__ int scratch[kRouteWarps * kRouteMaxE];
   __shared__ int counts[kRouteMaxE], offset_of[kRouteMaxE];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -556,6 +557,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
     const int t = s / K, id = ids_s[s];
     p.plan.sorted_slots[offset_of[id] + __popc(tok_mask[id] & ((1u << t) - 1u))] = s;
   }
+  step_timeline_phase(2);
   if (stamp) p.clocks[7] = clock64();
 }
 

@@ -213,6 +213,7 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
                                                                                     int Kdim, KvPrefetch kv) {
   extern __shared__ __align__(128) unsigned char wsm[];
   __shared__ __align__(8) uint64_t bar;
+  step_timeline_phase(0);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, tq = lane & 3;
   const int r0 = blockIdx.x * kRows;
@@ -253,6 +254,7 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
     if (!landed) {
       mbar_wait(&bar, 0);
       landed = true;
+      if (warp == 0) step_timeline_phase(1);  // the weight tile has landed
     }
 #pragma unroll
     for (int u = 0; u < kRound; ++u) {

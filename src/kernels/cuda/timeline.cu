@@ -96,12 +96,22 @@ Result<std::vector<TimelineLaunch>> read_step_timeline(const void* device_buffer
       cuda_status(cudaMemcpy(all.data(), device_buffer, all.size() * 8, cudaMemcpyDeviceToHost), "copy"));
   long long lost = 0;
   std::map<unsigned long long, TimelineLaunch> by_grid;
+  std::map<unsigned long long, TimelineLaunch> phases;
   std::map<unsigned long long, std::vector<unsigned int>> ctas;
   for (size_t sm = 0; sm < sms; ++sm) {
     const unsigned long long n = all[2 + sm];
     if (n > cap) lost += static_cast<long long>(n - cap);
     for (size_t i = 0; i < std::min<unsigned long long>(n, cap); ++i) {
       const unsigned long long* r = &all[2 + sms + 4 * (sm * cap + i)];
+      const unsigned int phase = static_cast<unsigned int>(r[1] >> 56);
+      if (phase > 0) {  // a phase stamp: kept apart from the wait records
+        TimelineLaunch& k = phases[r[0]];
+        const int ph = static_cast<int>(phase - 1) & 7;
+        k.phase_first[ph] = k.phase_count[ph] ? std::min(k.phase_first[ph], r[2]) : r[2];
+        k.phase_last[ph] = std::max(k.phase_last[ph], r[2]);
+        ++k.phase_count[ph];
+        continue;
+      }
       TimelineLaunch& k = by_grid[r[0]];
       const unsigned int cta = static_cast<unsigned int>(r[1] & 0xffffffffu);
       if (k.ctas == 0) {
@@ -123,6 +133,13 @@ Result<std::vector<TimelineLaunch>> read_step_timeline(const void* device_buffer
     std::vector<unsigned int>& c = ctas[grid];
     std::sort(c.begin(), c.end());
     k.ctas_unique = std::adjacent_find(c.begin(), c.end()) == c.end();
+    auto ph = phases.find(grid);
+    if (ph != phases.end())
+      for (int j = 0; j < 8; ++j) {
+        k.phase_count[j] = ph->second.phase_count[j];
+        k.phase_first[j] = ph->second.phase_first[j];
+        k.phase_last[j] = ph->second.phase_last[j];
+      }
     out.push_back(k);
   }
   std::sort(out.begin(), out.end(),
