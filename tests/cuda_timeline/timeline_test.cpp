@@ -1,7 +1,6 @@
 // Step timeline (kernels.h): every CTA of each launch leaves exactly one record (and its phase stamps), releases
-// follow the stream order,
-// recording leaves the outputs unchanged, nothing is recorded without a buffer, and records past the capacity are
-// counted as dropped.
+// follow the stream order, recording leaves the outputs unchanged, nothing is recorded without a buffer, and records
+// past the capacity are counted as dropped.
 #ifdef ZEST_HAVE_CUDA
 #include "cuda/cuda_test_util.h"
 
