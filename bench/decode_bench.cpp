@@ -6,7 +6,7 @@
 //                      [--ablate 1,64] [--timeline 1,8] [--variant moe=2,gemm=1 ...]
 // --variant (repeatable) reruns everything with decode options set (sere: DecodeOption::kSereKernel, moe:
 // kMoeOccupancy, attn: kAttentionKernel, gemm: kGemmVariant, route: kRouteFused, experts: kMoeKernel, block:
-// kMoeBlock, l2: kL2Prefetch, carve: kCarveout); --ablate times the graph again with each operation
+// kMoeBlock, l2: kL2Prefetch); --ablate times the graph again with each operation
 // left out (per-op cost inside the replayed graph, PDL overlap included); --timeline (bench_decode_timeline only: the
 // same program on the kernels built with step-timeline records) prints when each kernel of one replayed step was
 // released from its PDL wait (kernels.h).
@@ -190,7 +190,6 @@ bool apply_variant(const std::string& spec) {
     else if (name == "experts") set_decode_option(DecodeOption::kMoeKernel, value);
     else if (name == "block") set_decode_option(DecodeOption::kMoeBlock, value);
     else if (name == "l2") set_decode_option(DecodeOption::kL2Prefetch, value);
-    else if (name == "carve") set_decode_option(DecodeOption::kCarveout, value);
     else return false;
   }
   return true;
@@ -222,14 +221,15 @@ bool print_timeline(SyntheticDecoder& dec, int batch, int layers, double tpot_ms
   cudaEventElapsedTime(&rec_ms, e0, e1);
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
-  long long dropped = 0;
-  auto launches = ok ? read_step_timeline(*buf, &dropped) : Result<std::vector<TimelineLaunch>>(internal_error("no run"));
+  long long dropped = 0, orphans = 0;
+  auto launches =
+      ok ? read_step_timeline(*buf, &dropped, &orphans) : Result<std::vector<TimelineLaunch>>(internal_error("no run"));
   cudaFree(*buf);
   if (!ok || !check(launches.status(), "read timeline")) return false;
   const std::vector<TimelineLaunch>& k = *launches;
   const int n = static_cast<int>(k.size());
-  std::printf("    timeline: %d launches recorded (%zu launched, %lld records dropped), step %.3f ms with recording "
-              "(TPOT %.3f ms without)\n", n, names.size(), dropped, rec_ms, tpot_ms);
+  std::printf("    timeline: %d launches recorded (%zu launched, %lld records dropped, %lld phase stamps unmatched), "
+              "step %.3f ms with recording (TPOT %.3f ms without)\n", n, names.size(), dropped, orphans, rec_ms, tpot_ms);
   const bool named = static_cast<int>(names.size()) == n;
   auto label = [&](int i) { return named ? names[i] : std::string("?"); };
   auto us = [](unsigned long long a, unsigned long long b) { return (static_cast<double>(a) - static_cast<double>(b)) / 1e3; };
@@ -366,7 +366,7 @@ int bench_decode_main(int argc, char** argv) {
   if (variants.empty()) variants.push_back("");
   for (const std::string& variant : variants) {
   if (!apply_variant(variant)) {
-    std::fprintf(stderr, "error: bad --variant '%s' (want name=value,... with names sere, moe, attn, gemm, route, experts, block, l2, carve)\n",
+    std::fprintf(stderr, "error: bad --variant '%s' (want name=value,... with names sere, moe, attn, gemm, route, experts, block, l2)\n",
                  variant.c_str());
     return 2;
   }

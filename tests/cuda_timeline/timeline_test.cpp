@@ -114,18 +114,24 @@ TEST(CudaStepTimeline, RecordsPastTheCapacityCountAsDropped) {
     ZEST_ASSERT_OK(a.run(s));
     ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
     ZEST_ASSERT_OK(set_step_timeline(nullptr));
-    long long dropped = -1;
-    auto got = read_step_timeline(buf.p, &dropped);
+    long long dropped = -1, orphans = -1;
+    auto got = read_step_timeline(buf.p, &dropped, &orphans);
     ZEST_ASSERT_OK(got.status());
-    ASSERT_EQ(got->size(), 1u);
+    // Every CTA leaves three records: phase 0, the wait record, phase 1 (tile landed).
+    long long kept = orphans;
+    for (const TimelineLaunch& k : *got) kept += k.ctas + k.phase_count[0] + k.phase_count[1];
     if (cap > 1) {
+      ASSERT_EQ(got->size(), 1u);
       EXPECT_EQ(dropped, 0);
+      EXPECT_EQ(orphans, 0);
       ctas = (*got)[0].ctas;
+      EXPECT_EQ(kept, 3LL * ctas);
     } else {
       int sms = 0;
       ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
-      EXPECT_LE((*got)[0].ctas, sms);  // one record per SM
-      EXPECT_EQ((*got)[0].ctas + dropped, ctas);
+      EXPECT_LE(kept, sms);  // one record per SM
+      EXPECT_GT(dropped, 0);
+      EXPECT_EQ(kept + dropped, 3LL * ctas);
     }
   }
   EXPECT_GT(ctas, 0);

@@ -1446,7 +1446,7 @@ Status launch_ring(const DecodeAttention& p, const bf16* qkv, int q_stride, bf16
       cfg.blockDim = block;
       cfg.dynamicSmemBytes = ring_smem(S);
       cfg.stream = stream;
-      cudaLaunchAttribute attr[3];
+      cudaLaunchAttribute attr[2];
       attr[0].id = cudaLaunchAttributeClusterDimension;
       attr[0].val.clusterDim.x = rp.splits;
       attr[0].val.clusterDim.y = 1;
@@ -1499,13 +1499,6 @@ Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_s
   }
   const int pages = (p.max_context + kKvBlock - 1) / kKvBlock;
   int variant = decode_option(DecodeOption::kAttentionKernel);
-  // 10 / 11: as 8 with the cluster merge's clusters capped at 8 / 4 splits (more pages per CTA): smaller clusters
-  // find room beside the qkv GEMM's CTAs before it completes.
-  int cluster_cap = 16;
-  if (variant == 10 || variant == 11) {
-    cluster_cap = variant == 10 ? 8 : 4;
-    variant = 8;
-  }
   if (variant == 8) {  // by size: variant 3's cluster merge where it applies, the ring kernel above, up to 32 pairs
     const int pairs = p.batch * p.kv_heads;
     const bool small = pages <= kClusterMaxPages && pairs <= kClusterMaxPairs;
@@ -1530,14 +1523,14 @@ Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_s
   // many CTAs of the forced 13+ splits cost more than the global merge saves.
   if (variant == 3 && pages <= kClusterMaxPages &&
       p.batch * p.kv_heads <= kClusterMaxPairs && cluster_attention_ok()) {
-    // At most cluster_cap splits (one cluster per kv head and sequence), at least one page per warp.
-    const int per = std::max(kDecWarps, (pages + cluster_cap - 1) / cluster_cap);
+    // At most 16 splits (one cluster per kv head and sequence), at least one page per warp.
+    const int per = std::max(kDecWarps, (pages + 15) / 16);
     const int splits = (pages + per - 1) / per;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(splits, p.kv_heads, p.batch);
     cfg.blockDim = dim3(kDecWarps * 32);
     cfg.stream = stream;
-    cudaLaunchAttribute attr[3];
+    cudaLaunchAttribute attr[2];
     attr[0].id = cudaLaunchAttributeClusterDimension;
     attr[0].val.clusterDim.x = splits;
     attr[0].val.clusterDim.y = 1;

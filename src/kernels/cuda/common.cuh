@@ -18,18 +18,12 @@ inline Status cuda_status(cudaError_t e, const char* what) {
   return internal_error(std::string(what) + ": " + cudaGetErrorString(e));
 }
 
-// Appends the launch attributes every launch of this library carries to attrs[n...]: programmatic stream
-// serialisation when enabled (`pdl`), the largest shared-memory carveout with DecodeOption::kCarveout 1. Returns the
-// new count (at most n + 2).
-inline int common_launch_attrs(cudaLaunchAttribute* attrs, int n, bool pdl = true) {
-  if (pdl && programmatic_launch()) {
+// Appends the launch attributes every launch of this library carries to attrs[n...] (programmatic stream
+// serialisation when enabled) and returns the new count (at most n + 1).
+inline int common_launch_attrs(cudaLaunchAttribute* attrs, int n) {
+  if (programmatic_launch()) {
     attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attrs[n].val.programmaticStreamSerializationAllowed = 1;
-    ++n;
-  }
-  if (decode_option(DecodeOption::kCarveout) == 1) {
-    attrs[n].id = cudaLaunchAttributePreferredSharedMemoryCarveout;
-    attrs[n].val.sharedMemCarveout = cudaSharedmemCarveoutMaxShared;
     ++n;
   }
   return n;
@@ -45,7 +39,7 @@ Status launch(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block,
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
+  cudaLaunchAttribute attr[1];
   cfg.attrs = attr;
   cfg.numAttrs = static_cast<unsigned int>(common_launch_attrs(attr, 0));
   note_launch(name);

@@ -76,7 +76,10 @@ struct TimelineLaunch {
   unsigned long long phase_first[8] = {}, phase_last[8] = {};
 };
 Result<void*> alloc_step_timeline(int sms, int capacity);
-Result<std::vector<TimelineLaunch>> read_step_timeline(const void* device_buffer, long long* dropped);
+// `orphans` (optional): phase stamps whose %gridid matches no wait record (seen for the phase-0 stamps of cluster
+// launches, taken before the wait).
+Result<std::vector<TimelineLaunch>> read_step_timeline(const void* device_buffer, long long* dropped,
+                                                       long long* orphans = nullptr);
 // Per translation unit of the library: registers the setter of its copy of the buffer pointer (common.cuh).
 bool register_step_timeline_unit(cudaError_t (*setter)(void*));
 // Launch log, for benchmarks: while on, every kernel launch of this library appends its name (host side).
@@ -100,8 +103,7 @@ enum class DecodeOption : int {
                     // 5 = as 4 with the splits (at most 16) merged inside a thread-block cluster; 6 = as 5 with a
                     // two-stage ring; 7 = as 5 with four stages and splits for one CTA per SM; 8 (default) = by
                     // size: 3 up to 8 (sequence, kv head) pairs and 2048 tokens, 5 up to 32 pairs, 3 above; 9 = as
-                    // 5 with two token rows per bulk copy when kv_heads == 4; 10 / 11 = as 8 with the cluster merge
-                    // in clusters of at most 8 / 4 splits
+                    // 5 with two token rows per bulk copy when kv_heads == 4
   kGemmVariant,     // small-M GEMM, chunks in flight per warp and CTAs per SM: 1 = 4, 3 CTAs; 0 = 8, 1; 2 = 8, 2;
                     // 3 = 2, 4; 4 (default) = the weight tile bulk-copied into shared memory before the wait on the
                     // previous kernel, one CTA per 16-row tile (when every tile's CTA fits on the GPU; else 1), except
@@ -131,9 +133,6 @@ enum class DecodeOption : int {
                     // decode attention prefetches the o GEMM's weights (DecodeAttention::l2_next) after its copies;
                     // 2 = the KV prefetch only (weight tiles without the policy); 3 = the o weights only; 4 = none;
                     // 5 = as 0 without the other GEMMs' evict-first tiles
-  kCarveout,        // shared-memory carveout of this library's kernel launches: 0 = the driver's choice per kernel;
-                    // 1 = every launch asks for the largest shared-memory carveout (launch attribute), so that a
-                    // kernel's CTAs can become resident beside the previous kernel's (an SM hosts CTAs of one carveout)
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);

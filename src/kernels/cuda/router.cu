@@ -927,7 +927,7 @@ Status launch_route(RouteParams p, cudaStream_t stream) {
   cfg.blockDim = dim3(kRouteThreads);
   cfg.dynamicSmemBytes = route_smem(p.E, p.H, max_c, max_rows);
   cfg.stream = stream;
-  cudaLaunchAttribute attr[3];
+  cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = C;
   attr[0].val.clusterDim.y = 1;

@@ -86,7 +86,8 @@ Result<void*> alloc_step_timeline(int sms, int capacity) {
   return buf;
 }
 
-Result<std::vector<TimelineLaunch>> read_step_timeline(const void* device_buffer, long long* dropped) {
+Result<std::vector<TimelineLaunch>> read_step_timeline(const void* device_buffer, long long* dropped,
+                                                       long long* orphans) {
   if (!device_buffer) return invalid_argument("read_step_timeline: null buffer");
   unsigned long long dims[2];
   ZEST_RETURN_IF_ERROR(cuda_status(cudaMemcpy(dims, device_buffer, sizeof(dims), cudaMemcpyDeviceToHost), "copy"));
@@ -128,6 +129,11 @@ Result<std::vector<TimelineLaunch>> read_step_timeline(const void* device_buffer
       ctas[r[0]].push_back(cta);
     }
   }
+  long long orphan = 0;
+  for (const auto& [grid, ph] : phases)
+    if (!by_grid.count(grid))
+      for (int j = 0; j < 8; ++j) orphan += ph.phase_count[j];
+  if (orphans) *orphans = orphan;
   std::vector<TimelineLaunch> out;
   for (auto& [grid, k] : by_grid) {
     std::vector<unsigned int>& c = ctas[grid];
