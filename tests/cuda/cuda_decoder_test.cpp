@@ -24,7 +24,6 @@
 #include "cuda/random_checkpoint.h"
 #include "engine/sere.h"
 #include "kernels/backend.h"
-#include "kernels/cuda/kernels.h"
 #include "model/golden_util.h"
 #include "model/qwen3.h"
 
@@ -197,34 +196,6 @@ TEST(CudaDecoder, HeadDim128RandomCheckpointMatchesCpu) {
       EXPECT_EQ(tg[i], tc[i]) << "greedy step " << i;
   }
   fs::remove_all(dir);
-}
-
-// DecodeOption::kFoldCombine: one-token decode steps with each MoE layer's combine folded into the next layer's qkv
-// GEMM give the same greedy tokens and top-2 margins (the same logits' bits) as the chain.
-TEST(CudaDecoder, FoldedCombineGivesTheSameDecodeSteps) {
-  ZEST_REQUIRE_GPU_DECODER();
-  std::mt19937 rng(94);
-  std::uniform_int_distribution<int32_t> tok(0, 511);
-  std::vector<int32_t> ids(37);
-  for (auto& t : ids) t = tok(rng);
-  const engine::Prompt p = text_ids_prompt(ids);
-  std::vector<int32_t> tokens[2];
-  std::vector<double> margins[2];
-  for (int fold : {0, 1}) {  // a decoder per setting: decode graphs keep the variant they were captured with
-    cuda::set_decode_option(cuda::DecodeOption::kFoldCombine, fold);
-    const fs::path dir = temp_dir("fold" + std::to_string(fold));
-    auto m = random_model(dir);
-    ASSERT_TRUE(m);
-    const auto& c = m->config.text;
-    ASSERT_TRUE(cuda::gemm_fold_combine_ok(1, static_cast<int>((c.num_heads + 2 * c.num_kv_heads) * c.head_dim),
-                                           static_cast<int>(c.hidden_size)));  // the fold serves these sizes
-    greedy(*m->gpu, p, 10, tokens[fold], margins[fold]);
-    cuda::set_decode_option(cuda::DecodeOption::kFoldCombine,
-                            cuda::default_decode_option(cuda::DecodeOption::kFoldCombine));
-    fs::remove_all(dir);
-  }
-  EXPECT_EQ(tokens[1], tokens[0]);
-  EXPECT_EQ(margins[1], margins[0]);
 }
 
 // One forward of `chunks` (sequence index, start, length) over the sequences' tokens; logits rows in order.

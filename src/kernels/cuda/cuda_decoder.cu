@@ -251,7 +251,7 @@ class CudaTextDecoder final : public model::TextDecoder {
     Caps caps;
     DeviceMemory act, in_dev, ws, sim, counters;
     PinnedMemory in_host, logits_host;
-    bf16 *x = nullptr, *x2 = nullptr, *xn = nullptr, *qkv = nullptr, *attn = nullptr, *o = nullptr, *rl = nullptr, *h = nullptr,
+    bf16 *x = nullptr, *xn = nullptr, *qkv = nullptr, *attn = nullptr, *o = nullptr, *rl = nullptr, *h = nullptr,
          *gu = nullptr, *xr = nullptr, *logits = nullptr;
     int32_t *ids = nullptr, *ids_before = nullptr;
     float *route_w = nullptr, *slot_out = nullptr;
@@ -474,7 +474,6 @@ Status CudaTextDecoder::ensure(const Caps& need) const {
     const size_t hw = std::max<size_t>(K * I_, Id_);
     auto layout = [&](Carver& cv) {
       s.x = cv.take<bf16>(T * H);
-      s.x2 = cv.take<bf16>(T * H);
       s.xn = cv.take<bf16>(T * H);
       s.o = cv.take<bf16>(T * H);
       s.qkv = cv.take<bf16>(T * QKV_);
@@ -954,11 +953,6 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
   ZEST_RETURN_IF_ERROR(embedding(d_tokens, embed_, s.x, T, H_, V_, st));
   if (M > 0) ZEST_RETURN_IF_ERROR(scatter_rows(mm_src(0), d_mm, s.x, static_cast<int>(M), H_, false, st));
   ZEST_RETURN_IF_ERROR(rmsnorm(s.x, layers_[0].in_norm, s.xn, T, H_, eps_, st));
-  // DecodeOption::kFoldCombine: in one-token decode steps without hooks the next layer's qkv GEMM computes a MoE
-  // layer's combine + RMSNorm (s.x2 = s.x + combine) and that layer's add + RMSNorm reads s.x2.
-  const bool fold = use_decode && T == 1 && !hooks && decode_option(DecodeOption::kFoldCombine) == 1 &&
-                    decode_option(DecodeOption::kMoeBlock) == 0 && gemm_fold_combine_ok(T, QKV_, H_);
-  bool folded = false;  // this layer's qkv GEMM folds the previous layer's combine
   for (int l = 0; l < L_; ++l) {
     const Layer& Ly = layers_[l];
     const bf16* next = l + 1 < L_ ? layers_[l + 1].in_norm : final_norm_;
@@ -973,11 +967,7 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
       kvp.row_bytes = Hkv_ * D_ * 2;
       dp.l2_next = Ly.wo;
       dp.l2_next_bytes = static_cast<size_t>(H_) * Hq_ * D_ * 2;
-      if (folded)
-        ZEST_RETURN_IF_ERROR(gemm_fold_combine(s.x, s.slot_out, s.ids, K_, Ly.in_norm, eps_, s.x2, Ly.wqkv, s.qkv, T,
-                                               QKV_, H_, kvp, st));
-      else
-        ZEST_RETURN_IF_ERROR(gemm_kv_prefetch(s.xn, Ly.wqkv, s.qkv, T, QKV_, H_, kvp, st));
+      ZEST_RETURN_IF_ERROR(gemm_kv_prefetch(s.xn, Ly.wqkv, s.qkv, T, QKV_, H_, kvp, st));
     } else {
       ZEST_RETURN_IF_ERROR(gemm(s.xn, Ly.wqkv, s.qkv, T, QKV_, H_, st));
     }
@@ -1012,20 +1002,12 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
                                             s.ids, s.route_w, s.rl, nullptr, nullptr, 0, T, H_, E_, K_, I_, eps_, st));
       continue;
     }
-    if (folded)
-      ZEST_RETURN_IF_ERROR(add_rmsnorm_from(s.x2, s.x, s.o, Ly.post_norm, s.xn, T, H_, eps_, st));
-    else
-      ZEST_RETURN_IF_ERROR(add_rmsnorm(s.x, s.o, Ly.post_norm, s.xn, T, H_, eps_, st));
-    folded = false;
+    ZEST_RETURN_IF_ERROR(add_rmsnorm(s.x, s.o, Ly.post_norm, s.xn, T, H_, eps_, st));
     const bool ds = l < nds;
     if (Ly.moe) {
       Status ms = run_moe(l, Ly, T, b, hooks, all_active);
       if (!ms.is_ok()) return ms.with_context("layer " + std::to_string(l));
-      if (fold && !ds && l + 1 < L_)
-        folded = true;  // the next layer's qkv GEMM combines
-      else
-        ZEST_RETURN_IF_ERROR(
-            moe_combine_add_rmsnorm(s.x, s.slot_out, s.ids, K_, ds ? nullptr : next, s.xn, T, H_, eps_, st));
+      ZEST_RETURN_IF_ERROR(moe_combine_add_rmsnorm(s.x, s.slot_out, s.ids, K_, ds ? nullptr : next, s.xn, T, H_, eps_, st));
     } else {
       ZEST_RETURN_IF_ERROR(gemm(s.xn, Ly.gate_up, s.gu, T, 2 * Id_, H_, st));
       ZEST_RETURN_IF_ERROR(silu_mul(s.gu, s.h, T, Id_, st));

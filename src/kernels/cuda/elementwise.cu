@@ -1,13 +1,24 @@
 // Row-wise and element-wise kernels: embedding gather, RMSNorm variants (with fused residual add and MoE
 // combine), SwiGLU activation, greedy argmax and a device-side random fill.
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/row_norm.cuh"
 
 namespace zest::cuda {
 
 namespace {
 
 constexpr int kRowThreads = 256;
+
+__device__ float block_sum(float v, float* red) {
+  v = warp_sum(v);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  const int nw = blockDim.x >> 5;
+  float t = lane < nw ? red[lane] : 0.f;
+  t = warp_sum(t);
+  __syncthreads();
+  return t;
+}
 
 __global__ void embedding_kernel(const int32_t* __restrict__ ids, const bf16* __restrict__ table,
                                  bf16* __restrict__ out, int hidden, int vocab) {
@@ -26,22 +37,42 @@ __global__ void embedding_kernel(const int32_t* __restrict__ ids, const bf16* __
 
 // Stores 8 values of y = w * bf16(v * inv) for one 8-element chunk.
 __device__ __forceinline__ void norm_store8(const float* v, float inv, const bf16* w, bf16* y) {
-  row_norm_store8(v, inv, *reinterpret_cast<const uint4*>(w), y);
+  const uint4 wv = *reinterpret_cast<const uint4*>(w);
+  const bf16* wb = reinterpret_cast<const bf16*>(&wv);
+  uint4 o;
+  bf16* ob = reinterpret_cast<bf16*>(&o);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) ob[i] = __float2bfloat16(bf16_round(v[i] * inv) * __bfloat162float(wb[i]));
+  *reinterpret_cast<uint4*>(y) = o;
 }
 
-// Mode 0: y = norm(x). Mode 1: x = bf16(x_in + r) (x_in: x when null), y = norm(x). Mode 2: x = bf16(x + bf16(sum_k
-// slot_out)), y = norm(x) when w != nullptr.
+__device__ __forceinline__ void load8(const bf16* p, float* v) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const bf16* b = reinterpret_cast<const bf16*>(&u);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) v[i] = __bfloat162float(b[i]);
+}
+
+__device__ __forceinline__ void store8(bf16* p, const float* v) {
+  uint4 u;
+  bf16* b = reinterpret_cast<bf16*>(&u);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) b[i] = __float2bfloat16(v[i]);
+  *reinterpret_cast<uint4*>(p) = u;
+}
+
+// Mode 0: y = norm(x). Mode 1: x = bf16(x + r), y = norm(x). Mode 2: x = bf16(x + bf16(sum_k slot_out)),
+// y = norm(x) when w != nullptr.
 template <int kMode>
 __global__ void __launch_bounds__(kRowThreads) norm_kernel(bf16* __restrict__ x, const bf16* __restrict__ r,
                                                            const float* __restrict__ slot_out,
                                                            const int32_t* __restrict__ ids, int K,
                                                            const bf16* __restrict__ w, bf16* __restrict__ y,
-                                                           int hidden, float eps, const bf16* x_in) {
+                                                           int hidden, float eps) {
   __shared__ float red[32];
   step_timeline_phase(0);
   const int row = blockIdx.x;
   bf16* xr = x + static_cast<size_t>(row) * hidden;
-  const bf16* xin = x_in ? x_in + static_cast<size_t>(row) * hidden : xr;  // the row read
   if (hidden <= kRowThreads * 8) {
     // One 8-element chunk per thread, kept in registers: the norm weight is loaded before the wait (a weight, not
     // written by the previous kernel), then every load of the row (x, r, the ids and all K slot rows, unconditionally:
@@ -53,22 +84,43 @@ __global__ void __launch_bounds__(kRowThreads) norm_kernel(bf16* __restrict__ x,
     pdl_wait();
     float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     if (own) {
-      row_load8(xin + c, v);
+      load8(xr + c, v);
       if constexpr (kMode == 1) {
         float rv[8];
-        row_load8(r + static_cast<size_t>(row) * hidden + c, rv);
+        load8(r + static_cast<size_t>(row) * hidden + c, rv);
 #pragma unroll
         for (int i = 0; i < 8; ++i) v[i] = bf16_round(v[i] + rv[i]);
       } else if constexpr (kMode == 2) {
-        row_combine8(slot_out, ids, K, row, hidden, c, v);
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int k0 = 0; k0 < K; k0 += 8) {
+          float4 a[8], b[8];
+          int id[8];
+#pragma unroll
+          for (int u = 0; u < 8; ++u) {
+            const int k = k0 + u;
+            id[u] = k < K ? ids[row * K + k] : -1;
+            const float4* sp =
+                reinterpret_cast<const float4*>(slot_out + (static_cast<size_t>(row) * K + (k < K ? k : 0)) * hidden + c);
+            a[u] = sp[0];
+            b[u] = sp[1];
+          }
+#pragma unroll
+          for (int u = 0; u < 8; ++u) {
+            if (id[u] < 0) continue;
+            acc[0] += a[u].x; acc[1] += a[u].y; acc[2] += a[u].z; acc[3] += a[u].w;
+            acc[4] += b[u].x; acc[5] += b[u].y; acc[6] += b[u].z; acc[7] += b[u].w;
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = bf16_round(v[i] + bf16_round(acc[i]));
       }
-      if constexpr (kMode != 0) row_store8(xr + c, v);
+      if constexpr (kMode != 0) store8(xr + c, v);
     }
     if (kMode == 2 && w == nullptr) return;
     float ss = 0.f;
 #pragma unroll
     for (int i = 0; i < 8; ++i) ss += v[i] * v[i];
-    const float tot = row_block_sum(ss, red);
+    const float tot = block_sum(ss, red);
     const float inv = rsqrtf(tot / hidden + eps);
     if (own) norm_store8(v, inv, reinterpret_cast<const bf16*>(&wv), y + static_cast<size_t>(row) * hidden + c);
     step_timeline_phase(2);
@@ -78,13 +130,13 @@ __global__ void __launch_bounds__(kRowThreads) norm_kernel(bf16* __restrict__ x,
   float ss = 0.f;
   for (int c = threadIdx.x * 8; c < hidden; c += blockDim.x * 8) {
     float v[8];
-    row_load8(xin + c, v);
+    load8(xr + c, v);
     if constexpr (kMode == 1) {
       float rv[8];
-      row_load8(r + static_cast<size_t>(row) * hidden + c, rv);
+      load8(r + static_cast<size_t>(row) * hidden + c, rv);
 #pragma unroll
       for (int i = 0; i < 8; ++i) v[i] = bf16_round(v[i] + rv[i]);
-      row_store8(xr + c, v);
+      store8(xr + c, v);
     } else if constexpr (kMode == 2) {
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       for (int k = 0; k < K; ++k) {
@@ -96,18 +148,18 @@ __global__ void __launch_bounds__(kRowThreads) norm_kernel(bf16* __restrict__ x,
       }
 #pragma unroll
       for (int i = 0; i < 8; ++i) v[i] = bf16_round(v[i] + bf16_round(acc[i]));
-      row_store8(xr + c, v);
+      store8(xr + c, v);
     }
 #pragma unroll
     for (int i = 0; i < 8; ++i) ss += v[i] * v[i];
   }
   if (kMode == 2 && w == nullptr) return;
-  const float tot = row_block_sum(ss, red);
+  const float tot = block_sum(ss, red);
   const float inv = rsqrtf(tot / hidden + eps);
   bf16* yr = y + static_cast<size_t>(row) * hidden;
   for (int c = threadIdx.x * 8; c < hidden; c += blockDim.x * 8) {
     float v[8];
-    row_load8(xr + c, v);
+    load8(xr + c, v);
     norm_store8(v, inv, w + c, yr + c);
   }
 }
@@ -203,22 +255,14 @@ Status embedding(const int32_t* ids, const bf16* table, bf16* out, int n, int hi
 Status rmsnorm(const bf16* x, const bf16* w, bf16* y, int rows, int hidden, float eps, cudaStream_t stream) {
   ZEST_RETURN_IF_ERROR(check_rows("rmsnorm", rows, hidden));
   return launch("rmsnorm", norm_kernel<0>, dim3(rows), dim3(kRowThreads), 0, stream, const_cast<bf16*>(x),
-                nullptr, nullptr, nullptr, 0, w, y, hidden, eps, nullptr);
+                nullptr, nullptr, nullptr, 0, w, y, hidden, eps);
 }
 
 Status add_rmsnorm(bf16* x, const bf16* r, const bf16* w, bf16* y, int rows, int hidden, float eps,
                    cudaStream_t stream) {
   ZEST_RETURN_IF_ERROR(check_rows("add_rmsnorm", rows, hidden));
   return launch("add_rmsnorm", norm_kernel<1>, dim3(rows), dim3(kRowThreads), 0, stream, x, r, nullptr, nullptr, 0, w,
-                y, hidden, eps, nullptr);
-}
-
-Status add_rmsnorm_from(const bf16* x_in, bf16* x, const bf16* r, const bf16* w, bf16* y, int rows, int hidden,
-                        float eps, cudaStream_t stream) {
-  ZEST_RETURN_IF_ERROR(check_rows("add_rmsnorm_from", rows, hidden));
-  if (!x_in) return invalid_argument("add_rmsnorm_from: x_in is null");
-  return launch("add_rmsnorm", norm_kernel<1>, dim3(rows), dim3(kRowThreads), 0, stream, x, r, nullptr, nullptr, 0, w,
-                y, hidden, eps, x_in);
+                y, hidden, eps);
 }
 
 Status moe_combine_add_rmsnorm(bf16* x, const float* slot_out, const int32_t* ids, int K, const bf16* w, bf16* y,
@@ -226,7 +270,7 @@ Status moe_combine_add_rmsnorm(bf16* x, const float* slot_out, const int32_t* id
   ZEST_RETURN_IF_ERROR(check_rows("moe_combine_add_rmsnorm", rows, hidden));
   if (K <= 0) return invalid_argument("moe_combine_add_rmsnorm: K must be positive");
   return launch("moe_combine_add_rmsnorm", norm_kernel<2>, dim3(rows), dim3(kRowThreads), 0, stream, x, nullptr,
-                slot_out, ids, K, w, y, hidden, eps, nullptr);
+                slot_out, ids, K, w, y, hidden, eps);
 }
 
 Status silu_mul(const bf16* gu, bf16* h, int rows, int I, cudaStream_t stream) {

@@ -133,9 +133,6 @@ enum class DecodeOption : int {
                     // decode attention prefetches the o GEMM's weights (DecodeAttention::l2_next) after its copies;
                     // 2 = the KV prefetch only (weight tiles without the policy); 3 = the o weights only; 4 = none;
                     // 5 = as 0 without the other GEMMs' evict-first tiles
-  kFoldCombine,     // one-token decode steps: 0 = moe_combine_add_rmsnorm after each MoE layer; 1 = the next layer's qkv
-                    // GEMM computes that combine + RMSNorm itself (gemm_fold_combine), its add + RMSNorm reads the
-                    // combined residual (add_rmsnorm_from): one launch and one kernel boundary less per layer
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);
@@ -161,10 +158,6 @@ Status rmsnorm(const bf16* x, const bf16* w, bf16* y, int rows, int hidden, floa
 // Fused residual add + RMSNorm: x = bf16(x + r); y = rmsnorm(x) (x updated in place).
 Status add_rmsnorm(bf16* x, const bf16* r, const bf16* w, bf16* y, int rows, int hidden, float eps,
                    cudaStream_t stream);
-
-// add_rmsnorm reading the residual from x_in (a different buffer): x = bf16(x_in + r); y = rmsnorm(x).
-Status add_rmsnorm_from(const bf16* x_in, bf16* x, const bf16* r, const bf16* w, bf16* y, int rows, int hidden,
-                        float eps, cudaStream_t stream);
 
 // MoE combine fused with the residual add and the next RMSNorm: x[n] = bf16(x[n] + sum_{k<K, ids[n,k]>=0}
 // slot_out[n,k,:]) summed in fixed k order (deterministic); then y = rmsnorm(x) when w != nullptr.
@@ -245,16 +238,6 @@ struct KvPrefetch {
 // gemm()'s, bit for bit); otherwise gemm().
 Status gemm_kv_prefetch(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, const KvPrefetch& kv,
                         cudaStream_t stream);
-
-// The qkv GEMM of a one-token decode step with the previous MoE layer's combine folded in (DecodeOption::kFoldCombine):
-// every CTA computes x2 = bf16(x + bf16(sum_k slot_out[0, k])) (slots with ids >= 0, in slot order) and
-// xn = rmsnorm(x2) * norm_w for the row itself, with moe_combine_add_rmsnorm's arithmetic, CTA 0 stores x2 into
-// x_out (not x: the other CTAs still read it), and y = xn W^T as gemm_kv_prefetch computes it: the same bits as
-// moe_combine_add_rmsnorm + gemm_kv_prefetch. gemm_fold_combine_ok: the sizes it serves (M == 1, K <= 2048).
-bool gemm_fold_combine_ok(int M, int N, int K);
-Status gemm_fold_combine(const bf16* x, const float* slot_out, const int32_t* ids, int topk, const bf16* norm_w,
-                         float eps, bf16* x_out, const bf16* w, bf16* y, int M, int N, int K, const KvPrefetch& kv,
-                         cudaStream_t stream);
 
 // Prefill attention: causal, GQA, variable-length sequences packed along tokens (cu_seqlens [nseq+1]).
 // q/k/v rows at q + t * q_stride (Hq heads of D), k + t * kv_stride, v + t * kv_stride (Hkv heads).

@@ -6,7 +6,6 @@
 // Modes: dense small-M GEMM, MoE gate/up (SiLU * up epilogue) and MoE down (routing-weight epilogue).
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/row_norm.cuh"
 
 namespace zest::cuda {
 
@@ -203,35 +202,17 @@ __device__ __forceinline__ void prefetch_kv_l2(const KvPrefetch& kv) {
   }
 }
 
-// The MoE combine + RMSNorm that rows_pre_kernel<..., true> computes for its one token row before the GEMM
-// (gemm_fold_combine): residual x, slot outputs and ids of the previous layer, the norm weight, x_out for CTA 0.
-struct FoldCombine {
-  const bf16* x = nullptr;
-  const float* slot_out = nullptr;
-  const int32_t* ids = nullptr;
-  const bf16* norm_w = nullptr;
-  bf16* x_out = nullptr;
-  int topk = 0;
-  float eps = 0.f;
-};
-constexpr int kFoldMaxK = kWarps * 32 * 8;  // one 8-column chunk per thread
-
 // kRound: token chunks per warp and round (all of a warp's chunks in one round for K <= 32 * kWarps * kRound).
 // Registers allow 3 CTAs per SM for K <= 2048 (as the shared memory does): one token tile with 8 chunks per round
 // (62 registers) or two with 4 (70); K = 4096 tiles (one CTA per SM) take one token tile's 16 chunks in one round.
 // kPf (PreFetch): the L2 prefetches of kv's rows and the tile's cache policy.
-// kFold (M == 1, Kdim <= kFoldMaxK): the token row is computed by the CTA itself from fc (moe_combine_add_rmsnorm's
-// arithmetic, norm_kernel's thread layout) into shared memory, and x is not read.
-template <bool kTwo, int kRound, int kPf, bool kFold = false>
+template <bool kTwo, int kRound, int kPf>
 __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_kernel(const bf16* __restrict__ x,
                                                                                     const bf16* __restrict__ w,
                                                                                     bf16* __restrict__ y, int M, int N,
-                                                                                    int Kdim, KvPrefetch kv,
-                                                                                    FoldCombine fc) {
+                                                                                    int Kdim, KvPrefetch kv) {
   extern __shared__ __align__(128) unsigned char wsm[];
   __shared__ __align__(8) uint64_t bar;
-  __shared__ __align__(16) bf16 xs[kFold ? kFoldMaxK : 8];
-  __shared__ float fold_red[32];
   step_timeline_phase(0);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, tq = lane & 3;
@@ -251,30 +232,10 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
   }
   // Block tables and context lengths are step inputs, not written by the previous kernel.
   if constexpr (kPf == kPfBefore || kPf == kPfBeforePlain) prefetch_kv_l2(kv);
-  const int fc_c = threadIdx.x * 8;
-  uint4 fc_w = make_uint4(0, 0, 0, 0);
-  if constexpr (kFold) {
-    if (fc_c < Kdim) fc_w = *reinterpret_cast<const uint4*>(fc.norm_w + fc_c);  // a weight: before the wait
-  }
   __syncthreads();
   pdl_wait();
-  if constexpr (kFold) {  // x2 = x + combine (CTA 0 stores it), xn = rmsnorm(x2) into xs
-    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    if (fc_c < Kdim) {
-      row_load8(fc.x + fc_c, v);
-      row_combine8(fc.slot_out, fc.ids, fc.topk, 0, Kdim, fc_c, v);
-      if (blockIdx.x == 0) row_store8(fc.x_out + fc_c, v);
-    }
-    float ss = 0.f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) ss += v[i] * v[i];
-    const float inv = rsqrtf(row_block_sum(ss, fold_red) / Kdim + fc.eps);
-    if (fc_c < Kdim) row_norm_store8(v, inv, fc_w, xs + fc_c);
-    __syncthreads();
-  }
   const int chunks = Kdim / kChunk;
-  const bf16* xrow = kFold ? xs : x;
-  const bf16* x0p = g < M ? xrow + static_cast<size_t>(g) * Kdim + tq * 8 : nullptr;
+  const bf16* x0p = g < M ? x + static_cast<size_t>(g) * Kdim + tq * 8 : nullptr;
   const bf16* x1p = kTwo && g + 8 < M ? x + static_cast<size_t>(g + 8) * Kdim + tq * 8 : nullptr;
   const unsigned char* a_lo = wsm + g * stride + tq * 16;
   const unsigned char* a_hi = a_lo + 8 * stride;
@@ -286,10 +247,7 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
     for (int u = 0; u < kRound; ++u) {
       const int c = cb + u * kWarps;
       const bool ok = c < chunks;
-      if constexpr (kFold)
-        xa[u] = ok && x0p ? *reinterpret_cast<const uint4*>(x0p + c * kChunk) : make_uint4(0, 0, 0, 0);
-      else
-        xa[u] = ok && x0p ? __ldg(reinterpret_cast<const uint4*>(x0p + c * kChunk)) : make_uint4(0, 0, 0, 0);
+      xa[u] = ok && x0p ? __ldg(reinterpret_cast<const uint4*>(x0p + c * kChunk)) : make_uint4(0, 0, 0, 0);
       if constexpr (kTwo) xb[u] = ok && x1p ? __ldg(reinterpret_cast<const uint4*>(x1p + c * kChunk)) : make_uint4(0, 0, 0, 0);
       else xb[u] = make_uint4(0, 0, 0, 0);
     }
@@ -339,7 +297,7 @@ size_t rows_pre_smem(int K) {
 
 // The instantiation for (M, K, prefetch): two token tiles above 8 rows; 16 chunks per round for one tile when
 // K > 2048.
-using PreKernel = void (*)(const bf16*, const bf16*, bf16*, int, int, int, KvPrefetch, FoldCombine);
+using PreKernel = void (*)(const bf16*, const bf16*, bf16*, int, int, int, KvPrefetch);
 template <int kPf>
 PreKernel rows_pre_pick_pf(int M, int K) {
   if (M > 8) return rows_pre_kernel<true, kPreRound / 2, kPf>;
@@ -360,7 +318,7 @@ template <int kPf>
 bool rows_pre_configure() {
   static const bool ok = [] {
     for (PreKernel f : {rows_pre_kernel<true, kPreRound / 2, kPf>, rows_pre_kernel<false, kPreRound, kPf>,
-                        rows_pre_kernel<false, 2 * kPreRound, kPf>, rows_pre_kernel<false, kPreRound, kPf, true>})
+                        rows_pre_kernel<false, 2 * kPreRound, kPf>})
       if (cudaFuncSetAttribute(reinterpret_cast<const void*>(f), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(kPreMaxSmem)) != cudaSuccess) {
         cudaGetLastError();
@@ -391,7 +349,7 @@ bool rows_pre_ok(int M, int N, int K, int pf = kPfNone) {
 Status launch_rows_pre(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream,
                        int pf = kPfNone, const KvPrefetch& kv = KvPrefetch{}) {
   return launch("rows_pre", rows_pre_pick(M, K, pf), dim3(N / kRows), dim3(kWarps * 32), rows_pre_smem(K), stream, x,
-                w, y, M, N, K, kv, FoldCombine{});
+                w, y, M, N, K, kv);
 }
 
 // kGemmVariant 4 (default) runs the register-streamed kernel for 9-16 token rows when K <= 2048 (the qkv GEMM at
@@ -471,60 +429,6 @@ Status gemm_kv_prefetch(const bf16* x, const bf16* w, bf16* y, int M, int N, int
   if (pf != kPfNone && kv_ok && aligned && pre && rows_mma_gemm_ok(M, N, K) && rows_pre_ok(M, N, K, pf))
     return launch_rows_pre(x, w, y, M, N, K, stream, pf, kv);
   return gemm(x, w, y, M, N, K, stream);
-}
-
-// The fold kernel for prefetch mode pf (one token row, one round of 8 chunks per warp: K <= 2048).
-PreKernel rows_pre_fold_pick(int pf) {
-  switch (pf) {
-    case kPfBefore: return rows_pre_kernel<false, kPreRound, kPfBefore, true>;
-    case kPfBeforePlain: return rows_pre_kernel<false, kPreRound, kPfBeforePlain, true>;
-    case kPfTileHint: return rows_pre_kernel<false, kPreRound, kPfTileHint, true>;
-    default: return rows_pre_kernel<false, kPreRound, kPfNone, true>;
-  }
-}
-
-bool gemm_fold_combine_ok(int M, int N, int K) {
-  if (M != 1 || N % kRows != 0 || K % kChunk != 0 || K > kFoldMaxK || K > kWarps * kChunk * kPreRound) return false;
-  if (!rows_pre_ok(M, N, K, kPfBefore) || !rows_pre_ok(M, N, K, kPfTileHint) || !rows_pre_ok(M, N, K, kPfNone))
-    return false;  // also sets the shared-memory attribute of every rows_pre instantiation, the fold kernels included
-  int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, reinterpret_cast<const void*>(rows_pre_fold_pick(kPfBefore)),
-                                                    kWarps * 32, rows_pre_smem(K)) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return N / kRows <= n * sm_count();
-}
-
-Status gemm_fold_combine(const bf16* x, const float* slot_out, const int32_t* ids, int topk, const bf16* norm_w,
-                         float eps, bf16* x_out, const bf16* w, bf16* y, int M, int N, int K, const KvPrefetch& kv,
-                         cudaStream_t stream) {
-  if (!x || !slot_out || !ids || !norm_w || !x_out || !w || !y || topk <= 0)
-    return invalid_argument("gemm_fold_combine: null pointer or topk <= 0");
-  if ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w) | reinterpret_cast<uintptr_t>(x_out) |
-       reinterpret_cast<uintptr_t>(norm_w) | reinterpret_cast<uintptr_t>(slot_out)) % 16 != 0)
-    return invalid_argument("gemm_fold_combine: x, w, x_out, norm_w and slot_out must be 16-byte aligned");
-  if (!gemm_fold_combine_ok(M, N, K))
-    return invalid_argument("gemm_fold_combine: serves one token row with K <= 2048 (a multiple of 32) and N a "
-                            "multiple of 16 whose tiles all fit on the GPU");
-  const bool kv_ok = kv.k_cache && kv.v_cache && kv.block_table && kv.context_lens && kv.batch > 0 &&
-                     kv.max_blocks > 0 && kv.row_bytes > 0 && kv.row_bytes % 16 == 0 &&
-                     (reinterpret_cast<uintptr_t>(kv.k_cache) | reinterpret_cast<uintptr_t>(kv.v_cache)) % 16 == 0;
-  // The prefetches gemm_kv_prefetch would issue for one row (hints only: the same bits either way).
-  const int l2 = decode_option(DecodeOption::kL2Prefetch);
-  int pf = l2 == 0 ? kPfTileHint : kPfNone;
-  if (kv_ok && (l2 == 0 || l2 == 1 || l2 == 5)) pf = kPfBefore;
-  else if (kv_ok && l2 == 2) pf = kPfBeforePlain;
-  FoldCombine fc;
-  fc.x = x;
-  fc.slot_out = slot_out;
-  fc.ids = ids;
-  fc.norm_w = norm_w;
-  fc.x_out = x_out;
-  fc.topk = topk;
-  fc.eps = eps;
-  return launch("rows_pre (fold combine)", rows_pre_fold_pick(pf), dim3(N / kRows), dim3(kWarps * 32),
-                rows_pre_smem(K), stream, x, w, y, M, N, K, kv, fc);
 }
 
 bool rows_mma_moe_ok(int H, int I) { return H % kChunk == 0 && I % kChunk == 0 && H % kRows == 0 && I % kRows == 0; }

@@ -205,7 +205,6 @@ Status SyntheticDecoder::init(const SyntheticConfig& cfg, const SyntheticOptions
   ZEST_RETURN_IF_ERROR(dev(B * K * 4, &route_w_));
   ZEST_RETURN_IF_ERROR(dev(B * K * H * 4, &slot_out_));
   ZEST_RETURN_IF_ERROR(dev(B * H * 2, &x_));
-  ZEST_RETURN_IF_ERROR(dev(B * H * 2, &x2_));
   ZEST_RETURN_IF_ERROR(dev(B * H * 2, &xn_));
   ZEST_RETURN_IF_ERROR(dev(B * QKV * 2, &qkv_));
   ZEST_RETURN_IF_ERROR(dev(B * Hq * D * 2, &attn_));
@@ -287,11 +286,6 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
                             batch, c.vocab));
   ZEST_OP("embedding", embedding(ids_, embed_, x_, batch, H, c.vocab, s));
   ZEST_OP("rmsnorm", rmsnorm(x_, layers_[0].in_norm, xn_, batch, H, kEps, s));
-  // DecodeOption::kFoldCombine: at one token the next layer's qkv GEMM computes a MoE layer's combine + RMSNorm
-  // (x2_ = x_ + combine), and that layer's add + RMSNorm reads x2_.
-  const bool fold = moe && batch == 1 && decode_option(DecodeOption::kFoldCombine) == 1 &&
-                    gemm_fold_combine_ok(batch, QKV, H) && decode_option(DecodeOption::kMoeBlock) == 0;
-  bool folded = false;  // this layer's qkv GEMM folds the previous layer's combine
   for (int l = 0; l < c.layers; ++l) {
     const Layer& L = layers_[l];
     const bf16* next_norm = l + 1 < c.layers ? layers_[l + 1].in_norm : final_norm_;
@@ -307,11 +301,7 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
     kvp.row_bytes = c.kv_heads * D * 2;
     ap.l2_next = L.wo;
     ap.l2_next_bytes = static_cast<size_t>(H) * c.q_heads * D * 2;
-    if (folded)
-      ZEST_OP("qkv gemm", gemm_fold_combine(x_, slot_out_, route_ids_, c.top_k, L.in_norm, kEps, x2_, L.wqkv, qkv_,
-                                            batch, QKV, H, kvp, s));
-    else
-      ZEST_OP("qkv gemm", gemm_kv_prefetch(xn_, L.wqkv, qkv_, batch, QKV, H, kvp, s));
+    ZEST_OP("qkv gemm", gemm_kv_prefetch(xn_, L.wqkv, qkv_, batch, QKV, H, kvp, s));
     const int pos_stride = c.mrope ? opt_.max_batch : 0;
     if (decode_option(DecodeOption::kAttentionKernel) >= 2 && decode_attention_fused_ok(ap, qkv_, QKV)) {
       ZEST_OP("decode attention (fused)",
@@ -333,11 +323,7 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
                                             c.top_k, c.expert_inter, kEps, s));
       continue;
     }
-    if (folded)
-      ZEST_OP("add + rmsnorm", add_rmsnorm_from(x2_, x_, o_, L.post_norm, xn_, batch, H, kEps, s));
-    else
-      ZEST_OP("add + rmsnorm", add_rmsnorm(x_, o_, L.post_norm, xn_, batch, H, kEps, s));
-    folded = false;
+    ZEST_OP("add + rmsnorm", add_rmsnorm(x_, o_, L.post_norm, xn_, batch, H, kEps, s));
     if (moe) {
       const int E = c.experts, K = c.top_k, I = c.expert_inter;
       const float* bias = opt_.skew > 0.f ? L.router_bias : nullptr;
@@ -356,11 +342,8 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
       if (!fused || sere) ZEST_OP("moe plan", moe_plan(route_ids_, batch, K, E, plan_, expert_counts_ + l, s));
       ZEST_OP("moe experts",
               moe_experts_decode(xn_, plan_, route_w_, L.gate_up, L.down, h_, slot_out_, batch, K, E, H, I, s));
-      if (fold && l + 1 < c.layers)
-        folded = true;  // the next layer's qkv GEMM combines
-      else
-        ZEST_OP("moe combine + rmsnorm",
-                moe_combine_add_rmsnorm(x_, slot_out_, route_ids_, K, next_norm, xn_, batch, H, kEps, s));
+      ZEST_OP("moe combine + rmsnorm",
+              moe_combine_add_rmsnorm(x_, slot_out_, route_ids_, K, next_norm, xn_, batch, H, kEps, s));
     } else {
       const int I = c.dense_inter;
       ZEST_OP("mlp gate/up gemm", gemm(xn_, L.gate_up, gu_, batch, 2 * I, H, s));
