@@ -63,7 +63,7 @@ TEST(CudaLatencyGemm, SharedMemoryTileMatchesReference) {
 }
 
 // The qkv GEMM with L2 prefetches of a paged KV cache (gemm_kv_prefetch, DecodeOption::kL2Prefetch 0-5, small-M GEMM
-// variants 4 and 8, weight tiles copied whole or split around the wait by kQkvPreRows 0, 1, 8, 15): the same bits as gemm() and within bf16 tolerance of a double reference, for M = 1, 3, 8, 9 and
+// variants 4 and 8): the same bits as gemm() and within bf16 tolerance of a double reference, for M = 1, 3, 8, 9 and
 // 16 sequences of mixed context lengths (1: nothing to prefetch; page boundaries; 1025) over a shuffled block table,
 // at the model's qkv shape and an odd one, with 4 and 2 kv heads per row; a KvPrefetch without a cache falls back to
 // gemm().
@@ -103,11 +103,9 @@ TEST(CudaLatencyGemm, KvPrefetchGemmMatchesGemm) {
       sync_ok();
       const auto want = download_bf16(base);
       ZEST_EXPECT_CLOSE(want, ref, kTol);
-      for (int mode = 0; mode <= 5; ++mode)
-      for (int pre : {0, 1, 8, 15}) {
-        SCOPED_TRACE(testing::Message() << "gemm variant " << gv << " kL2Prefetch " << mode << " kQkvPreRows " << pre);
+      for (int mode = 0; mode <= 5; ++mode) {
+        SCOPED_TRACE(testing::Message() << "gemm variant " << gv << " kL2Prefetch " << mode);
         OptionScope l2(DecodeOption::kL2Prefetch, mode);
-        OptionScope pr(DecodeOption::kQkvPreRows, pre);
         for (int variant = 0; variant < 2; ++variant) {
           KvPrefetch use = kv;
           if (variant == 1) use.k_cache = nullptr;  // no cache: plain gemm()

@@ -133,9 +133,6 @@ enum class DecodeOption : int {
                     // decode attention prefetches the o GEMM's weights (DecodeAttention::l2_next) after its copies;
                     // 2 = the KV prefetch only (weight tiles without the policy); 3 = the o weights only; 4 = none;
                     // 5 = as 0 without the other GEMMs' evict-first tiles
-  kQkvPreRows,      // the qkv GEMM of decode steps on the shared-memory small-M path (gemm_kv_prefetch): 0 (default) =
-                    // its CTAs copy their whole 16-row weight tile before the wait on the previous kernel; 1-15 = that
-                    // many rows before the wait, the rest right after it (less traffic while the previous kernel ends)
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);

@@ -4,8 +4,6 @@
 // dot product may sum k in any order, each thread loads 8 consecutive k of a row and both A and B fragments
 // use the same permutation of k. A CTA's warps split k and are reduced in shared memory in fixed order.
 // Modes: dense small-M GEMM, MoE gate/up (SiLU * up epilogue) and MoE down (routing-weight epilogue).
-#include <algorithm>
-
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/common.cuh"
 
@@ -207,14 +205,12 @@ __device__ __forceinline__ void prefetch_kv_l2(const KvPrefetch& kv) {
 // kRound: token chunks per warp and round (all of a warp's chunks in one round for K <= 32 * kWarps * kRound).
 // Registers allow 3 CTAs per SM for K <= 2048 (as the shared memory does): one token tile with 8 chunks per round
 // (62 registers) or two with 4 (70); K = 4096 tiles (one CTA per SM) take one token tile's 16 chunks in one round.
-// kPf (PreFetch): the L2 prefetches of kv's rows and the tile's cache policy. pre_rows: the tile rows copied before
-// the wait (the others right after it; kRows: all).
+// kPf (PreFetch): the L2 prefetches of kv's rows and the tile's cache policy.
 template <bool kTwo, int kRound, int kPf>
 __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_kernel(const bf16* __restrict__ x,
                                                                                     const bf16* __restrict__ w,
                                                                                     bf16* __restrict__ y, int M, int N,
-                                                                                    int Kdim, KvPrefetch kv,
-                                                                                    int pre_rows) {
+                                                                                    int Kdim, KvPrefetch kv) {
   extern __shared__ __align__(128) unsigned char wsm[];
   __shared__ __align__(8) uint64_t bar;
   step_timeline_phase(0);
@@ -222,27 +218,22 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
   const int g = lane >> 2, tq = lane & 3;
   const int r0 = blockIdx.x * kRows;
   const uint32_t row_bytes = static_cast<uint32_t>(Kdim) * 2, stride = row_bytes + 16;
-  // Tile rows [r_begin, r_end) by bulk copies completing on bar (thread 0).
-  auto copy_rows = [&](int r_begin, int r_end) {
-    if constexpr (kPf == kPfBefore || kPf == kPfTileHint) {
-      const uint64_t pol = evict_first_policy();
-      for (int r = r_begin; r < r_end; ++r)
-        bulk_load_hint(wsm + r * stride, w + static_cast<size_t>(r0 + r) * Kdim, row_bytes, &bar, pol);
-    } else {
-      for (int r = r_begin; r < r_end; ++r)
-        bulk_load(wsm + r * stride, w + static_cast<size_t>(r0 + r) * Kdim, row_bytes, &bar);
-    }
-  };
   if (threadIdx.x == 0) {
     mbar_init(&bar);
     mbar_arrive_expect_tx(&bar, kRows * row_bytes);
-    copy_rows(0, pre_rows);
+    if constexpr (kPf == kPfBefore || kPf == kPfTileHint) {
+      const uint64_t pol = evict_first_policy();
+      for (int r = 0; r < kRows; ++r)
+        bulk_load_hint(wsm + r * stride, w + static_cast<size_t>(r0 + r) * Kdim, row_bytes, &bar, pol);
+    } else {
+      for (int r = 0; r < kRows; ++r)
+        bulk_load(wsm + r * stride, w + static_cast<size_t>(r0 + r) * Kdim, row_bytes, &bar);
+    }
   }
   // Block tables and context lengths are step inputs, not written by the previous kernel.
   if constexpr (kPf == kPfBefore || kPf == kPfBeforePlain) prefetch_kv_l2(kv);
   __syncthreads();
   pdl_wait();
-  if (threadIdx.x == 0 && pre_rows < kRows) copy_rows(pre_rows, kRows);
   const int chunks = Kdim / kChunk;
   const bf16* x0p = g < M ? x + static_cast<size_t>(g) * Kdim + tq * 8 : nullptr;
   const bf16* x1p = kTwo && g + 8 < M ? x + static_cast<size_t>(g + 8) * Kdim + tq * 8 : nullptr;
@@ -306,7 +297,7 @@ size_t rows_pre_smem(int K) {
 
 // The instantiation for (M, K, prefetch): two token tiles above 8 rows; 16 chunks per round for one tile when
 // K > 2048.
-using PreKernel = void (*)(const bf16*, const bf16*, bf16*, int, int, int, KvPrefetch, int);
+using PreKernel = void (*)(const bf16*, const bf16*, bf16*, int, int, int, KvPrefetch);
 template <int kPf>
 PreKernel rows_pre_pick_pf(int M, int K) {
   if (M > 8) return rows_pre_kernel<true, kPreRound / 2, kPf>;
@@ -356,9 +347,9 @@ bool rows_pre_ok(int M, int N, int K, int pf = kPfNone) {
 }
 
 Status launch_rows_pre(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream,
-                       int pf = kPfNone, const KvPrefetch& kv = KvPrefetch{}, int pre_rows = kRows) {
+                       int pf = kPfNone, const KvPrefetch& kv = KvPrefetch{}) {
   return launch("rows_pre", rows_pre_pick(M, K, pf), dim3(N / kRows), dim3(kWarps * 32), rows_pre_smem(K), stream, x,
-                w, y, M, N, K, kv, std::clamp(pre_rows, 0, kRows));
+                w, y, M, N, K, kv);
 }
 
 // kGemmVariant 4 (default) runs the register-streamed kernel for 9-16 token rows when K <= 2048 (the qkv GEMM at
@@ -435,15 +426,8 @@ Status gemm_kv_prefetch(const bf16* x, const bf16* w, bf16* y, int M, int N, int
   const int gv = decode_option(DecodeOption::kGemmVariant);
   const bool long_k = K > kWarps * kChunk * kPreRound;
   const bool pre = gv == 8 || (gv == 4 && (long_k || M < kStreamMinRows)) || (gv == 7 && long_k);
-  // DecodeOption::kQkvPreRows: the tile rows copied before the wait (0: all).
-  const int pre_option = decode_option(DecodeOption::kQkvPreRows);
-  const int pre_rows = pre_option > 0 && pre_option < kRows ? pre_option : kRows;
   if (pf != kPfNone && kv_ok && aligned && pre && rows_mma_gemm_ok(M, N, K) && rows_pre_ok(M, N, K, pf))
-    return launch_rows_pre(x, w, y, M, N, K, stream, pf, kv, pre_rows);
-  if (pre_rows < kRows && aligned && pre && rows_mma_gemm_ok(M, N, K)) {  // the tile path gemm() takes, split copies
-    const int pf2 = decode_option(DecodeOption::kL2Prefetch) == 0 && M <= kPrefetchMaxRows ? kPfTileHint : kPfNone;
-    if (rows_pre_ok(M, N, K, pf2)) return launch_rows_pre(x, w, y, M, N, K, stream, pf2, KvPrefetch{}, pre_rows);
-  }
+    return launch_rows_pre(x, w, y, M, N, K, stream, pf, kv);
   return gemm(x, w, y, M, N, K, stream);
 }
 
