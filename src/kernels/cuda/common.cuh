@@ -99,10 +99,9 @@ __device__ __forceinline__ StepTimelineSlot step_timeline_begin() {
   return slot;
 }
 
-__device__ __forceinline__ void step_timeline_end(const StepTimelineSlot& slot) {
-  unsigned long long* tl = slot.tl;
-  if (!tl) return;
-  const unsigned long long released = globaltimer_ns();
+// Appends one record {%gridid, tag << 56 | SM << 32 | CTA, t0, t1} to tl (tag 0: a wait record, k + 1: phase k).
+__device__ __forceinline__ void step_timeline_append(unsigned long long* tl, unsigned long long tag,
+                                                     unsigned long long t0, unsigned long long t1) {
   unsigned long long grid;
   unsigned int sm;
   asm volatile("mov.u64 %0, %%gridid;" : "=l"(grid));
@@ -114,9 +113,13 @@ __device__ __forceinline__ void step_timeline_end(const StepTimelineSlot& slot) 
   unsigned long long* r = tl + 2 + sms + 4 * (sm * cap + i);
   const unsigned int cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
   r[0] = grid;
-  r[1] = static_cast<unsigned long long>(sm) << 32 | cta;
-  r[2] = slot.ready;
-  r[3] = released;
+  r[1] = tag << 56 | static_cast<unsigned long long>(sm) << 32 | cta;
+  r[2] = t0;
+  r[3] = t1;
+}
+
+__device__ __forceinline__ void step_timeline_end(const StepTimelineSlot& slot) {
+  if (slot.tl) step_timeline_append(slot.tl, 0, slot.ready, globaltimer_ns());
 }
 
 // A phase stamp: thread 0 of the CTA appends {grid, (k + 1) << 56 | SM << 32 | CTA, globaltimer, 0} (k < 8), e.g.
@@ -124,22 +127,7 @@ __device__ __forceinline__ void step_timeline_end(const StepTimelineSlot& slot) 
 __device__ __forceinline__ void step_timeline_phase(int k) {
   if (threadIdx.x != 0 || threadIdx.y != 0 || threadIdx.z != 0) return;
   unsigned long long* tl = g_step_timeline;
-  if (!tl) return;
-  const unsigned long long t = globaltimer_ns();
-  unsigned long long grid;
-  unsigned int sm;
-  asm volatile("mov.u64 %0, %%gridid;" : "=l"(grid));
-  asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-  const unsigned long long sms = tl[0], cap = tl[1];
-  if (sm >= sms) return;
-  const unsigned long long i = atomicAdd(tl + 2 + sm, 1ull);
-  if (i >= cap) return;
-  unsigned long long* r = tl + 2 + sms + 4 * (sm * cap + i);
-  const unsigned int cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-  r[0] = grid;
-  r[1] = static_cast<unsigned long long>(k + 1) << 56 | static_cast<unsigned long long>(sm) << 32 | cta;
-  r[2] = t;
-  r[3] = 0;
+  if (tl) step_timeline_append(tl, static_cast<unsigned long long>(k + 1), globaltimer_ns(), 0);
 }
 #else
 __device__ __forceinline__ void step_timeline_phase(int) {}
