@@ -10,7 +10,7 @@
 // 4, 8, 12 and 16 rows (contexts of about 200 and 2000 tokens), and of 17 to 57 sequences as steps of 24 to 64 rows,
 // give the unpadded eager steps' logits bit for bit, the same sampled tokens, the same K/V of the real tokens and the
 // same SERE statistics, with fewer graphs captured than without padding; so do steps of 65 to 96 sequences as 80 and
-// 96 rows. Also forward_sample against forward on one
+// 96 rows, and models with 3 and 12 kv heads. Also forward_sample against forward on one
 // prefill step, whole-row fallbacks included.
 #if defined(ZEST_HAVE_CUDA)
 #include <gtest/gtest.h>
@@ -160,10 +160,16 @@ void expect_graphs_equal_eager(const model::TextDecoder& dec, const model::MoeHo
 }
 
 // A random-weight decoder of the Qwen3-30B-A3B shapes cut to 2 layers (weights drawn from `seed`).
-std::unique_ptr<model::TextDecoder> random_30b_decoder(uint64_t seed, io::ModelConfig* cfg_out = nullptr) {
+// kv_heads > 0: that many kv heads, 8 query heads each (the fused decode attention's grouping).
+std::unique_ptr<model::TextDecoder> random_30b_decoder(uint64_t seed, io::ModelConfig* cfg_out = nullptr,
+                                                       int kv_heads = 0) {
   auto cfg = model::named_model_config("qwen3-30b-a3b", 2);
   EXPECT_TRUE(cfg.ok()) << cfg.status().to_string();
   if (!cfg.ok()) return nullptr;
+  if (kv_heads > 0) {
+    cfg->text.num_kv_heads = kv_heads;
+    cfg->text.num_heads = 8 * kv_heads;
+  }
   if (cfg_out) *cfg_out = *cfg;
   model::RandomTensors store(seed);
   const model::DecoderWeights w = model::random_decoder_weights(cfg->text, store, 0, 8);
@@ -454,6 +460,17 @@ TEST(CudaGraph, PaddedAbove64RowsOnRandomModel) {
 }
 
 // sere_stats with the row count on the device counts the first n rows only (what a padded step passes).
+// Padding with kv-head counts off the powers of two: 3 (the fused kernel's merges only) and 12 (the bulk-copy ring
+// as well, in groups of 4), 8 query heads per kv head; every attention choice is made for the padded row class.
+TEST(CudaGraph, PaddedReplayEqualsUnpaddedEagerWithOtherKvHeadCounts) {
+  if (!kernels::cuda_available()) GTEST_SKIP() << "no CUDA GPU available";
+  for (int kv : {3, 12}) {
+    std::unique_ptr<model::TextDecoder> dec = random_30b_decoder(19 + kv, nullptr, kv);
+    ASSERT_TRUE(dec);
+    expect_padded_equal_unpadded(*dec, nullptr, "random qwen3-30b-a3b x2, " + std::to_string(kv) + " kv heads");
+  }
+}
+
 TEST(CudaGraph, SereStatsCountsRowsGivenOnDevice) {
   if (!kernels::cuda_available()) GTEST_SKIP() << "no CUDA GPU available";
   std::mt19937 rng(31);
