@@ -165,6 +165,36 @@ __device__ __forceinline__ float warp_max(float v) {
 
 __device__ __forceinline__ float bf16_round(float v) { return __bfloat162float(__float2bfloat16(v)); }
 
+// RMSNorm pieces shared by the norm kernels and the kernels that fold a norm in (the same arithmetic, so the same
+// bits): the sum of squares of 8 values in order, and y = bf16(bf16(v * inv) * w) for 8 values packed as bf16.
+__device__ __forceinline__ float sumsq8(const float* v) {
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) ss += v[i] * v[i];
+  return ss;
+}
+__device__ __forceinline__ uint4 rms_scale8(const float* v, float inv, const uint4& w) {
+  const bf16* wb = reinterpret_cast<const bf16*>(&w);
+  uint4 o;
+  bf16* ob = reinterpret_cast<bf16*>(&o);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) ob[i] = __float2bfloat16(bf16_round(v[i] * inv) * __bfloat162float(wb[i]));
+  return o;
+}
+// 8 bf16 values packed in a uint4, as fp32, and back (round to nearest).
+__device__ __forceinline__ void unpack8(const uint4& u, float* v) {
+  const bf16* b = reinterpret_cast<const bf16*>(&u);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) v[i] = __bfloat162float(b[i]);
+}
+__device__ __forceinline__ uint4 pack8(const float* v) {
+  uint4 u;
+  bf16* b = reinterpret_cast<bf16*>(&u);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) b[i] = __float2bfloat16(v[i]);
+  return u;
+}
+
 // Dot product of 8 bf16 pairs packed in two uint4 values, fp32.
 __device__ __forceinline__ float dot8(const uint4& a, const uint4& b) {
   const __nv_bfloat162* pa = reinterpret_cast<const __nv_bfloat162*>(&a);

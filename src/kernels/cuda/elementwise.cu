@@ -37,13 +37,7 @@ __global__ void embedding_kernel(const int32_t* __restrict__ ids, const bf16* __
 
 // Stores 8 values of y = w * bf16(v * inv) for one 8-element chunk.
 __device__ __forceinline__ void norm_store8(const float* v, float inv, const bf16* w, bf16* y) {
-  const uint4 wv = *reinterpret_cast<const uint4*>(w);
-  const bf16* wb = reinterpret_cast<const bf16*>(&wv);
-  uint4 o;
-  bf16* ob = reinterpret_cast<bf16*>(&o);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) ob[i] = __float2bfloat16(bf16_round(v[i] * inv) * __bfloat162float(wb[i]));
-  *reinterpret_cast<uint4*>(y) = o;
+  *reinterpret_cast<uint4*>(y) = rms_scale8(v, inv, *reinterpret_cast<const uint4*>(w));
 }
 
 __device__ __forceinline__ void load8(const bf16* p, float* v) {
@@ -117,9 +111,7 @@ __global__ void __launch_bounds__(kRowThreads) norm_kernel(bf16* __restrict__ x,
       if constexpr (kMode != 0) store8(xr + c, v);
     }
     if (kMode == 2 && w == nullptr) return;
-    float ss = 0.f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) ss += v[i] * v[i];
+    const float ss = sumsq8(v);
     const float tot = block_sum(ss, red);
     const float inv = rsqrtf(tot / hidden + eps);
     if (own) norm_store8(v, inv, reinterpret_cast<const bf16*>(&wv), y + static_cast<size_t>(row) * hidden + c);

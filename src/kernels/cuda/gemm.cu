@@ -30,6 +30,7 @@ int default_decode_option(DecodeOption opt) {
     case DecodeOption::kAttentionKernel: return 8;
     case DecodeOption::kGemmVariant: return 4;
     case DecodeOption::kRouteFused: return 10;
+    case DecodeOption::kRouteNorm: return 1;
     default: return 0;
   }
 }

@@ -133,6 +133,10 @@ enum class DecodeOption : int {
                     // decode attention prefetches the o GEMM's weights (DecodeAttention::l2_next) after its copies;
                     // 2 = the KV prefetch only (weight tiles without the policy); 3 = the o weights only; 4 = none;
                     // 5 = as 0 without the other GEMMs' evict-first tiles
+  kRouteNorm,       // decode steps routed by the compact kernel (kRouteFused 10) with H <= 2048, nothing reading the
+                    // normed row in between (no host hooks): 1 (default) = the routing launch also runs the layer's
+                    // residual add + RMSNorm (moe_route_norm: every CTA normalises the row itself, CTA 0 stores x and
+                    // xn; the same bits as add_rmsnorm); 0 = add_rmsnorm, then moe_route
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);
@@ -353,6 +357,13 @@ Status moe_plan_prefill(const int32_t* ids, int N, int K, int E, MoePlan& plan, 
 bool moe_route_ok(int T, int H, int E, int K);
 Status moe_route(const bf16* xn, const bf16* router_w, const float* bias, int32_t* ids, float* weights, bf16* logits,
                  MoePlan* plan, int64_t* active_count_sum, int T, int H, int E, int K, cudaStream_t stream);
+// The residual add + RMSNorm of add_rmsnorm (x = bf16(x + r) in place, xn = norm(x) with norm_w) followed by
+// moe_route on xn, the same bits: in the routing launch itself when moe_route_norm_fused (kRouteFused 10, H <= 2048,
+// the shared memory fits), else as the two launches.
+bool moe_route_norm_fused(int T, int H, int E, int K);
+Status moe_route_norm(bf16* x, const bf16* r, const bf16* norm_w, bf16* xn, float eps, const bf16* router_w,
+                      const float* bias, int32_t* ids, float* weights, bf16* logits, MoePlan* plan,
+                      int64_t* active_count_sum, int T, int H, int E, int K, cudaStream_t stream);
 
 // Decode/small-batch experts: h = silu(x Wg^T) * (x Wu^T) for each (token, slot) of each active expert, then
 // slot_out[n, k, :] = weights[n, k] * (h Wd^T). Each active expert's weights are read once (a CTA per

@@ -111,22 +111,6 @@ __device__ __forceinline__ void grid_barrier(unsigned long long* ctr, unsigned l
   __syncthreads();
 }
 
-__device__ __forceinline__ void unpack8(const uint4& u, float* v) {
-  const bf16* b = reinterpret_cast<const bf16*>(&u);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) v[i] = __bfloat162float(b[i]);
-}
-
-// y = w * bf16(v * inv) for one 8-element chunk (norm_kernel's norm_store8).
-__device__ __forceinline__ uint4 norm8(const float* v, float inv, const uint4& wv) {
-  const bf16* wb = reinterpret_cast<const bf16*>(&wv);
-  uint4 o;
-  bf16* ob = reinterpret_cast<bf16*>(&o);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) ob[i] = __float2bfloat16(bf16_round(v[i] * inv) * __bfloat162float(wb[i]));
-  return o;
-}
-
 // Sum over the CTA of one value per thread, in norm_kernel's block_sum order (every warp gets the total).
 __device__ __forceinline__ float cta_sum(float v, float* red8) {
   v = warp_sum(v);
@@ -304,7 +288,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_block_kernel(BlockParams p) {
       if (n >= T) break;
       const float tot = warp_sum(lane < kWarps ? red8[n][lane] : 0.f);
       const float inv = rsqrtf(tot / H + p.eps);
-      if (own) *reinterpret_cast<uint4*>(xn_s + static_cast<size_t>(n) * H + c8) = norm8(v[n], inv, wpost);
+      if (own) *reinterpret_cast<uint4*>(xn_s + static_cast<size_t>(n) * H + c8) = rms_scale8(v[n], inv, wpost);
     }
     __syncthreads();
   }
@@ -662,7 +646,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_block_kernel(BlockParams p) {
     for (int i = 0; i < 8; ++i) ss += v[i] * v[i];
     const float tot = cta_sum(ss, red8[0]);
     const float inv = rsqrtf(tot / H + p.eps);
-    if (own) *reinterpret_cast<uint4*>(p.xn + static_cast<size_t>(b) * H + c8) = norm8(v, inv, wnext);
+    if (own) *reinterpret_cast<uint4*>(p.xn + static_cast<size_t>(b) * H + c8) = rms_scale8(v, inv, wnext);
   }
   if (b == 0 && tid == 0 && p.count_sum) *p.count_sum += na;  // statistics, off the critical path
   stamp(7);
