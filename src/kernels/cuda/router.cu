@@ -261,16 +261,16 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_kernel(RouteParams
 // kEarly: the plan entries that do not depend on the routing (the ready words; with one token the offsets and tiles,
 // 0..K, and the counts) are written by the threads of CTA 0 once their x loads are in flight, off the chain; with one
 // token each chosen id's sorted position is counted over the K ids in shared memory (no warp reductions).
-// kNorm (with kEarly, H <= 2048: one round of x chunks per warp): the layer's residual add + RMSNorm runs in every CTA
-// before its router GEMM, in add_rmsnorm's arithmetic. A lane loads x and r for the chunks whose B fragments it
-// feeds, so the row is spread over the CTA as norm_kernel spreads it over its 256 threads (8-element block q = chunk
-// * 4 + tq is norm_kernel's thread q); the per-block sums of squares go through shared memory, each warp reduces
-// norm_kernel's warp w = its own index with the same butterfly, and every warp then forms the total as block_sum
-// does. The normalised values become the B fragments; CTA 0 stores xn at once and x = bf16(x + r) once every CTA's
-// logits have landed (every CTA has read x by then). Dynamic shared memory after the router rows: the sums
-// [kRouteMaxT][256], the warp totals [kRouteMaxT][8] and CTA 0's copy of x [T][H].
+// kNorm (with kEarly, H <= 2048: one round of x chunks per warp; 1: T <= 8, 2: T <= 16): the layer's residual add +
+// RMSNorm runs in every CTA before its router GEMM, in add_rmsnorm's arithmetic. A lane loads x and r for the chunks
+// whose B fragments it feeds, so the row is spread over the CTA as norm_kernel spreads it over its 256 threads
+// (8-element block q = chunk * 4 + tq is norm_kernel's thread q); the per-block sums of squares go through shared
+// memory (logit_s, before any logit arrives), each warp reduces norm_kernel's warp w = its own index with the same
+// butterfly, and every warp then forms the total as block_sum does. The normalised values become the B fragments
+// and CTA 0 stores xn at once. The cluster arrive waits until then (every CTA has read x), so after the cluster
+// barrier CTA 0 loads x and r again and stores x = bf16(x + r). The shared memory and occupancy stay those of the
+// kernel without the norm.
 constexpr int kRoute2MaxRows = 32;
-constexpr size_t kRouteNormSmem = static_cast<size_t>(kRouteMaxT) * (256 + 8) * 4;
 
 __device__ __forceinline__ void st_async_f32(uint32_t addr, float v, uint32_t bar) {
   asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(addr),
@@ -278,7 +278,7 @@ __device__ __forceinline__ void st_async_f32(uint32_t addr, float v, uint32_t ba
                : "memory");
 }
 
-template <int kMT, int kEP, bool kEarly, bool kNorm = false>
+template <int kMT, int kEP, bool kEarly, int kNorm = 0>
 __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(RouteParams p) {
   extern __shared__ __align__(128) unsigned char wsm[];  // [rows][H * 2 + 16]
   __shared__ __align__(8) uint64_t wbar, lbar;
@@ -287,6 +287,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
   __shared__ int ids_s[kRouteMaxT * kMaxTopK];
   __shared__ unsigned tok_mask[kRouteMaxE];  // CTA 0: bit t set when token t chose the expert
   __shared__ int offset_of[kRouteMaxE];
+  __shared__ float norm_tot[kNorm ? kRouteMaxT * 8 : 1];  // kNorm: per token, norm_kernel's 8 warp sums
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, tq = lane & 3;
   const int rank = static_cast<int>(cluster_rank()), C = static_cast<int>(cluster_size());
@@ -315,14 +316,15 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
   }
   // kNorm: the norm weight is a weight too: its fragments (8 elements per chunk this lane feeds) before the wait.
   uint4 wf[kNorm ? kRouteChunks : 1];
-  if constexpr (kNorm) {
+  if constexpr (kNorm > 0) {
 #pragma unroll
     for (int u = 0; u < kRouteChunks; ++u) {
       const int c = warp + u * kRouteWarps;
       wf[u] = c * 32 < p.H ? __ldg(reinterpret_cast<const uint4*>(p.norm_w + c * 32 + tq * 8)) : make_uint4(0, 0, 0, 0);
     }
   }
-  cluster_arrive_relaxed();  // CTA 0's mbarrier is initialised before any CTA stores into it (wait below)
+  // CTA 0's mbarrier is initialised before any CTA stores into it (wait below); kNorm: arrive after the norm.
+  if (!kNorm) cluster_arrive_relaxed();
   __syncthreads();
   pdl_wait();
   if (stamp) p.clocks[1] = clock64();
@@ -352,15 +354,13 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
   const bf16* x1p = g + 8 < T ? (kNorm ? p.x_res : p.xn) + static_cast<size_t>(g + 8) * p.H + tq * 8 : nullptr;
   const bool two = T > 8;
   // kNorm: this lane's B fragments (normalised), computed before the GEMM loop (one round of chunks per warp).
-  uint4 na[kNorm ? kRouteChunks : 1], nb[kNorm ? kRouteChunks : 1];
-  bf16* v_s = nullptr;  // CTA 0: x = bf16(x + r), [T][H], stored to x once every logit has landed
-  if constexpr (kNorm) {
-    const size_t rows_bytes = static_cast<size_t>(rows) * stride;
-    float* ss_s = reinterpret_cast<float*>(wsm + rows_bytes);  // [kRouteMaxT][256]
-    float* tot_s = ss_s + kRouteMaxT * 256;                     // [kRouteMaxT][8]
-    v_s = reinterpret_cast<bf16*>(tot_s + kRouteMaxT * 8);
-    const size_t r0 = x0p ? static_cast<size_t>(g) * p.H + tq * 8 : 0, r1 = x1p ? static_cast<size_t>(g + 8) * p.H + tq * 8 : 0;
-    uint4 ra[kRouteChunks], rb[kRouteChunks];
+  constexpr int kN1 = kNorm > 0 ? kRouteChunks : 1, kN2 = kNorm > 1 ? kRouteChunks : 1;
+  uint4 na[kN1], nb[kN2];
+  if constexpr (kNorm > 0) {
+    float* ss_s = &logit_s[0][0];  // [T][256]: no logit arrives before this CTA's cluster arrive below
+    const size_t r0 = x0p ? static_cast<size_t>(g) * p.H + tq * 8 : 0;
+    const size_t r1 = kNorm > 1 && x1p ? static_cast<size_t>(g + 8) * p.H + tq * 8 : 0;
+    uint4 ra[kN1], rb[kN2];
     const uint4 z = make_uint4(0, 0, 0, 0);
 #pragma unroll
     for (int u = 0; u < kRouteChunks; ++u) {
@@ -368,8 +368,10 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
       const bool ok = c < chunks;
       na[u] = ok && x0p ? __ldcg(reinterpret_cast<const uint4*>(p.x_res + r0 + c * 32)) : z;
       ra[u] = ok && x0p ? __ldcg(reinterpret_cast<const uint4*>(p.r + r0 + c * 32)) : z;
-      nb[u] = ok && x1p ? __ldcg(reinterpret_cast<const uint4*>(p.x_res + r1 + c * 32)) : z;
-      rb[u] = ok && x1p ? __ldcg(reinterpret_cast<const uint4*>(p.r + r1 + c * 32)) : z;
+      if constexpr (kNorm > 1) {
+        nb[u] = ok && x1p ? __ldcg(reinterpret_cast<const uint4*>(p.x_res + r1 + c * 32)) : z;
+        rb[u] = ok && x1p ? __ldcg(reinterpret_cast<const uint4*>(p.r + r1 + c * 32)) : z;
+      }
     }
     early_plan();
     // v = bf16(x + r) (kept packed in na / nb) and its per-block sums of squares.
@@ -386,13 +388,15 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
         na[u] = pack8(a);
         ss_s[g * 256 + c * 4 + tq] = sumsq8(a);
       }
-      if (x1p) {
-        unpack8(nb[u], a);
-        unpack8(rb[u], b);
+      if constexpr (kNorm > 1) {
+        if (x1p) {
+          unpack8(nb[u], a);
+          unpack8(rb[u], b);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) a[i] = bf16_round(a[i] + b[i]);
-        nb[u] = pack8(a);
-        ss_s[(g + 8) * 256 + c * 4 + tq] = sumsq8(a);
+          for (int i = 0; i < 8; ++i) a[i] = bf16_round(a[i] + b[i]);
+          nb[u] = pack8(a);
+          ss_s[(g + 8) * 256 + c * 4 + tq] = sumsq8(a);
+        }
       }
     }
     __syncthreads();
@@ -400,12 +404,13 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
     const int q = 32 * warp + lane;
     for (int t = 0; t < T; ++t) {
       const float v = warp_sum(q * 8 < p.H ? ss_s[t * 256 + q] : 0.f);
-      if (lane == 0) tot_s[t * 8 + warp] = v;
+      if (lane == 0) norm_tot[t * 8 + warp] = v;
     }
     __syncthreads();
+    cluster_arrive();  // release: this CTA's reads of x are done (CTA 0 stores x after the cluster barrier)
     float inv0 = 0.f, inv1 = 0.f;
     for (int t = 0; t < T; ++t) {
-      const float tot = warp_sum(lane < kRouteWarps ? tot_s[t * 8 + lane] : 0.f);
+      const float tot = warp_sum(lane < kRouteWarps ? norm_tot[t * 8 + lane] : 0.f);
       const float inv = rsqrtf(tot / p.H + p.eps);
       if (t == g) inv0 = inv;
       if (t == g + 8) inv1 = inv;
@@ -416,16 +421,16 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
       if (c >= chunks) break;
       float a[8];
       if (x0p) {
-        if (rank == 0) *reinterpret_cast<uint4*>(v_s + r0 + c * 32) = na[u];
         unpack8(na[u], a);
         na[u] = rms_scale8(a, inv0, wf[u]);
         if (rank == 0) *reinterpret_cast<uint4*>(p.xn_out + r0 + c * 32) = na[u];
       }
-      if (x1p) {
-        if (rank == 0) *reinterpret_cast<uint4*>(v_s + r1 + c * 32) = nb[u];
-        unpack8(nb[u], a);
-        nb[u] = rms_scale8(a, inv1, wf[u]);
-        if (rank == 0) *reinterpret_cast<uint4*>(p.xn_out + r1 + c * 32) = nb[u];
+      if constexpr (kNorm > 1) {
+        if (x1p) {
+          unpack8(nb[u], a);
+          nb[u] = rms_scale8(a, inv1, wf[u]);
+          if (rank == 0) *reinterpret_cast<uint4*>(p.xn_out + r1 + c * 32) = nb[u];
+        }
       }
     }
   }
@@ -448,9 +453,9 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
     for (int u = 0; u < kRouteChunks; ++u) {
       const int c = cb + u * kRouteWarps;
       const bool ok = c < chunks;
-      if constexpr (kNorm) {  // cb == warp: the one round
+      if constexpr (kNorm > 0) {  // cb == warp: the one round
         xa[u] = na[u];
-        xb[u] = nb[u];
+        xb[u] = kNorm > 1 ? nb[kNorm > 1 ? u : 0] : make_uint4(0, 0, 0, 0);
       } else {
         xa[u] = ok && x0p ? __ldg(reinterpret_cast<const uint4*>(x0p + c * 32)) : make_uint4(0, 0, 0, 0);
         xb[u] = ok && x1p ? __ldg(reinterpret_cast<const uint4*>(x1p + c * 32)) : make_uint4(0, 0, 0, 0);
@@ -567,14 +572,20 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
     }
   }
   if (stamp) p.clocks[5] = clock64();
-  if constexpr (kNorm) {
-    // x = bf16(x + r) from CTA 0's copy: every CTA's logits have landed, so every read of x is done. The warps with
-    // no token's top-k store first; with T >= 8 every warp, after its top-k.
+  if constexpr (kNorm > 0) {
+    // x = bf16(x + r), loaded again: every CTA has read x (cluster barrier passed). The warps with no token's top-k
+    // store first; with T >= 8 every warp, after its top-k.
     const int w0 = T < kRouteWarps ? T : 0;
     if (warp >= w0) {
       const int n8 = T * p.H / 8;
-      for (int i = tid - w0 * 32; i < n8; i += kRouteThreads - w0 * 32)
-        reinterpret_cast<uint4*>(p.x_res)[i] = reinterpret_cast<const uint4*>(v_s)[i];
+      for (int i = tid - w0 * 32; i < n8; i += kRouteThreads - w0 * 32) {
+        float a[8], b[8];
+        unpack8(__ldcg(reinterpret_cast<const uint4*>(p.x_res) + i), a);
+        unpack8(__ldcg(reinterpret_cast<const uint4*>(p.r) + i), b);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) a[k] = bf16_round(a[k] + b[k]);
+        reinterpret_cast<uint4*>(p.x_res)[i] = pack8(a);
+      }
     }
   }
   if (!p.make_plan) return;
@@ -1023,18 +1034,21 @@ Status launch_route(RouteParams p, cudaStream_t stream) {
   const bool norm = p.x_res != nullptr;
   if (norm && !(compact && variant == 10)) return invalid_argument("moe_route: the folded norm needs kRouteFused 10");
   if (compact) {
-    static bool attributes_set[12] = {};
+    static bool attributes_set[16] = {};
     const int mt2 = p.E / C > 16 ? 1 : 0, ep8 = p.E > 128 ? 1 : 0, early = variant == 10 ? 1 : 0;
-    if (norm)
-      kernel = mt2 ? (ep8 ? moe_route_compact_kernel<2, 8, true, true> : moe_route_compact_kernel<2, 4, true, true>)
-                   : (ep8 ? moe_route_compact_kernel<1, 8, true, true> : moe_route_compact_kernel<1, 4, true, true>);
+    if (norm && p.T > 8)
+      kernel = mt2 ? (ep8 ? moe_route_compact_kernel<2, 8, true, 2> : moe_route_compact_kernel<2, 4, true, 2>)
+                   : (ep8 ? moe_route_compact_kernel<1, 8, true, 2> : moe_route_compact_kernel<1, 4, true, 2>);
+    else if (norm)
+      kernel = mt2 ? (ep8 ? moe_route_compact_kernel<2, 8, true, 1> : moe_route_compact_kernel<2, 4, true, 1>)
+                   : (ep8 ? moe_route_compact_kernel<1, 8, true, 1> : moe_route_compact_kernel<1, 4, true, 1>);
     else if (early)
       kernel = mt2 ? (ep8 ? moe_route_compact_kernel<2, 8, true> : moe_route_compact_kernel<2, 4, true>)
                    : (ep8 ? moe_route_compact_kernel<1, 8, true> : moe_route_compact_kernel<1, 4, true>);
     else
       kernel = mt2 ? (ep8 ? moe_route_compact_kernel<2, 8, false> : moe_route_compact_kernel<2, 4, false>)
                    : (ep8 ? moe_route_compact_kernel<1, 8, false> : moe_route_compact_kernel<1, 4, false>);
-    bool& set = attributes_set[(norm ? 8 : early * 4) + mt2 * 2 + ep8];
+    bool& set = attributes_set[(norm ? (p.T > 8 ? 12 : 8) : early * 4) + mt2 * 2 + ep8];
     if (!set) {
       const void* fn = reinterpret_cast<const void*>(kernel);
       ZEST_RETURN_IF_ERROR(cuda_status(
@@ -1048,9 +1062,7 @@ Status launch_route(RouteParams p, cudaStream_t stream) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(C);
   cfg.blockDim = dim3(kRouteThreads);
-  cfg.dynamicSmemBytes = route_smem(p.E, p.H, max_c, max_rows) +
-                         (norm ? kRouteNormSmem + static_cast<size_t>(p.T) * p.H * 2 : 0);
-  if (cfg.dynamicSmemBytes > kRouteMaxSmem) return invalid_argument("moe_route: the folded norm needs more shared memory");
+  cfg.dynamicSmemBytes = route_smem(p.E, p.H, max_c, max_rows);
   cfg.stream = stream;
   cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -1106,8 +1118,7 @@ bool moe_route_norm_fused(int T, int H, int E, int K) {
     max_c = 16;
     max_rows = 16;
   }
-  const int C = route_cluster(E, max_c, max_rows);
-  return C >= 2 && route_smem(E, H, max_c, max_rows) + kRouteNormSmem + static_cast<size_t>(T) * H * 2 <= kRouteMaxSmem;
+  return route_cluster(E, max_c, max_rows) >= 2;
 }
 
 Status moe_route_norm(bf16* x, const bf16* r, const bf16* norm_w, bf16* xn, float eps, const bf16* router_w,
