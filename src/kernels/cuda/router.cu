@@ -1,6 +1,7 @@
 // MoE routing: softmax + top-k + renormalisation (one warp per token) and SERE re-routing (one CTA per layer).
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/common.cuh"
+#include <cstdlib>
 
 namespace zest::cuda {
 
@@ -126,6 +127,7 @@ struct RouteParams {
   const bf16* norm_w;  // [H]
   bf16* xn_out;        // [T, H]
   float eps;
+  int dbg;  // temporary diagnostics (ZEST_RNORM_DEBUG): 1 = no x stores, 2 = no xn stores
   int T, H, E, K;
 };
 
@@ -423,13 +425,13 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
       if (x0p) {
         unpack8(na[u], a);
         na[u] = rms_scale8(a, inv0, wf[u]);
-        if (rank == 0) *reinterpret_cast<uint4*>(p.xn_out + r0 + c * 32) = na[u];
+        if (rank == 0 && !(p.dbg & 2)) *reinterpret_cast<uint4*>(p.xn_out + r0 + c * 32) = na[u];
       }
       if constexpr (kNorm > 1) {
         if (x1p) {
           unpack8(nb[u], a);
           nb[u] = rms_scale8(a, inv1, wf[u]);
-          if (rank == 0) *reinterpret_cast<uint4*>(p.xn_out + r1 + c * 32) = nb[u];
+          if (rank == 0 && !(p.dbg & 2)) *reinterpret_cast<uint4*>(p.xn_out + r1 + c * 32) = nb[u];
         }
       }
     }
@@ -513,7 +515,27 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
       st_async_f32(cluster_map(&logit_s[t][e0 + r], 0), s, lbar0);
     }
   }
-  if (rank != 0) return;
+  // kNorm: x = bf16(x + r), loaded again (every CTA has read x: cluster barrier passed); CTA c stores the c-th of C
+  // shares of the T * H / 8 16-byte blocks (CTA 0: the warps with no token's top-k first; with T >= 8 after it).
+  auto store_x = [&](int first_thread) {
+    if constexpr (kNorm > 0) {
+      if (p.dbg & 1) return;
+      const int n8 = T * p.H / 8, per = (n8 + C - 1) / C;
+      const int end = min(n8, (rank + 1) * per);
+      for (int i = rank * per + tid - first_thread; i < end; i += kRouteThreads - first_thread) {
+        float a[8], b[8];
+        unpack8(__ldcg(reinterpret_cast<const uint4*>(p.x_res) + i), a);
+        unpack8(__ldcg(reinterpret_cast<const uint4*>(p.r) + i), b);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) a[k] = bf16_round(a[k] + b[k]);
+        reinterpret_cast<uint4*>(p.x_res)[i] = pack8(a);
+      }
+    }
+  };
+  if (rank != 0) {
+    store_x(0);
+    return;
+  }
   mbar_wait(&lbar, 0);
   if (stamp) p.clocks[4] = clock64();
   // Top-k, warp t for token t: router_topk's arithmetic (softmax in the same per-lane order and the same butterfly
@@ -572,21 +594,9 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
     }
   }
   if (stamp) p.clocks[5] = clock64();
-  if constexpr (kNorm > 0) {
-    // x = bf16(x + r), loaded again: every CTA has read x (cluster barrier passed). The warps with no token's top-k
-    // store first; with T >= 8 every warp, after its top-k.
+  if (kNorm > 0) {
     const int w0 = T < kRouteWarps ? T : 0;
-    if (warp >= w0) {
-      const int n8 = T * p.H / 8;
-      for (int i = tid - w0 * 32; i < n8; i += kRouteThreads - w0 * 32) {
-        float a[8], b[8];
-        unpack8(__ldcg(reinterpret_cast<const uint4*>(p.x_res) + i), a);
-        unpack8(__ldcg(reinterpret_cast<const uint4*>(p.r) + i), b);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) a[k] = bf16_round(a[k] + b[k]);
-        reinterpret_cast<uint4*>(p.x_res)[i] = pack8(a);
-      }
-    }
+    if (warp >= w0) store_x(w0 * 32);
   }
   if (!p.make_plan) return;
   if (T == 1) {
@@ -1136,6 +1146,7 @@ Status moe_route_norm(bf16* x, const bf16* r, const bf16* norm_w, bf16* xn, floa
   p.norm_w = norm_w;
   p.xn_out = xn;
   p.eps = eps;
+  if (const char* d = std::getenv("ZEST_RNORM_DEBUG")) p.dbg = std::atoi(d);
   return launch_route(p, stream);
 }
 
