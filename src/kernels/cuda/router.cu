@@ -1147,6 +1147,11 @@ Status moe_route_norm(bf16* x, const bf16* r, const bf16* norm_w, bf16* xn, floa
   p.xn_out = xn;
   p.eps = eps;
   if (const char* d = std::getenv("ZEST_RNORM_DEBUG")) p.dbg = std::atoi(d);
+  if (p.dbg & 8) return moe_route(xn, router_w, bias, ids, weights, logits, plan, active_count_sum, T, H, E, K, stream);
+  if (p.dbg & 16) {
+    ZEST_RETURN_IF_ERROR(add_rmsnorm(x, r, norm_w, xn, T, H, eps, stream));
+    p.dbg &= 3;
+  }
   return launch_route(p, stream);
 }
 
