@@ -267,11 +267,13 @@ TEST(CudaRoute, CompactKernelBackToBack) {
 }
 
 // The residual add + RMSNorm folded into the routing launch (moe_route_norm, kRouteFused 10) against the chain it
-// replaces: add_rmsnorm (x += r, xn = norm(x)) then moe_route on xn. x, xn, logits, ids, weights, the plan and the
-// active-expert count must be equal bit for bit. Poisoned xn and outputs catch anything unwritten. T = 1, 2, 3, 8, 9
-// (two B fragments per lane) and 16; H = 2048 (the model), 512, 160 (chunks past H in the last warps: zero sums),
-// 96 and 32 (one chunk: idle warps); E from 24 to 256; with and without bias. H = 4096 and E = 7 (one-CTA cluster)
-// cannot fold: moe_route_norm must say so and still give the chain's results through the two launches.
+// replaces: add_rmsnorm (x += r, xn = norm(x)) then moe_route on xn. xn, logits, ids, weights, the plan and the
+// active-expert count must be equal bit for bit, and x must be left as it was; then the combine that adds r itself
+// (moe_combine_add_rmsnorm with r, on the untouched x) must give the chain's combine (on the updated x) bit for bit.
+// Poisoned xn and outputs catch anything unwritten. T = 1, 2, 3, 8, 9 (two B fragments per lane) and 16; H = 2048
+// (the model), 512, 160 (chunks past H in the last warps: zero sums), 96 and 32 (one chunk: idle warps); E from 24 to
+// 256; with and without bias. H = 4096 and E = 7 (one-CTA cluster) cannot fold: moe_route_norm must say so and still
+// give the chain's results through add_rmsnorm_keep and moe_route.
 TEST(CudaRoute, FoldedNormMatchesAddRmsnormThenRoute) {
   ZEST_REQUIRE_GPU();
   OptionScope opt(DecodeOption::kRouteFused, 10);
@@ -288,17 +290,24 @@ TEST(CudaRoute, FoldedNormMatchesAddRmsnormThenRoute) {
     EXPECT_EQ(moe_route_norm_fused(T, H, E, K), folds);
     const auto rc = make_route_case(T, E, K, H, rng, 3);  // rc->dx: the residual x
     const size_t n = static_cast<size_t>(T) * H;
+    const auto x0 = download_n(reinterpret_cast<const uint16_t*>(rc->dx->get()), n);
     const auto o = upload_bf16(random_bf16(n, rng, -1.f, 1.f));
     const auto nw = upload_bf16(random_bf16(H, rng, 0.5f, 1.5f));
+    const auto nw2 = upload_bf16(random_bf16(H, rng, 0.5f, 1.5f));
+    std::vector<float> slots(n * K);
+    std::uniform_real_distribution<float> sd(-0.5f, 0.5f);
+    for (auto& v : slots) v = sd(rng);
+    DevBuf<float> dslots(slots);
     const float eps = 1e-6f;
     struct Out {
-      std::vector<uint16_t> x, xn;
+      std::vector<uint16_t> x, xn, x_comb, y_comb;
       RouteOut r;
     };
     auto run = [&](bool folded) {
-      DevBuf<bf16> x(n), xn(n);
+      DevBuf<bf16> x(n), xn(n), y(n);
       EXPECT_EQ(cudaMemcpy(x.get(), rc->dx->get(), n * 2, cudaMemcpyDeviceToDevice), cudaSuccess);
       xn.poison();
+      y.poison();
       rc->di.poison();
       rc->dwt.poison();
       rc->dl.poison();
@@ -326,19 +335,28 @@ TEST(CudaRoute, FoldedNormMatchesAddRmsnormThenRoute) {
       out.r.weights = bits_of(rc->dwt.download());
       download_plan(plan, T, K, E, out.r);
       out.r.count = rc->count.download()[0];
+      // The layer's combine: the folded form adds r itself.
+      EXPECT_TRUE(moe_combine_add_rmsnorm(x.get(), dslots.get(), rc->di.get(), K, nw2->get(), y.get(), T, H, eps,
+                                          nullptr, folded ? o->get() : nullptr)
+                      .is_ok());
+      sync_ok();
+      out.x_comb = download_n(reinterpret_cast<const uint16_t*>(x.get()), n);
+      out.y_comb = download_n(reinterpret_cast<const uint16_t*>(y.get()), n);
       return out;
     };
     const Out ref = run(false);
     const Out got = run(true);
-    // The reference changed x (a residual was added) and wrote every xn.
-    EXPECT_NE(ref.x, download_n(reinterpret_cast<const uint16_t*>(rc->dx->get()), n));
-    EXPECT_EQ(got.x, ref.x);
+    EXPECT_NE(ref.x, x0);  // the chain added r
+    EXPECT_EQ(got.x, x0);  // the folded form left x as it was
     EXPECT_EQ(got.xn, ref.xn);
     EXPECT_EQ(got.r.logits, ref.r.logits);
     EXPECT_EQ(got.r.ids, ref.r.ids);
     EXPECT_EQ(got.r.weights, ref.r.weights);
     expect_plan_equal(got.r, ref.r);
     EXPECT_EQ(got.r.count, ref.r.count);
+    EXPECT_NE(ref.x_comb, ref.x);
+    EXPECT_EQ(got.x_comb, ref.x_comb);
+    EXPECT_EQ(got.y_comb, ref.y_comb);
   }
 }
 

@@ -276,6 +276,11 @@ __device__ __forceinline__ void mma16816(float* c, uint32_t a0, uint32_t a1, uin
 // Number of multiprocessors of the current device (cached).
 int sm_count();
 
+// Sets fn's preferred shared-memory carveout to the smallest share of the SM's unified L1 / shared memory that still
+// holds ctas_per_sm CTAs (static + dynamic_smem shared memory and the per-CTA reserve each), the rest staying L1;
+// on = false: the driver's default (-1).
+Status set_min_carveout(const void* fn, int ctas_per_sm, size_t dynamic_smem, bool on);
+
 // Tensor-core weight-streaming paths (rows_mma.cu) for few tokens, used by gemm and moe_experts_decode.
 bool rows_mma_gemm_ok(int M, int N, int K);
 Status rows_mma_gemm(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream);

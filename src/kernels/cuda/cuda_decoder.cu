@@ -290,7 +290,8 @@ class CudaTextDecoder final : public model::TextDecoder {
   void clear_graphs() const;
   std::vector<uintptr_t> graph_fingerprint(const CudaKvStorage& kv) const;
   Status ensure(const Caps& need) const;
-  // route_norm: the layer's add + RMSNorm (x += o, xn = norm(x)) has not run yet; the routing launch runs it.
+  // route_norm: the layer's add + RMSNorm has not run yet: the routing launch computes xn = norm(x + o) (x kept; the
+  // combine adds o).
   Status run_moe(int64_t l, const Layer& L, int T, const model::ForwardBatch& b, const model::MoeHooks* hooks,
                  bool all_active, bool route_norm) const;
 
@@ -1007,7 +1008,7 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
       continue;
     }
     // MoE layers routed by the compact kernel fold this add + RMSNorm into the routing launch (kRouteNorm), unless a
-    // host hook reads the normed row first.
+    // host hook reads the normed row first; x is then updated by the combine (x + o + experts).
     const bool route_norm = Ly.moe && decode_option(DecodeOption::kRouteNorm) >= 1 &&
                             decode_option(DecodeOption::kRouteFused) >= 1 && !(hooks && hooks->moe_input) &&
                             moe_route_norm_fused(T, H_, E_, K_);
@@ -1016,7 +1017,8 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
     if (Ly.moe) {
       Status ms = run_moe(l, Ly, T, b, hooks, all_active, route_norm);
       if (!ms.is_ok()) return ms.with_context("layer " + std::to_string(l));
-      ZEST_RETURN_IF_ERROR(moe_combine_add_rmsnorm(s.x, s.slot_out, s.ids, K_, ds ? nullptr : next, s.xn, T, H_, eps_, st));
+      ZEST_RETURN_IF_ERROR(moe_combine_add_rmsnorm(s.x, s.slot_out, s.ids, K_, ds ? nullptr : next, s.xn, T, H_, eps_, st,
+                                                   route_norm ? s.o : nullptr));
     } else {
       ZEST_RETURN_IF_ERROR(gemm(s.xn, Ly.gate_up, s.gu, T, 2 * Id_, H_, st));
       ZEST_RETURN_IF_ERROR(silu_mul(s.gu, s.h, T, Id_, st));

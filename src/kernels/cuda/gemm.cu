@@ -31,8 +31,26 @@ int default_decode_option(DecodeOption opt) {
     case DecodeOption::kGemmVariant: return 4;
     case DecodeOption::kRouteFused: return 10;
     case DecodeOption::kRouteNorm: return 1;
+    case DecodeOption::kMoeCarveout: return 1;
     default: return 0;
   }
+}
+
+Status set_min_carveout(const void* fn, int ctas_per_sm, size_t dynamic_smem, bool on) {
+  int pct = -1;  // the driver's default
+  if (on) {
+    cudaFuncAttributes fa{};
+    int dev = 0, max_sm = 0, reserved = 0;
+    ZEST_RETURN_IF_ERROR(cuda_status(cudaFuncGetAttributes(&fa, fn), "carveout"));
+    ZEST_RETURN_IF_ERROR(cuda_status(cudaGetDevice(&dev), "carveout"));
+    ZEST_RETURN_IF_ERROR(
+        cuda_status(cudaDeviceGetAttribute(&max_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev), "carveout"));
+    ZEST_RETURN_IF_ERROR(
+        cuda_status(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev), "carveout"));
+    const size_t need = static_cast<size_t>(ctas_per_sm) * (fa.sharedSizeBytes + dynamic_smem + reserved);
+    pct = max_sm > 0 ? static_cast<int>(std::min<size_t>(100, (100 * need + max_sm - 1) / max_sm)) : -1;
+  }
+  return cuda_status(cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, pct), "carveout");
 }
 
 void set_decode_option(DecodeOption opt, int value) {

@@ -13,7 +13,6 @@
 #include "kernels/cuda/moe_one.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 
 #include "kernels/cuda/common.cuh"
@@ -272,19 +271,16 @@ Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights,
   p.stamps_gu = stamps;
   p.stamps_dn = stamps ? stamps + 2 * static_cast<size_t>(gu_grid) : nullptr;
   const dim3 block(kWarps * 32);
-  static const bool carve = [] {
-    const char* e = std::getenv("ZEST_CARVEOUT_DBG");
-    const int pct = e ? std::atoi(e) : 0;
-    if (pct > 0) {
-      for (const void* fn : {reinterpret_cast<const void*>(one_gate_up_kernel),
-                             reinterpret_cast<const void*>(one_down_kernel<true>),
-                             reinterpret_cast<const void*>(one_down_kernel<false>)})
-        if (cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, pct) != cudaSuccess)
-          cudaGetLastError();
-    }
-    return pct > 0;
-  }();
-  (void)carve;
+  // The carveout preference follows DecodeOption::kMoeCarveout (set again when the option changes).
+  static int carve = -1;
+  const int want = decode_option(DecodeOption::kMoeCarveout) >= 1 ? 1 : 0;
+  if (want != carve) {
+    for (const void* fn : {reinterpret_cast<const void*>(one_gate_up_kernel),
+                           reinterpret_cast<const void*>(one_down_kernel<true>),
+                           reinterpret_cast<const void*>(one_down_kernel<false>)})
+      ZEST_RETURN_IF_ERROR(set_min_carveout(fn, kPerSm, 0, want == 1));
+    carve = want;
+  }
   ZEST_RETURN_IF_ERROR(launch("moe_one_gate_up", one_gate_up_kernel, dim3(gu_grid), block, 0, stream, p));
   return launch("moe_one_down", variant == 1 ? one_down_kernel<true> : one_down_kernel<false>, dim3(dn_grid), block,
                 0, stream, p);

@@ -1,7 +1,6 @@
 // MoE routing: softmax + top-k + renormalisation (one warp per token) and SERE re-routing (one CTA per layer).
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/common.cuh"
-#include <cstdlib>
 
 namespace zest::cuda {
 
@@ -120,14 +119,14 @@ struct RouteParams {
   int early_trigger;  // let the next kernel launch right after the wait (else when this grid exits)
   int64_t* count_sum;
   long long* clocks;  // compact kernel, when not null: CTA 0 thread 0's clock64 at 8 points (phase diagnostics)
-  // Compact kernel with the residual add + RMSNorm folded in (kNorm): x = bf16(x + r) and xn = norm(x) are computed by
-  // every CTA for itself (xn above is then unused); CTA 0 stores both.
-  bf16* x_res;         // [T, H] in / out
+  // Compact kernel with the residual add + RMSNorm folded in (kNorm): xn = norm(bf16(x + r)) is computed by every CTA
+  // for itself (xn above is then unused) and stored by all of them (a share each); x is not updated (the combine adds
+  // r again).
+  const bf16* x_in;    // [T, H]
   const bf16* r;       // [T, H]
   const bf16* norm_w;  // [H]
   bf16* xn_out;        // [T, H]
   float eps;
-  int dbg;  // temporary diagnostics (ZEST_RNORM_DEBUG): 1 = no x stores, 2 = no xn stores
   int T, H, E, K;
 };
 
@@ -267,11 +266,10 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_kernel(RouteParams
 // RMSNorm runs in every CTA before its router GEMM, in add_rmsnorm's arithmetic. A lane loads x and r for the chunks
 // whose B fragments it feeds, so the row is spread over the CTA as norm_kernel spreads it over its 256 threads
 // (8-element block q = chunk * 4 + tq is norm_kernel's thread q); the per-block sums of squares go through shared
-// memory (logit_s, before any logit arrives), each warp reduces norm_kernel's warp w = its own index with the same
-// butterfly, and every warp then forms the total as block_sum does. The normalised values become the B fragments
-// and CTA 0 stores xn at once. The cluster arrive waits until then (every CTA has read x), so after the cluster
-// barrier CTA 0 loads x and r again and stores x = bf16(x + r). The shared memory and occupancy stay those of the
-// kernel without the norm.
+// memory (red, or T * 1 KB of dynamic shared memory after the router rows when T > 8), each warp reduces
+// norm_kernel's warp w = its own index with the same butterfly, and every warp then forms the total as block_sum
+// does. The normalised values become the B fragments; CTA c stores xn for chunks [c * chunks / C, (c + 1) * chunks /
+// C). x itself is left as it was: the layer's combine adds r again (moe_combine_add_rmsnorm with r).
 constexpr int kRoute2MaxRows = 32;
 
 __device__ __forceinline__ void st_async_f32(uint32_t addr, float v, uint32_t bar) {
@@ -325,8 +323,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
       wf[u] = c * 32 < p.H ? __ldg(reinterpret_cast<const uint4*>(p.norm_w + c * 32 + tq * 8)) : make_uint4(0, 0, 0, 0);
     }
   }
-  // CTA 0's mbarrier is initialised before any CTA stores into it (wait below); kNorm: arrive after the norm.
-  if (!kNorm) cluster_arrive_relaxed();
+  cluster_arrive_relaxed();  // CTA 0's mbarrier is initialised before any CTA stores into it (wait below)
   __syncthreads();
   pdl_wait();
   if (stamp) p.clocks[1] = clock64();
@@ -352,14 +349,15 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
     }
   };
   const int chunks = p.H / 32;
-  const bf16* x0p = g < T ? (kNorm ? p.x_res : p.xn) + static_cast<size_t>(g) * p.H + tq * 8 : nullptr;
-  const bf16* x1p = g + 8 < T ? (kNorm ? p.x_res : p.xn) + static_cast<size_t>(g + 8) * p.H + tq * 8 : nullptr;
+  const bf16* x0p = g < T ? (kNorm ? p.x_in : p.xn) + static_cast<size_t>(g) * p.H + tq * 8 : nullptr;
+  const bf16* x1p = g + 8 < T ? (kNorm ? p.x_in : p.xn) + static_cast<size_t>(g + 8) * p.H + tq * 8 : nullptr;
   const bool two = T > 8;
   // kNorm: this lane's B fragments (normalised), computed before the GEMM loop (one round of chunks per warp).
   constexpr int kN1 = kNorm > 0 ? kRouteChunks : 1, kN2 = kNorm > 1 ? kRouteChunks : 1;
   uint4 na[kN1], nb[kN2];
   if constexpr (kNorm > 0) {
-    float* ss_s = &logit_s[0][0];  // [T][256]: no logit arrives before this CTA's cluster arrive below
+    // [T][256]: red (free until the GEMM's sums, after the barriers below) or, with T > 8, after the router rows.
+    float* ss_s = kNorm > 1 ? reinterpret_cast<float*>(wsm + static_cast<size_t>(rows) * stride) : &red[0][0][0];
     const size_t r0 = x0p ? static_cast<size_t>(g) * p.H + tq * 8 : 0;
     const size_t r1 = kNorm > 1 && x1p ? static_cast<size_t>(g + 8) * p.H + tq * 8 : 0;
     uint4 ra[kN1], rb[kN2];
@@ -368,10 +366,10 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
     for (int u = 0; u < kRouteChunks; ++u) {
       const int c = warp + u * kRouteWarps;
       const bool ok = c < chunks;
-      na[u] = ok && x0p ? __ldcg(reinterpret_cast<const uint4*>(p.x_res + r0 + c * 32)) : z;
+      na[u] = ok && x0p ? __ldcg(reinterpret_cast<const uint4*>(p.x_in + r0 + c * 32)) : z;
       ra[u] = ok && x0p ? __ldcg(reinterpret_cast<const uint4*>(p.r + r0 + c * 32)) : z;
       if constexpr (kNorm > 1) {
-        nb[u] = ok && x1p ? __ldcg(reinterpret_cast<const uint4*>(p.x_res + r1 + c * 32)) : z;
+        nb[u] = ok && x1p ? __ldcg(reinterpret_cast<const uint4*>(p.x_in + r1 + c * 32)) : z;
         rb[u] = ok && x1p ? __ldcg(reinterpret_cast<const uint4*>(p.r + r1 + c * 32)) : z;
       }
     }
@@ -409,7 +407,6 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
       if (lane == 0) norm_tot[t * 8 + warp] = v;
     }
     __syncthreads();
-    cluster_arrive();  // release: this CTA's reads of x are done (CTA 0 stores x after the cluster barrier)
     float inv0 = 0.f, inv1 = 0.f;
     for (int t = 0; t < T; ++t) {
       const float tot = warp_sum(lane < kRouteWarps ? norm_tot[t * 8 + lane] : 0.f);
@@ -421,17 +418,18 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
     for (int u = 0; u < kRouteChunks; ++u) {
       const int c = warp + u * kRouteWarps;
       if (c >= chunks) break;
+      const bool mine = c * C / chunks == rank;  // this CTA's share of the xn stores
       float a[8];
       if (x0p) {
         unpack8(na[u], a);
         na[u] = rms_scale8(a, inv0, wf[u]);
-        if (rank == 0 && !(p.dbg & 2)) *reinterpret_cast<uint4*>(p.xn_out + r0 + c * 32) = na[u];
+        if (mine) *reinterpret_cast<uint4*>(p.xn_out + r0 + c * 32) = na[u];
       }
       if constexpr (kNorm > 1) {
         if (x1p) {
           unpack8(nb[u], a);
           nb[u] = rms_scale8(a, inv1, wf[u]);
-          if (rank == 0 && !(p.dbg & 2)) *reinterpret_cast<uint4*>(p.xn_out + r1 + c * 32) = nb[u];
+          if (mine) *reinterpret_cast<uint4*>(p.xn_out + r1 + c * 32) = nb[u];
         }
       }
     }
@@ -515,27 +513,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
       st_async_f32(cluster_map(&logit_s[t][e0 + r], 0), s, lbar0);
     }
   }
-  // kNorm: x = bf16(x + r), loaded again (every CTA has read x: cluster barrier passed); CTA c stores the c-th of C
-  // shares of the T * H / 8 16-byte blocks (CTA 0: the warps with no token's top-k first; with T >= 8 after it).
-  auto store_x = [&](int first_thread) {
-    if constexpr (kNorm > 0) {
-      if (p.dbg & 1) return;
-      const int n8 = T * p.H / 8, per = (n8 + C - 1) / C;
-      const int end = min(n8, (rank + 1) * per);
-      for (int i = rank * per + tid - first_thread; i < end; i += kRouteThreads - first_thread) {
-        float a[8], b[8];
-        unpack8(__ldcg(reinterpret_cast<const uint4*>(p.x_res) + i), a);
-        unpack8(__ldcg(reinterpret_cast<const uint4*>(p.r) + i), b);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) a[k] = bf16_round(a[k] + b[k]);
-        reinterpret_cast<uint4*>(p.x_res)[i] = pack8(a);
-      }
-    }
-  };
-  if (rank != 0) {
-    store_x(0);
-    return;
-  }
+  if (rank != 0) return;
   mbar_wait(&lbar, 0);
   if (stamp) p.clocks[4] = clock64();
   // Top-k, warp t for token t: router_topk's arithmetic (softmax in the same per-lane order and the same butterfly
@@ -594,10 +572,6 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
     }
   }
   if (stamp) p.clocks[5] = clock64();
-  if (kNorm > 0) {
-    const int w0 = T < kRouteWarps ? T : 0;
-    if (warp >= w0) store_x(w0 * 32);
-  }
   if (!p.make_plan) return;
   if (T == 1) {
     // One token: warp 0 holds the K distinct ids (lane k the k-th); an id's sorted position is the number of chosen
@@ -1041,7 +1015,7 @@ Status launch_route(RouteParams p, cudaStream_t stream) {
     C = route_cluster(p.E, max_c, max_rows);
   }
   void (*kernel)(RouteParams) = moe_route_kernel;
-  const bool norm = p.x_res != nullptr;
+  const bool norm = p.x_in != nullptr;
   if (norm && !(compact && variant == 10)) return invalid_argument("moe_route: the folded norm needs kRouteFused 10");
   if (compact) {
     static bool attributes_set[16] = {};
@@ -1072,7 +1046,7 @@ Status launch_route(RouteParams p, cudaStream_t stream) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(C);
   cfg.blockDim = dim3(kRouteThreads);
-  cfg.dynamicSmemBytes = route_smem(p.E, p.H, max_c, max_rows);
+  cfg.dynamicSmemBytes = route_smem(p.E, p.H, max_c, max_rows) + (norm && p.T > 8 ? static_cast<size_t>(p.T) * 1024 : 0);
   cfg.stream = stream;
   cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -1120,8 +1094,6 @@ Status moe_route(const bf16* xn, const bf16* router_w, const float* bias, int32_
   return launch_route(p, stream);
 }
 
-__global__ void dbg_noop_kernel(int) { pdl_wait(); }
-
 bool moe_route_norm_fused(int T, int H, int E, int K) {
   if (decode_option(DecodeOption::kRouteFused) != 10 || !moe_route_ok(T, H, E, K) || H > 32 * kRouteWarps * kRouteChunks)
     return false;
@@ -1130,38 +1102,25 @@ bool moe_route_norm_fused(int T, int H, int E, int K) {
     max_c = 16;
     max_rows = 16;
   }
-  return route_cluster(E, max_c, max_rows) >= 2;
+  return route_cluster(E, max_c, max_rows) >= 2 &&
+         route_smem(E, H, max_c, max_rows) + (T > 8 ? static_cast<size_t>(T) * 1024 : 0) <= kRouteMaxSmem;
 }
 
-Status moe_route_norm(bf16* x, const bf16* r, const bf16* norm_w, bf16* xn, float eps, const bf16* router_w,
+Status moe_route_norm(const bf16* x, const bf16* r, const bf16* norm_w, bf16* xn, float eps, const bf16* router_w,
                       const float* bias, int32_t* ids, float* weights, bf16* logits, MoePlan* plan,
                       int64_t* active_count_sum, int T, int H, int E, int K, cudaStream_t stream) {
   if (!x || !r || !norm_w || !xn) return invalid_argument("moe_route_norm: null pointer");
   if (!moe_route_norm_fused(T, H, E, K)) {
-    ZEST_RETURN_IF_ERROR(add_rmsnorm(x, r, norm_w, xn, T, H, eps, stream));
+    ZEST_RETURN_IF_ERROR(add_rmsnorm_keep(x, r, norm_w, xn, T, H, eps, stream));
     return moe_route(xn, router_w, bias, ids, weights, logits, plan, active_count_sum, T, H, E, K, stream);
   }
   RouteParams p{};
   ZEST_RETURN_IF_ERROR(route_params(p, router_w, bias, ids, weights, logits, plan, active_count_sum, T, H, E, K));
-  p.x_res = x;
+  p.x_in = x;
   p.r = r;
   p.norm_w = norm_w;
   p.xn_out = xn;
   p.eps = eps;
-  if (const char* d = std::getenv("ZEST_RNORM_DEBUG")) p.dbg = std::atoi(d);
-  if (p.dbg & 32) {  // an empty one-CTA kernel in place of add_rmsnorm, then the plain routing (stale xn)
-    ZEST_RETURN_IF_ERROR(launch("noop", dbg_noop_kernel, dim3(1), dim3(32), 0, stream, 0));
-    return moe_route(xn, router_w, bias, ids, weights, logits, plan, active_count_sum, T, H, E, K, stream);
-  }
-  if (p.dbg & 64) {  // the plain routing (stale xn), then add_rmsnorm: gate/up right after a one-CTA kernel
-    ZEST_RETURN_IF_ERROR(moe_route(xn, router_w, bias, ids, weights, logits, plan, active_count_sum, T, H, E, K, stream));
-    return add_rmsnorm(x, r, norm_w, xn, T, H, eps, stream);
-  }
-  if (p.dbg & 8) return moe_route(xn, router_w, bias, ids, weights, logits, plan, active_count_sum, T, H, E, K, stream);
-  if (p.dbg & 16) {
-    ZEST_RETURN_IF_ERROR(add_rmsnorm(x, r, norm_w, xn, T, H, eps, stream));
-    p.dbg &= 3;
-  }
   return launch_route(p, stream);
 }
 

@@ -350,7 +350,8 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
       ZEST_OP("moe experts",
               moe_experts_decode(xn_, plan_, route_w_, L.gate_up, L.down, h_, slot_out_, batch, K, E, H, I, s));
       ZEST_OP("moe combine + rmsnorm",
-              moe_combine_add_rmsnorm(x_, slot_out_, route_ids_, K, next_norm, xn_, batch, H, kEps, s));
+              moe_combine_add_rmsnorm(x_, slot_out_, route_ids_, K, next_norm, xn_, batch, H, kEps, s,
+                                      route_norm ? o_ : nullptr));
     } else {
       const int I = c.dense_inter;
       ZEST_OP("mlp gate/up gemm", gemm(xn_, L.gate_up, gu_, batch, 2 * I, H, s));
