@@ -190,7 +190,6 @@ bool apply_variant(const std::string& spec) {
     else if (name == "experts") set_decode_option(DecodeOption::kMoeKernel, value);
     else if (name == "block") set_decode_option(DecodeOption::kMoeBlock, value);
     else if (name == "l2") set_decode_option(DecodeOption::kL2Prefetch, value);
-    else if (name == "rnorm") set_decode_option(DecodeOption::kRouteNorm, value);
     else if (name == "carve") set_decode_option(DecodeOption::kMoeCarveout, value);
     else return false;
   }

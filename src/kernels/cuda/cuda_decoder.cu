@@ -290,10 +290,8 @@ class CudaTextDecoder final : public model::TextDecoder {
   void clear_graphs() const;
   std::vector<uintptr_t> graph_fingerprint(const CudaKvStorage& kv) const;
   Status ensure(const Caps& need) const;
-  // route_norm: the layer's add + RMSNorm has not run yet: the routing launch computes xn = norm(x + o) (x kept; the
-  // combine adds o).
   Status run_moe(int64_t l, const Layer& L, int T, const model::ForwardBatch& b, const model::MoeHooks* hooks,
-                 bool all_active, bool route_norm) const;
+                 bool all_active) const;
 
   io::TextConfig cfg_;
   int L_ = 0, H_ = 0, Hq_ = 0, Hkv_ = 0, D_ = 0, QKV_ = 0, E_ = 0, K_ = 0, I_ = 0, Id_ = 0, V_ = 0;
@@ -521,7 +519,7 @@ Result<std::vector<model::RerouteCounts>> CudaTextDecoder::reroute_counts() cons
 }
 
 Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const model::ForwardBatch& b,
-                                const model::MoeHooks* hooks, bool all_active, bool route_norm) const {
+                                const model::MoeHooks* hooks, bool all_active) const {
   Step& s = *st_;
   cudaStream_t st = stream_;
   if (hooks && hooks->moe_input) {
@@ -540,10 +538,7 @@ Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const model::
   const bool rerouted = spec_ok && all_active ? !spec->similarity[l].empty() && spec->primary > 0 && spec->primary < K_
                                               : hooks && hooks->route;
   const bool plan_routed = fuse_route && !rerouted;
-  if (route_norm) {
-    ZEST_RETURN_IF_ERROR(moe_route_norm(s.x, s.o, Ly.post_norm, s.xn, eps_, Ly.router, nullptr, s.ids, s.route_w, s.rl,
-                                        plan_routed ? &s.plan : nullptr, nullptr, T, H_, E_, K_, st));
-  } else if (fuse_route) {
+  if (fuse_route) {
     ZEST_RETURN_IF_ERROR(moe_route(s.xn, Ly.router, nullptr, s.ids, s.route_w, s.rl, plan_routed ? &s.plan : nullptr,
                                    nullptr, T, H_, E_, K_, st));
   } else {
@@ -1007,18 +1002,12 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
                                             s.ids, s.route_w, s.rl, nullptr, nullptr, 0, T, H_, E_, K_, I_, eps_, st));
       continue;
     }
-    // MoE layers routed by the compact kernel fold this add + RMSNorm into the routing launch (kRouteNorm), unless a
-    // host hook reads the normed row first; x is then updated by the combine (x + o + experts).
-    const bool route_norm = Ly.moe && decode_option(DecodeOption::kRouteNorm) >= 1 &&
-                            decode_option(DecodeOption::kRouteFused) >= 1 && !(hooks && hooks->moe_input) &&
-                            moe_route_norm_fused(T, H_, E_, K_);
-    if (!route_norm) ZEST_RETURN_IF_ERROR(add_rmsnorm(s.x, s.o, Ly.post_norm, s.xn, T, H_, eps_, st));
+    ZEST_RETURN_IF_ERROR(add_rmsnorm(s.x, s.o, Ly.post_norm, s.xn, T, H_, eps_, st));
     const bool ds = l < nds;
     if (Ly.moe) {
-      Status ms = run_moe(l, Ly, T, b, hooks, all_active, route_norm);
+      Status ms = run_moe(l, Ly, T, b, hooks, all_active);
       if (!ms.is_ok()) return ms.with_context("layer " + std::to_string(l));
-      ZEST_RETURN_IF_ERROR(moe_combine_add_rmsnorm(s.x, s.slot_out, s.ids, K_, ds ? nullptr : next, s.xn, T, H_, eps_, st,
-                                                   route_norm ? s.o : nullptr));
+      ZEST_RETURN_IF_ERROR(moe_combine_add_rmsnorm(s.x, s.slot_out, s.ids, K_, ds ? nullptr : next, s.xn, T, H_, eps_, st));
     } else {
       ZEST_RETURN_IF_ERROR(gemm(s.xn, Ly.gate_up, s.gu, T, 2 * Id_, H_, st));
       ZEST_RETURN_IF_ERROR(silu_mul(s.gu, s.h, T, Id_, st));

@@ -55,8 +55,8 @@ __device__ __forceinline__ void store8(bf16* p, const float* v) {
   *reinterpret_cast<uint4*>(p) = u;
 }
 
-// Mode 0: y = norm(x). Mode 1: x = bf16(x + r), y = norm(x). Mode 2: x = bf16(x' + bf16(sum_k slot_out)) with
-// x' = bf16(x + r) when r != nullptr, else x; y = norm(x) when w != nullptr. Mode 3: y = norm(bf16(x + r)), x kept.
+// Mode 0: y = norm(x). Mode 1: x = bf16(x + r), y = norm(x). Mode 2: x = bf16(x + bf16(sum_k slot_out)),
+// y = norm(x) when w != nullptr.
 template <int kMode>
 __global__ void __launch_bounds__(kRowThreads) norm_kernel(bf16* __restrict__ x, const bf16* __restrict__ r,
                                                            const float* __restrict__ slot_out,
@@ -79,13 +79,12 @@ __global__ void __launch_bounds__(kRowThreads) norm_kernel(bf16* __restrict__ x,
     float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     if (own) {
       load8(xr + c, v);
-      if (kMode == 1 || kMode == 3 || (kMode == 2 && r)) {
+      if constexpr (kMode == 1) {
         float rv[8];
         load8(r + static_cast<size_t>(row) * hidden + c, rv);
 #pragma unroll
         for (int i = 0; i < 8; ++i) v[i] = bf16_round(v[i] + rv[i]);
-      }
-      if constexpr (kMode == 2) {
+      } else if constexpr (kMode == 2) {
         float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         for (int k0 = 0; k0 < K; k0 += 8) {
           float4 a[8], b[8];
@@ -109,7 +108,7 @@ __global__ void __launch_bounds__(kRowThreads) norm_kernel(bf16* __restrict__ x,
 #pragma unroll
         for (int i = 0; i < 8; ++i) v[i] = bf16_round(v[i] + bf16_round(acc[i]));
       }
-      if constexpr (kMode == 1 || kMode == 2) store8(xr + c, v);
+      if constexpr (kMode != 0) store8(xr + c, v);
     }
     if (kMode == 2 && w == nullptr) return;
     const float ss = sumsq8(v);
@@ -124,14 +123,13 @@ __global__ void __launch_bounds__(kRowThreads) norm_kernel(bf16* __restrict__ x,
   for (int c = threadIdx.x * 8; c < hidden; c += blockDim.x * 8) {
     float v[8];
     load8(xr + c, v);
-    if (kMode == 1 || kMode == 3 || (kMode == 2 && r)) {
+    if constexpr (kMode == 1) {
       float rv[8];
       load8(r + static_cast<size_t>(row) * hidden + c, rv);
 #pragma unroll
       for (int i = 0; i < 8; ++i) v[i] = bf16_round(v[i] + rv[i]);
-      if (kMode == 1) store8(xr + c, v);
-    }
-    if constexpr (kMode == 2) {
+      store8(xr + c, v);
+    } else if constexpr (kMode == 2) {
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       for (int k = 0; k < K; ++k) {
         if (ids[row * K + k] < 0) continue;
@@ -259,19 +257,12 @@ Status add_rmsnorm(bf16* x, const bf16* r, const bf16* w, bf16* y, int rows, int
                 y, hidden, eps);
 }
 
-Status add_rmsnorm_keep(const bf16* x, const bf16* r, const bf16* w, bf16* y, int rows, int hidden, float eps,
-                        cudaStream_t stream) {
-  ZEST_RETURN_IF_ERROR(check_rows("add_rmsnorm_keep", rows, hidden));
-  return launch("add_rmsnorm_keep", norm_kernel<3>, dim3(rows), dim3(kRowThreads), 0, stream, const_cast<bf16*>(x), r,
-                nullptr, nullptr, 0, w, y, hidden, eps);
-}
-
 Status moe_combine_add_rmsnorm(bf16* x, const float* slot_out, const int32_t* ids, int K, const bf16* w, bf16* y,
-                               int rows, int hidden, float eps, cudaStream_t stream, const bf16* r) {
+                               int rows, int hidden, float eps, cudaStream_t stream) {
   ZEST_RETURN_IF_ERROR(check_rows("moe_combine_add_rmsnorm", rows, hidden));
   if (K <= 0) return invalid_argument("moe_combine_add_rmsnorm: K must be positive");
-  return launch("moe_combine_add_rmsnorm", norm_kernel<2>, dim3(rows), dim3(kRowThreads), 0, stream, x, r, slot_out,
-                ids, K, w, y, hidden, eps);
+  return launch("moe_combine_add_rmsnorm", norm_kernel<2>, dim3(rows), dim3(kRowThreads), 0, stream, x, nullptr,
+                slot_out, ids, K, w, y, hidden, eps);
 }
 
 Status silu_mul(const bf16* gu, bf16* h, int rows, int I, cudaStream_t stream) {

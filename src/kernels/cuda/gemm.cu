@@ -30,7 +30,6 @@ int default_decode_option(DecodeOption opt) {
     case DecodeOption::kAttentionKernel: return 8;
     case DecodeOption::kGemmVariant: return 4;
     case DecodeOption::kRouteFused: return 10;
-    case DecodeOption::kRouteNorm: return 1;
     case DecodeOption::kMoeCarveout: return 1;
     default: return 0;
   }

@@ -138,10 +138,6 @@ enum class DecodeOption : int {
                     // staying L1; 0 = the driver's default. Measured: with the default, the experts ran ~10 us per
                     // layer slower when the routing cluster launched right behind the o GEMM (no kernel between them
                     // to let SMs drain), as when every launch asked for the largest carveout
-  kRouteNorm,       // decode steps routed by the compact kernel (kRouteFused 10) with H <= 2048, nothing reading the
-                    // normed row in between (no host hooks): 1 (default) = the routing launch also runs the layer's
-                    // residual add + RMSNorm (moe_route_norm: every CTA normalises the row itself, CTA 0 stores x and
-                    // xn; the same bits as add_rmsnorm); 0 = add_rmsnorm, then moe_route
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);
@@ -167,16 +163,11 @@ Status rmsnorm(const bf16* x, const bf16* w, bf16* y, int rows, int hidden, floa
 // Fused residual add + RMSNorm: x = bf16(x + r); y = rmsnorm(x) (x updated in place).
 Status add_rmsnorm(bf16* x, const bf16* r, const bf16* w, bf16* y, int rows, int hidden, float eps,
                    cudaStream_t stream);
-// The same y with x left as it was (a later kernel adds r itself: moe_combine_add_rmsnorm's r).
-Status add_rmsnorm_keep(const bf16* x, const bf16* r, const bf16* w, bf16* y, int rows, int hidden, float eps,
-                        cudaStream_t stream);
 
-// MoE combine fused with the residual add and the next RMSNorm: x[n] = bf16(x'[n] + bf16(sum_{k<K, ids[n,k]>=0}
-// slot_out[n,k,:])) summed in fixed k order (deterministic), with x' = bf16(x + r) when r != nullptr (the layer's
-// attention output not yet added, see moe_route_norm) and x' = x otherwise; then y = rmsnorm(x) when w != nullptr.
+// MoE combine fused with the residual add and the next RMSNorm: x[n] = bf16(x[n] + sum_{k<K, ids[n,k]>=0}
+// slot_out[n,k,:]) summed in fixed k order (deterministic); then y = rmsnorm(x) when w != nullptr.
 Status moe_combine_add_rmsnorm(bf16* x, const float* slot_out, const int32_t* ids, int K, const bf16* w,
-                               bf16* y, int rows, int hidden, float eps, cudaStream_t stream,
-                               const bf16* r = nullptr);
+                               bf16* y, int rows, int hidden, float eps, cudaStream_t stream);
 
 // h[r, i] = bf16(silu(gu[r, i]) * gu[r, I + i]) for gu [rows, 2I] (dense SwiGLU MLP).
 Status silu_mul(const bf16* gu, bf16* h, int rows, int I, cudaStream_t stream);
@@ -367,13 +358,6 @@ Status moe_plan_prefill(const int32_t* ids, int N, int K, int E, MoePlan& plan, 
 bool moe_route_ok(int T, int H, int E, int K);
 Status moe_route(const bf16* xn, const bf16* router_w, const float* bias, int32_t* ids, float* weights, bf16* logits,
                  MoePlan* plan, int64_t* active_count_sum, int T, int H, int E, int K, cudaStream_t stream);
-// xn = norm(bf16(x + r)) with norm_w (add_rmsnorm_keep: x is NOT updated, the layer's combine adds r) followed by
-// moe_route on xn, the same bits as add_rmsnorm then moe_route: in the routing launch itself when moe_route_norm_fused
-// (kRouteFused 10, H <= 2048, a cluster of at least 2 CTAs, the shared memory fits), else as the two launches.
-bool moe_route_norm_fused(int T, int H, int E, int K);
-Status moe_route_norm(const bf16* x, const bf16* r, const bf16* norm_w, bf16* xn, float eps, const bf16* router_w,
-                      const float* bias, int32_t* ids, float* weights, bf16* logits, MoePlan* plan,
-                      int64_t* active_count_sum, int T, int H, int E, int K, cudaStream_t stream);
 
 // Decode/small-batch experts: h = silu(x Wg^T) * (x Wu^T) for each (token, slot) of each active expert, then
 // slot_out[n, k, :] = weights[n, k] * (h Wd^T). Each active expert's weights are read once (a CTA per

@@ -119,14 +119,6 @@ struct RouteParams {
   int early_trigger;  // let the next kernel launch right after the wait (else when this grid exits)
   int64_t* count_sum;
   long long* clocks;  // compact kernel, when not null: CTA 0 thread 0's clock64 at 8 points (phase diagnostics)
-  // Compact kernel with the residual add + RMSNorm folded in (kNorm): xn = norm(bf16(x + r)) is computed by every CTA
-  // for itself (xn above is then unused) and stored by all of them (a share each); x is not updated (the combine adds
-  // r again).
-  const bf16* x_in;    // [T, H]
-  const bf16* r;       // [T, H]
-  const bf16* norm_w;  // [H]
-  bf16* xn_out;        // [T, H]
-  float eps;
   int T, H, E, K;
 };
 
@@ -262,14 +254,6 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_kernel(RouteParams
 // kEarly: the plan entries that do not depend on the routing (the ready words; with one token the offsets and tiles,
 // 0..K, and the counts) are written by the threads of CTA 0 once their x loads are in flight, off the chain; with one
 // token each chosen id's sorted position is counted over the K ids in shared memory (no warp reductions).
-// kNorm (with kEarly, H <= 2048: one round of x chunks per warp; 1: T <= 8, 2: T <= 16): the layer's residual add +
-// RMSNorm runs in every CTA before its router GEMM, in add_rmsnorm's arithmetic. A lane loads x and r for the chunks
-// whose B fragments it feeds, so the row is spread over the CTA as norm_kernel spreads it over its 256 threads
-// (8-element block q = chunk * 4 + tq is norm_kernel's thread q); the per-block sums of squares go through shared
-// memory (red, or T * 1 KB of dynamic shared memory after the router rows when T > 8), each warp reduces
-// norm_kernel's warp w = its own index with the same butterfly, and every warp then forms the total as block_sum
-// does. The normalised values become the B fragments; CTA c stores xn for chunks [c * chunks / C, (c + 1) * chunks /
-// C). x itself is left as it was: the layer's combine adds r again (moe_combine_add_rmsnorm with r).
 constexpr int kRoute2MaxRows = 32;
 
 __device__ __forceinline__ void st_async_f32(uint32_t addr, float v, uint32_t bar) {
@@ -278,7 +262,7 @@ __device__ __forceinline__ void st_async_f32(uint32_t addr, float v, uint32_t ba
                : "memory");
 }
 
-template <int kMT, int kEP, bool kEarly, int kNorm = 0>
+template <int kMT, int kEP, bool kEarly>
 __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(RouteParams p) {
   extern __shared__ __align__(128) unsigned char wsm[];  // [rows][H * 2 + 16]
   __shared__ __align__(8) uint64_t wbar, lbar;
@@ -287,7 +271,6 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
   __shared__ int ids_s[kRouteMaxT * kMaxTopK];
   __shared__ unsigned tok_mask[kRouteMaxE];  // CTA 0: bit t set when token t chose the expert
   __shared__ int offset_of[kRouteMaxE];
-  __shared__ float norm_tot[kNorm ? kRouteMaxT * 8 : 1];  // kNorm: per token, norm_kernel's 8 warp sums
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, tq = lane & 3;
   const int rank = static_cast<int>(cluster_rank()), C = static_cast<int>(cluster_size());
@@ -313,15 +296,6 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
   for (int i = 0; i < kEP; ++i) {
     const int e = lane + 32 * i;
     bias_r[i] = rank == 0 && warp < T && p.bias && e < E ? __ldg(p.bias + e) : 0.f;
-  }
-  // kNorm: the norm weight is a weight too: its fragments (8 elements per chunk this lane feeds) before the wait.
-  uint4 wf[kNorm ? kRouteChunks : 1];
-  if constexpr (kNorm > 0) {
-#pragma unroll
-    for (int u = 0; u < kRouteChunks; ++u) {
-      const int c = warp + u * kRouteWarps;
-      wf[u] = c * 32 < p.H ? __ldg(reinterpret_cast<const uint4*>(p.norm_w + c * 32 + tq * 8)) : make_uint4(0, 0, 0, 0);
-    }
   }
   cluster_arrive_relaxed();  // CTA 0's mbarrier is initialised before any CTA stores into it (wait below)
   __syncthreads();
@@ -349,91 +323,9 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
     }
   };
   const int chunks = p.H / 32;
-  const bf16* x0p = g < T ? (kNorm ? p.x_in : p.xn) + static_cast<size_t>(g) * p.H + tq * 8 : nullptr;
-  const bf16* x1p = g + 8 < T ? (kNorm ? p.x_in : p.xn) + static_cast<size_t>(g + 8) * p.H + tq * 8 : nullptr;
+  const bf16* x0p = g < T ? p.xn + static_cast<size_t>(g) * p.H + tq * 8 : nullptr;
+  const bf16* x1p = g + 8 < T ? p.xn + static_cast<size_t>(g + 8) * p.H + tq * 8 : nullptr;
   const bool two = T > 8;
-  // kNorm: this lane's B fragments (normalised), computed before the GEMM loop (one round of chunks per warp).
-  constexpr int kN1 = kNorm > 0 ? kRouteChunks : 1, kN2 = kNorm > 1 ? kRouteChunks : 1;
-  uint4 na[kN1], nb[kN2];
-  if constexpr (kNorm > 0) {
-    // [T][256]: red (free until the GEMM's sums, after the barriers below) or, with T > 8, after the router rows.
-    float* ss_s = kNorm > 1 ? reinterpret_cast<float*>(wsm + static_cast<size_t>(rows) * stride) : &red[0][0][0];
-    const size_t r0 = x0p ? static_cast<size_t>(g) * p.H + tq * 8 : 0;
-    const size_t r1 = kNorm > 1 && x1p ? static_cast<size_t>(g + 8) * p.H + tq * 8 : 0;
-    uint4 ra[kN1], rb[kN2];
-    const uint4 z = make_uint4(0, 0, 0, 0);
-#pragma unroll
-    for (int u = 0; u < kRouteChunks; ++u) {
-      const int c = warp + u * kRouteWarps;
-      const bool ok = c < chunks;
-      na[u] = ok && x0p ? __ldcg(reinterpret_cast<const uint4*>(p.x_in + r0 + c * 32)) : z;
-      ra[u] = ok && x0p ? __ldcg(reinterpret_cast<const uint4*>(p.r + r0 + c * 32)) : z;
-      if constexpr (kNorm > 1) {
-        nb[u] = ok && x1p ? __ldcg(reinterpret_cast<const uint4*>(p.x_in + r1 + c * 32)) : z;
-        rb[u] = ok && x1p ? __ldcg(reinterpret_cast<const uint4*>(p.r + r1 + c * 32)) : z;
-      }
-    }
-    early_plan();
-    // v = bf16(x + r) (kept packed in na / nb) and its per-block sums of squares.
-#pragma unroll
-    for (int u = 0; u < kRouteChunks; ++u) {
-      const int c = warp + u * kRouteWarps;
-      if (c >= chunks) break;
-      float a[8], b[8];
-      if (x0p) {
-        unpack8(na[u], a);
-        unpack8(ra[u], b);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) a[i] = bf16_round(a[i] + b[i]);
-        na[u] = pack8(a);
-        ss_s[g * 256 + c * 4 + tq] = sumsq8(a);
-      }
-      if constexpr (kNorm > 1) {
-        if (x1p) {
-          unpack8(nb[u], a);
-          unpack8(rb[u], b);
-#pragma unroll
-          for (int i = 0; i < 8; ++i) a[i] = bf16_round(a[i] + b[i]);
-          nb[u] = pack8(a);
-          ss_s[(g + 8) * 256 + c * 4 + tq] = sumsq8(a);
-        }
-      }
-    }
-    __syncthreads();
-    // Warp w: norm_kernel's warp w (blocks 32 w .. 32 w + 31; past H / 8 they hold zeros) for every token.
-    const int q = 32 * warp + lane;
-    for (int t = 0; t < T; ++t) {
-      const float v = warp_sum(q * 8 < p.H ? ss_s[t * 256 + q] : 0.f);
-      if (lane == 0) norm_tot[t * 8 + warp] = v;
-    }
-    __syncthreads();
-    float inv0 = 0.f, inv1 = 0.f;
-    for (int t = 0; t < T; ++t) {
-      const float tot = warp_sum(lane < kRouteWarps ? norm_tot[t * 8 + lane] : 0.f);
-      const float inv = rsqrtf(tot / p.H + p.eps);
-      if (t == g) inv0 = inv;
-      if (t == g + 8) inv1 = inv;
-    }
-#pragma unroll
-    for (int u = 0; u < kRouteChunks; ++u) {
-      const int c = warp + u * kRouteWarps;
-      if (c >= chunks) break;
-      const bool mine = c * C / chunks == rank;  // this CTA's share of the xn stores
-      float a[8];
-      if (x0p) {
-        unpack8(na[u], a);
-        na[u] = rms_scale8(a, inv0, wf[u]);
-        if (mine) *reinterpret_cast<uint4*>(p.xn_out + r0 + c * 32) = na[u];
-      }
-      if constexpr (kNorm > 1) {
-        if (x1p) {
-          unpack8(nb[u], a);
-          nb[u] = rms_scale8(a, inv1, wf[u]);
-          if (mine) *reinterpret_cast<uint4*>(p.xn_out + r1 + c * 32) = nb[u];
-        }
-      }
-    }
-  }
   const unsigned char* a_lo[kMT];
   const unsigned char* a_hi[kMT];
 #pragma unroll
@@ -453,16 +345,11 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
     for (int u = 0; u < kRouteChunks; ++u) {
       const int c = cb + u * kRouteWarps;
       const bool ok = c < chunks;
-      if constexpr (kNorm > 0) {  // cb == warp: the one round
-        xa[u] = na[u];
-        xb[u] = kNorm > 1 ? nb[kNorm > 1 ? u : 0] : make_uint4(0, 0, 0, 0);
-      } else {
-        xa[u] = ok && x0p ? __ldg(reinterpret_cast<const uint4*>(x0p + c * 32)) : make_uint4(0, 0, 0, 0);
-        xb[u] = ok && x1p ? __ldg(reinterpret_cast<const uint4*>(x1p + c * 32)) : make_uint4(0, 0, 0, 0);
-      }
+      xa[u] = ok && x0p ? __ldg(reinterpret_cast<const uint4*>(x0p + c * 32)) : make_uint4(0, 0, 0, 0);
+      xb[u] = ok && x1p ? __ldg(reinterpret_cast<const uint4*>(x1p + c * 32)) : make_uint4(0, 0, 0, 0);
     }
     if (!landed) {
-      if (!kNorm) early_plan();
+      early_plan();
       mbar_wait(&wbar, 0);
       landed = true;
     }
@@ -484,7 +371,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
     }
   }
   if (!landed) {  // no chunk for this warp: the copy must still land before the CTA exits
-    if (!kNorm) early_plan();
+    early_plan();
     mbar_wait(&wbar, 0);
   }
   if (stamp) p.clocks[2] = clock64();
@@ -1015,24 +902,16 @@ Status launch_route(RouteParams p, cudaStream_t stream) {
     C = route_cluster(p.E, max_c, max_rows);
   }
   void (*kernel)(RouteParams) = moe_route_kernel;
-  const bool norm = p.x_in != nullptr;
-  if (norm && !(compact && variant == 10)) return invalid_argument("moe_route: the folded norm needs kRouteFused 10");
   if (compact) {
-    static bool attributes_set[16] = {};
+    static bool attributes_set[8] = {};
     const int mt2 = p.E / C > 16 ? 1 : 0, ep8 = p.E > 128 ? 1 : 0, early = variant == 10 ? 1 : 0;
-    if (norm && p.T > 8)
-      kernel = mt2 ? (ep8 ? moe_route_compact_kernel<2, 8, true, 2> : moe_route_compact_kernel<2, 4, true, 2>)
-                   : (ep8 ? moe_route_compact_kernel<1, 8, true, 2> : moe_route_compact_kernel<1, 4, true, 2>);
-    else if (norm)
-      kernel = mt2 ? (ep8 ? moe_route_compact_kernel<2, 8, true, 1> : moe_route_compact_kernel<2, 4, true, 1>)
-                   : (ep8 ? moe_route_compact_kernel<1, 8, true, 1> : moe_route_compact_kernel<1, 4, true, 1>);
-    else if (early)
+    if (early)
       kernel = mt2 ? (ep8 ? moe_route_compact_kernel<2, 8, true> : moe_route_compact_kernel<2, 4, true>)
                    : (ep8 ? moe_route_compact_kernel<1, 8, true> : moe_route_compact_kernel<1, 4, true>);
     else
       kernel = mt2 ? (ep8 ? moe_route_compact_kernel<2, 8, false> : moe_route_compact_kernel<2, 4, false>)
                    : (ep8 ? moe_route_compact_kernel<1, 8, false> : moe_route_compact_kernel<1, 4, false>);
-    bool& set = attributes_set[(norm ? (p.T > 8 ? 12 : 8) : early * 4) + mt2 * 2 + ep8];
+    bool& set = attributes_set[early * 4 + mt2 * 2 + ep8];
     if (!set) {
       const void* fn = reinterpret_cast<const void*>(kernel);
       ZEST_RETURN_IF_ERROR(cuda_status(
@@ -1046,7 +925,7 @@ Status launch_route(RouteParams p, cudaStream_t stream) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(C);
   cfg.blockDim = dim3(kRouteThreads);
-  cfg.dynamicSmemBytes = route_smem(p.E, p.H, max_c, max_rows) + (norm && p.T > 8 ? static_cast<size_t>(p.T) * 1024 : 0);
+  cfg.dynamicSmemBytes = route_smem(p.E, p.H, max_c, max_rows);
   cfg.stream = stream;
   cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -1091,36 +970,6 @@ Status moe_route(const bf16* xn, const bf16* router_w, const float* bias, int32_
   ZEST_RETURN_IF_ERROR(route_params(p, router_w, bias, ids, weights, logits, plan, active_count_sum, T, H, E, K));
   if (!xn) return invalid_argument("moe_route: null pointer");
   p.xn = xn;
-  return launch_route(p, stream);
-}
-
-bool moe_route_norm_fused(int T, int H, int E, int K) {
-  if (decode_option(DecodeOption::kRouteFused) != 10 || !moe_route_ok(T, H, E, K) || H > 32 * kRouteWarps * kRouteChunks)
-    return false;
-  int max_c = 16, max_rows = kRoute2MaxRows;
-  if (route_cluster(E, max_c, max_rows) == 0 || route_smem(E, H, max_c, max_rows) > kRouteMaxSmem) {
-    max_c = 16;
-    max_rows = 16;
-  }
-  return route_cluster(E, max_c, max_rows) >= 2 &&
-         route_smem(E, H, max_c, max_rows) + (T > 8 ? static_cast<size_t>(T) * 1024 : 0) <= kRouteMaxSmem;
-}
-
-Status moe_route_norm(const bf16* x, const bf16* r, const bf16* norm_w, bf16* xn, float eps, const bf16* router_w,
-                      const float* bias, int32_t* ids, float* weights, bf16* logits, MoePlan* plan,
-                      int64_t* active_count_sum, int T, int H, int E, int K, cudaStream_t stream) {
-  if (!x || !r || !norm_w || !xn) return invalid_argument("moe_route_norm: null pointer");
-  if (!moe_route_norm_fused(T, H, E, K)) {
-    ZEST_RETURN_IF_ERROR(add_rmsnorm_keep(x, r, norm_w, xn, T, H, eps, stream));
-    return moe_route(xn, router_w, bias, ids, weights, logits, plan, active_count_sum, T, H, E, K, stream);
-  }
-  RouteParams p{};
-  ZEST_RETURN_IF_ERROR(route_params(p, router_w, bias, ids, weights, logits, plan, active_count_sum, T, H, E, K));
-  p.x_in = x;
-  p.r = r;
-  p.norm_w = norm_w;
-  p.xn_out = xn;
-  p.eps = eps;
   return launch_route(p, stream);
 }
 

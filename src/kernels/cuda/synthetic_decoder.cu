@@ -323,20 +323,13 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
                                             c.top_k, c.expert_inter, kEps, s));
       continue;
     }
-    // MoE layers routed by the compact kernel fold the add + RMSNorm into the routing launch (kRouteNorm).
-    const bool route_norm = moe && decode_option(DecodeOption::kRouteNorm) >= 1 &&
-                            moe_route_norm_fused(batch, H, c.experts, c.top_k);
-    if (!route_norm) ZEST_OP("add + rmsnorm", add_rmsnorm(x_, o_, L.post_norm, xn_, batch, H, kEps, s));
+    ZEST_OP("add + rmsnorm", add_rmsnorm(x_, o_, L.post_norm, xn_, batch, H, kEps, s));
     if (moe) {
       const int E = c.experts, K = c.top_k, I = c.expert_inter;
       const float* bias = opt_.skew > 0.f ? L.router_bias : nullptr;
       // Fused routing: with SERE the re-routing runs between top-k and the plan, so the plan stays separate.
       const bool fused = decode_option(DecodeOption::kRouteFused) >= 1 && moe_route_ok(batch, H, E, K);
-      if (route_norm) {
-        ZEST_OP("router (fused, add + rmsnorm)",
-                moe_route_norm(x_, o_, L.post_norm, xn_, kEps, L.router, bias, route_ids_, route_w_, nullptr,
-                               sere ? nullptr : &plan_, sere ? nullptr : expert_counts_ + l, batch, H, E, K, s));
-      } else if (fused) {
+      if (fused) {
         ZEST_OP("router (fused)", moe_route(xn_, L.router, bias, route_ids_, route_w_, nullptr, sere ? nullptr : &plan_,
                                             sere ? nullptr : expert_counts_ + l, batch, H, E, K, s));
       } else {
@@ -350,8 +343,7 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
       ZEST_OP("moe experts",
               moe_experts_decode(xn_, plan_, route_w_, L.gate_up, L.down, h_, slot_out_, batch, K, E, H, I, s));
       ZEST_OP("moe combine + rmsnorm",
-              moe_combine_add_rmsnorm(x_, slot_out_, route_ids_, K, next_norm, xn_, batch, H, kEps, s,
-                                      route_norm ? o_ : nullptr));
+              moe_combine_add_rmsnorm(x_, slot_out_, route_ids_, K, next_norm, xn_, batch, H, kEps, s));
     } else {
       const int I = c.dense_inter;
       ZEST_OP("mlp gate/up gemm", gemm(xn_, L.gate_up, gu_, batch, 2 * I, H, s));
@@ -407,7 +399,6 @@ std::vector<std::string> SyntheticDecoder::op_labels(bool sere) const {
                                   "router gemm", "router top-k"};
   if (decode_option(DecodeOption::kAttentionKernel) >= 2) ops.push_back("decode attention (fused)");
   if (decode_option(DecodeOption::kRouteFused) >= 1) ops.push_back("router (fused)");
-  if (decode_option(DecodeOption::kRouteNorm) >= 1) ops.push_back("router (fused, add + rmsnorm)");
   if (decode_option(DecodeOption::kMoeBlock) >= 1 && !sere) ops.push_back("moe block");
   if (sere) ops.push_back("sere");
   for (const char* o : {"moe plan", "moe experts", "moe combine + rmsnorm", "lm_head gemm"}) ops.push_back(o);
