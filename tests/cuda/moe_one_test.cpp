@@ -2,7 +2,8 @@
 // random inputs: every written slot within tolerance of the reference, slots with id -1 never written, every variant
 // bit-identical to the rows_mma kernels and to itself on a second launch, through moe_experts_decode, under CUDA graph
 // replay with programmatic launches while the routing changes between replays (variant 1's down kernel reads the plan
-// before its wait), and the sizes it refuses.
+// before its wait), the sizes it refuses, and the layer's combine folded into its down kernel against the separate
+// launch.
 #ifdef ZEST_HAVE_CUDA
 #include <algorithm>
 #include <cstdio>
@@ -235,6 +236,106 @@ cudaGraphExec_t capture_plan_and_experts(Setup& s, cudaStream_t st, int layers,
   }
   if (graph) cudaGraphDestroy(graph);
   return exec;
+}
+
+// The combine folded into the down kernel (OneCombine: its last CTA runs moe_combine_add_rmsnorm's rows) against the
+// experts followed by the separate moe_combine_add_rmsnorm launch: the residual x and the normalised rows y equal bit
+// for bit, with the next norm's weight and without it (x only), for both variants, eager with and without
+// programmatic launches and replayed three times from one graph (the exit counter must come back to zero each time),
+// and through moe_experts_decode_combine with DecodeOption::kMoeCombine 1 and 0.
+TEST(CudaMoeOne, FoldedCombineMatchesTheSeparateLaunch) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(110);
+  const OneCase cases[] = {{1, 8, 12, 2048, 768, 0, -1, 0, false},
+                           {1, 8, 12, 2048, 768, 0, -1, 6, false},  // six empty slots (SERE S=2)
+                           {3, 6, 60, 160, 96, 0, -1, 2, false},
+                           {8, 4, 64, 512, 256, 0, 5, 3, false},
+                           {2, 3, 5, 32, 32, 0, -1, 0, false}};
+  const float eps = 1e-6f;
+  for (const OneCase& c : cases)
+    for (bool with_norm : {true, false}) {
+      SCOPED_TRACE(case_name(c) + (with_norm ? " norm" : " x only"));
+      ASSERT_TRUE(moe_one_combine_ok(c.H));
+      const auto s = make_setup(c, rng);
+      const size_t n = static_cast<size_t>(c.N) * c.H;
+      const auto x0 = upload_bf16(random_bf16(n, rng, -2.f, 2.f));
+      const auto nw = upload_bf16(random_bf16(c.H, rng, 0.5f, 1.5f));
+      DevBuf<bf16> x(n), y(n);
+      DevBuf<unsigned> done(1);
+      ASSERT_EQ(cudaMemset(done.get(), 0, 4), cudaSuccess);
+      auto reset = [&]() {
+        ASSERT_EQ(cudaMemcpy(x.get(), x0->get(), n * 2, cudaMemcpyDeviceToDevice), cudaSuccess);
+        y.poison();
+        s->out.poison();
+        s->h.poison();
+      };
+      auto result = [&]() {
+        sync_ok();
+        std::vector<uint16_t> xb(n), yb(n);
+        EXPECT_EQ(cudaMemcpy(xb.data(), x.get(), n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+        EXPECT_EQ(cudaMemcpy(yb.data(), y.get(), n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+        EXPECT_EQ(done.download()[0], 0u) << "exit counter left non-zero";
+        return std::make_pair(xb, with_norm ? yb : std::vector<uint16_t>{});
+      };
+      OneCombine cmb;
+      cmb.x = x.get();
+      cmb.ids = s->ids.get();
+      cmb.w = with_norm ? nw->get() : nullptr;
+      cmb.y = y.get();
+      cmb.eps = eps;
+      cmb.done = done.get();
+      reset();
+      ZEST_ASSERT_OK(s->run_one(0, nullptr));
+      ZEST_ASSERT_OK(moe_combine_add_rmsnorm(x.get(), s->out.get(), s->ids.get(), c.K, cmb.w, y.get(), c.N, c.H, eps,
+                                             nullptr));
+      const auto want = result();
+      std::vector<uint16_t> x0b(n);
+      ASSERT_EQ(cudaMemcpy(x0b.data(), x0->get(), n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+      EXPECT_NE(want.first, x0b);  // the combine changed x
+      const bool pdl = programmatic_launch();
+      for (int variant = 0; variant < kOneVariants; ++variant)
+        for (bool on : {false, true}) {
+          SCOPED_TRACE(testing::Message() << "variant " << variant << " pdl " << on);
+          reset();
+          set_programmatic_launch(on);
+          const Status st = moe_experts_one(s->x->get(), s->plan, s->w.get(), s->gu->get(), s->dn->get(), s->h.get(),
+                                            s->out.get(), c.N, c.K, c.E, c.H, c.I, variant, nullptr, nullptr, &cmb);
+          set_programmatic_launch(pdl);
+          ZEST_ASSERT_OK(st);
+          EXPECT_TRUE(result() == want);
+        }
+      // Replays of one graph (plan + folded experts), x restored before each.
+      cudaStream_t st = nullptr;
+      ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+      cudaGraphExec_t exec = capture_plan_and_experts(*s, st, 1, [&](cudaStream_t stream) {
+        return moe_experts_one(s->x->get(), s->plan, s->w.get(), s->gu->get(), s->dn->get(), s->h.get(), s->out.get(),
+                               c.N, c.K, c.E, c.H, c.I, 1, stream, nullptr, &cmb);
+      });
+      ASSERT_NE(exec, nullptr);
+      for (int rep = 0; rep < 3; ++rep) {
+        SCOPED_TRACE(testing::Message() << "replay " << rep);
+        reset();
+        ASSERT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
+        ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+        EXPECT_TRUE(result() == want);
+      }
+      cudaGraphExecDestroy(exec);
+      cudaStreamDestroy(st);
+      // Through moe_experts_decode_combine (kMoeKernel 17 = moe_one variant 1), folded and separate.
+      for (int fold : {1, 0}) {
+        SCOPED_TRACE(testing::Message() << "kMoeCombine " << fold);
+        set_decode_option(DecodeOption::kMoeKernel, 17);
+        set_decode_option(DecodeOption::kMoeCombine, fold);
+        reset();
+        const Status ds = moe_experts_decode_combine(s->x->get(), s->plan, s->w.get(), s->gu->get(), s->dn->get(),
+                                                     s->h.get(), s->out.get(), c.N, c.K, c.E, c.H, c.I, x.get(),
+                                                     s->ids.get(), cmb.w, y.get(), eps, done.get(), nullptr);
+        set_decode_option(DecodeOption::kMoeKernel, default_decode_option(DecodeOption::kMoeKernel));
+        set_decode_option(DecodeOption::kMoeCombine, default_decode_option(DecodeOption::kMoeCombine));
+        ZEST_ASSERT_OK(ds);
+        EXPECT_TRUE(result() == want);
+      }
+    }
 }
 
 // Graph of (moe_plan, moe_experts_one) captured once with programmatic launches and replayed for several routings:

@@ -181,6 +181,20 @@ __device__ __forceinline__ uint4 rms_scale8(const float* v, float inv, const uin
   for (int i = 0; i < 8; ++i) ob[i] = __float2bfloat16(bf16_round(v[i] * inv) * __bfloat162float(wb[i]));
   return o;
 }
+// Sum over the CTA of one value per thread (every thread gets the total): warp sums, then the first warp-count lanes'
+// values summed by the same butterfly. red: at least blockDim.x / 32 floats of shared memory.
+__device__ __forceinline__ float block_sum(float v, float* red) {
+  v = warp_sum(v);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  const int nw = blockDim.x >> 5;
+  float t = lane < nw ? red[lane] : 0.f;
+  t = warp_sum(t);
+  __syncthreads();
+  return t;
+}
+
 // 8 bf16 values packed in a uint4, as fp32, and back (round to nearest).
 __device__ __forceinline__ void unpack8(const uint4& u, float* v) {
   const bf16* b = reinterpret_cast<const bf16*>(&u);
@@ -193,6 +207,48 @@ __device__ __forceinline__ uint4 pack8(const float* v) {
 #pragma unroll
   for (int i = 0; i < 8; ++i) b[i] = __float2bfloat16(v[i]);
   return u;
+}
+
+// One token row of moe_combine_add_rmsnorm in its arithmetic (elementwise.cu norm_kernel<2>, hidden <= 8 *
+// blockDim.x, one 8-element chunk per thread): x = bf16(x + bf16(sum of slot_out[k] over k < K with ids[k] >= 0, in
+// k order)), then y = w * bf16(x * rsqrt(mean(x^2) + eps)) unless w is null. x, ids and slot_out are read through
+// L2 (they may come from other CTAs of the same launch). Every thread of the CTA calls it; red: blockDim.x / 32
+// floats of shared memory.
+__device__ __forceinline__ void combine_norm_row(bf16* x, const float* slot_out, const int32_t* ids, int K,
+                                                 const bf16* w, bf16* y, int hidden, float eps, float* red) {
+  const int c = threadIdx.x * 8;
+  const bool own = c < hidden;
+  const uint4 wv = own && w ? __ldg(reinterpret_cast<const uint4*>(w + c)) : make_uint4(0, 0, 0, 0);
+  float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  if (own) {
+    unpack8(__ldcg(reinterpret_cast<const uint4*>(x + c)), v);
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int k0 = 0; k0 < K; k0 += 8) {
+      float4 a[8], b[8];
+      int id[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const int k = k0 + u;
+        id[u] = k < K ? __ldcg(ids + k) : -1;
+        const float4* sp = reinterpret_cast<const float4*>(slot_out + static_cast<size_t>(k < K ? k : 0) * hidden + c);
+        a[u] = __ldcg(sp);
+        b[u] = __ldcg(sp + 1);
+      }
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        if (id[u] < 0) continue;
+        acc[0] += a[u].x; acc[1] += a[u].y; acc[2] += a[u].z; acc[3] += a[u].w;
+        acc[4] += b[u].x; acc[5] += b[u].y; acc[6] += b[u].z; acc[7] += b[u].w;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = bf16_round(v[i] + bf16_round(acc[i]));
+    *reinterpret_cast<uint4*>(x + c) = pack8(v);
+  }
+  if (!w) return;
+  const float tot = block_sum(sumsq8(v), red);
+  const float inv = rsqrtf(tot / hidden + eps);
+  if (own) *reinterpret_cast<uint4*>(y + c) = rms_scale8(v, inv, wv);
 }
 
 // Dot product of 8 bf16 pairs packed in two uint4 values, fp32.

@@ -255,6 +255,7 @@ class CudaTextDecoder final : public model::TextDecoder {
          *gu = nullptr, *xr = nullptr, *logits = nullptr;
     int32_t *ids = nullptr, *ids_before = nullptr;
     float *route_w = nullptr, *slot_out = nullptr;
+    unsigned* done = nullptr;  // the folded MoE combine's exit counter (zero between launches)
     void* plan_buf = nullptr;
     MoePlan plan;
     const model::RerouteSpec* sim_spec = nullptr;  // the spec whose similarity matrices are on the device
@@ -290,8 +291,9 @@ class CudaTextDecoder final : public model::TextDecoder {
   void clear_graphs() const;
   std::vector<uintptr_t> graph_fingerprint(const CudaKvStorage& kv) const;
   Status ensure(const Caps& need) const;
+  // Routing, experts and the combine into x / xn (next_w: the next RMSNorm's weight, or null for x only).
   Status run_moe(int64_t l, const Layer& L, int T, const model::ForwardBatch& b, const model::MoeHooks* hooks,
-                 bool all_active) const;
+                 bool all_active, const bf16* next_w) const;
 
   io::TextConfig cfg_;
   int L_ = 0, H_ = 0, Hq_ = 0, Hkv_ = 0, D_ = 0, QKV_ = 0, E_ = 0, K_ = 0, I_ = 0, Id_ = 0, V_ = 0;
@@ -488,6 +490,7 @@ Status CudaTextDecoder::ensure(const Caps& need) const {
       s.plan_buf = cv.take<char>(E_ > 0 ? moe_plan_bytes(static_cast<int>(T), K_, E_) : 1);
       s.xr = cv.take<bf16>(R * H);
       s.logits = cv.take<bf16>(R * V_);
+      s.done = cv.take<unsigned>(1);
     };
     Carver sizing;
     layout(sizing);
@@ -495,6 +498,7 @@ Status CudaTextDecoder::ensure(const Caps& need) const {
     Carver real{s.act.get(), 0};
     layout(real);
     if (E_ > 0) moe_plan_bind(s.plan, s.plan_buf, static_cast<int>(T), K_, E_);
+    ZEST_CU(cudaMemsetAsync(s.done, 0, sizeof(unsigned), stream_), "combine counter");
     ZEST_RETURN_IF_ERROR(s.logits_host.allocate(R * V_ * sizeof(uint16_t)));
   }
   StepInputs unused;
@@ -519,7 +523,7 @@ Result<std::vector<model::RerouteCounts>> CudaTextDecoder::reroute_counts() cons
 }
 
 Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const model::ForwardBatch& b,
-                                const model::MoeHooks* hooks, bool all_active) const {
+                                const model::MoeHooks* hooks, bool all_active, const bf16* next_w) const {
   Step& s = *st_;
   cudaStream_t st = stream_;
   if (hooks && hooks->moe_input) {
@@ -592,8 +596,11 @@ Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const model::
     ZEST_RETURN_IF_ERROR(T <= kDecodeMoeTokens ? moe_plan(s.ids, T, K_, E_, s.plan, nullptr, st)
                                  : moe_plan_prefill(s.ids, T, K_, E_, s.plan, nullptr, st));
   if (T <= kDecodeMoeTokens)
-    return moe_experts_decode(s.xn, s.plan, s.route_w, Ly.gate_up, Ly.down, s.h, s.slot_out, T, K_, E_, H_, I_, st);
-  return moe_experts_prefill(s.xn, s.plan, s.route_w, Ly.gate_up, Ly.down, s.h, s.slot_out, T, K_, E_, H_, I_, st);
+    return moe_experts_decode_combine(s.xn, s.plan, s.route_w, Ly.gate_up, Ly.down, s.h, s.slot_out, T, K_, E_, H_, I_,
+                                      s.x, s.ids, next_w, s.xn, eps_, s.done, st);
+  ZEST_RETURN_IF_ERROR(
+      moe_experts_prefill(s.xn, s.plan, s.route_w, Ly.gate_up, Ly.down, s.h, s.slot_out, T, K_, E_, H_, I_, st));
+  return moe_combine_add_rmsnorm(s.x, s.slot_out, s.ids, K_, next_w, s.xn, T, H_, eps_, st);
 }
 
 // ---- decode graphs and device sampling -------------------------------------------------------------------
@@ -1005,9 +1012,8 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
     ZEST_RETURN_IF_ERROR(add_rmsnorm(s.x, s.o, Ly.post_norm, s.xn, T, H_, eps_, st));
     const bool ds = l < nds;
     if (Ly.moe) {
-      Status ms = run_moe(l, Ly, T, b, hooks, all_active);
+      Status ms = run_moe(l, Ly, T, b, hooks, all_active, ds ? nullptr : next);
       if (!ms.is_ok()) return ms.with_context("layer " + std::to_string(l));
-      ZEST_RETURN_IF_ERROR(moe_combine_add_rmsnorm(s.x, s.slot_out, s.ids, K_, ds ? nullptr : next, s.xn, T, H_, eps_, st));
     } else {
       ZEST_RETURN_IF_ERROR(gemm(s.xn, Ly.gate_up, s.gu, T, 2 * Id_, H_, st));
       ZEST_RETURN_IF_ERROR(silu_mul(s.gu, s.h, T, Id_, st));

@@ -8,18 +8,6 @@ namespace {
 
 constexpr int kRowThreads = 256;
 
-__device__ float block_sum(float v, float* red) {
-  v = warp_sum(v);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  const int nw = blockDim.x >> 5;
-  float t = lane < nw ? red[lane] : 0.f;
-  t = warp_sum(t);
-  __syncthreads();
-  return t;
-}
-
 __global__ void embedding_kernel(const int32_t* __restrict__ ids, const bf16* __restrict__ table,
                                  bf16* __restrict__ out, int hidden, int vocab) {
   pdl_wait();

@@ -38,6 +38,8 @@ struct OneParams {
   int K, H, I;
   uint64_t* stamps_gu;  // optional: gate/up CTA b writes [2b] after its wait and [2b + 1] at its end (globaltimer)
   uint64_t* stamps_dn;  // optional: down CTA b writes [3b] at entry, [3b + 1] after its wait, [3b + 2] at its end
+  OneCombine cmb;       // cmb.x != null: the down kernel's last CTA runs the combine
+  int N;
 };
 
 __device__ __forceinline__ uint64_t global_ns() {
@@ -231,9 +233,30 @@ __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_down_kernel(OneParams
   }
   step_timeline_phase(2);
   if (p.stamps_dn && threadIdx.x == 0) p.stamps_dn[3 * blockIdx.x + 2] = global_ns();
+  if (p.cmb.x) {
+    // The last CTA to get here runs the combine: each CTA's slot rows are ordered before its count (barrier, then a
+    // fence by the counting thread), and the last one's fence after the count orders its loads after all of them.
+    __shared__ unsigned last;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence();
+      last = atomicAdd(p.cmb.done, 1u) == gridDim.x - 1 ? 1u : 0u;
+      if (last) __threadfence();
+    }
+    __syncthreads();
+    if (!last) return;
+    for (int t = 0; t < p.N; ++t)
+      combine_norm_row(p.cmb.x + static_cast<size_t>(t) * p.H, p.slot_out + static_cast<size_t>(t) * p.K * p.H,
+                       p.cmb.ids + t * p.K, p.K, p.cmb.w, p.cmb.w ? p.cmb.y + static_cast<size_t>(t) * p.H : nullptr,
+                       p.H, p.cmb.eps, &red[0][0][0]);
+    if (threadIdx.x == 0) *p.cmb.done = 0u;  // every CTA has counted: ready for the next launch
+    step_timeline_phase(3);
+  }
 }
 
 }  // namespace
+
+bool moe_one_combine_ok(int H) { return H > 0 && H % 8 == 0 && H <= 8 * kWarps * 32; }
 
 bool moe_one_ok(int N, int K, int E, int H, int I) {
   return N >= 1 && N <= kMaxTok && K >= 1 && E >= 1 && K <= E && H >= kChunk && I >= kChunk && H % kChunk == 0 &&
@@ -248,13 +271,16 @@ void moe_one_grids(int N, int K, int E, int H, int I, int* gate_up_grid, int* do
 
 Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up, const bf16* down,
                        bf16* h, float* slot_out, int N, int K, int E, int H, int I, int variant, cudaStream_t stream,
-                       uint64_t* stamps) {
+                       uint64_t* stamps, const OneCombine* combine) {
   if (!moe_one_ok(N, K, E, H, I))
     return invalid_argument("moe_experts_one: unsupported sizes (need 1 <= N <= 8, 1 <= K <= E, H and I positive "
                             "multiples of 32; N=" + std::to_string(N) + " K=" + std::to_string(K) + " E=" +
                             std::to_string(E) + " H=" + std::to_string(H) + " I=" + std::to_string(I) + ")");
   if (variant < 0 || variant >= kOneVariants)
     return invalid_argument("moe_experts_one: variant " + std::to_string(variant) + " out of range");
+  if (combine && (!combine->x || !combine->ids || !combine->done || (combine->w && !combine->y) ||
+                  !moe_one_combine_ok(H)))
+    return invalid_argument("moe_experts_one: the folded combine needs x, ids, done (y with w) and H <= 2048, H % 8 == 0");
   int gu_grid = 0, dn_grid = 0;
   moe_one_grids(N, K, E, H, I, &gu_grid, &dn_grid);
   OneParams p{};
@@ -270,6 +296,8 @@ Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights,
   p.I = I;
   p.stamps_gu = stamps;
   p.stamps_dn = stamps ? stamps + 2 * static_cast<size_t>(gu_grid) : nullptr;
+  if (combine) p.cmb = *combine;
+  p.N = N;
   const dim3 block(kWarps * 32);
   // The carveout preference follows DecodeOption::kMoeCarveout (set again when the option changes).
   static int carve = -1;

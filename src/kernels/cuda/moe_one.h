@@ -13,6 +13,19 @@ namespace zest::cuda {
 // kernel's first weights loaded (and its next items prefetched into L2) before its wait.
 constexpr int kOneVariants = 2;
 
+// The layer's MoE combine folded into the down kernel (DecodeOption::kMoeCombine): the last of its CTAs to finish
+// (an exit counter) runs moe_combine_add_rmsnorm on x / y for the N tokens, the same bits as that launch. `done` is
+// one device word, zero before the first launch; the last CTA sets it back to zero. Needs moe_one_combine_ok(H).
+struct OneCombine {
+  bf16* x = nullptr;             // [N, H] residual, updated in place
+  const int32_t* ids = nullptr;  // [N, K] routing ids (-1: empty slot)
+  const bf16* w = nullptr;       // the next RMSNorm's weight, or null (x only)
+  bf16* y = nullptr;             // [N, H] normalised rows
+  float eps = 0.f;
+  unsigned* done = nullptr;
+};
+bool moe_one_combine_ok(int H);
+
 // Whether moe_experts_one serves these sizes: 1 <= N <= 8 tokens, 1 <= K <= E, H and I positive multiples of 32.
 bool moe_one_ok(int N, int K, int E, int H, int I);
 
@@ -22,7 +35,7 @@ bool moe_one_ok(int N, int K, int E, int H, int I);
 // after its wait and at its end; down CTA b at entry, after its wait and at its end.
 Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up, const bf16* down,
                        bf16* h, float* slot_out, int N, int K, int E, int H, int I, int variant, cudaStream_t stream,
-                       uint64_t* stamps = nullptr);
+                       uint64_t* stamps = nullptr, const OneCombine* combine = nullptr);
 // The gate/up and down grids of moe_experts_one for these sizes.
 void moe_one_grids(int N, int K, int E, int H, int I, int* gate_up_grid, int* down_grid);
 

@@ -222,6 +222,8 @@ Status SyntheticDecoder::init(const SyntheticConfig& cfg, const SyntheticOptions
     ZEST_RETURN_IF_ERROR(dev(block_ws_bytes_, &block_ws_));
     ZEST_CU(cudaMemsetAsync(block_ws_, 0, block_ws_bytes_, stream_), "memset");
   }
+  ZEST_RETURN_IF_ERROR(dev(4, &combine_done_));
+  ZEST_CU(cudaMemsetAsync(combine_done_, 0, 4, stream_), "memset");
   ZEST_CU(cudaMemsetAsync(step_counter_, 0, 4, stream_), "memset");
   ZEST_CU(cudaMemsetAsync(expert_counts_, 0, cfg.layers * sizeof(int64_t), stream_), "memset");
 
@@ -340,10 +342,9 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
         ZEST_OP("sere",
                 sere_reroute(route_ids_, route_w_, L.sim, batch, E, K, opt_.sere_primary, opt_.sere_threshold, s));
       if (!fused || sere) ZEST_OP("moe plan", moe_plan(route_ids_, batch, K, E, plan_, expert_counts_ + l, s));
-      ZEST_OP("moe experts",
-              moe_experts_decode(xn_, plan_, route_w_, L.gate_up, L.down, h_, slot_out_, batch, K, E, H, I, s));
-      ZEST_OP("moe combine + rmsnorm",
-              moe_combine_add_rmsnorm(x_, slot_out_, route_ids_, K, next_norm, xn_, batch, H, kEps, s));
+      ZEST_OP("moe experts + combine + rmsnorm",
+              moe_experts_decode_combine(xn_, plan_, route_w_, L.gate_up, L.down, h_, slot_out_, batch, K, E, H, I,
+                                         x_, route_ids_, next_norm, xn_, kEps, combine_done_, s));
     } else {
       const int I = c.dense_inter;
       ZEST_OP("mlp gate/up gemm", gemm(xn_, L.gate_up, gu_, batch, 2 * I, H, s));
@@ -401,7 +402,7 @@ std::vector<std::string> SyntheticDecoder::op_labels(bool sere) const {
   if (decode_option(DecodeOption::kRouteFused) >= 1) ops.push_back("router (fused)");
   if (decode_option(DecodeOption::kMoeBlock) >= 1 && !sere) ops.push_back("moe block");
   if (sere) ops.push_back("sere");
-  for (const char* o : {"moe plan", "moe experts", "moe combine + rmsnorm", "lm_head gemm"}) ops.push_back(o);
+  for (const char* o : {"moe plan", "moe experts + combine + rmsnorm", "lm_head gemm"}) ops.push_back(o);
   return ops;
 }
 
