@@ -1354,6 +1354,8 @@ bool cluster_attention_ok() {
   if (ok < 0) {
     ok = 0;
     const void* fn = reinterpret_cast<const void*>(decode_attention_fused_kernel<true>);
+    if (carve_experiment() & 2)
+      cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
     if (cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
       cudaLaunchConfig_t cfg = {};
       cfg.gridDim = dim3(16);
