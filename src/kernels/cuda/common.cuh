@@ -336,7 +336,6 @@ int sm_count();
 // holds ctas_per_sm CTAs (static + dynamic_smem shared memory and the per-CTA reserve each), the rest staying L1;
 // on = false: the driver's default (-1).
 Status set_min_carveout(const void* fn, int ctas_per_sm, size_t dynamic_smem, bool on);
-int carve_experiment();  // temporary: ZEST_MAXCARVE bits
 
 // Tensor-core weight-streaming paths (rows_mma.cu) for few tokens, used by gemm and moe_experts_decode.
 bool rows_mma_gemm_ok(int M, int N, int K);

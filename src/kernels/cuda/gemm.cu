@@ -2,7 +2,6 @@
 #include <cublasLt.h>
 
 #include <array>
-#include <cstdlib>
 #include <atomic>
 #include <map>
 #include <mutex>
@@ -52,14 +51,6 @@ Status set_min_carveout(const void* fn, int ctas_per_sm, size_t dynamic_smem, bo
     pct = max_sm > 0 ? static_cast<int>(std::min<size_t>(100, (100 * need + max_sm - 1) / max_sm)) : -1;
   }
   return cuda_status(cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, pct), "carveout");
-}
-
-int carve_experiment() {
-  static const int v = [] {
-    const char* e = std::getenv("ZEST_MAXCARVE");
-    return e ? std::atoi(e) : 0;
-  }();
-  return v;
 }
 
 void set_decode_option(DecodeOption opt, int value) {

@@ -919,7 +919,6 @@ Status launch_route(RouteParams p, cudaStream_t stream) {
           "moe_route"));
       ZEST_RETURN_IF_ERROR(
           cuda_status(cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1), "moe_route"));
-      if (carve_experiment() & 4) cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
       set = true;
     }
   }
