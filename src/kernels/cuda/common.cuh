@@ -329,22 +329,8 @@ __device__ __forceinline__ void mma16816(float* c, uint32_t a0, uint32_t a1, uin
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// A flag between kernels in flight (the decode routing publishes its plan to the one-token experts before it
-// completes): release store / acquire load at GPU scope.
-__device__ __forceinline__ unsigned flag_load_acquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void flag_store_release(unsigned* p, unsigned v) {
-  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
 // Number of multiprocessors of the current device (cached).
 int sm_count();
-
-// Whether moe_experts_decode runs the one-token experts (moe_one.h) for these sizes under the current options.
-bool moe_decode_runs_one(int N, int K, int E, int H, int I);
 
 // Sets fn's preferred shared-memory carveout to the smallest share of the SM's unified L1 / shared memory that still
 // holds ctas_per_sm CTAs (static + dynamic_smem shared memory and the per-CTA reserve each), the rest staying L1;

@@ -112,7 +112,6 @@ struct Carver {
 struct StepInputs {
   int32_t *tokens, *pos, *slots, *tok_seq, *tok_ctx, *gen, *cu, *seq_ctx, *block_table, *rows, *mm_index;
   int32_t* n_real;       // [1] the real (unpadded) tokens of the step
-  uint32_t* step_seq;    // [1] grows every step (the early plan's seq, DecodeOption::kEarlyExperts)
   SampleRowSpec* specs;  // [R] sampling plans of the logits rows (forward_sample)
   uint16_t* mm_rows;
 };
@@ -131,7 +130,6 @@ size_t layout_inputs(char* base, int64_t T, int64_t S, int64_t max_blocks, int64
   in->rows = c.take<int32_t>(R);
   in->mm_index = c.take<int32_t>(std::max<int64_t>(M, 1));
   in->n_real = c.take<int32_t>(1);
-  in->step_seq = c.take<uint32_t>(1);
   in->specs = c.take<SampleRowSpec>(R);
   in->mm_rows = c.take<uint16_t>(std::max<int64_t>(M, 1) * H * (1 + nds));
   return c.used;
@@ -257,10 +255,7 @@ class CudaTextDecoder final : public model::TextDecoder {
          *gu = nullptr, *xr = nullptr, *logits = nullptr;
     int32_t *ids = nullptr, *ids_before = nullptr;
     float *route_w = nullptr, *slot_out = nullptr;
-    unsigned* done = nullptr;  // the folded MoE combine's exit counter (zero between launches), then the early-plan
-                               // flags, one per layer
-    const uint32_t* step_seq = nullptr;  // the current step's seq (device)
-    uint32_t seq_host = 0;
+    unsigned* done = nullptr;  // the folded MoE combine's exit counter (zero between launches)
     void* plan_buf = nullptr;
     MoePlan plan;
     const model::RerouteSpec* sim_spec = nullptr;  // the spec whose similarity matrices are on the device
@@ -495,7 +490,7 @@ Status CudaTextDecoder::ensure(const Caps& need) const {
       s.plan_buf = cv.take<char>(E_ > 0 ? moe_plan_bytes(static_cast<int>(T), K_, E_) : 1);
       s.xr = cv.take<bf16>(R * H);
       s.logits = cv.take<bf16>(R * V_);
-      s.done = cv.take<unsigned>(1 + static_cast<size_t>(L_));
+      s.done = cv.take<unsigned>(1);
     };
     Carver sizing;
     layout(sizing);
@@ -503,7 +498,7 @@ Status CudaTextDecoder::ensure(const Caps& need) const {
     Carver real{s.act.get(), 0};
     layout(real);
     if (E_ > 0) moe_plan_bind(s.plan, s.plan_buf, static_cast<int>(T), K_, E_);
-    ZEST_CU(cudaMemsetAsync(s.done, 0, (1 + static_cast<size_t>(L_)) * sizeof(unsigned), stream_), "combine counter");
+    ZEST_CU(cudaMemsetAsync(s.done, 0, sizeof(unsigned), stream_), "combine counter");
     ZEST_RETURN_IF_ERROR(s.logits_host.allocate(R * V_ * sizeof(uint16_t)));
   }
   StepInputs unused;
@@ -547,15 +542,9 @@ Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const model::
   const bool rerouted = spec_ok && all_active ? !spec->similarity[l].empty() && spec->primary > 0 && spec->primary < K_
                                               : hooks && hooks->route;
   const bool plan_routed = fuse_route && !rerouted;
-  // Early plan (kEarlyExperts): the routing publishes the plan to the one-token experts before it completes.
-  EarlyPlan early;
-  if (plan_routed && early_plan_ok(T, H_, E_, K_, I_)) {
-    early.flag = s.done + 1 + l;
-    early.seq = s.step_seq;
-  }
   if (fuse_route) {
     ZEST_RETURN_IF_ERROR(moe_route(s.xn, Ly.router, nullptr, s.ids, s.route_w, s.rl, plan_routed ? &s.plan : nullptr,
-                                   nullptr, T, H_, E_, K_, st, &early));
+                                   nullptr, T, H_, E_, K_, st));
   } else {
     ZEST_RETURN_IF_ERROR(gemm(s.xn, Ly.router, s.rl, T, E_, H_, st));
     ZEST_RETURN_IF_ERROR(router_topk(s.rl, nullptr, s.ids, s.route_w, T, E_, K_, st));
@@ -608,7 +597,7 @@ Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const model::
                                  : moe_plan_prefill(s.ids, T, K_, E_, s.plan, nullptr, st));
   if (T <= kDecodeMoeTokens)
     return moe_experts_decode_combine(s.xn, s.plan, s.route_w, Ly.gate_up, Ly.down, s.h, s.slot_out, T, K_, E_, H_, I_,
-                                      s.x, s.ids, next_w, s.xn, eps_, s.done, st, &early);
+                                      s.x, s.ids, next_w, s.xn, eps_, s.done, st);
   ZEST_RETURN_IF_ERROR(
       moe_experts_prefill(s.xn, s.plan, s.route_w, Ly.gate_up, Ly.down, s.h, s.slot_out, T, K_, E_, H_, I_, st));
   return moe_combine_add_rmsnorm(s.x, s.slot_out, s.ids, K_, next_w, s.xn, T, H_, eps_, st);
@@ -865,7 +854,6 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
     std::memcpy(h_pos + static_cast<size_t>(a) * T, b.positions.data() + static_cast<size_t>(a) * T_in,
                 static_cast<size_t>(T_in) * 4);
   *hi.n_real = T_in;
-  *hi.step_seq = ++s.seq_host;
   int n_gen = 0, t = 0, r = 0;
   h_cu[0] = 0;
   for (int si = 0; si < S_in; ++si) {
@@ -915,7 +903,6 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
     hi.specs[i] = spec;
   }
   s.n_real = di.n_real;
-  s.step_seq = di.step_seq;
   cudaStream_t st = stream_;
   // Device visual rows: the staged rows section (the layout's last) is not copied.
   const size_t copy_bytes =

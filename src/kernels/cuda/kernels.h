@@ -133,10 +133,6 @@ enum class DecodeOption : int {
                     // decode attention prefetches the o GEMM's weights (DecodeAttention::l2_next) after its copies;
                     // 2 = the KV prefetch only (weight tiles without the policy); 3 = the o weights only; 4 = none;
                     // 5 = as 0 without the other GEMMs' evict-first tiles
-  kEarlyExperts,    // one-token decode steps whose plan comes from the compact routing kernel (kRouteFused 10) and whose
-                    // experts run moe_one: 1 (default) = the routing publishes the plan through a flag (release) as
-                    // soon as it is written, and the gate/up CTAs, already resident, wait for that flag and issue
-                    // their first weight loads before their programmatic-dependent-launch wait; 0 = loads after it
   kMoeCombine,      // moe_experts_decode_combine: 1 (default) = the combine folded into the one-token experts' down
                     // kernel (its last CTA); 0 = always the separate moe_combine_add_rmsnorm launch
   kMoeCarveout,     // decode experts at one token (moe_one.h): 1 (default) = both kernels prefer the smallest
@@ -361,21 +357,9 @@ Status moe_plan_prefill(const int32_t* ids, int N, int K, int E, MoePlan& plan, 
 // receives the bf16 logits when not null. One thread-block cluster (CTAs split the experts; distributed shared
 // memory, no global fences). Needs moe_route_ok(T, H, E, K): 1 <= T <= 16, K <= min(16, E), E <= 256 in at most
 // 16 experts per CTA, H % 32 == 0, and a schedulable cluster.
-// An early plan (DecodeOption::kEarlyExperts): the routing launch (compact kernel, kRouteFused 10, one token, with a
-// plan) stores *seq + 1 into *flag (release) once the plan is written; the one-token experts' gate/up CTAs wait for
-// that value before their programmatic-dependent-launch wait and start their weight loads. seq: a device word that
-// grows every step (written before the step's kernels, e.g. by its input copy); flag: one word per layer.
-struct EarlyPlan {
-  unsigned* flag = nullptr;
-  const unsigned* seq = nullptr;
-};
-// Whether a one-token step can use an early plan: the compact routing kernel with kEarlyExperts on, and
-// moe_experts_decode running moe_one for these sizes.
-bool early_plan_ok(int T, int H, int E, int K, int I);
 bool moe_route_ok(int T, int H, int E, int K);
 Status moe_route(const bf16* xn, const bf16* router_w, const float* bias, int32_t* ids, float* weights, bf16* logits,
-                 MoePlan* plan, int64_t* active_count_sum, int T, int H, int E, int K, cudaStream_t stream,
-                 const EarlyPlan* early = nullptr);
+                 MoePlan* plan, int64_t* active_count_sum, int T, int H, int E, int K, cudaStream_t stream);
 
 // Decode/small-batch experts: h = silu(x Wg^T) * (x Wu^T) for each (token, slot) of each active expert, then
 // slot_out[n, k, :] = weights[n, k] * (h Wd^T). Each active expert's weights are read once (a CTA per
@@ -393,7 +377,7 @@ Status moe_experts_decode(const bf16* x, const MoePlan& plan, const float* weigh
 Status moe_experts_decode_combine(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
                                   const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I,
                                   bf16* cx, const int32_t* ids, const bf16* cw, bf16* cy, float eps, unsigned* done,
-                                  cudaStream_t stream, const EarlyPlan* early = nullptr);
+                                  cudaStream_t stream);
 // Prefill experts: the same function as moe_experts_decode through tensor-core grouped GEMMs over the
 // plan's tiles (device-side offsets): moe_prefill_gate_up then moe_prefill_down when H % 128 == 0 and
 // I % 64 == 0, else moe_experts_prefill_wmma.

@@ -339,30 +339,16 @@ Status moe_experts_decode(const bf16* x, const MoePlan& plan, const float* weigh
                 weights, down, h, slot_out, H, I);
 }
 
-bool moe_decode_runs_one(int N, int K, int E, int H, int I) {
-  int kernel = decode_option(DecodeOption::kMoeKernel);
-  if (kernel == 0) kernel = default_moe_kernel(N);
-  constexpr int kOneBase = 2 + kStreamVariants;
-  return kernel >= kOneBase && kernel < kOneBase + kOneVariants && moe_one_ok(N, K, E, H, I);
-}
-
 Status moe_experts_decode_combine(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
                                   const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I,
                                   bf16* cx, const int32_t* ids, const bf16* cw, bf16* cy, float eps, unsigned* done,
-                                  cudaStream_t stream, const EarlyPlan* early) {
+                                  cudaStream_t stream) {
   ZEST_RETURN_IF_ERROR(check_moe("moe_experts_decode_combine", N, K, E, H, I));
   int kernel = decode_option(DecodeOption::kMoeKernel);
   if (kernel == 0) kernel = default_moe_kernel(N);
   constexpr int kOneBase = 2 + kStreamVariants;
-  const bool one = moe_decode_runs_one(N, K, E, H, I);
-  if (early && early->flag && !one)
-    return invalid_argument("moe_experts_decode_combine: an early plan needs the one-token experts (moe_one)");
-  if (one && (early || (decode_option(DecodeOption::kMoeCombine) >= 1 && done && moe_one_combine_ok(H)))) {
-    if (!(decode_option(DecodeOption::kMoeCombine) >= 1 && done && moe_one_combine_ok(H))) {
-      ZEST_RETURN_IF_ERROR(moe_experts_one(x, plan, weights, gate_up, down, h, slot_out, N, K, E, H, I,
-                                           kernel - kOneBase, stream, nullptr, nullptr, early));
-      return moe_combine_add_rmsnorm(cx, slot_out, ids, K, cw, cy, N, H, eps, stream);
-    }
+  if (decode_option(DecodeOption::kMoeCombine) >= 1 && done && kernel >= kOneBase && kernel < kOneBase + kOneVariants &&
+      moe_one_ok(N, K, E, H, I) && moe_one_combine_ok(H)) {
     OneCombine c;
     c.x = cx;
     c.ids = ids;
@@ -371,7 +357,7 @@ Status moe_experts_decode_combine(const bf16* x, const MoePlan& plan, const floa
     c.eps = eps;
     c.done = done;
     return moe_experts_one(x, plan, weights, gate_up, down, h, slot_out, N, K, E, H, I, kernel - kOneBase, stream,
-                           nullptr, &c, early);
+                           nullptr, &c);
   }
   ZEST_RETURN_IF_ERROR(moe_experts_decode(x, plan, weights, gate_up, down, h, slot_out, N, K, E, H, I, stream));
   return moe_combine_add_rmsnorm(cx, slot_out, ids, K, cw, cy, N, H, eps, stream);

@@ -39,7 +39,6 @@ struct OneParams {
   uint64_t* stamps_gu;  // optional: gate/up CTA b writes [2b] after its wait and [2b + 1] at its end (globaltimer)
   uint64_t* stamps_dn;  // optional: down CTA b writes [3b] at entry, [3b + 1] after its wait, [3b + 2] at its end
   OneCombine cmb;       // cmb.x != null: the down kernel's last CTA runs the combine
-  EarlyPlan early;      // early.flag != null: gate/up waits for the routing's flag, then loads before its PDL wait
   int N;
 };
 
@@ -60,59 +59,19 @@ __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_gate_up_kernel(OnePar
   // wait (pdl_wait triggers the dependents after it), i.e. after the kernel that built the plan has completed; the
   // down kernel of variant 1 reads the plan before its own wait on that basis.
   step_timeline_phase(0);
+  pdl_wait();
+  if (p.stamps_gu && threadIdx.x == 0) p.stamps_gu[2 * blockIdx.x] = global_ns();
   constexpr int kU = 2;
   __shared__ float red[kWarps][8][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, tq = lane & 3;
   const int tiles = p.I / kRows;
-  const int chunks = p.H / kChunk;
   // The first item's expert and slot range are loaded beside the active count (one round trip instead of two), from
   // an index clamped into the plan's arrays in case the item does not exist.
   const int jf = min(static_cast<int>(blockIdx.x) / tiles, p.plan.experts - 1);
-  int ef = 0, begf = 0, endf = 0, items = 0;
-  // Early plan: thread 0 waits for the routing's flag (the plan is written; the routing grid may still run), then
-  // the CTA reads its first item's plan entries through L2 and issues that item's first round of weight loads before
-  // the wait. The flag value is this step's seq + 1, so a flag left from an earlier step never matches.
-  uint4 a[kU][4];
-  bool pre = false;
-  if (p.early.flag) {
-    if (threadIdx.x == 0) {
-      const unsigned want = __ldcg(p.early.seq) + 1u;
-      const uint64_t t0 = global_ns();
-      while (flag_load_acquire(p.early.flag) != want)
-        if (global_ns() - t0 > 2000000000ull) __trap();  // 2 s: the routing never published (a launch error)
-    }
-    __syncthreads();
-    ef = __ldcg(p.plan.active_experts + jf);
-    begf = __ldcg(p.plan.offsets + jf);
-    endf = __ldcg(p.plan.offsets + jf + 1);
-    items = __ldcg(p.plan.num_active) * tiles;
-    pre = static_cast<int>(blockIdx.x) < items;
-    if (pre) {
-      const bf16* lo0 = p.gate_up + (static_cast<size_t>(ef) * 2 * p.I + (blockIdx.x % tiles) * kRows + g) * p.H + tq * 8;
-      const bf16* hi0 = lo0 + static_cast<size_t>(8) * p.H;
-      const bf16* lo1 = lo0 + static_cast<size_t>(p.I) * p.H;
-      const bf16* hi1 = hi0 + static_cast<size_t>(p.I) * p.H;
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        const size_t k = static_cast<size_t>(warp + u * kWarps) * kChunk;
-        const bool ok = warp + u * kWarps < chunks;
-        const uint4 z = make_uint4(0, 0, 0, 0);
-        a[u][0] = ok ? ld_stream(lo0 + k) : z;
-        a[u][1] = ok ? ld_stream(hi0 + k) : z;
-        a[u][2] = ok ? ld_stream(lo1 + k) : z;
-        a[u][3] = ok ? ld_stream(hi1 + k) : z;
-      }
-    }
-  }
-  pdl_wait();
-  if (p.stamps_gu && threadIdx.x == 0) p.stamps_gu[2 * blockIdx.x] = global_ns();
-  if (!p.early.flag) {
-    ef = p.plan.active_experts[jf];
-    begf = p.plan.offsets[jf];
-    endf = p.plan.offsets[jf + 1];
-    items = *p.plan.num_active * tiles;
-  }
+  const int ef = p.plan.active_experts[jf], begf = p.plan.offsets[jf], endf = p.plan.offsets[jf + 1];
+  const int items = *p.plan.num_active * tiles;
+  const int chunks = p.H / kChunk;
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
     const bool first = item == static_cast<int>(blockIdx.x);
     const int j = item / tiles, r0 = (item % tiles) * kRows;
@@ -128,10 +87,9 @@ __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_gate_up_kernel(OnePar
           g < nt ? p.x + static_cast<size_t>(p.plan.sorted_slots[c0 + g] / p.K) * p.H + tq * 8 : nullptr;
       float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
       for (int cb = warp; cb < chunks; cb += kWarps * kU) {
-        const bool use_pre = pre && first && c0 == beg && cb == warp;  // loaded before the wait
+        uint4 a[kU][4];
 #pragma unroll
         for (int u = 0; u < kU; ++u) {
-          if (use_pre) break;
           const size_t k = static_cast<size_t>(cb + u * kWarps) * kChunk;
           const bool ok = cb + u * kWarps < chunks;
           const uint4 z = make_uint4(0, 0, 0, 0);
@@ -313,7 +271,7 @@ void moe_one_grids(int N, int K, int E, int H, int I, int* gate_up_grid, int* do
 
 Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up, const bf16* down,
                        bf16* h, float* slot_out, int N, int K, int E, int H, int I, int variant, cudaStream_t stream,
-                       uint64_t* stamps, const OneCombine* combine, const EarlyPlan* early) {
+                       uint64_t* stamps, const OneCombine* combine) {
   if (!moe_one_ok(N, K, E, H, I))
     return invalid_argument("moe_experts_one: unsupported sizes (need 1 <= N <= 8, 1 <= K <= E, H and I positive "
                             "multiples of 32; N=" + std::to_string(N) + " K=" + std::to_string(K) + " E=" +
@@ -339,10 +297,6 @@ Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights,
   p.stamps_gu = stamps;
   p.stamps_dn = stamps ? stamps + 2 * static_cast<size_t>(gu_grid) : nullptr;
   if (combine) p.cmb = *combine;
-  if (early && early->flag) {
-    if (!early->seq) return invalid_argument("moe_experts_one: an early plan needs its seq word");
-    p.early = *early;
-  }
   p.N = N;
   const dim3 block(kWarps * 32);
   // The carveout preference follows DecodeOption::kMoeCarveout (set again when the option changes).

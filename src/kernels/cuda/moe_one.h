@@ -35,8 +35,7 @@ bool moe_one_ok(int N, int K, int E, int H, int I);
 // after its wait and at its end; down CTA b at entry, after its wait and at its end.
 Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up, const bf16* down,
                        bf16* h, float* slot_out, int N, int K, int E, int H, int I, int variant, cudaStream_t stream,
-                       uint64_t* stamps = nullptr, const OneCombine* combine = nullptr,
-                       const EarlyPlan* early = nullptr);
+                       uint64_t* stamps = nullptr, const OneCombine* combine = nullptr);
 // The gate/up and down grids of moe_experts_one for these sizes.
 void moe_one_grids(int N, int K, int E, int H, int I, int* gate_up_grid, int* down_grid);
 

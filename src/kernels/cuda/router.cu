@@ -119,7 +119,6 @@ struct RouteParams {
   int early_trigger;  // let the next kernel launch right after the wait (else when this grid exits)
   int64_t* count_sum;
   long long* clocks;  // compact kernel, when not null: CTA 0 thread 0's clock64 at 8 points (phase diagnostics)
-  EarlyPlan early;    // compact kernel, one token with a plan: publish the plan (flag = seq + 1) once written
   int T, H, E, K;
 };
 
@@ -464,12 +463,8 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
   if (T == 1) {
     // One token: warp 0 holds the K distinct ids (lane k the k-th); an id's sorted position is the number of chosen
     // ids below it (kEarly: counted over ids_s; else from a mask of the chosen experts, one word per 32 experts,
-    // OR-reduced over the warp). Each active expert has one slot and one tile. With an early plan, warps 1-7 (whose
-    // plan entries are written) arrive on named barrier 1, which warp 0 syncs on before it publishes the plan.
-    if (warp != 0) {
-      if (p.early.flag) asm volatile("bar.arrive 1, %0;" ::"r"(kRouteThreads) : "memory");
-      return;
-    }
+    // OR-reduced over the warp). Each active expert has one slot and one tile.
+    if (warp != 0) return;
     if (stamp) p.clocks[6] = clock64();
     int pos = 0;
     if (kEarly) {
@@ -503,13 +498,6 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
       }
 #pragma unroll 1
       for (int e = lane; e <= E + 1; e += 32) p.plan.ready[e] = 0u;
-    }
-    if (p.early.flag) {
-      asm volatile("bar.sync 1, %0;" ::"r"(kRouteThreads) : "memory");
-      if (lane == 0) {
-        __threadfence();  // the whole plan (this warp's entries and, through the barrier, warps 1-7's) before the flag
-        flag_store_release(p.early.flag, __ldcg(p.early.seq) + 1u);
-      }
     }
     if (stamp) p.clocks[7] = clock64();
     return;
@@ -950,17 +938,6 @@ Status launch_route(RouteParams p, cudaStream_t stream) {
   return cuda_status(cudaLaunchKernelEx(&cfg, kernel, p), "moe_route");
 }
 
-// Whether moe_route runs the compact kernel with its early plan entries (kRouteFused 10) for E experts.
-bool route_compact_early(int E, int H) {
-  if (decode_option(DecodeOption::kRouteFused) != 10) return false;
-  int max_c = 16, max_rows = kRoute2MaxRows;
-  if (route_cluster(E, max_c, max_rows) == 0 || route_smem(E, H, max_c, max_rows) > kRouteMaxSmem) {
-    max_c = 16;
-    max_rows = 16;
-  }
-  return route_cluster(E, max_c, max_rows) >= 2;
-}
-
 Status route_params(RouteParams& p, const bf16* router_w, const float* bias, int32_t* ids, float* weights,
                     bf16* logits, MoePlan* plan, int64_t* active_count_sum, int T, int H, int E, int K) {
   if (!moe_route_ok(T, H, E, K))
@@ -988,24 +965,12 @@ Status route_params(RouteParams& p, const bf16* router_w, const float* bias, int
 }  // namespace
 
 Status moe_route(const bf16* xn, const bf16* router_w, const float* bias, int32_t* ids, float* weights, bf16* logits,
-                 MoePlan* plan, int64_t* active_count_sum, int T, int H, int E, int K, cudaStream_t stream,
-                 const EarlyPlan* early) {
+                 MoePlan* plan, int64_t* active_count_sum, int T, int H, int E, int K, cudaStream_t stream) {
   RouteParams p{};
   ZEST_RETURN_IF_ERROR(route_params(p, router_w, bias, ids, weights, logits, plan, active_count_sum, T, H, E, K));
   if (!xn) return invalid_argument("moe_route: null pointer");
   p.xn = xn;
-  if (early && early->flag) {
-    if (!early->seq || T != 1 || !plan || !route_compact_early(E, H))
-      return invalid_argument("moe_route: an early plan needs one token, a plan, its seq word and the compact kernel "
-                              "(kRouteFused 10, a cluster of at least two CTAs)");
-    p.early = *early;
-  }
   return launch_route(p, stream);
-}
-
-bool early_plan_ok(int T, int H, int E, int K, int I) {
-  return T == 1 && decode_option(DecodeOption::kEarlyExperts) >= 1 && moe_route_ok(T, H, E, K) &&
-         route_compact_early(E, H) && moe_decode_runs_one(T, K, E, H, I);
 }
 
 // moe_route with the compact kernel's phase clocks (DecodeOption::kRouteFused 4-6 and 10 only; clocks: 8 values on the

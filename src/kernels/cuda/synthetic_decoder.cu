@@ -223,8 +223,6 @@ Status SyntheticDecoder::init(const SyntheticConfig& cfg, const SyntheticOptions
     ZEST_CU(cudaMemsetAsync(block_ws_, 0, block_ws_bytes_, stream_), "memset");
   }
   ZEST_RETURN_IF_ERROR(dev(4, &combine_done_));
-  ZEST_RETURN_IF_ERROR(dev(static_cast<size_t>(cfg.layers) * 4, &early_flags_));
-  ZEST_CU(cudaMemsetAsync(early_flags_, 0, static_cast<size_t>(cfg.layers) * 4, stream_), "memset");
   ZEST_CU(cudaMemsetAsync(combine_done_, 0, 4, stream_), "memset");
   ZEST_CU(cudaMemsetAsync(step_counter_, 0, 4, stream_), "memset");
   ZEST_CU(cudaMemsetAsync(expert_counts_, 0, cfg.layers * sizeof(int64_t), stream_), "memset");
@@ -333,15 +331,9 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
       const float* bias = opt_.skew > 0.f ? L.router_bias : nullptr;
       // Fused routing: with SERE the re-routing runs between top-k and the plan, so the plan stays separate.
       const bool fused = decode_option(DecodeOption::kRouteFused) >= 1 && moe_route_ok(batch, H, E, K);
-      // Early plan (kEarlyExperts): the step counter (advanced by the step's first kernel) is the flag's seq.
-      EarlyPlan early;
-      if (fused && !sere && skip_.empty() && early_plan_ok(batch, H, E, K, I)) {
-        early.flag = early_flags_ + l;
-        early.seq = reinterpret_cast<const unsigned*>(step_counter_);
-      }
       if (fused) {
         ZEST_OP("router (fused)", moe_route(xn_, L.router, bias, route_ids_, route_w_, nullptr, sere ? nullptr : &plan_,
-                                            sere ? nullptr : expert_counts_ + l, batch, H, E, K, s, &early));
+                                            sere ? nullptr : expert_counts_ + l, batch, H, E, K, s));
       } else {
         ZEST_OP("router gemm", gemm(xn_, L.router, router_logits_, batch, E, H, s));
         ZEST_OP("router top-k", router_topk(router_logits_, bias, route_ids_, route_w_, batch, E, K, s));
@@ -352,7 +344,7 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
       if (!fused || sere) ZEST_OP("moe plan", moe_plan(route_ids_, batch, K, E, plan_, expert_counts_ + l, s));
       ZEST_OP("moe experts + combine + rmsnorm",
               moe_experts_decode_combine(xn_, plan_, route_w_, L.gate_up, L.down, h_, slot_out_, batch, K, E, H, I,
-                                         x_, route_ids_, next_norm, xn_, kEps, combine_done_, s, &early));
+                                         x_, route_ids_, next_norm, xn_, kEps, combine_done_, s));
     } else {
       const int I = c.dense_inter;
       ZEST_OP("mlp gate/up gemm", gemm(xn_, L.gate_up, gu_, batch, 2 * I, H, s));
