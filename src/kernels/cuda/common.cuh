@@ -209,16 +209,16 @@ __device__ __forceinline__ uint4 pack8(const float* v) {
   return u;
 }
 
-// One token row of moe_combine_add_rmsnorm in its arithmetic (elementwise.cu norm_kernel<2>, hidden <= 8 *
-// blockDim.x, one 8-element chunk per thread): x = bf16(x + bf16(sum of slot_out[k] over k < K with ids[k] >= 0, in
-// k order)), then y = w * bf16(x * rsqrt(mean(x^2) + eps)) unless w is null. x, ids and slot_out are read through
-// L2 (they may come from other CTAs of the same launch). Every thread of the CTA calls it; red: blockDim.x / 32
-// floats of shared memory.
+// One token row of moe_combine_add_rmsnorm (elementwise.cu norm_kernel<2> for hidden <= 8 * blockDim.x, one
+// 8-element chunk per thread; the one-token experts' folded combine): x = bf16(x + bf16(sum of slot_out[k] over
+// k < K with ids[k] >= 0, in k order)), then, when y is not null, y = w * bf16(x * rsqrt(mean(x^2) + eps)) with wv
+// this thread's 8 norm weights (loaded by the caller, possibly before its PDL wait). All K slot rows are loaded
+// at once (empty slots skipped at the sum); x, ids and slot_out are read through L2 (they may come from other CTAs
+// of the same launch). Every thread of the CTA calls it; red: blockDim.x / 32 floats of shared memory.
 __device__ __forceinline__ void combine_norm_row(bf16* x, const float* slot_out, const int32_t* ids, int K,
-                                                 const bf16* w, bf16* y, int hidden, float eps, float* red) {
+                                                 const uint4& wv, bf16* y, int hidden, float eps, float* red) {
   const int c = threadIdx.x * 8;
   const bool own = c < hidden;
-  const uint4 wv = own && w ? __ldg(reinterpret_cast<const uint4*>(w + c)) : make_uint4(0, 0, 0, 0);
   float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   if (own) {
     unpack8(__ldcg(reinterpret_cast<const uint4*>(x + c)), v);
@@ -245,7 +245,7 @@ __device__ __forceinline__ void combine_norm_row(bf16* x, const float* slot_out,
     for (int i = 0; i < 8; ++i) v[i] = bf16_round(v[i] + bf16_round(acc[i]));
     *reinterpret_cast<uint4*>(x + c) = pack8(v);
   }
-  if (!w) return;
+  if (!y) return;
   const float tot = block_sum(sumsq8(v), red);
   const float inv = rsqrtf(tot / hidden + eps);
   if (own) *reinterpret_cast<uint4*>(y + c) = rms_scale8(v, inv, wv);

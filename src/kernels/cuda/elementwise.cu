@@ -64,6 +64,12 @@ __global__ void __launch_bounds__(kRowThreads) norm_kernel(bf16* __restrict__ x,
     uint4 wv = make_uint4(0, 0, 0, 0);
     if (own && w) wv = *reinterpret_cast<const uint4*>(w + c);
     pdl_wait();
+    if constexpr (kMode == 2) {  // the combine's row (common.cuh; also run by the one-token experts' last CTA)
+      combine_norm_row(xr, slot_out + static_cast<size_t>(row) * K * hidden, ids + row * K, K, wv,
+                       w ? y + static_cast<size_t>(row) * hidden : nullptr, hidden, eps, red);
+      step_timeline_phase(2);
+      return;
+    }
     float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     if (own) {
       load8(xr + c, v);
@@ -72,33 +78,9 @@ __global__ void __launch_bounds__(kRowThreads) norm_kernel(bf16* __restrict__ x,
         load8(r + static_cast<size_t>(row) * hidden + c, rv);
 #pragma unroll
         for (int i = 0; i < 8; ++i) v[i] = bf16_round(v[i] + rv[i]);
-      } else if constexpr (kMode == 2) {
-        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (int k0 = 0; k0 < K; k0 += 8) {
-          float4 a[8], b[8];
-          int id[8];
-#pragma unroll
-          for (int u = 0; u < 8; ++u) {
-            const int k = k0 + u;
-            id[u] = k < K ? ids[row * K + k] : -1;
-            const float4* sp =
-                reinterpret_cast<const float4*>(slot_out + (static_cast<size_t>(row) * K + (k < K ? k : 0)) * hidden + c);
-            a[u] = sp[0];
-            b[u] = sp[1];
-          }
-#pragma unroll
-          for (int u = 0; u < 8; ++u) {
-            if (id[u] < 0) continue;
-            acc[0] += a[u].x; acc[1] += a[u].y; acc[2] += a[u].z; acc[3] += a[u].w;
-            acc[4] += b[u].x; acc[5] += b[u].y; acc[6] += b[u].z; acc[7] += b[u].w;
-          }
-        }
-#pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = bf16_round(v[i] + bf16_round(acc[i]));
       }
       if constexpr (kMode != 0) store8(xr + c, v);
     }
-    if (kMode == 2 && w == nullptr) return;
     const float ss = sumsq8(v);
     const float tot = block_sum(ss, red);
     const float inv = rsqrtf(tot / hidden + eps);

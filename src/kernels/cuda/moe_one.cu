@@ -237,6 +237,8 @@ __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_down_kernel(OneParams
     // The last CTA to get here runs the combine: each CTA's slot rows are ordered before its count (barrier, then a
     // fence by the counting thread), and the last one's fence after the count orders its loads after all of them.
     __shared__ unsigned last;
+    const int c = threadIdx.x * 8;  // this thread's norm weights, loaded while the CTA counts itself
+    const uint4 wv = p.cmb.w && c < p.H ? __ldg(reinterpret_cast<const uint4*>(p.cmb.w + c)) : make_uint4(0, 0, 0, 0);
     __syncthreads();
     if (threadIdx.x == 0) {
       __threadfence();
@@ -247,8 +249,8 @@ __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_down_kernel(OneParams
     if (!last) return;
     for (int t = 0; t < p.N; ++t)
       combine_norm_row(p.cmb.x + static_cast<size_t>(t) * p.H, p.slot_out + static_cast<size_t>(t) * p.K * p.H,
-                       p.cmb.ids + t * p.K, p.K, p.cmb.w, p.cmb.w ? p.cmb.y + static_cast<size_t>(t) * p.H : nullptr,
-                       p.H, p.cmb.eps, &red[0][0][0]);
+                       p.cmb.ids + t * p.K, p.K, wv, p.cmb.w ? p.cmb.y + static_cast<size_t>(t) * p.H : nullptr, p.H,
+                       p.cmb.eps, &red[0][0][0]);
     if (threadIdx.x == 0) *p.cmb.done = 0u;  // every CTA has counted: ready for the next launch
     step_timeline_phase(3);
   }
