@@ -266,6 +266,27 @@ __device__ __forceinline__ float dot8(const uint4& a, const uint4& b) {
   return s;
 }
 
+// %globaltimer (ns).
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// A wait that never ends means a bug (a byte count or a dependency that cannot complete): spin loops trap after this
+// long, so the launch fails with an error instead of hanging the device.
+constexpr uint64_t kWatchdogNs = 10'000'000'000ull;
+
+// GPU-scope acquire load and release add of a counter in global memory.
+__device__ __forceinline__ uint32_t ld_acquire(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void red_release_add(uint32_t* p, uint32_t v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
 // 16-byte streaming load of read-only data that is used once (weights).
 __device__ __forceinline__ uint4 ld_stream(const void* p) {
   uint4 r;

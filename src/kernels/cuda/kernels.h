@@ -118,7 +118,7 @@ enum class DecodeOption : int {
                     // router GEMM, router_topk and moe_plan as separate launches
   kMoeKernel,       // decode experts: 0 (default) = by batch (see moe.cu: 17 for one token, else streaming);
                     // 1 = rows_mma gate/up + down kernels; 2-15 = one persistent bulk-copy streaming kernel
-                    // (moe_stream.h variants 0-13); 16-17 = moe_one.h variants 0-1 (up to 8 tokens, H and I
+                    // (moe_stream.h variants 0-13); 16-18 = moe_one.h variants 0-2 (up to 8 tokens, H and I
                     // multiples of 32; other sizes take the default by batch)
   kMoeBlock,        // decode MoE half of a layer (T <= 8, MoE layer, nothing re-routes: no SERE, no host hooks): 0 (default)
                     // = the chain add + RMSNorm, routing, experts, combine + RMSNorm; 1 = moe_block_decode (moe_block.h),
@@ -140,6 +140,9 @@ enum class DecodeOption : int {
                     // staying L1; 0 = the driver's default. Measured: with the default, the experts ran ~10 us per
                     // layer slower when the routing cluster launched right behind the o GEMM (no kernel between them
                     // to let SMs drain), as when every launch asked for the largest carveout
+  kTileL2Rows,      // the small-M GEMM with its weight tile in shared memory (kGemmVariant 4): of each CTA's 16 tile
+                    // rows, this many are only prefetched into L2 before the wait on the previous kernel and copied
+                    // into shared memory after it, the others copied before it; 0 (default) = every row before
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);

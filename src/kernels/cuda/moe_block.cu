@@ -28,7 +28,6 @@ constexpr int kRouterRows = 8;  // experts per router CTA
 constexpr int kMaxStages = 4;   // gate/up ring stages at most
 constexpr int kMaxKC = 1024;    // columns per gate/up stage at most
 constexpr int kRows = 16;       // weight rows per gate/up item and per down group
-constexpr uint64_t kWatchdogNs = 10'000'000'000ull;
 
 struct BlockParams {
   bf16* x;
@@ -59,12 +58,6 @@ struct BlockParams {
 __device__ __forceinline__ void mma_chunk(float* c, const uint4& lo, const uint4& hi, const uint4& x) {
   mma16816(c, lo.x, hi.x, lo.y, hi.y, x.x, x.y);
   mma16816(c, lo.z, hi.z, lo.w, hi.w, x.z, x.w);
-}
-
-__device__ __forceinline__ uint64_t global_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
 }
 
 __device__ __forceinline__ unsigned long long ld_acquire(const unsigned long long* p) {

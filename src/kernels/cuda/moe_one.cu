@@ -42,18 +42,173 @@ struct OneParams {
   int N;
 };
 
-__device__ __forceinline__ uint64_t global_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
 __device__ __forceinline__ void prefetch_l2(const void* ptr, uint32_t bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(ptr), "r"(bytes) : "memory");
 }
 
-// gate/up: item = (active expert j, 16 intermediate rows); warp w takes chunks w, w + 8, ... of k (2 in flight per
-// matrix), as rows_mma_kernel<kGateUp> does; CTA b takes items b, b + G, ... (G = grid).
+// One gate/up item: SiLU(gate) * up of expert e's intermediate rows [r0, r0 + 16) for its sorted slots [beg, end),
+// written to h. Warp w takes chunks w, w + 8, ... of k (2 in flight per matrix), as rows_mma_kernel<kGateUp> does.
+// Ends with a barrier (h written by the CTA's 128 storing threads).
+__device__ __forceinline__ void gate_up_item(const OneParams& p, int e, int r0, int beg, int end,
+                                             float (*red)[8][32]) {
+  constexpr int kU = 2;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, tq = lane & 3;
+  const int chunks = p.H / kChunk;
+  const bf16* lo0 = p.gate_up + (static_cast<size_t>(e) * 2 * p.I + r0 + g) * p.H + tq * 8;
+  const bf16* hi0 = lo0 + static_cast<size_t>(8) * p.H;
+  const bf16* lo1 = lo0 + static_cast<size_t>(p.I) * p.H;  // up rows
+  const bf16* hi1 = hi0 + static_cast<size_t>(p.I) * p.H;
+  for (int c0 = beg; c0 < end; c0 += kMaxTok) {
+    const int nt = min(kMaxTok, end - c0);
+    const bf16* xp = g < nt ? p.x + static_cast<size_t>(p.plan.sorted_slots[c0 + g] / p.K) * p.H + tq * 8 : nullptr;
+    float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    for (int cb = warp; cb < chunks; cb += kWarps * kU) {
+      uint4 a[kU][4];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const size_t k = static_cast<size_t>(cb + u * kWarps) * kChunk;
+        const bool ok = cb + u * kWarps < chunks;
+        const uint4 z = make_uint4(0, 0, 0, 0);
+        a[u][0] = ok ? ld_stream(lo0 + k) : z;
+        a[u][1] = ok ? ld_stream(hi0 + k) : z;
+        a[u][2] = ok ? ld_stream(lo1 + k) : z;
+        a[u][3] = ok ? ld_stream(hi1 + k) : z;
+      }
+      // Token fragments (L1 hits after the first item) after the weight loads in program order.
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const size_t k = static_cast<size_t>(cb + u * kWarps) * kChunk;
+        const uint4 xa = cb + u * kWarps < chunks && xp ? __ldg(reinterpret_cast<const uint4*>(xp + k))
+                                                         : make_uint4(0, 0, 0, 0);
+        mma16816(acc[0], a[u][0].x, a[u][1].x, a[u][0].y, a[u][1].y, xa.x, xa.y);
+        mma16816(acc[0], a[u][0].z, a[u][1].z, a[u][0].w, a[u][1].w, xa.z, xa.w);
+        mma16816(acc[1], a[u][2].x, a[u][3].x, a[u][2].y, a[u][3].y, xa.x, xa.y);
+        mma16816(acc[1], a[u][2].z, a[u][3].z, a[u][2].w, a[u][3].w, xa.z, xa.w);
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) red[warp][m * 4 + i][lane] = acc[m][i];
+    __syncthreads();
+    if (threadIdx.x < 4 * 32) {
+      const int i = threadIdx.x >> 5, l = threadIdx.x & 31;
+      const int t = (l & 3) * 2 + (i & 1);
+      if (t < nt) {
+        float sg = 0.f, su = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) {
+          sg += red[w][i][l];
+          su += red[w][4 + i][l];
+        }
+        const int row = r0 + (l >> 2) + (i >> 1) * 8;
+        const float gt = bf16_round(sg), up = bf16_round(su);
+        const float sl = bf16_round(gt / (1.f + __expf(-gt)));
+        p.h[static_cast<size_t>(c0 + t) * p.I + row] = __float2bfloat16(sl * up);
+      }
+    }
+    __syncthreads();
+  }
+}
+
+constexpr int kDnU = 4;  // down: chunks in flight per warp (a warp's whole k at I = 768)
+
+// The down weight fragments of round cb (chunks cb, cb + 8, ...) of expert e's output rows [r0, r0 + 16).
+__device__ __forceinline__ void down_load(const OneParams& p, int e, int r0, int cb, uint4 (&lo)[kDnU],
+                                          uint4 (&hi)[kDnU]) {
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2, tq = lane & 3;
+  const int chunks = p.I / kChunk;
+  const bf16* lo0 = p.down + (static_cast<size_t>(e) * p.H + r0 + g) * p.I + tq * 8;
+  const bf16* hi0 = lo0 + static_cast<size_t>(8) * p.I;
+#pragma unroll
+  for (int u = 0; u < kDnU; ++u) {
+    const size_t k = static_cast<size_t>(cb + u * kWarps) * kChunk;
+    const bool ok = cb + u * kWarps < chunks;
+    lo[u] = ok ? ld_stream(lo0 + k) : make_uint4(0, 0, 0, 0);
+    hi[u] = ok ? ld_stream(hi0 + k) : make_uint4(0, 0, 0, 0);
+  }
+}
+
+// One down item: expert e's output rows [r0, r0 + 16) for its sorted slots [beg, end), scaled by the routing weights
+// into slot_out; warp w takes chunks w, w + 8, ... of k (4 in flight), the partial sums reduced in fixed order, as
+// rows_mma_kernel<kDown> does. `loaded`: lo / hi already hold the first round of the first pass. kCg: h is read at L2
+// (written by this grid). Ends with a barrier.
+template <bool kCg>
+__device__ __forceinline__ void down_item(const OneParams& p, int e, int r0, int beg, int end, bool loaded,
+                                          uint4 (&lo)[kDnU], uint4 (&hi)[kDnU], float (*red)[4][32]) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, tq = lane & 3;
+  const int chunks = p.I / kChunk;
+  for (int c0 = beg; c0 < end; c0 += kMaxTok) {
+    const int nt = min(kMaxTok, end - c0);
+    const bf16* xp = g < nt ? p.h + static_cast<size_t>(c0 + g) * p.I + tq * 8 : nullptr;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    for (int cb = warp; cb < chunks; cb += kWarps * kDnU) {
+      if (!(loaded && c0 == beg && cb == warp)) down_load(p, e, r0, cb, lo, hi);
+      uint4 xa[kDnU];
+#pragma unroll
+      for (int u = 0; u < kDnU; ++u) {
+        const size_t k = static_cast<size_t>(cb + u * kWarps) * kChunk;
+        const bool ok = cb + u * kWarps < chunks && xp;
+        const uint4* src = reinterpret_cast<const uint4*>(xp + k);
+        xa[u] = ok ? (kCg ? __ldcg(src) : __ldg(src)) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < kDnU; ++u) {
+        mma16816(acc, lo[u].x, hi[u].x, lo[u].y, hi[u].y, xa[u].x, xa[u].y);
+        mma16816(acc, lo[u].z, hi[u].z, lo[u].w, hi[u].w, xa[u].z, xa[u].w);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) red[warp][i][lane] = acc[i];
+    __syncthreads();
+    if (threadIdx.x < 4 * 32) {
+      const int i = threadIdx.x >> 5, l = threadIdx.x & 31;
+      const int t = (l & 3) * 2 + (i & 1);
+      if (t < nt) {
+        float v = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) v += red[w][i][l];
+        const int row = r0 + (l >> 2) + (i >> 1) * 8;
+        const int slot = p.plan.sorted_slots[c0 + t];
+        p.slot_out[static_cast<size_t>(slot) * p.H + row] = bf16_round(bf16_round(v) * p.route_w[slot]);
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// The folded combine (p.cmb.x != null) by the CTA that finds itself last on `exit_count` (each CTA's slot rows are
+// ordered before its count: barrier, then a fence by the counting thread; the last one's fence after the count
+// orders its loads after all of them). `reset` (the last CTA, before its combine): words to clear for the next
+// launch, with `exit_count` itself cleared at the end. Returns false in every CTA but the last.
+__device__ __forceinline__ bool finish_last(const OneParams& p, unsigned* exit_count, unsigned* reset, int nreset,
+                                            float* scratch) {
+  __shared__ unsigned last;
+  const int c = threadIdx.x * 8;  // this thread's norm weights, loaded while the CTA counts itself
+  const uint4 wv = p.cmb.x && p.cmb.w && c < p.H ? __ldg(reinterpret_cast<const uint4*>(p.cmb.w + c))
+                                                  : make_uint4(0, 0, 0, 0);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    last = atomicAdd(exit_count, 1u) == gridDim.x - 1 ? 1u : 0u;
+    if (last) __threadfence();
+  }
+  __syncthreads();
+  if (!last) return false;
+  for (int i = threadIdx.x; i < nreset; i += blockDim.x) reset[i] = 0u;
+  if (p.cmb.x)
+    for (int t = 0; t < p.N; ++t)
+      combine_norm_row(p.cmb.x + static_cast<size_t>(t) * p.H, p.slot_out + static_cast<size_t>(t) * p.K * p.H,
+                       p.cmb.ids + t * p.K, p.K, wv, p.cmb.w ? p.cmb.y + static_cast<size_t>(t) * p.H : nullptr, p.H,
+                       p.cmb.eps, scratch);
+  if (threadIdx.x == 0) *exit_count = 0u;  // every CTA has counted: ready for the next launch
+  return true;
+}
+
+// gate/up: item = (active expert j, 16 intermediate rows); CTA b takes items b, b + G, ... (G = grid).
 __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_gate_up_kernel(OneParams p) {
   // Every CTA waits first, before any exit: the down kernel starts only once each CTA of this grid has passed this
   // wait (pdl_wait triggers the dependents after it), i.e. after the kernel that built the plan has completed; the
@@ -61,100 +216,37 @@ __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_gate_up_kernel(OnePar
   step_timeline_phase(0);
   pdl_wait();
   if (p.stamps_gu && threadIdx.x == 0) p.stamps_gu[2 * blockIdx.x] = global_ns();
-  constexpr int kU = 2;
   __shared__ float red[kWarps][8][32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, tq = lane & 3;
   const int tiles = p.I / kRows;
   // The first item's expert and slot range are loaded beside the active count (one round trip instead of two), from
   // an index clamped into the plan's arrays in case the item does not exist.
   const int jf = min(static_cast<int>(blockIdx.x) / tiles, p.plan.experts - 1);
   const int ef = p.plan.active_experts[jf], begf = p.plan.offsets[jf], endf = p.plan.offsets[jf + 1];
   const int items = *p.plan.num_active * tiles;
-  const int chunks = p.H / kChunk;
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
     const bool first = item == static_cast<int>(blockIdx.x);
     const int j = item / tiles, r0 = (item % tiles) * kRows;
     const int e = first ? ef : p.plan.active_experts[j];
     const int beg = first ? begf : p.plan.offsets[j], end = first ? endf : p.plan.offsets[j + 1];
-    const bf16* lo0 = p.gate_up + (static_cast<size_t>(e) * 2 * p.I + r0 + g) * p.H + tq * 8;
-    const bf16* hi0 = lo0 + static_cast<size_t>(8) * p.H;
-    const bf16* lo1 = lo0 + static_cast<size_t>(p.I) * p.H;  // up rows
-    const bf16* hi1 = hi0 + static_cast<size_t>(p.I) * p.H;
-    for (int c0 = beg; c0 < end; c0 += kMaxTok) {
-      const int nt = min(kMaxTok, end - c0);
-      const bf16* xp =
-          g < nt ? p.x + static_cast<size_t>(p.plan.sorted_slots[c0 + g] / p.K) * p.H + tq * 8 : nullptr;
-      float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-      for (int cb = warp; cb < chunks; cb += kWarps * kU) {
-        uint4 a[kU][4];
-#pragma unroll
-        for (int u = 0; u < kU; ++u) {
-          const size_t k = static_cast<size_t>(cb + u * kWarps) * kChunk;
-          const bool ok = cb + u * kWarps < chunks;
-          const uint4 z = make_uint4(0, 0, 0, 0);
-          a[u][0] = ok ? ld_stream(lo0 + k) : z;
-          a[u][1] = ok ? ld_stream(hi0 + k) : z;
-          a[u][2] = ok ? ld_stream(lo1 + k) : z;
-          a[u][3] = ok ? ld_stream(hi1 + k) : z;
-        }
-        // Token fragments (L1 hits after the first item) after the weight loads in program order.
-#pragma unroll
-        for (int u = 0; u < kU; ++u) {
-          const size_t k = static_cast<size_t>(cb + u * kWarps) * kChunk;
-          const uint4 xa = cb + u * kWarps < chunks && xp ? __ldg(reinterpret_cast<const uint4*>(xp + k))
-                                                           : make_uint4(0, 0, 0, 0);
-          mma16816(acc[0], a[u][0].x, a[u][1].x, a[u][0].y, a[u][1].y, xa.x, xa.y);
-          mma16816(acc[0], a[u][0].z, a[u][1].z, a[u][0].w, a[u][1].w, xa.z, xa.w);
-          mma16816(acc[1], a[u][2].x, a[u][3].x, a[u][2].y, a[u][3].y, xa.x, xa.y);
-          mma16816(acc[1], a[u][2].z, a[u][3].z, a[u][2].w, a[u][3].w, xa.z, xa.w);
-        }
-      }
-#pragma unroll
-      for (int m = 0; m < 2; ++m)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) red[warp][m * 4 + i][lane] = acc[m][i];
-      __syncthreads();
-      if (threadIdx.x < 4 * 32) {
-        const int i = threadIdx.x >> 5, l = threadIdx.x & 31;
-        const int t = (l & 3) * 2 + (i & 1);
-        if (t < nt) {
-          float sg = 0.f, su = 0.f;
-#pragma unroll
-          for (int w = 0; w < kWarps; ++w) {
-            sg += red[w][i][l];
-            su += red[w][4 + i][l];
-          }
-          const int row = r0 + (l >> 2) + (i >> 1) * 8;
-          const float gt = bf16_round(sg), up = bf16_round(su);
-          const float sl = bf16_round(gt / (1.f + __expf(-gt)));
-          p.h[static_cast<size_t>(c0 + t) * p.I + row] = __float2bfloat16(sl * up);
-        }
-      }
-      __syncthreads();
-    }
+    gate_up_item(p, e, r0, beg, end, red);
   }
   step_timeline_phase(2);
   if (p.stamps_gu && threadIdx.x == 0) p.stamps_gu[2 * blockIdx.x + 1] = global_ns();
 }
 
-// down: item = (active expert j, 16 output rows); warp w takes chunks w, w + 8, ... of k (4 in flight), the warps'
-// partial sums reduced in shared memory in fixed order, as rows_mma_kernel<kDown> does; CTA b takes items b, b + G,
-// ... kPre: before its wait the CTA loads its first item's first round of weights into registers and prefetches its
-// next three items into L2. The plan is read there at L2 (ld.global.cg): this grid starts only after every CTA of
-// the gate/up grid has passed its own wait, so the kernel that built the plan (the one gate/up waits on, or an
-// earlier one) has completed and its writes are visible; the items' experts are loaded beside the active count. The
-// down weights are never written by a kernel; h is read only after the wait.
+// down: item = (active expert j, 16 output rows); CTA b takes items b, b + G, ... kPre: before its wait the CTA loads
+// its first item's first round of weights into registers and prefetches its next three items into L2. The plan is
+// read there at L2 (ld.global.cg): this grid starts only after every CTA of the gate/up grid has passed its own wait,
+// so the kernel that built the plan (the one gate/up waits on, or an earlier one) has completed and its writes are
+// visible; the items' experts are loaded beside the active count. The down weights are never written by a kernel; h
+// is read only after the wait.
 template <bool kPre>
 __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_down_kernel(OneParams p) {
-  constexpr int kU = 4;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, tq = lane & 3;
   const int tiles = p.H / kRows;
-  const int chunks = p.I / kChunk;
   step_timeline_phase(0);
   if (p.stamps_dn && threadIdx.x == 0) p.stamps_dn[3 * blockIdx.x] = global_ns();
-  uint4 lo[kU], hi[kU];  // a round of weight fragments (kPre: the first item's first round, loaded before the wait)
+  uint4 lo[kDnU], hi[kDnU];  // a round of weight fragments (kPre: the first item's first round, loaded before the wait)
   bool pre = false;
   if constexpr (kPre) {
     const int jf = min(static_cast<int>(blockIdx.x) / tiles, p.plan.experts - 1);
@@ -164,17 +256,7 @@ __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_down_kernel(OneParams
     const int ex = warp == 0 && lane < 3 ? __ldcg(p.plan.active_experts + jx) : 0;
     const int nitems = __ldcg(p.plan.num_active) * tiles;
     pre = static_cast<int>(blockIdx.x) < nitems;
-    if (pre) {
-      const bf16* lo0 = p.down + (static_cast<size_t>(ef) * p.H + (blockIdx.x % tiles) * kRows + g) * p.I + tq * 8;
-      const bf16* hi0 = lo0 + static_cast<size_t>(8) * p.I;
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        const size_t k = static_cast<size_t>(warp + u * kWarps) * kChunk;
-        const bool ok = warp + u * kWarps < chunks;
-        lo[u] = ok ? ld_stream(lo0 + k) : make_uint4(0, 0, 0, 0);
-        hi[u] = ok ? ld_stream(hi0 + k) : make_uint4(0, 0, 0, 0);
-      }
-    }
+    if (pre) down_load(p, ef, (blockIdx.x % tiles) * kRows, warp, lo, hi);
     if (warp == 0 && lane < 3 && nx < nitems)
       prefetch_l2(p.down + (static_cast<size_t>(ex) * p.H + (nx % tiles) * kRows) * p.I,
                   static_cast<uint32_t>(kRows) * p.I * 2);
@@ -185,73 +267,79 @@ __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_down_kernel(OneParams
   const int items = *p.plan.num_active * tiles;
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
     const int j = item / tiles, r0 = (item % tiles) * kRows;
-    const int e = p.plan.active_experts[j];
-    const int beg = p.plan.offsets[j], end = p.plan.offsets[j + 1];
-    const bf16* lo0 = p.down + (static_cast<size_t>(e) * p.H + r0 + g) * p.I + tq * 8;
-    const bf16* hi0 = lo0 + static_cast<size_t>(8) * p.I;
-    for (int c0 = beg; c0 < end; c0 += kMaxTok) {
-      const int nt = min(kMaxTok, end - c0);
-      const bf16* xp = g < nt ? p.h + static_cast<size_t>(c0 + g) * p.I + tq * 8 : nullptr;
-      float acc[4] = {0.f, 0.f, 0.f, 0.f};
-      for (int cb = warp; cb < chunks; cb += kWarps * kU) {
-        uint4 xa[kU];
-        const bool use_pre = kPre && pre && item == static_cast<int>(blockIdx.x) && c0 == beg && cb == warp;
-#pragma unroll
-        for (int u = 0; u < kU; ++u) {
-          const size_t k = static_cast<size_t>(cb + u * kWarps) * kChunk;
-          const bool ok = cb + u * kWarps < chunks;
-          const uint4 z = make_uint4(0, 0, 0, 0);
-          if (!use_pre) {
-            lo[u] = ok ? ld_stream(lo0 + k) : z;
-            hi[u] = ok ? ld_stream(hi0 + k) : z;
-          }
-          xa[u] = ok && xp ? __ldg(reinterpret_cast<const uint4*>(xp + k)) : z;
-        }
-#pragma unroll
-        for (int u = 0; u < kU; ++u) {
-          mma16816(acc, lo[u].x, hi[u].x, lo[u].y, hi[u].y, xa[u].x, xa[u].y);
-          mma16816(acc, lo[u].z, hi[u].z, lo[u].w, hi[u].w, xa[u].z, xa[u].w);
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < 4; ++i) red[warp][i][lane] = acc[i];
-      __syncthreads();
-      if (threadIdx.x < 4 * 32) {
-        const int i = threadIdx.x >> 5, l = threadIdx.x & 31;
-        const int t = (l & 3) * 2 + (i & 1);
-        if (t < nt) {
-          float v = 0.f;
-#pragma unroll
-          for (int w = 0; w < kWarps; ++w) v += red[w][i][l];
-          const int row = r0 + (l >> 2) + (i >> 1) * 8;
-          const int slot = p.plan.sorted_slots[c0 + t];
-          p.slot_out[static_cast<size_t>(slot) * p.H + row] = bf16_round(bf16_round(v) * p.route_w[slot]);
-        }
-      }
-      __syncthreads();
-    }
+    down_item<false>(p, p.plan.active_experts[j], r0, p.plan.offsets[j], p.plan.offsets[j + 1],
+                     kPre && pre && item == static_cast<int>(blockIdx.x), lo, hi, red);
   }
   step_timeline_phase(2);
   if (p.stamps_dn && threadIdx.x == 0) p.stamps_dn[3 * blockIdx.x + 2] = global_ns();
-  if (p.cmb.x) {
-    // The last CTA to get here runs the combine: each CTA's slot rows are ordered before its count (barrier, then a
-    // fence by the counting thread), and the last one's fence after the count orders its loads after all of them.
-    __shared__ unsigned last;
-    const int c = threadIdx.x * 8;  // this thread's norm weights, loaded while the CTA counts itself
-    const uint4 wv = p.cmb.w && c < p.H ? __ldg(reinterpret_cast<const uint4*>(p.cmb.w + c)) : make_uint4(0, 0, 0, 0);
+  if (p.cmb.x && finish_last(p, p.cmb.done, nullptr, 0, &red[0][0][0])) step_timeline_phase(3);
+}
+
+// Variant 2: gate/up and down in one launch, the down items starting as soon as their expert's h rows exist. Items
+// are numbered gate/up first (active expert j, 16 intermediate rows), then down (j, 16 output rows). CTA b < S =
+// min(G, gate/up items) runs gate/up item b first (its expert and slots loaded beside the active count); every
+// later item is claimed in order from the plan's item counter (ready[E + 1]; item = S + claim), one claim ahead. A
+// gate/up item publishes its h rows (barrier, fence, release add of 1 to ready[j]); a down item loads its first
+// round of weights, then waits (thread 0, acquire) until ready[j] counts all I / 16 of j's gate/up items and reads h
+// at L2. Claims are in order, so every gate/up item belongs to a CTA that claimed it or owns it as its first item
+// before any down item is handed out, and gate/up items wait on nothing. The last CTA to finish (ready[E]) clears
+// the plan's counters (so the plan can be launched on again) and runs the folded combine.
+__global__ void __launch_bounds__(kWarps * 32, kPerSm) one_fused_kernel(OneParams p) {
+  step_timeline_phase(0);
+  pdl_wait();
+  if (p.stamps_gu && threadIdx.x == 0) p.stamps_gu[2 * blockIdx.x] = global_ns();
+  __shared__ float red[kWarps][8][32];
+  __shared__ int claimed[2];
+  const int E = p.plan.experts;
+  uint32_t* ready = p.plan.ready;
+  const int gtiles = p.I / kRows, dtiles = p.H / kRows;
+  const int jf = min(static_cast<int>(blockIdx.x) / gtiles, E - 1);
+  const int ef = p.plan.active_experts[jf], begf = p.plan.offsets[jf], endf = p.plan.offsets[jf + 1];
+  const int na = *p.plan.num_active;
+  const int gu_items = na * gtiles, items = gu_items + na * dtiles;
+  const int S = min(static_cast<int>(gridDim.x), gu_items);
+  int item = static_cast<int>(blockIdx.x);
+  if (item >= S) {
+    if (threadIdx.x == 0) claimed[1] = S + static_cast<int>(atomicAdd(ready + E + 1, 1u));
     __syncthreads();
-    if (threadIdx.x == 0) {
-      __threadfence();
-      last = atomicAdd(p.cmb.done, 1u) == gridDim.x - 1 ? 1u : 0u;
-      if (last) __threadfence();
+    item = claimed[1];
+  }
+  int parity = 0;
+  while (item < items) {
+    int next = 0;  // thread 0: the next claim, in flight during this item
+    if (threadIdx.x == 0) next = S + static_cast<int>(atomicAdd(ready + E + 1, 1u));
+    if (item < gu_items) {
+      const bool first = item == static_cast<int>(blockIdx.x);
+      const int j = item / gtiles, r0 = (item % gtiles) * kRows;
+      gate_up_item(p, first ? ef : p.plan.active_experts[j], r0, first ? begf : p.plan.offsets[j],
+                   first ? endf : p.plan.offsets[j + 1], red);
+      if (threadIdx.x == 0) {
+        __threadfence();
+        red_release_add(ready + j, 1u);
+      }
+    } else {
+      const int d = item - gu_items, j = d / dtiles, r0 = (d % dtiles) * kRows;
+      const int e = p.plan.active_experts[j];
+      uint4 lo[kDnU], hi[kDnU];
+      down_load(p, e, r0, threadIdx.x >> 5, lo, hi);
+      const int beg = p.plan.offsets[j], end = p.plan.offsets[j + 1];
+      if (threadIdx.x == 0 && ld_acquire(ready + j) < static_cast<uint32_t>(gtiles)) {
+        const uint64_t t0 = global_ns();
+        while (ld_acquire(ready + j) < static_cast<uint32_t>(gtiles))
+          if (global_ns() - t0 > kWatchdogNs) __trap();
+      }
+      __syncthreads();
+      down_item<true>(p, e, r0, beg, end, true, lo, hi, reinterpret_cast<float(*)[4][32]>(&red[0][0][0]));
     }
+    if (threadIdx.x == 0) claimed[parity] = next;
     __syncthreads();
-    if (!last) return;
-    for (int t = 0; t < p.N; ++t)
-      combine_norm_row(p.cmb.x + static_cast<size_t>(t) * p.H, p.slot_out + static_cast<size_t>(t) * p.K * p.H,
-                       p.cmb.ids + t * p.K, p.K, wv, p.cmb.w ? p.cmb.y + static_cast<size_t>(t) * p.H : nullptr, p.H,
-                       p.cmb.eps, &red[0][0][0]);
-    if (threadIdx.x == 0) *p.cmb.done = 0u;  // every CTA has counted: ready for the next launch
+    item = claimed[parity];
+    parity ^= 1;
+  }
+  step_timeline_phase(2);
+  if (p.stamps_gu && threadIdx.x == 0) p.stamps_gu[2 * blockIdx.x + 1] = global_ns();
+  if (finish_last(p, ready + E, ready, na, &red[0][0][0])) {
+    if (threadIdx.x == 0) ready[E + 1] = 0u;
     step_timeline_phase(3);
   }
 }
@@ -271,6 +359,11 @@ void moe_one_grids(int N, int K, int E, int H, int I, int* gate_up_grid, int* do
   *down_grid = std::max(1, std::min(kPerSm * sm_count(), max_active * (H / kRows)));
 }
 
+int moe_one_fused_grid(int N, int K, int E, int H, int I) {
+  const int max_active = std::min(E, N * K);
+  return std::max(1, std::min(kPerSm * sm_count(), max_active * (I / kRows + H / kRows)));
+}
+
 Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up, const bf16* down,
                        bf16* h, float* slot_out, int N, int K, int E, int H, int I, int variant, cudaStream_t stream,
                        uint64_t* stamps, const OneCombine* combine) {
@@ -283,8 +376,10 @@ Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights,
   if (combine && (!combine->x || !combine->ids || !combine->done || (combine->w && !combine->y) ||
                   !moe_one_combine_ok(H)))
     return invalid_argument("moe_experts_one: the folded combine needs x, ids, done (y with w) and H <= 2048, H % 8 == 0");
+  if (variant == 2 && !plan.ready) return invalid_argument("moe_experts_one: variant 2 needs the plan's counters");
   int gu_grid = 0, dn_grid = 0;
   moe_one_grids(N, K, E, H, I, &gu_grid, &dn_grid);
+  if (variant == 2) gu_grid = moe_one_fused_grid(N, K, E, H, I);
   OneParams p{};
   p.x = x;
   p.gate_up = gate_up;
@@ -307,10 +402,12 @@ Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights,
   if (want != carve) {
     for (const void* fn : {reinterpret_cast<const void*>(one_gate_up_kernel),
                            reinterpret_cast<const void*>(one_down_kernel<true>),
-                           reinterpret_cast<const void*>(one_down_kernel<false>)})
+                           reinterpret_cast<const void*>(one_down_kernel<false>),
+                           reinterpret_cast<const void*>(one_fused_kernel)})
       ZEST_RETURN_IF_ERROR(set_min_carveout(fn, kPerSm, 0, want == 1));
     carve = want;
   }
+  if (variant == 2) return launch("moe_one_fused", one_fused_kernel, dim3(gu_grid), block, 0, stream, p);
   ZEST_RETURN_IF_ERROR(launch("moe_one_gate_up", one_gate_up_kernel, dim3(gu_grid), block, 0, stream, p));
   return launch("moe_one_down", variant == 1 ? one_down_kernel<true> : one_down_kernel<false>, dim3(dn_grid), block,
                 0, stream, p);

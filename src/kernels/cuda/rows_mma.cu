@@ -4,6 +4,8 @@
 // dot product may sum k in any order, each thread loads 8 consecutive k of a row and both A and B fragments
 // use the same permutation of k. A CTA's warps split k and are reduced in shared memory in fixed order.
 // Modes: dense small-M GEMM, MoE gate/up (SiLU * up epilogue) and MoE down (routing-weight epilogue).
+#include <algorithm>
+
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/common.cuh"
 
@@ -210,7 +212,8 @@ template <bool kTwo, int kRound, int kPf>
 __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_kernel(const bf16* __restrict__ x,
                                                                                     const bf16* __restrict__ w,
                                                                                     bf16* __restrict__ y, int M, int N,
-                                                                                    int Kdim, KvPrefetch kv) {
+                                                                                    int Kdim, KvPrefetch kv,
+                                                                                    int l2_rows) {
   extern __shared__ __align__(128) unsigned char wsm[];
   __shared__ __align__(8) uint64_t bar;
   step_timeline_phase(0);
@@ -218,22 +221,31 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
   const int g = lane >> 2, tq = lane & 3;
   const int r0 = blockIdx.x * kRows;
   const uint32_t row_bytes = static_cast<uint32_t>(Kdim) * 2, stride = row_bytes + 16;
+  // Rows [0, r_split) of the tile are copied before the wait; the last l2_rows rows are only prefetched into L2 then
+  // and copied after it (DecodeOption::kTileL2Rows), which keeps their bytes off the SMs' response paths while the
+  // previous kernel ends.
+  const int r_split = kRows - l2_rows;
+  auto copy_rows = [&](int ra, int rb) {
+    if constexpr (kPf == kPfBefore || kPf == kPfTileHint) {
+      const uint64_t pol = evict_first_policy();
+      for (int r = ra; r < rb; ++r)
+        bulk_load_hint(wsm + r * stride, w + static_cast<size_t>(r0 + r) * Kdim, row_bytes, &bar, pol);
+    } else {
+      for (int r = ra; r < rb; ++r) bulk_load(wsm + r * stride, w + static_cast<size_t>(r0 + r) * Kdim, row_bytes, &bar);
+    }
+  };
   if (threadIdx.x == 0) {
     mbar_init(&bar);
     mbar_arrive_expect_tx(&bar, kRows * row_bytes);
-    if constexpr (kPf == kPfBefore || kPf == kPfTileHint) {
-      const uint64_t pol = evict_first_policy();
-      for (int r = 0; r < kRows; ++r)
-        bulk_load_hint(wsm + r * stride, w + static_cast<size_t>(r0 + r) * Kdim, row_bytes, &bar, pol);
-    } else {
-      for (int r = 0; r < kRows; ++r)
-        bulk_load(wsm + r * stride, w + static_cast<size_t>(r0 + r) * Kdim, row_bytes, &bar);
-    }
+    copy_rows(0, r_split);
+    if (r_split < kRows)
+      prefetch_l2(w + static_cast<size_t>(r0 + r_split) * Kdim, static_cast<uint32_t>(kRows - r_split) * row_bytes);
   }
   // Block tables and context lengths are step inputs, not written by the previous kernel.
   if constexpr (kPf == kPfBefore || kPf == kPfBeforePlain) prefetch_kv_l2(kv);
   __syncthreads();
   pdl_wait();
+  if (threadIdx.x == 0) copy_rows(r_split, kRows);
   const int chunks = Kdim / kChunk;
   const bf16* x0p = g < M ? x + static_cast<size_t>(g) * Kdim + tq * 8 : nullptr;
   const bf16* x1p = kTwo && g + 8 < M ? x + static_cast<size_t>(g + 8) * Kdim + tq * 8 : nullptr;
@@ -297,7 +309,7 @@ size_t rows_pre_smem(int K) {
 
 // The instantiation for (M, K, prefetch): two token tiles above 8 rows; 16 chunks per round for one tile when
 // K > 2048.
-using PreKernel = void (*)(const bf16*, const bf16*, bf16*, int, int, int, KvPrefetch);
+using PreKernel = void (*)(const bf16*, const bf16*, bf16*, int, int, int, KvPrefetch, int);
 template <int kPf>
 PreKernel rows_pre_pick_pf(int M, int K) {
   if (M > 8) return rows_pre_kernel<true, kPreRound / 2, kPf>;
@@ -348,8 +360,9 @@ bool rows_pre_ok(int M, int N, int K, int pf = kPfNone) {
 
 Status launch_rows_pre(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream,
                        int pf = kPfNone, const KvPrefetch& kv = KvPrefetch{}) {
+  const int l2_rows = std::clamp(decode_option(DecodeOption::kTileL2Rows), 0, kRows);
   return launch("rows_pre", rows_pre_pick(M, K, pf), dim3(N / kRows), dim3(kWarps * 32), rows_pre_smem(K), stream, x,
-                w, y, M, N, K, kv);
+                w, y, M, N, K, kv, l2_rows);
 }
 
 // kGemmVariant 4 (default) runs the register-streamed kernel for 9-16 token rows when K <= 2048 (the qkv GEMM at
