@@ -37,20 +37,24 @@ std::vector<float> ref_gemm(const std::vector<float>& x, const std::vector<float
 // shapes (qkv 5120 x 2048, o 2048 x 4096, router 128 x 2048) and odd ones; M = 1, 8, 9 and 16 (one or two token
 // tiles). Shapes with more tiles than resident CTAs fall back to the streaming kernel and must match as well.
 // Variants 7 (register streaming up to K = 2048) and 8 (the tile at every row count), and 4 with and without the tiles
-// copied evict-first at M <= 2 (kL2Prefetch 0 / 5), on the same shapes and three more (K = 2080: 65 chunks of 32;
-// N = 1040: an odd number of 16-row tiles; M = 2).
+// copied evict-first at M <= 2 (kL2Prefetch 0 / 5), and with 7 or all 16 tile rows copied after the wait from L2
+// (kTileL2Rows), on the same shapes and three more (K = 2080: 65 chunks of 32; N = 1040: an odd number of 16-row
+// tiles; M = 2).
 TEST(CudaLatencyGemm, SharedMemoryTileMatchesReference) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(901);
-  // (gemm variant, kL2Prefetch): 0 copies the tiles evict-first for M <= 2, 5 does not.
-  for (auto [variant, l2mode] : {std::pair{4, 0}, std::pair{7, 0}, std::pair{8, 0}, std::pair{4, 5}}) {
-    OptionScope opt(DecodeOption::kGemmVariant, variant), l2(DecodeOption::kL2Prefetch, l2mode);
+  // (gemm variant, kL2Prefetch, kTileL2Rows): kL2Prefetch 0 copies the tiles evict-first for M <= 2, 5 does not;
+  // kTileL2Rows: tile rows only prefetched into L2 before the wait and copied after it (7 of 16, all 16).
+  for (auto [variant, l2mode, l2rows] : {std::tuple{4, 0, 0}, std::tuple{7, 0, 0}, std::tuple{8, 0, 0},
+                                         std::tuple{4, 5, 0}, std::tuple{4, 0, 7}, std::tuple{8, 5, 16}}) {
+    OptionScope opt(DecodeOption::kGemmVariant, variant), l2(DecodeOption::kL2Prefetch, l2mode),
+        rows(DecodeOption::kTileL2Rows, l2rows);
     for (auto [M, N, K] : {std::tuple{1, 5120, 2048}, std::tuple{1, 2048, 4096}, std::tuple{16, 2048, 4096},
                            std::tuple{9, 128, 2048}, std::tuple{8, 48, 96}, std::tuple{3, 208, 1056},
                            std::tuple{16, 16, 32}, std::tuple{5, 16 * 1000, 64}, std::tuple{8, 2064, 2080},
                            std::tuple{9, 1040, 4096}, std::tuple{2, 2048, 4096}}) {
-      SCOPED_TRACE(testing::Message() << "gemm variant " << variant << " l2 " << l2mode << " M=" << M << " N=" << N
-                                      << " K=" << K);
+      SCOPED_TRACE(testing::Message() << "gemm variant " << variant << " l2 " << l2mode << " l2 rows " << l2rows
+                                      << " M=" << M << " N=" << N << " K=" << K);
       auto x = random_bf16(static_cast<size_t>(M) * K, rng), w = random_bf16(static_cast<size_t>(N) * K, rng);
       auto dx = upload_bf16(x), dw = upload_bf16(w);
       DevBuf<bf16> dy(static_cast<size_t>(M) * N);
