@@ -37,24 +37,20 @@ std::vector<float> ref_gemm(const std::vector<float>& x, const std::vector<float
 // shapes (qkv 5120 x 2048, o 2048 x 4096, router 128 x 2048) and odd ones; M = 1, 8, 9 and 16 (one or two token
 // tiles). Shapes with more tiles than resident CTAs fall back to the streaming kernel and must match as well.
 // Variants 7 (register streaming up to K = 2048) and 8 (the tile at every row count), and 4 with and without the tiles
-// copied evict-first at M <= 2 (kL2Prefetch 0 / 5), and with 7 or all 16 tile rows copied after the wait from L2
-// (kTileL2Rows), on the same shapes and three more (K = 2080: 65 chunks of 32; N = 1040: an odd number of 16-row
-// tiles; M = 2).
+// copied evict-first at M <= 2 (kL2Prefetch 0 / 5), on the same shapes and three more (K = 2080: 65 chunks of 32;
+// N = 1040: an odd number of 16-row tiles; M = 2).
 TEST(CudaLatencyGemm, SharedMemoryTileMatchesReference) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(901);
-  // (gemm variant, kL2Prefetch, kTileL2Rows): kL2Prefetch 0 copies the tiles evict-first for M <= 2, 5 does not;
-  // kTileL2Rows: tile rows only prefetched into L2 before the wait and copied after it (7 of 16, all 16).
-  for (auto [variant, l2mode, l2rows] : {std::tuple{4, 0, 0}, std::tuple{7, 0, 0}, std::tuple{8, 0, 0},
-                                         std::tuple{4, 5, 0}, std::tuple{4, 0, 7}, std::tuple{8, 5, 16}}) {
-    OptionScope opt(DecodeOption::kGemmVariant, variant), l2(DecodeOption::kL2Prefetch, l2mode),
-        rows(DecodeOption::kTileL2Rows, l2rows);
+  // (gemm variant, kL2Prefetch): 0 copies the tiles evict-first for M <= 2, 5 does not.
+  for (auto [variant, l2mode] : {std::pair{4, 0}, std::pair{7, 0}, std::pair{8, 0}, std::pair{4, 5}}) {
+    OptionScope opt(DecodeOption::kGemmVariant, variant), l2(DecodeOption::kL2Prefetch, l2mode);
     for (auto [M, N, K] : {std::tuple{1, 5120, 2048}, std::tuple{1, 2048, 4096}, std::tuple{16, 2048, 4096},
                            std::tuple{9, 128, 2048}, std::tuple{8, 48, 96}, std::tuple{3, 208, 1056},
                            std::tuple{16, 16, 32}, std::tuple{5, 16 * 1000, 64}, std::tuple{8, 2064, 2080},
                            std::tuple{9, 1040, 4096}, std::tuple{2, 2048, 4096}}) {
-      SCOPED_TRACE(testing::Message() << "gemm variant " << variant << " l2 " << l2mode << " l2 rows " << l2rows
-                                      << " M=" << M << " N=" << N << " K=" << K);
+      SCOPED_TRACE(testing::Message() << "gemm variant " << variant << " l2 " << l2mode << " M=" << M << " N=" << N
+                                      << " K=" << K);
       auto x = random_bf16(static_cast<size_t>(M) * K, rng), w = random_bf16(static_cast<size_t>(N) * K, rng);
       auto dx = upload_bf16(x), dw = upload_bf16(w);
       DevBuf<bf16> dy(static_cast<size_t>(M) * N);
@@ -64,6 +60,85 @@ TEST(CudaLatencyGemm, SharedMemoryTileMatchesReference) {
       ZEST_EXPECT_CLOSE(download_bf16(dy), ref_gemm(x.f, w.f, M, N, K), kTol);
     }
   }
+}
+
+// The add + RMSNorm folded into the small-M GEMM (gemm_add_rmsnorm, DecodeOption::kNormFold 1): y, the residual x
+// and the normalised rows xn equal gemm() followed by add_rmsnorm bit for bit, for M = 1, 2, 3, 8, 9 and 16 token rows
+// (the last M CTAs each take a row) at the o GEMM's shape (2048 x 4096) and the dense MLP down's (2048 x 768), with
+// and without a norm weight, eager with and without programmatic launches and replayed three times from one graph
+// (the counters must come back to zero each time); shapes the fold does not take (N = 2064 > 2048 values per row,
+// M = 17) and kNormFold 0 run the two launches and must agree as well.
+TEST(CudaLatencyGemm, FoldedAddRmsNormMatchesTheTwoLaunches) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(911);
+  const float eps = 1e-6f;
+  DevBuf<unsigned> sync(2);
+  ASSERT_EQ(cudaMemset(sync.get(), 0, 8), cudaSuccess);
+  for (auto [M, N, K] : {std::tuple{1, 2048, 4096}, std::tuple{2, 2048, 4096}, std::tuple{3, 2048, 768},
+                         std::tuple{8, 2048, 4096}, std::tuple{9, 2048, 4096}, std::tuple{16, 2048, 768},
+                         std::tuple{1, 208, 1056}, std::tuple{4, 2064, 2080}, std::tuple{17, 256, 512}})
+    for (bool with_norm : {true, false}) {
+      SCOPED_TRACE(testing::Message() << "M=" << M << " N=" << N << " K=" << K << (with_norm ? " norm" : " no norm"));
+      const size_t mn = static_cast<size_t>(M) * N;
+      const auto a = upload_bf16(random_bf16(static_cast<size_t>(M) * K, rng));
+      const float bound = std::sqrt(3.f / K);
+      const auto w = upload_bf16(random_bf16(static_cast<size_t>(N) * K, rng, -bound, bound));
+      const auto x0 = upload_bf16(random_bf16(mn, rng, -2.f, 2.f));
+      const auto nw = upload_bf16(random_bf16(N, rng, 0.5f, 1.5f));
+      const bf16* nwp = with_norm ? nw->get() : nullptr;
+      DevBuf<bf16> y(mn), x(mn), xn(mn);
+      auto reset = [&]() {
+        ASSERT_EQ(cudaMemcpy(x.get(), x0->get(), mn * 2, cudaMemcpyDeviceToDevice), cudaSuccess);
+        y.poison();
+        xn.poison();
+      };
+      auto result = [&]() {
+        sync_ok();
+        EXPECT_EQ(sync.download(), (std::vector<unsigned>{0u, 0u})) << "counters left non-zero";
+        return std::vector<std::vector<float>>{download_bf16(y), download_bf16(x), download_bf16(xn)};
+      };
+      reset();
+      ZEST_ASSERT_OK(gemm(a->get(), w->get(), y.get(), M, N, K, nullptr));
+      ZEST_ASSERT_OK(add_rmsnorm(x.get(), y.get(), nwp, xn.get(), M, N, eps, nullptr));
+      const auto want = result();
+      EXPECT_NE(want[1], download_bf16(*x0));  // the residual changed
+      const bool pdl = programmatic_launch();
+      for (int fold : {1, 0})
+        for (bool on : {false, true}) {
+          SCOPED_TRACE(testing::Message() << "kNormFold " << fold << " pdl " << on);
+          OptionScope opt(DecodeOption::kNormFold, fold);
+          reset();
+          set_programmatic_launch(on);
+          const Status st = gemm_add_rmsnorm(a->get(), w->get(), y.get(), M, N, K, x.get(), nwp, xn.get(), eps,
+                                             sync.get(), nullptr);
+          set_programmatic_launch(pdl);
+          ZEST_ASSERT_OK(st);
+          EXPECT_TRUE(result() == want);
+        }
+      // Three replays of one graph holding the folded launch.
+      cudaStream_t st = nullptr;
+      ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+      set_programmatic_launch(true);
+      ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+      const Status c1 = gemm_add_rmsnorm(a->get(), w->get(), y.get(), M, N, K, x.get(), nwp, xn.get(), eps,
+                                         sync.get(), st);
+      cudaGraph_t graph = nullptr;
+      ASSERT_EQ(cudaStreamEndCapture(st, &graph), cudaSuccess);
+      set_programmatic_launch(pdl);
+      ZEST_ASSERT_OK(c1);
+      cudaGraphExec_t exec = nullptr;
+      ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+      cudaGraphDestroy(graph);
+      for (int rep = 0; rep < 3; ++rep) {
+        SCOPED_TRACE(testing::Message() << "replay " << rep);
+        reset();
+        ASSERT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
+        ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+        EXPECT_TRUE(result() == want);
+      }
+      cudaGraphExecDestroy(exec);
+      cudaStreamDestroy(st);
+    }
 }
 
 // The qkv GEMM with L2 prefetches of a paged KV cache (gemm_kv_prefetch, DecodeOption::kL2Prefetch 0-5, small-M GEMM

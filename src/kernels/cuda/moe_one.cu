@@ -133,9 +133,7 @@ __device__ __forceinline__ void down_load(const OneParams& p, int e, int r0, int
 
 // One down item: expert e's output rows [r0, r0 + 16) for its sorted slots [beg, end), scaled by the routing weights
 // into slot_out; warp w takes chunks w, w + 8, ... of k (4 in flight), the partial sums reduced in fixed order, as
-// rows_mma_kernel<kDown> does. `loaded`: lo / hi already hold the first round of the first pass. kCg: h is read at L2
-// (written by this grid). Ends with a barrier.
-template <bool kCg>
+// rows_mma_kernel<kDown> does. `loaded`: lo / hi already hold the first round of the first pass. Ends with a barrier.
 __device__ __forceinline__ void down_item(const OneParams& p, int e, int r0, int beg, int end, bool loaded,
                                           uint4 (&lo)[kDnU], uint4 (&hi)[kDnU], float (*red)[4][32]) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -152,8 +150,7 @@ __device__ __forceinline__ void down_item(const OneParams& p, int e, int r0, int
       for (int u = 0; u < kDnU; ++u) {
         const size_t k = static_cast<size_t>(cb + u * kWarps) * kChunk;
         const bool ok = cb + u * kWarps < chunks && xp;
-        const uint4* src = reinterpret_cast<const uint4*>(xp + k);
-        xa[u] = ok ? (kCg ? __ldcg(src) : __ldg(src)) : make_uint4(0, 0, 0, 0);
+        xa[u] = ok ? __ldg(reinterpret_cast<const uint4*>(xp + k)) : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
       for (int u = 0; u < kDnU; ++u) {
@@ -182,10 +179,8 @@ __device__ __forceinline__ void down_item(const OneParams& p, int e, int r0, int
 
 // The folded combine (p.cmb.x != null) by the CTA that finds itself last on `exit_count` (each CTA's slot rows are
 // ordered before its count: barrier, then a fence by the counting thread; the last one's fence after the count
-// orders its loads after all of them). `reset` (the last CTA, before its combine): words to clear for the next
-// launch, with `exit_count` itself cleared at the end. Returns false in every CTA but the last.
-__device__ __forceinline__ bool finish_last(const OneParams& p, unsigned* exit_count, unsigned* reset, int nreset,
-                                            float* scratch) {
+// orders its loads after all of them); `exit_count` is cleared at the end. Returns false in every CTA but the last.
+__device__ __forceinline__ bool finish_last(const OneParams& p, unsigned* exit_count, float* scratch) {
   __shared__ unsigned last;
   const int c = threadIdx.x * 8;  // this thread's norm weights, loaded while the CTA counts itself
   const uint4 wv = p.cmb.x && p.cmb.w && c < p.H ? __ldg(reinterpret_cast<const uint4*>(p.cmb.w + c))
@@ -198,7 +193,6 @@ __device__ __forceinline__ bool finish_last(const OneParams& p, unsigned* exit_c
   }
   __syncthreads();
   if (!last) return false;
-  for (int i = threadIdx.x; i < nreset; i += blockDim.x) reset[i] = 0u;
   if (p.cmb.x)
     for (int t = 0; t < p.N; ++t)
       combine_norm_row(p.cmb.x + static_cast<size_t>(t) * p.H, p.slot_out + static_cast<size_t>(t) * p.K * p.H,
@@ -267,81 +261,12 @@ __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_down_kernel(OneParams
   const int items = *p.plan.num_active * tiles;
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
     const int j = item / tiles, r0 = (item % tiles) * kRows;
-    down_item<false>(p, p.plan.active_experts[j], r0, p.plan.offsets[j], p.plan.offsets[j + 1],
+    down_item(p, p.plan.active_experts[j], r0, p.plan.offsets[j], p.plan.offsets[j + 1],
                      kPre && pre && item == static_cast<int>(blockIdx.x), lo, hi, red);
   }
   step_timeline_phase(2);
   if (p.stamps_dn && threadIdx.x == 0) p.stamps_dn[3 * blockIdx.x + 2] = global_ns();
-  if (p.cmb.x && finish_last(p, p.cmb.done, nullptr, 0, &red[0][0][0])) step_timeline_phase(3);
-}
-
-// Variant 2: gate/up and down in one launch, the down items starting as soon as their expert's h rows exist. Items
-// are numbered gate/up first (active expert j, 16 intermediate rows), then down (j, 16 output rows). CTA b < S =
-// min(G, gate/up items) runs gate/up item b first (its expert and slots loaded beside the active count); every
-// later item is claimed in order from the plan's item counter (ready[E + 1]; item = S + claim), one claim ahead. A
-// gate/up item publishes its h rows (barrier, fence, release add of 1 to ready[j]); a down item loads its first
-// round of weights, then waits (thread 0, acquire) until ready[j] counts all I / 16 of j's gate/up items and reads h
-// at L2. Claims are in order, so every gate/up item belongs to a CTA that claimed it or owns it as its first item
-// before any down item is handed out, and gate/up items wait on nothing. The last CTA to finish (ready[E]) clears
-// the plan's counters (so the plan can be launched on again) and runs the folded combine.
-__global__ void __launch_bounds__(kWarps * 32, kPerSm) one_fused_kernel(OneParams p) {
-  step_timeline_phase(0);
-  pdl_wait();
-  if (p.stamps_gu && threadIdx.x == 0) p.stamps_gu[2 * blockIdx.x] = global_ns();
-  __shared__ float red[kWarps][8][32];
-  __shared__ int claimed[2];
-  const int E = p.plan.experts;
-  uint32_t* ready = p.plan.ready;
-  const int gtiles = p.I / kRows, dtiles = p.H / kRows;
-  const int jf = min(static_cast<int>(blockIdx.x) / gtiles, E - 1);
-  const int ef = p.plan.active_experts[jf], begf = p.plan.offsets[jf], endf = p.plan.offsets[jf + 1];
-  const int na = *p.plan.num_active;
-  const int gu_items = na * gtiles, items = gu_items + na * dtiles;
-  const int S = min(static_cast<int>(gridDim.x), gu_items);
-  int item = static_cast<int>(blockIdx.x);
-  if (item >= S) {
-    if (threadIdx.x == 0) claimed[1] = S + static_cast<int>(atomicAdd(ready + E + 1, 1u));
-    __syncthreads();
-    item = claimed[1];
-  }
-  int parity = 0;
-  while (item < items) {
-    int next = 0;  // thread 0: the next claim, in flight during this item
-    if (threadIdx.x == 0) next = S + static_cast<int>(atomicAdd(ready + E + 1, 1u));
-    if (item < gu_items) {
-      const bool first = item == static_cast<int>(blockIdx.x);
-      const int j = item / gtiles, r0 = (item % gtiles) * kRows;
-      gate_up_item(p, first ? ef : p.plan.active_experts[j], r0, first ? begf : p.plan.offsets[j],
-                   first ? endf : p.plan.offsets[j + 1], red);
-      if (threadIdx.x == 0) {
-        __threadfence();
-        red_release_add(ready + j, 1u);
-      }
-    } else {
-      const int d = item - gu_items, j = d / dtiles, r0 = (d % dtiles) * kRows;
-      const int e = p.plan.active_experts[j];
-      uint4 lo[kDnU], hi[kDnU];
-      down_load(p, e, r0, threadIdx.x >> 5, lo, hi);
-      const int beg = p.plan.offsets[j], end = p.plan.offsets[j + 1];
-      if (threadIdx.x == 0 && ld_acquire(ready + j) < static_cast<uint32_t>(gtiles)) {
-        const uint64_t t0 = global_ns();
-        while (ld_acquire(ready + j) < static_cast<uint32_t>(gtiles))
-          if (global_ns() - t0 > kWatchdogNs) __trap();
-      }
-      __syncthreads();
-      down_item<true>(p, e, r0, beg, end, true, lo, hi, reinterpret_cast<float(*)[4][32]>(&red[0][0][0]));
-    }
-    if (threadIdx.x == 0) claimed[parity] = next;
-    __syncthreads();
-    item = claimed[parity];
-    parity ^= 1;
-  }
-  step_timeline_phase(2);
-  if (p.stamps_gu && threadIdx.x == 0) p.stamps_gu[2 * blockIdx.x + 1] = global_ns();
-  if (finish_last(p, ready + E, ready, na, &red[0][0][0])) {
-    if (threadIdx.x == 0) ready[E + 1] = 0u;
-    step_timeline_phase(3);
-  }
+  if (p.cmb.x && finish_last(p, p.cmb.done, &red[0][0][0])) step_timeline_phase(3);
 }
 
 }  // namespace
@@ -359,11 +284,6 @@ void moe_one_grids(int N, int K, int E, int H, int I, int* gate_up_grid, int* do
   *down_grid = std::max(1, std::min(kPerSm * sm_count(), max_active * (H / kRows)));
 }
 
-int moe_one_fused_grid(int N, int K, int E, int H, int I) {
-  const int max_active = std::min(E, N * K);
-  return std::max(1, std::min(kPerSm * sm_count(), max_active * (I / kRows + H / kRows)));
-}
-
 Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up, const bf16* down,
                        bf16* h, float* slot_out, int N, int K, int E, int H, int I, int variant, cudaStream_t stream,
                        uint64_t* stamps, const OneCombine* combine) {
@@ -376,10 +296,8 @@ Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights,
   if (combine && (!combine->x || !combine->ids || !combine->done || (combine->w && !combine->y) ||
                   !moe_one_combine_ok(H)))
     return invalid_argument("moe_experts_one: the folded combine needs x, ids, done (y with w) and H <= 2048, H % 8 == 0");
-  if (variant == 2 && !plan.ready) return invalid_argument("moe_experts_one: variant 2 needs the plan's counters");
   int gu_grid = 0, dn_grid = 0;
   moe_one_grids(N, K, E, H, I, &gu_grid, &dn_grid);
-  if (variant == 2) gu_grid = moe_one_fused_grid(N, K, E, H, I);
   OneParams p{};
   p.x = x;
   p.gate_up = gate_up;
@@ -402,12 +320,10 @@ Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights,
   if (want != carve) {
     for (const void* fn : {reinterpret_cast<const void*>(one_gate_up_kernel),
                            reinterpret_cast<const void*>(one_down_kernel<true>),
-                           reinterpret_cast<const void*>(one_down_kernel<false>),
-                           reinterpret_cast<const void*>(one_fused_kernel)})
+                           reinterpret_cast<const void*>(one_down_kernel<false>)})
       ZEST_RETURN_IF_ERROR(set_min_carveout(fn, kPerSm, 0, want == 1));
     carve = want;
   }
-  if (variant == 2) return launch("moe_one_fused", one_fused_kernel, dim3(gu_grid), block, 0, stream, p);
   ZEST_RETURN_IF_ERROR(launch("moe_one_gate_up", one_gate_up_kernel, dim3(gu_grid), block, 0, stream, p));
   return launch("moe_one_down", variant == 1 ? one_down_kernel<true> : one_down_kernel<false>, dim3(dn_grid), block,
                 0, stream, p);

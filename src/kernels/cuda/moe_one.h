@@ -10,10 +10,8 @@
 namespace zest::cuda {
 
 // Variants (DecodeOption::kMoeKernel 16 + variant): 0 = both kernels after their waits; 1 = as 0 with the down
-// kernel's first weights loaded (and its next items prefetched into L2) before its wait; 2 = one launch (gate/up
-// items first, then down items claimed in order, each down item waiting only for its own expert's gate/up items
-// through the plan's ready counters, which must be zero at the launch as every plan build leaves them).
-constexpr int kOneVariants = 3;
+// kernel's first weights loaded (and its next items prefetched into L2) before its wait.
+constexpr int kOneVariants = 2;
 
 // The layer's MoE combine folded into the down kernel (DecodeOption::kMoeCombine): the last of its CTAs to finish
 // (an exit counter) runs moe_combine_add_rmsnorm on x / y for the N tokens, the same bits as that launch. `done` is
@@ -38,9 +36,7 @@ bool moe_one_ok(int N, int K, int E, int H, int I);
 Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up, const bf16* down,
                        bf16* h, float* slot_out, int N, int K, int E, int H, int I, int variant, cudaStream_t stream,
                        uint64_t* stamps = nullptr, const OneCombine* combine = nullptr);
-// The gate/up and down grids of moe_experts_one for these sizes (variants 0 and 1).
+// The gate/up and down grids of moe_experts_one for these sizes.
 void moe_one_grids(int N, int K, int E, int H, int I, int* gate_up_grid, int* down_grid);
-// The grid of variant 2 (its stamps: 2 per CTA, as gate/up's).
-int moe_one_fused_grid(int N, int K, int E, int H, int I);
 
 }  // namespace zest::cuda
