@@ -65,6 +65,13 @@ inline EncodeTiledFn encode_tiled_fn() {
   return fn;
 }
 
+// %globaltimer (ns).
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
 #ifdef ZEST_STEP_TIMELINE
 // Step timeline (set_step_timeline, kernels.h; only in the library built with ZEST_STEP_TIMELINE, which the
 // timeline tools link, so that the kernels of every other build keep their bare PDL waits): this translation unit's
@@ -77,11 +84,7 @@ cudaError_t set_unit_step_timeline(void* buffer) {
 [[maybe_unused]] const bool g_step_timeline_registered = register_step_timeline_unit(&set_unit_step_timeline);
 }  // namespace
 
-__device__ __forceinline__ unsigned long long globaltimer_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
+__device__ __forceinline__ unsigned long long globaltimer_ns() { return global_ns(); }
 
 // The first thread of a CTA reads the buffer pointer and the time before the wait and, when a buffer is set, takes a
 // record slot after the wait and fills it. Per-SM counters keep the atomics of one launch apart.
@@ -164,13 +167,6 @@ __device__ __forceinline__ float warp_max(float v) {
 }
 
 __device__ __forceinline__ float bf16_round(float v) { return __bfloat162float(__float2bfloat16(v)); }
-
-// %globaltimer (ns).
-__device__ __forceinline__ uint64_t global_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
 
 // A wait that never ends means a bug (a byte count or a dependency that cannot complete): spin loops trap after this
 // long, so the launch fails with an error instead of hanging the device.
@@ -266,6 +262,7 @@ __device__ __forceinline__ void combine_norm_row(bf16* x, const float* slot_out,
     for (int i = 0; i < 8; ++i) v[i] = bf16_round(v[i] + bf16_round(acc[i]));
     *reinterpret_cast<uint4*>(x + c) = pack8(v);
   }
+  step_timeline_phase(5);  // the row's loads have landed
   if (!y) return;
   const float tot = block_sum(sumsq8(v), red);
   const float inv = rsqrtf(tot / hidden + eps);
@@ -273,9 +270,9 @@ __device__ __forceinline__ void combine_norm_row(bf16* x, const float* slot_out,
 }
 
 // One token row of add_rmsnorm (elementwise.cu norm_kernel<1> for hidden <= 8 * blockDim.x, one 8-element chunk per
-// thread; the small-M GEMM's folded add + norm): x = bf16(x + r), y = w * bf16(x * rsqrt(mean(x^2) + eps)) with wv
-// this thread's 8 norm weights (zero without a norm weight). x and r are read through L2 (r may come from other CTAs
-// of the same launch). Every thread of the CTA calls it; red: blockDim.x / 32 floats of shared memory.
+// thread; the small-M GEMM's folded add + norm): x = bf16(x + r), then, when y is not null, y = w * bf16(x *
+// rsqrt(mean(x^2) + eps)) with wv this thread's 8 norm weights. x and r are read through L2 (r may come from other
+// CTAs of the same launch). Every thread of the CTA calls it; red: blockDim.x / 32 floats of shared memory.
 __device__ __forceinline__ void add_norm_row(bf16* x, const bf16* r, const uint4& wv, bf16* y, int hidden, float eps,
                                              float* red) {
   const int c = threadIdx.x * 8;
@@ -290,6 +287,7 @@ __device__ __forceinline__ void add_norm_row(bf16* x, const bf16* r, const uint4
     for (int i = 0; i < 8; ++i) v[i] = bf16_round(v[i] + rv[i]);
     *reinterpret_cast<uint4*>(x + c) = pack8(v);
   }
+  if (!y) return;
   const float tot = block_sum(sumsq8(v), red);
   const float inv = rsqrtf(tot / hidden + eps);
   if (own) *reinterpret_cast<uint4*>(y + c) = rms_scale8(v, inv, wv);

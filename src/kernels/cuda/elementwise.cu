@@ -43,8 +43,8 @@ __device__ __forceinline__ void store8(bf16* p, const float* v) {
   *reinterpret_cast<uint4*>(p) = u;
 }
 
-// Mode 0: y = norm(x). Mode 1: x = bf16(x + r), y = norm(x). Mode 2: x = bf16(x + bf16(sum_k slot_out)),
-// y = norm(x) when w != nullptr.
+// Mode 0: y = norm(x). Mode 1: x = bf16(x + r), y = norm(x) when w != nullptr. Mode 2: x = bf16(x + bf16(sum_k
+// slot_out)), y = norm(x) when w != nullptr.
 template <int kMode>
 __global__ void __launch_bounds__(kRowThreads) norm_kernel(bf16* __restrict__ x, const bf16* __restrict__ r,
                                                            const float* __restrict__ slot_out,
@@ -71,8 +71,8 @@ __global__ void __launch_bounds__(kRowThreads) norm_kernel(bf16* __restrict__ x,
       return;
     }
     if constexpr (kMode == 1) {  // add_rmsnorm's row (common.cuh; also run by the small-M GEMM's folded norm)
-      add_norm_row(xr, r + static_cast<size_t>(row) * hidden, wv, y + static_cast<size_t>(row) * hidden, hidden, eps,
-                   red);
+      add_norm_row(xr, r + static_cast<size_t>(row) * hidden, wv, w ? y + static_cast<size_t>(row) * hidden : nullptr,
+                   hidden, eps, red);
       step_timeline_phase(2);
       return;
     }
@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(kRowThreads) norm_kernel(bf16* __restrict__ x,
 #pragma unroll
     for (int i = 0; i < 8; ++i) ss += v[i] * v[i];
   }
-  if (kMode == 2 && w == nullptr) return;
+  if (kMode != 0 && w == nullptr) return;  // the residual only
   const float tot = block_sum(ss, red);
   const float inv = rsqrtf(tot / hidden + eps);
   bf16* yr = y + static_cast<size_t>(row) * hidden;

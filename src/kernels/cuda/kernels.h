@@ -165,7 +165,7 @@ Status embedding(const int32_t* ids, const bf16* table, bf16* out, int n, int hi
 // RMSNorm per row: y = w * bf16(x * rsqrt(mean(x^2) + eps)), statistics in fp32.
 Status rmsnorm(const bf16* x, const bf16* w, bf16* y, int rows, int hidden, float eps, cudaStream_t stream);
 
-// Fused residual add + RMSNorm: x = bf16(x + r); y = rmsnorm(x) (x updated in place).
+// Fused residual add + RMSNorm: x = bf16(x + r); y = rmsnorm(x) (x updated in place; w == nullptr: x only).
 Status add_rmsnorm(bf16* x, const bf16* r, const bf16* w, bf16* y, int rows, int hidden, float eps,
                    cudaStream_t stream);
 

@@ -193,6 +193,7 @@ __device__ __forceinline__ bool finish_last(const OneParams& p, unsigned* exit_c
   }
   __syncthreads();
   if (!last) return false;
+  step_timeline_phase(4);  // the last CTA knows it is last
   if (p.cmb.x)
     for (int t = 0; t < p.N; ++t)
       combine_norm_row(p.cmb.x + static_cast<size_t>(t) * p.H, p.slot_out + static_cast<size_t>(t) * p.K * p.H,

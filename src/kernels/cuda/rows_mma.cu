@@ -303,8 +303,9 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
   if (nf.sync) {
     const int t = tail_row(nf.sync, M);  // its barrier also ends the reads of red above
     if (t >= 0) {
+      step_timeline_phase(4);  // every CTA has arrived
       add_norm_row(nf.res + static_cast<size_t>(t) * N, y + static_cast<size_t>(t) * N, nwv,
-                   nf.out + static_cast<size_t>(t) * N, N, nf.eps, reinterpret_cast<float*>(wsm));
+                   nf.w ? nf.out + static_cast<size_t>(t) * N : nullptr, N, nf.eps, reinterpret_cast<float*>(wsm));
       tail_row_done(nf.sync, M);
       step_timeline_phase(3);
     }
