@@ -134,8 +134,7 @@ enum class DecodeOption : int {
                     // 2 = the KV prefetch only (weight tiles without the policy); 3 = the o weights only; 4 = none;
                     // 5 = as 0 without the other GEMMs' evict-first tiles
   kMoeCombine,      // moe_experts_decode_combine: 1 (default) = the combine folded into the one-token experts' down
-                    // kernel (its last CTA); 0 = always the separate moe_combine_add_rmsnorm launch; 2 = as 1 with the
-                    // norm weights loaded by the last CTA only; 3 = as 2, the down CTAs prefetching l2_next into L2
+                    // kernel (its last CTA); 0 = always the separate moe_combine_add_rmsnorm launch
   kMoeCarveout,     // decode experts at one token (moe_one.h): 1 (default) = both kernels prefer the smallest
                     // shared-memory carveout that holds their 3 CTAs per SM (set_min_carveout), the rest of the SM
                     // staying L1; 0 = the driver's default. Measured: with the default, the experts ran ~10 us per
@@ -386,7 +385,7 @@ Status moe_experts_decode(const bf16* x, const MoePlan& plan, const float* weigh
 Status moe_experts_decode_combine(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
                                   const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I,
                                   bf16* cx, const int32_t* ids, const bf16* cw, bf16* cy, float eps, unsigned* done,
-                                  cudaStream_t stream, const void* l2_next = nullptr, size_t l2_next_bytes = 0);
+                                  cudaStream_t stream);
 // Prefill experts: the same function as moe_experts_decode through tensor-core grouped GEMMs over the
 // plan's tiles (device-side offsets): moe_prefill_gate_up then moe_prefill_down when H % 128 == 0 and
 // I % 64 == 0, else moe_experts_prefill_wmma.

@@ -182,18 +182,9 @@ __device__ __forceinline__ void down_item(const OneParams& p, int e, int r0, int
 // orders its loads after all of them); `exit_count` is cleared at the end. Returns false in every CTA but the last.
 __device__ __forceinline__ bool finish_last(const OneParams& p, unsigned* exit_count, float* scratch) {
   __shared__ unsigned last;
-  const int c = threadIdx.x * 8;  // this thread's norm weights (mode 1: loaded while the CTA counts itself)
-  const bool early_w = p.cmb.mode <= 1;
-  uint4 wv = early_w && p.cmb.x && p.cmb.w && c < p.H ? __ldg(reinterpret_cast<const uint4*>(p.cmb.w + c))
-                                                       : make_uint4(0, 0, 0, 0);
-  if (p.cmb.mode >= 3 && p.cmb.l2_next && threadIdx.x == 0) {
-    // This CTA's share of the next kernel's weights into L2 (16-byte multiples).
-    const size_t share = ((p.cmb.l2_next_bytes + gridDim.x - 1) / gridDim.x + 15) / 16 * 16;
-    const size_t off = blockIdx.x * share;
-    if (off < p.cmb.l2_next_bytes)
-      prefetch_l2(static_cast<const unsigned char*>(p.cmb.l2_next) + off,
-                  static_cast<uint32_t>(share < p.cmb.l2_next_bytes - off ? share : p.cmb.l2_next_bytes - off));
-  }
+  const int c = threadIdx.x * 8;  // this thread's norm weights, loaded while the CTA counts itself
+  const uint4 wv = p.cmb.x && p.cmb.w && c < p.H ? __ldg(reinterpret_cast<const uint4*>(p.cmb.w + c))
+                                                  : make_uint4(0, 0, 0, 0);
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence();
@@ -203,7 +194,6 @@ __device__ __forceinline__ bool finish_last(const OneParams& p, unsigned* exit_c
   __syncthreads();
   if (!last) return false;
   step_timeline_phase(4);  // the last CTA knows it is last
-  if (!early_w && p.cmb.x && p.cmb.w && c < p.H) wv = __ldg(reinterpret_cast<const uint4*>(p.cmb.w + c));
   if (p.cmb.x)
     for (int t = 0; t < p.N; ++t)
       combine_norm_row(p.cmb.x + static_cast<size_t>(t) * p.H, p.slot_out + static_cast<size_t>(t) * p.K * p.H,

@@ -23,12 +23,6 @@ struct OneCombine {
   bf16* y = nullptr;             // [N, H] normalised rows
   float eps = 0.f;
   unsigned* done = nullptr;
-  // 1: every down CTA loads its norm weights before counting itself; 2: only the last one does, with its row loads;
-  // 3: as 2, and each down CTA, once its items are done, prefetches its share of l2_next into L2 (the next kernel's
-  // weights, e.g. the next layer's qkv projection).
-  int mode = 1;
-  const void* l2_next = nullptr;
-  size_t l2_next_bytes = 0;
 };
 bool moe_one_combine_ok(int H);
 
