@@ -118,6 +118,29 @@ TEST(CudaNorm, AddRmsnormUpdatesResidualAndNormalises) {
   ZEST_EXPECT_CLOSE(download_bf16(dy), ref_rmsnorm(xs, w.f, rows, hidden), kTol);
 }
 
+// Without a norm weight add_rmsnorm updates the residual only and leaves y untouched, for a row held in registers
+// (hidden <= 2048) and a longer one (the looped path).
+TEST(CudaNorm, AddRmsnormWithoutWeightUpdatesResidualOnly) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(16);
+  for (int hidden : {264, 2064}) {
+    SCOPED_TRACE(testing::Message() << "hidden " << hidden);
+    const int rows = 3;
+    auto x = random_bf16(rows * hidden, rng, -2.f, 2.f), r = random_bf16(rows * hidden, rng);
+    auto dx = upload_bf16(x), dr = upload_bf16(r);
+    DevBuf<bf16> dy(x.f.size());
+    dy.poison();
+    ZEST_ASSERT_OK(add_rmsnorm(dx->get(), dr->get(), nullptr, dy.get(), rows, hidden, kEps, nullptr));
+    sync_ok();
+    std::vector<float> xs(x.f.size());
+    for (size_t i = 0; i < xs.size(); ++i) xs[i] = round_bf16(x.f[i] + r.f[i]);
+    EXPECT_EQ(download_bf16(*dx), xs);
+    std::vector<uint16_t> yb(x.f.size());
+    ASSERT_EQ(cudaMemcpy(yb.data(), dy.get(), yb.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    for (uint16_t b : yb) ASSERT_EQ(b, 0xffffu) << "y written";
+  }
+}
+
 TEST(CudaNorm, MoeCombineSkipsEmptySlotsAndNormalises) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(15);

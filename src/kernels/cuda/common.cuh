@@ -269,64 +269,6 @@ __device__ __forceinline__ void combine_norm_row(bf16* x, const float* slot_out,
   if (own) *reinterpret_cast<uint4*>(y + c) = rms_scale8(v, inv, wv);
 }
 
-// One token row of add_rmsnorm (elementwise.cu norm_kernel<1> for hidden <= 8 * blockDim.x, one 8-element chunk per
-// thread; the small-M GEMM's folded add + norm): x = bf16(x + r), then, when y is not null, y = w * bf16(x *
-// rsqrt(mean(x^2) + eps)) with wv this thread's 8 norm weights. x and r are read through L2 (r may come from other
-// CTAs of the same launch). Every thread of the CTA calls it; red: blockDim.x / 32 floats of shared memory.
-__device__ __forceinline__ void add_norm_row(bf16* x, const bf16* r, const uint4& wv, bf16* y, int hidden, float eps,
-                                             float* red) {
-  const int c = threadIdx.x * 8;
-  const bool own = c < hidden;
-  float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  if (own) {
-    const uint4 xu = __ldcg(reinterpret_cast<const uint4*>(x + c)), ru = __ldcg(reinterpret_cast<const uint4*>(r + c));
-    float rv[8];
-    unpack8(xu, v);
-    unpack8(ru, rv);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = bf16_round(v[i] + rv[i]);
-    *reinterpret_cast<uint4*>(x + c) = pack8(v);
-  }
-  if (!y) return;
-  const float tot = block_sum(sumsq8(v), red);
-  const float inv = rsqrtf(tot / hidden + eps);
-  if (own) *reinterpret_cast<uint4*>(y + c) = rms_scale8(v, inv, wv);
-}
-
-// The tail of a grid whose last `rows` CTAs to get here each take one row, 0 .. rows - 1, once every CTA of the grid
-// has got here; the others get -1. ctr[0] counts arrivals, ctr[1] finished rows (tail_row_done); both are zero before
-// the launch and cleared again by the last row to finish. Each CTA's earlier global writes are ordered before its
-// arrival (barrier, then a fence by the arriving thread), a row CTA's later loads after every arrival (acquire spin,
-// fence). The waiting row CTAs stay resident: every CTA of the grid must fit on the GPU beside them (rows <= grid).
-__device__ __forceinline__ int tail_row(unsigned* ctr, int rows) {
-  __shared__ int s_row;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    const unsigned t = atomicAdd(ctr, 1u), grid = gridDim.x;
-    int row = -1;
-    if (t + rows >= grid) {
-      row = static_cast<int>(grid - 1 - t);
-      if (t + 1 < grid && ld_acquire(ctr) < grid) {
-        const uint64_t t0 = global_ns();
-        while (ld_acquire(ctr) < grid)
-          if (global_ns() - t0 > kWatchdogNs) __trap();
-      }
-      __threadfence();
-    }
-    s_row = row;
-  }
-  __syncthreads();
-  return s_row;
-}
-// A row CTA of tail_row has finished its row (thread 0 counts it; the last one clears both counters).
-__device__ __forceinline__ void tail_row_done(unsigned* ctr, int rows) {
-  if (threadIdx.x == 0 && atomicAdd(ctr + 1, 1u) == static_cast<unsigned>(rows) - 1) {
-    ctr[0] = 0u;
-    ctr[1] = 0u;
-  }
-}
-
 // Dot product of 8 bf16 pairs packed in two uint4 values, fp32.
 __device__ __forceinline__ float dot8(const uint4& a, const uint4& b) {
   const __nv_bfloat162* pa = reinterpret_cast<const __nv_bfloat162*>(&a);

@@ -255,8 +255,7 @@ class CudaTextDecoder final : public model::TextDecoder {
          *gu = nullptr, *xr = nullptr, *logits = nullptr;
     int32_t *ids = nullptr, *ids_before = nullptr;
     float *route_w = nullptr, *slot_out = nullptr;
-    unsigned* done = nullptr;  // the folded MoE combine's exit counter, then gemm_add_rmsnorm's two words (zero
-                               // between launches)
+    unsigned* done = nullptr;  // the folded MoE combine's exit counter (zero between launches)
     void* plan_buf = nullptr;
     MoePlan plan;
     const model::RerouteSpec* sim_spec = nullptr;  // the spec whose similarity matrices are on the device
@@ -491,7 +490,7 @@ Status CudaTextDecoder::ensure(const Caps& need) const {
       s.plan_buf = cv.take<char>(E_ > 0 ? moe_plan_bytes(static_cast<int>(T), K_, E_) : 1);
       s.xr = cv.take<bf16>(R * H);
       s.logits = cv.take<bf16>(R * V_);
-      s.done = cv.take<unsigned>(3);
+      s.done = cv.take<unsigned>(1);
     };
     Carver sizing;
     layout(sizing);
@@ -499,7 +498,7 @@ Status CudaTextDecoder::ensure(const Caps& need) const {
     Carver real{s.act.get(), 0};
     layout(real);
     if (E_ > 0) moe_plan_bind(s.plan, s.plan_buf, static_cast<int>(T), K_, E_);
-    ZEST_CU(cudaMemsetAsync(s.done, 0, 3 * sizeof(unsigned), stream_), "combine and norm counters");
+    ZEST_CU(cudaMemsetAsync(s.done, 0, sizeof(unsigned), stream_), "combine counter");
     ZEST_RETURN_IF_ERROR(s.logits_host.allocate(R * V_ * sizeof(uint16_t)));
   }
   StepInputs unused;
@@ -1001,17 +1000,16 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
                                              all_generic ? nullptr : d_gen, n, s.attn, Hq_ * D_, Hq_, Hkv_, D_, scale,
                                              st));
     }
+    ZEST_RETURN_IF_ERROR(gemm(s.attn, Ly.wo, s.o, T, H_, Hq_ * D_, st));
     // The MoE half of a decode layer in one launch (DecodeOption::kMoeBlock, moe_block.h) when nothing re-routes and
     // no DeepStack rows follow the layer: x, xn, ids, weights and the router logits as the chain below leaves them.
     if (Ly.moe && decode_only && l >= nds && decode_option(DecodeOption::kMoeBlock) >= 1 &&
         (!hooks || (!hooks->route && !hooks->moe_input && !hooks->reroute)) && moe_block_ok(T, H_, E_, K_, I_)) {
-      ZEST_RETURN_IF_ERROR(gemm(s.attn, Ly.wo, s.o, T, H_, Hq_ * D_, st));
       ZEST_RETURN_IF_ERROR(moe_block_decode(s.x, s.o, Ly.post_norm, Ly.router, nullptr, Ly.gate_up, Ly.down, next, s.xn,
                                             s.ids, s.route_w, s.rl, nullptr, nullptr, 0, T, H_, E_, K_, I_, eps_, st));
       continue;
     }
-    ZEST_RETURN_IF_ERROR(
-        gemm_add_rmsnorm(s.attn, Ly.wo, s.o, T, H_, Hq_ * D_, s.x, Ly.post_norm, s.xn, eps_, s.done + 1, st));
+    ZEST_RETURN_IF_ERROR(add_rmsnorm(s.x, s.o, Ly.post_norm, s.xn, T, H_, eps_, st));
     const bool ds = l < nds;
     if (Ly.moe) {
       Status ms = run_moe(l, Ly, T, b, hooks, all_active, ds ? nullptr : next);
@@ -1019,7 +1017,8 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
     } else {
       ZEST_RETURN_IF_ERROR(gemm(s.xn, Ly.gate_up, s.gu, T, 2 * Id_, H_, st));
       ZEST_RETURN_IF_ERROR(silu_mul(s.gu, s.h, T, Id_, st));
-      ZEST_RETURN_IF_ERROR(gemm_add_rmsnorm(s.h, Ly.down, s.o, T, H_, Id_, s.x, next, s.xn, eps_, s.done + 1, st));
+      ZEST_RETURN_IF_ERROR(gemm(s.h, Ly.down, s.o, T, H_, Id_, st));
+      ZEST_RETURN_IF_ERROR(add_rmsnorm(s.x, s.o, next, s.xn, T, H_, eps_, st));
     }
     if (ds) {
       ZEST_RETURN_IF_ERROR(scatter_rows(mm_src(l + 1), d_mm, s.x, static_cast<int>(M), H_, true, st));

@@ -70,14 +70,21 @@ __global__ void __launch_bounds__(kRowThreads) norm_kernel(bf16* __restrict__ x,
       step_timeline_phase(2);
       return;
     }
-    if constexpr (kMode == 1) {  // add_rmsnorm's row (common.cuh; also run by the small-M GEMM's folded norm)
-      add_norm_row(xr, r + static_cast<size_t>(row) * hidden, wv, w ? y + static_cast<size_t>(row) * hidden : nullptr,
-                   hidden, eps, red);
+    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (own) {
+      load8(xr + c, v);
+      if constexpr (kMode == 1) {
+        float rv[8];
+        load8(r + static_cast<size_t>(row) * hidden + c, rv);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = bf16_round(v[i] + rv[i]);
+      }
+      if constexpr (kMode != 0) store8(xr + c, v);
+    }
+    if (kMode == 1 && w == nullptr) {  // the residual only
       step_timeline_phase(2);
       return;
     }
-    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    if (own) load8(xr + c, v);
     const float ss = sumsq8(v);
     const float tot = block_sum(ss, red);
     const float inv = rsqrtf(tot / hidden + eps);

@@ -140,9 +140,6 @@ enum class DecodeOption : int {
                     // staying L1; 0 = the driver's default. Measured: with the default, the experts ran ~10 us per
                     // layer slower when the routing cluster launched right behind the o GEMM (no kernel between them
                     // to let SMs drain), as when every launch asked for the largest carveout
-  kNormFold,        // gemm_add_rmsnorm: 1 (default) = the add + RMSNorm folded into the small-M GEMM's shared-memory
-                    // tile kernel (its last M CTAs run add_rmsnorm's rows) where that kernel serves the GEMM; 0 = the
-                    // GEMM and add_rmsnorm as two launches
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);
@@ -243,11 +240,6 @@ struct KvPrefetch {
   int batch = 0, max_blocks = 0;
   int row_bytes = 0;  // one token's row of all kv heads: kv_heads * head_dim * 2 (a multiple of 16)
 };
-// gemm(a, w, y, M, N, K) followed by add_rmsnorm(x, y, nw, xn, M, N, eps): the same bits, in one launch where the
-// small-M GEMM runs its shared-memory tile kernel (DecodeOption::kNormFold). sync: two device words, zero before the
-// first call (the launch leaves them zero); launches that may run at the same time need their own.
-Status gemm_add_rmsnorm(const bf16* a, const bf16* w, bf16* y, int M, int N, int K, bf16* x, const bf16* nw, bf16* xn,
-                        float eps, unsigned* sync, cudaStream_t stream);
 // gemm() for the qkv projection of a decode step: with DecodeOption::kL2Prefetch 0 (M <= 2), 1 or 2 and the
 // shared-memory small-M path serving (M, N, K), its CTAs also prefetch kv's rows into L2 (a hint: the result is
 // gemm()'s, bit for bit); otherwise gemm().

@@ -206,22 +206,11 @@ __device__ __forceinline__ void prefetch_kv_l2(const KvPrefetch& kv) {
 // Registers allow 3 CTAs per SM for K <= 2048 (as the shared memory does): one token tile with 8 chunks per round
 // (62 registers) or two with 4 (70); K = 4096 tiles (one CTA per SM) take one token tile's 16 chunks in one round.
 // kPf (PreFetch): the L2 prefetches of kv's rows and the tile's cache policy.
-// The add + RMSNorm folded into rows_pre_kernel (gemm_add_rmsnorm): with sync != null the last M CTAs to finish run
-// add_rmsnorm(res, y, w, out, M, N, eps)'s rows (tail_row; sync: its two counters).
-struct NormFold {
-  bf16* res = nullptr;
-  const bf16* w = nullptr;
-  bf16* out = nullptr;
-  float eps = 0.f;
-  unsigned* sync = nullptr;
-};
-
 template <bool kTwo, int kRound, int kPf>
 __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_kernel(const bf16* __restrict__ x,
                                                                                     const bf16* __restrict__ w,
                                                                                     bf16* __restrict__ y, int M, int N,
-                                                                                    int Kdim, KvPrefetch kv,
-                                                                                    NormFold nf) {
+                                                                                    int Kdim, KvPrefetch kv) {
   extern __shared__ __align__(128) unsigned char wsm[];
   __shared__ __align__(8) uint64_t bar;
   step_timeline_phase(0);
@@ -243,9 +232,6 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
   }
   // Block tables and context lengths are step inputs, not written by the previous kernel.
   if constexpr (kPf == kPfBefore || kPf == kPfBeforePlain) prefetch_kv_l2(kv);
-  // The folded norm's weights (this thread's 8), a weight like the tile.
-  const uint4 nwv = nf.sync && nf.w && threadIdx.x * 8 < N ? __ldg(reinterpret_cast<const uint4*>(nf.w + threadIdx.x * 8))
-                                                            : make_uint4(0, 0, 0, 0);
   __syncthreads();
   pdl_wait();
   const int chunks = Kdim / kChunk;
@@ -300,16 +286,6 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
       y[static_cast<size_t>(t) * N + row] = __float2bfloat16(s);
     }
   }
-  if (nf.sync) {
-    const int t = tail_row(nf.sync, M);  // its barrier also ends the reads of red above
-    if (t >= 0) {
-      step_timeline_phase(4);  // every CTA has arrived
-      add_norm_row(nf.res + static_cast<size_t>(t) * N, y + static_cast<size_t>(t) * N, nwv,
-                   nf.w ? nf.out + static_cast<size_t>(t) * N : nullptr, N, nf.eps, reinterpret_cast<float*>(wsm));
-      tail_row_done(nf.sync, M);
-      step_timeline_phase(3);
-    }
-  }
 }
 
 constexpr size_t kPreMaxSmem = 200 * 1024;
@@ -321,7 +297,7 @@ size_t rows_pre_smem(int K) {
 
 // The instantiation for (M, K, prefetch): two token tiles above 8 rows; 16 chunks per round for one tile when
 // K > 2048.
-using PreKernel = void (*)(const bf16*, const bf16*, bf16*, int, int, int, KvPrefetch, NormFold);
+using PreKernel = void (*)(const bf16*, const bf16*, bf16*, int, int, int, KvPrefetch);
 template <int kPf>
 PreKernel rows_pre_pick_pf(int M, int K) {
   if (M > 8) return rows_pre_kernel<true, kPreRound / 2, kPf>;
@@ -371,9 +347,9 @@ bool rows_pre_ok(int M, int N, int K, int pf = kPfNone) {
 }
 
 Status launch_rows_pre(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream,
-                       int pf = kPfNone, const KvPrefetch& kv = KvPrefetch{}, const NormFold& nf = NormFold{}) {
-  return launch(nf.sync ? "rows_pre_add_rmsnorm" : "rows_pre", rows_pre_pick(M, K, pf), dim3(N / kRows),
-                dim3(kWarps * 32), rows_pre_smem(K), stream, x, w, y, M, N, K, kv, nf);
+                       int pf = kPfNone, const KvPrefetch& kv = KvPrefetch{}) {
+  return launch("rows_pre", rows_pre_pick(M, K, pf), dim3(N / kRows), dim3(kWarps * 32), rows_pre_smem(K), stream, x,
+                w, y, M, N, K, kv);
 }
 
 // kGemmVariant 4 (default) runs the register-streamed kernel for 9-16 token rows when K <= 2048 (the qkv GEMM at
@@ -453,27 +429,6 @@ Status gemm_kv_prefetch(const bf16* x, const bf16* w, bf16* y, int M, int N, int
   if (pf != kPfNone && kv_ok && aligned && pre && rows_mma_gemm_ok(M, N, K) && rows_pre_ok(M, N, K, pf))
     return launch_rows_pre(x, w, y, M, N, K, stream, pf, kv);
   return gemm(x, w, y, M, N, K, stream);
-}
-
-Status gemm_add_rmsnorm(const bf16* a, const bf16* w, bf16* y, int M, int N, int K, bf16* x, const bf16* nw, bf16* xn,
-                        float eps, unsigned* sync, cudaStream_t stream) {
-  // The folded form where gemm() takes the shared-memory tile kernel (kGemmVariant 4) and one CTA's 256 threads hold
-  // a row (N <= 2048); otherwise the two launches.
-  const bool long_k = K > kWarps * kChunk * kPreRound;
-  const int pf = decode_option(DecodeOption::kL2Prefetch) == 0 && M <= kPrefetchMaxRows ? kPfTileHint : kPfNone;
-  if (decode_option(DecodeOption::kNormFold) >= 1 && sync && x && xn && decode_option(DecodeOption::kGemmVariant) == 4 &&
-      (long_k || M < kStreamMinRows) && rows_mma_gemm_ok(M, N, K) && N % 8 == 0 && N <= kWarps * 32 * 8 &&
-      M <= N / kRows && rows_pre_ok(M, N, K, pf)) {
-    NormFold nf;
-    nf.res = x;
-    nf.w = nw;
-    nf.out = xn;
-    nf.eps = eps;
-    nf.sync = sync;
-    return launch_rows_pre(a, w, y, M, N, K, stream, pf, KvPrefetch{}, nf);
-  }
-  ZEST_RETURN_IF_ERROR(gemm(a, w, y, M, N, K, stream));
-  return add_rmsnorm(x, y, nw, xn, M, N, eps, stream);
 }
 
 bool rows_mma_moe_ok(int H, int I) { return H % kChunk == 0 && I % kChunk == 0 && H % kRows == 0 && I % kRows == 0; }

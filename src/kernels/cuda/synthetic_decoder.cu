@@ -222,8 +222,8 @@ Status SyntheticDecoder::init(const SyntheticConfig& cfg, const SyntheticOptions
     ZEST_RETURN_IF_ERROR(dev(block_ws_bytes_, &block_ws_));
     ZEST_CU(cudaMemsetAsync(block_ws_, 0, block_ws_bytes_, stream_), "memset");
   }
-  ZEST_RETURN_IF_ERROR(dev(12, &combine_done_));  // the combine's exit counter, then the folded norm's two words
-  ZEST_CU(cudaMemsetAsync(combine_done_, 0, 12, stream_), "memset");
+  ZEST_RETURN_IF_ERROR(dev(4, &combine_done_));
+  ZEST_CU(cudaMemsetAsync(combine_done_, 0, 4, stream_), "memset");
   ZEST_CU(cudaMemsetAsync(step_counter_, 0, 4, stream_), "memset");
   ZEST_CU(cudaMemsetAsync(expert_counts_, 0, cfg.layers * sizeof(int64_t), stream_), "memset");
 
@@ -315,18 +315,17 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
       ZEST_OP("decode attention",
               decode_attention(ap, qkv_, QKV, L.k_cache, L.v_cache, block_table_, ctx_lens_, attn_, ws, s));
     }
+    ZEST_OP("o gemm", gemm(attn_, L.wo, o_, batch, H, c.q_heads * D, s));
     // The MoE half of the layer in one launch (DecodeOption::kMoeBlock; nothing re-routes without SERE).
     if (moe && !sere && block_ws_ && decode_option(DecodeOption::kMoeBlock) >= 1 &&
         moe_block_ok(batch, H, c.experts, c.top_k, c.expert_inter)) {
-      ZEST_OP("o gemm", gemm(attn_, L.wo, o_, batch, H, c.q_heads * D, s));
       ZEST_OP("moe block", moe_block_decode(x_, o_, L.post_norm, L.router, opt_.skew > 0.f ? L.router_bias : nullptr,
                                             L.gate_up, L.down, next_norm, xn_, route_ids_, route_w_, nullptr,
                                             expert_counts_ + l, block_ws_, block_ws_bytes_, batch, H, c.experts,
                                             c.top_k, c.expert_inter, kEps, s));
       continue;
     }
-    ZEST_OP("o gemm + add + rmsnorm", gemm_add_rmsnorm(attn_, L.wo, o_, batch, H, c.q_heads * D, x_, L.post_norm, xn_,
-                                                     kEps, combine_done_ + 1, s));
+    ZEST_OP("add + rmsnorm", add_rmsnorm(x_, o_, L.post_norm, xn_, batch, H, kEps, s));
     if (moe) {
       const int E = c.experts, K = c.top_k, I = c.expert_inter;
       const float* bias = opt_.skew > 0.f ? L.router_bias : nullptr;
@@ -350,8 +349,8 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
       const int I = c.dense_inter;
       ZEST_OP("mlp gate/up gemm", gemm(xn_, L.gate_up, gu_, batch, 2 * I, H, s));
       ZEST_OP("silu*up", silu_mul(gu_, h_, batch, I, s));
-      ZEST_OP("mlp down gemm + add + rmsnorm",
-              gemm_add_rmsnorm(h_, L.down, o_, batch, H, I, x_, next_norm, xn_, kEps, combine_done_ + 1, s));
+      ZEST_OP("mlp down gemm", gemm(h_, L.down, o_, batch, H, I, s));
+      ZEST_OP("add + rmsnorm", add_rmsnorm(x_, o_, next_norm, xn_, batch, H, kEps, s));
     }
   }
   ZEST_OP("lm_head gemm", gemm(xn_, lm_head_, logits_, batch, c.vocab, H, s));
