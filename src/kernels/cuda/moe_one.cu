@@ -317,19 +317,12 @@ Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights,
   const dim3 block(kWarps * 32);
   // The carveout preference follows DecodeOption::kMoeCarveout (set again when the option changes).
   static int carve = -1;
-  const int opt = decode_option(DecodeOption::kMoeCarveout);
-  const int want = opt >= 100 ? opt : opt >= 1 ? 1 : 0;
+  const int want = decode_option(DecodeOption::kMoeCarveout) >= 1 ? 1 : 0;
   if (want != carve) {
     for (const void* fn : {reinterpret_cast<const void*>(one_gate_up_kernel),
                            reinterpret_cast<const void*>(one_down_kernel<true>),
                            reinterpret_cast<const void*>(one_down_kernel<false>)})
-      ZEST_RETURN_IF_ERROR(set_min_carveout(fn, kPerSm, 0, want >= 1));
-    if (want >= 100)  // the down kernels at (want - 100) percent: room for the next kernel's CTAs as theirs leave
-      for (const void* fn : {reinterpret_cast<const void*>(one_down_kernel<true>),
-                             reinterpret_cast<const void*>(one_down_kernel<false>)})
-        ZEST_RETURN_IF_ERROR(cuda_status(
-            cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, std::min(100, want - 100)),
-            "carveout"));
+      ZEST_RETURN_IF_ERROR(set_min_carveout(fn, kPerSm, 0, want == 1));
     carve = want;
   }
   ZEST_RETURN_IF_ERROR(launch("moe_one_gate_up", one_gate_up_kernel, dim3(gu_grid), block, 0, stream, p));
