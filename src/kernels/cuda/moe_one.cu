@@ -15,7 +15,6 @@
 #include <algorithm>
 #include <string>
 
-#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/common.cuh"
 
 namespace zest::cuda {
@@ -271,130 +270,6 @@ __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_down_kernel(OneParams
   if (p.cmb.x && finish_last(p, p.cmb.done, &red[0][0][0])) step_timeline_phase(3);
 }
 
-// Variant 2, one token (N = 1, K <= 8): the down projection by output rows. CTA g (grid H / 16, one per SM) owns
-// output rows [16 g, 16 g + 16) of every active expert: before its wait it bulk-copies those 16 rows of each active
-// expert's down weights into shared memory (rows padded by 16 bytes; one mbarrier per expert; the plan is complete by
-// then, as for variant 1), after it loads the token's h rows into shared memory, then per expert runs the same mma
-// chunks, warp split and fixed-order sums as down_item (so slot_out gets the same bits). With the folded combine it
-// then sums the token's slots in k order for its 16 rows and adds the residual (x), and the last CTA to finish (exit
-// counter) normalises the row (y): combine_norm_row's arithmetic, with the slot sums done where they were computed, so
-// the tail loads 4 KB of x instead of every slot row.
-constexpr int kRowsExperts = 8;     // active experts at most (K <= 8)
-constexpr int kRowsStatic = 12288;  // bound of the kernel's static shared memory and the per-CTA reserve
-
-size_t down_rows_smem(int I) {
-  return static_cast<size_t>(kRowsExperts) * kRows * (static_cast<size_t>(I) * 2 + 16) +
-         static_cast<size_t>(kRowsExperts) * I * 2;  // the weight rows, then h (one row per slot)
-}
-
-__global__ void __launch_bounds__(kWarps * 32, 1) one_down_rows_kernel(OneParams p) {
-  extern __shared__ __align__(128) unsigned char wsm[];
-  __shared__ __align__(8) uint64_t bar[kRowsExperts];
-  __shared__ float red[2][kWarps][4][32];
-  __shared__ float sv[kRowsExperts][kRows];  // slot k's values for the 16 rows
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, tq = lane & 3;
-  const int r0 = blockIdx.x * kRows;
-  const uint32_t row_bytes = static_cast<uint32_t>(p.I) * 2, stride = row_bytes + 16;
-  bf16* hs = reinterpret_cast<bf16*>(wsm + static_cast<size_t>(kRowsExperts) * kRows * stride);
-  step_timeline_phase(0);
-  if (p.stamps_dn && threadIdx.x == 0) p.stamps_dn[3 * blockIdx.x] = global_ns();
-  // The plan is complete (see one_down_kernel<true>); read at L2.
-  const int na = min(__ldcg(p.plan.num_active), kRowsExperts);
-  if (threadIdx.x == 0)
-    for (int j = 0; j < kRowsExperts; ++j) mbar_init(&bar[j]);
-  __syncthreads();
-  if (warp == 0) {
-    const int ej = lane < na ? __ldcg(p.plan.active_experts + lane) : 0;
-    if (lane < na) mbar_arrive_expect_tx(&bar[lane], kRows * row_bytes);
-    __syncwarp();
-    for (int c = lane; c < na * kRows; c += 32) {
-      const int j = c / kRows, r = c % kRows;
-      const int e = __shfl_sync(0xffffffffu, ej, j);
-      bulk_load(wsm + static_cast<size_t>(c) * stride, p.down + (static_cast<size_t>(e) * p.H + r0 + r) * p.I,
-                row_bytes, &bar[j]);
-    }
-  }
-  pdl_wait();
-  if (p.stamps_dn && threadIdx.x == 0) p.stamps_dn[3 * blockIdx.x + 1] = global_ns();
-  // h rows of the token's slots (sorted positions 0 .. npos - 1), written by the gate/up kernel.
-  const int npos = __ldcg(p.plan.offsets + na);
-  for (int i = threadIdx.x; i < npos * p.I / 8; i += blockDim.x)
-    reinterpret_cast<uint4*>(hs)[i] = __ldcg(reinterpret_cast<const uint4*>(p.h) + i);
-  __syncthreads();
-  const int chunks = p.I / kChunk;
-  for (int j = 0; j < na; ++j) {
-    const int beg = p.plan.offsets[j], nt = p.plan.offsets[j + 1] - beg;  // nt <= K <= 8: one pass
-    mbar_wait(&bar[j], 0);
-    const unsigned char* a_lo = wsm + static_cast<size_t>(j * kRows + g) * stride + tq * 16;
-    const unsigned char* a_hi = a_lo + 8 * stride;
-    const bf16* xp = g < nt ? hs + static_cast<size_t>(beg + g) * p.I + tq * 8 : nullptr;
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int cb = warp; cb < chunks; cb += kWarps) {
-      const uint4 lo = *reinterpret_cast<const uint4*>(a_lo + cb * kChunk * 2);
-      const uint4 hi = *reinterpret_cast<const uint4*>(a_hi + cb * kChunk * 2);
-      const uint4 xa = xp ? *reinterpret_cast<const uint4*>(xp + cb * kChunk) : make_uint4(0, 0, 0, 0);
-      mma16816(acc, lo.x, hi.x, lo.y, hi.y, xa.x, xa.y);
-      mma16816(acc, lo.z, hi.z, lo.w, hi.w, xa.z, xa.w);
-    }
-    float(*rd)[4][32] = red[j & 1];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) rd[warp][i][lane] = acc[i];
-    __syncthreads();
-    if (threadIdx.x < 4 * 32) {
-      const int i = threadIdx.x >> 5, l = threadIdx.x & 31;
-      const int t = (l & 3) * 2 + (i & 1);
-      if (t < nt) {
-        float v = 0.f;
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) v += rd[w][i][l];
-        const int rl = (l >> 2) + (i >> 1) * 8;
-        const int slot = p.plan.sorted_slots[beg + t];
-        const float o = bf16_round(bf16_round(v) * p.route_w[slot]);
-        p.slot_out[static_cast<size_t>(slot) * p.H + r0 + rl] = o;
-        sv[slot][rl] = o;
-      }
-    }
-  }
-  __syncthreads();
-  step_timeline_phase(2);
-  if (p.stamps_dn && threadIdx.x == 0) p.stamps_dn[3 * blockIdx.x + 2] = global_ns();
-  if (!p.cmb.x) return;
-  // x for the 16 rows: the slot values summed in k order (empty slots skipped), as combine_norm_row sums them.
-  if (threadIdx.x < kRows) {
-    float acc = 0.f;
-    for (int k = 0; k < p.K; ++k)
-      if (__ldg(p.cmb.ids + k) >= 0) acc += sv[k][threadIdx.x];
-    bf16* xr = p.cmb.x + r0 + threadIdx.x;
-    *xr = __float2bfloat16(bf16_round(__bfloat162float(*xr) + bf16_round(acc)));
-  }
-  __shared__ unsigned last;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    last = atomicAdd(p.cmb.done, 1u) == gridDim.x - 1 ? 1u : 0u;
-    if (last) __threadfence();
-  }
-  __syncthreads();
-  if (!last) return;
-  step_timeline_phase(4);
-  if (p.cmb.w) {
-    const int c = threadIdx.x * 8;
-    const bool own = c < p.H;
-    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    uint4 wv = make_uint4(0, 0, 0, 0);
-    if (own) {
-      unpack8(__ldcg(reinterpret_cast<const uint4*>(p.cmb.x + c)), v);
-      wv = __ldg(reinterpret_cast<const uint4*>(p.cmb.w + c));
-    }
-    const float tot = block_sum(sumsq8(v), &red[0][0][0][0]);
-    const float inv = rsqrtf(tot / p.H + p.cmb.eps);
-    if (own) *reinterpret_cast<uint4*>(p.cmb.y + c) = rms_scale8(v, inv, wv);
-  }
-  if (threadIdx.x == 0) *p.cmb.done = 0u;
-  step_timeline_phase(3);
-}
-
 }  // namespace
 
 bool moe_one_combine_ok(int H) { return H > 0 && H % 8 == 0 && H <= 8 * kWarps * 32; }
@@ -404,37 +279,10 @@ bool moe_one_ok(int N, int K, int E, int H, int I) {
          I % kChunk == 0;
 }
 
-namespace {
-
-// Whether variant 2's down kernel takes these sizes (one token, at most 8 active experts, its tile in shared memory).
-bool down_rows_ok(int N, int K, int H, int I) {
-  static const bool configured = [] {
-    const void* fn = reinterpret_cast<const void*>(one_down_rows_kernel);
-    int dev = 0, optin = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
-        cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, optin - kRowsStatic) != cudaSuccess ||
-        cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, 100) != cudaSuccess) {
-      cudaGetLastError();
-      return false;
-    }
-    return true;
-  }();
-  int dev = 0, optin = 0;
-  if (!configured || cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
-    return false;
-  return N == 1 && K <= kRowsExperts && H % kRows == 0 && down_rows_smem(I) + kRowsStatic <= static_cast<size_t>(optin);
-}
-
-}  // namespace
-
-void moe_one_grids(int N, int K, int E, int H, int I, int* gate_up_grid, int* down_grid, int variant) {
+void moe_one_grids(int N, int K, int E, int H, int I, int* gate_up_grid, int* down_grid) {
   const int max_active = std::min(E, N * K);
   *gate_up_grid = std::max(1, std::min(kPerSm * sm_count(), max_active * (I / kRows)));
-  *down_grid = variant == 2 && down_rows_ok(N, K, H, I)
-                   ? H / kRows
-                   : std::max(1, std::min(kPerSm * sm_count(), max_active * (H / kRows)));
+  *down_grid = std::max(1, std::min(kPerSm * sm_count(), max_active * (H / kRows)));
 }
 
 Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up, const bf16* down,
@@ -450,7 +298,7 @@ Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights,
                   !moe_one_combine_ok(H)))
     return invalid_argument("moe_experts_one: the folded combine needs x, ids, done (y with w) and H <= 2048, H % 8 == 0");
   int gu_grid = 0, dn_grid = 0;
-  moe_one_grids(N, K, E, H, I, &gu_grid, &dn_grid, variant);
+  moe_one_grids(N, K, E, H, I, &gu_grid, &dn_grid);
   OneParams p{};
   p.x = x;
   p.gate_up = gate_up;
@@ -478,9 +326,7 @@ Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights,
     carve = want;
   }
   ZEST_RETURN_IF_ERROR(launch("moe_one_gate_up", one_gate_up_kernel, dim3(gu_grid), block, 0, stream, p));
-  if (variant == 2 && down_rows_ok(N, K, H, I))
-    return launch("moe_one_down_rows", one_down_rows_kernel, dim3(dn_grid), block, down_rows_smem(I), stream, p);
-  return launch("moe_one_down", variant >= 1 ? one_down_kernel<true> : one_down_kernel<false>, dim3(dn_grid), block,
+  return launch("moe_one_down", variant == 1 ? one_down_kernel<true> : one_down_kernel<false>, dim3(dn_grid), block,
                 0, stream, p);
 }
 

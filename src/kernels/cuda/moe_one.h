@@ -10,11 +10,8 @@
 namespace zest::cuda {
 
 // Variants (DecodeOption::kMoeKernel 16 + variant): 0 = both kernels after their waits; 1 = as 0 with the down
-// kernel's first weights loaded (and its next items prefetched into L2) before its wait; 2 = for one token with at
-// most 8 slots (K <= 8) and the tile in shared memory, the down projection by output rows (one_down_rows_kernel: CTA g
-// owns rows [16 g, 16 g + 16) of every active expert, its weights bulk-copied before the wait, and with the folded
-// combine sums the slots and adds the residual for those rows itself; the last CTA normalises); other sizes run 1.
-constexpr int kOneVariants = 3;
+// kernel's first weights loaded (and its next items prefetched into L2) before its wait.
+constexpr int kOneVariants = 2;
 
 // The layer's MoE combine folded into the down kernel (DecodeOption::kMoeCombine): the last of its CTAs to finish
 // (an exit counter) runs moe_combine_add_rmsnorm on x / y for the N tokens, the same bits as that launch. `done` is
@@ -39,7 +36,7 @@ bool moe_one_ok(int N, int K, int E, int H, int I);
 Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up, const bf16* down,
                        bf16* h, float* slot_out, int N, int K, int E, int H, int I, int variant, cudaStream_t stream,
                        uint64_t* stamps = nullptr, const OneCombine* combine = nullptr);
-// The gate/up and down grids of moe_experts_one for these sizes and variant.
-void moe_one_grids(int N, int K, int E, int H, int I, int* gate_up_grid, int* down_grid, int variant = 1);
+// The gate/up and down grids of moe_experts_one for these sizes.
+void moe_one_grids(int N, int K, int E, int H, int I, int* gate_up_grid, int* down_grid);
 
 }  // namespace zest::cuda
