@@ -123,6 +123,118 @@ TEST(CudaLatencyGemm, KvPrefetchGemmMatchesGemm) {
   }
 }
 
+// The MoE combine folded into the qkv GEMM (gemm_combine, DecodeOption::kMoeCombine 2): the GEMM's output equals, bit
+// for bit, moe_combine_add_rmsnorm followed by gemm_kv_prefetch on the same inputs, and the new residual equals the
+// separate combine's; the input residual is left as it was; the output is within bf16 tolerance of a double product
+// of the host's combine + RMSNorm. Clusters of 8, 4 and 2 CTAs (hidden 2048, 1024, 512), M = 1 (with the KV prefetch),
+// 3, 5 and 8, top-k 8, 10 (two groups of slot loads) and 4, empty slots (NaN rows that must not be read into the sum);
+// every launch twice (the inputs are not consumed). Sizes it does not serve are refused.
+TEST(CudaLatencyGemm, CombineGemmMatchesCombineThenGemm) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(911);
+  constexpr float kEpsN = 1e-6f;
+  for (auto [M, N, H, topk] : {std::tuple{1, 5120, 2048, 8}, std::tuple{8, 5120, 2048, 8}, std::tuple{3, 512, 1024, 10},
+                               std::tuple{5, 96, 512, 4}, std::tuple{2, 1024, 2048, 8}}) {
+    SCOPED_TRACE(testing::Message() << "M=" << M << " N=" << N << " H=" << H << " top-k=" << topk);
+    ASSERT_TRUE(gemm_combine_ok(M, N, H, topk));
+    auto x = random_bf16(static_cast<size_t>(M) * H, rng), nw = random_bf16(H, rng, 0.5f, 1.5f);
+    auto w = random_bf16(static_cast<size_t>(N) * H, rng, -0.5f, 0.5f);
+    std::uniform_real_distribution<float> d(-1.f, 1.f);
+    std::vector<float> slots(static_cast<size_t>(M) * topk * H);
+    for (auto& v : slots) v = d(rng);
+    std::vector<int32_t> ids(static_cast<size_t>(M) * topk);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = (i * 7 + M) % 5 == 2 ? -1 : static_cast<int32_t>(i % 128);
+    for (size_t i = 0; i < ids.size(); ++i)
+      if (ids[i] < 0)
+        for (int h = 0; h < H; ++h) slots[i * H + h] = NAN;
+    auto dx = upload_bf16(x), dnw = upload_bf16(nw), dw = upload_bf16(w);
+    DevBuf<float> ds(slots);
+    DevBuf<int32_t> di(ids);
+    // A KV cache to prefetch from (M <= 2 prefetches by default): one sequence per row, 40 tokens each.
+    const int max_blocks = 4;
+    auto kc = random_bf16(static_cast<size_t>(M) * max_blocks * kKvBlock * 4 * 128, rng);
+    auto dk = upload_bf16(kc);
+    std::vector<int32_t> bt(static_cast<size_t>(M) * max_blocks), lens(M, 40);
+    std::iota(bt.begin(), bt.end(), 0);
+    DevBuf<int32_t> dbt(bt), dlens(lens);
+    KvPrefetch kv;
+    kv.k_cache = kv.v_cache = dk->get();
+    kv.block_table = dbt.get();
+    kv.context_lens = dlens.get();
+    kv.batch = M;
+    kv.max_blocks = max_blocks;
+    kv.row_bytes = 4 * 128 * 2;
+    // The separate launches.
+    auto dxr = upload_bf16(x);
+    DevBuf<bf16> dxn(static_cast<size_t>(M) * H), want(static_cast<size_t>(M) * N);
+    want.poison();
+    ZEST_ASSERT_OK(moe_combine_add_rmsnorm(dxr->get(), ds.get(), di.get(), topk, dnw->get(), dxn.get(), M, H, kEpsN,
+                                           nullptr));
+    ZEST_ASSERT_OK(gemm_kv_prefetch(dxn.get(), dw->get(), want.get(), M, N, H, kv, nullptr));
+    sync_ok();
+    // The host's combine + RMSNorm and a double product.
+    std::vector<float> xs(x.f.size()), xn(x.f.size());
+    for (int n = 0; n < M; ++n) {
+      double ss = 0;
+      for (int h = 0; h < H; ++h) {
+        float acc = 0.f;
+        for (int k = 0; k < topk; ++k)
+          if (ids[n * topk + k] >= 0) acc += slots[(static_cast<size_t>(n) * topk + k) * H + h];
+        xs[n * H + h] = round_bf16(x.f[n * H + h] + round_bf16(acc));
+        ss += static_cast<double>(xs[n * H + h]) * xs[n * H + h];
+      }
+      const float inv = static_cast<float>(1.0 / std::sqrt(ss / H + kEpsN));
+      for (int h = 0; h < H; ++h) xn[n * H + h] = round_bf16(round_bf16(xs[n * H + h] * inv) * nw.f[h]);
+    }
+    const auto want_y = download_bf16(want);
+    ZEST_EXPECT_CLOSE(want_y, ref_gemm(xn, w.f, M, N, H), kTol);
+    CombineIn c;
+    c.x = dx->get();
+    c.slot_out = ds.get();
+    c.ids = di.get();
+    c.topk = topk;
+    c.norm_w = dnw->get();
+    c.eps = kEpsN;
+    for (int rep = 0; rep < 2; ++rep) {
+      SCOPED_TRACE(testing::Message() << "launch " << rep);
+      DevBuf<bf16> xo(static_cast<size_t>(M) * H), y(static_cast<size_t>(M) * N);
+      xo.poison();
+      y.poison();
+      c.x_out = xo.get();
+      ZEST_ASSERT_OK(gemm_combine(c, dw->get(), y.get(), M, N, H, kv, nullptr));
+      sync_ok();
+      EXPECT_EQ(download_bf16(y), want_y);
+      EXPECT_EQ(download_bf16(xo), download_bf16(*dxr));
+      EXPECT_EQ(download_bf16(xo), xs);
+      EXPECT_EQ(download_bf16(*dx), x.f);  // the input residual is read only
+    }
+  }
+  // Refused: more than 8 rows, hidden not 512 / 1024 / 2048, N not a multiple of the clusters' rows, aliasing.
+  EXPECT_FALSE(gemm_combine_ok(9, 5120, 2048, 8));
+  EXPECT_FALSE(gemm_combine_ok(1, 5120, 768, 8));
+  EXPECT_FALSE(gemm_combine_ok(1, 2048, 4096, 8));
+  EXPECT_FALSE(gemm_combine_ok(1, 5120 + 16, 2048, 8));
+  EXPECT_FALSE(gemm_combine_ok(1, 5120, 2048, 0));
+  {
+    OptionScope gv(DecodeOption::kGemmVariant, 1);  // the register-streaming GEMM: no shared-memory tile to fold into
+    EXPECT_FALSE(gemm_combine_ok(1, 5120, 2048, 8));
+  }
+  DevBuf<bf16> b(2048), wb(static_cast<size_t>(5120) * 2048), yb(5120);
+  DevBuf<float> sb(8 * 2048);
+  DevBuf<int32_t> ib(8);
+  CombineIn alias;
+  alias.x = b.get();
+  alias.x_out = b.get();
+  alias.slot_out = sb.get();
+  alias.ids = ib.get();
+  alias.topk = 8;
+  alias.norm_w = b.get();
+  EXPECT_FALSE(gemm_combine(alias, wb.get(), yb.get(), 1, 5120, 2048, KvPrefetch{}, nullptr).is_ok());
+  DevBuf<bf16> other(2048);
+  alias.x_out = other.get();
+  EXPECT_FALSE(gemm_combine(alias, wb.get(), yb.get(), 9, 5120, 2048, KvPrefetch{}, nullptr).is_ok());
+}
+
 // Router reference on given logits: softmax(logits + bias) in double, top-K (ties: lowest index), weights
 // renormalised and rounded to bf16.
 void ref_topk(const std::vector<float>& logits, const std::vector<float>* bias, int T, int E, int K,
@@ -485,6 +597,38 @@ TEST(CudaLatencyDecoder, GraphReplayMatchesEagerSteps) {
       for (int step = 0; step < 3; ++step) {
         if (step > 0) ZEST_ASSERT_OK((*a)->replay(batch, sere));
         ZEST_ASSERT_OK((*b)->enqueue_step(batch, sere));
+        auto ta = (*a)->last_tokens(batch), tb = (*b)->last_tokens(batch);
+        ASSERT_TRUE(ta.ok() && tb.ok());
+        EXPECT_EQ(*ta, *tb) << "step " << step;
+      }
+    }
+}
+
+// The MoE combine folded into the next layer's qkv GEMM (DecodeOption::kMoeCombine 2) gives the greedy tokens of the
+// default chain (1: the combine in the one-token experts' down kernel or its own launch), over four layers (the
+// residual alternating between its two buffers), replayed from graphs and launched eagerly, batch 1 and 5, SERE off
+// and on.
+TEST(CudaLatencyDecoder, CombineFoldedIntoQkvGemmKeepsTokens) {
+  ZEST_REQUIRE_GPU();
+  auto cfg = synthetic_config("qwen3-30b-a3b", 4);
+  ASSERT_TRUE(cfg.ok());
+  SyntheticOptions opt;
+  opt.max_batch = 5;
+  opt.context = 40;
+  opt.sere_primary = 2;
+  for (int batch : {1, 5})
+    for (bool sere : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "batch " << batch << " sere " << sere);
+      auto a = SyntheticDecoder::create(*cfg, opt), b = SyntheticDecoder::create(*cfg, opt);
+      ASSERT_TRUE(a.ok() && b.ok());
+      for (int step = 0; step < 4; ++step) {
+        ZEST_ASSERT_OK((*a)->replay(batch, sere));
+        {
+          OptionScope fold(DecodeOption::kMoeCombine, 2);
+          ASSERT_TRUE(gemm_combine_ok(batch, (cfg->q_heads + 2 * cfg->kv_heads) * cfg->head_dim, cfg->hidden,
+                                      cfg->top_k));
+          ZEST_ASSERT_OK(step % 2 == 0 ? (*b)->replay(batch, sere) : (*b)->enqueue_step(batch, sere));
+        }
         auto ta = (*a)->last_tokens(batch), tb = (*b)->last_tokens(batch);
         ASSERT_TRUE(ta.ok() && tb.ok());
         EXPECT_EQ(*ta, *tb) << "step " << step;
