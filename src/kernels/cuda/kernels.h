@@ -143,8 +143,7 @@ enum class DecodeOption : int {
                     // shared-memory carveout that holds their 3 CTAs per SM (set_min_carveout), the rest of the SM
                     // staying L1; 0 = the driver's default. Measured: with the default, the experts ran ~10 us per
                     // layer slower when the routing cluster launched right behind the o GEMM (no kernel between them
-                    // to let SMs drain), as when every launch asked for the largest carveout; 2 / 3 = as 1, the down
-                    // kernel's carveout with room for one / two CTAs of the next qkv GEMM (kMoeCombine 2-4)
+                    // to let SMs drain), as when every launch asked for the largest carveout
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);

@@ -316,17 +316,13 @@ Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights,
   p.N = N;
   const dim3 block(kWarps * 32);
   // The carveout preference follows DecodeOption::kMoeCarveout (set again when the option changes).
-  // 2 / 3: the down kernel's carveout also holds one / two CTAs of the next qkv GEMM's shared-memory tile (76 KB each
-  // with the folded combine), so that they can become resident while down CTAs still run.
   static int carve = -1;
-  const int want = std::clamp(decode_option(DecodeOption::kMoeCarveout), 0, 3);
+  const int want = decode_option(DecodeOption::kMoeCarveout) >= 1 ? 1 : 0;
   if (want != carve) {
-    constexpr size_t kQkvCta = 76 * 1024;
-    const size_t extra = want >= 2 ? (want - 1) * kQkvCta / kPerSm : 0;  // spread over the kPerSm CTAs' share
-    ZEST_RETURN_IF_ERROR(set_min_carveout(reinterpret_cast<const void*>(one_gate_up_kernel), kPerSm, 0, want >= 1));
-    for (const void* fn : {reinterpret_cast<const void*>(one_down_kernel<true>),
+    for (const void* fn : {reinterpret_cast<const void*>(one_gate_up_kernel),
+                           reinterpret_cast<const void*>(one_down_kernel<true>),
                            reinterpret_cast<const void*>(one_down_kernel<false>)})
-      ZEST_RETURN_IF_ERROR(set_min_carveout(fn, kPerSm, extra, want >= 1));
+      ZEST_RETURN_IF_ERROR(set_min_carveout(fn, kPerSm, 0, want == 1));
     carve = want;
   }
   ZEST_RETURN_IF_ERROR(launch("moe_one_gate_up", one_gate_up_kernel, dim3(gu_grid), block, 0, stream, p));
