@@ -126,21 +126,16 @@ TEST(CudaLatencyGemm, KvPrefetchGemmMatchesGemm) {
 // The MoE combine folded into the qkv GEMM (gemm_combine, DecodeOption::kMoeCombine 2): the GEMM's output equals, bit
 // for bit, moe_combine_add_rmsnorm followed by gemm_kv_prefetch on the same inputs, and the new residual equals the
 // separate combine's; the input residual is left as it was; the output is within bf16 tolerance of a double product
-// of the host's combine + RMSNorm. Both forms (kMoeCombine 2: clusters of 8, 4 and 2 CTAs for hidden 2048, 1024, 512;
-// 3 / 4: whole rows in every CTA for 1-2 rows), M = 1 (with the KV prefetch), 2, 3, 5 and 8, top-k 8, 10 (two groups
-// of slot loads) and 4, empty slots (NaN rows that must not be read into the sum); every launch twice (the inputs are
-// not consumed). Sizes it does not serve are refused.
+// of the host's combine + RMSNorm. Clusters of 8, 4 and 2 CTAs (hidden 2048, 1024, 512), M = 1 (with the KV prefetch),
+// 3, 5 and 8, top-k 8, 10 (two groups of slot loads) and 4, empty slots (NaN rows that must not be read into the sum);
+// every launch twice (the inputs are not consumed). Sizes it does not serve are refused.
 TEST(CudaLatencyGemm, CombineGemmMatchesCombineThenGemm) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(911);
   constexpr float kEpsN = 1e-6f;
-  for (auto [opt, M, N, H, topk] :
-       {std::tuple{2, 1, 5120, 2048, 8}, std::tuple{2, 8, 5120, 2048, 8}, std::tuple{2, 3, 512, 1024, 10},
-        std::tuple{2, 5, 96, 512, 4}, std::tuple{2, 2, 1024, 2048, 8}, std::tuple{3, 1, 5120, 2048, 8},
-        std::tuple{4, 2, 1024, 2048, 10}, std::tuple{3, 2, 208, 1056, 4}, std::tuple{3, 5, 512, 1024, 8}}) {
-    SCOPED_TRACE(testing::Message() << "kMoeCombine " << opt << " M=" << M << " N=" << N << " H=" << H
-                                    << " top-k=" << topk);
-    OptionScope form(DecodeOption::kMoeCombine, opt);
+  for (auto [M, N, H, topk] : {std::tuple{1, 5120, 2048, 8}, std::tuple{8, 5120, 2048, 8}, std::tuple{3, 512, 1024, 10},
+                               std::tuple{5, 96, 512, 4}, std::tuple{2, 1024, 2048, 8}}) {
+    SCOPED_TRACE(testing::Message() << "M=" << M << " N=" << N << " H=" << H << " top-k=" << topk);
     ASSERT_TRUE(gemm_combine_ok(M, N, H, topk));
     auto x = random_bf16(static_cast<size_t>(M) * H, rng), nw = random_bf16(H, rng, 0.5f, 1.5f);
     auto w = random_bf16(static_cast<size_t>(N) * H, rng, -0.5f, 0.5f);
@@ -214,15 +209,7 @@ TEST(CudaLatencyGemm, CombineGemmMatchesCombineThenGemm) {
       EXPECT_EQ(download_bf16(*dx), x.f);  // the input residual is read only
     }
   }
-  // Refused: the default (no fold), more than 8 rows, hidden not 512 / 1024 / 2048, N not a multiple of the
-  // clusters' rows, more than 2 rows or 2048 columns for whole rows only, aliasing.
-  EXPECT_FALSE(gemm_combine_ok(1, 5120, 2048, 8));
-  {
-    OptionScope whole(DecodeOption::kMoeCombine, 4);
-    EXPECT_FALSE(gemm_combine_ok(3, 5120, 2048, 8));
-    EXPECT_FALSE(gemm_combine_ok(1, 2048, 4096, 8));
-  }
-  OptionScope form(DecodeOption::kMoeCombine, 2);
+  // Refused: more than 8 rows, hidden not 512 / 1024 / 2048, N not a multiple of the clusters' rows, aliasing.
   EXPECT_FALSE(gemm_combine_ok(9, 5120, 2048, 8));
   EXPECT_FALSE(gemm_combine_ok(1, 5120, 768, 8));
   EXPECT_FALSE(gemm_combine_ok(1, 2048, 4096, 8));
@@ -617,7 +604,7 @@ TEST(CudaLatencyDecoder, GraphReplayMatchesEagerSteps) {
     }
 }
 
-// The MoE combine folded into the next layer's qkv GEMM (DecodeOption::kMoeCombine 2 and 3) gives the greedy tokens of the
+// The MoE combine folded into the next layer's qkv GEMM (DecodeOption::kMoeCombine 2) gives the greedy tokens of the
 // default chain (1: the combine in the one-token experts' down kernel or its own launch), over four layers (the
 // residual alternating between its two buffers), replayed from graphs and launched eagerly, batch 1 and 5, SERE off
 // and on.
@@ -629,16 +616,15 @@ TEST(CudaLatencyDecoder, CombineFoldedIntoQkvGemmKeepsTokens) {
   opt.max_batch = 5;
   opt.context = 40;
   opt.sere_primary = 2;
-  for (int form : {2, 3})
   for (int batch : {1, 5})
     for (bool sere : {false, true}) {
-      SCOPED_TRACE(testing::Message() << "kMoeCombine " << form << " batch " << batch << " sere " << sere);
+      SCOPED_TRACE(testing::Message() << "batch " << batch << " sere " << sere);
       auto a = SyntheticDecoder::create(*cfg, opt), b = SyntheticDecoder::create(*cfg, opt);
       ASSERT_TRUE(a.ok() && b.ok());
       for (int step = 0; step < 4; ++step) {
         ZEST_ASSERT_OK((*a)->replay(batch, sere));
         {
-          OptionScope fold(DecodeOption::kMoeCombine, form);
+          OptionScope fold(DecodeOption::kMoeCombine, 2);
           ASSERT_TRUE(gemm_combine_ok(batch, (cfg->q_heads + 2 * cfg->kv_heads) * cfg->head_dim, cfg->hidden,
                                       cfg->top_k));
           ZEST_ASSERT_OK(step % 2 == 0 ? (*b)->replay(batch, sere) : (*b)->enqueue_step(batch, sere));

@@ -969,7 +969,7 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
   // DecodeOption::kMoeCombine 2: a decode step's MoE combine (+ the next RMSNorm) runs inside the next layer's qkv
   // GEMM, which reads the residual from one buffer and writes it to the other; xc is the residual's current buffer.
   bf16* xc = s.x;
-  const bool fold_combine = use_decode && decode_option(DecodeOption::kMoeCombine) >= 2 && E_ > 0 &&
+  const bool fold_combine = use_decode && decode_option(DecodeOption::kMoeCombine) == 2 && E_ > 0 &&
                             gemm_combine_ok(T, QKV_, H_, K_);
   bool combine_pending = false;  // the previous layer's combine is this layer's to do
   for (int l = 0; l < L_; ++l) {

@@ -136,9 +136,7 @@ enum class DecodeOption : int {
   kMoeCombine,      // moe_experts_decode_combine: 1 (default) = the combine folded into the one-token experts' down
                     // kernel (its last CTA); 0 = always the separate moe_combine_add_rmsnorm launch; 2 = as 1, and
                     // decoders fold a decode step's combine into the next layer's qkv GEMM (gemm_combine) where it
-                    // serves the step (at most 8 tokens), the residual alternating between two buffers: the combine
-                    // inside clusters of hidden / 256 CTAs; 3 = as 2 with every CTA combining the whole rows itself
-                    // for 1-2 tokens; 4 = as 3 for 1-2 tokens only
+                    // serves the step (at most 8 tokens), the residual alternating between two buffers
   kMoeCarveout,     // decode experts at one token (moe_one.h): 1 (default) = both kernels prefer the smallest
                     // shared-memory carveout that holds their 3 CTAs per SM (set_min_carveout), the rest of the SM
                     // staying L1; 0 = the driver's default. Measured: with the default, the experts ran ~10 us per
@@ -262,9 +260,8 @@ struct CombineIn {
 };
 // gemm_kv_prefetch(xn, w, y, ...) for xn the rows moe_combine_add_rmsnorm(x, slot_out, ids, topk, norm_w, xn) would
 // leave, x_out = the residual it would leave in x; the same bits, in one launch (the small-M shared-memory path with
-// the combine inside thread-block clusters, or in every CTA for 1-2 rows; DecodeOption::kMoeCombine 2-4). Served
-// for M <= 8, K = 512, 1024 or 2048 and N % (16 * K / 256) == 0 (clusters) or M <= 2, K <= 2048 (whole rows) when
-// every CTA fits on the GPU at once (gemm_combine_ok); otherwise gemm_combine returns an error.
+// the combine inside thread-block clusters). Served for M <= 8, K = 512, 1024 or 2048 and N % (16 * K / 256) == 0
+// when every cluster fits on the GPU at once (gemm_combine_ok); otherwise gemm_combine returns an error.
 bool gemm_combine_ok(int M, int N, int K, int topk);
 Status gemm_combine(const CombineIn& c, const bf16* w, bf16* y, int M, int N, int K, const KvPrefetch& kv,
                     cudaStream_t stream);

@@ -218,11 +218,7 @@ __device__ __forceinline__ void prefetch_kv_l2(const KvPrefetch& kv) {
 // norm's block_sum does (so the rows are the separate combine's, bit for bit); the normalised slice stays in the CTA's
 // shared memory and every CTA of the cluster reads the token rows from there (distributed shared memory). The CTAs of
 // cluster 0 store the new residual.
-// kC == 1: no cluster; every CTA computes the whole token rows (M <= kWholeRows, Kdim <= kWholeCols) as the separate
-// combine does (combine_norm_row: thread i owns columns [8i, 8i + 8), block_sum over the 256 threads), each CTA
-// reading every slot row through L2, and keeps them in its shared memory. CTA 0 stores the new residual.
 constexpr int kSlice = 256;
-constexpr int kWholeRows = 2, kWholeCols = kWarps * 32 * 8;
 
 template <bool kTwo, int kRound, int kPf, int kC = 0>
 __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_kernel(const bf16* __restrict__ x,
@@ -232,12 +228,10 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
                                                                                     CombineIn cb) {
   extern __shared__ __align__(128) unsigned char wsm[];
   __shared__ __align__(8) uint64_t bar;
-  constexpr bool kCl = kC > 1, kWhole = kC == 1;
-  constexpr int kXsRows = kCl ? 8 : kWhole ? kWholeRows : 1, kXsCols = kCl ? kSlice : kWhole ? kWholeCols : 8;
-  // kC > 1: this rank's columns of the normalised token rows; kC == 1: the whole rows.
-  __shared__ __align__(16) bf16 xs[kXsRows][kXsCols];
-  __shared__ float part[8];  // kC > 1: per token, the sum of squares of the rank's columns; kC == 1: block_sum's
-  static_assert(kC == 0 || (!kTwo && kSlice == 32 * 8 && kWarps * 32 == 256), "the combine's thread layout");
+  constexpr int kXsRows = kC > 0 ? 8 : 1, kXsCols = kC > 0 ? kSlice : 8;
+  __shared__ __align__(16) bf16 xs[kXsRows][kXsCols];  // kC > 0: this rank's columns of the normalised token rows
+  __shared__ float part[8];                             // kC > 0: per token, the sum of squares of those columns
+  static_assert(kC == 0 || (!kTwo && kSlice == 32 * 8), "the combine: one warp per token, 8 columns per lane");
   step_timeline_phase(0);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, tq = lane & 3;
@@ -258,31 +252,11 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
   // Block tables and context lengths are step inputs, not written by the previous kernel.
   if constexpr (kPf == kPfBefore || kPf == kPfBeforePlain) prefetch_kv_l2(kv);
   uint4 wv = make_uint4(0, 0, 0, 0);  // kC > 0: this lane's 8 norm weights (a weight: loaded before the wait)
-  const int ccol = kCl ? static_cast<int>(cluster_rank()) * kSlice + lane * 8 : 0;
-  if constexpr (kCl) wv = __ldg(reinterpret_cast<const uint4*>(cb.norm_w + ccol));
-  if constexpr (kWhole)
-    if (threadIdx.x * 8 < Kdim) wv = __ldg(reinterpret_cast<const uint4*>(cb.norm_w + threadIdx.x * 8));
+  const int ccol = kC > 0 ? static_cast<int>(cluster_rank()) * kSlice + lane * 8 : 0;
+  if constexpr (kC > 0) wv = __ldg(reinterpret_cast<const uint4*>(cb.norm_w + ccol));
   __syncthreads();
   pdl_wait();
-  if constexpr (kWhole) {
-    const int c = threadIdx.x * 8;
-    const bool own = c < Kdim;
-    for (int t = 0; t < M; ++t) {
-      float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      if (own) {
-        unpack8(__ldcg(reinterpret_cast<const uint4*>(cb.x + static_cast<size_t>(t) * Kdim + c)), v);
-        combine_slots8<4>(cb.slot_out + static_cast<size_t>(t) * cb.topk * Kdim, cb.ids + t * cb.topk, cb.topk, Kdim,
-                          c, v);
-        if (blockIdx.x == 0) *reinterpret_cast<uint4*>(cb.x_out + static_cast<size_t>(t) * Kdim + c) = pack8(v);
-      }
-      const float tot = block_sum(sumsq8(v), part);
-      const float inv = rsqrtf(tot / Kdim + cb.eps);
-      if (own) *reinterpret_cast<uint4*>(&xs[t][c]) = rms_scale8(v, inv, wv);
-    }
-    __syncthreads();
-    if (warp == 0) step_timeline_phase(2);  // the token rows are in shared memory
-  }
-  if constexpr (kCl) {
+  if constexpr (kC > 0) {
     float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     if (warp < M) {
       unpack8(__ldcg(reinterpret_cast<const uint4*>(cb.x + static_cast<size_t>(warp) * Kdim + ccol)), v);
@@ -317,9 +291,7 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
     for (int u = 0; u < kRound; ++u) {
       const int c = cb + u * kWarps;
       const bool ok = c < chunks;
-      if constexpr (kWhole) {
-        xa[u] = ok && g < M ? *reinterpret_cast<const uint4*>(&xs[g][c * kChunk + tq * 8]) : make_uint4(0, 0, 0, 0);
-      } else if constexpr (kCl) {  // chunk c: columns [c * kChunk, (c + 1) * kChunk) in rank c * kChunk / kSlice
+      if constexpr (kC > 0) {  // chunk c: columns [c * kChunk, (c + 1) * kChunk) in rank c * kChunk / kSlice
         constexpr int kPer = kSlice / kChunk;
         xa[u] = ok && g < M ? ld_cluster_u32x4(cluster_map(&xs[g][(c % kPer) * kChunk + tq * 8], c / kPer))
                             : make_uint4(0, 0, 0, 0);
@@ -345,7 +317,7 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
   }
   // The warps' partial sums go into the weight tile's shared memory once every warp is done with the tile.
   if (!landed) mbar_wait(&bar, 0);
-  if constexpr (kCl) cluster_arrive();  // this CTA's reads of the cluster's token rows are done
+  if constexpr (kC > 0) cluster_arrive();  // this CTA's reads of the cluster's token rows are done
   __syncthreads();
   float(*red)[8][32] = reinterpret_cast<float(*)[8][32]>(wsm);
 #pragma unroll
@@ -365,7 +337,7 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
       y[static_cast<size_t>(t) * N + row] = __float2bfloat16(s);
     }
   }
-  if constexpr (kCl) cluster_wait();  // no CTA leaves while another may still read its token rows
+  if constexpr (kC > 0) cluster_wait();  // no CTA leaves while another may still read its token rows
 }
 
 constexpr size_t kPreMaxSmem = 200 * 1024;
@@ -439,7 +411,6 @@ PreKernel rows_pre_combine_pick(int pf) {
 }
 PreKernel rows_pre_combine_kernel(int C, int pf) {
   switch (C) {
-    case 1: return rows_pre_combine_pick<1>(pf);
     case 2: return rows_pre_combine_pick<2>(pf);
     case 4: return rows_pre_combine_pick<4>(pf);
     case 8: return rows_pre_combine_pick<8>(pf);
@@ -453,28 +424,26 @@ cudaLaunchConfig_t rows_pre_combine_config(int N, int K, int C, cudaLaunchAttrib
   cfg.blockDim = dim3(kWarps * 32);
   cfg.dynamicSmemBytes = rows_pre_smem(K);
   cfg.stream = stream;
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = C;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = 0;
-  if (C > 1) {  // C == 1: whole rows per CTA, no cluster
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = C;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.numAttrs = 1;
-  }
+  cfg.numAttrs = 1;
   return cfg;
 }
 
-// Whether every CTA of gemm_combine's kernel for (N, K, C, pf) is resident at once (checked once per shape).
-bool rows_pre_combine_fits(int N, int K, int C, int pf) {
+// Whether every cluster of gemm_combine's kernel for (N, K, pf) is resident at once (checked once per shape).
+bool rows_pre_combine_fits(int N, int K, int pf) {
   static std::mutex mu;
-  static std::map<std::tuple<int, int, int, int, int>, bool> known;
+  static std::map<std::tuple<int, int, int, int>, bool> known;
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) cudaGetLastError();
   std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(dev, N, K, C, pf);
+  const auto key = std::make_tuple(dev, N, K, pf);
   auto it = known.find(key);
   if (it != known.end()) return it->second;
+  const int C = K / kSlice;
   PreKernel fn = rows_pre_combine_kernel(C, pf);
   bool ok = fn != nullptr;
   if (ok)
@@ -483,12 +452,8 @@ bool rows_pre_combine_fits(int N, int K, int C, int pf) {
   if (ok) {
     cudaLaunchAttribute attr[1];
     cudaLaunchConfig_t cfg = rows_pre_combine_config(N, K, C, attr, nullptr);
-    int n = 0;
-    if (C > 1)
-      ok = cudaOccupancyMaxActiveClusters(&n, fn, &cfg) == cudaSuccess && n * C >= N / kRows;
-    else
-      ok = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, fn, kWarps * 32, cfg.dynamicSmemBytes) == cudaSuccess &&
-           n * sm_count() >= N / kRows;
+    int clusters = 0;
+    ok = cudaOccupancyMaxActiveClusters(&clusters, fn, &cfg) == cudaSuccess && clusters * C >= N / kRows;
   }
   cudaGetLastError();
   known.emplace(key, ok);
@@ -583,23 +548,13 @@ Status gemm_kv_prefetch(const bf16* x, const bf16* w, bf16* y, int M, int N, int
   return gemm(x, w, y, M, N, K, stream);
 }
 
-// gemm_combine's form for (M, K) under DecodeOption::kMoeCombine: C > 1 = clusters of C CTAs, 1 = whole rows per CTA,
-// 0 = not served. 2: clusters; 3: whole rows up to kWholeRows rows, clusters above; 4: whole rows only.
-int combine_form(int M, int K) {
-  const int opt = decode_option(DecodeOption::kMoeCombine);
-  const bool whole = (opt == 3 || opt == 4) && M <= kWholeRows && K <= kWholeCols && K % kChunk == 0;
-  if (whole) return 1;
-  if ((opt != 2 && opt != 3) || K % kSlice != 0) return 0;
-  const int C = K / kSlice;
-  return C == 2 || C == 4 || C == 8 ? C : 0;
-}
-
 bool gemm_combine_ok(int M, int N, int K, int topk) {
   const int gv = decode_option(DecodeOption::kGemmVariant);
-  if (M < 1 || M > 8 || topk < 1 || !(gv == 4 || gv == 8)) return false;
-  const int C = combine_form(M, K);
-  if (C == 0 || N % (kRows * C) != 0 || rows_pre_smem(K) > kPreMaxSmem) return false;
-  return rows_pre_combine_fits(N, K, C, kv_prefetch_mode(M) == kPfBefore ? kPfBefore : kPfNone);
+  if (M < 1 || M > 8 || topk < 1 || K % kSlice != 0 || !(gv == 4 || gv == 8)) return false;
+  const int C = K / kSlice;
+  if (C != 2 && C != 4 && C != 8) return false;
+  if (N % (kRows * C) != 0 || rows_pre_smem(K) > kPreMaxSmem) return false;
+  return rows_pre_combine_fits(N, K, kv_prefetch_mode(M) == kPfBefore ? kPfBefore : kPfNone);
 }
 
 Status gemm_combine(const CombineIn& c, const bf16* w, bf16* y, int M, int N, int K, const KvPrefetch& kv,
@@ -614,10 +569,10 @@ Status gemm_combine(const CombineIn& c, const bf16* w, bf16* y, int M, int N, in
     return invalid_argument("gemm_combine: M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" +
                             std::to_string(K) + " top-k=" + std::to_string(c.topk) + " not served");
   const int pf = kv_prefetch_mode(M) == kPfBefore && kv_prefetch_ok(kv) ? kPfBefore : kPfNone;
-  const int C = combine_form(M, K);
+  const int C = K / kSlice;
   cudaLaunchAttribute attr[2];
   cudaLaunchConfig_t cfg = rows_pre_combine_config(N, K, C, attr, stream);
-  cfg.numAttrs = static_cast<unsigned int>(common_launch_attrs(attr, static_cast<int>(cfg.numAttrs)));
+  cfg.numAttrs = static_cast<unsigned int>(common_launch_attrs(attr, 1));
   note_launch("rows_pre (combine)");
   return cuda_status(cudaLaunchKernelEx(&cfg, rows_pre_combine_kernel(C, pf), static_cast<const bf16*>(nullptr), w,
                                         y, M, N, K, kv, c),

@@ -292,7 +292,7 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
   // DecodeOption::kMoeCombine 2: the MoE combine (+ the next RMSNorm) runs inside the next layer's qkv GEMM, which
   // reads the residual from one buffer and writes it to the other; xc is the residual's current buffer.
   bf16* xc = x_;
-  const bool fold_combine = moe && decode_option(DecodeOption::kMoeCombine) >= 2 &&
+  const bool fold_combine = moe && decode_option(DecodeOption::kMoeCombine) == 2 &&
                             gemm_combine_ok(batch, QKV, H, c.top_k);
   bool combine_pending = false;
   for (int l = 0; l < c.layers; ++l) {
