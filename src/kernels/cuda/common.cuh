@@ -226,41 +226,12 @@ __device__ __forceinline__ uint4 pack8(const float* v) {
   return u;
 }
 
-// The MoE combine of 8 columns [c, c + 8) of one token: v = bf16(v + bf16(sum of slot_out[k * hidden + c ...] over
-// k < K with ids[k] >= 0, in k order)), v holding the residual on entry. The slot rows of kU slots are loaded at once
-// (empty slots skipped at the sum; kU does not change the order of the sum); ids and slot_out are read through L2
-// (they may come from other CTAs of the same launch or from the previous kernel).
-template <int kU = 8>
-__device__ __forceinline__ void combine_slots8(const float* slot_out, const int32_t* ids, int K, int hidden, int c,
-                                               float* v) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (int k0 = 0; k0 < K; k0 += kU) {
-    float4 a[kU], b[kU];
-    int id[kU];
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int k = k0 + u;
-      id[u] = k < K ? __ldcg(ids + k) : -1;
-      const float4* sp = reinterpret_cast<const float4*>(slot_out + static_cast<size_t>(k < K ? k : 0) * hidden + c);
-      a[u] = __ldcg(sp);
-      b[u] = __ldcg(sp + 1);
-    }
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      if (id[u] < 0) continue;
-      acc[0] += a[u].x; acc[1] += a[u].y; acc[2] += a[u].z; acc[3] += a[u].w;
-      acc[4] += b[u].x; acc[5] += b[u].y; acc[6] += b[u].z; acc[7] += b[u].w;
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < 8; ++i) v[i] = bf16_round(v[i] + bf16_round(acc[i]));
-}
-
 // One token row of moe_combine_add_rmsnorm (elementwise.cu norm_kernel<2> for hidden <= 8 * blockDim.x, one
-// 8-element chunk per thread; the one-token experts' folded combine): x = combine_slots8 of x, then, when y is not
-// null, y = w * bf16(x * rsqrt(mean(x^2) + eps)) with wv this thread's 8 norm weights (loaded by the caller, possibly
-// before its PDL wait). x is read through L2. Every thread of the CTA calls it; red: blockDim.x / 32 floats of shared
-// memory. (gemm_combine computes the same row across a thread-block cluster, one warp's 256 columns per CTA.)
+// 8-element chunk per thread; the one-token experts' folded combine): x = bf16(x + bf16(sum of slot_out[k] over
+// k < K with ids[k] >= 0, in k order)), then, when y is not null, y = w * bf16(x * rsqrt(mean(x^2) + eps)) with wv
+// this thread's 8 norm weights (loaded by the caller, possibly before its PDL wait). All K slot rows are loaded
+// at once (empty slots skipped at the sum); x, ids and slot_out are read through L2 (they may come from other CTAs
+// of the same launch). Every thread of the CTA calls it; red: blockDim.x / 32 floats of shared memory.
 __device__ __forceinline__ void combine_norm_row(bf16* x, const float* slot_out, const int32_t* ids, int K,
                                                  const uint4& wv, bf16* y, int hidden, float eps, float* red) {
   const int c = threadIdx.x * 8;
@@ -268,7 +239,27 @@ __device__ __forceinline__ void combine_norm_row(bf16* x, const float* slot_out,
   float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   if (own) {
     unpack8(__ldcg(reinterpret_cast<const uint4*>(x + c)), v);
-    combine_slots8(slot_out, ids, K, hidden, c, v);
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int k0 = 0; k0 < K; k0 += 8) {
+      float4 a[8], b[8];
+      int id[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const int k = k0 + u;
+        id[u] = k < K ? __ldcg(ids + k) : -1;
+        const float4* sp = reinterpret_cast<const float4*>(slot_out + static_cast<size_t>(k < K ? k : 0) * hidden + c);
+        a[u] = __ldcg(sp);
+        b[u] = __ldcg(sp + 1);
+      }
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        if (id[u] < 0) continue;
+        acc[0] += a[u].x; acc[1] += a[u].y; acc[2] += a[u].z; acc[3] += a[u].w;
+        acc[4] += b[u].x; acc[5] += b[u].y; acc[6] += b[u].z; acc[7] += b[u].w;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = bf16_round(v[i] + bf16_round(acc[i]));
     *reinterpret_cast<uint4*>(x + c) = pack8(v);
   }
   step_timeline_phase(5);  // the row's loads have landed

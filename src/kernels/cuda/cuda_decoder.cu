@@ -251,7 +251,7 @@ class CudaTextDecoder final : public model::TextDecoder {
     Caps caps;
     DeviceMemory act, in_dev, ws, sim, counters;
     PinnedMemory in_host, logits_host;
-    bf16 *x = nullptr, *x2 = nullptr, *xn = nullptr, *qkv = nullptr, *attn = nullptr, *o = nullptr, *rl = nullptr, *h = nullptr,
+    bf16 *x = nullptr, *xn = nullptr, *qkv = nullptr, *attn = nullptr, *o = nullptr, *rl = nullptr, *h = nullptr,
          *gu = nullptr, *xr = nullptr, *logits = nullptr;
     int32_t *ids = nullptr, *ids_before = nullptr;
     float *route_w = nullptr, *slot_out = nullptr;
@@ -291,10 +291,9 @@ class CudaTextDecoder final : public model::TextDecoder {
   void clear_graphs() const;
   std::vector<uintptr_t> graph_fingerprint(const CudaKvStorage& kv) const;
   Status ensure(const Caps& need) const;
-  // Routing, experts and the combine into x / xn (next_w: the next RMSNorm's weight, or null for x only); with
-  // `defer` the combine is left to the next layer's qkv GEMM (the expert outputs stay in slot_out, ids in ids).
+  // Routing, experts and the combine into x / xn (next_w: the next RMSNorm's weight, or null for x only).
   Status run_moe(int64_t l, const Layer& L, int T, const model::ForwardBatch& b, const model::MoeHooks* hooks,
-                 bool all_active, bf16* x, const bf16* next_w, bool defer) const;
+                 bool all_active, const bf16* next_w) const;
 
   io::TextConfig cfg_;
   int L_ = 0, H_ = 0, Hq_ = 0, Hkv_ = 0, D_ = 0, QKV_ = 0, E_ = 0, K_ = 0, I_ = 0, Id_ = 0, V_ = 0;
@@ -477,7 +476,6 @@ Status CudaTextDecoder::ensure(const Caps& need) const {
     const size_t hw = std::max<size_t>(K * I_, Id_);
     auto layout = [&](Carver& cv) {
       s.x = cv.take<bf16>(T * H);
-      s.x2 = cv.take<bf16>(T * H);  // the residual's other buffer (DecodeOption::kMoeCombine 2)
       s.xn = cv.take<bf16>(T * H);
       s.o = cv.take<bf16>(T * H);
       s.qkv = cv.take<bf16>(T * QKV_);
@@ -525,8 +523,7 @@ Result<std::vector<model::RerouteCounts>> CudaTextDecoder::reroute_counts() cons
 }
 
 Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const model::ForwardBatch& b,
-                                const model::MoeHooks* hooks, bool all_active, bf16* x, const bf16* next_w,
-                                bool defer) const {
+                                const model::MoeHooks* hooks, bool all_active, const bf16* next_w) const {
   Step& s = *st_;
   cudaStream_t st = stream_;
   if (hooks && hooks->moe_input) {
@@ -598,15 +595,12 @@ Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const model::
   if (!plan_routed)
     ZEST_RETURN_IF_ERROR(T <= kDecodeMoeTokens ? moe_plan(s.ids, T, K_, E_, s.plan, nullptr, st)
                                  : moe_plan_prefill(s.ids, T, K_, E_, s.plan, nullptr, st));
-  if (T <= kDecodeMoeTokens && defer)
-    return moe_experts_decode(s.xn, s.plan, s.route_w, Ly.gate_up, Ly.down, s.h, s.slot_out, T, K_, E_, H_, I_, st);
   if (T <= kDecodeMoeTokens)
     return moe_experts_decode_combine(s.xn, s.plan, s.route_w, Ly.gate_up, Ly.down, s.h, s.slot_out, T, K_, E_, H_, I_,
-                                      x, s.ids, next_w, s.xn, eps_, s.done, st);
-  if (defer) return internal_error("the MoE combine can be deferred for decode-sized steps only");
+                                      s.x, s.ids, next_w, s.xn, eps_, s.done, st);
   ZEST_RETURN_IF_ERROR(
       moe_experts_prefill(s.xn, s.plan, s.route_w, Ly.gate_up, Ly.down, s.h, s.slot_out, T, K_, E_, H_, I_, st));
-  return moe_combine_add_rmsnorm(x, s.slot_out, s.ids, K_, next_w, s.xn, T, H_, eps_, st);
+  return moe_combine_add_rmsnorm(s.x, s.slot_out, s.ids, K_, next_w, s.xn, T, H_, eps_, st);
 }
 
 // ---- decode graphs and device sampling -------------------------------------------------------------------
@@ -966,12 +960,6 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
   ZEST_RETURN_IF_ERROR(embedding(d_tokens, embed_, s.x, T, H_, V_, st));
   if (M > 0) ZEST_RETURN_IF_ERROR(scatter_rows(mm_src(0), d_mm, s.x, static_cast<int>(M), H_, false, st));
   ZEST_RETURN_IF_ERROR(rmsnorm(s.x, layers_[0].in_norm, s.xn, T, H_, eps_, st));
-  // DecodeOption::kMoeCombine 2: a decode step's MoE combine (+ the next RMSNorm) runs inside the next layer's qkv
-  // GEMM, which reads the residual from one buffer and writes it to the other; xc is the residual's current buffer.
-  bf16* xc = s.x;
-  const bool fold_combine = use_decode && decode_option(DecodeOption::kMoeCombine) == 2 && E_ > 0 &&
-                            gemm_combine_ok(T, QKV_, H_, K_);
-  bool combine_pending = false;  // the previous layer's combine is this layer's to do
   for (int l = 0; l < L_; ++l) {
     const Layer& Ly = layers_[l];
     const bf16* next = l + 1 < L_ ? layers_[l + 1].in_norm : final_norm_;
@@ -986,21 +974,7 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
       kvp.row_bytes = Hkv_ * D_ * 2;
       dp.l2_next = Ly.wo;
       dp.l2_next_bytes = static_cast<size_t>(H_) * Hq_ * D_ * 2;
-      if (combine_pending) {
-        CombineIn c;
-        c.x = xc;
-        c.x_out = xc == s.x ? s.x2 : s.x;
-        c.slot_out = s.slot_out;
-        c.ids = s.ids;
-        c.topk = K_;
-        c.norm_w = Ly.in_norm;
-        c.eps = eps_;
-        ZEST_RETURN_IF_ERROR(gemm_combine(c, Ly.wqkv, s.qkv, T, QKV_, H_, kvp, st));
-        xc = c.x_out;
-        combine_pending = false;
-      } else {
-        ZEST_RETURN_IF_ERROR(gemm_kv_prefetch(s.xn, Ly.wqkv, s.qkv, T, QKV_, H_, kvp, st));
-      }
+      ZEST_RETURN_IF_ERROR(gemm_kv_prefetch(s.xn, Ly.wqkv, s.qkv, T, QKV_, H_, kvp, st));
     } else {
       ZEST_RETURN_IF_ERROR(gemm(s.xn, Ly.wqkv, s.qkv, T, QKV_, H_, st));
     }
@@ -1031,26 +1005,24 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
     // no DeepStack rows follow the layer: x, xn, ids, weights and the router logits as the chain below leaves them.
     if (Ly.moe && decode_only && l >= nds && decode_option(DecodeOption::kMoeBlock) >= 1 &&
         (!hooks || (!hooks->route && !hooks->moe_input && !hooks->reroute)) && moe_block_ok(T, H_, E_, K_, I_)) {
-      ZEST_RETURN_IF_ERROR(moe_block_decode(xc, s.o, Ly.post_norm, Ly.router, nullptr, Ly.gate_up, Ly.down, next, s.xn,
+      ZEST_RETURN_IF_ERROR(moe_block_decode(s.x, s.o, Ly.post_norm, Ly.router, nullptr, Ly.gate_up, Ly.down, next, s.xn,
                                             s.ids, s.route_w, s.rl, nullptr, nullptr, 0, T, H_, E_, K_, I_, eps_, st));
       continue;
     }
-    ZEST_RETURN_IF_ERROR(add_rmsnorm(xc, s.o, Ly.post_norm, s.xn, T, H_, eps_, st));
+    ZEST_RETURN_IF_ERROR(add_rmsnorm(s.x, s.o, Ly.post_norm, s.xn, T, H_, eps_, st));
     const bool ds = l < nds;
     if (Ly.moe) {
-      const bool defer = fold_combine && !ds && l + 1 < L_;
-      Status ms = run_moe(l, Ly, T, b, hooks, all_active, xc, ds ? nullptr : next, defer);
+      Status ms = run_moe(l, Ly, T, b, hooks, all_active, ds ? nullptr : next);
       if (!ms.is_ok()) return ms.with_context("layer " + std::to_string(l));
-      combine_pending = defer;
     } else {
       ZEST_RETURN_IF_ERROR(gemm(s.xn, Ly.gate_up, s.gu, T, 2 * Id_, H_, st));
       ZEST_RETURN_IF_ERROR(silu_mul(s.gu, s.h, T, Id_, st));
       ZEST_RETURN_IF_ERROR(gemm(s.h, Ly.down, s.o, T, H_, Id_, st));
-      ZEST_RETURN_IF_ERROR(add_rmsnorm(xc, s.o, next, s.xn, T, H_, eps_, st));
+      ZEST_RETURN_IF_ERROR(add_rmsnorm(s.x, s.o, next, s.xn, T, H_, eps_, st));
     }
     if (ds) {
-      ZEST_RETURN_IF_ERROR(scatter_rows(mm_src(l + 1), d_mm, xc, static_cast<int>(M), H_, true, st));
-      ZEST_RETURN_IF_ERROR(rmsnorm(xc, next, s.xn, T, H_, eps_, st));
+      ZEST_RETURN_IF_ERROR(scatter_rows(mm_src(l + 1), d_mm, s.x, static_cast<int>(M), H_, true, st));
+      ZEST_RETURN_IF_ERROR(rmsnorm(s.x, next, s.xn, T, H_, eps_, st));
     }
   }
   ZEST_RETURN_IF_ERROR(gather_rows(s.xn, d_rows, s.xr, R, H_, st));

@@ -134,9 +134,7 @@ enum class DecodeOption : int {
                     // 2 = the KV prefetch only (weight tiles without the policy); 3 = the o weights only; 4 = none;
                     // 5 = as 0 without the other GEMMs' evict-first tiles
   kMoeCombine,      // moe_experts_decode_combine: 1 (default) = the combine folded into the one-token experts' down
-                    // kernel (its last CTA); 0 = always the separate moe_combine_add_rmsnorm launch; 2 = as 1, and
-                    // decoders fold a decode step's combine into the next layer's qkv GEMM (gemm_combine) where it
-                    // serves the step (at most 8 tokens), the residual alternating between two buffers
+                    // kernel (its last CTA); 0 = always the separate moe_combine_add_rmsnorm launch
   kMoeCarveout,     // decode experts at one token (moe_one.h): 1 (default) = both kernels prefer the smallest
                     // shared-memory carveout that holds their 3 CTAs per SM (set_min_carveout), the rest of the SM
                     // staying L1; 0 = the driver's default. Measured: with the default, the experts ran ~10 us per
@@ -247,24 +245,6 @@ struct KvPrefetch {
 // gemm()'s, bit for bit); otherwise gemm().
 Status gemm_kv_prefetch(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, const KvPrefetch& kv,
                         cudaStream_t stream);
-
-// The MoE combine of the layer before a decode GEMM, folded into that GEMM (DecodeOption::kMoeCombine 2).
-struct CombineIn {
-  const bf16* x = nullptr;         // residual [M, K] before the combine
-  bf16* x_out = nullptr;           // residual after it [M, K] (a different buffer: x is read by every CTA)
-  const float* slot_out = nullptr; // [M * topk, K] the weighted expert outputs
-  const int32_t* ids = nullptr;    // [M * topk] expert per slot (< 0: empty slot, skipped)
-  int topk = 0;
-  const bf16* norm_w = nullptr;    // the next RMSNorm's weight [K]
-  float eps = 1e-6f;
-};
-// gemm_kv_prefetch(xn, w, y, ...) for xn the rows moe_combine_add_rmsnorm(x, slot_out, ids, topk, norm_w, xn) would
-// leave, x_out = the residual it would leave in x; the same bits, in one launch (the small-M shared-memory path with
-// the combine inside thread-block clusters). Served for M <= 8, K = 512, 1024 or 2048 and N % (16 * K / 256) == 0
-// when every cluster fits on the GPU at once (gemm_combine_ok); otherwise gemm_combine returns an error.
-bool gemm_combine_ok(int M, int N, int K, int topk);
-Status gemm_combine(const CombineIn& c, const bf16* w, bf16* y, int M, int N, int K, const KvPrefetch& kv,
-                    cudaStream_t stream);
 
 // Prefill attention: causal, GQA, variable-length sequences packed along tokens (cu_seqlens [nseq+1]).
 // q/k/v rows at q + t * q_stride (Hq heads of D), k + t * kv_stride, v + t * kv_stride (Hkv heads).

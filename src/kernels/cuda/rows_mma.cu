@@ -4,10 +4,6 @@
 // dot product may sum k in any order, each thread loads 8 consecutive k of a row and both A and B fragments
 // use the same permutation of k. A CTA's warps split k and are reduced in shared memory in fixed order.
 // Modes: dense small-M GEMM, MoE gate/up (SiLU * up epilogue) and MoE down (routing-weight epilogue).
-#include <map>
-#include <mutex>
-#include <tuple>
-
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/common.cuh"
 
@@ -210,28 +206,13 @@ __device__ __forceinline__ void prefetch_kv_l2(const KvPrefetch& kv) {
 // Registers allow 3 CTAs per SM for K <= 2048 (as the shared memory does): one token tile with 8 chunks per round
 // (62 registers) or two with 4 (70); K = 4096 tiles (one CTA per SM) take one token tile's 16 chunks in one round.
 // kPf (PreFetch): the L2 prefetches of kv's rows and the tile's cache policy.
-//
-// kC > 0 (gemm_combine): x is not read; the token rows are cb's MoE combine + RMSNorm, computed inside a cluster of kC
-// CTAs before the product (Kdim = kC * kSlice, M <= 8): CTA rank r owns columns [r * kSlice, (r + 1) * kSlice), warp t
-// token t. Each warp combines its token's 256 columns (combine_slots8), sums their squares as one warp of the
-// separate combine's norm does (warp_sum), and after a cluster barrier adds the kC partials in lanes 0..kC-1 as that
-// norm's block_sum does (so the rows are the separate combine's, bit for bit); the normalised slice stays in the CTA's
-// shared memory and every CTA of the cluster reads the token rows from there (distributed shared memory). The CTAs of
-// cluster 0 store the new residual.
-constexpr int kSlice = 256;
-
-template <bool kTwo, int kRound, int kPf, int kC = 0>
+template <bool kTwo, int kRound, int kPf>
 __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_kernel(const bf16* __restrict__ x,
                                                                                     const bf16* __restrict__ w,
                                                                                     bf16* __restrict__ y, int M, int N,
-                                                                                    int Kdim, KvPrefetch kv,
-                                                                                    CombineIn cb) {
+                                                                                    int Kdim, KvPrefetch kv) {
   extern __shared__ __align__(128) unsigned char wsm[];
   __shared__ __align__(8) uint64_t bar;
-  constexpr int kXsRows = kC > 0 ? 8 : 1, kXsCols = kC > 0 ? kSlice : 8;
-  __shared__ __align__(16) bf16 xs[kXsRows][kXsCols];  // kC > 0: this rank's columns of the normalised token rows
-  __shared__ float part[8];                             // kC > 0: per token, the sum of squares of those columns
-  static_assert(kC == 0 || (!kTwo && kSlice == 32 * 8), "the combine: one warp per token, 8 columns per lane");
   step_timeline_phase(0);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, tq = lane & 3;
@@ -251,35 +232,10 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
   }
   // Block tables and context lengths are step inputs, not written by the previous kernel.
   if constexpr (kPf == kPfBefore || kPf == kPfBeforePlain) prefetch_kv_l2(kv);
-  uint4 wv = make_uint4(0, 0, 0, 0);  // kC > 0: this lane's 8 norm weights (a weight: loaded before the wait)
-  const int ccol = kC > 0 ? static_cast<int>(cluster_rank()) * kSlice + lane * 8 : 0;
-  if constexpr (kC > 0) wv = __ldg(reinterpret_cast<const uint4*>(cb.norm_w + ccol));
   __syncthreads();
   pdl_wait();
-  if constexpr (kC > 0) {
-    float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    if (warp < M) {
-      unpack8(__ldcg(reinterpret_cast<const uint4*>(cb.x + static_cast<size_t>(warp) * Kdim + ccol)), v);
-      combine_slots8(cb.slot_out + static_cast<size_t>(warp) * cb.topk * Kdim, cb.ids + warp * cb.topk, cb.topk, Kdim,
-                     ccol, v);
-      if (blockIdx.x < kC) *reinterpret_cast<uint4*>(cb.x_out + static_cast<size_t>(warp) * Kdim + ccol) = pack8(v);
-      const float ss = warp_sum(sumsq8(v));
-      if (lane == 0) part[warp] = ss;
-    }
-    cluster_arrive();
-    cluster_wait();
-    if (warp < M) {
-      float tot = lane < kC ? ld_cluster_f32(cluster_map(&part[warp], lane)) : 0.f;
-      tot = warp_sum(tot);
-      const float inv = rsqrtf(tot / Kdim + cb.eps);
-      *reinterpret_cast<uint4*>(&xs[warp][lane * 8]) = rms_scale8(v, inv, wv);
-    }
-    cluster_arrive();
-    cluster_wait();
-    if (warp == 0) step_timeline_phase(2);  // the token rows are in the cluster's shared memory
-  }
   const int chunks = Kdim / kChunk;
-  const bf16* x0p = kC == 0 && g < M ? x + static_cast<size_t>(g) * Kdim + tq * 8 : nullptr;
+  const bf16* x0p = g < M ? x + static_cast<size_t>(g) * Kdim + tq * 8 : nullptr;
   const bf16* x1p = kTwo && g + 8 < M ? x + static_cast<size_t>(g + 8) * Kdim + tq * 8 : nullptr;
   const unsigned char* a_lo = wsm + g * stride + tq * 16;
   const unsigned char* a_hi = a_lo + 8 * stride;
@@ -291,13 +247,7 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
     for (int u = 0; u < kRound; ++u) {
       const int c = cb + u * kWarps;
       const bool ok = c < chunks;
-      if constexpr (kC > 0) {  // chunk c: columns [c * kChunk, (c + 1) * kChunk) in rank c * kChunk / kSlice
-        constexpr int kPer = kSlice / kChunk;
-        xa[u] = ok && g < M ? ld_cluster_u32x4(cluster_map(&xs[g][(c % kPer) * kChunk + tq * 8], c / kPer))
-                            : make_uint4(0, 0, 0, 0);
-      } else {
-        xa[u] = ok && x0p ? __ldg(reinterpret_cast<const uint4*>(x0p + c * kChunk)) : make_uint4(0, 0, 0, 0);
-      }
+      xa[u] = ok && x0p ? __ldg(reinterpret_cast<const uint4*>(x0p + c * kChunk)) : make_uint4(0, 0, 0, 0);
       if constexpr (kTwo) xb[u] = ok && x1p ? __ldg(reinterpret_cast<const uint4*>(x1p + c * kChunk)) : make_uint4(0, 0, 0, 0);
       else xb[u] = make_uint4(0, 0, 0, 0);
     }
@@ -317,7 +267,6 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
   }
   // The warps' partial sums go into the weight tile's shared memory once every warp is done with the tile.
   if (!landed) mbar_wait(&bar, 0);
-  if constexpr (kC > 0) cluster_arrive();  // this CTA's reads of the cluster's token rows are done
   __syncthreads();
   float(*red)[8][32] = reinterpret_cast<float(*)[8][32]>(wsm);
 #pragma unroll
@@ -337,7 +286,6 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
       y[static_cast<size_t>(t) * N + row] = __float2bfloat16(s);
     }
   }
-  if constexpr (kC > 0) cluster_wait();  // no CTA leaves while another may still read its token rows
 }
 
 constexpr size_t kPreMaxSmem = 200 * 1024;
@@ -349,7 +297,7 @@ size_t rows_pre_smem(int K) {
 
 // The instantiation for (M, K, prefetch): two token tiles above 8 rows; 16 chunks per round for one tile when
 // K > 2048.
-using PreKernel = void (*)(const bf16*, const bf16*, bf16*, int, int, int, KvPrefetch, CombineIn);
+using PreKernel = void (*)(const bf16*, const bf16*, bf16*, int, int, int, KvPrefetch);
 template <int kPf>
 PreKernel rows_pre_pick_pf(int M, int K) {
   if (M > 8) return rows_pre_kernel<true, kPreRound / 2, kPf>;
@@ -401,65 +349,8 @@ bool rows_pre_ok(int M, int N, int K, int pf = kPfNone) {
 Status launch_rows_pre(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream,
                        int pf = kPfNone, const KvPrefetch& kv = KvPrefetch{}) {
   return launch("rows_pre", rows_pre_pick(M, K, pf), dim3(N / kRows), dim3(kWarps * 32), rows_pre_smem(K), stream, x,
-                w, y, M, N, K, kv, CombineIn{});
+                w, y, M, N, K, kv);
 }
-
-// gemm_combine's kernel: rows_pre_kernel with the combine in clusters of kC CTAs (M <= 8, K = kC * kSlice <= 2048).
-template <int kC>
-PreKernel rows_pre_combine_pick(int pf) {
-  return pf == kPfBefore ? rows_pre_kernel<false, kPreRound, kPfBefore, kC> : rows_pre_kernel<false, kPreRound, kPfNone, kC>;
-}
-PreKernel rows_pre_combine_kernel(int C, int pf) {
-  switch (C) {
-    case 2: return rows_pre_combine_pick<2>(pf);
-    case 4: return rows_pre_combine_pick<4>(pf);
-    case 8: return rows_pre_combine_pick<8>(pf);
-    default: return nullptr;
-  }
-}
-
-cudaLaunchConfig_t rows_pre_combine_config(int N, int K, int C, cudaLaunchAttribute* attr, cudaStream_t stream) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(N / kRows);
-  cfg.blockDim = dim3(kWarps * 32);
-  cfg.dynamicSmemBytes = rows_pre_smem(K);
-  cfg.stream = stream;
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = C;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cfg;
-}
-
-// Whether every cluster of gemm_combine's kernel for (N, K, pf) is resident at once (checked once per shape).
-bool rows_pre_combine_fits(int N, int K, int pf) {
-  static std::mutex mu;
-  static std::map<std::tuple<int, int, int, int>, bool> known;
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) cudaGetLastError();
-  std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(dev, N, K, pf);
-  auto it = known.find(key);
-  if (it != known.end()) return it->second;
-  const int C = K / kSlice;
-  PreKernel fn = rows_pre_combine_kernel(C, pf);
-  bool ok = fn != nullptr;
-  if (ok)
-    ok = cudaFuncSetAttribute(reinterpret_cast<const void*>(fn), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              static_cast<int>(kPreMaxSmem)) == cudaSuccess;
-  if (ok) {
-    cudaLaunchAttribute attr[1];
-    cudaLaunchConfig_t cfg = rows_pre_combine_config(N, K, C, attr, nullptr);
-    int clusters = 0;
-    ok = cudaOccupancyMaxActiveClusters(&clusters, fn, &cfg) == cudaSuccess && clusters * C >= N / kRows;
-  }
-  cudaGetLastError();
-  known.emplace(key, ok);
-  return ok;
-}
-
 
 // kGemmVariant 4 (default) runs the register-streamed kernel for 9-16 token rows when K <= 2048 (the qkv GEMM at
 // Qwen3-30B-A3B shapes), measured faster at batch 16 on H200 (TPOT 11.810 / 11.748 against 11.890 / 11.872-11.850
@@ -471,23 +362,6 @@ constexpr int kStreamMinRows = 9;
 // at batch 4 (+0.1 ms) and equal at 8 and 16 (b8cfb69, f8caf08); the other small-M GEMMs' tiles (the o GEMM's)
 // evict-first as well: batch 1 -0.009 to -0.018 ms in five comparisons, batch 2 equal (89d6b4e, aea5e48).
 constexpr int kPrefetchMaxRows = 2;
-
-bool kv_prefetch_ok(const KvPrefetch& kv) {
-  return kv.k_cache && kv.v_cache && kv.block_table && kv.context_lens && kv.batch > 0 && kv.max_blocks > 0 &&
-         kv.row_bytes > 0 && kv.row_bytes % 16 == 0 &&
-         (reinterpret_cast<uintptr_t>(kv.k_cache) | reinterpret_cast<uintptr_t>(kv.v_cache)) % 16 == 0;
-}
-
-// The prefetch mode of gemm_kv_prefetch for M rows (kL2Prefetch).
-int kv_prefetch_mode(int M) {
-  switch (decode_option(DecodeOption::kL2Prefetch)) {
-    case 0:
-    case 5: return M <= kPrefetchMaxRows ? kPfBefore : kPfNone;
-    case 1: return kPfBefore;
-    case 2: return kPfBeforePlain;
-    default: return kPfNone;
-  }
-}
 
 template <int kMode, int kU, int kMinBlocks>
 Status launch_rows(const RowsParams& p, int max_items, cudaStream_t stream) {
@@ -535,8 +409,17 @@ Status rows_mma_gemm(const bf16* x, const bf16* w, bf16* y, int M, int N, int K,
 
 Status gemm_kv_prefetch(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, const KvPrefetch& kv,
                         cudaStream_t stream) {
-  const int pf = kv_prefetch_mode(M);
-  const bool kv_ok = kv_prefetch_ok(kv);
+  int pf = kPfNone;
+  switch (decode_option(DecodeOption::kL2Prefetch)) {
+    case 0:
+    case 5: pf = M <= kPrefetchMaxRows ? kPfBefore : kPfNone; break;
+    case 1: pf = kPfBefore; break;
+    case 2: pf = kPfBeforePlain; break;
+    default: break;
+  }
+  const bool kv_ok = kv.k_cache && kv.v_cache && kv.block_table && kv.context_lens && kv.batch > 0 &&
+                     kv.max_blocks > 0 && kv.row_bytes > 0 && kv.row_bytes % 16 == 0 &&
+                     (reinterpret_cast<uintptr_t>(kv.k_cache) | reinterpret_cast<uintptr_t>(kv.v_cache)) % 16 == 0;
   const bool aligned =
       x && w && y && K % 8 == 0 && (reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w)) % 16 == 0;
   // The GEMM variants that run rows_pre_kernel for these sizes.
@@ -546,37 +429,6 @@ Status gemm_kv_prefetch(const bf16* x, const bf16* w, bf16* y, int M, int N, int
   if (pf != kPfNone && kv_ok && aligned && pre && rows_mma_gemm_ok(M, N, K) && rows_pre_ok(M, N, K, pf))
     return launch_rows_pre(x, w, y, M, N, K, stream, pf, kv);
   return gemm(x, w, y, M, N, K, stream);
-}
-
-bool gemm_combine_ok(int M, int N, int K, int topk) {
-  const int gv = decode_option(DecodeOption::kGemmVariant);
-  if (M < 1 || M > 8 || topk < 1 || K % kSlice != 0 || !(gv == 4 || gv == 8)) return false;
-  const int C = K / kSlice;
-  if (C != 2 && C != 4 && C != 8) return false;
-  if (N % (kRows * C) != 0 || rows_pre_smem(K) > kPreMaxSmem) return false;
-  return rows_pre_combine_fits(N, K, kv_prefetch_mode(M) == kPfBefore ? kPfBefore : kPfNone);
-}
-
-Status gemm_combine(const CombineIn& c, const bf16* w, bf16* y, int M, int N, int K, const KvPrefetch& kv,
-                    cudaStream_t stream) {
-  if (!c.x || !c.x_out || c.x == c.x_out || !c.slot_out || !c.ids || !c.norm_w || !w || !y)
-    return invalid_argument("gemm_combine: null or aliased buffers");
-  if ((reinterpret_cast<uintptr_t>(c.x) | reinterpret_cast<uintptr_t>(c.x_out) |
-       reinterpret_cast<uintptr_t>(c.slot_out) | reinterpret_cast<uintptr_t>(c.norm_w) |
-       reinterpret_cast<uintptr_t>(w)) % 16 != 0)
-    return invalid_argument("gemm_combine: buffers must be 16-byte aligned");
-  if (!gemm_combine_ok(M, N, K, c.topk))
-    return invalid_argument("gemm_combine: M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" +
-                            std::to_string(K) + " top-k=" + std::to_string(c.topk) + " not served");
-  const int pf = kv_prefetch_mode(M) == kPfBefore && kv_prefetch_ok(kv) ? kPfBefore : kPfNone;
-  const int C = K / kSlice;
-  cudaLaunchAttribute attr[2];
-  cudaLaunchConfig_t cfg = rows_pre_combine_config(N, K, C, attr, stream);
-  cfg.numAttrs = static_cast<unsigned int>(common_launch_attrs(attr, 1));
-  note_launch("rows_pre (combine)");
-  return cuda_status(cudaLaunchKernelEx(&cfg, rows_pre_combine_kernel(C, pf), static_cast<const bf16*>(nullptr), w,
-                                        y, M, N, K, kv, c),
-                     "rows_pre (combine)");
 }
 
 bool rows_mma_moe_ok(int H, int I) { return H % kChunk == 0 && I % kChunk == 0 && H % kRows == 0 && I % kRows == 0; }

@@ -205,7 +205,6 @@ Status SyntheticDecoder::init(const SyntheticConfig& cfg, const SyntheticOptions
   ZEST_RETURN_IF_ERROR(dev(B * K * 4, &route_w_));
   ZEST_RETURN_IF_ERROR(dev(B * K * H * 4, &slot_out_));
   ZEST_RETURN_IF_ERROR(dev(B * H * 2, &x_));
-  ZEST_RETURN_IF_ERROR(dev(B * H * 2, &x2_));  // the residual's other buffer (DecodeOption::kMoeCombine 2)
   ZEST_RETURN_IF_ERROR(dev(B * H * 2, &xn_));
   ZEST_RETURN_IF_ERROR(dev(B * QKV * 2, &qkv_));
   ZEST_RETURN_IF_ERROR(dev(B * Hq * D * 2, &attn_));
@@ -289,12 +288,6 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
                             batch, c.vocab));
   ZEST_OP("embedding", embedding(ids_, embed_, x_, batch, H, c.vocab, s));
   ZEST_OP("rmsnorm", rmsnorm(x_, layers_[0].in_norm, xn_, batch, H, kEps, s));
-  // DecodeOption::kMoeCombine 2: the MoE combine (+ the next RMSNorm) runs inside the next layer's qkv GEMM, which
-  // reads the residual from one buffer and writes it to the other; xc is the residual's current buffer.
-  bf16* xc = x_;
-  const bool fold_combine = moe && decode_option(DecodeOption::kMoeCombine) == 2 &&
-                            gemm_combine_ok(batch, QKV, H, c.top_k);
-  bool combine_pending = false;
   for (int l = 0; l < c.layers; ++l) {
     const Layer& L = layers_[l];
     const bf16* next_norm = l + 1 < c.layers ? layers_[l + 1].in_norm : final_norm_;
@@ -310,21 +303,7 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
     kvp.row_bytes = c.kv_heads * D * 2;
     ap.l2_next = L.wo;
     ap.l2_next_bytes = static_cast<size_t>(H) * c.q_heads * D * 2;
-    if (combine_pending) {
-      CombineIn cb;
-      cb.x = xc;
-      cb.x_out = xc == x_ ? x2_ : x_;
-      cb.slot_out = slot_out_;
-      cb.ids = route_ids_;
-      cb.topk = c.top_k;
-      cb.norm_w = L.in_norm;
-      cb.eps = kEps;
-      ZEST_OP("combine + rmsnorm + qkv gemm", gemm_combine(cb, L.wqkv, qkv_, batch, QKV, H, kvp, s));
-      xc = cb.x_out;
-      combine_pending = false;
-    } else {
-      ZEST_OP("qkv gemm", gemm_kv_prefetch(xn_, L.wqkv, qkv_, batch, QKV, H, kvp, s));
-    }
+    ZEST_OP("qkv gemm", gemm_kv_prefetch(xn_, L.wqkv, qkv_, batch, QKV, H, kvp, s));
     const int pos_stride = c.mrope ? opt_.max_batch : 0;
     if (decode_option(DecodeOption::kAttentionKernel) >= 2 && decode_attention_fused_ok(ap, qkv_, QKV)) {
       ZEST_OP("decode attention (fused)",
@@ -340,13 +319,13 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
     // The MoE half of the layer in one launch (DecodeOption::kMoeBlock; nothing re-routes without SERE).
     if (moe && !sere && block_ws_ && decode_option(DecodeOption::kMoeBlock) >= 1 &&
         moe_block_ok(batch, H, c.experts, c.top_k, c.expert_inter)) {
-      ZEST_OP("moe block", moe_block_decode(xc, o_, L.post_norm, L.router, opt_.skew > 0.f ? L.router_bias : nullptr,
+      ZEST_OP("moe block", moe_block_decode(x_, o_, L.post_norm, L.router, opt_.skew > 0.f ? L.router_bias : nullptr,
                                             L.gate_up, L.down, next_norm, xn_, route_ids_, route_w_, nullptr,
                                             expert_counts_ + l, block_ws_, block_ws_bytes_, batch, H, c.experts,
                                             c.top_k, c.expert_inter, kEps, s));
       continue;
     }
-    ZEST_OP("add + rmsnorm", add_rmsnorm(xc, o_, L.post_norm, xn_, batch, H, kEps, s));
+    ZEST_OP("add + rmsnorm", add_rmsnorm(x_, o_, L.post_norm, xn_, batch, H, kEps, s));
     if (moe) {
       const int E = c.experts, K = c.top_k, I = c.expert_inter;
       const float* bias = opt_.skew > 0.f ? L.router_bias : nullptr;
@@ -363,21 +342,15 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
         ZEST_OP("sere",
                 sere_reroute(route_ids_, route_w_, L.sim, batch, E, K, opt_.sere_primary, opt_.sere_threshold, s));
       if (!fused || sere) ZEST_OP("moe plan", moe_plan(route_ids_, batch, K, E, plan_, expert_counts_ + l, s));
-      if (fold_combine && l + 1 < c.layers) {  // the combine runs in the next layer's qkv GEMM
-        ZEST_OP("moe experts",
-                moe_experts_decode(xn_, plan_, route_w_, L.gate_up, L.down, h_, slot_out_, batch, K, E, H, I, s));
-        combine_pending = true;
-      } else {
-        ZEST_OP("moe experts + combine + rmsnorm",
-                moe_experts_decode_combine(xn_, plan_, route_w_, L.gate_up, L.down, h_, slot_out_, batch, K, E, H, I,
-                                           xc, route_ids_, next_norm, xn_, kEps, combine_done_, s));
-      }
+      ZEST_OP("moe experts + combine + rmsnorm",
+              moe_experts_decode_combine(xn_, plan_, route_w_, L.gate_up, L.down, h_, slot_out_, batch, K, E, H, I,
+                                         x_, route_ids_, next_norm, xn_, kEps, combine_done_, s));
     } else {
       const int I = c.dense_inter;
       ZEST_OP("mlp gate/up gemm", gemm(xn_, L.gate_up, gu_, batch, 2 * I, H, s));
       ZEST_OP("silu*up", silu_mul(gu_, h_, batch, I, s));
       ZEST_OP("mlp down gemm", gemm(h_, L.down, o_, batch, H, I, s));
-      ZEST_OP("add + rmsnorm", add_rmsnorm(xc, o_, next_norm, xn_, batch, H, kEps, s));
+      ZEST_OP("add + rmsnorm", add_rmsnorm(x_, o_, next_norm, xn_, batch, H, kEps, s));
     }
   }
   ZEST_OP("lm_head gemm", gemm(xn_, lm_head_, logits_, batch, c.vocab, H, s));
