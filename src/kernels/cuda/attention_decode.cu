@@ -537,6 +537,7 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kern
   float(*acc_s)[G][D] = reinterpret_cast<float(*)[G][D]>(smem_raw);
   __shared__ float m_s[kDecWarps][G], l_s[kDecWarps][G];
   __shared__ int last_s;
+  step_timeline_phase(0);  // the CTA is resident
 
   const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -920,6 +921,7 @@ __global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + ring_bar_off(S));
   uint64_t* empty = full + S;
   __shared__ int last_s;
+  step_timeline_phase(0);  // the CTA is resident
 
   const int split = blockIdx.x, grp = blockIdx.y, b = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;

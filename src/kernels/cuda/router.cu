@@ -271,6 +271,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
   __shared__ int ids_s[kRouteMaxT * kMaxTopK];
   __shared__ unsigned tok_mask[kRouteMaxE];  // CTA 0: bit t set when token t chose the expert
   __shared__ int offset_of[kRouteMaxE];
+  step_timeline_phase(0);  // the CTA is resident
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, tq = lane & 3;
   const int rank = static_cast<int>(cluster_rank()), C = static_cast<int>(cluster_size());
