@@ -6,10 +6,10 @@
 //                      [--ablate 1,64] [--timeline 1,8] [--variant moe=2,gemm=1 ...]
 // --variant (repeatable) reruns everything with decode options set (sere: DecodeOption::kSereKernel, moe:
 // kMoeOccupancy, attn: kAttentionKernel, gemm: kGemmVariant, route: kRouteFused, experts: kMoeKernel, block:
-// kMoeBlock, l2: kL2Prefetch, carve: kMoeCarveout, combine: kMoeCombine); --ablate times the graph again with each operation
-// left out (per-op cost inside the replayed graph, PDL overlap included); --timeline (bench_decode_timeline only: the
-// same program on the kernels built with step-timeline records) prints when each kernel of one replayed step was
-// released from its PDL wait (kernels.h).
+// kMoeBlock, l2: kL2Prefetch, carve: kMoeCarveout, combine: kMoeCombine, trial: kTrial); --ablate times the graph
+// again with each operation left out (per-op cost inside the replayed graph, PDL overlap included); --timeline
+// (bench_decode_timeline only: the same program on the kernels built with step-timeline records) prints when each
+// kernel of one replayed step was released from its PDL wait (kernels.h).
 #include <cstdio>
 #include <sstream>
 #include <string>
@@ -192,6 +192,7 @@ bool apply_variant(const std::string& spec) {
     else if (name == "l2") set_decode_option(DecodeOption::kL2Prefetch, value);
     else if (name == "carve") set_decode_option(DecodeOption::kMoeCarveout, value);
     else if (name == "combine") set_decode_option(DecodeOption::kMoeCombine, value);
+    else if (name == "trial") set_decode_option(DecodeOption::kTrial, value);
     else return false;
   }
   return true;

@@ -242,7 +242,7 @@ cudaGraphExec_t capture_plan_and_experts(Setup& s, cudaStream_t st, int layers,
 // experts followed by the separate moe_combine_add_rmsnorm launch: the residual x and the normalised rows y equal bit
 // for bit, with the next norm's weight and without it (x only), for both variants, eager with and without
 // programmatic launches and replayed three times from one graph (the exit counter must come back to zero each time),
-// and through moe_experts_decode_combine with DecodeOption::kMoeCombine 1 and 0.
+// and through moe_experts_decode_combine with DecodeOption::kMoeCombine 1, 2 (slot rows stored as bf16) and 0.
 TEST(CudaMoeOne, FoldedCombineMatchesTheSeparateLaunch) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(110);
@@ -294,16 +294,20 @@ TEST(CudaMoeOne, FoldedCombineMatchesTheSeparateLaunch) {
       EXPECT_NE(want.first, x0b);  // the combine changed x
       const bool pdl = programmatic_launch();
       for (int variant = 0; variant < kOneVariants; ++variant)
-        for (bool on : {false, true}) {
-          SCOPED_TRACE(testing::Message() << "variant " << variant << " pdl " << on);
-          reset();
-          set_programmatic_launch(on);
-          const Status st = moe_experts_one(s->x->get(), s->plan, s->w.get(), s->gu->get(), s->dn->get(), s->h.get(),
-                                            s->out.get(), c.N, c.K, c.E, c.H, c.I, variant, nullptr, nullptr, &cmb);
-          set_programmatic_launch(pdl);
-          ZEST_ASSERT_OK(st);
-          EXPECT_TRUE(result() == want);
-        }
+        for (bool on : {false, true})
+          for (bool b16 : {false, true}) {
+            SCOPED_TRACE(testing::Message() << "variant " << variant << " pdl " << on << " bf16 slots " << b16);
+            reset();
+            set_programmatic_launch(on);
+            cmb.slots_bf16 = b16;
+            const Status st = moe_experts_one(s->x->get(), s->plan, s->w.get(), s->gu->get(), s->dn->get(),
+                                              s->h.get(), s->out.get(), c.N, c.K, c.E, c.H, c.I, variant, nullptr,
+                                              nullptr, &cmb);
+            set_programmatic_launch(pdl);
+            cmb.slots_bf16 = false;
+            ZEST_ASSERT_OK(st);
+            EXPECT_TRUE(result() == want);
+          }
       // Replays of one graph (plan + folded experts), x restored before each.
       cudaStream_t st = nullptr;
       ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
@@ -322,7 +326,7 @@ TEST(CudaMoeOne, FoldedCombineMatchesTheSeparateLaunch) {
       cudaGraphExecDestroy(exec);
       cudaStreamDestroy(st);
       // Through moe_experts_decode_combine (kMoeKernel 17 = moe_one variant 1), folded and separate.
-      for (int fold : {1, 0}) {
+      for (int fold : {1, 2, 0}) {
         SCOPED_TRACE(testing::Message() << "kMoeCombine " << fold);
         set_decode_option(DecodeOption::kMoeKernel, 17);
         set_decode_option(DecodeOption::kMoeCombine, fold);

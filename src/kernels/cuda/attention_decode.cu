@@ -448,6 +448,7 @@ struct DecodeFuse {
   float eps;
   const unsigned char* next;  // bytes of the next kernel prefetched into L2 by the ring kernel (nullptr: none)
   size_t next_bytes;          // a multiple of 16
+  int one_trip;               // fused kernel: every q / k / v load of a warp issued before the first use (trial)
 };
 
 // This CTA's share of the next kernel's bytes (DecodeFuse::next) into L2: one warp's lanes issue bulk prefetches of at
@@ -485,6 +486,30 @@ __device__ __forceinline__ RopeLane rope_lane(const float* p_axis, const RopePar
     r.s[i] = bf16_round(sinf(ang));
   }
   return r;
+}
+
+// norm_rope_head on a lane's 4 values (elements lane + 32 i) already in registers.
+__device__ __forceinline__ void norm_rope_vals(const float (&v)[4], const float* w4, const RopeLane& rl, float eps,
+                                               bf16* dst, bf16* kv_dst, int lane) {
+  constexpr int D = kHeadDim, half = D / 2;
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) ss += v[i] * v[i];
+  const float inv = rsqrtf(warp_sum(ss) / D + eps);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int j = lane + 32 * i;
+    const float a = bf16_round(bf16_round(v[i] * inv) * w4[i]);
+    const float b = bf16_round(bf16_round(v[i + 2] * inv) * w4[i + 2]);
+    const bf16 o1 = __float2bfloat16(a * rl.c[i] - b * rl.s[i]);
+    const bf16 o2 = __float2bfloat16(b * rl.c[i] + a * rl.s[i]);
+    dst[j] = o1;
+    dst[j + half] = o2;
+    if (kv_dst) {
+      kv_dst[j] = o1;
+      kv_dst[j + half] = o2;
+    }
+  }
 }
 
 // Lane's part of one head row x [128] (bf16, global): RMSNorm with weights w4 (elements lane + 32 i) then rotate-half
@@ -596,7 +621,34 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kern
   const int slot = new_pg >= 0 && f.slots ? f.slots[b] : -1;
   pdl_wait();
 
-  {  // q heads 2 warp, 2 warp + 1 of this kv head; the current token's k (warp 0) and v (warp 1) in the owner CTA
+  if (f.one_trip) {  // as below, with every load of the warp (2 q heads, and k or v) in flight at once
+    const bf16* row = qkv + static_cast<size_t>(b) * q_stride;
+    const bool kv = new_pg >= 0 && warp < 2;  // warp 0: the current k, warp 1: the current v
+    float qv[2][4], kvv[4];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        qv[h][i] = __bfloat162float(row[static_cast<size_t>(kvh * G + 2 * warp + h) * D + lane + 32 * i]);
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      kvv[i] = kv ? __bfloat162float(row[static_cast<size_t>(Hq + warp * Hkv + kvh) * D + lane + 32 * i]) : 0.f;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) norm_rope_vals(qv[h], qw, rl, f.eps, q_s + (2 * warp + h) * D, nullptr, lane);
+    if (kv) {
+      const size_t dst = (static_cast<size_t>(slot) * Hkv + kvh) * D;
+      if (warp == 0) {
+        norm_rope_vals(kvv, kw, rl, f.eps, kn_s, slot >= 0 ? k_cache + dst : nullptr, lane);
+      } else {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const bf16 v = __float2bfloat16(kvv[i]);
+          vn_s[lane + 32 * i] = v;
+          if (slot >= 0) v_cache[dst + lane + 32 * i] = v;
+        }
+      }
+    }
+  } else {  // q heads 2 warp, 2 warp + 1 of this kv head; the current token's k (warp 0), v (warp 1) in the owner CTA
     const bf16* row = qkv + static_cast<size_t>(b) * q_stride;
     for (int h = 2 * warp; h < 2 * warp + 2; ++h)
       norm_rope_head(row + static_cast<size_t>(kvh * G + h) * D, qw, rl, f.eps, q_s + h * D, nullptr, lane);
@@ -881,30 +933,6 @@ __device__ __forceinline__ float4 ld_cluster_f32x4(uint32_t addr) {
 
 __device__ __forceinline__ void ring_bar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
-}
-
-// norm_rope_head on a lane's 4 values (elements lane + 32 i) already in registers.
-__device__ __forceinline__ void norm_rope_vals(const float (&v)[4], const float* w4, const RopeLane& rl, float eps,
-                                               bf16* dst, bf16* kv_dst, int lane) {
-  constexpr int D = kHeadDim, half = D / 2;
-  float ss = 0.f;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) ss += v[i] * v[i];
-  const float inv = rsqrtf(warp_sum(ss) / D + eps);
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int j = lane + 32 * i;
-    const float a = bf16_round(bf16_round(v[i] * inv) * w4[i]);
-    const float b = bf16_round(bf16_round(v[i + 2] * inv) * w4[i + 2]);
-    const bf16 o1 = __float2bfloat16(a * rl.c[i] - b * rl.s[i]);
-    const bf16 o2 = __float2bfloat16(b * rl.c[i] + a * rl.s[i]);
-    dst[j] = o1;
-    dst[j + half] = o2;
-    if (kv_dst) {
-      kv_dst[j] = o1;
-      kv_dst[j + half] = o2;
-    }
-  }
 }
 
 template <bool kCluster, int kStages, bool kPairs>
@@ -1496,7 +1524,8 @@ Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_s
   const SplitPlan sp = split_plan(p);
   float* part = static_cast<float*>(workspace);
   int* counters = reinterpret_cast<int*>(static_cast<char*>(workspace) + counters_offset(p));
-  DecodeFuse f{q_norm, k_norm, pos, pos_stride, rope, slot_mapping, eps, nullptr, 0};
+  DecodeFuse f{q_norm, k_norm, pos, pos_stride, rope, slot_mapping, eps, nullptr, 0,
+               decode_option(DecodeOption::kTrial) & 1};
   const int l2 = decode_option(DecodeOption::kL2Prefetch);
   if ((l2 == 1 || l2 == 3) && p.batch <= 16 && p.l2_next &&
       reinterpret_cast<uintptr_t>(p.l2_next) % 16 == 0 && p.l2_next_bytes >= 16) {

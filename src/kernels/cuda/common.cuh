@@ -232,7 +232,10 @@ __device__ __forceinline__ uint4 pack8(const float* v) {
 // this thread's 8 norm weights (loaded by the caller, possibly before its PDL wait). All K slot rows are loaded
 // at once (empty slots skipped at the sum); x, ids and slot_out are read through L2 (they may come from other CTAs
 // of the same launch). Every thread of the CTA calls it; red: blockDim.x / 32 floats of shared memory.
-__device__ __forceinline__ void combine_norm_row(bf16* x, const float* slot_out, const int32_t* ids, int K,
+// Slot: float, or bf16 for slot rows stored at bf16 (values already bf16-rounded: the same sums bit for bit, half
+// the bytes).
+template <typename Slot>
+__device__ __forceinline__ void combine_norm_row(bf16* x, const Slot* slot_out, const int32_t* ids, int K,
                                                  const uint4& wv, bf16* y, int hidden, float eps, float* red) {
   const int c = threadIdx.x * 8;
   const bool own = c < hidden;
@@ -241,21 +244,30 @@ __device__ __forceinline__ void combine_norm_row(bf16* x, const float* slot_out,
     unpack8(__ldcg(reinterpret_cast<const uint4*>(x + c)), v);
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int k0 = 0; k0 < K; k0 += 8) {
-      float4 a[8], b[8];
+      constexpr int kVec = sizeof(Slot) == 2 ? 1 : 2;  // 16-byte loads per 8 values
+      uint4 a[8][kVec];
       int id[8];
 #pragma unroll
       for (int u = 0; u < 8; ++u) {
         const int k = k0 + u;
         id[u] = k < K ? __ldcg(ids + k) : -1;
-        const float4* sp = reinterpret_cast<const float4*>(slot_out + static_cast<size_t>(k < K ? k : 0) * hidden + c);
-        a[u] = __ldcg(sp);
-        b[u] = __ldcg(sp + 1);
+        const uint4* sp = reinterpret_cast<const uint4*>(slot_out + static_cast<size_t>(k < K ? k : 0) * hidden + c);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) a[u][j] = __ldcg(sp + j);
       }
 #pragma unroll
       for (int u = 0; u < 8; ++u) {
         if (id[u] < 0) continue;
-        acc[0] += a[u].x; acc[1] += a[u].y; acc[2] += a[u].z; acc[3] += a[u].w;
-        acc[4] += b[u].x; acc[5] += b[u].y; acc[6] += b[u].z; acc[7] += b[u].w;
+        float f[8];
+        if constexpr (sizeof(Slot) == 2) {
+          unpack8(a[u][0], f);
+        } else {
+          const float4 lo = *reinterpret_cast<const float4*>(&a[u][0]), hi = *reinterpret_cast<const float4*>(&a[u][1]);
+          f[0] = lo.x; f[1] = lo.y; f[2] = lo.z; f[3] = lo.w;
+          f[4] = hi.x; f[5] = hi.y; f[6] = hi.z; f[7] = hi.w;
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[i] += f[i];
       }
     }
 #pragma unroll

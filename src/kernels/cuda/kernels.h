@@ -134,12 +134,15 @@ enum class DecodeOption : int {
                     // 2 = the KV prefetch only (weight tiles without the policy); 3 = the o weights only; 4 = none;
                     // 5 = as 0 without the other GEMMs' evict-first tiles
   kMoeCombine,      // moe_experts_decode_combine: 1 (default) = the combine folded into the one-token experts' down
-                    // kernel (its last CTA); 0 = always the separate moe_combine_add_rmsnorm launch
+                    // kernel (its last CTA); 2 = as 1 with the slot rows stored as bf16 (their values are bf16-
+                    // rounded: the same sums, half the bytes for the last CTA to load); 0 = always the separate
+                    // moe_combine_add_rmsnorm launch
   kMoeCarveout,     // decode experts at one token (moe_one.h): 1 (default) = both kernels prefer the smallest
                     // shared-memory carveout that holds their 3 CTAs per SM (set_min_carveout), the rest of the SM
                     // staying L1; 0 = the driver's default. Measured: with the default, the experts ran ~10 us per
                     // layer slower when the routing cluster launched right behind the o GEMM (no kernel between them
                     // to let SMs drain), as when every launch asked for the largest carveout
+  kTrial,           // forms under measurement (bits, 0 = none); see the kernels that read it
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);

@@ -356,6 +356,7 @@ Status moe_experts_decode_combine(const bf16* x, const MoePlan& plan, const floa
     c.y = cy;
     c.eps = eps;
     c.done = done;
+    c.slots_bf16 = decode_option(DecodeOption::kMoeCombine) == 2;
     return moe_experts_one(x, plan, weights, gate_up, down, h, slot_out, N, K, E, H, I, kernel - kOneBase, stream,
                            nullptr, &c);
   }

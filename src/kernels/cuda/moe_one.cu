@@ -170,7 +170,10 @@ __device__ __forceinline__ void down_item(const OneParams& p, int e, int r0, int
         for (int w = 0; w < kWarps; ++w) v += red[w][i][l];
         const int row = r0 + (l >> 2) + (i >> 1) * 8;
         const int slot = p.plan.sorted_slots[c0 + t];
-        p.slot_out[static_cast<size_t>(slot) * p.H + row] = bf16_round(bf16_round(v) * p.route_w[slot]);
+        const float o = bf16_round(bf16_round(v) * p.route_w[slot]);
+        const size_t at = static_cast<size_t>(slot) * p.H + row;
+        if (p.cmb.slots_bf16) reinterpret_cast<bf16*>(p.slot_out)[at] = __float2bfloat16(o);
+        else p.slot_out[at] = o;
       }
     }
     __syncthreads();
@@ -195,10 +198,16 @@ __device__ __forceinline__ bool finish_last(const OneParams& p, unsigned* exit_c
   if (!last) return false;
   step_timeline_phase(4);  // the last CTA knows it is last
   if (p.cmb.x)
-    for (int t = 0; t < p.N; ++t)
-      combine_norm_row(p.cmb.x + static_cast<size_t>(t) * p.H, p.slot_out + static_cast<size_t>(t) * p.K * p.H,
-                       p.cmb.ids + t * p.K, p.K, wv, p.cmb.w ? p.cmb.y + static_cast<size_t>(t) * p.H : nullptr, p.H,
-                       p.cmb.eps, scratch);
+    for (int t = 0; t < p.N; ++t) {
+      bf16* y = p.cmb.w ? p.cmb.y + static_cast<size_t>(t) * p.H : nullptr;
+      const size_t at = static_cast<size_t>(t) * p.K * p.H;
+      if (p.cmb.slots_bf16)
+        combine_norm_row(p.cmb.x + static_cast<size_t>(t) * p.H, reinterpret_cast<const bf16*>(p.slot_out) + at,
+                         p.cmb.ids + t * p.K, p.K, wv, y, p.H, p.cmb.eps, scratch);
+      else
+        combine_norm_row(p.cmb.x + static_cast<size_t>(t) * p.H, p.slot_out + at, p.cmb.ids + t * p.K, p.K, wv, y,
+                         p.H, p.cmb.eps, scratch);
+    }
   if (threadIdx.x == 0) *exit_count = 0u;  // every CTA has counted: ready for the next launch
   return true;
 }

@@ -23,6 +23,8 @@ struct OneCombine {
   bf16* y = nullptr;             // [N, H] normalised rows
   float eps = 0.f;
   unsigned* done = nullptr;
+  bool slots_bf16 = false;       // the down kernel stores the slot rows as bf16 (the last CTA loads half the bytes);
+                                 // slot_out then holds bf16 rows [N * K, H] at its start
 };
 bool moe_one_combine_ok(int H);
 
