@@ -331,8 +331,8 @@ void run_fused_variants_case(const std::vector<int>& variants, const std::vector
   p2.l2_next_bytes = next.size();
   const int l2_modes[3] = {1, 3, 0};
   for (int variant : variants)
-    for (int trial : {0, 1}) {  // kTrial bit 0: the fused kernel's q / k / v loads issued at once (variants 2, 3)
-      if (trial && variant != 2 && variant != 3) continue;
+    for (int trial : {0, 5}) {  // kTrial bits 0 (the fused kernel's q / k / v loads issued at once) and 2 (the ring's
+                                // later pages prefetched into L2)
       SCOPED_TRACE(testing::Message() << "kAttentionKernel " << variant << " kTrial " << trial);
       set_decode_option(DecodeOption::kAttentionKernel, variant);
       set_decode_option(DecodeOption::kTrial, trial);

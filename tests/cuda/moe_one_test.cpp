@@ -125,7 +125,8 @@ std::string case_name(const OneCase& c) {
 }
 
 // rows_mma (kMoeKernel 1) first: its bits must match the host reference; then every variant twice, with and without
-// programmatic launches, and once through moe_experts_decode (kMoeKernel 16): each bit for bit equal to rows_mma.
+// programmatic launches (once each with the down items' loads pipelined, DecodeOption::kTrial bit 1), and once
+// through moe_experts_decode (kMoeKernel 16): each bit for bit equal to rows_mma.
 void run_case(const OneCase& c, std::mt19937& rng) {
   SCOPED_TRACE(case_name(c));
   ASSERT_TRUE(moe_one_ok(c.N, c.K, c.E, c.H, c.I));
@@ -140,10 +141,12 @@ void run_case(const OneCase& c, std::mt19937& rng) {
     for (int run = 0; run < 4; ++run) {
       SCOPED_TRACE(testing::Message() << "variant " << variant << " run " << run);
       set_programmatic_launch(run >= 2);
+      set_decode_option(DecodeOption::kTrial, run % 2 ? 2 : 0);  // odd runs: the down items' loads pipelined
       s->out.poison();
       s->h.poison();
       const Status st = s->run_one(variant, nullptr);
       set_programmatic_launch(pdl);
+      set_decode_option(DecodeOption::kTrial, 0);
       ZEST_ASSERT_OK(st);
       sync_ok();
       EXPECT_TRUE(s->bits() == want) << "differs from rows_mma";
@@ -300,11 +303,13 @@ TEST(CudaMoeOne, FoldedCombineMatchesTheSeparateLaunch) {
             reset();
             set_programmatic_launch(on);
             cmb.slots_bf16 = b16;
+            set_decode_option(DecodeOption::kTrial, b16 ? 2 : 0);  // with bf16 slots, the pipelined down items
             const Status st = moe_experts_one(s->x->get(), s->plan, s->w.get(), s->gu->get(), s->dn->get(),
                                               s->h.get(), s->out.get(), c.N, c.K, c.E, c.H, c.I, variant, nullptr,
                                               nullptr, &cmb);
             set_programmatic_launch(pdl);
             cmb.slots_bf16 = false;
+            set_decode_option(DecodeOption::kTrial, 0);
             ZEST_ASSERT_OK(st);
             EXPECT_TRUE(result() == want);
           }

@@ -449,6 +449,7 @@ struct DecodeFuse {
   const unsigned char* next;  // bytes of the next kernel prefetched into L2 by the ring kernel (nullptr: none)
   size_t next_bytes;          // a multiple of 16
   int one_trip;               // fused kernel: every q / k / v load of a warp issued before the first use (trial)
+  int ring_l2;                // ring kernel: the pages past its stages prefetched into L2 before the wait (trial)
 };
 
 // This CTA's share of the next kernel's bytes (DecodeFuse::next) into L2: one warp's lanes issue bulk prefetches of at
@@ -1006,6 +1007,18 @@ __global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
     };
     const int pre = min(npages, S);
     for (int i = 0; i < pre; ++i) issue(i);  // before the wait: the cache holds no value of this step yet
+    if (f.ring_l2)  // the later pages' rows into L2 (lanes 0-15 K rows, 16-31 V rows), also before the wait
+      for (int i = S; i < npages; ++i) {
+        const int pg = pg_begin + i;
+        const int r = lane & 15;
+        if (r < min(kKvBlock, ctx - pg * kKvBlock)) {
+          const size_t row = static_cast<size_t>(table[pg]) * kKvBlock + r;
+          const bf16* src = (lane < 16 ? k_cache : v_cache) + row * row_stride + static_cast<size_t>(kvh0) * D;
+          asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src),
+                       "r"(static_cast<uint32_t>(kRingRowCopy))
+                       : "memory");
+        }
+      }
     pdl_wait();
     for (int i = S; i < npages; ++i) {
       mbar_wait(&empty[i % S], ((i / S) - 1) & 1);
@@ -1524,8 +1537,8 @@ Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_s
   const SplitPlan sp = split_plan(p);
   float* part = static_cast<float*>(workspace);
   int* counters = reinterpret_cast<int*>(static_cast<char*>(workspace) + counters_offset(p));
-  DecodeFuse f{q_norm, k_norm, pos, pos_stride, rope, slot_mapping, eps, nullptr, 0,
-               decode_option(DecodeOption::kTrial) & 1};
+  const int trial = decode_option(DecodeOption::kTrial);
+  DecodeFuse f{q_norm, k_norm, pos, pos_stride, rope, slot_mapping, eps, nullptr, 0, trial & 1, (trial >> 2) & 1};
   const int l2 = decode_option(DecodeOption::kL2Prefetch);
   if ((l2 == 1 || l2 == 3) && p.batch <= 16 && p.l2_next &&
       reinterpret_cast<uintptr_t>(p.l2_next) % 16 == 0 && p.l2_next_bytes >= 16) {

@@ -40,6 +40,7 @@ struct OneParams {
   uint64_t* stamps_dn;  // optional: down CTA b writes [3b] at entry, [3b + 1] after its wait, [3b + 2] at its end
   OneCombine cmb;       // cmb.x != null: the down kernel's last CTA runs the combine
   int N;
+  int pipeline;  // down: each item's last loads followed by the next item's first round (DecodeOption::kTrial bit 1)
 };
 
 __device__ __forceinline__ void prefetch_l2(const void* ptr, uint32_t bytes) {
@@ -133,12 +134,16 @@ __device__ __forceinline__ void down_load(const OneParams& p, int e, int r0, int
 
 // One down item: expert e's output rows [r0, r0 + 16) for its sorted slots [beg, end), scaled by the routing weights
 // into slot_out; warp w takes chunks w, w + 8, ... of k (4 in flight), the partial sums reduced in fixed order, as
-// rows_mma_kernel<kDown> does. `loaded`: lo / hi already hold the first round of the first pass. Ends with a barrier.
-__device__ __forceinline__ void down_item(const OneParams& p, int e, int r0, int beg, int end, bool loaded,
-                                          uint4 (&lo)[kDnU], uint4 (&hi)[kDnU], float (*red)[4][32]) {
+// rows_mma_kernel<kDown> does. `loaded`: lo / hi already hold the first round of the first pass. en >= 0: after its
+// last mma the warp loads the first round of the next item (expert en, rows rn) into lo / hi, so that those loads
+// are in flight during this item's reduction and stores; returns whether it did. Ends with a barrier.
+__device__ __forceinline__ bool down_item(const OneParams& p, int e, int r0, int beg, int end, bool loaded,
+                                          uint4 (&lo)[kDnU], uint4 (&hi)[kDnU], float (*red)[4][32], int en = -1,
+                                          int rn = 0) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, tq = lane & 3;
   const int chunks = p.I / kChunk;
+  bool next = false;
   for (int c0 = beg; c0 < end; c0 += kMaxTok) {
     const int nt = min(kMaxTok, end - c0);
     const bf16* xp = g < nt ? p.h + static_cast<size_t>(c0 + g) * p.I + tq * 8 : nullptr;
@@ -156,6 +161,10 @@ __device__ __forceinline__ void down_item(const OneParams& p, int e, int r0, int
       for (int u = 0; u < kDnU; ++u) {
         mma16816(acc, lo[u].x, hi[u].x, lo[u].y, hi[u].y, xa[u].x, xa[u].y);
         mma16816(acc, lo[u].z, hi[u].z, lo[u].w, hi[u].w, xa[u].z, xa[u].w);
+      }
+      if (en >= 0 && c0 + kMaxTok >= end && cb + kWarps * kDnU >= chunks) {
+        down_load(p, en, rn, warp, lo, hi);
+        next = true;
       }
     }
 #pragma unroll
@@ -178,6 +187,7 @@ __device__ __forceinline__ void down_item(const OneParams& p, int e, int r0, int
     }
     __syncthreads();
   }
+  return next;
 }
 
 // The folded combine (p.cmb.x != null) by the CTA that finds itself last on `exit_count` (each CTA's slot rows are
@@ -269,10 +279,14 @@ __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_down_kernel(OneParams
   if (p.stamps_dn && threadIdx.x == 0) p.stamps_dn[3 * blockIdx.x + 1] = global_ns();
   __shared__ float red[kWarps][4][32];
   const int items = *p.plan.num_active * tiles;
+  bool carried = false;  // lo / hi hold this item's first round, loaded by the previous item (p.pipeline)
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
     const int j = item / tiles, r0 = (item % tiles) * kRows;
-    down_item(p, p.plan.active_experts[j], r0, p.plan.offsets[j], p.plan.offsets[j + 1],
-                     kPre && pre && item == static_cast<int>(blockIdx.x), lo, hi, red);
+    const int nx = item + static_cast<int>(gridDim.x);
+    const int en = p.pipeline && nx < items ? p.plan.active_experts[nx / tiles] : -1;
+    carried = down_item(p, p.plan.active_experts[j], r0, p.plan.offsets[j], p.plan.offsets[j + 1],
+                        carried || (kPre && pre && item == static_cast<int>(blockIdx.x)), lo, hi, red, en,
+                        (nx % tiles) * kRows);
   }
   step_timeline_phase(2);
   if (p.stamps_dn && threadIdx.x == 0) p.stamps_dn[3 * blockIdx.x + 2] = global_ns();
@@ -323,6 +337,7 @@ Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights,
   p.stamps_dn = stamps ? stamps + 2 * static_cast<size_t>(gu_grid) : nullptr;
   if (combine) p.cmb = *combine;
   p.N = N;
+  p.pipeline = (decode_option(DecodeOption::kTrial) >> 1) & 1;
   const dim3 block(kWarps * 32);
   // The carveout preference follows DecodeOption::kMoeCarveout (set again when the option changes).
   static int carve = -1;
