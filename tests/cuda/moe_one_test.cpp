@@ -141,7 +141,8 @@ void run_case(const OneCase& c, std::mt19937& rng) {
     for (int run = 0; run < 4; ++run) {
       SCOPED_TRACE(testing::Message() << "variant " << variant << " run " << run);
       set_programmatic_launch(run >= 2);
-      set_decode_option(DecodeOption::kTrial, run % 2 ? 2 : 0);  // odd runs: the down items' loads pipelined
+      // Odd runs: the down items' loads pipelined, the weights loaded evict-first (DecodeOption::kTrial bits 1, 3).
+      set_decode_option(DecodeOption::kTrial, run % 2 ? 10 : 0);
       s->out.poison();
       s->h.poison();
       const Status st = s->run_one(variant, nullptr);
@@ -302,13 +303,19 @@ TEST(CudaMoeOne, FoldedCombineMatchesTheSeparateLaunch) {
             SCOPED_TRACE(testing::Message() << "variant " << variant << " pdl " << on << " bf16 slots " << b16);
             reset();
             set_programmatic_launch(on);
+            // With bf16 slots: the down items pipelined, the weights evict-first and an L2 prefetch before the
+            // gate/up wait (kTrial bits 1, 3).
             cmb.slots_bf16 = b16;
-            set_decode_option(DecodeOption::kTrial, b16 ? 2 : 0);  // with bf16 slots, the pipelined down items
+            cmb.l2_next = b16 ? s->gu->get() : nullptr;
+            cmb.l2_next_bytes = b16 ? s->gu->size() * sizeof(bf16) : 0;
+            set_decode_option(DecodeOption::kTrial, b16 ? 10 : 0);
             const Status st = moe_experts_one(s->x->get(), s->plan, s->w.get(), s->gu->get(), s->dn->get(),
                                               s->h.get(), s->out.get(), c.N, c.K, c.E, c.H, c.I, variant, nullptr,
                                               nullptr, &cmb);
             set_programmatic_launch(pdl);
             cmb.slots_bf16 = false;
+            cmb.l2_next = nullptr;
+            cmb.l2_next_bytes = 0;
             set_decode_option(DecodeOption::kTrial, 0);
             ZEST_ASSERT_OK(st);
             EXPECT_TRUE(result() == want);

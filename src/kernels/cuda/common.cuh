@@ -305,6 +305,47 @@ __device__ __forceinline__ uint4 ld_stream(const void* p) {
   return r;
 }
 
+// L2 eviction-priority policies (createpolicy) for cache-hinted loads and prefetches.
+__device__ __forceinline__ uint64_t policy_evict_first() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+__device__ __forceinline__ uint64_t policy_evict_last() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+__device__ __forceinline__ uint64_t policy_evict_normal() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+
+// ld_stream with an L2 policy.
+__device__ __forceinline__ uint4 ld_stream_policy(const void* p, uint64_t pol) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p), "l"(pol));
+  return r;
+}
+
+// This CTA's share of `bytes` (a multiple of 16) at `base` prefetched into L2 with policy `pol`: the grid's CTAs split
+// the range evenly; the calling warp's lanes issue bulk prefetches of at most 32 KB each.
+__device__ __forceinline__ void prefetch_l2_share(const unsigned char* base, size_t bytes, uint64_t pol, int lane) {
+  constexpr size_t kPiece = 32 * 1024;
+  const size_t ctas = static_cast<size_t>(gridDim.x) * gridDim.y * gridDim.z;
+  const size_t cta = blockIdx.x + static_cast<size_t>(gridDim.x) * (blockIdx.y + static_cast<size_t>(gridDim.y) *
+                                                                                     blockIdx.z);
+  const size_t per = ((bytes + ctas - 1) / ctas + 15) / 16 * 16;
+  const size_t beg = cta * per, end = min(beg + per, bytes);
+  for (size_t o = beg + lane * kPiece; o < end; o += 32 * kPiece)
+    asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(base + o),
+                 "r"(static_cast<uint32_t>(min(kPiece, end - o))), "l"(pol)
+                 : "memory");
+}
+
 // One warp (all 32 lanes) turns per-expert slot counts [E] into the MoE plan: the active-expert list, their slot
 // offsets, the kMoeTileM-row prefill tiles and the counts; offset_of[e] receives expert e's first sorted slot.
 __device__ __forceinline__ void moe_plan_scan_warp(const int* counts, int E, const MoePlan& plan, int* offset_of,

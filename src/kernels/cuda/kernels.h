@@ -376,11 +376,12 @@ Status moe_experts_decode(const bf16* x, const MoePlan& plan, const float* weigh
 // moe_experts_decode followed by the layer's combine, moe_combine_add_rmsnorm(cx, slot_out, ids, K, cw, cy, N, H,
 // eps): folded into the experts' last kernel when DecodeOption::kMoeCombine allows it and that kernel can (the
 // one-token experts, moe_one.h, H <= 2048), else as the separate launch; the same bits either way. done: one device
-// word, zero before the first call (the folded form leaves it zero).
+// word, zero before the first call (the folded form leaves it zero). l2_next: bytes the following kernels read (the
+// next layer's qkv weights), which the one-token experts may prefetch into L2 (OneCombine::l2_next).
 Status moe_experts_decode_combine(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
                                   const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I,
                                   bf16* cx, const int32_t* ids, const bf16* cw, bf16* cy, float eps, unsigned* done,
-                                  cudaStream_t stream);
+                                  cudaStream_t stream, const void* l2_next = nullptr, size_t l2_next_bytes = 0);
 // Prefill experts: the same function as moe_experts_decode through tensor-core grouped GEMMs over the
 // plan's tiles (device-side offsets): moe_prefill_gate_up then moe_prefill_down when H % 128 == 0 and
 // I % 64 == 0, else moe_experts_prefill_wmma.

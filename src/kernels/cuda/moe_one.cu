@@ -41,7 +41,15 @@ struct OneParams {
   OneCombine cmb;       // cmb.x != null: the down kernel's last CTA runs the combine
   int N;
   int pipeline;  // down: each item's last loads followed by the next item's first round (DecodeOption::kTrial bit 1)
+  int hint;      // weights loaded evict-first in L2 (DecodeOption::kTrial bit 3)
+  const unsigned char* l2_next;  // gate/up, before its wait: bytes prefetched into L2 evict-last (cmb.l2_next)
+  size_t l2_next_bytes;
 };
+
+// A weight fragment: ld_stream, evict-first in L2 when p.hint.
+__device__ __forceinline__ uint4 ld_weight(const OneParams& p, const bf16* ptr, uint64_t pol) {
+  return p.hint ? ld_stream_policy(ptr, pol) : ld_stream(ptr);
+}
 
 __device__ __forceinline__ void prefetch_l2(const void* ptr, uint32_t bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(ptr), "r"(bytes) : "memory");
@@ -60,6 +68,7 @@ __device__ __forceinline__ void gate_up_item(const OneParams& p, int e, int r0, 
   const bf16* hi0 = lo0 + static_cast<size_t>(8) * p.H;
   const bf16* lo1 = lo0 + static_cast<size_t>(p.I) * p.H;  // up rows
   const bf16* hi1 = hi0 + static_cast<size_t>(p.I) * p.H;
+  const uint64_t pol = policy_evict_first();
   for (int c0 = beg; c0 < end; c0 += kMaxTok) {
     const int nt = min(kMaxTok, end - c0);
     const bf16* xp = g < nt ? p.x + static_cast<size_t>(p.plan.sorted_slots[c0 + g] / p.K) * p.H + tq * 8 : nullptr;
@@ -71,10 +80,10 @@ __device__ __forceinline__ void gate_up_item(const OneParams& p, int e, int r0, 
         const size_t k = static_cast<size_t>(cb + u * kWarps) * kChunk;
         const bool ok = cb + u * kWarps < chunks;
         const uint4 z = make_uint4(0, 0, 0, 0);
-        a[u][0] = ok ? ld_stream(lo0 + k) : z;
-        a[u][1] = ok ? ld_stream(hi0 + k) : z;
-        a[u][2] = ok ? ld_stream(lo1 + k) : z;
-        a[u][3] = ok ? ld_stream(hi1 + k) : z;
+        a[u][0] = ok ? ld_weight(p, lo0 + k, pol) : z;
+        a[u][1] = ok ? ld_weight(p, hi0 + k, pol) : z;
+        a[u][2] = ok ? ld_weight(p, lo1 + k, pol) : z;
+        a[u][3] = ok ? ld_weight(p, hi1 + k, pol) : z;
       }
       // Token fragments (L1 hits after the first item) after the weight loads in program order.
 #pragma unroll
@@ -123,12 +132,13 @@ __device__ __forceinline__ void down_load(const OneParams& p, int e, int r0, int
   const int chunks = p.I / kChunk;
   const bf16* lo0 = p.down + (static_cast<size_t>(e) * p.H + r0 + g) * p.I + tq * 8;
   const bf16* hi0 = lo0 + static_cast<size_t>(8) * p.I;
+  const uint64_t pol = policy_evict_first();
 #pragma unroll
   for (int u = 0; u < kDnU; ++u) {
     const size_t k = static_cast<size_t>(cb + u * kWarps) * kChunk;
     const bool ok = cb + u * kWarps < chunks;
-    lo[u] = ok ? ld_stream(lo0 + k) : make_uint4(0, 0, 0, 0);
-    hi[u] = ok ? ld_stream(hi0 + k) : make_uint4(0, 0, 0, 0);
+    lo[u] = ok ? ld_weight(p, lo0 + k, pol) : make_uint4(0, 0, 0, 0);
+    hi[u] = ok ? ld_weight(p, hi0 + k, pol) : make_uint4(0, 0, 0, 0);
   }
 }
 
@@ -228,6 +238,7 @@ __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_gate_up_kernel(OnePar
   // wait (pdl_wait triggers the dependents after it), i.e. after the kernel that built the plan has completed; the
   // down kernel of variant 1 reads the plan before its own wait on that basis.
   step_timeline_phase(0);
+  if (p.l2_next && threadIdx.x < 32) prefetch_l2_share(p.l2_next, p.l2_next_bytes, policy_evict_last(), threadIdx.x);
   pdl_wait();
   if (p.stamps_gu && threadIdx.x == 0) p.stamps_gu[2 * blockIdx.x] = global_ns();
   __shared__ float red[kWarps][8][32];
@@ -338,6 +349,12 @@ Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights,
   if (combine) p.cmb = *combine;
   p.N = N;
   p.pipeline = (decode_option(DecodeOption::kTrial) >> 1) & 1;
+  p.hint = (decode_option(DecodeOption::kTrial) >> 3) & 1;
+  if (combine && p.hint && combine->l2_next && combine->l2_next_bytes >= 16 &&
+      reinterpret_cast<uintptr_t>(combine->l2_next) % 16 == 0) {
+    p.l2_next = static_cast<const unsigned char*>(combine->l2_next);
+    p.l2_next_bytes = combine->l2_next_bytes / 16 * 16;
+  }
   const dim3 block(kWarps * 32);
   // The carveout preference follows DecodeOption::kMoeCarveout (set again when the option changes).
   static int carve = -1;
