@@ -407,6 +407,28 @@ TEST(CudaLatencyNorm, CombineAddRmsnormMatchesReference) {
     DevBuf<float> ds(slots);
     DevBuf<int32_t> di(ids);
     DevBuf<bf16> dy(x.f.size());
+    // DecodeOption::kTrial bit 4: the row split over a 4-CTA cluster (hidden <= 2048): the same bits as the one-CTA
+    // kernel, with and without the norm.
+    for (bool with_w : {true, false}) {
+      auto dx1 = upload_bf16(x), dx2 = upload_bf16(x);
+      DevBuf<bf16> dy1(x.f.size()), dy2(x.f.size());
+      dy1.poison();
+      dy2.poison();
+      ZEST_ASSERT_OK(moe_combine_add_rmsnorm(dx1->get(), ds.get(), di.get(), K, with_w ? dw->get() : nullptr,
+                                             dy1.get(), rows, hidden, 1e-6f, nullptr));
+      set_decode_option(DecodeOption::kTrial, 16);
+      const Status st = moe_combine_add_rmsnorm(dx2->get(), ds.get(), di.get(), K, with_w ? dw->get() : nullptr,
+                                                dy2.get(), rows, hidden, 1e-6f, nullptr);
+      set_decode_option(DecodeOption::kTrial, 0);
+      ZEST_ASSERT_OK(st);
+      sync_ok();
+      const auto x1 = download_bf16(*dx1), x2 = download_bf16(*dx2);
+      for (size_t i = 0; i < x1.size(); ++i) ASSERT_EQ(x1[i], x2[i]) << "x element " << i;
+      if (with_w) {
+        const auto y1 = download_bf16(dy1), y2 = download_bf16(dy2);
+        for (size_t i = 0; i < y1.size(); ++i) ASSERT_EQ(y1[i], y2[i]) << "y element " << i;
+      }
+    }
     dy.poison();
     ZEST_ASSERT_OK(
         moe_combine_add_rmsnorm(dx->get(), ds.get(), di.get(), K, dw->get(), dy.get(), rows, hidden, 1e-6f, nullptr));

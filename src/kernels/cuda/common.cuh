@@ -226,6 +226,46 @@ __device__ __forceinline__ uint4 pack8(const float* v) {
   return u;
 }
 
+// The combine's part of one thread (columns c..c+7 of the row, owned when c < hidden): v = bf16(x + bf16(sum of the
+// slot rows)) stored into x; v stays 0 when not owned.
+template <typename Slot>
+__device__ __forceinline__ void combine_chunk8(bf16* x, const Slot* slot_out, const int32_t* ids, int K, int c,
+                                               int hidden, float (&v)[8]) {
+  if (c >= hidden) return;
+  unpack8(__ldcg(reinterpret_cast<const uint4*>(x + c)), v);
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  for (int k0 = 0; k0 < K; k0 += 8) {
+    constexpr int kVec = sizeof(Slot) == 2 ? 1 : 2;  // 16-byte loads per 8 values
+    uint4 a[8][kVec];
+    int id[8];
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int k = k0 + u;
+      id[u] = k < K ? __ldcg(ids + k) : -1;
+      const uint4* sp = reinterpret_cast<const uint4*>(slot_out + static_cast<size_t>(k < K ? k : 0) * hidden + c);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) a[u][j] = __ldcg(sp + j);
+    }
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      if (id[u] < 0) continue;
+      float f[8];
+      if constexpr (sizeof(Slot) == 2) {
+        unpack8(a[u][0], f);
+      } else {
+        const float4 lo = *reinterpret_cast<const float4*>(&a[u][0]), hi = *reinterpret_cast<const float4*>(&a[u][1]);
+        f[0] = lo.x; f[1] = lo.y; f[2] = lo.z; f[3] = lo.w;
+        f[4] = hi.x; f[5] = hi.y; f[6] = hi.z; f[7] = hi.w;
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[i] += f[i];
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) v[i] = bf16_round(v[i] + bf16_round(acc[i]));
+  *reinterpret_cast<uint4*>(x + c) = pack8(v);
+}
+
 // One token row of moe_combine_add_rmsnorm (elementwise.cu norm_kernel<2> for hidden <= 8 * blockDim.x, one
 // 8-element chunk per thread; the one-token experts' folded combine): x = bf16(x + bf16(sum of slot_out[k] over
 // k < K with ids[k] >= 0, in k order)), then, when y is not null, y = w * bf16(x * rsqrt(mean(x^2) + eps)) with wv
@@ -238,47 +278,13 @@ template <typename Slot>
 __device__ __forceinline__ void combine_norm_row(bf16* x, const Slot* slot_out, const int32_t* ids, int K,
                                                  const uint4& wv, bf16* y, int hidden, float eps, float* red) {
   const int c = threadIdx.x * 8;
-  const bool own = c < hidden;
   float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  if (own) {
-    unpack8(__ldcg(reinterpret_cast<const uint4*>(x + c)), v);
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int k0 = 0; k0 < K; k0 += 8) {
-      constexpr int kVec = sizeof(Slot) == 2 ? 1 : 2;  // 16-byte loads per 8 values
-      uint4 a[8][kVec];
-      int id[8];
-#pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        const int k = k0 + u;
-        id[u] = k < K ? __ldcg(ids + k) : -1;
-        const uint4* sp = reinterpret_cast<const uint4*>(slot_out + static_cast<size_t>(k < K ? k : 0) * hidden + c);
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) a[u][j] = __ldcg(sp + j);
-      }
-#pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        if (id[u] < 0) continue;
-        float f[8];
-        if constexpr (sizeof(Slot) == 2) {
-          unpack8(a[u][0], f);
-        } else {
-          const float4 lo = *reinterpret_cast<const float4*>(&a[u][0]), hi = *reinterpret_cast<const float4*>(&a[u][1]);
-          f[0] = lo.x; f[1] = lo.y; f[2] = lo.z; f[3] = lo.w;
-          f[4] = hi.x; f[5] = hi.y; f[6] = hi.z; f[7] = hi.w;
-        }
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc[i] += f[i];
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = bf16_round(v[i] + bf16_round(acc[i]));
-    *reinterpret_cast<uint4*>(x + c) = pack8(v);
-  }
+  combine_chunk8(x, slot_out, ids, K, c, hidden, v);
   step_timeline_phase(5);  // the row's loads have landed
   if (!y) return;
   const float tot = block_sum(sumsq8(v), red);
   const float inv = rsqrtf(tot / hidden + eps);
-  if (own) *reinterpret_cast<uint4*>(y + c) = rms_scale8(v, inv, wv);
+  if (c < hidden) *reinterpret_cast<uint4*>(y + c) = rms_scale8(v, inv, wv);
 }
 
 // Dot product of 8 bf16 pairs packed in two uint4 values, fp32.
