@@ -11,6 +11,7 @@
 // (bench_decode_timeline only: the same program on the kernels built with step-timeline records) prints when each
 // kernel of one replayed step was released from its PDL wait (kernels.h).
 #include <cstdio>
+#include <cstdlib>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -227,6 +228,25 @@ bool print_timeline(SyntheticDecoder& dec, int batch, int layers, double tpot_ms
   long long dropped = 0, orphans = 0;
   auto launches =
       ok ? read_step_timeline(*buf, &dropped, &orphans) : Result<std::vector<TimelineLaunch>>(internal_error("no run"));
+  // ZEST_TIMELINE_RAW=PATH: every record of the step as text, for offline analysis: "L index grid label" per launch
+  // (in release order), then "R sm grid tag cta t0 t1" per record (tag 0: wait record, k + 1: phase k; ns).
+  if (const char* raw = std::getenv("ZEST_TIMELINE_RAW"); ok && raw && launches.ok()) {
+    unsigned long long dims[2] = {0, 0};
+    cudaMemcpy(dims, *buf, sizeof(dims), cudaMemcpyDeviceToHost);
+    std::vector<unsigned long long> all(2 + dims[0] + 4 * dims[0] * dims[1]);
+    cudaMemcpy(all.data(), *buf, all.size() * 8, cudaMemcpyDeviceToHost);
+    if (FILE* f = std::fopen((std::string(raw) + "-b" + std::to_string(batch) + ".txt").c_str(), "w")) {
+      for (size_t i = 0; i < launches->size(); ++i)
+        std::fprintf(f, "L %zu %llu %s\n", i, (*launches)[i].grid,
+                     i < names.size() && names.size() == launches->size() ? names[i].c_str() : "?");
+      for (size_t sm = 0; sm < dims[0]; ++sm)
+        for (unsigned long long i = 0; i < std::min(all[2 + sm], dims[1]); ++i) {
+          const unsigned long long* r = &all[2 + dims[0] + 4 * (sm * dims[1] + i)];
+          std::fprintf(f, "R %zu %llu %llu %llu %llu %llu\n", sm, r[0], r[1] >> 56, r[1] & 0xffffffffull, r[2], r[3]);
+        }
+      std::fclose(f);
+    }
+  }
   cudaFree(*buf);
   if (!ok || !check(launches.status(), "read timeline")) return false;
   const std::vector<TimelineLaunch>& k = *launches;
