@@ -331,8 +331,9 @@ void run_fused_variants_case(const std::vector<int>& variants, const std::vector
   p2.l2_next_bytes = next.size();
   const int l2_modes[3] = {1, 3, 0};
   for (int variant : variants)
-    for (int trial : {0, 5}) {  // kTrial bits 0 (the fused kernel's q / k / v loads issued at once) and 2 (the ring's
-                                // later pages prefetched into L2)
+    // kTrial bits 0 (the fused kernel's q / k / v loads issued at once), 2 (the ring's later pages prefetched into
+    // L2) and 6 (the cluster fused kernel at 128 registers).
+    for (int trial : {0, 69}) {
       SCOPED_TRACE(testing::Message() << "kAttentionKernel " << variant << " kTrial " << trial);
       set_decode_option(DecodeOption::kAttentionKernel, variant);
       set_decode_option(DecodeOption::kTrial, trial);

@@ -42,15 +42,18 @@ std::vector<float> ref_gemm(const std::vector<float>& x, const std::vector<float
 TEST(CudaLatencyGemm, SharedMemoryTileMatchesReference) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(901);
-  // (gemm variant, kL2Prefetch): 0 copies the tiles evict-first for M <= 2, 5 does not.
-  for (auto [variant, l2mode] : {std::pair{4, 0}, std::pair{7, 0}, std::pair{8, 0}, std::pair{4, 5}}) {
-    OptionScope opt(DecodeOption::kGemmVariant, variant), l2(DecodeOption::kL2Prefetch, l2mode);
+  // (gemm variant, kL2Prefetch, kTrial): 0 copies the tiles evict-first for M <= 2, 5 does not; kTrial 32 takes
+  // K > 2048 in two rounds of 8 chunks per warp (M <= 8).
+  for (auto [variant, l2mode, trial] : {std::tuple{4, 0, 0}, std::tuple{7, 0, 0}, std::tuple{8, 0, 0},
+                                        std::tuple{4, 5, 0}, std::tuple{4, 0, 32}}) {
+    OptionScope opt(DecodeOption::kGemmVariant, variant), l2(DecodeOption::kL2Prefetch, l2mode),
+        tr(DecodeOption::kTrial, trial);
     for (auto [M, N, K] : {std::tuple{1, 5120, 2048}, std::tuple{1, 2048, 4096}, std::tuple{16, 2048, 4096},
                            std::tuple{9, 128, 2048}, std::tuple{8, 48, 96}, std::tuple{3, 208, 1056},
                            std::tuple{16, 16, 32}, std::tuple{5, 16 * 1000, 64}, std::tuple{8, 2064, 2080},
                            std::tuple{9, 1040, 4096}, std::tuple{2, 2048, 4096}}) {
-      SCOPED_TRACE(testing::Message() << "gemm variant " << variant << " l2 " << l2mode << " M=" << M << " N=" << N
-                                      << " K=" << K);
+      SCOPED_TRACE(testing::Message() << "gemm variant " << variant << " l2 " << l2mode << " trial " << trial
+                                      << " M=" << M << " N=" << N << " K=" << K);
       auto x = random_bf16(static_cast<size_t>(M) * K, rng), w = random_bf16(static_cast<size_t>(N) * K, rng);
       auto dx = upload_bf16(x), dw = upload_bf16(w);
       DevBuf<bf16> dy(static_cast<size_t>(M) * N);

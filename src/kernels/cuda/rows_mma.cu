@@ -301,8 +301,11 @@ using PreKernel = void (*)(const bf16*, const bf16*, bf16*, int, int, int, KvPre
 template <int kPf>
 PreKernel rows_pre_pick_pf(int M, int K) {
   if (M > 8) return rows_pre_kernel<true, kPreRound / 2, kPf>;
-  return K > kWarps * kChunk * kPreRound ? rows_pre_kernel<false, 2 * kPreRound, kPf>
-                                         : rows_pre_kernel<false, kPreRound, kPf>;
+  // DecodeOption::kTrial bit 5: long K in rounds of kPreRound chunks too (62 registers instead of 92: the CTA fits on
+  // an SM beside two CTAs of the fused decode attention).
+  return K > kWarps * kChunk * kPreRound && !(decode_option(DecodeOption::kTrial) >> 5 & 1)
+             ? rows_pre_kernel<false, 2 * kPreRound, kPf>
+             : rows_pre_kernel<false, kPreRound, kPf>;
 }
 // pf: a PreFetch mode.
 PreKernel rows_pre_pick(int M, int K, int pf) {
