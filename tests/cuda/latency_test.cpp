@@ -43,9 +43,10 @@ TEST(CudaLatencyGemm, SharedMemoryTileMatchesReference) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(901);
   // (gemm variant, kL2Prefetch, kTrial): 0 copies the tiles evict-first for M <= 2, 5 does not; kTrial 32 takes
-  // K > 2048 in two rounds of 8 chunks per warp (M <= 8).
+  // K > 2048 in two rounds of 8 chunks per warp (M <= 8), 128 copies the tile by cp.async instead of bulk copies.
   for (auto [variant, l2mode, trial] : {std::tuple{4, 0, 0}, std::tuple{7, 0, 0}, std::tuple{8, 0, 0},
-                                        std::tuple{4, 5, 0}, std::tuple{4, 0, 32}}) {
+                                        std::tuple{4, 5, 0}, std::tuple{4, 0, 32}, std::tuple{8, 0, 128},
+                                        std::tuple{4, 5, 160}}) {
     OptionScope opt(DecodeOption::kGemmVariant, variant), l2(DecodeOption::kL2Prefetch, l2mode),
         tr(DecodeOption::kTrial, trial);
     for (auto [M, N, K] : {std::tuple{1, 5120, 2048}, std::tuple{1, 2048, 4096}, std::tuple{16, 2048, 4096},
