@@ -6,10 +6,11 @@
 //                      [--ablate 1,64] [--timeline 1,8] [--variant moe=2,gemm=1 ...]
 // --variant (repeatable) reruns everything with decode options set (sere: DecodeOption::kSereKernel, moe:
 // kMoeOccupancy, attn: kAttentionKernel, gemm: kGemmVariant, route: kRouteFused, experts: kMoeKernel, block:
-// kMoeBlock, l2: kL2Prefetch, carve: kMoeCarveout, combine: kMoeCombine, trial: kTrial); --ablate times the graph
-// again with each operation left out (per-op cost inside the replayed graph, PDL overlap included); --timeline
-// (bench_decode_timeline only: the same program on the kernels built with step-timeline records) prints when each
-// kernel of one replayed step was released from its PDL wait (kernels.h).
+// kMoeBlock, l2: kL2Prefetch, carve: kMoeCarveout, combine: kMoeCombine); --ablate times the graph again with each operation
+// left out (per-op cost inside the replayed graph, PDL overlap included); --timeline (bench_decode_timeline only: the
+// same program on the kernels built with step-timeline records) prints when each kernel of one replayed step was
+// released from its PDL wait (kernels.h); with ZEST_TIMELINE_RAW=PATH it also writes every per-CTA record of that
+// step to PATH-b<batch>.txt (bench/timeline_raw.py reads it).
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -26,6 +27,7 @@
 #include "kernels/backend.h"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/synthetic_decoder.h"
+#include "kernels/cuda/tile_probe.h"
 
 namespace {
 
@@ -193,7 +195,6 @@ bool apply_variant(const std::string& spec) {
     else if (name == "l2") set_decode_option(DecodeOption::kL2Prefetch, value);
     else if (name == "carve") set_decode_option(DecodeOption::kMoeCarveout, value);
     else if (name == "combine") set_decode_option(DecodeOption::kMoeCombine, value);
-    else if (name == "trial") set_decode_option(DecodeOption::kTrial, value);
     else return false;
   }
   return true;
@@ -311,6 +312,67 @@ bool print_timeline(SyntheticDecoder& dec, int batch, int layers, double tpot_ms
   return true;
 }
 
+// --probe-tiles: how fast CTAs move weight tiles from HBM into shared memory (tile_probe.h), alone on the GPU: per
+// (CTAs per SM, bytes per CTA, copy method), the span from the first CTA's start to the last tile landed (median over
+// launches; each launch reads bytes not in L2) and the median CTA's own copy time.
+bool probe_tiles() {
+  const size_t buf_bytes = size_t{1} << 31;
+  unsigned char* src = nullptr;
+  uint32_t* sink = nullptr;
+  unsigned long long* times = nullptr;
+  int sms = 0;
+  if (!check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "SM count")) return false;
+  if (!check(cudaMalloc(&src, buf_bytes), "probe buffer") || !check(cudaMemset(src, 0x5a, buf_bytes), "memset") ||
+      !check(cudaMalloc(&sink, 4 * 4 * sms), "sink") || !check(cudaMalloc(&times, 8 * 2 * 4 * sms), "times"))
+    return false;
+  std::printf("tile copies into shared memory (CTAs alone on the GPU; %d SMs):\n", sms);
+  std::printf("| CTAs per SM | KB per CTA | method | copies per CTA | span us | rate TB/s | median CTA us |\n");
+  std::printf("|---|---|---|---|---|---|---|\n");
+  const char* names[] = {"bulk, thread 0", "bulk, 32 lanes", "cp.async, all threads", "registers, all threads"};
+  bool ok = true;
+  for (int per_sm : {1, 2, 3})
+    for (int kb : {32, 64, 128}) {
+      if (per_sm * (kb + 2) > 226) continue;
+      const int ctas = per_sm * sms, bytes = kb * 1024;
+      const size_t total = static_cast<size_t>(ctas) * bytes;
+      struct M { TileCopy how; int pieces; };
+      for (M m : {M{TileCopy::kBulkOne, kb / 4}, M{TileCopy::kBulkOne, kb / 8}, M{TileCopy::kBulkOne, 1},
+                  M{TileCopy::kBulkLanes, kb / 4}, M{TileCopy::kBulkLanes, kb}, M{TileCopy::kCpAsync, 1},
+                  M{TileCopy::kLoads, 1}}) {
+        std::vector<double> spans, medians;
+        for (int it = 0; it < 24 && ok; ++it) {
+          const size_t offset = (static_cast<size_t>(it) * (total + 4096)) % (buf_bytes - total) / 256 * 256;
+          ok = check(tile_copy_probe(src, offset, sink, times, ctas, bytes, m.pieces, m.how, nullptr), "probe") &&
+               check(cudaDeviceSynchronize(), "probe sync");
+          if (!ok || it < 4) continue;
+          std::vector<unsigned long long> t(2 * ctas);
+          ok = check(cudaMemcpy(t.data(), times, t.size() * 8, cudaMemcpyDeviceToHost), "times");
+          unsigned long long lo = ~0ull, hi = 0;
+          std::vector<double> own;
+          for (int c = 0; c < ctas; ++c) {
+            lo = std::min(lo, t[2 * c]);
+            hi = std::max(hi, t[2 * c + 1]);
+            own.push_back((t[2 * c + 1] - t[2 * c]) / 1e3);
+          }
+          std::sort(own.begin(), own.end());
+          spans.push_back((hi - lo) / 1e3);
+          medians.push_back(own[own.size() / 2]);
+        }
+        if (!ok) break;
+        std::sort(spans.begin(), spans.end());
+        std::sort(medians.begin(), medians.end());
+        const double span = spans[spans.size() / 2];
+        std::printf("| %d | %d | %s | %d | %.2f | %.2f | %.2f |\n", per_sm, kb, names[static_cast<int>(m.how)],
+                    m.how == TileCopy::kBulkOne || m.how == TileCopy::kBulkLanes ? m.pieces : bytes / 16, span,
+                    total / span / 1e6, medians[medians.size() / 2]);
+      }
+    }
+  cudaFree(src);
+  cudaFree(sink);
+  cudaFree(times);
+  return ok;
+}
+
 }  // namespace
 
 int bench_decode_main(int argc, char** argv) {
@@ -333,6 +395,8 @@ int bench_decode_main(int argc, char** argv) {
   int ablate_steps = 30;
   std::vector<std::string> variants;
   app.add_flag("--profile", profile, "also print GPU time per operation of one eager step per batch");
+  bool probe = false;
+  app.add_flag("--probe-tiles", probe, "only print how fast CTAs copy weight tiles into shared memory, by method");
   app.add_option("--ablate", ablate,
                  "batch sizes (comma-separated) at which the graph is also timed with each operation left out "
                  "(SERE off, first variant only)");
@@ -372,6 +436,7 @@ int bench_decode_main(int argc, char** argv) {
   double bw = 0;
   if (!copy_bandwidth(&bw)) return 1;
   std::printf("device-to-device copy bandwidth: %.2f TB/s (read + write, 2 GiB buffers)\n", bw / 1e12);
+  if (probe) return probe_tiles() ? 0 : 1;
 
   auto cfg = synthetic_config(config, layers);
   if (!check(cfg.status(), "config")) return 2;

@@ -330,51 +330,44 @@ void run_fused_variants_case(const std::vector<int>& variants, const std::vector
   p2.l2_next = next.get();
   p2.l2_next_bytes = next.size();
   const int l2_modes[3] = {1, 3, 0};
-  for (int variant : variants)
-    // kTrial bits 0 (the fused kernel's q / k / v loads issued at once), 2 (the ring's later pages prefetched into
-    // L2) and 6 (the cluster fused kernel at 128 registers).
-    for (int trial : {0, 69}) {
-      SCOPED_TRACE(testing::Message() << "kAttentionKernel " << variant << " kTrial " << trial);
-      set_decode_option(DecodeOption::kAttentionKernel, variant);
-      set_decode_option(DecodeOption::kTrial, trial);
-      auto dk = upload_bf16(kc), dv = upload_bf16(vc);
-      DevBuf<bf16> out(static_cast<size_t>(B) * Hq * D);
-      out.poison();
-      const Status st1 = decode_attention_fused(p, dq->get(), q_stride, dqn->get(), dkn->get(), dpos.get(), pos_stride,
-                                                rope, dslots.get(), dk->get(), dv->get(), dbt.get(), dlens.get(),
-                                                out.get(), ws.get(), kEps, nullptr);
-      set_decode_option(DecodeOption::kAttentionKernel, default_decode_option(DecodeOption::kAttentionKernel));
-      set_decode_option(DecodeOption::kTrial, 0);
-      ZEST_ASSERT_OK(st1);
-      sync_ok();
-      const auto got = download_bf16(out);
-      ZEST_EXPECT_CLOSE(got, ref, kTol);
-      // The current tokens' k and v at their slots.
-      const auto kgot = download_bf16(*dk), vgot = download_bf16(*dv);
-      std::vector<float> kg, vg;
-      for (int b = 0; b < B; ++b)
-        for (size_t i = 0; i < static_cast<size_t>(Hkv) * D; ++i) {
-          kg.push_back(kgot[static_cast<size_t>(slots[b]) * Hkv * D + i]);
-          vg.push_back(vgot[static_cast<size_t>(slots[b]) * Hkv * D + i]);
-        }
-      ZEST_EXPECT_CLOSE(kg, kr, kTol);
-      EXPECT_EQ(vg, vr);
+  for (int variant : variants) {
+    SCOPED_TRACE(testing::Message() << "kAttentionKernel " << variant);
+    set_decode_option(DecodeOption::kAttentionKernel, variant);
+    auto dk = upload_bf16(kc), dv = upload_bf16(vc);
+    DevBuf<bf16> out(static_cast<size_t>(B) * Hq * D);
+    out.poison();
+    const Status st1 = decode_attention_fused(p, dq->get(), q_stride, dqn->get(), dkn->get(), dpos.get(), pos_stride,
+                                              rope, dslots.get(), dk->get(), dv->get(), dbt.get(), dlens.get(),
+                                              out.get(), ws.get(), kEps, nullptr);
+    set_decode_option(DecodeOption::kAttentionKernel, default_decode_option(DecodeOption::kAttentionKernel));
+    ZEST_ASSERT_OK(st1);
+    sync_ok();
+    const auto got = download_bf16(out);
+    ZEST_EXPECT_CLOSE(got, ref, kTol);
+    // The current tokens' k and v at their slots.
+    const auto kgot = download_bf16(*dk), vgot = download_bf16(*dv);
+    std::vector<float> kg, vg;
+    for (int b = 0; b < B; ++b)
+      for (size_t i = 0; i < static_cast<size_t>(Hkv) * D; ++i) {
+        kg.push_back(kgot[static_cast<size_t>(slots[b]) * Hkv * D + i]);
+        vg.push_back(vgot[static_cast<size_t>(slots[b]) * Hkv * D + i]);
+      }
+    ZEST_EXPECT_CLOSE(kg, kr, kTol);
+    EXPECT_EQ(vg, vr);
 
-      // The second launch may also prefetch a buffer for the next kernel into L2 (kL2Prefetch 1 or 3 with the ring).
-      set_decode_option(DecodeOption::kAttentionKernel, variant);
-      set_decode_option(DecodeOption::kL2Prefetch, l2_modes[variant % 3]);
-      set_decode_option(DecodeOption::kTrial, trial);
-      const Status st2 = decode_attention_fused(p2, dq->get(), q_stride, dqn->get(), dkn->get(), dpos.get(), pos_stride,
-                                                rope, dslots.get(), dk->get(), dv->get(), dbt.get(), dlens.get(),
-                                                out.get(), ws.get(), kEps, nullptr);
-      set_decode_option(DecodeOption::kAttentionKernel, default_decode_option(DecodeOption::kAttentionKernel));
-      set_decode_option(DecodeOption::kTrial, 0);
-      set_decode_option(DecodeOption::kL2Prefetch, default_decode_option(DecodeOption::kL2Prefetch));
-      ZEST_ASSERT_OK(st2);
-      sync_ok();
-      const auto again = download_bf16(out);
-      for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(again[i], got[i]) << "element " << i;
-    }
+    // The second launch may also prefetch a buffer for the next kernel into L2 (kL2Prefetch 1 or 3 with the ring).
+    set_decode_option(DecodeOption::kAttentionKernel, variant);
+    set_decode_option(DecodeOption::kL2Prefetch, l2_modes[variant % 3]);
+    const Status st2 = decode_attention_fused(p2, dq->get(), q_stride, dqn->get(), dkn->get(), dpos.get(), pos_stride,
+                                              rope, dslots.get(), dk->get(), dv->get(), dbt.get(), dlens.get(),
+                                              out.get(), ws.get(), kEps, nullptr);
+    set_decode_option(DecodeOption::kAttentionKernel, default_decode_option(DecodeOption::kAttentionKernel));
+    set_decode_option(DecodeOption::kL2Prefetch, default_decode_option(DecodeOption::kL2Prefetch));
+    ZEST_ASSERT_OK(st2);
+    sync_ok();
+    const auto again = download_bf16(out);
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(again[i], got[i]) << "element " << i;
+  }
 }
 
 // Every fused variant (2: global merge, 3: cluster merge at small sizes, 4: bulk-copy ring with the global merge,

@@ -8,6 +8,7 @@
 #include "cuda/cuda_test_util.h"
 #include "cuda/route_case.h"
 #include "kernels/cuda/synthetic_decoder.h"
+#include "kernels/cuda/tile_probe.h"
 
 namespace zest::cuda::test {
 namespace {
@@ -42,19 +43,15 @@ std::vector<float> ref_gemm(const std::vector<float>& x, const std::vector<float
 TEST(CudaLatencyGemm, SharedMemoryTileMatchesReference) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(901);
-  // (gemm variant, kL2Prefetch, kTrial): 0 copies the tiles evict-first for M <= 2, 5 does not; kTrial 32 takes
-  // K > 2048 in two rounds of 8 chunks per warp (M <= 8), 128 copies the tile by cp.async instead of bulk copies.
-  for (auto [variant, l2mode, trial] : {std::tuple{4, 0, 0}, std::tuple{7, 0, 0}, std::tuple{8, 0, 0},
-                                        std::tuple{4, 5, 0}, std::tuple{4, 0, 32}, std::tuple{8, 0, 128},
-                                        std::tuple{4, 5, 160}}) {
-    OptionScope opt(DecodeOption::kGemmVariant, variant), l2(DecodeOption::kL2Prefetch, l2mode),
-        tr(DecodeOption::kTrial, trial);
+  // (gemm variant, kL2Prefetch): 0 copies the tiles evict-first for M <= 2, 5 does not.
+  for (auto [variant, l2mode] : {std::pair{4, 0}, std::pair{7, 0}, std::pair{8, 0}, std::pair{4, 5}}) {
+    OptionScope opt(DecodeOption::kGemmVariant, variant), l2(DecodeOption::kL2Prefetch, l2mode);
     for (auto [M, N, K] : {std::tuple{1, 5120, 2048}, std::tuple{1, 2048, 4096}, std::tuple{16, 2048, 4096},
                            std::tuple{9, 128, 2048}, std::tuple{8, 48, 96}, std::tuple{3, 208, 1056},
                            std::tuple{16, 16, 32}, std::tuple{5, 16 * 1000, 64}, std::tuple{8, 2064, 2080},
                            std::tuple{9, 1040, 4096}, std::tuple{2, 2048, 4096}}) {
-      SCOPED_TRACE(testing::Message() << "gemm variant " << variant << " l2 " << l2mode << " trial " << trial
-                                      << " M=" << M << " N=" << N << " K=" << K);
+      SCOPED_TRACE(testing::Message() << "gemm variant " << variant << " l2 " << l2mode << " M=" << M << " N=" << N
+                                      << " K=" << K);
       auto x = random_bf16(static_cast<size_t>(M) * K, rng), w = random_bf16(static_cast<size_t>(N) * K, rng);
       auto dx = upload_bf16(x), dw = upload_bf16(w);
       DevBuf<bf16> dy(static_cast<size_t>(M) * N);
@@ -411,28 +408,6 @@ TEST(CudaLatencyNorm, CombineAddRmsnormMatchesReference) {
     DevBuf<float> ds(slots);
     DevBuf<int32_t> di(ids);
     DevBuf<bf16> dy(x.f.size());
-    // DecodeOption::kTrial bit 4: the row split over a 4-CTA cluster (hidden <= 2048): the same bits as the one-CTA
-    // kernel, with and without the norm.
-    for (bool with_w : {true, false}) {
-      auto dx1 = upload_bf16(x), dx2 = upload_bf16(x);
-      DevBuf<bf16> dy1(x.f.size()), dy2(x.f.size());
-      dy1.poison();
-      dy2.poison();
-      ZEST_ASSERT_OK(moe_combine_add_rmsnorm(dx1->get(), ds.get(), di.get(), K, with_w ? dw->get() : nullptr,
-                                             dy1.get(), rows, hidden, 1e-6f, nullptr));
-      set_decode_option(DecodeOption::kTrial, 16);
-      const Status st = moe_combine_add_rmsnorm(dx2->get(), ds.get(), di.get(), K, with_w ? dw->get() : nullptr,
-                                                dy2.get(), rows, hidden, 1e-6f, nullptr);
-      set_decode_option(DecodeOption::kTrial, 0);
-      ZEST_ASSERT_OK(st);
-      sync_ok();
-      const auto x1 = download_bf16(*dx1), x2 = download_bf16(*dx2);
-      for (size_t i = 0; i < x1.size(); ++i) ASSERT_EQ(x1[i], x2[i]) << "x element " << i;
-      if (with_w) {
-        const auto y1 = download_bf16(dy1), y2 = download_bf16(dy2);
-        for (size_t i = 0; i < y1.size(); ++i) ASSERT_EQ(y1[i], y2[i]) << "y element " << i;
-      }
-    }
     dy.poison();
     ZEST_ASSERT_OK(
         moe_combine_add_rmsnorm(dx->get(), ds.get(), di.get(), K, dw->get(), dy.get(), rows, hidden, 1e-6f, nullptr));
@@ -521,3 +496,40 @@ TEST(CudaLatencyDecoder, GraphReplayMatchesEagerSteps) {
 }  // namespace
 }  // namespace zest::cuda::test
 #endif  // ZEST_HAVE_CUDA
+
+// The tile-copy probe of the decode benchmark (tile_probe.h): every method and piece count copies the CTA's bytes
+// exactly (the XOR of its 32-bit words against the host's), at an odd offset of 16 bytes, with and without times.
+TEST(CudaTileProbe, EveryMethodCopiesTheTile) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(911);
+  const int ctas = 5, bytes = 48 * 1024;
+  const size_t offset = 16 * 37;
+  std::vector<uint32_t> words((offset + static_cast<size_t>(ctas) * bytes) / 4);
+  for (auto& w : words) w = static_cast<uint32_t>(rng());
+  DevBuf<uint32_t> src(words), sink(ctas);
+  DevBuf<unsigned long long> times(2 * ctas);
+  std::vector<uint32_t> want(ctas, 0);
+  for (int b = 0; b < ctas; ++b)
+    for (int i = 0; i < bytes / 4; ++i) want[b] ^= words[offset / 4 + static_cast<size_t>(b) * bytes / 4 + i];
+  struct M {
+    TileCopy how;
+    int pieces;
+  };
+  for (M m : {M{TileCopy::kBulkOne, 1}, M{TileCopy::kBulkOne, 12}, M{TileCopy::kBulkLanes, 48},
+              M{TileCopy::kCpAsync, 1}, M{TileCopy::kLoads, 1}})
+    for (bool timed : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "method " << static_cast<int>(m.how) << " pieces " << m.pieces);
+      ASSERT_EQ(cudaMemset(sink.get(), 0, ctas * 4), cudaSuccess);
+      ZEST_ASSERT_OK(tile_copy_probe(src.get(), offset, sink.get(), timed ? times.get() : nullptr, ctas, bytes,
+                                     m.pieces, m.how, nullptr));
+      sync_ok();
+      EXPECT_EQ(sink.download(), want);
+      if (timed)
+        for (int b = 0; b < ctas; ++b) {
+          const auto t = times.download();
+          EXPECT_LE(t[2 * b], t[2 * b + 1]);
+        }
+    }
+  EXPECT_FALSE(tile_copy_probe(src.get(), offset, sink.get(), nullptr, ctas, bytes, 7, TileCopy::kBulkOne, nullptr)
+                   .is_ok());  // 48 KB is not 7 pieces of 16-byte multiples
+}

@@ -125,8 +125,7 @@ std::string case_name(const OneCase& c) {
 }
 
 // rows_mma (kMoeKernel 1) first: its bits must match the host reference; then every variant twice, with and without
-// programmatic launches (once each with the down items' loads pipelined, DecodeOption::kTrial bit 1), and once
-// through moe_experts_decode (kMoeKernel 16): each bit for bit equal to rows_mma.
+// programmatic launches, and once through moe_experts_decode (kMoeKernel 16): each bit for bit equal to rows_mma.
 void run_case(const OneCase& c, std::mt19937& rng) {
   SCOPED_TRACE(case_name(c));
   ASSERT_TRUE(moe_one_ok(c.N, c.K, c.E, c.H, c.I));
@@ -141,13 +140,10 @@ void run_case(const OneCase& c, std::mt19937& rng) {
     for (int run = 0; run < 4; ++run) {
       SCOPED_TRACE(testing::Message() << "variant " << variant << " run " << run);
       set_programmatic_launch(run >= 2);
-      // Odd runs: the down items' loads pipelined, the weights loaded evict-first (DecodeOption::kTrial bits 1, 3).
-      set_decode_option(DecodeOption::kTrial, run % 2 ? 10 : 0);
       s->out.poison();
       s->h.poison();
       const Status st = s->run_one(variant, nullptr);
       set_programmatic_launch(pdl);
-      set_decode_option(DecodeOption::kTrial, 0);
       ZEST_ASSERT_OK(st);
       sync_ok();
       EXPECT_TRUE(s->bits() == want) << "differs from rows_mma";
@@ -246,7 +242,7 @@ cudaGraphExec_t capture_plan_and_experts(Setup& s, cudaStream_t st, int layers,
 // experts followed by the separate moe_combine_add_rmsnorm launch: the residual x and the normalised rows y equal bit
 // for bit, with the next norm's weight and without it (x only), for both variants, eager with and without
 // programmatic launches and replayed three times from one graph (the exit counter must come back to zero each time),
-// and through moe_experts_decode_combine with DecodeOption::kMoeCombine 1, 2 (slot rows stored as bf16) and 0.
+// and through moe_experts_decode_combine with DecodeOption::kMoeCombine 1 and 0.
 TEST(CudaMoeOne, FoldedCombineMatchesTheSeparateLaunch) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(110);
@@ -298,28 +294,16 @@ TEST(CudaMoeOne, FoldedCombineMatchesTheSeparateLaunch) {
       EXPECT_NE(want.first, x0b);  // the combine changed x
       const bool pdl = programmatic_launch();
       for (int variant = 0; variant < kOneVariants; ++variant)
-        for (bool on : {false, true})
-          for (bool b16 : {false, true}) {
-            SCOPED_TRACE(testing::Message() << "variant " << variant << " pdl " << on << " bf16 slots " << b16);
-            reset();
-            set_programmatic_launch(on);
-            // With bf16 slots: the down items pipelined, the weights evict-first and an L2 prefetch before the
-            // gate/up wait (kTrial bits 1, 3).
-            cmb.slots_bf16 = b16;
-            cmb.l2_next = b16 ? s->gu->get() : nullptr;
-            cmb.l2_next_bytes = b16 ? s->gu->size() * sizeof(bf16) : 0;
-            set_decode_option(DecodeOption::kTrial, b16 ? 10 : 0);
-            const Status st = moe_experts_one(s->x->get(), s->plan, s->w.get(), s->gu->get(), s->dn->get(),
-                                              s->h.get(), s->out.get(), c.N, c.K, c.E, c.H, c.I, variant, nullptr,
-                                              nullptr, &cmb);
-            set_programmatic_launch(pdl);
-            cmb.slots_bf16 = false;
-            cmb.l2_next = nullptr;
-            cmb.l2_next_bytes = 0;
-            set_decode_option(DecodeOption::kTrial, 0);
-            ZEST_ASSERT_OK(st);
-            EXPECT_TRUE(result() == want);
-          }
+        for (bool on : {false, true}) {
+          SCOPED_TRACE(testing::Message() << "variant " << variant << " pdl " << on);
+          reset();
+          set_programmatic_launch(on);
+          const Status st = moe_experts_one(s->x->get(), s->plan, s->w.get(), s->gu->get(), s->dn->get(), s->h.get(),
+                                            s->out.get(), c.N, c.K, c.E, c.H, c.I, variant, nullptr, nullptr, &cmb);
+          set_programmatic_launch(pdl);
+          ZEST_ASSERT_OK(st);
+          EXPECT_TRUE(result() == want);
+        }
       // Replays of one graph (plan + folded experts), x restored before each.
       cudaStream_t st = nullptr;
       ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
@@ -338,7 +322,7 @@ TEST(CudaMoeOne, FoldedCombineMatchesTheSeparateLaunch) {
       cudaGraphExecDestroy(exec);
       cudaStreamDestroy(st);
       // Through moe_experts_decode_combine (kMoeKernel 17 = moe_one variant 1), folded and separate.
-      for (int fold : {1, 2, 0}) {
+      for (int fold : {1, 0}) {
         SCOPED_TRACE(testing::Message() << "kMoeCombine " << fold);
         set_decode_option(DecodeOption::kMoeKernel, 17);
         set_decode_option(DecodeOption::kMoeCombine, fold);

@@ -448,8 +448,6 @@ struct DecodeFuse {
   float eps;
   const unsigned char* next;  // bytes of the next kernel prefetched into L2 by the ring kernel (nullptr: none)
   size_t next_bytes;          // a multiple of 16
-  int one_trip;               // fused kernel: every q / k / v load of a warp issued before the first use (trial)
-  int ring_l2;                // ring kernel: the pages past its stages prefetched into L2 before the wait (trial)
 };
 
 // This CTA's share of the next kernel's bytes (DecodeFuse::next) into L2: one warp's lanes issue bulk prefetches of at
@@ -489,30 +487,6 @@ __device__ __forceinline__ RopeLane rope_lane(const float* p_axis, const RopePar
   return r;
 }
 
-// norm_rope_head on a lane's 4 values (elements lane + 32 i) already in registers.
-__device__ __forceinline__ void norm_rope_vals(const float (&v)[4], const float* w4, const RopeLane& rl, float eps,
-                                               bf16* dst, bf16* kv_dst, int lane) {
-  constexpr int D = kHeadDim, half = D / 2;
-  float ss = 0.f;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) ss += v[i] * v[i];
-  const float inv = rsqrtf(warp_sum(ss) / D + eps);
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int j = lane + 32 * i;
-    const float a = bf16_round(bf16_round(v[i] * inv) * w4[i]);
-    const float b = bf16_round(bf16_round(v[i + 2] * inv) * w4[i + 2]);
-    const bf16 o1 = __float2bfloat16(a * rl.c[i] - b * rl.s[i]);
-    const bf16 o2 = __float2bfloat16(b * rl.c[i] + a * rl.s[i]);
-    dst[j] = o1;
-    dst[j + half] = o2;
-    if (kv_dst) {
-      kv_dst[j] = o1;
-      kv_dst[j + half] = o2;
-    }
-  }
-}
-
 // Lane's part of one head row x [128] (bf16, global): RMSNorm with weights w4 (elements lane + 32 i) then rotate-half
 // RoPE with the lane's factors; writes the 4 results to dst (shared) and, when kv_dst != null, to kv_dst. The same
 // arithmetic as qk_norm_rope_kv.
@@ -545,10 +519,8 @@ __device__ __forceinline__ void norm_rope_head(const bf16* __restrict__ x, const
 // kCluster: the grid's splits of one (kv head, sequence) form one thread-block cluster; each CTA keeps its partial
 // (M, L and the 8 x 128 sums) in its shared memory and, after a cluster barrier, merges a slice of the outputs from
 // every CTA's partial (distributed shared memory, fixed split order): no global partials, fences or counters.
-// kSlim: at most 128 registers (4 CTAs per SM by registers; trial), so that an SM holding two or three of these CTAs
-// still has room for a CTA of the o GEMM that follows.
-template <bool kCluster, bool kSlim = false>
-__global__ void __launch_bounds__(kDecWarps * 32, kSlim ? 4 : 3) decode_attention_fused_kernel(
+template <bool kCluster>
+__global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kernel(
     const bf16* __restrict__ qkv, int q_stride, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
     const int32_t* __restrict__ block_table, int max_blocks, const int32_t* __restrict__ context_lens,
     bf16* __restrict__ out, float* __restrict__ part, int* __restrict__ counters, int Hkv, int splits,
@@ -624,34 +596,7 @@ __global__ void __launch_bounds__(kDecWarps * 32, kSlim ? 4 : 3) decode_attentio
   const int slot = new_pg >= 0 && f.slots ? f.slots[b] : -1;
   pdl_wait();
 
-  if (f.one_trip) {  // as below, with every load of the warp (2 q heads, and k or v) in flight at once
-    const bf16* row = qkv + static_cast<size_t>(b) * q_stride;
-    const bool kv = new_pg >= 0 && warp < 2;  // warp 0: the current k, warp 1: the current v
-    float qv[2][4], kvv[4];
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        qv[h][i] = __bfloat162float(row[static_cast<size_t>(kvh * G + 2 * warp + h) * D + lane + 32 * i]);
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      kvv[i] = kv ? __bfloat162float(row[static_cast<size_t>(Hq + warp * Hkv + kvh) * D + lane + 32 * i]) : 0.f;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) norm_rope_vals(qv[h], qw, rl, f.eps, q_s + (2 * warp + h) * D, nullptr, lane);
-    if (kv) {
-      const size_t dst = (static_cast<size_t>(slot) * Hkv + kvh) * D;
-      if (warp == 0) {
-        norm_rope_vals(kvv, kw, rl, f.eps, kn_s, slot >= 0 ? k_cache + dst : nullptr, lane);
-      } else {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const bf16 v = __float2bfloat16(kvv[i]);
-          vn_s[lane + 32 * i] = v;
-          if (slot >= 0) v_cache[dst + lane + 32 * i] = v;
-        }
-      }
-    }
-  } else {  // q heads 2 warp, 2 warp + 1 of this kv head; the current token's k (warp 0), v (warp 1) in the owner CTA
+  {  // q heads 2 warp, 2 warp + 1 of this kv head; the current token's k (warp 0) and v (warp 1) in the owner CTA
     const bf16* row = qkv + static_cast<size_t>(b) * q_stride;
     for (int h = 2 * warp; h < 2 * warp + 2; ++h)
       norm_rope_head(row + static_cast<size_t>(kvh * G + h) * D, qw, rl, f.eps, q_s + h * D, nullptr, lane);
@@ -938,6 +883,30 @@ __device__ __forceinline__ void ring_bar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
 
+// norm_rope_head on a lane's 4 values (elements lane + 32 i) already in registers.
+__device__ __forceinline__ void norm_rope_vals(const float (&v)[4], const float* w4, const RopeLane& rl, float eps,
+                                               bf16* dst, bf16* kv_dst, int lane) {
+  constexpr int D = kHeadDim, half = D / 2;
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) ss += v[i] * v[i];
+  const float inv = rsqrtf(warp_sum(ss) / D + eps);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int j = lane + 32 * i;
+    const float a = bf16_round(bf16_round(v[i] * inv) * w4[i]);
+    const float b = bf16_round(bf16_round(v[i + 2] * inv) * w4[i + 2]);
+    const bf16 o1 = __float2bfloat16(a * rl.c[i] - b * rl.s[i]);
+    const bf16 o2 = __float2bfloat16(b * rl.c[i] + a * rl.s[i]);
+    dst[j] = o1;
+    dst[j + half] = o2;
+    if (kv_dst) {
+      kv_dst[j] = o1;
+      kv_dst[j + half] = o2;
+    }
+  }
+}
+
 template <bool kCluster, int kStages, bool kPairs>
 __global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
     const bf16* __restrict__ qkv, int q_stride, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
@@ -1009,18 +978,6 @@ __global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
     };
     const int pre = min(npages, S);
     for (int i = 0; i < pre; ++i) issue(i);  // before the wait: the cache holds no value of this step yet
-    if (f.ring_l2)  // the later pages' rows into L2 (lanes 0-15 K rows, 16-31 V rows), also before the wait
-      for (int i = S; i < npages; ++i) {
-        const int pg = pg_begin + i;
-        const int r = lane & 15;
-        if (r < min(kKvBlock, ctx - pg * kKvBlock)) {
-          const size_t row = static_cast<size_t>(table[pg]) * kKvBlock + r;
-          const bf16* src = (lane < 16 ? k_cache : v_cache) + row * row_stride + static_cast<size_t>(kvh0) * D;
-          asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src),
-                       "r"(static_cast<uint32_t>(kRingRowCopy))
-                       : "memory");
-        }
-      }
     pdl_wait();
     for (int i = S; i < npages; ++i) {
       mbar_wait(&empty[i % S], ((i / S) - 1) & 1);
@@ -1400,12 +1357,8 @@ bool cluster_attention_ok() {
     ok = 0;
     const void* fn = reinterpret_cast<const void*>(decode_attention_fused_kernel<true>);
     // The largest shared-memory carveout, as the ring kernel: measured 0.03-0.04 ms faster per batch-1 step (H200).
-    for (const void* f : {fn, reinterpret_cast<const void*>(decode_attention_fused_kernel<true, true>)})
-      if (cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) !=
-          cudaSuccess)
-        cudaGetLastError();
-    if (cudaFuncSetAttribute(reinterpret_cast<const void*>(decode_attention_fused_kernel<true, true>),
-                             cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
+    if (cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) !=
+        cudaSuccess)
       cudaGetLastError();
     if (cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
       cudaLaunchConfig_t cfg = {};
@@ -1543,8 +1496,7 @@ Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_s
   const SplitPlan sp = split_plan(p);
   float* part = static_cast<float*>(workspace);
   int* counters = reinterpret_cast<int*>(static_cast<char*>(workspace) + counters_offset(p));
-  const int trial = decode_option(DecodeOption::kTrial);
-  DecodeFuse f{q_norm, k_norm, pos, pos_stride, rope, slot_mapping, eps, nullptr, 0, trial & 1, (trial >> 2) & 1};
+  DecodeFuse f{q_norm, k_norm, pos, pos_stride, rope, slot_mapping, eps, nullptr, 0};
   const int l2 = decode_option(DecodeOption::kL2Prefetch);
   if ((l2 == 1 || l2 == 3) && p.batch <= 16 && p.l2_next &&
       reinterpret_cast<uintptr_t>(p.l2_next) % 16 == 0 && p.l2_next_bytes >= 16) {
@@ -1592,10 +1544,7 @@ Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_s
     cfg.attrs = attr;
     cfg.numAttrs = static_cast<unsigned int>(common_launch_attrs(attr, 1));
     note_launch("decode_attention_fused (cluster)");
-    return cuda_status(cudaLaunchKernelEx(&cfg,
-                                          (trial >> 6 & 1) ? decode_attention_fused_kernel<true, true>
-                                                           : decode_attention_fused_kernel<true>,
-                                          qkv, q_stride, k_cache, v_cache,
+    return cuda_status(cudaLaunchKernelEx(&cfg, decode_attention_fused_kernel<true>, qkv, q_stride, k_cache, v_cache,
                                           block_table, p.max_blocks, context_lens, out, part, counters, p.kv_heads,
                                           splits, per, p.scale, f),
                        "decode_attention_fused");

@@ -226,65 +226,47 @@ __device__ __forceinline__ uint4 pack8(const float* v) {
   return u;
 }
 
-// The combine's part of one thread (columns c..c+7 of the row, owned when c < hidden): v = bf16(x + bf16(sum of the
-// slot rows)) stored into x; v stays 0 when not owned.
-template <typename Slot>
-__device__ __forceinline__ void combine_chunk8(bf16* x, const Slot* slot_out, const int32_t* ids, int K, int c,
-                                               int hidden, float (&v)[8]) {
-  if (c >= hidden) return;
-  unpack8(__ldcg(reinterpret_cast<const uint4*>(x + c)), v);
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (int k0 = 0; k0 < K; k0 += 8) {
-    constexpr int kVec = sizeof(Slot) == 2 ? 1 : 2;  // 16-byte loads per 8 values
-    uint4 a[8][kVec];
-    int id[8];
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      const int k = k0 + u;
-      id[u] = k < K ? __ldcg(ids + k) : -1;
-      const uint4* sp = reinterpret_cast<const uint4*>(slot_out + static_cast<size_t>(k < K ? k : 0) * hidden + c);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) a[u][j] = __ldcg(sp + j);
-    }
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      if (id[u] < 0) continue;
-      float f[8];
-      if constexpr (sizeof(Slot) == 2) {
-        unpack8(a[u][0], f);
-      } else {
-        const float4 lo = *reinterpret_cast<const float4*>(&a[u][0]), hi = *reinterpret_cast<const float4*>(&a[u][1]);
-        f[0] = lo.x; f[1] = lo.y; f[2] = lo.z; f[3] = lo.w;
-        f[4] = hi.x; f[5] = hi.y; f[6] = hi.z; f[7] = hi.w;
-      }
-#pragma unroll
-      for (int i = 0; i < 8; ++i) acc[i] += f[i];
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < 8; ++i) v[i] = bf16_round(v[i] + bf16_round(acc[i]));
-  *reinterpret_cast<uint4*>(x + c) = pack8(v);
-}
-
 // One token row of moe_combine_add_rmsnorm (elementwise.cu norm_kernel<2> for hidden <= 8 * blockDim.x, one
 // 8-element chunk per thread; the one-token experts' folded combine): x = bf16(x + bf16(sum of slot_out[k] over
 // k < K with ids[k] >= 0, in k order)), then, when y is not null, y = w * bf16(x * rsqrt(mean(x^2) + eps)) with wv
 // this thread's 8 norm weights (loaded by the caller, possibly before its PDL wait). All K slot rows are loaded
 // at once (empty slots skipped at the sum); x, ids and slot_out are read through L2 (they may come from other CTAs
 // of the same launch). Every thread of the CTA calls it; red: blockDim.x / 32 floats of shared memory.
-// Slot: float, or bf16 for slot rows stored at bf16 (values already bf16-rounded: the same sums bit for bit, half
-// the bytes).
-template <typename Slot>
-__device__ __forceinline__ void combine_norm_row(bf16* x, const Slot* slot_out, const int32_t* ids, int K,
+__device__ __forceinline__ void combine_norm_row(bf16* x, const float* slot_out, const int32_t* ids, int K,
                                                  const uint4& wv, bf16* y, int hidden, float eps, float* red) {
   const int c = threadIdx.x * 8;
+  const bool own = c < hidden;
   float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  combine_chunk8(x, slot_out, ids, K, c, hidden, v);
+  if (own) {
+    unpack8(__ldcg(reinterpret_cast<const uint4*>(x + c)), v);
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int k0 = 0; k0 < K; k0 += 8) {
+      float4 a[8], b[8];
+      int id[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const int k = k0 + u;
+        id[u] = k < K ? __ldcg(ids + k) : -1;
+        const float4* sp = reinterpret_cast<const float4*>(slot_out + static_cast<size_t>(k < K ? k : 0) * hidden + c);
+        a[u] = __ldcg(sp);
+        b[u] = __ldcg(sp + 1);
+      }
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        if (id[u] < 0) continue;
+        acc[0] += a[u].x; acc[1] += a[u].y; acc[2] += a[u].z; acc[3] += a[u].w;
+        acc[4] += b[u].x; acc[5] += b[u].y; acc[6] += b[u].z; acc[7] += b[u].w;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = bf16_round(v[i] + bf16_round(acc[i]));
+    *reinterpret_cast<uint4*>(x + c) = pack8(v);
+  }
   step_timeline_phase(5);  // the row's loads have landed
   if (!y) return;
   const float tot = block_sum(sumsq8(v), red);
   const float inv = rsqrtf(tot / hidden + eps);
-  if (c < hidden) *reinterpret_cast<uint4*>(y + c) = rms_scale8(v, inv, wv);
+  if (own) *reinterpret_cast<uint4*>(y + c) = rms_scale8(v, inv, wv);
 }
 
 // Dot product of 8 bf16 pairs packed in two uint4 values, fp32.
@@ -309,47 +291,6 @@ __device__ __forceinline__ uint4 ld_stream(const void* p) {
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                : "l"(p));
   return r;
-}
-
-// L2 eviction-priority policies (createpolicy) for cache-hinted loads and prefetches.
-__device__ __forceinline__ uint64_t policy_evict_first() {
-  uint64_t p;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-  return p;
-}
-__device__ __forceinline__ uint64_t policy_evict_last() {
-  uint64_t p;
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
-  return p;
-}
-__device__ __forceinline__ uint64_t policy_evict_normal() {
-  uint64_t p;
-  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(p));
-  return p;
-}
-
-// ld_stream with an L2 policy.
-__device__ __forceinline__ uint4 ld_stream_policy(const void* p, uint64_t pol) {
-  uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p), "l"(pol));
-  return r;
-}
-
-// This CTA's share of `bytes` (a multiple of 16) at `base` prefetched into L2 with policy `pol`: the grid's CTAs split
-// the range evenly; the calling warp's lanes issue bulk prefetches of at most 32 KB each.
-__device__ __forceinline__ void prefetch_l2_share(const unsigned char* base, size_t bytes, uint64_t pol, int lane) {
-  constexpr size_t kPiece = 32 * 1024;
-  const size_t ctas = static_cast<size_t>(gridDim.x) * gridDim.y * gridDim.z;
-  const size_t cta = blockIdx.x + static_cast<size_t>(gridDim.x) * (blockIdx.y + static_cast<size_t>(gridDim.y) *
-                                                                                     blockIdx.z);
-  const size_t per = ((bytes + ctas - 1) / ctas + 15) / 16 * 16;
-  const size_t beg = cta * per, end = min(beg + per, bytes);
-  for (size_t o = beg + lane * kPiece; o < end; o += 32 * kPiece)
-    asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(base + o),
-                 "r"(static_cast<uint32_t>(min(kPiece, end - o))), "l"(pol)
-                 : "memory");
 }
 
 // One warp (all 32 lanes) turns per-expert slot counts [E] into the MoE plan: the active-expert list, their slot

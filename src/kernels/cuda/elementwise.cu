@@ -1,6 +1,5 @@
 // Row-wise and element-wise kernels: embedding gather, RMSNorm variants (with fused residual add and MoE
 // combine), SwiGLU activation, greedy argmax and a device-side random fill.
-#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/common.cuh"
 
 namespace zest::cuda {
@@ -212,45 +211,6 @@ Status check_rows(const char* op, int rows, int hidden) {
   return Status::ok();
 }
 
-// moe_combine_add_rmsnorm for rows of at most kRowThreads * 8 over a cluster of kCombineSplit CTAs per row
-// (DecodeOption::kTrial bit 4): CTA r of a row's cluster stands for threads [r * T, (r + 1) * T) of norm_kernel<2>
-// (T = kRowThreads / kCombineSplit), so each CTA loads a quarter of the slot rows; the warps' sums of squares are
-// exchanged over distributed shared memory (one cluster barrier) and summed as block_sum sums them: the same bits.
-constexpr int kCombineSplit = 4;
-constexpr int kSplitThreads = kRowThreads / kCombineSplit;
-
-__global__ void __launch_bounds__(kSplitThreads) combine_split_kernel(bf16* __restrict__ x,
-                                                                      const float* __restrict__ slot_out,
-                                                                      const int32_t* __restrict__ ids, int K,
-                                                                      const bf16* __restrict__ w,
-                                                                      bf16* __restrict__ y, int hidden, float eps) {
-  __shared__ float red[kRowThreads / 32];  // the sum of squares of every warp of the row (all CTAs)
-  step_timeline_phase(0);
-  const int rank = static_cast<int>(cluster_rank());
-  const int row = blockIdx.x / kCombineSplit;
-  const int gt = rank * kSplitThreads + static_cast<int>(threadIdx.x);  // norm_kernel<2>'s thread
-  const int c = gt * 8;
-  const int lane = threadIdx.x & 31;
-  uint4 wv = make_uint4(0, 0, 0, 0);
-  if (c < hidden && w) wv = *reinterpret_cast<const uint4*>(w + c);
-  cluster_arrive_relaxed();  // every CTA of the cluster has started before any stores into another's red (wait below)
-  pdl_wait();
-  float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  combine_chunk8(x + static_cast<size_t>(row) * hidden, slot_out + static_cast<size_t>(row) * K * hidden,
-                 ids + row * K, K, c, hidden, v);
-  cluster_wait();
-  if (!w) return;  // x only: no exchange
-  const float s = warp_sum(sumsq8(v));
-  if (lane < kCombineSplit) st_cluster_f32(cluster_map(&red[gt >> 5], static_cast<uint32_t>(lane)), s);
-  cluster_arrive();  // release: the stores above; acquire below: every CTA's stores into red
-  cluster_wait();
-  float t = lane < kRowThreads / 32 ? red[lane] : 0.f;
-  t = warp_sum(t);
-  const float inv = rsqrtf(t / hidden + eps);
-  if (c < hidden) *reinterpret_cast<uint4*>(y + static_cast<size_t>(row) * hidden + c) = rms_scale8(v, inv, wv);
-  step_timeline_phase(2);
-}
-
 }  // namespace
 
 Status embedding(const int32_t* ids, const bf16* table, bf16* out, int n, int hidden, int vocab, cudaStream_t stream) {
@@ -275,22 +235,6 @@ Status moe_combine_add_rmsnorm(bf16* x, const float* slot_out, const int32_t* id
                                int rows, int hidden, float eps, cudaStream_t stream) {
   ZEST_RETURN_IF_ERROR(check_rows("moe_combine_add_rmsnorm", rows, hidden));
   if (K <= 0) return invalid_argument("moe_combine_add_rmsnorm: K must be positive");
-  if ((decode_option(DecodeOption::kTrial) >> 4 & 1) && hidden <= kRowThreads * 8) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(rows * kCombineSplit);
-    cfg.blockDim = dim3(kSplitThreads);
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[2];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = kCombineSplit;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = static_cast<unsigned int>(common_launch_attrs(attr, 1));
-    note_launch("moe_combine_add_rmsnorm (cluster)");
-    return cuda_status(cudaLaunchKernelEx(&cfg, combine_split_kernel, x, slot_out, ids, K, w, y, hidden, eps),
-                       "moe_combine_add_rmsnorm (cluster)");
-  }
   return launch("moe_combine_add_rmsnorm", norm_kernel<2>, dim3(rows), dim3(kRowThreads), 0, stream, x, nullptr,
                 slot_out, ids, K, w, y, hidden, eps);
 }

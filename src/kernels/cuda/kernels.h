@@ -134,15 +134,12 @@ enum class DecodeOption : int {
                     // 2 = the KV prefetch only (weight tiles without the policy); 3 = the o weights only; 4 = none;
                     // 5 = as 0 without the other GEMMs' evict-first tiles
   kMoeCombine,      // moe_experts_decode_combine: 1 (default) = the combine folded into the one-token experts' down
-                    // kernel (its last CTA); 2 = as 1 with the slot rows stored as bf16 (their values are bf16-
-                    // rounded: the same sums, half the bytes for the last CTA to load); 0 = always the separate
-                    // moe_combine_add_rmsnorm launch
+                    // kernel (its last CTA); 0 = always the separate moe_combine_add_rmsnorm launch
   kMoeCarveout,     // decode experts at one token (moe_one.h): 1 (default) = both kernels prefer the smallest
                     // shared-memory carveout that holds their 3 CTAs per SM (set_min_carveout), the rest of the SM
                     // staying L1; 0 = the driver's default. Measured: with the default, the experts ran ~10 us per
                     // layer slower when the routing cluster launched right behind the o GEMM (no kernel between them
                     // to let SMs drain), as when every launch asked for the largest carveout
-  kTrial,           // forms under measurement (bits, 0 = none); see the kernels that read it
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);
@@ -242,7 +239,6 @@ struct KvPrefetch {
   const int32_t* context_lens = nullptr;  // [batch], the current token included
   int batch = 0, max_blocks = 0;
   int row_bytes = 0;  // one token's row of all kv heads: kv_heads * head_dim * 2 (a multiple of 16)
-  int async_tile = 0;  // set by the GEMM itself (DecodeOption::kTrial bit 7): the weight tile by cp.async, not TMA
 };
 // gemm() for the qkv projection of a decode step: with DecodeOption::kL2Prefetch 0 (M <= 2), 1 or 2 and the
 // shared-memory small-M path serving (M, N, K), its CTAs also prefetch kv's rows into L2 (a hint: the result is
@@ -377,12 +373,11 @@ Status moe_experts_decode(const bf16* x, const MoePlan& plan, const float* weigh
 // moe_experts_decode followed by the layer's combine, moe_combine_add_rmsnorm(cx, slot_out, ids, K, cw, cy, N, H,
 // eps): folded into the experts' last kernel when DecodeOption::kMoeCombine allows it and that kernel can (the
 // one-token experts, moe_one.h, H <= 2048), else as the separate launch; the same bits either way. done: one device
-// word, zero before the first call (the folded form leaves it zero). l2_next: bytes the following kernels read (the
-// next layer's qkv weights), which the one-token experts may prefetch into L2 (OneCombine::l2_next).
+// word, zero before the first call (the folded form leaves it zero).
 Status moe_experts_decode_combine(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
                                   const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I,
                                   bf16* cx, const int32_t* ids, const bf16* cw, bf16* cy, float eps, unsigned* done,
-                                  cudaStream_t stream, const void* l2_next = nullptr, size_t l2_next_bytes = 0);
+                                  cudaStream_t stream);
 // Prefill experts: the same function as moe_experts_decode through tensor-core grouped GEMMs over the
 // plan's tiles (device-side offsets): moe_prefill_gate_up then moe_prefill_down when H % 128 == 0 and
 // I % 64 == 0, else moe_experts_prefill_wmma.

@@ -342,7 +342,7 @@ Status moe_experts_decode(const bf16* x, const MoePlan& plan, const float* weigh
 Status moe_experts_decode_combine(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
                                   const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I,
                                   bf16* cx, const int32_t* ids, const bf16* cw, bf16* cy, float eps, unsigned* done,
-                                  cudaStream_t stream, const void* l2_next, size_t l2_next_bytes) {
+                                  cudaStream_t stream) {
   ZEST_RETURN_IF_ERROR(check_moe("moe_experts_decode_combine", N, K, E, H, I));
   int kernel = decode_option(DecodeOption::kMoeKernel);
   if (kernel == 0) kernel = default_moe_kernel(N);
@@ -356,19 +356,8 @@ Status moe_experts_decode_combine(const bf16* x, const MoePlan& plan, const floa
     c.y = cy;
     c.eps = eps;
     c.done = done;
-    c.slots_bf16 = decode_option(DecodeOption::kMoeCombine) == 2;
-    c.l2_next = l2_next;
-    c.l2_next_bytes = l2_next_bytes;
     return moe_experts_one(x, plan, weights, gate_up, down, h, slot_out, N, K, E, H, I, kernel - kOneBase, stream,
                            nullptr, &c);
-  }
-  // The streaming experts may prefetch the next layer's qkv weights (DecodeOption::kTrial bit 3).
-  if ((decode_option(DecodeOption::kTrial) >> 3 & 1) && l2_next) {
-    if (kernel >= 2 && kernel < 2 + kStreamVariants && moe_stream_ok(H, I)) {
-      ZEST_RETURN_IF_ERROR(moe_experts_stream(x, plan, weights, gate_up, down, h, slot_out, N, K, E, H, I, kernel - 2,
-                                              stream, l2_next, l2_next_bytes));
-      return moe_combine_add_rmsnorm(cx, slot_out, ids, K, cw, cy, N, H, eps, stream);
-    }
   }
   ZEST_RETURN_IF_ERROR(moe_experts_decode(x, plan, weights, gate_up, down, h, slot_out, N, K, E, H, I, stream));
   return moe_combine_add_rmsnorm(cx, slot_out, ids, K, cw, cy, N, H, eps, stream);

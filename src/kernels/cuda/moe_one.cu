@@ -40,16 +40,7 @@ struct OneParams {
   uint64_t* stamps_dn;  // optional: down CTA b writes [3b] at entry, [3b + 1] after its wait, [3b + 2] at its end
   OneCombine cmb;       // cmb.x != null: the down kernel's last CTA runs the combine
   int N;
-  int pipeline;  // down: each item's last loads followed by the next item's first round (DecodeOption::kTrial bit 1)
-  int hint;      // weights loaded evict-first in L2 (DecodeOption::kTrial bit 3)
-  const unsigned char* l2_next;  // gate/up, before its wait: bytes prefetched into L2 evict-last (cmb.l2_next)
-  size_t l2_next_bytes;
 };
-
-// A weight fragment: ld_stream, evict-first in L2 when p.hint.
-__device__ __forceinline__ uint4 ld_weight(const OneParams& p, const bf16* ptr, uint64_t pol) {
-  return p.hint ? ld_stream_policy(ptr, pol) : ld_stream(ptr);
-}
 
 __device__ __forceinline__ void prefetch_l2(const void* ptr, uint32_t bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(ptr), "r"(bytes) : "memory");
@@ -68,7 +59,6 @@ __device__ __forceinline__ void gate_up_item(const OneParams& p, int e, int r0, 
   const bf16* hi0 = lo0 + static_cast<size_t>(8) * p.H;
   const bf16* lo1 = lo0 + static_cast<size_t>(p.I) * p.H;  // up rows
   const bf16* hi1 = hi0 + static_cast<size_t>(p.I) * p.H;
-  const uint64_t pol = policy_evict_first();
   for (int c0 = beg; c0 < end; c0 += kMaxTok) {
     const int nt = min(kMaxTok, end - c0);
     const bf16* xp = g < nt ? p.x + static_cast<size_t>(p.plan.sorted_slots[c0 + g] / p.K) * p.H + tq * 8 : nullptr;
@@ -80,10 +70,10 @@ __device__ __forceinline__ void gate_up_item(const OneParams& p, int e, int r0, 
         const size_t k = static_cast<size_t>(cb + u * kWarps) * kChunk;
         const bool ok = cb + u * kWarps < chunks;
         const uint4 z = make_uint4(0, 0, 0, 0);
-        a[u][0] = ok ? ld_weight(p, lo0 + k, pol) : z;
-        a[u][1] = ok ? ld_weight(p, hi0 + k, pol) : z;
-        a[u][2] = ok ? ld_weight(p, lo1 + k, pol) : z;
-        a[u][3] = ok ? ld_weight(p, hi1 + k, pol) : z;
+        a[u][0] = ok ? ld_stream(lo0 + k) : z;
+        a[u][1] = ok ? ld_stream(hi0 + k) : z;
+        a[u][2] = ok ? ld_stream(lo1 + k) : z;
+        a[u][3] = ok ? ld_stream(hi1 + k) : z;
       }
       // Token fragments (L1 hits after the first item) after the weight loads in program order.
 #pragma unroll
@@ -132,28 +122,23 @@ __device__ __forceinline__ void down_load(const OneParams& p, int e, int r0, int
   const int chunks = p.I / kChunk;
   const bf16* lo0 = p.down + (static_cast<size_t>(e) * p.H + r0 + g) * p.I + tq * 8;
   const bf16* hi0 = lo0 + static_cast<size_t>(8) * p.I;
-  const uint64_t pol = policy_evict_first();
 #pragma unroll
   for (int u = 0; u < kDnU; ++u) {
     const size_t k = static_cast<size_t>(cb + u * kWarps) * kChunk;
     const bool ok = cb + u * kWarps < chunks;
-    lo[u] = ok ? ld_weight(p, lo0 + k, pol) : make_uint4(0, 0, 0, 0);
-    hi[u] = ok ? ld_weight(p, hi0 + k, pol) : make_uint4(0, 0, 0, 0);
+    lo[u] = ok ? ld_stream(lo0 + k) : make_uint4(0, 0, 0, 0);
+    hi[u] = ok ? ld_stream(hi0 + k) : make_uint4(0, 0, 0, 0);
   }
 }
 
 // One down item: expert e's output rows [r0, r0 + 16) for its sorted slots [beg, end), scaled by the routing weights
 // into slot_out; warp w takes chunks w, w + 8, ... of k (4 in flight), the partial sums reduced in fixed order, as
-// rows_mma_kernel<kDown> does. `loaded`: lo / hi already hold the first round of the first pass. en >= 0: after its
-// last mma the warp loads the first round of the next item (expert en, rows rn) into lo / hi, so that those loads
-// are in flight during this item's reduction and stores; returns whether it did. Ends with a barrier.
-__device__ __forceinline__ bool down_item(const OneParams& p, int e, int r0, int beg, int end, bool loaded,
-                                          uint4 (&lo)[kDnU], uint4 (&hi)[kDnU], float (*red)[4][32], int en = -1,
-                                          int rn = 0) {
+// rows_mma_kernel<kDown> does. `loaded`: lo / hi already hold the first round of the first pass. Ends with a barrier.
+__device__ __forceinline__ void down_item(const OneParams& p, int e, int r0, int beg, int end, bool loaded,
+                                          uint4 (&lo)[kDnU], uint4 (&hi)[kDnU], float (*red)[4][32]) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, tq = lane & 3;
   const int chunks = p.I / kChunk;
-  bool next = false;
   for (int c0 = beg; c0 < end; c0 += kMaxTok) {
     const int nt = min(kMaxTok, end - c0);
     const bf16* xp = g < nt ? p.h + static_cast<size_t>(c0 + g) * p.I + tq * 8 : nullptr;
@@ -172,10 +157,6 @@ __device__ __forceinline__ bool down_item(const OneParams& p, int e, int r0, int
         mma16816(acc, lo[u].x, hi[u].x, lo[u].y, hi[u].y, xa[u].x, xa[u].y);
         mma16816(acc, lo[u].z, hi[u].z, lo[u].w, hi[u].w, xa[u].z, xa[u].w);
       }
-      if (en >= 0 && c0 + kMaxTok >= end && cb + kWarps * kDnU >= chunks) {
-        down_load(p, en, rn, warp, lo, hi);
-        next = true;
-      }
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) red[warp][i][lane] = acc[i];
@@ -189,15 +170,11 @@ __device__ __forceinline__ bool down_item(const OneParams& p, int e, int r0, int
         for (int w = 0; w < kWarps; ++w) v += red[w][i][l];
         const int row = r0 + (l >> 2) + (i >> 1) * 8;
         const int slot = p.plan.sorted_slots[c0 + t];
-        const float o = bf16_round(bf16_round(v) * p.route_w[slot]);
-        const size_t at = static_cast<size_t>(slot) * p.H + row;
-        if (p.cmb.slots_bf16) reinterpret_cast<bf16*>(p.slot_out)[at] = __float2bfloat16(o);
-        else p.slot_out[at] = o;
+        p.slot_out[static_cast<size_t>(slot) * p.H + row] = bf16_round(bf16_round(v) * p.route_w[slot]);
       }
     }
     __syncthreads();
   }
-  return next;
 }
 
 // The folded combine (p.cmb.x != null) by the CTA that finds itself last on `exit_count` (each CTA's slot rows are
@@ -218,16 +195,10 @@ __device__ __forceinline__ bool finish_last(const OneParams& p, unsigned* exit_c
   if (!last) return false;
   step_timeline_phase(4);  // the last CTA knows it is last
   if (p.cmb.x)
-    for (int t = 0; t < p.N; ++t) {
-      bf16* y = p.cmb.w ? p.cmb.y + static_cast<size_t>(t) * p.H : nullptr;
-      const size_t at = static_cast<size_t>(t) * p.K * p.H;
-      if (p.cmb.slots_bf16)
-        combine_norm_row(p.cmb.x + static_cast<size_t>(t) * p.H, reinterpret_cast<const bf16*>(p.slot_out) + at,
-                         p.cmb.ids + t * p.K, p.K, wv, y, p.H, p.cmb.eps, scratch);
-      else
-        combine_norm_row(p.cmb.x + static_cast<size_t>(t) * p.H, p.slot_out + at, p.cmb.ids + t * p.K, p.K, wv, y,
-                         p.H, p.cmb.eps, scratch);
-    }
+    for (int t = 0; t < p.N; ++t)
+      combine_norm_row(p.cmb.x + static_cast<size_t>(t) * p.H, p.slot_out + static_cast<size_t>(t) * p.K * p.H,
+                       p.cmb.ids + t * p.K, p.K, wv, p.cmb.w ? p.cmb.y + static_cast<size_t>(t) * p.H : nullptr, p.H,
+                       p.cmb.eps, scratch);
   if (threadIdx.x == 0) *exit_count = 0u;  // every CTA has counted: ready for the next launch
   return true;
 }
@@ -238,7 +209,6 @@ __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_gate_up_kernel(OnePar
   // wait (pdl_wait triggers the dependents after it), i.e. after the kernel that built the plan has completed; the
   // down kernel of variant 1 reads the plan before its own wait on that basis.
   step_timeline_phase(0);
-  if (p.l2_next && threadIdx.x < 32) prefetch_l2_share(p.l2_next, p.l2_next_bytes, policy_evict_last(), threadIdx.x);
   pdl_wait();
   if (p.stamps_gu && threadIdx.x == 0) p.stamps_gu[2 * blockIdx.x] = global_ns();
   __shared__ float red[kWarps][8][32];
@@ -290,14 +260,10 @@ __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_down_kernel(OneParams
   if (p.stamps_dn && threadIdx.x == 0) p.stamps_dn[3 * blockIdx.x + 1] = global_ns();
   __shared__ float red[kWarps][4][32];
   const int items = *p.plan.num_active * tiles;
-  bool carried = false;  // lo / hi hold this item's first round, loaded by the previous item (p.pipeline)
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
     const int j = item / tiles, r0 = (item % tiles) * kRows;
-    const int nx = item + static_cast<int>(gridDim.x);
-    const int en = p.pipeline && nx < items ? p.plan.active_experts[nx / tiles] : -1;
-    carried = down_item(p, p.plan.active_experts[j], r0, p.plan.offsets[j], p.plan.offsets[j + 1],
-                        carried || (kPre && pre && item == static_cast<int>(blockIdx.x)), lo, hi, red, en,
-                        (nx % tiles) * kRows);
+    down_item(p, p.plan.active_experts[j], r0, p.plan.offsets[j], p.plan.offsets[j + 1],
+                     kPre && pre && item == static_cast<int>(blockIdx.x), lo, hi, red);
   }
   step_timeline_phase(2);
   if (p.stamps_dn && threadIdx.x == 0) p.stamps_dn[3 * blockIdx.x + 2] = global_ns();
@@ -348,13 +314,6 @@ Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights,
   p.stamps_dn = stamps ? stamps + 2 * static_cast<size_t>(gu_grid) : nullptr;
   if (combine) p.cmb = *combine;
   p.N = N;
-  p.pipeline = (decode_option(DecodeOption::kTrial) >> 1) & 1;
-  p.hint = (decode_option(DecodeOption::kTrial) >> 3) & 1;
-  if (combine && p.hint && combine->l2_next && combine->l2_next_bytes >= 16 &&
-      reinterpret_cast<uintptr_t>(combine->l2_next) % 16 == 0) {
-    p.l2_next = static_cast<const unsigned char*>(combine->l2_next);
-    p.l2_next_bytes = combine->l2_next_bytes / 16 * 16;
-  }
   const dim3 block(kWarps * 32);
   // The carveout preference follows DecodeOption::kMoeCarveout (set again when the option changes).
   static int carve = -1;

@@ -23,10 +23,6 @@ struct OneCombine {
   bf16* y = nullptr;             // [N, H] normalised rows
   float eps = 0.f;
   unsigned* done = nullptr;
-  bool slots_bf16 = false;       // the down kernel stores the slot rows as bf16 (the last CTA loads half the bytes);
-                                 // slot_out then holds bf16 rows [N * K, H] at its start
-  const void* l2_next = nullptr;  // bytes the next kernels read (the next layer's qkv weights), prefetched into L2
-  size_t l2_next_bytes = 0;       // evict-last by the gate/up CTAs before their wait (DecodeOption::kTrial bit 3)
 };
 bool moe_one_combine_ok(int H);
 

@@ -77,8 +77,6 @@ struct StreamArgs {
   const float* route_w;
   MoePlan plan;
   int K, H, I, NK;
-  const unsigned char* l2_next;  // prefetched into L2 evict-last before the wait (the next layer's qkv weights)
-  size_t l2_next_bytes;
 };
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -409,7 +407,6 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   }
   __syncthreads();
-  if (a.l2_next && warp == 0) prefetch_l2_share(a.l2_next, a.l2_next_bytes, policy_evict_last(), lane);
   pdl_wait();
   if (claiming && lane == 0) {  // the first claims, in flight with the loads below
     feed.nxt = feed.claim();
@@ -719,7 +716,7 @@ bool moe_stream_ok(int H, int I) { return H > 0 && I > 0 && H % kWidthStep == 0 
 
 Status moe_experts_stream(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
                           const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I, int variant,
-                          cudaStream_t stream, const void* l2_next, size_t l2_next_bytes) {
+                          cudaStream_t stream) {
   if (N <= 0 || K <= 0 || E <= 0 || K > E || E > kMaxExperts || !moe_stream_ok(H, I))
     return unsupported("moe_experts_stream: need N, K > 0, K <= E <= 1024 and H, I positive multiples of 64 (N=" +
                        std::to_string(N) + " K=" + std::to_string(K) + " E=" + std::to_string(E) +
@@ -743,12 +740,6 @@ Status moe_experts_stream(const bf16* x, const MoePlan& plan, const float* weigh
   args.H = H;
   args.I = I;
   args.NK = N * K;
-  args.l2_next = nullptr;
-  args.l2_next_bytes = 0;
-  if (l2_next && l2_next_bytes >= 16 && reinterpret_cast<uintptr_t>(l2_next) % 16 == 0) {
-    args.l2_next = static_cast<const unsigned char*>(l2_next);
-    args.l2_next_bytes = l2_next_bytes / 16 * 16;
-  }
   const int max_active = std::min(E, N * K);
   switch (variant) {
     case 1: return launch_stream<256, 3, 16, 2, 1, 2, true, false>(args, max_active, stream);

@@ -27,11 +27,9 @@ constexpr int kStreamVariants = 14;
 // this launch, so launches on one plan must not overlap in time (launches on different plans may). CTAs claim items
 // in order, so the launch completes even when only some of its CTAs fit beside other kernels. Unsupported shapes give
 // an error Status.
-// l2_next (16-byte aligned, may be null): l2_next_bytes that later kernels read (the next layer's qkv weights),
-// prefetched into L2 at evict-last priority by the CTAs before their wait on the previous kernel.
 Status moe_experts_stream(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
                           const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I, int variant,
-                          cudaStream_t stream, const void* l2_next = nullptr, size_t l2_next_bytes = 0);
+                          cudaStream_t stream);
 
 // For tests of the above on a partly occupied GPU: launches `ctas` one-warp CTAs on `stream`, each with the largest
 // shared memory a CTA may have (so no CTA of the streaming kernel fits beside one on its multiprocessor). CTA b sets

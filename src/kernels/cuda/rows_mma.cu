@@ -218,19 +218,7 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
   const int g = lane >> 2, tq = lane & 3;
   const int r0 = blockIdx.x * kRows;
   const uint32_t row_bytes = static_cast<uint32_t>(Kdim) * 2, stride = row_bytes + 16;
-  if (kv.async_tile) {  // trial: every thread copies 16-byte pieces of the tile (cp.async, evict-first like below)
-    const int pieces = static_cast<int>(row_bytes / 16);
-    uint64_t pol;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-    for (int i = threadIdx.x; i < kRows * pieces; i += blockDim.x) {
-      const int r = i / pieces, p16 = i % pieces;
-      asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(
-                       smem_addr(wsm + r * stride + p16 * 16)),
-                   "l"(w + static_cast<size_t>(r0 + r) * Kdim + p16 * 8), "l"(pol)
-                   : "memory");
-    }
-    asm volatile("cp.async.commit_group;" ::: "memory");
-  } else if (threadIdx.x == 0) {
+  if (threadIdx.x == 0) {
     mbar_init(&bar);
     mbar_arrive_expect_tx(&bar, kRows * row_bytes);
     if constexpr (kPf == kPfBefore || kPf == kPfTileHint) {
@@ -264,12 +252,7 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
       else xb[u] = make_uint4(0, 0, 0, 0);
     }
     if (!landed) {
-      if (kv.async_tile) {
-        asm volatile("cp.async.wait_all;" ::: "memory");
-        __syncthreads();
-      } else {
-        mbar_wait(&bar, 0);
-      }
+      mbar_wait(&bar, 0);
       landed = true;
       if (warp == 0) step_timeline_phase(1);  // the weight tile has landed
     }
@@ -283,14 +266,7 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
     }
   }
   // The warps' partial sums go into the weight tile's shared memory once every warp is done with the tile.
-  if (!landed) {
-    if (kv.async_tile) {
-      asm volatile("cp.async.wait_all;" ::: "memory");
-      __syncthreads();
-    } else {
-      mbar_wait(&bar, 0);
-    }
-  }
+  if (!landed) mbar_wait(&bar, 0);
   __syncthreads();
   float(*red)[8][32] = reinterpret_cast<float(*)[8][32]>(wsm);
 #pragma unroll
@@ -325,11 +301,8 @@ using PreKernel = void (*)(const bf16*, const bf16*, bf16*, int, int, int, KvPre
 template <int kPf>
 PreKernel rows_pre_pick_pf(int M, int K) {
   if (M > 8) return rows_pre_kernel<true, kPreRound / 2, kPf>;
-  // DecodeOption::kTrial bit 5: long K in rounds of kPreRound chunks too (62 registers instead of 92: the CTA fits on
-  // an SM beside two CTAs of the fused decode attention).
-  return K > kWarps * kChunk * kPreRound && !(decode_option(DecodeOption::kTrial) >> 5 & 1)
-             ? rows_pre_kernel<false, 2 * kPreRound, kPf>
-             : rows_pre_kernel<false, kPreRound, kPf>;
+  return K > kWarps * kChunk * kPreRound ? rows_pre_kernel<false, 2 * kPreRound, kPf>
+                                         : rows_pre_kernel<false, kPreRound, kPf>;
 }
 // pf: a PreFetch mode.
 PreKernel rows_pre_pick(int M, int K, int pf) {
@@ -375,10 +348,8 @@ bool rows_pre_ok(int M, int N, int K, int pf = kPfNone) {
 
 Status launch_rows_pre(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream,
                        int pf = kPfNone, const KvPrefetch& kv = KvPrefetch{}) {
-  KvPrefetch k = kv;
-  k.async_tile = decode_option(DecodeOption::kTrial) >> 7 & 1;
   return launch("rows_pre", rows_pre_pick(M, K, pf), dim3(N / kRows), dim3(kWarps * 32), rows_pre_smem(K), stream, x,
-                w, y, M, N, K, k);
+                w, y, M, N, K, kv);
 }
 
 // kGemmVariant 4 (default) runs the register-streamed kernel for 9-16 token rows when K <= 2048 (the qkv GEMM at
