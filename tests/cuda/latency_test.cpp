@@ -493,8 +493,6 @@ TEST(CudaLatencyDecoder, GraphReplayMatchesEagerSteps) {
     }
 }
 
-}  // namespace
-}  // namespace zest::cuda::test
 #endif  // ZEST_HAVE_CUDA
 
 // The tile-copy probe of the decode benchmark (tile_probe.h): every method and piece count copies the CTA's bytes
@@ -533,3 +531,6 @@ TEST(CudaTileProbe, EveryMethodCopiesTheTile) {
   EXPECT_FALSE(tile_copy_probe(src.get(), offset, sink.get(), nullptr, ctas, bytes, 7, TileCopy::kBulkOne, nullptr)
                    .is_ok());  // 48 KB is not 7 pieces of 16-byte multiples
 }
+
+}  // namespace
+}  // namespace zest::cuda::test
