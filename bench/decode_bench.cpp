@@ -367,6 +367,46 @@ bool probe_tiles() {
                     total / span / 1e6, medians[medians.size() / 2]);
       }
     }
+  // The same 1 x 128 KB and 3 x 64 KB bulk copies with each CTA's PDL wait after its copies, launched behind a kernel
+  // of 52 one-warp CTAs spinning for `spin` us (as the o GEMM behind the decode attention): the tile's landing time from
+  // a warp that does not wait.
+  std::printf("\nthe same copies issued before a PDL wait on a running kernel (52 CTAs spinning):\n");
+  std::printf("| CTAs per SM | KB per CTA | spin us | span us | rate TB/s | median CTA us |\n|---|---|---|---|---|---|\n");
+  const bool pdl = programmatic_launch();
+  set_programmatic_launch(true);
+  for (auto [per_sm, kb] : {std::pair{1, 128}, std::pair{3, 64}})
+    for (double spin : {0.0, 10.0, 20.0}) {
+      const int ctas = per_sm * sms, bytes = kb * 1024;
+      const size_t total = static_cast<size_t>(ctas) * bytes;
+      std::vector<double> spans, medians;
+      for (int it = 0; it < 24 && ok; ++it) {
+        const size_t offset = (static_cast<size_t>(it) * (total + 4096)) % (buf_bytes - total) / 256 * 256;
+        ok = check(busy_wait_kernel(52, spin, nullptr), "spin") &&
+             check(tile_copy_probe(src, offset, sink, times, ctas, bytes, kb / 8, TileCopy::kBulkOne, nullptr, true),
+                   "probe") &&
+             check(cudaDeviceSynchronize(), "probe sync");
+        if (!ok || it < 4) continue;
+        std::vector<unsigned long long> t(2 * ctas);
+        ok = check(cudaMemcpy(t.data(), times, t.size() * 8, cudaMemcpyDeviceToHost), "times");
+        unsigned long long lo = ~0ull, hi = 0;
+        std::vector<double> own;
+        for (int c = 0; c < ctas; ++c) {
+          lo = std::min(lo, t[2 * c]);
+          hi = std::max(hi, t[2 * c + 1]);
+          own.push_back((t[2 * c + 1] - t[2 * c]) / 1e3);
+        }
+        std::sort(own.begin(), own.end());
+        spans.push_back((hi - lo) / 1e3);
+        medians.push_back(own[own.size() / 2]);
+      }
+      if (!ok) break;
+      std::sort(spans.begin(), spans.end());
+      std::sort(medians.begin(), medians.end());
+      const double span = spans[spans.size() / 2];
+      std::printf("| %d | %d | %.0f | %.2f | %.2f | %.2f |\n", per_sm, kb, spin, span, total / span / 1e6,
+                  medians[medians.size() / 2]);
+    }
+  set_programmatic_launch(pdl);
   cudaFree(src);
   cudaFree(sink);
   cudaFree(times);

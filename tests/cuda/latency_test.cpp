@@ -528,6 +528,18 @@ TEST(CudaTileProbe, EveryMethodCopiesTheTile) {
           EXPECT_LE(t[2 * b], t[2 * b + 1]);
         }
     }
+  // The PDL wait after the copies, behind a spinning kernel (programmatic launches on).
+  const bool pdl = programmatic_launch();
+  set_programmatic_launch(true);
+  ASSERT_EQ(cudaMemset(sink.get(), 0, ctas * 4), cudaSuccess);
+  const Status spin = busy_wait_kernel(3, 5.0, nullptr);
+  const Status late =
+      tile_copy_probe(src.get(), offset, sink.get(), times.get(), ctas, bytes, 12, TileCopy::kBulkOne, nullptr, true);
+  set_programmatic_launch(pdl);
+  ZEST_ASSERT_OK(spin);
+  ZEST_ASSERT_OK(late);
+  sync_ok();
+  EXPECT_EQ(sink.download(), want);
   EXPECT_FALSE(tile_copy_probe(src.get(), offset, sink.get(), nullptr, ctas, bytes, 7, TileCopy::kBulkOne, nullptr)
                    .is_ok());  // 48 KB is not 7 pieces of 16-byte multiples
 }

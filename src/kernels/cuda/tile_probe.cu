@@ -16,11 +16,11 @@ constexpr int kProbeMaxBytes = 200 * 1024;
 __global__ void __launch_bounds__(kProbeThreads) tile_probe_kernel(const unsigned char* __restrict__ src,
                                                                    uint32_t* __restrict__ sink,
                                                                    unsigned long long* __restrict__ times, int bytes,
-                                                                   int pieces, int how) {
+                                                                   int pieces, int how, int late_wait) {
   extern __shared__ __align__(128) unsigned char tile[];
   __shared__ __align__(8) uint64_t bar;
   __shared__ uint32_t red[kProbeThreads / 32];
-  pdl_wait();
+  if (!late_wait) pdl_wait();
   const unsigned long long t0 = global_ns();
   const unsigned char* from = src + static_cast<size_t>(blockIdx.x) * bytes;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -36,14 +36,21 @@ __global__ void __launch_bounds__(kProbeThreads) tile_probe_kernel(const unsigne
     if (how == 1 && warp == 0)
       for (int p = lane; p < pieces; p += 32)
         bulk_load(tile + p * piece, from + static_cast<size_t>(p) * piece, piece, &bar);
+    // late_wait: as the decode GEMMs, the copies issued, then the wait on the previous kernel; warp 1 does not wait
+    // on it and takes the time the tile landed.
+    if (late_wait && warp != 1) pdl_wait();
     mbar_wait(&bar, 0);
+    if (threadIdx.x == 32 && times) times[2 * blockIdx.x + 1] = global_ns();
   } else if (how == 2) {
     for (int i = threadIdx.x; i < bytes / 16; i += kProbeThreads)
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(tile + i * 16)), "l"(from + i * 16)
                    : "memory");
-    asm volatile("cp.async.commit_group;\ncp.async.wait_all;" ::: "memory");
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    if (late_wait) pdl_wait();
+    asm volatile("cp.async.wait_all;" ::: "memory");
     __syncthreads();
   } else {
+    if (late_wait) pdl_wait();
     constexpr int kU = 8;
     for (int i0 = threadIdx.x; i0 < bytes / 16; i0 += kU * kProbeThreads) {
       uint4 v[kU];
@@ -60,9 +67,9 @@ __global__ void __launch_bounds__(kProbeThreads) tile_probe_kernel(const unsigne
     }
     __syncthreads();
   }
-  if (threadIdx.x == 0 && times) {  // this CTA's start and the time its tile had landed
+  if (threadIdx.x == 0 && times) {  // this CTA's start and (other than bulk copies) the time its tile had landed
     times[2 * blockIdx.x] = t0;
-    times[2 * blockIdx.x + 1] = global_ns();
+    if (how >= 2) times[2 * blockIdx.x + 1] = global_ns();
   }
   uint32_t x = 0;
   for (int i = threadIdx.x; i < bytes / 4; i += kProbeThreads) x ^= reinterpret_cast<const uint32_t*>(tile)[i];
@@ -77,10 +84,23 @@ __global__ void __launch_bounds__(kProbeThreads) tile_probe_kernel(const unsigne
   }
 }
 
+// Spins until `ns` have passed since its start; lets the next kernel launch at once.
+__global__ void spin_kernel(unsigned long long ns) {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  const unsigned long long t0 = global_ns();
+  while (global_ns() - t0 < ns) {
+  }
+}
+
 }  // namespace
 
+Status busy_wait_kernel(int ctas, double us, cudaStream_t stream) {
+  if (ctas <= 0 || us < 0) return invalid_argument("busy_wait_kernel: need ctas > 0 and us >= 0");
+  return launch("spin", spin_kernel, dim3(ctas), dim3(32), 0, stream, static_cast<unsigned long long>(us * 1e3));
+}
+
 Status tile_copy_probe(const void* src, size_t offset, uint32_t* sink, unsigned long long* times, int ctas,
-                       int bytes_per_cta, int pieces, TileCopy how, cudaStream_t stream) {
+                       int bytes_per_cta, int pieces, TileCopy how, cudaStream_t stream, bool late_wait) {
   if (!src || !sink || ctas <= 0 || bytes_per_cta <= 0 || bytes_per_cta > kProbeMaxBytes || pieces <= 0 ||
       bytes_per_cta % pieces != 0 || (bytes_per_cta / pieces) % 16 != 0 ||
       (reinterpret_cast<uintptr_t>(src) + offset) % 16 != 0)
@@ -95,7 +115,7 @@ Status tile_copy_probe(const void* src, size_t offset, uint32_t* sink, unsigned 
   }
   return launch("tile_probe", tile_probe_kernel, dim3(ctas), dim3(kProbeThreads), static_cast<size_t>(bytes_per_cta),
                 stream, static_cast<const unsigned char*>(src) + offset, sink, times, bytes_per_cta, pieces,
-                static_cast<int>(how));
+                static_cast<int>(how), late_wait ? 1 : 0);
 }
 
 }  // namespace zest::cuda

@@ -20,8 +20,13 @@ enum class TileCopy {
 // CTA b copies bytes_per_cta bytes at src + offset + b * bytes_per_cta (16-byte aligned; pieces divides
 // bytes_per_cta into multiples of 16 bytes) into shared memory by `how`, then writes the XOR of the copied 32-bit words
 // to sink[b]; times (optional, 2 per CTA): %globaltimer ns at the CTA's start and when its tile had landed.
-// bytes_per_cta <= 200 KB. 256 threads per CTA.
+// bytes_per_cta <= 200 KB. 256 threads per CTA. late_wait: the CTA's PDL wait on the previous kernel comes after it
+// has issued its copies (as the decode GEMMs' prologue does), not at its start.
 Status tile_copy_probe(const void* src, size_t offset, uint32_t* sink, unsigned long long* times, int ctas,
-                       int bytes_per_cta, int pieces, TileCopy how, cudaStream_t stream);
+                       int bytes_per_cta, int pieces, TileCopy how, cudaStream_t stream, bool late_wait = false);
+
+// ctas one-warp CTAs that spin for `us` microseconds and let the next kernel launch at once (programmatic dependent
+// launch): a stand-in for the kernel that runs while the next one's CTAs copy their tiles.
+Status busy_wait_kernel(int ctas, double us, cudaStream_t stream);
 
 }  // namespace zest::cuda
