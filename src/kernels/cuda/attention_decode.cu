@@ -519,10 +519,8 @@ __device__ __forceinline__ void norm_rope_head(const bf16* __restrict__ x, const
 // kCluster: the grid's splits of one (kv head, sequence) form one thread-block cluster; each CTA keeps its partial
 // (M, L and the 8 x 128 sums) in its shared memory and, after a cluster barrier, merges a slice of the outputs from
 // every CTA's partial (distributed shared memory, fixed split order): no global partials, fences or counters.
-// kMaxRegs: at most 152 registers (no spills) let two of these 128-thread CTAs and one of the o GEMM's (256 x 96)
-// share an SM's 64 K registers with room to spare (at 160 they would fill it exactly, and did not share).
-template <bool kCluster, int kMaxRegs = 152>
-__global__ void __maxnreg__(kMaxRegs) decode_attention_fused_kernel(
+template <bool kCluster>
+__global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kernel(
     const bf16* __restrict__ qkv, int q_stride, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
     const int32_t* __restrict__ block_table, int max_blocks, const int32_t* __restrict__ context_lens,
     bf16* __restrict__ out, float* __restrict__ part, int* __restrict__ counters, int Hkv, int splits,
@@ -1359,12 +1357,8 @@ bool cluster_attention_ok() {
     ok = 0;
     const void* fn = reinterpret_cast<const void*>(decode_attention_fused_kernel<true>);
     // The largest shared-memory carveout, as the ring kernel: measured 0.03-0.04 ms faster per batch-1 step (H200).
-    for (const void* f : {fn, reinterpret_cast<const void*>(decode_attention_fused_kernel<true, 168>)})
-      if (cudaFuncSetAttribute(f, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) !=
-          cudaSuccess)
-        cudaGetLastError();
-    if (cudaFuncSetAttribute(reinterpret_cast<const void*>(decode_attention_fused_kernel<true, 168>),
-                             cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess)
+    if (cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) !=
+        cudaSuccess)
       cudaGetLastError();
     if (cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
       cudaLaunchConfig_t cfg = {};
@@ -1511,8 +1505,6 @@ Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_s
   }
   const int pages = (p.max_context + kKvBlock - 1) / kKvBlock;
   int variant = decode_option(DecodeOption::kAttentionKernel);
-  const bool regs168 = variant == 10;  // as 8 with the fused kernel at up to 168 registers (measured against 160)
-  if (variant == 10) variant = 8;
   if (variant == 8) {  // by size: variant 3's cluster merge where it applies, the ring kernel above, up to 32 pairs
     const int pairs = p.batch * p.kv_heads;
     const bool small = pages <= kClusterMaxPages && pairs <= kClusterMaxPairs;
@@ -1552,10 +1544,7 @@ Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_s
     cfg.attrs = attr;
     cfg.numAttrs = static_cast<unsigned int>(common_launch_attrs(attr, 1));
     note_launch("decode_attention_fused (cluster)");
-    return cuda_status(cudaLaunchKernelEx(&cfg,
-                                          regs168 ? decode_attention_fused_kernel<true, 168>
-                                                  : decode_attention_fused_kernel<true>,
-                                          qkv, q_stride, k_cache, v_cache,
+    return cuda_status(cudaLaunchKernelEx(&cfg, decode_attention_fused_kernel<true>, qkv, q_stride, k_cache, v_cache,
                                           block_table, p.max_blocks, context_lens, out, part, counters, p.kv_heads,
                                           splits, per, p.scale, f),
                        "decode_attention_fused");
