@@ -348,22 +348,6 @@ bool rows_pre_ok(int M, int N, int K, int pf = kPfNone) {
 
 Status launch_rows_pre(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream,
                        int pf = kPfNone, const KvPrefetch& kv = KvPrefetch{}) {
-  // kGemmVariant 9: every rows_pre kernel prefers the largest shared-memory carveout (set again when the option
-  // changes).
-  static int carve = -1;
-  const int want = decode_option(DecodeOption::kGemmVariant) == 9 ? 1 : 0;
-  if (want != carve) {
-    for (int f = 0; f < 4; ++f)
-      for (int m : {1, 9})
-        for (int k : {2048, 4096}) {
-          const void* fn = reinterpret_cast<const void*>(rows_pre_pick(m, k, f));
-          ZEST_RETURN_IF_ERROR(cuda_status(
-              cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                   want ? static_cast<int>(cudaSharedmemCarveoutMaxShared) : -1),
-              "rows_pre carveout"));
-        }
-    carve = want;
-  }
   return launch("rows_pre", rows_pre_pick(M, K, pf), dim3(N / kRows), dim3(kWarps * 32), rows_pre_smem(K), stream, x,
                 w, y, M, N, K, kv);
 }
@@ -403,7 +387,6 @@ Status rows_mma_gemm(const bf16* x, const bf16* w, bf16* y, int M, int N, int K,
   p.Kdim = K;
   const bool long_k = K > kWarps * kChunk * kPreRound;  // rows_pre holds one 16-row tile per SM
   switch (decode_option(DecodeOption::kGemmVariant)) {
-    case 9:    // as 4, the rows_pre kernels at the largest shared-memory carveout (launch_rows_pre)
     case 4: {  // the tile in shared memory; register streaming for 9-16 rows at K <= 2048
       // kL2Prefetch 0: tiles copied evict-first for steps of at most kPrefetchMaxRows rows.
       const int pf = decode_option(DecodeOption::kL2Prefetch) == 0 && M <= kPrefetchMaxRows ? kPfTileHint : kPfNone;
@@ -442,7 +425,7 @@ Status gemm_kv_prefetch(const bf16* x, const bf16* w, bf16* y, int M, int N, int
   // The GEMM variants that run rows_pre_kernel for these sizes.
   const int gv = decode_option(DecodeOption::kGemmVariant);
   const bool long_k = K > kWarps * kChunk * kPreRound;
-  const bool pre = gv == 8 || ((gv == 4 || gv == 9) && (long_k || M < kStreamMinRows)) || (gv == 7 && long_k);
+  const bool pre = gv == 8 || (gv == 4 && (long_k || M < kStreamMinRows)) || (gv == 7 && long_k);
   if (pf != kPfNone && kv_ok && aligned && pre && rows_mma_gemm_ok(M, N, K) && rows_pre_ok(M, N, K, pf))
     return launch_rows_pre(x, w, y, M, N, K, stream, pf, kv);
   return gemm(x, w, y, M, N, K, stream);
