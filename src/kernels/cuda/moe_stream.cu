@@ -394,6 +394,7 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
   feed.counter = a.plan.ready + E + 1;
   const bool claiming = warp == kConsumers;
   const bool producer = warp >= kConsumers && warp < kConsumers + P;
+  step_timeline_phase(0);  // the CTA is resident (timeline build only)
   if (threadIdx.x == 0) {
     for (int s = 0; s < NS; ++s) {
       mbar_init(bar0 + 8 * s, P);
@@ -578,6 +579,7 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
           const uint32_t par = (stage / NS) & 1u;
           const int steps = min(KC, width - k0) / 32;
           mbar_wait(bar0 + 8 * s, par);
+          if (stage == 0) step_timeline_phase(1);  // the CTA's first stage has landed (timeline build only)
           const unsigned char* sb = slots + s * R::kSlotBytes + q * 16;
           const unsigned char* a_lo = sb + g * R::kRowBytes;
           const unsigned char* a_hi = a_lo + (it.gu ? GU : 8) * R::kRowBytes;
@@ -622,6 +624,7 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
 
   // The last CTA to finish clears the counters for the next launch.
   __syncthreads();
+  step_timeline_phase(2);  // every role of the CTA is done (timeline build only)
   if (threadIdx.x == 0) {
     __threadfence();
     if (atomicAdd(a.plan.ready + E, 1u) == gridDim.x - 1) {
