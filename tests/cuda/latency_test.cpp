@@ -493,8 +493,6 @@ TEST(CudaLatencyDecoder, GraphReplayMatchesEagerSteps) {
     }
 }
 
-#endif  // ZEST_HAVE_CUDA
-
 // The tile-copy probe of the decode benchmark (tile_probe.h): every method and piece count copies the CTA's bytes
 // exactly (the XOR of its 32-bit words against the host's), at an odd offset of 16 bytes, with and without times.
 TEST(CudaTileProbe, EveryMethodCopiesTheTile) {
@@ -546,3 +544,4 @@ TEST(CudaTileProbe, EveryMethodCopiesTheTile) {
 
 }  // namespace
 }  // namespace zest::cuda::test
+#endif  // ZEST_HAVE_CUDA
