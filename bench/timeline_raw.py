@@ -7,7 +7,12 @@ when their weight tile landed (phase 1), relative to the launch's release (its f
 how many CTAs of the previous launch shared the CTA's SM: a CTA that cannot fit beside them becomes resident only as
 they leave, and its tile streams late.
 
+With --phases LABEL it prints instead, for the launches whose label starts with LABEL, each phase stamp's minimum /
+median / maximum over the CTAs (us after the launch's release; the median of each over the launches) and the time
+to the next launch's release.
+
 usage: bench/timeline_raw.py tl-b1.txt [label-prefix (default rows_pre)]
+       bench/timeline_raw.py tl-b8.txt --phases moe_experts_stream
 """
 import collections
 import statistics
@@ -42,8 +47,34 @@ def per_cta(recs, grid):
     return out
 
 
+def phases(path, prefix):
+    labels, order, recs = load(path)
+    stats = collections.defaultdict(list)  # phase -> [(min, median, max) per launch]
+    spans = []
+    for i, grid in enumerate(order):
+        if not labels[grid].startswith(prefix) or i + 1 >= len(order):
+            continue
+        ctas = per_cta(recs, grid)
+        rel = min(r[4] for r in recs[grid] if r[1] == 0)
+        nxt = min(r[4] for r in recs[order[i + 1]] if r[1] == 0)
+        spans.append((nxt - rel) / 1e3)
+        for k in range(8):
+            v = [d["p%d" % k] for d in ctas.values() if "p%d" % k in d]
+            if v:
+                stats[k].append((min(v), statistics.median(v), max(v)))
+    print(f"{prefix}: {len(spans)} launches; next launch released {statistics.median(spans):.2f} us after the release")
+    print("| phase | min over CTAs | median | max |")
+    print("|---|---|---|---|")
+    for k, v in sorted(stats.items()):
+        med = [statistics.median(x[j] for x in v) for j in range(3)]
+        print(f"| p{k} | {med[0]:.2f} | {med[1]:.2f} | {med[2]:.2f} |")
+
+
 def main():
     path = sys.argv[1]
+    if len(sys.argv) > 3 and sys.argv[2] == "--phases":
+        phases(path, sys.argv[3])
+        return
     prefix = sys.argv[2] if len(sys.argv) > 2 else "rows_pre"
     labels, order, recs = load(path)
     groups = collections.defaultdict(list)  # (label, CTAs, previous launch's CTAs on the SM) -> [(p0, p1)]
