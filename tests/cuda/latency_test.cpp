@@ -520,11 +520,10 @@ TEST(CudaTileProbe, EveryMethodCopiesTheTile) {
                                      m.pieces, m.how, nullptr));
       sync_ok();
       EXPECT_EQ(sink.download(), want);
-      if (timed)
-        for (int b = 0; b < ctas; ++b) {
-          const auto t = times.download();
-          EXPECT_LE(t[2 * b], t[2 * b + 1]);
-        }
+      if (timed) {
+        const auto t = times.download();
+        for (int b = 0; b < ctas; ++b) EXPECT_LE(t[2 * b], t[2 * b + 1]);
+      }
     }
   // The PDL wait after the copies, behind a spinning kernel (programmatic launches on).
   const bool pdl = programmatic_launch();
