@@ -1,10 +1,13 @@
 // The streaming decode-experts kernel (moe_experts_stream, DecodeOption::kMoeKernel 2-9) against a plain host loop
 // on fresh random inputs: every written slot vs the reference, slots with id -1 never written, all its variants
-// bit-identical, a second launch on the same plan identical to the first (the plan's counters are cleared), launches
+// bit-identical, a second launch on the same plan (counters reset) identical to the first, a launch on a spent plan
+// (counters not reset) doing nothing and ending, launches
 // on two plans running on two streams at once, a launch that gets only the multiprocessors another kernel leaves
 // free (CTAs that never become resident while it runs), and the shapes it refuses.
 #ifdef ZEST_HAVE_CUDA
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <numeric>
@@ -44,7 +47,9 @@ struct Setup {
   MoePlan plan;
   std::vector<float> ref;
 
-  Status launch(int variant, cudaStream_t stream) const {
+  // A launch spends the plan's counters: reset them first unless the plan was just built.
+  Status launch(int variant, cudaStream_t stream, bool reset = true) const {
+    if (reset) ZEST_RETURN_IF_ERROR(moe_plan_reset_counters(plan, stream));
     return moe_experts_stream(x->get(), plan, w.get(), gu->get(), dn->get(), h.get(), out.get(), c.N, c.K, c.E, c.H,
                               c.I, variant, stream);
   }
@@ -111,8 +116,10 @@ std::string case_name(const StreamCase& c) {
          " hot=" + std::to_string(c.hot) + " holes=" + std::to_string(c.holes);
 }
 
-// Runs the plan, then every variant twice on the same plan, then variant 0 through moe_experts_decode with
-// kMoeKernel = 2; checks each output against the host reference and bit for bit against the first run.
+// Runs the plan, then every variant twice on the same plan (the first launch on the fresh plan, the others after
+// moe_plan_reset_counters), then variant 0 through moe_experts_decode with kMoeKernel = 2; checks each output against
+// the host reference and bit for bit against the first run. Last, a launch on the spent plan: it must end and write
+// nothing.
 void run_stream_case(const StreamCase& c, std::mt19937& rng) {
   SCOPED_TRACE(case_name(c));
   const auto s = make_setup(c, rng);
@@ -123,8 +130,9 @@ void run_stream_case(const StreamCase& c, std::mt19937& rng) {
     SCOPED_TRACE(testing::Message() << "run " << run << " variant " << variant);
     s->out.poison();
     if (run < runs - 1) {
-      ZEST_ASSERT_OK(s->launch(variant, nullptr));
+      ZEST_ASSERT_OK(s->launch(variant, nullptr, run > 0));
     } else {
+      ZEST_ASSERT_OK(moe_plan_reset_counters(s->plan, nullptr));
       set_decode_option(DecodeOption::kMoeKernel, 2);
       const Status st = moe_experts_decode(s->x->get(), s->plan, s->w.get(), s->gu->get(), s->dn->get(), s->h.get(),
                                            s->out.get(), c.N, c.K, c.E, c.H, c.I, nullptr);
@@ -140,6 +148,12 @@ void run_stream_case(const StreamCase& c, std::mt19937& rng) {
       EXPECT_TRUE(bits == first_bits) << "outputs differ from the first run";
     }
   }
+  s->out.poison();
+  ZEST_ASSERT_OK(s->launch(kStreamVariants - 1, nullptr, false));
+  sync_ok();
+  const auto spent = s->out.download();
+  const auto poisoned = [](float v) { return std::isnan(v); };
+  EXPECT_TRUE(std::all_of(spent.begin(), spent.end(), poisoned)) << "a launch on a spent plan wrote outputs";
 }
 
 // A non-blocking stream, destroyed at scope exit.

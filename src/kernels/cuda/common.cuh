@@ -298,7 +298,7 @@ __device__ __forceinline__ uint4 ld_stream(const void* p) {
 __device__ __forceinline__ void moe_plan_scan_warp(const int* counts, int E, const MoePlan& plan, int* offset_of,
                                                    int64_t* active_count_sum) {
   const int lane = threadIdx.x & 31;
-  for (int e = lane; e <= E + 1; e += 32) plan.ready[e] = 0u;  // a fresh plan: nothing ready, claimed or finished
+  for (int e = lane; e <= E; e += 32) plan.ready[e] = 0u;  // a fresh plan: nothing ready or claimed
   int na = 0, off = 0, nt = 0;
   for (int e0 = 0; e0 < E; e0 += 32) {
     const int e = e0 + lane;

@@ -331,8 +331,8 @@ struct MoePlan {
   int32_t* num_tiles = nullptr;       // [1] prefill tiles (kMoeTileM sorted slots of one expert each)
   int32_t* tile_active = nullptr;     // [max tiles] active expert index of each tile
   int32_t* tile_start = nullptr;      // [max tiles] first sorted position of each tile
-  uint32_t* ready = nullptr;          // [E + 2] streaming decode experts' per-active-expert ready counts, the count
-                                      // of finished CTAs, the item counter; zeroed by every plan build (per plan)
+  uint32_t* ready = nullptr;          // [E + 1] streaming decode experts' per-active-expert ready counts, then the
+                                      // item counter; zeroed by every plan build, spent by a streaming launch
   int max_tokens = 0, top_k = 0, experts = 0;
 };
 constexpr int kMoeTileM = 64;
@@ -341,6 +341,9 @@ int moe_max_tiles(int N, int K, int E);
 // Bytes of device memory for a plan of N tokens; moe_plan_bind carves `buffer` into `plan`.
 size_t moe_plan_bytes(int N, int K, int E);
 void moe_plan_bind(MoePlan& plan, void* buffer, int N, int K, int E);
+// Zeroes the plan's counters (MoePlan::ready), as a plan build does: lets the streaming decode experts run on the same
+// plan again.
+Status moe_plan_reset_counters(const MoePlan& plan, cudaStream_t stream);
 // Builds the plan for ids [N, K] (ids < 0 are skipped). When active_count_sum != nullptr, the number of
 // active experts is added to *active_count_sum (for statistics; single-threaded, deterministic).
 Status moe_plan(const int32_t* ids, int N, int K, int E, MoePlan& plan, int64_t* active_count_sum,
@@ -366,7 +369,8 @@ Status moe_route(const bf16* xn, const bf16* router_w, const float* bias, int32_
 // (expert, row tile), looping over that expert's tokens, on tensor cores when H and I are multiples of 32);
 // experts without tokens are skipped.
 // x [N, H] bf16; h workspace [N * K, I] bf16 (indexed by sorted position); slot_out [N, K, H] fp32 (slots
-// with id -1 are not written; moe_combine_add_rmsnorm skips them).
+// with id -1 are not written; moe_combine_add_rmsnorm skips them). The streaming kernel (moe_stream.h) spends the
+// plan's counters: call it on a freshly built plan, or after moe_plan_reset_counters.
 Status moe_experts_decode(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
                           const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I,
                           cudaStream_t stream);

@@ -265,7 +265,7 @@ int moe_max_tiles(int N, int K, int E) { return (N * K + kMoeTileM - 1) / kMoeTi
 
 size_t moe_plan_bytes(int N, int K, int E) {
   const size_t ints =
-      2 + E + (E + 1) + static_cast<size_t>(N) * K + 2 * static_cast<size_t>(moe_max_tiles(N, K, E)) + (E + 2);
+      2 + E + (E + 1) + static_cast<size_t>(N) * K + 2 * static_cast<size_t>(moe_max_tiles(N, K, E)) + (E + 1);
   return (ints * sizeof(int32_t) + 255) / 256 * 256;
 }
 
@@ -287,6 +287,12 @@ void moe_plan_bind(MoePlan& plan, void* buffer, int N, int K, int E) {
   plan.max_tokens = N;
   plan.top_k = K;
   plan.experts = E;
+}
+
+Status moe_plan_reset_counters(const MoePlan& plan, cudaStream_t stream) {
+  if (plan.ready == nullptr || plan.experts <= 0) return invalid_argument("moe_plan_reset_counters: the plan is not bound");
+  return cuda_status(cudaMemsetAsync(plan.ready, 0, (static_cast<size_t>(plan.experts) + 1) * sizeof(uint32_t), stream),
+                     "moe_plan_reset_counters");
 }
 
 Status moe_plan(const int32_t* ids, int N, int K, int E, MoePlan& plan, int64_t* active_count_sum, cudaStream_t stream) {

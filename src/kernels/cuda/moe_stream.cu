@@ -21,9 +21,9 @@
 // copies h rows. Because items are claimed in order, every gate/up item has been claimed by a running CTA before any
 // down item is claimed, and a running CTA finishes its gate/up items without waiting on anything: no wait depends on
 // a CTA that is not resident, so the kernel completes however few of its CTAs fit on the GPU (another kernel on
-// another stream may hold the rest). The counters are the plan's (MoePlan::ready: per-expert counts, finished CTAs,
-// the item counter; zeroed by every plan build), so launches on different plans may overlap in time; the last CTA
-// to finish clears them again, so a plan can be launched on more than once.
+// another stream may hold the rest). The counters are the plan's (MoePlan::ready: per-expert counts, then the item
+// counter; zeroed by every plan build), so launches on different plans may overlap in time. A launch leaves them
+// spent: a plan is launched on again only after it is built again or moe_plan_reset_counters has run.
 #include <cuda.h>
 
 #include <cstring>
@@ -391,7 +391,7 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
   ItemFeed<AHEAD> feed;
   feed.bar = bar0 + 8 * 2 * NS;
   feed.word = reinterpret_cast<int4*>(smem + kItemWords);
-  feed.counter = a.plan.ready + E + 1;
+  feed.counter = a.plan.ready + E;
   const bool claiming = warp == kConsumers;
   const bool producer = warp >= kConsumers && warp < kConsumers + P;
   step_timeline_phase(0);  // the CTA is resident (timeline build only)
@@ -622,18 +622,13 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
       for (uint32_t p = pass >= 2 ? pass - 2 : 0; p < pass; ++p) epi_sync(kFreeBar + static_cast<int>(p & 1u));
   }
 
-  // The last CTA to finish clears the counters for the next launch.
+  // The counters are left as they are: the next plan build (or moe_plan_reset_counters) clears them, so the CTAs end
+  // without a finish count (a fence and an atomic round trip of every CTA, and the last CTA's clearing, used to delay
+  // the kernel's end and so the next kernel's release).
+#ifdef ZEST_STEP_TIMELINE
   __syncthreads();
   step_timeline_phase(2);  // every role of the CTA is done (timeline build only)
-  if (threadIdx.x == 0) {
-    __threadfence();
-    if (atomicAdd(a.plan.ready + E, 1u) == gridDim.x - 1) {
-      for (int j = 0; j < na; ++j) a.plan.ready[j] = 0;
-      a.plan.ready[E] = 0;
-      a.plan.ready[E + 1] = 0;
-      __threadfence();
-    }
-  }
+#endif
 }
 
 // Tensor map over a row-major bf16 matrix [rows, cols] in dense boxes of box_cols x box_rows (no swizzle); reads

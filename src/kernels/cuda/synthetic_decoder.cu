@@ -342,6 +342,10 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
         ZEST_OP("sere",
                 sere_reroute(route_ids_, route_w_, L.sim, batch, E, K, opt_.sere_primary, opt_.sere_threshold, s));
       if (!fused || sere) ZEST_OP("moe plan", moe_plan(route_ids_, batch, K, E, plan_, expert_counts_ + l, s));
+      // A streaming experts launch spends the plan's counters: with the op that builds the plan ablated, reset them
+      // so that the experts still run (on the last plan).
+      if (skip_ == (!fused || sere ? "moe plan" : "router (fused)"))
+        ZEST_RETURN_IF_ERROR(moe_plan_reset_counters(plan_, s));
       ZEST_OP("moe experts + combine + rmsnorm",
               moe_experts_decode_combine(xn_, plan_, route_w_, L.gate_up, L.down, h_, slot_out_, batch, K, E, H, I,
                                          x_, route_ids_, next_norm, xn_, kEps, combine_done_, s));
