@@ -77,6 +77,7 @@ struct StreamArgs {
   const float* route_w;
   MoePlan plan;
   int K, H, I, NK;
+  int trial;  // TEMPORARY: DecodeOption::kMoeStreamTrial
 };
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -391,7 +392,7 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
   ItemFeed<AHEAD> feed;
   feed.bar = bar0 + 8 * 2 * NS;
   feed.word = reinterpret_cast<int4*>(smem + kItemWords);
-  feed.counter = a.plan.ready + E;
+  feed.counter = a.plan.ready + (a.trial == 2 ? E + 1 : E);
   const bool claiming = warp == kConsumers;
   const bool producer = warp >= kConsumers && warp < kConsumers + P;
   step_timeline_phase(0);  // the CTA is resident (timeline build only)
@@ -408,8 +409,12 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   }
   __syncthreads();
+  if (a.trial == 2 && claiming && lane == 0) {  // TEMPORARY: the first claims before the wait
+    feed.nxt = feed.claim();
+    if (AHEAD) feed.after = feed.claim();
+  }
   pdl_wait();
-  if (claiming && lane == 0) {  // the first claims, in flight with the loads below
+  if (a.trial != 2 && claiming && lane == 0) {  // the first claims, in flight with the loads below
     feed.nxt = feed.claim();
     if (AHEAD) feed.after = feed.claim();
   }
@@ -629,6 +634,18 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
   __syncthreads();
   step_timeline_phase(2);  // every role of the CTA is done (timeline build only)
 #endif
+  if (a.trial == 1) {  // TEMPORARY: the old finish count (ready[E + 1]) and clearing
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence();
+      if (atomicAdd(a.plan.ready + E + 1, 1u) == gridDim.x - 1) {
+        for (int j = 0; j < na; ++j) a.plan.ready[j] = 0;
+        a.plan.ready[E] = 0;
+        a.plan.ready[E + 1] = 0;
+        __threadfence();
+      }
+    }
+  }
 }
 
 // Tensor map over a row-major bf16 matrix [rows, cols] in dense boxes of box_cols x box_rows (no swizzle); reads
@@ -738,6 +755,7 @@ Status moe_experts_stream(const bf16* x, const MoePlan& plan, const float* weigh
   args.H = H;
   args.I = I;
   args.NK = N * K;
+  args.trial = decode_option(DecodeOption::kMoeStreamTrial);
   const int max_active = std::min(E, N * K);
   switch (variant) {
     case 1: return launch_stream<256, 3, 16, 2, 1, 2, true, false>(args, max_active, stream);
