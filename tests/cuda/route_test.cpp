@@ -64,7 +64,7 @@ std::vector<T> download_n(const T* p, size_t n) {
   return v;
 }
 
-// The plan's contents (first num_active / num_tiles entries) and the E + 2 ready words.
+// The plan's contents (first num_active / num_tiles entries) and the E + 1 ready words.
 void download_plan(const MoePlan& plan, int T, int K, int E, RouteOut& o) {
   o.num_active = download_n(plan.num_active, 1)[0];
   o.num_tiles = download_n(plan.num_tiles, 1)[0];
@@ -77,7 +77,7 @@ void download_plan(const MoePlan& plan, int T, int K, int E, RouteOut& o) {
   o.sorted = download_n(plan.sorted_slots, static_cast<size_t>(T) * K);
   o.tile_active = download_n(plan.tile_active, o.num_tiles);
   o.tile_start = download_n(plan.tile_start, o.num_tiles);
-  o.ready = download_n(plan.ready, E + 2);
+  o.ready = download_n(plan.ready, E + 1);
 }
 
 // Compact variants 4 (clusters of up to 16 CTAs), 5 (8), 6 (4, up to 32 router rows per CTA: two m16 tiles) and 10
@@ -153,7 +153,7 @@ TEST(CudaRoute, CompactKernelMatchesClusterKernelBitForBit) {
         RouteOut sep;
         download_plan(plan2, T, K, E, sep);
         expect_plan_equal(sep, ref, false);  // ready words: checked on ref below
-        EXPECT_EQ(ref.ready, std::vector<uint32_t>(E + 2, 0u));
+        EXPECT_EQ(ref.ready, std::vector<uint32_t>(E + 1, 0u));
         EXPECT_EQ(ref.count, 5 + ref.num_active);
       }
       for (int variant : {4, 5, 6, 10}) {

@@ -140,9 +140,9 @@ enum class DecodeOption : int {
                     // staying L1; 0 = the driver's default. Measured: with the default, the experts ran ~10 us per
                     // layer slower when the routing cluster launched right behind the o GEMM (no kernel between them
                     // to let SMs drain), as when every launch asked for the largest carveout
-  kMoeStreamTrial,  // TEMPORARY (measurement): streaming experts 0 = default; 1 = the old finish count and clearing
-                    // at the end; 2 = items claimed before the PDL wait on plan.ready[E + 1], which the separate
-                    // combine zeroes after its wait
+  kMoeTailSplit,    // streaming decode experts (moe_stream.h), variants with 2-D tensor boxes and 2 or 4 m16 tiles: 1
+                    // (default) = the last down items (as many as the grid has CTAs) split into two halves each, so
+                    // that the CTAs' ends spread over half an item's time; 0 = no split
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);
@@ -172,8 +172,7 @@ Status add_rmsnorm(bf16* x, const bf16* r, const bf16* w, bf16* y, int rows, int
 // MoE combine fused with the residual add and the next RMSNorm: x[n] = bf16(x[n] + sum_{k<K, ids[n,k]>=0}
 // slot_out[n,k,:]) summed in fixed k order (deterministic); then y = rmsnorm(x) when w != nullptr.
 Status moe_combine_add_rmsnorm(bf16* x, const float* slot_out, const int32_t* ids, int K, const bf16* w,
-                               bf16* y, int rows, int hidden, float eps, cudaStream_t stream,
-                               uint32_t* clear = nullptr);  // TEMPORARY clear: zeroed after the wait
+                               bf16* y, int rows, int hidden, float eps, cudaStream_t stream);
 
 // h[r, i] = bf16(silu(gu[r, i]) * gu[r, I + i]) for gu [rows, 2I] (dense SwiGLU MLP).
 Status silu_mul(const bf16* gu, bf16* h, int rows, int I, cudaStream_t stream);

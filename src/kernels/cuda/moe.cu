@@ -265,7 +265,7 @@ int moe_max_tiles(int N, int K, int E) { return (N * K + kMoeTileM - 1) / kMoeTi
 
 size_t moe_plan_bytes(int N, int K, int E) {
   const size_t ints =
-      2 + E + (E + 1) + static_cast<size_t>(N) * K + 2 * static_cast<size_t>(moe_max_tiles(N, K, E)) + (E + 2);
+      2 + E + (E + 1) + static_cast<size_t>(N) * K + 2 * static_cast<size_t>(moe_max_tiles(N, K, E)) + (E + 1);
   return (ints * sizeof(int32_t) + 255) / 256 * 256;
 }
 
@@ -366,8 +366,7 @@ Status moe_experts_decode_combine(const bf16* x, const MoePlan& plan, const floa
                            nullptr, &c);
   }
   ZEST_RETURN_IF_ERROR(moe_experts_decode(x, plan, weights, gate_up, down, h, slot_out, N, K, E, H, I, stream));
-  return moe_combine_add_rmsnorm(cx, slot_out, ids, K, cw, cy, N, H, eps, stream,
-                                 decode_option(DecodeOption::kMoeStreamTrial) == 2 ? plan.ready + E + 1 : nullptr);
+  return moe_combine_add_rmsnorm(cx, slot_out, ids, K, cw, cy, N, H, eps, stream);
 }
 
 }  // namespace zest::cuda

@@ -217,7 +217,6 @@ Status SyntheticDecoder::init(const SyntheticConfig& cfg, const SyntheticOptions
   if (moe) {
     ZEST_RETURN_IF_ERROR(dev(moe_plan_bytes(opt.max_batch, cfg.top_k, cfg.experts), &plan_buf_));
     moe_plan_bind(plan_, plan_buf_, opt.max_batch, cfg.top_k, cfg.experts);
-    ZEST_CU(cudaMemsetAsync(plan_buf_, 0, moe_plan_bytes(opt.max_batch, cfg.top_k, cfg.experts), stream_), "memset");
     // moe_block_decode's workspace (steps of at most 8 tokens), zeroed once.
     block_ws_bytes_ = moe_block_workspace_bytes(8, cfg.experts, cfg.top_k, cfg.expert_inter);
     ZEST_RETURN_IF_ERROR(dev(block_ws_bytes_, &block_ws_));
