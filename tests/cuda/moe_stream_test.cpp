@@ -117,9 +117,9 @@ std::string case_name(const StreamCase& c) {
 }
 
 // Runs the plan, then every variant twice on the same plan (the first launch on the fresh plan, the others after
-// moe_plan_reset_counters), then variant 0 through moe_experts_decode with kMoeKernel = 2, then three box variants
-// without the tail split; checks each output against the host reference and bit for bit against the first run. Last,
-// a launch on the spent plan: it must end and write nothing.
+// moe_plan_reset_counters), then variant 0 through moe_experts_decode with kMoeKernel = 2; checks each output against
+// the host reference and bit for bit against the first run. Last, a launch on the spent plan: it must end and write
+// nothing.
 void run_stream_case(const StreamCase& c, std::mt19937& rng) {
   SCOPED_TRACE(case_name(c));
   const auto s = make_setup(c, rng);
@@ -148,19 +148,6 @@ void run_stream_case(const StreamCase& c, std::mt19937& rng) {
       EXPECT_TRUE(bits == first_bits) << "outputs differ from the first run";
     }
   }
-  // The box variants with the last down items whole (kMoeTailSplit 0; the runs above split them in halves).
-  set_decode_option(DecodeOption::kMoeTailSplit, 0);
-  for (int variant : {2, 11, 12}) {
-    SCOPED_TRACE(testing::Message() << "variant " << variant << " without the tail split");
-    s->out.poison();
-    const Status st = s->launch(variant, nullptr);
-    if (st.is_ok()) sync_ok();
-    std::vector<uint32_t> bits;
-    if (st.is_ok()) check_outputs(*s, &bits);
-    EXPECT_TRUE(st.is_ok()) << st.to_string();
-    EXPECT_TRUE(bits == first_bits) << "outputs differ from the first run";
-  }
-  set_decode_option(DecodeOption::kMoeTailSplit, default_decode_option(DecodeOption::kMoeTailSplit));
   s->out.poison();
   ZEST_ASSERT_OK(s->launch(kStreamVariants - 1, nullptr, false));
   sync_ok();

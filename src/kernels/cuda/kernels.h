@@ -140,9 +140,6 @@ enum class DecodeOption : int {
                     // staying L1; 0 = the driver's default. Measured: with the default, the experts ran ~10 us per
                     // layer slower when the routing cluster launched right behind the o GEMM (no kernel between them
                     // to let SMs drain), as when every launch asked for the largest carveout
-  kMoeTailSplit,    // streaming decode experts (moe_stream.h), variants with 2-D tensor boxes and 2 or 4 m16 tiles: 1
-                    // (default) = the last down items (as many as the grid has CTAs) split into two halves each, so
-                    // that the CTAs' ends spread over half an item's time; 0 = no split
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);

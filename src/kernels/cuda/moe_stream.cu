@@ -12,10 +12,6 @@
 // pass); warp 0 writes the outputs, or (EPI variants) a dedicated epilogue warp after the producers does, so that the
 // consumer warps go on to the next pass at once (they wait only when both partial-sum buffers are still unread).
 //
-// Tail split (B variants with MT >= 2, DecodeOption::kMoeTailSplit): the last down items, one per CTA of the grid,
-// are each handed out as two items of RA / 2 rows (a box of half the rows, MT / 2 tiles), so that the last items
-// claimed take half as long and the CTAs' ends (the kernel's end) spread over less time.
-//
 // Items are handed out dynamically in strict order: lane 0 of the first producer warp claims the next item number
 // from the plan's item counter (one atomic add, one item ahead of the one it copies; AHEAD variants two ahead, with
 // the item's expert and token range loaded early and posted along) and passes it to the other warps of its CTA through
@@ -81,7 +77,6 @@ struct StreamArgs {
   const float* route_w;
   MoePlan plan;
   int K, H, I, NK;
-  int tail;  // DecodeOption::kMoeTailSplit: split the last down items in two (BOX variants with MT >= 2)
 };
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -189,37 +184,19 @@ __device__ __forceinline__ void mma_k32(float* c, const uint4& lo, const uint4& 
   mma16816(c, lo.z, hi.z, lo.w, hi.w, b.z, b.w);
 }
 
-// The item list shared by producer and consumers: n_gu gate/up items, then the down items, of which the first n_full
-// are whole and each later one comes as two items of half its rows (the tail split: the last items claimed take half
-// as long, so the CTAs end closer together).
-struct Space {
-  int n_gu, gu_tiles, dn_tiles, n_full;
-};
-
+// The item list shared by producer and consumers.
 struct Item {
   bool gu;
   int j, tile, e, beg, end;
-  int half;  // down items: 0 = all RA rows; 1 / 2 = the first / second RA / 2 rows
 };
 
-// Expert index, tile and half of item number `item`.
-__device__ __forceinline__ void item_place(const Space& sp, int item, Item& it) {
-  it.gu = item < sp.n_gu;
-  it.half = 0;
-  int idx = it.gu ? item : item - sp.n_gu;
-  if (!it.gu && idx >= sp.n_full) {
-    const int h = idx - sp.n_full;
-    idx = sp.n_full + (h >> 1);
-    it.half = 1 + (h & 1);
-  }
-  const int tiles = it.gu ? sp.gu_tiles : sp.dn_tiles;
+__device__ __forceinline__ Item decode_item(const StreamArgs& a, int item, int n_gu, int gu_tiles, int dn_tiles) {
+  Item it;
+  it.gu = item < n_gu;
+  const int idx = it.gu ? item : item - n_gu;
+  const int tiles = it.gu ? gu_tiles : dn_tiles;
   it.j = idx / tiles;
   it.tile = idx - it.j * tiles;
-}
-
-__device__ __forceinline__ Item decode_item(const StreamArgs& a, int item, const Space& sp) {
-  Item it;
-  item_place(sp, item, it);
   it.e = __ldg(a.plan.active_experts + it.j);
   it.beg = __ldg(a.plan.offsets + it.j);
   it.end = __ldg(a.plan.offsets + it.j + 1);
@@ -246,8 +223,8 @@ struct ItemFeed {
 
   __device__ __forceinline__ int claim() const { return static_cast<int>(atomicAdd(counter, 1u)); }
 
-  __device__ __forceinline__ void load(const StreamArgs& a, const Space& sp) {
-    const Item it = decode_item(a, nxt, sp);
+  __device__ __forceinline__ void load(const StreamArgs& a, int n_gu, int gu_tiles, int dn_tiles) {
+    const Item it = decode_item(a, nxt, n_gu, gu_tiles, dn_tiles);
     nxt_e = it.e;
     nxt_beg = it.beg;
     nxt_end = it.end;
@@ -262,17 +239,18 @@ struct ItemFeed {
 
   // Claiming warp: posts the next item and claims ahead; every lane gets the item (and with AHEAD its range). The
   // kernel makes the first claims (nxt, with AHEAD also after) right after the wait on the previous kernel.
-  __device__ __forceinline__ int4 next_claiming(int lane, int total, const StreamArgs& a, const Space& sp) {
+  __device__ __forceinline__ int4 next_claiming(int lane, int total, const StreamArgs& a, int n_gu, int gu_tiles,
+                                                int dn_tiles) {
     int4 w = make_int4(0, 0, 0, 0);
     if (lane == 0) {
-      if (AHEAD && n == 0 && nxt < total) load(a, sp);
+      if (AHEAD && n == 0 && nxt < total) load(a, n_gu, gu_tiles, dn_tiles);
       w = make_int4(nxt, nxt_e, nxt_beg, nxt_end);
       post(w);
       if (nxt < total) {
         if (AHEAD) {
           nxt = after;
           if (nxt < total) {
-            load(a, sp);  // used at the next post
+            load(a, n_gu, gu_tiles, dn_tiles);  // used at the next post
             after = claim();
           }
         } else {
@@ -304,10 +282,14 @@ struct ItemFeed {
 
 // The item of a posted word: with AHEAD its expert and token range come with it, else they are loaded.
 template <bool AHEAD>
-__device__ __forceinline__ Item item_of(const StreamArgs& a, int4 w, const Space& sp) {
-  if (!AHEAD) return decode_item(a, w.x, sp);
+__device__ __forceinline__ Item item_of(const StreamArgs& a, int4 w, int n_gu, int gu_tiles, int dn_tiles) {
+  if (!AHEAD) return decode_item(a, w.x, n_gu, gu_tiles, dn_tiles);
   Item it;
-  item_place(sp, w.x, it);
+  it.gu = w.x < n_gu;
+  const int idx = it.gu ? w.x : w.x - n_gu;
+  const int tiles = it.gu ? gu_tiles : dn_tiles;
+  it.j = idx / tiles;
+  it.tile = idx - it.j * tiles;
   it.e = w.y;
   it.beg = w.z;
   it.end = w.w;
@@ -364,12 +346,11 @@ __device__ __forceinline__ void pass_epilogue(const StreamArgs& a, const Item& i
           a.h[static_cast<size_t>(c0 + tk) * a.I + it.tile * GU + m * 8 + g] = __float2bfloat16(sl * up);
         }
       } else {
-        if (it.half && m >= MT / 2) continue;  // rows of the other half
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int tk = n * 8 + q * 2 + (i & 1);
           if (tk >= nt) continue;
-          const int row = it.tile * RA + (it.half == 2 ? RA / 2 : 0) + m * kTileRows + g + (i >> 1) * 8;
+          const int row = it.tile * RA + m * kTileRows + g + (i >> 1) * 8;
           a.slot_out[static_cast<size_t>(o.slot[n][i & 1]) * a.H + row] =
               bf16_round(bf16_round(sum[n * 4 + i]) * o.w[n][i & 1]);
         }
@@ -389,7 +370,7 @@ __device__ __forceinline__ void publish_item(const StreamArgs& a, int j, int lan
 // Tensor maps of the BOX variants (unused otherwise): gate_up [E 2I, H] in boxes of KC x GU, down [E H, I] in boxes of
 // KC x RA, h [N K, I] in boxes of KC x TG.
 struct StreamMaps {
-  CUtensorMap gu, dn, h, dn_half;  // dn_half: down in boxes of KC x RA / 2 (the tail split's half items)
+  CUtensorMap gu, dn, h;
 };
 
 template <int KC, int NS, int TG, int MT, int P, int kMinBlocks, bool BOX, bool EVICT_FIRST, bool AHEAD, bool EPI>
@@ -398,7 +379,6 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
   using R = Ring<KC, TG, MT, BOX>;
   constexpr int RA = R::RA, GU = R::GU;
   static_assert(BOX || 32 * P >= RA, "the producer lanes cover every weight row of a stage");
-  constexpr bool kTail = BOX && MT >= 2;  // half items: a box of RA / 2 rows (maps.dn_half), MT / 2 m16 tiles
   extern __shared__ __align__(128) unsigned char smem[];
   float* red = reinterpret_cast<float*>(smem + kBarBytes);
   unsigned char* slots = smem + R::kHead;
@@ -435,10 +415,7 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
   }
   const int na = __ldg(a.plan.num_active);
   const int gu_tiles = a.I / GU, dn_tiles = a.H / RA;
-  // The tail split (kTail variants, a.tail): the last down items, one per CTA, each as two half items.
-  const int n_dn = na * dn_tiles, n_split = kTail && a.tail ? min(n_dn, static_cast<int>(gridDim.x)) : 0;
-  const Space sp{na * gu_tiles, gu_tiles, dn_tiles, n_dn - n_split};
-  const int total = sp.n_gu + n_dn + n_split;
+  const int n_gu = na * gu_tiles, total = n_gu + na * dn_tiles;
   uint32_t stage = 0;  // stages walked so far (the same count in every role)
 
   if (BOX && producer) {
@@ -448,9 +425,9 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
     const int pw = warp - kConsumers;
     const int tb = pw + P * lane;
     for (;;) {
-      const int4 w = claiming ? feed.next_claiming(lane, total, a, sp) : feed.next_reading(lane);
+      const int4 w = claiming ? feed.next_claiming(lane, total, a, n_gu, gu_tiles, dn_tiles) : feed.next_reading(lane);
       if (w.x >= total) break;
-      const Item it = item_of<AHEAD>(a, w, sp);
+      const Item it = item_of<AHEAD>(a, w, n_gu, gu_tiles, dn_tiles);
       const int width = it.gu ? a.H : a.I;
       bool h_ready = it.gu;
       for (int c0 = it.beg; c0 < it.end; c0 += TG) {
@@ -463,8 +440,7 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
           const uint32_t par = (stage / NS) & 1u;
           const uint32_t bytes = static_cast<uint32_t>(min(KC, width - k0)) * 2u;
           const uint32_t full = bar0 + 8 * s, empty = bar0 + 8 * (NS + s);
-          const int a_box = it.half ? RA / 2 : RA;
-          const uint32_t boxes = pw == 0 ? static_cast<uint32_t>((a_box + (it.gu ? 0 : TG)) * KC * 2) : 0u;
+          const uint32_t boxes = pw == 0 ? static_cast<uint32_t>((RA + (it.gu ? 0 : TG)) * KC * 2) : 0u;
           if (lane == 0) {
             mbar_wait(empty, par ^ 1u);
             mbar_expect_tx(full, boxes + bytes * b_rows);
@@ -477,11 +453,7 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
               box_copy_hint(slot, &maps.gu, k0, r0, full, policy);
               box_copy_hint(slot + GU * R::kRowBytes, &maps.gu, k0, r0 + a.I, full, policy);
             } else {
-              const int r0 = it.e * a.H + it.tile * RA;
-              if (kTail && it.half)
-                box_copy_hint(slot, &maps.dn_half, k0, r0 + (it.half - 1) * (RA / 2), full, policy);
-              else
-                box_copy_hint(slot, &maps.dn, k0, r0, full, policy);
+              box_copy_hint(slot, &maps.dn, k0, it.e * a.H + it.tile * RA, full, policy);
               if (!h_ready) {
                 const uint64_t t0 = global_ns();
                 while (ld_acquire(a.plan.ready + it.j) < static_cast<uint32_t>(gu_tiles)) {
@@ -512,9 +484,9 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
     const uint32_t b_row = static_cast<uint32_t>(RA + t);
     const uint32_t a_rows = __popc(__ballot_sync(0xffffffffu, has_a));
     for (;;) {
-      const int4 w = claiming ? feed.next_claiming(lane, total, a, sp) : feed.next_reading(lane);
+      const int4 w = claiming ? feed.next_claiming(lane, total, a, n_gu, gu_tiles, dn_tiles) : feed.next_reading(lane);
       if (w.x >= total) break;
-      const Item it = item_of<AHEAD>(a, w, sp);
+      const Item it = item_of<AHEAD>(a, w, n_gu, gu_tiles, dn_tiles);
       const int width = it.gu ? a.H : a.I;
       const bf16* wrow = nullptr;
       if (has_a) {
@@ -568,7 +540,7 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
     for (;;) {
       const int4 w = feed.next_reading(lane);
       if (w.x >= total) break;
-      const Item it = item_of<AHEAD>(a, w, sp);
+      const Item it = item_of<AHEAD>(a, w, n_gu, gu_tiles, dn_tiles);
       for (int c0 = it.beg; c0 < it.end; c0 += TG, ++pass) {
         const int nt = min(TG, it.end - c0);
         const PassOut o = it.gu ? PassOut{} : load_pass_out(a, c0, nt, q);
@@ -587,7 +559,7 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
     for (;;) {
       const int4 w = feed.next_reading(lane);
       if (w.x >= total) break;
-      const Item it = item_of<AHEAD>(a, w, sp);
+      const Item it = item_of<AHEAD>(a, w, n_gu, gu_tiles, dn_tiles);
       const int width = it.gu ? a.H : a.I;
       for (int c0 = it.beg; c0 < it.end; c0 += TG, ++pass) {
         const int nt = min(TG, it.end - c0);
@@ -620,7 +592,6 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
             const uint4 x1 = two ? *reinterpret_cast<const uint4*>(b_1 + off) : x0;
 #pragma unroll
             for (int m = 0; m < MT; ++m) {
-              if (it.half && m >= MT / 2) break;  // a half item's rows: the first MT / 2 tiles of the stage
               const int mo = m * m_step + off;
               const uint4 lo = *reinterpret_cast<const uint4*>(a_lo + mo);
               const uint4 hi = *reinterpret_cast<const uint4*>(a_hi + mo);
@@ -709,8 +680,6 @@ Status launch_stream(const StreamArgs& args, int max_active, cudaStream_t stream
     ZEST_RETURN_IF_ERROR(make_map(&maps.gu, args.gate_up, static_cast<uint64_t>(E) * 2 * args.I, args.H, KC, R::GU));
     ZEST_RETURN_IF_ERROR(make_map(&maps.dn, args.down, static_cast<uint64_t>(E) * args.H, args.I, KC, R::RA));
     ZEST_RETURN_IF_ERROR(make_map(&maps.h, args.h, static_cast<uint64_t>(args.NK), args.I, KC, TG));
-    if constexpr (MT >= 2)
-      ZEST_RETURN_IF_ERROR(make_map(&maps.dn_half, args.down, static_cast<uint64_t>(E) * args.H, args.I, KC, R::RA / 2));
   }
   return launch("moe_experts_stream", kernel, dim3(grid), dim3(threads(P, EPI)), smem, stream, args, maps);
 }
@@ -769,7 +738,6 @@ Status moe_experts_stream(const bf16* x, const MoePlan& plan, const float* weigh
   args.H = H;
   args.I = I;
   args.NK = N * K;
-  args.tail = decode_option(DecodeOption::kMoeTailSplit);
   const int max_active = std::min(E, N * K);
   switch (variant) {
     case 1: return launch_stream<256, 3, 16, 2, 1, 2, true, false>(args, max_active, stream);

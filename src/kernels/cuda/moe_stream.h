@@ -22,8 +22,7 @@ constexpr int kStreamVariants = 14;
 // A = items claimed two ahead, their expert and token range loaded while the item before streams; W = a dedicated
 // epilogue warp (double-buffered partial sums: the consumer warps never wait for a pass's outputs or the h publish):
 // 8 = 7 + A; 9 = 7 + W; 10 = 7 + A + W; 11 = 2 + A + W; 12 = B 256, 2, 16, 4, 1, 2 + A + W; 13 = 128, 3, 16, 4, 4, 2
-// + A + W. B variants with 2 or 4 m16 tiles split their last down items (as many as the grid has CTAs) into two
-// items of half the rows each when DecodeOption::kMoeTailSplit is 1 (default). All give bit-identical results (each output row and token column is summed the same way in every
+// + A + W. All give bit-identical results (each output row and token column is summed the same way in every
 // variant). The plan must be bound for (N, K, E) (moe_plan_bind) and built; its counters (MoePlan::ready) belong to
 // this launch, so launches on one plan must not overlap in time (launches on different plans may). CTAs claim items
 // in order, so the launch completes even when only some of its CTAs fit beside other kernels. Unsupported shapes give
