@@ -290,7 +290,8 @@ void moe_plan_bind(MoePlan& plan, void* buffer, int N, int K, int E) {
 }
 
 Status moe_plan_reset_counters(const MoePlan& plan, cudaStream_t stream) {
-  if (plan.ready == nullptr || plan.experts <= 0) return invalid_argument("moe_plan_reset_counters: the plan is not bound");
+  if (plan.ready == nullptr || plan.experts <= 0)
+    return invalid_argument("moe_plan_reset_counters: the plan is not bound");
   return cuda_status(cudaMemsetAsync(plan.ready, 0, (static_cast<size_t>(plan.experts) + 1) * sizeof(uint32_t), stream),
                      "moe_plan_reset_counters");
 }
