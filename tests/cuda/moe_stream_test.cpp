@@ -356,6 +356,10 @@ TEST(CudaMoeStream, RefusesUnsupportedShapes) {
   EXPECT_FALSE(moe_experts_stream(x.get(), plan, w.get(), gu.get(), dn.get(), h.get(), out.get(), N, K, E, 128, 64,
                                   kStreamVariants, nullptr)
                    .is_ok());
+  // Resetting the counters of a plan that was never bound.
+  const Status unbound = moe_plan_reset_counters(MoePlan{}, nullptr);
+  EXPECT_FALSE(unbound.is_ok());
+  EXPECT_NE(unbound.to_string().find("not bound"), std::string::npos) << unbound.to_string();
   sync_ok();
 }
 
