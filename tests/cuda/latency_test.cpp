@@ -63,17 +63,16 @@ TEST(CudaLatencyGemm, SharedMemoryTileMatchesReference) {
   }
 }
 
-// The qkv and o GEMMs with L2 prefetches of a paged KV cache (gemm_kv_prefetch, DecodeOption::kL2Prefetch 0-8, small-M
-// GEMM variants 4 and 8; the rows prefetched before the wait or, KvPrefetch::at_end, as the CTAs finish): the same
-// bits as gemm() and within bf16 tolerance of a double reference, for M = 1, 3, 8, 9 and 16 sequences of mixed
-// context lengths (1: nothing to prefetch; page boundaries; 1025) over a shuffled block table, at the model's qkv and
-// o shapes and an odd one, with 4 and 2 kv heads per row; a KvPrefetch without a cache falls back to gemm().
+// The qkv GEMM with L2 prefetches of a paged KV cache (gemm_kv_prefetch, DecodeOption::kL2Prefetch 0-5, small-M GEMM
+// variants 4 and 8): the same bits as gemm() and within bf16 tolerance of a double reference, for M = 1, 3, 8, 9 and
+// 16 sequences of mixed context lengths (1: nothing to prefetch; page boundaries; 1025) over a shuffled block table,
+// at the model's qkv shape and an odd one, with 4 and 2 kv heads per row; a KvPrefetch without a cache falls back to
+// gemm().
 TEST(CudaLatencyGemm, KvPrefetchGemmMatchesGemm) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(907);
   for (auto [M, N, K, Hkv] : {std::tuple{1, 5120, 2048, 4}, std::tuple{8, 5120, 2048, 4}, std::tuple{9, 5120, 2048, 4},
-                              std::tuple{16, 5120, 2048, 4}, std::tuple{3, 208, 1056, 2}, std::tuple{1, 2048, 4096, 4},
-                              std::tuple{8, 2048, 4096, 4}}) {
+                              std::tuple{16, 5120, 2048, 4}, std::tuple{3, 208, 1056, 2}}) {
     SCOPED_TRACE(testing::Message() << "M=" << M << " N=" << N << " K=" << K << " Hkv=" << Hkv);
     std::vector<int32_t> lens(M);
     const int pick[] = {1, 16, 17, 1025, 300, 2, 33, 1024};
@@ -105,13 +104,12 @@ TEST(CudaLatencyGemm, KvPrefetchGemmMatchesGemm) {
       sync_ok();
       const auto want = download_bf16(base);
       ZEST_EXPECT_CLOSE(want, ref, kTol);
-      for (int mode = 0; mode <= 8; ++mode) {
+      for (int mode = 0; mode <= 5; ++mode) {
         SCOPED_TRACE(testing::Message() << "gemm variant " << gv << " kL2Prefetch " << mode);
         OptionScope l2(DecodeOption::kL2Prefetch, mode);
-        for (int variant = 0; variant < 4; ++variant) {
+        for (int variant = 0; variant < 2; ++variant) {
           KvPrefetch use = kv;
-          use.at_end = variant >= 2;
-          if (variant % 2 == 1) use.k_cache = nullptr;  // no cache: plain gemm()
+          if (variant == 1) use.k_cache = nullptr;  // no cache: plain gemm()
           DevBuf<bf16> dy(static_cast<size_t>(M) * N);
           dy.poison();
           ZEST_ASSERT_OK(gemm_kv_prefetch(dx->get(), dw->get(), dy.get(), M, N, K, use, nullptr));

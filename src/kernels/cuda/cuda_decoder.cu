@@ -1000,20 +1000,7 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
                                              all_generic ? nullptr : d_gen, n, s.attn, Hq_ * D_, Hq_, Hkv_, D_, scale,
                                              st));
     }
-    if (use_decode) {  // the o GEMM may prefetch the next layer's KV rows as its CTAs finish (kL2Prefetch 6-8)
-      KvPrefetch kvn;
-      kvn.k_cache = kv->k((l + 1) % L_);
-      kvn.v_cache = kv->v((l + 1) % L_);
-      kvn.block_table = d_bt;
-      kvn.context_lens = d_seq_ctx;
-      kvn.batch = dp.batch;
-      kvn.max_blocks = MB;
-      kvn.row_bytes = Hkv_ * D_ * 2;
-      kvn.at_end = true;
-      ZEST_RETURN_IF_ERROR(gemm_kv_prefetch(s.attn, Ly.wo, s.o, T, H_, Hq_ * D_, kvn, st));
-    } else {
-      ZEST_RETURN_IF_ERROR(gemm(s.attn, Ly.wo, s.o, T, H_, Hq_ * D_, st));
-    }
+    ZEST_RETURN_IF_ERROR(gemm(s.attn, Ly.wo, s.o, T, H_, Hq_ * D_, st));
     // The MoE half of a decode layer in one launch (DecodeOption::kMoeBlock, moe_block.h) when nothing re-routes and
     // no DeepStack rows follow the layer: x, xn, ids, weights and the router logits as the chain below leaves them.
     if (Ly.moe && decode_only && l >= nds && decode_option(DecodeOption::kMoeBlock) >= 1 &&

@@ -132,10 +132,7 @@ enum class DecodeOption : int {
                     // earlier tokens before its wait, its weight tiles copied with an evict-first policy, and the ring
                     // decode attention prefetches the o GEMM's weights (DecodeAttention::l2_next) after its copies;
                     // 2 = the KV prefetch only (weight tiles without the policy); 3 = the o weights only; 4 = none;
-                    // 5 = as 0 without the other GEMMs' evict-first tiles; 6 = as 0, and the o GEMM (small-M tile path,
-                    // gemm_kv_prefetch with KvPrefetch::at_end) prefetches the next layer's KV rows as its CTAs finish,
-                    // its tiles copied evict-first; 7 = as 6 with those rows at evict-last priority; 8 = as 6 at
-                    // every batch without the qkv GEMM's KV prefetch
+                    // 5 = as 0 without the other GEMMs' evict-first tiles
   kMoeCombine,      // moe_experts_decode_combine: 1 (default) = the combine folded into the one-token experts' down
                     // kernel (its last CTA); 0 = always the separate moe_combine_add_rmsnorm launch
   kMoeCarveout,     // decode experts at one token (moe_one.h): 1 (default) = both kernels prefer the smallest
@@ -242,15 +239,10 @@ struct KvPrefetch {
   const int32_t* context_lens = nullptr;  // [batch], the current token included
   int batch = 0, max_blocks = 0;
   int row_bytes = 0;  // one token's row of all kv heads: kv_heads * head_dim * 2 (a multiple of 16)
-  // false: the rows of the attention that follows this GEMM, prefetched before its wait (the qkv GEMM); true: the
-  // rows of a later layer's attention, prefetched as each CTA finishes (the o GEMM, for the next layer: the L2 then
-  // holds them across the MoE half, whose expert weights stream evict-first).
-  bool at_end = false;
 };
 // gemm() for the qkv projection of a decode step: with DecodeOption::kL2Prefetch 0 (M <= 2), 1 or 2 and the
 // shared-memory small-M path serving (M, N, K), its CTAs also prefetch kv's rows into L2 (a hint: the result is
-// gemm()'s, bit for bit); otherwise gemm(). With kv.at_end (the o projection, kv a later layer's rows): the
-// prefetches are issued as the CTAs finish, with kL2Prefetch 6-8.
+// gemm()'s, bit for bit); otherwise gemm().
 Status gemm_kv_prefetch(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, const KvPrefetch& kv,
                         cudaStream_t stream);
 

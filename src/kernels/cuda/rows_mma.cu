@@ -162,28 +162,16 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) rows_mma_kernel(RowsP
 constexpr int kPreRound = 8;  // token chunks in flight per warp
 
 // L2 prefetches issued by rows_pre_kernel (DecodeOption::kL2Prefetch): none; the KV rows before the wait with the
-// weight tile copied evict-first; the KV rows before the wait, plain tile copies; no prefetch, the tile evict-first;
-// the KV rows (a later layer's) as each CTA finishes, the tile evict-first, the rows at normal or evict-last priority.
-enum PreFetch { kPfNone = 0, kPfBefore = 1, kPfBeforePlain = 2, kPfTileHint = 3, kPfAtEnd = 4, kPfAtEndLast = 5 };
+// weight tile copied evict-first; the KV rows before the wait, plain tile copies; no prefetch, the tile evict-first.
+enum PreFetch { kPfNone = 0, kPfBefore = 1, kPfBeforePlain = 2, kPfTileHint = 3 };
 
 __device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
 }
 
-__device__ __forceinline__ void prefetch_l2_hint(const void* p, uint32_t bytes, uint64_t pol) {
-  asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(p), "r"(bytes), "l"(pol)
-               : "memory");
-}
-
 __device__ __forceinline__ uint64_t evict_first_policy() {
   uint64_t pol;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-  return pol;
-}
-
-__device__ __forceinline__ uint64_t evict_last_policy() {
-  uint64_t pol;
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
   return pol;
 }
 
@@ -196,41 +184,22 @@ __device__ __forceinline__ void bulk_load_hint(void* dst, const void* src, uint3
       : "memory");
 }
 
-// Item `it` of kv's rows (sequence, page, K or V): the page's rows before the current token (position
-// context_lens[b] - 1); bytes 0 when there are none or no such item.
-struct KvItem {
-  const unsigned char* p = nullptr;
-  uint32_t bytes = 0;
-};
-__device__ __forceinline__ KvItem kv_item(const KvPrefetch& kv, int it) {
-  KvItem k;
-  if (it >= kv.batch * kv.max_blocks * 2) return k;
-  const int b = it / (2 * kv.max_blocks), pg = (it >> 1) % kv.max_blocks;
-  const int ctx = kv.context_lens[b];
-  const int blk = kv.block_table[static_cast<size_t>(b) * kv.max_blocks + pg];  // both loads in flight at once
-  const int r0 = pg * kKvBlock, r1 = min(r0 + kKvBlock, ctx - 1);
-  if (r1 <= r0) return k;
-  k.p = reinterpret_cast<const unsigned char*>((it & 1) ? kv.v_cache : kv.k_cache) +
-        static_cast<size_t>(blk) * kKvBlock * kv.row_bytes;
-  k.bytes = static_cast<uint32_t>((r1 - r0) * kv.row_bytes);
-  return k;
-}
-
-// The KV rows of kv's earlier tokens into L2: items dealt round-robin over the CTAs (an SM's copy engine serves bulk
-// prefetches in order with the CTA's own copies, so they are spread over every SM), one bulk prefetch per item.
-// first: this thread's first item, already loaded (kv_item(kv, threadIdx.x * gridDim.x + blockIdx.x)).
-template <bool kEvictLast>
-__device__ __forceinline__ void prefetch_kv_l2(const KvPrefetch& kv, const KvItem& first) {
+// The KV rows of kv's earlier tokens into L2: items (sequence, page, K or V) dealt round-robin over the CTAs (an SM's
+// copy engine serves bulk prefetches in order with the CTA's own copies, so they are spread over every SM), one bulk
+// prefetch per item of the page's rows before the current token (position context_lens[b] - 1).
+__device__ __forceinline__ void prefetch_kv_l2(const KvPrefetch& kv) {
   const int threads = gridDim.x * blockDim.x;
   const int items = kv.batch * kv.max_blocks * 2;
-  const uint64_t pol = kEvictLast ? evict_last_policy() : 0;
-  auto issue = [&](const KvItem& k) {
-    if (!k.bytes) return;
-    if constexpr (kEvictLast) prefetch_l2_hint(k.p, k.bytes, pol);
-    else prefetch_l2(k.p, k.bytes);
-  };
-  issue(first);
-  for (int it = threadIdx.x * gridDim.x + blockIdx.x + threads; it < items; it += threads) issue(kv_item(kv, it));
+  for (int it = threadIdx.x * gridDim.x + blockIdx.x; it < items; it += threads) {
+    const int b = it / (2 * kv.max_blocks), pg = (it >> 1) % kv.max_blocks;
+    const int ctx = kv.context_lens[b];
+    const int blk = kv.block_table[static_cast<size_t>(b) * kv.max_blocks + pg];  // both loads in flight at once
+    const int r0 = pg * kKvBlock, r1 = min(r0 + kKvBlock, ctx - 1);
+    if (r1 <= r0) continue;
+    const unsigned char* base = reinterpret_cast<const unsigned char*>((it & 1) ? kv.v_cache : kv.k_cache) +
+                                static_cast<size_t>(blk) * kKvBlock * kv.row_bytes;
+    prefetch_l2(base, static_cast<uint32_t>((r1 - r0) * kv.row_bytes));
+  }
 }
 
 // kRound: token chunks per warp and round (all of a warp's chunks in one round for K <= 32 * kWarps * kRound).
@@ -249,11 +218,10 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
   const int g = lane >> 2, tq = lane & 3;
   const int r0 = blockIdx.x * kRows;
   const uint32_t row_bytes = static_cast<uint32_t>(Kdim) * 2, stride = row_bytes + 16;
-  constexpr bool kAtEnd = kPf == kPfAtEnd || kPf == kPfAtEndLast;
   if (threadIdx.x == 0) {
     mbar_init(&bar);
     mbar_arrive_expect_tx(&bar, kRows * row_bytes);
-    if constexpr (kPf == kPfBefore || kPf == kPfTileHint || kAtEnd) {
+    if constexpr (kPf == kPfBefore || kPf == kPfTileHint) {
       const uint64_t pol = evict_first_policy();
       for (int r = 0; r < kRows; ++r)
         bulk_load_hint(wsm + r * stride, w + static_cast<size_t>(r0 + r) * Kdim, row_bytes, &bar, pol);
@@ -262,12 +230,8 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
         bulk_load(wsm + r * stride, w + static_cast<size_t>(r0 + r) * Kdim, row_bytes, &bar);
     }
   }
-  // Block tables and context lengths are step inputs, not written by the previous kernel: this thread's first item
-  // is loaded before the wait either way.
-  KvItem first;
-  if constexpr (kPf == kPfBefore || kPf == kPfBeforePlain || kAtEnd)
-    first = kv_item(kv, threadIdx.x * gridDim.x + blockIdx.x);
-  if constexpr (kPf == kPfBefore || kPf == kPfBeforePlain) prefetch_kv_l2<false>(kv, first);
+  // Block tables and context lengths are step inputs, not written by the previous kernel.
+  if constexpr (kPf == kPfBefore || kPf == kPfBeforePlain) prefetch_kv_l2(kv);
   __syncthreads();
   pdl_wait();
   const int chunks = Kdim / kChunk;
@@ -322,7 +286,6 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
       y[static_cast<size_t>(t) * N + row] = __float2bfloat16(s);
     }
   }
-  if constexpr (kAtEnd) prefetch_kv_l2<kPf == kPfAtEndLast>(kv, first);
 }
 
 constexpr size_t kPreMaxSmem = 200 * 1024;
@@ -347,8 +310,6 @@ PreKernel rows_pre_pick(int M, int K, int pf) {
     case kPfBefore: return rows_pre_pick_pf<kPfBefore>(M, K);
     case kPfBeforePlain: return rows_pre_pick_pf<kPfBeforePlain>(M, K);
     case kPfTileHint: return rows_pre_pick_pf<kPfTileHint>(M, K);
-    case kPfAtEnd: return rows_pre_pick_pf<kPfAtEnd>(M, K);
-    case kPfAtEndLast: return rows_pre_pick_pf<kPfAtEndLast>(M, K);
     default: return rows_pre_pick_pf<kPfNone>(M, K);
   }
 }
@@ -376,8 +337,6 @@ bool rows_pre_ok(int M, int N, int K, int pf = kPfNone) {
   const bool configured = pf == kPfBefore         ? rows_pre_configure<kPfBefore>()
                           : pf == kPfBeforePlain ? rows_pre_configure<kPfBeforePlain>()
                           : pf == kPfTileHint    ? rows_pre_configure<kPfTileHint>()
-                          : pf == kPfAtEnd       ? rows_pre_configure<kPfAtEnd>()
-                          : pf == kPfAtEndLast   ? rows_pre_configure<kPfAtEndLast>()
                                                  : rows_pre_configure<kPfNone>();
   if (!configured) return false;
   int n = 0;
@@ -430,8 +389,7 @@ Status rows_mma_gemm(const bf16* x, const bf16* w, bf16* y, int M, int N, int K,
   switch (decode_option(DecodeOption::kGemmVariant)) {
     case 4: {  // the tile in shared memory; register streaming for 9-16 rows at K <= 2048
       // kL2Prefetch 0: tiles copied evict-first for steps of at most kPrefetchMaxRows rows.
-      const int l2 = decode_option(DecodeOption::kL2Prefetch);
-      const int pf = (l2 == 0 || l2 >= 6) && M <= kPrefetchMaxRows ? kPfTileHint : kPfNone;
+      const int pf = decode_option(DecodeOption::kL2Prefetch) == 0 && M <= kPrefetchMaxRows ? kPfTileHint : kPfNone;
       if ((long_k || M < kStreamMinRows) && rows_pre_ok(M, N, K, pf))
         return launch_rows_pre(x, w, y, M, N, K, stream, pf);
       return launch_rows<kDense, 4, 3>(p, N / kRows, stream);
@@ -452,21 +410,12 @@ Status rows_mma_gemm(const bf16* x, const bf16* w, bf16* y, int M, int N, int K,
 Status gemm_kv_prefetch(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, const KvPrefetch& kv,
                         cudaStream_t stream) {
   int pf = kPfNone;
-  const int l2 = decode_option(DecodeOption::kL2Prefetch);
-  if (kv.at_end) {
-    if (l2 == 6 || l2 == 8) pf = kPfAtEnd;
-    else if (l2 == 7) pf = kPfAtEndLast;
-  } else {
-    switch (l2) {
-      case 0:
-      case 5:
-      case 6:
-      case 7: pf = M <= kPrefetchMaxRows ? kPfBefore : kPfNone; break;
-      case 1: pf = kPfBefore; break;
-      case 2: pf = kPfBeforePlain; break;
-      case 8: pf = M <= kPrefetchMaxRows ? kPfTileHint : kPfNone; break;
-      default: break;
-    }
+  switch (decode_option(DecodeOption::kL2Prefetch)) {
+    case 0:
+    case 5: pf = M <= kPrefetchMaxRows ? kPfBefore : kPfNone; break;
+    case 1: pf = kPfBefore; break;
+    case 2: pf = kPfBeforePlain; break;
+    default: break;
   }
   const bool kv_ok = kv.k_cache && kv.v_cache && kv.block_table && kv.context_lens && kv.batch > 0 &&
                      kv.max_blocks > 0 && kv.row_bytes > 0 && kv.row_bytes % 16 == 0 &&

@@ -315,13 +315,7 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
       ZEST_OP("decode attention",
               decode_attention(ap, qkv_, QKV, L.k_cache, L.v_cache, block_table_, ctx_lens_, attn_, ws, s));
     }
-    // The o GEMM may prefetch the next layer's KV rows (the last layer's: layer 0's for the next step) as its CTAs
-    // finish (DecodeOption::kL2Prefetch 6-8).
-    KvPrefetch kvn = kvp;
-    kvn.k_cache = layers_[(l + 1) % c.layers].k_cache;
-    kvn.v_cache = layers_[(l + 1) % c.layers].v_cache;
-    kvn.at_end = true;
-    ZEST_OP("o gemm", gemm_kv_prefetch(attn_, L.wo, o_, batch, H, c.q_heads * D, kvn, s));
+    ZEST_OP("o gemm", gemm(attn_, L.wo, o_, batch, H, c.q_heads * D, s));
     // The MoE half of the layer in one launch (DecodeOption::kMoeBlock; nothing re-routes without SERE).
     if (moe && !sere && block_ws_ && decode_option(DecodeOption::kMoeBlock) >= 1 &&
         moe_block_ok(batch, H, c.experts, c.top_k, c.expert_inter)) {
