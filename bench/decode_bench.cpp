@@ -196,7 +196,6 @@ bool apply_variant(const std::string& spec) {
     else if (name == "l2") set_decode_option(DecodeOption::kL2Prefetch, value);
     else if (name == "carve") set_decode_option(DecodeOption::kMoeCarveout, value);
     else if (name == "combine") set_decode_option(DecodeOption::kMoeCombine, value);
-    else if (name == "trial") set_decode_option(DecodeOption::kTrial, value);
     else return false;
   }
   return true;

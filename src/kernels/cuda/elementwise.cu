@@ -235,19 +235,7 @@ Status moe_combine_add_rmsnorm(bf16* x, const float* slot_out, const int32_t* id
                                int rows, int hidden, float eps, cudaStream_t stream) {
   ZEST_RETURN_IF_ERROR(check_rows("moe_combine_add_rmsnorm", rows, hidden));
   if (K <= 0) return invalid_argument("moe_combine_add_rmsnorm: K must be positive");
-  const int trial = decode_option(DecodeOption::kTrial);
-  size_t smem = 0;
-  if (trial == 1 || trial == 2) {
-    static bool set = false;
-    if (!set) {
-      ZEST_RETURN_IF_ERROR(cuda_status(cudaFuncSetAttribute(reinterpret_cast<const void*>(norm_kernel<2>),
-                                                            cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024),
-                                       "combine smem"));
-      set = true;
-    }
-    smem = trial == 1 ? 200 * 1024 : 100 * 1024;
-  }
-  return launch("moe_combine_add_rmsnorm", norm_kernel<2>, dim3(rows), dim3(kRowThreads), smem, stream, x, nullptr,
+  return launch("moe_combine_add_rmsnorm", norm_kernel<2>, dim3(rows), dim3(kRowThreads), 0, stream, x, nullptr,
                 slot_out, ids, K, w, y, hidden, eps);
 }
 

@@ -140,7 +140,6 @@ enum class DecodeOption : int {
                     // staying L1; 0 = the driver's default. Measured: with the default, the experts ran ~10 us per
                     // layer slower when the routing cluster launched right behind the o GEMM (no kernel between them
                     // to let SMs drain), as when every launch asked for the largest carveout
-  kTrial,           // temporary switch for a measurement: 0 (default) = off
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);
