@@ -8,5 +8,3 @@ timeout 120 "$P/test_cuda" --gtest_brief=1 \
 timeout 150 "$P/bench_decode_bench" --config qwen3-30b-a3b --context 1024 --batch 1,8,16 --steps 40 --warmup 5 \
   --sere-primary 2 --sere-threshold 0 \
   --variant radd=1 --variant radd=0 --variant radd=1 --variant radd=0 2>&1 | grep -vE '^sere_reroute alone'
-timeout 100 "$P/bench_decode_bench" --config qwen3-30b-a3b --context 1024 --batch 1,8 --steps 40 --warmup 5 \
-  --variant radd=2 --variant radd=0 --variant radd=2 --variant radd=0 2>&1 | grep -E '== variant|batch [0-9]+: TPOT'

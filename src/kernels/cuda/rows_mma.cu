@@ -348,22 +348,6 @@ bool rows_pre_ok(int M, int N, int K, int pf = kPfNone) {
 
 Status launch_rows_pre(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream,
                        int pf = kPfNone, const KvPrefetch& kv = KvPrefetch{}) {
-  // TRIAL (kRouteAddNorm 2): the K > 2048 tiles (the o GEMM) prefer the largest shared-memory carveout, so that the
-  // routing cluster after it can be resident beside its CTAs.
-  {
-    static int carve = -1;
-    const int want = decode_option(DecodeOption::kRouteAddNorm) == 2 ? 1 : 0;
-    if (want != carve) {
-      for (int f = 0; f < 4; ++f) {
-        const PreKernel k = rows_pre_pick(1, 4096, f);
-        ZEST_RETURN_IF_ERROR(cuda_status(cudaFuncSetAttribute(reinterpret_cast<const void*>(k),
-                                                              cudaFuncAttributePreferredSharedMemoryCarveout,
-                                                              want ? 100 : -1),
-                                         "carveout"));
-      }
-      carve = want;
-    }
-  }
   return launch("rows_pre", rows_pre_pick(M, K, pf), dim3(N / kRows), dim3(kWarps * 32), rows_pre_smem(K), stream, x,
                 w, y, M, N, K, kv);
 }
