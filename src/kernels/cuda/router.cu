@@ -274,10 +274,8 @@ __device__ __forceinline__ void st_async_f32(uint32_t addr, float v, uint32_t ba
                : "memory");
 }
 
-// kAdd: registers capped (launch bounds of two CTAs per SM: 128) so that a CTA fits beside the o GEMM's CTA (92
-// registers) that precedes it in a decode layer: with more, the cluster waits for that GEMM to end.
 template <int kMT, int kEP, bool kEarly, bool kAdd>
-__global__ void __launch_bounds__(kRouteThreads, kAdd ? 2 : 1) moe_route_compact_kernel(RouteParams p) {
+__global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(RouteParams p) {
   extern __shared__ __align__(128) unsigned char wsm[];  // [rows][H * 2 + 16]
   __shared__ __align__(8) uint64_t wbar, lbar;
   __shared__ float red[kRouteWarps][kMT * 8][32];
