@@ -266,6 +266,100 @@ TEST(CudaRoute, CompactKernelBackToBack) {
   EXPECT_EQ(results(10), ref);
 }
 
+// The add + RMSNorm folded into the compact routing (moe_route_add_rmsnorm) against the chain add_rmsnorm ->
+// moe_route (kRouteFused 1 and the compact variants): the new residual x and the normalised rows xn, the logits, ids,
+// weights, the plan and the active-expert count equal bit for bit; x also equals bf16(x + r) computed on the host.
+// Poisoned outputs (xn, ids, weights, logits, plan) catch anything left unwritten. T = 1, 2, 3, 5 and 8; E = 128 with
+// H = 2048 (the model), E = 60 (clusters of 4, 15 rows per CTA) with H = 384, E = 256 / K = 16 with H = 512, E = 24 with
+// H = 64 (idle warps in the GEMM, threads past H idle in the norm); with and without bias and plan. Shapes outside
+// the fold (T = 9, H = 4096, the non-compact variant 1) report not ok and are refused.
+TEST(CudaRoute, AddNormFoldedMatchesChainBitForBit) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(915);
+  for (auto [T, E, K, H, use_bias] :
+       {std::tuple{1, 128, 8, 2048, false}, std::tuple{8, 128, 8, 2048, true}, std::tuple{3, 128, 8, 2048, false},
+        std::tuple{5, 60, 6, 384, true}, std::tuple{2, 256, 16, 512, false}, std::tuple{8, 24, 3, 64, true},
+        std::tuple{1, 24, 4, 64, false}}) {
+    SCOPED_TRACE(testing::Message() << "T=" << T << " E=" << E << " K=" << K << " H=" << H << " bias=" << use_bias);
+    const auto rc = make_route_case(T, E, K, H, rng, 3);
+    const auto x0 = random_bf16(static_cast<size_t>(T) * H, rng, -2.f, 2.f);
+    const auto r = random_bf16(static_cast<size_t>(T) * H, rng, -2.f, 2.f);
+    const auto nw = random_bf16(H, rng, 0.5f, 1.5f);
+    auto dr = upload_bf16(r), dnw = upload_bf16(nw);
+    DevBuf<bf16> dx(static_cast<size_t>(T) * H), dxn(static_cast<size_t>(T) * H);
+    const float eps = 1e-6f;
+    auto run = [&](int variant, bool fold, bool with_plan) {
+      OptionScope opt(DecodeOption::kRouteFused, variant);
+      EXPECT_EQ(cudaMemcpy(dx.get(), x0.bits.data(), x0.bits.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
+      dxn.poison();
+      rc->di.poison();
+      rc->dwt.poison();
+      rc->dl.poison();
+      rc->buf.poison();
+      rc->count.upload(std::vector<int64_t>{3});
+      MoePlan plan;
+      moe_plan_bind(plan, rc->buf.get(), T, K, E);
+      const float* bias = use_bias ? rc->dbias.get() : nullptr;
+      MoePlan* pp = with_plan ? &plan : nullptr;
+      int64_t* cnt = with_plan ? rc->count.get() : nullptr;
+      if (fold) {
+        EXPECT_TRUE(moe_route_add_rmsnorm_ok(T, H, E, K));
+        EXPECT_TRUE(moe_route_add_rmsnorm(dx.get(), dr->get(), dnw->get(), dxn.get(), eps, rc->dw->get(), bias,
+                                          rc->di.get(), rc->dwt.get(), rc->dl.get(), pp, cnt, T, H, E, K, nullptr)
+                        .is_ok());
+      } else {
+        EXPECT_TRUE(add_rmsnorm(dx.get(), dr->get(), dnw->get(), dxn.get(), T, H, eps, nullptr).is_ok());
+        EXPECT_TRUE(moe_route(dxn.get(), rc->dw->get(), bias, rc->di.get(), rc->dwt.get(), rc->dl.get(), pp, cnt, T, H, E,
+                              K, nullptr)
+                        .is_ok());
+      }
+      sync_ok();
+      RouteOut o;
+      o.logits = download_n(reinterpret_cast<const uint16_t*>(rc->dl.get()), rc->dl.size());
+      o.ids = rc->di.download();
+      o.weights = bits_of(rc->dwt.download());
+      if (with_plan) {
+        download_plan(plan, T, K, E, o);
+        o.count = rc->count.download()[0];
+      }
+      return std::tuple{o, download_n(reinterpret_cast<const uint16_t*>(dx.get()), dx.size()),
+                        download_n(reinterpret_cast<const uint16_t*>(dxn.get()), dxn.size())};
+    };
+    std::vector<uint16_t> want_x(x0.bits.size());
+    for (size_t i = 0; i < want_x.size(); ++i) want_x[i] = f32_to_bf16(x0.f[i] + r.f[i]);
+    for (bool with_plan : {true, false}) {
+      SCOPED_TRACE(testing::Message() << "plan " << with_plan);
+      const auto [ref, ref_x, ref_xn] = run(1, false, with_plan);
+      EXPECT_EQ(ref_x, want_x);
+      for (int variant : {4, 5, 6, 10}) {
+        SCOPED_TRACE(testing::Message() << "kRouteFused " << variant);
+        const auto [got, got_x, got_xn] = run(variant, true, with_plan);
+        EXPECT_EQ(got_x, ref_x);
+        EXPECT_EQ(got_xn, ref_xn);
+        EXPECT_EQ(got.logits, ref.logits);
+        EXPECT_EQ(got.ids, ref.ids);
+        EXPECT_EQ(got.weights, ref.weights);
+        if (!with_plan) continue;
+        expect_plan_equal(got, ref);
+        EXPECT_EQ(got.count, ref.count);
+      }
+    }
+  }
+  // Outside the fold: more than 8 tokens, wider rows, the non-compact kernel.
+  EXPECT_FALSE(moe_route_add_rmsnorm_ok(9, 2048, 128, 8));
+  EXPECT_FALSE(moe_route_add_rmsnorm_ok(8, 4096, 128, 8));
+  {
+    OptionScope opt(DecodeOption::kRouteFused, 1);
+    EXPECT_FALSE(moe_route_add_rmsnorm_ok(8, 2048, 128, 8));
+  }
+  DevBuf<bf16> a(9 * 2048), b(9 * 2048), c(2048), d(9 * 2048), w(128 * 2048);
+  DevBuf<int32_t> ids(9 * 8);
+  DevBuf<float> wt(9 * 8);
+  EXPECT_FALSE(moe_route_add_rmsnorm(a.get(), b.get(), c.get(), d.get(), 1e-6f, w.get(), nullptr, ids.get(), wt.get(),
+                                     nullptr, nullptr, nullptr, 9, 2048, 128, 8, nullptr)
+                   .is_ok());
+}
+
 // Where one compact-kernel launch spends its time (printed, not asserted: eager launches, no previous kernel): CTA 0's
 // clock64 deltas between the start, the wait on the previous grid, the end of its router GEMM, the cluster barrier,
 // the last logit landing, the end of warp 0's top-k, the barrier before the plan and the end of the plan. The launch
