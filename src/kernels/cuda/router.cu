@@ -311,21 +311,16 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
     const int e = lane + 32 * i;
     bias_r[i] = rank == 0 && warp < T && p.bias && e < E ? __ldg(p.bias + e) : 0.f;
   }
-  // kAdd: thread (warp, g, tq) holds, for u < kRouteChunks, the 8 elements [32 c + 8 tq, +8) of token g's row,
-  // c = warp + kRouteWarps u (the k chunks its GEMM reads): 8-element chunk j = 4 c + tq. Before the wait: those chunks
-  // of the norm weights and of x. x is safe to read here: this grid launches once every CTA of the o GEMM before it
-  // has passed its own wait, so the attention, the qkv GEMM and the kernel that last wrote x (the previous layer's
-  // combine) have completed; loaded through L2 (.cg), as are the o rows after the wait.
+  // kAdd: the norm weights of this thread's B-fragment chunks (weights: before the wait). Thread (warp, g, tq) holds,
+  // for u < kRouteChunks, the 8 elements [32 c + 8 tq, +8) of token g's row, c = warp + kRouteWarps u (the k chunks its
+  // GEMM reads): 8-element chunk j = 4 c + tq.
   const int chunks = p.H / 32;
-  uint4 nw8[kAdd ? kRouteChunks : 1], xa8[kAdd ? kRouteChunks : 1];
+  uint4 nw8[kAdd ? kRouteChunks : 1];
   if constexpr (kAdd) {
 #pragma unroll
     for (int u = 0; u < kRouteChunks; ++u) {
       const int c = warp + kRouteWarps * u;
-      const bool ok = g < T && c < chunks;
       nw8[u] = c < chunks ? __ldg(reinterpret_cast<const uint4*>(p.norm_w + c * 32 + tq * 8)) : make_uint4(0, 0, 0, 0);
-      xa8[u] = ok ? __ldcg(reinterpret_cast<const uint4*>(p.x + static_cast<size_t>(g) * p.H + c * 32 + tq * 8))
-                  : make_uint4(0, 0, 0, 0);
     }
   }
   cluster_arrive_relaxed();  // CTA 0's mbarrier is initialised before any CTA stores into it (wait below)
@@ -345,18 +340,19 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
     const int nch = p.H / 8;
     const bool row = g < T;
     {
-      uint4 ra[kRouteChunks];
+      uint4 xa[kRouteChunks], ra[kRouteChunks];
 #pragma unroll
       for (int u = 0; u < kRouteChunks; ++u) {
         const int c = warp + kRouteWarps * u;
         const bool ok = row && c < chunks;
-        ra[u] = ok ? __ldcg(reinterpret_cast<const uint4*>(p.r + static_cast<size_t>(g) * p.H + c * 32 + tq * 8))
-                   : make_uint4(0, 0, 0, 0);
+        const size_t off = static_cast<size_t>(g) * p.H + c * 32 + tq * 8;
+        xa[u] = ok ? *reinterpret_cast<const uint4*>(p.x + off) : make_uint4(0, 0, 0, 0);
+        ra[u] = ok ? *reinterpret_cast<const uint4*>(p.r + off) : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
       for (int u = 0; u < kRouteChunks; ++u) {
         float a[8], b[8];
-        unpack8(xa8[u], a);
+        unpack8(xa[u], a);
         unpack8(ra[u], b);
 #pragma unroll
         for (int i = 0; i < 8; ++i) a[i] = bf16_round(a[i] + b[i]);
@@ -366,33 +362,17 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
       }
     }
     __syncthreads();
-    // Every row's butterfly at once (warp_sum's order, the rows' shuffle chains interleaved).
-    float sr[kAddMaxT];
-    {
+    for (int t = 0; t < T; ++t) {
       const int j = 32 * warp + lane;
-#pragma unroll
-      for (int t = 0; t < kAddMaxT; ++t) sr[t] = t < T && j < nch ? ssq[t * nch + j] : 0.f;
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-        for (int t = 0; t < kAddMaxT; ++t) sr[t] += __shfl_xor_sync(0xffffffffu, sr[t], o);
-      if (lane == 0)
-#pragma unroll
-        for (int t = 0; t < kAddMaxT; ++t)
-          if (t < T) norm_red[t][warp] = sr[t];
+      const float s = warp_sum(j < nch ? ssq[t * nch + j] : 0.f);
+      if (lane == 0) norm_red[t][warp] = s;
     }
     __syncthreads();
-#pragma unroll
-    for (int t = 0; t < kAddMaxT; ++t) sr[t] = t < T && lane < kRouteWarps ? norm_red[t][lane] : 0.f;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-#pragma unroll
-      for (int t = 0; t < kAddMaxT; ++t) sr[t] += __shfl_xor_sync(0xffffffffu, sr[t], o);
-    float tot = 0.f;
-#pragma unroll
-    for (int t = 0; t < kAddMaxT; ++t)
-      if (t == g) tot = sr[t];
-    const float inv = rsqrtf(tot / p.H + p.eps);
+    float inv = 0.f;
+    for (int t = 0; t < T; ++t) {
+      const float tot = warp_sum(lane < kRouteWarps ? norm_red[t][lane] : 0.f);
+      if (t == g) inv = rsqrtf(tot / p.H + p.eps);
+    }
 #pragma unroll
     for (int u = 0; u < kRouteChunks; ++u) {
       const int c = warp + kRouteWarps * u;
