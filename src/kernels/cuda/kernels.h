@@ -366,9 +366,9 @@ bool moe_route_ok(int T, int H, int E, int K);
 Status moe_route(const bf16* xn, const bf16* router_w, const float* bias, int32_t* ids, float* weights, bf16* logits,
                  MoePlan* plan, int64_t* active_count_sum, int T, int H, int E, int K, cudaStream_t stream);
 // add_rmsnorm(x, r, norm_w, xn, T, H, eps) followed by moe_route(xn, ...), in one launch: every CTA of the cluster
-// adds and normalises the T rows itself, straight into its router GEMM's operands (add_rmsnorm's arithmetic and
-// summation order: x and xn get the same bits), CTA 0 stores them. Needs moe_route_add_rmsnorm_ok: moe_route_ok, a
-// compact kRouteFused variant (4-6, 10), T <= 8 and H <= 2048; 16-byte aligned rows.
+// adds and normalises the T rows itself into its shared memory (add_rmsnorm's arithmetic and summation order: x and
+// xn get the same bits), CTA 0 stores them. Needs moe_route_add_rmsnorm_ok: moe_route_ok, a compact kRouteFused
+// variant (4-6, 10), T <= 8, H <= 2048 and the rows' shared memory within the kernel's budget; 16-byte aligned rows.
 bool moe_route_add_rmsnorm_ok(int T, int H, int E, int K);
 Status moe_route_add_rmsnorm(bf16* x, const bf16* r, const bf16* norm_w, bf16* xn, float eps, const bf16* router_w,
                              const float* bias, int32_t* ids, float* weights, bf16* logits, MoePlan* plan,

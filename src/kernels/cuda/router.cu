@@ -262,11 +262,13 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_kernel(RouteParams
 // 0..K, and the counts) are written by the threads of CTA 0 once their x loads are in flight, off the chain; with one
 // token each chosen id's sorted position is counted over the K ids in shared memory (no warp reductions).
 constexpr int kRoute2MaxRows = 32;
-// kAdd: at most 8 tokens (one token tile: each thread holds its B fragments of one row), hidden at most 2048 (one round
-// of kRouteChunks 32-wide chunks per warp; norm_kernel's one-chunk-per-thread path, whose summation order is kept).
+// kAdd: at most this many tokens (their x + r rows stay in registers), hidden at most 8 per thread (one 8-element
+// chunk per thread, as norm_kernel's one-chunk path, so that the sums run in its order).
 constexpr int kAddMaxT = 8;
-constexpr int kAddMaxH = kRouteWarps * kRouteChunks * 32;
-static_assert(kAddMaxH == kRouteThreads * 8, "norm_kernel's one-chunk path covers the fold's rows");
+constexpr int kAddMaxH = kRouteThreads * 8;
+// kAdd: the normalised rows in shared memory after the router rows, rows padded by 64 bytes (the 16-byte B-fragment
+// loads of two token rows in one phase hit different banks).
+__host__ __device__ constexpr size_t add_row_bytes(int H) { return static_cast<size_t>(H) * 2 + 64; }
 
 __device__ __forceinline__ void st_async_f32(uint32_t addr, float v, uint32_t bar) {
   asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(addr),
@@ -276,7 +278,7 @@ __device__ __forceinline__ void st_async_f32(uint32_t addr, float v, uint32_t ba
 
 template <int kMT, int kEP, bool kEarly, bool kAdd>
 __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(RouteParams p) {
-  extern __shared__ __align__(128) unsigned char wsm[];  // [rows][H * 2 + 16]
+  extern __shared__ __align__(128) unsigned char wsm[];  // [rows][H * 2 + 16], then (kAdd) [T][add_row_bytes(H)]
   __shared__ __align__(8) uint64_t wbar, lbar;
   __shared__ float red[kRouteWarps][kMT * 8][32];
   __shared__ float logit_s[kRouteMaxT][kRouteMaxE];  // CTA 0: every logit, [token][expert]
@@ -311,78 +313,60 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
     const int e = lane + 32 * i;
     bias_r[i] = rank == 0 && warp < T && p.bias && e < E ? __ldg(p.bias + e) : 0.f;
   }
-  // kAdd: the norm weights of this thread's B-fragment chunks (weights: before the wait). Thread (warp, g, tq) holds,
-  // for u < kRouteChunks, the 8 elements [32 c + 8 tq, +8) of token g's row, c = warp + kRouteWarps u (the k chunks its
-  // GEMM reads): 8-element chunk j = 4 c + tq.
-  const int chunks = p.H / 32;
-  uint4 nw8[kAdd ? kRouteChunks : 1];
-  if constexpr (kAdd) {
-#pragma unroll
-    for (int u = 0; u < kRouteChunks; ++u) {
-      const int c = warp + kRouteWarps * u;
-      nw8[u] = c < chunks ? __ldg(reinterpret_cast<const uint4*>(p.norm_w + c * 32 + tq * 8)) : make_uint4(0, 0, 0, 0);
-    }
-  }
+  // kAdd: this thread's 8 norm weights (a weight: before the wait).
+  const int c8 = tid * 8;
+  const bool own8 = kAdd && c8 < p.H;
+  uint4 nw8 = make_uint4(0, 0, 0, 0);
+  if (own8) nw8 = __ldg(reinterpret_cast<const uint4*>(p.norm_w + c8));
   cluster_arrive_relaxed();  // CTA 0's mbarrier is initialised before any CTA stores into it (wait below)
   __syncthreads();
   pdl_wait();
   if (stamp) p.clocks[1] = clock64();
-  // kAdd: x + r and its RMSNorm, with add_rmsnorm's (norm_kernel<1>'s) arithmetic and summation order, so the same
-  // bits: each thread adds its chunks of token g's row (xnew, bf16) and stores the chunks' sums of squares to shared
-  // memory (ssq [T][H / 8], over the GEMM's reduction buffer); warp i then sums chunks [32 i, 32 i + 32) of a row by
-  // the warp butterfly (lane l: chunk 32 i + l, as norm_kernel's thread 32 i + l), and the warps' sums by the same
-  // butterfly. The normalised chunks are this thread's B fragments (xb8); CTA 0 stores them to xn, and x + r to x once
-  // every CTA has read x (after all logits have landed, below).
-  uint4 xnew[kAdd ? kRouteChunks : 1], xb8[kAdd ? kRouteChunks : 1];
+  // kAdd: x + r and its RMSNorm for every token, norm_kernel<1>'s arithmetic and summation order (the same bits as
+  // add_rmsnorm): thread t holds elements [8t, 8t + 8) of every row; per row a warp butterfly, then the warps' sums
+  // by the same butterfly. The normalised rows go to shared memory (this CTA's B operand) and, from CTA 0, to xn.
+  // CTA 0 stores x + r only once every CTA has read x (after all logits have landed, below).
+  unsigned char* xs = wsm + static_cast<size_t>(rows) * stride;
+  uint4 xnew[kAdd ? kAddMaxT : 1];
   if constexpr (kAdd) {
-    float* ssq = &red[0][0][0];
-    static_assert(sizeof(red) >= sizeof(float) * kAddMaxT * kAddMaxH / 8, "the sums of squares fit");
-    const int nch = p.H / 8;
-    const bool row = g < T;
+    float v[kAddMaxT][8];
     {
-      uint4 xa[kRouteChunks], ra[kRouteChunks];
+      uint4 xa[kAddMaxT], ra[kAddMaxT];
 #pragma unroll
-      for (int u = 0; u < kRouteChunks; ++u) {
-        const int c = warp + kRouteWarps * u;
-        const bool ok = row && c < chunks;
-        const size_t off = static_cast<size_t>(g) * p.H + c * 32 + tq * 8;
-        xa[u] = ok ? *reinterpret_cast<const uint4*>(p.x + off) : make_uint4(0, 0, 0, 0);
-        ra[u] = ok ? *reinterpret_cast<const uint4*>(p.r + off) : make_uint4(0, 0, 0, 0);
+      for (int t = 0; t < kAddMaxT; ++t) {
+        const bool ok = own8 && t < T;
+        xa[t] = ok ? *reinterpret_cast<const uint4*>(p.x + static_cast<size_t>(t) * p.H + c8) : make_uint4(0, 0, 0, 0);
+        ra[t] = ok ? *reinterpret_cast<const uint4*>(p.r + static_cast<size_t>(t) * p.H + c8) : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
-      for (int u = 0; u < kRouteChunks; ++u) {
+      for (int t = 0; t < kAddMaxT; ++t) {
         float a[8], b[8];
-        unpack8(xa[u], a);
-        unpack8(ra[u], b);
+        unpack8(xa[t], a);
+        unpack8(ra[t], b);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) a[i] = bf16_round(a[i] + b[i]);
-        xnew[u] = pack8(a);  // exact: the values are bf16 already
-        const int c = warp + kRouteWarps * u;
-        if (row && c < chunks) ssq[g * nch + 4 * c + tq] = sumsq8(a);
+        for (int i = 0; i < 8; ++i) v[t][i] = bf16_round(a[i] + b[i]);
+        xnew[t] = pack8(v[t]);
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < kAddMaxT; ++t) {
+      if (t >= T) break;
+      const float ss = warp_sum(own8 ? sumsq8(v[t]) : 0.f);
+      if (lane == 0) norm_red[t][warp] = ss;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int t = 0; t < kAddMaxT; ++t) {
+      if (t >= T) break;
+      const float tot = warp_sum(lane < kRouteWarps ? norm_red[t][lane] : 0.f);
+      const float inv = rsqrtf(tot / p.H + p.eps);
+      if (own8) {
+        const uint4 y = rms_scale8(v[t], inv, nw8);
+        *reinterpret_cast<uint4*>(xs + t * add_row_bytes(p.H) + c8 * 2) = y;
+        if (rank == 0) *reinterpret_cast<uint4*>(p.xn_out + static_cast<size_t>(t) * p.H + c8) = y;
       }
     }
     __syncthreads();
-    for (int t = 0; t < T; ++t) {
-      const int j = 32 * warp + lane;
-      const float s = warp_sum(j < nch ? ssq[t * nch + j] : 0.f);
-      if (lane == 0) norm_red[t][warp] = s;
-    }
-    __syncthreads();
-    float inv = 0.f;
-    for (int t = 0; t < T; ++t) {
-      const float tot = warp_sum(lane < kRouteWarps ? norm_red[t][lane] : 0.f);
-      if (t == g) inv = rsqrtf(tot / p.H + p.eps);
-    }
-#pragma unroll
-    for (int u = 0; u < kRouteChunks; ++u) {
-      const int c = warp + kRouteWarps * u;
-      float a[8];
-      unpack8(xnew[u], a);
-      xb8[u] = row && c < chunks ? rms_scale8(a, inv, nw8[u]) : make_uint4(0, 0, 0, 0);
-      if (rank == 0 && row && c < chunks)
-        *reinterpret_cast<uint4*>(p.xn_out + static_cast<size_t>(g) * p.H + c * 32 + tq * 8) = xb8[u];
-    }
-    __syncthreads();  // ssq (the reduction buffer) is free again
   }
   // kEarly: plan entries that do not depend on the routing, written by warps 1-7 of CTA 0 once their x loads are in
   // flight (warp 0, whose top-k and plan are the chain at one token, writes none of them).
@@ -405,9 +389,16 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
       }
     }
   };
-  // The B operand: xn rows from global memory, or (kAdd) this thread's registers (one round: H <= kAddMaxH).
-  const bf16* x0p = !kAdd && g < T ? p.xn + static_cast<size_t>(g) * p.H + tq * 8 : nullptr;
-  const bf16* x1p = !kAdd && g + 8 < T ? p.xn + static_cast<size_t>(g + 8) * p.H + tq * 8 : nullptr;
+  const int chunks = p.H / 32;
+  // The B operand: xn rows from global memory, or (kAdd) from shared memory.
+  const bf16* xsrc = kAdd ? reinterpret_cast<const bf16*>(xs) : p.xn;
+  const size_t xrow = kAdd ? add_row_bytes(p.H) / 2 : static_cast<size_t>(p.H);
+  const bf16* x0p = g < T ? xsrc + g * xrow + tq * 8 : nullptr;
+  const bf16* x1p = g + 8 < T ? xsrc + (g + 8) * xrow + tq * 8 : nullptr;
+  auto ldx = [](const bf16* q) {
+    if constexpr (kAdd) return *reinterpret_cast<const uint4*>(q);
+    else return __ldg(reinterpret_cast<const uint4*>(q));
+  };
   const bool two = T > 8;
   const unsigned char* a_lo[kMT];
   const unsigned char* a_hi[kMT];
@@ -428,13 +419,8 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
     for (int u = 0; u < kRouteChunks; ++u) {
       const int c = cb + u * kRouteWarps;
       const bool ok = c < chunks;
-      if constexpr (kAdd) {
-        xa[u] = xb8[u];
-        xb[u] = make_uint4(0, 0, 0, 0);
-      } else {
-        xa[u] = ok && x0p ? __ldg(reinterpret_cast<const uint4*>(x0p + c * 32)) : make_uint4(0, 0, 0, 0);
-        xb[u] = ok && x1p ? __ldg(reinterpret_cast<const uint4*>(x1p + c * 32)) : make_uint4(0, 0, 0, 0);
-      }
+      xa[u] = ok && x0p ? ldx(x0p + c * 32) : make_uint4(0, 0, 0, 0);
+      xb[u] = ok && x1p ? ldx(x1p + c * 32) : make_uint4(0, 0, 0, 0);
     }
     if (!landed) {
       early_plan();
@@ -492,11 +478,10 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
   mbar_wait(&lbar, 0);
   if (stamp) p.clocks[4] = clock64();
   if constexpr (kAdd) {  // every CTA's logits have landed, so every CTA has read x: x + r replaces it
+    if (own8) {
 #pragma unroll
-    for (int u = 0; u < kRouteChunks; ++u) {
-      const int c = warp + kRouteWarps * u;
-      if (g < T && c < chunks)
-        *reinterpret_cast<uint4*>(p.x + static_cast<size_t>(g) * p.H + c * 32 + tq * 8) = xnew[u];
+      for (int t = 0; t < kAddMaxT; ++t)
+        if (t < T) *reinterpret_cast<uint4*>(p.x + static_cast<size_t>(t) * p.H + c8) = xnew[t];
     }
   }
   // Top-k, warp t for token t: router_topk's arithmetic (softmax in the same per-lane order and the same butterfly
@@ -972,9 +957,16 @@ bool moe_route_ok(int T, int H, int E, int K) {
 
 namespace {
 
+// DecodeOption::kRouteFused: 2 = clusters of at most 8 CTAs (16 experts each at E = 128); 3 = the next kernel launches
+// only when this grid exits; 4 / 5 / 6 = moe_route_compact_kernel in clusters of at most 16 / 8 / 4 CTAs (at most 32
+// experts per CTA); 10 = as 4 with kEarly (the plan entries that do not depend on the routing written off the chain).
+// A size the variant's cluster cannot take runs in clusters of at most 16 CTAs. (Removed, no faster than 4 on H200:
+// 7, lane-sorted top-k keys; 8, a warm-up warp running the code before the wait; 9, the top-k by ranks over shared
+// memory for one or two tokens.)
 // The launch shape of moe_route for the current kRouteFused variant: the kernel (compact or not), the cluster size
-// and the dynamic shared memory; add: the compact kernel with x + r and the RMSNorm folded in. C = 0: the shape is not
-// served (add only: the compact kernel does not apply, more than kAddMaxT tokens or wider rows than kAddMaxH).
+// and the dynamic shared memory; add: the compact kernel with x + r and the RMSNorm folded in (its normalised rows
+// after the router rows). C = 0: the shape is not served (add only: the compact kernel does not apply or its shared
+// memory does not fit).
 struct RouteLaunch {
   bool compact = false;
   int C = 0;
@@ -986,7 +978,8 @@ RouteLaunch route_launch_shape(int T, int E, int H, bool add) {
   r.compact = (variant >= 4 && variant <= 6) || variant == 10;
   int max_c = variant == 2 || variant == 5 ? 8 : variant == 6 ? 4 : 16;
   int max_rows = r.compact ? kRoute2MaxRows : 16;
-  if (route_cluster(E, max_c, max_rows) == 0 || route_smem(E, H, max_c, max_rows) > kRouteMaxSmem) {
+  const size_t extra = add ? static_cast<size_t>(T) * add_row_bytes(H) : 0;
+  if (route_cluster(E, max_c, max_rows) == 0 || route_smem(E, H, max_c, max_rows) + extra > kRouteMaxSmem) {
     max_c = 16;  // as variant 1
     max_rows = 16;
   }
@@ -999,8 +992,8 @@ RouteLaunch route_launch_shape(int T, int E, int H, bool add) {
     max_rows = 16;
     r.C = route_cluster(E, max_c, max_rows);
   }
-  r.smem = route_smem(E, H, max_c, max_rows);
-  if (add && (!r.compact || T > kAddMaxT || H > kAddMaxH)) r.C = 0;
+  r.smem = route_smem(E, H, max_c, max_rows) + extra;
+  if (add && (!r.compact || T > kAddMaxT || H > kAddMaxH || r.smem > kRouteMaxSmem)) r.C = 0;
   return r;
 }
 
@@ -1104,7 +1097,8 @@ Status moe_route_add_rmsnorm(bf16* x, const bf16* r, const bf16* norm_w, bf16* x
   ZEST_RETURN_IF_ERROR(route_params(p, router_w, bias, ids, weights, logits, plan, active_count_sum, T, H, E, K));
   if (!moe_route_add_rmsnorm_ok(T, H, E, K))
     return invalid_argument("moe_route_add_rmsnorm: needs a compact kRouteFused variant, T <= " +
-                            std::to_string(kAddMaxT) + " and H <= " + std::to_string(kAddMaxH) + " (T=" + std::to_string(T) + " H=" + std::to_string(H) + ")");
+                            std::to_string(kAddMaxT) + ", H <= " + std::to_string(kAddMaxH) +
+                            " and the shared memory to fit (T=" + std::to_string(T) + " H=" + std::to_string(H) + ")");
   if (!x || !r || !norm_w || !xn) return invalid_argument("moe_route_add_rmsnorm: null pointer");
   const uintptr_t al = reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(r) |
                        reinterpret_cast<uintptr_t>(norm_w) | reinterpret_cast<uintptr_t>(xn);
