@@ -119,10 +119,9 @@ struct RouteParams {
   int early_trigger;  // let the next kernel launch right after the wait (else when this grid exits)
   int64_t* count_sum;
   long long* clocks;  // compact kernel, when not null: CTA 0 thread 0's clock64 at 8 points (phase diagnostics)
-  // moe_route_add_rmsnorm (the compact kernel's kAdd; x != null): xn is written (xn_out), not read; every CTA computes
-  // x + r and its RMSNorm (weights norm_w) into shared memory itself, CTA 0 stores both rows to x and xn_out.
+  // moe_route_add_rmsnorm (the compact kernel's kAdd): xn is written, not read; every CTA computes x + r and its
+  // RMSNorm (weights norm_w) into shared memory itself, CTA 0 stores both rows to x and xn.
   bf16* x;
-  bf16* xn_out;
   const bf16* r;
   const bf16* norm_w;
   float eps;
@@ -363,7 +362,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
       if (own8) {
         const uint4 y = rms_scale8(v[t], inv, nw8);
         *reinterpret_cast<uint4*>(xs + t * add_row_bytes(p.H) + c8 * 2) = y;
-        if (rank == 0) *reinterpret_cast<uint4*>(p.xn_out + static_cast<size_t>(t) * p.H + c8) = y;
+        if (rank == 0) *reinterpret_cast<uint4*>(p.xn + static_cast<size_t>(t) * p.H + c8) = y;
       }
     }
     __syncthreads();
@@ -1107,7 +1106,6 @@ Status moe_route_add_rmsnorm(bf16* x, const bf16* r, const bf16* norm_w, bf16* x
   p.r = r;
   p.norm_w = norm_w;
   p.xn = xn;
-  p.xn_out = xn;
   p.eps = eps;
   return launch_route(p, stream);
 }
