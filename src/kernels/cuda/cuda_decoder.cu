@@ -291,8 +291,7 @@ class CudaTextDecoder final : public model::TextDecoder {
   void clear_graphs() const;
   std::vector<uintptr_t> graph_fingerprint(const CudaKvStorage& kv) const;
   Status ensure(const Caps& need) const;
-  // The add + RMSNorm of o into x / xn, routing, experts and the combine into x / xn (next_w: the next RMSNorm's weight,
-  // or null for x only).
+  // Routing, experts and the combine into x / xn (next_w: the next RMSNorm's weight, or null for x only).
   Status run_moe(int64_t l, const Layer& L, int T, const model::ForwardBatch& b, const model::MoeHooks* hooks,
                  bool all_active, const bf16* next_w) const;
 
@@ -527,13 +526,6 @@ Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const model::
                                 const model::MoeHooks* hooks, bool all_active, const bf16* next_w) const {
   Step& s = *st_;
   cudaStream_t st = stream_;
-  // Decode-sized steps route in one launch (router GEMM + top-k, and the plan too when nothing re-routes in between),
-  // with the layer's add + RMSNorm folded in unless a hook reads the MoE input first (DecodeOption::kRouteAddNorm).
-  const bool fuse_route = decode_option(DecodeOption::kRouteFused) >= 1 && moe_route_ok(T, H_, E_, K_);
-  const bool add_in_route = fuse_route && !(hooks && hooks->moe_input) &&
-                            decode_option(DecodeOption::kRouteAddNorm) >= 1 &&
-                            moe_route_add_rmsnorm_ok(T, H_, E_, K_);
-  if (!add_in_route) ZEST_RETURN_IF_ERROR(add_rmsnorm(s.x, s.o, Ly.post_norm, s.xn, T, H_, eps_, st));
   if (hooks && hooks->moe_input) {
     std::vector<uint16_t> bits(static_cast<size_t>(T) * H_);
     ZEST_CU(cudaMemcpyAsync(bits.data(), s.xn, bits.size() * 2, cudaMemcpyDeviceToHost, st), "MoE input copy");
@@ -545,13 +537,12 @@ Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const model::
   const model::RerouteSpec* spec = hooks ? hooks->reroute : nullptr;
   const bool spec_ok = spec && static_cast<int>(spec->similarity.size()) == L_ &&
                        static_cast<int>(spec->thresholds.size()) == L_;
+  // Decode-sized steps route in one launch (router GEMM + top-k, and the plan too when nothing re-routes in between).
+  const bool fuse_route = decode_option(DecodeOption::kRouteFused) >= 1 && moe_route_ok(T, H_, E_, K_);
   const bool rerouted = spec_ok && all_active ? !spec->similarity[l].empty() && spec->primary > 0 && spec->primary < K_
                                               : hooks && hooks->route;
   const bool plan_routed = fuse_route && !rerouted;
-  if (add_in_route) {
-    ZEST_RETURN_IF_ERROR(moe_route_add_rmsnorm(s.x, s.o, Ly.post_norm, s.xn, eps_, Ly.router, nullptr, s.ids, s.route_w,
-                                               s.rl, plan_routed ? &s.plan : nullptr, nullptr, T, H_, E_, K_, st));
-  } else if (fuse_route) {
+  if (fuse_route) {
     ZEST_RETURN_IF_ERROR(moe_route(s.xn, Ly.router, nullptr, s.ids, s.route_w, s.rl, plan_routed ? &s.plan : nullptr,
                                    nullptr, T, H_, E_, K_, st));
   } else {
@@ -1018,12 +1009,12 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
                                             s.ids, s.route_w, s.rl, nullptr, nullptr, 0, T, H_, E_, K_, I_, eps_, st));
       continue;
     }
+    ZEST_RETURN_IF_ERROR(add_rmsnorm(s.x, s.o, Ly.post_norm, s.xn, T, H_, eps_, st));
     const bool ds = l < nds;
-    if (Ly.moe) {  // run_moe starts with the add + RMSNorm (folded into its routing where it can)
+    if (Ly.moe) {
       Status ms = run_moe(l, Ly, T, b, hooks, all_active, ds ? nullptr : next);
       if (!ms.is_ok()) return ms.with_context("layer " + std::to_string(l));
     } else {
-      ZEST_RETURN_IF_ERROR(add_rmsnorm(s.x, s.o, Ly.post_norm, s.xn, T, H_, eps_, st));
       ZEST_RETURN_IF_ERROR(gemm(s.xn, Ly.gate_up, s.gu, T, 2 * Id_, H_, st));
       ZEST_RETURN_IF_ERROR(silu_mul(s.gu, s.h, T, Id_, st));
       ZEST_RETURN_IF_ERROR(gemm(s.h, Ly.down, s.o, T, H_, Id_, st));

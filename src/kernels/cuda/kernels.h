@@ -140,8 +140,6 @@ enum class DecodeOption : int {
                     // staying L1; 0 = the driver's default. Measured: with the default, the experts ran ~10 us per
                     // layer slower when the routing cluster launched right behind the o GEMM (no kernel between them
                     // to let SMs drain), as when every launch asked for the largest carveout
-  kRouteAddNorm,    // decode MoE layers with the fused routing: 1 (default) = the add + RMSNorm before the routing folded
-                    // into it (moe_route_add_rmsnorm) where it applies; 0 = the separate add_rmsnorm launch
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);
@@ -365,14 +363,6 @@ Status moe_plan_prefill(const int32_t* ids, int N, int K, int E, MoePlan& plan, 
 bool moe_route_ok(int T, int H, int E, int K);
 Status moe_route(const bf16* xn, const bf16* router_w, const float* bias, int32_t* ids, float* weights, bf16* logits,
                  MoePlan* plan, int64_t* active_count_sum, int T, int H, int E, int K, cudaStream_t stream);
-// add_rmsnorm(x, r, norm_w, xn, T, H, eps) followed by moe_route(xn, ...), in one launch: every CTA of the cluster
-// adds and normalises the T rows itself into its shared memory (add_rmsnorm's arithmetic and summation order: x and
-// xn get the same bits), CTA 0 stores them. Needs moe_route_add_rmsnorm_ok: moe_route_ok, a compact kRouteFused
-// variant (4-6, 10), T <= 8, H <= 2048 and the rows' shared memory within the kernel's budget; 16-byte aligned rows.
-bool moe_route_add_rmsnorm_ok(int T, int H, int E, int K);
-Status moe_route_add_rmsnorm(bf16* x, const bf16* r, const bf16* norm_w, bf16* xn, float eps, const bf16* router_w,
-                             const float* bias, int32_t* ids, float* weights, bf16* logits, MoePlan* plan,
-                             int64_t* active_count_sum, int T, int H, int E, int K, cudaStream_t stream);
 
 // Decode/small-batch experts: h = silu(x Wg^T) * (x Wu^T) for each (token, slot) of each active expert, then
 // slot_out[n, k, :] = weights[n, k] * (h Wd^T). Each active expert's weights are read once (a CTA per

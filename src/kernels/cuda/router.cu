@@ -119,12 +119,6 @@ struct RouteParams {
   int early_trigger;  // let the next kernel launch right after the wait (else when this grid exits)
   int64_t* count_sum;
   long long* clocks;  // compact kernel, when not null: CTA 0 thread 0's clock64 at 8 points (phase diagnostics)
-  // moe_route_add_rmsnorm (the compact kernel's kAdd): xn is written, not read; every CTA computes x + r and its
-  // RMSNorm (weights norm_w) into shared memory itself, CTA 0 stores both rows to x and xn.
-  bf16* x;
-  const bf16* r;
-  const bf16* norm_w;
-  float eps;
   int T, H, E, K;
 };
 
@@ -261,13 +255,6 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_kernel(RouteParams
 // 0..K, and the counts) are written by the threads of CTA 0 once their x loads are in flight, off the chain; with one
 // token each chosen id's sorted position is counted over the K ids in shared memory (no warp reductions).
 constexpr int kRoute2MaxRows = 32;
-// kAdd: at most this many tokens (their x + r rows stay in registers), hidden at most 8 per thread (one 8-element
-// chunk per thread, as norm_kernel's one-chunk path, so that the sums run in its order).
-constexpr int kAddMaxT = 8;
-constexpr int kAddMaxH = kRouteThreads * 8;
-// kAdd: the normalised rows in shared memory after the router rows, rows padded by 64 bytes (the 16-byte B-fragment
-// loads of two token rows in one phase hit different banks).
-__host__ __device__ constexpr size_t add_row_bytes(int H) { return static_cast<size_t>(H) * 2 + 64; }
 
 __device__ __forceinline__ void st_async_f32(uint32_t addr, float v, uint32_t bar) {
   asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(addr),
@@ -275,16 +262,15 @@ __device__ __forceinline__ void st_async_f32(uint32_t addr, float v, uint32_t ba
                : "memory");
 }
 
-template <int kMT, int kEP, bool kEarly, bool kAdd>
+template <int kMT, int kEP, bool kEarly>
 __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(RouteParams p) {
-  extern __shared__ __align__(128) unsigned char wsm[];  // [rows][H * 2 + 16], then (kAdd) [T][add_row_bytes(H)]
+  extern __shared__ __align__(128) unsigned char wsm[];  // [rows][H * 2 + 16]
   __shared__ __align__(8) uint64_t wbar, lbar;
   __shared__ float red[kRouteWarps][kMT * 8][32];
   __shared__ float logit_s[kRouteMaxT][kRouteMaxE];  // CTA 0: every logit, [token][expert]
   __shared__ int ids_s[kRouteMaxT * kMaxTopK];
   __shared__ unsigned tok_mask[kRouteMaxE];  // CTA 0: bit t set when token t chose the expert
   __shared__ int offset_of[kRouteMaxE];
-  __shared__ float norm_red[kAdd ? kAddMaxT : 1][kRouteWarps];
   step_timeline_phase(0);  // the CTA is resident
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, tq = lane & 3;
@@ -312,61 +298,10 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
     const int e = lane + 32 * i;
     bias_r[i] = rank == 0 && warp < T && p.bias && e < E ? __ldg(p.bias + e) : 0.f;
   }
-  // kAdd: this thread's 8 norm weights (a weight: before the wait).
-  const int c8 = tid * 8;
-  const bool own8 = kAdd && c8 < p.H;
-  uint4 nw8 = make_uint4(0, 0, 0, 0);
-  if (own8) nw8 = __ldg(reinterpret_cast<const uint4*>(p.norm_w + c8));
   cluster_arrive_relaxed();  // CTA 0's mbarrier is initialised before any CTA stores into it (wait below)
   __syncthreads();
   pdl_wait();
   if (stamp) p.clocks[1] = clock64();
-  // kAdd: x + r and its RMSNorm for every token, norm_kernel<1>'s arithmetic and summation order (the same bits as
-  // add_rmsnorm): thread t holds elements [8t, 8t + 8) of every row; per row a warp butterfly, then the warps' sums
-  // by the same butterfly. The normalised rows go to shared memory (this CTA's B operand) and, from CTA 0, to xn.
-  // CTA 0 stores x + r only once every CTA has read x (after all logits have landed, below).
-  unsigned char* xs = wsm + static_cast<size_t>(rows) * stride;
-  uint4 xnew[kAdd ? kAddMaxT : 1];
-  if constexpr (kAdd) {
-    float v[kAddMaxT][8];
-    {
-      uint4 xa[kAddMaxT], ra[kAddMaxT];
-#pragma unroll
-      for (int t = 0; t < kAddMaxT; ++t) {
-        const bool ok = own8 && t < T;
-        xa[t] = ok ? *reinterpret_cast<const uint4*>(p.x + static_cast<size_t>(t) * p.H + c8) : make_uint4(0, 0, 0, 0);
-        ra[t] = ok ? *reinterpret_cast<const uint4*>(p.r + static_cast<size_t>(t) * p.H + c8) : make_uint4(0, 0, 0, 0);
-      }
-#pragma unroll
-      for (int t = 0; t < kAddMaxT; ++t) {
-        float a[8], b[8];
-        unpack8(xa[t], a);
-        unpack8(ra[t], b);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) v[t][i] = bf16_round(a[i] + b[i]);
-        xnew[t] = pack8(v[t]);
-      }
-    }
-#pragma unroll
-    for (int t = 0; t < kAddMaxT; ++t) {
-      if (t >= T) break;
-      const float ss = warp_sum(own8 ? sumsq8(v[t]) : 0.f);
-      if (lane == 0) norm_red[t][warp] = ss;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int t = 0; t < kAddMaxT; ++t) {
-      if (t >= T) break;
-      const float tot = warp_sum(lane < kRouteWarps ? norm_red[t][lane] : 0.f);
-      const float inv = rsqrtf(tot / p.H + p.eps);
-      if (own8) {
-        const uint4 y = rms_scale8(v[t], inv, nw8);
-        *reinterpret_cast<uint4*>(xs + t * add_row_bytes(p.H) + c8 * 2) = y;
-        if (rank == 0) *reinterpret_cast<uint4*>(p.xn + static_cast<size_t>(t) * p.H + c8) = y;
-      }
-    }
-    __syncthreads();
-  }
   // kEarly: plan entries that do not depend on the routing, written by warps 1-7 of CTA 0 once their x loads are in
   // flight (warp 0, whose top-k and plan are the chain at one token, writes none of them).
   auto early_plan = [&]() {
@@ -389,15 +324,8 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
     }
   };
   const int chunks = p.H / 32;
-  // The B operand: xn rows from global memory, or (kAdd) from shared memory.
-  const bf16* xsrc = kAdd ? reinterpret_cast<const bf16*>(xs) : p.xn;
-  const size_t xrow = kAdd ? add_row_bytes(p.H) / 2 : static_cast<size_t>(p.H);
-  const bf16* x0p = g < T ? xsrc + g * xrow + tq * 8 : nullptr;
-  const bf16* x1p = g + 8 < T ? xsrc + (g + 8) * xrow + tq * 8 : nullptr;
-  auto ldx = [](const bf16* q) {
-    if constexpr (kAdd) return *reinterpret_cast<const uint4*>(q);
-    else return __ldg(reinterpret_cast<const uint4*>(q));
-  };
+  const bf16* x0p = g < T ? p.xn + static_cast<size_t>(g) * p.H + tq * 8 : nullptr;
+  const bf16* x1p = g + 8 < T ? p.xn + static_cast<size_t>(g + 8) * p.H + tq * 8 : nullptr;
   const bool two = T > 8;
   const unsigned char* a_lo[kMT];
   const unsigned char* a_hi[kMT];
@@ -418,8 +346,8 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
     for (int u = 0; u < kRouteChunks; ++u) {
       const int c = cb + u * kRouteWarps;
       const bool ok = c < chunks;
-      xa[u] = ok && x0p ? ldx(x0p + c * 32) : make_uint4(0, 0, 0, 0);
-      xb[u] = ok && x1p ? ldx(x1p + c * 32) : make_uint4(0, 0, 0, 0);
+      xa[u] = ok && x0p ? __ldg(reinterpret_cast<const uint4*>(x0p + c * 32)) : make_uint4(0, 0, 0, 0);
+      xb[u] = ok && x1p ? __ldg(reinterpret_cast<const uint4*>(x1p + c * 32)) : make_uint4(0, 0, 0, 0);
     }
     if (!landed) {
       early_plan();
@@ -476,13 +404,6 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
   if (rank != 0) return;
   mbar_wait(&lbar, 0);
   if (stamp) p.clocks[4] = clock64();
-  if constexpr (kAdd) {  // every CTA's logits have landed, so every CTA has read x: x + r replaces it
-    if (own8) {
-#pragma unroll
-      for (int t = 0; t < kAddMaxT; ++t)
-        if (t < T) *reinterpret_cast<uint4*>(p.x + static_cast<size_t>(t) * p.H + c8) = xnew[t];
-    }
-  }
   // Top-k, warp t for token t: router_topk's arithmetic (softmax in the same per-lane order and the same butterfly
   // sum, K rounds of argmax with ties to the lowest expert, weights renormalised in selection order, bf16-rounded).
   int my_i = 0;  // lane k < K: the k-th choice of the warp's (last) token
@@ -962,68 +883,36 @@ namespace {
 // A size the variant's cluster cannot take runs in clusters of at most 16 CTAs. (Removed, no faster than 4 on H200:
 // 7, lane-sorted top-k keys; 8, a warm-up warp running the code before the wait; 9, the top-k by ranks over shared
 // memory for one or two tokens.)
-// The launch shape of moe_route for the current kRouteFused variant: the kernel (compact or not), the cluster size
-// and the dynamic shared memory; add: the compact kernel with x + r and the RMSNorm folded in (its normalised rows
-// after the router rows). C = 0: the shape is not served (add only: the compact kernel does not apply or its shared
-// memory does not fit).
-struct RouteLaunch {
-  bool compact = false;
-  int C = 0;
-  size_t smem = 0;
-};
-RouteLaunch route_launch_shape(int T, int E, int H, bool add) {
+Status launch_route(RouteParams p, cudaStream_t stream) {
   const int variant = decode_option(DecodeOption::kRouteFused);
-  RouteLaunch r;
-  r.compact = (variant >= 4 && variant <= 6) || variant == 10;
+  bool compact = (variant >= 4 && variant <= 6) || variant == 10;
   int max_c = variant == 2 || variant == 5 ? 8 : variant == 6 ? 4 : 16;
-  int max_rows = r.compact ? kRoute2MaxRows : 16;
-  const size_t extra = add ? static_cast<size_t>(T) * add_row_bytes(H) : 0;
-  if (route_cluster(E, max_c, max_rows) == 0 || route_smem(E, H, max_c, max_rows) + extra > kRouteMaxSmem) {
+  int max_rows = compact ? kRoute2MaxRows : 16;
+  if (route_cluster(p.E, max_c, max_rows) == 0 || route_smem(p.E, p.H, max_c, max_rows) > kRouteMaxSmem) {
     max_c = 16;  // as variant 1
     max_rows = 16;
   }
-  r.C = route_cluster(E, max_c, max_rows);
-  if (r.compact && r.C < 2) {
+  p.early_trigger = variant == 3 ? 0 : 1;
+  int C = route_cluster(p.E, max_c, max_rows);
+  if (compact && C < 2) {
     // st.async into shared::cluster needs a cluster of at least two CTAs: a single-CTA split (odd E <= 16) takes the
     // cluster kernel, which gives the same results.
-    r.compact = false;
+    compact = false;
     max_c = 16;
     max_rows = 16;
-    r.C = route_cluster(E, max_c, max_rows);
+    C = route_cluster(p.E, max_c, max_rows);
   }
-  r.smem = route_smem(E, H, max_c, max_rows) + extra;
-  if (add && (!r.compact || T > kAddMaxT || H > kAddMaxH || r.smem > kRouteMaxSmem)) r.C = 0;
-  return r;
-}
-
-template <bool kAdd>
-void (*compact_kernel(int mt2, int ep8, int early))(RouteParams) {
-  if (early)
-    return mt2 ? (ep8 ? moe_route_compact_kernel<2, 8, true, kAdd> : moe_route_compact_kernel<2, 4, true, kAdd>)
-               : (ep8 ? moe_route_compact_kernel<1, 8, true, kAdd> : moe_route_compact_kernel<1, 4, true, kAdd>);
-  return mt2 ? (ep8 ? moe_route_compact_kernel<2, 8, false, kAdd> : moe_route_compact_kernel<2, 4, false, kAdd>)
-             : (ep8 ? moe_route_compact_kernel<1, 8, false, kAdd> : moe_route_compact_kernel<1, 4, false, kAdd>);
-}
-
-// DecodeOption::kRouteFused: 2 = clusters of at most 8 CTAs (16 experts each at E = 128); 3 = the next kernel launches
-// only when this grid exits; 4 / 5 / 6 = moe_route_compact_kernel in clusters of at most 16 / 8 / 4 CTAs (at most 32
-// experts per CTA); 10 = as 4 with kEarly (the plan entries that do not depend on the routing written off the chain).
-// A size the variant's cluster cannot take runs in clusters of at most 16 CTAs. (Removed, no faster than 4 on H200:
-// 7, lane-sorted top-k keys; 8, a warm-up warp running the code before the wait; 9, the top-k by ranks over shared
-// memory for one or two tokens.) p.x != null: the add + RMSNorm folded in (route_launch_shape with add).
-Status launch_route(RouteParams p, cudaStream_t stream) {
-  const int variant = decode_option(DecodeOption::kRouteFused);
-  const bool add = p.x != nullptr;
-  const RouteLaunch shape = route_launch_shape(p.T, p.E, p.H, add);
-  if (shape.C == 0) return invalid_argument("moe_route: no launch shape for these sizes");
-  p.early_trigger = variant == 3 ? 0 : 1;
-  const int C = shape.C;
   void (*kernel)(RouteParams) = moe_route_kernel;
-  if (shape.compact) {
-    static bool attributes_set[16] = {};
+  if (compact) {
+    static bool attributes_set[8] = {};
     const int mt2 = p.E / C > 16 ? 1 : 0, ep8 = p.E > 128 ? 1 : 0, early = variant == 10 ? 1 : 0;
-    kernel = add ? compact_kernel<true>(mt2, ep8, early) : compact_kernel<false>(mt2, ep8, early);
-    bool& set = attributes_set[(add ? 8 : 0) + early * 4 + mt2 * 2 + ep8];
+    if (early)
+      kernel = mt2 ? (ep8 ? moe_route_compact_kernel<2, 8, true> : moe_route_compact_kernel<2, 4, true>)
+                   : (ep8 ? moe_route_compact_kernel<1, 8, true> : moe_route_compact_kernel<1, 4, true>);
+    else
+      kernel = mt2 ? (ep8 ? moe_route_compact_kernel<2, 8, false> : moe_route_compact_kernel<2, 4, false>)
+                   : (ep8 ? moe_route_compact_kernel<1, 8, false> : moe_route_compact_kernel<1, 4, false>);
+    bool& set = attributes_set[early * 4 + mt2 * 2 + ep8];
     if (!set) {
       const void* fn = reinterpret_cast<const void*>(kernel);
       ZEST_RETURN_IF_ERROR(cuda_status(
@@ -1037,7 +926,7 @@ Status launch_route(RouteParams p, cudaStream_t stream) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(C);
   cfg.blockDim = dim3(kRouteThreads);
-  cfg.dynamicSmemBytes = shape.smem;
+  cfg.dynamicSmemBytes = route_smem(p.E, p.H, max_c, max_rows);
   cfg.stream = stream;
   cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -1082,31 +971,6 @@ Status moe_route(const bf16* xn, const bf16* router_w, const float* bias, int32_
   ZEST_RETURN_IF_ERROR(route_params(p, router_w, bias, ids, weights, logits, plan, active_count_sum, T, H, E, K));
   if (!xn) return invalid_argument("moe_route: null pointer");
   p.xn = xn;
-  return launch_route(p, stream);
-}
-
-bool moe_route_add_rmsnorm_ok(int T, int H, int E, int K) {
-  return moe_route_ok(T, H, E, K) && route_launch_shape(T, E, H, true).C > 0;
-}
-
-Status moe_route_add_rmsnorm(bf16* x, const bf16* r, const bf16* norm_w, bf16* xn, float eps, const bf16* router_w,
-                             const float* bias, int32_t* ids, float* weights, bf16* logits, MoePlan* plan,
-                             int64_t* active_count_sum, int T, int H, int E, int K, cudaStream_t stream) {
-  RouteParams p{};
-  ZEST_RETURN_IF_ERROR(route_params(p, router_w, bias, ids, weights, logits, plan, active_count_sum, T, H, E, K));
-  if (!moe_route_add_rmsnorm_ok(T, H, E, K))
-    return invalid_argument("moe_route_add_rmsnorm: needs a compact kRouteFused variant, T <= " +
-                            std::to_string(kAddMaxT) + ", H <= " + std::to_string(kAddMaxH) +
-                            " and the shared memory to fit (T=" + std::to_string(T) + " H=" + std::to_string(H) + ")");
-  if (!x || !r || !norm_w || !xn) return invalid_argument("moe_route_add_rmsnorm: null pointer");
-  const uintptr_t al = reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(r) |
-                       reinterpret_cast<uintptr_t>(norm_w) | reinterpret_cast<uintptr_t>(xn);
-  if (al % 16 != 0) return invalid_argument("moe_route_add_rmsnorm: rows must be 16-byte aligned");
-  p.x = x;
-  p.r = r;
-  p.norm_w = norm_w;
-  p.xn = xn;
-  p.eps = eps;
   return launch_route(p, stream);
 }
 

@@ -325,24 +325,15 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
                                             c.top_k, c.expert_inter, kEps, s));
       continue;
     }
-    // Fused routing, with the add + RMSNorm folded in where it applies (DecodeOption::kRouteAddNorm).
-    const bool fused = moe && decode_option(DecodeOption::kRouteFused) >= 1 &&
-                       moe_route_ok(batch, H, c.experts, c.top_k);
-    const bool add_in_route = fused && decode_option(DecodeOption::kRouteAddNorm) >= 1 &&
-                              moe_route_add_rmsnorm_ok(batch, H, c.experts, c.top_k);
-    if (!add_in_route) ZEST_OP("add + rmsnorm", add_rmsnorm(x_, o_, L.post_norm, xn_, batch, H, kEps, s));
+    ZEST_OP("add + rmsnorm", add_rmsnorm(x_, o_, L.post_norm, xn_, batch, H, kEps, s));
     if (moe) {
       const int E = c.experts, K = c.top_k, I = c.expert_inter;
       const float* bias = opt_.skew > 0.f ? L.router_bias : nullptr;
-      // With SERE the re-routing runs between top-k and the plan, so the plan stays separate.
-      MoePlan* plan = sere ? nullptr : &plan_;
-      int64_t* counts = sere ? nullptr : expert_counts_ + l;
-      if (add_in_route) {
-        ZEST_OP("router (fused)", moe_route_add_rmsnorm(x_, o_, L.post_norm, xn_, kEps, L.router, bias, route_ids_,
-                                                        route_w_, nullptr, plan, counts, batch, H, E, K, s));
-      } else if (fused) {
-        ZEST_OP("router (fused)", moe_route(xn_, L.router, bias, route_ids_, route_w_, nullptr, plan, counts, batch, H, E,
-                                            K, s));
+      // Fused routing: with SERE the re-routing runs between top-k and the plan, so the plan stays separate.
+      const bool fused = decode_option(DecodeOption::kRouteFused) >= 1 && moe_route_ok(batch, H, E, K);
+      if (fused) {
+        ZEST_OP("router (fused)", moe_route(xn_, L.router, bias, route_ids_, route_w_, nullptr, sere ? nullptr : &plan_,
+                                            sere ? nullptr : expert_counts_ + l, batch, H, E, K, s));
       } else {
         ZEST_OP("router gemm", gemm(xn_, L.router, router_logits_, batch, E, H, s));
         ZEST_OP("router top-k", router_topk(router_logits_, bias, route_ids_, route_w_, batch, E, K, s));
