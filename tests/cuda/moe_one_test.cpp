@@ -6,6 +6,7 @@
 // launch.
 #ifdef ZEST_HAVE_CUDA
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -456,6 +457,205 @@ TEST(CudaMoeOne, GraphReplayTimesPrinted) {
     std::printf("%s: %.2f us per (plan + experts)\n",
                 v < 0 ? "rows_mma" : ("moe_one variant " + std::to_string(v)).c_str(), ms * 1e3 / (kReps * 4));
   }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaStreamDestroy(st);
+}
+
+// The fused form (moe_experts_fused, kMoeKernel 18) against a host reference of the whole layer tail: the change of the
+// residual x (sum of the slots' routing-weighted expert outputs) and the normalised rows y, within tolerance, as the
+// chain (variant 1 with its folded combine) is on the same reference; the accumulator and the exit counter left zero
+// after every launch; eager with and without programmatic launches, three replays of one graph, and through
+// moe_experts_decode_combine (kMoeKernel 18 with the accumulator; without it the call takes variant 1).
+TEST(CudaMoeOne, FusedMatchesTheLayerReference) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(111);
+  const OneCase cases[] = {{1, 8, 12, 2048, 768, 0, -1, 0, false},
+                           {1, 8, 12, 2048, 768, 0, -1, 6, false},  // six empty slots (SERE S=2)
+                           {3, 6, 60, 160, 96, 0, -1, 2, false},
+                           {8, 4, 64, 512, 256, 0, 5, 3, false},
+                           {2, 4, 16, 256, 128, 0, -1, 1, true},  // repeated ids within a token
+                           {2, 3, 5, 32, 32, 0, -1, 0, false}};
+  constexpr double kTolX = 2e-2, kTolY = 2e-2;  // of max |ref|: bf16 h, x and y, fp32 sums in another order
+  const float eps = 1e-6f;
+  for (const OneCase& c : cases) {
+    SCOPED_TRACE(case_name(c));
+    ASSERT_TRUE(moe_fused_ok(c.N, c.K, c.E, c.H, c.I));
+    const auto s = make_setup(c, rng);
+    const size_t n = static_cast<size_t>(c.N) * c.H, nacc = static_cast<size_t>(c.N) * c.K * c.H;
+    const HostBF16 x0h = random_bf16(n, rng, -0.05f, 0.05f);  // small, so that the experts' part dominates x
+    const HostBF16 nwh = random_bf16(c.H, rng, 0.5f, 1.5f);
+    const auto x0 = upload_bf16(x0h);
+    const auto nw = upload_bf16(nwh);
+    // Host reference: delta = sum over written slots of ref_slot; y = RMSNorm(x0 + delta) * nw.
+    std::vector<float> dref(n, 0.f), yref(n);
+    for (int t = 0; t < c.N; ++t) {
+      for (int k = 0; k < c.K; ++k) {
+        if (s->route.ids[t * c.K + k] < 0) continue;
+        const auto r = ref_slot(c, s->in, s->route, t, k);
+        for (int i = 0; i < c.H; ++i) dref[static_cast<size_t>(t) * c.H + i] += r[i];
+      }
+      double ss = 0.0;
+      for (int i = 0; i < c.H; ++i) {
+        const double v = x0h.f[static_cast<size_t>(t) * c.H + i] + dref[static_cast<size_t>(t) * c.H + i];
+        ss += v * v;
+      }
+      const double inv = 1.0 / std::sqrt(ss / c.H + eps);
+      for (int i = 0; i < c.H; ++i) {
+        const size_t j = static_cast<size_t>(t) * c.H + i;
+        yref[j] = static_cast<float>((x0h.f[j] + dref[j]) * inv * nwh.f[i]);
+      }
+    }
+    DevBuf<bf16> x(n), y(n);
+    DevBuf<unsigned> done(1);
+    DevBuf<float> acc(nacc);
+    ASSERT_EQ(cudaMemset(done.get(), 0, 4), cudaSuccess);
+    ASSERT_EQ(cudaMemset(acc.get(), 0, nacc * 4), cudaSuccess);
+    OneCombine cmb;
+    cmb.x = x.get();
+    cmb.ids = s->ids.get();
+    cmb.w = nw->get();
+    cmb.y = y.get();
+    cmb.eps = eps;
+    cmb.done = done.get();
+    auto reset = [&]() {
+      ASSERT_EQ(cudaMemcpy(x.get(), x0->get(), n * 2, cudaMemcpyDeviceToDevice), cudaSuccess);
+      y.poison();
+      s->out.poison();
+      s->h.poison();
+    };
+    auto check = [&](const char* what) {
+      SCOPED_TRACE(what);
+      sync_ok();
+      const auto xg = download_bf16(x), yg = download_bf16(y);
+      std::vector<float> dg(n);
+      for (size_t i = 0; i < n; ++i) dg[i] = xg[i] - x0h.f[i];
+      bool any = false;
+      for (float v : dref) any = any || v != 0.f;
+      if (any) {
+        ZEST_EXPECT_CLOSE(dg, dref, kTolX);
+      } else {
+        for (size_t i = 0; i < n; ++i) ASSERT_EQ(dg[i], 0.f) << "x changed without a written slot";
+      }
+      ZEST_EXPECT_CLOSE(yg, yref, kTolY);
+      EXPECT_EQ(done.download()[0], 0u) << "exit counter left non-zero";
+      for (float v : acc.download()) ASSERT_EQ(v, 0.f) << "accumulator left non-zero";
+    };
+    // The chain on the same reference (the reference itself is checked this way).
+    reset();
+    ZEST_ASSERT_OK(moe_experts_one(s->x->get(), s->plan, s->w.get(), s->gu->get(), s->dn->get(), s->h.get(),
+                                   s->out.get(), c.N, c.K, c.E, c.H, c.I, 1, nullptr, nullptr, &cmb));
+    check("chain (variant 1, folded combine)");
+    const bool pdl = programmatic_launch();
+    for (int run = 0; run < 4; ++run) {
+      reset();
+      set_programmatic_launch(run >= 2);
+      const Status st = moe_experts_fused(s->x->get(), s->plan, s->w.get(), s->gu->get(), s->dn->get(), acc.get(),
+                                          c.N, c.K, c.E, c.H, c.I, cmb, nullptr);
+      set_programmatic_launch(pdl);
+      ZEST_ASSERT_OK(st);
+      check(run >= 2 ? "fused, programmatic launch" : "fused");
+    }
+    cudaStream_t st = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+    cudaGraphExec_t exec = capture_plan_and_experts(*s, st, 1, [&](cudaStream_t stream) {
+      return moe_experts_fused(s->x->get(), s->plan, s->w.get(), s->gu->get(), s->dn->get(), acc.get(), c.N, c.K, c.E,
+                               c.H, c.I, cmb, stream);
+    });
+    ASSERT_NE(exec, nullptr);
+    for (int rep = 0; rep < 3; ++rep) {
+      reset();
+      ASSERT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+      check("graph replay");
+    }
+    cudaGraphExecDestroy(exec);
+    cudaStreamDestroy(st);
+    for (bool with_acc : {true, false}) {
+      set_decode_option(DecodeOption::kMoeKernel, 18);
+      reset();
+      const Status ds = moe_experts_decode_combine(s->x->get(), s->plan, s->w.get(), s->gu->get(), s->dn->get(),
+                                                   s->h.get(), s->out.get(), c.N, c.K, c.E, c.H, c.I, x.get(),
+                                                   s->ids.get(), cmb.w, y.get(), eps, done.get(), nullptr,
+                                                   with_acc ? acc.get() : nullptr);
+      set_decode_option(DecodeOption::kMoeKernel, default_decode_option(DecodeOption::kMoeKernel));
+      ZEST_ASSERT_OK(ds);
+      check(with_acc ? "moe_experts_decode_combine, kMoeKernel 18" : "kMoeKernel 18 without the accumulator");
+    }
+  }
+  // Refused sizes and arguments.
+  EXPECT_FALSE(moe_fused_ok(1, 8, 128, 4096, 768));  // H above 2048 (the combine's limit)
+  EXPECT_FALSE(moe_fused_ok(9, 8, 128, 2048, 768));  // more than 8 tokens
+  OneCombine none;
+  EXPECT_FALSE(moe_experts_fused(nullptr, MoePlan{}, nullptr, nullptr, nullptr, nullptr, 1, 8, 128, 2048, 768, none,
+                                 nullptr)
+                   .is_ok());
+}
+
+// Time per replay (printed, not asserted) of graphs of (moe_plan, experts + combine) x 4 at the model shape: the chain
+// (moe_one variant 1 with its folded combine) against the fused form, with stamps of the fused CTAs.
+TEST(CudaMoeOne, FusedGraphReplayTimesPrinted) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(112);
+  const OneCase c{1, 8, 12, 2048, 768, 0, -1, 0, false};
+  const auto s = make_setup(c, rng);
+  const size_t n = static_cast<size_t>(c.H), nacc = static_cast<size_t>(c.K) * c.H;
+  const auto x0 = upload_bf16(random_bf16(n, rng, -0.05f, 0.05f));
+  const auto nw = upload_bf16(random_bf16(c.H, rng, 0.5f, 1.5f));
+  DevBuf<bf16> y(n);
+  DevBuf<unsigned> done(1);
+  DevBuf<float> acc(nacc);
+  ASSERT_EQ(cudaMemset(done.get(), 0, 4), cudaSuccess);
+  ASSERT_EQ(cudaMemset(acc.get(), 0, nacc * 4), cudaSuccess);
+  OneCombine cmb;
+  cmb.x = x0->get();
+  cmb.ids = s->ids.get();
+  cmb.w = nw->get();
+  cmb.y = y.get();
+  cmb.eps = 1e-6f;
+  cmb.done = done.get();
+  const int grid = moe_fused_grid(c.N, c.K, c.E, c.H, c.I);
+  DevBuf<uint64_t> stamps(2 * static_cast<size_t>(grid));
+  cudaStream_t st = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+  cudaEvent_t e0, e1;
+  ASSERT_EQ(cudaEventCreate(&e0), cudaSuccess);
+  ASSERT_EQ(cudaEventCreate(&e1), cudaSuccess);
+  for (int v = 0; v < 3; ++v) {
+    cudaGraphExec_t exec = capture_plan_and_experts(*s, st, 4, [&](cudaStream_t stream) {
+      return v == 0 ? moe_experts_one(s->x->get(), s->plan, s->w.get(), s->gu->get(), s->dn->get(), s->h.get(),
+                                      s->out.get(), c.N, c.K, c.E, c.H, c.I, 1, stream, nullptr, &cmb)
+                    : moe_experts_fused(s->x->get(), s->plan, s->w.get(), s->gu->get(), s->dn->get(), acc.get(), c.N,
+                                        c.K, c.E, c.H, c.I, cmb, stream, v == 2 ? stamps.get() : nullptr);
+    });
+    ASSERT_NE(exec, nullptr);
+    for (int r = 0; r < 5; ++r) ASSERT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
+    ASSERT_EQ(cudaEventRecord(e0, st), cudaSuccess);
+    constexpr int kReps = 20;
+    for (int r = 0; r < kReps; ++r) ASSERT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
+    ASSERT_EQ(cudaEventRecord(e1, st), cudaSuccess);
+    ASSERT_EQ(cudaEventSynchronize(e1), cudaSuccess);
+    float ms = 0.f;
+    ASSERT_EQ(cudaEventElapsedTime(&ms, e0, e1), cudaSuccess);
+    cudaGraphExecDestroy(exec);
+    std::printf("%s: %.2f us per (plan + experts + combine)\n",
+                v == 0 ? "moe_one variant 1, folded combine" : v == 1 ? "fused" : "fused with stamps",
+                ms * 1e3 / (kReps * 4));
+  }
+  const auto t = stamps.download();
+  std::vector<double> w, e;
+  uint64_t t0 = ~0ull;
+  for (int b = 0; b < grid; ++b) t0 = std::min(t0, t[2 * b]);
+  for (int b = 0; b < grid; ++b) {
+    w.push_back((static_cast<double>(t[2 * b]) - static_cast<double>(t0)) * 1e-3);
+    e.push_back((static_cast<double>(t[2 * b + 1]) - static_cast<double>(t0)) * 1e-3);
+  }
+  std::sort(w.begin(), w.end());
+  std::sort(e.begin(), e.end());
+  std::printf("fused (%d CTAs, us from the first CTA past its wait; min / median / max): past wait %.2f / %.2f / %.2f,"
+              " end %.2f / %.2f / %.2f\n",
+              grid, w.front(), w[w.size() / 2], w.back(), e.front(), e[e.size() / 2], e.back());
+  for (float v : acc.download()) ASSERT_EQ(v, 0.f) << "accumulator left non-zero";
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
   cudaStreamDestroy(st);
