@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/common.cuh"
 
 namespace zest::cuda {
@@ -41,7 +42,7 @@ struct OneParams {
   uint64_t* stamps_dn;  // optional: down CTA b writes [3b] at entry, [3b + 1] after its wait, [3b + 2] at its end
   OneCombine cmb;       // cmb.x != null: the down kernel's last CTA runs the combine
   int N;
-  int mode;  // TEMPORARY diagnostic (fused): 1 = no reductions, 2 = no down prefetch
+  int mode;  // TEMPORARY diagnostic (fused): 1 = no reductions, 2 = no down copies, 4 = contiguous down copies
 };
 
 __device__ __forceinline__ void prefetch_l2(const void* ptr, uint32_t bytes) {
@@ -282,29 +283,27 @@ __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_down_kernel(OneParams
 
 // ---- fused: gate/up and down of an item in one CTA, the down product split over the intermediate rows ----
 
-// 8-byte load of read-only data used once.
-__device__ __forceinline__ uint2 ld_stream8(const void* p) {
-  uint2 r;
-  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
-  return r;
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
 }
 
-// Four consecutive fp32 additions at L2 (16-byte aligned).
-__device__ __forceinline__ void red_add4(float* p, float a, float b, float c, float d) {
-  asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1,%2,%3,%4};" ::"l"(p), "f"(a), "f"(b), "f"(c), "f"(d)
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, uint64_t pol) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src),
+               "l"(pol)
                : "memory");
 }
 
-constexpr int kFusedU = 8;  // down row tiles in flight per warp
-
 // Item = (active expert j, intermediate rows [r0, r0 + 16)); CTA b takes items b, b + G, ... For each item the CTA
-// (1) prefetches the down columns [r0, r0 + 16) of expert e's H output rows (32 bytes each) into L2; (2) computes
-// SiLU(gate) * up of its 16 rows for the item's tokens as gate_up_item does (the h values, rounded to bf16, into
-// shared memory), the gate/up weights register-streamed; (3) multiplies them by the down columns (one mma k16 step per
-// 16 output rows, warp w taking row tiles w, w + 8, ..., 8 in flight) and adds the products, scaled by the slots'
-// routing weights, into p.slot_out (the fp32 accumulator [N * K, H], zero on entry) with 16-byte reductions at L2.
+// (1) copies the down columns [r0, r0 + 16) of expert e's H output rows (H x 32 bytes) into shared memory with
+// cp.async, issued before its first gate/up load; (2) computes SiLU(gate) * up of its 16 rows for the item's tokens
+// as gate_up_item does (the h values, rounded to bf16, into shared memory); (3) multiplies them by the copied columns
+// (one mma k16 step per 16 output rows, warp w taking row tiles w, w + 8, ...) and adds the products, scaled by the
+// slots' routing weights, into p.slot_out (the fp32 accumulator [N * K, H], zero on entry) with reductions at L2.
 // No item waits for another. The last CTA to finish (p.cmb.done) runs the combine on the accumulator and zeroes it.
 __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_fused_kernel(OneParams p) {
+  extern __shared__ __align__(16) unsigned char dn_cols[];  // [H][16] bf16: row r at r * 32 bytes
   __shared__ float red[kWarps][8][32];
   __shared__ __align__(16) bf16 hs[kMaxTok][kRows];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -312,21 +311,31 @@ __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_fused_kernel(OneParam
   step_timeline_phase(0);
   pdl_wait();
   if (p.stamps_gu && threadIdx.x == 0) p.stamps_gu[2 * blockIdx.x] = global_ns();
-  const int tiles = p.I / kRows, mtiles = p.H / kRows;
+  const int tiles = p.I / kRows;
   const int jf = min(static_cast<int>(blockIdx.x) / tiles, p.plan.experts - 1);
   const int ef = p.plan.active_experts[jf], begf = p.plan.offsets[jf], endf = p.plan.offsets[jf + 1];
   const int items = *p.plan.num_active * tiles;
+  const uint64_t pol = evict_first_policy();
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
     const bool first = item == static_cast<int>(blockIdx.x);
     const int j = item / tiles, r0 = (item % tiles) * kRows;
     const int e = first ? ef : p.plan.active_experts[j];
     const int beg = first ? begf : p.plan.offsets[j], end = first ? endf : p.plan.offsets[j + 1];
-    const bf16* dsrc = p.down + static_cast<size_t>(e) * p.H * p.I + r0;  // output row r at dsrc + r * I
+    const bf16* dsrc = p.down + static_cast<size_t>(e) * p.H * p.I + r0;
     if (!(p.mode & 2))
-      for (int r = threadIdx.x; r < p.H; r += blockDim.x) prefetch_l2(dsrc + static_cast<size_t>(r) * p.I, 32);
+      for (int idx = threadIdx.x; idx < 2 * p.H; idx += blockDim.x)
+        cp_async16(dn_cols + static_cast<size_t>(idx) * 16,
+                   (p.mode & 4) ? p.down + static_cast<size_t>(e) * p.H * p.I + static_cast<size_t>(r0) * p.H + idx * 8
+                                : dsrc + static_cast<size_t>(idx >> 1) * p.I + (idx & 1) * 8,
+                   pol);
+    asm volatile("cp.async.commit_group;" ::: "memory");
     for (int c0 = beg; c0 < end; c0 += kMaxTok) {
       const int nt = min(kMaxTok, end - c0);
       gate_up_pass<true>(p, e, r0, c0, nt, red, &hs[0][0], kRows, 0);  // ends with a barrier: hs visible
+      if (c0 == beg) {
+        asm volatile("cp.async.wait_all;" ::: "memory");
+        __syncthreads();
+      }
       // This lane's accumulator columns are tokens 2 tq and 2 tq + 1 of the pass.
       const int t0 = 2 * tq, t1 = t0 + 1;
       const int s0 = t0 < nt ? p.plan.sorted_slots[c0 + t0] : -1;
@@ -334,53 +343,33 @@ __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_fused_kernel(OneParam
       const float w0 = s0 >= 0 ? p.route_w[s0] : 0.f, w1 = s1 >= 0 ? p.route_w[s1] : 0.f;
       float* o0 = s0 >= 0 ? p.slot_out + static_cast<size_t>(s0) * p.H : nullptr;
       float* o1 = s1 >= 0 ? p.slot_out + static_cast<size_t>(s1) * p.H : nullptr;
-      // B fragment: token g's 16 h values, k permuted as the A fragments (lane tq holds k 4 tq .. 4 tq + 3).
+      // B fragment: token g's 16 h values, k permuted as the A fragments below (lane tq holds k 4 tq .. 4 tq + 3).
       const uint2 b = *reinterpret_cast<const uint2*>(&hs[g][tq * 4]);
-      const bf16* da = dsrc + static_cast<size_t>(g) * p.I + tq * 4;
-      for (int m0 = warp; m0 < mtiles; m0 += kWarps * kFusedU) {
-        uint2 lo[kFusedU], hi[kFusedU];
-#pragma unroll
-        for (int u = 0; u < kFusedU; ++u) {
-          const int mt = m0 + u * kWarps;
-          const bool ok = mt < mtiles;
-          lo[u] = ok ? ld_stream8(da + static_cast<size_t>(mt) * kRows * p.I) : make_uint2(0, 0);
-          hi[u] = ok ? ld_stream8(da + (static_cast<size_t>(mt) * kRows + 8) * p.I) : make_uint2(0, 0);
+      const unsigned char* sa = dn_cols + g * 32 + tq * 8;
+#pragma unroll 4
+      for (int mt = warp; mt < p.H / kRows; mt += kWarps) {
+        const uint2 lo = *reinterpret_cast<const uint2*>(sa + mt * kRows * 32);
+        const uint2 hi = *reinterpret_cast<const uint2*>(sa + (mt * kRows + 8) * 32);
+        float c[4] = {0.f, 0.f, 0.f, 0.f};
+        mma16816(c, lo.x, hi.x, lo.y, hi.y, b.x, b.y);
+        const int row = mt * kRows + g;
+        if (p.mode & 1) {
+          if (c[0] == 12345.f) red[0][0][0] = c[1];
+          continue;
         }
-#pragma unroll
-        for (int u = 0; u < kFusedU; ++u) {
-          const int mt = m0 + u * kWarps;
-          if (mt >= mtiles) break;
-          float c[4] = {0.f, 0.f, 0.f, 0.f};
-          mma16816(c, lo[u].x, hi[u].x, lo[u].y, hi[u].y, b.x, b.y);
-          if (p.mode & 1) {
-            if (c[0] == 12345.f) red[0][0][0] = c[1];
-            continue;
-          }
-          // Rows g .. g + 3 (and g + 8 .. g + 11) of a token gathered into the lanes with g % 4 == 0.
-          float q[4][4];
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            if ((i & 1) && nt < 2) continue;  // token 2 tq + 1 exists in no lane
-            q[i][0] = c[i];
-            q[i][1] = __shfl_down_sync(0xffffffffu, c[i], 4);
-            q[i][2] = __shfl_down_sync(0xffffffffu, c[i], 8);
-            q[i][3] = __shfl_down_sync(0xffffffffu, c[i], 12);
-          }
-          if ((g & 3) == 0) {
-            const int row = mt * kRows + g;
-            if (o0) {
-              red_add4(o0 + row, q[0][0] * w0, q[0][1] * w0, q[0][2] * w0, q[0][3] * w0);
-              red_add4(o0 + row + 8, q[2][0] * w0, q[2][1] * w0, q[2][2] * w0, q[2][3] * w0);
-            }
-            if (o1) {
-              red_add4(o1 + row, q[1][0] * w1, q[1][1] * w1, q[1][2] * w1, q[1][3] * w1);
-              red_add4(o1 + row + 8, q[3][0] * w1, q[3][1] * w1, q[3][2] * w1, q[3][3] * w1);
-            }
-          }
+        if (o0) {
+          atomicAdd(o0 + row, c[0] * w0);
+          atomicAdd(o0 + row + 8, c[2] * w0);
+        }
+        if (o1) {
+          atomicAdd(o1 + row, c[1] * w1);
+          atomicAdd(o1 + row + 8, c[3] * w1);
         }
       }
       __syncthreads();  // hs is rewritten by the next pass
     }
+    if (beg >= end) asm volatile("cp.async.wait_all;" ::: "memory");
+    __syncthreads();  // dn_cols is rewritten by the next item
   }
   step_timeline_phase(2);
   if (p.stamps_gu && threadIdx.x == 0) p.stamps_gu[2 * blockIdx.x + 1] = global_ns();
@@ -416,10 +405,15 @@ Status moe_experts_fused(const bf16* x, const MoePlan& plan, const float* weight
                             " E=" + std::to_string(E) + " H=" + std::to_string(H) + " I=" + std::to_string(I) + ")");
   if (!acc || !combine.x || !combine.ids || !combine.done || (combine.w && !combine.y))
     return invalid_argument("moe_experts_fused: needs the accumulator and the combine's x, ids, done (y with w)");
+  constexpr size_t kMaxDyn = static_cast<size_t>(2048) * kRows * sizeof(bf16);
   static int carve = -1;
   const int want = decode_option(DecodeOption::kMoeCarveout) >= 1 ? 1 : 0;
   if (want != carve) {
-    ZEST_RETURN_IF_ERROR(set_min_carveout(reinterpret_cast<const void*>(one_fused_kernel), kPerSm, 0, want == 1));
+    const void* fn = reinterpret_cast<const void*>(one_fused_kernel);
+    ZEST_RETURN_IF_ERROR(cuda_status(
+        cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMaxDyn)),
+        "moe_experts_fused"));
+    ZEST_RETURN_IF_ERROR(set_min_carveout(fn, kPerSm, kMaxDyn, want == 1));
     carve = want;
   }
   OneParams p{};
@@ -437,7 +431,9 @@ Status moe_experts_fused(const bf16* x, const MoePlan& plan, const float* weight
   p.N = N;
   static const int mode = getenv("ZEST_FUSED_MODE") ? atoi(getenv("ZEST_FUSED_MODE")) : 0;
   p.mode = mode;
-  return launch("moe_fused", one_fused_kernel, dim3(moe_fused_grid(N, K, E, H, I)), dim3(kWarps * 32), 0, stream, p);
+  const size_t smem = static_cast<size_t>(H) * kRows * sizeof(bf16);
+  return launch("moe_fused", one_fused_kernel, dim3(moe_fused_grid(N, K, E, H, I)), dim3(kWarps * 32), smem, stream,
+                p);
 }
 
 bool moe_one_combine_ok(int H) { return H > 0 && H % 8 == 0 && H <= 8 * kWarps * 32; }
