@@ -13,7 +13,6 @@
 #include "kernels/cuda/moe_one.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <string>
 
 #include "kernels/cuda/async_copy.cuh"
@@ -42,7 +41,6 @@ struct OneParams {
   uint64_t* stamps_dn;  // optional: down CTA b writes [3b] at entry, [3b + 1] after its wait, [3b + 2] at its end
   OneCombine cmb;       // cmb.x != null: the down kernel's last CTA runs the combine
   int N;
-  int mode;  // TEMPORARY diagnostic (fused): 1 = no reductions, 2 = no down copies, 4 = contiguous down copies
 };
 
 __device__ __forceinline__ void prefetch_l2(const void* ptr, uint32_t bytes) {
@@ -322,12 +320,9 @@ __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_fused_kernel(OneParam
     const int e = first ? ef : p.plan.active_experts[j];
     const int beg = first ? begf : p.plan.offsets[j], end = first ? endf : p.plan.offsets[j + 1];
     const bf16* dsrc = p.down + static_cast<size_t>(e) * p.H * p.I + r0;
-    if (!(p.mode & 2))
-      for (int idx = threadIdx.x; idx < 2 * p.H; idx += blockDim.x)
-        cp_async16(dn_cols + static_cast<size_t>(idx) * 16,
-                   (p.mode & 4) ? p.down + static_cast<size_t>(e) * p.H * p.I + static_cast<size_t>(r0) * p.H + idx * 8
-                                : dsrc + static_cast<size_t>(idx >> 1) * p.I + (idx & 1) * 8,
-                   pol);
+    for (int idx = threadIdx.x; idx < 2 * p.H; idx += blockDim.x)
+      cp_async16(dn_cols + static_cast<size_t>(idx) * 16, dsrc + static_cast<size_t>(idx >> 1) * p.I + (idx & 1) * 8,
+                 pol);
     asm volatile("cp.async.commit_group;" ::: "memory");
     for (int c0 = beg; c0 < end; c0 += kMaxTok) {
       const int nt = min(kMaxTok, end - c0);
@@ -353,10 +348,6 @@ __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_fused_kernel(OneParam
         float c[4] = {0.f, 0.f, 0.f, 0.f};
         mma16816(c, lo.x, hi.x, lo.y, hi.y, b.x, b.y);
         const int row = mt * kRows + g;
-        if (p.mode & 1) {
-          if (c[0] == 12345.f) red[0][0][0] = c[1];
-          continue;
-        }
         if (o0) {
           atomicAdd(o0 + row, c[0] * w0);
           atomicAdd(o0 + row + 8, c[2] * w0);
@@ -429,8 +420,6 @@ Status moe_experts_fused(const bf16* x, const MoePlan& plan, const float* weight
   p.stamps_gu = stamps;
   p.cmb = combine;
   p.N = N;
-  static const int mode = getenv("ZEST_FUSED_MODE") ? atoi(getenv("ZEST_FUSED_MODE")) : 0;
-  p.mode = mode;
   const size_t smem = static_cast<size_t>(H) * kRows * sizeof(bf16);
   return launch("moe_fused", one_fused_kernel, dim3(moe_fused_grid(N, K, E, H, I)), dim3(kWarps * 32), smem, stream,
                 p);
