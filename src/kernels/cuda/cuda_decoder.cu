@@ -256,7 +256,6 @@ class CudaTextDecoder final : public model::TextDecoder {
     int32_t *ids = nullptr, *ids_before = nullptr;
     float *route_w = nullptr, *slot_out = nullptr;
     unsigned* done = nullptr;  // the folded MoE combine's exit counter (zero between launches)
-    float* acc = nullptr;      // the fused one-token experts' accumulator (zero between launches)
     void* plan_buf = nullptr;
     MoePlan plan;
     const model::RerouteSpec* sim_spec = nullptr;  // the spec whose similarity matrices are on the device
@@ -492,7 +491,6 @@ Status CudaTextDecoder::ensure(const Caps& need) const {
       s.xr = cv.take<bf16>(R * H);
       s.logits = cv.take<bf16>(R * V_);
       s.done = cv.take<unsigned>(1);
-      s.acc = cv.take<float>(E_ > 0 ? std::min<size_t>(T, 8) * K * H : 1);
     };
     Carver sizing;
     layout(sizing);
@@ -501,8 +499,6 @@ Status CudaTextDecoder::ensure(const Caps& need) const {
     layout(real);
     if (E_ > 0) moe_plan_bind(s.plan, s.plan_buf, static_cast<int>(T), K_, E_);
     ZEST_CU(cudaMemsetAsync(s.done, 0, sizeof(unsigned), stream_), "combine counter");
-    ZEST_CU(cudaMemsetAsync(s.acc, 0, (E_ > 0 ? std::min<size_t>(T, 8) * K * H : 1) * sizeof(float), stream_),
-            "experts accumulator");
     ZEST_RETURN_IF_ERROR(s.logits_host.allocate(R * V_ * sizeof(uint16_t)));
   }
   StepInputs unused;
@@ -601,7 +597,7 @@ Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const model::
                                  : moe_plan_prefill(s.ids, T, K_, E_, s.plan, nullptr, st));
   if (T <= kDecodeMoeTokens)
     return moe_experts_decode_combine(s.xn, s.plan, s.route_w, Ly.gate_up, Ly.down, s.h, s.slot_out, T, K_, E_, H_, I_,
-                                      s.x, s.ids, next_w, s.xn, eps_, s.done, st, s.acc);
+                                      s.x, s.ids, next_w, s.xn, eps_, s.done, st);
   ZEST_RETURN_IF_ERROR(
       moe_experts_prefill(s.xn, s.plan, s.route_w, Ly.gate_up, Ly.down, s.h, s.slot_out, T, K_, E_, H_, I_, st));
   return moe_combine_add_rmsnorm(s.x, s.slot_out, s.ids, K_, next_w, s.xn, T, H_, eps_, st);

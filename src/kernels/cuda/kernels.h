@@ -119,8 +119,7 @@ enum class DecodeOption : int {
   kMoeKernel,       // decode experts: 0 (default) = by batch (see moe.cu: 17 for one token, else streaming);
                     // 1 = rows_mma gate/up + down kernels; 2-15 = one persistent bulk-copy streaming kernel
                     // (moe_stream.h variants 0-13); 16-17 = moe_one.h variants 0-1 (up to 8 tokens, H and I
-                    // multiples of 32; other sizes take the default by batch); 18 = moe_one.h's fused form
-                    // (moe_experts_fused) in moe_experts_decode_combine when given its accumulator, else as 17
+                    // multiples of 32; other sizes take the default by batch)
   kMoeBlock,        // decode MoE half of a layer (T <= 8, MoE layer, nothing re-routes: no SERE, no host hooks): 0 (default)
                     // = the chain add + RMSNorm, routing, experts, combine + RMSNorm; 1 = moe_block_decode (moe_block.h),
                     // one cooperative launch with programmatic serialisation where the driver takes it, gate/up
@@ -378,13 +377,11 @@ Status moe_experts_decode(const bf16* x, const MoePlan& plan, const float* weigh
 // moe_experts_decode followed by the layer's combine, moe_combine_add_rmsnorm(cx, slot_out, ids, K, cw, cy, N, H,
 // eps): folded into the experts' last kernel when DecodeOption::kMoeCombine allows it and that kernel can (the
 // one-token experts, moe_one.h, H <= 2048), else as the separate launch; the same bits either way. done: one device
-// word, zero before the first call (the folded form leaves it zero). acc: null, or [min(N, 8) * K, H] fp32 zero
-// before the first call (left zero), the accumulator of the fused one-token form (kMoeKernel 18; within bf16
-// tolerance of the others, not the same bits).
+// word, zero before the first call (the folded form leaves it zero).
 Status moe_experts_decode_combine(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
                                   const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I,
                                   bf16* cx, const int32_t* ids, const bf16* cw, bf16* cy, float eps, unsigned* done,
-                                  cudaStream_t stream, float* acc = nullptr);
+                                  cudaStream_t stream);
 // Prefill experts: the same function as moe_experts_decode through tensor-core grouped GEMMs over the
 // plan's tiles (device-side offsets): moe_prefill_gate_up then moe_prefill_down when H % 128 == 0 and
 // I % 64 == 0, else moe_experts_prefill_wmma.

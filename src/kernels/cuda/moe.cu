@@ -313,7 +313,6 @@ Status moe_experts_decode(const bf16* x, const MoePlan& plan, const float* weigh
   if (kernel == 0) kernel = default_moe_kernel(N);
   // 16 + v: moe_one.h variant v; sizes it does not take go to the default by batch (rows_mma where that is moe_one).
   constexpr int kOneBase = 2 + kStreamVariants;
-  if (kernel == kOneBase + kOneVariants) kernel = kOneBase + 1;  // the fused form needs the combine: moe_one variant 1
   if (kernel >= kOneBase && kernel < kOneBase + kOneVariants) {
     if (moe_one_ok(N, K, E, H, I))
       return moe_experts_one(x, plan, weights, gate_up, down, h, slot_out, N, K, E, H, I, kernel - kOneBase, stream);
@@ -350,24 +349,11 @@ Status moe_experts_decode(const bf16* x, const MoePlan& plan, const float* weigh
 Status moe_experts_decode_combine(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
                                   const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I,
                                   bf16* cx, const int32_t* ids, const bf16* cw, bf16* cy, float eps, unsigned* done,
-                                  cudaStream_t stream, float* acc) {
+                                  cudaStream_t stream) {
   ZEST_RETURN_IF_ERROR(check_moe("moe_experts_decode_combine", N, K, E, H, I));
   int kernel = decode_option(DecodeOption::kMoeKernel);
   if (kernel == 0) kernel = default_moe_kernel(N);
   constexpr int kOneBase = 2 + kStreamVariants;
-  if (kernel == kOneBase + kOneVariants) {  // 18: the fused form (moe_one.h) where it applies, else moe_one variant 1
-    if (decode_option(DecodeOption::kMoeCombine) >= 1 && done && acc && moe_fused_ok(N, K, E, H, I)) {
-      OneCombine c;
-      c.x = cx;
-      c.ids = ids;
-      c.w = cw;
-      c.y = cy;
-      c.eps = eps;
-      c.done = done;
-      return moe_experts_fused(x, plan, weights, gate_up, down, acc, N, K, E, H, I, c, stream);
-    }
-    kernel = kOneBase + 1;
-  }
   if (decode_option(DecodeOption::kMoeCombine) >= 1 && done && kernel >= kOneBase && kernel < kOneBase + kOneVariants &&
       moe_one_ok(N, K, E, H, I) && moe_one_combine_ok(H)) {
     OneCombine c;

@@ -15,7 +15,6 @@
 #include <algorithm>
 #include <string>
 
-#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/common.cuh"
 
 namespace zest::cuda {
@@ -47,11 +46,11 @@ __device__ __forceinline__ void prefetch_l2(const void* ptr, uint32_t bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(ptr), "r"(bytes) : "memory");
 }
 
-// One pass of gate_up_item: the tokens at sorted positions [c0, c0 + nt), nt <= 8. Row r (0-15) of token t goes to
-// hdst[t * hstride + hoff + r]; with kZeroRest the CTA also writes zeros for the tokens t in [nt, 8).
-template <bool kZeroRest>
-__device__ __forceinline__ void gate_up_pass(const OneParams& p, int e, int r0, int c0, int nt, float (*red)[8][32],
-                                             bf16* hdst, int hstride, int hoff) {
+// One gate/up item: SiLU(gate) * up of expert e's intermediate rows [r0, r0 + 16) for its sorted slots [beg, end),
+// written to h. Warp w takes chunks w, w + 8, ... of k (2 in flight per matrix), as rows_mma_kernel<kGateUp> does.
+// Ends with a barrier (h written by the CTA's 128 storing threads).
+__device__ __forceinline__ void gate_up_item(const OneParams& p, int e, int r0, int beg, int end,
+                                             float (*red)[8][32]) {
   constexpr int kU = 2;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, tq = lane & 3;
@@ -60,65 +59,57 @@ __device__ __forceinline__ void gate_up_pass(const OneParams& p, int e, int r0, 
   const bf16* hi0 = lo0 + static_cast<size_t>(8) * p.H;
   const bf16* lo1 = lo0 + static_cast<size_t>(p.I) * p.H;  // up rows
   const bf16* hi1 = hi0 + static_cast<size_t>(p.I) * p.H;
-  const bf16* xp = g < nt ? p.x + static_cast<size_t>(p.plan.sorted_slots[c0 + g] / p.K) * p.H + tq * 8 : nullptr;
-  float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-  for (int cb = warp; cb < chunks; cb += kWarps * kU) {
-    uint4 a[kU][4];
+  for (int c0 = beg; c0 < end; c0 += kMaxTok) {
+    const int nt = min(kMaxTok, end - c0);
+    const bf16* xp = g < nt ? p.x + static_cast<size_t>(p.plan.sorted_slots[c0 + g] / p.K) * p.H + tq * 8 : nullptr;
+    float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    for (int cb = warp; cb < chunks; cb += kWarps * kU) {
+      uint4 a[kU][4];
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const size_t k = static_cast<size_t>(cb + u * kWarps) * kChunk;
-      const bool ok = cb + u * kWarps < chunks;
-      const uint4 z = make_uint4(0, 0, 0, 0);
-      a[u][0] = ok ? ld_stream(lo0 + k) : z;
-      a[u][1] = ok ? ld_stream(hi0 + k) : z;
-      a[u][2] = ok ? ld_stream(lo1 + k) : z;
-      a[u][3] = ok ? ld_stream(hi1 + k) : z;
-    }
-    // Token fragments (L1 hits after the first item) after the weight loads in program order.
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const size_t k = static_cast<size_t>(cb + u * kWarps) * kChunk;
-      const uint4 xa = cb + u * kWarps < chunks && xp ? __ldg(reinterpret_cast<const uint4*>(xp + k))
-                                                       : make_uint4(0, 0, 0, 0);
-      mma16816(acc[0], a[u][0].x, a[u][1].x, a[u][0].y, a[u][1].y, xa.x, xa.y);
-      mma16816(acc[0], a[u][0].z, a[u][1].z, a[u][0].w, a[u][1].w, xa.z, xa.w);
-      mma16816(acc[1], a[u][2].x, a[u][3].x, a[u][2].y, a[u][3].y, xa.x, xa.y);
-      mma16816(acc[1], a[u][2].z, a[u][3].z, a[u][2].w, a[u][3].w, xa.z, xa.w);
-    }
-  }
-#pragma unroll
-  for (int m = 0; m < 2; ++m)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) red[warp][m * 4 + i][lane] = acc[m][i];
-  __syncthreads();
-  if (threadIdx.x < 4 * 32) {
-    const int i = threadIdx.x >> 5, l = threadIdx.x & 31;
-    const int t = (l & 3) * 2 + (i & 1);
-    if (t < nt) {
-      float sg = 0.f, su = 0.f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        sg += red[w][i][l];
-        su += red[w][4 + i][l];
+      for (int u = 0; u < kU; ++u) {
+        const size_t k = static_cast<size_t>(cb + u * kWarps) * kChunk;
+        const bool ok = cb + u * kWarps < chunks;
+        const uint4 z = make_uint4(0, 0, 0, 0);
+        a[u][0] = ok ? ld_stream(lo0 + k) : z;
+        a[u][1] = ok ? ld_stream(hi0 + k) : z;
+        a[u][2] = ok ? ld_stream(lo1 + k) : z;
+        a[u][3] = ok ? ld_stream(hi1 + k) : z;
       }
-      const int row = (l >> 2) + (i >> 1) * 8;
-      const float gt = bf16_round(sg), up = bf16_round(su);
-      const float sl = bf16_round(gt / (1.f + __expf(-gt)));
-      hdst[static_cast<size_t>(t) * hstride + hoff + row] = __float2bfloat16(sl * up);
-    } else if (kZeroRest) {
-      hdst[static_cast<size_t>(t) * hstride + hoff + (l >> 2) + (i >> 1) * 8] = __float2bfloat16(0.f);
+      // Token fragments (L1 hits after the first item) after the weight loads in program order.
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const size_t k = static_cast<size_t>(cb + u * kWarps) * kChunk;
+        const uint4 xa = cb + u * kWarps < chunks && xp ? __ldg(reinterpret_cast<const uint4*>(xp + k))
+                                                         : make_uint4(0, 0, 0, 0);
+        mma16816(acc[0], a[u][0].x, a[u][1].x, a[u][0].y, a[u][1].y, xa.x, xa.y);
+        mma16816(acc[0], a[u][0].z, a[u][1].z, a[u][0].w, a[u][1].w, xa.z, xa.w);
+        mma16816(acc[1], a[u][2].x, a[u][3].x, a[u][2].y, a[u][3].y, xa.x, xa.y);
+        mma16816(acc[1], a[u][2].z, a[u][3].z, a[u][2].w, a[u][3].w, xa.z, xa.w);
+      }
     }
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) red[warp][m * 4 + i][lane] = acc[m][i];
+    __syncthreads();
+    if (threadIdx.x < 4 * 32) {
+      const int i = threadIdx.x >> 5, l = threadIdx.x & 31;
+      const int t = (l & 3) * 2 + (i & 1);
+      if (t < nt) {
+        float sg = 0.f, su = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) {
+          sg += red[w][i][l];
+          su += red[w][4 + i][l];
+        }
+        const int row = r0 + (l >> 2) + (i >> 1) * 8;
+        const float gt = bf16_round(sg), up = bf16_round(su);
+        const float sl = bf16_round(gt / (1.f + __expf(-gt)));
+        p.h[static_cast<size_t>(c0 + t) * p.I + row] = __float2bfloat16(sl * up);
+      }
+    }
+    __syncthreads();
   }
-  __syncthreads();
-}
-
-// One gate/up item: SiLU(gate) * up of expert e's intermediate rows [r0, r0 + 16) for its sorted slots [beg, end),
-// written to h. Warp w takes chunks w, w + 8, ... of k (2 in flight per matrix), as rows_mma_kernel<kGateUp> does.
-// Ends with a barrier (h written by the CTA's 128 storing threads).
-__device__ __forceinline__ void gate_up_item(const OneParams& p, int e, int r0, int beg, int end,
-                                             float (*red)[8][32]) {
-  for (int c0 = beg; c0 < end; c0 += kMaxTok)
-    gate_up_pass<false>(p, e, r0, c0, min(kMaxTok, end - c0), red, p.h + static_cast<size_t>(c0) * p.I, p.I, r0);
 }
 
 constexpr int kDnU = 4;  // down: chunks in flight per warp (a warp's whole k at I = 768)
@@ -279,151 +270,7 @@ __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_down_kernel(OneParams
   if (p.cmb.x && finish_last(p, p.cmb.done, &red[0][0][0])) step_timeline_phase(3);
 }
 
-// ---- fused: gate/up and down of an item in one CTA, the down product split over the intermediate rows ----
-
-__device__ __forceinline__ uint64_t evict_first_policy() {
-  uint64_t pol;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-  return pol;
-}
-
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, uint64_t pol) {
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src),
-               "l"(pol)
-               : "memory");
-}
-
-// Item = (active expert j, intermediate rows [r0, r0 + 16)); CTA b takes items b, b + G, ... For each item the CTA
-// (1) copies the down columns [r0, r0 + 16) of expert e's H output rows (H x 32 bytes) into shared memory with
-// cp.async, issued before its first gate/up load; (2) computes SiLU(gate) * up of its 16 rows for the item's tokens
-// as gate_up_item does (the h values, rounded to bf16, into shared memory); (3) multiplies them by the copied columns
-// (one mma k16 step per 16 output rows, warp w taking row tiles w, w + 8, ...) and adds the products, scaled by the
-// slots' routing weights, into p.slot_out (the fp32 accumulator [N * K, H], zero on entry) with reductions at L2.
-// No item waits for another. The last CTA to finish (p.cmb.done) runs the combine on the accumulator and zeroes it.
-__global__ void __launch_bounds__(kWarps * 32, kPerSm) one_fused_kernel(OneParams p) {
-  extern __shared__ __align__(16) unsigned char dn_cols[];  // [H][16] bf16: row r at r * 32 bytes
-  __shared__ float red[kWarps][8][32];
-  __shared__ __align__(16) bf16 hs[kMaxTok][kRows];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, tq = lane & 3;
-  step_timeline_phase(0);
-  pdl_wait();
-  if (p.stamps_gu && threadIdx.x == 0) p.stamps_gu[2 * blockIdx.x] = global_ns();
-  const int tiles = p.I / kRows;
-  const int jf = min(static_cast<int>(blockIdx.x) / tiles, p.plan.experts - 1);
-  const int ef = p.plan.active_experts[jf], begf = p.plan.offsets[jf], endf = p.plan.offsets[jf + 1];
-  const int items = *p.plan.num_active * tiles;
-  const uint64_t pol = evict_first_policy();
-  for (int item = blockIdx.x; item < items; item += gridDim.x) {
-    const bool first = item == static_cast<int>(blockIdx.x);
-    const int j = item / tiles, r0 = (item % tiles) * kRows;
-    const int e = first ? ef : p.plan.active_experts[j];
-    const int beg = first ? begf : p.plan.offsets[j], end = first ? endf : p.plan.offsets[j + 1];
-    const bf16* dsrc = p.down + static_cast<size_t>(e) * p.H * p.I + r0;
-    for (int idx = threadIdx.x; idx < 2 * p.H; idx += blockDim.x)
-      cp_async16(dn_cols + static_cast<size_t>(idx) * 16, dsrc + static_cast<size_t>(idx >> 1) * p.I + (idx & 1) * 8,
-                 pol);
-    asm volatile("cp.async.commit_group;" ::: "memory");
-    for (int c0 = beg; c0 < end; c0 += kMaxTok) {
-      const int nt = min(kMaxTok, end - c0);
-      gate_up_pass<true>(p, e, r0, c0, nt, red, &hs[0][0], kRows, 0);  // ends with a barrier: hs visible
-      if (c0 == beg) {
-        asm volatile("cp.async.wait_all;" ::: "memory");
-        __syncthreads();
-      }
-      // This lane's accumulator columns are tokens 2 tq and 2 tq + 1 of the pass.
-      const int t0 = 2 * tq, t1 = t0 + 1;
-      const int s0 = t0 < nt ? p.plan.sorted_slots[c0 + t0] : -1;
-      const int s1 = t1 < nt ? p.plan.sorted_slots[c0 + t1] : -1;
-      const float w0 = s0 >= 0 ? p.route_w[s0] : 0.f, w1 = s1 >= 0 ? p.route_w[s1] : 0.f;
-      float* o0 = s0 >= 0 ? p.slot_out + static_cast<size_t>(s0) * p.H : nullptr;
-      float* o1 = s1 >= 0 ? p.slot_out + static_cast<size_t>(s1) * p.H : nullptr;
-      // B fragment: token g's 16 h values, k permuted as the A fragments below (lane tq holds k 4 tq .. 4 tq + 3).
-      const uint2 b = *reinterpret_cast<const uint2*>(&hs[g][tq * 4]);
-      const unsigned char* sa = dn_cols + g * 32 + tq * 8;
-#pragma unroll 4
-      for (int mt = warp; mt < p.H / kRows; mt += kWarps) {
-        const uint2 lo = *reinterpret_cast<const uint2*>(sa + mt * kRows * 32);
-        const uint2 hi = *reinterpret_cast<const uint2*>(sa + (mt * kRows + 8) * 32);
-        float c[4] = {0.f, 0.f, 0.f, 0.f};
-        mma16816(c, lo.x, hi.x, lo.y, hi.y, b.x, b.y);
-        const int row = mt * kRows + g;
-        if (o0) {
-          atomicAdd(o0 + row, c[0] * w0);
-          atomicAdd(o0 + row + 8, c[2] * w0);
-        }
-        if (o1) {
-          atomicAdd(o1 + row, c[1] * w1);
-          atomicAdd(o1 + row + 8, c[3] * w1);
-        }
-      }
-      __syncthreads();  // hs is rewritten by the next pass
-    }
-    if (beg >= end) asm volatile("cp.async.wait_all;" ::: "memory");
-    __syncthreads();  // dn_cols is rewritten by the next item
-  }
-  step_timeline_phase(2);
-  if (p.stamps_gu && threadIdx.x == 0) p.stamps_gu[2 * blockIdx.x + 1] = global_ns();
-  if (finish_last(p, p.cmb.done, &red[0][0][0])) {
-    // The combine read columns [c, c + 8) of every slot row in this thread: zero them for the next launch.
-    const int c = threadIdx.x * 8;
-    if (c < p.H)
-      for (int s = 0; s < p.N * p.K; ++s) {
-        float4* d = reinterpret_cast<float4*>(p.slot_out + static_cast<size_t>(s) * p.H + c);
-        d[0] = make_float4(0.f, 0.f, 0.f, 0.f);
-        d[1] = make_float4(0.f, 0.f, 0.f, 0.f);
-      }
-    step_timeline_phase(3);
-  }
-}
-
 }  // namespace
-
-bool moe_fused_ok(int N, int K, int E, int H, int I) { return moe_one_ok(N, K, E, H, I) && moe_one_combine_ok(H); }
-
-int moe_fused_grid(int N, int K, int E, int H, int I) {
-  (void)H;
-  const int max_active = std::min(E, N * K);
-  return std::max(1, std::min(kPerSm * sm_count(), max_active * (I / kRows)));
-}
-
-Status moe_experts_fused(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
-                         const bf16* down, float* acc, int N, int K, int E, int H, int I, const OneCombine& combine,
-                         cudaStream_t stream, uint64_t* stamps) {
-  if (!moe_fused_ok(N, K, E, H, I))
-    return invalid_argument("moe_experts_fused: unsupported sizes (need 1 <= N <= 8, 1 <= K <= E, H and I positive "
-                            "multiples of 32, H <= 2048; N=" + std::to_string(N) + " K=" + std::to_string(K) +
-                            " E=" + std::to_string(E) + " H=" + std::to_string(H) + " I=" + std::to_string(I) + ")");
-  if (!acc || !combine.x || !combine.ids || !combine.done || (combine.w && !combine.y))
-    return invalid_argument("moe_experts_fused: needs the accumulator and the combine's x, ids, done (y with w)");
-  constexpr size_t kMaxDyn = static_cast<size_t>(2048) * kRows * sizeof(bf16);
-  static int carve = -1;
-  const int want = decode_option(DecodeOption::kMoeCarveout) >= 1 ? 1 : 0;
-  if (want != carve) {
-    const void* fn = reinterpret_cast<const void*>(one_fused_kernel);
-    ZEST_RETURN_IF_ERROR(cuda_status(
-        cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMaxDyn)),
-        "moe_experts_fused"));
-    ZEST_RETURN_IF_ERROR(set_min_carveout(fn, kPerSm, kMaxDyn, want == 1));
-    carve = want;
-  }
-  OneParams p{};
-  p.x = x;
-  p.gate_up = gate_up;
-  p.down = down;
-  p.slot_out = acc;
-  p.route_w = weights;
-  p.plan = plan;
-  p.K = K;
-  p.H = H;
-  p.I = I;
-  p.stamps_gu = stamps;
-  p.cmb = combine;
-  p.N = N;
-  const size_t smem = static_cast<size_t>(H) * kRows * sizeof(bf16);
-  return launch("moe_fused", one_fused_kernel, dim3(moe_fused_grid(N, K, E, H, I)), dim3(kWarps * 32), smem, stream,
-                p);
-}
 
 bool moe_one_combine_ok(int H) { return H > 0 && H % 8 == 0 && H <= 8 * kWarps * 32; }
 

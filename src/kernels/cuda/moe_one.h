@@ -39,17 +39,4 @@ Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights,
 // The gate/up and down grids of moe_experts_one for these sizes.
 void moe_one_grids(int N, int K, int E, int H, int I, int* gate_up_grid, int* down_grid);
 
-// The fused form (DecodeOption::kMoeKernel 18, through moe_experts_decode_combine): one launch in which every CTA
-// takes (active expert, 16 intermediate rows) items and computes both the item's SiLU(gate) * up rows and their share
-// of the down product (the down columns of those rows, copied into shared memory while the gate/up weights stream),
-// adding it, scaled by the routing weight, into acc[slot] with fp32 reductions; no item waits for another. The last
-// CTA runs the layer's combine (as OneCombine) on acc and zeroes acc again. acc: [N * K, H] fp32, zero before the
-// first launch (the kernel leaves it zero). The sums are not in a fixed order (within bf16 tolerance of the chain;
-// not bit-reproducible). stamps (tests): when not null, [2 * moe_fused_grid]: CTA b after its wait and at its end.
-bool moe_fused_ok(int N, int K, int E, int H, int I);
-int moe_fused_grid(int N, int K, int E, int H, int I);
-Status moe_experts_fused(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
-                         const bf16* down, float* acc, int N, int K, int E, int H, int I, const OneCombine& combine,
-                         cudaStream_t stream, uint64_t* stamps = nullptr);
-
 }  // namespace zest::cuda

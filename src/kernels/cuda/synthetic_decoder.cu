@@ -224,10 +224,6 @@ Status SyntheticDecoder::init(const SyntheticConfig& cfg, const SyntheticOptions
   }
   ZEST_RETURN_IF_ERROR(dev(4, &combine_done_));
   ZEST_CU(cudaMemsetAsync(combine_done_, 0, 4, stream_), "memset");
-  // The fused one-token experts' accumulator (kMoeKernel 18): zero, and left zero by every launch.
-  const size_t acc_bytes = std::min<size_t>(B, 8) * K * H * 4;
-  ZEST_RETURN_IF_ERROR(dev(acc_bytes, &moe_acc_));
-  ZEST_CU(cudaMemsetAsync(moe_acc_, 0, acc_bytes, stream_), "memset");
   ZEST_CU(cudaMemsetAsync(step_counter_, 0, 4, stream_), "memset");
   ZEST_CU(cudaMemsetAsync(expert_counts_, 0, cfg.layers * sizeof(int64_t), stream_), "memset");
 
@@ -352,7 +348,7 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
         ZEST_RETURN_IF_ERROR(moe_plan_reset_counters(plan_, s));
       ZEST_OP("moe experts + combine + rmsnorm",
               moe_experts_decode_combine(xn_, plan_, route_w_, L.gate_up, L.down, h_, slot_out_, batch, K, E, H, I,
-                                         x_, route_ids_, next_norm, xn_, kEps, combine_done_, s, moe_acc_));
+                                         x_, route_ids_, next_norm, xn_, kEps, combine_done_, s));
     } else {
       const int I = c.dense_inter;
       ZEST_OP("mlp gate/up gemm", gemm(xn_, L.gate_up, gu_, batch, 2 * I, H, s));

@@ -97,7 +97,6 @@ class SyntheticDecoder {
           *ctx_lens_ = nullptr, *route_ids_ = nullptr, *step_counter_ = nullptr;
   float *route_w_ = nullptr, *slot_out_ = nullptr;
   unsigned* combine_done_ = nullptr;  // the folded MoE combine's exit counter (zero between launches)
-  float* moe_acc_ = nullptr;          // the fused one-token experts' fp32 accumulator (zero between launches)
   bf16 *x_ = nullptr, *xn_ = nullptr, *qkv_ = nullptr, *attn_ = nullptr, *o_ = nullptr, *router_logits_ = nullptr,
        *h_ = nullptr, *gu_ = nullptr, *logits_ = nullptr;
   std::map<int, void*> attn_ws_;  // decode-attention workspace per batch size
