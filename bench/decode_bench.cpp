@@ -195,7 +195,6 @@ bool apply_variant(const std::string& spec) {
     else if (name == "block") set_decode_option(DecodeOption::kMoeBlock, value);
     else if (name == "l2") set_decode_option(DecodeOption::kL2Prefetch, value);
     else if (name == "carve") set_decode_option(DecodeOption::kMoeCarveout, value);
-    else if (name == "nextw") set_decode_option(DecodeOption::kNextWeights, value);
     else if (name == "combine") set_decode_option(DecodeOption::kMoeCombine, value);
     else return false;
   }

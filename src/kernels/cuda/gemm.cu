@@ -31,7 +31,6 @@ int default_decode_option(DecodeOption opt) {
     case DecodeOption::kGemmVariant: return 4;
     case DecodeOption::kRouteFused: return 10;
     case DecodeOption::kMoeCarveout: return 1;
-    case DecodeOption::kNextWeights: return 0;
     case DecodeOption::kMoeCombine: return 1;
     default: return 0;
   }

@@ -140,9 +140,6 @@ enum class DecodeOption : int {
                     // staying L1; 0 = the driver's default. Measured: with the default, the experts ran ~10 us per
                     // layer slower when the routing cluster launched right behind the o GEMM (no kernel between them
                     // to let SMs drain), as when every launch asked for the largest carveout
-  kNextWeights,     // TRIAL: 0 (default) = off; the o GEMM's CTAs prefetch the next layer's qkv weights into L2 as they
-                    // finish: 1 = normal priority, 2 = evict-last; 3 / 4 = as 1 / 2 with the one-token experts' weight
-                    // loads evict-first in L2; 5 = those evict-first loads only
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);
@@ -243,11 +240,6 @@ struct KvPrefetch {
   int batch = 0, max_blocks = 0;
   int row_bytes = 0;  // one token's row of all kv heads: kv_heads * head_dim * 2 (a multiple of 16)
 };
-// gemm() for the o projection of a decode step: with DecodeOption::kNextWeights 1-4 and the shared-memory small-M path
-// serving (M, N, K), its CTAs prefetch [next, next + next_bytes) into L2 as they finish (a hint: the result is
-// gemm()'s, bit for bit); otherwise gemm(). next 16-byte aligned, next_bytes a multiple of 16 (else no prefetch).
-Status gemm_next_prefetch(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, const void* next,
-                          size_t next_bytes, cudaStream_t stream);
 // gemm() for the qkv projection of a decode step: with DecodeOption::kL2Prefetch 0 (M <= 2), 1 or 2 and the
 // shared-memory small-M path serving (M, N, K), its CTAs also prefetch kv's rows into L2 (a hint: the result is
 // gemm()'s, bit for bit); otherwise gemm().

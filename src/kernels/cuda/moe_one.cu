@@ -42,26 +42,6 @@ struct OneParams {
   int N;
 };
 
-// Weight loads: ld_stream, or (kEF, DecodeOption::kNextWeights 3-5, trial) the same with an evict-first L2 policy.
-template <bool kEF>
-__device__ __forceinline__ uint4 wld(const void* ptr, uint64_t pol) {
-  if constexpr (kEF) {
-    uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(ptr), "l"(pol));
-    return r;
-  } else {
-    return ld_stream(ptr);
-  }
-}
-template <bool kEF>
-__device__ __forceinline__ uint64_t weight_policy() {
-  uint64_t pol = 0;
-  if constexpr (kEF) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-  return pol;
-}
-
 __device__ __forceinline__ void prefetch_l2(const void* ptr, uint32_t bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(ptr), "r"(bytes) : "memory");
 }
@@ -69,9 +49,8 @@ __device__ __forceinline__ void prefetch_l2(const void* ptr, uint32_t bytes) {
 // One gate/up item: SiLU(gate) * up of expert e's intermediate rows [r0, r0 + 16) for its sorted slots [beg, end),
 // written to h. Warp w takes chunks w, w + 8, ... of k (2 in flight per matrix), as rows_mma_kernel<kGateUp> does.
 // Ends with a barrier (h written by the CTA's 128 storing threads).
-template <bool kEF>
 __device__ __forceinline__ void gate_up_item(const OneParams& p, int e, int r0, int beg, int end,
-                                             float (*red)[8][32], uint64_t pol) {
+                                             float (*red)[8][32]) {
   constexpr int kU = 2;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, tq = lane & 3;
@@ -91,10 +70,10 @@ __device__ __forceinline__ void gate_up_item(const OneParams& p, int e, int r0, 
         const size_t k = static_cast<size_t>(cb + u * kWarps) * kChunk;
         const bool ok = cb + u * kWarps < chunks;
         const uint4 z = make_uint4(0, 0, 0, 0);
-        a[u][0] = ok ? wld<kEF>(lo0 + k, pol) : z;
-        a[u][1] = ok ? wld<kEF>(hi0 + k, pol) : z;
-        a[u][2] = ok ? wld<kEF>(lo1 + k, pol) : z;
-        a[u][3] = ok ? wld<kEF>(hi1 + k, pol) : z;
+        a[u][0] = ok ? ld_stream(lo0 + k) : z;
+        a[u][1] = ok ? ld_stream(hi0 + k) : z;
+        a[u][2] = ok ? ld_stream(lo1 + k) : z;
+        a[u][3] = ok ? ld_stream(hi1 + k) : z;
       }
       // Token fragments (L1 hits after the first item) after the weight loads in program order.
 #pragma unroll
@@ -136,9 +115,8 @@ __device__ __forceinline__ void gate_up_item(const OneParams& p, int e, int r0, 
 constexpr int kDnU = 4;  // down: chunks in flight per warp (a warp's whole k at I = 768)
 
 // The down weight fragments of round cb (chunks cb, cb + 8, ...) of expert e's output rows [r0, r0 + 16).
-template <bool kEF>
 __device__ __forceinline__ void down_load(const OneParams& p, int e, int r0, int cb, uint4 (&lo)[kDnU],
-                                          uint4 (&hi)[kDnU], uint64_t pol) {
+                                          uint4 (&hi)[kDnU]) {
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2, tq = lane & 3;
   const int chunks = p.I / kChunk;
@@ -148,17 +126,16 @@ __device__ __forceinline__ void down_load(const OneParams& p, int e, int r0, int
   for (int u = 0; u < kDnU; ++u) {
     const size_t k = static_cast<size_t>(cb + u * kWarps) * kChunk;
     const bool ok = cb + u * kWarps < chunks;
-    lo[u] = ok ? wld<kEF>(lo0 + k, pol) : make_uint4(0, 0, 0, 0);
-    hi[u] = ok ? wld<kEF>(hi0 + k, pol) : make_uint4(0, 0, 0, 0);
+    lo[u] = ok ? ld_stream(lo0 + k) : make_uint4(0, 0, 0, 0);
+    hi[u] = ok ? ld_stream(hi0 + k) : make_uint4(0, 0, 0, 0);
   }
 }
 
 // One down item: expert e's output rows [r0, r0 + 16) for its sorted slots [beg, end), scaled by the routing weights
 // into slot_out; warp w takes chunks w, w + 8, ... of k (4 in flight), the partial sums reduced in fixed order, as
 // rows_mma_kernel<kDown> does. `loaded`: lo / hi already hold the first round of the first pass. Ends with a barrier.
-template <bool kEF>
 __device__ __forceinline__ void down_item(const OneParams& p, int e, int r0, int beg, int end, bool loaded,
-                                          uint4 (&lo)[kDnU], uint4 (&hi)[kDnU], float (*red)[4][32], uint64_t pol) {
+                                          uint4 (&lo)[kDnU], uint4 (&hi)[kDnU], float (*red)[4][32]) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, tq = lane & 3;
   const int chunks = p.I / kChunk;
@@ -167,7 +144,7 @@ __device__ __forceinline__ void down_item(const OneParams& p, int e, int r0, int
     const bf16* xp = g < nt ? p.h + static_cast<size_t>(c0 + g) * p.I + tq * 8 : nullptr;
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     for (int cb = warp; cb < chunks; cb += kWarps * kDnU) {
-      if (!(loaded && c0 == beg && cb == warp)) down_load<kEF>(p, e, r0, cb, lo, hi, pol);
+      if (!(loaded && c0 == beg && cb == warp)) down_load(p, e, r0, cb, lo, hi);
       uint4 xa[kDnU];
 #pragma unroll
       for (int u = 0; u < kDnU; ++u) {
@@ -227,7 +204,6 @@ __device__ __forceinline__ bool finish_last(const OneParams& p, unsigned* exit_c
 }
 
 // gate/up: item = (active expert j, 16 intermediate rows); CTA b takes items b, b + G, ... (G = grid).
-template <bool kEF>
 __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_gate_up_kernel(OneParams p) {
   // Every CTA waits first, before any exit: the down kernel starts only once each CTA of this grid has passed this
   // wait (pdl_wait triggers the dependents after it), i.e. after the kernel that built the plan has completed; the
@@ -242,13 +218,12 @@ __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_gate_up_kernel(OnePar
   const int jf = min(static_cast<int>(blockIdx.x) / tiles, p.plan.experts - 1);
   const int ef = p.plan.active_experts[jf], begf = p.plan.offsets[jf], endf = p.plan.offsets[jf + 1];
   const int items = *p.plan.num_active * tiles;
-  const uint64_t pol = weight_policy<kEF>();
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
     const bool first = item == static_cast<int>(blockIdx.x);
     const int j = item / tiles, r0 = (item % tiles) * kRows;
     const int e = first ? ef : p.plan.active_experts[j];
     const int beg = first ? begf : p.plan.offsets[j], end = first ? endf : p.plan.offsets[j + 1];
-    gate_up_item<kEF>(p, e, r0, beg, end, red, pol);
+    gate_up_item(p, e, r0, beg, end, red);
   }
   step_timeline_phase(2);
   if (p.stamps_gu && threadIdx.x == 0) p.stamps_gu[2 * blockIdx.x + 1] = global_ns();
@@ -260,13 +235,12 @@ __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_gate_up_kernel(OnePar
 // so the kernel that built the plan (the one gate/up waits on, or an earlier one) has completed and its writes are
 // visible; the items' experts are loaded beside the active count. The down weights are never written by a kernel; h
 // is read only after the wait.
-template <bool kPre, bool kEF>
+template <bool kPre>
 __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_down_kernel(OneParams p) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int tiles = p.H / kRows;
   step_timeline_phase(0);
   if (p.stamps_dn && threadIdx.x == 0) p.stamps_dn[3 * blockIdx.x] = global_ns();
-  const uint64_t pol = weight_policy<kEF>();
   uint4 lo[kDnU], hi[kDnU];  // a round of weight fragments (kPre: the first item's first round, loaded before the wait)
   bool pre = false;
   if constexpr (kPre) {
@@ -277,7 +251,7 @@ __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_down_kernel(OneParams
     const int ex = warp == 0 && lane < 3 ? __ldcg(p.plan.active_experts + jx) : 0;
     const int nitems = __ldcg(p.plan.num_active) * tiles;
     pre = static_cast<int>(blockIdx.x) < nitems;
-    if (pre) down_load<kEF>(p, ef, (blockIdx.x % tiles) * kRows, warp, lo, hi, pol);
+    if (pre) down_load(p, ef, (blockIdx.x % tiles) * kRows, warp, lo, hi);
     if (warp == 0 && lane < 3 && nx < nitems)
       prefetch_l2(p.down + (static_cast<size_t>(ex) * p.H + (nx % tiles) * kRows) * p.I,
                   static_cast<uint32_t>(kRows) * p.I * 2);
@@ -288,8 +262,8 @@ __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_down_kernel(OneParams
   const int items = *p.plan.num_active * tiles;
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
     const int j = item / tiles, r0 = (item % tiles) * kRows;
-    down_item<kEF>(p, p.plan.active_experts[j], r0, p.plan.offsets[j], p.plan.offsets[j + 1],
-                   kPre && pre && item == static_cast<int>(blockIdx.x), lo, hi, red, pol);
+    down_item(p, p.plan.active_experts[j], r0, p.plan.offsets[j], p.plan.offsets[j + 1],
+                     kPre && pre && item == static_cast<int>(blockIdx.x), lo, hi, red);
   }
   step_timeline_phase(2);
   if (p.stamps_dn && threadIdx.x == 0) p.stamps_dn[3 * blockIdx.x + 2] = global_ns();
@@ -345,22 +319,15 @@ Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights,
   static int carve = -1;
   const int want = decode_option(DecodeOption::kMoeCarveout) >= 1 ? 1 : 0;
   if (want != carve) {
-    for (const void* fn : {reinterpret_cast<const void*>(one_gate_up_kernel<false>),
-                           reinterpret_cast<const void*>(one_gate_up_kernel<true>),
-                           reinterpret_cast<const void*>(one_down_kernel<true, false>),
-                           reinterpret_cast<const void*>(one_down_kernel<false, false>),
-                           reinterpret_cast<const void*>(one_down_kernel<true, true>),
-                           reinterpret_cast<const void*>(one_down_kernel<false, true>)})
+    for (const void* fn : {reinterpret_cast<const void*>(one_gate_up_kernel),
+                           reinterpret_cast<const void*>(one_down_kernel<true>),
+                           reinterpret_cast<const void*>(one_down_kernel<false>)})
       ZEST_RETURN_IF_ERROR(set_min_carveout(fn, kPerSm, 0, want == 1));
     carve = want;
   }
-  const int nw = decode_option(DecodeOption::kNextWeights);
-  const bool ef = nw >= 3 && nw <= 5;
-  ZEST_RETURN_IF_ERROR(launch("moe_one_gate_up", ef ? one_gate_up_kernel<true> : one_gate_up_kernel<false>,
-                              dim3(gu_grid), block, 0, stream, p));
-  auto dn_kernel = variant == 1 ? (ef ? one_down_kernel<true, true> : one_down_kernel<true, false>)
-                           : (ef ? one_down_kernel<false, true> : one_down_kernel<false, false>);
-  return launch("moe_one_down", dn_kernel, dim3(dn_grid), block, 0, stream, p);
+  ZEST_RETURN_IF_ERROR(launch("moe_one_gate_up", one_gate_up_kernel, dim3(gu_grid), block, 0, stream, p));
+  return launch("moe_one_down", variant == 1 ? one_down_kernel<true> : one_down_kernel<false>, dim3(dn_grid), block,
+                0, stream, p);
 }
 
 }  // namespace zest::cuda

@@ -163,14 +163,7 @@ constexpr int kPreRound = 8;  // token chunks in flight per warp
 
 // L2 prefetches issued by rows_pre_kernel (DecodeOption::kL2Prefetch): none; the KV rows before the wait with the
 // weight tile copied evict-first; the KV rows before the wait, plain tile copies; no prefetch, the tile evict-first.
-enum PreFetch { kPfNone = 0, kPfBefore = 1, kPfBeforePlain = 2, kPfTileHint = 3, kPfNext = 4, kPfNextLast = 5 };
-
-// A byte range prefetched into L2 as the CTAs finish (kPfNext / kPfNextLast: the tile evict-first, the range at normal
-// or evict-last priority).
-struct NextRange {
-  const unsigned char* p = nullptr;
-  unsigned long long bytes = 0;
-};
+enum PreFetch { kPfNone = 0, kPfBefore = 1, kPfBeforePlain = 2, kPfTileHint = 3 };
 
 __device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
@@ -180,31 +173,6 @@ __device__ __forceinline__ uint64_t evict_first_policy() {
   uint64_t pol;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
   return pol;
-}
-
-__device__ __forceinline__ uint64_t evict_last_policy() {
-  uint64_t pol;
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
-  return pol;
-}
-
-__device__ __forceinline__ void prefetch_l2_hint(const void* p, uint32_t bytes, uint64_t pol) {
-  asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(p), "r"(bytes), "l"(pol)
-               : "memory");
-}
-
-// next's bytes in chunks of 32 KB dealt round-robin over every thread of the grid (chunk i: CTA i % G).
-template <bool kEvictLast>
-__device__ __forceinline__ void prefetch_next_l2(const NextRange& nx) {
-  constexpr unsigned long long kPiece = 32768;
-  const unsigned long long pieces = (nx.bytes + kPiece - 1) / kPiece;
-  const uint64_t pol = kEvictLast ? evict_last_policy() : 0;
-  for (unsigned long long i = static_cast<unsigned long long>(threadIdx.x) * gridDim.x + blockIdx.x; i < pieces;
-       i += static_cast<unsigned long long>(gridDim.x) * blockDim.x) {
-    const uint32_t n = static_cast<uint32_t>(min(kPiece, nx.bytes - i * kPiece));
-    if constexpr (kEvictLast) prefetch_l2_hint(nx.p + i * kPiece, n, pol);
-    else prefetch_l2(nx.p + i * kPiece, n);
-  }
 }
 
 // bulk_load with an L2 cache policy.
@@ -242,8 +210,7 @@ template <bool kTwo, int kRound, int kPf>
 __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_kernel(const bf16* __restrict__ x,
                                                                                     const bf16* __restrict__ w,
                                                                                     bf16* __restrict__ y, int M, int N,
-                                                                                    int Kdim, KvPrefetch kv,
-                                                                                    NextRange nx) {
+                                                                                    int Kdim, KvPrefetch kv) {
   extern __shared__ __align__(128) unsigned char wsm[];
   __shared__ __align__(8) uint64_t bar;
   step_timeline_phase(0);
@@ -254,7 +221,7 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
   if (threadIdx.x == 0) {
     mbar_init(&bar);
     mbar_arrive_expect_tx(&bar, kRows * row_bytes);
-    if constexpr (kPf == kPfBefore || kPf == kPfTileHint || kPf == kPfNext || kPf == kPfNextLast) {
+    if constexpr (kPf == kPfBefore || kPf == kPfTileHint) {
       const uint64_t pol = evict_first_policy();
       for (int r = 0; r < kRows; ++r)
         bulk_load_hint(wsm + r * stride, w + static_cast<size_t>(r0 + r) * Kdim, row_bytes, &bar, pol);
@@ -319,7 +286,6 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
       y[static_cast<size_t>(t) * N + row] = __float2bfloat16(s);
     }
   }
-  if constexpr (kPf == kPfNext || kPf == kPfNextLast) prefetch_next_l2<kPf == kPfNextLast>(nx);
 }
 
 constexpr size_t kPreMaxSmem = 200 * 1024;
@@ -331,7 +297,7 @@ size_t rows_pre_smem(int K) {
 
 // The instantiation for (M, K, prefetch): two token tiles above 8 rows; 16 chunks per round for one tile when
 // K > 2048.
-using PreKernel = void (*)(const bf16*, const bf16*, bf16*, int, int, int, KvPrefetch, NextRange);
+using PreKernel = void (*)(const bf16*, const bf16*, bf16*, int, int, int, KvPrefetch);
 template <int kPf>
 PreKernel rows_pre_pick_pf(int M, int K) {
   if (M > 8) return rows_pre_kernel<true, kPreRound / 2, kPf>;
@@ -344,8 +310,6 @@ PreKernel rows_pre_pick(int M, int K, int pf) {
     case kPfBefore: return rows_pre_pick_pf<kPfBefore>(M, K);
     case kPfBeforePlain: return rows_pre_pick_pf<kPfBeforePlain>(M, K);
     case kPfTileHint: return rows_pre_pick_pf<kPfTileHint>(M, K);
-    case kPfNext: return rows_pre_pick_pf<kPfNext>(M, K);
-    case kPfNextLast: return rows_pre_pick_pf<kPfNextLast>(M, K);
     default: return rows_pre_pick_pf<kPfNone>(M, K);
   }
 }
@@ -373,8 +337,6 @@ bool rows_pre_ok(int M, int N, int K, int pf = kPfNone) {
   const bool configured = pf == kPfBefore         ? rows_pre_configure<kPfBefore>()
                           : pf == kPfBeforePlain ? rows_pre_configure<kPfBeforePlain>()
                           : pf == kPfTileHint    ? rows_pre_configure<kPfTileHint>()
-                          : pf == kPfNext        ? rows_pre_configure<kPfNext>()
-                          : pf == kPfNextLast    ? rows_pre_configure<kPfNextLast>()
                                                  : rows_pre_configure<kPfNone>();
   if (!configured) return false;
   int n = 0;
@@ -385,9 +347,9 @@ bool rows_pre_ok(int M, int N, int K, int pf = kPfNone) {
 }
 
 Status launch_rows_pre(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream,
-                       int pf = kPfNone, const KvPrefetch& kv = KvPrefetch{}, const NextRange& nx = NextRange{}) {
+                       int pf = kPfNone, const KvPrefetch& kv = KvPrefetch{}) {
   return launch("rows_pre", rows_pre_pick(M, K, pf), dim3(N / kRows), dim3(kWarps * 32), rows_pre_smem(K), stream, x,
-                w, y, M, N, K, kv, nx);
+                w, y, M, N, K, kv);
 }
 
 // kGemmVariant 4 (default) runs the register-streamed kernel for 9-16 token rows when K <= 2048 (the qkv GEMM at
@@ -466,25 +428,6 @@ Status gemm_kv_prefetch(const bf16* x, const bf16* w, bf16* y, int M, int N, int
   const bool pre = gv == 8 || (gv == 4 && (long_k || M < kStreamMinRows)) || (gv == 7 && long_k);
   if (pf != kPfNone && kv_ok && aligned && pre && rows_mma_gemm_ok(M, N, K) && rows_pre_ok(M, N, K, pf))
     return launch_rows_pre(x, w, y, M, N, K, stream, pf, kv);
-  return gemm(x, w, y, M, N, K, stream);
-}
-
-Status gemm_next_prefetch(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, const void* next,
-                          size_t next_bytes, cudaStream_t stream) {
-  const int mode = decode_option(DecodeOption::kNextWeights);
-  const int pf = mode == 1 || mode == 3 ? kPfNext : mode == 2 || mode == 4 ? kPfNextLast : kPfNone;
-  const bool next_ok = next && next_bytes > 0 && next_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(next) % 16 == 0;
-  const bool aligned =
-      x && w && y && K % 8 == 0 && (reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w)) % 16 == 0;
-  const int gv = decode_option(DecodeOption::kGemmVariant);
-  const bool long_k = K > kWarps * kChunk * kPreRound;
-  const bool pre = gv == 8 || (gv == 4 && (long_k || M < kStreamMinRows)) || (gv == 7 && long_k);
-  if (pf != kPfNone && next_ok && aligned && pre && rows_mma_gemm_ok(M, N, K) && rows_pre_ok(M, N, K, pf)) {
-    NextRange nx;
-    nx.p = static_cast<const unsigned char*>(next);
-    nx.bytes = next_bytes;
-    return launch_rows_pre(x, w, y, M, N, K, stream, pf, KvPrefetch{}, nx);
-  }
   return gemm(x, w, y, M, N, K, stream);
 }
 

@@ -315,10 +315,7 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
       ZEST_OP("decode attention",
               decode_attention(ap, qkv_, QKV, L.k_cache, L.v_cache, block_table_, ctx_lens_, attn_, ws, s));
     }
-    ZEST_OP("o gemm", l + 1 < c.layers ? gemm_next_prefetch(attn_, L.wo, o_, batch, H, c.q_heads * D,
-                                                            layers_[l + 1].wqkv,
-                                                            static_cast<size_t>(QKV) * H * 2, s)
-                                       : gemm(attn_, L.wo, o_, batch, H, c.q_heads * D, s));
+    ZEST_OP("o gemm", gemm(attn_, L.wo, o_, batch, H, c.q_heads * D, s));
     // The MoE half of the layer in one launch (DecodeOption::kMoeBlock; nothing re-routes without SERE).
     if (moe && !sere && block_ws_ && decode_option(DecodeOption::kMoeBlock) >= 1 &&
         moe_block_ok(batch, H, c.experts, c.top_k, c.expert_inter)) {
