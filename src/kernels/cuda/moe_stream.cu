@@ -369,6 +369,13 @@ __device__ __forceinline__ void publish_item(const StreamArgs& a, int j, int lan
   if (lane == 0) red_release_add(a.plan.ready + j, 1u);
 }
 
+// After a down item's last pass (one warp) with the combine folded in: publish its slot rows, then count the item.
+__device__ __forceinline__ void count_down_item(const StreamArgs& a, int lane) {
+  __threadfence();
+  __syncwarp();
+  if (lane == 0) red_release_add(a.plan.ready + a.plan.experts + 1, 1u);
+}
+
 // Tensor maps of the BOX variants (unused otherwise): gate_up [E 2I, H] in boxes of KC x GU, down [E H, I] in boxes of
 // KC x RA, h [N K, I] in boxes of KC x TG.
 struct StreamMaps {
@@ -419,7 +426,6 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
   const int gu_tiles = a.I / GU, dn_tiles = a.H / RA;
   const int n_gu = na * gu_tiles, total = n_gu + na * dn_tiles;
   uint32_t stage = 0;  // stages walked so far (the same count in every role)
-  uint32_t down_done = 0;  // down items whose outputs this warp wrote (the epilogue warp, or warp 0 without EPI)
 
   if (BOX && producer) {
     // ---- producer warps, BOX: lane 0 of producer warp 0 copies the weight boxes (and a down pass's h box, after the
@@ -553,7 +559,7 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
         epi_arrive(kFreeBar + buf);
       }
       if (it.gu) publish_item(a, it.j, lane);
-      else ++down_done;
+      else if (a.cmb.x) count_down_item(a, lane);
     }
   } else if (warp < kConsumers) {
     // ---- consumer warps ----
@@ -620,7 +626,7 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
         }
       }
       if (!EPI && it.gu && warp == 0) publish_item(a, it.j, lane);
-      if (!EPI && !it.gu) ++down_done;
+      if (!EPI && !it.gu && warp == 0 && a.cmb.x) count_down_item(a, lane);
     }
     // EPI: match the epilogue warp's last two releases of the buffers.
     if (EPI)
@@ -638,17 +644,8 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
     // The folded combine: token rows claimed in turn by the CTAs as they run out of items, each run once every down
     // item is done (those items were all claimed before any CTA ran out, by running CTAs).
     __shared__ int cmb_row;
-    __shared__ uint32_t cmb_done;
     const uint32_t total_dn = static_cast<uint32_t>(na * dn_tiles);
-    if (EPI ? warp == kConsumers + P : warp == 0) {
-      if (lane == 0) cmb_done = down_done;
-    }
-    __syncthreads();  // every role is done (red is reused below), this CTA's outputs written
-    // This CTA's down items counted once, before it may wait on the others' (one fence per CTA, not per item).
-    if (threadIdx.x == 0 && cmb_done > 0) {
-      __threadfence();
-      red_release_add(a.plan.ready + E + 1, cmb_done);
-    }
+    __syncthreads();  // every role is done with the shared memory (red is reused below)
     for (;;) {
       if (threadIdx.x == 0) {
         const int r = static_cast<int>(atomicAdd(a.plan.ready + E + 2, 1u));
