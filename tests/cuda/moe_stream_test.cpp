@@ -13,7 +13,6 @@
 #include <numeric>
 #include <string>
 #include <tuple>
-#include <utility>
 
 #include "cuda/cuda_test_util.h"
 #include "cuda/moe_decode_case.h"
@@ -48,12 +47,11 @@ struct Setup {
   MoePlan plan;
   std::vector<float> ref;
 
-  // A launch spends the plan's counters: reset them first unless the plan was just built. combine: the folded
-  // combine, or null.
-  Status launch(int variant, cudaStream_t stream, bool reset = true, const StreamCombine* combine = nullptr) const {
+  // A launch spends the plan's counters: reset them first unless the plan was just built.
+  Status launch(int variant, cudaStream_t stream, bool reset = true) const {
     if (reset) ZEST_RETURN_IF_ERROR(moe_plan_reset_counters(plan, stream));
     return moe_experts_stream(x->get(), plan, w.get(), gu->get(), dn->get(), h.get(), out.get(), c.N, c.K, c.E, c.H,
-                              c.I, variant, stream, combine);
+                              c.I, variant, stream);
   }
 };
 
@@ -181,112 +179,6 @@ struct Mapped {
   void set(size_t i, int v) { reinterpret_cast<volatile int*>(p)[i] = v; }
 };
 
-// The folded combine's buffers (moe_stream.h StreamCombine): the residual x (restored from x0 by reset), y, the next
-// norm's weight.
-struct FoldBuffers {
-  size_t n;
-  std::unique_ptr<DevBuf<bf16>> x0, nw;
-  DevBuf<bf16> x, y;
-  StreamCombine cmb;
-  FoldBuffers(const StreamCase& c, const int32_t* ids, std::mt19937& rng, bool with_norm)
-      : n(static_cast<size_t>(c.N) * c.H), x(n), y(n) {
-    x0 = upload_bf16(random_bf16(n, rng, -2.f, 2.f));
-    nw = upload_bf16(random_bf16(c.H, rng, 0.5f, 1.5f));
-    cmb.x = x.get();
-    cmb.ids = ids;
-    cmb.w = with_norm ? nw->get() : nullptr;
-    cmb.y = y.get();
-    cmb.eps = 1e-6f;
-    reset();
-  }
-  void reset() {
-    EXPECT_EQ(cudaMemcpy(x.get(), x0->get(), n * 2, cudaMemcpyDeviceToDevice), cudaSuccess);
-    y.poison();
-  }
-  // x and (with the norm) y, after a device synchronisation.
-  std::pair<std::vector<uint16_t>, std::vector<uint16_t>> result() const {
-    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    std::vector<uint16_t> xb(n), yb(n);
-    EXPECT_EQ(cudaMemcpy(xb.data(), x.get(), n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(yb.data(), y.get(), n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
-    return {xb, cmb.w ? yb : std::vector<uint16_t>{}};
-  }
-};
-
-// The layer's combine folded into the streaming kernel (StreamCombine; kMoeCombine 2) against the kernel followed by
-// the separate moe_combine_add_rmsnorm launch: x and y equal bit for bit, with the next norm's weight and without it,
-// for every variant, replayed three times from one graph (plan + folded launch: the row claims and the down-item count
-// are plan counters, zeroed by each plan build), and through moe_experts_decode_combine with kMoeCombine 2.
-TEST(CudaMoeStream, FoldedCombineMatchesTheSeparateLaunch) {
-  ZEST_REQUIRE_GPU();
-  std::mt19937 rng(59);
-  const StreamCase cases[] = {{7, 8, 16, 2048, 768, 0, -1, 2},  // model widths
-                              {64, 8, 64, 256, 128, 40, -1, 37},
-                              {5, 4, 16, 320, 192, 0, -1, 1},
-                              {13, 2, 4, 128, 64, 0, 1, 0},
-                              {4, 2, 8, 128, 64, 0, -1, 8}};  // every slot empty: x unchanged, y its norm
-  for (const StreamCase& c : cases)
-    for (bool with_norm : {true, false}) {
-      SCOPED_TRACE(case_name(c) + (with_norm ? " norm" : " x only"));
-      ASSERT_TRUE(moe_stream_combine_ok(c.H));
-      const auto s = make_setup(c, rng);
-      FoldBuffers f(c, s->ids.get(), rng, with_norm);
-      ZEST_ASSERT_OK(s->launch(0, nullptr));
-      ZEST_ASSERT_OK(moe_combine_add_rmsnorm(f.x.get(), s->out.get(), s->ids.get(), c.K, f.cmb.w, f.y.get(), c.N, c.H,
-                                             f.cmb.eps, nullptr));
-      const auto want = f.result();
-      for (int variant = 0; variant < kStreamVariants; ++variant) {
-        SCOPED_TRACE(testing::Message() << "variant " << variant);
-        f.reset();
-        s->out.poison();
-        ZEST_ASSERT_OK(s->launch(variant, nullptr, true, &f.cmb));
-        EXPECT_TRUE(f.result() == want);
-      }
-      // Graph replays of (plan, folded launch) with programmatic launches.
-      Stream st;
-      const bool pdl = programmatic_launch();
-      set_programmatic_launch(true);
-      ASSERT_EQ(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-      const Status plan_st = moe_plan(s->ids.get(), c.N, c.K, c.E, s->plan, nullptr, st.s);
-      const Status run_st = s->launch(kStreamVariants - 3, st.s, false, &f.cmb);
-      cudaGraph_t graph = nullptr;
-      const cudaError_t end = cudaStreamEndCapture(st.s, &graph);
-      set_programmatic_launch(pdl);
-      ZEST_ASSERT_OK(plan_st);
-      ZEST_ASSERT_OK(run_st);
-      ASSERT_EQ(end, cudaSuccess);
-      cudaGraphExec_t exec = nullptr;
-      ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-      cudaGraphDestroy(graph);
-      for (int rep = 0; rep < 3; ++rep) {
-        SCOPED_TRACE(testing::Message() << "replay " << rep);
-        f.reset();
-        ASSERT_EQ(cudaGraphLaunch(exec, st.s), cudaSuccess);
-        ASSERT_EQ(cudaStreamSynchronize(st.s), cudaSuccess);
-        EXPECT_TRUE(f.result() == want);
-      }
-      cudaGraphExecDestroy(exec);
-      // Through moe_experts_decode_combine (the default kernel by batch: streaming above one token).
-      if (c.N > 1) {
-        f.reset();
-        ZEST_ASSERT_OK(moe_plan_reset_counters(s->plan, nullptr));
-        set_decode_option(DecodeOption::kMoeCombine, 2);
-        const Status ds = moe_experts_decode_combine(s->x->get(), s->plan, s->w.get(), s->gu->get(), s->dn->get(),
-                                                     s->h.get(), s->out.get(), c.N, c.K, c.E, c.H, c.I, f.x.get(),
-                                                     s->ids.get(), f.cmb.w, f.y.get(), f.cmb.eps, nullptr, nullptr);
-        set_decode_option(DecodeOption::kMoeCombine, default_decode_option(DecodeOption::kMoeCombine));
-        ZEST_ASSERT_OK(ds);
-        EXPECT_TRUE(f.result() == want) << "moe_experts_decode_combine with kMoeCombine 2";
-      }
-    }
-  // Refused: H above 2048 or not a multiple of 8, missing buffers.
-  EXPECT_FALSE(moe_stream_combine_ok(4096));
-  EXPECT_FALSE(moe_stream_combine_ok(2044));
-  const auto s = make_setup({2, 2, 4, 128, 64, 0, -1, 0}, rng);
-  StreamCombine bad;  // no x
-  EXPECT_FALSE(s->launch(0, nullptr, true, &bad).is_ok());
-}
-
 TEST(CudaMoeStream, BatchOneModelExpertCount) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(51);
@@ -389,7 +281,6 @@ TEST(CudaMoeStream, FinishesOnTheMultiprocessorsAnotherKernelLeaves) {
   // About 48 active experts x (16 or 32 gate/up + 16 or 32 down items): a grid of far more CTAs than the two free
   // multiprocessors hold at once.
   const auto s = make_setup({32, 8, 48, 512, 256, 0, -1, 2}, rng);
-  FoldBuffers fold(s->c, s->ids.get(), rng, true);
   const int held = sms - 2;
   Stream hold_stream, run_stream;
   for (int variant = 0; variant < kStreamVariants; ++variant) {
@@ -420,8 +311,7 @@ TEST(CudaMoeStream, FinishesOnTheMultiprocessorsAnotherKernelLeaves) {
     ASSERT_EQ(running, held) << "the holding kernel did not start on every multiprocessor it asked for";
 
     s->out.poison();
-    // Odd variants with the combine folded in (its CTAs wait for every down item: still only on running CTAs).
-    const Status st = s->launch(variant, run_stream.s, true, variant % 2 ? &fold.cmb : nullptr);
+    const Status st = s->launch(variant, run_stream.s);
     cudaError_t done = cudaErrorNotReady;
     bool hold_running = false;
     deadline = Clock::now() + std::chrono::seconds(25);
@@ -440,14 +330,6 @@ TEST(CudaMoeStream, FinishesOnTheMultiprocessorsAnotherKernelLeaves) {
     ASSERT_EQ(all, cudaSuccess) << cudaGetErrorString(all);
     check_outputs(*s, &beside);
     EXPECT_TRUE(beside == alone) << "the launch beside the holding kernel differs from the launch alone";
-    if (variant % 2) {  // the folded combine against the separate launch on the launch-alone outputs
-      const auto got = fold.result();
-      fold.reset();
-      ZEST_ASSERT_OK(moe_combine_add_rmsnorm(fold.x.get(), s->out.get(), s->ids.get(), s->c.K, fold.cmb.w,
-                                             fold.y.get(), s->c.N, s->c.H, fold.cmb.eps, nullptr));
-      EXPECT_TRUE(got == fold.result()) << "the folded combine beside the holding kernel differs";
-    }
-    fold.reset();
   }
 }
 

@@ -232,85 +232,41 @@ __device__ __forceinline__ uint4 pack8(const float* v) {
 // this thread's 8 norm weights (loaded by the caller, possibly before its PDL wait). All K slot rows are loaded
 // at once (empty slots skipped at the sum); x, ids and slot_out are read through L2 (they may come from other CTAs
 // of the same launch). Every thread of the CTA calls it; red: blockDim.x / 32 floats of shared memory.
-//
-// The x part of combine_norm_row for the 8-element chunk at column c (c < hidden): v = bf16(x + bf16(sum of the slot
-// rows)), stored back to x.
-__device__ __forceinline__ void combine_chunk(bf16* x, const float* slot_out, const int32_t* ids, int K, int hidden,
-                                              int c, float* v) {
-  unpack8(__ldcg(reinterpret_cast<const uint4*>(x + c)), v);
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  for (int k0 = 0; k0 < K; k0 += 8) {
-    float4 a[8], b[8];
-    int id[8];
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      const int k = k0 + u;
-      id[u] = k < K ? __ldcg(ids + k) : -1;
-      const float4* sp = reinterpret_cast<const float4*>(slot_out + static_cast<size_t>(k < K ? k : 0) * hidden + c);
-      a[u] = __ldcg(sp);
-      b[u] = __ldcg(sp + 1);
-    }
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      if (id[u] < 0) continue;
-      acc[0] += a[u].x; acc[1] += a[u].y; acc[2] += a[u].z; acc[3] += a[u].w;
-      acc[4] += b[u].x; acc[5] += b[u].y; acc[6] += b[u].z; acc[7] += b[u].w;
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < 8; ++i) v[i] = bf16_round(v[i] + bf16_round(acc[i]));
-  *reinterpret_cast<uint4*>(x + c) = pack8(v);
-}
-
 __device__ __forceinline__ void combine_norm_row(bf16* x, const float* slot_out, const int32_t* ids, int K,
                                                  const uint4& wv, bf16* y, int hidden, float eps, float* red) {
   const int c = threadIdx.x * 8;
   const bool own = c < hidden;
   float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  if (own) combine_chunk(x, slot_out, ids, K, hidden, c, v);
+  if (own) {
+    unpack8(__ldcg(reinterpret_cast<const uint4*>(x + c)), v);
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int k0 = 0; k0 < K; k0 += 8) {
+      float4 a[8], b[8];
+      int id[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const int k = k0 + u;
+        id[u] = k < K ? __ldcg(ids + k) : -1;
+        const float4* sp = reinterpret_cast<const float4*>(slot_out + static_cast<size_t>(k < K ? k : 0) * hidden + c);
+        a[u] = __ldcg(sp);
+        b[u] = __ldcg(sp + 1);
+      }
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        if (id[u] < 0) continue;
+        acc[0] += a[u].x; acc[1] += a[u].y; acc[2] += a[u].z; acc[3] += a[u].w;
+        acc[4] += b[u].x; acc[5] += b[u].y; acc[6] += b[u].z; acc[7] += b[u].w;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = bf16_round(v[i] + bf16_round(acc[i]));
+    *reinterpret_cast<uint4*>(x + c) = pack8(v);
+  }
   step_timeline_phase(5);  // the row's loads have landed
   if (!y) return;
   const float tot = block_sum(sumsq8(v), red);
   const float inv = rsqrtf(tot / hidden + eps);
   if (own) *reinterpret_cast<uint4*>(y + c) = rms_scale8(v, inv, wv);
-}
-
-// combine_norm_row with the same results bit for bit from a CTA of W = 4 to 8 warps (hidden <= 2048, a multiple of
-// 8): the 256-thread layout's warps (chunk 32 vw + lane) are taken by warp vw % W, each summed by the same butterfly,
-// and the eight warp sums are reduced as block_sum reduces them. w: the norm weight (null: x only). red: 8 floats of
-// shared memory. Every thread of the CTA calls it; it ends with a barrier (red may be used again).
-__device__ __forceinline__ void combine_norm_row_any(bf16* x, const float* slot_out, const int32_t* ids, int K,
-                                                     const bf16* w, bf16* y, int hidden, float eps, float* red) {
-  constexpr int kVirtualWarps = 8;  // 256 threads: combine_norm_row's layout at hidden <= 2048
-  constexpr int kMaxPer = 2;        // virtual warps per warp (W >= 4)
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, W = blockDim.x >> 5;
-  float v[kMaxPer][8];
-#pragma unroll
-  for (int i = 0; i < kMaxPer; ++i) {
-    const int vw = warp + i * W;
-    if (vw >= kVirtualWarps) break;
-    const int c = (vw * 32 + lane) * 8;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) v[i][j] = 0.f;
-    if (c < hidden) combine_chunk(x, slot_out, ids, K, hidden, c, v[i]);
-    if (w) {
-      const float s = warp_sum(sumsq8(v[i]));
-      if (lane == 0) red[vw] = s;
-    }
-  }
-  __syncthreads();
-  if (!w) return;
-  const float tot = warp_sum(lane < kVirtualWarps ? red[lane] : 0.f);
-  __syncthreads();
-  const float inv = rsqrtf(tot / hidden + eps);
-#pragma unroll
-  for (int i = 0; i < kMaxPer; ++i) {
-    const int vw = warp + i * W;
-    if (vw >= kVirtualWarps) break;
-    const int c = (vw * 32 + lane) * 8;
-    if (c < hidden)
-      *reinterpret_cast<uint4*>(y + c) = rms_scale8(v[i], inv, *reinterpret_cast<const uint4*>(w + c));
-  }
 }
 
 // Dot product of 8 bf16 pairs packed in two uint4 values, fp32.
@@ -342,7 +298,7 @@ __device__ __forceinline__ uint4 ld_stream(const void* p) {
 __device__ __forceinline__ void moe_plan_scan_warp(const int* counts, int E, const MoePlan& plan, int* offset_of,
                                                    int64_t* active_count_sum) {
   const int lane = threadIdx.x & 31;
-  for (int e = lane; e < E + kMoePlanCounters; e += 32) plan.ready[e] = 0u;  // a fresh plan: nothing ready or claimed
+  for (int e = lane; e <= E; e += 32) plan.ready[e] = 0u;  // a fresh plan: nothing ready or claimed
   int na = 0, off = 0, nt = 0;
   for (int e0 = 0; e0 < E; e0 += 32) {
     const int e = e0 + lane;

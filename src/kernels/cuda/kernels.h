@@ -134,8 +134,7 @@ enum class DecodeOption : int {
                     // 2 = the KV prefetch only (weight tiles without the policy); 3 = the o weights only; 4 = none;
                     // 5 = as 0 without the other GEMMs' evict-first tiles
   kMoeCombine,      // moe_experts_decode_combine: 1 (default) = the combine folded into the one-token experts' down
-                    // kernel (its last CTA); 2 = as 1, and into the streaming experts (moe_stream.h: token rows
-                    // claimed by CTAs as they run out of items); 0 = always the separate moe_combine_add_rmsnorm launch
+                    // kernel (its last CTA); 0 = always the separate moe_combine_add_rmsnorm launch
   kMoeCarveout,     // decode experts at one token (moe_one.h): 1 (default) = both kernels prefer the smallest
                     // shared-memory carveout that holds their 3 CTAs per SM (set_min_carveout), the rest of the SM
                     // staying L1; 0 = the driver's default. Measured: with the default, the experts ran ~10 us per
@@ -332,13 +331,11 @@ struct MoePlan {
   int32_t* num_tiles = nullptr;       // [1] prefill tiles (kMoeTileM sorted slots of one expert each)
   int32_t* tile_active = nullptr;     // [max tiles] active expert index of each tile
   int32_t* tile_start = nullptr;      // [max tiles] first sorted position of each tile
-  uint32_t* ready = nullptr;          // [E + kMoePlanCounters] streaming decode experts' per-active-expert ready
-                                      // counts, then the item counter, the finished down items and the folded
-                                      // combine's row claims; zeroed by every plan build, spent by a streaming launch
+  uint32_t* ready = nullptr;          // [E + 1] streaming decode experts' per-active-expert ready counts, then the
+                                      // item counter; zeroed by every plan build, spent by a streaming launch
   int max_tokens = 0, top_k = 0, experts = 0;
 };
 constexpr int kMoeTileM = 64;
-constexpr int kMoePlanCounters = 3;  // MoePlan::ready words after the E per-expert counts
 // Upper bound of prefill tiles for N tokens.
 int moe_max_tiles(int N, int K, int E);
 // Bytes of device memory for a plan of N tokens; moe_plan_bind carves `buffer` into `plan`.

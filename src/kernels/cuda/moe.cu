@@ -265,7 +265,7 @@ int moe_max_tiles(int N, int K, int E) { return (N * K + kMoeTileM - 1) / kMoeTi
 
 size_t moe_plan_bytes(int N, int K, int E) {
   const size_t ints =
-      2 + E + (E + 1) + static_cast<size_t>(N) * K + 2 * static_cast<size_t>(moe_max_tiles(N, K, E)) + (E + kMoePlanCounters);
+      2 + E + (E + 1) + static_cast<size_t>(N) * K + 2 * static_cast<size_t>(moe_max_tiles(N, K, E)) + (E + 1);
   return (ints * sizeof(int32_t) + 255) / 256 * 256;
 }
 
@@ -292,7 +292,7 @@ void moe_plan_bind(MoePlan& plan, void* buffer, int N, int K, int E) {
 Status moe_plan_reset_counters(const MoePlan& plan, cudaStream_t stream) {
   if (plan.ready == nullptr || plan.experts <= 0)
     return invalid_argument("moe_plan_reset_counters: the plan is not bound");
-  return cuda_status(cudaMemsetAsync(plan.ready, 0, (static_cast<size_t>(plan.experts) + kMoePlanCounters) * sizeof(uint32_t), stream),
+  return cuda_status(cudaMemsetAsync(plan.ready, 0, (static_cast<size_t>(plan.experts) + 1) * sizeof(uint32_t), stream),
                      "moe_plan_reset_counters");
 }
 
@@ -365,17 +365,6 @@ Status moe_experts_decode_combine(const bf16* x, const MoePlan& plan, const floa
     c.done = done;
     return moe_experts_one(x, plan, weights, gate_up, down, h, slot_out, N, K, E, H, I, kernel - kOneBase, stream,
                            nullptr, &c);
-  }
-  // kMoeCombine 2: also folded into the streaming kernel (moe_stream.h).
-  if (decode_option(DecodeOption::kMoeCombine) >= 2 && kernel >= 2 && kernel < 2 + kStreamVariants &&
-      moe_stream_ok(H, I) && moe_stream_combine_ok(H)) {
-    StreamCombine c;
-    c.x = cx;
-    c.ids = ids;
-    c.w = cw;
-    c.y = cy;
-    c.eps = eps;
-    return moe_experts_stream(x, plan, weights, gate_up, down, h, slot_out, N, K, E, H, I, kernel - 2, stream, &c);
   }
   ZEST_RETURN_IF_ERROR(moe_experts_decode(x, plan, weights, gate_up, down, h, slot_out, N, K, E, H, I, stream));
   return moe_combine_add_rmsnorm(cx, slot_out, ids, K, cw, cy, N, H, eps, stream);

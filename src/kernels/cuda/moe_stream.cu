@@ -77,8 +77,6 @@ struct StreamArgs {
   const float* route_w;
   MoePlan plan;
   int K, H, I, NK;
-  StreamCombine cmb;  // cmb.x != null: the combine folded in (moe_stream.h)
-  int N;
 };
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -369,13 +367,6 @@ __device__ __forceinline__ void publish_item(const StreamArgs& a, int j, int lan
   if (lane == 0) red_release_add(a.plan.ready + j, 1u);
 }
 
-// After a down item's last pass (one warp) with the combine folded in: publish its slot rows, then count the item.
-__device__ __forceinline__ void count_down_item(const StreamArgs& a, int lane) {
-  __threadfence();
-  __syncwarp();
-  if (lane == 0) red_release_add(a.plan.ready + a.plan.experts + 1, 1u);
-}
-
 // Tensor maps of the BOX variants (unused otherwise): gate_up [E 2I, H] in boxes of KC x GU, down [E H, I] in boxes of
 // KC x RA, h [N K, I] in boxes of KC x TG.
 struct StreamMaps {
@@ -559,7 +550,6 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
         epi_arrive(kFreeBar + buf);
       }
       if (it.gu) publish_item(a, it.j, lane);
-      else if (a.cmb.x) count_down_item(a, lane);
     }
   } else if (warp < kConsumers) {
     // ---- consumer warps ----
@@ -626,7 +616,6 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
         }
       }
       if (!EPI && it.gu && warp == 0) publish_item(a, it.j, lane);
-      if (!EPI && !it.gu && warp == 0 && a.cmb.x) count_down_item(a, lane);
     }
     // EPI: match the epilogue warp's last two releases of the buffers.
     if (EPI)
@@ -640,33 +629,6 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
   __syncthreads();
   step_timeline_phase(2);  // every role of the CTA is done (timeline build only)
 #endif
-  if (a.cmb.x) {
-    // The folded combine: token rows claimed in turn by the CTAs as they run out of items, each run once every down
-    // item is done (those items were all claimed before any CTA ran out, by running CTAs).
-    __shared__ int cmb_row;
-    const uint32_t total_dn = static_cast<uint32_t>(na * dn_tiles);
-    __syncthreads();  // every role is done with the shared memory (red is reused below)
-    for (;;) {
-      if (threadIdx.x == 0) {
-        const int r = static_cast<int>(atomicAdd(a.plan.ready + E + 2, 1u));
-        if (r < a.N) {
-          const uint64_t t0 = global_ns();
-          while (ld_acquire(a.plan.ready + E + 1) < total_dn) {
-            __nanosleep(64);
-            if (global_ns() - t0 > kWatchdogNs) __trap();
-          }
-        }
-        cmb_row = r;
-      }
-      __syncthreads();
-      const int r = cmb_row;
-      if (r >= a.N) break;
-      step_timeline_phase(3);  // this CTA runs a combine row (timeline build only)
-      combine_norm_row_any(a.cmb.x + static_cast<size_t>(r) * a.H, a.slot_out + static_cast<size_t>(r) * a.K * a.H,
-                           a.cmb.ids + static_cast<size_t>(r) * a.K, a.K, a.cmb.w,
-                           a.cmb.y ? a.cmb.y + static_cast<size_t>(r) * a.H : nullptr, a.H, a.cmb.eps, red);
-    }
-  }
 }
 
 // Tensor map over a row-major bf16 matrix [rows, cols] in dense boxes of box_cols x box_rows (no swizzle); reads
@@ -750,11 +712,9 @@ Status hold_multiprocessors(int ctas, int* started, const int* release, cudaStre
 
 bool moe_stream_ok(int H, int I) { return H > 0 && I > 0 && H % kWidthStep == 0 && I % kWidthStep == 0; }
 
-bool moe_stream_combine_ok(int H) { return H > 0 && H % 8 == 0 && H <= 2048; }
-
 Status moe_experts_stream(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
                           const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I, int variant,
-                          cudaStream_t stream, const StreamCombine* combine) {
+                          cudaStream_t stream) {
   if (N <= 0 || K <= 0 || E <= 0 || K > E || E > kMaxExperts || !moe_stream_ok(H, I))
     return unsupported("moe_experts_stream: need N, K > 0, K <= E <= 1024 and H, I positive multiples of 64 (N=" +
                        std::to_string(N) + " K=" + std::to_string(K) + " E=" + std::to_string(E) +
@@ -766,11 +726,7 @@ Status moe_experts_stream(const bf16* x, const MoePlan& plan, const float* weigh
   if (variant < 0 || variant >= kStreamVariants)
     return invalid_argument("moe_experts_stream: variant " + std::to_string(variant) + " (want 0 to " +
                             std::to_string(kStreamVariants - 1) + ")");
-  if (combine && (!combine->x || !combine->ids || (combine->w && !combine->y) || !moe_stream_combine_ok(H)))
-    return invalid_argument("moe_experts_stream: the folded combine needs x, ids (y with w) and H <= 2048, H % 8 == 0");
   StreamArgs args{};
-  if (combine) args.cmb = *combine;
-  args.N = N;
   args.x = x;
   args.gate_up = gate_up;
   args.down = down;

@@ -27,22 +27,9 @@ constexpr int kStreamVariants = 14;
 // this launch, so launches on one plan must not overlap in time (launches on different plans may). CTAs claim items
 // in order, so the launch completes even when only some of its CTAs fit beside other kernels. Unsupported shapes give
 // an error Status.
-//
-// The layer's MoE combine folded in (combine != null; DecodeOption::kMoeCombine 2): every down item's last epilogue
-// counts the item done; as CTAs run out of items each claims token rows in turn and, once every down item is done,
-// runs moe_combine_add_rmsnorm's row on it (x and y bit for bit those of that launch). A CTA waits only on items
-// already claimed by running CTAs, so the launch still completes on part of the GPU. Needs H <= 2048, H % 8 == 0.
-struct StreamCombine {
-  bf16* x = nullptr;             // [N, H] residual, updated in place
-  const int32_t* ids = nullptr;  // [N, K] routing ids (-1: empty slot)
-  const bf16* w = nullptr;       // the next RMSNorm's weight, or null (x only)
-  bf16* y = nullptr;             // [N, H] normalised rows
-  float eps = 0.f;
-};
-bool moe_stream_combine_ok(int H);
 Status moe_experts_stream(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
                           const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I, int variant,
-                          cudaStream_t stream, const StreamCombine* combine = nullptr);
+                          cudaStream_t stream);
 
 // For tests of the above on a partly occupied GPU: launches `ctas` one-warp CTAs on `stream`, each with the largest
 // shared memory a CTA may have (so no CTA of the streaming kernel fits beside one on its multiprocessor). CTA b sets

@@ -308,7 +308,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
     if constexpr (kEarly) {
       if (rank != 0 || !p.make_plan || warp == 0) return;
       const int w = tid - 32;
-      for (int e = w; e < E + kMoePlanCounters; e += kRouteThreads - 32) p.plan.ready[e] = 0u;  // nothing ready
+      for (int e = w; e <= E; e += kRouteThreads - 32) p.plan.ready[e] = 0u;  // nothing ready or claimed
       if (T == 1) {
         if (w < K) {
           p.plan.offsets[w] = w;
@@ -498,7 +498,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
         if (p.count_sum) *p.count_sum += K;
       }
 #pragma unroll 1
-      for (int e = lane; e < E + kMoePlanCounters; e += 32) p.plan.ready[e] = 0u;
+      for (int e = lane; e <= E; e += 32) p.plan.ready[e] = 0u;
     }
     if (stamp) p.clocks[7] = clock64();
     return;
@@ -550,7 +550,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
   }
   if (!kEarly) {
 #pragma unroll 1
-    for (int e = lane; e < E + kMoePlanCounters; e += 32) p.plan.ready[e] = 0u;  // a fresh plan: nothing ready
+    for (int e = lane; e <= E; e += 32) p.plan.ready[e] = 0u;  // a fresh plan: nothing ready or claimed
   }
   __syncwarp();
 #pragma unroll 1
