@@ -2,7 +2,6 @@
 // the fused routing kernel (router GEMM + top-k + MoE plan in one cluster launch) and the synthetic decoder with
 // these variants (graph capture, SERE).
 #ifdef ZEST_HAVE_CUDA
-#include <cstring>
 #include <numeric>
 #include <tuple>
 
@@ -40,14 +39,12 @@ std::vector<float> ref_gemm(const std::vector<float>& x, const std::vector<float
 // tiles). Shapes with more tiles than resident CTAs fall back to the streaming kernel and must match as well.
 // Variants 7 (register streaming up to K = 2048) and 8 (the tile at every row count), and 4 with and without the tiles
 // copied evict-first at M <= 2 (kL2Prefetch 0 / 5), on the same shapes and three more (K = 2080: 65 chunks of 32;
-// N = 1040: an odd number of 16-row tiles; M = 2); variant 9 (K > 2048 tiles split over 2-CTA clusters, the shapes
-// with K = 4096) also bit for bit equal on a second launch.
+// N = 1040: an odd number of 16-row tiles; M = 2).
 TEST(CudaLatencyGemm, SharedMemoryTileMatchesReference) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(901);
   // (gemm variant, kL2Prefetch): 0 copies the tiles evict-first for M <= 2, 5 does not.
-  for (auto [variant, l2mode] :
-       {std::pair{4, 0}, std::pair{7, 0}, std::pair{8, 0}, std::pair{4, 5}, std::pair{9, 0}, std::pair{9, 5}}) {
+  for (auto [variant, l2mode] : {std::pair{4, 0}, std::pair{7, 0}, std::pair{8, 0}, std::pair{4, 5}}) {
     OptionScope opt(DecodeOption::kGemmVariant, variant), l2(DecodeOption::kL2Prefetch, l2mode);
     for (auto [M, N, K] : {std::tuple{1, 5120, 2048}, std::tuple{1, 2048, 4096}, std::tuple{16, 2048, 4096},
                            std::tuple{9, 128, 2048}, std::tuple{8, 48, 96}, std::tuple{3, 208, 1056},
@@ -61,19 +58,7 @@ TEST(CudaLatencyGemm, SharedMemoryTileMatchesReference) {
       dy.poison();
       ZEST_ASSERT_OK(gemm(dx->get(), dw->get(), dy.get(), M, N, K, nullptr));
       sync_ok();
-      const auto got = download_bf16(dy);
-      ZEST_EXPECT_CLOSE(got, ref_gemm(x.f, w.f, M, N, K), kTol);
-      if (variant == 9) {  // the 2-CTA split reduces in a fixed order: a second launch, with PDL, gives the same bits
-        const bool pdl = programmatic_launch();
-        set_programmatic_launch(true);
-        dy.poison();
-        const Status again = gemm(dx->get(), dw->get(), dy.get(), M, N, K, nullptr);
-        set_programmatic_launch(pdl);
-        ZEST_ASSERT_OK(again);
-        sync_ok();
-        const auto got2 = download_bf16(dy);
-        EXPECT_EQ(0, std::memcmp(got.data(), got2.data(), got.size() * sizeof(float))) << "second launch differs";
-      }
+      ZEST_EXPECT_CLOSE(download_bf16(dy), ref_gemm(x.f, w.f, M, N, K), kTol);
     }
   }
 }

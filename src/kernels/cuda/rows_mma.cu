@@ -205,11 +205,8 @@ __device__ __forceinline__ void prefetch_kv_l2(const KvPrefetch& kv) {
 // kRound: token chunks per warp and round (all of a warp's chunks in one round for K <= 32 * kWarps * kRound).
 // Registers allow 3 CTAs per SM for K <= 2048 (as the shared memory does): one token tile with 8 chunks per round
 // (62 registers) or two with 4 (70); K = 4096 tiles (one CTA per SM) take one token tile's 16 chunks in one round.
-// kPf (PreFetch): the L2 prefetches of kv's rows and the tile's cache policy. kPair: CTAs 2t and 2t + 1 form a
-// cluster over tile t, each with half of k (Kdim is that half; rows are 2 Kdim apart): half the shared memory, so that
-// a tile's CTAs fit beside another kernel's large CTAs; rank 0 adds rank 1's warp sums (distributed shared memory,
-// fixed order: its own eight warps, then rank 1's).
-template <bool kTwo, int kRound, int kPf, bool kPair = false>
+// kPf (PreFetch): the L2 prefetches of kv's rows and the tile's cache policy.
+template <bool kTwo, int kRound, int kPf>
 __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_kernel(const bf16* __restrict__ x,
                                                                                     const bf16* __restrict__ w,
                                                                                     bf16* __restrict__ y, int M, int N,
@@ -219,28 +216,18 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
   step_timeline_phase(0);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, tq = lane & 3;
-  const int rank = kPair ? static_cast<int>(blockIdx.x & 1u) : 0;
-  const int r0 = (kPair ? blockIdx.x >> 1 : blockIdx.x) * kRows;
-  const size_t ldk = kPair ? 2 * static_cast<size_t>(Kdim) : static_cast<size_t>(Kdim);  // row stride of w and x
-  if constexpr (kPair) {
-    w += static_cast<size_t>(rank) * Kdim;
-    x += static_cast<size_t>(rank) * Kdim;
-  }
+  const int r0 = blockIdx.x * kRows;
   const uint32_t row_bytes = static_cast<uint32_t>(Kdim) * 2, stride = row_bytes + 16;
   if (threadIdx.x == 0) {
     mbar_init(&bar);
-    if constexpr (kPair) {
-      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    }
     mbar_arrive_expect_tx(&bar, kRows * row_bytes);
     if constexpr (kPf == kPfBefore || kPf == kPfTileHint) {
       const uint64_t pol = evict_first_policy();
       for (int r = 0; r < kRows; ++r)
-        bulk_load_hint(wsm + r * stride, w + static_cast<size_t>(r0 + r) * ldk, row_bytes, &bar, pol);
+        bulk_load_hint(wsm + r * stride, w + static_cast<size_t>(r0 + r) * Kdim, row_bytes, &bar, pol);
     } else {
       for (int r = 0; r < kRows; ++r)
-        bulk_load(wsm + r * stride, w + static_cast<size_t>(r0 + r) * ldk, row_bytes, &bar);
+        bulk_load(wsm + r * stride, w + static_cast<size_t>(r0 + r) * Kdim, row_bytes, &bar);
     }
   }
   // Block tables and context lengths are step inputs, not written by the previous kernel.
@@ -248,8 +235,8 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
   __syncthreads();
   pdl_wait();
   const int chunks = Kdim / kChunk;
-  const bf16* x0p = g < M ? x + static_cast<size_t>(g) * ldk + tq * 8 : nullptr;
-  const bf16* x1p = kTwo && g + 8 < M ? x + static_cast<size_t>(g + 8) * ldk + tq * 8 : nullptr;
+  const bf16* x0p = g < M ? x + static_cast<size_t>(g) * Kdim + tq * 8 : nullptr;
+  const bf16* x1p = kTwo && g + 8 < M ? x + static_cast<size_t>(g + 8) * Kdim + tq * 8 : nullptr;
   const unsigned char* a_lo = wsm + g * stride + tq * 16;
   const unsigned char* a_hi = a_lo + 8 * stride;
   float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
@@ -287,11 +274,7 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
 #pragma unroll
     for (int i = 0; i < 4; ++i) red[warp][n * 4 + i][lane] = acc[n][i];
   __syncthreads();
-  if constexpr (kPair) {
-    cluster_arrive();
-    cluster_wait();  // both halves' warp sums in their CTAs' shared memory
-  }
-  if (!kPair || rank == 0) {
+  {
     const int v = threadIdx.x >> 5, l = threadIdx.x & 31;  // 256 threads: one (value, lane) each
     const int n = v >> 2, i = v & 3;
     const int t = n * 8 + (l & 3) * 2 + (i & 1);
@@ -300,16 +283,8 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
       float s = 0.f;
 #pragma unroll
       for (int ww = 0; ww < kWarps; ++ww) s += red[ww][v][l];
-      if constexpr (kPair) {
-#pragma unroll
-        for (int ww = 0; ww < kWarps; ++ww) s += ld_cluster_f32(cluster_map(&red[ww][v][l], 1));
-      }
       y[static_cast<size_t>(t) * N + row] = __float2bfloat16(s);
     }
-  }
-  if constexpr (kPair) {
-    cluster_arrive();
-    cluster_wait();  // rank 1 leaves only once rank 0 has read its sums
   }
 }
 
@@ -337,26 +312,6 @@ PreKernel rows_pre_pick(int M, int K, int pf) {
     case kPfTileHint: return rows_pre_pick_pf<kPfTileHint>(M, K);
     default: return rows_pre_pick_pf<kPfNone>(M, K);
   }
-}
-
-// The pair instantiation for M rows (Kdim = half of k <= 32 * kWarps * kPreRound).
-template <int kPf>
-PreKernel rows_pair_pick(int M) {
-  return M > 8 ? rows_pre_kernel<true, kPreRound / 2, kPf, true> : rows_pre_kernel<false, kPreRound, kPf, true>;
-}
-
-template <int kPf>
-bool rows_pair_configure() {
-  static const bool ok = [] {
-    for (PreKernel f : {rows_pre_kernel<true, kPreRound / 2, kPf, true>, rows_pre_kernel<false, kPreRound, kPf, true>})
-      if (cudaFuncSetAttribute(reinterpret_cast<const void*>(f), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(kPreMaxSmem)) != cudaSuccess) {
-        cudaGetLastError();
-        return false;
-      }
-    return true;
-  }();
-  return ok;
 }
 
 template <int kPf>
@@ -389,42 +344,6 @@ bool rows_pre_ok(int M, int N, int K, int pf = kPfNone) {
                                                     kWarps * 32, smem) != cudaSuccess)
     return false;
   return N / kRows <= n * sm_count();
-}
-
-// kGemmVariant 9: the tile split over a 2-CTA cluster (rows_pre_kernel kPair) when K > 32 * kWarps * kPreRound (a
-// whole tile needs one CTA per SM) and half of K fits one round; every pair resident at once. pf: kPfNone or
-// kPfTileHint.
-bool rows_pair_ok(int M, int N, int K, int pf) {
-  const int half = K / 2;
-  if (M < 1 || M > kTokens || N % kRows != 0 || K % (2 * kChunk) != 0 || K <= kWarps * kChunk * kPreRound ||
-      half > kWarps * kChunk * kPreRound)
-    return false;
-  if (!(pf == kPfTileHint ? rows_pair_configure<kPfTileHint>() : rows_pair_configure<kPfNone>())) return false;
-  int n = 0;
-  const PreKernel f = pf == kPfTileHint ? rows_pair_pick<kPfTileHint>(M) : rows_pair_pick<kPfNone>(M);
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, reinterpret_cast<const void*>(f), kWarps * 32,
-                                                    rows_pre_smem(half)) != cudaSuccess)
-    return false;
-  return 2 * (N / kRows) <= n * sm_count();
-}
-
-Status launch_rows_pair(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream, int pf) {
-  const int half = K / 2;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(2 * (N / kRows));
-  cfg.blockDim = dim3(kWarps * 32);
-  cfg.dynamicSmemBytes = rows_pre_smem(half);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = 2;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = static_cast<unsigned int>(common_launch_attrs(attr, 1));
-  note_launch("rows_pre (pair)");
-  const PreKernel f = pf == kPfTileHint ? rows_pair_pick<kPfTileHint>(M) : rows_pair_pick<kPfNone>(M);
-  return cuda_status(cudaLaunchKernelEx(&cfg, f, x, w, y, M, N, half, KvPrefetch{}), "rows_pre (pair)");
 }
 
 Status launch_rows_pre(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream,
@@ -468,12 +387,9 @@ Status rows_mma_gemm(const bf16* x, const bf16* w, bf16* y, int M, int N, int K,
   p.Kdim = K;
   const bool long_k = K > kWarps * kChunk * kPreRound;  // rows_pre holds one 16-row tile per SM
   switch (decode_option(DecodeOption::kGemmVariant)) {
-    case 9:  // as 4, with K > 2048 tiles split over 2-CTA clusters
     case 4: {  // the tile in shared memory; register streaming for 9-16 rows at K <= 2048
       // kL2Prefetch 0: tiles copied evict-first for steps of at most kPrefetchMaxRows rows.
       const int pf = decode_option(DecodeOption::kL2Prefetch) == 0 && M <= kPrefetchMaxRows ? kPfTileHint : kPfNone;
-      if (decode_option(DecodeOption::kGemmVariant) == 9 && long_k && rows_pair_ok(M, N, K, pf))
-        return launch_rows_pair(x, w, y, M, N, K, stream, pf);
       if ((long_k || M < kStreamMinRows) && rows_pre_ok(M, N, K, pf))
         return launch_rows_pre(x, w, y, M, N, K, stream, pf);
       return launch_rows<kDense, 4, 3>(p, N / kRows, stream);
@@ -509,7 +425,7 @@ Status gemm_kv_prefetch(const bf16* x, const bf16* w, bf16* y, int M, int N, int
   // The GEMM variants that run rows_pre_kernel for these sizes.
   const int gv = decode_option(DecodeOption::kGemmVariant);
   const bool long_k = K > kWarps * kChunk * kPreRound;
-  const bool pre = gv == 8 || ((gv == 4 || gv == 9) && (long_k || M < kStreamMinRows)) || (gv == 7 && long_k);
+  const bool pre = gv == 8 || (gv == 4 && (long_k || M < kStreamMinRows)) || (gv == 7 && long_k);
   if (pf != kPfNone && kv_ok && aligned && pre && rows_mma_gemm_ok(M, N, K) && rows_pre_ok(M, N, K, pf))
     return launch_rows_pre(x, w, y, M, N, K, stream, pf, kv);
   return gemm(x, w, y, M, N, K, stream);
