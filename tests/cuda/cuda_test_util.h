@@ -60,8 +60,13 @@ class DevBuf {
     EXPECT_EQ(cudaMemcpy(h.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
     return h;
   }
-  // Fills every byte with 0xff (poison: bf16 NaN, int -1) to catch unwritten outputs.
-  void poison() { EXPECT_EQ(cudaMemset(p_, 0xff, n_ * sizeof(T)), cudaSuccess); }
+  // Fills every byte with 0xff (poison: bf16 NaN, int -1) to catch unwritten outputs. Done when it returns: a memset
+  // on the legacy stream is not ordered with the non-blocking streams tests launch on next, so that stream is
+  // synchronised (it alone: a kernel another test keeps running on a non-blocking stream does not hold it up).
+  void poison() {
+    EXPECT_EQ(cudaMemset(p_, 0xff, n_ * sizeof(T)), cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(nullptr), cudaSuccess);
+  }
   T* get() const { return p_; }
   size_t size() const { return n_; }
 
