@@ -519,32 +519,23 @@ __device__ __forceinline__ void norm_rope_head(const bf16* __restrict__ x, const
 // kCluster: the grid's splits of one (kv head, sequence) form one thread-block cluster; each CTA keeps its partial
 // (M, L and the 8 x 128 sums) in its shared memory and, after a cluster barrier, merges a slice of the outputs from
 // every CTA's partial (distributed shared memory, fixed split order): no global partials, fences or counters.
-// Dynamic shared memory of decode_attention_fused_kernel<kCluster, W>: the V pages of every warp (two buffers) or
-// the warps' partial sums, and with kCluster the CTA's merged partial after them.
-template <bool kCluster, int W>
-constexpr size_t fused_smem_bytes() {
-  constexpr int G = 8, D = kHeadDim;
-  constexpr size_t kMma = static_cast<size_t>(W) * 2 * kKvBlock * D * sizeof(bf16);
-  constexpr size_t kAcc = static_cast<size_t>(W) * G * D * sizeof(float);
-  constexpr size_t kClu = kAcc + (G * D + 2 * G) * sizeof(float);
-  constexpr size_t k0 = kMma > kAcc ? kMma : kAcc;
-  return kCluster && kClu > k0 ? kClu : k0;
-}
-
-// W: warps per CTA (4, or 8: one query head each in the q / k norm, twice the pages of a split in flight).
-template <bool kCluster, int W = kDecWarps>
-__global__ void __launch_bounds__(W * 32, W == kDecWarps ? 3 : 1) decode_attention_fused_kernel(
+template <bool kCluster>
+__global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kernel(
     const bf16* __restrict__ qkv, int q_stride, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
     const int32_t* __restrict__ block_table, int max_blocks, const int32_t* __restrict__ context_lens,
     bf16* __restrict__ out, float* __restrict__ part, int* __restrict__ counters, int Hkv, int splits,
     int pages_per_split, float scale, DecodeFuse f) {
   constexpr int G = 8, D = kHeadDim;
-  constexpr size_t kAccBytes = W * G * D * sizeof(float);
-  extern __shared__ __align__(16) unsigned char smem_raw[];  // fused_smem_bytes<kCluster, W>()
+  constexpr size_t kMmaBytes = kDecWarps * 2 * kKvBlock * D * sizeof(bf16);
+  constexpr size_t kAccBytes = kDecWarps * G * D * sizeof(float);
+  constexpr size_t kClusterBytes = kAccBytes + (G * D + 2 * G) * sizeof(float);
+  constexpr size_t kBytes0 = kMmaBytes > kAccBytes ? kMmaBytes : kAccBytes;
+  constexpr size_t kBytes = kCluster && kClusterBytes > kBytes0 ? kClusterBytes : kBytes0;
+  __shared__ __align__(16) unsigned char smem_raw[kBytes];
   __shared__ __align__(16) bf16 q_s[G * D];
   __shared__ __align__(16) bf16 kn_s[D], vn_s[D];
   float(*acc_s)[G][D] = reinterpret_cast<float(*)[G][D]>(smem_raw);
-  __shared__ float m_s[W][G], l_s[W][G];
+  __shared__ float m_s[kDecWarps][G], l_s[kDecWarps][G];
   __shared__ int last_s;
   step_timeline_phase(0);  // the CTA is resident
 
@@ -586,7 +577,7 @@ __global__ void __launch_bounds__(W * 32, W == kDecWarps ? 3 : 1) decode_attenti
   uint4 kcur[4][2], knext[4][2];
   // Before the wait (the cache is not written by this step yet): the warp's first two pages, both buffers.
   if (pg_first < pg_end) load_page(pg_first, 0, kcur);
-  if (pg_first + W < pg_end) load_page(pg_first + W, 1, knext);
+  if (pg_first + kDecWarps < pg_end) load_page(pg_first + kDecWarps, 1, knext);
   // Also before the wait: the RoPE factors (positions are step inputs) and the norm weights.
   RopeLane rl;
   float qw[4], kw[4];
@@ -607,7 +598,7 @@ __global__ void __launch_bounds__(W * 32, W == kDecWarps ? 3 : 1) decode_attenti
 
   {  // q heads 2 warp, 2 warp + 1 of this kv head; the current token's k (warp 0) and v (warp 1) in the owner CTA
     const bf16* row = qkv + static_cast<size_t>(b) * q_stride;
-    for (int h = warp * (G / W); h < (warp + 1) * (G / W); ++h)
+    for (int h = 2 * warp; h < 2 * warp + 2; ++h)
       norm_rope_head(row + static_cast<size_t>(kvh * G + h) * D, qw, rl, f.eps, q_s + h * D, nullptr, lane);
     if (new_pg >= 0) {
       const size_t dst = (static_cast<size_t>(slot) * Hkv + kvh) * D;
@@ -639,9 +630,9 @@ __global__ void __launch_bounds__(W * 32, W == kDecWarps ? 3 : 1) decode_attenti
 #pragma unroll
   for (int c = 0; c < 4; ++c) qf[c] = *reinterpret_cast<const uint4*>(q_s + g * D + c * 32 + tq * 8);
   int buf = 0;
-  for (int pg = pg_first; pg < pg_end; pg += W) {
-    const bool more = pg + W < pg_end;
-    if (more && pg != pg_first) load_page(pg + W, buf ^ 1, knext);  // the second page was issued before
+  for (int pg = pg_first; pg < pg_end; pg += kDecWarps) {
+    const bool more = pg + kDecWarps < pg_end;
+    if (more && pg != pg_first) load_page(pg + kDecWarps, buf ^ 1, knext);  // the second page was issued before
     const int nv = min(kKvBlock, ctx - pg * kKvBlock);
     const int tn = pg == new_pg ? new_pos - pg * kKvBlock : -1;  // the current token's row in this page
     if (tn >= 0 && (tn & 7) == g) {
@@ -746,11 +737,11 @@ __global__ void __launch_bounds__(W * 32, W == kDecWarps ? 3 : 1) decode_attenti
       const int hh = idx / D, d = idx % D;
       float M = -INFINITY;
 #pragma unroll
-      for (int w = 0; w < W; ++w) M = fmaxf(M, m_s[w][hh]);
+      for (int w = 0; w < kDecWarps; ++w) M = fmaxf(M, m_s[w][hh]);
       float L = 0.f, A = 0.f;
       if (M != -INFINITY) {
 #pragma unroll
-        for (int w = 0; w < W; ++w) {
+        for (int w = 0; w < kDecWarps; ++w) {
           const float e = __expf(m_s[w][hh] - M);
           L += l_s[w][hh] * e;
           A += acc_s[w][hh][d] * e;
@@ -801,11 +792,11 @@ __global__ void __launch_bounds__(W * 32, W == kDecWarps ? 3 : 1) decode_attenti
     const int hh = idx / D, d = idx % D;
     float M = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < W; ++w) M = fmaxf(M, m_s[w][hh]);
+    for (int w = 0; w < kDecWarps; ++w) M = fmaxf(M, m_s[w][hh]);
     float L = 0.f, A = 0.f;
     if (M != -INFINITY) {
 #pragma unroll
-      for (int w = 0; w < W; ++w) {
+      for (int w = 0; w < kDecWarps; ++w) {
         const float e = __expf(m_s[w][hh] - M);
         L += l_s[w][hh] * e;
         A += acc_s[w][hh][d] * e;
@@ -1373,7 +1364,6 @@ bool cluster_attention_ok() {
       cudaLaunchConfig_t cfg = {};
       cfg.gridDim = dim3(16);
       cfg.blockDim = dim3(kDecWarps * 32);
-      cfg.dynamicSmemBytes = fused_smem_bytes<true, kDecWarps>();
       cudaLaunchAttribute attr[1];
       attr[0].id = cudaLaunchAttributeClusterDimension;
       attr[0].val.clusterDim.x = 16;
@@ -1537,29 +1527,14 @@ Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_s
   }
   // The cluster merge pays off at small batches (measured at batch 1: 13 splits of 5 pages); at batch 8 and 64 the
   // many CTAs of the forced 13+ splits cost more than the global merge saves.
-  if ((variant == 3 || variant == 10) && pages <= kClusterMaxPages &&
+  if (variant == 3 && pages <= kClusterMaxPages &&
       p.batch * p.kv_heads <= kClusterMaxPairs && cluster_attention_ok()) {
-    // At most 16 splits (one cluster per kv head and sequence), at least kDecWarps pages each; 10: eight warps per
-    // CTA on the same splits (one page per warp up to 16 x 8 pages).
-    const bool eight = variant == 10;
+    // At most 16 splits (one cluster per kv head and sequence), at least one page per warp.
     const int per = std::max(kDecWarps, (pages + 15) / 16);
     const int splits = (pages + per - 1) / per;
-    static const bool configured = [] {  // the attributes cluster_attention_ok sets on the four-warp kernel
-      const void* fn = reinterpret_cast<const void*>(decode_attention_fused_kernel<true, 8>);
-      const bool ok =
-          cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(fused_smem_bytes<true, 8>())) == cudaSuccess &&
-          cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) ==
-              cudaSuccess &&
-          cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
-      if (!ok) cudaGetLastError();
-      return ok;
-    }();
-    if (eight && !configured) return internal_error("decode_attention_fused: eight-warp shared memory not granted");
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(splits, p.kv_heads, p.batch);
-    cfg.blockDim = dim3((eight ? 8 : kDecWarps) * 32);
-    cfg.dynamicSmemBytes = eight ? fused_smem_bytes<true, 8>() : fused_smem_bytes<true, kDecWarps>();
+    cfg.blockDim = dim3(kDecWarps * 32);
     cfg.stream = stream;
     cudaLaunchAttribute attr[2];
     attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -1569,16 +1544,14 @@ Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_s
     cfg.attrs = attr;
     cfg.numAttrs = static_cast<unsigned int>(common_launch_attrs(attr, 1));
     note_launch("decode_attention_fused (cluster)");
-    return cuda_status(cudaLaunchKernelEx(&cfg, eight ? decode_attention_fused_kernel<true, 8>
-                                                      : decode_attention_fused_kernel<true, kDecWarps>,
-                                          qkv, q_stride, k_cache, v_cache, block_table, p.max_blocks, context_lens, out,
-                                          part, counters, p.kv_heads, splits, per, p.scale, f),
+    return cuda_status(cudaLaunchKernelEx(&cfg, decode_attention_fused_kernel<true>, qkv, q_stride, k_cache, v_cache,
+                                          block_table, p.max_blocks, context_lens, out, part, counters, p.kv_heads,
+                                          splits, per, p.scale, f),
                        "decode_attention_fused");
   }
-  return launch("decode_attention_fused", decode_attention_fused_kernel<false, kDecWarps>,
-                dim3(sp.splits, p.kv_heads, p.batch), dim3(kDecWarps * 32), fused_smem_bytes<false, kDecWarps>(),
-                stream, qkv, q_stride, k_cache, v_cache, block_table, p.max_blocks, context_lens, out, part, counters,
-                p.kv_heads, sp.splits, sp.pages_per_split, p.scale, f);
+  return launch("decode_attention_fused", decode_attention_fused_kernel<false>, dim3(sp.splits, p.kv_heads, p.batch),
+                dim3(kDecWarps * 32), 0, stream, qkv, q_stride, k_cache, v_cache, block_table, p.max_blocks,
+                context_lens, out, part, counters, p.kv_heads, sp.splits, sp.pages_per_split, p.scale, f);
 }
 
 }  // namespace zest::cuda

@@ -103,7 +103,7 @@ enum class DecodeOption : int {
                     // 5 = as 4 with the splits (at most 16) merged inside a thread-block cluster; 6 = as 5 with a
                     // two-stage ring; 7 = as 5 with four stages and splits for one CTA per SM; 8 (default) = by
                     // size: 3 up to 8 (sequence, kv head) pairs and 2048 tokens, 5 up to 32 pairs, 3 above; 9 = as
-                    // 5 with two token rows per bulk copy when kv_heads == 4; 10 = as 3 with eight warps per CTA
+                    // 5 with two token rows per bulk copy when kv_heads == 4
   kGemmVariant,     // small-M GEMM, chunks in flight per warp and CTAs per SM: 1 = 4, 3 CTAs; 0 = 8, 1; 2 = 8, 2;
                     // 3 = 2, 4; 4 (default) = the weight tile bulk-copied into shared memory before the wait on the
                     // previous kernel, one CTA per 16-row tile (when every tile's CTA fits on the GPU; else 1), except
