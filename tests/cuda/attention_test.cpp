@@ -368,6 +368,72 @@ void run_fused_variants_case(const std::vector<int>& variants, const std::vector
     const auto again = download_bf16(out);
     for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(again[i], got[i]) << "element " << i;
   }
+
+  // decode_attention_o on the same inputs with a random o projection wo [o_rows, Hq * 128] (o_rows = 2048, and 256
+  // when that grid is too small for the splits' CTAs), where it applies (batch <= 8): the attention output within
+  // kTol of the reference, the current token's k / v as above, o within 1e-2 * max |ref| of a double GEMM of the
+  // attention output it wrote; bit for bit the chain decode_attention_fused (cluster merge, the same splits) + gemm
+  // where the chain takes the cluster merge (at most 8 pairs, 2048 tokens); a second launch on the same workspace
+  // gives the same bits (its counters cleared by the first).
+  for (int o_rows : {2048, 256}) {
+    if (!decode_attention_o_ok(p, dq->get(), q_stride, o_rows)) continue;
+    SCOPED_TRACE(testing::Message() << "decode_attention_o, o_rows " << o_rows);
+    const int Kd = Hq * D;
+    auto wo = random_bf16(static_cast<size_t>(o_rows) * Kd, rng);
+    auto dwo = upload_bf16(wo);
+    auto dk = upload_bf16(kc), dv = upload_bf16(vc);
+    DevBuf<bf16> att(static_cast<size_t>(B) * Kd), o(static_cast<size_t>(B) * o_rows);
+    att.poison();
+    o.poison();
+    ZEST_ASSERT_OK(decode_attention_o(p, dq->get(), q_stride, dqn->get(), dkn->get(), dpos.get(), pos_stride, rope,
+                                      dslots.get(), dk->get(), dv->get(), dbt.get(), dlens.get(), dwo->get(), o_rows,
+                                      att.get(), o.get(), ws.get(), kEps, nullptr));
+    sync_ok();
+    const auto agot = download_bf16(att), ogot = download_bf16(o);
+    ZEST_EXPECT_CLOSE(agot, ref, kTol);
+    const auto kgot = download_bf16(*dk), vgot = download_bf16(*dv);
+    std::vector<float> kg, vg;
+    for (int b = 0; b < B; ++b)
+      for (size_t i = 0; i < static_cast<size_t>(Hkv) * D; ++i) {
+        kg.push_back(kgot[static_cast<size_t>(slots[b]) * Hkv * D + i]);
+        vg.push_back(vgot[static_cast<size_t>(slots[b]) * Hkv * D + i]);
+      }
+    ZEST_EXPECT_CLOSE(kg, kr, kTol);
+    EXPECT_EQ(vg, vr);
+    std::vector<float> oref(static_cast<size_t>(B) * o_rows);
+    for (int b = 0; b < B; ++b)
+      for (int n = 0; n < o_rows; ++n) {
+        double acc = 0;
+        for (int k = 0; k < Kd; ++k)
+          acc += static_cast<double>(agot[static_cast<size_t>(b) * Kd + k]) * wo.f[static_cast<size_t>(n) * Kd + k];
+        oref[static_cast<size_t>(b) * o_rows + n] = static_cast<float>(acc);
+      }
+    ZEST_EXPECT_CLOSE(ogot, oref, 1e-2);
+
+    const int pages = (max_ctx + kKvBlock - 1) / kKvBlock;
+    if (B * Hkv <= 8 && pages <= 128) {  // the chain with the cluster merge: the same splits
+      auto dk2 = upload_bf16(kc), dv2 = upload_bf16(vc);
+      DevBuf<bf16> att2(static_cast<size_t>(B) * Kd), o2(static_cast<size_t>(B) * o_rows);
+      set_decode_option(DecodeOption::kAttentionKernel, 3);
+      const Status sc = decode_attention_fused(p, dq->get(), q_stride, dqn->get(), dkn->get(), dpos.get(), pos_stride,
+                                               rope, dslots.get(), dk2->get(), dv2->get(), dbt.get(), dlens.get(),
+                                               att2.get(), ws.get(), kEps, nullptr);
+      set_decode_option(DecodeOption::kAttentionKernel, default_decode_option(DecodeOption::kAttentionKernel));
+      ZEST_ASSERT_OK(sc);
+      ZEST_ASSERT_OK(gemm(att2.get(), dwo->get(), o2.get(), B, o_rows, Kd, nullptr));
+      sync_ok();
+      const auto a2 = download_bf16(att2), o2h = download_bf16(o2);
+      for (size_t i = 0; i < agot.size(); ++i) ASSERT_EQ(agot[i], a2[i]) << "attention element " << i;
+      for (size_t i = 0; i < ogot.size(); ++i) ASSERT_EQ(ogot[i], o2h[i]) << "o element " << i;
+    }
+    o.poison();
+    ZEST_ASSERT_OK(decode_attention_o(p, dq->get(), q_stride, dqn->get(), dkn->get(), dpos.get(), pos_stride, rope,
+                                      dslots.get(), dk->get(), dv->get(), dbt.get(), dlens.get(), dwo->get(), o_rows,
+                                      att.get(), o.get(), ws.get(), kEps, nullptr));
+    sync_ok();
+    const auto oagain = download_bf16(o);
+    for (size_t i = 0; i < ogot.size(); ++i) ASSERT_EQ(oagain[i], ogot[i]) << "o element " << i << " (second launch)";
+  }
 }
 
 // Every fused variant (2: global merge, 3: cluster merge at small sizes, 4: bulk-copy ring with the global merge,
