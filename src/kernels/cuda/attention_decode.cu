@@ -2,7 +2,6 @@
 // each warp streams whole 16-token blocks and keeps an online softmax for all G query heads of its kv head
 // (K/V loaded once per group). The last CTA of a (sequence, kv head) merges the splits in fixed order.
 #include <algorithm>
-#include <cstdio>
 
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/common.cuh"
@@ -1777,18 +1776,6 @@ Status decode_attention_o(const DecodeAttention& p, const bf16* qkv, int q_strid
   cfg.attrs = attr;
   const bool want_pdl = programmatic_launch() && ao_pdl_state != 0;
   cfg.numAttrs = want_pdl ? 2 : 1;
-  if (decode_option(DecodeOption::kAttentionO) == 3) {  // trial: a plain launch with PDL (no cooperative attribute)
-    cfg.attrs = attr + 1;
-    cfg.numAttrs = programmatic_launch() ? 1 : 0;
-  }
-  {
-    static bool said = false;
-    if (!said) {
-      said = true;
-      std::fprintf(stderr, "decode_attention_o: cooperative launch with PDL state %d (want %d)\n", ao_pdl_state,
-                   want_pdl ? 1 : 0);
-    }
-  }
   note_launch("decode_attention_o");
   auto run = [&] {
     return cudaLaunchKernelEx(&cfg, decode_attention_fused_kernel<false, true>, qkv, q_stride, k_cache, v_cache,
@@ -1802,7 +1789,6 @@ Status decode_attention_o(const DecodeAttention& p, const bf16* qkv, int q_strid
     cfg.numAttrs = 1;
     err = run();
   } else if (err == cudaSuccess && want_pdl) {
-    if (ao_pdl_state < 0) std::fprintf(stderr, "decode_attention_o: cooperative launch took PDL\n");
     ao_pdl_state = 1;
   }
   return cuda_status(err, "decode_attention_o");

@@ -307,7 +307,7 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
     const int pos_stride = c.mrope ? opt_.max_batch : 0;
     const bool fused_attn = decode_option(DecodeOption::kAttentionKernel) >= 2 && decode_attention_fused_ok(ap, qkv_, QKV);
     // The o projection may run in the attention's launch (DecodeOption::kAttentionO).
-    const int ao = fused_attn ? decode_option(DecodeOption::kAttentionO) : 0;  // 3: trial
+    const int ao = fused_attn ? decode_option(DecodeOption::kAttentionO) : 0;
     const bool attn_o = ao >= 1 && (ao == 2 || batch * c.kv_heads <= kAttentionOMaxPairs) &&
                         decode_attention_o_ok(ap, qkv_, QKV, H);
     if (attn_o) {
