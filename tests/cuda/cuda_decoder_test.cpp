@@ -24,7 +24,6 @@
 #include "cuda/random_checkpoint.h"
 #include "engine/sere.h"
 #include "kernels/backend.h"
-#include "kernels/cuda/kernels.h"
 #include "model/golden_util.h"
 #include "model/qwen3.h"
 
@@ -261,73 +260,6 @@ void check_mixed_batches(const model::TextDecoder& dec, int32_t vocab, const std
       EXPECT_LE(e.max_err, kBatchTol * e.max_ref) << "sequence " << s;
     }
   }
-}
-
-// DecodeOption::kAttentionO 2 (the attention and the o projection in one launch) against 0 (two launches) in the
-// CUDA text decoder: a random checkpoint with 8 query heads per kv head (16 / 2, hidden 256, head_dim 128: the fused
-// decode attention and decode_attention_o apply); after prefills, decode-only steps of 1 and of 4 sequences (eager,
-// then captured and replayed). Both take the same splits and the same small-M o GEMM arithmetic, so the logits are
-// expected bit for bit; asserted: max |on - off| <= 1e-3 * max |off| on every step.
-TEST(CudaDecoder, AttentionOStepsMatchTheChain) {
-  ZEST_REQUIRE_GPU_DECODER();
-  const fs::path dir = temp_dir("attn_o");
-  RandomShape shape;
-  shape.heads = 16;
-  shape.kv_heads = 2;
-  shape.hidden = 256;
-  auto ck = write_random_moe_checkpoint(dir, 94, shape);
-  ASSERT_TRUE(ck.ok()) << ck.status().to_string();
-  {
-    DecodeAttention p;
-    p.batch = 4;
-    p.q_heads = 16;
-    p.kv_heads = 2;
-    p.max_context = 64;
-    p.max_blocks = 4;
-    if (!decode_attention_o_ok(p, reinterpret_cast<const bf16*>(0x1000), 20 * 128, 256))
-      GTEST_SKIP() << "decode_attention_o not available here";
-  }
-  auto st = io::SafeTensors::open_file(ck->file);
-  ASSERT_TRUE(st.ok()) << st.status().to_string();
-  auto dec = model::make_cuda_decoder(*st, ck->config);
-  ASSERT_TRUE(dec.ok()) << dec.status().to_string();
-  std::mt19937 rng(94);
-  std::uniform_int_distribution<int32_t> tok(0, 511);
-  std::vector<std::vector<int32_t>> seqs;
-  for (int len : {7, 19, 3, 30}) {
-    std::vector<int32_t> s(len + 4);
-    for (auto& t : s) t = tok(rng);
-    seqs.push_back(s);
-  }
-  auto cache = (*dec)->allocate_cache(64, 16);
-  ASSERT_TRUE(cache.ok()) << cache.status().to_string();
-  std::vector<std::vector<int32_t>> tables(seqs.size());
-  for (size_t s = 0; s < seqs.size(); ++s) ASSERT_TRUE(cache->reserve(tables[s], seqs[s].size()).is_ok());
-  std::vector<std::array<int64_t, 3>> prefill;
-  for (int64_t s = 0; s < static_cast<int64_t>(seqs.size()); ++s)
-    prefill.push_back({s, 0, static_cast<int64_t>(seqs[s].size()) - 4});
-  set_decode_option(DecodeOption::kAttentionO, 0);
-  ASSERT_TRUE(run_chunks(**dec, *cache, tables, seqs, prefill).ok());
-  for (int n : {1, 4}) {
-    std::vector<std::array<int64_t, 3>> step;
-    for (int64_t s = 0; s < n; ++s) step.push_back({s, static_cast<int64_t>(seqs[s].size()) - 4, 1});
-    set_decode_option(DecodeOption::kAttentionO, 0);
-    auto ref = run_chunks(**dec, *cache, tables, seqs, step);  // the step writes the same K/V slots every time
-    ASSERT_TRUE(ref.ok()) << ref.status().to_string();
-    set_decode_option(DecodeOption::kAttentionO, 2);
-    for (int rep = 0; rep < 3; ++rep) {  // eager first use of the graph key, then captured and replayed
-      auto got = run_chunks(**dec, *cache, tables, seqs, step);
-      ASSERT_TRUE(got.ok()) << got.status().to_string();
-      ASSERT_EQ(got->numel(), ref->numel());
-      const Err e = compare_rows(got->data<float>(), ref->data<float>(), ref->numel());
-      std::printf("[attention + o] %d sequences, step %d: max |on - off| %.4g, max |off| %.4g\n", n, rep, e.max_err,
-                  e.max_ref);
-      EXPECT_GT(e.max_ref, 0.0);
-      EXPECT_LE(e.max_err, 1e-3 * e.max_ref) << n << " sequences, step " << rep;
-    }
-  }
-  set_decode_option(DecodeOption::kAttentionO, default_decode_option(DecodeOption::kAttentionO));
-  fs::remove_all(dir);
 }
 
 TEST(CudaDecoder, MixedBatchEqualsOneByOne) {

@@ -1,8 +1,6 @@
 // Decode attention over the paged KV cache (flash-decoding): CTA (split, kv head, sequence) with 4 warps,
 // each warp streams whole 16-token blocks and keeps an online softmax for all G query heads of its kv head
 // (K/V loaded once per group). The last CTA of a (sequence, kv head) merges the splits in fixed order.
-#include <algorithm>
-
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/common.cuh"
 
@@ -450,12 +448,6 @@ struct DecodeFuse {
   float eps;
   const unsigned char* next;  // bytes of the next kernel prefetched into L2 by the ring kernel (nullptr: none)
   size_t next_bytes;          // a multiple of 16
-  // decode_attention_o (kO): o[batch, o_rows] = out * wo^T, wo [o_rows, Hq * 128]; sync: [0] merged (sequence, kv head)
-  // pairs, [1] CTAs that have seen them all (the last one clears both).
-  const bf16* wo = nullptr;
-  bf16* o = nullptr;
-  int o_rows = 0, batch = 0;
-  uint32_t* sync = nullptr;
 };
 
 // This CTA's share of the next kernel's bytes (DecodeFuse::next) into L2: one warp's lanes issue bulk prefetches of at
@@ -527,21 +519,12 @@ __device__ __forceinline__ void norm_rope_head(const bf16* __restrict__ x, const
 // kCluster: the grid's splits of one (kv head, sequence) form one thread-block cluster; each CTA keeps its partial
 // (M, L and the 8 x 128 sums) in its shared memory and, after a cluster barrier, merges a slice of the outputs from
 // every CTA's partial (distributed shared memory, fixed split order): no global partials, fences or counters.
-//
-// kO (decode_attention_o, kCluster false): the o projection in the same launch. One CTA of 8 warps per 16 rows of
-// wo (a cooperative grid, every CTA resident at once); CTA i also runs split item i (sequence, kv head, split) when
-// i < batch * Hkv * splits, on warps 0-3 as above. Before the wait each CTA bulk-copies its 16 rows of wo into
-// shared memory (after the attention warps have issued their page loads); the CTA that merges a (sequence, kv
-// head) adds 1 to f.sync[0] (release) after writing its 8 heads of out; every CTA then waits for all pairs
-// (acquire), loads the rows of out and runs rows_pre_kernel's mma chunks and fixed-order reduction (the same bits
-// as the separate o GEMM).
-template <bool kCluster, bool kO = false>
-__global__ void __launch_bounds__(kO ? 2 * kDecWarps * 32 : kDecWarps * 32, kO ? 1 : 3) decode_attention_fused_kernel(
+template <bool kCluster>
+__global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kernel(
     const bf16* __restrict__ qkv, int q_stride, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
     const int32_t* __restrict__ block_table, int max_blocks, const int32_t* __restrict__ context_lens,
     bf16* __restrict__ out, float* __restrict__ part, int* __restrict__ counters, int Hkv, int splits,
     int pages_per_split, float scale, DecodeFuse f) {
-  static_assert(!(kO && kCluster), "the o projection follows the global merge");
   constexpr int G = 8, D = kHeadDim;
   constexpr size_t kMmaBytes = kDecWarps * 2 * kKvBlock * D * sizeof(bf16);
   constexpr size_t kAccBytes = kDecWarps * G * D * sizeof(float);
@@ -554,19 +537,13 @@ __global__ void __launch_bounds__(kO ? 2 * kDecWarps * 32 : kDecWarps * 32, kO ?
   float(*acc_s)[G][D] = reinterpret_cast<float(*)[G][D]>(smem_raw);
   __shared__ float m_s[kDecWarps][G], l_s[kDecWarps][G];
   __shared__ int last_s;
-  __shared__ __align__(8) uint64_t o_bar;
   step_timeline_phase(0);  // the CTA is resident
 
-  const int item = static_cast<int>(blockIdx.x);
-  const bool attend = !kO || item < f.batch * Hkv * splits;  // kO: this CTA also runs a split
-  const int split = kO ? item % splits : blockIdx.x;
-  const int kvh = kO ? (item / splits) % Hkv : blockIdx.y;
-  const int b = kO ? (attend ? item / (splits * Hkv) : 0) : blockIdx.z;
+  const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const bool aw = !kO || warp < kDecWarps;  // an attention warp
   const int g = lane >> 2, tq = lane & 3;
   const int Hq = Hkv * G;
-  const int ctx = attend ? context_lens[b] : 0;  // a step input, not written by the previous kernel
+  const int ctx = context_lens[b];  // a step input, not written by the previous kernel
   const int pg_begin = split * pages_per_split;
   const int pg_end = min(pg_begin + pages_per_split, (ctx + kKvBlock - 1) / kKvBlock);
   const int new_pos = ctx - 1;
@@ -596,23 +573,11 @@ __global__ void __launch_bounds__(kO ? 2 * kDecWarps * 32 : kDecWarps * 32, kO ?
     }
   };
 
-  const int pg_first = aw && attend ? pg_begin + warp : pg_end;
+  const int pg_first = pg_begin + warp;
   uint4 kcur[4][2], knext[4][2];
   // Before the wait (the cache is not written by this step yet): the warp's first two pages, both buffers.
   if (pg_first < pg_end) load_page(pg_first, 0, kcur);
   if (pg_first + kDecWarps < pg_end) load_page(pg_first + kDecWarps, 1, knext);
-  const int o_k = Hq * D;  // kO: the o projection's k
-  const uint32_t o_row_bytes = static_cast<uint32_t>(o_k) * 2, o_stride = o_row_bytes + 16;
-  extern __shared__ __align__(128) unsigned char o_tile[];  // kO: 16 rows of wo, rows padded by 16 bytes
-  if constexpr (kO) {  // after the page loads: the CTA's 16 rows of wo
-    if (threadIdx.x == 0) mbar_init(&o_bar);
-    __syncthreads();
-    if (threadIdx.x == kDecWarps * 32) {
-      mbar_arrive_expect_tx(&o_bar, 16 * o_row_bytes);
-      for (int r = 0; r < 16; ++r)
-        bulk_load(o_tile + r * o_stride, f.wo + static_cast<size_t>(item * 16 + r) * o_k, o_row_bytes, &o_bar);
-    }
-  }
   // Also before the wait: the RoPE factors (positions are step inputs) and the norm weights.
   RopeLane rl;
   float qw[4], kw[4];
@@ -628,10 +593,10 @@ __global__ void __launch_bounds__(kO ? 2 * kDecWarps * 32 : kDecWarps * 32, kO ?
       kw[i] = __bfloat162float(f.k_norm[lane + 32 * i]);
     }
   }
-  const int slot = attend && new_pg >= 0 && f.slots ? f.slots[b] : -1;
+  const int slot = new_pg >= 0 && f.slots ? f.slots[b] : -1;
   pdl_wait();
-  if (attend) {  // kO: CTAs past the split items only run the o projection
-  if (aw) {  // q heads 2 warp, 2 warp + 1 of this kv head; the current token's k (warp 0) and v (warp 1) in the owner CTA
+
+  {  // q heads 2 warp, 2 warp + 1 of this kv head; the current token's k (warp 0) and v (warp 1) in the owner CTA
     const bf16* row = qkv + static_cast<size_t>(b) * q_stride;
     for (int h = 2 * warp; h < 2 * warp + 2; ++h)
       norm_rope_head(row + static_cast<size_t>(kvh * G + h) * D, qw, rl, f.eps, q_s + h * D, nullptr, lane);
@@ -747,21 +712,19 @@ __global__ void __launch_bounds__(kO ? 2 * kDecWarps * 32 : kDecWarps * 32, kO ?
   }
   asm volatile("cp.async.wait_group 0;" ::: "memory");
   __syncthreads();  // acc_s overlays the V pages
-  if (aw && g == 0) {
+  if (g == 0) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       m_s[warp][2 * tq + h] = st.m[h];
       l_s[warp][2 * tq + h] = st.l[h];
     }
   }
-  if (aw) {
 #pragma unroll
-    for (int mt = 0; mt < 8; ++mt) {
-      acc_s[warp][2 * tq][mt * 16 + g] = st.o[mt][0];
-      acc_s[warp][2 * tq + 1][mt * 16 + g] = st.o[mt][1];
-      acc_s[warp][2 * tq][mt * 16 + g + 8] = st.o[mt][2];
-      acc_s[warp][2 * tq + 1][mt * 16 + g + 8] = st.o[mt][3];
-    }
+  for (int mt = 0; mt < 8; ++mt) {
+    acc_s[warp][2 * tq][mt * 16 + g] = st.o[mt][0];
+    acc_s[warp][2 * tq + 1][mt * 16 + g] = st.o[mt][1];
+    acc_s[warp][2 * tq][mt * 16 + g + 8] = st.o[mt][2];
+    acc_s[warp][2 * tq + 1][mt * 16 + g + 8] = st.o[mt][3];
   }
   __syncthreads();
   step_timeline_phase(2);  // the pages attended
@@ -855,87 +818,10 @@ __global__ void __launch_bounds__(kO ? 2 * kDecWarps * 32 : kDecWarps * 32, kO ?
     if (last_s) *c = 0;
   }
   __syncthreads();
-  if (last_s) {
-    __threadfence();
-    merge_split_partials(part + (static_cast<size_t>(b) * Hq + kvh * G) * splits * kPartStride, G, splits, kMaxSplits,
-                         &acc_s[0][0][0], out + (static_cast<size_t>(b) * Hq + kvh * G) * kHeadDim);
-    if constexpr (kO) {  // this pair's 8 heads of out are written: count the pair (release)
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        __threadfence();
-        red_release_add(f.sync, 1u);
-      }
-    }
-  }
-  }  // attend
-  if constexpr (kO) {
-    // ---- the o projection: wait until every pair is merged, then this CTA's 16 rows of o ----
-    step_timeline_phase(5);
-    const uint32_t pairs = static_cast<uint32_t>(f.batch * Hkv);
-    uint32_t seen_before = 0;
-    if (threadIdx.x == 0) {
-      if (ld_acquire(f.sync) < pairs) {
-        const uint64_t t0 = global_ns();
-        while (ld_acquire(f.sync) < pairs)
-          if (global_ns() - t0 > kWatchdogNs) __trap();
-      }
-      seen_before = atomicAdd(f.sync + 1, 1u);  // its value is needed only at the end
-    }
-    __syncthreads();
-    step_timeline_phase(6);  // every pair merged
-    constexpr int kW = 2 * kDecWarps, kChunkK = 32, kRound = 16;
-    const int M = f.batch;
-    const int chunks = o_k / kChunkK;
-    const bf16* x0p = g < M ? out + static_cast<size_t>(g) * o_k + tq * 8 : nullptr;
-    const unsigned char* a_lo = o_tile + g * o_stride + tq * 16;
-    const unsigned char* a_hi = a_lo + 8 * o_stride;
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    bool landed = false;
-    for (int cb = warp; cb < chunks; cb += kW * kRound) {
-      uint4 xa[kRound];
-#pragma unroll
-      for (int u = 0; u < kRound; ++u) {
-        const int c = cb + u * kW;
-        // out was written in this launch: loads at L2 (not the read-only path)
-        xa[u] = c < chunks && x0p ? __ldcg(reinterpret_cast<const uint4*>(x0p + c * kChunkK)) : make_uint4(0, 0, 0, 0);
-      }
-      if (!landed) {
-        mbar_wait(&o_bar, 0);
-        landed = true;
-      }
-#pragma unroll
-      for (int u = 0; u < kRound; ++u) {
-        const int c = cb + u * kW;
-        if (c >= chunks) break;
-        const uint4 lo = *reinterpret_cast<const uint4*>(a_lo + c * kChunkK * 2);
-        const uint4 hi = *reinterpret_cast<const uint4*>(a_hi + c * kChunkK * 2);
-        mma16816(acc, lo.x, hi.x, lo.y, hi.y, xa[u].x, xa[u].y);
-        mma16816(acc, lo.z, hi.z, lo.w, hi.w, xa[u].z, xa[u].w);
-      }
-    }
-    if (!landed) mbar_wait(&o_bar, 0);
-    __syncthreads();  // every warp is done with the tile: its bytes take the partial sums
-    float(*red)[4][32] = reinterpret_cast<float(*)[4][32]>(o_tile);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) red[warp][i][lane] = acc[i];
-    __syncthreads();
-    if (threadIdx.x < 4 * 32) {
-      const int i = threadIdx.x >> 5, l = threadIdx.x & 31;
-      const int t = (l & 3) * 2 + (i & 1);
-      const int row = item * 16 + (l >> 2) + (i >> 1) * 8;
-      if (t < M) {
-        float sum = 0.f;
-#pragma unroll
-        for (int w = 0; w < kW; ++w) sum += red[w][i][l];
-        f.o[static_cast<size_t>(t) * f.o_rows + row] = __float2bfloat16(sum);
-      }
-    }
-    step_timeline_phase(7);
-    if (threadIdx.x == 0 && seen_before == gridDim.x - 1) {  // the last CTA to see every pair: clear for the next launch
-      f.sync[0] = 0u;
-      f.sync[1] = 0u;
-    }
-  }
+  if (!last_s) return;
+  __threadfence();
+  merge_split_partials(part + (static_cast<size_t>(b) * Hq + kvh * G) * splits * kPartStride, G, splits, kMaxSplits,
+                       &acc_s[0][0][0], out + (static_cast<size_t>(b) * Hq + kvh * G) * kHeadDim);
 }
 
 // ---- fused decode attention fed by a bulk-copy ring (kAttentionKernel 4 and 5; 4 kv heads per CTA) -------------
@@ -1403,24 +1289,16 @@ namespace {
 // Workspace: split partials (as many as the largest plan of any variant needs), then the (sequence, kv head)
 // counters at an offset that does not depend on the variant (a workspace may serve several).
 size_t counters_offset(const DecodeAttention& p) {
-  // decode_attention_o's plans never have more splits than the cluster merge's (at most 16, >= 4 pages each).
-  const int pages = std::max(1, (p.max_context + kKvBlock - 1) / kKvBlock);
-  const int ao_splits = std::min(16, (pages + kDecWarps - 1) / kDecWarps);
-  const int splits = std::max({split_plan(p).splits, ring_plan(p, false).splits, ao_splits});
+  const int splits = std::max(split_plan(p).splits, ring_plan(p, false).splits);
   const size_t parts = static_cast<size_t>(p.batch) * p.q_heads * splits * kPartStride * sizeof(float);
   return (parts + 255) / 256 * 256;
 }
 
 }  // namespace
 
-namespace {
-// decode_attention_o's two sync words follow the (sequence, kv head) counters.
-size_t sync_offset(const DecodeAttention& p) {
-  return (counters_offset(p) + static_cast<size_t>(p.batch) * p.kv_heads * sizeof(int) + 7) / 8 * 8;
+size_t decode_attention_workspace_bytes(const DecodeAttention& p) {
+  return counters_offset(p) + static_cast<size_t>(p.batch) * p.kv_heads * sizeof(int);
 }
-}  // namespace
-
-size_t decode_attention_workspace_bytes(const DecodeAttention& p) { return sync_offset(p) + 2 * sizeof(uint32_t); }
 
 Status decode_attention(const DecodeAttention& p, const bf16* q, int q_stride, const bf16* k_cache,
                         const bf16* v_cache, const int32_t* block_table, const int32_t* context_lens, bf16* out,
@@ -1674,124 +1552,6 @@ Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_s
   return launch("decode_attention_fused", decode_attention_fused_kernel<false>, dim3(sp.splits, p.kv_heads, p.batch),
                 dim3(kDecWarps * 32), 0, stream, qkv, q_stride, k_cache, v_cache, block_table, p.max_blocks,
                 context_lens, out, part, counters, p.kv_heads, sp.splits, sp.pages_per_split, p.scale, f);
-}
-
-namespace {
-
-constexpr int kAoMaxBatch = 8;  // one n8 token tile of the o projection
-
-size_t ao_smem(int q_heads) { return static_cast<size_t>(16) * (static_cast<size_t>(q_heads) * kHeadDim * 2 + 16); }
-
-// CTAs of decode_attention_o's kernel that can be resident at once for `smem` dynamic bytes, and whether the device
-// takes cooperative launches (0: cannot launch).
-int ao_capacity(size_t smem) {
-  static int optin = -1;
-  static bool coop = false;
-  const void* fn = reinterpret_cast<const void*>(decode_attention_fused_kernel<false, true>);
-  if (optin < 0) {
-    int dev = 0, c = 0, o = 0;
-    cudaFuncAttributes fa{};
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&c, cudaDevAttrCooperativeLaunch, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&o, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
-        cudaFuncGetAttributes(&fa, fn) != cudaSuccess) {
-      cudaGetLastError();
-      optin = 0;
-      return 0;
-    }
-    optin = std::max(0, o - static_cast<int>(fa.sharedSizeBytes));
-    coop = c != 0;
-    if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, optin) != cudaSuccess) {
-      cudaGetLastError();
-      optin = 0;
-    }
-  }
-  if (!coop || smem > static_cast<size_t>(optin)) return 0;
-  int per_sm = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, 2 * kDecWarps * 32, smem) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return per_sm * sm_count();
-}
-
-// decode_attention_o's splits: the cluster merge's plan (at most 16 splits of at least one page per warp) while
-// batch * kv_heads * splits items fit in the grid of `grid` CTAs, else fewer, longer splits.
-SplitPlan ao_plan(const DecodeAttention& p, int grid) {
-  const int pages = std::max(1, (p.max_context + kKvBlock - 1) / kKvBlock);
-  const int pairs = p.batch * p.kv_heads;
-  SplitPlan sp;
-  for (int per = std::max(kDecWarps, (pages + 15) / 16);; ++per) {
-    sp.pages_per_split = per;
-    sp.splits = (pages + per - 1) / per;
-    if (pairs * sp.splits <= grid || sp.splits == 1) break;
-  }
-  return sp;
-}
-
-int ao_pdl_state = -1;  // whether a cooperative launch also takes programmatic serialisation (-1: not yet known)
-
-}  // namespace
-
-bool decode_attention_o_ok(const DecodeAttention& p, const bf16* qkv, int q_stride, int o_rows) {
-  if (!decode_attention_fused_ok(p, qkv, q_stride) || p.batch > kAoMaxBatch || o_rows <= 0 || o_rows % 16 != 0)
-    return false;
-  const int grid = o_rows / 16;
-  if (p.batch * p.kv_heads * ao_plan(p, grid).splits > grid) return false;
-  return grid <= ao_capacity(ao_smem(p.q_heads));
-}
-
-Status decode_attention_o(const DecodeAttention& p, const bf16* qkv, int q_stride, const bf16* q_norm,
-                          const bf16* k_norm, const int32_t* pos, int pos_stride, RopeParams rope,
-                          const int32_t* slot_mapping, bf16* k_cache, bf16* v_cache, const int32_t* block_table,
-                          const int32_t* context_lens, const bf16* wo, int o_rows, bf16* attn_out, bf16* o,
-                          void* workspace, float eps, cudaStream_t stream) {
-  if (!decode_attention_o_ok(p, qkv, q_stride, o_rows))
-    return invalid_argument("decode_attention_o: needs decode_attention_fused_ok, batch <= 8, o_rows a positive "
-                            "multiple of 16 whose 16-row tiles all fit on the GPU at once with every split");
-  if (!workspace || !q_norm || !k_norm || !pos || !k_cache || !v_cache || !wo || !attn_out || !o)
-    return invalid_argument("decode_attention_o: null pointer");
-  if (pos_stride < 0) return invalid_argument("decode_attention_o: pos_stride must be >= 0");
-  if (reinterpret_cast<uintptr_t>(wo) % 16 != 0 || reinterpret_cast<uintptr_t>(attn_out) % 16 != 0)
-    return invalid_argument("decode_attention_o: wo and attn_out must be 16-byte aligned");
-  const int grid = o_rows / 16;
-  const SplitPlan sp = ao_plan(p, grid);
-  float* part = static_cast<float*>(workspace);
-  int* counters = reinterpret_cast<int*>(static_cast<char*>(workspace) + counters_offset(p));
-  DecodeFuse f{q_norm, k_norm, pos, pos_stride, rope, slot_mapping, eps, nullptr, 0};
-  f.wo = wo;
-  f.o = o;
-  f.o_rows = o_rows;
-  f.batch = p.batch;
-  f.sync = reinterpret_cast<uint32_t*>(static_cast<char*>(workspace) + sync_offset(p));
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(2 * kDecWarps * 32);
-  cfg.dynamicSmemBytes = ao_smem(p.q_heads);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeCooperative;  // the o rows wait on splits run by other CTAs: all are resident
-  attr[0].val.cooperative = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  const bool want_pdl = programmatic_launch() && ao_pdl_state != 0;
-  cfg.numAttrs = want_pdl ? 2 : 1;
-  note_launch("decode_attention_o");
-  auto run = [&] {
-    return cudaLaunchKernelEx(&cfg, decode_attention_fused_kernel<false, true>, qkv, q_stride, k_cache, v_cache,
-                              block_table, p.max_blocks, context_lens, attn_out, part, counters, p.kv_heads, sp.splits,
-                              sp.pages_per_split, p.scale, f);
-  };
-  cudaError_t err = run();
-  if (err != cudaSuccess && want_pdl && ao_pdl_state < 0) {
-    cudaGetLastError();
-    ao_pdl_state = 0;
-    cfg.numAttrs = 1;
-    err = run();
-  } else if (err == cudaSuccess && want_pdl) {
-    ao_pdl_state = 1;
-  }
-  return cuda_status(err, "decode_attention_o");
 }
 
 }  // namespace zest::cuda

@@ -984,15 +984,7 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
     if (!fused_attn)
       ZEST_RETURN_IF_ERROR(qk_norm_rope_kv(s.qkv, Ly.q_norm, Ly.k_norm, d_pos, T, rope_, d_slots, kv->k(l), kv->v(l), T,
                                            Hq_, Hkv_, D_, eps_, st));
-    // The o projection may run in the attention's launch (DecodeOption::kAttentionO).
-    const int ao = fused_attn ? decode_option(DecodeOption::kAttentionO) : 0;
-    const bool attn_o = ao >= 1 && (ao == 2 || dp.batch * Hkv_ <= kAttentionOMaxPairs) &&
-                        decode_attention_o_ok(dp, s.qkv, QKV_, H_);
-    if (attn_o) {
-      ZEST_RETURN_IF_ERROR(decode_attention_o(dp, s.qkv, QKV_, Ly.q_norm, Ly.k_norm, d_pos, T, rope_, d_slots,
-                                              kv->k(l), kv->v(l), d_bt, d_seq_ctx, Ly.wo, H_, s.attn, s.o, s.ws.get(),
-                                              eps_, st));
-    } else if (fused_attn) {
+    if (fused_attn) {
       ZEST_RETURN_IF_ERROR(decode_attention_fused(dp, s.qkv, QKV_, Ly.q_norm, Ly.k_norm, d_pos, T, rope_, d_slots,
                                                   kv->k(l), kv->v(l), d_bt, d_seq_ctx, s.attn, s.ws.get(), eps_, st));
     } else if (use_decode) {
@@ -1008,7 +1000,7 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
                                              all_generic ? nullptr : d_gen, n, s.attn, Hq_ * D_, Hq_, Hkv_, D_, scale,
                                              st));
     }
-    if (!attn_o) ZEST_RETURN_IF_ERROR(gemm(s.attn, Ly.wo, s.o, T, H_, Hq_ * D_, st));
+    ZEST_RETURN_IF_ERROR(gemm(s.attn, Ly.wo, s.o, T, H_, Hq_ * D_, st));
     // The MoE half of a decode layer in one launch (DecodeOption::kMoeBlock, moe_block.h) when nothing re-routes and
     // no DeepStack rows follow the layer: x, xn, ids, weights and the router logits as the chain below leaves them.
     if (Ly.moe && decode_only && l >= nds && decode_option(DecodeOption::kMoeBlock) >= 1 &&

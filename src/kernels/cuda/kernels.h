@@ -140,9 +140,6 @@ enum class DecodeOption : int {
                     // staying L1; 0 = the driver's default. Measured: with the default, the experts ran ~10 us per
                     // layer slower when the routing cluster launched right behind the o GEMM (no kernel between them
                     // to let SMs drain), as when every launch asked for the largest carveout
-  kAttentionO,      // decode steps: 1 = decode_attention_o (attention and the o projection in one launch) where it
-                    // applies and the attention by size would take the cluster merge (at most 8 (sequence, kv head)
-                    // pairs); 2 = wherever it applies; 0 (default) = the attention and the o GEMM as two launches
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);
@@ -231,21 +228,6 @@ Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_s
                               const bf16* k_norm, const int32_t* pos, int pos_stride, RopeParams rope,
                               const int32_t* slot_mapping, bf16* k_cache, bf16* v_cache, const int32_t* block_table,
                               const int32_t* context_lens, bf16* out, void* workspace, float eps, cudaStream_t stream);
-
-// decode_attention_fused followed by the o projection o[b, :] = attn_out[b, :] * wo^T (wo [o_rows, q_heads * 128]) in
-// one cooperative launch (DecodeOption::kAttentionO): one CTA per 16 rows of wo, copied into shared memory before the
-// wait on the previous kernel; the first batch * kv_heads * splits CTAs also run the attention splits (global merge);
-// each CTA's o rows wait on a workspace counter of merged (sequence, kv head) pairs. attn_out gets the attention
-// output as decode_attention_fused writes it, o the same bits as gemm(attn_out, wo) on the small-M tile path. Same
-// workspace as decode_attention (zero-filled once). Needs decode_attention_o_ok: decode_attention_fused_ok, batch <=
-// 8, o_rows a multiple of 16, and every 16-row tile's CTA resident at once with enough CTAs for the splits.
-bool decode_attention_o_ok(const DecodeAttention& p, const bf16* qkv, int q_stride, int o_rows);
-constexpr int kAttentionOMaxPairs = 8;  // DecodeOption::kAttentionO 1: up to this many (sequence, kv head) pairs
-Status decode_attention_o(const DecodeAttention& p, const bf16* qkv, int q_stride, const bf16* q_norm,
-                          const bf16* k_norm, const int32_t* pos, int pos_stride, RopeParams rope,
-                          const int32_t* slot_mapping, bf16* k_cache, bf16* v_cache, const int32_t* block_table,
-                          const int32_t* context_lens, const bf16* wo, int o_rows, bf16* attn_out, bf16* o,
-                          void* workspace, float eps, cudaStream_t stream);
 
 // The paged KV rows of a decode step's earlier tokens (positions 0 .. context_lens[b] - 2 of sequence b, blocks of
 // kKvBlock token rows of row_bytes each in k_cache and v_cache), which the kernel before the decode attention may

@@ -305,16 +305,7 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
     ap.l2_next_bytes = static_cast<size_t>(H) * c.q_heads * D * 2;
     ZEST_OP("qkv gemm", gemm_kv_prefetch(xn_, L.wqkv, qkv_, batch, QKV, H, kvp, s));
     const int pos_stride = c.mrope ? opt_.max_batch : 0;
-    const bool fused_attn = decode_option(DecodeOption::kAttentionKernel) >= 2 && decode_attention_fused_ok(ap, qkv_, QKV);
-    // The o projection may run in the attention's launch (DecodeOption::kAttentionO).
-    const int ao = fused_attn ? decode_option(DecodeOption::kAttentionO) : 0;
-    const bool attn_o = ao >= 1 && (ao == 2 || batch * c.kv_heads <= kAttentionOMaxPairs) &&
-                        decode_attention_o_ok(ap, qkv_, QKV, H);
-    if (attn_o) {
-      ZEST_OP("decode attention + o gemm",
-              decode_attention_o(ap, qkv_, QKV, L.q_norm, L.k_norm, pos_, pos_stride, rope, slots_, L.k_cache,
-                                 L.v_cache, block_table_, ctx_lens_, L.wo, H, attn_, o_, ws, kEps, s));
-    } else if (fused_attn) {
+    if (decode_option(DecodeOption::kAttentionKernel) >= 2 && decode_attention_fused_ok(ap, qkv_, QKV)) {
       ZEST_OP("decode attention (fused)",
               decode_attention_fused(ap, qkv_, QKV, L.q_norm, L.k_norm, pos_, pos_stride, rope, slots_, L.k_cache,
                                      L.v_cache, block_table_, ctx_lens_, attn_, ws, kEps, s));
@@ -324,7 +315,7 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
       ZEST_OP("decode attention",
               decode_attention(ap, qkv_, QKV, L.k_cache, L.v_cache, block_table_, ctx_lens_, attn_, ws, s));
     }
-    if (!attn_o) ZEST_OP("o gemm", gemm(attn_, L.wo, o_, batch, H, c.q_heads * D, s));
+    ZEST_OP("o gemm", gemm(attn_, L.wo, o_, batch, H, c.q_heads * D, s));
     // The MoE half of the layer in one launch (DecodeOption::kMoeBlock; nothing re-routes without SERE).
     if (moe && !sere && block_ws_ && decode_option(DecodeOption::kMoeBlock) >= 1 &&
         moe_block_ok(batch, H, c.experts, c.top_k, c.expert_inter)) {
