@@ -117,7 +117,7 @@ std::string case_name(const StreamCase& c) {
 }
 
 // Runs the plan, then every variant twice on the same plan (the first launch on the fresh plan, the others after
-// moe_plan_reset_counters; the second without the plan cache, DecodeOption::kStreamPlanCache 0), then variant 0 through moe_experts_decode with kMoeKernel = 2; checks each output against
+// moe_plan_reset_counters), then variant 0 through moe_experts_decode with kMoeKernel = 2; checks each output against
 // the host reference and bit for bit against the first run. Last, a launch on the spent plan: it must end and write
 // nothing.
 void run_stream_case(const StreamCase& c, std::mt19937& rng) {
@@ -130,10 +130,7 @@ void run_stream_case(const StreamCase& c, std::mt19937& rng) {
     SCOPED_TRACE(testing::Message() << "run " << run << " variant " << variant);
     s->out.poison();
     if (run < runs - 1) {
-      set_decode_option(DecodeOption::kStreamPlanCache, run % 2 == 0 ? 1 : 0);
-      const Status st = s->launch(variant, nullptr, run > 0);
-      set_decode_option(DecodeOption::kStreamPlanCache, default_decode_option(DecodeOption::kStreamPlanCache));
-      ZEST_ASSERT_OK(st);
+      ZEST_ASSERT_OK(s->launch(variant, nullptr, run > 0));
     } else {
       ZEST_ASSERT_OK(moe_plan_reset_counters(s->plan, nullptr));
       set_decode_option(DecodeOption::kMoeKernel, 2);

@@ -140,9 +140,6 @@ enum class DecodeOption : int {
                     // staying L1; 0 = the driver's default. Measured: with the default, the experts ran ~10 us per
                     // layer slower when the routing cluster launched right behind the o GEMM (no kernel between them
                     // to let SMs drain), as when every launch asked for the largest carveout
-  kStreamPlanCache, // streaming decode experts (moe_stream.h): 1 (default) = every CTA copies the plan's arrays into
-                    // shared memory right after its wait (where its variant has room: E <= 128, N * K <= 512), so no
-                    // item or token row waits on an L2 load; 0 = the items and token rows read from global memory
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);

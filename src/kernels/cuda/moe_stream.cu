@@ -77,19 +77,7 @@ struct StreamArgs {
   const float* route_w;
   MoePlan plan;
   int K, H, I, NK;
-  int plan_cache;  // 1: the plan's arrays copied into shared memory after the wait (where the variant has room)
 };
-
-// The plan's arrays in shared memory (after the ring): active_experts [kCacheE], offsets [kCacheE + 1], sorted_slots
-// [kCacheNK]; copied by every thread right after the wait, while the first claims are in flight, so that no item
-// (expert, token range) and no token row address waits on a load from L2. Used when E <= kCacheE and NK <= kCacheNK
-// and the CTAs per SM still fit with it.
-constexpr int kCacheE = 128, kCacheNK = 512;
-constexpr int kCacheOffsets = kCacheE, kCacheSlots = 2 * kCacheE + 1;
-constexpr size_t kCacheBytes = ((2 * kCacheE + 1 + kCacheNK) * 4 + 15) / 16 * 16;
-constexpr bool cache_fits(size_t base, int min_blocks) {
-  return static_cast<size_t>(min_blocks) * (base + kCacheBytes + 1024) <= 228 * 1024;
-}
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -202,30 +190,17 @@ struct Item {
   int j, tile, e, beg, end;
 };
 
-// pc: the plan cache in shared memory, or nullptr (the plan's arrays in global memory).
-__device__ __forceinline__ Item decode_item(const StreamArgs& a, int item, int n_gu, int gu_tiles, int dn_tiles,
-                                            const int* pc) {
+__device__ __forceinline__ Item decode_item(const StreamArgs& a, int item, int n_gu, int gu_tiles, int dn_tiles) {
   Item it;
   it.gu = item < n_gu;
   const int idx = it.gu ? item : item - n_gu;
   const int tiles = it.gu ? gu_tiles : dn_tiles;
   it.j = idx / tiles;
   it.tile = idx - it.j * tiles;
-  if (pc) {
-    it.e = pc[it.j];
-    it.beg = pc[kCacheOffsets + it.j];
-    it.end = pc[kCacheOffsets + it.j + 1];
-    return it;
-  }
   it.e = __ldg(a.plan.active_experts + it.j);
   it.beg = __ldg(a.plan.offsets + it.j);
   it.end = __ldg(a.plan.offsets + it.j + 1);
   return it;
-}
-
-// Sorted position c's slot.
-__device__ __forceinline__ int sorted_slot(const StreamArgs& a, int c, const int* pc) {
-  return pc ? pc[kCacheSlots + c] : __ldg(a.plan.sorted_slots + c);
 }
 
 // The CTA's sequence of items. Lane 0 of the claiming warp (the first producer warp) takes item numbers from the
@@ -248,10 +223,8 @@ struct ItemFeed {
 
   __device__ __forceinline__ int claim() const { return static_cast<int>(atomicAdd(counter, 1u)); }
 
-  const int* pc = nullptr;  // the plan cache, or nullptr
-
   __device__ __forceinline__ void load(const StreamArgs& a, int n_gu, int gu_tiles, int dn_tiles) {
-    const Item it = decode_item(a, nxt, n_gu, gu_tiles, dn_tiles, pc);
+    const Item it = decode_item(a, nxt, n_gu, gu_tiles, dn_tiles);
     nxt_e = it.e;
     nxt_beg = it.beg;
     nxt_end = it.end;
@@ -309,9 +282,8 @@ struct ItemFeed {
 
 // The item of a posted word: with AHEAD its expert and token range come with it, else they are loaded.
 template <bool AHEAD>
-__device__ __forceinline__ Item item_of(const StreamArgs& a, int4 w, int n_gu, int gu_tiles, int dn_tiles,
-                                        const int* pc) {
-  if (!AHEAD) return decode_item(a, w.x, n_gu, gu_tiles, dn_tiles, pc);
+__device__ __forceinline__ Item item_of(const StreamArgs& a, int4 w, int n_gu, int gu_tiles, int dn_tiles) {
+  if (!AHEAD) return decode_item(a, w.x, n_gu, gu_tiles, dn_tiles);
   Item it;
   it.gu = w.x < n_gu;
   const int idx = it.gu ? w.x : w.x - n_gu;
@@ -330,7 +302,7 @@ struct PassOut {
   float w[2][2];
 };
 
-__device__ __forceinline__ PassOut load_pass_out(const StreamArgs& a, int c0, int nt, int q, const int* pc) {
+__device__ __forceinline__ PassOut load_pass_out(const StreamArgs& a, int c0, int nt, int q) {
   PassOut o = {{{0, 0}, {0, 0}}, {{0.f, 0.f}, {0.f, 0.f}}};
 #pragma unroll
   for (int n = 0; n < 2; ++n)
@@ -338,7 +310,7 @@ __device__ __forceinline__ PassOut load_pass_out(const StreamArgs& a, int c0, in
     for (int i = 0; i < 2; ++i) {
       const int tk = n * 8 + q * 2 + i;
       if (tk < nt) {
-        o.slot[n][i] = sorted_slot(a, c0 + tk, pc);
+        o.slot[n][i] = __ldg(a.plan.sorted_slots + c0 + tk);
         o.w[n][i] = __ldg(a.route_w + o.slot[n][i]);
       }
     }
@@ -442,19 +414,6 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
     if (AHEAD) feed.after = feed.claim();
   }
   const int na = __ldg(a.plan.num_active);
-  if constexpr (cache_fits(R::kHead + static_cast<size_t>(NS) * R::kSlotBytes, kMinBlocks)) {
-    if (a.plan_cache && E <= kCacheE && a.NK <= kCacheNK) {
-      int* pc = reinterpret_cast<int*>(smem + R::kHead + static_cast<size_t>(NS) * R::kSlotBytes);
-      for (int i = threadIdx.x; i < E; i += blockDim.x) {
-        pc[i] = __ldg(a.plan.active_experts + i);
-        pc[kCacheOffsets + i] = __ldg(a.plan.offsets + i);
-      }
-      if (threadIdx.x == 0) pc[kCacheOffsets + E] = __ldg(a.plan.offsets + E);
-      for (int i = threadIdx.x; i < a.NK; i += blockDim.x) pc[kCacheSlots + i] = __ldg(a.plan.sorted_slots + i);
-      __syncthreads();
-      feed.pc = pc;
-    }
-  }
   const int gu_tiles = a.I / GU, dn_tiles = a.H / RA;
   const int n_gu = na * gu_tiles, total = n_gu + na * dn_tiles;
   uint32_t stage = 0;  // stages walked so far (the same count in every role)
@@ -468,7 +427,7 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
     for (;;) {
       const int4 w = claiming ? feed.next_claiming(lane, total, a, n_gu, gu_tiles, dn_tiles) : feed.next_reading(lane);
       if (w.x >= total) break;
-      const Item it = item_of<AHEAD>(a, w, n_gu, gu_tiles, dn_tiles, feed.pc);
+      const Item it = item_of<AHEAD>(a, w, n_gu, gu_tiles, dn_tiles);
       const int width = it.gu ? a.H : a.I;
       bool h_ready = it.gu;
       for (int c0 = it.beg; c0 < it.end; c0 += TG) {
@@ -508,7 +467,7 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
             }
           }
           if (has_b) {
-            if (!brow) brow = a.x + static_cast<size_t>(sorted_slot(a, c0 + tb, feed.pc) / a.K) * a.H;
+            if (!brow) brow = a.x + static_cast<size_t>(__ldg(a.plan.sorted_slots + c0 + tb) / a.K) * a.H;
             bulk_copy(slot + (RA + tb) * R::kRowBytes, brow + k0, bytes, full);
           }
         }
@@ -527,7 +486,7 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
     for (;;) {
       const int4 w = claiming ? feed.next_claiming(lane, total, a, n_gu, gu_tiles, dn_tiles) : feed.next_reading(lane);
       if (w.x >= total) break;
-      const Item it = item_of<AHEAD>(a, w, n_gu, gu_tiles, dn_tiles, feed.pc);
+      const Item it = item_of<AHEAD>(a, w, n_gu, gu_tiles, dn_tiles);
       const int width = it.gu ? a.H : a.I;
       const bf16* wrow = nullptr;
       if (has_a) {
@@ -567,7 +526,7 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
             h_ready = true;
           }
           if (has_row && !brow)
-            brow = it.gu ? a.x + static_cast<size_t>(sorted_slot(a, c0 + t, feed.pc) / a.K) * a.H
+            brow = it.gu ? a.x + static_cast<size_t>(__ldg(a.plan.sorted_slots + c0 + t) / a.K) * a.H
                          : a.h + static_cast<size_t>(c0 + t) * a.I;
           if (has_row) bulk_copy(slot + b_row * R::kRowBytes, brow + k0, bytes, full);
         }
@@ -581,10 +540,10 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
     for (;;) {
       const int4 w = feed.next_reading(lane);
       if (w.x >= total) break;
-      const Item it = item_of<AHEAD>(a, w, n_gu, gu_tiles, dn_tiles, feed.pc);
+      const Item it = item_of<AHEAD>(a, w, n_gu, gu_tiles, dn_tiles);
       for (int c0 = it.beg; c0 < it.end; c0 += TG, ++pass) {
         const int nt = min(TG, it.end - c0);
-        const PassOut o = it.gu ? PassOut{} : load_pass_out(a, c0, nt, q, feed.pc);
+        const PassOut o = it.gu ? PassOut{} : load_pass_out(a, c0, nt, q);
         const int buf = static_cast<int>(pass & 1u);
         epi_sync(kFullBar + buf);
         pass_epilogue<MT, GU, RA>(a, it, c0, nt, red + buf * (kConsumers * kV * 32), o, lane);
@@ -600,14 +559,14 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
     for (;;) {
       const int4 w = feed.next_reading(lane);
       if (w.x >= total) break;
-      const Item it = item_of<AHEAD>(a, w, n_gu, gu_tiles, dn_tiles, feed.pc);
+      const Item it = item_of<AHEAD>(a, w, n_gu, gu_tiles, dn_tiles);
       const int width = it.gu ? a.H : a.I;
       for (int c0 = it.beg; c0 < it.end; c0 += TG, ++pass) {
         const int nt = min(TG, it.end - c0);
         const bool two = TG > 8 && nt > 8;
         // Without EPI, a down pass's slots and routing weights for warp 0's epilogue, loaded now so that their
         // latency overlaps the pass instead of following it.
-        const PassOut o = !EPI && !it.gu && warp == 0 ? load_pass_out(a, c0, nt, q, feed.pc) : PassOut{};
+        const PassOut o = !EPI && !it.gu && warp == 0 ? load_pass_out(a, c0, nt, q) : PassOut{};
         float acc[MT][2][4];
 #pragma unroll
         for (int m = 0; m < MT; ++m)
@@ -694,8 +653,7 @@ template <int KC, int NS, int TG, int MT, int P, int kMinBlocks, bool BOX = fals
           bool AHEAD = false, bool EPI = false>
 Status launch_stream(const StreamArgs& args, int max_active, cudaStream_t stream) {
   using R = Ring<KC, TG, MT, BOX>;
-  constexpr size_t base = R::kHead + static_cast<size_t>(NS) * R::kSlotBytes;
-  constexpr size_t smem = base + (cache_fits(base, kMinBlocks) ? kCacheBytes : 0);
+  constexpr size_t smem = R::kHead + static_cast<size_t>(NS) * R::kSlotBytes;
   static_assert(8 * (2 * NS + 2 * kItemRing) <= kItemWords && kItemWords + 16 * kItemRing <= kBarBytes,
                 "mbarriers and item words do not fit");
   static_assert(smem <= 227 * 1024, "shared memory of one CTA");
@@ -780,7 +738,6 @@ Status moe_experts_stream(const bf16* x, const MoePlan& plan, const float* weigh
   args.H = H;
   args.I = I;
   args.NK = N * K;
-  args.plan_cache = decode_option(DecodeOption::kStreamPlanCache) >= 1 ? 1 : 0;
   const int max_active = std::min(E, N * K);
   switch (variant) {
     case 1: return launch_stream<256, 3, 16, 2, 1, 2, true, false>(args, max_active, stream);
