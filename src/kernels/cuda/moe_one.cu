@@ -278,11 +278,11 @@ __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_down_kernel(OneParams
 // down kernel starts after every gate/up CTA passed its wait: see one_down_kernel) and loads the first experts'
 // weights into registers; h is read after it.
 constexpr int kRowsMaxK = 8;   // slots (= active experts at one token)
-constexpr int kRowsRound = 2;  // experts per round of weight loads (four rounds; rounds 1-3 prefetched into L2)
+constexpr int kRowsRound = 4;  // experts per round of weight loads (two rounds)
 
 // kC: chunks per warp and expert (I <= 32 * 8 * kC).
 template <int kC>
-__global__ void __launch_bounds__(kWarps * 32, kPerSm) one_down_rows_kernel(OneParams p) {
+__global__ void __maxnreg__(160) one_down_rows_kernel(OneParams p) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, tq = lane & 3;
   const int r0 = blockIdx.x * kRows;
@@ -309,7 +309,7 @@ __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_down_rows_kernel(OneP
       }
     }
   };
-  // Round 0's weights into registers, the later rounds' rows (16 contiguous rows per expert) into L2, before the wait.
+  // Round 0's weights into registers, round 1's rows (16 contiguous rows per expert) into L2, before the wait.
   load_round(0);
   if (warp == 0 && lane >= kRowsRound && lane < kRowsMaxK && lane < na)
     prefetch_l2(p.down + (static_cast<size_t>(__ldcg(p.plan.active_experts + lane)) * p.H + r0) * p.I,
@@ -344,11 +344,8 @@ __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_down_rows_kernel(OneP
     }
   };
   run_round(0);
-#pragma unroll 1
-  for (int rd = 1; rd < kRowsMaxK / kRowsRound; ++rd) {
-    load_round(rd);
-    run_round(rd);
-  }
+  load_round(1);
+  run_round(1);
   if (threadIdx.x < kRowsMaxK * kRows) vals[threadIdx.x / kRows][threadIdx.x % kRows] = 0.f;
   __syncthreads();
   if (threadIdx.x < kRowsMaxK * kRows) {  // thread (j, q): expert j's row r0 + q
