@@ -6,7 +6,7 @@
 //                      [--ablate 1,64] [--timeline 1,8] [--variant moe=2,gemm=1 ...]
 // --variant (repeatable) reruns everything with decode options set (sere: DecodeOption::kSereKernel, moe:
 // kMoeOccupancy, attn: kAttentionKernel, gemm: kGemmVariant, route: kRouteFused, experts: kMoeKernel, block:
-// kMoeBlock, l2: kL2Prefetch, carve: kMoeCarveout, combine: kMoeCombine); --ablate times the graph again with each operation
+// kMoeBlock, l2: kL2Prefetch, carve: kMoeCarveout, combine: kMoeCombine, rows: kMoeDownRows); --ablate times the graph again with each operation
 // left out (per-op cost inside the replayed graph, PDL overlap included); --timeline (bench_decode_timeline only: the
 // same program on the kernels built with step-timeline records) prints when each kernel of one replayed step was
 // released from its PDL wait (kernels.h); with ZEST_TIMELINE_RAW=PATH it also writes every per-CTA record of that
@@ -196,6 +196,7 @@ bool apply_variant(const std::string& spec) {
     else if (name == "l2") set_decode_option(DecodeOption::kL2Prefetch, value);
     else if (name == "carve") set_decode_option(DecodeOption::kMoeCarveout, value);
     else if (name == "combine") set_decode_option(DecodeOption::kMoeCombine, value);
+    else if (name == "rows") set_decode_option(DecodeOption::kMoeDownRows, value);
     else return false;
   }
   return true;
@@ -488,7 +489,7 @@ int bench_decode_main(int argc, char** argv) {
   if (variants.empty()) variants.push_back("");
   for (const std::string& variant : variants) {
   if (!apply_variant(variant)) {
-    std::fprintf(stderr, "error: bad --variant '%s' (want name=value,... with names sere, moe, attn, gemm, route, experts, block, l2, carve, combine)\n",
+    std::fprintf(stderr, "error: bad --variant '%s' (want name=value,... with names sere, moe, attn, gemm, route, experts, block, l2, carve, combine, rows)\n",
                  variant.c_str());
     return 2;
   }

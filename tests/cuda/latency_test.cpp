@@ -124,6 +124,73 @@ TEST(CudaLatencyGemm, KvPrefetchGemmMatchesGemm) {
   }
 }
 
+// gemm_kv_prefetch with KvPrefetch::norm_w (x the residual row, normalised by the GEMM's CTAs) against the separate
+// norm (moe_combine_add_rmsnorm with only empty slots: x unchanged, y = RMSNorm(x), the arithmetic the one-token
+// experts' folded combine uses) followed by gemm(): bit for bit, with every kL2Prefetch mode, with and without the KV
+// cache; the normalised GEMM within kTol of a double reference. One token row; K from 256 to 2048 (odd chunk counts
+// included), and the sizes it refuses.
+TEST(CudaLatencyGemm, NormFoldedGemmMatchesNormThenGemm) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(908);
+  const float eps = 1e-6f;
+  for (auto [N, K] : {std::pair{5120, 2048}, std::pair{208, 256}, std::pair{64, 1056}}) {
+    SCOPED_TRACE(testing::Message() << "N=" << N << " K=" << K);
+    ASSERT_TRUE(gemm_kv_norm_ok(1, N, K));
+    auto x = random_bf16(K, rng, -3.f, 3.f), w = random_bf16(static_cast<size_t>(N) * K, rng),
+         nw = random_bf16(K, rng, 0.5f, 1.5f);
+    auto dx = upload_bf16(x), dw = upload_bf16(w), dnw = upload_bf16(nw);
+    DevBuf<bf16> xn(K), base(N);
+    DevBuf<float> slots(K);
+    DevBuf<int32_t> ids(std::vector<int32_t>{-1});
+    DevBuf<bf16> xcopy(K);
+    ASSERT_EQ(cudaMemcpy(xcopy.get(), dx->get(), K * 2, cudaMemcpyDeviceToDevice), cudaSuccess);
+    ZEST_ASSERT_OK(moe_combine_add_rmsnorm(xcopy.get(), slots.get(), ids.get(), 1, dnw->get(), xn.get(), 1, K, eps,
+                                           nullptr));
+    ZEST_ASSERT_OK(gemm(xn.get(), dw->get(), base.get(), 1, N, K, nullptr));
+    sync_ok();
+    const auto want = download_bf16(base);
+    EXPECT_EQ(download_bf16(xcopy), x.f);  // only empty slots: x unchanged
+    // Double reference: y = bf16(bf16(x * rsqrt(mean(x^2) + eps)) * w), then the GEMM.
+    double ss = 0;
+    for (float v : x.f) ss += static_cast<double>(v) * v;
+    const double inv = 1.0 / std::sqrt(ss / K + eps);
+    std::vector<float> y(K);
+    for (int k = 0; k < K; ++k) y[k] = round_bf16(round_bf16(static_cast<float>(x.f[k] * inv)) * nw.f[k]);
+    ZEST_EXPECT_CLOSE(want, ref_gemm(y, w.f, 1, N, K), kTol);
+    const int max_blocks = 4;
+    std::vector<int32_t> bt(max_blocks);
+    std::iota(bt.begin(), bt.end(), 0);
+    DevBuf<int32_t> dbt(bt), dlens(std::vector<int32_t>{40});
+    auto kc = random_bf16(static_cast<size_t>(max_blocks) * kKvBlock * 2 * 128, rng);
+    auto dk = upload_bf16(kc), dv = upload_bf16(kc);
+    KvPrefetch kv;
+    kv.norm_w = dnw->get();
+    kv.norm_eps = eps;
+    kv.k_cache = dk->get();
+    kv.v_cache = dv->get();
+    kv.block_table = dbt.get();
+    kv.context_lens = dlens.get();
+    kv.batch = 1;
+    kv.max_blocks = max_blocks;
+    kv.row_bytes = 2 * 128 * 2;
+    for (int mode = 0; mode <= 5; ++mode)
+      for (int variant = 0; variant < 2; ++variant) {
+        SCOPED_TRACE(testing::Message() << "kL2Prefetch " << mode << (variant ? " no cache" : " cache"));
+        OptionScope l2(DecodeOption::kL2Prefetch, mode);
+        KvPrefetch use = kv;
+        if (variant == 1) use.k_cache = nullptr;
+        DevBuf<bf16> dy(N);
+        dy.poison();
+        ZEST_ASSERT_OK(gemm_kv_prefetch(dx->get(), dw->get(), dy.get(), 1, N, K, use, nullptr));
+        sync_ok();
+        EXPECT_EQ(download_bf16(dy), want);
+      }
+  }
+  EXPECT_FALSE(gemm_kv_norm_ok(2, 5120, 2048));  // one token row only
+  EXPECT_FALSE(gemm_kv_norm_ok(1, 5120, 4096));  // one round: K <= 2048
+  EXPECT_FALSE(gemm_kv_norm_ok(1, 5120, 128));   // every warp takes a chunk: K >= 256
+}
+
 // Router reference on given logits: softmax(logits + bias) in double, top-K (ties: lowest index), weights
 // renormalised and rounded to bf16.
 void ref_topk(const std::vector<float>& logits, const std::vector<float>* bias, int T, int E, int K,

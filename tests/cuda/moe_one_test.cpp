@@ -248,6 +248,8 @@ TEST(CudaMoeOne, FoldedCombineMatchesTheSeparateLaunch) {
   std::mt19937 rng(110);
   const OneCase cases[] = {{1, 8, 12, 2048, 768, 0, -1, 0, false},
                            {1, 8, 12, 2048, 768, 0, -1, 6, false},  // six empty slots (SERE S=2)
+                           {1, 4, 9, 256, 1024, 0, -1, 1, false},   // the down kernel by rows with 4 chunks per warp
+                           {1, 8, 8, 64, 32, 0, -1, 0, false},
                            {3, 6, 60, 160, 96, 0, -1, 2, false},
                            {8, 4, 64, 512, 256, 0, 5, 3, false},
                            {2, 3, 5, 32, 32, 0, -1, 0, false}};
@@ -332,6 +334,52 @@ TEST(CudaMoeOne, FoldedCombineMatchesTheSeparateLaunch) {
                                                      s->ids.get(), cmb.w, y.get(), eps, done.get(), nullptr);
         set_decode_option(DecodeOption::kMoeKernel, default_decode_option(DecodeOption::kMoeKernel));
         set_decode_option(DecodeOption::kMoeCombine, default_decode_option(DecodeOption::kMoeCombine));
+        ZEST_ASSERT_OK(ds);
+        EXPECT_TRUE(result() == want);
+      }
+      // x only at one token: the down kernel by output rows (OneCombine::rows) gives the same x, eager with and
+      // without programmatic launches, replayed from a graph, and through moe_experts_decode_combine with
+      // DecodeOption::kMoeDownRows 1.
+      if (!with_norm && moe_one_rows_ok(c.N, c.K, c.E, c.H, c.I)) {
+        OneCombine rows;
+        rows.x = x.get();
+        rows.ids = s->ids.get();
+        rows.rows = true;
+        for (bool on : {false, true}) {
+          SCOPED_TRACE(testing::Message() << "rows, pdl " << on);
+          reset();
+          set_programmatic_launch(on);
+          const Status rs = moe_experts_one(s->x->get(), s->plan, s->w.get(), s->gu->get(), s->dn->get(), s->h.get(),
+                                            s->out.get(), c.N, c.K, c.E, c.H, c.I, 1, nullptr, nullptr, &rows);
+          set_programmatic_launch(pdl);
+          ZEST_ASSERT_OK(rs);
+          EXPECT_TRUE(result() == want);
+        }
+        cudaStream_t rst = nullptr;
+        ASSERT_EQ(cudaStreamCreateWithFlags(&rst, cudaStreamNonBlocking), cudaSuccess);
+        cudaGraphExec_t rexec = capture_plan_and_experts(*s, rst, 1, [&](cudaStream_t stream) {
+          return moe_experts_one(s->x->get(), s->plan, s->w.get(), s->gu->get(), s->dn->get(), s->h.get(),
+                                 s->out.get(), c.N, c.K, c.E, c.H, c.I, 1, stream, nullptr, &rows);
+        });
+        ASSERT_NE(rexec, nullptr);
+        for (int rep = 0; rep < 2; ++rep) {
+          SCOPED_TRACE(testing::Message() << "rows, replay " << rep);
+          reset();
+          ASSERT_EQ(cudaGraphLaunch(rexec, rst), cudaSuccess);
+          ASSERT_EQ(cudaStreamSynchronize(rst), cudaSuccess);
+          EXPECT_TRUE(result() == want);
+        }
+        cudaGraphExecDestroy(rexec);
+        cudaStreamDestroy(rst);
+        set_decode_option(DecodeOption::kMoeKernel, 17);
+        set_decode_option(DecodeOption::kMoeDownRows, 1);
+        EXPECT_TRUE(moe_down_rows_on(c.N, c.K, c.E, c.H, c.I));
+        reset();
+        const Status ds = moe_experts_decode_combine(s->x->get(), s->plan, s->w.get(), s->gu->get(), s->dn->get(),
+                                                     s->h.get(), s->out.get(), c.N, c.K, c.E, c.H, c.I, x.get(),
+                                                     s->ids.get(), nullptr, nullptr, eps, nullptr, nullptr);
+        set_decode_option(DecodeOption::kMoeKernel, default_decode_option(DecodeOption::kMoeKernel));
+        set_decode_option(DecodeOption::kMoeDownRows, default_decode_option(DecodeOption::kMoeDownRows));
         ZEST_ASSERT_OK(ds);
         EXPECT_TRUE(result() == want);
       }

@@ -140,6 +140,9 @@ enum class DecodeOption : int {
                     // staying L1; 0 = the driver's default. Measured: with the default, the experts ran ~10 us per
                     // layer slower when the routing cluster launched right behind the o GEMM (no kernel between them
                     // to let SMs drain), as when every launch asked for the largest carveout
+  kMoeDownRows,     // decode steps of one token (moe_one experts): 1 = the down kernel by output rows adds the slots
+                    // to x itself (moe_one.h OneCombine::rows) and the next layer's qkv GEMM normalises x itself
+                    // (KvPrefetch::norm_w); 0 (default) = the folded combine (kMoeCombine)
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);
@@ -233,6 +236,10 @@ Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_s
 // kKvBlock token rows of row_bytes each in k_cache and v_cache), which the kernel before the decode attention may
 // prefetch into L2.
 struct KvPrefetch {
+  // norm_w != null (gemm_kv_norm_ok): x is the residual; each CTA normalises the rows itself first (RMSNorm with
+  // weight norm_w and eps, rmsnorm()'s arithmetic and summation order: the same bits as gemm(rmsnorm(x))).
+  const bf16* norm_w = nullptr;
+  float norm_eps = 0.f;
   const bf16* k_cache = nullptr;
   const bf16* v_cache = nullptr;
   const int32_t* block_table = nullptr;  // [batch, max_blocks]
@@ -245,6 +252,12 @@ struct KvPrefetch {
 // gemm()'s, bit for bit); otherwise gemm().
 Status gemm_kv_prefetch(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, const KvPrefetch& kv,
                         cudaStream_t stream);
+// Whether gemm_kv_prefetch takes KvPrefetch::norm_w for these sizes (the shared-memory small-M path, one token row,
+// 256 <= K <= 2048).
+bool gemm_kv_norm_ok(int M, int N, int K);
+// Whether moe_experts_decode_combine with cw and cy null (x only) runs the down kernel by output rows
+// (DecodeOption::kMoeDownRows) for these sizes.
+bool moe_down_rows_on(int N, int K, int E, int H, int I);
 
 // Prefill attention: causal, GQA, variable-length sequences packed along tokens (cu_seqlens [nseq+1]).
 // q/k/v rows at q + t * q_stride (Hq heads of D), k + t * kv_stride, v + t * kv_stride (Hkv heads).

@@ -346,6 +346,15 @@ Status moe_experts_decode(const bf16* x, const MoePlan& plan, const float* weigh
                 weights, down, h, slot_out, H, I);
 }
 
+bool moe_down_rows_on(int N, int K, int E, int H, int I) {
+  if (decode_option(DecodeOption::kMoeDownRows) < 1) return false;
+  int kernel = decode_option(DecodeOption::kMoeKernel);
+  if (kernel == 0) kernel = default_moe_kernel(N);
+  constexpr int kOneBase = 2 + kStreamVariants;
+  return kernel >= kOneBase && kernel < kOneBase + kOneVariants && moe_one_ok(N, K, E, H, I) &&
+         moe_one_rows_ok(N, K, E, H, I);
+}
+
 Status moe_experts_decode_combine(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
                                   const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I,
                                   bf16* cx, const int32_t* ids, const bf16* cw, bf16* cy, float eps, unsigned* done,
@@ -354,6 +363,14 @@ Status moe_experts_decode_combine(const bf16* x, const MoePlan& plan, const floa
   int kernel = decode_option(DecodeOption::kMoeKernel);
   if (kernel == 0) kernel = default_moe_kernel(N);
   constexpr int kOneBase = 2 + kStreamVariants;
+  // One token, x only (the caller normalises later): the down kernel by output rows adds the slots itself.
+  if (!cw && !cy && moe_down_rows_on(N, K, E, H, I)) {
+    OneCombine c;
+    c.x = cx;
+    c.ids = ids;
+    c.rows = true;
+    return moe_experts_one(x, plan, weights, gate_up, down, h, slot_out, N, K, E, H, I, 1, stream, nullptr, &c);
+  }
   if (decode_option(DecodeOption::kMoeCombine) >= 1 && done && kernel >= kOneBase && kernel < kOneBase + kOneVariants &&
       moe_one_ok(N, K, E, H, I) && moe_one_combine_ok(H)) {
     OneCombine c;

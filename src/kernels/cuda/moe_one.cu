@@ -270,7 +270,112 @@ __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_down_kernel(OneParams
   if (p.cmb.x && finish_last(p, p.cmb.done, &red[0][0][0])) step_timeline_phase(3);
 }
 
+// Down by output rows at one token with the combine where computed (OneCombine::rows): CTA b owns output rows
+// [16 b, 16 b + 16) of every active expert. Per expert, warp w takes chunks w, w + 8, ... of I and the eight warps'
+// sums are added in fixed order, as one_down_kernel does (the same slot values); then each row is x + the slot values
+// in slot order (empty slots skipped), the combine's arithmetic: x gets the bits of the chain, and no CTA waits for
+// another. The next RMSNorm is left to the next kernel (x only). Before the wait each CTA reads the plan at L2 (the
+// down kernel starts after every gate/up CTA passed its wait: see one_down_kernel) and loads the first experts'
+// weights into registers; h is read after it.
+constexpr int kRowsMaxK = 8;   // slots (= active experts at one token)
+constexpr int kRowsRound = 4;  // experts per round of weight loads (two rounds)
+
+// kC: chunks per warp and expert (I <= 32 * 8 * kC).
+template <int kC>
+__global__ void __maxnreg__(160) one_down_rows_kernel(OneParams p) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, tq = lane & 3;
+  const int r0 = blockIdx.x * kRows;
+  const int chunks = p.I / kChunk;
+  __shared__ float red[kWarps][kRowsMaxK][2][32];  // per warp and expert: token 0's values (rows g, g + 8)
+  __shared__ float vals[kRowsMaxK][kRows];          // slot values of this CTA's rows
+  step_timeline_phase(0);
+  int e[kRowsMaxK];
+  const int na = __ldcg(p.plan.num_active);
+#pragma unroll
+  for (int j = 0; j < kRowsMaxK; ++j) e[j] = j < p.K ? __ldcg(p.plan.active_experts + j) : 0;
+  uint4 w[kRowsRound][kC][2];
+  auto load_round = [&](int rd) {
+#pragma unroll
+    for (int x = 0; x < kRowsRound; ++x) {
+      const int j = rd * kRowsRound + x;
+      const bf16* lo0 = p.down + (static_cast<size_t>(e[j]) * p.H + r0 + g) * p.I + tq * 8;
+#pragma unroll
+      for (int i = 0; i < kC; ++i) {
+        const int c = warp + kWarps * i;
+        const bool ok = j < na && c < chunks;
+        w[x][i][0] = ok ? ld_stream(lo0 + c * kChunk) : make_uint4(0, 0, 0, 0);
+        w[x][i][1] = ok ? ld_stream(lo0 + static_cast<size_t>(8) * p.I + c * kChunk) : make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+  // Round 0's weights into registers, round 1's rows (16 contiguous rows per expert) into L2, before the wait.
+  load_round(0);
+  if (warp == 0 && lane >= kRowsRound && lane < kRowsMaxK && lane < na)
+    prefetch_l2(p.down + (static_cast<size_t>(__ldcg(p.plan.active_experts + lane)) * p.H + r0) * p.I,
+                static_cast<uint32_t>(kRows) * p.I * 2);
+  // The combine's inputs, also before the wait (written by kernels that completed before this grid started).
+  const int slot_q = threadIdx.x < kRowsMaxK * kRows ? __ldcg(p.plan.sorted_slots + min(threadIdx.x / kRows, p.K - 1))
+                                                      : 0;
+  const float w_q = threadIdx.x < kRowsMaxK * kRows ? __ldcg(p.route_w + slot_q) : 0.f;
+  pdl_wait();
+  // Token 0's h rows of the active experts into shared memory (written by the gate/up grid: read at L2).
+  __shared__ __align__(16) bf16 h_s[kRowsMaxK * kChunk * kWarps * 4];
+  for (int o = threadIdx.x * 8; o < na * p.I; o += blockDim.x * 8)
+    *reinterpret_cast<uint4*>(h_s + o) = __ldcg(reinterpret_cast<const uint4*>(p.h + o));
+  __syncthreads();
+  auto run_round = [&](int rd) {
+#pragma unroll
+    for (int x = 0; x < kRowsRound; ++x) {
+      const int j = rd * kRowsRound + x;
+      float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int i = 0; i < kC; ++i) {
+        const int c = warp + kWarps * i;
+        // B: token 0 only (lanes g == 0; zeros elsewhere, as for absent tokens)
+        const uint4 hb = g == 0 && j < na && c < chunks
+                             ? *reinterpret_cast<const uint4*>(h_s + j * p.I + c * kChunk + tq * 8)
+                             : make_uint4(0, 0, 0, 0);
+        mma16816(acc, w[x][i][0].x, w[x][i][1].x, w[x][i][0].y, w[x][i][1].y, hb.x, hb.y);
+        mma16816(acc, w[x][i][0].z, w[x][i][1].z, w[x][i][0].w, w[x][i][1].w, hb.z, hb.w);
+      }
+      red[warp][j][0][lane] = acc[0];  // token 0, row g
+      red[warp][j][1][lane] = acc[2];  // token 0, row g + 8
+    }
+  };
+  run_round(0);
+  load_round(1);
+  run_round(1);
+  if (threadIdx.x < kRowsMaxK * kRows) vals[threadIdx.x / kRows][threadIdx.x % kRows] = 0.f;
+  __syncthreads();
+  if (threadIdx.x < kRowsMaxK * kRows) {  // thread (j, q): expert j's row r0 + q
+    const int j = threadIdx.x / kRows, q = threadIdx.x % kRows;
+    if (j < na) {
+      const int h8 = q >> 3, l = (q & 7) * 4;  // the value of lane (g = q & 7, tq = 0), rows g or g + 8
+      float v = 0.f;
+#pragma unroll
+      for (int ww = 0; ww < kWarps; ++ww) v += red[ww][j][h8][l];
+      vals[slot_q][q] = bf16_round(bf16_round(v) * w_q);
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < kRows) {  // x = bf16(x + bf16(sum of the slots in slot order)), empty slots skipped
+    const int q = threadIdx.x;
+    float a = 0.f;
+    for (int k = 0; k < p.K; ++k)
+      if (__ldcg(p.cmb.ids + k) >= 0) a += vals[k][q];
+    bf16* xr = p.cmb.x + r0 + q;
+    *xr = __float2bfloat16(bf16_round(__bfloat162float(*xr) + bf16_round(a)));
+  }
+  step_timeline_phase(2);
+}
+
 }  // namespace
+
+bool moe_one_rows_ok(int N, int K, int E, int H, int I) {
+  return N == 1 && K >= 1 && K <= kRowsMaxK && K <= E && H % kRows == 0 && I % kChunk == 0 && I >= kChunk &&
+         I <= kChunk * kWarps * 4 && H >= kChunk && H % kChunk == 0;
+}
 
 bool moe_one_combine_ok(int H) { return H > 0 && H % 8 == 0 && H <= 8 * kWarps * 32; }
 
@@ -294,7 +399,7 @@ Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights,
                             std::to_string(E) + " H=" + std::to_string(H) + " I=" + std::to_string(I) + ")");
   if (variant < 0 || variant >= kOneVariants)
     return invalid_argument("moe_experts_one: variant " + std::to_string(variant) + " out of range");
-  if (combine && (!combine->x || !combine->ids || !combine->done || (combine->w && !combine->y) ||
+  if (combine && (!combine->x || !combine->ids || (!combine->done && !combine->rows) || (combine->w && !combine->y) ||
                   !moe_one_combine_ok(H)))
     return invalid_argument("moe_experts_one: the folded combine needs x, ids, done (y with w) and H <= 2048, H % 8 == 0");
   int gu_grid = 0, dn_grid = 0;
@@ -326,6 +431,14 @@ Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights,
     carve = want;
   }
   ZEST_RETURN_IF_ERROR(launch("moe_one_gate_up", one_gate_up_kernel, dim3(gu_grid), block, 0, stream, p));
+  if (combine && combine->rows) {
+    if (!moe_one_rows_ok(N, K, E, H, I) || combine->w || combine->y)
+      return invalid_argument("moe_experts_one: the down kernel by output rows needs one token, K <= 8, I <= 1024 "
+                              "and no norm (x only)");
+    const bool c3 = I <= kChunk * kWarps * 3;
+    return launch("moe_one_down_rows", c3 ? one_down_rows_kernel<3> : one_down_rows_kernel<4>, dim3(H / kRows), block, 0,
+                  stream, p);
+  }
   return launch("moe_one_down", variant == 1 ? one_down_kernel<true> : one_down_kernel<false>, dim3(dn_grid), block,
                 0, stream, p);
 }

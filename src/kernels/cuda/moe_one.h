@@ -23,7 +23,12 @@ struct OneCombine {
   bf16* y = nullptr;             // [N, H] normalised rows
   float eps = 0.f;
   unsigned* done = nullptr;
+  // Down by output rows (moe_one_rows_ok; w and y null): CTA b computes rows [16 b, 16 b + 16) of every active expert
+  // and adds the slots to x itself (the same bits as the chain's x; no exit counter, no last CTA, done unused); the
+  // next RMSNorm is left to the next kernel (gemm_kv_prefetch with KvPrefetch::norm_w).
+  bool rows = false;
 };
+bool moe_one_rows_ok(int N, int K, int E, int H, int I);
 bool moe_one_combine_ok(int H);
 
 // Whether moe_experts_one serves these sizes: 1 <= N <= 8 tokens, 1 <= K <= E, H and I positive multiples of 32.

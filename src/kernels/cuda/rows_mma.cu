@@ -206,11 +206,16 @@ __device__ __forceinline__ void prefetch_kv_l2(const KvPrefetch& kv) {
 // Registers allow 3 CTAs per SM for K <= 2048 (as the shared memory does): one token tile with 8 chunks per round
 // (62 registers) or two with 4 (70); K = 4096 tiles (one CTA per SM) take one token tile's 16 chunks in one round.
 // kPf (PreFetch): the L2 prefetches of kv's rows and the tile's cache policy.
-template <bool kTwo, int kRound, int kPf>
+// kNorm (kv.norm_w, one token row, 256 <= K <= 2048: one round of every warp): x holds residual rows; after loading them each CTA normalises
+// them itself with combine_norm_row's arithmetic and summation order (8-element groups t = k / 8 summed as thread t
+// of a 256-thread CTA would: warp butterflies over groups 32 w .. 32 w + 31, then over the 8 warp sums), so the
+// GEMM sees the bits of the normalised rows the chain writes.
+template <bool kTwo, int kRound, int kPf, bool kNorm = false>
 __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_kernel(const bf16* __restrict__ x,
                                                                                     const bf16* __restrict__ w,
                                                                                     bf16* __restrict__ y, int M, int N,
                                                                                     int Kdim, KvPrefetch kv) {
+  static_assert(!kNorm || (!kTwo && kRound == kPreRound), "the norm takes one token tile in one round");
   extern __shared__ __align__(128) unsigned char wsm[];
   __shared__ __align__(8) uint64_t bar;
   step_timeline_phase(0);
@@ -232,6 +237,11 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
   }
   // Block tables and context lengths are step inputs, not written by the previous kernel.
   if constexpr (kPf == kPfBefore || kPf == kPfBeforePlain) prefetch_kv_l2(kv);
+  // kNorm: the norm weights into shared memory (a weight: loaded before the wait).
+  __shared__ __align__(16) bf16 nw_s[kNorm ? kWarps * kChunk * kPreRound : 8];
+  if constexpr (kNorm)
+    for (int o = threadIdx.x * 8; o < Kdim; o += blockDim.x * 8)
+      *reinterpret_cast<uint4*>(nw_s + o) = __ldg(reinterpret_cast<const uint4*>(kv.norm_w + o));
   __syncthreads();
   pdl_wait();
   const int chunks = Kdim / kChunk;
@@ -250,6 +260,39 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
       xa[u] = ok && x0p ? __ldg(reinterpret_cast<const uint4*>(x0p + c * kChunk)) : make_uint4(0, 0, 0, 0);
       if constexpr (kTwo) xb[u] = ok && x1p ? __ldg(reinterpret_cast<const uint4*>(x1p + c * kChunk)) : make_uint4(0, 0, 0, 0);
       else xb[u] = make_uint4(0, 0, 0, 0);
+    }
+    if constexpr (kNorm) {
+      // One token row (M == 1): lanes g == 0 hold it.
+      __shared__ float ss_s[kWarps * 32];  // per 8-element group
+      __shared__ float wsum[kWarps];
+      if (threadIdx.x * 8 >= Kdim) ss_s[threadIdx.x] = 0.f;  // groups past K: zero (absent threads)
+      if (g == 0) {
+#pragma unroll
+        for (int u = 0; u < kRound; ++u) {
+          const int c = cb + u * kWarps;
+          if (c < chunks) {
+            float v[8];
+            unpack8(xa[u], v);
+            ss_s[4 * c + tq] = sumsq8(v);
+          }
+        }
+      }
+      __syncthreads();
+      {
+        const float v = warp_sum(ss_s[warp * 32 + lane]);
+        if (lane == 0) wsum[warp] = v;
+      }
+      __syncthreads();
+      const float inv = rsqrtf(warp_sum(lane < kWarps ? wsum[lane] : 0.f) / Kdim + kv.norm_eps);
+      if (g == 0) {
+#pragma unroll
+        for (int u = 0; u < kRound; ++u) {
+          float v[8];
+          unpack8(xa[u], v);
+          const int c = cb + u * kWarps;
+          if (c < chunks) xa[u] = rms_scale8(v, inv, *reinterpret_cast<const uint4*>(nw_s + c * kChunk + tq * 8));
+        }
+      }
     }
     if (!landed) {
       mbar_wait(&bar, 0);
@@ -299,18 +342,19 @@ size_t rows_pre_smem(int K) {
 // K > 2048.
 using PreKernel = void (*)(const bf16*, const bf16*, bf16*, int, int, int, KvPrefetch);
 template <int kPf>
-PreKernel rows_pre_pick_pf(int M, int K) {
+PreKernel rows_pre_pick_pf(int M, int K, bool norm = false) {
+  if (norm) return rows_pre_kernel<false, kPreRound, kPf, true>;
   if (M > 8) return rows_pre_kernel<true, kPreRound / 2, kPf>;
   return K > kWarps * kChunk * kPreRound ? rows_pre_kernel<false, 2 * kPreRound, kPf>
                                          : rows_pre_kernel<false, kPreRound, kPf>;
 }
 // pf: a PreFetch mode.
-PreKernel rows_pre_pick(int M, int K, int pf) {
+PreKernel rows_pre_pick(int M, int K, int pf, bool norm = false) {
   switch (pf) {
-    case kPfBefore: return rows_pre_pick_pf<kPfBefore>(M, K);
-    case kPfBeforePlain: return rows_pre_pick_pf<kPfBeforePlain>(M, K);
-    case kPfTileHint: return rows_pre_pick_pf<kPfTileHint>(M, K);
-    default: return rows_pre_pick_pf<kPfNone>(M, K);
+    case kPfBefore: return rows_pre_pick_pf<kPfBefore>(M, K, norm);
+    case kPfBeforePlain: return rows_pre_pick_pf<kPfBeforePlain>(M, K, norm);
+    case kPfTileHint: return rows_pre_pick_pf<kPfTileHint>(M, K, norm);
+    default: return rows_pre_pick_pf<kPfNone>(M, K, norm);
   }
 }
 
@@ -318,7 +362,7 @@ template <int kPf>
 bool rows_pre_configure() {
   static const bool ok = [] {
     for (PreKernel f : {rows_pre_kernel<true, kPreRound / 2, kPf>, rows_pre_kernel<false, kPreRound, kPf>,
-                        rows_pre_kernel<false, 2 * kPreRound, kPf>})
+                        rows_pre_kernel<false, 2 * kPreRound, kPf>, rows_pre_kernel<false, kPreRound, kPf, true>})
       if (cudaFuncSetAttribute(reinterpret_cast<const void*>(f), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(kPreMaxSmem)) != cudaSuccess) {
         cudaGetLastError();
@@ -331,8 +375,9 @@ bool rows_pre_configure() {
 
 // Whether rows_pre_kernel (with prefetch mode pf) serves (M, N, K): the tile fits in shared memory and every tile
 // has its CTA resident.
-bool rows_pre_ok(int M, int N, int K, int pf = kPfNone) {
+bool rows_pre_ok(int M, int N, int K, int pf = kPfNone, bool norm = false) {
   if (M < 1 || M > kTokens || N % kRows != 0 || K % kChunk != 0 || rows_pre_smem(K) > kPreMaxSmem) return false;
+  if (norm && (M != 1 || K < kWarps * kChunk || K > kWarps * kChunk * kPreRound)) return false;
   const size_t smem = rows_pre_smem(K);
   const bool configured = pf == kPfBefore         ? rows_pre_configure<kPfBefore>()
                           : pf == kPfBeforePlain ? rows_pre_configure<kPfBeforePlain>()
@@ -340,7 +385,7 @@ bool rows_pre_ok(int M, int N, int K, int pf = kPfNone) {
                                                  : rows_pre_configure<kPfNone>();
   if (!configured) return false;
   int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, reinterpret_cast<const void*>(rows_pre_pick(M, K, pf)),
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, reinterpret_cast<const void*>(rows_pre_pick(M, K, pf, norm)),
                                                     kWarps * 32, smem) != cudaSuccess)
     return false;
   return N / kRows <= n * sm_count();
@@ -348,8 +393,8 @@ bool rows_pre_ok(int M, int N, int K, int pf = kPfNone) {
 
 Status launch_rows_pre(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream,
                        int pf = kPfNone, const KvPrefetch& kv = KvPrefetch{}) {
-  return launch("rows_pre", rows_pre_pick(M, K, pf), dim3(N / kRows), dim3(kWarps * 32), rows_pre_smem(K), stream, x,
-                w, y, M, N, K, kv);
+  return launch("rows_pre", rows_pre_pick(M, K, pf, kv.norm_w != nullptr), dim3(N / kRows), dim3(kWarps * 32),
+                rows_pre_smem(K), stream, x, w, y, M, N, K, kv);
 }
 
 // kGemmVariant 4 (default) runs the register-streamed kernel for 9-16 token rows when K <= 2048 (the qkv GEMM at
@@ -426,9 +471,20 @@ Status gemm_kv_prefetch(const bf16* x, const bf16* w, bf16* y, int M, int N, int
   const int gv = decode_option(DecodeOption::kGemmVariant);
   const bool long_k = K > kWarps * kChunk * kPreRound;
   const bool pre = gv == 8 || (gv == 4 && (long_k || M < kStreamMinRows)) || (gv == 7 && long_k);
+  if (kv.norm_w) {  // x is the residual: the norm in the GEMM's CTAs (the KV prefetch where it would run)
+    if (!aligned || !gemm_kv_norm_ok(M, N, K))
+      return invalid_argument("gemm_kv_prefetch: the folded RMSNorm needs gemm_kv_norm_ok sizes and aligned operands");
+    return launch_rows_pre(x, w, y, M, N, K, stream, pf != kPfNone && kv_ok && pre ? pf : kPfNone, kv);
+  }
   if (pf != kPfNone && kv_ok && aligned && pre && rows_mma_gemm_ok(M, N, K) && rows_pre_ok(M, N, K, pf))
     return launch_rows_pre(x, w, y, M, N, K, stream, pf, kv);
   return gemm(x, w, y, M, N, K, stream);
+}
+
+bool gemm_kv_norm_ok(int M, int N, int K) {
+  // One round of every warp: K in [8 * 32, 8 * 32 * kPreRound].
+  return M == 1 && rows_mma_gemm_ok(M, N, K) && K >= kWarps * kChunk && K <= kWarps * kChunk * kPreRound &&
+         rows_pre_ok(M, N, K, kPfNone, true) && rows_pre_ok(M, N, K, kPfBefore, true);
 }
 
 bool rows_mma_moe_ok(int H, int I) { return H % kChunk == 0 && I % kChunk == 0 && H % kRows == 0 && I % kRows == 0; }

@@ -288,6 +288,10 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
                             batch, c.vocab));
   ZEST_OP("embedding", embedding(ids_, embed_, x_, batch, H, c.vocab, s));
   ZEST_OP("rmsnorm", rmsnorm(x_, layers_[0].in_norm, xn_, batch, H, kEps, s));
+  // One token (DecodeOption::kMoeDownRows): the experts' down kernel adds the slots to x by output rows and the next
+  // qkv GEMM normalises x itself (the final norm runs before the lm_head).
+  const bool rows = moe && batch == 1 && decode_option(DecodeOption::kMoeBlock) == 0 &&
+                    moe_down_rows_on(1, c.top_k, c.experts, H, c.expert_inter) && gemm_kv_norm_ok(1, QKV, H);
   for (int l = 0; l < c.layers; ++l) {
     const Layer& L = layers_[l];
     const bf16* next_norm = l + 1 < c.layers ? layers_[l + 1].in_norm : final_norm_;
@@ -303,7 +307,11 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
     kvp.row_bytes = c.kv_heads * D * 2;
     ap.l2_next = L.wo;
     ap.l2_next_bytes = static_cast<size_t>(H) * c.q_heads * D * 2;
-    ZEST_OP("qkv gemm", gemm_kv_prefetch(xn_, L.wqkv, qkv_, batch, QKV, H, kvp, s));
+    if (rows && l > 0) {
+      kvp.norm_w = L.in_norm;
+      kvp.norm_eps = kEps;
+    }
+    ZEST_OP("qkv gemm", gemm_kv_prefetch(rows && l > 0 ? x_ : xn_, L.wqkv, qkv_, batch, QKV, H, kvp, s));
     const int pos_stride = c.mrope ? opt_.max_batch : 0;
     if (decode_option(DecodeOption::kAttentionKernel) >= 2 && decode_attention_fused_ok(ap, qkv_, QKV)) {
       ZEST_OP("decode attention (fused)",
@@ -348,7 +356,8 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
         ZEST_RETURN_IF_ERROR(moe_plan_reset_counters(plan_, s));
       ZEST_OP("moe experts + combine + rmsnorm",
               moe_experts_decode_combine(xn_, plan_, route_w_, L.gate_up, L.down, h_, slot_out_, batch, K, E, H, I,
-                                         x_, route_ids_, next_norm, xn_, kEps, combine_done_, s));
+                                         x_, route_ids_, rows ? nullptr : next_norm, rows ? nullptr : xn_, kEps,
+                                         combine_done_, s));
     } else {
       const int I = c.dense_inter;
       ZEST_OP("mlp gate/up gemm", gemm(xn_, L.gate_up, gu_, batch, 2 * I, H, s));
@@ -357,6 +366,7 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
       ZEST_OP("add + rmsnorm", add_rmsnorm(x_, o_, next_norm, xn_, batch, H, kEps, s));
     }
   }
+  if (rows) ZEST_OP("final rmsnorm", rmsnorm(x_, final_norm_, xn_, batch, H, kEps, s));
   ZEST_OP("lm_head gemm", gemm(xn_, lm_head_, logits_, batch, c.vocab, H, s));
   ZEST_OP("argmax", argmax_rows(logits_, out_ids_, batch, c.vocab, s));
 #undef ZEST_OP
