@@ -248,7 +248,7 @@ TEST(CudaMoeOne, FoldedCombineMatchesTheSeparateLaunch) {
   std::mt19937 rng(110);
   const OneCase cases[] = {{1, 8, 12, 2048, 768, 0, -1, 0, false},
                            {1, 8, 12, 2048, 768, 0, -1, 6, false},  // six empty slots (SERE S=2)
-                           {1, 4, 9, 256, 1024, 0, -1, 1, false},   // the down kernel by rows with 4 chunks per warp
+                           {1, 4, 9, 256, 512, 0, -1, 1, false},    // the down kernel by rows with 2 chunks per warp
                            {1, 8, 8, 64, 32, 0, -1, 0, false},
                            {3, 6, 60, 160, 96, 0, -1, 2, false},
                            {8, 4, 64, 512, 256, 0, 5, 3, false},

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <string>
 
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/common.cuh"
 
 namespace zest::cuda {
@@ -270,101 +271,122 @@ __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_down_kernel(OneParams
   if (p.cmb.x && finish_last(p, p.cmb.done, &red[0][0][0])) step_timeline_phase(3);
 }
 
-// Down by output rows at one token with the combine where computed (OneCombine::rows): CTA b owns output rows
-// [16 b, 16 b + 16) of every active expert. Per expert, warp w takes chunks w, w + 8, ... of I and the eight warps'
-// sums are added in fixed order, as one_down_kernel does (the same slot values); then each row is x + the slot values
-// in slot order (empty slots skipped), the combine's arithmetic: x gets the bits of the chain, and no CTA waits for
-// another. The next RMSNorm is left to the next kernel (x only). Before the wait each CTA reads the plan at L2 (the
-// down kernel starts after every gate/up CTA passed its wait: see one_down_kernel) and loads the first experts'
-// weights into registers; h is read after it.
-constexpr int kRowsMaxK = 8;   // slots (= active experts at one token)
-constexpr int kRowsRound = 4;  // experts per round of weight loads (two rounds)
+// Down by output rows at one token with the combine where computed (OneCombine::rows): a cluster of two CTAs owns
+// output rows [16 b, 16 b + 16); rank r computes them for the active experts of sorted positions r, r + 2, r + 4,
+// r + 6 (so two active experts, as with SERE S=2, give each rank one). Before its wait each CTA bulk-copies those
+// experts' 16 weight rows into shared memory (rows padded by 16 bytes: the A-fragment reads are free of bank
+// conflicts); it reads the plan at L2 there (the down kernel starts after every gate/up CTA passed its wait: see
+// one_down_kernel). After the wait: token 0's h as B fragments, warp w takes chunks w, w + 8, w + 16 of each expert and
+// the eight warps' sums are added in fixed order, as one_down_kernel does (the same slot values); rank 1 stores its
+// slot values into rank 0's shared memory (distributed shared memory), and after one cluster barrier rank 0 adds the
+// slots in slot order (empty slots skipped) to x, the combine's arithmetic: x gets the bits of the chain. No counter,
+// no last CTA; the next RMSNorm is left to the next kernel (x only).
+constexpr int kRowsMaxK = 8;                    // slots (= active experts at one token)
+constexpr int kPairExperts = kRowsMaxK / 2;     // per rank
+constexpr int kPairMaxC = 3;                    // chunks per warp and expert: I <= 32 * 8 * 3
+constexpr int kPairThreads = kWarps * 32;
 
-// kC: chunks per warp and expert (I <= 32 * 8 * kC).
+size_t pair_smem(int I) { return static_cast<size_t>(kPairExperts) * kRows * (static_cast<size_t>(I) * 2 + 16); }
+
+__device__ __forceinline__ void st_cluster_f32(uint32_t addr, float v) {
+  asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
+}
+
 template <int kC>
-__global__ void __maxnreg__(160) one_down_rows_kernel(OneParams p) {
+__global__ void __launch_bounds__(kPairThreads, 2) one_down_pair_kernel(OneParams p) {
+  extern __shared__ __align__(128) unsigned char wsm[];
+  __shared__ __align__(8) uint64_t bar;
+  __shared__ float vals[kRowsMaxK][kRows];  // rank 0: every slot's values of the cluster's rows
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, tq = lane & 3;
-  const int r0 = blockIdx.x * kRows;
+  const int rank = static_cast<int>(cluster_rank());
+  const int r0 = blockIdx.y * kRows;
   const int chunks = p.I / kChunk;
-  __shared__ float red[kWarps][kRowsMaxK][2][32];  // per warp and expert: token 0's values (rows g, g + 8)
-  __shared__ float vals[kRowsMaxK][kRows];          // slot values of this CTA's rows
+  const uint32_t row_bytes = static_cast<uint32_t>(p.I) * 2, stride = row_bytes + 16;
   step_timeline_phase(0);
-  int e[kRowsMaxK];
   const int na = __ldcg(p.plan.num_active);
+  int e[kPairExperts];
 #pragma unroll
-  for (int j = 0; j < kRowsMaxK; ++j) e[j] = j < p.K ? __ldcg(p.plan.active_experts + j) : 0;
-  uint4 w[kRowsRound][kC][2];
-  auto load_round = [&](int rd) {
+  for (int x = 0; x < kPairExperts; ++x) e[x] = __ldcg(p.plan.active_experts + min(rank + 2 * x, p.K - 1));
+  int nx = 0;  // this rank's experts
 #pragma unroll
-    for (int x = 0; x < kRowsRound; ++x) {
-      const int j = rd * kRowsRound + x;
-      const bf16* lo0 = p.down + (static_cast<size_t>(e[j]) * p.H + r0 + g) * p.I + tq * 8;
-#pragma unroll
-      for (int i = 0; i < kC; ++i) {
-        const int c = warp + kWarps * i;
-        const bool ok = j < na && c < chunks;
-        w[x][i][0] = ok ? ld_stream(lo0 + c * kChunk) : make_uint4(0, 0, 0, 0);
-        w[x][i][1] = ok ? ld_stream(lo0 + static_cast<size_t>(8) * p.I + c * kChunk) : make_uint4(0, 0, 0, 0);
-      }
+  for (int x = 0; x < kPairExperts; ++x) nx += rank + 2 * x < na ? 1 : 0;
+  if (warp == 0 && nx > 0) {
+    if (lane == 0) {
+      mbar_init(&bar);
+      mbar_arrive_expect_tx(&bar, static_cast<uint32_t>(nx) * kRows * row_bytes);
     }
-  };
-  // Round 0's weights into registers, round 1's rows (16 contiguous rows per expert) into L2, before the wait.
-  load_round(0);
-  if (warp == 0 && lane >= kRowsRound && lane < kRowsMaxK && lane < na)
-    prefetch_l2(p.down + (static_cast<size_t>(__ldcg(p.plan.active_experts + lane)) * p.H + r0) * p.I,
-                static_cast<uint32_t>(kRows) * p.I * 2);
-  // The combine's inputs, also before the wait (written by kernels that completed before this grid started).
-  const int slot_q = threadIdx.x < kRowsMaxK * kRows ? __ldcg(p.plan.sorted_slots + min(threadIdx.x / kRows, p.K - 1))
-                                                      : 0;
-  const float w_q = threadIdx.x < kRowsMaxK * kRows ? __ldcg(p.route_w + slot_q) : 0.f;
-  pdl_wait();
-  // Token 0's h rows of the active experts into shared memory (written by the gate/up grid: read at L2).
-  __shared__ __align__(16) bf16 h_s[kRowsMaxK * kChunk * kWarps * 4];
-  for (int o = threadIdx.x * 8; o < na * p.I; o += blockDim.x * 8)
-    *reinterpret_cast<uint4*>(h_s + o) = __ldcg(reinterpret_cast<const uint4*>(p.h + o));
-  __syncthreads();
-  auto run_round = [&](int rd) {
+    __syncwarp();
+    for (int c = lane; c < nx * kRows; c += 32) {
+      const int x = c / kRows, r = c % kRows;
+      int ex = e[0];
 #pragma unroll
-    for (int x = 0; x < kRowsRound; ++x) {
-      const int j = rd * kRowsRound + x;
-      float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int i = 0; i < kC; ++i) {
-        const int c = warp + kWarps * i;
-        // B: token 0 only (lanes g == 0; zeros elsewhere, as for absent tokens)
-        const uint4 hb = g == 0 && j < na && c < chunks
-                             ? *reinterpret_cast<const uint4*>(h_s + j * p.I + c * kChunk + tq * 8)
-                             : make_uint4(0, 0, 0, 0);
-        mma16816(acc, w[x][i][0].x, w[x][i][1].x, w[x][i][0].y, w[x][i][1].y, hb.x, hb.y);
-        mma16816(acc, w[x][i][0].z, w[x][i][1].z, w[x][i][0].w, w[x][i][1].w, hb.z, hb.w);
-      }
-      red[warp][j][0][lane] = acc[0];  // token 0, row g
-      red[warp][j][1][lane] = acc[2];  // token 0, row g + 8
-    }
-  };
-  run_round(0);
-  load_round(1);
-  run_round(1);
-  if (threadIdx.x < kRowsMaxK * kRows) vals[threadIdx.x / kRows][threadIdx.x % kRows] = 0.f;
-  __syncthreads();
-  if (threadIdx.x < kRowsMaxK * kRows) {  // thread (j, q): expert j's row r0 + q
-    const int j = threadIdx.x / kRows, q = threadIdx.x % kRows;
-    if (j < na) {
-      const int h8 = q >> 3, l = (q & 7) * 4;  // the value of lane (g = q & 7, tq = 0), rows g or g + 8
-      float v = 0.f;
-#pragma unroll
-      for (int ww = 0; ww < kWarps; ++ww) v += red[ww][j][h8][l];
-      vals[slot_q][q] = bf16_round(bf16_round(v) * w_q);
+      for (int y = 1; y < kPairExperts; ++y) ex = x == y ? e[y] : ex;
+      bulk_load(wsm + static_cast<size_t>(c) * stride, p.down + (static_cast<size_t>(ex) * p.H + r0 + r) * p.I, row_bytes,
+                &bar);
     }
   }
+  // Thread (x, q): the slot and routing weight of this rank's expert x, for row q.
+  const int xq = threadIdx.x / kRows, q = threadIdx.x % kRows;
+  const int jq = rank + 2 * min(xq, kPairExperts - 1);
+  const int slot_q = threadIdx.x < kPairExperts * kRows && jq < na ? __ldcg(p.plan.sorted_slots + jq) : 0;
+  const float w_q = threadIdx.x < kPairExperts * kRows && jq < na ? __ldcg(p.route_w + slot_q) : 0.f;
+  pdl_wait();
+  uint4 hb[kPairExperts][kC];  // token 0's h (lanes g == 0; zeros elsewhere, as for absent tokens)
+#pragma unroll
+  for (int x = 0; x < kPairExperts; ++x) {
+    const int j = rank + 2 * x;
+#pragma unroll
+    for (int i = 0; i < kC; ++i) {
+      const int c = warp + kWarps * i;
+      hb[x][i] = g == 0 && j < na && c < chunks
+                     ? __ldcg(reinterpret_cast<const uint4*>(p.h + static_cast<size_t>(j) * p.I + c * kChunk + tq * 8))
+                     : make_uint4(0, 0, 0, 0);
+    }
+  }
+  float acc[kPairExperts][4];
+#pragma unroll
+  for (int x = 0; x < kPairExperts; ++x)
+#pragma unroll
+    for (int v = 0; v < 4; ++v) acc[x][v] = 0.f;
+  if (nx > 0) mbar_wait(&bar, 0);
+#pragma unroll
+  for (int x = 0; x < kPairExperts; ++x) {
+    if (x >= nx) break;
+    const unsigned char* lo_row = wsm + static_cast<size_t>(x * kRows + g) * stride + tq * 16;
+    const unsigned char* hi_row = lo_row + 8 * stride;
+#pragma unroll
+    for (int i = 0; i < kC; ++i) {
+      const int c = warp + kWarps * i;
+      if (c >= chunks) break;
+      const uint4 lo = *reinterpret_cast<const uint4*>(lo_row + c * kChunk * 2);
+      const uint4 hi = *reinterpret_cast<const uint4*>(hi_row + c * kChunk * 2);
+      mma16816(acc[x], lo.x, hi.x, lo.y, hi.y, hb[x][i].x, hb[x][i].y);
+      mma16816(acc[x], lo.z, hi.z, lo.w, hi.w, hb[x][i].z, hb[x][i].w);
+    }
+  }
+  __syncthreads();  // every warp is done with the weight rows: their bytes take the partial sums
+  float(*red)[kPairExperts][2][32] = reinterpret_cast<float(*)[kPairExperts][2][32]>(wsm);
+#pragma unroll
+  for (int x = 0; x < kPairExperts; ++x) {
+    red[warp][x][0][lane] = acc[x][0];  // token 0, row g
+    red[warp][x][1][lane] = acc[x][2];  // token 0, row g + 8
+  }
   __syncthreads();
-  if (threadIdx.x < kRows) {  // x = bf16(x + bf16(sum of the slots in slot order)), empty slots skipped
-    const int q = threadIdx.x;
+  if (threadIdx.x < kPairExperts * kRows && jq < na) {  // expert x's row r0 + q: its slot value into rank 0
+    const int h8 = q >> 3, l = (q & 7) * 4;               // lane (g = q & 7, tq = 0), rows g or g + 8
+    float v = 0.f;
+#pragma unroll
+    for (int ww = 0; ww < kWarps; ++ww) v += red[ww][xq][h8][l];
+    st_cluster_f32(cluster_map(&vals[slot_q][q], 0), bf16_round(bf16_round(v) * w_q));
+  }
+  cluster_arrive();
+  cluster_wait();
+  if (rank == 0 && threadIdx.x < kRows) {  // x = bf16(x + bf16(sum of the slots in slot order)), empty slots skipped
     float a = 0.f;
     for (int k = 0; k < p.K; ++k)
-      if (__ldcg(p.cmb.ids + k) >= 0) a += vals[k][q];
-    bf16* xr = p.cmb.x + r0 + q;
+      if (__ldcg(p.cmb.ids + k) >= 0) a += vals[k][threadIdx.x];
+    bf16* xr = p.cmb.x + r0 + threadIdx.x;
     *xr = __float2bfloat16(bf16_round(__bfloat162float(*xr) + bf16_round(a)));
   }
   step_timeline_phase(2);
@@ -373,8 +395,8 @@ __global__ void __maxnreg__(160) one_down_rows_kernel(OneParams p) {
 }  // namespace
 
 bool moe_one_rows_ok(int N, int K, int E, int H, int I) {
-  return N == 1 && K >= 1 && K <= kRowsMaxK && K <= E && H % kRows == 0 && I % kChunk == 0 && I >= kChunk &&
-         I <= kChunk * kWarps * 4 && H >= kChunk && H % kChunk == 0;
+  return N == 1 && K >= 1 && K <= kRowsMaxK && K <= E && H % kRows == 0 && H >= kChunk && H % kChunk == 0 &&
+         I % kChunk == 0 && I >= kChunk && I <= kChunk * kWarps * kPairMaxC;
 }
 
 bool moe_one_combine_ok(int H) { return H > 0 && H % 8 == 0 && H <= 8 * kWarps * 32; }
@@ -420,24 +442,50 @@ Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights,
   if (combine) p.cmb = *combine;
   p.N = N;
   const dim3 block(kWarps * 32);
-  // The carveout preference follows DecodeOption::kMoeCarveout (set again when the option changes).
+  // The carveout preference follows DecodeOption::kMoeCarveout (set again when the option changes). With the down
+  // kernel by rows (kMoeDownRows 1), the gate/up kernel's carveout also leaves room for one of its CTAs, so that they
+  // can join an SM as soon as a gate/up CTA has left it.
   static int carve = -1;
-  const int want = decode_option(DecodeOption::kMoeCarveout) >= 1 ? 1 : 0;
+  const bool rows = combine && combine->rows;
+  const int want = (decode_option(DecodeOption::kMoeCarveout) >= 1 ? 1 : 0) +
+                   (rows && decode_option(DecodeOption::kMoeDownRows) == 1 ? 2 * (1 + I / kChunk) : 0);
   if (want != carve) {
     for (const void* fn : {reinterpret_cast<const void*>(one_gate_up_kernel),
                            reinterpret_cast<const void*>(one_down_kernel<true>),
                            reinterpret_cast<const void*>(one_down_kernel<false>)})
-      ZEST_RETURN_IF_ERROR(set_min_carveout(fn, kPerSm, 0, want == 1));
+      ZEST_RETURN_IF_ERROR(set_min_carveout(fn, kPerSm, 0, (want & 1) == 1));
+    if (want >= 2) {  // kPerSm gate/up CTAs and one pair CTA
+      ZEST_RETURN_IF_ERROR(set_min_carveout(reinterpret_cast<const void*>(one_gate_up_kernel), kPerSm,
+                                            (pair_smem(I) + 1024 + kPerSm - 1) / kPerSm, true));
+    }
     carve = want;
   }
   ZEST_RETURN_IF_ERROR(launch("moe_one_gate_up", one_gate_up_kernel, dim3(gu_grid), block, 0, stream, p));
   if (combine && combine->rows) {
     if (!moe_one_rows_ok(N, K, E, H, I) || combine->w || combine->y)
-      return invalid_argument("moe_experts_one: the down kernel by output rows needs one token, K <= 8, I <= 1024 "
+      return invalid_argument("moe_experts_one: the down kernel by output rows needs one token, K <= 8, I <= 768 "
                               "and no norm (x only)");
-    const bool c3 = I <= kChunk * kWarps * 3;
-    return launch("moe_one_down_rows", c3 ? one_down_rows_kernel<3> : one_down_rows_kernel<4>, dim3(H / kRows), block, 0,
-                  stream, p);
+    const auto kernel = I <= kChunk * kWarps ? one_down_pair_kernel<1>
+                        : I <= kChunk * kWarps * 2 ? one_down_pair_kernel<2> : one_down_pair_kernel<3>;
+    const size_t smem = pair_smem(I);
+    ZEST_RETURN_IF_ERROR(cuda_status(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                          static_cast<int>(smem)),
+                                     "moe_experts_one: down kernel by rows"));
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(2, H / kRows);
+    cfg.blockDim = dim3(kPairThreads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[2];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 2;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = static_cast<unsigned int>(common_launch_attrs(attr, 1));
+    note_launch("moe_one_down_pair");
+    return cuda_status(cudaLaunchKernelEx(&cfg, kernel, p), "moe_one_down_pair");
   }
   return launch("moe_one_down", variant == 1 ? one_down_kernel<true> : one_down_kernel<false>, dim3(dn_grid), block,
                 0, stream, p);
