@@ -286,7 +286,11 @@ constexpr int kPairExperts = kRowsMaxK / 2;     // per rank
 constexpr int kPairMaxC = 3;                    // chunks per warp and expert: I <= 32 * 8 * 3
 constexpr int kPairThreads = kWarps * 32;
 
-size_t pair_smem(int I) { return static_cast<size_t>(kPairExperts) * kRows * (static_cast<size_t>(I) * 2 + 16); }
+// The weight rows of a rank's experts, at least the partial sums that reuse them.
+size_t pair_smem(int I) {
+  return std::max(static_cast<size_t>(kPairExperts) * kRows * (static_cast<size_t>(I) * 2 + 16),
+                  static_cast<size_t>(kWarps) * kPairExperts * 2 * 32 * sizeof(float));
+}
 
 __device__ __forceinline__ void st_cluster_f32(uint32_t addr, float v) {
   asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");

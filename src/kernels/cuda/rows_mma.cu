@@ -474,7 +474,9 @@ Status gemm_kv_prefetch(const bf16* x, const bf16* w, bf16* y, int M, int N, int
   if (kv.norm_w) {  // x is the residual: the norm in the GEMM's CTAs (the KV prefetch where it would run)
     if (!aligned || !gemm_kv_norm_ok(M, N, K))
       return invalid_argument("gemm_kv_prefetch: the folded RMSNorm needs gemm_kv_norm_ok sizes and aligned operands");
-    return launch_rows_pre(x, w, y, M, N, K, stream, pf != kPfNone && kv_ok && pre ? pf : kPfNone, kv);
+    int use = pf != kPfNone && kv_ok && pre ? pf : kPfNone;
+    if (!rows_pre_ok(M, N, K, use, true)) use = kPfNone;  // also sets the instantiation's shared-memory size
+    return launch_rows_pre(x, w, y, M, N, K, stream, use, kv);
   }
   if (pf != kPfNone && kv_ok && aligned && pre && rows_mma_gemm_ok(M, N, K) && rows_pre_ok(M, N, K, pf))
     return launch_rows_pre(x, w, y, M, N, K, stream, pf, kv);
