@@ -24,6 +24,7 @@
 #include "cuda/random_checkpoint.h"
 #include "engine/sere.h"
 #include "kernels/backend.h"
+#include "kernels/cuda/kernels.h"
 #include "model/golden_util.h"
 #include "model/qwen3.h"
 
@@ -260,6 +261,68 @@ void check_mixed_batches(const model::TextDecoder& dec, int32_t vocab, const std
       EXPECT_LE(e.max_err, kBatchTol * e.max_ref) << "sequence " << s;
     }
   }
+}
+
+// DecodeOption::kMoeDownRows 1 (one-token steps: the experts' down kernel adds the slots to x by output rows, the next
+// qkv GEMM normalises x itself, the final norm runs alone) against 0 (the folded combine) in the CUDA text decoder: a
+// random checkpoint with hidden 256 (where the norm-folded GEMM applies); after prefills, decode-only steps of one
+// sequence (eager, then captured and replayed) and of four (the option does not apply: a control). The same bits are
+// expected; asserted: max |on - off| <= 1e-3 * max |off| on every step.
+TEST(CudaDecoder, DownRowsStepsMatchTheChain) {
+  ZEST_REQUIRE_GPU_DECODER();
+  const fs::path dir = temp_dir("down_rows");
+  RandomShape shape;
+  shape.hidden = 256;
+  auto ck = write_random_moe_checkpoint(dir, 95, shape);
+  ASSERT_TRUE(ck.ok()) << ck.status().to_string();
+  const io::TextConfig& c = ck->config.text;
+  const int qkv = static_cast<int>((c.num_heads + 2 * c.num_kv_heads) * c.head_dim);
+  set_decode_option(DecodeOption::kMoeDownRows, 1);
+  const bool applies = moe_down_rows_on(1, static_cast<int>(c.num_experts_per_tok), static_cast<int>(c.num_experts),
+                                        256, static_cast<int>(c.moe_intermediate_size)) &&
+                       gemm_kv_norm_ok(1, qkv, 256);
+  set_decode_option(DecodeOption::kMoeDownRows, default_decode_option(DecodeOption::kMoeDownRows));
+  ASSERT_TRUE(applies) << "the down kernel by rows should serve this checkpoint";
+  auto st = io::SafeTensors::open_file(ck->file);
+  ASSERT_TRUE(st.ok()) << st.status().to_string();
+  auto dec = model::make_cuda_decoder(*st, ck->config);
+  ASSERT_TRUE(dec.ok()) << dec.status().to_string();
+  std::mt19937 rng(95);
+  std::uniform_int_distribution<int32_t> tok(0, 511);
+  std::vector<std::vector<int32_t>> seqs;
+  for (int len : {7, 19, 3, 30}) {
+    std::vector<int32_t> s(len + 4);
+    for (auto& t : s) t = tok(rng);
+    seqs.push_back(s);
+  }
+  auto cache = (*dec)->allocate_cache(64, 16);
+  ASSERT_TRUE(cache.ok()) << cache.status().to_string();
+  std::vector<std::vector<int32_t>> tables(seqs.size());
+  for (size_t s = 0; s < seqs.size(); ++s) ASSERT_TRUE(cache->reserve(tables[s], seqs[s].size()).is_ok());
+  std::vector<std::array<int64_t, 3>> prefill;
+  for (int64_t s = 0; s < static_cast<int64_t>(seqs.size()); ++s)
+    prefill.push_back({s, 0, static_cast<int64_t>(seqs[s].size()) - 4});
+  ASSERT_TRUE(run_chunks(**dec, *cache, tables, seqs, prefill).ok());
+  for (int n : {1, 4}) {
+    std::vector<std::array<int64_t, 3>> step;
+    for (int64_t s = 0; s < n; ++s) step.push_back({s, static_cast<int64_t>(seqs[s].size()) - 4, 1});
+    set_decode_option(DecodeOption::kMoeDownRows, 0);
+    auto ref = run_chunks(**dec, *cache, tables, seqs, step);  // the step writes the same K/V slots every time
+    ASSERT_TRUE(ref.ok()) << ref.status().to_string();
+    set_decode_option(DecodeOption::kMoeDownRows, 1);
+    for (int rep = 0; rep < 3; ++rep) {  // eager first use of the graph key, then captured and replayed
+      auto got = run_chunks(**dec, *cache, tables, seqs, step);
+      ASSERT_TRUE(got.ok()) << got.status().to_string();
+      ASSERT_EQ(got->numel(), ref->numel());
+      const Err e = compare_rows(got->data<float>(), ref->data<float>(), ref->numel());
+      std::printf("[down by rows] %d sequences, step %d: max |on - off| %.4g, max |off| %.4g\n", n, rep, e.max_err,
+                  e.max_ref);
+      EXPECT_GT(e.max_ref, 0.0);
+      EXPECT_LE(e.max_err, 1e-3 * e.max_ref) << n << " sequences, step " << rep;
+    }
+  }
+  set_decode_option(DecodeOption::kMoeDownRows, default_decode_option(DecodeOption::kMoeDownRows));
+  fs::remove_all(dir);
 }
 
 TEST(CudaDecoder, MixedBatchEqualsOneByOne) {

@@ -25,14 +25,20 @@ struct RandomCheckpoint {
   std::string file;  // the safetensors file written
 };
 
-inline Result<RandomCheckpoint> write_random_moe_checkpoint(const std::filesystem::path& dir, uint32_t seed) {
+// Shape overrides (the defaults are the ones above).
+struct RandomShape {
+  int hidden = 64, heads = 4, kv_heads = 2;
+};
+
+inline Result<RandomCheckpoint> write_random_moe_checkpoint(const std::filesystem::path& dir, uint32_t seed,
+                                                            RandomShape shape = {}) {
   namespace fs = std::filesystem;
   std::ifstream f(fs::path(ZEST_FIXTURES_DIR) / "models" / "qwen3_moe_tiny" / "config.json");
   nlohmann::json cfg = nlohmann::json::parse(f);
-  cfg["hidden_size"] = 64;
+  cfg["hidden_size"] = shape.hidden;
   cfg["head_dim"] = 128;
-  cfg["num_attention_heads"] = 4;
-  cfg["num_key_value_heads"] = 2;
+  cfg["num_attention_heads"] = shape.heads;
+  cfg["num_key_value_heads"] = shape.kv_heads;
   cfg["num_experts"] = 8;
   cfg["num_local_experts"] = 8;
   cfg["num_experts_per_tok"] = 2;

@@ -595,9 +595,9 @@ Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const model::
   if (!plan_routed)
     ZEST_RETURN_IF_ERROR(T <= kDecodeMoeTokens ? moe_plan(s.ids, T, K_, E_, s.plan, nullptr, st)
                                  : moe_plan_prefill(s.ids, T, K_, E_, s.plan, nullptr, st));
-  if (T <= kDecodeMoeTokens)
+  if (T <= kDecodeMoeTokens)  // next_w null: x only (the down kernel by rows at one token, moe_down_rows_on)
     return moe_experts_decode_combine(s.xn, s.plan, s.route_w, Ly.gate_up, Ly.down, s.h, s.slot_out, T, K_, E_, H_, I_,
-                                      s.x, s.ids, next_w, s.xn, eps_, s.done, st);
+                                      s.x, s.ids, next_w, next_w ? s.xn : nullptr, eps_, s.done, st);
   ZEST_RETURN_IF_ERROR(
       moe_experts_prefill(s.xn, s.plan, s.route_w, Ly.gate_up, Ly.down, s.h, s.slot_out, T, K_, E_, H_, I_, st));
   return moe_combine_add_rmsnorm(s.x, s.slot_out, s.ids, K_, next_w, s.xn, T, H_, eps_, st);
@@ -960,6 +960,11 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
   ZEST_RETURN_IF_ERROR(embedding(d_tokens, embed_, s.x, T, H_, V_, st));
   if (M > 0) ZEST_RETURN_IF_ERROR(scatter_rows(mm_src(0), d_mm, s.x, static_cast<int>(M), H_, false, st));
   ZEST_RETURN_IF_ERROR(rmsnorm(s.x, layers_[0].in_norm, s.xn, T, H_, eps_, st));
+  // Decode steps of one token (DecodeOption::kMoeDownRows): a MoE layer's experts leave x only (their down kernel
+  // adds the slots by output rows) and the next layer's qkv GEMM normalises x itself; the final norm then runs alone.
+  const bool rows = use_decode && T == 1 && E_ > 0 && decode_option(DecodeOption::kMoeBlock) == 0 &&
+                    moe_down_rows_on(1, K_, E_, H_, I_) && gemm_kv_norm_ok(1, QKV_, H_);
+  bool x_only = false;  // xn is stale: the next consumer normalises x
   for (int l = 0; l < L_; ++l) {
     const Layer& Ly = layers_[l];
     const bf16* next = l + 1 < L_ ? layers_[l + 1].in_norm : final_norm_;
@@ -974,7 +979,12 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
       kvp.row_bytes = Hkv_ * D_ * 2;
       dp.l2_next = Ly.wo;
       dp.l2_next_bytes = static_cast<size_t>(H_) * Hq_ * D_ * 2;
-      ZEST_RETURN_IF_ERROR(gemm_kv_prefetch(s.xn, Ly.wqkv, s.qkv, T, QKV_, H_, kvp, st));
+      if (x_only) {
+        kvp.norm_w = Ly.in_norm;
+        kvp.norm_eps = eps_;
+      }
+      ZEST_RETURN_IF_ERROR(gemm_kv_prefetch(x_only ? s.x : s.xn, Ly.wqkv, s.qkv, T, QKV_, H_, kvp, st));
+      x_only = false;
     } else {
       ZEST_RETURN_IF_ERROR(gemm(s.xn, Ly.wqkv, s.qkv, T, QKV_, H_, st));
     }
@@ -1012,8 +1022,9 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
     ZEST_RETURN_IF_ERROR(add_rmsnorm(s.x, s.o, Ly.post_norm, s.xn, T, H_, eps_, st));
     const bool ds = l < nds;
     if (Ly.moe) {
-      Status ms = run_moe(l, Ly, T, b, hooks, all_active, ds ? nullptr : next);
+      Status ms = run_moe(l, Ly, T, b, hooks, all_active, ds || rows ? nullptr : next);
       if (!ms.is_ok()) return ms.with_context("layer " + std::to_string(l));
+      x_only = rows && !ds;
     } else {
       ZEST_RETURN_IF_ERROR(gemm(s.xn, Ly.gate_up, s.gu, T, 2 * Id_, H_, st));
       ZEST_RETURN_IF_ERROR(silu_mul(s.gu, s.h, T, Id_, st));
@@ -1025,6 +1036,7 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
       ZEST_RETURN_IF_ERROR(rmsnorm(s.x, next, s.xn, T, H_, eps_, st));
     }
   }
+  if (x_only) ZEST_RETURN_IF_ERROR(rmsnorm(s.x, final_norm_, s.xn, T, H_, eps_, st));
   ZEST_RETURN_IF_ERROR(gather_rows(s.xn, d_rows, s.xr, R, H_, st));
   ZEST_RETURN_IF_ERROR(gemm(s.xr, lm_head_, s.logits, R, V_, H_, st));
   if (sample_rows_in) {

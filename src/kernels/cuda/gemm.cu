@@ -32,6 +32,7 @@ int default_decode_option(DecodeOption opt) {
     case DecodeOption::kRouteFused: return 10;
     case DecodeOption::kMoeCarveout: return 1;
     case DecodeOption::kMoeCombine: return 1;
+    case DecodeOption::kMoeDownRows: return 1;
     default: return 0;
   }
 }

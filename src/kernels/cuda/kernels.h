@@ -140,9 +140,10 @@ enum class DecodeOption : int {
                     // staying L1; 0 = the driver's default. Measured: with the default, the experts ran ~10 us per
                     // layer slower when the routing cluster launched right behind the o GEMM (no kernel between them
                     // to let SMs drain), as when every launch asked for the largest carveout
-  kMoeDownRows,     // decode steps of one token (moe_one experts): 1 = the down kernel by output rows adds the slots
-                    // to x itself (moe_one.h OneCombine::rows) and the next layer's qkv GEMM normalises x itself
-                    // (KvPrefetch::norm_w); 0 (default) = the folded combine (kMoeCombine)
+  kMoeDownRows,     // decode steps of one token (moe_one experts): 1 (default) = the down kernel by output rows in
+                    // CTA pairs adds the slots to x itself (moe_one.h OneCombine::rows) and the next layer's qkv
+                    // GEMM normalises x itself (KvPrefetch::norm_w); 2 = as 1 with the gate/up kernel's carveout
+                    // leaving room for a pair CTA; 0 = the folded combine (kMoeCombine)
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);

@@ -330,6 +330,7 @@ __global__ void __launch_bounds__(kPairThreads, 2) one_down_pair_kernel(OneParam
                 &bar);
     }
   }
+  __syncthreads();  // the mbarrier is initialised before any warp waits on it
   // Thread (x, q): the slot and routing weight of this rank's expert x, for row q.
   const int xq = threadIdx.x / kRows, q = threadIdx.x % kRows;
   const int jq = rank + 2 * min(xq, kPairExperts - 1);
@@ -447,12 +448,12 @@ Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights,
   p.N = N;
   const dim3 block(kWarps * 32);
   // The carveout preference follows DecodeOption::kMoeCarveout (set again when the option changes). With the down
-  // kernel by rows (kMoeDownRows 1), the gate/up kernel's carveout also leaves room for one of its CTAs, so that they
-  // can join an SM as soon as a gate/up CTA has left it.
+  // kernel by rows and kMoeDownRows 2, the gate/up kernel's carveout also leaves room for one of its CTAs, so that
+  // they can join an SM as soon as a gate/up CTA has left it (measured equal or slower than without: 1).
   static int carve = -1;
   const bool rows = combine && combine->rows;
   const int want = (decode_option(DecodeOption::kMoeCarveout) >= 1 ? 1 : 0) +
-                   (rows && decode_option(DecodeOption::kMoeDownRows) == 1 ? 2 * (1 + I / kChunk) : 0);
+                   (rows && decode_option(DecodeOption::kMoeDownRows) == 2 ? 2 * (1 + I / kChunk) : 0);
   if (want != carve) {
     for (const void* fn : {reinterpret_cast<const void*>(one_gate_up_kernel),
                            reinterpret_cast<const void*>(one_down_kernel<true>),
