@@ -6,11 +6,11 @@
 //                      [--ablate 1,64] [--timeline 1,8] [--variant moe=2,gemm=1 ...]
 // --variant (repeatable) reruns everything with decode options set (sere: DecodeOption::kSereKernel, moe:
 // kMoeOccupancy, attn: kAttentionKernel, gemm: kGemmVariant, route: kRouteFused, experts: kMoeKernel, block:
-// kMoeBlock, l2: kL2Prefetch, carve: kMoeCarveout, combine: kMoeCombine, rows: kMoeDownRows); --ablate times the graph again with each operation
-// left out (per-op cost inside the replayed graph, PDL overlap included); --timeline (bench_decode_timeline only: the
-// same program on the kernels built with step-timeline records) prints when each kernel of one replayed step was
-// released from its PDL wait (kernels.h); with ZEST_TIMELINE_RAW=PATH it also writes every per-CTA record of that
-// step to PATH-b<batch>.txt (bench/timeline_raw.py reads it).
+// kMoeBlock, l2: kL2Prefetch, carve: kMoeCarveout, combine: kMoeCombine, rows: kMoeDownRows); --ablate times the
+// graph again with each operation left out (per-op cost inside the replayed graph, PDL overlap included); --timeline
+// (bench_decode_timeline only: the same program on the kernels built with step-timeline records) prints when each
+// kernel of one replayed step was released from its PDL wait (kernels.h); with ZEST_TIMELINE_RAW=PATH it also
+// writes every per-CTA record of that step to PATH-b<batch>.txt (bench/timeline_raw.py reads it).
 #include <cstdio>
 #include <cstdlib>
 #include <functional>

@@ -237,8 +237,9 @@ Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_s
 // kKvBlock token rows of row_bytes each in k_cache and v_cache), which the kernel before the decode attention may
 // prefetch into L2.
 struct KvPrefetch {
-  // norm_w != null (gemm_kv_norm_ok): x is the residual; each CTA normalises the rows itself first (RMSNorm with
-  // weight norm_w and eps, rmsnorm()'s arithmetic and summation order: the same bits as gemm(rmsnorm(x))).
+  // norm_w != null (gemm_kv_norm_ok): x is the residual row; each CTA normalises it itself first (RMSNorm with
+  // weight norm_w and eps, the arithmetic and summation order of the 256-thread norm kernels (rmsnorm,
+  // moe_combine_add_rmsnorm): the same bits as gemm of their output).
   const bf16* norm_w = nullptr;
   float norm_eps = 0.f;
   const bf16* k_cache = nullptr;

@@ -23,9 +23,10 @@ struct OneCombine {
   bf16* y = nullptr;             // [N, H] normalised rows
   float eps = 0.f;
   unsigned* done = nullptr;
-  // Down by output rows (moe_one_rows_ok; w and y null): CTA b computes rows [16 b, 16 b + 16) of every active expert
-  // and adds the slots to x itself (the same bits as the chain's x; no exit counter, no last CTA, done unused); the
-  // next RMSNorm is left to the next kernel (gemm_kv_prefetch with KvPrefetch::norm_w).
+  // Down by output rows (moe_one_rows_ok; w and y null): a cluster of two CTAs computes rows [16 b, 16 b + 16) of
+  // every active expert (each rank half of them, weight rows bulk-copied before the wait) and adds the slots to x
+  // itself (the same bits as the chain's x; no exit counter, no last CTA, done unused); the next RMSNorm is left to
+  // the next kernel (gemm_kv_prefetch with KvPrefetch::norm_w).
   bool rows = false;
 };
 bool moe_one_rows_ok(int N, int K, int E, int H, int I);

@@ -206,10 +206,10 @@ __device__ __forceinline__ void prefetch_kv_l2(const KvPrefetch& kv) {
 // Registers allow 3 CTAs per SM for K <= 2048 (as the shared memory does): one token tile with 8 chunks per round
 // (62 registers) or two with 4 (70); K = 4096 tiles (one CTA per SM) take one token tile's 16 chunks in one round.
 // kPf (PreFetch): the L2 prefetches of kv's rows and the tile's cache policy.
-// kNorm (kv.norm_w, one token row, 256 <= K <= 2048: one round of every warp): x holds residual rows; after loading them each CTA normalises
-// them itself with combine_norm_row's arithmetic and summation order (8-element groups t = k / 8 summed as thread t
-// of a 256-thread CTA would: warp butterflies over groups 32 w .. 32 w + 31, then over the 8 warp sums), so the
-// GEMM sees the bits of the normalised rows the chain writes.
+// kNorm (kv.norm_w, one token row, 256 <= K <= 2048: one round of every warp): x holds the residual row; after
+// loading it each CTA normalises it itself with the 256-thread norm kernels' arithmetic and summation order (8-element
+// groups t = k / 8 summed as thread t of such a CTA would: warp butterflies over groups 32 w .. 32 w + 31, then over
+// the 8 warp sums), so the GEMM sees the bits of the normalised row the chain writes.
 template <bool kTwo, int kRound, int kPf, bool kNorm = false>
 __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_kernel(const bf16* __restrict__ x,
                                                                                     const bf16* __restrict__ w,
