@@ -170,6 +170,83 @@ TEST(CudaRoute, CompactKernelMatchesClusterKernelBitForBit) {
   }
 }
 
+// The RMSNorm folded into the routing (moe_route_norm: the residual rows x in, the kernel normalises them and writes
+// xn) against rmsnorm + moe_route (the compact kernel, kRouteFused 10), bit for bit: xn, logits, ids, weights, the
+// plan and the active-expert count. T = 1 (its own plan path), 2, 3, 5 and 8; H = 2048 (one round of every warp), 512,
+// 96 and 32 (warps without a chunk: groups past H zero); E = 128, 256, 160 and 7; with and without bias; poisoned
+// outputs. Then the sizes it declines: T = 9, H = 4096, and another routing variant.
+TEST(CudaRoute, NormFoldedRoutingMatchesNormThenRoute) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(917);
+  const float eps = 1e-6f;
+  for (auto [T, E, K, H, use_bias] :
+       {std::tuple{1, 128, 8, 2048, false}, std::tuple{8, 128, 8, 2048, true}, std::tuple{2, 128, 8, 2048, false},
+        std::tuple{3, 256, 16, 512, true}, std::tuple{5, 160, 6, 96, false}, std::tuple{1, 7, 2, 32, true},
+        std::tuple{8, 40, 4, 512, false}}) {
+    SCOPED_TRACE(testing::Message() << "T=" << T << " E=" << E << " K=" << K << " H=" << H << " bias=" << use_bias);
+    ASSERT_TRUE(moe_route_norm_ok(T, H, E, K));
+    const auto rc = make_route_case(T, E, K, H, rng, 5);
+    // Residual rows of a wider range than normalised ones, and a norm weight.
+    auto x = random_bf16(static_cast<size_t>(T) * H, rng, -6.f, 6.f), nw = random_bf16(H, rng, 0.5f, 1.5f);
+    auto dx = upload_bf16(x), dnw = upload_bf16(nw);
+    auto run = [&](bool fold, std::vector<float>& xn_out) {
+      rc->di.poison();
+      rc->dwt.poison();
+      rc->dl.poison();
+      rc->buf.poison();
+      rc->count.upload(std::vector<int64_t>{5});
+      MoePlan plan;
+      moe_plan_bind(plan, rc->buf.get(), T, K, E);
+      DevBuf<bf16> xn(static_cast<size_t>(T) * H);
+      xn.poison();
+      const float* bias = use_bias ? rc->dbias.get() : nullptr;
+      if (fold) {
+        EXPECT_TRUE(moe_route_norm(dx->get(), dnw->get(), eps, xn.get(), rc->dw->get(), bias, rc->di.get(),
+                                   rc->dwt.get(), rc->dl.get(), &plan, rc->count.get(), T, H, E, K, nullptr)
+                        .is_ok());
+      } else {
+        EXPECT_TRUE(rmsnorm(dx->get(), dnw->get(), xn.get(), T, H, eps, nullptr).is_ok());
+        EXPECT_TRUE(moe_route(xn.get(), rc->dw->get(), bias, rc->di.get(), rc->dwt.get(), rc->dl.get(), &plan,
+                              rc->count.get(), T, H, E, K, nullptr)
+                        .is_ok());
+      }
+      sync_ok();
+      RouteOut o;
+      o.logits = download_n(reinterpret_cast<const uint16_t*>(rc->dl.get()), rc->dl.size());
+      o.ids = rc->di.download();
+      o.weights = bits_of(rc->dwt.download());
+      download_plan(plan, T, K, E, o);
+      o.count = rc->count.download()[0];
+      xn_out = download_bf16(xn);
+      return o;
+    };
+    std::vector<float> xn_ref, xn_got;
+    const RouteOut ref = run(false, xn_ref);
+    const RouteOut got = run(true, xn_got);
+    // The chain's xn against a double reference of the norm (so both are the norm, not only equal).
+    std::vector<float> want(xn_ref.size());
+    for (int t = 0; t < T; ++t) {
+      double ss = 0;
+      for (int h = 0; h < H; ++h) ss += static_cast<double>(x.f[t * H + h]) * x.f[t * H + h];
+      const double inv = 1.0 / std::sqrt(ss / H + eps);
+      for (int h = 0; h < H; ++h) want[t * H + h] = static_cast<float>(x.f[t * H + h] * inv * nw.f[h]);
+    }
+    ZEST_EXPECT_CLOSE(xn_ref, want, 1e-2);
+    ASSERT_EQ(bits_of(xn_got), bits_of(xn_ref));
+    EXPECT_EQ(got.logits, ref.logits);
+    EXPECT_EQ(got.ids, ref.ids);
+    EXPECT_EQ(got.weights, ref.weights);
+    expect_plan_equal(got, ref);
+    EXPECT_EQ(got.count, ref.count);
+  }
+  EXPECT_FALSE(moe_route_norm_ok(9, 2048, 128, 8));   // at most 8 rows
+  EXPECT_FALSE(moe_route_norm_ok(1, 4096, 128, 8));   // one round of x loads: H <= 2048
+  {
+    OptionScope opt(DecodeOption::kRouteFused, 4);  // the compact kernel with kEarly only
+    EXPECT_FALSE(moe_route_norm_ok(1, 2048, 128, 8));
+  }
+}
+
 // Ties: router rows repeated (row e = row e % D, D = 5 or 3), so the probabilities come in D distinct values and
 // every top-k holds equal ones (K > D): the choices must go to the lowest experts, with the same ids, weights and
 // plan as variant 1. T = 1, 2, 3 and 8; with a bias of the same period (ties kept) and without.
