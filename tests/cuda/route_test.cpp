@@ -173,7 +173,7 @@ TEST(CudaRoute, CompactKernelMatchesClusterKernelBitForBit) {
 // The RMSNorm folded into the routing (moe_route_norm: the residual rows x in, the kernel normalises them and writes
 // xn) against rmsnorm + moe_route (the compact kernel, kRouteFused 10), bit for bit: xn, logits, ids, weights, the
 // plan and the active-expert count. T = 1 (its own plan path), 2, 3, 5 and 8; H = 2048 (one round of every warp), 512,
-// 96 and 32 (warps without a chunk: groups past H zero); E = 128, 256, 160, 40 and 8; with and without bias; poisoned
+// 96 and 32 (warps without a chunk: groups past H zero); E = 128, 256, 160 and 7; with and without bias; poisoned
 // outputs. Then the sizes it declines: T = 9, H = 4096, and another routing variant.
 TEST(CudaRoute, NormFoldedRoutingMatchesNormThenRoute) {
   ZEST_REQUIRE_GPU();
@@ -181,7 +181,7 @@ TEST(CudaRoute, NormFoldedRoutingMatchesNormThenRoute) {
   const float eps = 1e-6f;
   for (auto [T, E, K, H, use_bias] :
        {std::tuple{1, 128, 8, 2048, false}, std::tuple{8, 128, 8, 2048, true}, std::tuple{2, 128, 8, 2048, false},
-        std::tuple{3, 256, 16, 512, true}, std::tuple{5, 160, 6, 96, false}, std::tuple{1, 8, 2, 32, true},
+        std::tuple{3, 256, 16, 512, true}, std::tuple{5, 160, 6, 96, false}, std::tuple{1, 7, 2, 32, true},
         std::tuple{8, 40, 4, 512, false}}) {
     SCOPED_TRACE(testing::Message() << "T=" << T << " E=" << E << " K=" << K << " H=" << H << " bias=" << use_bias);
     ASSERT_TRUE(moe_route_norm_ok(T, H, E, K));

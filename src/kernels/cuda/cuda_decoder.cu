@@ -1022,7 +1022,7 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
                        moe_block_ok(T, H_, E_, K_, I_);
     // Decode steps of at most 8 tokens (DecodeOption::kRouteNorm): the o GEMM adds its output to x and the fused
     // routing normalises x itself (no add + RMSNorm launch), unless a hook reads the MoE input first.
-    const bool rnorm = Ly.moe && use_decode && !block && decode_option(DecodeOption::kRouteNorm) >= 1 &&
+    const bool rnorm = Ly.moe && use_decode && !block && decode_option(DecodeOption::kRouteNorm) == 1 &&
                        (!hooks || !hooks->moe_input) && decode_option(DecodeOption::kRouteFused) >= 1 &&
                        moe_route_norm_ok(T, H_, E_, K_) && gemm_residual_ok(T, H_, Hq_ * D_);
     if (rnorm) ZEST_RETURN_IF_ERROR(gemm_residual(s.attn, Ly.wo, s.x, T, H_, Hq_ * D_, st));

@@ -152,8 +152,7 @@ enum class DecodeOption : int {
                     // staged once per CTA (else a thread per output element on the first CTAs). Same bits in all forms
   kRouteNorm,       // decode steps of at most 8 tokens, MoE layers with the compact routing: 1 (default) = the o GEMM adds
                     // its output to x itself (gemm_residual) and the routing kernel normalises x (moe_route_norm): no
-                    // add + RMSNorm launch; 2 = as 1 with the o GEMM preferring the largest shared-memory carveout;
-                    // 0 = o GEMM, add_rmsnorm, moe_route. The same bits in every form
+                    // add + RMSNorm launch; 0 = o GEMM, add_rmsnorm, moe_route. The same bits either way
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);
@@ -258,7 +257,7 @@ struct KvPrefetch {
   const int32_t* context_lens = nullptr;  // [batch], the current token included
   int batch = 0, max_blocks = 0;
   int row_bytes = 0;  // one token's row of all kv heads: kv_heads * head_dim * 2 (a multiple of 16)
-  int resid = 0;      // gemm_residual: y holds the residual rows (set by gemm_residual only; 2: largest carveout)
+  int resid = 0;      // gemm_residual: y holds the residual rows (set by gemm_residual only)
 };
 // gemm() for the qkv projection of a decode step: with DecodeOption::kL2Prefetch 0 (M <= 2), 1 or 2 and the
 // shared-memory small-M path serving (M, N, K), its CTAs also prefetch kv's rows into L2 (a hint: the result is

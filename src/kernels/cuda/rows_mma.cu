@@ -213,8 +213,7 @@ __device__ __forceinline__ void prefetch_kv_l2(const KvPrefetch& kv) {
 // kResid (kv.resid): y holds the residual rows and becomes bf16(y + bf16(x w^T)), add_rmsnorm's update of x by the
 // GEMM's output (the same bits); each output element's residual value is loaded before the wait (the kernel that last
 // wrote it completed before the previous kernel passed its own wait).
-// (kResid 2: the same code, an instantiation of its own that prefers the largest shared-memory carveout.)
-template <bool kTwo, int kRound, int kPf, bool kNorm = false, int kResid = 0>
+template <bool kTwo, int kRound, int kPf, bool kNorm = false, bool kResid = false>
 __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_kernel(const bf16* __restrict__ x,
                                                                                     const bf16* __restrict__ w,
                                                                                     bf16* __restrict__ y, int M, int N,
@@ -250,7 +249,7 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
   const int ev = threadIdx.x >> 5, el = threadIdx.x & 31;
   const int et = (ev >> 2) * 8 + (el & 3) * 2 + (ev & 1), erow = r0 + (el >> 2) + ((ev & 3) >> 1) * 8;
   float resid = 0.f;
-  if constexpr (kResid != 0)
+  if constexpr (kResid)
     if (et < M) resid = __bfloat162float(__ldcg(y + static_cast<size_t>(et) * N + erow));
   __syncthreads();
   pdl_wait();
@@ -332,7 +331,7 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
     float s = 0.f;
 #pragma unroll
     for (int ww = 0; ww < kWarps; ++ww) s += red[ww][ev][el];
-    if constexpr (kResid != 0) y[static_cast<size_t>(et) * N + erow] = __float2bfloat16(bf16_round(resid + bf16_round(s)));
+    if constexpr (kResid) y[static_cast<size_t>(et) * N + erow] = __float2bfloat16(bf16_round(resid + bf16_round(s)));
     else y[static_cast<size_t>(et) * N + erow] = __float2bfloat16(s);
   }
 }
@@ -348,20 +347,17 @@ size_t rows_pre_smem(int K) {
 // K > 2048.
 using PreKernel = void (*)(const bf16*, const bf16*, bf16*, int, int, int, KvPrefetch);
 template <int kPf>
-PreKernel rows_pre_pick_pf(int M, int K, bool norm = false, int resid = 0) {
+PreKernel rows_pre_pick_pf(int M, int K, bool norm = false, bool resid = false) {
   if (norm) return rows_pre_kernel<false, kPreRound, kPf, true>;
-  if (resid == 2)
-    return K > kWarps * kChunk * kPreRound ? rows_pre_kernel<false, 2 * kPreRound, kPf, false, 2>
-                                           : rows_pre_kernel<false, kPreRound, kPf, false, 2>;
   if (resid)  // at most 8 token rows
-    return K > kWarps * kChunk * kPreRound ? rows_pre_kernel<false, 2 * kPreRound, kPf, false, 1>
-                                           : rows_pre_kernel<false, kPreRound, kPf, false, 1>;
+    return K > kWarps * kChunk * kPreRound ? rows_pre_kernel<false, 2 * kPreRound, kPf, false, true>
+                                           : rows_pre_kernel<false, kPreRound, kPf, false, true>;
   if (M > 8) return rows_pre_kernel<true, kPreRound / 2, kPf>;
   return K > kWarps * kChunk * kPreRound ? rows_pre_kernel<false, 2 * kPreRound, kPf>
                                          : rows_pre_kernel<false, kPreRound, kPf>;
 }
 // pf: a PreFetch mode.
-PreKernel rows_pre_pick(int M, int K, int pf, bool norm = false, int resid = 0) {
+PreKernel rows_pre_pick(int M, int K, int pf, bool norm = false, bool resid = false) {
   switch (pf) {
     case kPfBefore: return rows_pre_pick_pf<kPfBefore>(M, K, norm, resid);
     case kPfBeforePlain: return rows_pre_pick_pf<kPfBeforePlain>(M, K, norm, resid);
@@ -375,19 +371,13 @@ bool rows_pre_configure() {
   static const bool ok = [] {
     for (PreKernel f : {rows_pre_kernel<true, kPreRound / 2, kPf>, rows_pre_kernel<false, kPreRound, kPf>,
                         rows_pre_kernel<false, 2 * kPreRound, kPf>, rows_pre_kernel<false, kPreRound, kPf, true>,
-                        rows_pre_kernel<false, kPreRound, kPf, false, 1>,
-                        rows_pre_kernel<false, 2 * kPreRound, kPf, false, 1>,
-                        rows_pre_kernel<false, kPreRound, kPf, false, 2>,
-                        rows_pre_kernel<false, 2 * kPreRound, kPf, false, 2>})
+                        rows_pre_kernel<false, kPreRound, kPf, false, true>,
+                        rows_pre_kernel<false, 2 * kPreRound, kPf, false, true>})
       if (cudaFuncSetAttribute(reinterpret_cast<const void*>(f), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(kPreMaxSmem)) != cudaSuccess) {
         cudaGetLastError();
         return false;
       }
-    for (PreKernel f : {rows_pre_kernel<false, kPreRound, kPf, false, 2>, rows_pre_kernel<false, 2 * kPreRound, kPf, false, 2>})
-      if (cudaFuncSetAttribute(reinterpret_cast<const void*>(f), cudaFuncAttributePreferredSharedMemoryCarveout,
-                               cudaSharedmemCarveoutMaxShared) != cudaSuccess)
-        cudaGetLastError();
     return true;
   }();
   return ok;
@@ -395,7 +385,7 @@ bool rows_pre_configure() {
 
 // Whether rows_pre_kernel (with prefetch mode pf) serves (M, N, K): the tile fits in shared memory and every tile
 // has its CTA resident.
-bool rows_pre_ok(int M, int N, int K, int pf = kPfNone, bool norm = false, int resid = 0) {
+bool rows_pre_ok(int M, int N, int K, int pf = kPfNone, bool norm = false, bool resid = false) {
   if (M < 1 || M > kTokens || N % kRows != 0 || K % kChunk != 0 || rows_pre_smem(K) > kPreMaxSmem) return false;
   if (norm && (M != 1 || K < kWarps * kChunk || K > kWarps * kChunk * kPreRound)) return false;
   if (resid && (norm || M > 8)) return false;
@@ -414,7 +404,7 @@ bool rows_pre_ok(int M, int N, int K, int pf = kPfNone, bool norm = false, int r
 
 Status launch_rows_pre(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream,
                        int pf = kPfNone, const KvPrefetch& kv = KvPrefetch{}) {
-  return launch("rows_pre", rows_pre_pick(M, K, pf, kv.norm_w != nullptr, kv.resid), dim3(N / kRows), dim3(kWarps * 32),
+  return launch("rows_pre", rows_pre_pick(M, K, pf, kv.norm_w != nullptr, kv.resid != 0), dim3(N / kRows), dim3(kWarps * 32),
                 rows_pre_smem(K), stream, x, w, y, M, N, K, kv);
 }
 
@@ -506,7 +496,7 @@ Status gemm_kv_prefetch(const bf16* x, const bf16* w, bf16* y, int M, int N, int
 
 bool gemm_residual_ok(int M, int N, int K) {
   const int pf = decode_option(DecodeOption::kL2Prefetch) == 0 && M <= kPrefetchMaxRows ? kPfTileHint : kPfNone;
-  return M >= 1 && M <= 8 && rows_mma_gemm_ok(M, N, K) && rows_pre_ok(M, N, K, pf, false, 1);
+  return M >= 1 && M <= 8 && rows_mma_gemm_ok(M, N, K) && rows_pre_ok(M, N, K, pf, false, true);
 }
 
 Status gemm_residual(const bf16* a, const bf16* w, bf16* x, int M, int N, int K, cudaStream_t stream) {
@@ -516,8 +506,7 @@ Status gemm_residual(const bf16* a, const bf16* w, bf16* x, int M, int N, int K,
   // The tile's cache policy as gemm() picks it (kL2Prefetch 0: evict-first tiles for at most kPrefetchMaxRows rows).
   const int pf = decode_option(DecodeOption::kL2Prefetch) == 0 && M <= kPrefetchMaxRows ? kPfTileHint : kPfNone;
   KvPrefetch kv;
-  // kRouteNorm 2: the instantiation that prefers the largest carveout (room for the routing cluster beside its CTAs).
-  kv.resid = decode_option(DecodeOption::kRouteNorm) == 2 ? 2 : 1;
+  kv.resid = 1;
   return launch_rows_pre(a, w, x, M, N, K, stream, pf, kv);
 }
 

@@ -327,7 +327,7 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
     const bool block = moe && !sere && block_ws_ && decode_option(DecodeOption::kMoeBlock) >= 1 &&
                        moe_block_ok(batch, H, c.experts, c.top_k, c.expert_inter);
     // DecodeOption::kRouteNorm: the o GEMM updates x, the routing normalises it (no add + RMSNorm launch).
-    const bool rnorm = moe && !block && decode_option(DecodeOption::kRouteNorm) >= 1 &&
+    const bool rnorm = moe && !block && decode_option(DecodeOption::kRouteNorm) == 1 &&
                        decode_option(DecodeOption::kRouteFused) >= 1 &&
                        moe_route_norm_ok(batch, H, c.experts, c.top_k) && gemm_residual_ok(batch, H, c.q_heads * D);
     if (rnorm) ZEST_OP("o gemm + residual", gemm_residual(attn_, L.wo, x_, batch, H, c.q_heads * D, s));
@@ -422,7 +422,7 @@ std::vector<std::string> SyntheticDecoder::op_labels(bool sere) const {
   // The union over the decode variants: an op a step does not launch has no cost in the ablation.
   std::vector<std::string> ops = {"qkv gemm", "qk norm + rope + kv", "decode attention", "o gemm", "add + rmsnorm",
                                   "router gemm", "router top-k"};
-  if (decode_option(DecodeOption::kRouteNorm) >= 1) ops.push_back("o gemm + residual");
+  if (decode_option(DecodeOption::kRouteNorm) == 1) ops.push_back("o gemm + residual");
   if (decode_option(DecodeOption::kAttentionKernel) >= 2) ops.push_back("decode attention (fused)");
   if (decode_option(DecodeOption::kRouteFused) >= 1) ops.push_back("router (fused)");
   if (decode_option(DecodeOption::kMoeBlock) >= 1 && !sere) ops.push_back("moe block");
