@@ -191,44 +191,6 @@ TEST(CudaLatencyGemm, NormFoldedGemmMatchesNormThenGemm) {
   EXPECT_FALSE(gemm_kv_norm_ok(1, 5120, 128));   // every warp takes a chunk: K >= 256
 }
 
-// gemm_residual (the o GEMM adding its output to x) against gemm + add_rmsnorm's residual update (w null: x only), bit
-// for bit, for 1-8 rows at the o projection's shape and two small ones, with and without the tiles' cache policy
-// (kL2Prefetch 0 at 1-2 rows), eagerly and after a launch with PDL (a kernel in front); x within 1e-2 of a double
-// reference (x + the GEMM in double).
-TEST(CudaLatencyGemm, ResidualGemmMatchesGemmThenAdd) {
-  ZEST_REQUIRE_GPU();
-  std::mt19937 rng(913);
-  for (auto [N, K] : {std::pair{2048, 4096}, std::pair{256, 512}, std::pair{48, 1056}})
-    for (int M : {1, 2, 3, 8}) {
-      SCOPED_TRACE(testing::Message() << "M=" << M << " N=" << N << " K=" << K);
-      ASSERT_TRUE(gemm_residual_ok(M, N, K));
-      auto a = random_bf16(static_cast<size_t>(M) * K, rng, -2.f, 2.f), w = random_bf16(static_cast<size_t>(N) * K, rng),
-           x = random_bf16(static_cast<size_t>(M) * N, rng, -4.f, 4.f);
-      auto da = upload_bf16(a), dw = upload_bf16(w), dx = upload_bf16(x), dx2 = upload_bf16(x);
-      DevBuf<bf16> o(static_cast<size_t>(M) * N);
-      ZEST_ASSERT_OK(gemm(da->get(), dw->get(), o.get(), M, N, K, nullptr));
-      ZEST_ASSERT_OK(add_rmsnorm(dx->get(), o.get(), nullptr, nullptr, M, N, 1e-6f, nullptr));
-      sync_ok();
-      const auto want = download_bf16(*dx);
-      const auto g = ref_gemm(a.f, w.f, M, N, K);
-      std::vector<float> ref(want.size());
-      for (size_t i = 0; i < ref.size(); ++i) ref[i] = x.f[i] + g[i];
-      ZEST_EXPECT_CLOSE(want, ref, 1e-2);
-      for (int mode : {0, 4}) {
-        SCOPED_TRACE(testing::Message() << "kL2Prefetch " << mode);
-        OptionScope l2(DecodeOption::kL2Prefetch, mode);
-        ASSERT_EQ(cudaMemcpy(dx2->get(), x.bits.data(), x.bits.size() * 2, cudaMemcpyHostToDevice), cudaSuccess);
-        // A GEMM in front (PDL: the residual GEMM's prologue overlaps it), then the residual GEMM.
-        ZEST_ASSERT_OK(gemm(da->get(), dw->get(), o.get(), M, N, K, nullptr));
-        ZEST_ASSERT_OK(gemm_residual(da->get(), dw->get(), dx2->get(), M, N, K, nullptr));
-        sync_ok();
-        EXPECT_EQ(download_bf16(*dx2), want);
-      }
-    }
-  EXPECT_FALSE(gemm_residual_ok(9, 2048, 4096));  // at most 8 rows
-  EXPECT_FALSE(gemm_residual_ok(1, 2047, 4096));  // 16-row tiles
-}
-
 // Router reference on given logits: softmax(logits + bias) in double, top-K (ties: lowest index), weights
 // renormalised and rounded to bf16.
 void ref_topk(const std::vector<float>& logits, const std::vector<float>* bias, int T, int E, int K,

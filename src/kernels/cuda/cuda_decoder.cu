@@ -292,9 +292,8 @@ class CudaTextDecoder final : public model::TextDecoder {
   std::vector<uintptr_t> graph_fingerprint(const CudaKvStorage& kv) const;
   Status ensure(const Caps& need) const;
   // Routing, experts and the combine into x / xn (next_w: the next RMSNorm's weight, or null for x only).
-  // norm_in: x holds the layer's residual after the attention (gemm_residual) and the routing normalises it into xn.
   Status run_moe(int64_t l, const Layer& L, int T, const model::ForwardBatch& b, const model::MoeHooks* hooks,
-                 bool all_active, const bf16* next_w, bool norm_in) const;
+                 bool all_active, const bf16* next_w) const;
 
   io::TextConfig cfg_;
   int L_ = 0, H_ = 0, Hq_ = 0, Hkv_ = 0, D_ = 0, QKV_ = 0, E_ = 0, K_ = 0, I_ = 0, Id_ = 0, V_ = 0;
@@ -524,7 +523,7 @@ Result<std::vector<model::RerouteCounts>> CudaTextDecoder::reroute_counts() cons
 }
 
 Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const model::ForwardBatch& b,
-                                const model::MoeHooks* hooks, bool all_active, const bf16* next_w, bool norm_in) const {
+                                const model::MoeHooks* hooks, bool all_active, const bf16* next_w) const {
   Step& s = *st_;
   cudaStream_t st = stream_;
   if (hooks && hooks->moe_input) {
@@ -543,11 +542,7 @@ Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const model::
   const bool rerouted = spec_ok && all_active ? !spec->similarity[l].empty() && spec->primary > 0 && spec->primary < K_
                                               : hooks && hooks->route;
   const bool plan_routed = fuse_route && !rerouted;
-  if (norm_in && !fuse_route) return internal_error("run_moe: the folded RMSNorm needs the fused routing");
-  if (norm_in) {
-    ZEST_RETURN_IF_ERROR(moe_route_norm(s.x, Ly.post_norm, eps_, s.xn, Ly.router, nullptr, s.ids, s.route_w, s.rl,
-                                        plan_routed ? &s.plan : nullptr, nullptr, T, H_, E_, K_, st));
-  } else if (fuse_route) {
+  if (fuse_route) {
     ZEST_RETURN_IF_ERROR(moe_route(s.xn, Ly.router, nullptr, s.ids, s.route_w, s.rl, plan_routed ? &s.plan : nullptr,
                                    nullptr, T, H_, E_, K_, st));
   } else {
@@ -1015,27 +1010,19 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
                                              all_generic ? nullptr : d_gen, n, s.attn, Hq_ * D_, Hq_, Hkv_, D_, scale,
                                              st));
     }
+    ZEST_RETURN_IF_ERROR(gemm(s.attn, Ly.wo, s.o, T, H_, Hq_ * D_, st));
     // The MoE half of a decode layer in one launch (DecodeOption::kMoeBlock, moe_block.h) when nothing re-routes and
     // no DeepStack rows follow the layer: x, xn, ids, weights and the router logits as the chain below leaves them.
-    const bool block = Ly.moe && decode_only && l >= nds && decode_option(DecodeOption::kMoeBlock) >= 1 &&
-                       (!hooks || (!hooks->route && !hooks->moe_input && !hooks->reroute)) &&
-                       moe_block_ok(T, H_, E_, K_, I_);
-    // Decode steps of at most 8 tokens (DecodeOption::kRouteNorm): the o GEMM adds its output to x and the fused
-    // routing normalises x itself (no add + RMSNorm launch), unless a hook reads the MoE input first.
-    const bool rnorm = Ly.moe && use_decode && !block && decode_option(DecodeOption::kRouteNorm) == 1 &&
-                       (!hooks || !hooks->moe_input) && decode_option(DecodeOption::kRouteFused) >= 1 &&
-                       moe_route_norm_ok(T, H_, E_, K_) && gemm_residual_ok(T, H_, Hq_ * D_);
-    if (rnorm) ZEST_RETURN_IF_ERROR(gemm_residual(s.attn, Ly.wo, s.x, T, H_, Hq_ * D_, st));
-    else ZEST_RETURN_IF_ERROR(gemm(s.attn, Ly.wo, s.o, T, H_, Hq_ * D_, st));
-    if (block) {
+    if (Ly.moe && decode_only && l >= nds && decode_option(DecodeOption::kMoeBlock) >= 1 &&
+        (!hooks || (!hooks->route && !hooks->moe_input && !hooks->reroute)) && moe_block_ok(T, H_, E_, K_, I_)) {
       ZEST_RETURN_IF_ERROR(moe_block_decode(s.x, s.o, Ly.post_norm, Ly.router, nullptr, Ly.gate_up, Ly.down, next, s.xn,
                                             s.ids, s.route_w, s.rl, nullptr, nullptr, 0, T, H_, E_, K_, I_, eps_, st));
       continue;
     }
-    if (!rnorm) ZEST_RETURN_IF_ERROR(add_rmsnorm(s.x, s.o, Ly.post_norm, s.xn, T, H_, eps_, st));
+    ZEST_RETURN_IF_ERROR(add_rmsnorm(s.x, s.o, Ly.post_norm, s.xn, T, H_, eps_, st));
     const bool ds = l < nds;
     if (Ly.moe) {
-      Status ms = run_moe(l, Ly, T, b, hooks, all_active, ds || rows ? nullptr : next, rnorm);
+      Status ms = run_moe(l, Ly, T, b, hooks, all_active, ds || rows ? nullptr : next);
       if (!ms.is_ok()) return ms.with_context("layer " + std::to_string(l));
       x_only = rows && !ds;
     } else {

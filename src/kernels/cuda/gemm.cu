@@ -34,7 +34,6 @@ int default_decode_option(DecodeOption opt) {
     case DecodeOption::kMoeCombine: return 1;
     case DecodeOption::kMoeDownRows: return 1;
     case DecodeOption::kAttnLatency: return 3;
-    case DecodeOption::kRouteNorm: return 1;
     default: return 0;
   }
 }

@@ -150,9 +150,6 @@ enum class DecodeOption : int {
                     // before its first reduction (else in dependence order: a table entry per page, after the
                     // context length); bit 1 = the cluster merge spread over the cluster's CTAs with the splits' (M, L)
                     // staged once per CTA (else a thread per output element on the first CTAs). Same bits in all forms
-  kRouteNorm,       // decode steps of at most 8 tokens, MoE layers with the compact routing: 1 (default) = the o GEMM adds
-                    // its output to x itself (gemm_residual) and the routing kernel normalises x (moe_route_norm): no
-                    // add + RMSNorm launch; 0 = o GEMM, add_rmsnorm, moe_route. The same bits either way
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);
@@ -257,17 +254,12 @@ struct KvPrefetch {
   const int32_t* context_lens = nullptr;  // [batch], the current token included
   int batch = 0, max_blocks = 0;
   int row_bytes = 0;  // one token's row of all kv heads: kv_heads * head_dim * 2 (a multiple of 16)
-  int resid = 0;      // gemm_residual: y holds the residual rows (set by gemm_residual only)
 };
 // gemm() for the qkv projection of a decode step: with DecodeOption::kL2Prefetch 0 (M <= 2), 1 or 2 and the
 // shared-memory small-M path serving (M, N, K), its CTAs also prefetch kv's rows into L2 (a hint: the result is
 // gemm()'s, bit for bit); otherwise gemm().
 Status gemm_kv_prefetch(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, const KvPrefetch& kv,
                         cudaStream_t stream);
-// x[M, N] = bf16(x + bf16(a[M, K] w[N, K]^T)): gemm() and add_rmsnorm's residual update in one launch (the same bits;
-// decode steps of at most 8 rows on the shared-memory small-M path, gemm_residual_ok).
-bool gemm_residual_ok(int M, int N, int K);
-Status gemm_residual(const bf16* a, const bf16* w, bf16* x, int M, int N, int K, cudaStream_t stream);
 // Whether gemm_kv_prefetch takes KvPrefetch::norm_w for these sizes (the shared-memory small-M path, one token row,
 // 256 <= K <= 2048).
 bool gemm_kv_norm_ok(int M, int N, int K);
@@ -392,13 +384,6 @@ Status moe_plan_prefill(const int32_t* ids, int N, int K, int E, MoePlan& plan, 
 bool moe_route_ok(int T, int H, int E, int K);
 Status moe_route(const bf16* xn, const bf16* router_w, const float* bias, int32_t* ids, float* weights, bf16* logits,
                  MoePlan* plan, int64_t* active_count_sum, int T, int H, int E, int K, cudaStream_t stream);
-// moe_route of rmsnorm(x) with the norm in the routing kernel: xn[T, H] = RMSNorm(x) (weight norm_w, eps) in the norm
-// kernels' arithmetic and order, written by the launch as well; the same bits as rmsnorm + moe_route. Needs
-// moe_route_norm_ok: moe_route_ok, T <= 8, H <= 2048 and the compact routing kernel (kRouteFused 10, the default).
-bool moe_route_norm_ok(int T, int H, int E, int K);
-Status moe_route_norm(const bf16* x, const bf16* norm_w, float eps, bf16* xn, const bf16* router_w, const float* bias,
-                      int32_t* ids, float* weights, bf16* logits, MoePlan* plan, int64_t* active_count_sum, int T,
-                      int H, int E, int K, cudaStream_t stream);
 
 // Decode/small-batch experts: h = silu(x Wg^T) * (x Wu^T) for each (token, slot) of each active expert, then
 // slot_out[n, k, :] = weights[n, k] * (h Wd^T). Each active expert's weights are read once (a CTA per

@@ -119,11 +119,6 @@ struct RouteParams {
   int early_trigger;  // let the next kernel launch right after the wait (else when this grid exits)
   int64_t* count_sum;
   long long* clocks;  // compact kernel, when not null: CTA 0 thread 0's clock64 at 8 points (phase diagnostics)
-  // moe_route_norm (compact kernel): xn holds the residual rows x; each CTA normalises them (weight norm_w, eps
-  // norm_eps) and CTA 0 stores the normalised rows into xn_out.
-  const bf16* norm_w;
-  float norm_eps;
-  bf16* xn_out;
   int T, H, E, K;
 };
 
@@ -259,14 +254,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_kernel(RouteParams
 // kEarly: the plan entries that do not depend on the routing (the ready words; with one token the offsets and tiles,
 // 0..K, and the counts) are written by the threads of CTA 0 once their x loads are in flight, off the chain; with one
 // token each chosen id's sorted position is counted over the K ids in shared memory (no warp reductions).
-// kNormIn (moe_route_norm: T <= 8, H <= 2048, one round of x loads per warp): p.xn holds the residual rows; after
-// loading them each CTA normalises them with the 256-thread norm kernels' arithmetic and summation order (8-element
-// group j of a row summed as thread j of add_rmsnorm would: warp butterflies over groups 32 w .. 32 w + 31, then
-// over the 8 warp sums; all rows' butterflies side by side), so the router GEMM sees the chain's normalised bits; CTA
-// 0 stores them (the experts read them).
 constexpr int kRoute2MaxRows = 32;
-constexpr int kRouteNormMaxT = 8;
-constexpr int kRouteNormMaxH = kRouteWarps * kRouteChunks * 32;
 
 __device__ __forceinline__ void st_async_f32(uint32_t addr, float v, uint32_t bar) {
   asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(addr),
@@ -274,7 +262,7 @@ __device__ __forceinline__ void st_async_f32(uint32_t addr, float v, uint32_t ba
                : "memory");
 }
 
-template <int kMT, int kEP, bool kEarly, bool kNormIn = false>
+template <int kMT, int kEP, bool kEarly>
 __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(RouteParams p) {
   extern __shared__ __align__(128) unsigned char wsm[];  // [rows][H * 2 + 16]
   __shared__ __align__(8) uint64_t wbar, lbar;
@@ -310,11 +298,6 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
     const int e = lane + 32 * i;
     bias_r[i] = rank == 0 && warp < T && p.bias && e < E ? __ldg(p.bias + e) : 0.f;
   }
-  // kNormIn: the norm weights (a weight) into shared memory before the wait.
-  __shared__ __align__(16) bf16 nw_s[kNormIn ? kRouteNormMaxH : 8];
-  if constexpr (kNormIn)
-    for (int o = tid * 8; o < p.H; o += kRouteThreads * 8)
-      *reinterpret_cast<uint4*>(nw_s + o) = __ldg(reinterpret_cast<const uint4*>(p.norm_w + o));
   cluster_arrive_relaxed();  // CTA 0's mbarrier is initialised before any CTA stores into it (wait below)
   __syncthreads();
   pdl_wait();
@@ -357,8 +340,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[m][0][i] = acc[m][1][i] = 0.f;
   bool landed = false;
-  // kNormIn: every warp runs the one round (its block barriers), chunks past H masked.
-  for (int cb = warp; kNormIn ? cb == warp : cb < chunks; cb += kRouteWarps * kRouteChunks) {
+  for (int cb = warp; cb < chunks; cb += kRouteWarps * kRouteChunks) {
     uint4 xa[kRouteChunks], xb[kRouteChunks];
 #pragma unroll
     for (int u = 0; u < kRouteChunks; ++u) {
@@ -366,47 +348,6 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
       const bool ok = c < chunks;
       xa[u] = ok && x0p ? __ldg(reinterpret_cast<const uint4*>(x0p + c * 32)) : make_uint4(0, 0, 0, 0);
       xb[u] = ok && x1p ? __ldg(reinterpret_cast<const uint4*>(x1p + c * 32)) : make_uint4(0, 0, 0, 0);
-    }
-    if constexpr (kNormIn) {
-      __shared__ float ss_s[kRouteNormMaxT][kRouteWarps * 32];  // [row][8-element group]
-      __shared__ float wsum_s[kRouteNormMaxT][kRouteWarps];
-      if (g < T) {  // lane (g, tq) holds row g's group 4 c + tq of chunk c
-#pragma unroll
-        for (int u = 0; u < kRouteChunks; ++u) {
-          const int c = cb + u * kRouteWarps;
-          float v[8];
-          unpack8(xa[u], v);
-          ss_s[g][4 * c + tq] = c < chunks ? sumsq8(v) : 0.f;
-        }
-      }
-      __syncthreads();
-      float ws[kRouteNormMaxT];
-#pragma unroll
-      for (int t = 0; t < kRouteNormMaxT; ++t) ws[t] = t < T ? ss_s[t][warp * 32 + lane] : 0.f;
-#pragma unroll
-      for (int t = 0; t < kRouteNormMaxT; ++t) ws[t] = warp_sum(ws[t]);
-      if (lane == 0)
-#pragma unroll
-        for (int t = 0; t < kRouteNormMaxT; ++t) wsum_s[t][warp] = ws[t];
-      __syncthreads();
-      float tot = 0.f;
-#pragma unroll
-      for (int t = 0; t < kRouteNormMaxT; ++t) {
-        const float s = warp_sum(t < T && lane < kRouteWarps ? wsum_s[t][lane] : 0.f);
-        if (t == g) tot = s;
-      }
-      const float inv = rsqrtf(tot / p.H + p.norm_eps);
-      if (g < T) {
-#pragma unroll
-        for (int u = 0; u < kRouteChunks; ++u) {
-          const int c = cb + u * kRouteWarps;
-          if (c >= chunks) break;
-          float v[8];
-          unpack8(xa[u], v);
-          xa[u] = rms_scale8(v, inv, *reinterpret_cast<const uint4*>(nw_s + c * 32 + tq * 8));
-          if (rank == 0) *reinterpret_cast<uint4*>(p.xn_out + static_cast<size_t>(g) * p.H + c * 32 + tq * 8) = xa[u];
-        }
-      }
     }
     if (!landed) {
       early_plan();
@@ -962,22 +903,16 @@ Status launch_route(RouteParams p, cudaStream_t stream) {
     C = route_cluster(p.E, max_c, max_rows);
   }
   void (*kernel)(RouteParams) = moe_route_kernel;
-  if (p.norm_w && (!compact || variant != 10))
-    return invalid_argument("moe_route_norm: needs the compact routing kernel (kRouteFused 10) and moe_route_norm_ok");
   if (compact) {
-    static bool attributes_set[12] = {};
+    static bool attributes_set[8] = {};
     const int mt2 = p.E / C > 16 ? 1 : 0, ep8 = p.E > 128 ? 1 : 0, early = variant == 10 ? 1 : 0;
-    const int norm = p.norm_w ? 1 : 0;
-    if (norm)
-      kernel = mt2 ? (ep8 ? moe_route_compact_kernel<2, 8, true, true> : moe_route_compact_kernel<2, 4, true, true>)
-                   : (ep8 ? moe_route_compact_kernel<1, 8, true, true> : moe_route_compact_kernel<1, 4, true, true>);
-    else if (early)
+    if (early)
       kernel = mt2 ? (ep8 ? moe_route_compact_kernel<2, 8, true> : moe_route_compact_kernel<2, 4, true>)
                    : (ep8 ? moe_route_compact_kernel<1, 8, true> : moe_route_compact_kernel<1, 4, true>);
     else
       kernel = mt2 ? (ep8 ? moe_route_compact_kernel<2, 8, false> : moe_route_compact_kernel<2, 4, false>)
                    : (ep8 ? moe_route_compact_kernel<1, 8, false> : moe_route_compact_kernel<1, 4, false>);
-    bool& set = attributes_set[(norm ? 8 : early * 4) + mt2 * 2 + ep8];
+    bool& set = attributes_set[early * 4 + mt2 * 2 + ep8];
     if (!set) {
       const void* fn = reinterpret_cast<const void*>(kernel);
       ZEST_RETURN_IF_ERROR(cuda_status(
@@ -1036,35 +971,6 @@ Status moe_route(const bf16* xn, const bf16* router_w, const float* bias, int32_
   ZEST_RETURN_IF_ERROR(route_params(p, router_w, bias, ids, weights, logits, plan, active_count_sum, T, H, E, K));
   if (!xn) return invalid_argument("moe_route: null pointer");
   p.xn = xn;
-  return launch_route(p, stream);
-}
-
-bool moe_route_norm_ok(int T, int H, int E, int K) {
-  if (!moe_route_ok(T, H, E, K) || T > kRouteNormMaxT || H > kRouteNormMaxH || H % 8 != 0) return false;
-  if (decode_option(DecodeOption::kRouteFused) != 10) return false;
-  int max_c = 16, max_rows = kRoute2MaxRows;
-  if (route_cluster(E, max_c, max_rows) == 0 || route_smem(E, H, max_c, max_rows) > kRouteMaxSmem) {
-    max_c = 16;
-    max_rows = 16;
-  }
-  return route_cluster(E, max_c, max_rows) >= 2;  // the compact kernel (launch_route)
-}
-
-Status moe_route_norm(const bf16* x, const bf16* norm_w, float eps, bf16* xn, const bf16* router_w, const float* bias,
-                      int32_t* ids, float* weights, bf16* logits, MoePlan* plan, int64_t* active_count_sum, int T,
-                      int H, int E, int K, cudaStream_t stream) {
-  if (!moe_route_norm_ok(T, H, E, K))
-    return invalid_argument("moe_route_norm: needs moe_route_norm_ok sizes (T <= 8, H <= 2048) and the compact routing "
-                            "kernel (T=" + std::to_string(T) + " H=" + std::to_string(H) + ")");
-  RouteParams p{};
-  ZEST_RETURN_IF_ERROR(route_params(p, router_w, bias, ids, weights, logits, plan, active_count_sum, T, H, E, K));
-  if (!x || !norm_w || !xn) return invalid_argument("moe_route_norm: null pointer");
-  if ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(norm_w) | reinterpret_cast<uintptr_t>(xn)) % 16)
-    return invalid_argument("moe_route_norm: x, norm_w and xn must be 16-byte aligned");
-  p.xn = x;
-  p.norm_w = norm_w;
-  p.norm_eps = eps;
-  p.xn_out = xn;
   return launch_route(p, stream);
 }
 

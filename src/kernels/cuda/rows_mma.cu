@@ -210,10 +210,7 @@ __device__ __forceinline__ void prefetch_kv_l2(const KvPrefetch& kv) {
 // loading it each CTA normalises it itself with the 256-thread norm kernels' arithmetic and summation order (8-element
 // groups t = k / 8 summed as thread t of such a CTA would: warp butterflies over groups 32 w .. 32 w + 31, then over
 // the 8 warp sums), so the GEMM sees the bits of the normalised row the chain writes.
-// kResid (kv.resid): y holds the residual rows and becomes bf16(y + bf16(x w^T)), add_rmsnorm's update of x by the
-// GEMM's output (the same bits); each output element's residual value is loaded before the wait (the kernel that last
-// wrote it completed before the previous kernel passed its own wait).
-template <bool kTwo, int kRound, int kPf, bool kNorm = false, bool kResid = false>
+template <bool kTwo, int kRound, int kPf, bool kNorm = false>
 __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_kernel(const bf16* __restrict__ x,
                                                                                     const bf16* __restrict__ w,
                                                                                     bf16* __restrict__ y, int M, int N,
@@ -245,12 +242,6 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
   if constexpr (kNorm)
     for (int o = threadIdx.x * 8; o < Kdim; o += blockDim.x * 8)
       *reinterpret_cast<uint4*>(nw_s + o) = __ldg(reinterpret_cast<const uint4*>(kv.norm_w + o));
-  // This thread's output element of the final reduction (below): token t, row r0 + rr.
-  const int ev = threadIdx.x >> 5, el = threadIdx.x & 31;
-  const int et = (ev >> 2) * 8 + (el & 3) * 2 + (ev & 1), erow = r0 + (el >> 2) + ((ev & 3) >> 1) * 8;
-  float resid = 0.f;
-  if constexpr (kResid)
-    if (et < M) resid = __bfloat162float(__ldcg(y + static_cast<size_t>(et) * N + erow));
   __syncthreads();
   pdl_wait();
   const int chunks = Kdim / kChunk;
@@ -326,13 +317,17 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
 #pragma unroll
     for (int i = 0; i < 4; ++i) red[warp][n * 4 + i][lane] = acc[n][i];
   __syncthreads();
-  // 256 threads: one (value v, lane l) each, i.e. token et, row erow (above).
-  if (et < M) {
-    float s = 0.f;
+  {
+    const int v = threadIdx.x >> 5, l = threadIdx.x & 31;  // 256 threads: one (value, lane) each
+    const int n = v >> 2, i = v & 3;
+    const int t = n * 8 + (l & 3) * 2 + (i & 1);
+    const int row = r0 + (l >> 2) + (i >> 1) * 8;
+    if (t < M) {
+      float s = 0.f;
 #pragma unroll
-    for (int ww = 0; ww < kWarps; ++ww) s += red[ww][ev][el];
-    if constexpr (kResid) y[static_cast<size_t>(et) * N + erow] = __float2bfloat16(bf16_round(resid + bf16_round(s)));
-    else y[static_cast<size_t>(et) * N + erow] = __float2bfloat16(s);
+      for (int ww = 0; ww < kWarps; ++ww) s += red[ww][v][l];
+      y[static_cast<size_t>(t) * N + row] = __float2bfloat16(s);
+    }
   }
 }
 
@@ -347,22 +342,19 @@ size_t rows_pre_smem(int K) {
 // K > 2048.
 using PreKernel = void (*)(const bf16*, const bf16*, bf16*, int, int, int, KvPrefetch);
 template <int kPf>
-PreKernel rows_pre_pick_pf(int M, int K, bool norm = false, bool resid = false) {
+PreKernel rows_pre_pick_pf(int M, int K, bool norm = false) {
   if (norm) return rows_pre_kernel<false, kPreRound, kPf, true>;
-  if (resid)  // at most 8 token rows
-    return K > kWarps * kChunk * kPreRound ? rows_pre_kernel<false, 2 * kPreRound, kPf, false, true>
-                                           : rows_pre_kernel<false, kPreRound, kPf, false, true>;
   if (M > 8) return rows_pre_kernel<true, kPreRound / 2, kPf>;
   return K > kWarps * kChunk * kPreRound ? rows_pre_kernel<false, 2 * kPreRound, kPf>
                                          : rows_pre_kernel<false, kPreRound, kPf>;
 }
 // pf: a PreFetch mode.
-PreKernel rows_pre_pick(int M, int K, int pf, bool norm = false, bool resid = false) {
+PreKernel rows_pre_pick(int M, int K, int pf, bool norm = false) {
   switch (pf) {
-    case kPfBefore: return rows_pre_pick_pf<kPfBefore>(M, K, norm, resid);
-    case kPfBeforePlain: return rows_pre_pick_pf<kPfBeforePlain>(M, K, norm, resid);
-    case kPfTileHint: return rows_pre_pick_pf<kPfTileHint>(M, K, norm, resid);
-    default: return rows_pre_pick_pf<kPfNone>(M, K, norm, resid);
+    case kPfBefore: return rows_pre_pick_pf<kPfBefore>(M, K, norm);
+    case kPfBeforePlain: return rows_pre_pick_pf<kPfBeforePlain>(M, K, norm);
+    case kPfTileHint: return rows_pre_pick_pf<kPfTileHint>(M, K, norm);
+    default: return rows_pre_pick_pf<kPfNone>(M, K, norm);
   }
 }
 
@@ -370,9 +362,7 @@ template <int kPf>
 bool rows_pre_configure() {
   static const bool ok = [] {
     for (PreKernel f : {rows_pre_kernel<true, kPreRound / 2, kPf>, rows_pre_kernel<false, kPreRound, kPf>,
-                        rows_pre_kernel<false, 2 * kPreRound, kPf>, rows_pre_kernel<false, kPreRound, kPf, true>,
-                        rows_pre_kernel<false, kPreRound, kPf, false, true>,
-                        rows_pre_kernel<false, 2 * kPreRound, kPf, false, true>})
+                        rows_pre_kernel<false, 2 * kPreRound, kPf>, rows_pre_kernel<false, kPreRound, kPf, true>})
       if (cudaFuncSetAttribute(reinterpret_cast<const void*>(f), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(kPreMaxSmem)) != cudaSuccess) {
         cudaGetLastError();
@@ -385,10 +375,9 @@ bool rows_pre_configure() {
 
 // Whether rows_pre_kernel (with prefetch mode pf) serves (M, N, K): the tile fits in shared memory and every tile
 // has its CTA resident.
-bool rows_pre_ok(int M, int N, int K, int pf = kPfNone, bool norm = false, bool resid = false) {
+bool rows_pre_ok(int M, int N, int K, int pf = kPfNone, bool norm = false) {
   if (M < 1 || M > kTokens || N % kRows != 0 || K % kChunk != 0 || rows_pre_smem(K) > kPreMaxSmem) return false;
   if (norm && (M != 1 || K < kWarps * kChunk || K > kWarps * kChunk * kPreRound)) return false;
-  if (resid && (norm || M > 8)) return false;
   const size_t smem = rows_pre_smem(K);
   const bool configured = pf == kPfBefore         ? rows_pre_configure<kPfBefore>()
                           : pf == kPfBeforePlain ? rows_pre_configure<kPfBeforePlain>()
@@ -396,7 +385,7 @@ bool rows_pre_ok(int M, int N, int K, int pf = kPfNone, bool norm = false, bool 
                                                  : rows_pre_configure<kPfNone>();
   if (!configured) return false;
   int n = 0;
-  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, reinterpret_cast<const void*>(rows_pre_pick(M, K, pf, norm, resid)),
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, reinterpret_cast<const void*>(rows_pre_pick(M, K, pf, norm)),
                                                     kWarps * 32, smem) != cudaSuccess)
     return false;
   return N / kRows <= n * sm_count();
@@ -404,7 +393,7 @@ bool rows_pre_ok(int M, int N, int K, int pf = kPfNone, bool norm = false, bool 
 
 Status launch_rows_pre(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream,
                        int pf = kPfNone, const KvPrefetch& kv = KvPrefetch{}) {
-  return launch("rows_pre", rows_pre_pick(M, K, pf, kv.norm_w != nullptr, kv.resid != 0), dim3(N / kRows), dim3(kWarps * 32),
+  return launch("rows_pre", rows_pre_pick(M, K, pf, kv.norm_w != nullptr), dim3(N / kRows), dim3(kWarps * 32),
                 rows_pre_smem(K), stream, x, w, y, M, N, K, kv);
 }
 
@@ -492,22 +481,6 @@ Status gemm_kv_prefetch(const bf16* x, const bf16* w, bf16* y, int M, int N, int
   if (pf != kPfNone && kv_ok && aligned && pre && rows_mma_gemm_ok(M, N, K) && rows_pre_ok(M, N, K, pf))
     return launch_rows_pre(x, w, y, M, N, K, stream, pf, kv);
   return gemm(x, w, y, M, N, K, stream);
-}
-
-bool gemm_residual_ok(int M, int N, int K) {
-  const int pf = decode_option(DecodeOption::kL2Prefetch) == 0 && M <= kPrefetchMaxRows ? kPfTileHint : kPfNone;
-  return M >= 1 && M <= 8 && rows_mma_gemm_ok(M, N, K) && rows_pre_ok(M, N, K, pf, false, true);
-}
-
-Status gemm_residual(const bf16* a, const bf16* w, bf16* x, int M, int N, int K, cudaStream_t stream) {
-  if (!a || !w || !x || K % 8 != 0 || (reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(w)) % 16 != 0 ||
-      !gemm_residual_ok(M, N, K))
-    return invalid_argument("gemm_residual: needs gemm_residual_ok sizes and 16-byte aligned operands");
-  // The tile's cache policy as gemm() picks it (kL2Prefetch 0: evict-first tiles for at most kPrefetchMaxRows rows).
-  const int pf = decode_option(DecodeOption::kL2Prefetch) == 0 && M <= kPrefetchMaxRows ? kPfTileHint : kPfNone;
-  KvPrefetch kv;
-  kv.resid = 1;
-  return launch_rows_pre(a, w, x, M, N, K, stream, pf, kv);
 }
 
 bool gemm_kv_norm_ok(int M, int N, int K) {

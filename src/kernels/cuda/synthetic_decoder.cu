@@ -323,33 +323,23 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
       ZEST_OP("decode attention",
               decode_attention(ap, qkv_, QKV, L.k_cache, L.v_cache, block_table_, ctx_lens_, attn_, ws, s));
     }
+    ZEST_OP("o gemm", gemm(attn_, L.wo, o_, batch, H, c.q_heads * D, s));
     // The MoE half of the layer in one launch (DecodeOption::kMoeBlock; nothing re-routes without SERE).
-    const bool block = moe && !sere && block_ws_ && decode_option(DecodeOption::kMoeBlock) >= 1 &&
-                       moe_block_ok(batch, H, c.experts, c.top_k, c.expert_inter);
-    // DecodeOption::kRouteNorm: the o GEMM updates x, the routing normalises it (no add + RMSNorm launch).
-    const bool rnorm = moe && !block && decode_option(DecodeOption::kRouteNorm) == 1 &&
-                       decode_option(DecodeOption::kRouteFused) >= 1 &&
-                       moe_route_norm_ok(batch, H, c.experts, c.top_k) && gemm_residual_ok(batch, H, c.q_heads * D);
-    if (rnorm) ZEST_OP("o gemm + residual", gemm_residual(attn_, L.wo, x_, batch, H, c.q_heads * D, s));
-    else ZEST_OP("o gemm", gemm(attn_, L.wo, o_, batch, H, c.q_heads * D, s));
-    if (block) {
+    if (moe && !sere && block_ws_ && decode_option(DecodeOption::kMoeBlock) >= 1 &&
+        moe_block_ok(batch, H, c.experts, c.top_k, c.expert_inter)) {
       ZEST_OP("moe block", moe_block_decode(x_, o_, L.post_norm, L.router, opt_.skew > 0.f ? L.router_bias : nullptr,
                                             L.gate_up, L.down, next_norm, xn_, route_ids_, route_w_, nullptr,
                                             expert_counts_ + l, block_ws_, block_ws_bytes_, batch, H, c.experts,
                                             c.top_k, c.expert_inter, kEps, s));
       continue;
     }
-    if (!rnorm) ZEST_OP("add + rmsnorm", add_rmsnorm(x_, o_, L.post_norm, xn_, batch, H, kEps, s));
+    ZEST_OP("add + rmsnorm", add_rmsnorm(x_, o_, L.post_norm, xn_, batch, H, kEps, s));
     if (moe) {
       const int E = c.experts, K = c.top_k, I = c.expert_inter;
       const float* bias = opt_.skew > 0.f ? L.router_bias : nullptr;
       // Fused routing: with SERE the re-routing runs between top-k and the plan, so the plan stays separate.
       const bool fused = decode_option(DecodeOption::kRouteFused) >= 1 && moe_route_ok(batch, H, E, K);
-      if (rnorm) {
-        ZEST_OP("router (fused)", moe_route_norm(x_, L.post_norm, kEps, xn_, L.router, bias, route_ids_, route_w_,
-                                                 nullptr, sere ? nullptr : &plan_, sere ? nullptr : expert_counts_ + l,
-                                                 batch, H, E, K, s));
-      } else if (fused) {
+      if (fused) {
         ZEST_OP("router (fused)", moe_route(xn_, L.router, bias, route_ids_, route_w_, nullptr, sere ? nullptr : &plan_,
                                             sere ? nullptr : expert_counts_ + l, batch, H, E, K, s));
       } else {
@@ -422,7 +412,6 @@ std::vector<std::string> SyntheticDecoder::op_labels(bool sere) const {
   // The union over the decode variants: an op a step does not launch has no cost in the ablation.
   std::vector<std::string> ops = {"qkv gemm", "qk norm + rope + kv", "decode attention", "o gemm", "add + rmsnorm",
                                   "router gemm", "router top-k"};
-  if (decode_option(DecodeOption::kRouteNorm) == 1) ops.push_back("o gemm + residual");
   if (decode_option(DecodeOption::kAttentionKernel) >= 2) ops.push_back("decode attention (fused)");
   if (decode_option(DecodeOption::kRouteFused) >= 1) ops.push_back("router (fused)");
   if (decode_option(DecodeOption::kMoeBlock) >= 1 && !sere) ops.push_back("moe block");
