@@ -1707,11 +1707,7 @@ Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_s
                                           : form == 1 ? decode_attention_fused_kernel<true, 1>
                                           : form == 2 ? decode_attention_fused_kernel<true, 2>
                                                       : decode_attention_fused_kernel<true, 3>;
-    const bool form_ok = form == 0   ? cluster_attention_ok<0>()
-                         : form == 1 ? cluster_attention_ok<1>()
-                         : form == 2 ? cluster_attention_ok<2>()
-                                     : true;  // checked above
-    if (!form_ok) return internal_error("decode_attention_fused: clusters of the fused kernel cannot be scheduled");
+    if (form != kAttnFormAll && !cluster_attention_ok<0>()) return internal_error("decode_attention_fused: cluster");
     return cuda_status(cudaLaunchKernelEx(&cfg, kern,
                                           qkv, q_stride, k_cache, v_cache, block_table, p.max_blocks, context_lens,
                                           out, part, counters, p.kv_heads, splits, per, p.scale, f),
