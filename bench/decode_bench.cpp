@@ -197,7 +197,6 @@ bool apply_variant(const std::string& spec) {
     else if (name == "carve") set_decode_option(DecodeOption::kMoeCarveout, value);
     else if (name == "combine") set_decode_option(DecodeOption::kMoeCombine, value);
     else if (name == "rows") set_decode_option(DecodeOption::kMoeDownRows, value);
-    else if (name == "alat") set_decode_option(DecodeOption::kAttnLatency, value);
     else return false;
   }
   return true;
@@ -490,7 +489,7 @@ int bench_decode_main(int argc, char** argv) {
   if (variants.empty()) variants.push_back("");
   for (const std::string& variant : variants) {
   if (!apply_variant(variant)) {
-    std::fprintf(stderr, "error: bad --variant '%s' (want name=value,... with names sere, moe, attn, gemm, route, experts, block, l2, carve, combine, rows, alat)\n",
+    std::fprintf(stderr, "error: bad --variant '%s' (want name=value,... with names sere, moe, attn, gemm, route, experts, block, l2, carve, combine, rows)\n",
                  variant.c_str());
     return 2;
   }

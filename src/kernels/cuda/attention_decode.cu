@@ -487,18 +487,21 @@ __device__ __forceinline__ RopeLane rope_lane(const float* p_axis, const RopePar
   return r;
 }
 
-// RMSNorm with weights w4 (elements lane + 32 i) then rotate-half RoPE with the lane's factors on a lane's 4 values of
-// one head row (elements lane + 32 i, already in registers); writes the 4 results to dst (shared) and, when kv_dst !=
-// null, to kv_dst. The same arithmetic as qk_norm_rope_kv.
-__device__ __forceinline__ void norm_rope_vals(const float (&v)[4], const float* w4, const RopeLane& rl, float eps,
-                                               bf16* dst, bf16* kv_dst, int lane) {
+// Lane's part of one head row x [128] (bf16, global): RMSNorm with weights w4 (elements lane + 32 i) then rotate-half
+// RoPE with the lane's factors; writes the 4 results to dst (shared) and, when kv_dst != null, to kv_dst. The same
+// arithmetic as qk_norm_rope_kv.
+__device__ __forceinline__ void norm_rope_head(const bf16* __restrict__ x, const float* w4, const RopeLane& rl,
+                                               float eps, bf16* dst, bf16* kv_dst, int lane) {
   constexpr int D = kHeadDim, half = D / 2;
+  float v[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) v[i] = __bfloat162float(x[lane + 32 * i]);
   float ss = 0.f;
 #pragma unroll
   for (int i = 0; i < 4; ++i) ss += v[i] * v[i];
   const float inv = rsqrtf(warp_sum(ss) / D + eps);
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < 2; ++i) {  // pairs (j, j + 64), j = lane + 32 i
     const int j = lane + 32 * i;
     const float a = bf16_round(bf16_round(v[i] * inv) * w4[i]);
     const float b = bf16_round(bf16_round(v[i + 2] * inv) * w4[i + 2]);
@@ -513,107 +516,10 @@ __device__ __forceinline__ void norm_rope_vals(const float (&v)[4], const float*
   }
 }
 
-// norm_rope_vals on a head row x [128] (bf16, global), loaded here.
-__device__ __forceinline__ void norm_rope_head(const bf16* __restrict__ x, const float* w4, const RopeLane& rl,
-                                               float eps, bf16* dst, bf16* kv_dst, int lane) {
-  float v[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) v[i] = __bfloat162float(x[lane + 32 * i]);
-  norm_rope_vals(v, w4, rl, eps, dst, kv_dst, lane);
-}
-
-__device__ __forceinline__ float4 ld_cluster_f32x4(uint32_t addr) {
-  float4 v;
-  asm volatile("ld.shared::cluster.v4.f32 {%0,%1,%2,%3}, [%4];"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(addr)
-               : "memory");
-  return v;
-}
-
-// DecodeOption::kAttnLatency: bit 0 = the fused kernels' one-round prologue, bit 1 = cluster_merge_spread.
-constexpr int kAttnFormAll = 3;
-
-// The cluster merge of the splits' partials (every CTA of the cluster: cp [H][128] sums, cm [H] maxima, cl [H] sums of
-// exponentials, at the same offsets in each CTA's shared memory) into out [H][128], spread over the cluster: CTA
-// `rank` writes a consecutive range of the H x 32 four-element groups. It first stages the (M, L) of every split for
-// the heads it covers in wsm ([2][H][16] floats of its own shared memory), with the first group's 16-byte partial
-// loads in flight, so that a CTA issues ~(16 + 2 heads) loads per split instead of 3 per element (a thread per
-// element on the first CTAs); per element the arithmetic and order of the per-element merge (the same bits).
-template <int H>
-__device__ __forceinline__ void cluster_merge_spread(const float* cp, const float* cm, const float* cl, float* wsm,
-                                                     bf16* out) {
-  constexpr int D = kHeadDim, kGroups = H * D / 4;
-  const int C = static_cast<int>(cluster_size()), rank = static_cast<int>(cluster_rank());
-  const int per = (kGroups + C - 1) / C;
-  const int g0 = min(rank * per, kGroups), g1 = min(g0 + per, kGroups);
-  if (g0 >= g1) return;  // uniform over the CTA
-  const int h_lo = g0 * 4 / D, nh = (g1 - 1) * 4 / D - h_lo + 1;
-  float* wm = wsm;
-  float* wl = wsm + H * 16;
-  const int tid = static_cast<int>(threadIdx.x), nt = static_cast<int>(blockDim.x);
-  const int gi0 = g0 + tid;
-  float4 as[16];
-  if (gi0 < g1) {
-#pragma unroll
-    for (int r = 0; r < 16; ++r)
-      as[r] = r < C ? ld_cluster_f32x4(cluster_map(cp + gi0 * 4, r)) : make_float4(0.f, 0.f, 0.f, 0.f);
-  }
-  for (int t = tid; t < nh * C; t += nt) {
-    const int hh = t / C, r = t % C;
-    wm[hh * 16 + r] = ld_cluster_f32(cluster_map(cm + h_lo + hh, r));
-    wl[hh * 16 + r] = ld_cluster_f32(cluster_map(cl + h_lo + hh, r));
-  }
-  __syncthreads();
-  for (int gi = gi0; gi < g1; gi += nt) {
-    if (gi != gi0) {
-#pragma unroll
-      for (int r = 0; r < 16; ++r)
-        as[r] = r < C ? ld_cluster_f32x4(cluster_map(cp + gi * 4, r)) : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-    const int hh = gi * 4 / D - h_lo;
-    float ms[16], ls[16];
-#pragma unroll
-    for (int r = 0; r < 16; ++r) {
-      ms[r] = r < C ? wm[hh * 16 + r] : -INFINITY;
-      ls[r] = r < C ? wl[hh * 16 + r] : 0.f;
-    }
-    float M = -INFINITY;
-#pragma unroll
-    for (int r = 0; r < 16; ++r) M = fmaxf(M, ms[r]);
-    float L = 0.f;
-#pragma unroll
-    for (int r = 0; r < 16; ++r) {
-      ms[r] = M == -INFINITY ? 0.f : __expf(ms[r] - M);
-      L += ls[r] * ms[r];
-    }
-    const float inv = L > 0.f ? 1.f / L : 0.f;
-    float4 A = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int r = 0; r < 16; ++r) {
-      const float w = ms[r] * inv;
-      A.x += as[r].x * w;
-      A.y += as[r].y * w;
-      A.z += as[r].z * w;
-      A.w += as[r].w * w;
-    }
-    const __nv_bfloat162 lo = __floats2bfloat162_rn(A.x, A.y), hi = __floats2bfloat162_rn(A.z, A.w);
-    uint2 pk;
-    pk.x = *reinterpret_cast<const uint32_t*>(&lo);
-    pk.y = *reinterpret_cast<const uint32_t*>(&hi);
-    *reinterpret_cast<uint2*>(out + gi * 4) = pk;
-  }
-}
-
 // kCluster: the grid's splits of one (kv head, sequence) form one thread-block cluster; each CTA keeps its partial
 // (M, L and the 8 x 128 sums) in its shared memory and, after a cluster barrier, merges a slice of the outputs from
 // every CTA's partial (distributed shared memory, fixed split order): no global partials, fences or counters.
-// kEarly: the prologue issues every load that does not depend on another in one round (the context length, the
-// block-table entries of the warp's first two pages, the positions, the norm weights and the slot), so that the page
-// copies leave one round trip after the CTA starts instead of after a chain of them; after the wait each warp
-// issues all its q / k / v row loads before the first reduction. kMerge (cluster merge): cluster_merge_spread.
-// The same arithmetic and bits in every form (kForm: bit 0 kEarly, bit 1 kMerge; DecodeOption::kAttnLatency).
-template <bool kCluster, int kForm>
+template <bool kCluster>
 __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kernel(
     const bf16* __restrict__ qkv, int q_stride, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
     const int32_t* __restrict__ block_table, int max_blocks, const int32_t* __restrict__ context_lens,
@@ -631,7 +537,6 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kern
   float(*acc_s)[G][D] = reinterpret_cast<float(*)[G][D]>(smem_raw);
   __shared__ float m_s[kDecWarps][G], l_s[kDecWarps][G];
   __shared__ int last_s;
-  constexpr bool kEarly = (kForm & 1) != 0, kMerge = (kForm & 2) != 0;
   step_timeline_phase(0);  // the CTA is resident
 
   const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
@@ -648,7 +553,8 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kern
   const size_t row_stride = static_cast<size_t>(Hkv) * D;
   bf16* v_s = reinterpret_cast<bf16*>(smem_raw) + warp * 2 * kKvBlock * D;
 
-  auto load_page = [&](int pg, int blk, int buf, uint4 (&kf)[4][2]) {
+  auto load_page = [&](int pg, int buf, uint4 (&kf)[4][2]) {
+    const int blk = table[pg];
     const int nv = min(kKvBlock, ctx - pg * kKvBlock);
     const size_t base = (static_cast<size_t>(blk) * kKvBlock * Hkv + kvh) * D;
     bf16* vb = v_s + buf * kKvBlock * D;
@@ -669,32 +575,13 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kern
 
   const int pg_first = pg_begin + warp;
   uint4 kcur[4][2], knext[4][2];
+  // Before the wait (the cache is not written by this step yet): the warp's first two pages, both buffers.
+  if (pg_first < pg_end) load_page(pg_first, 0, kcur);
+  if (pg_first + kDecWarps < pg_end) load_page(pg_first + kDecWarps, 1, knext);
+  // Also before the wait: the RoPE factors (positions are step inputs) and the norm weights.
   RopeLane rl;
   float qw[4], kw[4];
-  int slot;
-  if constexpr (kEarly) {
-    // One round of loads (table entries past the context are read but not used: the table has max_blocks entries).
-    const int blk0 = pg_first < max_blocks ? table[pg_first] : 0;
-    const int blk1 = pg_first + kDecWarps < max_blocks ? table[pg_first + kDecWarps] : 0;
-    const int slot_b = f.slots ? f.slots[b] : -1;
-    float p_axis[3];
-    p_axis[0] = static_cast<float>(f.pos[b]);
-    p_axis[1] = static_cast<float>(f.pos[f.pos_stride + b]);
-    p_axis[2] = static_cast<float>(f.pos[2 * f.pos_stride + b]);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      qw[i] = __bfloat162float(f.q_norm[lane + 32 * i]);
-      kw[i] = __bfloat162float(f.k_norm[lane + 32 * i]);
-    }
-    if (pg_first < pg_end) load_page(pg_first, blk0, 0, kcur);
-    if (pg_first + kDecWarps < pg_end) load_page(pg_first + kDecWarps, blk1, 1, knext);
-    rl = rope_lane(p_axis, f.rope, lane);
-    slot = new_pg >= 0 ? slot_b : -1;
-  } else {
-    // Before the wait (the cache is not written by this step yet): the warp's first two pages, both buffers.
-    if (pg_first < pg_end) load_page(pg_first, table[pg_first], 0, kcur);
-    if (pg_first + kDecWarps < pg_end) load_page(pg_first + kDecWarps, table[pg_first + kDecWarps], 1, knext);
-    // Also before the wait: the RoPE factors (positions are step inputs) and the norm weights.
+  {
     float p_axis[3];
     p_axis[0] = static_cast<float>(f.pos[b]);
     p_axis[1] = static_cast<float>(f.pos[f.pos_stride + b]);
@@ -705,43 +592,11 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kern
       qw[i] = __bfloat162float(f.q_norm[lane + 32 * i]);
       kw[i] = __bfloat162float(f.k_norm[lane + 32 * i]);
     }
-    slot = new_pg >= 0 && f.slots ? f.slots[b] : -1;
   }
+  const int slot = new_pg >= 0 && f.slots ? f.slots[b] : -1;
   pdl_wait();
 
-  if constexpr (kEarly) {  // as below, with every row load of the warp issued first
-    const bf16* row = qkv + static_cast<size_t>(b) * q_stride;
-    const bool own = new_pg >= 0 && warp < 2;  // warp 0: the current token's k; warp 1: its v
-    float vq[2][4];
-    bf16 vx[4];
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        vq[h][i] = __bfloat162float(row[static_cast<size_t>(kvh * G + 2 * warp + h) * D + lane + 32 * i]);
-    if (own) {
-      const bf16* xr = row + static_cast<size_t>(Hq + (warp == 0 ? 0 : Hkv) + kvh) * D;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) vx[i] = xr[lane + 32 * i];
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) norm_rope_vals(vq[h], qw, rl, f.eps, q_s + (2 * warp + h) * D, nullptr, lane);
-    if (own) {
-      const size_t dst = (static_cast<size_t>(slot) * Hkv + kvh) * D;
-      if (warp == 0) {
-        float vk[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) vk[i] = __bfloat162float(vx[i]);
-        norm_rope_vals(vk, kw, rl, f.eps, kn_s, slot >= 0 ? k_cache + dst : nullptr, lane);
-      } else {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          vn_s[lane + 32 * i] = vx[i];
-          if (slot >= 0) v_cache[dst + lane + 32 * i] = vx[i];
-        }
-      }
-    }
-  } else {  // q heads 2 warp, 2 warp + 1 of this kv head; the current token's k (warp 0) and v (warp 1) in the owner CTA
+  {  // q heads 2 warp, 2 warp + 1 of this kv head; the current token's k (warp 0) and v (warp 1) in the owner CTA
     const bf16* row = qkv + static_cast<size_t>(b) * q_stride;
     for (int h = 2 * warp; h < 2 * warp + 2; ++h)
       norm_rope_head(row + static_cast<size_t>(kvh * G + h) * D, qw, rl, f.eps, q_s + h * D, nullptr, lane);
@@ -777,8 +632,7 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kern
   int buf = 0;
   for (int pg = pg_first; pg < pg_end; pg += kDecWarps) {
     const bool more = pg + kDecWarps < pg_end;
-    if (more && pg != pg_first)  // the second page was issued before the wait
-      load_page(pg + kDecWarps, table[pg + kDecWarps], buf ^ 1, knext);
+    if (more && pg != pg_first) load_page(pg + kDecWarps, buf ^ 1, knext);  // the second page was issued before
     const int nv = min(kKvBlock, ctx - pg * kKvBlock);
     const int tn = pg == new_pg ? new_pos - pg * kKvBlock : -1;  // the current token's row in this page
     if (tn >= 0 && (tn & 7) == g) {
@@ -903,10 +757,7 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kern
     cluster_wait();
     step_timeline_phase(3);  // every split's partial in its CTA's shared memory
     const int C = static_cast<int>(cluster_size()), rank = static_cast<int>(cluster_rank());
-    if constexpr (kMerge)  // acc_s is free: its first bytes hold the staged (M, L)
-      cluster_merge_spread<G>(cp, cm, cl, reinterpret_cast<float*>(smem_raw),
-                              out + static_cast<size_t>(b) * Hq * D + static_cast<size_t>(kvh) * G * D);
-    for (int idx = rank * static_cast<int>(blockDim.x) + threadIdx.x; !kMerge && idx < G * D;
+    for (int idx = rank * static_cast<int>(blockDim.x) + threadIdx.x; idx < G * D;
          idx += C * static_cast<int>(blockDim.x)) {
       const int hh = idx / D;
       float ms[16], ls[16], as[16];
@@ -1014,22 +865,49 @@ constexpr size_t ring_smem(int S) { return ring_bar_off(S) + 2 * S * sizeof(uint
 static_assert(kRingQHeads * kHeadDim * sizeof(float) + 2 * kRingQHeads * sizeof(float) <= ring_q_off(2),
               "the cluster partial fits in the ring");
 static_assert(2 * kRingQHeads * kRingMaxSplits * sizeof(float) <= ring_q_off(2), "the merge weights fit in the ring");
-static_assert((kRingQHeads * kHeadDim + 2 * kRingQHeads + 2 * kRingQHeads * 16) * sizeof(float) <= ring_q_off(2),
-              "the cluster partial and cluster_merge_spread's staged (M, L) fit in the ring");
 
 __device__ __forceinline__ void ring_bar_init(uint64_t* bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ float4 ld_cluster_f32x4(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0,%1,%2,%3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
 }
 
 __device__ __forceinline__ void ring_bar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
 
-// kEarly: as decode_attention_fused_kernel's; here the producer lanes load the block-table entries of the split's
-// pages (up to 32) beside the context length, so that no copy waits for a table load of its own (before the wait
-// nor after a stage is released), and the consumer warps load the positions, norm weights and slot beside them.
-// kMerge: cluster_merge_spread as well (kForm: bit 0 kEarly, bit 1 kMerge).
-template <bool kCluster, int kStages, bool kPairs, int kForm>
+// norm_rope_head on a lane's 4 values (elements lane + 32 i) already in registers.
+__device__ __forceinline__ void norm_rope_vals(const float (&v)[4], const float* w4, const RopeLane& rl, float eps,
+                                               bf16* dst, bf16* kv_dst, int lane) {
+  constexpr int D = kHeadDim, half = D / 2;
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) ss += v[i] * v[i];
+  const float inv = rsqrtf(warp_sum(ss) / D + eps);
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int j = lane + 32 * i;
+    const float a = bf16_round(bf16_round(v[i] * inv) * w4[i]);
+    const float b = bf16_round(bf16_round(v[i + 2] * inv) * w4[i + 2]);
+    const bf16 o1 = __float2bfloat16(a * rl.c[i] - b * rl.s[i]);
+    const bf16 o2 = __float2bfloat16(b * rl.c[i] + a * rl.s[i]);
+    dst[j] = o1;
+    dst[j + half] = o2;
+    if (kv_dst) {
+      kv_dst[j] = o1;
+      kv_dst[j + half] = o2;
+    }
+  }
+}
+
+template <bool kCluster, int kStages, bool kPairs>
 __global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
     const bf16* __restrict__ qkv, int q_stride, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
     const int32_t* __restrict__ block_table, int max_blocks, const int32_t* __restrict__ context_lens,
@@ -1043,7 +921,6 @@ __global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + ring_bar_off(S));
   uint64_t* empty = full + S;
   __shared__ int last_s;
-  constexpr bool kEarly = (kForm & 1) != 0, kMerge = (kForm & 2) != 0;
   step_timeline_phase(0);  // the CTA is resident
 
   const int split = blockIdx.x, grp = blockIdx.y, b = blockIdx.z;
@@ -1060,24 +937,6 @@ __global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
                                                                                                   : -1;
   const int32_t* table = block_table + static_cast<size_t>(b) * max_blocks;
   const size_t row_stride = static_cast<size_t>(Hkv) * D;
-  // kEarly: producer lane i holds the table entry of the split's page i; consumers the positions, weights and slot.
-  int blk_lane = 0, slot_b = -1;
-  float p_axis[3] = {0.f, 0.f, 0.f}, qw[4] = {}, kw[4] = {};
-  if constexpr (kEarly) {
-    if (warp == kRingHeads) {
-      if (lane < pages_per_split && pg_begin + lane < max_blocks) blk_lane = table[pg_begin + lane];
-    } else {
-      slot_b = f.slots ? f.slots[b] : -1;
-      p_axis[0] = static_cast<float>(f.pos[b]);
-      p_axis[1] = static_cast<float>(f.pos[f.pos_stride + b]);
-      p_axis[2] = static_cast<float>(f.pos[2 * f.pos_stride + b]);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        qw[i] = __bfloat162float(f.q_norm[lane + 32 * i]);
-        kw[i] = __bfloat162float(f.k_norm[lane + 32 * i]);
-      }
-    }
-  }
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
@@ -1094,7 +953,7 @@ __global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
     // Producer: page pg_begin + i into stage i % S; lanes 0-15 copy K rows, lanes 16-31 V rows.
     auto issue = [&](int i) {
       const int s = i % S, pg = pg_begin + i;
-      const int blk = kEarly && i < 32 ? __shfl_sync(0xffffffffu, blk_lane, i) : table[pg];
+      const int blk = table[pg];
       const int nv = min(kKvBlock, ctx - pg * kKvBlock);
       if (lane == 0) mbar_arrive_expect_tx(&full[s], 2 * kKvBlock * kRingRowCopy);
       __syncwarp();
@@ -1129,11 +988,9 @@ __global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
   } else {
     const int kvh = kvh0 + warp;
     RopeLane rl;
-    int slot;
-    if constexpr (kEarly) {
-      rl = rope_lane(p_axis, f.rope, lane);
-      slot = new_pg >= 0 ? slot_b : -1;
-    } else {
+    float qw[4], kw[4];
+    {
+      float p_axis[3];
       p_axis[0] = static_cast<float>(f.pos[b]);
       p_axis[1] = static_cast<float>(f.pos[f.pos_stride + b]);
       p_axis[2] = static_cast<float>(f.pos[2 * f.pos_stride + b]);
@@ -1143,8 +1000,8 @@ __global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
         qw[i] = __bfloat162float(f.q_norm[lane + 32 * i]);
         kw[i] = __bfloat162float(f.k_norm[lane + 32 * i]);
       }
-      slot = new_pg >= 0 && f.slots ? f.slots[b] : -1;
     }
+    const int slot = new_pg >= 0 && f.slots ? f.slots[b] : -1;
     pdl_wait();
     const bf16* row = qkv + static_cast<size_t>(b) * q_stride;
     {  // this kv head's 8 query heads (all loads issued first), then the current token's k and v in the owner CTA
@@ -1288,10 +1145,7 @@ __global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
     cluster_wait();
     // Four consecutive outputs per thread (16-byte loads from every CTA of the cluster), splits in rank order.
     const int C = static_cast<int>(cluster_size()), rank = static_cast<int>(cluster_rank());
-    if constexpr (kMerge)
-      cluster_merge_spread<GH>(cp, cm, cl, cl + GH,
-                               out + static_cast<size_t>(b) * Hq * D + static_cast<size_t>(kvh0) * G * D);
-    for (int idx4 = rank * static_cast<int>(blockDim.x) + threadIdx.x; !kMerge && idx4 < GH * D / 4;
+    for (int idx4 = rank * static_cast<int>(blockDim.x) + threadIdx.x; idx4 < GH * D / 4;
          idx4 += C * static_cast<int>(blockDim.x)) {
       const int hh = idx4 / (D / 4);
       float ms[16], ls[16];
@@ -1497,12 +1351,11 @@ constexpr int kRingBySize = 5;
 constexpr int kRingBySizeMaxPairs = 32;
 
 // Whether 16-CTA clusters of the fused kernel can be scheduled (checked once).
-template <int kForm>
 bool cluster_attention_ok() {
   static int ok = -1;
   if (ok < 0) {
     ok = 0;
-    const void* fn = reinterpret_cast<const void*>(decode_attention_fused_kernel<true, kForm>);
+    const void* fn = reinterpret_cast<const void*>(decode_attention_fused_kernel<true>);
     // The largest shared-memory carveout, as the ring kernel: measured 0.03-0.04 ms faster per batch-1 step (H200).
     if (cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) !=
         cudaSuccess)
@@ -1519,7 +1372,7 @@ bool cluster_attention_ok() {
       cfg.attrs = attr;
       cfg.numAttrs = 1;
       int clusters = 0;
-      if (cudaOccupancyMaxActiveClusters(&clusters, decode_attention_fused_kernel<true, kForm>, &cfg) == cudaSuccess &&
+      if (cudaOccupancyMaxActiveClusters(&clusters, decode_attention_fused_kernel<true>, &cfg) == cudaSuccess &&
           clusters > 0)
         ok = 1;
     }
@@ -1536,10 +1389,10 @@ bool ring_ok(const DecodeAttention& p, const bf16* k_cache, const bf16* v_cache)
 
 // The dynamic shared memory size, and the largest shared-memory carveout (two CTAs of the three-stage ring per SM
 // need 222 KB of the 228).
-template <bool kCluster, int S, bool kPairs, int kForm>
+template <bool kCluster, int S, bool kPairs>
 bool ring_smem_set() {
   static const bool ok = [] {
-    const void* fn = reinterpret_cast<const void*>(decode_attention_ring_kernel<kCluster, S, kPairs, kForm>);
+    const void* fn = reinterpret_cast<const void*>(decode_attention_ring_kernel<kCluster, S, kPairs>);
     const bool size_ok = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                               static_cast<int>(ring_smem(S))) == cudaSuccess;
     if (cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) !=
@@ -1551,14 +1404,14 @@ bool ring_smem_set() {
 }
 
 // Whether clusters of `size` CTAs of the ring kernel can be scheduled (checked once per size).
-template <int S, bool kPairs, int kForm>
+template <int S, bool kPairs>
 bool ring_cluster_ok(int size) {
   static int ok[17] = {};
   if (size < 1 || size > 16) return false;
   if (ok[size] == 0) {
     ok[size] = 2;
-    const void* fn = reinterpret_cast<const void*>(decode_attention_ring_kernel<true, S, kPairs, kForm>);
-    if (ring_smem_set<true, S, kPairs, kForm>() &&
+    const void* fn = reinterpret_cast<const void*>(decode_attention_ring_kernel<true, S, kPairs>);
+    if (ring_smem_set<true, S, kPairs>() &&
         cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
       cudaLaunchConfig_t cfg = {};
       cfg.gridDim = dim3(size);
@@ -1572,7 +1425,7 @@ bool ring_cluster_ok(int size) {
       cfg.attrs = attr;
       cfg.numAttrs = 1;
       int clusters = 0;
-      if (cudaOccupancyMaxActiveClusters(&clusters, decode_attention_ring_kernel<true, S, kPairs, kForm>, &cfg) ==
+      if (cudaOccupancyMaxActiveClusters(&clusters, decode_attention_ring_kernel<true, S, kPairs>, &cfg) ==
               cudaSuccess &&
           clusters > 0)
         ok[size] = 1;
@@ -1585,7 +1438,7 @@ bool ring_cluster_ok(int size) {
 // The ring kernel with S stages: the cluster merge when `cluster` and clusters of the plan's splits can be
 // scheduled (splits for about ctas_per_sm CTAs per SM), else the global merge (its plan always for two CTAs per SM:
 // the workspace is sized for that plan).
-template <int S, bool kPairs = false, int kForm = kAttnFormAll>
+template <int S, bool kPairs = false>
 Status launch_ring(const DecodeAttention& p, const bf16* qkv, int q_stride, bf16* k_cache, bf16* v_cache,
                    const int32_t* block_table, const int32_t* context_lens, bf16* out, float* part, int* counters,
                    const DecodeFuse& f, bool cluster, int ctas_per_sm, cudaStream_t stream) {
@@ -1593,7 +1446,7 @@ Status launch_ring(const DecodeAttention& p, const bf16* qkv, int q_stride, bf16
   const int groups = p.kv_heads / kRingHeads;
   if (cluster) {
     const RingPlan rp = ring_plan(p, true, ctas_per_sm);
-    if (ring_cluster_ok<S, kPairs, kForm>(rp.splits)) {
+    if (ring_cluster_ok<S, kPairs>(rp.splits)) {
       cudaLaunchConfig_t cfg = {};
       cfg.gridDim = dim3(rp.splits, groups, p.batch);
       cfg.blockDim = block;
@@ -1607,16 +1460,16 @@ Status launch_ring(const DecodeAttention& p, const bf16* qkv, int q_stride, bf16
       cfg.attrs = attr;
       cfg.numAttrs = static_cast<unsigned int>(common_launch_attrs(attr, 1));
       note_launch("decode_attention_fused (ring, cluster)");
-      return cuda_status(cudaLaunchKernelEx(&cfg, decode_attention_ring_kernel<true, S, kPairs, kForm>, qkv, q_stride,
+      return cuda_status(cudaLaunchKernelEx(&cfg, decode_attention_ring_kernel<true, S, kPairs>, qkv, q_stride,
                                             k_cache, v_cache, block_table, p.max_blocks, context_lens, out, part,
                                             counters, p.kv_heads, rp.splits, rp.pages_per_split, p.scale, f),
                          "decode_attention_fused (ring, cluster)");
     }
   }
-  if (!ring_smem_set<false, S, kPairs, kForm>())
+  if (!ring_smem_set<false, S, kPairs>())
     return internal_error("decode_attention_fused: ring kernel shared memory attribute");
   const RingPlan rp = ring_plan(p, false);
-  return launch("decode_attention_fused (ring)", decode_attention_ring_kernel<false, S, kPairs, kForm>,
+  return launch("decode_attention_fused (ring)", decode_attention_ring_kernel<false, S, kPairs>,
                 dim3(rp.splits, groups, p.batch), block, ring_smem(S), stream, qkv, q_stride, k_cache, v_cache,
                 block_table, p.max_blocks, context_lens, out, part, counters, p.kv_heads, rp.splits,
                 rp.pages_per_split, p.scale, f);
@@ -1652,7 +1505,6 @@ Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_s
   }
   const int pages = (p.max_context + kKvBlock - 1) / kKvBlock;
   int variant = decode_option(DecodeOption::kAttentionKernel);
-  const int form = decode_option(DecodeOption::kAttnLatency) & kAttnFormAll;
   if (variant == 8) {  // by size: variant 3's cluster merge where it applies, the ring kernel above, up to 32 pairs
     const int pairs = p.batch * p.kv_heads;
     const bool small = pages <= kClusterMaxPages && pairs <= kClusterMaxPairs;
@@ -1670,23 +1522,13 @@ Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_s
     if (variant == 7)
       return launch_ring<4>(p, qkv, q_stride, k_cache, v_cache, block_table, context_lens, out, part, counters, f,
                             true, 1, stream);
-    const bool cl = variant != 4;
-    if (form == 0)
-      return launch_ring<3, false, 0>(p, qkv, q_stride, k_cache, v_cache, block_table, context_lens, out, part,
-                                      counters, f, cl, 2, stream);
-    if (form == 1)
-      return launch_ring<3, false, 1>(p, qkv, q_stride, k_cache, v_cache, block_table, context_lens, out, part,
-                                      counters, f, cl, 2, stream);
-    if (form == 2)
-      return launch_ring<3, false, 2>(p, qkv, q_stride, k_cache, v_cache, block_table, context_lens, out, part,
-                                      counters, f, cl, 2, stream);
     return launch_ring<3>(p, qkv, q_stride, k_cache, v_cache, block_table, context_lens, out, part, counters, f,
                           variant != 4, 2, stream);
   }
   // The cluster merge pays off at small batches (measured at batch 1: 13 splits of 5 pages); at batch 8 and 64 the
   // many CTAs of the forced 13+ splits cost more than the global merge saves.
-  if (variant == 3 && pages <= kClusterMaxPages && p.batch * p.kv_heads <= kClusterMaxPairs &&
-      cluster_attention_ok<kAttnFormAll>()) {
+  if (variant == 3 && pages <= kClusterMaxPages &&
+      p.batch * p.kv_heads <= kClusterMaxPairs && cluster_attention_ok()) {
     // At most 16 splits (one cluster per kv head and sequence), at least one page per warp.
     const int per = std::max(kDecWarps, (pages + 15) / 16);
     const int splits = (pages + per - 1) / per;
@@ -1702,22 +1544,14 @@ Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_s
     cfg.attrs = attr;
     cfg.numAttrs = static_cast<unsigned int>(common_launch_attrs(attr, 1));
     note_launch("decode_attention_fused (cluster)");
-    void (*kern)(const bf16*, int, bf16*, bf16*, const int32_t*, int, const int32_t*, bf16*, float*, int*, int, int,
-                 int, float, DecodeFuse) = form == 0   ? decode_attention_fused_kernel<true, 0>
-                                          : form == 1 ? decode_attention_fused_kernel<true, 1>
-                                          : form == 2 ? decode_attention_fused_kernel<true, 2>
-                                                      : decode_attention_fused_kernel<true, 3>;
-    if (form != kAttnFormAll && !cluster_attention_ok<0>()) return internal_error("decode_attention_fused: cluster");
-    return cuda_status(cudaLaunchKernelEx(&cfg, kern,
-                                          qkv, q_stride, k_cache, v_cache, block_table, p.max_blocks, context_lens,
-                                          out, part, counters, p.kv_heads, splits, per, p.scale, f),
+    return cuda_status(cudaLaunchKernelEx(&cfg, decode_attention_fused_kernel<true>, qkv, q_stride, k_cache, v_cache,
+                                          block_table, p.max_blocks, context_lens, out, part, counters, p.kv_heads,
+                                          splits, per, p.scale, f),
                        "decode_attention_fused");
   }
-  return launch("decode_attention_fused",
-                form & 1 ? decode_attention_fused_kernel<false, 1> : decode_attention_fused_kernel<false, 0>,
-                dim3(sp.splits, p.kv_heads, p.batch), dim3(kDecWarps * 32), 0, stream, qkv, q_stride, k_cache,
-                v_cache, block_table, p.max_blocks, context_lens, out, part, counters, p.kv_heads, sp.splits,
-                sp.pages_per_split, p.scale, f);
+  return launch("decode_attention_fused", decode_attention_fused_kernel<false>, dim3(sp.splits, p.kv_heads, p.batch),
+                dim3(kDecWarps * 32), 0, stream, qkv, q_stride, k_cache, v_cache, block_table, p.max_blocks,
+                context_lens, out, part, counters, p.kv_heads, sp.splits, sp.pages_per_split, p.scale, f);
 }
 
 }  // namespace zest::cuda

@@ -33,7 +33,6 @@ int default_decode_option(DecodeOption opt) {
     case DecodeOption::kMoeCarveout: return 1;
     case DecodeOption::kMoeCombine: return 1;
     case DecodeOption::kMoeDownRows: return 1;
-    case DecodeOption::kAttnLatency: return 3;
     default: return 0;
   }
 }

@@ -144,12 +144,6 @@ enum class DecodeOption : int {
                     // CTA pairs adds the slots to x itself (moe_one.h OneCombine::rows) and the next layer's qkv
                     // GEMM normalises x itself (KvPrefetch::norm_w); 2 = as 1 with the gate/up kernel's carveout
                     // leaving room for a pair CTA; 0 = the folded combine (kMoeCombine)
-  kAttnLatency,     // fused decode attention (kAttentionKernel 3 and the default ring), bit flags, 3 (default) = both:
-                    // bit 0 = the prologue's independent loads (context length, block-table entries, positions, norm
-                    // weights, slot) issued in one round, and after the wait all of a warp's q / k / v row loads
-                    // before its first reduction (else in dependence order: a table entry per page, after the
-                    // context length); bit 1 = the cluster merge spread over the cluster's CTAs with the splits' (M, L)
-                    // staged once per CTA (else a thread per output element on the first CTAs). Same bits in all forms
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);
