@@ -108,10 +108,7 @@ enum class DecodeOption : int {
                     // 3 = 2, 4; 4 (default) = the weight tile bulk-copied into shared memory before the wait on the
                     // previous kernel, one CTA per 16-row tile (when every tile's CTA fits on the GPU; else 1), except
                     // 1 for 9-16 rows when K <= 2048 (the qkv GEMM at batch 9-16: measured faster at 16); 7 = 1 when
-                    // K <= 2048 at every row count, else as 4; 8 = the tile at every row count (4 before); 10 = as 4,
-                    // except K > 2048 at 3-16 rows (the o GEMM at batch 3+): register streaming (8 chunks, 2 CTAs
-                    // per SM) with each CTA's weight rows prefetched into L2 before the wait; 11 = as 10 without
-                    // the prefetch
+                    // K <= 2048 at every row count, else as 4; 8 = the tile at every row count (4 before)
   kRouteFused,      // decode routing (T <= 16): 1 = moe_route (router GEMM + top-k + plan in one cluster
                     // launch); 2 = as 1 in clusters of at most 8 CTAs; 3 = as 1, the next kernel launched only when
                     // it exits; 4 = the compact kernel (router.cu: logits into CTA 0 by st.async on an mbarrier,

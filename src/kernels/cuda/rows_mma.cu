@@ -41,20 +41,8 @@ __device__ __forceinline__ void mma_chunk(float* c0, float* c1, const uint4& a_l
 
 // kU: 32-wide chunks in flight per warp and weight matrix; kMinBlocks: CTAs per SM the registers must allow (with
 // an explicit 1, ptxas keeps every load of a round in registers: 160-230 registers, one CTA per SM).
-// kL2Pre (dense): before the wait the CTA's first item's weight rows are prefetched into L2 (bulk prefetches, one per
-// row), so that the loads after the wait hit L2 (the CTA needs no shared memory for them: it can be resident beside
-// kernels whose shared memory would keep a weight-tile CTA out).
-template <int kMode, int kU, int kMinBlocks, bool kL2Pre = false>
+template <int kMode, int kU, int kMinBlocks>
 __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) rows_mma_kernel(RowsParams p) {
-  if constexpr (kL2Pre) {
-    static_assert(kMode == kDense, "the L2 prefetch serves the dense mode");
-    const int r = threadIdx.x;
-    if (blockIdx.x < p.N / kRows && r < kRows)
-      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p.w + static_cast<size_t>(blockIdx.x * kRows + r) *
-                                                                             p.Kdim),
-                   "r"(static_cast<uint32_t>(p.Kdim) * 2)
-                   : "memory");
-  }
   pdl_wait();
   constexpr int kMats = kMode == kGateUp ? 2 : 1;  // weight matrices per item (gate and up)
   constexpr int kVals = kMats * 2 * 4;             // accumulators per thread: mats x n-tiles x 4
@@ -420,15 +408,14 @@ constexpr int kStreamMinRows = 9;
 // evict-first as well: batch 1 -0.009 to -0.018 ms in five comparisons, batch 2 equal (89d6b4e, aea5e48).
 constexpr int kPrefetchMaxRows = 2;
 
-template <int kMode, int kU, int kMinBlocks, bool kL2Pre = false>
+template <int kMode, int kU, int kMinBlocks>
 Status launch_rows(const RowsParams& p, int max_items, cudaStream_t stream) {
   int per_sm = 0;
   ZEST_RETURN_IF_ERROR(cuda_status(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-                                       &per_sm, rows_mma_kernel<kMode, kU, kMinBlocks, kL2Pre>, kWarps * 32, 0),
+                                       &per_sm, rows_mma_kernel<kMode, kU, kMinBlocks>, kWarps * 32, 0),
                                    "occupancy"));
   const int grid = std::max(1, std::min(max_items, std::max(1, per_sm) * sm_count()));
-  return launch("rows_mma", rows_mma_kernel<kMode, kU, kMinBlocks, kL2Pre>, dim3(grid), dim3(kWarps * 32), 0, stream,
-                p);
+  return launch("rows_mma", rows_mma_kernel<kMode, kU, kMinBlocks>, dim3(grid), dim3(kWarps * 32), 0, stream, p);
 }
 
 }  // namespace
@@ -450,18 +437,6 @@ Status rows_mma_gemm(const bf16* x, const bf16* w, bf16* y, int M, int N, int K,
       const int pf = decode_option(DecodeOption::kL2Prefetch) == 0 && M <= kPrefetchMaxRows ? kPfTileHint : kPfNone;
       if ((long_k || M < kStreamMinRows) && rows_pre_ok(M, N, K, pf))
         return launch_rows_pre(x, w, y, M, N, K, stream, pf);
-      return launch_rows<kDense, 4, 3>(p, N / kRows, stream);
-    }
-    case 10:  // as 4, except K > 2048 at 3-16 rows: register streaming from L2, the rows prefetched before the wait
-    case 11: {  // as 10 without the prefetch
-      const int pf = decode_option(DecodeOption::kL2Prefetch) == 0 && M <= kPrefetchMaxRows ? kPfTileHint : kPfNone;
-      if (long_k && M >= 3) {
-        if (N / kRows > 2 * sm_count() || K % 8 != 0 || reinterpret_cast<uintptr_t>(w) % 16 != 0)
-          return launch_rows<kDense, 8, 2>(p, N / kRows, stream);
-        return decode_option(DecodeOption::kGemmVariant) == 10 ? launch_rows<kDense, 8, 2, true>(p, N / kRows, stream)
-                                                               : launch_rows<kDense, 8, 2>(p, N / kRows, stream);
-      }
-      if ((long_k || M < kStreamMinRows) && rows_pre_ok(M, N, K, pf)) return launch_rows_pre(x, w, y, M, N, K, stream, pf);
       return launch_rows<kDense, 4, 3>(p, N / kRows, stream);
     }
     case 7:  // register streaming for K <= 2048 at every row count, the tile otherwise
@@ -495,7 +470,7 @@ Status gemm_kv_prefetch(const bf16* x, const bf16* w, bf16* y, int M, int N, int
   // The GEMM variants that run rows_pre_kernel for these sizes.
   const int gv = decode_option(DecodeOption::kGemmVariant);
   const bool long_k = K > kWarps * kChunk * kPreRound;
-  const bool pre = gv == 8 || ((gv == 4 || gv == 10 || gv == 11) && (long_k || M < kStreamMinRows)) || (gv == 7 && long_k);
+  const bool pre = gv == 8 || (gv == 4 && (long_k || M < kStreamMinRows)) || (gv == 7 && long_k);
   if (kv.norm_w) {  // x is the residual: the norm in the GEMM's CTAs (the KV prefetch where it would run)
     if (!aligned || !gemm_kv_norm_ok(M, N, K))
       return invalid_argument("gemm_kv_prefetch: the folded RMSNorm needs gemm_kv_norm_ok sizes and aligned operands");
