@@ -9,7 +9,7 @@ they leave, and its tile streams late.
 
 With --phases LABEL it prints instead, for the launches whose label starts with LABEL, each phase stamp's minimum /
 median / maximum over the CTAs (us after the launch's release; the median of each over the launches) and the time
-to the next launch's release.
+to the next launch's release, and when the CTAs' PDL waits returned.
 
 usage: bench/timeline_raw.py tl-b1.txt [label-prefix (default rows_pre)]
        bench/timeline_raw.py tl-b8.txt --phases moe_experts_stream
@@ -62,12 +62,16 @@ def phases(path, prefix):
             v = [d["p%d" % k] for d in ctas.values() if "p%d" % k in d]
             if v:
                 stats[k].append((min(v), statistics.median(v), max(v)))
+        v = [d["release"] for d in ctas.values() if "release" in d]
+        if v:
+            stats["wait"].append((min(v), statistics.median(v), max(v)))
     print(f"{prefix}: {len(spans)} launches; next launch released {statistics.median(spans):.2f} us after the release")
     print("| phase | min over CTAs | median | max |")
     print("|---|---|---|---|")
-    for k, v in sorted(stats.items()):
+    for k, v in sorted(stats.items(), key=lambda kv: -1 if kv[0] == "wait" else kv[0]):
         med = [statistics.median(x[j] for x in v) for j in range(3)]
-        print(f"| p{k} | {med[0]:.2f} | {med[1]:.2f} | {med[2]:.2f} |")
+        name = "wait returned" if k == "wait" else f"p{k}"
+        print(f"| {name} | {med[0]:.2f} | {med[1]:.2f} | {med[2]:.2f} |")
 
 
 def main():

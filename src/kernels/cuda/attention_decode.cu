@@ -1029,6 +1029,7 @@ __global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
       }
     }
     __syncwarp();
+    step_timeline_phase(1);  // (thread 0: consumer warp 0) q normalised and roped, the current token's k / v stored
     uint32_t qb[8][2];  // B fragments of q^T: head g, d = kc * 16 + 2 tq (+1), + 8
 #pragma unroll
     for (int kc = 0; kc < 8; ++kc) {
@@ -1117,7 +1118,9 @@ __global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
       if (tn >= 0) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
       __syncwarp();
       if (lane == 0) ring_bar_arrive(&empty[s]);
+      if (i == 0) step_timeline_phase(2);  // the first page attended
     }
+    step_timeline_phase(3);  // every page attended
   }
   __syncthreads();  // every stage consumed: the ring's bytes are free
 
@@ -1143,6 +1146,7 @@ __global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
     }
     cluster_arrive();
     cluster_wait();
+    step_timeline_phase(4);  // every split's partial in its CTA's shared memory
     // Four consecutive outputs per thread (16-byte loads from every CTA of the cluster), splits in rank order.
     const int C = static_cast<int>(cluster_size()), rank = static_cast<int>(cluster_rank());
     for (int idx4 = rank * static_cast<int>(blockDim.x) + threadIdx.x; idx4 < GH * D / 4;
@@ -1182,6 +1186,7 @@ __global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
       *reinterpret_cast<uint2*>(out + static_cast<size_t>(b) * Hq * D + static_cast<size_t>(kvh0) * G * D +
                                 idx4 * 4) = pk;
     }
+    step_timeline_phase(5);  // this CTA's slice of the output written
     cluster_arrive();  // no CTA leaves while another may still read its partial
     cluster_wait();
     return;
