@@ -296,18 +296,11 @@ __device__ __forceinline__ void st_cluster_f32(uint32_t addr, float v) {
   asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
 }
 
-// kOne: every load before the wait that depends on no other is issued in one round (the active count and experts, the
-// slot of each thread's expert, all K routing weights and ids, rank 0's 16 elements of x: x was last written by a
-// kernel that completed before the gate/up kernel passed its wait), the dependent picks made from shared memory;
-// before, the slot waited for the active count and the routing weight for the slot (three round trips while the
-// gate/up stream holds the memory system), and after the cluster barrier rank 0 loaded each slot's id and x.
-template <int kC, bool kOne>
+template <int kC>
 __global__ void __launch_bounds__(kPairThreads, 2) one_down_pair_kernel(OneParams p) {
   extern __shared__ __align__(128) unsigned char wsm[];
   __shared__ __align__(8) uint64_t bar;
   __shared__ float vals[kRowsMaxK][kRows];  // rank 0: every slot's values of the cluster's rows
-  __shared__ float rw_s[kRowsMaxK];         // kOne: the routing weight of each slot
-  __shared__ int id_s[kRowsMaxK];           // kOne: each slot's expert id (negative: empty)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, tq = lane & 3;
   const int rank = static_cast<int>(cluster_rank());
@@ -315,20 +308,6 @@ __global__ void __launch_bounds__(kPairThreads, 2) one_down_pair_kernel(OneParam
   const int chunks = p.I / kChunk;
   const uint32_t row_bytes = static_cast<uint32_t>(p.I) * 2, stride = row_bytes + 16;
   step_timeline_phase(0);
-  // Thread (x, q): the slot and routing weight of this rank's expert x, for row q.
-  const int xq = threadIdx.x / kRows, q = threadIdx.x % kRows;
-  const int jq = rank + 2 * min(xq, kPairExperts - 1);
-  int slot_pre = 0;
-  float rw_pre = 0.f, x_pre = 0.f;
-  int id_pre = -1;
-  if constexpr (kOne) {  // issued before the active count returns (indices clamped into the arrays)
-    if (threadIdx.x < kPairExperts * kRows) slot_pre = __ldcg(p.plan.sorted_slots + min(jq, p.K - 1));
-    if (threadIdx.x < p.K) {
-      rw_pre = __ldcg(p.route_w + threadIdx.x);
-      id_pre = __ldcg(p.cmb.ids + threadIdx.x);
-    }
-    if (rank == 0 && threadIdx.x < kRows) x_pre = __bfloat162float(__ldcg(p.cmb.x + r0 + threadIdx.x));
-  }
   const int na = __ldcg(p.plan.num_active);
   int e[kPairExperts];
 #pragma unroll
@@ -351,22 +330,12 @@ __global__ void __launch_bounds__(kPairThreads, 2) one_down_pair_kernel(OneParam
                 &bar);
     }
   }
-  if constexpr (kOne) {
-    if (threadIdx.x < p.K) {
-      rw_s[threadIdx.x] = rw_pre;
-      id_s[threadIdx.x] = id_pre;
-    }
-  }
-  __syncthreads();  // the mbarrier is initialised before any warp waits on it (kOne: rw_s and id_s written)
-  int slot_q;
-  float w_q;
-  if constexpr (kOne) {
-    slot_q = threadIdx.x < kPairExperts * kRows && jq < na ? slot_pre : 0;
-    w_q = threadIdx.x < kPairExperts * kRows && jq < na ? rw_s[slot_q] : 0.f;
-  } else {
-    slot_q = threadIdx.x < kPairExperts * kRows && jq < na ? __ldcg(p.plan.sorted_slots + jq) : 0;
-    w_q = threadIdx.x < kPairExperts * kRows && jq < na ? __ldcg(p.route_w + slot_q) : 0.f;
-  }
+  __syncthreads();  // the mbarrier is initialised before any warp waits on it
+  // Thread (x, q): the slot and routing weight of this rank's expert x, for row q.
+  const int xq = threadIdx.x / kRows, q = threadIdx.x % kRows;
+  const int jq = rank + 2 * min(xq, kPairExperts - 1);
+  const int slot_q = threadIdx.x < kPairExperts * kRows && jq < na ? __ldcg(p.plan.sorted_slots + jq) : 0;
+  const float w_q = threadIdx.x < kPairExperts * kRows && jq < na ? __ldcg(p.route_w + slot_q) : 0.f;
   pdl_wait();
   uint4 hb[kPairExperts][kC];  // token 0's h (lanes g == 0; zeros elsewhere, as for absent tokens)
 #pragma unroll
@@ -421,9 +390,9 @@ __global__ void __launch_bounds__(kPairThreads, 2) one_down_pair_kernel(OneParam
   if (rank == 0 && threadIdx.x < kRows) {  // x = bf16(x + bf16(sum of the slots in slot order)), empty slots skipped
     float a = 0.f;
     for (int k = 0; k < p.K; ++k)
-      if ((kOne ? id_s[k] : __ldcg(p.cmb.ids + k)) >= 0) a += vals[k][threadIdx.x];
+      if (__ldcg(p.cmb.ids + k) >= 0) a += vals[k][threadIdx.x];
     bf16* xr = p.cmb.x + r0 + threadIdx.x;
-    *xr = __float2bfloat16(bf16_round((kOne ? x_pre : __bfloat162float(*xr)) + bf16_round(a)));
+    *xr = __float2bfloat16(bf16_round(__bfloat162float(*xr) + bf16_round(a)));
   }
   step_timeline_phase(2);
 }
@@ -501,13 +470,8 @@ Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights,
     if (!moe_one_rows_ok(N, K, E, H, I) || combine->w || combine->y)
       return invalid_argument("moe_experts_one: the down kernel by output rows needs one token, K <= 8, I <= 768 "
                               "and no norm (x only)");
-    const bool one = decode_option(DecodeOption::kMoeDownRows) == 3;
-    const auto kernel = one ? (I <= kChunk * kWarps       ? one_down_pair_kernel<1, true>
-                               : I <= kChunk * kWarps * 2 ? one_down_pair_kernel<2, true>
-                                                          : one_down_pair_kernel<3, true>)
-                            : (I <= kChunk * kWarps       ? one_down_pair_kernel<1, false>
-                               : I <= kChunk * kWarps * 2 ? one_down_pair_kernel<2, false>
-                                                          : one_down_pair_kernel<3, false>);
+    const auto kernel = I <= kChunk * kWarps ? one_down_pair_kernel<1>
+                        : I <= kChunk * kWarps * 2 ? one_down_pair_kernel<2> : one_down_pair_kernel<3>;
     const size_t smem = pair_smem(I);
     ZEST_RETURN_IF_ERROR(cuda_status(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
                                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
