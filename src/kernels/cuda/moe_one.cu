@@ -337,14 +337,6 @@ __global__ void __launch_bounds__(kPairThreads, 2) one_down_pair_kernel(OneParam
   const int slot_q = threadIdx.x < kPairExperts * kRows && jq < na ? __ldcg(p.plan.sorted_slots + jq) : 0;
   const float w_q = threadIdx.x < kPairExperts * kRows && jq < na ? __ldcg(p.route_w + slot_q) : 0.f;
   pdl_wait();
-  if (p.cmb.l2_next && warp == kWarps - 1) {  // this CTA's share of the next kernel's bytes, in pieces of <= 32 KB
-    constexpr size_t kPiece = 32 * 1024;
-    const size_t ctas = static_cast<size_t>(gridDim.x) * gridDim.y;
-    const size_t cta = blockIdx.x + static_cast<size_t>(gridDim.x) * blockIdx.y;
-    const size_t per = ((p.cmb.l2_next_bytes + ctas - 1) / ctas + 15) / 16 * 16;
-    const size_t beg = cta * per, end = min(beg + per, p.cmb.l2_next_bytes);
-    for (size_t o = beg + lane * kPiece; o < end; o += 32 * kPiece) prefetch_l2(p.cmb.l2_next + o, static_cast<uint32_t>(min(kPiece, end - o)));
-  }
   uint4 hb[kPairExperts][kC];  // token 0's h (lanes g == 0; zeros elsewhere, as for absent tokens)
 #pragma unroll
   for (int x = 0; x < kPairExperts; ++x) {
