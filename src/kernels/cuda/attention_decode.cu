@@ -46,45 +46,6 @@ struct MmaState {
   float o[8][4];  // m-tile mt: [d mt*16 + g][heads 2tq, 2tq+1], [d mt*16 + g + 8][...]
 };
 
-// One page of the online softmax for heads 2tq, 2tq + 1 (the lane's mma layout): the scores sc (c0, c1: token g; c2,
-// c3: token g + 8) scaled, tokens from nv on masked; st.m / st.l updated, st.o rescaled; the probabilities in p (same
-// layout) and, as B fragments of P^T ([token g][heads 2tq..] blocks transposed to [head g][tokens 2tq..]), pb0 / pb1.
-__device__ __forceinline__ void softmax_page(MmaState& st, const float (&sc)[4], int nv, float scale, uint32_t& pb0,
-                                             uint32_t& pb1) {
-  const int lane = threadIdx.x & 31, g = lane >> 2;
-  const bool v0 = g < nv, v1 = g + 8 < nv;
-  const float s[4] = {v0 ? sc[0] * scale : -INFINITY, v0 ? sc[1] * scale : -INFINITY, v1 ? sc[2] * scale : -INFINITY,
-                      v1 ? sc[3] * scale : -INFINITY};
-  float p[4], alpha[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {  // head 2tq + h: values s[h] (token g) and s[2 + h] (token g + 8)
-    float mx = fmaxf(s[h], s[2 + h]);
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-    const float m_new = fmaxf(st.m[h], mx);
-    const bool any = m_new != -INFINITY;
-    p[h] = any && s[h] != -INFINITY ? __expf(s[h] - m_new) : 0.f;
-    p[2 + h] = any && s[2 + h] != -INFINITY ? __expf(s[2 + h] - m_new) : 0.f;
-    float ps = p[h] + p[2 + h];
-    ps += __shfl_xor_sync(0xffffffffu, ps, 4);
-    ps += __shfl_xor_sync(0xffffffffu, ps, 8);
-    ps += __shfl_xor_sync(0xffffffffu, ps, 16);
-    alpha[h] = st.m[h] == -INFINITY ? 0.f : __expf(st.m[h] - m_new);
-    st.l[h] = st.l[h] * alpha[h] + ps;
-    st.m[h] = m_new;
-  }
-#pragma unroll
-  for (int mt = 0; mt < 8; ++mt) {
-    st.o[mt][0] *= alpha[0];
-    st.o[mt][1] *= alpha[1];
-    st.o[mt][2] *= alpha[0];
-    st.o[mt][3] *= alpha[1];
-  }
-  pb0 = movmatrix_trans(pack_bf16(p[0], p[1]));
-  pb1 = movmatrix_trans(pack_bf16(p[2], p[3]));
-}
-
 __device__ __forceinline__ void mma_decode_pages(MmaState& st, const bf16* __restrict__ qg,
                                                  const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
                                                  const int32_t* __restrict__ table, int Hkv, int kvh, int ctx,
@@ -137,8 +98,38 @@ __device__ __forceinline__ void mma_decode_pages(MmaState& st, const bf16* __res
       mma16816(sc, kcur[c][0].x, kcur[c][1].x, kcur[c][0].y, kcur[c][1].y, qf[c].x, qf[c].y);
       mma16816(sc, kcur[c][0].z, kcur[c][1].z, kcur[c][0].w, kcur[c][1].w, qf[c].z, qf[c].w);
     }
-    uint32_t pb0, pb1;
-    softmax_page(st, sc, nv, scale, pb0, pb1);
+    const bool v0 = g < nv, v1 = g + 8 < nv;
+    float s[4] = {v0 ? sc[0] * scale : -INFINITY, v0 ? sc[1] * scale : -INFINITY, v1 ? sc[2] * scale : -INFINITY,
+                  v1 ? sc[3] * scale : -INFINITY};
+    float p[4], alpha[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // head 2tq + h: values s[h] (token g) and s[2 + h] (token g + 8)
+      float mx = fmaxf(s[h], s[2 + h]);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+      const float m_new = fmaxf(st.m[h], mx);
+      const bool any = m_new != -INFINITY;
+      p[h] = any && s[h] != -INFINITY ? __expf(s[h] - m_new) : 0.f;
+      p[2 + h] = any && s[2 + h] != -INFINITY ? __expf(s[2 + h] - m_new) : 0.f;
+      float ps = p[h] + p[2 + h];
+      ps += __shfl_xor_sync(0xffffffffu, ps, 4);
+      ps += __shfl_xor_sync(0xffffffffu, ps, 8);
+      ps += __shfl_xor_sync(0xffffffffu, ps, 16);
+      alpha[h] = st.m[h] == -INFINITY ? 0.f : __expf(st.m[h] - m_new);
+      st.l[h] = st.l[h] * alpha[h] + ps;
+      st.m[h] = m_new;
+    }
+#pragma unroll
+    for (int mt = 0; mt < 8; ++mt) {
+      st.o[mt][0] *= alpha[0];
+      st.o[mt][1] *= alpha[1];
+      st.o[mt][2] *= alpha[0];
+      st.o[mt][3] *= alpha[1];
+    }
+    // P^T as B fragments: [token g][heads 2tq..] blocks transposed to [head g][tokens 2tq..].
+    const uint32_t pb0 = movmatrix_trans(pack_bf16(p[0], p[1]));
+    const uint32_t pb1 = movmatrix_trans(pack_bf16(p[2], p[3]));
     if (more) asm volatile("cp.async.wait_group 1;" ::: "memory");
     else asm volatile("cp.async.wait_group 0;" ::: "memory");
     __syncwarp();
@@ -227,52 +218,6 @@ __device__ void merge_split_partials(const float* pb, int heads, int splits, int
   }
 }
 
-// The end of a split without the cluster merge: the CTA's partial of each of its G query heads (its warps' online
-// softmax states m_s / l_s / acc_s merged in fixed warp order) into the global split partials, then a count; the last
-// CTA of the (sequence, kv head) merges the splits of all G heads in fixed order into out (reusing acc_s).
-template <int G>
-__device__ __forceinline__ void finish_split_global(const float (*m_s)[G], const float (*l_s)[G],
-                                                    float (*acc_s)[G][kHeadDim], float* part, int* counters, bf16* out,
-                                                    int b, int Hq, int Hkv, int kvh, int splits, int split) {
-  constexpr int D = kHeadDim;
-  constexpr size_t part_stride = kPartStride;
-  __shared__ int last_s;
-  for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
-    const int hh = idx / D, d = idx % D;
-    float M = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kDecWarps; ++w) M = fmaxf(M, m_s[w][hh]);
-    float L = 0.f, A = 0.f;
-    if (M != -INFINITY) {
-#pragma unroll
-      for (int w = 0; w < kDecWarps; ++w) {
-        const float e = __expf(m_s[w][hh] - M);
-        L += l_s[w][hh] * e;
-        A += acc_s[w][hh][d] * e;
-      }
-    }
-    float* pp = part + ((static_cast<size_t>(b) * Hq + kvh * G + hh) * splits + split) * part_stride;
-    pp[4 + d] = A;
-    if (d == 0) {
-      pp[0] = M;
-      pp[1] = L;
-    }
-  }
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int* c = counters + b * Hkv + kvh;
-    const int prev = atomicAdd(c, 1);
-    last_s = prev == splits - 1;
-    if (last_s) *c = 0;
-  }
-  __syncthreads();
-  if (!last_s) return;
-  __threadfence();
-  merge_split_partials(part + (static_cast<size_t>(b) * Hq + kvh * G) * splits * kPartStride, G, splits, kMaxSplits,
-                       &acc_s[0][0][0], out + (static_cast<size_t>(b) * Hq + kvh * G) * kHeadDim);
-}
-
 template <int G, bool kMma>
 __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_kernel(
     const bf16* __restrict__ q, int q_stride, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
@@ -293,6 +238,7 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_kernel(
   float(*p_s)[G][kKvBlock] = reinterpret_cast<float(*)[G][kKvBlock]>(smem_raw + G * D * sizeof(float));
   float(*acc_s)[G][D] = reinterpret_cast<float(*)[G][D]>(smem_raw);
   __shared__ float m_s[kDecWarps][G], l_s[kDecWarps][G];
+  __shared__ int last_s;
   step_timeline_phase(0);
 
   const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
@@ -445,7 +391,42 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_kernel(
   }
   }  // CUDA-core page loop
   __syncthreads();
-  finish_split_global<G>(m_s, l_s, acc_s, part, counters, out, b, Hq, Hkv, kvh, splits, split);
+  constexpr size_t part_stride = kPartStride;
+  for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+    const int g = idx / D, d = idx % D;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kDecWarps; ++w) M = fmaxf(M, m_s[w][g]);
+    float L = 0.f, A = 0.f;
+    if (M != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kDecWarps; ++w) {
+        const float e = __expf(m_s[w][g] - M);
+        L += l_s[w][g] * e;
+        A += acc_s[w][g][d] * e;
+      }
+    }
+    float* pp = part + ((static_cast<size_t>(b) * Hq + kvh * G + g) * splits + split) * part_stride;
+    pp[4 + d] = A;
+    if (d == 0) {
+      pp[0] = M;
+      pp[1] = L;
+    }
+  }
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int* c = counters + b * Hkv + kvh;
+    const int prev = atomicAdd(c, 1);
+    last_s = prev == splits - 1;
+    if (last_s) *c = 0;
+  }
+  __syncthreads();
+  if (!last_s) return;
+  __threadfence();
+  // Merge the splits of all G heads at once (reusing acc_s).
+  merge_split_partials(part + (static_cast<size_t>(b) * Hq + kvh * G) * splits * kPartStride, G, splits, kMaxSplits,
+                       &acc_s[0][0][0], out + (static_cast<size_t>(b) * Hq + kvh * G) * kHeadDim);
 }
 
 // ---- decode attention with the current token's q/k RMSNorm + RoPE + KV write folded in (G == 8, D == 128) -----
@@ -555,6 +536,7 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kern
   __shared__ __align__(16) bf16 kn_s[D], vn_s[D];
   float(*acc_s)[G][D] = reinterpret_cast<float(*)[G][D]>(smem_raw);
   __shared__ float m_s[kDecWarps][G], l_s[kDecWarps][G];
+  __shared__ int last_s;
   step_timeline_phase(0);  // the CTA is resident
 
   const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
@@ -667,8 +649,37 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kern
       mma16816(sc, kcur[c][0].x, kcur[c][1].x, kcur[c][0].y, kcur[c][1].y, qf[c].x, qf[c].y);
       mma16816(sc, kcur[c][0].z, kcur[c][1].z, kcur[c][0].w, kcur[c][1].w, qf[c].z, qf[c].w);
     }
-    uint32_t pb0, pb1;
-    softmax_page(st, sc, nv, scale, pb0, pb1);
+    const bool v0 = g < nv, v1 = g + 8 < nv;
+    float s[4] = {v0 ? sc[0] * scale : -INFINITY, v0 ? sc[1] * scale : -INFINITY, v1 ? sc[2] * scale : -INFINITY,
+                  v1 ? sc[3] * scale : -INFINITY};
+    float pr[4], alpha[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = fmaxf(s[h], s[2 + h]);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+      const float m_new = fmaxf(st.m[h], mx);
+      const bool any = m_new != -INFINITY;
+      pr[h] = any && s[h] != -INFINITY ? __expf(s[h] - m_new) : 0.f;
+      pr[2 + h] = any && s[2 + h] != -INFINITY ? __expf(s[2 + h] - m_new) : 0.f;
+      float ps = pr[h] + pr[2 + h];
+      ps += __shfl_xor_sync(0xffffffffu, ps, 4);
+      ps += __shfl_xor_sync(0xffffffffu, ps, 8);
+      ps += __shfl_xor_sync(0xffffffffu, ps, 16);
+      alpha[h] = st.m[h] == -INFINITY ? 0.f : __expf(st.m[h] - m_new);
+      st.l[h] = st.l[h] * alpha[h] + ps;
+      st.m[h] = m_new;
+    }
+#pragma unroll
+    for (int mt = 0; mt < 8; ++mt) {
+      st.o[mt][0] *= alpha[0];
+      st.o[mt][1] *= alpha[1];
+      st.o[mt][2] *= alpha[0];
+      st.o[mt][3] *= alpha[1];
+    }
+    const uint32_t pb0 = movmatrix_trans(pack_bf16(pr[0], pr[1]));
+    const uint32_t pb1 = movmatrix_trans(pack_bf16(pr[2], pr[3]));
     if (more) asm volatile("cp.async.wait_group 1;" ::: "memory");
     else asm volatile("cp.async.wait_group 0;" ::: "memory");
     __syncwarp();
@@ -776,7 +787,41 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kern
     cluster_wait();
     return;
   }
-  finish_split_global<G>(m_s, l_s, acc_s, part, counters, out, b, Hq, Hkv, kvh, splits, split);
+  constexpr size_t part_stride = kPartStride;
+  for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+    const int hh = idx / D, d = idx % D;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kDecWarps; ++w) M = fmaxf(M, m_s[w][hh]);
+    float L = 0.f, A = 0.f;
+    if (M != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kDecWarps; ++w) {
+        const float e = __expf(m_s[w][hh] - M);
+        L += l_s[w][hh] * e;
+        A += acc_s[w][hh][d] * e;
+      }
+    }
+    float* pp = part + ((static_cast<size_t>(b) * Hq + kvh * G + hh) * splits + split) * part_stride;
+    pp[4 + d] = A;
+    if (d == 0) {
+      pp[0] = M;
+      pp[1] = L;
+    }
+  }
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int* c = counters + b * Hkv + kvh;
+    const int prev = atomicAdd(c, 1);
+    last_s = prev == splits - 1;
+    if (last_s) *c = 0;
+  }
+  __syncthreads();
+  if (!last_s) return;
+  __threadfence();
+  merge_split_partials(part + (static_cast<size_t>(b) * Hq + kvh * G) * splits * kPartStride, G, splits, kMaxSplits,
+                       &acc_s[0][0][0], out + (static_cast<size_t>(b) * Hq + kvh * G) * kHeadDim);
 }
 
 // ---- fused decode attention fed by a bulk-copy ring (kAttentionKernel 4 and 5; 4 kv heads per CTA) -------------
@@ -1028,9 +1073,38 @@ __global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
         mma16816(kc & 1 ? sc2 : sc, a0, a1, a2, a3, qb[kc][0], qb[kc][1]);
       }
 #pragma unroll
-      for (int k = 0; k < 4; ++k) sc[k] += sc2[k];
-      uint32_t pb0, pb1;
-      softmax_page(st, sc, nv, scale, pb0, pb1);
+      for (int i = 0; i < 4; ++i) sc[i] += sc2[i];
+      const bool v0 = g < nv, v1 = g + 8 < nv;
+      float sv[4] = {v0 ? sc[0] * scale : -INFINITY, v0 ? sc[1] * scale : -INFINITY, v1 ? sc[2] * scale : -INFINITY,
+                     v1 ? sc[3] * scale : -INFINITY};
+      float pr[4], alpha[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        float mx = fmaxf(sv[h], sv[2 + h]);
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+        const float m_new = fmaxf(st.m[h], mx);
+        const bool any = m_new != -INFINITY;
+        pr[h] = any && sv[h] != -INFINITY ? __expf(sv[h] - m_new) : 0.f;
+        pr[2 + h] = any && sv[2 + h] != -INFINITY ? __expf(sv[2 + h] - m_new) : 0.f;
+        float ps = pr[h] + pr[2 + h];
+        ps += __shfl_xor_sync(0xffffffffu, ps, 4);
+        ps += __shfl_xor_sync(0xffffffffu, ps, 8);
+        ps += __shfl_xor_sync(0xffffffffu, ps, 16);
+        alpha[h] = st.m[h] == -INFINITY ? 0.f : __expf(st.m[h] - m_new);
+        st.l[h] = st.l[h] * alpha[h] + ps;
+        st.m[h] = m_new;
+      }
+#pragma unroll
+      for (int mt = 0; mt < 8; ++mt) {
+        st.o[mt][0] *= alpha[0];
+        st.o[mt][1] *= alpha[1];
+        st.o[mt][2] *= alpha[0];
+        st.o[mt][3] *= alpha[1];
+      }
+      const uint32_t pb0 = movmatrix_trans(pack_bf16(pr[0], pr[1]));
+      const uint32_t pb1 = movmatrix_trans(pack_bf16(pr[2], pr[3]));
       const uint32_t va = smem_addr(vst) + v_lane;
 #pragma unroll
       for (int mt = 0; mt < 8; ++mt) {
