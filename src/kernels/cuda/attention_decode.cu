@@ -1073,7 +1073,7 @@ __global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
         mma16816(kc & 1 ? sc2 : sc, a0, a1, a2, a3, qb[kc][0], qb[kc][1]);
       }
 #pragma unroll
-      for (int i = 0; i < 4; ++i) sc[i] += sc2[i];
+      for (int k = 0; k < 4; ++k) sc[k] += sc2[k];
       const bool v0 = g < nv, v1 = g + 8 < nv;
       float sv[4] = {v0 ? sc[0] * scale : -INFINITY, v0 ? sc[1] * scale : -INFINITY, v1 ? sc[2] * scale : -INFINITY,
                      v1 ? sc[3] * scale : -INFINITY};
