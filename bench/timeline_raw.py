@@ -11,8 +11,15 @@ With --phases LABEL it prints instead, for the launches whose label starts with 
 median / maximum over the CTAs (us after the launch's release; the median of each over the launches) and the time
 to the next launch's release, and when the CTAs' PDL waits returned.
 
+With --sms LABEL it prints, for the launches whose label starts with LABEL, per SM and launch (grouped by how many of
+the launch's CTAs the SM held): when its first CTA became resident, how long the CTAs' prologues took (first
+instruction to reaching the PDL wait), when the waits returned, when its last CTA stamped its last phase, and when the
+next launch's first CTA entered that SM after it (the handoff); us after the launch's release, min / median / 90th
+percentile / max over the (SM, launch) pairs.
+
 usage: bench/timeline_raw.py tl-b1.txt [label-prefix (default rows_pre)]
        bench/timeline_raw.py tl-b8.txt --phases moe_experts_stream
+       bench/timeline_raw.py tl-b1.txt --sms moe_one_gate_up
 """
 import collections
 import statistics
@@ -41,6 +48,7 @@ def per_cta(recs, grid):
         d = out[cta]
         d["sm"] = sm
         if tag == 0:
+            d["reach"] = (t0 - rel) / 1e3
             d["release"] = (t1 - rel) / 1e3
         else:
             d["p%d" % (tag - 1)] = (t0 - rel) / 1e3
@@ -74,10 +82,56 @@ def phases(path, prefix):
         print(f"| {name} | {med[0]:.2f} | {med[1]:.2f} | {med[2]:.2f} |")
 
 
+def spread(v):
+    v = sorted(v)
+    return f"{v[0]:.2f} / {statistics.median(v):.2f} / {v[min(len(v) - 1, int(len(v) * 0.9))]:.2f} / {v[-1]:.2f}"
+
+
+def sms(path, prefix):
+    labels, order, recs = load(path)
+    rows = collections.defaultdict(lambda: collections.defaultdict(list))  # CTAs on the SM -> quantity -> values
+    for i, grid in enumerate(order):
+        if not labels[grid].startswith(prefix) or i + 1 >= len(order):
+            continue
+        rel = min(r[4] for r in recs[grid] if r[1] == 0)
+        ctas = per_cta(recs, grid)
+        nxt = per_cta(recs, order[i + 1])
+        nrel = min(r[4] for r in recs[order[i + 1]] if r[1] == 0)
+        shift = (nrel - rel) / 1e3  # the next launch's times, relative to this launch's release
+        by_sm = collections.defaultdict(list)
+        for d in ctas.values():
+            by_sm[d["sm"]].append(d)
+        next_entry = collections.defaultdict(list)
+        for d in nxt.values():
+            if "p0" in d:
+                next_entry[d["sm"]].append(d["p0"] + shift)
+        for sm, ds in by_sm.items():
+            q = rows[len(ds)]
+            last = [max(v for k, v in d.items() if k.startswith("p")) for d in ds if any(k.startswith("p") for k in d)]
+            if any("p0" in d for d in ds):
+                q["first resident"].append(min(d["p0"] for d in ds if "p0" in d))
+            q["prologue"] += [d["reach"] - d["p0"] for d in ds if "reach" in d and "p0" in d]
+            q["wait returned"] += [d["release"] for d in ds if "release" in d]
+            if last:
+                q["last CTA's last stamp"].append(max(last))
+                if next_entry.get(sm):
+                    q["next launch enters after it"].append(min(next_entry[sm]) - max(last))
+    print(f"{prefix}: per SM and launch, us after the launch's release (min / median / p90 / max)")
+    print("| CTAs on the SM | quantity | values | min / median / p90 / max |")
+    print("|---|---|---|---|")
+    for n, q in sorted(rows.items()):
+        for name, v in q.items():
+            if v:
+                print(f"| {n} | {name} | {len(v)} | {spread(v)} |")
+
+
 def main():
     path = sys.argv[1]
     if len(sys.argv) > 3 and sys.argv[2] == "--phases":
         phases(path, sys.argv[3])
+        return
+    if len(sys.argv) > 3 and sys.argv[2] == "--sms":
+        sms(path, sys.argv[3])
         return
     prefix = sys.argv[2] if len(sys.argv) > 2 else "rows_pre"
     labels, order, recs = load(path)
