@@ -15,6 +15,7 @@
 #if defined(ZEST_HAVE_CUDA)
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <filesystem>
@@ -310,6 +311,7 @@ TEST(CudaDecoder, DownRowsStepsMatchTheChain) {
     auto ref = run_chunks(**dec, *cache, tables, seqs, step);  // the step writes the same K/V slots every time
     ASSERT_TRUE(ref.ok()) << ref.status().to_string();
     set_decode_option(DecodeOption::kMoeDownRows, 1);
+    std::vector<float> rows_logits;
     for (int rep = 0; rep < 3; ++rep) {  // eager first use of the graph key, then captured and replayed
       auto got = run_chunks(**dec, *cache, tables, seqs, step);
       ASSERT_TRUE(got.ok()) << got.status().to_string();
@@ -319,7 +321,20 @@ TEST(CudaDecoder, DownRowsStepsMatchTheChain) {
                   e.max_ref);
       EXPECT_GT(e.max_ref, 0.0);
       EXPECT_LE(e.max_err, 1e-3 * e.max_ref) << n << " sequences, step " << rep;
+      rows_logits.assign(got->data<float>(), got->data<float>() + got->numel());
     }
+    // The o GEMM's tile copies held back on SMs whose attention CTAs attend their pages (DecodeOption::kAttnGate 1
+    // and 2, a scheduling hint): the same logits, eager and replayed.
+    for (int gate : {1, 2}) {
+      set_decode_option(DecodeOption::kAttnGate, gate);
+      for (int rep = 0; rep < 2; ++rep) {
+        auto got = run_chunks(**dec, *cache, tables, seqs, step);
+        ASSERT_TRUE(got.ok()) << got.status().to_string();
+        EXPECT_TRUE(std::equal(rows_logits.begin(), rows_logits.end(), got->data<float>()))
+            << n << " sequences, kAttnGate " << gate << ", step " << rep;
+      }
+    }
+    set_decode_option(DecodeOption::kAttnGate, default_decode_option(DecodeOption::kAttnGate));
   }
   set_decode_option(DecodeOption::kMoeDownRows, default_decode_option(DecodeOption::kMoeDownRows));
   fs::remove_all(dir);

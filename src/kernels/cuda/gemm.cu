@@ -37,6 +37,22 @@ int default_decode_option(DecodeOption opt) {
   }
 }
 
+namespace {
+__device__ unsigned g_sm_gate[kMaxSmIds];  // zero at module load; every user leaves it zero
+}  // namespace
+
+unsigned* sm_gate_words() {
+  static unsigned* const words = [] {
+    void* p = nullptr;
+    if (cudaGetSymbolAddress(&p, g_sm_gate) != cudaSuccess) {
+      cudaGetLastError();
+      return static_cast<unsigned*>(nullptr);
+    }
+    return static_cast<unsigned*>(p);
+  }();
+  return words;
+}
+
 Status set_min_carveout(const void* fn, int ctas_per_sm, size_t dynamic_smem, bool on) {
   int pct = -1;  // the driver's default
   if (on) {
