@@ -11,6 +11,9 @@ With --phases LABEL it prints instead, for the launches whose label starts with 
 median / maximum over the CTAs (us after the launch's release; the median of each over the launches) and the time
 to the next launch's release, and when the CTAs' PDL waits returned.
 
+With --neighbours LABEL it prints each CTA's phase-2 stamp grouped by whether the next launch's first CTA entered
+the CTA's SM before it, and the per-launch maximum.
+
 With --sms LABEL it prints, for the launches whose label starts with LABEL, per SM and launch (grouped by how many of
 the launch's CTAs the SM held): when its first CTA became resident, how long the CTAs' prologues took (first
 instruction to reaching the PDL wait), when the waits returned, when its last CTA stamped its last phase, and when the
@@ -20,6 +23,7 @@ percentile / max over the (SM, launch) pairs.
 usage: bench/timeline_raw.py tl-b1.txt [label-prefix (default rows_pre)]
        bench/timeline_raw.py tl-b8.txt --phases moe_experts_stream
        bench/timeline_raw.py tl-b1.txt --sms moe_one_gate_up
+       bench/timeline_raw.py tl-b1.txt --neighbours decode_attention_fused
 """
 import collections
 import statistics
@@ -125,8 +129,49 @@ def sms(path, prefix):
                 print(f"| {n} | {name} | {len(v)} | {spread(v)} |")
 
 
+def neighbours(path, prefix, phase=2):
+    """For the launches whose label starts with prefix: each CTA's phase `phase` (us after the launch's release),
+    grouped by when the next launch's first CTA entered the CTA's SM (before that phase or not), and the per-launch
+    maximum (what a cluster barrier or the next launch waits for)."""
+    labels, order, recs = load(path)
+    groups = collections.defaultdict(list)
+    maxima = []
+    key = "p%d" % phase
+    for i, grid in enumerate(order):
+        if not labels[grid].startswith(prefix) or i + 1 >= len(order):
+            continue
+        rel = min(r[4] for r in recs[grid] if r[1] == 0)
+        nrel = min(r[4] for r in recs[order[i + 1]] if r[1] == 0)
+        shift = (nrel - rel) / 1e3
+        entry = {}
+        for d in per_cta(recs, order[i + 1]).values():
+            if "p0" in d:
+                entry[d["sm"]] = min(entry.get(d["sm"], 1e9), d["p0"] + shift)
+        vals = []
+        for d in per_cta(recs, grid).values():
+            if key not in d:
+                continue
+            t = entry.get(d["sm"])
+            name = "no CTA of the next launch" if t is None else (
+                "next launch entered before it" if t < d[key] else "next launch entered after it")
+            groups[name].append(d[key])
+            vals.append(d[key])
+        if vals:
+            maxima.append(max(vals))
+    print(f"{prefix}: {key} (us after the release) by the next launch's entry on the CTA's SM (min / median / p90 / max)")
+    print("| group | CTA records | values |")
+    print("|---|---|---|")
+    for name, v in sorted(groups.items()):
+        print(f"| {name} | {len(v)} | {spread(v)} |")
+    if maxima:
+        print(f"| per-launch maximum | {len(maxima)} | {spread(maxima)} |")
+
+
 def main():
     path = sys.argv[1]
+    if len(sys.argv) > 3 and sys.argv[2] == "--neighbours":
+        neighbours(path, sys.argv[3])
+        return
     if len(sys.argv) > 3 and sys.argv[2] == "--phases":
         phases(path, sys.argv[3])
         return

@@ -8,3 +8,12 @@
   --sere-primary 2 --sere-threshold 0 \
   --variant gate=0 --variant gate=1 --variant gate=2 --variant gate=1 --variant gate=0 --variant gate=0 \
   --variant gate=1 --variant gate=2 --variant gate=1 --variant gate=0 2>&1 | grep "variant:\|^| [0-9]\|error"
+if [ -f .gpu/zest-timeline.tar.xz ]; then
+  rm -rf /tmp/zest-tl && mkdir -p /tmp/zest-tl && tar -xJf .gpu/zest-timeline.tar.xz -C /tmp/zest-tl
+  for g in 0 1; do
+    ZEST_TIMELINE_RAW=${OUT:-/tmp}/gate$g timeout 60 /tmp/zest-tl/pkg/bench_decode_timeline --config qwen3-30b-a3b \
+      --context 1024 --batch 1 --steps 30 --warmup 5 --timeline 1 --variant gate=$g 2>&1 | grep "variant:\|^    |\|layer:"
+    echo "== gate=$g: attention pages by the o GEMM's entry on the SM"
+    python3 bench/timeline_raw.py "${OUT:-/tmp}/gate$g-b1.txt" --neighbours decode_attention_fused
+  done
+fi
