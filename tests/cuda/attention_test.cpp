@@ -363,9 +363,9 @@ void run_fused_variants_case(const std::vector<int>& variants, const std::vector
     // The second launch may also prefetch a buffer for the next kernel into L2 (kL2Prefetch 1 or 3 with the ring).
     set_decode_option(DecodeOption::kAttentionKernel, variant);
     set_decode_option(DecodeOption::kL2Prefetch, l2_modes[variant % 3]);
-    // ... and mark its SMs for the o GEMM that follows (kAttnGate 1 or 2; the cluster kernel), which must give
+    // ... and mark its SMs for the o GEMM that follows (kAttnGate 1-4; the cluster kernel), which must give
     // gemm()'s bits.
-    const int gate = 1 + variant % 2;
+    const int gate = 1 + variant % 4;
     set_decode_option(DecodeOption::kAttnGate, gate);
     const Status st2 = decode_attention_fused(p2, dq->get(), q_stride, dqn->get(), dkn->get(), dpos.get(), pos_stride,
                                               rope, dslots.get(), dk->get(), dv->get(), dbt.get(), dlens.get(),

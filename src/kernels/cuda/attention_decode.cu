@@ -1556,10 +1556,12 @@ Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_s
     cfg.attrs = attr;
     cfg.numAttrs = static_cast<unsigned int>(common_launch_attrs(attr, 1));
     const int gate = decode_option(DecodeOption::kAttnGate);
-    if (gate == 1 || gate == 2) {
+    if (gate == 1 || gate == 2 || gate == 4) {
       f.sm_gate = sm_gate_words();
       f.gate_to_end = gate == 2;
     }
+    ZEST_RETURN_IF_ERROR(
+        set_max_carveout(reinterpret_cast<const void*>(decode_attention_fused_kernel<true>), gate >= 3));
     note_launch("decode_attention_fused (cluster)");
     return cuda_status(cudaLaunchKernelEx(&cfg, decode_attention_fused_kernel<true>, qkv, q_stride, k_cache, v_cache,
                                           block_table, p.max_blocks, context_lens, out, part, counters, p.kv_heads,

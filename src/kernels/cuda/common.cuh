@@ -384,6 +384,8 @@ __device__ __forceinline__ void sm_gate_wait(const unsigned* gate, uint64_t max_
 // holds ctas_per_sm CTAs (static + dynamic_smem shared memory and the per-CTA reserve each), the rest staying L1;
 // on = false: the driver's default (-1).
 Status set_min_carveout(const void* fn, int ctas_per_sm, size_t dynamic_smem, bool on);
+// Sets fn's preferred carveout to the largest shared-memory share (on) or the driver's default; cached per function.
+Status set_max_carveout(const void* fn, bool on);
 
 // Tensor-core weight-streaming paths (rows_mma.cu) for few tokens, used by gemm and moe_experts_decode.
 bool rows_mma_gemm_ok(int M, int N, int K);

@@ -53,6 +53,19 @@ unsigned* sm_gate_words() {
   return words;
 }
 
+Status set_max_carveout(const void* fn, bool on) {
+  static std::mutex mu;
+  static std::map<const void*, bool> applied;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = applied.find(fn);
+  if (it != applied.end() && it->second == on) return Status::ok();
+  ZEST_RETURN_IF_ERROR(cuda_status(
+      cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, on ? cudaSharedmemCarveoutMaxShared : -1),
+      "carveout"));
+  applied[fn] = on;
+  return Status::ok();
+}
+
 Status set_min_carveout(const void* fn, int ctas_per_sm, size_t dynamic_smem, bool on) {
   int pct = -1;  // the driver's default
   if (on) {

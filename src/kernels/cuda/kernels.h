@@ -149,7 +149,9 @@ enum class DecodeOption : int {
                     // 1 = each attention CTA marks its SM (a per-SM word, sm_gate_words) from its entry until its
                     // pages are attended, and an o GEMM CTA on a marked SM issues its weight-tile copies only once
                     // the mark clears (bounded wait): the o tiles no longer stream into an SM while its attention
-                    // CTA attends its pages; 2 = as 1 with the mark held until the attention CTA's end
+                    // CTA attends its pages; 2 = as 1 with the mark held until the attention CTA's end; 3 = no
+                    // marks, the small-M shared-memory GEMM (rows_pre) and the fused cluster attention preferring
+                    // the largest shared-memory carveout; 4 = 3 and 1
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);

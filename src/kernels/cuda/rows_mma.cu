@@ -394,8 +394,9 @@ bool rows_pre_ok(int M, int N, int K, int pf = kPfNone, bool norm = false) {
 
 Status launch_rows_pre(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream,
                        int pf = kPfNone, const KvPrefetch& kv = KvPrefetch{}) {
-  return launch("rows_pre", rows_pre_pick(M, K, pf, kv.norm_w != nullptr), dim3(N / kRows), dim3(kWarps * 32),
-                rows_pre_smem(K), stream, x, w, y, M, N, K, kv);
+  const PreKernel fn = rows_pre_pick(M, K, pf, kv.norm_w != nullptr);
+  ZEST_RETURN_IF_ERROR(set_max_carveout(reinterpret_cast<const void*>(fn), decode_option(DecodeOption::kAttnGate) >= 3));
+  return launch("rows_pre", fn, dim3(N / kRows), dim3(kWarps * 32), rows_pre_smem(K), stream, x, w, y, M, N, K, kv);
 }
 
 // kGemmVariant 4 (default) runs the register-streamed kernel for 9-16 token rows when K <= 2048 (the qkv GEMM at
@@ -487,13 +488,13 @@ Status gemm_kv_prefetch(const bf16* x, const bf16* w, bf16* y, int M, int N, int
 Status gemm_after_attention(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream) {
   const int gate = decode_option(DecodeOption::kAttnGate);
   KvPrefetch kv;
-  kv.sm_gate = gate == 1 || gate == 2 ? sm_gate_words() : nullptr;
+  kv.sm_gate = gate == 1 || gate == 2 || gate == 4 ? sm_gate_words() : nullptr;
   // As rows_mma_gemm with kGemmVariant 4 on the tile path (kL2Prefetch 0: evict-first tiles up to kPrefetchMaxRows).
   const bool aligned =
       x && w && y && K % 8 == 0 && (reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w)) % 16 == 0;
   const bool long_k = K > kWarps * kChunk * kPreRound;
   const int pf = decode_option(DecodeOption::kL2Prefetch) == 0 && M <= kPrefetchMaxRows ? kPfTileHint : kPfNone;
-  if (kv.sm_gate && aligned && decode_option(DecodeOption::kGemmVariant) == 4 && (long_k || M < kStreamMinRows) &&
+  if (gate >= 1 && aligned && decode_option(DecodeOption::kGemmVariant) == 4 && (long_k || M < kStreamMinRows) &&
       rows_mma_gemm_ok(M, N, K) && rows_pre_ok(M, N, K, pf))
     return launch_rows_pre(x, w, y, M, N, K, stream, pf, kv);
   return gemm(x, w, y, M, N, K, stream);
