@@ -597,9 +597,7 @@ Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const model::
                                  : moe_plan_prefill(s.ids, T, K_, E_, s.plan, nullptr, st));
   if (T <= kDecodeMoeTokens)  // next_w null: x only (the down kernel by rows at one token, moe_down_rows_on)
     return moe_experts_decode_combine(s.xn, s.plan, s.route_w, Ly.gate_up, Ly.down, s.h, s.slot_out, T, K_, E_, H_, I_,
-                                      s.x, s.ids, next_w, next_w ? s.xn : nullptr, eps_, s.done, st,
-                                      l + 1 < L_ ? layers_[l + 1].wqkv : nullptr,
-                                      static_cast<size_t>(QKV_) * H_ * 2);
+                                      s.x, s.ids, next_w, next_w ? s.xn : nullptr, eps_, s.done, st);
   ZEST_RETURN_IF_ERROR(
       moe_experts_prefill(s.xn, s.plan, s.route_w, Ly.gate_up, Ly.down, s.h, s.slot_out, T, K_, E_, H_, I_, st));
   return moe_combine_add_rmsnorm(s.x, s.slot_out, s.ids, K_, next_w, s.xn, T, H_, eps_, st);

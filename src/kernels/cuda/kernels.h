@@ -143,11 +143,7 @@ enum class DecodeOption : int {
   kMoeDownRows,     // decode steps of one token (moe_one experts): 1 (default) = the down kernel by output rows in
                     // CTA pairs adds the slots to x itself (moe_one.h OneCombine::rows) and the next layer's qkv
                     // GEMM normalises x itself (KvPrefetch::norm_w); 2 = as 1 with the gate/up kernel's carveout
-                    // leaving room for a pair CTA; 3 = as 1 with each pair CTA, once its weights have landed,
-                    // prefetching its share of the next kernel's bytes into L2 from every thread
-                    // (prefetch.global.L2::evict_last; moe_experts_decode_combine's l2_next: the next qkv weights,
-                    // which would otherwise stream only as the pair CTAs leave); 4 = as 3 without the eviction
-                    // priority; 0 = the folded combine (kMoeCombine)
+                    // leaving room for a pair CTA; 0 = the folded combine (kMoeCombine)
   kAttnGate,        // decode steps that run the fused cluster decode attention (decode_attention_fused, up to 8
                     // (sequence, kv head) pairs) and then the o GEMM by gemm_after_attention: 0 (default) = none;
                     // 1 = each attention CTA marks its SM (a per-SM word, sm_gate_words) from its entry until its
@@ -418,13 +414,11 @@ Status moe_experts_decode(const bf16* x, const MoePlan& plan, const float* weigh
 // moe_experts_decode followed by the layer's combine, moe_combine_add_rmsnorm(cx, slot_out, ids, K, cw, cy, N, H,
 // eps): folded into the experts' last kernel when DecodeOption::kMoeCombine allows it and that kernel can (the
 // one-token experts, moe_one.h, H <= 2048), else as the separate launch; the same bits either way. done: one device
-// word, zero before the first call (the folded form leaves it zero). l2_next (a multiple of 16 bytes at a 16-byte
-// aligned address, or null): bytes the next kernel reads, which the down kernel by output rows prefetches into L2
-// once its weights have landed with DecodeOption::kMoeDownRows 3 or 4 (a hint: the results are the same).
+// word, zero before the first call (the folded form leaves it zero).
 Status moe_experts_decode_combine(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
                                   const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I,
                                   bf16* cx, const int32_t* ids, const bf16* cw, bf16* cy, float eps, unsigned* done,
-                                  cudaStream_t stream, const void* l2_next = nullptr, size_t l2_next_bytes = 0);
+                                  cudaStream_t stream);
 // Prefill experts: the same function as moe_experts_decode through tensor-core grouped GEMMs over the
 // plan's tiles (device-side offsets): moe_prefill_gate_up then moe_prefill_down when H % 128 == 0 and
 // I % 64 == 0, else moe_experts_prefill_wmma.

@@ -358,7 +358,7 @@ bool moe_down_rows_on(int N, int K, int E, int H, int I) {
 Status moe_experts_decode_combine(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
                                   const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I,
                                   bf16* cx, const int32_t* ids, const bf16* cw, bf16* cy, float eps, unsigned* done,
-                                  cudaStream_t stream, const void* l2_next, size_t l2_next_bytes) {
+                                  cudaStream_t stream) {
   ZEST_RETURN_IF_ERROR(check_moe("moe_experts_decode_combine", N, K, E, H, I));
   int kernel = decode_option(DecodeOption::kMoeKernel);
   if (kernel == 0) kernel = default_moe_kernel(N);
@@ -369,12 +369,6 @@ Status moe_experts_decode_combine(const bf16* x, const MoePlan& plan, const floa
     c.x = cx;
     c.ids = ids;
     c.rows = true;
-    const int dr = decode_option(DecodeOption::kMoeDownRows);
-    if ((dr == 3 || dr == 4) && l2_next && reinterpret_cast<uintptr_t>(l2_next) % 16 == 0) {
-      c.l2_next = static_cast<const unsigned char*>(l2_next);
-      c.l2_next_bytes = l2_next_bytes / 16 * 16;
-      c.l2_last = dr == 3;
-    }
     return moe_experts_one(x, plan, weights, gate_up, down, h, slot_out, N, K, E, H, I, 1, stream, nullptr, &c);
   }
   if (decode_option(DecodeOption::kMoeCombine) >= 1 && done && kernel >= kOneBase && kernel < kOneBase + kOneVariants &&

@@ -355,16 +355,6 @@ __global__ void __launch_bounds__(kPairThreads, 2) one_down_pair_kernel(OneParam
 #pragma unroll
     for (int v = 0; v < 4; ++v) acc[x][v] = 0.f;
   if (nx > 0) mbar_wait(&bar, 0);
-  if (p.cmb.l2_next) {  // weights landed: this CTA's share of the next kernel's bytes into L2, a line per thread
-    const size_t ctas = static_cast<size_t>(gridDim.x) * gridDim.y;
-    const size_t cta = blockIdx.x + static_cast<size_t>(gridDim.x) * blockIdx.y;
-    const size_t per = ((p.cmb.l2_next_bytes + ctas - 1) / ctas + 127) / 128 * 128;
-    const size_t beg = cta * per, end = min(beg + per, p.cmb.l2_next_bytes);
-    for (size_t o = beg + threadIdx.x * 128; o < end; o += kPairThreads * 128) {
-      if (p.cmb.l2_last) asm volatile("prefetch.global.L2::evict_last [%0];" ::"l"(p.cmb.l2_next + o));
-      else asm volatile("prefetch.global.L2 [%0];" ::"l"(p.cmb.l2_next + o));
-    }
-  }
 #pragma unroll
   for (int x = 0; x < kPairExperts; ++x) {
     if (x >= nx) break;

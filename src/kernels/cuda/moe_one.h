@@ -28,11 +28,6 @@ struct OneCombine {
   // itself (the same bits as the chain's x; no exit counter, no last CTA, done unused); the next RMSNorm is left to
   // the next kernel (gemm_kv_prefetch with KvPrefetch::norm_w).
   bool rows = false;
-  // rows: bytes of the next kernel (a 16-byte aligned address) the CTAs prefetch into L2 once their weights have
-  // landed, each its share, a 128-byte line per thread and prefetch (null: none).
-  const unsigned char* l2_next = nullptr;
-  size_t l2_next_bytes = 0;
-  bool l2_last = false;  // the prefetches with the evict-last priority
 };
 bool moe_one_rows_ok(int N, int K, int E, int H, int I);
 bool moe_one_combine_ok(int H);

@@ -359,8 +359,7 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
       ZEST_OP("moe experts + combine + rmsnorm",
               moe_experts_decode_combine(xn_, plan_, route_w_, L.gate_up, L.down, h_, slot_out_, batch, K, E, H, I,
                                          x_, route_ids_, rows ? nullptr : next_norm, rows ? nullptr : xn_, kEps,
-                                         combine_done_, s, l + 1 < c.layers ? layers_[l + 1].wqkv : nullptr,
-                                         static_cast<size_t>(QKV) * H * 2));
+                                         combine_done_, s));
     } else {
       const int I = c.dense_inter;
       ZEST_OP("mlp gate/up gemm", gemm(xn_, L.gate_up, gu_, batch, 2 * I, H, s));
