@@ -323,9 +323,9 @@ TEST(CudaDecoder, DownRowsStepsMatchTheChain) {
       EXPECT_LE(e.max_err, 1e-3 * e.max_ref) << n << " sequences, step " << rep;
       rows_logits.assign(got->data<float>(), got->data<float>() + got->numel());
     }
-    // The o GEMM's tile copies held back on SMs whose attention CTAs attend their pages (DecodeOption::kAttnGate 1-4
+    // The o GEMM's tile copies held back on SMs whose attention CTAs attend their pages (DecodeOption::kAttnGate 1-6
     // and 2, a scheduling hint): the same logits, eager and replayed.
-    for (int gate : {1, 2, 3, 4}) {
+    for (int gate : {1, 2, 3, 4, 5, 6}) {
       set_decode_option(DecodeOption::kAttnGate, gate);
       for (int rep = 0; rep < 2; ++rep) {
         auto got = run_chunks(**dec, *cache, tables, seqs, step);

@@ -151,7 +151,8 @@ enum class DecodeOption : int {
                     // the mark clears (bounded wait): the o tiles no longer stream into an SM while its attention
                     // CTA attends its pages; 2 = as 1 with the mark held until the attention CTA's end; 3 = no
                     // marks, the small-M shared-memory GEMM (rows_pre) and the fused cluster attention preferring
-                    // the largest shared-memory carveout; 4 = 3 and 1
+                    // the largest shared-memory carveout; 4 = 3 and 1; 5 = 3 and the one-token down kernel by
+                    // rows at the largest carveout; 6 = 5 and the compact routing kernel too
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);
