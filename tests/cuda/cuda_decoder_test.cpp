@@ -323,18 +323,17 @@ TEST(CudaDecoder, DownRowsStepsMatchTheChain) {
       EXPECT_LE(e.max_err, 1e-3 * e.max_ref) << n << " sequences, step " << rep;
       rows_logits.assign(got->data<float>(), got->data<float>() + got->numel());
     }
-    // The o GEMM's tile copies held back on SMs whose attention CTAs attend their pages (DecodeOption::kAttnGate 1-6
-    // and 2, a scheduling hint): the same logits, eager and replayed.
-    for (int gate : {1, 2, 3, 4, 5, 6}) {
-      set_decode_option(DecodeOption::kAttnGate, gate);
-      for (int rep = 0; rep < 2; ++rep) {
-        auto got = run_chunks(**dec, *cache, tables, seqs, step);
-        ASSERT_TRUE(got.ok()) << got.status().to_string();
-        EXPECT_TRUE(std::equal(rows_logits.begin(), rows_logits.end(), got->data<float>()))
-            << n << " sequences, kAttnGate " << gate << ", step " << rep;
-      }
+    // The decode kernels at the driver's carveouts (DecodeOption::kDecodeCarveout 0, a scheduling hint): the same
+    // logits, eager and replayed.
+    set_decode_option(DecodeOption::kDecodeCarveout, 0);
+    for (int rep = 0; rep < 2; ++rep) {
+      auto got = run_chunks(**dec, *cache, tables, seqs, step);
+      ASSERT_TRUE(got.ok()) << got.status().to_string();
+      ASSERT_EQ(static_cast<size_t>(got->numel()), rows_logits.size());
+      EXPECT_TRUE(std::equal(rows_logits.begin(), rows_logits.end(), got->data<float>()))
+          << n << " sequences, kDecodeCarveout 0, step " << rep;
     }
-    set_decode_option(DecodeOption::kAttnGate, default_decode_option(DecodeOption::kAttnGate));
+    set_decode_option(DecodeOption::kDecodeCarveout, default_decode_option(DecodeOption::kDecodeCarveout));
   }
   set_decode_option(DecodeOption::kMoeDownRows, default_decode_option(DecodeOption::kMoeDownRows));
   fs::remove_all(dir);

@@ -448,10 +448,6 @@ struct DecodeFuse {
   float eps;
   const unsigned char* next;  // bytes of the next kernel prefetched into L2 by the ring kernel (nullptr: none)
   size_t next_bytes;          // a multiple of 16
-  // Non-null (DecodeOption::kAttnGate, the cluster kernel): thread 0 marks its SM in these words (sm_gate_enter) at
-  // entry and clears the mark once the CTA's pages are attended (gate_to_end: at its end).
-  unsigned* sm_gate = nullptr;
-  bool gate_to_end = false;
 };
 
 // This CTA's share of the next kernel's bytes (DecodeFuse::next) into L2: one warp's lanes issue bulk prefetches of at
@@ -542,7 +538,6 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kern
   __shared__ float m_s[kDecWarps][G], l_s[kDecWarps][G];
   __shared__ int last_s;
   step_timeline_phase(0);  // the CTA is resident
-  if (kCluster && f.sm_gate && threadIdx.x == 0) sm_gate_enter(f.sm_gate);
 
   const int split = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -734,7 +729,6 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kern
   __syncthreads();
   step_timeline_phase(2);  // the pages attended
   if constexpr (kCluster) {
-    if (f.sm_gate && !f.gate_to_end && threadIdx.x == 0) sm_gate_leave(f.sm_gate);
     // This CTA's partial, in the bytes after acc_s: [G][D] sums, then M and L per head.
     float* cp = reinterpret_cast<float*>(smem_raw + kAccBytes);
     float* cm = cp + G * D;
@@ -791,7 +785,6 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kern
     step_timeline_phase(4);  // this CTA's slice of the output written
     cluster_arrive();  // no CTA leaves while another may still read its partial
     cluster_wait();
-    if (f.sm_gate && f.gate_to_end && threadIdx.x == 0) sm_gate_leave(f.sm_gate);
     return;
   }
   constexpr size_t part_stride = kPartStride;
@@ -1555,13 +1548,10 @@ Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_s
     attr[0].val.clusterDim.z = 1;
     cfg.attrs = attr;
     cfg.numAttrs = static_cast<unsigned int>(common_launch_attrs(attr, 1));
-    const int gate = decode_option(DecodeOption::kAttnGate);
-    if (gate == 1 || gate == 2 || gate == 4) {
-      f.sm_gate = sm_gate_words();
-      f.gate_to_end = gate == 2;
-    }
-    ZEST_RETURN_IF_ERROR(
-        set_max_carveout(reinterpret_cast<const void*>(decode_attention_fused_kernel<true>), gate >= 3));
+    // DecodeOption::kDecodeCarveout: the largest carveout, so that an SM with two of these CTAs (2 x ~36 KB) still
+    // takes an o GEMM CTA (~132 KB) before they leave.
+    ZEST_RETURN_IF_ERROR(set_max_carveout(reinterpret_cast<const void*>(decode_attention_fused_kernel<true>),
+                                          decode_option(DecodeOption::kDecodeCarveout) >= 1));
     note_launch("decode_attention_fused (cluster)");
     return cuda_status(cudaLaunchKernelEx(&cfg, decode_attention_fused_kernel<true>, qkv, q_stride, k_cache, v_cache,
                                           block_table, p.max_blocks, context_lens, out, part, counters, p.kv_heads,

@@ -350,41 +350,12 @@ __device__ __forceinline__ void mma16816(float* c, uint32_t a0, uint32_t a1, uin
 // Number of multiprocessors of the current device (cached).
 int sm_count();
 
-// The per-SM words of sm_gate_words (kernels.h): a CTA marks its SM while it runs a bandwidth-sensitive phase
-// (sm_gate_enter / sm_gate_leave, balanced within the CTA); a later kernel's CTA may hold back its bulk copies while
-// its SM is marked (sm_gate_wait, bounded).
-
-__device__ __forceinline__ unsigned sm_id() {
-  unsigned sm;
-  asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-  return sm;
-}
-__device__ __forceinline__ void sm_gate_enter(unsigned* gate) {
-  const unsigned sm = sm_id();
-  if (sm < kMaxSmIds) atomicAdd(gate + sm, 1u);
-}
-__device__ __forceinline__ void sm_gate_leave(unsigned* gate) {
-  const unsigned sm = sm_id();
-  if (sm < kMaxSmIds) atomicSub(gate + sm, 1u);
-}
-// Spins (one thread) until the SM's word is zero or max_ns have passed.
-__device__ __forceinline__ void sm_gate_wait(const unsigned* gate, uint64_t max_ns) {
-  const unsigned sm = sm_id();
-  if (sm >= kMaxSmIds) return;
-  const uint64_t t0 = global_ns();
-  for (;;) {
-    unsigned v;
-    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(gate + sm) : "memory");
-    if (v == 0 || global_ns() - t0 > max_ns) return;
-    __nanosleep(64);
-  }
-}
-
 // Sets fn's preferred shared-memory carveout to the smallest share of the SM's unified L1 / shared memory that still
 // holds ctas_per_sm CTAs (static + dynamic_smem shared memory and the per-CTA reserve each), the rest staying L1;
 // on = false: the driver's default (-1).
 Status set_min_carveout(const void* fn, int ctas_per_sm, size_t dynamic_smem, bool on);
-// Sets fn's preferred carveout to the largest shared-memory share (on) or the driver's default; cached per function.
+// Sets fn's preferred carveout to the largest shared-memory share (on) or the driver's default (-1); remembered per
+// function, so that launches set it only when it changes.
 Status set_max_carveout(const void* fn, bool on);
 
 // Tensor-core weight-streaming paths (rows_mma.cu) for few tokens, used by gemm and moe_experts_decode.

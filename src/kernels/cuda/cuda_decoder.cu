@@ -1010,8 +1010,7 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
                                              all_generic ? nullptr : d_gen, n, s.attn, Hq_ * D_, Hq_, Hkv_, D_, scale,
                                              st));
     }
-    ZEST_RETURN_IF_ERROR(fused_attn ? gemm_after_attention(s.attn, Ly.wo, s.o, T, H_, Hq_ * D_, st)
-                                    : gemm(s.attn, Ly.wo, s.o, T, H_, Hq_ * D_, st));
+    ZEST_RETURN_IF_ERROR(gemm(s.attn, Ly.wo, s.o, T, H_, Hq_ * D_, st));
     // The MoE half of a decode layer in one launch (DecodeOption::kMoeBlock, moe_block.h) when nothing re-routes and
     // no DeepStack rows follow the layer: x, xn, ids, weights and the router logits as the chain below leaves them.
     if (Ly.moe && decode_only && l >= nds && decode_option(DecodeOption::kMoeBlock) >= 1 &&

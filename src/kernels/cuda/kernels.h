@@ -144,15 +144,10 @@ enum class DecodeOption : int {
                     // CTA pairs adds the slots to x itself (moe_one.h OneCombine::rows) and the next layer's qkv
                     // GEMM normalises x itself (KvPrefetch::norm_w); 2 = as 1 with the gate/up kernel's carveout
                     // leaving room for a pair CTA; 0 = the folded combine (kMoeCombine)
-  kAttnGate,        // decode steps that run the fused cluster decode attention (decode_attention_fused, up to 8
-                    // (sequence, kv head) pairs) and then the o GEMM by gemm_after_attention: 0 (default) = none;
-                    // 1 = each attention CTA marks its SM (a per-SM word, sm_gate_words) from its entry until its
-                    // pages are attended, and an o GEMM CTA on a marked SM issues its weight-tile copies only once
-                    // the mark clears (bounded wait): the o tiles no longer stream into an SM while its attention
-                    // CTA attends its pages; 2 = as 1 with the mark held until the attention CTA's end; 3 = no
-                    // marks, the small-M shared-memory GEMM (rows_pre) and the fused cluster attention preferring
-                    // the largest shared-memory carveout; 4 = 3 and 1; 5 = 3 and the one-token down kernel by
-                    // rows at the largest carveout; 6 = 5 and the compact routing kernel too
+  kDecodeCarveout,  // 1 (default) = the small-M shared-memory GEMM (rows_pre: the qkv and o projections of decode
+                    // steps) and the fused cluster decode attention prefer the largest shared-memory carveout, so
+                    // that an SM keeps room for an o GEMM CTA beside two attention CTAs (measured at batch 1: TPOT
+                    // -0.025 ms); 0 = the driver's default
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);
@@ -257,9 +252,6 @@ struct KvPrefetch {
   const int32_t* context_lens = nullptr;  // [batch], the current token included
   int batch = 0, max_blocks = 0;
   int row_bytes = 0;  // one token's row of all kv heads: kv_heads * head_dim * 2 (a multiple of 16)
-  // Non-null (gemm_after_attention): each CTA waits (at most 20 us) for its SM's word to be zero before it copies
-  // its weight tile.
-  const unsigned* sm_gate = nullptr;
 };
 // gemm() for the qkv projection of a decode step: with DecodeOption::kL2Prefetch 0 (M <= 2), 1 or 2 and the
 // shared-memory small-M path serving (M, N, K), its CTAs also prefetch kv's rows into L2 (a hint: the result is
@@ -269,17 +261,6 @@ Status gemm_kv_prefetch(const bf16* x, const bf16* w, bf16* y, int M, int N, int
 // Whether gemm_kv_prefetch takes KvPrefetch::norm_w for these sizes (the shared-memory small-M path, one token row,
 // 256 <= K <= 2048).
 bool gemm_kv_norm_ok(int M, int N, int K);
-// One word per SM id (kMaxSmIds of them, zero at module load, process-wide; null if unavailable): decode kernels
-// mark the SMs their CTAs run a bandwidth-sensitive phase on, and a later kernel's CTAs may hold back their bulk
-// copies on a marked SM (DecodeOption::kAttnGate). Only a scheduling hint: the waits are bounded and no result
-// depends on the words, which every kernel leaves zero.
-constexpr int kMaxSmIds = 1024;
-unsigned* sm_gate_words();
-// gemm() for the o projection of a decode step, right after decode_attention_fused: with DecodeOption::kAttnGate 1
-// or 2 and the shared-memory small-M path serving (M, N, K), each CTA issues its weight-tile copies only once no
-// attention CTA marks its SM (sm_gate_words; a wait of at most 20 us). A scheduling hint: the result is gemm()'s,
-// bit for bit.
-Status gemm_after_attention(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream);
 // Whether moe_experts_decode_combine with cw and cy null (x only) runs the down kernel by output rows
 // (DecodeOption::kMoeDownRows) for these sizes.
 bool moe_down_rows_on(int N, int K, int E, int H, int I);

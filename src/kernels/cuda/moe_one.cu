@@ -477,8 +477,6 @@ Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights,
                                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                           static_cast<int>(smem)),
                                      "moe_experts_one: down kernel by rows"));
-    ZEST_RETURN_IF_ERROR(
-        set_max_carveout(reinterpret_cast<const void*>(kernel), decode_option(DecodeOption::kAttnGate) >= 5));
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3(2, H / kRows);
     cfg.blockDim = dim3(kPairThreads);

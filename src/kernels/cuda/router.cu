@@ -922,8 +922,6 @@ Status launch_route(RouteParams p, cudaStream_t stream) {
           cuda_status(cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1), "moe_route"));
       set = true;
     }
-    ZEST_RETURN_IF_ERROR(
-        set_max_carveout(reinterpret_cast<const void*>(kernel), decode_option(DecodeOption::kAttnGate) >= 6));
   }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(C);

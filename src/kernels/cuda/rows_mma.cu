@@ -224,7 +224,6 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
   const int r0 = blockIdx.x * kRows;
   const uint32_t row_bytes = static_cast<uint32_t>(Kdim) * 2, stride = row_bytes + 16;
   if (threadIdx.x == 0) {
-    if (kv.sm_gate) sm_gate_wait(kv.sm_gate, 20000);  // no copies into an SM whose attention CTA attends its pages
     mbar_init(&bar);
     mbar_arrive_expect_tx(&bar, kRows * row_bytes);
     if constexpr (kPf == kPfBefore || kPf == kPfTileHint) {
@@ -394,8 +393,11 @@ bool rows_pre_ok(int M, int N, int K, int pf = kPfNone, bool norm = false) {
 
 Status launch_rows_pre(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream,
                        int pf = kPfNone, const KvPrefetch& kv = KvPrefetch{}) {
+  // DecodeOption::kDecodeCarveout: the largest carveout, so that an SM that holds this kernel's CTAs (or, for the o
+  // projection, two fused-attention CTAs) keeps room for the next ones.
   const PreKernel fn = rows_pre_pick(M, K, pf, kv.norm_w != nullptr);
-  ZEST_RETURN_IF_ERROR(set_max_carveout(reinterpret_cast<const void*>(fn), decode_option(DecodeOption::kAttnGate) >= 3));
+  ZEST_RETURN_IF_ERROR(
+      set_max_carveout(reinterpret_cast<const void*>(fn), decode_option(DecodeOption::kDecodeCarveout) >= 1));
   return launch("rows_pre", fn, dim3(N / kRows), dim3(kWarps * 32), rows_pre_smem(K), stream, x, w, y, M, N, K, kv);
 }
 
@@ -481,21 +483,6 @@ Status gemm_kv_prefetch(const bf16* x, const bf16* w, bf16* y, int M, int N, int
     return launch_rows_pre(x, w, y, M, N, K, stream, use, kv);
   }
   if (pf != kPfNone && kv_ok && aligned && pre && rows_mma_gemm_ok(M, N, K) && rows_pre_ok(M, N, K, pf))
-    return launch_rows_pre(x, w, y, M, N, K, stream, pf, kv);
-  return gemm(x, w, y, M, N, K, stream);
-}
-
-Status gemm_after_attention(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream) {
-  const int gate = decode_option(DecodeOption::kAttnGate);
-  KvPrefetch kv;
-  kv.sm_gate = gate == 1 || gate == 2 || gate == 4 ? sm_gate_words() : nullptr;
-  // As rows_mma_gemm with kGemmVariant 4 on the tile path (kL2Prefetch 0: evict-first tiles up to kPrefetchMaxRows).
-  const bool aligned =
-      x && w && y && K % 8 == 0 && (reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w)) % 16 == 0;
-  const bool long_k = K > kWarps * kChunk * kPreRound;
-  const int pf = decode_option(DecodeOption::kL2Prefetch) == 0 && M <= kPrefetchMaxRows ? kPfTileHint : kPfNone;
-  if (gate >= 1 && aligned && decode_option(DecodeOption::kGemmVariant) == 4 && (long_k || M < kStreamMinRows) &&
-      rows_mma_gemm_ok(M, N, K) && rows_pre_ok(M, N, K, pf))
     return launch_rows_pre(x, w, y, M, N, K, stream, pf, kv);
   return gemm(x, w, y, M, N, K, stream);
 }

@@ -313,8 +313,7 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
     }
     ZEST_OP("qkv gemm", gemm_kv_prefetch(rows && l > 0 ? x_ : xn_, L.wqkv, qkv_, batch, QKV, H, kvp, s));
     const int pos_stride = c.mrope ? opt_.max_batch : 0;
-    const bool fused_attn = decode_option(DecodeOption::kAttentionKernel) >= 2 && decode_attention_fused_ok(ap, qkv_, QKV);
-    if (fused_attn) {
+    if (decode_option(DecodeOption::kAttentionKernel) >= 2 && decode_attention_fused_ok(ap, qkv_, QKV)) {
       ZEST_OP("decode attention (fused)",
               decode_attention_fused(ap, qkv_, QKV, L.q_norm, L.k_norm, pos_, pos_stride, rope, slots_, L.k_cache,
                                      L.v_cache, block_table_, ctx_lens_, attn_, ws, kEps, s));
@@ -324,8 +323,7 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
       ZEST_OP("decode attention",
               decode_attention(ap, qkv_, QKV, L.k_cache, L.v_cache, block_table_, ctx_lens_, attn_, ws, s));
     }
-    ZEST_OP("o gemm", fused_attn ? gemm_after_attention(attn_, L.wo, o_, batch, H, c.q_heads * D, s)
-                                 : gemm(attn_, L.wo, o_, batch, H, c.q_heads * D, s));
+    ZEST_OP("o gemm", gemm(attn_, L.wo, o_, batch, H, c.q_heads * D, s));
     // The MoE half of the layer in one launch (DecodeOption::kMoeBlock; nothing re-routes without SERE).
     if (moe && !sere && block_ws_ && decode_option(DecodeOption::kMoeBlock) >= 1 &&
         moe_block_ok(batch, H, c.experts, c.top_k, c.expert_inter)) {
