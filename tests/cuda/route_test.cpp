@@ -46,7 +46,9 @@ void expect_plan_equal(const RouteOut& got, const RouteOut& ref, bool with_ready
   EXPECT_EQ(got.sorted, ref.sorted);
   EXPECT_EQ(got.tile_active, ref.tile_active);
   EXPECT_EQ(got.tile_start, ref.tile_start);
-  if (with_ready) EXPECT_EQ(got.ready, ref.ready);
+  if (with_ready) {
+    EXPECT_EQ(got.ready, ref.ready);
+  }
 }
 
 std::vector<uint32_t> bits_of(const std::vector<float>& v) {

@@ -119,8 +119,9 @@ void run_case(const Case& c, uint32_t seed) {
       ASSERT_EQ(cl[at], ref.logits[i]) << "candidate " << i;
     }
   }
-  if (c.rows >= 16)
+  if (c.rows >= 16) {
     for (int m = 1; m <= 3; ++m) EXPECT_GT(checked[m], 0) << "mode " << m;
+  }
 }
 
 TEST(SampleRows, MatchesHostReference) {
