@@ -197,6 +197,7 @@ bool apply_variant(const std::string& spec) {
     else if (name == "carve") set_decode_option(DecodeOption::kMoeCarveout, value);
     else if (name == "combine") set_decode_option(DecodeOption::kMoeCombine, value);
     else if (name == "rows") set_decode_option(DecodeOption::kMoeDownRows, value);
+    else if (name == "ef") set_decode_option(DecodeOption::kMoeEvictFirst, value);
     else if (name == "dcarve") set_decode_option(DecodeOption::kDecodeCarveout, value);
     else return false;
   }

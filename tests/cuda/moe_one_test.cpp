@@ -371,17 +371,22 @@ TEST(CudaMoeOne, FoldedCombineMatchesTheSeparateLaunch) {
         }
         cudaGraphExecDestroy(rexec);
         cudaStreamDestroy(rst);
-        set_decode_option(DecodeOption::kMoeKernel, 17);
-        set_decode_option(DecodeOption::kMoeDownRows, 1);
-        EXPECT_TRUE(moe_down_rows_on(c.N, c.K, c.E, c.H, c.I));
-        reset();
-        const Status ds = moe_experts_decode_combine(s->x->get(), s->plan, s->w.get(), s->gu->get(), s->dn->get(),
-                                                     s->h.get(), s->out.get(), c.N, c.K, c.E, c.H, c.I, x.get(),
-                                                     s->ids.get(), nullptr, nullptr, eps, nullptr, nullptr);
-        set_decode_option(DecodeOption::kMoeKernel, default_decode_option(DecodeOption::kMoeKernel));
-        set_decode_option(DecodeOption::kMoeDownRows, default_decode_option(DecodeOption::kMoeDownRows));
-        ZEST_ASSERT_OK(ds);
-        EXPECT_TRUE(result() == want);
+        // Through moe_experts_decode_combine, also with the weight loads marked evict-first (kMoeEvictFirst 1).
+        for (int ef : {0, 1}) {
+          set_decode_option(DecodeOption::kMoeKernel, 17);
+          set_decode_option(DecodeOption::kMoeDownRows, 1);
+          set_decode_option(DecodeOption::kMoeEvictFirst, ef);
+          EXPECT_TRUE(moe_down_rows_on(c.N, c.K, c.E, c.H, c.I));
+          reset();
+          const Status ds = moe_experts_decode_combine(s->x->get(), s->plan, s->w.get(), s->gu->get(), s->dn->get(),
+                                                       s->h.get(), s->out.get(), c.N, c.K, c.E, c.H, c.I, x.get(),
+                                                       s->ids.get(), nullptr, nullptr, eps, nullptr, nullptr);
+          set_decode_option(DecodeOption::kMoeKernel, default_decode_option(DecodeOption::kMoeKernel));
+          set_decode_option(DecodeOption::kMoeDownRows, default_decode_option(DecodeOption::kMoeDownRows));
+          set_decode_option(DecodeOption::kMoeEvictFirst, default_decode_option(DecodeOption::kMoeEvictFirst));
+          ZEST_ASSERT_OK(ds);
+          EXPECT_TRUE(result() == want) << "kMoeEvictFirst " << ef;
+        }
       }
     }
 }

@@ -41,6 +41,7 @@ struct OneParams {
   uint64_t* stamps_dn;  // optional: down CTA b writes [3b] at entry, [3b + 1] after its wait, [3b + 2] at its end
   OneCombine cmb;       // cmb.x != null: the down kernel's last CTA runs the combine
   int N;
+  bool ef;  // DecodeOption::kMoeEvictFirst: the weight loads marked evict-first in L2
 };
 
 __device__ __forceinline__ void prefetch_l2(const void* ptr, uint32_t bytes) {
@@ -50,8 +51,11 @@ __device__ __forceinline__ void prefetch_l2(const void* ptr, uint32_t bytes) {
 // One gate/up item: SiLU(gate) * up of expert e's intermediate rows [r0, r0 + 16) for its sorted slots [beg, end),
 // written to h. Warp w takes chunks w, w + 8, ... of k (2 in flight per matrix), as rows_mma_kernel<kGateUp> does.
 // Ends with a barrier (h written by the CTA's 128 storing threads).
+template <bool kEF>
 __device__ __forceinline__ void gate_up_item(const OneParams& p, int e, int r0, int beg, int end,
                                              float (*red)[8][32]) {
+  const uint64_t pol = kEF ? evict_first_policy() : 0;
+  auto ld = [&](const bf16* q) { return kEF ? ld_stream_hint(q, pol) : ld_stream(q); };
   constexpr int kU = 2;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, tq = lane & 3;
@@ -71,10 +75,10 @@ __device__ __forceinline__ void gate_up_item(const OneParams& p, int e, int r0, 
         const size_t k = static_cast<size_t>(cb + u * kWarps) * kChunk;
         const bool ok = cb + u * kWarps < chunks;
         const uint4 z = make_uint4(0, 0, 0, 0);
-        a[u][0] = ok ? ld_stream(lo0 + k) : z;
-        a[u][1] = ok ? ld_stream(hi0 + k) : z;
-        a[u][2] = ok ? ld_stream(lo1 + k) : z;
-        a[u][3] = ok ? ld_stream(hi1 + k) : z;
+        a[u][0] = ok ? ld(lo0 + k) : z;
+        a[u][1] = ok ? ld(hi0 + k) : z;
+        a[u][2] = ok ? ld(lo1 + k) : z;
+        a[u][3] = ok ? ld(hi1 + k) : z;
       }
       // Token fragments (L1 hits after the first item) after the weight loads in program order.
 #pragma unroll
@@ -205,6 +209,7 @@ __device__ __forceinline__ bool finish_last(const OneParams& p, unsigned* exit_c
 }
 
 // gate/up: item = (active expert j, 16 intermediate rows); CTA b takes items b, b + G, ... (G = grid).
+template <bool kEF>
 __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_gate_up_kernel(OneParams p) {
   // Every CTA waits first, before any exit: the down kernel starts only once each CTA of this grid has passed this
   // wait (pdl_wait triggers the dependents after it), i.e. after the kernel that built the plan has completed; the
@@ -224,7 +229,7 @@ __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_gate_up_kernel(OnePar
     const int j = item / tiles, r0 = (item % tiles) * kRows;
     const int e = first ? ef : p.plan.active_experts[j];
     const int beg = first ? begf : p.plan.offsets[j], end = first ? endf : p.plan.offsets[j + 1];
-    gate_up_item(p, e, r0, beg, end, red);
+    gate_up_item<kEF>(p, e, r0, beg, end, red);
   }
   step_timeline_phase(2);
   if (p.stamps_gu && threadIdx.x == 0) p.stamps_gu[2 * blockIdx.x + 1] = global_ns();
@@ -326,8 +331,9 @@ __global__ void __launch_bounds__(kPairThreads, 2) one_down_pair_kernel(OneParam
       int ex = e[0];
 #pragma unroll
       for (int y = 1; y < kPairExperts; ++y) ex = x == y ? e[y] : ex;
-      bulk_load(wsm + static_cast<size_t>(c) * stride, p.down + (static_cast<size_t>(ex) * p.H + r0 + r) * p.I, row_bytes,
-                &bar);
+      const bf16* src = p.down + (static_cast<size_t>(ex) * p.H + r0 + r) * p.I;
+      if (p.ef) bulk_load_hint(wsm + static_cast<size_t>(c) * stride, src, row_bytes, &bar, evict_first_policy());
+      else bulk_load(wsm + static_cast<size_t>(c) * stride, src, row_bytes, &bar);
     }
   }
   __syncthreads();  // the mbarrier is initialised before any warp waits on it
@@ -455,17 +461,21 @@ Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights,
   const int want = (decode_option(DecodeOption::kMoeCarveout) >= 1 ? 1 : 0) +
                    (rows && decode_option(DecodeOption::kMoeDownRows) == 2 ? 2 * (1 + I / kChunk) : 0);
   if (want != carve) {
-    for (const void* fn : {reinterpret_cast<const void*>(one_gate_up_kernel),
+    for (const void* fn : {reinterpret_cast<const void*>(one_gate_up_kernel<false>),
+                           reinterpret_cast<const void*>(one_gate_up_kernel<true>),
                            reinterpret_cast<const void*>(one_down_kernel<true>),
                            reinterpret_cast<const void*>(one_down_kernel<false>)})
       ZEST_RETURN_IF_ERROR(set_min_carveout(fn, kPerSm, 0, (want & 1) == 1));
     if (want >= 2) {  // kPerSm gate/up CTAs and one pair CTA
-      ZEST_RETURN_IF_ERROR(set_min_carveout(reinterpret_cast<const void*>(one_gate_up_kernel), kPerSm,
-                                            (pair_smem(I) + 1024 + kPerSm - 1) / kPerSm, true));
+      for (const void* fn : {reinterpret_cast<const void*>(one_gate_up_kernel<false>),
+                             reinterpret_cast<const void*>(one_gate_up_kernel<true>)})
+        ZEST_RETURN_IF_ERROR(set_min_carveout(fn, kPerSm, (pair_smem(I) + 1024 + kPerSm - 1) / kPerSm, true));
     }
     carve = want;
   }
-  ZEST_RETURN_IF_ERROR(launch("moe_one_gate_up", one_gate_up_kernel, dim3(gu_grid), block, 0, stream, p));
+  p.ef = decode_option(DecodeOption::kMoeEvictFirst) >= 1;
+  ZEST_RETURN_IF_ERROR(launch("moe_one_gate_up", p.ef ? one_gate_up_kernel<true> : one_gate_up_kernel<false>,
+                              dim3(gu_grid), block, 0, stream, p));
   if (combine && combine->rows) {
     if (!moe_one_rows_ok(N, K, E, H, I) || combine->w || combine->y)
       return invalid_argument("moe_experts_one: the down kernel by output rows needs one token, K <= 8, I <= 768 "
