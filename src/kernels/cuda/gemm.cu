@@ -34,6 +34,7 @@ int default_decode_option(DecodeOption opt) {
     case DecodeOption::kMoeCombine: return 1;
     case DecodeOption::kMoeDownRows: return 1;
     case DecodeOption::kDecodeCarveout: return 1;
+    case DecodeOption::kMoeEvictFirst: return 1;
     default: return 0;
   }
 }
