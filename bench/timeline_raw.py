@@ -11,6 +11,9 @@ With --phases LABEL it prints instead, for the launches whose label starts with 
 median / maximum over the CTAs (us after the launch's release; the median of each over the launches) and the time
 to the next launch's release, and when the CTAs' PDL waits returned.
 
+With --landing LABEL CTAS it prints, for the launches of CTAS CTAs, phase 1 grouped by when the CTA became resident
+(e.g. whether the qkv GEMM's tiles land late even for CTAs that were resident early).
+
 With --neighbours LABEL it prints each CTA's phase-2 stamp grouped by whether the next launch's first CTA entered
 the CTA's SM before it, and the per-launch maximum.
 
@@ -24,6 +27,7 @@ usage: bench/timeline_raw.py tl-b1.txt [label-prefix (default rows_pre)]
        bench/timeline_raw.py tl-b8.txt --phases moe_experts_stream
        bench/timeline_raw.py tl-b1.txt --sms moe_one_gate_up
        bench/timeline_raw.py tl-b1.txt --neighbours decode_attention_fused
+       bench/timeline_raw.py tl-b1.txt --landing rows_pre 320
 """
 import collections
 import statistics
@@ -167,8 +171,34 @@ def neighbours(path, prefix, phase=2):
         print(f"| per-launch maximum | {len(maxima)} | {spread(maxima)} |")
 
 
+def landing(path, prefix, ctas):
+    """For the launches whose label starts with prefix and that have `ctas` CTAs: each CTA's phase 1 (for the small-M
+    GEMM: its weight tile landed, no earlier than its PDL wait plus its first loads) grouped by when the CTA became
+    resident (phase 0, whole us relative to the launch's release), and when its wait returned."""
+    labels, order, recs = load(path)
+    bins = collections.defaultdict(list)
+    for grid in order:
+        if not labels[grid].startswith(prefix):
+            continue
+        c = per_cta(recs, grid)
+        if len(c) != ctas:
+            continue
+        for d in c.values():
+            if "p0" in d and "p1" in d:
+                bins[round(d["p0"])].append((d["p1"], d.get("release", float("nan"))))
+    print(f"{prefix} ({ctas} CTAs): phase 1 by residency (us relative to the release; min / median / p90 / max)")
+    print("| resident at | CTA records | phase 1 | wait returned (median) |")
+    print("|---|---|---|---|")
+    for b in sorted(bins):
+        v = bins[b]
+        print(f"| {b:+d} | {len(v)} | {spread([x[0] for x in v])} | {statistics.median(x[1] for x in v):.2f} |")
+
+
 def main():
     path = sys.argv[1]
+    if len(sys.argv) > 4 and sys.argv[2] == "--landing":
+        landing(path, sys.argv[3], int(sys.argv[4]))
+        return
     if len(sys.argv) > 3 and sys.argv[2] == "--neighbours":
         neighbours(path, sys.argv[3])
         return
