@@ -487,15 +487,12 @@ __device__ __forceinline__ RopeLane rope_lane(const float* p_axis, const RopePar
   return r;
 }
 
-// Lane's part of one head row x [128] (bf16, global): RMSNorm with weights w4 (elements lane + 32 i) then rotate-half
-// RoPE with the lane's factors; writes the 4 results to dst (shared) and, when kv_dst != null, to kv_dst. The same
-// arithmetic as qk_norm_rope_kv.
-__device__ __forceinline__ void norm_rope_head(const bf16* __restrict__ x, const float* w4, const RopeLane& rl,
-                                               float eps, bf16* dst, bf16* kv_dst, int lane) {
+// Lane's part of one head row, its 4 values (elements lane + 32 i) in registers: RMSNorm with weights w4 (the same
+// elements) then rotate-half RoPE with the lane's factors; writes the 4 results to dst (shared) and, when kv_dst !=
+// null, to kv_dst. The same arithmetic as qk_norm_rope_kv.
+__device__ __forceinline__ void norm_rope_vals(const float (&v)[4], const float* w4, const RopeLane& rl, float eps,
+                                               bf16* dst, bf16* kv_dst, int lane) {
   constexpr int D = kHeadDim, half = D / 2;
-  float v[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) v[i] = __bfloat162float(x[lane + 32 * i]);
   float ss = 0.f;
 #pragma unroll
   for (int i = 0; i < 4; ++i) ss += v[i] * v[i];
@@ -514,6 +511,15 @@ __device__ __forceinline__ void norm_rope_head(const bf16* __restrict__ x, const
       kv_dst[j + half] = o2;
     }
   }
+}
+
+// norm_rope_vals on one head row x [128] (bf16, global).
+__device__ __forceinline__ void norm_rope_head(const bf16* __restrict__ x, const float* w4, const RopeLane& rl,
+                                               float eps, bf16* dst, bf16* kv_dst, int lane) {
+  float v[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) v[i] = __bfloat162float(x[lane + 32 * i]);
+  norm_rope_vals(v, w4, rl, eps, dst, kv_dst, lane);
 }
 
 // kCluster: the grid's splits of one (kv head, sequence) form one thread-block cluster; each CTA keeps its partial
@@ -881,30 +887,6 @@ __device__ __forceinline__ float4 ld_cluster_f32x4(uint32_t addr) {
 
 __device__ __forceinline__ void ring_bar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
-}
-
-// norm_rope_head on a lane's 4 values (elements lane + 32 i) already in registers.
-__device__ __forceinline__ void norm_rope_vals(const float (&v)[4], const float* w4, const RopeLane& rl, float eps,
-                                               bf16* dst, bf16* kv_dst, int lane) {
-  constexpr int D = kHeadDim, half = D / 2;
-  float ss = 0.f;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) ss += v[i] * v[i];
-  const float inv = rsqrtf(warp_sum(ss) / D + eps);
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int j = lane + 32 * i;
-    const float a = bf16_round(bf16_round(v[i] * inv) * w4[i]);
-    const float b = bf16_round(bf16_round(v[i + 2] * inv) * w4[i + 2]);
-    const bf16 o1 = __float2bfloat16(a * rl.c[i] - b * rl.s[i]);
-    const bf16 o2 = __float2bfloat16(b * rl.c[i] + a * rl.s[i]);
-    dst[j] = o1;
-    dst[j + half] = o2;
-    if (kv_dst) {
-      kv_dst[j] = o1;
-      kv_dst[j + half] = o2;
-    }
-  }
 }
 
 template <bool kCluster, int kStages, bool kPairs>
