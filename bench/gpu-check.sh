@@ -29,7 +29,7 @@ cat >"$J/decode.sh" <<'JOB'
 JOB
 cat >"$J/prefill.sh" <<'JOB'
 # limit: 90
-"$P/bench_prefill_bench" --config qwen3-30b-a3b --tokens 512,2048,8192 --layers 2
+"$P/bench_prefill_bench" --config qwen3-30b-a3b --tokens 512,2048,8192
 JOB
 cat >"$J/ttft.sh" <<'JOB'
 # limit: 90

@@ -1,9 +1,12 @@
 // Prefill benchmark of zest's CUDA text decoder (model::create_cuda_decoder) at real model shapes: random
-// bf16 weights of a few decoder layers synthesised in host memory, one prefill forward of T tokens (one
-// sequence from position 0) timed end to end (forward() returns host logits, so it synchronises), median
-// of --runs after one warm-up. A second, 1-layer decoder over the same weights separates the per-layer
-// time from the embed/final-norm/lm_head part, which extrapolates the full-depth prefill time.
-//   bench_prefill_bench --config qwen3-30b-a3b --tokens 512,2048,8192 --layers 2 [--runs 5]
+// bf16 weights synthesised in host memory, one prefill forward of T tokens (one sequence from position 0)
+// timed end to end (forward() returns host logits, so it synchronises), median of --runs after one warm-up.
+// --layers 0 (the default) runs the whole model, every layer on the device with weights of its own there
+// (the host synthesises at most 4 distinct layers and the others view them, so host memory stays small):
+// the measured figure is the model's prefill time. With 2 <= --layers < the model's depth, a second,
+// 1-layer decoder over the same weights separates the per-layer time from the embed/final-norm/lm_head
+// part, which extrapolates the full-depth prefill time.
+//   bench_prefill_bench --config qwen3-30b-a3b --tokens 512,2048,8192 [--layers 0] [--runs 5]
 // --ops times each kernel of one decoder layer instead (kernels called directly on random device data,
 // CUDA events around each launch, median of --runs after warm-up), with the TFLOP/s of the matmul ops.
 //   bench_prefill_bench --config qwen3-30b-a3b --tokens 2048,8192 --ops [--runs 10]
@@ -253,6 +256,7 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs, const std::string
   int32_t* ids = a.take<int32_t>(size_t(T) * K);
   float *rw = a.take<float>(size_t(T) * K), *slot_out = a.take<float>(size_t(T) * K * H);
   float* slot_out2 = a.take<float>(size_t(T) * K * H);
+  bf16* slot_bf = a.take<bf16>(size_t(T) * K * H);  // the bf16 slot outputs of the decoders' default
   void* plan_buf = a.take<char>(cuda::moe_plan_bytes(T, K, E));
   if (!a.ok()) return resource_exhausted("--ops: not enough GPU memory for T=" + std::to_string(T));
   cuda::MoePlan plan;
@@ -293,6 +297,9 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs, const std::string
   const double t = T;
   const int gemm_option = cuda::prefill_option(cuda::PrefillOption::kGroupedGemm);
   const std::string gemm_in_use = gemm_option == 0 ? "default" : std::to_string(gemm_option);
+  // The decoders' prefill: bf16 slot outputs where the default grouped GEMM runs (PrefillOption::kSlots).
+  const bool bf16_slots = cuda::moe_prefill_bf16_slots(h, down, E, H, I);
+  const std::string slots_in_use = bf16_slots ? "bf16 slots" : "fp32 slots";
   std::vector<Op> ops = {
       {"qkv gemm", 2 * t * QKV * H, true, [&] { return cuda::gemm(xn, wqkv, qkv, T, QKV, H, st); }},
       {"q/k norm + rope + kv write", 0, true,
@@ -338,7 +345,12 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs, const std::string
       {"moe plan (moe_plan, as decode)", 0, false, [&] { return cuda::moe_plan(ids, T, K, E, plan, nullptr, st); }},
       {"experts gate/up (variant " + gemm_in_use + ")", 2 * t * K * 2 * I * H, true,
        [&] { return cuda::moe_prefill_gate_up(xn, plan, gate_up, h, T, K, E, H, I, st); }},
-      {"experts down (variant " + gemm_in_use + ")", 2 * t * K * H * I, true,
+      {"experts down (variant " + gemm_in_use + ", " + slots_in_use + ")", 2 * t * K * H * I, true,
+       [&] {
+         return bf16_slots ? cuda::moe_prefill_down(h, plan, rw, down, slot_bf, T, K, E, H, I, st)
+                           : cuda::moe_prefill_down(h, plan, rw, down, slot_out, T, K, E, H, I, st);
+       }},
+      {"experts down (variant " + gemm_in_use + ", fp32 slots)", 2 * t * K * H * I, false,
        [&] { return cuda::moe_prefill_down(h, plan, rw, down, slot_out, T, K, E, H, I, st); }},
       {"experts gate/up, variant 1 (mma.sync, k-chunk 32, 4 stages)", 2 * t * K * 2 * I * H, false,
        [&] {
@@ -355,7 +367,12 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs, const std::string
        [&] {
          return cuda::moe_experts_prefill_wmma(xn, plan, rw, gate_up, down, h, slot_out2, T, K, E, H, I, st);
        }},
-      {"combine + residual + rmsnorm", 0, true,
+      {"combine + residual + rmsnorm (" + slots_in_use + ")", 0, true,
+       [&] {
+         return bf16_slots ? cuda::moe_combine_add_rmsnorm(x, slot_bf, ids, K, norm, xn, T, H, eps, st)
+                           : cuda::moe_combine_add_rmsnorm(x, slot_out, ids, K, norm, xn, T, H, eps, st);
+       }},
+      {"combine + residual + rmsnorm (fp32 slots)", 0, false,
        [&] { return cuda::moe_combine_add_rmsnorm(x, slot_out, ids, K, norm, xn, T, H, eps, st); }},
       {"prefill attention, variant 4 (mma.sync, 4 warps x 32 rows, 32 keys)", 4 * t * t / 2 * Hq * D, false,
        [&] {
@@ -548,6 +565,19 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs, const std::string
   std::printf("new vs previous kernels: attention max |diff| %.3g (max |out| %.3g); experts max |diff| %.3g "
               "(max |out| %.3g, first %zu values)\n",
               ad.first, ad.second, ed.first, ed.second, n_slots);
+  {  // bf16 slots hold the fp32 slots' values exactly (the tests check every slot; here the first ones)
+    ZEST_RETURN_IF_ERROR(cuda::moe_prefill_gate_up(xn, plan, gate_up, h, T, K, E, H, I, st));
+    ZEST_RETURN_IF_ERROR(cuda::moe_prefill_down(h, plan, rw, down, slot_out, T, K, E, H, I, st));
+    ZEST_RETURN_IF_ERROR(cuda::moe_prefill_down(h, plan, rw, down, slot_bf, T, K, E, H, I, st));
+    ZEST_RETURN_IF_ERROR(cu(cudaStreamSynchronize(st), "comparison pass"));
+    std::vector<uint16_t> hb(n_slots);
+    std::vector<float> hf(n_slots);
+    ZEST_RETURN_IF_ERROR(cu(cudaMemcpy(hb.data(), slot_bf, n_slots * 2, cudaMemcpyDeviceToHost), "copy"));
+    ZEST_RETURN_IF_ERROR(cu(cudaMemcpy(hf.data(), slot_out, n_slots * 4, cudaMemcpyDeviceToHost), "copy"));
+    size_t differ = 0;
+    for (size_t i = 0; i < n_slots; ++i) differ += bf16_to_f32(hb[i]) != hf[i];
+    std::printf("bf16 slots vs fp32 slots: %zu of the first %zu values differ\n", differ, n_slots);
+  }
   std::printf("variant 13 clusters of two CTAs resident at once: gate/up %d, down %d\n",
               cuda::moe_prefill_cluster_capacity(true), cuda::moe_prefill_cluster_capacity(false));
   // Variants and the previous kernels, one row as each is measured.
@@ -591,12 +621,14 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs, const std::string
 int bench_prefill_main(int argc, char** argv) {
   CLI::App app{"zest CUDA prefill benchmark on random weights of a real model shape"};
   std::string config = "qwen3-30b-a3b", tokens = "512,2048,8192";
-  int64_t layers = 2;
+  int64_t layers = 0;
   int runs = 5;
   app.add_option("--config", config, "model shape: qwen3-30b-a3b");
   app.add_option("--tokens", tokens, "comma-separated prefill lengths T");
-  app.add_option("--layers", layers, "decoder layers to simulate (>= 2 separates the per-layer time)")
-      ->check(CLI::Range(1, 48));
+  app.add_option("--layers", layers,
+                 "decoder layers to simulate: 0 (default) = the model's depth, measured whole; 2 up to the depth - 1 "
+                 "separates the per-layer time and extrapolates")
+      ->check(CLI::Range(0, 1000));
   app.add_option("--runs", runs, "timed forwards per T (median reported)")->check(CLI::Range(1, 100));
   bool per_op = false;
   app.add_flag("--ops", per_op, "time each kernel of one layer (device time, CUDA events) instead of forward()");
@@ -634,6 +666,14 @@ int bench_prefill_main(int argc, char** argv) {
                  config.c_str());
     return 2;
   }
+  if (layers == 0) layers = full_layers;
+  if (layers > full_layers) {
+    std::fprintf(stderr, "error: --layers %lld is more than the %lld layers of %s\n", static_cast<long long>(layers),
+                 static_cast<long long>(full_layers), config.c_str());
+    return 2;
+  }
+  cfg.num_layers = layers;
+  const bool whole = layers == full_layers;
 
   if (!kernels::cuda_available()) {
     // Ask the decoder factory for its reason before synthesising gigabytes of weights.
@@ -675,9 +715,13 @@ int bench_prefill_main(int argc, char** argv) {
 
   const auto g0 = std::chrono::steady_clock::now();
   model::RandomTensors hw(7);
-  model::DecoderWeights w = model::random_decoder_weights(cfg, hw);
-  std::printf("model: %s shapes, %lld of %lld layers simulated, random bf16 weights synthesised in %.1f s\n",
+  // At most 4 distinct layers in host memory; the device decoder uploads every layer into its own weights.
+  constexpr int64_t kHostLayers = 4;
+  model::DecoderWeights w = model::random_decoder_weights(cfg, hw, kHostLayers);
+  std::printf("model: %s shapes, %lld of %lld layers on the device (host weights of %lld distinct layers, %.1f GB), "
+              "random bf16 weights synthesised in %.1f s\n",
               config.c_str(), static_cast<long long>(layers), static_cast<long long>(full_layers),
+              static_cast<long long>(std::min(layers, kHostLayers)), hw.bytes() / 1e9,
               std::chrono::duration<double>(std::chrono::steady_clock::now() - g0).count());
 
   auto main_t = run_decoder(w, Ts, runs);
@@ -686,7 +730,7 @@ int bench_prefill_main(int argc, char** argv) {
     return 1;
   }
   std::vector<Timing> one_t;
-  if (layers >= 2) {
+  if (layers >= 2 && !whole) {
     model::DecoderWeights w1 = w;
     w1.layers.resize(1);
     w1.config.num_layers = 1;
@@ -698,8 +742,8 @@ int bench_prefill_main(int argc, char** argv) {
     one_t = std::move(r).value();
   }
 
-  std::printf("\nmeasured, %lld layers (median of %d, wall clock around forward()):\n", static_cast<long long>(layers),
-              runs);
+  std::printf("\nmeasured, %lld layers%s (median of %d, wall clock around forward()):\n",
+              static_cast<long long>(layers), whole ? ", the whole model" : "", runs);
   std::printf("| T | ms | tokens/s | TFLOP | TFLOP/s | MFU | attention share of FLOPs |\n|---|---|---|---|---|---|---|\n");
   for (size_t i = 0; i < Ts.size(); ++i) {
     double attn = 0;
@@ -708,6 +752,15 @@ int bench_prefill_main(int argc, char** argv) {
     const double s = (*main_t)[i].median_ms * 1e-3;
     std::printf("| %lld | %.2f | %.0f | %.3f | %.1f | %.1f%% | %.0f%% |\n", static_cast<long long>(Ts[i]),
                 s * 1e3, Ts[i] / s, fl / 1e12, fl / s / 1e12, 100.0 * fl / s / kPeakFlops, 100.0 * attn / lf);
+  }
+  auto print_flops = [&] {
+    std::printf("FLOPs: 2 * (q/k/v/o + router + %lld routed experts' gate/up/down) per token per layer, causal "
+                "attention 2*2*(T^2/2)*heads*head_dim per layer, lm_head for the one returned row; peak %.0f TFLOP/s\n",
+                static_cast<long long>(cfg.num_experts_per_tok), kPeakFlops / 1e12);
+  };
+  if (whole) {
+    print_flops();
+    return 0;
   }
   std::printf("\nextrapolated to %lld layers: time = head part + %lld * per-layer part (%s):\n",
               static_cast<long long>(full_layers), static_cast<long long>(full_layers),
@@ -724,8 +777,6 @@ int bench_prefill_main(int argc, char** argv) {
     std::printf("| %lld | %.3f | %.3f | %.1f | %.0f | %.2f | %.1f | %.1f%% |\n", static_cast<long long>(Ts[i]),
                 per_layer, head, s * 1e3, Ts[i] / s, fl / 1e12, fl / s / 1e12, 100.0 * fl / s / kPeakFlops);
   }
-  std::printf("FLOPs: 2 * (q/k/v/o + router + %lld routed experts' gate/up/down) per token per layer, causal "
-              "attention 2*2*(T^2/2)*heads*head_dim per layer, lm_head for the one returned row; peak %.0f TFLOP/s\n",
-              static_cast<long long>(cfg.num_experts_per_tok), kPeakFlops / 1e12);
+  print_flops();
   return 0;
 }

@@ -173,6 +173,39 @@ TEST(CudaNorm, MoeCombineSkipsEmptySlotsAndNormalises) {
   ZEST_EXPECT_CLOSE(download_bf16(dy), ref_rmsnorm(xs, w.f, rows, hidden), kTol);
 }
 
+// The combine over bf16 slot outputs (the prefill experts' default form) against the combine over the same values as
+// fp32 slots: x and y bit for bit, rows that fit one chunk per thread (hidden 264) and longer rows (4104).
+TEST(CudaNorm, MoeCombineBf16SlotsSameBitsAsFp32) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(151);
+  for (const int hidden : {264, 4104}) {
+    SCOPED_TRACE(testing::Message() << "hidden " << hidden);
+    const int rows = 5, K = 8;
+    auto x = random_bf16(rows * hidden, rng), w = random_bf16(hidden, rng, 0.5f, 1.5f);
+    const size_t n = static_cast<size_t>(rows) * K * hidden;
+    auto slots_bf = random_bf16(n, rng, -0.5f, 0.5f);  // values a bf16 slot holds exactly
+    std::vector<int32_t> ids(static_cast<size_t>(rows) * K);
+    std::uniform_int_distribution<int> id(-1, 127);  // some slots empty (-1)
+    for (auto& v : ids) v = id(rng);
+    std::vector<float> slots_f = slots_bf.f;
+    auto dxa = upload_bf16(x), dxb = upload_bf16(x), dw = upload_bf16(w), dsb = upload_bf16(slots_bf);
+    DevBuf<float> dsf(slots_f);
+    DevBuf<int32_t> di(ids);
+    DevBuf<bf16> dya(x.f.size()), dyb(x.f.size());
+    dya.poison();
+    dyb.poison();
+    ZEST_ASSERT_OK(moe_combine_add_rmsnorm(dxa->get(), dsf.get(), di.get(), K, dw->get(), dya.get(), rows, hidden, kEps,
+                                           nullptr));
+    ZEST_ASSERT_OK(moe_combine_add_rmsnorm(dxb->get(), static_cast<const bf16*>(dsb->get()), di.get(), K, dw->get(),
+                                           dyb.get(), rows, hidden, kEps, nullptr));
+    sync_ok();
+    const std::vector<float> xa = download_bf16(*dxa), xb = download_bf16(*dxb);
+    EXPECT_EQ(xa, xb);
+    EXPECT_NE(xa, x.f);  // the slots were added
+    EXPECT_EQ(download_bf16(dya), download_bf16(dyb));
+  }
+}
+
 TEST(CudaActivation, SiluMulMatchesReference) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(16);

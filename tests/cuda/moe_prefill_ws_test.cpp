@@ -1,7 +1,8 @@
 // Warp-specialised persistent grouped GEMMs of the MoE prefill experts (PrefillOption::kGroupedGemm 11-20: TMA +
 // cp.async producer warpgroup, mbarrier ring, two wgmma consumer warpgroups, cooperative or ping-pong; 13, 15 and 16
 // in two-CTA clusters sharing the weight tile by TMA multicast) against a plain f64 host reference on fresh random data: routing with odd slot counts per expert, empty experts, empty slots (id -1),
-// one expert that every token picks, T = 1, 17, 333 and 4096, model widths and widths off the kernels' tiles.
+// one expert that every token picks, T = 1, 17, 333 and 4096, model widths and widths off the kernels' tiles; and
+// variant 11 storing bf16 slots against its fp32 slots, value for value.
 #ifdef ZEST_HAVE_CUDA
 #include <numeric>
 
@@ -154,6 +155,38 @@ void run_case(const Case& c, const std::vector<int>& variants, std::mt19937& rng
     EXPECT_GT(mx, 0.0);
     EXPECT_LE(err, kTol * mx) << "against variant 3: max err " << err << " max |out| " << mx;
     EXPECT_EQ(unwritten_empty, empty) << "an empty slot was written";
+  }
+
+  // The bf16 slots (the decoders' form of variant 11, PrefillOption::kSlots 0): every written value equals variant
+  // 11's fp32 one exactly (both hold bf16(bf16(C) * w)); empty slots stay unwritten. Sizes variant 11 does not take
+  // are refused with an error, as moe_prefill_bf16_slots says.
+  {
+    SCOPED_TRACE("bf16 slots");
+    const std::vector<float> f32 = run(11);  // h now holds variant 11's gate/up output
+    GemmVariant v11(11);
+    DevBuf<bf16> ob(slots * c.H);
+    ob.poison();
+    const bool takes = moe_prefill_bf16_slots(h.get(), ddn->get(), c.E, c.H, c.I);
+    const Status s =
+        moe_prefill_down(h.get(), plan, dw.get(), ddn->get(), ob.get(), c.N, c.K, c.E, c.H, c.I, nullptr);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(s.is_ok(), takes) << s.to_string();
+    if (takes) {
+      const std::vector<float> got = download_bf16(ob);
+      size_t differ = 0, unwritten_empty = 0, empty = 0, compared = 0;
+      for (size_t sl = 0; sl < slots; ++sl) {
+        if (ids[sl] < 0) {
+          ++empty;
+          unwritten_empty += std::isnan(got[sl * c.H]) ? 1 : 0;
+          continue;
+        }
+        for (size_t i = sl * c.H; i < (sl + 1) * c.H; ++i, ++compared)
+          differ += (got[i] == f32[i] && !std::isnan(f32[i])) ? 0 : 1;
+      }
+      EXPECT_GT(compared, 0u);
+      EXPECT_EQ(differ, 0u) << "of " << compared << " slot values";
+      EXPECT_EQ(unwritten_empty, empty) << "an empty slot was written";
+    }
   }
 }
 

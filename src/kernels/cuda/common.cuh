@@ -226,13 +226,25 @@ __device__ __forceinline__ uint4 pack8(const float* v) {
   return u;
 }
 
+// 8 consecutive slot-output values (fp32 or bf16 slots) as fp32, loaded through L2 (ld.global.cg).
+__device__ __forceinline__ void ldcg_slot8(const float* p, float* v) {
+  const float4 a = __ldcg(reinterpret_cast<const float4*>(p)), b = __ldcg(reinterpret_cast<const float4*>(p) + 1);
+  v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+  v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
+__device__ __forceinline__ void ldcg_slot8(const bf16* p, float* v) {
+  unpack8(__ldcg(reinterpret_cast<const uint4*>(p)), v);
+}
+
 // One token row of moe_combine_add_rmsnorm (elementwise.cu norm_kernel<2> for hidden <= 8 * blockDim.x, one
 // 8-element chunk per thread; the one-token experts' folded combine): x = bf16(x + bf16(sum of slot_out[k] over
-// k < K with ids[k] >= 0, in k order)), then, when y is not null, y = w * bf16(x * rsqrt(mean(x^2) + eps)) with wv
-// this thread's 8 norm weights (loaded by the caller, possibly before its PDL wait). All K slot rows are loaded
-// at once (empty slots skipped at the sum); x, ids and slot_out are read through L2 (they may come from other CTAs
-// of the same launch). Every thread of the CTA calls it; red: blockDim.x / 32 floats of shared memory.
-__device__ __forceinline__ void combine_norm_row(bf16* x, const float* slot_out, const int32_t* ids, int K,
+// k < K with ids[k] >= 0, in k order, in fp32)), then, when y is not null, y = w * bf16(x * rsqrt(mean(x^2) + eps))
+// with wv this thread's 8 norm weights (loaded by the caller, possibly before its PDL wait). All K slot rows are
+// loaded at once (empty slots skipped at the sum); x, ids and slot_out are read through L2 (they may come from other
+// CTAs of the same launch). Slot outputs fp32 or bf16. Every thread of the CTA calls it; red: blockDim.x / 32 floats
+// of shared memory.
+template <class Slot>
+__device__ __forceinline__ void combine_norm_row(bf16* x, const Slot* slot_out, const int32_t* ids, int K,
                                                  const uint4& wv, bf16* y, int hidden, float eps, float* red) {
   const int c = threadIdx.x * 8;
   const bool own = c < hidden;
@@ -241,21 +253,19 @@ __device__ __forceinline__ void combine_norm_row(bf16* x, const float* slot_out,
     unpack8(__ldcg(reinterpret_cast<const uint4*>(x + c)), v);
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int k0 = 0; k0 < K; k0 += 8) {
-      float4 a[8], b[8];
+      float a[8][8];
       int id[8];
 #pragma unroll
       for (int u = 0; u < 8; ++u) {
         const int k = k0 + u;
         id[u] = k < K ? __ldcg(ids + k) : -1;
-        const float4* sp = reinterpret_cast<const float4*>(slot_out + static_cast<size_t>(k < K ? k : 0) * hidden + c);
-        a[u] = __ldcg(sp);
-        b[u] = __ldcg(sp + 1);
+        ldcg_slot8(slot_out + static_cast<size_t>(k < K ? k : 0) * hidden + c, a[u]);
       }
 #pragma unroll
       for (int u = 0; u < 8; ++u) {
         if (id[u] < 0) continue;
-        acc[0] += a[u].x; acc[1] += a[u].y; acc[2] += a[u].z; acc[3] += a[u].w;
-        acc[4] += b[u].x; acc[5] += b[u].y; acc[6] += b[u].z; acc[7] += b[u].w;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[i] += a[u][i];
       }
     }
 #pragma unroll

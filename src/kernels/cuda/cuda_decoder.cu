@@ -598,6 +598,14 @@ Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const model::
   if (T <= kDecodeMoeTokens)  // next_w null: x only (the down kernel by rows at one token, moe_down_rows_on)
     return moe_experts_decode_combine(s.xn, s.plan, s.route_w, Ly.gate_up, Ly.down, s.h, s.slot_out, T, K_, E_, H_, I_,
                                       s.x, s.ids, next_w, next_w ? s.xn : nullptr, eps_, s.done, st);
+  if (moe_prefill_bf16_slots(s.h, Ly.down, E_, H_, I_)) {
+    // The default grouped GEMM stores its slot outputs (bf16-exact values) as bf16 in the fp32 slot buffer's first
+    // half: half the bytes for its stores and the combine's loads, the same results (PrefillOption::kSlots).
+    bf16* slots = reinterpret_cast<bf16*>(s.slot_out);
+    ZEST_RETURN_IF_ERROR(moe_prefill_gate_up(s.xn, s.plan, Ly.gate_up, s.h, T, K_, E_, H_, I_, st));
+    ZEST_RETURN_IF_ERROR(moe_prefill_down(s.h, s.plan, s.route_w, Ly.down, slots, T, K_, E_, H_, I_, st));
+    return moe_combine_add_rmsnorm(s.x, slots, s.ids, K_, next_w, s.xn, T, H_, eps_, st);
+  }
   ZEST_RETURN_IF_ERROR(
       moe_experts_prefill(s.xn, s.plan, s.route_w, Ly.gate_up, Ly.down, s.h, s.slot_out, T, K_, E_, H_, I_, st));
   return moe_combine_add_rmsnorm(s.x, s.slot_out, s.ids, K_, next_w, s.xn, T, H_, eps_, st);

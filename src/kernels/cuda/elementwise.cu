@@ -44,10 +44,10 @@ __device__ __forceinline__ void store8(bf16* p, const float* v) {
 }
 
 // Mode 0: y = norm(x). Mode 1: x = bf16(x + r), y = norm(x) when w != nullptr. Mode 2: x = bf16(x + bf16(sum_k
-// slot_out)), y = norm(x) when w != nullptr.
-template <int kMode>
+// slot_out)), y = norm(x) when w != nullptr; slot outputs fp32 or bf16 (Slot).
+template <int kMode, class Slot = float>
 __global__ void __launch_bounds__(kRowThreads) norm_kernel(bf16* __restrict__ x, const bf16* __restrict__ r,
-                                                           const float* __restrict__ slot_out,
+                                                           const Slot* __restrict__ slot_out,
                                                            const int32_t* __restrict__ ids, int K,
                                                            const bf16* __restrict__ w, bf16* __restrict__ y,
                                                            int hidden, float eps) {
@@ -107,10 +107,10 @@ __global__ void __launch_bounds__(kRowThreads) norm_kernel(bf16* __restrict__ x,
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       for (int k = 0; k < K; ++k) {
         if (ids[row * K + k] < 0) continue;
-        const float4* s = reinterpret_cast<const float4*>(slot_out + (static_cast<size_t>(row) * K + k) * hidden + c);
-        const float4 a = s[0], b = s[1];
-        acc[0] += a.x; acc[1] += a.y; acc[2] += a.z; acc[3] += a.w;
-        acc[4] += b.x; acc[5] += b.y; acc[6] += b.z; acc[7] += b.w;
+        float a[8];
+        ldcg_slot8(slot_out + (static_cast<size_t>(row) * K + k) * hidden + c, a);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[i] += a[i];
       }
 #pragma unroll
       for (int i = 0; i < 8; ++i) v[i] = bf16_round(v[i] + bf16_round(acc[i]));
@@ -236,6 +236,14 @@ Status moe_combine_add_rmsnorm(bf16* x, const float* slot_out, const int32_t* id
   ZEST_RETURN_IF_ERROR(check_rows("moe_combine_add_rmsnorm", rows, hidden));
   if (K <= 0) return invalid_argument("moe_combine_add_rmsnorm: K must be positive");
   return launch("moe_combine_add_rmsnorm", norm_kernel<2>, dim3(rows), dim3(kRowThreads), 0, stream, x, nullptr,
+                slot_out, ids, K, w, y, hidden, eps);
+}
+
+Status moe_combine_add_rmsnorm(bf16* x, const bf16* slot_out, const int32_t* ids, int K, const bf16* w, bf16* y,
+                               int rows, int hidden, float eps, cudaStream_t stream) {
+  ZEST_RETURN_IF_ERROR(check_rows("moe_combine_add_rmsnorm", rows, hidden));
+  if (K <= 0) return invalid_argument("moe_combine_add_rmsnorm: K must be positive");
+  return launch("moe_combine_add_rmsnorm", norm_kernel<2, bf16>, dim3(rows), dim3(kRowThreads), 0, stream, x, nullptr,
                 slot_out, ids, K, w, y, hidden, eps);
 }
 

@@ -179,8 +179,11 @@ Status add_rmsnorm(bf16* x, const bf16* r, const bf16* w, bf16* y, int rows, int
                    cudaStream_t stream);
 
 // MoE combine fused with the residual add and the next RMSNorm: x[n] = bf16(x[n] + sum_{k<K, ids[n,k]>=0}
-// slot_out[n,k,:]) summed in fixed k order (deterministic); then y = rmsnorm(x) when w != nullptr.
+// slot_out[n,k,:]) summed in fp32 in fixed k order (deterministic); then y = rmsnorm(x) when w != nullptr.
 Status moe_combine_add_rmsnorm(bf16* x, const float* slot_out, const int32_t* ids, int K, const bf16* w,
+                               bf16* y, int rows, int hidden, float eps, cudaStream_t stream);
+// The same over bf16 slot outputs (moe_prefill_down's bf16 form): the same bits as the fp32 form over the same values.
+Status moe_combine_add_rmsnorm(bf16* x, const bf16* slot_out, const int32_t* ids, int K, const bf16* w,
                                bf16* y, int rows, int hidden, float eps, cudaStream_t stream);
 
 // h[r, i] = bf16(silu(gu[r, i]) * gu[r, I + i]) for gu [rows, 2I] (dense SwiGLU MLP).
@@ -304,8 +307,12 @@ Status prefill_attention(const bf16* q, int q_stride, const bf16* k, const bf16*
 //     cos/sin of a CTA's tokens computed once in shared memory, 4 tokens per CTA (T >= 256) or one token's heads
 //     over CTAs of 16 rows, two rows per half-warp in flight; 3 = as 2 with five rows in flight and the tokens'
 //     cache slots read once into shared memory.
-//   Start values of kAttention and kRope may be given by the environment: ZEST_PREFILL_ATTENTION, ZEST_PREFILL_ROPE.
-enum class PrefillOption : int { kAttention = 0, kGroupedGemm, kRope, kCount };
+//   kSlots (the decoders' prefill experts, moe_prefill_bf16_slots): 0 (default) = the down GEMM stores its slot
+//     outputs as bf16 and the combine reads them (half the bytes; the same values, see moe_prefill_down) wherever
+//     the grouped GEMM is variant 11 (the default); 1 = fp32 slots always.
+//   Start values of kAttention, kRope and kSlots may be given by the environment: ZEST_PREFILL_ATTENTION,
+//   ZEST_PREFILL_ROPE, ZEST_PREFILL_SLOTS.
+enum class PrefillOption : int { kAttention = 0, kGroupedGemm, kRope, kSlots, kCount };
 void set_prefill_option(PrefillOption opt, int value);
 int prefill_option(PrefillOption opt);
 // The same function (D = 128 only) through the previous wmma kernel, kept for comparison in benchmarks.
@@ -429,6 +436,14 @@ Status moe_prefill_down(const bf16* h, const MoePlan& plan, const float* weights
 // output stores; 18 = 11 with down's slots and routing weights loaded before the GEMM; 19 = 17 and 18 together;
 // 20 = 18 with the epilogue's outputs (all of gate/up's, half of down's) kept as bf16 pairs in registers and stored
 // during the next tile's first k-chunks. All need E <= 256 and 16-byte aligned operands, else variant 3 runs.
+// Every variant stores bf16(bf16(C) * w) in its fp32 slots, a value bf16 holds exactly. This form runs variant 11's
+// down kernel storing those values as bf16: half the bytes written here and read by the combine, the same results.
+// Sizes or operands variant 11 does not take are kInvalidArgument (moe_prefill_bf16_slots says when it runs).
+Status moe_prefill_down(const bf16* h, const MoePlan& plan, const float* weights, const bf16* down, bf16* slot_out,
+                        int N, int K, int E, int H, int I, cudaStream_t stream);
+// Whether the decoders' prefill experts use the bf16 slots: PrefillOption::kSlots 0, the grouped GEMM at variant 11
+// (0 or 11) and sizes and operands it takes (h and down 16-byte aligned).
+bool moe_prefill_bf16_slots(const bf16* h, const bf16* down, int E, int H, int I);
 // Clusters of variant 13's gate/up (or down) kernel that can be resident at once (cudaOccupancyMaxActiveClusters).
 int moe_prefill_cluster_capacity(bool gate_up);
 // The previous grouped GEMMs (wmma 64x64 tiles) when H and I are multiples of 64, else moe_experts_decode;

@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <string>
+#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/vision_mma.cuh"
@@ -644,6 +645,23 @@ __device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorM
       : "memory");
 }
 
+// Two adjacent slot outputs (values already rounded to bf16) into fp32 or bf16 slots; kStream: evict-first.
+template <bool kStream>
+__device__ __forceinline__ void store_slot2(float* p, float a, float b) {
+  if constexpr (kStream)
+    __stcs(reinterpret_cast<float2*>(p), make_float2(a, b));
+  else
+    *reinterpret_cast<float2*>(p) = make_float2(a, b);
+}
+template <bool kStream>
+__device__ __forceinline__ void store_slot2(bf16* p, float a, float b) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+  if constexpr (kStream)
+    __stcs(reinterpret_cast<unsigned int*>(p), *reinterpret_cast<const unsigned int*>(&v));
+  else
+    *reinterpret_cast<__nv_bfloat162*>(p) = v;
+}
+
 // CL = 1: CTAs independent. CL = 2 (variant 13): clusters of two CTAs take consecutive row tiles 2p and 2p + 1 of the
 // flat list with the same weight-row tile; when both row tiles belong to one expert, each CTA loads half of the
 // weight tile and multicasts it into both (half the weight traffic from L2), else each loads its own. A stage is
@@ -653,13 +671,13 @@ __device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorM
 // and routing weight of the thread's rows) are loaded before the GEMM instead of after it.
 // kDefer (cooperative, CL = 1): the epilogue's outputs (bf16 values) are packed into bf16 pairs in registers and
 // stored during the first k-chunks of the next tile, so the stores overlap its GEMM instead of idling the tensor
-// cores.
+// cores. Slot: down's slot outputs as fp32 or as bf16 (the same values: every output is bf16(bf16(C) * w)).
 template <bool kGateUp, int BN, int ST, int CL, bool kPP, bool kStream = false, bool kPrefetch = false,
-          bool kDefer = false>
+          bool kDefer = false, class Slot = float>
 __global__ void __launch_bounds__(kXThreads, 1)
     moe_grouped_ws_kernel(const __grid_constant__ CUtensorMap tm_w, const __grid_constant__ CUtensorMap tm_a,
                           const bf16* __restrict__ a_src, MoePlan plan, const float* __restrict__ weights,
-                          bf16* __restrict__ h, float* __restrict__ slot_out, int K, int H, int I) {
+                          bf16* __restrict__ h, Slot* __restrict__ slot_out, int K, int H, int I) {
   using namespace vmma;
   static_assert(CL == 1 || CL == 2, "clusters of one or two CTAs");
   static_assert(!kPP || BN == 128, "ping-pong: a warpgroup holds 128 x 128 accumulators");
@@ -854,8 +872,8 @@ __global__ void __launch_bounds__(kXThreads, 1)
             *reinterpret_cast<__nv_bfloat162*>(h + static_cast<size_t>(d_m0 + r) * I + d_nt * (BN / 2) + 2 * t +
                                                8 * c8) = v;
           } else {
-            *reinterpret_cast<float2*>(slot_out + static_cast<size_t>(d_slot[hr]) * H + d_nt * BN + 2 * t + 8 * c8) =
-                __bfloat1622float2(v);
+            const float2 f = __bfloat1622float2(v);
+            store_slot2<false>(slot_out + static_cast<size_t>(d_slot[hr]) * H + d_nt * BN + 2 * t + 8 * c8, f.x, f.y);
           }
         }
       }
@@ -945,8 +963,8 @@ __global__ void __launch_bounds__(kXThreads, 1)
               const __nv_bfloat162 b = __floats2bfloat162_rn(v[0], v[1]);
               pk[(hr - (2 - kDeferHr)) * kPairsRow + c8] = *reinterpret_cast<const uint32_t*>(&b);
             } else if (r < rows) {  // down, row hr = 0: stored now
-              *reinterpret_cast<float2*>(slot_out + static_cast<size_t>(pre_slot[0][hr]) * H + nt * BN + 2 * t +
-                                         8 * c8) = make_float2(v[0], v[1]);
+              store_slot2<false>(slot_out + static_cast<size_t>(pre_slot[0][hr]) * H + nt * BN + 2 * t + 8 * c8, v[0],
+                                 v[1]);
             }
           }
         }
@@ -980,16 +998,11 @@ __global__ void __launch_bounds__(kXThreads, 1)
           } else {
             const int slot = kPrefetch ? pre_slot[rb][hr] : plan.sorted_slots[m0 + r];
             const float wt = kPrefetch ? pre_wt[rb][hr] : weights[slot];
-            float* orow = slot_out + static_cast<size_t>(slot) * H + nt * BN + 2 * t;
+            Slot* orow = slot_out + static_cast<size_t>(slot) * H + nt * BN + 2 * t;
 #pragma unroll
-            for (int c8 = 0; c8 < BN / 8; ++c8) {
-              const float2 ov = make_float2(bf16_round(bf16_round(acc[rb][4 * c8 + 2 * hr]) * wt),
-                                            bf16_round(bf16_round(acc[rb][4 * c8 + 2 * hr + 1]) * wt));
-              if constexpr (kStream)
-                __stcs(reinterpret_cast<float2*>(orow + 8 * c8), ov);
-              else
-                *reinterpret_cast<float2*>(orow + 8 * c8) = ov;
-            }
+            for (int c8 = 0; c8 < BN / 8; ++c8)
+              store_slot2<kStream>(orow + 8 * c8, bf16_round(bf16_round(acc[rb][4 * c8 + 2 * hr]) * wt),
+                                   bf16_round(bf16_round(acc[rb][4 * c8 + 2 * hr + 1]) * wt));
           }
         }
       }
@@ -1057,14 +1070,20 @@ int ws_max_clusters() {
 }
 
 // kFullGrid (CL > 1): launch sm_count / CL clusters instead of the number the occupancy query reports.
+// Slot = bf16: down's slot outputs as bf16; no fallback (the fp32 kernels), so sizes it does not take are an error.
 template <bool kGateUp, int BN, int ST, int CL = 1, bool kPP = false, bool kFullGrid = false, bool kStream = false,
-          bool kPrefetch = false, bool kDefer = false>
+          bool kPrefetch = false, bool kDefer = false, class Slot = float>
 Status launch_grouped_ws(const bf16* a, const MoePlan& plan, const float* weights, const bf16* w, bf16* h,
-                         float* slot_out, int N, int K, int E, int H, int I, cudaStream_t stream) {
-  if (!ws_ok<kGateUp, BN>(a, w, E, H, I))
-    return launch_grouped_wgmma<kGateUp, 128, 128, 3, false>(a, plan, weights, w, h, slot_out, N, K, E, H, I, stream);
+                         Slot* slot_out, int N, int K, int E, int H, int I, cudaStream_t stream) {
+  if constexpr (std::is_same_v<Slot, float>) {
+    if (!ws_ok<kGateUp, BN>(a, w, E, H, I))
+      return launch_grouped_wgmma<kGateUp, 128, 128, 3, false>(a, plan, weights, w, h, slot_out, N, K, E, H, I,
+                                                               stream);
+  } else if (!ws_ok<kGateUp, BN>(a, w, E, H, I)) {
+    return invalid_argument("moe_prefill_down (bf16 slots): sizes or operands the warp-specialised kernel does not take");
+  }
   constexpr size_t kSmem = x_smem<BN, ST>();
-  auto* kernel = moe_grouped_ws_kernel<kGateUp, BN, ST, CL, kPP, kStream, kPrefetch, kDefer>;
+  auto* kernel = moe_grouped_ws_kernel<kGateUp, BN, ST, CL, kPP, kStream, kPrefetch, kDefer, Slot>;
   static const cudaError_t attr =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
   ZEST_RETURN_IF_ERROR(cuda_status(attr, "moe grouped GEMM (warp-specialised) smem attribute"));
@@ -1109,8 +1128,10 @@ Status launch_grouped_ws(const bf16* a, const MoePlan& plan, const float* weight
 // One CTA of 32 warps; warp w owns the contiguous slot range [w * per, (w + 1) * per). Pass 1 counts each warp's
 // slots per expert (shared-memory atomics); a scan over (warp, expert) gives every warp the first position of its
 // slots of each expert; pass 2 places each warp's slots in slot order (ranks inside a 32-slot group from
-// __match_any_sync). The ids are read twice in all, instead of once per expert.
+// __match_any_sync). The ids are read twice in all, instead of once per expert; each pass loads kPlanUnroll 32-slot
+// groups before it uses them (the placement's loop otherwise waits a global load's latency per group).
 constexpr int kPlanWarps = 32;
+constexpr int kPlanUnroll = 8;
 constexpr int kPlanMaxExperts = 256;
 
 __global__ void __launch_bounds__(kPlanWarps * 32) moe_plan_prefill_kernel(const int32_t* __restrict__ ids, int NK,
@@ -1125,9 +1146,16 @@ __global__ void __launch_bounds__(kPlanWarps * 32) moe_plan_prefill_kernel(const
   __syncthreads();
   const int per = ((NK + kPlanWarps - 1) / kPlanWarps + 31) / 32 * 32;
   const int beg = min(NK, warp * per), end = min(NK, beg + per);
-  for (int i = beg + lane; i < end; i += 32) {
-    const int id = __ldg(ids + i);
-    if (id >= 0 && id < E) atomicAdd(&cnt[warp * E + id], 1);
+  for (int i0 = beg; i0 < end; i0 += 32 * kPlanUnroll) {
+    int idv[kPlanUnroll];
+#pragma unroll
+    for (int u = 0; u < kPlanUnroll; ++u) {
+      const int i = i0 + 32 * u + lane;
+      idv[u] = i < end ? __ldg(ids + i) : -1;
+    }
+#pragma unroll
+    for (int u = 0; u < kPlanUnroll; ++u)
+      if (idv[u] >= 0 && idv[u] < E) atomicAdd(&cnt[warp * E + idv[u]], 1);
   }
   __syncthreads();
   for (int e = threadIdx.x; e < E; e += blockDim.x) {  // exclusive prefix over warps
@@ -1145,16 +1173,24 @@ __global__ void __launch_bounds__(kPlanWarps * 32) moe_plan_prefill_kernel(const
   int* next = cnt + warp * E;
   for (int e = lane; e < E; e += 32) next[e] += first[e];
   __syncwarp();
-  for (int i0 = beg; i0 < end; i0 += 32) {
-    const int i = i0 + lane;
-    int id = i < end ? __ldg(ids + i) : -1;
-    if (id >= E) id = -1;
-    const unsigned same = __match_any_sync(0xffffffffu, id);
-    const int rank = __popc(same & ((1u << lane) - 1));
-    if (id >= 0) plan.sorted_slots[next[id] + rank] = i;
-    __syncwarp();
-    if (id >= 0 && rank == 0) next[id] += __popc(same);
-    __syncwarp();
+  for (int i0 = beg; i0 < end; i0 += 32 * kPlanUnroll) {
+    int idv[kPlanUnroll];
+#pragma unroll
+    for (int u = 0; u < kPlanUnroll; ++u) {
+      const int i = i0 + 32 * u + lane;
+      idv[u] = i < end ? __ldg(ids + i) : -1;
+    }
+#pragma unroll
+    for (int u = 0; u < kPlanUnroll; ++u) {  // groups in slot order
+      const int i = i0 + 32 * u + lane;
+      const int id = idv[u] < E ? idv[u] : -1;
+      const unsigned same = __match_any_sync(0xffffffffu, id);
+      const int rank = __popc(same & ((1u << lane) - 1));
+      if (id >= 0) plan.sorted_slots[next[id] + rank] = i;
+      __syncwarp();
+      if (id >= 0 && rank == 0) next[id] += __popc(same);
+      __syncwarp();
+    }
   }
 }
 
@@ -1249,6 +1285,22 @@ Status moe_prefill_down(const bf16* h, const MoePlan& plan, const float* weights
     case 3: return run(launch_grouped_wgmma<false, 128, 128, 3, false>);
     default: return run(launch_grouped_ws<false, 256, 4>);  // 0 and 11: the fastest on H200
   }
+}
+
+Status moe_prefill_down(const bf16* h, const MoePlan& plan, const float* weights, const bf16* down, bf16* slot_out,
+                        int N, int K, int E, int H, int I, cudaStream_t stream) {
+  ZEST_RETURN_IF_ERROR(check_grouped(N, K, E, H, I));
+  if (!mma_shapes_ok(H, I))
+    return invalid_argument("moe_prefill_down: needs H % 128 == 0 and I % 64 == 0 (H=" + std::to_string(H) +
+                            " I=" + std::to_string(I) + ")");
+  return launch_grouped_ws<false, 256, 4, 1, false, false, false, false, false, bf16>(h, plan, weights, down, nullptr,
+                                                                                      slot_out, N, K, E, H, I, stream);
+}
+
+bool moe_prefill_bf16_slots(const bf16* h, const bf16* down, int E, int H, int I) {
+  const int v = prefill_option(PrefillOption::kGroupedGemm);
+  return prefill_option(PrefillOption::kSlots) == 0 && (v == 0 || v == 11) && E <= 1024 && mma_shapes_ok(H, I) &&
+         ws_ok<false, 256>(h, down, E, H, I);
 }
 
 int moe_prefill_cluster_capacity(bool gate_up) {
