@@ -183,6 +183,7 @@ TEST(CudaPrefillKernels, PlanForManyTokensMatchesReference) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(521);
   run_plan_case(3000, 8, 128, 128, rng);  // Qwen3-30B-A3B routing shape, uneven 32-slot groups
+  run_plan_case(8192, 8, 128, 128, rng);  // the 8k prefill: 8 groups of 32 slots per load round, 8 rounds per warp
   run_plan_case(1, 8, 128, 128, rng);     // a single token
   run_plan_case(777, 4, 256, 40, rng);    // 216 experts without slots, E at the shared-memory limit
   run_plan_case(50, 2, 8, 8, rng);        // fewer slots than warps
