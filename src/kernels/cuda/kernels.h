@@ -363,9 +363,11 @@ struct MoePlan {
   int32_t* tile_start = nullptr;      // [max tiles] first sorted position of each tile
   uint32_t* ready = nullptr;          // [E + 1] streaming decode experts' per-active-expert ready counts, then the
                                       // item counter; zeroed by every plan build, spent by a streaming launch
+  int32_t* cta_counts = nullptr;      // [ceil(N * K / kMoePlanCtaSlots) * E] moe_plan_prefill's per-CTA expert counts
   int max_tokens = 0, top_k = 0, experts = 0;
 };
 constexpr int kMoeTileM = 64;
+constexpr int kMoePlanCtaSlots = 1024;  // slots per CTA of moe_plan_prefill
 // Upper bound of prefill tiles for N tokens.
 int moe_max_tiles(int N, int K, int E);
 // Bytes of device memory for a plan of N tokens; moe_plan_bind carves `buffer` into `plan`.
@@ -379,8 +381,10 @@ Status moe_plan_reset_counters(const MoePlan& plan, cudaStream_t stream);
 Status moe_plan(const int32_t* ids, int N, int K, int E, MoePlan& plan, int64_t* active_count_sum,
                 cudaStream_t stream);
 
-// The plan of moe_plan (the same contents), built for many tokens: one CTA reads the ids twice (per-warp
-// expert counts, a scan, then in-order placement) instead of once per expert. E > 256 goes to moe_plan.
+// The plan of moe_plan (the same contents), built for many tokens by two launches over CTAs of kMoePlanCtaSlots
+// slots each: per-CTA expert counts, then every CTA places its slots in order after the slots of earlier CTAs
+// (per-warp counts and a scan inside the CTA); the scattered sorted_slots stores spread over the SMs. E > 256 goes
+// to moe_plan.
 Status moe_plan_prefill(const int32_t* ids, int N, int K, int E, MoePlan& plan, int64_t* active_count_sum,
                         cudaStream_t stream);
 

@@ -265,7 +265,8 @@ int moe_max_tiles(int N, int K, int E) { return (N * K + kMoeTileM - 1) / kMoeTi
 
 size_t moe_plan_bytes(int N, int K, int E) {
   const size_t ints =
-      2 + E + (E + 1) + static_cast<size_t>(N) * K + 2 * static_cast<size_t>(moe_max_tiles(N, K, E)) + (E + 1);
+      2 + E + (E + 1) + static_cast<size_t>(N) * K + 2 * static_cast<size_t>(moe_max_tiles(N, K, E)) + (E + 1) +
+      (static_cast<size_t>(N) * K + kMoePlanCtaSlots - 1) / kMoePlanCtaSlots * E;
   return (ints * sizeof(int32_t) + 255) / 256 * 256;
 }
 
@@ -284,6 +285,8 @@ void moe_plan_bind(MoePlan& plan, void* buffer, int N, int K, int E) {
   plan.tile_start = p;
   p += moe_max_tiles(N, K, E);
   plan.ready = reinterpret_cast<uint32_t*>(p);
+  p += E + 1;
+  plan.cta_counts = p;
   plan.max_tokens = N;
   plan.top_k = K;
   plan.experts = E;

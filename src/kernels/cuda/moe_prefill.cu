@@ -662,6 +662,33 @@ __device__ __forceinline__ void store_slot2(bf16* p, float a, float b) {
     *reinterpret_cast<__nv_bfloat162*>(p) = v;
 }
 
+// A quad's (lanes 4q .. 4q + 3, t = lane & 3) 4 x 4 words transposed: lane t holds p[k] = row t, word k on entry
+// and word t of rows 0 .. 3 on return (row j in p[j]). Every lane of the warp must call it. Lets a quad's lanes,
+// which hold 2 adjacent bf16 of each 8-column group of an accumulator row, store 8 consecutive bf16 (16 bytes) each.
+__device__ __forceinline__ void quad_transpose4(uint32_t (&p)[4]) {
+  const int lane = threadIdx.x & 31, t = lane & 3;
+  uint32_t q[4] = {p[0], p[1], p[2], p[3]};
+#pragma unroll
+  for (int r = 1; r < 4; ++r) {
+    // Round r: lane t reads lane j = (t + r) & 3, which sends its word (j - r) & 3 = t.
+    const int sel = (t - r) & 3, j = (t + r) & 3;
+    const uint32_t send = sel == 0 ? p[0] : sel == 1 ? p[1] : sel == 2 ? p[2] : p[3];
+    const uint32_t got = __shfl_sync(0xffffffffu, send, (lane & ~3) | j);
+    q[0] = j == 0 ? got : q[0];
+    q[1] = j == 1 ? got : q[1];
+    q[2] = j == 2 ? got : q[2];
+    q[3] = j == 3 ? got : q[3];
+  }
+  // Round 0 (r = 0): the lane's own word t.
+  const uint32_t own = t == 0 ? p[0] : t == 1 ? p[1] : t == 2 ? p[2] : p[3];
+  q[0] = t == 0 ? own : q[0];
+  q[1] = t == 1 ? own : q[1];
+  q[2] = t == 2 ? own : q[2];
+  q[3] = t == 3 ? own : q[3];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) p[k] = q[k];
+}
+
 // CL = 1: CTAs independent. CL = 2 (variant 13): clusters of two CTAs take consecutive row tiles 2p and 2p + 1 of the
 // flat list with the same weight-row tile; when both row tiles belong to one expert, each CTA loads half of the
 // weight tile and multicasts it into both (half the weight traffic from L2), else each loads its own. A stage is
@@ -974,6 +1001,41 @@ __global__ void __launch_bounds__(kXThreads, 1)
 #pragma unroll
       for (int rb = 0; rb < RB; ++rb) {
         if (!act[rb]) continue;
+        if constexpr (!kGateUp && std::is_same_v<Slot, bf16>) {
+          // bf16 slots: each lane packs its pairs, the quad transposes each run of 4 pairs (32 columns), and every lane
+          // stores 8 consecutive columns (16 bytes; 4-byte stores of pairs ran slower than the fp32 slots' 8-byte
+          // ones). The shuffles need the whole warp, so rows past the tile's end only skip the stores.
+#pragma unroll
+          for (int hr = 0; hr < 2; ++hr) {
+            const int r = (kPP ? rb : wg) * 64 + 16 * wq + g + hr * 8;
+            const bool live = r < rows;
+            const int slot = live ? (kPrefetch ? pre_slot[rb][hr] : plan.sorted_slots[m0 + r]) : 0;
+            const float wt = live ? (kPrefetch ? pre_wt[rb][hr] : weights[slot]) : 0.f;
+            Slot* orow = slot_out + static_cast<size_t>(slot) * H + nt * BN;
+#pragma unroll
+            for (int m = 0; m < BN / 32; ++m) {
+              uint32_t p[4];
+#pragma unroll
+              for (int k = 0; k < 4; ++k) {
+                const int c8 = 4 * m + k;
+                const __nv_bfloat162 v =
+                    __floats2bfloat162_rn(bf16_round(bf16_round(acc[rb][4 * c8 + 2 * hr]) * wt),
+                                          bf16_round(bf16_round(acc[rb][4 * c8 + 2 * hr + 1]) * wt));
+                p[k] = *reinterpret_cast<const uint32_t*>(&v);
+              }
+              quad_transpose4(p);
+              if (live) {
+                const uint4 o = make_uint4(p[0], p[1], p[2], p[3]);
+                uint4* dst = reinterpret_cast<uint4*>(orow + 8 * (4 * m + t));
+                if constexpr (kStream)
+                  __stcs(dst, o);
+                else
+                  *dst = o;
+              }
+            }
+          }
+          continue;
+        }
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
           const int r = (kPP ? rb : wg) * 64 + 16 * wq + g + hr * 8;
@@ -1125,72 +1187,109 @@ Status launch_grouped_ws(const bf16* a, const MoePlan& plan, const float* weight
 
 // ---- plan for many tokens -------------------------------------------------------------------------------------
 //
-// One CTA of 32 warps; warp w owns the contiguous slot range [w * per, (w + 1) * per). Pass 1 counts each warp's
-// slots per expert (shared-memory atomics); a scan over (warp, expert) gives every warp the first position of its
-// slots of each expert; pass 2 places each warp's slots in slot order (ranks inside a 32-slot group from
-// __match_any_sync). The ids are read twice in all, instead of once per expert; each pass loads kPlanUnroll 32-slot
-// groups before it uses them (the placement's loop otherwise waits a global load's latency per group).
-constexpr int kPlanWarps = 32;
-constexpr int kPlanUnroll = 8;
+// Two launches over CTAs of kMoePlanCtaSlots consecutive slots (8 warps, a warp owns kPlanWarpSlots of them).
+// moe_plan_count_kernel: each CTA's expert counts (shared-memory atomics) into plan.cta_counts. moe_plan_place_kernel:
+// each CTA sums the counts of the CTAs before it and of all CTAs (the experts' totals; CTA 0 also writes the plan's
+// header and tiles from the totals), counts its slots per warp, and places each warp's slots in slot order (ranks
+// inside a 32-slot group from __match_any_sync) after the slots of earlier warps and CTAs. The scattered
+// sorted_slots stores come from every CTA's SM instead of one (a single CTA spent ~80 us on them at 64k slots).
+constexpr int kPlanWarps = 8;
+constexpr int kPlanWarpSlots = kMoePlanCtaSlots / kPlanWarps;
 constexpr int kPlanMaxExperts = 256;
+static_assert(kPlanWarpSlots % 32 == 0, "whole 32-slot groups per warp");
 
-__global__ void __launch_bounds__(kPlanWarps * 32) moe_plan_prefill_kernel(const int32_t* __restrict__ ids, int NK,
-                                                                           int E, MoePlan plan,
-                                                                           int64_t* active_count_sum) {
-  pdl_wait();
-  extern __shared__ int cnt[];  // [kPlanWarps][E]: counts, then each warp's next position per expert
-  __shared__ int total[kPlanMaxExperts];
-  __shared__ int first[kPlanMaxExperts];  // sorted position of each expert's first slot
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int i = threadIdx.x; i < kPlanWarps * E; i += blockDim.x) cnt[i] = 0;
+__global__ void __launch_bounds__(kPlanWarps * 32) moe_plan_count_kernel(const int32_t* __restrict__ ids, int NK, int E,
+                                                                         int32_t* __restrict__ cta_counts) {
+  __shared__ int cnt[kPlanMaxExperts];
+  for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
   __syncthreads();
-  const int per = ((NK + kPlanWarps - 1) / kPlanWarps + 31) / 32 * 32;
-  const int beg = min(NK, warp * per), end = min(NK, beg + per);
-  for (int i0 = beg; i0 < end; i0 += 32 * kPlanUnroll) {
-    int idv[kPlanUnroll];
-#pragma unroll
-    for (int u = 0; u < kPlanUnroll; ++u) {
-      const int i = i0 + 32 * u + lane;
-      idv[u] = i < end ? __ldg(ids + i) : -1;
-    }
-#pragma unroll
-    for (int u = 0; u < kPlanUnroll; ++u)
-      if (idv[u] >= 0 && idv[u] < E) atomicAdd(&cnt[warp * E + idv[u]], 1);
+  pdl_wait();
+  const int beg = blockIdx.x * kMoePlanCtaSlots, end = min(NK, beg + kMoePlanCtaSlots);
+#pragma unroll 4
+  for (int i = beg + threadIdx.x; i < end; i += blockDim.x) {
+    const int id = __ldg(ids + i);
+    if (id >= 0 && id < E) atomicAdd(&cnt[id], 1);
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < E; e += blockDim.x) {  // exclusive prefix over warps
-    int sum = 0;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) cta_counts[blockIdx.x * E + e] = cnt[e];
+}
+
+// Exclusive prefix over the experts' totals (one warp; the offsets moe_plan_scan_warp gives CTA 0).
+__device__ __forceinline__ void plan_first_warp(const int* total, int E, int* first) {
+  const int lane = threadIdx.x & 31;
+  int off = 0;
+  for (int e0 = 0; e0 < E; e0 += 32) {
+    const int e = e0 + lane;
+    const int c = e < E ? total[e] : 0;
+    int cs = c;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int a = __shfl_up_sync(0xffffffffu, cs, o);
+      if (lane >= o) cs += a;
+    }
+    if (e < E) first[e] = off + cs - c;
+    off += __shfl_sync(0xffffffffu, cs, 31);
+  }
+}
+
+__global__ void __launch_bounds__(kPlanWarps * 32) moe_plan_place_kernel(const int32_t* __restrict__ ids, int NK, int E,
+                                                                         MoePlan plan, int64_t* active_count_sum) {
+  __shared__ int wcnt[kPlanWarps][kPlanMaxExperts];  // per-warp counts, then each warp's next position per expert
+  __shared__ int total[kPlanMaxExperts];
+  __shared__ int before[kPlanMaxExperts];  // slots of each expert in the CTAs before this one
+  __shared__ int first[kPlanMaxExperts];   // sorted position of each expert's first slot
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int i = threadIdx.x; i < kPlanWarps * kPlanMaxExperts; i += blockDim.x) (&wcnt[0][0])[i] = 0;
+  pdl_wait();
+  const int G = gridDim.x, me = blockIdx.x;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    int b = 0, t = 0;
+#pragma unroll 8
+    for (int g = 0; g < G; ++g) {
+      const int c = __ldcg(plan.cta_counts + g * E + e);
+      b += g < me ? c : 0;
+      t += c;
+    }
+    before[e] = b;
+    total[e] = t;
+  }
+  __syncthreads();
+  const int beg = min(NK, me * kMoePlanCtaSlots + warp * kPlanWarpSlots);
+  const int end = min(NK, beg + kPlanWarpSlots);
+  int idv[kPlanWarpSlots / 32];
+#pragma unroll
+  for (int u = 0; u < kPlanWarpSlots / 32; ++u) {
+    const int i = beg + 32 * u + lane;
+    const int id = i < end ? __ldg(ids + i) : -1;
+    idv[u] = id < E ? id : -1;
+    if (idv[u] >= 0) atomicAdd(&wcnt[warp][idv[u]], 1);
+  }
+  if (warp == 0) {
+    if (me == 0)
+      moe_plan_scan_warp(total, E, plan, first, active_count_sum);
+    else
+      plan_first_warp(total, E, first);
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {  // exclusive prefix over the warps
+    int sum = first[e] + before[e];
     for (int w = 0; w < kPlanWarps; ++w) {
-      const int c = cnt[w * E + e];
-      cnt[w * E + e] = sum;
+      const int c = wcnt[w][e];
+      wcnt[w][e] = sum;
       sum += c;
     }
-    total[e] = sum;
   }
   __syncthreads();
-  if (warp == 0) moe_plan_scan_warp(total, E, plan, first, active_count_sum);
-  __syncthreads();
-  int* next = cnt + warp * E;
-  for (int e = lane; e < E; e += 32) next[e] += first[e];
-  __syncwarp();
-  for (int i0 = beg; i0 < end; i0 += 32 * kPlanUnroll) {
-    int idv[kPlanUnroll];
+  int* next = wcnt[warp];
 #pragma unroll
-    for (int u = 0; u < kPlanUnroll; ++u) {
-      const int i = i0 + 32 * u + lane;
-      idv[u] = i < end ? __ldg(ids + i) : -1;
-    }
-#pragma unroll
-    for (int u = 0; u < kPlanUnroll; ++u) {  // groups in slot order
-      const int i = i0 + 32 * u + lane;
-      const int id = idv[u] < E ? idv[u] : -1;
-      const unsigned same = __match_any_sync(0xffffffffu, id);
-      const int rank = __popc(same & ((1u << lane) - 1));
-      if (id >= 0) plan.sorted_slots[next[id] + rank] = i;
-      __syncwarp();
-      if (id >= 0 && rank == 0) next[id] += __popc(same);
-      __syncwarp();
-    }
+  for (int u = 0; u < kPlanWarpSlots / 32; ++u) {  // groups in slot order
+    const int id = idv[u];
+    const unsigned same = __match_any_sync(0xffffffffu, id);
+    const int rank = __popc(same & ((1u << lane) - 1));
+    if (id >= 0) plan.sorted_slots[next[id] + rank] = beg + 32 * u + lane;
+    __syncwarp();
+    if (id >= 0 && rank == 0) next[id] += __popc(same);
+    __syncwarp();
   }
 }
 
@@ -1220,9 +1319,11 @@ Status moe_plan_prefill(const int32_t* ids, int N, int K, int E, MoePlan& plan, 
     return invalid_argument("moe_plan_prefill: the plan was bound for other sizes (max_tokens " +
                             std::to_string(plan.max_tokens) + ", top_k " + std::to_string(plan.top_k) + ", experts " +
                             std::to_string(plan.experts) + ")");
-  const size_t smem = static_cast<size_t>(kPlanWarps) * E * sizeof(int);
-  return launch("moe_plan_prefill", moe_plan_prefill_kernel, dim3(1), dim3(kPlanWarps * 32), smem, stream, ids, N * K,
-                E, plan, active_count_sum);
+  const int ctas = (N * K + kMoePlanCtaSlots - 1) / kMoePlanCtaSlots;
+  ZEST_RETURN_IF_ERROR(launch("moe_plan_count", moe_plan_count_kernel, dim3(ctas), dim3(kPlanWarps * 32), 0, stream,
+                              ids, N * K, E, plan.cta_counts));
+  return launch("moe_plan_place", moe_plan_place_kernel, dim3(ctas), dim3(kPlanWarps * 32), 0, stream, ids, N * K, E,
+                plan, active_count_sum);
 }
 
 Status moe_prefill_gate_up(const bf16* x, const MoePlan& plan, const bf16* gate_up, bf16* h, int N, int K, int E,
