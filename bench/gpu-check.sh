@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 J=/tmp/zest-check-jobs
 rm -rf "$J" && mkdir -p "$J"
 cat >"$J/tests.sh" <<'JOB'
-# limit: 130
+# limit: 240
 "$P/test_cuda" --gtest_brief=1 2>&1
 JOB
 cat >"$J/memcheck.sh" <<'JOB'
