@@ -662,31 +662,15 @@ __device__ __forceinline__ void store_slot2(bf16* p, float a, float b) {
     *reinterpret_cast<__nv_bfloat162*>(p) = v;
 }
 
-// A quad's (lanes 4q .. 4q + 3, t = lane & 3) 4 x 4 words transposed: lane t holds p[k] = row t, word k on entry
-// and word t of rows 0 .. 3 on return (row j in p[j]). Every lane of the warp must call it. Lets a quad's lanes,
-// which hold 2 adjacent bf16 of each 8-column group of an accumulator row, store 8 consecutive bf16 (16 bytes) each.
-__device__ __forceinline__ void quad_transpose4(uint32_t (&p)[4]) {
-  const int lane = threadIdx.x & 31, t = lane & 3;
-  uint32_t q[4] = {p[0], p[1], p[2], p[3]};
-#pragma unroll
-  for (int r = 1; r < 4; ++r) {
-    // Round r: lane t reads lane j = (t + r) & 3, which sends its word (j - r) & 3 = t.
-    const int sel = (t - r) & 3, j = (t + r) & 3;
-    const uint32_t send = sel == 0 ? p[0] : sel == 1 ? p[1] : sel == 2 ? p[2] : p[3];
-    const uint32_t got = __shfl_sync(0xffffffffu, send, (lane & ~3) | j);
-    q[0] = j == 0 ? got : q[0];
-    q[1] = j == 1 ? got : q[1];
-    q[2] = j == 2 ? got : q[2];
-    q[3] = j == 3 ? got : q[3];
-  }
-  // Round 0 (r = 0): the lane's own word t.
-  const uint32_t own = t == 0 ? p[0] : t == 1 ? p[1] : t == 2 ? p[2] : p[3];
-  q[0] = t == 0 ? own : q[0];
-  q[1] = t == 1 ? own : q[1];
-  q[2] = t == 2 ? own : q[2];
-  q[3] = t == 3 ? own : q[3];
-#pragma unroll
-  for (int k = 0; k < 4; ++k) p[k] = q[k];
+// Two words of an accumulator row's bf16 pairs (lo: pairs of 8-column group 2m, hi: of group 2m + 1; the quad's lane
+// t holds columns 2t, 2t + 1 of each group) swapped between lanes t and t ^ 1, so that the lane holds 4 consecutive
+// bf16 of one group (group 2m + (t & 1), columns 4 * (t >> 1) .. + 3): an 8-byte store, the quad's 32 bytes
+// contiguous. Every lane of the warp must call it.
+__device__ __forceinline__ uint2 pair_swap(uint32_t lo, uint32_t hi) {
+  const bool odd = threadIdx.x & 1;
+  const uint32_t got = __shfl_xor_sync(0xffffffffu, odd ? lo : hi, 1);
+  const uint32_t keep = odd ? hi : lo;
+  return odd ? make_uint2(got, keep) : make_uint2(keep, got);
 }
 
 // CL = 1: CTAs independent. CL = 2 (variant 13): clusters of two CTAs take consecutive row tiles 2p and 2p + 1 of the
@@ -1002,31 +986,31 @@ __global__ void __launch_bounds__(kXThreads, 1)
       for (int rb = 0; rb < RB; ++rb) {
         if (!act[rb]) continue;
         if constexpr (!kGateUp && std::is_same_v<Slot, bf16>) {
-          // bf16 slots: each lane packs its pairs, the quad transposes each run of 4 pairs (32 columns), and every lane
-          // stores 8 consecutive columns (16 bytes; 4-byte stores of pairs ran slower than the fp32 slots' 8-byte
-          // ones). The shuffles need the whole warp, so rows past the tile's end only skip the stores.
+          // bf16 slots: each lane packs its pairs, neighbouring lanes swap one word of each two (pair_swap), and every
+          // lane stores 4 consecutive columns (8 bytes; 4-byte stores of pairs ran slower than the fp32 slots' 8-byte
+          // ones, and a 4 x 4 quad transpose for 16-byte stores cost more in the epilogue than it saved). The shuffles
+          // need the whole warp, so rows past the tile's end only skip the stores.
 #pragma unroll
           for (int hr = 0; hr < 2; ++hr) {
             const int r = (kPP ? rb : wg) * 64 + 16 * wq + g + hr * 8;
             const bool live = r < rows;
             const int slot = live ? (kPrefetch ? pre_slot[rb][hr] : plan.sorted_slots[m0 + r]) : 0;
             const float wt = live ? (kPrefetch ? pre_wt[rb][hr] : weights[slot]) : 0.f;
-            Slot* orow = slot_out + static_cast<size_t>(slot) * H + nt * BN;
+            Slot* orow = slot_out + static_cast<size_t>(slot) * H + nt * BN + 4 * (t >> 1);
 #pragma unroll
-            for (int m = 0; m < BN / 32; ++m) {
-              uint32_t p[4];
+            for (int m = 0; m < BN / 16; ++m) {
+              uint32_t p[2];
 #pragma unroll
-              for (int k = 0; k < 4; ++k) {
-                const int c8 = 4 * m + k;
+              for (int k = 0; k < 2; ++k) {
+                const int c8 = 2 * m + k;
                 const __nv_bfloat162 v =
                     __floats2bfloat162_rn(bf16_round(bf16_round(acc[rb][4 * c8 + 2 * hr]) * wt),
                                           bf16_round(bf16_round(acc[rb][4 * c8 + 2 * hr + 1]) * wt));
                 p[k] = *reinterpret_cast<const uint32_t*>(&v);
               }
-              quad_transpose4(p);
+              const uint2 o = pair_swap(p[0], p[1]);
               if (live) {
-                const uint4 o = make_uint4(p[0], p[1], p[2], p[3]);
-                uint4* dst = reinterpret_cast<uint4*>(orow + 8 * (4 * m + t));
+                uint2* dst = reinterpret_cast<uint2*>(orow + 8 * (2 * m + (t & 1)));
                 if constexpr (kStream)
                   __stcs(dst, o);
                 else
