@@ -29,7 +29,14 @@ cat >"$J/decode.sh" <<'JOB'
 JOB
 cat >"$J/prefill.sh" <<'JOB'
 # limit: 90
+# The SM clock sampled every 100 ms meanwhile: a whole-model 8k prefill holds the GPU's power limit, which lowers it.
+nvidia-smi --query-gpu=clocks.sm,power.draw --format=csv,noheader,nounits -lms 100 >/tmp/zest-prefill-clocks.txt 2>&1 &
+smi=$!
 "$P/bench_prefill_bench" --config qwen3-30b-a3b --tokens 512,2048,8192
+kill "$smi" 2>/dev/null
+# Samples under load (power above 400 W): SM clock min / median / max, MHz.
+awk -F', *' '$2 + 0 > 400 {print $1 + 0}' /tmp/zest-prefill-clocks.txt | sort -n |
+  awk '{v[NR] = $1} END {if (NR) printf "SM clock under load (%d samples, power > 400 W): min %d / median %d / max %d MHz\n", NR, v[1], v[int((NR + 1) / 2)], v[NR]}'
 JOB
 cat >"$J/ttft.sh" <<'JOB'
 # limit: 90
@@ -53,7 +60,7 @@ echo "================ summary ================"
 [ -e "$L/memcheck.log" ] && grep -E 'ERROR SUMMARY' "$L/memcheck.log" | tail -1
 if [ -e "$L/decode.log" ]; then
   echo "--- decode"; grep -E '^\||^SERE at|^sere_reroute|copy bandwidth' "$L/decode.log"
-  echo "--- prefill"; grep -E '^\|' "$L/prefill.log"
+  echo "--- prefill"; grep -E '^\||^SM clock' "$L/prefill.log"
   echo "--- ttft"; grep -E '^\|' "$L/ttft.log" | head -20
   echo "--- sere calibration"; cat "$L/sere.log"
 fi
