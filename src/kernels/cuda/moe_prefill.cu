@@ -33,6 +33,13 @@ namespace zest::cuda {
 
 namespace {
 
+// The SwiGLU value of gate/up's epilogue from the fp32 accumulators of a gate and an up column: g and u rounded to
+// bf16 first, silu(g) rounded to bf16, times u (the caller rounds the product when it stores it).
+__device__ __forceinline__ float swiglu_acc(float g_acc, float u_acc) {
+  const float gv = bf16_round(g_acc), uv = bf16_round(u_acc);
+  return bf16_round(gv / (1.f + __expf(-gv))) * uv;
+}
+
 // ---- prefill experts: grouped GEMM over the plan's tiles ------------------------------------------------------
 
 using namespace nvcuda;
@@ -289,9 +296,7 @@ __global__ void __launch_bounds__(kMThreads, 2)
             float hv[2];
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
-              const float gv = bf16_round(acc[mt][nt][hr * 2 + c]);
-              const float uv = bf16_round(acc[mt][nt + 4][hr * 2 + c]);
-              hv[c] = bf16_round(gv / (1.f + __expf(-gv))) * uv;
+              hv[c] = swiglu_acc(acc[mt][nt][hr * 2 + c], acc[mt][nt + 4][hr * 2 + c]);
             }
             *reinterpret_cast<__nv_bfloat162*>(hrow + 8 * nt) = __floats2bfloat162_rn(hv[0], hv[1]);
           }
@@ -499,9 +504,7 @@ __global__ void __launch_bounds__(BM * 2, w_ctas_per_sm<BM, BN, kWStages>())
           float hv[2];
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
-            const float gv = bf16_round(acc[4 * i + 2 * hr + c]);
-            const float uv = bf16_round(acc[4 * (i + BN / 16) + 2 * hr + c]);
-            hv[c] = bf16_round(gv / (1.f + __expf(-gv))) * uv;
+            hv[c] = swiglu_acc(acc[4 * i + 2 * hr + c], acc[4 * (i + BN / 16) + 2 * hr + c]);
           }
           *reinterpret_cast<__nv_bfloat162*>(hrow + 8 * i) = __floats2bfloat162_rn(hv[0], hv[1]);
         }
@@ -671,6 +674,19 @@ __device__ __forceinline__ uint2 pair_swap(uint32_t lo, uint32_t hi) {
   const uint32_t got = __shfl_xor_sync(0xffffffffu, odd ? lo : hi, 1);
   const uint32_t keep = odd ? hi : lo;
   return odd ? make_uint2(got, keep) : make_uint2(keep, got);
+}
+
+// pair_swap, then the lane's 8 bytes into 8-column group 2m + (t & 1) of a bf16 row (row: the lane's base, already
+// offset by 4 * (t >> 1)); live = false only swaps (the shuffle needs every lane). kStream: evict-first.
+template <bool kStream>
+__device__ __forceinline__ void store_swapped(bf16* row, int m, uint32_t lo, uint32_t hi, bool live) {
+  const uint2 o = pair_swap(lo, hi);
+  if (!live) return;
+  uint2* dst = reinterpret_cast<uint2*>(row + 8 * (2 * m + (threadIdx.x & 1)));
+  if constexpr (kStream)
+    __stcs(dst, o);
+  else
+    *dst = o;
 }
 
 // CL = 1: CTAs independent. CL = 2 (variant 13): clusters of two CTAs take consecutive row tiles 2p and 2p + 1 of the
@@ -966,9 +982,7 @@ __global__ void __launch_bounds__(kXThreads, 1)
 #pragma unroll
             for (int c = 0; c < 2; ++c) {
               if constexpr (kGateUp) {
-                const float gv = bf16_round(acc[0][4 * c8 + 2 * hr + c]);
-                const float uv = bf16_round(acc[0][4 * (c8 + BN / 16) + 2 * hr + c]);
-                v[c] = bf16_round(gv / (1.f + __expf(-gv))) * uv;
+                v[c] = swiglu_acc(acc[0][4 * c8 + 2 * hr + c], acc[0][4 * (c8 + BN / 16) + 2 * hr + c]);
               } else {
                 v[c] = bf16_round(bf16_round(acc[0][4 * c8 + 2 * hr + c]) * pre_wt[0][hr]);
               }
@@ -1006,26 +1020,15 @@ __global__ void __launch_bounds__(kXThreads, 1)
                 float hv[2];
 #pragma unroll
                 for (int c = 0; c < 2; ++c) {
-                  const float gv = bf16_round(acc[rb][4 * c8 + 2 * hr + c]);
-                  const float uv = bf16_round(acc[rb][4 * (c8 + BN / 16) + 2 * hr + c]);
-                  hv[c] = bf16_round(gv / (1.f + __expf(-gv))) * uv;
+                  hv[c] = swiglu_acc(acc[rb][4 * c8 + 2 * hr + c], acc[rb][4 * (c8 + BN / 16) + 2 * hr + c]);
                 }
                 const __nv_bfloat162 hb = __floats2bfloat162_rn(hv[0], hv[1]);
                 p[k] = *reinterpret_cast<const uint32_t*>(&hb);
               }
-              const uint2 o = pair_swap(p[0], p[1]);
-              if (live) {
-                uint2* dst = reinterpret_cast<uint2*>(hrow + 8 * (2 * m + (t & 1)));
-                if constexpr (kStream)
-                  __stcs(dst, o);
-                else
-                  *dst = o;
-              }
+              store_swapped<kStream>(hrow, m, p[0], p[1], live);
             }
           }
-          continue;
-        }
-        if constexpr (!kGateUp && std::is_same_v<Slot, bf16>) {
+        } else if constexpr (!kGateUp && std::is_same_v<Slot, bf16>) {
           // bf16 slots: each lane packs its pairs, neighbouring lanes swap one word of each two (pair_swap), and every
           // lane stores 4 consecutive columns (8 bytes; 4-byte stores of pairs ran slower than the fp32 slots' 8-byte
           // ones, and a 4 x 4 quad transpose for 16-byte stores cost more in the epilogue than it saved). The shuffles
@@ -1048,18 +1051,10 @@ __global__ void __launch_bounds__(kXThreads, 1)
                                           bf16_round(bf16_round(acc[rb][4 * c8 + 2 * hr + 1]) * wt));
                 p[k] = *reinterpret_cast<const uint32_t*>(&v);
               }
-              const uint2 o = pair_swap(p[0], p[1]);
-              if (live) {
-                uint2* dst = reinterpret_cast<uint2*>(orow + 8 * (2 * m + (t & 1)));
-                if constexpr (kStream)
-                  __stcs(dst, o);
-                else
-                  *dst = o;
-              }
+              store_swapped<kStream>(orow, m, p[0], p[1], live);
             }
           }
-          continue;
-        }
+        } else {
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
           const int r = (kPP ? rb : wg) * 64 + 16 * wq + g + hr * 8;
@@ -1071,9 +1066,7 @@ __global__ void __launch_bounds__(kXThreads, 1)
               float hv[2];
 #pragma unroll
               for (int c = 0; c < 2; ++c) {
-                const float gv = bf16_round(acc[rb][4 * c8 + 2 * hr + c]);
-                const float uv = bf16_round(acc[rb][4 * (c8 + BN / 16) + 2 * hr + c]);
-                hv[c] = bf16_round(gv / (1.f + __expf(-gv))) * uv;
+                hv[c] = swiglu_acc(acc[rb][4 * c8 + 2 * hr + c], acc[rb][4 * (c8 + BN / 16) + 2 * hr + c]);
               }
               const __nv_bfloat162 hb = __floats2bfloat162_rn(hv[0], hv[1]);
               if constexpr (kStream)
@@ -1091,6 +1084,7 @@ __global__ void __launch_bounds__(kXThreads, 1)
                                    bf16_round(bf16_round(acc[rb][4 * c8 + 2 * hr + 1]) * wt));
           }
         }
+        }  // the 4- and 8-byte pair stores
       }
       }  // !kDefer
     }
@@ -1166,7 +1160,8 @@ Status launch_grouped_ws(const bf16* a, const MoePlan& plan, const float* weight
       return launch_grouped_wgmma<kGateUp, 128, 128, 3, false>(a, plan, weights, w, h, slot_out, N, K, E, H, I,
                                                                stream);
   } else if (!ws_ok<kGateUp, BN>(a, w, E, H, I)) {
-    return invalid_argument("moe_prefill_down (bf16 slots): sizes or operands the warp-specialised kernel does not take");
+    return invalid_argument(
+        "moe_prefill_down (bf16 slots): sizes or operands the warp-specialised kernel does not take");
   }
   constexpr size_t kSmem = x_smem<BN, ST>();
   auto* kernel = moe_grouped_ws_kernel<kGateUp, BN, ST, CL, kPP, kStream, kPrefetch, kDefer, Slot, kPairH>;
