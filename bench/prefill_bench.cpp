@@ -512,7 +512,6 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs, const std::string
            {18, "as 11, down's slots and weights loaded before the GEMM"},
            {19, "as 11, with both 17 and 18"},
            {20, "as 18, outputs stored during the next tile's first k-chunks"},
-           {21, "as 11, gate/up's h stored 8 bytes per lane after a pair swap"},
            {11, "measured again last: the drift of the GPU's speed over this table"}}) {
     ops.push_back({"experts gate/up, variant " + std::to_string(v) + " (" + what + ")", 2 * t * K * 2 * I * H, false,
                    [&, v] {
@@ -603,7 +602,7 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs, const std::string
     std::printf("attention variant %d vs default: max |diff| %.3g (max |out| %.3g)\n", v, wd.first, wd.second);
   }
   // Every grouped-GEMM variant against the default on the layer's routing.
-  for (int v : {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21}) {
+  for (int v : {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20}) {
     if (!name_matches("variant " + std::to_string(v) + " (", variant_filter)) continue;
     ZEST_RETURN_IF_ERROR(with_option(cuda::PrefillOption::kGroupedGemm, v, [&] {
       return cuda::moe_experts_prefill(xn, plan, rw, gate_up, down, h, slot_out2, T, K, E, H, I, st);

@@ -309,7 +309,7 @@ Status prefill_attention(const bf16* q, int q_stride, const bf16* k, const bf16*
 //     cache slots read once into shared memory.
 //   kSlots (the decoders' prefill experts, moe_prefill_bf16_slots): 0 (default) = the down GEMM stores its slot
 //     outputs as bf16 and the combine reads them (half the bytes; the same values, see moe_prefill_down) wherever
-//     the grouped GEMM is variant 11 (the default, or 21); 1 = fp32 slots always.
+//     the grouped GEMM is variant 11 (the default); 1 = fp32 slots always.
 //   Start values of kAttention, kRope and kSlots may be given by the environment: ZEST_PREFILL_ATTENTION,
 //   ZEST_PREFILL_ROPE, ZEST_PREFILL_SLOTS.
 enum class PrefillOption : int { kAttention = 0, kGroupedGemm, kRope, kSlots, kCount };
@@ -439,16 +439,14 @@ Status moe_prefill_down(const bf16* h, const MoePlan& plan, const float* weights
 // 16 = 13 launching sm_count / 2 clusters whatever the occupancy query says; 17 = 11 with evict-first (streaming)
 // output stores; 18 = 11 with down's slots and routing weights loaded before the GEMM; 19 = 17 and 18 together;
 // 20 = 18 with the epilogue's outputs (all of gate/up's, half of down's) kept as bf16 pairs in registers and stored
-// during the next tile's first k-chunks; 21 = 11 with gate/up's h stored 8 bytes per lane after a swap of pairs
-// between neighbouring lanes (down as 11; not measured yet). All need E <= 256 and 16-byte aligned operands, else
-// variant 3 runs.
+// during the next tile's first k-chunks. All need E <= 256 and 16-byte aligned operands, else variant 3 runs.
 // Every variant stores bf16(bf16(C) * w) in its fp32 slots, a value bf16 holds exactly. This form runs variant 11's
 // down kernel storing those values as bf16: half the bytes written here and read by the combine, the same results.
 // Sizes or operands variant 11 does not take are kInvalidArgument (moe_prefill_bf16_slots says when it runs).
 Status moe_prefill_down(const bf16* h, const MoePlan& plan, const float* weights, const bf16* down, bf16* slot_out,
                         int N, int K, int E, int H, int I, cudaStream_t stream);
 // Whether the decoders' prefill experts use the bf16 slots: PrefillOption::kSlots 0, the grouped GEMM at variant 11
-// (0, 11 or 21) and sizes and operands it takes (h and down 16-byte aligned).
+// (0 or 11) and sizes and operands it takes (h and down 16-byte aligned).
 bool moe_prefill_bf16_slots(const bf16* h, const bf16* down, int E, int H, int I);
 // Clusters of variant 13's gate/up (or down) kernel that can be resident at once (cudaOccupancyMaxActiveClusters).
 int moe_prefill_cluster_capacity(bool gate_up);

@@ -699,10 +699,8 @@ __device__ __forceinline__ void store_swapped(bf16* row, int m, uint32_t lo, uin
 // kDefer (cooperative, CL = 1): the epilogue's outputs (bf16 values) are packed into bf16 pairs in registers and
 // stored during the first k-chunks of the next tile, so the stores overlap its GEMM instead of idling the tensor
 // cores. Slot: down's slot outputs as fp32 or as bf16 (the same values: every output is bf16(bf16(C) * w)).
-// kPairH (cooperative, not kDefer): gate/up's h rows stored 8 bytes per lane after a pair swap (pair_swap) instead of
-// 4-byte pairs, as the bf16 slots are.
 template <bool kGateUp, int BN, int ST, int CL, bool kPP, bool kStream = false, bool kPrefetch = false,
-          bool kDefer = false, class Slot = float, bool kPairH = false>
+          bool kDefer = false, class Slot = float>
 __global__ void __launch_bounds__(kXThreads, 1)
     moe_grouped_ws_kernel(const __grid_constant__ CUtensorMap tm_w, const __grid_constant__ CUtensorMap tm_a,
                           const bf16* __restrict__ a_src, MoePlan plan, const float* __restrict__ weights,
@@ -711,7 +709,6 @@ __global__ void __launch_bounds__(kXThreads, 1)
   static_assert(CL == 1 || CL == 2, "clusters of one or two CTAs");
   static_assert(!kPP || BN == 128, "ping-pong: a warpgroup holds 128 x 128 accumulators");
   static_assert(!kDefer || (!kPP && CL == 1), "deferred epilogue: cooperative, one CTA per cluster");
-  static_assert(!kPairH || (kGateUp && !kDefer), "8-byte h stores: gate/up's immediate epilogue");
   constexpr size_t kStage = x_stage_bytes<BN>();
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024 - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
@@ -1002,33 +999,7 @@ __global__ void __launch_bounds__(kXThreads, 1)
 #pragma unroll
       for (int rb = 0; rb < RB; ++rb) {
         if (!act[rb]) continue;
-        if constexpr (kGateUp && kPairH) {
-          // gate/up's h row: neighbouring lanes swap one word of each two (pair_swap) so each lane stores 4
-          // consecutive bf16 (8 bytes, the quad's 32 contiguous); rows past the tile's end only skip the stores (the
-          // shuffles need the whole warp). The same values as the 4-byte stores below.
-#pragma unroll
-          for (int hr = 0; hr < 2; ++hr) {
-            const int r = (kPP ? rb : wg) * 64 + 16 * wq + g + hr * 8;
-            const bool live = r < rows;
-            bf16* hrow = h + static_cast<size_t>(m0 + (live ? r : 0)) * I + nt * (BN / 2) + 4 * (t >> 1);
-#pragma unroll
-            for (int m = 0; m < BN / 32; ++m) {
-              uint32_t p[2];
-#pragma unroll
-              for (int k = 0; k < 2; ++k) {
-                const int c8 = 2 * m + k;
-                float hv[2];
-#pragma unroll
-                for (int c = 0; c < 2; ++c) {
-                  hv[c] = swiglu_acc(acc[rb][4 * c8 + 2 * hr + c], acc[rb][4 * (c8 + BN / 16) + 2 * hr + c]);
-                }
-                const __nv_bfloat162 hb = __floats2bfloat162_rn(hv[0], hv[1]);
-                p[k] = *reinterpret_cast<const uint32_t*>(&hb);
-              }
-              store_swapped<kStream>(hrow, m, p[0], p[1], live);
-            }
-          }
-        } else if constexpr (!kGateUp && std::is_same_v<Slot, bf16>) {
+        if constexpr (!kGateUp && std::is_same_v<Slot, bf16>) {
           // bf16 slots: each lane packs its pairs, neighbouring lanes swap one word of each two (pair_swap), and every
           // lane stores 4 consecutive columns (8 bytes; 4-byte stores of pairs ran slower than the fp32 slots' 8-byte
           // ones, and a 4 x 4 quad transpose for 16-byte stores cost more in the epilogue than it saved). The shuffles
@@ -1152,7 +1123,7 @@ int ws_max_clusters() {
 // kFullGrid (CL > 1): launch sm_count / CL clusters instead of the number the occupancy query reports.
 // Slot = bf16: down's slot outputs as bf16; no fallback (the fp32 kernels), so sizes it does not take are an error.
 template <bool kGateUp, int BN, int ST, int CL = 1, bool kPP = false, bool kFullGrid = false, bool kStream = false,
-          bool kPrefetch = false, bool kDefer = false, class Slot = float, bool kPairH = false>
+          bool kPrefetch = false, bool kDefer = false, class Slot = float>
 Status launch_grouped_ws(const bf16* a, const MoePlan& plan, const float* weights, const bf16* w, bf16* h,
                          Slot* slot_out, int N, int K, int E, int H, int I, cudaStream_t stream) {
   if constexpr (std::is_same_v<Slot, float>) {
@@ -1164,7 +1135,7 @@ Status launch_grouped_ws(const bf16* a, const MoePlan& plan, const float* weight
         "moe_prefill_down (bf16 slots): sizes or operands the warp-specialised kernel does not take");
   }
   constexpr size_t kSmem = x_smem<BN, ST>();
-  auto* kernel = moe_grouped_ws_kernel<kGateUp, BN, ST, CL, kPP, kStream, kPrefetch, kDefer, Slot, kPairH>;
+  auto* kernel = moe_grouped_ws_kernel<kGateUp, BN, ST, CL, kPP, kStream, kPrefetch, kDefer, Slot>;
   static const cudaError_t attr =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
   ZEST_RETURN_IF_ERROR(cuda_status(attr, "moe grouped GEMM (warp-specialised) smem attribute"));
@@ -1371,7 +1342,6 @@ Status moe_prefill_gate_up(const bf16* x, const MoePlan& plan, const bf16* gate_
     case 18: return run(launch_grouped_ws<true, 256, 4, 1, false, false, false, true>);
     case 19: return run(launch_grouped_ws<true, 256, 4, 1, false, false, true, true>);
     case 20: return run(launch_grouped_ws<true, 256, 4, 1, false, false, false, false, true>);
-    case 21: return run(launch_grouped_ws<true, 256, 4, 1, false, false, false, false, false, float, true>);
     case 3: return run(launch_grouped_wgmma<true, 128, 128, 3, false>);
     default: return run(launch_grouped_ws<true, 256, 4>);  // 0 and 11: the fastest on H200
   }
@@ -1404,7 +1374,7 @@ Status moe_prefill_down(const bf16* h, const MoePlan& plan, const float* weights
     case 19: return run(launch_grouped_ws<false, 256, 4, 1, false, false, true, true>);
     case 20: return run(launch_grouped_ws<false, 256, 4, 1, false, false, false, false, true>);
     case 3: return run(launch_grouped_wgmma<false, 128, 128, 3, false>);
-    default: return run(launch_grouped_ws<false, 256, 4>);  // 0, 11 and 21: the fastest on H200
+    default: return run(launch_grouped_ws<false, 256, 4>);  // 0 and 11: the fastest on H200
   }
 }
 
@@ -1420,7 +1390,7 @@ Status moe_prefill_down(const bf16* h, const MoePlan& plan, const float* weights
 
 bool moe_prefill_bf16_slots(const bf16* h, const bf16* down, int E, int H, int I) {
   const int v = prefill_option(PrefillOption::kGroupedGemm);
-  return prefill_option(PrefillOption::kSlots) == 0 && (v == 0 || v == 11 || v == 21) && E <= 1024 &&
+  return prefill_option(PrefillOption::kSlots) == 0 && (v == 0 || v == 11) && E <= 1024 &&
          mma_shapes_ok(H, I) && ws_ok<false, 256>(h, down, E, H, I);
 }
 
