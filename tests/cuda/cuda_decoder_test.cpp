@@ -313,7 +313,6 @@ void check_mixed_batches(const model::TextDecoder& dec, int32_t vocab, const std
 // random checkpoint with hidden 256 (where the norm-folded GEMM applies); after prefills, decode-only steps of one
 // sequence (eager, then captured and replayed) and of four (the option does not apply: a control). The same bits are
 // expected; asserted: max |on - off| <= 1e-3 * max |off| on every step.
-// Then the scheduling hints kDecodeCarveout 0 and kCombineGate 1 / 2: the logits bit for bit.
 TEST(CudaDecoder, DownRowsStepsMatchTheChain) {
   ZEST_REQUIRE_GPU_DECODER();
   const fs::path dir = temp_dir("down_rows");
@@ -379,25 +378,6 @@ TEST(CudaDecoder, DownRowsStepsMatchTheChain) {
           << n << " sequences, kDecodeCarveout 0, step " << rep;
     }
     set_decode_option(DecodeOption::kDecodeCarveout, default_decode_option(DecodeOption::kDecodeCarveout));
-    // The next layer's qkv tile copies held back on SMs whose combine CTA still loads its row
-    // (DecodeOption::kCombineGate 1 and 2, a scheduling hint; the separate combine runs at 4 sequences): the same
-    // logits, eager and replayed, and every SM mark cleared afterwards.
-    for (int gate : {1, 2}) {
-      set_decode_option(DecodeOption::kCombineGate, gate);
-      for (int rep = 0; rep < 2; ++rep) {
-        auto got = run_chunks(**dec, *cache, tables, seqs, step);
-        ASSERT_TRUE(got.ok()) << got.status().to_string();
-        ASSERT_EQ(static_cast<size_t>(got->numel()), rows_logits.size());
-        EXPECT_TRUE(std::equal(rows_logits.begin(), rows_logits.end(), got->data<float>()))
-            << n << " sequences, kCombineGate " << gate << ", step " << rep;
-      }
-      ASSERT_NE(sm_gate_words(), nullptr);
-      std::vector<unsigned> marks(kMaxSmIds, 1u);
-      ASSERT_EQ(cudaMemcpy(marks.data(), sm_gate_words(), marks.size() * sizeof(unsigned), cudaMemcpyDeviceToHost),
-                cudaSuccess);
-      EXPECT_EQ(std::count(marks.begin(), marks.end(), 0u), kMaxSmIds) << "kCombineGate " << gate;
-    }
-    set_decode_option(DecodeOption::kCombineGate, default_decode_option(DecodeOption::kCombineGate));
   }
   set_decode_option(DecodeOption::kMoeDownRows, default_decode_option(DecodeOption::kMoeDownRows));
   fs::remove_all(dir);

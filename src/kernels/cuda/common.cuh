@@ -236,51 +236,16 @@ __device__ __forceinline__ void ldcg_slot8(const bf16* p, float* v) {
   unpack8(__ldcg(reinterpret_cast<const uint4*>(p)), v);
 }
 
-// Per-SM marks (sm_gate_words, kernels.h): a CTA marks its SM while its loads are in flight (sm_gate_enter /
-// sm_gate_leave, balanced within the CTA); a CTA of the next kernel may hold back its bulk copies into a marked SM
-// (sm_gate_wait, bounded). Scheduling hints only: no result depends on the words.
-constexpr unsigned kSmGateIds = 1024;  // = kMaxSmIds
-__device__ __forceinline__ unsigned sm_id() {
-  unsigned sm;
-  asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-  return sm;
-}
-__device__ __forceinline__ void sm_gate_enter(unsigned* gate) {
-  const unsigned sm = sm_id();
-  if (sm < kSmGateIds) {
-    atomicAdd(gate + sm, 1u);
-    __threadfence();  // the mark is in L2 before this CTA lets the next kernel launch
-  }
-}
-__device__ __forceinline__ void sm_gate_leave(unsigned* gate) {
-  const unsigned sm = sm_id();
-  if (sm < kSmGateIds) atomicSub(gate + sm, 1u);
-}
-// One thread: returns once its SM's word is zero or max_ns have passed.
-__device__ __forceinline__ void sm_gate_wait(const unsigned* gate, uint64_t max_ns) {
-  const unsigned sm = sm_id();
-  if (sm >= kSmGateIds) return;
-  const uint64_t t0 = global_ns();
-  for (;;) {
-    unsigned v;
-    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(gate + sm) : "memory");
-    if (v == 0 || global_ns() - t0 > max_ns) return;
-    __nanosleep(64);
-  }
-}
-
 // One token row of moe_combine_add_rmsnorm (elementwise.cu norm_kernel<2> for hidden <= 8 * blockDim.x, one
 // 8-element chunk per thread; the one-token experts' folded combine): x = bf16(x + bf16(sum of slot_out[k] over
 // k < K with ids[k] >= 0, in k order, in fp32)), then, when y is not null, y = w * bf16(x * rsqrt(mean(x^2) + eps))
 // with wv this thread's 8 norm weights (loaded by the caller, possibly before its PDL wait). All K slot rows are
 // loaded at once (empty slots skipped at the sum); x, ids and slot_out are read through L2 (they may come from other
 // CTAs of the same launch). Slot outputs fp32 or bf16. Every thread of the CTA calls it; red: blockDim.x / 32 floats
-// of shared memory. gate (not null): the SM mark this CTA set (sm_gate_enter), cleared
-// once every thread's loads have landed.
+// of shared memory.
 template <class Slot>
 __device__ __forceinline__ void combine_norm_row(bf16* x, const Slot* slot_out, const int32_t* ids, int K,
-                                                 const uint4& wv, bf16* y, int hidden, float eps, float* red,
-                                                 unsigned* gate = nullptr) {
+                                                 const uint4& wv, bf16* y, int hidden, float eps, float* red) {
   const int c = threadIdx.x * 8;
   const bool own = c < hidden;
   float v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -308,15 +273,8 @@ __device__ __forceinline__ void combine_norm_row(bf16* x, const Slot* slot_out, 
     *reinterpret_cast<uint4*>(x + c) = pack8(v);
   }
   step_timeline_phase(5);  // the row's loads have landed
-  if (!y) {
-    if (gate) {  // every thread's loads have landed once all of them pass the barrier
-      __syncthreads();
-      if (threadIdx.x == 0) sm_gate_leave(gate);
-    }
-    return;
-  }
+  if (!y) return;
   const float tot = block_sum(sumsq8(v), red);
-  if (gate && threadIdx.x == 0) sm_gate_leave(gate);  // past block_sum's barriers: every load of the row has landed
   const float inv = rsqrtf(tot / hidden + eps);
   if (own) *reinterpret_cast<uint4*>(y + c) = rms_scale8(v, inv, wv);
 }

@@ -50,8 +50,7 @@ __global__ void __launch_bounds__(kRowThreads) norm_kernel(bf16* __restrict__ x,
                                                            const Slot* __restrict__ slot_out,
                                                            const int32_t* __restrict__ ids, int K,
                                                            const bf16* __restrict__ w, bf16* __restrict__ y,
-                                                           int hidden, float eps, unsigned* gate,
-                                                           bool gate_to_end) {
+                                                           int hidden, float eps) {
   __shared__ float red[32];
   step_timeline_phase(0);
   const int row = blockIdx.x;
@@ -64,18 +63,10 @@ __global__ void __launch_bounds__(kRowThreads) norm_kernel(bf16* __restrict__ x,
     const bool own = c < hidden;
     uint4 wv = make_uint4(0, 0, 0, 0);
     if (own && w) wv = *reinterpret_cast<const uint4*>(w + c);
-    // kMode 2 with gate (DecodeOption::kCombineGate): the SM is marked before the wait, i.e. before the next kernel
-    // can launch, and cleared once the row's loads have landed (gate_to_end: at the CTA's end).
-    if (kMode == 2 && gate && threadIdx.x == 0) sm_gate_enter(gate);
     pdl_wait();
     if constexpr (kMode == 2) {  // the combine's row (common.cuh; also run by the one-token experts' last CTA)
       combine_norm_row(xr, slot_out + static_cast<size_t>(row) * K * hidden, ids + row * K, K, wv,
-                       w ? y + static_cast<size_t>(row) * hidden : nullptr, hidden, eps, red,
-                       gate_to_end ? nullptr : gate);
-      if (gate && gate_to_end) {
-        __syncthreads();
-        if (threadIdx.x == 0) sm_gate_leave(gate);
-      }
+                       w ? y + static_cast<size_t>(row) * hidden : nullptr, hidden, eps, red);
       step_timeline_phase(2);
       return;
     }
@@ -230,24 +221,22 @@ Status embedding(const int32_t* ids, const bf16* table, bf16* out, int n, int hi
 Status rmsnorm(const bf16* x, const bf16* w, bf16* y, int rows, int hidden, float eps, cudaStream_t stream) {
   ZEST_RETURN_IF_ERROR(check_rows("rmsnorm", rows, hidden));
   return launch("rmsnorm", norm_kernel<0>, dim3(rows), dim3(kRowThreads), 0, stream, const_cast<bf16*>(x),
-                nullptr, nullptr, nullptr, 0, w, y, hidden, eps, nullptr, false);
+                nullptr, nullptr, nullptr, 0, w, y, hidden, eps);
 }
 
 Status add_rmsnorm(bf16* x, const bf16* r, const bf16* w, bf16* y, int rows, int hidden, float eps,
                    cudaStream_t stream) {
   ZEST_RETURN_IF_ERROR(check_rows("add_rmsnorm", rows, hidden));
   return launch("add_rmsnorm", norm_kernel<1>, dim3(rows), dim3(kRowThreads), 0, stream, x, r, nullptr, nullptr, 0, w,
-                y, hidden, eps, nullptr, false);
+                y, hidden, eps);
 }
 
 Status moe_combine_add_rmsnorm(bf16* x, const float* slot_out, const int32_t* ids, int K, const bf16* w, bf16* y,
-                               int rows, int hidden, float eps, cudaStream_t stream, unsigned* sm_gate,
-                               bool gate_to_end) {
+                               int rows, int hidden, float eps, cudaStream_t stream) {
   ZEST_RETURN_IF_ERROR(check_rows("moe_combine_add_rmsnorm", rows, hidden));
   if (K <= 0) return invalid_argument("moe_combine_add_rmsnorm: K must be positive");
-  if (hidden > kRowThreads * 8) sm_gate = nullptr;  // the marks are set on the one-chunk-per-thread path only
   return launch("moe_combine_add_rmsnorm", norm_kernel<2>, dim3(rows), dim3(kRowThreads), 0, stream, x, nullptr,
-                slot_out, ids, K, w, y, hidden, eps, sm_gate, gate_to_end);
+                slot_out, ids, K, w, y, hidden, eps);
 }
 
 Status moe_combine_add_rmsnorm(bf16* x, const bf16* slot_out, const int32_t* ids, int K, const bf16* w, bf16* y,
@@ -255,7 +244,7 @@ Status moe_combine_add_rmsnorm(bf16* x, const bf16* slot_out, const int32_t* ids
   ZEST_RETURN_IF_ERROR(check_rows("moe_combine_add_rmsnorm", rows, hidden));
   if (K <= 0) return invalid_argument("moe_combine_add_rmsnorm: K must be positive");
   return launch("moe_combine_add_rmsnorm", norm_kernel<2, bf16>, dim3(rows), dim3(kRowThreads), 0, stream, x, nullptr,
-                slot_out, ids, K, w, y, hidden, eps, nullptr, false);
+                slot_out, ids, K, w, y, hidden, eps);
 }
 
 Status silu_mul(const bf16* gu, bf16* h, int rows, int I, cudaStream_t stream) {

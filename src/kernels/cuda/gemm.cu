@@ -39,22 +39,6 @@ int default_decode_option(DecodeOption opt) {
   }
 }
 
-namespace {
-__device__ unsigned g_sm_gate[kMaxSmIds];  // zero at module load; every user leaves it zero
-}  // namespace
-
-unsigned* sm_gate_words() {
-  static unsigned* const words = [] {
-    void* p = nullptr;
-    if (cudaGetSymbolAddress(&p, g_sm_gate) != cudaSuccess) {
-      cudaGetLastError();
-      return static_cast<unsigned*>(nullptr);
-    }
-    return static_cast<unsigned*>(p);
-  }();
-  return words;
-}
-
 Status set_max_carveout(const void* fn, bool on) {
   static std::mutex mu;
   static std::map<const void*, bool> applied;

@@ -152,13 +152,6 @@ enum class DecodeOption : int {
                     // steps) and the fused cluster decode attention prefer the largest shared-memory carveout, so
                     // that an SM keeps room for an o GEMM CTA beside two attention CTAs (measured at batch 1: TPOT
                     // -0.025 ms); 0 = the driver's default
-  kCombineGate,     // decode steps whose MoE combine + RMSNorm is a launch of its own (moe_experts_decode_combine with
-                    // the streaming experts, batches 2-64): 0 (default) = none; 1 = each combine CTA marks its SM (a
-                    // per-SM word, sm_gate_words) from its entry until every load of its row has landed, and a CTA of
-                    // the next layer's qkv GEMM (gemm_kv_prefetch on the shared-memory small-M path) on a marked SM
-                    // issues its weight-tile copies only once the mark clears (bounded wait), so that the tiles do not
-                    // share the SM's inbound bandwidth with the combine's slot loads; 2 = as 1 with the mark held until
-                    // the combine CTA's end. A scheduling hint: the same results
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);
@@ -187,11 +180,8 @@ Status add_rmsnorm(bf16* x, const bf16* r, const bf16* w, bf16* y, int rows, int
 
 // MoE combine fused with the residual add and the next RMSNorm: x[n] = bf16(x[n] + sum_{k<K, ids[n,k]>=0}
 // slot_out[n,k,:]) summed in fp32 in fixed k order (deterministic); then y = rmsnorm(x) when w != nullptr.
-// sm_gate (sm_gate_words, hidden <= 2048): each CTA marks its SM from its entry until its row's loads have landed
-// (DecodeOption::kCombineGate 2: until its end).
 Status moe_combine_add_rmsnorm(bf16* x, const float* slot_out, const int32_t* ids, int K, const bf16* w,
-                               bf16* y, int rows, int hidden, float eps, cudaStream_t stream,
-                               unsigned* sm_gate = nullptr, bool gate_to_end = false);
+                               bf16* y, int rows, int hidden, float eps, cudaStream_t stream);
 // The same over bf16 slot outputs (moe_prefill_down's bf16 form): the same bits as the fp32 form over the same values.
 Status moe_combine_add_rmsnorm(bf16* x, const bf16* slot_out, const int32_t* ids, int K, const bf16* w,
                                bf16* y, int rows, int hidden, float eps, cudaStream_t stream);
@@ -269,16 +259,7 @@ struct KvPrefetch {
   const int32_t* context_lens = nullptr;  // [batch], the current token included
   int batch = 0, max_blocks = 0;
   int row_bytes = 0;  // one token's row of all kv heads: kv_heads * head_dim * 2 (a multiple of 16)
-  // Non-null: each CTA waits (at most 20 us) for its SM's word to be zero before it copies its weight tile (set by
-  // gemm_kv_prefetch itself under DecodeOption::kCombineGate).
-  const unsigned* sm_gate = nullptr;
 };
-// One word per SM id (kMaxSmIds of them, zero at module load, process-wide; null if unavailable): decode kernels
-// mark the SMs whose CTAs have loads in flight, and the next kernel's CTAs may hold back their bulk copies into a
-// marked SM (DecodeOption::kCombineGate). Only a scheduling hint: the waits are bounded, no result depends on the
-// words, and every kernel leaves them zero.
-constexpr int kMaxSmIds = 1024;
-unsigned* sm_gate_words();
 // gemm() for the qkv projection of a decode step: with DecodeOption::kL2Prefetch 0 (M <= 2), 1 or 2 and the
 // shared-memory small-M path serving (M, N, K), its CTAs also prefetch kv's rows into L2 (a hint: the result is
 // gemm()'s, bit for bit); otherwise gemm().

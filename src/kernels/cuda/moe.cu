@@ -387,10 +387,7 @@ Status moe_experts_decode_combine(const bf16* x, const MoePlan& plan, const floa
                            nullptr, &c);
   }
   ZEST_RETURN_IF_ERROR(moe_experts_decode(x, plan, weights, gate_up, down, h, slot_out, N, K, E, H, I, stream));
-  // DecodeOption::kCombineGate: the combine's CTAs mark their SMs for the next layer's qkv GEMM (gemm_kv_prefetch).
-  const int gate = decode_option(DecodeOption::kCombineGate);
-  return moe_combine_add_rmsnorm(cx, slot_out, ids, K, cw, cy, N, H, eps, stream,
-                                 gate >= 1 ? sm_gate_words() : nullptr, gate == 2);
+  return moe_combine_add_rmsnorm(cx, slot_out, ids, K, cw, cy, N, H, eps, stream);
 }
 
 }  // namespace zest::cuda

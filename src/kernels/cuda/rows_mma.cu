@@ -209,8 +209,6 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
   const int r0 = blockIdx.x * kRows;
   const uint32_t row_bytes = static_cast<uint32_t>(Kdim) * 2, stride = row_bytes + 16;
   if (threadIdx.x == 0) {
-    // DecodeOption::kCombineGate: no tile copies into an SM whose combine CTA still loads its row (bounded wait).
-    if (kv.sm_gate) sm_gate_wait(kv.sm_gate, 20000);
     mbar_init(&bar);
     mbar_arrive_expect_tx(&bar, kRows * row_bytes);
     if constexpr (kPf == kPfBefore || kPf == kPfTileHint) {
@@ -458,8 +456,6 @@ Status gemm_kv_prefetch(const bf16* x, const bf16* w, bf16* y, int M, int N, int
                      (reinterpret_cast<uintptr_t>(kv.k_cache) | reinterpret_cast<uintptr_t>(kv.v_cache)) % 16 == 0;
   const bool aligned =
       x && w && y && K % 8 == 0 && (reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w)) % 16 == 0;
-  // DecodeOption::kCombineGate: the CTAs hold back their tile copies while their SM is marked.
-  const unsigned* gate = decode_option(DecodeOption::kCombineGate) >= 1 ? sm_gate_words() : nullptr;
   // The GEMM variants that run rows_pre_kernel for these sizes.
   const int gv = decode_option(DecodeOption::kGemmVariant);
   const bool long_k = K > kWarps * kChunk * kPreRound;
@@ -471,20 +467,8 @@ Status gemm_kv_prefetch(const bf16* x, const bf16* w, bf16* y, int M, int N, int
     if (!rows_pre_ok(M, N, K, use, true)) use = kPfNone;  // also sets the instantiation's shared-memory size
     return launch_rows_pre(x, w, y, M, N, K, stream, use, kv);
   }
-  if (pf != kPfNone && kv_ok && aligned && pre && rows_mma_gemm_ok(M, N, K) && rows_pre_ok(M, N, K, pf)) {
-    KvPrefetch g = kv;
-    g.sm_gate = gate;
-    return launch_rows_pre(x, w, y, M, N, K, stream, pf, g);
-  }
-  // DecodeOption::kCombineGate without the KV prefetch: gemm()'s tile path (rows_mma_gemm, kGemmVariant 4) with the
-  // marks only.
-  const int tile_pf = decode_option(DecodeOption::kL2Prefetch) == 0 && M <= kPrefetchMaxRows ? kPfTileHint : kPfNone;
-  if (gate && gv == 4 && aligned && (long_k || M < kStreamMinRows) && rows_mma_gemm_ok(M, N, K) &&
-      rows_pre_ok(M, N, K, tile_pf)) {
-    KvPrefetch g;
-    g.sm_gate = gate;
-    return launch_rows_pre(x, w, y, M, N, K, stream, tile_pf, g);
-  }
+  if (pf != kPfNone && kv_ok && aligned && pre && rows_mma_gemm_ok(M, N, K) && rows_pre_ok(M, N, K, pf))
+    return launch_rows_pre(x, w, y, M, N, K, stream, pf, kv);
   return gemm(x, w, y, M, N, K, stream);
 }
 
