@@ -303,6 +303,12 @@ __device__ __forceinline__ uint4 ld_stream(const void* p) {
   return r;
 }
 
+// Adds n to a 64-bit statistics counter without waiting for it: a reduction (no value returned), so the thread goes
+// on at once where a load-add-store would wait one L2 round trip for the load.
+__device__ __forceinline__ void count_add(int64_t* counter, long long n) {
+  atomicAdd(reinterpret_cast<unsigned long long*>(counter), static_cast<unsigned long long>(n));
+}
+
 // One warp (all 32 lanes) turns per-expert slot counts [E] into the MoE plan: the active-expert list, their slot
 // offsets, the kMoeTileM-row prefill tiles and the counts; offset_of[e] receives expert e's first sorted slot.
 __device__ __forceinline__ void moe_plan_scan_warp(const int* counts, int E, const MoePlan& plan, int* offset_of,
@@ -343,7 +349,7 @@ __device__ __forceinline__ void moe_plan_scan_warp(const int* counts, int E, con
     plan.offsets[na] = off;
     *plan.num_active = na;
     *plan.num_tiles = nt;
-    if (active_count_sum) *active_count_sum += na;
+    if (active_count_sum) count_add(active_count_sum, na);
   }
 }
 

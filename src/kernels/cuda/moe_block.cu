@@ -641,7 +641,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_block_kernel(BlockParams p) {
     const float inv = rsqrtf(tot / H + p.eps);
     if (own) *reinterpret_cast<uint4*>(p.xn + static_cast<size_t>(b) * H + c8) = rms_scale8(v, inv, wnext);
   }
-  if (b == 0 && tid == 0 && p.count_sum) *p.count_sum += na;  // statistics, off the critical path
+  if (b == 0 && tid == 0 && p.count_sum) count_add(p.count_sum, na);  // statistics, off the critical path
   stamp(7);
 }
 

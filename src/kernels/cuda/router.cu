@@ -318,7 +318,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
           p.plan.offsets[K] = K;
           *p.plan.num_active = K;
           *p.plan.num_tiles = K;
-          if (p.count_sum) *p.count_sum += K;
+          if (p.count_sum) count_add(p.count_sum, K);
         }
       }
     }
@@ -495,7 +495,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
         p.plan.offsets[K] = K;
         *p.plan.num_active = K;
         *p.plan.num_tiles = K;
-        if (p.count_sum) *p.count_sum += K;
+        if (p.count_sum) count_add(p.count_sum, K);
       }
 #pragma unroll 1
       for (int e = lane; e <= E; e += 32) p.plan.ready[e] = 0u;
@@ -546,7 +546,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
     p.plan.offsets[idx] = off;
     *p.plan.num_active = idx;
     *p.plan.num_tiles = tile;
-    if (p.count_sum) *p.count_sum += idx;
+    if (p.count_sum) count_add(p.count_sum, idx);
   }
   if (!kEarly) {
 #pragma unroll 1
