@@ -342,18 +342,16 @@ __global__ void __launch_bounds__(kPairThreads, 2) one_down_pair_kernel(OneParam
   const int jq = rank + 2 * min(xq, kPairExperts - 1);
   const int slot_q = threadIdx.x < kPairExperts * kRows && jq < na ? __ldcg(p.plan.sorted_slots + jq) : 0;
   const float w_q = threadIdx.x < kPairExperts * kRows && jq < na ? __ldcg(p.route_w + slot_q) : 0.f;
-  pdl_wait();
-  // Rank 0, thread q < 16: the slots' validity (ids) and x's value at row r0 + q, loaded beside h so that no load is
-  // left after the cluster barrier (before the wait they met gate/up's weight stream and ran slower); x changes only
-  // at this kernel's own store below.
+  // Rank 0, thread q < 16: the slots' validity (ids) and x's value at row r0 + q, read here so that no load is left
+  // after the cluster barrier: the routing wrote the ids and the add + RMSNorm before it x, both kernels that have
+  // completed before this grid launched (see above); x changes only at this kernel's own store below.
   unsigned valid = 0u;
   float x_old = 0.f;
   if (rank == 0 && threadIdx.x < kRows) {
-#pragma unroll
-    for (int k = 0; k < kRowsMaxK; ++k)
-      if (k < p.K) valid |= __ldcg(p.cmb.ids + k) >= 0 ? 1u << k : 0u;
+    for (int k = 0; k < p.K; ++k) valid |= __ldcg(p.cmb.ids + k) >= 0 ? 1u << k : 0u;
     x_old = __bfloat162float(__ldcg(p.cmb.x + r0 + threadIdx.x));
   }
+  pdl_wait();
   uint4 hb[kPairExperts][kC];  // token 0's h (lanes g == 0; zeros elsewhere, as for absent tokens)
 #pragma unroll
   for (int x = 0; x < kPairExperts; ++x) {
