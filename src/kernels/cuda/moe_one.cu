@@ -342,15 +342,6 @@ __global__ void __launch_bounds__(kPairThreads, 2) one_down_pair_kernel(OneParam
   const int jq = rank + 2 * min(xq, kPairExperts - 1);
   const int slot_q = threadIdx.x < kPairExperts * kRows && jq < na ? __ldcg(p.plan.sorted_slots + jq) : 0;
   const float w_q = threadIdx.x < kPairExperts * kRows && jq < na ? __ldcg(p.route_w + slot_q) : 0.f;
-  // Rank 0, thread q < 16: the slots' validity (ids) and x's value at row r0 + q, read here so that no load is left
-  // after the cluster barrier: the routing wrote the ids and the add + RMSNorm before it x, both kernels that have
-  // completed before this grid launched (see above); x changes only at this kernel's own store below.
-  unsigned valid = 0u;
-  float x_old = 0.f;
-  if (rank == 0 && threadIdx.x < kRows) {
-    for (int k = 0; k < p.K; ++k) valid |= __ldcg(p.cmb.ids + k) >= 0 ? 1u << k : 0u;
-    x_old = __bfloat162float(__ldcg(p.cmb.x + r0 + threadIdx.x));
-  }
   pdl_wait();
   uint4 hb[kPairExperts][kC];  // token 0's h (lanes g == 0; zeros elsewhere, as for absent tokens)
 #pragma unroll
@@ -405,8 +396,9 @@ __global__ void __launch_bounds__(kPairThreads, 2) one_down_pair_kernel(OneParam
   if (rank == 0 && threadIdx.x < kRows) {  // x = bf16(x + bf16(sum of the slots in slot order)), empty slots skipped
     float a = 0.f;
     for (int k = 0; k < p.K; ++k)
-      if (valid & (1u << k)) a += vals[k][threadIdx.x];
-    p.cmb.x[r0 + threadIdx.x] = __float2bfloat16(bf16_round(x_old + bf16_round(a)));
+      if (__ldcg(p.cmb.ids + k) >= 0) a += vals[k][threadIdx.x];
+    bf16* xr = p.cmb.x + r0 + threadIdx.x;
+    *xr = __float2bfloat16(bf16_round(__bfloat162float(*xr) + bf16_round(a)));
   }
   step_timeline_phase(2);
 }
