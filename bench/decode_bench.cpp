@@ -199,6 +199,7 @@ bool apply_variant(const std::string& spec) {
     else if (name == "rows") set_decode_option(DecodeOption::kMoeDownRows, value);
     else if (name == "ef") set_decode_option(DecodeOption::kMoeEvictFirst, value);
     else if (name == "dcarve") set_decode_option(DecodeOption::kDecodeCarveout, value);
+    else if (name == "head") set_decode_option(DecodeOption::kHeadGemm, value);
     else return false;
   }
   return true;

@@ -63,6 +63,61 @@ TEST(CudaLatencyGemm, SharedMemoryTileMatchesReference) {
   }
 }
 
+// The small-M GEMM for many row tiles (the lm_head; DecodeOption::kHeadGemm 1: rows_ring, a persistent CTA per SM with
+// a bulk-copy ring of 16-row tiles): the same bits as the register-streamed rows_mma (kHeadGemm 0, whose chunk and
+// reduction order it keeps) and within kTol of a double reference, for one and two token tiles (M = 1, 5, 8, 9, 16),
+// K = 2048 (3 stages), 1056 (33 chunks: warps with one chunk less; 4 stages) and 32 (one chunk), N with a tile count
+// that the SMs do not divide (some CTAs take one tile more; several trips round the ring). Then behind a kernel that
+// writes x, with programmatic launches on (x is read only after the wait): the same bits again.
+TEST(CudaLatencyGemm, RingMatchesStreamingKernelAndReference) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(913);
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  const int tiles = 10 * sms + 7;
+  for (auto [M, K] : {std::pair{1, 2048}, std::pair{9, 2048}, std::pair{8, 1056}, std::pair{16, 1056},
+                      std::pair{5, 32}, std::pair{16, 32}}) {
+    const int N = 16 * tiles;
+    SCOPED_TRACE(testing::Message() << "M=" << M << " N=" << N << " K=" << K);
+    auto x = random_bf16(static_cast<size_t>(M) * K, rng), w = random_bf16(static_cast<size_t>(N) * K, rng);
+    auto dx = upload_bf16(x), dw = upload_bf16(w);
+    DevBuf<bf16> ring(static_cast<size_t>(M) * N), stream(static_cast<size_t>(M) * N);
+    ring.poison();
+    stream.poison();
+    {
+      OptionScope head(DecodeOption::kHeadGemm, 1);
+      ZEST_ASSERT_OK(gemm(dx->get(), dw->get(), ring.get(), M, N, K, nullptr));
+    }
+    {
+      OptionScope head(DecodeOption::kHeadGemm, 0);
+      ZEST_ASSERT_OK(gemm(dx->get(), dw->get(), stream.get(), M, N, K, nullptr));
+    }
+    sync_ok();
+    const auto got = download_bf16(ring);
+    EXPECT_EQ(got, download_bf16(stream));
+    ZEST_EXPECT_CLOSE(got, ref_gemm(x.f, w.f, M, N, K), kTol);
+  }
+  // x written by the kernel before (an RMSNorm of a residual row block), programmatic launches on.
+  const bool pdl = programmatic_launch();
+  set_programmatic_launch(true);
+  const int M = 8, K = 2048, N = 16 * tiles;
+  auto r = random_bf16(static_cast<size_t>(M) * K, rng), nw = random_bf16(K, rng), w = random_bf16(static_cast<size_t>(N) * K, rng);
+  auto dr = upload_bf16(r), dnw = upload_bf16(nw), dw = upload_bf16(w);
+  DevBuf<bf16> xn(static_cast<size_t>(M) * K), chained(static_cast<size_t>(M) * N), alone(static_cast<size_t>(M) * N);
+  for (int rep = 0; rep < 3; ++rep) {
+    xn.poison();
+    chained.poison();
+    ZEST_ASSERT_OK(rmsnorm(dr->get(), dnw->get(), xn.get(), M, K, 1e-6f, nullptr));
+    ZEST_ASSERT_OK(gemm(xn.get(), dw->get(), chained.get(), M, N, K, nullptr));
+    sync_ok();
+    alone.poison();
+    ZEST_ASSERT_OK(gemm(xn.get(), dw->get(), alone.get(), M, N, K, nullptr));
+    sync_ok();
+    EXPECT_EQ(download_bf16(chained), download_bf16(alone)) << "repetition " << rep;
+  }
+  set_programmatic_launch(pdl);
+}
+
 // The qkv GEMM with L2 prefetches of a paged KV cache (gemm_kv_prefetch, DecodeOption::kL2Prefetch 0-5, small-M GEMM
 // variants 4 and 8): the same bits as gemm() and within bf16 tolerance of a double reference, for M = 1, 3, 8, 9 and
 // 16 sequences of mixed context lengths (1: nothing to prefetch; page boundaries; 1025) over a shuffled block table,

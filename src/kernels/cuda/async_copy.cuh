@@ -16,6 +16,17 @@ __device__ __forceinline__ void mbar_init(uint64_t* bar) {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
+// Initialises an mbarrier whose phases complete after `count` arrivals (one thread; the caller fences with
+// fence.mbarrier_init before other threads or the async proxy use it, e.g. through mbar_init on its last barrier).
+__device__ __forceinline__ void mbar_init_count(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+}
+
+// One arrival on the current phase.
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
+}
+
 // The single arrival of the current phase, announcing `bytes` of bulk copies that complete it.
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");

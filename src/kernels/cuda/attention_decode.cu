@@ -872,10 +872,6 @@ static_assert(kRingQHeads * kHeadDim * sizeof(float) + 2 * kRingQHeads * sizeof(
               "the cluster partial fits in the ring");
 static_assert(2 * kRingQHeads * kRingMaxSplits * sizeof(float) <= ring_q_off(2), "the merge weights fit in the ring");
 
-__device__ __forceinline__ void ring_bar_init(uint64_t* bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-}
-
 __device__ __forceinline__ float4 ld_cluster_f32x4(uint32_t addr) {
   float4 v;
   asm volatile("ld.shared::cluster.v4.f32 {%0,%1,%2,%3}, [%4];"
@@ -883,10 +879,6 @@ __device__ __forceinline__ float4 ld_cluster_f32x4(uint32_t addr) {
                : "r"(addr)
                : "memory");
   return v;
-}
-
-__device__ __forceinline__ void ring_bar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
 }
 
 template <bool kCluster, int kStages, bool kPairs>
@@ -922,8 +914,8 @@ __global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
-      ring_bar_init(&full[s], 1);
-      ring_bar_init(&empty[s], kRingHeads);
+      mbar_init_count(&full[s], 1);
+      mbar_init_count(&empty[s], kRingHeads);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -1099,7 +1091,7 @@ __global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
       // The patched row was written through the generic proxy; the stage's next bulk copy must come after it.
       if (tn >= 0) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
       __syncwarp();
-      if (lane == 0) ring_bar_arrive(&empty[s]);
+      if (lane == 0) mbar_arrive(&empty[s]);
       if (i == 0) step_timeline_phase(2);  // the first page attended
     }
     step_timeline_phase(3);  // every page attended

@@ -35,6 +35,7 @@ int default_decode_option(DecodeOption opt) {
     case DecodeOption::kMoeDownRows: return 1;
     case DecodeOption::kDecodeCarveout: return 1;
     case DecodeOption::kMoeEvictFirst: return 1;
+    case DecodeOption::kHeadGemm: return 1;
     default: return 0;
   }
 }

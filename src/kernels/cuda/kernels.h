@@ -152,6 +152,9 @@ enum class DecodeOption : int {
                     // steps) and the fused cluster decode attention prefer the largest shared-memory carveout, so
                     // that an SM keeps room for an o GEMM CTA beside two attention CTAs (measured at batch 1: TPOT
                     // -0.025 ms); 0 = the driver's default
+  kHeadGemm,        // small-M GEMMs (M <= 16, K <= 2048) with at least 4 row tiles of 16 per SM, the lm_head: 1 (default)
+                    // = rows_ring (one persistent CTA per SM, a producer warp bulk-copying the tiles into a ring of
+                    // stages); 0 = the register-streamed rows_mma kernel
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);

@@ -386,6 +386,145 @@ Status launch_rows_pre(const bf16* x, const bf16* w, bf16* y, int M, int N, int 
   return launch("rows_pre", fn, dim3(N / kRows), dim3(kWarps * 32), rows_pre_smem(K), stream, x, w, y, M, N, K, kv);
 }
 
+// Dense small-M GEMM with many more 16-row tiles than SMs (the lm_head: 9496 tiles at Qwen3-30B-A3B shapes), where
+// rows_pre's one CTA per tile does not fit and rows_mma's register streaming leaves its loads' latency exposed between
+// items (a round of 4 chunks, then the CTA's reduction, then the next item's loads). One persistent CTA per SM takes
+// tiles b, b + G, b + 2G, ...: a producer warp bulk-copies each tile's 16 rows (padded by 16 bytes, as rows_pre's)
+// into a ring of stages, evict-first, starting before the PDL wait (weights are never written by the previous kernel);
+// the 8 consumer warps load their k-slices of the token rows once after the wait (K <= 2048: one round of 8 chunks per
+// warp, rows_pre's registers) and per tile run rows_pre's mma chunks, free the stage, and reduce the warps' partial
+// sums in fixed order through a double buffer (one named barrier per tile). Chunk order and reduction order are
+// rows_pre's and rows_mma's, so the bits are theirs. kTwo: more than 8 token rows (M <= 16).
+constexpr int kRingMaxStages = 4;
+constexpr size_t kRingRedBytes = 2 * kWarps * 8 * 32 * sizeof(float);  // two [warp][8 values][lane] buffers
+constexpr size_t kRingMaxSmem = 227 * 1024;
+
+__device__ __forceinline__ void consumer_bar_sync() {
+  asm volatile("bar.sync 1, %0;" ::"n"(kWarps * 32) : "memory");  // the consumer warps only (barrier 0 is CTA-wide)
+}
+
+template <bool kTwo>
+__global__ void __launch_bounds__((kWarps + 1) * 32, 1) rows_ring_kernel(const bf16* __restrict__ x,
+                                                                        const bf16* __restrict__ w,
+                                                                        bf16* __restrict__ y, int M, int N, int Kdim,
+                                                                        int stages) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ __align__(8) uint64_t full[kRingMaxStages], empty[kRingMaxStages];
+  step_timeline_phase(0);
+  float(*red)[kWarps][8][32] = reinterpret_cast<float(*)[kWarps][8][32]>(smem);
+  unsigned char* ring = smem + kRingRedBytes;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int tiles = N / kRows;
+  const uint32_t row_bytes = static_cast<uint32_t>(Kdim) * 2, stride = row_bytes + 16, tile_bytes = kRows * stride;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) {
+      mbar_init_count(&full[s], 1);
+      mbar_init_count(&empty[s], kWarps);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  }
+  __syncthreads();
+  if (warp == kWarps) {  // the producer
+    if (lane == 0) {
+      const uint64_t pol = evict_first_policy();
+      int i = 0;
+      for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++i) {
+        const int s = i % stages;
+        if (i >= stages) mbar_wait(&empty[s], ((i / stages) & 1) ^ 1);  // the consumers are done with its last tile
+        mbar_arrive_expect_tx(&full[s], kRows * row_bytes);
+        unsigned char* dst = ring + static_cast<size_t>(s) * tile_bytes;
+        const bf16* src = w + static_cast<size_t>(t) * kRows * Kdim;
+        for (int r = 0; r < kRows; ++r)
+          bulk_load_hint(dst + r * stride, src + static_cast<size_t>(r) * Kdim, row_bytes, &full[s], pol);
+      }
+    }
+    return;
+  }
+  pdl_wait();
+  const int g = lane >> 2, tq = lane & 3;
+  const int chunks = Kdim / kChunk;
+  const bf16* x0p = g < M ? x + static_cast<size_t>(g) * Kdim + tq * 8 : nullptr;
+  const bf16* x1p = kTwo && g + 8 < M ? x + static_cast<size_t>(g + 8) * Kdim + tq * 8 : nullptr;
+  uint4 xa[kPreRound], xb[kPreRound];
+#pragma unroll
+  for (int u = 0; u < kPreRound; ++u) {
+    const int c = warp + u * kWarps;
+    const bool ok = c < chunks;
+    xa[u] = ok && x0p ? __ldg(reinterpret_cast<const uint4*>(x0p + c * kChunk)) : make_uint4(0, 0, 0, 0);
+    if constexpr (kTwo) xb[u] = ok && x1p ? __ldg(reinterpret_cast<const uint4*>(x1p + c * kChunk)) : make_uint4(0, 0, 0, 0);
+    else xb[u] = make_uint4(0, 0, 0, 0);
+  }
+  int i = 0;
+  for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++i) {
+    const int s = i % stages;
+    mbar_wait(&full[s], (i / stages) & 1);
+    const unsigned char* a_lo = ring + static_cast<size_t>(s) * tile_bytes + g * stride + tq * 16;
+    const unsigned char* a_hi = a_lo + 8 * stride;
+    float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+    for (int u = 0; u < kPreRound; ++u) {
+      const int c = warp + u * kWarps;
+      if (c >= chunks) break;
+      const uint4 lo = *reinterpret_cast<const uint4*>(a_lo + c * kChunk * 2);
+      const uint4 hi = *reinterpret_cast<const uint4*>(a_hi + c * kChunk * 2);
+      mma_chunk(acc[0], acc[1], lo, hi, xa[u], xb[u], kTwo);
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[s]);  // this warp's reads of the stage are done
+    float(*rb)[8][32] = red[i & 1];
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) rb[warp][n * 4 + q][lane] = acc[n][q];
+    // One barrier per tile: a buffer is written again two tiles later, after every consumer passed the next barrier
+    // (so after its sums of this tile).
+    consumer_bar_sync();
+    const int v = threadIdx.x >> 5, l = threadIdx.x & 31;  // 256 consumer threads: one (value, lane) each
+    const int n = v >> 2, q = v & 3;
+    const int tok = n * 8 + (l & 3) * 2 + (q & 1);
+    const int row = t * kRows + (l >> 2) + (q >> 1) * 8;
+    if (tok < M) {
+      float sum = 0.f;
+#pragma unroll
+      for (int ww = 0; ww < kWarps; ++ww) sum += rb[ww][v][l];
+      y[static_cast<size_t>(tok) * N + row] = __float2bfloat16(sum);
+    }
+  }
+}
+
+// Ring stages for K (0: rows_ring does not serve it).
+int rows_ring_stages(int K) {
+  if (K < kChunk || K % kChunk != 0 || K > kWarps * kChunk * kPreRound) return 0;
+  const size_t tile = static_cast<size_t>(kRows) * (static_cast<size_t>(K) * 2 + 16);
+  return static_cast<int>(std::min<size_t>(kRingMaxStages, (kRingMaxSmem - kRingRedBytes - 1024) / tile));
+}
+
+// Whether rows_ring serves (M, N, K) (DecodeOption::kHeadGemm): M <= 16, at least two stages, and at least 4 tiles per
+// SM (fewer tiles are the qkv / o projections, which rows_pre or rows_mma serve as measured).
+bool rows_ring_ok(int M, int N, int K) {
+  return decode_option(DecodeOption::kHeadGemm) == 1 && M >= 1 && M <= kTokens && N % kRows == 0 &&
+         rows_ring_stages(K) >= 2 && N / kRows >= 4 * sm_count();
+}
+
+Status launch_rows_ring(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream) {
+  const int stages = rows_ring_stages(K);
+  const size_t smem = kRingRedBytes + static_cast<size_t>(stages) * kRows * (static_cast<size_t>(K) * 2 + 16);
+  auto fn = M > 8 ? rows_ring_kernel<true> : rows_ring_kernel<false>;
+  static const bool configured = [] {
+    for (auto f : {rows_ring_kernel<true>, rows_ring_kernel<false>})
+      if (cudaFuncSetAttribute(reinterpret_cast<const void*>(f), cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(kRingMaxSmem - 1024)) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+      }
+    return true;
+  }();
+  if (!configured) return internal_error("rows_ring: the shared-memory size was refused");
+  const int grid = std::min(N / kRows, sm_count());
+  return launch("rows_ring", fn, dim3(grid), dim3((kWarps + 1) * 32), smem, stream, x, w, y, M, N, K, stages);
+}
+
 // kGemmVariant 4 (default) runs the register-streamed kernel for 9-16 token rows when K <= 2048 (the qkv GEMM at
 // Qwen3-30B-A3B shapes), measured faster at batch 16 on H200 (TPOT 11.810 / 11.748 against 11.890 / 11.872-11.850
 // ms at b8cfb69 / f8caf08; at 12 / 16 10.10-10.13 / 11.74-11.78 against 10.21 / 11.86-11.87 at d84b9e8 and aea5e48;
@@ -426,6 +565,7 @@ Status rows_mma_gemm(const bf16* x, const bf16* w, bf16* y, int M, int N, int K,
       const int pf = decode_option(DecodeOption::kL2Prefetch) == 0 && M <= kPrefetchMaxRows ? kPfTileHint : kPfNone;
       if ((long_k || M < kStreamMinRows) && rows_pre_ok(M, N, K, pf))
         return launch_rows_pre(x, w, y, M, N, K, stream, pf);
+      if (rows_ring_ok(M, N, K)) return launch_rows_ring(x, w, y, M, N, K, stream);
       return launch_rows<kDense, 4, 3>(p, N / kRows, stream);
     }
     case 7:  // register streaming for K <= 2048 at every row count, the tile otherwise
