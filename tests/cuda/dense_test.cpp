@@ -225,28 +225,87 @@ TEST(CudaActivation, SiluMulMatchesReference) {
   ZEST_EXPECT_CLOSE(download_bf16(h), ref, kTol);
 }
 
+// Greedy argmax (argmax_rows: each row split over a cluster of 8 CTAs) against a scan in index order with a strict >
+// (so ties go to the lowest index and NaN never wins): the Qwen3 vocabulary (16-byte loads), an odd vocabulary (scalar
+// loads), and vocabularies smaller than the split (CTAs with nothing to scan); planted ties across the split's CTAs
+// and inside one 8-element load, NaNs above every value, a row of -inf only (index 0).
 TEST(CudaArgmax, FindsMaximumWithLowestIndexOnTies) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(17);
-  const int rows = 4, vocab = 151936;
-  auto logits = random_bf16(static_cast<size_t>(rows) * vocab, rng, -5.f, 5.f);
-  // Row 3: a planted tie between two maxima above every random value.
-  logits.bits[3 * static_cast<size_t>(vocab) + 90000] = f32_to_bf16(8.f);
-  logits.bits[3 * static_cast<size_t>(vocab) + 1234] = f32_to_bf16(8.f);
-  logits.f[3 * static_cast<size_t>(vocab) + 90000] = logits.f[3 * static_cast<size_t>(vocab) + 1234] = 8.f;
-  auto dl = upload_bf16(logits);
-  DevBuf<int32_t> out(rows);
-  out.poison();
-  ZEST_ASSERT_OK(argmax_rows(dl->get(), out.get(), rows, vocab, nullptr));
-  sync_ok();
-  const auto got = out.download();
-  for (int r = 0; r < rows; ++r) {
-    int best = 0;
-    for (int j = 1; j < vocab; ++j)
-      if (logits.f[static_cast<size_t>(r) * vocab + j] > logits.f[static_cast<size_t>(r) * vocab + best]) best = j;
-    EXPECT_EQ(got[r], best) << "row " << r;
+  for (int vocab : {151936, 151937, 64, 7}) {
+    SCOPED_TRACE(testing::Message() << "vocab " << vocab);
+    const int rows = 9;
+    auto logits = random_bf16(static_cast<size_t>(rows) * vocab, rng, -5.f, 5.f);
+    auto set = [&](int r, int j, float v) {
+      if (j >= vocab) return;
+      const size_t i = static_cast<size_t>(r) * vocab + j;
+      logits.bits[i] = f32_to_bf16(v);
+      logits.f[i] = bf16_to_f32(logits.bits[i]);
+    };
+    set(3, 90000, 8.f);  // row 3: a tie between the split's first and fifth CTA
+    set(3, 1234, 8.f);
+    set(4, 5, 9.f);  // row 4: a tie inside one 8-element load, a NaN before it
+    set(4, 2, 9.f);
+    set(4, 1, std::nanf(""));
+    for (int j = 0; j < vocab; ++j) set(5, j, -INFINITY);  // row 5: nothing above -inf
+    set(6, vocab - 1, 7.f);  // row 6: the last element
+    auto dl = upload_bf16(logits);
+    DevBuf<int32_t> out(rows);
+    out.poison();
+    ZEST_ASSERT_OK(argmax_rows(dl->get(), out.get(), rows, vocab, nullptr));
+    sync_ok();
+    const auto got = out.download();
+    for (int r = 0; r < rows; ++r) {
+      int best = -1;
+      for (int j = 0; j < vocab; ++j) {
+        const float v = logits.f[static_cast<size_t>(r) * vocab + j];
+        if (!std::isnan(v) && (best < 0 || v > logits.f[static_cast<size_t>(r) * vocab + best])) best = j;
+      }
+      EXPECT_EQ(got[r], std::max(best, 0)) << "row " << r;
+    }
+    if (vocab > 90000) {
+      EXPECT_EQ(got[3], 1234);
+    }
+    if (vocab > 5) {
+      EXPECT_EQ(got[4], 2);
+      EXPECT_EQ(got[6], vocab - 1);
+    }
+    EXPECT_EQ(got[5], 0);
   }
-  EXPECT_EQ(got[3], 1234);
+}
+
+// The lm_head of a decode step and its argmax chained with programmatic launches (the logits are read only after the
+// wait): the ids of a scan over the downloaded logits, at M = 1 and 8, three repetitions.
+TEST(CudaArgmax, FollowsTheLmHeadWithProgrammaticLaunches) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(19);
+  const bool pdl = programmatic_launch();
+  set_programmatic_launch(true);
+  const int N = 151936, K = 2048;
+  auto w = random_bf16(static_cast<size_t>(N) * K, rng);
+  auto dw = upload_bf16(w);
+  for (int M : {1, 8}) {
+    auto x = random_bf16(static_cast<size_t>(M) * K, rng);
+    auto dx = upload_bf16(x);
+    DevBuf<bf16> logits(static_cast<size_t>(M) * N);
+    DevBuf<int32_t> ids(M);
+    for (int rep = 0; rep < 3; ++rep) {
+      logits.poison();
+      ids.poison();
+      ZEST_ASSERT_OK(gemm(dx->get(), dw->get(), logits.get(), M, N, K, nullptr));
+      ZEST_ASSERT_OK(argmax_rows(logits.get(), ids.get(), M, N, nullptr));
+      sync_ok();
+      const auto l = download_bf16(logits);
+      const auto got = ids.download();
+      for (int m = 0; m < M; ++m) {
+        int best = 0;
+        for (int j = 1; j < N; ++j)
+          if (l[static_cast<size_t>(m) * N + j] > l[static_cast<size_t>(m) * N + best]) best = j;
+        EXPECT_EQ(got[m], best) << "M " << M << " row " << m << " repetition " << rep;
+      }
+    }
+  }
+  set_programmatic_launch(pdl);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // Row-wise and element-wise kernels: embedding gather, RMSNorm variants (with fused residual add and MoE
 // combine), SwiGLU activation, greedy argmax and a device-side random fill.
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/common.cuh"
 
 namespace zest::cuda {
@@ -143,47 +144,98 @@ __global__ void silu_mul_kernel(const bf16* __restrict__ gu, bf16* __restrict__ 
   }
 }
 
-__global__ void argmax_kernel(const bf16* __restrict__ logits, int32_t* __restrict__ out, int vocab) {
+// Greedy argmax of a row split over a cluster of kArgmaxSplit CTAs (one cluster per row): each CTA scans its share of
+// the row with all of a thread's 16-byte loads of a round in flight (one round at the Qwen3 vocabulary: 18992
+// elements per CTA, 512 threads), reduces to (max, lowest index) and stores it into rank 0's shared memory; after one
+// cluster barrier rank 0 reduces the kArgmaxSplit partials. Ties go to the lowest index and NaN never wins, as a
+// scan in index order with a strict > would. kVec: 8 elements per load (vocab % 8 == 0, 16-byte aligned rows).
+constexpr int kArgmaxSplit = 8, kArgmaxThreads = 512, kArgmaxUnroll = 5;
+
+__device__ __forceinline__ void argmax_fold(float& best, int& bi, float v, int i) {
+  if (v > best || (v == best && i < bi)) {
+    best = v;
+    bi = i;
+  }
+}
+
+template <bool kVec>
+__global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const bf16* __restrict__ logits,
+                                                                int32_t* __restrict__ out, int vocab) {
+  __shared__ float sv[kArgmaxThreads / 32];
+  __shared__ int si[kArgmaxThreads / 32];
+  __shared__ float cv[kArgmaxSplit];
+  __shared__ int ci[kArgmaxSplit];
+  const int rank = static_cast<int>(cluster_rank()), row_id = blockIdx.x / kArgmaxSplit;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const bf16* row = logits + static_cast<size_t>(row_id) * vocab;
+  const int units = kVec ? vocab / 8 : vocab, per = (units + kArgmaxSplit - 1) / kArgmaxSplit;
+  const int beg = rank * per, end = min(units, beg + per);
   pdl_wait();
-  __shared__ float sv[32];
-  __shared__ int si[32];
-  const bf16* row = logits + static_cast<size_t>(blockIdx.x) * vocab;
   float best = -INFINITY;
   int bi = 0x7fffffff;
-  for (int j = threadIdx.x; j < vocab; j += blockDim.x) {
-    const float v = __bfloat162float(row[j]);
-    if (v > best) {
-      best = v;
-      bi = j;
+  for (int u0 = beg + tid; u0 < end; u0 += kArgmaxThreads * kArgmaxUnroll) {
+    if constexpr (kVec) {
+      uint4 v[kArgmaxUnroll];
+#pragma unroll
+      for (int k = 0; k < kArgmaxUnroll; ++k) {
+        const int u = u0 + k * kArgmaxThreads;
+        v[k] = u < end ? __ldg(reinterpret_cast<const uint4*>(row) + u) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int k = 0; k < kArgmaxUnroll; ++k) {
+        const int u = u0 + k * kArgmaxThreads;
+        if (u >= end) break;
+        float f[8];
+        unpack8(v[k], f);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) argmax_fold(best, bi, f[j], u * 8 + j);
+      }
+    } else {
+      float v[kArgmaxUnroll];
+#pragma unroll
+      for (int k = 0; k < kArgmaxUnroll; ++k) {
+        const int u = u0 + k * kArgmaxThreads;
+        v[k] = u < end ? __bfloat162float(row[u]) : 0.f;
+      }
+#pragma unroll
+      for (int k = 0; k < kArgmaxUnroll; ++k)
+        if (u0 + k * kArgmaxThreads < end) argmax_fold(best, bi, v[k], u0 + k * kArgmaxThreads);
     }
   }
   for (int o = 16; o > 0; o >>= 1) {
     const float ov = __shfl_xor_sync(0xffffffffu, best, o);
     const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-    if (ov > best || (ov == best && oi < bi)) {
-      best = ov;
-      bi = oi;
-    }
+    argmax_fold(best, bi, ov, oi);
   }
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (lane == 0) {
     sv[warp] = best;
     si[warp] = bi;
   }
   __syncthreads();
   if (warp == 0) {
-    const int nw = blockDim.x >> 5;
-    best = lane < nw ? sv[lane] : -INFINITY;
-    bi = lane < nw ? si[lane] : 0x7fffffff;
+    best = lane < kArgmaxThreads / 32 ? sv[lane] : -INFINITY;
+    bi = lane < kArgmaxThreads / 32 ? si[lane] : 0x7fffffff;
     for (int o = 16; o > 0; o >>= 1) {
       const float ov = __shfl_xor_sync(0xffffffffu, best, o);
       const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (ov > best || (ov == best && oi < bi)) {
-        best = ov;
-        bi = oi;
-      }
+      argmax_fold(best, bi, ov, oi);
     }
-    if (lane == 0) out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
+    if (lane == 0) {
+      st_cluster_f32(cluster_map(&cv[rank], 0), best);
+      asm volatile("st.shared::cluster.s32 [%0], %1;" ::"r"(cluster_map(&ci[rank], 0)), "r"(bi) : "memory");
+    }
+  }
+  cluster_arrive();
+  cluster_wait();
+  if (rank == 0 && warp == 0) {
+    best = lane < kArgmaxSplit ? cv[lane] : -INFINITY;
+    bi = lane < kArgmaxSplit ? ci[lane] : 0x7fffffff;
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      argmax_fold(best, bi, ov, oi);
+    }
+    if (lane == 0) out[row_id] = bi == 0x7fffffff ? 0 : bi;
   }
 }
 
@@ -256,7 +308,21 @@ Status silu_mul(const bf16* gu, bf16* h, int rows, int I, cudaStream_t stream) {
 
 Status argmax_rows(const bf16* logits, int32_t* out, int rows, int vocab, cudaStream_t stream) {
   if (rows <= 0 || vocab <= 0) return invalid_argument("argmax_rows: rows and vocab must be positive");
-  return launch("argmax", argmax_kernel, dim3(rows), dim3(1024), 0, stream, logits, out, vocab);
+  const bool vec = vocab % 8 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(rows * kArgmaxSplit);
+  cfg.blockDim = dim3(kArgmaxThreads);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kArgmaxSplit;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = static_cast<unsigned int>(common_launch_attrs(attr, 1));
+  note_launch("argmax");
+  return vec ? cuda_status(cudaLaunchKernelEx(&cfg, argmax_kernel<true>, logits, out, vocab), "argmax")
+             : cuda_status(cudaLaunchKernelEx(&cfg, argmax_kernel<false>, logits, out, vocab), "argmax");
 }
 
 Status fill_random_bf16(bf16* p, size_t n, uint64_t seed, float lo, float hi, cudaStream_t stream) {

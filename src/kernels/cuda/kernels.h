@@ -192,7 +192,8 @@ Status moe_combine_add_rmsnorm(bf16* x, const bf16* slot_out, const int32_t* ids
 // h[r, i] = bf16(silu(gu[r, i]) * gu[r, I + i]) for gu [rows, 2I] (dense SwiGLU MLP).
 Status silu_mul(const bf16* gu, bf16* h, int rows, int I, cudaStream_t stream);
 
-// out[r] = argmax_j logits[r, j] (ties: lowest j), r < rows.
+// out[r] = argmax_j logits[r, j] (ties: lowest j; NaN never wins; 0 when no element compares), r < rows. Each row is
+// split over a cluster of 8 CTAs.
 Status argmax_rows(const bf16* logits, int32_t* out, int rows, int vocab, cudaStream_t stream);
 
 // ---- attention ------------------------------------------------------------------------------------
