@@ -548,7 +548,7 @@ int bench_decode_main(int argc, char** argv) {
   for (const Row& r : rows) {
     char sere_col[64] = "off";
     if (r.sere) std::snprintf(sere_col, sizeof(sere_col), "S=%d rho=%.2f", sere_primary, sere_threshold);
-    std::printf("| %d | %s | %.3f | %.3f | %.0f | %.1f | %.3f | %.3f | %.0f%% |\n", r.batch, sere_col, r.t.median_ms,
+    std::printf("| %d | %s | %.3f | %.3f | %.0f | %.1f | %.3f | %.3f | %.1f%% |\n", r.batch, sere_col, r.t.median_ms,
                 r.t.p90_ms, r.batch * 1e3 / r.t.median_ms, r.experts, r.bytes / 1e9, r.floor_ms,
                 100.0 * r.floor_ms / r.t.median_ms);
   }
