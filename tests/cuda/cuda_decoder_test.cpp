@@ -308,9 +308,10 @@ void check_mixed_batches(const model::TextDecoder& dec, int32_t vocab, const std
   }
 }
 
-// DecodeOption::kMoeDownRows 1 (one-token steps: the experts' down kernel adds the slots to x by output rows, the next
-// qkv GEMM normalises x itself, the final norm runs alone) against 0 (the folded combine) in the CUDA text decoder: a
-// random checkpoint with hidden 256 (where the norm-folded GEMM applies); after prefills, decode-only steps of one
+// DecodeOption::kMoeDownRows 1 (one-token steps: the experts' down kernel adds the slots to x by output rows, every
+// qkv GEMM normalises x itself, the first one included, and the lm_head the final norm) against 0 (the folded combine,
+// separate norms) in the CUDA text decoder: a random checkpoint with hidden 256 (where the norm-folded GEMM applies)
+// and a vocabulary of 1024 row tiles (where the lm_head's rows_ring folds it); after prefills, decode-only steps of one
 // sequence (eager, then captured and replayed) and of four (the option does not apply: a control). The same bits are
 // expected; asserted: max |on - off| <= 1e-3 * max |off| on every step.
 TEST(CudaDecoder, DownRowsStepsMatchTheChain) {
@@ -318,6 +319,7 @@ TEST(CudaDecoder, DownRowsStepsMatchTheChain) {
   const fs::path dir = temp_dir("down_rows");
   RandomShape shape;
   shape.hidden = 256;
+  shape.vocab = 16 * 1024;
   auto ck = write_random_moe_checkpoint(dir, 95, shape);
   ASSERT_TRUE(ck.ok()) << ck.status().to_string();
   const io::TextConfig& c = ck->config.text;
@@ -325,7 +327,7 @@ TEST(CudaDecoder, DownRowsStepsMatchTheChain) {
   set_decode_option(DecodeOption::kMoeDownRows, 1);
   const bool applies = moe_down_rows_on(1, static_cast<int>(c.num_experts_per_tok), static_cast<int>(c.num_experts),
                                         256, static_cast<int>(c.moe_intermediate_size)) &&
-                       gemm_kv_norm_ok(1, qkv, 256);
+                       gemm_kv_norm_ok(1, qkv, 256) && gemm_kv_norm_ok(1, shape.vocab, 256);
   set_decode_option(DecodeOption::kMoeDownRows, default_decode_option(DecodeOption::kMoeDownRows));
   ASSERT_TRUE(applies) << "the down kernel by rows should serve this checkpoint";
   auto st = io::SafeTensors::open_file(ck->file);

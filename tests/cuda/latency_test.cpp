@@ -183,12 +183,14 @@ TEST(CudaLatencyGemm, KvPrefetchGemmMatchesGemm) {
 // norm (moe_combine_add_rmsnorm with only empty slots: x unchanged, y = RMSNorm(x), the arithmetic the one-token
 // experts' folded combine uses) followed by gemm(): bit for bit, with every kL2Prefetch mode, with and without the KV
 // cache; the normalised GEMM within kTol of a double reference. One token row; K from 256 to 2048 (odd chunk counts
-// included), and the sizes it refuses.
+// included); the lm_head's many row tiles (151936 x 2048, and 1024 tiles at K = 256), where the norm folds into
+// rows_ring (DecodeOption::kHeadGemm 1; with 0 the size is refused); and the sizes it refuses.
 TEST(CudaLatencyGemm, NormFoldedGemmMatchesNormThenGemm) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(908);
   const float eps = 1e-6f;
-  for (auto [N, K] : {std::pair{5120, 2048}, std::pair{208, 256}, std::pair{64, 1056}}) {
+  for (auto [N, K] : {std::pair{5120, 2048}, std::pair{208, 256}, std::pair{64, 1056}, std::pair{151936, 2048},
+                      std::pair{16 * 1024, 256}}) {
     SCOPED_TRACE(testing::Message() << "N=" << N << " K=" << K);
     ASSERT_TRUE(gemm_kv_norm_ok(1, N, K));
     auto x = random_bf16(K, rng, -3.f, 3.f), w = random_bf16(static_cast<size_t>(N) * K, rng),
@@ -240,6 +242,10 @@ TEST(CudaLatencyGemm, NormFoldedGemmMatchesNormThenGemm) {
         sync_ok();
         EXPECT_EQ(download_bf16(dy), want);
       }
+  }
+  {
+    OptionScope head(DecodeOption::kHeadGemm, 0);
+    EXPECT_FALSE(gemm_kv_norm_ok(1, 151936, 2048));  // the lm_head without rows_ring
   }
   EXPECT_FALSE(gemm_kv_norm_ok(2, 5120, 2048));  // one token row only
   EXPECT_FALSE(gemm_kv_norm_ok(1, 5120, 4096));  // one round: K <= 2048

@@ -27,7 +27,7 @@ struct RandomCheckpoint {
 
 // Shape overrides (the defaults are the ones above).
 struct RandomShape {
-  int hidden = 64, heads = 4, kv_heads = 2;
+  int hidden = 64, heads = 4, kv_heads = 2, vocab = 512;
 };
 
 inline Result<RandomCheckpoint> write_random_moe_checkpoint(const std::filesystem::path& dir, uint32_t seed,
@@ -45,7 +45,7 @@ inline Result<RandomCheckpoint> write_random_moe_checkpoint(const std::filesyste
   cfg["moe_intermediate_size"] = 64;
   cfg["num_hidden_layers"] = 2;
   cfg["max_window_layers"] = 2;
-  cfg["vocab_size"] = 512;
+  cfg["vocab_size"] = shape.vocab;
   auto parsed = io::parse_model_config(cfg.dump());
   if (!parsed.ok()) return parsed.status();
   RandomCheckpoint out;

@@ -967,12 +967,13 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
 
   ZEST_RETURN_IF_ERROR(embedding(d_tokens, embed_, s.x, T, H_, V_, st));
   if (M > 0) ZEST_RETURN_IF_ERROR(scatter_rows(mm_src(0), d_mm, s.x, static_cast<int>(M), H_, false, st));
-  ZEST_RETURN_IF_ERROR(rmsnorm(s.x, layers_[0].in_norm, s.xn, T, H_, eps_, st));
   // Decode steps of one token (DecodeOption::kMoeDownRows): a MoE layer's experts leave x only (their down kernel
-  // adds the slots by output rows) and the next layer's qkv GEMM normalises x itself; the final norm then runs alone.
+  // adds the slots by output rows) and the next layer's qkv GEMM normalises x itself, the first layer's too (no norm
+  // after the embedding); the final norm then runs alone.
   const bool rows = use_decode && T == 1 && E_ > 0 && decode_option(DecodeOption::kMoeBlock) == 0 &&
                     moe_down_rows_on(1, K_, E_, H_, I_) && gemm_kv_norm_ok(1, QKV_, H_);
-  bool x_only = false;  // xn is stale: the next consumer normalises x
+  if (!rows) ZEST_RETURN_IF_ERROR(rmsnorm(s.x, layers_[0].in_norm, s.xn, T, H_, eps_, st));
+  bool x_only = rows;  // xn is stale: the next consumer normalises x
   for (int l = 0; l < L_; ++l) {
     const Layer& Ly = layers_[l];
     const bf16* next = l + 1 < L_ ? layers_[l + 1].in_norm : final_norm_;
@@ -1044,9 +1045,17 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
       ZEST_RETURN_IF_ERROR(rmsnorm(s.x, next, s.xn, T, H_, eps_, st));
     }
   }
-  if (x_only) ZEST_RETURN_IF_ERROR(rmsnorm(s.x, final_norm_, s.xn, T, H_, eps_, st));
-  ZEST_RETURN_IF_ERROR(gather_rows(s.xn, d_rows, s.xr, R, H_, st));
-  ZEST_RETURN_IF_ERROR(gemm(s.xr, lm_head_, s.logits, R, V_, H_, st));
+  if (x_only && R == 1 && gemm_kv_norm_ok(1, V_, H_)) {  // the final norm folded into the lm_head's CTAs
+    ZEST_RETURN_IF_ERROR(gather_rows(s.x, d_rows, s.xr, R, H_, st));
+    KvPrefetch head;
+    head.norm_w = final_norm_;
+    head.norm_eps = eps_;
+    ZEST_RETURN_IF_ERROR(gemm_kv_prefetch(s.xr, lm_head_, s.logits, R, V_, H_, head, st));
+  } else {
+    if (x_only) ZEST_RETURN_IF_ERROR(rmsnorm(s.x, final_norm_, s.xn, T, H_, eps_, st));
+    ZEST_RETURN_IF_ERROR(gather_rows(s.xn, d_rows, s.xr, R, H_, st));
+    ZEST_RETURN_IF_ERROR(gemm(s.xr, lm_head_, s.logits, R, V_, H_, st));
+  }
   if (sample_rows_in) {
     // Per-row summaries on the device; only they come back in the step (candidates and whole rows after it).
     ZEST_RETURN_IF_ERROR(sample_rows(s.logits, R, V_, di.specs, s.samp_out, s.cand_ids, s.cand_logits, st));

@@ -269,8 +269,8 @@ struct KvPrefetch {
 // gemm()'s, bit for bit); otherwise gemm().
 Status gemm_kv_prefetch(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, const KvPrefetch& kv,
                         cudaStream_t stream);
-// Whether gemm_kv_prefetch takes KvPrefetch::norm_w for these sizes (the shared-memory small-M path, one token row,
-// 256 <= K <= 2048).
+// Whether gemm_kv_prefetch takes KvPrefetch::norm_w for these sizes (one token row, 256 <= K <= 2048: the
+// shared-memory small-M path, or rows_ring for the lm_head's many row tiles, DecodeOption::kHeadGemm).
 bool gemm_kv_norm_ok(int M, int N, int K);
 // Whether moe_experts_decode_combine with cw and cy null (x only) runs the down kernel by output rows
 // (DecodeOption::kMoeDownRows) for these sizes.

@@ -187,6 +187,45 @@ __device__ __forceinline__ void prefetch_kv_l2(const KvPrefetch& kv) {
   }
 }
 
+// Normalises the one token row (M == 1) that the lanes g == 0 of 8 warps hold in xa (chunks warp + u * kWarps, one
+// round: 256 <= K <= 2048) with the 256-thread norm kernels' arithmetic and summation order (8-element groups t = k / 8
+// summed as thread t of such a CTA would: warp butterflies over groups 32 w .. 32 w + 31, then over the 8 warp sums),
+// so that the GEMM sees the bits of the normalised row the chain writes. nw: the norm weights (shared or global);
+// ss_s [kWarps * 32] and wsum [kWarps]: shared scratch; sync: a barrier over the 8 warps (thread t < 256 of them).
+template <int kRound, typename Sync>
+__device__ __forceinline__ void norm_row_regs(uint4 (&xa)[kRound], int cb, int chunks, int Kdim, const bf16* nw,
+                                              float eps, float* ss_s, float* wsum, Sync sync) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
+  if (tid * 8 >= Kdim) ss_s[tid] = 0.f;  // groups past K: zero (absent threads)
+  if (g == 0) {
+#pragma unroll
+    for (int u = 0; u < kRound; ++u) {
+      const int c = cb + u * kWarps;
+      if (c < chunks) {
+        float v[8];
+        unpack8(xa[u], v);
+        ss_s[4 * c + tq] = sumsq8(v);
+      }
+    }
+  }
+  sync();
+  {
+    const float v = warp_sum(ss_s[warp * 32 + lane]);
+    if (lane == 0) wsum[warp] = v;
+  }
+  sync();
+  const float inv = rsqrtf(warp_sum(lane < kWarps ? wsum[lane] : 0.f) / Kdim + eps);
+  if (g == 0) {
+#pragma unroll
+    for (int u = 0; u < kRound; ++u) {
+      float v[8];
+      unpack8(xa[u], v);
+      const int c = cb + u * kWarps;
+      if (c < chunks) xa[u] = rms_scale8(v, inv, *reinterpret_cast<const uint4*>(nw + c * kChunk + tq * 8));
+    }
+  }
+}
+
 // kRound: token chunks per warp and round (all of a warp's chunks in one round for K <= 32 * kWarps * kRound).
 // Registers allow 3 CTAs per SM for K <= 2048 (as the shared memory does): one token tile with 8 chunks per round
 // (62 registers) or two with 4 (70); K = 4096 tiles (one CTA per SM) take one token tile's 16 chunks in one round.
@@ -246,38 +285,10 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
       if constexpr (kTwo) xb[u] = ok && x1p ? __ldg(reinterpret_cast<const uint4*>(x1p + c * kChunk)) : make_uint4(0, 0, 0, 0);
       else xb[u] = make_uint4(0, 0, 0, 0);
     }
-    if constexpr (kNorm) {
-      // One token row (M == 1): lanes g == 0 hold it.
+    if constexpr (kNorm) {  // one token row (M == 1): lanes g == 0 hold it
       __shared__ float ss_s[kWarps * 32];  // per 8-element group
       __shared__ float wsum[kWarps];
-      if (threadIdx.x * 8 >= Kdim) ss_s[threadIdx.x] = 0.f;  // groups past K: zero (absent threads)
-      if (g == 0) {
-#pragma unroll
-        for (int u = 0; u < kRound; ++u) {
-          const int c = cb + u * kWarps;
-          if (c < chunks) {
-            float v[8];
-            unpack8(xa[u], v);
-            ss_s[4 * c + tq] = sumsq8(v);
-          }
-        }
-      }
-      __syncthreads();
-      {
-        const float v = warp_sum(ss_s[warp * 32 + lane]);
-        if (lane == 0) wsum[warp] = v;
-      }
-      __syncthreads();
-      const float inv = rsqrtf(warp_sum(lane < kWarps ? wsum[lane] : 0.f) / Kdim + kv.norm_eps);
-      if (g == 0) {
-#pragma unroll
-        for (int u = 0; u < kRound; ++u) {
-          float v[8];
-          unpack8(xa[u], v);
-          const int c = cb + u * kWarps;
-          if (c < chunks) xa[u] = rms_scale8(v, inv, *reinterpret_cast<const uint4*>(nw_s + c * kChunk + tq * 8));
-        }
-      }
+      norm_row_regs(xa, cb, chunks, Kdim, nw_s, kv.norm_eps, ss_s, wsum, [] { __syncthreads(); });
     }
     if (!landed) {
       mbar_wait(&bar, 0);
@@ -394,7 +405,9 @@ Status launch_rows_pre(const bf16* x, const bf16* w, bf16* y, int M, int N, int 
 // the 8 consumer warps load their k-slices of the token rows once after the wait (K <= 2048: one round of 8 chunks per
 // warp, rows_pre's registers) and per tile run rows_pre's mma chunks, free the stage, and reduce the warps' partial
 // sums in fixed order through a double buffer (one named barrier per tile). Chunk order and reduction order are
-// rows_pre's and rows_mma's, so the bits are theirs. kTwo: more than 8 token rows (M <= 16).
+// rows_pre's and rows_mma's, so the bits are theirs. kTwo: more than 8 token rows (M <= 16). kNorm (one token row,
+// 256 <= K <= 2048): x is the residual row, which the consumers normalise first (norm_row_regs: the bits of rmsnorm's
+// row), so the final norm of a one-token decode step needs no launch of its own.
 constexpr int kRingMaxStages = 4;
 constexpr size_t kRingRedBytes = 2 * kWarps * 8 * 32 * sizeof(float);  // two [warp][8 values][lane] buffers
 constexpr size_t kRingMaxSmem = 227 * 1024;
@@ -403,11 +416,13 @@ __device__ __forceinline__ void consumer_bar_sync() {
   asm volatile("bar.sync 1, %0;" ::"n"(kWarps * 32) : "memory");  // the consumer warps only (barrier 0 is CTA-wide)
 }
 
-template <bool kTwo>
+template <bool kTwo, bool kNorm = false>
 __global__ void __launch_bounds__((kWarps + 1) * 32, 1) rows_ring_kernel(const bf16* __restrict__ x,
                                                                         const bf16* __restrict__ w,
                                                                         bf16* __restrict__ y, int M, int N, int Kdim,
-                                                                        int stages) {
+                                                                        int stages, const bf16* __restrict__ norm_w,
+                                                                        float eps) {
+  static_assert(!kNorm || !kTwo, "the norm takes one token row");
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ __align__(8) uint64_t full[kRingMaxStages], empty[kRingMaxStages];
   step_timeline_phase(0);
@@ -454,6 +469,11 @@ __global__ void __launch_bounds__((kWarps + 1) * 32, 1) rows_ring_kernel(const b
     xa[u] = ok && x0p ? __ldg(reinterpret_cast<const uint4*>(x0p + c * kChunk)) : make_uint4(0, 0, 0, 0);
     if constexpr (kTwo) xb[u] = ok && x1p ? __ldg(reinterpret_cast<const uint4*>(x1p + c * kChunk)) : make_uint4(0, 0, 0, 0);
     else xb[u] = make_uint4(0, 0, 0, 0);
+  }
+  if constexpr (kNorm) {
+    __shared__ float ss_s[kWarps * 32];
+    __shared__ float wsum[kWarps];
+    norm_row_regs(xa, warp, chunks, Kdim, norm_w, eps, ss_s, wsum, [] { consumer_bar_sync(); });
   }
   int i = 0;
   for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++i) {
@@ -507,12 +527,14 @@ bool rows_ring_ok(int M, int N, int K) {
          rows_ring_stages(K) >= 2 && N / kRows >= 4 * sm_count();
 }
 
-Status launch_rows_ring(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream) {
+// norm_w: the norm folded in (one token row, 256 <= K <= 2048).
+Status launch_rows_ring(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream,
+                        const bf16* norm_w = nullptr, float eps = 0.f) {
   const int stages = rows_ring_stages(K);
   const size_t smem = kRingRedBytes + static_cast<size_t>(stages) * kRows * (static_cast<size_t>(K) * 2 + 16);
-  auto fn = M > 8 ? rows_ring_kernel<true> : rows_ring_kernel<false>;
+  auto fn = norm_w ? rows_ring_kernel<false, true> : M > 8 ? rows_ring_kernel<true> : rows_ring_kernel<false>;
   static const bool configured = [] {
-    for (auto f : {rows_ring_kernel<true>, rows_ring_kernel<false>})
+    for (auto f : {rows_ring_kernel<true>, rows_ring_kernel<false>, rows_ring_kernel<false, true>})
       if (cudaFuncSetAttribute(reinterpret_cast<const void*>(f), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(kRingMaxSmem - 1024)) != cudaSuccess) {
         cudaGetLastError();
@@ -522,7 +544,8 @@ Status launch_rows_ring(const bf16* x, const bf16* w, bf16* y, int M, int N, int
   }();
   if (!configured) return internal_error("rows_ring: the shared-memory size was refused");
   const int grid = std::min(N / kRows, sm_count());
-  return launch("rows_ring", fn, dim3(grid), dim3((kWarps + 1) * 32), smem, stream, x, w, y, M, N, K, stages);
+  return launch("rows_ring", fn, dim3(grid), dim3((kWarps + 1) * 32), smem, stream, x, w, y, M, N, K, stages, norm_w,
+                eps);
 }
 
 // kGemmVariant 4 (default) runs the register-streamed kernel for 9-16 token rows when K <= 2048 (the qkv GEMM at
@@ -581,6 +604,15 @@ Status rows_mma_gemm(const bf16* x, const bf16* w, bf16* y, int M, int N, int K,
   }
 }
 
+namespace {
+// The folded norm on the shared-memory tile path (rows_pre: every tile's CTA resident at once); else gemm_kv_prefetch
+// folds it into rows_ring (no KV prefetch there: the lm_head).
+bool pre_norm_ok(int M, int N, int K) {
+  return M == 1 && rows_mma_gemm_ok(M, N, K) && K >= kWarps * kChunk && K <= kWarps * kChunk * kPreRound &&
+         rows_pre_ok(M, N, K, kPfNone, true) && rows_pre_ok(M, N, K, kPfBefore, true);
+}
+}  // namespace
+
 Status gemm_kv_prefetch(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, const KvPrefetch& kv,
                         cudaStream_t stream) {
   int pf = kPfNone;
@@ -603,6 +635,7 @@ Status gemm_kv_prefetch(const bf16* x, const bf16* w, bf16* y, int M, int N, int
   if (kv.norm_w) {  // x is the residual: the norm in the GEMM's CTAs (the KV prefetch where it would run)
     if (!aligned || !gemm_kv_norm_ok(M, N, K))
       return invalid_argument("gemm_kv_prefetch: the folded RMSNorm needs gemm_kv_norm_ok sizes and aligned operands");
+    if (!pre_norm_ok(M, N, K)) return launch_rows_ring(x, w, y, M, N, K, stream, kv.norm_w, kv.norm_eps);
     int use = pf != kPfNone && kv_ok && pre ? pf : kPfNone;
     if (!rows_pre_ok(M, N, K, use, true)) use = kPfNone;  // also sets the instantiation's shared-memory size
     return launch_rows_pre(x, w, y, M, N, K, stream, use, kv);
@@ -613,9 +646,9 @@ Status gemm_kv_prefetch(const bf16* x, const bf16* w, bf16* y, int M, int N, int
 }
 
 bool gemm_kv_norm_ok(int M, int N, int K) {
-  // One round of every warp: K in [8 * 32, 8 * 32 * kPreRound].
-  return M == 1 && rows_mma_gemm_ok(M, N, K) && K >= kWarps * kChunk && K <= kWarps * kChunk * kPreRound &&
-         rows_pre_ok(M, N, K, kPfNone, true) && rows_pre_ok(M, N, K, kPfBefore, true);
+  // One round of every warp: K in [8 * 32, 8 * 32 * kPreRound]; the tile per CTA (rows_pre) or the ring (rows_ring).
+  const bool one_round = M == 1 && rows_mma_gemm_ok(M, N, K) && K >= kWarps * kChunk && K <= kWarps * kChunk * kPreRound;
+  return one_round && (pre_norm_ok(M, N, K) || rows_ring_ok(M, N, K));
 }
 
 bool rows_mma_moe_ok(int H, int I) { return H % kChunk == 0 && I % kChunk == 0 && H % kRows == 0 && I % kRows == 0; }

@@ -287,11 +287,11 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
   ZEST_OP("inputs", launch("advance_inputs", advance_inputs_kernel, dim3(1), dim3(256), 0, s, ids_, step_counter_,
                             batch, c.vocab));
   ZEST_OP("embedding", embedding(ids_, embed_, x_, batch, H, c.vocab, s));
-  ZEST_OP("rmsnorm", rmsnorm(x_, layers_[0].in_norm, xn_, batch, H, kEps, s));
-  // One token (DecodeOption::kMoeDownRows): the experts' down kernel adds the slots to x by output rows and the next
-  // qkv GEMM normalises x itself (the final norm runs before the lm_head).
+  // One token (DecodeOption::kMoeDownRows): the experts' down kernel adds the slots to x by output rows and every
+  // qkv GEMM, the first one included, normalises x itself (the final norm runs before the lm_head).
   const bool rows = moe && batch == 1 && decode_option(DecodeOption::kMoeBlock) == 0 &&
                     moe_down_rows_on(1, c.top_k, c.experts, H, c.expert_inter) && gemm_kv_norm_ok(1, QKV, H);
+  if (!rows) ZEST_OP("rmsnorm", rmsnorm(x_, layers_[0].in_norm, xn_, batch, H, kEps, s));
   for (int l = 0; l < c.layers; ++l) {
     const Layer& L = layers_[l];
     const bf16* next_norm = l + 1 < c.layers ? layers_[l + 1].in_norm : final_norm_;
@@ -307,11 +307,11 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
     kvp.row_bytes = c.kv_heads * D * 2;
     ap.l2_next = L.wo;
     ap.l2_next_bytes = static_cast<size_t>(H) * c.q_heads * D * 2;
-    if (rows && l > 0) {
+    if (rows) {
       kvp.norm_w = L.in_norm;
       kvp.norm_eps = kEps;
     }
-    ZEST_OP("qkv gemm", gemm_kv_prefetch(rows && l > 0 ? x_ : xn_, L.wqkv, qkv_, batch, QKV, H, kvp, s));
+    ZEST_OP("qkv gemm", gemm_kv_prefetch(rows ? x_ : xn_, L.wqkv, qkv_, batch, QKV, H, kvp, s));
     const int pos_stride = c.mrope ? opt_.max_batch : 0;
     if (decode_option(DecodeOption::kAttentionKernel) >= 2 && decode_attention_fused_ok(ap, qkv_, QKV)) {
       ZEST_OP("decode attention (fused)",
@@ -366,8 +366,15 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
       ZEST_OP("add + rmsnorm", add_rmsnorm(x_, o_, next_norm, xn_, batch, H, kEps, s));
     }
   }
-  if (rows) ZEST_OP("final rmsnorm", rmsnorm(x_, final_norm_, xn_, batch, H, kEps, s));
-  ZEST_OP("lm_head gemm", gemm(xn_, lm_head_, logits_, batch, c.vocab, H, s));
+  if (rows && gemm_kv_norm_ok(1, c.vocab, H)) {  // the final norm folded into the lm_head's CTAs
+    KvPrefetch head;
+    head.norm_w = final_norm_;
+    head.norm_eps = kEps;
+    ZEST_OP("lm_head gemm", gemm_kv_prefetch(x_, lm_head_, logits_, batch, c.vocab, H, head, s));
+  } else {
+    if (rows) ZEST_OP("final rmsnorm", rmsnorm(x_, final_norm_, xn_, batch, H, kEps, s));
+    ZEST_OP("lm_head gemm", gemm(xn_, lm_head_, logits_, batch, c.vocab, H, s));
+  }
   ZEST_OP("argmax", argmax_rows(logits_, out_ids_, batch, c.vocab, s));
 #undef ZEST_OP
   return Status::ok();
