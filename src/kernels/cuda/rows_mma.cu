@@ -411,6 +411,7 @@ Status launch_rows_pre(const bf16* x, const bf16* w, bf16* y, int M, int N, int 
 constexpr int kRingMaxStages = 4;
 constexpr size_t kRingRedBytes = 2 * kWarps * 8 * 32 * sizeof(float);  // two [warp][8 values][lane] buffers
 constexpr size_t kRingMaxSmem = 227 * 1024;
+constexpr size_t kRingStatic = 2048;  // room for the kernel's static shared memory (barriers; the norm's sums)
 
 __device__ __forceinline__ void consumer_bar_sync() {
   asm volatile("bar.sync 1, %0;" ::"n"(kWarps * 32) : "memory");  // the consumer warps only (barrier 0 is CTA-wide)
@@ -517,7 +518,7 @@ __global__ void __launch_bounds__((kWarps + 1) * 32, 1) rows_ring_kernel(const b
 int rows_ring_stages(int K) {
   if (K < kChunk || K % kChunk != 0 || K > kWarps * kChunk * kPreRound) return 0;
   const size_t tile = static_cast<size_t>(kRows) * (static_cast<size_t>(K) * 2 + 16);
-  return static_cast<int>(std::min<size_t>(kRingMaxStages, (kRingMaxSmem - kRingRedBytes - 1024) / tile));
+  return static_cast<int>(std::min<size_t>(kRingMaxStages, (kRingMaxSmem - kRingStatic - kRingRedBytes) / tile));
 }
 
 // Whether rows_ring serves (M, N, K) (DecodeOption::kHeadGemm): M <= 16, at least two stages, and at least 4 tiles per
@@ -536,7 +537,7 @@ Status launch_rows_ring(const bf16* x, const bf16* w, bf16* y, int M, int N, int
   static const bool configured = [] {
     for (auto f : {rows_ring_kernel<true>, rows_ring_kernel<false>, rows_ring_kernel<false, true>})
       if (cudaFuncSetAttribute(reinterpret_cast<const void*>(f), cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               static_cast<int>(kRingMaxSmem - 1024)) != cudaSuccess) {
+                               static_cast<int>(kRingMaxSmem - kRingStatic)) != cudaSuccess) {
         cudaGetLastError();
         return false;
       }
