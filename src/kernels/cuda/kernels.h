@@ -154,7 +154,8 @@ enum class DecodeOption : int {
                     // -0.025 ms); 0 = the driver's default
   kHeadGemm,        // small-M GEMMs (M <= 16, K <= 2048) with at least 4 row tiles of 16 per SM, the lm_head: 1 (default)
                     // = rows_ring (one persistent CTA per SM, a producer warp bulk-copying the tiles into a ring of
-                    // stages); 0 = the register-streamed rows_mma kernel
+                    // stages; measured on H200: lm_head 149-154 us eager against 152-158, TPOT batch 8 -0.02 to -0.07
+                    // ms, batch 16 -0.2 ms); 0 = the register-streamed rows_mma kernel
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);
