@@ -969,7 +969,7 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
   if (M > 0) ZEST_RETURN_IF_ERROR(scatter_rows(mm_src(0), d_mm, s.x, static_cast<int>(M), H_, false, st));
   // Decode steps of one token (DecodeOption::kMoeDownRows): a MoE layer's experts leave x only (their down kernel
   // adds the slots by output rows) and the next layer's qkv GEMM normalises x itself, the first layer's too (no norm
-  // after the embedding); the final norm then runs alone.
+  // after the embedding); the lm_head takes the final norm when one row is sampled (else it runs alone).
   const bool rows = use_decode && T == 1 && E_ > 0 && decode_option(DecodeOption::kMoeBlock) == 0 &&
                     moe_down_rows_on(1, K_, E_, H_, I_) && gemm_kv_norm_ok(1, QKV_, H_);
   if (!rows) ZEST_RETURN_IF_ERROR(rmsnorm(s.x, layers_[0].in_norm, s.xn, T, H_, eps_, st));
