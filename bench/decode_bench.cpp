@@ -508,13 +508,15 @@ int bench_decode_main(int argc, char** argv) {
       rows.push_back(r);
       std::printf("  batch %d%s: TPOT %.3f ms\n", b, sere ? " +SERE" : "", r.t.median_ms);
       if (profile) {
-        auto prof = (*dec)->profile_step(b, sere);
+        auto prof = (*dec)->profile_step(b, sere, /*sampling=*/true);
         if (!check(prof.status(), "profile")) return 1;
-        double total = 0;
-        for (const auto& [op, ms] : *prof) total += ms;
+        double total = 0;  // the step's ops; the "(serving)" rows after them are not part of it
+        for (const auto& [op, ms] : *prof)
+          if (op.rfind("(serving)", 0) != 0) total += ms;
         std::printf("    eager step %.3f ms (events between launches; graph replay has fewer gaps):\n", total);
         for (const auto& [op, ms] : *prof)
           std::printf("    %-24s %8.3f ms %5.1f%%\n", op.c_str(), ms, 100.0 * ms / total);
+        std::printf("    (serving rows: the same logits through sample_rows per mode, not in the step or its total)\n");
       }
       const bool timeline_here = ("," + timeline + ",").find("," + std::to_string(b) + ",") != std::string::npos;
       if (!sere && timeline_here &&

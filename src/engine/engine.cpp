@@ -236,9 +236,11 @@ Status Engine::run(const StepPlan& plan) {
     return !(e && std::string(e) == "0");
   }();
   const model::TextDecoder& dec = model_->decoder();
+  const double t_fwd = now_ms();
   ZEST_ASSIGN_OR_RETURN(std::vector<model::SampleResult> picked,
                         device_sampling ? dec.forward_sample(b, cache_, hooks, rows)
                                         : dec.model::TextDecoder::forward_sample(b, cache_, hooks, rows));
+  forward_ms_ = now_ms() - t_fwd;
   if (picked.size() != rows.size()) return internal_error("the decoder returned a wrong number of sampled rows");
   const std::vector<int32_t> eos = model_->eos_ids();
 
@@ -293,6 +295,7 @@ Status Engine::run(const StepPlan& plan) {
 Status Engine::step() {
   StepPlan plan = schedule();
   if (plan.chunks.empty()) {
+    last_decode_start_ms_ = -1;
     if (!running_.empty()) {
       // Running requests that cannot grow (the cache holds nothing else to preempt) end by length
       // rather than spin; waiting requests get the freed blocks next step.
@@ -309,7 +312,20 @@ Status Engine::step() {
     return Status::ok();
   }
   ++stats_.steps;
+  const bool decode = plan.decode_only();
+  const double t0 = now_ms();
+  if (decode && last_decode_start_ms_ >= 0) {
+    ++stats_.decode_intervals;
+    stats_.decode_interval_s += (t0 - last_decode_start_ms_) * 1e-3;
+  }
+  last_decode_start_ms_ = decode ? t0 : -1;
+  forward_ms_ = 0;
   Status st = run(plan);
+  if (decode) {
+    ++stats_.decode_steps;
+    stats_.decode_step_s += (now_ms() - t0) * 1e-3;
+    stats_.decode_forward_s += forward_ms_ * 1e-3;
+  }
   if (!st.is_ok()) {
     for (auto& s : running_) finish(*s, FinishReason::kError, s->out.text, st.message());
     running_.clear();

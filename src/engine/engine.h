@@ -47,6 +47,12 @@ struct StepPlan {
 struct EngineStats {
   int64_t running = 0, waiting = 0, kv_blocks_used = 0, kv_blocks_total = 0;
   int64_t steps = 0, preemptions = 0;
+  // Decode-only steps (every chunk one sampled token), timed on the host: their count, the wall time of each step
+  // (schedule, forward, token handling), of its forward call (input staging, launch, the device's work, the wait),
+  // and, for a decode step that directly follows another, the interval between their starts (what a running
+  // sequence sees as its time per token; minus the device's step time, it is the device's idle time per step).
+  int64_t decode_steps = 0, decode_intervals = 0;
+  double decode_step_s = 0, decode_forward_s = 0, decode_interval_s = 0;
 };
 
 class Engine {
@@ -82,6 +88,8 @@ class Engine {
   std::list<std::unique_ptr<Seq>> running_;
   std::deque<std::unique_ptr<Seq>> waiting_;
   EngineStats stats_;
+  double last_decode_start_ms_ = -1;  // start of the previous step when it was decode-only, else -1
+  double forward_ms_ = 0;             // the current step's forward call
 };
 
 // Runs one request to completion on a fresh engine (CLI use). Returns its output.

@@ -120,6 +120,20 @@ std::string Metrics::render(const engine::EngineStats& stats) const {
         stats.kv_blocks_total > 0 ? static_cast<double>(stats.kv_blocks_used) / stats.kv_blocks_total : 0.0);
   gauge(out, "zest_kv_blocks_used", "KV-cache blocks in use.", static_cast<double>(stats.kv_blocks_used));
   gauge(out, "zest_kv_blocks_total", "KV-cache blocks in the pool.", static_cast<double>(stats.kv_blocks_total));
+  counter(out, "zest_engine_decode_steps_total", "Decode-only engine steps (every scheduled sequence one token).",
+          stats.decode_steps);
+  header(out, "zest_engine_decode_step_seconds_total", "counter",
+         "Host wall time of decode-only steps: scheduling, the forward call, token handling.");
+  out += "zest_engine_decode_step_seconds_total " + num(stats.decode_step_s) + "\n";
+  header(out, "zest_engine_decode_forward_seconds_total", "counter",
+         "Wall time of the decode-only steps' forward calls (input staging, launch, device work, wait).");
+  out += "zest_engine_decode_forward_seconds_total " + num(stats.decode_forward_s) + "\n";
+  counter(out, "zest_engine_decode_intervals_total", "Decode-only steps that directly followed another.",
+          stats.decode_intervals);
+  header(out, "zest_engine_decode_interval_seconds_total", "counter",
+         "Sum over those steps of the time from the previous step's start to theirs (time per token as the engine "
+         "runs it).");
+  out += "zest_engine_decode_interval_seconds_total " + num(stats.decode_interval_s) + "\n";
   for (const MetricsProvider& p : providers) p(out);
   return out;
 }

@@ -140,6 +140,28 @@ TEST(Engine, BatchingAndPreemptionKeepGreedyOutputs) {
   EXPECT_GT(st.preemptions, 0);
 }
 
+TEST(Engine, DecodeStepTimesCountEveryDecodeStep) {
+  auto m = tiny();
+  ASSERT_TRUE(m);
+  engine::EngineStats st;
+  const auto out = run_all({text_prompt(*m, "Hello!")}, {}, 12, &st);
+  ASSERT_EQ(out[0].size(), 12u);
+  // The prompt's step samples the first token; each of the other 11 comes from a decode-only step, and every one
+  // but the first of those follows a decode step directly.
+  EXPECT_EQ(st.decode_steps, 11);
+  EXPECT_EQ(st.decode_intervals, 10);
+  EXPECT_GT(st.decode_forward_s, 0);
+  EXPECT_LE(st.decode_forward_s, st.decode_step_s);
+  EXPECT_GT(st.decode_interval_s, 0);
+  // A chunked prompt's steps are not decode-only: two prompts, the second admitted while the first decodes.
+  engine::EngineOptions chunked;
+  chunked.max_batched_tokens = 3;
+  engine::EngineStats st2;
+  run_all({text_prompt(*m, "Hello!"), text_prompt(*m, "What is the capital of France?")}, chunked, 4, &st2);
+  EXPECT_LT(st2.decode_steps, st2.steps);
+  EXPECT_LE(st2.decode_intervals, st2.decode_steps);
+}
+
 TEST(Engine, StopStringsAndTokens) {
   auto m = tiny();
   ASSERT_TRUE(m);

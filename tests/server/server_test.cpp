@@ -185,7 +185,10 @@ TEST_P(ServerTest, ModelsHealthAndMetricsEndpoints) {
         "zest_request_queue_time_seconds"})
     EXPECT_NE(res->body.find(std::string("# TYPE ") + name + " histogram"), std::string::npos) << name;
   for (const char* name : {"zest_prompt_tokens_total", "zest_generation_tokens_total",
-                           "zest_visual_tokens_before_total", "zest_visual_tokens_after_total", "zest_requests_total"})
+                           "zest_visual_tokens_before_total", "zest_visual_tokens_after_total", "zest_requests_total",
+                           "zest_engine_decode_steps_total", "zest_engine_decode_step_seconds_total",
+                           "zest_engine_decode_forward_seconds_total", "zest_engine_decode_intervals_total",
+                           "zest_engine_decode_interval_seconds_total"})
     EXPECT_NE(res->body.find(std::string("# TYPE ") + name + " counter"), std::string::npos) << name;
   for (const char* name :
        {"zest_requests_running", "zest_requests_waiting", "zest_kv_cache_usage_ratio", "zest_kv_blocks_used"})

@@ -376,6 +376,13 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
     ZEST_OP("lm_head gemm", gemm(xn_, lm_head_, logits_, batch, c.vocab, H, s));
   }
   ZEST_OP("argmax", argmax_rows(logits_, out_ids_, batch, c.vocab, s));
+  if (profile_sampling_ && samp_spec_) {  // not part of the step: what serving's sampling of these logits costs per mode
+    const char* labels[4] = {"(serving) sample_rows greedy", "(serving) sample_rows temperature",
+                             "(serving) sample_rows top-50", "(serving) sample_rows top-p (1024)"};
+    for (int m = 0; m < 4; ++m)
+      ZEST_OP(labels[m], sample_rows(logits_, batch, c.vocab, samp_spec_ + static_cast<size_t>(m) * opt_.max_batch,
+                                     samp_out_, cand_ids_, cand_logits_, s));
+  }
 #undef ZEST_OP
   return Status::ok();
 }
@@ -452,16 +459,46 @@ double SyntheticDecoder::bytes_per_step(int batch, double distinct_experts) cons
   return elems * 2.0;
 }
 
-Result<std::vector<std::pair<std::string, double>>> SyntheticDecoder::profile_step(int batch, bool sere) {
+Result<std::vector<std::pair<std::string, double>>> SyntheticDecoder::profile_step(int batch, bool sere,
+                                                                                         bool sampling) {
   ZEST_RETURN_IF_ERROR(replay(batch, sere));  // first use of this batch size happens outside the profile
+  if (sampling && !samp_spec_) {
+    const size_t B = static_cast<size_t>(opt_.max_batch);
+    std::vector<SampleRowSpec> specs(4 * B);
+    for (size_t i = 0; i < B; ++i) {
+      const double u = (static_cast<double>(i) + 0.5) / static_cast<double>(B);
+      specs[i].mode = kSampleGreedy;
+      specs[B + i].mode = kSampleTemperature;
+      specs[2 * B + i].mode = specs[3 * B + i].mode = kSampleCandidates;
+      specs[2 * B + i].candidates = std::min(50, cfg_.vocab);
+      specs[3 * B + i].candidates = std::min(kSampleMaxCandidates, cfg_.vocab);
+      for (size_t m = 1; m < 4; ++m) {
+        specs[m * B + i].inv_t = 1.f / 0.8f;
+        specs[m * B + i].u = u;
+      }
+    }
+    void* p[4] = {};
+    const size_t bytes[4] = {specs.size() * sizeof(SampleRowSpec), B * sizeof(SampleRowOut),
+                             B * kSampleMaxCandidates * 4, B * kSampleMaxCandidates * 4};
+    for (int i = 0; i < 4; ++i) {
+      ZEST_CU(cudaMalloc(&p[i], bytes[i]), "cudaMalloc(sampling buffers)");
+      allocations_.push_back(p[i]);
+    }
+    ZEST_CU(cudaMemcpy(p[0], specs.data(), bytes[0], cudaMemcpyHostToDevice), "sampling plans");
+    samp_spec_ = static_cast<SampleRowSpec*>(p[0]);
+    samp_out_ = static_cast<SampleRowOut*>(p[1]);
+    cand_ids_ = static_cast<int32_t*>(p[2]);
+    cand_logits_ = static_cast<float*>(p[3]);
+  }
   ZEST_CU(cudaStreamSynchronize(stream_), "sync");
   profile_ = true;
+  profile_sampling_ = sampling;
   marks_.clear();
   cudaEvent_t start = nullptr;
   cudaEventCreate(&start);
   cudaEventRecord(start, stream_);
   const Status st = enqueue_step(batch, sere);
-  profile_ = false;
+  profile_ = profile_sampling_ = false;
   const cudaError_t sync = cudaStreamSynchronize(stream_);
   std::vector<std::pair<std::string, double>> out;
   cudaEvent_t prev = start;

@@ -63,8 +63,10 @@ class SyntheticDecoder {
   double bytes_per_step(int batch, double distinct_experts) const;
   const SyntheticConfig& config() const { return cfg_; }
   // GPU time per operation of one eagerly launched step, from events recorded between launches, summed over
-  // layers, in first-launch order: (operation, milliseconds). Synchronises; outside timed regions only.
-  Result<std::vector<std::pair<std::string, double>>> profile_step(int batch, bool sere);
+  // layers, in first-launch order: (operation, milliseconds). Synchronises; outside timed regions only. With
+  // `sampling`, the step's logits also go through the serving decoder's sample_rows once per mode (greedy,
+  // temperature, top-50, 1024 candidates), labelled "(serving) ...": not part of the step.
+  Result<std::vector<std::pair<std::string, double>>> profile_step(int batch, bool sere, bool sampling = false);
   // Argmax token ids of the last step, [batch] (synchronises; outside timed regions only).
   Result<std::vector<int32_t>> last_tokens(int batch);
   // Ablation for benchmarks: the operation with this profile label (e.g. "decode attention") is left out of
@@ -107,9 +109,15 @@ class SyntheticDecoder {
   size_t block_ws_bytes_ = 0;
   int blocks_per_seq_ = 0;
   std::map<std::pair<int, bool>, cudaGraphExec_t> graphs_;
-  bool profile_ = false;
+  bool profile_ = false, profile_sampling_ = false;
   std::string skip_;
   std::vector<std::pair<std::string, cudaEvent_t>> marks_;
+  // Profiled steps only: the serving decoder's sampling summaries of the same logits, one plan per mode (greedy,
+  // temperature, top-50 candidates, 1024 candidates as top-p asks), [4][max_batch] specs and their outputs.
+  SampleRowSpec* samp_spec_ = nullptr;
+  SampleRowOut* samp_out_ = nullptr;
+  int32_t* cand_ids_ = nullptr;
+  float* cand_logits_ = nullptr;
 };
 
 }  // namespace zest::cuda

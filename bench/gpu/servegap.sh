@@ -1,0 +1,47 @@
+# limit: 200
+# The served decode step against the synthetic one: how much of a served TPOT is not the step's kernels.
+# 1. bench_decode_bench (graph-replayed synthetic steps, no host work between them) at batch 1 and 8, context 256,
+#    with one eager step's per-op times and serving's sample_rows per sampling mode on its logits;
+# 2. zest serve --config qwen3-30b-a3b (same shapes, random weights), text only, 64 words, 256 output tokens
+#    (ignore_eos, greedy), 1 and 8 closed-loop clients: TPOT p50 as the client sees it, and the engine's own
+#    per-step figures from /metrics (zest_engine_*: wall time of a decode step, of its forward call, the rest).
+set -u
+CONFIG=${CONFIG:-qwen3-30b-a3b}
+PORT=18095
+SLOG=/tmp/zest-servegap.log
+. "$(dirname "$0")/serve_lib.sh"
+"$P/bench_decode_bench" --config "$CONFIG" --batch 1,8 --context 256 --steps 100 --warmup 10 --profile 2>&1 |
+  grep -E '^\||batch [0-9]+: TPOT|eager step|lm_head|argmax|serving'
+engine_metrics() {
+  { exec 3<>"/dev/tcp/127.0.0.1/$PORT"; } 2>/dev/null || return
+  printf 'GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' >&3
+  timeout 5 cat <&3 | grep -E '^zest_engine_' | tr '\n' ' '
+  exec 3>&-
+  echo
+}
+bench() {  # LABEL CONCURRENCY REQUESTS [EXTRA_BODY]
+  local row
+  row=$(timeout 60 "$P/zest" bench serve --url "http://127.0.0.1:$PORT" --requests "$3" --concurrency "$2" \
+    --prompt-len 64 --output-len 256 --seed "$2" --extra-body "${4:-{\}}" --table-row "$1" 2>&1 |
+    grep -E '^\| |^first failure|^error')
+  ROWS+=("${row:-| $1 | $2 | no result |}")
+}
+trap 'stop_server; print_table "zest serve --config $CONFIG (random weights), text only, 64 words, 256 output tokens (ignore_eos), greedy unless named"' EXIT
+for mode in ${MODES:-default}; do
+  envs=()
+  [ "$mode" != default ] && envs=("$mode")
+  start_server "${envs[@]}" -- || continue
+  bench warmup 8 8 >/dev/null
+  unset 'ROWS[-1]'
+  for run in "1 greedy" "8 greedy" "1 top-k" ; do
+    set -- $run
+    local_body='{}'
+    [ "$2" = top-k ] && local_body='{"temperature": 0.8, "top_k": 50}'
+    engine_metrics >/tmp/m0.txt
+    bench "$mode, $2" "$1" $(($1 == 1 ? 3 : 2 * $1)) "$local_body"
+    engine_metrics >/tmp/m1.txt
+    echo "$mode, $1 clients, $2, engine metrics before: $(cat /tmp/m0.txt)"
+    echo "$mode, $1 clients, $2, engine metrics after: $(cat /tmp/m1.txt)"
+  done
+  stop_server
+done
