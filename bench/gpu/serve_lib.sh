@@ -22,7 +22,7 @@ start_server() {
   local t0
   t0=$(date +%s%N)
   env "${envs[@]}" "$P/zest" serve --config "$CONFIG" --device "${DEVICE:-cuda}" --port "$PORT" --max-num-seqs 32 \
-    --max-context 8192 "$@" >"$SLOG" 2>&1 &
+    --max-context "${MAX_CONTEXT:-8192}" "$@" >"$SLOG" 2>&1 &
   SERVER=$!
   for _ in $(seq 1 240); do
     if health; then

@@ -5,12 +5,14 @@
 # 2. zest serve --config qwen3-30b-a3b (same shapes, random weights), text only, 64 words, 256 output tokens
 #    (ignore_eos, greedy), 1 and 8 closed-loop clients: TPOT p50 as the client sees it, and the engine's own
 #    per-step figures from /metrics (zest_engine_*: wall time of a decode step, of its forward call, the rest).
+# MODES: one server per word, "default" or one NAME=VALUE environment setting (e.g. ZEST_CUDA_GRAPHS=eager);
+# SERVER_FLAGS: more zest serve flags (MAX_CONTEXT: its --max-context, default 8192); SKIP_SYNTHETIC=1 skips step 1; RUNS: CLIENTS:greedy|top-k words.
 set -u
 CONFIG=${CONFIG:-qwen3-30b-a3b}
 PORT=18095
 SLOG=/tmp/zest-servegap.log
 . "$(dirname "$0")/serve_lib.sh"
-"$P/bench_decode_bench" --config "$CONFIG" --batch 1,8 --context 256 --steps 100 --warmup 10 --profile 2>&1 |
+[ "${SKIP_SYNTHETIC:-0}" = 1 ] || "$P/bench_decode_bench" --config "$CONFIG" --batch 1,8 --context 256 --steps 100 --warmup 10 --profile 2>&1 |
   grep -E '^\||batch [0-9]+: TPOT|eager step|lm_head|argmax|serving'
 engine_metrics() {
   { exec 3<>"/dev/tcp/127.0.0.1/$PORT"; } 2>/dev/null || return
@@ -30,11 +32,11 @@ trap 'stop_server; print_table "zest serve --config $CONFIG (random weights), te
 for mode in ${MODES:-default}; do
   envs=()
   [ "$mode" != default ] && envs=("$mode")
-  start_server "${envs[@]}" -- || continue
+  start_server "${envs[@]}" -- ${SERVER_FLAGS:-} || continue
   bench warmup 8 8 >/dev/null
   unset 'ROWS[-1]'
-  for run in "1 greedy" "8 greedy" "1 top-k" ; do
-    set -- $run
+  for run in ${RUNS:-1:greedy 8:greedy 1:top-k}; do
+    set -- ${run/:/ }
     local_body='{}'
     [ "$2" = top-k ] && local_body='{"temperature": 0.8, "top_k": 50}'
     engine_metrics >/tmp/m0.txt
@@ -43,5 +45,6 @@ for mode in ${MODES:-default}; do
     echo "$mode, $1 clients, $2, engine metrics before: $(cat /tmp/m0.txt)"
     echo "$mode, $1 clients, $2, engine metrics after: $(cat /tmp/m1.txt)"
   done
+  grep -c "decode graph captured" "$SLOG" | sed "s/^/$mode: graphs captured (ZEST_CUDA_GRAPH_LOG=1 only): /"
   stop_server
 done

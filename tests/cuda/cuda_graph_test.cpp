@@ -11,7 +11,8 @@
 // give the unpadded eager steps' logits bit for bit, the same sampled tokens, the same K/V of the real tokens and the
 // same SERE statistics, with fewer graphs captured than without padding; so do steps of 65 to 96 sequences as 80 and
 // 96 rows, and models with 3 and 12 kv heads. Also forward_sample against forward on one
-// prefill step, whole-row fallbacks included.
+// prefill step, whole-row fallbacks included. Programmatic dependent launches (on by default) give the bits of
+// steps without them, eager and replayed, prefill and decode steps of 1 and of several sequences.
 #if defined(ZEST_HAVE_CUDA)
 #include <gtest/gtest.h>
 
@@ -222,6 +223,110 @@ TEST(CudaGraph, DecodeReplayEqualsEagerOnRandomModel) {
   const model::RerouteSpec spec = random_sere_spec(cfg.text, 3);
   const model::MoeHooks hooks = device_sere_hooks(&spec);
   expect_graphs_equal_eager(*dec, &hooks, "random qwen3-30b-a3b x2, SERE S=2");
+}
+
+// ---- programmatic dependent launches (ZEST_CUDA_PDL) -------------------------------------------------------
+
+struct PdlScope {
+  explicit PdlScope(bool on) : saved(programmatic_launch()) { set_programmatic_launch(on); }
+  ~PdlScope() { set_programmatic_launch(saved); }
+  bool saved;
+};
+
+// One sequence of 37 prompt tokens, then 24 decode steps of one token (the one-token path: the experts' down kernel
+// by rows, the norms folded into the qkv GEMM and the lm_head); appended to `out` like run_schedule's steps.
+void run_solo(const model::TextDecoder& dec, bool sample, const model::MoeHooks* hooks, Trace& out,
+              std::vector<std::unique_ptr<model::PagedKVCache>>* keep) {
+  const int64_t V = dec.config().vocab_size;
+  constexpr int kPrompt = 37, kSteps = 24;
+  auto cache = dec.allocate_cache(8, 16);
+  ASSERT_TRUE(cache.ok()) << cache.status().to_string();
+  keep->push_back(std::make_unique<model::PagedKVCache>(std::move(cache).value()));
+  model::PagedKVCache* kv = keep->back().get();
+  std::vector<int32_t> table;
+  ASSERT_TRUE(kv->reserve(table, kPrompt + kSteps + 1).is_ok());
+  std::mt19937 rng(23);
+  model::ForwardBatch p;
+  for (int i = 0; i < kPrompt; ++i) p.tokens.push_back(static_cast<int32_t>(rng() % V));
+  p.positions.resize(3 * kPrompt);
+  for (int a = 0; a < 3; ++a)
+    for (int i = 0; i < kPrompt; ++i) p.positions[a * kPrompt + i] = i;
+  p.seqs.push_back({&table, 0, kPrompt, false, true});
+  auto l = dec.forward(p, *kv, hooks);
+  ASSERT_TRUE(l.ok()) << l.status().to_string();
+  int32_t next = static_cast<int32_t>(std::max_element(l->data<float>(), l->data<float>() + V) - l->data<float>());
+  std::mt19937_64 urng(9);
+  for (int step = 0; step < kSteps; ++step) {
+    const int64_t ctx = kPrompt + step;
+    model::ForwardBatch b;
+    b.tokens = {next};
+    b.positions = {static_cast<int32_t>(ctx), static_cast<int32_t>(ctx), static_cast<int32_t>(ctx)};
+    b.seqs.push_back({&table, ctx, 1, false, true});
+    if (sample) {
+      model::SampleRow row = step % 2 ? model::plan_sample_row(0.8, 0, 1.0, V) : model::plan_sample_row(0.0, 0, 1.0, V);
+      if (row.mode != model::SampleMode::kGreedy) row.u = std::uniform_real_distribution<double>(0.0, 1.0)(urng);
+      auto r = dec.forward_sample(b, *kv, hooks, {row});
+      ASSERT_TRUE(r.ok()) << r.status().to_string();
+      next = model::pick_from_summary(row, (*r)[0], V);
+      ASSERT_GE(next, 0);
+    } else {
+      auto d = dec.forward(b, *kv, hooks);
+      ASSERT_TRUE(d.ok()) << d.status().to_string();
+      out.logits.emplace_back(d->data<float>(), d->data<float>() + V);
+      next = static_cast<int32_t>(std::max_element(d->data<float>(), d->data<float>() + V) - d->data<float>());
+    }
+    out.tokens.push_back(next);
+  }
+}
+
+// Programmatic launches (on by default) let a kernel's prologue overlap the previous kernel's tail; every kernel
+// waits before it touches memory, so the steps give the same bits with them and without: prefill steps, decode steps
+// of 1 and of 4-5 sequences, logits and sampled tokens, eager and replayed from graphs, against eager steps with
+// programmatic launches off.
+void expect_pdl_equal(const model::TextDecoder& dec, const model::MoeHooks* hooks, const std::string& what) {
+  for (bool sample : {false, true}) {
+    SCOPED_TRACE(what + (sample ? " forward_sample" : " forward"));
+    std::vector<std::unique_ptr<model::PagedKVCache>> keep;
+    Trace ref;
+    {
+      PdlScope pdl(false);
+      GraphEnv env("eager");
+      run_schedule(dec, sample, hooks, ref, &keep);
+      run_solo(dec, sample, hooks, ref, &keep);
+    }
+    for (const char* mode : {"eager", "1"}) {
+      SCOPED_TRACE(std::string("programmatic launches, ZEST_CUDA_GRAPHS=") + mode);
+      Trace on;
+      {
+        PdlScope pdl(true);
+        GraphEnv env(mode);
+        run_schedule(dec, sample, hooks, on, &keep);
+        run_solo(dec, sample, hooks, on, &keep);
+      }
+      EXPECT_EQ(ref.tokens, on.tokens);
+      ASSERT_EQ(ref.logits.size(), on.logits.size());
+      for (size_t s = 0; s < ref.logits.size(); ++s) {
+        ASSERT_EQ(ref.logits[s].size(), on.logits[s].size());
+        size_t diff = 0;
+        for (size_t i = 0; i < ref.logits[s].size(); ++i) diff += ref.logits[s][i] != on.logits[s][i];
+        EXPECT_EQ(diff, 0u) << "step " << s;
+      }
+    }
+  }
+}
+
+TEST(CudaGraph, ProgrammaticLaunchesGiveTheSameBits) {
+  if (!kernels::cuda_available()) GTEST_SKIP() << "no CUDA GPU available";
+  io::ModelConfig cfg;
+  std::unique_ptr<model::TextDecoder> dec = random_30b_decoder(11, &cfg);
+  ASSERT_TRUE(dec);
+  expect_pdl_equal(*dec, nullptr, "random qwen3-30b-a3b x2");
+  const model::RerouteSpec spec = random_sere_spec(cfg.text, 5);
+  const model::MoeHooks hooks = device_sere_hooks(&spec);
+  expect_pdl_equal(*dec, &hooks, "random qwen3-30b-a3b x2, SERE S=2");
+  auto m = engine::ModelBundle::load(std::string(ZEST_FIXTURES_DIR) + "/models/qwen3_moe_tiny", model::Backend::kCuda);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  expect_pdl_equal((*m)->decoder(), nullptr, "qwen3_moe_tiny");
 }
 
 // ---- padded decode graphs (ZEST_CUDA_GRAPH_PAD) ----------------------------------------------------------

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
@@ -17,7 +18,14 @@
 namespace zest::cuda {
 
 namespace {
-std::atomic<bool> g_pdl{false};
+// ZEST_CUDA_PDL: unset or "1" = programmatic dependent launches (the default); "0" / "off" = plain stream order.
+bool pdl_default() {
+  const char* e = std::getenv("ZEST_CUDA_PDL");
+  if (!e || !*e) return true;
+  const std::string v(e);
+  return !(v == "0" || v == "off");
+}
+std::atomic<bool> g_pdl{pdl_default()};
 }  // namespace
 
 void set_programmatic_launch(bool on) { g_pdl.store(on); }
