@@ -2,7 +2,8 @@
 # One call on the GPU machine, with the package from bench/gpu-package.sh carried (.gpu/zest-gpu.tar.xz): the CUDA
 # test suite, a compute-sanitizer memcheck pass over it (MEMCHECK=0 skips), the decode benchmark (Qwen3-30B-A3B
 # shapes, SERE off/on), the prefill benchmark, the multi-image TTFT benchmark (Qwen3-VL-30B-A3B shapes, VisionZip
-# rates), SERE calibration on the CUDA decoder, and with SERVE=1 the zest serve load test (bench/gpu/serve.sh).
+# rates), SERE calibration on the CUDA decoder, served decode steps against synthetic ones (bench/gpu/servegap.sh),
+# and with SERVE=1 the zest serve load test (bench/gpu/serve.sh).
 # MEMCHECK=only runs the memcheck pass alone (so that a long sanitizer run gets a call of its own).
 # Each step is a job of bench/gpu-batch.sh with its own time limit; logs go to $OUT (default /tmp/zest-gpu-batch).
 # A short summary is printed last.
@@ -50,7 +51,7 @@ echo "calibrate-sere wall: $((($(date +%s%N) - start) / 1000000)) ms (model synt
 JOB
 jobs=("$J/tests.sh")
 [ "${MEMCHECK:-1}" = 1 ] && jobs+=("$J/memcheck.sh")
-jobs+=("$J/decode.sh" "$J/prefill.sh" "$J/ttft.sh" "$J/sere.sh")
+jobs+=("$J/decode.sh" "$J/prefill.sh" "$J/ttft.sh" "$J/sere.sh" bench/gpu/servegap.sh)
 [ "${MEMCHECK:-1}" = only ] && jobs=("$J/memcheck.sh")
 [ "${SERVE:-0}" = 1 ] && jobs+=(bench/gpu/serve.sh)
 bash bench/gpu-batch.sh "${jobs[@]}"
@@ -63,6 +64,10 @@ if [ -e "$L/decode.log" ]; then
   echo "--- prefill"; grep -E '^\||^SM clock' "$L/prefill.log"
   echo "--- ttft"; grep -E '^\|' "$L/ttft.log" | head -20
   echo "--- sere calibration"; cat "$L/sere.log"
+fi
+if [ -e "$L/servegap.log" ]; then
+  echo "--- served decode steps against synthetic ones (context 256)"
+  grep -E '^\||batch [0-9]: TPOT|engine per decode step' "$L/servegap.log"
 fi
 [ -e "$L/serve.log" ] && { echo "--- serve"; grep -E '^\|' "$L/serve.log"; }
 true

@@ -42,8 +42,15 @@ for mode in ${MODES:-default}; do
     engine_metrics >/tmp/m0.txt
     bench "$mode, $2" "$1" $(($1 == 1 ? 3 : 2 * $1)) "$local_body"
     engine_metrics >/tmp/m1.txt
-    echo "$mode, $1 clients, $2, engine metrics before: $(cat /tmp/m0.txt)"
-    echo "$mode, $1 clients, $2, engine metrics after: $(cat /tmp/m1.txt)"
+    # Per decode step over the run (differences of the counters): the interval between decode steps' starts, the
+    # forward call, the step; and the interval less the forward call (host time outside it).
+    echo "$mode, $1 clients, $2: engine per decode step: $(cat /tmp/m0.txt /tmp/m1.txt |
+      awk '{for (i = 1; i < NF; i += 2) v[$i] = (($i in v) ? $(i + 1) - v[$i] : $(i + 1))} END {
+        n = v["zest_engine_decode_steps_total"]; ni = v["zest_engine_decode_intervals_total"]
+        if (n > 0 && ni > 0) printf "%d steps, interval %.3f ms, forward %.3f ms, step %.3f ms, interval - forward %.3f ms",
+          n, 1e3 * v["zest_engine_decode_interval_seconds_total"] / ni, 1e3 * v["zest_engine_decode_forward_seconds_total"] / n,
+          1e3 * v["zest_engine_decode_step_seconds_total"] / n,
+          1e3 * (v["zest_engine_decode_interval_seconds_total"] / ni - v["zest_engine_decode_forward_seconds_total"] / n)}')"
   done
   grep -c "decode graph captured" "$SLOG" | sed "s/^/$mode: graphs captured (ZEST_CUDA_GRAPH_LOG=1 only): /"
   stop_server
