@@ -1,6 +1,7 @@
 // sample_rows (kernels/cuda/sample.cu) against the host reference of model/sampling.h on fresh random bf16
-// logits: odd and round vocabulary sizes (the scalar and the 16-byte load paths), 1 and 64 rows, every mode,
-// rows with many ties (values on a coarse grid), and -0 next to +0.
+// logits: odd and round vocabulary sizes (the scalar and the 16-byte load paths of the one-CTA kernel, and from 16384
+// on the kernel that splits a row over a cluster of 8 CTAs, slices of unequal length included), 1 to 64 rows, every
+// mode, rows with many ties (values on a coarse grid; ties across the CTAs' slices), and -0 next to +0.
 // Tolerances: argmax, the top-C ids and their logits are exact (the same bf16 values); max is exact;
 // Z: |z - z_ref| <= 1e-5 * z_ref (fp32 exponentials against double); the temperature pick is the host's
 // id-order walk at a target within 1e-5 relative of u * Z (the two sums round differently, so a target this
@@ -128,7 +129,8 @@ TEST(SampleRows, MatchesHostReference) {
   ZEST_REQUIRE_GPU();
   const Case cases[] = {{1, 1, false},     {4, 7, false},      {64, 1000, false},  {64, 1000, true},
                         {8, 1023, true},   {64, 4097, false},  {16, 8192, true},   {1, 151936, false},
-                        {64, 151936, false}, {64, 151936, true}, {3, 151935, true},  {64, 32000, true}};
+                        {64, 151936, false}, {64, 151936, true}, {3, 151935, true},  {64, 32000, true},
+                        {2, 16384, true},  {16, 40008, true},  {16, 40008, false}, {8, 16376, true}};
   uint32_t seed = 11;
   for (const Case& c : cases)
     for (int rep = 0; rep < 2; ++rep) run_case(c, seed++);

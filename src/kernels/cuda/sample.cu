@@ -2,12 +2,15 @@
 // threads per row computes, as the row's plan asks, the argmax (ties to the lowest id), the max and
 // Z = sum exp((l - max) / T) (fp32 exponentials, fp64 sums), the id-order inverse-CDF pick at u * Z, and the
 // exact top C (radix select on the order-preserving 16-bit key of bf16 over two 8-bit digits, ties at the
-// threshold resolved to the lower ids, then a bitonic sort of the C candidates by (key desc, id asc)).
+// threshold resolved to the lower ids, then a bitonic sort of the C candidates by (key desc, id asc)). Vocabularies of
+// 16384 and more (16-byte rows) split each row over a cluster of 8 CTAs instead (sample_rows_cluster_kernel below):
+// the same outputs, Z summed in another order.
 #include <cuda_runtime.h>
 
 #include <climits>
 #include <cstdint>
 
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
 
@@ -354,6 +357,438 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const uint16_t* _
   if (tid == 0) out[r] = SampleRowOut{-1, n, z, mx, 0.f};
 }
 
+// ---- the same summaries with each row split over a cluster of kClCtas CTAs -----------------------------------
+// For large vocabularies (16-byte loads): CTA `rank` of a row's cluster copies its slice of the row (units [beg, end),
+// 38 KB at the Qwen3 vocabulary) into shared memory with every load of a thread in flight, and every later pass reads
+// shared memory. Max / argmax: per CTA, then every CTA combines the kClCtas partials (stored into each CTA's shared
+// memory) in rank order, which is id order. Z: per warp over consecutive units (the per-unit fp32 parts of the
+// one-CTA kernel), the CTAs' sums combined in rank order. The temperature pick: the CTA whose share of Z holds u * Z
+// walks its slice in id order. Top C: each CTA selects the top min(C, slice) of its slice exactly (the one-CTA
+// kernel's radix select, histograms aggregated per warp) and sorts them; every CTA copies the sorted lists of the
+// others and ranks its own entries in the merge of all (key descending, id ascending: a total order), writing those of
+// rank < C. The global top C is inside the union of the local ones, so the output is the one-CTA kernel's.
+constexpr int kClCtas = 8, kClThreads = 512, kClWarps = kClThreads / 32, kClUnroll = 5;
+// Vocabularies the cluster kernel takes: from 16384 (smaller rows: the one-CTA kernel) up to a slice of 96 KB.
+constexpr int kClMinVocab = 16384, kClMaxVocab = kClCtas * 8 * 6144;
+constexpr size_t kClMaxSmem = 6144 * 16 + static_cast<size_t>(kClCtas) * kSampleMaxCandidates * 8;
+
+__device__ __forceinline__ void st_cluster_s32(uint32_t a, int v) {
+  asm volatile("st.shared::cluster.s32 [%0], %1;" ::"r"(a), "r"(v) : "memory");
+}
+__device__ __forceinline__ void st_cluster_f64(uint32_t a, double v) {
+  asm volatile("st.shared::cluster.f64 [%0], %1;" ::"r"(a), "d"(v) : "memory");
+}
+__device__ __forceinline__ uint4 ld_cluster_v4(uint32_t a) {
+  uint4 v;
+  asm volatile("ld.shared::cluster.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(a)
+               : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void fold_max(float& best, int& bid, float v, int id) {
+  if (v > best || (v == best && id < bid)) {
+    best = v;
+    bid = id;
+  }
+}
+
+// Block-wide histogram add of `bin` (0-255) over the active lanes, one shared atomic per distinct bin of the warp.
+__device__ __forceinline__ void hist_add(int* hist, uint32_t bin, bool active) {
+  const unsigned mask = __ballot_sync(0xffffffffu, active);
+  if (!active) return;
+  const unsigned peers = __match_any_sync(mask, bin);
+  if ((threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
+}
+
+__global__ void __launch_bounds__(kClThreads) sample_rows_cluster_kernel(const uint16_t* __restrict__ logits, int V,
+                                                                         const SampleRowSpec* __restrict__ spec,
+                                                                         SampleRowOut* __restrict__ out,
+                                                                         int32_t* __restrict__ cand_ids,
+                                                                         float* __restrict__ cand_logits) {
+  extern __shared__ __align__(16) unsigned char cl_smem[];
+  __shared__ float c_max[kClCtas];
+  __shared__ int c_arg[kClCtas], c_cnt[kClCtas];
+  __shared__ double c_z[kClCtas];
+  __shared__ float w_val[kClWarps];
+  __shared__ int w_id[kClWarps];
+  __shared__ double w_sum[kClWarps];
+  __shared__ int hist[256];
+  __shared__ int misc[8];
+  const int rank = static_cast<int>(cluster_rank()), r = blockIdx.x / kClCtas;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int units = V / 8, per = (units + kClCtas - 1) / kClCtas;
+  const int beg = min(units, rank * per), end = min(units, beg + per), n_units = end - beg;
+  uint4* slice = reinterpret_cast<uint4*>(cl_smem);
+  pdl_wait();
+  const SampleRowSpec sp = spec[r];
+  if (sp.mode != kSampleGreedy && sp.mode != kSampleTemperature && sp.mode != kSampleCandidates) {
+    if (rank == 0 && tid == 0) out[r] = SampleRowOut{-1, 0, 0.0, 0.f, 0.f};
+    return;  // the whole cluster: the mode is the row's
+  }
+  const uint4* row = reinterpret_cast<const uint4*>(logits + static_cast<size_t>(r) * V);
+
+  // ---- the slice into shared memory, max / argmax on the way ----
+  float best = -INFINITY;
+  int bid = INT_MAX;
+  for (int u0 = tid; u0 < n_units; u0 += kClThreads * kClUnroll) {
+    uint4 v[kClUnroll];
+#pragma unroll
+    for (int k = 0; k < kClUnroll; ++k) {
+      const int u = u0 + k * kClThreads;
+      v[k] = u < n_units ? __ldg(row + beg + u) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int k = 0; k < kClUnroll; ++k) {
+      const int u = u0 + k * kClThreads;
+      if (u >= n_units) break;
+      slice[u] = v[k];
+      const uint32_t w[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const uint32_t b = j & 1 ? w[j >> 1] >> 16 : w[j >> 1] & 0xFFFFu;
+        fold_max(best, bid, bits_to_f32(b), (beg + u) * 8 + j);
+      }
+    }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, bid, o);
+    fold_max(best, bid, ov, oi);
+  }
+  if (lane == 0) {
+    w_val[warp] = best;
+    w_id[warp] = bid;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    best = lane < kClWarps ? w_val[lane] : -INFINITY;
+    bid = lane < kClWarps ? w_id[lane] : INT_MAX;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bid, o);
+      fold_max(best, bid, ov, oi);
+    }
+    const float cb = __shfl_sync(0xffffffffu, best, 0);
+    const int ci = __shfl_sync(0xffffffffu, bid, 0);
+    if (lane < kClCtas) {  // this CTA's partial into every CTA of the cluster
+      st_cluster_f32(cluster_map(&c_max[rank], lane), cb);
+      st_cluster_s32(cluster_map(&c_arg[rank], lane), ci);
+    }
+  }
+  cluster_arrive();
+  cluster_wait();
+  float mx = -INFINITY;
+  int arg = INT_MAX;
+  for (int c = 0; c < kClCtas; ++c) fold_max(mx, arg, c_max[c], c_arg[c]);
+  if (arg == INT_MAX) arg = 0;
+  if (sp.mode == kSampleGreedy) {
+    if (rank == 0 && tid == 0) out[r] = SampleRowOut{arg, 0, 0.0, mx, 0.f};
+    return;  // nothing reads this CTA's shared memory any more
+  }
+
+  // ---- Z: warp segments of consecutive units of the slice ----
+  const float inv_t = sp.inv_t;
+  const int per_warp = (n_units + kClWarps - 1) / kClWarps;
+  {
+    const int u0 = warp * per_warp, u1 = min(n_units, u0 + per_warp);
+    double acc = 0;
+    for (int u = u0 + lane; u < u1; u += 32) {
+      const uint4 v = slice[u];
+      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+      float part = 0.f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const uint32_t b = j & 1 ? w[j >> 1] >> 16 : w[j >> 1] & 0xFFFFu;
+        part += expf((bits_to_f32(b) - mx) * inv_t);
+      }
+      acc += part;
+    }
+    acc = warp_sum_d(acc);
+    if (lane == 0) w_sum[warp] = acc;
+  }
+  __syncthreads();
+  if (tid < kClCtas) {
+    double z = 0;
+    for (int w = 0; w < kClWarps; ++w) z += w_sum[w];
+    st_cluster_f64(cluster_map(&c_z[rank], tid), z);
+  }
+  cluster_arrive();
+  cluster_wait();
+  double z = 0;
+  for (int c = 0; c < kClCtas; ++c) z += c_z[c];
+
+  if (sp.mode == kSampleTemperature) {
+    // The CTA whose share holds u * Z (rounding past the last share: the last share with weight) walks its slice.
+    const double target = sp.u * z;
+    int c0 = -1, c_last = -1;
+    double base = 0, cum = 0, before_last = 0;
+    for (int c = 0; c < kClCtas; ++c) {
+      if (c_z[c] > 0) {
+        c_last = c;
+        before_last = cum;
+      }
+      if (c0 < 0 && cum + c_z[c] > target) {
+        c0 = c;
+        base = cum;
+      }
+      cum += c_z[c];
+    }
+    if (c0 < 0) {
+      c0 = c_last;
+      base = before_last;
+    }
+    if (c0 < 0) {  // no weight anywhere: the argmax, as the one-CTA kernel ends
+      if (rank == 0 && tid == 0) out[r] = SampleRowOut{arg, 0, z, mx, 0.f};
+      return;
+    }
+    if (rank != c0 || warp != 0) return;
+    int w0 = -1, w_last = 0;
+    double wbase = base, wcum = base, wbefore = base;
+    for (int w = 0; w < kClWarps; ++w) {
+      if (w_sum[w] > 0) {
+        w_last = w;
+        wbefore = wcum;
+      }
+      if (w0 < 0 && wcum + w_sum[w] > target) {
+        w0 = w;
+        wbase = wcum;
+      }
+      wcum += w_sum[w];
+    }
+    if (w0 < 0) {
+      w0 = w_last;
+      wbase = wbefore;
+    }
+    int token = -1, last_pos = -1;
+    for (int c = w0 * per_warp; c < n_units && token < 0; c += 32) {
+      const int u = c + lane;
+      float w[8];
+      double ls = 0;
+      int lane_last = -1;
+      if (u < n_units) {
+        const uint4 v = slice[u];
+        const uint32_t q[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const uint32_t b = j & 1 ? q[j >> 1] >> 16 : q[j >> 1] & 0xFFFFu;
+          w[j] = expf((bits_to_f32(b) - mx) * inv_t);
+          ls += w[j];
+          if (w[j] > 0.f) lane_last = (beg + u) * 8 + j;
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) w[j] = 0.f;
+      }
+      double incl = ls;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const double n = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += n;
+      }
+      const unsigned cross = __ballot_sync(0xffffffffu, ls > 0 && wbase + incl > target);
+      int pick = -1;
+      if (cross && lane == __ffs(cross) - 1) {
+        double p = wbase + incl - ls;
+        for (int j = 0; j < 8; ++j) {
+          if (w[j] <= 0.f) continue;
+          p += w[j];
+          pick = (beg + u) * 8 + j;
+          if (p > target) break;
+        }
+      }
+      for (int o = 16; o > 0; o >>= 1) pick = max(pick, __shfl_xor_sync(0xffffffffu, pick, o));
+      int ll = lane_last;
+      for (int o = 16; o > 0; o >>= 1) ll = max(ll, __shfl_xor_sync(0xffffffffu, ll, o));
+      last_pos = max(last_pos, ll);
+      token = pick;
+      wbase += __shfl_sync(0xffffffffu, incl, 31);
+    }
+    if (lane == 0) out[r] = SampleRowOut{token >= 0 ? token : (last_pos >= 0 ? last_pos : arg), 0, z, mx, 0.f};
+    return;
+  }
+
+  // ---- top C of the slice: radix select on the 16-bit key, two 8-bit digits ----
+  const int C = max(1, min(sp.candidates, min(V, kSampleMaxCandidates)));
+  const int n_local = min(C, n_units * 8);
+  int cpad = 2;  // a power of two >= C, at least one 16-byte pair
+  while (cpad < C) cpad <<= 1;
+  unsigned long long* lists = reinterpret_cast<unsigned long long*>(cl_smem + static_cast<size_t>(per) * 16);
+  unsigned long long* mine = lists + static_cast<size_t>(rank) * cpad;
+  int above = 0, thr = 0;
+  for (int digit = 0; digit < 2; ++digit) {
+    for (int i = tid; i < 256; i += kClThreads) hist[i] = 0;
+    __syncthreads();
+    for (int u0 = 0; u0 < n_units; u0 += kClThreads) {  // warp-uniform trip count (hist_add's ballot)
+      const int u = u0 + tid;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (u < n_units) v = slice[u];
+      const uint32_t q[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const uint32_t k = order_key(j & 1 ? q[j >> 1] >> 16 : q[j >> 1] & 0xFFFFu);
+        if (digit == 0) hist_add(hist, k >> 8, u < n_units);
+        else hist_add(hist, k & 255, u < n_units && static_cast<int>(k >> 8) == thr);
+      }
+    }
+    __syncthreads();
+    if (warp == 0) {
+      int cnt[8], s = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) s += cnt[j] = hist[255 - 8 * lane - j];
+      int excl = s;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int n = __shfl_up_sync(0xffffffffu, excl, o);
+        if (lane >= o) excl += n;
+      }
+      excl -= s;
+      const int need = n_local - above;
+      if (excl < need && excl + s >= need) {
+        int acc = excl;
+        for (int j = 0; j < 8; ++j) {
+          if (acc + cnt[j] >= need) {
+            misc[0] = 255 - 8 * lane - j;
+            misc[1] = acc;
+            break;
+          }
+          acc += cnt[j];
+        }
+      }
+    }
+    __syncthreads();
+    above += misc[1];
+    thr = digit == 0 ? misc[0] : (thr << 8) | misc[0];
+    __syncthreads();
+  }
+  const uint32_t tkey = static_cast<uint32_t>(thr);
+  const int take_eq = n_local - above;
+  if (tid == 0) {
+    misc[2] = 0;  // candidates written
+    misc[3] = 0;  // threshold ties taken
+  }
+  for (int i = n_local + tid; i < cpad; i += kClThreads) mine[i] = 0ull;
+  __syncthreads();
+  for (int t0 = 0; t0 < n_units; t0 += kClThreads) {
+    const int u = t0 + tid;
+    uint32_t q[4] = {0, 0, 0, 0};
+    int n_eq = 0;
+    if (u < n_units) {
+      const uint4 v = slice[u];
+      q[0] = v.x;
+      q[1] = v.y;
+      q[2] = v.z;
+      q[3] = v.w;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const uint32_t k = order_key(j & 1 ? q[j >> 1] >> 16 : q[j >> 1] & 0xFFFFu);
+        if (k > tkey) {
+          const int at = atomicAdd(&misc[2], 1);
+          if (at < n_local)
+            mine[at] = (static_cast<unsigned long long>(k) << 32) | (~static_cast<uint32_t>((beg + u) * 8 + j));
+        } else if (k == tkey) {
+          ++n_eq;
+        }
+      }
+    }
+    const int taken = misc[3];
+    if (taken < take_eq) {
+      int incl = n_eq;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int n = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += n;
+      }
+      if (lane == 31) w_id[warp] = incl;
+      __syncthreads();
+      int before = 0, tile = 0;
+      for (int w = 0; w < kClWarps; ++w) {
+        if (w < warp) before += w_id[w];
+        tile += w_id[w];
+      }
+      int rk = taken + before + incl - n_eq;
+      if (n_eq > 0) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const uint32_t k = order_key(j & 1 ? q[j >> 1] >> 16 : q[j >> 1] & 0xFFFFu);
+          if (k != tkey) continue;
+          if (rk < take_eq) {
+            const int at = atomicAdd(&misc[2], 1);
+            if (at < n_local)
+              mine[at] = (static_cast<unsigned long long>(tkey) << 32) | (~static_cast<uint32_t>((beg + u) * 8 + j));
+          }
+          ++rk;
+        }
+      }
+      __syncthreads();
+      if (tid == 0) misc[3] = min(take_eq, taken + tile);
+    }
+    __syncthreads();
+  }
+  // Sort the local list descending (bitonic over cpad entries, padding 0 last).
+  for (int k = 2; k <= cpad; k <<= 1) {
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      for (int i = tid; i < cpad; i += kClThreads) {
+        const int ixj = i ^ j;
+        if (ixj > i) {
+          const unsigned long long a = mine[i], c = mine[ixj];
+          const bool desc = (i & k) == 0;
+          if (desc ? a < c : a > c) {
+            mine[i] = c;
+            mine[ixj] = a;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+  if (tid < kClCtas) st_cluster_s32(cluster_map(&c_cnt[rank], tid), n_local);
+  cluster_arrive();
+  cluster_wait();
+  // The other CTAs' sorted lists into this CTA's copy, 16 bytes at a time.
+  const int chunks = cpad / 2;  // two entries per 16 bytes
+  for (int i = tid; i < (kClCtas - 1) * chunks; i += kClThreads) {
+    const int c = (rank + 1 + i / chunks) % kClCtas, at = (i % chunks) * 2;
+    if (at >= c_cnt[c]) continue;
+    unsigned long long* dst = lists + static_cast<size_t>(c) * cpad + at;
+    const uint4 v = ld_cluster_v4(cluster_map(dst, c));
+    *reinterpret_cast<uint4*>(dst) = v;
+  }
+  __syncthreads();
+  // Rank of each own entry in the merge: its index plus, per other list, the entries ahead of it.
+  for (int i = tid; i < n_local; i += kClThreads) {
+    const unsigned long long e = mine[i];
+    int rk = i;
+    for (int c = 0; c < kClCtas && rk < C; ++c) {
+      if (c == rank) continue;
+      const unsigned long long* L = lists + static_cast<size_t>(c) * cpad;
+      int lo = 0, hi = c_cnt[c];  // entries ahead of e: the first index whose entry is below e
+      while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        if (L[mid] > e) lo = mid + 1;
+        else hi = mid;
+      }
+      rk += lo;
+    }
+    if (rk < C) {
+      cand_ids[static_cast<size_t>(r) * kSampleMaxCandidates + rk] = static_cast<int32_t>(~static_cast<uint32_t>(e));
+      cand_logits[static_cast<size_t>(r) * kSampleMaxCandidates + rk] =
+          bits_to_f32(key_to_bits(static_cast<uint32_t>(e >> 32)));
+    }
+  }
+  if (rank == 0 && tid == 0) {
+    int total = 0;
+    for (int c = 0; c < kClCtas; ++c) total += c_cnt[c];
+    out[r] = SampleRowOut{-1, min(C, total), z, mx, 0.f};
+  }
+  // Nobody leaves while another CTA may still copy its list.
+  cluster_arrive();
+  cluster_wait();
+}
+
 }  // namespace
 
 Status sample_rows(const bf16* logits, int rows, int vocab, const SampleRowSpec* spec, SampleRowOut* out,
@@ -362,6 +797,28 @@ Status sample_rows(const bf16* logits, int rows, int vocab, const SampleRowSpec*
   if (!logits || !spec || !out || !cand_ids || !cand_logits) return invalid_argument("sample_rows: null pointer");
   const auto* bits = reinterpret_cast<const uint16_t*>(logits);
   const bool vec = vocab % 8 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0;
+  if (vec && vocab >= kClMinVocab && vocab <= kClMaxVocab) {
+    const int per = (vocab / 8 + kClCtas - 1) / kClCtas;
+    const size_t smem = static_cast<size_t>(per) * 16 + static_cast<size_t>(kClCtas) * kSampleMaxCandidates * 8;
+    static const cudaError_t smem_attr = cudaFuncSetAttribute(
+        sample_rows_cluster_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kClMaxSmem));
+    ZEST_RETURN_IF_ERROR(cuda_status(smem_attr, "sample_rows: shared memory attribute"));
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(rows * kClCtas);
+    cfg.blockDim = dim3(kClThreads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[2];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = kClCtas;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = static_cast<unsigned int>(common_launch_attrs(attr, 1));
+    note_launch("sample_rows");
+    return cuda_status(cudaLaunchKernelEx(&cfg, sample_rows_cluster_kernel, bits, vocab, spec, out, cand_ids, cand_logits),
+                       "sample_rows");
+  }
   if (vec)
     return launch("sample_rows", sample_rows_kernel<8>, dim3(rows), dim3(kThreads), 0, stream, bits, vocab, spec, out,
                   cand_ids, cand_logits);
