@@ -171,6 +171,7 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const bf16* __re
   const int units = kVec ? vocab / 8 : vocab, per = (units + kArgmaxSplit - 1) / kArgmaxSplit;
   const int beg = rank * per, end = min(units, beg + per);
   pdl_wait();
+  cluster_arrive_relaxed();  // rank 0 runs before anyone stores into its shared memory: the wait follows the loads
   float best = -INFINITY;
   int bi = 0x7fffffff;
   for (int u0 = beg + tid; u0 < end; u0 += kArgmaxThreads * kArgmaxUnroll) {
@@ -220,6 +221,9 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const bf16* __re
       const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
       argmax_fold(best, bi, ov, oi);
     }
+  }
+  cluster_wait();
+  if (warp == 0) {
     if (lane == 0) {
       st_cluster_f32(cluster_map(&cv[rank], 0), best);
       asm volatile("st.shared::cluster.s32 [%0], %1;" ::"r"(cluster_map(&ci[rank], 0)), "r"(bi) : "memory");

@@ -428,6 +428,9 @@ __global__ void __launch_bounds__(kClThreads) sample_rows_cluster_kernel(const u
     return;  // the whole cluster: the mode is the row's
   }
   const uint4* row = reinterpret_cast<const uint4*>(logits + static_cast<size_t>(r) * V);
+  // No CTA stores into another's shared memory before every CTA of the cluster runs: this barrier's wait comes after
+  // the loads.
+  cluster_arrive_relaxed();
 
   // ---- the slice into shared memory, max / argmax on the way ----
   float best = -INFINITY;
@@ -472,6 +475,9 @@ __global__ void __launch_bounds__(kClThreads) sample_rows_cluster_kernel(const u
       const int oi = __shfl_xor_sync(0xffffffffu, bid, o);
       fold_max(best, bid, ov, oi);
     }
+  }
+  cluster_wait();
+  if (warp == 0) {
     const float cb = __shfl_sync(0xffffffffu, best, 0);
     const int ci = __shfl_sync(0xffffffffu, bid, 0);
     if (lane < kClCtas) {  // this CTA's partial into every CTA of the cluster
