@@ -46,6 +46,26 @@ Status launch(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block,
   return cuda_status(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(std::forward<Args>(args))...), name);
 }
 
+// The same for a grid of thread-block clusters of `cluster_x` CTAs along x.
+template <typename... KArgs, typename... Args>
+Status launch_cluster(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                      cudaStream_t stream, unsigned cluster_x, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cluster_x;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = static_cast<unsigned int>(common_launch_attrs(attr, 1));
+  note_launch(name);
+  return cuda_status(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(std::forward<Args>(args))...), name);
+}
+
 // cuTensorMapEncodeTiled, looked up once through the runtime's driver entry point (so the library needs no link
 // against libcuda); nullptr when the driver lacks it.
 using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,

@@ -313,20 +313,8 @@ Status silu_mul(const bf16* gu, bf16* h, int rows, int I, cudaStream_t stream) {
 Status argmax_rows(const bf16* logits, int32_t* out, int rows, int vocab, cudaStream_t stream) {
   if (rows <= 0 || vocab <= 0) return invalid_argument("argmax_rows: rows and vocab must be positive");
   const bool vec = vocab % 8 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(rows * kArgmaxSplit);
-  cfg.blockDim = dim3(kArgmaxThreads);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = kArgmaxSplit;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = static_cast<unsigned int>(common_launch_attrs(attr, 1));
-  note_launch("argmax");
-  return vec ? cuda_status(cudaLaunchKernelEx(&cfg, argmax_kernel<true>, logits, out, vocab), "argmax")
-             : cuda_status(cudaLaunchKernelEx(&cfg, argmax_kernel<false>, logits, out, vocab), "argmax");
+  return launch_cluster("argmax", vec ? argmax_kernel<true> : argmax_kernel<false>, dim3(rows * kArgmaxSplit),
+                        dim3(kArgmaxThreads), 0, stream, kArgmaxSplit, logits, out, vocab);
 }
 
 Status fill_random_bf16(bf16* p, size_t n, uint64_t seed, float lo, float hi, cudaStream_t stream) {

@@ -809,21 +809,8 @@ Status sample_rows(const bf16* logits, int rows, int vocab, const SampleRowSpec*
     static const cudaError_t smem_attr = cudaFuncSetAttribute(
         sample_rows_cluster_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kClMaxSmem));
     ZEST_RETURN_IF_ERROR(cuda_status(smem_attr, "sample_rows: shared memory attribute"));
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(rows * kClCtas);
-    cfg.blockDim = dim3(kClThreads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[2];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = kClCtas;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = static_cast<unsigned int>(common_launch_attrs(attr, 1));
-    note_launch("sample_rows");
-    return cuda_status(cudaLaunchKernelEx(&cfg, sample_rows_cluster_kernel, bits, vocab, spec, out, cand_ids, cand_logits),
-                       "sample_rows");
+    return launch_cluster("sample_rows", sample_rows_cluster_kernel, dim3(rows * kClCtas), dim3(kClThreads), smem,
+                          stream, kClCtas, bits, vocab, spec, out, cand_ids, cand_logits);
   }
   if (vec)
     return launch("sample_rows", sample_rows_kernel<8>, dim3(rows), dim3(kThreads), 0, stream, bits, vocab, spec, out,
