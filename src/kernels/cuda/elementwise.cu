@@ -226,7 +226,7 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const bf16* __re
   if (warp == 0) {
     if (lane == 0) {
       st_cluster_f32(cluster_map(&cv[rank], 0), best);
-      asm volatile("st.shared::cluster.s32 [%0], %1;" ::"r"(cluster_map(&ci[rank], 0)), "r"(bi) : "memory");
+      st_cluster_s32(cluster_map(&ci[rank], 0), bi);
     }
   }
   cluster_arrive();

@@ -372,21 +372,6 @@ constexpr int kClCtas = 8, kClThreads = 512, kClWarps = kClThreads / 32, kClUnro
 constexpr int kClMinVocab = 16384, kClMaxVocab = kClCtas * 8 * 6144;
 constexpr size_t kClMaxSmem = 6144 * 16 + static_cast<size_t>(kClCtas) * kSampleMaxCandidates * 8;
 
-__device__ __forceinline__ void st_cluster_s32(uint32_t a, int v) {
-  asm volatile("st.shared::cluster.s32 [%0], %1;" ::"r"(a), "r"(v) : "memory");
-}
-__device__ __forceinline__ void st_cluster_f64(uint32_t a, double v) {
-  asm volatile("st.shared::cluster.f64 [%0], %1;" ::"r"(a), "d"(v) : "memory");
-}
-__device__ __forceinline__ uint4 ld_cluster_v4(uint32_t a) {
-  uint4 v;
-  asm volatile("ld.shared::cluster.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "r"(a)
-               : "memory");
-  return v;
-}
-
 __device__ __forceinline__ void fold_max(float& best, int& bid, float v, int id) {
   if (v > best || (v == best && id < bid)) {
     best = v;
