@@ -286,7 +286,7 @@ Status Engine::run(const StepPlan& plan) {
       delta = s.full_text.substr(s.emitted, safe - s.emitted);
       s.emitted = safe;
     }
-    s.out.text = s.full_text.substr(0, s.emitted);
+    s.out.text += delta;  // the text sent so far (appended: a copy of the whole text per token grows with its length)
     if (s.req.on_update) s.req.on_update(delta, s.out, false);
   }
   return Status::ok();

@@ -181,7 +181,10 @@ TEST(Engine, StopStringsAndTokens) {
   engine::Request r2 = r;
   r2.sampling.stop = {stop};
   std::string streamed;
-  r2.on_update = [&](const std::string& d, const engine::RequestOutput&, bool) { streamed += d; };
+  r2.on_update = [&](const std::string& d, const engine::RequestOutput& o, bool) {
+    streamed += d;
+    EXPECT_EQ(o.text, streamed);  // the text so far is what the deltas sent
+  };
   auto cut = engine::generate_one(m, r2);
   ASSERT_TRUE(cut.ok());
   EXPECT_EQ(cut->finish, engine::FinishReason::kStop);
