@@ -1,7 +1,8 @@
 // zest bench serve: load generator for an OpenAI-compatible chat server (zest serve, or any other),
 // shaped like vLLM's `bench serve`: Poisson arrivals at --rate, at most --concurrency in flight, fixed
 // output length (ignore_eos + max_tokens), streaming; reports TTFT, TPOT, ITL and end-to-end latency
-// (mean, median, p90, p99) and request / token throughput.
+// (mean, median, p90, p99) and request / token throughput; against a zest server also what its engine measured of
+// the run's decode steps (the zest_engine_decode_* counters of /metrics before and after).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -10,10 +11,13 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <sstream>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -281,6 +285,45 @@ Result<std::string> resolve_model(const BenchServeArgs& a) {
   return j["data"][0]["id"].get<std::string>();
 }
 
+// The server's counters named zest_engine_decode_* (zest's /metrics), or an empty map when the server has none.
+std::map<std::string, double> engine_counters(const BenchServeArgs& a) {
+  std::map<std::string, double> out;
+  httplib::Client cli(a.url);
+  cli.set_connection_timeout(5);
+  cli.set_read_timeout(5);
+  auto res = cli.Get("/metrics");
+  if (!res || res->status != 200) return out;
+  std::istringstream in(res->body);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("zest_engine_decode_", 0) != 0) continue;
+    const size_t sp = line.find(' ');
+    if (sp == std::string::npos) continue;
+    char* end = nullptr;
+    const double v = std::strtod(line.c_str() + sp + 1, &end);
+    if (end != line.c_str() + sp + 1) out[line.substr(0, sp)] = v;
+  }
+  return out;
+}
+
+// What the server's engine measured of its decode-only steps during the run (differences of its counters): per
+// step, the interval between consecutive decode steps' starts, the forward call, and the host's time outside it.
+struct EngineSteps {
+  double steps = 0, interval_ms = 0, forward_ms = 0;
+};
+std::optional<EngineSteps> engine_steps(const std::map<std::string, double>& before,
+                                        const std::map<std::string, double>& after) {
+  auto delta = [&](const char* name) -> std::optional<double> {
+    const auto b = before.find(name), e = after.find(name);
+    if (b == before.end() || e == after.end()) return std::nullopt;
+    return e->second - b->second;
+  };
+  const auto n = delta("zest_engine_decode_steps_total"), ni = delta("zest_engine_decode_intervals_total"),
+             fs = delta("zest_engine_decode_forward_seconds_total"), is = delta("zest_engine_decode_interval_seconds_total");
+  if (!n || !ni || !fs || !is || *n <= 0 || *ni <= 0) return std::nullopt;
+  return EngineSteps{*n, 1e3 * *is / *ni, 1e3 * *fs / *n};
+}
+
 int run_bench_serve(const BenchServeArgs& a) {
   if (a.requests <= 0) return fail(invalid_argument("--requests must be positive"));
   if (a.output_len <= 0 || a.prompt_len <= 0) return fail(invalid_argument("--output-len and --prompt-len must be positive"));
@@ -327,6 +370,7 @@ int run_bench_serve(const BenchServeArgs& a) {
     arrival[i] = t;
   }
 
+  const std::map<std::string, double> counters_before = engine_counters(a);
   const int64_t workers = a.concurrency > 0 ? std::min(a.concurrency, n) : std::min<int64_t>(n, 256);
   std::vector<RequestResult> results(n);
   std::atomic<int64_t> next{0};
@@ -343,6 +387,7 @@ int run_bench_serve(const BenchServeArgs& a) {
     });
   for (auto& th : pool) th.join();
   const double duration_s = (now_ms() - start_ms) / 1000.0;
+  const std::optional<EngineSteps> eng = engine_steps(counters_before, engine_counters(a));
 
   int64_t ok = 0, in_tok = 0, out_tok = 0;
   std::vector<double> ttft, tpot, itl, e2e;
@@ -387,6 +432,13 @@ int run_bench_serve(const BenchServeArgs& a) {
   section("-----Time per Output Token (excl. 1st token)------", "TPOT", tpot);
   section("---------------Inter-token Latency----------------", "ITL", itl);
   section("----------------End-to-end Latency----------------", "E2EL", e2e);
+  if (eng) {  // zest servers: their engine's own view of the decode steps of the run
+    std::printf("-------Engine decode steps (server /metrics)-------\n");
+    count("Decode steps:", static_cast<int64_t>(eng->steps));
+    line("Mean interval between steps (ms):", eng->interval_ms, 3);
+    line("Mean forward call (ms):", eng->forward_ms, 3);
+    line("Mean host time outside forward (ms):", eng->interval_ms - eng->forward_ms, 3);
+  }
   std::printf("==================================================\n");
   if (!first_error.empty()) std::fprintf(stderr, "first failure: %s\n", first_error.c_str());
   if (!a.table_row.empty())
@@ -414,6 +466,11 @@ int run_bench_serve(const BenchServeArgs& a) {
               {"tpot", stats(tpot)},
               {"itl", stats(itl)},
               {"e2el", stats(e2e)}};
+    if (eng)
+      j["engine_decode_steps"] = {{"steps", eng->steps},
+                                  {"interval_ms", eng->interval_ms},
+                                  {"forward_ms", eng->forward_ms},
+                                  {"host_ms", eng->interval_ms - eng->forward_ms}};
     std::ofstream f(a.output_json);
     if (!f) return fail(not_found("cannot write --output-json " + a.output_json));
     f << j.dump(2) << "\n";

@@ -47,9 +47,14 @@ if [ -z "$port" ]; then echo "server did not start:"; cat "$log"; echo "$pass pa
 URL=http://127.0.0.1:$port
 check "start-up log says RANDOM WEIGHTS" grep -q "RANDOM WEIGHTS.*2 decoder layers" "$log"
 
-row=$("$ZEST" bench serve --url "$URL" --requests 4 --concurrency 2 --images 2 --image "$IMAGE" --image-size 96x64 \
-  --prompt-len 16 --output-len 6 --extra-body '{"vision_prune": {"rate": 0.5}}' --table-row random 2>&1 | grep '^| random')
+report=$("$ZEST" bench serve --url "$URL" --requests 4 --concurrency 2 --images 2 --image "$IMAGE" --image-size 96x64 \
+  --prompt-len 16 --output-len 6 --extra-body '{"vision_prune": {"rate": 0.5}}' --table-row random 2>&1)
+row=$(grep '^| random' <<<"$report")
 check "bench serve row" grep -q '^| random | 2 | 4/4 |' <<<"$row"
+# The server's own decode-step figures over the run (its /metrics counters before and after).
+check "bench serve reports the engine's decode steps" grep -qE '^Decode steps: +[1-9]' <<<"$report"
+check "bench serve reports the interval between decode steps" \
+  grep -qE '^Mean interval between steps \(ms\): +[0-9]+\.[0-9]{3}' <<<"$report"
 metrics=$(curl -s -m 10 "$URL/metrics")
 check "SERE re-routed decode steps" grep -q '^zest_sere_experts_per_layer_after{layer="1"}' <<<"$metrics"
 out=$("$ZEST" bench serve --url "$URL" --requests 1 --extra-body '[1]' 2>&1)
