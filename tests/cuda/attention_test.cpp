@@ -176,6 +176,22 @@ void run_decode_case(const std::vector<int>& lens, int Hq, int Hkv, std::mt19937
   sync_ok();
   const auto again = download_bf16(out);
   for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(again[i], got[i]) << "element " << i;
+
+  // With counters of its own (DecodeAttention::counters) the workspace is partials only: filled with 0xff bytes (a
+  // counter there would read -1 and no split would merge), the output poisoned, twice: the same bits.
+  DevBuf<int32_t> counters(std::vector<int32_t>(static_cast<size_t>(B) * Hkv, 0));
+  DecodeAttention pc = p;
+  pc.counters = counters.get();
+  ASSERT_LE(decode_attention_workspace_bytes(pc), ws.size());
+  for (int round = 0; round < 2; ++round) {
+    ASSERT_EQ(cudaMemset(ws.get(), 0xff, ws.size()), cudaSuccess);
+    out.poison();
+    ZEST_ASSERT_OK(decode_attention(pc, dq->get() + shift, q_stride, dk->get(), dv->get(), dbt.get(), dlens.get(),
+                                    out.get(), ws.get(), nullptr));
+    sync_ok();
+    const auto own = download_bf16(out);
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(own[i], got[i]) << "round " << round << " element " << i;
+  }
 }
 
 TEST(CudaDecodeAttention, BatchOneLongContext) {
@@ -244,7 +260,8 @@ void ref_norm_rope128(const float* x, const std::vector<float>& w, const double*
 // double (output within kTol = 2e-2 of max |ref|). The cache is random; rows past each sequence's context in its last
 // page hold NaN (never attended: no NaN may reach the output) and the current token's slot holds stale random values.
 // Each variant starts from fresh copies of the inputs; a second launch on the same workspace, prefetching a buffer
-// into L2 for the next kernel (DecodeAttention::l2_next), gives the same bits (counters reset).
+// into L2 for the next kernel (DecodeAttention::l2_next) and with counters of its own (DecodeAttention::counters;
+// the workspace then filled with 0xff bytes, the output poisoned), gives the same bits.
 void run_fused_variants_case(const std::vector<int>& variants, const std::vector<int>& lens, int Hkv, bool mrope,
                              std::mt19937& rng) {
   const int B = static_cast<int>(lens.size()), D = 128, Hq = 8 * Hkv;
@@ -329,10 +346,14 @@ void run_fused_variants_case(const std::vector<int>& variants, const std::vector
   DecodeAttention p2 = p;
   p2.l2_next = next.get();
   p2.l2_next_bytes = next.size();
+  // The second launch takes counters of its own (DecodeAttention::counters) and a workspace of 0xff bytes.
+  DevBuf<int32_t> counters(std::vector<int32_t>(static_cast<size_t>(B) * Hkv, 0));
+  p2.counters = counters.get();
   const int l2_modes[3] = {1, 3, 0};
   for (int variant : variants) {
     SCOPED_TRACE(testing::Message() << "kAttentionKernel " << variant);
     set_decode_option(DecodeOption::kAttentionKernel, variant);
+    ASSERT_EQ(cudaMemset(ws.get(), 0, ws.size()), cudaSuccess);  // the previous variant's second launch filled it
     auto dk = upload_bf16(kc), dv = upload_bf16(vc);
     DevBuf<bf16> out(static_cast<size_t>(B) * Hq * D);
     out.poison();
@@ -358,6 +379,8 @@ void run_fused_variants_case(const std::vector<int>& variants, const std::vector
     // The second launch may also prefetch a buffer for the next kernel into L2 (kL2Prefetch 1 or 3 with the ring).
     set_decode_option(DecodeOption::kAttentionKernel, variant);
     set_decode_option(DecodeOption::kL2Prefetch, l2_modes[variant % 3]);
+    ASSERT_EQ(cudaMemset(ws.get(), 0xff, ws.size()), cudaSuccess);
+    out.poison();
     const Status st2 = decode_attention_fused(p2, dq->get(), q_stride, dqn->get(), dkn->get(), dpos.get(), pos_stride,
                                               rope, dslots.get(), dk->get(), dv->get(), dbt.get(), dlens.get(),
                                               out.get(), ws.get(), kEps, nullptr);

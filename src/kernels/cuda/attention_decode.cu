@@ -1273,10 +1273,15 @@ size_t counters_offset(const DecodeAttention& p) {
   return (parts + 255) / 256 * 256;
 }
 
+// The counters of DecodeAttention::counters, or the workspace's after the partials.
+int* split_counters(const DecodeAttention& p, void* workspace) {
+  return p.counters ? p.counters : reinterpret_cast<int*>(static_cast<char*>(workspace) + counters_offset(p));
+}
+
 }  // namespace
 
 size_t decode_attention_workspace_bytes(const DecodeAttention& p) {
-  return counters_offset(p) + static_cast<size_t>(p.batch) * p.kv_heads * sizeof(int);
+  return counters_offset(p) + (p.counters ? 0 : static_cast<size_t>(p.batch) * p.kv_heads * sizeof(int));
 }
 
 Status decode_attention(const DecodeAttention& p, const bf16* q, int q_stride, const bf16* k_cache,
@@ -1292,7 +1297,7 @@ Status decode_attention(const DecodeAttention& p, const bf16* q, int q_stride, c
   if (!workspace) return invalid_argument("decode_attention: workspace is null");
   const SplitPlan sp = split_plan(p);
   float* part = static_cast<float*>(workspace);
-  int* counters = reinterpret_cast<int*>(static_cast<char*>(workspace) + counters_offset(p));
+  int* counters = split_counters(p, workspace);
   const dim3 grid(sp.splits, p.kv_heads, p.batch), block(kDecWarps * 32);
   const int G = p.q_heads / p.kv_heads;
   const bool q_aligned = q_stride % 8 == 0 && reinterpret_cast<uintptr_t>(q) % 16 == 0;
@@ -1474,7 +1479,7 @@ Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_s
   if (pos_stride < 0) return invalid_argument("decode_attention_fused: pos_stride must be >= 0");
   const SplitPlan sp = split_plan(p);
   float* part = static_cast<float*>(workspace);
-  int* counters = reinterpret_cast<int*>(static_cast<char*>(workspace) + counters_offset(p));
+  int* counters = split_counters(p, workspace);
   DecodeFuse f{q_norm, k_norm, pos, pos_stride, rope, slot_mapping, eps, nullptr, 0};
   const int l2 = decode_option(DecodeOption::kL2Prefetch);
   if ((l2 == 1 || l2 == 3) && p.batch <= 16 && p.l2_next &&

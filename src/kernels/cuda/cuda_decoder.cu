@@ -256,6 +256,7 @@ class CudaTextDecoder final : public model::TextDecoder {
     int32_t *ids = nullptr, *ids_before = nullptr;
     float *route_w = nullptr, *slot_out = nullptr;
     unsigned* done = nullptr;  // the folded MoE combine's exit counter (zero between launches)
+  int32_t* attn_counters = nullptr;  // decode attention's split counters, T * kv_heads (zero between launches)
     void* plan_buf = nullptr;
     MoePlan plan;
     const model::RerouteSpec* sim_spec = nullptr;  // the spec whose similarity matrices are on the device
@@ -491,6 +492,7 @@ Status CudaTextDecoder::ensure(const Caps& need) const {
       s.xr = cv.take<bf16>(R * H);
       s.logits = cv.take<bf16>(R * V_);
       s.done = cv.take<unsigned>(1);
+      s.attn_counters = cv.take<int32_t>(T * std::max(Hkv_, 1));
     };
     Carver sizing;
     layout(sizing);
@@ -499,6 +501,8 @@ Status CudaTextDecoder::ensure(const Caps& need) const {
     layout(real);
     if (E_ > 0) moe_plan_bind(s.plan, s.plan_buf, static_cast<int>(T), K_, E_);
     ZEST_CU(cudaMemsetAsync(s.done, 0, sizeof(unsigned), stream_), "combine counter");
+    ZEST_CU(cudaMemsetAsync(s.attn_counters, 0, T * std::max(Hkv_, 1) * sizeof(int32_t), stream_),
+            "attention counters");
     ZEST_RETURN_IF_ERROR(s.logits_host.allocate(R * V_ * sizeof(uint16_t)));
   }
   StepInputs unused;
@@ -960,9 +964,9 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
     dp.max_context = ctx_bucket > 0 ? ctx_bucket * kKvBlock : static_cast<int>(max_ctx);
     dp.max_blocks = MB;
     dp.scale = scale;
+    dp.counters = s.attn_counters;  // zero between launches: the workspace holds partials only, never zeroed
     const size_t ws = decode_attention_workspace_bytes(dp);
     if (ws > s.ws.size()) ZEST_RETURN_IF_ERROR(s.ws.allocate(std::max(ws, 2 * s.ws.size()), "attention workspace"));
-    ZEST_CU(cudaMemsetAsync(s.ws.get(), 0, ws, st), "workspace memset");
   }
 
   ZEST_RETURN_IF_ERROR(embedding(d_tokens, embed_, s.x, T, H_, V_, st));
@@ -1045,16 +1049,24 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
       ZEST_RETURN_IF_ERROR(rmsnorm(s.x, next, s.xn, T, H_, eps_, st));
     }
   }
+  // The lm_head's rows: decode-only steps sample every row in order (one per sequence, padding rows included), so
+  // the lm_head reads x / xn itself; other steps gather their sampled rows first.
+  const bool rows_in_order = decode_only && R == T;
+  auto head_rows = [&](bf16* src) -> Result<const bf16*> {
+    if (rows_in_order) return static_cast<const bf16*>(src);
+    ZEST_RETURN_IF_ERROR(gather_rows(src, d_rows, s.xr, R, H_, st));
+    return static_cast<const bf16*>(s.xr);
+  };
   if (x_only && R == 1 && gemm_kv_norm_ok(1, V_, H_)) {  // the final norm folded into the lm_head's CTAs
-    ZEST_RETURN_IF_ERROR(gather_rows(s.x, d_rows, s.xr, R, H_, st));
+    ZEST_ASSIGN_OR_RETURN(const bf16* in, head_rows(s.x));
     KvPrefetch head;
     head.norm_w = final_norm_;
     head.norm_eps = eps_;
-    ZEST_RETURN_IF_ERROR(gemm_kv_prefetch(s.xr, lm_head_, s.logits, R, V_, H_, head, st));
+    ZEST_RETURN_IF_ERROR(gemm_kv_prefetch(in, lm_head_, s.logits, R, V_, H_, head, st));
   } else {
     if (x_only) ZEST_RETURN_IF_ERROR(rmsnorm(s.x, final_norm_, s.xn, T, H_, eps_, st));
-    ZEST_RETURN_IF_ERROR(gather_rows(s.xn, d_rows, s.xr, R, H_, st));
-    ZEST_RETURN_IF_ERROR(gemm(s.xr, lm_head_, s.logits, R, V_, H_, st));
+    ZEST_ASSIGN_OR_RETURN(const bf16* in, head_rows(s.xn));
+    ZEST_RETURN_IF_ERROR(gemm(in, lm_head_, s.logits, R, V_, H_, st));
   }
   if (sample_rows_in) {
     // Per-row summaries on the device; only they come back in the step (candidates and whole rows after it).

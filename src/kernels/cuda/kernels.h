@@ -229,10 +229,14 @@ struct DecodeAttention {
   // CTAs prefetch into L2 after their own copies; nullptr: none. 16-byte aligned.
   const void* l2_next = nullptr;
   size_t l2_next_bytes = 0;
+  // The splits' arrival counters, batch * kv_heads ints, zero-filled once (every launch leaves them at zero); the
+  // workspace then holds partials only (written before they are read), needs no zeroing and serves any shape it is
+  // large enough for. nullptr: the counters are in the workspace, after the partials (see below).
+  int* counters = nullptr;
 };
-// Bytes of workspace that decode_attention needs for `p`. The workspace must be zero-filled once when
-// allocated (the kernel leaves its counters at zero after every launch); it serves one (batch, heads,
-// max_context) shape: use one workspace per shape, or zero it again before using it for another shape.
+// Bytes of workspace that decode_attention needs for `p`. Without DecodeAttention::counters the workspace must be
+// zero-filled once when allocated (the kernel leaves its counters at zero after every launch) and serves one (batch,
+// heads, max_context) shape: use one workspace per shape, or zero it again before using it for another shape.
 size_t decode_attention_workspace_bytes(const DecodeAttention& p);
 Status decode_attention(const DecodeAttention& p, const bf16* q, int q_stride, const bf16* k_cache,
                         const bf16* v_cache, const int32_t* block_table, const int32_t* context_lens, bf16* out,
