@@ -311,8 +311,6 @@ __global__ void __launch_bounds__(kPairThreads, 2) one_down_pair_kernel(OneParam
   const int rank = static_cast<int>(cluster_rank());
   const int r0 = blockIdx.y * kRows;
   const int chunks = p.I / kChunk;
-  // This CTA runs: the partner may store into its shared memory once the wait below returns on its side.
-  cluster_arrive_relaxed();
   const uint32_t row_bytes = static_cast<uint32_t>(p.I) * 2, stride = row_bytes + 16;
   step_timeline_phase(0);
   const int na = __ldcg(p.plan.num_active);
@@ -386,7 +384,6 @@ __global__ void __launch_bounds__(kPairThreads, 2) one_down_pair_kernel(OneParam
     red[warp][x][1][lane] = acc[x][2];  // token 0, row g + 8
   }
   __syncthreads();
-  cluster_wait();  // rank 0 has started (its arrive above) before rank 1 stores into its shared memory
   if (threadIdx.x < kPairExperts * kRows && jq < na) {  // expert x's row r0 + q: its slot value into rank 0
     const int h8 = q >> 3, l = (q & 7) * 4;               // lane (g = q & 7, tq = 0), rows g or g + 8
     float v = 0.f;
