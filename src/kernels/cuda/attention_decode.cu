@@ -1344,22 +1344,9 @@ bool cluster_attention_ok() {
     if (cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) !=
         cudaSuccess)
       cudaGetLastError();
-    if (cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = dim3(16);
-      cfg.blockDim = dim3(kDecWarps * 32);
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = 16;
-      attr[0].val.clusterDim.y = 1;
-      attr[0].val.clusterDim.z = 1;
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
-      int clusters = 0;
-      if (cudaOccupancyMaxActiveClusters(&clusters, decode_attention_fused_kernel<true>, &cfg) == cudaSuccess &&
-          clusters > 0)
-        ok = 1;
-    }
+    if (cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess &&
+        max_active_clusters(decode_attention_fused_kernel<true>, 16, 16, dim3(kDecWarps * 32), 0) > 0)
+      ok = 1;
     cudaGetLastError();
   }
   return ok == 1;
@@ -1396,24 +1383,10 @@ bool ring_cluster_ok(int size) {
     ok[size] = 2;
     const void* fn = reinterpret_cast<const void*>(decode_attention_ring_kernel<true, S, kPairs>);
     if (ring_smem_set<true, S, kPairs>() &&
-        cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = dim3(size);
-      cfg.blockDim = dim3(kRingThreads);
-      cfg.dynamicSmemBytes = ring_smem(S);
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = size;
-      attr[0].val.clusterDim.y = 1;
-      attr[0].val.clusterDim.z = 1;
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
-      int clusters = 0;
-      if (cudaOccupancyMaxActiveClusters(&clusters, decode_attention_ring_kernel<true, S, kPairs>, &cfg) ==
-              cudaSuccess &&
-          clusters > 0)
-        ok[size] = 1;
-    }
+        cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess &&
+        max_active_clusters(decode_attention_ring_kernel<true, S, kPairs>, size, size, dim3(kRingThreads),
+                            ring_smem(S)) > 0)
+      ok[size] = 1;
     cudaGetLastError();
   }
   return ok[size] == 1;
@@ -1430,25 +1403,11 @@ Status launch_ring(const DecodeAttention& p, const bf16* qkv, int q_stride, bf16
   const int groups = p.kv_heads / kRingHeads;
   if (cluster) {
     const RingPlan rp = ring_plan(p, true, ctas_per_sm);
-    if (ring_cluster_ok<S, kPairs>(rp.splits)) {
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = dim3(rp.splits, groups, p.batch);
-      cfg.blockDim = block;
-      cfg.dynamicSmemBytes = ring_smem(S);
-      cfg.stream = stream;
-      cudaLaunchAttribute attr[2];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = rp.splits;
-      attr[0].val.clusterDim.y = 1;
-      attr[0].val.clusterDim.z = 1;
-      cfg.attrs = attr;
-      cfg.numAttrs = static_cast<unsigned int>(common_launch_attrs(attr, 1));
-      note_launch("decode_attention_fused (ring, cluster)");
-      return cuda_status(cudaLaunchKernelEx(&cfg, decode_attention_ring_kernel<true, S, kPairs>, qkv, q_stride,
-                                            k_cache, v_cache, block_table, p.max_blocks, context_lens, out, part,
-                                            counters, p.kv_heads, rp.splits, rp.pages_per_split, p.scale, f),
-                         "decode_attention_fused (ring, cluster)");
-    }
+    if (ring_cluster_ok<S, kPairs>(rp.splits))
+      return launch_cluster("decode_attention_fused (ring, cluster)", decode_attention_ring_kernel<true, S, kPairs>,
+                            dim3(rp.splits, groups, p.batch), block, ring_smem(S), stream, rp.splits, qkv, q_stride,
+                            k_cache, v_cache, block_table, p.max_blocks, context_lens, out, part, counters,
+                            p.kv_heads, rp.splits, rp.pages_per_split, p.scale, f);
   }
   if (!ring_smem_set<false, S, kPairs>())
     return internal_error("decode_attention_fused: ring kernel shared memory attribute");
@@ -1516,26 +1475,14 @@ Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_s
     // At most 16 splits (one cluster per kv head and sequence), at least one page per warp.
     const int per = std::max(kDecWarps, (pages + 15) / 16);
     const int splits = (pages + per - 1) / per;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(splits, p.kv_heads, p.batch);
-    cfg.blockDim = dim3(kDecWarps * 32);
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[2];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = splits;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = static_cast<unsigned int>(common_launch_attrs(attr, 1));
     // DecodeOption::kDecodeCarveout: the largest carveout, so that an SM with two of these CTAs (2 x ~36 KB) still
     // takes an o GEMM CTA (~132 KB) before they leave.
     ZEST_RETURN_IF_ERROR(set_max_carveout(reinterpret_cast<const void*>(decode_attention_fused_kernel<true>),
                                           decode_option(DecodeOption::kDecodeCarveout) >= 1));
-    note_launch("decode_attention_fused (cluster)");
-    return cuda_status(cudaLaunchKernelEx(&cfg, decode_attention_fused_kernel<true>, qkv, q_stride, k_cache, v_cache,
-                                          block_table, p.max_blocks, context_lens, out, part, counters, p.kv_heads,
-                                          splits, per, p.scale, f),
-                       "decode_attention_fused");
+    return launch_cluster("decode_attention_fused (cluster)", decode_attention_fused_kernel<true>,
+                          dim3(splits, p.kv_heads, p.batch), dim3(kDecWarps * 32), 0, stream, splits, qkv, q_stride,
+                          k_cache, v_cache, block_table, p.max_blocks, context_lens, out, part, counters, p.kv_heads,
+                          splits, per, p.scale, f);
   }
   return launch("decode_attention_fused", decode_attention_fused_kernel<false>, dim3(sp.splits, p.kv_heads, p.batch),
                 dim3(kDecWarps * 32), 0, stream, qkv, q_stride, k_cache, v_cache, block_table, p.max_blocks,

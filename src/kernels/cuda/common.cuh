@@ -66,6 +66,30 @@ Status launch_cluster(const char* name, void (*kernel)(KArgs...), dim3 grid, dim
   return cuda_status(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(std::forward<Args>(args))...), name);
 }
 
+// Clusters of `cluster_x` CTAs of `kernel` (a grid of `grid` CTAs along x, `block` threads, `smem` bytes of dynamic
+// shared memory) that can be resident at once, from cudaOccupancyMaxActiveClusters; 0 when the query fails (its
+// error cleared). Set the kernel's attributes (shared memory size, non-portable cluster size) first.
+template <typename... KArgs>
+int max_active_clusters(void (*kernel)(KArgs...), unsigned cluster_x, unsigned grid, dim3 block, size_t smem) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cluster_x;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+    cudaGetLastError();
+    n = 0;
+  }
+  return n;
+}
+
 // cuTensorMapEncodeTiled, looked up once through the runtime's driver entry point (so the library needs no link
 // against libcuda); nullptr when the driver lacks it.
 using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,

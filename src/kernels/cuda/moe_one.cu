@@ -487,20 +487,7 @@ Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights,
                                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                           static_cast<int>(smem)),
                                      "moe_experts_one: down kernel by rows"));
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(2, H / kRows);
-    cfg.blockDim = dim3(kPairThreads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[2];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 2;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = static_cast<unsigned int>(common_launch_attrs(attr, 1));
-    note_launch("moe_one_down_pair");
-    return cuda_status(cudaLaunchKernelEx(&cfg, kernel, p), "moe_one_down_pair");
+    return launch_cluster("moe_one_down_pair", kernel, dim3(2, H / kRows), dim3(kPairThreads), smem, stream, 2, p);
   }
   return launch("moe_one_down", variant == 1 ? one_down_kernel<true> : one_down_kernel<false>, dim3(dn_grid), block,
                 0, stream, p);

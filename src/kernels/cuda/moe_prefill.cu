@@ -1098,24 +1098,9 @@ template <bool kGateUp, int BN, int ST, int CL, bool kPP>
 int ws_max_clusters() {
   static int max_clusters = 0;
   if (max_clusters == 0) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(CL * sm_count());
-    cfg.blockDim = dim3(kXThreads);
-    cfg.dynamicSmemBytes = x_smem<BN, ST>();
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = CL;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    int n = 0;
-    if (cudaOccupancyMaxActiveClusters(&n, moe_grouped_ws_kernel<kGateUp, BN, ST, CL, kPP>, &cfg) != cudaSuccess ||
-        n <= 0) {
-      cudaGetLastError();
-      n = sm_count() / CL;
-    }
-    max_clusters = n;
+    const int n = max_active_clusters(moe_grouped_ws_kernel<kGateUp, BN, ST, CL, kPP>, CL, CL * sm_count(),
+                                      dim3(kXThreads), x_smem<BN, ST>());
+    max_clusters = n > 0 ? n : sm_count() / CL;
   }
   return max_clusters;
 }

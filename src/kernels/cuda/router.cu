@@ -855,21 +855,9 @@ bool moe_route_ok(int T, int H, int E, int K) {
     const void* fn = reinterpret_cast<const void*>(moe_route_kernel);
     if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kRouteMaxSmem)) ==
             cudaSuccess &&
-        cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = dim3(16);
-      cfg.blockDim = dim3(kRouteThreads);
-      cfg.dynamicSmemBytes = kRouteMaxSmem;
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeClusterDimension;
-      attr[0].val.clusterDim.x = 16;
-      attr[0].val.clusterDim.y = 1;
-      attr[0].val.clusterDim.z = 1;
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
-      int clusters = 0;
-      if (cudaOccupancyMaxActiveClusters(&clusters, moe_route_kernel, &cfg) == cudaSuccess && clusters > 0) usable = 1;
-    }
+        cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess &&
+        max_active_clusters(moe_route_kernel, 16, 16, dim3(kRouteThreads), kRouteMaxSmem) > 0)
+      usable = 1;
     cudaGetLastError();
   }
   return usable == 1;
@@ -923,20 +911,8 @@ Status launch_route(RouteParams p, cudaStream_t stream) {
       set = true;
     }
   }
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(C);
-  cfg.blockDim = dim3(kRouteThreads);
-  cfg.dynamicSmemBytes = route_smem(p.E, p.H, max_c, max_rows);
-  cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = C;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = static_cast<unsigned int>(common_launch_attrs(attr, 1));
-  note_launch("moe_route");
-  return cuda_status(cudaLaunchKernelEx(&cfg, kernel, p), "moe_route");
+  return launch_cluster("moe_route", kernel, dim3(C), dim3(kRouteThreads), route_smem(p.E, p.H, max_c, max_rows),
+                        stream, C, p);
 }
 
 Status route_params(RouteParams& p, const bf16* router_w, const float* bias, int32_t* ids, float* weights,
