@@ -46,21 +46,30 @@ Status launch(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block,
   return cuda_status(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(std::forward<Args>(args))...), name);
 }
 
-// The same for a grid of thread-block clusters of `cluster_x` CTAs along x.
-template <typename... KArgs, typename... Args>
-Status launch_cluster(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
-                      cudaStream_t stream, unsigned cluster_x, Args&&... args) {
+// A launch configuration of `grid` CTAs in clusters of `cluster_x` along x: attr[0] is the cluster dimension, the
+// only attribute so far (numAttrs 1; the caller may add more after it).
+inline cudaLaunchConfig_t cluster_config(dim3 grid, dim3 block, size_t smem, cudaStream_t stream, unsigned cluster_x,
+                                         cudaLaunchAttribute* attr) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = cluster_x;
   attr[0].val.clusterDim.y = 1;
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
+// The same as launch for a grid of thread-block clusters of `cluster_x` CTAs along x.
+template <typename... KArgs, typename... Args>
+Status launch_cluster(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                      cudaStream_t stream, unsigned cluster_x, Args&&... args) {
+  cudaLaunchAttribute attr[2];
+  cudaLaunchConfig_t cfg = cluster_config(grid, block, smem, stream, cluster_x, attr);
   cfg.numAttrs = static_cast<unsigned int>(common_launch_attrs(attr, 1));
   note_launch(name);
   return cuda_status(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(std::forward<Args>(args))...), name);
@@ -71,17 +80,8 @@ Status launch_cluster(const char* name, void (*kernel)(KArgs...), dim3 grid, dim
 // error cleared). Set the kernel's attributes (shared memory size, non-portable cluster size) first.
 template <typename... KArgs>
 int max_active_clusters(void (*kernel)(KArgs...), unsigned cluster_x, unsigned grid, dim3 block, size_t smem) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
   cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cluster_x;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  const cudaLaunchConfig_t cfg = cluster_config(dim3(grid), block, smem, nullptr, cluster_x, attr);
   int n = 0;
   if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
     cudaGetLastError();

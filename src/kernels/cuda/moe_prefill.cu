@@ -1141,20 +1141,11 @@ Status launch_grouped_ws(const bf16* a, const MoePlan& plan, const float* weight
                   K, H, I);
   } else {
     const int clusters = kFullGrid ? std::max(1, sm_count() / CL) : ws_max_clusters<kGateUp, BN, ST, CL, kPP>();
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(CL * static_cast<int>(std::max<long long>(1, std::min<long long>(clusters, units))));
-    cfg.blockDim = dim3(kXThreads);
-    cfg.dynamicSmemBytes = kSmem;
-    cfg.stream = stream;
     cudaLaunchAttribute attrs[2];
-    attrs[0].id = cudaLaunchAttributeClusterDimension;
-    attrs[0].val.clusterDim.x = CL;
-    attrs[0].val.clusterDim.y = 1;
-    attrs[0].val.clusterDim.z = 1;
-    attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[1].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attrs;
-    cfg.numAttrs = programmatic_launch() ? 2 : 1;
+    cudaLaunchConfig_t cfg =
+        cluster_config(dim3(CL * static_cast<int>(std::max<long long>(1, std::min<long long>(clusters, units)))),
+                       dim3(kXThreads), kSmem, stream, CL, attrs);
+    cfg.numAttrs = static_cast<unsigned int>(common_launch_attrs(attrs, 1));
     return cuda_status(cudaLaunchKernelEx(&cfg, kernel, tm_w, tm_a, a, plan, weights, h, slot_out, K, H, I), name);
   }
 }
