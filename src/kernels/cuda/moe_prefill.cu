@@ -944,12 +944,14 @@ __global__ void __launch_bounds__(kXThreads, 1)
           const unsigned char* sA = smem + stage * kStage + (kPP ? 0 : wg) * 64 * kXRowBytes;
           const unsigned char* sB = smem + stage * kStage + kXBM * kXRowBytes;
           asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+          // Ping-pong: both row blocks' wgmmas whether or not the second holds rows of the tile (the epilogue drops
+          // them): a wgmma under a condition ptxas cannot prove uniform serialises every wgmma of the kernel (ptxas
+          // C7520, "wgmma.mma_async instructions are serialized ... WG.AR in divergent path").
 #pragma unroll
           for (int kk = 0; kk < kXBK / 16; ++kk)
 #pragma unroll
             for (int rb = 0; rb < RB; ++rb)
-              if (rb == 0 || act[rb])
-                wgmma_n<BN>(acc[rb], wgmma_desc(sA + rb * 64 * kXRowBytes + kk * 32), wgmma_desc(sB + kk * 32));
+              wgmma_n<BN>(acc[rb], wgmma_desc(sA + rb * 64 * kXRowBytes + kk * 32), wgmma_desc(sB + kk * 32));
           asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
           asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
         }
