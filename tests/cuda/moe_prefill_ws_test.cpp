@@ -157,13 +157,13 @@ void run_case(const Case& c, const std::vector<int>& variants, std::mt19937& rng
     EXPECT_EQ(unwritten_empty, empty) << "an empty slot was written";
   }
 
-  // The bf16 slots (the decoders' form of variant 11, PrefillOption::kSlots 0): every written value equals variant
-  // 11's fp32 one exactly (both hold bf16(bf16(C) * w)); empty slots stay unwritten. Sizes variant 11 does not take
-  // are refused with an error, as moe_prefill_bf16_slots says.
-  {
-    SCOPED_TRACE("bf16 slots");
-    const std::vector<float> f32 = run(11);  // h now holds variant 11's gate/up output
-    GemmVariant v11(11);
+  // The bf16 slots (the decoders' form of variants 11 and 14, PrefillOption::kSlots 0): every written value equals
+  // the variant's fp32 one exactly (both hold bf16(bf16(C) * w)); empty slots stay unwritten. Sizes the variant's
+  // kernel does not take are refused with an error, as moe_prefill_bf16_slots says.
+  for (int variant : {11, 14}) {
+    SCOPED_TRACE(testing::Message() << "bf16 slots, variant " << variant);
+    const std::vector<float> f32 = run(variant);  // h now holds the variant's gate/up output
+    GemmVariant gv(variant);
     DevBuf<bf16> ob(slots * c.H);
     ob.poison();
     const bool takes = moe_prefill_bf16_slots(h.get(), ddn->get(), c.E, c.H, c.I);

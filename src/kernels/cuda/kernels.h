@@ -451,12 +451,13 @@ Status moe_prefill_down(const bf16* h, const MoePlan& plan, const float* weights
 // 20 = 18 with the epilogue's outputs (all of gate/up's, half of down's) kept as bf16 pairs in registers and stored
 // during the next tile's first k-chunks. All need E <= 256 and 16-byte aligned operands, else variant 3 runs.
 // Every variant stores bf16(bf16(C) * w) in its fp32 slots, a value bf16 holds exactly. This form runs variant 11's
-// down kernel storing those values as bf16: half the bytes written here and read by the combine, the same results.
-// Sizes or operands variant 11 does not take are kInvalidArgument (moe_prefill_bf16_slots says when it runs).
+// down kernel (variant 14's, the ping-pong kernel, when PrefillOption::kGroupedGemm is 14) storing those values as
+// bf16: half the bytes written here and read by the combine, the same results. Sizes or operands that kernel does
+// not take are kInvalidArgument (moe_prefill_bf16_slots says when it runs).
 Status moe_prefill_down(const bf16* h, const MoePlan& plan, const float* weights, const bf16* down, bf16* slot_out,
                         int N, int K, int E, int H, int I, cudaStream_t stream);
 // Whether the decoders' prefill experts use the bf16 slots: PrefillOption::kSlots 0, the grouped GEMM at variant 11
-// (0 or 11) and sizes and operands it takes (h and down 16-byte aligned).
+// (0 or 11) or 14, and sizes and operands its kernel takes (h and down 16-byte aligned).
 bool moe_prefill_bf16_slots(const bf16* h, const bf16* down, int E, int H, int I);
 // Clusters of variant 13's gate/up (or down) kernel that can be resident at once (cudaOccupancyMaxActiveClusters).
 int moe_prefill_cluster_capacity(bool gate_up);

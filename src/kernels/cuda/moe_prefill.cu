@@ -1362,14 +1362,18 @@ Status moe_prefill_down(const bf16* h, const MoePlan& plan, const float* weights
   if (!mma_shapes_ok(H, I))
     return invalid_argument("moe_prefill_down: needs H % 128 == 0 and I % 64 == 0 (H=" + std::to_string(H) +
                             " I=" + std::to_string(I) + ")");
+  if (prefill_option(PrefillOption::kGroupedGemm) == 14)  // the ping-pong kernel
+    return launch_grouped_ws<false, 128, 6, 1, true, false, false, false, false, bf16>(h, plan, weights, down, nullptr,
+                                                                                       slot_out, N, K, E, H, I, stream);
   return launch_grouped_ws<false, 256, 4, 1, false, false, false, false, false, bf16>(h, plan, weights, down, nullptr,
                                                                                       slot_out, N, K, E, H, I, stream);
 }
 
 bool moe_prefill_bf16_slots(const bf16* h, const bf16* down, int E, int H, int I) {
   const int v = prefill_option(PrefillOption::kGroupedGemm);
-  return prefill_option(PrefillOption::kSlots) == 0 && (v == 0 || v == 11) && E <= 1024 &&
-         mma_shapes_ok(H, I) && ws_ok<false, 256>(h, down, E, H, I);
+  const bool takes = v == 14 ? ws_ok<false, 128>(h, down, E, H, I) : ws_ok<false, 256>(h, down, E, H, I);
+  return prefill_option(PrefillOption::kSlots) == 0 && (v == 0 || v == 11 || v == 14) && E <= 1024 &&
+         mma_shapes_ok(H, I) && takes;
 }
 
 int moe_prefill_cluster_capacity(bool gate_up) {
