@@ -4,7 +4,7 @@
 # path": the second row block's wgmma had sat under a condition). Measured 1.7x slower than the cooperative kernel
 # with the same tile (12) while serialised. Their tests, then per op at 8k and 2k (variants 11, 12, 14, 15, timed
 # next to each other, fp32 slots), then the whole model at 8k: the default (11, bf16 slots) against 14 and 15
-# (fp32 slots; with ZEST_PREFILL_SLOTS=1 the default too, so only the GEMM differs), alternating.
+# (14 with bf16 slots as the default; 15 with fp32 slots), alternating.
 "$P/test_cuda" --gtest_filter='CudaMoePrefillWs.*' 2>&1 | grep -E '^\[  (PASSED|FAILED)|Failure|error' | head -8
 timeout 150 "$P/bench_prefill_bench" --config qwen3-30b-a3b --tokens 8192,2048 --ops --runs 10 \
   --variant-filter 'variant 11 (|variant 12 (|variant 14 (|variant 15 (' 2>&1 |
@@ -12,7 +12,7 @@ timeout 150 "$P/bench_prefill_bench" --config qwen3-30b-a3b --tokens 8192,2048 -
 for rep in 1 2; do
   for V in default 14 15; do
     if [ "$V" = default ]; then A=""; else A="--grouped-gemm $V"; fi
-    ZEST_PREFILL_SLOTS=1 timeout 60 stdbuf -oL "$P/bench_prefill_bench" --config qwen3-30b-a3b --tokens 8192 $A 2>&1 |
-      grep -E '^\| 8192|error' | sed "s/^/grouped $V, fp32 slots: /"
+    timeout 60 stdbuf -oL "$P/bench_prefill_bench" --config qwen3-30b-a3b --tokens 8192 $A 2>&1 |
+      grep -E '^\| 8192|error' | sed "s/^/grouped $V: /"
   done
 done
