@@ -3,7 +3,8 @@
 # test suite, a compute-sanitizer memcheck pass over it (MEMCHECK=0 skips), the decode benchmark (Qwen3-30B-A3B
 # shapes, SERE off/on), the prefill benchmark, the multi-image TTFT benchmark (Qwen3-VL-30B-A3B shapes, VisionZip
 # rates), SERE calibration on the CUDA decoder, served decode steps against synthetic ones (bench/gpu/servegap.sh),
-# and with SERVE=1 the zest serve load test (bench/gpu/serve.sh).
+# with SERVE=1 the zest serve load test (bench/gpu/serve.sh), and with RACECHECK=1 compute-sanitizer racecheck over
+# the cluster kernels' tests (bench/gpu/racecheck.sh; several minutes).
 # MEMCHECK=only runs the memcheck pass alone (so that a long sanitizer run gets a call of its own).
 # Each step is a job of bench/gpu-batch.sh with its own time limit; logs go to $OUT (default /tmp/zest-gpu-batch).
 # A short summary is printed last.
@@ -54,6 +55,7 @@ jobs=("$J/tests.sh")
 jobs+=("$J/decode.sh" "$J/prefill.sh" "$J/ttft.sh" "$J/sere.sh" bench/gpu/servegap.sh)
 [ "${MEMCHECK:-1}" = only ] && jobs=("$J/memcheck.sh")
 [ "${SERVE:-0}" = 1 ] && jobs+=(bench/gpu/serve.sh)
+[ "${RACECHECK:-0}" = 1 ] && jobs+=(bench/gpu/racecheck.sh)
 bash bench/gpu-batch.sh "${jobs[@]}"
 L=${OUT:-/tmp/zest-gpu-batch}
 echo "================ summary ================"
@@ -70,4 +72,5 @@ if [ -e "$L/servegap.log" ]; then
   grep -E '^\||batch [0-9]: TPOT|engine per decode step' "$L/servegap.log"
 fi
 [ -e "$L/serve.log" ] && { echo "--- serve"; grep -E '^\|' "$L/serve.log"; }
+[ -e "$L/racecheck.log" ] && { echo "--- racecheck"; grep -E '^==|SUMMARY|^ +[0-9]+ ' "$L/racecheck.log"; }
 true
