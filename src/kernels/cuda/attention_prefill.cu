@@ -1477,11 +1477,12 @@ Status launch_fa(const bf16* q, int q_stride, const bf16* k, const bf16* v, int 
 
 int g_prefill_options[static_cast<int>(PrefillOption::kCount)] = {};
 // Start values from the environment (A/B runs of whole programs): ZEST_PREFILL_ATTENTION, ZEST_PREFILL_ROPE,
-// ZEST_PREFILL_SLOTS.
+// ZEST_PREFILL_SLOTS, ZEST_PREFILL_GEMM (the expert grouped GEMM).
 [[maybe_unused]] const bool g_prefill_env = [] {
   const std::pair<const char*, PrefillOption> vars[] = {{"ZEST_PREFILL_ATTENTION", PrefillOption::kAttention},
                                                         {"ZEST_PREFILL_ROPE", PrefillOption::kRope},
-                                                        {"ZEST_PREFILL_SLOTS", PrefillOption::kSlots}};
+                                                        {"ZEST_PREFILL_SLOTS", PrefillOption::kSlots},
+                                                        {"ZEST_PREFILL_GEMM", PrefillOption::kGroupedGemm}};
   for (const auto& [name, opt] : vars)
     if (const char* e = std::getenv(name)) g_prefill_options[static_cast<int>(opt)] = std::atoi(e);
   return true;
