@@ -391,6 +391,79 @@ TEST(CudaMoeOne, FoldedCombineMatchesTheSeparateLaunch) {
     }
 }
 
+// The down kernel by output rows with its cluster start barrier (DecodeOption::kMoeDownRows 3): x bit for bit the
+// experts followed by the separate combine (no pair kernel involved there), eager with and without programmatic
+// launches and replayed from a graph, on the one-token cases the kernel takes (its three chunk counts; SERE's empty
+// slots). Run alone under compute-sanitizer racecheck, only the form with the barrier runs.
+TEST(CudaMoeOne, DownPairWithStartBarrierMatchesTheChain) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(111);
+  const OneCase cases[] = {{1, 8, 12, 2048, 768, 0, -1, 0, false},
+                           {1, 8, 12, 2048, 768, 0, -1, 6, false},  // six empty slots (SERE S=2)
+                           {1, 4, 9, 256, 512, 0, -1, 1, false},    // 2 chunks per warp
+                           {1, 8, 8, 64, 32, 0, -1, 0, false}};
+  for (const OneCase& c : cases) {
+    SCOPED_TRACE(case_name(c));
+    ASSERT_TRUE(moe_one_rows_ok(c.N, c.K, c.E, c.H, c.I));
+    const auto s = make_setup(c, rng);
+    const size_t n = static_cast<size_t>(c.N) * c.H;
+    const auto x0 = upload_bf16(random_bf16(n, rng, -2.f, 2.f));
+    DevBuf<bf16> x(n);
+    auto reset = [&]() {
+      ASSERT_EQ(cudaMemcpy(x.get(), x0->get(), n * 2, cudaMemcpyDeviceToDevice), cudaSuccess);
+      s->out.poison();
+      s->h.poison();
+    };
+    auto result = [&]() {
+      sync_ok();
+      std::vector<uint16_t> xb(n);
+      EXPECT_EQ(cudaMemcpy(xb.data(), x.get(), n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+      return xb;
+    };
+    reset();
+    ZEST_ASSERT_OK(s->run_one(0, nullptr));
+    ZEST_ASSERT_OK(moe_combine_add_rmsnorm(x.get(), s->out.get(), s->ids.get(), c.K, nullptr, nullptr, c.N, c.H,
+                                           1e-6f, nullptr));
+    const auto want = result();
+    std::vector<uint16_t> x0b(n);
+    ASSERT_EQ(cudaMemcpy(x0b.data(), x0->get(), n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_NE(want, x0b);  // the combine changed x
+    OneCombine rows;
+    rows.x = x.get();
+    rows.ids = s->ids.get();
+    rows.rows = true;
+    set_decode_option(DecodeOption::kMoeDownRows, 3);
+    const bool pdl = programmatic_launch();
+    for (bool on : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "pdl " << on);
+      reset();
+      set_programmatic_launch(on);
+      const Status rs = moe_experts_one(s->x->get(), s->plan, s->w.get(), s->gu->get(), s->dn->get(), s->h.get(),
+                                        s->out.get(), c.N, c.K, c.E, c.H, c.I, 1, nullptr, nullptr, &rows);
+      set_programmatic_launch(pdl);
+      EXPECT_TRUE(rs.is_ok()) << rs.to_string();
+      EXPECT_TRUE(result() == want);
+    }
+    cudaStream_t st = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+    cudaGraphExec_t exec = capture_plan_and_experts(*s, st, 1, [&](cudaStream_t stream) {
+      return moe_experts_one(s->x->get(), s->plan, s->w.get(), s->gu->get(), s->dn->get(), s->h.get(), s->out.get(),
+                             c.N, c.K, c.E, c.H, c.I, 1, stream, nullptr, &rows);
+    });
+    set_decode_option(DecodeOption::kMoeDownRows, default_decode_option(DecodeOption::kMoeDownRows));
+    ASSERT_NE(exec, nullptr);
+    for (int rep = 0; rep < 2; ++rep) {
+      SCOPED_TRACE(testing::Message() << "replay " << rep);
+      reset();
+      ASSERT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+      EXPECT_TRUE(result() == want);
+    }
+    cudaGraphExecDestroy(exec);
+    cudaStreamDestroy(st);
+  }
+}
+
 // Graph of (moe_plan, moe_experts_one) captured once with programmatic launches and replayed for several routings:
 // the down kernel reads the plan before its wait, so each replay must use the plan its own moe_plan built.
 TEST(CudaMoeOne, GraphReplayWithProgrammaticLaunchAndNewRoutings) {
