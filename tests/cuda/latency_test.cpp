@@ -15,12 +15,6 @@ namespace {
 
 constexpr double kTol = 2e-2;  // bf16 outputs: max abs err <= 2e-2 * max |ref|
 
-struct OptionScope {
-  DecodeOption opt;
-  OptionScope(DecodeOption o, int v) : opt(o) { set_decode_option(o, v); }
-  ~OptionScope() { set_decode_option(opt, default_decode_option(opt)); }
-};
-
 // y = x W^T in double.
 std::vector<float> ref_gemm(const std::vector<float>& x, const std::vector<float>& w, int M, int N, int K) {
   std::vector<float> y(static_cast<size_t>(M) * N);
@@ -45,7 +39,7 @@ TEST(CudaLatencyGemm, SharedMemoryTileMatchesReference) {
   std::mt19937 rng(901);
   // (gemm variant, kL2Prefetch): 0 copies the tiles evict-first for M <= 2, 5 does not.
   for (auto [variant, l2mode] : {std::pair{4, 0}, std::pair{7, 0}, std::pair{8, 0}, std::pair{4, 5}}) {
-    OptionScope opt(DecodeOption::kGemmVariant, variant), l2(DecodeOption::kL2Prefetch, l2mode);
+    DecodeOptionScope opt(DecodeOption::kGemmVariant, variant), l2(DecodeOption::kL2Prefetch, l2mode);
     for (auto [M, N, K] : {std::tuple{1, 5120, 2048}, std::tuple{1, 2048, 4096}, std::tuple{16, 2048, 4096},
                            std::tuple{9, 128, 2048}, std::tuple{8, 48, 96}, std::tuple{3, 208, 1056},
                            std::tuple{16, 16, 32}, std::tuple{5, 16 * 1000, 64}, std::tuple{8, 2064, 2080},
@@ -85,11 +79,11 @@ TEST(CudaLatencyGemm, RingMatchesStreamingKernelAndReference) {
     ring.poison();
     stream.poison();
     {
-      OptionScope head(DecodeOption::kHeadGemm, 1);
+      DecodeOptionScope head(DecodeOption::kHeadGemm, 1);
       ZEST_ASSERT_OK(gemm(dx->get(), dw->get(), ring.get(), M, N, K, nullptr));
     }
     {
-      OptionScope head(DecodeOption::kHeadGemm, 0);
+      DecodeOptionScope head(DecodeOption::kHeadGemm, 0);
       ZEST_ASSERT_OK(gemm(dx->get(), dw->get(), stream.get(), M, N, K, nullptr));
     }
     sync_ok();
@@ -152,7 +146,7 @@ TEST(CudaLatencyGemm, KvPrefetchGemmMatchesGemm) {
     kv.max_blocks = max_blocks;
     kv.row_bytes = Hkv * 128 * 2;
     for (int gv : {4, 8}) {  // 8: the shared-memory tile (so the prefetching kernel) at every M
-      OptionScope gopt(DecodeOption::kGemmVariant, gv);
+      DecodeOptionScope gopt(DecodeOption::kGemmVariant, gv);
       DevBuf<bf16> base(static_cast<size_t>(M) * N);
       base.poison();
       ZEST_ASSERT_OK(gemm(dx->get(), dw->get(), base.get(), M, N, K, nullptr));
@@ -161,7 +155,7 @@ TEST(CudaLatencyGemm, KvPrefetchGemmMatchesGemm) {
       ZEST_EXPECT_CLOSE(want, ref, kTol);
       for (int mode = 0; mode <= 5; ++mode) {
         SCOPED_TRACE(testing::Message() << "gemm variant " << gv << " kL2Prefetch " << mode);
-        OptionScope l2(DecodeOption::kL2Prefetch, mode);
+        DecodeOptionScope l2(DecodeOption::kL2Prefetch, mode);
         for (int variant = 0; variant < 2; ++variant) {
           KvPrefetch use = kv;
           if (variant == 1) use.k_cache = nullptr;  // no cache: plain gemm()
@@ -233,7 +227,7 @@ TEST(CudaLatencyGemm, NormFoldedGemmMatchesNormThenGemm) {
     for (int mode = 0; mode <= 5; ++mode)
       for (int variant = 0; variant < 2; ++variant) {
         SCOPED_TRACE(testing::Message() << "kL2Prefetch " << mode << (variant ? " no cache" : " cache"));
-        OptionScope l2(DecodeOption::kL2Prefetch, mode);
+        DecodeOptionScope l2(DecodeOption::kL2Prefetch, mode);
         KvPrefetch use = kv;
         if (variant == 1) use.k_cache = nullptr;
         DevBuf<bf16> dy(N);
@@ -244,7 +238,7 @@ TEST(CudaLatencyGemm, NormFoldedGemmMatchesNormThenGemm) {
       }
   }
   {
-    OptionScope head(DecodeOption::kHeadGemm, 0);
+    DecodeOptionScope head(DecodeOption::kHeadGemm, 0);
     EXPECT_FALSE(gemm_kv_norm_ok(1, 151936, 2048));  // the lm_head without rows_ring
   }
   EXPECT_FALSE(gemm_kv_norm_ok(2, 5120, 2048));  // one token row only
@@ -283,7 +277,7 @@ TEST(CudaLatencyRoute, FusedRoutingMatchesReference) {
   ZEST_REQUIRE_GPU();
   for (int variant : {1, 2, 3}) {  // clusters of up to 16 CTAs, of up to 8, late trigger of the next kernel
   SCOPED_TRACE(testing::Message() << "kRouteFused " << variant);
-  OptionScope opt(DecodeOption::kRouteFused, variant);
+  DecodeOptionScope opt(DecodeOption::kRouteFused, variant);
   std::mt19937 rng(902);
   for (auto [T, E, K, H, use_bias] :
        {std::tuple{1, 128, 8, 2048, false}, std::tuple{16, 128, 8, 2048, true}, std::tuple{5, 40, 4, 96, true},
@@ -504,7 +498,7 @@ TEST(CudaLatencyAttention, FusedNormRopeKvMatchesReferenceAndSeparateKernels) {
   ZEST_REQUIRE_GPU();
   for (int variant : {2, 3}) {
     SCOPED_TRACE(testing::Message() << "kAttentionKernel " << variant);
-    OptionScope opt(DecodeOption::kAttentionKernel, variant);
+    DecodeOptionScope opt(DecodeOption::kAttentionKernel, variant);
     std::mt19937 rng(903);
     run_fused_attention_case({1025}, 4, false, rng);
     run_fused_attention_case({1, 16, 17, 300, 1025}, 2, true, rng);
@@ -570,10 +564,10 @@ TEST(CudaLatencyDecoder, LowLatencyVariantsRunInGraphs) {
   opt.max_batch = 5;
   opt.context = 50;
   opt.sere_primary = 2;
-  OptionScope gemm_v(DecodeOption::kGemmVariant, 4);
-  OptionScope route(DecodeOption::kRouteFused, 1);
+  DecodeOptionScope gemm_v(DecodeOption::kGemmVariant, 4);
+  DecodeOptionScope route(DecodeOption::kRouteFused, 1);
   for (int attn_v : {2, 3}) {
-  OptionScope attn(DecodeOption::kAttentionKernel, attn_v);
+  DecodeOptionScope attn(DecodeOption::kAttentionKernel, attn_v);
   auto dec = SyntheticDecoder::create(*cfg, opt);
   ASSERT_TRUE(dec.ok()) << dec.status().to_string();
   SyntheticDecoder& d = **dec;

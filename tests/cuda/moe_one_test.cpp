@@ -238,6 +238,29 @@ cudaGraphExec_t capture_plan_and_experts(Setup& s, cudaStream_t st, int layers,
   return exec;
 }
 
+// One graph of (moe_plan, moe_experts_one variant 1 with the combine `cmb`) replayed `reps` times, x restored by
+// reset() before each: result() must equal `want` after every replay. The decode options in force now pick the kernels.
+template <class Reset, class Result, class Want>
+void expect_replays_equal(Setup& s, const OneCombine& cmb, int reps, Reset&& reset, Result&& result,
+                          const Want& want) {
+  const OneCase& c = s.c;
+  cudaStream_t st = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+  cudaGraphExec_t exec = capture_plan_and_experts(s, st, 1, [&](cudaStream_t stream) {
+    return moe_experts_one(s.x->get(), s.plan, s.w.get(), s.gu->get(), s.dn->get(), s.h.get(), s.out.get(), c.N, c.K,
+                           c.E, c.H, c.I, 1, stream, nullptr, &cmb);
+  });
+  for (int rep = 0; exec && rep < reps; ++rep) {
+    SCOPED_TRACE(testing::Message() << "replay " << rep);
+    reset();
+    EXPECT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+    EXPECT_TRUE(result() == want);
+  }
+  if (exec) cudaGraphExecDestroy(exec);
+  cudaStreamDestroy(st);
+}
+
 // The combine folded into the down kernel (OneCombine: its last CTA runs moe_combine_add_rmsnorm's rows) against the
 // experts followed by the separate moe_combine_add_rmsnorm launch: the residual x and the normalised rows y equal bit
 // for bit, with the next norm's weight and without it (x only), for both variants, eager with and without
@@ -307,22 +330,7 @@ TEST(CudaMoeOne, FoldedCombineMatchesTheSeparateLaunch) {
           EXPECT_TRUE(result() == want);
         }
       // Replays of one graph (plan + folded experts), x restored before each.
-      cudaStream_t st = nullptr;
-      ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
-      cudaGraphExec_t exec = capture_plan_and_experts(*s, st, 1, [&](cudaStream_t stream) {
-        return moe_experts_one(s->x->get(), s->plan, s->w.get(), s->gu->get(), s->dn->get(), s->h.get(), s->out.get(),
-                               c.N, c.K, c.E, c.H, c.I, 1, stream, nullptr, &cmb);
-      });
-      ASSERT_NE(exec, nullptr);
-      for (int rep = 0; rep < 3; ++rep) {
-        SCOPED_TRACE(testing::Message() << "replay " << rep);
-        reset();
-        ASSERT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
-        ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
-        EXPECT_TRUE(result() == want);
-      }
-      cudaGraphExecDestroy(exec);
-      cudaStreamDestroy(st);
+      expect_replays_equal(*s, cmb, 3, reset, result, want);
       // Through moe_experts_decode_combine (kMoeKernel 17 = moe_one variant 1), folded and separate.
       for (int fold : {1, 0}) {
         SCOPED_TRACE(testing::Message() << "kMoeCombine " << fold);
@@ -355,22 +363,10 @@ TEST(CudaMoeOne, FoldedCombineMatchesTheSeparateLaunch) {
           ZEST_ASSERT_OK(rs);
           EXPECT_TRUE(result() == want);
         }
-        cudaStream_t rst = nullptr;
-        ASSERT_EQ(cudaStreamCreateWithFlags(&rst, cudaStreamNonBlocking), cudaSuccess);
-        cudaGraphExec_t rexec = capture_plan_and_experts(*s, rst, 1, [&](cudaStream_t stream) {
-          return moe_experts_one(s->x->get(), s->plan, s->w.get(), s->gu->get(), s->dn->get(), s->h.get(),
-                                 s->out.get(), c.N, c.K, c.E, c.H, c.I, 1, stream, nullptr, &rows);
-        });
-        ASSERT_NE(rexec, nullptr);
-        for (int rep = 0; rep < 2; ++rep) {
-          SCOPED_TRACE(testing::Message() << "rows, replay " << rep);
-          reset();
-          ASSERT_EQ(cudaGraphLaunch(rexec, rst), cudaSuccess);
-          ASSERT_EQ(cudaStreamSynchronize(rst), cudaSuccess);
-          EXPECT_TRUE(result() == want);
+        {
+          SCOPED_TRACE("rows");
+          expect_replays_equal(*s, rows, 2, reset, result, want);
         }
-        cudaGraphExecDestroy(rexec);
-        cudaStreamDestroy(rst);
         // Through moe_experts_decode_combine, also with the weight loads marked evict-first (kMoeEvictFirst 1).
         for (int ef : {0, 1}) {
           set_decode_option(DecodeOption::kMoeKernel, 17);
@@ -432,7 +428,7 @@ TEST(CudaMoeOne, DownPairWithStartBarrierMatchesTheChain) {
     rows.x = x.get();
     rows.ids = s->ids.get();
     rows.rows = true;
-    set_decode_option(DecodeOption::kMoeDownRows, 3);
+    const DecodeOptionScope start_barrier(DecodeOption::kMoeDownRows, 3);
     const bool pdl = programmatic_launch();
     for (bool on : {false, true}) {
       SCOPED_TRACE(testing::Message() << "pdl " << on);
@@ -444,23 +440,7 @@ TEST(CudaMoeOne, DownPairWithStartBarrierMatchesTheChain) {
       EXPECT_TRUE(rs.is_ok()) << rs.to_string();
       EXPECT_TRUE(result() == want);
     }
-    cudaStream_t st = nullptr;
-    ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
-    cudaGraphExec_t exec = capture_plan_and_experts(*s, st, 1, [&](cudaStream_t stream) {
-      return moe_experts_one(s->x->get(), s->plan, s->w.get(), s->gu->get(), s->dn->get(), s->h.get(), s->out.get(),
-                             c.N, c.K, c.E, c.H, c.I, 1, stream, nullptr, &rows);
-    });
-    set_decode_option(DecodeOption::kMoeDownRows, default_decode_option(DecodeOption::kMoeDownRows));
-    ASSERT_NE(exec, nullptr);
-    for (int rep = 0; rep < 2; ++rep) {
-      SCOPED_TRACE(testing::Message() << "replay " << rep);
-      reset();
-      ASSERT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
-      ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
-      EXPECT_TRUE(result() == want);
-    }
-    cudaGraphExecDestroy(exec);
-    cudaStreamDestroy(st);
+    expect_replays_equal(*s, rows, 2, reset, result, want);  // captured with kMoeDownRows 3
   }
 }
 

@@ -13,13 +13,6 @@ namespace {
 
 constexpr double kTol = 2e-2;  // bf16 outputs: max abs err <= 2e-2 * max |ref|
 
-// Sets a decode option for one scope and restores its default afterwards.
-struct OptionScope {
-  DecodeOption opt;
-  OptionScope(DecodeOption o, int v) : opt(o) { set_decode_option(o, v); }
-  ~OptionScope() { set_decode_option(opt, default_decode_option(opt)); }
-};
-
 void ref_router(const std::vector<float>& logits, const std::vector<float>* bias, int N, int E, int K,
                 std::vector<int32_t>& ids, std::vector<float>& w) {
   ids.assign(static_cast<size_t>(N) * K, 0);
@@ -128,7 +121,7 @@ TEST(CudaSere, RerouteMatchesReference) {
   ZEST_REQUIRE_GPU();
   for (int kernel : {0, 1}) {
   SCOPED_TRACE(testing::Message() << "kernel " << kernel);
-  OptionScope scope(DecodeOption::kSereKernel, kernel);
+  DecodeOptionScope scope(DecodeOption::kSereKernel, kernel);
   std::mt19937 rng(32);
   const int N = 33, E = 64, K = 8;
   // Similarity quantised to tenths so that ties occur (lowest index must win).
@@ -178,7 +171,7 @@ TEST(CudaSere, RerouteMatchesReferenceAcrossShapes) {
   ZEST_REQUIRE_GPU();
   for (int kernel : {0, 1}) {
   SCOPED_TRACE(testing::Message() << "kernel " << kernel);
-  OptionScope scope(DecodeOption::kSereKernel, kernel);
+  DecodeOptionScope scope(DecodeOption::kSereKernel, kernel);
   std::mt19937 rng(34);
   struct Shape {
     int N, E, K, S;
@@ -425,8 +418,8 @@ TEST(CudaSyntheticDecoder, DecodeVariantsGiveIdenticalTokens) {
       SCOPED_TRACE(testing::Message() << "batch " << batch << " sere " << sere);
       std::vector<std::vector<int32_t>> runs;
       for (int variant = 0; variant < 5; ++variant) {
-        OptionScope sk(DecodeOption::kSereKernel, variant == 1 ? 1 : 0);
-        OptionScope mo(DecodeOption::kMoeOccupancy, variant >= 2 ? variant - 2 : 1);  // 1 (default), 0, 1, 2
+        DecodeOptionScope sk(DecodeOption::kSereKernel, variant == 1 ? 1 : 0);
+        DecodeOptionScope mo(DecodeOption::kMoeOccupancy, variant >= 2 ? variant - 2 : 1);  // 1 (default), 0, 1, 2
         auto dec = SyntheticDecoder::create(*cfg, opt);  // same seed: same weights and inputs
         ASSERT_TRUE(dec.ok()) << dec.status().to_string();
         std::vector<int32_t> toks;

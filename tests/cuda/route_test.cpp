@@ -20,12 +20,6 @@ Status moe_route_phase_clocks(const bf16* xn, const bf16* router_w, const float*
 namespace zest::cuda::test {
 namespace {
 
-struct OptionScope {
-  DecodeOption opt;
-  OptionScope(DecodeOption o, int v) : opt(o) { set_decode_option(o, v); }
-  ~OptionScope() { set_decode_option(opt, default_decode_option(opt)); }
-};
-
 // Everything one routing launch writes, downloaded.
 struct RouteOut {
   std::vector<uint16_t> logits;  // bf16 bits
@@ -111,7 +105,7 @@ TEST(CudaRoute, CompactKernelMatchesClusterKernelBitForBit) {
     auto& buf = rc->buf;
     auto& count = rc->count;
     auto run = [&](int variant, bool with_plan) {
-      OptionScope opt(DecodeOption::kRouteFused, variant);
+      DecodeOptionScope opt(DecodeOption::kRouteFused, variant);
       di.poison();
       dwt.poison();
       dl.poison();
@@ -200,7 +194,7 @@ TEST(CudaRoute, CompactKernelTiesMatchClusterKernel) {
         DevBuf<int32_t> di(static_cast<size_t>(T) * K);
         DevBuf<unsigned char> buf(moe_plan_bytes(T, K, E));
         auto run = [&](int variant) {
-          OptionScope opt(DecodeOption::kRouteFused, variant);
+          DecodeOptionScope opt(DecodeOption::kRouteFused, variant);
           di.poison();
           dwt.poison();
           buf.poison();
@@ -248,7 +242,7 @@ TEST(CudaRoute, CompactKernelBackToBack) {
   MoePlan plan;
   moe_plan_bind(plan, buf.get(), T, K, E);
   auto results = [&](int variant) {
-    OptionScope opt(DecodeOption::kRouteFused, variant);
+    DecodeOptionScope opt(DecodeOption::kRouteFused, variant);
     buf.poison();
     std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> out;
     for (int rep = 0; rep < 6; ++rep) {
@@ -282,7 +276,7 @@ TEST(CudaRoute, CompactKernelPhaseClocks) {
   for (int variant : {4, 10})
     for (int T : {1, 2, 8}) {
       SCOPED_TRACE(testing::Message() << "kRouteFused " << variant << " T=" << T);
-      OptionScope opt(DecodeOption::kRouteFused, variant);
+      DecodeOptionScope opt(DecodeOption::kRouteFused, variant);
       auto dx = upload_bf16(random_bf16(static_cast<size_t>(T) * H, rng, -2.f, 2.f));
       DevBuf<float> dwt(static_cast<size_t>(T) * K);
       DevBuf<int32_t> di(static_cast<size_t>(T) * K);
@@ -337,7 +331,7 @@ TEST(CudaRoute, CompactKernelInDecoderGraphsMatchesClusterKernel) {
       SCOPED_TRACE(testing::Message() << "batch " << batch << " sere " << sere);
       std::vector<std::vector<int32_t>> tokens[3];
       for (int which = 0; which < 3; ++which) {
-        OptionScope route(DecodeOption::kRouteFused, which == 0 ? 1 : which == 1 ? 4 : 10);
+        DecodeOptionScope route(DecodeOption::kRouteFused, which == 0 ? 1 : which == 1 ? 4 : 10);
         auto d = SyntheticDecoder::create(*cfg, opt);
         ASSERT_TRUE(d.ok()) << d.status().to_string();
         for (int step = 0; step < 3; ++step) {
