@@ -120,6 +120,14 @@ __device__ __forceinline__ uint4 ld_cluster_v4(uint32_t addr) {
                : "memory");
   return v;
 }
+__device__ __forceinline__ float4 ld_cluster_f32x4(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0,%1,%2,%3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+}
 
 // Cluster barrier, split into its arrival and its wait (every thread of every CTA of the cluster).
 __device__ __forceinline__ void cluster_arrive_relaxed() {

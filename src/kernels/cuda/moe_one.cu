@@ -297,10 +297,6 @@ size_t pair_smem(int I) {
                   static_cast<size_t>(kWarps) * kPairExperts * 2 * 32 * sizeof(float));
 }
 
-__device__ __forceinline__ void st_cluster_f32(uint32_t addr, float v) {
-  asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
-}
-
 // kStart (DecodeOption::kMoeDownRows 3): each CTA arrives on the cluster barrier at its start, and rank 1 waits on it
 // before its first store into rank 0's shared memory, so that rank 0 is known to run (without it compute-sanitizer
 // racecheck reports the stores as into "a block that might not have entered yet").
