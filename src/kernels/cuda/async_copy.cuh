@@ -121,12 +121,8 @@ __device__ __forceinline__ uint4 ld_cluster_v4(uint32_t addr) {
   return v;
 }
 __device__ __forceinline__ float4 ld_cluster_f32x4(uint32_t addr) {
-  float4 v;
-  asm volatile("ld.shared::cluster.v4.f32 {%0,%1,%2,%3}, [%4];"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(addr)
-               : "memory");
-  return v;
+  const uint4 u = ld_cluster_v4(addr);
+  return make_float4(__uint_as_float(u.x), __uint_as_float(u.y), __uint_as_float(u.z), __uint_as_float(u.w));
 }
 
 // Cluster barrier, split into its arrival and its wait (every thread of every CTA of the cluster).
