@@ -35,18 +35,220 @@ __device__ __forceinline__ double warp_sum_d(double v) {
 }
 
 // A unit is VEC consecutive elements (8 through one 16-byte load when the row allows it, else 1).
+// The 8 bf16 bit patterns of a 16-byte unit, in id order.
+__device__ __forceinline__ void unpack_unit(const uint4 v, uint32_t (&b)[8]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    b[2 * j] = w[j] & 0xFFFFu;
+    b[2 * j + 1] = w[j] >> 16;
+  }
+}
+
 template <int VEC>
 __device__ __forceinline__ void load_unit(const uint16_t* row, int V, int unit, uint32_t (&b)[VEC]) {
   if constexpr (VEC == 8) {
-    const uint4 v = __ldg(reinterpret_cast<const uint4*>(row) + unit);
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      b[2 * j] = w[j] & 0xFFFFu;
-      b[2 * j + 1] = w[j] >> 16;
-    }
+    unpack_unit(__ldg(reinterpret_cast<const uint4*>(row) + unit), b);
   } else {
     b[0] = unit < V ? row[unit] : 0u;
+  }
+}
+
+__device__ __forceinline__ void fold_max(float& best, int& bid, float v, int id) {
+  if (v > best || (v == best && id < bid)) {
+    best = v;
+    bid = id;
+  }
+}
+
+// The first of n segments whose running sum (from `start`) exceeds target, with the sum before it in *base; when
+// rounding leaves the target past the end, the last segment with weight; -1 (*base = start) when none has weight.
+__device__ __forceinline__ int segment_at(const double* sums, int n, double target, double start, double* base) {
+  int s0 = -1, s_last = -1;
+  double cum = start, before_last = start, b = start;
+  for (int s = 0; s < n; ++s) {
+    if (sums[s] > 0) {
+      s_last = s;
+      before_last = cum;
+    }
+    if (s0 < 0 && cum + sums[s] > target) {
+      s0 = s;
+      b = cum;
+    }
+    cum += sums[s];
+  }
+  if (s0 < 0) {
+    s0 = s_last;
+    b = before_last;
+  }
+  *base = b;
+  return s0;
+}
+
+// The temperature pick by one warp: it walks units [u_begin, units) in id order from the prefix sum `base` and
+// returns the first id whose prefix sum of exp((l - mx) * inv_t) exceeds target, or -1 (*last: the last id with
+// weight it saw, -1 if none). Unit u holds ids id0 + u * VEC + j, those below id_end; load(u, b) gives its bits.
+template <int VEC, class Load>
+__device__ __forceinline__ int walk_units(Load load, int u_begin, int units, int id0, int id_end, float mx,
+                                          float inv_t, double target, double base, int* last) {
+  const int lane = threadIdx.x & 31;
+  int token = -1, last_pos = -1;
+  for (int c = u_begin; c < units && token < 0; c += 32) {
+    const int u = c + lane;
+    float w[VEC];
+    double ls = 0;
+    int lane_last = -1;
+    if (u < units) {
+      uint32_t b[VEC];
+      load(u, b);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const int id = id0 + u * VEC + j;
+        w[j] = id < id_end ? expf((bits_to_f32(b[j]) - mx) * inv_t) : 0.f;
+        ls += w[j];
+        if (w[j] > 0.f) lane_last = id;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) w[j] = 0.f;
+    }
+    double incl = ls;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const double n = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += n;
+    }
+    const unsigned cross = __ballot_sync(0xffffffffu, ls > 0 && base + incl > target);
+    int pick = -1;
+    if (cross && lane == __ffs(cross) - 1) {
+      double p = base + incl - ls;
+      for (int j = 0; j < VEC; ++j) {
+        if (w[j] <= 0.f) continue;
+        p += w[j];
+        pick = id0 + u * VEC + j;
+        if (p > target) break;
+      }
+    }
+    for (int o = 16; o > 0; o >>= 1) pick = max(pick, __shfl_xor_sync(0xffffffffu, pick, o));
+    int ll = lane_last;
+    for (int o = 16; o > 0; o >>= 1) ll = max(ll, __shfl_xor_sync(0xffffffffu, ll, o));
+    last_pos = max(last_pos, ll);
+    token = pick;
+    base += __shfl_sync(0xffffffffu, incl, 31);
+  }
+  *last = last_pos;
+  return token;
+}
+
+// Warp 0 over a 256-bin histogram of one key digit (counts from the top bin): the bin at which the count reaches
+// `need` into misc[0], the count of the bins above it into misc[1].
+__device__ __forceinline__ void digit_at(const int* hist, int need, int* misc) {
+  const int lane = threadIdx.x & 31;
+  // Lane l holds bins 255 - 8l down to 248 - 8l.
+  int cnt[8], s = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) s += cnt[j] = hist[255 - 8 * lane - j];
+  int excl = s;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const int n = __shfl_up_sync(0xffffffffu, excl, o);
+    if (lane >= o) excl += n;
+  }
+  excl -= s;
+  if (excl < need && excl + s >= need) {
+    int acc = excl;
+    for (int j = 0; j < 8; ++j) {
+      if (acc + cnt[j] >= need) {
+        misc[0] = 255 - 8 * lane - j;
+        misc[1] = acc;
+        break;
+      }
+      acc += cnt[j];
+    }
+  }
+}
+
+// The candidates of a block of kT threads over units [0, units) (unit u: ids id0 + u * VEC + j below id_end, bits
+// from load(u, b)): every key above tkey, and of the keys equal to tkey the take_eq lowest ids, as (key << 32 | ~id)
+// into cand (atomic order; those past `limit` dropped). misc[2] (written) and misc[3] (ties taken) are zero on entry
+// behind a barrier; warp_sums holds kT / 32 ints.
+template <int kT, int VEC, class Load>
+__device__ void collect_candidates(Load load, int units, int id0, int id_end, uint32_t tkey, int take_eq, int limit,
+                                   unsigned long long* cand, int* misc, int* warp_sums) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  for (int t0 = 0; t0 < units; t0 += kT) {
+    const int u = t0 + tid;
+    uint32_t b[VEC];
+    int n_eq = 0;
+    if (u < units) {
+      load(u, b);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const int id = id0 + u * VEC + j;
+        if (id >= id_end) continue;
+        const uint32_t k = order_key(b[j]);
+        if (k > tkey) {
+          const int at = atomicAdd(&misc[2], 1);
+          if (at < limit) cand[at] = (static_cast<unsigned long long>(k) << 32) | (~static_cast<uint32_t>(id));
+        } else if (k == tkey) {
+          ++n_eq;
+        }
+      }
+    }
+    const int taken = misc[3];  // uniform: written only between the barriers below
+    if (taken < take_eq) {
+      // Exclusive prefix of the tie counts over the tile in id order (thread-major).
+      int incl = n_eq;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const int n = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += n;
+      }
+      if (lane == 31) warp_sums[warp] = incl;
+      __syncthreads();
+      int before = 0, tile = 0;
+      for (int w = 0; w < kT / 32; ++w) {
+        if (w < warp) before += warp_sums[w];
+        tile += warp_sums[w];
+      }
+      int rank = taken + before + incl - n_eq;
+      if (n_eq > 0) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const int id = id0 + u * VEC + j;
+          if (id >= id_end || order_key(b[j]) != tkey) continue;
+          if (rank < take_eq) {
+            const int at = atomicAdd(&misc[2], 1);
+            if (at < limit) cand[at] = (static_cast<unsigned long long>(tkey) << 32) | (~static_cast<uint32_t>(id));
+          }
+          ++rank;
+        }
+      }
+      __syncthreads();
+      if (tid == 0) misc[3] = min(take_eq, taken + tile);
+    }
+    __syncthreads();
+  }
+}
+
+// Bitonic sort of a[0, n) descending (n a power of two) by a block of kT threads.
+template <int kT>
+__device__ void sort_desc(unsigned long long* a, int n) {
+  for (int k = 2; k <= n; k <<= 1) {
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      for (int i = threadIdx.x; i < n; i += kT) {
+        const int ixj = i ^ j;
+        if (ixj > i) {
+          const unsigned long long x = a[i], y = a[ixj];
+          const bool desc = (i & k) == 0;
+          if (desc ? x < y : x > y) {
+            a[i] = y;
+            a[ixj] = x;
+          }
+        }
+      }
+      __syncthreads();
+    }
   }
 }
 
@@ -82,23 +284,13 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const uint16_t* _
     uint32_t b[VEC];
     load_unit<VEC>(row, V, u, b);
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      const float v = bits_to_f32(b[j]);
-      const int id = u * VEC + j;
-      if (v > best || (v == best && id < bid)) {
-        best = v;
-        bid = id;
-      }
-    }
+    for (int j = 0; j < VEC; ++j) fold_max(best, bid, bits_to_f32(b[j]), u * VEC + j);
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     const float ov = __shfl_xor_sync(0xffffffffu, best, o);
     const int oi = __shfl_xor_sync(0xffffffffu, bid, o);
-    if (ov > best || (ov == best && oi < bid)) {
-      best = ov;
-      bid = oi;
-    }
+    fold_max(best, bid, ov, oi);
   }
   if (lane == 0) {
     s_val[warp] = best;
@@ -108,11 +300,7 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const uint16_t* _
   if (tid == 0) {
     float bv = s_val[0];
     int bi = s_id[0];
-    for (int w = 1; w < kWarps; ++w)
-      if (s_val[w] > bv || (s_val[w] == bv && s_id[w] < bi)) {
-        bv = s_val[w];
-        bi = s_id[w];
-      }
+    for (int w = 1; w < kWarps; ++w) fold_max(bv, bi, s_val[w], s_id[w]);
     s_val[0] = bv;
     s_id[0] = bi == INT_MAX ? 0 : bi;
   }
@@ -154,67 +342,11 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const uint16_t* _
     // First id whose prefix sum exceeds u * Z: the segment holding it, then one warp walks in id order.
     if (warp != 0) return;
     const double target = sp.u * z;
-    // When rounding leaves the target past the last segment, the last segment with weight is walked.
-    int w0 = -1, w_last = 0;
-    double base = 0, cum = 0, before_last = 0;
-    for (int w = 0; w < kWarps; ++w) {
-      if (s_wsum[w] > 0) {
-        w_last = w;
-        before_last = cum;
-      }
-      if (w0 < 0 && cum + s_wsum[w] > target) {
-        w0 = w;
-        base = cum;
-      }
-      cum += s_wsum[w];
-    }
-    if (w0 < 0) {
-      w0 = w_last;
-      base = before_last;
-    }
-    int token = -1, last_pos = -1;
-    for (int c = w0 * per_warp; c < units && token < 0; c += 32) {
-      const int u = c + lane;
-      float w[VEC];
-      double ls = 0;
-      int lane_last = -1;
-      if (u < units) {
-        uint32_t b[VEC];
-        load_unit<VEC>(row, V, u, b);
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          w[j] = u * VEC + j < V ? expf((bits_to_f32(b[j]) - mx) * inv_t) : 0.f;
-          ls += w[j];
-          if (w[j] > 0.f) lane_last = u * VEC + j;
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) w[j] = 0.f;
-      }
-      double incl = ls;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const double n = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += n;
-      }
-      const unsigned cross = __ballot_sync(0xffffffffu, ls > 0 && base + incl > target);
-      int pick = -1;
-      if (cross && lane == __ffs(cross) - 1) {
-        double p = base + incl - ls;
-        for (int j = 0; j < VEC; ++j) {
-          if (w[j] <= 0.f) continue;
-          p += w[j];
-          pick = u * VEC + j;
-          if (p > target) break;
-        }
-      }
-      for (int o = 16; o > 0; o >>= 1) pick = max(pick, __shfl_xor_sync(0xffffffffu, pick, o));
-      int ll = lane_last;
-      for (int o = 16; o > 0; o >>= 1) ll = max(ll, __shfl_xor_sync(0xffffffffu, ll, o));
-      last_pos = max(last_pos, ll);
-      token = pick;
-      base += __shfl_sync(0xffffffffu, incl, 31);
-    }
+    double base = 0;
+    const int w0 = max(0, segment_at(s_wsum, kWarps, target, 0.0, &base));
+    int last_pos = -1;
+    const int token = walk_units<VEC>([&](int u, uint32_t(&b)[VEC]) { load_unit<VEC>(row, V, u, b); },
+                                      w0 * per_warp, units, 0, V, mx, inv_t, target, base, &last_pos);
     if (lane == 0) out[r] = SampleRowOut{token >= 0 ? token : (last_pos >= 0 ? last_pos : s_id[0]), 0, z, mx, 0.f};
     return;
   }
@@ -238,31 +370,7 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const uint16_t* _
       }
     }
     __syncthreads();
-    if (warp == 0) {
-      // Lane l holds bins 255 - 8l down to 248 - 8l; counts from the top.
-      int cnt[8], s = 0;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) s += cnt[j] = s_hist[255 - 8 * lane - j];
-      int excl = s;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int n = __shfl_up_sync(0xffffffffu, excl, o);
-        if (lane >= o) excl += n;
-      }
-      excl -= s;
-      const int need = C - above;
-      if (excl < need && excl + s >= need) {
-        int acc = excl;
-        for (int j = 0; j < 8; ++j) {
-          if (acc + cnt[j] >= need) {
-            s_misc[0] = 255 - 8 * lane - j;
-            s_misc[1] = acc;
-            break;
-          }
-          acc += cnt[j];
-        }
-      }
-    }
+    if (warp == 0) digit_at(s_hist, C - above, s_misc);
     __syncthreads();
     above += s_misc[1];
     thr = digit == 0 ? s_misc[0] : (thr << 8) | s_misc[0];
@@ -276,78 +384,12 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const uint16_t* _
     s_misc[3] = 0;  // threshold ties taken
   }
   __syncthreads();
-  for (int t0 = 0; t0 < units; t0 += kThreads) {
-    const int u = t0 + tid;
-    uint32_t b[VEC];
-    int n_eq = 0;
-    if (u < units) {
-      load_unit<VEC>(row, V, u, b);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        if (u * VEC + j >= V) continue;
-        const uint32_t k = order_key(b[j]);
-        if (k > tkey) {
-          const int at = atomicAdd(&s_misc[2], 1);
-          if (at < kSampleMaxCandidates)
-            s_cand[at] = (static_cast<unsigned long long>(k) << 32) | (~static_cast<uint32_t>(u * VEC + j));
-        } else if (k == tkey) {
-          ++n_eq;
-        }
-      }
-    }
-    const int taken = s_misc[3];  // uniform: written only between the barriers below
-    if (taken < take_eq) {
-      // Exclusive prefix of the tie counts over the tile in id order (thread-major).
-      int incl = n_eq;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int n = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += n;
-      }
-      if (lane == 31) s_id[warp] = incl;
-      __syncthreads();
-      int before = 0, tile = 0;
-      for (int w = 0; w < kWarps; ++w) {
-        if (w < warp) before += s_id[w];
-        tile += s_id[w];
-      }
-      int rank = taken + before + incl - n_eq;
-      if (n_eq > 0) {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          if (u * VEC + j >= V) continue;
-          if (order_key(b[j]) != tkey) continue;
-          if (rank < take_eq) {
-            const int at = atomicAdd(&s_misc[2], 1);
-            if (at < kSampleMaxCandidates)
-              s_cand[at] = (static_cast<unsigned long long>(tkey) << 32) | (~static_cast<uint32_t>(u * VEC + j));
-          }
-          ++rank;
-        }
-      }
-      __syncthreads();
-      if (tid == 0) s_misc[3] = min(take_eq, taken + tile);
-    }
-    __syncthreads();
-  }
+  collect_candidates<kThreads, VEC>([&](int u, uint32_t(&b)[VEC]) { load_unit<VEC>(row, V, u, b); }, units, 0, V,
+                                    tkey, take_eq, kSampleMaxCandidates, s_cand, s_misc, s_id);
   const int n = min(s_misc[2], kSampleMaxCandidates);
   for (int i = n + tid; i < kSampleMaxCandidates; i += kThreads) s_cand[i] = 0ull;
   __syncthreads();
-  // Bitonic sort, descending.
-  for (int k = 2; k <= kSampleMaxCandidates; k <<= 1) {
-    for (int j = k >> 1; j > 0; j >>= 1) {
-      const int i = tid, ixj = i ^ j;
-      if (ixj > i) {
-        const unsigned long long a = s_cand[i], c = s_cand[ixj];
-        const bool desc = (i & k) == 0;
-        if (desc ? a < c : a > c) {
-          s_cand[i] = c;
-          s_cand[ixj] = a;
-        }
-      }
-      __syncthreads();
-    }
-  }
+  sort_desc<kThreads>(s_cand, kSampleMaxCandidates);
   if (tid < C) {
     const unsigned long long e = s_cand[tid];
     cand_ids[static_cast<size_t>(r) * kSampleMaxCandidates + tid] = static_cast<int32_t>(~static_cast<uint32_t>(e));
@@ -371,13 +413,6 @@ constexpr int kClCtas = 8, kClThreads = 512, kClWarps = kClThreads / 32, kClUnro
 // Vocabularies the cluster kernel takes: from 16384 (smaller rows: the one-CTA kernel) up to a slice of 96 KB.
 constexpr int kClMinVocab = 16384, kClMaxVocab = kClCtas * 8 * 6144;
 constexpr size_t kClMaxSmem = 6144 * 16 + static_cast<size_t>(kClCtas) * kSampleMaxCandidates * 8;
-
-__device__ __forceinline__ void fold_max(float& best, int& bid, float v, int id) {
-  if (v > best || (v == best && id < bid)) {
-    best = v;
-    bid = id;
-  }
-}
 
 // Block-wide histogram add of `bin` (0-255) over the active lanes, one shared atomic per distinct bin of the warp.
 __device__ __forceinline__ void hist_add(int* hist, uint32_t bin, bool active) {
@@ -432,12 +467,10 @@ __global__ void __launch_bounds__(kClThreads) sample_rows_cluster_kernel(const u
       const int u = u0 + k * kClThreads;
       if (u >= n_units) break;
       slice[u] = v[k];
-      const uint32_t w[4] = {v[k].x, v[k].y, v[k].z, v[k].w};
+      uint32_t b[8];
+      unpack_unit(v[k], b);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const uint32_t b = j & 1 ? w[j >> 1] >> 16 : w[j >> 1] & 0xFFFFu;
-        fold_max(best, bid, bits_to_f32(b), (beg + u) * 8 + j);
-      }
+      for (int j = 0; j < 8; ++j) fold_max(best, bid, bits_to_f32(b[j]), (beg + u) * 8 + j);
     }
   }
 #pragma unroll
@@ -488,14 +521,11 @@ __global__ void __launch_bounds__(kClThreads) sample_rows_cluster_kernel(const u
     const int u0 = warp * per_warp, u1 = min(n_units, u0 + per_warp);
     double acc = 0;
     for (int u = u0 + lane; u < u1; u += 32) {
-      const uint4 v = slice[u];
-      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+      uint32_t b[8];
+      unpack_unit(slice[u], b);
       float part = 0.f;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const uint32_t b = j & 1 ? w[j >> 1] >> 16 : w[j >> 1] & 0xFFFFu;
-        part += expf((bits_to_f32(b) - mx) * inv_t);
-      }
+      for (int j = 0; j < 8; ++j) part += expf((bits_to_f32(b[j]) - mx) * inv_t);
       acc += part;
     }
     acc = warp_sum_d(acc);
@@ -515,89 +545,18 @@ __global__ void __launch_bounds__(kClThreads) sample_rows_cluster_kernel(const u
   if (sp.mode == kSampleTemperature) {
     // The CTA whose share holds u * Z (rounding past the last share: the last share with weight) walks its slice.
     const double target = sp.u * z;
-    int c0 = -1, c_last = -1;
-    double base = 0, cum = 0, before_last = 0;
-    for (int c = 0; c < kClCtas; ++c) {
-      if (c_z[c] > 0) {
-        c_last = c;
-        before_last = cum;
-      }
-      if (c0 < 0 && cum + c_z[c] > target) {
-        c0 = c;
-        base = cum;
-      }
-      cum += c_z[c];
-    }
-    if (c0 < 0) {
-      c0 = c_last;
-      base = before_last;
-    }
+    double base = 0;
+    const int c0 = segment_at(c_z, kClCtas, target, 0.0, &base);
     if (c0 < 0) {  // no weight anywhere: the argmax, as the one-CTA kernel ends
       if (rank == 0 && tid == 0) out[r] = SampleRowOut{arg, 0, z, mx, 0.f};
       return;
     }
     if (rank != c0 || warp != 0) return;
-    int w0 = -1, w_last = 0;
-    double wbase = base, wcum = base, wbefore = base;
-    for (int w = 0; w < kClWarps; ++w) {
-      if (w_sum[w] > 0) {
-        w_last = w;
-        wbefore = wcum;
-      }
-      if (w0 < 0 && wcum + w_sum[w] > target) {
-        w0 = w;
-        wbase = wcum;
-      }
-      wcum += w_sum[w];
-    }
-    if (w0 < 0) {
-      w0 = w_last;
-      wbase = wbefore;
-    }
-    int token = -1, last_pos = -1;
-    for (int c = w0 * per_warp; c < n_units && token < 0; c += 32) {
-      const int u = c + lane;
-      float w[8];
-      double ls = 0;
-      int lane_last = -1;
-      if (u < n_units) {
-        const uint4 v = slice[u];
-        const uint32_t q[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const uint32_t b = j & 1 ? q[j >> 1] >> 16 : q[j >> 1] & 0xFFFFu;
-          w[j] = expf((bits_to_f32(b) - mx) * inv_t);
-          ls += w[j];
-          if (w[j] > 0.f) lane_last = (beg + u) * 8 + j;
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) w[j] = 0.f;
-      }
-      double incl = ls;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const double n = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += n;
-      }
-      const unsigned cross = __ballot_sync(0xffffffffu, ls > 0 && wbase + incl > target);
-      int pick = -1;
-      if (cross && lane == __ffs(cross) - 1) {
-        double p = wbase + incl - ls;
-        for (int j = 0; j < 8; ++j) {
-          if (w[j] <= 0.f) continue;
-          p += w[j];
-          pick = (beg + u) * 8 + j;
-          if (p > target) break;
-        }
-      }
-      for (int o = 16; o > 0; o >>= 1) pick = max(pick, __shfl_xor_sync(0xffffffffu, pick, o));
-      int ll = lane_last;
-      for (int o = 16; o > 0; o >>= 1) ll = max(ll, __shfl_xor_sync(0xffffffffu, ll, o));
-      last_pos = max(last_pos, ll);
-      token = pick;
-      wbase += __shfl_sync(0xffffffffu, incl, 31);
-    }
+    double wbase = base;
+    const int w0 = max(0, segment_at(w_sum, kClWarps, target, base, &wbase));
+    int last_pos = -1;
+    const int token = walk_units<8>([&](int u, uint32_t(&b)[8]) { unpack_unit(slice[u], b); }, w0 * per_warp, n_units,
+                                    beg * 8, INT_MAX, mx, inv_t, target, wbase, &last_pos);
     if (lane == 0) out[r] = SampleRowOut{token >= 0 ? token : (last_pos >= 0 ? last_pos : arg), 0, z, mx, 0.f};
     return;
   }
@@ -615,41 +574,17 @@ __global__ void __launch_bounds__(kClThreads) sample_rows_cluster_kernel(const u
     __syncthreads();
     for (int u0 = 0; u0 < n_units; u0 += kClThreads) {  // warp-uniform trip count (hist_add's ballot)
       const int u = u0 + tid;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (u < n_units) v = slice[u];
-      const uint32_t q[4] = {v.x, v.y, v.z, v.w};
+      uint32_t b[8];
+      unpack_unit(u < n_units ? slice[u] : make_uint4(0, 0, 0, 0), b);
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const uint32_t k = order_key(j & 1 ? q[j >> 1] >> 16 : q[j >> 1] & 0xFFFFu);
+        const uint32_t k = order_key(b[j]);
         if (digit == 0) hist_add(hist, k >> 8, u < n_units);
         else hist_add(hist, k & 255, u < n_units && static_cast<int>(k >> 8) == thr);
       }
     }
     __syncthreads();
-    if (warp == 0) {
-      int cnt[8], s = 0;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) s += cnt[j] = hist[255 - 8 * lane - j];
-      int excl = s;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int n = __shfl_up_sync(0xffffffffu, excl, o);
-        if (lane >= o) excl += n;
-      }
-      excl -= s;
-      const int need = n_local - above;
-      if (excl < need && excl + s >= need) {
-        int acc = excl;
-        for (int j = 0; j < 8; ++j) {
-          if (acc + cnt[j] >= need) {
-            misc[0] = 255 - 8 * lane - j;
-            misc[1] = acc;
-            break;
-          }
-          acc += cnt[j];
-        }
-      }
-    }
+    if (warp == 0) digit_at(hist, n_local - above, misc);
     __syncthreads();
     above += misc[1];
     thr = digit == 0 ? misc[0] : (thr << 8) | misc[0];
@@ -663,79 +598,9 @@ __global__ void __launch_bounds__(kClThreads) sample_rows_cluster_kernel(const u
   }
   for (int i = n_local + tid; i < cpad; i += kClThreads) mine[i] = 0ull;
   __syncthreads();
-  for (int t0 = 0; t0 < n_units; t0 += kClThreads) {
-    const int u = t0 + tid;
-    uint32_t q[4] = {0, 0, 0, 0};
-    int n_eq = 0;
-    if (u < n_units) {
-      const uint4 v = slice[u];
-      q[0] = v.x;
-      q[1] = v.y;
-      q[2] = v.z;
-      q[3] = v.w;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const uint32_t k = order_key(j & 1 ? q[j >> 1] >> 16 : q[j >> 1] & 0xFFFFu);
-        if (k > tkey) {
-          const int at = atomicAdd(&misc[2], 1);
-          if (at < n_local)
-            mine[at] = (static_cast<unsigned long long>(k) << 32) | (~static_cast<uint32_t>((beg + u) * 8 + j));
-        } else if (k == tkey) {
-          ++n_eq;
-        }
-      }
-    }
-    const int taken = misc[3];
-    if (taken < take_eq) {
-      int incl = n_eq;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const int n = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += n;
-      }
-      if (lane == 31) w_id[warp] = incl;
-      __syncthreads();
-      int before = 0, tile = 0;
-      for (int w = 0; w < kClWarps; ++w) {
-        if (w < warp) before += w_id[w];
-        tile += w_id[w];
-      }
-      int rk = taken + before + incl - n_eq;
-      if (n_eq > 0) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const uint32_t k = order_key(j & 1 ? q[j >> 1] >> 16 : q[j >> 1] & 0xFFFFu);
-          if (k != tkey) continue;
-          if (rk < take_eq) {
-            const int at = atomicAdd(&misc[2], 1);
-            if (at < n_local)
-              mine[at] = (static_cast<unsigned long long>(tkey) << 32) | (~static_cast<uint32_t>((beg + u) * 8 + j));
-          }
-          ++rk;
-        }
-      }
-      __syncthreads();
-      if (tid == 0) misc[3] = min(take_eq, taken + tile);
-    }
-    __syncthreads();
-  }
-  // Sort the local list descending (bitonic over cpad entries, padding 0 last).
-  for (int k = 2; k <= cpad; k <<= 1) {
-    for (int j = k >> 1; j > 0; j >>= 1) {
-      for (int i = tid; i < cpad; i += kClThreads) {
-        const int ixj = i ^ j;
-        if (ixj > i) {
-          const unsigned long long a = mine[i], c = mine[ixj];
-          const bool desc = (i & k) == 0;
-          if (desc ? a < c : a > c) {
-            mine[i] = c;
-            mine[ixj] = a;
-          }
-        }
-      }
-      __syncthreads();
-    }
-  }
+  collect_candidates<kClThreads, 8>([&](int u, uint32_t(&b)[8]) { unpack_unit(slice[u], b); }, n_units, beg * 8,
+                                    INT_MAX, tkey, take_eq, n_local, mine, misc, w_id);
+  sort_desc<kClThreads>(mine, cpad);  // the local list descending, padding 0 last
   if (tid < kClCtas) st_cluster_s32(cluster_map(&c_cnt[rank], tid), n_local);
   cluster_arrive();
   cluster_wait();
