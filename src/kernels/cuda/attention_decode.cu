@@ -156,6 +156,122 @@ __device__ __forceinline__ void mma_decode_pages(MmaState& st, const bf16* __res
   }
 }
 
+// Warp `warp`'s MmaState (8 query heads) into the CTA's per-warp partials: m_s / l_s [warps][8], acc_s [warps][8][128].
+__device__ __forceinline__ void mma_state_to_smem(const MmaState& st, int warp, float (*m_s)[8], float (*l_s)[8],
+                                                  float (*acc_s)[8][kHeadDim]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+  if (g == 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      m_s[warp][2 * tq + h] = st.m[h];
+      l_s[warp][2 * tq + h] = st.l[h];
+    }
+  }
+#pragma unroll
+  for (int mt = 0; mt < 8; ++mt) {
+    acc_s[warp][2 * tq][mt * 16 + g] = st.o[mt][0];
+    acc_s[warp][2 * tq + 1][mt * 16 + g] = st.o[mt][1];
+    acc_s[warp][2 * tq][mt * 16 + g + 8] = st.o[mt][2];
+    acc_s[warp][2 * tq + 1][mt * 16 + g + 8] = st.o[mt][3];
+  }
+}
+
+// The CTA's kDecWarps warp partials merged into one per query head, in warp order: store(idx, hh, d, M, L, A) for
+// each element idx = hh * 128 + d of [G][128].
+template <int G, class Store>
+__device__ __forceinline__ void merge_warp_partials(const float (*m_s)[G], const float (*l_s)[G],
+                                                    const float (*acc_s)[G][kHeadDim], Store store) {
+  constexpr int D = kHeadDim;
+  for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+    const int hh = idx / D, d = idx % D;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kDecWarps; ++w) M = fmaxf(M, m_s[w][hh]);
+    float L = 0.f, A = 0.f;
+    if (M != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < kDecWarps; ++w) {
+        const float e = __expf(m_s[w][hh] - M);
+        L += l_s[w][hh] * e;
+        A += acc_s[w][hh][d] * e;
+      }
+    }
+    store(idx, hh, d, M, L, A);
+  }
+}
+
+// After the CTA stored its split partial to global memory: true in the CTA that counts last on `counter` (which it
+// resets for the next launch), with every other split's partial visible to it. Every thread of the CTA calls it.
+__device__ __forceinline__ bool last_split(int* counter, int splits, int* flag_s) {
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int prev = atomicAdd(counter, 1);
+    *flag_s = prev == splits - 1;
+    if (*flag_s) *counter = 0;
+  }
+  __syncthreads();
+  if (!*flag_s) return false;
+  __threadfence();
+  return true;
+}
+
+// Inside a cluster whose CTAs each hold a split partial in shared memory (at the same offsets: cp [heads][128] sums,
+// cm and cl [heads] M and L): this CTA's share of the outputs o [heads][128], W consecutive elements per thread (1 or 4),
+// the splits merged in rank order.
+template <int W>
+__device__ __forceinline__ void merge_cluster_partials(const float* cp, const float* cm, const float* cl, int heads,
+                                                       bf16* o) {
+  constexpr int D = kHeadDim;
+  const int C = static_cast<int>(cluster_size()), rank = static_cast<int>(cluster_rank());
+  for (int i = rank * static_cast<int>(blockDim.x) + threadIdx.x; i < heads * D / W;
+       i += C * static_cast<int>(blockDim.x)) {
+    const int hh = i / (D / W);
+    float ms[16], ls[16], as[16][W];
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+      ms[r] = r < C ? ld_cluster_f32(cluster_map(cm + hh, r)) : -INFINITY;
+      ls[r] = r < C ? ld_cluster_f32(cluster_map(cl + hh, r)) : 0.f;
+      if constexpr (W == 4) {
+        const float4 v = r < C ? ld_cluster_f32x4(cluster_map(cp + i * 4, r)) : make_float4(0.f, 0.f, 0.f, 0.f);
+        as[r][0] = v.x;
+        as[r][1] = v.y;
+        as[r][2] = v.z;
+        as[r][3] = v.w;
+      } else {
+        as[r][0] = r < C ? ld_cluster_f32(cluster_map(cp + i, r)) : 0.f;
+      }
+    }
+    float M = -INFINITY;
+#pragma unroll
+    for (int r = 0; r < 16; ++r) M = fmaxf(M, ms[r]);
+    float L = 0.f;
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+      ms[r] = M == -INFINITY ? 0.f : __expf(ms[r] - M);
+      L += ls[r] * ms[r];
+    }
+    const float inv = L > 0.f ? 1.f / L : 0.f;
+    float A[W];
+#pragma unroll
+    for (int j = 0; j < W; ++j) A[j] = 0.f;
+#pragma unroll
+    for (int r = 0; r < 16; ++r) {
+      const float w = ms[r] * inv;
+#pragma unroll
+      for (int j = 0; j < W; ++j) A[j] += as[r][j] * w;
+    }
+    if constexpr (W == 4) {
+      uint2 pk;
+      pk.x = pack_bf16(A[0], A[1]);
+      pk.y = pack_bf16(A[2], A[3]);
+      *reinterpret_cast<uint2*>(o + i * 4) = pk;
+    } else {
+      o[i] = __float2bfloat16(A[0]);
+    }
+  }
+}
+
 // kMma: the tensor-core page loop (G == 8 only); else CUDA cores for any G.
 // The last CTA of a (sequence, head group) merges the split partials of `heads` consecutive query heads (pb: the
 // first head's partials [heads][splits][kPartStride]; o: its output row) in fixed split order: M and L of every
@@ -255,21 +371,8 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_kernel(
                      block_table + static_cast<size_t>(b) * max_blocks, Hkv, kvh, ctx, pg_begin + warp, pg_end, scale,
                      reinterpret_cast<bf16*>(smem_raw) + warp * 2 * kKvBlock * D);
     __syncthreads();  // acc_s overlays the V pages
-    const int g = lane >> 2, tq = lane & 3;
-    if (g == 0) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        m_s[warp][2 * tq + h] = st.m[h];
-        l_s[warp][2 * tq + h] = st.l[h];
-      }
-    }
-#pragma unroll
-    for (int mt = 0; mt < 8; ++mt) {
-      acc_s[warp][2 * tq][mt * 16 + g] = st.o[mt][0];
-      acc_s[warp][2 * tq + 1][mt * 16 + g] = st.o[mt][1];
-      acc_s[warp][2 * tq][mt * 16 + g + 8] = st.o[mt][2];
-      acc_s[warp][2 * tq + 1][mt * 16 + g + 8] = st.o[mt][3];
-    }
+    mma_state_to_smem(st, warp, reinterpret_cast<float(*)[8]>(m_s), reinterpret_cast<float(*)[8]>(l_s),
+                      reinterpret_cast<float(*)[8][D]>(acc_s));
   } else {
   {
     const bf16* qg = q + static_cast<size_t>(b) * q_stride + kvh * G * D;
@@ -391,39 +494,16 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_kernel(
   }
   }  // CUDA-core page loop
   __syncthreads();
-  constexpr size_t part_stride = kPartStride;
-  for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
-    const int g = idx / D, d = idx % D;
-    float M = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kDecWarps; ++w) M = fmaxf(M, m_s[w][g]);
-    float L = 0.f, A = 0.f;
-    if (M != -INFINITY) {
-#pragma unroll
-      for (int w = 0; w < kDecWarps; ++w) {
-        const float e = __expf(m_s[w][g] - M);
-        L += l_s[w][g] * e;
-        A += acc_s[w][g][d] * e;
-      }
-    }
-    float* pp = part + ((static_cast<size_t>(b) * Hq + kvh * G + g) * splits + split) * part_stride;
+  float* pb = part + ((static_cast<size_t>(b) * Hq + kvh * G) * splits + split) * kPartStride;
+  merge_warp_partials<G>(m_s, l_s, acc_s, [&](int, int hh, int d, float M, float L, float A) {
+    float* pp = pb + static_cast<size_t>(hh) * splits * kPartStride;
     pp[4 + d] = A;
     if (d == 0) {
       pp[0] = M;
       pp[1] = L;
     }
-  }
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int* c = counters + b * Hkv + kvh;
-    const int prev = atomicAdd(c, 1);
-    last_s = prev == splits - 1;
-    if (last_s) *c = 0;
-  }
-  __syncthreads();
-  if (!last_s) return;
-  __threadfence();
+  });
+  if (!last_split(counters + b * Hkv + kvh, splits, &last_s)) return;
   // Merge the splits of all G heads at once (reusing acc_s).
   merge_split_partials(part + (static_cast<size_t>(b) * Hq + kvh * G) * splits * kPartStride, G, splits, kMaxSplits,
                        &acc_s[0][0][0], out + (static_cast<size_t>(b) * Hq + kvh * G) * kHeadDim);
@@ -718,20 +798,7 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kern
   }
   asm volatile("cp.async.wait_group 0;" ::: "memory");
   __syncthreads();  // acc_s overlays the V pages
-  if (g == 0) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      m_s[warp][2 * tq + h] = st.m[h];
-      l_s[warp][2 * tq + h] = st.l[h];
-    }
-  }
-#pragma unroll
-  for (int mt = 0; mt < 8; ++mt) {
-    acc_s[warp][2 * tq][mt * 16 + g] = st.o[mt][0];
-    acc_s[warp][2 * tq + 1][mt * 16 + g] = st.o[mt][1];
-    acc_s[warp][2 * tq][mt * 16 + g + 8] = st.o[mt][2];
-    acc_s[warp][2 * tq + 1][mt * 16 + g + 8] = st.o[mt][3];
-  }
+  mma_state_to_smem(st, warp, m_s, l_s, acc_s);
   __syncthreads();
   step_timeline_phase(2);  // the pages attended
   if constexpr (kCluster) {
@@ -739,93 +806,32 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kern
     float* cp = reinterpret_cast<float*>(smem_raw + kAccBytes);
     float* cm = cp + G * D;
     float* cl = cm + G;
-    for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
-      const int hh = idx / D, d = idx % D;
-      float M = -INFINITY;
-#pragma unroll
-      for (int w = 0; w < kDecWarps; ++w) M = fmaxf(M, m_s[w][hh]);
-      float L = 0.f, A = 0.f;
-      if (M != -INFINITY) {
-#pragma unroll
-        for (int w = 0; w < kDecWarps; ++w) {
-          const float e = __expf(m_s[w][hh] - M);
-          L += l_s[w][hh] * e;
-          A += acc_s[w][hh][d] * e;
-        }
-      }
+    merge_warp_partials<G>(m_s, l_s, acc_s, [&](int idx, int hh, int d, float M, float L, float A) {
       cp[idx] = A;
       if (d == 0) {
         cm[hh] = M;
         cl[hh] = L;
       }
-    }
+    });
     cluster_arrive();
     cluster_wait();
     step_timeline_phase(3);  // every split's partial in its CTA's shared memory
-    const int C = static_cast<int>(cluster_size()), rank = static_cast<int>(cluster_rank());
-    for (int idx = rank * static_cast<int>(blockDim.x) + threadIdx.x; idx < G * D;
-         idx += C * static_cast<int>(blockDim.x)) {
-      const int hh = idx / D;
-      float ms[16], ls[16], as[16];
-#pragma unroll
-      for (int r = 0; r < 16; ++r) {
-        ms[r] = r < C ? ld_cluster_f32(cluster_map(cm + hh, r)) : -INFINITY;
-        ls[r] = r < C ? ld_cluster_f32(cluster_map(cl + hh, r)) : 0.f;
-        as[r] = r < C ? ld_cluster_f32(cluster_map(cp + idx, r)) : 0.f;
-      }
-      float M = -INFINITY;
-#pragma unroll
-      for (int r = 0; r < 16; ++r) M = fmaxf(M, ms[r]);
-      float L = 0.f;
-#pragma unroll
-      for (int r = 0; r < 16; ++r) {
-        ms[r] = M == -INFINITY ? 0.f : __expf(ms[r] - M);
-        L += ls[r] * ms[r];
-      }
-      const float inv = L > 0.f ? 1.f / L : 0.f;
-      float A = 0.f;
-#pragma unroll
-      for (int r = 0; r < 16; ++r) A += as[r] * (ms[r] * inv);
-      out[static_cast<size_t>(b) * Hq * D + static_cast<size_t>(kvh) * G * D + idx] = __float2bfloat16(A);
-    }
+    merge_cluster_partials<1>(cp, cm, cl, G, out + static_cast<size_t>(b) * Hq * D + static_cast<size_t>(kvh) * G * D);
     step_timeline_phase(4);  // this CTA's slice of the output written
     cluster_arrive();  // no CTA leaves while another may still read its partial
     cluster_wait();
     return;
   }
-  constexpr size_t part_stride = kPartStride;
-  for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
-    const int hh = idx / D, d = idx % D;
-    float M = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kDecWarps; ++w) M = fmaxf(M, m_s[w][hh]);
-    float L = 0.f, A = 0.f;
-    if (M != -INFINITY) {
-#pragma unroll
-      for (int w = 0; w < kDecWarps; ++w) {
-        const float e = __expf(m_s[w][hh] - M);
-        L += l_s[w][hh] * e;
-        A += acc_s[w][hh][d] * e;
-      }
-    }
-    float* pp = part + ((static_cast<size_t>(b) * Hq + kvh * G + hh) * splits + split) * part_stride;
+  float* pb = part + ((static_cast<size_t>(b) * Hq + kvh * G) * splits + split) * kPartStride;
+  merge_warp_partials<G>(m_s, l_s, acc_s, [&](int, int hh, int d, float M, float L, float A) {
+    float* pp = pb + static_cast<size_t>(hh) * splits * kPartStride;
     pp[4 + d] = A;
     if (d == 0) {
       pp[0] = M;
       pp[1] = L;
     }
-  }
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int* c = counters + b * Hkv + kvh;
-    const int prev = atomicAdd(c, 1);
-    last_s = prev == splits - 1;
-    if (last_s) *c = 0;
-  }
-  __syncthreads();
-  if (!last_s) return;
-  __threadfence();
+  });
+  if (!last_split(counters + b * Hkv + kvh, splits, &last_s)) return;
   merge_split_partials(part + (static_cast<size_t>(b) * Hq + kvh * G) * splits * kPartStride, G, splits, kMaxSplits,
                        &acc_s[0][0][0], out + (static_cast<size_t>(b) * Hq + kvh * G) * kHeadDim);
 }
@@ -1113,44 +1119,8 @@ __global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
     cluster_wait();
     step_timeline_phase(4);  // every split's partial in its CTA's shared memory
     // Four consecutive outputs per thread (16-byte loads from every CTA of the cluster), splits in rank order.
-    const int C = static_cast<int>(cluster_size()), rank = static_cast<int>(cluster_rank());
-    for (int idx4 = rank * static_cast<int>(blockDim.x) + threadIdx.x; idx4 < GH * D / 4;
-         idx4 += C * static_cast<int>(blockDim.x)) {
-      const int hh = idx4 / (D / 4);
-      float ms[16], ls[16];
-      float4 as[16];
-#pragma unroll
-      for (int r = 0; r < 16; ++r) {
-        ms[r] = r < C ? ld_cluster_f32(cluster_map(cm + hh, r)) : -INFINITY;
-        ls[r] = r < C ? ld_cluster_f32(cluster_map(cl + hh, r)) : 0.f;
-        as[r] = r < C ? ld_cluster_f32x4(cluster_map(cp + idx4 * 4, r)) : make_float4(0.f, 0.f, 0.f, 0.f);
-      }
-      float M = -INFINITY;
-#pragma unroll
-      for (int r = 0; r < 16; ++r) M = fmaxf(M, ms[r]);
-      float L = 0.f;
-#pragma unroll
-      for (int r = 0; r < 16; ++r) {
-        ms[r] = M == -INFINITY ? 0.f : __expf(ms[r] - M);
-        L += ls[r] * ms[r];
-      }
-      const float inv = L > 0.f ? 1.f / L : 0.f;
-      float4 A = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-      for (int r = 0; r < 16; ++r) {
-        const float w = ms[r] * inv;
-        A.x += as[r].x * w;
-        A.y += as[r].y * w;
-        A.z += as[r].z * w;
-        A.w += as[r].w * w;
-      }
-      const __nv_bfloat162 lo = __floats2bfloat162_rn(A.x, A.y), hi = __floats2bfloat162_rn(A.z, A.w);
-      uint2 pk;
-      pk.x = *reinterpret_cast<const uint32_t*>(&lo);
-      pk.y = *reinterpret_cast<const uint32_t*>(&hi);
-      *reinterpret_cast<uint2*>(out + static_cast<size_t>(b) * Hq * D + static_cast<size_t>(kvh0) * G * D +
-                                idx4 * 4) = pk;
-    }
+    merge_cluster_partials<4>(cp, cm, cl, GH,
+                              out + static_cast<size_t>(b) * Hq * D + static_cast<size_t>(kvh0) * G * D);
     step_timeline_phase(5);  // this CTA's slice of the output written
     cluster_arrive();  // no CTA leaves while another may still read its partial
     cluster_wait();
@@ -1174,17 +1144,7 @@ __global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
       }
     }
   }
-  __threadfence();
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int* c = counters + b * Hkv + kvh0;
-    const int prev = atomicAdd(c, 1);
-    last_s = prev == splits - 1;
-    if (last_s) *c = 0;
-  }
-  __syncthreads();
-  if (!last_s) return;
-  __threadfence();
+  if (!last_split(counters + b * Hkv + kvh0, splits, &last_s)) return;
   // Merge the splits of the 32 query heads (as decode_attention_kernel's merge, G = 32).
   merge_split_partials(part + (static_cast<size_t>(b) * Hq + kvh0 * G) * splits * kPartStride, GH, splits,
                        kRingMaxSplits, reinterpret_cast<float*>(smem),
