@@ -46,106 +46,133 @@ struct MmaState {
   float o[8][4];  // m-tile mt: [d mt*16 + g][heads 2tq, 2tq+1], [d mt*16 + g + 8][...]
 };
 
-__device__ __forceinline__ void mma_decode_pages(MmaState& st, const bf16* __restrict__ qg,
-                                                 const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
-                                                 const int32_t* __restrict__ table, int Hkv, int kvh, int ctx,
-                                                 int pg_first, int pg_end, float scale, bf16* v_s /* [2][16 * 128] */) {
-  constexpr int D = kHeadDim;
-  const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-  const size_t row_stride = static_cast<size_t>(Hkv) * D;
+__device__ __forceinline__ void mma_state_init(MmaState& st) {
   st.m[0] = st.m[1] = -INFINITY;
   st.l[0] = st.l[1] = 0.f;
 #pragma unroll
   for (int mt = 0; mt < 8; ++mt)
 #pragma unroll
     for (int i = 0; i < 4; ++i) st.o[mt][i] = 0.f;
+}
+
+// One page's online-softmax step of a warp's 8 query heads. sc: the scores S^T of the lane (g, tq) (c0, c1 = token
+// g, heads 2tq, 2tq + 1; c2, c3 = token g + 8), scaled here and masked past nv tokens; the running max and sum and the
+// output are updated, and P^T comes back as the B fragments (pb0, pb1) of the P V mma ([token g][heads 2tq..] blocks
+// transposed to [head g][tokens 2tq..]).
+__device__ __forceinline__ void page_softmax(MmaState& st, const float (&sc)[4], int nv, float scale, uint32_t& pb0,
+                                             uint32_t& pb1) {
+  const int g = (threadIdx.x & 31) >> 2;
+  const bool v0 = g < nv, v1 = g + 8 < nv;
+  const float s[4] = {v0 ? sc[0] * scale : -INFINITY, v0 ? sc[1] * scale : -INFINITY,
+                      v1 ? sc[2] * scale : -INFINITY, v1 ? sc[3] * scale : -INFINITY};
+  float p[4], alpha[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {  // head 2tq + h: values s[h] (token g) and s[2 + h] (token g + 8)
+    float mx = fmaxf(s[h], s[2 + h]);
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+    const float m_new = fmaxf(st.m[h], mx);
+    const bool any = m_new != -INFINITY;
+    p[h] = any && s[h] != -INFINITY ? __expf(s[h] - m_new) : 0.f;
+    p[2 + h] = any && s[2 + h] != -INFINITY ? __expf(s[2 + h] - m_new) : 0.f;
+    float ps = p[h] + p[2 + h];
+    ps += __shfl_xor_sync(0xffffffffu, ps, 4);
+    ps += __shfl_xor_sync(0xffffffffu, ps, 8);
+    ps += __shfl_xor_sync(0xffffffffu, ps, 16);
+    alpha[h] = st.m[h] == -INFINITY ? 0.f : __expf(st.m[h] - m_new);
+    st.l[h] = st.l[h] * alpha[h] + ps;
+    st.m[h] = m_new;
+  }
+#pragma unroll
+  for (int mt = 0; mt < 8; ++mt) {
+    st.o[mt][0] *= alpha[0];
+    st.o[mt][1] *= alpha[1];
+    st.o[mt][2] *= alpha[0];
+    st.o[mt][3] *= alpha[1];
+  }
+  pb0 = movmatrix_trans(pack_bf16(p[0], p[1]));
+  pb1 = movmatrix_trans(pack_bf16(p[2], p[3]));
+}
+
+// The P V mma of one page: V^T as A fragments (ldmatrix.trans) from the page's 16 rows in shared memory at vb (rows
+// of 128, 16-byte pieces swizzled by token: piece c8 of token t at (c8 ^ (t & 7))), P^T as B.
+__device__ __forceinline__ void page_pv(MmaState& st, const bf16* vb, uint32_t pb0, uint32_t pb1) {
+  constexpr int D = kHeadDim;
+  const int lane = threadIdx.x & 31, mi = lane >> 3, r = lane & 7;
+  const int tok = r + (mi >= 2 ? 8 : 0);
+#pragma unroll
+  for (int mt = 0; mt < 8; ++mt) {
+    const int c8 = mt * 2 + (mi & 1);
+    const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(vb + tok * D + ((c8 ^ (tok & 7)) * 8)));
+    uint32_t a0, a1, a2, a3;
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3)
+                 : "r"(addr));
+    mma16816(st.o[mt], a0, a1, a2, a3, pb0, pb1);
+  }
+}
+
+// Issues the loads of page pg (kv head kvh) into buffer buf of v_s: V by cp.async (one commit group; tokens >= nv
+// zero-filled) in page_pv's swizzled layout, K rows g and g + 8 of the lane into kf (register streaming).
+__device__ __forceinline__ void issue_page(const int32_t* table, int pg, int ctx, int Hkv, int kvh,
+                                           const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
+                                           bf16* v_s, int buf, uint4 (&kf)[4][2]) {
+  constexpr int D = kHeadDim;
+  const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+  const size_t row_stride = static_cast<size_t>(Hkv) * D;
+  const int blk = table[pg];
+  const int nv = min(kKvBlock, ctx - pg * kKvBlock);
+  const size_t base = (static_cast<size_t>(blk) * kKvBlock * Hkv + kvh) * D;
+  bf16* vb = v_s + buf * kKvBlock * D;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int piece = lane + 32 * i, tok = piece >> 4, c8 = piece & 15;
+    cp_async16(vb + tok * D + ((c8 ^ (tok & 7)) * 8), v_cache + base + (tok < nv ? tok : 0) * row_stride + c8 * 8,
+               tok < nv);
+  }
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    kf[c][0] = g < nv ? ld_stream(k_cache + base + g * row_stride + c * 32 + tq * 8) : make_uint4(0, 0, 0, 0);
+    kf[c][1] = g + 8 < nv ? ld_stream(k_cache + base + (g + 8) * row_stride + c * 32 + tq * 8) : make_uint4(0, 0, 0, 0);
+  }
+}
+
+// S^T of one page: K rows (g, g + 8) as A fragments from registers, q of head g as B.
+__device__ __forceinline__ void page_scores(const uint4 (&kf)[4][2], const uint4 (&qf)[4], float (&sc)[4]) {
+  sc[0] = sc[1] = sc[2] = sc[3] = 0.f;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    mma16816(sc, kf[c][0].x, kf[c][1].x, kf[c][0].y, kf[c][1].y, qf[c].x, qf[c].y);
+    mma16816(sc, kf[c][0].z, kf[c][1].z, kf[c][0].w, kf[c][1].w, qf[c].z, qf[c].w);
+  }
+}
+
+__device__ __forceinline__ void mma_decode_pages(MmaState& st, const bf16* __restrict__ qg,
+                                                 const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
+                                                 const int32_t* __restrict__ table, int Hkv, int kvh, int ctx,
+                                                 int pg_first, int pg_end, float scale, bf16* v_s /* [2][16 * 128] */) {
+  constexpr int D = kHeadDim;
+  const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+  mma_state_init(st);
   uint4 qf[4];  // head g, d = c * 32 + tq * 8 .. + 7
 #pragma unroll
   for (int c = 0; c < 4; ++c) qf[c] = __ldg(reinterpret_cast<const uint4*>(qg + g * D + c * 32 + tq * 8));
-
-  // Issues the loads of page pg into buffer buf: V by cp.async (tokens >= nv zero-filled), K rows g, g + 8 into kf.
-  auto load_page = [&](int pg, int buf, uint4 (&kf)[4][2]) {
-    const int blk = table[pg];
-    const int nv = min(kKvBlock, ctx - pg * kKvBlock);
-    const size_t base = (static_cast<size_t>(blk) * kKvBlock * Hkv + kvh) * D;
-    bf16* vb = v_s + buf * kKvBlock * D;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int piece = lane + 32 * i, tok = piece >> 4, c8 = piece & 15;
-      cp_async16(vb + tok * D + ((c8 ^ (tok & 7)) * 8), v_cache + base + (tok < nv ? tok : 0) * row_stride + c8 * 8,
-                 tok < nv);
-    }
-    asm volatile("cp.async.commit_group;" ::: "memory");
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      kf[c][0] = g < nv ? ld_stream(k_cache + base + g * row_stride + c * 32 + tq * 8) : make_uint4(0, 0, 0, 0);
-      kf[c][1] = g + 8 < nv ? ld_stream(k_cache + base + (g + 8) * row_stride + c * 32 + tq * 8)
-                            : make_uint4(0, 0, 0, 0);
-    }
-  };
-
   uint4 kcur[4][2], knext[4][2];
   int buf = 0;
-  if (pg_first < pg_end) load_page(pg_first, 0, kcur);
+  if (pg_first < pg_end) issue_page(table, pg_first, ctx, Hkv, kvh, k_cache, v_cache, v_s, 0, kcur);
   for (int pg = pg_first; pg < pg_end; pg += kDecWarps) {
     const bool more = pg + kDecWarps < pg_end;
-    if (more) load_page(pg + kDecWarps, buf ^ 1, knext);
-    const int nv = min(kKvBlock, ctx - pg * kKvBlock);
-    // Scores S^T: c0, c1 = token g, heads 2tq, 2tq + 1; c2, c3 = token g + 8.
-    float sc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      mma16816(sc, kcur[c][0].x, kcur[c][1].x, kcur[c][0].y, kcur[c][1].y, qf[c].x, qf[c].y);
-      mma16816(sc, kcur[c][0].z, kcur[c][1].z, kcur[c][0].w, kcur[c][1].w, qf[c].z, qf[c].w);
-    }
-    const bool v0 = g < nv, v1 = g + 8 < nv;
-    float s[4] = {v0 ? sc[0] * scale : -INFINITY, v0 ? sc[1] * scale : -INFINITY, v1 ? sc[2] * scale : -INFINITY,
-                  v1 ? sc[3] * scale : -INFINITY};
-    float p[4], alpha[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {  // head 2tq + h: values s[h] (token g) and s[2 + h] (token g + 8)
-      float mx = fmaxf(s[h], s[2 + h]);
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-      const float m_new = fmaxf(st.m[h], mx);
-      const bool any = m_new != -INFINITY;
-      p[h] = any && s[h] != -INFINITY ? __expf(s[h] - m_new) : 0.f;
-      p[2 + h] = any && s[2 + h] != -INFINITY ? __expf(s[2 + h] - m_new) : 0.f;
-      float ps = p[h] + p[2 + h];
-      ps += __shfl_xor_sync(0xffffffffu, ps, 4);
-      ps += __shfl_xor_sync(0xffffffffu, ps, 8);
-      ps += __shfl_xor_sync(0xffffffffu, ps, 16);
-      alpha[h] = st.m[h] == -INFINITY ? 0.f : __expf(st.m[h] - m_new);
-      st.l[h] = st.l[h] * alpha[h] + ps;
-      st.m[h] = m_new;
-    }
-#pragma unroll
-    for (int mt = 0; mt < 8; ++mt) {
-      st.o[mt][0] *= alpha[0];
-      st.o[mt][1] *= alpha[1];
-      st.o[mt][2] *= alpha[0];
-      st.o[mt][3] *= alpha[1];
-    }
-    // P^T as B fragments: [token g][heads 2tq..] blocks transposed to [head g][tokens 2tq..].
-    const uint32_t pb0 = movmatrix_trans(pack_bf16(p[0], p[1]));
-    const uint32_t pb1 = movmatrix_trans(pack_bf16(p[2], p[3]));
+    if (more) issue_page(table, pg + kDecWarps, ctx, Hkv, kvh, k_cache, v_cache, v_s, buf ^ 1, knext);
+    float sc[4];
+    page_scores(kcur, qf, sc);
+    uint32_t pb0, pb1;
+    page_softmax(st, sc, min(kKvBlock, ctx - pg * kKvBlock), scale, pb0, pb1);
     if (more) asm volatile("cp.async.wait_group 1;" ::: "memory");
     else asm volatile("cp.async.wait_group 0;" ::: "memory");
     __syncwarp();
-    const bf16* vb = v_s + buf * kKvBlock * D;
-    const int mi = lane >> 3, r = lane & 7;
-    const int tok = r + (mi >= 2 ? 8 : 0);
-#pragma unroll
-    for (int mt = 0; mt < 8; ++mt) {
-      const int c8 = mt * 2 + (mi & 1);
-      const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(vb + tok * D + ((c8 ^ (tok & 7)) * 8)));
-      uint32_t a0, a1, a2, a3;
-      asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                   : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3)
-                   : "r"(addr));
-      mma16816(st.o[mt], a0, a1, a2, a3, pb0, pb1);
-    }
+    page_pv(st, v_s + buf * kKvBlock * D, pb0, pb1);
     __syncwarp();  // this buffer is refilled two pages later
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
@@ -636,27 +663,10 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kern
   const int new_pg = new_pos >= 0 && new_pos / kKvBlock >= pg_begin && new_pos / kKvBlock < pg_end ? new_pos / kKvBlock
                                                                                                   : -1;
   const int32_t* table = block_table + static_cast<size_t>(b) * max_blocks;
-  const size_t row_stride = static_cast<size_t>(Hkv) * D;
   bf16* v_s = reinterpret_cast<bf16*>(smem_raw) + warp * 2 * kKvBlock * D;
 
   auto load_page = [&](int pg, int buf, uint4 (&kf)[4][2]) {
-    const int blk = table[pg];
-    const int nv = min(kKvBlock, ctx - pg * kKvBlock);
-    const size_t base = (static_cast<size_t>(blk) * kKvBlock * Hkv + kvh) * D;
-    bf16* vb = v_s + buf * kKvBlock * D;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int piece = lane + 32 * i, tok = piece >> 4, c8 = piece & 15;
-      cp_async16(vb + tok * D + ((c8 ^ (tok & 7)) * 8), v_cache + base + (tok < nv ? tok : 0) * row_stride + c8 * 8,
-                 tok < nv);
-    }
-    asm volatile("cp.async.commit_group;" ::: "memory");
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      kf[c][0] = g < nv ? ld_stream(k_cache + base + g * row_stride + c * 32 + tq * 8) : make_uint4(0, 0, 0, 0);
-      kf[c][1] = g + 8 < nv ? ld_stream(k_cache + base + (g + 8) * row_stride + c * 32 + tq * 8)
-                            : make_uint4(0, 0, 0, 0);
-    }
+    issue_page(table, pg, ctx, Hkv, kvh, k_cache, v_cache, v_s, buf, kf);
   };
 
   const int pg_first = pg_begin + warp;
@@ -706,12 +716,7 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kern
   step_timeline_phase(1);  // q normalised and roped, the current token's k / v stored
 
   MmaState st;
-  st.m[0] = st.m[1] = -INFINITY;
-  st.l[0] = st.l[1] = 0.f;
-#pragma unroll
-  for (int mt = 0; mt < 8; ++mt)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) st.o[mt][i] = 0.f;
+  mma_state_init(st);
   uint4 qf[4];
 #pragma unroll
   for (int c = 0; c < 4; ++c) qf[c] = *reinterpret_cast<const uint4*>(q_s + g * D + c * 32 + tq * 8);
@@ -729,43 +734,10 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kern
         else kcur[c][1] = kv;
       }
     }
-    float sc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      mma16816(sc, kcur[c][0].x, kcur[c][1].x, kcur[c][0].y, kcur[c][1].y, qf[c].x, qf[c].y);
-      mma16816(sc, kcur[c][0].z, kcur[c][1].z, kcur[c][0].w, kcur[c][1].w, qf[c].z, qf[c].w);
-    }
-    const bool v0 = g < nv, v1 = g + 8 < nv;
-    float s[4] = {v0 ? sc[0] * scale : -INFINITY, v0 ? sc[1] * scale : -INFINITY, v1 ? sc[2] * scale : -INFINITY,
-                  v1 ? sc[3] * scale : -INFINITY};
-    float pr[4], alpha[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float mx = fmaxf(s[h], s[2 + h]);
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-      const float m_new = fmaxf(st.m[h], mx);
-      const bool any = m_new != -INFINITY;
-      pr[h] = any && s[h] != -INFINITY ? __expf(s[h] - m_new) : 0.f;
-      pr[2 + h] = any && s[2 + h] != -INFINITY ? __expf(s[2 + h] - m_new) : 0.f;
-      float ps = pr[h] + pr[2 + h];
-      ps += __shfl_xor_sync(0xffffffffu, ps, 4);
-      ps += __shfl_xor_sync(0xffffffffu, ps, 8);
-      ps += __shfl_xor_sync(0xffffffffu, ps, 16);
-      alpha[h] = st.m[h] == -INFINITY ? 0.f : __expf(st.m[h] - m_new);
-      st.l[h] = st.l[h] * alpha[h] + ps;
-      st.m[h] = m_new;
-    }
-#pragma unroll
-    for (int mt = 0; mt < 8; ++mt) {
-      st.o[mt][0] *= alpha[0];
-      st.o[mt][1] *= alpha[1];
-      st.o[mt][2] *= alpha[0];
-      st.o[mt][3] *= alpha[1];
-    }
-    const uint32_t pb0 = movmatrix_trans(pack_bf16(pr[0], pr[1]));
-    const uint32_t pb1 = movmatrix_trans(pack_bf16(pr[2], pr[3]));
+    float sc[4];
+    page_scores(kcur, qf, sc);
+    uint32_t pb0, pb1;
+    page_softmax(st, sc, nv, scale, pb0, pb1);
     if (more) asm volatile("cp.async.wait_group 1;" ::: "memory");
     else asm volatile("cp.async.wait_group 0;" ::: "memory");
     __syncwarp();
@@ -776,18 +748,7 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kern
             *reinterpret_cast<const uint4*>(vn_s + lane * 8);
       __syncwarp();
     }
-    const int mi = lane >> 3, r = lane & 7;
-    const int tok = r + (mi >= 2 ? 8 : 0);
-#pragma unroll
-    for (int mt = 0; mt < 8; ++mt) {
-      const int c8 = mt * 2 + (mi & 1);
-      const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(vb + tok * D + ((c8 ^ (tok & 7)) * 8)));
-      uint32_t a0, a1, a2, a3;
-      asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                   : "=r"(a0), "=r"(a1), "=r"(a2), "=r"(a3)
-                   : "r"(addr));
-      mma16816(st.o[mt], a0, a1, a2, a3, pb0, pb1);
-    }
+    page_pv(st, vb, pb0, pb1);
     __syncwarp();
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
@@ -1008,12 +969,7 @@ __global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
       qb[kc][0] = *reinterpret_cast<const uint32_t*>(qr);
       qb[kc][1] = *reinterpret_cast<const uint32_t*>(qr + 8);
     }
-    st.m[0] = st.m[1] = -INFINITY;
-    st.l[0] = st.l[1] = 0.f;
-#pragma unroll
-    for (int mt = 0; mt < 8; ++mt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) st.o[mt][i] = 0.f;
+    mma_state_init(st);
     const int mi = lane >> 3, r8 = lane & 7;
     // ldmatrix row addresses: K (non-transposed, rows = tokens) and V (transposed).
     const uint32_t k_lane = ring_row_off<kPairs>(r8 + (mi & 1) * 8) + warp * D * 2 + (mi >> 1) * 16;
@@ -1045,37 +1001,8 @@ __global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
       }
 #pragma unroll
       for (int k = 0; k < 4; ++k) sc[k] += sc2[k];
-      const bool v0 = g < nv, v1 = g + 8 < nv;
-      float sv[4] = {v0 ? sc[0] * scale : -INFINITY, v0 ? sc[1] * scale : -INFINITY, v1 ? sc[2] * scale : -INFINITY,
-                     v1 ? sc[3] * scale : -INFINITY};
-      float pr[4], alpha[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float mx = fmaxf(sv[h], sv[2 + h]);
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-        const float m_new = fmaxf(st.m[h], mx);
-        const bool any = m_new != -INFINITY;
-        pr[h] = any && sv[h] != -INFINITY ? __expf(sv[h] - m_new) : 0.f;
-        pr[2 + h] = any && sv[2 + h] != -INFINITY ? __expf(sv[2 + h] - m_new) : 0.f;
-        float ps = pr[h] + pr[2 + h];
-        ps += __shfl_xor_sync(0xffffffffu, ps, 4);
-        ps += __shfl_xor_sync(0xffffffffu, ps, 8);
-        ps += __shfl_xor_sync(0xffffffffu, ps, 16);
-        alpha[h] = st.m[h] == -INFINITY ? 0.f : __expf(st.m[h] - m_new);
-        st.l[h] = st.l[h] * alpha[h] + ps;
-        st.m[h] = m_new;
-      }
-#pragma unroll
-      for (int mt = 0; mt < 8; ++mt) {
-        st.o[mt][0] *= alpha[0];
-        st.o[mt][1] *= alpha[1];
-        st.o[mt][2] *= alpha[0];
-        st.o[mt][3] *= alpha[1];
-      }
-      const uint32_t pb0 = movmatrix_trans(pack_bf16(pr[0], pr[1]));
-      const uint32_t pb1 = movmatrix_trans(pack_bf16(pr[2], pr[3]));
+      uint32_t pb0, pb1;
+      page_softmax(st, sc, nv, scale, pb0, pb1);
       const uint32_t va = smem_addr(vst) + v_lane;
 #pragma unroll
       for (int mt = 0; mt < 8; ++mt) {
