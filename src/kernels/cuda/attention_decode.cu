@@ -244,8 +244,8 @@ __device__ __forceinline__ bool last_split(int* counter, int splits, int* flag_s
 }
 
 // Inside a cluster whose CTAs each hold a split partial in shared memory (at the same offsets: cp [heads][128] sums,
-// cm and cl [heads] M and L): this CTA's share of the outputs o [heads][128], W consecutive elements per thread (1 or 4),
-// the splits merged in rank order.
+// cm and cl [heads] M and L): this CTA's share of the outputs o [heads][128], W consecutive elements per thread (1 or
+// 4), the splits merged in rank order.
 template <int W>
 __device__ __forceinline__ void merge_cluster_partials(const float* cp, const float* cm, const float* cl, int heads,
                                                        bf16* o) {

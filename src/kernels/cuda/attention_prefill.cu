@@ -900,6 +900,30 @@ __device__ __forceinline__ void ws_first_tile_softmax(float (&sv)[64], float (&m
     l[(i >> 1) & 1] += sv[i];
   }
 }
+// The online softmax over a later key tile (no mask): the row maxima of sv (scores) folded into m (log2 units),
+// alpha = the factor for the previous output and sums, l rescaled and the tile's numerators added; sv becomes them.
+template <bool kFast>
+__device__ __forceinline__ void ws_tile_softmax(float (&sv)[64], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                                float scale_log2) {
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int j = 0; j < 64; ++j) mx[(j >> 1) & 1] = fmaxf(mx[(j >> 1) & 1], sv[j]);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    const float mn = fmaxf(m[r], mx[r] * scale_log2);
+    alpha[r] = exp2f(m[r] - mn);
+    m[r] = mn;
+    l[r] *= alpha[r];
+  }
+#pragma unroll
+  for (int j = 0; j < 64; ++j) {
+    const float x = fmaf(sv[j], scale_log2, -m[(j >> 1) & 1]);
+    sv[j] = kFast ? exp2_ftz(x) : exp2f(x);
+    l[(j >> 1) & 1] += sv[j];
+  }
+}
 // The softmax numerators sv (fp32 accumulator layout) as bf16 A fragments.
 __device__ __forceinline__ void ws_pack_p(uint32_t (&pa)[8][4], const float (&sv)[64]) {
 #pragma unroll
@@ -1037,24 +1061,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     sched_arrive();
     asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");  // S done, PV in flight
     release(k_empty(s));
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int j = 0; j < 64; ++j) mx[(j >> 1) & 1] = fmaxf(mx[(j >> 1) & 1], sv[j]);
     float alpha[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float mn = fmaxf(m[r], mx[r] * scale_log2);
-      alpha[r] = exp2f(m[r] - mn);
-      m[r] = mn;
-      l[r] *= alpha[r];
-    }
-#pragma unroll
-    for (int j = 0; j < 64; ++j) {
-      sv[j] = exp2f(fmaf(sv[j], scale_log2, -m[(j >> 1) & 1]));
-      l[(j >> 1) & 1] += sv[j];
-    }
+    ws_tile_softmax<false>(sv, m, l, alpha, scale_log2);
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");  // PV of tile i - 1 done
     release(v_empty(ps));
 #pragma unroll
@@ -1348,25 +1356,8 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       release(k_empty(s));
       ++kit;
       if (i == n_kt - 1) release(q_empty);  // last S GEMM of the item: Q may be replaced
-      float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int j = 0; j < 64; ++j) mx[(j >> 1) & 1] = fmaxf(mx[(j >> 1) & 1], sv[j]);
       float alpha[2];
-#pragma unroll
-      for (int rr = 0; rr < 2; ++rr) {
-        mx[rr] = fmaxf(mx[rr], __shfl_xor_sync(0xffffffffu, mx[rr], 1));
-        mx[rr] = fmaxf(mx[rr], __shfl_xor_sync(0xffffffffu, mx[rr], 2));
-        const float mn = fmaxf(m[rr], mx[rr] * scale_log2);
-        alpha[rr] = exp2f(m[rr] - mn);
-        m[rr] = mn;
-        l[rr] *= alpha[rr];
-      }
-#pragma unroll
-      for (int j = 0; j < 64; ++j) {
-        sv[j] = kFast ? exp2_ftz(fmaf(sv[j], scale_log2, -m[(j >> 1) & 1]))
-                      : exp2f(fmaf(sv[j], scale_log2, -m[(j >> 1) & 1]));
-        l[(j >> 1) & 1] += sv[j];
-      }
+      ws_tile_softmax<kFast>(sv, m, l, alpha, scale_log2);
       asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");  // PV of tile i - 1 done
       release(v_empty(ps));
       ++vit;
