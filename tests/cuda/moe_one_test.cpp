@@ -387,10 +387,11 @@ TEST(CudaMoeOne, FoldedCombineMatchesTheSeparateLaunch) {
     }
 }
 
-// The down kernel by output rows with its cluster start barrier (DecodeOption::kMoeDownRows 3): x bit for bit the
-// experts followed by the separate combine (no pair kernel involved there), eager with and without programmatic
-// launches and replayed from a graph, on the one-token cases the kernel takes (its three chunk counts; SERE's empty
-// slots). Run alone under compute-sanitizer racecheck, only the form with the barrier runs.
+// The down kernel by output rows (CTA pairs exchanging slot values through distributed shared memory after a cluster
+// start barrier): x bit for bit the experts followed by the separate combine (no pair kernel involved there), eager
+// with and without programmatic launches and replayed from a graph, on the one-token cases the kernel takes (its
+// three chunk counts; SERE's empty slots). Small enough to run alone under compute-sanitizer racecheck
+// (bench/gpu/pairstart.sh).
 TEST(CudaMoeOne, DownPairWithStartBarrierMatchesTheChain) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(111);
@@ -428,7 +429,6 @@ TEST(CudaMoeOne, DownPairWithStartBarrierMatchesTheChain) {
     rows.x = x.get();
     rows.ids = s->ids.get();
     rows.rows = true;
-    const DecodeOptionScope start_barrier(DecodeOption::kMoeDownRows, 3);
     const bool pdl = programmatic_launch();
     for (bool on : {false, true}) {
       SCOPED_TRACE(testing::Message() << "pdl " << on);
@@ -440,7 +440,7 @@ TEST(CudaMoeOne, DownPairWithStartBarrierMatchesTheChain) {
       EXPECT_TRUE(rs.is_ok()) << rs.to_string();
       EXPECT_TRUE(result() == want);
     }
-    expect_replays_equal(*s, rows, 2, reset, result, want);  // captured with kMoeDownRows 3
+    expect_replays_equal(*s, rows, 2, reset, result, want);
   }
 }
 

@@ -297,10 +297,10 @@ size_t pair_smem(int I) {
                   static_cast<size_t>(kWarps) * kPairExperts * 2 * 32 * sizeof(float));
 }
 
-// kStart (DecodeOption::kMoeDownRows 3): each CTA arrives on the cluster barrier at its start, and rank 1 waits on it
-// before its first store into rank 0's shared memory, so that rank 0 is known to run (without it compute-sanitizer
-// racecheck reports the stores as into "a block that might not have entered yet").
-template <int kC, bool kStart>
+// Each CTA arrives on the cluster barrier at its start and waits on it before its store into rank 0's shared memory,
+// so that rank 0 is known to run (without it compute-sanitizer racecheck reported the stores as into "a block that
+// might not have entered yet"; measured at batch 1 within the noise of the run: BENCHMARKS.md).
+template <int kC>
 __global__ void __launch_bounds__(kPairThreads, 2) one_down_pair_kernel(OneParams p) {
   extern __shared__ __align__(128) unsigned char wsm[];
   __shared__ __align__(8) uint64_t bar;
@@ -311,7 +311,7 @@ __global__ void __launch_bounds__(kPairThreads, 2) one_down_pair_kernel(OneParam
   const int r0 = blockIdx.y * kRows;
   const int chunks = p.I / kChunk;
   const uint32_t row_bytes = static_cast<uint32_t>(p.I) * 2, stride = row_bytes + 16;
-  if constexpr (kStart) cluster_arrive_relaxed();
+  cluster_arrive_relaxed();
   step_timeline_phase(0);
   const int na = __ldcg(p.plan.num_active);
   int e[kPairExperts];
@@ -384,7 +384,7 @@ __global__ void __launch_bounds__(kPairThreads, 2) one_down_pair_kernel(OneParam
     red[warp][x][1][lane] = acc[x][2];  // token 0, row g + 8
   }
   __syncthreads();
-  if constexpr (kStart) cluster_wait();  // both CTAs have started
+  cluster_wait();  // both CTAs have started
   if (threadIdx.x < kPairExperts * kRows && jq < na) {  // expert x's row r0 + q: its slot value into rank 0
     const int h8 = q >> 3, l = (q & 7) * 4;               // lane (g = q & 7, tq = 0), rows g or g + 8
     float v = 0.f;
@@ -481,11 +481,9 @@ Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights,
     if (!moe_one_rows_ok(N, K, E, H, I) || combine->w || combine->y)
       return invalid_argument("moe_experts_one: the down kernel by output rows needs one token, K <= 8, I <= 768 "
                               "and no norm (x only)");
-    const bool start = decode_option(DecodeOption::kMoeDownRows) == 3;
-    const auto kernel =
-        I <= kChunk * kWarps       ? (start ? one_down_pair_kernel<1, true> : one_down_pair_kernel<1, false>)
-        : I <= kChunk * kWarps * 2 ? (start ? one_down_pair_kernel<2, true> : one_down_pair_kernel<2, false>)
-                                   : (start ? one_down_pair_kernel<3, true> : one_down_pair_kernel<3, false>);
+    const auto kernel = I <= kChunk * kWarps       ? one_down_pair_kernel<1>
+                        : I <= kChunk * kWarps * 2 ? one_down_pair_kernel<2>
+                                                   : one_down_pair_kernel<3>;
     const size_t smem = pair_smem(I);
     ZEST_RETURN_IF_ERROR(cuda_status(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
                                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
