@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "cuda/cuda_test_util.h"
+#include "cuda/fused_decode_case.h"
 #include "cuda/prefill_attention_check.h"
 
 namespace zest::cuda::test {
@@ -98,26 +99,6 @@ TEST(CudaRope, OneDimensionalRopeWithSmallHeadDim) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(22);
   run_rope_case({3, 6, 3, 64, false}, rng);
-}
-
-// Reference attention of one query over keys/values given as f32 rows (for each position) of one head.
-void ref_attend(const float* q, const std::vector<const float*>& k, const std::vector<const float*>& v, int D,
-                float scale, float* out) {
-  std::vector<double> s(k.size());
-  double mx = -INFINITY;
-  for (size_t j = 0; j < k.size(); ++j) {
-    double d = 0;
-    for (int i = 0; i < D; ++i) d += static_cast<double>(q[i]) * k[j][i];
-    s[j] = d * scale;
-    mx = std::max(mx, s[j]);
-  }
-  double sum = 0;
-  for (auto& x : s) sum += (x = std::exp(x - mx));
-  for (int i = 0; i < D; ++i) {
-    double o = 0;
-    for (size_t j = 0; j < k.size(); ++j) o += s[j] * v[j][i];
-    out[i] = static_cast<float>(o / sum);
-  }
 }
 
 // unaligned_q: the query rows start one element past a 16-byte boundary (the scalar query loads).
@@ -235,26 +216,6 @@ TEST(CudaDecodeAttention, BothPageLoopsMatchReference) {
   set_decode_option(DecodeOption::kAttentionKernel, default_decode_option(DecodeOption::kAttentionKernel));
 }
 
-// Host q/k RMSNorm + rotate-half RoPE of one head row (D = 128) with the kernels' bf16 roundings (eps 1e-6).
-void ref_norm_rope128(const float* x, const std::vector<float>& w, const double* p_axis, bool mrope, double theta,
-                      float* out) {
-  const int D = 128, half = 64;
-  double ss = 0;
-  for (int d = 0; d < D; ++d) ss += static_cast<double>(x[d]) * x[d];
-  const float inv = static_cast<float>(1.0 / std::sqrt(ss / D + kEps));
-  std::vector<float> n(D);
-  for (int d = 0; d < D; ++d) n[d] = round_bf16(round_bf16(x[d] * inv) * w[d]);
-  for (int j = 0; j < half; ++j) {
-    int axis = 0;
-    if (mrope && j % 3 == 1 && j < 60) axis = 1;
-    if (mrope && j % 3 == 2 && j < 60) axis = 2;
-    const double ang = p_axis[axis] / std::pow(theta, 2.0 * j / D);
-    const float cs = round_bf16(static_cast<float>(std::cos(ang))), sn = round_bf16(static_cast<float>(std::sin(ang)));
-    out[j] = round_bf16(n[j] * cs - n[j + half] * sn);
-    out[j + half] = round_bf16(n[j + half] * cs + n[j] * sn);
-  }
-}
-
 // decode_attention_fused with each kAttentionKernel value of `variants` against one host reference: q/k norm + RoPE,
 // the current token's k/v stored at its slot (k within bf16 tolerance, v bit for bit) and attended, attention in
 // double (output within kTol = 2e-2 of max |ref|). The cache is random; rows past each sequence's context in its last
@@ -264,82 +225,28 @@ void ref_norm_rope128(const float* x, const std::vector<float>& w, const double*
 // the workspace then filled with 0xff bytes, the output poisoned), gives the same bits.
 void run_fused_variants_case(const std::vector<int>& variants, const std::vector<int>& lens, int Hkv, bool mrope,
                              std::mt19937& rng) {
-  const int B = static_cast<int>(lens.size()), D = 128, Hq = 8 * Hkv;
-  SCOPED_TRACE(testing::Message() << "B=" << B << " Hkv=" << Hkv << " mrope=" << mrope << " first len=" << lens[0]);
-  const int max_ctx = *std::max_element(lens.begin(), lens.end());
-  const int max_blocks = (max_ctx + kKvBlock - 1) / kKvBlock + 1;
-  const int num_blocks = B * max_blocks;
-  std::vector<int32_t> bt(num_blocks);
-  std::iota(bt.begin(), bt.end(), 0);
-  std::shuffle(bt.begin(), bt.end(), rng);
-  const size_t cache_elems = static_cast<size_t>(num_blocks) * kKvBlock * Hkv * D;
-  auto kc = random_bf16(cache_elems, rng, -1.5f, 1.5f), vc = random_bf16(cache_elems, rng);
-  const uint16_t nan_bits = 0x7fc0;
-  for (int b = 0; b < B; ++b)
-    for (int t = lens[b]; t < (lens[b] + kKvBlock - 1) / kKvBlock * kKvBlock; ++t) {
-      const size_t off =
-          (static_cast<size_t>(bt[b * max_blocks + t / kKvBlock]) * kKvBlock + t % kKvBlock) * Hkv * D;
-      for (size_t i = 0; i < static_cast<size_t>(Hkv) * D; ++i) {
-        kc.bits[off + i] = vc.bits[off + i] = nan_bits;
-        kc.f[off + i] = vc.f[off + i] = NAN;
-      }
-    }
-  const int q_stride = (Hq + 2 * Hkv) * D;
-  auto qkv = random_bf16(static_cast<size_t>(B) * q_stride, rng, -2.f, 2.f);
-  auto qn = random_bf16(D, rng, 0.5f, 1.5f), kn = random_bf16(D, rng, 0.5f, 1.5f);
-  std::vector<int32_t> pos(3 * B), slots(B);
-  std::uniform_int_distribution<int> pd(0, 3000);
-  for (int b = 0; b < B; ++b) {
-    pos[b] = lens[b] - 1;
-    pos[B + b] = pd(rng);
-    pos[2 * B + b] = pd(rng);
-    const int p = lens[b] - 1;
-    slots[b] = bt[b * max_blocks + p / kKvBlock] * kKvBlock + p % kKvBlock;
-  }
-  RopeParams rope;
-  rope.theta = mrope ? 5e6f : 1e6f;
-  if (mrope) rope.section_h = rope.section_w = 20;
-  const int pos_stride = mrope ? B : 0;
-  DecodeAttention p;
-  p.batch = B;
-  p.q_heads = Hq;
-  p.kv_heads = Hkv;
-  p.max_context = max_ctx;
-  p.max_blocks = max_blocks;
-  p.scale = 1.f / std::sqrt(static_cast<float>(D));
+  SCOPED_TRACE(testing::Message() << "B=" << lens.size() << " Hkv=" << Hkv << " mrope=" << mrope
+                                  << " first len=" << lens[0]);
+  const FusedDecodeCase c = make_fused_decode_case(lens, Hkv, mrope, /*nan_tail=*/true, rng);
+  const int B = c.B, Hq = c.Hq, D = c.D, q_stride = c.q_stride;
+  const DecodeAttention& p = c.p;
 
+  // The rows of a cache at the current tokens' slots.
+  const auto at_slots = [&](const std::vector<float>& cache) {
+    std::vector<float> rows;
+    for (int b = 0; b < B; ++b) {
+      const auto row = cache.begin() + static_cast<size_t>(c.slots[b]) * Hkv * D;
+      rows.insert(rows.end(), row, row + static_cast<size_t>(Hkv) * D);
+    }
+    return rows;
+  };
   // Host reference (once for all variants).
-  std::vector<float> kref = kc.f, vref = vc.f, ref(static_cast<size_t>(B) * Hq * D), qh(D);
-  for (int b = 0; b < B; ++b) {
-    const double pa[3] = {static_cast<double>(pos[b]), static_cast<double>(pos[mrope ? B + b : b]),
-                          static_cast<double>(pos[mrope ? 2 * B + b : b])};
-    for (int h = 0; h < Hkv; ++h) {
-      const size_t dst = (static_cast<size_t>(slots[b]) * Hkv + h) * D;
-      ref_norm_rope128(&qkv.f[static_cast<size_t>(b) * q_stride + (Hq + h) * D], kn.f, pa, mrope, rope.theta,
-                       &kref[dst]);
-      for (int d = 0; d < D; ++d) vref[dst + d] = qkv.f[static_cast<size_t>(b) * q_stride + (Hq + Hkv + h) * D + d];
-    }
-    for (int h = 0; h < Hq; ++h) {
-      ref_norm_rope128(&qkv.f[static_cast<size_t>(b) * q_stride + h * D], qn.f, pa, mrope, rope.theta, qh.data());
-      std::vector<const float*> ks, vs;
-      for (int t = 0; t < lens[b]; ++t) {
-        const size_t off =
-            ((static_cast<size_t>(bt[b * max_blocks + t / kKvBlock]) * kKvBlock + t % kKvBlock) * Hkv + h / 8) * D;
-        ks.push_back(&kref[off]);
-        vs.push_back(&vref[off]);
-      }
-      ref_attend(qh.data(), ks, vs, D, p.scale, &ref[(static_cast<size_t>(b) * Hq + h) * D]);
-    }
-  }
-  std::vector<float> kr, vr;
-  for (int b = 0; b < B; ++b)
-    for (size_t i = 0; i < static_cast<size_t>(Hkv) * D; ++i) {
-      kr.push_back(kref[static_cast<size_t>(slots[b]) * Hkv * D + i]);
-      vr.push_back(vref[static_cast<size_t>(slots[b]) * Hkv * D + i]);
-    }
+  const FusedDecodeRef r = fused_decode_reference(c);
+  const std::vector<float>& ref = r.out;
+  const std::vector<float> kr = at_slots(r.kref), vr = at_slots(r.vref);
 
-  DevBuf<int32_t> dbt(bt), dlens(std::vector<int32_t>(lens.begin(), lens.end())), dpos(pos), dslots(slots);
-  auto dqn = upload_bf16(qn), dkn = upload_bf16(kn), dq = upload_bf16(qkv);
+  DevBuf<int32_t> dbt(c.bt), dlens(std::vector<int32_t>(lens.begin(), lens.end())), dpos(c.pos), dslots(c.slots);
+  auto dqn = upload_bf16(c.qn), dkn = upload_bf16(c.kn), dq = upload_bf16(c.qkv);
   DevBuf<unsigned char> ws(decode_attention_workspace_bytes(p));
   ASSERT_EQ(cudaMemset(ws.get(), 0, ws.size()), cudaSuccess);
   DevBuf<unsigned char> next(1000003);  // prefetched for the "next kernel" (its size not a multiple of 16)
@@ -354,25 +261,19 @@ void run_fused_variants_case(const std::vector<int>& variants, const std::vector
     SCOPED_TRACE(testing::Message() << "kAttentionKernel " << variant);
     set_decode_option(DecodeOption::kAttentionKernel, variant);
     ASSERT_EQ(cudaMemset(ws.get(), 0, ws.size()), cudaSuccess);  // the previous variant's second launch filled it
-    auto dk = upload_bf16(kc), dv = upload_bf16(vc);
+    auto dk = upload_bf16(c.kc), dv = upload_bf16(c.vc);
     DevBuf<bf16> out(static_cast<size_t>(B) * Hq * D);
     out.poison();
-    const Status st1 = decode_attention_fused(p, dq->get(), q_stride, dqn->get(), dkn->get(), dpos.get(), pos_stride,
-                                              rope, dslots.get(), dk->get(), dv->get(), dbt.get(), dlens.get(),
-                                              out.get(), ws.get(), kEps, nullptr);
+    const Status st1 = decode_attention_fused(p, dq->get(), q_stride, dqn->get(), dkn->get(), dpos.get(),
+                                              c.pos_stride, c.rope, dslots.get(), dk->get(), dv->get(), dbt.get(),
+                                              dlens.get(), out.get(), ws.get(), kEps, nullptr);
     set_decode_option(DecodeOption::kAttentionKernel, default_decode_option(DecodeOption::kAttentionKernel));
     ZEST_ASSERT_OK(st1);
     sync_ok();
     const auto got = download_bf16(out);
     ZEST_EXPECT_CLOSE(got, ref, kTol);
     // The current tokens' k and v at their slots.
-    const auto kgot = download_bf16(*dk), vgot = download_bf16(*dv);
-    std::vector<float> kg, vg;
-    for (int b = 0; b < B; ++b)
-      for (size_t i = 0; i < static_cast<size_t>(Hkv) * D; ++i) {
-        kg.push_back(kgot[static_cast<size_t>(slots[b]) * Hkv * D + i]);
-        vg.push_back(vgot[static_cast<size_t>(slots[b]) * Hkv * D + i]);
-      }
+    const auto kg = at_slots(download_bf16(*dk)), vg = at_slots(download_bf16(*dv));
     ZEST_EXPECT_CLOSE(kg, kr, kTol);
     EXPECT_EQ(vg, vr);
 
@@ -381,9 +282,9 @@ void run_fused_variants_case(const std::vector<int>& variants, const std::vector
     set_decode_option(DecodeOption::kL2Prefetch, l2_modes[variant % 3]);
     ASSERT_EQ(cudaMemset(ws.get(), 0xff, ws.size()), cudaSuccess);
     out.poison();
-    const Status st2 = decode_attention_fused(p2, dq->get(), q_stride, dqn->get(), dkn->get(), dpos.get(), pos_stride,
-                                              rope, dslots.get(), dk->get(), dv->get(), dbt.get(), dlens.get(),
-                                              out.get(), ws.get(), kEps, nullptr);
+    const Status st2 = decode_attention_fused(p2, dq->get(), q_stride, dqn->get(), dkn->get(), dpos.get(),
+                                              c.pos_stride, c.rope, dslots.get(), dk->get(), dv->get(), dbt.get(),
+                                              dlens.get(), out.get(), ws.get(), kEps, nullptr);
     set_decode_option(DecodeOption::kAttentionKernel, default_decode_option(DecodeOption::kAttentionKernel));
     set_decode_option(DecodeOption::kL2Prefetch, default_decode_option(DecodeOption::kL2Prefetch));
     ZEST_ASSERT_OK(st2);

@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "cuda/cuda_test_util.h"
+#include "cuda/fused_decode_case.h"
 #include "cuda/route_case.h"
 #include "kernels/cuda/synthetic_decoder.h"
 #include "kernels/cuda/tile_probe.h"
@@ -363,83 +364,35 @@ TEST(CudaLatencyRoute, FusedRoutingMatchesReference) {
                    .is_ok());
 }
 
-// Host q/k RMSNorm + rotate-half RoPE of one head row (D = 128), with the kernels' bf16 roundings.
-void ref_norm_rope(const float* x, const std::vector<float>& w, const double* p_axis, bool mrope, double theta,
-                   float* out) {
-  const int D = 128, half = 64;
-  double ss = 0;
-  for (int d = 0; d < D; ++d) ss += static_cast<double>(x[d]) * x[d];
-  const float inv = static_cast<float>(1.0 / std::sqrt(ss / D + 1e-6));
-  std::vector<float> n(D);
-  for (int d = 0; d < D; ++d) n[d] = round_bf16(round_bf16(x[d] * inv) * w[d]);
-  for (int j = 0; j < half; ++j) {
-    int axis = 0;
-    if (mrope && j % 3 == 1 && j < 60) axis = 1;
-    if (mrope && j % 3 == 2 && j < 60) axis = 2;
-    const double ang = p_axis[axis] / std::pow(theta, 2.0 * j / D);
-    const float cs = round_bf16(static_cast<float>(std::cos(ang))), sn = round_bf16(static_cast<float>(std::sin(ang)));
-    out[j] = round_bf16(n[j] * cs - n[j + half] * sn);
-    out[j + half] = round_bf16(n[j + half] * cs + n[j] * sn);
-  }
-}
-
 // Decode attention with q/k norm + RoPE + KV write folded in, against (1) a host reference (norm + RoPE, the new
 // token's k/v at its position, attention in double) within bf16 tolerance and (2) the separate kernels
 // qk_norm_rope_kv + decode_attention (output and k cache within 1e-2, v cache bit for bit). Mixed lengths (1, 5, 16,
 // 17, 33, 64, 300, 1025 tokens: the current token first, last and inside a page), random block tables, stale cache
 // contents at the current slot, 1-D RoPE and M-RoPE, batch 1, 3 and 5.
 void run_fused_attention_case(const std::vector<int>& lens, int Hkv, bool mrope, std::mt19937& rng) {
-  const int B = static_cast<int>(lens.size()), D = 128, Hq = 8 * Hkv;
-  SCOPED_TRACE(testing::Message() << "B=" << B << " Hkv=" << Hkv << " mrope=" << mrope << " first len=" << lens[0]);
-  const int max_ctx = *std::max_element(lens.begin(), lens.end());
-  const int max_blocks = (max_ctx + kKvBlock - 1) / kKvBlock + 1;
-  const int num_blocks = B * max_blocks;
-  std::vector<int32_t> bt(num_blocks);
-  std::iota(bt.begin(), bt.end(), 0);
-  std::shuffle(bt.begin(), bt.end(), rng);
-  const size_t cache_elems = static_cast<size_t>(num_blocks) * kKvBlock * Hkv * D;
-  auto kc = random_bf16(cache_elems, rng, -1.5f, 1.5f), vc = random_bf16(cache_elems, rng);
-  const int q_stride = (Hq + 2 * Hkv) * D;
-  auto qkv = random_bf16(static_cast<size_t>(B) * q_stride, rng, -2.f, 2.f);
-  auto qn = random_bf16(D, rng, 0.5f, 1.5f), kn = random_bf16(D, rng, 0.5f, 1.5f);
-  std::vector<int32_t> pos(3 * B), slots(B);
-  std::uniform_int_distribution<int> pd(0, 3000);
-  for (int b = 0; b < B; ++b) {
-    pos[b] = lens[b] - 1;
-    pos[B + b] = pd(rng);
-    pos[2 * B + b] = pd(rng);
-    const int p = lens[b] - 1;
-    slots[b] = bt[b * max_blocks + p / kKvBlock] * kKvBlock + p % kKvBlock;
-  }
-  RopeParams rope;
-  rope.theta = mrope ? 5e6f : 1e6f;
-  if (mrope) rope.section_h = rope.section_w = 20;
-  const int pos_stride = mrope ? B : 0;
-  DecodeAttention p;
-  p.batch = B;
-  p.q_heads = Hq;
-  p.kv_heads = Hkv;
-  p.max_context = max_ctx;
-  p.max_blocks = max_blocks;
-  p.scale = 1.f / std::sqrt(static_cast<float>(D));
+  SCOPED_TRACE(testing::Message() << "B=" << lens.size() << " Hkv=" << Hkv << " mrope=" << mrope
+                                  << " first len=" << lens[0]);
+  const FusedDecodeCase c = make_fused_decode_case(lens, Hkv, mrope, /*nan_tail=*/false, rng);
+  const int B = c.B, Hq = c.Hq, D = c.D, q_stride = c.q_stride;
+  const DecodeAttention& p = c.p;
   ASSERT_TRUE(decode_attention_fused_ok(p, reinterpret_cast<const bf16*>(0x1000), q_stride));
 
-  DevBuf<int32_t> dbt(bt), dlens(std::vector<int32_t>(lens.begin(), lens.end())), dpos(pos), dslots(slots);
-  auto dqn = upload_bf16(qn), dkn = upload_bf16(kn);
+  DevBuf<int32_t> dbt(c.bt), dlens(std::vector<int32_t>(lens.begin(), lens.end())), dpos(c.pos), dslots(c.slots);
+  auto dqn = upload_bf16(c.qn), dkn = upload_bf16(c.kn);
   DevBuf<unsigned char> ws(decode_attention_workspace_bytes(p));
   ASSERT_EQ(cudaMemset(ws.get(), 0, ws.size()), cudaSuccess);
   // Fused.
-  auto dk1 = upload_bf16(kc), dv1 = upload_bf16(vc), dq1 = upload_bf16(qkv);
+  auto dk1 = upload_bf16(c.kc), dv1 = upload_bf16(c.vc), dq1 = upload_bf16(c.qkv);
   DevBuf<bf16> out1(static_cast<size_t>(B) * Hq * D);
   out1.poison();
-  ZEST_ASSERT_OK(decode_attention_fused(p, dq1->get(), q_stride, dqn->get(), dkn->get(), dpos.get(), pos_stride, rope,
-                                        dslots.get(), dk1->get(), dv1->get(), dbt.get(), dlens.get(), out1.get(),
-                                        ws.get(), 1e-6f, nullptr));
+  ZEST_ASSERT_OK(decode_attention_fused(p, dq1->get(), q_stride, dqn->get(), dkn->get(), dpos.get(), c.pos_stride,
+                                        c.rope, dslots.get(), dk1->get(), dv1->get(), dbt.get(), dlens.get(),
+                                        out1.get(), ws.get(), 1e-6f, nullptr));
   sync_ok();
   // Separate kernels.
-  auto dk2 = upload_bf16(kc), dv2 = upload_bf16(vc), dq2 = upload_bf16(qkv);
+  auto dk2 = upload_bf16(c.kc), dv2 = upload_bf16(c.vc), dq2 = upload_bf16(c.qkv);
   DevBuf<bf16> out2(static_cast<size_t>(B) * Hq * D);
-  ZEST_ASSERT_OK(qk_norm_rope_kv(dq2->get(), dqn->get(), dkn->get(), dpos.get(), pos_stride, rope, dslots.get(),
+  ZEST_ASSERT_OK(qk_norm_rope_kv(dq2->get(), dqn->get(), dkn->get(), dpos.get(), c.pos_stride, c.rope, dslots.get(),
                                  dk2->get(), dv2->get(), B, Hq, Hkv, D, 1e-6f, nullptr));
   ZEST_ASSERT_OK(decode_attention(p, dq2->get(), q_stride, dk2->get(), dv2->get(), dbt.get(), dlens.get(), out2.get(),
                                   ws.get(), nullptr));
@@ -450,46 +403,13 @@ void run_fused_attention_case(const std::vector<int>& lens, int Hkv, bool mrope,
   ZEST_EXPECT_CLOSE(download_bf16(*dk1), download_bf16(*dk2), 1e-2);
   EXPECT_EQ(download_bf16(*dv1), download_bf16(*dv2));
   // The input rows are left as they were.
-  EXPECT_EQ(download_bf16(*dq1), qkv.f);
+  EXPECT_EQ(download_bf16(*dq1), c.qkv.f);
 
   // Host reference.
-  std::vector<float> kref = kc.f, vref = vc.f, ref(got.size()), qh(D);
-  for (int b = 0; b < B; ++b) {
-    const double pa[3] = {static_cast<double>(pos[b]), static_cast<double>(pos[mrope ? B + b : b]),
-                          static_cast<double>(pos[mrope ? 2 * B + b : b])};
-    for (int h = 0; h < Hkv; ++h) {
-      const size_t dst = (static_cast<size_t>(slots[b]) * Hkv + h) * D;
-      ref_norm_rope(&qkv.f[static_cast<size_t>(b) * q_stride + (Hq + h) * D], kn.f, pa, mrope, rope.theta, &kref[dst]);
-      for (int d = 0; d < D; ++d) vref[dst + d] = qkv.f[static_cast<size_t>(b) * q_stride + (Hq + Hkv + h) * D + d];
-    }
-    for (int h = 0; h < Hq; ++h) {
-      ref_norm_rope(&qkv.f[static_cast<size_t>(b) * q_stride + h * D], qn.f, pa, mrope, rope.theta, qh.data());
-      std::vector<double> sc(lens[b]);
-      double mx = -INFINITY;
-      for (int t = 0; t < lens[b]; ++t) {
-        const size_t off = ((static_cast<size_t>(bt[b * max_blocks + t / kKvBlock]) * kKvBlock + t % kKvBlock) * Hkv +
-                            h / 8) * D;
-        double d = 0;
-        for (int i = 0; i < D; ++i) d += static_cast<double>(qh[i]) * kref[off + i];
-        sc[t] = d * p.scale;
-        mx = std::max(mx, sc[t]);
-      }
-      double sum = 0;
-      for (auto& x : sc) sum += (x = std::exp(x - mx));
-      for (int i = 0; i < D; ++i) {
-        double o = 0;
-        for (int t = 0; t < lens[b]; ++t) {
-          const size_t off =
-              ((static_cast<size_t>(bt[b * max_blocks + t / kKvBlock]) * kKvBlock + t % kKvBlock) * Hkv + h / 8) * D;
-          o += sc[t] * vref[off + i];
-        }
-        ref[(static_cast<size_t>(b) * Hq + h) * D + i] = static_cast<float>(o / sum);
-      }
-    }
-  }
-  ZEST_EXPECT_CLOSE(got, ref, kTol);
-  ZEST_EXPECT_CLOSE(download_bf16(*dk1), kref, kTol);
-  ZEST_EXPECT_CLOSE(download_bf16(*dv1), vref, 0.0);
+  const FusedDecodeRef r = fused_decode_reference(c);
+  ZEST_EXPECT_CLOSE(got, r.out, kTol);
+  ZEST_EXPECT_CLOSE(download_bf16(*dk1), r.kref, kTol);
+  ZEST_EXPECT_CLOSE(download_bf16(*dv1), r.vref, 0.0);
 }
 
 // Both merges: global partials with a last-CTA merge (kAttentionKernel 2) and the cluster merge (3; contexts above
