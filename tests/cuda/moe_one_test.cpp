@@ -261,6 +261,26 @@ void expect_replays_equal(Setup& s, const OneCombine& cmb, int reps, Reset&& res
   cudaStreamDestroy(st);
 }
 
+// The experts through moe_experts_one (variant 1) with the combine `cmb`: eager with and without programmatic
+// launches, then `reps` graph replays, each from reset() and giving result() == want.
+template <class Reset, class Result, class Want>
+void expect_eager_and_replays_equal(Setup& s, const OneCombine& cmb, int reps, Reset&& reset, Result&& result,
+                                    const Want& want) {
+  const OneCase& c = s.c;
+  const bool pdl = programmatic_launch();
+  for (bool on : {false, true}) {
+    SCOPED_TRACE(testing::Message() << "pdl " << on);
+    reset();
+    set_programmatic_launch(on);
+    const Status rs = moe_experts_one(s.x->get(), s.plan, s.w.get(), s.gu->get(), s.dn->get(), s.h.get(),
+                                      s.out.get(), c.N, c.K, c.E, c.H, c.I, 1, nullptr, nullptr, &cmb);
+    set_programmatic_launch(pdl);
+    EXPECT_TRUE(rs.is_ok()) << rs.to_string();
+    EXPECT_TRUE(result() == want);
+  }
+  expect_replays_equal(s, cmb, reps, reset, result, want);
+}
+
 // The combine folded into the down kernel (OneCombine: its last CTA runs moe_combine_add_rmsnorm's rows) against the
 // experts followed by the separate moe_combine_add_rmsnorm launch: the residual x and the normalised rows y equal bit
 // for bit, with the next norm's weight and without it (x only), for both variants, eager with and without
@@ -353,19 +373,9 @@ TEST(CudaMoeOne, FoldedCombineMatchesTheSeparateLaunch) {
         rows.x = x.get();
         rows.ids = s->ids.get();
         rows.rows = true;
-        for (bool on : {false, true}) {
-          SCOPED_TRACE(testing::Message() << "rows, pdl " << on);
-          reset();
-          set_programmatic_launch(on);
-          const Status rs = moe_experts_one(s->x->get(), s->plan, s->w.get(), s->gu->get(), s->dn->get(), s->h.get(),
-                                            s->out.get(), c.N, c.K, c.E, c.H, c.I, 1, nullptr, nullptr, &rows);
-          set_programmatic_launch(pdl);
-          ZEST_ASSERT_OK(rs);
-          EXPECT_TRUE(result() == want);
-        }
         {
           SCOPED_TRACE("rows");
-          expect_replays_equal(*s, rows, 2, reset, result, want);
+          expect_eager_and_replays_equal(*s, rows, 2, reset, result, want);
         }
         // Through moe_experts_decode_combine, also with the weight loads marked evict-first (kMoeEvictFirst 1).
         for (int ef : {0, 1}) {
@@ -429,18 +439,7 @@ TEST(CudaMoeOne, DownPairWithStartBarrierMatchesTheChain) {
     rows.x = x.get();
     rows.ids = s->ids.get();
     rows.rows = true;
-    const bool pdl = programmatic_launch();
-    for (bool on : {false, true}) {
-      SCOPED_TRACE(testing::Message() << "pdl " << on);
-      reset();
-      set_programmatic_launch(on);
-      const Status rs = moe_experts_one(s->x->get(), s->plan, s->w.get(), s->gu->get(), s->dn->get(), s->h.get(),
-                                        s->out.get(), c.N, c.K, c.E, c.H, c.I, 1, nullptr, nullptr, &rows);
-      set_programmatic_launch(pdl);
-      EXPECT_TRUE(rs.is_ok()) << rs.to_string();
-      EXPECT_TRUE(result() == want);
-    }
-    expect_replays_equal(*s, rows, 2, reset, result, want);
+    expect_eager_and_replays_equal(*s, rows, 2, reset, result, want);
   }
 }
 
