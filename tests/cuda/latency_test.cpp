@@ -58,6 +58,28 @@ TEST(CudaLatencyGemm, SharedMemoryTileMatchesReference) {
   }
 }
 
+// rows_ring (kHeadGemm 1) against rows_mma (kHeadGemm 0) on one random product: the same bits, and within kTol of a
+// double reference.
+void expect_ring_matches_streaming(int M, int N, int K, std::mt19937& rng) {
+  auto x = random_bf16(static_cast<size_t>(M) * K, rng), w = random_bf16(static_cast<size_t>(N) * K, rng);
+  auto dx = upload_bf16(x), dw = upload_bf16(w);
+  DevBuf<bf16> ring(static_cast<size_t>(M) * N), stream(static_cast<size_t>(M) * N);
+  ring.poison();
+  stream.poison();
+  {
+    DecodeOptionScope head(DecodeOption::kHeadGemm, 1);
+    ZEST_ASSERT_OK(gemm(dx->get(), dw->get(), ring.get(), M, N, K, nullptr));
+  }
+  {
+    DecodeOptionScope head(DecodeOption::kHeadGemm, 0);
+    ZEST_ASSERT_OK(gemm(dx->get(), dw->get(), stream.get(), M, N, K, nullptr));
+  }
+  sync_ok();
+  const auto got = download_bf16(ring);
+  EXPECT_EQ(got, download_bf16(stream));
+  ZEST_EXPECT_CLOSE(got, ref_gemm(x.f, w.f, M, N, K), kTol);
+}
+
 // The small-M GEMM for many row tiles (the lm_head; DecodeOption::kHeadGemm 1: rows_ring, a persistent CTA per SM with
 // a bulk-copy ring of 16-row tiles): the same bits as the register-streamed rows_mma (kHeadGemm 0, whose chunk and
 // reduction order it keeps) and within kTol of a double reference, for one and two token tiles (M = 1, 5, 8, 9, 16),
@@ -74,23 +96,7 @@ TEST(CudaLatencyGemm, RingMatchesStreamingKernelAndReference) {
                       std::pair{5, 32}, std::pair{16, 32}}) {
     const int N = 16 * tiles;
     SCOPED_TRACE(testing::Message() << "M=" << M << " N=" << N << " K=" << K);
-    auto x = random_bf16(static_cast<size_t>(M) * K, rng), w = random_bf16(static_cast<size_t>(N) * K, rng);
-    auto dx = upload_bf16(x), dw = upload_bf16(w);
-    DevBuf<bf16> ring(static_cast<size_t>(M) * N), stream(static_cast<size_t>(M) * N);
-    ring.poison();
-    stream.poison();
-    {
-      DecodeOptionScope head(DecodeOption::kHeadGemm, 1);
-      ZEST_ASSERT_OK(gemm(dx->get(), dw->get(), ring.get(), M, N, K, nullptr));
-    }
-    {
-      DecodeOptionScope head(DecodeOption::kHeadGemm, 0);
-      ZEST_ASSERT_OK(gemm(dx->get(), dw->get(), stream.get(), M, N, K, nullptr));
-    }
-    sync_ok();
-    const auto got = download_bf16(ring);
-    EXPECT_EQ(got, download_bf16(stream));
-    ZEST_EXPECT_CLOSE(got, ref_gemm(x.f, w.f, M, N, K), kTol);
+    expect_ring_matches_streaming(M, N, K, rng);
   }
   // x written by the kernel before (an RMSNorm of a residual row block), programmatic launches on.
   const bool pdl = programmatic_launch();
@@ -111,6 +117,22 @@ TEST(CudaLatencyGemm, RingMatchesStreamingKernelAndReference) {
     EXPECT_EQ(download_bf16(chained), download_bf16(alone)) << "repetition " << rep;
   }
   set_programmatic_launch(pdl);
+}
+
+// rows_ring with short rows (K = 256: 8 chunks, one per consumer warp, so every warp reads every stage; 4 stages) and
+// 6-7 tiles per CTA, so each stage is refilled after its readers handed it back: the same bits as rows_mma and within
+// kTol of the reference, for one and two token tiles. Small enough for compute-sanitizer's racecheck
+// (bench/gpu/racecheck.sh).
+TEST(CudaLatencyGemm, RingRefillsItsStagesWithShortRows) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(917);
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  const int K = 256, N = 16 * (6 * sms + 5);
+  for (int M : {1, 16}) {
+    SCOPED_TRACE(testing::Message() << "M=" << M << " N=" << N << " K=" << K);
+    expect_ring_matches_streaming(M, N, K, rng);
+  }
 }
 
 // The qkv GEMM with L2 prefetches of a paged KV cache (gemm_kv_prefetch, DecodeOption::kL2Prefetch 0-5, small-M GEMM

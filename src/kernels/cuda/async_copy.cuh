@@ -22,7 +22,8 @@ __device__ __forceinline__ void mbar_init_count(uint64_t* bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
 }
 
-// One arrival on the current phase.
+// One arrival on the current phase. It releases the arriving thread's own earlier accesses only (.release.cta): a
+// ring stage that many threads read is handed back with one arrival per reading thread.
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(bar)) : "memory");
 }

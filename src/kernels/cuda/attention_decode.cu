@@ -873,7 +873,7 @@ __global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
       mbar_init_count(&full[s], 1);
-      mbar_init_count(&empty[s], kRingHeads);
+      mbar_init_count(&empty[s], kRingHeads * 32);  // one arrival per consumer thread
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -1014,8 +1014,7 @@ __global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
       }
       // The patched row was written through the generic proxy; the stage's next bulk copy must come after it.
       if (tn >= 0) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      __syncwarp();
-      if (lane == 0) mbar_arrive(&empty[s]);
+      mbar_arrive(&empty[s]);  // each thread releases its own reads of the stage
       if (i == 0) step_timeline_phase(2);  // the first page attended
     }
     step_timeline_phase(3);  // every page attended

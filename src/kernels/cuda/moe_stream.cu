@@ -205,7 +205,7 @@ __device__ __forceinline__ Item decode_item(const StreamArgs& a, int item, int n
 
 // The CTA's sequence of items. Lane 0 of the claiming warp (the first producer warp) takes item numbers from the
 // plan's counter, in the order of the atomic adds of every CTA, and posts each into item word n % R (after the item
-// before it in that word has been taken by every other warp: item_empty, one arrival per reading warp), arriving on
+// before it in that word has been taken by every other warp: item_empty, one arrival per reading thread), arriving on
 // item_full; the other warps wait on item_full and read it. A number >= total ends the sequence. Without AHEAD the
 // claiming warp claims one item ahead (the atomic's round trip overlaps the current item's copies) and every warp
 // loads an item's expert and token range itself; with AHEAD it claims two ahead, loads the next item's expert and
@@ -269,12 +269,11 @@ struct ItemFeed {
   }
 
   // Every other warp: the next posted item.
-  __device__ __forceinline__ int4 next_reading(int lane) {
+  __device__ __forceinline__ int4 next_reading() {
     const int d = static_cast<int>(n % kItemRing);
     mbar_wait(bar + 8 * d, (n / kItemRing) & 1u);
     const int4 w = word[d];
-    __syncwarp();
-    if (lane == 0) mbar_arrive(bar + 8 * (kItemRing + d));
+    mbar_arrive(bar + 8 * (kItemRing + d));  // each thread releases its own read of the word
     ++n;
     return w;
   }
@@ -398,11 +397,11 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
   if (threadIdx.x == 0) {
     for (int s = 0; s < NS; ++s) {
       mbar_init(bar0 + 8 * s, P);
-      mbar_init(bar0 + 8 * (NS + s), kConsumers);
+      mbar_init(bar0 + 8 * (NS + s), kConsumers * 32);  // one arrival per consumer thread
     }
     for (int d = 0; d < kItemRing; ++d) {
       mbar_init(feed.bar + 8 * d, 1);
-      mbar_init(feed.bar + 8 * (kItemRing + d), P - 1 + kConsumers + (EPI ? 1 : 0));
+      mbar_init(feed.bar + 8 * (kItemRing + d), (P - 1 + kConsumers + (EPI ? 1 : 0)) * 32);  // per reading thread
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -425,7 +424,7 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
     const int pw = warp - kConsumers;
     const int tb = pw + P * lane;
     for (;;) {
-      const int4 w = claiming ? feed.next_claiming(lane, total, a, n_gu, gu_tiles, dn_tiles) : feed.next_reading(lane);
+      const int4 w = claiming ? feed.next_claiming(lane, total, a, n_gu, gu_tiles, dn_tiles) : feed.next_reading();
       if (w.x >= total) break;
       const Item it = item_of<AHEAD>(a, w, n_gu, gu_tiles, dn_tiles);
       const int width = it.gu ? a.H : a.I;
@@ -484,7 +483,7 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
     const uint32_t b_row = static_cast<uint32_t>(RA + t);
     const uint32_t a_rows = __popc(__ballot_sync(0xffffffffu, has_a));
     for (;;) {
-      const int4 w = claiming ? feed.next_claiming(lane, total, a, n_gu, gu_tiles, dn_tiles) : feed.next_reading(lane);
+      const int4 w = claiming ? feed.next_claiming(lane, total, a, n_gu, gu_tiles, dn_tiles) : feed.next_reading();
       if (w.x >= total) break;
       const Item it = item_of<AHEAD>(a, w, n_gu, gu_tiles, dn_tiles);
       const int width = it.gu ? a.H : a.I;
@@ -538,7 +537,7 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
     constexpr int kV = MT * 8;
     uint32_t pass = 0;
     for (;;) {
-      const int4 w = feed.next_reading(lane);
+      const int4 w = feed.next_reading();
       if (w.x >= total) break;
       const Item it = item_of<AHEAD>(a, w, n_gu, gu_tiles, dn_tiles);
       for (int c0 = it.beg; c0 < it.end; c0 += TG, ++pass) {
@@ -557,7 +556,7 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
     constexpr int kV = MT * 8;  // partial sums per lane and pass
     uint32_t pass = 0;
     for (;;) {
-      const int4 w = feed.next_reading(lane);
+      const int4 w = feed.next_reading();
       if (w.x >= total) break;
       const Item it = item_of<AHEAD>(a, w, n_gu, gu_tiles, dn_tiles);
       const int width = it.gu ? a.H : a.I;
@@ -599,8 +598,7 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
               if (two) mma_k32(acc[m][1], lo, hi, x1);
             }
           }
-          __syncwarp();
-          if (lane == 0) mbar_arrive(bar0 + 8 * (NS + s));
+          mbar_arrive(bar0 + 8 * (NS + s));  // each thread releases its own reads of the stage
         }
         // Partial sums of the four warps (double-buffered), reduced in fixed order by warp 0 or the epilogue warp.
         const int buf = static_cast<int>(pass & 1u);

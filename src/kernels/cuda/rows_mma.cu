@@ -435,7 +435,7 @@ __global__ void __launch_bounds__((kWarps + 1) * 32, 1) rows_ring_kernel(const b
   if (threadIdx.x == 0) {
     for (int s = 0; s < stages; ++s) {
       mbar_init_count(&full[s], 1);
-      mbar_init_count(&empty[s], kWarps);
+      mbar_init_count(&empty[s], kWarps * 32);  // one arrival per consumer thread
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -491,8 +491,7 @@ __global__ void __launch_bounds__((kWarps + 1) * 32, 1) rows_ring_kernel(const b
       const uint4 hi = *reinterpret_cast<const uint4*>(a_hi + c * kChunk * 2);
       mma_chunk(acc[0], acc[1], lo, hi, xa[u], xb[u], kTwo);
     }
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&empty[s]);  // this warp's reads of the stage are done
+    mbar_arrive(&empty[s]);  // this thread's reads of the stage are done (each releases its own reads)
     float(*rb)[8][32] = red[i & 1];
 #pragma unroll
     for (int n = 0; n < 2; ++n)
