@@ -6,16 +6,24 @@
 # may leave out what the command does not run (the carried tree is limited to 64 MiB); one without lib/ uses the
 # other's libraries.
 # Usage: bash bench/gpu-ab.sh A.tar.xz B.tar.xz 'COMMAND'   (COMMAND may use "$P/bench_decode_bench" etc.)
+# One-package form: bash bench/gpu-ab.sh DIR 'COMMAND', DIR an unpacked package that holds old/ (bench/gpu-package.sh
+# with OLD_ZEST): DIR against DIR/old (its zest, with DIR's libraries), when two packages would not fit the carry.
 set -u
 cd "$(dirname "$0")/.."
-[ $# -eq 3 ] || { echo "usage: bash bench/gpu-ab.sh A.tar.xz B.tar.xz 'COMMAND'" >&2; exit 2; }
 dirs=()
-for i in 1 2; do
-  pkg=${!i}
-  d=/tmp/zest-ab$i
-  rm -rf "$d" && mkdir -p "$d" && tar -xJf "$pkg" -C "$d" || exit 1
-  dirs+=("$d/pkg")
-done
+if [ $# -eq 2 ] && [ -d "$1/old" ]; then
+  dirs=("$1" "$1/old")
+  shift
+  set -- "" "" "$1"
+else
+  [ $# -eq 3 ] || { echo "usage: bash bench/gpu-ab.sh A.tar.xz B.tar.xz 'COMMAND' | DIR 'COMMAND'" >&2; exit 2; }
+  for i in 1 2; do
+    pkg=${!i}
+    d=/tmp/zest-ab$i
+    rm -rf "$d" && mkdir -p "$d" && tar -xJf "$pkg" -C "$d" || exit 1
+    dirs+=("$d/pkg")
+  done
+fi
 src=$(cat "${dirs[0]}/source_dir")
 if [ "$src" != "$PWD" ] && [ ! -e "$src" ]; then mkdir -p "$(dirname "$src")" && ln -s "$PWD" "$src"; fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader

@@ -21,7 +21,15 @@ done | sort -u | grep -vE '/(libc|libm|libdl|librt|libpthread|libgcc_s|libstdc\+
   | xargs -r cp -L -t .gpu/pkg/lib
 pwd >.gpu/pkg/source_dir  # tests find their fixtures through this compiled-in path
 git rev-parse --short HEAD >.gpu/pkg/commit
-tar -cJf .gpu/zest-gpu.tar.xz -C .gpu pkg
+# OLD_ZEST=DIR (a package directory, e.g. .gpu/pkg unpacked from the parent commit's package): its zest and commit go
+# in as pkg/old/, for bench/gpu-ab.sh's one-package form; xz -9 stores the second binary in little more than its
+# differences (the whole package stays well under the device tool's 64 MiB carry with the tracked tree).
+if [ -n "${OLD_ZEST:-}" ]; then
+  mkdir -p .gpu/pkg/old
+  cp "$OLD_ZEST/zest" "$OLD_ZEST/commit" .gpu/pkg/old/
+  cp .gpu/pkg/bench_*_bench .gpu/pkg/old/
+fi
+tar -cf - -C .gpu pkg | xz -9 -T0 >.gpu/zest-gpu.tar.xz
 echo "packed $(du -h .gpu/zest-gpu.tar.xz | cut -f1) from commit $(git rev-parse --short HEAD)"
 # TIMELINE=1: also the timeline tools (the kernels built with step-timeline records: bench_decode_timeline,
 # test_cuda_timeline) in their own package, .gpu/zest-timeline.tar.xz (run it with ZEST_PKG=.gpu/zest-timeline.tar.xz

@@ -1,12 +1,12 @@
 # limit: 560
 # The bulk-copy rings' stages handed back with one arrival per reading thread (rows_ring, the ring decode attention,
 # the streaming experts; before: lane 0 of each reading warp after __syncwarp). Part 1 (no argument): the whole CUDA
-# suite, then decode TPOT of this package against the one before it (carried as .gpu/zest-old.tar.xz), alternating.
-# Part 2 (argument "race"): compute-sanitizer racecheck and memcheck of the small tests that refill every ring's stages.
+# suite, then decode TPOT of this package against the one before it (packed in as old/: OLD_ZEST), alternating.
+# Part 2 (RACE=1): compute-sanitizer racecheck and memcheck of the small tests that refill every ring's stages.
 set -u
-if [ "${1:-}" != race ]; then
+if [ -z "${RACE:-}" ]; then
   "$P/test_cuda" 2>&1 | grep -E '^\[  (PASSED|FAILED)|^\[==========\]|Failure' | head -12
-  ROUNDS=2 bash bench/gpu-ab.sh .gpu/zest-gpu.tar.xz .gpu/zest-old.tar.xz \
+  ROUNDS=2 bash bench/gpu-ab.sh "$P" \
     '"$P/bench_decode_bench" --config qwen3-30b-a3b --context 1024 --batch 1,8,32 --steps 60 --warmup 5 --sere-primary 2 --sere-threshold 0' |
     grep -E '^\S+ r[0-9]+: \| [0-9]+ |copy bandwidth'
   exit 0
