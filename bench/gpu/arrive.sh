@@ -1,6 +1,6 @@
 # limit: 560
 # The bulk-copy rings' stages handed back with one arrival per reading thread (rows_ring, the ring decode attention,
-# the streaming experts; before: lane 0 of each reading warp after __syncwarp). Part 1 (no argument): the whole CUDA
+# the streaming experts; before: lane 0 of each reading warp after __syncwarp). Part 1 (RACE unset): the whole CUDA
 # suite, then decode TPOT of this package against the one before it (packed in as old/: OLD_ZEST), alternating.
 # Part 2 (RACE=1): compute-sanitizer racecheck and memcheck of the small tests that refill every ring's stages.
 set -u
