@@ -594,6 +594,23 @@ __device__ __forceinline__ RopeLane rope_lane(const float* p_axis, const RopePar
   return r;
 }
 
+// Sequence b's RoPE factors for this lane (rope_lane over its position's three axes) and the lane's four q and k norm
+// weights (elements lane + 32 i): step inputs and weights, which the fused kernels load before their wait.
+__device__ __forceinline__ RopeLane lane_rope_and_norms(const DecodeFuse& f, int b, int lane, float (&qw)[4],
+                                                        float (&kw)[4]) {
+  float p_axis[3];
+  p_axis[0] = static_cast<float>(f.pos[b]);
+  p_axis[1] = static_cast<float>(f.pos[f.pos_stride + b]);
+  p_axis[2] = static_cast<float>(f.pos[2 * f.pos_stride + b]);
+  const RopeLane rl = rope_lane(p_axis, f.rope, lane);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    qw[i] = __bfloat162float(f.q_norm[lane + 32 * i]);
+    kw[i] = __bfloat162float(f.k_norm[lane + 32 * i]);
+  }
+  return rl;
+}
+
 // Lane's part of one head row, its 4 values (elements lane + 32 i) in registers: RMSNorm with weights w4 (the same
 // elements) then rotate-half RoPE with the lane's factors; writes the 4 results to dst (shared) and, when kv_dst !=
 // null, to kv_dst. The same arithmetic as qk_norm_rope_kv.
@@ -675,20 +692,8 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kern
   if (pg_first < pg_end) load_page(pg_first, 0, kcur);
   if (pg_first + kDecWarps < pg_end) load_page(pg_first + kDecWarps, 1, knext);
   // Also before the wait: the RoPE factors (positions are step inputs) and the norm weights.
-  RopeLane rl;
   float qw[4], kw[4];
-  {
-    float p_axis[3];
-    p_axis[0] = static_cast<float>(f.pos[b]);
-    p_axis[1] = static_cast<float>(f.pos[f.pos_stride + b]);
-    p_axis[2] = static_cast<float>(f.pos[2 * f.pos_stride + b]);
-    rl = rope_lane(p_axis, f.rope, lane);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      qw[i] = __bfloat162float(f.q_norm[lane + 32 * i]);
-      kw[i] = __bfloat162float(f.k_norm[lane + 32 * i]);
-    }
-  }
+  const RopeLane rl = lane_rope_and_norms(f, b, lane, qw, kw);
   const int slot = new_pg >= 0 && f.slots ? f.slots[b] : -1;
   pdl_wait();
 
@@ -919,20 +924,8 @@ __global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
     prefetch_next_l2(f, lane);
   } else {
     const int kvh = kvh0 + warp;
-    RopeLane rl;
     float qw[4], kw[4];
-    {
-      float p_axis[3];
-      p_axis[0] = static_cast<float>(f.pos[b]);
-      p_axis[1] = static_cast<float>(f.pos[f.pos_stride + b]);
-      p_axis[2] = static_cast<float>(f.pos[2 * f.pos_stride + b]);
-      rl = rope_lane(p_axis, f.rope, lane);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        qw[i] = __bfloat162float(f.q_norm[lane + 32 * i]);
-        kw[i] = __bfloat162float(f.k_norm[lane + 32 * i]);
-      }
-    }
+    const RopeLane rl = lane_rope_and_norms(f, b, lane, qw, kw);
     const int slot = new_pg >= 0 && f.slots ? f.slots[b] : -1;
     pdl_wait();
     const bf16* row = qkv + static_cast<size_t>(b) * q_stride;

@@ -23,6 +23,7 @@
 #include <utility>
 #include <type_traits>
 
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/vision_mma.cuh"
 
@@ -398,6 +399,28 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_
          (static_cast<uint64_t>((sbo & 0x3FFFF) >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
 }
 
+// A thread's two attention output rows, `row` and `row + 8` (sequence-relative), from its part t of the m64n128
+// accumulator o: divided by the row's softmax sum (the quad's partial sums l, summed over the quad) and stored as bf16
+// at token start + row, head h of Hq; rows at or past len are not stored.
+__device__ __forceinline__ void store_wg_rows(const float (&o)[64], const float (&l)[2], bf16* out, int start, int row,
+                                              int len, int t, int h, int Hq) {
+  const size_t out_stride = static_cast<size_t>(Hq) * kD;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float lr = l[r];
+    lr += __shfl_xor_sync(0xffffffffu, lr, 1);
+    lr += __shfl_xor_sync(0xffffffffu, lr, 2);
+    const int rr = row + r * 8;
+    if (rr >= len) continue;
+    const float inv = 1.f / lr;
+    bf16* orow = out + static_cast<size_t>(start + rr) * out_stride + h * kD;
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+      *reinterpret_cast<uint32_t*>(orow + i * 8 + 2 * t) =
+          vmma::pack_bf16(o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv);
+  }
+}
+
 // cp.async of ROWS rows [row0, row0 + ROWS) of one head into a swizzled tile (rows >= row_end zero-filled).
 template <int ROWS, int THREADS>
 __device__ __forceinline__ void wg_load_tile(unsigned char* tile, const bf16* base, int stride, int row0, int row_end) {
@@ -527,20 +550,7 @@ __global__ void __launch_bounds__(WGS * 128, WGS == 1 ? 2 : 1)
     __syncthreads();
   }
 
-  const size_t out_stride = static_cast<size_t>(Hq) * kD;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float lr = l[r];
-    lr += __shfl_xor_sync(0xffffffffu, lr, 1);
-    lr += __shfl_xor_sync(0xffffffffu, lr, 2);
-    const int row = row0 + g + r * 8;
-    if (row >= len) continue;
-    const float inv = 1.f / lr;
-    bf16* orow = out + static_cast<size_t>(start + row) * out_stride + h * kD;
-#pragma unroll
-    for (int i = 0; i < 16; ++i)
-      *reinterpret_cast<uint32_t*>(orow + i * 8 + 2 * t) = pack_bf16(o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv);
-  }
+  store_wg_rows(o, l, out, start, row0 + g, len, t, h, Hq);
 }
 
 template <int WGS, int BN>
@@ -730,20 +740,7 @@ __global__ void __launch_bounds__(256, 1)
   }
   asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 
-  const size_t out_stride = static_cast<size_t>(Hq) * kD;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float lr = l[r];
-    lr += __shfl_xor_sync(0xffffffffu, lr, 1);
-    lr += __shfl_xor_sync(0xffffffffu, lr, 2);
-    const int row = row0 + g + r * 8;
-    if (row >= len) continue;
-    const float inv = 1.f / lr;
-    bf16* orow = out + static_cast<size_t>(start + row) * out_stride + h * kD;
-#pragma unroll
-    for (int i = 0; i < 16; ++i)
-      *reinterpret_cast<uint32_t*>(orow + i * 8 + 2 * t) = pack_bf16(o[4 * i + 2 * r] * inv, o[4 * i + 2 * r + 1] * inv);
-  }
+  store_wg_rows(o, l, out, start, row0 + g, len, t, h, Hq);
 }
 
 template <bool kLean, bool kSwap = false, bool kFtz = false>
@@ -783,25 +780,6 @@ constexpr size_t ws_smem() {
   return static_cast<size_t>(1 + 2 * STAGES) * kWsTile + 1024 + 256;  // Q, K/V rings, alignment, barriers
 }
 
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
 // Two TMA boxes (the 64-column blocks) of one 128-row tile: rows [row, row + 128) of head `head`.
 __device__ __forceinline__ void tma_tile(uint32_t dst, const CUtensorMap* map, uint32_t bar, int head, int row) {
 #pragma unroll
@@ -833,22 +811,16 @@ __device__ __forceinline__ void wgmma_ss_n128_acc(float (&d)[64], uint64_t desc_
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
-__device__ __forceinline__ void named_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-__device__ __forceinline__ void named_arrive(int id, int threads) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
 
 // The consumer warpgroups' steps, shared by prefill_attention_ws_kernel and its persistent variant.
 // Turn-taking at issuing GEMMs (ping-pong): consumer cw waits on barrier 1 + cw, then lets the other go.
 template <bool kPingPong>
 __device__ __forceinline__ void ws_sched_sync(int cw) {
-  if constexpr (kPingPong) named_sync(1 + cw, 256);
+  if constexpr (kPingPong) named_bar_sync(1 + cw, 256);
 }
 template <bool kPingPong>
 __device__ __forceinline__ void ws_sched_arrive(int cw) {
-  if constexpr (kPingPong) named_arrive(2 - cw, 256);
+  if constexpr (kPingPong) named_bar_arrive(2 - cw, 256);
 }
 // One arrival per warp on a ring slot's empty barrier.
 __device__ __forceinline__ void ws_release(uint32_t bar, int lane) {
@@ -960,12 +932,12 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   const int n_kt = qt + 1;                // key tiles 0 .. qt; tile qt is the diagonal one
   const bool partial = q0 + 128 > len;    // the Q tile and the diagonal K/V tile reach past the sequence end
   if (threadIdx.x == 0) {
-    mbar_init(q_full, 1);
+    mbar_init_count(q_full, 1);
     for (int s = 0; s < STAGES; ++s) {
-      mbar_init(k_full(s), 1);
-      mbar_init(v_full(s), 1);
-      mbar_init(k_empty(s), 8);  // one arrival per consumer warp
-      mbar_init(v_empty(s), 8);
+      mbar_init_count(k_full(s), 1);
+      mbar_init_count(v_full(s), 1);
+      mbar_init_count(k_empty(s), 8);  // one arrival per consumer warp
+      mbar_init_count(v_empty(s), 8);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -989,9 +961,9 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         mbar_arrive(k_full(0));
       }
     } else if (lane == 0) {
-      mbar_expect_tx(q_full, kWsTile);
+      mbar_arrive_expect_tx(q_full, kWsTile);
       tma_tile(aQ, &tm_q, q_full, h, start + q0);
-      mbar_expect_tx(k_full(0), kWsTile);
+      mbar_arrive_expect_tx(k_full(0), kWsTile);
       tma_tile(aK, &tm_k, k_full(0), kvh, krow);
     }
     // K of tile i, then V of tile i - 1 (K leads: the S GEMM of a tile comes before the PV GEMM of the last).
@@ -999,7 +971,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       if (i < n_kt && lane == 0) {
         const int s = i % STAGES;
         if (i >= STAGES) mbar_wait(k_empty(s), ((i / STAGES) - 1) & 1);
-        mbar_expect_tx(k_full(s), kWsTile);
+        mbar_arrive_expect_tx(k_full(s), kWsTile);
         tma_tile(aK + s * kWsTile, &tm_k, k_full(s), kvh, start + (n_kt - 1 - i) * 128);
       }
       const int j = i - 1, s = j % STAGES;
@@ -1012,7 +984,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         if (lane == 0) mbar_arrive(v_full(0));
       } else if (lane == 0) {
         if (j >= STAGES) mbar_wait(v_empty(s), ((j / STAGES) - 1) & 1);
-        mbar_expect_tx(v_full(s), kWsTile);
+        mbar_arrive_expect_tx(v_full(s), kWsTile);
         tma_tile(aV + s * kWsTile, &tm_v, v_full(s), kvh, start + (n_kt - 1 - j) * 128);
       }
     }
@@ -1028,7 +1000,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   auto sched_sync = [&]() { ws_sched_sync<kPingPong>(cw); };
   auto sched_arrive = [&]() { ws_sched_arrive<kPingPong>(cw); };
   if (cw == 1) {
-    if constexpr (kPingPong) named_arrive(1, 256);  // consumer 0 goes first
+    if constexpr (kPingPong) named_bar_arrive(1, 256);  // consumer 0 goes first
   }
   auto release = [&](uint32_t bar) { ws_release(bar, lane); };
   auto issue_s = [&](float (&acc)[64], int s) { ws_issue_s(acc, qa, aK + s * kWsTile); };
@@ -1095,7 +1067,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       const uint32_t val = pack_bf16(o[4 * i + 2 * r] * l[r], o[4 * i + 2 * r + 1] * l[r]);
       asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(val) : "memory");
     }
-  named_sync(3 + cw, 128);
+  named_bar_sync(3 + cw, 128);
   const int ct = threadIdx.x & 127;
   const size_t out_stride = static_cast<size_t>(Hq) * kD;
 #pragma unroll
@@ -1176,13 +1148,13 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   auto k_empty = [&](int s) { return aBar + 8 * (2 + 2 * STAGES + s); };
   auto v_empty = [&](int s) { return aBar + 8 * (2 + 3 * STAGES + s); };
   if (threadIdx.x == 0) {
-    mbar_init(q_full, 1);
-    mbar_init(q_empty, 8);  // one arrival per consumer warp
+    mbar_init_count(q_full, 1);
+    mbar_init_count(q_empty, 8);  // one arrival per consumer warp
     for (int s = 0; s < STAGES; ++s) {
-      mbar_init(k_full(s), 1);
-      mbar_init(v_full(s), 1);
-      mbar_init(k_empty(s), 8);
-      mbar_init(v_empty(s), 8);
+      mbar_init_count(k_full(s), 1);
+      mbar_init_count(v_full(s), 1);
+      mbar_init_count(k_empty(s), 8);
+      mbar_init_count(v_empty(s), 8);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -1240,25 +1212,25 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       auto copy_done = [&](uint32_t bar) {
         asm volatile("cp.async.wait_all;\n" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        named_sync(5, 128);
+        named_bar_sync(5, 128);
         if (pt == 0) mbar_arrive(bar);
       };
       // One K or V tile: TMA when whole, else the shared copy.
       auto load = [&](uint32_t dst, uint32_t bar, const CUtensorMap* map, const bf16* base, int row0, bool cp,
                       bool zero_rest) {
         if (cp) {
-          named_sync(5, 128);  // warp 0 has seen the stage free
+          named_bar_sync(5, 128);  // warp 0 has seen the stage free
           copy_rows(dst, base, kv_stride, row0, 128, zero_rest);
           copy_done(bar);
         } else if (pt == 0) {
-          mbar_expect_tx(bar, kWsTile);
+          mbar_arrive_expect_tx(bar, kWsTile);
           tma_tile(dst, map, bar, kvh, start + row0);
         }
       };
       // The Q tile; kPack: 64 rows of heads h and h + 1 into rows 0-63 and 64-127 of the tile.
       auto load_q = [&]() {
         if (q_partial) {
-          named_sync(5, 128);
+          named_bar_sync(5, 128);
           if constexpr (kPack) {
             copy_rows(aQ, qb, q_stride, q0, 64, false);
             copy_rows(aQ + 64 * 128, qb + kD, q_stride, q0, 64, false);
@@ -1267,7 +1239,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
           }
           copy_done(q_full);
         } else if (pt == 0) {
-          mbar_expect_tx(q_full, kWsTile);
+          mbar_arrive_expect_tx(q_full, kWsTile);
           if constexpr (kPack) {
             tma_tile(aQ, &tm_q, q_full, h, start + q0);
             tma_tile(aQ + 64 * 128, &tm_q, q_full, h + 1, start + q0);
@@ -1324,7 +1296,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
     const int row0 = rbase + warp * 16;
     const int oh = kPack ? h + cw : h;            // this consumer's query head
     if (cw == 1) {
-      if constexpr (kPingPong) named_arrive(1, 256);  // consumer 0 goes first
+      if constexpr (kPingPong) named_bar_arrive(1, 256);  // consumer 0 goes first
     }
 #pragma unroll
     for (int i = 0; i < 64; ++i) o[i] = 0.f;
@@ -1386,7 +1358,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
       l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 2);
       l[rr] = 1.f / l[rr];
     }
-    named_sync(3 + cw, 128);
+    named_bar_sync(3 + cw, 128);
 #pragma unroll
     for (int i = 0; i < 16; ++i)
 #pragma unroll
@@ -1396,7 +1368,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
         const uint32_t val = pack_bf16(o[4 * i + 2 * rr] * l[rr], o[4 * i + 2 * rr + 1] * l[rr]);
         asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(val) : "memory");
       }
-    named_sync(3 + cw, 128);
+    named_bar_sync(3 + cw, 128);
     const int ct = threadIdx.x & 127;
 #pragma unroll
     for (int it = 0; it < 8; ++it) {

@@ -26,6 +26,7 @@
 #include <string>
 #include <type_traits>
 
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/vision_mma.cuh"
 
@@ -572,55 +573,9 @@ constexpr size_t x_smem() {
   return ST * x_stage_bytes<BN>() + 1024;  // + alignment slack
 }
 
-__device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(vmma::smem_addr(bar)), "r"(count) : "memory");
-}
-__device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, unsigned parity) {
-  uint32_t ok;
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n"
-      "}\n"
-      : "=r"(ok)
-      : "r"(vmma::smem_addr(bar)), "r"(parity)
-      : "memory");
-  return ok != 0;
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
-  while (!mbar_try_wait(bar, parity)) {
-  }
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(vmma::smem_addr(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, unsigned bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(vmma::smem_addr(bar)), "r"(bytes)
-               : "memory");
-}
 // Arrives on `bar` once every cp.async this thread issued before has landed (counts as one of its arrivals).
 __device__ __forceinline__ void cp_async_mbar_arrive(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(vmma::smem_addr(bar)) : "memory");
-}
-// 2-D TMA load of the box at (column c0, row c1) of `map` into shared memory; completes bytes on `bar`.
-__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
-          vmma::smem_addr(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(vmma::smem_addr(bar))
-      : "memory");
-}
-
-__device__ __forceinline__ uint32_t cluster_rank() {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-  return r;
-}
-// All threads of both CTAs of the cluster (release/acquire: shared-memory writes before it are visible after it).
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 // Arrives on the barrier at the same shared-memory offset as `bar` in CTA `cta` of the cluster. A consumer arrives
 // only after its wgmma reads of the stage have completed (wgmma.wait_group), so the partner's multicast that follows
@@ -630,15 +585,7 @@ __device__ __forceinline__ void mbar_arrive_remote(uint64_t* bar, uint32_t cta) 
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(vmma::smem_addr(bar)), "r"(cta));
   asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
 }
-// Named barriers 1.. between warpgroups: sync waits until `count` threads arrived (itself included), arrive does not
-// wait.
-__device__ __forceinline__ void named_bar_sync(int id, int count) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-__device__ __forceinline__ void named_bar_arrive(int id, int count) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-// tma_load_2d into the same shared-memory offset of every CTA in `mask`, completing bytes on each one's `bar`.
+// tensor_load_2d into the same shared-memory offset of every CTA in `mask`, completing bytes on each one's `bar`.
 __device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar,
                                                       uint16_t mask) {
   asm volatile(
@@ -721,8 +668,8 @@ __global__ void __launch_bounds__(kXThreads, 1)
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int s = 0; s < ST; ++s) {
-      mbar_init(&full_bar[s], kGateUp ? 128 + 1 : 1);
-      mbar_init(&empty_bar[s], (kPP ? 4 : 8) * CL);  // the consumer warps that read the stage, in every CTA
+      mbar_init_count(&full_bar[s], kGateUp ? 128 + 1 : 1);
+      mbar_init_count(&empty_bar[s], (kPP ? 4 : 8) * CL);  // the consumer warps that read the stage, in every CTA
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -838,10 +785,10 @@ __global__ void __launch_bounds__(kXThreads, 1)
             tma_load_2d_multicast(sB + rank * (BN / 2) * kXRowBytes, &tm_w, kc * kXBK, rank ? wr1 : wr0,
                                   &full_bar[stage], static_cast<uint16_t>((1u << CL) - 1));
           } else {
-            tma_load_2d(sB, &tm_w, kc * kXBK, wr0, &full_bar[stage]);
-            tma_load_2d(sB + (BN / 2) * kXRowBytes, &tm_w, kc * kXBK, wr1, &full_bar[stage]);
+            tensor_load_2d(sB, &tm_w, kc * kXBK, wr0, &full_bar[stage]);
+            tensor_load_2d(sB + (BN / 2) * kXRowBytes, &tm_w, kc * kXBK, wr1, &full_bar[stage]);
           }
-          if constexpr (!kGateUp) tma_load_2d(sA, &tm_a, kc * kXBK, m0, &full_bar[stage]);
+          if constexpr (!kGateUp) tensor_load_2d(sA, &tm_a, kc * kXBK, m0, &full_bar[stage]);
         }
         if constexpr (kGateUp) {
 #pragma unroll

@@ -28,6 +28,7 @@
 
 #include <cstring>
 
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/moe_stream.h"
 
@@ -79,88 +80,12 @@ struct StreamArgs {
   int K, H, I, NK;
 };
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
-}
-
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-
-__device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n"
-      "}\n"
-      : "=r"(done)
-      : "r"(bar), "r"(parity)
-      : "memory");
-  return done != 0;
-}
-
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+// mbar_wait that traps after kWatchdogNs (a lost arrival ends the kernel with an error instead of a hang).
+__device__ __forceinline__ void mbar_wait_or_trap(uint32_t bar, uint32_t parity) {
   if (mbar_try_wait(bar, parity)) return;
   const uint64_t t0 = global_ns();
   while (!mbar_try_wait(bar, parity))
     if (global_ns() - t0 > kWatchdogNs) __trap();
-}
-
-// Global -> shared bulk copy completing on `bar` (bytes and addresses multiples of 16).
-__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-}
-
-// The same with an L2 eviction-priority policy (weights: evict first, they are read once).
-__device__ __forceinline__ void bulk_copy_hint(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,
-                                               uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
-          dst),
-      "l"(src), "r"(bytes), "r"(bar), "l"(policy)
-      : "memory");
-}
-
-// 2-D tensor box (columns c0.., rows c1..) of `map` into shared memory, completing its bytes on `bar`.
-__device__ __forceinline__ void box_copy(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(
-          dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
-      : "memory");
-}
-
-__device__ __forceinline__ void box_copy_hint(uint32_t dst, const CUtensorMap* map, int c0, int c1, uint32_t bar,
-                                              uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, "
-      "%3}], [%4], %5;" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "l"(policy)
-      : "memory");
-}
-
-__device__ __forceinline__ uint64_t evict_normal_policy() {
-  uint64_t p;
-  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(p));
-  return p;
-}
-
-__device__ __forceinline__ uint64_t evict_first_policy() {
-  uint64_t p;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-  return p;
 }
 
 __device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
@@ -232,7 +157,7 @@ struct ItemFeed {
 
   __device__ __forceinline__ void post(int4 w) {
     const int d = static_cast<int>(n % kItemRing);
-    mbar_wait(bar + 8 * (kItemRing + d), ((n / kItemRing) & 1u) ^ 1u);
+    mbar_wait_or_trap(bar + 8 * (kItemRing + d), ((n / kItemRing) & 1u) ^ 1u);
     word[d] = w;
     mbar_arrive(bar + 8 * d);
   }
@@ -271,7 +196,7 @@ struct ItemFeed {
   // Every other warp: the next posted item.
   __device__ __forceinline__ int4 next_reading() {
     const int d = static_cast<int>(n % kItemRing);
-    mbar_wait(bar + 8 * d, (n / kItemRing) & 1u);
+    mbar_wait_or_trap(bar + 8 * d, (n / kItemRing) & 1u);
     const int4 w = word[d];
     mbar_arrive(bar + 8 * (kItemRing + d));  // each thread releases its own read of the word
     ++n;
@@ -396,12 +321,12 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
   step_timeline_phase(0);  // the CTA is resident (timeline build only)
   if (threadIdx.x == 0) {
     for (int s = 0; s < NS; ++s) {
-      mbar_init(bar0 + 8 * s, P);
-      mbar_init(bar0 + 8 * (NS + s), kConsumers * 32);  // one arrival per consumer thread
+      mbar_init_count(bar0 + 8 * s, P);
+      mbar_init_count(bar0 + 8 * (NS + s), kConsumers * 32);  // one arrival per consumer thread
     }
     for (int d = 0; d < kItemRing; ++d) {
-      mbar_init(feed.bar + 8 * d, 1);
-      mbar_init(feed.bar + 8 * (kItemRing + d), (P - 1 + kConsumers + (EPI ? 1 : 0)) * 32);  // per reading thread
+      mbar_init_count(feed.bar + 8 * d, 1);
+      mbar_init_count(feed.bar + 8 * (kItemRing + d), (P - 1 + kConsumers + (EPI ? 1 : 0)) * 32);  // per reading thread
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
@@ -441,18 +366,18 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
           const uint32_t full = bar0 + 8 * s, empty = bar0 + 8 * (NS + s);
           const uint32_t boxes = pw == 0 ? static_cast<uint32_t>((RA + (it.gu ? 0 : TG)) * KC * 2) : 0u;
           if (lane == 0) {
-            mbar_wait(empty, par ^ 1u);
-            mbar_expect_tx(full, boxes + bytes * b_rows);
+            mbar_wait_or_trap(empty, par ^ 1u);
+            mbar_arrive_expect_tx(full, boxes + bytes * b_rows);
           }
           __syncwarp();
           const uint32_t slot = slot0 + s * R::kSlotBytes;
           if (pw == 0 && lane == 0) {
             if (it.gu) {
               const int r0 = it.e * 2 * a.I + it.tile * GU;
-              box_copy_hint(slot, &maps.gu, k0, r0, full, policy);
-              box_copy_hint(slot + GU * R::kRowBytes, &maps.gu, k0, r0 + a.I, full, policy);
+              tensor_load_2d_hint(slot, &maps.gu, k0, r0, full, policy);
+              tensor_load_2d_hint(slot + GU * R::kRowBytes, &maps.gu, k0, r0 + a.I, full, policy);
             } else {
-              box_copy_hint(slot, &maps.dn, k0, it.e * a.H + it.tile * RA, full, policy);
+              tensor_load_2d_hint(slot, &maps.dn, k0, it.e * a.H + it.tile * RA, full, policy);
               if (!h_ready) {
                 const uint64_t t0 = global_ns();
                 while (ld_acquire(a.plan.ready + it.j) < static_cast<uint32_t>(gu_tiles)) {
@@ -462,12 +387,12 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
                 fence_proxy_async_global();
                 h_ready = true;
               }
-              box_copy(slot + RA * R::kRowBytes, &maps.h, k0, c0, full);
+              tensor_load_2d(slot + RA * R::kRowBytes, &maps.h, k0, c0, full);
             }
           }
           if (has_b) {
             if (!brow) brow = a.x + static_cast<size_t>(__ldg(a.plan.sorted_slots + c0 + tb) / a.K) * a.H;
-            bulk_copy(slot + (RA + tb) * R::kRowBytes, brow + k0, bytes, full);
+            bulk_load(slot + (RA + tb) * R::kRowBytes, brow + k0, bytes, full);
           }
         }
       }
@@ -505,12 +430,12 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
           const uint32_t bytes = static_cast<uint32_t>(min(KC, width - k0)) * 2u;
           const uint32_t full = bar0 + 8 * s, empty = bar0 + 8 * (NS + s);
           if (lane == 0) {
-            mbar_wait(empty, par ^ 1u);
-            mbar_expect_tx(full, bytes * rows);
+            mbar_wait_or_trap(empty, par ^ 1u);
+            mbar_arrive_expect_tx(full, bytes * rows);
           }
           __syncwarp();
           const uint32_t slot = slot0 + s * R::kSlotBytes;
-          if (wrow) bulk_copy_hint(slot + ri * R::kRowBytes, wrow + k0, bytes, full, policy);
+          if (wrow) bulk_load_hint(slot + ri * R::kRowBytes, wrow + k0, bytes, full, policy);
           if (!h_ready) {
             if (lane == 0) {
               const uint32_t target = static_cast<uint32_t>(gu_tiles);
@@ -527,7 +452,7 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
           if (has_row && !brow)
             brow = it.gu ? a.x + static_cast<size_t>(__ldg(a.plan.sorted_slots + c0 + t) / a.K) * a.H
                          : a.h + static_cast<size_t>(c0 + t) * a.I;
-          if (has_row) bulk_copy(slot + b_row * R::kRowBytes, brow + k0, bytes, full);
+          if (has_row) bulk_load(slot + b_row * R::kRowBytes, brow + k0, bytes, full);
         }
       }
     }
@@ -577,7 +502,7 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
           const int s = stage % NS;
           const uint32_t par = (stage / NS) & 1u;
           const int steps = min(KC, width - k0) / 32;
-          mbar_wait(bar0 + 8 * s, par);
+          mbar_wait_or_trap(bar0 + 8 * s, par);
           if (stage == 0) step_timeline_phase(1);  // the CTA's first stage has landed (timeline build only)
           const unsigned char* sb = slots + s * R::kSlotBytes + q * 16;
           const unsigned char* a_lo = sb + g * R::kRowBytes;
