@@ -12,7 +12,7 @@ if [ -z "${RACE:-}" ]; then
   exit 0
 fi
 for f in CudaLatencyGemm.RingRefillsItsStagesWithShortRows CudaMoeStream.OddWidthsMultipleOf64 \
-  CudaDecodeAttention.FusedVariantsWrapTheRingAtLongContexts; do
+  CudaDecodeAttention.FusedVariantsRefillTheRingStages; do
   start=$(date +%s)
   timeout "${EACH:-120}" /usr/local/cuda/bin/compute-sanitizer --tool racecheck --racecheck-report hazard \
     --print-limit 50 "$P/test_cuda" --gtest_filter="$f" >/tmp/rc.log 2>&1
@@ -23,6 +23,6 @@ for f in CudaLatencyGemm.RingRefillsItsStagesWithShortRows CudaMoeStream.OddWidt
 done
 start=$(date +%s)
 timeout 120 /usr/local/cuda/bin/compute-sanitizer --tool memcheck "$P/test_cuda" \
-  --gtest_filter='CudaLatencyGemm.Ring*:CudaMoeStream.*:CudaDecodeAttention.FusedVariantsWrapTheRingAtLongContexts' 2>&1 |
+  --gtest_filter='CudaLatencyGemm.Ring*:CudaMoeStream.*:CudaDecodeAttention.FusedVariantsRefillTheRingStages' 2>&1 |
   grep -E "ERROR SUMMARY|^\[  (PASSED|FAILED)" | head -3
 echo "== memcheck: $(($(date +%s) - start)) s"

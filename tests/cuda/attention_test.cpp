@@ -318,7 +318,7 @@ TEST(CudaDecodeAttention, FusedVariantsMatchReference) {
 // (each stage refilled after its readers handed it back): one sequence of 5000 tokens with M-RoPE, and 700, 2049 and 3
 // tokens over two kv-head groups (Hkv = 8: variant 9 runs as 5). A test of its own so that compute-sanitizer's
 // racecheck can run the ring's reuse of stages in its time (bench/gpu/racecheck.sh).
-TEST(CudaDecodeAttention, FusedVariantsWrapTheRingAtLongContexts) {
+TEST(CudaDecodeAttention, FusedVariantsRefillTheRingStages) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(43);
   run_fused_variants_case(kFusedVariants, {5000}, 4, true, rng);
