@@ -407,6 +407,21 @@ __device__ __forceinline__ void mma16816(float* c, uint32_t a0, uint32_t a1, uin
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+// A warp's B fragments (token rows) for one round of 32-wide k chunks of the small-M tensor-core products: chunk
+// c = c0 + u * step (u < N) of token rows x0 (lanes' rows g) and x1 (rows g + 8), 16 bytes per lane (k = 8 tq .. 8 tq +
+// 7 of the chunk, x0 / x1 already offset by 8 tq); a null row or a chunk at or past `chunks` gives zeros.
+template <int N>
+__device__ __forceinline__ void load_token_chunks(uint4 (&xa)[N], uint4 (&xb)[N], const bf16* x0, const bf16* x1, int c0,
+                                                  int step, int chunks) {
+#pragma unroll
+  for (int u = 0; u < N; ++u) {
+    const int c = c0 + u * step;
+    const bool ok = c < chunks;
+    xa[u] = ok && x0 ? __ldg(reinterpret_cast<const uint4*>(x0 + c * 32)) : make_uint4(0, 0, 0, 0);
+    xb[u] = ok && x1 ? __ldg(reinterpret_cast<const uint4*>(x1 + c * 32)) : make_uint4(0, 0, 0, 0);
+  }
+}
+
 // Number of multiprocessors of the current device (cached).
 int sm_count();
 

@@ -156,13 +156,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_kernel(RouteParams
   bool landed = false;
   for (int cb = warp; cb < chunks; cb += kRouteWarps * kRouteChunks) {
     uint4 xa[kRouteChunks], xb[kRouteChunks];
-#pragma unroll
-    for (int u = 0; u < kRouteChunks; ++u) {
-      const int c = cb + u * kRouteWarps;
-      const bool ok = c < chunks;
-      xa[u] = ok && x0p ? __ldg(reinterpret_cast<const uint4*>(x0p + c * 32)) : make_uint4(0, 0, 0, 0);
-      xb[u] = ok && x1p ? __ldg(reinterpret_cast<const uint4*>(x1p + c * 32)) : make_uint4(0, 0, 0, 0);
-    }
+    load_token_chunks(xa, xb, x0p, x1p, cb, kRouteWarps, chunks);
     if (!landed) {
       mbar_wait(&bar, 0);
       landed = true;
@@ -342,13 +336,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
   bool landed = false;
   for (int cb = warp; cb < chunks; cb += kRouteWarps * kRouteChunks) {
     uint4 xa[kRouteChunks], xb[kRouteChunks];
-#pragma unroll
-    for (int u = 0; u < kRouteChunks; ++u) {
-      const int c = cb + u * kRouteWarps;
-      const bool ok = c < chunks;
-      xa[u] = ok && x0p ? __ldg(reinterpret_cast<const uint4*>(x0p + c * 32)) : make_uint4(0, 0, 0, 0);
-      xb[u] = ok && x1p ? __ldg(reinterpret_cast<const uint4*>(x1p + c * 32)) : make_uint4(0, 0, 0, 0);
-    }
+    load_token_chunks(xa, xb, x0p, x1p, cb, kRouteWarps, chunks);
     if (!landed) {
       early_plan();
       mbar_wait(&wbar, 0);

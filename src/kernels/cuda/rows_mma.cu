@@ -13,7 +13,7 @@ namespace {
 
 constexpr int kWarps = 8;
 constexpr int kRows = 16;     // weight rows per item
-constexpr int kChunk = 32;    // k per warp step (two mma k16 steps)
+constexpr int kChunk = 32;    // k per warp step (two mma k16 steps; load_token_chunks' chunk width)
 constexpr int kTokens = 16;   // tokens per pass (two n8 tiles)
 
 enum Mode { kDense = 0, kGateUp = 1, kDown = 2 };
@@ -277,14 +277,7 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
   bool landed = false;
   for (int cb = warp; cb < chunks; cb += kWarps * kRound) {
     uint4 xa[kRound], xb[kRound];
-#pragma unroll
-    for (int u = 0; u < kRound; ++u) {
-      const int c = cb + u * kWarps;
-      const bool ok = c < chunks;
-      xa[u] = ok && x0p ? __ldg(reinterpret_cast<const uint4*>(x0p + c * kChunk)) : make_uint4(0, 0, 0, 0);
-      if constexpr (kTwo) xb[u] = ok && x1p ? __ldg(reinterpret_cast<const uint4*>(x1p + c * kChunk)) : make_uint4(0, 0, 0, 0);
-      else xb[u] = make_uint4(0, 0, 0, 0);
-    }
+    load_token_chunks(xa, xb, x0p, x1p, cb, kWarps, chunks);  // x1p is null without kTwo
     if constexpr (kNorm) {  // one token row (M == 1): lanes g == 0 hold it
       __shared__ float ss_s[kWarps * 32];  // per 8-element group
       __shared__ float wsum[kWarps];
@@ -463,14 +456,7 @@ __global__ void __launch_bounds__((kWarps + 1) * 32, 1) rows_ring_kernel(const b
   const bf16* x0p = g < M ? x + static_cast<size_t>(g) * Kdim + tq * 8 : nullptr;
   const bf16* x1p = kTwo && g + 8 < M ? x + static_cast<size_t>(g + 8) * Kdim + tq * 8 : nullptr;
   uint4 xa[kPreRound], xb[kPreRound];
-#pragma unroll
-  for (int u = 0; u < kPreRound; ++u) {
-    const int c = warp + u * kWarps;
-    const bool ok = c < chunks;
-    xa[u] = ok && x0p ? __ldg(reinterpret_cast<const uint4*>(x0p + c * kChunk)) : make_uint4(0, 0, 0, 0);
-    if constexpr (kTwo) xb[u] = ok && x1p ? __ldg(reinterpret_cast<const uint4*>(x1p + c * kChunk)) : make_uint4(0, 0, 0, 0);
-    else xb[u] = make_uint4(0, 0, 0, 0);
-  }
+  load_token_chunks(xa, xb, x0p, x1p, warp, kWarps, chunks);  // x1p is null without kTwo
   if constexpr (kNorm) {
     __shared__ float ss_s[kWarps * 32];
     __shared__ float wsum[kWarps];
