@@ -197,6 +197,25 @@ __device__ __forceinline__ void warp_topk(const float* logit, const float* bias,
 }
 
 // kMode 0: gate/up weights through register loads; 1: through the bulk-copy ring.
+// The h rows of one gate/up item from the warps' partial sums rr [warp][8 values][lane] (values 0-3 gate, 4-7 up):
+// thread tid < 128 sums value v = tid / 32 of lane l = tid % 32 over the warps in fixed order and stores
+// bf16(SiLU(gate) * up) of token beg + t (t = 2 (l % 4) + v % 2 < nt), row r0 + l / 4 + 8 (v / 2), into h [tokens][I].
+__device__ __forceinline__ void store_gate_up_h(const float* rr, int tid, int r0, int nt, int beg, int I, bf16* h) {
+  const int v = tid >> 5, l = tid & 31;
+  const int t = (l & 3) * 2 + (v & 1), row = r0 + (l >> 2) + (v >> 1) * 8;
+  if (t < nt) {
+    float sg = 0.f, su = 0.f;
+#pragma unroll
+    for (int ww = 0; ww < kWarps; ++ww) {
+      sg += rr[(ww * 8 + v) * 32 + l];
+      su += rr[(ww * 8 + 4 + v) * 32 + l];
+    }
+    const float gt = bf16_round(sg), up = bf16_round(su);
+    const float sl = bf16_round(gt / (1.f + __expf(-gt)));
+    h[static_cast<size_t>(beg + t) * I + row] = __float2bfloat16(sl * up);
+  }
+}
+
 template <int kMode>
 __global__ void __launch_bounds__(kThreads, 1) moe_block_kernel(BlockParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
@@ -453,21 +472,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_block_kernel(BlockParams p) {
         for (int i = 0; i < 4; ++i) rr[(warp * 8 + m * 4 + i) * 32 + lane] = acc[m][i];
       if (item + G < items) load_item(item + G);
       __syncthreads();
-      if (tid < 128) {
-        const int v = tid >> 5, l = tid & 31;
-        const int t = (l & 3) * 2 + (v & 1), row = r0 + (l >> 2) + (v >> 1) * 8;
-        if (t < nt) {
-          float sg = 0.f, su = 0.f;
-#pragma unroll
-          for (int ww = 0; ww < kWarps; ++ww) {
-            sg += rr[(ww * 8 + v) * 32 + l];
-            su += rr[(ww * 8 + 4 + v) * 32 + l];
-          }
-          const float gt = bf16_round(sg), up = bf16_round(su);
-          const float sl = bf16_round(gt / (1.f + __expf(-gt)));
-          p.h[static_cast<size_t>(beg + t) * I + row] = __float2bfloat16(sl * up);
-        }
-      }
+      if (tid < 128) store_gate_up_h(rr, tid, r0, nt, beg, I, p.h);
     }
   }
   // The same items with the weights bulk-copied (TMA) into a ring of NS stages: stage i of this CTA holds the 16 gate
@@ -525,21 +530,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_block_kernel(BlockParams p) {
       __syncthreads();
       if (warp == 0 && i + NS < nst) issue_stage(i + NS);
       if (last) {
-        if (tid < 128) {
-          const int v = tid >> 5, l = tid & 31;
-          const int t = (l & 3) * 2 + (v & 1), row = r0 + (l >> 2) + (v >> 1) * 8;
-          if (t < nt) {
-            float sg = 0.f, su = 0.f;
-#pragma unroll
-            for (int ww = 0; ww < kWarps; ++ww) {
-              sg += rr[(ww * 8 + v) * 32 + l];
-              su += rr[(ww * 8 + 4 + v) * 32 + l];
-            }
-            const float gt = bf16_round(sg), up = bf16_round(su);
-            const float sl = bf16_round(gt / (1.f + __expf(-gt)));
-            p.h[static_cast<size_t>(beg + t) * I + row] = __float2bfloat16(sl * up);
-          }
-        }
+        if (tid < 128) store_gate_up_h(rr, tid, r0, nt, beg, I, p.h);
         rb ^= 1;
       }
     }
