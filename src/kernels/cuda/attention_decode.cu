@@ -361,6 +361,29 @@ __device__ void merge_split_partials(const float* pb, int heads, int splits, int
   }
 }
 
+// The global-merge ending of the page-loop kernels: this split's partials of the G heads of (sequence b, kv head kvh),
+// merged over the warps (m_s, l_s, acc_s), go to part; the last split of the pair to finish (counters) merges every
+// split's partials into out, reusing acc_s.
+template <int G>
+__device__ __forceinline__ void finish_split_global(const float (*m_s)[G], const float (*l_s)[G],
+                                                    float (*acc_s)[G][kHeadDim], float* part, int* counters, bf16* out,
+                                                    int b, int kvh, int split, int splits, int Hq, int Hkv,
+                                                    int* last_s) {
+  float* pb = part + ((static_cast<size_t>(b) * Hq + kvh * G) * splits + split) * kPartStride;
+  merge_warp_partials<G>(m_s, l_s, acc_s, [&](int, int hh, int d, float M, float L, float A) {
+    float* pp = pb + static_cast<size_t>(hh) * splits * kPartStride;
+    pp[4 + d] = A;
+    if (d == 0) {
+      pp[0] = M;
+      pp[1] = L;
+    }
+  });
+  if (!last_split(counters + b * Hkv + kvh, splits, last_s)) return;
+  merge_split_partials(part + (static_cast<size_t>(b) * Hq + kvh * G) * splits * kPartStride, G, splits, kMaxSplits,
+                       &acc_s[0][0][0], out + (static_cast<size_t>(b) * Hq + kvh * G) * kHeadDim);
+}
+
+
 template <int G, bool kMma>
 __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_kernel(
     const bf16* __restrict__ q, int q_stride, const bf16* __restrict__ k_cache, const bf16* __restrict__ v_cache,
@@ -521,19 +544,7 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_kernel(
   }
   }  // CUDA-core page loop
   __syncthreads();
-  float* pb = part + ((static_cast<size_t>(b) * Hq + kvh * G) * splits + split) * kPartStride;
-  merge_warp_partials<G>(m_s, l_s, acc_s, [&](int, int hh, int d, float M, float L, float A) {
-    float* pp = pb + static_cast<size_t>(hh) * splits * kPartStride;
-    pp[4 + d] = A;
-    if (d == 0) {
-      pp[0] = M;
-      pp[1] = L;
-    }
-  });
-  if (!last_split(counters + b * Hkv + kvh, splits, &last_s)) return;
-  // Merge the splits of all G heads at once (reusing acc_s).
-  merge_split_partials(part + (static_cast<size_t>(b) * Hq + kvh * G) * splits * kPartStride, G, splits, kMaxSplits,
-                       &acc_s[0][0][0], out + (static_cast<size_t>(b) * Hq + kvh * G) * kHeadDim);
+  finish_split_global<G>(m_s, l_s, acc_s, part, counters, out, b, kvh, split, splits, Hq, Hkv, &last_s);
 }
 
 // ---- decode attention with the current token's q/k RMSNorm + RoPE + KV write folded in (G == 8, D == 128) -----
@@ -788,18 +799,7 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kern
     cluster_wait();
     return;
   }
-  float* pb = part + ((static_cast<size_t>(b) * Hq + kvh * G) * splits + split) * kPartStride;
-  merge_warp_partials<G>(m_s, l_s, acc_s, [&](int, int hh, int d, float M, float L, float A) {
-    float* pp = pb + static_cast<size_t>(hh) * splits * kPartStride;
-    pp[4 + d] = A;
-    if (d == 0) {
-      pp[0] = M;
-      pp[1] = L;
-    }
-  });
-  if (!last_split(counters + b * Hkv + kvh, splits, &last_s)) return;
-  merge_split_partials(part + (static_cast<size_t>(b) * Hq + kvh * G) * splits * kPartStride, G, splits, kMaxSplits,
-                       &acc_s[0][0][0], out + (static_cast<size_t>(b) * Hq + kvh * G) * kHeadDim);
+  finish_split_global<G>(m_s, l_s, acc_s, part, counters, out, b, kvh, split, splits, Hq, Hkv, &last_s);
 }
 
 // ---- fused decode attention fed by a bulk-copy ring (kAttentionKernel 4 and 5; 4 kv heads per CTA) -------------
