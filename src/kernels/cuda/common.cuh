@@ -425,6 +425,8 @@ __device__ __forceinline__ void load_token_chunks(uint4 (&xa)[N], uint4 (&xb)[N]
 // Number of multiprocessors of the current device (cached).
 int sm_count();
 
+// Lets fn take `smem` bytes of dynamic shared memory (needed above 48 KiB; below it nothing is set).
+Status set_dynamic_smem(const void* fn, size_t smem);
 // Sets fn's preferred shared-memory carveout to the smallest share of the SM's unified L1 / shared memory that still
 // holds ctas_per_sm CTAs (static + dynamic_smem shared memory and the per-CTA reserve each), the rest staying L1;
 // on = false: the driver's default (-1).

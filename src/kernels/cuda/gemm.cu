@@ -40,6 +40,12 @@ int default_decode_option(DecodeOption opt) {
   }
 }
 
+Status set_dynamic_smem(const void* fn, size_t smem) {
+  if (smem <= 48 * 1024) return Status::ok();
+  return cuda_status(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+                     "cudaFuncSetAttribute");
+}
+
 Status set_max_carveout(const void* fn, bool on) {
   static std::mutex mu;
   static std::map<const void*, bool> applied;

@@ -253,12 +253,6 @@ Status persistent_grid(const void* kernel, size_t smem, int items, int* grid) {
   return Status::ok();
 }
 
-Status set_smem(const void* kernel, size_t smem) {
-  if (smem <= 48 * 1024) return Status::ok();
-  return cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
-                     "cudaFuncSetAttribute");
-}
-
 }  // namespace
 
 int moe_max_tiles(int N, int K, int E) { return (N * K + kMoeTileM - 1) / kMoeTileM + E; }
@@ -332,8 +326,8 @@ Status moe_experts_decode(const bf16* x, const MoePlan& plan, const float* weigh
     return unsupported("moe_experts_decode: hidden or expert width above 8192 is not supported");
   static bool configured = false;
   if (!configured) {
-    ZEST_RETURN_IF_ERROR(set_smem(reinterpret_cast<const void*>(moe_gate_up_decode_kernel), kMaxSmem));
-    ZEST_RETURN_IF_ERROR(set_smem(reinterpret_cast<const void*>(moe_down_decode_kernel), kMaxSmem));
+    ZEST_RETURN_IF_ERROR(set_dynamic_smem(reinterpret_cast<const void*>(moe_gate_up_decode_kernel), kMaxSmem));
+    ZEST_RETURN_IF_ERROR(set_dynamic_smem(reinterpret_cast<const void*>(moe_down_decode_kernel), kMaxSmem));
     configured = true;
   }
   // Upper bound of work items: every expert with tokens (at most min(E, N*K)).

@@ -1216,12 +1216,6 @@ Status check_grouped(int N, int K, int E, int H, int I) {
   return Status::ok();
 }
 
-Status set_smem(const void* kernel, size_t smem) {
-  if (smem <= 48 * 1024) return Status::ok();
-  return cuda_status(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
-                     "cudaFuncSetAttribute");
-}
-
 }  // namespace
 
 Status moe_plan_prefill(const int32_t* ids, int N, int K, int E, MoePlan& plan, int64_t* active_count_sum,
@@ -1360,8 +1354,10 @@ Status moe_experts_prefill_wmma(const bf16* x, const MoePlan& plan, const float*
     return moe_experts_decode(x, plan, weights, gate_up, down, h, slot_out, N, K, E, H, I, stream);
   static bool configured = false;
   if (!configured) {
-    ZEST_RETURN_IF_ERROR(set_smem(reinterpret_cast<const void*>(moe_grouped_gemm_kernel<true>), grouped_smem(true)));
-    ZEST_RETURN_IF_ERROR(set_smem(reinterpret_cast<const void*>(moe_grouped_gemm_kernel<false>), grouped_smem(false)));
+    ZEST_RETURN_IF_ERROR(
+        set_dynamic_smem(reinterpret_cast<const void*>(moe_grouped_gemm_kernel<true>), grouped_smem(true)));
+    ZEST_RETURN_IF_ERROR(
+        set_dynamic_smem(reinterpret_cast<const void*>(moe_grouped_gemm_kernel<false>), grouped_smem(false)));
     configured = true;
   }
   const int tiles = moe_max_tiles(N, K, E);
