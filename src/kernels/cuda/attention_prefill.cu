@@ -399,6 +399,32 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_
          (static_cast<uint64_t>((sbo & 0x3FFFF) >> 4) << 32) | (static_cast<uint64_t>(1) << 62);
 }
 
+// One key tile of the online softmax for a thread's two rows (the wgmma kernels' m64n128 layout): the tile's row maxima
+// mx (this thread's; reduced over the quad here, then times mscale when kScale) update the running maxima m, and the
+// running sums l and the output accumulator o are rescaled by exp2(m_old - m_new).
+template <bool kScale>
+__device__ __forceinline__ void wg_online_rescale(float (&mx)[2], float (&m)[2], float (&l)[2], float (&o)[64],
+                                                  float mscale) {
+  float alpha[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    if (kScale) mx[r] *= mscale;
+    const float mn = fmaxf(m[r], mx[r]);  // finite: key 0 (tile 0) precedes every row
+    alpha[r] = exp2f(m[r] - mn);
+    m[r] = mn;
+    l[r] *= alpha[r];
+  }
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    o[4 * i] *= alpha[0];
+    o[4 * i + 1] *= alpha[0];
+    o[4 * i + 2] *= alpha[1];
+    o[4 * i + 3] *= alpha[1];
+  }
+}
+
 // A thread's two attention output rows, `row` and `row + 8` (sequence-relative), from its part t of the m64n128
 // accumulator o: divided by the row's softmax sum (the quad's partial sums l, summed over the quad) and stored as bf16
 // at token start + row, head h of Hq; rows at or past len are not stored.
@@ -513,23 +539,7 @@ __global__ void __launch_bounds__(WGS * 128, WGS == 1 ? 2 : 1)
           s[4 * i + e] = x;
           mx[e >> 1] = fmaxf(mx[e >> 1], x);
         }
-      float alpha[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        const float mn = fmaxf(m[r], mx[r]);  // finite: key 0 (tile 0) precedes every row
-        alpha[r] = exp2f(m[r] - mn);
-        m[r] = mn;
-        l[r] *= alpha[r];
-      }
-#pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        o[4 * i] *= alpha[0];
-        o[4 * i + 1] *= alpha[0];
-        o[4 * i + 2] *= alpha[1];
-        o[4 * i + 3] *= alpha[1];
-      }
+      wg_online_rescale<false>(mx, m, l, o, 0.f);
       uint32_t pa[BN / 16][4];
 #pragma unroll
       for (int i = 0; i < BN / 8; ++i) {
@@ -661,24 +671,7 @@ __global__ void __launch_bounds__(256, 1)
         sv[4 * i + e] = x;
         mx[e >> 1] = fmaxf(mx[e >> 1], x);
       }
-    float alpha[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      if (kLean) mx[r] *= scale_log2;
-      const float mn = fmaxf(m[r], mx[r]);  // finite: key 0 (tile 0) precedes every row
-      alpha[r] = exp2f(m[r] - mn);
-      m[r] = mn;
-      l[r] *= alpha[r];
-    }
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      o[4 * i] *= alpha[0];
-      o[4 * i + 1] *= alpha[0];
-      o[4 * i + 2] *= alpha[1];
-      o[4 * i + 3] *= alpha[1];
-    }
+    wg_online_rescale<kLean>(mx, m, l, o, scale_log2);
     uint32_t pa[8][4];
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
