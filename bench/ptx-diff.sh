@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 rev=$1
 shift
 tmp=$(mktemp -d)
-trap 'git worktree remove --force "$tmp/base" >/dev/null 2>&1 || true; rm -rf "$tmp"' EXIT
+trap 'git worktree remove --force "$tmp/base" >/dev/null 2>&1 || true; [ -n "${KEEP:-}" ] || rm -rf "$tmp"' EXIT
 git worktree add -q --detach "$tmp/base" "$rev"
 NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
 ptx() {  # ptx ROOT FILE OUT

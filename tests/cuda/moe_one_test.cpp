@@ -443,6 +443,127 @@ TEST(CudaMoeOne, DownPairWithStartBarrierMatchesTheChain) {
   }
 }
 
+// The down kernel by rows running the next layer's qkv projection (OneCombine::qkv, DecodeOption::kDownQkv): x and
+// the qkv row bit for bit the chain's (experts, combine, then gemm_kv_prefetch normalising x itself), the qkv row
+// also within bf16 tolerance of a double reference; eager with and without programmatic launches, replayed from a
+// graph (the grid barrier's counter grows across launches), with and without a KV prefetch, at the model's qkv
+// width, one that leaves CTAs without rows, SERE's empty slots and a small hidden size; through
+// moe_experts_decode_combine; sizes past the kernel's shared memory refused.
+TEST(CudaMoeOne, DownPairRunsTheNextQkvProjection) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(112);
+  struct QkvCase {
+    OneCase c;
+    int n;  // qkv rows
+  };
+  const QkvCase cases[] = {{{1, 8, 12, 2048, 768, 0, -1, 0, false}, 5120},
+                           {{1, 8, 12, 2048, 768, 0, -1, 6, false}, 1040},  // SERE S=2; CTAs 130-255 without rows
+                           {{1, 4, 9, 256, 512, 0, -1, 1, false}, 384},
+                           {{1, 4, 9, 256, 512, 0, -1, 0, false}, 8}};
+  const float eps = 1e-6f;
+  for (const QkvCase& qc : cases) {
+    const OneCase& c = qc.c;
+    SCOPED_TRACE(case_name(c) + " qkv rows " + std::to_string(qc.n));
+    ASSERT_TRUE(moe_one_qkv_ok(c.K, c.E, c.H, c.I, qc.n));
+    const auto s = make_setup(c, rng);
+    const auto x0 = upload_bf16(random_bf16(c.H, rng, -2.f, 2.f));
+    const auto nw = random_bf16(c.H, rng, 0.5f, 1.5f);
+    const auto wq = random_bf16(static_cast<size_t>(qc.n) * c.H, rng, -0.1f, 0.1f);
+    const auto dnw = upload_bf16(nw), dwq = upload_bf16(wq);
+    DevBuf<bf16> x(c.H), y(qc.n);
+    DevBuf<unsigned long long> bar(1);
+    ASSERT_EQ(cudaMemset(bar.get(), 0, 8), cudaSuccess);
+    // A paged KV cache of one sequence to prefetch (4 blocks, shuffled table, 50 tokens): a hint, no result changes.
+    const int kv_row = 4 * 128 * 2, blocks = 4;
+    const auto kc = random_bf16(static_cast<size_t>(blocks) * kKvBlock * kv_row / 2, rng);
+    const auto kd = upload_bf16(kc), vd = upload_bf16(kc);
+    DevBuf<int32_t> table(std::vector<int32_t>{2, 0, 3, 1}), lens(std::vector<int32_t>{50});
+    auto reset = [&]() {
+      ASSERT_EQ(cudaMemcpy(x.get(), x0->get(), c.H * 2, cudaMemcpyDeviceToDevice), cudaSuccess);
+      y.poison();
+      s->out.poison();
+      s->h.poison();
+    };
+    auto result = [&]() {
+      sync_ok();
+      std::vector<uint16_t> xb(c.H), yb(qc.n);
+      EXPECT_EQ(cudaMemcpy(xb.data(), x.get(), c.H * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+      EXPECT_EQ(cudaMemcpy(yb.data(), y.get(), qc.n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+      return std::make_pair(xb, yb);
+    };
+    // The chain: experts, the combine (x only), the qkv GEMM normalising x itself.
+    reset();
+    ZEST_ASSERT_OK(s->run_one(0, nullptr));
+    ZEST_ASSERT_OK(moe_combine_add_rmsnorm(x.get(), s->out.get(), s->ids.get(), c.K, nullptr, nullptr, 1, c.H, eps,
+                                           nullptr));
+    KvPrefetch norm;
+    norm.norm_w = dnw->get();
+    norm.norm_eps = eps;
+    ZEST_ASSERT_OK(gemm_kv_prefetch(x.get(), dwq->get(), y.get(), 1, qc.n, c.H, norm, nullptr));
+    const auto want = result();
+    {  // the chain's qkv row against a double reference of W rmsnorm(x)
+      std::vector<float> xf(c.H), got(qc.n), ref(qc.n);
+      double ss = 0;
+      for (int k = 0; k < c.H; ++k) ss += std::pow(xf[k] = bf16_to_f32(want.first[k]), 2);
+      const double inv = 1.0 / std::sqrt(ss / c.H + eps);
+      for (int r = 0; r < qc.n; ++r) {
+        double a = 0;
+        for (int k = 0; k < c.H; ++k) a += static_cast<double>(wq.f[static_cast<size_t>(r) * c.H + k]) * xf[k] * inv * nw.f[k];
+        ref[r] = static_cast<float>(a);
+        got[r] = bf16_to_f32(want.second[r]);
+      }
+      ZEST_EXPECT_CLOSE(got, ref, kTol);
+    }
+    for (bool with_kv : {true, false}) {
+      SCOPED_TRACE(with_kv ? "KV prefetch" : "no KV prefetch");
+      NextQkv q;
+      q.w = dwq->get();
+      q.norm_w = dnw->get();
+      q.eps = eps;
+      q.y = y.get();
+      q.N = qc.n;
+      q.barrier = bar.get();
+      if (with_kv) {
+        q.kv.k_cache = kd->get();
+        q.kv.v_cache = vd->get();
+        q.kv.block_table = table.get();
+        q.kv.context_lens = lens.get();
+        q.kv.batch = 1;
+        q.kv.max_blocks = blocks;
+        q.kv.row_bytes = kv_row;
+      }
+      OneCombine rows;
+      rows.x = x.get();
+      rows.ids = s->ids.get();
+      rows.rows = true;
+      rows.qkv = &q;
+      expect_eager_and_replays_equal(*s, rows, 3, reset, result, want);
+      // Through moe_experts_decode_combine (kDownQkv 1); with the option off it refuses the projection.
+      DecodeOptionScope kernel(DecodeOption::kMoeKernel, 17);
+      for (int on : {1, 0}) {
+        DecodeOptionScope fold(DecodeOption::kDownQkv, on);
+        reset();
+        const Status ds = moe_experts_decode_combine(s->x->get(), s->plan, s->w.get(), s->gu->get(), s->dn->get(),
+                                                     s->h.get(), s->out.get(), 1, c.K, c.E, c.H, c.I, x.get(),
+                                                     s->ids.get(), nullptr, nullptr, eps, nullptr, nullptr, &q);
+        if (on) {
+          ZEST_ASSERT_OK(ds);
+          EXPECT_TRUE(result() == want);
+        } else {
+          EXPECT_FALSE(ds.is_ok());
+        }
+      }
+    }
+    std::vector<uint16_t> kc_after(kc.bits.size());
+    ASSERT_EQ(cudaMemcpy(kc_after.data(), kd->get(), kc_after.size() * 2, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(kc_after, kc.bits);  // the cache is read only
+  }
+  // More qkv rows than the kernel's shared memory holds (4 half tiles of 8 rows per CTA), or not a multiple of 8.
+  EXPECT_FALSE(moe_one_qkv_ok(4, 9, 256, 512, 8 * 4 * 32 + 8));
+  EXPECT_FALSE(moe_one_qkv_ok(4, 9, 256, 512, 100));
+  EXPECT_FALSE(moe_one_qkv_ok(8, 8, 64, 32, 64));  // hidden below 256: the norm's one round needs 256 <= H
+}
+
 // Graph of (moe_plan, moe_experts_one) captured once with programmatic launches and replayed for several routings:
 // the down kernel reads the plan before its wait, so each replay must use the plan its own moe_plan built.
 TEST(CudaMoeOne, GraphReplayWithProgrammaticLaunchAndNewRoutings) {

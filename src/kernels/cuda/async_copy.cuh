@@ -120,6 +120,11 @@ __device__ __forceinline__ void tensor_load_2d_hint(uint32_t dst, const CUtensor
       : "memory");
 }
 
+// Starts a bulk prefetch of `bytes` (a multiple of 16) at p into L2; nothing waits for it.
+__device__ __forceinline__ void bulk_prefetch_l2(const void* p, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+}
+
 // ld_stream (common.cuh) with an L2 cache policy.
 __device__ __forceinline__ uint4 ld_stream_hint(const void* p, uint64_t pol) {
   uint4 r;

@@ -578,9 +578,7 @@ __device__ __forceinline__ void prefetch_next_l2(const DecodeFuse& f, int lane) 
   const size_t per = ((f.next_bytes + ctas - 1) / ctas + 15) / 16 * 16;
   const size_t beg = cta * per, end = min(beg + per, f.next_bytes);
   for (size_t o = beg + lane * kPiece; o < end; o += 32 * kPiece)
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(f.next + o),
-                 "r"(static_cast<uint32_t>(min(kPiece, end - o)))
-                 : "memory");
+    bulk_prefetch_l2(f.next + o, static_cast<uint32_t>(min(kPiece, end - o)));
 }
 
 // A lane's RoPE factors for its two rotation pairs (j = lane, lane + 32) and its four norm weights (elements lane + 32 i).
