@@ -200,7 +200,6 @@ bool apply_variant(const std::string& spec) {
     else if (name == "ef") set_decode_option(DecodeOption::kMoeEvictFirst, value);
     else if (name == "dcarve") set_decode_option(DecodeOption::kDecodeCarveout, value);
     else if (name == "head") set_decode_option(DecodeOption::kHeadGemm, value);
-    else if (name == "dqkv") set_decode_option(DecodeOption::kDownQkv, value);
     else return false;
   }
   return true;
@@ -493,7 +492,7 @@ int bench_decode_main(int argc, char** argv) {
   if (variants.empty()) variants.push_back("");
   for (const std::string& variant : variants) {
   if (!apply_variant(variant)) {
-    std::fprintf(stderr, "error: bad --variant '%s' (want name=value,... with names sere, moe, attn, gemm, route, experts, block, l2, carve, combine, rows, ef, dcarve, head, dqkv)\n",
+    std::fprintf(stderr, "error: bad --variant '%s' (want name=value,... with names sere, moe, attn, gemm, route, experts, block, l2, carve, combine, rows)\n",
                  variant.c_str());
     return 2;
   }

@@ -225,31 +225,6 @@ __device__ __forceinline__ uint32_t ld_acquire(const uint32_t* p) {
 __device__ __forceinline__ void red_release_add(uint32_t* p, uint32_t v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
-__device__ __forceinline__ unsigned long long ld_acquire(const unsigned long long* p) {
-  unsigned long long v;
-  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-
-// Barrier over the `ctas` CTAs of a grid that are all resident at once, on a counter that only grows (zero before the
-// first use, never reset): each CTA adds 1, and the generation its addition belongs to is complete when the counter
-// reaches the next multiple of `ctas`. What the CTA's threads wrote before it is visible to every CTA after it (thread
-// 0 fences after a CTA barrier, then adds; it waits with acquire loads, then a CTA barrier). Launches that use one
-// counter must not overlap. A wait that never ends traps (CTAs that cannot be resident together: a bug).
-__device__ __forceinline__ void grid_sync_counter(unsigned long long* ctr, unsigned long long ctas) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    const unsigned long long old = atomicAdd(ctr, 1ull);
-    const unsigned long long target = old - old % ctas + ctas;
-    if (ld_acquire(ctr) < target) {
-      const uint64_t t0 = global_ns();
-      while (ld_acquire(ctr) < target)
-        if (global_ns() - t0 > kWatchdogNs) __trap();
-    }
-  }
-  __syncthreads();
-}
 
 // RMSNorm pieces shared by the norm kernels and the kernels that fold a norm in (the same arithmetic, so the same
 // bits): the sum of squares of 8 values in order, and y = bf16(bf16(v * inv) * w) for 8 values packed as bf16.

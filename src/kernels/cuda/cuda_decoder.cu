@@ -256,7 +256,6 @@ class CudaTextDecoder final : public model::TextDecoder {
     int32_t *ids = nullptr, *ids_before = nullptr;
     float *route_w = nullptr, *slot_out = nullptr;
     unsigned* done = nullptr;  // the folded MoE combine's exit counter (zero between launches)
-    unsigned long long* grid_bar = nullptr;  // the down kernel's grid barrier with the next qkv (NextQkv; grows)
   int32_t* attn_counters = nullptr;  // decode attention's split counters, T * kv_heads (zero between launches)
     void* plan_buf = nullptr;
     MoePlan plan;
@@ -295,7 +294,7 @@ class CudaTextDecoder final : public model::TextDecoder {
   Status ensure(const Caps& need) const;
   // Routing, experts and the combine into x / xn (next_w: the next RMSNorm's weight, or null for x only).
   Status run_moe(int64_t l, const Layer& L, int T, const model::ForwardBatch& b, const model::MoeHooks* hooks,
-                 bool all_active, const bf16* next_w, const NextQkv* next_qkv = nullptr) const;
+                 bool all_active, const bf16* next_w) const;
 
   io::TextConfig cfg_;
   int L_ = 0, H_ = 0, Hq_ = 0, Hkv_ = 0, D_ = 0, QKV_ = 0, E_ = 0, K_ = 0, I_ = 0, Id_ = 0, V_ = 0;
@@ -493,7 +492,6 @@ Status CudaTextDecoder::ensure(const Caps& need) const {
       s.xr = cv.take<bf16>(R * H);
       s.logits = cv.take<bf16>(R * V_);
       s.done = cv.take<unsigned>(1);
-      s.grid_bar = cv.take<unsigned long long>(1);
       s.attn_counters = cv.take<int32_t>(T * std::max(Hkv_, 1));
     };
     Carver sizing;
@@ -503,7 +501,6 @@ Status CudaTextDecoder::ensure(const Caps& need) const {
     layout(real);
     if (E_ > 0) moe_plan_bind(s.plan, s.plan_buf, static_cast<int>(T), K_, E_);
     ZEST_CU(cudaMemsetAsync(s.done, 0, sizeof(unsigned), stream_), "combine counter");
-    ZEST_CU(cudaMemsetAsync(s.grid_bar, 0, sizeof(unsigned long long), stream_), "grid barrier counter");
     ZEST_CU(cudaMemsetAsync(s.attn_counters, 0, T * std::max(Hkv_, 1) * sizeof(int32_t), stream_),
             "attention counters");
     ZEST_RETURN_IF_ERROR(s.logits_host.allocate(R * V_ * sizeof(uint16_t)));
@@ -530,8 +527,7 @@ Result<std::vector<model::RerouteCounts>> CudaTextDecoder::reroute_counts() cons
 }
 
 Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const model::ForwardBatch& b,
-                                const model::MoeHooks* hooks, bool all_active, const bf16* next_w,
-                                const NextQkv* next_qkv) const {
+                                const model::MoeHooks* hooks, bool all_active, const bf16* next_w) const {
   Step& s = *st_;
   cudaStream_t st = stream_;
   if (hooks && hooks->moe_input) {
@@ -605,8 +601,7 @@ Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const model::
                                  : moe_plan_prefill(s.ids, T, K_, E_, s.plan, nullptr, st));
   if (T <= kDecodeMoeTokens)  // next_w null: x only (the down kernel by rows at one token, moe_down_rows_on)
     return moe_experts_decode_combine(s.xn, s.plan, s.route_w, Ly.gate_up, Ly.down, s.h, s.slot_out, T, K_, E_, H_, I_,
-                                      s.x, s.ids, next_w, next_w ? s.xn : nullptr, eps_, s.done, st, next_qkv);
-  if (next_qkv) return internal_error("run_moe: the next qkv projection needs a decode-sized step");
+                                      s.x, s.ids, next_w, next_w ? s.xn : nullptr, eps_, s.done, st);
   if (moe_prefill_bf16_slots(s.h, Ly.down, E_, H_, I_)) {
     // The default grouped GEMM stores its slot outputs (bf16-exact values) as bf16 in the fp32 slot buffer's first
     // half: half the bytes for its stores and the combine's loads, the same results (PrefillOption::kSlots).
@@ -983,34 +978,26 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
                     moe_down_rows_on(1, K_, E_, H_, I_) && gemm_kv_norm_ok(1, QKV_, H_);
   if (!rows) ZEST_RETURN_IF_ERROR(rmsnorm(s.x, layers_[0].in_norm, s.xn, T, H_, eps_, st));
   bool x_only = rows;  // xn is stale: the next consumer normalises x
-  // Layer l's KV rows for the L2 prefetch of its qkv projection (kL2Prefetch).
-  auto kv_rows = [&](int l) {
-    KvPrefetch kvp;
-    kvp.k_cache = kv->k(l);
-    kvp.v_cache = kv->v(l);
-    kvp.block_table = d_bt;
-    kvp.context_lens = d_seq_ctx;
-    kvp.batch = dp.batch;
-    kvp.max_blocks = MB;
-    kvp.row_bytes = Hkv_ * D_ * 2;
-    return kvp;
-  };
-  bool qkv_done = false;  // the previous layer's down kernel ran this layer's qkv projection (DecodeOption::kDownQkv)
   for (int l = 0; l < L_; ++l) {
     const Layer& Ly = layers_[l];
     const bf16* next = l + 1 < L_ ? layers_[l + 1].in_norm : final_norm_;
     if (use_decode) {  // the qkv GEMM may prefetch the layer's KV rows, the attention the o weights (kL2Prefetch)
-      KvPrefetch kvp = kv_rows(l);
+      KvPrefetch kvp;
+      kvp.k_cache = kv->k(l);
+      kvp.v_cache = kv->v(l);
+      kvp.block_table = d_bt;
+      kvp.context_lens = d_seq_ctx;
+      kvp.batch = dp.batch;
+      kvp.max_blocks = MB;
+      kvp.row_bytes = Hkv_ * D_ * 2;
       dp.l2_next = Ly.wo;
       dp.l2_next_bytes = static_cast<size_t>(H_) * Hq_ * D_ * 2;
       if (x_only) {
         kvp.norm_w = Ly.in_norm;
         kvp.norm_eps = eps_;
       }
-      if (!qkv_done)
-        ZEST_RETURN_IF_ERROR(gemm_kv_prefetch(x_only ? s.x : s.xn, Ly.wqkv, s.qkv, T, QKV_, H_, kvp, st));
+      ZEST_RETURN_IF_ERROR(gemm_kv_prefetch(x_only ? s.x : s.xn, Ly.wqkv, s.qkv, T, QKV_, H_, kvp, st));
       x_only = false;
-      qkv_done = false;
     } else {
       ZEST_RETURN_IF_ERROR(gemm(s.xn, Ly.wqkv, s.qkv, T, QKV_, H_, st));
     }
@@ -1048,22 +1035,9 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
     ZEST_RETURN_IF_ERROR(add_rmsnorm(s.x, s.o, Ly.post_norm, s.xn, T, H_, eps_, st));
     const bool ds = l < nds;
     if (Ly.moe) {
-      // One token by rows, no DeepStack rows after the layer: the down kernel may run the next layer's qkv projection.
-      NextQkv nq;
-      const bool fold_qkv = rows && !ds && l + 1 < L_ && moe_down_qkv_on(K_, E_, H_, I_, QKV_);
-      if (fold_qkv) {
-        nq.w = layers_[l + 1].wqkv;
-        nq.norm_w = layers_[l + 1].in_norm;
-        nq.eps = eps_;
-        nq.y = s.qkv;
-        nq.N = QKV_;
-        nq.barrier = s.grid_bar;
-        nq.kv = kv_rows(l + 1);  // as the qkv GEMM would prefetch them (kL2Prefetch 0, 1, 5 at one token)
-      }
-      Status ms = run_moe(l, Ly, T, b, hooks, all_active, ds || rows ? nullptr : next, fold_qkv ? &nq : nullptr);
+      Status ms = run_moe(l, Ly, T, b, hooks, all_active, ds || rows ? nullptr : next);
       if (!ms.is_ok()) return ms.with_context("layer " + std::to_string(l));
       x_only = rows && !ds;
-      qkv_done = fold_qkv;
     } else {
       ZEST_RETURN_IF_ERROR(gemm(s.xn, Ly.gate_up, s.gu, T, 2 * Id_, H_, st));
       ZEST_RETURN_IF_ERROR(silu_mul(s.gu, s.h, T, Id_, st));

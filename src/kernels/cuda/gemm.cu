@@ -36,7 +36,6 @@ int default_decode_option(DecodeOption opt) {
     case DecodeOption::kDecodeCarveout: return 1;
     case DecodeOption::kMoeEvictFirst: return 1;
     case DecodeOption::kHeadGemm: return 1;
-    case DecodeOption::kDownQkv: return 1;
     default: return 0;
   }
 }

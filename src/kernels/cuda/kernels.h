@@ -153,10 +153,6 @@ enum class DecodeOption : int {
                     // steps) and the fused cluster decode attention prefer the largest shared-memory carveout, so
                     // that an SM keeps room for an o GEMM CTA beside two attention CTAs (measured at batch 1: TPOT
                     // -0.025 ms); 0 = the driver's default
-  kDownQkv,         // decode steps of one token with the down kernel by rows (kMoeDownRows): 1 = that kernel also
-                    // runs the next layer's qkv projection (NextQkv: its CTAs copy the qkv weight rows into the
-                    // shared memory their down weights leave, then a grid barrier); 0 = the qkv GEMM as its own
-                    // launch (gemm_kv_prefetch)
   kHeadGemm,        // small-M GEMMs (M <= 16, K <= 2048) with at least 4 row tiles of 16 per SM, the lm_head: 1 (default)
                     // = rows_ring (one persistent CTA per SM, a producer warp bulk-copying the tiles into a ring of
                     // stages; measured on H200: lm_head 149-154 us eager against 152-158, TPOT batch 8 -0.02 to -0.07
@@ -274,18 +270,6 @@ struct KvPrefetch {
   int batch = 0, max_blocks = 0;
   int row_bytes = 0;  // one token's row of all kv heads: kv_heads * head_dim * 2 (a multiple of 16)
 };
-// The next layer's qkv projection run by the one-token down kernel by rows (moe_one.h, OneCombine::qkv; DecodeOption::
-// kDownQkv): y = W rmsnorm(x) for the one token row x that kernel completes, with kv's KV rows prefetched into L2 (kv.k_cache null: none). The
-// grid barrier needs every CTA resident at once (moe_one_qkv_ok checks that the device holds them).
-struct NextQkv {
-  const bf16* w = nullptr;       // [N, H]
-  const bf16* norm_w = nullptr;  // [H]
-  float eps = 0.f;
-  bf16* y = nullptr;             // [1, N]
-  int N = 0;
-  KvPrefetch kv;
-  unsigned long long* barrier = nullptr;  // one device word: zero before the first launch, never reset
-};
 // gemm() for the qkv projection of a decode step: with DecodeOption::kL2Prefetch 0 (M <= 2), 1 or 2 and the
 // shared-memory small-M path serving (M, N, K), its CTAs also prefetch kv's rows into L2 (a hint: the result is
 // gemm()'s, bit for bit); otherwise gemm().
@@ -297,9 +281,6 @@ bool gemm_kv_norm_ok(int M, int N, int K);
 // Whether moe_experts_decode_combine with cw and cy null (x only) runs the down kernel by output rows
 // (DecodeOption::kMoeDownRows) for these sizes.
 bool moe_down_rows_on(int N, int K, int E, int H, int I);
-// Whether moe_experts_decode_combine takes a NextQkv of N rows (DecodeOption::kDownQkv): moe_down_rows_on at one
-// token, the qkv GEMM's KV prefetch and evict-first tiles in force (kL2Prefetch 0, 1 or 5), and moe_one_qkv_ok.
-bool moe_down_qkv_on(int K, int E, int H, int I, int N);
 
 // Prefill attention: causal, GQA, variable-length sequences packed along tokens (cu_seqlens [nseq+1]).
 // q/k/v rows at q + t * q_stride (Hq heads of D), k + t * kv_stride, v + t * kv_stride (Hkv heads).
@@ -440,12 +421,11 @@ Status moe_experts_decode(const bf16* x, const MoePlan& plan, const float* weigh
 // moe_experts_decode followed by the layer's combine, moe_combine_add_rmsnorm(cx, slot_out, ids, K, cw, cy, N, H,
 // eps): folded into the experts' last kernel when DecodeOption::kMoeCombine allows it and that kernel can (the
 // one-token experts, moe_one.h, H <= 2048), else as the separate launch; the same bits either way. done: one device
-// word, zero before the first call (the folded form leaves it zero). next_qkv (moe_down_qkv_on must hold, cw and
-// cy null): the next layer's qkv projection of the completed x runs in the same launch (NextQkv).
+// word, zero before the first call (the folded form leaves it zero).
 Status moe_experts_decode_combine(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
                                   const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I,
                                   bf16* cx, const int32_t* ids, const bf16* cw, bf16* cy, float eps, unsigned* done,
-                                  cudaStream_t stream, const NextQkv* next_qkv = nullptr);
+                                  cudaStream_t stream);
 // Prefill experts: the same function as moe_experts_decode through tensor-core grouped GEMMs over the
 // plan's tiles (device-side offsets): moe_prefill_gate_up then moe_prefill_down when H % 128 == 0 and
 // I % 64 == 0, else moe_experts_prefill_wmma.

@@ -352,30 +352,20 @@ bool moe_down_rows_on(int N, int K, int E, int H, int I) {
          moe_one_rows_ok(N, K, E, H, I);
 }
 
-bool moe_down_qkv_on(int K, int E, int H, int I, int N) {
-  const int l2 = decode_option(DecodeOption::kL2Prefetch);
-  return decode_option(DecodeOption::kDownQkv) >= 1 && (l2 == 0 || l2 == 1 || l2 == 5) &&
-         moe_down_rows_on(1, K, E, H, I) && moe_one_qkv_ok(K, E, H, I, N);
-}
-
 Status moe_experts_decode_combine(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
                                   const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I,
                                   bf16* cx, const int32_t* ids, const bf16* cw, bf16* cy, float eps, unsigned* done,
-                                  cudaStream_t stream, const NextQkv* next_qkv) {
+                                  cudaStream_t stream) {
   ZEST_RETURN_IF_ERROR(check_moe("moe_experts_decode_combine", N, K, E, H, I));
   int kernel = decode_option(DecodeOption::kMoeKernel);
   if (kernel == 0) kernel = default_moe_kernel(N);
   constexpr int kOneBase = 2 + kStreamVariants;
-  if (next_qkv && (N != 1 || cw || cy || !moe_down_qkv_on(K, E, H, I, next_qkv->N)))
-    return invalid_argument("moe_experts_decode_combine: the next qkv projection needs one token, x only and "
-                            "moe_down_qkv_on");
   // One token, x only (the caller normalises later): the down kernel by output rows adds the slots itself.
   if (!cw && !cy && moe_down_rows_on(N, K, E, H, I)) {
     OneCombine c;
     c.x = cx;
     c.ids = ids;
     c.rows = true;
-    c.qkv = next_qkv;
     return moe_experts_one(x, plan, weights, gate_up, down, h, slot_out, N, K, E, H, I, 1, stream, nullptr, &c);
   }
   if (decode_option(DecodeOption::kMoeCombine) >= 1 && done && kernel >= kOneBase && kernel < kOneBase + kOneVariants &&

@@ -60,6 +60,12 @@ __device__ __forceinline__ void mma_chunk(float* c, const uint4& lo, const uint4
   mma16816(c, lo.z, hi.z, lo.w, hi.w, x.z, x.w);
 }
 
+__device__ __forceinline__ unsigned long long ld_acquire(const unsigned long long* p) {
+  unsigned long long v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
 __device__ __forceinline__ unsigned long long ld_relaxed(const unsigned long long* p) {
   unsigned long long v;
   asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");

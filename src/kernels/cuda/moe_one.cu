@@ -13,14 +13,10 @@
 #include "kernels/cuda/moe_one.h"
 
 #include <algorithm>
-#include <array>
-#include <map>
-#include <mutex>
 #include <string>
 
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/small_m.cuh"
 
 namespace zest::cuda {
 
@@ -44,7 +40,6 @@ struct OneParams {
   uint64_t* stamps_gu;  // optional: gate/up CTA b writes [2b] after its wait and [2b + 1] at its end (globaltimer)
   uint64_t* stamps_dn;  // optional: down CTA b writes [3b] at entry, [3b + 1] after its wait, [3b + 2] at its end
   OneCombine cmb;       // cmb.x != null: the down kernel's last CTA runs the combine
-  NextQkv q;         // the down kernel by rows with the next qkv projection (cmb.qkv): its copy
   int N;
   bool ef;  // DecodeOption::kMoeEvictFirst: the weight loads marked evict-first in L2
 };
@@ -298,40 +293,14 @@ size_t pair_smem(int I) {
                   static_cast<size_t>(kWarps) * kPairExperts * 2 * 32 * sizeof(float));
 }
 
-// The next qkv projection in the pair kernel (kQkv): half tiles of 8 weight rows, dealt to the grid's CTAs
-// round-robin (CTA c: half tiles c, c + G, ...); a CTA runs its half tiles two at a time as the A rows g and g + 8 of
-// one m16 tile, so each row's sum is rows_pre's (rows are independent in the mma). At most kQkvHalves per CTA.
-constexpr int kQkvHalves = 4;
-constexpr int kQkvRows = 8;
-
-size_t qkv_half_bytes(int H) { return static_cast<size_t>(kQkvRows) * (static_cast<size_t>(H) * 2 + 16); }
-
-// Half tiles per CTA of the down grid by rows (2 H / 16 CTAs) for N qkv rows.
-int qkv_halves_per_cta(int H, int N) {
-  const int ctas = 2 * (H / kRows), halves = N / kQkvRows;
-  return (halves + ctas - 1) / ctas;
-}
-
 // Each CTA arrives on the cluster barrier at its start and waits on it before its store into rank 0's shared memory,
 // so that rank 0 is known to run (without it compute-sanitizer racecheck reported the stores as into "a block that
 // might not have entered yet"; measured at batch 1 within the noise of the run: BENCHMARKS.md).
-//
-// kQkv (OneCombine::qkv, moe_one_qkv_ok): once the warps are done with the down weight rows, warp 0 bulk-copies the
-// CTA's half tiles of the next qkv weights into the same shared memory (evict-first) and the CTA prefetches its share
-// of the next layer's KV rows into L2 (as rows_pre does); the down partial sums go to static shared memory instead.
-// After x is complete (rank 0 wrote the cluster's rows; a barrier over the grid, whose CTAs are all resident), each
-// CTA loads the row (L2), normalises it as rows_pre with KvPrefetch::norm_w does (small_m::norm_row_regs) and runs its
-// half tiles with rows_pre's chunks, warp split and fixed-order sums: the qkv row has the bits of that launch.
-template <int kC, bool kQkv = false>
+template <int kC>
 __global__ void __launch_bounds__(kPairThreads, 2) one_down_pair_kernel(OneParams p) {
   extern __shared__ __align__(128) unsigned char wsm[];
   __shared__ __align__(8) uint64_t bar;
   __shared__ float vals[kRowsMaxK][kRows];  // rank 0: every slot's values of the cluster's rows
-  // kQkv: the down partial sums (the weight rows' bytes take the qkv rows), the norm's scratch, the qkv copies' barrier
-  __shared__ float red_q[kQkv ? kWarps : 1][kPairExperts][2][32];
-  __shared__ float ss_s[kQkv ? kWarps * 32 : 1];
-  __shared__ float wsum[kQkv ? kWarps : 1];
-  __shared__ __align__(8) uint64_t qbar;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, tq = lane & 3;
   const int rank = static_cast<int>(cluster_rank());
@@ -363,8 +332,6 @@ __global__ void __launch_bounds__(kPairThreads, 2) one_down_pair_kernel(OneParam
       else bulk_load(wsm + static_cast<size_t>(c) * stride, src, row_bytes, &bar);
     }
   }
-  if constexpr (kQkv)
-    if (threadIdx.x == 32) mbar_init(&qbar);
   __syncthreads();  // the mbarrier is initialised before any warp waits on it
   // Thread (x, q): the slot and routing weight of this rank's expert x, for row q.
   const int xq = threadIdx.x / kRows, q = threadIdx.x % kRows;
@@ -405,25 +372,8 @@ __global__ void __launch_bounds__(kPairThreads, 2) one_down_pair_kernel(OneParam
       mma16816(acc[x], lo.z, hi.z, lo.w, hi.w, hb[x][i].z, hb[x][i].w);
     }
   }
-  __syncthreads();  // every warp is done with the weight rows: their bytes take the partial sums (kQkv: the qkv rows)
-  float(*red)[kPairExperts][2][32] = kQkv ? red_q : reinterpret_cast<float(*)[kPairExperts][2][32]>(wsm);
-  const int cta = static_cast<int>(blockIdx.y) * 2 + rank, ctas = static_cast<int>(gridDim.y) * 2;
-  const uint32_t q_row = static_cast<uint32_t>(p.H) * 2, q_stride = q_row + 16;
-  int q_halves = 0;  // this CTA's half tiles of the qkv rows: cta, cta + ctas, ...
-  if constexpr (kQkv) {
-    q_halves = max(0, min(kQkvHalves, (p.q.N / kQkvRows - cta + ctas - 1) / ctas));
-    if (warp == 0) {
-      if (lane == 0) mbar_arrive_expect_tx(&qbar, static_cast<uint32_t>(q_halves) * kQkvRows * q_row);
-      __syncwarp();
-      const uint64_t pol = evict_first_policy();
-      for (int c = lane; c < q_halves * kQkvRows; c += 32) {
-        const int row = (cta + (c / kQkvRows) * ctas) * kQkvRows + c % kQkvRows;
-        bulk_load_hint(wsm + static_cast<size_t>(c) * q_stride, p.q.w + static_cast<size_t>(row) * p.H, q_row, &qbar,
-                       pol);
-      }
-    }
-    if (p.q.kv.k_cache) small_m::prefetch_kv_l2(p.q.kv, cta, ctas);
-  }
+  __syncthreads();  // every warp is done with the weight rows: their bytes take the partial sums
+  float(*red)[kPairExperts][2][32] = reinterpret_cast<float(*)[kPairExperts][2][32]>(wsm);
 #pragma unroll
   for (int x = 0; x < kPairExperts; ++x) {
     red[warp][x][0][lane] = acc[x][0];  // token 0, row g
@@ -447,57 +397,6 @@ __global__ void __launch_bounds__(kPairThreads, 2) one_down_pair_kernel(OneParam
     bf16* xr = p.cmb.x + r0 + threadIdx.x;
     *xr = __float2bfloat16(bf16_round(__bfloat162float(*xr) + bf16_round(a)));
   }
-  if constexpr (kQkv) {
-    step_timeline_phase(1);  // the down rows are done
-    grid_sync_counter(p.q.barrier, static_cast<unsigned long long>(ctas));  // x complete
-    step_timeline_phase(3);
-    // Lanes g == 0 of warp w hold chunks w + 8 u of x (L2: written in this launch), as rows_pre's token row.
-    constexpr int kRound = kPairThreads / 32;  // one round of every warp: H <= 8 * 32 * 8
-    const int chunks = p.H / kChunk;
-    uint4 xa[kRound];
-#pragma unroll
-    for (int u = 0; u < kRound; ++u) {
-      const int c = warp + u * kWarps;
-      xa[u] = g == 0 && c < chunks ? __ldcg(reinterpret_cast<const uint4*>(p.cmb.x + c * kChunk + tq * 8))
-                                   : make_uint4(0, 0, 0, 0);
-    }
-    small_m::norm_row_regs(xa, warp, chunks, p.H, p.q.norm_w, p.q.eps, ss_s, wsum, [] { __syncthreads(); });
-    mbar_wait(&qbar, 0);
-    float qacc[kQkvHalves / 2][4];
-#pragma unroll
-    for (int t = 0; t < kQkvHalves / 2; ++t) {
-#pragma unroll
-      for (int v = 0; v < 4; ++v) qacc[t][v] = 0.f;
-      if (2 * t >= q_halves) continue;
-      const unsigned char* a_lo = wsm + static_cast<size_t>(2 * t * kQkvRows + g) * q_stride + tq * 16;
-      const unsigned char* a_hi = a_lo + static_cast<size_t>(kQkvRows) * q_stride;
-      const bool hi_ok = 2 * t + 1 < q_halves;
-#pragma unroll
-      for (int u = 0; u < kRound; ++u) {
-        const int c = warp + u * kWarps;
-        if (c >= chunks) break;
-        const uint4 lo = *reinterpret_cast<const uint4*>(a_lo + c * kChunk * 2);
-        const uint4 hi = hi_ok ? *reinterpret_cast<const uint4*>(a_hi + c * kChunk * 2) : make_uint4(0, 0, 0, 0);
-        mma16816(qacc[t], lo.x, hi.x, lo.y, hi.y, xa[u].x, xa[u].y);
-        mma16816(qacc[t], lo.z, hi.z, lo.w, hi.w, xa[u].z, xa[u].w);
-      }
-    }
-    __syncthreads();  // every warp is done with the qkv rows: their bytes take the partial sums
-    float(*qred)[kQkvHalves / 2][2][32] = reinterpret_cast<float(*)[kQkvHalves / 2][2][32]>(wsm);
-#pragma unroll
-    for (int t = 0; t < kQkvHalves / 2; ++t) {
-      qred[warp][t][0][lane] = qacc[t][0];  // token 0, row g of half tile 2 t
-      qred[warp][t][1][lane] = qacc[t][2];  // token 0, row g of half tile 2 t + 1
-    }
-    __syncthreads();
-    if (threadIdx.x < q_halves * kQkvRows) {  // half tile j's row r: the warps' sums in fixed order, as rows_pre
-      const int j = threadIdx.x / kQkvRows, r = threadIdx.x % kQkvRows;
-      float v = 0.f;
-#pragma unroll
-      for (int ww = 0; ww < kWarps; ++ww) v += qred[ww][j >> 1][j & 1][r * 4];
-      p.q.y[(cta + j * ctas) * kQkvRows + r] = __float2bfloat16(v);
-    }
-  }
   step_timeline_phase(2);
 }
 
@@ -509,59 +408,6 @@ bool moe_one_rows_ok(int N, int K, int E, int H, int I) {
 }
 
 bool moe_one_combine_ok(int H) { return H > 0 && H % 8 == 0 && H <= 8 * kWarps * 32; }
-
-namespace {
-
-using PairKernel = void (*)(OneParams);
-
-PairKernel pair_kernel(int I, bool qkv) {
-  if (I <= kChunk * kWarps) return qkv ? one_down_pair_kernel<1, true> : one_down_pair_kernel<1>;
-  if (I <= kChunk * kWarps * 2) return qkv ? one_down_pair_kernel<2, true> : one_down_pair_kernel<2>;
-  return qkv ? one_down_pair_kernel<3, true> : one_down_pair_kernel<3>;
-}
-
-size_t pair_launch_smem(int H, int I, int qkv_n) {
-  return qkv_n > 0 ? std::max(pair_smem(I), static_cast<size_t>(qkv_halves_per_cta(H, qkv_n)) * qkv_half_bytes(H))
-                   : pair_smem(I);
-}
-
-}  // namespace
-
-bool moe_one_qkv_ok(int K, int E, int H, int I, int N) {
-  if (!moe_one_rows_ok(1, K, E, H, I) || N <= 0 || N % kQkvRows != 0 || H < kWarps * kChunk ||
-      H > kWarps * kChunk * (kPairThreads / 32) || qkv_halves_per_cta(H, N) > kQkvHalves)
-    return false;
-  const size_t smem = pair_launch_smem(H, I, N);
-  if (smem > 200 * 1024) return false;
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  static std::mutex mu;
-  static std::map<std::array<int, 3>, bool> known;  // (device, H, smem) -> every cluster resident at once
-  std::lock_guard<std::mutex> lock(mu);
-  const std::array<int, 3> key{dev, H, static_cast<int>(smem)};
-  if (auto it = known.find(key); it != known.end()) return it->second;
-  bool& fits = known[key];
-  const PairKernel fn = pair_kernel(I, true);
-  if (set_dynamic_smem(reinterpret_cast<const void*>(fn), smem).is_ok() == false) return false;
-  // Every cluster of the grid resident at once (the grid barrier), on an idle device.
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(2, H / kRows);
-  cfg.blockDim = dim3(kPairThreads);
-  cfg.dynamicSmemBytes = smem;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = 2;
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  int clusters = 0;
-  if (cudaOccupancyMaxActiveClusters(&clusters, reinterpret_cast<const void*>(fn), &cfg) != cudaSuccess) {
-    cudaGetLastError();
-    return fits = false;
-  }
-  return fits = clusters >= H / kRows;
-}
 
 bool moe_one_ok(int N, int K, int E, int H, int I) {
   return N >= 1 && N <= kMaxTok && K >= 1 && E >= 1 && K <= E && H >= kChunk && I >= kChunk && H % kChunk == 0 &&
@@ -631,26 +477,15 @@ Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights,
     if (!moe_one_rows_ok(N, K, E, H, I) || combine->w || combine->y)
       return invalid_argument("moe_experts_one: the down kernel by output rows needs one token, K <= 8, I <= 768 "
                               "and no norm (x only)");
-    const NextQkv* q = combine->qkv;
-    if (q) {
-      if (!q->w || !q->norm_w || !q->y || !q->barrier || !moe_one_qkv_ok(K, E, H, I, q->N))
-        return invalid_argument("moe_experts_one: the next qkv projection needs w, norm_w, y, a barrier word and "
-                                "moe_one_qkv_ok sizes (N=" + std::to_string(q->N) + ")");
-      p.q = *q;
-      const KvPrefetch& kv = q->kv;  // the KV prefetch is a hint: dropped where it could not be issued
-      if (!kv.k_cache || !kv.v_cache || !kv.block_table || !kv.context_lens || kv.batch <= 0 || kv.max_blocks <= 0 ||
-          kv.row_bytes <= 0 || kv.row_bytes % 16 != 0 ||
-          (reinterpret_cast<uintptr_t>(kv.k_cache) | reinterpret_cast<uintptr_t>(kv.v_cache)) % 16 != 0)
-        p.q.kv.k_cache = nullptr;
-    }
-    const PairKernel kernel = pair_kernel(I, q != nullptr);
-    const size_t smem = pair_launch_smem(H, I, q ? q->N : 0);
+    const auto kernel = I <= kChunk * kWarps       ? one_down_pair_kernel<1>
+                        : I <= kChunk * kWarps * 2 ? one_down_pair_kernel<2>
+                                                   : one_down_pair_kernel<3>;
+    const size_t smem = pair_smem(I);
     ZEST_RETURN_IF_ERROR(cuda_status(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
                                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                           static_cast<int>(smem)),
                                      "moe_experts_one: down kernel by rows"));
-    return launch_cluster(q ? "moe_one_down_pair_qkv" : "moe_one_down_pair", kernel, dim3(2, H / kRows),
-                          dim3(kPairThreads), smem, stream, 2, p);
+    return launch_cluster("moe_one_down_pair", kernel, dim3(2, H / kRows), dim3(kPairThreads), smem, stream, 2, p);
   }
   return launch("moe_one_down", variant == 1 ? one_down_kernel<true> : one_down_kernel<false>, dim3(dn_grid), block,
                 0, stream, p);

@@ -28,17 +28,9 @@ struct OneCombine {
   // itself (the same bits as the chain's x; no exit counter, no last CTA, done unused); the next RMSNorm is left to
   // the next kernel (gemm_kv_prefetch with KvPrefetch::norm_w).
   bool rows = false;
-  // With rows (moe_one_qkv_ok): the next layer's qkv projection in the same launch, as gemm_kv_prefetch with
-  // KvPrefetch::norm_w computes it (the same bits): each CTA bulk-copies its share of the weight rows into the
-  // shared memory its down weights leave, and after a barrier over the grid (x complete) normalises x and runs them.
-  const NextQkv* qkv = nullptr;
 };
 bool moe_one_rows_ok(int N, int K, int E, int H, int I);
 bool moe_one_combine_ok(int H);
-// Whether the down kernel by rows (moe_one_rows_ok) can also run a qkv projection of N rows (NextQkv): N a
-// multiple of 8, 256 <= H <= 2048, its weight rows fit in the kernel's shared memory, and every CTA of the grid fits
-// on the device at once.
-bool moe_one_qkv_ok(int K, int E, int H, int I, int N);
 
 // Whether moe_experts_one serves these sizes: 1 <= N <= 8 tokens, 1 <= K <= E, H and I positive multiples of 32.
 bool moe_one_ok(int N, int K, int E, int H, int I);

@@ -6,7 +6,6 @@
 // Modes: dense small-M GEMM, MoE gate/up (SiLU * up epilogue) and MoE down (routing-weight epilogue).
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/small_m.cuh"
 
 namespace zest::cuda {
 
@@ -166,6 +165,63 @@ constexpr int kPreRound = 8;  // token chunks in flight per warp
 // weight tile copied evict-first; the KV rows before the wait, plain tile copies; no prefetch, the tile evict-first.
 enum PreFetch { kPfNone = 0, kPfBefore = 1, kPfBeforePlain = 2, kPfTileHint = 3 };
 
+// The KV rows of kv's earlier tokens into L2: items (sequence, page, K or V) dealt round-robin over the CTAs (an SM's
+// copy engine serves bulk prefetches in order with the CTA's own copies, so they are spread over every SM), one bulk
+// prefetch per item of the page's rows before the current token (position context_lens[b] - 1).
+__device__ __forceinline__ void prefetch_kv_l2(const KvPrefetch& kv) {
+  const int threads = gridDim.x * blockDim.x;
+  const int items = kv.batch * kv.max_blocks * 2;
+  for (int it = threadIdx.x * gridDim.x + blockIdx.x; it < items; it += threads) {
+    const int b = it / (2 * kv.max_blocks), pg = (it >> 1) % kv.max_blocks;
+    const int ctx = kv.context_lens[b];
+    const int blk = kv.block_table[static_cast<size_t>(b) * kv.max_blocks + pg];  // both loads in flight at once
+    const int r0 = pg * kKvBlock, r1 = min(r0 + kKvBlock, ctx - 1);
+    if (r1 <= r0) continue;
+    const unsigned char* base = reinterpret_cast<const unsigned char*>((it & 1) ? kv.v_cache : kv.k_cache) +
+                                static_cast<size_t>(blk) * kKvBlock * kv.row_bytes;
+    bulk_prefetch_l2(base, static_cast<uint32_t>((r1 - r0) * kv.row_bytes));
+  }
+}
+
+// Normalises the one token row (M == 1) that the lanes g == 0 of 8 warps hold in xa (chunks warp + u * kWarps, one
+// round: 256 <= K <= 2048) with the 256-thread norm kernels' arithmetic and summation order (8-element groups t = k / 8
+// summed as thread t of such a CTA would: warp butterflies over groups 32 w .. 32 w + 31, then over the 8 warp sums),
+// so that the GEMM sees the bits of the normalised row the chain writes. nw: the norm weights (shared or global);
+// ss_s [kWarps * 32] and wsum [kWarps]: shared scratch; sync: a barrier over the 8 warps (thread t < 256 of them).
+template <int kRound, typename Sync>
+__device__ __forceinline__ void norm_row_regs(uint4 (&xa)[kRound], int cb, int chunks, int Kdim, const bf16* nw,
+                                              float eps, float* ss_s, float* wsum, Sync sync) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
+  if (tid * 8 >= Kdim) ss_s[tid] = 0.f;  // groups past K: zero (absent threads)
+  if (g == 0) {
+#pragma unroll
+    for (int u = 0; u < kRound; ++u) {
+      const int c = cb + u * kWarps;
+      if (c < chunks) {
+        float v[8];
+        unpack8(xa[u], v);
+        ss_s[4 * c + tq] = sumsq8(v);
+      }
+    }
+  }
+  sync();
+  {
+    const float v = warp_sum(ss_s[warp * 32 + lane]);
+    if (lane == 0) wsum[warp] = v;
+  }
+  sync();
+  const float inv = rsqrtf(warp_sum(lane < kWarps ? wsum[lane] : 0.f) / Kdim + eps);
+  if (g == 0) {
+#pragma unroll
+    for (int u = 0; u < kRound; ++u) {
+      float v[8];
+      unpack8(xa[u], v);
+      const int c = cb + u * kWarps;
+      if (c < chunks) xa[u] = rms_scale8(v, inv, *reinterpret_cast<const uint4*>(nw + c * kChunk + tq * 8));
+    }
+  }
+}
+
 // kRound: token chunks per warp and round (all of a warp's chunks in one round for K <= 32 * kWarps * kRound).
 // Registers allow 3 CTAs per SM for K <= 2048 (as the shared memory does): one token tile with 8 chunks per round
 // (62 registers) or two with 4 (70); K = 4096 tiles (one CTA per SM) take one token tile's 16 chunks in one round.
@@ -200,7 +256,7 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
     }
   }
   // Block tables and context lengths are step inputs, not written by the previous kernel.
-  if constexpr (kPf == kPfBefore || kPf == kPfBeforePlain) small_m::prefetch_kv_l2(kv, blockIdx.x, gridDim.x);
+  if constexpr (kPf == kPfBefore || kPf == kPfBeforePlain) prefetch_kv_l2(kv);
   // kNorm: the norm weights into shared memory (a weight: loaded before the wait).
   __shared__ __align__(16) bf16 nw_s[kNorm ? kWarps * kChunk * kPreRound : 8];
   if constexpr (kNorm)
@@ -221,7 +277,7 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
     if constexpr (kNorm) {  // one token row (M == 1): lanes g == 0 hold it
       __shared__ float ss_s[kWarps * 32];  // per 8-element group
       __shared__ float wsum[kWarps];
-      small_m::norm_row_regs(xa, cb, chunks, Kdim, nw_s, kv.norm_eps, ss_s, wsum, [] { __syncthreads(); });
+      norm_row_regs(xa, cb, chunks, Kdim, nw_s, kv.norm_eps, ss_s, wsum, [] { __syncthreads(); });
     }
     if (!landed) {
       mbar_wait(&bar, 0);
@@ -400,7 +456,7 @@ __global__ void __launch_bounds__((kWarps + 1) * 32, 1) rows_ring_kernel(const b
   if constexpr (kNorm) {
     __shared__ float ss_s[kWarps * 32];
     __shared__ float wsum[kWarps];
-    small_m::norm_row_regs(xa, warp, chunks, Kdim, norm_w, eps, ss_s, wsum, [] { consumer_bar_sync(); });
+    norm_row_regs(xa, warp, chunks, Kdim, norm_w, eps, ss_s, wsum, [] { consumer_bar_sync(); });
   }
   int i = 0;
   for (int t = blockIdx.x; t < tiles; t += gridDim.x, ++i) {

@@ -224,8 +224,6 @@ Status SyntheticDecoder::init(const SyntheticConfig& cfg, const SyntheticOptions
   }
   ZEST_RETURN_IF_ERROR(dev(4, &combine_done_));
   ZEST_CU(cudaMemsetAsync(combine_done_, 0, 4, stream_), "memset");
-  ZEST_RETURN_IF_ERROR(dev(8, &grid_bar_));
-  ZEST_CU(cudaMemsetAsync(grid_bar_, 0, 8, stream_), "memset");
   ZEST_CU(cudaMemsetAsync(step_counter_, 0, 4, stream_), "memset");
   ZEST_CU(cudaMemsetAsync(expert_counts_, 0, cfg.layers * sizeof(int64_t), stream_), "memset");
 
@@ -294,34 +292,26 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
   const bool rows = moe && batch == 1 && decode_option(DecodeOption::kMoeBlock) == 0 &&
                     moe_down_rows_on(1, c.top_k, c.experts, H, c.expert_inter) && gemm_kv_norm_ok(1, QKV, H);
   if (!rows) ZEST_OP("rmsnorm", rmsnorm(x_, layers_[0].in_norm, xn_, batch, H, kEps, s));
-  // Layer l's KV rows for the L2 prefetch of its qkv projection (DecodeOption::kL2Prefetch).
-  auto kv_rows = [&](int l) {
-    KvPrefetch kvp;
-    kvp.k_cache = layers_[l].k_cache;
-    kvp.v_cache = layers_[l].v_cache;
-    kvp.block_table = block_table_;
-    kvp.context_lens = ctx_lens_;
-    kvp.batch = batch;
-    kvp.max_blocks = blocks_per_seq_;
-    kvp.row_bytes = c.kv_heads * D * 2;
-    return kvp;
-  };
-  // One token by rows: the experts' down kernel may run the next layer's qkv projection (DecodeOption::kDownQkv).
-  const bool fold_qkv = rows && moe_down_qkv_on(c.top_k, c.experts, H, c.expert_inter, QKV);
   for (int l = 0; l < c.layers; ++l) {
     const Layer& L = layers_[l];
     const bf16* next_norm = l + 1 < c.layers ? layers_[l + 1].in_norm : final_norm_;
     // The qkv GEMM may prefetch this layer's KV rows into L2, the attention the o GEMM's weights
     // (DecodeOption::kL2Prefetch).
-    KvPrefetch kvp = kv_rows(l);
+    KvPrefetch kvp;
+    kvp.k_cache = L.k_cache;
+    kvp.v_cache = L.v_cache;
+    kvp.block_table = block_table_;
+    kvp.context_lens = ctx_lens_;
+    kvp.batch = batch;
+    kvp.max_blocks = blocks_per_seq_;
+    kvp.row_bytes = c.kv_heads * D * 2;
     ap.l2_next = L.wo;
     ap.l2_next_bytes = static_cast<size_t>(H) * c.q_heads * D * 2;
     if (rows) {
       kvp.norm_w = L.in_norm;
       kvp.norm_eps = kEps;
     }
-    if (!fold_qkv || l == 0)
-      ZEST_OP("qkv gemm", gemm_kv_prefetch(rows ? x_ : xn_, L.wqkv, qkv_, batch, QKV, H, kvp, s));
+    ZEST_OP("qkv gemm", gemm_kv_prefetch(rows ? x_ : xn_, L.wqkv, qkv_, batch, QKV, H, kvp, s));
     const int pos_stride = c.mrope ? opt_.max_batch : 0;
     if (decode_option(DecodeOption::kAttentionKernel) >= 2 && decode_attention_fused_ok(ap, qkv_, QKV)) {
       ZEST_OP("decode attention (fused)",
@@ -364,20 +354,10 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
       // so that the experts still run (on the last plan).
       if (skip_ == (!fused || sere ? "moe plan" : "router (fused)"))
         ZEST_RETURN_IF_ERROR(moe_plan_reset_counters(plan_, s));
-      NextQkv nq;
-      if (fold_qkv && l + 1 < c.layers) {
-        nq.w = layers_[l + 1].wqkv;
-        nq.norm_w = layers_[l + 1].in_norm;
-        nq.eps = kEps;
-        nq.y = qkv_;
-        nq.N = QKV;
-        nq.kv = kv_rows(l + 1);
-        nq.barrier = grid_bar_;
-      }
       ZEST_OP("moe experts + combine + rmsnorm",
               moe_experts_decode_combine(xn_, plan_, route_w_, L.gate_up, L.down, h_, slot_out_, batch, K, E, H, I,
                                          x_, route_ids_, rows ? nullptr : next_norm, rows ? nullptr : xn_, kEps,
-                                         combine_done_, s, fold_qkv && l + 1 < c.layers ? &nq : nullptr));
+                                         combine_done_, s));
     } else {
       const int I = c.dense_inter;
       ZEST_OP("mlp gate/up gemm", gemm(xn_, L.gate_up, gu_, batch, 2 * I, H, s));

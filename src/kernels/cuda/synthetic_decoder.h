@@ -99,7 +99,6 @@ class SyntheticDecoder {
           *ctx_lens_ = nullptr, *route_ids_ = nullptr, *step_counter_ = nullptr;
   float *route_w_ = nullptr, *slot_out_ = nullptr;
   unsigned* combine_done_ = nullptr;  // the folded MoE combine's exit counter (zero between launches)
-  unsigned long long* grid_bar_ = nullptr;  // the down kernel's grid barrier with the next qkv (NextQkv; grows)
   bf16 *x_ = nullptr, *xn_ = nullptr, *qkv_ = nullptr, *attn_ = nullptr, *o_ = nullptr, *router_logits_ = nullptr,
        *h_ = nullptr, *gu_ = nullptr, *logits_ = nullptr;
   std::map<int, void*> attn_ws_;  // decode-attention workspace per batch size
