@@ -269,29 +269,6 @@ TEST(CudaLatencyGemm, NormFoldedGemmMatchesNormThenGemm) {
   EXPECT_FALSE(gemm_kv_norm_ok(1, 5120, 128));   // every warp takes a chunk: K >= 256
 }
 
-// Router reference on given logits: softmax(logits + bias) in double, top-K (ties: lowest index), weights
-// renormalised and rounded to bf16.
-void ref_topk(const std::vector<float>& logits, const std::vector<float>* bias, int T, int E, int K,
-              std::vector<int32_t>& ids, std::vector<float>& w) {
-  ids.assign(static_cast<size_t>(T) * K, 0);
-  w.assign(ids.size(), 0.f);
-  for (int t = 0; t < T; ++t) {
-    std::vector<double> p(E);
-    double mx = -INFINITY;
-    for (int e = 0; e < E; ++e) mx = std::max(mx, p[e] = logits[t * E + e] + (bias ? (*bias)[e] : 0.f));
-    for (auto& v : p) v = std::exp(v - mx);
-    std::vector<int> order(E);
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[a] > p[b]; });
-    double top = 0;
-    for (int k = 0; k < K; ++k) top += p[order[k]];
-    for (int k = 0; k < K; ++k) {
-      ids[t * K + k] = order[k];
-      w[t * K + k] = round_bf16(static_cast<float>(p[order[k]] / top));
-    }
-  }
-}
-
 // Fused routing against the separate steps' definitions: logits within bf16 tolerance of a double GEMM; the ids and
 // weights equal the router reference applied to the kernel's own logits (the top-k is exact arithmetic on them); the
 // plan equals a plan built on the host from the returned ids. T = 1 and 16, odd T, E, K and H, with and without bias,
@@ -334,7 +311,7 @@ TEST(CudaLatencyRoute, FusedRoutingMatchesReference) {
       ZEST_EXPECT_CLOSE(logits, ref_gemm(x.f, w.f, T, E, H), kTol);
       std::vector<int32_t> ref_ids;
       std::vector<float> ref_w;
-      ref_topk(logits, use_bias ? &bias : nullptr, T, E, K, ref_ids, ref_w);
+      ref_router_topk(logits, use_bias ? &bias : nullptr, T, E, K, ref_ids, ref_w);
       const auto ids = di.download();
       ASSERT_EQ(ids, ref_ids);
       const auto gw = dwt.download();

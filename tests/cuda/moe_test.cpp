@@ -6,34 +6,13 @@
 #include <tuple>
 
 #include "cuda/cuda_test_util.h"
+#include "cuda/route_case.h"
 #include "kernels/cuda/synthetic_decoder.h"
 
 namespace zest::cuda::test {
 namespace {
 
 constexpr double kTol = 2e-2;  // bf16 outputs: max abs err <= 2e-2 * max |ref|
-
-void ref_router(const std::vector<float>& logits, const std::vector<float>* bias, int N, int E, int K,
-                std::vector<int32_t>& ids, std::vector<float>& w) {
-  ids.assign(static_cast<size_t>(N) * K, 0);
-  w.assign(static_cast<size_t>(N) * K, 0.f);
-  for (int n = 0; n < N; ++n) {
-    std::vector<double> p(E);
-    double mx = -INFINITY;
-    for (int e = 0; e < E; ++e) mx = std::max(mx, p[e] = logits[n * E + e] + (bias ? (*bias)[e] : 0.f));
-    double sum = 0;
-    for (auto& v : p) sum += (v = std::exp(v - mx));
-    std::vector<int> order(E);
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[a] > p[b]; });
-    double top = 0;
-    for (int k = 0; k < K; ++k) top += p[order[k]];
-    for (int k = 0; k < K; ++k) {
-      ids[n * K + k] = order[k];
-      w[n * K + k] = round_bf16(static_cast<float>(p[order[k]] / top));
-    }
-  }
-}
 
 TEST(CudaRouter, SoftmaxTopkRenormMatchesReference) {
   ZEST_REQUIRE_GPU();
@@ -52,7 +31,7 @@ TEST(CudaRouter, SoftmaxTopkRenormMatchesReference) {
     sync_ok();
     std::vector<int32_t> ids;
     std::vector<float> w;
-    ref_router(logits.f, use_bias ? &bias : nullptr, N, E, K, ids, w);
+    ref_router_topk(logits.f, use_bias ? &bias : nullptr, N, E, K, ids, w);
     EXPECT_EQ(di.download(), ids);
     const auto gw = dw.download();
     for (size_t i = 0; i < w.size(); ++i) EXPECT_NEAR(gw[i], w[i], 1e-2 * w[i] + 1e-6) << "slot " << i;
