@@ -256,7 +256,7 @@ __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_down_kernel(OneParams
     if (pre) down_load(p, ef, (blockIdx.x % tiles) * kRows, warp, lo, hi);
     if (warp == 0 && lane < 3 && nx < nitems)
       bulk_prefetch_l2(p.down + (static_cast<size_t>(ex) * p.H + (nx % tiles) * kRows) * p.I,
-                  static_cast<uint32_t>(kRows) * p.I * 2);
+                       static_cast<uint32_t>(kRows) * p.I * 2);
   }
   pdl_wait();
   if (p.stamps_dn && threadIdx.x == 0) p.stamps_dn[3 * blockIdx.x + 1] = global_ns();
