@@ -4,7 +4,7 @@
 # names left out). A refactor that gives the same PTX gives the same machine code, so it needs no GPU run to show
 # that it changes neither results nor speed. Prints one line per file: "same" or the number of differing lines.
 # Usage: bash bench/ptx-diff.sh REV src/kernels/cuda/a.cu [more .cu files]
-# KEEP=1 leaves the PTX files (before / after, and their normalised forms) in the temporary folder it names (bash -x).
+# KEEP=1 leaves the PTX files (before / after, and their normalised forms) in a temporary folder and prints its path.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 2 ] || { echo "usage: bash bench/ptx-diff.sh REV FILE.cu..." >&2; exit 2; }
@@ -27,3 +27,4 @@ for f in "$@"; do
   n=$(diff "$tmp/$b.before.ptx.norm" "$tmp/$b.after.ptx.norm" | grep -c '^[<>]' || true)
   if [ "$n" -eq 0 ]; then echo "$f: same"; else echo "$f: $n lines differ"; fi
 done
+if [ -n "${KEEP:-}" ]; then echo "PTX kept in $tmp"; fi
