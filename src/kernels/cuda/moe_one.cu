@@ -44,11 +44,21 @@ struct OneParams {
   bool ef;  // DecodeOption::kMoeEvictFirst: the weight loads marked evict-first in L2
 };
 
-// SiLU(gate) * up of one element from the bf16-rounded sums: the gate/up epilogue's arithmetic, also applied by the
-// down kernel by rows to the split gate/up kernel's sums (the same bits either way).
-__device__ __forceinline__ bf16 silu_mul(float gt, float up) {
-  const float sl = bf16_round(gt / (1.f + __expf(-gt)));
-  return __float2bfloat16(sl * up);
+// SiLU of a bf16-rounded gate sum, rounded to bf16; SiLU(gate) * up = bf16(silu_round(gate) * up). The split gate/up
+// kernel stores silu_round(gate) and up, the down kernel by rows multiplies them (mul_bf16x8): the same bits.
+__device__ __forceinline__ float silu_round(float gt) { return bf16_round(gt / (1.f + __expf(-gt))); }
+__device__ __forceinline__ bf16 silu_mul(float gt, float up) { return __float2bfloat16(silu_round(gt) * up); }
+__device__ __forceinline__ uint4 mul_bf16x8(uint4 a, uint4 b) {
+  const __nv_bfloat162* a2 = reinterpret_cast<const __nv_bfloat162*>(&a);
+  const __nv_bfloat162* b2 = reinterpret_cast<const __nv_bfloat162*>(&b);
+  uint4 r;
+  __nv_bfloat162* r2 = reinterpret_cast<__nv_bfloat162*>(&r);
+#pragma unroll
+  for (int v = 0; v < 4; ++v) {
+    const float2 x = __bfloat1622float2(a2[v]), y = __bfloat1622float2(b2[v]);
+    r2[v] = __floats2bfloat162_rn(x.x * y.x, x.y * y.y);
+  }
+  return r;
 }
 
 // One gate/up item: SiLU(gate) * up of expert e's intermediate rows [r0, r0 + 16) for its sorted slots [beg, end),
@@ -241,8 +251,8 @@ __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_gate_up_kernel(OnePar
 // exist as CTAs fit and the block scheduler hands the second wave to the SMs whose CTAs finish first (the per-SM
 // bandwidth differs by ~20% under load; with one 128 KB item per CTA the slowest SM sets the kernel's end). The
 // sums are computed as gate_up_item computes them (warp w takes chunks w, w + 8, ... in order, kU in flight; the
-// eight warps' partial sums added in fixed order) and stored bf16-rounded to h as [slot][gate I | up I]; the down
-// kernel by rows applies silu_mul while loading h: the same bits as the fused epilogue.
+// eight warps' partial sums added in fixed order) and stored to h as [slot][silu_round(gate) I | bf16(up) I]; the down
+// kernel by rows multiplies the two while loading h: the same bits as the fused epilogue.
 template <bool kEF, int kU, int kCtas>
 __global__ void __launch_bounds__(kWarps * 32, kCtas) one_gate_up_split_kernel(OneParams p) {
   step_timeline_phase(0);
@@ -295,7 +305,9 @@ __global__ void __launch_bounds__(kWarps * 32, kCtas) one_gate_up_split_kernel(O
 #pragma unroll
         for (int w = 0; w < kWarps; ++w) v += red[w][i][l];
         const int row = r0 + (l >> 2) + (i >> 1) * 8;
-        p.h[static_cast<size_t>(c0 + t) * 2 * p.I + static_cast<size_t>(m) * p.I + row] = __float2bfloat16(v);
+        const float r = bf16_round(v);
+        p.h[static_cast<size_t>(c0 + t) * 2 * p.I + static_cast<size_t>(m) * p.I + row] =
+            __float2bfloat16(m == 0 ? silu_round(r) : r);
       }
     }
     __syncthreads();
@@ -419,16 +431,14 @@ __global__ void __launch_bounds__(kPairThreads, 2) one_down_pair_kernel(OneParam
     for (int i = 0; i < kC; ++i) {
       const int c = warp + kWarps * i;
       const bool on = g == 0 && j < na && c < chunks;
-      if constexpr (kSplit) {  // [gate I | up I] sums from the split gate/up kernel: SiLU(gate) * up here
-        const bf16* hg = p.h + static_cast<size_t>(j) * 2 * p.I + c * kChunk + tq * 8;
-        const uint4 gv = on ? __ldcg(reinterpret_cast<const uint4*>(hg)) : make_uint4(0, 0, 0, 0);
-        const uint4 uv = on ? __ldcg(reinterpret_cast<const uint4*>(hg + p.I)) : make_uint4(0, 0, 0, 0);
-        const bf16* gb = reinterpret_cast<const bf16*>(&gv);
-        const bf16* ub = reinterpret_cast<const bf16*>(&uv);
-        bf16 hv[8];
-#pragma unroll
-        for (int v = 0; v < 8; ++v) hv[v] = silu_mul(__bfloat162float(gb[v]), __bfloat162float(ub[v]));
-        hb[x][i] = on ? *reinterpret_cast<const uint4*>(hv) : make_uint4(0, 0, 0, 0);
+      if constexpr (kSplit) {  // [SiLU(gate) I | up I] from the split gate/up kernel: their product here
+        hb[x][i] = make_uint4(0, 0, 0, 0);
+        if (on) {
+          const bf16* hg = p.h + static_cast<size_t>(j) * 2 * p.I + c * kChunk + tq * 8;
+          const uint4 sv = __ldcg(reinterpret_cast<const uint4*>(hg));
+          const uint4 uv = __ldcg(reinterpret_cast<const uint4*>(hg + p.I));
+          hb[x][i] = mul_bf16x8(sv, uv);
+        }
       } else {
         hb[x][i] = on ? __ldcg(reinterpret_cast<const uint4*>(p.h + static_cast<size_t>(j) * p.I + c * kChunk + tq * 8))
                       : make_uint4(0, 0, 0, 0);
