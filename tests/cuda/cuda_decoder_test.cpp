@@ -380,18 +380,6 @@ TEST(CudaDecoder, DownRowsStepsMatchTheChain) {
           << n << " sequences, kDecodeCarveout 0, step " << rep;
     }
     set_decode_option(DecodeOption::kDecodeCarveout, default_decode_option(DecodeOption::kDecodeCarveout));
-    // The split gate/up kernel (kMoeDownRows 3 and 4: SiLU(gate) * up formed by the down kernel): the same logits.
-    for (int v : {3, 4}) {
-      set_decode_option(DecodeOption::kMoeDownRows, v);
-      for (int rep = 0; rep < 2; ++rep) {
-        auto got = run_chunks(**dec, *cache, tables, seqs, step);
-        ASSERT_TRUE(got.ok()) << got.status().to_string();
-        ASSERT_EQ(static_cast<size_t>(got->numel()), rows_logits.size());
-        EXPECT_TRUE(std::equal(rows_logits.begin(), rows_logits.end(), got->data<float>()))
-            << n << " sequences, kMoeDownRows " << v << ", step " << rep;
-      }
-    }
-    set_decode_option(DecodeOption::kMoeDownRows, 1);
   }
   set_decode_option(DecodeOption::kMoeDownRows, default_decode_option(DecodeOption::kMoeDownRows));
   fs::remove_all(dir);

@@ -86,7 +86,7 @@ std::unique_ptr<Setup> make_setup(const OneCase& c, std::mt19937& rng) {
   s->ids.resize(static_cast<size_t>(c.N) * c.K);
   s->w.resize(static_cast<size_t>(c.N) * c.K);
   s->out.resize(static_cast<size_t>(c.N) * c.K * c.H);
-  s->h.resize(static_cast<size_t>(c.N) * c.K * c.I * 2);  // [N * K, 2I] for the split gate/up (moe_one.h)
+  s->h.resize(static_cast<size_t>(c.N) * c.K * c.I);
   s->plan_buf.resize(moe_plan_bytes(c.N, c.K, c.E));
   s->plan_buf.poison();
   moe_plan_bind(s->plan, s->plan_buf.get(), c.N, c.K, c.E);
@@ -440,15 +440,6 @@ TEST(CudaMoeOne, DownPairWithStartBarrierMatchesTheChain) {
     rows.ids = s->ids.get();
     rows.rows = true;
     expect_eager_and_replays_equal(*s, rows, 2, reset, result, want);
-    // The split gate/up kernel (kMoeDownRows 3 and 4: one CTA per 16 rows of gate or of up, SiLU(gate) * up formed
-    // by the down kernel): the same x.
-    for (int v : {3, 4}) {
-      SCOPED_TRACE(testing::Message() << "kMoeDownRows " << v);
-      set_decode_option(DecodeOption::kMoeDownRows, v);
-      EXPECT_EQ(one_gate_up_split(), v - 2);
-      expect_eager_and_replays_equal(*s, rows, 2, reset, result, want);
-      set_decode_option(DecodeOption::kMoeDownRows, default_decode_option(DecodeOption::kMoeDownRows));
-    }
   }
 }
 

@@ -474,7 +474,7 @@ Status CudaTextDecoder::ensure(const Caps& need) const {
   n.max_blocks = grow(old.max_blocks, need.max_blocks);
   if (act || !s.act.get()) {
     const size_t T = n.T, R = n.R, H = H_, K = std::max(K_, 1), E = std::max(E_, 1);
-    const size_t hw = std::max<size_t>(2 * K * I_, Id_);  // 2: the split gate/up's [K, 2I] sums (moe_one.h)
+    const size_t hw = std::max<size_t>(K * I_, Id_);
     auto layout = [&](Carver& cv) {
       s.x = cv.take<bf16>(T * H);
       s.xn = cv.take<bf16>(T * H);

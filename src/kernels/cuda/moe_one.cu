@@ -44,23 +44,6 @@ struct OneParams {
   bool ef;  // DecodeOption::kMoeEvictFirst: the weight loads marked evict-first in L2
 };
 
-// SiLU of a bf16-rounded gate sum, rounded to bf16; SiLU(gate) * up = bf16(silu_round(gate) * up). The split gate/up
-// kernel stores silu_round(gate) and up, the down kernel by rows multiplies them (mul_bf16x8): the same bits.
-__device__ __forceinline__ float silu_round(float gt) { return bf16_round(gt / (1.f + __expf(-gt))); }
-__device__ __forceinline__ bf16 silu_mul(float gt, float up) { return __float2bfloat16(silu_round(gt) * up); }
-__device__ __forceinline__ uint4 mul_bf16x8(uint4 a, uint4 b) {
-  const __nv_bfloat162* a2 = reinterpret_cast<const __nv_bfloat162*>(&a);
-  const __nv_bfloat162* b2 = reinterpret_cast<const __nv_bfloat162*>(&b);
-  uint4 r;
-  __nv_bfloat162* r2 = reinterpret_cast<__nv_bfloat162*>(&r);
-#pragma unroll
-  for (int v = 0; v < 4; ++v) {
-    const float2 x = __bfloat1622float2(a2[v]), y = __bfloat1622float2(b2[v]);
-    r2[v] = __floats2bfloat162_rn(x.x * y.x, x.y * y.y);
-  }
-  return r;
-}
-
 // One gate/up item: SiLU(gate) * up of expert e's intermediate rows [r0, r0 + 16) for its sorted slots [beg, end),
 // written to h. Warp w takes chunks w, w + 8, ... of k (2 in flight per matrix), as rows_mma_kernel<kGateUp> does.
 // Ends with a barrier (h written by the CTA's 128 storing threads).
@@ -121,7 +104,9 @@ __device__ __forceinline__ void gate_up_item(const OneParams& p, int e, int r0, 
           su += red[w][4 + i][l];
         }
         const int row = r0 + (l >> 2) + (i >> 1) * 8;
-        p.h[static_cast<size_t>(c0 + t) * p.I + row] = silu_mul(bf16_round(sg), bf16_round(su));
+        const float gt = bf16_round(sg), up = bf16_round(su);
+        const float sl = bf16_round(gt / (1.f + __expf(-gt)));
+        p.h[static_cast<size_t>(c0 + t) * p.I + row] = __float2bfloat16(sl * up);
       }
     }
     __syncthreads();
@@ -246,75 +231,6 @@ __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_gate_up_kernel(OnePar
   if (p.stamps_gu && threadIdx.x == 0) p.stamps_gu[2 * blockIdx.x + 1] = global_ns();
 }
 
-// Split gate/up (one_gate_up_split(): DecodeOption::kMoeDownRows 3 / 4, one token, with the down kernel by rows): one CTA per item = (active
-// expert j, 16 rows of its gate or of its up matrix), 64 KB of weights instead of 128, so that twice as many items
-// exist as CTAs fit and the block scheduler hands the second wave to the SMs whose CTAs finish first (the per-SM
-// bandwidth differs by ~20% under load; with one 128 KB item per CTA the slowest SM sets the kernel's end). The
-// sums are computed as gate_up_item computes them (warp w takes chunks w, w + 8, ... in order, kU in flight; the
-// eight warps' partial sums added in fixed order) and stored to h as [slot][silu_round(gate) I | bf16(up) I]; the down
-// kernel by rows multiplies the two while loading h: the same bits as the fused epilogue.
-template <bool kEF, int kU, int kCtas>
-__global__ void __launch_bounds__(kWarps * 32, kCtas) one_gate_up_split_kernel(OneParams p) {
-  step_timeline_phase(0);
-  pdl_wait();  // before any exit: see one_gate_up_kernel
-  __shared__ float red[kWarps][4][32];
-  const int tiles = p.I / kRows;
-  const int item = blockIdx.x;
-  const int jc = min(item / (2 * tiles), p.plan.experts - 1);  // clamped: loaded beside the active count
-  const int e = p.plan.active_experts[jc], beg = p.plan.offsets[jc], end = p.plan.offsets[jc + 1];
-  if (item >= *p.plan.num_active * 2 * tiles) return;
-  const int r0 = ((item % (2 * tiles)) >> 1) * kRows, m = item & 1;  // m: 0 gate, 1 up
-  const uint64_t pol = kEF ? evict_first_policy() : 0;
-  auto ld = [&](const bf16* q) { return kEF ? ld_stream_hint(q, pol) : ld_stream(q); };
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, tq = lane & 3;
-  const int chunks = p.H / kChunk;
-  const bf16* lo0 = p.gate_up + (static_cast<size_t>(e) * 2 * p.I + static_cast<size_t>(m) * p.I + r0 + g) * p.H + tq * 8;
-  const bf16* hi0 = lo0 + static_cast<size_t>(8) * p.H;
-  for (int c0 = beg; c0 < end; c0 += kMaxTok) {
-    const int nt = min(kMaxTok, end - c0);
-    const bf16* xp = g < nt ? p.x + static_cast<size_t>(p.plan.sorted_slots[c0 + g] / p.K) * p.H + tq * 8 : nullptr;
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    for (int cb = warp; cb < chunks; cb += kWarps * kU) {
-      uint4 a[kU][2];
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        const size_t k = static_cast<size_t>(cb + u * kWarps) * kChunk;
-        const bool ok = cb + u * kWarps < chunks;
-        const uint4 z = make_uint4(0, 0, 0, 0);
-        a[u][0] = ok ? ld(lo0 + k) : z;
-        a[u][1] = ok ? ld(hi0 + k) : z;
-      }
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        const size_t k = static_cast<size_t>(cb + u * kWarps) * kChunk;
-        const uint4 xa = cb + u * kWarps < chunks && xp ? __ldg(reinterpret_cast<const uint4*>(xp + k))
-                                                         : make_uint4(0, 0, 0, 0);
-        mma16816(acc, a[u][0].x, a[u][1].x, a[u][0].y, a[u][1].y, xa.x, xa.y);
-        mma16816(acc, a[u][0].z, a[u][1].z, a[u][0].w, a[u][1].w, xa.z, xa.w);
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) red[warp][i][lane] = acc[i];
-    __syncthreads();
-    if (threadIdx.x < 4 * 32) {
-      const int i = threadIdx.x >> 5, l = threadIdx.x & 31;
-      const int t = (l & 3) * 2 + (i & 1);
-      if (t < nt) {
-        float v = 0.f;
-#pragma unroll
-        for (int w = 0; w < kWarps; ++w) v += red[w][i][l];
-        const int row = r0 + (l >> 2) + (i >> 1) * 8;
-        const float r = bf16_round(v);
-        p.h[static_cast<size_t>(c0 + t) * 2 * p.I + static_cast<size_t>(m) * p.I + row] =
-            __float2bfloat16(m == 0 ? silu_round(r) : r);
-      }
-    }
-    __syncthreads();
-  }
-  step_timeline_phase(2);
-}
-
 // down: item = (active expert j, 16 output rows); CTA b takes items b, b + G, ... kPre: before its wait the CTA loads
 // its first item's first round of weights into registers and prefetches its next three items into L2. The plan is
 // read there at L2 (ld.global.cg): this grid starts only after every CTA of the gate/up grid has passed its own wait,
@@ -380,7 +296,7 @@ size_t pair_smem(int I) {
 // Each CTA arrives on the cluster barrier at its start and waits on it before its store into rank 0's shared memory,
 // so that rank 0 is known to run (without it compute-sanitizer racecheck reported the stores as into "a block that
 // might not have entered yet"; measured at batch 1 within the noise of the run: BENCHMARKS.md).
-template <int kC, bool kSplit>
+template <int kC>
 __global__ void __launch_bounds__(kPairThreads, 2) one_down_pair_kernel(OneParams p) {
   extern __shared__ __align__(128) unsigned char wsm[];
   __shared__ __align__(8) uint64_t bar;
@@ -430,19 +346,9 @@ __global__ void __launch_bounds__(kPairThreads, 2) one_down_pair_kernel(OneParam
 #pragma unroll
     for (int i = 0; i < kC; ++i) {
       const int c = warp + kWarps * i;
-      const bool on = g == 0 && j < na && c < chunks;
-      if constexpr (kSplit) {  // [SiLU(gate) I | up I] from the split gate/up kernel: their product here
-        hb[x][i] = make_uint4(0, 0, 0, 0);
-        if (on) {
-          const bf16* hg = p.h + static_cast<size_t>(j) * 2 * p.I + c * kChunk + tq * 8;
-          const uint4 sv = __ldcg(reinterpret_cast<const uint4*>(hg));
-          const uint4 uv = __ldcg(reinterpret_cast<const uint4*>(hg + p.I));
-          hb[x][i] = mul_bf16x8(sv, uv);
-        }
-      } else {
-        hb[x][i] = on ? __ldcg(reinterpret_cast<const uint4*>(p.h + static_cast<size_t>(j) * p.I + c * kChunk + tq * 8))
-                      : make_uint4(0, 0, 0, 0);
-      }
+      hb[x][i] = g == 0 && j < na && c < chunks
+                     ? __ldcg(reinterpret_cast<const uint4*>(p.h + static_cast<size_t>(j) * p.I + c * kChunk + tq * 8))
+                     : make_uint4(0, 0, 0, 0);
     }
   }
   float acc[kPairExperts][4];
@@ -495,11 +401,6 @@ __global__ void __launch_bounds__(kPairThreads, 2) one_down_pair_kernel(OneParam
 }
 
 }  // namespace
-
-int one_gate_up_split() {
-  const int v = decode_option(DecodeOption::kMoeDownRows);
-  return v == 3 ? 1 : v == 4 ? 2 : 0;
-}
 
 bool moe_one_rows_ok(int N, int K, int E, int H, int I) {
   return N == 1 && K >= 1 && K <= kRowsMaxK && K <= E && H % kRows == 0 && H >= kChunk && H % kChunk == 0 &&
@@ -562,12 +463,6 @@ Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights,
                            reinterpret_cast<const void*>(one_down_kernel<true>),
                            reinterpret_cast<const void*>(one_down_kernel<false>)})
       ZEST_RETURN_IF_ERROR(set_min_carveout(fn, kPerSm, 0, (want & 1) == 1));
-    for (const void* fn : {reinterpret_cast<const void*>(one_gate_up_split_kernel<false, 4, 3>),
-                           reinterpret_cast<const void*>(one_gate_up_split_kernel<true, 4, 3>)})
-      ZEST_RETURN_IF_ERROR(set_min_carveout(fn, 3, 0, (want & 1) == 1));
-    for (const void* fn : {reinterpret_cast<const void*>(one_gate_up_split_kernel<false, 8, 2>),
-                           reinterpret_cast<const void*>(one_gate_up_split_kernel<true, 8, 2>)})
-      ZEST_RETURN_IF_ERROR(set_min_carveout(fn, 2, 0, (want & 1) == 1));
     if (want >= 2) {  // kPerSm gate/up CTAs and one pair CTA
       for (const void* fn : {reinterpret_cast<const void*>(one_gate_up_kernel<false>),
                              reinterpret_cast<const void*>(one_gate_up_kernel<true>)})
@@ -576,31 +471,15 @@ Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights,
     carve = want;
   }
   p.ef = decode_option(DecodeOption::kMoeEvictFirst) >= 1;
-  if (rows && (!moe_one_rows_ok(N, K, E, H, I) || combine->w || combine->y))
-    return invalid_argument("moe_experts_one: the down kernel by output rows needs one token, K <= 8, I <= 768 "
-                            "and no norm (x only)");
-  const int split = rows ? one_gate_up_split() : 0;
-  if (split >= 1) {  // one CTA per (expert, 16 rows of gate or up): h holds [N * K, 2I] sums
-    const int grid = 2 * std::min(E, N * K) * (I / kRows);
-    if (split == 2)
-      ZEST_RETURN_IF_ERROR(launch("moe_one_gate_up_split",
-                                  p.ef ? one_gate_up_split_kernel<true, 8, 2> : one_gate_up_split_kernel<false, 8, 2>,
-                                  dim3(grid), block, 0, stream, p));
-    else
-      ZEST_RETURN_IF_ERROR(launch("moe_one_gate_up_split",
-                                  p.ef ? one_gate_up_split_kernel<true, 4, 3> : one_gate_up_split_kernel<false, 4, 3>,
-                                  dim3(grid), block, 0, stream, p));
-  } else {
-    ZEST_RETURN_IF_ERROR(launch("moe_one_gate_up", p.ef ? one_gate_up_kernel<true> : one_gate_up_kernel<false>,
-                                dim3(gu_grid), block, 0, stream, p));
-  }
-  if (rows) {
-    const auto kernel = split >= 1 ? (I <= kChunk * kWarps       ? one_down_pair_kernel<1, true>
-                                      : I <= kChunk * kWarps * 2 ? one_down_pair_kernel<2, true>
-                                                                 : one_down_pair_kernel<3, true>)
-                                   : (I <= kChunk * kWarps       ? one_down_pair_kernel<1, false>
-                                      : I <= kChunk * kWarps * 2 ? one_down_pair_kernel<2, false>
-                                                                 : one_down_pair_kernel<3, false>);
+  ZEST_RETURN_IF_ERROR(launch("moe_one_gate_up", p.ef ? one_gate_up_kernel<true> : one_gate_up_kernel<false>,
+                              dim3(gu_grid), block, 0, stream, p));
+  if (combine && combine->rows) {
+    if (!moe_one_rows_ok(N, K, E, H, I) || combine->w || combine->y)
+      return invalid_argument("moe_experts_one: the down kernel by output rows needs one token, K <= 8, I <= 768 "
+                              "and no norm (x only)");
+    const auto kernel = I <= kChunk * kWarps       ? one_down_pair_kernel<1>
+                        : I <= kChunk * kWarps * 2 ? one_down_pair_kernel<2>
+                                                   : one_down_pair_kernel<3>;
     const size_t smem = pair_smem(I);
     ZEST_RETURN_IF_ERROR(cuda_status(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
                                                           cudaFuncAttributeMaxDynamicSharedMemorySize,

@@ -30,12 +30,6 @@ struct OneCombine {
   bool rows = false;
 };
 bool moe_one_rows_ok(int N, int K, int E, int H, int I);
-// The gate/up kernel beside the down kernel by rows, from DecodeOption::kMoeDownRows: 3 -> 1 = split (one CTA per
-// active expert and 16 rows of its gate or of its up matrix, 4 chunks in flight per warp, 3 CTAs per SM; h then holds
-// [N * K, 2I] bf16 sums and the down kernel forms SiLU(gate) * up with the same bits), 4 -> 2 = split with 8 chunks in
-// flight and 2 CTAs per SM; otherwise 0 = one CTA per (active expert, 16 rows of both matrices). With the split, h
-// needs N * K * 2I elements.
-int one_gate_up_split();
 bool moe_one_combine_ok(int H);
 
 // Whether moe_experts_one serves these sizes: 1 <= N <= 8 tokens, 1 <= K <= E, H and I positive multiples of 32.

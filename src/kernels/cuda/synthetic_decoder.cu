@@ -210,7 +210,7 @@ Status SyntheticDecoder::init(const SyntheticConfig& cfg, const SyntheticOptions
   ZEST_RETURN_IF_ERROR(dev(B * Hq * D * 2, &attn_));
   ZEST_RETURN_IF_ERROR(dev(B * H * 2, &o_));
   ZEST_RETURN_IF_ERROR(dev(B * std::max<size_t>(E, 1) * 2, &router_logits_));
-  ZEST_RETURN_IF_ERROR(dev(B * K * I * 2 * 2, &h_));  // [B * K, 2I]: the split gate/up's sums (moe_one.h)
+  ZEST_RETURN_IF_ERROR(dev(B * K * I * 2, &h_));
   ZEST_RETURN_IF_ERROR(dev(moe ? 256 : B * 2 * I * 2, &gu_));
   ZEST_RETURN_IF_ERROR(dev(B * static_cast<size_t>(cfg.vocab) * 2, &logits_));
   ZEST_RETURN_IF_ERROR(dev(cfg.layers * sizeof(int64_t), &expert_counts_));
