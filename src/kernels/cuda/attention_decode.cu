@@ -659,11 +659,11 @@ __device__ __forceinline__ void norm_rope_head(const bf16* __restrict__ x, const
 // (M, L and the 8 x 128 sums) in its shared memory and, after a cluster barrier, merges a slice of the outputs from
 // every CTA's partial (distributed shared memory, fixed split order): no global partials, fences or counters.
 // kVSlots: shared-memory V page buffers. 8 = two per warp. 5 (kAttentionKernel 10, at most 5 pages per split: only
-// warp 0 has a second page) = one per warp and warp 0's second in slot 4: 20 KB instead of 32, so that the CTA fits
-// on an SM beside three 64 KB qkv GEMM tiles and its cluster can become resident (and issue its pages) before they
-// leave. The same arithmetic either way.
+// warp 0 has a second page) = one per warp and warp 0's second in slot 4: 20 KB instead of 32, and at most 128
+// registers (164 otherwise), so that the CTA fits on an SM beside three qkv GEMM CTAs (3 x 64 KB tiles, 3 x 256 x 64
+// registers) and its cluster can become resident (and issue its pages) before they leave. The same arithmetic.
 template <bool kCluster, int kVSlots = 2 * kDecWarps>
-__global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kernel(
+__global__ void __launch_bounds__(kDecWarps * 32, kVSlots == 2 * kDecWarps ? 3 : 4) decode_attention_fused_kernel(
     const bf16* __restrict__ qkv, int q_stride, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
     const int32_t* __restrict__ block_table, int max_blocks, const int32_t* __restrict__ context_lens,
     bf16* __restrict__ out, float* __restrict__ part, int* __restrict__ counters, int Hkv, int splits,
