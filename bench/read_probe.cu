@@ -146,6 +146,115 @@ __global__ void __launch_bounds__((kRingWarps + 1) * 32) bulk_ring(const unsigne
   if (acc == 0x9e3779b9u) sink[0] = acc;
 }
 
+// One layer's gate/up weights at one token as the moe_one gate/up kernel reads them: CTA b takes item b (expert
+// b / 48, intermediate rows 16 (b % 48) ..: 16 rows of gate and the same 16 of up, 4 KB each), 3 CTAs per SM.
+// how 0: its load pattern (lane (g, tq) 16 bytes of row g at k chunk c, warp w chunks w, w + 8, ...: 8 rows x 64 B
+// per instruction, 8 loads in flight per thread); how 1: the same bytes, each instruction 512 contiguous bytes of
+// one row (warp w rows w, w + 8, ..., 8 in flight); how 2: bulk copies of the 32 rows into 2 shared-memory stages of
+// 8 rows, read back by the warps. hint: evict-first.
+constexpr int kItemRows = 16, kRowBytes = 4096, kInter = 768;
+__global__ void __launch_bounds__(256) gu_items(const unsigned char* __restrict__ w, int how, int hint, unsigned* sink) {
+  extern __shared__ __align__(128) unsigned char st[];
+  __shared__ __align__(8) uint64_t full[2];
+  const int b = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const unsigned char* gate = w + (static_cast<size_t>(b / 48) * 2 * kInter + (b % 48) * kItemRows) * kRowBytes;
+  const unsigned char* up = gate + static_cast<size_t>(kInter) * kRowBytes;
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  auto ld = [&](const unsigned char* q) {
+    uint4 v;
+    if (hint)
+      asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+                   : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                   : "l"(q), "l"(pol));
+    else
+      v = ld_nc(q);
+    return v;
+  };
+  unsigned acc = 0;
+  if (how == 0) {
+    const int g = lane >> 2, tq = lane & 3;
+    for (int cb = warp; cb < 64; cb += 16) {
+      uint4 a[8];
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const int k = (cb + u * 8) * 64 + tq * 16;
+        a[u * 4 + 0] = ld(gate + g * kRowBytes + k);
+        a[u * 4 + 1] = ld(gate + (g + 8) * kRowBytes + k);
+        a[u * 4 + 2] = ld(up + g * kRowBytes + k);
+        a[u * 4 + 3] = ld(up + (g + 8) * kRowBytes + k);
+      }
+#pragma unroll
+      for (int u = 0; u < 8; ++u) acc ^= a[u].x ^ a[u].y ^ a[u].z ^ a[u].w;
+    }
+  } else if (how == 1) {
+    for (int r = warp; r < 32; r += 8) {
+      const unsigned char* row = (r < 16 ? gate + r * kRowBytes : up + (r - 16) * kRowBytes) + lane * 16;
+      uint4 a[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) a[u] = ld(row + u * 512);
+#pragma unroll
+      for (int u = 0; u < 8; ++u) acc ^= a[u].x ^ a[u].y ^ a[u].z ^ a[u].w;
+    }
+  } else if (how == 3) {
+    const int g = lane >> 3, t8 = lane & 7;
+    for (int cb = warp; cb < 32; cb += 16) {  // 32 pieces of 128 B per row; warp w pieces w, w + 8
+      uint4 a[8];
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const int k = (cb + u * 8) * 128 + t8 * 16;
+        a[u * 4 + 0] = ld(gate + g * kRowBytes + k);
+        a[u * 4 + 1] = ld(gate + (g + 4) * kRowBytes + k);
+        a[u * 4 + 2] = ld(up + g * kRowBytes + k);
+        a[u * 4 + 3] = ld(up + (g + 4) * kRowBytes + k);
+      }
+#pragma unroll
+      for (int u = 0; u < 8; ++u) acc ^= a[u].x ^ a[u].y ^ a[u].z ^ a[u].w;
+      for (int u = 0; u < 2; ++u) {  // rows 8-15
+        const int k = (cb + u * 8) * 128 + t8 * 16;
+        a[u * 4 + 0] = ld(gate + (g + 8) * kRowBytes + k);
+        a[u * 4 + 1] = ld(gate + (g + 12) * kRowBytes + k);
+        a[u * 4 + 2] = ld(up + (g + 8) * kRowBytes + k);
+        a[u * 4 + 3] = ld(up + (g + 12) * kRowBytes + k);
+      }
+#pragma unroll
+      for (int u = 0; u < 8; ++u) acc ^= a[u].x ^ a[u].y ^ a[u].z ^ a[u].w;
+    }
+  } else if (how == 4) {
+    acc = lane;
+  } else {
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < 2; ++s) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(&full[s])));
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    }
+    __syncthreads();
+    for (int q = 0; q < 4; ++q) {  // 4 fills of 8 rows: gate 0-7, 8-15, up 0-7, 8-15
+      const int s = q & 1;
+      if (threadIdx.x == 0) {
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(saddr(&full[s])),
+                     "r"(8 * kRowBytes)
+                     : "memory");
+        const unsigned char* from = (q < 2 ? gate : up) + (q & 1) * 8 * kRowBytes;
+        for (int r = 0; r < 8; ++r)
+          asm volatile(
+              "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], "
+              "%4;" ::"r"(saddr(st + s * 8 * kRowBytes + r * kRowBytes)),
+              "l"(from + r * kRowBytes), "r"(kRowBytes), "r"(saddr(&full[s])), "l"(pol)
+              : "memory");
+      }
+      if (q >= 1) {  // the previous fill: wait, read, then every thread is past it before it is refilled
+        bar_wait(saddr(&full[(q - 1) & 1]), ((q - 1) >> 1) & 1);
+        acc ^= reinterpret_cast<const unsigned*>(st + ((q - 1) & 1) * 8 * kRowBytes)[threadIdx.x];
+        __syncthreads();
+      }
+    }
+    bar_wait(saddr(&full[1]), 1);
+    acc ^= reinterpret_cast<const unsigned*>(st + 8 * kRowBytes)[threadIdx.x];
+  }
+  if (acc == 0x9e3779b9u) sink[0] = acc;
+}
+
 struct Probe {
   const unsigned char* buf;
   size_t buf_bytes;
@@ -207,6 +316,19 @@ void run_ring(const Probe& p, size_t bytes, int reps, int per_sm, uint32_t tile,
               hint ? ", evict-first" : "", bytes / 1e6, tbs);
 }
 
+double run_items(const Probe& p, int how, int hint) {
+  const size_t bytes = size_t(384) * 32 * kRowBytes;  // 8 experts' gate/up rows: 50.3 MB
+  const size_t smem = how == 2 ? 2 * 8 * kRowBytes : 0;
+  if (smem) CK(cudaFuncSetAttribute(gu_items, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  // The items of 8 experts lie in 8 x 2 x 768 rows (the expert's whole gate/up: 12.6 MB each); rotate over regions
+  // of 8 experts so that no launch finds its rows in L2.
+  const size_t region = size_t(8) * 2 * kInter * kRowBytes;
+  const double tbs = timed(p, region, 41, [&](size_t off, size_t) {
+    gu_items<<<384, 256, smem>>>(p.buf + off, how, hint, p.sink);
+  }) * bytes / region;
+  return bytes / tbs / 1e6;  // us
+}
+
 }  // namespace
 
 int main() {
@@ -250,6 +372,28 @@ int main() {
     std::printf("copy bandwidth (read + written): %.3f TB/s\n\n", 2.0 * n / (ms[ms.size() / 2] * 1e-3) / 1e12);
   }
   std::printf("| pattern | form | bytes | TB/s read |\n|---|---|---|---|\n");
+  {
+    const char* name[] = {"moe_one's pattern: 8 rows x 64 B per instruction, 8 in flight per thread",
+                          "512 contiguous bytes of one row per instruction, 8 in flight",
+                          "bulk copies of 4 KB rows into 2 shared-memory stages of 8 rows",
+                          "4 rows x 128 B per instruction, 8 in flight",
+                          "no loads (the launch and event overhead)"};
+    const int hows[] = {0, 1, 3, 2, 4};
+    std::vector<double> us[5][2];
+    for (int round = 0; round < 5; ++round)
+      for (int how : hows)
+        for (int hint = 1; hint >= (how == 0 || how == 1 ? 0 : 1); --hint) us[how][hint].push_back(run_items(p, how, hint));
+    std::printf("One layer's gate/up weights at one token (8 experts x 48 items of 128 KB, 384 CTAs, 3 per SM; one launch, "
+                "us between events, median of 41 per round, 5 rounds interleaved):\n\n| pattern | rounds (us) |\n|---|---|\n");
+    for (int how : hows)
+      for (int hint = 1; hint >= 0; --hint) {
+        if (us[how][hint].empty()) continue;
+        std::printf("| %s%s |", name[how], hint && how != 4 ? ", evict-first" : "");
+        for (double v : us[how][hint]) std::printf(" %.2f", v);
+        std::printf(" |\n");
+      }
+    std::printf("\n");
+  }
   const size_t big = size_t(622) << 20, burst = size_t(50) << 20;
   for (size_t bytes : {big, burst}) {
     const int reps = bytes == big ? 11 : 41;
