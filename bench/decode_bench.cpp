@@ -6,7 +6,7 @@
 //                      [--ablate 1,64] [--timeline 1,8] [--variant moe=2,gemm=1 ...]
 // --variant (repeatable) reruns everything with decode options set (sere: DecodeOption::kSereKernel, moe:
 // kMoeOccupancy, attn: kAttentionKernel, gemm: kGemmVariant, route: kRouteFused, experts: kMoeKernel, block:
-// kMoeBlock, l2: kL2Prefetch, carve: kMoeCarveout, combine: kMoeCombine, rows: kMoeDownRows, gub: kMoeGateUpBulk); --ablate times the
+// kMoeBlock, l2: kL2Prefetch, carve: kMoeCarveout, combine: kMoeCombine, rows: kMoeDownRows); --ablate times the
 // graph again with each operation left out (per-op cost inside the replayed graph, PDL overlap included); --timeline
 // (bench_decode_timeline only: the same program on the kernels built with step-timeline records) prints when each
 // kernel of one replayed step was released from its PDL wait (kernels.h); with ZEST_TIMELINE_RAW=PATH it also
@@ -200,7 +200,6 @@ bool apply_variant(const std::string& spec) {
     else if (name == "ef") set_decode_option(DecodeOption::kMoeEvictFirst, value);
     else if (name == "dcarve") set_decode_option(DecodeOption::kDecodeCarveout, value);
     else if (name == "head") set_decode_option(DecodeOption::kHeadGemm, value);
-    else if (name == "gub") set_decode_option(DecodeOption::kMoeGateUpBulk, value);
     else return false;
   }
   return true;

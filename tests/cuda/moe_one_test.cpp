@@ -136,26 +136,22 @@ void run_case(const OneCase& c, std::mt19937& rng) {
   const auto want = s->bits();
   check_reference(*s, want);
   const bool pdl = programmatic_launch();
-  // The gate/up weights through register loads (kMoeGateUpBulk 0) and through shared-memory stages (1).
-  for (int bulk : {0, 1}) {
-    DecodeOptionScope gub(DecodeOption::kMoeGateUpBulk, bulk);
-    for (int variant = 0; variant < kOneVariants; ++variant)
-      for (int run = 0; run < 4; ++run) {
-        SCOPED_TRACE(testing::Message() << "gate/up bulk " << bulk << " variant " << variant << " run " << run);
-        set_programmatic_launch(run >= 2);
-        s->out.poison();
-        s->h.poison();
-        const Status st = s->run_one(variant, nullptr);
-        set_programmatic_launch(pdl);
-        ZEST_ASSERT_OK(st);
-        sync_ok();
-        EXPECT_TRUE(s->bits() == want) << "differs from rows_mma";
-      }
-    s->out.poison();
-    ZEST_ASSERT_OK(s->run_decode(16, nullptr));
-    sync_ok();
-    EXPECT_TRUE(s->bits() == want) << "moe_experts_decode (kMoeKernel 16) differs from rows_mma, gate/up bulk " << bulk;
-  }
+  for (int variant = 0; variant < kOneVariants; ++variant)
+    for (int run = 0; run < 4; ++run) {
+      SCOPED_TRACE(testing::Message() << "variant " << variant << " run " << run);
+      set_programmatic_launch(run >= 2);
+      s->out.poison();
+      s->h.poison();
+      const Status st = s->run_one(variant, nullptr);
+      set_programmatic_launch(pdl);
+      ZEST_ASSERT_OK(st);
+      sync_ok();
+      EXPECT_TRUE(s->bits() == want) << "differs from rows_mma";
+    }
+  s->out.poison();
+  ZEST_ASSERT_OK(s->run_decode(16, nullptr));
+  sync_ok();
+  EXPECT_TRUE(s->bits() == want) << "moe_experts_decode (kMoeKernel 16) differs from rows_mma";
 }
 
 // Model widths (H 2048, I 768, K 8) with E = 12 experts (8 active at one token as in the model; fewer experts keep the
@@ -443,11 +439,7 @@ TEST(CudaMoeOne, DownPairWithStartBarrierMatchesTheChain) {
     rows.x = x.get();
     rows.ids = s->ids.get();
     rows.rows = true;
-    for (int bulk : {0, 1}) {  // the gate/up weights through registers and through shared-memory stages
-      SCOPED_TRACE(testing::Message() << "gate/up bulk " << bulk);
-      DecodeOptionScope gub(DecodeOption::kMoeGateUpBulk, bulk);
-      expect_eager_and_replays_equal(*s, rows, 2, reset, result, want);
-    }
+    expect_eager_and_replays_equal(*s, rows, 2, reset, result, want);
   }
 }
 
@@ -458,10 +450,8 @@ TEST(CudaMoeOne, GraphReplayWithProgrammaticLaunchAndNewRoutings) {
   std::mt19937 rng(108);
   const OneCase c{1, 8, 12, 2048, 768, 0, -1, 0, false};
   const auto s = make_setup(c, rng);
-  for (int form = 0; form < 2 * kOneVariants; ++form) {
-    const int variant = form % kOneVariants, bulk = form / kOneVariants;  // kMoeGateUpBulk 0 and 1
-    SCOPED_TRACE(testing::Message() << "variant " << variant << " gate/up bulk " << bulk);
-    DecodeOptionScope gub(DecodeOption::kMoeGateUpBulk, bulk);
+  for (int variant = 0; variant < kOneVariants; ++variant) {
+    SCOPED_TRACE(testing::Message() << "variant " << variant);
     cudaStream_t st = nullptr;
     ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
     cudaGraphExec_t exec =

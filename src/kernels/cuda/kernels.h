@@ -157,8 +157,6 @@ enum class DecodeOption : int {
                     // = rows_ring (one persistent CTA per SM, a producer warp bulk-copying the tiles into a ring of
                     // stages; measured on H200: lm_head 149-154 us eager against 152-158, TPOT batch 8 -0.02 to -0.07
                     // ms, batch 16 -0.2 ms); 0 = the register-streamed rows_mma kernel
-  kMoeGateUpBulk,   // decode experts at one token (moe_one.h), the gate/up weights: 0 (default) = 16-byte register
-                    // loads; 1 = bulk-copied into two shared-memory stages per CTA (the same bits)
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);

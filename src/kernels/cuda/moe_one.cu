@@ -44,44 +44,6 @@ struct OneParams {
   bool ef;  // DecodeOption::kMoeEvictFirst: the weight loads marked evict-first in L2
 };
 
-// One 32-wide k chunk of a gate/up item: a = the gate rows g / g + 8 and the up rows g / g + 8 (16 bytes each), xa
-// the token fragment of the same k.
-__device__ __forceinline__ void gate_up_mma(float (&acc)[2][4], const uint4 (&a)[4], uint4 xa) {
-  mma16816(acc[0], a[0].x, a[1].x, a[0].y, a[1].y, xa.x, xa.y);
-  mma16816(acc[0], a[0].z, a[1].z, a[0].w, a[1].w, xa.z, xa.w);
-  mma16816(acc[1], a[2].x, a[3].x, a[2].y, a[3].y, xa.x, xa.y);
-  mma16816(acc[1], a[2].z, a[3].z, a[2].w, a[3].w, xa.z, xa.w);
-}
-
-// The end of a gate/up item's pass: the warps' partial sums reduced in fixed order in shared memory and
-// SiLU(gate) * up of its nt tokens written to h by 128 threads. Ends with a barrier.
-__device__ __forceinline__ void gate_up_store(const OneParams& p, int r0, int c0, int nt, const float (&acc)[2][4],
-                                              float (*red)[8][32]) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-  for (int m = 0; m < 2; ++m)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) red[warp][m * 4 + i][lane] = acc[m][i];
-  __syncthreads();
-  if (threadIdx.x < 4 * 32) {
-    const int i = threadIdx.x >> 5, l = threadIdx.x & 31;
-    const int t = (l & 3) * 2 + (i & 1);
-    if (t < nt) {
-      float sg = 0.f, su = 0.f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) {
-        sg += red[w][i][l];
-        su += red[w][4 + i][l];
-      }
-      const int row = r0 + (l >> 2) + (i >> 1) * 8;
-      const float gt = bf16_round(sg), up = bf16_round(su);
-      const float sl = bf16_round(gt / (1.f + __expf(-gt)));
-      p.h[static_cast<size_t>(c0 + t) * p.I + row] = __float2bfloat16(sl * up);
-    }
-  }
-  __syncthreads();
-}
-
 // One gate/up item: SiLU(gate) * up of expert e's intermediate rows [r0, r0 + 16) for its sorted slots [beg, end),
 // written to h. Warp w takes chunks w, w + 8, ... of k (2 in flight per matrix), as rows_mma_kernel<kGateUp> does.
 // Ends with a barrier (h written by the CTA's 128 storing threads).
@@ -120,86 +82,34 @@ __device__ __forceinline__ void gate_up_item(const OneParams& p, int e, int r0, 
         const size_t k = static_cast<size_t>(cb + u * kWarps) * kChunk;
         const uint4 xa = cb + u * kWarps < chunks && xp ? __ldg(reinterpret_cast<const uint4*>(xp + k))
                                                          : make_uint4(0, 0, 0, 0);
-        gate_up_mma(acc, a[u], xa);
+        mma16816(acc[0], a[u][0].x, a[u][1].x, a[u][0].y, a[u][1].y, xa.x, xa.y);
+        mma16816(acc[0], a[u][0].z, a[u][1].z, a[u][0].w, a[u][1].w, xa.z, xa.w);
+        mma16816(acc[1], a[u][2].x, a[u][3].x, a[u][2].y, a[u][3].y, xa.x, xa.y);
+        mma16816(acc[1], a[u][2].z, a[u][3].z, a[u][2].w, a[u][3].w, xa.z, xa.w);
       }
     }
-    gate_up_store(p, r0, c0, nt, acc, red);
-  }
-}
-
-// gate/up with bulk copies (DecodeOption::kMoeGateUpBulk): an item's 32 weight rows (16 of gate, the same 16 of up)
-// are bulk-copied into two shared-memory stages of kStageK columns each (one 1 KB copy per row and stage, issued by
-// warp 0's lanes, evict-first with kEF), which the warps read back in gate_up_item's chunk order (warp w chunks w,
-// w + 8 of each stage: w, w + 8, w + 16, ... over the row) with the same mma and reduction: the same bits. Alone on
-// an H200 the same bytes land ~1.2 us sooner per layer than through 16-byte register loads of 8 rows x 64 bytes
-// (bench/read_probe.cu).
-constexpr int kStageK = 16 * kChunk;                   // columns per stage: two chunks per warp
-constexpr int kStageStride = kStageK * 2 + 16;         // bytes per row in a stage (16 bytes apart: fewer bank conflicts)
-constexpr int kStageBytes = 2 * kRows * kStageStride;  // 32 rows
-constexpr size_t kBulkSmem = 2 * static_cast<size_t>(kStageBytes);
-
-// Warp 0: fill f (stage f & 1) with columns [q * kStageK, ...) of the item's 32 rows.
-template <bool kEF>
-__device__ __forceinline__ void gate_up_fill(const OneParams& p, int e, int r0, int q, uint32_t f,
-                                             unsigned char* stages, uint64_t* full) {
-  const int lane = threadIdx.x & 31;
-  const int s = f & 1;
-  const int k0 = q * kStageK;
-  const uint32_t bytes = static_cast<uint32_t>(min(kStageK, p.H - k0)) * 2;
-  if (lane == 0) mbar_arrive_expect_tx(&full[s], 2 * kRows * bytes);
-  __syncwarp();
-  const int row = lane < kRows ? r0 + lane : p.I + r0 + lane - kRows;
-  const bf16* src = p.gate_up + (static_cast<size_t>(e) * 2 * p.I + row) * p.H + k0;
-  unsigned char* dst = stages + s * kStageBytes + lane * kStageStride;
-  if constexpr (kEF)
-    bulk_load_hint(dst, src, bytes, &full[s], evict_first_policy());
-  else
-    bulk_load(dst, src, bytes, &full[s]);
-}
-
-// One gate/up item from the stages; *fills counts the fills issued so far (their parities).
-template <bool kEF>
-__device__ __forceinline__ void gate_up_item_bulk(const OneParams& p, int e, int r0, int beg, int end,
-                                                  float (*red)[8][32], unsigned char* stages, uint64_t* full,
-                                                  uint32_t* fills) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, tq = lane & 3;
-  const int chunks = p.H / kChunk;
-  const int nst = (p.H + kStageK - 1) / kStageK;
-  for (int c0 = beg; c0 < end; c0 += kMaxTok) {
-    const int nt = min(kMaxTok, end - c0);
-    const uint32_t f0 = *fills;
-    if (warp == 0) {
-      gate_up_fill<kEF>(p, e, r0, 0, f0, stages, full);
-      if (nst > 1) gate_up_fill<kEF>(p, e, r0, 1, f0 + 1, stages, full);
-    }
-    const bf16* xp = g < nt ? p.x + static_cast<size_t>(p.plan.sorted_slots[c0 + g] / p.K) * p.H + tq * 8 : nullptr;
-    float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-    for (int q = 0; q < nst; ++q) {
-      const uint32_t f = f0 + q;
-      mbar_wait(&full[f & 1], (f >> 1) & 1);
-      const unsigned char* st = stages + (f & 1) * kStageBytes + g * kStageStride + tq * 16;
 #pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const int cl = warp + u * kWarps;  // chunk within the stage
-        const int cb = q * 16 + cl;
-        if (cb < chunks) {
-          const unsigned char* a0 = st + cl * kChunk * 2;
-          uint4 a[4];
-          a[0] = *reinterpret_cast<const uint4*>(a0);
-          a[1] = *reinterpret_cast<const uint4*>(a0 + 8 * kStageStride);
-          a[2] = *reinterpret_cast<const uint4*>(a0 + 16 * kStageStride);
-          a[3] = *reinterpret_cast<const uint4*>(a0 + 24 * kStageStride);
-          const uint4 xa = xp ? __ldg(reinterpret_cast<const uint4*>(xp + static_cast<size_t>(cb) * kChunk))
-                              : make_uint4(0, 0, 0, 0);
-          gate_up_mma(acc, a, xa);
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) red[warp][m * 4 + i][lane] = acc[m][i];
+    __syncthreads();
+    if (threadIdx.x < 4 * 32) {
+      const int i = threadIdx.x >> 5, l = threadIdx.x & 31;
+      const int t = (l & 3) * 2 + (i & 1);
+      if (t < nt) {
+        float sg = 0.f, su = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) {
+          sg += red[w][i][l];
+          su += red[w][4 + i][l];
         }
+        const int row = r0 + (l >> 2) + (i >> 1) * 8;
+        const float gt = bf16_round(sg), up = bf16_round(su);
+        const float sl = bf16_round(gt / (1.f + __expf(-gt)));
+        p.h[static_cast<size_t>(c0 + t) * p.I + row] = __float2bfloat16(sl * up);
       }
-      __syncthreads();  // every warp is done with this stage
-      if (warp == 0 && q + 2 < nst) gate_up_fill<kEF>(p, e, r0, q + 2, f + 2, stages, full);
     }
-    *fills = f0 + nst;
-    gate_up_store(p, r0, c0, nt, acc, red);
+    __syncthreads();
   }
 }
 
@@ -316,36 +226,6 @@ __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_gate_up_kernel(OnePar
     const int e = first ? ef : p.plan.active_experts[j];
     const int beg = first ? begf : p.plan.offsets[j], end = first ? endf : p.plan.offsets[j + 1];
     gate_up_item<kEF>(p, e, r0, beg, end, red);
-  }
-  step_timeline_phase(2);
-  if (p.stamps_gu && threadIdx.x == 0) p.stamps_gu[2 * blockIdx.x + 1] = global_ns();
-}
-
-// gate/up as one_gate_up_kernel, the weights through gate_up_item_bulk's shared-memory stages (kBulkSmem dynamic).
-template <bool kEF>
-__global__ void __launch_bounds__(kWarps * 32, kPerSm) one_gate_up_bulk_kernel(OneParams p) {
-  extern __shared__ __align__(128) unsigned char stages[];
-  __shared__ __align__(8) uint64_t full[2];
-  __shared__ float red[kWarps][8][32];
-  step_timeline_phase(0);
-  if (threadIdx.x == 0) {
-    mbar_init_count(&full[0], 1);
-    mbar_init(&full[1]);  // fences both initialisations
-  }
-  pdl_wait();  // before any exit, as one_gate_up_kernel
-  __syncthreads();
-  if (p.stamps_gu && threadIdx.x == 0) p.stamps_gu[2 * blockIdx.x] = global_ns();
-  const int tiles = p.I / kRows;
-  const int jf = min(static_cast<int>(blockIdx.x) / tiles, p.plan.experts - 1);
-  const int ef = p.plan.active_experts[jf], begf = p.plan.offsets[jf], endf = p.plan.offsets[jf + 1];
-  const int items = *p.plan.num_active * tiles;
-  uint32_t fills = 0;
-  for (int item = blockIdx.x; item < items; item += gridDim.x) {
-    const bool first = item == static_cast<int>(blockIdx.x);
-    const int j = item / tiles, r0 = (item % tiles) * kRows;
-    const int e = first ? ef : p.plan.active_experts[j];
-    const int beg = first ? begf : p.plan.offsets[j], end = first ? endf : p.plan.offsets[j + 1];
-    gate_up_item_bulk<kEF>(p, e, r0, beg, end, red, stages, full, &fills);
   }
   step_timeline_phase(2);
   if (p.stamps_gu && threadIdx.x == 0) p.stamps_gu[2 * blockIdx.x + 1] = global_ns();
@@ -591,23 +471,8 @@ Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights,
     carve = want;
   }
   p.ef = decode_option(DecodeOption::kMoeEvictFirst) >= 1;
-  if (decode_option(DecodeOption::kMoeGateUpBulk) == 1) {
-    static const Status configured = []() -> Status {
-      for (const void* fn : {reinterpret_cast<const void*>(one_gate_up_bulk_kernel<false>),
-                             reinterpret_cast<const void*>(one_gate_up_bulk_kernel<true>)}) {
-        ZEST_RETURN_IF_ERROR(set_dynamic_smem(fn, kBulkSmem));
-        ZEST_RETURN_IF_ERROR(set_min_carveout(fn, kPerSm, kBulkSmem, true));
-      }
-      return Status::ok();
-    }();
-    ZEST_RETURN_IF_ERROR(configured);
-    ZEST_RETURN_IF_ERROR(launch("moe_one_gate_up",
-                                p.ef ? one_gate_up_bulk_kernel<true> : one_gate_up_bulk_kernel<false>, dim3(gu_grid),
-                                block, kBulkSmem, stream, p));
-  } else {
-    ZEST_RETURN_IF_ERROR(launch("moe_one_gate_up", p.ef ? one_gate_up_kernel<true> : one_gate_up_kernel<false>,
-                                dim3(gu_grid), block, 0, stream, p));
-  }
+  ZEST_RETURN_IF_ERROR(launch("moe_one_gate_up", p.ef ? one_gate_up_kernel<true> : one_gate_up_kernel<false>,
+                              dim3(gu_grid), block, 0, stream, p));
   if (combine && combine->rows) {
     if (!moe_one_rows_ok(N, K, E, H, I) || combine->w || combine->y)
       return invalid_argument("moe_experts_one: the down kernel by output rows needs one token, K <= 8, I <= 768 "
