@@ -28,6 +28,7 @@
 
 namespace {
 
+// common.cuh's ld_stream, repeated: the probe builds with nvcc alone, outside the library.
 __device__ __forceinline__ uint4 ld_nc(const void* p) {
   uint4 v;
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
@@ -172,21 +173,22 @@ __global__ void __launch_bounds__(256) gu_items(const unsigned char* __restrict_
     return v;
   };
   unsigned acc = 0;
+  // Two rounds of 4 loads (gate and up rows lo / hi at columns k(u)), 8 in flight, then folded into acc.
+  auto rounds = [&](int lo, int hi, auto k) {
+    uint4 a[8];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      a[u * 4 + 0] = ld(gate + lo * kRowBytes + k(u));
+      a[u * 4 + 1] = ld(gate + hi * kRowBytes + k(u));
+      a[u * 4 + 2] = ld(up + lo * kRowBytes + k(u));
+      a[u * 4 + 3] = ld(up + hi * kRowBytes + k(u));
+    }
+#pragma unroll
+    for (int u = 0; u < 8; ++u) acc ^= a[u].x ^ a[u].y ^ a[u].z ^ a[u].w;
+  };
   if (how == 0) {
     const int g = lane >> 2, tq = lane & 3;
-    for (int cb = warp; cb < 64; cb += 16) {
-      uint4 a[8];
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const int k = (cb + u * 8) * 64 + tq * 16;
-        a[u * 4 + 0] = ld(gate + g * kRowBytes + k);
-        a[u * 4 + 1] = ld(gate + (g + 8) * kRowBytes + k);
-        a[u * 4 + 2] = ld(up + g * kRowBytes + k);
-        a[u * 4 + 3] = ld(up + (g + 8) * kRowBytes + k);
-      }
-#pragma unroll
-      for (int u = 0; u < 8; ++u) acc ^= a[u].x ^ a[u].y ^ a[u].z ^ a[u].w;
-    }
+    for (int cb = warp; cb < 64; cb += 16) rounds(g, g + 8, [&](int u) { return (cb + u * 8) * 64 + tq * 16; });
   } else if (how == 1) {
     for (int r = warp; r < 32; r += 8) {
       const unsigned char* row = (r < 16 ? gate + r * kRowBytes : up + (r - 16) * kRowBytes) + lane * 16;
@@ -199,26 +201,9 @@ __global__ void __launch_bounds__(256) gu_items(const unsigned char* __restrict_
   } else if (how == 3) {
     const int g = lane >> 3, t8 = lane & 7;
     for (int cb = warp; cb < 32; cb += 16) {  // 32 pieces of 128 B per row; warp w pieces w, w + 8
-      uint4 a[8];
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const int k = (cb + u * 8) * 128 + t8 * 16;
-        a[u * 4 + 0] = ld(gate + g * kRowBytes + k);
-        a[u * 4 + 1] = ld(gate + (g + 4) * kRowBytes + k);
-        a[u * 4 + 2] = ld(up + g * kRowBytes + k);
-        a[u * 4 + 3] = ld(up + (g + 4) * kRowBytes + k);
-      }
-#pragma unroll
-      for (int u = 0; u < 8; ++u) acc ^= a[u].x ^ a[u].y ^ a[u].z ^ a[u].w;
-      for (int u = 0; u < 2; ++u) {  // rows 8-15
-        const int k = (cb + u * 8) * 128 + t8 * 16;
-        a[u * 4 + 0] = ld(gate + (g + 8) * kRowBytes + k);
-        a[u * 4 + 1] = ld(gate + (g + 12) * kRowBytes + k);
-        a[u * 4 + 2] = ld(up + (g + 8) * kRowBytes + k);
-        a[u * 4 + 3] = ld(up + (g + 12) * kRowBytes + k);
-      }
-#pragma unroll
-      for (int u = 0; u < 8; ++u) acc ^= a[u].x ^ a[u].y ^ a[u].z ^ a[u].w;
+      const auto k = [&](int u) { return (cb + u * 8) * 128 + t8 * 16; };
+      rounds(g, g + 4, k);
+      rounds(g + 8, g + 12, k);
     }
   } else if (how == 4) {
     acc = lane;
