@@ -200,6 +200,7 @@ bool apply_variant(const std::string& spec) {
     else if (name == "ef") set_decode_option(DecodeOption::kMoeEvictFirst, value);
     else if (name == "dcarve") set_decode_option(DecodeOption::kDecodeCarveout, value);
     else if (name == "head") set_decode_option(DecodeOption::kHeadGemm, value);
+    else if (name == "slim") set_decode_option(DecodeOption::kQkvSlim, value);
     else return false;
   }
   return true;
@@ -492,7 +493,7 @@ int bench_decode_main(int argc, char** argv) {
   if (variants.empty()) variants.push_back("");
   for (const std::string& variant : variants) {
   if (!apply_variant(variant)) {
-    std::fprintf(stderr, "error: bad --variant '%s' (want name=value,... with names sere, moe, attn, gemm, route, experts, block, l2, carve, combine, rows)\n",
+    std::fprintf(stderr, "error: bad --variant '%s' (want name=value,... with names sere, moe, attn, gemm, route, experts, block, l2, carve, combine, rows, ef, dcarve, head, slim)\n",
                  variant.c_str());
     return 2;
   }

@@ -22,6 +22,7 @@
 #include <fstream>
 #include <random>
 
+#include "cuda/cuda_test_util.h"
 #include "cuda/random_checkpoint.h"
 #include "engine/sere.h"
 #include "kernels/backend.h"
@@ -380,6 +381,19 @@ TEST(CudaDecoder, DownRowsStepsMatchTheChain) {
           << n << " sequences, kDecodeCarveout 0, step " << rep;
     }
     set_decode_option(DecodeOption::kDecodeCarveout, default_decode_option(DecodeOption::kDecodeCarveout));
+    // The slim qkv GEMM (norm weights through L1, capped registers) with the compact cluster attention
+    // (DecodeOption::kQkvSlim 1, kAttentionKernel 10): the same arithmetic, so the same logits, eager and replayed.
+    {
+      DecodeOptionScope slim(DecodeOption::kQkvSlim, 1);
+      DecodeOptionScope attn(DecodeOption::kAttentionKernel, 10);
+      for (int rep = 0; rep < 3; ++rep) {
+        auto got = run_chunks(**dec, *cache, tables, seqs, step);
+        ASSERT_TRUE(got.ok()) << got.status().to_string();
+        ASSERT_EQ(static_cast<size_t>(got->numel()), rows_logits.size());
+        EXPECT_TRUE(std::equal(rows_logits.begin(), rows_logits.end(), got->data<float>()))
+            << n << " sequences, kQkvSlim 1 + kAttentionKernel 10, step " << rep;
+      }
+    }
   }
   set_decode_option(DecodeOption::kMoeDownRows, default_decode_option(DecodeOption::kMoeDownRows));
   fs::remove_all(dir);

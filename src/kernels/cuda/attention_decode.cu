@@ -658,14 +658,20 @@ __device__ __forceinline__ void norm_rope_head(const bf16* __restrict__ x, const
 // kCluster: the grid's splits of one (kv head, sequence) form one thread-block cluster; each CTA keeps its partial
 // (M, L and the 8 x 128 sums) in its shared memory and, after a cluster barrier, merges a slice of the outputs from
 // every CTA's partial (distributed shared memory, fixed split order): no global partials, fences or counters.
-template <bool kCluster>
+// kVSlots: shared-memory V page buffers. 8 = two per warp. 5 (kAttentionKernel 10, at most 5 pages per split: only
+// warp 0 has a second page) = one per warp and warp 0's second in slot 4: 20 KB instead of 32, so that the CTA fits
+// on an SM beside three qkv GEMM CTAs of the slim one-token form (DecodeOption::kQkvSlim: 3 x 65 KB tiles with no
+// norm weights in shared memory, at most 56 registers) and its cluster can become resident (and issue its pages)
+// before they leave. The same arithmetic either way.
+template <bool kCluster, int kVSlots = 2 * kDecWarps>
 __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kernel(
     const bf16* __restrict__ qkv, int q_stride, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
     const int32_t* __restrict__ block_table, int max_blocks, const int32_t* __restrict__ context_lens,
     bf16* __restrict__ out, float* __restrict__ part, int* __restrict__ counters, int Hkv, int splits,
     int pages_per_split, float scale, DecodeFuse f) {
   constexpr int G = 8, D = kHeadDim;
-  constexpr size_t kMmaBytes = kDecWarps * 2 * kKvBlock * D * sizeof(bf16);
+  static_assert(kVSlots == 2 * kDecWarps || kVSlots == kDecWarps + 1, "V slots: two per warp, or warp 0's two");
+  constexpr size_t kMmaBytes = kVSlots * kKvBlock * D * sizeof(bf16);
   constexpr size_t kAccBytes = kDecWarps * G * D * sizeof(float);
   constexpr size_t kClusterBytes = kAccBytes + (G * D + 2 * G) * sizeof(float);
   constexpr size_t kBytes0 = kMmaBytes > kAccBytes ? kMmaBytes : kAccBytes;
@@ -689,10 +695,15 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kern
   const int new_pg = new_pos >= 0 && new_pos / kKvBlock >= pg_begin && new_pos / kKvBlock < pg_end ? new_pos / kKvBlock
                                                                                                   : -1;
   const int32_t* table = block_table + static_cast<size_t>(b) * max_blocks;
-  bf16* v_s = reinterpret_cast<bf16*>(smem_raw) + warp * 2 * kKvBlock * D;
+  // This warp's V buffer buf (0 or 1).
+  auto v_buf = [&](int buf) {
+    return reinterpret_cast<bf16*>(smem_raw) +
+           static_cast<size_t>(kVSlots == 2 * kDecWarps ? warp * 2 + buf : (buf == 0 ? warp : kDecWarps + warp)) *
+               kKvBlock * D;
+  };
 
   auto load_page = [&](int pg, int buf, uint4 (&kf)[4][2]) {
-    issue_page(table, pg, ctx, Hkv, kvh, k_cache, v_cache, v_s, buf, kf);
+    issue_page(table, pg, ctx, Hkv, kvh, k_cache, v_cache, v_buf(buf), 0, kf);
   };
 
   const int pg_first = pg_begin + warp;
@@ -755,7 +766,7 @@ __global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kern
     if (more) asm volatile("cp.async.wait_group 1;" ::: "memory");
     else asm volatile("cp.async.wait_group 0;" ::: "memory");
     __syncwarp();
-    bf16* vb = v_s + buf * kKvBlock * D;
+    bf16* vb = v_buf(buf);
     if (tn >= 0) {  // the current token's v over the (stale) cache row
       if (lane < 16)
         *reinterpret_cast<uint4*>(vb + tn * D + ((lane ^ (tn & 7)) * 8)) =
@@ -1220,6 +1231,21 @@ bool cluster_attention_ok() {
   return ok == 1;
 }
 
+// The same for the compact form (kAttentionKernel 10).
+bool cluster_attention_compact_ok() {
+  static int ok = -1;
+  if (ok < 0) {
+    const auto kernel = decode_attention_fused_kernel<true, kDecWarps + 1>;
+    const void* fn = reinterpret_cast<const void*>(kernel);
+    ok = cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess &&
+                 max_active_clusters(kernel, 16, 16, dim3(kDecWarps * 32), 0) > 0
+             ? 1
+             : 0;
+    cudaGetLastError();
+  }
+  return ok == 1;
+}
+
 // The ring kernel serves groups of 4 kv heads and copies cache rows with 16-byte aligned bulk copies.
 bool ring_ok(const DecodeAttention& p, const bf16* k_cache, const bf16* v_cache) {
   return p.kv_heads % kRingHeads == 0 && reinterpret_cast<uintptr_t>(k_cache) % 16 == 0 &&
@@ -1316,6 +1342,8 @@ Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_s
   }
   const int pages = (p.max_context + kKvBlock - 1) / kKvBlock;
   int variant = decode_option(DecodeOption::kAttentionKernel);
+  const bool compact = variant == 10;  // as 8, the cluster kernel with 5 V slots where a split has at most 5 pages
+  if (compact) variant = 8;
   if (variant == 8) {  // by size: variant 3's cluster merge where it applies, the ring kernel above, up to 32 pairs
     const int pairs = p.batch * p.kv_heads;
     const bool small = pages <= kClusterMaxPages && pairs <= kClusterMaxPairs;
@@ -1345,9 +1373,12 @@ Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_s
     const int splits = (pages + per - 1) / per;
     // DecodeOption::kDecodeCarveout: the largest carveout, so that an SM with two of these CTAs (2 x ~36 KB) still
     // takes an o GEMM CTA (~132 KB) before they leave.
-    ZEST_RETURN_IF_ERROR(set_max_carveout(reinterpret_cast<const void*>(decode_attention_fused_kernel<true>),
+    const auto kernel = compact && per <= kDecWarps + 1 && cluster_attention_compact_ok()
+                            ? decode_attention_fused_kernel<true, kDecWarps + 1>
+                            : decode_attention_fused_kernel<true>;
+    ZEST_RETURN_IF_ERROR(set_max_carveout(reinterpret_cast<const void*>(kernel),
                                           decode_option(DecodeOption::kDecodeCarveout) >= 1));
-    return launch_cluster("decode_attention_fused (cluster)", decode_attention_fused_kernel<true>,
+    return launch_cluster("decode_attention_fused (cluster)", kernel,
                           dim3(splits, p.kv_heads, p.batch), dim3(kDecWarps * 32), 0, stream, splits, qkv, q_stride,
                           k_cache, v_cache, block_table, p.max_blocks, context_lens, out, part, counters, p.kv_heads,
                           splits, per, p.scale, f);

@@ -157,6 +157,10 @@ enum class DecodeOption : int {
                     // = rows_ring (one persistent CTA per SM, a producer warp bulk-copying the tiles into a ring of
                     // stages; measured on H200: lm_head 149-154 us eager against 152-158, TPOT batch 8 -0.02 to -0.07
                     // ms, batch 16 -0.2 ms); 0 = the register-streamed rows_mma kernel
+  kQkvSlim,         // decode steps of one token whose qkv GEMM normalises x itself (kMoeDownRows): 1 = the slim
+                    // form of that GEMM (norm weights through L1 instead of shared memory, at most 56 registers), so
+                    // that an SM holding three of its CTAs keeps room for a compact cluster attention CTA
+                    // (kAttentionKernel 10); 0 (default) = the norm weights in shared memory, 64 registers
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);

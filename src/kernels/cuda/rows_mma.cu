@@ -230,11 +230,12 @@ __device__ __forceinline__ void norm_row_regs(uint4 (&xa)[kRound], int cb, int c
 // loading it each CTA normalises it itself with the 256-thread norm kernels' arithmetic and summation order (8-element
 // groups t = k / 8 summed as thread t of such a CTA would: warp butterflies over groups 32 w .. 32 w + 31, then over
 // the 8 warp sums), so the GEMM sees the bits of the normalised row the chain writes.
-template <bool kTwo, int kRound, int kPf, bool kNorm = false>
-__global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_kernel(const bf16* __restrict__ x,
-                                                                                    const bf16* __restrict__ w,
-                                                                                    bf16* __restrict__ y, int M, int N,
-                                                                                    int Kdim, KvPrefetch kv) {
+// kNorm 2 (the slim form, rows_pre_slim_kernel): the norm weights are not staged in shared memory but prefetched into
+// L1 before the wait and read from there (every CTA of an SM reads the same 4 KB), so that three CTAs leave room for
+// a compact cluster decode attention CTA on both counts (shared memory, and registers with the slim kernel's cap).
+template <bool kTwo, int kRound, int kPf, int kNorm>
+__device__ __forceinline__ void rows_pre_body(const bf16* __restrict__ x, const bf16* __restrict__ w,
+                                              bf16* __restrict__ y, int M, int N, int Kdim, const KvPrefetch& kv) {
   static_assert(!kNorm || (!kTwo && kRound == kPreRound), "the norm takes one token tile in one round");
   extern __shared__ __align__(128) unsigned char wsm[];
   __shared__ __align__(8) uint64_t bar;
@@ -258,10 +259,13 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
   // Block tables and context lengths are step inputs, not written by the previous kernel.
   if constexpr (kPf == kPfBefore || kPf == kPfBeforePlain) prefetch_kv_l2(kv);
   // kNorm: the norm weights into shared memory (a weight: loaded before the wait).
-  __shared__ __align__(16) bf16 nw_s[kNorm ? kWarps * kChunk * kPreRound : 8];
-  if constexpr (kNorm)
+  __shared__ __align__(16) bf16 nw_s[kNorm == 1 ? kWarps * kChunk * kPreRound : 8];
+  if constexpr (kNorm == 1)
     for (int o = threadIdx.x * 8; o < Kdim; o += blockDim.x * 8)
       *reinterpret_cast<uint4*>(nw_s + o) = __ldg(reinterpret_cast<const uint4*>(kv.norm_w + o));
+  if constexpr (kNorm == 2)
+    for (int o = threadIdx.x * 64; o < Kdim; o += blockDim.x * 64)  // one 128-byte line per thread
+      asm volatile("prefetch.global.L1 [%0];" ::"l"(kv.norm_w + o));
   __syncthreads();
   pdl_wait();
   const int chunks = Kdim / kChunk;
@@ -277,7 +281,8 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
     if constexpr (kNorm) {  // one token row (M == 1): lanes g == 0 hold it
       __shared__ float ss_s[kWarps * 32];  // per 8-element group
       __shared__ float wsum[kWarps];
-      norm_row_regs(xa, cb, chunks, Kdim, nw_s, kv.norm_eps, ss_s, wsum, [] { __syncthreads(); });
+      norm_row_regs(xa, cb, chunks, Kdim, kNorm == 1 ? nw_s : kv.norm_w, kv.norm_eps, ss_s, wsum,
+                    [] { __syncthreads(); });
     }
     if (!landed) {
       mbar_wait(&bar, 0);
@@ -316,6 +321,24 @@ __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_ker
   }
 }
 
+template <bool kTwo, int kRound, int kPf, bool kNorm = false>
+__global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_kernel(const bf16* __restrict__ x,
+                                                                                    const bf16* __restrict__ w,
+                                                                                    bf16* __restrict__ y, int M, int N,
+                                                                                    int Kdim, KvPrefetch kv) {
+  rows_pre_body<kTwo, kRound, kPf, kNorm ? 1 : 0>(x, w, y, M, N, Kdim, kv);
+}
+
+// The slim one-token norm form (DecodeOption::kQkvSlim): at most 56 registers, so that three CTAs (3 x 256 x 56)
+// leave room for a 164-register, 128-thread decode attention CTA (21.5 K registers) beside them.
+constexpr int kSlimRegs = 56;
+template <int kPf>
+__global__ void __maxnreg__(kSlimRegs) rows_pre_slim_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w,
+                                                            bf16* __restrict__ y, int M, int N, int Kdim,
+                                                            KvPrefetch kv) {
+  rows_pre_body<false, kPreRound, kPf, 2>(x, w, y, M, N, Kdim, kv);
+}
+
 constexpr size_t kPreMaxSmem = 200 * 1024;
 
 // The weight tile (rows padded by 16 bytes), at least the 8 KiB of the final reduction that reuses it.
@@ -328,7 +351,9 @@ size_t rows_pre_smem(int K) {
 using PreKernel = void (*)(const bf16*, const bf16*, bf16*, int, int, int, KvPrefetch);
 template <int kPf>
 PreKernel rows_pre_pick_pf(int M, int K, bool norm = false) {
-  if (norm) return rows_pre_kernel<false, kPreRound, kPf, true>;
+  if (norm)
+    return decode_option(DecodeOption::kQkvSlim) >= 1 ? rows_pre_slim_kernel<kPf>
+                                                       : rows_pre_kernel<false, kPreRound, kPf, true>;
   if (M > 8) return rows_pre_kernel<true, kPreRound / 2, kPf>;
   return K > kWarps * kChunk * kPreRound ? rows_pre_kernel<false, 2 * kPreRound, kPf>
                                          : rows_pre_kernel<false, kPreRound, kPf>;
@@ -347,7 +372,8 @@ template <int kPf>
 bool rows_pre_configure() {
   static const bool ok = [] {
     for (PreKernel f : {rows_pre_kernel<true, kPreRound / 2, kPf>, rows_pre_kernel<false, kPreRound, kPf>,
-                        rows_pre_kernel<false, 2 * kPreRound, kPf>, rows_pre_kernel<false, kPreRound, kPf, true>})
+                        rows_pre_kernel<false, 2 * kPreRound, kPf>, rows_pre_kernel<false, kPreRound, kPf, true>,
+                        rows_pre_slim_kernel<kPf>})
       if (cudaFuncSetAttribute(reinterpret_cast<const void*>(f), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(kPreMaxSmem)) != cudaSuccess) {
         cudaGetLastError();
