@@ -381,17 +381,17 @@ TEST(CudaDecoder, DownRowsStepsMatchTheChain) {
           << n << " sequences, kDecodeCarveout 0, step " << rep;
     }
     set_decode_option(DecodeOption::kDecodeCarveout, default_decode_option(DecodeOption::kDecodeCarveout));
-    // The slim qkv GEMM (norm weights through L1, capped registers) with the compact cluster attention
-    // (DecodeOption::kQkvSlim 1, kAttentionKernel 10): the same arithmetic, so the same logits, eager and replayed.
-    {
-      DecodeOptionScope slim(DecodeOption::kQkvSlim, 1);
-      DecodeOptionScope attn(DecodeOption::kAttentionKernel, 10);
+    // The slim qkv GEMM forms (norm weights through L1) with the compact cluster attention (DecodeOption::kQkvSlim
+    // 1 / 2 with kAttentionKernel 10 / 11): the same arithmetic, so the same logits, eager and replayed.
+    for (auto [qs, av] : {std::pair{1, 10}, std::pair{2, 11}}) {
+      DecodeOptionScope slim(DecodeOption::kQkvSlim, qs);
+      DecodeOptionScope attn(DecodeOption::kAttentionKernel, av);
       for (int rep = 0; rep < 3; ++rep) {
         auto got = run_chunks(**dec, *cache, tables, seqs, step);
         ASSERT_TRUE(got.ok()) << got.status().to_string();
         ASSERT_EQ(static_cast<size_t>(got->numel()), rows_logits.size());
         EXPECT_TRUE(std::equal(rows_logits.begin(), rows_logits.end(), got->data<float>()))
-            << n << " sequences, kQkvSlim 1 + kAttentionKernel 10, step " << rep;
+            << n << " sequences, kQkvSlim " << qs << " + kAttentionKernel " << av << ", step " << rep;
       }
     }
   }

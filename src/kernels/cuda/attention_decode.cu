@@ -663,8 +663,10 @@ __device__ __forceinline__ void norm_rope_head(const bf16* __restrict__ x, const
 // on an SM beside three qkv GEMM CTAs of the slim one-token form (DecodeOption::kQkvSlim: 3 x 65 KB tiles with no
 // norm weights in shared memory, at most 56 registers) and its cluster can become resident (and issue its pages)
 // before they leave. The same arithmetic either way.
-template <bool kCluster, int kVSlots = 2 * kDecWarps>
-__global__ void __launch_bounds__(kDecWarps * 32, 3) decode_attention_fused_kernel(
+// kMinBlocks 4 (kAttentionKernel 11): at most 128 registers, so that the CTA also fits beside three qkv CTAs of 64
+// registers (kQkvSlim 2).
+template <bool kCluster, int kVSlots = 2 * kDecWarps, int kMinBlocks = 3>
+__global__ void __launch_bounds__(kDecWarps * 32, kMinBlocks) decode_attention_fused_kernel(
     const bf16* __restrict__ qkv, int q_stride, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
     const int32_t* __restrict__ block_table, int max_blocks, const int32_t* __restrict__ context_lens,
     bf16* __restrict__ out, float* __restrict__ part, int* __restrict__ counters, int Hkv, int splits,
@@ -1231,11 +1233,12 @@ bool cluster_attention_ok() {
   return ok == 1;
 }
 
-// The same for the compact form (kAttentionKernel 10).
+// The same for the compact forms (kAttentionKernel 10, 11).
+template <int kMinBlocks>
 bool cluster_attention_compact_ok() {
   static int ok = -1;
   if (ok < 0) {
-    const auto kernel = decode_attention_fused_kernel<true, kDecWarps + 1>;
+    const auto kernel = decode_attention_fused_kernel<true, kDecWarps + 1, kMinBlocks>;
     const void* fn = reinterpret_cast<const void*>(kernel);
     ok = cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess &&
                  max_active_clusters(kernel, 16, 16, dim3(kDecWarps * 32), 0) > 0
@@ -1342,7 +1345,8 @@ Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_s
   }
   const int pages = (p.max_context + kKvBlock - 1) / kKvBlock;
   int variant = decode_option(DecodeOption::kAttentionKernel);
-  const bool compact = variant == 10;  // as 8, the cluster kernel with 5 V slots where a split has at most 5 pages
+  // 10: as 8, the cluster kernel with 5 V slots where a split has at most 5 pages; 11: as 10 with at most 128 registers.
+  const int compact = variant == 10 || variant == 11 ? variant : 0;
   if (compact) variant = 8;
   if (variant == 8) {  // by size: variant 3's cluster merge where it applies, the ring kernel above, up to 32 pairs
     const int pairs = p.batch * p.kv_heads;
@@ -1373,8 +1377,10 @@ Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_s
     const int splits = (pages + per - 1) / per;
     // DecodeOption::kDecodeCarveout: the largest carveout, so that an SM with two of these CTAs (2 x ~36 KB) still
     // takes an o GEMM CTA (~132 KB) before they leave.
-    const auto kernel = compact && per <= kDecWarps + 1 && cluster_attention_compact_ok()
+    const auto kernel = compact == 10 && per <= kDecWarps + 1 && cluster_attention_compact_ok<3>()
                             ? decode_attention_fused_kernel<true, kDecWarps + 1>
+                        : compact == 11 && per <= kDecWarps + 1 && cluster_attention_compact_ok<4>()
+                            ? decode_attention_fused_kernel<true, kDecWarps + 1, 4>
                             : decode_attention_fused_kernel<true>;
     ZEST_RETURN_IF_ERROR(set_max_carveout(reinterpret_cast<const void*>(kernel),
                                           decode_option(DecodeOption::kDecodeCarveout) >= 1));

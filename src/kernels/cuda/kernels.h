@@ -104,7 +104,9 @@ enum class DecodeOption : int {
                     // 5 = as 4 with the splits (at most 16) merged inside a thread-block cluster; 6 = as 5 with a
                     // two-stage ring; 7 = as 5 with four stages and splits for one CTA per SM; 8 (default) = by
                     // size: 3 up to 8 (sequence, kv head) pairs and 2048 tokens, 5 up to 32 pairs, 3 above; 9 = as
-                    // 5 with two token rows per bulk copy when kv_heads == 4
+                    // 5 with two token rows per bulk copy when kv_heads == 4; 10 = as 8 with the cluster kernel's
+                    // compact V buffers (20 KB instead of 32) where a split has at most 5 pages; 11 = as 10 with at
+                    // most 128 registers
   kGemmVariant,     // small-M GEMM, chunks in flight per warp and CTAs per SM: 1 = 4, 3 CTAs; 0 = 8, 1; 2 = 8, 2;
                     // 3 = 2, 4; 4 (default) = the weight tile bulk-copied into shared memory before the wait on the
                     // previous kernel, one CTA per 16-row tile (when every tile's CTA fits on the GPU; else 1), except
@@ -160,7 +162,9 @@ enum class DecodeOption : int {
   kQkvSlim,         // decode steps of one token whose qkv GEMM normalises x itself (kMoeDownRows): 1 = the slim
                     // form of that GEMM (norm weights through L1 instead of shared memory, at most 56 registers), so
                     // that an SM holding three of its CTAs keeps room for a compact cluster attention CTA
-                    // (kAttentionKernel 10); 0 (default) = the norm weights in shared memory, 64 registers
+                    // (kAttentionKernel 10); 2 = the norm weights through L1 with 64 registers (room for the
+                    // compact attention with at most 128 registers, kAttentionKernel 11); 0 (default) = the norm
+                    // weights in shared memory, 64 registers
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);

@@ -321,12 +321,12 @@ __device__ __forceinline__ void rows_pre_body(const bf16* __restrict__ x, const 
   }
 }
 
-template <bool kTwo, int kRound, int kPf, bool kNorm = false>
+template <bool kTwo, int kRound, int kPf, int kNorm = 0>
 __global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_kernel(const bf16* __restrict__ x,
                                                                                     const bf16* __restrict__ w,
                                                                                     bf16* __restrict__ y, int M, int N,
                                                                                     int Kdim, KvPrefetch kv) {
-  rows_pre_body<kTwo, kRound, kPf, kNorm ? 1 : 0>(x, w, y, M, N, Kdim, kv);
+  rows_pre_body<kTwo, kRound, kPf, kNorm>(x, w, y, M, N, Kdim, kv);
 }
 
 // The slim one-token norm form (DecodeOption::kQkvSlim): at most 56 registers, so that three CTAs (3 x 256 x 56)
@@ -352,8 +352,11 @@ using PreKernel = void (*)(const bf16*, const bf16*, bf16*, int, int, int, KvPre
 template <int kPf>
 PreKernel rows_pre_pick_pf(int M, int K, bool norm = false) {
   if (norm)
-    return decode_option(DecodeOption::kQkvSlim) >= 1 ? rows_pre_slim_kernel<kPf>
-                                                       : rows_pre_kernel<false, kPreRound, kPf, true>;
+    switch (decode_option(DecodeOption::kQkvSlim)) {
+      case 1: return rows_pre_slim_kernel<kPf>;
+      case 2: return rows_pre_kernel<false, kPreRound, kPf, 2>;
+      default: return rows_pre_kernel<false, kPreRound, kPf, 1>;
+    }
   if (M > 8) return rows_pre_kernel<true, kPreRound / 2, kPf>;
   return K > kWarps * kChunk * kPreRound ? rows_pre_kernel<false, 2 * kPreRound, kPf>
                                          : rows_pre_kernel<false, kPreRound, kPf>;
@@ -372,8 +375,8 @@ template <int kPf>
 bool rows_pre_configure() {
   static const bool ok = [] {
     for (PreKernel f : {rows_pre_kernel<true, kPreRound / 2, kPf>, rows_pre_kernel<false, kPreRound, kPf>,
-                        rows_pre_kernel<false, 2 * kPreRound, kPf>, rows_pre_kernel<false, kPreRound, kPf, true>,
-                        rows_pre_slim_kernel<kPf>})
+                        rows_pre_kernel<false, 2 * kPreRound, kPf>, rows_pre_kernel<false, kPreRound, kPf, 1>,
+                        rows_pre_kernel<false, kPreRound, kPf, 2>, rows_pre_slim_kernel<kPf>})
       if (cudaFuncSetAttribute(reinterpret_cast<const void*>(f), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(kPreMaxSmem)) != cudaSuccess) {
         cudaGetLastError();
