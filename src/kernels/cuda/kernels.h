@@ -163,8 +163,9 @@ enum class DecodeOption : int {
                     // form of that GEMM (norm weights through L1 instead of shared memory, at most 56 registers), so
                     // that an SM holding three of its CTAs keeps room for a compact cluster attention CTA
                     // (kAttentionKernel 10); 2 = the norm weights through L1 with 64 registers (room for the
-                    // compact attention with at most 128 registers, kAttentionKernel 11); 0 (default) = the norm
-                    // weights in shared memory, 64 registers
+                    // compact attention with at most 128 registers, kAttentionKernel 11); 3 = as 2 with the norm
+                    // weights loaded beside x by the lanes of the absent second token row and shuffled over; 0
+                    // (default) = the norm weights in shared memory, 64 registers
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);

@@ -188,7 +188,9 @@ __device__ __forceinline__ void prefetch_kv_l2(const KvPrefetch& kv) {
 // summed as thread t of such a CTA would: warp butterflies over groups 32 w .. 32 w + 31, then over the 8 warp sums),
 // so that the GEMM sees the bits of the normalised row the chain writes. nw: the norm weights (shared or global);
 // ss_s [kWarps * 32] and wsum [kWarps]: shared scratch; sync: a barrier over the 8 warps (thread t < 256 of them).
-template <int kRound, typename Sync>
+// kFromLane: the norm weights are in the xa of lanes g == 1 (loaded with the row: those lanes' B columns belong to
+// a token row past M, whose outputs are never stored); lanes g == 0 take them by shuffle and nw is not read.
+template <int kRound, bool kFromLane = false, typename Sync>
 __device__ __forceinline__ void norm_row_regs(uint4 (&xa)[kRound], int cb, int chunks, int Kdim, const bf16* nw,
                                               float eps, float* ss_s, float* wsum, Sync sync) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, tq = lane & 3;
@@ -211,7 +213,19 @@ __device__ __forceinline__ void norm_row_regs(uint4 (&xa)[kRound], int cb, int c
   }
   sync();
   const float inv = rsqrtf(warp_sum(lane < kWarps ? wsum[lane] : 0.f) / Kdim + eps);
-  if (g == 0) {
+  if constexpr (kFromLane) {
+#pragma unroll
+    for (int u = 0; u < kRound; ++u) {
+      uint4 wv;
+      wv.x = __shfl_down_sync(0xffffffffu, xa[u].x, 4);
+      wv.y = __shfl_down_sync(0xffffffffu, xa[u].y, 4);
+      wv.z = __shfl_down_sync(0xffffffffu, xa[u].z, 4);
+      wv.w = __shfl_down_sync(0xffffffffu, xa[u].w, 4);
+      float v[8];
+      unpack8(xa[u], v);
+      if (g == 0 && cb + u * kWarps < chunks) xa[u] = rms_scale8(v, inv, wv);
+    }
+  } else if (g == 0) {
 #pragma unroll
     for (int u = 0; u < kRound; ++u) {
       float v[8];
@@ -233,6 +247,8 @@ __device__ __forceinline__ void norm_row_regs(uint4 (&xa)[kRound], int cb, int c
 // kNorm 2 (the slim form, rows_pre_slim_kernel): the norm weights are not staged in shared memory but prefetched into
 // L1 before the wait and read from there (every CTA of an SM reads the same 4 KB), so that three CTAs leave room for
 // a compact cluster decode attention CTA on both counts (shared memory, and registers with the slim kernel's cap).
+// kNorm 3: no shared memory for them either; lanes g == 1, whose token row does not exist at M = 1, load them into
+// their B fragments beside the row (one round trip for both) and hand them to lanes g == 0 by shuffle.
 template <bool kTwo, int kRound, int kPf, int kNorm>
 __device__ __forceinline__ void rows_pre_body(const bf16* __restrict__ x, const bf16* __restrict__ w,
                                               bf16* __restrict__ y, int M, int N, int Kdim, const KvPrefetch& kv) {
@@ -259,7 +275,7 @@ __device__ __forceinline__ void rows_pre_body(const bf16* __restrict__ x, const 
   // Block tables and context lengths are step inputs, not written by the previous kernel.
   if constexpr (kPf == kPfBefore || kPf == kPfBeforePlain) prefetch_kv_l2(kv);
   // kNorm: the norm weights into shared memory (a weight: loaded before the wait).
-  __shared__ __align__(16) bf16 nw_s[kNorm == 1 ? kWarps * kChunk * kPreRound : 8];
+  __shared__ __align__(16) bf16 nw_s[kNorm == 1 ? kWarps * kChunk * kPreRound : 8];  // 3: in lanes' registers
   if constexpr (kNorm == 1)
     for (int o = threadIdx.x * 8; o < Kdim; o += blockDim.x * 8)
       *reinterpret_cast<uint4*>(nw_s + o) = __ldg(reinterpret_cast<const uint4*>(kv.norm_w + o));
@@ -269,7 +285,10 @@ __device__ __forceinline__ void rows_pre_body(const bf16* __restrict__ x, const 
   __syncthreads();
   pdl_wait();
   const int chunks = Kdim / kChunk;
-  const bf16* x0p = g < M ? x + static_cast<size_t>(g) * Kdim + tq * 8 : nullptr;
+  // kNorm 3: lanes g == 1 load the norm weights beside the row (norm_row_regs<kFromLane>).
+  const bf16* x0p = g < M ? x + static_cast<size_t>(g) * Kdim + tq * 8
+                    : kNorm == 3 && g == 1 ? kv.norm_w + tq * 8
+                                           : nullptr;
   const bf16* x1p = kTwo && g + 8 < M ? x + static_cast<size_t>(g + 8) * Kdim + tq * 8 : nullptr;
   const unsigned char* a_lo = wsm + g * stride + tq * 16;
   const unsigned char* a_hi = a_lo + 8 * stride;
@@ -281,8 +300,8 @@ __device__ __forceinline__ void rows_pre_body(const bf16* __restrict__ x, const 
     if constexpr (kNorm) {  // one token row (M == 1): lanes g == 0 hold it
       __shared__ float ss_s[kWarps * 32];  // per 8-element group
       __shared__ float wsum[kWarps];
-      norm_row_regs(xa, cb, chunks, Kdim, kNorm == 1 ? nw_s : kv.norm_w, kv.norm_eps, ss_s, wsum,
-                    [] { __syncthreads(); });
+      norm_row_regs<kRound, kNorm == 3>(xa, cb, chunks, Kdim, kNorm == 1 ? nw_s : kv.norm_w, kv.norm_eps, ss_s,
+                                        wsum, [] { __syncthreads(); });
     }
     if (!landed) {
       mbar_wait(&bar, 0);
@@ -355,6 +374,7 @@ PreKernel rows_pre_pick_pf(int M, int K, bool norm = false) {
     switch (decode_option(DecodeOption::kQkvSlim)) {
       case 1: return rows_pre_slim_kernel<kPf>;
       case 2: return rows_pre_kernel<false, kPreRound, kPf, 2>;
+      case 3: return rows_pre_kernel<false, kPreRound, kPf, 3>;
       default: return rows_pre_kernel<false, kPreRound, kPf, 1>;
     }
   if (M > 8) return rows_pre_kernel<true, kPreRound / 2, kPf>;
@@ -376,7 +396,8 @@ bool rows_pre_configure() {
   static const bool ok = [] {
     for (PreKernel f : {rows_pre_kernel<true, kPreRound / 2, kPf>, rows_pre_kernel<false, kPreRound, kPf>,
                         rows_pre_kernel<false, 2 * kPreRound, kPf>, rows_pre_kernel<false, kPreRound, kPf, 1>,
-                        rows_pre_kernel<false, kPreRound, kPf, 2>, rows_pre_slim_kernel<kPf>})
+                        rows_pre_kernel<false, kPreRound, kPf, 2>, rows_pre_kernel<false, kPreRound, kPf, 3>,
+                        rows_pre_slim_kernel<kPf>})
       if (cudaFuncSetAttribute(reinterpret_cast<const void*>(f), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(kPreMaxSmem)) != cudaSuccess) {
         cudaGetLastError();
