@@ -1,8 +1,8 @@
-# limit: 240
+# limit: 330
 # Timeline (timeline package: TIMELINE=1 bench/gpu-package.sh) of the slim qkv GEMM + compact cluster attention
-# (slim=3, attn=11) against the defaults at batch 1: the per-layer table, the attention launches' phases and per-SM
+# (slim=2, attn=11; slim=1, attn=10) against the defaults at batch 1: the per-layer table, the attention launches' phases and per-SM
 # residency (resident = phase 0, us after their release), then the small-M GEMMs' residency.
-for v in "" "attn=11,slim=3"; do
+for v in "" "attn=11,slim=2" "attn=10,slim=1"; do
   echo "======== variant '$v'"
   ZEST_TIMELINE_RAW=$OUT/tl${v:+${v:5:2}} timeout 100 "$P/bench_decode_timeline" --config qwen3-30b-a3b --context 1024 \
     --batch 1 --steps 30 --warmup 5 --timeline 1 ${v:+--variant $v} 2>&1 | grep -E '^    \||layer:'

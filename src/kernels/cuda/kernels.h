@@ -159,13 +159,11 @@ enum class DecodeOption : int {
                     // = rows_ring (one persistent CTA per SM, a producer warp bulk-copying the tiles into a ring of
                     // stages; measured on H200: lm_head 149-154 us eager against 152-158, TPOT batch 8 -0.02 to -0.07
                     // ms, batch 16 -0.2 ms); 0 = the register-streamed rows_mma kernel
-  kQkvSlim,         // decode steps of one token whose qkv GEMM normalises x itself (kMoeDownRows): 1 = the slim
-                    // form of that GEMM (norm weights through L1 instead of shared memory, at most 56 registers), so
-                    // that an SM holding three of its CTAs keeps room for a compact cluster attention CTA
-                    // (kAttentionKernel 10); 2 = the norm weights through L1 with 64 registers (room for the
-                    // compact attention with at most 128 registers, kAttentionKernel 11); 3 = as 2 with the norm
-                    // weights loaded beside x by the lanes of the absent second token row and shuffled over; 0
-                    // (default) = the norm weights in shared memory, 64 registers
+  kQkvSlim,         // decode steps of one token whose qkv GEMM normalises x itself (kMoeDownRows): the norm weights
+                    // not in shared memory but loaded beside x by the lanes of the absent second token row, so that
+                    // an SM holding three of its CTAs keeps room for a compact cluster attention CTA; 1 = at most 56
+                    // registers (room for kAttentionKernel 10), 2 = at most 64 (room for 11); 0 (default) = the norm
+                    // weights in shared memory
   kCount
 };
 void set_decode_option(DecodeOption opt, int value);

@@ -244,11 +244,11 @@ __device__ __forceinline__ void norm_row_regs(uint4 (&xa)[kRound], int cb, int c
 // loading it each CTA normalises it itself with the 256-thread norm kernels' arithmetic and summation order (8-element
 // groups t = k / 8 summed as thread t of such a CTA would: warp butterflies over groups 32 w .. 32 w + 31, then over
 // the 8 warp sums), so the GEMM sees the bits of the normalised row the chain writes.
-// kNorm 2 (the slim form, rows_pre_slim_kernel): the norm weights are not staged in shared memory but prefetched into
-// L1 before the wait and read from there (every CTA of an SM reads the same 4 KB), so that three CTAs leave room for
-// a compact cluster decode attention CTA on both counts (shared memory, and registers with the slim kernel's cap).
-// kNorm 3: no shared memory for them either; lanes g == 1, whose token row does not exist at M = 1, load them into
-// their B fragments beside the row (one round trip for both) and hand them to lanes g == 0 by shuffle.
+// kNorm 2 (the slim forms, DecodeOption::kQkvSlim): the norm weights are not staged in shared memory (4 KB per CTA);
+// lanes g == 1, whose token row does not exist at M = 1, load them into their B fragments beside the row (one round
+// trip for both) and hand them to lanes g == 0 by shuffle. Three such CTAs leave room for a compact cluster decode
+// attention CTA on an SM (shared memory; registers with the kernels' caps). Measured: the weights read from L1 after
+// the wait instead (a prefetch before it) cost ~1 us per layer.
 template <bool kTwo, int kRound, int kPf, int kNorm>
 __device__ __forceinline__ void rows_pre_body(const bf16* __restrict__ x, const bf16* __restrict__ w,
                                               bf16* __restrict__ y, int M, int N, int Kdim, const KvPrefetch& kv) {
@@ -275,19 +275,16 @@ __device__ __forceinline__ void rows_pre_body(const bf16* __restrict__ x, const 
   // Block tables and context lengths are step inputs, not written by the previous kernel.
   if constexpr (kPf == kPfBefore || kPf == kPfBeforePlain) prefetch_kv_l2(kv);
   // kNorm: the norm weights into shared memory (a weight: loaded before the wait).
-  __shared__ __align__(16) bf16 nw_s[kNorm == 1 ? kWarps * kChunk * kPreRound : 8];  // 3: in lanes' registers
+  __shared__ __align__(16) bf16 nw_s[kNorm == 1 ? kWarps * kChunk * kPreRound : 8];  // 2: in lanes' registers
   if constexpr (kNorm == 1)
     for (int o = threadIdx.x * 8; o < Kdim; o += blockDim.x * 8)
       *reinterpret_cast<uint4*>(nw_s + o) = __ldg(reinterpret_cast<const uint4*>(kv.norm_w + o));
-  if constexpr (kNorm == 2)
-    for (int o = threadIdx.x * 64; o < Kdim; o += blockDim.x * 64)  // one 128-byte line per thread
-      asm volatile("prefetch.global.L1 [%0];" ::"l"(kv.norm_w + o));
   __syncthreads();
   pdl_wait();
   const int chunks = Kdim / kChunk;
-  // kNorm 3: lanes g == 1 load the norm weights beside the row (norm_row_regs<kFromLane>).
+  // kNorm 2: lanes g == 1 load the norm weights beside the row (norm_row_regs<kFromLane>).
   const bf16* x0p = g < M ? x + static_cast<size_t>(g) * Kdim + tq * 8
-                    : kNorm == 3 && g == 1 ? kv.norm_w + tq * 8
+                    : kNorm == 2 && g == 1 ? kv.norm_w + tq * 8
                                            : nullptr;
   const bf16* x1p = kTwo && g + 8 < M ? x + static_cast<size_t>(g + 8) * Kdim + tq * 8 : nullptr;
   const unsigned char* a_lo = wsm + g * stride + tq * 16;
@@ -300,8 +297,8 @@ __device__ __forceinline__ void rows_pre_body(const bf16* __restrict__ x, const 
     if constexpr (kNorm) {  // one token row (M == 1): lanes g == 0 hold it
       __shared__ float ss_s[kWarps * 32];  // per 8-element group
       __shared__ float wsum[kWarps];
-      norm_row_regs<kRound, kNorm == 3>(xa, cb, chunks, Kdim, kNorm == 1 ? nw_s : kv.norm_w, kv.norm_eps, ss_s,
-                                        wsum, [] { __syncthreads(); });
+      norm_row_regs<kRound, kNorm == 2>(xa, cb, chunks, Kdim, nw_s, kv.norm_eps, ss_s, wsum,
+                                        [] { __syncthreads(); });
     }
     if (!landed) {
       mbar_wait(&bar, 0);
@@ -340,15 +337,16 @@ __device__ __forceinline__ void rows_pre_body(const bf16* __restrict__ x, const 
   }
 }
 
+// kNorm 2 is bounded to 64 registers (4 CTAs' worth), so that three CTAs leave 16 K registers for a compact decode
+// attention CTA of at most 128 (kAttentionKernel 11) whatever else the build adds (the step timeline's stamps).
 template <bool kTwo, int kRound, int kPf, int kNorm = 0>
-__global__ void __launch_bounds__(kWarps * 32, kRound <= 8 ? 3 : 1) rows_pre_kernel(const bf16* __restrict__ x,
-                                                                                    const bf16* __restrict__ w,
-                                                                                    bf16* __restrict__ y, int M, int N,
-                                                                                    int Kdim, KvPrefetch kv) {
+__global__ void __launch_bounds__(kWarps * 32, kNorm == 2 ? 4 : kRound <= 8 ? 3 : 1)
+    rows_pre_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ y, int M, int N,
+                    int Kdim, KvPrefetch kv) {
   rows_pre_body<kTwo, kRound, kPf, kNorm>(x, w, y, M, N, Kdim, kv);
 }
 
-// The slim one-token norm form (DecodeOption::kQkvSlim): at most 56 registers, so that three CTAs (3 x 256 x 56)
+// The slim one-token norm form at most 56 registers (DecodeOption::kQkvSlim 1), so that three CTAs (3 x 256 x 56)
 // leave room for a 164-register, 128-thread decode attention CTA (21.5 K registers) beside them.
 constexpr int kSlimRegs = 56;
 template <int kPf>
@@ -374,7 +372,6 @@ PreKernel rows_pre_pick_pf(int M, int K, bool norm = false) {
     switch (decode_option(DecodeOption::kQkvSlim)) {
       case 1: return rows_pre_slim_kernel<kPf>;
       case 2: return rows_pre_kernel<false, kPreRound, kPf, 2>;
-      case 3: return rows_pre_kernel<false, kPreRound, kPf, 3>;
       default: return rows_pre_kernel<false, kPreRound, kPf, 1>;
     }
   if (M > 8) return rows_pre_kernel<true, kPreRound / 2, kPf>;
@@ -396,8 +393,7 @@ bool rows_pre_configure() {
   static const bool ok = [] {
     for (PreKernel f : {rows_pre_kernel<true, kPreRound / 2, kPf>, rows_pre_kernel<false, kPreRound, kPf>,
                         rows_pre_kernel<false, 2 * kPreRound, kPf>, rows_pre_kernel<false, kPreRound, kPf, 1>,
-                        rows_pre_kernel<false, kPreRound, kPf, 2>, rows_pre_kernel<false, kPreRound, kPf, 3>,
-                        rows_pre_slim_kernel<kPf>})
+                        rows_pre_kernel<false, kPreRound, kPf, 2>, rows_pre_slim_kernel<kPf>})
       if (cudaFuncSetAttribute(reinterpret_cast<const void*>(f), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(kPreMaxSmem)) != cudaSuccess) {
         cudaGetLastError();
