@@ -146,7 +146,8 @@ enum class DecodeOption : int {
   kMoeDownRows,     // decode steps of one token (moe_one experts): 1 (default) = the down kernel by output rows in
                     // CTA pairs adds the slots to x itself (moe_one.h OneCombine::rows) and the next layer's qkv
                     // GEMM normalises x itself (KvPrefetch::norm_w); 2 = as 1 with the gate/up kernel's carveout
-                    // leaving room for a pair CTA; 0 = the folded combine (kMoeCombine)
+                    // leaving room for a pair CTA; 3 = as 2 with the gate/up and pair kernels at most 64 registers
+                    // (a pair CTA fits beside three gate/up CTAs); 0 = the folded combine (kMoeCombine)
   kMoeEvictFirst,   // decode experts at one token (moe_one.h): 1 (default) = the gate/up weight loads and the
                     // down-by-rows weight copies marked evict-first in L2 (read once per step: the KV rows the qkv
                     // GEMM prefetches and the activations keep their lines; measured at batch 1: TPOT -0.003 to
