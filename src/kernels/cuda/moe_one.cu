@@ -480,10 +480,9 @@ Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights,
     carve = want;
   }
   p.ef = decode_option(DecodeOption::kMoeEvictFirst) >= 1;
-  const auto gate_up = tight ? (p.ef ? one_gate_up_kernel<true, true> : one_gate_up_kernel<false, true>)
-                             : (p.ef ? one_gate_up_kernel<true> : one_gate_up_kernel<false>);
-  ZEST_RETURN_IF_ERROR(launch("moe_one_gate_up", gate_up,
-                              dim3(gu_grid), block, 0, stream, p));
+  const auto gu_kernel = tight ? (p.ef ? one_gate_up_kernel<true, true> : one_gate_up_kernel<false, true>)
+                               : (p.ef ? one_gate_up_kernel<true> : one_gate_up_kernel<false>);
+  ZEST_RETURN_IF_ERROR(launch("moe_one_gate_up", gu_kernel, dim3(gu_grid), block, 0, stream, p));
   if (combine && combine->rows) {
     if (!moe_one_rows_ok(N, K, E, H, I) || combine->w || combine->y)
       return invalid_argument("moe_experts_one: the down kernel by output rows needs one token, K <= 8, I <= 768 "
