@@ -658,15 +658,14 @@ __device__ __forceinline__ void norm_rope_head(const bf16* __restrict__ x, const
 // kCluster: the grid's splits of one (kv head, sequence) form one thread-block cluster; each CTA keeps its partial
 // (M, L and the 8 x 128 sums) in its shared memory and, after a cluster barrier, merges a slice of the outputs from
 // every CTA's partial (distributed shared memory, fixed split order): no global partials, fences or counters.
-// kVSlots: shared-memory V page buffers. 8 = two per warp. 5 (kAttentionKernel 10, at most 5 pages per split: only
-// warp 0 has a second page) = one per warp and warp 0's second in slot 4: 20 KB instead of 32, so that the CTA fits
-// on an SM beside three qkv GEMM CTAs of the slim one-token form (DecodeOption::kQkvSlim: 3 x 65 KB tiles with no
-// norm weights in shared memory, at most 56 registers) and its cluster can become resident (and issue its pages)
-// before they leave. The same arithmetic either way.
-// kMinBlocks 4 (kAttentionKernel 11): at most 128 registers, so that the CTA also fits beside three qkv CTAs of 64
-// registers (kQkvSlim 2).
-template <bool kCluster, int kVSlots = 2 * kDecWarps, int kMinBlocks = 3>
-__global__ void __launch_bounds__(kDecWarps * 32, kMinBlocks) decode_attention_fused_kernel(
+// kVSlots: shared-memory V page buffers. 8 = two per warp. 5 (kAttentionKernel 10, the default, where a split has at
+// most 5 pages: only warp 0 has a second page) = one per warp and warp 0's second in slot 4: 23 KB of shared memory
+// instead of 35, and at most 128 registers (164 otherwise; 56 bytes of spills), so that the CTA fits on an SM beside
+// three qkv GEMM CTAs of the slim one-token form (DecodeOption::kQkvSlim: 3 x 65 KB tiles, no norm weights in shared
+// memory, 3 x 256 x 64 registers) or of the plain form (batch 2), and its cluster becomes resident (and issues its
+// pages) before they leave. The same arithmetic either way.
+template <bool kCluster, int kVSlots = 2 * kDecWarps>
+__global__ void __launch_bounds__(kDecWarps * 32, kVSlots == 2 * kDecWarps ? 3 : 4) decode_attention_fused_kernel(
     const bf16* __restrict__ qkv, int q_stride, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
     const int32_t* __restrict__ block_table, int max_blocks, const int32_t* __restrict__ context_lens,
     bf16* __restrict__ out, float* __restrict__ part, int* __restrict__ counters, int Hkv, int splits,
@@ -1233,12 +1232,11 @@ bool cluster_attention_ok() {
   return ok == 1;
 }
 
-// The same for the compact forms (kAttentionKernel 10, 11).
-template <int kMinBlocks>
+// The same for the compact form (kAttentionKernel 10).
 bool cluster_attention_compact_ok() {
   static int ok = -1;
   if (ok < 0) {
-    const auto kernel = decode_attention_fused_kernel<true, kDecWarps + 1, kMinBlocks>;
+    const auto kernel = decode_attention_fused_kernel<true, kDecWarps + 1>;
     const void* fn = reinterpret_cast<const void*>(kernel);
     ok = cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess &&
                  max_active_clusters(kernel, 16, 16, dim3(kDecWarps * 32), 0) > 0
@@ -1345,8 +1343,7 @@ Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_s
   }
   const int pages = (p.max_context + kKvBlock - 1) / kKvBlock;
   int variant = decode_option(DecodeOption::kAttentionKernel);
-  // 10: as 8, the cluster kernel with 5 V slots where a split has at most 5 pages; 11: as 10 with at most 128 registers.
-  const int compact = variant == 10 || variant == 11 ? variant : 0;
+  const bool compact = variant == 10;  // as 8, the cluster kernel's compact form where a split has at most 5 pages
   if (compact) variant = 8;
   if (variant == 8) {  // by size: variant 3's cluster merge where it applies, the ring kernel above, up to 32 pairs
     const int pairs = p.batch * p.kv_heads;
@@ -1377,10 +1374,8 @@ Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_s
     const int splits = (pages + per - 1) / per;
     // DecodeOption::kDecodeCarveout: the largest carveout, so that an SM with two of these CTAs (2 x ~36 KB) still
     // takes an o GEMM CTA (~132 KB) before they leave.
-    const auto kernel = compact == 10 && per <= kDecWarps + 1 && cluster_attention_compact_ok<3>()
+    const auto kernel = compact && per <= kDecWarps + 1 && cluster_attention_compact_ok()
                             ? decode_attention_fused_kernel<true, kDecWarps + 1>
-                        : compact == 11 && per <= kDecWarps + 1 && cluster_attention_compact_ok<4>()
-                            ? decode_attention_fused_kernel<true, kDecWarps + 1, 4>
                             : decode_attention_fused_kernel<true>;
     ZEST_RETURN_IF_ERROR(set_max_carveout(reinterpret_cast<const void*>(kernel),
                                           decode_option(DecodeOption::kDecodeCarveout) >= 1));

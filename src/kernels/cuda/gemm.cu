@@ -27,7 +27,7 @@ std::array<std::atomic<int>, static_cast<size_t>(DecodeOption::kCount)>& decode_
 int default_decode_option(DecodeOption opt) {
   switch (opt) {
     case DecodeOption::kMoeOccupancy: return 1;
-    case DecodeOption::kAttentionKernel: return 8;
+    case DecodeOption::kAttentionKernel: return 10;
     case DecodeOption::kGemmVariant: return 4;
     case DecodeOption::kRouteFused: return 10;
     case DecodeOption::kMoeCarveout: return 1;
@@ -36,6 +36,7 @@ int default_decode_option(DecodeOption opt) {
     case DecodeOption::kDecodeCarveout: return 1;
     case DecodeOption::kMoeEvictFirst: return 1;
     case DecodeOption::kHeadGemm: return 1;
+    case DecodeOption::kQkvSlim: return 1;
     default: return 0;
   }
 }

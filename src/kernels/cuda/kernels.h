@@ -102,11 +102,12 @@ enum class DecodeOption : int {
                     // run by the bulk-copy ring kernel (CTA = split x 4 kv heads, a producer warp copying K/V rows
                     // into an mbarrier ring, splits sized by batch, global last-CTA merge) when kv_heads % 4 == 0;
                     // 5 = as 4 with the splits (at most 16) merged inside a thread-block cluster; 6 = as 5 with a
-                    // two-stage ring; 7 = as 5 with four stages and splits for one CTA per SM; 8 (default) = by
+                    // two-stage ring; 7 = as 5 with four stages and splits for one CTA per SM; 8 = by
                     // size: 3 up to 8 (sequence, kv head) pairs and 2048 tokens, 5 up to 32 pairs, 3 above; 9 = as
-                    // 5 with two token rows per bulk copy when kv_heads == 4; 10 = as 8 with the cluster kernel's
-                    // compact V buffers (20 KB instead of 32) where a split has at most 5 pages; 11 = as 10 with at
-                    // most 128 registers
+                    // 5 with two token rows per bulk copy when kv_heads == 4; 10 (default) = as 8 with the cluster
+                    // kernel's compact form where a split has at most 5 pages (V buffers 20 KB instead of 32, at most
+                    // 128 registers: a CTA fits beside three qkv GEMM CTAs; measured at batch 1 with kQkvSlim 1 and
+                    // at batch 2: TPOT -0.02 to -0.09 and -0.085 to -0.1 ms)
   kGemmVariant,     // small-M GEMM, chunks in flight per warp and CTAs per SM: 1 = 4, 3 CTAs; 0 = 8, 1; 2 = 8, 2;
                     // 3 = 2, 4; 4 (default) = the weight tile bulk-copied into shared memory before the wait on the
                     // previous kernel, one CTA per 16-row tile (when every tile's CTA fits on the GPU; else 1), except
@@ -146,8 +147,7 @@ enum class DecodeOption : int {
   kMoeDownRows,     // decode steps of one token (moe_one experts): 1 (default) = the down kernel by output rows in
                     // CTA pairs adds the slots to x itself (moe_one.h OneCombine::rows) and the next layer's qkv
                     // GEMM normalises x itself (KvPrefetch::norm_w); 2 = as 1 with the gate/up kernel's carveout
-                    // leaving room for a pair CTA; 3 = as 2 with the gate/up and pair kernels at most 64 registers
-                    // (a pair CTA fits beside three gate/up CTAs); 0 = the folded combine (kMoeCombine)
+                    // leaving room for a pair CTA; 0 = the folded combine (kMoeCombine)
   kMoeEvictFirst,   // decode experts at one token (moe_one.h): 1 (default) = the gate/up weight loads and the
                     // down-by-rows weight copies marked evict-first in L2 (read once per step: the KV rows the qkv
                     // GEMM prefetches and the activations keep their lines; measured at batch 1: TPOT -0.003 to
@@ -160,10 +160,10 @@ enum class DecodeOption : int {
                     // = rows_ring (one persistent CTA per SM, a producer warp bulk-copying the tiles into a ring of
                     // stages; measured on H200: lm_head 149-154 us eager against 152-158, TPOT batch 8 -0.02 to -0.07
                     // ms, batch 16 -0.2 ms); 0 = the register-streamed rows_mma kernel
-  kQkvSlim,         // decode steps of one token whose qkv GEMM normalises x itself (kMoeDownRows): the norm weights
-                    // not in shared memory but loaded beside x by the lanes of the absent second token row, so that
-                    // an SM holding three of its CTAs keeps room for a compact cluster attention CTA; 1 = at most 56
-                    // registers (room for kAttentionKernel 10), 2 = at most 64 (room for 11); 0 (default) = the norm
+  kQkvSlim,         // decode steps of one token whose qkv GEMM normalises x itself (kMoeDownRows): 1 (default) = the
+                    // norm weights not in shared memory but loaded beside x by the lanes of the absent second token
+                    // row (64 registers), so that an SM holding three of its CTAs keeps room for a compact cluster
+                    // attention CTA (kAttentionKernel 10; measured at batch 1: TPOT -0.02 to -0.09 ms); 0 = the norm
                     // weights in shared memory
   kCount
 };

@@ -205,10 +205,8 @@ __device__ __forceinline__ bool finish_last(const OneParams& p, unsigned* exit_c
 }
 
 // gate/up: item = (active expert j, 16 intermediate rows); CTA b takes items b, b + G, ... (G = grid).
-// kTight (DecodeOption::kMoeDownRows 3): at most 64 registers, so that three CTAs leave room for a down-pair CTA of
-// at most 64 (3 x 256 x 64 + 256 x 64 = 64 K) and the pair kernel's CTAs can join an SM before its gate/up CTAs leave.
-template <bool kEF, bool kTight = false>
-__global__ void __launch_bounds__(kWarps * 32, kTight ? 4 : kPerSm) one_gate_up_kernel(OneParams p) {
+template <bool kEF>
+__global__ void __launch_bounds__(kWarps * 32, kPerSm) one_gate_up_kernel(OneParams p) {
   // Every CTA waits first, before any exit: the down kernel starts only once each CTA of this grid has passed this
   // wait (pdl_wait triggers the dependents after it), i.e. after the kernel that built the plan has completed; the
   // down kernel of variant 1 reads the plan before its own wait on that basis.
@@ -298,8 +296,8 @@ size_t pair_smem(int I) {
 // Each CTA arrives on the cluster barrier at its start and waits on it before its store into rank 0's shared memory,
 // so that rank 0 is known to run (without it compute-sanitizer racecheck reported the stores as into "a block that
 // might not have entered yet"; measured at batch 1 within the noise of the run: BENCHMARKS.md).
-template <int kC, bool kTight = false>  // kTight: at most 64 registers (see one_gate_up_kernel)
-__global__ void __launch_bounds__(kPairThreads, kTight ? 4 : 2) one_down_pair_kernel(OneParams p) {
+template <int kC>
+__global__ void __launch_bounds__(kPairThreads, 2) one_down_pair_kernel(OneParams p) {
   extern __shared__ __align__(128) unsigned char wsm[];
   __shared__ __align__(8) uint64_t bar;
   __shared__ float vals[kRowsMaxK][kRows];  // rank 0: every slot's values of the cluster's rows
@@ -454,42 +452,36 @@ Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights,
   const dim3 block(kWarps * 32);
   // The carveout preference follows DecodeOption::kMoeCarveout (set again when the option changes). With the down
   // kernel by rows and kMoeDownRows 2, the gate/up kernel's carveout also leaves room for one of its CTAs, so that
-  // they can join an SM as soon as a gate/up CTA has left it (measured equal or slower than without: 1; registers
-  // kept them out); 3: the same with both kernels at most 64 registers, so that a pair CTA fits beside three gate/up
-  // CTAs.
+  // they can join an SM as soon as a gate/up CTA has left it (measured equal or slower than without: 1; registers keep
+  // them out: 3 x 256 x 80 of the gate/up CTAs leave 4 K. Both kernels at most 64 registers let a pair CTA in, and
+  // also a fourth gate/up CTA on 72 SMs: gate/up 1.3 us longer per layer, TPOT +0.07 ms; BENCHMARKS.md).
   static int carve = -1;
   const bool rows = combine && combine->rows;
   const int want = (decode_option(DecodeOption::kMoeCarveout) >= 1 ? 1 : 0) +
-                   (rows && decode_option(DecodeOption::kMoeDownRows) >= 2 ? 2 * (1 + I / kChunk) : 0);
-  const bool tight = rows && decode_option(DecodeOption::kMoeDownRows) == 3;
+                   (rows && decode_option(DecodeOption::kMoeDownRows) == 2 ? 2 * (1 + I / kChunk) : 0);
   if (want != carve) {
     for (const void* fn : {reinterpret_cast<const void*>(one_gate_up_kernel<false>),
                            reinterpret_cast<const void*>(one_gate_up_kernel<true>),
-                           reinterpret_cast<const void*>(one_gate_up_kernel<false, true>),
-                           reinterpret_cast<const void*>(one_gate_up_kernel<true, true>),
                            reinterpret_cast<const void*>(one_down_kernel<true>),
                            reinterpret_cast<const void*>(one_down_kernel<false>)})
       ZEST_RETURN_IF_ERROR(set_min_carveout(fn, kPerSm, 0, (want & 1) == 1));
     if (want >= 2) {  // kPerSm gate/up CTAs and one pair CTA
       for (const void* fn : {reinterpret_cast<const void*>(one_gate_up_kernel<false>),
-                             reinterpret_cast<const void*>(one_gate_up_kernel<true>),
-                             reinterpret_cast<const void*>(one_gate_up_kernel<false, true>),
-                             reinterpret_cast<const void*>(one_gate_up_kernel<true, true>)})
+                             reinterpret_cast<const void*>(one_gate_up_kernel<true>)})
         ZEST_RETURN_IF_ERROR(set_min_carveout(fn, kPerSm, (pair_smem(I) + 1024 + kPerSm - 1) / kPerSm, true));
     }
     carve = want;
   }
   p.ef = decode_option(DecodeOption::kMoeEvictFirst) >= 1;
-  const auto gu_kernel = tight ? (p.ef ? one_gate_up_kernel<true, true> : one_gate_up_kernel<false, true>)
-                               : (p.ef ? one_gate_up_kernel<true> : one_gate_up_kernel<false>);
-  ZEST_RETURN_IF_ERROR(launch("moe_one_gate_up", gu_kernel, dim3(gu_grid), block, 0, stream, p));
+  ZEST_RETURN_IF_ERROR(launch("moe_one_gate_up", p.ef ? one_gate_up_kernel<true> : one_gate_up_kernel<false>,
+                              dim3(gu_grid), block, 0, stream, p));
   if (combine && combine->rows) {
     if (!moe_one_rows_ok(N, K, E, H, I) || combine->w || combine->y)
       return invalid_argument("moe_experts_one: the down kernel by output rows needs one token, K <= 8, I <= 768 "
                               "and no norm (x only)");
-    const auto kernel = I <= kChunk * kWarps       ? (tight ? one_down_pair_kernel<1, true> : one_down_pair_kernel<1>)
-                        : I <= kChunk * kWarps * 2 ? (tight ? one_down_pair_kernel<2, true> : one_down_pair_kernel<2>)
-                                                   : (tight ? one_down_pair_kernel<3, true> : one_down_pair_kernel<3>);
+    const auto kernel = I <= kChunk * kWarps       ? one_down_pair_kernel<1>
+                        : I <= kChunk * kWarps * 2 ? one_down_pair_kernel<2>
+                                                   : one_down_pair_kernel<3>;
     const size_t smem = pair_smem(I);
     ZEST_RETURN_IF_ERROR(cuda_status(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
                                                           cudaFuncAttributeMaxDynamicSharedMemorySize,

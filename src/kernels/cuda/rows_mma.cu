@@ -244,11 +244,13 @@ __device__ __forceinline__ void norm_row_regs(uint4 (&xa)[kRound], int cb, int c
 // loading it each CTA normalises it itself with the 256-thread norm kernels' arithmetic and summation order (8-element
 // groups t = k / 8 summed as thread t of such a CTA would: warp butterflies over groups 32 w .. 32 w + 31, then over
 // the 8 warp sums), so the GEMM sees the bits of the normalised row the chain writes.
-// kNorm 2 (the slim forms, DecodeOption::kQkvSlim): the norm weights are not staged in shared memory (4 KB per CTA);
-// lanes g == 1, whose token row does not exist at M = 1, load them into their B fragments beside the row (one round
-// trip for both) and hand them to lanes g == 0 by shuffle. Three such CTAs leave room for a compact cluster decode
-// attention CTA on an SM (shared memory; registers with the kernels' caps). Measured: the weights read from L1 after
-// the wait instead (a prefetch before it) cost ~1 us per layer.
+// kNorm 2 (the slim form, DecodeOption::kQkvSlim 1, the default): the norm weights are not staged in shared memory
+// (4 KB per CTA); lanes g == 1, whose token row does not exist at M = 1, load them into their B fragments beside the
+// row (one round trip for both) and hand them to lanes g == 0 by shuffle. Three such CTAs (1152 bytes of static shared
+// memory and 64 registers each) leave room for a compact cluster decode attention CTA (kAttentionKernel 10) on an SM,
+// so that its cluster becomes resident before they leave. Measured: the weights read from L1 after the wait instead (a
+// prefetch before it) cost ~1 us per layer; 56 registers (room for a 164-register attention) cost ~0.9 us per layer
+// in the qkv GEMM (spills).
 template <bool kTwo, int kRound, int kPf, int kNorm>
 __device__ __forceinline__ void rows_pre_body(const bf16* __restrict__ x, const bf16* __restrict__ w,
                                               bf16* __restrict__ y, int M, int N, int Kdim, const KvPrefetch& kv) {
@@ -338,22 +340,12 @@ __device__ __forceinline__ void rows_pre_body(const bf16* __restrict__ x, const 
 }
 
 // kNorm 2 is bounded to 64 registers (4 CTAs' worth), so that three CTAs leave 16 K registers for a compact decode
-// attention CTA of at most 128 (kAttentionKernel 11) whatever else the build adds (the step timeline's stamps).
+// attention CTA of at most 128 (kAttentionKernel 10) whatever else the build adds (the step timeline's stamps).
 template <bool kTwo, int kRound, int kPf, int kNorm = 0>
 __global__ void __launch_bounds__(kWarps * 32, kNorm == 2 ? 4 : kRound <= 8 ? 3 : 1)
     rows_pre_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ y, int M, int N,
                     int Kdim, KvPrefetch kv) {
   rows_pre_body<kTwo, kRound, kPf, kNorm>(x, w, y, M, N, Kdim, kv);
-}
-
-// The slim one-token norm form at most 56 registers (DecodeOption::kQkvSlim 1), so that three CTAs (3 x 256 x 56)
-// leave room for a 164-register, 128-thread decode attention CTA (21.5 K registers) beside them.
-constexpr int kSlimRegs = 56;
-template <int kPf>
-__global__ void __maxnreg__(kSlimRegs) rows_pre_slim_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w,
-                                                            bf16* __restrict__ y, int M, int N, int Kdim,
-                                                            KvPrefetch kv) {
-  rows_pre_body<false, kPreRound, kPf, 2>(x, w, y, M, N, Kdim, kv);
 }
 
 constexpr size_t kPreMaxSmem = 200 * 1024;
@@ -369,11 +361,8 @@ using PreKernel = void (*)(const bf16*, const bf16*, bf16*, int, int, int, KvPre
 template <int kPf>
 PreKernel rows_pre_pick_pf(int M, int K, bool norm = false) {
   if (norm)
-    switch (decode_option(DecodeOption::kQkvSlim)) {
-      case 1: return rows_pre_slim_kernel<kPf>;
-      case 2: return rows_pre_kernel<false, kPreRound, kPf, 2>;
-      default: return rows_pre_kernel<false, kPreRound, kPf, 1>;
-    }
+    return decode_option(DecodeOption::kQkvSlim) >= 1 ? rows_pre_kernel<false, kPreRound, kPf, 2>
+                                                       : rows_pre_kernel<false, kPreRound, kPf, 1>;
   if (M > 8) return rows_pre_kernel<true, kPreRound / 2, kPf>;
   return K > kWarps * kChunk * kPreRound ? rows_pre_kernel<false, 2 * kPreRound, kPf>
                                          : rows_pre_kernel<false, kPreRound, kPf>;
@@ -393,7 +382,7 @@ bool rows_pre_configure() {
   static const bool ok = [] {
     for (PreKernel f : {rows_pre_kernel<true, kPreRound / 2, kPf>, rows_pre_kernel<false, kPreRound, kPf>,
                         rows_pre_kernel<false, 2 * kPreRound, kPf>, rows_pre_kernel<false, kPreRound, kPf, 1>,
-                        rows_pre_kernel<false, kPreRound, kPf, 2>, rows_pre_slim_kernel<kPf>})
+                        rows_pre_kernel<false, kPreRound, kPf, 2>})
       if (cudaFuncSetAttribute(reinterpret_cast<const void*>(f), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(kPreMaxSmem)) != cudaSuccess) {
         cudaGetLastError();
