@@ -370,29 +370,24 @@ TEST(CudaDecoder, DownRowsStepsMatchTheChain) {
       EXPECT_LE(e.max_err, 1e-3 * e.max_ref) << n << " sequences, step " << rep;
       rows_logits.assign(got->data<float>(), got->data<float>() + got->numel());
     }
-    // The decode kernels at the driver's carveouts (DecodeOption::kDecodeCarveout 0, a scheduling hint): the same
-    // logits, eager and replayed.
-    set_decode_option(DecodeOption::kDecodeCarveout, 0);
-    for (int rep = 0; rep < 2; ++rep) {
-      auto got = run_chunks(**dec, *cache, tables, seqs, step);
-      ASSERT_TRUE(got.ok()) << got.status().to_string();
-      ASSERT_EQ(static_cast<size_t>(got->numel()), rows_logits.size());
-      EXPECT_TRUE(std::equal(rows_logits.begin(), rows_logits.end(), got->data<float>()))
-          << n << " sequences, kDecodeCarveout 0, step " << rep;
-    }
-    set_decode_option(DecodeOption::kDecodeCarveout, default_decode_option(DecodeOption::kDecodeCarveout));
-    // The one-token qkv GEMM with the norm weights in shared memory and the attention's previous default
-    // (DecodeOption::kQkvSlim 0, kAttentionKernel 8): the same arithmetic, so the same logits, eager and replayed.
-    {
-      DecodeOptionScope slim(DecodeOption::kQkvSlim, 0);
-      DecodeOptionScope attn(DecodeOption::kAttentionKernel, 8);
-      for (int rep = 0; rep < 3; ++rep) {
+    // Steps under other decode options that change no arithmetic: the same logits, eager and replayed.
+    const auto same_logits = [&](const char* what, int reps) {
+      for (int rep = 0; rep < reps; ++rep) {
         auto got = run_chunks(**dec, *cache, tables, seqs, step);
         ASSERT_TRUE(got.ok()) << got.status().to_string();
         ASSERT_EQ(static_cast<size_t>(got->numel()), rows_logits.size());
         EXPECT_TRUE(std::equal(rows_logits.begin(), rows_logits.end(), got->data<float>()))
-            << n << " sequences, kQkvSlim 0 + kAttentionKernel 8, step " << rep;
+            << n << " sequences, " << what << ", step " << rep;
       }
+    };
+    {  // the decode kernels at the driver's carveouts (a scheduling hint)
+      DecodeOptionScope carve(DecodeOption::kDecodeCarveout, 0);
+      same_logits("kDecodeCarveout 0", 2);
+    }
+    {  // the one-token qkv GEMM with its norm weights in shared memory, the attention's previous default
+      DecodeOptionScope slim(DecodeOption::kQkvSlim, 0);
+      DecodeOptionScope attn(DecodeOption::kAttentionKernel, 8);
+      same_logits("kQkvSlim 0 + kAttentionKernel 8", 3);
     }
   }
   set_decode_option(DecodeOption::kMoeDownRows, default_decode_option(DecodeOption::kMoeDownRows));
