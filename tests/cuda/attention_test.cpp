@@ -297,8 +297,7 @@ void run_fused_variants_case(const std::vector<int>& variants, const std::vector
 // Every fused variant (2: global merge, 3: cluster merge at small sizes, 4: bulk-copy ring with the global merge,
 // 5: the ring with the cluster merge, 6: as 5 with two stages, 7: as 5 with four stages, 8: by size, 9: as 5 with
 // two token rows per bulk copy when kv_heads == 4, 10: as 8 with the cluster kernel's compact form) on the same
-// inputs: batch 1 (one token, 1025 tokens), mixed
-// lengths around page boundaries with M-RoPE, batch 8 and 37 at about the decode benchmark's length, and Hkv = 2 (the
+// inputs: batch 1 (one token, 1025 tokens), mixed lengths around page boundaries with M-RoPE, batch 8 and 37 at about the decode benchmark's length, and Hkv = 2 (the
 // ring needs groups of 4: variants 4-9 fall back to the other kernel). Long contexts: the test after it.
 const std::vector<int> kFusedVariants = {4, 5, 6, 7, 8, 9, 2, 3, 10};
 

@@ -199,9 +199,9 @@ TEST(CudaLatencyGemm, KvPrefetchGemmMatchesGemm) {
 // gemm_kv_prefetch with KvPrefetch::norm_w (x the residual row, normalised by the GEMM's CTAs) against the separate
 // norm (moe_combine_add_rmsnorm with only empty slots: x unchanged, y = RMSNorm(x), the arithmetic the one-token
 // experts' folded combine uses) followed by gemm(): bit for bit, with every kL2Prefetch mode, with and without the KV
-// cache, in both forms of the one-token kernel (kQkvSlim 0 / 1: norm weights in shared memory, or in the registers of the
-// lanes of an absent token row); the normalised GEMM within kTol of a double reference. One token row; K from 256 to 2048 (odd chunk counts
-// included); the lm_head's many row tiles (151936 x 2048, and 1024 tiles at K = 256), where the norm folds into
+// cache, in both forms of the one-token kernel (kQkvSlim 0 / 1: norm weights in shared memory, or in the registers
+// of the lanes of an absent token row); the normalised GEMM within kTol of a double reference. One token row; K from
+// 256 to 2048 (odd chunk counts included); the lm_head's many row tiles (151936 x 2048, and 1024 tiles at K = 256), where the norm folds into
 // rows_ring (DecodeOption::kHeadGemm 1; with 0 the size is refused); and the sizes it refuses.
 TEST(CudaLatencyGemm, NormFoldedGemmMatchesNormThenGemm) {
   ZEST_REQUIRE_GPU();

@@ -1214,34 +1214,21 @@ constexpr int kClusterMaxPairs = 8;                    // and up to 8 (sequence,
 constexpr int kRingBySize = 5;
 constexpr int kRingBySizeMaxPairs = 32;
 
-// Whether 16-CTA clusters of the fused kernel can be scheduled (checked once).
+// Whether 16-CTA clusters of the fused kernel (kVSlots: its form, see the kernel) can be scheduled (checked once).
+template <int kVSlots = 2 * kDecWarps>
 bool cluster_attention_ok() {
   static int ok = -1;
   if (ok < 0) {
     ok = 0;
-    const void* fn = reinterpret_cast<const void*>(decode_attention_fused_kernel<true>);
+    const auto kernel = decode_attention_fused_kernel<true, kVSlots>;
+    const void* fn = reinterpret_cast<const void*>(kernel);
     // The largest shared-memory carveout, as the ring kernel: measured 0.03-0.04 ms faster per batch-1 step (H200).
     if (cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) !=
         cudaSuccess)
       cudaGetLastError();
     if (cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess &&
-        max_active_clusters(decode_attention_fused_kernel<true>, 16, 16, dim3(kDecWarps * 32), 0) > 0)
+        max_active_clusters(kernel, 16, 16, dim3(kDecWarps * 32), 0) > 0)
       ok = 1;
-    cudaGetLastError();
-  }
-  return ok == 1;
-}
-
-// The same for the compact form (kAttentionKernel 10).
-bool cluster_attention_compact_ok() {
-  static int ok = -1;
-  if (ok < 0) {
-    const auto kernel = decode_attention_fused_kernel<true, kDecWarps + 1>;
-    const void* fn = reinterpret_cast<const void*>(kernel);
-    ok = cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess &&
-                 max_active_clusters(kernel, 16, 16, dim3(kDecWarps * 32), 0) > 0
-             ? 1
-             : 0;
     cudaGetLastError();
   }
   return ok == 1;
@@ -1374,7 +1361,7 @@ Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_s
     const int splits = (pages + per - 1) / per;
     // DecodeOption::kDecodeCarveout: the largest carveout, so that an SM with two of these CTAs (2 x ~36 KB) still
     // takes an o GEMM CTA (~132 KB) before they leave.
-    const auto kernel = compact && per <= kDecWarps + 1 && cluster_attention_compact_ok()
+    const auto kernel = compact && per <= kDecWarps + 1 && cluster_attention_ok<kDecWarps + 1>()
                             ? decode_attention_fused_kernel<true, kDecWarps + 1>
                             : decode_attention_fused_kernel<true>;
     ZEST_RETURN_IF_ERROR(set_max_carveout(reinterpret_cast<const void*>(kernel),
