@@ -42,6 +42,23 @@ def to_pixel_values(p: torch.Tensor, temporal: int = 2) -> torch.Tensor:
     return x.unsqueeze(2).expand(-1, -1, temporal, -1, -1).reshape(p.shape[0], -1)
 
 
+def mark_targets(marks: list, grid: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Multi-hot mark classes per patch [h*w, C] (the processor's order) and per merged token [h*w/4, C]:
+    a mark belongs to the patch and the token that hold its centre."""
+    _, gh, gw = grid
+    C = len(tasks.MARK_CLASSES)
+    patch = np.zeros((gh * gw, C), np.uint8)
+    merged = np.zeros((gh * gw // (MERGE * MERGE), C), np.uint8)
+    for x0, y0, x1, y1, c in marks:
+        px = min(gw - 1, max(0, int((x0 + x1) / 2 // PATCH)))
+        py = min(gh - 1, max(0, int((y0 + y1) / 2 // PATCH)))
+        br, ir, bc, ic = py // MERGE, py % MERGE, px // MERGE, px % MERGE
+        tok = br * (gw // MERGE) + bc
+        patch[tok * MERGE * MERGE + ir * MERGE + ic, c] = 1
+        merged[tok, c] = 1
+    return patch, merged
+
+
 class Encoder:
     def __init__(self, tokenizer_file: str):
         self.tok = Tokenizer.from_file(tokenizer_file)
@@ -64,15 +81,19 @@ class Encoder:
 
     def encode(self, s: dict) -> dict:
         """One sample -> ids, labels (answer tokens and <|im_end|>; -100 elsewhere), patches, grids."""
-        pats, grids = [], []
-        for im in s["images"]:
+        pats, grids, mp, mm = [], [], [], []
+        for im, marks in zip(s["images"], s["marks"]):
             p, g = patches_u8(im)
             pats.append(p)
             grids.append(g)
+            a, b = mark_targets(marks, g)
+            mp.append(a)
+            mm.append(b)
         prompt = self.prompt_ids(s["content"], grids)
         answer = self.tok.encode(s["answer"], add_special_tokens=False).ids + [self.im_end]
         return {"ids": prompt + answer, "labels": [-100] * len(prompt) + answer,
                 "patches": np.concatenate(pats) if pats else np.zeros((0, 3, PATCH, PATCH), np.uint8),
+                "mark_patch": np.concatenate(mp) if mp else None, "mark_token": np.concatenate(mm) if mm else None,
                 "grids": grids, "task": s["task"]}
 
 
@@ -94,6 +115,8 @@ def collate(items: list[dict], pad_id: int, image_pad_id: int) -> dict:
     if grids:
         out["patches"] = torch.from_numpy(np.concatenate([x["patches"] for x in items]))
         out["image_grid_thw"] = torch.tensor(grids, dtype=torch.long)
+        out["mark_patch"] = torch.from_numpy(np.concatenate([x["mark_patch"] for x in items if x["grids"]]))
+        out["mark_token"] = torch.from_numpy(np.concatenate([x["mark_token"] for x in items if x["grids"]]))
     return out
 
 

@@ -5,7 +5,8 @@ and the held-out split (another seed) never meets the training one. Image sides 
 (one merged visual token per 32x32 pixels), so Qwen3-VL's smart_resize leaves them unchanged.
 
 A sample is a dict: task, content (OpenAI-style parts: {"type": "text", "text"} or
-{"type": "image", "index": i}), images (PIL RGB), answer (the one accepted string).
+{"type": "image", "index": i}), images (PIL RGB), answer (the one accepted string), and marks (per image,
+the boxes of what was drawn: training's auxiliary targets).
 """
 from __future__ import annotations
 
@@ -114,6 +115,25 @@ def img_part(i: int) -> dict:
     return {"type": "image", "index": i}
 
 
+# Classes of the training-only visual marks: what is drawn where. Each character and shape drawn is
+# recorded as (x0, y0, x1, y1, class); training turns them into per-token targets for an auxiliary
+# head on the vision tower (never exported), which teaches the tower glyphs and shapes directly.
+CHARSET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789."
+MARK_CLASSES = list(CHARSET) + [f"{c} {s}" for c in COLORS for s in SHAPES]
+MARK_ID = {m: i for i, m in enumerate(MARK_CLASSES)}
+
+
+def draw_text(d: ImageDraw.ImageDraw, marks: list, xy: tuple[int, int], s: str, f, fill) -> None:
+    """Draws s and records each character's box."""
+    x, y = xy
+    d.text((x, y), s, font=f, fill=fill)
+    _, top, _, bottom = f.getbbox(s)
+    for i, ch in enumerate(s):
+        if ch in MARK_ID:
+            x0, x1 = x + f.getlength(s[:i]), x + f.getlength(s[: i + 1])
+            marks.append((x0, y + top, x1, y + bottom, MARK_ID[ch]))
+
+
 # ---------------------------------------------------------------------------------------------------
 # 1. reading: documents, receipts, signs
 
@@ -139,10 +159,11 @@ def reading(rng: random.Random) -> dict:
         bg, ink = light_bg(rng), dark_ink(rng)
     im = Image.new("RGB", (W, H), bg)
     d = ImageDraw.Draw(im)
+    marks: list = []
     y0 = (H - nlines * gap) // 2
     for i, s in enumerate(lines):
         x = pad if layout == "document" else (W - widths[i]) // 2
-        d.text((x, y0 + i * gap), s, font=f, fill=ink)
+        draw_text(d, marks, (x, y0 + i * gap), s, f, ink)
     if layout == "sign":
         d.rectangle([3, 3, W - 4, H - 4], outline=ink, width=2)
     im = add_noise(im, rng, rng.randint(0, 20))
@@ -152,7 +173,7 @@ def reading(rng: random.Random) -> dict:
     else:
         q = rng.choice([f"What is written on line {k + 1}?", f"What does line {k + 1} say?",
                         f"Read line {k + 1}."])
-    return {"task": "reading", "content": [img_part(0), txt(q)], "images": [im], "answer": lines[k]}
+    return {"task": "reading", "content": [img_part(0), txt(q)], "images": [im], "answer": lines[k], "marks": [marks]}
 
 
 def _receipt(rng: random.Random, fname: str) -> dict:
@@ -172,21 +193,22 @@ def _receipt(rng: random.Random, fname: str) -> dict:
     bg, ink = light_bg(rng), dark_ink(rng)
     im = Image.new("RGB", (W, H), bg)
     d = ImageDraw.Draw(im)
+    marks: list = []
     shop = rng.choice(WORDS).upper()
-    d.text(((W - f.getbbox(shop)[2]) // 2, pad), shop, font=f, fill=ink)
+    draw_text(d, marks, ((W - f.getbbox(shop)[2]) // 2, pad), shop, f, ink)
     for i, (a, b) in enumerate(rows):
         y = pad + (i + 1) * gap + (gap // 2 if a == "TOTAL" else 0)
         if a == "TOTAL":
             d.line([pad, y - 4, W - pad, y - 4], fill=ink, width=1)
-        d.text((pad, y), a, font=f, fill=ink)
-        d.text((W - pad - f.getbbox(b)[2], y), b, font=f, fill=ink)
+        draw_text(d, marks, (pad, y), a, f, ink)
+        draw_text(d, marks, (W - pad - f.getbbox(b)[2], y), b, f, ink)
     im = add_noise(im, rng, rng.randint(0, 15))
     if rng.random() < 0.5:
         q, a = rng.choice(["What is the total?", "What is the total on the receipt?"]), total
     else:
         j = rng.randrange(n)
         q, a = f"What is the price of {names[j]}?", prices[j]
-    return {"task": "reading", "content": [img_part(0), txt(q)], "images": [im], "answer": a}
+    return {"task": "reading", "content": [img_part(0), txt(q)], "images": [im], "answer": a, "marks": [marks]}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -207,12 +229,13 @@ def tables(rng: random.Random) -> dict:
     im = Image.new("RGB", (W, H), bg)
     d = ImageDraw.Draw(im)
     x0, y0 = (W - C * cw) // 2, (H - R * ch) // 2
+    marks: list = []
     shade = rng.random() < 0.5
     for r in range(R):
         if shade and r % 2 == 1:
             d.rectangle([x0, y0 + r * ch, x0 + C * cw, y0 + (r + 1) * ch], fill=tuple(max(0, v - 25) for v in bg))
         for c in range(C):
-            d.text((x0 + c * cw + 8, y0 + r * ch + (ch - size) // 2 - 1), cells[r][c], font=f, fill=ink)
+            draw_text(d, marks, (x0 + c * cw + 8, y0 + r * ch + (ch - size) // 2 - 1), cells[r][c], f, ink)
     for r in range(R + 1):
         d.line([x0, y0 + r * ch, x0 + C * cw, y0 + r * ch], fill=ink, width=1)
     for c in range(C + 1):
@@ -220,7 +243,8 @@ def tables(rng: random.Random) -> dict:
     im = add_noise(im, rng, rng.randint(0, 12))
     r, c = rng.randrange(R), rng.randrange(C)
     q = rng.choice([f"What is in row {r + 1}, column {c + 1}?", f"What is the entry in row {r + 1}, column {c + 1}?"])
-    return {"task": "tables", "content": [img_part(0), txt(q)], "images": [im], "answer": cells[r][c]}
+    return {"task": "tables", "content": [img_part(0), txt(q)], "images": [im], "answer": cells[r][c],
+            "marks": [marks]}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -244,6 +268,7 @@ def charts(rng: random.Random) -> dict:
     d.line([x0 - 4, bottom, x0 + n * slot, bottom], fill=ink, width=1)
     line = rng.random() < 0.3
     color = rng.choice(list(COLORS.values()))
+    marks: list = []
     pts = []
     for i, (lab, v) in enumerate(zip(labels, values)):
         cx = x0 + i * slot + slot // 2
@@ -254,8 +279,8 @@ def charts(rng: random.Random) -> dict:
             bw = rng.randint(slot // 3, slot - 12)
             d.rectangle([cx - bw // 2, y, cx + bw // 2, bottom - 1], fill=color)
         vs = str(v)
-        d.text((cx - f.getbbox(vs)[2] // 2, y - size - 4), vs, font=f, fill=ink)
-        d.text((cx - f.getbbox(lab)[2] // 2, bottom + 4), lab, font=f, fill=ink)
+        draw_text(d, marks, (cx - f.getbbox(vs)[2] // 2, y - size - 4), vs, f, ink)
+        draw_text(d, marks, (cx - f.getbbox(lab)[2] // 2, bottom + 4), lab, f, ink)
     if line:
         d.line(pts, fill=color, width=2)
         for p in pts:
@@ -269,7 +294,7 @@ def charts(rng: random.Random) -> dict:
         q, a = "Which label has the highest value?", labels[values.index(max(values))]
     else:
         q, a = "Which label has the lowest value?", labels[values.index(min(values))]
-    return {"task": "charts", "content": [img_part(0), txt(q)], "images": [im], "answer": a}
+    return {"task": "charts", "content": [img_part(0), txt(q)], "images": [im], "answer": a, "marks": [marks]}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -298,6 +323,7 @@ def scene_background(rng: random.Random, W: int, H: int) -> Image.Image:
 
 
 def draw_shape(d: ImageDraw.ImageDraw, shape: str, cx: int, cy: int, r: int, color, outline) -> None:
+    """Draws a filled circle, square or triangle of half-size r centred at (cx, cy)."""
     if shape == "circle":
         d.ellipse([cx - r, cy - r, cx + r, cy + r], fill=color, outline=outline)
     elif shape == "square":
@@ -319,7 +345,8 @@ def place(rng: random.Random, W: int, H: int, radii: list[int]) -> list[tuple[in
     return [(x, y) for x, y, _ in pts]
 
 
-def scene(rng: random.Random, W: int, H: int, objects: list[tuple[str, str]], rmin: int, rmax: int) -> Image.Image:
+def scene(rng: random.Random, W: int, H: int, objects: list[tuple[str, str]], rmin: int, rmax: int,
+          marks: list) -> Image.Image:
     while True:
         radii = [rng.randint(rmin, rmax) for _ in objects]
         pts = place(rng, W, H, radii)
@@ -330,6 +357,7 @@ def scene(rng: random.Random, W: int, H: int, objects: list[tuple[str, str]], rm
     outline = (20, 20, 20) if rng.random() < 0.5 else None
     for (color, shape), (x, y), r in zip(objects, pts, radii):
         draw_shape(d, shape, x, y, r, COLORS[color], outline)
+        marks.append((x - r, y - r, x + r, y + r, MARK_ID[f"{color} {shape}"]))
     return im
 
 
@@ -341,9 +369,10 @@ def scenes(rng: random.Random) -> dict:
     n_other = rng.randint(0, max(0, min(8, (W * H) // 3500) - k))
     objs = [(color, shape)] * k + [rng.choice(others) for _ in range(n_other)]
     rng.shuffle(objs)
-    im = scene(rng, W, H, objs, 9, 16)
+    marks: list = []
+    im = scene(rng, W, H, objs, 9, 16, marks)
     q = f"How many {color} {shape}s are there?" if rng.random() < 0.5 else f"How many {color} {shape}s are in the image?"
-    return {"task": "scenes", "content": [img_part(0), txt(q)], "images": [im], "answer": str(k)}
+    return {"task": "scenes", "content": [img_part(0), txt(q)], "images": [im], "answer": str(k), "marks": [marks]}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -358,13 +387,14 @@ def multi(rng: random.Random) -> dict:
     n = rng.randint(2, 8)
     side = rng.choice([64, 96, 96, 128])
     combos = [(c, s) for c in COLORS for s in SHAPES]
-    content, images = [], []
+    content, images, marks = [], [], []
     if rng.random() < 0.5:  # which image shows X: exactly one image has it
         target = rng.choice(combos)
         j = rng.randrange(n)
         for i in range(n):
             obj = target if i == j else rng.choice([c for c in combos if c != target])
-            images.append(scene(rng, side, side, [obj], side // 5, side // 3))
+            marks.append([])
+            images.append(scene(rng, side, side, [obj], side // 5, side // 3, marks[-1]))
         q = f"Which image shows {article(target[0])} {target[0]} {target[1]}? Answer with its number."
         a = str(j + 1)
     else:  # how many images have X
@@ -373,12 +403,13 @@ def multi(rng: random.Random) -> dict:
         has = set(rng.sample(range(n), k))
         for i in range(n):
             obj = target if i in has else rng.choice([c for c in combos if c != target])
-            images.append(scene(rng, side, side, [obj], side // 5, side // 3))
+            marks.append([])
+            images.append(scene(rng, side, side, [obj], side // 5, side // 3, marks[-1]))
         q, a = f"How many images show {article(target[0])} {target[0]} {target[1]}?", str(k)
     for i in range(n):
         content += [txt(f"Image {i + 1}:"), img_part(i)]
     content.append(txt(q))
-    return {"task": "multi", "content": content, "images": images, "answer": a}
+    return {"task": "multi", "content": content, "images": images, "answer": a, "marks": marks}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -412,7 +443,7 @@ def text_only(rng: random.Random) -> dict:
     else:
         w = rng.choice(WORDS)
         q, ans = f"How many letters are in the word {w}?", str(len(w))
-    return {"task": "text", "content": [txt(q)], "images": [], "answer": ans}
+    return {"task": "text", "content": [txt(q)], "images": [], "answer": ans, "marks": []}
 
 
 GENERATORS = {"reading": reading, "tables": tables, "charts": charts, "scenes": scenes, "multi": multi,

@@ -87,8 +87,37 @@ def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
     return peak * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * t)))
 
 
-def forward_loss(model, batch: dict, dev, aux: bool):
-    """Mean cross-entropy over answer tokens (+ router balance loss) and per-sample 'all answer tokens right'."""
+class MarkHeads(torch.nn.Module):
+    """Training-only linear heads that read the mark classes (tasks.MARK_CLASSES) off the vision tower:
+    one on each patch of the last block, one on each merged token the language model receives. They
+    give the tower dense, local targets (which glyph or shape is where) long before the language model
+    has learnt to ask for them; they are not part of the exported model."""
+
+    def __init__(self, model):
+        super().__init__()
+        v = model.config.vision_config
+        n = len(tasks.MARK_CLASSES)
+        self.patch = torch.nn.Linear(v.hidden_size, n)
+        self.token = torch.nn.Linear(v.out_hidden_size, n)
+        self.seen: dict[str, torch.Tensor] = {}
+        visual = model.model.visual
+        visual.blocks[-1].register_forward_hook(lambda m, i, o: self.seen.__setitem__("patch", o))
+        visual.merger.register_forward_hook(lambda m, i, o: self.seen.__setitem__("token", o))
+
+    def loss(self, batch: dict, dev) -> torch.Tensor:
+        total = 0.0
+        for name, head in (("patch", self.patch), ("token", self.token)):
+            h = self.seen.pop(name)
+            h = h[0] if isinstance(h, tuple) else h
+            y = batch["mark_" + name].to(dev, non_blocking=True).float()
+            logits = head(h.float().reshape(y.shape[0], -1))
+            total = total + F.binary_cross_entropy_with_logits(logits, y, reduction="sum") / y.shape[0]
+        return total
+
+
+def forward_loss(model, batch: dict, dev, aux: bool, heads: MarkHeads | None = None, mark_weight: float = 0.0):
+    """Mean cross-entropy over answer tokens (+ router balance loss, + mark loss) and per-sample
+    'all answer tokens right'."""
     ids = batch["input_ids"].to(dev, non_blocking=True)
     kw = dict(input_ids=ids, attention_mask=batch["attention_mask"].to(dev, non_blocking=True),
               mm_token_type_ids=batch["mm_token_type_ids"].to(dev, non_blocking=True))
@@ -106,6 +135,10 @@ def forward_loss(model, batch: dict, dev, aux: bool):
     total = loss
     if aux and out.aux_loss is not None:
         total = loss + model.config.text_config.router_aux_loss_coef * out.aux_loss
+    if heads is not None:
+        if "patches" in batch and mark_weight > 0:
+            total = total + mark_weight * heads.loss(batch, dev)
+        heads.seen.clear()
     return total, loss, exact
 
 
@@ -159,6 +192,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=96)
     ap.add_argument("--lr", type=float, default=6e-4)
     ap.add_argument("--warmup", type=int, default=300)
+    ap.add_argument("--mark-weight", type=float, default=0.5, help="weight of the training-only mark loss")
     ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2))
     ap.add_argument("--experts", default="auto", help="transformers experts implementation ('' = eager, auto = "
                     "the fastest of grouped_mm, batched_mm and eager on this GPU)")
@@ -182,8 +216,10 @@ def main() -> None:
                                     enc.pad, enc.image_pad)
         experts = pick_experts(cfg, dev, sample_batch, ["grouped_mm", "batched_mm", ""]) if dev.type == "cuda" else ""
     model = build_model(cfg, experts).to(dev)
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
-    no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
+    heads = MarkHeads(model).to(dev)
+    named = list(model.named_parameters()) + [("heads." + n, p) for n, p in heads.named_parameters()]
+    decay = [p for n, p in named if p.ndim >= 2 and "embed" not in n]
+    no_decay = [p for n, p in named if not (p.ndim >= 2 and "embed" not in n)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=a.lr, betas=(0.9, 0.95), eps=1e-8, fused=dev.type == "cuda")
     step = 0
@@ -191,6 +227,7 @@ def main() -> None:
     if os.path.exists(ckpt):
         st = torch.load(ckpt, map_location=dev)
         model.load_state_dict(st["model"])
+        heads.load_state_dict(st["heads"])
         opt.load_state_dict(st["opt"])
         step = st["step"]
         print(f"resumed at step {step}", flush=True)
@@ -205,7 +242,7 @@ def main() -> None:
     enc = data.Encoder(tok_file)
     log = open(os.path.join(a.work, "train_log.jsonl"), "a")
     model.train()
-    t0, seen, acc_loss, acc_n, acc_exact, acc_items = time.time(), 0, 0.0, 0, 0, 0
+    t0, seen, acc_loss, acc_total, acc_n, acc_exact, acc_items = time.time(), 0, 0.0, 0.0, 0, 0, 0
     it = iter(loader)
     while step < end:
         if time.time() - t_start > a.minutes * 60:
@@ -214,26 +251,28 @@ def main() -> None:
         lr = lr_at(step, a.total_steps, a.lr, a.warmup)
         for g in opt.param_groups:
             g["lr"] = lr
-        total, loss, exact = forward_loss(model, batch, dev, True)
+        total, loss, exact = forward_loss(model, batch, dev, True, heads, a.mark_weight)
         opt.zero_grad(set_to_none=True)
         total.backward()
         gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
         acc_loss += loss.item()
+        acc_total += total.item()
         acc_n += 1
         acc_exact += int(exact.sum())
         acc_items += exact.numel()
         seen += exact.numel()
         if step % 50 == 0:
-            rec = {"step": step, "loss": acc_loss / acc_n, "train_exact": acc_exact / acc_items, "lr": lr,
+            rec = {"step": step, "loss": acc_loss / acc_n, "total": acc_total / acc_n, "train_exact": acc_exact / acc_items, "lr": lr,
                    "grad_norm": float(gn), "samples_per_s": seen / (time.time() - t0), "t": time.time() - t_start}
             print(json.dumps(rec), flush=True)
             log.write(json.dumps(rec) + "\n")
             log.flush()
-            acc_loss, acc_n, acc_exact, acc_items = 0.0, 0, 0, 0
+            acc_loss, acc_total, acc_n, acc_exact, acc_items = 0.0, 0.0, 0, 0, 0
     del it, loader
-    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, ckpt + ".tmp")
+    torch.save({"model": model.state_dict(), "heads": heads.state_dict(), "opt": opt.state_dict(), "step": step},
+               ckpt + ".tmp")
     os.replace(ckpt + ".tmp", ckpt)
     if a.probe:
         rec = {"step": step, "probe": probe(model, enc, dev, a.probe)}
