@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import data  # noqa: E402
+import fast_vision  # noqa: E402
 import make_tokenizer  # noqa: E402
 import tasks  # noqa: E402
 
@@ -115,6 +116,16 @@ class MarkHeads(torch.nn.Module):
         return total
 
 
+def vision_loss(model, batch: dict, dev, heads: MarkHeads):
+    """The vision-only stage: the tower and the mark heads, no language model."""
+    if "patches" not in batch:
+        return None
+    pv = data.to_pixel_values(batch["patches"].to(dev, non_blocking=True))
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+        model.model.visual(pv, grid_thw=batch["image_grid_thw"].to(dev, non_blocking=True))
+    return heads.loss(batch, dev)
+
+
 def forward_loss(model, batch: dict, dev, aux: bool, heads: MarkHeads | None = None, mark_weight: float = 0.0):
     """Mean cross-entropy over answer tokens (+ router balance loss, + mark loss) and per-sample
     'all answer tokens right'."""
@@ -193,6 +204,10 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=6e-4)
     ap.add_argument("--warmup", type=int, default=300)
     ap.add_argument("--mark-weight", type=float, default=0.5, help="weight of the training-only mark loss")
+    ap.add_argument("--vision-steps", type=int, default=0,
+                    help="the first steps train the vision tower on the mark targets alone (no language model)")
+    ap.add_argument("--vision-attention", choices=["bucketed", "loop"], default="bucketed",
+                    help="vision attention in a few padded calls (fast_vision.py) or transformers' per-image loop")
     ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2))
     ap.add_argument("--experts", default="auto", help="transformers experts implementation ('' = eager, auto = "
                     "the fastest of grouped_mm, batched_mm and eager on this GPU)")
@@ -201,6 +216,8 @@ def main() -> None:
     a = ap.parse_args()
 
     t_start = time.time()
+    if a.vision_attention == "bucketed":
+        fast_vision.install()
     os.makedirs(a.work, exist_ok=True)
     special = special_ids(a.work)
     tok_file = os.path.join(a.work, "tokenizer", "tokenizer.json")
@@ -251,7 +268,13 @@ def main() -> None:
         lr = lr_at(step, a.total_steps, a.lr, a.warmup)
         for g in opt.param_groups:
             g["lr"] = lr
-        total, loss, exact = forward_loss(model, batch, dev, True, heads, a.mark_weight)
+        if step < a.vision_steps:
+            total = vision_loss(model, batch, dev, heads)
+            if total is None:
+                continue
+            loss, exact = total.detach(), torch.zeros(1, dtype=torch.bool)
+        else:
+            total, loss, exact = forward_loss(model, batch, dev, True, heads, a.mark_weight)
         opt.zero_grad(set_to_none=True)
         total.backward()
         gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
