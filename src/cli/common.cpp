@@ -124,6 +124,15 @@ void add_accel_args(CLI::App* app, AccelArgs& a) {
       ->check(CLI::Range(0.0f, 0.99f));
 }
 
+void add_engine_args(CLI::App* app, engine::EngineOptions& o) {
+  app->add_option("--max-batched-tokens", o.max_batched_tokens, "tokens per engine step at most")
+      ->capture_default_str();
+  app->add_option("--max-context", o.max_context, "context limit in tokens (0 = model's, at most 32768)")
+      ->capture_default_str();
+  app->add_option("--kv-blocks", o.kv_blocks, "KV-cache blocks of 16 tokens (0 = 4 full contexts)")
+      ->capture_default_str();
+}
+
 namespace {
 
 // Writes model::random_sere_similarity of a random model to a temporary file; returns its path.

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   zest::cli::register_serve(app, run);
   zest::cli::register_bench(app, run);
   zest::cli::register_calibrate_sere(app, run);
+  zest::cli::register_eval(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -80,12 +80,7 @@ void register_serve(CLI::App& app, std::function<int()>& run) {
   sub->add_option("--port", o.port, "TCP port (0 = any free port, printed at start)")->capture_default_str();
   sub->add_option("--max-num-seqs", o.engine.max_num_seqs, "requests decoded together at most")
       ->capture_default_str();
-  sub->add_option("--max-batched-tokens", o.engine.max_batched_tokens, "tokens per engine step at most")
-      ->capture_default_str();
-  sub->add_option("--max-context", o.engine.max_context, "context limit in tokens (0 = model's, at most 32768)")
-      ->capture_default_str();
-  sub->add_option("--kv-blocks", o.engine.kv_blocks, "KV-cache blocks of 16 tokens (0 = 4 full contexts)")
-      ->capture_default_str();
+  add_engine_args(sub, o.engine);
   sub->add_flag("--allow-local-files", o.allow_local_files, "accept file:// URLs and paths as images");
   sub->add_option("--max-body-bytes", o.max_body_bytes, "largest request body (bytes); larger ones get 413")
       ->capture_default_str();

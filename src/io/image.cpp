@@ -341,6 +341,49 @@ Result<Image> decode_image(const uint8_t* data, size_t size, const ImageLimits& 
   return img;
 }
 
+namespace {
+
+void png_write_mem(png_structp png, png_bytep data, png_size_t n) {
+  auto* out = static_cast<std::vector<uint8_t>*>(png_get_io_ptr(png));
+  out->insert(out->end(), data, data + n);
+}
+
+void png_flush_mem(png_structp) {}
+
+}  // namespace
+
+Result<std::vector<uint8_t>> encode_png(const Image& img) {
+  if (img.width <= 0 || img.height <= 0 || img.width > 0x7fffffff || img.height > 0x7fffffff)
+    return invalid_argument("encode_png: image size " + std::to_string(img.width) + "x" + std::to_string(img.height) +
+                            " is not positive");
+  if (img.rgb.size() != static_cast<size_t>(img.width * img.height * 3))
+    return invalid_argument("encode_png: rgb holds " + std::to_string(img.rgb.size()) + " bytes, expected " +
+                            std::to_string(img.width * img.height * 3));
+  PngReader err{nullptr, 0, 0, {}};  // only its message buffer is used
+  png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, &err, png_fail, png_warn);
+  if (png == nullptr) return resource_exhausted("cannot allocate a PNG encoder");
+  png_infop info = png_create_info_struct(png);
+  if (info == nullptr) {
+    png_destroy_write_struct(&png, nullptr);
+    return resource_exhausted("cannot allocate a PNG encoder");
+  }
+  std::vector<uint8_t> out;
+  std::vector<png_bytep> rows(static_cast<size_t>(img.height));
+  if (setjmp(png_jmpbuf(png))) {
+    png_destroy_write_struct(&png, &info);
+    return internal_error(std::string("PNG encoding failed: ") + err.message);
+  }
+  png_set_write_fn(png, &out, png_write_mem, png_flush_mem);
+  png_set_IHDR(png, info, static_cast<png_uint_32>(img.width), static_cast<png_uint_32>(img.height), 8,
+               PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+  for (int64_t y = 0; y < img.height; ++y)
+    rows[y] = const_cast<png_bytep>(img.rgb.data() + static_cast<size_t>(y * img.width * 3));
+  png_set_rows(png, info, rows.data());
+  png_write_png(png, info, PNG_TRANSFORM_IDENTITY, nullptr);
+  png_destroy_write_struct(&png, &info);
+  return out;
+}
+
 Result<std::vector<uint8_t>> encode_jpeg(const Image& img, int quality) {
   if (img.width <= 0 || img.height <= 0 || img.width > 65500 || img.height > 65500)
     return invalid_argument("encode_jpeg: image size " + std::to_string(img.width) + "x" +

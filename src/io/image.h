@@ -50,6 +50,9 @@ inline Result<Image> decode_image(const std::vector<uint8_t>& bytes, const Image
 // and debugging output.
 Result<std::vector<uint8_t>> encode_jpeg(const Image& img, int quality = 75);
 
+// Encodes an RGB image as an 8-bit PNG (plots, debugging output).
+Result<std::vector<uint8_t>> encode_png(const Image& img);
+
 // Standard base64 (RFC 4648, '+' '/'; '-' '_' also accepted; ASCII whitespace skipped; padding
 // optional). Any other character or a dangling single symbol -> kInvalidArgument.
 Result<std::vector<uint8_t>> base64_decode(std::string_view text);
