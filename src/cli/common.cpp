@@ -112,6 +112,8 @@ void add_accel_args(CLI::App* app, AccelArgs& a) {
   app->add_option("--sere-layer-thresholds", a.sere.layer_thresholds, "SERE: one threshold per layer");
   app->add_option("--sere-similarity", a.sere.similarity_file, "SERE similarity file (default: MODEL/sere_similarity.safetensors)");
   app->add_flag("--sere-prefill", a.sere.prefill, "SERE: also re-route prefill steps");
+  app->add_option("--sere-protected", a.sere.protected_file,
+                  "SERE: per-layer experts never re-routed away (JSON from zest sere-protect)");
   app->add_option("--vision-prune-rate", a.vision_prune_rate, "VisionZip: share of visual tokens dropped (0 = off)")
       ->check(CLI::Range(0.0f, 1.0f));
   app->add_option("--vision-budget-mode", a.vision_budget_mode, "VisionZip: uniform | global")

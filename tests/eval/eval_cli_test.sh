@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `zest eval` from the command line on the tiny VL-MoE fixture: a two-axis sweep gives one report row per
 # setting in sweep order and writes the report, the predictions and a PNG plot; a bad sweep and a bad data
-# line fail with a clear message and exit code 1.
+# line fail with a clear message and exit code 1; sere-protect's file drives eval --sere-protected.
 # Usage: eval_cli_test.sh ZEST_BINARY MODEL_DIR DATA_JSONL
 set -u
 ZEST=$1 MODEL=$2 DATA=$3
@@ -35,6 +35,16 @@ check "out-of-range sweep value fails" test $? -eq 1
 check "out-of-range sweep value is named" grep -q 'vision-prune-rate=2' "$dir/out"
 "$ZEST" eval --model "$MODEL" --data "$DATA" --quiet --sweep batch >"$dir/out" 2>&1
 check "sweep without values fails" test $? -eq 1
+
+# SERE with a protected list made by zest sere-protect, swept over the threshold.
+"$ZEST" calibrate-sere --model "$MODEL" --device cpu --tokens 64 --out "$dir/sim.safetensors" >/dev/null 2>&1
+"$ZEST" sere-protect --model "$MODEL" --device cpu --tokens 16 --per-layer 2 --sere-similarity "$dir/sim.safetensors" \
+  --out "$dir/protected.json" >/dev/null 2>&1
+check "sere-protect writes its file" grep -q '"protected"' "$dir/protected.json"
+"$ZEST" eval --model "$MODEL" --data "$DATA" --device cpu --quiet --limit 3 --max-tokens 3 --batch 3 --sere-primary 1 \
+  --sere-similarity "$dir/sim.safetensors" --sere-protected "$dir/protected.json" --sweep sere-threshold=0,0.5 \
+  >"$dir/sere.md" 2>&1
+check "eval with protected experts" test "$(grep -c '^| sere-threshold=0\(\.5\)\? | 3 |' "$dir/sere.md")" -eq 2
 
 printf '{"messages": [{"role": "user", "content": "hi"}], "answer": "a"}\n{"messages": \n' >"$dir/bad.jsonl"
 "$ZEST" eval --model "$MODEL" --data "$dir/bad.jsonl" --quiet >"$dir/out" 2>&1
