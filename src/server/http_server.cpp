@@ -200,7 +200,8 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
       conn.read_timed_out = false;
       bool closed = false;
       ret = process_request(strm, count == 1, closed, nullptr);
-      if (!ret || closed) break;
+      // A request that was not read in time has been answered (400 for headers, 408 for a body): close.
+      if (!ret || closed || conn.read_timed_out) break;
       --count;
     }
     t_connection = nullptr;

@@ -13,54 +13,6 @@
 namespace zest::server::testing {
 namespace {
 
-struct StreamParts {
-  std::vector<json> chunks;  // parsed data events before [DONE]
-  bool done_last = false;    // "[DONE]" was the last event
-  std::string content;       // concatenated content deltas
-};
-
-StreamParts split_stream(const StreamReply& r) {
-  StreamParts p;
-  for (size_t i = 0; i < r.events.size(); ++i) {
-    if (r.events[i] == "[DONE]") {
-      p.done_last = i + 1 == r.events.size();
-      continue;
-    }
-    json j = json::parse(r.events[i], nullptr, false);
-    EXPECT_FALSE(j.is_discarded()) << r.events[i];
-    if (j.is_discarded()) continue;
-    if (j.contains("choices") && !j["choices"].empty() && j["choices"][0]["delta"].contains("content"))
-      p.content += j["choices"][0]["delta"]["content"].get<std::string>();
-    p.chunks.push_back(std::move(j));
-  }
-  return p;
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
-std::string base64(const std::string& in) {
-  static const char* k = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  for (size_t i = 0; i < in.size(); i += 3) {
-    uint32_t v = static_cast<uint8_t>(in[i]) << 16;
-    if (i + 1 < in.size()) v |= static_cast<uint8_t>(in[i + 1]) << 8;
-    if (i + 2 < in.size()) v |= static_cast<uint8_t>(in[i + 2]);
-    out += k[(v >> 18) & 63];
-    out += k[(v >> 12) & 63];
-    out += i + 1 < in.size() ? k[(v >> 6) & 63] : '=';
-    out += i + 2 < in.size() ? k[v & 63] : '=';
-  }
-  return out;
-}
-
-std::string chart_data_url() {
-  return "data:image/png;base64," +
-         base64(read_file(std::string(ZEST_SOURCE_DIR) + "/assets/images/chart_line_pew_pena_nieto.png"));
-}
-
 json image_body(int n_images, const std::string& url, int64_t max_tokens) {
   json content = json::array();
   for (int i = 0; i < n_images; ++i) content.push_back({{"type", "image_url"}, {"image_url", {{"url", url}}}});
