@@ -100,7 +100,7 @@ void register_serve(CLI::App& app, std::function<int()>& run) {
   sub->add_option("--max-request-pixels", o.max_request_pixels, "width x height summed over a request's images")
       ->capture_default_str();
   sub->add_option("--mm-max-pixels", o.mm_max_pixels,
-                  "largest mm_processor_kwargs min/max_pixels a request may ask (0 = the model's max_pixels)")
+                  "largest resized image fed to the vision tower, in pixels: the default max_pixels and the most a request's mm_processor_kwargs may ask (0 = the model's max_pixels)")
       ->capture_default_str();
   sub->add_option("--http-threads", o.http_threads, "HTTP handler threads (0 = max(64, 2 * max-num-seqs + 32))")
       ->capture_default_str();

@@ -48,9 +48,9 @@ Status expect_bool(const json& obj, const char* key, const std::string& name, bo
   return Status::ok();
 }
 
-Status expect_string(const json& obj, const char* key, const std::string& name) {
+Status expect_string(const json& obj, const char* key) {
   const json* v = field(obj, key);
-  if (v && !v->is_string()) return invalid_argument(quote(name) + " must be a string");
+  if (v && !v->is_string()) return invalid_argument(quote(key) + " must be a string");
   return Status::ok();
 }
 
@@ -139,7 +139,7 @@ Status check_image_part(const json& part, const std::string& at) {
   if (part["type"] == "image_url") {
     const json* u = field(part, "image_url");
     if (u && u->is_object()) {
-      if (Status st = expect_string(*u, "detail", at + ".image_url.detail"); !st.is_ok())
+      if (const json* detail = field(*u, "detail"); detail && !detail->is_string())
         return invalid_argument(at + ".image_url.detail must be a string");
       src = field(*u, "url");
     } else {
@@ -161,8 +161,8 @@ Status check_tool_calls(const json& calls, const std::string& at) {
     const json& c = calls[k];
     const std::string cw = at + "[" + std::to_string(k) + "]";
     if (!c.is_object()) return invalid_argument(cw + " must be an object");
-    if (!expect_string(c, "id", "").is_ok() || !expect_string(c, "type", "").is_ok())
-      return invalid_argument(cw + ".id and .type must be strings");
+    for (const char* key : {"id", "type"})
+      if (const json* v = field(c, key); v && !v->is_string()) return invalid_argument(cw + "." + key + " must be a string");
     const json* fn = field(c, "function");
     if (!fn || !fn->is_object()) return invalid_argument(cw + ".function must be an object with name and arguments");
     const json* name = field(*fn, "name");
@@ -190,7 +190,7 @@ Status check_messages(const json& messages, const ModelBundle& model, const Requ
     if (std::none_of(std::begin(kRoles), std::end(kRoles), [&](const char* k) { return role == k; }))
       return invalid_argument(where + ".role '" + role + "' is not one of system, user, assistant, tool");
     for (const char* key : {"name", "tool_call_id", "reasoning_content"})
-      if (!expect_string(m, key, "").is_ok()) return invalid_argument(where + "." + key + " must be a string");
+      if (const json* v = field(m, key); v && !v->is_string()) return invalid_argument(where + "." + key + " must be a string");
     bool has_tool_calls = false;
     if (const json* tc = field(m, "tool_calls")) {
       if (role != "assistant") return invalid_argument(where + ".tool_calls: only assistant messages have tool calls");
@@ -247,12 +247,12 @@ Result<ChatRequest> parse_chat_request(const json& body, const ModelBundle& mode
     return invalid_argument("'messages' must be a non-empty array");
   ZEST_RETURN_IF_ERROR(check_messages(*messages, model, limits));
   r.messages = *messages;
-  ZEST_RETURN_IF_ERROR(expect_string(body, "model", "model"));
-  ZEST_RETURN_IF_ERROR(expect_string(body, "user", "user"));
-  ZEST_RETURN_IF_ERROR(expect_string(body, "service_tier", "service_tier"));
+  ZEST_RETURN_IF_ERROR(expect_string(body, "model"));
+  ZEST_RETURN_IF_ERROR(expect_string(body, "user"));
+  ZEST_RETURN_IF_ERROR(expect_string(body, "service_tier"));
   if (const json* md = field(body, "metadata"); md && !md->is_object())
     return invalid_argument("'metadata' must be an object");
-  bool parallel_tool_calls = true;
+  bool parallel_tool_calls = true;  // type-checked only: without tools it asks for nothing
   ZEST_RETURN_IF_ERROR(expect_bool(body, "parallel_tool_calls", "parallel_tool_calls", parallel_tool_calls));
   ZEST_RETURN_IF_ERROR(refuse_unsupported(body));
 
@@ -320,9 +320,16 @@ Result<ChatRequest> parse_chat_request(const json& body, const ModelBundle& mode
     if (!kw->is_object()) return invalid_argument("'mm_processor_kwargs' must be an object");
     r.mm_processor_kwargs = *kw;
   }
-  ZEST_ASSIGN_OR_RETURN(r.pixels, request_pixel_budget(model, r.mm_processor_kwargs,
-                                                       mm_max_pixels > 0 ? mm_max_pixels
-                                                                         : model.preprocessor.max_pixels));
+  // A server ceiling below the model's max_pixels is also what images are resized to when the request
+  // does not say: it bounds the vision tower's work per image.
+  const int64_t ceiling = mm_max_pixels > 0 ? mm_max_pixels : model.preprocessor.max_pixels;
+  if (model.vision && ceiling < model.preprocessor.max_pixels) {
+    if (r.mm_processor_kwargs.is_null()) r.mm_processor_kwargs = json::object();
+    if (!r.mm_processor_kwargs.contains("max_pixels")) r.mm_processor_kwargs["max_pixels"] = ceiling;
+    if (!r.mm_processor_kwargs.contains("min_pixels") && model.preprocessor.min_pixels > ceiling)
+      r.mm_processor_kwargs["min_pixels"] = ceiling;
+  }
+  ZEST_ASSIGN_OR_RETURN(r.pixels, request_pixel_budget(model, r.mm_processor_kwargs, ceiling));
   if (const json* kw = field(body, "chat_template_kwargs")) {
     if (!kw->is_object()) return invalid_argument("'chat_template_kwargs' must be an object");
     for (const auto& [key, v] : kw->items())
@@ -426,17 +433,18 @@ Result<PromptPlan> plan_prompt(const ModelBundle& model, const ChatRequest& req,
   const int64_t text_tokens = static_cast<int64_t>(plan.ids.size()) - static_cast<int64_t>(sources.size());
   plan.prompt_tokens = text_tokens + visual;
   plan.min_prompt_tokens = plan.prompt_tokens;
-  if (visual > 0 && !req.vision_prune.is_null()) {
-    // VisionZip keeps about (1 - rate) of the tokens, or `budget`, plus floors and contextual tokens: at least
-    // floor(visual * (1 - rate)) - (one per image, for the rounding), or min(budget, visual).
-    const json* rate = field(req.vision_prune, "rate");
-    const json* budget = field(req.vision_prune, "budget");
-    int64_t kept = visual;
-    if (budget && budget->get<int64_t>() >= 0) kept = std::min(kept, budget->get<int64_t>());
-    else if (rate) kept = static_cast<int64_t>(visual * (1.0 - rate->get<double>())) - static_cast<int64_t>(sources.size());
+  // VisionZip (the engine's settings, overridden by the request's) keeps about (1 - rate) of the visual
+  // tokens, or `budget` of them, plus floors and contextual tokens: at least min(budget, visual), or
+  // floor(visual * (1 - rate)) less one per image for the per-image rounding.
+  double rate = model.vision_prune.rate;
+  int64_t budget = model.vision_prune.budget;
+  if (const json* v = req.vision_prune.is_object() ? field(req.vision_prune, "rate") : nullptr) rate = v->get<double>();
+  if (const json* v = req.vision_prune.is_object() ? field(req.vision_prune, "budget") : nullptr) budget = v->get<int64_t>();
+  if (visual > 0 && (rate > 0.0 || budget >= 0)) {
+    const int64_t kept = budget >= 0 ? std::min(budget, visual)
+                                     : static_cast<int64_t>(static_cast<double>(visual) * (1.0 - rate)) -
+                                           static_cast<int64_t>(sources.size());
     plan.min_prompt_tokens = text_tokens + std::max<int64_t>(kept, 0);
-  } else if (visual > 0 && (model.vision_prune.rate > 0.0f || model.vision_prune.budget >= 0)) {
-    plan.min_prompt_tokens = text_tokens;  // engine-wide pruning: the kept count is known after the tower only
   }
   return plan;
 }

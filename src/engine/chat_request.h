@@ -56,7 +56,8 @@ struct ChatRequest {
 // that zest does not implement are refused when they ask for something ("'logprobs' is not supported"),
 // other unknown fields pass. Errors are kInvalidArgument with the offending field quoted first
 // ('field' ...) or as messages[i]... Sampling defaults come from the model's generation_config.
-// `mm_max_pixels` bounds mm_processor_kwargs (0 = the model's preprocessor max_pixels).
+// `mm_max_pixels` bounds mm_processor_kwargs and, when below the model's preprocessor max_pixels, is the
+// max_pixels of requests that do not set one (0 = the model's max_pixels).
 Result<ChatRequest> parse_chat_request(const nlohmann::json& body, const ModelBundle& model,
                                        const RequestLimits& limits = {}, int64_t mm_max_pixels = 0);
 

@@ -318,13 +318,12 @@ void Server::Impl::handle_chat(const httplib::Request&, httplib::Response& res,
   if (!plan.ok()) return reply_status(res, plan.status());
   if (Status st = check_length(plan->min_prompt_tokens, cr); !st.is_ok()) return reply_status(res, st);
   auto prompt = engine::finish_prompt(*model, cr, std::move(plan).value(), po);
-  if (!prompt.ok()) {
-    if (po.cancelled()) {
-      res.set_header("Connection", "close");
-      return reply_error(res, 503, "the request was cancelled: " + prompt.status().message());
-    }
-    return reply_status(res, prompt.status());
+  // A client gone (or a server stopping) while the images were prepared: nothing goes to the engine.
+  if (po.cancelled()) {
+    res.set_header("Connection", "close");
+    return reply_error(res, 503, "the request was cancelled while its images were prepared");
   }
+  if (!prompt.ok()) return reply_status(res, prompt.status());
   const int64_t n_prompt = static_cast<int64_t>(prompt->ids.size());
   if (Status st = check_length(n_prompt, cr); !st.is_ok()) return reply_status(res, st);
 

@@ -32,8 +32,9 @@ struct ServerOptions {
   int64_t max_images = 16;           // images per request
   int64_t max_image_pixels = 32LL << 20;    // width * height of one image (read from its header)
   int64_t max_request_pixels = 64LL << 20;  // width * height summed over a request's images
-  int64_t mm_max_pixels = 0;         // ceiling of a request's mm_processor_kwargs min/max_pixels (per image,
-                                     // after resizing); 0 = the model's preprocessor max_pixels
+  int64_t mm_max_pixels = 0;         // largest resized image (pixels) fed to the vision tower: the ceiling of a
+                                     // request's mm_processor_kwargs and, below the model's max_pixels, the
+                                     // default; 0 = the model's preprocessor max_pixels
   int http_threads = 0;              // handler threads; 0 = max(64, 2 * max_num_seqs + 32)
   int max_connections_per_client = 0;  // connections per client address (more: /health and /metrics only, then
                                        // closed); 0 = the handler threads less 16

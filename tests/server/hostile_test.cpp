@@ -267,6 +267,21 @@ TEST_F(HostileTest, SlowClientsCannotStarveTheServer) {
   EXPECT_EQ(answer.rfind("HTTP/1.1 408", 0), 0u) << answer;
 }
 
+// A client that sends a request with an image and hangs up at once: the image work stops at the first
+// check (before decoding) and nothing reaches the engine.
+TEST_F(HostileTest, ClientGoneWhileImagesArePreparedStopsTheWork) {
+  start("qwen3_vl_moe_tiny");
+  json body = user_body(json::array({image_part(jpeg_data_url(1024, 1024)), {{"type", "text"}, {"text", "hi"}}}));
+  body["mm_processor_kwargs"] = {{"min_pixels", 32 * 32}, {"max_pixels", 256 * 256}};
+  {
+    RawConnection c(srv_->port());
+    ASSERT_TRUE(c.send(raw_post(body.dump())));
+  }
+  auto m = wait_metrics(*cli_, [](auto& m) { return m["zest_requests_rejected_total{status=\"503\"}"] == 1; });
+  EXPECT_EQ(m["zest_requests_rejected_total{status=\"503\"}"], 1);
+  EXPECT_EQ(finished_total(m), 0) << "a cancelled request must not reach the engine";
+}
+
 // A generated run: valid bodies with one field replaced by a value of a random type, random JSON
 // fragments, truncations and broken images. Every answer is 200 with a completion or a 4xx with an
 // OpenAI error object; never a 5xx or a dropped connection.
