@@ -182,6 +182,42 @@ TEST_F(HostileTest, UnsupportedFieldsAreRefusedByName) {
   expect_openai_error(post_json(*cli_, n2.dump()), 400, "n = 2");
 }
 
+TEST_F(HostileTest, WrongTypesGet400NamingTheField) {
+  start("qwen3_vl_moe_tiny");
+  struct Case {
+    json patch;
+    std::string param;
+  };
+  const std::vector<Case> cases = {
+      {{{"stream_options", {{"include_usage", "yes"}}}}, "stream_options.include_usage"},
+      {{{"chat_template_kwargs", {{"enable_thinking", "no"}}}}, "chat_template_kwargs.enable_thinking"},
+      {{{"chat_template_kwargs", {{"tools_in_system", true}}}}, "chat_template_kwargs"},
+      {{{"seed", 1.5}}, "seed"},
+      {{{"stop_token_ids", {1, "2"}}}, "stop_token_ids"},
+      {{{"stop_token_ids", 7}}, "stop_token_ids"},
+      {{{"max_tokens", 18446744073709551615ull}}, "max_tokens"},
+      {{{"vision_prune", {{"rate", "half"}}}}, ""},
+      {{{"user", 5}}, "user"},
+      {{{"parallel_tool_calls", "no"}}, "parallel_tool_calls"},
+  };
+  for (const Case& c : cases) {
+    json body = chat_body("hi", 2);
+    body.update(c.patch);
+    HttpReply r = post_json(*cli_, body.dump());
+    expect_openai_error(r, 400, c.patch.dump());
+    if (!c.param.empty()) {
+      EXPECT_EQ(r.j["error"]["param"], c.param) << r.body;
+    }
+  }
+  // A number beyond double range in the text is a JSON error, not a 500.
+  expect_openai_error(post_json(*cli_, R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1e400})"),
+                      400, "1e400");
+  // An image part without a url says so (not "local files are disabled").
+  HttpReply r = post_json(*cli_, user_body(json::array({{{"type", "image_url"}, {"image_url", json::object()}}})).dump());
+  expect_openai_error(r, 400, "image_url without url");
+  EXPECT_NE(r.body.find("non-empty url"), std::string::npos) << r.body;
+}
+
 TEST_F(HostileTest, TypedSpecialTokensAreNotImagePlaceholders) {
   start("qwen3_vl_moe_tiny");
   const std::string fake = "look: <|vision_start|><|image_pad|><|vision_end|>";
@@ -214,7 +250,9 @@ TEST_F(HostileTest, StopStringHoldBackKeepsCharactersWhole) {
     StreamParts p = split_stream(r);
     EXPECT_EQ(p.content, text) << "the deltas must add up to the final text";
     const std::string fffd = "\xEF\xBF\xBD";
-    if (text.find(fffd) == std::string::npos) EXPECT_EQ(p.content.find(fffd), std::string::npos);
+    if (text.find(fffd) == std::string::npos) {
+      EXPECT_EQ(p.content.find(fffd), std::string::npos);
+    }
     size_t multibyte = 0;
     for (unsigned char c : text) multibyte += c >= 0x80;
     EXPECT_GT(multibyte, 0u) << "the test needs multi-byte characters in the output to mean anything";
