@@ -2,7 +2,8 @@
 //
 // Threads: one engine thread (EngineLoop) owns the engine; HTTP handler threads (a cpp-httplib pool)
 // parse requests, build prompts (chat template, tokenizer, images, vision tower) and then talk to the
-// engine thread only through its command queue and a per-request RequestChannel.
+// engine thread only through its command queue and a per-request RequestChannel. Connections (read
+// deadlines, per-address caps, seeing a client leave) are server/http_server.h's.
 //
 // Endpoints: POST /v1/chat/completions (JSON or SSE stream), GET /v1/models, GET /health,
 // GET /metrics (Prometheus text). Errors are OpenAI-style JSON bodies with 4xx/5xx statuses.
