@@ -533,6 +533,8 @@ Result<GenerationDefaults> load_generation_defaults(const std::string& model_dir
   Status err;
   Fields f(root, "", &err);
   if (f.has({"temperature"})) g.temperature = f.number({"temperature"}, 0);
+  // do_sample false means greedy decoding in transformers whatever temperature says.
+  if (const json* ds = f.find({"do_sample"}); ds && ds->is_boolean() && !ds->get<bool>()) g.temperature = 0.0;
   if (f.has({"top_p"})) g.top_p = f.number({"top_p"}, 0);
   if (f.has({"top_k"})) g.top_k = f.integer({"top_k"}, 0);
   if (const json* eos = f.find({"eos_token_id"})) {

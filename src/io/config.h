@@ -83,6 +83,7 @@ struct GenerationDefaults {
   std::vector<int64_t> eos_token_ids;
 };
 // Reads DIR/generation_config.json; a missing file yields empty defaults, a malformed one kCorrupt.
+// "do_sample": false sets the default temperature to 0 (greedy), as transformers' generate does.
 Result<GenerationDefaults> load_generation_defaults(const std::string& model_dir);
 
 // Image processor settings from preprocessor_config.json (Qwen3-VL values as defaults).

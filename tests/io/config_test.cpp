@@ -355,6 +355,18 @@ TEST_F(SideConfigTest, GenerationDefaultsFromDirectoryAndSingleEos) {
   EXPECT_FALSE(g->temperature.has_value());
 }
 
+TEST_F(SideConfigTest, DoSampleFalseMeansGreedy) {
+  // transformers' generate ignores temperature when do_sample is false; zest's default is then greedy.
+  write_bytes(path("generation_config.json"), R"({"do_sample": false, "temperature": 0.7, "top_k": 20})");
+  auto g = load_generation_defaults(dir_.string());
+  ASSERT_TRUE(g.ok()) << g.status().to_string();
+  EXPECT_EQ(g->temperature, 0.0);
+  write_bytes(path("generation_config.json"), R"({"do_sample": true, "temperature": 0.7})");
+  g = load_generation_defaults(dir_.string());
+  ASSERT_TRUE(g.ok()) << g.status().to_string();
+  EXPECT_EQ(g->temperature, 0.7);
+}
+
 TEST_F(SideConfigTest, MissingGenerationConfigGivesEmptyDefaults) {
   auto g = load_generation_defaults(dir_.string());
   ASSERT_TRUE(g.ok()) << g.status().to_string();
