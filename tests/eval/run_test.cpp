@@ -120,6 +120,10 @@ TEST(EvalRun, ItemsThatCannotRunNameTheirLine) {
       {R"({"messages": [{"role": "robot", "content": "hi"}], "answer": "a"})", "role 'robot'"},
       {R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "missing.png"}}]}], "answer": "a"})",
        "missing.png"},
+      // The server's refusals apply to eval items too: a field zest does not implement, a mistyped one.
+      {R"({"messages": [{"role": "user", "content": "hi"}], "answer": "a", "logprobs": true})",
+       "unsupported field 'logprobs'"},
+      {R"({"messages": [{"role": "user", "content": "hi"}], "answer": "a", "max_tokens": "8"})", "'max_tokens'"},
   };
   for (const Case& c : cases) {
     const std::string file = temp_jsonl("bad", good + "\n" + c.line + "\n");
@@ -130,6 +134,24 @@ TEST(EvalRun, ItemsThatCannotRunNameTheirLine) {
     EXPECT_NE(r.status().message().find(file + ":2: "), std::string::npos) << r.status().message();
     EXPECT_NE(r.status().message().find(c.what), std::string::npos) << r.status().message();
   }
+}
+
+TEST(EvalRun, AnswerTaskAndUnknownFieldsDoNotStopAnItem) {
+  ASSERT_TRUE(vl_tiny());
+  // answer and task are the data file's own; other fields zest has never heard of pass as with the server,
+  // and an unsupported field with the value that asks for nothing is accepted.
+  const std::string file = temp_jsonl(
+      "extra", R"({"messages": [{"role": "user", "content": "hi"}], "answer": ["a", "b"], "task": "t", "id": 7, )"
+               R"("source": {"set": "x"}, "logprobs": false, "tools": []})"
+               "\n");
+  auto d = load_eval_data(file);
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  auto r = run_eval(vl_tiny(), *d, {}, quiet(1, 2));
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_EQ(r->items.size(), 1u);
+  EXPECT_EQ(r->items[0].task, "t");
+  EXPECT_EQ(r->items[0].answers, (std::vector<std::string>{"a", "b"}));
+  EXPECT_FALSE(r->items[0].token_ids.empty());
 }
 
 }  // namespace
