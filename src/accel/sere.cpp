@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "core/thread_pool.h"
@@ -33,7 +34,54 @@ int64_t count_distinct(std::span<const int32_t> ids, int64_t n_tokens, int64_t t
 // Index of the pair (p, q), p <= q, in the upper triangle of an n x n matrix, row by row.
 int64_t pair_index(int64_t p, int64_t q, int64_t n) { return p * n - p * (p - 1) / 2 + (q - p); }
 
+// Folds a token's repeated experts into their first slot (later slot: id -1, weight 0), in slot order.
+void fold_duplicates(int32_t* id, float* w, int64_t top_k, int64_t n_experts) {
+  for (int64_t k2 = 1; k2 < top_k; ++k2) {
+    if (id[k2] < 0 || id[k2] >= n_experts) continue;
+    for (int64_t k = 0; k < k2; ++k) {
+      if (id[k] == id[k2]) {
+        w[k] += w[k2];
+        id[k2] = -1;
+        w[k2] = 0.0f;
+        break;
+      }
+    }
+  }
+}
+
 }  // namespace
+
+Status protect_experts(std::span<float> sim, int64_t n_experts, std::span<const int32_t> protected_ids,
+                       float& threshold) {
+  if (n_experts < 1 || static_cast<int64_t>(sim.size()) != n_experts * n_experts)
+    return invalid_argument("protect_experts: the similarity must be [n_experts, n_experts]");
+  for (int32_t u : protected_ids) {
+    if (u < 0 || u >= n_experts)
+      return invalid_argument("protected expert " + std::to_string(u) + " is outside [0, " +
+                              std::to_string(n_experts) + ")");
+    for (int64_t v = 0; v < n_experts; ++v)
+      if (v != u) sim[static_cast<size_t>(u * n_experts + v)] = -1.0f;
+  }
+  if (!protected_ids.empty() && threshold <= 0.0f) threshold = std::numeric_limits<float>::min();
+  return Status::ok();
+}
+
+int64_t substitute_expert(std::span<int32_t> ids, std::span<float> weights, int64_t n_tokens, int64_t top_k,
+                          int64_t n_experts, int32_t from, int32_t to, int64_t first_slot) {
+  int64_t replaced = 0;
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    int32_t* id = ids.data() + t * top_k;
+    bool changed = false;
+    for (int64_t k = first_slot; k < top_k; ++k)
+      if (id[k] == from) {
+        id[k] = to;
+        changed = true;
+        ++replaced;
+      }
+    if (changed) fold_duplicates(id, weights.data() + t * top_k, top_k, n_experts);
+  }
+  return replaced;
+}
 
 Result<RerouteStats> sere_reroute(std::span<int32_t> ids, std::span<float> weights,
                                   int64_t n_tokens, int64_t top_k,
@@ -120,18 +168,7 @@ Result<RerouteStats> sere_reroute(std::span<int32_t> ids, std::span<float> weigh
         changed = true;
       }
     }
-    if (!changed) continue;
-    for (int64_t k2 = 1; k2 < top_k; ++k2) {
-      if (!id_valid(id[k2])) continue;
-      for (int64_t k = 0; k < k2; ++k) {
-        if (id[k] == id[k2]) {
-          w[k] += w[k2];
-          id[k2] = -1;
-          w[k2] = 0.0f;
-          break;
-        }
-      }
-    }
+    if (changed) fold_duplicates(id, w, top_k, e_count);
   }
   for (char c : critical) stats.critical_experts += c;
   stats.distinct_after = count_distinct(ids, n_tokens, top_k, valid, e_count);

@@ -41,6 +41,23 @@ Result<RerouteStats> sere_reroute(std::span<int32_t> ids, std::span<float> weigh
                                   std::span<const uint8_t> valid, std::span<const float> sim,
                                   int64_t n_experts, const RerouteParams& params);
 
+// Critical-expert protection, expressed as data so that every SERE path (sere_reroute on the host, the
+// CUDA kernel, which applies the same rule) honours it unchanged: the row of each protected expert in one
+// layer's similarity [n_experts, n_experts] gets -1 off the diagonal (it has no acceptable substitute),
+// and a threshold of 0 becomes the smallest normal float so that the rho test runs. A protected expert
+// outside P then always fails the test and keeps its id (counted as critical). The one side effect: in a
+// layer with protected experts and rho = 0, an expert whose best substitute has similarity exactly 0 (or
+// below) is kept too. kInvalidArgument for an id outside [0, n_experts) or a similarity of the wrong size.
+Status protect_experts(std::span<float> sim, int64_t n_experts, std::span<const int32_t> protected_ids,
+                       float& threshold);
+
+// Forces expert `from` out of slots k >= first_slot of every token: such a slot becomes `to`, with the
+// duplicate convention of sere_reroute (a second occurrence of `to` in the token folds its weight into the
+// first and becomes id -1, weight 0). Returns the number of slots replaced. For ranking experts by the
+// damage their re-routing does (engine::rank_protected_experts).
+int64_t substitute_expert(std::span<int32_t> ids, std::span<float> weights, int64_t n_tokens, int64_t top_k,
+                          int64_t n_experts, int32_t from, int32_t to, int64_t first_slot);
+
 enum class SimilarityMetric {
   kFrobenius,  // 1 - ||A_p - A_q||_F / max_{p != q} ||A_p - A_q||_F over the whole [T, H] outputs
   kCosine,     // (1 + mean_t cos(A_p[t], A_q[t])) / 2; a zero row has cosine 0

@@ -112,6 +112,8 @@ void add_accel_args(CLI::App* app, AccelArgs& a) {
   app->add_option("--sere-layer-thresholds", a.sere.layer_thresholds, "SERE: one threshold per layer");
   app->add_option("--sere-similarity", a.sere.similarity_file, "SERE similarity file (default: MODEL/sere_similarity.safetensors)");
   app->add_flag("--sere-prefill", a.sere.prefill, "SERE: also re-route prefill steps");
+  app->add_option("--sere-protected", a.sere.protected_file,
+                  "SERE: per-layer experts never re-routed away (JSON from zest sere-protect)");
   app->add_option("--vision-prune-rate", a.vision_prune_rate, "VisionZip: share of visual tokens dropped (0 = off)")
       ->check(CLI::Range(0.0f, 1.0f));
   app->add_option("--vision-budget-mode", a.vision_budget_mode, "VisionZip: uniform | global")
@@ -122,6 +124,15 @@ void add_accel_args(CLI::App* app, AccelArgs& a) {
       ->check(CLI::PositiveNumber);
   app->add_option("--vision-contextual", a.vision_contextual, "VisionZip: share of kept tokens that are merged tokens")
       ->check(CLI::Range(0.0f, 0.99f));
+}
+
+void add_engine_args(CLI::App* app, engine::EngineOptions& o) {
+  app->add_option("--max-batched-tokens", o.max_batched_tokens, "tokens per engine step at most")
+      ->capture_default_str();
+  app->add_option("--max-context", o.max_context, "context limit in tokens (0 = model's, at most 32768)")
+      ->capture_default_str();
+  app->add_option("--kv-blocks", o.kv_blocks, "KV-cache blocks of 16 tokens (0 = 4 full contexts)")
+      ->capture_default_str();
 }
 
 namespace {

@@ -60,6 +60,9 @@ void add_accel_args(CLI::App* app, AccelArgs& a);
 Result<std::unique_ptr<engine::SereRuntime>> apply_accel(const AccelArgs& a, engine::ModelBundle& model,
                                                          engine::EngineOptions& opts);
 
+// Engine flags shared by serve and eval: --max-batched-tokens, --max-context, --kv-blocks.
+void add_engine_args(CLI::App* app, engine::EngineOptions& o);
+
 // Prints "error: <message>" to stderr and returns exit code 1.
 int fail(const Status& st);
 

@@ -13,6 +13,8 @@ int main(int argc, char** argv) {
   zest::cli::register_serve(app, run);
   zest::cli::register_bench(app, run);
   zest::cli::register_calibrate_sere(app, run);
+  zest::cli::register_eval(app, run);
+  zest::cli::register_sere_protect(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

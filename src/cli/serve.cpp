@@ -80,16 +80,35 @@ void register_serve(CLI::App& app, std::function<int()>& run) {
   sub->add_option("--port", o.port, "TCP port (0 = any free port, printed at start)")->capture_default_str();
   sub->add_option("--max-num-seqs", o.engine.max_num_seqs, "requests decoded together at most")
       ->capture_default_str();
-  sub->add_option("--max-batched-tokens", o.engine.max_batched_tokens, "tokens per engine step at most")
-      ->capture_default_str();
-  sub->add_option("--max-context", o.engine.max_context, "context limit in tokens (0 = model's, at most 32768)")
-      ->capture_default_str();
-  sub->add_option("--kv-blocks", o.engine.kv_blocks, "KV-cache blocks of 16 tokens (0 = 4 full contexts)")
-      ->capture_default_str();
+  add_engine_args(sub, o.engine);
   sub->add_flag("--allow-local-files", o.allow_local_files, "accept file:// URLs and paths as images");
   sub->add_option("--max-body-bytes", o.max_body_bytes, "largest request body (bytes); larger ones get 413")
       ->capture_default_str();
   sub->add_option("--max-images", o.max_images, "images per request at most")->capture_default_str();
+  sub->add_option("--max-json-depth", o.max_json_depth, "deepest nesting of arrays/objects in a request body")
+      ->capture_default_str();
+  sub->add_option("--max-messages", o.max_messages, "messages per request at most")->capture_default_str();
+  sub->add_option("--max-content-parts", o.max_content_parts, "content parts per request at most (all messages)")
+      ->capture_default_str();
+  sub->add_option("--max-image-pixels", o.max_image_pixels, "width x height of one image at most (from its header)")
+      ->capture_default_str();
+  sub->add_option("--max-request-pixels", o.max_request_pixels, "width x height summed over a request's images")
+      ->capture_default_str();
+  sub->add_option("--mm-max-pixels", o.mm_max_pixels,
+                  "largest resized image fed to the vision tower, in pixels: the default max_pixels and the most a request's mm_processor_kwargs may ask (0 = the model's max_pixels)")
+      ->capture_default_str();
+  sub->add_option("--http-threads", o.http_threads, "HTTP handler threads (0 = max(64, 2 * max-num-seqs + 32))")
+      ->capture_default_str();
+  sub->add_option("--max-connections-per-client", o.max_connections_per_client,
+                  "connections per client address (0 = the handler threads less 16); more get 429")
+      ->capture_default_str();
+  sub->add_option("--keep-alive-timeout", o.keep_alive_timeout_s, "seconds an idle kept-alive connection stays open")
+      ->capture_default_str();
+  sub->add_option("--request-read-timeout", o.request_read_timeout_s,
+                  "seconds a request (headers and body) has to arrive")
+      ->capture_default_str();
+  sub->add_option("--idle-read-timeout", o.idle_read_timeout_s, "seconds of client silence allowed while reading a request")
+      ->capture_default_str();
   sub->add_option("--served-model-name", o.served_model_name, "model name in the API (default: directory name)");
   sub->callback([a, &run] { run = [a] { return run_serve(*a); }; });
 }

@@ -10,85 +10,251 @@ namespace {
 
 using nlohmann::json;
 
+// The value of `key`, or nullptr when it is absent or null (null means "not given" everywhere in the API).
+const json* field(const json& obj, const char* key) {
+  auto it = obj.find(key);
+  return it == obj.end() || it->is_null() ? nullptr : &*it;
+}
+
+std::string quote(const std::string& name) { return "'" + name + "'"; }
+
 Status expect_number(const json& body, const char* key, double lo, double hi, double& out) {
-  if (!body.contains(key) || body[key].is_null()) return Status::ok();
-  if (!body[key].is_number()) return invalid_argument(std::string("'") + key + "' must be a number");
-  out = body[key].get<double>();
+  const json* v = field(body, key);
+  if (!v) return Status::ok();
+  if (!v->is_number()) return invalid_argument(quote(key) + " must be a number");
+  out = v->get<double>();
   if (!(out >= lo && out <= hi))
-    return invalid_argument(std::string("'") + key + "' must be in [" + std::to_string(lo) + ", " +
-                            std::to_string(hi) + "]");
+    return invalid_argument(quote(key) + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
   return Status::ok();
 }
 
+// An integer in [lo, hi]; JSON numbers beyond int64 (unsigned or written with a fraction) are out of range.
 Status expect_int(const json& body, const char* key, int64_t lo, int64_t hi, int64_t& out) {
-  if (!body.contains(key) || body[key].is_null()) return Status::ok();
-  if (!body[key].is_number_integer()) return invalid_argument(std::string("'") + key + "' must be an integer");
-  out = body[key].get<int64_t>();
-  if (out < lo || out > hi)
-    return invalid_argument(std::string("'") + key + "' must be in [" + std::to_string(lo) + ", " +
-                            std::to_string(hi) + "]");
+  const json* v = field(body, key);
+  if (!v) return Status::ok();
+  if (!v->is_number_integer()) return invalid_argument(quote(key) + " must be an integer");
+  const bool fits = v->is_number_unsigned() ? v->get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX) : true;
+  if (fits) out = v->get<int64_t>();
+  if (!fits || out < lo || out > hi)
+    return invalid_argument(quote(key) + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
   return Status::ok();
 }
 
-// The URL of an image part, or an error naming the message and part.
-Result<std::string> image_source(const json& part, size_t mi, size_t pi) {
-  const std::string where = "messages[" + std::to_string(mi) + "].content[" + std::to_string(pi) + "]";
-  if (part.contains("image_url")) {
-    const json& u = part["image_url"];
-    if (u.is_string()) return u.get<std::string>();
-    if (u.is_object() && u.contains("url") && u["url"].is_string()) return u["url"].get<std::string>();
-    return invalid_argument(where + ": image_url must be {\"url\": string}");
-  }
-  if (part.contains("image") && part["image"].is_string()) return part["image"].get<std::string>();
-  return invalid_argument(where + ": image part without a url");
+Status expect_bool(const json& obj, const char* key, const std::string& name, bool& out) {
+  const json* v = field(obj, key);
+  if (!v) return Status::ok();
+  if (!v->is_boolean()) return invalid_argument(quote(name) + " must be a boolean");
+  out = v->get<bool>();
+  return Status::ok();
+}
+
+Status expect_string(const json& obj, const char* key) {
+  const json* v = field(obj, key);
+  if (v && !v->is_string()) return invalid_argument(quote(key) + " must be a string");
+  return Status::ok();
 }
 
 bool is_image_part(const json& part) {
-  const std::string type = part.value("type", "");
-  return type == "image_url" || type == "image";
+  auto it = part.find("type");
+  return it != part.end() && it->is_string() && (*it == "image_url" || *it == "image");
+}
+
+// OpenAI (and vLLM) request fields zest does not implement, with the value that asks for nothing: such a
+// field is accepted only with that value (or null), and refused by name otherwise, so that a client never
+// gets something other than what it asked for without being told.
+struct UnsupportedField {
+  const char* name;
+  bool (*neutral)(const json&);
+};
+
+bool is_false(const json& v) { return v.is_boolean() && !v.get<bool>(); }
+bool is_true(const json& v) { return v.is_boolean() && v.get<bool>(); }
+bool is_zero(const json& v) { return v.is_number() && v.get<double>() == 0.0; }
+bool is_one(const json& v) { return v.is_number() && v.get<double>() == 1.0; }
+bool is_empty(const json& v) { return (v.is_array() || v.is_object()) && v.empty(); }
+bool never(const json&) { return false; }
+bool no_tool_choice(const json& v) { return v.is_string() && (v == "none" || v == "auto"); }
+bool text_format(const json& v) {
+  return v.is_object() && v.size() == 1 && v.contains("type") && v["type"].is_string() && v["type"] == "text";
+}
+bool text_modality(const json& v) { return v.is_array() && v.size() == 1 && v[0].is_string() && v[0] == "text"; }
+
+constexpr UnsupportedField kUnsupported[] = {
+    {"logprobs", is_false},
+    {"top_logprobs", is_zero},
+    {"prompt_logprobs", never},
+    {"tools", is_empty},
+    {"tool_choice", no_tool_choice},
+    {"functions", is_empty},
+    {"function_call", no_tool_choice},
+    {"response_format", text_format},
+    {"logit_bias", is_empty},
+    {"presence_penalty", is_zero},
+    {"frequency_penalty", is_zero},
+    {"repetition_penalty", is_one},
+    {"min_p", is_zero},
+    {"min_tokens", is_zero},
+    {"best_of", is_one},
+    {"use_beam_search", is_false},
+    {"length_penalty", is_one},
+    {"echo", is_false},
+    {"include_stop_str_in_output", is_false},
+    {"continue_final_message", is_false},
+    {"add_generation_prompt", is_true},
+    {"skip_special_tokens", is_true},
+    {"spaces_between_special_tokens", is_true},
+    {"return_tokens_as_token_ids", is_false},
+    {"chat_template", never},
+    {"documents", never},
+    {"guided_json", never},
+    {"guided_regex", never},
+    {"guided_choice", never},
+    {"guided_grammar", never},
+    {"structured_outputs", never},
+    {"bad_words", is_empty},
+    {"allowed_token_ids", never},
+    {"truncate_prompt_tokens", never},
+    {"modalities", text_modality},
+    {"audio", never},
+    {"prediction", never},
+    {"web_search_options", never},
+    {"reasoning_effort", never},
+    {"store", is_false},
+};
+
+Status refuse_unsupported(const json& body) {
+  for (const UnsupportedField& f : kUnsupported) {
+    const json* v = field(body, f.name);
+    if (v && !f.neutral(*v))
+      return invalid_argument(quote(f.name) + " is not supported by zest (unsupported field '" + f.name +
+                              "'); leave it out");
+  }
+  return Status::ok();
+}
+
+// An image part: {"type": "image_url", "image_url": {"url": string} or string} or {"type": "image", "image":
+// string}, with a non-empty source.
+Status check_image_part(const json& part, const std::string& at) {
+  const json* src = nullptr;
+  if (part["type"] == "image_url") {
+    const json* u = field(part, "image_url");
+    if (u && u->is_object()) {
+      if (const json* detail = field(*u, "detail"); detail && !detail->is_string())
+        return invalid_argument(at + ".image_url.detail must be a string");
+      src = field(*u, "url");
+    } else {
+      src = u;
+    }
+    if (!src || !src->is_string() || src->get_ref<const std::string&>().empty())
+      return invalid_argument(at + ".image_url must be {\"url\": \"data:image/...;base64,...\"} with a non-empty url");
+  } else {
+    src = field(part, "image");
+    if (!src || !src->is_string() || src->get_ref<const std::string&>().empty())
+      return invalid_argument(at + ".image must be a non-empty string (a data: URL)");
+  }
+  return Status::ok();
+}
+
+Status check_tool_calls(const json& calls, const std::string& at) {
+  if (!calls.is_array()) return invalid_argument(at + " must be an array");
+  for (size_t k = 0; k < calls.size(); ++k) {
+    const json& c = calls[k];
+    const std::string cw = at + "[" + std::to_string(k) + "]";
+    if (!c.is_object()) return invalid_argument(cw + " must be an object");
+    for (const char* key : {"id", "type"})
+      if (const json* v = field(c, key); v && !v->is_string()) return invalid_argument(cw + "." + key + " must be a string");
+    const json* fn = field(c, "function");
+    if (!fn || !fn->is_object()) return invalid_argument(cw + ".function must be an object with name and arguments");
+    const json* name = field(*fn, "name");
+    if (!name || !name->is_string()) return invalid_argument(cw + ".function.name must be a string");
+    const json* args = field(*fn, "arguments");
+    if (!args || !(args->is_string() || args->is_object()))
+      return invalid_argument(cw + ".function.arguments must be a JSON string or object");
+  }
+  return Status::ok();
+}
+
+Status check_messages(const json& messages, const ModelBundle& model, const RequestLimits& limits) {
+  if (static_cast<int64_t>(messages.size()) > limits.max_messages)
+    return invalid_argument("messages: " + std::to_string(messages.size()) + " messages are more than this server's "
+                            "limit of " + std::to_string(limits.max_messages) + " (--max-messages)");
+  static const char* kRoles[] = {"system", "user", "assistant", "tool"};
+  int64_t parts = 0;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const json& m = messages[i];
+    const std::string where = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object()) return invalid_argument(where + " must be an object");
+    const json* role_v = field(m, "role");
+    if (!role_v || !role_v->is_string()) return invalid_argument(where + ".role must be a string");
+    const std::string role = *role_v;
+    if (std::none_of(std::begin(kRoles), std::end(kRoles), [&](const char* k) { return role == k; }))
+      return invalid_argument(where + ".role '" + role + "' is not one of system, user, assistant, tool");
+    for (const char* key : {"name", "tool_call_id", "reasoning_content"})
+      if (const json* v = field(m, key); v && !v->is_string()) return invalid_argument(where + "." + key + " must be a string");
+    bool has_tool_calls = false;
+    if (const json* tc = field(m, "tool_calls")) {
+      if (role != "assistant") return invalid_argument(where + ".tool_calls: only assistant messages have tool calls");
+      ZEST_RETURN_IF_ERROR(check_tool_calls(*tc, where + ".tool_calls"));
+      has_tool_calls = !tc->empty();
+    }
+    const json* c = field(m, "content");
+    if (!c) {
+      if (role == "assistant" && has_tool_calls) continue;
+      return invalid_argument(where + ".content is missing");
+    }
+    if (c->is_string()) continue;
+    if (!c->is_array()) return invalid_argument(where + ".content must be a string or an array of parts");
+    parts += static_cast<int64_t>(c->size());
+    if (parts > limits.max_parts)
+      return invalid_argument("messages: more than this server's limit of " + std::to_string(limits.max_parts) +
+                              " content parts (--max-content-parts)");
+    for (size_t p = 0; p < c->size(); ++p) {
+      const json& part = (*c)[p];
+      const std::string pw = where + ".content[" + std::to_string(p) + "]";
+      if (!part.is_object() || !field(part, "type") || !part["type"].is_string())
+        return invalid_argument(pw + " must be an object with a string 'type'");
+      const std::string type = part["type"];
+      if (type == "text") {
+        const json* t = field(part, "text");
+        if (!t || !t->is_string()) return invalid_argument(pw + ".text must be a string");
+      } else if (is_image_part(part)) {
+        if (!model.vision) return invalid_argument(pw + ": this model takes no images (it has no vision tower)");
+        if (role != "user") return invalid_argument(pw + ": images are only accepted in user messages");
+        ZEST_RETURN_IF_ERROR(check_image_part(part, pw));
+      } else {
+        return invalid_argument(pw + ": unsupported part type '" + type + "' (text, image_url)");
+      }
+    }
+  }
+  return Status::ok();
+}
+
+// The URL of a validated image part.
+const std::string& image_source(const json& part) {
+  if (part["type"] == "image") return part["image"].get_ref<const std::string&>();
+  const json& u = part["image_url"];
+  return u.is_string() ? u.get_ref<const std::string&>() : u["url"].get_ref<const std::string&>();
 }
 
 }  // namespace
 
-Result<ChatRequest> parse_chat_request(const json& body, const ModelBundle& model) {
+Result<ChatRequest> parse_chat_request(const json& body, const ModelBundle& model, const RequestLimits& limits,
+                                       int64_t mm_max_pixels) {
   if (!body.is_object()) return invalid_argument("the request body must be a JSON object");
   ChatRequest r;
-  if (!body.contains("messages") || !body["messages"].is_array() || body["messages"].empty())
+  const json* messages = field(body, "messages");
+  if (!messages || !messages->is_array() || messages->empty())
     return invalid_argument("'messages' must be a non-empty array");
-  r.messages = body["messages"];
-  static const char* kRoles[] = {"system", "user", "assistant", "tool"};
-  for (size_t i = 0; i < r.messages.size(); ++i) {
-    const json& m = r.messages[i];
-    const std::string where = "messages[" + std::to_string(i) + "]";
-    if (!m.is_object()) return invalid_argument(where + " must be an object");
-    if (!m.contains("role") || !m["role"].is_string()) return invalid_argument(where + ".role must be a string");
-    const std::string role = m["role"];
-    if (std::none_of(std::begin(kRoles), std::end(kRoles), [&](const char* k) { return role == k; }))
-      return invalid_argument(where + ".role '" + role + "' is not one of system, user, assistant, tool");
-    const bool has_tool_calls = m.contains("tool_calls") && m["tool_calls"].is_array() && !m["tool_calls"].empty();
-    if (!m.contains("content") || m["content"].is_null()) {
-      if (role == "assistant" && has_tool_calls) continue;
-      return invalid_argument(where + ".content is missing");
-    }
-    const json& c = m["content"];
-    if (c.is_string()) continue;
-    if (!c.is_array()) return invalid_argument(where + ".content must be a string or an array of parts");
-    for (size_t p = 0; p < c.size(); ++p) {
-      const json& part = c[p];
-      const std::string pw = where + ".content[" + std::to_string(p) + "]";
-      if (!part.is_object() || !part.contains("type") || !part["type"].is_string())
-        return invalid_argument(pw + " must be an object with a string 'type'");
-      const std::string type = part["type"];
-      if (type == "text") {
-        if (!part.contains("text") || !part["text"].is_string()) return invalid_argument(pw + ".text must be a string");
-      } else if (is_image_part(part)) {
-        if (!model.vision) return invalid_argument(pw + ": this model takes no images (it has no vision tower)");
-        if (role != "user") return invalid_argument(pw + ": images are only accepted in user messages");
-      } else {
-        return invalid_argument(pw + ": unsupported part type '" + type + "'");
-      }
-    }
-  }
+  ZEST_RETURN_IF_ERROR(check_messages(*messages, model, limits));
+  r.messages = *messages;
+  ZEST_RETURN_IF_ERROR(expect_string(body, "model"));
+  ZEST_RETURN_IF_ERROR(expect_string(body, "user"));
+  ZEST_RETURN_IF_ERROR(expect_string(body, "service_tier"));
+  if (const json* md = field(body, "metadata"); md && !md->is_object())
+    return invalid_argument("'metadata' must be an object");
+  bool parallel_tool_calls = true;  // type-checked only: without tools it asks for nothing
+  ZEST_RETURN_IF_ERROR(expect_bool(body, "parallel_tool_calls", "parallel_tool_calls", parallel_tool_calls));
+  ZEST_RETURN_IF_ERROR(refuse_unsupported(body));
 
   SamplingParams& sp = r.sampling;
   const auto& g = model.generation;
@@ -100,61 +266,79 @@ Result<ChatRequest> parse_chat_request(const json& body, const ModelBundle& mode
   if (sp.top_p <= 0.0) return invalid_argument("'top_p' must be in (0, 1]");
   ZEST_RETURN_IF_ERROR(expect_int(body, "top_k", -1, 1 << 30, sp.top_k));
   if (sp.top_k < 0) sp.top_k = 0;
-  int64_t max_tokens = 256;
-  ZEST_RETURN_IF_ERROR(expect_int(body, "max_tokens", 1, int64_t{1} << 40, max_tokens));
-  ZEST_RETURN_IF_ERROR(expect_int(body, "max_completion_tokens", 1, int64_t{1} << 40, max_tokens));
+  int64_t max_tokens = sp.max_tokens;
+  ZEST_RETURN_IF_ERROR(expect_int(body, "max_tokens", 1, INT64_MAX, max_tokens));
+  ZEST_RETURN_IF_ERROR(expect_int(body, "max_completion_tokens", 1, INT64_MAX, max_tokens));
+  r.max_tokens_given = field(body, "max_tokens") || field(body, "max_completion_tokens");
   sp.max_tokens = max_tokens;
-  int64_t seed = -1;
-  ZEST_RETURN_IF_ERROR(expect_int(body, "seed", INT64_MIN, INT64_MAX, seed));
-  if (body.contains("seed") && !body["seed"].is_null()) sp.seed = static_cast<uint64_t>(seed);
+  if (const json* seed = field(body, "seed")) {
+    if (!seed->is_number_integer()) return invalid_argument("'seed' must be an integer");
+    sp.seed = seed->is_number_unsigned() ? seed->get<uint64_t>() : static_cast<uint64_t>(seed->get<int64_t>());
+  }
   int64_t n = 1;
   ZEST_RETURN_IF_ERROR(expect_int(body, "n", 1, 1 << 20, n));
-  if (n != 1) return invalid_argument("only n = 1 is supported");
-  if (body.contains("stop") && !body["stop"].is_null()) {
-    const json& s = body["stop"];
-    if (s.is_string()) {
-      sp.stop.push_back(s);
-    } else if (s.is_array() && s.size() <= 16) {
-      for (const json& e : s) {
-        if (!e.is_string()) return invalid_argument("'stop' must be a string or an array of strings");
-        sp.stop.push_back(e);
-      }
+  if (n != 1) return invalid_argument("'n' = " + std::to_string(n) + ": only n = 1 is supported");
+  if (const json* s = field(body, "stop")) {
+    if (s->is_string()) {
+      sp.stop.push_back(*s);
+    } else if (s->is_array() && s->size() <= 16 &&
+               std::all_of(s->begin(), s->end(), [](const json& e) { return e.is_string(); })) {
+      for (const json& e : *s) sp.stop.push_back(e);
     } else {
       return invalid_argument("'stop' must be a string or an array of at most 16 strings");
     }
   }
-  if (body.contains("stop_token_ids") && body["stop_token_ids"].is_array())
-    for (const json& e : body["stop_token_ids"]) {
-      if (!e.is_number_integer()) return invalid_argument("'stop_token_ids' must be integers");
+  if (const json* ids = field(body, "stop_token_ids")) {
+    const int64_t vocab = model.config.text.vocab_size;
+    if (!ids->is_array() || ids->size() > 256)
+      return invalid_argument("'stop_token_ids' must be an array of at most 256 token ids");
+    for (const json& e : *ids) {
+      if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() >= vocab)
+        return invalid_argument("'stop_token_ids' must hold token ids in [0, " + std::to_string(vocab) + ")");
       sp.stop_token_ids.push_back(e.get<int32_t>());
     }
-  if (body.contains("ignore_eos")) {
-    if (!body["ignore_eos"].is_boolean()) return invalid_argument("'ignore_eos' must be a boolean");
-    sp.ignore_eos = body["ignore_eos"];
   }
-  if (body.contains("stream")) {
-    if (!body["stream"].is_boolean()) return invalid_argument("'stream' must be a boolean");
-    r.stream = body["stream"];
+  ZEST_RETURN_IF_ERROR(expect_bool(body, "ignore_eos", "ignore_eos", sp.ignore_eos));
+  ZEST_RETURN_IF_ERROR(expect_bool(body, "stream", "stream", r.stream));
+  if (const json* so = field(body, "stream_options")) {
+    if (!so->is_object()) return invalid_argument("'stream_options' must be an object");
+    ZEST_RETURN_IF_ERROR(expect_bool(*so, "include_usage", "stream_options.include_usage", r.include_usage));
+    bool continuous = false;
+    ZEST_RETURN_IF_ERROR(
+        expect_bool(*so, "continuous_usage_stats", "stream_options.continuous_usage_stats", continuous));
+    if (continuous)
+      return invalid_argument("'stream_options.continuous_usage_stats' is not supported by zest (unsupported field "
+                              "'continuous_usage_stats'); leave it out");
   }
-  if (body.contains("stream_options") && body["stream_options"].is_object())
-    r.include_usage = body["stream_options"].value("include_usage", false);
-  if (body.contains("sere")) {
-    if (!body["sere"].is_boolean()) return invalid_argument("'sere' must be a boolean");
-    r.sere = body["sere"];
+  ZEST_RETURN_IF_ERROR(expect_bool(body, "sere", "sere", r.sere));
+  if (const json* vp = field(body, "vision_prune")) {
+    if (!vp->is_object()) return invalid_argument("'vision_prune' must be an object");
+    ZEST_RETURN_IF_ERROR(check_vision_prune(model, *vp));
+    r.vision_prune = *vp;
   }
-  if (body.contains("vision_prune") && !body["vision_prune"].is_null()) {
-    if (!body["vision_prune"].is_object()) return invalid_argument("'vision_prune' must be an object");
-    r.vision_prune = body["vision_prune"];
+  if (const json* kw = field(body, "mm_processor_kwargs")) {
+    if (!kw->is_object()) return invalid_argument("'mm_processor_kwargs' must be an object");
+    r.mm_processor_kwargs = *kw;
   }
-  if (body.contains("mm_processor_kwargs") && !body["mm_processor_kwargs"].is_null()) {
-    if (!body["mm_processor_kwargs"].is_object()) return invalid_argument("'mm_processor_kwargs' must be an object");
-    r.mm_processor_kwargs = body["mm_processor_kwargs"];
+  // A server ceiling below the model's max_pixels is also what images are resized to when the request
+  // does not say: it bounds the vision tower's work per image.
+  const int64_t ceiling = mm_max_pixels > 0 ? mm_max_pixels : model.preprocessor.max_pixels;
+  if (model.vision && ceiling < model.preprocessor.max_pixels) {
+    if (r.mm_processor_kwargs.is_null()) r.mm_processor_kwargs = json::object();
+    if (!r.mm_processor_kwargs.contains("max_pixels")) r.mm_processor_kwargs["max_pixels"] = ceiling;
+    if (!r.mm_processor_kwargs.contains("min_pixels") && model.preprocessor.min_pixels > ceiling)
+      r.mm_processor_kwargs["min_pixels"] = ceiling;
   }
-  const json* kw = body.contains("chat_template_kwargs") && body["chat_template_kwargs"].is_object()
-                       ? &body["chat_template_kwargs"] : nullptr;
-  if (kw) {
-    r.enable_thinking = kw->value("enable_thinking", true);
-    r.add_vision_id = kw->value("add_vision_id", false);
+  ZEST_ASSIGN_OR_RETURN(r.pixels, request_pixel_budget(model, r.mm_processor_kwargs, ceiling));
+  if (const json* kw = field(body, "chat_template_kwargs")) {
+    if (!kw->is_object()) return invalid_argument("'chat_template_kwargs' must be an object");
+    for (const auto& [key, v] : kw->items())
+      if (key != "enable_thinking" && key != "add_vision_id")
+        return invalid_argument("'chat_template_kwargs' has the unsupported key '" + key +
+                                "' (enable_thinking, add_vision_id)");
+    ZEST_RETURN_IF_ERROR(
+        expect_bool(*kw, "enable_thinking", "chat_template_kwargs.enable_thinking", r.enable_thinking));
+    ZEST_RETURN_IF_ERROR(expect_bool(*kw, "add_vision_id", "chat_template_kwargs.add_vision_id", r.add_vision_id));
   }
   return r;
 }
@@ -188,17 +372,14 @@ void rope_positions(const std::vector<int32_t>& ids, int32_t image_token_id,
   rope_delta = max_pos + 1 - n;
 }
 
-Result<Prompt> build_prompt(const ModelBundle& model, const ChatRequest& req, const PromptOptions& opts) {
+Result<PromptPlan> plan_prompt(const ModelBundle& model, const ChatRequest& req, const PromptOptions& opts) {
   // Images in message order.
   std::vector<std::string> sources;
-  for (size_t mi = 0; mi < req.messages.size(); ++mi) {
-    const json& c = req.messages[mi]["content"];
-    if (!c.is_array()) continue;
-    for (size_t pi = 0; pi < c.size(); ++pi)
-      if (is_image_part(c[pi])) {
-        ZEST_ASSIGN_OR_RETURN(std::string src, image_source(c[pi], mi, pi));
-        sources.push_back(std::move(src));
-      }
+  for (const json& m : req.messages) {
+    const json* c = field(m, "content");
+    if (!c || !c->is_array()) continue;
+    for (const json& part : *c)
+      if (is_image_part(part)) sources.push_back(image_source(part));
   }
   if (static_cast<int64_t>(sources.size()) > opts.max_images)
     return invalid_argument("too many images: " + std::to_string(sources.size()) + " (the limit is " +
@@ -209,28 +390,88 @@ Result<Prompt> build_prompt(const ModelBundle& model, const ChatRequest& req, co
   co.enable_thinking = req.enable_thinking;
   co.add_vision_id = req.add_vision_id;
   ZEST_ASSIGN_OR_RETURN(std::string rendered, text::render_chat(model.chat_template, req.messages, co));
-  std::vector<int32_t> ids = model.tokenizer.encode(rendered, /*parse_special=*/true);
+  PromptPlan plan;
+  plan.ids = model.tokenizer.encode(rendered, /*parse_special=*/true);
+  // The template writes one image-pad token per image; the same token typed in the text would be taken for an
+  // image's place (and shift every image after it), so the count must be exact.
+  const int32_t image_id = static_cast<int32_t>(model.config.image_token_id);
+  const int64_t pads = std::count(plan.ids.begin(), plan.ids.end(), image_id);
+  if (pads != static_cast<int64_t>(sources.size()))
+    return invalid_argument("messages: the text contains image placeholder tokens (" +
+                            model.tokenizer.decode({image_id}) + " or the like): the prompt has " +
+                            std::to_string(pads) + " image placeholders for " + std::to_string(sources.size()) +
+                            " images; remove special tokens from the text");
 
+  // Image sizes from their headers: the pixel limits and the prompt length before any pixel is decoded.
+  io::ImageLimits lim;
+  lim.max_pixels = opts.max_image_pixels;
+  int64_t request_pixels = 0, visual = 0;
+  const int64_t unit = model.config.vision ? model.config.vision->patch_size * model.config.vision->spatial_merge_size
+                                           : 1;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    std::string src = sources[i];
+    const bool is_data = src.rfind("data:", 0) == 0;
+    if (!is_data && !opts.allow_local_files)
+      return invalid_argument("image " + std::to_string(i) + ": only data: URLs are accepted here");
+    if (!is_data && !opts.base_dir.empty()) {
+      std::string path = src.rfind("file://", 0) == 0 ? src.substr(7) : src;
+      if (!path.empty() && path[0] != '/' && path.find("://") == std::string::npos) src = opts.base_dir + "/" + path;
+    }
+    auto bytes = io::read_image_source(src);
+    if (!bytes.ok()) return bytes.status().with_context("image " + std::to_string(i));
+    auto info = io::probe_image(bytes->data(), bytes->size(), lim);
+    if (!info.ok()) return info.status().with_context("image " + std::to_string(i));
+    request_pixels += info->width * info->height;
+    if (opts.max_request_pixels > 0 && request_pixels > opts.max_request_pixels)
+      return invalid_argument("images: the request's images hold more than this server's limit of " +
+                              std::to_string(opts.max_request_pixels) + " pixels (--max-request-pixels)");
+    ZEST_ASSIGN_OR_RETURN(auto hw, vision::target_size(info->height, info->width, model.preprocessor, req.pixels));
+    plan.visual_tokens.push_back(hw.first / unit * (hw.second / unit));
+    visual += plan.visual_tokens.back();
+    plan.image_bytes.push_back(std::move(bytes).value());
+  }
+  const int64_t text_tokens = static_cast<int64_t>(plan.ids.size()) - static_cast<int64_t>(sources.size());
+  plan.prompt_tokens = text_tokens + visual;
+  plan.min_prompt_tokens = plan.prompt_tokens;
+  // VisionZip (the engine's settings, overridden by the request's) keeps about (1 - rate) of the visual
+  // tokens, or `budget` of them, plus floors and contextual tokens: at least min(budget, visual), or
+  // floor(visual * (1 - rate)) less one per image for the per-image rounding.
+  double rate = model.vision_prune.rate;
+  int64_t budget = model.vision_prune.budget;
+  if (const json* v = req.vision_prune.is_object() ? field(req.vision_prune, "rate") : nullptr) rate = v->get<double>();
+  if (const json* v = req.vision_prune.is_object() ? field(req.vision_prune, "budget") : nullptr) budget = v->get<int64_t>();
+  if (visual > 0 && (rate > 0.0 || budget >= 0)) {
+    const int64_t kept = budget >= 0 ? std::min(budget, visual)
+                                     : static_cast<int64_t>(static_cast<double>(visual) * (1.0 - rate)) -
+                                           static_cast<int64_t>(sources.size());
+    plan.min_prompt_tokens = text_tokens + std::max<int64_t>(kept, 0);
+  }
+  return plan;
+}
+
+Result<Prompt> finish_prompt(const ModelBundle& model, const ChatRequest& req, PromptPlan plan,
+                             const PromptOptions& opts) {
   Prompt p;
+  std::vector<int32_t> ids = std::move(plan.ids);
   const int32_t image_id = static_cast<int32_t>(model.config.image_token_id);
   std::vector<std::pair<int64_t, int64_t>> grids;
-  if (!sources.empty()) {
+  if (!plan.image_bytes.empty()) {
+    io::ImageLimits lim;
+    lim.max_pixels = opts.max_image_pixels;
     std::vector<io::Image> images;
-    for (size_t i = 0; i < sources.size(); ++i) {
-      std::string src = sources[i];
-      const bool is_data = src.rfind("data:", 0) == 0;
-      if (!is_data && !opts.allow_local_files)
-        return invalid_argument("image " + std::to_string(i) + ": only data: URLs are accepted here");
-      if (!is_data && !opts.base_dir.empty()) {
-        std::string path = src.rfind("file://", 0) == 0 ? src.substr(7) : src;
-        if (!path.empty() && path[0] != '/' && path.find("://") == std::string::npos) src = opts.base_dir + "/" + path;
-      }
-      auto img = io::load_image(src);
+    for (size_t i = 0; i < plan.image_bytes.size(); ++i) {
+      if (opts.cancelled && opts.cancelled())
+        return resource_exhausted("the request was cancelled before its images were decoded");
+      auto img = io::decode_image(plan.image_bytes[i], lim);
       if (!img.ok()) return img.status().with_context("image " + std::to_string(i));
+      std::vector<uint8_t>().swap(plan.image_bytes[i]);
       images.push_back(std::move(img).value());
     }
-    ZEST_ASSIGN_OR_RETURN(EncodedImages enc, encode_images(model, images, req.mm_processor_kwargs, req.vision_prune));
-    // Expand each image's single pad token into its kept merged tokens.
+    EncodeOptions eo;
+    eo.cancelled = opts.cancelled;
+    ZEST_ASSIGN_OR_RETURN(EncodedImages enc,
+                          encode_images(model, images, req.mm_processor_kwargs, req.vision_prune, eo));
+  // Expand each image's single pad token into its kept merged tokens.
     std::vector<int32_t> expanded;
     size_t img = 0;
     for (int32_t t : ids) {
@@ -288,6 +529,11 @@ Result<Prompt> build_prompt(const ModelBundle& model, const ChatRequest& req, co
   p.ids = std::move(ids);
   rope_positions(p.ids, image_id, grids, p.positions, p.rope_delta);
   return p;
+}
+
+Result<Prompt> build_prompt(const ModelBundle& model, const ChatRequest& req, const PromptOptions& opts) {
+  ZEST_ASSIGN_OR_RETURN(PromptPlan plan, plan_prompt(model, req, opts));
+  return finish_prompt(model, req, std::move(plan), opts);
 }
 
 }  // namespace zest::engine

@@ -1,7 +1,13 @@
 // OpenAI chat-completions request bodies: validation, sampling parameters, and the prompt the decoder
 // runs (chat template, tokens, images through the vision tower, M-RoPE positions).
+//
+// A prompt is built in two stages so that a server can refuse a request before spending work on it:
+// plan_prompt reads the image bytes and their headers, renders and tokenizes the template and computes
+// the prompt length from the image sizes (no pixel decoded); finish_prompt decodes and encodes the images.
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -11,33 +17,63 @@
 #include "engine/model_bundle.h"
 #include "engine/request.h"
 #include "engine/sampler.h"
+#include "vision/preprocess.h"
 
 namespace zest::engine {
+
+// Bounds on a request's shape, checked by parse_chat_request.
+struct RequestLimits {
+  int64_t max_messages = 1024;
+  int64_t max_parts = 4096;  // content parts over all messages
+};
 
 struct PromptOptions {
   bool allow_local_files = true;  // file:// URLs and plain paths (CLI yes; server only when enabled)
   int64_t max_images = 64;
+  int64_t max_image_pixels = 64LL * 1000 * 1000;  // width * height of one image, from its header
+  int64_t max_request_pixels = 0;                 // width * height summed over the images; 0 = no limit
   std::string base_dir;           // relative image paths resolve against this (empty = cwd)
+  // Polled between images and before the vision tower: true stops the work (kResourceExhausted). Empty = never.
+  std::function<bool()> cancelled;
 };
 
-// A parsed chat request.
+// A parsed chat request: every field zest reads, type-checked.
 struct ChatRequest {
-  nlohmann::json messages;
+  nlohmann::json messages;  // validated: roles, content strings or parts, tool calls
   SamplingParams sampling;
+  bool max_tokens_given = false;  // max_tokens / max_completion_tokens came with the request
   bool stream = false;
   bool include_usage = false;
   bool sere = true;
-  nlohmann::json vision_prune;  // per-request VisionZip overrides (object) or null
-  nlohmann::json mm_processor_kwargs;  // min_pixels / max_pixels overrides or null
+  nlohmann::json vision_prune;         // per-request VisionZip overrides (object) or null; validated
+  nlohmann::json mm_processor_kwargs;  // min_pixels / max_pixels overrides (object) or null
+  vision::PixelBudget pixels;          // the same, typed (bounded by the ceiling given to parse_chat_request)
   bool enable_thinking = true;
   bool add_vision_id = false;
 };
 
-// Parses and validates a request body (types, ranges, roles, n == 1). Errors are kInvalidArgument with
-// the offending field named. Sampling defaults come from the model's generation_config.
-Result<ChatRequest> parse_chat_request(const nlohmann::json& body, const ModelBundle& model);
+// Parses and validates a request body. Every field zest reads is type-checked; fields of the OpenAI API
+// that zest does not implement are refused when they ask for something ("'logprobs' is not supported"),
+// other unknown fields pass. Errors are kInvalidArgument with the offending field quoted first
+// ('field' ...) or as messages[i]... Sampling defaults come from the model's generation_config.
+// `mm_max_pixels` bounds mm_processor_kwargs and, when below the model's preprocessor max_pixels, is the
+// max_pixels of requests that do not set one (0 = the model's max_pixels).
+Result<ChatRequest> parse_chat_request(const nlohmann::json& body, const ModelBundle& model,
+                                       const RequestLimits& limits = {}, int64_t mm_max_pixels = 0);
 
-// Renders, tokenizes and (for images) encodes the request's messages into a decoder prompt.
+// The cheap first half of a prompt (see the file comment).
+struct PromptPlan {
+  std::vector<int32_t> ids;  // the tokenized template, one image-pad token per image
+  std::vector<std::vector<uint8_t>> image_bytes;
+  std::vector<int64_t> visual_tokens;  // merged tokens per image before pruning (from the header size)
+  int64_t prompt_tokens = 0;           // prompt length without pruning
+  int64_t min_prompt_tokens = 0;       // a lower bound of the length with the request's pruning
+};
+Result<PromptPlan> plan_prompt(const ModelBundle& model, const ChatRequest& req, const PromptOptions& opts);
+// Decodes and encodes the plan's images into the decoder prompt.
+Result<Prompt> finish_prompt(const ModelBundle& model, const ChatRequest& req, PromptPlan plan,
+                             const PromptOptions& opts);
+// plan_prompt + finish_prompt.
 Result<Prompt> build_prompt(const ModelBundle& model, const ChatRequest& req, const PromptOptions& opts);
 
 // M-RoPE position ids [3, n] for `ids` given each image's merged grid (rows, cols) in order of its

@@ -279,8 +279,11 @@ Status Engine::run(const StepPlan& plan) {
       finish(s, FinishReason::kLength, s.full_text + s.detok.flush());
       continue;
     }
-    // Send what can no longer become part of a stop string.
-    const size_t safe = s.full_text.size() > hold ? s.full_text.size() - hold : 0;
+    // Send what can no longer become part of a stop string, ending on a character boundary: a delta never
+    // splits a multi-byte UTF-8 character.
+    size_t safe = s.full_text.size() > hold ? s.full_text.size() - hold : 0;
+    while (safe > s.emitted && safe < s.full_text.size() && (static_cast<unsigned char>(s.full_text[safe]) & 0xC0) == 0x80)
+      --safe;
     std::string delta;
     if (safe > s.emitted) {
       delta = s.full_text.substr(s.emitted, safe - s.emitted);

@@ -1,5 +1,7 @@
 #include "engine/sere.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -41,27 +43,21 @@ Result<std::unique_ptr<SereRuntime>> SereRuntime::create(const ModelBundle& mode
   if (!opts.layer_thresholds.empty() && static_cast<int64_t>(opts.layer_thresholds.size()) != tc.num_layers)
     return invalid_argument("per-layer SERE thresholds: expected " + std::to_string(tc.num_layers) + " values");
   if (opts.enabled() && opts.primary < tc.num_experts_per_tok) {
-    const std::string file =
-        opts.similarity_file.empty() ? model.dir + "/sere_similarity.safetensors" : opts.similarity_file;
-    auto st = io::SafeTensors::open_file(file);
-    if (!st.ok())
-      return st.status().with_context("SERE similarity '" + file + "' (make it with: zest calibrate-sere --model " +
-                                      model.dir + ")");
-    const auto& meta = st->metadata();
-    auto it = meta.find("config_hash");
-    if (it != meta.end() && it->second != sere_config_hash(model.config))
-      return invalid_argument("SERE similarity '" + file + "' was calibrated for another model (config hash " +
-                              it->second + ", this model " + sere_config_hash(model.config) + ")");
-    for (int64_t l = 0; l < tc.num_layers; ++l) {
-      if (!tc.is_moe_layer(l)) continue;
-      auto v = st->get("layers." + std::to_string(l) + ".similarity", {tc.num_experts, tc.num_experts});
-      if (!v.ok()) return v.status().with_context("SERE similarity '" + file + "'");
-      Tensor t = v->to_f32();
-      rt->spec_.similarity[l].assign(t.data<float>(), t.data<float>() + t.numel());
-    }
+    ZEST_ASSIGN_OR_RETURN(rt->spec_.similarity, load_sere_similarity(model, opts.similarity_file));
   }
   rt->spec_.thresholds = opts.layer_thresholds.empty() ? std::vector<float>(tc.num_layers, opts.threshold)
                                                         : opts.layer_thresholds;
+  // Protection is applied to the data both the host hook and the device kernel read (accel::protect_experts).
+  if (!opts.protected_file.empty()) {
+    ZEST_ASSIGN_OR_RETURN(const auto prot, load_protected_experts(opts.protected_file, model));
+    for (int64_t l = 0; l < tc.num_layers; ++l) {
+      if (rt->spec_.similarity[l].empty()) continue;
+      ZEST_RETURN_IF_ERROR(accel::protect_experts(rt->spec_.similarity[l], tc.num_experts, prot[l],
+                                                  rt->spec_.thresholds[l])
+                               .with_context("SERE protected experts '" + opts.protected_file + "', layer " +
+                                             std::to_string(l)));
+    }
+  }
   SereRuntime* self = rt.get();
   rt->hooks_.route = [self](int64_t layer, int32_t* ids, float* w, int64_t n, int64_t k,
                             const std::vector<uint8_t>& active) {
@@ -137,6 +133,216 @@ nlohmann::json SereRuntime::stats_json() const {
           {"experts_per_layer_after", after},
           {"critical_per_layer", crit},
           {"rerouted_share_per_layer", share}};
+}
+
+Result<std::vector<std::vector<float>>> load_sere_similarity(const ModelBundle& model, const std::string& file_opt) {
+  const auto& tc = model.config.text;
+  const std::string file = file_opt.empty() ? model.dir + "/sere_similarity.safetensors" : file_opt;
+  auto st = io::SafeTensors::open_file(file);
+  if (!st.ok())
+    return st.status().with_context("SERE similarity '" + file + "' (make it with: zest calibrate-sere --model " +
+                                    model.dir + ")");
+  const auto& meta = st->metadata();
+  auto it = meta.find("config_hash");
+  if (it != meta.end() && it->second != sere_config_hash(model.config))
+    return invalid_argument("SERE similarity '" + file + "' was calibrated for another model (config hash " +
+                            it->second + ", this model " + sere_config_hash(model.config) + ")");
+  std::vector<std::vector<float>> sim(tc.num_layers);
+  for (int64_t l = 0; l < tc.num_layers; ++l) {
+    if (!tc.is_moe_layer(l)) continue;
+    auto v = st->get("layers." + std::to_string(l) + ".similarity", {tc.num_experts, tc.num_experts});
+    if (!v.ok()) return v.status().with_context("SERE similarity '" + file + "'");
+    Tensor t = v->to_f32();
+    sim[l].assign(t.data<float>(), t.data<float>() + t.numel());
+  }
+  return sim;
+}
+
+namespace {
+
+// Runs one prompt as a single sequence and returns the logits of every position [n, vocab].
+Result<Tensor> prompt_logits(const model::TextDecoder& dec, model::PagedKVCache& cache, const Prompt& p,
+                             const model::MoeHooks* hooks) {
+  const int64_t n = static_cast<int64_t>(p.ids.size());
+  std::vector<int32_t> table;
+  ZEST_RETURN_IF_ERROR(cache.reserve(table, n));
+  model::ForwardBatch b;
+  b.tokens = p.ids;
+  b.positions = p.positions;
+  b.seqs.push_back({&table, 0, n, /*all_logits=*/true, /*reroute=*/true});
+  b.mm_embeds = p.mm_embeds;
+  b.mm_index = p.mm_index;
+  b.deepstack = p.deepstack;
+  auto r = dec.forward(b, cache, hooks);
+  cache.release(table);
+  return r;
+}
+
+// log(sum_j exp(row[j])) in f64.
+double log_sum_exp(const float* row, int64_t v) {
+  const float mx = *std::max_element(row, row + v);
+  double sum = 0;
+  for (int64_t j = 0; j < v; ++j) sum += std::exp(static_cast<double>(row[j] - mx));
+  return mx + std::log(sum);
+}
+
+// A teacher's next-token distributions: probabilities p [n, vocab] and per row sum_j p_j log p_j.
+struct Teacher {
+  std::vector<float> p;
+  std::vector<double> neg_entropy;
+};
+
+Teacher make_teacher(const Tensor& logits) {
+  const int64_t n = logits.dim(0), v = logits.dim(1);
+  Teacher t;
+  t.p.resize(static_cast<size_t>(n * v));
+  t.neg_entropy.resize(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const float* row = logits.data<float>() + i * v;
+    const double lse = log_sum_exp(row, v);
+    double h = 0;
+    for (int64_t j = 0; j < v; ++j) {
+      const double lp = row[j] - lse;
+      t.p[i * v + j] = static_cast<float>(std::exp(lp));
+      h += std::exp(lp) * lp;
+    }
+    t.neg_entropy[i] = h;
+  }
+  return t;
+}
+
+// Sum over rows of KL(teacher || softmax(student)) = sum_j p_j log p_j - sum_j p_j s_j + lse(s) sum_j p_j.
+double kl_sum(const Teacher& teacher, const Tensor& student) {
+  const int64_t n = student.dim(0), v = student.dim(1);
+  double kl = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float* s = student.data<float>() + i * v;
+    const float* p = teacher.p.data() + i * v;
+    double dot = 0, mass = 0;
+    for (int64_t j = 0; j < v; ++j) {
+      dot += static_cast<double>(p[j]) * s[j];
+      mass += p[j];
+    }
+    kl += teacher.neg_entropy[i] - dot + log_sum_exp(s, v) * mass;
+  }
+  return kl;
+}
+
+}  // namespace
+
+Result<ProtectedExperts> rank_protected_experts(const ModelBundle& model, const std::vector<Prompt>& prompts,
+                                                const ProtectOptions& opts) {
+  const auto& tc = model.config.text;
+  if (!model.config.is_moe()) return invalid_argument("sere-protect needs an MoE model; this model is dense");
+  if (prompts.empty()) return invalid_argument("sere-protect: no calibration prompts");
+  if (opts.per_layer < 0) return invalid_argument("sere-protect: --per-layer must be >= 0");
+  ZEST_ASSIGN_OR_RETURN(const auto sim, load_sere_similarity(model, opts.similarity_file));
+  const int64_t L = tc.num_layers, E = tc.num_experts;
+  const model::TextDecoder& dec = model.decoder();
+  int64_t longest = 0;
+  ProtectedExperts out;
+  for (const Prompt& p : prompts) {
+    longest = std::max<int64_t>(longest, static_cast<int64_t>(p.ids.size()));
+    out.tokens += static_cast<int64_t>(p.ids.size());
+  }
+  ZEST_ASSIGN_OR_RETURN(model::PagedKVCache cache, dec.allocate_cache((longest + 15) / 16, 16));
+
+  // Teacher: unmodified routing; counts each expert's secondary-slot occurrences per layer.
+  std::vector<std::vector<int64_t>> routed(L, std::vector<int64_t>(E, 0));
+  model::MoeHooks count;
+  count.route = [&](int64_t layer, int32_t* ids, float*, int64_t n, int64_t k, const std::vector<uint8_t>&) {
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t j = 1; j < k; ++j)
+        if (ids[t * k + j] >= 0 && ids[t * k + j] < E) ++routed[layer][ids[t * k + j]];
+  };
+  std::vector<Teacher> teacher;
+  for (const Prompt& p : prompts) {
+    ZEST_ASSIGN_OR_RETURN(Tensor logits, prompt_logits(dec, cache, p, &count));
+    teacher.push_back(make_teacher(logits));
+  }
+
+  int64_t total = 0, done = 0;
+  for (int64_t l = 0; l < L; ++l)
+    if (!sim[l].empty()) total += std::count_if(routed[l].begin(), routed[l].end(), [](int64_t c) { return c > 0; });
+  const double t0 = now_ms();
+  out.kl.resize(L);
+  out.experts.resize(L);
+  for (int64_t l = 0; l < L; ++l) {
+    if (sim[l].empty()) continue;
+    out.kl[l].assign(E, 0.0);
+    for (int32_t e = 0; e < E; ++e) {
+      if (routed[l][e] == 0) continue;
+      const float* row = sim[l].data() + static_cast<int64_t>(e) * E;
+      int32_t sub = e == 0 ? 1 : 0;
+      for (int32_t v = 0; v < E; ++v)
+        if (v != e && row[v] > row[sub]) sub = v;
+      model::MoeHooks force;
+      force.route = [&](int64_t layer, int32_t* ids, float* w, int64_t n, int64_t k, const std::vector<uint8_t>&) {
+        if (layer == l)
+          accel::substitute_expert({ids, static_cast<size_t>(n * k)}, {w, static_cast<size_t>(n * k)}, n, k, E, e, sub,
+                                   /*first_slot=*/1);
+      };
+      double kl = 0;
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        ZEST_ASSIGN_OR_RETURN(Tensor logits, prompt_logits(dec, cache, prompts[i], &force));
+        kl += kl_sum(teacher[i], logits);
+      }
+      out.kl[l][e] = kl / static_cast<double>(out.tokens);
+      if (opts.progress)
+        std::fprintf(stderr, "\rranking experts: %lld/%lld (layer %lld) %.1fs", static_cast<long long>(++done),
+                     static_cast<long long>(total), static_cast<long long>(l), (now_ms() - t0) / 1000.0);
+    }
+    std::vector<int32_t> order;
+    for (int32_t e = 0; e < E; ++e)
+      if (out.kl[l][e] > 0) order.push_back(e);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return out.kl[l][a] > out.kl[l][b]; });
+    if (static_cast<int64_t>(order.size()) > opts.per_layer) order.resize(opts.per_layer);
+    out.experts[l] = std::move(order);
+  }
+  if (opts.progress && total > 0) std::fprintf(stderr, "\n");
+  return out;
+}
+
+Status write_protected_experts(const std::string& file, const ModelBundle& model, const ProtectedExperts& p) {
+  nlohmann::json j = {{"format", "zest-sere-protected/1"},
+                      {"config_hash", sere_config_hash(model.config)},
+                      {"tokens", p.tokens},
+                      {"protected", p.experts},
+                      {"kl", p.kl}};
+  std::ofstream f(file);
+  if (!f) return not_found("cannot write '" + file + "'");
+  f << j.dump(1) << "\n";
+  return f ? Status::ok() : internal_error("writing '" + file + "' failed");
+}
+
+Result<std::vector<std::vector<int32_t>>> load_protected_experts(const std::string& file, const ModelBundle& model) {
+  const auto& tc = model.config.text;
+  std::ifstream f(file);
+  if (!f) return not_found("cannot open SERE protected experts '" + file + "' (make it with: zest sere-protect)");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const nlohmann::json j = nlohmann::json::parse(ss.str(), nullptr, false);
+  const std::string what = "SERE protected experts '" + file + "'";
+  if (j.is_discarded() || !j.is_object()) return invalid_argument(what + " is not a JSON object");
+  if (j.contains("config_hash") && j["config_hash"] != sere_config_hash(model.config))
+    return invalid_argument(what + " was made for another model (config hash " + j["config_hash"].dump() +
+                            ", this model " + sere_config_hash(model.config) + ")");
+  if (!j.contains("protected") || !j["protected"].is_array() ||
+      static_cast<int64_t>(j["protected"].size()) != tc.num_layers)
+    return invalid_argument(what + ": 'protected' must be a list of " + std::to_string(tc.num_layers) +
+                            " lists (one per layer)");
+  std::vector<std::vector<int32_t>> out(tc.num_layers);
+  for (int64_t l = 0; l < tc.num_layers; ++l) {
+    const nlohmann::json& ids = j["protected"][l];
+    if (!ids.is_array()) return invalid_argument(what + ": layer " + std::to_string(l) + " is not a list");
+    for (const nlohmann::json& e : ids) {
+      if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() >= tc.num_experts)
+        return invalid_argument(what + ": layer " + std::to_string(l) + " holds " + e.dump() +
+                                ", not an expert id in [0, " + std::to_string(tc.num_experts) + ")");
+      out[l].push_back(e.get<int32_t>());
+    }
+  }
+  return out;
 }
 
 Result<std::string> calibrate_sere(const ModelBundle& model, const CalibrationOptions& opts) {

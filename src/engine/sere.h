@@ -13,6 +13,7 @@
 #include "accel/sere.h"
 #include "core/status.h"
 #include "engine/model_bundle.h"
+#include "engine/request.h"
 #include "model/qwen3.h"
 
 namespace zest::engine {
@@ -23,6 +24,7 @@ struct SereOptions {
   std::vector<float> layer_thresholds;  // optional per-layer rho (overrides threshold)
   std::string similarity_file;  // default: <model dir>/sere_similarity.safetensors
   bool prefill = false;         // also re-route prefill steps
+  std::string protected_file;   // per-layer experts never re-routed away (zest sere-protect); empty = none
   bool enabled() const { return primary > 0; }
 };
 
@@ -56,6 +58,37 @@ class SereRuntime {
   mutable std::vector<SereLayerStats> stats_;  // host re-routing only
   model::MoeHooks hooks_;
 };
+
+// The per-layer similarity [E, E] of a SERE similarity file (empty for dense layers), checked against the
+// model (config hash, shapes); `file` empty = <model dir>/sere_similarity.safetensors.
+Result<std::vector<std::vector<float>>> load_sere_similarity(const ModelBundle& model, const std::string& file);
+
+// Critical-expert protection (docs/sere.md §4): experts ranked by the damage of re-routing them away.
+struct ProtectOptions {
+  std::string similarity_file;  // as SereOptions::similarity_file
+  int64_t per_layer = 4;        // experts protected per layer (the highest KL ones with KL > 0)
+  bool progress = true;         // progress line on stderr
+};
+
+struct ProtectedExperts {
+  int64_t tokens = 0;                         // calibration positions the KL is averaged over
+  std::vector<std::vector<double>> kl;        // [layer][expert] mean KL(teacher || substituted); empty for dense layers
+  std::vector<std::vector<int32_t>> experts;  // [layer] protected ids, highest KL first
+};
+
+// For every MoE layer l and every expert e that the prompts route to in a secondary slot (slot >= 1): runs the
+// prompts with e forced out of the secondary slots of layer l to its most similar other expert (per the
+// similarity file; substitution as accel::substitute_expert), and averages over all prompt positions the KL
+// divergence of the next-token distribution from the unmodified run's. Experts never routed there score 0
+// without a run. One forward per prompt and (layer, routed expert); the teacher's probabilities of all
+// positions are kept in memory (4 * positions * vocab bytes).
+Result<ProtectedExperts> rank_protected_experts(const ModelBundle& model, const std::vector<Prompt>& prompts,
+                                                const ProtectOptions& opts);
+// Writes the ranking as JSON: {"format": "zest-sere-protected/1", "config_hash", "tokens",
+// "protected": [[ids] per layer], "kl": [[KL per expert] per layer]}.
+Status write_protected_experts(const std::string& file, const ModelBundle& model, const ProtectedExperts& p);
+// Reads the "protected" lists of such a file ([layer] -> ids), checked against the model.
+Result<std::vector<std::vector<int32_t>>> load_protected_experts(const std::string& file, const ModelBundle& model);
 
 // A stable hash of the config fields that decide the experts' shapes and count (hex string).
 std::string sere_config_hash(const io::ModelConfig& cfg);

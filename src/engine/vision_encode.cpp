@@ -21,11 +21,12 @@ using nlohmann::json;
 Result<vision::PixelBudget> pixel_budget(const json& kw) {
   vision::PixelBudget b;
   if (kw.is_null()) return b;
+  if (!kw.is_object()) return invalid_argument("'mm_processor_kwargs' must be an object");
   for (const auto& [key, v] : kw.items()) {
     if (key != "min_pixels" && key != "max_pixels")
-      return invalid_argument("mm_processor_kwargs: unknown key '" + key + "' (min_pixels, max_pixels)");
+      return invalid_argument("'mm_processor_kwargs' has the unsupported key '" + key + "' (min_pixels, max_pixels)");
     if (!v.is_number_integer() || v.get<int64_t>() <= 0)
-      return invalid_argument("mm_processor_kwargs." + key + " must be a positive integer");
+      return invalid_argument("'mm_processor_kwargs' " + key + " must be a positive integer");
     (key == "min_pixels" ? b.min_pixels : b.max_pixels) = v.get<int64_t>();
   }
   return b;
@@ -73,6 +74,28 @@ Status prune_options(const ModelBundle& m, const json& o, accel::VisionPruneOpti
 }
 
 }  // namespace
+
+Result<vision::PixelBudget> request_pixel_budget(const ModelBundle& model, const json& mm_kwargs, int64_t ceiling) {
+  ZEST_ASSIGN_OR_RETURN(vision::PixelBudget b, pixel_budget(mm_kwargs));
+  for (const auto& [key, v] : {std::pair{"min_pixels", b.min_pixels}, std::pair{"max_pixels", b.max_pixels}})
+    if (v && *v > ceiling)
+      return invalid_argument("'mm_processor_kwargs' " + std::string(key) + " = " + std::to_string(*v) +
+                              " is above this server's limit of " + std::to_string(ceiling) +
+                              " pixels per image (--mm-max-pixels)");
+  const int64_t lo = b.min_pixels.value_or(model.preprocessor.min_pixels);
+  const int64_t hi = b.max_pixels.value_or(model.preprocessor.max_pixels);
+  if (lo > hi)
+    return invalid_argument("'mm_processor_kwargs' min_pixels (" + std::to_string(lo) + ") is above max_pixels (" +
+                            std::to_string(hi) + ")");
+  return b;
+}
+
+Status check_vision_prune(const ModelBundle& model, const json& prune) {
+  if (!model.config.vision || prune.is_null()) return Status::ok();
+  accel::VisionPruneOptions p;
+  int64_t layer = 0;
+  return prune_options(model, prune, p, layer);
+}
 
 Status load_vision_tower(ModelBundle& model) {
   if (!model.config.vision) return Status::ok();
@@ -168,6 +191,10 @@ Result<EncodedImages> encode_images(const ModelBundle& model, const std::vector<
       enc.preprocess_ms += prepared[g].ms;
       if (!prepared[g].batch.ok()) {
         failed = prepared[g].batch.status();
+        break;
+      }
+      if (opts.cancelled && opts.cancelled()) {
+        failed = resource_exhausted("the request was cancelled before its images were encoded");
         break;
       }
       const vision::PixelBatch& batch = *prepared[g].batch;

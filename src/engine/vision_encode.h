@@ -1,6 +1,7 @@
 // Runs a request's images through preprocessing and the vision tower (with VisionZip when enabled).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -9,6 +10,7 @@
 #include "core/tensor.h"
 #include "engine/model_bundle.h"
 #include "io/image.h"
+#include "vision/preprocess.h"
 
 namespace zest::engine {
 
@@ -31,11 +33,21 @@ struct EncodeOptions {
   // Preprocess the next group on the worker threads while the tower runs the current one (results are the
   // same as without: each group is preprocessed and encoded the same way).
   bool overlap = true;
+  // Polled before each tower forward: true stops the encoding with kResourceExhausted ("cancelled"), e.g.
+  // when the client that asked for it has gone away. Empty = never.
+  std::function<bool()> cancelled;
 };
 
 // Loads the vision tower of a VL model into model.vision on model.backend (the CUDA tower for kCuda, the
 // CPU tower otherwise) and creates the encoder cache; no-op for text-only models.
 Status load_vision_tower(ModelBundle& model);
+
+// The request's pixel budget ("mm_processor_kwargs": min_pixels / max_pixels, positive integers, each at
+// most `ceiling`, min <= max once merged with the model's) and VisionZip overrides ("vision_prune"),
+// checked without touching an image. Errors name the field (kInvalidArgument).
+Result<vision::PixelBudget> request_pixel_budget(const ModelBundle& model, const nlohmann::json& mm_kwargs,
+                                                 int64_t ceiling);
+Status check_vision_prune(const ModelBundle& model, const nlohmann::json& prune);
 
 // Preprocesses (one image per worker task) and encodes the images. `mm_kwargs` may carry min_pixels / max_pixels;
 // `prune` the VisionZip overrides of the request (null = engine defaults).

@@ -318,6 +318,72 @@ std::string shorten(const std::string& s) { return s.size() <= 80 ? s : s.substr
 
 }  // namespace
 
+namespace {
+
+Result<std::pair<int64_t, int64_t>> jpeg_dimensions(const uint8_t* data, size_t size) {
+  jpeg_decompress_struct cinfo;
+  JpegError err;
+  cinfo.err = jpeg_std_error(&err.mgr);
+  err.mgr.error_exit = jpeg_fail;
+  err.mgr.emit_message = jpeg_message;
+  err.mgr.output_message = jpeg_silent;
+  err.message[0] = '\0';
+  if (setjmp(err.jump)) {
+    jpeg_destroy_decompress(&cinfo);
+    return corrupt(std::string("JPEG data is corrupt or truncated: ") + err.message);
+  }
+  jpeg_create_decompress(&cinfo);
+  jpeg_mem_src(&cinfo, data, static_cast<unsigned long>(size));
+  jpeg_read_header(&cinfo, TRUE);
+  const std::pair<int64_t, int64_t> wh{cinfo.image_width, cinfo.image_height};
+  jpeg_destroy_decompress(&cinfo);
+  return wh;
+}
+
+// A PNG starts with its signature and the IHDR chunk: length 13, "IHDR", width and height (big-endian).
+Result<std::pair<int64_t, int64_t>> png_dimensions(const uint8_t* d, size_t size) {
+  if (size < 24 || std::memcmp(d + 12, "IHDR", 4) != 0) return corrupt("PNG data is corrupt or truncated: no IHDR chunk");
+  auto be32 = [](const uint8_t* p) {
+    return (int64_t{p[0]} << 24) | (int64_t{p[1]} << 16) | (int64_t{p[2]} << 8) | int64_t{p[3]};
+  };
+  return std::pair<int64_t, int64_t>{be32(d + 16), be32(d + 20)};
+}
+
+}  // namespace
+
+Result<ImageInfo> probe_image(const uint8_t* data, size_t size, const ImageLimits& limits) {
+  if (data == nullptr || size == 0) return invalid_argument("image data is empty");
+  ImageInfo info;
+  info.format = sniff_image_format(data, size);
+  std::pair<int64_t, int64_t> wh;
+  switch (info.format) {
+    case ImageFormat::kJpeg: {
+      ZEST_ASSIGN_OR_RETURN(wh, jpeg_dimensions(data, size));
+      break;
+    }
+    case ImageFormat::kPng: {
+      ZEST_ASSIGN_OR_RETURN(wh, png_dimensions(data, size));
+      break;
+    }
+    case ImageFormat::kWebp: {
+#if ZEST_HAVE_WEBP
+      WebPBitstreamFeatures features;
+      if (WebPGetFeatures(data, size, &features) != VP8_STATUS_OK) return corrupt("WebP header is corrupt or truncated");
+      wh = {features.width, features.height};
+      break;
+#else
+      return unsupported("this zest build has no WebP decoder (libwebp not found at build time); send JPEG or PNG");
+#endif
+    }
+    case ImageFormat::kUnknown:
+      return invalid_argument("data is not a JPEG, PNG or WebP image (unrecognised signature)");
+  }
+  info.width = wh.first;
+  info.height = wh.second;
+  ZEST_RETURN_IF_ERROR(check_dimensions(info.width, info.height, limits, image_format_name(info.format)));
+  return info;
+}
+
 Status decode_image_into(const uint8_t* data, size_t size, Image& out, const ImageLimits& limits) {
   if (data == nullptr || size == 0) return invalid_argument("image data is empty");
   Status st;
@@ -339,6 +405,49 @@ Result<Image> decode_image(const uint8_t* data, size_t size, const ImageLimits& 
   Image img;
   ZEST_RETURN_IF_ERROR(decode_image_into(data, size, img, limits));
   return img;
+}
+
+namespace {
+
+void png_write_mem(png_structp png, png_bytep data, png_size_t n) {
+  auto* out = static_cast<std::vector<uint8_t>*>(png_get_io_ptr(png));
+  out->insert(out->end(), data, data + n);
+}
+
+void png_flush_mem(png_structp) {}
+
+}  // namespace
+
+Result<std::vector<uint8_t>> encode_png(const Image& img) {
+  if (img.width <= 0 || img.height <= 0 || img.width > 0x7fffffff || img.height > 0x7fffffff)
+    return invalid_argument("encode_png: image size " + std::to_string(img.width) + "x" + std::to_string(img.height) +
+                            " is not positive");
+  if (img.rgb.size() != static_cast<size_t>(img.width * img.height * 3))
+    return invalid_argument("encode_png: rgb holds " + std::to_string(img.rgb.size()) + " bytes, expected " +
+                            std::to_string(img.width * img.height * 3));
+  PngReader err{nullptr, 0, 0, {}};  // only its message buffer is used
+  png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, &err, png_fail, png_warn);
+  if (png == nullptr) return resource_exhausted("cannot allocate a PNG encoder");
+  png_infop info = png_create_info_struct(png);
+  if (info == nullptr) {
+    png_destroy_write_struct(&png, nullptr);
+    return resource_exhausted("cannot allocate a PNG encoder");
+  }
+  std::vector<uint8_t> out;
+  std::vector<png_bytep> rows(static_cast<size_t>(img.height));
+  if (setjmp(png_jmpbuf(png))) {
+    png_destroy_write_struct(&png, &info);
+    return internal_error(std::string("PNG encoding failed: ") + err.message);
+  }
+  png_set_write_fn(png, &out, png_write_mem, png_flush_mem);
+  png_set_IHDR(png, info, static_cast<png_uint_32>(img.width), static_cast<png_uint_32>(img.height), 8,
+               PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+  for (int64_t y = 0; y < img.height; ++y)
+    rows[y] = const_cast<png_bytep>(img.rgb.data() + static_cast<size_t>(y * img.width * 3));
+  png_set_rows(png, info, rows.data());
+  png_write_png(png, info, PNG_TRANSFORM_IDENTITY, nullptr);
+  png_destroy_write_struct(&png, &info);
+  return out;
 }
 
 Result<std::vector<uint8_t>> encode_jpeg(const Image& img, int quality) {

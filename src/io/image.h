@@ -35,6 +35,17 @@ struct ImageLimits {
 // Detects the container format from the first bytes (magic numbers).
 ImageFormat sniff_image_format(const uint8_t* data, size_t size);
 
+// Format and size of an encoded image, read from its header alone (no pixel is decoded).
+struct ImageInfo {
+  ImageFormat format = ImageFormat::kUnknown;
+  int64_t width = 0;
+  int64_t height = 0;
+};
+
+// Reads the header of a JPEG, PNG or WebP held in memory, checking the dimensions against `limits`
+// as decode_image would (the same errors), so callers can bound the work of a batch before decoding.
+Result<ImageInfo> probe_image(const uint8_t* data, size_t size, const ImageLimits& limits = {});
+
 // Decodes a JPEG, PNG or WebP held in memory. Errors: empty or unknown data -> kInvalidArgument;
 // truncated or malformed data -> kCorrupt; zero size / aspect ratio -> kInvalidArgument;
 // width*height over limits.max_pixels -> kOutOfRange; WebP without libwebp -> kUnsupported.
@@ -49,6 +60,9 @@ inline Result<Image> decode_image(const std::vector<uint8_t>& bytes, const Image
 // Encodes an RGB image as a baseline JPEG (libjpeg defaults, `quality` 1..100); for tests, benchmarks
 // and debugging output.
 Result<std::vector<uint8_t>> encode_jpeg(const Image& img, int quality = 75);
+
+// Encodes an RGB image as an 8-bit PNG (plots, debugging output).
+Result<std::vector<uint8_t>> encode_png(const Image& img);
 
 // Standard base64 (RFC 4648, '+' '/'; '-' '_' also accepted; ASCII whitespace skipped; padding
 // optional). Any other character or a dangling single symbol -> kInvalidArgument.

@@ -15,6 +15,7 @@
 #include "engine/chat_request.h"
 #include "server/engine_loop.h"
 #include "server/http.h"
+#include "server/http_server.h"
 #include "server/openai.h"
 
 namespace zest::server {
@@ -79,17 +80,6 @@ Status check_image_sources(const json& messages, bool allow_local_files) {
   return Status::ok();
 }
 
-// httplib::Server with a larger listen backlog: the packaged library listens with a backlog of 5, so
-// a burst of concurrent connects overflows the accept queue (dropped handshakes, reset connections).
-class HttpServer : public httplib::Server {
- public:
-  // Re-listens the bound socket with `backlog` pending connections; false when not bound.
-  bool set_backlog(int backlog) {
-    const socket_t sock = svr_sock_;
-    return sock != INVALID_SOCKET && ::listen(sock, backlog) == 0;
-  }
-};
-
 // Per-stream state shared by the content provider and its releaser.
 struct StreamState {
   std::shared_ptr<RequestChannel> channel;
@@ -112,7 +102,7 @@ struct Server::Impl {
   std::atomic<bool> stopping{false};
   Metrics metrics;
   std::unique_ptr<EngineLoop> loop;
-  HttpServer http;
+  std::unique_ptr<HttpServer> http;
   std::thread listener;
   int port = 0;
   std::mutex stop_mu;
@@ -131,10 +121,15 @@ struct Server::Impl {
     reply_error(res, http_status_for(st), st.message(), error_param(st.message()));
   }
 
+  int http_threads() const;
+  ConnectionLimits connection_limits() const;
   void routes();
+  // The prompt (of n_prompt tokens) and the completion the request asks for must fit the context, as vLLM
+  // checks: 400 naming messages or max_tokens.
+  Status check_length(int64_t n_prompt, const engine::ChatRequest& cr) const;
   void handle_chat(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader);
-  // Non-streaming reply; requests that outlast a keep-alive interval are answered chunked so that a client
-  // that disconnects is noticed (see the definition).
+  // Non-streaming reply: waits for the end, checking the client's connection once per keep-alive interval
+  // (a client gone aborts the request).
   void respond_whole(httplib::Response& res, const std::shared_ptr<RequestChannel>& ch, int64_t request_id,
                      const CompletionId& cid, Usage usage);
   static std::pair<int, std::string> whole_body(const ChannelUpdate& u, const CompletionId& cid, Usage usage);
@@ -144,7 +139,20 @@ struct Server::Impl {
 };
 
 void Server::Impl::routes() {
-  http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+  // Connections over the per-address cap may only ask for the health and metrics endpoints.
+  http->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    const Connection* c = current_connection();
+    if (!c || !c->probe_only || req.path == "/health" || req.path == "/metrics")
+      return httplib::Server::HandlerResponse::Unhandled;
+    res.set_header("Connection", "close");
+    reply_error(res, 429,
+                "too many connections from " + c->ip() + " (this server allows " +
+                    std::to_string(connection_limits().max_per_client) +
+                    " per client address: --max-connections-per-client); only /health and /metrics are answered "
+                    "on more");
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  http->Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     const engine::EngineStats s = loop->stats();
     json j = {{"status", stopping ? "stopping" : "ok"},
               {"model", model_name},
@@ -155,7 +163,7 @@ void Server::Impl::routes() {
     res.status = stopping ? 503 : 200;
     res.set_content(dump_json(j), kJson);
   });
-  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
+  http->Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
     json m = {{"id", model_name},
               {"object", "model"},
               {"created", created},
@@ -164,15 +172,15 @@ void Server::Impl::routes() {
               {"max_model_len", loop->max_context()}};
     res.set_content(dump_json({{"object", "list"}, {"data", json::array({m})}}), kJson);
   });
-  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+  http->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(metrics.render(loop->stats()), "text/plain; version=0.0.4; charset=utf-8");
   });
-  http.Post(kChatPath, [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& r) {
+  http->Post(kChatPath, [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& r) {
     handle_chat(req, res, r);
   });
   // Fills the body of every error response that has none: unknown paths (404), wrong methods on
   // known paths (405), bodies over the limit (413), malformed HTTP (400).
-  http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
+  http->set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
                                                                       httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
     const char* allow = allowed_methods(req.path);
@@ -194,7 +202,7 @@ void Server::Impl::routes() {
     res.set_content(dump_json(error_body(res.status, message)), kJson);
     return httplib::Server::HandlerResponse::Handled;
   }));
-  http.set_exception_handler([this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+  http->set_exception_handler([this](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
     std::string what = "unknown exception";
     try {
       if (ep) std::rethrow_exception(ep);
@@ -206,9 +214,40 @@ void Server::Impl::routes() {
   });
 }
 
+ConnectionLimits Server::Impl::connection_limits() const {
+  ConnectionLimits l;
+  l.keep_alive_s = opts.keep_alive_timeout_s;
+  l.idle_read_s = opts.idle_read_timeout_s;
+  l.request_read_s = opts.request_read_timeout_s;
+  // By default one address may take all handler threads but 16: a reserve for other clients and, past the
+  // cap, for its own health probes.
+  l.max_per_client = opts.max_connections_per_client > 0 ? opts.max_connections_per_client
+                                                         : std::max(1, http_threads() - 16);
+  return l;
+}
+
+int Server::Impl::http_threads() const {
+  return opts.http_threads > 0 ? opts.http_threads
+                               : static_cast<int>(std::max<int64_t>(64, 2 * opts.engine.max_num_seqs + 32));
+}
+
+Status Server::Impl::check_length(int64_t n_prompt, const engine::ChatRequest& cr) const {
+  const int64_t ctx = loop->max_context();
+  if (n_prompt >= ctx)
+    return invalid_argument("messages: the prompt has " + std::to_string(n_prompt) + " tokens (images included) but "
+                            "the context limit is " + std::to_string(ctx) + " tokens; shorten the messages or "
+                            "send smaller or fewer images");
+  if (cr.max_tokens_given && cr.sampling.max_tokens > ctx - n_prompt)
+    return invalid_argument("'max_tokens' = " + std::to_string(cr.sampling.max_tokens) + " plus the prompt's " +
+                            std::to_string(n_prompt) + " tokens is more than the context limit of " +
+                            std::to_string(ctx) + " tokens; ask for at most " + std::to_string(ctx - n_prompt));
+  return Status::ok();
+}
+
 void Server::Impl::handle_chat(const httplib::Request&, httplib::Response& res,
                                const httplib::ContentReader& reader) {
   const double received_ms = now_ms();
+  Connection* conn = current_connection();
   // Read the body, refusing (and draining, so the client sees the answer) anything over the limit.
   std::string body;
   const size_t limit = static_cast<size_t>(opts.max_body_bytes);
@@ -231,12 +270,25 @@ void Server::Impl::handle_chat(const httplib::Request&, httplib::Response& res,
                        "the request body is larger than the server's limit of " + std::to_string(limit) +
                            " bytes (--max-body-bytes)");
   }
+  if (!read_ok && conn && conn->read_timed_out) {
+    res.set_header("Connection", "close");
+    return reply_error(res, 408,
+                       "the request body did not arrive in time (--request-read-timeout " +
+                           std::to_string(opts.request_read_timeout_s) + " s, --idle-read-timeout " +
+                           std::to_string(opts.idle_read_timeout_s) + " s)");
+  }
   if (!read_ok) return reply_error(res, 400, "the request body could not be read");
 
+  // Nesting is bounded before parsing: the parser is iterative, but copies, dumps and the chat template of a
+  // parsed value recurse.
+  if (json_deeper_than(body, opts.max_json_depth))
+    return reply_error(res, 400,
+                       "the request body nests arrays and objects deeper than this server's limit of " +
+                           std::to_string(opts.max_json_depth) + " levels (--max-json-depth)");
   json j;
   try {
     j = json::parse(body);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     return reply_error(res, 400, std::string("the request body is not valid JSON: ") + e.what());
   }
   if (j.is_object() && j.contains("model") && !j["model"].is_null()) {
@@ -247,23 +299,33 @@ void Server::Impl::handle_chat(const httplib::Request&, httplib::Response& res,
                              model_name + "'",
                          "model");
   }
-  auto parsed = engine::parse_chat_request(j, *model);
+  engine::RequestLimits rl;
+  rl.max_messages = opts.max_messages;
+  rl.max_parts = opts.max_content_parts;
+  auto parsed = engine::parse_chat_request(j, *model, rl, opts.mm_max_pixels);
   if (!parsed.ok()) return reply_status(res, parsed.status());
-  const engine::ChatRequest& cr = *parsed;
+  engine::ChatRequest& cr = *parsed;
   if (Status st = check_image_sources(cr.messages, opts.allow_local_files); !st.is_ok()) return reply_status(res, st);
 
   engine::PromptOptions po;
   po.allow_local_files = opts.allow_local_files;
   po.max_images = opts.max_images;
-  auto prompt = engine::build_prompt(*model, cr, po);
+  po.max_image_pixels = opts.max_image_pixels;
+  po.max_request_pixels = opts.max_request_pixels;
+  po.cancelled = [this, conn] { return stopping.load() || (conn && conn->client_gone()); };
+  // Everything that bounds the work, before any pixel is decoded: image headers, template, token count.
+  auto plan = engine::plan_prompt(*model, cr, po);
+  if (!plan.ok()) return reply_status(res, plan.status());
+  if (Status st = check_length(plan->min_prompt_tokens, cr); !st.is_ok()) return reply_status(res, st);
+  auto prompt = engine::finish_prompt(*model, cr, std::move(plan).value(), po);
+  // A client gone (or a server stopping) while the images were prepared: nothing goes to the engine.
+  if (po.cancelled()) {
+    res.set_header("Connection", "close");
+    return reply_error(res, 503, "the request was cancelled while its images were prepared");
+  }
   if (!prompt.ok()) return reply_status(res, prompt.status());
   const int64_t n_prompt = static_cast<int64_t>(prompt->ids.size());
-  if (n_prompt >= loop->max_context())
-    return reply_error(res, 400,
-                       "the prompt has " + std::to_string(n_prompt) + " tokens (images included) but the context "
-                       "limit is " + std::to_string(loop->max_context()) + " tokens; shorten the messages or "
-                       "send smaller or fewer images",
-                       "messages");
+  if (Status st = check_length(n_prompt, cr); !st.is_ok()) return reply_status(res, st);
 
   Usage usage;
   usage.prompt_tokens = n_prompt;
@@ -330,41 +392,23 @@ std::pair<int, std::string> Server::Impl::whole_body(const ChannelUpdate& u, con
 
 void Server::Impl::respond_whole(httplib::Response& res, const std::shared_ptr<RequestChannel>& ch, int64_t request_id,
                                  const CompletionId& cid, Usage usage) {
+  // The handler runs on its connection's thread, so it can look at the socket while it waits: a client that
+  // went away (whatever encoding it accepted) has its request aborted within one interval.
   const auto interval = std::chrono::milliseconds(opts.stream_keepalive_ms);
+  Connection* conn = current_connection();
   ChannelUpdate u;
-  if (ch->wait_final_for(u, interval)) {
-    // Done (or refused) within one keep-alive interval: a plain response with its own status code.
-    auto [status, body] = whole_body(u, cid, usage);
-    res.status = status;
-    res.set_content(body, kJson);
-    return;
+  while (!ch->wait_final_for(u, interval)) {
+    if (conn && conn->client_gone()) {
+      loop->abort(request_id);
+      ch->wait_final_for(u, std::chrono::seconds(60));
+      res.set_header("Connection", "close");
+      res.status = 499;  // nginx's "client closed request"; nobody reads it
+      return;
+    }
   }
-  // A longer request. The handler sees no socket, so the only way to notice a client that went away is to
-  // write to it: the response becomes a chunked 200 whose JSON body is preceded by one space per keep-alive
-  // interval (leading whitespace is valid JSON); a failed write aborts the request, as for streams. An
-  // error after this point (shutdown, engine failure) arrives as an error object in that 200 body.
-  {
-    std::lock_guard<std::mutex> lock(streams_mu);
-    ++open_streams;
-  }
-  auto done = std::make_shared<bool>(false);
-  res.set_chunked_content_provider(
-      kJson,
-      [this, ch, cid, usage, interval, done](size_t, httplib::DataSink& sink) {
-        if (*done) return false;
-        ChannelUpdate fin;
-        if (!ch->wait_final_for(fin, interval)) return sink.write(" ", 1);
-        const std::string body = whole_body(fin, cid, usage).second;
-        *done = true;
-        if (!sink.write(body.data(), body.size())) return false;
-        sink.done();
-        return true;
-      },
-      [this, ch, request_id](bool) {
-        if (!ch->closed()) loop->abort(request_id);
-        std::lock_guard<std::mutex> lock(streams_mu);
-        if (--open_streams == 0) streams_cv.notify_all();
-      });
+  auto [status, body] = whole_body(u, cid, usage);
+  res.status = status;
+  res.set_content(body, kJson);
 }
 
 bool Server::Impl::stream_step(StreamState& st, httplib::DataSink& sink) {
@@ -440,6 +484,18 @@ Result<std::unique_ptr<Server>> Server::start(std::shared_ptr<engine::ModelBundl
   if (opts.max_body_bytes <= 0) return invalid_argument("--max-body-bytes must be positive");
   if (opts.max_images < 0) return invalid_argument("--max-images must not be negative");
   if (opts.stream_keepalive_ms <= 0) return invalid_argument("the stream keep-alive interval must be positive");
+  for (const auto& [value, flag] : {std::pair{opts.max_json_depth, "--max-json-depth"},
+                                    std::pair{opts.max_messages, "--max-messages"},
+                                    std::pair{opts.max_content_parts, "--max-content-parts"},
+                                    std::pair{opts.max_image_pixels, "--max-image-pixels"},
+                                    std::pair{opts.max_request_pixels, "--max-request-pixels"},
+                                    std::pair<int64_t, const char*>{opts.keep_alive_timeout_s, "--keep-alive-timeout"},
+                                    std::pair<int64_t, const char*>{opts.request_read_timeout_s,
+                                                                    "--request-read-timeout"},
+                                    std::pair<int64_t, const char*>{opts.idle_read_timeout_s, "--idle-read-timeout"}})
+    if (value <= 0) return invalid_argument(std::string(flag) + " must be positive");
+  if (opts.mm_max_pixels < 0) return invalid_argument("--mm-max-pixels must not be negative");
+  if (opts.max_connections_per_client < 0) return invalid_argument("--max-connections-per-client must not be negative");
   if (opts.engine.max_num_seqs <= 0) return invalid_argument("--max-num-seqs must be positive");
   if (opts.engine.max_batched_tokens <= 0) return invalid_argument("--max-batched-tokens must be positive");
   if (opts.engine.max_context < 0) return invalid_argument("--max-context must not be negative");
@@ -458,36 +514,35 @@ Result<std::unique_ptr<Server>> Server::start(std::shared_ptr<engine::ModelBundl
   impl->id_prefix = std::random_device{}() * 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(impl->created);
   impl->loop = std::make_unique<EngineLoop>(model, opts.engine);
 
-  const int threads = opts.http_threads > 0
-                          ? opts.http_threads
-                          : static_cast<int>(std::max<int64_t>(32, 2 * opts.engine.max_num_seqs + 16));
-  impl->http.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
-  impl->http.set_payload_max_length(static_cast<size_t>(opts.max_body_bytes));
-  impl->http.set_tcp_nodelay(true);
+  impl->http = std::make_unique<HttpServer>(impl->connection_limits());
+  const int threads = impl->http_threads();
+  impl->http->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  impl->http->set_payload_max_length(static_cast<size_t>(opts.max_body_bytes));
+  impl->http->set_tcp_nodelay(true);
   // SO_REUSEADDR only: httplib's default SO_REUSEPORT would let a second server share the port silently.
-  impl->http.set_socket_options([](socket_t sock) {
+  impl->http->set_socket_options([](socket_t sock) {
     int yes = 1;
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
   });
   impl->routes();
 
   if (opts.port == 0) {
-    impl->port = impl->http.bind_to_any_port(opts.host);
+    impl->port = impl->http->bind_to_any_port(opts.host);
     if (impl->port <= 0) return invalid_argument("cannot bind any port on host '" + opts.host + "'");
   } else {
-    if (!impl->http.bind_to_port(opts.host, opts.port))
+    if (!impl->http->bind_to_port(opts.host, opts.port))
       return invalid_argument("cannot bind " + opts.host + ":" + std::to_string(opts.port) +
                               " (in use, or not a local address); pick another --port or --host");
     impl->port = opts.port;
   }
-  if (!impl->http.set_backlog(1024)) return internal_error("cannot set the listen backlog of the server socket");
+  if (!impl->http->set_backlog(1024)) return internal_error("cannot set the listen backlog of the server socket");
   impl->loop->start();
   Impl* p = impl.get();
-  impl->listener = std::thread([p] { p->http.listen_after_bind(); });
+  impl->listener = std::thread([p] { p->http->listen_after_bind(); });
   // stop() only takes effect on a running listener, so wait (bounded) until it runs.
   const double deadline = now_ms() + 10000;
-  while (!impl->http.is_running() && now_ms() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  if (!impl->http.is_running()) {
+  while (!impl->http->is_running() && now_ms() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (!impl->http->is_running()) {
     impl->loop->stop();
     impl->listener.join();
     return internal_error("the HTTP listener did not start");
@@ -512,7 +567,7 @@ void Server::stop() {
     std::unique_lock<std::mutex> lock(impl_->streams_mu);
     impl_->streams_cv.wait_for(lock, std::chrono::seconds(10), [&] { return impl_->open_streams == 0; });
   }
-  impl_->http.stop();
+  impl_->http->stop();
   if (impl_->listener.joinable()) impl_->listener.join();
 }
 

@@ -2,12 +2,13 @@
 //
 // Threads: one engine thread (EngineLoop) owns the engine; HTTP handler threads (a cpp-httplib pool)
 // parse requests, build prompts (chat template, tokenizer, images, vision tower) and then talk to the
-// engine thread only through its command queue and a per-request RequestChannel.
+// engine thread only through its command queue and a per-request RequestChannel. Connections (read
+// deadlines, per-address caps, seeing a client leave) are server/http_server.h's.
 //
 // Endpoints: POST /v1/chat/completions (JSON or SSE stream), GET /v1/models, GET /health,
 // GET /metrics (Prometheus text). Errors are OpenAI-style JSON bodies with 4xx/5xx statuses.
-// A streaming client that disconnects has its request aborted (its KV blocks freed); a
-// non-streaming request runs to its end (it is bounded by max_tokens and the context).
+// A client that disconnects has its request aborted (its KV blocks freed), also while its images are
+// being prepared. Every limit below is checked before work is spent on what it bounds.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -26,12 +27,23 @@ struct ServerOptions {
   std::string served_model_name;     // name in /v1/models and responses; empty = model directory name
   bool allow_local_files = false;    // accept file:// URLs and paths as images (data: URLs always work)
   int64_t max_body_bytes = 32 << 20;  // larger request bodies get 413
+  int64_t max_json_depth = 64;       // deeper nesting of arrays/objects in a body gets 400
+  int64_t max_messages = 1024;       // messages per request
+  int64_t max_content_parts = 4096;  // content parts per request (all messages)
   int64_t max_images = 16;           // images per request
-  int http_threads = 0;              // handler threads; 0 = max(32, 2 * max_num_seqs + 16)
-  int stream_keepalive_ms = 1000;    // a silent stream gets a ": keep-alive" comment this often (ms);
-                                     // a write failing there is how a client gone while queued is noticed;
-                                     // a non-streaming request running longer is answered chunked, with one
-                                     // space of JSON whitespace per interval for the same purpose
+  int64_t max_image_pixels = 32LL << 20;    // width * height of one image (read from its header)
+  int64_t max_request_pixels = 64LL << 20;  // width * height summed over a request's images
+  int64_t mm_max_pixels = 0;         // largest resized image (pixels) fed to the vision tower: the ceiling of a
+                                     // request's mm_processor_kwargs and, below the model's max_pixels, the
+                                     // default; 0 = the model's preprocessor max_pixels
+  int http_threads = 0;              // handler threads; 0 = max(64, 2 * max_num_seqs + 32)
+  int max_connections_per_client = 0;  // connections per client address (more: /health and /metrics only, then
+                                       // closed); 0 = the handler threads less 16
+  int keep_alive_timeout_s = 5;      // an idle kept-alive connection is closed after this
+  int request_read_timeout_s = 30;   // a request (headers and body) must arrive within this (else 408 / close)
+  int idle_read_timeout_s = 10;      // longest silence of a client while its request is read
+  int stream_keepalive_ms = 1000;    // a silent stream gets a ": keep-alive" comment this often (ms); a
+                                     // waiting non-streaming request checks its client's connection as often
   engine::EngineOptions engine;
 };
 

@@ -2,11 +2,14 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <filesystem>
 #include <memory>
 #include <string>
 
 #include "engine/chat_request.h"
 #include "engine/model_bundle.h"
+#include "engine/sere.h"
 
 namespace zest::testing {
 
@@ -28,6 +31,24 @@ inline engine::Prompt text_prompt(const engine::ModelBundle& m, const std::strin
   auto p = engine::build_prompt(m, *req, {});
   EXPECT_TRUE(p.ok()) << p.status().to_string();
   return *p;
+}
+
+// A SERE similarity file of the tiny fixture calibrated on 256 tokens of the bundled corpus, made once per
+// process.
+inline std::string tiny_similarity_file() {
+  static std::string file = [] {
+    engine::CalibrationOptions co;
+    for (const auto& e : std::filesystem::directory_iterator(std::string(ZEST_SOURCE_DIR) + "/assets/calibration"))
+      if (e.path().extension() == ".txt") co.text_files.push_back(e.path().string());
+    std::sort(co.text_files.begin(), co.text_files.end());
+    co.max_tokens = 256;
+    co.progress = false;
+    co.out_file = ::testing::TempDir() + "/sere_engine_test.safetensors";
+    auto r = engine::calibrate_sere(*tiny(), co);
+    EXPECT_TRUE(r.ok()) << r.status().to_string();
+    return co.out_file;
+  }();
+  return file;
 }
 
 }  // namespace zest::testing

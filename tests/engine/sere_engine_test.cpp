@@ -17,23 +17,6 @@ using namespace zest::testing;
 
 namespace {
 
-// A similarity file calibrated on the bundled corpus, made once per process.
-std::string similarity_file() {
-  static std::string file = [] {
-    engine::CalibrationOptions co;
-    for (const auto& e : std::filesystem::directory_iterator(std::string(ZEST_SOURCE_DIR) + "/assets/calibration"))
-      if (e.path().extension() == ".txt") co.text_files.push_back(e.path().string());
-    std::sort(co.text_files.begin(), co.text_files.end());
-    co.max_tokens = 256;
-    co.progress = false;
-    co.out_file = ::testing::TempDir() + "/sere_engine_test.safetensors";
-    auto r = engine::calibrate_sere(*tiny(), co);
-    EXPECT_TRUE(r.ok()) << r.status().to_string();
-    return co.out_file;
-  }();
-  return file;
-}
-
 std::vector<engine::Prompt> prompts(int n) {
   static const char* kTexts[] = {"Hello!", "Write a haiku about rain.", "1 2 3 4 5", "你好，世界",
                                  "What is the capital of France?", "def f(x): return x * 2",
@@ -69,7 +52,7 @@ TEST(SereEngine, BatchOneWithOnePrimaryRunsOneExpertPerLayer) {
   ASSERT_TRUE(tiny());
   engine::SereOptions so;
   so.primary = 1;
-  so.similarity_file = similarity_file();
+  so.similarity_file = tiny_similarity_file();
   auto rt = engine::SereRuntime::create(*tiny(), so);
   ASSERT_TRUE(rt.ok()) << rt.status().to_string();
   run(prompts(1), (*rt)->hooks(true));
@@ -84,7 +67,7 @@ TEST(SereEngine, DistinctAfterIsPrimaryPlusCritical) {
   engine::SereOptions so;
   so.primary = 2;
   so.threshold = 0.5f;
-  so.similarity_file = similarity_file();
+  so.similarity_file = tiny_similarity_file();
   auto rt = engine::SereRuntime::create(*tiny(), so);
   ASSERT_TRUE(rt.ok()) << rt.status().to_string();
   const model::MoeHooks* inner = (*rt)->hooks(true);
@@ -123,7 +106,7 @@ TEST(SereEngine, PrimaryAtLeastTopKChangesNothing) {
   const auto ref = run(ps, nullptr);
   engine::SereOptions so;
   so.primary = 4;  // = top-k of the fixture
-  so.similarity_file = similarity_file();
+  so.similarity_file = tiny_similarity_file();
   auto rt = engine::SereRuntime::create(*tiny(), so);
   ASSERT_TRUE(rt.ok()) << rt.status().to_string();
   EXPECT_EQ(run(ps, (*rt)->hooks(true)), ref);

@@ -51,7 +51,9 @@ check "unknown path is 404" test "$code" = 404
 rm -f /tmp/zest_curl_err.$$
 
 # A client that goes away mid-stream: curl gives up after 0.5 s of a long generation.
-lbody='{"messages":[{"role":"user","content":"Tell me a long story."}],"max_tokens":4000,"ignore_eos":true,"stream":true}'
+code=$(curl -s -o /dev/null -w '%{http_code}' -m 30 -d '{"messages":[{"role":"user","content":"hi"}],"max_tokens":4000}' "$URL/v1/chat/completions")
+check "max_tokens past the 2048-token context is 400" test "$code" = 400
+lbody='{"messages":[{"role":"user","content":"Tell me a long story."}],"max_tokens":2000,"ignore_eos":true,"stream":true}'
 curl -s -N -m 0.5 -H 'Content-Type: application/json' -d "$lbody" "$URL/v1/chat/completions" >/dev/null
 aborted=0
 for _ in $(seq 1 300); do  # up to 30 s for the abort to reach the engine

@@ -109,3 +109,18 @@ TEST(OpenAIFormat, ErrorBodiesAndInvalidUtf8) {
 
 }  // namespace
 }  // namespace zest::server::testing
+
+namespace zest::server {
+namespace {
+
+TEST(JsonDepth, CountsBracketsOutsideStringsOnly) {
+  EXPECT_FALSE(json_deeper_than(R"({"a": [[1, {"b": []}]]})", 5));
+  EXPECT_TRUE(json_deeper_than(R"({"a": [[1, {"b": []}]]})", 4));
+  // Brackets and escaped quotes inside strings do not nest.
+  EXPECT_FALSE(json_deeper_than(R"({"a": "[[[[\"{{{{", "b": ["]]]"]})", 2));
+  EXPECT_TRUE(json_deeper_than(std::string(100000, '['), 64));
+  EXPECT_FALSE(json_deeper_than(std::string(64, '[') + std::string(64, ']'), 64));
+}
+
+}  // namespace
+}  // namespace zest::server

@@ -13,6 +13,10 @@
 #include <thread>
 #include <vector>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
@@ -192,6 +196,113 @@ inline engine::RequestOutput reference_output(const std::string& model, const js
   auto out = engine::generate_one(m, std::move(req));
   EXPECT_TRUE(out.ok()) << out.status().to_string();
   return out.ok() ? *out : engine::RequestOutput{};
+}
+
+// A bare TCP client, for what an HTTP client library will not do: send part of a request and stall, hang
+// up at a chosen moment, connect from another loopback address (127.0.0.2: a different client address).
+class RawConnection {
+ public:
+  RawConnection(int port, const char* from_ip = nullptr) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (from_ip) {
+      sockaddr_in local{};
+      local.sin_family = AF_INET;
+      ::inet_pton(AF_INET, from_ip, &local.sin_addr);
+      if (::bind(fd_, reinterpret_cast<sockaddr*>(&local), sizeof(local)) != 0) close();
+    }
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+    if (fd_ >= 0 && ::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) close();
+  }
+  ~RawConnection() { close(); }
+  RawConnection(const RawConnection&) = delete;
+  RawConnection& operator=(const RawConnection&) = delete;
+  bool ok() const { return fd_ >= 0; }
+  bool send(const std::string& data) {
+    size_t off = 0;
+    while (fd_ >= 0 && off < data.size()) {
+      const ssize_t n = ::send(fd_, data.data() + off, data.size() - off, MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      off += static_cast<size_t>(n);
+    }
+    return fd_ >= 0;
+  }
+  // Reads until the server closes the connection or `timeout_s` passes; true when it closed.
+  bool read_until_closed(std::string& out, double timeout_s) {
+    const double deadline = now_ms() + timeout_s * 1000;
+    char buf[4096];
+    while (fd_ >= 0 && now_ms() < deadline) {
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, 50) <= 0) continue;
+      const ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
+      if (n <= 0) return true;
+      out.append(buf, static_cast<size_t>(n));
+    }
+    return false;
+  }
+  void close() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// An HTTP/1.1 POST of a JSON body to the chat endpoint, as raw bytes.
+inline std::string raw_post(const std::string& body, const std::string& extra_headers = "") {
+  return "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" +
+         extra_headers + "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+}
+
+struct StreamParts {
+  std::vector<json> chunks;  // parsed data events before [DONE]
+  bool done_last = false;    // "[DONE]" was the last event
+  std::string content;       // concatenated content deltas
+};
+
+inline StreamParts split_stream(const StreamReply& r) {
+  StreamParts p;
+  for (size_t i = 0; i < r.events.size(); ++i) {
+    if (r.events[i] == "[DONE]") {
+      p.done_last = i + 1 == r.events.size();
+      continue;
+    }
+    json j = json::parse(r.events[i], nullptr, false);
+    EXPECT_FALSE(j.is_discarded()) << r.events[i];
+    if (j.is_discarded()) continue;
+    if (j.contains("choices") && !j["choices"].empty() && j["choices"][0]["delta"].contains("content"))
+      p.content += j["choices"][0]["delta"]["content"].get<std::string>();
+    p.chunks.push_back(std::move(j));
+  }
+  return p;
+}
+
+inline std::string base64(const std::string& in) {
+  static const char* k = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  for (size_t i = 0; i < in.size(); i += 3) {
+    uint32_t v = static_cast<uint8_t>(in[i]) << 16;
+    if (i + 1 < in.size()) v |= static_cast<uint8_t>(in[i + 1]) << 8;
+    if (i + 2 < in.size()) v |= static_cast<uint8_t>(in[i + 2]);
+    out += k[(v >> 18) & 63];
+    out += k[(v >> 12) & 63];
+    out += i + 1 < in.size() ? k[(v >> 6) & 63] : '=';
+    out += i + 2 < in.size() ? k[v & 63] : '=';
+  }
+  return out;
+}
+
+inline std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+inline std::string chart_data_url() {
+  return "data:image/png;base64," +
+         base64(read_file(std::string(ZEST_SOURCE_DIR) + "/assets/images/chart_line_pew_pena_nieto.png"));
 }
 
 // Resident set size of this process in bytes (/proc/self/statm).
