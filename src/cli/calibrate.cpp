@@ -1,7 +1,5 @@
 // zest calibrate-sere: expert-similarity calibration for SERE; zest sere-protect: its protected experts.
 #include <algorithm>
-#include <fstream>
-#include <sstream>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -93,17 +91,7 @@ Result<std::vector<engine::Prompt>> protect_prompts(const ProtectArgs& a, const 
   if (files.empty()) {
     ZEST_ASSIGN_OR_RETURN(files, bundled_corpus());
   }
-  std::vector<int32_t> tokens;
-  for (const std::string& f : files) {
-    std::ifstream in(f, std::ios::binary);
-    if (!in) return not_found("cannot open calibration text '" + f + "'");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    const auto ids = model.tokenizer.encode(ss.str(), /*parse_special=*/false);
-    tokens.insert(tokens.end(), ids.begin(), ids.end());
-    if (static_cast<int64_t>(tokens.size()) >= a.tokens) break;
-  }
-  tokens.resize(std::min<size_t>(tokens.size(), static_cast<size_t>(a.tokens)));
+  ZEST_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, engine::calibration_tokens(model, files, a.tokens));
   for (size_t start = 0; start < tokens.size(); start += static_cast<size_t>(a.seq_tokens)) {
     engine::Prompt p;
     p.ids.assign(tokens.begin() + start, tokens.begin() + std::min(tokens.size(), start + a.seq_tokens));

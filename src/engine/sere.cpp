@@ -345,21 +345,27 @@ Result<std::vector<std::vector<int32_t>>> load_protected_experts(const std::stri
   return out;
 }
 
-Result<std::string> calibrate_sere(const ModelBundle& model, const CalibrationOptions& opts) {
-  const auto& tc = model.config.text;
-  if (!model.config.is_moe()) return invalid_argument("calibrate-sere needs an MoE model; this model is dense");
-  if (opts.text_files.empty()) return invalid_argument("give at least one calibration text file (--text)");
+Result<std::vector<int32_t>> calibration_tokens(const ModelBundle& model, const std::vector<std::string>& files,
+                                                int64_t max_tokens) {
   std::vector<int32_t> tokens;
-  for (const std::string& f : opts.text_files) {
+  for (const std::string& f : files) {
     std::ifstream in(f, std::ios::binary);
     if (!in) return not_found("cannot open calibration text '" + f + "'");
     std::stringstream ss;
     ss << in.rdbuf();
     const auto ids = model.tokenizer.encode(ss.str(), /*parse_special=*/false);
     tokens.insert(tokens.end(), ids.begin(), ids.end());
-    if (static_cast<int64_t>(tokens.size()) >= opts.max_tokens) break;
+    if (static_cast<int64_t>(tokens.size()) >= max_tokens) break;
   }
-  if (static_cast<int64_t>(tokens.size()) > opts.max_tokens) tokens.resize(opts.max_tokens);
+  if (static_cast<int64_t>(tokens.size()) > max_tokens) tokens.resize(static_cast<size_t>(max_tokens));
+  return tokens;
+}
+
+Result<std::string> calibrate_sere(const ModelBundle& model, const CalibrationOptions& opts) {
+  const auto& tc = model.config.text;
+  if (!model.config.is_moe()) return invalid_argument("calibrate-sere needs an MoE model; this model is dense");
+  if (opts.text_files.empty()) return invalid_argument("give at least one calibration text file (--text)");
+  ZEST_ASSIGN_OR_RETURN(std::vector<int32_t> tokens, calibration_tokens(model, opts.text_files, opts.max_tokens));
   if (tokens.size() < 2) return invalid_argument("the calibration text is too short (need at least 2 tokens)");
 
   const int64_t E = tc.num_experts, H = tc.hidden_size, L = tc.num_layers;

@@ -102,6 +102,11 @@ struct CalibrationOptions {
   bool progress = true;       // progress bar on stderr
 };
 
+// Reads calibration text files in order and tokenizes them as plain text (special-token strings stay
+// text), stopping once max_tokens ids are read; returns at most max_tokens ids.
+Result<std::vector<int32_t>> calibration_tokens(const ModelBundle& model, const std::vector<std::string>& files,
+                                                int64_t max_tokens);
+
 // Runs the model over the calibration text; at every MoE layer runs every expert on that layer's real
 // inputs chunk by chunk and accumulates the similarity; writes `layers.{l}.similarity` [E, E] f32
 // with metadata (metric, tokens, config_hash). Returns the output path.
