@@ -42,21 +42,18 @@ def to_pixel_values(p: torch.Tensor, temporal: int = 2) -> torch.Tensor:
     return x.unsqueeze(2).expand(-1, -1, temporal, -1, -1).reshape(p.shape[0], -1)
 
 
-def mark_targets(marks: list, grid: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """Multi-hot mark classes per patch [h*w, C] (the processor's order) and per merged token [h*w/4, C]:
-    a mark belongs to the patch and the token that hold its centre."""
+def mark_targets(marks: list, grid: tuple[int, int, int]) -> np.ndarray:
+    """Per merged token (the processor's order): [character in its left half, character in its right
+    half, shape] as class ids (tasks.CHAR_ID, tasks.SHAPE_ID; 0 for none)."""
     _, gh, gw = grid
-    C = len(tasks.MARK_CLASSES)
-    patch = np.zeros((gh * gw, C), np.uint8)
-    merged = np.zeros((gh * gw // (MERGE * MERGE), C), np.uint8)
-    for x0, y0, x1, y1, c in marks:
-        px = min(gw - 1, max(0, int((x0 + x1) / 2 // PATCH)))
-        py = min(gh - 1, max(0, int((y0 + y1) / 2 // PATCH)))
-        br, ir, bc, ic = py // MERGE, py % MERGE, px // MERGE, px % MERGE
-        tok = br * (gw // MERGE) + bc
-        patch[tok * MERGE * MERGE + ir * MERGE + ic, c] = 1
-        merged[tok, c] = 1
-    return patch, merged
+    tw = gw // MERGE
+    out = np.zeros((gh * gw // (MERGE * MERGE), 3), np.int64)
+    for cx, cy, kind, c in marks:
+        px = min(gw - 1, max(0, int(cx // PATCH)))
+        py = min(gh - 1, max(0, int(cy // PATCH)))
+        tok = (py // MERGE) * tw + px // MERGE
+        out[tok, (px % MERGE) if kind == "c" else 2] = c
+    return out
 
 
 class Encoder:
@@ -81,20 +78,87 @@ class Encoder:
 
     def encode(self, s: dict) -> dict:
         """One sample -> ids, labels (answer tokens and <|im_end|>; -100 elsewhere), patches, grids."""
-        pats, grids, mp, mm = [], [], [], []
+        pats, grids, mm = [], [], []
         for im, marks in zip(s["images"], s["marks"]):
             p, g = patches_u8(im)
             pats.append(p)
             grids.append(g)
-            a, b = mark_targets(marks, g)
-            mp.append(a)
-            mm.append(b)
+            mm.append(mark_targets(marks, g))
         prompt = self.prompt_ids(s["content"], grids)
         answer = self.tok.encode(s["answer"], add_special_tokens=False).ids + [self.im_end]
         return {"ids": prompt + answer, "labels": [-100] * len(prompt) + answer,
                 "patches": np.concatenate(pats) if pats else np.zeros((0, 3, PATCH, PATCH), np.uint8),
-                "mark_patch": np.concatenate(mp) if mp else None, "mark_token": np.concatenate(mm) if mm else None,
-                "grids": grids, "task": s["task"]}
+                "marks": np.concatenate(mm) if mm else None, "grids": grids, "task": s["task"],
+                "n_prompt": len(prompt)}
+
+
+def mrope_positions(ids: list[int], grids: list[tuple[int, int, int]], image_pad_id: int) -> np.ndarray:
+    """[3, T] M-RoPE positions (transformers' get_rope_index for one unpadded sequence): text tokens
+    count up on all three axes; an image's tokens sit at (p, p + row, p + col) from the position p
+    where it starts, and text resumes at p + max(rows, cols)."""
+    out = np.zeros((3, len(ids)), np.int64)
+    cur, i, k = 0, 0, 0
+    while i < len(ids):
+        if ids[i] != image_pad_id:
+            out[:, i] = cur
+            cur += 1
+            i += 1
+            continue
+        _, gh, gw = grids[k]
+        h, w = gh // MERGE, gw // MERGE
+        rows, cols = np.divmod(np.arange(h * w), w)
+        out[0, i:i + h * w] = cur
+        out[1, i:i + h * w] = cur + rows
+        out[2, i:i + h * w] = cur + cols
+        cur += max(h, w)
+        i += h * w
+        k += 1
+    return out
+
+
+def collate_packed(items: list[dict], image_pad_id: int, grid_side: int) -> dict:
+    """Packs samples end to end for fastmodel: token ids [N], M-RoPE positions [3, N], cu_seq, the
+    scored positions (each predicts the next token) and their targets, the image tokens' positions, the
+    patches with their vision rotary positions and position-embedding interpolation taps, cu_img, marks."""
+    from transformers import vision_utils as vu
+
+    ids, pos, tgt_pos, tgt, tgt_item, img_pos, cu = [], [], [], [], [], [], [0]
+    for j, x in enumerate(items):
+        base = cu[-1]
+        n = len(x["ids"])
+        ids.extend(x["ids"])
+        pos.append(mrope_positions(x["ids"], x["grids"], image_pad_id))
+        for t in range(x["n_prompt"] - 1, n - 1):
+            tgt_pos.append(base + t)
+            tgt.append(x["ids"][t + 1])
+            tgt_item.append(j)
+        img_pos.extend(base + t for t in range(n) if x["ids"][t] == image_pad_id)
+        cu.append(base + n)
+    out = {"ids": torch.tensor(ids), "pos3": torch.from_numpy(np.concatenate(pos, axis=1)),
+           "cu_seq": torch.tensor(cu, dtype=torch.int32), "max_seq": max(len(x["ids"]) for x in items),
+           "tgt_pos": torch.tensor(tgt_pos), "tgt": torch.tensor(tgt), "tgt_item": torch.tensor(tgt_item),
+           "n_items": len(items), "tasks": [x["task"] for x in items]}
+    grids = [g for x in items for g in x["grids"]]
+    if grids:
+        thw = torch.tensor(grids, dtype=torch.long)
+        idx, w = vu.get_vision_interpolation_indices_and_weights(thw, num_grid_per_side=grid_side, mode="bilinear",
+                                                                  align_corners=True, spatial_merge_size=MERGE)
+        counts = [t * h * w_ for t, h, w_ in grids]
+        out.update({
+            "patches": torch.from_numpy(np.concatenate([x["patches"] for x in items if x["grids"]])),
+            "vis_pos": vu.get_vision_position_ids(thw, MERGE), "interp_idx": idx, "interp_w": w.float(),
+            "cu_img": torch.tensor(np.concatenate([[0], np.cumsum(counts)]), dtype=torch.int32),
+            "max_img": max(counts), "img_pos": torch.tensor(img_pos),
+            "marks": torch.from_numpy(np.concatenate([x["marks"] for x in items if x["grids"]])),
+            "image_grid_thw": thw})
+    return out
+
+
+def to_device(b: dict, dev) -> dict:
+    out = {k: (v.to(dev, non_blocking=True) if torch.is_tensor(v) else v) for k, v in b.items()}
+    if "patches" in out:
+        out["pixel_values"] = to_pixel_values(out["patches"])
+    return out
 
 
 def collate(items: list[dict], pad_id: int, image_pad_id: int) -> dict:
@@ -115,8 +179,7 @@ def collate(items: list[dict], pad_id: int, image_pad_id: int) -> dict:
     if grids:
         out["patches"] = torch.from_numpy(np.concatenate([x["patches"] for x in items]))
         out["image_grid_thw"] = torch.tensor(grids, dtype=torch.long)
-        out["mark_patch"] = torch.from_numpy(np.concatenate([x["mark_patch"] for x in items if x["grids"]]))
-        out["mark_token"] = torch.from_numpy(np.concatenate([x["mark_token"] for x in items if x["grids"]]))
+        out["pixel_values"] = to_pixel_values(out["patches"])
     return out
 
 
@@ -127,8 +190,9 @@ class Stream(torch.utils.data.IterableDataset):
     sequence of batches is the same for any number of workers.
     """
 
-    def __init__(self, tokenizer_file: str, seed: int, batch: int, start: int, task: str | None = None):
+    def __init__(self, tokenizer_file: str, seed: int, batch: int, start: int, grid_side: int, task: str | None = None):
         self.tokenizer_file, self.seed, self.batch, self.start, self.task = tokenizer_file, seed, batch, start, task
+        self.grid_side = grid_side
 
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
@@ -137,5 +201,5 @@ class Stream(torch.utils.data.IterableDataset):
         b = self.start + wid
         while True:
             items = [enc.encode(tasks.sample(self.seed, b * self.batch + i, self.task)) for i in range(self.batch)]
-            yield collate(items, enc.pad, enc.image_pad)
+            yield collate_packed(items, enc.image_pad, self.grid_side)
             b += n

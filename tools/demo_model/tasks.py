@@ -115,43 +115,59 @@ def img_part(i: int) -> dict:
     return {"type": "image", "index": i}
 
 
-# Classes of the training-only visual marks: what is drawn where. Each character and shape drawn is
-# recorded as (x0, y0, x1, y1, class); training turns them into per-token targets for an auxiliary
-# head on the vision tower (never exported), which teaches the tower glyphs and shapes directly.
-CHARSET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789."
-MARK_CLASSES = list(CHARSET) + [f"{c} {s}" for c in COLORS for s in SHAPES]
-MARK_ID = {m: i for i, m in enumerate(MARK_CLASSES)}
+# Text is set in character cells of 16 x 32 pixels on the patch grid: one glyph per patch column and
+# one text line per row of merged visual tokens (32 pixels), so a merged token holds two characters of
+# one line. Fonts differ in shape and size inside the cell (the size ranges keep the widest glyph
+# within its cell). Everything drawn is recorded as a mark (centre x, centre y, kind, class) for the
+# training-only auxiliary heads: kind "c" a character, kind "s" a shape.
+CELL_W, LINE_H = 16, 32
+FONT_SIZES = {"DejaVuSans.ttf": (13, 16), "DejaVuSerif.ttf": (13, 15), "DejaVuSansMono.ttf": (15, 22),
+              "DejaVuSerif-Bold.ttf": (12, 13)}
+CHARSET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.|"
+CHAR_ID = {c: i + 1 for i, c in enumerate(CHARSET)}  # 0: no character
+SHAPE_CLASSES = [f"{c} {s}" for c in COLORS for s in SHAPES]
+SHAPE_ID = {m: i + 1 for i, m in enumerate(SHAPE_CLASSES)}  # 0: no shape
+SHORT_WORDS = [w for w in WORDS if len(w) <= 6]
+LABEL_WORDS = [w for w in WORDS if len(w) <= 5]
 
 
-def draw_text(d: ImageDraw.ImageDraw, marks: list, xy: tuple[int, int], s: str, f, fill) -> None:
-    """Draws s and records each character's box."""
-    x, y = xy
-    d.text((x, y), s, font=f, fill=fill)
-    _, top, _, bottom = f.getbbox(s)
+def cell_font(rng: random.Random) -> ImageFont.FreeTypeFont:
+    name = rng.choice(FONT_FILES)
+    lo, hi = FONT_SIZES[name]
+    return font(name, rng.randint(lo, hi))
+
+
+def draw_cells(d: ImageDraw.ImageDraw, marks: list, x: int, y: int, s: str, f, fill, dy: int = 0) -> None:
+    """Draws s with its i-th character centred in the cell at (x + 16 i, y), a 16 x 32 box; x and y are
+    multiples of 16 and 32. dy shifts the glyphs vertically by a few pixels."""
+    _, top, _, bottom = f.getbbox("Hgjy")
+    gy = y + (LINE_H - (bottom - top)) // 2 - top + dy
     for i, ch in enumerate(s):
-        if ch in MARK_ID:
-            x0, x1 = x + f.getlength(s[:i]), x + f.getlength(s[: i + 1])
-            marks.append((x0, y + top, x1, y + bottom, MARK_ID[ch]))
+        if ch == " ":
+            continue
+        x0 = x + CELL_W * i
+        l, _, r, _ = f.getbbox(ch)
+        d.text((x0 + (CELL_W - (r - l)) / 2 - l, gy), ch, font=f, fill=fill)
+        if ch in CHAR_ID:
+            marks.append((x0 + CELL_W / 2, y + LINE_H / 2, "c", CHAR_ID[ch]))
 
 
-# ---------------------------------------------------------------------------------------------------
-# 1. reading: documents, receipts, signs
+def reading_lines(rng: random.Random) -> tuple[str, list[str], dict]:
+    """The lines of a document or sign (1-3 words and numbers each)."""
+    layout = rng.choice(["document", "document", "sign"])
+    n = rng.randint(2, 5) if layout == "document" else rng.randint(1, 3)
+    return layout, [text_line(rng) for _ in range(n)], {}
 
 
-def reading(rng: random.Random) -> dict:
-    layout = rng.choice(["document", "document", "receipt", "sign"])
-    fname = rng.choice(FONT_FILES)
-    if layout == "receipt":
-        return _receipt(rng, fname)
-    size = rng.randint(18, 26) if layout == "document" else rng.randint(24, 36)
-    f = font(fname, size)
-    nlines = rng.randint(2, 6) if layout == "document" else rng.randint(1, 3)
-    lines = [text_line(rng) for _ in range(nlines)]
-    widths = [f.getbbox(s)[2] for s in lines]
-    pad = rng.randint(8, 24)
-    gap = int(size * rng.uniform(1.3, 1.8))
-    W = r32(max(widths) + 2 * pad + rng.randint(0, 64))
-    H = r32(nlines * gap + 2 * pad + rng.randint(0, 48))
+def render_lines(rng: random.Random, layout: str, lines: list[str]) -> tuple[Image.Image, list]:
+    f = cell_font(rng)
+    n = len(lines)
+    cols = max(len(s) for s in lines)
+    mx = rng.randint(1, 2) * CELL_W
+    pitch = LINE_H if layout == "document" or rng.random() < 0.5 else 2 * LINE_H
+    my = rng.randint(0, 1) * LINE_H
+    W = r32(cols * CELL_W + 2 * mx + rng.randint(0, 2) * 32)
+    H = r32(n * pitch + 2 * my + rng.randint(0, 1) * 32)
     if layout == "sign":
         bg = rng.choice([(30, 90, 40), (20, 50, 140), (160, 30, 30), (240, 200, 40), (245, 245, 245)])
         ink = (255, 255, 255) if sum(bg) < 400 else (15, 15, 15)
@@ -160,50 +176,71 @@ def reading(rng: random.Random) -> dict:
     im = Image.new("RGB", (W, H), bg)
     d = ImageDraw.Draw(im)
     marks: list = []
-    y0 = (H - nlines * gap) // 2
+    y0 = ((H - n * pitch) // 2) // LINE_H * LINE_H
+    dy = rng.randint(-2, 2)
     for i, s in enumerate(lines):
-        x = pad if layout == "document" else (W - widths[i]) // 2
-        draw_text(d, marks, (x, y0 + i * gap), s, f, ink)
+        x = mx if layout == "document" else ((W - len(s) * CELL_W) // 2) // CELL_W * CELL_W
+        draw_cells(d, marks, x, y0 + i * pitch + (pitch - LINE_H) // 2 // LINE_H * LINE_H, s, f, ink, dy)
     if layout == "sign":
-        d.rectangle([3, 3, W - 4, H - 4], outline=ink, width=2)
-    im = add_noise(im, rng, rng.randint(0, 20))
-    k = rng.randrange(nlines)
-    if nlines == 1:
+        d.rectangle([2, 2, W - 3, H - 3], outline=ink, width=2)
+    return add_noise(im, rng, rng.randint(0, 20)), marks
+
+
+# ---------------------------------------------------------------------------------------------------
+# 1. reading: documents, receipts, signs
+
+
+def reading(rng: random.Random, read_all: bool = False) -> dict:
+    if rng.random() < 0.3:
+        return _receipt(rng, read_all)
+    layout, lines, _ = reading_lines(rng)
+    im, marks = render_lines(rng, layout, lines)
+    n = len(lines)
+    k = rng.randrange(n)
+    if read_all:
+        q, a = rng.choice(["Read all the text in the image.", "Transcribe the image."]), "\n".join(lines)
+    elif n == 1:
         q = rng.choice(["What is written on the sign?", "What does the sign say?", "What is written in the image?"])
+        a = lines[0]
     else:
-        q = rng.choice([f"What is written on line {k + 1}?", f"What does line {k + 1} say?",
-                        f"Read line {k + 1}."])
-    return {"task": "reading", "content": [img_part(0), txt(q)], "images": [im], "answer": lines[k], "marks": [marks]}
+        q = rng.choice([f"What is written on line {k + 1}?", f"What does line {k + 1} say?", f"Read line {k + 1}."])
+        a = lines[k]
+    return {"task": "reading", "content": [img_part(0), txt(q)], "images": [im], "answer": a, "marks": [marks]}
 
 
-def _receipt(rng: random.Random, fname: str) -> dict:
-    size = rng.randint(16, 22)
-    f = font(fname, size)
-    n = rng.randint(2, 5)
+def _receipt(rng: random.Random, read_all: bool) -> dict:
+    f = cell_font(rng)
+    n = rng.randint(2, 4)
     names = rng.sample(ITEMS, n)
     prices = [f"{rng.randint(1, 40)}.{rng.randint(0, 99):02d}" for _ in names]
     cents = sum(int(p.replace(".", "")) for p in prices)
     total = f"{cents // 100}.{cents % 100:02d}"
     rows = list(zip(names, prices)) + [("TOTAL", total)]
-    pad = rng.randint(8, 16)
-    gap = int(size * 1.5)
-    colw = max(f.getbbox(a)[2] for a, _ in rows) + 24 + max(f.getbbox(b)[2] for _, b in rows)
-    W = r32(colw + 2 * pad + rng.randint(0, 32))
-    H = r32((len(rows) + 2) * gap + 2 * pad)
+    shop = rng.choice(SHORT_WORDS).upper()
+    width = max(len(a) for a, _ in rows) + 2 + max(len(b) for _, b in rows)
+    width = max(width, len(shop))
+    mx = CELL_W * rng.randint(1, 2)
+    W = r32(width * CELL_W + 2 * mx)
+    H = (len(rows) + 2 + rng.randint(0, 1)) * LINE_H
     bg, ink = light_bg(rng), dark_ink(rng)
     im = Image.new("RGB", (W, H), bg)
     d = ImageDraw.Draw(im)
     marks: list = []
-    shop = rng.choice(WORDS).upper()
-    draw_text(d, marks, ((W - f.getbbox(shop)[2]) // 2, pad), shop, f, ink)
+    dy = rng.randint(-2, 2)
+    draw_cells(d, marks, ((W - len(shop) * CELL_W) // 2) // CELL_W * CELL_W, 0, shop, f, ink, dy)
+    right = (W - mx) // CELL_W * CELL_W
+    lines = [shop]
     for i, (a, b) in enumerate(rows):
-        y = pad + (i + 1) * gap + (gap // 2 if a == "TOTAL" else 0)
+        y = (i + 1 + (a == "TOTAL")) * LINE_H
         if a == "TOTAL":
-            d.line([pad, y - 4, W - pad, y - 4], fill=ink, width=1)
-        draw_text(d, marks, (pad, y), a, f, ink)
-        draw_text(d, marks, (W - pad - f.getbbox(b)[2], y), b, f, ink)
+            d.line([mx, y - 2, W - mx, y - 2], fill=ink, width=1)
+        draw_cells(d, marks, mx, y, a, f, ink, dy)
+        draw_cells(d, marks, right - len(b) * CELL_W, y, b, f, ink, dy)
+        lines.append(f"{a} {b}")
     im = add_noise(im, rng, rng.randint(0, 15))
-    if rng.random() < 0.5:
+    if read_all:
+        q, a = rng.choice(["Read all the text in the image.", "Transcribe the image."]), "\n".join(lines)
+    elif rng.random() < 0.5:
         q, a = rng.choice(["What is the total?", "What is the total on the receipt?"]), total
     else:
         j = rng.randrange(n)
@@ -215,79 +252,90 @@ def _receipt(rng: random.Random, fname: str) -> dict:
 # 2. tables
 
 
-def tables(rng: random.Random) -> dict:
+def tables(rng: random.Random, read_all: bool = False) -> dict:
     R, C = rng.randint(2, 4), rng.randint(2, 4)
-    size = rng.randint(15, 20)
-    f = font(rng.choice(FONT_FILES), size)
-    cells = [[(rng.choice(WORDS) if rng.random() < 0.6 else str(rng.randint(1, 999))) for _ in range(C)]
+    f = cell_font(rng)
+    cells = [[(rng.choice(SHORT_WORDS) if rng.random() < 0.6 else str(rng.randint(1, 999))) for _ in range(C)]
              for _ in range(R)]
-    cw = max(f.getbbox(c)[2] for row in cells for c in row) + rng.randint(12, 24)
-    ch = int(size * rng.uniform(1.7, 2.2))
-    pad = rng.randint(6, 16)
-    W, H = r32(C * cw + 2 * pad), r32(R * ch + 2 * pad)
+    cw = [(max(len(cells[r][c]) for r in range(R)) + 2) * CELL_W for c in range(C)]
+    x0, y0 = rng.randint(0, 1) * 32, rng.randint(0, 1) * 32
+    W = r32(x0 + sum(cw) + rng.randint(0, 1) * 32)
+    H = y0 + R * LINE_H + rng.randint(0, 1) * 32
+    H = r32(max(H, y0 + R * LINE_H + 1))
     bg, ink = light_bg(rng), dark_ink(rng)
     im = Image.new("RGB", (W, H), bg)
     d = ImageDraw.Draw(im)
-    x0, y0 = (W - C * cw) // 2, (H - R * ch) // 2
     marks: list = []
     shade = rng.random() < 0.5
+    dy = rng.randint(-2, 2)
+    xs = [x0 + sum(cw[:c]) for c in range(C + 1)]
     for r in range(R):
         if shade and r % 2 == 1:
-            d.rectangle([x0, y0 + r * ch, x0 + C * cw, y0 + (r + 1) * ch], fill=tuple(max(0, v - 25) for v in bg))
+            d.rectangle([x0, y0 + r * LINE_H, xs[-1], y0 + (r + 1) * LINE_H], fill=tuple(max(0, v - 25) for v in bg))
         for c in range(C):
-            draw_text(d, marks, (x0 + c * cw + 8, y0 + r * ch + (ch - size) // 2 - 1), cells[r][c], f, ink)
+            draw_cells(d, marks, xs[c] + CELL_W, y0 + r * LINE_H, cells[r][c], f, ink, dy)
     for r in range(R + 1):
-        d.line([x0, y0 + r * ch, x0 + C * cw, y0 + r * ch], fill=ink, width=1)
+        d.line([x0, min(H - 1, y0 + r * LINE_H), xs[-1], min(H - 1, y0 + r * LINE_H)], fill=ink, width=1)
     for c in range(C + 1):
-        d.line([x0 + c * cw, y0, x0 + c * cw, y0 + R * ch], fill=ink, width=1)
+        d.line([min(W - 1, xs[c]), y0, min(W - 1, xs[c]), y0 + R * LINE_H], fill=ink, width=1)
     im = add_noise(im, rng, rng.randint(0, 12))
     r, c = rng.randrange(R), rng.randrange(C)
-    q = rng.choice([f"What is in row {r + 1}, column {c + 1}?", f"What is the entry in row {r + 1}, column {c + 1}?"])
-    return {"task": "tables", "content": [img_part(0), txt(q)], "images": [im], "answer": cells[r][c],
-            "marks": [marks]}
+    if read_all:
+        q, a = "Read the table.", "\n".join(" | ".join(row) for row in cells)
+    else:
+        q = rng.choice([f"What is in row {r + 1}, column {c + 1}?",
+                        f"What is the entry in row {r + 1}, column {c + 1}?"])
+        a = cells[r][c]
+    return {"task": "tables", "content": [img_part(0), txt(q)], "images": [im], "answer": a, "marks": [marks]}
 
 
 # ---------------------------------------------------------------------------------------------------
 # 3. charts
 
 
-def charts(rng: random.Random) -> dict:
-    n = rng.randint(3, 6)
-    labels = rng.sample(WORDS, n)
-    values = rng.sample(range(5, 100), n)
-    size = rng.randint(12, 16)
-    f = font(rng.choice(FONT_FILES), size)
-    slot = max(max(f.getbbox(s)[2] for s in labels) + 10, 44)
-    W = r32(n * slot + 40)
-    H = r32(rng.randint(180, 260))
+def charts(rng: random.Random, read_all: bool = False) -> dict:
+    n = rng.randint(3, 5)
+    labels = rng.sample(LABEL_WORDS, n)
+    values = rng.sample(range(10, 100), n)
+    f = cell_font(rng)
+    slot = 96  # six cells: a label of up to five letters, centred
+    W = r32(n * slot + 32)
+    rows = rng.randint(6, 8)
+    H = rows * LINE_H
     im = Image.new("RGB", (W, H), light_bg(rng))
     d = ImageDraw.Draw(im)
     ink = dark_ink(rng)
-    top, bottom = 12 + size + 6, H - (size + 14)
-    x0 = (W - n * slot) // 2
-    d.line([x0 - 4, bottom, x0 + n * slot, bottom], fill=ink, width=1)
+    bottom = H - LINE_H  # the labels' row
+    top = 2 * LINE_H  # a value of 100 reaches here; its label sits in the row above
+    x0 = 16
+    d.line([x0, bottom, x0 + n * slot, bottom], fill=ink, width=1)
     line = rng.random() < 0.3
     color = rng.choice(list(COLORS.values()))
     marks: list = []
     pts = []
+    dy = rng.randint(-2, 2)
     for i, (lab, v) in enumerate(zip(labels, values)):
-        cx = x0 + i * slot + slot // 2
+        sx = x0 + i * slot
+        cx = sx + slot // 2
         y = bottom - int((bottom - top) * v / 100.0)
         if line:
             pts.append((cx, y))
         else:
-            bw = rng.randint(slot // 3, slot - 12)
+            bw = rng.choice([32, 48, 64])
             d.rectangle([cx - bw // 2, y, cx + bw // 2, bottom - 1], fill=color)
         vs = str(v)
-        draw_text(d, marks, (cx - f.getbbox(vs)[2] // 2, y - size - 4), vs, f, ink)
-        draw_text(d, marks, (cx - f.getbbox(lab)[2] // 2, bottom + 4), lab, f, ink)
+        vrow = (y - 4) // LINE_H - 1  # the token row above the one holding the bar's top
+        draw_cells(d, marks, cx - len(vs) * CELL_W // 2, vrow * LINE_H, vs, f, ink, dy)
+        draw_cells(d, marks, sx + (slot // CELL_W - len(lab)) // 2 * CELL_W, bottom, lab, f, ink, dy)
     if line:
         d.line(pts, fill=color, width=2)
         for p in pts:
             d.ellipse([p[0] - 3, p[1] - 3, p[0] + 3, p[1] + 3], fill=color)
     im = add_noise(im, rng, rng.randint(0, 10))
     roll = rng.random()
-    if roll < 0.6:
+    if read_all:
+        q, a = "List the values.", "\n".join(f"{lab} {v}" for lab, v in zip(labels, values))
+    elif roll < 0.6:
         j = rng.randrange(n)
         q, a = f"What is the value for {labels[j]}?", str(values[j])
     elif roll < 0.8:
@@ -332,32 +380,21 @@ def draw_shape(d: ImageDraw.ImageDraw, shape: str, cx: int, cy: int, r: int, col
         d.polygon([(cx, cy - r), (cx - r, cy + r), (cx + r, cy + r)], fill=color, outline=outline)
 
 
-def place(rng: random.Random, W: int, H: int, radii: list[int]) -> list[tuple[int, int]] | None:
-    pts: list[tuple[int, int, int]] = []
-    for r in radii:
-        for _ in range(60):
-            x, y = rng.randint(r + 2, W - r - 3), rng.randint(r + 2, H - r - 3)
-            if all((x - px) ** 2 + (y - py) ** 2 > (r + pr + 4) ** 2 for px, py, pr in pts):
-                pts.append((x, y, r))
-                break
-        else:
-            return None
-    return [(x, y) for x, y, _ in pts]
+def grid_places(rng: random.Random, W: int, H: int, n: int) -> list[tuple[int, int]]:
+    """n distinct merged-token cells of a W x H image, as jittered cell centres (one object a token)."""
+    cells = rng.sample(range((W // 32) * (H // 32)), n)
+    return [((c % (W // 32)) * 32 + 16 + rng.randint(-3, 3), (c // (W // 32)) * 32 + 16 + rng.randint(-3, 3))
+            for c in cells]
 
 
-def scene(rng: random.Random, W: int, H: int, objects: list[tuple[str, str]], rmin: int, rmax: int,
-          marks: list) -> Image.Image:
-    while True:
-        radii = [rng.randint(rmin, rmax) for _ in objects]
-        pts = place(rng, W, H, radii)
-        if pts is not None:
-            break
+def scene(rng: random.Random, W: int, H: int, objects: list[tuple[str, str]], pts: list[tuple[int, int]],
+          rmin: int, rmax: int, marks: list) -> Image.Image:
     im = scene_background(rng, W, H)
     d = ImageDraw.Draw(im)
     outline = (20, 20, 20) if rng.random() < 0.5 else None
-    for (color, shape), (x, y), r in zip(objects, pts, radii):
-        draw_shape(d, shape, x, y, r, COLORS[color], outline)
-        marks.append((x - r, y - r, x + r, y + r, MARK_ID[f"{color} {shape}"]))
+    for (color, shape), (x, y) in zip(objects, pts):
+        draw_shape(d, shape, x, y, rng.randint(rmin, rmax), COLORS[color], outline)
+        marks.append((x, y, "s", SHAPE_ID[f"{color} {shape}"]))
     return im
 
 
@@ -370,7 +407,7 @@ def scenes(rng: random.Random) -> dict:
     objs = [(color, shape)] * k + [rng.choice(others) for _ in range(n_other)]
     rng.shuffle(objs)
     marks: list = []
-    im = scene(rng, W, H, objs, 9, 16, marks)
+    im = scene(rng, W, H, objs, grid_places(rng, W, H, len(objs)), 9, 13, marks)
     q = f"How many {color} {shape}s are there?" if rng.random() < 0.5 else f"How many {color} {shape}s are in the image?"
     return {"task": "scenes", "content": [img_part(0), txt(q)], "images": [im], "answer": str(k), "marks": [marks]}
 
@@ -381,6 +418,12 @@ def scenes(rng: random.Random) -> dict:
 
 def article(word: str) -> str:
     return "an" if word[0] in "aeiou" else "a"
+
+
+def one_shape(rng: random.Random, side: int, obj: tuple[str, str], marks: list) -> Image.Image:
+    c = side // 2 + rng.randint(-side // 8, side // 8)
+    return scene(rng, side, side, [obj], [(c, side // 2 + rng.randint(-side // 8, side // 8))], side // 5,
+                 side // 3, marks)
 
 
 def multi(rng: random.Random) -> dict:
@@ -394,7 +437,7 @@ def multi(rng: random.Random) -> dict:
         for i in range(n):
             obj = target if i == j else rng.choice([c for c in combos if c != target])
             marks.append([])
-            images.append(scene(rng, side, side, [obj], side // 5, side // 3, marks[-1]))
+            images.append(one_shape(rng, side, obj, marks[-1]))
         q = f"Which image shows {article(target[0])} {target[0]} {target[1]}? Answer with its number."
         a = str(j + 1)
     else:  # how many images have X
@@ -404,7 +447,7 @@ def multi(rng: random.Random) -> dict:
         for i in range(n):
             obj = target if i in has else rng.choice([c for c in combos if c != target])
             marks.append([])
-            images.append(scene(rng, side, side, [obj], side // 5, side // 3, marks[-1]))
+            images.append(one_shape(rng, side, obj, marks[-1]))
         q, a = f"How many images show {article(target[0])} {target[0]} {target[1]}?", str(k)
     for i in range(n):
         content += [txt(f"Image {i + 1}:"), img_part(i)]
@@ -447,9 +490,13 @@ def text_only(rng: random.Random) -> dict:
 
 
 GENERATORS = {"reading": reading, "tables": tables, "charts": charts, "scenes": scenes, "multi": multi,
-              "text": text_only}
-# Training mix: reading and tables need the most practice.
-TRAIN_WEIGHTS = {"reading": 0.27, "tables": 0.2, "charts": 0.18, "scenes": 0.14, "multi": 0.15, "text": 0.06}
+              "text": text_only,
+              # training only: read out everything (dense, ordered targets for the reading skills)
+              "reading_all": lambda rng: reading(rng, True), "tables_all": lambda rng: tables(rng, True),
+              "charts_all": lambda rng: charts(rng, True)}
+# Training mix: reading, tables and charts need the most practice.
+TRAIN_WEIGHTS = {"reading": 0.16, "tables": 0.12, "charts": 0.12, "scenes": 0.14, "multi": 0.14, "text": 0.04,
+                 "reading_all": 0.12, "tables_all": 0.08, "charts_all": 0.08}
 
 
 def sample(seed: int, index: int, task: str | None = None) -> dict:
@@ -464,7 +511,9 @@ def sample(seed: int, index: int, task: str | None = None) -> dict:
                 break
         else:
             task = "text"
-    return GENERATORS[task](rng)
+    s = GENERATORS[task](rng)
+    s["task"] = task  # the training-only read-everything variants keep their own name in the logs
+    return s
 
 
 def all_text() -> list[str]:

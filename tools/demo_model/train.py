@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import data  # noqa: E402
-import fast_vision  # noqa: E402
+import fastmodel  # noqa: E402
 import make_tokenizer  # noqa: E402
 import tasks  # noqa: E402
 
@@ -37,7 +37,7 @@ def model_config(special: dict):
     # About 4.3M parameters (8.5 MB in bf16): the repository travels to GPU machines whole, so the
     # default model has to stay small; the tasks need far less than a real model's width.
     text = dict(
-        vocab_size=vocab, hidden_size=192, num_hidden_layers=4, num_attention_heads=3, num_key_value_heads=1,
+        vocab_size=vocab, hidden_size=192, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
         head_dim=64, hidden_act="silu", rms_norm_eps=1e-6, attention_bias=False, max_position_embeddings=4096,
         intermediate_size=384, moe_intermediate_size=48, num_experts=16, num_experts_per_tok=4,
         decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True, router_aux_loss_coef=0.001,
@@ -47,7 +47,7 @@ def model_config(special: dict):
                          "mrope_interleaved": True},
     )
     vision = dict(
-        depth=4, hidden_size=128, num_heads=2, intermediate_size=384, hidden_act="gelu_pytorch_tanh",
+        depth=4, hidden_size=128, num_heads=4, intermediate_size=384, hidden_act="gelu_pytorch_tanh",
         in_channels=3, patch_size=16, temporal_patch_size=2, spatial_merge_size=2, num_position_embeddings=576,
         out_hidden_size=192, deepstack_visual_indexes=[1],
     )
@@ -89,108 +89,53 @@ def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
 
 
 class MarkHeads(torch.nn.Module):
-    """Training-only linear heads that read the mark classes (tasks.MARK_CLASSES) off the vision tower:
-    one on each patch of the last block, one on each merged token the language model receives. They
-    give the tower dense, local targets (which glyph or shape is where) long before the language model
-    has learnt to ask for them; they are not part of the exported model."""
+    """Training-only linear heads on the merged visual tokens the language model receives: the
+    character in each token's left and right half and the shape in it (data.mark_targets). They give
+    the tower dense, local targets (which glyph or shape is where) long before the language model has
+    learnt to ask for them; they are not part of the exported model."""
 
     def __init__(self, model):
         super().__init__()
-        v = model.config.vision_config
-        n = len(tasks.MARK_CLASSES)
-        self.patch = torch.nn.Linear(v.hidden_size, n)
-        self.token = torch.nn.Linear(v.out_hidden_size, n)
-        self.seen: dict[str, torch.Tensor] = {}
-        visual = model.model.visual
-        visual.blocks[-1].register_forward_hook(lambda m, i, o: self.seen.__setitem__("patch", o))
-        visual.merger.register_forward_hook(lambda m, i, o: self.seen.__setitem__("token", o))
+        d = model.config.vision_config.out_hidden_size
+        self.left = torch.nn.Linear(d, len(tasks.CHARSET) + 1)
+        self.right = torch.nn.Linear(d, len(tasks.CHARSET) + 1)
+        self.shape = torch.nn.Linear(d, len(tasks.SHAPE_CLASSES) + 1)
 
-    def loss(self, batch: dict, dev) -> torch.Tensor:
-        total = 0.0
-        for name, head in (("patch", self.patch), ("token", self.token)):
-            h = self.seen.pop(name)
-            h = h[0] if isinstance(h, tuple) else h
-            y = batch["mark_" + name].to(dev, non_blocking=True).float()
-            logits = head(h.float().reshape(y.shape[0], -1))
-            total = total + F.binary_cross_entropy_with_logits(logits, y, reduction="sum") / y.shape[0]
-        return total
+    def loss(self, merged: torch.Tensor, marks: torch.Tensor) -> torch.Tensor:
+        h = merged.float()
+        return sum(F.cross_entropy(head(h), marks[:, i]) for i, head in enumerate((self.left, self.right, self.shape)))
 
 
-def vision_loss(model, batch: dict, dev, heads: MarkHeads):
-    """The vision-only stage: the tower and the mark heads, no language model."""
-    if "patches" not in batch:
-        return None
-    pv = data.to_pixel_values(batch["patches"].to(dev, non_blocking=True))
+def step_loss(fast, heads, b: dict, mark_weight: float, aux_coef: float):
+    """Answer cross-entropy (+ router balance, + marks), and per-item 'every answer token argmax-right'
+    (exactly the condition for greedy decoding to give the answer)."""
+    dev = b["ids"].device
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dev.type == "cuda"):
-        model.model.visual(pv, grid_thw=batch["image_grid_thw"].to(dev, non_blocking=True))
-    return heads.loss(batch, dev)
-
-
-def forward_loss(model, batch: dict, dev, aux: bool, heads: MarkHeads | None = None, mark_weight: float = 0.0):
-    """Mean cross-entropy over answer tokens (+ router balance loss, + mark loss) and per-sample
-    'all answer tokens right'."""
-    ids = batch["input_ids"].to(dev, non_blocking=True)
-    kw = dict(input_ids=ids, attention_mask=batch["attention_mask"].to(dev, non_blocking=True),
-              mm_token_type_ids=batch["mm_token_type_ids"].to(dev, non_blocking=True))
-    if "patches" in batch:
-        kw["pixel_values"] = data.to_pixel_values(batch["patches"].to(dev, non_blocking=True))
-        kw["image_grid_thw"] = batch["image_grid_thw"].to(dev, non_blocking=True)
-    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dev.type == "cuda"):
-        out = model(**kw, output_router_logits=aux, use_cache=False)
-    labels = batch["labels"].to(dev, non_blocking=True)[:, 1:]
-    logits = out.logits[:, :-1].float()
-    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
+        out = fast.forward(b, dev)
+        logits = out["logits"].float()
+        loss = F.cross_entropy(logits, b["tgt"])
+        total = loss + aux_coef * fast.balance_loss(out["routers"])
+        if heads is not None and mark_weight > 0 and out["vision"] is not None:
+            total = total + mark_weight * heads.loss(out["vision"][0], b["marks"])
     with torch.no_grad():
-        ok = (logits.argmax(-1) == labels) | (labels == -100)
-        exact = ok.all(dim=1)
-    total = loss
-    if aux and out.aux_loss is not None:
-        total = loss + model.config.text_config.router_aux_loss_coef * out.aux_loss
-    if heads is not None:
-        if "patches" in batch and mark_weight > 0:
-            total = total + mark_weight * heads.loss(batch, dev)
-        heads.seen.clear()
+        wrong = torch.zeros(b["n_items"], device=dev).index_add(0, b["tgt_item"], (logits.argmax(-1) != b["tgt"]).float())
+        exact = wrong == 0
     return total, loss, exact
 
 
-def pick_experts(cfg, dev, batch, choices: list[str]) -> str:
-    """Times a forward/backward of each transformers experts implementation on one real batch (no
-    update) and returns the fastest that runs."""
-    best, best_t = "", float("inf")
-    for name in choices:
-        try:
-            m = build_model(cfg, name).to(dev)
-            for i in range(3):
-                if i == 1:
-                    torch.cuda.synchronize()
-                    t = time.time()
-                forward_loss(m, batch, dev, True)[0].backward()
-            torch.cuda.synchronize()
-            dt = (time.time() - t) / 2
-        except Exception as e:  # an implementation this torch/GPU lacks
-            print(f"experts {name or 'eager'}: {type(e).__name__}: {str(e)[:200]}", flush=True)
-            continue
-        print(f"experts {name or 'eager'}: {dt * 1000:.1f} ms a step", flush=True)
-        if dt < best_t:
-            best, best_t = name, dt
-        del m
-    return best
-
-
-def probe(model, enc, dev, n: int) -> dict:
-    """Teacher-forced exact match on n held-out samples per task: all answer tokens argmax-right is
-    exactly the condition for greedy decoding to produce the answer."""
-    model.eval()
+def probe(fast, enc, dev, n: int, grid_side: int) -> dict:
+    """Teacher-forced exact match on n held-out samples of each evaluated task."""
+    fast.model.eval()
     res = {}
     with torch.no_grad():
         for t in tasks.TASKS:
             hits = 0
-            for b0 in range(0, n, 32):
-                items = [enc.encode(tasks.sample(PROBE_SEED, i, t)) for i in range(b0, min(n, b0 + 32))]
-                _, _, exact = forward_loss(model, data.collate(items, enc.pad, enc.image_pad), dev, False)
-                hits += int(exact.sum())
-            res[t] = hits / n
-    model.train()
+            for b0 in range(0, n, 64):
+                items = [enc.encode(tasks.sample(PROBE_SEED, i, t)) for i in range(b0, min(n, b0 + 64))]
+                b = data.to_device(data.collate_packed(items, enc.image_pad, grid_side), dev)
+                hits += int(step_loss(fast, None, b, 0.0, 0.0)[2].sum())
+            res[t] = round(hits / n, 3)
+    fast.model.train()
     return res
 
 
@@ -204,20 +149,13 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=6e-4)
     ap.add_argument("--warmup", type=int, default=300)
     ap.add_argument("--mark-weight", type=float, default=0.5, help="weight of the training-only mark loss")
-    ap.add_argument("--vision-steps", type=int, default=0,
-                    help="the first steps train the vision tower on the mark targets alone (no language model)")
-    ap.add_argument("--vision-attention", choices=["bucketed", "loop"], default="bucketed",
-                    help="vision attention in a few padded calls (fast_vision.py) or transformers' per-image loop")
+    ap.add_argument("--log-every", type=int, default=100)
     ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2))
-    ap.add_argument("--experts", default="auto", help="transformers experts implementation ('' = eager, auto = "
-                    "the fastest of grouped_mm, batched_mm and eager on this GPU)")
     ap.add_argument("--probe", type=int, default=64, help="held-out samples per task for the progress probe")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     a = ap.parse_args()
 
     t_start = time.time()
-    if a.vision_attention == "bucketed":
-        fast_vision.install()
     os.makedirs(a.work, exist_ok=True)
     special = special_ids(a.work)
     tok_file = os.path.join(a.work, "tokenizer", "tokenizer.json")
@@ -226,13 +164,9 @@ def main() -> None:
     torch.backends.cudnn.allow_tf32 = True
 
     cfg = model_config(special)
-    experts = a.experts
-    if experts == "auto":
-        enc = data.Encoder(tok_file)
-        sample_batch = data.collate([enc.encode(tasks.sample(PROBE_SEED + 1, i)) for i in range(a.batch)],
-                                    enc.pad, enc.image_pad)
-        experts = pick_experts(cfg, dev, sample_batch, ["grouped_mm", "batched_mm", ""]) if dev.type == "cuda" else ""
-    model = build_model(cfg, experts).to(dev)
+    grid_side = int(cfg.vision_config.num_position_embeddings ** 0.5)
+    model = build_model(cfg, "").to(dev)
+    fast = fastmodel.Fast(model)
     heads = MarkHeads(model).to(dev)
     named = list(model.named_parameters()) + [("heads." + n, p) for n, p in heads.named_parameters()]
     decay = [p for n, p in named if p.ndim >= 2 and "embed" not in n]
@@ -253,52 +187,55 @@ def main() -> None:
         print(f"new model: {n_par / 1e6:.2f}M parameters", flush=True)
 
     end = a.steps or a.total_steps
-    loader = torch.utils.data.DataLoader(data.Stream(tok_file, TRAIN_SEED, a.batch, step), batch_size=None,
+    loader = torch.utils.data.DataLoader(data.Stream(tok_file, TRAIN_SEED, a.batch, step, grid_side), batch_size=None,
                                          num_workers=a.workers, pin_memory=dev.type == "cuda", prefetch_factor=4,
                                          persistent_workers=False)
     enc = data.Encoder(tok_file)
     log = open(os.path.join(a.work, "train_log.jsonl"), "a")
     model.train()
-    t0, seen, acc_loss, acc_total, acc_n, acc_exact, acc_items = time.time(), 0, 0.0, 0.0, 0, 0, 0
+    aux = cfg.text_config.router_aux_loss_coef
+    t0, seen, acc = time.time(), 0, {"loss": 0.0, "total": 0.0, "n": 0}
+    per_task: dict[str, list[int]] = {}
     it = iter(loader)
+    wait = 0.0
     while step < end:
         if time.time() - t_start > a.minutes * 60:
             break
-        batch = next(it)
+        tw = time.time()
+        b = data.to_device(next(it), dev)
+        wait += time.time() - tw
         lr = lr_at(step, a.total_steps, a.lr, a.warmup)
         for g in opt.param_groups:
             g["lr"] = lr
-        if step < a.vision_steps:
-            total = vision_loss(model, batch, dev, heads)
-            if total is None:
-                continue
-            loss, exact = total.detach(), torch.zeros(1, dtype=torch.bool)
-        else:
-            total, loss, exact = forward_loss(model, batch, dev, True, heads, a.mark_weight)
+        total, loss, exact = step_loss(fast, heads, b, a.mark_weight, aux)
         opt.zero_grad(set_to_none=True)
         total.backward()
         gn = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
-        acc_loss += loss.item()
-        acc_total += total.item()
-        acc_n += 1
-        acc_exact += int(exact.sum())
-        acc_items += exact.numel()
-        seen += exact.numel()
-        if step % 50 == 0:
-            rec = {"step": step, "loss": acc_loss / acc_n, "total": acc_total / acc_n, "train_exact": acc_exact / acc_items, "lr": lr,
-                   "grad_norm": float(gn), "samples_per_s": seen / (time.time() - t0), "t": time.time() - t_start}
+        acc["loss"] += loss.item()
+        acc["total"] += total.item()
+        acc["n"] += 1
+        for t, e in zip(b["tasks"], exact.tolist()):
+            per_task.setdefault(t, [0, 0])
+            per_task[t][0] += int(e)
+            per_task[t][1] += 1
+        seen += b["n_items"]
+        if step % a.log_every == 0:
+            rec = {"step": step, "loss": round(acc["loss"] / acc["n"], 4), "total": round(acc["total"] / acc["n"], 4),
+                   "train_exact": {t: round(h / max(1, n), 3) for t, (h, n) in sorted(per_task.items())},
+                   "lr": lr, "grad_norm": round(float(gn), 3), "samples_per_s": round(seen / (time.time() - t0)),
+                   "data_wait_s": round(wait, 1), "t": round(time.time() - t_start)}
             print(json.dumps(rec), flush=True)
             log.write(json.dumps(rec) + "\n")
             log.flush()
-            acc_loss, acc_total, acc_n, acc_exact, acc_items = 0.0, 0.0, 0, 0, 0
+            acc, per_task = {"loss": 0.0, "total": 0.0, "n": 0}, {}
     del it, loader
     torch.save({"model": model.state_dict(), "heads": heads.state_dict(), "opt": opt.state_dict(), "step": step},
                ckpt + ".tmp")
     os.replace(ckpt + ".tmp", ckpt)
     if a.probe:
-        rec = {"step": step, "probe": probe(model, enc, dev, a.probe)}
+        rec = {"step": step, "probe": probe(fast, enc, dev, a.probe, grid_side)}
         print(json.dumps(rec), flush=True)
         log.write(json.dumps(rec) + "\n")
     log.close()
