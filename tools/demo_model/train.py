@@ -123,6 +123,25 @@ def step_loss(fast, heads, b: dict, mark_weight: float, aux_coef: float):
     return total, loss, exact
 
 
+def self_check(model, fast, tok_file: str, dev, grid_side: int) -> None:
+    """On this device: the packed forward against transformers (fp32, padded-bucket attention), and
+    flash varlen attention against the padded-bucket form (bf16-level agreement expected)."""
+    enc = data.Encoder(tok_file)
+    names = ["reading", "tables", "text", "multi", "charts_all", "scenes", "reading_all", "charts"]
+    items = [enc.encode(tasks.sample(PROBE_SEED + 2, i, t)) for i, t in enumerate(names)]
+    hf = data.collate(items, enc.pad, enc.image_pad)
+    b = data.to_device(data.collate_packed(items, enc.image_pad, grid_side), dev)
+    saved = fastmodel.varlen_attn
+    fastmodel.varlen_attn = None
+    err = fastmodel.check(model, hf, b, dev, tol=1e-3)
+    with torch.no_grad():
+        ref = fast.forward(b, dev)["logits"]
+        fastmodel.varlen_attn = saved
+        out = fast.forward(b, dev)["logits"]
+    print(json.dumps({"self_check_vs_transformers": err, "varlen_vs_padded": (out - ref).abs().max().item(),
+                      "logit_std": ref.std().item(), "varlen": saved is not None}), flush=True)
+
+
 def probe(fast, enc, dev, n: int, grid_side: int) -> dict:
     """Teacher-forced exact match on n held-out samples of each evaluated task."""
     fast.model.eval()
@@ -150,6 +169,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=300)
     ap.add_argument("--mark-weight", type=float, default=0.5, help="weight of the training-only mark loss")
     ap.add_argument("--log-every", type=int, default=100)
+    ap.add_argument("--self-check", action="store_true", help="compare the packed forward with transformers first")
     ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2))
     ap.add_argument("--probe", type=int, default=64, help="held-out samples per task for the progress probe")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -186,6 +206,8 @@ def main() -> None:
         n_par = sum(p.numel() for p in model.parameters())
         print(f"new model: {n_par / 1e6:.2f}M parameters", flush=True)
 
+    if a.self_check:
+        self_check(model, fast, tok_file, dev, grid_side)
     end = a.steps or a.total_steps
     loader = torch.utils.data.DataLoader(data.Stream(tok_file, TRAIN_SEED, a.batch, step, grid_side), batch_size=None,
                                          num_workers=a.workers, pin_memory=dev.type == "cuda", prefetch_factor=4,
