@@ -22,10 +22,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-try:  # flash attention over packed sequences (PyTorch >= 2.10)
+try:  # flash attention over packed sequences (PyTorch >= 2.10; its keywords changed between releases)
+    import inspect
+
     from torch.nn.attention.varlen import varlen_attn
+    _VARLEN_ARGS = set(inspect.signature(varlen_attn).parameters)
 except ImportError:  # pragma: no cover
-    varlen_attn = None
+    varlen_attn, _VARLEN_ARGS = None, set()
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -69,9 +72,18 @@ def packed_attention(q, k, v, cu: torch.Tensor, max_len: int, causal: bool, scal
     """q [N, Hq, D], k/v [N, Hkv, D] packed by cu (int32 [S+1]); attention within each sequence."""
     if varlen_attn is not None and q.is_cuda:
         dt = torch.bfloat16
-        o = varlen_attn(q.to(dt), k.to(dt), v.to(dt), cu, cu, max_len, max_len, scale=scale,
-                        window_size=(-1, 0) if causal else (-1, -1), enable_gqa=k.shape[1] != q.shape[1])
-        return o
+        kw = {"scale": scale}
+        if "window_size" in _VARLEN_ARGS:
+            kw["window_size"] = (-1, 0) if causal else (-1, -1)
+        else:
+            kw["is_causal"] = causal
+        if k.shape[1] != q.shape[1]:
+            if "enable_gqa" in _VARLEN_ARGS:
+                kw["enable_gqa"] = True
+            else:
+                rep = q.shape[1] // k.shape[1]
+                k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        return varlen_attn(q.to(dt), k.to(dt), v.to(dt), cu, cu, max_len, max_len, **kw)
     rep = q.shape[1] // k.shape[1]
     if rep > 1:
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
