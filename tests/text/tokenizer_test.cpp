@@ -69,6 +69,24 @@ struct TempDir {
   }
 };
 
+// tokenizer.json's BPE model, written as the vocab.json + merges.txt pair that older checkpoints ship
+// (the same data in the other format: the two loaders must agree on it).
+const json& bpe_model() {
+  static const json* m = new json(json::parse(slurp(kAssets + "/tokenizer.json"))["model"]);
+  return *m;
+}
+
+void write_vocab_merges(const TempDir& dir, bool merges = true) {
+  dir.write("vocab.json", bpe_model()["vocab"].dump());
+  if (!merges) return;
+  std::string text = "#version: 0.2\n";
+  for (const json& m : bpe_model()["merges"]) {
+    text += m.is_array() ? m[0].get<std::string>() + " " + m[1].get<std::string>() : m.get<std::string>();
+    text += "\n";
+  }
+  dir.write("merges.txt", text);
+}
+
 std::vector<std::string> corpus() {
   std::vector<std::string> lines = split(slurp(kData + "/multilingual_corpus.txt"), "\n__zest_corpus_line__\n");
   if (!lines.empty() && lines.back().empty()) lines.pop_back();
@@ -96,8 +114,8 @@ TEST(Tokenizer, LoadsQwenVocabulary) {
     }
   }
   EXPECT_EQ(added, 26u);
-  // Regular tokens as listed in vocab.json.
-  const json vocab = json::parse(slurp(kAssets + "/vocab.json"));
+  // Regular tokens as listed in the BPE model's vocabulary.
+  const json& vocab = bpe_model()["vocab"];
   EXPECT_EQ(tok().size(), static_cast<int64_t>(vocab.size() + added));
   for (const char* t : {"Ġhello", "ĠĠ", "ä¸ŃåĽ½", "!"}) EXPECT_EQ(tok().token_to_id(t), vocab[t].get<int32_t>()) << t;
   EXPECT_EQ(tok().token_bytes(vocab["Ġhello"]), " hello");
@@ -188,8 +206,7 @@ TEST(Tokenizer, NfcMatchesHfNormalizer) {
 
 TEST(Tokenizer, VocabMergesLoaderGivesIdenticalIds) {
   TempDir dir("vm");
-  fs::create_symlink(kAssets + "/vocab.json", dir.path / "vocab.json");
-  fs::create_symlink(kAssets + "/merges.txt", dir.path / "merges.txt");
+  write_vocab_merges(dir);
   fs::create_symlink(kAssets + "/tokenizer_config.qwen3-4b.json", dir.path / "tokenizer_config.json");
   auto r = Tokenizer::load(dir.path.string());
   ASSERT_TRUE(r.ok()) << r.status().to_string();
@@ -236,7 +253,7 @@ TEST(Tokenizer, LoadErrors) {
   }
   {
     TempDir dir("badmerge");
-    fs::create_symlink(kAssets + "/vocab.json", dir.path / "vocab.json");
+    write_vocab_merges(dir, false);
     dir.write("merges.txt", "#version: 0.2\nĠ Ġ\nthis line has three\n");
     auto r = Tokenizer::load(dir.path.string());
     ASSERT_FALSE(r.ok());
@@ -245,7 +262,7 @@ TEST(Tokenizer, LoadErrors) {
   }
   {
     TempDir dir("unknownmerge");
-    fs::create_symlink(kAssets + "/vocab.json", dir.path / "vocab.json");
+    write_vocab_merges(dir, false);
     dir.write("merges.txt", "#version: 0.2\nĠ Ġ\nqqqqzz xxxyy\n");
     auto r = Tokenizer::load(dir.path.string());
     ASSERT_FALSE(r.ok());
