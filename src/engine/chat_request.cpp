@@ -1,6 +1,7 @@
 #include "engine/chat_request.h"
 
 #include <algorithm>
+#include <map>
 
 #include "engine/vision_encode.h"
 #include "io/image.h"
@@ -88,12 +89,7 @@ constexpr UnsupportedField kUnsupported[] = {
     {"functions", is_empty},
     {"function_call", no_tool_choice},
     {"response_format", text_format},
-    {"logit_bias", is_empty},
-    {"presence_penalty", is_zero},
-    {"frequency_penalty", is_zero},
-    {"repetition_penalty", is_one},
     {"min_p", is_zero},
-    {"min_tokens", is_zero},
     {"best_of", is_one},
     {"use_beam_search", is_false},
     {"length_penalty", is_one},
@@ -121,6 +117,39 @@ constexpr UnsupportedField kUnsupported[] = {
     {"reasoning_effort", never},
     {"store", is_false},
 };
+
+// The logits processing fields (see engine/sampler.h): penalties, logit_bias, min_tokens.
+Status parse_logits_processing(const json& body, const ModelBundle& model, bool max_tokens_given, SamplingParams& sp) {
+  ZEST_RETURN_IF_ERROR(expect_number(body, "presence_penalty", -2.0, 2.0, sp.presence_penalty));
+  ZEST_RETURN_IF_ERROR(expect_number(body, "frequency_penalty", -2.0, 2.0, sp.frequency_penalty));
+  ZEST_RETURN_IF_ERROR(expect_number(body, "repetition_penalty", 0.0, 10.0, sp.repetition_penalty));
+  if (!(sp.repetition_penalty > 0.0)) return invalid_argument("'repetition_penalty' must be in (0, 10]");
+  if (const json* lb = field(body, "logit_bias")) {
+    const int64_t vocab = model.config.text.vocab_size;
+    if (!lb->is_object())
+      return invalid_argument("'logit_bias' must be an object mapping token ids (strings) to biases in [-100, 100]");
+    std::map<int32_t, float> bias;  // distinct ids; a later spelling of the same id wins
+    for (const auto& [key, v] : lb->items()) {
+      int64_t id = -1;
+      const bool digits = !key.empty() && key.size() <= 10 &&
+                          std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+      if (digits) id = std::stoll(key);
+      if (!digits || id >= vocab)
+        return invalid_argument("'logit_bias' key '" + key.substr(0, 32) + "' is not a token id in [0, " +
+                                std::to_string(vocab) + ")");
+      if (!v.is_number() || !(v.get<double>() >= -100.0 && v.get<double>() <= 100.0))
+        return invalid_argument("'logit_bias' values must be numbers in [-100, 100] (token " + key + ")");
+      bias[static_cast<int32_t>(id)] = static_cast<float>(v.get<double>());
+    }
+    sp.logit_bias.assign(bias.begin(), bias.end());
+  }
+  const int64_t max_min = max_tokens_given ? sp.max_tokens : INT32_MAX;
+  ZEST_RETURN_IF_ERROR(expect_int(body, "min_tokens", 0, INT32_MAX, sp.min_tokens));
+  if (sp.min_tokens > max_min)
+    return invalid_argument("'min_tokens' = " + std::to_string(sp.min_tokens) + " is more than 'max_tokens' = " +
+                            std::to_string(max_min));
+  return Status::ok();
+}
 
 Status refuse_unsupported(const json& body) {
   for (const UnsupportedField& f : kUnsupported) {
@@ -299,6 +328,7 @@ Result<ChatRequest> parse_chat_request(const json& body, const ModelBundle& mode
     }
   }
   ZEST_RETURN_IF_ERROR(expect_bool(body, "ignore_eos", "ignore_eos", sp.ignore_eos));
+  ZEST_RETURN_IF_ERROR(parse_logits_processing(body, model, r.max_tokens_given, sp));
   ZEST_RETURN_IF_ERROR(expect_bool(body, "stream", "stream", r.stream));
   if (const json* so = field(body, "stream_options")) {
     if (!so->is_object()) return invalid_argument("'stream_options' must be an object");

@@ -150,13 +150,11 @@ TEST_F(HostileTest, UnsupportedFieldsAreRefusedByName) {
   const std::vector<std::pair<std::string, json>> asks = {
       {"logprobs", true},
       {"top_logprobs", 3},
+      {"prompt_logprobs", 1},
       {"tools", json::array({{{"type", "function"}, {"function", {{"name", "f"}}}}})},
       {"tool_choice", "required"},
       {"response_format", {{"type", "json_object"}}},
-      {"logit_bias", {{"13", 5}}},
-      {"presence_penalty", 0.5},
-      {"frequency_penalty", -1},
-      {"repetition_penalty", 1.2},
+      {"min_p", 0.1},
       {"best_of", 2},
       {"guided_json", json::object()},
       {"store", true},
@@ -173,8 +171,8 @@ TEST_F(HostileTest, UnsupportedFieldsAreRefusedByName) {
   // The values that ask for nothing pass, and so do fields zest has never heard of.
   json neutral = chat_body("hi", 2);
   neutral.update({{"logprobs", false}, {"tools", json::array()}, {"tool_choice", "none"},
-                  {"response_format", {{"type", "text"}}}, {"logit_bias", json::object()}, {"presence_penalty", 0},
-                  {"frequency_penalty", 0.0}, {"n", 1}, {"user", "u1"}, {"some_future_field", {1, 2}}});
+                  {"response_format", {{"type", "text"}}}, {"min_p", 0}, {"best_of", 1}, {"n", 1}, {"user", "u1"},
+                  {"some_future_field", {1, 2}}});
   HttpReply ok = post_json(*cli_, neutral.dump());
   EXPECT_EQ(ok.status, 200) << ok.body;
   json n2 = chat_body("hi", 2);
@@ -199,6 +197,20 @@ TEST_F(HostileTest, WrongTypesGet400NamingTheField) {
       {{{"vision_prune", {{"rate", "half"}}}}, ""},
       {{{"user", 5}}, "user"},
       {{{"parallel_tool_calls", "no"}}, "parallel_tool_calls"},
+      {{{"presence_penalty", 2.5}}, "presence_penalty"},
+      {{{"presence_penalty", "high"}}, "presence_penalty"},
+      {{{"frequency_penalty", -3}}, "frequency_penalty"},
+      {{{"repetition_penalty", 0}}, "repetition_penalty"},
+      {{{"repetition_penalty", -1.5}}, "repetition_penalty"},
+      {{{"logit_bias", json::array({1, 2})}}, "logit_bias"},
+      {{{"logit_bias", {{"abc", 1}}}}, "logit_bias"},
+      {{{"logit_bias", {{"-5", 1}}}}, "logit_bias"},
+      {{{"logit_bias", {{"99999999999", 1}}}}, "logit_bias"},
+      {{{"logit_bias", {{"5", 100.5}}}}, "logit_bias"},
+      {{{"logit_bias", {{"5", "up"}}}}, "logit_bias"},
+      {{{"min_tokens", -1}}, "min_tokens"},
+      {{{"min_tokens", 3}, {"max_tokens", 2}}, "min_tokens"},
+      {{{"min_tokens", 1.5}}, "min_tokens"},
   };
   for (const Case& c : cases) {
     json body = chat_body("hi", 2);
@@ -347,7 +359,8 @@ TEST_F(HostileTest, FuzzedBodiesGetCompletionsOr4xx) {
       "messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "n",
       "stop", "stop_token_ids", "ignore_eos", "stream", "stream_options", "sere", "vision_prune",
       "mm_processor_kwargs", "chat_template_kwargs", "logprobs", "tools", "tool_choice", "response_format",
-      "logit_bias", "presence_penalty", "user"};
+      "logit_bias", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "top_logprobs",
+      "user"};
   auto base = [&]() {
     json content = json::array({{{"type", "text"}, {"text", "Describe."}}});
     if (rng() % 3 == 0) content.push_back(image_part(png));
