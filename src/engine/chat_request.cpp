@@ -81,8 +81,6 @@ bool text_format(const json& v) {
 bool text_modality(const json& v) { return v.is_array() && v.size() == 1 && v[0].is_string() && v[0] == "text"; }
 
 constexpr UnsupportedField kUnsupported[] = {
-    {"logprobs", is_false},
-    {"top_logprobs", is_zero},
     {"prompt_logprobs", never},
     {"tools", is_empty},
     {"tool_choice", no_tool_choice},
@@ -99,7 +97,6 @@ constexpr UnsupportedField kUnsupported[] = {
     {"add_generation_prompt", is_true},
     {"skip_special_tokens", is_true},
     {"spaces_between_special_tokens", is_true},
-    {"return_tokens_as_token_ids", is_false},
     {"chat_template", never},
     {"documents", never},
     {"guided_json", never},
@@ -329,6 +326,14 @@ Result<ChatRequest> parse_chat_request(const json& body, const ModelBundle& mode
   }
   ZEST_RETURN_IF_ERROR(expect_bool(body, "ignore_eos", "ignore_eos", sp.ignore_eos));
   ZEST_RETURN_IF_ERROR(parse_logits_processing(body, model, r.max_tokens_given, sp));
+  ZEST_RETURN_IF_ERROR(expect_bool(body, "logprobs", "logprobs", sp.logprobs));
+  int64_t top_logprobs = 0;
+  ZEST_RETURN_IF_ERROR(expect_int(body, "top_logprobs", 0, model::kMaxTopLogprobs, top_logprobs));
+  if (top_logprobs > 0 && !sp.logprobs)
+    return invalid_argument("'top_logprobs' needs 'logprobs': true");
+  sp.top_logprobs = static_cast<int32_t>(top_logprobs);
+  ZEST_RETURN_IF_ERROR(expect_bool(body, "return_tokens_as_token_ids", "return_tokens_as_token_ids",
+                                   r.return_tokens_as_token_ids));
   ZEST_RETURN_IF_ERROR(expect_bool(body, "stream", "stream", r.stream));
   if (const json* so = field(body, "stream_options")) {
     if (!so->is_object()) return invalid_argument("'stream_options' must be an object");

@@ -48,6 +48,7 @@ struct ChatRequest {
   nlohmann::json vision_prune;         // per-request VisionZip overrides (object) or null; validated
   nlohmann::json mm_processor_kwargs;  // min_pixels / max_pixels overrides (object) or null
   vision::PixelBudget pixels;          // the same, typed (bounded by the ceiling given to parse_chat_request)
+  bool return_tokens_as_token_ids = false;  // vLLM's: logprob tokens written as "token_id:N"
   bool enable_thinking = true;
   bool add_vision_id = false;
 };

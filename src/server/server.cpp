@@ -80,14 +80,23 @@ Status check_image_sources(const json& messages, bool allow_local_files) {
   return Status::ok();
 }
 
-// Per-stream state shared by the content provider and its releaser.
-struct StreamState {
+// One API request in flight: its choices (one engine request each) and how to answer.
+struct Job {
   std::shared_ptr<RequestChannel> channel;
-  int64_t request_id = 0;
+  std::vector<int64_t> ids;  // engine request id of each choice
   CompletionId cid;
-  Usage usage;
+  Usage usage;               // prompt and visual tokens (completion tokens are added at the end)
   bool include_usage = false;
-  bool sent_role = false;
+  bool logprobs = false;
+  bool token_ids = false;    // logprob tokens as "token_id:N"
+  // Streaming only: the role chunk of each choice was sent.
+  std::vector<char> sent_role;
+};
+
+// One choice of a request to submit.
+struct ChoiceSpec {
+  engine::Prompt prompt;
+  engine::SamplingParams sampling;
 };
 
 }  // namespace
@@ -128,14 +137,16 @@ struct Server::Impl {
   // checks: 400 naming messages or max_tokens.
   Status check_length(int64_t n_prompt, const engine::ChatRequest& cr) const;
   void handle_chat(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader);
+  // Submits the choices of `job` (ids, channel and the usage's prompt counts are filled here) to the engine.
+  void submit(Job& job, std::vector<ChoiceSpec> choices, bool sere, double received_ms);
+  void abort_all(const Job& job);
   // Non-streaming reply: waits for the end, checking the client's connection once per keep-alive interval
   // (a client gone aborts the request).
-  void respond_whole(httplib::Response& res, const std::shared_ptr<RequestChannel>& ch, int64_t request_id,
-                     const CompletionId& cid, Usage usage);
-  static std::pair<int, std::string> whole_body(const ChannelUpdate& u, const CompletionId& cid, Usage usage);
-  void respond_stream(httplib::Response& res, std::shared_ptr<StreamState> st);
+  void respond_whole(httplib::Response& res, const Job& job);
+  std::pair<int, std::string> whole_body(const ChannelUpdate& u, const Job& job) const;
+  void respond_stream(httplib::Response& res, std::shared_ptr<Job> job);
   // One provider call: waits for news (up to the keep-alive interval) and writes it; false = stop.
-  bool stream_step(StreamState& st, httplib::DataSink& sink);
+  bool stream_step(Job& job, httplib::DataSink& sink);
 };
 
 void Server::Impl::routes() {
@@ -327,129 +338,170 @@ void Server::Impl::handle_chat(const httplib::Request&, httplib::Response& res,
   const int64_t n_prompt = static_cast<int64_t>(prompt->ids.size());
   if (Status st = check_length(n_prompt, cr); !st.is_ok()) return reply_status(res, st);
 
-  Usage usage;
-  usage.prompt_tokens = n_prompt;
-  for (int64_t v : prompt->visual_tokens_before) usage.visual_tokens_before += v;
-  for (int64_t v : prompt->visual_tokens_after) usage.visual_tokens_after += v;
+  Job job;
+  job.include_usage = cr.include_usage;
+  job.logprobs = cr.sampling.logprobs;
+  job.token_ids = cr.return_tokens_as_token_ids;
+  const int64_t first = next_id.load();
+  job.cid = CompletionId{"chatcmpl-" + hex(id_prefix, 16) + hex(static_cast<uint64_t>(first), 8), unix_seconds(),
+                         model_name};
+  std::vector<ChoiceSpec> choices(1);
+  choices[0].prompt = std::move(prompt).value();
+  choices[0].sampling = cr.sampling;
+  submit(job, std::move(choices), cr.sere, received_ms);
+  if (!cr.stream) return respond_whole(res, job);
+  respond_stream(res, std::make_shared<Job>(std::move(job)));
+}
 
-  const int64_t id = next_id.fetch_add(1);
-  CompletionId cid{"chatcmpl-" + hex(id_prefix, 16) + hex(static_cast<uint64_t>(id), 8), unix_seconds(), model_name};
-  auto channel = std::make_shared<RequestChannel>();
+void Server::Impl::submit(Job& job, std::vector<ChoiceSpec> choices, bool sere, double received_ms) {
+  const int n = static_cast<int>(choices.size());
+  job.channel = std::make_shared<RequestChannel>(n);
+  job.sent_role.assign(n, 0);
+  job.ids.clear();
+  job.usage.prompt_tokens = 0;
+  for (const ChoiceSpec& c : choices) {
+    job.usage.prompt_tokens += static_cast<int64_t>(c.prompt.ids.size());
+    for (int64_t v : c.prompt.visual_tokens_before) job.usage.visual_tokens_before += v;
+    for (int64_t v : c.prompt.visual_tokens_after) job.usage.visual_tokens_after += v;
+  }
+  for (int i = 0; i < n; ++i) {
+    const int64_t id = next_id.fetch_add(1);
+    job.ids.push_back(id);
+    Usage usage;  // this choice's prompt, for its metrics
+    usage.prompt_tokens = static_cast<int64_t>(choices[i].prompt.ids.size());
+    for (int64_t v : choices[i].prompt.visual_tokens_before) usage.visual_tokens_before += v;
+    for (int64_t v : choices[i].prompt.visual_tokens_after) usage.visual_tokens_after += v;
+    engine::Request er;
+    er.id = id;
+    er.prompt = std::move(choices[i].prompt);
+    er.sampling = std::move(choices[i].sampling);
+    er.sere = sere;
+    auto channel = job.channel;
+    er.on_update = [this, channel, i, received_ms, usage](const std::string& delta, const engine::RequestOutput& out,
+                                                          bool finished) {
+      if (finished) {
+        FinishedRequest f;
+        f.finish_reason = engine::finish_reason_name(out.finish);
+        f.prompt_tokens = usage.prompt_tokens;
+        f.generation_tokens = static_cast<int64_t>(out.token_ids.size());
+        f.visual_tokens_before = usage.visual_tokens_before;
+        f.visual_tokens_after = usage.visual_tokens_after;
+        if (out.first_token_ms > 0) f.time_to_first_token_s = (out.first_token_ms - received_ms) / 1000.0;
+        if (f.generation_tokens > 1)
+          f.time_per_output_token_s = (out.finish_ms - out.first_token_ms) / 1000.0 / (f.generation_tokens - 1);
+        f.e2e_latency_s = (out.finish_ms - received_ms) / 1000.0;
+        if (out.first_scheduled_ms > 0) f.queue_time_s = (out.first_scheduled_ms - out.arrival_ms) / 1000.0;
+        metrics.record_finished(f);
+      }
+      channel->push(i, delta, out, finished);
+    };
+    loop->submit(std::move(er), [this, channel](const Status& st) {
+      metrics.record_rejected(http_status_for(st));
+      channel->reject(st);
+    });
+  }
+}
 
-  engine::Request er;
-  er.id = id;
-  er.prompt = std::move(prompt).value();
-  er.sampling = cr.sampling;
-  er.sere = cr.sere;
-  er.on_update = [this, channel, received_ms, usage](const std::string& delta, const engine::RequestOutput& out,
-                                                      bool finished) {
-    if (finished) {
-      FinishedRequest f;
-      f.finish_reason = engine::finish_reason_name(out.finish);
-      f.prompt_tokens = usage.prompt_tokens;
-      f.generation_tokens = static_cast<int64_t>(out.token_ids.size());
-      f.visual_tokens_before = usage.visual_tokens_before;
-      f.visual_tokens_after = usage.visual_tokens_after;
-      if (out.first_token_ms > 0) f.time_to_first_token_s = (out.first_token_ms - received_ms) / 1000.0;
-      if (f.generation_tokens > 1)
-        f.time_per_output_token_s = (out.finish_ms - out.first_token_ms) / 1000.0 / (f.generation_tokens - 1);
-      f.e2e_latency_s = (out.finish_ms - received_ms) / 1000.0;
-      if (out.first_scheduled_ms > 0) f.queue_time_s = (out.first_scheduled_ms - out.arrival_ms) / 1000.0;
-      metrics.record_finished(f);
-    }
-    channel->push(delta, out, finished);
-  };
-  loop->submit(std::move(er), [this, channel](const Status& st) {
-    metrics.record_rejected(http_status_for(st));
-    channel->reject(st);
-  });
-
-  if (!cr.stream) return respond_whole(res, channel, id, cid, usage);
-  auto st = std::make_shared<StreamState>();
-  st->channel = channel;
-  st->request_id = id;
-  st->cid = cid;
-  st->usage = usage;
-  st->include_usage = cr.include_usage;
-  respond_stream(res, std::move(st));
+void Server::Impl::abort_all(const Job& job) {
+  for (int64_t id : job.ids) loop->abort(id);
 }
 
 // The body (and status) of a non-streaming response from the request's final update.
-std::pair<int, std::string> Server::Impl::whole_body(const ChannelUpdate& u, const CompletionId& cid, Usage usage) {
+std::pair<int, std::string> Server::Impl::whole_body(const ChannelUpdate& u, const Job& job) const {
   if (!u.rejected.is_ok()) {
     // Counted as rejected by the submit callback already.
     const int status = http_status_for(u.rejected);
     return {status, dump_json(error_body(status, u.rejected.message(), error_param(u.rejected.message())))};
   }
-  const engine::RequestOutput& out = u.output;
-  if (out.finish == engine::FinishReason::kError)
-    return {500, dump_json(error_body(500, "generation failed: " + out.error))};
-  if (out.finish == engine::FinishReason::kAbort)
-    return {503, dump_json(error_body(503, "the request was aborted: the server is shutting down"))};
-  usage.completion_tokens = static_cast<int64_t>(out.token_ids.size());
-  return {200, dump_json(completion_json(cid, out.text, out.finish, usage))};
+  Usage usage = job.usage;
+  json choices = json::array();
+  for (const ChoiceUpdate& c : u.choices) {
+    const engine::RequestOutput& out = c.output;
+    if (out.finish == engine::FinishReason::kError)
+      return {500, dump_json(error_body(500, "generation failed: " + out.error))};
+    if (out.finish == engine::FinishReason::kAbort)
+      return {503, dump_json(error_body(503, "the request was aborted: the server is shutting down"))};
+    usage.completion_tokens += static_cast<int64_t>(out.token_ids.size());
+    choices.push_back(chat_choice_json(c.index, out.text, out.finish,
+                                       job.logprobs ? chat_logprobs_json(out.logprobs, model->tokenizer, job.token_ids) : json()));
+  }
+  return {200, dump_json(completion_json(job.cid, choices, usage))};
 }
 
-void Server::Impl::respond_whole(httplib::Response& res, const std::shared_ptr<RequestChannel>& ch, int64_t request_id,
-                                 const CompletionId& cid, Usage usage) {
+void Server::Impl::respond_whole(httplib::Response& res, const Job& job) {
   // The handler runs on its connection's thread, so it can look at the socket while it waits: a client that
   // went away (whatever encoding it accepted) has its request aborted within one interval.
   const auto interval = std::chrono::milliseconds(opts.stream_keepalive_ms);
   Connection* conn = current_connection();
   ChannelUpdate u;
-  while (!ch->wait_final_for(u, interval)) {
+  while (!job.channel->wait_final_for(u, interval)) {
     if (conn && conn->client_gone()) {
-      loop->abort(request_id);
-      ch->wait_final_for(u, std::chrono::seconds(60));
+      abort_all(job);
+      job.channel->wait_final_for(u, std::chrono::seconds(60));
       res.set_header("Connection", "close");
       res.status = 499;  // nginx's "client closed request"; nobody reads it
       return;
     }
   }
-  auto [status, body] = whole_body(u, cid, usage);
+  // A refused choice refuses the request: the others stop.
+  if (!u.rejected.is_ok()) abort_all(job);
+  auto [status, body] = whole_body(u, job);
   res.status = status;
   res.set_content(body, kJson);
 }
 
-bool Server::Impl::stream_step(StreamState& st, httplib::DataSink& sink) {
+bool Server::Impl::stream_step(Job& job, httplib::DataSink& sink) {
   ChannelUpdate u;
-  if (!st.channel->take(u, std::chrono::milliseconds(opts.stream_keepalive_ms))) {
+  if (!job.channel->take(u, std::chrono::milliseconds(opts.stream_keepalive_ms))) {
     static const std::string kKeepAlive = ": keep-alive\n\n";
     return sink.write(kKeepAlive.data(), kKeepAlive.size());
   }
   std::string out;
+  bool last = false;
   if (!u.rejected.is_ok()) {
     out += sse_event(error_body(http_status_for(u.rejected), u.rejected.message(), error_param(u.rejected.message())));
+    last = true;
   } else {
-    if (!st.sent_role && (u.tokens > 0 || u.finished)) {
-      out += sse_event(chunk_json(st.cid, {{"role", "assistant"}, {"content", ""}}, "", st.include_usage));
-      st.sent_role = true;
-    }
-    if (!u.delta.empty()) out += sse_event(chunk_json(st.cid, {{"content", u.delta}}, "", st.include_usage));
-    if (u.finished) {
-      const engine::FinishReason fr = u.output.finish;
-      if (fr == engine::FinishReason::kError) {
-        out += sse_event(error_body(500, "generation failed: " + u.output.error));
-      } else if (fr == engine::FinishReason::kAbort) {
-        out += sse_event(error_body(503, "the request was aborted: the server is shutting down"));
-      } else {
-        out += sse_event(chunk_json(st.cid, json::object(), openai_finish_reason(fr), st.include_usage));
-        if (st.include_usage) {
-          Usage usage = st.usage;
-          usage.completion_tokens = static_cast<int64_t>(u.output.token_ids.size());
-          out += sse_event(usage_chunk_json(st.cid, usage));
-        }
+    for (const ChoiceUpdate& c : u.choices) {
+      const int i = c.index;
+      if (!job.sent_role[i] && (c.tokens > 0 || c.finished)) {
+        out += sse_event(chunk_json(job.cid, i, {{"role", "assistant"}, {"content", ""}}, "", job.include_usage));
+        job.sent_role[i] = 1;
       }
+      if (!c.delta.empty() || (job.logprobs && !c.logprobs.empty()))
+        out += sse_event(chunk_json(job.cid, i, {{"content", c.delta}}, "", job.include_usage,
+                                    job.logprobs ? chat_logprobs_json(c.logprobs, model->tokenizer, job.token_ids) : json()));
+      if (!c.finished) continue;
+      const engine::FinishReason fr = c.output.finish;
+      if (fr == engine::FinishReason::kError) {
+        out += sse_event(error_body(500, "generation failed: " + c.output.error));
+        last = true;
+        break;
+      }
+      if (fr == engine::FinishReason::kAbort) {
+        out += sse_event(error_body(503, "the request was aborted: the server is shutting down"));
+        last = true;
+        break;
+      }
+      out += sse_event(chunk_json(job.cid, i, json::object(), openai_finish_reason(fr), job.include_usage));
+    }
+    if (!last && u.finished) {
+      if (job.include_usage) {
+        Usage usage = job.usage;
+        for (const ChoiceUpdate& c : job.channel->wait_final().choices)
+          usage.completion_tokens += static_cast<int64_t>(c.output.token_ids.size());
+        out += sse_event(usage_chunk_json(job.cid, usage));
+      }
+      last = true;
     }
   }
-  const bool last = u.finished || !u.rejected.is_ok();
   if (last) out += "data: [DONE]\n\n";
   if (!out.empty() && !sink.write(out.data(), out.size())) return false;
   if (last) sink.done();
   return true;
 }
 
-void Server::Impl::respond_stream(httplib::Response& res, std::shared_ptr<StreamState> st) {
+void Server::Impl::respond_stream(httplib::Response& res, std::shared_ptr<Job> job) {
   {
     std::lock_guard<std::mutex> lock(streams_mu);
     ++open_streams;
@@ -458,17 +510,17 @@ void Server::Impl::respond_stream(httplib::Response& res, std::shared_ptr<Stream
   res.set_header("X-Accel-Buffering", "no");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [this, st](size_t, httplib::DataSink& sink) {
+      [this, job](size_t, httplib::DataSink& sink) {
         try {
-          return stream_step(*st, sink);
+          return stream_step(*job, sink);
         } catch (const std::exception& e) {
-          std::cerr << "zest serve: stream of request " << st->request_id << " failed: " << e.what() << "\n";
+          std::cerr << "zest serve: stream of request " << job->cid.id << " failed: " << e.what() << "\n";
           return false;
         }
       },
-      [this, st](bool) {
+      [this, job](bool) {
         // The response is gone (finished, or the client disconnected): stop generating for it.
-        if (!st->channel->closed()) loop->abort(st->request_id);
+        if (!job->channel->closed() || job->channel->size() > 1) abort_all(*job);
         std::lock_guard<std::mutex> lock(streams_mu);
         if (--open_streams == 0) streams_cv.notify_all();
       });

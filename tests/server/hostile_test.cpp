@@ -148,8 +148,6 @@ TEST_F(HostileTest, MaxTokensIsCheckedAgainstTheContext) {
 TEST_F(HostileTest, UnsupportedFieldsAreRefusedByName) {
   start("qwen3_moe_tiny");
   const std::vector<std::pair<std::string, json>> asks = {
-      {"logprobs", true},
-      {"top_logprobs", 3},
       {"prompt_logprobs", 1},
       {"tools", json::array({{{"type", "function"}, {"function", {{"name", "f"}}}}})},
       {"tool_choice", "required"},
@@ -211,6 +209,10 @@ TEST_F(HostileTest, WrongTypesGet400NamingTheField) {
       {{{"min_tokens", -1}}, "min_tokens"},
       {{{"min_tokens", 3}, {"max_tokens", 2}}, "min_tokens"},
       {{{"min_tokens", 1.5}}, "min_tokens"},
+      {{{"logprobs", "yes"}}, "logprobs"},
+      {{{"logprobs", true}, {"top_logprobs", 21}}, "top_logprobs"},
+      {{{"top_logprobs", 2}}, "top_logprobs"},
+      {{{"logprobs", true}, {"top_logprobs", -1}}, "top_logprobs"},
   };
   for (const Case& c : cases) {
     json body = chat_body("hi", 2);

@@ -117,6 +117,55 @@ TEST_P(ServerTest, StreamingMatchesNonStreaming) {
   EXPECT_EQ(p.content, ref.text);
 }
 
+// logprobs / top_logprobs: the engine's values (the model's raw log-softmax, checked against the formula in the engine
+// tests and against `zest logits` in the openai-client test) in the OpenAI shape, non-streaming and streamed (the
+// chunks' entries add up to the whole response's); absent (null) when not asked for.
+TEST_P(ServerTest, LogprobsInTheOpenAIShape) {
+  json body = chat_body("Count from one to five.", 6);
+  body["ignore_eos"] = true;
+  body["logprobs"] = true;
+  body["top_logprobs"] = 3;
+  const engine::RequestOutput ref = reference_output(GetParam(), body);
+  ASSERT_EQ(ref.logprobs.size(), 6u);
+  HttpReply r = post_json(*cli_, body.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json& content = r.j["choices"][0]["logprobs"]["content"];
+  ASSERT_TRUE(content.is_array());
+  ASSERT_EQ(content.size(), 6u);
+  const auto m = fixture_model(GetParam());
+  for (size_t i = 0; i < content.size(); ++i) {
+    SCOPED_TRACE("token " + std::to_string(i));
+    const json& c = content[i];
+    const std::string b = m->tokenizer.token_bytes(ref.logprobs[i].token);
+    ASSERT_EQ(c["bytes"].size(), b.size());
+    for (size_t k = 0; k < b.size(); ++k) EXPECT_EQ(c["bytes"][k], static_cast<int>(static_cast<unsigned char>(b[k])));
+    EXPECT_TRUE(c["token"].is_string());
+    EXPECT_EQ(c["logprob"].get<double>(), static_cast<double>(ref.logprobs[i].logprob));
+    EXPECT_LE(c["logprob"].get<double>(), 0.0);
+    ASSERT_EQ(c["top_logprobs"].size(), 3u);
+    for (size_t k = 0; k < 3; ++k)
+      EXPECT_EQ(c["top_logprobs"][k]["logprob"].get<double>(), static_cast<double>(ref.logprobs[i].top[k].second));
+    // Greedy: the token is the most likely one.
+    EXPECT_EQ(c["top_logprobs"][0]["logprob"], c["logprob"]);
+  }
+  body["stream"] = true;
+  StreamReply s = post_stream(*cli_, body.dump());
+  ASSERT_EQ(s.status, 200) << s.error_body;
+  json streamed = json::array();
+  for (const json& ch : split_stream(s).chunks) {
+    const json& lp = ch["choices"][0]["logprobs"];
+    if (lp.is_object())
+      for (const json& e : lp["content"]) streamed.push_back(e);
+  }
+  EXPECT_EQ(streamed, content);
+  body.erase("logprobs");
+  body.erase("top_logprobs");
+  body.erase("stream");
+  r = post_json(*cli_, body.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_TRUE(r.j["choices"][0]["logprobs"].is_null());
+}
+
 TEST_P(ServerTest, ModelsHealthAndMetricsEndpoints) {
   HttpReply models = get(*cli_, "/v1/models");
   ASSERT_EQ(models.status, 200);
