@@ -301,9 +301,7 @@ Result<ChatRequest> parse_chat_request(const json& body, const ModelBundle& mode
     if (!seed->is_number_integer()) return invalid_argument("'seed' must be an integer");
     sp.seed = seed->is_number_unsigned() ? seed->get<uint64_t>() : static_cast<uint64_t>(seed->get<int64_t>());
   }
-  int64_t n = 1;
-  ZEST_RETURN_IF_ERROR(expect_int(body, "n", 1, 1 << 20, n));
-  if (n != 1) return invalid_argument("'n' = " + std::to_string(n) + ": only n = 1 is supported");
+  ZEST_RETURN_IF_ERROR(expect_int(body, "n", 1, kMaxChoices, r.n));
   if (const json* s = field(body, "stop")) {
     if (s->is_string()) {
       sp.stop.push_back(*s);
@@ -376,6 +374,12 @@ Result<ChatRequest> parse_chat_request(const json& body, const ModelBundle& mode
     ZEST_RETURN_IF_ERROR(expect_bool(*kw, "add_vision_id", "chat_template_kwargs.add_vision_id", r.add_vision_id));
   }
   return r;
+}
+
+SamplingParams choice_sampling(const SamplingParams& sp, int64_t index) {
+  SamplingParams c = sp;
+  if (sp.seed) c.seed = *sp.seed + static_cast<uint64_t>(index);
+  return c;
 }
 
 void rope_positions(const std::vector<int32_t>& ids, int32_t image_token_id,

@@ -37,10 +37,18 @@ struct PromptOptions {
   std::function<bool()> cancelled;
 };
 
+// The most choices (`n`) one request may ask for.
+constexpr int64_t kMaxChoices = 128;
+
+// The sampling parameters of choice `index` of a request with n choices: choice i draws from seed + i when a seed
+// is given (wrapping), from its own random seed otherwise.
+SamplingParams choice_sampling(const SamplingParams& sp, int64_t index);
+
 // A parsed chat request: every field zest reads, type-checked.
 struct ChatRequest {
   nlohmann::json messages;  // validated: roles, content strings or parts, tool calls
   SamplingParams sampling;
+  int64_t n = 1;                  // choices, each an engine request of its own (its own prefill)
   bool max_tokens_given = false;  // max_tokens / max_completion_tokens came with the request
   bool stream = false;
   bool include_usage = false;

@@ -137,7 +137,7 @@ struct Server::Impl {
   // checks: 400 naming messages or max_tokens.
   Status check_length(int64_t n_prompt, const engine::ChatRequest& cr) const;
   void handle_chat(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader);
-  // Submits the choices of `job` (ids, channel and the usage's prompt counts are filled here) to the engine.
+  // Submits the choices of `job` (its ids and channel are made here) to the engine; job.usage is the caller's.
   void submit(Job& job, std::vector<ChoiceSpec> choices, bool sere, double received_ms);
   void abort_all(const Job& job);
   // Non-streaming reply: waits for the end, checking the client's connection once per keep-alive interval
@@ -345,9 +345,16 @@ void Server::Impl::handle_chat(const httplib::Request&, httplib::Response& res,
   const int64_t first = next_id.load();
   job.cid = CompletionId{"chatcmpl-" + hex(id_prefix, 16) + hex(static_cast<uint64_t>(first), 8), unix_seconds(),
                          model_name};
-  std::vector<ChoiceSpec> choices(1);
-  choices[0].prompt = std::move(prompt).value();
-  choices[0].sampling = cr.sampling;
+  // n choices of one prompt, each prefilled on its own; the prompt is counted once in usage, as OpenAI does.
+  job.usage.prompt_tokens = n_prompt;
+  for (int64_t v : prompt->visual_tokens_before) job.usage.visual_tokens_before += v;
+  for (int64_t v : prompt->visual_tokens_after) job.usage.visual_tokens_after += v;
+  std::vector<ChoiceSpec> choices(static_cast<size_t>(cr.n));
+  for (int64_t i = 0; i < cr.n; ++i) {
+    if (i + 1 < cr.n) choices[i].prompt = *prompt;
+    else choices[i].prompt = std::move(prompt).value();
+    choices[i].sampling = engine::choice_sampling(cr.sampling, i);
+  }
   submit(job, std::move(choices), cr.sere, received_ms);
   if (!cr.stream) return respond_whole(res, job);
   respond_stream(res, std::make_shared<Job>(std::move(job)));
@@ -358,12 +365,6 @@ void Server::Impl::submit(Job& job, std::vector<ChoiceSpec> choices, bool sere, 
   job.channel = std::make_shared<RequestChannel>(n);
   job.sent_role.assign(n, 0);
   job.ids.clear();
-  job.usage.prompt_tokens = 0;
-  for (const ChoiceSpec& c : choices) {
-    job.usage.prompt_tokens += static_cast<int64_t>(c.prompt.ids.size());
-    for (int64_t v : c.prompt.visual_tokens_before) job.usage.visual_tokens_before += v;
-    for (int64_t v : c.prompt.visual_tokens_after) job.usage.visual_tokens_after += v;
-  }
   for (int i = 0; i < n; ++i) {
     const int64_t id = next_id.fetch_add(1);
     job.ids.push_back(id);

@@ -174,8 +174,10 @@ TEST_F(HostileTest, UnsupportedFieldsAreRefusedByName) {
   HttpReply ok = post_json(*cli_, neutral.dump());
   EXPECT_EQ(ok.status, 200) << ok.body;
   json n2 = chat_body("hi", 2);
-  n2["n"] = 2;
-  expect_openai_error(post_json(*cli_, n2.dump()), 400, "n = 2");
+  n2["n"] = 129;
+  HttpReply many = post_json(*cli_, n2.dump());
+  expect_openai_error(many, 400, "n = 129");
+  EXPECT_EQ(many.j["error"]["param"], "n") << many.body;
 }
 
 TEST_F(HostileTest, WrongTypesGet400NamingTheField) {

@@ -7,6 +7,8 @@
 #include <fstream>
 #include <random>
 #include <thread>
+#include <map>
+#include <set>
 
 #include "server_test_util.h"
 
@@ -164,6 +166,62 @@ TEST_P(ServerTest, LogprobsInTheOpenAIShape) {
   r = post_json(*cli_, body.dump());
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_TRUE(r.j["choices"][0]["logprobs"].is_null());
+}
+
+// n > 1: n choices, choice i sampled as a single request with seed + i would be (each choice is an engine request
+// with its own seed stream), the prompt counted once in usage, streamed per choice index; logprobs per choice.
+TEST_P(ServerTest, NChoicesHaveTheirOwnSeedStreams) {
+  json body = chat_body("Name three colors.", 5);
+  body["temperature"] = 1.0;
+  body["seed"] = 1234;
+  body["ignore_eos"] = true;
+  body["n"] = 3;
+  body["logprobs"] = true;
+  HttpReply r = post_json(*cli_, body.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  ASSERT_EQ(r.j["choices"].size(), 3u);
+  int64_t n_prompt = 0;
+  std::set<std::string> texts;
+  for (int i = 0; i < 3; ++i) {
+    SCOPED_TRACE("choice " + std::to_string(i));
+    json one = body;
+    one.erase("n");
+    one["seed"] = 1234 + i;
+    const engine::RequestOutput ref = reference_output(GetParam(), one, &n_prompt);
+    const json& c = r.j["choices"][i];
+    EXPECT_EQ(c["index"], i);
+    EXPECT_EQ(c["message"]["content"], ref.text);
+    EXPECT_EQ(c["finish_reason"], "length");
+    EXPECT_EQ(c["logprobs"]["content"].size(), 5u);
+    texts.insert(ref.text);
+  }
+  EXPECT_EQ(texts.size(), 3u) << "three seeds, three different samples";
+  EXPECT_EQ(r.j["usage"]["prompt_tokens"], n_prompt);
+  EXPECT_EQ(r.j["usage"]["completion_tokens"], 15);
+  // Streamed: every choice has its role chunk, its content and its finish chunk; the usage counts all of them.
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", true}};
+  StreamReply s = post_stream(*cli_, body.dump());
+  ASSERT_EQ(s.status, 200) << s.error_body;
+  StreamParts p = split_stream(s);
+  EXPECT_TRUE(p.done_last);
+  std::map<int, std::string> content;
+  std::map<int, int> roles, finishes;
+  for (const json& ch : p.chunks) {
+    if (ch["choices"].empty()) continue;
+    const json& c = ch["choices"][0];
+    const int i = c["index"];
+    if (c["delta"].contains("role")) ++roles[i];
+    if (c["delta"].contains("content")) content[i] += c["delta"]["content"].get<std::string>();
+    if (!c["finish_reason"].is_null()) ++finishes[i];
+  }
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(roles[i], 1) << i;
+    EXPECT_EQ(finishes[i], 1) << i;
+    EXPECT_EQ(content[i], r.j["choices"][i]["message"]["content"]) << i;
+  }
+  EXPECT_EQ(p.chunks.back()["usage"]["completion_tokens"], 15);
+  EXPECT_EQ(p.chunks.back()["usage"]["prompt_tokens"], n_prompt);
 }
 
 TEST_P(ServerTest, ModelsHealthAndMetricsEndpoints) {

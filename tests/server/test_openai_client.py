@@ -214,6 +214,17 @@ def run_checks(srv: ZestServer, model_dir: str, source_dir: pathlib.Path, zest: 
     check(bytes(lp0.bytes).decode("utf-8", "replace") == lp0.token or "\ufffd" in lp0.token, lp0)
     check(plain_lp.choices[0].logprobs.content[0].top_logprobs[0].logprob >= lp0.logprob, lp0)
 
+    # n = 3: three choices, choice i sampled from seed + i (the same text as a single request with that seed).
+    many = client.chat.completions.create(model=name, messages=messages, max_tokens=5, temperature=1.0, seed=77, n=3,
+                                          extra_body={"ignore_eos": True})
+    check([c.index for c in many.choices] == [0, 1, 2], many.choices)
+    for i in range(3):
+        one = client.chat.completions.create(model=name, messages=messages, max_tokens=5, temperature=1.0,
+                                             seed=77 + i, extra_body={"ignore_eos": True})
+        check(many.choices[i].message.content == one.choices[0].message.content, (i, many.choices[i], one))
+    check(len({c.message.content for c in many.choices}) == 3, "three seeds, three samples")
+    check(many.usage.completion_tokens == 15 and many.usage.prompt_tokens == u.prompt_tokens, many.usage)
+
     # An image as a data URL (VL models only).
     if (pathlib.Path(model_dir) / "preprocessor_config.json").exists():
         png = (source_dir / "assets/images/chart_line_pew_pena_nieto.png").read_bytes()
@@ -235,10 +246,10 @@ def run_checks(srv: ZestServer, model_dir: str, source_dir: pathlib.Path, zest: 
         check(e.status_code == 400, e)
         check(isinstance(e.body, dict) and "messages" in e.body.get("message", ""), e.body)
     try:
-        client.chat.completions.create(model=name, messages=messages, max_tokens=4, n=2)
-        raise AssertionError("n = 2 was accepted")
+        client.chat.completions.create(model=name, messages=messages, max_tokens=4, extra_body={"best_of": 2})
+        raise AssertionError("best_of = 2 was accepted")
     except openai.BadRequestError as e:
-        check(e.status_code == 400, e)
+        check(e.status_code == 400 and e.body.get("param") == "best_of", e.body)
     try:
         client.chat.completions.create(model="no-such-model", messages=messages, max_tokens=4)
         raise AssertionError("an unknown model was accepted")
