@@ -128,6 +128,42 @@ json chat_logprobs_json(const std::vector<engine::TokenLogprob>& lps, const text
   return {{"content", std::move(content)}};
 }
 
+json text_choice_json(int index, const std::string& text, const std::string& finish_reason, json logprobs) {
+  return {{"index", index},
+          {"text", text},
+          {"logprobs", std::move(logprobs)},
+          {"finish_reason", finish_reason.empty() ? json(nullptr) : json(finish_reason)}};
+}
+
+json text_completion_json(const CompletionId& id, const json& choices, const Usage* u, bool usage_null) {
+  json j = {{"id", id.id},       {"object", "text_completion"}, {"created", id.created},
+            {"model", id.model}, {"choices", choices}};
+  if (u) j["usage"] = usage_json(*u);
+  else if (usage_null) j["usage"] = nullptr;
+  return j;
+}
+
+json text_logprobs_json(const std::vector<engine::TokenLogprob>& lps, const text::Tokenizer& tok, bool as_ids,
+                        int64_t& offset) {
+  json tokens = json::array(), values = json::array(), tops = json::array(), offsets = json::array();
+  auto name = [&](int32_t id, const std::string& b) { return as_ids ? "token_id:" + std::to_string(id) : b; };
+  for (const engine::TokenLogprob& lp : lps) {
+    const std::string b = tok.token_bytes(lp.token);
+    tokens.push_back(name(lp.token, b));
+    values.push_back(finite_logprob(lp.logprob));
+    json top = json::object();
+    for (const auto& [id, v] : lp.top) top[name(id, tok.token_bytes(id))] = finite_logprob(v);
+    top[name(lp.token, b)] = finite_logprob(lp.logprob);
+    tops.push_back(std::move(top));
+    offsets.push_back(offset);
+    offset += static_cast<int64_t>(b.size());
+  }
+  return {{"tokens", std::move(tokens)},
+          {"token_logprobs", std::move(values)},
+          {"top_logprobs", std::move(tops)},
+          {"text_offset", std::move(offsets)}};
+}
+
 json usage_chunk_json(const CompletionId& id, const Usage& u) {
   return {{"id", id.id},       {"object", "chat.completion.chunk"}, {"created", id.created},
           {"model", id.model}, {"choices", json::array()},          {"usage", usage_json(u)}};

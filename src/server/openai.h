@@ -60,6 +60,19 @@ nlohmann::json chunk_json(const CompletionId& id, int index, const nlohmann::jso
 // (vLLM's return_tokens_as_token_ids), bytes the raw bytes.
 nlohmann::json chat_logprobs_json(const std::vector<engine::TokenLogprob>& lps, const text::Tokenizer& tok,
                                   bool as_ids = false);
+// Text completions (POST /v1/completions): one choice {index, text, logprobs, finish_reason (null when empty)}.
+nlohmann::json text_choice_json(int index, const std::string& text, const std::string& finish_reason,
+                                nlohmann::json logprobs = nullptr);
+// A "text_completion" object (the response, or one stream chunk) with the given choices; usage when not null, else
+// "usage": null when usage_null (stream chunks with include_usage), else no usage key.
+nlohmann::json text_completion_json(const CompletionId& id, const nlohmann::json& choices, const Usage* u,
+                                    bool usage_null);
+// Text-completion logprobs in the legacy OpenAI shape: {tokens, token_logprobs, top_logprobs: [{token: logprob}],
+// text_offset}; top_logprobs holds the top entries and the sampled token. text_offset counts bytes of the
+// completion's text from `offset`, which advances past these tokens (streams carry it from chunk to chunk).
+nlohmann::json text_logprobs_json(const std::vector<engine::TokenLogprob>& lps, const text::Tokenizer& tok,
+                                  bool as_ids, int64_t& offset);
+
 // The last chunk of a stream with include_usage: no choices, the usage.
 nlohmann::json usage_chunk_json(const CompletionId& id, const Usage& u);
 // "data: <json>\n\n" (invalid UTF-8 in strings is replaced by U+FFFD rather than thrown on).

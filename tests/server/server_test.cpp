@@ -224,6 +224,138 @@ TEST_P(ServerTest, NChoicesHaveTheirOwnSeedStreams) {
   EXPECT_EQ(p.chunks.back()["usage"]["prompt_tokens"], n_prompt);
 }
 
+// The engine's output for a token-id prompt (text positions), greedy or seeded as `sp` says.
+engine::RequestOutput token_reference(const std::string& model, const std::vector<int32_t>& ids,
+                                      const engine::SamplingParams& sp) {
+  engine::Request req;
+  req.prompt = engine::token_prompt(ids);
+  req.sampling = sp;
+  auto out = engine::generate_one(fixture_model(model), std::move(req));
+  EXPECT_TRUE(out.ok()) << out.status().to_string();
+  return out.ok() ? *out : engine::RequestOutput{};
+}
+
+// POST /v1/completions: a string prompt is the tokenizer's ids, a token-id prompt is taken as it is, lists of either
+// give one choice per prompt (times n, choice p * n + j seeded with seed + j), each equal to the engine run on its
+// own; logprobs in the legacy shape; streaming adds up to the whole response.
+TEST_P(ServerTest, TextCompletions) {
+  const auto m = fixture_model(GetParam());
+  const std::string text = "The capital of France is";
+  const std::vector<int32_t> ids = m->tokenizer.encode(text, true);
+  engine::SamplingParams sp;
+  sp.temperature = 0;
+  sp.max_tokens = 5;
+  sp.ignore_eos = true;
+  sp.logprobs = true;
+  sp.top_logprobs = 2;
+  const engine::RequestOutput ref = token_reference(GetParam(), ids, sp);
+  ASSERT_EQ(ref.logprobs.size(), 5u);
+  json body = {{"prompt", text}, {"max_tokens", 5}, {"temperature", 0}, {"ignore_eos", true}, {"logprobs", 2}};
+  HttpReply r = post_json(*cli_, body.dump(), "/v1/completions");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.j["object"], "text_completion");
+  EXPECT_EQ(r.j["id"].get<std::string>().rfind("cmpl-", 0), 0u);
+  ASSERT_EQ(r.j["choices"].size(), 1u);
+  const json& c = r.j["choices"][0];
+  EXPECT_EQ(c["text"], ref.text);
+  EXPECT_EQ(c["finish_reason"], "length");
+  EXPECT_EQ(r.j["usage"]["prompt_tokens"], static_cast<int64_t>(ids.size()));
+  EXPECT_EQ(r.j["usage"]["completion_tokens"], 5);
+  const json& lp = c["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), 5u);
+  ASSERT_EQ(lp["token_logprobs"].size(), 5u);
+  ASSERT_EQ(lp["top_logprobs"].size(), 5u);
+  int64_t offset = 0;
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(lp["token_logprobs"][i].get<double>(), static_cast<double>(ref.logprobs[i].logprob));
+    EXPECT_EQ(lp["text_offset"][i], offset);
+    offset += static_cast<int64_t>(m->tokenizer.token_bytes(ref.token_ids[i]).size());
+    EXPECT_GE(lp["top_logprobs"][i].size(), 1u);
+    EXPECT_LE(lp["top_logprobs"][i].size(), 3u);  // the top 2 and the sampled token
+  }
+  // The same prompt as token ids; then a list of both with n = 2 (greedy: all four choices alike).
+  body["prompt"] = ids;
+  body.erase("logprobs");
+  r = post_json(*cli_, body.dump(), "/v1/completions");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.j["choices"][0]["text"], ref.text);
+  EXPECT_TRUE(r.j["choices"][0]["logprobs"].is_null());
+  const std::vector<int32_t> other = {ids[0], ids[1]};
+  sp.logprobs = false;
+  const engine::RequestOutput ref2 = token_reference(GetParam(), other, sp);
+  body["prompt"] = json::array({json(text), json(other)});
+  body["n"] = 2;
+  r = post_json(*cli_, body.dump(), "/v1/completions");
+  ASSERT_EQ(r.status, 200) << r.body;
+  ASSERT_EQ(r.j["choices"].size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(r.j["choices"][i]["index"], i);
+    EXPECT_EQ(r.j["choices"][i]["text"], i < 2 ? ref.text : ref2.text) << i;
+  }
+  EXPECT_EQ(r.j["usage"]["prompt_tokens"], static_cast<int64_t>(ids.size() + other.size()));
+  EXPECT_EQ(r.j["usage"]["completion_tokens"], 20);
+  // Sampled with a seed: choice j of a prompt is the engine run with seed + j.
+  body = {{"prompt", ids}, {"max_tokens", 4}, {"temperature", 1.0}, {"top_p", 1.0}, {"top_k", 0},
+          {"seed", 99},   {"n", 2},          {"ignore_eos", true}};
+  r = post_json(*cli_, body.dump(), "/v1/completions");
+  ASSERT_EQ(r.status, 200) << r.body;
+  for (int j = 0; j < 2; ++j) {
+    engine::SamplingParams s2;
+    s2.temperature = 1.0;
+    s2.seed = 99 + j;
+    s2.max_tokens = 4;
+    s2.ignore_eos = true;
+    EXPECT_EQ(r.j["choices"][j]["text"], token_reference(GetParam(), ids, s2).text) << j;
+  }
+  // Streaming: text chunks per choice, a finish_reason on each choice's last chunk, the usage chunk, [DONE].
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", true}};
+  StreamReply st = post_stream(*cli_, body.dump(), nullptr, "/v1/completions");
+  ASSERT_EQ(st.status, 200) << st.error_body;
+  StreamParts p = split_stream(st);
+  EXPECT_TRUE(p.done_last);
+  std::map<int, std::string> texts;
+  std::map<int, int> finishes;
+  for (const json& ch : p.chunks) {
+    EXPECT_EQ(ch["object"], "text_completion");
+    if (ch["choices"].empty()) continue;
+    EXPECT_TRUE(ch["usage"].is_null());
+    const json& cc = ch["choices"][0];
+    texts[cc["index"]] += cc["text"].get<std::string>();
+    if (!cc["finish_reason"].is_null()) ++finishes[cc["index"]];
+  }
+  for (int j = 0; j < 2; ++j) {
+    EXPECT_EQ(texts[j], r.j["choices"][j]["text"]) << j;
+    EXPECT_EQ(finishes[j], 1) << j;
+  }
+  EXPECT_EQ(p.chunks.back()["usage"]["completion_tokens"], 8);
+}
+
+// POST /tokenize and /detokenize in vLLM's shapes: a prompt's ids are the tokenizer's, messages give the chat
+// template's ids (what /v1/chat/completions feeds the model), and detokenize inverts tokenize.
+TEST_P(ServerTest, TokenizeAndDetokenize) {
+  const auto m = fixture_model(GetParam());
+  HttpReply r = post_json(*cli_, json({{"prompt", "Hello world, again."}, {"return_token_strs", true}}).dump(),
+                          "/tokenize");
+  ASSERT_EQ(r.status, 200) << r.body;
+  const std::vector<int32_t> ids = m->tokenizer.encode("Hello world, again.", true);
+  EXPECT_EQ(r.j["tokens"], ids);
+  EXPECT_EQ(r.j["count"], static_cast<int64_t>(ids.size()));
+  EXPECT_EQ(r.j["max_model_len"], 2048);
+  ASSERT_EQ(r.j["token_strs"].size(), ids.size());
+  EXPECT_EQ(r.j["token_strs"][1], m->tokenizer.token_bytes(ids[1]));
+  HttpReply d = post_json(*cli_, json({{"tokens", ids}}).dump(), "/detokenize");
+  ASSERT_EQ(d.status, 200) << d.body;
+  EXPECT_EQ(d.j["prompt"], "Hello world, again.");
+  const json chat = chat_body("Name three colors.", 4);
+  int64_t n_prompt = 0;
+  reference_output(GetParam(), chat, &n_prompt);
+  r = post_json(*cli_, json({{"messages", chat["messages"]}}).dump(), "/tokenize");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.j["count"], n_prompt);
+  EXPECT_TRUE(r.j["token_strs"].is_null());
+}
+
 TEST_P(ServerTest, ModelsHealthAndMetricsEndpoints) {
   HttpReply models = get(*cli_, "/v1/models");
   ASSERT_EQ(models.status, 200);

@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
 """`zest serve` driven by the official `openai` Python client (loopback only).
 
-Creates (once) a virtual environment with `openai` from PyPI, starts `zest serve --port 0` on each
+Uses the virtual environment scripts/install-deps.sh makes (creating it and installing `openai` from PyPI when
+missing; exits 77, a ctest skip, only when the package cannot be installed), starts `zest serve --port 0` on each
 given model, and checks a plain completion, streaming (the streamed text equals the non-streamed
-text of the same greedy request), stream_options.include_usage, /v1/models, an image as a data URL
-(VL models), and OpenAI errors (400, 404) raised as the client's exception types.
+text of the same greedy request), stream_options.include_usage, logprobs (equal to the log-softmax of
+`zest logits --all-positions` over prompt + completion, within LOGPROB_TOL; streamed the same), n = 3 (choice i is
+the single request with seed + i), text completions (string, token-id and list prompts, legacy logprobs,
+streaming), /tokenize and /detokenize, /v1/models, an image as a data URL (VL models), and OpenAI errors (400, 404,
+best_of refused by name) raised as the client's exception types.
 
     test_openai_client.py --zest BUILD/zest --model DIR [--model DIR ...] --venv BUILD/openai-venv
 """
@@ -96,6 +100,14 @@ class ZestServer:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             raise RuntimeError("zest serve did not stop on SIGTERM")
+
+
+def post(srv, path: str, body: dict) -> dict:
+    """A JSON POST to the server outside the OpenAI client (vLLM's /tokenize and /detokenize)."""
+    req = urllib.request.Request(srv.base + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read())
 
 
 def check(cond, what):
@@ -224,6 +236,32 @@ def run_checks(srv: ZestServer, model_dir: str, source_dir: pathlib.Path, zest: 
         check(many.choices[i].message.content == one.choices[0].message.content, (i, many.choices[i], one))
     check(len({c.message.content for c in many.choices}) == 3, "three seeds, three samples")
     check(many.usage.completion_tokens == 15 and many.usage.prompt_tokens == u.prompt_tokens, many.usage)
+
+    # Text completions: a string, its token ids (from /tokenize) and a list of both give the same greedy text;
+    # legacy logprobs; /detokenize inverts /tokenize.
+    text = "The capital of France is"
+    tok = post(srv, "/tokenize", {"prompt": text})
+    ids = tok["tokens"]
+    check(tok["count"] == len(ids) > 0, tok)
+    check(post(srv, "/detokenize", {"tokens": ids})["prompt"] == text, "detokenize(tokenize(text)) == text")
+    c1 = client.completions.create(model=name, prompt=text, max_tokens=5, temperature=0, logprobs=2,
+                                   extra_body={"ignore_eos": True})
+    check(c1.object == "text_completion" and len(c1.choices) == 1, c1)
+    check(c1.usage.prompt_tokens == len(ids) and c1.usage.completion_tokens == 5, c1.usage)
+    lp = c1.choices[0].logprobs
+    check(len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 5, lp)
+    check(all(max(t.values()) >= v for t, v in zip(lp.top_logprobs, lp.token_logprobs)), lp)
+    c2 = client.completions.create(model=name, prompt=ids, max_tokens=5, temperature=0,
+                                   extra_body={"ignore_eos": True})
+    check(c2.choices[0].text == c1.choices[0].text, (c1.choices[0].text, c2.choices[0].text))
+    c3 = client.completions.create(model=name, prompt=[text, "Hello"], max_tokens=5, temperature=0, n=2,
+                                   extra_body={"ignore_eos": True})
+    check([c.index for c in c3.choices] == [0, 1, 2, 3], c3.choices)
+    check(c3.choices[0].text == c3.choices[1].text == c1.choices[0].text, c3.choices)
+    streamed = "".join(ch.choices[0].text for ch in client.completions.create(
+        model=name, prompt=text, max_tokens=5, temperature=0, stream=True, extra_body={"ignore_eos": True})
+        if ch.choices)
+    check(streamed == c1.choices[0].text, (streamed, c1.choices[0].text))
 
     # An image as a data URL (VL models only).
     if (pathlib.Path(model_dir) / "preprocessor_config.json").exists():
