@@ -537,7 +537,9 @@ TEST_P(ServerTest, BadInputsGetOpenAIErrors) {
        "max_tokens", "max_tokens"},
       {"stream wrong type", R"({"messages": [{"role": "user", "content": "hi"}], "stream": "yes"})", 400, "stream",
        "boolean"},
-      {"n = 2", R"({"messages": [{"role": "user", "content": "hi"}], "n": 2})", 400, "", "n = 1"},
+      {"n = 129", R"({"messages": [{"role": "user", "content": "hi"}], "n": 129})", 400, "n", "'n' must be in"},
+      {"presence_penalty out of range", R"({"messages": [{"role": "user", "content": "hi"}], "presence_penalty": 3})",
+       400, "presence_penalty", "[-2"},
       {"model wrong type", R"({"model": 3, "messages": [{"role": "user", "content": "hi"}]})", 400, "model", "string"},
       {"unknown model", R"({"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]})", 404, "model",
        "gpt-9"},
@@ -636,7 +638,7 @@ TEST_P(ServerTest, SoakMixedRequests) {
   constexpr int64_t kRssBound = 64ll << 20;
   const std::vector<std::string> bad = {
       "{\"messages\": [", R"({"messages": []})", R"({"messages": [{"role": "wizard", "content": "x"}]})",
-      R"({"messages": [{"role": "user", "content": "x"}], "n": 3})",
+      R"({"messages": [{"role": "user", "content": "x"}], "n": 0})",
       R"({"messages": [{"role": "user", "content": "x"}], "top_p": "high"})"};
   std::atomic<int> good{0}, rejected{0}, cancelled{0}, failures{0};
   auto run = [&](int total, int seed) {
