@@ -16,6 +16,7 @@ struct LogitsArgs {
   AccelArgs accel;
   std::string out;
   bool all_positions = false;
+  std::string append_ids;  // JSON array of token ids appended after the prompt (a completion's tokens)
 };
 
 int run_logits(const LogitsArgs& a) {
@@ -32,6 +33,24 @@ int run_logits(const LogitsArgs& a) {
   auto prompt_r = engine::build_prompt(*model, *req_r, {});
   if (!prompt_r.ok()) return fail(prompt_r.status());
   engine::Prompt& p = *prompt_r;
+  if (!a.append_ids.empty()) {
+    // Tokens after the prompt take the decode positions: index + rope delta on every axis.
+    nlohmann::json ids = nlohmann::json::parse(a.append_ids, nullptr, false);
+    const int64_t vocab = model->config.text.vocab_size;
+    if (!ids.is_array()) return fail(invalid_argument("--append-ids must be a JSON array of token ids"));
+    const int64_t n0 = static_cast<int64_t>(p.ids.size()), m = static_cast<int64_t>(ids.size());
+    std::vector<int32_t> pos(3 * (n0 + m));
+    for (int64_t ax = 0; ax < 3; ++ax) {
+      for (int64_t i = 0; i < n0; ++i) pos[ax * (n0 + m) + i] = p.positions[ax * n0 + i];
+      for (int64_t i = n0; i < n0 + m; ++i) pos[ax * (n0 + m) + i] = static_cast<int32_t>(i + p.rope_delta);
+    }
+    for (const nlohmann::json& e : ids) {
+      if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() >= vocab)
+        return fail(invalid_argument("--append-ids: token ids must be integers in [0, " + std::to_string(vocab) + ")"));
+      p.ids.push_back(e.get<int32_t>());
+    }
+    p.positions = std::move(pos);
+  }
 
   const int64_t n = static_cast<int64_t>(p.ids.size());
   auto cache_r = model->decoder().allocate_cache((n + 15) / 16, 16);
@@ -90,6 +109,9 @@ void register_logits(CLI::App& app, std::function<int()>& run) {
   add_accel_args(sub, a->accel);
   sub->add_option("--out", a->out, "output .npy file")->required();
   sub->add_flag("--all-positions", a->all_positions, "logits of every prompt position [T, vocab]");
+  sub->add_option("--append-ids", a->append_ids,
+                  "JSON array of token ids appended after the prompt at decode positions (e.g. a completion's "
+                  "tokens, to compare its logprobs)");
   sub->callback([a, &run] { run = [a] { return run_logits(*a); }; });
 }
 

@@ -1,6 +1,7 @@
 #include "engine/chat_request.h"
 
 #include <algorithm>
+#include <map>
 
 #include "engine/vision_encode.h"
 #include "io/image.h"
@@ -80,20 +81,13 @@ bool text_format(const json& v) {
 bool text_modality(const json& v) { return v.is_array() && v.size() == 1 && v[0].is_string() && v[0] == "text"; }
 
 constexpr UnsupportedField kUnsupported[] = {
-    {"logprobs", is_false},
-    {"top_logprobs", is_zero},
     {"prompt_logprobs", never},
     {"tools", is_empty},
     {"tool_choice", no_tool_choice},
     {"functions", is_empty},
     {"function_call", no_tool_choice},
     {"response_format", text_format},
-    {"logit_bias", is_empty},
-    {"presence_penalty", is_zero},
-    {"frequency_penalty", is_zero},
-    {"repetition_penalty", is_one},
     {"min_p", is_zero},
-    {"min_tokens", is_zero},
     {"best_of", is_one},
     {"use_beam_search", is_false},
     {"length_penalty", is_one},
@@ -103,7 +97,6 @@ constexpr UnsupportedField kUnsupported[] = {
     {"add_generation_prompt", is_true},
     {"skip_special_tokens", is_true},
     {"spaces_between_special_tokens", is_true},
-    {"return_tokens_as_token_ids", is_false},
     {"chat_template", never},
     {"documents", never},
     {"guided_json", never},
@@ -121,6 +114,39 @@ constexpr UnsupportedField kUnsupported[] = {
     {"reasoning_effort", never},
     {"store", is_false},
 };
+
+// The logits processing fields (see engine/sampler.h): penalties, logit_bias, min_tokens.
+Status parse_logits_processing(const json& body, const ModelBundle& model, bool max_tokens_given, SamplingParams& sp) {
+  ZEST_RETURN_IF_ERROR(expect_number(body, "presence_penalty", -2.0, 2.0, sp.presence_penalty));
+  ZEST_RETURN_IF_ERROR(expect_number(body, "frequency_penalty", -2.0, 2.0, sp.frequency_penalty));
+  ZEST_RETURN_IF_ERROR(expect_number(body, "repetition_penalty", 0.0, 10.0, sp.repetition_penalty));
+  if (!(sp.repetition_penalty > 0.0)) return invalid_argument("'repetition_penalty' must be in (0, 10]");
+  if (const json* lb = field(body, "logit_bias")) {
+    const int64_t vocab = model.config.text.vocab_size;
+    if (!lb->is_object())
+      return invalid_argument("'logit_bias' must be an object mapping token ids (strings) to biases in [-100, 100]");
+    std::map<int32_t, float> bias;  // distinct ids; a later spelling of the same id wins
+    for (const auto& [key, v] : lb->items()) {
+      int64_t id = -1;
+      const bool digits = !key.empty() && key.size() <= 10 &&
+                          std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+      if (digits) id = std::stoll(key);
+      if (!digits || id >= vocab)
+        return invalid_argument("'logit_bias' key '" + key.substr(0, 32) + "' is not a token id in [0, " +
+                                std::to_string(vocab) + ")");
+      if (!v.is_number() || !(v.get<double>() >= -100.0 && v.get<double>() <= 100.0))
+        return invalid_argument("'logit_bias' values must be numbers in [-100, 100] (token " + key + ")");
+      bias[static_cast<int32_t>(id)] = static_cast<float>(v.get<double>());
+    }
+    sp.logit_bias.assign(bias.begin(), bias.end());
+  }
+  const int64_t max_min = max_tokens_given ? sp.max_tokens : INT32_MAX;
+  ZEST_RETURN_IF_ERROR(expect_int(body, "min_tokens", 0, INT32_MAX, sp.min_tokens));
+  if (sp.min_tokens > max_min)
+    return invalid_argument("'min_tokens' = " + std::to_string(sp.min_tokens) + " is more than 'max_tokens' = " +
+                            std::to_string(max_min));
+  return Status::ok();
+}
 
 Status refuse_unsupported(const json& body) {
   for (const UnsupportedField& f : kUnsupported) {
@@ -238,24 +264,14 @@ const std::string& image_source(const json& part) {
 
 }  // namespace
 
-Result<ChatRequest> parse_chat_request(const json& body, const ModelBundle& model, const RequestLimits& limits,
-                                       int64_t mm_max_pixels) {
-  if (!body.is_object()) return invalid_argument("the request body must be a JSON object");
-  ChatRequest r;
-  const json* messages = field(body, "messages");
-  if (!messages || !messages->is_array() || messages->empty())
-    return invalid_argument("'messages' must be a non-empty array");
-  ZEST_RETURN_IF_ERROR(check_messages(*messages, model, limits));
-  r.messages = *messages;
+// The fields every generation request shares (chat and text completions), logprobs aside.
+Status parse_generation_fields(const json& body, const ModelBundle& model, GenerationFields& r) {
   ZEST_RETURN_IF_ERROR(expect_string(body, "model"));
   ZEST_RETURN_IF_ERROR(expect_string(body, "user"));
   ZEST_RETURN_IF_ERROR(expect_string(body, "service_tier"));
   if (const json* md = field(body, "metadata"); md && !md->is_object())
     return invalid_argument("'metadata' must be an object");
-  bool parallel_tool_calls = true;  // type-checked only: without tools it asks for nothing
-  ZEST_RETURN_IF_ERROR(expect_bool(body, "parallel_tool_calls", "parallel_tool_calls", parallel_tool_calls));
   ZEST_RETURN_IF_ERROR(refuse_unsupported(body));
-
   SamplingParams& sp = r.sampling;
   const auto& g = model.generation;
   sp.temperature = g.temperature.value_or(1.0);
@@ -275,9 +291,7 @@ Result<ChatRequest> parse_chat_request(const json& body, const ModelBundle& mode
     if (!seed->is_number_integer()) return invalid_argument("'seed' must be an integer");
     sp.seed = seed->is_number_unsigned() ? seed->get<uint64_t>() : static_cast<uint64_t>(seed->get<int64_t>());
   }
-  int64_t n = 1;
-  ZEST_RETURN_IF_ERROR(expect_int(body, "n", 1, 1 << 20, n));
-  if (n != 1) return invalid_argument("'n' = " + std::to_string(n) + ": only n = 1 is supported");
+  ZEST_RETURN_IF_ERROR(expect_int(body, "n", 1, kMaxChoices, r.n));
   if (const json* s = field(body, "stop")) {
     if (s->is_string()) {
       sp.stop.push_back(*s);
@@ -299,6 +313,9 @@ Result<ChatRequest> parse_chat_request(const json& body, const ModelBundle& mode
     }
   }
   ZEST_RETURN_IF_ERROR(expect_bool(body, "ignore_eos", "ignore_eos", sp.ignore_eos));
+  ZEST_RETURN_IF_ERROR(parse_logits_processing(body, model, r.max_tokens_given, sp));
+  ZEST_RETURN_IF_ERROR(expect_bool(body, "return_tokens_as_token_ids", "return_tokens_as_token_ids",
+                                   r.return_tokens_as_token_ids));
   ZEST_RETURN_IF_ERROR(expect_bool(body, "stream", "stream", r.stream));
   if (const json* so = field(body, "stream_options")) {
     if (!so->is_object()) return invalid_argument("'stream_options' must be an object");
@@ -311,6 +328,29 @@ Result<ChatRequest> parse_chat_request(const json& body, const ModelBundle& mode
                               "'continuous_usage_stats'); leave it out");
   }
   ZEST_RETURN_IF_ERROR(expect_bool(body, "sere", "sere", r.sere));
+  return Status::ok();
+}
+
+Result<ChatRequest> parse_chat_request(const json& body, const ModelBundle& model, const RequestLimits& limits,
+                                       int64_t mm_max_pixels) {
+  if (!body.is_object()) return invalid_argument("the request body must be a JSON object");
+  ChatRequest r;
+  const json* messages = field(body, "messages");
+  if (!messages || !messages->is_array() || messages->empty())
+    return invalid_argument("'messages' must be a non-empty array");
+  ZEST_RETURN_IF_ERROR(check_messages(*messages, model, limits));
+  r.messages = *messages;
+  bool parallel_tool_calls = true;  // type-checked only: without tools it asks for nothing
+  ZEST_RETURN_IF_ERROR(expect_bool(body, "parallel_tool_calls", "parallel_tool_calls", parallel_tool_calls));
+
+  ZEST_RETURN_IF_ERROR(parse_generation_fields(body, model, r));
+  SamplingParams& sp = r.sampling;
+  ZEST_RETURN_IF_ERROR(expect_bool(body, "logprobs", "logprobs", sp.logprobs));
+  int64_t top_logprobs = 0;
+  ZEST_RETURN_IF_ERROR(expect_int(body, "top_logprobs", 0, model::kMaxTopLogprobs, top_logprobs));
+  if (top_logprobs > 0 && !sp.logprobs)
+    return invalid_argument("'top_logprobs' needs 'logprobs': true");
+  sp.top_logprobs = static_cast<int32_t>(top_logprobs);
   if (const json* vp = field(body, "vision_prune")) {
     if (!vp->is_object()) return invalid_argument("'vision_prune' must be an object");
     ZEST_RETURN_IF_ERROR(check_vision_prune(model, *vp));
@@ -341,6 +381,80 @@ Result<ChatRequest> parse_chat_request(const json& body, const ModelBundle& mode
     ZEST_RETURN_IF_ERROR(expect_bool(*kw, "add_vision_id", "chat_template_kwargs.add_vision_id", r.add_vision_id));
   }
   return r;
+}
+
+Result<CompletionRequest> parse_completion_request(const json& body, const ModelBundle& model) {
+  if (!body.is_object()) return invalid_argument("the request body must be a JSON object");
+  CompletionRequest r;
+  const json* prompt = field(body, "prompt");
+  if (!prompt) return invalid_argument("'prompt' is missing: a string, an array of strings, or token ids");
+  const int64_t vocab = model.config.text.vocab_size;
+  auto ids_of = [&](const json& arr, std::vector<int32_t>& out) -> Status {
+    for (const json& e : arr) {
+      bool ok = e.is_number_integer();
+      if (ok && e.is_number_unsigned()) ok = e.get<uint64_t>() < static_cast<uint64_t>(vocab);
+      else if (ok) ok = e.get<int64_t>() >= 0 && e.get<int64_t>() < vocab;
+      if (!ok) return invalid_argument("'prompt' token ids must be integers in [0, " + std::to_string(vocab) + ")");
+      out.push_back(static_cast<int32_t>(e.get<int64_t>()));
+    }
+    return Status::ok();
+  };
+  const std::string shape = "'prompt' must be a non-empty string, an array of strings, an array of token ids or an "
+                            "array of token-id arrays";
+  if (prompt->is_string()) {
+    r.prompts.push_back(model.tokenizer.encode(prompt->get_ref<const std::string&>(), /*parse_special=*/true));
+  } else if (prompt->is_array() && !prompt->empty()) {
+    const json& first = (*prompt)[0];
+    if (first.is_number()) {
+      r.prompts.emplace_back();
+      ZEST_RETURN_IF_ERROR(ids_of(*prompt, r.prompts.back()));
+    } else {
+      if (static_cast<int64_t>(prompt->size()) > kMaxChoices)
+        return invalid_argument("'prompt' holds " + std::to_string(prompt->size()) + " prompts; at most " +
+                                std::to_string(kMaxChoices) + " in one request");
+      for (const json& p : *prompt) {
+        if (p.is_string()) {
+          r.prompts.push_back(model.tokenizer.encode(p.get_ref<const std::string&>(), /*parse_special=*/true));
+        } else if (p.is_array()) {
+          r.prompts.emplace_back();
+          ZEST_RETURN_IF_ERROR(ids_of(p, r.prompts.back()));
+        } else {
+          return invalid_argument(shape);
+        }
+      }
+    }
+  } else {
+    return invalid_argument(shape);
+  }
+  for (const auto& p : r.prompts)
+    if (p.empty()) return invalid_argument("'prompt' must not be empty (a prompt without tokens)");
+  if (const json* sfx = field(body, "suffix"); sfx && !(sfx->is_string() && sfx->get_ref<const std::string&>().empty()))
+    return invalid_argument("'suffix' is not supported by zest (unsupported field 'suffix'); leave it out");
+  ZEST_RETURN_IF_ERROR(parse_generation_fields(body, model, r));
+  if (static_cast<int64_t>(r.prompts.size()) * r.n > kMaxChoices)
+    return invalid_argument("'n' = " + std::to_string(r.n) + " for " + std::to_string(r.prompts.size()) +
+                            " prompts is more than " + std::to_string(kMaxChoices) + " choices in one request");
+  if (const json* lp = field(body, "logprobs")) {
+    int64_t k = 0;
+    ZEST_RETURN_IF_ERROR(expect_int(body, "logprobs", 0, model::kMaxTopLogprobs, k));
+    r.sampling.logprobs = true;
+    r.sampling.top_logprobs = static_cast<int32_t>(k);
+    (void)lp;
+  }
+  return r;
+}
+
+Prompt token_prompt(std::vector<int32_t> ids) {
+  Prompt p;
+  p.ids = std::move(ids);
+  rope_positions(p.ids, -1, {}, p.positions, p.rope_delta);
+  return p;
+}
+
+SamplingParams choice_sampling(const SamplingParams& sp, int64_t index) {
+  SamplingParams c = sp;
+  if (sp.seed) c.seed = *sp.seed + static_cast<uint64_t>(index);
+  return c;
 }
 
 void rope_positions(const std::vector<int32_t>& ids, int32_t image_token_id,

@@ -37,14 +37,32 @@ struct PromptOptions {
   std::function<bool()> cancelled;
 };
 
-// A parsed chat request: every field zest reads, type-checked.
-struct ChatRequest {
-  nlohmann::json messages;  // validated: roles, content strings or parts, tool calls
+// The most choices (`n`) one request may ask for.
+constexpr int64_t kMaxChoices = 128;
+
+// The sampling parameters of choice `index` of a request with n choices: choice i draws from seed + i when a seed
+// is given (wrapping), from its own random seed otherwise.
+SamplingParams choice_sampling(const SamplingParams& sp, int64_t index);
+
+// The fields chat and text completions share: every one zest reads, type-checked.
+struct GenerationFields {
   SamplingParams sampling;
+  int64_t n = 1;                  // choices, each an engine request of its own (its own prefill)
   bool max_tokens_given = false;  // max_tokens / max_completion_tokens came with the request
   bool stream = false;
   bool include_usage = false;
   bool sere = true;
+  bool return_tokens_as_token_ids = false;  // vLLM's: logprob tokens written as "token_id:N"
+};
+
+// Parses the shared fields (sampling parameters with the model's generation_config defaults, logits processing, n,
+// stop, stream options, the refusal of unimplemented fields); logprobs, whose type differs between the two APIs, is
+// the caller's.
+Status parse_generation_fields(const nlohmann::json& body, const ModelBundle& model, GenerationFields& out);
+
+// A parsed chat request.
+struct ChatRequest : GenerationFields {
+  nlohmann::json messages;  // validated: roles, content strings or parts, tool calls
   nlohmann::json vision_prune;         // per-request VisionZip overrides (object) or null; validated
   nlohmann::json mm_processor_kwargs;  // min_pixels / max_pixels overrides (object) or null
   vision::PixelBudget pixels;          // the same, typed (bounded by the ceiling given to parse_chat_request)
@@ -60,6 +78,18 @@ struct ChatRequest {
 // max_pixels of requests that do not set one (0 = the model's max_pixels).
 Result<ChatRequest> parse_chat_request(const nlohmann::json& body, const ModelBundle& model,
                                        const RequestLimits& limits = {}, int64_t mm_max_pixels = 0);
+
+// A parsed text-completions request (POST /v1/completions): the prompts as token ids (a string is tokenized with
+// special-token strings parsed, as vLLM does; a token-id list is taken as it is), each with n choices. `logprobs` is
+// an integer 0..20 there (the top count; null: none). Bounds: at most kMaxChoices prompts x n, token ids in
+// [0, vocab), no empty prompt; `echo` and `suffix` are refused.
+struct CompletionRequest : GenerationFields {
+  std::vector<std::vector<int32_t>> prompts;
+};
+Result<CompletionRequest> parse_completion_request(const nlohmann::json& body, const ModelBundle& model);
+
+// A text-only decoder prompt of the given token ids (positions 0..n-1 on every axis).
+Prompt token_prompt(std::vector<int32_t> ids);
 
 // The cheap first half of a prompt (see the file comment).
 struct PromptPlan {

@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -45,10 +46,11 @@ struct Engine::Seq {
   size_t emitted = 0;           // bytes of full_text already sent
   bool done = false;
 
-  Seq(Request r, const text::Tokenizer& tok)
+  Seq(Request r, const text::Tokenizer& tok, const std::vector<int32_t>& eos)
       : req(std::move(r)), sampler(req.sampling), detok(tok, /*skip_special=*/true) {
     tokens = req.prompt.ids;
     n_prompt = static_cast<int64_t>(tokens.size());
+    sampler.set_context(tokens, eos);
   }
   int64_t remaining() const { return static_cast<int64_t>(tokens.size()) - computed; }
   int64_t generated() const { return static_cast<int64_t>(tokens.size()) - n_prompt; }
@@ -85,7 +87,7 @@ Status Engine::add(Request req) {
   if (static_cast<int64_t>(req.prompt.positions.size()) != 3 * n)
     return invalid_argument("prompt positions must have 3 rows of the prompt length");
   if (req.sampling.max_tokens <= 0) return invalid_argument("max_tokens must be positive");
-  auto s = std::make_unique<Seq>(std::move(req), model_->tokenizer);
+  auto s = std::make_unique<Seq>(std::move(req), model_->tokenizer, model_->eos_ids());
   s->out.arrival_ms = now_ms();
   waiting_.push_back(std::move(s));
   return Status::ok();
@@ -251,8 +253,20 @@ Status Engine::run(const StepPlan& plan) {
     if (!c.sample) continue;
     const int32_t tok = Sampler::finish(rows[ci], picked[ci], V);
     if (tok < 0 || tok >= V) return internal_error("sampling did not produce a token");
+    s.sampler.accept(tok);
     s.tokens.push_back(tok);
     s.out.token_ids.push_back(tok);
+    if (rows[ci].logprobs >= 0) {
+      const model::SampleResult& r = picked[ci];
+      TokenLogprob lp;
+      lp.token = tok;
+      const float raw = model::raw_logit_of(rows[ci], r, tok, V);
+      if (std::isnan(raw)) return internal_error("sampling: the row summary lacks the sampled token's logit");
+      lp.logprob = static_cast<float>(raw - r.lse);
+      for (size_t k = 0; k < r.top_ids.size() && k < r.top_logits.size(); ++k)
+        lp.top.emplace_back(r.top_ids[k], static_cast<float>(r.top_logits[k] - r.lse));
+      s.out.logprobs.push_back(std::move(lp));
+    }
     if (s.out.first_token_ms == 0) s.out.first_token_ms = now_ms();
     const SamplingParams& sp = s.req.sampling;
     const bool is_eos = !sp.ignore_eos && std::find(eos.begin(), eos.end(), tok) != eos.end();

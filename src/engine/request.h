@@ -27,9 +27,17 @@ struct Prompt {
 enum class FinishReason { kNone, kStop, kLength, kAbort, kError };
 const char* finish_reason_name(FinishReason r);
 
+// The log-probability of one generated token (log-softmax of the raw logits) and the most likely alternatives.
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0.f;
+  std::vector<std::pair<int32_t, float>> top;  // (id, logprob), most likely first
+};
+
 // What a caller sees of a request while and after it runs.
 struct RequestOutput {
   std::vector<int32_t> token_ids;
+  std::vector<TokenLogprob> logprobs;  // one per generated token when the request asked for logprobs
   std::string text;
   FinishReason finish = FinishReason::kNone;
   std::string error;

@@ -37,6 +37,9 @@ Result<RunResult> run_eval(const std::shared_ptr<engine::ModelBundle>& model, co
   for (const EvalItem& item : data.items) {
     auto r = engine::parse_chat_request(with_defaults(item.body, opts), *model);
     if (!r.ok()) return r.status().with_context(data.where(item));
+    if (r->n != 1)
+      return invalid_argument("'n' = " + std::to_string(r->n) + ": zest eval scores one completion per item")
+          .with_context(data.where(item));
     requests.push_back(std::move(r).value());
   }
   if (model->encoder_cache) model->encoder_cache->clear();

@@ -99,8 +99,9 @@ class TextDecoder {
   virtual Result<Tensor> forward(const ForwardBatch& batch, PagedKVCache& cache,
                                  const MoeHooks* hooks = nullptr) const = 0;
   // Runs one forward step like forward() but returns, per logits row, the sampling summary that rows[r] asks
-  // for (model/sampling.h; rows.size() must be R) instead of host logits; rows whose candidates cannot decide
-  // come back with the whole row (full == true). The default calls forward() and summarises on the host; a
+  // for (model/sampling.h; rows.size() must be R) instead of host logits, after the row's logit edits, with the
+  // log-probability summary of the raw row where asked; rows whose candidates cannot decide come back with the whole
+  // (edited) row (full == true). The default calls forward() and summarises on the host; a
   // device backend computes the summaries on the device and copies back only those.
   virtual Result<std::vector<SampleResult>> forward_sample(const ForwardBatch& batch, PagedKVCache& cache,
                                                            const MoeHooks* hooks,
@@ -111,7 +112,7 @@ class TextDecoder {
       return invalid_argument("forward_sample: " + std::to_string(rows.size()) + " row plans for " +
                               std::to_string(R) + " logits rows");
     std::vector<SampleResult> out(R);
-    for (int64_t r = 0; r < R; ++r) out[r] = summarize_row(logits.data<float>() + r * V, V, rows[r]);
+    for (int64_t r = 0; r < R; ++r) out[r] = summarize_edited_row(logits.data<float>() + r * V, V, rows[r]);
     return out;
   }
   // Per-layer counters of the re-routing this backend applied itself from MoeHooks::reroute (all zero for

@@ -7,6 +7,12 @@
 //                   the caller cuts top-k / top-p and picks from them (engine::Sampler);
 //   full         -> the whole row (top_k > kMaxSampleCandidates, or top_p's mass not inside the candidates).
 // summarize_row is the host reference; the CUDA decoder computes the same on the device (kernels/cuda/sample.cu).
+//
+// Before the summary a row may be edited (LogitEdit: logit_bias, the min_tokens mask, the repetition, frequency and
+// presence penalties; engine::Sampler builds the edits), and a row may ask for log-probabilities of the model's own
+// distribution: the log-sum-exp of the raw (unedited, temperature 1) row and its top K raw logits. summarize_edited_row
+// is the host reference of both; the CUDA decoder applies the edits with apply_logit_edits (kernels/cuda/sample.cu)
+// and computes the log-probability summary with sample_rows on the raw row.
 // Header-only: the CUDA library uses these without linking the model library.
 #pragma once
 #include <algorithm>
@@ -27,6 +33,23 @@ enum class SampleMode : int32_t {
   kFull = 4,         // the whole row of logits
 };
 
+// One token's edit of a logits row, in this order (vLLM's): l += bias (-inf masks the token); with rep != 1,
+// l = l > 0 ? l / rep : l * rep; l -= sub (frequency_penalty * count + presence_penalty * (count > 0)). f32 arithmetic.
+struct LogitEdit {
+  int32_t id = 0;
+  float bias = 0.f;
+  float rep = 1.f;
+  float sub = 0.f;
+};
+
+inline float apply_logit_edit(float l, const LogitEdit& e) {
+  l += e.bias;
+  if (e.rep != 1.f) l = l > 0.f ? l / e.rep : l * e.rep;
+  return l - e.sub;
+}
+
+constexpr int32_t kMaxTopLogprobs = 20;
+
 struct SampleRow {
   SampleMode mode = SampleMode::kGreedy;
   double temperature = 1.0;  // > 0 for kTemperature / kCandidates
@@ -34,6 +57,8 @@ struct SampleRow {
   double top_p = 1.0;        // kCandidates: 1 = off
   double u = 0.0;            // uniform in [0, 1): kTemperature / kCandidates / kFull
   int32_t candidates = 0;    // kCandidates: C = top_k when 0 < top_k <= kMaxSampleCandidates, else 1024 (<= vocab)
+  std::vector<LogitEdit> edits;  // applied before the summary; ids distinct, ascending, in [0, vocab)
+  int32_t logprobs = -1;         // >= 0: the log-probability summary with this many top raw logits (<= 20)
 };
 
 struct SampleResult {
@@ -43,6 +68,13 @@ struct SampleResult {
   std::vector<int32_t> ids;    // kCandidates: C ids, logit descending, ties to the lower id
   std::vector<float> logits;   // kCandidates: their logits; full == true: the whole row
   bool full = false;           // the whole row is in `logits` (kFull, or a candidates row that fell back)
+  float token_logit = 0.f;     // kTemperature: the (edited) logit of `token`
+  // Rows with logprobs >= 0: log-sum-exp of the raw row, its top `logprobs` raw logits (descending, ties to the lower
+  // id), and the raw logit of each edited id (edits order).
+  double lse = 0.0;
+  std::vector<int32_t> top_ids;
+  std::vector<float> top_logits;
+  std::vector<float> edit_raw;
 };
 
 // The row's plan for the given sampling parameters (u is set by the caller).
@@ -174,7 +206,10 @@ inline SampleResult summarize_row(const float* logits, int64_t vocab, const Samp
   SampleResult s;
   switch (row.mode) {
     case SampleMode::kNone: return s;
-    case SampleMode::kGreedy: s.token = sampling_detail::argmax_row(logits, vocab); return s;
+    case SampleMode::kGreedy:
+      s.token = sampling_detail::argmax_row(logits, vocab);
+      s.max = logits[s.token];
+      return s;
     case SampleMode::kFull:
       s.full = true;
       s.logits.assign(logits, logits + vocab);
@@ -186,6 +221,7 @@ inline SampleResult summarize_row(const float* logits, int64_t vocab, const Samp
   for (int64_t i = 0; i < vocab; ++i) s.z += std::exp((static_cast<double>(logits[i]) - s.max) * inv_t);
   if (row.mode == SampleMode::kTemperature) {
     s.token = temperature_walk(logits, vocab, s.max, inv_t, row.u * s.z);
+    s.token_logit = logits[s.token];
     return s;
   }
   const int64_t c = std::min<int64_t>(row.candidates, vocab);
@@ -228,6 +264,61 @@ inline int32_t pick_from_summary(const SampleRow& row, const SampleResult& r, in
   const int64_t n = static_cast<int64_t>(r.ids.size());
   if (n == 0 || static_cast<int64_t>(r.logits.size()) != n) return -1;
   return sampling_detail::pick_sorted(r.ids.data(), r.logits.data(), n, sampling_detail::candidates_are_kept_set(row, n, vocab), r.z, row);
+}
+
+// The log-probability summary of a raw row: log-sum-exp (max + log of the sum of exp(l - max), double) and the top k.
+inline void logprob_summary(const float* raw, int64_t vocab, int32_t k, SampleResult& s) {
+  const float mx = raw[sampling_detail::argmax_row(raw, vocab)];
+  double z = 0;
+  for (int64_t i = 0; i < vocab; ++i) z += std::exp(static_cast<double>(raw[i]) - mx);
+  s.lse = mx + std::log(z);
+  const int64_t n = std::min<int64_t>(std::max<int32_t>(k, 0), vocab);
+  s.top_ids = sampling_detail::top_ids(raw, vocab, n);
+  s.top_logits.resize(n);
+  for (int64_t i = 0; i < n; ++i) s.top_logits[i] = raw[s.top_ids[i]];
+}
+
+// The host reference of a row with edits and log-probabilities: the log-probability summary of the raw row, then the
+// summary of the edited row.
+inline SampleResult summarize_edited_row(const float* raw, int64_t vocab, const SampleRow& row) {
+  if (row.edits.empty() && row.logprobs < 0) return summarize_row(raw, vocab, row);
+  SampleResult lp;
+  if (row.logprobs >= 0) logprob_summary(raw, vocab, row.logprobs, lp);
+  SampleResult s;
+  if (row.edits.empty()) {
+    s = summarize_row(raw, vocab, row);
+  } else {
+    std::vector<float> edited(raw, raw + vocab);
+    lp.edit_raw.resize(row.edits.size());
+    for (size_t i = 0; i < row.edits.size(); ++i) {
+      const LogitEdit& e = row.edits[i];
+      lp.edit_raw[i] = raw[e.id];
+      edited[e.id] = apply_logit_edit(raw[e.id], e);
+    }
+    s = summarize_row(edited.data(), vocab, row);
+  }
+  s.lse = lp.lse;
+  s.top_ids = std::move(lp.top_ids);
+  s.top_logits = std::move(lp.top_logits);
+  s.edit_raw = std::move(lp.edit_raw);
+  return s;
+}
+
+// The raw logit of `token`, picked from the row's summary: the saved raw value where the row edited the token, else
+// its (unedited) logit in the summary. NaN when the summary does not hold it.
+inline float raw_logit_of(const SampleRow& row, const SampleResult& r, int32_t token, int64_t vocab) {
+  auto it = std::lower_bound(row.edits.begin(), row.edits.end(), token,
+                             [](const LogitEdit& e, int32_t id) { return e.id < id; });
+  if (it != row.edits.end() && it->id == token) {
+    const size_t k = static_cast<size_t>(it - row.edits.begin());
+    return k < r.edit_raw.size() ? r.edit_raw[k] : NAN;
+  }
+  if (r.full && static_cast<int64_t>(r.logits.size()) == vocab) return r.logits[token];
+  if (row.mode == SampleMode::kGreedy && token == r.token) return r.max;
+  if (row.mode == SampleMode::kTemperature && token == r.token) return r.token_logit;
+  for (size_t i = 0; i < r.ids.size() && i < r.logits.size(); ++i)
+    if (r.ids[i] == token) return r.logits[i];
+  return NAN;
 }
 
 }  // namespace zest::model

@@ -1,21 +1,28 @@
 #include "server/engine_loop.h"
 
+#include <algorithm>
 #include <iostream>
 #include <vector>
 
 namespace zest::server {
 
-void RequestChannel::push(const std::string& delta, const engine::RequestOutput& out, bool finished) {
+RequestChannel::RequestChannel(int n) : choices_(static_cast<size_t>(std::max(n, 1))) {}
+
+void RequestChannel::push(int index, const std::string& delta, const engine::RequestOutput& out, bool finished) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    pending_ += delta;
-    streamed_ += delta.size();
-    tokens_ = static_cast<int64_t>(out.token_ids.size());
+    if (index < 0 || index >= static_cast<int>(choices_.size())) return;
+    Choice& c = choices_[index];
+    c.pending += delta;
+    c.streamed += delta.size();
+    c.tokens = static_cast<int64_t>(out.token_ids.size());
+    for (size_t i = c.logprobs_taken; i < out.logprobs.size(); ++i) c.pending_logprobs.push_back(out.logprobs[i]);
+    c.logprobs_taken = std::max(c.logprobs_taken, out.logprobs.size());
     if (finished) {
       // The streamed pieces must add up to the final text; send whatever the deltas left out.
-      if (out.text.size() > streamed_) pending_ += out.text.substr(streamed_);
-      finished_ = true;
-      output_ = out;
+      if (out.text.size() > c.streamed) c.pending += out.text.substr(c.streamed);
+      c.finished = true;
+      c.output = out;
     }
   }
   cv_.notify_all();
@@ -24,29 +31,53 @@ void RequestChannel::push(const std::string& delta, const engine::RequestOutput&
 void RequestChannel::reject(Status st) {
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (!rejected_) reject_status_ = std::move(st);
     rejected_ = true;
-    reject_status_ = std::move(st);
   }
   cv_.notify_all();
 }
 
+bool RequestChannel::all_finished() const {
+  for (const Choice& c : choices_)
+    if (!c.finished) return false;
+  return true;
+}
+
 bool RequestChannel::has_news() const {
-  return !pending_.empty() || tokens_ != tokens_seen_ || ((finished_ || rejected_) && !end_seen_);
+  if (rejected_ && !reject_seen_) return true;
+  for (const Choice& c : choices_)
+    if (!c.pending.empty() || !c.pending_logprobs.empty() || c.tokens != c.tokens_seen || (c.finished && !c.end_seen))
+      return true;
+  return false;
 }
 
 bool RequestChannel::take(ChannelUpdate& u, std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mu_);
   if (!cv_.wait_for(lock, timeout, [&] { return has_news(); })) return false;
   u = ChannelUpdate{};
-  u.delta = std::move(pending_);
-  pending_.clear();
-  u.tokens = tokens_;
-  tokens_seen_ = tokens_;
-  if (finished_ || rejected_) {
-    end_seen_ = true;
-    u.finished = finished_;
-    u.output = output_;
-    if (rejected_) u.rejected = reject_status_;
+  for (size_t i = 0; i < choices_.size(); ++i) {
+    Choice& c = choices_[i];
+    if (c.pending.empty() && c.pending_logprobs.empty() && c.tokens == c.tokens_seen && !(c.finished && !c.end_seen))
+      continue;
+    ChoiceUpdate cu;
+    cu.index = static_cast<int>(i);
+    cu.delta = std::move(c.pending);
+    c.pending.clear();
+    cu.logprobs = std::move(c.pending_logprobs);
+    c.pending_logprobs.clear();
+    cu.tokens = c.tokens;
+    c.tokens_seen = c.tokens;
+    if (c.finished) {
+      c.end_seen = true;
+      cu.finished = true;
+      cu.output = c.output;
+    }
+    u.choices.push_back(std::move(cu));
+  }
+  u.finished = all_finished();
+  if (rejected_) {
+    reject_seen_ = true;
+    u.rejected = reject_status_;
   }
   return true;
 }
@@ -60,19 +91,26 @@ ChannelUpdate RequestChannel::wait_final() {
 
 bool RequestChannel::wait_final_for(ChannelUpdate& u, std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (!cv_.wait_for(lock, timeout, [&] { return finished_ || rejected_; })) return false;
+  if (!cv_.wait_for(lock, timeout, [&] { return all_finished() || rejected_; })) return false;
   u = ChannelUpdate{};
-  u.tokens = tokens_;
-  u.finished = finished_;
-  u.output = output_;
+  for (size_t i = 0; i < choices_.size(); ++i) {
+    ChoiceUpdate cu;
+    cu.index = static_cast<int>(i);
+    cu.tokens = choices_[i].tokens;
+    cu.finished = choices_[i].finished;
+    cu.output = choices_[i].output;
+    choices_[i].end_seen = true;
+    u.choices.push_back(std::move(cu));
+  }
+  u.finished = all_finished();
   if (rejected_) u.rejected = reject_status_;
-  end_seen_ = true;
+  reject_seen_ = true;
   return true;
 }
 
 bool RequestChannel::closed() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return finished_ || rejected_;
+  return all_finished() || rejected_;
 }
 
 EngineLoop::EngineLoop(std::shared_ptr<engine::ModelBundle> model, engine::EngineOptions opts)

@@ -13,47 +13,66 @@
 #include <string>
 #include <thread>
 #include <unordered_set>
+#include <vector>
 
 #include "core/status.h"
 #include "engine/engine.h"
 
 namespace zest::server {
 
-// News about one request since the handler last looked.
-struct ChannelUpdate {
-  std::string delta;          // text produced since the last take
-  int64_t tokens = 0;         // tokens generated so far (all of them, not only the new ones)
-  bool finished = false;      // the request ended; `output` holds the final state
+// News about one choice (one engine request) since the handler last looked.
+struct ChoiceUpdate {
+  int index = 0;
+  std::string delta;                             // text produced since the last take
+  std::vector<engine::TokenLogprob> logprobs;    // logprobs of the tokens generated since the last take
+  int64_t tokens = 0;                            // tokens generated so far (all of them, not only the new ones)
+  bool finished = false;                         // the choice ended; `output` holds its final state
   engine::RequestOutput output;
-  Status rejected;            // not ok: the request never ran (engine refused it, or shutting down)
 };
 
-// One request's mailbox between the engine thread (producer) and its HTTP handler (consumer).
+// News about one API request (its n choices) since the handler last looked.
+struct ChannelUpdate {
+  std::vector<ChoiceUpdate> choices;  // take(): the choices with news, by index; wait_final: all of them
+  bool finished = false;              // every choice ended
+  Status rejected;                    // not ok: the request never ran (engine refused a choice, or shutting down)
+};
+
+// One API request's mailbox between the engine thread (producer) and its HTTP handler (consumer); n choices, each
+// an engine request of its own.
 class RequestChannel {
  public:
-  // Engine thread: a step produced `delta` (maybe empty); `finished` marks the last call.
-  void push(const std::string& delta, const engine::RequestOutput& out, bool finished);
-  // Any thread: the request will never run.
+  explicit RequestChannel(int n = 1);
+  int size() const { return static_cast<int>(choices_.size()); }
+  // Engine thread: a step of choice `index` produced `delta` (maybe empty); `finished` marks its last call.
+  void push(int index, const std::string& delta, const engine::RequestOutput& out, bool finished);
+  // Any thread: the request will never run (a choice that was refused refuses them all).
   void reject(Status st);
   // Waits up to `timeout` for news; moves it into `u` and returns true, or returns false when none came.
   bool take(ChannelUpdate& u, std::chrono::milliseconds timeout);
-  // Waits until the request finished or was rejected; returns the final update.
+  // Waits until every choice finished or the request was rejected; returns the final update.
   ChannelUpdate wait_final();
   // The same, waiting at most `timeout`: true with the final update in `u`, false when it did not come.
   bool wait_final_for(ChannelUpdate& u, std::chrono::milliseconds timeout);
-  // The request finished or was rejected (whether or not the handler has seen it).
+  // Every choice finished, or the request was rejected (whether or not the handler has seen it).
   bool closed() const;
 
  private:
+  struct Choice {
+    std::string pending;
+    std::vector<engine::TokenLogprob> pending_logprobs;
+    size_t streamed = 0;         // bytes of text received through deltas
+    size_t logprobs_taken = 0;   // logprob entries moved to pending
+    int64_t tokens = 0, tokens_seen = 0;
+    bool finished = false, end_seen = false;
+    engine::RequestOutput output;
+  };
   bool has_news() const;
+  bool all_finished() const;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::string pending_;
-  size_t streamed_ = 0;  // bytes of text received through deltas
-  int64_t tokens_ = 0, tokens_seen_ = 0;
-  bool finished_ = false, rejected_ = false, end_seen_ = false;
-  engine::RequestOutput output_;
+  std::vector<Choice> choices_;
+  bool rejected_ = false, reject_seen_ = false;
   Status reject_status_;
 };
 

@@ -1,5 +1,7 @@
 #include "server/openai.h"
 
+#include <cmath>
+
 namespace zest::server {
 
 using nlohmann::json;
@@ -73,24 +75,93 @@ json usage_json(const Usage& u) {
           {"visual_tokens_after", u.visual_tokens_after}};
 }
 
-json completion_json(const CompletionId& id, const std::string& text, engine::FinishReason finish, const Usage& u) {
-  json choice = {{"index", 0},
-                 {"message", {{"role", "assistant"}, {"content", text}}},
-                 {"logprobs", nullptr},
-                 {"finish_reason", openai_finish_reason(finish)}};
-  return {{"id", id.id},         {"object", "chat.completion"},   {"created", id.created},
-          {"model", id.model},   {"choices", json::array({choice})}, {"usage", usage_json(u)}};
+json chat_choice_json(int index, const std::string& text, engine::FinishReason finish, const json& logprobs) {
+  return {{"index", index},
+          {"message", {{"role", "assistant"}, {"content", text}}},
+          {"logprobs", logprobs},
+          {"finish_reason", openai_finish_reason(finish)}};
 }
 
-json chunk_json(const CompletionId& id, const json& delta, const std::string& finish_reason, bool include_usage) {
-  json choice = {{"index", 0},
+json completion_json(const CompletionId& id, const json& choices, const Usage& u) {
+  return {{"id", id.id},       {"object", "chat.completion"}, {"created", id.created},
+          {"model", id.model}, {"choices", choices},         {"usage", usage_json(u)}};
+}
+
+json chunk_json(const CompletionId& id, int index, const json& delta, const std::string& finish_reason,
+                bool include_usage, const json& logprobs) {
+  json choice = {{"index", index},
                  {"delta", delta},
-                 {"logprobs", nullptr},
+                 {"logprobs", logprobs},
                  {"finish_reason", finish_reason.empty() ? json(nullptr) : json(finish_reason)}};
   json j = {{"id", id.id},       {"object", "chat.completion.chunk"}, {"created", id.created},
             {"model", id.model}, {"choices", json::array({choice})}};
   if (include_usage) j["usage"] = nullptr;
   return j;
+}
+
+namespace {
+
+// A logprob as JSON: finite (vLLM's floor for -inf).
+double finite_logprob(float v) { return std::isfinite(v) ? static_cast<double>(v) : -9999.0; }
+
+json bytes_json(const std::string& b) {
+  json a = json::array();
+  for (unsigned char c : b) a.push_back(static_cast<int>(c));
+  return a;
+}
+
+}  // namespace
+
+json chat_logprobs_json(const std::vector<engine::TokenLogprob>& lps, const text::Tokenizer& tok, bool as_ids) {
+  json content = json::array();
+  auto name = [&](int32_t id, const std::string& b) { return as_ids ? "token_id:" + std::to_string(id) : b; };
+  for (const engine::TokenLogprob& lp : lps) {
+    const std::string b = tok.token_bytes(lp.token);
+    json top = json::array();
+    for (const auto& [id, v] : lp.top) {
+      const std::string tb = tok.token_bytes(id);
+      top.push_back({{"token", name(id, tb)}, {"logprob", finite_logprob(v)}, {"bytes", bytes_json(tb)}});
+    }
+    content.push_back({{"token", name(lp.token, b)}, {"logprob", finite_logprob(lp.logprob)}, {"bytes", bytes_json(b)},
+                       {"top_logprobs", std::move(top)}});
+  }
+  return {{"content", std::move(content)}};
+}
+
+json text_choice_json(int index, const std::string& text, const std::string& finish_reason, json logprobs) {
+  return {{"index", index},
+          {"text", text},
+          {"logprobs", std::move(logprobs)},
+          {"finish_reason", finish_reason.empty() ? json(nullptr) : json(finish_reason)}};
+}
+
+json text_completion_json(const CompletionId& id, const json& choices, const Usage* u, bool usage_null) {
+  json j = {{"id", id.id},       {"object", "text_completion"}, {"created", id.created},
+            {"model", id.model}, {"choices", choices}};
+  if (u) j["usage"] = usage_json(*u);
+  else if (usage_null) j["usage"] = nullptr;
+  return j;
+}
+
+json text_logprobs_json(const std::vector<engine::TokenLogprob>& lps, const text::Tokenizer& tok, bool as_ids,
+                        int64_t& offset) {
+  json tokens = json::array(), values = json::array(), tops = json::array(), offsets = json::array();
+  auto name = [&](int32_t id, const std::string& b) { return as_ids ? "token_id:" + std::to_string(id) : b; };
+  for (const engine::TokenLogprob& lp : lps) {
+    const std::string b = tok.token_bytes(lp.token);
+    tokens.push_back(name(lp.token, b));
+    values.push_back(finite_logprob(lp.logprob));
+    json top = json::object();
+    for (const auto& [id, v] : lp.top) top[name(id, tok.token_bytes(id))] = finite_logprob(v);
+    top[name(lp.token, b)] = finite_logprob(lp.logprob);
+    tops.push_back(std::move(top));
+    offsets.push_back(offset);
+    offset += static_cast<int64_t>(b.size());
+  }
+  return {{"tokens", std::move(tokens)},
+          {"token_logprobs", std::move(values)},
+          {"top_logprobs", std::move(tops)},
+          {"text_offset", std::move(offsets)}};
 }
 
 json usage_chunk_json(const CompletionId& id, const Usage& u) {

@@ -10,6 +10,7 @@
 
 #include "core/status.h"
 #include "engine/request.h"
+#include "text/tokenizer.h"
 
 namespace zest::server {
 
@@ -44,13 +45,34 @@ bool json_deeper_than(std::string_view text, int64_t max_depth);
 // OpenAI finish_reason for an engine finish (stop, length, abort; error -> "error").
 const char* openai_finish_reason(engine::FinishReason r);
 nlohmann::json usage_json(const Usage& u);
-// The non-streaming response object ("chat.completion").
-nlohmann::json completion_json(const CompletionId& id, const std::string& text, engine::FinishReason finish,
-                               const Usage& u);
-// One "chat.completion.chunk": `delta` is the choice's delta object, finish_reason null when empty.
-// With include_usage every chunk carries "usage": null.
-nlohmann::json chunk_json(const CompletionId& id, const nlohmann::json& delta, const std::string& finish_reason,
-                          bool include_usage);
+// One choice of a non-streaming "chat.completion": message, logprobs (null, or {"content": [...]}), finish_reason.
+nlohmann::json chat_choice_json(int index, const std::string& text, engine::FinishReason finish,
+                                const nlohmann::json& logprobs = nullptr);
+// The non-streaming response object ("chat.completion") with the given choices.
+nlohmann::json completion_json(const CompletionId& id, const nlohmann::json& choices, const Usage& u);
+// One "chat.completion.chunk" of choice `index`: `delta` is the choice's delta object, finish_reason null when empty,
+// logprobs null or {"content": [...]}. With include_usage every chunk carries "usage": null.
+nlohmann::json chunk_json(const CompletionId& id, int index, const nlohmann::json& delta,
+                          const std::string& finish_reason, bool include_usage,
+                          const nlohmann::json& logprobs = nullptr);
+// Chat logprobs in the OpenAI shape, {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}:
+// token is the token's text (its raw bytes; invalid UTF-8 is replaced when serialized), or "token_id:N" with as_ids
+// (vLLM's return_tokens_as_token_ids), bytes the raw bytes.
+nlohmann::json chat_logprobs_json(const std::vector<engine::TokenLogprob>& lps, const text::Tokenizer& tok,
+                                  bool as_ids = false);
+// Text completions (POST /v1/completions): one choice {index, text, logprobs, finish_reason (null when empty)}.
+nlohmann::json text_choice_json(int index, const std::string& text, const std::string& finish_reason,
+                                nlohmann::json logprobs = nullptr);
+// A "text_completion" object (the response, or one stream chunk) with the given choices; usage when not null, else
+// "usage": null when usage_null (stream chunks with include_usage), else no usage key.
+nlohmann::json text_completion_json(const CompletionId& id, const nlohmann::json& choices, const Usage* u,
+                                    bool usage_null);
+// Text-completion logprobs in the legacy OpenAI shape: {tokens, token_logprobs, top_logprobs: [{token: logprob}],
+// text_offset}; top_logprobs holds the top entries and the sampled token. text_offset counts bytes of the
+// completion's text from `offset`, which advances past these tokens (streams carry it from chunk to chunk).
+nlohmann::json text_logprobs_json(const std::vector<engine::TokenLogprob>& lps, const text::Tokenizer& tok,
+                                  bool as_ids, int64_t& offset);
+
 // The last chunk of a stream with include_usage: no choices, the usage.
 nlohmann::json usage_chunk_json(const CompletionId& id, const Usage& u);
 // "data: <json>\n\n" (invalid UTF-8 in strings is replaced by U+FFFD rather than thrown on).

@@ -24,6 +24,7 @@ namespace {
 using nlohmann::json;
 
 constexpr const char* kChatPath = "/v1/chat/completions";
+constexpr const char* kCompletionsPath = "/v1/completions";
 constexpr const char* kJson = "application/json";
 
 int64_t unix_seconds() {
@@ -46,7 +47,7 @@ bool starts_with_nocase(const std::string& s, const char* prefix) {
 
 // The Allow header of the known paths; empty for unknown ones.
 const char* allowed_methods(const std::string& path) {
-  if (path == kChatPath) return "POST";
+  if (path == kChatPath || path == kCompletionsPath || path == "/tokenize" || path == "/detokenize") return "POST";
   if (path == "/v1/models" || path == "/health" || path == "/metrics") return "GET";
   return "";
 }
@@ -80,14 +81,26 @@ Status check_image_sources(const json& messages, bool allow_local_files) {
   return Status::ok();
 }
 
-// Per-stream state shared by the content provider and its releaser.
-struct StreamState {
+// One API request in flight: its choices (one engine request each) and how to answer.
+struct Job {
+  bool text_completion = false;  // POST /v1/completions (else chat)
   std::shared_ptr<RequestChannel> channel;
-  int64_t request_id = 0;
+  std::vector<int64_t> ids;  // engine request id of each choice
   CompletionId cid;
-  Usage usage;
+  Usage usage;               // prompt and visual tokens (completion tokens are added at the end)
   bool include_usage = false;
-  bool sent_role = false;
+  bool logprobs = false;
+  bool token_ids = false;    // logprob tokens as "token_id:N"
+  // Streaming only: the role chunk of each choice was sent; text completions: each choice's text so far (bytes, the
+  // logprobs' text_offset).
+  std::vector<char> sent_role;
+  std::vector<int64_t> text_offset;
+};
+
+// One choice of a request to submit.
+struct ChoiceSpec {
+  engine::Prompt prompt;
+  engine::SamplingParams sampling;
 };
 
 }  // namespace
@@ -126,16 +139,23 @@ struct Server::Impl {
   void routes();
   // The prompt (of n_prompt tokens) and the completion the request asks for must fit the context, as vLLM
   // checks: 400 naming messages or max_tokens.
-  Status check_length(int64_t n_prompt, const engine::ChatRequest& cr) const;
+  Status check_length(int64_t n_prompt, const engine::GenerationFields& cr, bool chat = true) const;
+  // Reads, bounds and parses a JSON body and checks its `model`; false when it already answered with an error.
+  bool read_json(httplib::Response& res, const httplib::ContentReader& reader, json& j);
   void handle_chat(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader);
+  void handle_completions(httplib::Response& res, const httplib::ContentReader& reader);
+  void handle_tokenize(httplib::Response& res, const httplib::ContentReader& reader);
+  void handle_detokenize(httplib::Response& res, const httplib::ContentReader& reader);
+  // Submits the choices of `job` (its ids and channel are made here) to the engine; job.usage is the caller's.
+  void submit(Job& job, std::vector<ChoiceSpec> choices, bool sere, double received_ms);
+  void abort_all(const Job& job);
   // Non-streaming reply: waits for the end, checking the client's connection once per keep-alive interval
   // (a client gone aborts the request).
-  void respond_whole(httplib::Response& res, const std::shared_ptr<RequestChannel>& ch, int64_t request_id,
-                     const CompletionId& cid, Usage usage);
-  static std::pair<int, std::string> whole_body(const ChannelUpdate& u, const CompletionId& cid, Usage usage);
-  void respond_stream(httplib::Response& res, std::shared_ptr<StreamState> st);
+  void respond_whole(httplib::Response& res, const Job& job);
+  std::pair<int, std::string> whole_body(const ChannelUpdate& u, const Job& job) const;
+  void respond_stream(httplib::Response& res, std::shared_ptr<Job> job);
   // One provider call: waits for news (up to the keep-alive interval) and writes it; false = stop.
-  bool stream_step(StreamState& st, httplib::DataSink& sink);
+  bool stream_step(Job& job, httplib::DataSink& sink);
 };
 
 void Server::Impl::routes() {
@@ -178,6 +198,15 @@ void Server::Impl::routes() {
   http->Post(kChatPath, [this](const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& r) {
     handle_chat(req, res, r);
   });
+  http->Post(kCompletionsPath, [this](const httplib::Request&, httplib::Response& res, const httplib::ContentReader& r) {
+    handle_completions(res, r);
+  });
+  http->Post("/tokenize", [this](const httplib::Request&, httplib::Response& res, const httplib::ContentReader& r) {
+    handle_tokenize(res, r);
+  });
+  http->Post("/detokenize", [this](const httplib::Request&, httplib::Response& res, const httplib::ContentReader& r) {
+    handle_detokenize(res, r);
+  });
   // Fills the body of every error response that has none: unknown paths (404), wrong methods on
   // known paths (405), bodies over the limit (413), malformed HTTP (400).
   http->set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
@@ -190,8 +219,8 @@ void Server::Impl::routes() {
       res.set_header("Allow", allow);
       message = "method " + req.method + " is not allowed on " + req.path + "; use " + allow;
     } else if (res.status == 404) {
-      message = "unknown path '" + req.path + "'; zest serves POST /v1/chat/completions, GET /v1/models, "
-                "GET /health and GET /metrics";
+      message = "unknown path '" + req.path + "'; zest serves POST /v1/chat/completions, POST /v1/completions, "
+                "POST /tokenize, POST /detokenize, GET /v1/models, GET /health and GET /metrics";
     } else if (res.status == 413) {
       message = "the request body is larger than the server's limit of " + std::to_string(opts.max_body_bytes) +
                 " bytes (--max-body-bytes)";
@@ -231,12 +260,15 @@ int Server::Impl::http_threads() const {
                                : static_cast<int>(std::max<int64_t>(64, 2 * opts.engine.max_num_seqs + 32));
 }
 
-Status Server::Impl::check_length(int64_t n_prompt, const engine::ChatRequest& cr) const {
+Status Server::Impl::check_length(int64_t n_prompt, const engine::GenerationFields& cr, bool chat) const {
   const int64_t ctx = loop->max_context();
-  if (n_prompt >= ctx)
+  if (n_prompt >= ctx && chat)
     return invalid_argument("messages: the prompt has " + std::to_string(n_prompt) + " tokens (images included) but "
                             "the context limit is " + std::to_string(ctx) + " tokens; shorten the messages or "
                             "send smaller or fewer images");
+  if (n_prompt >= ctx)
+    return invalid_argument("'prompt' has " + std::to_string(n_prompt) + " tokens but the context limit is " +
+                            std::to_string(ctx) + " tokens");
   if (cr.max_tokens_given && cr.sampling.max_tokens > ctx - n_prompt)
     return invalid_argument("'max_tokens' = " + std::to_string(cr.sampling.max_tokens) + " plus the prompt's " +
                             std::to_string(n_prompt) + " tokens is more than the context limit of " +
@@ -244,9 +276,7 @@ Status Server::Impl::check_length(int64_t n_prompt, const engine::ChatRequest& c
   return Status::ok();
 }
 
-void Server::Impl::handle_chat(const httplib::Request&, httplib::Response& res,
-                               const httplib::ContentReader& reader) {
-  const double received_ms = now_ms();
+bool Server::Impl::read_json(httplib::Response& res, const httplib::ContentReader& reader, json& j) {
   Connection* conn = current_connection();
   // Read the body, refusing (and draining, so the client sees the answer) anything over the limit.
   std::string body;
@@ -266,39 +296,59 @@ void Server::Impl::handle_chat(const httplib::Request&, httplib::Response& res,
   });
   if (too_big || res.status == 413) {
     res.set_header("Connection", "close");
-    return reply_error(res, 413,
-                       "the request body is larger than the server's limit of " + std::to_string(limit) +
-                           " bytes (--max-body-bytes)");
+    reply_error(res, 413,
+                "the request body is larger than the server's limit of " + std::to_string(limit) +
+                    " bytes (--max-body-bytes)");
+    return false;
   }
   if (!read_ok && conn && conn->read_timed_out) {
     res.set_header("Connection", "close");
-    return reply_error(res, 408,
-                       "the request body did not arrive in time (--request-read-timeout " +
-                           std::to_string(opts.request_read_timeout_s) + " s, --idle-read-timeout " +
-                           std::to_string(opts.idle_read_timeout_s) + " s)");
+    reply_error(res, 408,
+                "the request body did not arrive in time (--request-read-timeout " +
+                    std::to_string(opts.request_read_timeout_s) + " s, --idle-read-timeout " +
+                    std::to_string(opts.idle_read_timeout_s) + " s)");
+    return false;
   }
-  if (!read_ok) return reply_error(res, 400, "the request body could not be read");
-
+  if (!read_ok) {
+    reply_error(res, 400, "the request body could not be read");
+    return false;
+  }
   // Nesting is bounded before parsing: the parser is iterative, but copies, dumps and the chat template of a
   // parsed value recurse.
-  if (json_deeper_than(body, opts.max_json_depth))
-    return reply_error(res, 400,
-                       "the request body nests arrays and objects deeper than this server's limit of " +
-                           std::to_string(opts.max_json_depth) + " levels (--max-json-depth)");
-  json j;
+  if (json_deeper_than(body, opts.max_json_depth)) {
+    reply_error(res, 400,
+                "the request body nests arrays and objects deeper than this server's limit of " +
+                    std::to_string(opts.max_json_depth) + " levels (--max-json-depth)");
+    return false;
+  }
   try {
     j = json::parse(body);
   } catch (const json::exception& e) {
-    return reply_error(res, 400, std::string("the request body is not valid JSON: ") + e.what());
+    reply_error(res, 400, std::string("the request body is not valid JSON: ") + e.what());
+    return false;
   }
   if (j.is_object() && j.contains("model") && !j["model"].is_null()) {
-    if (!j["model"].is_string()) return reply_error(res, 400, "'model' must be a string", "model");
-    if (j["model"].get<std::string>() != model_name)
-      return reply_error(res, 404,
-                         "the model '" + j["model"].get<std::string>() + "' does not exist; this server serves '" +
-                             model_name + "'",
-                         "model");
+    if (!j["model"].is_string()) {
+      reply_error(res, 400, "'model' must be a string", "model");
+      return false;
+    }
+    if (j["model"].get<std::string>() != model_name) {
+      reply_error(res, 404,
+                  "the model '" + j["model"].get<std::string>() + "' does not exist; this server serves '" +
+                      model_name + "'",
+                  "model");
+      return false;
+    }
   }
+  return true;
+}
+
+void Server::Impl::handle_chat(const httplib::Request&, httplib::Response& res,
+                               const httplib::ContentReader& reader) {
+  const double received_ms = now_ms();
+  Connection* conn = current_connection();
+  json j;
+  if (!read_json(res, reader, j)) return;
   engine::RequestLimits rl;
   rl.max_messages = opts.max_messages;
   rl.max_parts = opts.max_content_parts;
@@ -327,129 +377,306 @@ void Server::Impl::handle_chat(const httplib::Request&, httplib::Response& res,
   const int64_t n_prompt = static_cast<int64_t>(prompt->ids.size());
   if (Status st = check_length(n_prompt, cr); !st.is_ok()) return reply_status(res, st);
 
-  Usage usage;
-  usage.prompt_tokens = n_prompt;
-  for (int64_t v : prompt->visual_tokens_before) usage.visual_tokens_before += v;
-  for (int64_t v : prompt->visual_tokens_after) usage.visual_tokens_after += v;
+  Job job;
+  job.include_usage = cr.include_usage;
+  job.logprobs = cr.sampling.logprobs;
+  job.token_ids = cr.return_tokens_as_token_ids;
+  const int64_t first = next_id.load();
+  job.cid = CompletionId{"chatcmpl-" + hex(id_prefix, 16) + hex(static_cast<uint64_t>(first), 8), unix_seconds(),
+                         model_name};
+  // n choices of one prompt, each prefilled on its own; the prompt is counted once in usage, as OpenAI does.
+  job.usage.prompt_tokens = n_prompt;
+  for (int64_t v : prompt->visual_tokens_before) job.usage.visual_tokens_before += v;
+  for (int64_t v : prompt->visual_tokens_after) job.usage.visual_tokens_after += v;
+  std::vector<ChoiceSpec> choices(static_cast<size_t>(cr.n));
+  for (int64_t i = 0; i < cr.n; ++i) {
+    if (i + 1 < cr.n) choices[i].prompt = *prompt;
+    else choices[i].prompt = std::move(prompt).value();
+    choices[i].sampling = engine::choice_sampling(cr.sampling, i);
+  }
+  submit(job, std::move(choices), cr.sere, received_ms);
+  if (!cr.stream) return respond_whole(res, job);
+  respond_stream(res, std::make_shared<Job>(std::move(job)));
+}
 
-  const int64_t id = next_id.fetch_add(1);
-  CompletionId cid{"chatcmpl-" + hex(id_prefix, 16) + hex(static_cast<uint64_t>(id), 8), unix_seconds(), model_name};
-  auto channel = std::make_shared<RequestChannel>();
-
-  engine::Request er;
-  er.id = id;
-  er.prompt = std::move(prompt).value();
-  er.sampling = cr.sampling;
-  er.sere = cr.sere;
-  er.on_update = [this, channel, received_ms, usage](const std::string& delta, const engine::RequestOutput& out,
-                                                      bool finished) {
-    if (finished) {
-      FinishedRequest f;
-      f.finish_reason = engine::finish_reason_name(out.finish);
-      f.prompt_tokens = usage.prompt_tokens;
-      f.generation_tokens = static_cast<int64_t>(out.token_ids.size());
-      f.visual_tokens_before = usage.visual_tokens_before;
-      f.visual_tokens_after = usage.visual_tokens_after;
-      if (out.first_token_ms > 0) f.time_to_first_token_s = (out.first_token_ms - received_ms) / 1000.0;
-      if (f.generation_tokens > 1)
-        f.time_per_output_token_s = (out.finish_ms - out.first_token_ms) / 1000.0 / (f.generation_tokens - 1);
-      f.e2e_latency_s = (out.finish_ms - received_ms) / 1000.0;
-      if (out.first_scheduled_ms > 0) f.queue_time_s = (out.first_scheduled_ms - out.arrival_ms) / 1000.0;
-      metrics.record_finished(f);
+void Server::Impl::handle_completions(httplib::Response& res, const httplib::ContentReader& reader) {
+  const double received_ms = now_ms();
+  json j;
+  if (!read_json(res, reader, j)) return;
+  auto parsed = engine::parse_completion_request(j, *model);
+  if (!parsed.ok()) return reply_status(res, parsed.status());
+  engine::CompletionRequest& cr = *parsed;
+  for (const auto& p : cr.prompts)
+    if (Status st = check_length(static_cast<int64_t>(p.size()), cr, /*chat=*/false); !st.is_ok())
+      return reply_status(res, st);
+  Job job;
+  job.text_completion = true;
+  job.include_usage = cr.include_usage;
+  job.logprobs = cr.sampling.logprobs;
+  job.token_ids = cr.return_tokens_as_token_ids;
+  job.cid = CompletionId{"cmpl-" + hex(id_prefix, 16) + hex(static_cast<uint64_t>(next_id.load()), 8), unix_seconds(),
+                         model_name};
+  // Prompt p's choices are p * n .. p * n + n - 1, choice j seeded with seed + j; every prompt counted once.
+  std::vector<ChoiceSpec> choices;
+  for (const auto& p : cr.prompts) {
+    job.usage.prompt_tokens += static_cast<int64_t>(p.size());
+    for (int64_t i = 0; i < cr.n; ++i) {
+      ChoiceSpec c;
+      c.prompt = engine::token_prompt(p);
+      c.sampling = engine::choice_sampling(cr.sampling, i);
+      choices.push_back(std::move(c));
     }
-    channel->push(delta, out, finished);
-  };
-  loop->submit(std::move(er), [this, channel](const Status& st) {
-    metrics.record_rejected(http_status_for(st));
-    channel->reject(st);
-  });
+  }
+  submit(job, std::move(choices), cr.sere, received_ms);
+  if (!cr.stream) return respond_whole(res, job);
+  respond_stream(res, std::make_shared<Job>(std::move(job)));
+}
 
-  if (!cr.stream) return respond_whole(res, channel, id, cid, usage);
-  auto st = std::make_shared<StreamState>();
-  st->channel = channel;
-  st->request_id = id;
-  st->cid = cid;
-  st->usage = usage;
-  st->include_usage = cr.include_usage;
-  respond_stream(res, std::move(st));
+void Server::Impl::handle_tokenize(httplib::Response& res, const httplib::ContentReader& reader) {
+  json j;
+  if (!read_json(res, reader, j)) return;
+  if (!j.is_object()) return reply_error(res, 400, "the request body must be a JSON object");
+  auto flag = [&](const char* key, bool dflt, bool& out) -> bool {
+    out = dflt;
+    if (!j.contains(key) || j[key].is_null()) return true;
+    if (!j[key].is_boolean()) {
+      reply_error(res, 400, std::string("'") + key + "' must be a boolean", key);
+      return false;
+    }
+    out = j[key].get<bool>();
+    return true;
+  };
+  bool token_strs = false, add_special = true;
+  if (!flag("return_token_strs", false, token_strs)) return;
+  std::vector<int32_t> ids;
+  const bool has_prompt = j.contains("prompt") && !j["prompt"].is_null();
+  const bool has_messages = j.contains("messages") && !j["messages"].is_null();
+  if (has_prompt == has_messages) return reply_error(res, 400, "give either 'prompt' (a string) or 'messages'", "prompt");
+  if (has_prompt) {
+    if (!flag("add_special_tokens", true, add_special)) return;
+    if (!j["prompt"].is_string()) return reply_error(res, 400, "'prompt' must be a string", "prompt");
+    // Qwen tokenizers add no special tokens of their own (no BOS), so add_special_tokens changes nothing.
+    ids = model->tokenizer.encode(j["prompt"].get_ref<const std::string&>(), /*parse_special=*/true);
+  } else {
+    // The chat template as /v1/chat/completions renders it (generation prompt included); text messages only.
+    json body = {{"messages", j["messages"]}};
+    if (j.contains("chat_template_kwargs")) body["chat_template_kwargs"] = j["chat_template_kwargs"];
+    for (const char* key : {"add_generation_prompt", "continue_final_message", "tools", "chat_template"})
+      if (j.contains(key)) body[key] = j[key];
+    engine::RequestLimits rl;
+    rl.max_messages = opts.max_messages;
+    rl.max_parts = opts.max_content_parts;
+    auto cr = engine::parse_chat_request(body, *model, rl, opts.mm_max_pixels);
+    if (!cr.ok()) return reply_status(res, cr.status());
+    engine::PromptOptions po;
+    po.allow_local_files = false;
+    po.max_images = 0;
+    auto plan = engine::plan_prompt(*model, *cr, po);
+    if (!plan.ok()) {
+      const Status& st = plan.status();
+      if (st.message().rfind("too many images", 0) == 0)
+        return reply_error(res, 400, "messages: /tokenize takes text messages only (no images)", "messages");
+      return reply_status(res, st);
+    }
+    ids = std::move(plan->ids);
+  }
+  json out = {{"count", ids.size()}, {"max_model_len", loop->max_context()}, {"tokens", ids}, {"token_strs", nullptr}};
+  if (token_strs) {
+    json strs = json::array();
+    for (int32_t id : ids) strs.push_back(model->tokenizer.token_bytes(id));
+    out["token_strs"] = std::move(strs);
+  }
+  res.set_content(dump_json(out), kJson);
+}
+
+void Server::Impl::handle_detokenize(httplib::Response& res, const httplib::ContentReader& reader) {
+  json j;
+  if (!read_json(res, reader, j)) return;
+  if (!j.is_object() || !j.contains("tokens") || !j["tokens"].is_array())
+    return reply_error(res, 400, "'tokens' must be an array of token ids", "tokens");
+  const int64_t n = model->tokenizer.size();
+  std::vector<int32_t> ids;
+  for (const json& e : j["tokens"]) {
+    bool ok = e.is_number_integer();
+    if (ok && e.is_number_unsigned()) ok = e.get<uint64_t>() < static_cast<uint64_t>(n);
+    else if (ok) ok = e.get<int64_t>() >= 0 && e.get<int64_t>() < n;
+    if (!ok) return reply_error(res, 400, "'tokens' must hold token ids in [0, " + std::to_string(n) + ")", "tokens");
+    ids.push_back(static_cast<int32_t>(e.get<int64_t>()));
+  }
+  res.set_content(dump_json({{"prompt", model->tokenizer.decode(ids)}}), kJson);
+}
+
+void Server::Impl::submit(Job& job, std::vector<ChoiceSpec> choices, bool sere, double received_ms) {
+  const int n = static_cast<int>(choices.size());
+  job.channel = std::make_shared<RequestChannel>(n);
+  job.sent_role.assign(n, 0);
+  job.text_offset.assign(n, 0);
+  job.ids.clear();
+  for (int i = 0; i < n; ++i) {
+    const int64_t id = next_id.fetch_add(1);
+    job.ids.push_back(id);
+    Usage usage;  // this choice's prompt, for its metrics
+    usage.prompt_tokens = static_cast<int64_t>(choices[i].prompt.ids.size());
+    for (int64_t v : choices[i].prompt.visual_tokens_before) usage.visual_tokens_before += v;
+    for (int64_t v : choices[i].prompt.visual_tokens_after) usage.visual_tokens_after += v;
+    engine::Request er;
+    er.id = id;
+    er.prompt = std::move(choices[i].prompt);
+    er.sampling = std::move(choices[i].sampling);
+    er.sere = sere;
+    auto channel = job.channel;
+    er.on_update = [this, channel, i, received_ms, usage](const std::string& delta, const engine::RequestOutput& out,
+                                                          bool finished) {
+      if (finished) {
+        FinishedRequest f;
+        f.finish_reason = engine::finish_reason_name(out.finish);
+        f.prompt_tokens = usage.prompt_tokens;
+        f.generation_tokens = static_cast<int64_t>(out.token_ids.size());
+        f.visual_tokens_before = usage.visual_tokens_before;
+        f.visual_tokens_after = usage.visual_tokens_after;
+        if (out.first_token_ms > 0) f.time_to_first_token_s = (out.first_token_ms - received_ms) / 1000.0;
+        if (f.generation_tokens > 1)
+          f.time_per_output_token_s = (out.finish_ms - out.first_token_ms) / 1000.0 / (f.generation_tokens - 1);
+        f.e2e_latency_s = (out.finish_ms - received_ms) / 1000.0;
+        if (out.first_scheduled_ms > 0) f.queue_time_s = (out.first_scheduled_ms - out.arrival_ms) / 1000.0;
+        metrics.record_finished(f);
+      }
+      channel->push(i, delta, out, finished);
+    };
+    loop->submit(std::move(er), [this, channel](const Status& st) {
+      metrics.record_rejected(http_status_for(st));
+      channel->reject(st);
+    });
+  }
+}
+
+void Server::Impl::abort_all(const Job& job) {
+  for (int64_t id : job.ids) loop->abort(id);
 }
 
 // The body (and status) of a non-streaming response from the request's final update.
-std::pair<int, std::string> Server::Impl::whole_body(const ChannelUpdate& u, const CompletionId& cid, Usage usage) {
+std::pair<int, std::string> Server::Impl::whole_body(const ChannelUpdate& u, const Job& job) const {
   if (!u.rejected.is_ok()) {
     // Counted as rejected by the submit callback already.
     const int status = http_status_for(u.rejected);
     return {status, dump_json(error_body(status, u.rejected.message(), error_param(u.rejected.message())))};
   }
-  const engine::RequestOutput& out = u.output;
-  if (out.finish == engine::FinishReason::kError)
-    return {500, dump_json(error_body(500, "generation failed: " + out.error))};
-  if (out.finish == engine::FinishReason::kAbort)
-    return {503, dump_json(error_body(503, "the request was aborted: the server is shutting down"))};
-  usage.completion_tokens = static_cast<int64_t>(out.token_ids.size());
-  return {200, dump_json(completion_json(cid, out.text, out.finish, usage))};
+  Usage usage = job.usage;
+  json choices = json::array();
+  for (const ChoiceUpdate& c : u.choices) {
+    const engine::RequestOutput& out = c.output;
+    if (out.finish == engine::FinishReason::kError)
+      return {500, dump_json(error_body(500, "generation failed: " + out.error))};
+    if (out.finish == engine::FinishReason::kAbort)
+      return {503, dump_json(error_body(503, "the request was aborted: the server is shutting down"))};
+    usage.completion_tokens += static_cast<int64_t>(out.token_ids.size());
+    if (job.text_completion) {
+      int64_t offset = 0;
+      choices.push_back(text_choice_json(
+          c.index, out.text, openai_finish_reason(out.finish),
+          job.logprobs ? text_logprobs_json(out.logprobs, model->tokenizer, job.token_ids, offset) : json()));
+    } else {
+      choices.push_back(chat_choice_json(
+          c.index, out.text, out.finish,
+          job.logprobs ? chat_logprobs_json(out.logprobs, model->tokenizer, job.token_ids) : json()));
+    }
+  }
+  if (job.text_completion) return {200, dump_json(text_completion_json(job.cid, choices, &usage, false))};
+  return {200, dump_json(completion_json(job.cid, choices, usage))};
 }
 
-void Server::Impl::respond_whole(httplib::Response& res, const std::shared_ptr<RequestChannel>& ch, int64_t request_id,
-                                 const CompletionId& cid, Usage usage) {
+void Server::Impl::respond_whole(httplib::Response& res, const Job& job) {
   // The handler runs on its connection's thread, so it can look at the socket while it waits: a client that
   // went away (whatever encoding it accepted) has its request aborted within one interval.
   const auto interval = std::chrono::milliseconds(opts.stream_keepalive_ms);
   Connection* conn = current_connection();
   ChannelUpdate u;
-  while (!ch->wait_final_for(u, interval)) {
+  while (!job.channel->wait_final_for(u, interval)) {
     if (conn && conn->client_gone()) {
-      loop->abort(request_id);
-      ch->wait_final_for(u, std::chrono::seconds(60));
+      abort_all(job);
+      job.channel->wait_final_for(u, std::chrono::seconds(60));
       res.set_header("Connection", "close");
       res.status = 499;  // nginx's "client closed request"; nobody reads it
       return;
     }
   }
-  auto [status, body] = whole_body(u, cid, usage);
+  // A refused choice refuses the request: the others stop.
+  if (!u.rejected.is_ok()) abort_all(job);
+  auto [status, body] = whole_body(u, job);
   res.status = status;
   res.set_content(body, kJson);
 }
 
-bool Server::Impl::stream_step(StreamState& st, httplib::DataSink& sink) {
+bool Server::Impl::stream_step(Job& job, httplib::DataSink& sink) {
   ChannelUpdate u;
-  if (!st.channel->take(u, std::chrono::milliseconds(opts.stream_keepalive_ms))) {
+  if (!job.channel->take(u, std::chrono::milliseconds(opts.stream_keepalive_ms))) {
     static const std::string kKeepAlive = ": keep-alive\n\n";
     return sink.write(kKeepAlive.data(), kKeepAlive.size());
   }
   std::string out;
+  bool last = false;
   if (!u.rejected.is_ok()) {
     out += sse_event(error_body(http_status_for(u.rejected), u.rejected.message(), error_param(u.rejected.message())));
+    last = true;
   } else {
-    if (!st.sent_role && (u.tokens > 0 || u.finished)) {
-      out += sse_event(chunk_json(st.cid, {{"role", "assistant"}, {"content", ""}}, "", st.include_usage));
-      st.sent_role = true;
-    }
-    if (!u.delta.empty()) out += sse_event(chunk_json(st.cid, {{"content", u.delta}}, "", st.include_usage));
-    if (u.finished) {
-      const engine::FinishReason fr = u.output.finish;
-      if (fr == engine::FinishReason::kError) {
-        out += sse_event(error_body(500, "generation failed: " + u.output.error));
-      } else if (fr == engine::FinishReason::kAbort) {
-        out += sse_event(error_body(503, "the request was aborted: the server is shutting down"));
-      } else {
-        out += sse_event(chunk_json(st.cid, json::object(), openai_finish_reason(fr), st.include_usage));
-        if (st.include_usage) {
-          Usage usage = st.usage;
-          usage.completion_tokens = static_cast<int64_t>(u.output.token_ids.size());
-          out += sse_event(usage_chunk_json(st.cid, usage));
+    for (const ChoiceUpdate& c : u.choices) {
+      const int i = c.index;
+      if (job.text_completion) {
+        const engine::FinishReason fr = c.finished ? c.output.finish : engine::FinishReason::kNone;
+        if (fr == engine::FinishReason::kError || fr == engine::FinishReason::kAbort) {
+          out += sse_event(fr == engine::FinishReason::kError
+                               ? error_body(500, "generation failed: " + c.output.error)
+                               : error_body(503, "the request was aborted: the server is shutting down"));
+          last = true;
+          break;
         }
+        if (c.delta.empty() && c.logprobs.empty() && !c.finished) continue;
+        json lp = job.logprobs ? text_logprobs_json(c.logprobs, model->tokenizer, job.token_ids, job.text_offset[i])
+                               : json();
+        json choice = text_choice_json(i, c.delta, c.finished ? openai_finish_reason(fr) : "", std::move(lp));
+        out += sse_event(text_completion_json(job.cid, json::array({std::move(choice)}), nullptr,
+                                              job.include_usage));
+        continue;
       }
+      if (!job.sent_role[i] && (c.tokens > 0 || c.finished)) {
+        out += sse_event(chunk_json(job.cid, i, {{"role", "assistant"}, {"content", ""}}, "", job.include_usage));
+        job.sent_role[i] = 1;
+      }
+      if (!c.delta.empty() || (job.logprobs && !c.logprobs.empty()))
+        out += sse_event(chunk_json(job.cid, i, {{"content", c.delta}}, "", job.include_usage,
+                                    job.logprobs ? chat_logprobs_json(c.logprobs, model->tokenizer, job.token_ids) : json()));
+      if (!c.finished) continue;
+      const engine::FinishReason fr = c.output.finish;
+      if (fr == engine::FinishReason::kError) {
+        out += sse_event(error_body(500, "generation failed: " + c.output.error));
+        last = true;
+        break;
+      }
+      if (fr == engine::FinishReason::kAbort) {
+        out += sse_event(error_body(503, "the request was aborted: the server is shutting down"));
+        last = true;
+        break;
+      }
+      out += sse_event(chunk_json(job.cid, i, json::object(), openai_finish_reason(fr), job.include_usage));
+    }
+    if (!last && u.finished) {
+      if (job.include_usage) {
+        Usage usage = job.usage;
+        for (const ChoiceUpdate& c : job.channel->wait_final().choices)
+          usage.completion_tokens += static_cast<int64_t>(c.output.token_ids.size());
+        out += sse_event(job.text_completion ? text_completion_json(job.cid, json::array(), &usage, false)
+                                             : usage_chunk_json(job.cid, usage));
+      }
+      last = true;
     }
   }
-  const bool last = u.finished || !u.rejected.is_ok();
   if (last) out += "data: [DONE]\n\n";
   if (!out.empty() && !sink.write(out.data(), out.size())) return false;
   if (last) sink.done();
   return true;
 }
 
-void Server::Impl::respond_stream(httplib::Response& res, std::shared_ptr<StreamState> st) {
+void Server::Impl::respond_stream(httplib::Response& res, std::shared_ptr<Job> job) {
   {
     std::lock_guard<std::mutex> lock(streams_mu);
     ++open_streams;
@@ -458,17 +685,17 @@ void Server::Impl::respond_stream(httplib::Response& res, std::shared_ptr<Stream
   res.set_header("X-Accel-Buffering", "no");
   res.set_chunked_content_provider(
       "text/event-stream",
-      [this, st](size_t, httplib::DataSink& sink) {
+      [this, job](size_t, httplib::DataSink& sink) {
         try {
-          return stream_step(*st, sink);
+          return stream_step(*job, sink);
         } catch (const std::exception& e) {
-          std::cerr << "zest serve: stream of request " << st->request_id << " failed: " << e.what() << "\n";
+          std::cerr << "zest serve: stream of request " << job->cid.id << " failed: " << e.what() << "\n";
           return false;
         }
       },
-      [this, st](bool) {
+      [this, job](bool) {
         // The response is gone (finished, or the client disconnected): stop generating for it.
-        if (!st->channel->closed()) loop->abort(st->request_id);
+        if (!job->channel->closed() || job->channel->size() > 1) abort_all(*job);
         std::lock_guard<std::mutex> lock(streams_mu);
         if (--open_streams == 0) streams_cv.notify_all();
       });

@@ -5,8 +5,8 @@
 // engine thread only through its command queue and a per-request RequestChannel. Connections (read
 // deadlines, per-address caps, seeing a client leave) are server/http_server.h's.
 //
-// Endpoints: POST /v1/chat/completions (JSON or SSE stream), GET /v1/models, GET /health,
-// GET /metrics (Prometheus text). Errors are OpenAI-style JSON bodies with 4xx/5xx statuses.
+// Endpoints: POST /v1/chat/completions and POST /v1/completions (JSON or SSE stream), POST /tokenize and
+// POST /detokenize (vLLM's shapes), GET /v1/models, GET /health, GET /metrics (Prometheus text). Errors are OpenAI-style JSON bodies with 4xx/5xx statuses.
 // A client that disconnects has its request aborted (its KV blocks freed), also while its images are
 // being prepared. Every limit below is checked before work is spent on what it bounds.
 #pragma once

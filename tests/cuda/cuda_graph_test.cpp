@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "engine/model_bundle.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/kernels.h"
@@ -697,6 +698,118 @@ TEST(CudaGraph, ForwardSampleMatchesForwardAndFallsBackToWholeRows) {
   // Bad plans are rejected before anything runs.
   std::vector<model::SampleRow> short_rows(rows.begin(), rows.begin() + 2);
   EXPECT_EQ(dec.forward_sample(b2, *c2, nullptr, short_rows).status().code(), ErrorCode::kInvalidArgument);
+}
+
+// forward_sample with logit edits and log-probabilities against forward on the same prefill step: the log-probability
+// summary is the raw row's (log-sum-exp within 1e-5, the top ids and logits exact), the edits replace the logits the
+// host formula gives (rounded to bf16) and save the raw ones, and the summaries (greedy, temperature, candidates, the
+// whole row) are those of the edited row; a row without edits or logprobs in the same step is unchanged.
+TEST(CudaGraph, ForwardSampleAppliesEditsAndLogprobs) {
+  if (!kernels::cuda_available()) GTEST_SKIP() << "no CUDA GPU available";
+  auto m = engine::ModelBundle::load(std::string(ZEST_FIXTURES_DIR) + "/models/qwen3_moe_tiny", model::Backend::kCuda);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  const model::TextDecoder& dec = (*m)->decoder();
+  const int64_t V = dec.config().vocab_size;
+  auto c1 = dec.allocate_cache(64, 16), c2 = dec.allocate_cache(64, 16);
+  ASSERT_TRUE(c1.ok() && c2.ok());
+  std::mt19937 rng(29);
+  const int lens[] = {6, 11, 3, 8, 5};
+  constexpr int kSeqs = 5;
+  std::vector<std::vector<int32_t>> t1(kSeqs), t2(kSeqs);
+  model::ForwardBatch b1;
+  int total = 0;
+  for (int len : lens) total += len;
+  b1.positions.resize(3 * total);
+  int at = 0;
+  for (int j = 0; j < kSeqs; ++j) {
+    ASSERT_TRUE(c1->reserve(t1[j], lens[j]).is_ok());
+    ASSERT_TRUE(c2->reserve(t2[j], lens[j]).is_ok());
+    for (int i = 0; i < lens[j]; ++i, ++at) {
+      b1.tokens.push_back(static_cast<int32_t>(rng() % V));
+      for (int a = 0; a < 3; ++a) b1.positions[a * total + at] = i;
+    }
+    b1.seqs.push_back({&t1[j], 0, lens[j], false, true});
+  }
+  model::ForwardBatch b2 = b1;
+  for (int j = 0; j < kSeqs; ++j) b2.seqs[j].block_table = &t2[j];
+  auto logits = dec.forward(b1, *c1);
+  ASSERT_TRUE(logits.ok()) << logits.status().to_string();
+  std::vector<model::SampleRow> rows(kSeqs);
+  rows[0] = model::plan_sample_row(0.0, 0, 1.0, V);     // greedy
+  rows[1] = model::plan_sample_row(0.8, 0, 1.0, V);     // temperature
+  rows[2] = model::plan_sample_row(0.7, 40, 0.9, V);    // candidates
+  rows[3] = model::plan_sample_row(1.0, 2000, 1.0, V);  // the whole row
+  rows[4] = model::plan_sample_row(0.9, 0, 1.0, V);     // neither edits nor logprobs
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  for (int j = 0; j < kSeqs; ++j) {
+    rows[j].u = 0.2 + 0.15 * j;
+    if (j == 4) continue;
+    rows[j].logprobs = j == 3 ? -1 : (j * 7) % 21;
+    for (int64_t id = static_cast<int64_t>(rng() % 5); id < V; id += 1 + static_cast<int64_t>(rng() % 9)) {
+      model::LogitEdit e;
+      e.id = static_cast<int32_t>(id);
+      e.bias = rng() % 9 == 0 ? -INFINITY : -3.f + 6.f * u(rng);
+      e.rep = 0.5f + u(rng);
+      e.sub = -1.f + 2.f * u(rng);
+      rows[j].edits.push_back(e);
+    }
+  }
+  // The argmax of row 0 is masked, so greedy must move.
+  {
+    const float* l = logits->data<float>();
+    const int32_t top = static_cast<int32_t>(std::max_element(l, l + V) - l);
+    auto it = std::lower_bound(rows[0].edits.begin(), rows[0].edits.end(), top,
+                               [](const model::LogitEdit& e, int32_t id) { return e.id < id; });
+    if (it == rows[0].edits.end() || it->id != top) {
+      model::LogitEdit e;
+      e.id = top;
+      it = rows[0].edits.insert(it, e);
+    }
+    it->bias = -INFINITY;
+  }
+  auto got = dec.forward_sample(b2, *c2, nullptr, rows);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  ASSERT_EQ(got->size(), static_cast<size_t>(kSeqs));
+  for (int j = 0; j < kSeqs; ++j) {
+    SCOPED_TRACE("row " + std::to_string(j));
+    const float* l = logits->data<float>() + j * V;
+    const model::SampleResult& r = (*got)[j];
+    std::vector<float> ed(l, l + V);
+    for (const model::LogitEdit& e : rows[j].edits) ed[e.id] = round_bf16(model::apply_logit_edit(l[e.id], e));
+    model::SampleRow plain = rows[j];
+    plain.edits.clear();
+    plain.logprobs = -1;
+    const model::SampleResult ref = model::summarize_row(ed.data(), V, plain);
+    if (rows[j].logprobs >= 0) {
+      model::SampleResult lp;
+      model::logprob_summary(l, V, rows[j].logprobs, lp);
+      EXPECT_NEAR(r.lse, lp.lse, 1e-5);
+      EXPECT_EQ(r.top_ids, lp.top_ids);
+      EXPECT_EQ(r.top_logits, lp.top_logits);
+    } else {
+      EXPECT_TRUE(r.top_ids.empty());
+    }
+    ASSERT_EQ(r.edit_raw.size(), rows[j].edits.size());
+    for (size_t k = 0; k < rows[j].edits.size(); ++k) ASSERT_EQ(r.edit_raw[k], l[rows[j].edits[k].id]);
+    EXPECT_EQ(r.full, ref.full);
+    if (ref.full) {
+      ASSERT_EQ(r.logits.size(), static_cast<size_t>(V));
+      size_t diff = 0;
+      for (int64_t i = 0; i < V; ++i) diff += !(r.logits[i] == ed[i]);
+      EXPECT_EQ(diff, 0u);
+    } else if (rows[j].mode == model::SampleMode::kCandidates) {
+      EXPECT_EQ(r.ids, ref.ids);
+      EXPECT_EQ(r.logits, ref.logits);
+    }
+    const int32_t tok = model::pick_from_summary(rows[j], r, V);
+    if (rows[j].mode == model::SampleMode::kGreedy) {
+      EXPECT_EQ(tok, ref.token);
+    } else if (rows[j].mode != model::SampleMode::kTemperature) {
+      EXPECT_EQ(tok, model::pick_from_summary(plain, ref, V));
+    }
+    ASSERT_GE(tok, 0);
+    EXPECT_EQ(model::raw_logit_of(rows[j], r, tok, V), l[tok]);
+  }
 }
 
 }  // namespace

@@ -7,6 +7,8 @@
 #include <fstream>
 #include <random>
 #include <thread>
+#include <map>
+#include <set>
 
 #include "server_test_util.h"
 
@@ -115,6 +117,243 @@ TEST_P(ServerTest, StreamingMatchesNonStreaming) {
   for (size_t i = 0; i + 1 < p.chunks.size(); ++i) EXPECT_TRUE(p.chunks[i]["usage"].is_null());
   EXPECT_EQ(p.chunks[p.chunks.size() - 2]["choices"][0]["finish_reason"], "length");
   EXPECT_EQ(p.content, ref.text);
+}
+
+// logprobs / top_logprobs: the engine's values (the model's raw log-softmax, checked against the formula in the engine
+// tests and against `zest logits` in the openai-client test) in the OpenAI shape, non-streaming and streamed (the
+// chunks' entries add up to the whole response's); absent (null) when not asked for.
+TEST_P(ServerTest, LogprobsInTheOpenAIShape) {
+  json body = chat_body("Count from one to five.", 6);
+  body["ignore_eos"] = true;
+  body["logprobs"] = true;
+  body["top_logprobs"] = 3;
+  const engine::RequestOutput ref = reference_output(GetParam(), body);
+  ASSERT_EQ(ref.logprobs.size(), 6u);
+  HttpReply r = post_json(*cli_, body.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json& content = r.j["choices"][0]["logprobs"]["content"];
+  ASSERT_TRUE(content.is_array());
+  ASSERT_EQ(content.size(), 6u);
+  const auto m = fixture_model(GetParam());
+  for (size_t i = 0; i < content.size(); ++i) {
+    SCOPED_TRACE("token " + std::to_string(i));
+    const json& c = content[i];
+    const std::string b = m->tokenizer.token_bytes(ref.logprobs[i].token);
+    ASSERT_EQ(c["bytes"].size(), b.size());
+    for (size_t k = 0; k < b.size(); ++k) EXPECT_EQ(c["bytes"][k], static_cast<int>(static_cast<unsigned char>(b[k])));
+    EXPECT_TRUE(c["token"].is_string());
+    EXPECT_EQ(c["logprob"].get<double>(), static_cast<double>(ref.logprobs[i].logprob));
+    EXPECT_LE(c["logprob"].get<double>(), 0.0);
+    ASSERT_EQ(c["top_logprobs"].size(), 3u);
+    for (size_t k = 0; k < 3; ++k)
+      EXPECT_EQ(c["top_logprobs"][k]["logprob"].get<double>(), static_cast<double>(ref.logprobs[i].top[k].second));
+    // Greedy: the token is the most likely one.
+    EXPECT_EQ(c["top_logprobs"][0]["logprob"], c["logprob"]);
+  }
+  body["stream"] = true;
+  StreamReply s = post_stream(*cli_, body.dump());
+  ASSERT_EQ(s.status, 200) << s.error_body;
+  json streamed = json::array();
+  for (const json& ch : split_stream(s).chunks) {
+    const json& lp = ch["choices"][0]["logprobs"];
+    if (lp.is_object())
+      for (const json& e : lp["content"]) streamed.push_back(e);
+  }
+  EXPECT_EQ(streamed, content);
+  body.erase("logprobs");
+  body.erase("top_logprobs");
+  body.erase("stream");
+  r = post_json(*cli_, body.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_TRUE(r.j["choices"][0]["logprobs"].is_null());
+}
+
+// n > 1: n choices, choice i sampled as a single request with seed + i would be (each choice is an engine request
+// with its own seed stream), the prompt counted once in usage, streamed per choice index; logprobs per choice.
+TEST_P(ServerTest, NChoicesHaveTheirOwnSeedStreams) {
+  json body = chat_body("Name three colors.", 5);
+  body["temperature"] = 1.0;
+  body["seed"] = 1234;
+  body["ignore_eos"] = true;
+  body["n"] = 3;
+  body["logprobs"] = true;
+  HttpReply r = post_json(*cli_, body.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  ASSERT_EQ(r.j["choices"].size(), 3u);
+  int64_t n_prompt = 0;
+  std::set<std::string> texts;
+  for (int i = 0; i < 3; ++i) {
+    SCOPED_TRACE("choice " + std::to_string(i));
+    json one = body;
+    one.erase("n");
+    one["seed"] = 1234 + i;
+    const engine::RequestOutput ref = reference_output(GetParam(), one, &n_prompt);
+    const json& c = r.j["choices"][i];
+    EXPECT_EQ(c["index"], i);
+    EXPECT_EQ(c["message"]["content"], ref.text);
+    EXPECT_EQ(c["finish_reason"], "length");
+    EXPECT_EQ(c["logprobs"]["content"].size(), 5u);
+    texts.insert(ref.text);
+  }
+  EXPECT_EQ(texts.size(), 3u) << "three seeds, three different samples";
+  EXPECT_EQ(r.j["usage"]["prompt_tokens"], n_prompt);
+  EXPECT_EQ(r.j["usage"]["completion_tokens"], 15);
+  // Streamed: every choice has its role chunk, its content and its finish chunk; the usage counts all of them.
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", true}};
+  StreamReply s = post_stream(*cli_, body.dump());
+  ASSERT_EQ(s.status, 200) << s.error_body;
+  StreamParts p = split_stream(s);
+  EXPECT_TRUE(p.done_last);
+  std::map<int, std::string> content;
+  std::map<int, int> roles, finishes;
+  for (const json& ch : p.chunks) {
+    if (ch["choices"].empty()) continue;
+    const json& c = ch["choices"][0];
+    const int i = c["index"];
+    if (c["delta"].contains("role")) ++roles[i];
+    if (c["delta"].contains("content")) content[i] += c["delta"]["content"].get<std::string>();
+    if (!c["finish_reason"].is_null()) ++finishes[i];
+  }
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(roles[i], 1) << i;
+    EXPECT_EQ(finishes[i], 1) << i;
+    EXPECT_EQ(content[i], r.j["choices"][i]["message"]["content"]) << i;
+  }
+  EXPECT_EQ(p.chunks.back()["usage"]["completion_tokens"], 15);
+  EXPECT_EQ(p.chunks.back()["usage"]["prompt_tokens"], n_prompt);
+}
+
+// The engine's output for a token-id prompt (text positions), greedy or seeded as `sp` says.
+engine::RequestOutput token_reference(const std::string& model, const std::vector<int32_t>& ids,
+                                      const engine::SamplingParams& sp) {
+  engine::Request req;
+  req.prompt = engine::token_prompt(ids);
+  req.sampling = sp;
+  auto out = engine::generate_one(fixture_model(model), std::move(req));
+  EXPECT_TRUE(out.ok()) << out.status().to_string();
+  return out.ok() ? *out : engine::RequestOutput{};
+}
+
+// POST /v1/completions: a string prompt is the tokenizer's ids, a token-id prompt is taken as it is, lists of either
+// give one choice per prompt (times n, choice p * n + j seeded with seed + j), each equal to the engine run on its
+// own; logprobs in the legacy shape; streaming adds up to the whole response.
+TEST_P(ServerTest, TextCompletions) {
+  const auto m = fixture_model(GetParam());
+  const std::string text = "The capital of France is";
+  const std::vector<int32_t> ids = m->tokenizer.encode(text, true);
+  engine::SamplingParams sp;
+  sp.temperature = 0;
+  sp.max_tokens = 5;
+  sp.ignore_eos = true;
+  sp.logprobs = true;
+  sp.top_logprobs = 2;
+  const engine::RequestOutput ref = token_reference(GetParam(), ids, sp);
+  ASSERT_EQ(ref.logprobs.size(), 5u);
+  json body = {{"prompt", text}, {"max_tokens", 5}, {"temperature", 0}, {"ignore_eos", true}, {"logprobs", 2}};
+  HttpReply r = post_json(*cli_, body.dump(), "/v1/completions");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.j["object"], "text_completion");
+  EXPECT_EQ(r.j["id"].get<std::string>().rfind("cmpl-", 0), 0u);
+  ASSERT_EQ(r.j["choices"].size(), 1u);
+  const json& c = r.j["choices"][0];
+  EXPECT_EQ(c["text"], ref.text);
+  EXPECT_EQ(c["finish_reason"], "length");
+  EXPECT_EQ(r.j["usage"]["prompt_tokens"], static_cast<int64_t>(ids.size()));
+  EXPECT_EQ(r.j["usage"]["completion_tokens"], 5);
+  const json& lp = c["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), 5u);
+  ASSERT_EQ(lp["token_logprobs"].size(), 5u);
+  ASSERT_EQ(lp["top_logprobs"].size(), 5u);
+  int64_t offset = 0;
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(lp["token_logprobs"][i].get<double>(), static_cast<double>(ref.logprobs[i].logprob));
+    EXPECT_EQ(lp["text_offset"][i], offset);
+    offset += static_cast<int64_t>(m->tokenizer.token_bytes(ref.token_ids[i]).size());
+    EXPECT_GE(lp["top_logprobs"][i].size(), 1u);
+    EXPECT_LE(lp["top_logprobs"][i].size(), 3u);  // the top 2 and the sampled token
+  }
+  // The same prompt as token ids; then a list of both with n = 2 (greedy: all four choices alike).
+  body["prompt"] = ids;
+  body.erase("logprobs");
+  r = post_json(*cli_, body.dump(), "/v1/completions");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.j["choices"][0]["text"], ref.text);
+  EXPECT_TRUE(r.j["choices"][0]["logprobs"].is_null());
+  const std::vector<int32_t> other = {ids[0], ids[1]};
+  sp.logprobs = false;
+  const engine::RequestOutput ref2 = token_reference(GetParam(), other, sp);
+  body["prompt"] = json::array({json(text), json(other)});
+  body["n"] = 2;
+  r = post_json(*cli_, body.dump(), "/v1/completions");
+  ASSERT_EQ(r.status, 200) << r.body;
+  ASSERT_EQ(r.j["choices"].size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(r.j["choices"][i]["index"], i);
+    EXPECT_EQ(r.j["choices"][i]["text"], i < 2 ? ref.text : ref2.text) << i;
+  }
+  EXPECT_EQ(r.j["usage"]["prompt_tokens"], static_cast<int64_t>(ids.size() + other.size()));
+  EXPECT_EQ(r.j["usage"]["completion_tokens"], 20);
+  // Sampled with a seed: choice j of a prompt is the engine run with seed + j.
+  body = {{"prompt", ids}, {"max_tokens", 4}, {"temperature", 1.0}, {"top_p", 1.0}, {"top_k", 0},
+          {"seed", 99},   {"n", 2},          {"ignore_eos", true}};
+  r = post_json(*cli_, body.dump(), "/v1/completions");
+  ASSERT_EQ(r.status, 200) << r.body;
+  for (int j = 0; j < 2; ++j) {
+    engine::SamplingParams s2;
+    s2.temperature = 1.0;
+    s2.seed = 99 + j;
+    s2.max_tokens = 4;
+    s2.ignore_eos = true;
+    EXPECT_EQ(r.j["choices"][j]["text"], token_reference(GetParam(), ids, s2).text) << j;
+  }
+  // Streaming: text chunks per choice, a finish_reason on each choice's last chunk, the usage chunk, [DONE].
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", true}};
+  StreamReply st = post_stream(*cli_, body.dump(), nullptr, "/v1/completions");
+  ASSERT_EQ(st.status, 200) << st.error_body;
+  StreamParts p = split_stream(st);
+  EXPECT_TRUE(p.done_last);
+  std::map<int, std::string> texts;
+  std::map<int, int> finishes;
+  for (const json& ch : p.chunks) {
+    EXPECT_EQ(ch["object"], "text_completion");
+    if (ch["choices"].empty()) continue;
+    EXPECT_TRUE(ch["usage"].is_null());
+    const json& cc = ch["choices"][0];
+    texts[cc["index"]] += cc["text"].get<std::string>();
+    if (!cc["finish_reason"].is_null()) ++finishes[cc["index"]];
+  }
+  for (int j = 0; j < 2; ++j) {
+    EXPECT_EQ(texts[j], r.j["choices"][j]["text"]) << j;
+    EXPECT_EQ(finishes[j], 1) << j;
+  }
+  EXPECT_EQ(p.chunks.back()["usage"]["completion_tokens"], 8);
+}
+
+// POST /tokenize and /detokenize in vLLM's shapes: a prompt's ids are the tokenizer's, messages give the chat
+// template's ids (what /v1/chat/completions feeds the model), and detokenize inverts tokenize.
+TEST_P(ServerTest, TokenizeAndDetokenize) {
+  const auto m = fixture_model(GetParam());
+  HttpReply r = post_json(*cli_, json({{"prompt", "Hello world, again."}, {"return_token_strs", true}}).dump(),
+                          "/tokenize");
+  ASSERT_EQ(r.status, 200) << r.body;
+  const std::vector<int32_t> ids = m->tokenizer.encode("Hello world, again.", true);
+  EXPECT_EQ(r.j["tokens"], ids);
+  EXPECT_EQ(r.j["count"], static_cast<int64_t>(ids.size()));
+  EXPECT_EQ(r.j["max_model_len"], 2048);
+  ASSERT_EQ(r.j["token_strs"].size(), ids.size());
+  EXPECT_EQ(r.j["token_strs"][1], m->tokenizer.token_bytes(ids[1]));
+  HttpReply d = post_json(*cli_, json({{"tokens", ids}}).dump(), "/detokenize");
+  ASSERT_EQ(d.status, 200) << d.body;
+  EXPECT_EQ(d.j["prompt"], "Hello world, again.");
+  const json chat = chat_body("Name three colors.", 4);
+  int64_t n_prompt = 0;
+  reference_output(GetParam(), chat, &n_prompt);
+  r = post_json(*cli_, json({{"messages", chat["messages"]}}).dump(), "/tokenize");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.j["count"], n_prompt);
+  EXPECT_TRUE(r.j["token_strs"].is_null());
 }
 
 TEST_P(ServerTest, ModelsHealthAndMetricsEndpoints) {
@@ -298,7 +537,9 @@ TEST_P(ServerTest, BadInputsGetOpenAIErrors) {
        "max_tokens", "max_tokens"},
       {"stream wrong type", R"({"messages": [{"role": "user", "content": "hi"}], "stream": "yes"})", 400, "stream",
        "boolean"},
-      {"n = 2", R"({"messages": [{"role": "user", "content": "hi"}], "n": 2})", 400, "", "n = 1"},
+      {"n = 129", R"({"messages": [{"role": "user", "content": "hi"}], "n": 129})", 400, "n", "'n' must be in"},
+      {"presence_penalty out of range", R"({"messages": [{"role": "user", "content": "hi"}], "presence_penalty": 3})",
+       400, "presence_penalty", "[-2"},
       {"model wrong type", R"({"model": 3, "messages": [{"role": "user", "content": "hi"}]})", 400, "model", "string"},
       {"unknown model", R"({"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]})", 404, "model",
        "gpt-9"},
@@ -397,7 +638,7 @@ TEST_P(ServerTest, SoakMixedRequests) {
   constexpr int64_t kRssBound = 64ll << 20;
   const std::vector<std::string> bad = {
       "{\"messages\": [", R"({"messages": []})", R"({"messages": [{"role": "wizard", "content": "x"}]})",
-      R"({"messages": [{"role": "user", "content": "x"}], "n": 3})",
+      R"({"messages": [{"role": "user", "content": "x"}], "n": 0})",
       R"({"messages": [{"role": "user", "content": "x"}], "top_p": "high"})"};
   std::atomic<int> good{0}, rejected{0}, cancelled{0}, failures{0};
   auto run = [&](int total, int seed) {

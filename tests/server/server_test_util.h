@@ -108,11 +108,12 @@ struct StreamReply {
 
 // POSTs a streaming request; `keep_going(events so far)` may return false to disconnect.
 inline StreamReply post_stream(httplib::Client& c, const std::string& body,
-                               std::function<bool(const std::vector<std::string>&)> keep_going = nullptr) {
+                               std::function<bool(const std::vector<std::string>&)> keep_going = nullptr,
+                               const std::string& path = "/v1/chat/completions") {
   StreamReply r;
   httplib::Request req;
   req.method = "POST";
-  req.path = "/v1/chat/completions";
+  req.path = path;
   req.set_header("Content-Type", "application/json");
   req.body = body;
   SseReader sse;

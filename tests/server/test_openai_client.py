@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
 """`zest serve` driven by the official `openai` Python client (loopback only).
 
-Creates (once) a virtual environment with `openai` from PyPI, starts `zest serve --port 0` on each
+Uses the virtual environment scripts/install-deps.sh makes (creating it and installing `openai` from PyPI when
+missing; exits 77, a ctest skip, only when the package cannot be installed), starts `zest serve --port 0` on each
 given model, and checks a plain completion, streaming (the streamed text equals the non-streamed
-text of the same greedy request), stream_options.include_usage, /v1/models, an image as a data URL
-(VL models), and OpenAI errors (400, 404) raised as the client's exception types.
+text of the same greedy request), stream_options.include_usage, logprobs (equal to the log-softmax of
+`zest logits --all-positions` over prompt + completion, within LOGPROB_TOL; streamed the same), n = 3 (choice i is
+the single request with seed + i), text completions (string, token-id and list prompts, legacy logprobs,
+streaming), /tokenize and /detokenize, /v1/models, an image as a data URL (VL models), and OpenAI errors (400, 404,
+best_of refused by name) raised as the client's exception types.
 
     test_openai_client.py --zest BUILD/zest --model DIR [--model DIR ...] --venv BUILD/openai-venv
 """
@@ -16,6 +20,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -24,8 +29,12 @@ START_TIMEOUT_S = 120
 STOP_TIMEOUT_S = 30
 
 
+SKIP = 77  # ctest's SKIP_RETURN_CODE for this test
+
+
 def ensure_venv(venv: pathlib.Path) -> None:
-    """Re-executes this script inside `venv`, creating it and installing openai when needed."""
+    """Re-executes this script inside `venv` (scripts/install-deps.sh makes it), creating it and installing openai
+    when needed. Exits with SKIP only when the package cannot be installed (no route to PyPI)."""
     python = venv / "bin" / "python"
     if pathlib.Path(sys.prefix).resolve() == venv.resolve():
         return
@@ -33,8 +42,11 @@ def ensure_venv(venv: pathlib.Path) -> None:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     has_openai = subprocess.run([str(python), "-c", "import openai"], capture_output=True).returncode == 0
     if not has_openai:
-        subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "openai"],
-                       check=True)
+        pip = subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "openai"],
+                             capture_output=True, text=True)
+        if pip.returncode != 0:
+            print("SKIP: the openai package cannot be installed:\n" + pip.stderr[-2000:])
+            sys.exit(SKIP)
     os.execv(str(python), [str(python)] + sys.argv)
 
 
@@ -90,12 +102,82 @@ class ZestServer:
             raise RuntimeError("zest serve did not stop on SIGTERM")
 
 
+def post(srv, path: str, body: dict) -> dict:
+    """A JSON POST to the server outside the OpenAI client (vLLM's /tokenize and /detokenize)."""
+    req = urllib.request.Request(srv.base + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read())
+
+
 def check(cond, what):
     if not cond:
         raise AssertionError(what)
 
 
-def run_checks(srv: ZestServer, model_dir: str, source_dir: pathlib.Path) -> None:
+def load_npy_f32(path: pathlib.Path):
+    """(shape, flat list of floats) of a little-endian float32 .npy file (no numpy needed)."""
+    import ast
+    import struct
+    data = path.read_bytes()
+    check(data[:6] == b"\x93NUMPY", "npy magic")
+    major = data[6]
+    hlen = struct.unpack("<H", data[8:10])[0] if major == 1 else struct.unpack("<I", data[8:12])[0]
+    start = (10 if major == 1 else 12) + hlen
+    header = ast.literal_eval(data[(10 if major == 1 else 12):start].decode("latin1"))
+    check(header["descr"] == "<f4" and not header["fortran_order"], header)
+    shape = header["shape"]
+    count = 1
+    for d in shape:
+        count *= d
+    return shape, struct.unpack(f"<{count}f", data[start:start + 4 * count])
+
+
+LOGPROB_TOL = 1e-4  # the server's decode steps against one prefill of prompt + completion (f32, other sum orders)
+
+
+def check_logprobs_against_zest_logits(client, name, zest, model_dir, messages, tmp: pathlib.Path) -> None:
+    """Logprobs of a sampled completion equal the log-softmax of `zest logits --all-positions` at its positions."""
+    import math
+    body = dict(model=name, messages=messages, max_tokens=6, temperature=0.9, seed=11, logprobs=True, top_logprobs=3,
+                extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True})
+    r = client.chat.completions.create(**body)
+    content = r.choices[0].logprobs.content
+    check(len(content) == 6 == r.usage.completion_tokens, (len(content), r.usage))
+    ids = [int(c.token.split(":", 1)[1]) for c in content]
+    # Streaming gives the same tokens and logprobs, spread over the chunks.
+    streamed = []
+    for ch in client.chat.completions.create(stream=True, **body):
+        if ch.choices and ch.choices[0].logprobs and ch.choices[0].logprobs.content:
+            streamed += ch.choices[0].logprobs.content
+    check([(c.token, c.logprob) for c in streamed] == [(c.token, c.logprob) for c in content],
+          "streamed logprobs differ from the whole response's")
+    req = tmp / "logprobs_request.json"
+    req.write_text(json.dumps({"messages": messages}))
+    out = tmp / "logprobs_logits.npy"
+    run = subprocess.run([zest, "logits", "--model", model_dir, "--request", str(req), "--out", str(out),
+                          "--all-positions", "--append-ids", json.dumps(ids)], capture_output=True, text=True)
+    check(run.returncode == 0, run.stderr)
+    all_ids = json.loads(run.stdout.strip().splitlines()[-1])
+    n_prompt = len(all_ids) - len(ids)
+    check(all_ids[n_prompt:] == ids, "appended ids")
+    (rows, vocab), flat = load_npy_f32(out)
+    check(rows == len(all_ids), (rows, len(all_ids)))
+    for i, c in enumerate(content):
+        row = flat[(n_prompt - 1 + i) * vocab:(n_prompt + i) * vocab]
+        mx = max(row)
+        lse = mx + math.log(sum(math.exp(x - mx) for x in row))
+        want = row[ids[i]] - lse
+        check(abs(c.logprob - want) <= LOGPROB_TOL, f"token {i}: logprob {c.logprob} != {want}")
+        check(len(c.top_logprobs) == 3, c.top_logprobs)
+        order = sorted(range(vocab), key=lambda t: -row[t])[:3]
+        check([int(t.token.split(":", 1)[1]) for t in c.top_logprobs] == order, (c.top_logprobs, order))
+        for t in c.top_logprobs:
+            tid = int(t.token.split(":", 1)[1])
+            check(abs(t.logprob - (row[tid] - lse)) <= LOGPROB_TOL, (t, row[tid] - lse))
+
+
+def run_checks(srv: ZestServer, model_dir: str, source_dir: pathlib.Path, zest: str, tmp: pathlib.Path) -> None:
     import openai
 
     client = openai.OpenAI(base_url=srv.base + "/v1", api_key="unused", max_retries=0, timeout=120)
@@ -136,6 +218,51 @@ def run_checks(srv: ZestServer, model_dir: str, source_dir: pathlib.Path) -> Non
     check(all(c.usage is None for c in chunks[:-1]), "usage only on the last chunk")
     check(chunks[-2].choices[0].finish_reason == "length", chunks[-2])
 
+    # Logprobs: the model's own distribution, as `zest logits` computes it.
+    check_logprobs_against_zest_logits(client, name, zest, model_dir, messages, tmp)
+    plain_lp = client.chat.completions.create(model=name, messages=messages, max_tokens=3, temperature=0,
+                                              logprobs=True, top_logprobs=2)
+    lp0 = plain_lp.choices[0].logprobs.content[0]
+    check(bytes(lp0.bytes).decode("utf-8", "replace") == lp0.token or "\ufffd" in lp0.token, lp0)
+    check(plain_lp.choices[0].logprobs.content[0].top_logprobs[0].logprob >= lp0.logprob, lp0)
+
+    # n = 3: three choices, choice i sampled from seed + i (the same text as a single request with that seed).
+    many = client.chat.completions.create(model=name, messages=messages, max_tokens=5, temperature=1.0, seed=77, n=3,
+                                          extra_body={"ignore_eos": True})
+    check([c.index for c in many.choices] == [0, 1, 2], many.choices)
+    for i in range(3):
+        one = client.chat.completions.create(model=name, messages=messages, max_tokens=5, temperature=1.0,
+                                             seed=77 + i, extra_body={"ignore_eos": True})
+        check(many.choices[i].message.content == one.choices[0].message.content, (i, many.choices[i], one))
+    check(len({c.message.content for c in many.choices}) == 3, "three seeds, three samples")
+    check(many.usage.completion_tokens == 15 and many.usage.prompt_tokens == u.prompt_tokens, many.usage)
+
+    # Text completions: a string, its token ids (from /tokenize) and a list of both give the same greedy text;
+    # legacy logprobs; /detokenize inverts /tokenize.
+    text = "The capital of France is"
+    tok = post(srv, "/tokenize", {"prompt": text})
+    ids = tok["tokens"]
+    check(tok["count"] == len(ids) > 0, tok)
+    check(post(srv, "/detokenize", {"tokens": ids})["prompt"] == text, "detokenize(tokenize(text)) == text")
+    c1 = client.completions.create(model=name, prompt=text, max_tokens=5, temperature=0, logprobs=2,
+                                   extra_body={"ignore_eos": True})
+    check(c1.object == "text_completion" and len(c1.choices) == 1, c1)
+    check(c1.usage.prompt_tokens == len(ids) and c1.usage.completion_tokens == 5, c1.usage)
+    lp = c1.choices[0].logprobs
+    check(len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 5, lp)
+    check(all(max(t.values()) >= v for t, v in zip(lp.top_logprobs, lp.token_logprobs)), lp)
+    c2 = client.completions.create(model=name, prompt=ids, max_tokens=5, temperature=0,
+                                   extra_body={"ignore_eos": True})
+    check(c2.choices[0].text == c1.choices[0].text, (c1.choices[0].text, c2.choices[0].text))
+    c3 = client.completions.create(model=name, prompt=[text, "Hello"], max_tokens=5, temperature=0, n=2,
+                                   extra_body={"ignore_eos": True})
+    check([c.index for c in c3.choices] == [0, 1, 2, 3], c3.choices)
+    check(c3.choices[0].text == c3.choices[1].text == c1.choices[0].text, c3.choices)
+    streamed = "".join(ch.choices[0].text for ch in client.completions.create(
+        model=name, prompt=text, max_tokens=5, temperature=0, stream=True, extra_body={"ignore_eos": True})
+        if ch.choices)
+    check(streamed == c1.choices[0].text, (streamed, c1.choices[0].text))
+
     # An image as a data URL (VL models only).
     if (pathlib.Path(model_dir) / "preprocessor_config.json").exists():
         png = (source_dir / "assets/images/chart_line_pew_pena_nieto.png").read_bytes()
@@ -157,10 +284,10 @@ def run_checks(srv: ZestServer, model_dir: str, source_dir: pathlib.Path) -> Non
         check(e.status_code == 400, e)
         check(isinstance(e.body, dict) and "messages" in e.body.get("message", ""), e.body)
     try:
-        client.chat.completions.create(model=name, messages=messages, max_tokens=4, n=2)
-        raise AssertionError("n = 2 was accepted")
+        client.chat.completions.create(model=name, messages=messages, max_tokens=4, extra_body={"best_of": 2})
+        raise AssertionError("best_of = 2 was accepted")
     except openai.BadRequestError as e:
-        check(e.status_code == 400, e)
+        check(e.status_code == 400 and e.body.get("param") == "best_of", e.body)
     try:
         client.chat.completions.create(model="no-such-model", messages=messages, max_tokens=4)
         raise AssertionError("an unknown model was accepted")
@@ -179,10 +306,11 @@ def main() -> int:
     args = ap.parse_args()
     ensure_venv(pathlib.Path(args.venv))
     source_dir = pathlib.Path(__file__).resolve().parents[2]
+    tmp_dir = tempfile.TemporaryDirectory()
     for model in args.model:
         srv = ZestServer(args.zest, model)
         try:
-            run_checks(srv, model, source_dir)
+            run_checks(srv, model, source_dir, args.zest, pathlib.Path(tmp_dir.name))
         finally:
             rc = srv.stop()
         check(rc == 0, f"zest serve exited with {rc}")

@@ -135,6 +135,31 @@ size_t layout_inputs(char* base, int64_t T, int64_t S, int64_t max_blocks, int64
   return c.used;
 }
 
+// Per-step inputs and outputs of rows with logit edits or log-probabilities (the same layout on the host and the
+// device): the inputs first (one H2D copy), then the outputs.
+struct RowExtras {
+  int32_t* edit_begin;        // [R + 1]
+  SampleRowSpec* lp_specs;    // [R] the log-probability summaries (candidates at temperature 1) of the raw rows
+  LogitEditSpec* edits;       // [n_edits]
+  char* inputs_end;
+  float* edit_raw;            // [n_edits]
+  SampleRowOut* lp_out;       // [R]
+  int32_t* lp_ids;            // [R, kSampleMaxCandidates]
+  float* lp_logits;           // [R, kSampleMaxCandidates]
+};
+size_t layout_extras(char* base, int64_t R, int64_t n_edits, RowExtras* x) {
+  Carver c{base, 0};
+  x->edit_begin = c.take<int32_t>(R + 1);
+  x->lp_specs = c.take<SampleRowSpec>(R);
+  x->edits = c.take<LogitEditSpec>(std::max<int64_t>(n_edits, 1));
+  x->inputs_end = base ? base + c.used : nullptr;
+  x->edit_raw = c.take<float>(std::max<int64_t>(n_edits, 1));
+  x->lp_out = c.take<SampleRowOut>(R);
+  x->lp_ids = c.take<int32_t>(R * kSampleMaxCandidates);
+  x->lp_logits = c.take<float>(R * kSampleMaxCandidates);
+  return c.used;
+}
+
 // KV blocks on the device: per layer K then V, each [num_blocks, 16, kv_heads, head_dim] bf16.
 class CudaKvStorage : public model::KvStorage {
  public:
@@ -268,6 +293,11 @@ class CudaTextDecoder final : public model::TextDecoder {
     SampleRowOut* samp_out = nullptr;
     int32_t* cand_ids = nullptr;
     float* cand_logits = nullptr;
+    // Rows with logit edits or log-probabilities (eager steps only): one device buffer and its pinned host mirror,
+    // laid out per step (RowExtras); grown on demand.
+    DeviceMemory extras;
+    PinnedMemory extras_host;
+    size_t extras_bytes = 0;
     // Decode-step graphs: key (sequences, context bound in KV blocks, device SERE spec, summary tail) -> the
     // instantiated graph (nullptr after the key's first, eager, step or after eviction) and its last use. Valid
     // while the buffers and kernel options they were captured with stay the same (fingerprint). At most
@@ -802,7 +832,11 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
                         static_cast<int>(gspec->thresholds.size()) == L_ && all_active;
   const bool host_hooks = hooks && (hooks->moe_input || (hooks->route && !sere_dev));
   const int S_in = static_cast<int>(b.seqs.size());
-  const bool graph_step = gmode != kGraphsOff && !(gmode == kGraphsOn && st_->graphs_broken) && decode_only &&
+  // Rows with logit edits or log-probabilities run in eager, unpadded steps (their inputs vary in size).
+  bool row_extras = false;
+  if (sample_rows_in)
+    for (const model::SampleRow& row : *sample_rows_in) row_extras = row_extras || !row.edits.empty() || row.logprobs >= 0;
+  const bool graph_step = !row_extras && gmode != kGraphsOff && !(gmode == kGraphsOn && st_->graphs_broken) && decode_only &&
                           M == 0 && S_in <= kMaxGraphSeqs && !host_hooks;
   const bool graphable = gmode == kGraphsOn && graph_step && (!sere_dev || st_->sim_spec == gspec);
   // Padding of a decode step that replays a graph (or, in "eager" mode, launches what a replay would): S_in real
@@ -834,6 +868,7 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
   Step& s = *st_;
   const Caps& cap = s.caps;
   const int MB = static_cast<int>(cap.max_blocks), R = static_cast<int>(need.R);
+  int64_t n_edits = 0;
   if (sample_rows_in) {
     if (static_cast<int64_t>(sample_rows_in->size()) != R_out)
       return invalid_argument("forward_sample: " + std::to_string(sample_rows_in->size()) + " row plans for " +
@@ -847,8 +882,50 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
       if (row.mode == model::SampleMode::kCandidates &&
           (row.candidates < 1 || row.candidates > std::min<int64_t>(V_, kSampleMaxCandidates)))
         return invalid_argument("forward_sample: candidates must be in [1, min(vocab, 1024)]");
+      if (row.logprobs > model::kMaxTopLogprobs)
+        return invalid_argument("forward_sample: at most 20 top logprobs per row");
+      for (size_t k = 0; k < row.edits.size(); ++k)
+        if (row.edits[k].id < 0 || row.edits[k].id >= V_ || (k > 0 && row.edits[k].id <= row.edits[k - 1].id))
+          return invalid_argument("forward_sample: logit edit ids must be ascending and in [0, vocab)");
+      n_edits += static_cast<int64_t>(row.edits.size());
     }
     ZEST_RETURN_IF_ERROR(ensure_sample(cap.R));
+  }
+  // Logit edits and log-probability summaries: staged on the host mirror, one copy in the step.
+  RowExtras xh{}, xd{};
+  size_t extras_in = 0;
+  int lp0 = -1, lp1 = -1;  // the range of rows with log-probabilities
+  if (row_extras) {
+    const size_t bytes = layout_extras(nullptr, R, n_edits, &xh);
+    Step& sx = *st_;
+    if (bytes > sx.extras_bytes) {
+      ZEST_CU(cudaStreamSynchronize(stream_), "sync before growing the logit edit buffers");
+      sx.extras_bytes = 0;
+      ZEST_RETURN_IF_ERROR(sx.extras.allocate(bytes * 2, "logit edit buffers"));
+      ZEST_RETURN_IF_ERROR(sx.extras_host.allocate(bytes * 2));
+      sx.extras_bytes = bytes * 2;
+    }
+    layout_extras(sx.extras_host.get(), R, n_edits, &xh);
+    layout_extras(sx.extras.get(), R, n_edits, &xd);
+    extras_in = static_cast<size_t>(xh.inputs_end - sx.extras_host.get());
+    int32_t at = 0;
+    for (int i = 0; i < R; ++i) {
+      xh.edit_begin[i] = at;
+      SampleRowSpec lp;  // kSampleNone
+      if (i < R_out) {
+        const model::SampleRow& row = (*sample_rows_in)[i];
+        for (const model::LogitEdit& e : row.edits) xh.edits[at++] = LogitEditSpec{e.id, e.bias, e.rep, e.sub};
+        if (row.logprobs >= 0) {
+          lp.mode = kSampleCandidates;
+          lp.candidates = std::max(1, std::min<int>(row.logprobs, V_));
+          lp.inv_t = 1.f;
+          if (lp0 < 0) lp0 = i;
+          lp1 = i;
+        }
+      }
+      xh.lp_specs[i] = lp;
+    }
+    xh.edit_begin[R] = at;
   }
   const int ctx_bucket = gmode == kGraphsOff ? 0 : context_bucket_blocks(need.max_blocks, MB);
 
@@ -1068,6 +1145,32 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
     ZEST_ASSIGN_OR_RETURN(const bf16* in, head_rows(s.xn));
     ZEST_RETURN_IF_ERROR(gemm(in, lm_head_, s.logits, R, V_, H_, st));
   }
+  if (sample_rows_in && row_extras) {
+    // The log-probability summaries of the raw rows, then the edits (saving the logits they replace), then the
+    // sampling summaries of the edited rows; the extras' outputs come back in the step.
+    const size_t C = kSampleMaxCandidates;
+    char* const xhb = s.extras_host.get();
+    char* const xdb = s.extras.get();
+    auto host_of = [&](const void* d) { return xhb + (static_cast<const char*>(d) - xdb); };
+    ZEST_CU(cudaMemcpyAsync(xdb, xhb, extras_in, cudaMemcpyHostToDevice, st), "logit edit copy");
+    if (lp0 >= 0) {
+      ZEST_RETURN_IF_ERROR(sample_rows(s.logits, R, V_, xd.lp_specs, xd.lp_out, xd.lp_ids, xd.lp_logits, st));
+      ZEST_CU(cudaMemcpyAsync(host_of(xd.lp_out), xd.lp_out, static_cast<size_t>(R) * sizeof(SampleRowOut),
+                              cudaMemcpyDeviceToHost, st),
+              "logprob summary copy");
+      const size_t off = static_cast<size_t>(lp0) * C, n = static_cast<size_t>(lp1 - lp0 + 1) * C;
+      ZEST_CU(cudaMemcpyAsync(host_of(xd.lp_ids + off), xd.lp_ids + off, n * 4, cudaMemcpyDeviceToHost, st),
+              "logprob candidates copy");
+      ZEST_CU(cudaMemcpyAsync(host_of(xd.lp_logits + off), xd.lp_logits + off, n * 4, cudaMemcpyDeviceToHost, st),
+              "logprob candidates copy");
+    }
+    if (n_edits > 0) {
+      ZEST_RETURN_IF_ERROR(apply_logit_edits(s.logits, R, V_, xd.edit_begin, xd.edits, xd.edit_raw, st));
+      ZEST_CU(cudaMemcpyAsync(host_of(xd.edit_raw), xd.edit_raw, static_cast<size_t>(n_edits) * 4,
+                              cudaMemcpyDeviceToHost, st),
+              "edited logits copy");
+    }
+  }
   if (sample_rows_in) {
     // Per-row summaries on the device; only they come back in the step (candidates and whole rows after it).
     ZEST_RETURN_IF_ERROR(sample_rows(s.logits, R, V_, di.specs, s.samp_out, s.cand_ids, s.cand_logits, st));
@@ -1189,6 +1292,7 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
         r.token = o.token;
         r.max = o.max;
         r.z = o.z;
+        r.token_logit = o.token_logit;
         break;
       case model::SampleMode::kCandidates: {
         if (o.count != row.candidates) return internal_error("sampling: the device returned a wrong candidate count");
@@ -1201,6 +1305,20 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
       }
       case model::SampleMode::kFull: full.push_back(i); break;
       default: break;
+    }
+  }
+  if (row_extras) {
+    for (int i = 0; i < R_out; ++i) {
+      const model::SampleRow& row = plans[i];
+      model::SampleResult& r = res[i];
+      if (!row.edits.empty()) r.edit_raw.assign(xh.edit_raw + xh.edit_begin[i], xh.edit_raw + xh.edit_begin[i + 1]);
+      if (row.logprobs < 0) continue;
+      const SampleRowOut& o = xh.lp_out[i];
+      if (o.count < 1 || !(o.z > 0)) return internal_error("sampling: the device returned a wrong logprob summary");
+      r.lse = static_cast<double>(o.max) + std::log(o.z);
+      const int k = std::min(row.logprobs, o.count);
+      r.top_ids.assign(xh.lp_ids + static_cast<size_t>(i) * C, xh.lp_ids + static_cast<size_t>(i) * C + k);
+      r.top_logits.assign(xh.lp_logits + static_cast<size_t>(i) * C, xh.lp_logits + static_cast<size_t>(i) * C + k);
     }
   }
   if (!full.empty()) {

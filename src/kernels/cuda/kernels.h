@@ -499,12 +499,25 @@ struct SampleRowOut {
   int32_t count = 0;       // candidates: C
   double z = 0.0;          // temperature, candidates: sum over the row of exp((l - max) * inv_t) (fp32 terms, fp64 sum)
   float max = 0.f;         // the largest logit
-  float pad = 0.f;
+  float token_logit = 0.f; // temperature: the logit of `token`
 };
 // One CTA per row of logits [rows, vocab] bf16: out[r] per spec[r]; candidates rows also write their top C, logit
 // descending with ties to the lower id, to cand_ids / cand_logits [rows, kSampleMaxCandidates] (first C of the row).
 Status sample_rows(const bf16* logits, int rows, int vocab, const SampleRowSpec* spec, SampleRowOut* out,
                    int32_t* cand_ids, float* cand_logits, cudaStream_t stream);
+
+// One token's edit of a logits row (the layout and arithmetic of model::LogitEdit): l += bias; with rep != 1,
+// l = l > 0 ? l / rep : l * rep; l -= sub; in f32 without contraction, rounded to bf16.
+struct LogitEditSpec {
+  int32_t id = 0;
+  float bias = 0.f;
+  float rep = 1.f;
+  float sub = 0.f;
+};
+// Edits rows of logits [rows, vocab] bf16 in place: row r takes edits[row_begin[r], row_begin[r + 1]) (ids distinct,
+// in [0, vocab)); edit_raw[i] receives the logit edit i replaced (as f32).
+Status apply_logit_edits(bf16* logits, int rows, int vocab, const int32_t* row_begin, const LogitEditSpec* edits,
+                         float* edit_raw, cudaStream_t stream);
 
 // CUDA graph launches of decode steps by the CUDA text decoder in this process (ZEST_CUDA_GRAPHS, see
 // cuda_decoder.cu), for tests that check a replay happened.

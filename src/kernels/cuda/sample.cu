@@ -5,6 +5,7 @@
 // threshold resolved to the lower ids, then a bitonic sort of the C candidates by (key desc, id asc)). Vocabularies of
 // 16384 and more (16-byte rows) split each row over a cluster of 8 CTAs instead (sample_rows_cluster_kernel below):
 // the same outputs, Z summed in another order.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -347,7 +348,10 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const uint16_t* _
     int last_pos = -1;
     const int token = walk_units<VEC>([&](int u, uint32_t(&b)[VEC]) { load_unit<VEC>(row, V, u, b); },
                                       w0 * per_warp, units, 0, V, mx, inv_t, target, base, &last_pos);
-    if (lane == 0) out[r] = SampleRowOut{token >= 0 ? token : (last_pos >= 0 ? last_pos : s_id[0]), 0, z, mx, 0.f};
+    if (lane == 0) {
+      const int tok = token >= 0 ? token : (last_pos >= 0 ? last_pos : s_id[0]);
+      out[r] = SampleRowOut{tok, 0, z, mx, bits_to_f32(row[tok])};
+    }
     return;
   }
 
@@ -548,7 +552,7 @@ __global__ void __launch_bounds__(kClThreads) sample_rows_cluster_kernel(const u
     double base = 0;
     const int c0 = segment_at(c_z, kClCtas, target, 0.0, &base);
     if (c0 < 0) {  // no weight anywhere: the argmax, as the one-CTA kernel ends
-      if (rank == 0 && tid == 0) out[r] = SampleRowOut{arg, 0, z, mx, 0.f};
+      if (rank == 0 && tid == 0) out[r] = SampleRowOut{arg, 0, z, mx, mx};
       return;
     }
     if (rank != c0 || warp != 0) return;
@@ -557,7 +561,10 @@ __global__ void __launch_bounds__(kClThreads) sample_rows_cluster_kernel(const u
     int last_pos = -1;
     const int token = walk_units<8>([&](int u, uint32_t(&b)[8]) { unpack_unit(slice[u], b); }, w0 * per_warp, n_units,
                                     beg * 8, INT_MAX, mx, inv_t, target, wbase, &last_pos);
-    if (lane == 0) out[r] = SampleRowOut{token >= 0 ? token : (last_pos >= 0 ? last_pos : arg), 0, z, mx, 0.f};
+    if (lane == 0) {
+      const int tok = token >= 0 ? token : (last_pos >= 0 ? last_pos : arg);
+      out[r] = SampleRowOut{tok, 0, z, mx, bits_to_f32(static_cast<uint32_t>(logits[static_cast<size_t>(r) * V + tok]))};
+    }
     return;
   }
 
@@ -645,7 +652,37 @@ __global__ void __launch_bounds__(kClThreads) sample_rows_cluster_kernel(const u
   cluster_wait();
 }
 
+// One CTA per row: each thread takes edits of the row in turn (ids distinct: no two threads touch one logit).
+__global__ void __launch_bounds__(256) apply_logit_edits_kernel(uint16_t* __restrict__ logits, int V,
+                                                                const int32_t* __restrict__ row_begin,
+                                                                const LogitEditSpec* __restrict__ edits,
+                                                                float* __restrict__ edit_raw) {
+  pdl_wait();
+  const int r = blockIdx.x;
+  const int b = row_begin[r], e = row_begin[r + 1];
+  for (int i = b + static_cast<int>(threadIdx.x); i < e; i += blockDim.x) {
+    const LogitEditSpec ed = edits[i];
+    if (ed.id < 0 || ed.id >= V) continue;
+    uint16_t* at = logits + static_cast<size_t>(r) * V + ed.id;
+    const float raw = bits_to_f32(*at);
+    edit_raw[i] = raw;
+    // The host's f32 steps one by one (no fused multiply-add).
+    float l = __fadd_rn(raw, ed.bias);
+    if (ed.rep != 1.f) l = l > 0.f ? __fdiv_rn(l, ed.rep) : __fmul_rn(l, ed.rep);
+    l = __fsub_rn(l, ed.sub);
+    *at = __bfloat16_as_ushort(__float2bfloat16_rn(l));
+  }
+}
+
 }  // namespace
+
+Status apply_logit_edits(bf16* logits, int rows, int vocab, const int32_t* row_begin, const LogitEditSpec* edits,
+                         float* edit_raw, cudaStream_t stream) {
+  if (rows <= 0 || vocab <= 0) return invalid_argument("apply_logit_edits: rows and vocab must be positive");
+  if (!logits || !row_begin || !edits || !edit_raw) return invalid_argument("apply_logit_edits: null pointer");
+  return launch("apply_logit_edits", apply_logit_edits_kernel, dim3(rows), dim3(256), 0, stream,
+                reinterpret_cast<uint16_t*>(logits), vocab, row_begin, edits, edit_raw);
+}
 
 Status sample_rows(const bf16* logits, int rows, int vocab, const SampleRowSpec* spec, SampleRowOut* out,
                    int32_t* cand_ids, float* cand_logits, cudaStream_t stream) {
