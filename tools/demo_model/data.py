@@ -44,15 +44,19 @@ def to_pixel_values(p: torch.Tensor, temporal: int = 2) -> torch.Tensor:
 
 def mark_targets(marks: list, grid: tuple[int, int, int]) -> np.ndarray:
     """Per merged token (the processor's order): [character in its left half, character in its right
-    half, shape] as class ids (tasks.CHAR_ID, tasks.SHAPE_ID; 0 for none)."""
+    half, shape, word, key] as class ids (tasks.CHAR_ID, tasks.SHAPE_ID, tasks.WORD_ID; 0 for none)."""
     _, gh, gw = grid
     tw = gw // MERGE
-    out = np.zeros((gh * gw // (MERGE * MERGE), 3), np.int64)
-    for cx, cy, kind, c in marks:
+    out = np.zeros((gh * gw // (MERGE * MERGE), 5), np.int64)
+    for cx, cy, kind, c, word, key in marks:
         px = min(gw - 1, max(0, int(cx // PATCH)))
         py = min(gh - 1, max(0, int(cy // PATCH)))
         tok = (py // MERGE) * tw + px // MERGE
         out[tok, (px % MERGE) if kind == "c" else 2] = c
+        if word:
+            out[tok, 3] = word
+        if key:
+            out[tok, 4] = key
     return out
 
 

@@ -128,7 +128,13 @@ CHAR_ID = {c: i + 1 for i, c in enumerate(CHARSET)}  # 0: no character
 SHAPE_CLASSES = [f"{c} {s}" for c in COLORS for s in SHAPES]
 SHAPE_ID = {m: i + 1 for i, m in enumerate(SHAPE_CLASSES)}  # 0: no shape
 SHORT_WORDS = [w for w in WORDS if len(w) <= 6]
-LABEL_WORDS = [w for w in WORDS if len(w) <= 5]
+MONTHS = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"]
+LABEL_WORDS = ITEMS + MONTHS  # chart labels: at most six letters
+# Word marks: every drawn word of this vocabulary marks the tokens it covers with its id, and a value
+# drawn for a key (a price for its item, a bar's value for its label) marks its tokens with the key's
+# id, so the tower learns to carry "which word is here" and "whose value is this" to the language model.
+WORD_LIST = sorted(set(WORDS + ITEMS + MONTHS + ["TOTAL"]))
+WORD_ID = {w: i + 1 for i, w in enumerate(WORD_LIST)}  # 0: none
 
 
 def cell_font(rng: random.Random) -> ImageFont.FreeTypeFont:
@@ -137,19 +143,24 @@ def cell_font(rng: random.Random) -> ImageFont.FreeTypeFont:
     return font(name, rng.randint(lo, hi))
 
 
-def draw_cells(d: ImageDraw.ImageDraw, marks: list, x: int, y: int, s: str, f, fill, dy: int = 0) -> None:
+def draw_cells(d: ImageDraw.ImageDraw, marks: list, x: int, y: int, s: str, f, fill, dy: int = 0,
+               key: str | None = None) -> None:
     """Draws s with its i-th character centred in the cell at (x + 16 i, y), a 16 x 32 box; x and y are
-    multiples of 16 and 32. dy shifts the glyphs vertically by a few pixels."""
+    multiples of 16 and 32. dy shifts the glyphs vertically by a few pixels. key: the word this string
+    is the value of (its tokens get the key's word mark)."""
     _, top, _, bottom = f.getbbox("Hgjy")
     gy = y + (LINE_H - (bottom - top)) // 2 - top + dy
-    for i, ch in enumerate(s):
-        if ch == " ":
-            continue
-        x0 = x + CELL_W * i
-        l, _, r, _ = f.getbbox(ch)
-        d.text((x0 + (CELL_W - (r - l)) / 2 - l, gy), ch, font=f, fill=fill)
-        if ch in CHAR_ID:
-            marks.append((x0 + CELL_W / 2, y + LINE_H / 2, "c", CHAR_ID[ch]))
+    kid = WORD_ID.get(key, 0) if key else 0
+    pos = 0
+    for w in s.split(" "):
+        wid = WORD_ID.get(w, 0)
+        for i, ch in enumerate(w):
+            x0 = x + CELL_W * (pos + i)
+            l, _, r, _ = f.getbbox(ch)
+            d.text((x0 + (CELL_W - (r - l)) / 2 - l, gy), ch, font=f, fill=fill)
+            if ch in CHAR_ID:
+                marks.append((x0 + CELL_W / 2, y + LINE_H / 2, "c", CHAR_ID[ch], wid, kid))
+        pos += len(w) + 1
 
 
 def reading_lines(rng: random.Random) -> tuple[str, list[str], dict]:
@@ -191,7 +202,7 @@ def render_lines(rng: random.Random, layout: str, lines: list[str]) -> tuple[Ima
 
 
 def reading(rng: random.Random, read_all: bool = False) -> dict:
-    if rng.random() < 0.3:
+    if rng.random() < 0.4:
         return _receipt(rng, read_all)
     layout, lines, _ = reading_lines(rng)
     im, marks = render_lines(rng, layout, lines)
@@ -235,7 +246,7 @@ def _receipt(rng: random.Random, read_all: bool) -> dict:
         if a == "TOTAL":
             d.line([mx, y - 2, W - mx, y - 2], fill=ink, width=1)
         draw_cells(d, marks, mx, y, a, f, ink, dy)
-        draw_cells(d, marks, right - len(b) * CELL_W, y, b, f, ink, dy)
+        draw_cells(d, marks, right - len(b) * CELL_W, y, b, f, ink, dy, key=a)
         lines.append(f"{a} {b}")
     im = add_noise(im, rng, rng.randint(0, 15))
     if read_all:
@@ -305,12 +316,12 @@ def charts(rng: random.Random, read_all: bool = False) -> dict:
     kind = rng.choices(["hbar", "bar", "line"], [0.5, 0.35, 0.15])[0]
     if kind == "hbar":  # one row a label: label, bar, value at the bar's end
         span = rng.choice([192, 256])  # the bar length of a value of 100
-        W = r32(6 * CELL_W + span + 4 + 3 * CELL_W) + rng.randint(0, 1) * 32
+        W = r32(7 * CELL_W + span + 4 + 3 * CELL_W) + rng.randint(0, 1) * 32
         H = (n + rng.randint(0, 2)) * LINE_H
         im = Image.new("RGB", (W, H), light_bg(rng))
         d = ImageDraw.Draw(im)
         y0 = (H - n * LINE_H) // 2 // LINE_H * LINE_H
-        x0 = 6 * CELL_W
+        x0 = 7 * CELL_W
         d.line([x0 - 2, y0, x0 - 2, y0 + n * LINE_H], fill=ink, width=1)
         bh = rng.choice([12, 16, 20])
         for i, (lab, v) in enumerate(zip(labels, values)):
@@ -318,9 +329,9 @@ def charts(rng: random.Random, read_all: bool = False) -> dict:
             draw_cells(d, marks, x0 - (len(lab) + 1) * CELL_W, y, lab, f, ink, dy)
             end = x0 + int(span * v / 100.0)
             d.rectangle([x0, y + (LINE_H - bh) // 2, end, y + (LINE_H + bh) // 2], fill=color)
-            draw_cells(d, marks, (end + 4 + CELL_W - 1) // CELL_W * CELL_W, y, str(v), f, ink, dy)
+            draw_cells(d, marks, (end + 4 + CELL_W - 1) // CELL_W * CELL_W, y, str(v), f, ink, dy, key=lab)
     else:
-        slot = 96  # six cells: a label of up to five letters, centred
+        slot = 112  # seven cells: a label of up to six letters, centred
         W = r32(n * slot + 32)
         H = rng.randint(6, 8) * LINE_H
         im = Image.new("RGB", (W, H), light_bg(rng))
@@ -341,7 +352,7 @@ def charts(rng: random.Random, read_all: bool = False) -> dict:
                 d.rectangle([cx - bw // 2, y, cx + bw // 2, bottom - 1], fill=color)
             vs = str(v)
             vrow = (y - 4) // LINE_H - 1  # the token row above the one holding the bar's top
-            draw_cells(d, marks, cx - len(vs) * CELL_W // 2, vrow * LINE_H, vs, f, ink, dy)
+            draw_cells(d, marks, cx - len(vs) * CELL_W // 2, vrow * LINE_H, vs, f, ink, dy, key=lab)
             draw_cells(d, marks, sx + (slot // CELL_W - len(lab)) // 2 * CELL_W, bottom, lab, f, ink, dy)
         if kind == "line":
             d.line(pts, fill=color, width=2)
@@ -410,7 +421,7 @@ def scene(rng: random.Random, W: int, H: int, objects: list[tuple[str, str]], pt
     outline = (20, 20, 20) if rng.random() < 0.5 else None
     for (color, shape), (x, y) in zip(objects, pts):
         draw_shape(d, shape, x, y, rng.randint(rmin, rmax), COLORS[color], outline)
-        marks.append((x, y, "s", SHAPE_ID[f"{color} {shape}"]))
+        marks.append((x, y, "s", SHAPE_ID[f"{color} {shape}"], 0, 0))
     return im
 
 
@@ -534,7 +545,7 @@ def sample(seed: int, index: int, task: str | None = None) -> dict:
 
 def all_text() -> list[str]:
     """Text the tokenizer is trained on: the questions, answers and vocabularies of every task."""
-    out = [" ".join(WORDS), " ".join(ITEMS), " ".join(COLORS), " ".join(SHAPES), " ".join(DAYS),
+    out = [" ".join(WORDS), " ".join(ITEMS), " ".join(MONTHS), " ".join(COLORS), " ".join(SHAPES), " ".join(DAYS),
            " ".join(w.upper() for w in WORDS), "system user assistant", "You are a helpful assistant."]
     for i in range(3000):
         s = sample(7, i)

@@ -90,7 +90,8 @@ def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
 
 class MarkHeads(torch.nn.Module):
     """Training-only linear heads on the merged visual tokens the language model receives: the
-    character in each token's left and right half and the shape in it (data.mark_targets). They give
+    character in each token's left and right half, the shape in it, the word it is part of and the
+    word it is the value of (data.mark_targets). They give
     the tower dense, local targets (which glyph or shape is where) long before the language model has
     learnt to ask for them; they are not part of the exported model."""
 
@@ -100,10 +101,13 @@ class MarkHeads(torch.nn.Module):
         self.left = torch.nn.Linear(d, len(tasks.CHARSET) + 1)
         self.right = torch.nn.Linear(d, len(tasks.CHARSET) + 1)
         self.shape = torch.nn.Linear(d, len(tasks.SHAPE_CLASSES) + 1)
+        self.word = torch.nn.Linear(d, len(tasks.WORD_LIST) + 1)
+        self.key = torch.nn.Linear(d, len(tasks.WORD_LIST) + 1)
 
     def loss(self, merged: torch.Tensor, marks: torch.Tensor) -> torch.Tensor:
         h = merged.float()
-        return sum(F.cross_entropy(head(h), marks[:, i]) for i, head in enumerate((self.left, self.right, self.shape)))
+        heads = (self.left, self.right, self.shape, self.word, self.key)
+        return sum(F.cross_entropy(head(h), marks[:, i]) for i, head in enumerate(heads))
 
 
 def step_loss(fast, heads, b: dict, mark_weight: float, aux_coef: float):
