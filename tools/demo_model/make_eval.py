@@ -27,13 +27,13 @@ def to_body(s: dict, name: str) -> dict:
     return {"messages": [{"role": "user", "content": parts}], "answer": s["answer"], "task": s["task"]}
 
 
-def write(out: str, per_task: int) -> int:
+def write(out: str, per_task: int, seed: int = EVAL_SEED) -> int:
     os.makedirs(os.path.join(out, "images"), exist_ok=True)
     n = 0
     with open(os.path.join(out, "eval.jsonl"), "w", encoding="utf-8") as f:
         for t in tasks.TASKS:
-            for i in range(TEXT_ITEMS if t == "text" else per_task):
-                s = tasks.sample(EVAL_SEED, i, t)
+            for i in range(min(per_task, TEXT_ITEMS) if t == "text" else per_task):
+                s = tasks.sample(seed, i, t)
                 name = f"{t}_{i:04d}"
                 for j, im in enumerate(s["images"]):
                     im.save(os.path.join(out, "images", f"{name}_{j}.png"), optimize=True)
@@ -46,8 +46,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", required=True)
     ap.add_argument("--per-task", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=EVAL_SEED,
+                    help="another seed gives another split (99: calibration data for zest sere-protect)")
     a = ap.parse_args()
-    print(f"{write(a.out, a.per_task)} items in {a.out}/eval.jsonl")
+    print(f"{write(a.out, a.per_task, a.seed)} items in {a.out}/eval.jsonl")
 
 
 if __name__ == "__main__":
