@@ -124,8 +124,6 @@ def collate_packed(items: list[dict], image_pad_id: int, grid_side: int) -> dict
     """Packs samples end to end for fastmodel: token ids [N], M-RoPE positions [3, N], cu_seq, the
     scored positions (each predicts the next token) and their targets, the image tokens' positions, the
     patches with their vision rotary positions and position-embedding interpolation taps, cu_img, marks."""
-    from transformers import vision_utils as vu
-
     ids, pos, tgt_pos, tgt, tgt_item, img_pos, cu = [], [], [], [], [], [], [0]
     for j, x in enumerate(items):
         base = cu[-1]
@@ -145,17 +143,34 @@ def collate_packed(items: list[dict], image_pad_id: int, grid_side: int) -> dict
     grids = [g for x in items for g in x["grids"]]
     if grids:
         thw = torch.tensor(grids, dtype=torch.long)
-        idx, w = vu.get_vision_interpolation_indices_and_weights(thw, num_grid_per_side=grid_side, mode="bilinear",
-                                                                  align_corners=True, spatial_merge_size=MERGE)
+        per = [_vision_indices(tuple(g), grid_side) for g in grids]
         counts = [t * h * w_ for t, h, w_ in grids]
         out.update({
             "patches": torch.from_numpy(np.concatenate([x["patches"] for x in items if x["grids"]])),
-            "vis_pos": vu.get_vision_position_ids(thw, MERGE), "interp_idx": idx, "interp_w": w.float(),
+            "vis_pos": torch.cat([p[0] for p in per]), "interp_idx": torch.cat([p[1] for p in per]),
+            "interp_w": torch.cat([p[2] for p in per]),
             "cu_img": torch.tensor(np.concatenate([[0], np.cumsum(counts)]), dtype=torch.int32),
             "max_img": max(counts), "img_pos": torch.tensor(img_pos),
             "marks": torch.from_numpy(np.concatenate([x["marks"] for x in items if x["grids"]])),
             "image_grid_thw": thw})
     return out
+
+
+_vision_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+
+def _vision_indices(grid: tuple[int, int, int], grid_side: int):
+    """One image's vision rotary positions and position-embedding interpolation taps (transformers'
+    helpers, computed once per image size)."""
+    key = (grid, grid_side)
+    if key not in _vision_cache:
+        from transformers import vision_utils as vu
+
+        thw = torch.tensor([grid], dtype=torch.long)
+        idx, w = vu.get_vision_interpolation_indices_and_weights(thw, num_grid_per_side=grid_side, mode="bilinear",
+                                                                  align_corners=True, spatial_merge_size=MERGE)
+        _vision_cache[key] = (vu.get_vision_position_ids(thw, MERGE), idx, w.float())
+    return _vision_cache[key]
 
 
 def to_device(b: dict, dev) -> dict:
