@@ -458,7 +458,25 @@ def multi(rng: random.Random) -> dict:
     side = rng.choice([64, 96, 96, 128])
     combos = [(c, s) for c in COLORS for s in SHAPES]
     content, images, marks = [], [], []
-    if rng.random() < 0.5:  # which image shows X: exactly one image has it
+    roll = rng.random()
+    if roll < 0.25:  # a document among photos: what VisionZip's request-global budget is for
+        n = rng.randint(2, 4)
+        d = rng.randrange(n)
+        lines = [text_line(rng) for _ in range(rng.randint(1, 3))]
+        for i in range(n):
+            marks.append([])
+            if i == d:
+                im, marks[-1] = render_lines(rng, "document", lines)
+            else:
+                W, H = r32(rng.randint(96, 224)), r32(rng.randint(96, 224))
+                objs = [rng.choice(combos) for _ in range(rng.randint(1, 4))]
+                im = scene(rng, W, H, objs, grid_places(rng, W, H, len(objs)), 9, 13, marks[-1])
+            images.append(im)
+        k = rng.randrange(len(lines))
+        q = (f"What is written on line {k + 1} of the document?" if len(lines) > 1
+             else "What is written in the document?")
+        a = lines[k]
+    elif roll < 0.6:  # which image shows X: exactly one image has it
         target = rng.choice(combos)
         j = rng.randrange(n)
         for i in range(n):
