@@ -42,6 +42,6 @@ run() {  # LABEL SAMPLING(0/1) SERVER_FLAGS -- ENV...
   stop_server
 }
 trap 'stop_server; print_table "zest serve --config $CONFIG --device ${DEVICE:-cuda} (random weights), text only, 64 words, 64 output tokens (ignore_eos), greedy unless named"' EXIT
-# Final check of the package: before against graphs, greedy (earlier runs' rows are in BENCHMARKS.md).
+# Final check of the package: before against graphs, greedy (what the earlier runs gave: docs/perf-history.md).
 run before 0 "" -- ZEST_CUDA_GRAPHS=0 ZEST_DEVICE_SAMPLING=0
 run graphs 0 "" -- ZEST_CUDA_GRAPHS=1

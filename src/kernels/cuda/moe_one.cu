@@ -295,7 +295,7 @@ size_t pair_smem(int I) {
 
 // Each CTA arrives on the cluster barrier at its start and waits on it before its store into rank 0's shared memory,
 // so that rank 0 is known to run (without it compute-sanitizer racecheck reported the stores as into "a block that
-// might not have entered yet"; measured at batch 1 within the noise of the run: BENCHMARKS.md).
+// might not have entered yet"; measured at batch 1 within the noise of the run: docs/perf-history.md).
 template <int kC>
 __global__ void __launch_bounds__(kPairThreads, 2) one_down_pair_kernel(OneParams p) {
   extern __shared__ __align__(128) unsigned char wsm[];
@@ -454,7 +454,7 @@ Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights,
   // kernel by rows and kMoeDownRows 2, the gate/up kernel's carveout also leaves room for one of its CTAs, so that
   // they can join an SM as soon as a gate/up CTA has left it (measured equal or slower than without: 1; registers keep
   // them out: 3 x 256 x 80 of the gate/up CTAs leave 4 K. Both kernels at most 64 registers let a pair CTA in, and
-  // also a fourth gate/up CTA on 72 SMs: gate/up 1.3 us longer per layer, TPOT +0.07 ms; BENCHMARKS.md).
+  // also a fourth gate/up CTA on 72 SMs: gate/up 1.3 us longer per layer, TPOT +0.07 ms; docs/perf-history.md).
   static int carve = -1;
   const bool rows = combine && combine->rows;
   const int want = (decode_option(DecodeOption::kMoeCarveout) >= 1 ? 1 : 0) +
