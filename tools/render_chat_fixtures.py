@@ -131,7 +131,24 @@ def qwen3_cases():
         {"role": "user", "content": "q"},
         {"role": "assistant", "content": "pre<think>a</think>mid<think>b</think>\npost"}],
         None, {"add_generation_prompt": False}))
+    c.append(("openai_tool_round_trip", openai_round_trip(), [WEATHER_TOOL, SEARCH_TOOL], {}))
+    c.append(("openai_tool_round_trip_thinking_off", openai_round_trip(), [WEATHER_TOOL], {"enable_thinking": False}))
     return c
+
+
+def openai_round_trip():
+    """A tool round trip as the openai client sends it: arguments as JSON strings, ids, tool_call_id and name."""
+    return [
+        {"role": "system", "content": "You are a weather bot."},
+        {"role": "user", "content": "Weather in Paris and in Lyon?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"unit\": \"celsius\"}"}},
+            {"id": "call_2", "type": "function",
+             "function": {"name": "get_weather", "arguments": "{\"city\": \"Lyon\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "{\"temp\": 18}"},
+        {"role": "tool", "tool_call_id": "call_2", "name": "get_weather", "content": "{\"temp\": 21}"},
+    ]
 
 
 def qwen3vl_cases():
@@ -173,6 +190,7 @@ def qwen3vl_cases():
         {"role": "user", "content": [IMG, text("Caption?")]},
         {"role": "assistant", "content": "<think>not special here</think> A photo."}], None,
         {"add_generation_prompt": False}))
+    c.append(("vl_openai_tool_round_trip", openai_round_trip(), [SEARCH_TOOL, WEATHER_TOOL], {}))
     c.append(("vl_text_only", [{"role": "user", "content": "Plain text question with ünïcödé 🦙"}], None, {}))
     c.append(("vl_unknown_part_and_empty", [
         {"role": "user", "content": [{"type": "audio", "audio": "x.wav"}, text(""), text("after")]},

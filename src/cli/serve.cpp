@@ -97,6 +97,11 @@ void register_serve(CLI::App& app, std::function<int()>& run) {
   sub->add_option("--mm-max-pixels", o.mm_max_pixels,
                   "largest resized image fed to the vision tower, in pixels: the default max_pixels and the most a request's mm_processor_kwargs may ask (0 = the model's max_pixels)")
       ->capture_default_str();
+  sub->add_option("--reasoning-parser", o.reasoning_parser,
+                  "split <think>...</think> out of chat replies into reasoning_content: qwen3, none, or auto (qwen3 "
+                  "for models whose chat template has the thinking switch, the Qwen3 MoE text models)")
+      ->check(CLI::IsMember({"auto", "qwen3", "none"}))
+      ->capture_default_str();
   sub->add_option("--http-threads", o.http_threads, "HTTP handler threads (0 = max(64, 2 * max-num-seqs + 32))")
       ->capture_default_str();
   sub->add_option("--max-connections-per-client", o.max_connections_per_client,

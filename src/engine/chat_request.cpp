@@ -74,7 +74,7 @@ bool is_zero(const json& v) { return v.is_number() && v.get<double>() == 0.0; }
 bool is_one(const json& v) { return v.is_number() && v.get<double>() == 1.0; }
 bool is_empty(const json& v) { return (v.is_array() || v.is_object()) && v.empty(); }
 bool never(const json&) { return false; }
-bool no_tool_choice(const json& v) { return v.is_string() && (v == "none" || v == "auto"); }
+bool no_function_call(const json& v) { return v.is_string() && (v == "none" || v == "auto"); }
 bool text_format(const json& v) {
   return v.is_object() && v.size() == 1 && v.contains("type") && v["type"].is_string() && v["type"] == "text";
 }
@@ -82,10 +82,8 @@ bool text_modality(const json& v) { return v.is_array() && v.size() == 1 && v[0]
 
 constexpr UnsupportedField kUnsupported[] = {
     {"prompt_logprobs", never},
-    {"tools", is_empty},
-    {"tool_choice", no_tool_choice},
     {"functions", is_empty},
-    {"function_call", no_tool_choice},
+    {"function_call", no_function_call},
     {"response_format", text_format},
     {"min_p", is_zero},
     {"best_of", is_one},
@@ -255,6 +253,83 @@ Status check_messages(const json& messages, const ModelBundle& model, const Requ
   return Status::ok();
 }
 
+// OpenAI's rule for function names.
+bool valid_function_name(const std::string& n) {
+  return !n.empty() && n.size() <= 64 && std::all_of(n.begin(), n.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+  });
+}
+
+// `tools` (function definitions), `tool_choice` and `parallel_tool_calls`.
+Status parse_tools(const json& body, ChatRequest& r) {
+  ZEST_RETURN_IF_ERROR(expect_bool(body, "parallel_tool_calls", "parallel_tool_calls", r.parallel_tool_calls));
+  std::vector<std::string> names;
+  if (const json* tools = field(body, "tools")) {
+    if (!tools->is_array()) return invalid_argument("'tools' must be an array of {\"type\": \"function\", \"function\": {...}}");
+    if (static_cast<int64_t>(tools->size()) > kMaxTools)
+      return invalid_argument("'tools' holds " + std::to_string(tools->size()) + " tools; at most " +
+                              std::to_string(kMaxTools) + " in one request");
+    for (size_t i = 0; i < tools->size(); ++i) {
+      const json& t = (*tools)[i];
+      const std::string at = "tools[" + std::to_string(i) + "]";
+      if (!t.is_object()) return invalid_argument(quote(at) + " must be an object {\"type\": \"function\", \"function\": {...}}");
+      const json* type = field(t, "type");
+      if (!type || !type->is_string() || *type != "function")
+        return invalid_argument(quote(at + ".type") + " must be \"function\" (the only tool type zest knows)");
+      const json* fn = field(t, "function");
+      if (!fn || !fn->is_object())
+        return invalid_argument(quote(at + ".function") + " must be an object with a \"name\"");
+      const json* name = field(*fn, "name");
+      if (!name || !name->is_string() || !valid_function_name(name->get_ref<const std::string&>()))
+        return invalid_argument(quote(at + ".function.name") +
+                                " must be a string of 1 to 64 letters, digits, underscores or dashes");
+      if (std::find(names.begin(), names.end(), name->get<std::string>()) != names.end())
+        return invalid_argument(quote(at + ".function.name") + " '" + name->get<std::string>() +
+                                "' names an earlier tool too; tool names must be distinct");
+      names.push_back(*name);
+      if (const json* d = field(*fn, "description"); d && !d->is_string())
+        return invalid_argument(quote(at + ".function.description") + " must be a string");
+      if (const json* pr = field(*fn, "parameters"); pr && !pr->is_object())
+        return invalid_argument(quote(at + ".function.parameters") + " must be a JSON schema object");
+      if (const json* st = field(*fn, "strict"); st && !st->is_boolean())
+        return invalid_argument(quote(at + ".function.strict") + " must be a boolean");
+    }
+    if (!tools->empty()) r.tools = nlohmann::ordered_json(*tools);
+  }
+  if (const json* tc = field(body, "tool_choice")) {
+    std::string named;
+    if (tc->is_string()) {
+      r.tool_choice = *tc;
+      if (r.tool_choice != "none" && r.tool_choice != "auto" && r.tool_choice != "required")
+        return invalid_argument("'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                                "\"function\": {\"name\": ...}}");
+    } else if (tc->is_object()) {
+      const json* type = field(*tc, "type");
+      const json* fn = field(*tc, "function");
+      const json* name = fn && fn->is_object() ? field(*fn, "name") : nullptr;
+      if (!type || !type->is_string() || *type != "function" || !name || !name->is_string())
+        return invalid_argument("'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                                "\"function\": {\"name\": ...}}");
+      named = *name;
+      r.tool_choice = "function";
+    } else {
+      return invalid_argument("'tool_choice' must be a string or an object");
+    }
+    if (r.tool_choice != "none" && r.tool_choice != "auto" && names.empty())
+      return invalid_argument("'tool_choice' asks for a tool call but the request has no 'tools'");
+    if (!named.empty() && std::find(names.begin(), names.end(), named) == names.end())
+      return invalid_argument("'tool_choice' names the function '" + named.substr(0, 64) + "', which is not in 'tools'");
+    // Forcing a call needs constrained decoding (a grammar), which zest does not have: refused rather than
+    // answered with a reply that may not be a call.
+    if (r.tool_choice != "none" && r.tool_choice != "auto")
+      return invalid_argument("'tool_choice' " + std::string(named.empty() ? "\"required\"" : "naming a function") +
+                              " is not supported by zest: forcing a tool call needs structured output (guided "
+                              "decoding), which zest does not implement yet; use \"auto\" (the model decides) "
+                              "or \"none\"");
+  }
+  return Status::ok();
+}
+
 // The URL of a validated image part.
 const std::string& image_source(const json& part) {
   if (part["type"] == "image") return part["image"].get_ref<const std::string&>();
@@ -340,8 +415,7 @@ Result<ChatRequest> parse_chat_request(const json& body, const ModelBundle& mode
     return invalid_argument("'messages' must be a non-empty array");
   ZEST_RETURN_IF_ERROR(check_messages(*messages, model, limits));
   r.messages = *messages;
-  bool parallel_tool_calls = true;  // type-checked only: without tools it asks for nothing
-  ZEST_RETURN_IF_ERROR(expect_bool(body, "parallel_tool_calls", "parallel_tool_calls", parallel_tool_calls));
+  ZEST_RETURN_IF_ERROR(parse_tools(body, r));
 
   ZEST_RETURN_IF_ERROR(parse_generation_fields(body, model, r));
   SamplingParams& sp = r.sampling;
@@ -444,6 +518,13 @@ Result<CompletionRequest> parse_completion_request(const json& body, const Model
   return r;
 }
 
+void use_client_key_order(ChatRequest& r, const nlohmann::ordered_json& body) {
+  if (!body.is_object()) return;
+  if (auto t = body.find("tools"); !r.tools.is_null() && t != body.end() && t->is_array()) r.tools = *t;
+  if (auto m = body.find("messages"); m != body.end() && m->is_array() && m->size() == r.messages.size())
+    r.template_messages = *m;
+}
+
 Prompt token_prompt(std::vector<int32_t> ids) {
   Prompt p;
   p.ids = std::move(ids);
@@ -503,7 +584,11 @@ Result<PromptPlan> plan_prompt(const ModelBundle& model, const ChatRequest& req,
   co.add_generation_prompt = true;
   co.enable_thinking = req.enable_thinking;
   co.add_vision_id = req.add_vision_id;
-  ZEST_ASSIGN_OR_RETURN(std::string rendered, text::render_chat(model.chat_template, req.messages, co));
+  co.tools = req.tools;
+  ZEST_ASSIGN_OR_RETURN(std::string rendered,
+                        req.template_messages.is_null()
+                            ? text::render_chat(model.chat_template, req.messages, co)
+                            : text::render_chat_ordered(model.chat_template, req.template_messages, co));
   PromptPlan plan;
   plan.ids = model.tokenizer.encode(rendered, /*parse_special=*/true);
   // The template writes one image-pad token per image; the same token typed in the text would be taken for an

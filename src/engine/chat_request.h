@@ -68,7 +68,24 @@ struct ChatRequest : GenerationFields {
   vision::PixelBudget pixels;          // the same, typed (bounded by the ceiling given to parse_chat_request)
   bool enable_thinking = true;
   bool add_vision_id = false;
+  // Function tools, validated, rendered by the chat template (null: none). The server replaces them (and the
+  // messages, through template_messages) with the body's own key order (use_client_key_order), as transformers'
+  // tojson keeps it.
+  nlohmann::ordered_json tools;
+  nlohmann::ordered_json template_messages;  // the messages in the client's key order, or null (then `messages`)
+  std::string tool_choice = "auto";          // "auto" or "none" ("required" and named functions are refused)
+  bool parallel_tool_calls = true;
+  // Whether the output is parsed for tool calls: tools were given and tool_choice is not "none" (with "none" the
+  // tools are still rendered, as vLLM does by default, and the output is plain content).
+  bool parse_tool_calls() const { return !tools.is_null() && tool_choice != "none"; }
 };
+
+// The most tools one request may define.
+constexpr int64_t kMaxTools = 256;
+
+// Takes `tools` and `messages` from the same body parsed with its key order kept (the body must be the one
+// parse_chat_request validated).
+void use_client_key_order(ChatRequest& r, const nlohmann::ordered_json& body);
 
 // Parses and validates a request body. Every field zest reads is type-checked; fields of the OpenAI API
 // that zest does not implement are refused when they ask for something ("'logprobs' is not supported"),

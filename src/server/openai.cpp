@@ -82,6 +82,37 @@ json chat_choice_json(int index, const std::string& text, engine::FinishReason f
           {"finish_reason", openai_finish_reason(finish)}};
 }
 
+json chat_message_json(const engine::ParsedMessage& m, bool reasoning_field) {
+  json msg = {{"role", "assistant"}};
+  msg["content"] = m.content.empty() && (m.has_reasoning || !m.tool_calls.empty()) ? json(nullptr) : json(m.content);
+  if (reasoning_field) msg["reasoning_content"] = m.has_reasoning ? json(m.reasoning) : json(nullptr);
+  if (!m.tool_calls.empty()) {
+    json calls = json::array();
+    for (const engine::ParsedToolCall& c : m.tool_calls)
+      calls.push_back({{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+    msg["tool_calls"] = std::move(calls);
+  }
+  return msg;
+}
+
+json chat_choice_json(int index, json message, const std::string& finish_reason, const json& logprobs) {
+  return {{"index", index}, {"message", std::move(message)}, {"logprobs", logprobs}, {"finish_reason", finish_reason}};
+}
+
+std::vector<json> chat_delta_json(const engine::ChatDelta& d) {
+  switch (d.kind) {
+    case engine::ChatDelta::kReasoning: return {json{{"reasoning_content", d.text}}};
+    case engine::ChatDelta::kContent: return {json{{"content", d.text}}};
+    case engine::ChatDelta::kToolCall: break;
+  }
+  json head = {{"index", d.tool_index},
+               {"id", d.call.id},
+               {"type", "function"},
+               {"function", {{"name", d.call.name}, {"arguments", ""}}}};
+  json args = {{"index", d.tool_index}, {"function", {{"arguments", d.call.arguments}}}};
+  return {json{{"tool_calls", json::array({std::move(head)})}}, json{{"tool_calls", json::array({std::move(args)})}}};
+}
+
 json completion_json(const CompletionId& id, const json& choices, const Usage& u) {
   return {{"id", id.id},       {"object", "chat.completion"}, {"created", id.created},
           {"model", id.model}, {"choices", choices},         {"usage", usage_json(u)}};

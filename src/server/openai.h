@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/status.h"
+#include "engine/chat_output.h"
 #include "engine/request.h"
 #include "text/tokenizer.h"
 
@@ -48,6 +49,17 @@ nlohmann::json usage_json(const Usage& u);
 // One choice of a non-streaming "chat.completion": message, logprobs (null, or {"content": [...]}), finish_reason.
 nlohmann::json chat_choice_json(int index, const std::string& text, engine::FinishReason finish,
                                 const nlohmann::json& logprobs = nullptr);
+// The assistant message of a parsed reply: content (null when empty beside reasoning or tool calls),
+// reasoning_content (with a reasoning parser: the reasoning, or null), tool_calls ([{id, type, function: {name,
+// arguments}}], only when there are calls).
+nlohmann::json chat_message_json(const engine::ParsedMessage& m, bool reasoning_field);
+// A choice with a ready message object and finish_reason.
+nlohmann::json chat_choice_json(int index, nlohmann::json message, const std::string& finish_reason,
+                                const nlohmann::json& logprobs);
+// The stream delta(s) of one parsed piece: {"reasoning_content": ...} or {"content": ...}; a tool call gives two,
+// as OpenAI streams one: {"tool_calls": [{index, id, type, function: {name, arguments: ""}}]}, then
+// {"tool_calls": [{index, function: {arguments}}]}.
+std::vector<nlohmann::json> chat_delta_json(const engine::ChatDelta& d);
 // The non-streaming response object ("chat.completion") with the given choices.
 nlohmann::json completion_json(const CompletionId& id, const nlohmann::json& choices, const Usage& u);
 // One "chat.completion.chunk" of choice `index`: `delta` is the choice's delta object, finish_reason null when empty,

@@ -95,6 +95,10 @@ struct Job {
   // logprobs' text_offset).
   std::vector<char> sent_role;
   std::vector<int64_t> text_offset;
+  // Chat: how replies are parsed (reasoning, tool calls), and each choice's stream parser.
+  engine::ChatOutputOptions parse;
+  bool reasoning_field = false;  // messages carry reasoning_content
+  std::vector<engine::ChatOutputParser> parsers;
 };
 
 // One choice of a request to submit.
@@ -113,6 +117,9 @@ struct Server::Impl {
   uint64_t id_prefix = 0;
   std::atomic<int64_t> next_id{1};
   std::atomic<bool> stopping{false};
+  // The reasoning parser (--reasoning-parser) and the think tags' token ids.
+  bool reasoning = false;
+  int32_t think_open_id = -1, think_close_id = -1, im_start_id = -1;
   Metrics metrics;
   std::unique_ptr<EngineLoop> loop;
   std::unique_ptr<HttpServer> http;
@@ -141,7 +148,12 @@ struct Server::Impl {
   // checks: 400 naming messages or max_tokens.
   Status check_length(int64_t n_prompt, const engine::GenerationFields& cr, bool chat = true) const;
   // Reads, bounds and parses a JSON body and checks its `model`; false when it already answered with an error.
-  bool read_json(httplib::Response& res, const httplib::ContentReader& reader, json& j);
+  bool read_json(httplib::Response& res, const httplib::ContentReader& reader, json& j, std::string* raw = nullptr);
+  // Tools and tool-call arguments are rendered with the client's key order (transformers' tojson keeps it; the
+  // parsed body's objects sort their keys): re-reads the raw body as an ordered document when they are present.
+  void keep_key_order(engine::ChatRequest& cr, const std::string& raw) const;
+  // Whether the prompt leaves a think block open (its generation prompt ends inside <think>).
+  bool prompt_opens_think(const std::vector<int32_t>& ids) const;
   void handle_chat(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader);
   void handle_completions(httplib::Response& res, const httplib::ContentReader& reader);
   void handle_tokenize(httplib::Response& res, const httplib::ContentReader& reader);
@@ -276,7 +288,23 @@ Status Server::Impl::check_length(int64_t n_prompt, const engine::GenerationFiel
   return Status::ok();
 }
 
-bool Server::Impl::read_json(httplib::Response& res, const httplib::ContentReader& reader, json& j) {
+void Server::Impl::keep_key_order(engine::ChatRequest& cr, const std::string& raw) const {
+  bool ordered = !cr.tools.is_null();
+  for (const json& m : cr.messages) ordered = ordered || (m.contains("tool_calls") && !m["tool_calls"].is_null());
+  if (!ordered) return;
+  const auto body = nlohmann::ordered_json::parse(raw, nullptr, false);
+  if (!body.is_discarded()) engine::use_client_key_order(cr, body);
+}
+
+bool Server::Impl::prompt_opens_think(const std::vector<int32_t>& ids) const {
+  for (size_t k = ids.size(); k-- > 0;) {
+    if (ids[k] == think_close_id || ids[k] == im_start_id) return false;
+    if (ids[k] == think_open_id) return true;
+  }
+  return false;
+}
+
+bool Server::Impl::read_json(httplib::Response& res, const httplib::ContentReader& reader, json& j, std::string* raw) {
   Connection* conn = current_connection();
   // Read the body, refusing (and draining, so the client sees the answer) anything over the limit.
   std::string body;
@@ -327,6 +355,7 @@ bool Server::Impl::read_json(httplib::Response& res, const httplib::ContentReade
     reply_error(res, 400, std::string("the request body is not valid JSON: ") + e.what());
     return false;
   }
+  if (raw) *raw = std::move(body);
   if (j.is_object() && j.contains("model") && !j["model"].is_null()) {
     if (!j["model"].is_string()) {
       reply_error(res, 400, "'model' must be a string", "model");
@@ -348,13 +377,16 @@ void Server::Impl::handle_chat(const httplib::Request&, httplib::Response& res,
   const double received_ms = now_ms();
   Connection* conn = current_connection();
   json j;
-  if (!read_json(res, reader, j)) return;
+  std::string raw;
+  if (!read_json(res, reader, j, &raw)) return;
   engine::RequestLimits rl;
   rl.max_messages = opts.max_messages;
   rl.max_parts = opts.max_content_parts;
   auto parsed = engine::parse_chat_request(j, *model, rl, opts.mm_max_pixels);
   if (!parsed.ok()) return reply_status(res, parsed.status());
   engine::ChatRequest& cr = *parsed;
+  keep_key_order(cr, raw);
+  std::string().swap(raw);
   if (Status st = check_image_sources(cr.messages, opts.allow_local_files); !st.is_ok()) return reply_status(res, st);
 
   engine::PromptOptions po;
@@ -381,6 +413,12 @@ void Server::Impl::handle_chat(const httplib::Request&, httplib::Response& res,
   job.include_usage = cr.include_usage;
   job.logprobs = cr.sampling.logprobs;
   job.token_ids = cr.return_tokens_as_token_ids;
+  job.reasoning_field = reasoning;
+  job.parse.reasoning = reasoning;
+  job.parse.reasoning_open = reasoning && prompt_opens_think(prompt->ids);
+  job.parse.tools = cr.parse_tool_calls();
+  job.parse.parallel_tool_calls = cr.parallel_tool_calls;
+  job.parsers.assign(static_cast<size_t>(cr.n), engine::ChatOutputParser(job.parse));
   const int64_t first = next_id.load();
   job.cid = CompletionId{"chatcmpl-" + hex(id_prefix, 16) + hex(static_cast<uint64_t>(first), 8), unix_seconds(),
                          model_name};
@@ -434,7 +472,8 @@ void Server::Impl::handle_completions(httplib::Response& res, const httplib::Con
 
 void Server::Impl::handle_tokenize(httplib::Response& res, const httplib::ContentReader& reader) {
   json j;
-  if (!read_json(res, reader, j)) return;
+  std::string raw;
+  if (!read_json(res, reader, j, &raw)) return;
   if (!j.is_object()) return reply_error(res, 400, "the request body must be a JSON object");
   auto flag = [&](const char* key, bool dflt, bool& out) -> bool {
     out = dflt;
@@ -468,6 +507,7 @@ void Server::Impl::handle_tokenize(httplib::Response& res, const httplib::Conten
     rl.max_parts = opts.max_content_parts;
     auto cr = engine::parse_chat_request(body, *model, rl, opts.mm_max_pixels);
     if (!cr.ok()) return reply_status(res, cr.status());
+    keep_key_order(*cr, raw);
     engine::PromptOptions po;
     po.allow_local_files = false;
     po.max_images = 0;
@@ -576,8 +616,10 @@ std::pair<int, std::string> Server::Impl::whole_body(const ChannelUpdate& u, con
           c.index, out.text, openai_finish_reason(out.finish),
           job.logprobs ? text_logprobs_json(out.logprobs, model->tokenizer, job.token_ids, offset) : json()));
     } else {
+      const engine::ParsedMessage m = engine::parse_chat_output(out.text, job.parse);
       choices.push_back(chat_choice_json(
-          c.index, out.text, out.finish,
+          c.index, chat_message_json(m, job.reasoning_field),
+          m.tool_calls.empty() ? openai_finish_reason(out.finish) : "tool_calls",
           job.logprobs ? chat_logprobs_json(out.logprobs, model->tokenizer, job.token_ids) : json()));
     }
   }
@@ -642,11 +684,22 @@ bool Server::Impl::stream_step(Job& job, httplib::DataSink& sink) {
         out += sse_event(chunk_json(job.cid, i, {{"role", "assistant"}, {"content", ""}}, "", job.include_usage));
         job.sent_role[i] = 1;
       }
-      if (!c.delta.empty() || (job.logprobs && !c.logprobs.empty()))
-        out += sse_event(chunk_json(job.cid, i, {{"content", c.delta}}, "", job.include_usage,
-                                    job.logprobs ? chat_logprobs_json(c.logprobs, model->tokenizer, job.token_ids) : json()));
+      // The parser splits the text into reasoning, content and tool calls; the logprobs of this update's tokens go
+      // with its first chunk.
+      const engine::FinishReason fr = c.finished ? c.output.finish : engine::FinishReason::kNone;
+      engine::ChatOutputParser& parser = job.parsers[i];
+      std::vector<engine::ChatDelta> pieces;
+      if (!c.delta.empty()) parser.feed(c.delta, pieces);
+      if (fr == engine::FinishReason::kStop || fr == engine::FinishReason::kLength) parser.finish(pieces);
+      json lp = job.logprobs && !c.logprobs.empty() ? chat_logprobs_json(c.logprobs, model->tokenizer, job.token_ids)
+                                                    : json();
+      for (const engine::ChatDelta& d : pieces)
+        for (json& delta : chat_delta_json(d)) {
+          out += sse_event(chunk_json(job.cid, i, delta, "", job.include_usage, lp));
+          lp = nullptr;
+        }
+      if (!lp.is_null()) out += sse_event(chunk_json(job.cid, i, {{"content", ""}}, "", job.include_usage, lp));
       if (!c.finished) continue;
-      const engine::FinishReason fr = c.output.finish;
       if (fr == engine::FinishReason::kError) {
         out += sse_event(error_body(500, "generation failed: " + c.output.error));
         last = true;
@@ -657,7 +710,9 @@ bool Server::Impl::stream_step(Job& job, httplib::DataSink& sink) {
         last = true;
         break;
       }
-      out += sse_event(chunk_json(job.cid, i, json::object(), openai_finish_reason(fr), job.include_usage));
+      out += sse_event(chunk_json(job.cid, i, json::object(),
+                                  parser.message().tool_calls.empty() ? openai_finish_reason(fr) : "tool_calls",
+                                  job.include_usage));
     }
     if (!last && u.finished) {
       if (job.include_usage) {
@@ -739,6 +794,16 @@ Result<std::unique_ptr<Server>> Server::start(std::shared_ptr<engine::ModelBundl
   if (impl->model_name.empty()) impl->model_name = std::filesystem::path(model->dir).parent_path().filename().string();
   impl->created = unix_seconds();
   impl->id_prefix = std::random_device{}() * 0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(impl->created);
+  if (opts.reasoning_parser != "auto" && opts.reasoning_parser != "qwen3" && opts.reasoning_parser != "none")
+    return invalid_argument("--reasoning-parser must be auto, qwen3 or none");
+  impl->think_open_id = model->tokenizer.token_to_id("<think>");
+  impl->think_close_id = model->tokenizer.token_to_id("</think>");
+  impl->im_start_id = model->tokenizer.token_to_id("<|im_start|>");
+  const bool has_tags = impl->think_open_id >= 0 && impl->think_close_id >= 0;
+  if (opts.reasoning_parser == "qwen3" && !has_tags)
+    return invalid_argument("--reasoning-parser qwen3: the tokenizer has no <think> / </think> tokens");
+  impl->reasoning = opts.reasoning_parser == "qwen3" ||
+                    (opts.reasoning_parser == "auto" && has_tags && model->chat_template == text::TemplateKind::kQwen3);
   impl->loop = std::make_unique<EngineLoop>(model, opts.engine);
 
   impl->http = std::make_unique<HttpServer>(impl->connection_limits());

@@ -44,6 +44,10 @@ struct ServerOptions {
   int idle_read_timeout_s = 10;      // longest silence of a client while its request is read
   int stream_keepalive_ms = 1000;    // a silent stream gets a ": keep-alive" comment this often (ms); a
                                      // waiting non-streaming request checks its client's connection as often
+  // Reasoning parser of chat replies: "qwen3" splits <think>...</think> into reasoning_content (the tokenizer must
+  // have both tags as tokens), "none" leaves the text whole, "auto" is qwen3 for models whose chat template has the
+  // enable_thinking switch (the Qwen3 text template) and none otherwise (the Qwen3-VL instruct template).
+  std::string reasoning_parser = "auto";
   engine::EngineOptions engine;
 };
 

@@ -121,8 +121,8 @@ TEST(EvalRun, ItemsThatCannotRunNameTheirLine) {
       {R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "missing.png"}}]}], "answer": "a"})",
        "missing.png"},
       // The server's refusals apply to eval items too: a field zest does not implement, a mistyped one.
-      {R"({"messages": [{"role": "user", "content": "hi"}], "answer": "a", "tools": [{"type": "function"}]})",
-       "unsupported field 'tools'"},
+      {R"({"messages": [{"role": "user", "content": "hi"}], "answer": "a", "functions": [{"name": "f"}]})",
+       "unsupported field 'functions'"},
       // One completion per item: n > 1 is refused rather than silently cut to one.
       {R"({"messages": [{"role": "user", "content": "hi"}], "answer": "a", "n": 2})", "'n'"},
       {R"({"messages": [{"role": "user", "content": "hi"}], "answer": "a", "max_tokens": "8"})", "'max_tokens'"},

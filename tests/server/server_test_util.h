@@ -262,6 +262,7 @@ struct StreamParts {
   std::vector<json> chunks;  // parsed data events before [DONE]
   bool done_last = false;    // "[DONE]" was the last event
   std::string content;       // concatenated content deltas
+  std::string reasoning;     // concatenated reasoning_content deltas
 };
 
 inline StreamParts split_stream(const StreamReply& r) {
@@ -276,6 +277,8 @@ inline StreamParts split_stream(const StreamReply& r) {
     if (j.is_discarded()) continue;
     if (j.contains("choices") && !j["choices"].empty() && j["choices"][0]["delta"].contains("content"))
       p.content += j["choices"][0]["delta"]["content"].get<std::string>();
+    if (j.contains("choices") && !j["choices"].empty() && j["choices"][0]["delta"].contains("reasoning_content"))
+      p.reasoning += j["choices"][0]["delta"]["reasoning_content"].get<std::string>();
     p.chunks.push_back(std::move(j));
   }
   return p;

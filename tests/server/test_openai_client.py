@@ -263,6 +263,42 @@ def run_checks(srv: ZestServer, model_dir: str, source_dir: pathlib.Path, zest: 
         if ch.choices)
     check(streamed == c1.choices[0].text, (streamed, c1.choices[0].text))
 
+    # Tools: a round trip with a tool result in the history, given as the client sends it, is rendered as
+    # transformers renders it (the prompt has the token count of the fixture's reference text); a forced malformed
+    # call stays content.
+    vl = (pathlib.Path(model_dir) / "preprocessor_config.json").exists()
+    cases = json.loads((source_dir / "tests/text/data/chat_cases.json").read_text(encoding="utf-8"))["cases"]
+    case = next(c for c in cases if c["name"] == ("qwen3vl/vl_openai_tool_round_trip" if vl else
+                                                  "qwen3/openai_tool_round_trip"))
+    rt = client.chat.completions.create(model=name, messages=case["messages"], tools=case["tools"], max_tokens=3,
+                                        temperature=0)
+    ref_ids = post(srv, "/tokenize", {"prompt": case["expected"]})["tokens"]
+    check(rt.usage.prompt_tokens == len(ref_ids), (rt.usage, len(ref_ids)))
+    check(rt.choices[0].finish_reason in ("stop", "length", "tool_calls"), rt.choices[0])
+    bad = client.chat.completions.create(model=name, messages=messages, tools=case["tools"], max_tokens=3,
+                                         temperature=0, extra_body={"logit_bias": {"151657": 100}, "ignore_eos": True})
+    check(bad.choices[0].message.content == "<tool_call>" * 3 and not bad.choices[0].message.tool_calls, bad.choices[0])
+    try:
+        client.chat.completions.create(model=name, messages=messages, tools=case["tools"], tool_choice="required",
+                                       max_tokens=3)
+        raise AssertionError("tool_choice required was accepted")
+    except openai.BadRequestError as e:
+        check(e.status_code == 400 and e.body.get("param") == "tool_choice", e.body)
+
+    # Thinking: with the reasoning parser (on by default for the Qwen3 text template) a <think> block goes to
+    # reasoning_content, streamed as its own deltas. Every token is forced to <think>.
+    think = dict(model=name, messages=messages, max_tokens=4, temperature=0,
+                 extra_body={"logit_bias": {"151667": 100}, "ignore_eos": True})
+    r = client.chat.completions.create(**think)
+    extra = r.choices[0].message.model_extra or {}
+    if vl:
+        check("reasoning_content" not in extra and r.choices[0].message.content == "<think>" * 4, r.choices[0])
+    else:
+        check(extra.get("reasoning_content") == "<think>" * 3 and r.choices[0].message.content is None, r.choices[0])
+        reasoning = "".join((ch.choices[0].delta.model_extra or {}).get("reasoning_content") or ""
+                            for ch in client.chat.completions.create(stream=True, **think) if ch.choices)
+        check(reasoning == "<think>" * 3, reasoning)
+
     # An image as a data URL (VL models only).
     if (pathlib.Path(model_dir) / "preprocessor_config.json").exists():
         png = (source_dir / "assets/images/chart_line_pew_pena_nieto.png").read_bytes()
