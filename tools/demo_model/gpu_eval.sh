@@ -17,5 +17,6 @@ python3 tools/demo_model/make_eval.py --out /tmp/demo-eval
   --predictions "$OUTD/zest_cuda.jsonl" --out "$OUTD/zest_cuda.md" >/dev/null
 sed -n '/## Overall/,/## Task/p' "$OUTD/zest_cuda.md"
 if [ -n "${MEASURE:-}" ]; then
-  ZEST=$P/zest MODEL=$MODEL EVAL=/tmp/demo-eval OUT=$OUTD/quality DEVICE=cuda bash tools/demo_model/measure.sh
+  ZEST=$P/zest MODEL=$MODEL EVAL=/tmp/demo-eval OUT=/tmp/demo-quality DEVICE=cuda bash tools/demo_model/measure.sh
+  tar -C /tmp -cf "$OUTD/quality.tar" demo-quality  # one file: at most 8 come back from the machine
 fi
