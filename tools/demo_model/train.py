@@ -223,13 +223,14 @@ def main() -> None:
     t0, seen, acc = time.time(), 0, {"loss": 0.0, "total": 0.0, "n": 0}
     per_task: dict[str, list[int]] = {}
     it = iter(loader)
-    wait = 0.0
+    wait, busy = 0.0, 0.0
     while step < end:
         if time.time() - t_start > a.minutes * 60:
             break
         tw = time.time()
         b = data.to_device(next(it), dev)
         wait += time.time() - tw
+        ts = time.time()
         lr = lr_at(step, a.total_steps, a.lr, a.warmup)
         for g in opt.param_groups:
             g["lr"] = lr
@@ -247,15 +248,17 @@ def main() -> None:
             per_task[t][0] += int(e)
             per_task[t][1] += 1
         seen += b["n_items"]
+        busy += time.time() - ts  # the step on the device (the .item() calls above wait for it)
         if step % a.log_every == 0:
             rec = {"step": step, "loss": round(acc["loss"] / acc["n"], 4), "total": round(acc["total"] / acc["n"], 4),
                    "train_exact": {t: round(h / max(1, n), 3) for t, (h, n) in sorted(per_task.items())},
                    "lr": lr, "grad_norm": round(float(gn), 3), "samples_per_s": round(seen / (time.time() - t0)),
-                   "data_wait_s": round(wait, 1), "t": round(time.time() - t_start)}
+                   "data_wait_s": round(wait, 1), "step_ms": round(1000 * busy / acc["n"], 1),
+                   "t": round(time.time() - t_start)}
             print(json.dumps(rec), flush=True)
             log.write(json.dumps(rec) + "\n")
             log.flush()
-            acc, per_task = {"loss": 0.0, "total": 0.0, "n": 0}, {}
+            acc, per_task, busy = {"loss": 0.0, "total": 0.0, "n": 0}, {}, 0.0
     del it, loader
     torch.save({"model": model.state_dict(), "heads": heads.state_dict(), "opt": opt.state_dict(), "step": step},
                ckpt + ".tmp")
