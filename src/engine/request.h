@@ -24,6 +24,7 @@ struct Prompt {
   std::vector<uint64_t> mm_keys;
   std::vector<Tensor> deepstack;   // each [n_mm, hidden]
   std::vector<int64_t> visual_tokens_before, visual_tokens_after;  // per image
+  int64_t images_encoded = 0;  // images this prompt ran through the vision tower (the others came from its cache)
   double vision_preprocess_ms = 0, vision_tower_ms = 0, vision_select_ms = 0;  // time spent on the images
 };
 
