@@ -133,6 +133,8 @@ void add_engine_args(CLI::App* app, engine::EngineOptions& o) {
       ->capture_default_str();
   app->add_option("--kv-blocks", o.kv_blocks, "KV-cache blocks of 16 tokens (0 = 4 full contexts)")
       ->capture_default_str();
+  app->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", o.prefix_caching,
+                "automatic prefix caching: full KV blocks shared by requests with the same prefix (default on)");
 }
 
 namespace {

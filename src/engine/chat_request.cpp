@@ -670,6 +670,7 @@ Result<Prompt> finish_prompt(const ModelBundle& model, const ChatRequest& req, P
     eo.cancelled = opts.cancelled;
     ZEST_ASSIGN_OR_RETURN(EncodedImages enc,
                           encode_images(model, images, req.mm_processor_kwargs, req.vision_prune, eo));
+    p.images_encoded = static_cast<int64_t>(images.size()) - enc.cache_hits;
   // Expand each image's single pad token into its kept merged tokens.
     std::vector<int32_t> expanded;
     size_t img = 0;
@@ -677,6 +678,7 @@ Result<Prompt> finish_prompt(const ModelBundle& model, const ChatRequest& req, P
       if (t == image_id && img < enc.kept.size()) {
         for (size_t k = 0; k < enc.kept[img].size(); ++k) {
           p.mm_index.push_back(static_cast<int64_t>(expanded.size()));
+          p.mm_keys.push_back(enc.image_keys[img]);
           expanded.push_back(image_id);
         }
         p.visual_tokens_before.push_back(enc.merged_grids[img].first * enc.merged_grids[img].second);

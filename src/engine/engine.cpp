@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <string>
 
 #include "core/timer.h"
@@ -40,6 +41,10 @@ struct Engine::Seq {
   int64_t n_prompt = 0;
   int64_t computed = 0;         // tokens whose K/V are in the cache
   std::vector<int32_t> blocks;  // block table
+  std::vector<uint64_t> hashes; // prefix hash of each full block of known tokens (chained)
+  bool hashable = true;         // false from the first block that cannot be keyed (visual rows without keys)
+  int64_t registered = 0;       // leading blocks of the table registered in (or taken from) the prefix cache
+  bool admitted = false;        // scheduled at least once
   RequestOutput out;
   text::IncrementalDecoder detok;
   std::string full_text;        // all decoded text (before stop-string cutting)
@@ -71,6 +76,56 @@ Engine::Engine(std::shared_ptr<ModelBundle> model, EngineOptions opts) : model_(
   if (cache.ok()) cache_ = std::move(cache).value();
   else init_status_ = cache.status().with_context("KV cache of " + std::to_string(blocks) + " blocks");
   stats_.kv_blocks_total = blocks;
+  std::random_device rd;
+  hash_seed_ = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
+
+namespace {
+
+uint64_t mix64(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  x ^= x >> 31;
+  return x;
+}
+
+// Folds one word into a running hash.
+uint64_t fold(uint64_t h, uint64_t v) { return mix64(h ^ mix64(v + 0x9e3779b97f4a7c15ULL)); }
+
+}  // namespace
+
+void Engine::extend_hashes(Seq& s) const {
+  const int64_t bs = cache_.block_size();
+  const Prompt& p = s.req.prompt;
+  const bool keyed = p.mm_keys.size() == p.mm_index.size();
+  while (s.hashable && static_cast<int64_t>(s.hashes.size() + 1) * bs <= static_cast<int64_t>(s.tokens.size())) {
+    const int64_t k = static_cast<int64_t>(s.hashes.size());
+    // Block 0 chains from the engine's seed; every block from its parent's hash.
+    uint64_t h = k == 0 ? fold(hash_seed_, static_cast<uint64_t>(bs)) : s.hashes.back();
+    auto mm = std::lower_bound(p.mm_index.begin(), p.mm_index.end(), k * bs);
+    for (int64_t i = k * bs; i < (k + 1) * bs; ++i) {
+      h = fold(h, static_cast<uint32_t>(s.tokens[i]));
+      for (int a = 0; a < 3; ++a) h = fold(h, static_cast<uint32_t>(s.position(a, i)));
+      if (mm != p.mm_index.end() && *mm == i) {
+        if (!keyed) {
+          s.hashable = false;
+          return;
+        }
+        h = fold(h, p.mm_keys[mm - p.mm_index.begin()]);
+        ++mm;
+      }
+    }
+    s.hashes.push_back(h);
+  }
+}
+
+void Engine::register_blocks(Seq& s) {
+  if (!opts_.prefix_caching) return;
+  extend_hashes(s);
+  const int64_t full = std::min<int64_t>(s.computed / cache_.block_size(), static_cast<int64_t>(s.hashes.size()));
+  for (; s.registered < full; ++s.registered) cache_.register_block(s.blocks[s.registered], s.hashes[s.registered]);
 }
 
 Engine::~Engine() = default;
@@ -127,6 +182,7 @@ void Engine::preempt(Seq& s) {
   // Recompute policy: drop the KV blocks; the sequence re-prefills prompt + generated tokens later.
   cache_.release(s.blocks);
   s.computed = 0;
+  s.registered = 0;
   ++stats_.preemptions;
 }
 
@@ -152,8 +208,30 @@ StepPlan Engine::schedule() {
   // Admit waiting requests in arrival order while there is room.
   while (!waiting_.empty() && budget > 0 && static_cast<int64_t>(running_.size()) < opts_.max_num_seqs) {
     Seq& s = *waiting_.front();
+    if (opts_.prefix_caching && s.blocks.empty() && s.computed == 0) {
+      // Take the cached full blocks of the longest known prefix; the last token is always computed (its logits
+      // are sampled), so a prompt made only of cached blocks recomputes its last block.
+      extend_hashes(s);
+      const int64_t bs = cache_.block_size();
+      const int64_t usable =
+          std::min<int64_t>(static_cast<int64_t>(s.hashes.size()), (static_cast<int64_t>(s.tokens.size()) - 1) / bs);
+      const int64_t hit = cache_.match_prefix(s.hashes.data(), usable, s.blocks);
+      s.computed = hit * bs;
+      s.registered = hit;
+    }
     const int64_t len = std::min(s.remaining(), budget);
-    if (!cache_.reserve(s.blocks, s.computed + len).is_ok()) break;
+    if (!cache_.reserve(s.blocks, s.computed + len).is_ok()) {
+      cache_.release(s.blocks);  // the cached blocks it took go back to the cache
+      s.computed = 0;
+      s.registered = 0;
+      break;
+    }
+    if (opts_.prefix_caching) {
+      stats_.prefix_cache_queries += static_cast<int64_t>(s.tokens.size());
+      stats_.prefix_cache_hits += s.computed;
+    }
+    if (!s.admitted) s.out.cached_tokens = std::min(s.computed, s.n_prompt);
+    s.admitted = true;
     if (s.out.first_scheduled_ms == 0) s.out.first_scheduled_ms = now_ms();
     plan.chunks.push_back({s.req.id, s.computed, len, s.computed + len == static_cast<int64_t>(s.tokens.size())});
     budget -= len;
@@ -250,6 +328,7 @@ Status Engine::run(const StepPlan& plan) {
     const ScheduledChunk& c = plan.chunks[ci];
     Seq& s = *seqs[ci];
     s.computed += c.length;
+    register_blocks(s);
     if (!c.sample) continue;
     const int32_t tok = Sampler::finish(rows[ci], picked[ci], V);
     if (tok < 0 || tok >= V) return internal_error("sampling did not produce a token");
@@ -329,6 +408,7 @@ Status Engine::step() {
     return Status::ok();
   }
   ++stats_.steps;
+  stats_.tokens_computed += plan.num_tokens();
   const bool decode = plan.decode_only();
   const double t0 = now_ms();
   if (decode && last_decode_start_ms_ >= 0) {
@@ -357,7 +437,15 @@ EngineStats Engine::stats() const {
   s.running = static_cast<int64_t>(running_.size());
   s.waiting = static_cast<int64_t>(waiting_.size());
   s.kv_blocks_used = cache_.used_blocks();
+  s.prefix_cache_blocks = cache_.cached_blocks();
   return s;
+}
+
+Status Engine::check_blocks() const {
+  std::vector<const std::vector<int32_t>*> tables;
+  for (const auto& s : running_) tables.push_back(&s->blocks);
+  for (const auto& s : waiting_) tables.push_back(&s->blocks);
+  return cache_.check(tables);
 }
 
 Result<RequestOutput> generate_one(std::shared_ptr<ModelBundle> model, Request req, EngineOptions opts) {

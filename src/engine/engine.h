@@ -24,6 +24,9 @@ struct EngineOptions {
   int64_t max_num_seqs = 32;        // running sequences at once
   int64_t max_batched_tokens = 2048;  // tokens per step (decode + prefill chunks)
   int64_t max_context = 0;          // 0 = min(max_position_embeddings, 32768)
+  // Automatic prefix caching: full KV blocks are registered under a chained hash of their tokens (ids, M-RoPE
+  // positions, the keys of their visual rows) and shared by later requests with the same prefix.
+  bool prefix_caching = true;
   // Builds the MoE hooks for one step (null = none); `decode_only` says the step has no prefill.
   std::function<const model::MoeHooks*(bool decode_only)> moe_hooks;
 };
@@ -47,6 +50,9 @@ struct StepPlan {
 struct EngineStats {
   int64_t running = 0, waiting = 0, kv_blocks_used = 0, kv_blocks_total = 0;
   int64_t steps = 0, preemptions = 0;
+  // Prefix cache: tokens looked up at admission, tokens found (their prefill skipped), blocks registered now.
+  int64_t prefix_cache_queries = 0, prefix_cache_hits = 0, prefix_cache_blocks = 0;
+  int64_t tokens_computed = 0;  // tokens run through the decoder (prefill chunks and decode tokens)
   // Decode-only steps (every chunk one sampled token), timed on the host: their count, the wall time of each step
   // (schedule, forward, token handling), of its forward call (input staging, launch, the device's work, the wait),
   // and, for a decode step that directly follows another, the interval between their starts (what a running
@@ -68,6 +74,8 @@ class Engine {
   // Plans and runs one step; calls on_update of the requests that advanced.
   Status step();
   EngineStats stats() const;
+  // The KV allocator's invariants against the block tables of every live request (tests).
+  Status check_blocks() const;
   int64_t max_context() const { return max_context_; }
   const ModelBundle& model() const { return *model_; }
 
@@ -78,6 +86,10 @@ class Engine {
   // Frees the blocks and reports the end with the final text (the part not yet sent is the delta).
   void finish(Seq& s, FinishReason r, std::string final_text, const std::string& error = {});
   void preempt(Seq& s);
+  // Prefix caching: hashes of the sequence's full blocks of known tokens, and the registration of its full
+  // computed blocks.
+  void extend_hashes(Seq& s) const;
+  void register_blocks(Seq& s);
   Seq* find(int64_t id);
 
   std::shared_ptr<ModelBundle> model_;
@@ -90,6 +102,7 @@ class Engine {
   EngineStats stats_;
   double last_decode_start_ms_ = -1;  // start of the previous step when it was decode-only, else -1
   double forward_ms_ = 0;             // the current step's forward call
+  uint64_t hash_seed_ = 0;            // random per engine: block hashes cannot be predicted from outside
 };
 
 // Runs one request to completion on a fresh engine (CLI use). Returns its output.

@@ -19,8 +19,12 @@ struct Prompt {
   int64_t rope_delta = 0;          // decode position = tokens in cache + rope_delta
   Tensor mm_embeds;                // [n_mm, hidden]
   std::vector<int64_t> mm_index;   // prompt index of each mm_embeds row (ascending)
+  // Prefix caching: per mm_embeds row, a key of what made the row (the image's content and pixel budget, the
+  // request's VisionZip settings). Empty with rows present: blocks holding visual rows are never cached.
+  std::vector<uint64_t> mm_keys;
   std::vector<Tensor> deepstack;   // each [n_mm, hidden]
   std::vector<int64_t> visual_tokens_before, visual_tokens_after;  // per image
+  int64_t images_encoded = 0;  // images this prompt ran through the vision tower (the others came from its cache)
   double vision_preprocess_ms = 0, vision_tower_ms = 0, vision_select_ms = 0;  // time spent on the images
 };
 
@@ -41,6 +45,7 @@ struct RequestOutput {
   std::string text;
   FinishReason finish = FinishReason::kNone;
   std::string error;
+  int64_t cached_tokens = 0;  // prompt tokens whose K/V came from the prefix cache (first admission)
   double arrival_ms = 0, first_scheduled_ms = 0, first_token_ms = 0, finish_ms = 0;
 };
 

@@ -125,8 +125,32 @@ Result<EncodedImages> encode_images(const ModelBundle& model, const std::vector<
   std::vector<std::shared_ptr<const CachedImage>> per_image(images.size());
   std::vector<uint64_t> keys(images.size());
   std::vector<size_t> misses;
+  for (size_t i = 0; i < images.size(); ++i) keys[i] = image_cache_key(images[i], min_px, max_px);
+  {
+    // Prefix-cache keys: the encoder-cache key (pixels, pixel budget) folded with the pruning that picks and
+    // merges the image's rows; a request-global budget makes each image's rows depend on all of them.
+    auto fold = [](uint64_t h, uint64_t v) {
+      h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+      h *= 0xff51afd7ed558ccdULL;
+      return h ^ (h >> 33);
+    };
+    auto bits = [](float f) {
+      uint32_t u;
+      std::memcpy(&u, &f, 4);
+      return static_cast<uint64_t>(u);
+    };
+    uint64_t prune_key = fold(0x7a65737450727531ULL, pruning ? 1 : 0);
+    if (pruning) {
+      for (uint64_t v : {bits(popt.rate), static_cast<uint64_t>(popt.mode), static_cast<uint64_t>(popt.budget),
+                         static_cast<uint64_t>(popt.min_tokens), bits(popt.contextual),
+                         static_cast<uint64_t>(popt.density), bits(popt.density_gamma), static_cast<uint64_t>(layer)})
+        prune_key = fold(prune_key, v);
+      if (popt.mode == accel::VisionPruneOptions::Mode::kGlobal)
+        for (uint64_t k : keys) prune_key = fold(prune_key, k);
+    }
+    for (uint64_t k : keys) enc.image_keys.push_back(fold(prune_key, k));
+  }
   for (size_t i = 0; i < images.size(); ++i) {
-    keys[i] = image_cache_key(images[i], min_px, max_px);
     auto hit = model.encoder_cache ? model.encoder_cache->get(keys[i]) : nullptr;
     if (hit && (!pruning || hit->score_layer == layer)) {
       per_image[i] = std::move(hit);

@@ -19,6 +19,9 @@ struct EncodedImages {
   std::vector<std::vector<int64_t>> kept;  // per image: kept merged-token indices (ascending), all when unpruned
   Tensor embeds;                      // [sum kept, hidden]
   std::vector<Tensor> deepstack;      // each [sum kept, hidden]
+  // Per image: a 64-bit key of what its rows depend on (decoded pixels and pixel budget, the request's resolved
+  // VisionZip settings and, when a request-global budget prunes, every image of the request), for prefix caching.
+  std::vector<uint64_t> image_keys;
   // Wall time of the cache misses' preprocessing, of the encoder forward (VisionZip scores included) and of
   // the cache bookkeeping, selection and gather.
   double preprocess_ms = 0, tower_ms = 0, select_ms = 0;

@@ -18,6 +18,34 @@ PagedKVCache::PagedKVCache(int64_t num_layers, int64_t num_blocks, int64_t block
     : PagedKVCache(num_blocks, block_size,
                    std::make_shared<CpuKvStorage>(num_layers, num_blocks, block_size, kv_heads, head_dim)) {}
 
+void PagedKVCache::init_blocks() {
+  free_.clear();
+  // Hand out low block ids first.
+  for (int64_t b = num_blocks_ - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));
+  ref_.assign(num_blocks_, 0);
+  hash_.assign(num_blocks_, 0);
+  registered_.assign(num_blocks_, 0);
+  in_lru_.assign(num_blocks_, 0);
+  lru_at_.assign(num_blocks_, lru_.end());
+  lru_.clear();
+  by_hash_.clear();
+}
+
+int32_t PagedKVCache::take_block() {
+  if (!free_.empty()) {
+    const int32_t b = free_.back();
+    free_.pop_back();
+    return b;
+  }
+  if (lru_.empty()) return -1;
+  const int32_t b = lru_.front();
+  lru_.pop_front();
+  in_lru_[b] = 0;
+  by_hash_.erase(hash_[b]);
+  registered_[b] = 0;
+  return b;
+}
+
 Status PagedKVCache::reserve(std::vector<int32_t>& table, int64_t n_tokens) {
   const int64_t need = blocks_for(n_tokens) - static_cast<int64_t>(table.size());
   if (need <= 0) return Status::ok();
@@ -25,15 +53,101 @@ Status PagedKVCache::reserve(std::vector<int32_t>& table, int64_t n_tokens) {
     return resource_exhausted("KV cache full: need " + std::to_string(need) + " more blocks, " +
                               std::to_string(free_blocks()) + " free");
   for (int64_t i = 0; i < need; ++i) {
-    table.push_back(free_.back());
-    free_.pop_back();
+    const int32_t b = take_block();
+    ref_[b] = 1;
+    table.push_back(b);
   }
   return Status::ok();
 }
 
 void PagedKVCache::release(std::vector<int32_t>& table) {
-  for (auto it = table.rbegin(); it != table.rend(); ++it) free_.push_back(*it);
+  for (auto it = table.rbegin(); it != table.rend(); ++it) {
+    const int32_t b = *it;
+    if (--ref_[b] > 0) continue;
+    if (registered_[b]) {
+      lru_at_[b] = lru_.insert(lru_.end(), b);
+      in_lru_[b] = 1;
+    } else {
+      free_.push_back(b);
+    }
+  }
   table.clear();
+}
+
+int64_t PagedKVCache::match_prefix(const uint64_t* hashes, int64_t count, std::vector<int32_t>& table) {
+  int64_t n = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    auto f = by_hash_.find(hashes[i]);
+    if (f == by_hash_.end()) break;
+    const int32_t b = f->second;
+    if (in_lru_[b]) {
+      lru_.erase(lru_at_[b]);
+      in_lru_[b] = 0;
+    }
+    ++ref_[b];
+    table.push_back(b);
+    ++n;
+  }
+  return n;
+}
+
+void PagedKVCache::register_block(int32_t block, uint64_t hash) {
+  if (registered_[block] || by_hash_.count(hash)) return;
+  registered_[block] = 1;
+  hash_[block] = hash;
+  by_hash_.emplace(hash, block);
+}
+
+void PagedKVCache::share(const std::vector<int32_t>& from, std::vector<int32_t>& to) {
+  for (int32_t b : from) {
+    if (in_lru_[b]) {
+      lru_.erase(lru_at_[b]);
+      in_lru_[b] = 0;
+    }
+    ++ref_[b];
+    to.push_back(b);
+  }
+}
+
+void PagedKVCache::clear_prefix_cache() {
+  for (int32_t b : lru_) {
+    in_lru_[b] = 0;
+    free_.push_back(b);
+  }
+  lru_.clear();
+  for (auto& [h, b] : by_hash_) registered_[b] = 0;
+  by_hash_.clear();
+}
+
+Status PagedKVCache::check(const std::vector<const std::vector<int32_t>*>& tables) const {
+  std::vector<int64_t> held(num_blocks_, 0), on_free(num_blocks_, 0);
+  for (const auto* t : tables)
+    for (int32_t b : *t) {
+      if (b < 0 || b >= num_blocks_) return internal_error("block id out of range in a table");
+      ++held[b];
+    }
+  for (int32_t b : free_) ++on_free[b];
+  int64_t in_lru = 0;
+  for (int32_t b : lru_) {
+    if (!in_lru_[b] || !registered_[b]) return internal_error("block " + std::to_string(b) + " in the LRU list unflagged");
+    ++in_lru;
+  }
+  if (in_lru != static_cast<int64_t>(lru_.size())) return internal_error("LRU size mismatch");
+  for (int64_t b = 0; b < num_blocks_; ++b) {
+    const std::string id = "block " + std::to_string(b);
+    if (ref_[b] != held[b])
+      return internal_error(id + ": refcount " + std::to_string(ref_[b]) + " but held by " + std::to_string(held[b]));
+    const int states = (on_free[b] > 0) + (in_lru_[b] ? 1 : 0) + (ref_[b] > 0);
+    if (on_free[b] > 1 || states != 1) return internal_error(id + " is in " + std::to_string(states) + " states");
+    if (on_free[b] && registered_[b]) return internal_error(id + " is free but registered");
+    if (registered_[b]) {
+      auto f = by_hash_.find(hash_[b]);
+      if (f == by_hash_.end() || f->second != b) return internal_error(id + " registered but not indexed");
+    }
+  }
+  for (const auto& [h, b] : by_hash_)
+    if (!registered_[b] || hash_[b] != h) return internal_error("hash index points at a block without that hash");
+  return Status::ok();
 }
 
 }  // namespace zest::model

@@ -120,6 +120,16 @@ std::string Metrics::render(const engine::EngineStats& stats) const {
         stats.kv_blocks_total > 0 ? static_cast<double>(stats.kv_blocks_used) / stats.kv_blocks_total : 0.0);
   gauge(out, "zest_kv_blocks_used", "KV-cache blocks in use.", static_cast<double>(stats.kv_blocks_used));
   gauge(out, "zest_kv_blocks_total", "KV-cache blocks in the pool.", static_cast<double>(stats.kv_blocks_total));
+  counter(out, "zest_prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache at admission.",
+          stats.prefix_cache_queries);
+  counter(out, "zest_prefix_cache_hits_total", "Prompt tokens found in the prefix cache (their prefill skipped).",
+          stats.prefix_cache_hits);
+  gauge(out, "zest_prefix_cache_hit_rate", "Prefix cache hits over queries since the start (tokens, 0 to 1).",
+        stats.prefix_cache_queries > 0
+            ? static_cast<double>(stats.prefix_cache_hits) / static_cast<double>(stats.prefix_cache_queries)
+            : 0.0);
+  gauge(out, "zest_prefix_cache_blocks", "KV-cache blocks registered in the prefix cache (held or evictable).",
+        static_cast<double>(stats.prefix_cache_blocks));
   counter(out, "zest_engine_decode_steps_total", "Decode-only engine steps (every scheduled sequence one token).",
           stats.decode_steps);
   header(out, "zest_engine_decode_step_seconds_total", "counter",

@@ -71,6 +71,7 @@ json usage_json(const Usage& u) {
   return {{"prompt_tokens", u.prompt_tokens},
           {"completion_tokens", u.completion_tokens},
           {"total_tokens", u.prompt_tokens + u.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens}}},
           {"visual_tokens_before", u.visual_tokens_before},
           {"visual_tokens_after", u.visual_tokens_after}};
 }

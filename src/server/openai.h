@@ -21,6 +21,7 @@ struct Usage {
   int64_t completion_tokens = 0;
   int64_t visual_tokens_before = 0;
   int64_t visual_tokens_after = 0;
+  int64_t cached_tokens = 0;  // prompt tokens served from the prefix cache (prompt_tokens_details.cached_tokens)
 };
 
 // Identity of one completion, shared by its response or all its chunks.

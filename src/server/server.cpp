@@ -87,7 +87,8 @@ struct Job {
   std::shared_ptr<RequestChannel> channel;
   std::vector<int64_t> ids;  // engine request id of each choice
   CompletionId cid;
-  Usage usage;               // prompt and visual tokens (completion tokens are added at the end)
+  Usage usage;               // prompt and visual tokens (completion and cached tokens are added at the end)
+  int64_t n = 1;             // choices per prompt (choice i belongs to prompt i / n)
   bool include_usage = false;
   bool logprobs = false;
   bool token_ids = false;    // logprob tokens as "token_id:N"
@@ -424,6 +425,7 @@ void Server::Impl::handle_chat(const httplib::Request&, httplib::Response& res,
                          model_name};
   // n choices of one prompt, each prefilled on its own; the prompt is counted once in usage, as OpenAI does.
   job.usage.prompt_tokens = n_prompt;
+  job.n = cr.n;
   for (int64_t v : prompt->visual_tokens_before) job.usage.visual_tokens_before += v;
   for (int64_t v : prompt->visual_tokens_after) job.usage.visual_tokens_after += v;
   std::vector<ChoiceSpec> choices(static_cast<size_t>(cr.n));
@@ -455,6 +457,7 @@ void Server::Impl::handle_completions(httplib::Response& res, const httplib::Con
   job.cid = CompletionId{"cmpl-" + hex(id_prefix, 16) + hex(static_cast<uint64_t>(next_id.load()), 8), unix_seconds(),
                          model_name};
   // Prompt p's choices are p * n .. p * n + n - 1, choice j seeded with seed + j; every prompt counted once.
+  job.n = cr.n;
   std::vector<ChoiceSpec> choices;
   for (const auto& p : cr.prompts) {
     job.usage.prompt_tokens += static_cast<int64_t>(p.size());
@@ -610,6 +613,7 @@ std::pair<int, std::string> Server::Impl::whole_body(const ChannelUpdate& u, con
     if (out.finish == engine::FinishReason::kAbort)
       return {503, dump_json(error_body(503, "the request was aborted: the server is shutting down"))};
     usage.completion_tokens += static_cast<int64_t>(out.token_ids.size());
+    if (c.index % job.n == 0) usage.cached_tokens += out.cached_tokens;  // each prompt counted once
     if (job.text_completion) {
       int64_t offset = 0;
       choices.push_back(text_choice_json(
@@ -717,8 +721,10 @@ bool Server::Impl::stream_step(Job& job, httplib::DataSink& sink) {
     if (!last && u.finished) {
       if (job.include_usage) {
         Usage usage = job.usage;
-        for (const ChoiceUpdate& c : job.channel->wait_final().choices)
+        for (const ChoiceUpdate& c : job.channel->wait_final().choices) {
           usage.completion_tokens += static_cast<int64_t>(c.output.token_ids.size());
+          if (c.index % job.n == 0) usage.cached_tokens += c.output.cached_tokens;
+        }
         out += sse_event(job.text_completion ? text_completion_json(job.cid, json::array(), &usage, false)
                                              : usage_chunk_json(job.cid, usage));
       }

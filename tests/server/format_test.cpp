@@ -93,6 +93,15 @@ TEST(Metrics, ProvidersAppendToTheExposition) {
   EXPECT_EQ(v["zest_time_to_first_token_seconds_count"], 0) << "a negative time is not observed";
   EXPECT_EQ(v["zest_kv_blocks_used"], 3);
   EXPECT_DOUBLE_EQ(v["zest_kv_cache_usage_ratio"], 3.0 / 12.0);
+  EXPECT_EQ(v["zest_prefix_cache_hit_rate"], 0) << "no queries yet";
+  s.prefix_cache_queries = 400;
+  s.prefix_cache_hits = 96;
+  s.prefix_cache_blocks = 9;
+  v = parse_metrics(m.render(s));
+  EXPECT_EQ(v["zest_prefix_cache_queries_total"], 400);
+  EXPECT_EQ(v["zest_prefix_cache_hits_total"], 96);
+  EXPECT_DOUBLE_EQ(v["zest_prefix_cache_hit_rate"], 96.0 / 400.0);
+  EXPECT_EQ(v["zest_prefix_cache_blocks"], 9);
 }
 
 TEST(OpenAIFormat, ErrorBodiesAndInvalidUtf8) {

@@ -386,6 +386,28 @@ TEST_P(ServerTest, ModelsHealthAndMetricsEndpoints) {
     EXPECT_NE(res->body.find(std::string("# TYPE ") + name + " gauge"), std::string::npos) << name;
 }
 
+// A second request with the same long prompt takes its full blocks from the prefix cache: the same answer, its
+// cached tokens in usage (OpenAI's prompt_tokens_details), hits and queries in /metrics.
+TEST_P(ServerTest, RepeatedPromptReportsCachedTokens) {
+  const json body = chat_body(std::string(200, 'z') + " Name three colors.", 6);
+  int64_t n_prompt = 0;
+  const engine::RequestOutput ref = reference_output(GetParam(), body, &n_prompt);
+  ASSERT_GT(n_prompt, 32);
+  HttpReply a = post_json(*cli_, body.dump());
+  ASSERT_EQ(a.status, 200) << a.body;
+  EXPECT_EQ(a.j["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  HttpReply b = post_json(*cli_, body.dump());
+  ASSERT_EQ(b.status, 200) << b.body;
+  EXPECT_EQ(b.j["choices"][0]["message"]["content"], ref.text);
+  const int64_t cached = (n_prompt - 1) / 16 * 16;
+  EXPECT_EQ(b.j["usage"]["prompt_tokens_details"]["cached_tokens"], cached);
+  auto m = wait_metrics(*cli_, idle);
+  EXPECT_EQ(m["zest_prefix_cache_queries_total"], 2 * n_prompt);
+  EXPECT_EQ(m["zest_prefix_cache_hits_total"], cached);
+  EXPECT_NEAR(m["zest_prefix_cache_hit_rate"], static_cast<double>(cached) / (2.0 * n_prompt), 1e-9);
+  EXPECT_GT(m["zest_prefix_cache_blocks"], 0);
+}
+
 TEST_P(ServerTest, ConcurrentClientsGetTheirOwnAnswers) {
   constexpr int kClients = 32;
   std::vector<json> bodies;
