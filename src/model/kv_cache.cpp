@@ -18,19 +18,6 @@ PagedKVCache::PagedKVCache(int64_t num_layers, int64_t num_blocks, int64_t block
     : PagedKVCache(num_blocks, block_size,
                    std::make_shared<CpuKvStorage>(num_layers, num_blocks, block_size, kv_heads, head_dim)) {}
 
-void PagedKVCache::init_blocks() {
-  free_.clear();
-  // Hand out low block ids first.
-  for (int64_t b = num_blocks_ - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));
-  ref_.assign(num_blocks_, 0);
-  hash_.assign(num_blocks_, 0);
-  registered_.assign(num_blocks_, 0);
-  in_lru_.assign(num_blocks_, 0);
-  lru_at_.assign(num_blocks_, lru_.end());
-  lru_.clear();
-  by_hash_.clear();
-}
-
 int32_t PagedKVCache::take_block() {
   if (!free_.empty()) {
     const int32_t b = free_.back();

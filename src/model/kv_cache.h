@@ -106,7 +106,19 @@ class PagedKVCache {
   int64_t num_blocks_ = 0, block_size_ = 16;
   std::shared_ptr<KvStorage> storage_;
   CpuKvStorage* cpu_ = nullptr;
-  void init_blocks();
+  // Inline: backends construct caches (the CUDA decoder's library does not link the model library).
+  void init_blocks() {
+    free_.clear();
+    // Hand out low block ids first.
+    for (int64_t b = num_blocks_ - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));
+    ref_.assign(num_blocks_, 0);
+    hash_.assign(num_blocks_, 0);
+    registered_.assign(num_blocks_, 0);
+    in_lru_.assign(num_blocks_, 0);
+    lru_at_.assign(num_blocks_, lru_.end());
+    lru_.clear();
+    by_hash_.clear();
+  }
   int32_t take_block();  // from the free list, else evicts the oldest cached block; -1 when none
 
   std::vector<int32_t> free_;
