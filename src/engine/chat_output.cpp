@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/json_depth.h"
 #include "text/py_json.h"
 
 namespace zest::engine {
@@ -27,25 +28,6 @@ size_t partial_tag(std::string_view s, std::string_view tag) {
   return 0;
 }
 
-bool deeper_than(std::string_view text, int max_depth) {
-  int depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (c == '\\') ++i;
-      else if (c == '"') in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > max_depth) return true;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return false;
-}
-
 std::string new_call_id() {
   thread_local std::mt19937_64 gen{std::random_device{}()};
   static const char* kDigits = "0123456789abcdef";
@@ -60,7 +42,7 @@ std::string new_call_id() {
 }  // namespace
 
 bool parse_tool_call_body(std::string_view body, std::string& name, std::string& arguments) {
-  if (deeper_than(body, kMaxCallDepth)) return false;
+  if (json_deeper_than(body, kMaxCallDepth)) return false;
   const nlohmann::ordered_json j = nlohmann::ordered_json::parse(body.begin(), body.end(), nullptr, false);
   if (j.is_discarded() || !j.is_object()) return false;
   auto n = j.find("name");

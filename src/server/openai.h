@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/json_depth.h"  // json_deeper_than, checked on request bodies
 #include "core/status.h"
 #include "engine/chat_output.h"
 #include "engine/request.h"
@@ -38,11 +39,6 @@ nlohmann::json error_body(int http_status, const std::string& message, const std
 int http_status_for(const Status& st);
 // The request field an error message names ("'top_p' must ..." -> top_p, "messages[2]..." -> messages).
 std::string error_param(const std::string& message);
-
-// Whether a JSON text nests arrays and objects deeper than `max_depth`: one pass over the bytes (strings
-// skipped), no recursion and no allocation, so a hostile body is refused before a recursive consumer (a
-// copy, a dump, the chat template) sees it.
-bool json_deeper_than(std::string_view text, int64_t max_depth);
 
 // OpenAI finish_reason for an engine finish (stop, length, abort; error -> "error").
 const char* openai_finish_reason(engine::FinishReason r);
