@@ -48,6 +48,26 @@ def task_table(report: str) -> dict[str, str]:
     return out
 
 
+def chunk_ends(log: list[dict]) -> list[float]:
+    """The seconds each training chunk ran: a chunk's clock `t` restarts when the next one resumes."""
+    ends, last = [], None
+    for r in log:
+        if "t" not in r:
+            continue
+        if last is not None and r["t"] < last:
+            ends.append(last)
+        last = r["t"]
+    return ends + ([last] if last is not None else [])
+
+
+def train_minutes(log: list[dict]) -> float:
+    return sum(chunk_ends(log)) / 60
+
+
+def chunks(log: list[dict]) -> int:
+    return len(chunk_ends(log))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--model", required=True)
@@ -137,8 +157,8 @@ Greedy exact match on the held-out split (`eval/`, seed 2; training used seed 1)
 ## Training
 
 `tools/demo_model/` (see its README): {len(log) and log[-1]['step']} steps of 256 samples drawn on the fly
-(about {sum(1 for _ in log) and round(log[-1]['t'] / 60)} minutes of the last chunk; the whole run is in
-the reproducing command there), AdamW, lr 8e-4 cosine, fp32 master weights under bf16 autocast, one H100.
+(about {train_minutes(log):.0f} minutes of one H100 in {chunks(log)} resumed chunks), AdamW, lr 8e-4 with warmup
+and cosine decay, fp32 master weights under bf16 autocast.
 Last teacher-forced probe: {json.dumps(probe[-1]['probe']) if probe else '-'}.
 
 ## Files
