@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One call on the GPU machine, with the package from bench/gpu-package.sh carried (.gpu/zest-gpu.tar.xz): the CUDA
+# One call on the GPU machine, with the package from bench/gpu-package.sh carried (.gpu/zest-gpu.tar.xz; run
+# `bash bench/lighten.sh off demo` before the call and `bash bench/lighten.sh on` after, for the 64 MiB limit): the CUDA
 # test suite, a compute-sanitizer memcheck pass over it (MEMCHECK=0 skips), the decode benchmark (Qwen3-30B-A3B
 # shapes, SERE off/on), the prefill benchmark, the multi-image TTFT benchmark (Qwen3-VL-30B-A3B shapes, VisionZip
 # rates), SERE calibration on the CUDA decoder, served decode steps against synthetic ones (bench/gpu/servegap.sh),

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine (run from the repository root, with .gpu/zest-gpu.tar.xz from bench/gpu-package.sh
-# and tools/demo_model/fonts carried): draws the held-out split and runs `zest eval --device cuda` on the
+# and tools/demo_model/fonts carried, the test fixtures moved aside by `bench/lighten.sh off fixtures`): draws the held-out split and runs `zest eval --device cuda` on the
 # demo model; MEASURE=1 also runs measure.sh's sweeps on CUDA. Reports and predictions go to $OUT.
 #   MODEL=models/zest-demo-vl bash tools/demo_model/gpu_eval.sh
 set -euo pipefail
