@@ -63,18 +63,7 @@ int run_logits(const LogitsArgs& a) {
   b.tokens = p.ids;
   b.positions = p.positions;
   b.seqs.push_back({&table, 0, n, a.all_positions, true});
-  b.mm_index = p.mm_index;
-  if (p.mm_embeds.defined() && p.mm_embeds.device() != Device::CPU) {
-    // Visual rows in device memory (CUDA vision path): handed to the decoder as they are.
-    model::ForwardBatch::DeviceRows rows;
-    rows.embeds = p.mm_embeds.raw();
-    for (const Tensor& d : p.deepstack) rows.deepstack.push_back(d.raw());
-    rows.rows = p.mm_embeds.dim(0);
-    b.mm_device.push_back(rows);
-  } else {
-    b.mm_embeds = p.mm_embeds;
-    b.deepstack = p.deepstack;
-  }
+  engine::attach_visual_rows(p, b);  // host rows, or the CUDA vision path's device rows as they are
   // SERE re-routes prompt (prefill) tokens only with --sere-prefill.
   const model::MoeHooks* hooks = *accel ? (*accel)->hooks(/*decode_only=*/false) : nullptr;
   auto logits = model->decoder().forward(b, cache, hooks);

@@ -737,4 +737,18 @@ Result<Prompt> build_prompt(const ModelBundle& model, const ChatRequest& req, co
   return finish_prompt(model, req, std::move(plan), opts);
 }
 
+void attach_visual_rows(const Prompt& p, model::ForwardBatch& b) {
+  b.mm_index = p.mm_index;
+  if (p.mm_embeds.defined() && p.mm_embeds.device() != Device::CPU) {
+    model::ForwardBatch::DeviceRows rows;
+    rows.embeds = p.mm_embeds.raw();
+    for (const Tensor& d : p.deepstack) rows.deepstack.push_back(d.raw());
+    rows.rows = p.mm_embeds.dim(0);
+    b.mm_device.push_back(std::move(rows));
+  } else {
+    b.mm_embeds = p.mm_embeds;
+    b.deepstack = p.deepstack;
+  }
+}
+
 }  // namespace zest::engine

@@ -123,6 +123,10 @@ Result<Prompt> finish_prompt(const ModelBundle& model, const ChatRequest& req, P
 // plan_prompt + finish_prompt.
 Result<Prompt> build_prompt(const ModelBundle& model, const ChatRequest& req, const PromptOptions& opts);
 
+// Hands a whole prompt's visual rows to a one-sequence forward batch: host rows as mm_embeds/deepstack,
+// rows the CUDA vision path left in device memory as one mm_device segment. mm_index is copied too.
+void attach_visual_rows(const Prompt& p, model::ForwardBatch& b);
+
 // M-RoPE position ids [3, n] for `ids` given each image's merged grid (rows, cols) in order of its
 // image-pad run, and the rope delta for decode (Qwen3-VL get_rope_index).
 void rope_positions(const std::vector<int32_t>& ids, int32_t image_token_id,

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/timer.h"
+#include "engine/chat_request.h"
 #include "io/safetensors.h"
 #include "kernels/sere_calibration.h"
 
@@ -170,9 +171,7 @@ Result<Tensor> prompt_logits(const model::TextDecoder& dec, model::PagedKVCache&
   b.tokens = p.ids;
   b.positions = p.positions;
   b.seqs.push_back({&table, 0, n, /*all_logits=*/true, /*reroute=*/true});
-  b.mm_embeds = p.mm_embeds;
-  b.mm_index = p.mm_index;
-  b.deepstack = p.deepstack;
+  attach_visual_rows(p, b);
   auto r = dec.forward(b, cache, hooks);
   cache.release(table);
   return r;

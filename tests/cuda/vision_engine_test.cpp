@@ -20,6 +20,7 @@
 #include "engine/encoder_cache.h"
 #include "engine/engine.h"
 #include "engine/model_bundle.h"
+#include "engine/sere.h"
 #include "engine/vision_encode.h"
 #include "io/image.h"
 #include "kernels/backend.h"
@@ -491,4 +492,53 @@ TEST_F(CudaVisionEngine, DeviceEncoderRejectsBadInput) {
 }
 
 }  // namespace
+// zest sere-protect --device cuda with image prompts: the CUDA vision path leaves the kept rows in device
+// memory, and the ranking's prompt forwards must hand them to the decoder as device rows (they were passed as
+// host rows and refused). The CUDA bundle's KL per expert is finite and non-negative, and every layer's KL
+// vector is within 20% (L1, relative) of the CPU bundle's f32 reference: bf16 forwards, small KLs.
+TEST_F(CudaVisionEngine, SereProtectRanksImagePromptsOnTheDevice) {
+  const auto cases = reference_cases();
+  ASSERT_FALSE(cases.empty());
+  engine::PromptOptions po;
+  po.base_dir = ZEST_SOURCE_DIR;
+  std::vector<engine::Prompt> pc, pg;
+  for (const auto& [name, ref] : cases) {
+    auto rc = engine::parse_chat_request(pruned_request(ref), *cpu);
+    auto rg = engine::parse_chat_request(pruned_request(ref), *gpu);
+    ASSERT_TRUE(rc.ok() && rg.ok());
+    auto c = engine::build_prompt(*cpu, *rc, po);
+    auto g = engine::build_prompt(*gpu, *rg, po);
+    ASSERT_TRUE(c.ok() && g.ok());
+    ASSERT_EQ(g->mm_embeds.device(), Device::CUDA);
+    pc.push_back(std::move(c).value());
+    pg.push_back(std::move(g).value());
+  }
+  engine::CalibrationOptions co;
+  co.text_files = {std::string(ZEST_SOURCE_DIR) + "/assets/calibration/00_en_zen_of_python.txt"};
+  co.max_tokens = 256;
+  co.progress = false;
+  co.out_file = ::testing::TempDir() + "/sere_protect_cuda_sim.safetensors";
+  auto cal = engine::calibrate_sere(*cpu, co);
+  ASSERT_TRUE(cal.ok()) << cal.status().to_string();
+  engine::ProtectOptions opt;
+  opt.similarity_file = co.out_file;
+  opt.per_layer = 2;
+  opt.progress = false;
+  auto rc = engine::rank_protected_experts(*cpu, pc, opt);
+  auto rg = engine::rank_protected_experts(*gpu, pg, opt);
+  ASSERT_TRUE(rc.ok()) << rc.status().to_string();
+  ASSERT_TRUE(rg.ok()) << rg.status().to_string();
+  ASSERT_EQ(rg->kl.size(), rc->kl.size());
+  for (size_t l = 0; l < rc->kl.size(); ++l) {
+    ASSERT_EQ(rg->kl[l].size(), rc->kl[l].size());
+    double num = 0, den = 0;
+    for (size_t e = 0; e < rc->kl[l].size(); ++e) {
+      EXPECT_TRUE(std::isfinite(rg->kl[l][e]) && rg->kl[l][e] >= 0) << "layer " << l << " expert " << e;
+      num += std::abs(rg->kl[l][e] - rc->kl[l][e]);
+      den += std::abs(rc->kl[l][e]);
+    }
+    EXPECT_LE(num, 0.2 * den + 1e-6) << "layer " << l;  // bf16 forward vs the f32 reference
+  }
+}
+
 }  // namespace zest
