@@ -4,10 +4,13 @@
 # and OUT/*.png (plots).
 #   ZEST=build/zest MODEL=models/zest-demo-vl EVAL=/tmp/demo-eval OUT=/tmp/quality DEVICE=cpu \
 #     bash tools/demo_model/measure.sh
-# EVAL is make_eval.py's output; LIMIT=N runs the first N items only (a quick look).
+# EVAL is make_eval.py's output; LIMIT=N runs the first N items only (a quick look). SCORE_LAYER (default -1,
+# the demo model's best scoring block in the score_layer sweep; the engine's default is -2) scores VisionZip in
+# the other sweeps.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 ZEST=${ZEST:-build/zest} MODEL=${MODEL:-models/zest-demo-vl} EVAL=${EVAL:?} OUT=${OUT:?} DEVICE=${DEVICE:-cpu}
+LAYER=${SCORE_LAYER:--1}
 mkdir -p "$OUT"
 lim=()
 [ -z "${LIMIT:-}" ] || lim=(--limit "$LIMIT")
@@ -33,12 +36,14 @@ if [ ! -f "$OUT/sere_protected.json" ]; then
 fi
 sim=(--sere-similarity "$OUT/sere_similarity.safetensors")
 
-ev visionzip --batch 32 --sweep vision-budget-mode=uniform,global --sweep vision-prune-rate=0,0.3,0.4,0.5,0.7
-ev contextual --batch 32 --vision-prune-rate 0.5 --vision-budget-mode global --sweep vision-contextual=0,0.1,0.3
-ev score_layer --batch 32 --vision-prune-rate 0.5 --vision-budget-mode global --sweep vision-score-layer=-1,-2,-3
+ev score_layer --batch 32 --vision-prune-rate 0.4 --vision-budget-mode global --sweep vision-score-layer=-1,-2,-3,-4
+ev visionzip --batch 32 --vision-score-layer "$LAYER" --sweep vision-budget-mode=uniform,global \
+  --sweep vision-prune-rate=0,0.3,0.4,0.5,0.7
+ev contextual --batch 32 --vision-score-layer "$LAYER" --vision-prune-rate 0.4 --vision-budget-mode global \
+  --sweep vision-contextual=0,0.1,0.3
 ev sere --batch 32 "${sim[@]}" --sweep sere-primary=0,1,2,3 --sweep sere-threshold=0,0.3,0.5
 ev sere_batch --sere-primary 2 --sere-threshold 0.5 "${sim[@]}" --sweep batch=1,8,64
-ev both --batch 32 "${sim[@]}" --vision-budget-mode global --sweep vision-prune-rate=0,0.4 --sweep sere-primary=0,2 \
+ev both --batch 32 "${sim[@]}" --vision-score-layer "$LAYER" --vision-budget-mode global --sweep vision-prune-rate=0,0.4 --sweep sere-primary=0,2 \
   --sere-threshold 0.5
 ev unprotected --batch 32 "${sim[@]}" --sere-primary 1 --sere-threshold 0
 ev protected --batch 32 "${sim[@]}" --sere-primary 1 --sere-threshold 0 --sere-protected "$OUT/sere_protected.json"
