@@ -14,5 +14,6 @@ void register_bench(CLI::App& app, std::function<int()>& run);
 void register_calibrate_sere(CLI::App& app, std::function<int()>& run);
 void register_eval(CLI::App& app, std::function<int()>& run);
 void register_sere_protect(CLI::App& app, std::function<int()>& run);
+void register_calibrate_visionzip(CLI::App& app, std::function<int()>& run);
 
 }  // namespace zest::cli

@@ -119,7 +119,9 @@ void add_accel_args(CLI::App* app, AccelArgs& a) {
   app->add_option("--vision-budget-mode", a.vision_budget_mode, "VisionZip: uniform | global")
       ->check(CLI::IsMember({"uniform", "global"}));
   app->add_option("--vision-budget", a.vision_budget, "VisionZip: absolute visual-token budget per request (global mode)");
-  app->add_option("--vision-score-layer", a.vision_score_layer, "VisionZip: vision block that scores tokens (negative counts from the end)");
+  app->add_option("--vision-score-layer", a.vision_score_layer,
+                  "VisionZip: vision block that scores tokens (negative counts from the end; default: the model's "
+                  "visionzip.json from zest calibrate-visionzip, else -2)");
   app->add_option("--vision-min-tokens", a.vision_min_tokens, "VisionZip: tokens every image keeps at least")
       ->check(CLI::PositiveNumber);
   app->add_option("--vision-contextual", a.vision_contextual, "VisionZip: share of kept tokens that are merged tokens")
@@ -167,7 +169,8 @@ Result<std::unique_ptr<engine::SereRuntime>> apply_accel(const AccelArgs& a, eng
   vp.budget = a.vision_budget;
   vp.min_tokens = a.vision_min_tokens;
   vp.contextual = a.vision_contextual;
-  model.vision_score_layer = a.vision_score_layer;
+  model.vision_score_layer =
+      a.vision_score_layer.value_or(model.calibrated_score_layer.value_or(engine::ModelBundle::kDefaultScoreLayer));
   std::unique_ptr<engine::SereRuntime> sere;
   if (a.sere.enabled()) {
     engine::SereOptions so = a.sere;

@@ -1,5 +1,6 @@
 // Shared pieces of the zest subcommands: model loading, request assembly, errors.
 #pragma once
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,7 +51,7 @@ struct AccelArgs {
   float vision_prune_rate = 0.0f;
   std::string vision_budget_mode = "global";
   int64_t vision_budget = -1;
-  int64_t vision_score_layer = -2;
+  std::optional<int64_t> vision_score_layer;  // unset: the model's (MODEL/visionzip.json, else -2)
   int64_t vision_min_tokens = 16;
   float vision_contextual = 0.0f;
 };

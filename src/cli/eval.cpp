@@ -10,6 +10,7 @@
 #include "eval/plot.h"
 #include "eval/report.h"
 #include "eval/runner.h"
+#include "eval/score_layer.h"
 
 namespace zest::cli {
 namespace {
@@ -151,7 +152,63 @@ int run_eval(const EvalArgs& a) {
   return 0;
 }
 
+struct ScoreLayerArgs {
+  ModelArgs model;
+  std::string data;
+  int64_t limit = 0;
+  double rate = 0.4;
+  int64_t batch = 16;
+  int64_t max_tokens = 32;
+  std::string out;
+  bool quiet = false;
+};
+
+int run_calibrate_visionzip(const ScoreLayerArgs& a) {
+  auto data = eval::load_eval_data(a.data, a.limit);
+  if (!data.ok()) return fail(data.status());
+  auto model = load_model(a.model);
+  if (!model.ok()) return fail(model.status());
+  eval::ScoreLayerOptions o;
+  o.rate = a.rate;
+  o.run.batch = a.batch;
+  o.run.max_tokens = a.max_tokens;
+  o.run.progress = !a.quiet;
+  engine::EngineOptions eopts;
+  auto c = eval::choose_score_layer(*model, *data, eopts, o);
+  if (!c.ok()) return fail(c.status());
+  const std::string out = a.out.empty() ? (*model)->dir + "/visionzip.json" : a.out;
+  for (const eval::BlockScore& b : c->blocks)
+    std::cout << "score block " << b.score_layer << ": exact match " << 100 * b.exact << "%, ANLS " << 100 * b.anls
+              << "%\n";
+  Status st = eval::write_score_layer(out, *c);
+  if (!st.is_ok()) return fail(st);
+  std::cout << "score block " << c->score_layer << " at rate " << c->rate << " over " << c->items << " items; wrote "
+            << out << "\n";
+  return 0;
+}
+
 }  // namespace
+
+void register_calibrate_visionzip(CLI::App& app, std::function<int()>& run) {
+  auto a = std::make_shared<ScoreLayerArgs>();
+  CLI::App* sub = app.add_subcommand(
+      "calibrate-visionzip",
+      "Choose the vision block whose attention scores VisionZip's tokens: the one that keeps a calibration set's "
+      "answers best when its images are pruned; writes MODEL/visionzip.json, the model's default from then on");
+  add_model_args(sub, a->model);
+  sub->add_option("--data", a->data, "calibration items with images and answers (zest eval JSONL)")->required();
+  sub->add_option("--limit", a->limit, "only the first N items (0 = all)")->check(CLI::NonNegativeNumber);
+  sub->add_option("--rate", a->rate, "VisionZip rate the blocks are compared at (global budget)")
+      ->check(CLI::Range(0.01, 0.99))
+      ->capture_default_str();
+  sub->add_option("--batch", a->batch, "requests in flight")->check(CLI::PositiveNumber)->capture_default_str();
+  sub->add_option("--max-tokens", a->max_tokens, "tokens to generate for items that set no max_tokens")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  sub->add_option("--out", a->out, "output JSON (default: MODEL/visionzip.json)");
+  sub->add_flag("--quiet", a->quiet, "no progress line on stderr");
+  sub->callback([a, &run] { run = [a] { return run_calibrate_visionzip(*a); }; });
+}
 
 void register_eval(CLI::App& app, std::function<int()>& run) {
   auto a = std::make_shared<EvalArgs>();

@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   zest::cli::register_calibrate_sere(app, run);
   zest::cli::register_eval(app, run);
   zest::cli::register_sere_protect(app, run);
+  zest::cli::register_calibrate_visionzip(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -4,6 +4,9 @@
 
 #include <atomic>
 #include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "engine/encoder_cache.h"
 #include "engine/vision_encode.h"
@@ -51,8 +54,30 @@ Result<std::shared_ptr<ModelBundle>> ModelBundle::load(const std::string& dir, m
     m->preprocessor = std::move(pre).value();
     Status vs = load_vision_tower(*m);
     if (!vs.is_ok()) return vs.with_context("vision tower of " + dir);
+    auto layer = load_score_layer(dir + "/visionzip.json", m->config.vision->depth);
+    if (!layer.ok()) return layer.status();
+    m->calibrated_score_layer = *layer;
+    if (*layer) m->vision_score_layer = **layer;
   }
   return m;
+}
+
+Result<std::optional<int64_t>> load_score_layer(const std::string& file, int64_t depth) {
+  std::error_code ec;
+  if (!std::filesystem::exists(file, ec)) return std::optional<int64_t>();
+  std::ifstream f(file);
+  if (!f) return not_found("cannot open '" + file + "'");
+  const nlohmann::json j = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return corrupt("'" + file + "' is not a JSON object");
+  if (j.value("format", "") != "zest-visionzip/1")
+    return corrupt("'" + file + "': format must be \"zest-visionzip/1\" (written by zest calibrate-visionzip)");
+  const auto it = j.find("score_layer");
+  if (it == j.end() || !it->is_number_integer()) return corrupt("'" + file + "': score_layer must be an integer");
+  const int64_t layer = it->get<int64_t>();
+  if (layer < -depth || layer >= depth)
+    return corrupt("'" + file + "': score_layer " + std::to_string(layer) + " is outside the tower's " +
+                   std::to_string(depth) + " blocks");
+  return std::optional<int64_t>(layer);
 }
 
 Result<std::shared_ptr<ModelBundle>> ModelBundle::random(const RandomModelOptions& o, model::Backend backend) {

@@ -47,9 +47,12 @@ struct ModelBundle {
   std::shared_ptr<model::TextDecoder> device_text;  // the device decoder (non-CPU backends)
   std::shared_ptr<vision::VisionEncoder> vision;   // the vision tower on `backend`; null for text-only models
   // VisionZip defaults for requests that do not override them (rate 0 = off), and the vision block
-  // whose attention scores the tokens (negative counts from the end).
+  // whose attention scores the tokens (negative counts from the end): MODEL/visionzip.json's choice
+  // (zest calibrate-visionzip) if the folder has one, else -2.
   accel::VisionPruneOptions vision_prune;
-  int64_t vision_score_layer = -2;
+  static constexpr int64_t kDefaultScoreLayer = -2;
+  std::optional<int64_t> calibrated_score_layer;  // from MODEL/visionzip.json
+  int64_t vision_score_layer = kDefaultScoreLayer;
   // Vision-tower outputs by image content (null = no caching).
   std::shared_ptr<EncoderCache> encoder_cache;
 
@@ -72,5 +75,9 @@ struct ModelBundle {
   // Token ids that end generation: generation_config eos ids, else <|im_end|> and <|endoftext|>.
   std::vector<int32_t> eos_ids() const;
 };
+
+// The score block of a visionzip.json (zest calibrate-visionzip) checked against a tower of `depth` blocks;
+// nullopt when the file does not exist.
+Result<std::optional<int64_t>> load_score_layer(const std::string& file, int64_t depth);
 
 }  // namespace zest::engine
