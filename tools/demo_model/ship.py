@@ -77,6 +77,7 @@ def main() -> None:
     ap.add_argument("--cuda-report")
     ap.add_argument("--agreement", default="", help="text of eval_hf.py --compare for the record")
     ap.add_argument("--log", required=True)
+    ap.add_argument("--visionzip", help="zest calibrate-visionzip's visionzip.json (the model's VisionZip score block)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
 
@@ -87,6 +88,15 @@ def main() -> None:
     (out / "eval").mkdir()
     for f in MODEL_FILES + sorted(p.name for p in src.glob("model*.safetensors*")):
         shutil.copy(src / f, out / f)
+    vz = json.loads(Path(a.visionzip).read_text()) if a.visionzip else None
+    vz_line = ""
+    if vz:
+        shutil.copy(a.visionzip, out / "visionzip.json")
+        blocks = ", ".join(f"block {b['score_layer']}: {100 * b['exact']:.1f}%" for b in vz["blocks"])
+        vz_line = (f"- `visionzip.json`: VisionZip's score block for this model, {vz['score_layer']}, chosen by\n"
+                   f"  `zest calibrate-visionzip --rate {vz['rate']}` on {vz['items']} items of a calibration split\n"
+                   f"  (seed 99; exact match at each block: {blocks}); zest reads it as the model's\n"
+                   f"  default (`--vision-score-layer` overrides it). docs/quality.md has the trade-offs.\n")
 
     items = load(ev / "eval.jsonl")
     hf = load(a.hf)
@@ -170,7 +180,7 @@ Last teacher-forced probe: {json.dumps(probe[-1]['probe']) if probe else '-'}.
 - `eval/`: the held-out set's questions and answers (`eval.jsonl`) and the SHA-256 of every image;
   `python3 tools/demo_model/make_eval.py --out DIR` draws the images again (DejaVu fonts from
   `tools/demo_model/fetch_fonts.sh`).
-
+{vz_line}
 ## Licence
 
 Apache-2.0. The weights, tokenizer and data are zest's own, made from scratch; no third-party weights
