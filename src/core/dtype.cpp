@@ -12,6 +12,7 @@ size_t dtype_size(DType t) {
     case DType::I32: return 4;
     case DType::I64: return 8;
     case DType::U8: return 1;
+    case DType::F8E4M3: return 1;
   }
   return 0;
 }
@@ -24,6 +25,7 @@ const char* dtype_name(DType t) {
     case DType::I32: return "I32";
     case DType::I64: return "I64";
     case DType::U8: return "U8";
+    case DType::F8E4M3: return "F8_E4M3";
   }
   return "?";
 }
@@ -87,6 +89,11 @@ void convert_to_f32(DType t, const void* src, float* dst, size_t n) {
     case DType::U8: {
       const auto* s = static_cast<const uint8_t*>(src);
       for (size_t i = 0; i < n; ++i) dst[i] = s[i];
+      return;
+    }
+    case DType::F8E4M3: {
+      const auto* s = static_cast<const uint8_t*>(src);
+      for (size_t i = 0; i < n; ++i) dst[i] = f8e4m3_to_f32(s[i]);
       return;
     }
   }

@@ -36,6 +36,8 @@ Result<std::shared_ptr<ModelBundle>> ModelBundle::load(const std::string& dir, m
   auto st = io::SafeTensors::open(dir);
   if (!st.ok()) return st.status().with_context("weights in " + dir);
   m->weights = std::move(st).value();
+  Status scales = m->weights.bind_fp8_scales(m->config.fp8 ? &*m->config.fp8 : nullptr);
+  if (!scales.is_ok()) return scales.with_context("weights in " + dir);
   m->backend = backend;
   if (backend == model::Backend::kCuda) {
     Status init = kernels::cuda_init(0);

@@ -9,6 +9,7 @@
 #include <initializer_list>
 #include <iterator>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 
 namespace zest::io {
@@ -429,6 +430,75 @@ Status validate_vision(const VisionConfig& v, const TextConfig& t) {
   return Status::ok();
 }
 
+constexpr const char* kQuantSupported =
+    "zest loads unquantized (bf16 / f16 / f32) checkpoints and block-wise FP8 ones (quant_method \"fp8\", "
+    "fmt \"e4m3\", weight_block_size [128, 128], activation_scheme \"dynamic\", as in Qwen's -FP8 releases)";
+
+// Reads quantization_config (absent or null: an unquantized checkpoint).
+Status read_quantization(const json& root, std::optional<Fp8Config>* out) {
+  const char* p = "quantization_config.";
+  auto it = root.find("quantization_config");
+  if (it == root.end() || it->is_null()) return Status::ok();
+  if (!it->is_object()) return corrupt("field quantization_config must be an object, got " + it->dump());
+  const json& q = *it;
+  auto str = [&](const char* key, std::string* v) -> Status {
+    auto f = q.find(key);
+    if (f == q.end() || f->is_null()) return Status::ok();
+    if (!f->is_string()) return corrupt(std::string("field ") + p + key + " must be a string, got " + f->dump());
+    *v = f->get<std::string>();
+    return Status::ok();
+  };
+  std::string method;
+  ZEST_RETURN_IF_ERROR(str("quant_method", &method));
+  if (method.empty()) return corrupt(std::string("quantization_config has no quant_method; ") + kQuantSupported);
+  if (method != "fp8") {
+    return unsupported("quantization_config.quant_method '" + method + "' is not supported; " + kQuantSupported);
+  }
+  std::string fmt = "e4m3", scheme = "dynamic", scale_fmt = "float";
+  ZEST_RETURN_IF_ERROR(str("fmt", &fmt));
+  ZEST_RETURN_IF_ERROR(str("activation_scheme", &scheme));
+  ZEST_RETURN_IF_ERROR(str("scale_fmt", &scale_fmt));
+  if (fmt != "e4m3") return unsupported(std::string(p) + "fmt '" + fmt + "' is not supported; " + kQuantSupported);
+  if (scheme != "dynamic") {
+    return unsupported(std::string(p) + "activation_scheme '" + scheme +
+                       "' is not supported (static activation scales); " + kQuantSupported);
+  }
+  if (scale_fmt != "float") {
+    return unsupported(std::string(p) + "scale_fmt '" + scale_fmt + "' is not supported; " + kQuantSupported);
+  }
+  Fp8Config c;
+  auto bs = q.find("weight_block_size");
+  if (bs != q.end()) {  // absent: transformers' default [128, 128]
+    if (bs->is_null()) {
+      return unsupported(std::string(p) + "weight_block_size is null (one scale per tensor); " + kQuantSupported);
+    }
+    if (!bs->is_array() || bs->size() != 2 || !(*bs)[0].is_number_integer() || !(*bs)[1].is_number_integer() ||
+        (*bs)[0].get<int64_t>() <= 0 || (*bs)[1].get<int64_t>() <= 0) {
+      return corrupt(std::string("field ") + p + "weight_block_size must be two positive integers, got " + bs->dump());
+    }
+    c.block_rows = (*bs)[0].get<int64_t>();
+    c.block_cols = (*bs)[1].get<int64_t>();
+    if (c.block_rows != 128 || c.block_cols != 128) {
+      return unsupported(std::string(p) + "weight_block_size " + bs->dump() + " is not supported; " + kQuantSupported);
+    }
+  }
+  auto skip = q.find("modules_to_not_convert");
+  if (skip != q.end() && !skip->is_null()) {
+    if (!skip->is_array()) {
+      return corrupt(std::string("field ") + p + "modules_to_not_convert must be a list of module names, got " +
+                     skip->dump().substr(0, 80));
+    }
+    for (const json& m : *skip) {
+      if (!m.is_string()) {
+        return corrupt(std::string("field ") + p + "modules_to_not_convert must list module names, got " + m.dump());
+      }
+      c.modules_to_not_convert.push_back(m.get<std::string>());
+    }
+  }
+  *out = std::move(c);
+  return Status::ok();
+}
+
 Result<std::string> read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) {
@@ -470,6 +540,22 @@ const char* arch_name(Arch a) {
   return "?";
 }
 
+bool Fp8Config::not_converted(const std::string& module) const {
+  for (const std::string& key : modules_to_not_convert) {
+    if (key.empty()) continue;
+    if (module.compare(0, key.size(), key) == 0) return true;
+    if (module.size() >= key.size() && module.compare(module.size() - key.size(), key.size(), key) == 0) return true;
+    // transformers matches each entry as a regular expression at the start of the name; module names
+    // are literal, so only entries with other metacharacters than '.' need the regex.
+    if (key.find_first_of("*+?[](){}|^$\\") == std::string::npos) continue;
+    try {
+      if (std::regex_search(module, std::regex(key), std::regex_constants::match_continuous)) return true;
+    } catch (const std::regex_error&) {
+    }
+  }
+  return false;
+}
+
 bool TextConfig::is_moe_layer(int64_t layer) const {
   if (num_experts <= 0 || decoder_sparse_step <= 0) return false;
   if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) != mlp_only_layers.end()) return false;
@@ -483,6 +569,7 @@ Result<ModelConfig> parse_model_config(const std::string& json_text) {
   cfg.model_type = arch_name(cfg.arch);
   if (auto mt = root.find("model_type"); mt != root.end() && mt->is_string()) cfg.model_type = mt->get<std::string>();
 
+  ZEST_RETURN_IF_ERROR(read_quantization(root, &cfg.fp8));
   if (cfg.arch == Arch::kQwen3Moe) {
     ZEST_RETURN_IF_ERROR(read_text(root, "", nullptr, cfg.arch, &cfg.text));
     ZEST_RETURN_IF_ERROR(validate_text(cfg.text, ""));

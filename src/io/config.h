@@ -55,6 +55,20 @@ struct VisionConfig {
   std::vector<int64_t> deepstack_visual_indexes;
 };
 
+// Block-wise FP8 weights (config.json quantization_config with quant_method "fp8", fmt "e4m3",
+// weight_block_size [128, 128], activation_scheme "dynamic": the format of Qwen's official -FP8 checkpoints
+// and of transformers' FineGrainedFP8Config). Linear weights are float8_e4m3fn with an f32 (or bf16)
+// "<weight>_scale_inv" per block; embeddings, norms, routers and the modules listed in
+// modules_to_not_convert stay in their bf16 form.
+struct Fp8Config {
+  int64_t block_rows = 128, block_cols = 128;  // weight_block_size [output rows, input columns]
+  std::vector<std::string> modules_to_not_convert;
+  // Whether `module` (a tensor name without its last component, e.g. "model.layers.0.mlp.gate") is
+  // listed as not converted, matched as transformers does: an entry that is a prefix of the name (as a
+  // regular expression anchored at the start, or literally) or a suffix of it.
+  bool not_converted(const std::string& module) const;
+};
+
 struct ModelConfig {
   Arch arch = Arch::kQwen3Moe;
   std::string model_type;  // as written in config.json
@@ -64,6 +78,7 @@ struct ModelConfig {
   int64_t video_token_id = 151656;
   int64_t vision_start_token_id = 151652;
   int64_t vision_end_token_id = 151653;
+  std::optional<Fp8Config> fp8;  // set for block-wise FP8 checkpoints
   bool is_moe() const { return text.num_experts > 0; }
 };
 
@@ -72,7 +87,8 @@ struct ModelConfig {
 // (kv heads not dividing heads, experts per token > experts, vision out_hidden_size != hidden_size,
 // deepstack index >= depth, ...) -> kCorrupt; RoPE scaling other than "default" -> kUnsupported.
 // Optional fields take the transformers 5.17 class defaults; RoPE settings are read from
-// rope_parameters (transformers 5) or rope_scaling + rope_theta (4.x).
+// rope_parameters (transformers 5) or rope_scaling + rope_theta (4.x). A quantization_config other than
+// block-wise FP8 (Fp8Config) -> kUnsupported naming the method or the field; a malformed one -> kCorrupt.
 Result<ModelConfig> load_model_config(const std::string& path);
 Result<ModelConfig> parse_model_config(const std::string& json_text);
 

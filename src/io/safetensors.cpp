@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -45,7 +46,8 @@ namespace {
 constexpr uint64_t kMaxHeaderBytes = 100ull * 1000 * 1000;
 constexpr const char* kIndexName = "model.safetensors.index.json";
 constexpr const char* kSingleName = "model.safetensors";
-constexpr const char* kSupportedDTypes = "F32, BF16, F16, I32, I64, U8";
+constexpr const char* kSupportedDTypes = "F32, BF16, F16, I32, I64, U8, F8_E4M3";
+constexpr const char* kScaleSuffix = "_scale_inv";
 
 Status file_error(const std::string& what, const std::string& path, int err) {
   std::string msg = what + " " + path + ": " + std::strerror(err);
@@ -56,7 +58,7 @@ Status file_error(const std::string& what, const std::string& path, int err) {
 bool parse_dtype(const std::string& s, DType* out) {
   static const std::pair<const char*, DType> kTable[] = {
       {"F32", DType::F32}, {"BF16", DType::BF16}, {"F16", DType::F16},
-      {"I32", DType::I32}, {"I64", DType::I64},   {"U8", DType::U8},
+      {"I32", DType::I32}, {"I64", DType::I64},   {"U8", DType::U8},  {"F8_E4M3", DType::F8E4M3},
   };
   for (const auto& [name, dt] : kTable) {
     if (s == name) {
@@ -254,6 +256,23 @@ int64_t TensorView::numel() const {
   return n;
 }
 
+namespace {
+
+// Element i of a block-scale tensor as f32 (F32 / BF16 / F16; the mapping may be unaligned).
+float scale_at(const BlockScale& s, int64_t i) {
+  const auto* p = static_cast<const uint8_t*>(s.data);
+  if (s.dtype == DType::F32) {
+    float f;
+    std::memcpy(&f, p + 4 * i, 4);
+    return f;
+  }
+  uint16_t h;
+  std::memcpy(&h, p + 2 * i, 2);
+  return s.dtype == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+}
+
+}  // namespace
+
 Tensor TensorView::to_f32() const {
   Tensor t = Tensor::empty(shape, DType::F32);
   const size_t n = static_cast<size_t>(numel());
@@ -264,6 +283,18 @@ Tensor TensorView::to_f32() const {
     std::vector<uint64_t> aligned((nbytes + 7) / 8);
     std::memcpy(aligned.data(), data, nbytes);
     convert_to_f32(dtype, aligned.data(), t.data<float>(), n);
+  }
+  if (dtype == DType::F8E4M3 && scale.data != nullptr && shape.size() == 2) {
+    // w[r][c] = fp8[r][c] * scale[r / block_rows][c / block_cols], one f32 product each.
+    const int64_t rows = shape[0], cols = shape[1];
+    float* w = t.data<float>();
+    std::vector<float> srow(static_cast<size_t>(scale.cols));
+    for (int64_t br = 0; br < scale.rows; ++br) {
+      for (int64_t bc = 0; bc < scale.cols; ++bc) srow[bc] = scale_at(scale, br * scale.cols + bc);
+      const int64_t r1 = std::min(rows, (br + 1) * scale.block_rows);
+      for (int64_t r = br * scale.block_rows; r < r1; ++r)
+        for (int64_t c = 0; c < cols; ++c) w[r * cols + c] *= srow[c / scale.block_cols];
+    }
   }
   return t;
 }
@@ -362,6 +393,10 @@ Result<TensorView> SafeTensors::get(const std::string& name) const {
     return not_found("tensor '" + name + "' is not in the checkpoint (" + std::to_string(tensors_.size()) +
                      " tensors); is this the right model?");
   }
+  if (it->second.dtype == DType::F8E4M3 && it->second.scale.data == nullptr) {
+    return unsupported("tensor '" + name + "' is F8_E4M3 without its block scale bound; FP8 checkpoints load " +
+                       "through their config.json (quantization_config quant_method \"fp8\")");
+  }
   return it->second;
 }
 
@@ -372,6 +407,76 @@ Result<TensorView> SafeTensors::get(const std::string& name, const std::vector<i
                    shape_to_string(expected_shape));
   }
   return v;
+}
+
+Status SafeTensors::bind_fp8_scales(const Fp8Config* fp8) {
+  const size_t suffix = std::strlen(kScaleSuffix);
+  // Every scale must belong to an FP8 weight.
+  for (const auto& [name, view] : tensors_) {
+    if (!ends_with(name, kScaleSuffix)) continue;
+    const std::string weight = name.substr(0, name.size() - suffix);
+    auto w = tensors_.find(weight);
+    if (w == tensors_.end()) {
+      return corrupt("block scale '" + name + "' has no weight '" + weight + "' in the checkpoint");
+    }
+    if (w->second.dtype != DType::F8E4M3) {
+      return corrupt("block scale '" + name + "' belongs to '" + weight + "', which is stored as " +
+                     dtype_name(w->second.dtype) + ", not F8_E4M3");
+    }
+  }
+  for (auto& [name, view] : tensors_) {
+    if (view.dtype != DType::F8E4M3) continue;
+    if (fp8 == nullptr) {
+      return unsupported("tensor '" + name + "' is stored as F8_E4M3 but config.json has no quantization_config " +
+                         "(quant_method \"fp8\") saying how it is scaled");
+    }
+    if (view.shape.size() != 2) {
+      return unsupported("tensor '" + name + "' is F8_E4M3 with shape " + shape_to_string(view.shape) +
+                         "; zest loads block-quantized 2-D weights only (FP8 checkpoints store experts one " +
+                         "tensor each, mlp.experts.N.{gate,up,down}_proj.weight, not fused 3-D tensors)");
+    }
+    const size_t dot = name.rfind('.');
+    const std::string module = dot == std::string::npos ? name : name.substr(0, dot);
+    if (fp8->not_converted(module)) {
+      return corrupt("tensor '" + name + "' is stored as F8_E4M3 but quantization_config.modules_to_not_convert " +
+                     "lists its module '" + module + "'");
+    }
+    const std::string sname = name + kScaleSuffix;
+    auto it = tensors_.find(sname);
+    if (it == tensors_.end()) {
+      return corrupt("FP8 tensor '" + name + "' has no block scale '" + sname + "' in the checkpoint");
+    }
+    const TensorView& s = it->second;
+    if (s.dtype != DType::F32 && s.dtype != DType::BF16 && s.dtype != DType::F16) {
+      return corrupt("block scale '" + sname + "' has dtype " + dtype_name(s.dtype) + "; expected F32, BF16 or F16");
+    }
+    const int64_t rows = view.shape[0], cols = view.shape[1];
+    const std::vector<int64_t> want = {(rows + fp8->block_rows - 1) / fp8->block_rows,
+                                       (cols + fp8->block_cols - 1) / fp8->block_cols};
+    if (s.shape != want) {
+      return corrupt("block scale '" + sname + "' has shape " + shape_to_string(s.shape) + " but weight " +
+                     shape_to_string(view.shape) + " in " + std::to_string(fp8->block_rows) + "x" +
+                     std::to_string(fp8->block_cols) + " blocks needs " + shape_to_string(want));
+    }
+    BlockScale b;
+    b.name = sname;
+    b.dtype = s.dtype;
+    b.data = s.data;
+    b.rows = want[0];
+    b.cols = want[1];
+    b.block_rows = fp8->block_rows;
+    b.block_cols = fp8->block_cols;
+    for (int64_t i = 0; i < b.rows * b.cols; ++i) {
+      const float v = scale_at(b, i);
+      if (!std::isfinite(v) || v < 0) {
+        return corrupt("block scale '" + sname + "' holds " + std::to_string(v) + " at block (" +
+                       std::to_string(i / b.cols) + ", " + std::to_string(i % b.cols) +
+                       "); scales must be finite and non-negative");
+      }
+    }
+    view.scale = std::move(b);
+  }
+  return Status::ok();
 }
 
 std::vector<std::string> SafeTensors::names() const {
