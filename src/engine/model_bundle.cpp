@@ -5,6 +5,7 @@
 #include <atomic>
 #include <filesystem>
 
+#include "backend/cuda.h"
 #include "engine/encoder_cache.h"
 #include "engine/vision_encode.h"
 #include "kernels/backend.h"

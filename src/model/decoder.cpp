@@ -66,9 +66,4 @@ Result<DecoderWeights> collect_decoder_weights(const io::SafeTensors& st, const 
   return w;
 }
 
-Result<std::unique_ptr<TextDecoder>> make_cuda_decoder(const io::SafeTensors& st, const io::ModelConfig& cfg) {
-  ZEST_ASSIGN_OR_RETURN(DecoderWeights w, collect_decoder_weights(st, cfg));
-  return create_cuda_decoder(w);
-}
-
 }  // namespace zest::model

@@ -20,6 +20,8 @@
 #include <tuple>
 #include <vector>
 
+#include "backend/cuda.h"
+#include "backend/cuda/cuda_decoder.h"
 #include "core/dtype.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/common.cuh"
