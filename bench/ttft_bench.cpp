@@ -33,6 +33,7 @@
 
 #include "backend/cuda.h"
 #include "backend/cuda/vision_tower.h"
+#include "backend/cuda/visionzip_plan.h"
 #include "core/dtype.h"
 #include "core/thread_pool.h"
 #include "io/image.h"

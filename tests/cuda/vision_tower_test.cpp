@@ -5,6 +5,7 @@
 #include "backend/cuda/vision_tower.h"
 
 #include "accel/visionzip.h"
+#include "backend/cuda/visionzip_plan.h"
 #include "cuda/cuda_test_util.h"
 #include "io/config.h"
 #include "io/image.h"

@@ -12,6 +12,7 @@
 
 #include "backend/cuda.h"
 #include "backend/cuda/vision_tower.h"
+#include "backend/cuda/visionzip_plan.h"
 #include "core/dtype.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/common.cuh"
