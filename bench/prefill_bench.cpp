@@ -23,6 +23,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "backend/cuda.h"
 #include "core/dtype.h"
 #include "core/thread_pool.h"
 #include "kernels/backend.h"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs here (no GPU): whether a change alters the device code of CUDA files, by comparing the PTX that nvcc makes of
 # each file at revision REV and in the working tree (comments, blank lines and the hashes in anonymous-namespace
-# names left out). A refactor that gives the same PTX gives the same machine code, so it needs no GPU run to show
-# that it changes neither results nor speed. Prints one line per file: "same" or the number of differing lines.
+# and internal names, which follow the file's text, left out). A refactor that gives the same PTX gives the same
+# machine code, so it needs no GPU run to show that it changes neither results nor speed. Prints one line per file:
+# "same" or the number of differing lines.
 # Usage: bash bench/ptx-diff.sh REV src/kernels/cuda/a.cu [more .cu files]
 # KEEP=1 leaves the PTX files (before / after, and their normalised forms) in a temporary folder and prints its path.
 set -euo pipefail
@@ -17,7 +18,7 @@ NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
 ptx() {  # ptx ROOT FILE OUT
   "$NVCC" -DZEST_HAVE_CUDA=1 -I"$1/src" -isystem=/usr/local/cuda/include -O3 -DNDEBUG -arch=sm_90a \
     --expt-relaxed-constexpr -std=c++20 -ptx "$1/$2" -o "$3"
-  grep -v '^\s*//' "$3" | sed -E 's/_GLOBAL__N__[0-9a-f]{8}_/_GN_/g; s/_INTERNAL_[0-9a-f]{8}_/_IN_/g; s/^\s+//; s/\s+$//' |
+  grep -v '^\s*//' "$3" | sed -E 's/_GLOBAL__N__[0-9a-f]{8}_/_GN_/g; s/_INTERNAL_[0-9a-f]{8}_/_IN_/g; s/_cu_[0-9a-f]{8}/_cu_H/g; s/^\s+//; s/\s+$//' |
     grep -v '^$' >"$3.norm"
 }
 for f in "$@"; do

@@ -31,6 +31,9 @@
 #include <random>
 
 
+#include "backend/cuda.h"
+#include "backend/cuda/vision_tower.h"
+#include "backend/cuda/visionzip_plan.h"
 #include "core/dtype.h"
 #include "core/thread_pool.h"
 #include "io/image.h"
@@ -38,7 +41,6 @@
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/synthetic_decoder.h"
 #include "kernels/cuda/vision_kernels.h"
-#include "kernels/cuda/vision_tower.h"
 #include "model/decoder.h"
 #include "model/kv_cache.h"
 #include "model/random_weights.h"

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backend/cuda.h"
 #include "engine/encoder_cache.h"
 #include "engine/vision_encode.h"
 #include "kernels/backend.h"

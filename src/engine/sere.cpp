@@ -386,12 +386,12 @@ Result<std::string> calibrate_sere(const ModelBundle& model, const CalibrationOp
   const model::Qwen3TextModel& text = model.backend == model::Backend::kCpu ? model.text : cpu_model;
   const model::TextDecoder& dec = on_device ? model.decoder() : static_cast<const model::TextDecoder&>(text);
   std::vector<std::optional<accel::ExpertSimilarityAccumulator>> acc(L);
-  std::vector<model::DeviceExpertWeights> dev_w(L);
+  std::vector<kernels::DeviceExpertWeights> dev_w(L);
   for (int64_t l = 0; l < L; ++l) {
     if (on_device) {
       auto w = dec.device_expert_weights(l);
       if (!w.ok()) continue;  // not an MoE layer
-      dev_w[l] = *w;
+      dev_w[l] = {w->gate_up, w->down, w->experts, w->hidden, w->inter};
     } else if (!text.is_moe_layer(l)) {
       continue;
     }

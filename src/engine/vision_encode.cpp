@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "accel/visionzip.h"
+#include "backend/cuda.h"
 #include "engine/encoder_cache.h"
 #include "core/timer.h"
 #include "vision/encoder.h"

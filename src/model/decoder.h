@@ -149,12 +149,6 @@ struct DecoderWeights {
 // (kNotFound / kCorrupt naming the tensor).
 Result<DecoderWeights> collect_decoder_weights(const io::SafeTensors& st, const io::ModelConfig& cfg);
 
-// The CUDA decoder for a checkpoint (weights uploaded as bf16); kUnsupported when zest was built without
-// CUDA or no GPU is usable, and for FP8 checkpoints (no FP8 kernels yet; the CPU backend runs them).
-Result<std::unique_ptr<TextDecoder>> make_cuda_decoder(const io::SafeTensors& st, const io::ModelConfig& cfg);
-
-// Implemented by the CUDA backend (src/kernels/cuda/cuda_decoder.cu) or its stub: builds the decoder from
-// collected weights.
-Result<std::unique_ptr<TextDecoder>> create_cuda_decoder(const DecoderWeights& weights);
+// The CUDA decoder from these weights: model::create_cuda_decoder (src/backend/cuda.h).
 
 }  // namespace zest::model

@@ -50,14 +50,4 @@ Result<std::unique_ptr<VisionEncoder>> make_cpu_vision_encoder(const io::SafeTen
   return std::unique_ptr<VisionEncoder>(std::make_unique<CpuVisionEncoder>(std::move(tower)));
 }
 
-Result<std::unique_ptr<VisionEncoder>> make_cuda_vision_encoder(const io::SafeTensors& weights,
-                                                                const io::VisionConfig& cfg,
-                                                                const std::string& prefix) {
-  return create_cuda_vision_encoder(
-      cfg, [&](const std::string& name, const std::vector<int64_t>& shape) -> Result<Tensor> {
-        ZEST_ASSIGN_OR_RETURN(io::TensorView v, weights.get(prefix + name, shape));
-        return v.to_f32();
-      });
-}
-
 }  // namespace zest::vision

@@ -1,7 +1,7 @@
 // The backend-neutral vision encoder: the Qwen3-VL vision tower over a batch of preprocessed images,
 // returning host f32 embeddings, DeepStack features and (when asked) the VisionZip score of every LLM
 // token. Implemented by the CPU f32 tower (vision::VisionTower, scores with the accel functions) and by
-// the CUDA bf16 tower (src/kernels/cuda/vision_encoder.cu, scores with the device score kernel).
+// the CUDA bf16 tower (src/backend/cuda/vision_encoder.cu, scores with the device score kernel).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -106,15 +106,6 @@ Result<std::unique_ptr<VisionEncoder>> make_cpu_vision_encoder(const io::SafeTen
                                                                const io::VisionConfig& cfg,
                                                                const std::string& prefix = "model.visual.");
 
-// The CUDA bf16 encoder of the tower under `prefix` (weights uploaded to the current device); kUnsupported
-// when zest was built without CUDA or no GPU is usable.
-Result<std::unique_ptr<VisionEncoder>> make_cuda_vision_encoder(const io::SafeTensors& weights,
-                                                                const io::VisionConfig& cfg,
-                                                                const std::string& prefix = "model.visual.");
-
-// Implemented by the CUDA backend (src/kernels/cuda/vision_encoder.cu) or its stub: builds the device
-// encoder from tensors read through `source`.
-Result<std::unique_ptr<VisionEncoder>> create_cuda_vision_encoder(const io::VisionConfig& cfg,
-                                                                  const VisionTensorSource& source);
+// The CUDA bf16 encoder: vision::make_cuda_vision_encoder (src/backend/cuda.h).
 
 }  // namespace zest::vision

@@ -22,6 +22,7 @@
 #include <fstream>
 #include <random>
 
+#include "backend/cuda.h"
 #include "cuda/cuda_test_util.h"
 #include "cuda/random_checkpoint.h"
 #include "engine/sere.h"

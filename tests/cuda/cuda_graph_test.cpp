@@ -26,6 +26,8 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda.h"
+#include "backend/cuda/cuda_decoder.h"
 #include "core/dtype.h"
 #include "engine/model_bundle.h"
 #include "kernels/backend.h"

@@ -21,6 +21,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "backend/cuda.h"
 #include "cuda/cuda_test_util.h"
 #include "cuda/random_checkpoint.h"
 #include "io/config.h"

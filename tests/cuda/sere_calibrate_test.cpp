@@ -67,7 +67,7 @@ TEST(SereCalibrateCuda, ExpertGramMatchesReference) {
   const HostBF16 down = random_bf16(static_cast<size_t>(E) * H * I, rng, -0.3f, 0.3f);
   auto dgu = upload_bf16(gu);
   auto ddown = upload_bf16(down);
-  const model::DeviceExpertWeights w{dgu->get(), ddown->get(), E, H, I};
+  const kernels::DeviceExpertWeights w{dgu->get(), ddown->get(), E, H, I};
   for (int n : {1, 23}) {
     std::uniform_real_distribution<float> d(-2.f, 2.f);
     std::vector<float> x(static_cast<size_t>(n) * H);
@@ -95,7 +95,7 @@ TEST(SereCalibrateCuda, ExpertGramMatchesReference) {
   std::vector<float> x(23 * H, 0.5f);
   std::vector<double> out;
   EXPECT_FALSE((*g)->compute(w, x.data(), 23, false, out).is_ok());  // more tokens than the workspace
-  const model::DeviceExpertWeights wrong{dgu->get(), ddown->get(), E, H, I + 1};
+  const kernels::DeviceExpertWeights wrong{dgu->get(), ddown->get(), E, H, I + 1};
   EXPECT_FALSE((*g)->compute(wrong, x.data(), 4, false, out).is_ok());  // shape mismatch
   EXPECT_FALSE(kernels::make_cuda_expert_gram(0, H, I, 4).ok());
 }

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "backend/cuda/visionzip_plan.h"
 #include "cuda/cuda_test_util.h"
 
 namespace zest::cuda::test {

@@ -2,9 +2,10 @@
 // two real bundled images in one request: embeddings, DeepStack features, VisionZip scores of the score
 // layer, and the selections made from them.
 #if defined(ZEST_HAVE_CUDA)
-#include "kernels/cuda/vision_tower.h"
+#include "backend/cuda/vision_tower.h"
 
 #include "accel/visionzip.h"
+#include "backend/cuda/visionzip_plan.h"
 #include "cuda/cuda_test_util.h"
 #include "io/config.h"
 #include "io/image.h"

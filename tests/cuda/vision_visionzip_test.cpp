@@ -3,6 +3,7 @@
 // uniform and global modes, budgets and floors).
 #if defined(ZEST_HAVE_CUDA)
 #include "accel/visionzip.h"
+#include "backend/cuda/visionzip_plan.h"
 #include "cuda/cuda_test_util.h"
 #include "kernels/cuda/vision_kernels.h"
 

@@ -14,6 +14,7 @@
 #include <functional>
 
 #include "golden_util.h"
+#include "backend/cuda.h"
 #include "io/safetensors.h"
 #include "model/decoder.h"
 

@@ -30,10 +30,6 @@
 
 #include "core/status.h"
 
-namespace zest::model {
-class PagedKVCache;
-}
-
 namespace zest::cuda {
 
 using bf16 = __nv_bfloat16;
@@ -519,20 +515,12 @@ struct LogitEditSpec {
 Status apply_logit_edits(bf16* logits, int rows, int vocab, const int32_t* row_begin, const LogitEditSpec* edits,
                          float* edit_raw, cudaStream_t stream);
 
-// CUDA graph launches of decode steps by the CUDA text decoder in this process (ZEST_CUDA_GRAPHS, see
-// cuda_decoder.cu), for tests that check a replay happened.
-int64_t decode_graph_launches();
-// CUDA graphs of decode steps captured (and instantiated) by the CUDA text decoder in this process.
-int64_t decode_graph_captures();
 // The row class of a step of `rows` rows (tokens or sequences): the smallest size >= rows of the ladder 1, 2, 4, 8, 12,
 // 16, 24, 32, 40, 48, 56, 64, then multiples of 16 up to 512 (above 512 every count is its own class). A decode step
 // replaying a CUDA graph runs that many rows (padding rows after the real ones), and the kernel choices that set a
 // row's reduction order (gemm's cuBLASLt algorithm, the decode attention split plans) are made for the class, so a
 // row gets the same bits in a step of any row count of its class.
 int rows_class(int rows);
-// The whole device KV cache of a CUDA text decoder, bf16 bits: per layer K then V, each [blocks, 16, kv_heads,
-// head_dim] (for tests).
-Status decode_kv_cache_copy(const model::PagedKVCache& cache, std::vector<uint16_t>* out);
 
 // ---- utilities --------------------------------------------------------------------------------------
 

@@ -98,7 +98,7 @@ class CudaExpertGram final : public ExpertGram {
     return alloc(&g_, E * E, "Gram");
   }
 
-  Status compute(const model::DeviceExpertWeights& w, const float* x, int64_t n, bool cosine,
+  Status compute(const DeviceExpertWeights& w, const float* x, int64_t n, bool cosine,
                  std::vector<double>& gram) override {
     if (!w.gate_up || !w.down) return invalid_argument("SERE calibration: the layer has no device expert weights");
     if (w.experts != E_ || w.hidden != H_ || w.inter != I_)

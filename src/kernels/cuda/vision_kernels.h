@@ -118,8 +118,9 @@ struct VisionZipPlan {
   size_t workspace_bytes = 0;
 };
 
-// Validates the options (as accel::check_options) and plans a selection over images of M_i tokens.
-Result<VisionZipPlan> visionzip_plan(const std::vector<int64_t>& tokens_per_image, const VisionZipSelect& opt);
+// The plan itself: visionzip_plan (backend/cuda/visionzip_plan.h). Bytes of the workspace that visionzip_select
+// needs for `tokens` tokens over `images` images.
+size_t visionzip_workspace_bytes(int64_t tokens, int64_t images);
 
 // Selects on the device from token_scores [total] (finite and >= 0; NaN ranks last): kept_index
 // [plan.kept] int32 receives the global kept token indices (image offset + local index), ascending;

@@ -1,8 +1,6 @@
 // Built instead of the CUDA library when ZEST_CUDA is off.
 #include "kernels/backend.h"
 #include "kernels/sere_calibration.h"
-#include "model/decoder.h"
-#include "vision/encoder.h"
 
 namespace zest::kernels {
 
@@ -15,20 +13,3 @@ Result<std::unique_ptr<ExpertGram>> make_cuda_expert_gram(int64_t, int64_t, int6
 }
 
 }  // namespace zest::kernels
-
-namespace zest::model {
-
-Result<std::unique_ptr<TextDecoder>> create_cuda_decoder(const DecoderWeights&) {
-  return unsupported("zest was built without CUDA (configure with -DZEST_CUDA=ON), so --device cuda is unavailable");
-}
-
-}  // namespace zest::model
-
-namespace zest::vision {
-
-Result<std::unique_ptr<VisionEncoder>> create_cuda_vision_encoder(const io::VisionConfig&, const VisionTensorSource&) {
-  return unsupported(
-      "zest was built without CUDA (configure with -DZEST_CUDA=ON), so the CUDA vision tower is unavailable");
-}
-
-}  // namespace zest::vision

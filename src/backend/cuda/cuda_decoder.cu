@@ -20,6 +20,8 @@
 #include <tuple>
 #include <vector>
 
+#include "backend/cuda.h"
+#include "backend/cuda/cuda_decoder.h"
 #include "core/dtype.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/common.cuh"
@@ -1343,18 +1345,6 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
 
 int64_t decode_graph_launches() { return g_graph_launches.load(std::memory_order_relaxed); }
 int64_t decode_graph_captures() { return g_graph_captures.load(std::memory_order_relaxed); }
-
-// The ladder's sizes hold every row count where a kernel changes path: 1, 2, 4 and 8 (the decode attention by size:
-// cluster merge up to 8 (sequence, kv head) pairs, the ring kernel from 9 to 32 pairs, on the ladder for 1, 2, 4 or 8
-// kv heads; the decode expert kernel by batch), 16 (small-M GEMM on tensor cores, fused routing) and 64 (decode
-// experts), so a padded step takes its unpadded step's kernel paths.
-int rows_class(int rows) {
-  static constexpr int kLadder[] = {1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64};
-  if (rows > 512) return rows;
-  for (int p : kLadder)
-    if (rows <= p) return p;
-  return (rows + 15) / 16 * 16;
-}
 
 Status decode_kv_cache_copy(const model::PagedKVCache& cache, std::vector<uint16_t>* out) {
   const auto* kv = dynamic_cast<const CudaKvStorage*>(cache.storage());

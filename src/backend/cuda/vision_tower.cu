@@ -4,10 +4,10 @@
 #include <functional>
 #include <set>
 
+#include "backend/cuda/vision_tower.h"
 #include "core/dtype.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/vision_kernels.h"
-#include "kernels/cuda/vision_tower.h"
 
 namespace zest::cuda {
 

@@ -10,11 +10,13 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda.h"
+#include "backend/cuda/vision_tower.h"
+#include "backend/cuda/visionzip_plan.h"
 #include "core/dtype.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/vision_kernels.h"
-#include "kernels/cuda/vision_tower.h"
 #include "vision/encoder.h"
 
 namespace zest::cuda {

@@ -1,0 +1,37 @@
+// The CUDA implementations of the model- and vision-level interfaces (model::TextDecoder,
+// vision::VisionEncoder) on the zest CUDA kernels: src/backend/cuda/ when zest is built with CUDA, else
+// src/backend/stub/, whose factories answer kUnsupported with the reason.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "core/status.h"
+#include "io/config.h"
+#include "io/safetensors.h"
+#include "model/decoder.h"
+#include "vision/encoder.h"
+
+namespace zest::model {
+
+// The CUDA decoder for a checkpoint (weights uploaded as bf16); kUnsupported when zest was built without
+// CUDA or no GPU is usable, and for FP8 checkpoints (no FP8 kernels yet; the CPU backend runs them).
+Result<std::unique_ptr<TextDecoder>> make_cuda_decoder(const io::SafeTensors& st, const io::ModelConfig& cfg);
+
+// The CUDA decoder from collected weights (src/backend/cuda/cuda_decoder.cu, or its stub).
+Result<std::unique_ptr<TextDecoder>> create_cuda_decoder(const DecoderWeights& weights);
+
+}  // namespace zest::model
+
+namespace zest::vision {
+
+// The CUDA bf16 encoder of the tower under `prefix` (weights uploaded to the current device); kUnsupported
+// when zest was built without CUDA or no GPU is usable.
+Result<std::unique_ptr<VisionEncoder>> make_cuda_vision_encoder(const io::SafeTensors& weights,
+                                                                const io::VisionConfig& cfg,
+                                                                const std::string& prefix = "model.visual.");
+
+// The CUDA encoder from tensors read through `source` (src/backend/cuda/vision_encoder.cu, or its stub).
+Result<std::unique_ptr<VisionEncoder>> create_cuda_vision_encoder(const io::VisionConfig& cfg,
+                                                                  const VisionTensorSource& source);
+
+}  // namespace zest::vision

@@ -1,0 +1,19 @@
+// Built instead of src/backend/cuda when ZEST_CUDA is off.
+#include "backend/cuda.h"
+
+namespace zest::model {
+
+Result<std::unique_ptr<TextDecoder>> create_cuda_decoder(const DecoderWeights&) {
+  return unsupported("zest was built without CUDA (configure with -DZEST_CUDA=ON), so --device cuda is unavailable");
+}
+
+}  // namespace zest::model
+
+namespace zest::vision {
+
+Result<std::unique_ptr<VisionEncoder>> create_cuda_vision_encoder(const io::VisionConfig&, const VisionTensorSource&) {
+  return unsupported(
+      "zest was built without CUDA (configure with -DZEST_CUDA=ON), so the CUDA vision tower is unavailable");
+}
+
+}  // namespace zest::vision
