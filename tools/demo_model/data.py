@@ -120,21 +120,56 @@ def mrope_positions(ids: list[int], grids: list[tuple[int, int, int]], image_pad
     return out
 
 
-def collate_packed(items: list[dict], image_pad_id: int, grid_side: int) -> dict:
+def visual_drop(items: list[dict], image_pad_id: int, rng: np.random.Generator, share: float,
+                max_rate: float) -> list[np.ndarray | None]:
+    """Per item, the mask of its tokens that stay (None: all): with probability `share` an item with images
+    loses a random rate in [0, max_rate] of each image's merged tokens, chosen at random (training-time
+    visual-token dropout, so the model tolerates the prompts VisionZip prunes)."""
+    masks: list[np.ndarray | None] = []
+    for x in items:
+        if not x["grids"] or rng.random() >= share:
+            masks.append(None)
+            continue
+        ids = np.asarray(x["ids"])
+        keep = np.ones(len(ids), dtype=bool)
+        pads = np.flatnonzero(ids == image_pad_id)
+        at = 0
+        for t, h, w in x["grids"]:
+            m = t * h * w // (MERGE * MERGE)
+            k = int(m * rng.uniform(0.0, max_rate))
+            keep[pads[at + rng.choice(m, size=k, replace=False)]] = False
+            at += m
+        masks.append(keep)
+    return masks
+
+
+def collate_packed(items: list[dict], image_pad_id: int, grid_side: int,
+                   keep_masks: list[np.ndarray | None] | None = None) -> dict:
     """Packs samples end to end for fastmodel: token ids [N], M-RoPE positions [3, N], cu_seq, the
     scored positions (each predicts the next token) and their targets, the image tokens' positions, the
-    patches with their vision rotary positions and position-embedding interpolation taps, cu_img, marks."""
-    ids, pos, tgt_pos, tgt, tgt_item, img_pos, cu = [], [], [], [], [], [], [0]
+    patches with their vision rotary positions and position-embedding interpolation taps, cu_img, marks.
+    keep_masks (visual_drop): dropped image tokens leave the sequence, the others keep their M-RoPE
+    positions, and `vis_keep` lists the merged rows (of all images, in order) that stay."""
+    ids, pos, tgt_pos, tgt, tgt_item, img_pos, cu, vis_keep = [], [], [], [], [], [], [0], []
+    row = 0
     for j, x in enumerate(items):
         base = cu[-1]
-        n = len(x["ids"])
-        ids.extend(x["ids"])
-        pos.append(mrope_positions(x["ids"], x["grids"], image_pad_id))
-        for t in range(x["n_prompt"] - 1, n - 1):
-            tgt_pos.append(base + t)
-            tgt.append(x["ids"][t + 1])
+        full = np.asarray(x["ids"])
+        p3 = mrope_positions(x["ids"], x["grids"], image_pad_id)
+        keep = keep_masks[j] if keep_masks and keep_masks[j] is not None else np.ones(len(full), dtype=bool)
+        pads = full == image_pad_id
+        vis_keep.extend(row + np.flatnonzero(keep[pads]))
+        row += int(pads.sum())
+        new_index = np.cumsum(keep) - 1  # position of each kept token in the shortened sequence
+        seq = full[keep].tolist()
+        n = len(seq)
+        ids.extend(seq)
+        pos.append(p3[:, keep])
+        for t in range(x["n_prompt"] - 1, len(full) - 1):  # the answer: never dropped
+            tgt_pos.append(base + int(new_index[t]))
+            tgt.append(int(full[t + 1]))
             tgt_item.append(j)
-        img_pos.extend(base + t for t in range(n) if x["ids"][t] == image_pad_id)
+        img_pos.extend(base + t for t in range(n) if seq[t] == image_pad_id)
         cu.append(base + n)
     out = {"ids": torch.tensor(ids), "pos3": torch.from_numpy(np.concatenate(pos, axis=1)),
            "cu_seq": torch.tensor(cu, dtype=torch.int32), "max_seq": max(len(x["ids"]) for x in items),
@@ -153,6 +188,8 @@ def collate_packed(items: list[dict], image_pad_id: int, grid_side: int) -> dict
             "max_img": max(counts), "img_pos": torch.tensor(img_pos),
             "marks": torch.from_numpy(np.concatenate([x["marks"] for x in items if x["grids"]])),
             "image_grid_thw": thw})
+        if len(vis_keep) < row:
+            out["vis_keep"] = torch.tensor(np.asarray(vis_keep, dtype=np.int64))
     return out
 
 
@@ -209,9 +246,10 @@ class Stream(torch.utils.data.IterableDataset):
     sequence of batches is the same for any number of workers.
     """
 
-    def __init__(self, tokenizer_file: str, seed: int, batch: int, start: int, grid_side: int, task: str | None = None):
+    def __init__(self, tokenizer_file: str, seed: int, batch: int, start: int, grid_side: int, task: str | None = None,
+                 drop_share: float = 0.0, drop_max_rate: float = 0.6):
         self.tokenizer_file, self.seed, self.batch, self.start, self.task = tokenizer_file, seed, batch, start, task
-        self.grid_side = grid_side
+        self.grid_side, self.drop_share, self.drop_max_rate = grid_side, drop_share, drop_max_rate
 
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
@@ -220,5 +258,9 @@ class Stream(torch.utils.data.IterableDataset):
         b = self.start + wid
         while True:
             items = [enc.encode(tasks.sample(self.seed, b * self.batch + i, self.task)) for i in range(self.batch)]
-            yield collate_packed(items, enc.image_pad, self.grid_side)
+            masks = None
+            if self.drop_share > 0:  # a function of (seed, batch), like the samples
+                rng = np.random.default_rng([self.seed, b, 7])
+                masks = visual_drop(items, enc.image_pad, rng, self.drop_share, self.drop_max_rate)
+            yield collate_packed(items, enc.image_pad, self.grid_side, masks)
             b += n

@@ -187,9 +187,12 @@ class Fast:
         if "patches" in b:
             merged, deep, last = self.vision(b["pixel_values"], b["vis_pos"], b["interp_idx"], b["interp_w"],
                                              b["cu_img"], b["max_img"])
+            vis_out = (merged, last)  # every merged row: the mark heads see them all
+            if "vis_keep" in b:  # visual-token dropout: only the kept rows enter the sequence
+                merged = merged[b["vis_keep"]]
+                deep = [d[b["vis_keep"]] for d in deep]
             x = x.index_copy(0, b["img_pos"], merged.to(x.dtype))
             ds = deep
-            vis_out = (merged, last)
         cos, sin = self.rope(b["pos3"], x.dtype)
         nh, nkv, hd = tc.num_attention_heads, tc.num_key_value_heads, tc.head_dim
         routers = []

@@ -144,6 +144,50 @@ def self_check(model, fast, tok_file: str, dev, grid_side: int) -> None:
         out = fast.forward(b, dev)["logits"]
     print(json.dumps({"self_check_vs_transformers": err, "varlen_vs_padded": (out - ref).abs().max().item(),
                       "logit_std": ref.std().item(), "varlen": saved is not None}), flush=True)
+    print(json.dumps({"dropped_vs_transformers": drop_check(model, fast, enc, items, dev, grid_side)}), flush=True)
+
+
+def drop_check(model, fast, enc, items: list[dict], dev, grid_side: int) -> float:
+    """Visual-token dropout against transformers: each item with images loses random merged tokens; the packed
+    forward's logits at the scored positions must equal transformers' text model run on the kept image rows
+    (their embeddings, DeepStack rows and unpruned M-RoPE positions), item by item. Max abs difference."""
+    import numpy as np
+
+    masks = data.visual_drop(items, enc.image_pad, np.random.default_rng(5), 1.0, 0.6)
+    b = data.to_device(data.collate_packed(items, enc.image_pad, grid_side, masks), dev)
+    saved = fastmodel.varlen_attn
+    fastmodel.varlen_attn = None
+    model.eval()
+    worst = 0.0
+    with torch.no_grad():
+        fast_logits = fast.forward(b, dev)["logits"]
+        fastmodel.varlen_attn = saved
+        lm = model.model.language_model
+        for j, x in enumerate(items):
+            full = torch.tensor(x["ids"])
+            keep = torch.ones(len(full), dtype=torch.bool) if masks[j] is None else torch.from_numpy(masks[j])
+            ids = full[keep].to(dev)
+            pos = torch.from_numpy(data.mrope_positions(x["ids"], x["grids"], enc.image_pad))[:, keep].to(dev)
+            emb = lm.embed_tokens(ids)
+            visual = ids == enc.image_pad
+            ds = None
+            if x["grids"]:
+                one = data.to_device(data.collate([x], enc.pad, enc.image_pad), dev)
+                feats = model.model.get_image_features(one["pixel_values"], one["image_grid_thw"], return_dict=True)
+                rows = feats.pooler_output
+                rows = torch.cat(rows) if isinstance(rows, (list, tuple)) else rows
+                kept = keep[full == enc.image_pad].to(dev)
+                emb = emb.clone()
+                emb[visual] = rows[kept].to(emb.dtype)
+                ds = [d[kept] for d in feats.deepstack_features]
+            out = lm(input_ids=None, inputs_embeds=emb[None], position_ids=pos[:, None, :],
+                     visual_pos_masks=visual[None] if ds else None, deepstack_visual_embeds=ds)
+            ref = model.lm_head(out.last_hidden_state)[0]
+            new_index = torch.cumsum(keep.long(), 0) - 1
+            sel = new_index[torch.arange(x["n_prompt"] - 1, len(full) - 1)].to(dev)
+            mine = fast_logits[(b["tgt_item"] == j).nonzero()[:, 0]]
+            worst = max(worst, (mine - ref[sel]).abs().max().item())
+    return worst
 
 
 def probe(fast, enc, dev, n: int, grid_side: int) -> dict:
@@ -172,6 +216,9 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=6e-4)
     ap.add_argument("--warmup", type=int, default=300)
     ap.add_argument("--mark-weight", type=float, default=0.5, help="weight of the training-only mark loss")
+    ap.add_argument("--drop-visual", type=float, default=0.0,
+                    help="share of image samples that lose random visual tokens (VisionZip robustness)")
+    ap.add_argument("--drop-max-rate", type=float, default=0.6, help="largest share of an image's tokens dropped")
     ap.add_argument("--log-every", type=int, default=100)
     ap.add_argument("--self-check", action="store_true", help="compare the packed forward with transformers first")
     ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2))
@@ -213,7 +260,9 @@ def main() -> None:
     if a.self_check:
         self_check(model, fast, tok_file, dev, grid_side)
     end = a.steps or a.total_steps
-    loader = torch.utils.data.DataLoader(data.Stream(tok_file, TRAIN_SEED, a.batch, step, grid_side), batch_size=None,
+    loader = torch.utils.data.DataLoader(data.Stream(tok_file, TRAIN_SEED, a.batch, step, grid_side,
+                                                                     drop_share=a.drop_visual,
+                                                                     drop_max_rate=a.drop_max_rate), batch_size=None,
                                          num_workers=a.workers, pin_memory=dev.type == "cuda", prefetch_factor=4,
                                          persistent_workers=False)
     enc = data.Encoder(tok_file)
