@@ -5,12 +5,7 @@
 # Usage: eval_cli_test.sh ZEST_BINARY MODEL_DIR DATA_JSONL
 set -u
 ZEST=$1 MODEL=$2 DATA=$3
-pass=0 fail=0
-check() {  # check NAME CONDITION-COMMAND...
-  local name=$1
-  shift
-  if "$@"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAILED: $name"; fi
-}
+source "$(dirname "$0")/../check.sh"
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 
@@ -51,5 +46,4 @@ printf '{"messages": [{"role": "user", "content": "hi"}], "answer": "a"}\n{"mess
 check "bad JSONL fails" test $? -eq 1
 check "bad JSONL names its line" grep -q "bad.jsonl:2: not valid JSON" "$dir/out"
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+summary

@@ -6,12 +6,7 @@ set -u
 ZEST=$1 ROOT=$2 PY=$3
 MODEL=$ROOT/models/qwen3_moe_fp8_tiny
 REF=$ROOT/ref/qwen3_moe_fp8_tiny
-pass=0 fail=0
-check() {  # check NAME CONDITION-COMMAND...
-  local name=$1
-  shift
-  if "$@"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAILED: $name"; fi
-}
+source "$(dirname "$0")/../check.sh"
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 
@@ -46,5 +41,4 @@ diff = max(abs(a - b) for a, b in zip(got, want)) / max(abs(b) for b in want)
 print("max |zest - transformers| / max |ref| = %.3g" % diff)
 sys.exit(not (len(got) == len(want) == 1024 and diff <= 1e-3))' "$dir/logits.npy" "$REF/short.logits.npy"
 
-echo "fp8 cli: $pass passed, $fail failed"
-test $fail -eq 0
+summary "fp8 cli"

@@ -7,12 +7,7 @@
 set -u
 ZEST=$1 MODEL=$2
 DATA=$MODEL/examples/examples.jsonl
-pass=0 fail=0
-check() {  # check NAME CONDITION-COMMAND...
-  local name=$1
-  shift
-  if "$@"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAILED: $name"; fi
-}
+source "$(dirname "$0")/../check.sh"
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 
@@ -33,5 +28,4 @@ got=$("$ZEST" generate --model "$MODEL" --image "$MODEL/examples/$image" --promp
 check "generate prints the answer ($answer)" test "$got" = "$answer"
 [ "$got" = "$answer" ] || echo "generate printed: $got"
 
-echo "$pass passed, $fail failed"
-test "$fail" -eq 0
+summary

@@ -5,12 +5,7 @@
 # Usage: curl_test.sh ZEST_BINARY MODEL_DIR IMAGE
 set -u
 ZEST=$1 MODEL=$2 IMAGE=$3
-pass=0 fail=0
-check() {  # check NAME CONDITION-COMMAND...
-  local name=$1
-  shift
-  if "$@"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAILED: $name"; fi
-}
+source "$(dirname "$0")/../check.sh"
 log=$(mktemp)
 "$ZEST" serve --model "$MODEL" --port 0 --max-context 2048 2>"$log" &
 pid=$!
@@ -65,5 +60,4 @@ check "KV blocks freed" bash -c "curl -s -m 5 '$URL/health' | grep -q '\"kv_bloc
 check "metrics" bash -c "curl -s -m 5 '$URL/metrics' | grep -q '^zest_time_to_first_token_seconds_bucket'"
 check "server still up" kill -0 $pid
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+summary

@@ -6,12 +6,7 @@
 # Usage: random_serve_test.sh ZEST_BINARY CONFIG_JSON IMAGE
 set -u
 ZEST=$1 CONFIG=$2 IMAGE=$3
-pass=0 fail=0
-check() {  # check NAME CONDITION-COMMAND...
-  local name=$1
-  shift
-  if "$@"; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAILED: $name"; fi
-}
+source "$(dirname "$0")/../check.sh"
 
 out=$("$ZEST" serve --config no-such-shape --device cpu 2>&1)
 check "unknown config exits non-zero" test $? -ne 0
@@ -62,5 +57,4 @@ check "a non-object --extra-body is an error" grep -q "JSON object" <<<"$out"
 out=$("$ZEST" bench serve --url "$URL" --requests 1 --images 1 --image "$IMAGE" --image-size 12by4 2>&1)
 check "a bad --image-size is an error" grep -q "not WxH" <<<"$out"
 
-echo "$pass passed, $fail failed"
-test "$fail" -eq 0
+summary
