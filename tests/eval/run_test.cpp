@@ -8,25 +8,11 @@
 
 #include "engine/model_bundle.h"
 #include "eval/report.h"
+#include "eval/eval_test_util.h"
 #include "eval/runner.h"
 
 namespace zest::eval {
 namespace {
-
-std::shared_ptr<engine::ModelBundle> vl_tiny() {
-  static std::shared_ptr<engine::ModelBundle> m = [] {
-    auto r = engine::ModelBundle::load(std::string(ZEST_FIXTURES_DIR) + "/models/qwen3_vl_moe_tiny");
-    EXPECT_TRUE(r.ok()) << r.status().to_string();
-    return r.ok() ? *r : nullptr;
-  }();
-  return m;
-}
-
-EvalData fixture_data() {
-  auto d = load_eval_data(std::string(ZEST_FIXTURES_DIR) + "/eval/items.jsonl");
-  EXPECT_TRUE(d.ok()) << d.status().to_string();
-  return *d;
-}
 
 RunOptions quiet(int64_t batch, int64_t max_tokens = 6) {
   RunOptions o;

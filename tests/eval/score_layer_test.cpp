@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "engine/model_bundle.h"
+#include "eval/eval_test_util.h"
 #include "eval/runner.h"
 #include "eval/score_layer.h"
 
@@ -13,22 +14,6 @@ namespace zest::eval {
 namespace {
 
 namespace fs = std::filesystem;
-const std::string kModel = std::string(ZEST_FIXTURES_DIR) + "/models/qwen3_vl_moe_tiny";
-
-std::shared_ptr<engine::ModelBundle> vl_tiny() {
-  static std::shared_ptr<engine::ModelBundle> m = [] {
-    auto r = engine::ModelBundle::load(kModel);
-    EXPECT_TRUE(r.ok()) << r.status().to_string();
-    return r.ok() ? *r : nullptr;
-  }();
-  return m;
-}
-
-EvalData fixture_data() {
-  auto d = load_eval_data(std::string(ZEST_FIXTURES_DIR) + "/eval/items.jsonl");
-  EXPECT_TRUE(d.ok()) << d.status().to_string();
-  return *d;
-}
 
 std::string write_text(const std::string& name, const std::string& text) {
   const std::string path = ::testing::TempDir() + "/" + name;
@@ -127,7 +112,7 @@ TEST(ScoreLayer, VisionzipJsonIsCheckedAndBecomesTheModelsDefault) {
   const fs::path dir = fs::path(::testing::TempDir()) / "vl_tiny_with_visionzip";
   fs::remove_all(dir);
   fs::create_directories(dir);
-  for (const auto& e : fs::directory_iterator(kModel)) fs::create_symlink(e.path(), dir / e.path().filename());
+  for (const auto& e : fs::directory_iterator(kVlTinyDir)) fs::create_symlink(e.path(), dir / e.path().filename());
   std::ofstream(dir / "visionzip.json") << R"({"format": "zest-visionzip/1", "score_layer": -1})";
   auto m = engine::ModelBundle::load(dir.string());
   ASSERT_TRUE(m.ok()) << m.status().to_string();
