@@ -121,10 +121,12 @@ def mrope_positions(ids: list[int], grids: list[tuple[int, int, int]], image_pad
 
 
 def visual_drop(items: list[dict], image_pad_id: int, rng: np.random.Generator, share: float,
-                max_rate: float) -> list[np.ndarray | None]:
+                max_rate: float, marked_weight: float = 1.0) -> list[np.ndarray | None]:
     """Per item, the mask of its tokens that stay (None: all): with probability `share` an item with images
-    loses a random rate in [0, max_rate] of each image's merged tokens, chosen at random (training-time
-    visual-token dropout, so the model tolerates the prompts VisionZip prunes)."""
+    loses a random rate in [0, max_rate] of each image's merged tokens (training-time visual-token dropout,
+    so the model tolerates the prompts VisionZip prunes). A token that carries a mark (a character, shape,
+    word or key) is drawn with `marked_weight` times the odds of a background token: VisionZip drops
+    mostly background, and the model should not lean on it."""
     masks: list[np.ndarray | None] = []
     for x in items:
         if not x["grids"] or rng.random() >= share:
@@ -137,7 +139,9 @@ def visual_drop(items: list[dict], image_pad_id: int, rng: np.random.Generator, 
         for t, h, w in x["grids"]:
             m = t * h * w // (MERGE * MERGE)
             k = int(m * rng.uniform(0.0, max_rate))
-            keep[pads[at + rng.choice(m, size=k, replace=False)]] = False
+            odds = np.where(x["marks"][at:at + m].any(axis=1), marked_weight, 1.0) if x["marks"] is not None \
+                else np.ones(m)
+            keep[pads[at + rng.choice(m, size=k, replace=False, p=odds / odds.sum())]] = False
             at += m
         masks.append(keep)
     return masks
@@ -247,9 +251,10 @@ class Stream(torch.utils.data.IterableDataset):
     """
 
     def __init__(self, tokenizer_file: str, seed: int, batch: int, start: int, grid_side: int, task: str | None = None,
-                 drop_share: float = 0.0, drop_max_rate: float = 0.6):
+                 drop_share: float = 0.0, drop_max_rate: float = 0.6, drop_marked_weight: float = 1.0):
         self.tokenizer_file, self.seed, self.batch, self.start, self.task = tokenizer_file, seed, batch, start, task
         self.grid_side, self.drop_share, self.drop_max_rate = grid_side, drop_share, drop_max_rate
+        self.drop_marked_weight = drop_marked_weight
 
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
@@ -261,6 +266,7 @@ class Stream(torch.utils.data.IterableDataset):
             masks = None
             if self.drop_share > 0:  # a function of (seed, batch), like the samples
                 rng = np.random.default_rng([self.seed, b, 7])
-                masks = visual_drop(items, enc.image_pad, rng, self.drop_share, self.drop_max_rate)
+                masks = visual_drop(items, enc.image_pad, rng, self.drop_share, self.drop_max_rate,
+                                    self.drop_marked_weight)
             yield collate_packed(items, enc.image_pad, self.grid_side, masks)
             b += n

@@ -219,6 +219,8 @@ def main() -> None:
     ap.add_argument("--drop-visual", type=float, default=0.0,
                     help="share of image samples that lose random visual tokens (VisionZip robustness)")
     ap.add_argument("--drop-max-rate", type=float, default=0.6, help="largest share of an image's tokens dropped")
+    ap.add_argument("--drop-marked-weight", type=float, default=1.0,
+                    help="odds of dropping a token with content (a mark) against a background token")
     ap.add_argument("--log-every", type=int, default=100)
     ap.add_argument("--self-check", action="store_true", help="compare the packed forward with transformers first")
     ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 2))
@@ -262,7 +264,9 @@ def main() -> None:
     end = a.steps or a.total_steps
     loader = torch.utils.data.DataLoader(data.Stream(tok_file, TRAIN_SEED, a.batch, step, grid_side,
                                                                      drop_share=a.drop_visual,
-                                                                     drop_max_rate=a.drop_max_rate), batch_size=None,
+                                                                     drop_max_rate=a.drop_max_rate,
+                                                                     drop_marked_weight=a.drop_marked_weight),
+                                         batch_size=None,
                                          num_workers=a.workers, pin_memory=dev.type == "cuda", prefetch_factor=4,
                                          persistent_workers=False)
     enc = data.Encoder(tok_file)
