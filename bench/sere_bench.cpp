@@ -42,7 +42,7 @@ int main(int argc, char** argv) {
   for (int batch : {1, 2, 4, 8, 16, 32, 64}) {
     for (int S : {1, 2}) {
       engine::SereOptions so;
-      so.primary = S;
+      so.params.primary = S;
       so.similarity_file = sim;
       auto rt = engine::SereRuntime::create(*model, so);
       if (!rt.ok()) {

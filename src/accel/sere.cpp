@@ -83,10 +83,20 @@ int64_t substitute_expert(std::span<int32_t> ids, std::span<float> weights, int6
   return replaced;
 }
 
-Result<RerouteStats> sere_reroute(std::span<int32_t> ids, std::span<float> weights,
-                                  int64_t n_tokens, int64_t top_k,
-                                  std::span<const uint8_t> valid, std::span<const float> sim,
-                                  int64_t n_experts, const RerouteParams& params) {
+Status SereParams::validate(int64_t layers) const {
+  if (primary < 0) return invalid_argument("SERE primary count S must be >= 0 (got " + std::to_string(primary) + ")");
+  if (!std::isfinite(threshold)) return invalid_argument("SERE threshold rho must be finite");
+  if (!layer_thresholds.empty() && static_cast<int64_t>(layer_thresholds.size()) != layers)
+    return invalid_argument("per-layer SERE thresholds: expected " + std::to_string(layers) + " values, got " +
+                            std::to_string(layer_thresholds.size()));
+  for (float r : layer_thresholds)
+    if (!std::isfinite(r)) return invalid_argument("per-layer SERE thresholds must be finite");
+  return Status::ok();
+}
+
+Result<RerouteCounts> sere_reroute(std::span<int32_t> ids, std::span<float> weights, int64_t n_tokens, int64_t top_k,
+                                   std::span<const uint8_t> valid, std::span<const float> sim, int64_t n_experts,
+                                   int64_t primary_count, float threshold) {
   if (n_tokens < 0 || top_k < 1 || n_experts < 1) {
     return invalid_argument("SERE needs n_tokens >= 0, top_k >= 1 and n_experts >= 1 (got " +
                             std::to_string(n_tokens) + ", " + std::to_string(top_k) + ", " +
@@ -108,17 +118,18 @@ Result<RerouteStats> sere_reroute(std::span<int32_t> ids, std::span<float> weigh
                             std::to_string(n_experts * n_experts) + " (recalibrate for this model)");
   }
   if (!all_finite(sim)) return invalid_argument("similarity matrix holds a NaN or infinity");
-  if (params.primary < 0 || !std::isfinite(params.threshold)) {
+  if (primary_count < 0 || !std::isfinite(threshold)) {
     return invalid_argument("SERE needs primary count S >= 0 and a finite threshold rho (got S=" +
-                            std::to_string(params.primary) + ", rho=" +
-                            std::to_string(params.threshold) + ")");
+                            std::to_string(primary_count) + ", rho=" + std::to_string(threshold) + ")");
   }
 
-  const int64_t e_count = n_experts, s_count = params.primary;
+  const int64_t e_count = n_experts, s_count = primary_count;
   auto token_valid = [&](int64_t t) { return valid.empty() || valid[t] != 0; };
   auto id_valid = [&](int32_t e) { return e >= 0 && e < e_count; };
 
-  RerouteStats stats;
+  RerouteCounts stats;
+  stats.steps = 1;
+  for (int64_t t = 0; t < n_tokens; ++t) stats.slots += token_valid(t) ? top_k : 0;
   stats.distinct_before = count_distinct(ids, n_tokens, top_k, valid, e_count);
   std::vector<char> in_p(static_cast<size_t>(e_count), 0);
   for (int64_t t = 0; t < n_tokens; ++t) {
@@ -132,7 +143,6 @@ Result<RerouteStats> sere_reroute(std::span<int32_t> ids, std::span<float> weigh
   for (int32_t e = 0; e < e_count; ++e) {
     if (in_p[e]) primary.push_back(e);
   }
-  stats.primary_experts = static_cast<int64_t>(primary.size());
   if (s_count == 0 || s_count >= top_k) {
     stats.distinct_after = stats.distinct_before;
     return stats;
@@ -148,7 +158,7 @@ Result<RerouteStats> sere_reroute(std::span<int32_t> ids, std::span<float> weigh
     for (int32_t v : primary) {
       if (row[v] > row[best]) best = v;
     }
-    if (!(params.threshold > 0.0f && row[best] < params.threshold)) target[u] = best;
+    if (!(threshold > 0.0f && row[best] < threshold)) target[u] = best;
   }
 
   std::vector<char> critical(static_cast<size_t>(e_count), 0);
@@ -170,7 +180,7 @@ Result<RerouteStats> sere_reroute(std::span<int32_t> ids, std::span<float> weigh
     }
     if (changed) fold_duplicates(id, w, top_k, e_count);
   }
-  for (char c : critical) stats.critical_experts += c;
+  for (char c : critical) stats.critical += c;
   stats.distinct_after = count_distinct(ids, n_tokens, top_k, valid, e_count);
   return stats;
 }

@@ -10,20 +10,44 @@
 
 namespace zest::accel {
 
-struct RerouteParams {
-  int64_t primary = 2;     // S: the first S slots of every valid token form the primary set P
+// The SERE setting: one type from the command line and the request's server down to the device's re-routing
+// spec (model::RerouteSpec), with one default (off).
+struct SereParams {
+  int64_t primary = 0;     // S: the first S slots of every valid token form the primary set P; 0 (or >= top-k)
+                           // turns re-routing off
   float threshold = 0.0f;  // rho: with rho > 0, a secondary expert whose best match in P has
                            // similarity < rho is kept (critical); rho = 0 re-routes all of them
+  std::vector<float> layer_thresholds;  // optional rho per layer; empty = `threshold` in every layer
+  bool enabled(int64_t top_k) const { return primary > 0 && primary < top_k; }
+  float rho(int64_t layer) const {
+    return layer_thresholds.empty() ? threshold : layer_thresholds[static_cast<size_t>(layer)];
+  }
+  // S >= 0, every rho finite, and layer_thresholds empty or one value per layer (kInvalidArgument naming it).
+  Status validate(int64_t layers) const;
 };
 
-// Counts over the valid tokens of one call.
-struct RerouteStats {
-  int64_t primary_experts = 0;   // |P|
-  int64_t distinct_before = 0;   // distinct valid expert ids before re-routing
-  int64_t distinct_after = 0;    // after (= |P| + critical_experts when 0 < S < K)
-  int64_t critical_experts = 0;  // distinct secondary experts outside P that kept their id
-                                 // (best match below rho, or P empty)
-  int64_t rerouted_slots = 0;    // (token, slot) pairs whose expert id was replaced
+// Re-routing counters: of one sere_reroute call (steps = 1), or summed over the steps of a layer.
+struct RerouteCounts {
+  int64_t steps = 0;
+  int64_t distinct_before = 0;  // distinct valid expert ids before re-routing
+  int64_t distinct_after = 0;   // after (= |P| + critical when 0 < S < K)
+  int64_t critical = 0;         // distinct secondary experts outside P that kept their id (best match below rho,
+                                // or P empty)
+  int64_t rerouted_slots = 0;   // (token, slot) pairs whose expert id was replaced
+  int64_t slots = 0;            // (token, slot) pairs of the valid tokens
+  RerouteCounts& operator+=(const RerouteCounts& o) {
+    steps += o.steps;
+    distinct_before += o.distinct_before;
+    distinct_after += o.distinct_after;
+    critical += o.critical;
+    rerouted_slots += o.rerouted_slots;
+    slots += o.slots;
+    return *this;
+  }
+  RerouteCounts operator-(const RerouteCounts& o) const {
+    return {steps - o.steps,       distinct_before - o.distinct_before, distinct_after - o.distinct_after,
+            critical - o.critical, rerouted_slots - o.rerouted_slots,   slots - o.slots};
+  }
 };
 
 // Re-routes one MoE layer's routing in place. ids [n_tokens, top_k] int32 and weights
@@ -36,10 +60,10 @@ struct RerouteStats {
 // that when a re-routed token ends up with the same expert in two slots, the later slot's weight
 // is added to the first occurrence and the later slot becomes id -1 with weight 0 (the MoE layer
 // skips id -1). S = 0 or S >= top_k leaves ids and weights bit-identical. Work O(E^2 + N*K).
-Result<RerouteStats> sere_reroute(std::span<int32_t> ids, std::span<float> weights,
-                                  int64_t n_tokens, int64_t top_k,
-                                  std::span<const uint8_t> valid, std::span<const float> sim,
-                                  int64_t n_experts, const RerouteParams& params);
+// primary = S, threshold = rho (SereParams).
+Result<RerouteCounts> sere_reroute(std::span<int32_t> ids, std::span<float> weights, int64_t n_tokens, int64_t top_k,
+                                   std::span<const uint8_t> valid, std::span<const float> sim, int64_t n_experts,
+                                   int64_t primary, float threshold);
 
 // Critical-expert protection, expressed as data so that every SERE path (sere_reroute on the host, the
 // CUDA kernel, which applies the same rule) honours it unchanged: the row of each protected expert in one

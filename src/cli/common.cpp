@@ -107,9 +107,11 @@ Result<nlohmann::json> request_body(const RequestArgs& a) {
 }
 
 void add_accel_args(CLI::App* app, AccelArgs& a) {
-  app->add_option("--sere-primary", a.sere.primary, "SERE: experts per token kept as primary (0 = off)");
-  app->add_option("--sere-threshold", a.sere.threshold, "SERE: keep an expert whose best substitute's similarity is below this");
-  app->add_option("--sere-layer-thresholds", a.sere.layer_thresholds, "SERE: one threshold per layer");
+  app->add_option("--sere-primary", a.sere.params.primary, "SERE: experts per token kept as primary (0 = off)")
+      ->check(CLI::NonNegativeNumber);
+  app->add_option("--sere-threshold", a.sere.params.threshold,
+                  "SERE: keep an expert whose best substitute's similarity is below this");
+  app->add_option("--sere-layer-thresholds", a.sere.params.layer_thresholds, "SERE: one threshold per layer");
   app->add_option("--sere-similarity", a.sere.similarity_file, "SERE similarity file (default: MODEL/sere_similarity.safetensors)");
   app->add_flag("--sere-prefill", a.sere.prefill, "SERE: also re-route prefill steps");
   app->add_option("--sere-protected", a.sere.protected_file,
@@ -172,7 +174,7 @@ Result<std::unique_ptr<engine::SereRuntime>> apply_accel(const AccelArgs& a, eng
   model.vision_score_layer =
       a.vision_score_layer.value_or(model.calibrated_score_layer.value_or(engine::ModelBundle::kDefaultScoreLayer));
   std::unique_ptr<engine::SereRuntime> sere;
-  if (a.sere.enabled()) {
+  if (a.sere.params.primary > 0) {
     engine::SereOptions so = a.sere;
     std::string temp;
     if (model.random_seed && so.similarity_file.empty() && model.config.is_moe()) {

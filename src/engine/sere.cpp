@@ -39,22 +39,20 @@ Result<std::unique_ptr<SereRuntime>> SereRuntime::create(const ModelBundle& mode
   if (!base.ok()) return base.status().with_context("SERE device counters");
   rt->device_base_ = std::move(base).value();
   rt->stats_.resize(tc.num_layers);
+  ZEST_RETURN_IF_ERROR(opts.params.validate(tc.num_layers));
   rt->spec_.similarity.resize(tc.num_layers);
-  rt->spec_.primary = opts.primary;
-  if (!opts.layer_thresholds.empty() && static_cast<int64_t>(opts.layer_thresholds.size()) != tc.num_layers)
-    return invalid_argument("per-layer SERE thresholds: expected " + std::to_string(tc.num_layers) + " values");
-  if (opts.enabled() && opts.primary < tc.num_experts_per_tok) {
+  rt->spec_.params = opts.params;
+  if (opts.params.enabled(tc.num_experts_per_tok)) {
     ZEST_ASSIGN_OR_RETURN(rt->spec_.similarity, load_sere_similarity(model, opts.similarity_file));
   }
-  rt->spec_.thresholds = opts.layer_thresholds.empty() ? std::vector<float>(tc.num_layers, opts.threshold)
-                                                        : opts.layer_thresholds;
+  auto& rho = rt->spec_.params.layer_thresholds;  // resolved: one per layer
+  if (rho.empty()) rho.assign(static_cast<size_t>(tc.num_layers), opts.params.threshold);
   // Protection is applied to the data both the host hook and the device kernel read (accel::protect_experts).
   if (!opts.protected_file.empty()) {
     ZEST_ASSIGN_OR_RETURN(const auto prot, load_protected_experts(opts.protected_file, model));
     for (int64_t l = 0; l < tc.num_layers; ++l) {
       if (rt->spec_.similarity[l].empty()) continue;
-      ZEST_RETURN_IF_ERROR(accel::protect_experts(rt->spec_.similarity[l], tc.num_experts, prot[l],
-                                                  rt->spec_.thresholds[l])
+      ZEST_RETURN_IF_ERROR(accel::protect_experts(rt->spec_.similarity[l], tc.num_experts, prot[l], rho[l])
                                .with_context("SERE protected experts '" + opts.protected_file + "', layer " +
                                              std::to_string(l)));
     }
@@ -63,52 +61,34 @@ Result<std::unique_ptr<SereRuntime>> SereRuntime::create(const ModelBundle& mode
   rt->hooks_.route = [self](int64_t layer, int32_t* ids, float* w, int64_t n, int64_t k,
                             const std::vector<uint8_t>& active) {
     if (self->spec_.similarity[layer].empty()) return;
-    accel::RerouteParams p;
-    p.primary = self->spec_.primary;
-    p.threshold = self->spec_.thresholds[layer];
+    const accel::SereParams& p = self->spec_.params;
     auto r = accel::sere_reroute({ids, static_cast<size_t>(n * k)}, {w, static_cast<size_t>(n * k)}, n, k,
-                                 {active.data(), active.size()}, self->spec_.similarity[layer], self->experts_, p);
+                                 {active.data(), active.size()}, self->spec_.similarity[layer], self->experts_,
+                                 p.primary, p.rho(layer));
     if (!r.ok()) return;
     std::lock_guard<std::mutex> lock(self->stats_mu_);
-    SereLayerStats& s = self->stats_[layer];
-    int64_t valid = 0;
-    for (uint8_t a : active) valid += a;
-    ++s.steps;
-    s.distinct_before += r->distinct_before;
-    s.distinct_after += r->distinct_after;
-    s.critical += r->critical_experts;
-    s.rerouted_slots += r->rerouted_slots;
-    s.slots += static_cast<double>(valid * k);
+    self->stats_[layer] += *r;
   };
   rt->hooks_.reroute = &rt->spec_;
   return rt;
 }
 
 const model::MoeHooks* SereRuntime::hooks(bool decode_only) const {
-  if (!opts_.enabled()) return nullptr;
+  if (opts_.params.primary <= 0) return nullptr;
   if (!decode_only && !opts_.prefill) return nullptr;
   return &hooks_;
 }
 
-std::vector<SereLayerStats> SereRuntime::layer_stats() const {
-  std::vector<SereLayerStats> out;
+std::vector<accel::RerouteCounts> SereRuntime::layer_stats() const {
+  std::vector<accel::RerouteCounts> out;
   {
     std::lock_guard<std::mutex> lock(stats_mu_);
     out = stats_;
   }
   auto dev = decoder_->reroute_counts();
   if (!dev.ok()) return out;
-  for (size_t l = 0; l < out.size() && l < dev->size() && l < device_base_.size(); ++l) {
-    const model::RerouteCounts& c = (*dev)[l];
-    const model::RerouteCounts& z = device_base_[l];
-    SereLayerStats& s = out[l];
-    s.steps += c.steps - z.steps;
-    s.distinct_before += static_cast<double>(c.distinct_before - z.distinct_before);
-    s.distinct_after += static_cast<double>(c.distinct_after - z.distinct_after);
-    s.critical += static_cast<double>(c.critical - z.critical);
-    s.rerouted_slots += static_cast<double>(c.rerouted_slots - z.rerouted_slots);
-    s.slots += static_cast<double>(c.slots - z.slots);
-  }
+  for (size_t l = 0; l < out.size() && l < dev->size() && l < device_base_.size(); ++l)
+    out[l] += (*dev)[l] - device_base_[l];
   return out;
 }
 
@@ -116,19 +96,19 @@ nlohmann::json SereRuntime::stats_json() const {
   nlohmann::json before = nlohmann::json::array(), after = nlohmann::json::array(), crit = nlohmann::json::array(),
                  share = nlohmann::json::array();
   int64_t steps = 0;
-  const std::vector<SereLayerStats> all = layer_stats();
+  const std::vector<accel::RerouteCounts> all = layer_stats();
   for (size_t l = 0; l < all.size(); ++l) {
-    const SereLayerStats& s = all[l];
+    const accel::RerouteCounts& s = all[l];
     if (spec_.similarity[l].empty()) continue;
-    const double n = std::max<int64_t>(s.steps, 1);
-    before.push_back(s.distinct_before / n);
-    after.push_back(s.distinct_after / n);
-    crit.push_back(s.critical / n);
-    share.push_back(s.slots > 0 ? s.rerouted_slots / s.slots : 0.0);
+    const double n = static_cast<double>(std::max<int64_t>(s.steps, 1));
+    before.push_back(static_cast<double>(s.distinct_before) / n);
+    after.push_back(static_cast<double>(s.distinct_after) / n);
+    crit.push_back(static_cast<double>(s.critical) / n);
+    share.push_back(s.slots > 0 ? static_cast<double>(s.rerouted_slots) / static_cast<double>(s.slots) : 0.0);
     steps = std::max(steps, s.steps);
   }
-  return {{"primary", opts_.primary},
-          {"threshold", opts_.threshold},
+  return {{"primary", opts_.params.primary},
+          {"threshold", opts_.params.threshold},
           {"steps", steps},
           {"experts_per_layer_before", before},
           {"experts_per_layer_after", after},

@@ -18,20 +18,12 @@
 
 namespace zest::engine {
 
+// The engine's SERE: the re-routing setting (S, rho) and where its data comes from.
 struct SereOptions {
-  int64_t primary = 0;          // S; 0 (or >= top-k) turns re-routing off
-  float threshold = 0.0f;       // rho
-  std::vector<float> layer_thresholds;  // optional per-layer rho (overrides threshold)
+  accel::SereParams params;     // S (0 = off) and rho
   std::string similarity_file;  // default: <model dir>/sere_similarity.safetensors
   bool prefill = false;         // also re-route prefill steps
   std::string protected_file;   // per-layer experts never re-routed away (zest sere-protect); empty = none
-  bool enabled() const { return primary > 0; }
-};
-
-// Per-layer sums over the steps that re-routed (divide by steps for averages).
-struct SereLayerStats {
-  int64_t steps = 0;
-  double distinct_before = 0, distinct_after = 0, critical = 0, rerouted_slots = 0, slots = 0;
 };
 
 class SereRuntime {
@@ -45,17 +37,17 @@ class SereRuntime {
   //  "rerouted_share_per_layer": [...], "steps": n, ...}, averaged over re-routed steps (host re-routing
   // and the decoder's own device re-routing together).
   nlohmann::json stats_json() const;
-  // Per-layer sums of both host and device re-routing.
-  std::vector<SereLayerStats> layer_stats() const;
+  // Per-layer sums of both host and device re-routing (divide by steps for averages).
+  std::vector<accel::RerouteCounts> layer_stats() const;
 
  private:
   SereOptions opts_;
   int64_t experts_ = 0;
   const model::TextDecoder* decoder_ = nullptr;
-  std::vector<model::RerouteCounts> device_base_;  // the decoder's device counters when this runtime was made
-  model::RerouteSpec spec_;  // primary, per-layer rho and similarity [E, E] (empty for dense layers)
+  std::vector<accel::RerouteCounts> device_base_;  // the decoder's device counters when this runtime was made
+  model::RerouteSpec spec_;  // S, per-layer rho and similarity [E, E] (empty for dense layers)
   mutable std::mutex stats_mu_;  // stats are written on the engine thread and read by metrics readers
-  mutable std::vector<SereLayerStats> stats_;  // host re-routing only
+  mutable std::vector<accel::RerouteCounts> stats_;  // host re-routing only
   model::MoeHooks hooks_;
 };
 

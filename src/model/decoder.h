@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "accel/sere.h"
 #include "core/status.h"
 #include "core/tensor.h"
 #include "io/config.h"
@@ -52,9 +53,12 @@ struct ForwardBatch {
 // SERE re-routing described as data, so that a device backend can apply it without calling back into
 // the host: the same rule as accel::sere_reroute on every token of the batch.
 struct RerouteSpec {
-  int64_t primary = 0;                          // S
-  std::vector<float> thresholds;                // rho per layer
+  accel::SereParams params;                     // S, and rho per layer (layer_thresholds holds one per layer)
   std::vector<std::vector<float>> similarity;   // per layer [E, E] f32; empty = layer not re-routed
+  bool complete(int64_t layers) const {
+    return static_cast<int64_t>(similarity.size()) == layers &&
+           static_cast<int64_t>(params.layer_thresholds.size()) == layers;
+  }
 };
 
 // Callbacks into the MoE layers (expert re-routing, calibration, statistics).
@@ -68,11 +72,6 @@ struct MoeHooks {
   // The re-routing that `route` performs, as data (optional). A device backend applies it on the device
   // (counting into TextDecoder::reroute_counts) instead of calling `route` when every token is active.
   const RerouteSpec* reroute = nullptr;
-};
-
-// Re-routing counters of one layer, summed over the steps a backend re-routed on its own.
-struct RerouteCounts {
-  int64_t steps = 0, distinct_before = 0, distinct_after = 0, critical = 0, rerouted_slots = 0, slots = 0;
 };
 
 // A device backend's expert weights of one MoE layer, bf16 in device memory: gate_up [E, 2I, H] (per expert
@@ -117,8 +116,8 @@ class TextDecoder {
   }
   // Per-layer counters of the re-routing this backend applied itself from MoeHooks::reroute (all zero for
   // backends that always call MoeHooks::route).
-  virtual Result<std::vector<RerouteCounts>> reroute_counts() const {
-    return std::vector<RerouteCounts>(static_cast<size_t>(config().num_layers));
+  virtual Result<std::vector<accel::RerouteCounts>> reroute_counts() const {
+    return std::vector<accel::RerouteCounts>(static_cast<size_t>(config().num_layers));
   }
   // The device copy of MoE layer `layer`'s expert weights (for device-side SERE calibration); kUnsupported
   // for backends without one, kInvalidArgument for a layer that is not MoE.

@@ -46,14 +46,14 @@ TEST(SereProtect, ProtectedExpertsStayOtherTokensUnchanged) {
     const Case c = random_case(rng);
     for (float rho : {0.0f, 0.3f, 0.6f}) {
       for (int64_t S : {1, 2}) {
-        RerouteParams plain{S, rho};
+        const SereParams plain{S, rho};
         std::vector<int32_t> ids0 = c.ids, ids1 = c.ids;
         std::vector<float> w0 = c.w, w1 = c.w;
-        ASSERT_TRUE(sere_reroute(ids0, w0, c.n, c.k, {}, c.sim, c.e, plain).ok());
+        ASSERT_TRUE(sere_reroute(ids0, w0, c.n, c.k, {}, c.sim, c.e, plain.primary, plain.threshold).ok());
         std::vector<float> sim = c.sim;
-        RerouteParams guarded = plain;
+        SereParams guarded = plain;
         ASSERT_TRUE(protect_experts(sim, c.e, prot, guarded.threshold).is_ok());
-        auto st = sere_reroute(ids1, w1, c.n, c.k, {}, sim, c.e, guarded);
+        auto st = sere_reroute(ids1, w1, c.n, c.k, {}, sim, c.e, guarded.primary, guarded.threshold);
         ASSERT_TRUE(st.ok());
         for (int64_t t = 0; t < c.n; ++t) {
           bool has_protected = false;
@@ -94,7 +94,7 @@ TEST(SereProtect, WithoutProtectionTheSameExpertsAreRerouted) {
   for (int trial = 0; trial < 50; ++trial) {
     Case c = random_case(rng);
     const std::vector<int32_t> orig = c.ids;
-    ASSERT_TRUE(sere_reroute(c.ids, c.w, c.n, c.k, {}, c.sim, c.e, {1, 0.0f}).ok());
+    ASSERT_TRUE(sere_reroute(c.ids, c.w, c.n, c.k, {}, c.sim, c.e, 1, 0.0f).ok());
     for (size_t i = 0; i < orig.size(); ++i)
       if ((orig[i] == 1 || orig[i] == 4 || orig[i] == 9) && c.ids[i] != orig[i]) ++replaced;
   }

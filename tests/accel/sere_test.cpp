@@ -129,17 +129,17 @@ TEST(SereReroute, MatchesPlainReferenceOnRandomRoutings) {
     const RefResult want = reference_reroute(r, s, rho);
     std::vector<int32_t> ids = r.ids;
     std::vector<float> w = r.w;
-    auto st = sere_reroute(ids, w, r.n, r.k, r.valid, r.sim, r.e, {s, rho});
+    auto st = sere_reroute(ids, w, r.n, r.k, r.valid, r.sim, r.e, s, rho);
     ASSERT_TRUE(st.ok()) << st.status().to_string();
     ASSERT_EQ(ids, want.ids) << "trial " << trial;
     ASSERT_EQ(0, std::memcmp(w.data(), want.w.data(), w.size() * sizeof(float))) << "trial " << trial;
-    EXPECT_EQ(st->primary_experts, int64_t(want.p.size()));
+    EXPECT_EQ(st->slots, std::count(r.valid.begin(), r.valid.end(), uint8_t{1}) * r.k);
     EXPECT_EQ(st->distinct_before, int64_t(want.before.size()));
     EXPECT_EQ(st->distinct_after, int64_t(want.after.size()));
-    EXPECT_EQ(st->critical_experts, int64_t(want.critical.size()));
+    EXPECT_EQ(st->critical, int64_t(want.critical.size()));
     EXPECT_EQ(st->rerouted_slots, want.rerouted);
     if (s > 0 && s < r.k) {
-      EXPECT_EQ(st->distinct_after, st->primary_experts + st->critical_experts) << "trial " << trial;
+      EXPECT_EQ(st->distinct_after, int64_t(want.p.size()) + st->critical) << "trial " << trial;
     }
     // Padding tokens are never touched.
     for (int64_t t = 0; t < r.n; ++t) {
@@ -158,7 +158,7 @@ TEST(SereReroute, NoOpCasesAreBitIdentical) {
     for (int64_t s : {int64_t{0}, r.k, r.k + 3}) {
       std::vector<int32_t> ids = r.ids;
       std::vector<float> w = r.w;
-      auto st = sere_reroute(ids, w, r.n, r.k, r.valid, r.sim, r.e, {s, 0.0f});
+      auto st = sere_reroute(ids, w, r.n, r.k, r.valid, r.sim, r.e, s, 0.0f);
       ASSERT_TRUE(st.ok());
       EXPECT_EQ(0, std::memcmp(ids.data(), r.ids.data(), ids.size() * sizeof(int32_t)));
       EXPECT_EQ(0, std::memcmp(w.data(), r.w.data(), w.size() * sizeof(float)));
@@ -181,7 +181,7 @@ TEST(SereReroute, SingleTokenTopOneCollapsesToOneExpert) {
     std::vector<float> sim(e * e);
     std::uniform_real_distribution<float> u01(0.0f, 1.0f);
     for (auto& x : sim) x = u01(rng);
-    auto st = sere_reroute(ids, w, 1, k, {}, sim, e, {1, 0.0f});
+    auto st = sere_reroute(ids, w, 1, k, {}, sim, e, 1, 0.0f);
     ASSERT_TRUE(st.ok());
     EXPECT_EQ(st->distinct_after, 1);
     EXPECT_EQ(ids[0], perm[0]);
@@ -195,12 +195,12 @@ TEST(SereReroute, BadInputsAreErrors) {
   std::vector<int32_t> ids = {0, 1, 2, 3};
   std::vector<float> w = {0.5f, 0.5f, 0.5f, 0.5f};
   std::vector<float> sim(16, 0.5f);
-  EXPECT_FALSE(sere_reroute(ids, w, 2, 3, {}, sim, 4, {1, 0.0f}).ok());
-  EXPECT_FALSE(sere_reroute(ids, w, 2, 2, {}, std::span<const float>(sim).first(15), 4, {1, 0.0f}).ok());
-  EXPECT_FALSE(sere_reroute(ids, w, 2, 2, std::vector<uint8_t>{1}, sim, 4, {1, 0.0f}).ok());
-  EXPECT_FALSE(sere_reroute(ids, w, 2, 2, {}, sim, 4, {-1, 0.0f}).ok());
+  EXPECT_FALSE(sere_reroute(ids, w, 2, 3, {}, sim, 4, 1, 0.0f).ok());
+  EXPECT_FALSE(sere_reroute(ids, w, 2, 2, {}, std::span<const float>(sim).first(15), 4, 1, 0.0f).ok());
+  EXPECT_FALSE(sere_reroute(ids, w, 2, 2, std::vector<uint8_t>{1}, sim, 4, 1, 0.0f).ok());
+  EXPECT_FALSE(sere_reroute(ids, w, 2, 2, {}, sim, 4, -1, 0.0f).ok());
   sim[5] = std::nanf("");
-  EXPECT_FALSE(sere_reroute(ids, w, 2, 2, {}, sim, 4, {1, 0.0f}).ok());
+  EXPECT_FALSE(sere_reroute(ids, w, 2, 2, {}, sim, 4, 1, 0.0f).ok());
 }
 
 // Direct references over all tokens at once, in f64, from the definitions in research/sere.md §2.

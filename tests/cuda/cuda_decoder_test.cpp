@@ -431,7 +431,7 @@ TEST(CudaDecoder, SereS1BatchOneUsesOneExpertPerLayer) {
   const std::string file = (dir / "sim.safetensors").string();
   ASSERT_TRUE(io::write_safetensors(file, sims, {{"config_hash", engine::sere_config_hash(gpu->config)}}).is_ok());
   engine::SereOptions so;
-  so.primary = 1;
+  so.params.primary = 1;
   so.similarity_file = file;
   auto rt = engine::SereRuntime::create(*gpu, so);
   ASSERT_TRUE(rt.ok()) << rt.status().to_string();

@@ -186,8 +186,8 @@ std::unique_ptr<model::TextDecoder> random_30b_decoder(uint64_t seed, io::ModelC
 model::RerouteSpec random_sere_spec(const io::TextConfig& c, uint32_t seed) {
   const int64_t E = c.num_experts, L = c.num_layers;
   model::RerouteSpec spec;
-  spec.primary = 2;
-  spec.thresholds.assign(L, 0.f);
+  spec.params.primary = 2;
+  spec.params.layer_thresholds.assign(L, 0.f);
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> u(0.f, 1.f);
   for (int64_t l = 0; l < L; ++l) {
@@ -470,8 +470,8 @@ void expect_padded_equal_unpadded(const model::TextDecoder& dec, const model::Mo
     SCOPED_TRACE(what + (sample ? " forward_sample" : " forward"));
     std::vector<std::unique_ptr<model::PagedKVCache>> keep;
     PadRun ref, padded, unpadded;
-    std::vector<model::RerouteCounts> c0, c1, c2;
-    auto counts = [&](std::vector<model::RerouteCounts>& c) {
+    std::vector<accel::RerouteCounts> c0, c1, c2;
+    auto counts = [&](std::vector<accel::RerouteCounts>& c) {
       auto r = dec.reroute_counts();
       ASSERT_TRUE(r.ok()) << r.status().to_string();
       c = *r;

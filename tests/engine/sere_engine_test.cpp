@@ -51,7 +51,7 @@ std::vector<std::vector<int32_t>> run(const std::vector<engine::Prompt>& ps, con
 TEST(SereEngine, BatchOneWithOnePrimaryRunsOneExpertPerLayer) {
   ASSERT_TRUE(tiny());
   engine::SereOptions so;
-  so.primary = 1;
+  so.params.primary = 1;
   so.similarity_file = tiny_similarity_file();
   auto rt = engine::SereRuntime::create(*tiny(), so);
   ASSERT_TRUE(rt.ok()) << rt.status().to_string();
@@ -65,8 +65,8 @@ TEST(SereEngine, BatchOneWithOnePrimaryRunsOneExpertPerLayer) {
 TEST(SereEngine, DistinctAfterIsPrimaryPlusCritical) {
   ASSERT_TRUE(tiny());
   engine::SereOptions so;
-  so.primary = 2;
-  so.threshold = 0.5f;
+  so.params.primary = 2;
+  so.params.threshold = 0.5f;
   so.similarity_file = tiny_similarity_file();
   auto rt = engine::SereRuntime::create(*tiny(), so);
   ASSERT_TRUE(rt.ok()) << rt.status().to_string();
@@ -105,7 +105,7 @@ TEST(SereEngine, PrimaryAtLeastTopKChangesNothing) {
   const auto ps = prompts(4);
   const auto ref = run(ps, nullptr);
   engine::SereOptions so;
-  so.primary = 4;  // = top-k of the fixture
+  so.params.primary = 4;  // = top-k of the fixture
   so.similarity_file = tiny_similarity_file();
   auto rt = engine::SereRuntime::create(*tiny(), so);
   ASSERT_TRUE(rt.ok()) << rt.status().to_string();

@@ -67,7 +67,7 @@ int64_t lost_experts(const engine::SereRuntime& rt, const std::vector<int32_t>& 
 TEST(SereProtected, ProtectedExpertsAreNeverReroutedAway) {
   const std::vector<int32_t> prot = {0, 3, 5, 6, 10};
   engine::SereOptions so;
-  so.primary = 1;
+  so.params.primary = 1;
   so.similarity_file = tiny_similarity_file();
   auto plain = engine::SereRuntime::create(*tiny(), so);
   ASSERT_TRUE(plain.ok()) << plain.status().to_string();
@@ -76,7 +76,7 @@ TEST(SereProtected, ProtectedExpertsAreNeverReroutedAway) {
   auto guarded = engine::SereRuntime::create(*tiny(), so);
   ASSERT_TRUE(guarded.ok()) << guarded.status().to_string();
   EXPECT_EQ(lost_experts(**guarded, prot), 0);
-  so.threshold = 0.5f;  // with a threshold too
+  so.params.threshold = 0.5f;  // with a threshold too
   auto guarded_rho = engine::SereRuntime::create(*tiny(), so);
   ASSERT_TRUE(guarded_rho.ok());
   EXPECT_EQ(lost_experts(**guarded_rho, prot), 0);
@@ -95,7 +95,7 @@ TEST(SereProtected, BadFilesAreRefused) {
       {other_model.dump(), "made for another model"},
   };
   engine::SereOptions so;
-  so.primary = 1;
+  so.params.primary = 1;
   so.similarity_file = tiny_similarity_file();
   for (const auto& [text, what] : cases) {
     so.protected_file = write_text("bad_protected.json", text);

@@ -256,7 +256,7 @@ class CudaTextDecoder final : public model::TextDecoder {
   Result<std::vector<model::SampleResult>> forward_sample(const model::ForwardBatch& b, model::PagedKVCache& cache,
                                                           const model::MoeHooks* hooks,
                                                           const std::vector<model::SampleRow>& rows) const override;
-  Result<std::vector<model::RerouteCounts>> reroute_counts() const override;
+  Result<std::vector<accel::RerouteCounts>> reroute_counts() const override;
   Result<model::DeviceExpertWeights> device_expert_weights(int64_t layer) const override {
     if (layer < 0 || layer >= L_ || !layers_[layer].moe)
       return invalid_argument("layer " + std::to_string(layer) + " is not an MoE layer of this decoder");
@@ -545,12 +545,12 @@ Status CudaTextDecoder::ensure(const Caps& need) const {
   return Status::ok();
 }
 
-Result<std::vector<model::RerouteCounts>> CudaTextDecoder::reroute_counts() const {
+Result<std::vector<accel::RerouteCounts>> CudaTextDecoder::reroute_counts() const {
   std::vector<int64_t> raw(static_cast<size_t>(L_) * 6);
   ZEST_CU(cudaMemcpyAsync(raw.data(), st_->counters.get(), raw.size() * 8, cudaMemcpyDeviceToHost, stream_),
           "SERE counters copy");
   ZEST_CU(cudaStreamSynchronize(stream_), "SERE counters copy");
-  std::vector<model::RerouteCounts> out(L_);
+  std::vector<accel::RerouteCounts> out(L_);
   for (int l = 0; l < L_; ++l) {
     const int64_t* r = &raw[static_cast<size_t>(l) * 6];
     out[l] = {r[0], r[1], r[2], r[3], r[4], r[5]};
@@ -571,11 +571,10 @@ Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const model::
     hooks->moe_input(l, x.data(), T);
   }
   const model::RerouteSpec* spec = hooks ? hooks->reroute : nullptr;
-  const bool spec_ok = spec && static_cast<int>(spec->similarity.size()) == L_ &&
-                       static_cast<int>(spec->thresholds.size()) == L_;
+  const bool spec_ok = spec && spec->complete(L_);
   // Decode-sized steps route in one launch (router GEMM + top-k, and the plan too when nothing re-routes in between).
   const bool fuse_route = decode_option(DecodeOption::kRouteFused) >= 1 && moe_route_ok(T, H_, E_, K_);
-  const bool rerouted = spec_ok && all_active ? !spec->similarity[l].empty() && spec->primary > 0 && spec->primary < K_
+  const bool rerouted = spec_ok && all_active ? !spec->similarity[l].empty() && spec->params.enabled(K_)
                                               : hooks && hooks->route;
   const bool plan_routed = fuse_route && !rerouted;
   if (fuse_route) {
@@ -586,7 +585,7 @@ Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const model::
     ZEST_RETURN_IF_ERROR(router_topk(s.rl, nullptr, s.ids, s.route_w, T, E_, K_, st));
   }
   if (spec_ok && all_active) {
-    if (!spec->similarity[l].empty() && spec->primary > 0 && spec->primary < K_) {
+    if (!spec->similarity[l].empty() && spec->params.enabled(K_)) {
       const size_t ee = static_cast<size_t>(E_) * E_;
       if (spec->similarity[l].size() != ee)
         return invalid_argument("SERE similarity of layer " + std::to_string(l) + " is not [experts, experts]");
@@ -600,11 +599,11 @@ Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const model::
         ZEST_CU(cudaStreamSynchronize(st), "SERE similarity upload");
         s.sim_spec = spec;
       }
-      const int S = static_cast<int>(spec->primary);
+      const int S = static_cast<int>(spec->params.primary);
       ZEST_CU(cudaMemcpyAsync(s.ids_before, s.ids, static_cast<size_t>(T) * K_ * 4, cudaMemcpyDeviceToDevice, st),
               "ids copy");
       ZEST_RETURN_IF_ERROR(sere_reroute(s.ids, s.route_w, reinterpret_cast<const float*>(s.sim.get()) + l * ee, T, E_,
-                                        K_, S, spec->thresholds[l], st));
+                                        K_, S, spec->params.layer_thresholds[l], st));
       ZEST_RETURN_IF_ERROR(sere_stats(s.ids_before, s.ids, T, K_, S, E_,
                                       reinterpret_cast<int64_t*>(s.counters.get()) + l * 6, st, s.n_real));
     }
@@ -830,8 +829,7 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
   // fixed device addresses, and decode attention's bound is the context bucket rather than the exact length.
   const GraphMode gmode = graph_mode();
   const model::RerouteSpec* gspec = hooks ? hooks->reroute : nullptr;
-  const bool sere_dev = gspec && static_cast<int>(gspec->similarity.size()) == L_ &&
-                        static_cast<int>(gspec->thresholds.size()) == L_ && all_active;
+  const bool sere_dev = gspec && gspec->complete(L_) && all_active;
   const bool host_hooks = hooks && (hooks->moe_input || (hooks->route && !sere_dev));
   const int S_in = static_cast<int>(b.seqs.size());
   // Rows with logit edits or log-probabilities run in eager, unpadded steps (their inputs vary in size).
