@@ -83,8 +83,9 @@ struct ChatRequest : GenerationFields {
   // tools are still rendered, as vLLM does by default, and the output is plain content).
   bool parse_tool_calls() const { return !tools.is_null() && tool_choice != "none"; }
   // Structured output: response_format json_object / json_schema, guided_json, guided_choice, or the tool call a
-  // "required" / named tool_choice forces (engine/structured_output.h). The server compiles it into
-  // sampling.grammar once the prompt is known (the think block before it depends on the prompt).
+  // "required" / named tool_choice forces (engine/structured_output.h). parse_chat_request compiles it into
+  // sampling.grammar (no think block; properties in the order of the parsed body, which nlohmann::json sorts); the
+  // server compiles it again after use_client_key_order, once the prompt tells whether the model may think first.
   OutputConstraint constraint;
 };
 
