@@ -433,7 +433,9 @@ Result<ChatRequest> parse_chat_request(const json& body, const ModelBundle& mode
                                                r.parallel_tool_calls, r.constraint));
   // Compiled at once (no think block): every caller that runs r.sampling follows the constraint. The server compiles
   // it again once the prompt tells whether the model may think first, with the body's key order.
-  if (r.constraint.active()) ZEST_ASSIGN_OR_RETURN(r.sampling.grammar, output_grammar(model, r.constraint));
+  if (r.constraint.active()) {
+    ZEST_ASSIGN_OR_RETURN(r.sampling.grammar, output_grammar(model, r.constraint));
+  }
   SamplingParams& sp = r.sampling;
   ZEST_RETURN_IF_ERROR(expect_bool(body, "logprobs", "logprobs", sp.logprobs));
   int64_t top_logprobs = 0;
