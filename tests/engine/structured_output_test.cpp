@@ -8,6 +8,7 @@
 //   random model finish: at least 4 of 7 replies end by EOS).
 // - tool_choice "required" / a named function: the reply parses (engine::parse_chat_output, as the server does) into
 //   tool calls of the named tools whose arguments validate against the tool's parameters.
+// - guided_choice: one of the choices, exactly; with min_tokens beyond the choice, EOS still ends it.
 // - Refusals: unsupported schema keywords by name, guided_regex, response_format on text completions.
 #include <gtest/gtest.h>
 
@@ -273,6 +274,11 @@ TEST(StructuredOutput, GuidedChoiceAndPropertyOrder) {
     EXPECT_EQ(o.finish, FinishReason::kStop);
     EXPECT_TRUE(o.text == "yes" || o.text == "no" || o.text == "perhaps not") << o.text;
   }
+  // Where the grammar allows only EOS, min_tokens does not mask it (the grammar wins).
+  const auto short_outs = run_all(m, {chat({{"guided_choice", {"yes"}}, {"min_tokens", 20}, {"max_tokens", 30}})});
+  ASSERT_EQ(short_outs.size(), 1u);
+  EXPECT_EQ(short_outs[0].finish, FinishReason::kStop);
+  EXPECT_EQ(short_outs[0].text, "yes");
   // The schema's own key order decides the order of the properties (use_client_key_order).
   const std::string raw = R"({"messages": [{"role": "user", "content": "x"}], "temperature": 0, "max_tokens": 200,
       "response_format": {"type": "json_schema", "json_schema": {"name": "o", "schema": {"type": "object",
