@@ -146,8 +146,15 @@ Status parse_logits_processing(const json& body, const ModelBundle& model, bool 
   return Status::ok();
 }
 
-Status refuse_unsupported(const json& body) {
+// The fields a chat request reads as its output constraint (engine/structured_output.h).
+bool is_structured_field(const char* name) {
+  const std::string n = name;
+  return n == "response_format" || n == "guided_json" || n == "guided_choice";
+}
+
+Status refuse_unsupported(const json& body, bool structured) {
   for (const UnsupportedField& f : kUnsupported) {
+    if (structured && is_structured_field(f.name)) continue;
     const json* v = field(body, f.name);
     if (v && !f.neutral(*v))
       return invalid_argument(quote(f.name) + " is not supported by zest (unsupported field '" + f.name +
@@ -319,15 +326,19 @@ Status parse_tools(const json& body, ChatRequest& r) {
       return invalid_argument("'tool_choice' asks for a tool call but the request has no 'tools'");
     if (!named.empty() && std::find(names.begin(), names.end(), named) == names.end())
       return invalid_argument("'tool_choice' names the function '" + named.substr(0, 64) + "', which is not in 'tools'");
-    // Forcing a call needs constrained decoding (a grammar), which zest does not have: refused rather than
-    // answered with a reply that may not be a call.
-    if (r.tool_choice != "none" && r.tool_choice != "auto")
-      return invalid_argument("'tool_choice' " + std::string(named.empty() ? "\"required\"" : "naming a function") +
-                              " is not supported by zest: forcing a tool call needs structured output (guided "
-                              "decoding), which zest does not implement yet; use \"auto\" (the model decides) "
-                              "or \"none\"");
+    // "required" and a named function are forced through structured output (parse_output_constraint).
+    r.tool_choice_name = named;
   }
   return Status::ok();
+}
+
+// The output-constraint fields of a body (a copy of those only: the body may hold large images).
+template <typename J>
+grammar::Json structured_fields(const J& body) {
+  grammar::Json out = grammar::Json::object();
+  for (const char* key : {"response_format", "guided_json", "guided_choice"})
+    if (auto it = body.find(key); it != body.end()) out[key] = grammar::Json(*it);
+  return out;
 }
 
 // The URL of a validated image part.
@@ -340,13 +351,13 @@ const std::string& image_source(const json& part) {
 }  // namespace
 
 // The fields every generation request shares (chat and text completions), logprobs aside.
-Status parse_generation_fields(const json& body, const ModelBundle& model, GenerationFields& r) {
+Status parse_generation_fields(const json& body, const ModelBundle& model, GenerationFields& r, bool structured) {
   ZEST_RETURN_IF_ERROR(expect_string(body, "model"));
   ZEST_RETURN_IF_ERROR(expect_string(body, "user"));
   ZEST_RETURN_IF_ERROR(expect_string(body, "service_tier"));
   if (const json* md = field(body, "metadata"); md && !md->is_object())
     return invalid_argument("'metadata' must be an object");
-  ZEST_RETURN_IF_ERROR(refuse_unsupported(body));
+  ZEST_RETURN_IF_ERROR(refuse_unsupported(body, structured));
   SamplingParams& sp = r.sampling;
   const auto& g = model.generation;
   sp.temperature = g.temperature.value_or(1.0);
@@ -417,7 +428,14 @@ Result<ChatRequest> parse_chat_request(const json& body, const ModelBundle& mode
   r.messages = *messages;
   ZEST_RETURN_IF_ERROR(parse_tools(body, r));
 
-  ZEST_RETURN_IF_ERROR(parse_generation_fields(body, model, r));
+  ZEST_RETURN_IF_ERROR(parse_generation_fields(body, model, r, /*structured=*/true));
+  ZEST_RETURN_IF_ERROR(parse_output_constraint(structured_fields(body), r.tools, r.tool_choice, r.tool_choice_name,
+                                               r.parallel_tool_calls, r.constraint));
+  // Compiled at once (no think block): every caller that runs r.sampling follows the constraint. The server compiles
+  // it again once the prompt tells whether the model may think first, with the body's key order.
+  if (r.constraint.active()) {
+    ZEST_ASSIGN_OR_RETURN(r.sampling.grammar, output_grammar(model, r.constraint));
+  }
   SamplingParams& sp = r.sampling;
   ZEST_RETURN_IF_ERROR(expect_bool(body, "logprobs", "logprobs", sp.logprobs));
   int64_t top_logprobs = 0;
@@ -521,6 +539,12 @@ Result<CompletionRequest> parse_completion_request(const json& body, const Model
 void use_client_key_order(ChatRequest& r, const nlohmann::ordered_json& body) {
   if (!body.is_object()) return;
   if (auto t = body.find("tools"); !r.tools.is_null() && t != body.end() && t->is_array()) r.tools = *t;
+  if (r.constraint.active()) {
+    OutputConstraint c;
+    if (parse_output_constraint(structured_fields(body), r.tools, r.tool_choice, r.tool_choice_name,
+                                r.parallel_tool_calls, c).is_ok())
+      r.constraint = std::move(c);
+  }
   if (auto m = body.find("messages"); m != body.end() && m->is_array() && m->size() == r.messages.size())
     r.template_messages = *m;
 }

@@ -17,6 +17,7 @@
 #include "engine/model_bundle.h"
 #include "engine/request.h"
 #include "engine/sampler.h"
+#include "engine/structured_output.h"
 #include "vision/preprocess.h"
 
 namespace zest::engine {
@@ -57,8 +58,10 @@ struct GenerationFields {
 
 // Parses the shared fields (sampling parameters with the model's generation_config defaults, logits processing, n,
 // stop, stream options, the refusal of unimplemented fields); logprobs, whose type differs between the two APIs, is
-// the caller's.
-Status parse_generation_fields(const nlohmann::json& body, const ModelBundle& model, GenerationFields& out);
+// the caller's. `structured`: the caller reads response_format, guided_json and guided_choice itself (chat), else
+// they are refused unless they ask for plain text.
+Status parse_generation_fields(const nlohmann::json& body, const ModelBundle& model, GenerationFields& out,
+                               bool structured = false);
 
 // A parsed chat request.
 struct ChatRequest : GenerationFields {
@@ -73,18 +76,24 @@ struct ChatRequest : GenerationFields {
   // tojson keeps it.
   nlohmann::ordered_json tools;
   nlohmann::ordered_json template_messages;  // the messages in the client's key order, or null (then `messages`)
-  std::string tool_choice = "auto";          // "auto" or "none" ("required" and named functions are refused)
+  std::string tool_choice = "auto";          // "auto", "none", "required" or "function" (named: tool_choice_name)
+  std::string tool_choice_name;
   bool parallel_tool_calls = true;
   // Whether the output is parsed for tool calls: tools were given and tool_choice is not "none" (with "none" the
   // tools are still rendered, as vLLM does by default, and the output is plain content).
   bool parse_tool_calls() const { return !tools.is_null() && tool_choice != "none"; }
+  // Structured output: response_format json_object / json_schema, guided_json, guided_choice, or the tool call a
+  // "required" / named tool_choice forces (engine/structured_output.h). parse_chat_request compiles it into
+  // sampling.grammar (no think block; properties in the order of the parsed body, which nlohmann::json sorts); the
+  // server compiles it again after use_client_key_order, once the prompt tells whether the model may think first.
+  OutputConstraint constraint;
 };
 
 // The most tools one request may define.
 constexpr int64_t kMaxTools = 256;
 
-// Takes `tools` and `messages` from the same body parsed with its key order kept (the body must be the one
-// parse_chat_request validated).
+// Takes `tools`, `messages` and the output constraint's schemas from the same body parsed with its key order kept (the
+// body must be the one parse_chat_request validated).
 void use_client_key_order(ChatRequest& r, const nlohmann::ordered_json& body);
 
 // Parses and validates a request body. Every field zest reads is type-checked; fields of the OpenAI API

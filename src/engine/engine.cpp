@@ -333,6 +333,10 @@ Status Engine::run(const StepPlan& plan) {
     const int32_t tok = Sampler::finish(rows[ci], picked[ci], V);
     if (tok < 0 || tok >= V) return internal_error("sampling did not produce a token");
     s.sampler.accept(tok);
+    if (!s.sampler.status().is_ok()) {
+      finish(s, FinishReason::kError, s.full_text + s.detok.flush(), s.sampler.status().message());
+      continue;
+    }
     s.tokens.push_back(tok);
     s.out.token_ids.push_back(tok);
     if (rows[ci].logprobs >= 0) {

@@ -7,6 +7,7 @@
 
 #include "accel/visionzip.h"
 #include "core/status.h"
+#include "grammar/matcher.h"
 #include "io/config.h"
 #include "io/safetensors.h"
 #include "model/decoder.h"
@@ -55,6 +56,9 @@ struct ModelBundle {
   int64_t vision_score_layer = kDefaultScoreLayer;
   // Vision-tower outputs by image content (null = no caching).
   std::shared_ptr<EncoderCache> encoder_cache;
+  // Structured output: the vocabulary as grammars see it and the compiled grammars of recent requests
+  // (engine/structured_output.h).
+  std::shared_ptr<grammar::GrammarCache> grammars = std::make_shared<grammar::GrammarCache>();
 
   // Loads DIR with the text decoder on `backend`; every problem is returned as a Status naming the file
   // and what is wrong.

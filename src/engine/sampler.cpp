@@ -21,6 +21,7 @@ bool has_logits_processing(const SamplingParams& p) {
 Sampler::Sampler(const SamplingParams& p)
     : p_(p), rng_(p.seed ? *p.seed : std::random_device{}()), processing_(has_logits_processing(p)) {
   std::sort(p_.logit_bias.begin(), p_.logit_bias.end());
+  if (p_.grammar) matcher_.emplace(p_.grammar);
 }
 
 void Sampler::set_context(const std::vector<int32_t>& prompt, const std::vector<int32_t>& eos_ids) {
@@ -38,6 +39,7 @@ void Sampler::set_context(const std::vector<int32_t>& prompt, const std::vector<
 
 void Sampler::accept(int32_t token) {
   ++generated_;
+  if (matcher_ && status_.is_ok() && !matcher_->accept(token)) status_ = matcher_->status();
   if (!processing_) return;
   auto it = std::lower_bound(counts_.begin(), counts_.end(), std::make_pair(token, INT32_MIN));
   if (it != counts_.end() && it->first == token) ++it->second;
@@ -49,7 +51,7 @@ std::vector<model::LogitEdit> Sampler::edits(int64_t vocab) const {
   if (!processing_) return e;
   const bool rep = p_.repetition_penalty != 1.0;
   const bool counted = rep || p_.presence_penalty != 0.0 || p_.frequency_penalty != 0.0;
-  const bool mask = generated_ < p_.min_tokens;
+  const bool mask = generated_ < p_.min_tokens && !(matcher_ && matcher_->must_end());
   // The edited ids: biased, masked, in the prompt (repetition) or generated (any penalty); each set is sorted.
   std::vector<int32_t> ids;
   ids.reserve(prompt_ids_.size() + counts_.size() + p_.logit_bias.size() + (mask ? stop_ids_.size() : 0));
@@ -85,6 +87,14 @@ model::SampleRow Sampler::plan(int64_t vocab) {
   model::SampleRow row = model::plan_sample_row(p_.temperature, p_.top_k, p_.top_p, vocab);
   row.edits = edits(vocab);
   if (p_.logprobs) row.logprobs = std::clamp<int32_t>(p_.top_logprobs, 0, model::kMaxTopLogprobs);
+  if (matcher_) {
+    row.allowed = matcher_->mask();
+    if (status_.is_ok() && !matcher_->status().is_ok()) status_ = matcher_->status();
+    if (status_.is_ok() && static_cast<int64_t>(row.allowed->size()) != (vocab + 31) / 32)
+      status_ = internal_error("structured output: the grammar's vocabulary has " +
+                               std::to_string(row.allowed->size() * 32) + " bits for " + std::to_string(vocab) +
+                               " logits");
+  }
   // One draw per sampled token, as uniform_real_distribution(0, total) drew it: u * total is the same number.
   if (row.mode != model::SampleMode::kGreedy) row.u = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
   return row;

@@ -8,6 +8,10 @@
 //   repetition_penalty r (t in the prompt or the generated tokens): l[t] = l[t] > 0 ? l[t] / r : l[t] * r;
 //   l[t] -= frequency_penalty * c[t] + presence_penalty * (c[t] > 0), c[t] = count of t in the generated tokens.
 // The plan carries these as sparse per-token edits (model::LogitEdit); the decoder applies them.
+//
+// Guided decoding (SamplingParams::grammar): each row also carries the mask of the tokens the grammar allows next
+// (grammar::Matcher over the request's own state), applied after the edits; accept() advances the grammar. While the
+// grammar allows only the end of the output, min_tokens does not mask the EOS ids (the grammar wins).
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -15,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "core/status.h"
+#include "grammar/matcher.h"
 #include "model/sampling.h"
 
 namespace zest::engine {
@@ -35,6 +41,9 @@ struct SamplingParams {
   int64_t min_tokens = 0;               // stop / EOS ids masked until this many tokens are generated
   bool logprobs = false;                // log-probabilities of the sampled tokens (raw logits, log-softmax)
   int32_t top_logprobs = 0;             // 0..20 most likely tokens per position with logprobs
+  // Structured output: the grammar the output follows (null: none), compiled over the model's vocabulary (its masks
+  // have the decoder's vocab_size bits). Shared by the requests that use it; each Sampler walks it on its own.
+  std::shared_ptr<grammar::CompiledGrammar> grammar;
 };
 
 // True when the parameters ask for any logits processing (bias, penalties, min_tokens).
@@ -46,8 +55,10 @@ class Sampler {
   // The token history the edits depend on: the prompt, and the ids that min_tokens masks besides
   // stop_token_ids (the model's EOS ids; ignored with ignore_eos). Call before the first plan.
   void set_context(const std::vector<int32_t>& prompt, const std::vector<int32_t>& eos_ids);
-  // A generated token (counts for the penalties and min_tokens).
+  // A generated token (counts for the penalties and min_tokens; advances the grammar).
   void accept(int32_t token);
+  // Ok, or why the grammar cannot go on (the sampled token does not continue it, or a limit of its tables); sticky.
+  const Status& status() const { return status_; }
   // The next row's plan over a vocabulary of `vocab`: draws one uniform number unless the row is greedy; carries
   // the row's logit edits and log-probability request.
   model::SampleRow plan(int64_t vocab);
@@ -70,6 +81,8 @@ class Sampler {
   std::vector<int32_t> stop_ids_;    // masked while generated_ < min_tokens
   std::vector<std::pair<int32_t, int32_t>> counts_;  // generated token -> count, ascending by id
   int64_t generated_ = 0;
+  std::optional<grammar::Matcher> matcher_;
+  Status status_;
 };
 
 // Index of the largest logit (ties to the lowest index).

@@ -13,11 +13,16 @@
 // distribution: the log-sum-exp of the raw (unedited, temperature 1) row and its top K raw logits. summarize_edited_row
 // is the host reference of both; the CUDA decoder applies the edits with apply_logit_edits (kernels/cuda/sample.cu)
 // and computes the log-probability summary with sample_rows on the raw row.
+//
+// Guided decoding adds a dense mask per row (SampleRow::allowed, one bit per token): after the edits, every token the
+// mask leaves out is set to -inf, so the summary and the pick see only the allowed tokens; the log-probabilities stay
+// those of the raw row (as vLLM reports them). A row without a mask is summarized exactly as before.
 // Header-only: the CUDA library uses these without linking the model library.
 #pragma once
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <numeric>
 #include <vector>
 
@@ -59,7 +64,25 @@ struct SampleRow {
   int32_t candidates = 0;    // kCandidates: C = top_k when 0 < top_k <= kMaxSampleCandidates, else 1024 (<= vocab)
   std::vector<LogitEdit> edits;  // applied before the summary; ids distinct, ascending, in [0, vocab)
   int32_t logprobs = -1;         // >= 0: the log-probability summary with this many top raw logits (<= 20)
+  // Guided decoding: null = every token may be sampled; else bit t % 32 of word t / 32 says whether token t may be
+  // ((vocab + 31) / 32 words); the others get -inf after the edits.
+  std::shared_ptr<const std::vector<uint32_t>> allowed;
 };
+
+// Whether the row's mask allows token t (always without a mask).
+inline bool row_allows(const SampleRow& row, int32_t t) {
+  if (!row.allowed) return true;
+  const size_t w = static_cast<size_t>(t) >> 5;
+  return t >= 0 && w < row.allowed->size() && (((*row.allowed)[w] >> (t & 31)) & 1u) != 0;
+}
+
+// logits[t] = -inf for every token the mask leaves out.
+inline void apply_token_mask(float* logits, int64_t vocab, const std::vector<uint32_t>& mask) {
+  for (int64_t t = 0; t < vocab; ++t) {
+    const size_t w = static_cast<size_t>(t) >> 5;
+    if (w >= mask.size() || !((mask[w] >> (t & 31)) & 1u)) logits[t] = -INFINITY;
+  }
+}
 
 struct SampleResult {
   int32_t token = -1;          // kGreedy, kTemperature: the token
@@ -236,9 +259,8 @@ inline SampleResult summarize_row(const float* logits, int64_t vocab, const Samp
   return s;
 }
 
-// The token from a summary (kGreedy / kTemperature: the summary's token; candidates or a full row: the
-// top-k / top-p pick with row.u). -1 when the summary cannot decide.
-inline int32_t pick_from_summary(const SampleRow& row, const SampleResult& r, int64_t vocab) {
+namespace sampling_detail {
+inline int32_t pick_unmasked(const SampleRow& row, const SampleResult& r, int64_t vocab) {
   switch (row.mode) {
     case SampleMode::kNone: return -1;
     case SampleMode::kGreedy:
@@ -265,6 +287,25 @@ inline int32_t pick_from_summary(const SampleRow& row, const SampleResult& r, in
   if (n == 0 || static_cast<int64_t>(r.logits.size()) != n) return -1;
   return sampling_detail::pick_sorted(r.ids.data(), r.logits.data(), n, sampling_detail::candidates_are_kept_set(row, n, vocab), r.z, row);
 }
+}  // namespace sampling_detail
+
+// The token from a summary (kGreedy / kTemperature: the summary's token; candidates or a full row: the
+// top-k / top-p pick with row.u). -1 when the summary cannot decide. A masked row whose pick lands on a token the mask
+// leaves out (top-k / top-p walking past the allowed candidates by rounding, their weights being 0) takes the most
+// likely allowed candidate instead; when no token is allowed the pick stands (the caller's grammar refuses it).
+inline int32_t pick_from_summary(const SampleRow& row, const SampleResult& r, int64_t vocab) {
+  const int32_t t = sampling_detail::pick_unmasked(row, r, vocab);
+  if (!row.allowed || t < 0 || row_allows(row, t)) return t;
+  if (r.full && static_cast<int64_t>(r.logits.size()) == vocab) {
+    int32_t best = -1;
+    for (int32_t i = 0; i < static_cast<int32_t>(vocab); ++i)
+      if (row_allows(row, i) && (best < 0 || r.logits[i] > r.logits[best])) best = i;
+    return best >= 0 ? best : t;
+  }
+  for (int32_t id : r.ids)
+    if (row_allows(row, id)) return id;
+  return t;
+}
 
 // The log-probability summary of a raw row: log-sum-exp (max + log of the sum of exp(l - max), double) and the top k.
 inline void logprob_summary(const float* raw, int64_t vocab, int32_t k, SampleResult& s) {
@@ -278,14 +319,14 @@ inline void logprob_summary(const float* raw, int64_t vocab, int32_t k, SampleRe
   for (int64_t i = 0; i < n; ++i) s.top_logits[i] = raw[s.top_ids[i]];
 }
 
-// The host reference of a row with edits and log-probabilities: the log-probability summary of the raw row, then the
-// summary of the edited row.
+// The host reference of a row with edits, a mask and log-probabilities: the log-probability summary of the raw row,
+// then the summary of the edited and masked row.
 inline SampleResult summarize_edited_row(const float* raw, int64_t vocab, const SampleRow& row) {
-  if (row.edits.empty() && row.logprobs < 0) return summarize_row(raw, vocab, row);
+  if (row.edits.empty() && row.logprobs < 0 && !row.allowed) return summarize_row(raw, vocab, row);
   SampleResult lp;
   if (row.logprobs >= 0) logprob_summary(raw, vocab, row.logprobs, lp);
   SampleResult s;
-  if (row.edits.empty()) {
+  if (row.edits.empty() && !row.allowed) {
     s = summarize_row(raw, vocab, row);
   } else {
     std::vector<float> edited(raw, raw + vocab);
@@ -295,6 +336,7 @@ inline SampleResult summarize_edited_row(const float* raw, int64_t vocab, const 
       lp.edit_raw[i] = raw[e.id];
       edited[e.id] = apply_logit_edit(raw[e.id], e);
     }
+    if (row.allowed) apply_token_mask(edited.data(), vocab, *row.allowed);
     s = summarize_row(edited.data(), vocab, row);
   }
   s.lse = lp.lse;

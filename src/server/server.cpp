@@ -155,6 +155,8 @@ struct Server::Impl {
   void keep_key_order(engine::ChatRequest& cr, const std::string& raw) const;
   // Whether the prompt leaves a think block open (its generation prompt ends inside <think>).
   bool prompt_opens_think(const std::vector<int32_t>& ids) const;
+  // The prompt's last think block is closed after the last <|im_start|> (the template turned thinking off).
+  bool prompt_closes_think(const std::vector<int32_t>& ids) const;
   void handle_chat(const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader);
   void handle_completions(httplib::Response& res, const httplib::ContentReader& reader);
   void handle_tokenize(httplib::Response& res, const httplib::ContentReader& reader);
@@ -290,7 +292,7 @@ Status Server::Impl::check_length(int64_t n_prompt, const engine::GenerationFiel
 }
 
 void Server::Impl::keep_key_order(engine::ChatRequest& cr, const std::string& raw) const {
-  bool ordered = !cr.tools.is_null();
+  bool ordered = !cr.tools.is_null() || cr.constraint.active();
   for (const json& m : cr.messages) ordered = ordered || (m.contains("tool_calls") && !m["tool_calls"].is_null());
   if (!ordered) return;
   const auto body = nlohmann::ordered_json::parse(raw, nullptr, false);
@@ -301,6 +303,14 @@ bool Server::Impl::prompt_opens_think(const std::vector<int32_t>& ids) const {
   for (size_t k = ids.size(); k-- > 0;) {
     if (ids[k] == think_close_id || ids[k] == im_start_id) return false;
     if (ids[k] == think_open_id) return true;
+  }
+  return false;
+}
+
+bool Server::Impl::prompt_closes_think(const std::vector<int32_t>& ids) const {
+  for (size_t k = ids.size(); k-- > 0;) {
+    if (ids[k] == think_open_id || ids[k] == im_start_id) return false;
+    if (ids[k] == think_close_id) return true;
   }
   return false;
 }
@@ -419,6 +429,18 @@ void Server::Impl::handle_chat(const httplib::Request&, httplib::Response& res,
   job.parse.reasoning_open = reasoning && prompt_opens_think(prompt->ids);
   job.parse.tools = cr.parse_tool_calls();
   job.parse.parallel_tool_calls = cr.parallel_tool_calls;
+  if (cr.constraint.active()) {
+    // A reasoning model may think before the constrained reply: an optional think block, or the rest of the one the
+    // prompt opened; none when the prompt closed it (thinking turned off).
+    grammar::ThinkPrefix think = grammar::ThinkPrefix::kNone;
+    if (reasoning)
+      think = job.parse.reasoning_open ? grammar::ThinkPrefix::kOpen
+              : prompt_closes_think(prompt->ids) ? grammar::ThinkPrefix::kNone
+                                                 : grammar::ThinkPrefix::kOptional;
+    auto g = engine::output_grammar(*model, cr.constraint, think);
+    if (!g.ok()) return reply_status(res, g.status());
+    cr.sampling.grammar = *g;
+  }
   job.parsers.assign(static_cast<size_t>(cr.n), engine::ChatOutputParser(job.parse));
   const int64_t first = next_id.load();
   job.cid = CompletionId{"chatcmpl-" + hex(id_prefix, 16) + hex(static_cast<uint64_t>(first), 8), unix_seconds(),

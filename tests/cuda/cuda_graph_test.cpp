@@ -814,6 +814,118 @@ TEST(CudaGraph, ForwardSampleAppliesEditsAndLogprobs) {
   }
 }
 
+
+// forward_sample with guided decoding's token masks against forward on the same prefill step: masked rows (greedy with
+// its argmax left out, temperature, candidates, the whole row, one with edits and logprobs too) pick what the host
+// reference (model::summarize_edited_row's order: edits rounded to bf16, then -inf outside the mask) picks from the
+// same logits: greedy and candidates exactly, temperature an allowed token within the 1e-5 target window of the
+// device's Z; every pick is allowed; log-probabilities stay the raw row's (log-sum-exp within 1e-5); a row without a
+// mask in the same step is unchanged.
+TEST(CudaGraph, ForwardSampleAppliesTokenMasks) {
+  if (!kernels::cuda_available()) GTEST_SKIP() << "no CUDA GPU available";
+  auto m = engine::ModelBundle::load(std::string(ZEST_FIXTURES_DIR) + "/models/qwen3_moe_tiny", model::Backend::kCuda);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  const model::TextDecoder& dec = (*m)->decoder();
+  const int64_t V = dec.config().vocab_size;
+  const int64_t W = (V + 31) / 32;
+  auto c1 = dec.allocate_cache(64, 16), c2 = dec.allocate_cache(64, 16);
+  ASSERT_TRUE(c1.ok() && c2.ok());
+  std::mt19937 rng(31);
+  constexpr int kSeqs = 6;
+  const int lens[kSeqs] = {4, 9, 3, 7, 5, 6};
+  std::vector<std::vector<int32_t>> t1(kSeqs), t2(kSeqs);
+  model::ForwardBatch b1;
+  int total = 0;
+  for (int len : lens) total += len;
+  b1.positions.resize(3 * total);
+  int at = 0;
+  for (int j = 0; j < kSeqs; ++j) {
+    ASSERT_TRUE(c1->reserve(t1[j], lens[j]).is_ok());
+    ASSERT_TRUE(c2->reserve(t2[j], lens[j]).is_ok());
+    for (int i = 0; i < lens[j]; ++i, ++at) {
+      b1.tokens.push_back(static_cast<int32_t>(rng() % V));
+      for (int a = 0; a < 3; ++a) b1.positions[a * total + at] = i;
+    }
+    b1.seqs.push_back({&t1[j], 0, lens[j], false, true});
+  }
+  model::ForwardBatch b2 = b1;
+  for (int j = 0; j < kSeqs; ++j) b2.seqs[j].block_table = &t2[j];
+  auto logits = dec.forward(b1, *c1);
+  ASSERT_TRUE(logits.ok()) << logits.status().to_string();
+  std::vector<model::SampleRow> rows(kSeqs);
+  rows[0] = model::plan_sample_row(0.0, 0, 1.0, V);     // greedy
+  rows[1] = model::plan_sample_row(1.0, 0, 1.0, V);     // temperature
+  rows[2] = model::plan_sample_row(0.7, 40, 0.9, V);    // candidates (fewer allowed tokens than 40 below)
+  rows[3] = model::plan_sample_row(1.0, 2000, 1.0, V);  // the whole row
+  rows[4] = model::plan_sample_row(0.9, 50, 1.0, V);    // candidates with edits and logprobs
+  rows[5] = model::plan_sample_row(0.9, 0, 1.0, V);     // no mask
+  for (int j = 0; j < kSeqs; ++j) {
+    rows[j].u = 0.15 + 0.14 * j;
+    if (j == 5) continue;
+    auto mask = std::make_shared<std::vector<uint32_t>>(static_cast<size_t>(W), 0u);
+    // Row 2: 25 allowed ids; the others: about a third of the vocabulary.
+    const int64_t n = j == 2 ? 25 : V / 3;
+    for (int64_t k = 0; k < n; ++k) {
+      const int64_t id = static_cast<int64_t>(rng() % V);
+      (*mask)[id >> 5] |= 1u << (id & 31);
+    }
+    if (j == 0) {
+      const float* l = logits->data<float>();
+      const int64_t top = std::max_element(l, l + V) - l;
+      (*mask)[top >> 5] &= ~(1u << (top & 31));
+    }
+    rows[j].allowed = mask;
+  }
+  rows[4].logprobs = 5;
+  for (int64_t id = 3; id < V; id += 97) rows[4].edits.push_back({static_cast<int32_t>(id), 1.5f, 1.2f, 0.25f});
+  auto got = dec.forward_sample(b2, *c2, nullptr, rows);
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  ASSERT_EQ(got->size(), static_cast<size_t>(kSeqs));
+  for (int j = 0; j < kSeqs; ++j) {
+    SCOPED_TRACE("row " + std::to_string(j));
+    const float* l = logits->data<float>() + j * V;
+    const model::SampleResult& r = (*got)[j];
+    std::vector<float> ed(l, l + V);
+    for (const model::LogitEdit& e : rows[j].edits) ed[e.id] = round_bf16(model::apply_logit_edit(l[e.id], e));
+    if (rows[j].allowed) model::apply_token_mask(ed.data(), V, *rows[j].allowed);
+    model::SampleRow plain = rows[j];
+    plain.edits.clear();
+    plain.logprobs = -1;
+    plain.allowed = nullptr;
+    const model::SampleResult ref = model::summarize_row(ed.data(), V, plain);
+    if (rows[j].logprobs >= 0) {
+      model::SampleResult lp;
+      model::logprob_summary(l, V, rows[j].logprobs, lp);
+      EXPECT_NEAR(r.lse, lp.lse, 1e-5);
+      EXPECT_EQ(r.top_ids, lp.top_ids);
+    }
+    EXPECT_EQ(r.full, ref.full);
+    if (ref.full) {
+      ASSERT_EQ(r.logits.size(), static_cast<size_t>(V));
+      size_t diff = 0;
+      for (int64_t i = 0; i < V; ++i) diff += !(r.logits[i] == ed[i]);
+      EXPECT_EQ(diff, 0u);
+    } else if (rows[j].mode == model::SampleMode::kCandidates) {
+      EXPECT_EQ(r.ids, ref.ids);
+      EXPECT_EQ(r.logits, ref.logits);
+    }
+    const int32_t tok = model::pick_from_summary(rows[j], r, V);
+    ASSERT_GE(tok, 0);
+    EXPECT_TRUE(model::row_allows(rows[j], tok)) << "token " << tok;
+    if (rows[j].mode == model::SampleMode::kTemperature) {
+      const int32_t lo = model::temperature_walk(ed.data(), V, ref.max, 1.0 / rows[j].temperature, rows[j].u * ref.z * (1 - 1e-5));
+      const int32_t hi = model::temperature_walk(ed.data(), V, ref.max, 1.0 / rows[j].temperature, rows[j].u * ref.z * (1 + 1e-5));
+      EXPECT_GE(tok, lo);
+      EXPECT_LE(tok, hi);
+    } else {
+      model::SampleRow host = plain;
+      host.allowed = rows[j].allowed;
+      EXPECT_EQ(tok, model::pick_from_summary(host, ref, V));
+    }
+    if (rows[j].edits.empty()) EXPECT_EQ(model::raw_logit_of(rows[j], r, tok, V), l[tok]);
+  }
+}
+
 }  // namespace
 }  // namespace zest::cuda::test
 #endif  // ZEST_HAVE_CUDA

@@ -219,6 +219,115 @@ TEST(LogitEdits, MatchHostReferenceBitForBit) {
   }
 }
 
+
+// apply_token_masks (guided decoding) against model::apply_token_mask, then sample_rows on the masked rows against the
+// host reference's picks (model::summarize_edited_row with the mask): masked rows are bit-identical (-inf exactly where
+// a bit is clear, every other logit untouched), a row with mask_row -1 is untouched; greedy and candidates picks equal
+// the host's exactly (the same bf16 values), temperature picks lie in the 1e-5 target window (Z sums differ in order);
+// every pick is allowed. Masks: one allowed id, a handful, about half the vocabulary, all but the argmax.
+TEST(TokenMasks, DevicePicksTheHostTokensUnderAMask) {
+  ZEST_REQUIRE_GPU();
+  for (const int vocab : {1000, 4097, 151936}) {
+    SCOPED_TRACE("vocab " + std::to_string(vocab));
+    const int rows = 12, W = (vocab + 31) / 32;
+    std::mt19937 rng(static_cast<uint32_t>(vocab));
+    const HostBF16 h = make_logits(rows, vocab, vocab == 4097, rng);
+    std::vector<int32_t> mask_row(rows, -1);
+    std::vector<uint32_t> masks;
+    std::vector<std::shared_ptr<const std::vector<uint32_t>>> allowed(rows);
+    for (int r = 0; r < rows; ++r) {
+      if (r % 6 == 5) continue;  // unmasked
+      std::vector<uint32_t> m(static_cast<size_t>(W), 0u);
+      const int kind = r % 4;
+      const float* row = h.f.data() + static_cast<size_t>(r) * vocab;
+      const int top = static_cast<int>(std::max_element(row, row + vocab) - row);
+      auto set = [&](int id) { m[id >> 5] |= 1u << (id & 31); };
+      if (kind == 0) set(static_cast<int>(rng() % vocab));
+      if (kind == 1)
+        for (int k = 0; k < 7; ++k) set(static_cast<int>(rng() % vocab));
+      if (kind == 2)
+        for (int id = 0; id < vocab; ++id)
+          if (rng() % 2) set(id);
+      if (kind == 3) {
+        for (int id = 0; id < vocab; ++id) set(id);
+        m[top >> 5] &= ~(1u << (top & 31));
+      }
+      if (vocab % 32) m.back() |= ~0u << (vocab % 32);  // bits past the vocabulary are ignored
+      mask_row[r] = static_cast<int32_t>(masks.size() / W);
+      masks.insert(masks.end(), m.begin(), m.end());
+      allowed[r] = std::make_shared<const std::vector<uint32_t>>(std::move(m));
+    }
+    std::vector<SampleRow> plans(rows);
+    std::vector<SampleRowSpec> specs(rows);
+    for (int r = 0; r < rows; ++r) {
+      switch (r % 3) {
+        case 0: plans[r] = model::plan_sample_row(0.0, 0, 1.0, vocab); break;
+        case 1: plans[r] = model::plan_sample_row(0.8, 0, 1.0, vocab); break;
+        default: plans[r] = model::plan_sample_row(1.0, 30, 0.95, vocab); break;
+      }
+      plans[r].u = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+      plans[r].allowed = allowed[r];
+      specs[r].mode = static_cast<int32_t>(plans[r].mode);
+      specs[r].candidates = plans[r].candidates;
+      specs[r].inv_t = static_cast<float>(1.0 / plans[r].temperature);
+      specs[r].u = plans[r].u;
+    }
+    auto d_logits = upload_bf16(h);
+    DevBuf<int32_t> d_row(mask_row);
+    DevBuf<uint32_t> d_masks(masks.empty() ? std::vector<uint32_t>(1) : masks);
+    ZEST_ASSERT_OK(apply_token_masks(d_logits->get(), rows, vocab, W, d_row.get(), d_masks.get(), nullptr));
+    sync_ok();
+    const std::vector<float> masked = download_bf16(*d_logits);
+    std::vector<float> want = h.f;
+    for (int r = 0; r < rows; ++r)
+      if (allowed[r]) model::apply_token_mask(want.data() + static_cast<size_t>(r) * vocab, vocab, *allowed[r]);
+    size_t diff = 0;
+    for (size_t i = 0; i < want.size(); ++i) diff += !(masked[i] == want[i]);
+    EXPECT_EQ(diff, 0u);
+    DevBuf<SampleRowSpec> d_spec(specs);
+    DevBuf<SampleRowOut> d_out(rows);
+    DevBuf<int32_t> d_ids(static_cast<size_t>(rows) * kSampleMaxCandidates);
+    DevBuf<float> d_cl(static_cast<size_t>(rows) * kSampleMaxCandidates);
+    ZEST_ASSERT_OK(sample_rows(d_logits->get(), rows, vocab, d_spec.get(), d_out.get(), d_ids.get(), d_cl.get(), nullptr));
+    sync_ok();
+    const auto out = d_out.download();
+    const auto ids = d_ids.download();
+    const auto cl = d_cl.download();
+    for (int r = 0; r < rows; ++r) {
+      SCOPED_TRACE("row " + std::to_string(r));
+      const SampleRow& p = plans[r];
+      const model::SampleResult ref = model::summarize_edited_row(h.f.data() + static_cast<size_t>(r) * vocab, vocab, p);
+      const int32_t want_tok = model::pick_from_summary(p, ref, vocab);
+      model::SampleResult dev;
+      dev.token = out[r].token;
+      dev.max = out[r].max;
+      dev.z = out[r].z;
+      dev.token_logit = out[r].token_logit;
+      if (p.mode == SampleMode::kCandidates) {
+        const size_t at = static_cast<size_t>(r) * kSampleMaxCandidates;
+        dev.ids.assign(ids.begin() + at, ids.begin() + at + out[r].count);
+        dev.logits.assign(cl.begin() + at, cl.begin() + at + out[r].count);
+        if (!model::candidates_decide(p, dev, vocab)) {
+          dev.ids.clear();
+          dev.full = true;
+          dev.logits.assign(masked.begin() + static_cast<size_t>(r) * vocab, masked.begin() + static_cast<size_t>(r + 1) * vocab);
+        }
+      }
+      const int32_t tok = model::pick_from_summary(p, dev, vocab);
+      ASSERT_GE(tok, 0);
+      EXPECT_TRUE(model::row_allows(p, tok)) << "token " << tok;
+      if (p.mode == SampleMode::kTemperature) {
+        const float* row = want.data() + static_cast<size_t>(r) * vocab;
+        const double target = p.u * ref.z;
+        EXPECT_GE(tok, model::temperature_walk(row, vocab, ref.max, 1.0 / p.temperature, target * (1 - 1e-5)));
+        EXPECT_LE(tok, model::temperature_walk(row, vocab, ref.max, 1.0 / p.temperature, target * (1 + 1e-5)));
+      } else {
+        EXPECT_EQ(tok, want_tok);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace zest::cuda::test
 #endif  // ZEST_HAVE_CUDA

@@ -150,10 +150,10 @@ TEST_F(HostileTest, UnsupportedFieldsAreRefusedByName) {
   const std::vector<std::pair<std::string, json>> asks = {
       {"prompt_logprobs", 1},
       {"functions", json::array({{{"name", "f"}}})},
-      {"response_format", {{"type", "json_object"}}},
       {"min_p", 0.1},
       {"best_of", 2},
-      {"guided_json", json::object()},
+      {"guided_regex", "a+"},
+      {"guided_grammar", "root ::= \"a\""},
       {"store", true},
       {"modalities", json::array({"text", "audio"})},
   };

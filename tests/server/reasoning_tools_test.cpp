@@ -141,7 +141,7 @@ TEST(ServerTools, ToolRoundTripIsRenderedAndBadToolsAreRefusedByName) {
   EXPECT_EQ(e.status, 400);
   EXPECT_EQ(e.j["error"]["param"], "tools[0].function.name");
   bad = body;
-  bad["tool_choice"] = "required";
+  bad["tool_choice"] = {{"type", "function"}, {"function", {{"name", "not_a_tool"}}}};
   e = post_json(*c, bad.dump());
   EXPECT_EQ(e.status, 400);
   EXPECT_EQ(e.j["error"]["param"], "tool_choice");

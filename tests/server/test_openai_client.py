@@ -7,8 +7,9 @@ given model, and checks a plain completion, streaming (the streamed text equals 
 text of the same greedy request), stream_options.include_usage, logprobs (equal to the log-softmax of
 `zest logits --all-positions` over prompt + completion, within LOGPROB_TOL; streamed the same), n = 3 (choice i is
 the single request with seed + i), text completions (string, token-id and list prompts, legacy logprobs,
-streaming), /tokenize and /detokenize, /v1/models, an image as a data URL (VL models), and OpenAI errors (400, 404,
-best_of refused by name) raised as the client's exception types.
+streaming), /tokenize and /detokenize, /v1/models, an image as a data URL (VL models), structured output
+(response_format json_schema / json_object, tool_choice "required" and a named function as tool_calls), and OpenAI
+errors (400, 404, best_of and an unsupported schema keyword refused by name) raised as the client's exception types.
 
     test_openai_client.py --zest BUILD/zest --model DIR [--model DIR ...] --venv BUILD/openai-venv
 """
@@ -177,6 +178,71 @@ def check_logprobs_against_zest_logits(client, name, zest, model_dir, messages, 
             check(abs(t.logprob - (row[tid] - lse)) <= LOGPROB_TOL, (t, row[tid] - lse))
 
 
+def check_structured_output(client, name: str, messages: list) -> None:
+    """Structured output on the random-weight fixture (the model knows no JSON: the grammar makes every structure).
+    Thinking is off (the Qwen3 template would let the random model think without end); the schemas bound every
+    string so replies end by EOS well within max_tokens. tool_choice "required" (one call) and a named function come
+    back as tool_calls whose arguments follow the tool's parameters; response_format json_schema gives content that
+    parses and validates, streamed the same; an unsupported schema keyword is a 400 naming it."""
+    import openai
+
+    no_think = {"chat_template_kwargs": {"enable_thinking": False}}
+    weather = {"type": "function", "function": {
+        "name": "get_weather", "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
+                                                        "unit": {"enum": ["c", "f"]}},
+                       "required": ["city"], "additionalProperties": False}}}
+    ping = {"type": "function", "function": {"name": "ping", "parameters": {"type": "object", "properties": {}}}}
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        for seed in (1, 2, 3):
+            r = client.chat.completions.create(model=name, messages=messages, tools=[ping, weather],
+                                               tool_choice=choice, parallel_tool_calls=False, max_tokens=200,
+                                               temperature=1.0, seed=seed, extra_body=no_think)
+            c = r.choices[0]
+            check(c.finish_reason == "tool_calls" and c.message.content is None, c)
+            check(len(c.message.tool_calls) == 1, c.message.tool_calls)
+            call = c.message.tool_calls[0]
+            check(call.type == "function" and call.id.startswith("call_"), call)
+            args = json.loads(call.function.arguments)
+            if call.function.name == "ping":
+                check(choice == "required" and args == {}, call)
+            else:
+                check(call.function.name == "get_weather", call)
+                check(set(args) <= {"city", "unit"} and isinstance(args["city"], str) and len(args["city"]) <= 8, args)
+                check(args.get("unit", "c") in ("c", "f"), args)
+
+    schema = {"type": "object",
+              "properties": {"name": {"type": "string", "maxLength": 10}, "count": {"type": "integer"},
+                             "ok": {"type": "boolean"}, "tags": {"type": "array", "maxItems": 2,
+                                                                 "items": {"enum": ["a", "b"]}}},
+              "required": ["name", "count", "ok"], "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "thing", "schema": schema, "strict": True}}
+    for seed in (4, 5, 6):
+        r = client.chat.completions.create(model=name, messages=messages, response_format=fmt, max_tokens=300,
+                                           temperature=1.0, seed=seed, extra_body=no_think)
+        c = r.choices[0]
+        check(c.finish_reason == "stop", c)
+        obj = json.loads(c.message.content)
+        check(list(obj)[:3] == ["name", "count", "ok"] and set(obj) <= {"name", "count", "ok", "tags"}, obj)
+        check(isinstance(obj["name"], str) and len(obj["name"]) <= 10, obj)
+        check(isinstance(obj["count"], int) and isinstance(obj["ok"], bool), obj)
+        check(all(t in ("a", "b") for t in obj.get("tags", [])) and len(obj.get("tags", [])) <= 2, obj)
+        streamed = "".join(ch.choices[0].delta.content or "" for ch in client.chat.completions.create(
+            model=name, messages=messages, response_format=fmt, max_tokens=300, temperature=1.0, seed=seed,
+            stream=True, extra_body=no_think) if ch.choices)
+        check(streamed == c.message.content, (streamed, c.message.content))
+    r = client.chat.completions.create(model=name, messages=messages, response_format={"type": "json_object"},
+                                       max_tokens=5, temperature=0, extra_body=no_think)
+    check(r.choices[0].message.content.lstrip().startswith("{"), r.choices[0])
+    try:
+        bad = {"type": "json_schema", "json_schema": {"name": "x", "schema": {
+            "type": "object", "properties": {"id": {"type": "string", "pattern": "^[a-z]+$"}}}}}
+        client.chat.completions.create(model=name, messages=messages, response_format=bad, max_tokens=4)
+        raise AssertionError("a schema with 'pattern' was accepted")
+    except openai.BadRequestError as e:
+        check(e.status_code == 400 and "'pattern'" in e.body.get("message", ""), e.body)
+
+
 def run_checks(srv: ZestServer, model_dir: str, source_dir: pathlib.Path, zest: str, tmp: pathlib.Path) -> None:
     import openai
 
@@ -278,12 +344,7 @@ def run_checks(srv: ZestServer, model_dir: str, source_dir: pathlib.Path, zest: 
     bad = client.chat.completions.create(model=name, messages=messages, tools=case["tools"], max_tokens=3,
                                          temperature=0, extra_body={"logit_bias": {"151657": 100}, "ignore_eos": True})
     check(bad.choices[0].message.content == "<tool_call>" * 3 and not bad.choices[0].message.tool_calls, bad.choices[0])
-    try:
-        client.chat.completions.create(model=name, messages=messages, tools=case["tools"], tool_choice="required",
-                                       max_tokens=3)
-        raise AssertionError("tool_choice required was accepted")
-    except openai.BadRequestError as e:
-        check(e.status_code == 400 and e.body.get("param") == "tool_choice", e.body)
+    check_structured_output(client, name, messages)
 
     # Thinking: with the reasoning parser (on by default for the Qwen3 text template) a <think> block goes to
     # reasoning_content, streamed as its own deltas. Every token is forced to <think>.

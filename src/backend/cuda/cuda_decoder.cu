@@ -137,23 +137,27 @@ size_t layout_inputs(char* base, int64_t T, int64_t S, int64_t max_blocks, int64
   return c.used;
 }
 
-// Per-step inputs and outputs of rows with logit edits or log-probabilities (the same layout on the host and the
-// device): the inputs first (one H2D copy), then the outputs.
+// Per-step inputs and outputs of rows with logit edits, token masks or log-probabilities (the same layout on the host
+// and the device): the inputs first (one H2D copy), then the outputs.
 struct RowExtras {
   int32_t* edit_begin;        // [R + 1]
   SampleRowSpec* lp_specs;    // [R] the log-probability summaries (candidates at temperature 1) of the raw rows
   LogitEditSpec* edits;       // [n_edits]
+  int32_t* mask_row;          // [R] the row's mask in `masks`, or -1
+  uint32_t* masks;            // [n_masks, W] guided decoding's token masks (W = (vocab + 31) / 32)
   char* inputs_end;
   float* edit_raw;            // [n_edits]
   SampleRowOut* lp_out;       // [R]
   int32_t* lp_ids;            // [R, kSampleMaxCandidates]
   float* lp_logits;           // [R, kSampleMaxCandidates]
 };
-size_t layout_extras(char* base, int64_t R, int64_t n_edits, RowExtras* x) {
+size_t layout_extras(char* base, int64_t R, int64_t n_edits, int64_t n_masks, int64_t W, RowExtras* x) {
   Carver c{base, 0};
   x->edit_begin = c.take<int32_t>(R + 1);
   x->lp_specs = c.take<SampleRowSpec>(R);
   x->edits = c.take<LogitEditSpec>(std::max<int64_t>(n_edits, 1));
+  x->mask_row = c.take<int32_t>(R);
+  x->masks = c.take<uint32_t>(std::max<int64_t>(n_masks * W, 1));
   x->inputs_end = base ? base + c.used : nullptr;
   x->edit_raw = c.take<float>(std::max<int64_t>(n_edits, 1));
   x->lp_out = c.take<SampleRowOut>(R);
@@ -832,10 +836,11 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
   const bool sere_dev = gspec && gspec->complete(L_) && all_active;
   const bool host_hooks = hooks && (hooks->moe_input || (hooks->route && !sere_dev));
   const int S_in = static_cast<int>(b.seqs.size());
-  // Rows with logit edits or log-probabilities run in eager, unpadded steps (their inputs vary in size).
+  // Rows with logit edits, token masks or log-probabilities run in eager, unpadded steps (their inputs vary in size).
   bool row_extras = false;
   if (sample_rows_in)
-    for (const model::SampleRow& row : *sample_rows_in) row_extras = row_extras || !row.edits.empty() || row.logprobs >= 0;
+    for (const model::SampleRow& row : *sample_rows_in)
+      row_extras = row_extras || !row.edits.empty() || row.logprobs >= 0 || row.allowed;
   const bool graph_step = !row_extras && gmode != kGraphsOff && !(gmode == kGraphsOn && st_->graphs_broken) && decode_only &&
                           M == 0 && S_in <= kMaxGraphSeqs && !host_hooks;
   const bool graphable = gmode == kGraphsOn && graph_step && (!sere_dev || st_->sim_spec == gspec);
@@ -868,7 +873,8 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
   Step& s = *st_;
   const Caps& cap = s.caps;
   const int MB = static_cast<int>(cap.max_blocks), R = static_cast<int>(need.R);
-  int64_t n_edits = 0;
+  int64_t n_edits = 0, n_masks = 0;
+  const int64_t W = (static_cast<int64_t>(V_) + 31) / 32;
   if (sample_rows_in) {
     if (static_cast<int64_t>(sample_rows_in->size()) != R_out)
       return invalid_argument("forward_sample: " + std::to_string(sample_rows_in->size()) + " row plans for " +
@@ -888,6 +894,11 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
         if (row.edits[k].id < 0 || row.edits[k].id >= V_ || (k > 0 && row.edits[k].id <= row.edits[k - 1].id))
           return invalid_argument("forward_sample: logit edit ids must be ascending and in [0, vocab)");
       n_edits += static_cast<int64_t>(row.edits.size());
+      if (row.allowed) {
+        if (static_cast<int64_t>(row.allowed->size()) != W)
+          return invalid_argument("forward_sample: a token mask must have (vocab + 31) / 32 words");
+        ++n_masks;
+      }
     }
     ZEST_RETURN_IF_ERROR(ensure_sample(cap.R));
   }
@@ -896,7 +907,7 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
   size_t extras_in = 0;
   int lp0 = -1, lp1 = -1;  // the range of rows with log-probabilities
   if (row_extras) {
-    const size_t bytes = layout_extras(nullptr, R, n_edits, &xh);
+    const size_t bytes = layout_extras(nullptr, R, n_edits, n_masks, W, &xh);
     Step& sx = *st_;
     if (bytes > sx.extras_bytes) {
       ZEST_CU(cudaStreamSynchronize(stream_), "sync before growing the logit edit buffers");
@@ -905,16 +916,21 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
       ZEST_RETURN_IF_ERROR(sx.extras_host.allocate(bytes * 2));
       sx.extras_bytes = bytes * 2;
     }
-    layout_extras(sx.extras_host.get(), R, n_edits, &xh);
-    layout_extras(sx.extras.get(), R, n_edits, &xd);
+    layout_extras(sx.extras_host.get(), R, n_edits, n_masks, W, &xh);
+    layout_extras(sx.extras.get(), R, n_edits, n_masks, W, &xd);
     extras_in = static_cast<size_t>(xh.inputs_end - sx.extras_host.get());
-    int32_t at = 0;
+    int32_t at = 0, mk = 0;
     for (int i = 0; i < R; ++i) {
       xh.edit_begin[i] = at;
+      xh.mask_row[i] = -1;
       SampleRowSpec lp;  // kSampleNone
       if (i < R_out) {
         const model::SampleRow& row = (*sample_rows_in)[i];
         for (const model::LogitEdit& e : row.edits) xh.edits[at++] = LogitEditSpec{e.id, e.bias, e.rep, e.sub};
+        if (row.allowed) {
+          std::memcpy(xh.masks + static_cast<size_t>(mk) * W, row.allowed->data(), static_cast<size_t>(W) * 4);
+          xh.mask_row[i] = mk++;
+        }
         if (row.logprobs >= 0) {
           lp.mode = kSampleCandidates;
           lp.candidates = std::max(1, std::min<int>(row.logprobs, V_));
@@ -1146,8 +1162,8 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
     ZEST_RETURN_IF_ERROR(gemm(in, lm_head_, s.logits, R, V_, H_, st));
   }
   if (sample_rows_in && row_extras) {
-    // The log-probability summaries of the raw rows, then the edits (saving the logits they replace), then the
-    // sampling summaries of the edited rows; the extras' outputs come back in the step.
+    // The log-probability summaries of the raw rows, then the edits (saving the logits they replace) and the token
+    // masks, then the sampling summaries of the edited rows; the extras' outputs come back in the step.
     const size_t C = kSampleMaxCandidates;
     char* const xhb = s.extras_host.get();
     char* const xdb = s.extras.get();
@@ -1170,6 +1186,8 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
                               cudaMemcpyDeviceToHost, st),
               "edited logits copy");
     }
+    if (n_masks > 0)
+      ZEST_RETURN_IF_ERROR(apply_token_masks(s.logits, R, V_, static_cast<int>(W), xd.mask_row, xd.masks, st));
   }
   if (sample_rows_in) {
     // Per-row summaries on the device; only they come back in the step (candidates and whole rows after it).

@@ -515,6 +515,12 @@ struct LogitEditSpec {
 Status apply_logit_edits(bf16* logits, int rows, int vocab, const int32_t* row_begin, const LogitEditSpec* edits,
                          float* edit_raw, cudaStream_t stream);
 
+// Guided decoding: masks rows of logits [rows, vocab] bf16 in place. Row r with mask_row[r] >= 0 keeps the ids whose
+// bit is set in mask mask_row[r] of `masks` ([masks, words] uint32: bit t % 32 of word t / 32; words >=
+// (vocab + 31) / 32) and gets -inf at every other id; rows with mask_row[r] < 0 are left alone. rows <= 65535.
+Status apply_token_masks(bf16* logits, int rows, int vocab, int words, const int32_t* mask_row, const uint32_t* masks,
+                         cudaStream_t stream);
+
 // The row class of a step of `rows` rows (tokens or sequences): the smallest size >= rows of the ladder 1, 2, 4, 8, 12,
 // 16, 24, 32, 40, 48, 56, 64, then multiples of 16 up to 512 (above 512 every count is its own class). A decode step
 // replaying a CUDA graph runs that many rows (padding rows after the real ones), and the kernel choices that set a

@@ -674,7 +674,31 @@ __global__ void __launch_bounds__(256) apply_logit_edits_kernel(uint16_t* __rest
   }
 }
 
+// Guided decoding: a thread per logit of the rows that have a mask (blockIdx.y: the row); a clear bit makes the logit
+// -inf (bf16 0xFF80). The 32 threads of a warp read one mask word.
+__global__ void __launch_bounds__(256) apply_token_masks_kernel(uint16_t* __restrict__ logits, int V, int words,
+                                                                const int32_t* __restrict__ mask_row,
+                                                                const uint32_t* __restrict__ masks) {
+  pdl_wait();
+  const int r = blockIdx.y;
+  const int m = mask_row[r];
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (m < 0 || t >= V) return;
+  const uint32_t w = masks[static_cast<size_t>(m) * words + (t >> 5)];
+  if (!((w >> (t & 31)) & 1u)) logits[static_cast<size_t>(r) * V + t] = 0xFF80;
+}
+
 }  // namespace
+
+Status apply_token_masks(bf16* logits, int rows, int vocab, int words, const int32_t* mask_row, const uint32_t* masks,
+                         cudaStream_t stream) {
+  if (rows <= 0 || vocab <= 0) return invalid_argument("apply_token_masks: rows and vocab must be positive");
+  if (rows > 65535) return invalid_argument("apply_token_masks: at most 65535 rows");
+  if (words < (vocab + 31) / 32) return invalid_argument("apply_token_masks: a mask needs (vocab + 31) / 32 words");
+  if (!logits || !mask_row || !masks) return invalid_argument("apply_token_masks: null pointer");
+  return launch("apply_token_masks", apply_token_masks_kernel, dim3((vocab + 255) / 256, rows), dim3(256), 0, stream,
+                reinterpret_cast<uint16_t*>(logits), vocab, words, mask_row, masks);
+}
 
 Status apply_logit_edits(bf16* logits, int rows, int vocab, const int32_t* row_begin, const LogitEditSpec* edits,
                          float* edit_raw, cudaStream_t stream) {
