@@ -37,7 +37,9 @@ int main(int argc, char** argv) {
     }
     images.push_back(*img);
   }
-  const nlohmann::json kw = {{"max_pixels", max_tokens * 32 * 32}, {"min_pixels", 16 * 32 * 32}};
+  vision::PixelBudget budget;
+  budget.max_pixels = max_tokens * 32 * 32;
+  budget.min_pixels = 16 * 32 * 32;
   std::printf("model %s, %zu images, <= %lld tokens each, global mode, min_tokens 16\n", dir.c_str(), names.size(),
               static_cast<long long>(max_tokens));
   std::printf("| image | tokens | kept @0.3 | kept @0.5 |\n|---|---|---|---|\n");
@@ -46,7 +48,10 @@ int main(int argc, char** argv) {
   std::vector<std::pair<int64_t, int64_t>> grids;
   const double rates[2] = {0.3, 0.5};
   for (int r = 0; r < 2; ++r) {
-    auto enc = engine::encode_images(model, images, kw, {{"rate", rates[r]}, {"mode", "global"}});
+    accel::VisionPruneOptions prune = model.vision_prune;
+    prune.rate = static_cast<float>(rates[r]);
+    prune.mode = accel::VisionPruneOptions::Mode::kGlobal;
+    auto enc = engine::encode_images(model, images, budget, prune);
     if (!enc.ok()) {
       std::fprintf(stderr, "error: %s\n", enc.status().to_string().c_str());
       return 1;

@@ -78,6 +78,8 @@ struct VisionPruneOptions {
   // d_i = density of image i. kNone or gamma 0 disables it.
   DensityMeasure density = DensityMeasure::kNone;
   float density_gamma = 0.5f;
+  // The vision block whose attention scores the tokens; negative counts from the end of the tower.
+  int64_t score_layer = -2;
 };
 
 // Density d_i in (0, 1] of one image's LLM-token scores (higher = attention spread over more

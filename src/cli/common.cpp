@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/thread_pool.h"
+#include "engine/vision_encode.h"
 #include "kernels/backend.h"
 #include "model/random_weights.h"
 
@@ -171,8 +172,8 @@ Result<std::unique_ptr<engine::SereRuntime>> apply_accel(const AccelArgs& a, eng
   vp.budget = a.vision_budget;
   vp.min_tokens = a.vision_min_tokens;
   vp.contextual = a.vision_contextual;
-  model.vision_score_layer =
-      a.vision_score_layer.value_or(model.calibrated_score_layer.value_or(engine::ModelBundle::kDefaultScoreLayer));
+  if (a.vision_score_layer) vp.score_layer = *a.vision_score_layer;
+  ZEST_RETURN_IF_ERROR(engine::check_vision_prune(model, vp).with_context("--vision-* options"));
   std::unique_ptr<engine::SereRuntime> sere;
   if (a.sere.params.primary > 0) {
     engine::SereOptions so = a.sere;

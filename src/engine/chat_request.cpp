@@ -443,25 +443,25 @@ Result<ChatRequest> parse_chat_request(const json& body, const ModelBundle& mode
   if (top_logprobs > 0 && !sp.logprobs)
     return invalid_argument("'top_logprobs' needs 'logprobs': true");
   sp.top_logprobs = static_cast<int32_t>(top_logprobs);
-  if (const json* vp = field(body, "vision_prune")) {
-    if (!vp->is_object()) return invalid_argument("'vision_prune' must be an object");
-    ZEST_RETURN_IF_ERROR(check_vision_prune(model, *vp));
-    r.vision_prune = *vp;
+  {
+    const json* vp = field(body, "vision_prune");
+    if (vp && !vp->is_object()) return invalid_argument("'vision_prune' must be an object");
+    ZEST_ASSIGN_OR_RETURN(r.vision_prune, request_vision_prune(model, vp ? *vp : json()));
   }
+  json mm_kwargs;
   if (const json* kw = field(body, "mm_processor_kwargs")) {
     if (!kw->is_object()) return invalid_argument("'mm_processor_kwargs' must be an object");
-    r.mm_processor_kwargs = *kw;
+    mm_kwargs = *kw;
   }
   // A server ceiling below the model's max_pixels is also what images are resized to when the request
   // does not say: it bounds the vision tower's work per image.
   const int64_t ceiling = mm_max_pixels > 0 ? mm_max_pixels : model.preprocessor.max_pixels;
   if (model.vision && ceiling < model.preprocessor.max_pixels) {
-    if (r.mm_processor_kwargs.is_null()) r.mm_processor_kwargs = json::object();
-    if (!r.mm_processor_kwargs.contains("max_pixels")) r.mm_processor_kwargs["max_pixels"] = ceiling;
-    if (!r.mm_processor_kwargs.contains("min_pixels") && model.preprocessor.min_pixels > ceiling)
-      r.mm_processor_kwargs["min_pixels"] = ceiling;
+    if (mm_kwargs.is_null()) mm_kwargs = json::object();
+    if (!mm_kwargs.contains("max_pixels")) mm_kwargs["max_pixels"] = ceiling;
+    if (!mm_kwargs.contains("min_pixels") && model.preprocessor.min_pixels > ceiling) mm_kwargs["min_pixels"] = ceiling;
   }
-  ZEST_ASSIGN_OR_RETURN(r.pixels, request_pixel_budget(model, r.mm_processor_kwargs, ceiling));
+  ZEST_ASSIGN_OR_RETURN(r.pixels, request_pixel_budget(model, mm_kwargs, ceiling));
   if (const json* kw = field(body, "chat_template_kwargs")) {
     if (!kw->is_object()) return invalid_argument("'chat_template_kwargs' must be an object");
     for (const auto& [key, v] : kw->items())
@@ -659,10 +659,8 @@ Result<PromptPlan> plan_prompt(const ModelBundle& model, const ChatRequest& req,
   // VisionZip (the engine's settings, overridden by the request's) keeps about (1 - rate) of the visual
   // tokens, or `budget` of them, plus floors and contextual tokens: at least min(budget, visual), or
   // floor(visual * (1 - rate)) less one per image for the per-image rounding.
-  double rate = model.vision_prune.rate;
-  int64_t budget = model.vision_prune.budget;
-  if (const json* v = req.vision_prune.is_object() ? field(req.vision_prune, "rate") : nullptr) rate = v->get<double>();
-  if (const json* v = req.vision_prune.is_object() ? field(req.vision_prune, "budget") : nullptr) budget = v->get<int64_t>();
+  const double rate = req.vision_prune.rate;
+  const int64_t budget = req.vision_prune.budget;
   if (visual > 0 && (rate > 0.0 || budget >= 0)) {
     const int64_t kept = budget >= 0 ? std::min(budget, visual)
                                      : static_cast<int64_t>(static_cast<double>(visual) * (1.0 - rate)) -
@@ -693,7 +691,7 @@ Result<Prompt> finish_prompt(const ModelBundle& model, const ChatRequest& req, P
     EncodeOptions eo;
     eo.cancelled = opts.cancelled;
     ZEST_ASSIGN_OR_RETURN(EncodedImages enc,
-                          encode_images(model, images, req.mm_processor_kwargs, req.vision_prune, eo));
+                          encode_images(model, images, req.pixels, req.vision_prune, eo));
     p.images_encoded = static_cast<int64_t>(images.size()) - enc.cache_hits;
   // Expand each image's single pad token into its kept merged tokens.
     std::vector<int32_t> expanded;

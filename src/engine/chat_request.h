@@ -66,9 +66,8 @@ Status parse_generation_fields(const nlohmann::json& body, const ModelBundle& mo
 // A parsed chat request.
 struct ChatRequest : GenerationFields {
   nlohmann::json messages;  // validated: roles, content strings or parts, tool calls
-  nlohmann::json vision_prune;         // per-request VisionZip overrides (object) or null; validated
-  nlohmann::json mm_processor_kwargs;  // min_pixels / max_pixels overrides (object) or null
-  vision::PixelBudget pixels;          // the same, typed (bounded by the ceiling given to parse_chat_request)
+  accel::VisionPruneOptions vision_prune;  // the model's VisionZip options with the request's "vision_prune" applied
+  vision::PixelBudget pixels;  // "mm_processor_kwargs" min_pixels / max_pixels (bounded by parse_chat_request's ceiling)
   bool enable_thinking = true;
   bool add_vision_id = false;
   // Function tools, validated, rendered by the chat template (null: none). The server replaces them (and the

@@ -60,7 +60,7 @@ Result<std::shared_ptr<ModelBundle>> ModelBundle::load(const std::string& dir, m
     auto layer = load_score_layer(dir + "/visionzip.json", m->config.vision->depth);
     if (!layer.ok()) return layer.status();
     m->calibrated_score_layer = *layer;
-    if (*layer) m->vision_score_layer = **layer;
+    if (*layer) m->vision_prune.score_layer = **layer;
   }
   return m;
 }

@@ -47,13 +47,10 @@ struct ModelBundle {
   model::Qwen3TextModel text;                      // the CPU decoder (loaded for the CPU backend only)
   std::shared_ptr<model::TextDecoder> device_text;  // the device decoder (non-CPU backends)
   std::shared_ptr<vision::VisionEncoder> vision;   // the vision tower on `backend`; null for text-only models
-  // VisionZip defaults for requests that do not override them (rate 0 = off), and the vision block
-  // whose attention scores the tokens (negative counts from the end): MODEL/visionzip.json's choice
-  // (zest calibrate-visionzip) if the folder has one, else -2.
+  // VisionZip defaults for requests that do not override them (rate 0 = off); the score layer is
+  // MODEL/visionzip.json's choice (zest calibrate-visionzip) if the folder has one, else the options' default.
   accel::VisionPruneOptions vision_prune;
-  static constexpr int64_t kDefaultScoreLayer = -2;
   std::optional<int64_t> calibrated_score_layer;  // from MODEL/visionzip.json
-  int64_t vision_score_layer = kDefaultScoreLayer;
   // Vision-tower outputs by image content (null = no caching).
   std::shared_ptr<EncoderCache> encoder_cache;
   // Structured output: the vocabulary as grammars see it and the compiled grammars of recent requests

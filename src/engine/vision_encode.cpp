@@ -1,5 +1,6 @@
 #include "engine/vision_encode.h"
 
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
@@ -33,45 +34,13 @@ Result<vision::PixelBudget> pixel_budget(const json& kw) {
   return b;
 }
 
-// The request's VisionZip options: the model defaults overridden by the request's "vision_prune" object.
-Status prune_options(const ModelBundle& m, const json& o, accel::VisionPruneOptions& p, int64_t& layer) {
-  p = m.vision_prune;
-  layer = m.vision_score_layer;
-  if (!o.is_null()) {
-    for (const auto& [key, v] : o.items()) {
-      const std::string f = "vision_prune." + key;
-      if (key == "rate" || key == "contextual") {
-        if (!v.is_number()) return invalid_argument(f + " must be a number");
-        const double x = v.get<double>();
-        if (!(x >= 0.0 && x < (key == "rate" ? 1.0000001 : 1.0))) return invalid_argument(f + " is out of range");
-        (key == "rate" ? p.rate : p.contextual) = static_cast<float>(x);
-      } else if (key == "mode") {
-        if (!v.is_string() || (v != "uniform" && v != "global"))
-          return invalid_argument(f + " must be \"uniform\" or \"global\"");
-        p.mode = v == "uniform" ? accel::VisionPruneOptions::Mode::kUniform : accel::VisionPruneOptions::Mode::kGlobal;
-      } else if (key == "budget" || key == "min_tokens" || key == "score_layer") {
-        if (!v.is_number_integer()) return invalid_argument(f + " must be an integer");
-        const int64_t x = v.get<int64_t>();
-        if (key == "budget") {
-          if (x < -1) return invalid_argument(f + " must be >= 0 (or -1 for none)");
-          p.budget = x;
-        } else if (key == "min_tokens") {
-          if (x < 1) return invalid_argument(f + " must be >= 1");
-          p.min_tokens = x;
-        } else {
-          layer = x;
-        }
-      } else {
-        return invalid_argument("vision_prune: unknown key '" + key +
-                                "' (rate, mode, budget, min_tokens, contextual, score_layer)");
-      }
-    }
-  }
-  const int64_t depth = m.config.vision->depth;
-  if (layer < 0) layer += depth;
-  if (layer < 0 || layer >= depth)
-    return invalid_argument("vision score layer out of range: the tower has " + std::to_string(depth) + " blocks");
-  return Status::ok();
+// The score block in [0, depth): negative counts from the end of the tower.
+Result<int64_t> resolve_score_layer(int64_t layer, int64_t depth) {
+  const int64_t r = layer < 0 ? layer + depth : layer;
+  if (r < 0 || r >= depth)
+    return invalid_argument("vision score layer " + std::to_string(layer) + " is out of range: the tower has " +
+                            std::to_string(depth) + " blocks");
+  return r;
 }
 
 }  // namespace
@@ -91,11 +60,53 @@ Result<vision::PixelBudget> request_pixel_budget(const ModelBundle& model, const
   return b;
 }
 
-Status check_vision_prune(const ModelBundle& model, const json& prune) {
-  if (!model.config.vision || prune.is_null()) return Status::ok();
-  accel::VisionPruneOptions p;
-  int64_t layer = 0;
-  return prune_options(model, prune, p, layer);
+Status check_vision_prune(const ModelBundle& model, const accel::VisionPruneOptions& p) {
+  if (!(p.rate >= 0.0f && p.rate <= 1.0f)) return invalid_argument("VisionZip rate must be in [0, 1]");
+  if (!(p.contextual >= 0.0f && p.contextual < 1.0f)) return invalid_argument("VisionZip contextual must be in [0, 1)");
+  if (p.budget < -1) return invalid_argument("VisionZip budget must be >= 0 (or -1 for none)");
+  if (p.min_tokens < 1) return invalid_argument("VisionZip min_tokens must be >= 1");
+  if (!std::isfinite(p.density_gamma)) return invalid_argument("VisionZip density gamma must be finite");
+  if (model.config.vision) ZEST_RETURN_IF_ERROR(resolve_score_layer(p.score_layer, model.config.vision->depth).status());
+  return Status::ok();
+}
+
+Result<accel::VisionPruneOptions> request_vision_prune(const ModelBundle& model, const json& o) {
+  accel::VisionPruneOptions p = model.vision_prune;
+  if (o.is_null()) return p;
+  if (!o.is_object()) return invalid_argument("'vision_prune' must be an object");
+  for (const auto& [key, v] : o.items()) {
+    const std::string f = "vision_prune." + key;
+    if (key == "rate" || key == "contextual") {
+      if (!v.is_number()) return invalid_argument(f + " must be a number");
+      const double x = v.get<double>();
+      if (!(x >= 0.0 && x < (key == "rate" ? 1.0000001 : 1.0))) return invalid_argument(f + " is out of range");
+      (key == "rate" ? p.rate : p.contextual) = static_cast<float>(x);
+    } else if (key == "mode") {
+      if (!v.is_string() || (v != "uniform" && v != "global"))
+        return invalid_argument(f + " must be \"uniform\" or \"global\"");
+      p.mode = v == "uniform" ? accel::VisionPruneOptions::Mode::kUniform : accel::VisionPruneOptions::Mode::kGlobal;
+    } else if (key == "budget" || key == "min_tokens" || key == "score_layer") {
+      if (!v.is_number_integer()) return invalid_argument(f + " must be an integer");
+      const int64_t x = v.get<int64_t>();
+      if (key == "budget") {
+        if (x < -1) return invalid_argument(f + " must be >= 0 (or -1 for none)");
+        p.budget = x;
+      } else if (key == "min_tokens") {
+        if (x < 1) return invalid_argument(f + " must be >= 1");
+        p.min_tokens = x;
+      } else {
+        p.score_layer = x;
+      }
+    } else {
+      return invalid_argument("vision_prune: unknown key '" + key +
+                              "' (rate, mode, budget, min_tokens, contextual, score_layer)");
+    }
+  }
+  if (model.config.vision) {
+    auto layer = resolve_score_layer(p.score_layer, model.config.vision->depth);
+    if (!layer.ok()) return invalid_argument("vision_prune.score_layer: " + layer.status().message());
+  }
+  return p;
 }
 
 Status load_vision_tower(ModelBundle& model) {
@@ -110,13 +121,12 @@ Status load_vision_tower(ModelBundle& model) {
 }
 
 Result<EncodedImages> encode_images(const ModelBundle& model, const std::vector<io::Image>& images,
-                                    const json& mm_kwargs, const json& prune, const EncodeOptions& opts) {
+                                    const vision::PixelBudget& budget, const accel::VisionPruneOptions& popt,
+                                    const EncodeOptions& opts) {
   if (!model.vision) return invalid_argument("this model takes no images (it has no vision tower)");
   EncodedImages enc;
-  ZEST_ASSIGN_OR_RETURN(vision::PixelBudget budget, pixel_budget(mm_kwargs));
-  accel::VisionPruneOptions popt;
-  int64_t layer = 0;
-  ZEST_RETURN_IF_ERROR(prune_options(model, prune, popt, layer));
+  ZEST_RETURN_IF_ERROR(check_vision_prune(model, popt));
+  ZEST_ASSIGN_OR_RETURN(const int64_t layer, resolve_score_layer(popt.score_layer, model.config.vision->depth));
   const bool pruning = popt.rate > 0.0f || popt.budget >= 0;
   const int64_t merge = model.config.vision->spatial_merge_size;
 

@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "accel/visionzip.h"
 #include "core/status.h"
 #include "core/tensor.h"
 #include "engine/model_bundle.h"
@@ -46,16 +47,20 @@ struct EncodeOptions {
 Status load_vision_tower(ModelBundle& model);
 
 // The request's pixel budget ("mm_processor_kwargs": min_pixels / max_pixels, positive integers, each at
-// most `ceiling`, min <= max once merged with the model's) and VisionZip overrides ("vision_prune"),
-// checked without touching an image. Errors name the field (kInvalidArgument).
+// most `ceiling`, min <= max once merged with the model's), checked without touching an image. Errors name the
+// field (kInvalidArgument).
 Result<vision::PixelBudget> request_pixel_budget(const ModelBundle& model, const nlohmann::json& mm_kwargs,
                                                  int64_t ceiling);
-Status check_vision_prune(const ModelBundle& model, const nlohmann::json& prune);
+// The request's VisionZip options: model.vision_prune overridden by the request's "vision_prune" object (rate,
+// mode, budget, min_tokens, contextual, score_layer; null = the model's), validated (errors name the key).
+Result<accel::VisionPruneOptions> request_vision_prune(const ModelBundle& model, const nlohmann::json& overrides);
+// Ranges of VisionZip options and, for a vision model, the score layer against the tower's depth.
+Status check_vision_prune(const ModelBundle& model, const accel::VisionPruneOptions& options);
 
-// Preprocesses (one image per worker task) and encodes the images. `mm_kwargs` may carry min_pixels / max_pixels;
-// `prune` the VisionZip overrides of the request (null = engine defaults).
+// Preprocesses (one image per worker task) and encodes the images under the pixel budget and VisionZip options
+// (both as parsed at the edge: request_pixel_budget, request_vision_prune).
 Result<EncodedImages> encode_images(const ModelBundle& model, const std::vector<io::Image>& images,
-                                    const nlohmann::json& mm_kwargs, const nlohmann::json& prune,
+                                    const vision::PixelBudget& budget, const accel::VisionPruneOptions& prune,
                                     const EncodeOptions& opts = {});
 
 }  // namespace zest::engine

@@ -15,19 +15,17 @@ Result<ScoreLayerChoice> choose_score_layer(const std::shared_ptr<engine::ModelB
   c.items = static_cast<int64_t>(data.items.size());
   c.depth = model->config.vision->depth;
   const accel::VisionPruneOptions saved_prune = model->vision_prune;
-  const int64_t saved_layer = model->vision_score_layer;
   accel::VisionPruneOptions vp;
   vp.rate = opts.rate;
   vp.mode = accel::VisionPruneOptions::Mode::kGlobal;
   bool any_visual = false;
   for (int64_t layer = -1; layer >= -c.depth; --layer) {
+    vp.score_layer = layer;
     model->vision_prune = vp;
-    model->vision_score_layer = layer;
     RunOptions ro = opts.run;
     ro.label = "score block " + std::to_string(layer);
     auto r = run_eval(model, data, engine_opts, ro);
     model->vision_prune = saved_prune;
-    model->vision_score_layer = saved_layer;
     if (!r.ok()) return r.status().with_context("score block " + std::to_string(layer));
     BlockScore b;
     b.score_layer = layer;

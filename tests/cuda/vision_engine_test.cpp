@@ -143,9 +143,10 @@ TEST_F(CudaVisionEngine, EncodeImagesMatchesCpuBundleOnVisionZipCases) {
     ASSERT_FALSE(images.empty());
 
     // Unpruned: every merged token's embedding and DeepStack features.
-    const json off = {{"rate", 0.0}};
-    auto cpu_full = engine::encode_images(*cpu, images, req->mm_processor_kwargs, off);
-    auto gpu_full = engine::encode_images(*gpu, images, req->mm_processor_kwargs, off);
+    const accel::VisionPruneOptions off = cpu->vision_prune;  // the model's: rate 0
+    ASSERT_EQ(off.rate, 0.0f);
+    auto cpu_full = engine::encode_images(*cpu, images, req->pixels, off);
+    auto gpu_full = engine::encode_images(*gpu, images, req->pixels, off);
     ASSERT_TRUE(cpu_full.ok()) << cpu_full.status().to_string();
     ASSERT_TRUE(gpu_full.ok()) << gpu_full.status().to_string();
     to_host(*gpu, *gpu_full);
@@ -157,12 +158,7 @@ TEST_F(CudaVisionEngine, EncodeImagesMatchesCpuBundleOnVisionZipCases) {
       expect_close(gpu_full->deepstack[l], cpu_full->deepstack[l], "deepstack " + std::to_string(l));
 
     // The VisionZip scores the two encoders give at the case's score layer, on one preprocessed batch.
-    vision::PixelBudget budget;
-    if (req->mm_processor_kwargs.contains("min_pixels"))
-      budget.min_pixels = req->mm_processor_kwargs["min_pixels"].get<int64_t>();
-    if (req->mm_processor_kwargs.contains("max_pixels"))
-      budget.max_pixels = req->mm_processor_kwargs["max_pixels"].get<int64_t>();
-    auto batch = vision::preprocess_images(images, cpu->preprocessor, budget);
+    auto batch = vision::preprocess_images(images, cpu->preprocessor, req->pixels);
     ASSERT_TRUE(batch.ok()) << batch.status().to_string();
     const int64_t layer = cpu->config.vision->depth + ref["score_layer_from_end"].get<int64_t>();
     auto cpu_enc = cpu->vision->forward(*batch, layer);
@@ -185,8 +181,8 @@ TEST_F(CudaVisionEngine, EncodeImagesMatchesCpuBundleOnVisionZipCases) {
     // one backend and not the other only when its CPU score is within 2 * (measured max score error) of the
     // CPU cut (the k-th largest CPU score of its image): the token's score and the cut token's score can each
     // move by up to that error, so such a pair can swap order under bf16.
-    auto cpu_p = engine::encode_images(*cpu, images, req->mm_processor_kwargs, req->vision_prune);
-    auto gpu_p = engine::encode_images(*gpu, images, req->mm_processor_kwargs, req->vision_prune);
+    auto cpu_p = engine::encode_images(*cpu, images, req->pixels, req->vision_prune);
+    auto gpu_p = engine::encode_images(*gpu, images, req->pixels, req->vision_prune);
     ASSERT_TRUE(cpu_p.ok()) << cpu_p.status().to_string();
     ASSERT_TRUE(gpu_p.ok()) << gpu_p.status().to_string();
     to_host(*gpu, *gpu_p);
@@ -408,8 +404,11 @@ TEST_F(CudaVisionEngine, GroupedOverlappedEncodingEqualsSerial) {
       images.push_back(std::move(crop));
     }
   }
-  const json kw = {{"max_pixels", 65536}};
-  const json prune = {{"rate", 0.4}, {"mode", "global"}};
+  vision::PixelBudget kw;
+  kw.max_pixels = 65536;
+  accel::VisionPruneOptions prune = gpu->vision_prune;
+  prune.rate = 0.4f;
+  prune.mode = accel::VisionPruneOptions::Mode::kGlobal;
   auto run = [&](int64_t group, bool overlap) {
     gpu->encoder_cache->clear();
     engine::EncodeOptions o;

@@ -12,6 +12,16 @@ using namespace zest::testing;
 
 namespace {
 
+// encode_images with the pixel budget and VisionZip options parsed as a request's are.
+Result<engine::EncodedImages> encode(const engine::ModelBundle& m, const std::vector<io::Image>& imgs,
+                                     const nlohmann::json& kw, const nlohmann::json& prune) {
+  auto budget = engine::request_pixel_budget(m, kw, int64_t{1} << 40);
+  if (!budget.ok()) return budget.status();
+  auto opts = engine::request_vision_prune(m, prune);
+  if (!opts.ok()) return opts.status();
+  return engine::encode_images(m, imgs, *budget, *opts);
+}
+
 io::Image bundled(const std::string& name) {
   auto img = io::load_image(std::string(ZEST_SOURCE_DIR) + "/assets/images/" + name);
   EXPECT_TRUE(img.ok()) << img.status().to_string();
@@ -28,9 +38,9 @@ TEST(EncoderCache, RepeatedImagesAreServedFromTheCache) {
   const std::vector<io::Image> imgs = {bundled("chart_line_pew_pena_nieto.png"), bundled("photo_lounge.jpg")};
   const nlohmann::json kw = {{"min_pixels", 16 * 32 * 32}, {"max_pixels", 64 * 32 * 32}};
   const nlohmann::json prune = {{"rate", 0.5}, {"mode", "global"}};
-  auto first = engine::encode_images(*model, imgs, kw, prune);
+  auto first = encode(*model, imgs, kw, prune);
   ASSERT_TRUE(first.ok()) << first.status().to_string();
-  auto again = engine::encode_images(*model, imgs, kw, prune);
+  auto again = encode(*model, imgs, kw, prune);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->cache_hits, 2);
   EXPECT_EQ(again->kept, first->kept);
@@ -41,14 +51,14 @@ TEST(EncoderCache, RepeatedImagesAreServedFromTheCache) {
   // A new image next to a cached one: one hit, and the cached image's selection is unchanged by
   // the order (uniform mode selects per image).
   const nlohmann::json uni = {{"rate", 0.5}, {"mode", "uniform"}};
-  auto a = engine::encode_images(*model, {imgs[1]}, kw, uni);
-  auto b = engine::encode_images(*model, {bundled("ticket_bus_zh.jpg"), imgs[1]}, kw, uni);
+  auto a = encode(*model, {imgs[1]}, kw, uni);
+  auto b = encode(*model, {bundled("ticket_bus_zh.jpg"), imgs[1]}, kw, uni);
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_EQ(b->cache_hits, 1);
   EXPECT_EQ(b->kept[1], a->kept[0]);
 
   // Another pixel budget changes the tower input: a miss.
-  auto other = engine::encode_images(*model, imgs, {{"min_pixels", 16 * 32 * 32}, {"max_pixels", 32 * 32 * 32}}, prune);
+  auto other = encode(*model, imgs, {{"min_pixels", 16 * 32 * 32}, {"max_pixels", 32 * 32 * 32}}, prune);
   ASSERT_TRUE(other.ok()) << other.status().to_string();
   EXPECT_EQ(other->cache_hits, 0);
 }
@@ -58,18 +68,18 @@ TEST(EncoderCache, ScoresAreComputedWhenACachedEntryLacksThem) {
   ASSERT_TRUE(model && model->encoder_cache);
   const std::vector<io::Image> imgs = {bundled("receipt_unihakka.jpg")};
   const nlohmann::json kw = {{"min_pixels", 16 * 32 * 32}, {"max_pixels", 48 * 32 * 32}};
-  auto plain = engine::encode_images(*model, imgs, kw, nullptr);  // caches without scores
+  auto plain = encode(*model, imgs, kw, nullptr);  // caches without scores
   ASSERT_TRUE(plain.ok()) << plain.status().to_string();
   const nlohmann::json prune = {{"rate", 0.5}, {"mode", "uniform"}, {"score_layer", -1}};
-  auto pruned = engine::encode_images(*model, imgs, kw, prune);
+  auto pruned = encode(*model, imgs, kw, prune);
   ASSERT_TRUE(pruned.ok()) << pruned.status().to_string();
   EXPECT_EQ(pruned->cache_hits, 0);
-  auto pruned_again = engine::encode_images(*model, imgs, kw, prune);
+  auto pruned_again = encode(*model, imgs, kw, prune);
   ASSERT_TRUE(pruned_again.ok());
   EXPECT_EQ(pruned_again->cache_hits, 1);
   EXPECT_EQ(pruned_again->kept, pruned->kept);
   // The unpruned request is also served by the scored entry, with the same embeddings.
-  auto plain_again = engine::encode_images(*model, imgs, kw, nullptr);
+  auto plain_again = encode(*model, imgs, kw, nullptr);
   ASSERT_TRUE(plain_again.ok());
   EXPECT_EQ(plain_again->cache_hits, 1);
   EXPECT_TRUE(same(plain_again->embeds, plain->embeds));

@@ -42,7 +42,7 @@ TEST(VisionZipGolden, MatchesTransformersReference) {
             ASSERT_TRUE(img.ok()) << img.status().to_string();
             images.push_back(*img);
           }
-    auto enc = engine::encode_images(*model, images, req->mm_processor_kwargs, req->vision_prune);
+    auto enc = engine::encode_images(*model, images, req->pixels, req->vision_prune);
     ASSERT_TRUE(enc.ok()) << enc.status().to_string();
     EXPECT_EQ(enc->kept, ref["kept"].get<std::vector<std::vector<int64_t>>>());
 
