@@ -22,6 +22,7 @@
 #include <cstdlib>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -702,6 +703,40 @@ TEST(CudaGraph, ForwardSampleMatchesForwardAndFallsBackToWholeRows) {
   EXPECT_EQ(dec.forward_sample(b2, *c2, nullptr, short_rows).status().code(), ErrorCode::kInvalidArgument);
 }
 
+// One prefill step of random tokens over sequences of lengths `lens`, set up twice with the same tokens and positions:
+// b1 on cache c1 (for forward) and b2 on c2 (for forward_sample), both caches empty. Null if a cache fails.
+struct TwinPrefill {
+  std::optional<model::PagedKVCache> c1, c2;
+  std::vector<std::vector<int32_t>> t1, t2;
+  model::ForwardBatch b1, b2;
+};
+std::unique_ptr<TwinPrefill> twin_prefill(const model::TextDecoder& dec, const std::vector<int>& lens, std::mt19937& rng) {
+  const int64_t V = dec.config().vocab_size;
+  auto c1 = dec.allocate_cache(64, 16), c2 = dec.allocate_cache(64, 16);
+  if (!c1.ok() || !c2.ok()) return nullptr;
+  auto p = std::make_unique<TwinPrefill>();
+  p->c1.emplace(std::move(c1).value());
+  p->c2.emplace(std::move(c2).value());
+  const size_t n = lens.size();
+  p->t1.resize(n);
+  p->t2.resize(n);
+  int total = 0;
+  for (int len : lens) total += len;
+  p->b1.positions.resize(3 * total);
+  int at = 0;
+  for (size_t j = 0; j < n; ++j) {
+    if (!p->c1->reserve(p->t1[j], lens[j]).is_ok() || !p->c2->reserve(p->t2[j], lens[j]).is_ok()) return nullptr;
+    for (int i = 0; i < lens[j]; ++i, ++at) {
+      p->b1.tokens.push_back(static_cast<int32_t>(rng() % V));
+      for (int a = 0; a < 3; ++a) p->b1.positions[a * total + at] = i;
+    }
+    p->b1.seqs.push_back({&p->t1[j], 0, lens[j], false, true});
+  }
+  p->b2 = p->b1;
+  for (size_t j = 0; j < n; ++j) p->b2.seqs[j].block_table = &p->t2[j];
+  return p;
+}
+
 // forward_sample with logit edits and log-probabilities against forward on the same prefill step: the log-probability
 // summary is the raw row's (log-sum-exp within 1e-5, the top ids and logits exact), the edits replace the logits the
 // host formula gives (rounded to bf16) and save the raw ones, and the summaries (greedy, temperature, candidates, the
@@ -712,28 +747,11 @@ TEST(CudaGraph, ForwardSampleAppliesEditsAndLogprobs) {
   ASSERT_TRUE(m.ok()) << m.status().to_string();
   const model::TextDecoder& dec = (*m)->decoder();
   const int64_t V = dec.config().vocab_size;
-  auto c1 = dec.allocate_cache(64, 16), c2 = dec.allocate_cache(64, 16);
-  ASSERT_TRUE(c1.ok() && c2.ok());
   std::mt19937 rng(29);
-  const int lens[] = {6, 11, 3, 8, 5};
   constexpr int kSeqs = 5;
-  std::vector<std::vector<int32_t>> t1(kSeqs), t2(kSeqs);
-  model::ForwardBatch b1;
-  int total = 0;
-  for (int len : lens) total += len;
-  b1.positions.resize(3 * total);
-  int at = 0;
-  for (int j = 0; j < kSeqs; ++j) {
-    ASSERT_TRUE(c1->reserve(t1[j], lens[j]).is_ok());
-    ASSERT_TRUE(c2->reserve(t2[j], lens[j]).is_ok());
-    for (int i = 0; i < lens[j]; ++i, ++at) {
-      b1.tokens.push_back(static_cast<int32_t>(rng() % V));
-      for (int a = 0; a < 3; ++a) b1.positions[a * total + at] = i;
-    }
-    b1.seqs.push_back({&t1[j], 0, lens[j], false, true});
-  }
-  model::ForwardBatch b2 = b1;
-  for (int j = 0; j < kSeqs; ++j) b2.seqs[j].block_table = &t2[j];
+  auto twin = twin_prefill(dec, {6, 11, 3, 8, 5}, rng);
+  ASSERT_TRUE(twin);
+  auto& [c1, c2, t1, t2, b1, b2] = *twin;
   auto logits = dec.forward(b1, *c1);
   ASSERT_TRUE(logits.ok()) << logits.status().to_string();
   std::vector<model::SampleRow> rows(kSeqs);
@@ -828,28 +846,11 @@ TEST(CudaGraph, ForwardSampleAppliesTokenMasks) {
   const model::TextDecoder& dec = (*m)->decoder();
   const int64_t V = dec.config().vocab_size;
   const int64_t W = (V + 31) / 32;
-  auto c1 = dec.allocate_cache(64, 16), c2 = dec.allocate_cache(64, 16);
-  ASSERT_TRUE(c1.ok() && c2.ok());
   std::mt19937 rng(31);
   constexpr int kSeqs = 6;
-  const int lens[kSeqs] = {4, 9, 3, 7, 5, 6};
-  std::vector<std::vector<int32_t>> t1(kSeqs), t2(kSeqs);
-  model::ForwardBatch b1;
-  int total = 0;
-  for (int len : lens) total += len;
-  b1.positions.resize(3 * total);
-  int at = 0;
-  for (int j = 0; j < kSeqs; ++j) {
-    ASSERT_TRUE(c1->reserve(t1[j], lens[j]).is_ok());
-    ASSERT_TRUE(c2->reserve(t2[j], lens[j]).is_ok());
-    for (int i = 0; i < lens[j]; ++i, ++at) {
-      b1.tokens.push_back(static_cast<int32_t>(rng() % V));
-      for (int a = 0; a < 3; ++a) b1.positions[a * total + at] = i;
-    }
-    b1.seqs.push_back({&t1[j], 0, lens[j], false, true});
-  }
-  model::ForwardBatch b2 = b1;
-  for (int j = 0; j < kSeqs; ++j) b2.seqs[j].block_table = &t2[j];
+  auto twin = twin_prefill(dec, {4, 9, 3, 7, 5, 6}, rng);
+  ASSERT_TRUE(twin);
+  auto& [c1, c2, t1, t2, b1, b2] = *twin;
   auto logits = dec.forward(b1, *c1);
   ASSERT_TRUE(logits.ok()) << logits.status().to_string();
   std::vector<model::SampleRow> rows(kSeqs);
@@ -922,7 +923,9 @@ TEST(CudaGraph, ForwardSampleAppliesTokenMasks) {
       host.allowed = rows[j].allowed;
       EXPECT_EQ(tok, model::pick_from_summary(host, ref, V));
     }
-    if (rows[j].edits.empty()) EXPECT_EQ(model::raw_logit_of(rows[j], r, tok, V), l[tok]);
+    if (rows[j].edits.empty()) {
+      EXPECT_EQ(model::raw_logit_of(rows[j], r, tok, V), l[tok]);
+    }
   }
 }
 
