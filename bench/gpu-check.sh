@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 J=/tmp/zest-check-jobs
 rm -rf "$J" && mkdir -p "$J"
 cat >"$J/tests.sh" <<'JOB'
-# limit: 240
+# limit: 420
 "$P/test_cuda" --gtest_brief=1 2>&1
 JOB
 cat >"$J/memcheck.sh" <<'JOB'
@@ -31,7 +31,7 @@ cat >"$J/decode.sh" <<'JOB'
 "$P/bench_decode_bench" --config qwen3-30b-a3b --batch 1,8,32,64 --context 1024 --sere-primary 2 --sere-threshold 0
 JOB
 cat >"$J/prefill.sh" <<'JOB'
-# limit: 90
+# limit: 150
 # The SM clock sampled every 100 ms meanwhile: a whole-model 8k prefill holds the GPU's power limit, which lowers it.
 nvidia-smi --query-gpu=clocks.sm,power.draw --format=csv,noheader,nounits -lms 100 >/tmp/zest-prefill-clocks.txt 2>&1 &
 smi=$!
