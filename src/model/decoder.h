@@ -2,6 +2,7 @@
 // paged KV cache, implemented by the CPU f32 model (Qwen3TextModel) and by the CUDA bf16 decoder; the
 // MoE hooks both backends honour; and what a device backend needs to build itself from a checkpoint.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -53,11 +54,19 @@ struct ForwardBatch {
 // SERE re-routing described as data, so that a device backend can apply it without calling back into
 // the host: the same rule as accel::sere_reroute on every token of the batch.
 struct RerouteSpec {
+  // Unique per spec made in this process (copies share it): what a device backend keys its uploaded
+  // similarity and its captured graphs on. An address is no key: a spec freed and another made at the same
+  // address (one engine after another) would reuse the first one's device state.
+  uint64_t id = next_id();
   accel::SereParams params;                     // S, and rho per layer (layer_thresholds holds one per layer)
   std::vector<std::vector<float>> similarity;   // per layer [E, E] f32; empty = layer not re-routed
   bool complete(int64_t layers) const {
     return static_cast<int64_t>(similarity.size()) == layers &&
            static_cast<int64_t>(params.layer_thresholds.size()) == layers;
+  }
+  static uint64_t next_id() {
+    static std::atomic<uint64_t> n{0};
+    return n.fetch_add(1, std::memory_order_relaxed) + 1;
   }
 };
 

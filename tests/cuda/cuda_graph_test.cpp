@@ -12,7 +12,8 @@
 // same SERE statistics, with fewer graphs captured than without padding; so do steps of 65 to 96 sequences as 80 and
 // 96 rows, and models with 3 and 12 kv heads. Also forward_sample against forward on one
 // prefill step, whole-row fallbacks included. Programmatic dependent launches (on by default) give the bits of
-// steps without them, eager and replayed, prefill and decode steps of 1 and of several sequences.
+// steps without them, eager and replayed, prefill and decode steps of 1 and of several sequences. A new SERE spec made
+// at the address of an earlier one is uploaded and captured anew (device state is keyed by the spec's id).
 #if defined(ZEST_HAVE_CUDA)
 #include <gtest/gtest.h>
 
@@ -227,6 +228,32 @@ TEST(CudaGraph, DecodeReplayEqualsEagerOnRandomModel) {
   const model::RerouteSpec spec = random_sere_spec(cfg.text, 3);
   const model::MoeHooks hooks = device_sere_hooks(&spec);
   expect_graphs_equal_eager(*dec, &hooks, "random qwen3-30b-a3b x2, SERE S=2");
+}
+
+// One engine after another (zest eval's sweeps) hands the decoder a new SERE spec, often at the address of the one
+// before it. A spec made in the same storage with another similarity must be uploaded again and get graphs of its
+// own: the run gives the bits of a decoder that only ever saw the second spec.
+TEST(CudaGraph, NewSpecAtTheSameAddressIsNotTheOldOne) {
+  if (!kernels::cuda_available()) GTEST_SKIP() << "no CUDA GPU available";
+  io::ModelConfig cfg;
+  std::unique_ptr<model::TextDecoder> dec = random_30b_decoder(13, &cfg);
+  std::unique_ptr<model::TextDecoder> fresh = random_30b_decoder(13);
+  ASSERT_TRUE(dec && fresh);
+  GraphEnv env("1");
+  std::vector<std::unique_ptr<model::PagedKVCache>> keep;
+  std::optional<model::RerouteSpec> spec(random_sere_spec(cfg.text, 3));
+  const void* first_address = &*spec;
+  model::MoeHooks hooks = device_sere_hooks(&*spec);
+  Trace first, second, ref;
+  run_schedule(*dec, true, &hooks, first, &keep);
+  spec.reset();
+  spec.emplace(random_sere_spec(cfg.text, 4));
+  ASSERT_EQ(first_address, static_cast<const void*>(&*spec));
+  hooks = device_sere_hooks(&*spec);
+  run_schedule(*dec, true, &hooks, second, &keep);
+  run_schedule(*fresh, true, &hooks, ref, &keep);
+  EXPECT_EQ(second.tokens, ref.tokens);
+  EXPECT_NE(first.tokens, second.tokens) << "the two similarities should route differently";
 }
 
 // ---- programmatic dependent launches (ZEST_CUDA_PDL) -------------------------------------------------------

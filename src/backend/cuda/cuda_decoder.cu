@@ -170,6 +170,7 @@ size_t layout_extras(char* base, int64_t R, int64_t n_edits, int64_t n_masks, in
 class CudaKvStorage : public model::KvStorage {
  public:
   const void* owner = nullptr;  // the decoder that made it
+  uint64_t id = 0;               // unique per cache made (see graph_fingerprint)
   int64_t layers = 0, blocks = 0, per_layer = 0;
   DeviceMemory mem;
   bf16* k(int64_t l) const { return reinterpret_cast<bf16*>(mem.get()) + (2 * l) * per_layer; }
@@ -290,7 +291,10 @@ class CudaTextDecoder final : public model::TextDecoder {
   int32_t* attn_counters = nullptr;  // decode attention's split counters, T * kv_heads (zero between launches)
     void* plan_buf = nullptr;
     MoePlan plan;
-    const model::RerouteSpec* sim_spec = nullptr;  // the spec whose similarity matrices are on the device
+    uint64_t sim_spec = 0;  // the id of the spec whose similarity matrices are on the device (0: none)
+    // Bumped whenever a step buffer is allocated again: freed memory can come back at the same address, but a graph
+    // captured with the old allocation must not replay (a pinned host buffer's copy node fails the launch).
+    uint64_t buffers_epoch = 0;
     const int32_t* n_real = nullptr;               // the current step's real token count (device)
     // Sampling summaries: per-row outputs and top-C candidates on the device, their pinned host copies.
     DeviceMemory samp;
@@ -312,7 +316,7 @@ class CudaTextDecoder final : public model::TextDecoder {
       cudaGraphExec_t exec = nullptr;
       uint64_t last_use = 0;
     };
-    std::map<std::tuple<int, int, const void*, bool>, GraphEntry> graphs;
+    std::map<std::tuple<int, int, uint64_t, bool>, GraphEntry> graphs;
     uint64_t graph_clock = 0;
     int live_graphs = 0;
     std::vector<uintptr_t> graph_fingerprint;
@@ -476,8 +480,10 @@ Result<model::PagedKVCache> CudaTextDecoder::allocate_cache(int64_t num_blocks, 
     return invalid_argument("the CUDA KV cache uses blocks of " + std::to_string(kKvBlock) + " tokens (asked for " +
                             std::to_string(block_size) + ")");
   if (num_blocks <= 0) return invalid_argument("the KV cache needs at least one block");
+  static std::atomic<uint64_t> caches_made{0};
   auto s = std::make_shared<CudaKvStorage>();
   s->owner = this;
+  s->id = caches_made.fetch_add(1, std::memory_order_relaxed) + 1;
   s->layers = L_;
   s->blocks = num_blocks;
   s->per_layer = num_blocks * kKvBlock * Hkv_ * D_;
@@ -499,6 +505,7 @@ Status CudaTextDecoder::ensure(const Caps& need) const {
   const bool in = act || need.S > c.S || need.M > c.M || need.nds > c.nds || need.max_blocks > c.max_blocks;
   if (!in) return Status::ok();
   ZEST_CU(cudaStreamSynchronize(stream_), "sync before growing step buffers");
+  ++s.buffers_epoch;
   Caps n;
   const Caps old = c;
   c = Caps{};  // until every buffer is in place (a failed growth leaves nothing half-bound)
@@ -593,7 +600,7 @@ Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const model::
       const size_t ee = static_cast<size_t>(E_) * E_;
       if (spec->similarity[l].size() != ee)
         return invalid_argument("SERE similarity of layer " + std::to_string(l) + " is not [experts, experts]");
-      if (s.sim_spec != spec) {
+      if (s.sim_spec != spec->id) {
         if (!s.sim.get()) ZEST_RETURN_IF_ERROR(s.sim.allocate(static_cast<size_t>(L_) * ee * 4, "SERE similarity"));
         for (int k = 0; k < L_; ++k)
           if (spec->similarity[k].size() == ee)
@@ -601,7 +608,7 @@ Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const model::
                                     cudaMemcpyHostToDevice, st),
                     "SERE similarity upload");
         ZEST_CU(cudaStreamSynchronize(st), "SERE similarity upload");
-        s.sim_spec = spec;
+        s.sim_spec = spec->id;
       }
       const int S = static_cast<int>(spec->params.primary);
       ZEST_CU(cudaMemcpyAsync(s.ids_before, s.ids, static_cast<size_t>(T) * K_ * 4, cudaMemcpyDeviceToDevice, st),
@@ -709,6 +716,7 @@ Status CudaTextDecoder::ensure_sample(int64_t rows) const {
   Step& s = *st_;
   if (rows <= s.samp_rows && s.samp.get()) return Status::ok();
   ZEST_CU(cudaStreamSynchronize(stream_), "sync before growing sampling buffers");
+  ++s.buffers_epoch;
   s.samp_rows = 0;
   const size_t R = static_cast<size_t>(rows), C = kSampleMaxCandidates;
   auto layout = [&](Carver& cv) {
@@ -734,11 +742,13 @@ void CudaTextDecoder::clear_graphs() const {
   s.live_graphs = 0;
 }
 
-// What a captured step depends on besides its key: every buffer address (the KV cache's included: its layers'
-// K/V pointers are kernel arguments) and the kernel variant switches.
+// What a captured step depends on besides its key: every buffer (the KV cache's included: its layers' K/V pointers
+// are kernel arguments), by address and by allocation (the cache's id, the step buffers' epoch), and the kernel
+// variant switches.
 std::vector<uintptr_t> CudaTextDecoder::graph_fingerprint(const CudaKvStorage& kv) const {
   const Step& s = *st_;
-  std::vector<uintptr_t> f = {reinterpret_cast<uintptr_t>(kv.mem.get()), static_cast<uintptr_t>(kv.per_layer),
+  std::vector<uintptr_t> f = {static_cast<uintptr_t>(kv.id), static_cast<uintptr_t>(s.buffers_epoch),
+                              reinterpret_cast<uintptr_t>(kv.mem.get()), static_cast<uintptr_t>(kv.per_layer),
                               reinterpret_cast<uintptr_t>(s.act.get()),       reinterpret_cast<uintptr_t>(s.in_dev.get()),
                               reinterpret_cast<uintptr_t>(s.in_host.get()),   reinterpret_cast<uintptr_t>(s.ws.get()),
                               reinterpret_cast<uintptr_t>(s.sim.get()),       reinterpret_cast<uintptr_t>(s.samp.get()),
@@ -843,7 +853,7 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
       row_extras = row_extras || !row.edits.empty() || row.logprobs >= 0 || row.allowed;
   const bool graph_step = !row_extras && gmode != kGraphsOff && !(gmode == kGraphsOn && st_->graphs_broken) && decode_only &&
                           M == 0 && S_in <= kMaxGraphSeqs && !host_hooks;
-  const bool graphable = gmode == kGraphsOn && graph_step && (!sere_dev || st_->sim_spec == gspec);
+  const bool graphable = gmode == kGraphsOn && graph_step && (!sere_dev || st_->sim_spec == gspec->id);
   // Padding of a decode step that replays a graph (or, in "eager" mode, launches what a replay would): S_in real
   // sequences run as P = graph_pad_rows(S_in) rows, rows S_in .. P-1 being padding rows. Padding row i repeats real
   // row (i - S_in) % S_in: its token, positions, context length and block table row, so every kernel computes for it
@@ -1211,8 +1221,7 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
       clear_graphs();
       s.graph_fingerprint = std::move(fp);
     }
-    const auto key = std::make_tuple(S, use_decode_bound_key(ctx_bucket, D_), sere_dev ? static_cast<const void*>(gspec)
-                                                                                       : nullptr,
+    const auto key = std::make_tuple(S, use_decode_bound_key(ctx_bucket, D_), sere_dev ? gspec->id : uint64_t{0},
                                      sample_rows_in != nullptr);
     auto it = s.graphs.find(key);
     if (it == s.graphs.end()) {
