@@ -4,7 +4,7 @@
 # and OUT/*.png (plots).
 #   ZEST=build/zest MODEL=models/zest-demo-vl EVAL=/tmp/demo-eval OUT=/tmp/quality DEVICE=cpu \
 #     bash tools/demo_model/measure.sh
-# EVAL is make_eval.py's output; LIMIT=N runs the first N items only (a quick look). SCORE_LAYER (default -1,
+# EVAL is make_eval.py's output; a sweep whose report exists in OUT is skipped (delete OUT to measure again); LIMIT=N runs the first N items only (a quick look). SCORE_LAYER (default -1,
 # the demo model's best scoring block in the score_layer sweep; the engine's default is -2) scores VisionZip in
 # the other sweeps.
 set -euo pipefail
@@ -17,6 +17,7 @@ lim=()
 ev() {  # ev NAME ARGS...: one zest eval run (a sweep) over the held-out set
   local name=$1
   shift
+  [ ! -f "$OUT/$name.md" ] || return 0  # done by an earlier call: the sweeps resume where a cut-off run stopped
   echo "== $name: $*" >&2
   "$ZEST" eval --model "$MODEL" --data "$EVAL/eval.jsonl" --device "$DEVICE" --quiet "${lim[@]}" \
     --out "$OUT/$name.md" --plot "$OUT/$name.png" "$@" >/dev/null
@@ -43,7 +44,7 @@ ev contextual --batch 32 --vision-score-layer "$LAYER" --vision-prune-rate 0.4 -
   --sweep vision-contextual=0,0.1,0.3
 ev sere --batch 32 "${sim[@]}" --sweep sere-primary=0,1,2,3 --sweep sere-threshold=0,0.3,0.5
 ev sere_batch --sere-primary 2 --sere-threshold 0.5 "${sim[@]}" --sweep batch=1,8,64
-ev both --batch 32 "${sim[@]}" --vision-score-layer "$LAYER" --vision-budget-mode global --sweep vision-prune-rate=0,0.4 --sweep sere-primary=0,2 \
+ev both --batch 32 "${sim[@]}" --vision-score-layer "$LAYER" --vision-budget-mode global --sweep vision-prune-rate=0,0.3,0.4 --sweep sere-primary=0,2 \
   --sere-threshold 0.5
 ev unprotected --batch 32 "${sim[@]}" --sere-primary 1 --sere-threshold 0
 ev protected --batch 32 "${sim[@]}" --sere-primary 1 --sere-threshold 0 --sere-protected "$OUT/sere_protected.json"

@@ -1,7 +1,9 @@
 """Which tokens could VisionZip keep? Answers of the demo model (transformers, f32, greedy) on single-image
 held-out items when each image keeps floor(M * (1 - rate)) of its M merged tokens chosen by:
 attention received at vision block 0..3 (`b0`..`b3`, VisionZip's score, as zest computes it), the pixel
-contrast of the token's 32x32 area (`ink`, an oracle that knows where the text is), or at random.
+contrast of the token's 32x32 area (`ink`, an oracle that knows where the text is), or at random; with --adaptive also per-image budgets from the last block's scores: the fewest tokens that hold a share
+T of the image's attention mass (`mT`), or every token scoring at least X times the image's mean (`rX`), each
+reported with the share of tokens it kept.
 The pruned prompt keeps the kept tokens' embeddings, DeepStack rows and unpruned M-RoPE positions
 (as zest and tools/make_accel_fixtures.py do).
 
@@ -22,6 +24,7 @@ ap.add_argument("--data", required=True)
 ap.add_argument("--tasks", default="reading,tables,charts")
 ap.add_argument("--per-task", type=int, default=40)
 ap.add_argument("--rate", type=float, default=0.4)
+ap.add_argument("--adaptive", action="store_true", help="also the mass and relative-score budgets (mT, rX)")
 a = ap.parse_args()
 M = a.model
 D = os.path.dirname(os.path.abspath(a.data))
@@ -60,7 +63,9 @@ def run(ids,full_pos,emb,ds,kept):
 items=[json.loads(l) for l in open(a.data)]
 tasks=a.tasks.split(','); per=a.per_task; rate=a.rate
 strategies=['none','b0','b1','b2','b3','ink','random']
+if a.adaptive: strategies+=['m0.5','m0.6','m0.7','m0.8','r0.5','r0.75','r1.0']
 res={t:{s:0 for s in strategies} for t in tasks}; cnt={t:0 for t in tasks}
+frac={t:{s:0.0 for s in strategies} for t in tasks}
 rng=np.random.default_rng(0)
 for it in items:
     t=it['task']
@@ -86,11 +91,22 @@ for it in items:
     ink=np.array([g[r*32:(r+1)*32,c*32:(c+1)*32].std() for r in range(mh) for c in range(mw)])
     sc['ink']=ink; sc['random']=rng.random(Mtok)
     ans=it['answer'] if isinstance(it['answer'],list) else [it['answer']]
+    last=sc[f'b{len(vis.blocks)-1}']; order=np.argsort(-last,kind='stable'); mass=np.cumsum(last[order])/last.sum()
     for s in strategies:
-        kept=torch.arange(Mtok) if s=='none' else torch.tensor(sorted(np.argsort(-sc[s],kind='stable')[:k].tolist()))
+        if s=='none': kept=torch.arange(Mtok)
+        elif s[0] in 'mr' and s[1].isdigit():
+            kk=int(np.searchsorted(mass,float(s[1:])-1e-12))+1 if s[0]=='m' else int((last>=float(s[1:])*last.mean()).sum())
+            kept=torch.tensor(sorted(order[:max(min(Mtok,16),kk)].tolist()))
+        else: kept=torch.tensor(sorted(np.argsort(-sc[s],kind='stable')[:k].tolist()))
+        frac[t][s]+=len(kept)/Mtok
         with torch.no_grad(): pred=run(inp['input_ids'][0],full_pos,emb,ds,kept)
         res[t][s]+= any(pred.lower()==a.lower() for a in ans)
 print('| task | items | ' + ' | '.join(strategies) + ' |')
 print('|---|---:|' + '---:|' * len(strategies))
 for t in tasks:
     print(f'| {t} | {cnt[t]} | ' + ' | '.join(f'{100 * res[t][s] / max(cnt[t], 1):.0f}' for s in strategies) + ' |')
+print('\nShare of tokens kept, %:\n')
+print('| task | ' + ' | '.join(strategies) + ' |')
+print('|---|' + '---:|' * len(strategies))
+for t in tasks:
+    print(f'| {t} | ' + ' | '.join(f'{100 * frac[t][s] / max(cnt[t], 1):.0f}' for s in strategies) + ' |')

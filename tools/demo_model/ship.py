@@ -77,6 +77,7 @@ def main() -> None:
     ap.add_argument("--cuda-report")
     ap.add_argument("--agreement", default="", help="text of eval_hf.py --compare for the record")
     ap.add_argument("--log", required=True)
+    ap.add_argument("--train-command", default="", help="the gpu_train.sh command the weights came from (for the card)")
     ap.add_argument("--visionzip", help="zest calibrate-visionzip's visionzip.json (the model's VisionZip score block)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
@@ -137,6 +138,7 @@ def main() -> None:
         n = sum(1 for it in items if it["task"] == t)
         rows.append(f"| {t} | {n} | {hf_acc[t]} | {cpu.get(t, '-')} | {cuda.get(t, '-')} |")
     tc, vc = cfg["text_config"], cfg["vision_config"]
+    command_line = f"\nCommand (each chunk): `{a.train_command}`." if a.train_command else ""
     card = f"""# zest-demo-vl
 
 A small Qwen3-VL-MoE (`qwen3_vl_moe`, the architecture of Qwen3-VL-30B-A3B and -235B-A22B) trained
@@ -167,8 +169,8 @@ Greedy exact match on the held-out split (`eval/`, seed 2; training used seed 1)
 ## Training
 
 `tools/demo_model/` (see its README): {len(log) and log[-1]['step']} steps of 256 samples drawn on the fly
-(about {train_minutes(log):.0f} minutes of one H100 in {chunks(log)} resumed chunks), AdamW, lr 8e-4 with warmup
-and cosine decay, fp32 master weights under bf16 autocast.
+(about {train_minutes(log):.0f} minutes of one H100{'' if chunks(log) == 1 else f' in {chunks(log)} resumed chunks'}), AdamW, lr 8e-4 with warmup
+and cosine decay, fp32 master weights under bf16 autocast.{command_line}
 Last teacher-forced probe: {json.dumps(probe[-1]['probe']) if probe else '-'}.
 
 ## Files
