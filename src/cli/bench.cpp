@@ -10,12 +10,14 @@ namespace zest::cli {
 
 void register_bench_serve(CLI::App& bench, std::function<int()>& run);
 void register_bench_kernels(CLI::App& bench, std::function<int()>& run);
+void register_bench_grammar(CLI::App& bench, std::function<int()>& run);
 
 void register_bench(CLI::App& app, std::function<int()>& run) {
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks (zest bench <name> --help)");
   bench->require_subcommand(1);
   register_bench_serve(*bench, run);
   register_bench_kernels(*bench, run);
+  register_bench_grammar(*bench, run);
 }
 
 }  // namespace zest::cli

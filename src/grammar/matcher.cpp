@@ -216,12 +216,15 @@ int32_t CompiledGrammar::next_slow(int32_t s, uint8_t b) {
 }
 
 std::shared_ptr<const TokenMask> CompiledGrammar::mask(int32_t s) {
-  for (auto it = masks_.begin(); it != masks_.end(); ++it)
-    if (it->first == s) {
-      masks_.splice(masks_.begin(), masks_, it);
-      return masks_.front().second;
-    }
   const TokenVocab& v = *vocab_;
+  if (auto hit = mask_of_.find(s); hit != mask_of_.end()) {
+    masks_.splice(masks_.begin(), masks_, hit->second);
+    const CachedMask& c = masks_.front();
+    if (c.dense) return c.dense;
+    auto m = std::make_shared<TokenMask>(static_cast<size_t>(v.mask_words()), 0u);
+    for (int32_t id : c.ids) (*m)[static_cast<size_t>(id) >> 5] |= 1u << (id & 31);
+    return m;
+  }
   auto m = std::make_shared<TokenMask>(static_cast<size_t>(v.mask_words()), 0u);
   uint32_t* bits = m->data();
   auto allow = [&](int32_t id) { bits[id >> 5] |= 1u << (id & 31); };
@@ -250,8 +253,25 @@ std::shared_ptr<const TokenMask> CompiledGrammar::mask(int32_t s) {
   }
   std::shared_ptr<const TokenMask> out = std::move(m);
   if (!error_.is_ok()) return out;  // not kept: the walk stopped at a limit
-  masks_.emplace_front(s, out);
-  if (masks_.size() > kMaskCache) masks_.pop_back();
+  CachedMask c{s, nullptr, {}};
+  int64_t allowed = 0;
+  for (uint32_t w : *out) allowed += __builtin_popcount(w);
+  if (allowed < v.mask_words()) {
+    c.ids.reserve(static_cast<size_t>(allowed));
+    for (size_t w = 0; w < out->size(); ++w)
+      for (uint32_t bitsw = (*out)[w]; bitsw; bitsw &= bitsw - 1)
+        c.ids.push_back(static_cast<int32_t>(w * 32 + static_cast<size_t>(__builtin_ctz(bitsw))));
+  } else {
+    c.dense = out;
+  }
+  mask_bytes_ += c.bytes();
+  masks_.push_front(std::move(c));
+  mask_of_[s] = masks_.begin();
+  while (mask_bytes_ > kMaskCacheBytes && masks_.size() > 1) {
+    mask_bytes_ -= masks_.back().bytes();
+    mask_of_.erase(masks_.back().state);
+    masks_.pop_back();
+  }
   return out;
 }
 
