@@ -186,6 +186,13 @@ void Engine::preempt(Seq& s) {
   ++stats_.preemptions;
 }
 
+bool Engine::computing_block(uint64_t hash, int64_t index) const {
+  for (const auto& r : running_)
+    if (r->registered <= index && static_cast<int64_t>(r->hashes.size()) > index && r->hashes[index] == hash)
+      return true;
+  return false;
+}
+
 StepPlan Engine::schedule() {
   StepPlan plan;
   int64_t budget = opts_.max_batched_tokens;
@@ -218,6 +225,16 @@ StepPlan Engine::schedule() {
       const int64_t hit = cache_.match_prefix(s.hashes.data(), usable, s.blocks);
       s.computed = hit * bs;
       s.registered = hit;
+      // A running sequence is computing the next block this one needs (the n choices of one request, or requests
+      // with one long system prompt arriving together): admit this one once that block is cached, instead of
+      // computing the same block twice. The running sequence is scheduled first in every step, so it gets there.
+      if (hit < usable && computing_block(s.hashes[hit], hit)) {
+        cache_.release(s.blocks);
+        s.computed = 0;
+        s.registered = 0;
+        ++stats_.prefix_waits;
+        break;
+      }
     }
     const int64_t len = std::min(s.remaining(), budget);
     if (!cache_.reserve(s.blocks, s.computed + len).is_ok()) {

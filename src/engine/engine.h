@@ -52,6 +52,8 @@ struct EngineStats {
   int64_t steps = 0, preemptions = 0;
   // Prefix cache: tokens looked up at admission, tokens found (their prefill skipped), blocks registered now.
   int64_t prefix_cache_queries = 0, prefix_cache_hits = 0, prefix_cache_blocks = 0;
+  // Admissions put off by a step because a running sequence was computing the prefix block the request needs.
+  int64_t prefix_waits = 0;
   int64_t tokens_computed = 0;  // tokens run through the decoder (prefill chunks and decode tokens)
   // Decode-only steps (every chunk one sampled token), timed on the host: their count, the wall time of each step
   // (schedule, forward, token handling), of its forward call (input staging, launch, the device's work, the wait),
@@ -90,6 +92,8 @@ class Engine {
   // computed blocks.
   void extend_hashes(Seq& s) const;
   void register_blocks(Seq& s);
+  // Whether a running sequence will compute full block `index` with prefix hash `hash` (not registered yet).
+  bool computing_block(uint64_t hash, int64_t index) const;
   Seq* find(int64_t id);
 
   std::shared_ptr<ModelBundle> model_;

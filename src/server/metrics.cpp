@@ -128,6 +128,9 @@ std::string Metrics::render(const engine::EngineStats& stats) const {
         stats.prefix_cache_queries > 0
             ? static_cast<double>(stats.prefix_cache_hits) / static_cast<double>(stats.prefix_cache_queries)
             : 0.0);
+  counter(out, "zest_prefix_cache_waits_total",
+          "Admissions put off by a step to take a prefix block that a running request was computing.",
+          stats.prefix_waits);
   gauge(out, "zest_prefix_cache_blocks", "KV-cache blocks registered in the prefix cache (held or evictable).",
         static_cast<double>(stats.prefix_cache_blocks));
   counter(out, "zest_engine_decode_steps_total", "Decode-only engine steps (every scheduled sequence one token).",

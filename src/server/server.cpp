@@ -445,7 +445,8 @@ void Server::Impl::handle_chat(const httplib::Request&, httplib::Response& res,
   const int64_t first = next_id.load();
   job.cid = CompletionId{"chatcmpl-" + hex(id_prefix, 16) + hex(static_cast<uint64_t>(first), 8), unix_seconds(),
                          model_name};
-  // n choices of one prompt, each prefilled on its own; the prompt is counted once in usage, as OpenAI does.
+  // n choices of one prompt: the first prefills it, the others take its full blocks from the prefix cache (the
+  // engine admits them once those are computed); the prompt is counted once in usage, as OpenAI does.
   job.usage.prompt_tokens = n_prompt;
   job.n = cr.n;
   for (int64_t v : prompt->visual_tokens_before) job.usage.visual_tokens_before += v;

@@ -1,7 +1,8 @@
 // Automatic prefix caching: the refcounted block allocator (sharing, LRU eviction of cached blocks, never a held
 // block), and the engine on the tiny qwen3_moe fixture: the same requests with and without the cache give the
 // same greedy tokens and the same log-probabilities bit for bit, a request sharing a prefix reports cached tokens
-// and runs fewer tokens, and nothing leaks under eviction pressure or cancellation.
+// and runs fewer tokens, requests with one prompt added together compute it once, and nothing leaks under eviction
+// pressure or cancellation.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -189,6 +190,36 @@ TEST(PrefixCache, SharedPrefixIsCachedAndOutputsAreBitIdentical) {
   EXPECT_EQ(st_on.prefix_cache_queries, queried);
   EXPECT_EQ(st_off.prefix_cache_queries, 0);
   EXPECT_GT(st_on.prefix_cache_blocks, 0);
+}
+
+// Requests with one prompt added together (the n choices of a request): the first computes the prompt's blocks,
+// the others wait a step for them and take them from the cache, with the same tokens and log-probabilities as
+// requests run alone.
+TEST(PrefixCache, RequestsAddedTogetherComputeTheSharedPromptOnce) {
+  ASSERT_TRUE(tiny());
+  std::mt19937 rng(12);
+  const auto prompt = random_ids(rng, 70);  // 4 full blocks of 16 and 6 tokens
+  engine::EngineOptions off;
+  off.prefix_caching = false;
+  engine::EngineStats st_off;
+  const auto ref = run_in_turn({prompt}, off, 6, &st_off);
+  engine::Engine eng(tiny(), engine::EngineOptions{});
+  std::map<int64_t, Outcome> got;
+  for (int64_t i = 0; i < 3; ++i)
+    ASSERT_TRUE(eng.add(greedy_request(i, engine::token_prompt(prompt), 6, got)).is_ok());
+  while (eng.has_work()) {
+    ASSERT_TRUE(eng.step().is_ok());
+    ASSERT_TRUE(eng.check_blocks().is_ok()) << eng.check_blocks().to_string();
+  }
+  ASSERT_EQ(got.size(), 3u);
+  for (int64_t i = 0; i < 3; ++i) expect_same(got.at(i), ref.at(0), "request " + std::to_string(i));
+  EXPECT_EQ(got.at(0).cached, 0);
+  EXPECT_EQ(got.at(1).cached, 64);
+  EXPECT_EQ(got.at(2).cached, 64);
+  const engine::EngineStats st = eng.stats();
+  EXPECT_EQ(st.tokens_computed, 3 * st_off.tokens_computed - 2 * 64);
+  EXPECT_GE(st.prefix_waits, 1);
+  EXPECT_EQ(st.kv_blocks_used, 0);
 }
 
 TEST(PrefixCache, ChatTurnsReuseTheEarlierTurn) {

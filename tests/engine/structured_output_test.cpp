@@ -225,7 +225,9 @@ TEST(StructuredOutput, ForcedToolCallsParseIntoCallsOfTheTools) {
     }
     for (const ParsedToolCall& c : msg.tool_calls) {
       names.insert(c.name);
-      if (i >= 8) EXPECT_EQ(c.name, "get_weather");
+      if (i >= 8) {
+        EXPECT_EQ(c.name, "get_weather");
+      }
       const json args = json::parse(c.arguments);
       const json schema = c.name == "get_weather" ? weather["function"]["parameters"] : json::parse(R"({"type": "object", "additionalProperties": false})");
       ASSERT_TRUE(c.name == "get_weather" || c.name == "ping") << c.name;
