@@ -81,7 +81,6 @@ bool text_format(const json& v) {
 bool text_modality(const json& v) { return v.is_array() && v.size() == 1 && v[0].is_string() && v[0] == "text"; }
 
 constexpr UnsupportedField kUnsupported[] = {
-    {"prompt_logprobs", never},
     {"functions", is_empty},
     {"function_call", no_function_call},
     {"response_format", text_format},
@@ -414,6 +413,13 @@ Status parse_generation_fields(const json& body, const ModelBundle& model, Gener
                               "'continuous_usage_stats'); leave it out");
   }
   ZEST_RETURN_IF_ERROR(expect_bool(body, "sere", "sere", r.sere));
+  if (field(body, "prompt_logprobs")) {
+    int64_t k = 0;
+    ZEST_RETURN_IF_ERROR(expect_int(body, "prompt_logprobs", 0, model::kMaxTopLogprobs, k));
+    if (r.stream)
+      return invalid_argument("'prompt_logprobs' comes with the whole response, not with 'stream': true; leave one out");
+    sp.prompt_logprobs = static_cast<int32_t>(k);
+  }
   return Status::ok();
 }
 

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <climits>
 #include <cstring>
+#include <numeric>
 #include <random>
 #include <string>
 
@@ -55,6 +57,7 @@ struct Engine::Seq {
       : req(std::move(r)), sampler(req.sampling), detok(tok, /*skip_special=*/true) {
     tokens = req.prompt.ids;
     n_prompt = static_cast<int64_t>(tokens.size());
+    if (req.sampling.prompt_logprobs >= 0) out.prompt_logprobs.resize(static_cast<size_t>(n_prompt - 1));
     sampler.set_context(tokens, eos);
   }
   int64_t remaining() const { return static_cast<int64_t>(tokens.size()) - computed; }
@@ -186,11 +189,45 @@ void Engine::preempt(Seq& s) {
   ++stats_.preemptions;
 }
 
+// A prompt whose log-probabilities are asked for runs in chunks of at most kPromptLogprobChunk tokens: every token's
+// logits row comes back to the host (152k floats each for Qwen3).
+int64_t Engine::chunk_limit(const Seq& s) const {
+  return s.req.sampling.prompt_logprobs >= 0 && s.computed < s.n_prompt ? kPromptLogprobChunk : INT64_MAX;
+}
+
 bool Engine::computing_block(uint64_t hash, int64_t index) const {
   for (const auto& r : running_)
     if (r->registered <= index && static_cast<int64_t>(r->hashes.size()) > index && r->hashes[index] == hash)
       return true;
   return false;
+}
+
+// Rows [0, n) of `logits` are positions start .. start + n - 1 of the sequence; the row at position p gives the
+// log-probability of prompt token p + 1 (log-softmax of the raw logits) and the most likely alternatives.
+void Engine::record_prompt_logprobs(Seq& s, int64_t start, int64_t n, const float* logits, int64_t V) {
+  const int32_t k = s.req.sampling.prompt_logprobs;
+  std::vector<int32_t> order(static_cast<size_t>(V));
+  for (int64_t i = 0; i < n && start + i + 1 < s.n_prompt; ++i) {
+    const float* row = logits + i * V;
+    double mx = -INFINITY;
+    for (int64_t v = 0; v < V; ++v) mx = std::max<double>(mx, row[v]);
+    double sum = 0;
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(row[v]) - mx);
+    const double lse = mx + std::log(sum);
+    TokenLogprob& out = s.out.prompt_logprobs[static_cast<size_t>(start + i)];
+    out.token = s.tokens[static_cast<size_t>(start + i + 1)];
+    out.logprob = static_cast<float>(row[out.token] - lse);
+    out.rank = 1;
+    for (int64_t v = 0; v < V; ++v) out.rank += row[v] > row[out.token];
+    out.top.clear();
+    if (k > 0) {
+      std::iota(order.begin(), order.end(), 0);
+      // Most likely first; equal logits by the lower id.
+      auto before = [row](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); };
+      std::partial_sort(order.begin(), order.begin() + k, order.end(), before);
+      for (int32_t j = 0; j < k; ++j) out.top.emplace_back(order[j], static_cast<float>(row[order[j]] - lse));
+    }
+  }
 }
 
 StepPlan Engine::schedule() {
@@ -199,7 +236,7 @@ StepPlan Engine::schedule() {
   // Running sequences first, oldest first; a sequence that cannot get blocks preempts the newest ones.
   for (auto it = running_.begin(); it != running_.end() && budget > 0; ++it) {
     Seq& s = **it;
-    const int64_t len = std::min(s.remaining(), budget);
+    const int64_t len = std::min({s.remaining(), budget, chunk_limit(s)});
     while (!cache_.reserve(s.blocks, s.computed + len).is_ok()) {
       auto victim = std::prev(running_.end());
       if (victim->get() == &s) break;
@@ -215,7 +252,7 @@ StepPlan Engine::schedule() {
   // Admit waiting requests in arrival order while there is room.
   while (!waiting_.empty() && budget > 0 && static_cast<int64_t>(running_.size()) < opts_.max_num_seqs) {
     Seq& s = *waiting_.front();
-    if (opts_.prefix_caching && s.blocks.empty() && s.computed == 0) {
+    if (opts_.prefix_caching && s.blocks.empty() && s.computed == 0 && s.req.sampling.prompt_logprobs < 0) {
       // Take the cached full blocks of the longest known prefix; the last token is always computed (its logits
       // are sampled), so a prompt made only of cached blocks recomputes its last block.
       extend_hashes(s);
@@ -236,7 +273,7 @@ StepPlan Engine::schedule() {
         break;
       }
     }
-    const int64_t len = std::min(s.remaining(), budget);
+    const int64_t len = std::min({s.remaining(), budget, chunk_limit(s)});
     if (!cache_.reserve(s.blocks, s.computed + len).is_ok()) {
       cache_.release(s.blocks);  // the cached blocks it took go back to the cache
       s.computed = 0;
@@ -333,10 +370,30 @@ Status Engine::run(const StepPlan& plan) {
     return !(e && std::string(e) == "0");
   }();
   const model::TextDecoder& dec = model_->decoder();
+  // Chunks of prompts whose log-probabilities are asked for return every row's logits (host summaries then).
+  bool prompt_rows = false;
+  for (size_t ci = 0; ci < plan.chunks.size(); ++ci)
+    if (seqs[ci]->req.sampling.prompt_logprobs >= 0 && plan.chunks[ci].start < seqs[ci]->n_prompt - 1) {
+      b.seqs[ci].all_logits = true;
+      prompt_rows = true;
+    }
   const double t_fwd = now_ms();
-  ZEST_ASSIGN_OR_RETURN(std::vector<model::SampleResult> picked,
-                        device_sampling ? dec.forward_sample(b, cache_, hooks, rows)
-                                        : dec.model::TextDecoder::forward_sample(b, cache_, hooks, rows));
+  std::vector<model::SampleResult> picked;
+  if (prompt_rows) {
+    ZEST_ASSIGN_OR_RETURN(Tensor logits, dec.forward(b, cache_, hooks));
+    int64_t r = 0;
+    for (size_t ci = 0; ci < plan.chunks.size(); ++ci) {
+      const int64_t n = b.seqs[ci].all_logits ? plan.chunks[ci].length : 1;
+      if (r + n > logits.dim(0)) return internal_error("the decoder returned too few logits rows");
+      const float* first = logits.data<float>() + r * V;
+      if (b.seqs[ci].all_logits) record_prompt_logprobs(*seqs[ci], plan.chunks[ci].start, n, first, V);
+      picked.push_back(model::summarize_edited_row(first + (n - 1) * V, V, rows[ci]));
+      r += n;
+    }
+  } else {
+    ZEST_ASSIGN_OR_RETURN(picked, device_sampling ? dec.forward_sample(b, cache_, hooks, rows)
+                                                  : dec.model::TextDecoder::forward_sample(b, cache_, hooks, rows));
+  }
   forward_ms_ = now_ms() - t_fwd;
   if (picked.size() != rows.size()) return internal_error("the decoder returned a wrong number of sampled rows");
   const std::vector<int32_t> eos = model_->eos_ids();

@@ -94,6 +94,10 @@ class Engine {
   void register_blocks(Seq& s);
   // Whether a running sequence will compute full block `index` with prefix hash `hash` (not registered yet).
   bool computing_block(uint64_t hash, int64_t index) const;
+  // Prompt log-probabilities (SamplingParams::prompt_logprobs): the chunk bound and the rows' summaries.
+  static constexpr int64_t kPromptLogprobChunk = 256;
+  int64_t chunk_limit(const Seq& s) const;
+  void record_prompt_logprobs(Seq& s, int64_t start, int64_t n, const float* logits, int64_t V);
   Seq* find(int64_t id);
 
   std::shared_ptr<ModelBundle> model_;

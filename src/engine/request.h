@@ -35,6 +35,7 @@ const char* finish_reason_name(FinishReason r);
 struct TokenLogprob {
   int32_t token = 0;
   float logprob = 0.f;
+  int32_t rank = 0;  // prompt log-probabilities: 1 + the tokens with a higher logit (0: not computed)
   std::vector<std::pair<int32_t, float>> top;  // (id, logprob), most likely first
 };
 
@@ -42,6 +43,9 @@ struct TokenLogprob {
 struct RequestOutput {
   std::vector<int32_t> token_ids;
   std::vector<TokenLogprob> logprobs;  // one per generated token when the request asked for logprobs
+  // SamplingParams::prompt_logprobs >= 0: one per prompt token from the second on (the first has no context), set
+  // once the prompt is computed.
+  std::vector<TokenLogprob> prompt_logprobs;
   std::string text;
   FinishReason finish = FinishReason::kNone;
   std::string error;

@@ -41,6 +41,9 @@ struct SamplingParams {
   int64_t min_tokens = 0;               // stop / EOS ids masked until this many tokens are generated
   bool logprobs = false;                // log-probabilities of the sampled tokens (raw logits, log-softmax)
   int32_t top_logprobs = 0;             // 0..20 most likely tokens per position with logprobs
+  // Log-probabilities of the prompt's tokens (vLLM's extension): -1 off, else the most likely 0..20 tokens per prompt
+  // position too. The prompt is then computed in full (no prefix-cache blocks), its logits on the host.
+  int32_t prompt_logprobs = -1;
   // Structured output: the grammar the output follows (null: none), compiled over the model's vocabulary (its masks
   // have the decoder's vocab_size bits). Shared by the requests that use it; each Sampler walks it on its own.
   std::shared_ptr<grammar::CompiledGrammar> grammar;

@@ -12,7 +12,7 @@
 // whole subtree below a byte that kills every stack (prefix sharing: a byte common to many tokens is looked at
 // once). A token is allowed when its last byte leaves a live state; the end tokens (EOS) are allowed where the
 // grammar may end, and only they where it must. The masks of the states asked for are kept, least recently used
-// first out, up to kMaskCacheBytes a grammar: a state recurs (inside a JSON string, every character leads back to the
+// first out, up to kMaskCacheBytes (8 MiB) a grammar: a state recurs (inside a JSON string, every character leads back to the
 // same one; every request with the same schema meets the same states), and a walk over a 151k-token vocabulary costs
 // up to ~2 ms where most tokens are allowed. A mask with few allowed tokens is kept as their ids.
 //
@@ -77,7 +77,7 @@ class CompiledGrammar {
   static constexpr int64_t kMaxStates = 1 << 16;
   static constexpr int64_t kSaturated = 1 << 15;
   static constexpr int kMaxExpansion = 2000;     // nested rule expansions from one position (left recursion)
-  static constexpr size_t kMaskCacheBytes = size_t{16} << 20;
+  static constexpr size_t kMaskCacheBytes = size_t{8} << 20;
 
  private:
   friend class Matcher;

@@ -141,6 +141,22 @@ json chat_logprobs_json(const std::vector<engine::TokenLogprob>& lps, const text
   return {{"content", std::move(content)}};
 }
 
+json prompt_logprobs_json(const std::vector<engine::TokenLogprob>& lps, const text::Tokenizer& tok) {
+  json out = json::array();
+  out.push_back(nullptr);
+  for (const engine::TokenLogprob& lp : lps) {
+    json d = json::object();
+    for (size_t r = 0; r < lp.top.size(); ++r)
+      d[std::to_string(lp.top[r].first)] = {{"logprob", finite_logprob(lp.top[r].second)},
+                                            {"rank", static_cast<int64_t>(r) + 1},
+                                            {"decoded_token", tok.token_bytes(lp.top[r].first)}};
+    d[std::to_string(lp.token)] = {
+        {"logprob", finite_logprob(lp.logprob)}, {"rank", lp.rank}, {"decoded_token", tok.token_bytes(lp.token)}};
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
 json text_choice_json(int index, const std::string& text, const std::string& finish_reason, json logprobs) {
   return {{"index", index},
           {"text", text},

@@ -69,6 +69,9 @@ nlohmann::json chunk_json(const CompletionId& id, int index, const nlohmann::jso
 // (vLLM's return_tokens_as_token_ids), bytes the raw bytes.
 nlohmann::json chat_logprobs_json(const std::vector<engine::TokenLogprob>& lps, const text::Tokenizer& tok,
                                   bool as_ids = false);
+// Prompt log-probabilities in vLLM's shape: one entry per prompt token, null for the first, else
+// {"<id>": {"logprob", "rank", "decoded_token"}} for the prompt token and the top alternatives (ranks 1..k).
+nlohmann::json prompt_logprobs_json(const std::vector<engine::TokenLogprob>& lps, const text::Tokenizer& tok);
 // Text completions (POST /v1/completions): one choice {index, text, logprobs, finish_reason (null when empty)}.
 nlohmann::json text_choice_json(int index, const std::string& text, const std::string& finish_reason,
                                 nlohmann::json logprobs = nullptr);

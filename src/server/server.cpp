@@ -91,6 +91,7 @@ struct Job {
   int64_t n = 1;             // choices per prompt (choice i belongs to prompt i / n)
   bool include_usage = false;
   bool logprobs = false;
+  bool prompt_logprobs = false;
   bool token_ids = false;    // logprob tokens as "token_id:N"
   // Streaming only: the role chunk of each choice was sent; text completions: each choice's text so far (bytes, the
   // logprobs' text_offset).
@@ -423,6 +424,7 @@ void Server::Impl::handle_chat(const httplib::Request&, httplib::Response& res,
   Job job;
   job.include_usage = cr.include_usage;
   job.logprobs = cr.sampling.logprobs;
+  job.prompt_logprobs = cr.sampling.prompt_logprobs >= 0;
   job.token_ids = cr.return_tokens_as_token_ids;
   job.reasoning_field = reasoning;
   job.parse.reasoning = reasoning;
@@ -476,6 +478,7 @@ void Server::Impl::handle_completions(httplib::Response& res, const httplib::Con
   job.text_completion = true;
   job.include_usage = cr.include_usage;
   job.logprobs = cr.sampling.logprobs;
+  job.prompt_logprobs = cr.sampling.prompt_logprobs >= 0;
   job.token_ids = cr.return_tokens_as_token_ids;
   job.cid = CompletionId{"cmpl-" + hex(id_prefix, 16) + hex(static_cast<uint64_t>(next_id.load()), 8), unix_seconds(),
                          model_name};
@@ -642,6 +645,7 @@ std::pair<int, std::string> Server::Impl::whole_body(const ChannelUpdate& u, con
       choices.push_back(text_choice_json(
           c.index, out.text, openai_finish_reason(out.finish),
           job.logprobs ? text_logprobs_json(out.logprobs, model->tokenizer, job.token_ids, offset) : json()));
+      if (job.prompt_logprobs) choices.back()["prompt_logprobs"] = prompt_logprobs_json(out.prompt_logprobs, model->tokenizer);
     } else {
       const engine::ParsedMessage m = engine::parse_chat_output(out.text, job.parse);
       choices.push_back(chat_choice_json(
@@ -651,7 +655,11 @@ std::pair<int, std::string> Server::Impl::whole_body(const ChannelUpdate& u, con
     }
   }
   if (job.text_completion) return {200, dump_json(text_completion_json(job.cid, choices, &usage, false))};
-  return {200, dump_json(completion_json(job.cid, choices, usage))};
+  json body = completion_json(job.cid, choices, usage);
+  // Chat: one prompt, its log-probabilities at the top level (vLLM's place for them).
+  if (job.prompt_logprobs && !u.choices.empty())
+    body["prompt_logprobs"] = prompt_logprobs_json(u.choices.front().output.prompt_logprobs, model->tokenizer);
+  return {200, dump_json(body)};
 }
 
 void Server::Impl::respond_whole(httplib::Response& res, const Job& job) {

@@ -222,6 +222,80 @@ TEST(PrefixCache, RequestsAddedTogetherComputeTheSharedPromptOnce) {
   EXPECT_EQ(st.kv_blocks_used, 0);
 }
 
+// prompt_logprobs: every prompt token from the second on gets the log-softmax of the logits at the position before it
+// (against one whole-prompt forward with every row's logits: the engine runs the prompt in chunks of 256), its rank
+// and the top alternatives; the request takes no blocks from the prefix cache (each position needs its logits), and
+// later requests still take its blocks.
+TEST(PrefixCache, PromptLogprobsAreTheLogSoftmaxOfEveryPosition) {
+  ASSERT_TRUE(tiny());
+  std::mt19937 rng(14);
+  const auto prompt = random_ids(rng, 300);
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  const model::TextDecoder& dec = tiny()->decoder();
+  const int64_t V = dec.config().vocab_size;
+  auto cache = dec.allocate_cache(32, 16);
+  ASSERT_TRUE(cache.ok());
+  std::vector<int32_t> table;
+  ASSERT_TRUE(cache->reserve(table, n).is_ok());
+  model::ForwardBatch b;
+  b.tokens = prompt;
+  b.positions.resize(3 * n);
+  for (int a = 0; a < 3; ++a)
+    for (int64_t i = 0; i < n; ++i) b.positions[a * n + i] = static_cast<int32_t>(i);
+  b.seqs.push_back({&table, 0, n, true, true});
+  auto ref = dec.forward(b, *cache);
+  ASSERT_TRUE(ref.ok()) << ref.status().to_string();
+  ASSERT_EQ(ref->dim(0), n);
+
+  engine::Engine eng(tiny(), engine::EngineOptions{});
+  std::map<int64_t, Outcome> plain;
+  engine::RequestOutput got;
+  ASSERT_TRUE(eng.add(greedy_request(0, engine::token_prompt(prompt), 2, plain)).is_ok());
+  engine::Request r = greedy_request(1, engine::token_prompt(prompt), 2, plain);
+  r.sampling.prompt_logprobs = 3;
+  r.on_update = [&got](const std::string&, const engine::RequestOutput& o, bool done) {
+    if (done) got = o;
+  };
+  while (eng.has_work()) ASSERT_TRUE(eng.step().is_ok());
+  ASSERT_TRUE(eng.add(std::move(r)).is_ok());
+  while (eng.has_work()) ASSERT_TRUE(eng.step().is_ok());
+  std::map<int64_t, Outcome> later;
+  ASSERT_TRUE(eng.add(greedy_request(2, engine::token_prompt(prompt), 2, later)).is_ok());
+  while (eng.has_work()) ASSERT_TRUE(eng.step().is_ok());
+  EXPECT_EQ(got.cached_tokens, 0);
+  EXPECT_EQ(later.at(2).cached, 288);
+  EXPECT_EQ(got.token_ids, plain.at(0).tokens);
+  ASSERT_EQ(static_cast<int64_t>(got.prompt_logprobs.size()), n - 1);
+  for (int64_t p = 0; p + 1 < n; ++p) {
+    SCOPED_TRACE("position " + std::to_string(p));
+    const float* row = ref->data<float>() + p * V;
+    double z = 0;
+    for (int64_t v = 0; v < V; ++v) z += std::exp(static_cast<double>(row[v]));
+    const double lse = std::log(z);
+    const engine::TokenLogprob& lp = got.prompt_logprobs[p];
+    const int32_t tok = prompt[p + 1];
+    ASSERT_EQ(lp.token, tok);
+    EXPECT_NEAR(lp.logprob, row[tok] - lse, 1e-4);
+    // Rank and top ids where no other logit is within 1e-3 (the chunked prefill sums in another order).
+    int32_t rank = 1, near = 0;
+    float mx = row[0];
+    for (int64_t v = 0; v < V; ++v) {
+      mx = std::max(mx, row[v]);
+      rank += row[v] > row[tok];
+      near += v != tok && std::abs(row[v] - row[tok]) < 1e-3f;
+    }
+    if (near == 0) {
+      EXPECT_EQ(lp.rank, rank);
+    }
+    ASSERT_EQ(lp.top.size(), 3u);
+    for (const auto& [id, v] : lp.top) EXPECT_NEAR(v, row[id] - lse, 1e-4);
+    EXPECT_GE(lp.top[0].second, lp.top[1].second);
+    EXPECT_GE(lp.top[1].second, lp.top[2].second);
+    EXPECT_GE(lp.top[0].second + 1e-4, lp.logprob);
+    EXPECT_NEAR(lp.top[0].second, mx - lse, 1e-4);
+  }
+}
+
 TEST(PrefixCache, ChatTurnsReuseTheEarlierTurn) {
   auto m = tiny();
   ASSERT_TRUE(m);

@@ -148,7 +148,6 @@ TEST_F(HostileTest, MaxTokensIsCheckedAgainstTheContext) {
 TEST_F(HostileTest, UnsupportedFieldsAreRefusedByName) {
   start("qwen3_moe_tiny");
   const std::vector<std::pair<std::string, json>> asks = {
-      {"prompt_logprobs", 1},
       {"functions", json::array({{{"name", "f"}}})},
       {"min_p", 0.1},
       {"best_of", 2},

@@ -235,6 +235,62 @@ engine::RequestOutput token_reference(const std::string& model, const std::vecto
   return out.ok() ? *out : engine::RequestOutput{};
 }
 
+// prompt_logprobs (vLLM's extension): one entry per prompt token, null first, then the prompt token's and the top
+// alternatives' {logprob, rank, decoded_token} under their ids, equal to the engine's values; per choice for text
+// completions, at the top level for chat. Refused with stream and above 20.
+TEST_P(ServerTest, PromptLogprobsInVllmsShape) {
+  const auto m = fixture_model(GetParam());
+  const std::vector<int32_t> ids = m->tokenizer.encode("The capital of France is", true);
+  engine::SamplingParams sp;
+  sp.temperature = 0;
+  sp.max_tokens = 2;
+  sp.ignore_eos = true;
+  sp.prompt_logprobs = 2;
+  const engine::RequestOutput ref = token_reference(GetParam(), ids, sp);
+  ASSERT_EQ(ref.prompt_logprobs.size(), ids.size() - 1);
+  json body = {{"prompt", ids}, {"max_tokens", 2}, {"temperature", 0}, {"ignore_eos", true}, {"prompt_logprobs", 2}};
+  HttpReply r = post_json(*cli_, body.dump(), "/v1/completions");
+  ASSERT_EQ(r.status, 200) << r.body;
+  const json& pl = r.j["choices"][0]["prompt_logprobs"];
+  ASSERT_EQ(pl.size(), ids.size());
+  EXPECT_TRUE(pl[0].is_null());
+  for (size_t i = 1; i < ids.size(); ++i) {
+    SCOPED_TRACE("prompt token " + std::to_string(i));
+    const engine::TokenLogprob& e = ref.prompt_logprobs[i - 1];
+    const json& d = pl[i];
+    ASSERT_TRUE(d.contains(std::to_string(ids[i])));
+    const json& own = d[std::to_string(ids[i])];
+    EXPECT_EQ(own["logprob"].get<double>(), static_cast<double>(e.logprob));
+    EXPECT_EQ(own["rank"], e.rank);
+    EXPECT_GE(e.rank, 1);
+    EXPECT_EQ(own["decoded_token"], m->tokenizer.token_bytes(ids[i]));
+    for (size_t k = 0; k < e.top.size(); ++k) {
+      const json& t = d[std::to_string(e.top[k].first)];
+      EXPECT_EQ(t["logprob"].get<double>(), static_cast<double>(e.top[k].second));
+      if (e.top[k].first != ids[i]) {
+        EXPECT_EQ(t["rank"], static_cast<int64_t>(k) + 1);
+      }
+    }
+    EXPECT_EQ(d.size(), e.top.size() + 1 - (std::any_of(e.top.begin(), e.top.end(),
+                                                        [&](const auto& t) { return t.first == ids[i]; }) ? 1 : 0));
+  }
+  // Chat: at the top level, one entry per prompt token.
+  json chat = chat_body("Count from one to five.", 2);
+  chat["prompt_logprobs"] = 0;
+  r = post_json(*cli_, chat.dump());
+  ASSERT_EQ(r.status, 200) << r.body;
+  ASSERT_TRUE(r.j["prompt_logprobs"].is_array());
+  EXPECT_EQ(static_cast<int64_t>(r.j["prompt_logprobs"].size()), r.j["usage"]["prompt_tokens"].get<int64_t>());
+  EXPECT_EQ(r.j["prompt_logprobs"][1].size(), 1u);  // 0 alternatives: the prompt token alone
+  chat["stream"] = true;
+  r = post_json(*cli_, chat.dump());
+  EXPECT_EQ(r.status, 400);
+  EXPECT_NE(r.body.find("prompt_logprobs"), std::string::npos) << r.body;
+  body["prompt_logprobs"] = 21;
+  r = post_json(*cli_, body.dump(), "/v1/completions");
+  EXPECT_EQ(r.status, 400);
+}
+
 // POST /v1/completions: a string prompt is the tokenizer's ids, a token-id prompt is taken as it is, lists of either
 // give one choice per prompt (times n, choice p * n + j seeded with seed + j), each equal to the engine run on its
 // own; logprobs in the legacy shape; streaming adds up to the whole response.
