@@ -12,10 +12,19 @@
 #include "engine/encoder_cache.h"
 #include "engine/vision_encode.h"
 #include "kernels/backend.h"
+#include "model/architecture.h"
 #include "model/random_weights.h"
 #include "vision/encoder.h"
 
 namespace zest::engine {
+namespace {
+
+// The chat template family of an architecture (Qwen3's text template, or Qwen3-VL's with image parts).
+text::TemplateKind template_kind(io::Arch arch) {
+  return arch == io::Arch::kQwen3Moe ? text::TemplateKind::kQwen3 : text::TemplateKind::kQwen3VL;
+}
+
+}  // namespace
 
 Result<std::shared_ptr<ModelBundle>> ModelBundle::load(const std::string& dir, model::Backend backend) {
   namespace fs = std::filesystem;
@@ -33,7 +42,7 @@ Result<std::shared_ptr<ModelBundle>> ModelBundle::load(const std::string& dir, m
   auto tok = text::Tokenizer::load(dir);
   if (!tok.ok()) return tok.status().with_context("tokenizer in " + dir);
   m->tokenizer = std::move(tok).value();
-  m->chat_template = m->config.arch == io::Arch::kQwen3Moe ? text::TemplateKind::kQwen3 : text::TemplateKind::kQwen3VL;
+  m->chat_template = template_kind(m->config.arch);
   auto st = io::SafeTensors::open(dir);
   if (!st.ok()) return st.status().with_context("weights in " + dir);
   m->weights = std::move(st).value();
@@ -45,11 +54,11 @@ Result<std::shared_ptr<ModelBundle>> ModelBundle::load(const std::string& dir, m
     if (!init.is_ok()) return init.with_context("--device cuda");
     auto dev = model::make_cuda_decoder(m->weights, m->config);
     if (!dev.ok()) return dev.status().with_context("CUDA text decoder of " + dir);
-    m->device_text = std::move(dev).value();
+    m->text_decoder = std::move(dev).value();
   } else {
-    auto text = model::Qwen3TextModel::load(m->weights, m->config);
+    auto text = model::architecture(m->config.arch).cpu_decoder(m->weights, m->config);
     if (!text.ok()) return text.status().with_context("text decoder of " + dir);
-    m->text = std::move(text).value();
+    m->text_decoder = std::move(text).value();
   }
   if (m->config.vision) {
     auto pre = io::load_preprocessor_config(dir);
@@ -109,7 +118,7 @@ Result<std::shared_ptr<ModelBundle>> ModelBundle::random(const RandomModelOption
   if (m->tokenizer.size() > tc.vocab_size)
     return invalid_argument("the tokenizer " + o.tokenizer + " has " + std::to_string(m->tokenizer.size()) +
                             " tokens but the model's vocabulary only " + std::to_string(tc.vocab_size));
-  m->chat_template = m->config.arch == io::Arch::kQwen3Moe ? text::TemplateKind::kQwen3 : text::TemplateKind::kQwen3VL;
+  m->chat_template = template_kind(m->config.arch);
   m->backend = backend;
   m->random_seed = o.seed;
   if (o.router_skew < 0.f) return invalid_argument("the router skew must not be negative");
@@ -123,7 +132,7 @@ Result<std::shared_ptr<ModelBundle>> ModelBundle::random(const RandomModelOption
       const model::DecoderWeights w = model::random_decoder_weights(tc, store, o.distinct_layers, 0, o.router_skew);
       auto dev = model::create_cuda_decoder(w);
       if (!dev.ok()) return dev.status().with_context("CUDA text decoder with random weights");
-      m->device_text = std::move(dev).value();
+      m->text_decoder = std::move(dev).value();
     }
     if (m->config.vision) {
       const uint64_t seed = o.seed;
@@ -158,9 +167,9 @@ Result<std::shared_ptr<ModelBundle>> ModelBundle::random(const RandomModelOption
   fs::remove(file, ec);
   if (!st.ok()) return st.status().with_context("random checkpoint");
   m->weights = std::move(st).value();
-  auto text = model::Qwen3TextModel::load(m->weights, m->config);
+  auto text = model::architecture(m->config.arch).cpu_decoder(m->weights, m->config);
   if (!text.ok()) return text.status().with_context("text decoder with random weights");
-  m->text = std::move(text).value();
+  m->text_decoder = std::move(text).value();
   if (m->config.vision) {
     Status vs = load_vision_tower(*m);
     if (!vs.is_ok()) return vs.with_context("vision tower with random weights");

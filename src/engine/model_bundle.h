@@ -11,7 +11,6 @@
 #include "io/config.h"
 #include "io/safetensors.h"
 #include "model/decoder.h"
-#include "model/qwen3.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 
@@ -44,8 +43,8 @@ struct ModelBundle {
   text::TemplateKind chat_template = text::TemplateKind::kQwen3;
   io::SafeTensors weights;
   model::Backend backend = model::Backend::kCpu;
-  model::Qwen3TextModel text;                      // the CPU decoder (loaded for the CPU backend only)
-  std::shared_ptr<model::TextDecoder> device_text;  // the device decoder (non-CPU backends)
+  // The text decoder on `backend`: the architecture's CPU decoder (model/architecture.h) or the device decoder.
+  std::shared_ptr<model::TextDecoder> text_decoder;
   std::shared_ptr<vision::VisionEncoder> vision;   // the vision tower on `backend`; null for text-only models
   // VisionZip defaults for requests that do not override them (rate 0 = off); the score layer is
   // MODEL/visionzip.json's choice (zest calibrate-visionzip) if the folder has one, else the options' default.
@@ -69,10 +68,8 @@ struct ModelBundle {
   // Set by random(): the seed the weights came from, and the router skew.
   std::optional<uint64_t> random_seed;
   float random_router_skew = 0.f;
-  // The text decoder the engine runs (the device decoder, else the CPU one).
-  const model::TextDecoder& decoder() const {
-    return device_text ? *device_text : static_cast<const model::TextDecoder&>(text);
-  }
+  // The text decoder the engine runs.
+  const model::TextDecoder& decoder() const { return *text_decoder; }
   // Token ids that end generation: generation_config eos ids, else <|im_end|> and <|endoftext|>.
   std::vector<int32_t> eos_ids() const;
 };

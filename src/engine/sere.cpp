@@ -10,6 +10,7 @@
 #include "engine/chat_request.h"
 #include "io/safetensors.h"
 #include "kernels/sere_calibration.h"
+#include "model/architecture.h"
 
 namespace zest::engine {
 
@@ -353,18 +354,18 @@ Result<std::string> calibrate_sere(const ModelBundle& model, const CalibrationOp
   // calibration runs every expert on the CPU decoder (a bundle loaded for another backend gets one here).
   const bool on_device = model.backend != model::Backend::kCpu && opts.metric != accel::SimilarityMetric::kLinearCka;
   std::unique_ptr<kernels::ExpertGram> gram;
-  model::Qwen3TextModel cpu_model;
+  std::unique_ptr<model::TextDecoder> cpu_model;
   if (on_device) {
     auto g = kernels::make_cuda_expert_gram(E, H, tc.moe_intermediate_size, opts.chunk_tokens);
     if (!g.ok()) return g.status().with_context("device SERE calibration");
     gram = std::move(g).value();
   } else if (model.backend != model::Backend::kCpu) {
-    auto m = model::Qwen3TextModel::load(model.weights, model.config);
+    auto m = model::architecture(model.config.arch).cpu_decoder(model.weights, model.config);
     if (!m.ok()) return m.status().with_context("CPU decoder for calibration");
     cpu_model = std::move(m).value();
   }
-  const model::Qwen3TextModel& text = model.backend == model::Backend::kCpu ? model.text : cpu_model;
-  const model::TextDecoder& dec = on_device ? model.decoder() : static_cast<const model::TextDecoder&>(text);
+  const model::TextDecoder& text = cpu_model ? *cpu_model : model.decoder();
+  const model::TextDecoder& dec = on_device ? model.decoder() : text;
   std::vector<std::optional<accel::ExpertSimilarityAccumulator>> acc(L);
   std::vector<kernels::DeviceExpertWeights> dev_w(L);
   for (int64_t l = 0; l < L; ++l) {
@@ -372,7 +373,7 @@ Result<std::string> calibrate_sere(const ModelBundle& model, const CalibrationOp
       auto w = dec.device_expert_weights(l);
       if (!w.ok()) continue;  // not an MoE layer
       dev_w[l] = {w->gate_up, w->down, w->experts, w->hidden, w->inter};
-    } else if (!text.is_moe_layer(l)) {
+    } else if (!tc.is_moe_layer(l)) {
       continue;
     }
     auto a = accel::ExpertSimilarityAccumulator::create(E, H, opts.metric);
@@ -392,8 +393,8 @@ Result<std::string> calibrate_sere(const ModelBundle& model, const CalibrationOp
       if (s.is_ok()) s = acc[layer]->add_gram(pair, n);
     } else {
       outs.resize(static_cast<size_t>(E * n * H));
-      for (int64_t e = 0; e < E; ++e) text.run_expert(layer, e, x, n, outs.data() + e * n * H);
-      s = acc[layer]->add_chunk(outs, n);
+      for (int64_t e = 0; e < E && s.is_ok(); ++e) s = text.run_expert(layer, e, x, n, outs.data() + e * n * H);
+      if (s.is_ok()) s = acc[layer]->add_chunk(outs, n);
     }
     if (!s.is_ok()) hook_status = s.with_context("layer " + std::to_string(layer));
   };

@@ -14,7 +14,7 @@
 #include "core/status.h"
 #include "engine/model_bundle.h"
 #include "engine/request.h"
-#include "model/qwen3.h"
+#include "model/decoder.h"
 
 namespace zest::engine {
 

@@ -1,20 +1,14 @@
 #include "model/decoder.h"
 
+#include "model/architecture.h"
+
 namespace zest::model {
-
-namespace {
-
-std::string text_prefix(const io::ModelConfig& cfg) {
-  return cfg.arch == io::Arch::kQwen3Moe ? "model." : "model.language_model.";
-}
-
-}  // namespace
 
 Result<DecoderWeights> collect_decoder_weights(const io::SafeTensors& st, const io::ModelConfig& mc) {
   DecoderWeights w;
   w.config = mc.text;
   const io::TextConfig& c = w.config;
-  const std::string p = text_prefix(mc);
+  const std::string p = architecture(mc.arch).text_prefix;
   const int64_t H = c.hidden_size, hd = c.head_dim, nh = c.num_heads, nkv = c.num_kv_heads;
   ZEST_ASSIGN_OR_RETURN(w.embed, st.get(p + "embed_tokens.weight", {c.vocab_size, H}));
   ZEST_ASSIGN_OR_RETURN(w.final_norm, st.get(p + "norm.weight", {H}));

@@ -128,6 +128,13 @@ class TextDecoder {
   virtual Result<std::vector<accel::RerouteCounts>> reroute_counts() const {
     return std::vector<accel::RerouteCounts>(static_cast<size_t>(config().num_layers));
   }
+  // The host reference of one expert (SERE calibration on the CPU): expert `expert` of MoE layer `layer` on x
+  // [n, hidden] f32 (the normalised MoE input), its un-weighted output [n, hidden] into y. kUnsupported for decoders
+  // that keep no host weights (device decoders), kInvalidArgument for a dense layer or an expert out of range.
+  virtual Status run_expert(int64_t layer, int64_t expert, const float* x, int64_t n, float* y) const {
+    (void)layer, (void)expert, (void)x, (void)n, (void)y;
+    return unsupported("this decoder backend runs no expert on the host");
+  }
   // The device copy of MoE layer `layer`'s expert weights (for device-side SERE calibration); kUnsupported
   // for backends without one, kInvalidArgument for a layer that is not MoE.
   virtual Result<DeviceExpertWeights> device_expert_weights(int64_t layer) const {

@@ -200,7 +200,7 @@ void Qwen3TextModel::mlp(const Layer& L, int64_t layer, const ForwardBatch& b, c
     const int64_t n = static_cast<int64_t>(slots.size());
     std::vector<float> xe(n * H), y(n * H);
     for (int64_t r = 0; r < n; ++r) std::memcpy(&xe[r * H], x + (slots[r] / K) * H, H * 4);
-    run_expert(layer, e, xe.data(), n, y.data());
+    expert_ffn(L, e, xe.data(), n, y.data());
     for (int64_t r = 0; r < n; ++r)
       for (int64_t d = 0; d < H; ++d) slot_out[slots[r] * H + d] = y[r * H + d] * w[slots[r]];
   }
@@ -211,8 +211,16 @@ void Qwen3TextModel::mlp(const Layer& L, int64_t layer, const ForwardBatch& b, c
   }
 }
 
-void Qwen3TextModel::run_expert(int64_t layer, int64_t expert, const float* x, int64_t n, float* y) const {
-  const Layer& L = layers_[layer];
+Status Qwen3TextModel::run_expert(int64_t layer, int64_t expert, const float* x, int64_t n, float* y) const {
+  if (layer < 0 || layer >= static_cast<int64_t>(layers_.size()) || !layers_[layer].moe)
+    return invalid_argument("layer " + std::to_string(layer) + " is not an MoE layer of this decoder");
+  if (expert < 0 || expert >= static_cast<int64_t>(layers_[layer].gate_up.size()))
+    return invalid_argument("expert " + std::to_string(expert) + " is outside layer " + std::to_string(layer));
+  expert_ffn(layers_[layer], expert, x, n, y);
+  return Status::ok();
+}
+
+void Qwen3TextModel::expert_ffn(const Layer& L, int64_t expert, const float* x, int64_t n, float* y) const {
   const int64_t H = cfg_.hidden_size, I = cfg_.moe_intermediate_size;
   std::vector<float> gu(n * 2 * I), a(n * I);
   cpu::linear(gu.data(), x, L.gate_up[expert].data<float>(), nullptr, n, 2 * I, H);

@@ -35,11 +35,7 @@ class Qwen3TextModel : public TextDecoder {
   Result<Tensor> forward(const ForwardBatch& batch, PagedKVCache& cache,
                          const MoeHooks* hooks = nullptr) const override;
 
-  // Whether decoder layer `layer` has an MoE block.
-  bool is_moe_layer(int64_t layer) const { return layers_[layer].moe; }
-  // Runs expert `expert` of MoE layer `layer` on x [n, hidden] (the normalised MoE input) and writes
-  // its un-weighted output [n, hidden] to y (SERE calibration).
-  void run_expert(int64_t layer, int64_t expert, const float* x, int64_t n, float* y) const;
+  Status run_expert(int64_t layer, int64_t expert, const float* x, int64_t n, float* y) const override;
 
  private:
   struct Layer {
@@ -51,6 +47,8 @@ class Qwen3TextModel : public TextDecoder {
   };
   void attention(const Layer& L, int64_t layer, const ForwardBatch& b, PagedKVCache& cache, const float* x,
                  float* out) const;
+  // Expert `expert` of an MoE layer on x [n, hidden]: its un-weighted output [n, hidden] into y.
+  void expert_ffn(const Layer& L, int64_t expert, const float* x, int64_t n, float* y) const;
   void mlp(const Layer& L, int64_t layer, const ForwardBatch& b, const float* x, float* out,
            const MoeHooks* hooks) const;
   // cos/sin tables [T, head_dim/2] for the batch positions.

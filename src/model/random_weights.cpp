@@ -5,6 +5,7 @@
 
 #include "core/dtype.h"
 #include "core/thread_pool.h"
+#include "model/architecture.h"
 
 namespace zest::model {
 namespace {
@@ -130,10 +131,6 @@ void reserve_channels(DecoderLayerWeights& L, int64_t own_experts, int64_t H, in
     for (int64_t j = R; j < H; ++j) set_bf16(L.router, e * H + j, 0.f);
     set_bf16(L.router, e * H, bias[static_cast<size_t>(e)] / channel);
   }
-}
-
-std::string text_prefix(const io::ModelConfig& c) {
-  return c.arch == io::Arch::kQwen3Moe ? "model." : "model.language_model.";
 }
 
 }  // namespace
@@ -384,7 +381,7 @@ Status write_random_checkpoint(const io::ModelConfig& cfg, const std::string& fi
   auto add = [&](const std::string& name, const io::TensorView& v) {
     tensors.emplace_back(name, Tensor::wrap(const_cast<void*>(v.data), v.shape, v.dtype));
   };
-  const std::string tp = text_prefix(cfg);
+  const std::string tp = architecture(cfg.arch).text_prefix;
   add(tp + "embed_tokens.weight", w.embed);
   add(tp + "norm.weight", w.final_norm);
   if (!cfg.text.tie_word_embeddings) add("lm_head.weight", w.lm_head);

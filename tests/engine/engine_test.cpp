@@ -21,7 +21,7 @@ std::vector<std::vector<float>> solo_logits(const engine::ModelBundle& m, const 
   std::vector<std::vector<float>> out;
   for (const auto& ids : seqs) {
     const int64_t n = static_cast<int64_t>(ids.size());
-    auto cache = m.text.make_cache(64, 16);
+    auto cache = *m.decoder().allocate_cache(64, 16);
     std::vector<int32_t> table;
     EXPECT_TRUE(cache.reserve(table, n).is_ok());
     model::ForwardBatch b;
@@ -29,7 +29,7 @@ std::vector<std::vector<float>> solo_logits(const engine::ModelBundle& m, const 
     for (int a = 0; a < 3; ++a)
       for (int64_t i = 0; i < n; ++i) b.positions.push_back(static_cast<int32_t>(i));
     b.seqs.push_back({&table, 0, n, false, true});
-    auto l = m.text.forward(b, cache);
+    auto l = m.decoder().forward(b, cache);
     EXPECT_TRUE(l.ok());
     out.emplace_back(l->data<float>(), l->data<float>() + l->numel());
   }
@@ -50,7 +50,7 @@ TEST(Forward, MixedBatchEqualsOneByOne) {
   const auto ref = solo_logits(*m, seqs);
   // Sequences 0 and 1 first get their prefix (all but the last token) into the cache; then one batch
   // mixes decode (last token of 0 and 1) with full prefills (2 and 3).
-  auto cache = m->text.make_cache(64, 16);
+  auto cache = *m->decoder().allocate_cache(64, 16);
   std::vector<std::vector<int32_t>> tables(4);
   for (int s = 0; s < 4; ++s) ASSERT_TRUE(cache.reserve(tables[s], seqs[s].size()).is_ok());
   {
@@ -66,7 +66,7 @@ TEST(Forward, MixedBatchEqualsOneByOne) {
     for (int s = 0; s < 2; ++s)
       for (size_t i = 0; i + 1 < seqs[s].size(); ++i, ++t)
         for (int a = 0; a < 3; ++a) pre.positions[a * T + t] = static_cast<int32_t>(i);
-    ASSERT_TRUE(m->text.forward(pre, cache).ok());
+    ASSERT_TRUE(m->decoder().forward(pre, cache).ok());
   }
   model::ForwardBatch b;
   std::vector<std::pair<int64_t, int64_t>> spans;  // (start, length) per sequence
@@ -82,7 +82,7 @@ TEST(Forward, MixedBatchEqualsOneByOne) {
   for (int s = 0; s < 4; ++s)
     for (int64_t i = 0; i < spans[s].second; ++i, ++t)
       for (int a = 0; a < 3; ++a) b.positions[a * T + t] = static_cast<int32_t>(spans[s].first + i);
-  auto l = m->text.forward(b, cache);
+  auto l = m->decoder().forward(b, cache);
   ASSERT_TRUE(l.ok()) << l.status().to_string();
   const int64_t V = l->dim(1);
   for (int s = 0; s < 4; ++s) {

@@ -251,7 +251,7 @@ TEST(LogitsProcessing, EngineFollowsTheFormulaOnTheModelsLogits) {
   for (size_t i = 0; i < out->token_ids.size(); ++i) {
     SCOPED_TRACE("token " + std::to_string(i));
     const int64_t n = static_cast<int64_t>(seq.size());
-    auto cache = m->text.make_cache(64, 16);
+    auto cache = *m->decoder().allocate_cache(64, 16);
     std::vector<int32_t> table;
     ASSERT_TRUE(cache.reserve(table, n).is_ok());
     model::ForwardBatch b;
@@ -259,7 +259,7 @@ TEST(LogitsProcessing, EngineFollowsTheFormulaOnTheModelsLogits) {
     for (int a = 0; a < 3; ++a)
       for (int64_t k = 0; k < n; ++k) b.positions.push_back(static_cast<int32_t>(k));
     b.seqs.push_back({&table, 0, n, false, true});
-    auto l = m->text.forward(b, cache);
+    auto l = m->decoder().forward(b, cache);
     ASSERT_TRUE(l.ok());
     const std::vector<float> raw(l->data<float>(), l->data<float>() + V);
     std::vector<float> want(V);
