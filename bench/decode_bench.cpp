@@ -5,8 +5,8 @@
 //                      --sere-threshold 0] [--skew 1.0] [--layers N] [--steps 200] [--pdl 1] [--profile]
 //                      [--ablate 1,64] [--timeline 1,8] [--variant moe=2,gemm=1 ...]
 // --variant (repeatable) reruns everything with decode options set (sere: DecodeOption::kSereKernel, moe:
-// kMoeOccupancy, attn: kAttentionKernel, gemm: kGemmVariant, route: kRouteFused, experts: kMoeKernel, block:
-// kMoeBlock, l2: kL2Prefetch, carve: kMoeCarveout, combine: kMoeCombine, rows: kMoeDownRows); --ablate times the
+// kMoeOccupancy, attn: kAttentionKernel, gemm: kGemmVariant, route: kRouteFused, experts: kMoeKernel,
+// l2: kL2Prefetch, carve: kMoeCarveout, combine: kMoeCombine, rows: kMoeDownRows); --ablate times the
 // graph again with each operation left out (per-op cost inside the replayed graph, PDL overlap included); --timeline
 // (bench_decode_timeline only: the same program on the kernels built with step-timeline records) prints when each
 // kernel of one replayed step was released from its PDL wait (kernels.h); with ZEST_TIMELINE_RAW=PATH it also
@@ -192,7 +192,6 @@ bool apply_variant(const std::string& spec) {
     else if (name == "gemm") set_decode_option(DecodeOption::kGemmVariant, value);
     else if (name == "route") set_decode_option(DecodeOption::kRouteFused, value);
     else if (name == "experts") set_decode_option(DecodeOption::kMoeKernel, value);
-    else if (name == "block") set_decode_option(DecodeOption::kMoeBlock, value);
     else if (name == "l2") set_decode_option(DecodeOption::kL2Prefetch, value);
     else if (name == "carve") set_decode_option(DecodeOption::kMoeCarveout, value);
     else if (name == "combine") set_decode_option(DecodeOption::kMoeCombine, value);

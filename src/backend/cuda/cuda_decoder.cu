@@ -1077,8 +1077,7 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
   // Decode steps of one token (DecodeOption::kMoeDownRows): a MoE layer's experts leave x only (their down kernel
   // adds the slots by output rows) and the next layer's qkv GEMM normalises x itself, the first layer's too (no norm
   // after the embedding); the lm_head takes the final norm when one row is sampled (else it runs alone).
-  const bool rows = use_decode && T == 1 && E_ > 0 && decode_option(DecodeOption::kMoeBlock) == 0 &&
-                    moe_down_rows_on(1, K_, E_, H_, I_) && gemm_kv_norm_ok(1, QKV_, H_);
+  const bool rows = use_decode && T == 1 && E_ > 0 && moe_down_rows_on(1, K_, E_, H_, I_) && gemm_kv_norm_ok(1, QKV_, H_);
   if (!rows) ZEST_RETURN_IF_ERROR(rmsnorm(s.x, layers_[0].in_norm, s.xn, T, H_, eps_, st));
   bool x_only = rows;  // xn is stale: the next consumer normalises x
   for (int l = 0; l < L_; ++l) {
@@ -1127,14 +1126,6 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
                                              st));
     }
     ZEST_RETURN_IF_ERROR(gemm(s.attn, Ly.wo, s.o, T, H_, Hq_ * D_, st));
-    // The MoE half of a decode layer in one launch (DecodeOption::kMoeBlock, moe_block.h) when nothing re-routes and
-    // no DeepStack rows follow the layer: x, xn, ids, weights and the router logits as the chain below leaves them.
-    if (Ly.moe && decode_only && l >= nds && decode_option(DecodeOption::kMoeBlock) >= 1 &&
-        (!hooks || (!hooks->route && !hooks->moe_input && !hooks->reroute)) && moe_block_ok(T, H_, E_, K_, I_)) {
-      ZEST_RETURN_IF_ERROR(moe_block_decode(s.x, s.o, Ly.post_norm, Ly.router, nullptr, Ly.gate_up, Ly.down, next, s.xn,
-                                            s.ids, s.route_w, s.rl, nullptr, nullptr, 0, T, H_, E_, K_, I_, eps_, st));
-      continue;
-    }
     ZEST_RETURN_IF_ERROR(add_rmsnorm(s.x, s.o, Ly.post_norm, s.xn, T, H_, eps_, st));
     const bool ds = l < nds;
     if (Ly.moe) {

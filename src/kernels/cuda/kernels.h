@@ -120,11 +120,6 @@ enum class DecodeOption : int {
                     // 1 = rows_mma gate/up + down kernels; 2-15 = one persistent bulk-copy streaming kernel
                     // (moe_stream.h variants 0-13); 16-17 = moe_one.h variants 0-1 (up to 8 tokens, H and I
                     // multiples of 32; other sizes take the default by batch)
-  kMoeBlock,        // decode MoE half of a layer (T <= 8, MoE layer, nothing re-routes: no SERE, no host hooks): 0 (default)
-                    // = the chain add + RMSNorm, routing, experts, combine + RMSNorm; 1 = moe_block_decode (moe_block.h),
-                    // one cooperative launch with programmatic serialisation where the driver takes it, gate/up
-                    // weights bulk-copied into a shared-memory ring; 2 = as 1, never with programmatic serialisation;
-                    // 3 = as 1 with the gate/up weights through register loads
   kL2Prefetch,      // decode steps of at most 16 tokens, L2 prefetches for the kernel that follows: 0 (default) = for
                     // steps of at most 2 tokens (measured faster at batch 1 and 2) 1's KV prefetch, and the other
                     // small-M GEMMs' weight tiles (the o GEMM's) copied evict-first as well; none above; 1 = the qkv
@@ -540,5 +535,3 @@ Status fill_random_bf16(bf16* p, size_t n, uint64_t seed, float lo, float hi, cu
 
 }  // namespace zest::cuda
 
-// The MoE half of a decode layer in one launch (moe_block_decode, moe_block_ok).
-#include "kernels/cuda/moe_block.h"

@@ -8,7 +8,6 @@
 #include <random>
 
 #include "kernels/cuda/common.cuh"
-#include "kernels/cuda/moe_block.h"
 
 namespace zest::cuda {
 
@@ -217,10 +216,6 @@ Status SyntheticDecoder::init(const SyntheticConfig& cfg, const SyntheticOptions
   if (moe) {
     ZEST_RETURN_IF_ERROR(dev(moe_plan_bytes(opt.max_batch, cfg.top_k, cfg.experts), &plan_buf_));
     moe_plan_bind(plan_, plan_buf_, opt.max_batch, cfg.top_k, cfg.experts);
-    // moe_block_decode's workspace (steps of at most 8 tokens), zeroed once.
-    block_ws_bytes_ = moe_block_workspace_bytes(8, cfg.experts, cfg.top_k, cfg.expert_inter);
-    ZEST_RETURN_IF_ERROR(dev(block_ws_bytes_, &block_ws_));
-    ZEST_CU(cudaMemsetAsync(block_ws_, 0, block_ws_bytes_, stream_), "memset");
   }
   ZEST_RETURN_IF_ERROR(dev(4, &combine_done_));
   ZEST_CU(cudaMemsetAsync(combine_done_, 0, 4, stream_), "memset");
@@ -289,8 +284,7 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
   ZEST_OP("embedding", embedding(ids_, embed_, x_, batch, H, c.vocab, s));
   // One token (DecodeOption::kMoeDownRows): the experts' down kernel adds the slots to x by output rows and every
   // qkv GEMM, the first one included, normalises x itself (the final norm runs before the lm_head).
-  const bool rows = moe && batch == 1 && decode_option(DecodeOption::kMoeBlock) == 0 &&
-                    moe_down_rows_on(1, c.top_k, c.experts, H, c.expert_inter) && gemm_kv_norm_ok(1, QKV, H);
+  const bool rows = moe && batch == 1 && moe_down_rows_on(1, c.top_k, c.experts, H, c.expert_inter) && gemm_kv_norm_ok(1, QKV, H);
   if (!rows) ZEST_OP("rmsnorm", rmsnorm(x_, layers_[0].in_norm, xn_, batch, H, kEps, s));
   for (int l = 0; l < c.layers; ++l) {
     const Layer& L = layers_[l];
@@ -324,15 +318,6 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
               decode_attention(ap, qkv_, QKV, L.k_cache, L.v_cache, block_table_, ctx_lens_, attn_, ws, s));
     }
     ZEST_OP("o gemm", gemm(attn_, L.wo, o_, batch, H, c.q_heads * D, s));
-    // The MoE half of the layer in one launch (DecodeOption::kMoeBlock; nothing re-routes without SERE).
-    if (moe && !sere && block_ws_ && decode_option(DecodeOption::kMoeBlock) >= 1 &&
-        moe_block_ok(batch, H, c.experts, c.top_k, c.expert_inter)) {
-      ZEST_OP("moe block", moe_block_decode(x_, o_, L.post_norm, L.router, opt_.skew > 0.f ? L.router_bias : nullptr,
-                                            L.gate_up, L.down, next_norm, xn_, route_ids_, route_w_, nullptr,
-                                            expert_counts_ + l, block_ws_, block_ws_bytes_, batch, H, c.experts,
-                                            c.top_k, c.expert_inter, kEps, s));
-      continue;
-    }
     ZEST_OP("add + rmsnorm", add_rmsnorm(x_, o_, L.post_norm, xn_, batch, H, kEps, s));
     if (moe) {
       const int E = c.experts, K = c.top_k, I = c.expert_inter;
@@ -428,7 +413,6 @@ std::vector<std::string> SyntheticDecoder::op_labels(bool sere) const {
                                   "router gemm", "router top-k"};
   if (decode_option(DecodeOption::kAttentionKernel) >= 2) ops.push_back("decode attention (fused)");
   if (decode_option(DecodeOption::kRouteFused) >= 1) ops.push_back("router (fused)");
-  if (decode_option(DecodeOption::kMoeBlock) >= 1 && !sere) ops.push_back("moe block");
   if (sere) ops.push_back("sere");
   for (const char* o : {"moe plan", "moe experts + combine + rmsnorm", "lm_head gemm"}) ops.push_back(o);
   return ops;

@@ -105,8 +105,6 @@ class SyntheticDecoder {
   void* plan_buf_ = nullptr;
   MoePlan plan_;
   int64_t* expert_counts_ = nullptr;
-  void* block_ws_ = nullptr;  // moe_block_decode workspace
-  size_t block_ws_bytes_ = 0;
   int blocks_per_seq_ = 0;
   std::map<std::pair<int, bool>, cudaGraphExec_t> graphs_;
   bool profile_ = false, profile_sampling_ = false;
