@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${BUILD:-build-gpu}
 export PATH=/usr/local/cuda/bin:$PATH
-cmake -S . -B "$B" -DZEST_CUDA=ON -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake -S . -B "$B" -DZEST_CUDA=ON -DCMAKE_BUILD_TYPE=Release -DZEST_TIMELINE="$([ -n "${TIMELINE:-}" ] && echo ON || echo OFF)" >/dev/null
 cmake --build "$B" -j"$(nproc)" --target test_cuda zest
 rm -rf .gpu/pkg && mkdir -p .gpu/pkg/lib
 cp "$B/tests/test_cuda" "$B/zest" .gpu/pkg/

@@ -31,7 +31,10 @@ set(_folders core io text grammar kernels/cpu kernels kernels/cuda accel model v
 if(CUDA)
   set(_cuda_kernels kernels/cuda)
   set(_cuda_backend backend/cuda)
-  set(_libs zest_kernels_cuda zest_kernels_cuda_timeline)
+  set(_libs zest_kernels_cuda)
+  if(DEFINED _includes_zest_kernels_cuda_timeline)  # built with ZEST_TIMELINE only
+    list(APPEND _libs zest_kernels_cuda_timeline)
+  endif()
 else()
   set(_cuda_kernels)
   set(_cuda_backend)
