@@ -140,6 +140,8 @@ void add_engine_args(CLI::App* app, engine::EngineOptions& o) {
       ->capture_default_str();
   app->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", o.prefix_caching,
                 "automatic prefix caching: full KV blocks shared by requests with the same prefix (default on)");
+  app->add_flag("!--host-sampling", o.device_sampling,
+                "host logits and host sampling whatever the device (A/B against the device's sampling summaries)");
 }
 
 namespace {

@@ -364,11 +364,6 @@ Status Engine::run(const StepPlan& plan) {
     if (plan.chunks[ci].sample) rows[ci] = seqs[ci]->sampler.plan(V);
     else rows[ci].mode = model::SampleMode::kNone;
   }
-  // ZEST_DEVICE_SAMPLING=0: host logits and host summaries whatever the backend (for A/B measurements).
-  static const bool device_sampling = [] {
-    const char* e = std::getenv("ZEST_DEVICE_SAMPLING");
-    return !(e && std::string(e) == "0");
-  }();
   const model::TextDecoder& dec = model_->decoder();
   // Chunks of prompts whose log-probabilities are asked for return every row's logits (host summaries then).
   bool prompt_rows = false;
@@ -391,7 +386,7 @@ Status Engine::run(const StepPlan& plan) {
       r += n;
     }
   } else {
-    ZEST_ASSIGN_OR_RETURN(picked, device_sampling ? dec.forward_sample(b, cache_, hooks, rows)
+    ZEST_ASSIGN_OR_RETURN(picked, opts_.device_sampling ? dec.forward_sample(b, cache_, hooks, rows)
                                                   : dec.model::TextDecoder::forward_sample(b, cache_, hooks, rows));
   }
   forward_ms_ = now_ms() - t_fwd;

@@ -27,6 +27,9 @@ struct EngineOptions {
   // Automatic prefix caching: full KV blocks are registered under a chained hash of their tokens (ids, M-RoPE
   // positions, the keys of their visual rows) and shared by later requests with the same prefix.
   bool prefix_caching = true;
+  // Sampling summaries from the decoder's forward_sample (computed on the device by a device backend); false: host
+  // logits summarised on the host whatever the backend (the form before device sampling, for A/B measurements).
+  bool device_sampling = true;
   // Builds the MoE hooks for one step (null = none); `decode_only` says the step has no prefill.
   std::function<const model::MoeHooks*(bool decode_only)> moe_hooks;
 };
