@@ -46,7 +46,7 @@ TEST(SereProtect, ProtectedExpertsStayOtherTokensUnchanged) {
     const Case c = random_case(rng);
     for (float rho : {0.0f, 0.3f, 0.6f}) {
       for (int64_t S : {1, 2}) {
-        const SereParams plain{S, rho};
+        const SereParams plain{S, rho, {}};
         std::vector<int32_t> ids0 = c.ids, ids1 = c.ids;
         std::vector<float> w0 = c.w, w1 = c.w;
         ASSERT_TRUE(sere_reroute(ids0, w0, c.n, c.k, {}, c.sim, c.e, plain.primary, plain.threshold).ok());

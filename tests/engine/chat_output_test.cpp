@@ -148,7 +148,7 @@ TEST(ChatOutput, ParallelCallsAndTheWhitespaceBetween) {
 }
 
 TEST(ChatOutput, MalformedCallsStayContent) {
-  for (const std::string t : {
+  for (const std::string& t : {
            std::string("<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": }\n</tool_call>"),
            std::string("<tool_call>{\"name\": \"f\", \"arguments\": \"{}\"}</tool_call>"),   // arguments not an object
            std::string("<tool_call>{\"arguments\": {}}</tool_call>"),                         // no name
@@ -222,8 +222,11 @@ TEST(ChatOutput, StreamingAtEveryByteBoundaryAddsUpToTheWhole) {
       std::vector<ChatDelta> pieces;
       expect_same(streamed(bytes, o, &pieces), whole, t + " byte by byte");
       // No piece carries a part of a tag that was recognised.
-      for (const ChatDelta& d : pieces)
-        if (d.kind == ChatDelta::kReasoning) EXPECT_EQ(d.text.find("</think"), std::string::npos) << t;
+      for (const ChatDelta& d : pieces) {
+        if (d.kind == ChatDelta::kReasoning) {
+          EXPECT_EQ(d.text.find("</think"), std::string::npos) << t;
+        }
+      }
     }
 }
 

@@ -1,6 +1,7 @@
 // Helpers shared by the engine tests: the tiny qwen3_moe fixture and one-message prompts.
 #pragma once
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -34,7 +35,7 @@ inline engine::Prompt text_prompt(const engine::ModelBundle& m, const std::strin
 }
 
 // A SERE similarity file of the tiny fixture calibrated on 256 tokens of the bundled corpus, made once per
-// process.
+// process, under a name of its own (ctest runs the tests of one binary in parallel processes).
 inline std::string tiny_similarity_file() {
   static std::string file = [] {
     engine::CalibrationOptions co;
@@ -43,7 +44,7 @@ inline std::string tiny_similarity_file() {
     std::sort(co.text_files.begin(), co.text_files.end());
     co.max_tokens = 256;
     co.progress = false;
-    co.out_file = ::testing::TempDir() + "/sere_engine_test.safetensors";
+    co.out_file = ::testing::TempDir() + "/sere_engine_test-" + std::to_string(::getpid()) + ".safetensors";
     auto r = engine::calibrate_sere(*tiny(), co);
     EXPECT_TRUE(r.ok()) << r.status().to_string();
     return co.out_file;
