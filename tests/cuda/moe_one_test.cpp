@@ -1,4 +1,4 @@
-// The one-token decode experts (moe_experts_one, DecodeOption::kMoeKernel 16-17) against a plain host loop on fresh
+// The one-token decode experts (moe_experts_one, DecodeOption::kMoeKernel 4-5) against a plain host loop on fresh
 // random inputs: every written slot within tolerance of the reference, slots with id -1 never written, every variant
 // bit-identical to the rows_mma kernels and to itself on a second launch, through moe_experts_decode, under CUDA graph
 // replay with programmatic launches while the routing changes between replays (variant 1's down kernel reads the plan
@@ -16,11 +16,13 @@
 #include "cuda/cuda_test_util.h"
 #include "cuda/moe_decode_case.h"
 #include "kernels/cuda/moe_one.h"
+#include "kernels/cuda/moe_stream.h"
 
 namespace zest::cuda::test {
 namespace {
 
 constexpr double kTol = 2e-2;  // max abs err <= 2e-2 * max |ref| (bf16 h and outputs, fp32 sums in another order)
+constexpr int kOneKernel = 2 + kStreamVariants;  // DecodeOption::kMoeKernel of moe_one variant 0 (rows_mma is 1)
 
 using OneCase = MoeCase;
 
@@ -125,7 +127,7 @@ std::string case_name(const OneCase& c) {
 }
 
 // rows_mma (kMoeKernel 1) first: its bits must match the host reference; then every variant twice, with and without
-// programmatic launches, and once through moe_experts_decode (kMoeKernel 16): each bit for bit equal to rows_mma.
+// programmatic launches, and once through moe_experts_decode (kMoeKernel 4): each bit for bit equal to rows_mma.
 void run_case(const OneCase& c, std::mt19937& rng) {
   SCOPED_TRACE(case_name(c));
   ASSERT_TRUE(moe_one_ok(c.N, c.K, c.E, c.H, c.I));
@@ -149,9 +151,9 @@ void run_case(const OneCase& c, std::mt19937& rng) {
       EXPECT_TRUE(s->bits() == want) << "differs from rows_mma";
     }
   s->out.poison();
-  ZEST_ASSERT_OK(s->run_decode(16, nullptr));
+  ZEST_ASSERT_OK(s->run_decode(kOneKernel, nullptr));
   sync_ok();
-  EXPECT_TRUE(s->bits() == want) << "moe_experts_decode (kMoeKernel 16) differs from rows_mma";
+  EXPECT_TRUE(s->bits() == want) << "moe_experts_decode (kMoeKernel 4) differs from rows_mma";
 }
 
 // Model widths (H 2048, I 768, K 8) with E = 12 experts (8 active at one token as in the model; fewer experts keep the
@@ -351,10 +353,10 @@ TEST(CudaMoeOne, FoldedCombineMatchesTheSeparateLaunch) {
         }
       // Replays of one graph (plan + folded experts), x restored before each.
       expect_replays_equal(*s, cmb, 3, reset, result, want);
-      // Through moe_experts_decode_combine (kMoeKernel 17 = moe_one variant 1), folded and separate.
+      // Through moe_experts_decode_combine (kMoeKernel 5 = moe_one variant 1), folded and separate.
       for (int fold : {1, 0}) {
         SCOPED_TRACE(testing::Message() << "kMoeCombine " << fold);
-        set_decode_option(DecodeOption::kMoeKernel, 17);
+        set_decode_option(DecodeOption::kMoeKernel, kOneKernel + 1);
         set_decode_option(DecodeOption::kMoeCombine, fold);
         reset();
         const Status ds = moe_experts_decode_combine(s->x->get(), s->plan, s->w.get(), s->gu->get(), s->dn->get(),
@@ -379,7 +381,7 @@ TEST(CudaMoeOne, FoldedCombineMatchesTheSeparateLaunch) {
         }
         // Through moe_experts_decode_combine, also with the weight loads marked evict-first (kMoeEvictFirst 1).
         for (int ef : {0, 1}) {
-          set_decode_option(DecodeOption::kMoeKernel, 17);
+          set_decode_option(DecodeOption::kMoeKernel, kOneKernel + 1);
           set_decode_option(DecodeOption::kMoeDownRows, 1);
           set_decode_option(DecodeOption::kMoeEvictFirst, ef);
           EXPECT_TRUE(moe_down_rows_on(c.N, c.K, c.E, c.H, c.I));

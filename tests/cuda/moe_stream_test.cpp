@@ -1,4 +1,4 @@
-// The streaming decode-experts kernel (moe_experts_stream, DecodeOption::kMoeKernel 2-9) against a plain host loop
+// The streaming decode-experts kernel (moe_experts_stream, DecodeOption::kMoeKernel 2-3) against a plain host loop
 // on fresh random inputs: every written slot vs the reference, slots with id -1 never written, all its variants
 // bit-identical, a second launch on the same plan (counters reset) identical to the first, a launch on a spent plan
 // (counters not reset) doing nothing and ending, launches
@@ -211,7 +211,7 @@ TEST(CudaMoeStream, OneExpertTakesEveryToken) {
 TEST(CudaMoeStream, OddWidthsMultipleOf64) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(55);
-  // H = 320: a 64-wide last chunk (256 + 64; one 320 chunk of the 512 variant); I = 192 and I = 64 (one k step pair).
+  // H = 320: a 64-wide last chunk (256 + 64); I = 192 and I = 64 (one k step pair).
   run_stream_case({5, 4, 16, 320, 192, 0, -1, 1}, rng);
   run_stream_case({3, 2, 6, 64, 64, 0, -1, 0}, rng);
   run_stream_case({9, 3, 12, 576, 832, 0, -1, 2}, rng);

@@ -116,9 +116,9 @@ enum class DecodeOption : int {
                     // bit); 5 / 6 = as 4 in clusters of at most 8 / 4 CTAs; 10 (default) = as 4 with the plan
                     // entries that do not depend on the routing written early (off the top-k warp's chain); 0 =
                     // router GEMM, router_topk and moe_plan as separate launches
-  kMoeKernel,       // decode experts: 0 (default) = by batch (see moe.cu: 17 for one token, else streaming);
-                    // 1 = rows_mma gate/up + down kernels; 2-15 = one persistent bulk-copy streaming kernel
-                    // (moe_stream.h variants 0-13); 16-17 = moe_one.h variants 0-1 (up to 8 tokens, H and I
+  kMoeKernel,       // decode experts: 0 (default) = by batch (see moe.cu: 5 for one token, else streaming);
+                    // 1 = rows_mma gate/up + down kernels; 2-3 = one persistent bulk-copy streaming kernel
+                    // (moe_stream.h variants 0-1); 4-5 = moe_one.h variants 0-1 (up to 8 tokens, H and I
                     // multiples of 32; other sizes take the default by batch)
   kL2Prefetch,      // decode steps of at most 16 tokens, L2 prefetches for the kernel that follows: 0 (default) = for
                     // steps of at most 2 tokens (measured faster at batch 1 and 2) 1's KV prefetch, and the other

@@ -11,17 +11,19 @@ namespace {
 constexpr int kMaxExperts = 1024;
 constexpr int kPlanStage = 4096;  // slot ids staged in shared memory by moe_plan_kernel (16 KiB)
 constexpr int kPlanSlotE = 256;   // slot-per-thread path: at most blockDim slots and this many experts
-// DecodeOption::kMoeKernel when left at 0: 1 = rows_mma gate/up + down kernels, 2-15 = moe_experts_stream variants
-// 0-13. By batch: rows_mma for one token; streaming variant 11 (tensor boxes, two m16 tiles per stage, items claimed
-// ahead, epilogue warp) up to 8 tokens, variant 12 (as 11 with four m16 tiles, two stages) above. Measured on H200
+// DecodeOption::kMoeKernel when left at 0: 1 = rows_mma gate/up + down kernels, 2-3 = moe_experts_stream variants
+// 0-1, 4-5 = moe_one variants 0-1. By batch: streaming variant 0 (tensor boxes, two m16 tiles per stage, items
+// claimed ahead, epilogue warp; variant 11 when there were fourteen) up to 8 tokens, variant 1 (as 0 with four m16
+// tiles, two stages; was 12) above. Measured on H200
 // (Qwen3-30B-A3B shapes, 48 layers, context 1024, TPOT in one run at 6ca2520): batch 8 / 32 / 64 rows_mma 9.456 /
 // 18.097 / 21.365 ms, variants 2 + 7 (the previous streaming pair) 8.762 / 16.830 / 19.603, variant 11 8.477 / 16.365
 // / 19.037, variant 12 8.534 / 16.062 / 18.653. The streaming kernel claims its items in order, so it completes
-// whatever share of the GPU it gets (two decoders on two streams at once). One token: moe_one variant 1 (17; rows_mma's
+// whatever share of the GPU it gets (two decoders on two streams at once). One token: moe_one variant 1 (kMoeKernel 5; rows_mma's
 // two kernels with the first gate/up item's plan entries loaded beside the active count, one-barrier epilogues and
 // the down CTAs' first weights loaded before their wait; the same bits): batch-1 TPOT 2.742 ms against 2.853 with
 // rows_mma, SERE S=2 2.306 against 2.445 (H200, d84b9e8, where it ran as 33).
-int default_moe_kernel(int N) { return N <= 1 ? 17 : N <= 8 ? 13 : 14; }
+constexpr int kOneBase = 2 + kStreamVariants;  // kMoeKernel of moe_one variant 0
+int default_moe_kernel(int N) { return N <= 1 ? kOneBase + 1 : N <= 8 ? 2 : 3; }
 
 // ---- plan ------------------------------------------------------------------------------------------------
 
@@ -308,8 +310,8 @@ Status moe_experts_decode(const bf16* x, const MoePlan& plan, const float* weigh
   ZEST_RETURN_IF_ERROR(check_moe("moe_experts_decode", N, K, E, H, I));
   int kernel = decode_option(DecodeOption::kMoeKernel);
   if (kernel == 0) kernel = default_moe_kernel(N);
-  // 16 + v: moe_one.h variant v; sizes it does not take go to the default by batch (rows_mma where that is moe_one).
-  constexpr int kOneBase = 2 + kStreamVariants;
+  // kOneBase + v: moe_one.h variant v; sizes it does not take go to the default by batch (rows_mma where that is
+  // moe_one).
   if (kernel >= kOneBase && kernel < kOneBase + kOneVariants) {
     if (moe_one_ok(N, K, E, H, I))
       return moe_experts_one(x, plan, weights, gate_up, down, h, slot_out, N, K, E, H, I, kernel - kOneBase, stream);
@@ -347,7 +349,6 @@ bool moe_down_rows_on(int N, int K, int E, int H, int I) {
   if (decode_option(DecodeOption::kMoeDownRows) < 1) return false;
   int kernel = decode_option(DecodeOption::kMoeKernel);
   if (kernel == 0) kernel = default_moe_kernel(N);
-  constexpr int kOneBase = 2 + kStreamVariants;
   return kernel >= kOneBase && kernel < kOneBase + kOneVariants && moe_one_ok(N, K, E, H, I) &&
          moe_one_rows_ok(N, K, E, H, I);
 }
@@ -359,7 +360,6 @@ Status moe_experts_decode_combine(const bf16* x, const MoePlan& plan, const floa
   ZEST_RETURN_IF_ERROR(check_moe("moe_experts_decode_combine", N, K, E, H, I));
   int kernel = decode_option(DecodeOption::kMoeKernel);
   if (kernel == 0) kernel = default_moe_kernel(N);
-  constexpr int kOneBase = 2 + kStreamVariants;
   // One token, x only (the caller normalises later): the down kernel by output rows adds the slots itself.
   if (!cw && !cy && moe_down_rows_on(N, K, E, H, I)) {
     OneCombine c;

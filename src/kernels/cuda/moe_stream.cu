@@ -662,22 +662,8 @@ Status moe_experts_stream(const bf16* x, const MoePlan& plan, const float* weigh
   args.I = I;
   args.NK = N * K;
   const int max_active = std::min(E, N * K);
-  switch (variant) {
-    case 1: return launch_stream<256, 3, 16, 2, 1, 2, true, false>(args, max_active, stream);
-    case 2: return launch_stream<256, 3, 16, 2, 1, 2, true>(args, max_active, stream);
-    case 3: return launch_stream<256, 4, 16, 1, 1, 3, true>(args, max_active, stream);
-    case 4: return launch_stream<256, 2, 16, 1, 1, 4>(args, max_active, stream);
-    case 5: return launch_stream<256, 8, 16, 2, 2, 1, true>(args, max_active, stream);
-    case 6: return launch_stream<512, 3, 16, 1, 2, 2>(args, max_active, stream);
-    case 7: return launch_stream<256, 3, 16, 2, 4, 2>(args, max_active, stream);
-    case 8: return launch_stream<256, 3, 16, 2, 4, 2, false, true, true>(args, max_active, stream);
-    case 9: return launch_stream<256, 3, 16, 2, 4, 2, false, true, false, true>(args, max_active, stream);
-    case 10: return launch_stream<256, 3, 16, 2, 4, 2, false, true, true, true>(args, max_active, stream);
-    case 11: return launch_stream<256, 3, 16, 2, 1, 2, true, true, true, true>(args, max_active, stream);
-    case 12: return launch_stream<256, 2, 16, 4, 1, 2, true, true, true, true>(args, max_active, stream);
-    case 13: return launch_stream<128, 3, 16, 4, 4, 2, false, true, true, true>(args, max_active, stream);
-    default: return launch_stream<512, 3, 16, 1, 4, 2>(args, max_active, stream);
-  }
+  if (variant == 0) return launch_stream<256, 3, 16, 2, 1, 2, true, true, true, true>(args, max_active, stream);
+  return launch_stream<256, 2, 16, 4, 1, 2, true, true, true, true>(args, max_active, stream);
 }
 
 }  // namespace zest::cuda

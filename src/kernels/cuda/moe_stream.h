@@ -13,17 +13,14 @@ namespace zest::cuda {
 
 // Shapes the streaming kernel takes: H and I positive multiples of 64.
 bool moe_stream_ok(int H, int I);
-constexpr int kStreamVariants = 14;
+constexpr int kStreamVariants = 2;
 
-// Variants (k chunk, stages, tokens per pass, m16 weight tiles per stage, producer warps, CTAs per SM; B = weight rows
-// and down's h rows as 2-D tensor boxes, one copy per 8-64 rows): 0 = 512, 3, 16, 1, 4, 2; 1 = as 2, weights read
-// at normal instead of evict-first L2 priority; 2 = B 256, 3, 16, 2, 1, 2; 3 = B 256, 4, 16, 1, 1, 3;
-// 4 = 256, 2, 16, 1, 1, 4; 5 = B 256, 8, 16, 2, 2, 1; 6 = 512, 3, 16, 1, 2, 2; 7 = 256, 3, 16, 2, 4, 2.
-// A = items claimed two ahead, their expert and token range loaded while the item before streams; W = a dedicated
-// epilogue warp (double-buffered partial sums: the consumer warps never wait for a pass's outputs or the h publish):
-// 8 = 7 + A; 9 = 7 + W; 10 = 7 + A + W; 11 = 2 + A + W; 12 = B 256, 2, 16, 4, 1, 2 + A + W; 13 = 128, 3, 16, 4, 4, 2
-// + A + W. All give bit-identical results (each output row and token column is summed the same way in every
-// variant). The plan must be bound for (N, K, E) (moe_plan_bind) and built; its counters (MoePlan::ready) belong to
+// Variants (k chunk, stages, tokens per pass, m16 weight tiles per stage, producer warps, CTAs per SM), both with
+// weight rows and down's h rows as 2-D tensor boxes (one copy per 8-64 rows), items claimed two ahead (their expert
+// and token range loaded while the item before streams) and a dedicated epilogue warp (double-buffered partial sums:
+// the consumer warps never wait for a pass's outputs or the h publish): 0 = 256, 3, 16, 2, 1, 2 (the default up to
+// 8 tokens); 1 = 256, 2, 16, 4, 1, 2 (above). Both give bit-identical results (each output row and token column is
+// summed the same way). The twelve other forms measured slower were deleted (git history; docs/perf-history.md). The plan must be bound for (N, K, E) (moe_plan_bind) and built; its counters (MoePlan::ready) belong to
 // this launch, so launches on one plan must not overlap in time (launches on different plans may). CTAs claim items
 // in order, so the launch completes even when only some of its CTAs fit beside other kernels. Unsupported shapes give
 // an error Status.
