@@ -317,6 +317,13 @@ def run_checks(srv: ZestServer, model_dir: str, source_dir: pathlib.Path, zest: 
     lp = c1.choices[0].logprobs
     check(len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == 5, lp)
     check(all(max(t.values()) >= v for t, v in zip(lp.top_logprobs, lp.token_logprobs)), lp)
+    # prompt_logprobs (vLLM's extension, through extra_body): one entry per prompt token, null first, each holding
+    # the prompt token's log-probability under its id.
+    pl = client.completions.create(model=name, prompt=ids, max_tokens=1, temperature=0,
+                                   extra_body={"prompt_logprobs": 1})
+    entries = (pl.choices[0].model_extra or {}).get("prompt_logprobs")
+    check(isinstance(entries, list) and len(entries) == len(ids) and entries[0] is None, entries)
+    check(all(str(t) in e and e[str(t)]["logprob"] <= 0 for t, e in zip(ids[1:], entries[1:])), entries)
     c2 = client.completions.create(model=name, prompt=ids, max_tokens=5, temperature=0,
                                    extra_body={"ignore_eos": True})
     check(c2.choices[0].text == c1.choices[0].text, (c1.choices[0].text, c2.choices[0].text))
