@@ -7,7 +7,7 @@ given model, and checks a plain completion, streaming (the streamed text equals 
 text of the same greedy request), stream_options.include_usage, logprobs (equal to the log-softmax of
 `zest logits --all-positions` over prompt + completion, within LOGPROB_TOL; streamed the same), n = 3 (choice i is
 the single request with seed + i), text completions (string, token-id and list prompts, legacy logprobs,
-streaming), /tokenize and /detokenize, /v1/models, an image as a data URL (VL models), structured output
+streaming, prompt_logprobs through extra_body), /tokenize and /detokenize, /v1/models, an image as a data URL (VL models), structured output
 (response_format json_schema / json_object, tool_choice "required" and a named function as tool_calls), and OpenAI
 errors (400, 404, best_of and an unsupported schema keyword refused by name) raised as the client's exception types.
 
