@@ -249,9 +249,11 @@ StepPlan Engine::schedule() {
     plan.chunks.push_back({s.req.id, s.computed, len, s.computed + len == static_cast<int64_t>(s.tokens.size())});
     budget -= len;
   }
-  // Admit waiting requests in arrival order while there is room.
-  while (!waiting_.empty() && budget > 0 && static_cast<int64_t>(running_.size()) < opts_.max_num_seqs) {
-    Seq& s = *waiting_.front();
+  // Admit waiting requests in arrival order while there is room; one that waits for a prefix block a running
+  // request is computing keeps its place and lets the ones behind it in (as vLLM skips requests not ready yet).
+  for (size_t w = 0;
+       w < waiting_.size() && budget > 0 && static_cast<int64_t>(running_.size()) < opts_.max_num_seqs;) {
+    Seq& s = *waiting_[w];
     if (opts_.prefix_caching && s.blocks.empty() && s.computed == 0 && s.req.sampling.prompt_logprobs < 0) {
       // Take the cached full blocks of the longest known prefix; the last token is always computed (its logits
       // are sampled), so a prompt made only of cached blocks recomputes its last block.
@@ -270,7 +272,8 @@ StepPlan Engine::schedule() {
         s.computed = 0;
         s.registered = 0;
         ++stats_.prefix_waits;
-        break;
+        ++w;
+        continue;
       }
     }
     const int64_t len = std::min({s.remaining(), budget, chunk_limit(s)});
@@ -289,8 +292,8 @@ StepPlan Engine::schedule() {
     if (s.out.first_scheduled_ms == 0) s.out.first_scheduled_ms = now_ms();
     plan.chunks.push_back({s.req.id, s.computed, len, s.computed + len == static_cast<int64_t>(s.tokens.size())});
     budget -= len;
-    running_.push_back(std::move(waiting_.front()));
-    waiting_.pop_front();
+    running_.push_back(std::move(waiting_[w]));
+    waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(w));
   }
   return plan;
 }

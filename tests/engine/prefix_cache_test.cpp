@@ -194,7 +194,7 @@ TEST(PrefixCache, SharedPrefixIsCachedAndOutputsAreBitIdentical) {
 
 // Requests with one prompt added together (the n choices of a request): the first computes the prompt's blocks,
 // the others wait a step for them and take them from the cache, with the same tokens and log-probabilities as
-// requests run alone.
+// requests run alone; a request behind them with another prompt is admitted meanwhile.
 TEST(PrefixCache, RequestsAddedTogetherComputeTheSharedPromptOnce) {
   ASSERT_TRUE(tiny());
   std::mt19937 rng(12);
@@ -207,17 +207,23 @@ TEST(PrefixCache, RequestsAddedTogetherComputeTheSharedPromptOnce) {
   std::map<int64_t, Outcome> got;
   for (int64_t i = 0; i < 3; ++i)
     ASSERT_TRUE(eng.add(greedy_request(i, engine::token_prompt(prompt), 6, got)).is_ok());
+  // A request with another prompt, added after them, is not held up by their wait.
+  const auto other = random_ids(rng, 20);
+  ASSERT_TRUE(eng.add(greedy_request(3, engine::token_prompt(other), 6, got)).is_ok());
+  ASSERT_TRUE(eng.step().is_ok());
+  EXPECT_EQ(eng.stats().running, 2);  // requests 0 and 3
+  EXPECT_EQ(eng.stats().waiting, 2);  // 1 and 2 wait for request 0's blocks
   while (eng.has_work()) {
     ASSERT_TRUE(eng.step().is_ok());
     ASSERT_TRUE(eng.check_blocks().is_ok()) << eng.check_blocks().to_string();
   }
-  ASSERT_EQ(got.size(), 3u);
+  ASSERT_EQ(got.size(), 4u);
   for (int64_t i = 0; i < 3; ++i) expect_same(got.at(i), ref.at(0), "request " + std::to_string(i));
   EXPECT_EQ(got.at(0).cached, 0);
   EXPECT_EQ(got.at(1).cached, 64);
   EXPECT_EQ(got.at(2).cached, 64);
   const engine::EngineStats st = eng.stats();
-  EXPECT_EQ(st.tokens_computed, 3 * st_off.tokens_computed - 2 * 64);
+  EXPECT_EQ(st.tokens_computed, 3 * st_off.tokens_computed - 2 * 64 + 20 + 5);  // + request 3's prompt and 5 steps
   EXPECT_GE(st.prefix_waits, 1);
   EXPECT_EQ(st.kv_blocks_used, 0);
 }
