@@ -15,6 +15,7 @@
 
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "engine/structured_output.h"
 #include "grammar/json_schema.h"
 #include "grammar/matcher.h"
 #include "io/config.h"
@@ -119,13 +120,10 @@ int run_bench(const Args& a) {
   using clock = std::chrono::steady_clock;
   const int64_t V = cfg->text.vocab_size;
   auto t0 = clock::now();
-  std::vector<std::string> tokens(static_cast<size_t>(V));
-  for (int32_t i = 0; i < static_cast<int32_t>(std::min<int64_t>(V, tok->size())); ++i)
-    if (!tok->is_special(i)) tokens[i] = tok->token_bytes(i);
   std::vector<int32_t> ends;
   for (const char* e : {"<|im_end|>", "<|endoftext|>"})
     if (const int32_t id = tok->token_to_id(e); id >= 0) ends.push_back(id);
-  auto vocab = std::make_shared<const grammar::TokenVocab>(std::move(tokens), ends);
+  auto vocab = engine::tokenizer_vocab(*tok, V, ends);
   const double vocab_ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
 
   auto gr = grammar::json_schema_grammar(schema, "schema");

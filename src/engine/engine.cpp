@@ -5,7 +5,6 @@
 #include <cstdlib>
 #include <climits>
 #include <cstring>
-#include <numeric>
 #include <random>
 #include <string>
 
@@ -206,27 +205,18 @@ bool Engine::computing_block(uint64_t hash, int64_t index) const {
 // log-probability of prompt token p + 1 (log-softmax of the raw logits) and the most likely alternatives.
 void Engine::record_prompt_logprobs(Seq& s, int64_t start, int64_t n, const float* logits, int64_t V) {
   const int32_t k = s.req.sampling.prompt_logprobs;
-  std::vector<int32_t> order(static_cast<size_t>(V));
   for (int64_t i = 0; i < n && start + i + 1 < s.n_prompt; ++i) {
     const float* row = logits + i * V;
-    double mx = -INFINITY;
-    for (int64_t v = 0; v < V; ++v) mx = std::max<double>(mx, row[v]);
-    double sum = 0;
-    for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(row[v]) - mx);
-    const double lse = mx + std::log(sum);
+    model::SampleResult sum;  // the sampler's log-probability summary: log-sum-exp and the top k raw logits
+    model::logprob_summary(row, V, k, sum);
     TokenLogprob& out = s.out.prompt_logprobs[static_cast<size_t>(start + i)];
     out.token = s.tokens[static_cast<size_t>(start + i + 1)];
-    out.logprob = static_cast<float>(row[out.token] - lse);
+    out.logprob = static_cast<float>(row[out.token] - sum.lse);
     out.rank = 1;
     for (int64_t v = 0; v < V; ++v) out.rank += row[v] > row[out.token];
     out.top.clear();
-    if (k > 0) {
-      std::iota(order.begin(), order.end(), 0);
-      // Most likely first; equal logits by the lower id.
-      auto before = [row](int32_t a, int32_t b) { return row[a] > row[b] || (row[a] == row[b] && a < b); };
-      std::partial_sort(order.begin(), order.begin() + k, order.end(), before);
-      for (int32_t j = 0; j < k; ++j) out.top.emplace_back(order[j], static_cast<float>(row[order[j]] - lse));
-    }
+    for (size_t j = 0; j < sum.top_ids.size(); ++j)
+      out.top.emplace_back(sum.top_ids[j], static_cast<float>(sum.top_logits[j] - sum.lse));
   }
 }
 

@@ -122,13 +122,17 @@ Status parse_output_constraint(const Json& body, const nlohmann::ordered_json& t
 }
 
 std::shared_ptr<const grammar::TokenVocab> grammar_vocab(const ModelBundle& model) {
-  return model.grammars->vocab([&] {
-    const int64_t V = model.decoder().config().vocab_size;
-    std::vector<std::string> tokens(static_cast<size_t>(V));
-    for (int32_t i = 0; i < static_cast<int32_t>(V); ++i)
-      if (!model.tokenizer.is_special(i)) tokens[i] = model.tokenizer.token_bytes(i);
-    return std::make_shared<const grammar::TokenVocab>(std::move(tokens), model.eos_ids());
-  });
+  return model.grammars->vocab(
+      [&] { return tokenizer_vocab(model.tokenizer, model.decoder().config().vocab_size, model.eos_ids()); });
+}
+
+std::shared_ptr<const grammar::TokenVocab> tokenizer_vocab(const text::Tokenizer& tok, int64_t vocab_size,
+                                                           std::vector<int32_t> end_ids) {
+  std::vector<std::string> tokens(static_cast<size_t>(vocab_size));
+  const int32_t n = static_cast<int32_t>(std::min<int64_t>(vocab_size, tok.size()));
+  for (int32_t i = 0; i < n; ++i)
+    if (!tok.is_special(i)) tokens[i] = tok.token_bytes(i);
+  return std::make_shared<const grammar::TokenVocab>(std::move(tokens), std::move(end_ids));
 }
 
 Result<std::shared_ptr<grammar::CompiledGrammar>> output_grammar(const ModelBundle& model, const OutputConstraint& c,

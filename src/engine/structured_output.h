@@ -49,5 +49,9 @@ Result<std::shared_ptr<grammar::CompiledGrammar>> output_grammar(const ModelBund
 // The model's vocabulary for grammars: every id below the decoder's vocab_size with its bytes (special tokens none),
 // the EOS ids as end tokens.
 std::shared_ptr<const grammar::TokenVocab> grammar_vocab(const ModelBundle& model);
+// The same from a tokenizer alone: `vocab_size` ids (the decoder's, which may exceed the tokenizer's), special tokens
+// and ids without text never allowed, `end_ids` the tokens that end the output.
+std::shared_ptr<const grammar::TokenVocab> tokenizer_vocab(const text::Tokenizer& tok, int64_t vocab_size,
+                                                           std::vector<int32_t> end_ids);
 
 }  // namespace zest::engine
