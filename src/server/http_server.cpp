@@ -165,6 +165,12 @@ int HttpServer::count_client(const std::string& ip, int delta) {
   return after;
 }
 
+int HttpServer::connections_from(const std::string& ip) {
+  std::lock_guard<std::mutex> lock(clients_mu_);
+  auto it = clients_.find(ip);
+  return it == clients_.end() ? 0 : it->second;
+}
+
 bool HttpServer::process_and_close_socket(socket_t sock) {
   std::string ip;
   int port = 0;

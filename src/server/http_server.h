@@ -57,6 +57,8 @@ class HttpServer : public httplib::Server {
   // Re-listens the bound socket with `backlog` pending connections (the packaged library uses 5, so a
   // burst of connects overflows the accept queue); false when not bound.
   bool set_backlog(int backlog);
+  // Open connections from `ip` that a handler thread has taken up (0 when none).
+  int connections_from(const std::string& ip);
 
  private:
   bool process_and_close_socket(socket_t sock) override;

@@ -880,6 +880,7 @@ Result<std::unique_ptr<Server>> Server::start(std::shared_ptr<engine::ModelBundl
 }
 
 int Server::port() const { return impl_->port; }
+int Server::connections_from(const std::string& ip) const { return impl_->http->connections_from(ip); }
 
 const std::string& Server::model_name() const { return impl_->model_name; }
 

@@ -63,6 +63,8 @@ class Server {
 
   // The bound TCP port.
   int port() const;
+  // Open connections from the client address `ip` (as the per-address cap counts them).
+  int connections_from(const std::string& ip) const;
   // The name the server answers to in "model".
   const std::string& model_name() const;
   // Aborts every request (streams end with an error event, waiting non-streaming calls get 503), stops

@@ -283,50 +283,87 @@ TEST_F(HostileTest, StopStringHoldBackKeepsCharactersWhole) {
   }
 }
 
+// Waits until the server counts `n` connections from `ip` (handler threads take accepted sockets up in
+// their own time); false after 30 s.
+bool wait_connections(const Server& srv, const std::string& ip, int n) {
+  const double deadline = now_ms() + 30000;
+  while (srv.connections_from(ip) != n && now_ms() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  return srv.connections_from(ip) == n;
+}
+
 TEST_F(HostileTest, SlowClientsCannotStarveTheServer) {
   ServerOptions o;
-  o.http_threads = 12;
+  o.http_threads = 16;
   o.max_connections_per_client = 4;
-  // Read deadlines long enough that the stalled connections are still open while the probes below run on a loaded
-  // machine (at 1 s a local CI run once saw them dropped first, and the over-cap request served); they still close.
-  o.request_read_timeout_s = 4;
-  o.idle_read_timeout_s = 4;
+  // Read deadlines far beyond the test, so that the stalled connections are surely open while it probes
+  // (the deadlines themselves are the next test's).
+  o.request_read_timeout_s = 300;
+  o.idle_read_timeout_s = 300;
   start("qwen3_moe_tiny", o);
-  // From 127.0.0.2: the cap's worth of connections stalled in their headers, and one stalled in its body.
+  // From 127.0.0.2: the cap's worth of connections stalled in their headers or their body.
   std::vector<std::unique_ptr<RawConnection>> slow;
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < 4; ++i) {
     slow.push_back(std::make_unique<RawConnection>(srv_->port(), "127.0.0.2"));
     ASSERT_TRUE(slow.back()->ok());
-    ASSERT_TRUE(slow.back()->send("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"));
+    ASSERT_TRUE(slow.back()->send(i < 3 ? "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                                        : "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                                          "application/json\r\nContent-Length: 1000\r\n\r\n{\"messages\":"));
   }
-  auto body_staller = std::make_unique<RawConnection>(srv_->port(), "127.0.0.2");
-  ASSERT_TRUE(body_staller->send("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                                 "Content-Length: 1000\r\n\r\n{\"messages\":"));
-  // Over the cap, the same address gets the health endpoint and 429 for anything else; past the probe
-  // slots its connections are closed at once.
+  ASSERT_TRUE(wait_connections(*srv_, "127.0.0.2", 4)) << srv_->connections_from("127.0.0.2");
+  // Over the cap, the same address gets the health endpoint and 429 for anything else.
   RawConnection probe(srv_->port(), "127.0.0.2");
   std::string answer;
   ASSERT_TRUE(probe.send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n"));
-  EXPECT_TRUE(probe.read_until_closed(answer, 10));
+  EXPECT_TRUE(probe.read_until_closed(answer, 30));
   EXPECT_EQ(answer.rfind("HTTP/1.1 200", 0), 0u) << answer;
+  ASSERT_TRUE(wait_connections(*srv_, "127.0.0.2", 4));
   RawConnection refused(srv_->port(), "127.0.0.2");
   answer.clear();
   ASSERT_TRUE(refused.send(raw_post(chat_body("hi", 2).dump())));
-  EXPECT_TRUE(refused.read_until_closed(answer, 10));
+  EXPECT_TRUE(refused.read_until_closed(answer, 30));
   EXPECT_EQ(answer.rfind("HTTP/1.1 429", 0), 0u) << answer;
   EXPECT_NE(answer.find("--max-connections-per-client"), std::string::npos) << answer;
+  // Past the probe slots (4 more), connections from that address are answered 429 at once, whatever they ask.
+  std::vector<std::unique_ptr<RawConnection>> probes;
+  for (int i = 0; i < 4; ++i) {
+    probes.push_back(std::make_unique<RawConnection>(srv_->port(), "127.0.0.2"));
+    ASSERT_TRUE(probes.back()->send("GET /health HTTP/1.1\r\nHost: x\r\n"));
+  }
+  ASSERT_TRUE(wait_connections(*srv_, "127.0.0.2", 8));
+  RawConnection closed(srv_->port(), "127.0.0.2");
+  answer.clear();
+  ASSERT_TRUE(closed.send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n"));
+  EXPECT_TRUE(closed.read_until_closed(answer, 30));
+  EXPECT_EQ(answer.rfind("HTTP/1.1 429", 0), 0u) << answer;
   // Other addresses are served meanwhile.
   HttpReply health = get(*cli_, "/health");
   EXPECT_EQ(health.status, 200);
   HttpReply ok = post_json(*cli_, chat_body("Hello", 2).dump());
   EXPECT_EQ(ok.status, 200) << ok.body;
-  // The stalled ones are dropped at the read deadline; the body staller is told 408.
-  for (auto& c : slow) {
-    std::string rest;
-    EXPECT_TRUE(c->read_until_closed(rest, 30)) << "a stalled connection must be closed by the server";
-  }
+  // Clients that hang up free their slots.
+  slow.clear();
+  probes.clear();
+  EXPECT_TRUE(wait_connections(*srv_, "127.0.0.2", 0)) << srv_->connections_from("127.0.0.2");
+}
+
+// A request must arrive within the read deadlines: one stalled in its headers is dropped, one stalled in
+// its body is told 408, and the server answers others meanwhile.
+TEST_F(HostileTest, StalledRequestsAreDroppedAtTheReadDeadline) {
+  ServerOptions o;
+  o.request_read_timeout_s = 1;
+  o.idle_read_timeout_s = 1;
+  start("qwen3_moe_tiny", o);
+  RawConnection headers(srv_->port());
+  ASSERT_TRUE(headers.send("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"));
+  RawConnection body(srv_->port());
+  ASSERT_TRUE(body.send("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                        "Content-Length: 1000\r\n\r\n{\"messages\":"));
+  HttpReply ok = post_json(*cli_, chat_body("Hello", 2).dump());
+  EXPECT_EQ(ok.status, 200) << ok.body;
+  std::string answer;
+  EXPECT_TRUE(headers.read_until_closed(answer, 30)) << "a stalled connection must be closed by the server";
   answer.clear();
-  EXPECT_TRUE(body_staller->read_until_closed(answer, 30));
+  EXPECT_TRUE(body.read_until_closed(answer, 30));
   EXPECT_EQ(answer.rfind("HTTP/1.1 408", 0), 0u) << answer;
 }
 
