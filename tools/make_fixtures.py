@@ -33,6 +33,8 @@ from transformers import (
     AutoProcessor,
     AutoTokenizer,
     GenerationConfig,
+    Qwen3Config,
+    Qwen3ForCausalLM,
     Qwen3MoeConfig,
     Qwen3MoeForCausalLM,
     Qwen3VLConfig,
@@ -109,6 +111,14 @@ def build_config(name):
             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
         )
         cfg.architectures = ["Qwen3MoeForCausalLM"]
+    elif name == "qwen3_tiny":
+        cfg = Qwen3Config(
+            **TEXT_COMMON,
+            intermediate_size=40,
+            tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        )
+        cfg.architectures = ["Qwen3ForCausalLM"]
     elif name == "qwen3_vl_moe_tiny":
         text = dict(
             TEXT_COMMON,
@@ -140,9 +150,12 @@ MODEL_CLASSES = {
     "qwen3_moe_tiny": Qwen3MoeForCausalLM,
     "qwen3_vl_moe_tiny": Qwen3VLMoeForConditionalGeneration,
     "qwen3_vl_tiny": Qwen3VLForConditionalGeneration,
+    "qwen3_tiny": Qwen3ForCausalLM,
 }
-MODEL_SEEDS = {"qwen3_moe_tiny": 1001, "qwen3_vl_moe_tiny": 2002, "qwen3_vl_tiny": 3003}
+MODEL_SEEDS = {"qwen3_moe_tiny": 1001, "qwen3_vl_moe_tiny": 2002, "qwen3_vl_tiny": 3003, "qwen3_tiny": 4004}
 VL_MODELS = ("qwen3_vl_moe_tiny", "qwen3_vl_tiny")
+TEXT_MODELS = ("qwen3_moe_tiny", "qwen3_tiny")
+DENSE_MODELS = ("qwen3_vl_tiny", "qwen3_tiny")
 
 
 def bf16_round(t):
@@ -270,11 +283,13 @@ def write_config(name, cfg, model_dir):
             section[key] = value
             added.append(key)
 
-    if name == "qwen3_moe_tiny":
-        put(d, "num_experts", d["num_local_experts"])
+    if name in TEXT_MODELS:
+        if name == "qwen3_moe_tiny":
+            put(d, "num_experts", d["num_local_experts"])
         put(d, "rope_theta", d["rope_parameters"]["rope_theta"])
         put(d, "rope_scaling", None)
         put(d, "max_window_layers", d["num_hidden_layers"])
+        put(d, "use_sliding_window", False)
         put(d, "torch_dtype", "bfloat16")
     else:
         tc = d["text_config"]
@@ -303,8 +318,9 @@ def assert_same_config(want, got, where):
 
 
 GENERATION_CONFIGS = {
-    # Qwen/Qwen3-30B-A3B generation_config.json values.
+    # Qwen/Qwen3-30B-A3B and Qwen/Qwen3-8B generation_config.json values.
     "qwen3_moe_tiny": {"temperature": 0.6, "top_k": 20, "top_p": 0.95},
+    "qwen3_tiny": {"temperature": 0.6, "top_k": 20, "top_p": 0.95},
     # Qwen/Qwen3-VL-*-Instruct generation_config.json values.
     "qwen3_vl_moe_tiny": {"temperature": 0.7, "top_k": 20, "top_p": 0.8, "repetition_penalty": 1.0},
     "qwen3_vl_tiny": {"temperature": 0.7, "top_k": 20, "top_p": 0.8, "repetition_penalty": 1.0},
@@ -519,7 +535,7 @@ def f32_list(t):
 
 def capture_hidden_states(model, name):
     """Registers hooks recording the residual stream entering each decoder layer and the final norm."""
-    lm = model.model if name == "qwen3_moe_tiny" else model.model.language_model
+    lm = model.model if name in TEXT_MODELS else model.model.language_model
     store = {"layers": [], "router_gaps": []}
     handles = []
 
@@ -712,7 +728,7 @@ def numpy_text_logits(name, w, cfg, ids, pos3, image_embeds=None, deepstack=None
     pos3 is [3, T] (t, h, w) positions; image_embeds replace the <|image_pad|> rows and deepstack[l]
     is added to those rows after layer l.
     """
-    prefix = "model." if name == "qwen3_moe_tiny" else "model.language_model."
+    prefix = "model." if name in TEXT_MODELS else "model.language_model."
     n_heads, n_kv, hd = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     eps, theta = cfg["rms_norm_eps"], cfg["rope_theta"]
     section = (cfg.get("rope_scaling") or {}).get("mrope_section", [hd // 2, 0, 0])
@@ -762,7 +778,7 @@ def numpy_text_logits(name, w, cfg, ids, pos3, image_embeds=None, deepstack=None
             heads.append((s / s.sum(-1, keepdims=True)) @ v[:, kv])
         x = x + np.concatenate(heads, -1) @ w[p + "self_attn.o_proj.weight"].T
         h = rms(x, w[p + "post_attention_layernorm.weight"])
-        if name == "qwen3_vl_tiny":
+        if name in DENSE_MODELS:
             y = (silu(h @ w[p + "mlp.gate_proj.weight"].T) * (h @ w[p + "mlp.up_proj.weight"].T)) \
                 @ w[p + "mlp.down_proj.weight"].T
         else:
@@ -949,7 +965,7 @@ def check_vision_independently(model_dir, ref_dir, case_names):
 
 def cases_for(name):
     """Returns (case name, request) pairs of one model."""
-    if name == "qwen3_moe_tiny":
+    if name in TEXT_MODELS:
         return [(c, make_request(name, m, None)) for c, m in TEXT_CASES]
     return [(c, make_request(name, m, k)) for c, m, k in VL_CASES]
 
@@ -994,6 +1010,8 @@ def write_readme(out, model_summaries, case_summaries):
                               "intermediate 48, 8x8 pos table, out 16, deepstack [0,1]"),
         "qwen3_vl_tiny": ("Qwen3VLForConditionalGeneration", "hidden 16, 3 layers, dense SwiGLU intermediate 40, "
                           "mrope as above, tie_word_embeddings (no lm_head.weight stored)", "as qwen3_vl_moe_tiny"),
+        "qwen3_tiny": ("Qwen3ForCausalLM", "hidden 16, 3 layers, 4/2 heads, head_dim 16, dense SwiGLU intermediate 40, "
+                       "rope_theta 1e6, tie_word_embeddings (no lm_head.weight stored)", "-"),
     }
     for name, s in model_summaries.items():
         cls, text, vision = desc[name]
@@ -1020,6 +1038,8 @@ def write_readme(out, model_summaries, case_summaries):
     lines.append("  `mlp.experts.down_proj` [16, 24, 16] = [E, I, H]; y = x @ W.")
     lines.append("- `qwen3_vl_tiny`: as above with dense `mlp.{gate,up}_proj.weight` [40, 16], `down_proj.weight` [16, 40];")
     lines.append("  no `lm_head.weight` (tied to `model.language_model.embed_tokens.weight`).")
+    lines.append("- `qwen3_tiny`: one `model.safetensors`; keys `model.*`, dense MLPs as `qwen3_vl_tiny`, no `lm_head.weight`")
+    lines.append("  (tied to `model.embed_tokens.weight`).")
     lines.append("- transformers 5.x keeps experts in memory as `gate_up_proj` [E, 2I, H] and `down_proj` [E, H, I];")
     lines.append("  the script converts to the official layouts above, loads each directory back with")
     lines.append("  `from_pretrained` (no missing/unexpected/mismatched keys) and checks every parameter is bit-equal.")
@@ -1067,7 +1087,7 @@ def write_readme(out, model_summaries, case_summaries):
         lines.append(f"- `{field}`: {meaning}")
     lines.append("")
     lines.append(f"Total size of models/ + ref/: {dir_bytes(out / 'models') + dir_bytes(out / 'ref')} bytes "
-                 "(the five 151936x16 bf16 vocabulary matrices alone are 24,309,760 bytes).")
+                 "(the six 151936x16 bf16 vocabulary matrices alone are 29,171,712 bytes).")
     (out / "README.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 

@@ -37,7 +37,7 @@ void install_crash_report() {
 
 int main(int argc, char** argv) {
   install_crash_report();
-  CLI::App app{"zest: inference engine for Qwen3-MoE and Qwen3-VL models"};
+  CLI::App app{"zest: inference engine for Qwen3, Qwen3-MoE and Qwen3-VL models"};
   app.require_subcommand(1);
   std::function<int()> run;
   zest::cli::register_generate(app, run);

@@ -21,7 +21,7 @@ namespace {
 
 // The chat template family of an architecture (Qwen3's text template, or Qwen3-VL's with image parts).
 text::TemplateKind template_kind(io::Arch arch) {
-  return arch == io::Arch::kQwen3Moe ? text::TemplateKind::kQwen3 : text::TemplateKind::kQwen3VL;
+  return io::has_vision(arch) ? text::TemplateKind::kQwen3VL : text::TemplateKind::kQwen3;
 }
 
 }  // namespace

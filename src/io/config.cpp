@@ -19,26 +19,40 @@ using nlohmann::json;
 
 namespace {
 
-constexpr const char* kSupported =
-    "qwen3_moe (Qwen3MoeForCausalLM), qwen3_vl_moe (Qwen3VLMoeForConditionalGeneration), "
-    "qwen3_vl (Qwen3VLForConditionalGeneration)";
+// What the config parser needs to know of each architecture: its names in config.json and the transformers
+// class defaults used when a field is omitted. A new architecture is a line here (and its io::Arch).
+struct ArchInfo {
+  Arch arch;
+  const char* model_type;      // config.json "model_type"
+  const char* class_name;      // config.json "architectures"
+  bool vision;                 // a VL model: text_config + vision_config, M-RoPE
+  bool moe;                    // sparse MoE FFN (else dense SwiGLU)
+  int64_t kv_heads;            // num_key_value_heads default
+  int64_t max_positions;       // max_position_embeddings default
+  double rope_theta;           // rope_theta default
+  int64_t head_dim;            // head_dim default; 0 = hidden_size / num_attention_heads
+};
 
-// transformers class defaults used when config.json omits a field.
-constexpr double kQwen3MoeDefaultTheta = 10000.0;
-constexpr double kQwen3VLDefaultTheta = 500000.0;
-constexpr int64_t kQwen3MoeDefaultMaxPositions = 32768;
-constexpr int64_t kQwen3VLDefaultMaxPositions = 128000;
-constexpr int64_t kQwen3VLDefaultHeadDim = 128;  // Qwen3VLTextConfig; the MoE classes use hidden / heads
-const std::vector<int64_t> kDefaultMropeSection = {24, 20, 20};
+constexpr ArchInfo kArchs[] = {
+    {Arch::kQwen3Moe, "qwen3_moe", "Qwen3MoeForCausalLM", false, true, 4, 32768, 10000.0, 0},
+    {Arch::kQwen3VLMoe, "qwen3_vl_moe", "Qwen3VLMoeForConditionalGeneration", true, true, 16, 128000, 500000.0, 0},
+    {Arch::kQwen3VL, "qwen3_vl", "Qwen3VLForConditionalGeneration", true, false, 32, 128000, 500000.0, 128},
+    {Arch::kQwen3, "qwen3", "Qwen3ForCausalLM", false, false, 32, 32768, 10000.0, 128},
+};
 
-int64_t default_kv_heads(Arch arch) {
-  switch (arch) {
-    case Arch::kQwen3Moe: return 4;
-    case Arch::kQwen3VLMoe: return 16;
-    case Arch::kQwen3VL: return 32;
-  }
-  return 0;
+const ArchInfo& info(Arch a) {
+  for (const ArchInfo& i : kArchs)
+    if (i.arch == a) return i;
+  return kArchs[0];  // unreachable: every Arch has a line (tests/io/config_test.cpp)
 }
+
+std::string supported_list() {
+  std::string s;
+  for (const ArchInfo& i : kArchs) s += std::string(s.empty() ? "" : ", ") + i.model_type + " (" + i.class_name + ")";
+  return s;
+}
+
+const std::vector<int64_t> kDefaultMropeSection = {24, 20, 20};
 
 // Typed access to the fields of one JSON object. The first error is recorded in *err and later reads
 // return their defaults, so a parser reads every field and checks *err once.
@@ -100,6 +114,19 @@ class Fields {
       int64_t x = 0;
       if (!as_integer(e, &x)) return type_error(key, "a list of integers", *v), def;
       out.push_back(x);
+    }
+    return out;
+  }
+
+  // A list of strings (absent or null: empty).
+  std::vector<std::string> string_list(const char* key) {
+    const json* v = find({key});
+    if (v == nullptr) return {};
+    std::vector<std::string> out;
+    if (!v->is_array()) return type_error(key, "a list of strings", *v), out;
+    for (const json& e : *v) {
+      if (!e.is_string()) return type_error(key, "a list of strings", *v), std::vector<std::string>{};
+      out.push_back(e.get<std::string>());
     }
     return out;
   }
@@ -174,20 +201,14 @@ std::string list_to_string(const std::vector<int64_t>& v) {
 }
 
 Result<Arch> detect_arch(const json& root) {
-  static const std::pair<const char*, Arch> kTypes[] = {
-      {"qwen3_moe", Arch::kQwen3Moe}, {"qwen3_vl_moe", Arch::kQwen3VLMoe}, {"qwen3_vl", Arch::kQwen3VL}};
-  static const std::pair<const char*, Arch> kClasses[] = {
-      {"Qwen3MoeForCausalLM", Arch::kQwen3Moe},
-      {"Qwen3VLMoeForConditionalGeneration", Arch::kQwen3VLMoe},
-      {"Qwen3VLForConditionalGeneration", Arch::kQwen3VL}};
   auto mt = root.find("model_type");
   if (mt != root.end() && !mt->is_null()) {
     if (!mt->is_string()) return corrupt("field model_type must be a string, got " + mt->dump());
     const std::string t = mt->get<std::string>();
-    for (const auto& [name, arch] : kTypes) {
-      if (t == name) return arch;
+    for (const ArchInfo& i : kArchs) {
+      if (t == i.model_type) return i.arch;
     }
-    return unsupported("model_type '" + t + "' is not supported; zest runs " + kSupported);
+    return unsupported("model_type '" + t + "' is not supported; zest runs " + supported_list());
   }
   auto ar = root.find("architectures");
   if (ar == root.end() || ar->is_null()) {
@@ -198,17 +219,17 @@ Result<Arch> detect_arch(const json& root) {
   }
   for (const json& a : *ar) {
     if (!a.is_string()) return corrupt("field architectures must list class names, got " + ar->dump());
-    for (const auto& [name, arch] : kClasses) {
-      if (a.get<std::string>() == name) return arch;
+    for (const ArchInfo& i : kArchs) {
+      if (a.get<std::string>() == i.class_name) return i.arch;
     }
   }
-  return unsupported("architectures " + ar->dump() + " are not supported; zest runs " + kSupported);
+  return unsupported("architectures " + ar->dump() + " are not supported; zest runs " + supported_list());
 }
 
 // Reads the RoPE settings of a text config: rope_parameters (transformers 5) or rope_scaling (4.x), with
 // rope_theta inside them or beside them; `outer` is consulted when the text config lacks them.
 Status read_rope(Fields& text, Fields* outer, Arch arch, TextConfig* tc) {
-  const bool vl = arch != Arch::kQwen3Moe;
+  const bool vl = info(arch).vision;
   // transformers prefers rope_scaling (4.x files) over rope_parameters (5.x files) when both exist.
   std::vector<std::pair<const json*, std::string>> dicts;
   for (Fields* f : {&text, outer}) {
@@ -239,7 +260,7 @@ Status read_rope(Fields& text, Fields* outer, Arch arch, TextConfig* tc) {
                          " (remove the scaling entry to run without it)");
     }
   }
-  const double default_theta = vl ? kQwen3VLDefaultTheta : kQwen3MoeDefaultTheta;
+  const double default_theta = info(arch).rope_theta;
   if (const json* th = lookup("rope_theta", &where)) {
     if (!th->is_number()) return corrupt("field " + where + " must be a number, got " + th->dump());
     tc->rope_theta = th->get<double>();
@@ -271,17 +292,16 @@ Status read_rope(Fields& text, Fields* outer, Arch arch, TextConfig* tc) {
 Status read_text(const json& obj, const std::string& prefix, Fields* outer, Arch arch, TextConfig* tc) {
   Status err;
   Fields f(obj, prefix, &err);
-  const bool moe = arch != Arch::kQwen3VL;
+  const bool moe = info(arch).moe;
   tc->vocab_size = f.integer({"vocab_size"});
   tc->hidden_size = f.integer({"hidden_size"});
   tc->num_layers = f.integer({"num_hidden_layers"});
   tc->num_heads = f.integer({"num_attention_heads"});
   // Absent: the class default; null: transformers' __post_init__ copies num_attention_heads.
   tc->num_kv_heads = f.is_null("num_key_value_heads") ? tc->num_heads
-                                                      : f.integer({"num_key_value_heads"}, default_kv_heads(arch));
+                                                      : f.integer({"num_key_value_heads"}, info(arch).kv_heads);
   tc->rms_norm_eps = f.number({"rms_norm_eps"}, 1e-6);
-  tc->max_position_embeddings = f.integer(
-      {"max_position_embeddings"}, arch == Arch::kQwen3Moe ? kQwen3MoeDefaultMaxPositions : kQwen3VLDefaultMaxPositions);
+  tc->max_position_embeddings = f.integer({"max_position_embeddings"}, info(arch).max_positions);
   if (moe) {
     tc->intermediate_size = f.integer({"intermediate_size"}, 0);
     tc->moe_intermediate_size = f.integer({"moe_intermediate_size"});
@@ -296,13 +316,25 @@ Status read_text(const json& obj, const std::string& prefix, Fields* outer, Arch
     tc->num_experts = 0;
     tc->num_experts_per_tok = 0;
   }
-  if (arch == Arch::kQwen3Moe) tc->tie_word_embeddings = f.boolean({"tie_word_embeddings"}, false);
+  if (!info(arch).vision) tc->tie_word_embeddings = f.boolean({"tie_word_embeddings"}, false);
+  // Forms of attention zest does not run are refused, not ignored.
+  if (f.boolean({"attention_bias"}, false)) {
+    return unsupported(prefix + "attention_bias is true; zest runs Qwen3 attention without projection biases");
+  }
+  if (f.boolean({"use_sliding_window"}, false)) {
+    return unsupported(prefix + "use_sliding_window is true; zest runs full attention in every layer");
+  }
+  for (const std::string& t : f.string_list("layer_types")) {
+    if (t != "full_attention") {
+      return unsupported(prefix + "layer_types lists '" + t + "'; zest runs full attention in every layer");
+    }
+  }
   ZEST_RETURN_IF_ERROR(err);
 
   if (f.has({"head_dim"})) {
     tc->head_dim = f.integer({"head_dim"});
-  } else if (arch == Arch::kQwen3VL) {
-    tc->head_dim = kQwen3VLDefaultHeadDim;
+  } else if (info(arch).head_dim > 0) {
+    tc->head_dim = info(arch).head_dim;
   } else if (tc->num_heads > 0 && tc->hidden_size % tc->num_heads == 0) {
     tc->head_dim = tc->hidden_size / tc->num_heads;
   } else {
@@ -531,14 +563,9 @@ std::string file_in(const std::string& path, const char* name) {
 
 }  // namespace
 
-const char* arch_name(Arch a) {
-  switch (a) {
-    case Arch::kQwen3Moe: return "qwen3_moe";
-    case Arch::kQwen3VLMoe: return "qwen3_vl_moe";
-    case Arch::kQwen3VL: return "qwen3_vl";
-  }
-  return "?";
-}
+const char* arch_name(Arch a) { return info(a).model_type; }
+
+bool has_vision(Arch a) { return info(a).vision; }
 
 bool Fp8Config::not_converted(const std::string& module) const {
   for (const std::string& key : modules_to_not_convert) {
@@ -570,7 +597,7 @@ Result<ModelConfig> parse_model_config(const std::string& json_text) {
   if (auto mt = root.find("model_type"); mt != root.end() && mt->is_string()) cfg.model_type = mt->get<std::string>();
 
   ZEST_RETURN_IF_ERROR(read_quantization(root, &cfg.fp8));
-  if (cfg.arch == Arch::kQwen3Moe) {
+  if (!has_vision(cfg.arch)) {
     ZEST_RETURN_IF_ERROR(read_text(root, "", nullptr, cfg.arch, &cfg.text));
     ZEST_RETURN_IF_ERROR(validate_text(cfg.text, ""));
     return cfg;

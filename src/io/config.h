@@ -9,8 +9,12 @@
 
 namespace zest::io {
 
-enum class Arch { kQwen3Moe, kQwen3VLMoe, kQwen3VL };
+// The architectures zest runs (a line each in config.cpp's table and in model/architecture.cpp's).
+enum class Arch { kQwen3Moe, kQwen3VLMoe, kQwen3VL, kQwen3 };
+// config.json's model_type of `a` ("qwen3_moe", ...).
 const char* arch_name(Arch a);
+// Whether `a` is a vision-language model (a text_config and a vision_config).
+bool has_vision(Arch a);
 
 // Text decoder hyper-parameters (the text_config of the VL models).
 struct TextConfig {
@@ -85,7 +89,8 @@ struct ModelConfig {
 // Parses DIR/config.json (or a file path). Unknown model_type / architectures -> kUnsupported;
 // missing or ill-typed fields -> kCorrupt naming the field; inconsistent sizes
 // (kv heads not dividing heads, experts per token > experts, vision out_hidden_size != hidden_size,
-// deepstack index >= depth, ...) -> kCorrupt; RoPE scaling other than "default" -> kUnsupported.
+// deepstack index >= depth, ...) -> kCorrupt; RoPE scaling other than "default", attention biases and
+// sliding-window layers -> kUnsupported.
 // Optional fields take the transformers 5.17 class defaults; RoPE settings are read from
 // rope_parameters (transformers 5) or rope_scaling + rope_theta (4.x). A quantization_config other than
 // block-wise FP8 (Fp8Config) -> kUnsupported naming the method or the field; a malformed one -> kCorrupt.

@@ -138,7 +138,7 @@ void reserve_channels(DecoderLayerWeights& L, int64_t own_experts, int64_t H, in
 int64_t token_channels(int64_t hidden) { return hidden >= 8 ? std::min<int64_t>(64, (hidden - 1) / 2) : 0; }
 
 std::vector<std::string> named_model_configs() {
-  return {"qwen3-30b-a3b", "qwen3-vl-30b-a3b", "qwen3-vl-235b-a22b", "qwen3-vl-32b"};
+  return {"qwen3-30b-a3b", "qwen3-vl-30b-a3b", "qwen3-vl-235b-a22b", "qwen3-vl-32b", "qwen3-8b"};
 }
 
 Result<io::ModelConfig> named_model_config(const std::string& name, int64_t layers) {
@@ -165,6 +165,12 @@ Result<io::ModelConfig> named_model_config(const std::string& name, int64_t laye
     c.model_type = "qwen3_vl";
     c.text = moe_text(64, 5120, 64, 8, 0, 0, 0, 25600);
     make_vl(c, 5120);
+  } else if (name == "qwen3-8b") {
+    c.arch = io::Arch::kQwen3;
+    c.model_type = "qwen3";
+    c.text = moe_text(36, 4096, 32, 8, 0, 0, 0, 12288);
+    c.text.rope_theta = 1e6;
+    c.text.max_position_embeddings = 40960;
   } else {
     std::string known;
     for (const std::string& n : named_model_configs()) known += (known.empty() ? "" : ", ") + n;

@@ -131,7 +131,7 @@ TEST_P(CudaDecoderFixture, LogitsAndGreedyMatchCpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaDecoderFixture,
-                         ::testing::Values("qwen3_moe_tiny", "qwen3_vl_moe_tiny", "qwen3_vl_tiny"));
+                         ::testing::Values("qwen3_moe_tiny", "qwen3_vl_moe_tiny", "qwen3_vl_tiny", "qwen3_tiny"));
 
 // The random checkpoint of random_checkpoint.h, loaded on the CPU (reference) and on the GPU.
 struct RandomModel {

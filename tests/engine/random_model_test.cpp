@@ -47,14 +47,12 @@ TEST(RandomModel, NamedConfigsAreConsistent) {
     } else {
       EXPECT_GT(t.intermediate_size, 0);
     }
+    EXPECT_EQ(io::has_vision(c->arch), c->vision.has_value());
     if (c->vision) {
-      EXPECT_NE(c->arch, io::Arch::kQwen3Moe);
       EXPECT_EQ(c->vision->out_hidden_size, t.hidden_size);  // the vision rows replace text embeddings
       for (int64_t d : c->vision->deepstack_visual_indexes) EXPECT_LT(d, c->vision->depth);
       ASSERT_EQ(t.mrope_section.size(), 3u);
       EXPECT_EQ(t.mrope_section[0] + t.mrope_section[1] + t.mrope_section[2], t.head_dim / 2);
-    } else {
-      EXPECT_EQ(c->arch, io::Arch::kQwen3Moe);
     }
     auto two = model::named_model_config(name, 2);
     ASSERT_TRUE(two.ok());
@@ -64,6 +62,10 @@ TEST(RandomModel, NamedConfigsAreConsistent) {
   auto m30 = model::named_model_config("qwen3-30b-a3b");
   ASSERT_TRUE(m30.ok());
   EXPECT_NEAR(static_cast<double>(model::text_parameters(m30->text)), 30.5e9, 0.2e9);
+  auto m8 = model::named_model_config("qwen3-8b");  // Qwen3-8B: 8.2B
+  ASSERT_TRUE(m8.ok());
+  EXPECT_EQ(m8->arch, io::Arch::kQwen3);
+  EXPECT_NEAR(static_cast<double>(model::text_parameters(m8->text)), 8.2e9, 0.1e9);
 }
 
 TEST(RandomModel, UnknownNameAndBadLayerCountAreErrors) {

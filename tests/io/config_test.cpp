@@ -59,7 +59,7 @@ void expect_matches(const ModelConfig& c, const json& e, const std::string& file
     EXPECT_EQ(c.text.num_experts_per_tok, t["num_experts_per_tok"].get<int64_t>());
     EXPECT_EQ(c.text.norm_topk_prob, t["norm_topk_prob"].get<bool>());
   }
-  if (c.arch == Arch::kQwen3Moe) {
+  if (!has_vision(c.arch)) {
     EXPECT_TRUE(c.text.mrope_section.empty());
     EXPECT_FALSE(c.vision.has_value());
     return;
@@ -100,7 +100,7 @@ TEST(ConfigTest, MatchesTransformersForEveryRecordedConfig) {
     }
     ++checked;
   }
-  EXPECT_EQ(checked, 19);
+  EXPECT_EQ(checked, 23);
 }
 
 TEST(ConfigTest, RealCheckpointFacts) {
@@ -124,6 +124,13 @@ TEST(ConfigTest, RealCheckpointFacts) {
   EXPECT_EQ(vl->arch, Arch::kQwen3VL);
   EXPECT_FALSE(vl->is_moe());
   EXPECT_FALSE(vl->text.is_moe_layer(0));
+
+  auto dense = load_model_config(data_dir() + "/qwen3_8b.config.json");
+  ASSERT_TRUE(dense.ok()) << dense.status().to_string();
+  EXPECT_EQ(dense->arch, Arch::kQwen3);
+  EXPECT_FALSE(dense->is_moe());
+  EXPECT_FALSE(dense->vision.has_value());
+  EXPECT_EQ(dense->text.intermediate_size, 12288);
 }
 
 TEST(ConfigTest, MissingFileIsNotFound) {
@@ -151,9 +158,29 @@ TEST_F(ConfigEditTest, ArchitecturesFallback) {
   }
 }
 
+// Attention forms zest does not run are refused by name rather than run as full attention without biases.
+TEST_F(ConfigEditTest, AttentionBiasAndSlidingWindowsAreUnsupported) {
+  json dense = read_json(data_dir() + "/qwen3_8b.config.json");
+  ASSERT_TRUE(parse(dense).ok());
+  for (json* j : {&moe_, &dense}) {
+    json bias = *j;
+    bias["attention_bias"] = true;
+    expect_error(parse(bias).status(), ErrorCode::kUnsupported, {"attention_bias"});
+    json window = *j;
+    window["use_sliding_window"] = true;
+    expect_error(parse(window).status(), ErrorCode::kUnsupported, {"use_sliding_window"});
+    json types = *j;
+    types["layer_types"] = json::array({"full_attention", "sliding_attention"});
+    expect_error(parse(types).status(), ErrorCode::kUnsupported, {"layer_types", "sliding_attention"});
+  }
+  vl_["text_config"]["attention_bias"] = true;
+  expect_error(parse(vl_).status(), ErrorCode::kUnsupported, {"text_config.attention_bias"});
+}
+
 TEST_F(ConfigEditTest, UnknownModelType) {
   moe_["model_type"] = "llama";
-  expect_error(parse(moe_).status(), ErrorCode::kUnsupported, {"'llama'", "qwen3_moe", "qwen3_vl_moe", "qwen3_vl"});
+  expect_error(parse(moe_).status(), ErrorCode::kUnsupported,
+               {"'llama'", "qwen3_moe", "qwen3_vl_moe", "qwen3_vl", "qwen3 (Qwen3ForCausalLM)"});
 }
 
 TEST_F(ConfigEditTest, UnknownArchitecture) {

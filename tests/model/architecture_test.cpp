@@ -22,14 +22,14 @@ TEST(Architecture, EveryArchHasOneEntry) {
     EXPECT_EQ(model::architecture(a.arch).arch, a.arch);
     EXPECT_NE(a.cpu_decoder, nullptr);
   }
-  for (io::Arch a : {io::Arch::kQwen3Moe, io::Arch::kQwen3VLMoe, io::Arch::kQwen3VL}) {
+  for (io::Arch a : {io::Arch::kQwen3Moe, io::Arch::kQwen3VLMoe, io::Arch::kQwen3VL, io::Arch::kQwen3}) {
     EXPECT_TRUE(seen.count(static_cast<int>(a))) << io::arch_name(a) << " has no entry";
     EXPECT_EQ(model::architecture(a).arch, a);
   }
 }
 
 TEST(Architecture, EntriesFitTheFixtureCheckpoints) {
-  for (const char* name : {"qwen3_moe_tiny", "qwen3_vl_moe_tiny", "qwen3_vl_tiny"}) {
+  for (const char* name : {"qwen3_moe_tiny", "qwen3_vl_moe_tiny", "qwen3_vl_tiny", "qwen3_tiny"}) {
     SCOPED_TRACE(name);
     const std::string dir = std::string(ZEST_FIXTURES_DIR) + "/models/" + name;
     auto cfg = io::load_model_config(dir);

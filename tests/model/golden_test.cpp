@@ -32,6 +32,6 @@ TEST_P(Golden, MatchesTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Golden,
-                         ::testing::Values("qwen3_moe_tiny", "qwen3_vl_moe_tiny", "qwen3_vl_tiny"));
+                         ::testing::Values("qwen3_moe_tiny", "qwen3_vl_moe_tiny", "qwen3_vl_tiny", "qwen3_tiny"));
 
 }  // namespace

@@ -772,7 +772,7 @@ TEST_P(ServerTest, SoakMixedRequests) {
               rss_warm / 1048576.0, rss_end / 1048576.0);
 }
 
-INSTANTIATE_TEST_SUITE_P(TinyModels, ServerTest, ::testing::Values("qwen3_vl_moe_tiny", "qwen3_moe_tiny"));
+INSTANTIATE_TEST_SUITE_P(TinyModels, ServerTest, ::testing::Values("qwen3_vl_moe_tiny", "qwen3_moe_tiny", "qwen3_tiny"));
 
 TEST(ServerStop, StopEndsStreamsAndRefusesNewRequests) {
   ServerOptions o;

@@ -19,13 +19,15 @@ import tempfile
 import numpy as np
 import torch
 from safetensors.torch import save_file
-from transformers import (GenerationConfig, Qwen2VLImageProcessor, Qwen3MoeConfig, Qwen3MoeForCausalLM,
+from transformers import (GenerationConfig, Qwen2VLImageProcessor, Qwen3Config, Qwen3MoeConfig, Qwen3MoeForCausalLM,
                           Qwen3VLConfig, Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration)
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 from transformers.models.qwen3_vl_moe.modeling_qwen3_vl_moe import Qwen3VLMoeTextSparseMoeBlock
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CLASSES = {"qwen3_moe": Qwen3MoeConfig, "qwen3_vl_moe": Qwen3VLMoeConfig, "qwen3_vl": Qwen3VLConfig}
+CLASSES = {"qwen3_moe": Qwen3MoeConfig, "qwen3_vl_moe": Qwen3VLMoeConfig, "qwen3_vl": Qwen3VLConfig, "qwen3": Qwen3Config}
+TEXT_ONLY = ("qwen3_moe", "qwen3")
+DENSE = ("qwen3_vl", "qwen3")
 
 
 def moe_layers_by_rule(tc):
@@ -36,7 +38,7 @@ def moe_layers_by_rule(tc):
 
 def expected(cfg, moe_layers=None):
     arch = cfg.model_type
-    tc = cfg if arch == "qwen3_moe" else cfg.text_config
+    tc = cfg if arch in TEXT_ONLY else cfg.text_config
     rp = tc.rope_parameters
     text = {
         "vocab_size": tc.vocab_size,
@@ -50,7 +52,7 @@ def expected(cfg, moe_layers=None):
         "max_position_embeddings": tc.max_position_embeddings,
         "tie_word_embeddings": cfg.tie_word_embeddings,
     }
-    if arch == "qwen3_vl":
+    if arch in DENSE:
         text["intermediate_size"] = tc.intermediate_size
         text["num_experts"] = 0
         text["moe_layers"] = []
@@ -63,7 +65,7 @@ def expected(cfg, moe_layers=None):
         text["norm_topk_prob"] = tc.norm_topk_prob if arch == "qwen3_moe" else True
         text["moe_layers"] = moe_layers if moe_layers is not None else moe_layers_by_rule(tc)
     out = {"arch": arch, "text": text}
-    if arch != "qwen3_moe":
+    if arch not in TEXT_ONLY:
         # Qwen3-VL's rotary embedding reads mrope_section with this default and always interleaves.
         text["mrope_section"] = list(rp.get("mrope_section", [24, 20, 20]))
         vc = cfg.vision_config
@@ -100,7 +102,7 @@ def write_config(name, cfg):
 
 def make_configs():
     exp = {}
-    for name in ["qwen3_30b_a3b", "qwen3_vl_30b_a3b_instruct", "qwen3_vl_8b_instruct"]:
+    for name in ["qwen3_30b_a3b", "qwen3_vl_30b_a3b_instruct", "qwen3_vl_8b_instruct", "qwen3_8b"]:
         src = f"{name}.config.json"
         with open(os.path.join(HERE, src)) as f:
             arch = json.load(f)["model_type"]
@@ -114,11 +116,11 @@ def make_configs():
     required_moe = ["moe_intermediate_size", "num_experts", "num_experts_per_tok"]
     required_vision = ["depth", "hidden_size", "num_heads", "intermediate_size", "out_hidden_size"]
     for name, arch in [("qwen3_30b_a3b", "qwen3_moe"), ("qwen3_vl_30b_a3b_instruct", "qwen3_vl_moe"),
-                       ("qwen3_vl_8b_instruct", "qwen3_vl")]:
+                       ("qwen3_vl_8b_instruct", "qwen3_vl"), ("qwen3_8b", "qwen3")]:
         with open(os.path.join(HERE, f"{name}.config.json")) as f:
             full = json.load(f)
-        keep = required_text + (["intermediate_size"] if arch == "qwen3_vl" else required_moe)
-        if arch == "qwen3_moe":
+        keep = required_text + (["intermediate_size"] if arch in DENSE else required_moe)
+        if arch in TEXT_ONLY:
             minimal = {"model_type": arch, **{k: full[k] for k in keep}}
         else:
             minimal = {"model_type": arch, "text_config": {k: full["text_config"][k] for k in keep},
@@ -127,7 +129,7 @@ def make_configs():
         with open(os.path.join(HERE, src), "w") as f:
             json.dump(minimal, f, indent=2)
         exp[src] = expected(CLASSES[arch].from_json_file(os.path.join(HERE, src)))
-        if arch != "qwen3_vl":
+        if arch not in DENSE:
             # Unused when every layer is MoE; zest leaves it 0 rather than guess the class default.
             del exp[src]["text"]["intermediate_size"]
 
@@ -175,6 +177,9 @@ def make_configs():
     moe_default = Qwen3MoeConfig()
     write_config("hf517_default_qwen3_moe.config.json", moe_default)
     exp["hf517_default_qwen3_moe.config.json"] = expected(moe_default)
+    dense_default = Qwen3Config()
+    write_config("hf517_default_qwen3.config.json", dense_default)
+    exp["hf517_default_qwen3.config.json"] = expected(dense_default)
 
     # The class defaults pair a 3584-wide vision output with a 2048/4096-wide decoder: invalid as a model.
     for name, cls in [("qwen3_vl_moe", Qwen3VLMoeConfig), ("qwen3_vl", Qwen3VLConfig)]:
