@@ -56,6 +56,7 @@ struct Engine::Seq {
       : req(std::move(r)), sampler(req.sampling), detok(tok, /*skip_special=*/true) {
     tokens = req.prompt.ids;
     n_prompt = static_cast<int64_t>(tokens.size());
+    hashable = req.kv == nullptr;  // imported K/V: no token hash describes what made it
     if (req.sampling.prompt_logprobs >= 0) out.prompt_logprobs.resize(static_cast<size_t>(n_prompt - 1));
     sampler.set_context(tokens, eos);
   }
@@ -141,11 +142,29 @@ Status Engine::add(Request req) {
                         std::to_string(max_context_) + " tokens: shorten the prompt or its images");
   if (cache_.blocks_for(n + 1) > cache_.num_blocks())
     return out_of_range("the prompt needs more KV-cache blocks than the engine has");
-  if (static_cast<int64_t>(req.prompt.positions.size()) != 3 * n)
+  if (req.kv == nullptr && static_cast<int64_t>(req.prompt.positions.size()) != 3 * n)
     return invalid_argument("prompt positions must have 3 rows of the prompt length");
   if (req.sampling.max_tokens <= 0) return invalid_argument("max_tokens must be positive");
+  const int64_t V = model_->decoder().config().vocab_size;
+  if (req.kv != nullptr) {
+    if (req.kv->tokens != n)
+      return invalid_argument("the imported K/V covers " + std::to_string(req.kv->tokens) + " tokens of a " +
+                              std::to_string(n) + "-token prompt");
+    if (req.first_token < 0 || req.first_token >= V)
+      return invalid_argument("the imported request's first token " + std::to_string(req.first_token) +
+                              " is not in the vocabulary");
+    if (req.sampling.prompt_logprobs >= 0) return invalid_argument("prompt_logprobs need the prompt run here");
+  }
   auto s = std::make_unique<Seq>(std::move(req), model_->tokenizer, model_->eos_ids());
   s->out.arrival_ms = now_ms();
+  if (s->req.kv != nullptr) {
+    // The token sampled by the prefill instance goes through the same checks as one sampled here (stop ids and
+    // strings, max_tokens, the sampler's state) before the request waits for its blocks; its row's plan draws the
+    // uniform number the prefill instance drew for it, so a seeded request samples the same tokens as on one instance.
+    (void)s->sampler.plan(V);
+    take_token(*s, s->req.first_token, nullptr);
+    if (s->done) return Status::ok();
+  }
   waiting_.push_back(std::move(s));
   return Status::ok();
 }
@@ -168,10 +187,20 @@ void Engine::abort(int64_t id) {
 }
 
 void Engine::finish(Seq& s, FinishReason r, std::string final_text, const std::string& error) {
+  if (s.req.export_kv && (r == FinishReason::kStop || r == FinishReason::kLength) && s.computed >= s.n_prompt) {
+    auto snap = cache_.snapshot(s.blocks, s.n_prompt);
+    if (snap.ok()) {
+      ++stats_.kv_exports;
+      s.out.kv = std::make_shared<const model::KvSnapshot>(std::move(snap).value());
+    } else {
+      r = FinishReason::kError;
+      s.out.error = snap.status().message();
+    }
+  }
   cache_.release(s.blocks);
   s.done = true;
   s.out.finish = r;
-  s.out.error = error;
+  if (s.out.error.empty()) s.out.error = error;
   s.out.finish_ms = now_ms();
   std::string delta;
   if (final_text.size() > s.emitted) delta = final_text.substr(s.emitted);
@@ -244,7 +273,10 @@ StepPlan Engine::schedule() {
   for (size_t w = 0;
        w < waiting_.size() && budget > 0 && static_cast<int64_t>(running_.size()) < opts_.max_num_seqs;) {
     Seq& s = *waiting_[w];
-    if (opts_.prefix_caching && s.blocks.empty() && s.computed == 0 && s.req.sampling.prompt_logprobs < 0) {
+    // An imported prompt's K/V is written into its blocks at admission (and again after a preemption).
+    const bool import = s.req.kv != nullptr && s.computed == 0;
+    if (import) s.computed = s.n_prompt;
+    if (!import && opts_.prefix_caching && s.blocks.empty() && s.computed == 0 && s.req.sampling.prompt_logprobs < 0) {
       // Take the cached full blocks of the longest known prefix; the last token is always computed (its logits
       // are sampled), so a prompt made only of cached blocks recomputes its last block.
       extend_hashes(s);
@@ -273,11 +305,20 @@ StepPlan Engine::schedule() {
       s.registered = 0;
       break;
     }
-    if (opts_.prefix_caching) {
+    if (import) {
+      Status st = cache_.restore(*s.req.kv, s.blocks);
+      if (!st.is_ok()) {
+        finish(s, FinishReason::kError, s.full_text + s.detok.flush(), st.message());
+        waiting_.erase(waiting_.begin() + static_cast<std::ptrdiff_t>(w));
+        continue;
+      }
+      ++stats_.kv_imports;
+    }
+    if (opts_.prefix_caching && !import) {
       stats_.prefix_cache_queries += static_cast<int64_t>(s.tokens.size());
       stats_.prefix_cache_hits += s.computed;
     }
-    if (!s.admitted) s.out.cached_tokens = std::min(s.computed, s.n_prompt);
+    if (!s.admitted) s.out.cached_tokens = import ? 0 : std::min(s.computed, s.n_prompt);
     s.admitted = true;
     if (s.out.first_scheduled_ms == 0) s.out.first_scheduled_ms = now_ms();
     plan.chunks.push_back({s.req.id, s.computed, len, s.computed + len == static_cast<int64_t>(s.tokens.size())});
@@ -384,7 +425,6 @@ Status Engine::run(const StepPlan& plan) {
   }
   forward_ms_ = now_ms() - t_fwd;
   if (picked.size() != rows.size()) return internal_error("the decoder returned a wrong number of sampled rows");
-  const std::vector<int32_t> eos = model_->eos_ids();
 
   for (size_t ci = 0; ci < plan.chunks.size(); ++ci) {
     const ScheduledChunk& c = plan.chunks[ci];
@@ -394,64 +434,69 @@ Status Engine::run(const StepPlan& plan) {
     if (!c.sample) continue;
     const int32_t tok = Sampler::finish(rows[ci], picked[ci], V);
     if (tok < 0 || tok >= V) return internal_error("sampling did not produce a token");
-    s.sampler.accept(tok);
-    if (!s.sampler.status().is_ok()) {
-      finish(s, FinishReason::kError, s.full_text + s.detok.flush(), s.sampler.status().message());
-      continue;
-    }
-    s.tokens.push_back(tok);
-    s.out.token_ids.push_back(tok);
+    TokenLogprob lp;
     if (rows[ci].logprobs >= 0) {
       const model::SampleResult& r = picked[ci];
-      TokenLogprob lp;
       lp.token = tok;
       const float raw = model::raw_logit_of(rows[ci], r, tok, V);
       if (std::isnan(raw)) return internal_error("sampling: the row summary lacks the sampled token's logit");
       lp.logprob = static_cast<float>(raw - r.lse);
       for (size_t k = 0; k < r.top_ids.size() && k < r.top_logits.size(); ++k)
         lp.top.emplace_back(r.top_ids[k], static_cast<float>(r.top_logits[k] - r.lse));
-      s.out.logprobs.push_back(std::move(lp));
     }
-    if (s.out.first_token_ms == 0) s.out.first_token_ms = now_ms();
-    const SamplingParams& sp = s.req.sampling;
-    const bool is_eos = !sp.ignore_eos && std::find(eos.begin(), eos.end(), tok) != eos.end();
-    const bool is_stop_id = std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), tok) != sp.stop_token_ids.end();
-    if (is_eos || is_stop_id) {
-      finish(s, FinishReason::kStop, s.full_text + s.detok.flush());
-      continue;
-    }
-    s.full_text += s.detok.push(tok);
-    // Stop strings: cut the text before the first match.
-    size_t cut = std::string::npos, hold = 0;
-    for (const std::string& st : sp.stop) {
-      if (st.empty()) continue;
-      const size_t from = s.emitted > st.size() ? s.emitted - st.size() : 0;
-      const size_t at = s.full_text.find(st, from);
-      if (at != std::string::npos) cut = std::min(cut, at);
-      hold = std::max(hold, st.size() - 1);
-    }
-    if (cut != std::string::npos) {
-      finish(s, FinishReason::kStop, s.full_text.substr(0, cut));
-      continue;
-    }
-    if (s.generated() >= sp.max_tokens || static_cast<int64_t>(s.tokens.size()) >= max_context_) {
-      finish(s, FinishReason::kLength, s.full_text + s.detok.flush());
-      continue;
-    }
-    // Send what can no longer become part of a stop string, ending on a character boundary: a delta never
-    // splits a multi-byte UTF-8 character.
-    size_t safe = s.full_text.size() > hold ? s.full_text.size() - hold : 0;
-    while (safe > s.emitted && safe < s.full_text.size() && (static_cast<unsigned char>(s.full_text[safe]) & 0xC0) == 0x80)
-      --safe;
-    std::string delta;
-    if (safe > s.emitted) {
-      delta = s.full_text.substr(s.emitted, safe - s.emitted);
-      s.emitted = safe;
-    }
-    s.out.text += delta;  // the text sent so far (appended: a copy of the whole text per token grows with its length)
-    if (s.req.on_update) s.req.on_update(delta, s.out, false);
+    take_token(s, tok, rows[ci].logprobs >= 0 ? &lp : nullptr);
   }
   return Status::ok();
+}
+
+void Engine::take_token(Seq& s, int32_t tok, TokenLogprob* lp) {
+  const std::vector<int32_t> eos = model_->eos_ids();
+  s.sampler.accept(tok);
+  if (!s.sampler.status().is_ok()) {
+    finish(s, FinishReason::kError, s.full_text + s.detok.flush(), s.sampler.status().message());
+    return;
+  }
+  s.tokens.push_back(tok);
+  s.out.token_ids.push_back(tok);
+  if (lp != nullptr) s.out.logprobs.push_back(std::move(*lp));
+  if (s.out.first_token_ms == 0) s.out.first_token_ms = now_ms();
+  const SamplingParams& sp = s.req.sampling;
+  const bool is_eos = !sp.ignore_eos && std::find(eos.begin(), eos.end(), tok) != eos.end();
+  const bool is_stop_id = std::find(sp.stop_token_ids.begin(), sp.stop_token_ids.end(), tok) != sp.stop_token_ids.end();
+  if (is_eos || is_stop_id) {
+    finish(s, FinishReason::kStop, s.full_text + s.detok.flush());
+    return;
+  }
+  s.full_text += s.detok.push(tok);
+  // Stop strings: cut the text before the first match.
+  size_t cut = std::string::npos, hold = 0;
+  for (const std::string& st : sp.stop) {
+    if (st.empty()) continue;
+    const size_t from = s.emitted > st.size() ? s.emitted - st.size() : 0;
+    const size_t at = s.full_text.find(st, from);
+    if (at != std::string::npos) cut = std::min(cut, at);
+    hold = std::max(hold, st.size() - 1);
+  }
+  if (cut != std::string::npos) {
+    finish(s, FinishReason::kStop, s.full_text.substr(0, cut));
+    return;
+  }
+  if (s.generated() >= sp.max_tokens || static_cast<int64_t>(s.tokens.size()) >= max_context_) {
+    finish(s, FinishReason::kLength, s.full_text + s.detok.flush());
+    return;
+  }
+  // Send what can no longer become part of a stop string, ending on a character boundary: a delta never
+  // splits a multi-byte UTF-8 character.
+  size_t safe = s.full_text.size() > hold ? s.full_text.size() - hold : 0;
+  while (safe > s.emitted && safe < s.full_text.size() && (static_cast<unsigned char>(s.full_text[safe]) & 0xC0) == 0x80)
+    --safe;
+  std::string delta;
+  if (safe > s.emitted) {
+    delta = s.full_text.substr(s.emitted, safe - s.emitted);
+    s.emitted = safe;
+  }
+  s.out.text += delta;  // the text sent so far (appended: a copy of the whole text per token grows with its length)
+  if (s.req.on_update) s.req.on_update(delta, s.out, false);
 }
 
 Status Engine::step() {

@@ -58,6 +58,9 @@ struct EngineStats {
   // Admissions put off by a step because a running sequence was computing the prefix block the request needs.
   int64_t prefix_waits = 0;
   int64_t tokens_computed = 0;  // tokens run through the decoder (prefill chunks and decode tokens)
+  // Prefill/decode disaggregation: prompts whose K/V were copied out (Request::export_kv) and written in (Request::kv,
+  // counted again after a preemption).
+  int64_t kv_exports = 0, kv_imports = 0;
   // Decode-only steps (every chunk one sampled token), timed on the host: their count, the wall time of each step
   // (schedule, forward, token handling), of its forward call (input staging, launch, the device's work, the wait),
   // and, for a decode step that directly follows another, the interval between their starts (what a running
@@ -91,6 +94,9 @@ class Engine {
   // Frees the blocks and reports the end with the final text (the part not yet sent is the delta).
   void finish(Seq& s, FinishReason r, std::string final_text, const std::string& error = {});
   void preempt(Seq& s);
+  // Appends a token sampled for `s` (here, or by a prefill instance) and applies what follows from it: the sampler's
+  // state, log-probabilities, stop ids and strings, max_tokens, the text delta sent to on_update.
+  void take_token(Seq& s, int32_t tok, TokenLogprob* lp);
   // Prefix caching: hashes of the sequence's full blocks of known tokens, and the registration of its full
   // computed blocks.
   void extend_hashes(Seq& s) const;

@@ -8,6 +8,7 @@
 
 #include "core/tensor.h"
 #include "engine/sampler.h"
+#include "model/kv_cache.h"
 
 namespace zest::engine {
 
@@ -50,6 +51,9 @@ struct RequestOutput {
   FinishReason finish = FinishReason::kNone;
   std::string error;
   int64_t cached_tokens = 0;  // prompt tokens whose K/V came from the prefix cache (first admission)
+  // Request::export_kv: the prompt's K/V, copied out of the cache when the request ended (null when it ended by
+  // abort or error, or before its prompt was computed).
+  std::shared_ptr<const model::KvSnapshot> kv;
   double arrival_ms = 0, first_scheduled_ms = 0, first_token_ms = 0, finish_ms = 0;
 };
 
@@ -58,6 +62,14 @@ struct Request {
   Prompt prompt;
   SamplingParams sampling;
   bool sere = true;  // takes part in expert re-routing
+  // Prefill/decode disaggregation. A prefill instance sets export_kv: the prompt's K/V come back in
+  // RequestOutput::kv. A decode instance sets kv (the prompt's K/V computed elsewhere, for every prompt token) and
+  // first_token (the token sampled after it there): the prompt is not run here, generation goes on from that token
+  // (prompt.positions may be empty; decode positions follow prompt.rope_delta). Such a request takes no prefix-cache
+  // blocks; preempted, it gets the snapshot back and recomputes only its generated tokens.
+  bool export_kv = false;
+  std::shared_ptr<const model::KvSnapshot> kv;
+  int32_t first_token = -1;
   // Called from the engine thread with each newly decoded piece of text (may be empty) and, at the
   // end, with finished = true.
   std::function<void(const std::string& delta, const RequestOutput& out, bool finished)> on_update;

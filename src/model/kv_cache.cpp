@@ -1,16 +1,79 @@
 #include "model/kv_cache.h"
 
 #include <algorithm>
+#include <cstring>
+#include <string>
 
 namespace zest::model {
 
 CpuKvStorage::CpuKvStorage(int64_t num_layers, int64_t num_blocks, int64_t block_size, int64_t kv_heads,
                            int64_t head_dim)
-    : row_elems_(kv_heads * head_dim) {
+    : row_elems_(kv_heads * head_dim), kv_heads_(kv_heads), head_dim_(head_dim) {
   for (int64_t l = 0; l < num_layers; ++l) {
     k_.push_back(Tensor::empty({num_blocks, block_size, kv_heads, head_dim}));
     v_.push_back(Tensor::empty({num_blocks, block_size, kv_heads, head_dim}));
   }
+}
+
+Result<KvSnapshot> CpuKvStorage::read(const std::vector<int32_t>& table, int64_t block_size, int64_t tokens) const {
+  if (tokens < 0 || static_cast<int64_t>(table.size()) * block_size < tokens)
+    return invalid_argument("KV snapshot of " + std::to_string(tokens) + " tokens from a table of " +
+                            std::to_string(table.size()) + " blocks");
+  KvSnapshot s;
+  s.tokens = tokens;
+  s.layers = static_cast<int64_t>(k_.size());
+  s.kv_heads = kv_heads_;
+  s.head_dim = head_dim_;
+  s.dtype = DType::F32;
+  s.bytes = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(s.expected_bytes()));
+  const int64_t rb = s.row_bytes();
+  for (int64_t l = 0; l < s.layers; ++l)
+    for (int v = 0; v < 2; ++v) {
+      const float* base = (v ? v_ : k_)[l].data<float>();
+      // A block's rows are contiguous: one copy per block.
+      for (int64_t t = 0; t < tokens; t += block_size) {
+        const int64_t n = std::min(block_size, tokens - t);
+        std::memcpy(s.bytes->data() + s.offset(l, v, t), base + table[t / block_size] * block_size * row_elems_,
+                    static_cast<size_t>(n * rb));
+      }
+    }
+  return s;
+}
+
+Status CpuKvStorage::write(const KvSnapshot& snap, const std::vector<int32_t>& table, int64_t block_size) {
+  if (snap.layers != static_cast<int64_t>(k_.size()) || snap.kv_heads != kv_heads_ || snap.head_dim != head_dim_ ||
+      snap.dtype != DType::F32)
+    return invalid_argument("the KV snapshot (" + std::to_string(snap.layers) + " layers, " +
+                            std::to_string(snap.kv_heads) + " kv heads of " + std::to_string(snap.head_dim) + ", " +
+                            dtype_name(snap.dtype) + ") does not fit this cache (" + std::to_string(k_.size()) +
+                            " layers, " + std::to_string(kv_heads_) + " kv heads of " + std::to_string(head_dim_) +
+                            ", f32)");
+  if (!snap.bytes || static_cast<int64_t>(snap.bytes->size()) != snap.expected_bytes())
+    return invalid_argument("the KV snapshot holds " + std::to_string(snap.bytes ? snap.bytes->size() : 0) +
+                            " bytes, not " + std::to_string(snap.expected_bytes()));
+  if (static_cast<int64_t>(table.size()) * block_size < snap.tokens)
+    return invalid_argument("the block table cannot hold the KV snapshot's " + std::to_string(snap.tokens) + " tokens");
+  const int64_t rb = snap.row_bytes();
+  for (int64_t l = 0; l < snap.layers; ++l)
+    for (int v = 0; v < 2; ++v) {
+      float* base = (v ? v_ : k_)[l].data<float>();
+      for (int64_t t = 0; t < snap.tokens; t += block_size) {
+        const int64_t n = std::min(block_size, snap.tokens - t);
+        std::memcpy(base + table[t / block_size] * block_size * row_elems_, snap.bytes->data() + snap.offset(l, v, t),
+                    static_cast<size_t>(n * rb));
+      }
+    }
+  return Status::ok();
+}
+
+Result<KvSnapshot> PagedKVCache::snapshot(const std::vector<int32_t>& table, int64_t tokens) const {
+  if (!storage_) return internal_error("the KV cache has no storage");
+  return storage_->read(table, block_size_, tokens);
+}
+
+Status PagedKVCache::restore(const KvSnapshot& snap, const std::vector<int32_t>& table) {
+  if (!storage_) return internal_error("the KV cache has no storage");
+  return storage_->write(snap, table, block_size_);
 }
 
 PagedKVCache::PagedKVCache(int64_t num_layers, int64_t num_blocks, int64_t block_size, int64_t kv_heads,

@@ -13,6 +13,7 @@
 #pragma once
 #include <cstdint>
 #include <list>
+#include <string>
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -22,10 +23,35 @@
 
 namespace zest::model {
 
+// The K/V of a sequence's first `tokens` tokens outside any cache (prefill/decode disaggregation moves it from one
+// instance to another): per layer its K rows then its V rows, each row kv_heads * head_dim elements of `dtype`, in
+// token order (so the two caches' block sizes need not match).
+struct KvSnapshot {
+  int64_t tokens = 0, layers = 0, kv_heads = 0, head_dim = 0;
+  DType dtype = DType::F32;
+  std::shared_ptr<std::vector<uint8_t>> bytes;  // expected_bytes() of them
+  int64_t row_bytes() const { return kv_heads * head_dim * static_cast<int64_t>(dtype_size(dtype)); }
+  int64_t expected_bytes() const { return 2 * layers * tokens * row_bytes(); }
+  // Offset of token t's K (v = false) or V row of `layer`.
+  int64_t offset(int64_t layer, bool v, int64_t t) const { return ((2 * layer + (v ? 1 : 0)) * tokens + t) * row_bytes(); }
+};
+
 // Backend-specific block storage of a PagedKVCache.
 class KvStorage {
  public:
   virtual ~KvStorage() = default;
+  // Copies tokens [0, tokens) of the sequence whose block table is `table` out (kUnsupported where the backend
+  // cannot). `table` must hold them.
+  virtual Result<KvSnapshot> read(const std::vector<int32_t>& table, int64_t block_size, int64_t tokens) const {
+    (void)table, (void)block_size, (void)tokens;
+    return unsupported("this backend's KV cache cannot be copied out");
+  }
+  // Writes a snapshot into tokens [0, snap.tokens) of `table` (reserved for them). kInvalidArgument when its layers,
+  // heads, head size or dtype differ from this storage's.
+  virtual Status write(const KvSnapshot& snap, const std::vector<int32_t>& table, int64_t block_size) {
+    (void)snap, (void)table, (void)block_size;
+    return unsupported("this backend's KV cache cannot be written from a snapshot");
+  }
 };
 
 // CPU storage: per layer K and V tensors [num_blocks, block_size, kv_heads, head_dim] f32.
@@ -35,8 +61,11 @@ class CpuKvStorage : public KvStorage {
   // K (or V) vector of cache row `row` (= block * block_size + slot) of `layer`: kv_heads * head_dim floats.
   float* k_row(int64_t layer, int64_t row) { return k_[layer].data<float>() + row * row_elems_; }
   float* v_row(int64_t layer, int64_t row) { return v_[layer].data<float>() + row * row_elems_; }
+  Result<KvSnapshot> read(const std::vector<int32_t>& table, int64_t block_size, int64_t tokens) const override;
+  Status write(const KvSnapshot& snap, const std::vector<int32_t>& table, int64_t block_size) override;
 
  private:
+  int64_t kv_heads_ = 0, head_dim_ = 0;
   int64_t row_elems_ = 0;
   std::vector<Tensor> k_, v_;
 };
@@ -92,6 +121,10 @@ class PagedKVCache {
 
   // The backend storage (null for a default-constructed cache).
   KvStorage* storage() const { return storage_.get(); }
+  // Tokens [0, tokens) of the sequence with block table `table`, copied out (KvStorage::read).
+  Result<KvSnapshot> snapshot(const std::vector<int32_t>& table, int64_t tokens) const;
+  // Writes `snap` into tokens [0, snap.tokens) of `table`, which must have blocks for them (KvStorage::write).
+  Status restore(const KvSnapshot& snap, const std::vector<int32_t>& table);
 
   // Pointer to the K (or V) vector of token `pos` in a sequence with block table `table`, layer `layer`:
   // kv_heads * head_dim floats. CPU storage only.
