@@ -25,6 +25,7 @@
 #include "core/dtype.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/kv_copy.h"
 #include "model/decoder.h"
 
 namespace zest::cuda {
@@ -171,10 +172,58 @@ class CudaKvStorage : public model::KvStorage {
  public:
   const void* owner = nullptr;  // the decoder that made it
   uint64_t id = 0;               // unique per cache made (see graph_fingerprint)
-  int64_t layers = 0, blocks = 0, per_layer = 0;
+  int64_t layers = 0, blocks = 0, per_layer = 0, kv_heads = 0, head_dim = 0;
   DeviceMemory mem;
   bf16* k(int64_t l) const { return reinterpret_cast<bf16*>(mem.get()) + (2 * l) * per_layer; }
   bf16* v(int64_t l) const { return reinterpret_cast<bf16*>(mem.get()) + (2 * l + 1) * per_layer; }
+
+  // Between steps (the decoder waits for each step's work before it returns), on the legacy default stream: a
+  // gather (scatter) kernel between the blocks and a device buffer, one copy between that buffer and the host.
+  Result<model::KvSnapshot> read(const std::vector<int32_t>& table, int64_t block_size,
+                                 int64_t tokens) const override {
+    if (tokens <= 0 || static_cast<int64_t>(table.size()) * block_size < tokens)
+      return invalid_argument("KV snapshot of " + std::to_string(tokens) + " tokens from a table of " +
+                              std::to_string(table.size()) + " blocks");
+    model::KvSnapshot s;
+    s.tokens = tokens;
+    s.layers = layers;
+    s.kv_heads = kv_heads;
+    s.head_dim = head_dim;
+    s.dtype = DType::BF16;
+    s.bytes = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(s.expected_bytes()));
+    ZEST_RETURN_IF_ERROR(copy(table, block_size, tokens, s.bytes->data(), true));
+    return s;
+  }
+  Status write(const model::KvSnapshot& snap, const std::vector<int32_t>& table, int64_t block_size) override {
+    if (snap.layers != layers || snap.kv_heads != kv_heads || snap.head_dim != head_dim || snap.dtype != DType::BF16)
+      return invalid_argument("the KV snapshot (" + std::to_string(snap.layers) + " layers, " +
+                              std::to_string(snap.kv_heads) + " kv heads of " + std::to_string(snap.head_dim) + ", " +
+                              dtype_name(snap.dtype) + ") does not fit this cache (" + std::to_string(layers) +
+                              " layers, " + std::to_string(kv_heads) + " kv heads of " + std::to_string(head_dim) +
+                              ", BF16)");
+    if (!snap.bytes || static_cast<int64_t>(snap.bytes->size()) != snap.expected_bytes())
+      return invalid_argument("the KV snapshot holds the wrong number of bytes");
+    if (static_cast<int64_t>(table.size()) * block_size < snap.tokens)
+      return invalid_argument("the block table cannot hold the KV snapshot's " + std::to_string(snap.tokens) + " tokens");
+    return copy(table, block_size, snap.tokens, snap.bytes->data(), false);
+  }
+
+ private:
+  Status copy(const std::vector<int32_t>& table, int64_t block_size, int64_t tokens, uint8_t* host, bool out) const {
+    const size_t bytes = static_cast<size_t>(2 * layers * tokens * kv_heads * head_dim) * sizeof(bf16);
+    ZEST_CU(cudaDeviceSynchronize(), "KV snapshot: the decoder's last step");
+    DeviceMemory buf, tab;
+    ZEST_RETURN_IF_ERROR(buf.allocate(bytes, "the KV snapshot's staging buffer"));
+    ZEST_RETURN_IF_ERROR(tab.allocate(table.size() * sizeof(int32_t), "the KV snapshot's block table"));
+    ZEST_CU(cudaMemcpy(tab.get(), table.data(), table.size() * sizeof(int32_t), cudaMemcpyHostToDevice), "KV table");
+    if (!out) ZEST_CU(cudaMemcpy(buf.get(), host, bytes, cudaMemcpyHostToDevice), "KV snapshot upload");
+    ZEST_RETURN_IF_ERROR(cuda::kv_copy_rows(reinterpret_cast<uint16_t*>(mem.get()), per_layer, layers,
+                                            reinterpret_cast<const int32_t*>(tab.get()), tokens, block_size,
+                                            kv_heads * head_dim, reinterpret_cast<uint16_t*>(buf.get()), out, 0));
+    if (out) ZEST_CU(cudaMemcpy(host, buf.get(), bytes, cudaMemcpyDeviceToHost), "KV snapshot download");
+    ZEST_CU(cudaDeviceSynchronize(), "KV snapshot copy");
+    return Status::ok();
+  }
 };
 
 // Element i of a checkpoint tensor, as bf16 bits.
@@ -487,6 +536,8 @@ Result<model::PagedKVCache> CudaTextDecoder::allocate_cache(int64_t num_blocks, 
   s->layers = L_;
   s->blocks = num_blocks;
   s->per_layer = num_blocks * kKvBlock * Hkv_ * D_;
+  s->kv_heads = Hkv_;
+  s->head_dim = D_;
   ZEST_RETURN_IF_ERROR(s->mem.allocate(static_cast<size_t>(2 * L_ * s->per_layer) * sizeof(bf16),
                                        "the KV cache (" + std::to_string(num_blocks) + " blocks)"));
   return model::PagedKVCache(num_blocks, block_size, std::move(s));
