@@ -8,6 +8,7 @@ include(${INCLUDES})
 
 # One header per folder of src/.
 set(_header_core core/status.h)
+set(_header_transfer transfer/kv_transfer.h)
 set(_header_io io/config.h)
 set(_header_text text/tokenizer.h)
 set(_header_grammar grammar/grammar.h)
@@ -23,8 +24,8 @@ set(_header_engine engine/engine.h)
 set(_header_server server/server.h)
 set(_header_eval eval/runner.h)
 set(_header_cli cli/commands.h)
-set(_folders core io text grammar kernels/cpu kernels kernels/cuda accel model vision backend backend/cuda engine server eval
-    cli)
+set(_folders core transfer io text grammar kernels/cpu kernels kernels/cuda accel model vision backend backend/cuda
+    engine server eval cli)
 
 # The folders each library may include from: its own and those of its dependencies, all the way down. The CUDA-side
 # headers (kernels/cuda, backend/cuda) exist only in a CUDA build; without CUDA no library sees them.
@@ -41,6 +42,7 @@ else()
   set(_libs zest_kernels_cuda_stub)
 endif()
 set(_may_zest_core core)
+set(_may_zest_transfer core transfer)
 set(_may_zest_io core io)
 set(_may_zest_text core text)
 set(_may_zest_grammar core text grammar)
@@ -54,10 +56,10 @@ set(_may_zest_model core io kernels/cpu accel model)
 set(_may_zest_vision core io kernels/cpu accel vision)
 set(_may_zest_backend core io kernels/cpu kernels ${_cuda_kernels} accel model vision backend ${_cuda_backend})
 set(_may_zest_engine ${_may_zest_backend} text grammar engine)
-set(_may_zest_server ${_may_zest_engine} server)
+set(_may_zest_server ${_may_zest_engine} transfer server)
 set(_may_zest_eval ${_may_zest_engine} eval)
-list(APPEND _libs zest_core zest_io zest_text zest_grammar zest_kernels_cpu zest_kernels_api zest_accel zest_model zest_vision
-     zest_backend zest_engine zest_server zest_eval)
+list(APPEND _libs zest_core zest_transfer zest_io zest_text zest_grammar zest_kernels_cpu zest_kernels_api zest_accel
+     zest_model zest_vision zest_backend zest_engine zest_server zest_eval)
 
 file(MAKE_DIRECTORY ${WORK})
 set(_failures 0)
