@@ -10,6 +10,7 @@ void register_generate(CLI::App& app, std::function<int()>& run);
 void register_logits(CLI::App& app, std::function<int()>& run);
 void register_tokenize(CLI::App& app, std::function<int()>& run);
 void register_serve(CLI::App& app, std::function<int()>& run);
+void register_front(CLI::App& app, std::function<int()>& run);
 void register_bench(CLI::App& app, std::function<int()>& run);
 void register_calibrate_sere(CLI::App& app, std::function<int()>& run);
 void register_eval(CLI::App& app, std::function<int()>& run);

@@ -44,6 +44,7 @@ int main(int argc, char** argv) {
   zest::cli::register_logits(app, run);
   zest::cli::register_tokenize(app, run);
   zest::cli::register_serve(app, run);
+  zest::cli::register_front(app, run);
   zest::cli::register_bench(app, run);
   zest::cli::register_calibrate_sere(app, run);
   zest::cli::register_eval(app, run);

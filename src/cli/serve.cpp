@@ -16,6 +16,7 @@ struct ServeArgs {
   ModelArgs model;
   AccelArgs accel;
   server::ServerOptions opts;
+  std::string role = "both";
 };
 
 // SERE's per-layer averages as Prometheus gauges.
@@ -51,6 +52,9 @@ int run_serve(const ServeArgs& a) {
   const std::string note = random_model_note(**model);
   if (!note.empty()) std::cerr << "zest serve: " << note << std::endl;
   server::ServerOptions opts = a.opts;
+  auto role = server::parse_role(a.role);
+  if (!role.ok()) return fail(role.status());
+  opts.role = *role;
   auto sere_r = apply_accel(a.accel, **model, opts.engine);
   if (!sere_r.ok()) return fail(sere_r.status());
   std::shared_ptr<engine::SereRuntime> sere = std::move(sere_r).value();
@@ -59,7 +63,8 @@ int run_serve(const ServeArgs& a) {
   if (sere) (*srv)->add_metrics_provider([sere](std::string& out) { sere_metrics(*sere, out); });
   const engine::EngineStats s = (*srv)->stats();
   std::cerr << "zest serve: model '" << (*srv)->model_name() << "' on http://" << a.opts.host << ":" << (*srv)->port()
-            << " (KV cache " << s.kv_blocks_total << " blocks)" << std::endl;
+            << " (KV cache " << s.kv_blocks_total << " blocks, role " << server::role_name(opts.role) << ")"
+            << std::endl;
   int sig = 0;
   sigwait(&stop_signals, &sig);
   std::cerr << "zest serve: stopping" << std::endl;
@@ -115,6 +120,16 @@ void register_serve(CLI::App& app, std::function<int()>& run) {
   sub->add_option("--idle-read-timeout", o.idle_read_timeout_s, "seconds of client silence allowed while reading a request")
       ->capture_default_str();
   sub->add_option("--served-model-name", o.served_model_name, "model name in the API (default: directory name)");
+  sub->add_option("--role", a->role,
+                  "prefill/decode disaggregation: both (whole requests), prefill (also offers a prompt's K/V to a "
+                  "decode instance), decode (also continues from a prefill instance's K/V); zest front routes")
+      ->check(CLI::IsMember({"both", "prefill", "decode"}))
+      ->capture_default_str();
+  sub->add_option("--kv-hold-s", o.kv_hold_s, "prefill: seconds an offered K/V waits for its reader before it is dropped")
+      ->capture_default_str();
+  sub->add_option("--kv-read-timeout-s", o.kv_read_timeout_s,
+                  "decode: seconds a K/V read from a prefill instance may take before its request fails (503)")
+      ->capture_default_str();
   sub->callback([a, &run] { run = [a] { return run_serve(*a); }; });
 }
 

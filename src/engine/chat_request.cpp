@@ -110,6 +110,7 @@ constexpr UnsupportedField kUnsupported[] = {
     {"web_search_options", never},
     {"reasoning_effort", never},
     {"store", is_false},
+    {"kv_transfer_params", never},  // a disaggregated server (--role prefill|decode) takes it out before parsing
 };
 
 // The logits processing fields (see engine/sampler.h): penalties, logit_bias, min_tokens.

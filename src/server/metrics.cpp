@@ -128,6 +128,11 @@ std::string Metrics::render(const engine::EngineStats& stats) const {
         stats.prefix_cache_queries > 0
             ? static_cast<double>(stats.prefix_cache_hits) / static_cast<double>(stats.prefix_cache_queries)
             : 0.0);
+  counter(out, "zest_kv_exports_total", "Prompts whose K/V were copied out for a decode instance (--role prefill).",
+          stats.kv_exports);
+  counter(out, "zest_kv_imports_total",
+          "Prompts whose K/V, read from a prefill instance, were written into this cache (--role decode).",
+          stats.kv_imports);
   counter(out, "zest_prefix_cache_waits_total",
           "Admissions put off by a step to take a prefix block that a running request was computing.",
           stats.prefix_waits);

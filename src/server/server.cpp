@@ -8,6 +8,7 @@
 #include <csignal>
 #include <filesystem>
 #include <iostream>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -101,12 +102,20 @@ struct Job {
   engine::ChatOutputOptions parse;
   bool reasoning_field = false;  // messages carry reasoning_content
   std::vector<engine::ChatOutputParser> parsers;
+  // Prefill instance, kv_transfer_params {"do_remote_decode": true}: the response offers the prompt's K/V and carries
+  // what the decode instance continues from.
+  bool export_kv = false;
+  std::vector<int32_t> prompt_ids;
+  int64_t rope_delta = 0;
 };
 
 // One choice of a request to submit.
 struct ChoiceSpec {
   engine::Prompt prompt;
   engine::SamplingParams sampling;
+  bool export_kv = false;                          // engine::Request's disaggregation fields
+  std::shared_ptr<const model::KvSnapshot> kv;
+  int32_t first_token = -1;
 };
 
 }  // namespace
@@ -124,6 +133,8 @@ struct Server::Impl {
   int32_t think_open_id = -1, think_close_id = -1, im_start_id = -1;
   Metrics metrics;
   std::unique_ptr<EngineLoop> loop;
+  std::unique_ptr<transfer::Offerer> offerer;  // --role prefill
+  std::unique_ptr<transfer::Reader> reader;    // --role decode
   std::unique_ptr<HttpServer> http;
   std::thread listener;
   int port = 0;
@@ -168,7 +179,11 @@ struct Server::Impl {
   // Non-streaming reply: waits for the end, checking the client's connection once per keep-alive interval
   // (a client gone aborts the request).
   void respond_whole(httplib::Response& res, const Job& job);
-  std::pair<int, std::string> whole_body(const ChannelUpdate& u, const Job& job) const;
+  std::pair<int, std::string> whole_body(const ChannelUpdate& u, const Job& job, const json& extra = json()) const;
+  // Disaggregation: the kv_transfer_params of a prefill response (offers the K/V), and a decode request's prompt
+  // K/V read from the prefill instance.
+  Result<json> offer_kv(const engine::RequestOutput& out, const Job& job);
+  Result<std::shared_ptr<const model::KvSnapshot>> read_kv(const RemotePrefill& rp);
   void respond_stream(httplib::Response& res, std::shared_ptr<Job> job);
   // One provider call: waits for news (up to the keep-alive interval) and writes it; false = stop.
   bool stream_step(Job& job, httplib::DataSink& sink);
@@ -391,6 +406,22 @@ void Server::Impl::handle_chat(const httplib::Request&, httplib::Response& res,
   json j;
   std::string raw;
   if (!read_json(res, reader, j, &raw)) return;
+  // Disaggregation: the front's kv_transfer_params (server/disagg.h), taken out before the body is parsed.
+  json kvp;
+  if (auto it = j.find("kv_transfer_params"); it != j.end()) {
+    if (opts.role == Role::kBoth)
+      return reply_error(res, 400,
+                         "'kv_transfer_params' needs a server started with --role prefill or --role decode (this one "
+                         "runs --role both)",
+                         "kv_transfer_params");
+    kvp = std::move(*it);
+    j.erase(it);
+  }
+  const bool export_kv = opts.role == Role::kPrefill && !kvp.is_null();
+  const bool import_kv = opts.role == Role::kDecode && !kvp.is_null();
+  if (export_kv && !(kvp.is_object() && kvp.size() == 1 && kvp.value("do_remote_decode", json()) == true))
+    return reply_error(res, 400, "'kv_transfer_params' of a request to a prefill instance must be {\"do_remote_decode\": true}",
+                       "kv_transfer_params");
   engine::RequestLimits rl;
   rl.max_messages = opts.max_messages;
   rl.max_parts = opts.max_content_parts;
@@ -399,7 +430,34 @@ void Server::Impl::handle_chat(const httplib::Request&, httplib::Response& res,
   engine::ChatRequest& cr = *parsed;
   keep_key_order(cr, raw);
   std::string().swap(raw);
-  if (Status st = check_image_sources(cr.messages, opts.allow_local_files); !st.is_ok()) return reply_status(res, st);
+  if (export_kv || import_kv) {
+    // What one prefilled token cannot carry to the decode instance yet is refused by name.
+    const char* field = cr.n > 1 ? "n"
+                        : cr.sampling.logprobs ? "logprobs"
+                        : cr.sampling.prompt_logprobs >= 0 ? "prompt_logprobs"
+                        : export_kv && cr.stream ? "stream"
+                                                 : nullptr;
+    if (field != nullptr)
+      return reply_error(res, 400,
+                         "'" + std::string(field) + "' is not supported by zest's disaggregated serving (unsupported "
+                         "field '" + field + "' with kv_transfer_params)",
+                         field);
+  }
+  std::optional<RemotePrefill> remote;
+  if (import_kv) {
+    auto rp = RemotePrefill::from_json(kvp);
+    if (!rp.ok()) return reply_status(res, rp.status());
+    if (Status st = check_geometry(rp->kv, model->config.text); !st.is_ok()) return reply_status(res, st);
+    remote = std::move(rp).value();
+  }
+  // A request refused before its K/V is read lets the prefill instance drop the offer now (not at --kv-hold-s).
+  auto drop_offer = [&] {
+    if (remote) this->reader->release(remote->handle);
+  };
+  if (Status st = check_image_sources(cr.messages, opts.allow_local_files); !st.is_ok()) {
+    drop_offer();
+    return reply_status(res, st);
+  }
 
   engine::PromptOptions po;
   po.allow_local_files = opts.allow_local_files;
@@ -407,11 +465,26 @@ void Server::Impl::handle_chat(const httplib::Request&, httplib::Response& res,
   po.max_image_pixels = opts.max_image_pixels;
   po.max_request_pixels = opts.max_request_pixels;
   po.cancelled = [this, conn] { return stopping.load() || (conn && conn->client_gone()); };
-  // Everything that bounds the work, before any pixel is decoded: image headers, template, token count.
-  auto plan = engine::plan_prompt(*model, cr, po);
-  if (!plan.ok()) return reply_status(res, plan.status());
-  if (Status st = check_length(plan->min_prompt_tokens, cr); !st.is_ok()) return reply_status(res, st);
-  auto prompt = engine::finish_prompt(*model, cr, std::move(plan).value(), po);
+  Result<engine::Prompt> prompt = engine::Prompt();
+  std::shared_ptr<const model::KvSnapshot> imported;
+  if (remote) {
+    // The prompt as the prefill instance ran it; its K/V is read from there (no template, image or prefill work).
+    prompt->ids = remote->prompt_ids;
+    prompt->rope_delta = remote->rope_delta;
+    if (Status st = check_length(static_cast<int64_t>(prompt->ids.size()), cr); !st.is_ok()) {
+      drop_offer();
+      return reply_status(res, st);
+    }
+    auto kv = read_kv(*remote);
+    if (!kv.ok()) return reply_error(res, 503, kv.status().message());
+    imported = std::move(kv).value();
+  } else {
+    // Everything that bounds the work, before any pixel is decoded: image headers, template, token count.
+    auto plan = engine::plan_prompt(*model, cr, po);
+    if (!plan.ok()) return reply_status(res, plan.status());
+    if (Status st = check_length(plan->min_prompt_tokens, cr); !st.is_ok()) return reply_status(res, st);
+    prompt = engine::finish_prompt(*model, cr, std::move(plan).value(), po);
+  }
   // A client gone (or a server stopping) while the images were prepared: nothing goes to the engine.
   if (po.cancelled()) {
     res.set_header("Connection", "close");
@@ -453,11 +526,31 @@ void Server::Impl::handle_chat(const httplib::Request&, httplib::Response& res,
   job.n = cr.n;
   for (int64_t v : prompt->visual_tokens_before) job.usage.visual_tokens_before += v;
   for (int64_t v : prompt->visual_tokens_after) job.usage.visual_tokens_after += v;
+  if (remote) {
+    job.usage.cached_tokens = remote->cached_tokens;  // the engine adds its own (none: the prompt is not run here)
+    job.usage.visual_tokens_before = remote->visual_tokens_before;
+    job.usage.visual_tokens_after = remote->visual_tokens_after;
+  }
+  if (export_kv) {
+    job.export_kv = true;
+    job.prompt_ids = prompt->ids;
+    job.rope_delta = prompt->rope_delta;
+  }
   std::vector<ChoiceSpec> choices(static_cast<size_t>(cr.n));
   for (int64_t i = 0; i < cr.n; ++i) {
     if (i + 1 < cr.n) choices[i].prompt = *prompt;
     else choices[i].prompt = std::move(prompt).value();
     choices[i].sampling = engine::choice_sampling(cr.sampling, i);
+    if (export_kv) {
+      // The prefill instance samples the first token only; the request's max_tokens was checked above.
+      choices[i].sampling.max_tokens = 1;
+      choices[i].sampling.min_tokens = std::min<int64_t>(choices[i].sampling.min_tokens, 1);
+      choices[i].export_kv = true;
+    }
+    if (remote) {
+      choices[i].kv = imported;
+      choices[i].first_token = remote->first_token;
+    }
   }
   submit(job, std::move(choices), cr.sere, received_ms);
   if (!cr.stream) return respond_whole(res, job);
@@ -593,6 +686,9 @@ void Server::Impl::submit(Job& job, std::vector<ChoiceSpec> choices, bool sere, 
     er.prompt = std::move(choices[i].prompt);
     er.sampling = std::move(choices[i].sampling);
     er.sere = sere;
+    er.export_kv = choices[i].export_kv;
+    er.kv = std::move(choices[i].kv);
+    er.first_token = choices[i].first_token;
     auto channel = job.channel;
     er.on_update = [this, channel, i, received_ms, usage](const std::string& delta, const engine::RequestOutput& out,
                                                           bool finished) {
@@ -624,7 +720,7 @@ void Server::Impl::abort_all(const Job& job) {
 }
 
 // The body (and status) of a non-streaming response from the request's final update.
-std::pair<int, std::string> Server::Impl::whole_body(const ChannelUpdate& u, const Job& job) const {
+std::pair<int, std::string> Server::Impl::whole_body(const ChannelUpdate& u, const Job& job, const json& extra) const {
   if (!u.rejected.is_ok()) {
     // Counted as rejected by the submit callback already.
     const int status = http_status_for(u.rejected);
@@ -656,10 +752,35 @@ std::pair<int, std::string> Server::Impl::whole_body(const ChannelUpdate& u, con
   }
   if (job.text_completion) return {200, dump_json(text_completion_json(job.cid, choices, &usage, false))};
   json body = completion_json(job.cid, choices, usage);
+  for (const auto& [k, v] : extra.items()) body[k] = v;
   // Chat: one prompt, its log-probabilities at the top level (vLLM's place for them).
   if (job.prompt_logprobs && !u.choices.empty())
     body["prompt_logprobs"] = prompt_logprobs_json(u.choices.front().output.prompt_logprobs, model->tokenizer);
   return {200, dump_json(body)};
+}
+
+Result<json> Server::Impl::offer_kv(const engine::RequestOutput& out, const Job& job) {
+  if (!out.kv || !out.kv->bytes || out.token_ids.empty()) return internal_error("the prefill produced no K/V to offer");
+  ZEST_ASSIGN_OR_RETURN(transfer::Handle h, offerer->offer(out.kv->bytes));
+  RemotePrefill rp;
+  rp.handle = std::move(h);
+  rp.kv = *out.kv;
+  rp.kv.bytes.reset();
+  rp.prompt_ids = job.prompt_ids;
+  rp.rope_delta = job.rope_delta;
+  rp.first_token = out.token_ids.front();
+  rp.cached_tokens = out.cached_tokens;
+  rp.visual_tokens_before = job.usage.visual_tokens_before;
+  rp.visual_tokens_after = job.usage.visual_tokens_after;
+  return rp.to_json();
+}
+
+Result<std::shared_ptr<const model::KvSnapshot>> Server::Impl::read_kv(const RemotePrefill& rp) {
+  auto snap = std::make_shared<model::KvSnapshot>(rp.kv);
+  snap->bytes = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(rp.kv.expected_bytes()));
+  Status st = reader->read(rp.handle, snap->bytes->data(), opts.kv_read_timeout_s);
+  if (!st.is_ok()) return st.with_context("reading the prompt's K/V from the prefill instance");
+  return std::shared_ptr<const model::KvSnapshot>(std::move(snap));
 }
 
 void Server::Impl::respond_whole(httplib::Response& res, const Job& job) {
@@ -679,7 +800,16 @@ void Server::Impl::respond_whole(httplib::Response& res, const Job& job) {
   }
   // A refused choice refuses the request: the others stop.
   if (!u.rejected.is_ok()) abort_all(job);
-  auto [status, body] = whole_body(u, job);
+  json extra;
+  if (job.export_kv && u.rejected.is_ok() && !u.choices.empty()) {
+    const engine::RequestOutput& out = u.choices.front().output;
+    if (out.finish == engine::FinishReason::kStop || out.finish == engine::FinishReason::kLength) {
+      auto params = offer_kv(out, job);
+      if (!params.ok()) return reply_status(res, params.status());
+      extra["kv_transfer_params"] = std::move(params).value();
+    }
+  }
+  auto [status, body] = whole_body(u, job, extra);
   res.status = status;
   res.set_content(body, kJson);
 }
@@ -842,6 +972,24 @@ Result<std::unique_ptr<Server>> Server::start(std::shared_ptr<engine::ModelBundl
   impl->reasoning = opts.reasoning_parser == "qwen3" ||
                     (opts.reasoning_parser == "auto" && has_tags && model->chat_template == text::TemplateKind::kQwen3);
   impl->loop = std::make_unique<EngineLoop>(model, opts.engine);
+  if (opts.role == Role::kPrefill) {
+    if (!(opts.kv_hold_s > 0)) return invalid_argument("--kv-hold-s must be positive");
+    auto o = transfer::Offerer::start(opts.kv_hold_s);
+    if (!o.ok()) return o.status().with_context("starting the K/V transfer agent (--role prefill)");
+    impl->offerer = std::move(o).value();
+  }
+  if (opts.role == Role::kDecode) {
+    if (!(opts.kv_read_timeout_s > 0)) return invalid_argument("--kv-read-timeout-s must be positive");
+    auto r = transfer::Reader::start();
+    if (!r.ok()) return r.status().with_context("starting the K/V transfer agent (--role decode)");
+    impl->reader = std::move(r).value();
+  }
+  if (impl->offerer || impl->reader) {
+    Impl* p = impl.get();
+    impl->metrics.add_provider([p](std::string& out) {
+      transfer_metrics(p->offerer ? p->offerer->stats() : p->reader->stats(), out);
+    });
+  }
 
   impl->http = std::make_unique<HttpServer>(impl->connection_limits());
   const int threads = impl->http_threads();

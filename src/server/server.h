@@ -17,6 +17,7 @@
 #include "core/status.h"
 #include "engine/engine.h"
 #include "engine/model_bundle.h"
+#include "server/disagg.h"
 #include "server/metrics.h"
 
 namespace zest::server {
@@ -48,6 +49,13 @@ struct ServerOptions {
   // have both tags as tokens), "none" leaves the text whole, "auto" is qwen3 for models whose chat template has the
   // enable_thinking switch (the Qwen3 text template) and none otherwise (the Qwen3-VL instruct template).
   std::string reasoning_parser = "auto";
+  // Prefill/decode disaggregation (server/disagg.h). kBoth serves whole requests and refuses kv_transfer_params; a
+  // prefill instance also answers requests with kv_transfer_params {"do_remote_decode": true} by offering the
+  // prompt's K/V, a decode instance also continues requests with the kv_transfer_params a prefill instance returned.
+  // Both serve requests without the field whole.
+  Role role = Role::kBoth;
+  double kv_hold_s = 60;          // prefill: an offered K/V nobody has read is dropped after this
+  double kv_read_timeout_s = 30;  // decode: a K/V read that takes longer fails its request (503)
   engine::EngineOptions engine;
 };
 

@@ -1,0 +1,132 @@
+#include "server/disagg.h"
+
+#include <cstdio>
+
+namespace zest::server {
+
+using nlohmann::json;
+
+const char* role_name(Role r) {
+  switch (r) {
+    case Role::kBoth: return "both";
+    case Role::kPrefill: return "prefill";
+    case Role::kDecode: return "decode";
+  }
+  return "both";
+}
+
+Result<Role> parse_role(const std::string& name) {
+  for (Role r : {Role::kBoth, Role::kPrefill, Role::kDecode})
+    if (name == role_name(r)) return r;
+  return invalid_argument("--role must be both, prefill or decode, got '" + name + "'");
+}
+
+json RemotePrefill::to_json() const {
+  return {{"handle", handle.to_json()},
+          {"kv",
+           {{"tokens", kv.tokens},
+            {"layers", kv.layers},
+            {"kv_heads", kv.kv_heads},
+            {"head_dim", kv.head_dim},
+            {"dtype", dtype_name(kv.dtype)}}},
+          {"prompt_token_ids", prompt_ids},
+          {"rope_delta", rope_delta},
+          {"first_token", first_token},
+          {"cached_tokens", cached_tokens},
+          {"visual_tokens_before", visual_tokens_before},
+          {"visual_tokens_after", visual_tokens_after}};
+}
+
+namespace {
+
+const std::string kWhere = "kv_transfer_params.";
+
+Status get_int(const json& j, const char* key, int64_t lo, int64_t hi, int64_t& out, const std::string& at = kWhere) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_number_integer())
+    return invalid_argument(at + key + " must be an integer");
+  const int64_t v = it->get<int64_t>();
+  if (v < lo || v > hi)
+    return invalid_argument(at + key + " = " + std::to_string(v) + " is outside [" + std::to_string(lo) + ", " +
+                            std::to_string(hi) + "]");
+  out = v;
+  return Status::ok();
+}
+
+}  // namespace
+
+Result<RemotePrefill> RemotePrefill::from_json(const json& j) {
+  if (!j.is_object()) return invalid_argument("kv_transfer_params must be an object");
+  RemotePrefill r;
+  auto h = j.find("handle");
+  if (h == j.end()) return invalid_argument(kWhere + "handle is missing");
+  auto handle = transfer::Handle::from_json(*h);
+  if (!handle.ok()) return handle.status().with_context(kWhere + "handle");
+  r.handle = std::move(handle).value();
+  auto kv = j.find("kv");
+  if (kv == j.end() || !kv->is_object()) return invalid_argument(kWhere + "kv must be an object");
+  const std::string at = kWhere + "kv.";
+  constexpr int64_t kBig = int64_t{1} << 40;
+  ZEST_RETURN_IF_ERROR(get_int(*kv, "tokens", 1, kBig, r.kv.tokens, at));
+  ZEST_RETURN_IF_ERROR(get_int(*kv, "layers", 1, 4096, r.kv.layers, at));
+  ZEST_RETURN_IF_ERROR(get_int(*kv, "kv_heads", 1, 4096, r.kv.kv_heads, at));
+  ZEST_RETURN_IF_ERROR(get_int(*kv, "head_dim", 1, 4096, r.kv.head_dim, at));
+  auto dt = kv->find("dtype");
+  if (dt == kv->end() || !dt->is_string()) return invalid_argument(at + "dtype must be a string");
+  bool known = false;
+  for (DType d : {DType::F32, DType::BF16, DType::F16})
+    if (dt->get<std::string>() == dtype_name(d)) r.kv.dtype = d, known = true;
+  if (!known) return invalid_argument(at + "dtype '" + dt->get<std::string>() + "' is not F32, BF16 or F16");
+  auto ids = j.find("prompt_token_ids");
+  if (ids == j.end() || !ids->is_array() || ids->empty())
+    return invalid_argument(kWhere + "prompt_token_ids must be a non-empty array of token ids");
+  r.prompt_ids.reserve(ids->size());
+  for (const json& v : *ids) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX)
+      return invalid_argument(kWhere + "prompt_token_ids must hold token ids");
+    r.prompt_ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
+  }
+  if (static_cast<int64_t>(r.prompt_ids.size()) != r.kv.tokens)
+    return invalid_argument(kWhere + "kv.tokens (" + std::to_string(r.kv.tokens) + ") is not the prompt's " +
+                            std::to_string(r.prompt_ids.size()) + " tokens");
+  if (r.handle.bytes != r.kv.expected_bytes())
+    return invalid_argument(kWhere + "handle.bytes (" + std::to_string(r.handle.bytes) + ") is not the " +
+                            std::to_string(r.kv.expected_bytes()) + " bytes of the K/V it describes");
+  int64_t first = -1;
+  ZEST_RETURN_IF_ERROR(get_int(j, "rope_delta", -kBig, kBig, r.rope_delta));
+  ZEST_RETURN_IF_ERROR(get_int(j, "first_token", 0, INT32_MAX, first));
+  r.first_token = static_cast<int32_t>(first);
+  ZEST_RETURN_IF_ERROR(get_int(j, "cached_tokens", 0, r.kv.tokens, r.cached_tokens));
+  ZEST_RETURN_IF_ERROR(get_int(j, "visual_tokens_before", 0, kBig, r.visual_tokens_before));
+  ZEST_RETURN_IF_ERROR(get_int(j, "visual_tokens_after", 0, kBig, r.visual_tokens_after));
+  return r;
+}
+
+Status check_geometry(const model::KvSnapshot& kv, const io::TextConfig& cfg) {
+  if (kv.layers != cfg.num_layers || kv.kv_heads != cfg.num_kv_heads || kv.head_dim != cfg.head_dim)
+    return invalid_argument("kv_transfer_params: the prefill instance's K/V (" + std::to_string(kv.layers) +
+                            " layers, " + std::to_string(kv.kv_heads) + " kv heads of " + std::to_string(kv.head_dim) +
+                            ") is not this model's (" + std::to_string(cfg.num_layers) + " layers, " +
+                            std::to_string(cfg.num_kv_heads) + " kv heads of " + std::to_string(cfg.head_dim) +
+                            "): the two instances must serve the same model");
+  return Status::ok();
+}
+
+void transfer_metrics(const transfer::TransferStats& s, std::string& out) {
+  auto one = [&](const char* name, const char* type, const char* help, double v) {
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "%.12g", v);
+    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" + name + " " + buf + "\n";
+  };
+  one("zest_kv_transfer_offers_total", "counter", "Prompt K/V offered to decode instances (prefill)", s.offered);
+  one("zest_kv_transfer_released_total", "counter", "Offers released by their reader (prefill)", s.released);
+  one("zest_kv_transfer_expired_total", "counter", "Offers dropped unread after --kv-hold-s (prefill)", s.expired);
+  one("zest_kv_transfer_held", "gauge", "Offers waiting for their reader (prefill)", s.held);
+  one("zest_kv_transfer_held_bytes", "gauge", "Bytes of the offers waiting for their reader (prefill)", s.held_bytes);
+  one("zest_kv_transfer_reads_total", "counter", "Prompt K/V read from prefill instances (decode)", s.reads);
+  one("zest_kv_transfer_read_bytes_total", "counter", "Bytes read from prefill instances (decode)", s.read_bytes);
+  one("zest_kv_transfer_read_seconds_total", "counter", "Seconds spent reading prompt K/V (decode)", s.read_seconds);
+  one("zest_kv_transfer_read_failures_total", "counter", "K/V reads that failed (decode)", s.failed_reads);
+}
+
+}  // namespace zest::server

@@ -1,0 +1,347 @@
+// Prefill/decode disaggregation on loopback (server/disagg.h, server/front.h): one prefill instance, one decode
+// instance and the front, against one --role both instance of the same model. Greedy replies must be identical
+// (text, streamed or not, and token counts), the K/V bytes moved must follow the prompt's tokens (VisionZip), SERE
+// must run where decode runs, and a prefill instance that is gone must give the client an error and leave the decode
+// instance's KV cache empty.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+
+#include "engine/sere.h"
+#include "io/image.h"
+#include "server/disagg.h"
+#include "server/front.h"
+#include "server_test_util.h"
+
+using namespace zest;
+using namespace zest::server;
+using namespace zest::server::testing;
+
+namespace {
+
+std::string url(const Server& s) { return "http://127.0.0.1:" + std::to_string(s.port()); }
+
+std::unique_ptr<Front> start_front(const Server& prefill, const Server& decode) {
+  FrontOptions o;
+  o.port = 0;
+  o.prefill = {url(prefill)};
+  o.decode = {url(decode)};
+  o.http_threads = 16;
+  auto f = Front::start(o);
+  EXPECT_TRUE(f.ok()) << f.status().to_string();
+  return f.ok() ? std::move(f).value() : nullptr;
+}
+
+std::unique_ptr<httplib::Client> client_of(int port) {
+  auto c = std::make_unique<httplib::Client>("127.0.0.1", port);
+  c->set_read_timeout(120);
+  return c;
+}
+
+ServerOptions with_role(Role r) {
+  ServerOptions o;
+  o.role = r;
+  o.http_threads = 32;  // (a per-address cap of 16 connections: the tests talk from one address)
+  return o;
+}
+
+std::string gray_jpeg(int64_t w, int64_t h) {
+  io::Image img;
+  img.width = w;
+  img.height = h;
+  img.rgb.resize(static_cast<size_t>(w * h * 3));
+  for (size_t i = 0; i < img.rgb.size(); ++i) img.rgb[i] = static_cast<uint8_t>((i * 37 / 3) % 251);
+  auto jpg = io::encode_jpeg(img, 90);
+  EXPECT_TRUE(jpg.ok());
+  return "data:image/jpeg;base64," + base64(std::string(jpg->begin(), jpg->end()));
+}
+
+json image_body(const std::string& data_url, int64_t max_tokens) {
+  json content = json::array({{{"type", "image_url"}, {"image_url", {{"url", data_url}}}},
+                              {{"type", "text"}, {"text", "What is in the picture?"}}});
+  return {{"messages", json::array({{{"role", "user"}, {"content", content}}})},
+          {"max_tokens", max_tokens},
+          {"temperature", 0},
+          {"ignore_eos", true},
+          {"mm_processor_kwargs", {{"min_pixels", 64 * 32 * 32}, {"max_pixels", 96 * 32 * 32}}}};
+}
+
+double metric(httplib::Client& c, const std::string& name) { return metrics(c)[name]; }
+
+// Polls a server's /metrics until `name` reaches `want` (the offer's release is asynchronous); the last value.
+double wait_metric(httplib::Client& c, const std::string& name, double want) {
+  auto m = wait_metrics(c, [&](auto& m) { return m[name] == want; }, 30);
+  return m[name];
+}
+
+struct Deployment {
+  std::unique_ptr<Server> both, prefill, decode;
+  std::unique_ptr<Front> front;
+  explicit Deployment(const std::string& model, ServerOptions decode_opts = with_role(Role::kDecode),
+                      ServerOptions both_opts = with_role(Role::kBoth)) {
+    both = start_server(model, both_opts);
+    prefill = start_server(model, with_role(Role::kPrefill));
+    decode = start_server(model, decode_opts);
+    if (prefill && decode) front = start_front(*prefill, *decode);
+  }
+  bool ok() const { return both && prefill && decode && front; }
+};
+
+TEST(Disagg, TextRepliesEqualOneInstanceStreamedOrNot) {
+  Deployment d("qwen3_moe_tiny");
+  ASSERT_TRUE(d.ok());
+  auto both = client(*d.both);
+  auto front = client_of(d.front->port());
+  for (const char* text : {"Name three colors.", "Write a long story about the sea, please."}) {
+    SCOPED_TRACE(text);
+    json body = chat_body(text, 20);
+    body["ignore_eos"] = true;
+    HttpReply want = post_json(*both, body.dump());
+    ASSERT_EQ(want.status, 200) << want.body;
+    HttpReply got = post_json(*front, body.dump());
+    ASSERT_EQ(got.status, 200) << got.body;
+    EXPECT_EQ(got.j["choices"][0]["message"]["content"], want.j["choices"][0]["message"]["content"]);
+    EXPECT_EQ(got.j["choices"][0]["finish_reason"], want.j["choices"][0]["finish_reason"]);
+    EXPECT_EQ(got.j["usage"]["prompt_tokens"], want.j["usage"]["prompt_tokens"]);
+    EXPECT_EQ(got.j["usage"]["completion_tokens"], want.j["usage"]["completion_tokens"]);
+    EXPECT_FALSE(got.j.contains("kv_transfer_params")) << "the decode instance's answer reaches the client as it is";
+
+    body["stream"] = true;
+    body["stream_options"] = {{"include_usage", true}};
+    StreamReply s = post_stream(*front, body.dump());
+    ASSERT_EQ(s.status, 200) << s.error_body;
+    StreamParts p = split_stream(s);
+    EXPECT_TRUE(p.done_last);
+    EXPECT_EQ(p.content, want.j["choices"][0]["message"]["content"].get<std::string>());
+    ASSERT_FALSE(p.chunks.empty());
+    EXPECT_EQ(p.chunks.back()["usage"]["completion_tokens"], want.j["usage"]["completion_tokens"]);
+  }
+  // Four requests: four K/V exports, reads and imports; every offer released, the decode cache empty.
+  auto pc = client(*d.prefill);
+  auto dc = client(*d.decode);
+  EXPECT_EQ(metric(*pc, "zest_kv_exports_total"), 4);
+  EXPECT_EQ(wait_metric(*pc, "zest_kv_transfer_released_total", 4), 4);
+  EXPECT_EQ(metric(*pc, "zest_kv_transfer_held"), 0);
+  EXPECT_EQ(metric(*dc, "zest_kv_imports_total"), 4);
+  EXPECT_EQ(metric(*dc, "zest_kv_transfer_reads_total"), 4);
+  EXPECT_GT(metric(*dc, "zest_kv_transfer_read_bytes_total"), 0);
+  EXPECT_EQ(wait_metrics(*dc, idle)["zest_kv_blocks_used"], 0);
+  EXPECT_EQ(metric(*dc, "zest_prompt_tokens_total"), metric(*pc, "zest_prompt_tokens_total"));
+}
+
+TEST(Disagg, ClientGoneMidStreamAbortsOnTheDecodeInstance) {
+  Deployment d("qwen3_moe_tiny");
+  ASSERT_TRUE(d.ok());
+  json body = chat_body("Tell me a very long story.", 3000);
+  body["ignore_eos"] = true;
+  body["stream"] = true;
+  StreamReply s = post_stream(*client_of(d.front->port()), body.dump(),
+                              [](const std::vector<std::string>& events) { return events.size() < 3; });
+  EXPECT_EQ(s.status, 200);
+  auto dc = client(*d.decode);
+  auto m = wait_metrics(*dc, [](auto& m) { return m["zest_requests_total{finish_reason=\"abort\"}"] == 1; }, 60);
+  EXPECT_EQ(m["zest_requests_total{finish_reason=\"abort\"}"], 1);
+  EXPECT_EQ(wait_metrics(*dc, idle)["zest_kv_blocks_used"], 0);
+}
+
+TEST(Disagg, ImageRepliesEqualAndPruningMovesFewerBytes) {
+  Deployment d("qwen3_vl_moe_tiny");
+  ASSERT_TRUE(d.ok());
+  auto both = client(*d.both);
+  auto front = client_of(d.front->port());
+  auto dc = client(*d.decode);
+  const std::string image = gray_jpeg(320, 256);
+  double bytes_before = 0;
+  std::vector<double> per_request;  // bytes read, prompt tokens
+  std::vector<int64_t> prompts;
+  for (const char* rate : {"", "0.4"}) {
+    SCOPED_TRACE(rate);
+    json body = image_body(image, 12);
+    if (*rate) body["vision_prune"] = {{"rate", std::stod(rate)}};
+    HttpReply want = post_json(*both, body.dump());
+    ASSERT_EQ(want.status, 200) << want.body;
+    HttpReply got = post_json(*front, body.dump());
+    ASSERT_EQ(got.status, 200) << got.body;
+    EXPECT_EQ(got.j["choices"][0]["message"]["content"], want.j["choices"][0]["message"]["content"]);
+    EXPECT_EQ(got.j["usage"]["prompt_tokens"], want.j["usage"]["prompt_tokens"]);
+    EXPECT_EQ(got.j["usage"]["visual_tokens_after"], want.j["usage"]["visual_tokens_after"]);
+    const double bytes = metric(*dc, "zest_kv_transfer_read_bytes_total");
+    per_request.push_back(bytes - bytes_before);
+    bytes_before = bytes;
+    prompts.push_back(got.j["usage"]["prompt_tokens"].get<int64_t>());
+  }
+  ASSERT_EQ(per_request.size(), 2u);
+  EXPECT_LT(prompts[1], prompts[0]) << "rate 0.4 must drop visual tokens";
+  // The K/V moved is the prompt's, token for token: pruning cuts it in proportion.
+  EXPECT_DOUBLE_EQ(per_request[1] / per_request[0], static_cast<double>(prompts[1]) / prompts[0]);
+  EXPECT_EQ(wait_metrics(*dc, idle)["zest_kv_blocks_used"], 0);
+}
+
+TEST(Disagg, SereRunsWhereDecodeRuns) {
+  // SERE on the decode instance (and on the reference's decode steps, which is where it runs by default).
+  auto model = fixture_model("qwen3_moe_tiny");
+  ASSERT_TRUE(model);
+  engine::CalibrationOptions co;
+  for (const auto& e : std::filesystem::directory_iterator(std::string(ZEST_SOURCE_DIR) + "/assets/calibration"))
+    if (e.path().extension() == ".txt") co.text_files.push_back(e.path().string());
+  std::sort(co.text_files.begin(), co.text_files.end());
+  co.max_tokens = 128;
+  co.progress = false;
+  co.out_file = ::testing::TempDir() + "/disagg_sere-" + std::to_string(::getpid()) + ".safetensors";
+  ASSERT_TRUE(engine::calibrate_sere(*model, co).ok());
+  engine::SereOptions so;
+  so.params.primary = 1;
+  so.similarity_file = co.out_file;
+  auto sere_decode = engine::SereRuntime::create(*model, so);
+  auto sere_both = engine::SereRuntime::create(*model, so);
+  ASSERT_TRUE(sere_decode.ok() && sere_both.ok());
+  std::filesystem::remove(co.out_file);
+  ServerOptions dec = with_role(Role::kDecode), both = with_role(Role::kBoth);
+  engine::SereRuntime* rd = sere_decode->get();
+  engine::SereRuntime* rb = sere_both->get();
+  dec.engine.moe_hooks = [rd](bool decode_only) { return rd->hooks(decode_only); };
+  both.engine.moe_hooks = [rb](bool decode_only) { return rb->hooks(decode_only); };
+  Deployment d("qwen3_moe_tiny", dec, both);
+  ASSERT_TRUE(d.ok());
+  json body = chat_body("Tell me about the mountains and the rivers.", 16);
+  body["ignore_eos"] = true;
+  HttpReply want = post_json(*client(*d.both), body.dump());
+  HttpReply got = post_json(*client_of(d.front->port()), body.dump());
+  ASSERT_EQ(want.status, 200) << want.body;
+  ASSERT_EQ(got.status, 200) << got.body;
+  EXPECT_EQ(got.j["choices"][0]["message"]["content"], want.j["choices"][0]["message"]["content"]);
+  // The decode instance re-routed its decode steps (15 of them) as the single instance did.
+  EXPECT_EQ((*sere_decode)->stats_json()["steps"], (*sere_both)->stats_json()["steps"]);
+  EXPECT_GT((*sere_decode)->stats_json()["steps"].get<int64_t>(), 0);
+}
+
+TEST(Disagg, PrefillGoneGivesAnErrorAndLeavesNoBlocks) {
+  Deployment d("qwen3_moe_tiny");
+  ASSERT_TRUE(d.ok());
+  auto dc = client(*d.decode);
+  // The prefill step alone, as the front does it; then the prefill instance goes away before the read.
+  json body = chat_body("Hello there", 8);
+  json first = body;
+  first["kv_transfer_params"] = {{"do_remote_decode", true}};
+  HttpReply p = post_json(*client(*d.prefill), first.dump());
+  ASSERT_EQ(p.status, 200) << p.body;
+  ASSERT_TRUE(p.j.contains("kv_transfer_params")) << p.body;
+  EXPECT_EQ(p.j["usage"]["completion_tokens"], 1);
+  const std::string prefill_url = url(*d.prefill);
+  d.front.reset();
+  d.prefill.reset();
+  body["kv_transfer_params"] = p.j["kv_transfer_params"];
+  const double t0 = now_ms();
+  HttpReply r = post_json(*dc, body.dump());
+  EXPECT_LT(now_ms() - t0, 60000);
+  EXPECT_EQ(r.status, 503) << r.body;
+  EXPECT_NE(r.body.find("prefill instance"), std::string::npos) << r.body;
+  EXPECT_EQ(metric(*dc, "zest_kv_transfer_read_failures_total"), 1);
+  EXPECT_EQ(wait_metrics(*dc, idle)["zest_kv_blocks_used"], 0);
+  EXPECT_EQ(metric(*dc, "zest_kv_imports_total"), 0);
+  // Through a front whose prefill instance is down: 502 naming it.
+  FrontOptions fo;
+  fo.port = 0;
+  fo.prefill = {prefill_url};
+  fo.decode = {url(*d.decode)};
+  auto front = Front::start(fo);
+  ASSERT_TRUE(front.ok()) << front.status().to_string();
+  HttpReply via = post_json(*client_of((*front)->port()), chat_body("Hello", 4).dump());
+  EXPECT_EQ(via.status, 502) << via.body;
+  EXPECT_NE(via.body.find(prefill_url), std::string::npos) << via.body;
+  // The decode instance still serves whole requests.
+  EXPECT_EQ(post_json(*dc, chat_body("Hello", 4).dump()).status, 200);
+}
+
+TEST(Disagg, UnreadOffersExpire) {
+  ServerOptions po = with_role(Role::kPrefill);
+  po.kv_hold_s = 0.3;
+  auto prefill = start_server("qwen3_moe_tiny", po);
+  auto decode = start_server("qwen3_moe_tiny", with_role(Role::kDecode));
+  ASSERT_TRUE(prefill && decode);
+  auto pc = client(*prefill);
+  json body = chat_body("Hello there", 8);
+  json first = body;
+  first["kv_transfer_params"] = {{"do_remote_decode", true}};
+  HttpReply p = post_json(*pc, first.dump());
+  ASSERT_EQ(p.status, 200) << p.body;
+  EXPECT_EQ(wait_metric(*pc, "zest_kv_transfer_expired_total", 1), 1);
+  EXPECT_EQ(metric(*pc, "zest_kv_transfer_held"), 0);
+  body["kv_transfer_params"] = p.j["kv_transfer_params"];
+  auto dc = client(*decode);
+  HttpReply r = post_json(*dc, body.dump());
+  EXPECT_EQ(r.status, 503) << r.body;
+  EXPECT_EQ(wait_metrics(*dc, idle)["zest_kv_blocks_used"], 0);
+}
+
+TEST(Disagg, WhatCannotBeCarriedIsRefusedByName) {
+  auto both = start_server("qwen3_moe_tiny", with_role(Role::kBoth));
+  auto prefill = start_server("qwen3_moe_tiny", with_role(Role::kPrefill));
+  auto decode = start_server("qwen3_moe_tiny", with_role(Role::kDecode));
+  ASSERT_TRUE(both && prefill && decode);
+  json body = chat_body("Hello", 4);
+  body["kv_transfer_params"] = {{"do_remote_decode", true}};
+  HttpReply r = post_json(*client(*both), body.dump());
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_EQ(r.j["error"]["param"], "kv_transfer_params") << r.body;
+  auto pc = client(*prefill);
+  for (const auto& [field, value] : std::vector<std::pair<std::string, json>>{
+           {"n", 2}, {"logprobs", true}, {"prompt_logprobs", 1}, {"stream", true}}) {
+    json b = body;
+    b[field] = value;
+    HttpReply e = post_json(*pc, b.dump());
+    EXPECT_EQ(e.status, 400) << field << ": " << e.body;
+    EXPECT_EQ(e.j["error"]["param"], field) << e.body;
+  }
+  json odd = body;
+  odd["kv_transfer_params"] = {{"do_remote_decode", "yes"}};
+  EXPECT_EQ(post_json(*pc, odd.dump()).status, 400);
+  // A decode instance checks the params before reading anything.
+  HttpReply p = post_json(*pc, body.dump());
+  ASSERT_EQ(p.status, 200) << p.body;
+  auto dc = client(*decode);
+  const json good = p.j["kv_transfer_params"];
+  // Another model's geometry (5 layers, with the byte count that goes with it).
+  json other = good;
+  other["kv"]["layers"] = 5;
+  other["handle"]["bytes"] = good["handle"]["bytes"].get<int64_t>() / good["kv"]["layers"].get<int64_t>() * 5;
+  json b5 = chat_body("Hello", 4);
+  b5["kv_transfer_params"] = other;
+  HttpReply e5 = post_json(*dc, b5.dump());
+  EXPECT_EQ(e5.status, 400) << e5.body;
+  EXPECT_NE(e5.body.find("same model"), std::string::npos) << e5.body;
+  for (const auto& [path, value, what] : std::vector<std::tuple<std::string, json, std::string>>{
+           {"/kv/layers", 5, "handle.bytes"},
+           {"/prompt_token_ids", json::array({1, 2}), "kv.tokens"},
+           {"/handle/bytes", 7, "handle.bytes"},
+           {"/first_token", -1, "first_token"},
+           {"/handle/rkey", "zz", "rkey"}}) {
+    json b = chat_body("Hello", 4);
+    b["kv_transfer_params"] = good;
+    b["kv_transfer_params"][json::json_pointer(path)] = value;
+    HttpReply e = post_json(*dc, b.dump());
+    EXPECT_EQ(e.status, 400) << path << ": " << e.body;
+    EXPECT_NE(e.body.find(what), std::string::npos) << path << ": " << e.body;
+  }
+  EXPECT_EQ(metric(*dc, "zest_kv_transfer_reads_total"), 0);
+  // The untouched params still work (the offer was kept), and the prefill instance's offer is then released.
+  json ok = chat_body("Hello", 4);
+  ok["kv_transfer_params"] = good;
+  HttpReply fine = post_json(*dc, ok.dump());
+  EXPECT_EQ(fine.status, 200) << fine.body;
+  EXPECT_EQ(wait_metric(*pc, "zest_kv_transfer_held", 0), 0);
+  // A decode instance that refuses a request with good params (max_tokens past its context) releases the offer at
+  // once rather than leave it to --kv-hold-s.
+  HttpReply p2 = post_json(*pc, body.dump());
+  ASSERT_EQ(p2.status, 200) << p2.body;
+  EXPECT_EQ(metric(*pc, "zest_kv_transfer_held"), 1);
+  json too_long = chat_body("Hello", 1 << 20);
+  too_long["kv_transfer_params"] = p2.j["kv_transfer_params"];
+  HttpReply tl = post_json(*dc, too_long.dump());
+  EXPECT_EQ(tl.status, 400) << tl.body;
+  EXPECT_EQ(wait_metric(*pc, "zest_kv_transfer_held", 0), 0);
+  EXPECT_EQ(metric(*pc, "zest_kv_transfer_expired_total"), 0);
+}
+
+}  // namespace
