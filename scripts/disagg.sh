@@ -15,6 +15,8 @@ shift $(( $# < 2 ? $# : 2 ))
 [ "${1:-}" = "--" ] && shift
 ZEST=${ZEST:-build/zest}
 [ -x "$ZEST" ] || { echo "disagg.sh: $ZEST not found; run scripts/build.sh first" >&2; exit 1; }
+# The prefill instance signs the K/V params it hands out and the decode instance accepts only those it signed.
+export ZEST_KV_SECRET=${ZEST_KV_SECRET:-$(head -c 24 /dev/urandom | base64)}
 dir=$(mktemp -d)
 pids=()
 cleanup() {

@@ -4,7 +4,7 @@
 set -euo pipefail
 PKGS=(build-essential cmake pkg-config git python3 python3-venv curl
       nlohmann-json3-dev libcli11-dev libcpp-httplib-dev libgtest-dev libgmock-dev libbenchmark-dev
-      libutf8proc-dev libjpeg62-turbo-dev libpng-dev libwebp-dev libucx-dev)
+      libutf8proc-dev libjpeg62-turbo-dev libpng-dev libwebp-dev libucx-dev libssl-dev)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -130,6 +130,10 @@ void register_serve(CLI::App& app, std::function<int()>& run) {
   sub->add_option("--kv-read-timeout-s", o.kv_read_timeout_s,
                   "decode: seconds a K/V read from a prefill instance may take before its request fails (503)")
       ->capture_default_str();
+  sub->add_option("--kv-secret", o.kv_secret,
+                  "prefill and decode: the deployment's shared secret that signs the K/V params (16+ characters; "
+                  "better given as ZEST_KV_SECRET)")
+      ->envname("ZEST_KV_SECRET");
   sub->callback([a, &run] { run = [a] { return run_serve(*a); }; });
 }
 

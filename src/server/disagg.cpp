@@ -1,5 +1,9 @@
 #include "server/disagg.h"
 
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+
 #include <cstdio>
 
 namespace zest::server {
@@ -100,6 +104,45 @@ Result<RemotePrefill> RemotePrefill::from_json(const json& j) {
   ZEST_RETURN_IF_ERROR(get_int(j, "visual_tokens_before", 0, kBig, r.visual_tokens_before));
   ZEST_RETURN_IF_ERROR(get_int(j, "visual_tokens_after", 0, kBig, r.visual_tokens_after));
   return r;
+}
+
+namespace {
+
+std::string hmac_hex(const std::string& secret, const std::string& text) {
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()), reinterpret_cast<const unsigned char*>(text.data()),
+       text.size(), mac, &n);
+  static const char* k = "0123456789abcdef";
+  std::string out;
+  for (unsigned int i = 0; i < n; ++i) {
+    out += k[mac[i] >> 4];
+    out += k[mac[i] & 15];
+  }
+  return out;
+}
+
+}  // namespace
+
+json sign_params(json params, const std::string& secret) {
+  params.erase("signature");
+  params["signature"] = hmac_hex(secret, params.dump());  // keys sorted: one text per value
+  return params;
+}
+
+Result<json> check_signature(json params, const std::string& secret) {
+  if (!params.is_object()) return invalid_argument("kv_transfer_params must be an object");
+  auto it = params.find("signature");
+  if (it == params.end() || !it->is_string())
+    return invalid_argument("kv_transfer_params.signature is missing: only params a prefill instance of this "
+                            "deployment returned are accepted");
+  const std::string got = it->get<std::string>();
+  params.erase(it);
+  const std::string want = hmac_hex(secret, params.dump());
+  if (got.size() != want.size() || CRYPTO_memcmp(got.data(), want.data(), want.size()) != 0)
+    return invalid_argument("kv_transfer_params.signature does not match: the params were changed, or the prefill "
+                            "instance runs with another --kv-secret");
+  return params;
 }
 
 Status check_geometry(const model::KvSnapshot& kv, const io::TextConfig& cfg) {

@@ -41,6 +41,13 @@ struct RemotePrefill {
   static Result<RemotePrefill> from_json(const nlohmann::json& j);
 };
 
+// The params are signed by the prefill instance (HMAC-SHA256 with the deployment's --kv-secret, in the field
+// "signature") and checked by the decode instance before anything in them is used: the handle names a UCX worker
+// address and a remote buffer, which a client must not be able to forge.
+nlohmann::json sign_params(nlohmann::json params, const std::string& secret);
+// kInvalidArgument when the signature is missing or does not match; the params without it otherwise.
+Result<nlohmann::json> check_signature(nlohmann::json params, const std::string& secret);
+
 // Whether the K/V geometry of a remote prefill fits this model's decoder (same layers, kv heads and head size);
 // kInvalidArgument saying what differs (the prefill instance serves another model).
 Status check_geometry(const model::KvSnapshot& kv, const io::TextConfig& cfg);

@@ -445,7 +445,9 @@ void Server::Impl::handle_chat(const httplib::Request&, httplib::Response& res,
   }
   std::optional<RemotePrefill> remote;
   if (import_kv) {
-    auto rp = RemotePrefill::from_json(kvp);
+    auto checked = check_signature(std::move(kvp), opts.kv_secret);
+    if (!checked.ok()) return reply_status(res, checked.status());
+    auto rp = RemotePrefill::from_json(*checked);
     if (!rp.ok()) return reply_status(res, rp.status());
     if (Status st = check_geometry(rp->kv, model->config.text); !st.is_ok()) return reply_status(res, st);
     remote = std::move(rp).value();
@@ -772,7 +774,7 @@ Result<json> Server::Impl::offer_kv(const engine::RequestOutput& out, const Job&
   rp.cached_tokens = out.cached_tokens;
   rp.visual_tokens_before = job.usage.visual_tokens_before;
   rp.visual_tokens_after = job.usage.visual_tokens_after;
-  return rp.to_json();
+  return sign_params(rp.to_json(), opts.kv_secret);
 }
 
 Result<std::shared_ptr<const model::KvSnapshot>> Server::Impl::read_kv(const RemotePrefill& rp) {
@@ -972,6 +974,11 @@ Result<std::unique_ptr<Server>> Server::start(std::shared_ptr<engine::ModelBundl
   impl->reasoning = opts.reasoning_parser == "qwen3" ||
                     (opts.reasoning_parser == "auto" && has_tags && model->chat_template == text::TemplateKind::kQwen3);
   impl->loop = std::make_unique<EngineLoop>(model, opts.engine);
+  if (opts.role != Role::kBoth && opts.kv_secret.size() < 16)
+    return invalid_argument(std::string("--role ") + role_name(opts.role) +
+                            " needs --kv-secret (or ZEST_KV_SECRET) of at least 16 characters, the same on the prefill "
+                            "and decode instances: the decode instance reads only K/V whose params a prefill instance "
+                            "signed with it");
   if (opts.role == Role::kPrefill) {
     if (!(opts.kv_hold_s > 0)) return invalid_argument("--kv-hold-s must be positive");
     auto o = transfer::Offerer::start(opts.kv_hold_s);

@@ -39,9 +39,12 @@ std::unique_ptr<httplib::Client> client_of(int port) {
   return c;
 }
 
+const std::string kSecret = "a test deployment secret";
+
 ServerOptions with_role(Role r) {
   ServerOptions o;
   o.role = r;
+  o.kv_secret = kSecret;
   o.http_threads = 32;  // (a per-address cap of 16 connections: the tests talk from one address)
   return o;
 }
@@ -275,6 +278,31 @@ TEST(Disagg, UnreadOffersExpire) {
   EXPECT_EQ(wait_metrics(*dc, idle)["zest_kv_blocks_used"], 0);
 }
 
+TEST(Disagg, RolesNeedTheDeploymentSecret) {
+  for (Role r : {Role::kPrefill, Role::kDecode}) {
+    ServerOptions o = with_role(r);
+    o.kv_secret = "short";
+    auto s = Server::start(fixture_model("qwen3_moe_tiny"), o);
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.status().message().find("--kv-secret"), std::string::npos) << s.status().message();
+  }
+  // A decode instance with another secret refuses the prefill instance's params.
+  auto prefill = start_server("qwen3_moe_tiny", with_role(Role::kPrefill));
+  ServerOptions other = with_role(Role::kDecode);
+  other.kv_secret = "another deployment's secret";
+  auto decode = start_server("qwen3_moe_tiny", other);
+  ASSERT_TRUE(prefill && decode);
+  json body = chat_body("Hello", 4);
+  json first = body;
+  first["kv_transfer_params"] = {{"do_remote_decode", true}};
+  HttpReply p = post_json(*client(*prefill), first.dump());
+  ASSERT_EQ(p.status, 200) << p.body;
+  body["kv_transfer_params"] = p.j["kv_transfer_params"];
+  HttpReply r = post_json(*client(*decode), body.dump());
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_NE(r.body.find("another --kv-secret"), std::string::npos) << r.body;
+}
+
 TEST(Disagg, WhatCannotBeCarriedIsRefusedByName) {
   auto both = start_server("qwen3_moe_tiny", with_role(Role::kBoth));
   auto prefill = start_server("qwen3_moe_tiny", with_role(Role::kPrefill));
@@ -307,7 +335,7 @@ TEST(Disagg, WhatCannotBeCarriedIsRefusedByName) {
   other["kv"]["layers"] = 5;
   other["handle"]["bytes"] = good["handle"]["bytes"].get<int64_t>() / good["kv"]["layers"].get<int64_t>() * 5;
   json b5 = chat_body("Hello", 4);
-  b5["kv_transfer_params"] = other;
+  b5["kv_transfer_params"] = sign_params(other, kSecret);
   HttpReply e5 = post_json(*dc, b5.dump());
   EXPECT_EQ(e5.status, 400) << e5.body;
   EXPECT_NE(e5.body.find("same model"), std::string::npos) << e5.body;
@@ -317,13 +345,25 @@ TEST(Disagg, WhatCannotBeCarriedIsRefusedByName) {
            {"/handle/bytes", 7, "handle.bytes"},
            {"/first_token", -1, "first_token"},
            {"/handle/rkey", "zz", "rkey"}}) {
+    json changed = good;
+    changed[json::json_pointer(path)] = value;
     json b = chat_body("Hello", 4);
-    b["kv_transfer_params"] = good;
-    b["kv_transfer_params"][json::json_pointer(path)] = value;
+    b["kv_transfer_params"] = changed;  // changed after signing: refused before anything in it is used
+    HttpReply forged = post_json(*dc, b.dump());
+    EXPECT_EQ(forged.status, 400) << path << ": " << forged.body;
+    EXPECT_NE(forged.body.find("signature does not match"), std::string::npos) << forged.body;
+    b["kv_transfer_params"] = sign_params(changed, kSecret);  // signed: the checks of the params themselves
     HttpReply e = post_json(*dc, b.dump());
     EXPECT_EQ(e.status, 400) << path << ": " << e.body;
     EXPECT_NE(e.body.find(what), std::string::npos) << path << ": " << e.body;
   }
+  json unsigned_params = good;
+  unsigned_params.erase("signature");
+  json bu = chat_body("Hello", 4);
+  bu["kv_transfer_params"] = unsigned_params;
+  HttpReply eu = post_json(*dc, bu.dump());
+  EXPECT_EQ(eu.status, 400) << eu.body;
+  EXPECT_NE(eu.body.find("signature is missing"), std::string::npos) << eu.body;
   EXPECT_EQ(metric(*dc, "zest_kv_transfer_reads_total"), 0);
   // The untouched params still work (the offer was kept), and the prefill instance's offer is then released.
   json ok = chat_body("Hello", 4);
