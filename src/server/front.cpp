@@ -276,14 +276,7 @@ Result<std::unique_ptr<Front>> Front::start(FrontOptions opts) {
   ConnectionLimits limits;
   limits.max_per_client = std::max(1, opts.http_threads - 16);
   impl->http = std::make_unique<HttpServer>(limits);
-  const int threads = opts.http_threads;
-  impl->http->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
-  impl->http->set_payload_max_length(static_cast<size_t>(opts.max_body_bytes));
-  impl->http->set_tcp_nodelay(true);
-  impl->http->set_socket_options([](socket_t sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-  });
+  impl->http->configure(opts.http_threads, static_cast<size_t>(opts.max_body_bytes));
   Impl* p = impl.get();
   impl->http->Post("/v1/chat/completions", [p](const httplib::Request& q, httplib::Response& r) { p->chat(q, r); });
   for (const char* path : {"/v1/completions", "/tokenize", "/detokenize"})
@@ -304,22 +297,8 @@ Result<std::unique_ptr<Front>> Front::start(FrontOptions opts) {
     if (down.empty()) return r.set_content("{}", kJson);
     p->reply(r, 503, "instances not healthy: " + down);
   });
-  if (opts.port == 0) {
-    impl->port = impl->http->bind_to_any_port(opts.host);
-    if (impl->port <= 0) return invalid_argument("cannot bind any port on host '" + opts.host + "'");
-  } else {
-    if (!impl->http->bind_to_port(opts.host, opts.port))
-      return invalid_argument("cannot bind " + opts.host + ":" + std::to_string(opts.port) + " (in use?)");
-    impl->port = opts.port;
-  }
-  impl->listener = std::thread([p] { p->http->listen_after_bind(); });
-  const double deadline = now_ms() + 10000;
-  while (!impl->http->is_running() && now_ms() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  if (!impl->http->is_running()) {
-    impl->http->stop();
-    impl->listener.join();
-    return internal_error("the front's HTTP listener did not start");
-  }
+  ZEST_ASSIGN_OR_RETURN(impl->port, impl->http->bind(opts.host, opts.port));
+  ZEST_RETURN_IF_ERROR(impl->http->listen_on(impl->listener));
   return std::unique_ptr<Front>(new Front(std::move(impl)));
 }
 

@@ -151,6 +151,40 @@ bool Connection::client_gone() const {
 
 Connection* current_connection() { return t_connection; }
 
+void HttpServer::configure(int threads, size_t max_body) {
+  new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  set_payload_max_length(max_body);
+  set_tcp_nodelay(true);
+  set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
+}
+
+Result<int> HttpServer::bind(const std::string& host, int port) {
+  int bound = port;
+  if (port == 0) {
+    bound = bind_to_any_port(host);
+    if (bound <= 0) return invalid_argument("cannot bind any port on host '" + host + "'");
+  } else if (!bind_to_port(host, port)) {
+    return invalid_argument("cannot bind " + host + ":" + std::to_string(port) +
+                            " (in use, or not a local address); pick another --port or --host");
+  }
+  if (!set_backlog(1024)) return internal_error("cannot set the listen backlog of the server socket");
+  return bound;
+}
+
+Status HttpServer::listen_on(std::thread& thread) {
+  thread = std::thread([this] { listen_after_bind(); });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!is_running() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (is_running()) return Status::ok();
+  stop();
+  thread.join();
+  return internal_error("the HTTP listener did not start");
+}
+
 bool HttpServer::set_backlog(int backlog) {
   const socket_t sock = svr_sock_;
   return sock != INVALID_SOCKET && ::listen(sock, backlog) == 0;

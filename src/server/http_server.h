@@ -14,6 +14,9 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
+
+#include "core/status.h"
 
 #include "server/http.h"
 
@@ -54,8 +57,16 @@ Connection* current_connection();
 class HttpServer : public httplib::Server {
  public:
   explicit HttpServer(ConnectionLimits limits) : limits_(limits) {}
-  // Re-listens the bound socket with `backlog` pending connections (the packaged library uses 5, so a
-  // burst of connects overflows the accept queue); false when not bound.
+  // `threads` handler threads, bodies up to `max_body` bytes, TCP_NODELAY, and SO_REUSEADDR only (the library's
+  // default SO_REUSEPORT would let a second server share the port silently).
+  void configure(int threads, size_t max_body);
+  // Binds host:port (0 = any free port) with a listen backlog of 1024 (the library's 5 overflows on a burst of
+  // connects); the bound port, or kInvalidArgument naming host and port.
+  Result<int> bind(const std::string& host, int port);
+  // Runs the accept loop on `thread` and waits (up to 10 s) until it accepts: stop() only takes effect on a running
+  // listener. kInternal (the thread joined) when it did not start.
+  Status listen_on(std::thread& thread);
+  // Re-listens the bound socket with `backlog` pending connections; false when not bound.
   bool set_backlog(int backlog);
   // Open connections from `ip` that a handler thread has taken up (0 when none).
   int connections_from(const std::string& ip);

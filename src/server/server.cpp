@@ -999,37 +999,13 @@ Result<std::unique_ptr<Server>> Server::start(std::shared_ptr<engine::ModelBundl
   }
 
   impl->http = std::make_unique<HttpServer>(impl->connection_limits());
-  const int threads = impl->http_threads();
-  impl->http->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
-  impl->http->set_payload_max_length(static_cast<size_t>(opts.max_body_bytes));
-  impl->http->set_tcp_nodelay(true);
-  // SO_REUSEADDR only: httplib's default SO_REUSEPORT would let a second server share the port silently.
-  impl->http->set_socket_options([](socket_t sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-  });
+  impl->http->configure(impl->http_threads(), static_cast<size_t>(opts.max_body_bytes));
   impl->routes();
-
-  if (opts.port == 0) {
-    impl->port = impl->http->bind_to_any_port(opts.host);
-    if (impl->port <= 0) return invalid_argument("cannot bind any port on host '" + opts.host + "'");
-  } else {
-    if (!impl->http->bind_to_port(opts.host, opts.port))
-      return invalid_argument("cannot bind " + opts.host + ":" + std::to_string(opts.port) +
-                              " (in use, or not a local address); pick another --port or --host");
-    impl->port = opts.port;
-  }
-  if (!impl->http->set_backlog(1024)) return internal_error("cannot set the listen backlog of the server socket");
+  ZEST_ASSIGN_OR_RETURN(impl->port, impl->http->bind(opts.host, opts.port));
   impl->loop->start();
-  Impl* p = impl.get();
-  impl->listener = std::thread([p] { p->http->listen_after_bind(); });
-  // stop() only takes effect on a running listener, so wait (bounded) until it runs.
-  const double deadline = now_ms() + 10000;
-  while (!impl->http->is_running() && now_ms() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  if (!impl->http->is_running()) {
+  if (Status st = impl->http->listen_on(impl->listener); !st.is_ok()) {
     impl->loop->stop();
-    impl->listener.join();
-    return internal_error("the HTTP listener did not start");
+    return st;
   }
   return std::unique_ptr<Server>(new Server(std::move(impl)));
 }
