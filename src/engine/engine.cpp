@@ -154,6 +154,8 @@ Status Engine::add(Request req) {
       return invalid_argument("the imported request's first token " + std::to_string(req.first_token) +
                               " is not in the vocabulary");
     if (req.sampling.prompt_logprobs >= 0) return invalid_argument("prompt_logprobs need the prompt run here");
+    if (req.sampling.logprobs && (!req.first_logprob || req.first_logprob->token != req.first_token))
+      return invalid_argument("the imported request asks for logprobs but has none for its first token");
   }
   auto s = std::make_unique<Seq>(std::move(req), model_->tokenizer, model_->eos_ids());
   s->out.arrival_ms = now_ms();
@@ -162,7 +164,8 @@ Status Engine::add(Request req) {
     // strings, max_tokens, the sampler's state) before the request waits for its blocks; its row's plan draws the
     // uniform number the prefill instance drew for it, so a seeded request samples the same tokens as on one instance.
     (void)s->sampler.plan(V);
-    take_token(*s, s->req.first_token, nullptr);
+    std::optional<TokenLogprob> lp = s->req.first_logprob;
+    take_token(*s, s->req.first_token, s->req.sampling.logprobs ? &*lp : nullptr);
     if (s->done) return Status::ok();
   }
   waiting_.push_back(std::move(s));

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -70,6 +71,7 @@ struct Request {
   bool export_kv = false;
   std::shared_ptr<const model::KvSnapshot> kv;
   int32_t first_token = -1;
+  std::optional<TokenLogprob> first_logprob;  // its log-probabilities, when the request asks for them
   // Called from the engine thread with each newly decoded piece of text (may be empty) and, at the
   // end, with finished = true.
   std::function<void(const std::string& delta, const RequestOutput& out, bool finished)> on_update;

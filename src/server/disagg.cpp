@@ -25,6 +25,20 @@ Result<Role> parse_role(const std::string& name) {
   return invalid_argument("--role must be both, prefill or decode, got '" + name + "'");
 }
 
+namespace {
+
+json logprobs_json(const std::vector<engine::TokenLogprob>& v) {
+  json out = json::array();
+  for (const engine::TokenLogprob& lp : v) {
+    json top = json::array();
+    for (const auto& [id, p] : lp.top) top.push_back({id, p});
+    out.push_back({{"token", lp.token}, {"logprob", lp.logprob}, {"top", std::move(top)}});
+  }
+  return out;
+}
+
+}  // namespace
+
 json RemotePrefill::to_json() const {
   return {{"handle", handle.to_json()},
           {"kv",
@@ -35,7 +49,8 @@ json RemotePrefill::to_json() const {
             {"dtype", dtype_name(kv.dtype)}}},
           {"prompt_token_ids", prompt_ids},
           {"rope_delta", rope_delta},
-          {"first_token", first_token},
+          {"first_tokens", first_tokens},
+          {"first_logprobs", logprobs_json(first_logprobs)},
           {"cached_tokens", cached_tokens},
           {"visual_tokens_before", visual_tokens_before},
           {"visual_tokens_after", visual_tokens_after}};
@@ -96,10 +111,40 @@ Result<RemotePrefill> RemotePrefill::from_json(const json& j) {
   if (r.handle.bytes != r.kv.expected_bytes())
     return invalid_argument(kWhere + "handle.bytes (" + std::to_string(r.handle.bytes) + ") is not the " +
                             std::to_string(r.kv.expected_bytes()) + " bytes of the K/V it describes");
-  int64_t first = -1;
   ZEST_RETURN_IF_ERROR(get_int(j, "rope_delta", -kBig, kBig, r.rope_delta));
-  ZEST_RETURN_IF_ERROR(get_int(j, "first_token", 0, INT32_MAX, first));
-  r.first_token = static_cast<int32_t>(first);
+  auto firsts = j.find("first_tokens");
+  if (firsts == j.end() || !firsts->is_array() || firsts->empty() || firsts->size() > 128)
+    return invalid_argument(kWhere + "first_tokens must be an array of 1 to 128 token ids");
+  for (const json& v : *firsts) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX)
+      return invalid_argument(kWhere + "first_tokens must hold token ids");
+    r.first_tokens.push_back(static_cast<int32_t>(v.get<int64_t>()));
+  }
+  auto lps = j.find("first_logprobs");
+  if (lps == j.end() || !lps->is_array() || (!lps->empty() && lps->size() != r.first_tokens.size()))
+    return invalid_argument(kWhere + "first_logprobs must be an array with one entry per first token, or empty");
+  for (size_t i = 0; i < lps->size(); ++i) {
+    const json& e = (*lps)[i];
+    const std::string at = kWhere + "first_logprobs[" + std::to_string(i) + "].";
+    engine::TokenLogprob lp;
+    int64_t tok = 0;
+    if (!e.is_object()) return invalid_argument(at + " must be an object");
+    ZEST_RETURN_IF_ERROR(get_int(e, "token", 0, INT32_MAX, tok, at));
+    lp.token = static_cast<int32_t>(tok);
+    if (lp.token != r.first_tokens[i]) return invalid_argument(at + "token is not first_tokens[" + std::to_string(i) + "]");
+    auto p = e.find("logprob");
+    if (p == e.end() || !p->is_number()) return invalid_argument(at + "logprob must be a number");
+    lp.logprob = p->get<float>();
+    auto top = e.find("top");
+    if (top == e.end() || !top->is_array() || top->size() > 20) return invalid_argument(at + "top must be an array of at most 20 pairs");
+    for (const json& t : *top) {
+      if (!t.is_array() || t.size() != 2 || !t[0].is_number_integer() || !t[1].is_number() || t[0].get<int64_t>() < 0 ||
+          t[0].get<int64_t>() > INT32_MAX)
+        return invalid_argument(at + "top must hold [token id, logprob] pairs");
+      lp.top.emplace_back(static_cast<int32_t>(t[0].get<int64_t>()), t[1].get<float>());
+    }
+    r.first_logprobs.push_back(std::move(lp));
+  }
   ZEST_RETURN_IF_ERROR(get_int(j, "cached_tokens", 0, r.kv.tokens, r.cached_tokens));
   ZEST_RETURN_IF_ERROR(get_int(j, "visual_tokens_before", 0, kBig, r.visual_tokens_before));
   ZEST_RETURN_IF_ERROR(get_int(j, "visual_tokens_after", 0, kBig, r.visual_tokens_after));

@@ -33,7 +33,8 @@ struct RemotePrefill {
   model::KvSnapshot kv;            // the bytes' geometry (bytes not set)
   std::vector<int32_t> prompt_ids; // the prompt as the prefill instance ran it (images expanded and pruned)
   int64_t rope_delta = 0;          // decode position = tokens in cache + rope_delta
-  int32_t first_token = -1;        // sampled by the prefill instance
+  std::vector<int32_t> first_tokens;  // per choice (n), sampled by the prefill instance
+  std::vector<engine::TokenLogprob> first_logprobs;  // per choice when the request asks for logprobs, else empty
   int64_t cached_tokens = 0, visual_tokens_before = 0, visual_tokens_after = 0;  // for usage
 
   nlohmann::json to_json() const;

@@ -116,6 +116,7 @@ struct ChoiceSpec {
   bool export_kv = false;                          // engine::Request's disaggregation fields
   std::shared_ptr<const model::KvSnapshot> kv;
   int32_t first_token = -1;
+  std::optional<engine::TokenLogprob> first_logprob;
 };
 
 }  // namespace
@@ -182,7 +183,7 @@ struct Server::Impl {
   std::pair<int, std::string> whole_body(const ChannelUpdate& u, const Job& job, const json& extra = json()) const;
   // Disaggregation: the kv_transfer_params of a prefill response (offers the K/V), and a decode request's prompt
   // K/V read from the prefill instance.
-  Result<json> offer_kv(const engine::RequestOutput& out, const Job& job);
+  Result<json> offer_kv(const ChannelUpdate& u, const Job& job);
   Result<std::shared_ptr<const model::KvSnapshot>> read_kv(const RemotePrefill& rp);
   void respond_stream(httplib::Response& res, std::shared_ptr<Job> job);
   // One provider call: waits for news (up to the keep-alive interval) and writes it; false = stop.
@@ -432,11 +433,9 @@ void Server::Impl::handle_chat(const httplib::Request&, httplib::Response& res,
   std::string().swap(raw);
   if (export_kv || import_kv) {
     // What one prefilled token cannot carry to the decode instance yet is refused by name.
-    const char* field = cr.n > 1 ? "n"
-                        : cr.sampling.logprobs ? "logprobs"
-                        : cr.sampling.prompt_logprobs >= 0 ? "prompt_logprobs"
-                        : export_kv && cr.stream ? "stream"
-                                                 : nullptr;
+    const char* field = cr.sampling.prompt_logprobs >= 0 ? "prompt_logprobs"
+                        : export_kv && cr.stream  ? "stream"
+                                                  : nullptr;
     if (field != nullptr)
       return reply_error(res, 400,
                          "'" + std::string(field) + "' is not supported by zest's disaggregated serving (unsupported "
@@ -450,6 +449,14 @@ void Server::Impl::handle_chat(const httplib::Request&, httplib::Response& res,
     auto rp = RemotePrefill::from_json(*checked);
     if (!rp.ok()) return reply_status(res, rp.status());
     if (Status st = check_geometry(rp->kv, model->config.text); !st.is_ok()) return reply_status(res, st);
+    if (static_cast<int64_t>(rp->first_tokens.size()) != cr.n)
+      return reply_error(res, 400,
+                         "'n' = " + std::to_string(cr.n) + " but the prefill instance sampled " +
+                             std::to_string(rp->first_tokens.size()) + " first tokens: send the same request to both",
+                         "n");
+    if (cr.sampling.logprobs && rp->first_logprobs.size() != rp->first_tokens.size())
+      return reply_error(res, 400, "'logprobs' is set but the prefill instance sent no log-probabilities of the first "
+                                   "tokens: send the same request to both", "logprobs");
     remote = std::move(rp).value();
   }
   // A request refused before its K/V is read lets the prefill instance drop the offer now (not at --kv-hold-s).
@@ -544,14 +551,16 @@ void Server::Impl::handle_chat(const httplib::Request&, httplib::Response& res,
     else choices[i].prompt = std::move(prompt).value();
     choices[i].sampling = engine::choice_sampling(cr.sampling, i);
     if (export_kv) {
-      // The prefill instance samples the first token only; the request's max_tokens was checked above.
+      // The prefill instance samples each choice's first token only (the request's max_tokens was checked above);
+      // the prompt's K/V is the same for every choice and is exported once.
       choices[i].sampling.max_tokens = 1;
       choices[i].sampling.min_tokens = std::min<int64_t>(choices[i].sampling.min_tokens, 1);
-      choices[i].export_kv = true;
+      choices[i].export_kv = i == 0;
     }
     if (remote) {
       choices[i].kv = imported;
-      choices[i].first_token = remote->first_token;
+      choices[i].first_token = remote->first_tokens[static_cast<size_t>(i)];
+      if (!remote->first_logprobs.empty()) choices[i].first_logprob = remote->first_logprobs[static_cast<size_t>(i)];
     }
   }
   submit(job, std::move(choices), cr.sere, received_ms);
@@ -691,6 +700,7 @@ void Server::Impl::submit(Job& job, std::vector<ChoiceSpec> choices, bool sere, 
     er.export_kv = choices[i].export_kv;
     er.kv = std::move(choices[i].kv);
     er.first_token = choices[i].first_token;
+    er.first_logprob = std::move(choices[i].first_logprob);
     auto channel = job.channel;
     er.on_update = [this, channel, i, received_ms, usage](const std::string& delta, const engine::RequestOutput& out,
                                                           bool finished) {
@@ -761,8 +771,20 @@ std::pair<int, std::string> Server::Impl::whole_body(const ChannelUpdate& u, con
   return {200, dump_json(body)};
 }
 
-Result<json> Server::Impl::offer_kv(const engine::RequestOutput& out, const Job& job) {
-  if (!out.kv || !out.kv->bytes || out.token_ids.empty()) return internal_error("the prefill produced no K/V to offer");
+Result<json> Server::Impl::offer_kv(const ChannelUpdate& u, const Job& job) {
+  const engine::RequestOutput& out = u.choices.front().output;  // choice 0 exported the prompt's K/V
+  if (!out.kv || !out.kv->bytes) return internal_error("the prefill produced no K/V to offer");
+  std::vector<int32_t> firsts(u.choices.size(), -1);
+  std::vector<engine::TokenLogprob> lps(job.logprobs ? u.choices.size() : 0);
+  for (const ChoiceUpdate& c : u.choices) {
+    if (c.index < 0 || c.index >= static_cast<int>(firsts.size()) || c.output.token_ids.size() != 1)
+      return internal_error("a choice of the prefill did not sample exactly one token");
+    firsts[c.index] = c.output.token_ids.front();
+    if (job.logprobs) {
+      if (c.output.logprobs.size() != 1) return internal_error("a choice of the prefill has no log-probabilities");
+      lps[c.index] = c.output.logprobs.front();
+    }
+  }
   ZEST_ASSIGN_OR_RETURN(transfer::Handle h, offerer->offer(out.kv->bytes));
   RemotePrefill rp;
   rp.handle = std::move(h);
@@ -770,7 +792,8 @@ Result<json> Server::Impl::offer_kv(const engine::RequestOutput& out, const Job&
   rp.kv.bytes.reset();
   rp.prompt_ids = job.prompt_ids;
   rp.rope_delta = job.rope_delta;
-  rp.first_token = out.token_ids.front();
+  rp.first_tokens = std::move(firsts);
+  rp.first_logprobs = std::move(lps);
   rp.cached_tokens = out.cached_tokens;
   rp.visual_tokens_before = job.usage.visual_tokens_before;
   rp.visual_tokens_after = job.usage.visual_tokens_after;
@@ -804,9 +827,12 @@ void Server::Impl::respond_whole(httplib::Response& res, const Job& job) {
   if (!u.rejected.is_ok()) abort_all(job);
   json extra;
   if (job.export_kv && u.rejected.is_ok() && !u.choices.empty()) {
-    const engine::RequestOutput& out = u.choices.front().output;
-    if (out.finish == engine::FinishReason::kStop || out.finish == engine::FinishReason::kLength) {
-      auto params = offer_kv(out, job);
+    bool all_done = true;  // every choice ended by stop or length (not by an error or an abort)
+    for (const ChoiceUpdate& c : u.choices)
+      all_done = all_done && (c.output.finish == engine::FinishReason::kStop ||
+                              c.output.finish == engine::FinishReason::kLength);
+    if (all_done) {
+      auto params = offer_kv(u, job);
       if (!params.ok()) return reply_status(res, params.status());
       extra["kv_transfer_params"] = std::move(params).value();
     }

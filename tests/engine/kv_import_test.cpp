@@ -137,6 +137,9 @@ TEST(KvImport, BadImportsAreRefused) {
   engine::Request bad_token = decode_half(full, pre);
   bad_token.first_token = static_cast<int32_t>(m->config.text.vocab_size);
   EXPECT_EQ(eng.add(bad_token).code(), ErrorCode::kInvalidArgument);
+  engine::Request no_logprob = decode_half(full, pre);  // asks for logprobs, has none for its first token
+  no_logprob.sampling.logprobs = true;
+  EXPECT_EQ(eng.add(no_logprob).code(), ErrorCode::kInvalidArgument);
   // Another model's geometry (one layer fewer) fails at admission with an error, not a crash, and frees its blocks.
   auto other = std::make_shared<model::KvSnapshot>(*pre.kv);
   other->layers -= 1;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <set>
 
 #include "engine/sere.h"
 #include "io/image.h"
@@ -131,6 +132,39 @@ TEST(Disagg, TextRepliesEqualOneInstanceStreamedOrNot) {
   EXPECT_GT(metric(*dc, "zest_kv_transfer_read_bytes_total"), 0);
   EXPECT_EQ(wait_metrics(*dc, idle)["zest_kv_blocks_used"], 0);
   EXPECT_EQ(metric(*dc, "zest_prompt_tokens_total"), metric(*pc, "zest_prompt_tokens_total"));
+}
+
+// n choices and log-probabilities: the prefill instance samples each choice's first token (with its logprobs) and
+// exports the prompt's K/V once; the decode instance continues every choice from it.
+TEST(Disagg, SeededChoicesAndLogprobsEqualOneInstance) {
+  Deployment d("qwen3_moe_tiny");
+  ASSERT_TRUE(d.ok());
+  json body = chat_body("Name some animals.", 10);
+  body["n"] = 3;
+  body["temperature"] = 0.9;
+  body["seed"] = 11;
+  body["logprobs"] = true;
+  body["top_logprobs"] = 3;
+  HttpReply want = post_json(*client(*d.both), body.dump());
+  HttpReply got = post_json(*client_of(d.front->port()), body.dump());
+  ASSERT_EQ(want.status, 200) << want.body;
+  ASSERT_EQ(got.status, 200) << got.body;
+  ASSERT_EQ(got.j["choices"].size(), 3u);
+  std::set<std::string> distinct;
+  for (size_t i = 0; i < 3; ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(got.j["choices"][i]["message"], want.j["choices"][i]["message"]);
+    EXPECT_EQ(got.j["choices"][i]["logprobs"], want.j["choices"][i]["logprobs"]);
+    distinct.insert(got.j["choices"][i]["message"]["content"].get<std::string>());
+  }
+  EXPECT_GT(distinct.size(), 1u) << "seeded choices should differ for the comparison to mean something";
+  EXPECT_EQ(got.j["usage"], want.j["usage"]);
+  auto pc = client(*d.prefill);
+  EXPECT_EQ(metric(*pc, "zest_kv_exports_total"), 1) << "one export for the three choices";
+  auto dc = client(*d.decode);
+  EXPECT_EQ(metric(*dc, "zest_kv_imports_total"), 3);
+  EXPECT_EQ(metric(*dc, "zest_kv_transfer_reads_total"), 1);
+  EXPECT_EQ(wait_metrics(*dc, idle)["zest_kv_blocks_used"], 0);
 }
 
 TEST(Disagg, ClientGoneMidStreamAbortsOnTheDecodeInstance) {
@@ -314,8 +348,7 @@ TEST(Disagg, WhatCannotBeCarriedIsRefusedByName) {
   EXPECT_EQ(r.status, 400) << r.body;
   EXPECT_EQ(r.j["error"]["param"], "kv_transfer_params") << r.body;
   auto pc = client(*prefill);
-  for (const auto& [field, value] : std::vector<std::pair<std::string, json>>{
-           {"n", 2}, {"logprobs", true}, {"prompt_logprobs", 1}, {"stream", true}}) {
+  for (const auto& [field, value] : std::vector<std::pair<std::string, json>>{{"prompt_logprobs", 1}, {"stream", true}}) {
     json b = body;
     b[field] = value;
     HttpReply e = post_json(*pc, b.dump());
@@ -343,7 +376,8 @@ TEST(Disagg, WhatCannotBeCarriedIsRefusedByName) {
            {"/kv/layers", 5, "handle.bytes"},
            {"/prompt_token_ids", json::array({1, 2}), "kv.tokens"},
            {"/handle/bytes", 7, "handle.bytes"},
-           {"/first_token", -1, "first_token"},
+           {"/first_tokens", json::array({-1}), "first_tokens"},
+           {"/first_logprobs", json::array({1, 2}), "first_logprobs"},
            {"/handle/rkey", "zz", "rkey"}}) {
     json changed = good;
     changed[json::json_pointer(path)] = value;
