@@ -86,10 +86,12 @@ Result<RemotePrefill> RemotePrefill::from_json(const json& j) {
   if (kv == j.end() || !kv->is_object()) return invalid_argument(kWhere + "kv must be an object");
   const std::string at = kWhere + "kv.";
   constexpr int64_t kBig = int64_t{1} << 40;
-  ZEST_RETURN_IF_ERROR(get_int(*kv, "tokens", 1, kBig, r.kv.tokens, at));
+  // Bounds that keep expected_bytes() (2 * layers * tokens * heads * head size * 4 < 2^59) from overflowing before
+  // the geometry is compared with the model's.
+  ZEST_RETURN_IF_ERROR(get_int(*kv, "tokens", 1, int64_t{1} << 24, r.kv.tokens, at));
   ZEST_RETURN_IF_ERROR(get_int(*kv, "layers", 1, 4096, r.kv.layers, at));
-  ZEST_RETURN_IF_ERROR(get_int(*kv, "kv_heads", 1, 4096, r.kv.kv_heads, at));
-  ZEST_RETURN_IF_ERROR(get_int(*kv, "head_dim", 1, 4096, r.kv.head_dim, at));
+  ZEST_RETURN_IF_ERROR(get_int(*kv, "kv_heads", 1, 1024, r.kv.kv_heads, at));
+  ZEST_RETURN_IF_ERROR(get_int(*kv, "head_dim", 1, 1024, r.kv.head_dim, at));
   auto dt = kv->find("dtype");
   if (dt == kv->end() || !dt->is_string()) return invalid_argument(at + "dtype must be a string");
   bool known = false;

@@ -378,6 +378,7 @@ TEST(Disagg, WhatCannotBeCarriedIsRefusedByName) {
            {"/handle/bytes", 7, "handle.bytes"},
            {"/first_tokens", json::array({-1}), "first_tokens"},
            {"/first_logprobs", json::array({1, 2}), "first_logprobs"},
+           {"/kv/kv_heads", 1 << 20, "kv.kv_heads"},
            {"/handle/rkey", "zz", "rkey"}}) {
     json changed = good;
     changed[json::json_pointer(path)] = value;
