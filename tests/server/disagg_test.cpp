@@ -291,6 +291,46 @@ TEST(Disagg, PrefillGoneGivesAnErrorAndLeavesNoBlocks) {
   EXPECT_EQ(post_json(*dc, chat_body("Hello", 4).dump()).status, 200);
 }
 
+TEST(Disagg, FrontRoutesAndRefuses) {
+  Deployment d("qwen3_moe_tiny");
+  ASSERT_TRUE(d.ok());
+  auto front = client_of(d.front->port());
+  EXPECT_EQ(get(*front, "/health").status, 200);
+  HttpReply models = get(*front, "/v1/models");
+  EXPECT_EQ(models.status, 200) << models.body;
+  EXPECT_EQ(models.j["data"][0]["id"], d.decode->model_name());
+  // Bodies the front cannot route get 400 without reaching an instance.
+  EXPECT_EQ(post_json(*front, "{\"messages\": [").status, 400);
+  EXPECT_EQ(post_json(*front, "[1, 2]").status, 400);
+  json forged = chat_body("Hello", 4);
+  forged["kv_transfer_params"] = {{"do_remote_decode", true}};
+  HttpReply f = post_json(*front, forged.dump());
+  EXPECT_EQ(f.status, 400) << f.body;
+  EXPECT_EQ(f.j["error"]["param"], "kv_transfer_params");
+  // An instance's own refusal reaches the client with its status and message.
+  json bad = chat_body("Hello", 4);
+  bad["temperature"] = "hot";
+  HttpReply b = post_json(*front, bad.dump());
+  EXPECT_EQ(b.status, 400) << b.body;
+  EXPECT_NE(b.body.find("temperature"), std::string::npos) << b.body;
+  // Text completions go whole to a decode instance.
+  HttpReply c = post_json(*front, json{{"prompt", "Once upon a time"}, {"max_tokens", 4}, {"temperature", 0}}.dump(),
+                          "/v1/completions");
+  EXPECT_EQ(c.status, 200) << c.body;
+  auto m = metrics(*front);
+  EXPECT_EQ(m["zest_front_requests_total"], 4);
+  EXPECT_EQ(m["zest_front_prefill_errors_total"], 1);
+  // With the decode instance gone, /health says which instance is down and chats get 502.
+  const std::string decode_url = url(*d.decode);
+  d.decode.reset();
+  HttpReply h = get(*front, "/health");
+  EXPECT_EQ(h.status, 503) << h.body;
+  EXPECT_NE(h.body.find(decode_url), std::string::npos) << h.body;
+  HttpReply g = post_json(*front, chat_body("Hello", 4).dump());
+  EXPECT_EQ(g.status, 502) << g.body;
+  EXPECT_NE(g.body.find(decode_url), std::string::npos) << g.body;
+}
+
 TEST(Disagg, UnreadOffersExpire) {
   ServerOptions po = with_role(Role::kPrefill);
   po.kv_hold_s = 0.3;
