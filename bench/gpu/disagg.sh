@@ -1,9 +1,9 @@
-# limit: 420
+# limit: 560
 # Prefill/decode disaggregation on one GPU (issue bar: TTFT added by the K/V transfer for an 8k-token prompt, and
 # decode TPOT p99 of 32 streams while 8k-token multi-image prefills arrive, disaggregated and colocated).
 # Random weights of Qwen3-VL-30B-A3B shapes (LAYERS of them: two instances must share the GPU; the same --seed gives
 # both the same weights). Colocated: one zest serve. Disaggregated: --role prefill and --role decode on the same GPU
-# and zest front. Each setup: (1) one 8k-token prompt at a time, TTFT; (2) 32 closed-loop decode streams alone;
+# and zest front, the K/V by CUDA IPC and over UCX. Each setup: (1) one 8k-token prompt at a time, TTFT; (2) 32 closed-loop decode streams alone;
 # (3) the same streams while 4-image ~8k-token requests arrive at RATE/s. Prints one markdown table.
 set -u
 CONFIG=${CONFIG:-qwen3-vl-30b-a3b}
@@ -45,9 +45,12 @@ workload() {  # workload SETUP PORT
 start_server -- "${FLAGS[@]}" && workload colocated "$PORT"
 stop_server
 
-# Disaggregated: prefill and decode on the same GPU, the front on $PORT.
+# Disaggregated: prefill and decode on the same GPU, the front on $PORT; the K/V over UCX (a host copy) and by CUDA
+# IPC (the device copy).
 PORT_FRONT=$PORT
-PORT=$((PORT_FRONT + 1)) SLOG=/tmp/zest-disagg-prefill.log start_server -- "${FLAGS[@]}" --role prefill
+for KVT in ${KV_TRANSFERS:-cuda-ipc ucx}; do
+PORT=$((PORT_FRONT + 1)) SLOG=/tmp/zest-disagg-prefill.log start_server -- "${FLAGS[@]}" --role prefill \
+  --kv-transfer "$KVT"
 PREFILL=$SERVER
 PORT=$((PORT_FRONT + 2)) SLOG=/tmp/zest-disagg-decode.log start_server -- "${FLAGS[@]}" --role decode
 DECODE=$SERVER
@@ -55,8 +58,9 @@ DECODE=$SERVER
   --port "$PORT_FRONT" >/tmp/zest-disagg-front.log 2>&1 &
 FRONT=$!
 for _ in $(seq 1 100); do PORT=$PORT_FRONT health && break; sleep 0.2; done
-workload disaggregated "$PORT_FRONT"
+workload "disaggregated ($KVT)" "$PORT_FRONT"
 for s in /tmp/zest-disagg-prefill.log /tmp/zest-disagg-decode.log; do grep -m3 -E "error|failed" "$s"; done
 kill "$FRONT" "$PREFILL" "$DECODE" 2>/dev/null
 wait 2>/dev/null
+done
 print_table "Disaggregation on one GPU ($CONFIG, $LAYERS layers, random weights)"

@@ -20,6 +20,15 @@ Result<std::unique_ptr<TextDecoder>> make_cuda_decoder(const io::SafeTensors& st
 // The CUDA decoder from collected weights (src/backend/cuda/cuda_decoder.cu, or its stub).
 Result<std::unique_ptr<TextDecoder>> create_cuda_decoder(const DecoderWeights& weights);
 
+// CUDA IPC of a KV snapshot between two processes on one GPU (prefill/decode disaggregation without a copy through
+// the host). export: the IPC handle (hex) of a device snapshot made by a CUDA KV cache (KvSnapshot::device_data, its
+// own allocation). import: opens `handle_hex` (exported by another process on this GPU), copies the snapshot's
+// `geometry.expected_bytes()` into a device snapshot of this process and closes the handle. kUnsupported without
+// CUDA; kInvalidArgument for a malformed handle; kInternal naming the CUDA error otherwise (another GPU, the
+// exporting process gone).
+Result<std::string> cuda_ipc_export(const KvSnapshot& device_snapshot);
+Result<KvSnapshot> cuda_ipc_import(const std::string& handle_hex, const KvSnapshot& geometry);
+
 }  // namespace zest::model
 
 namespace zest::vision {

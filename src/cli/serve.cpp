@@ -17,6 +17,7 @@ struct ServeArgs {
   AccelArgs accel;
   server::ServerOptions opts;
   std::string role = "both";
+  std::string kv_transfer = "ucx";
 };
 
 // SERE's per-layer averages as Prometheus gauges.
@@ -55,6 +56,7 @@ int run_serve(const ServeArgs& a) {
   auto role = server::parse_role(a.role);
   if (!role.ok()) return fail(role.status());
   opts.role = *role;
+  opts.kv_transfer = a.kv_transfer == "cuda-ipc" ? server::KvTransfer::kCudaIpc : server::KvTransfer::kUcx;
   auto sere_r = apply_accel(a.accel, **model, opts.engine);
   if (!sere_r.ok()) return fail(sere_r.status());
   std::shared_ptr<engine::SereRuntime> sere = std::move(sere_r).value();
@@ -129,6 +131,11 @@ void register_serve(CLI::App& app, std::function<int()>& run) {
       ->capture_default_str();
   sub->add_option("--kv-read-timeout-s", o.kv_read_timeout_s,
                   "decode: seconds a K/V read from a prefill instance may take before its request fails (503)")
+      ->capture_default_str();
+  sub->add_option("--kv-transfer", a->kv_transfer,
+                  "prefill: how the K/V goes to the decode instance: ucx (a host copy read over UCX, any two hosts) or "
+                  "cuda-ipc (the device copy mapped by a decode instance on the same GPU)")
+      ->check(CLI::IsMember({"ucx", "cuda-ipc"}))
       ->capture_default_str();
   sub->add_option("--kv-secret", o.kv_secret,
                   "prefill and decode: the deployment's shared secret that signs the K/V params (16+ characters; "

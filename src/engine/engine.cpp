@@ -191,7 +191,7 @@ void Engine::abort(int64_t id) {
 
 void Engine::finish(Seq& s, FinishReason r, std::string final_text, const std::string& error) {
   if (s.req.export_kv && (r == FinishReason::kStop || r == FinishReason::kLength) && s.computed >= s.n_prompt) {
-    auto snap = cache_.snapshot(s.blocks, s.n_prompt);
+    auto snap = cache_.snapshot(s.blocks, s.n_prompt, opts_.kv_export_on_device);
     if (snap.ok()) {
       ++stats_.kv_exports;
       s.out.kv = std::make_shared<const model::KvSnapshot>(std::move(snap).value());

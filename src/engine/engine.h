@@ -30,6 +30,9 @@ struct EngineOptions {
   // Sampling summaries from the decoder's forward_sample (computed on the device by a device backend); false: host
   // logits summarised on the host whatever the backend (the form before device sampling, for A/B measurements).
   bool device_sampling = true;
+  // Request::export_kv leaves the prompt's K/V in device memory where the backend has one (for a transfer that
+  // stays on the GPU: CUDA IPC); else it is copied to the host.
+  bool kv_export_on_device = false;
   // Builds the MoE hooks for one step (null = none); `decode_only` says the step has no prefill.
   std::function<const model::MoeHooks*(bool decode_only)> moe_hooks;
 };

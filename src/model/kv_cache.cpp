@@ -15,7 +15,8 @@ CpuKvStorage::CpuKvStorage(int64_t num_layers, int64_t num_blocks, int64_t block
   }
 }
 
-Result<KvSnapshot> CpuKvStorage::read(const std::vector<int32_t>& table, int64_t block_size, int64_t tokens) const {
+Result<KvSnapshot> CpuKvStorage::read(const std::vector<int32_t>& table, int64_t block_size, int64_t tokens,
+                                      bool /*on_device: the CPU has none*/) const {
   if (tokens < 0 || static_cast<int64_t>(table.size()) * block_size < tokens)
     return invalid_argument("KV snapshot of " + std::to_string(tokens) + " tokens from a table of " +
                             std::to_string(table.size()) + " blocks");
@@ -48,6 +49,7 @@ Status CpuKvStorage::write(const KvSnapshot& snap, const std::vector<int32_t>& t
                             dtype_name(snap.dtype) + ") does not fit this cache (" + std::to_string(k_.size()) +
                             " layers, " + std::to_string(kv_heads_) + " kv heads of " + std::to_string(head_dim_) +
                             ", f32)");
+  if (snap.device_data != nullptr) return invalid_argument("a KV snapshot in device memory cannot enter a CPU cache");
   if (!snap.bytes || static_cast<int64_t>(snap.bytes->size()) != snap.expected_bytes())
     return invalid_argument("the KV snapshot holds " + std::to_string(snap.bytes ? snap.bytes->size() : 0) +
                             " bytes, not " + std::to_string(snap.expected_bytes()));
@@ -66,9 +68,9 @@ Status CpuKvStorage::write(const KvSnapshot& snap, const std::vector<int32_t>& t
   return Status::ok();
 }
 
-Result<KvSnapshot> PagedKVCache::snapshot(const std::vector<int32_t>& table, int64_t tokens) const {
+Result<KvSnapshot> PagedKVCache::snapshot(const std::vector<int32_t>& table, int64_t tokens, bool on_device) const {
   if (!storage_) return internal_error("the KV cache has no storage");
-  return storage_->read(table, block_size_, tokens);
+  return storage_->read(table, block_size_, tokens, on_device);
 }
 
 Status PagedKVCache::restore(const KvSnapshot& snap, const std::vector<int32_t>& table) {

@@ -29,7 +29,11 @@ namespace zest::model {
 struct KvSnapshot {
   int64_t tokens = 0, layers = 0, kv_heads = 0, head_dim = 0;
   DType dtype = DType::F32;
-  std::shared_ptr<std::vector<uint8_t>> bytes;  // expected_bytes() of them
+  std::shared_ptr<std::vector<uint8_t>> bytes;  // expected_bytes() of them (host snapshots)
+  // A snapshot in device memory (CUDA backend): `device` owns it (freed with its last holder), `device_data` points at
+  // expected_bytes() in the same layout; `bytes` is then null.
+  std::shared_ptr<void> device;
+  const void* device_data = nullptr;
   int64_t row_bytes() const { return kv_heads * head_dim * static_cast<int64_t>(dtype_size(dtype)); }
   int64_t expected_bytes() const { return 2 * layers * tokens * row_bytes(); }
   // Offset of token t's K (v = false) or V row of `layer`.
@@ -42,8 +46,11 @@ class KvStorage {
   virtual ~KvStorage() = default;
   // Copies tokens [0, tokens) of the sequence whose block table is `table` out (kUnsupported where the backend
   // cannot). `table` must hold them.
-  virtual Result<KvSnapshot> read(const std::vector<int32_t>& table, int64_t block_size, int64_t tokens) const {
-    (void)table, (void)block_size, (void)tokens;
+  // on_device: leave the copy in device memory (KvSnapshot::device) where the backend has one (CUDA), for a transfer
+  // that stays on the GPU; backends without device memory copy to the host anyway.
+  virtual Result<KvSnapshot> read(const std::vector<int32_t>& table, int64_t block_size, int64_t tokens,
+                                  bool on_device = false) const {
+    (void)table, (void)block_size, (void)tokens, (void)on_device;
     return unsupported("this backend's KV cache cannot be copied out");
   }
   // Writes a snapshot into tokens [0, snap.tokens) of `table` (reserved for them). kInvalidArgument when its layers,
@@ -61,7 +68,8 @@ class CpuKvStorage : public KvStorage {
   // K (or V) vector of cache row `row` (= block * block_size + slot) of `layer`: kv_heads * head_dim floats.
   float* k_row(int64_t layer, int64_t row) { return k_[layer].data<float>() + row * row_elems_; }
   float* v_row(int64_t layer, int64_t row) { return v_[layer].data<float>() + row * row_elems_; }
-  Result<KvSnapshot> read(const std::vector<int32_t>& table, int64_t block_size, int64_t tokens) const override;
+  Result<KvSnapshot> read(const std::vector<int32_t>& table, int64_t block_size, int64_t tokens,
+                          bool on_device = false) const override;
   Status write(const KvSnapshot& snap, const std::vector<int32_t>& table, int64_t block_size) override;
 
  private:
@@ -122,7 +130,7 @@ class PagedKVCache {
   // The backend storage (null for a default-constructed cache).
   KvStorage* storage() const { return storage_.get(); }
   // Tokens [0, tokens) of the sequence with block table `table`, copied out (KvStorage::read).
-  Result<KvSnapshot> snapshot(const std::vector<int32_t>& table, int64_t tokens) const;
+  Result<KvSnapshot> snapshot(const std::vector<int32_t>& table, int64_t tokens, bool on_device = false) const;
   // Writes `snap` into tokens [0, snap.tokens) of `table`, which must have blocks for them (KvStorage::write).
   Status restore(const KvSnapshot& snap, const std::vector<int32_t>& table);
 

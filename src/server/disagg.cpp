@@ -41,6 +41,7 @@ json logprobs_json(const std::vector<engine::TokenLogprob>& v) {
 
 json RemotePrefill::to_json() const {
   return {{"handle", handle.to_json()},
+          {"cuda_ipc", cuda_ipc},
           {"kv",
            {{"tokens", kv.tokens},
             {"layers", kv.layers},
@@ -110,7 +111,12 @@ Result<RemotePrefill> RemotePrefill::from_json(const json& j) {
   if (static_cast<int64_t>(r.prompt_ids.size()) != r.kv.tokens)
     return invalid_argument(kWhere + "kv.tokens (" + std::to_string(r.kv.tokens) + ") is not the prompt's " +
                             std::to_string(r.prompt_ids.size()) + " tokens");
-  if (r.handle.bytes != r.kv.expected_bytes())
+  auto ipc = j.find("cuda_ipc");
+  if (ipc != j.end() && !ipc->is_string()) return invalid_argument(kWhere + "cuda_ipc must be a string");
+  if (ipc != j.end()) r.cuda_ipc = ipc->get<std::string>();
+  if (!r.cuda_ipc.empty() && r.handle.bytes != 0)
+    return invalid_argument(kWhere + "handle.bytes must be 0 when the K/V comes by cuda_ipc");
+  if (r.cuda_ipc.empty() && r.handle.bytes != r.kv.expected_bytes())
     return invalid_argument(kWhere + "handle.bytes (" + std::to_string(r.handle.bytes) + ") is not the " +
                             std::to_string(r.kv.expected_bytes()) + " bytes of the K/V it describes");
   ZEST_RETURN_IF_ERROR(get_int(j, "rope_delta", -kBig, kBig, r.rope_delta));

@@ -23,13 +23,18 @@
 namespace zest::server {
 
 enum class Role { kBoth, kPrefill, kDecode };
+// How the K/V moves: UCX reads of a host copy (any two hosts), or CUDA IPC of a device copy (two instances on one
+// GPU: no copy through the host).
+enum class KvTransfer { kUcx, kCudaIpc };
 // "both", "prefill", "decode".
 const char* role_name(Role r);
 Result<Role> parse_role(const std::string& name);
 
 // The state a decode instance continues from.
 struct RemotePrefill {
-  transfer::Handle handle;         // where the prompt's K/V bytes are offered
+  transfer::Handle handle;         // where the prompt's K/V bytes are offered (0 bytes with cuda_ipc: the offer only
+                                   // keeps the device copy alive until the decode instance releases it)
+  std::string cuda_ipc;            // --kv-transfer cuda-ipc: the CUDA IPC handle of the K/V in the prefill's GPU memory
   model::KvSnapshot kv;            // the bytes' geometry (bytes not set)
   std::vector<int32_t> prompt_ids; // the prompt as the prefill instance ran it (images expanded and pruned)
   int64_t rope_delta = 0;          // decode position = tokens in cache + rope_delta

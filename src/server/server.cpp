@@ -12,6 +12,7 @@
 #include <random>
 #include <thread>
 
+#include "backend/cuda.h"
 #include "core/timer.h"
 #include "engine/chat_request.h"
 #include "server/engine_loop.h"
@@ -773,7 +774,7 @@ std::pair<int, std::string> Server::Impl::whole_body(const ChannelUpdate& u, con
 
 Result<json> Server::Impl::offer_kv(const ChannelUpdate& u, const Job& job) {
   const engine::RequestOutput& out = u.choices.front().output;  // choice 0 exported the prompt's K/V
-  if (!out.kv || !out.kv->bytes) return internal_error("the prefill produced no K/V to offer");
+  if (!out.kv || (!out.kv->bytes && !out.kv->device_data)) return internal_error("the prefill produced no K/V to offer");
   std::vector<int32_t> firsts(u.choices.size(), -1);
   std::vector<engine::TokenLogprob> lps(job.logprobs ? u.choices.size() : 0);
   for (const ChoiceUpdate& c : u.choices) {
@@ -785,9 +786,20 @@ Result<json> Server::Impl::offer_kv(const ChannelUpdate& u, const Job& job) {
       lps[c.index] = c.output.logprobs.front();
     }
   }
-  ZEST_ASSIGN_OR_RETURN(transfer::Handle h, offerer->offer(out.kv->bytes));
   RemotePrefill rp;
-  rp.handle = std::move(h);
+  if (out.kv->device_data != nullptr) {
+    // CUDA IPC: the decode instance maps the device copy; the UCX offer of no bytes keeps it alive until released.
+    ZEST_ASSIGN_OR_RETURN(rp.cuda_ipc, model::cuda_ipc_export(*out.kv));
+    struct Holder {
+      std::shared_ptr<const model::KvSnapshot> kv;
+      std::vector<uint8_t> none;
+    };
+    auto holder = std::make_shared<Holder>();
+    holder->kv = out.kv;
+    ZEST_ASSIGN_OR_RETURN(rp.handle, offerer->offer(std::shared_ptr<const std::vector<uint8_t>>(holder, &holder->none)));
+  } else {
+    ZEST_ASSIGN_OR_RETURN(rp.handle, offerer->offer(out.kv->bytes));
+  }
   rp.kv = *out.kv;
   rp.kv.bytes.reset();
   rp.prompt_ids = job.prompt_ids;
@@ -801,6 +813,12 @@ Result<json> Server::Impl::offer_kv(const ChannelUpdate& u, const Job& job) {
 }
 
 Result<std::shared_ptr<const model::KvSnapshot>> Server::Impl::read_kv(const RemotePrefill& rp) {
+  if (!rp.cuda_ipc.empty()) {
+    auto imported = model::cuda_ipc_import(rp.cuda_ipc, rp.kv);
+    reader->release(rp.handle);  // copied (or failed): the prefill instance can free its device copy
+    if (!imported.ok()) return imported.status().with_context("reading the prompt's K/V from the prefill instance");
+    return std::shared_ptr<const model::KvSnapshot>(std::make_shared<model::KvSnapshot>(std::move(imported).value()));
+  }
   auto snap = std::make_shared<model::KvSnapshot>(rp.kv);
   snap->bytes = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(rp.kv.expected_bytes()));
   Status st = reader->read(rp.handle, snap->bytes->data(), opts.kv_read_timeout_s);
@@ -999,7 +1017,9 @@ Result<std::unique_ptr<Server>> Server::start(std::shared_ptr<engine::ModelBundl
     return invalid_argument("--reasoning-parser qwen3: the tokenizer has no <think> / </think> tokens");
   impl->reasoning = opts.reasoning_parser == "qwen3" ||
                     (opts.reasoning_parser == "auto" && has_tags && model->chat_template == text::TemplateKind::kQwen3);
-  impl->loop = std::make_unique<EngineLoop>(model, opts.engine);
+  engine::EngineOptions eo = opts.engine;
+  eo.kv_export_on_device = opts.role == Role::kPrefill && opts.kv_transfer == KvTransfer::kCudaIpc;
+  impl->loop = std::make_unique<EngineLoop>(model, eo);
   if (opts.role != Role::kBoth && opts.kv_secret.size() < 16)
     return invalid_argument(std::string("--role ") + role_name(opts.role) +
                             " needs --kv-secret (or ZEST_KV_SECRET) of at least 16 characters, the same on the prefill "
@@ -1007,6 +1027,8 @@ Result<std::unique_ptr<Server>> Server::start(std::shared_ptr<engine::ModelBundl
                             "signed with it");
   if (opts.role == Role::kPrefill) {
     if (!(opts.kv_hold_s > 0)) return invalid_argument("--kv-hold-s must be positive");
+    if (opts.kv_transfer == KvTransfer::kCudaIpc && model->decoder().backend() != model::Backend::kCuda)
+      return invalid_argument("--kv-transfer cuda-ipc needs the CUDA backend (--device cuda)");
     auto o = transfer::Offerer::start(opts.kv_hold_s);
     if (!o.ok()) return o.status().with_context("starting the K/V transfer agent (--role prefill)");
     impl->offerer = std::move(o).value();

@@ -57,6 +57,7 @@ struct ServerOptions {
   double kv_hold_s = 60;          // prefill: an offered K/V nobody has read is dropped after this
   double kv_read_timeout_s = 30;  // decode: a K/V read that takes longer fails its request (503)
   std::string kv_secret;          // prefill and decode: signs / checks the params (required for those roles)
+  KvTransfer kv_transfer = KvTransfer::kUcx;  // prefill: how its K/V is offered (decode follows the params)
   engine::EngineOptions engine;
 };
 

@@ -5,6 +5,7 @@
 #include <numeric>
 #include <random>
 
+#include "backend/cuda.h"
 #include "cuda_test_util.h"
 #include "engine/chat_request.h"
 #include "engine/engine.h"
@@ -80,6 +81,22 @@ TEST(KvCopy, CudaDecoderImportContinuesAsOneEngine) {
   auto got = engine::generate_one(*m, dec);
   ASSERT_TRUE(got.ok()) << got.status().to_string();
   EXPECT_EQ(got->token_ids, ref->token_ids);
+  // The same through a snapshot left in device memory (the CUDA IPC path, without the second process).
+  engine::EngineOptions on_device;
+  on_device.kv_export_on_device = true;
+  auto dfirst = engine::generate_one(*m, pre, on_device);
+  ASSERT_TRUE(dfirst.ok() && dfirst->kv);
+  EXPECT_NE(dfirst->kv->device_data, nullptr);
+  EXPECT_EQ(dfirst->kv->bytes, nullptr);
+  dec.kv = dfirst->kv;
+  auto dgot = engine::generate_one(*m, dec);
+  ASSERT_TRUE(dgot.ok()) << dgot.status().to_string();
+  EXPECT_EQ(dgot->token_ids, ref->token_ids);
+  // Its IPC handle: 64 bytes as hex (opening it needs another process).
+  auto h = model::cuda_ipc_export(*dfirst->kv);
+  ASSERT_TRUE(h.ok()) << h.status().to_string();
+  EXPECT_EQ(h->size(), 128u);
+  EXPECT_FALSE(model::cuda_ipc_import("zz", *dfirst->kv).ok());
 }
 
 }  // namespace

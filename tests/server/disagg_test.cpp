@@ -360,6 +360,12 @@ TEST(Disagg, RolesNeedTheDeploymentSecret) {
     ASSERT_FALSE(s.ok());
     EXPECT_NE(s.status().message().find("--kv-secret"), std::string::npos) << s.status().message();
   }
+  // CUDA IPC needs the CUDA backend (these fixtures run on the CPU).
+  ServerOptions ipc = with_role(Role::kPrefill);
+  ipc.kv_transfer = KvTransfer::kCudaIpc;
+  auto refused = Server::start(fixture_model("qwen3_moe_tiny"), ipc);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("cuda-ipc needs the CUDA backend"), std::string::npos);
   // A decode instance with another secret refuses the prefill instance's params.
   auto prefill = start_server("qwen3_moe_tiny", with_role(Role::kPrefill));
   ServerOptions other = with_role(Role::kDecode);

@@ -179,8 +179,8 @@ class CudaKvStorage : public model::KvStorage {
 
   // Between steps (the decoder waits for each step's work before it returns), on the legacy default stream: a
   // gather (scatter) kernel between the blocks and a device buffer, one copy between that buffer and the host.
-  Result<model::KvSnapshot> read(const std::vector<int32_t>& table, int64_t block_size,
-                                 int64_t tokens) const override {
+  Result<model::KvSnapshot> read(const std::vector<int32_t>& table, int64_t block_size, int64_t tokens,
+                                 bool on_device) const override {
     if (tokens <= 0 || static_cast<int64_t>(table.size()) * block_size < tokens)
       return invalid_argument("KV snapshot of " + std::to_string(tokens) + " tokens from a table of " +
                               std::to_string(table.size()) + " blocks");
@@ -190,6 +190,15 @@ class CudaKvStorage : public model::KvStorage {
     s.kv_heads = kv_heads;
     s.head_dim = head_dim;
     s.dtype = DType::BF16;
+    if (on_device) {
+      // Its own allocation (cudaMalloc), so that CUDA IPC can hand it to another process as a whole.
+      auto buf = std::make_shared<DeviceMemory>();
+      ZEST_RETURN_IF_ERROR(buf->allocate(static_cast<size_t>(s.expected_bytes()), "the KV snapshot"));
+      ZEST_RETURN_IF_ERROR(copy(table, block_size, tokens, buf->get(), true, true));
+      s.device_data = buf->get();
+      s.device = std::move(buf);
+      return s;
+    }
     s.bytes = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(s.expected_bytes()));
     ZEST_RETURN_IF_ERROR(copy(table, block_size, tokens, s.bytes->data(), true));
     return s;
@@ -201,26 +210,35 @@ class CudaKvStorage : public model::KvStorage {
                               dtype_name(snap.dtype) + ") does not fit this cache (" + std::to_string(layers) +
                               " layers, " + std::to_string(kv_heads) + " kv heads of " + std::to_string(head_dim) +
                               ", BF16)");
-    if (!snap.bytes || static_cast<int64_t>(snap.bytes->size()) != snap.expected_bytes())
-      return invalid_argument("the KV snapshot holds the wrong number of bytes");
     if (static_cast<int64_t>(table.size()) * block_size < snap.tokens)
       return invalid_argument("the block table cannot hold the KV snapshot's " + std::to_string(snap.tokens) + " tokens");
+    if (snap.device_data != nullptr)
+      return copy(table, block_size, snap.tokens, const_cast<void*>(snap.device_data), false, true);
+    if (!snap.bytes || static_cast<int64_t>(snap.bytes->size()) != snap.expected_bytes())
+      return invalid_argument("the KV snapshot holds the wrong number of bytes");
     return copy(table, block_size, snap.tokens, snap.bytes->data(), false);
   }
 
  private:
-  Status copy(const std::vector<int32_t>& table, int64_t block_size, int64_t tokens, uint8_t* host, bool out) const {
+  // Between the blocks of `table` and `other` (host memory, or device memory when other_on_device); out = cache to
+  // other.
+  Status copy(const std::vector<int32_t>& table, int64_t block_size, int64_t tokens, void* other, bool out,
+              bool other_on_device = false) const {
     const size_t bytes = static_cast<size_t>(2 * layers * tokens * kv_heads * head_dim) * sizeof(bf16);
     ZEST_CU(cudaDeviceSynchronize(), "KV snapshot: the decoder's last step");
-    DeviceMemory buf, tab;
-    ZEST_RETURN_IF_ERROR(buf.allocate(bytes, "the KV snapshot's staging buffer"));
+    DeviceMemory staging, tab;
+    void* buf = other;
+    if (!other_on_device) {
+      ZEST_RETURN_IF_ERROR(staging.allocate(bytes, "the KV snapshot's staging buffer"));
+      buf = staging.get();
+    }
     ZEST_RETURN_IF_ERROR(tab.allocate(table.size() * sizeof(int32_t), "the KV snapshot's block table"));
     ZEST_CU(cudaMemcpy(tab.get(), table.data(), table.size() * sizeof(int32_t), cudaMemcpyHostToDevice), "KV table");
-    if (!out) ZEST_CU(cudaMemcpy(buf.get(), host, bytes, cudaMemcpyHostToDevice), "KV snapshot upload");
+    if (!out && !other_on_device) ZEST_CU(cudaMemcpy(buf, other, bytes, cudaMemcpyHostToDevice), "KV snapshot upload");
     ZEST_RETURN_IF_ERROR(cuda::kv_copy_rows(reinterpret_cast<uint16_t*>(mem.get()), per_layer, layers,
                                             reinterpret_cast<const int32_t*>(tab.get()), tokens, block_size,
-                                            kv_heads * head_dim, reinterpret_cast<uint16_t*>(buf.get()), out, 0));
-    if (out) ZEST_CU(cudaMemcpy(host, buf.get(), bytes, cudaMemcpyDeviceToHost), "KV snapshot download");
+                                            kv_heads * head_dim, reinterpret_cast<uint16_t*>(buf), out, 0));
+    if (out && !other_on_device) ZEST_CU(cudaMemcpy(other, buf, bytes, cudaMemcpyDeviceToHost), "KV snapshot download");
     ZEST_CU(cudaDeviceSynchronize(), "KV snapshot copy");
     return Status::ok();
   }
@@ -1430,6 +1448,55 @@ Result<std::unique_ptr<TextDecoder>> create_cuda_decoder(const DecoderWeights& w
   auto d = std::make_unique<cuda::CudaTextDecoder>();
   ZEST_RETURN_IF_ERROR(d->init(weights));
   return std::unique_ptr<TextDecoder>(std::move(d));
+}
+
+Result<std::string> cuda_ipc_export(const KvSnapshot& snap) {
+  using namespace cuda;
+  if (snap.device_data == nullptr) return invalid_argument("CUDA IPC needs a KV snapshot in device memory");
+  cudaIpcMemHandle_t h;
+  ZEST_CU(cudaIpcGetMemHandle(&h, const_cast<void*>(snap.device_data)), "cudaIpcGetMemHandle of the KV snapshot");
+  static const char* k = "0123456789abcdef";
+  std::string hex;
+  for (size_t i = 0; i < sizeof(h.reserved); ++i) {
+    const auto b = static_cast<unsigned char>(h.reserved[i]);
+    hex += k[b >> 4];
+    hex += k[b & 15];
+  }
+  return hex;
+}
+
+Result<KvSnapshot> cuda_ipc_import(const std::string& hex, const KvSnapshot& geometry) {
+  using namespace cuda;
+  cudaIpcMemHandle_t h;
+  if (hex.size() != 2 * sizeof(h.reserved)) return invalid_argument("a CUDA IPC handle is " +
+                                                                    std::to_string(2 * sizeof(h.reserved)) + " hex digits");
+  for (size_t i = 0; i < sizeof(h.reserved); ++i) {
+    int v = 0;
+    for (int d = 0; d < 2; ++d) {
+      const char c = hex[2 * i + d];
+      const int x = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+      if (x < 0) return invalid_argument("a CUDA IPC handle must be lowercase hex");
+      v = v * 16 + x;
+    }
+    h.reserved[i] = static_cast<char>(v);
+  }
+  void* peer = nullptr;
+  ZEST_CU(cudaIpcOpenMemHandle(&peer, h, cudaIpcMemLazyEnablePeerAccess),
+          "opening the prefill instance's K/V (CUDA IPC: both instances must run on this GPU)");
+  KvSnapshot out = geometry;
+  out.bytes.reset();
+  auto buf = std::make_shared<DeviceMemory>();
+  Status st = buf->allocate(static_cast<size_t>(geometry.expected_bytes()), "the imported KV snapshot");
+  if (st.is_ok())
+    st = cuda_status(cudaMemcpy(buf->get(), peer, static_cast<size_t>(geometry.expected_bytes()),
+                                cudaMemcpyDeviceToDevice),
+                     "copying the prefill instance's K/V");
+  const cudaError_t closed = cudaIpcCloseMemHandle(peer);
+  ZEST_RETURN_IF_ERROR(st);
+  ZEST_CU(closed, "cudaIpcCloseMemHandle");
+  out.device_data = buf->get();
+  out.device = std::move(buf);
+  return out;
 }
 
 }  // namespace zest::model

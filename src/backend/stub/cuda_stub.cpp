@@ -7,6 +7,14 @@ Result<std::unique_ptr<TextDecoder>> create_cuda_decoder(const DecoderWeights&) 
   return unsupported("zest was built without CUDA (configure with -DZEST_CUDA=ON), so --device cuda is unavailable");
 }
 
+Result<std::string> cuda_ipc_export(const KvSnapshot&) {
+  return unsupported("zest was built without CUDA: --kv-transfer cuda-ipc is unavailable");
+}
+
+Result<KvSnapshot> cuda_ipc_import(const std::string&, const KvSnapshot&) {
+  return unsupported("zest was built without CUDA: --kv-transfer cuda-ipc is unavailable");
+}
+
 }  // namespace zest::model
 
 namespace zest::vision {
