@@ -30,7 +30,7 @@ constexpr const char* kJson = "application/json";
 struct Relay {
   std::mutex mu;
   std::condition_variable cv;
-  bool has_status = false, done = false, cancelled = false;
+  bool has_status = false, done = false, cancelled = false, not_connected = false;
   int status = 0;
   std::string content_type, error;
   std::deque<std::string> pieces;
@@ -53,6 +53,32 @@ struct Front::Impl {
 
   const std::string& pick(const std::vector<std::string>& v, std::atomic<uint64_t>& next) {
     return v[next.fetch_add(1) % v.size()];
+  }
+  // The instances of `v` in the order to try them: from the round-robin pick on, each once (an instance that cannot
+  // be connected to is skipped for the next).
+  std::vector<std::string> order(const std::vector<std::string>& v, std::atomic<uint64_t>& next) {
+    const size_t first = next.fetch_add(1) % v.size();
+    std::vector<std::string> out;
+    for (size_t i = 0; i < v.size(); ++i) out.push_back(v[(first + i) % v.size()]);
+    return out;
+  }
+  // Nothing reached the instance (refused or timed-out connects): safe to send the request to another.
+  static bool not_connected(httplib::Error e) {
+    return e == httplib::Error::Connection || e == httplib::Error::ConnectionTimeout;
+  }
+  // POSTs to the first instance of `urls` that can be connected to; *used names it. An error Result when none.
+  httplib::Result post_first(const std::vector<std::string>& urls, const std::string& path, const std::string& body,
+                             std::string* used, std::string* failures) {
+    httplib::Error last = httplib::Error::Connection;
+    for (const std::string& u : urls) {
+      httplib::Result r = client(u)->Post(path, body, kJson);
+      *used = u;
+      if (r || !not_connected(r.error())) return r;
+      ++unreachable;
+      last = r.error();
+      *failures += (failures->empty() ? "" : "; ") + u + ": " + httplib::to_string(last);
+    }
+    return httplib::Result(nullptr, last);
   }
   std::unique_ptr<httplib::Client> client(const std::string& url) const {
     auto c = std::make_unique<httplib::Client>(url);
@@ -90,7 +116,11 @@ struct Front::Impl {
   }
   void chat(const httplib::Request& req, httplib::Response& res);
   void forward(const httplib::Request& req, httplib::Response& res);
-  void stream(const std::string& url, const std::string& body, httplib::Response& res);
+  // Streams the decode step from the first of `urls` that can be connected to.
+  void stream(const std::vector<std::string>& urls, const std::string& body, httplib::Response& res);
+  // One instance; false (nothing answered) when it could not be connected to and another may be tried.
+  bool stream_one(const std::string& url, const std::string& body, httplib::Response& res, bool last,
+                  std::string& failures);
   std::string metrics() const;
 };
 
@@ -105,13 +135,14 @@ void Front::Impl::chat(const httplib::Request& req, httplib::Response& res) {
   first["kv_transfer_params"] = {{"do_remote_decode", true}};
   first["stream"] = false;
   first.erase("stream_options");
-  const std::string& p_url = pick(opts.prefill, next_prefill);
+  std::string p_url, p_failures;
   const double t0 = now_ms();
-  auto p = client(p_url)->Post(req.path, dump_json(first), kJson);
+  auto p = post_first(order(opts.prefill, next_prefill), req.path, dump_json(first), &p_url, &p_failures);
   prefill_us += static_cast<int64_t>((now_ms() - t0) * 1000);
   if (!p) {
-    ++unreachable;
-    return reply(res, 502, "the prefill instance " + p_url + " cannot be reached (" + httplib::to_string(p.error()) + ")");
+    if (!not_connected(p.error())) ++unreachable;
+    return reply(res, 502, "no prefill instance could be reached (" +
+                               (p_failures.empty() ? p_url + ": " + httplib::to_string(p.error()) : p_failures) + ")");
   }
   if (p->status != 200) {
     ++prefill_errors;
@@ -131,20 +162,31 @@ void Front::Impl::chat(const httplib::Request& req, httplib::Response& res) {
   }
   // Step 2: the decode instance reads the K/V and generates; its answer goes to the client as it is.
   body["kv_transfer_params"] = std::move(answer["kv_transfer_params"]);
-  const std::string& d_url = pick(opts.decode, next_decode);
+  const std::vector<std::string> decoders = order(opts.decode, next_decode);
   const bool streamed = body.value("stream", json(false)) == true;
-  if (streamed) return stream(d_url, dump_json(body), res);
-  auto d = client(d_url)->Post(req.path, dump_json(body), kJson);
+  if (streamed) return stream(decoders, dump_json(body), res);
+  std::string d_url, d_failures;
+  auto d = post_first(decoders, req.path, dump_json(body), &d_url, &d_failures);
   if (!d) {
-    ++unreachable;
-    return reply(res, 502, "the decode instance " + d_url + " cannot be reached (" + httplib::to_string(d.error()) + ")");
+    if (!not_connected(d.error())) ++unreachable;
+    return reply(res, 502, "no decode instance could be reached (" +
+                               (d_failures.empty() ? d_url + ": " + httplib::to_string(d.error()) : d_failures) + ")");
   }
   if (d->status != 200) ++decode_errors;
   res.status = d->status;
   res.set_content(d->body, d->get_header_value("Content-Type").empty() ? kJson : d->get_header_value("Content-Type"));
 }
 
-void Front::Impl::stream(const std::string& url, const std::string& body, httplib::Response& res) {
+void Front::Impl::stream(const std::vector<std::string>& urls, const std::string& body, httplib::Response& res) {
+  std::string failures;
+  for (size_t i = 0; i < urls.size(); ++i) {
+    if (stream_one(urls[i], body, res, i + 1 == urls.size(), failures)) return;
+  }
+  reply(res, 502, "no decode instance could be reached (" + failures + ")");
+}
+
+bool Front::Impl::stream_one(const std::string& url, const std::string& body, httplib::Response& res, bool last,
+                             std::string& failures) {
   auto relay = std::make_shared<Relay>();
   auto cli = std::shared_ptr<httplib::Client>(client(url));
   std::thread([relay, cli, body, path = std::string("/v1/chat/completions")] {
@@ -170,7 +212,10 @@ void Front::Impl::stream(const std::string& url, const std::string& body, httpli
     };
     auto r = cli->send(up);
     std::lock_guard<std::mutex> lock(relay->mu);
-    if (!r && !relay->cancelled) relay->error = httplib::to_string(r.error());
+    if (!r && !relay->cancelled) {
+      relay->error = httplib::to_string(r.error());
+      relay->not_connected = not_connected(r.error());
+    }
     relay->done = true;
     relay->cv.notify_all();
   }).detach();
@@ -179,8 +224,11 @@ void Front::Impl::stream(const std::string& url, const std::string& body, httpli
   relay->cv.wait(lock, [&] { return relay->has_status || relay->done; });
   if (!relay->has_status) {
     ++unreachable;
+    failures += (failures.empty() ? "" : "; ") + url + ": " + relay->error;
+    if (relay->not_connected && !last) return false;  // nothing reached it: the next instance gets the request
     lock.unlock();
-    return reply(res, 502, "the decode instance " + url + " cannot be reached (" + relay->error + ")");
+    reply(res, 502, "the decode instance " + url + " failed before answering (" + relay->error + ")");
+    return true;
   }
   if (relay->status != 200) {
     // An error answer is JSON: pass it whole with its status.
@@ -190,7 +238,7 @@ void Front::Impl::stream(const std::string& url, const std::string& body, httpli
     for (const std::string& s : relay->pieces) all += s;
     res.status = relay->status;
     res.set_content(all, relay->content_type.empty() ? kJson : relay->content_type);
-    return;
+    return true;
   }
   const std::string type = relay->content_type.empty() ? "text/event-stream" : relay->content_type;
   lock.unlock();
@@ -218,6 +266,7 @@ void Front::Impl::stream(const std::string& url, const std::string& body, httpli
     std::lock_guard<std::mutex> lk(relay->mu);
     relay->cancelled = true;
   });
+  return true;
 }
 
 void Front::Impl::forward(const httplib::Request& req, httplib::Response& res) {

@@ -3,8 +3,9 @@
 // It follows the two-step proxy pattern vLLM documents for disaggregated prefill: a chat completion goes to a
 // prefill instance with kv_transfer_params {"do_remote_decode": true} (not streamed), and the client's request goes
 // again, with the kv_transfer_params that instance returned, to a decode instance, whose answer (JSON or SSE stream)
-// is passed through unchanged. Instances are taken round robin. An error of either step reaches the client with its
-// status; an instance that cannot be reached gives 502 naming it. Other routes (POST /v1/completions, /tokenize,
+// is passed through unchanged. Instances are taken round robin; one that cannot be connected to is skipped for the
+// next (nothing reached it, so the request is safe to send again). An error answer of either step reaches the client
+// with its status; 502 names the instances when none could be reached. Other routes (POST /v1/completions, /tokenize,
 // /detokenize, GET /v1/models) go whole to a decode instance; GET /health answers 200 when every instance does;
 // GET /metrics has the front's counters. A client that hangs up mid-stream closes the decode instance's connection
 // too (which aborts the request there and frees its blocks).

@@ -331,6 +331,44 @@ TEST(Disagg, FrontRoutesAndRefuses) {
   EXPECT_NE(g.body.find(decode_url), std::string::npos) << g.body;
 }
 
+TEST(Disagg, FrontSkipsInstancesItCannotConnectTo) {
+  Deployment d("qwen3_moe_tiny");
+  ASSERT_TRUE(d.ok());
+  // A port nobody listens on: bound and closed again.
+  std::string dead;
+  {
+    auto gone = start_server("qwen3_moe_tiny", with_role(Role::kBoth));
+    ASSERT_TRUE(gone);
+    dead = url(*gone);
+  }
+  FrontOptions fo;
+  fo.port = 0;
+  fo.prefill = {dead, url(*d.prefill)};
+  fo.decode = {dead, url(*d.decode)};
+  auto front = Front::start(fo);
+  ASSERT_TRUE(front.ok()) << front.status().to_string();
+  auto fc = client_of((*front)->port());
+  json body = chat_body("Name three colors.", 8);
+  body["ignore_eos"] = true;
+  HttpReply want = post_json(*client(*d.both), body.dump());
+  ASSERT_EQ(want.status, 200);
+  for (int i = 0; i < 4; ++i) {  // round robin: both instance orders, streamed and not
+    SCOPED_TRACE(i);
+    json b = body;
+    if (i % 2) b["stream"] = true;
+    if (i % 2) {
+      StreamReply s = post_stream(*fc, b.dump());
+      ASSERT_EQ(s.status, 200) << s.error_body;
+      EXPECT_EQ(split_stream(s).content, want.j["choices"][0]["message"]["content"].get<std::string>());
+    } else {
+      HttpReply r = post_json(*fc, b.dump());
+      ASSERT_EQ(r.status, 200) << r.body;
+      EXPECT_EQ(r.j["choices"][0]["message"]["content"], want.j["choices"][0]["message"]["content"]);
+    }
+  }
+  EXPECT_GT(metrics(*fc)["zest_front_unreachable_total"], 0);
+}
+
 TEST(Disagg, UnreadOffersExpire) {
   ServerOptions po = with_role(Role::kPrefill);
   po.kv_hold_s = 0.3;
