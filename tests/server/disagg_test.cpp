@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <set>
 
+#include "engine/engine_test_util.h"
 #include "engine/sere.h"
 #include "io/image.h"
 #include "server/disagg.h"
@@ -219,21 +220,12 @@ TEST(Disagg, SereRunsWhereDecodeRuns) {
   // SERE on the decode instance (and on the reference's decode steps, which is where it runs by default).
   auto model = fixture_model("qwen3_moe_tiny");
   ASSERT_TRUE(model);
-  engine::CalibrationOptions co;
-  for (const auto& e : std::filesystem::directory_iterator(std::string(ZEST_SOURCE_DIR) + "/assets/calibration"))
-    if (e.path().extension() == ".txt") co.text_files.push_back(e.path().string());
-  std::sort(co.text_files.begin(), co.text_files.end());
-  co.max_tokens = 128;
-  co.progress = false;
-  co.out_file = ::testing::TempDir() + "/disagg_sere-" + std::to_string(::getpid()) + ".safetensors";
-  ASSERT_TRUE(engine::calibrate_sere(*model, co).ok());
   engine::SereOptions so;
   so.params.primary = 1;
-  so.similarity_file = co.out_file;
+  so.similarity_file = ::zest::testing::tiny_similarity_file();  // calibrated on the same fixture
   auto sere_decode = engine::SereRuntime::create(*model, so);
   auto sere_both = engine::SereRuntime::create(*model, so);
   ASSERT_TRUE(sere_decode.ok() && sere_both.ok());
-  std::filesystem::remove(co.out_file);
   ServerOptions dec = with_role(Role::kDecode), both = with_role(Role::kBoth);
   engine::SereRuntime* rd = sere_decode->get();
   engine::SereRuntime* rb = sere_both->get();
