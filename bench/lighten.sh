@@ -2,6 +2,7 @@
 # The device tool carries the working tree, at most 64 MiB, and the tracked tree alone is ~59 MiB. A call
 # moves aside what it does not need first, into the ignored .gl/, and back after:
 #   bash bench/lighten.sh off demo       # models/zest-demo-vl: bench/gpu-check.sh (with .gpu/ carried)
+#   bash bench/lighten.sh off check      # as demo, and the fixtures test_cuda does not read (fp8, preprocess)
 #   bash bench/lighten.sh off fixtures   # tests/fixtures/{models,ref}: tools/demo_model/gpu_eval.sh
 #                                        # (the demo model, .gpu/zest-gpu.tar.xz and the fonts carried)
 #   ... the device call ...
@@ -12,7 +13,8 @@ paths() {
   case "$1" in
     demo) echo models/zest-demo-vl ;;
     fixtures) echo tests/fixtures/models tests/fixtures/ref ;;
-    *) echo "unknown set '$1' (demo or fixtures)" >&2; exit 2 ;;
+    check) echo models/zest-demo-vl tests/fixtures/fp8 tests/fixtures/ref/preprocess ;;
+    *) echo "unknown set '$1' (demo, check or fixtures)" >&2; exit 2 ;;
   esac
 }
 case "${1:-}" in
@@ -23,9 +25,11 @@ case "${1:-}" in
       mv "$p" ".gl/$p"
     done ;;
   on)
-    for p in $(paths demo) $(paths fixtures); do
-      [ -e ".gl/$p" ] && mv ".gl/$p" "$p"
+    # The deeper paths first; a folder whose place is taken (a deeper path of it was moved aside alone) stays.
+    for p in $(paths check) $(paths fixtures); do
+      if [ -e ".gl/$p" ] && [ ! -e "$p" ]; then mv ".gl/$p" "$p"; fi
     done
+    find .gl -depth -type d -empty -delete 2>/dev/null
     git status --short models tests/fixtures | head -3 ;;
-  *) echo "usage: $0 off [demo|fixtures] | on" >&2; exit 2 ;;
+  *) echo "usage: $0 off [demo|check|fixtures] | on" >&2; exit 2 ;;
 esac
