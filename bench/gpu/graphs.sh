@@ -1,9 +1,9 @@
 # limit: 60
-# Padded decode graphs (ZEST_CUDA_GRAPH_PAD): a short served load test on a random-weight model
+# Padded decode graphs (zest serve's graph padding): a short served load test on a random-weight model
 # of Qwen3-30B-A3B shapes (zest serve --config qwen3-30b-a3b), text only, 64 words, 64 output tokens (ignore_eos),
 # greedy, closed-loop clients, 8 and 32 at a time, then 60 requests arriving as a Poisson process of 20/s (the batch
 # size changes nearly every step), against two servers of the same package: padding on (the default) and off
-# (ZEST_CUDA_GRAPH_PAD=0). Graphs captured per server (ZEST_CUDA_GRAPH_LOG=1 lines, warmup included).
+# (--no-cuda-graph-padding). Graphs captured per server (--cuda-graph-log lines, warmup included).
 # The padded graph tests (CudaGraph.Padded*) run with the whole CUDA suite.
 set -u
 
@@ -19,11 +19,11 @@ bench() {  # LABEL CONCURRENCY REQUESTS [RATE]
   ROWS+=("${row:-| $1 | $2 | no result |}")
   echo "${ROWS[-1]}"
 }
-run() {  # LABEL -- ENV...
+run() {  # LABEL -- SERVER_FLAGS...
   local label=$1
   shift 2
   echo -n "$label: "
-  start_server ZEST_CUDA_GRAPH_LOG=1 "$@" || return
+  start_server -- --cuda-graph-log "$@" || return
   bench warmup 8 8 >/dev/null
   unset 'ROWS[-1]'
   echo "$label: graphs captured after warmup: $(grep -c 'decode graph captured' "$SLOG")"
@@ -39,5 +39,5 @@ run() {  # LABEL -- ENV...
   stop_server
 }
 trap 'stop_server; print_table "zest serve --config $CONFIG --device ${DEVICE:-cuda} (random weights), text only, 64 words, 64 output tokens (ignore_eos), greedy"' EXIT
-run "pad on" -- ZEST_CUDA_GRAPH_PAD=1
-run "pad off" -- ZEST_CUDA_GRAPH_PAD=0
+run "pad on" --
+run "pad off" -- --no-cuda-graph-padding

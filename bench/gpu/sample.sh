@@ -2,8 +2,8 @@
 # Device sampling and CUDA graphs of decode steps: their tests, then a short served load test on a random-weight
 # model of Qwen3-30B-A3B shapes (zest serve --config qwen3-30b-a3b), text only, 64 words, 64 output tokens
 # (ignore_eos), closed-loop clients, against servers of the same package:
-#   before: ZEST_CUDA_GRAPHS=0, zest serve --host-sampling (eager steps, host logits, host sampling)
-#   sampling: ZEST_CUDA_GRAPHS=0 (eager steps, sampling summaries on the device)
+#   before: zest serve --cuda-graphs off --host-sampling (eager steps, host logits, host sampling)
+#   sampling: --cuda-graphs off (eager steps, sampling summaries on the device)
 #   graphs: defaults (decode steps replayed from CUDA graphs, sampling summaries on the device)
 # optionally with SERE (S=2, rho=0, random similarity). Greedy at 1, 8 and 32 clients; with run's SAMPLING=1 also
 # top-k 50 at T=0.8 and pure temperature T=1 at 32 clients. GPU busy share (nvidia-smi utilization.gpu, 200 ms
@@ -22,11 +22,10 @@ bench() {  # LABEL CONCURRENCY REQUESTS [EXTRA_BODY]
     grep -E '^\| |^first failure|^error')
   ROWS+=("${row:-| $1 | $2 | no result |}")
 }
-run() {  # LABEL SAMPLING(0/1) SERVER_FLAGS -- ENV...
+run() {  # LABEL SAMPLING(0/1) SERVER_FLAGS
   local label=$1 sampling=$2 flags=$3
-  shift 4
   echo -n "$label: "
-  start_server "$@" -- $flags || return
+  start_server -- $flags || return
   bench warmup 8 8 >/dev/null
   unset 'ROWS[-1]'
   bench "$label" 1 3
@@ -43,5 +42,5 @@ run() {  # LABEL SAMPLING(0/1) SERVER_FLAGS -- ENV...
 }
 trap 'stop_server; print_table "zest serve --config $CONFIG --device ${DEVICE:-cuda} (random weights), text only, 64 words, 64 output tokens (ignore_eos), greedy unless named"' EXIT
 # Final check of the package: before against graphs, greedy (what the earlier runs gave: docs/perf-history.md).
-run before 0 "--host-sampling" -- ZEST_CUDA_GRAPHS=0
-run graphs 0 "" -- ZEST_CUDA_GRAPHS=1
+run before 0 "--cuda-graphs off --host-sampling"
+run graphs 0 ""

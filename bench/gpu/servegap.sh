@@ -5,7 +5,7 @@
 # 2. zest serve --config qwen3-30b-a3b (same shapes, random weights), text only, 64 words, 256 output tokens
 #    (ignore_eos, greedy), 1 and 8 closed-loop clients: TPOT p50 as the client sees it, and the engine's own
 #    per-step figures from /metrics (zest_engine_*: wall time of a decode step, of its forward call, the rest).
-# MODES: one server per word, "default" or one NAME=VALUE environment setting (e.g. ZEST_CUDA_GRAPHS=eager);
+# MODES: one server per word, "default" or one zest serve flag written as --name=value (e.g. --cuda-graphs=eager);
 # SERVER_FLAGS: more zest serve flags (MAX_CONTEXT: its --max-context, default 8192); SKIP_SYNTHETIC=1 skips step 1; RUNS: CLIENTS:greedy|top-k words.
 set -u
 CONFIG=${CONFIG:-qwen3-30b-a3b}
@@ -30,9 +30,9 @@ bench() {  # LABEL CONCURRENCY REQUESTS [EXTRA_BODY]
 }
 trap 'stop_server; print_table "zest serve --config $CONFIG (random weights), text only, 64 words, 256 output tokens (ignore_eos), greedy unless named"' EXIT
 for mode in ${MODES:-default}; do
-  envs=()
-  [ "$mode" != default ] && envs=("$mode")
-  start_server "${envs[@]}" -- ${SERVER_FLAGS:-} || continue
+  flag=
+  [ "$mode" != default ] && flag=$mode
+  start_server -- ${SERVER_FLAGS:-} $flag || continue
   bench warmup 8 8 >/dev/null
   unset 'ROWS[-1]'
   for run in ${RUNS:-1:greedy 8:greedy 1:top-k}; do
@@ -52,6 +52,6 @@ for mode in ${MODES:-default}; do
           1e3 * v["zest_engine_decode_step_seconds_total"] / n,
           1e3 * (v["zest_engine_decode_interval_seconds_total"] / ni - v["zest_engine_decode_forward_seconds_total"] / n)}')"
   done
-  grep -c "decode graph captured" "$SLOG" | sed "s/^/$mode: graphs captured (ZEST_CUDA_GRAPH_LOG=1 only): /"
+  grep -c "decode graph captured" "$SLOG" | sed "s/^/$mode: graphs captured (with --cuda-graph-log in SERVER_FLAGS): /"
   stop_server
 done

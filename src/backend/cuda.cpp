@@ -20,14 +20,15 @@ const io::TensorView* first_fp8(const DecoderWeights& w) {
 
 }  // namespace
 
-Result<std::unique_ptr<TextDecoder>> make_cuda_decoder(const io::SafeTensors& st, const io::ModelConfig& cfg) {
+Result<std::unique_ptr<TextDecoder>> make_cuda_decoder(const io::SafeTensors& st, const io::ModelConfig& cfg,
+                                                       const DeviceDecodeOptions& opts) {
   ZEST_ASSIGN_OR_RETURN(DecoderWeights w, collect_decoder_weights(st, cfg));
   if (const io::TensorView* t = first_fp8(w)) {
     return unsupported("this is a block-wise FP8 checkpoint (quantization_config quant_method \"fp8\"; tensor '" +
                        t->name + "' is F8_E4M3) and the CUDA backend has no FP8 kernels yet; run it on the CPU " +
                        "backend (--device cpu), which dequantizes the weights to f32");
   }
-  return create_cuda_decoder(w);
+  return create_cuda_decoder(w, opts);
 }
 
 }  // namespace zest::model

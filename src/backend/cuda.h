@@ -15,10 +15,12 @@ namespace zest::model {
 
 // The CUDA decoder for a checkpoint (weights uploaded as bf16); kUnsupported when zest was built without
 // CUDA or no GPU is usable, and for FP8 checkpoints (no FP8 kernels yet; the CPU backend runs them).
-Result<std::unique_ptr<TextDecoder>> make_cuda_decoder(const io::SafeTensors& st, const io::ModelConfig& cfg);
+Result<std::unique_ptr<TextDecoder>> make_cuda_decoder(const io::SafeTensors& st, const io::ModelConfig& cfg,
+                                                       const DeviceDecodeOptions& opts = {});
 
 // The CUDA decoder from collected weights (src/backend/cuda/cuda_decoder.cu, or its stub).
-Result<std::unique_ptr<TextDecoder>> create_cuda_decoder(const DecoderWeights& weights);
+Result<std::unique_ptr<TextDecoder>> create_cuda_decoder(const DecoderWeights& weights,
+                                                         const DeviceDecodeOptions& opts = {});
 
 // CUDA IPC of a KV snapshot between two processes on one GPU (prefill/decode disaggregation without a copy through
 // the host). export: the IPC handle (hex) of a device snapshot made by a CUDA KV cache (KvSnapshot::device_data, its

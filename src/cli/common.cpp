@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -19,6 +20,19 @@ void add_model_args(CLI::App* app, ModelArgs& a, bool random_model) {
       app->add_option("--model", a.model, "Hugging Face model directory (config.json, *.safetensors, tokenizer)");
   app->add_option("--threads", a.threads, "CPU threads (0 = all cores)");
   app->add_option("--device", a.device, "cpu | cuda | auto")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  using Graphs = model::DeviceDecodeOptions::Graphs;
+  const std::map<std::string, Graphs> graphs = {{"on", Graphs::kOn}, {"off", Graphs::kOff}, {"eager", Graphs::kEager}};
+  app->add_option("--cuda-graphs", a.decode.graphs,
+                  "CUDA decode steps: on = replay CUDA graphs; off = eager launches with exact context bounds; eager = "
+                  "eager launches of what a graph would replay (padding and context buckets included)")
+      ->transform(CLI::CheckedTransformer(graphs, CLI::ignore_case))
+      ->default_str("on");
+  app->add_flag("!--no-cuda-graph-padding", a.decode.graph_padding,
+                "CUDA decode graphs keyed by the exact sequence count (default: padded up to a ladder of row counts)");
+  app->add_option("--cuda-graph-cap", a.decode.graph_cap, "CUDA decode graphs kept at most (least recently used out)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app->add_flag("--cuda-graph-log", a.decode.graph_log, "one stderr line per captured CUDA decode graph");
   if (!random_model) {
     model->required();
     return;
@@ -57,9 +71,9 @@ Result<std::shared_ptr<engine::ModelBundle>> load_model(const ModelArgs& a) {
     o.tokenizer = a.tokenizer;
     o.seed = a.seed;
     o.router_skew = a.skew;
-    return engine::ModelBundle::random(o, backend);
+    return engine::ModelBundle::random(o, backend, a.decode);
   }
-  return engine::ModelBundle::load(a.model, backend);
+  return engine::ModelBundle::load(a.model, backend, a.decode);
 }
 
 std::string random_model_note(const engine::ModelBundle& m) {

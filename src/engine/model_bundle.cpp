@@ -26,7 +26,8 @@ text::TemplateKind template_kind(io::Arch arch) {
 
 }  // namespace
 
-Result<std::shared_ptr<ModelBundle>> ModelBundle::load(const std::string& dir, model::Backend backend) {
+Result<std::shared_ptr<ModelBundle>> ModelBundle::load(const std::string& dir, model::Backend backend,
+                                                       const model::DeviceDecodeOptions& decode) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
@@ -52,7 +53,7 @@ Result<std::shared_ptr<ModelBundle>> ModelBundle::load(const std::string& dir, m
   if (backend == model::Backend::kCuda) {
     Status init = kernels::cuda_init(0);
     if (!init.is_ok()) return init.with_context("--device cuda");
-    auto dev = model::make_cuda_decoder(m->weights, m->config);
+    auto dev = model::make_cuda_decoder(m->weights, m->config, decode);
     if (!dev.ok()) return dev.status().with_context("CUDA text decoder of " + dir);
     m->text_decoder = std::move(dev).value();
   } else {
@@ -92,7 +93,8 @@ Result<std::optional<int64_t>> load_score_layer(const std::string& file, int64_t
   return std::optional<int64_t>(layer);
 }
 
-Result<std::shared_ptr<ModelBundle>> ModelBundle::random(const RandomModelOptions& o, model::Backend backend) {
+Result<std::shared_ptr<ModelBundle>> ModelBundle::random(const RandomModelOptions& o, model::Backend backend,
+                                                         const model::DeviceDecodeOptions& decode) {
   namespace fs = std::filesystem;
   std::error_code ec;
   auto m = std::make_shared<ModelBundle>();
@@ -130,7 +132,7 @@ Result<std::shared_ptr<ModelBundle>> ModelBundle::random(const RandomModelOption
     {
       model::RandomTensors store(o.seed);
       const model::DecoderWeights w = model::random_decoder_weights(tc, store, o.distinct_layers, 0, o.router_skew);
-      auto dev = model::create_cuda_decoder(w);
+      auto dev = model::create_cuda_decoder(w, decode);
       if (!dev.ok()) return dev.status().with_context("CUDA text decoder with random weights");
       m->text_decoder = std::move(dev).value();
     }

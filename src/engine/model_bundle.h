@@ -56,15 +56,17 @@ struct ModelBundle {
   // (engine/structured_output.h).
   std::shared_ptr<grammar::GrammarCache> grammars = std::make_shared<grammar::GrammarCache>();
 
-  // Loads DIR with the text decoder on `backend`; every problem is returned as a Status naming the file
-  // and what is wrong.
+  // Loads DIR with the text decoder on `backend` (a device decoder runs its decode steps as `decode` says); every
+  // problem is returned as a Status naming the file and what is wrong.
   static Result<std::shared_ptr<ModelBundle>> load(const std::string& dir,
-                                                   model::Backend backend = model::Backend::kCpu);
+                                                   model::Backend backend = model::Backend::kCpu,
+                                                   const model::DeviceDecodeOptions& decode = {});
   // A model of the shape `opts.config` with random weights on `backend` (dir = the config's name). The
   // CPU backend loads them through a temporary checkpoint file (small shapes only: its f32 weights must
   // fit in 16 GiB); device backends upload host tensors directly.
   static Result<std::shared_ptr<ModelBundle>> random(const RandomModelOptions& opts,
-                                                     model::Backend backend = model::Backend::kCpu);
+                                                     model::Backend backend = model::Backend::kCpu,
+                                                     const model::DeviceDecodeOptions& decode = {});
   // Set by random(): the seed the weights came from, and the router skew.
   std::optional<uint64_t> random_seed;
   float random_router_skew = 0.f;

@@ -164,6 +164,22 @@ struct DecoderWeights {
 // (kNotFound / kCorrupt naming the tensor).
 Result<DecoderWeights> collect_decoder_weights(const io::SafeTensors& st, const io::ModelConfig& cfg);
 
+// How a device decoder runs decode steps (zest's --cuda-graphs flags; typed once at the command line and passed
+// to the decoder's factory, model::create_cuda_decoder in src/backend/cuda.h).
+struct DeviceDecodeOptions {
+  enum class Graphs {
+    kOn,     // decode steps replay CUDA graphs, decode attention bounded by a context bucket
+    kOff,    // every step launched eagerly with the exact context bound
+    kEager,  // eager launches with the graphs' context buckets and padding (the same kernels and arguments as a replay)
+  };
+  Graphs graphs = Graphs::kOn;
+  // A decode step of S sequences that can replay a graph runs as a step of the ladder's next row count (padding
+  // rows), so that serving's ever-changing batch sizes share a few graphs; false: every sequence count is a key.
+  bool graph_padding = true;
+  int graph_cap = 256;     // instantiated graphs kept at most (least recently used destroyed first)
+  bool graph_log = false;  // one stderr line per captured graph (benchmarks count them)
+};
+
 // The CUDA decoder from these weights: model::create_cuda_decoder (src/backend/cuda.h).
 
 }  // namespace zest::model

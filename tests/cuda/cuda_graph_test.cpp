@@ -1,4 +1,4 @@
-// CUDA graphs of decode steps in the CUDA decoder (ZEST_CUDA_GRAPHS): a schedule of decode steps with growing
+// CUDA graphs of decode steps in the CUDA decoder (model::DeviceDecodeOptions): a schedule of decode steps with growing
 // contexts (crossing context buckets) and a batch composition that changes every few steps gives bit-identical
 // logits and identical sampled tokens whether the steps replay graphs or launch the same kernels eagerly
 // ("eager": the graphs' context bounds without graphs). Checked on the tiny MoE fixture (generic paged attention)
@@ -6,7 +6,7 @@
 // bound, the decode MoE kernels), with and without SERE re-routing on the device, through forward (logits) and
 // forward_sample (greedy, temperature and top-k/top-p rows), three times, each run over a KV cache of its own
 // (graphs captured over another cache must not replay), the third keeping at most 2 graphs (LRU eviction). A replay really happened: the decoder's graph launch
-// counter grows. Padded graphs (ZEST_CUDA_GRAPH_PAD): steps of 3, 5, 6, 7, 11 and 13 sequences replayed as steps of
+// counter grows. Padded graphs (graph_padding): steps of 3, 5, 6, 7, 11 and 13 sequences replayed as steps of
 // 4, 8, 12 and 16 rows (contexts of about 200 and 2000 tokens), and of 17 to 57 sequences as steps of 24 to 64 rows,
 // give the unpadded eager steps' logits bit for bit, the same sampled tokens, the same K/V of the real tokens and the
 // same SERE statistics, with fewer graphs captured than without padding; so do steps of 65 to 96 sequences as 80 and
@@ -41,9 +41,22 @@
 namespace zest::cuda::test {
 namespace {
 
-struct GraphEnv {
-  explicit GraphEnv(const char* v) { setenv("ZEST_CUDA_GRAPHS", v, 1); }
-  ~GraphEnv() { unsetenv("ZEST_CUDA_GRAPHS"); }
+using Graphs = model::DeviceDecodeOptions::Graphs;
+
+// How one decoder runs its decode steps within a scope (set_decode_options), the defaults after it.
+struct DecodeScope {
+  DecodeScope(const model::TextDecoder& d, Graphs graphs, bool padding = true, int cap = 256) : dec(d) {
+    model::DeviceDecodeOptions o;
+    o.graphs = graphs;
+    o.graph_padding = padding;
+    o.graph_cap = cap;
+    const Status st = set_decode_options(dec, o);
+    EXPECT_TRUE(st.is_ok()) << st.to_string();
+  }
+  ~DecodeScope() { EXPECT_TRUE(set_decode_options(dec, {}).is_ok()); }
+  DecodeScope(const DecodeScope&) = delete;
+  DecodeScope& operator=(const DecodeScope&) = delete;
+  const model::TextDecoder& dec;
 };
 
 struct Trace {
@@ -135,7 +148,7 @@ void expect_graphs_equal_eager(const model::TextDecoder& dec, const model::MoeHo
     Trace eager;
     std::vector<std::unique_ptr<model::PagedKVCache>> keep;
     {
-      GraphEnv env("eager");
+      DecodeScope scope(dec, Graphs::kEager);
       run_schedule(dec, sample, hooks, eager, &keep);
     }
     // Twice: the second run has a KV cache of its own, so graphs captured over the first cache must not replay.
@@ -146,10 +159,8 @@ void expect_graphs_equal_eager(const model::TextDecoder& dec, const model::MoeHo
       Trace graphs;
       const int64_t before = decode_graph_launches();
       {
-        GraphEnv env("1");
-        if (rep == 2) setenv("ZEST_CUDA_GRAPH_CAP", "2", 1);
+        DecodeScope scope(dec, Graphs::kOn, true, rep == 2 ? 2 : 256);
         run_schedule(dec, sample, hooks, graphs, &keep);
-        unsetenv("ZEST_CUDA_GRAPH_CAP");
       }
       EXPECT_GE(decode_graph_launches() - before, 12) << "decode steps were not replayed from graphs";
       ASSERT_EQ(eager.tokens.size(), graphs.tokens.size());
@@ -239,7 +250,6 @@ TEST(CudaGraph, NewSpecAtTheSameAddressIsNotTheOldOne) {
   std::unique_ptr<model::TextDecoder> dec = random_30b_decoder(13, &cfg);
   std::unique_ptr<model::TextDecoder> fresh = random_30b_decoder(13);
   ASSERT_TRUE(dec && fresh);
-  GraphEnv env("1");
   std::vector<std::unique_ptr<model::PagedKVCache>> keep;
   std::optional<model::RerouteSpec> spec(random_sere_spec(cfg.text, 3));
   const void* first_address = &*spec;
@@ -256,7 +266,7 @@ TEST(CudaGraph, NewSpecAtTheSameAddressIsNotTheOldOne) {
   EXPECT_NE(first.tokens, second.tokens) << "the two similarities should route differently";
 }
 
-// ---- programmatic dependent launches (ZEST_CUDA_PDL) -------------------------------------------------------
+// ---- programmatic dependent launches (set_programmatic_launch) -------------------------------------------------------
 
 struct PdlScope {
   explicit PdlScope(bool on) : saved(programmatic_launch()) { set_programmatic_launch(on); }
@@ -321,16 +331,16 @@ void expect_pdl_equal(const model::TextDecoder& dec, const model::MoeHooks* hook
     Trace ref;
     {
       PdlScope pdl(false);
-      GraphEnv env("eager");
+      DecodeScope scope(dec, Graphs::kEager);
       run_schedule(dec, sample, hooks, ref, &keep);
       run_solo(dec, sample, hooks, ref, &keep);
     }
-    for (const char* mode : {"eager", "1"}) {
-      SCOPED_TRACE(std::string("programmatic launches, ZEST_CUDA_GRAPHS=") + mode);
+    for (Graphs mode : {Graphs::kEager, Graphs::kOn}) {
+      SCOPED_TRACE(std::string("programmatic launches, ") + (mode == Graphs::kOn ? "graphs replayed" : "eager"));
       Trace on;
       {
         PdlScope pdl(true);
-        GraphEnv env(mode);
+        DecodeScope scope(dec, mode);
         run_schedule(dec, sample, hooks, on, &keep);
         run_solo(dec, sample, hooks, on, &keep);
       }
@@ -360,12 +370,7 @@ TEST(CudaGraph, ProgrammaticLaunchesGiveTheSameBits) {
   expect_pdl_equal((*m)->decoder(), nullptr, "qwen3_moe_tiny");
 }
 
-// ---- padded decode graphs (ZEST_CUDA_GRAPH_PAD) ----------------------------------------------------------
-
-struct PadEnv {
-  explicit PadEnv(const char* v) { setenv("ZEST_CUDA_GRAPH_PAD", v, 1); }
-  ~PadEnv() { unsetenv("ZEST_CUDA_GRAPH_PAD"); }
-};
+// ---- padded decode graphs (graph_padding) ----------------------------------------------------------
 
 struct PadRun {
   Trace trace;
@@ -487,8 +492,8 @@ size_t kv_rows_differing(const model::TextDecoder& dec, const PadRun& a, const P
   return diff;
 }
 
-// Padded graph replays (ZEST_CUDA_GRAPH_PAD on) against unpadded eager steps of the same schedule ("eager": the
-// graphs' context buckets; ZEST_CUDA_GRAPH_PAD=0): the real rows' logits bit for bit, the same sampled tokens, the
+// Padded graph replays against unpadded eager steps of the same schedule (Graphs::kEager: the graphs' context
+// buckets; graph_padding false): the real rows' logits bit for bit, the same sampled tokens, the
 // same K/V of every real token, and, with SERE on the device, the same re-routing statistics (padding rows are not
 // counted). Also unpadded graph replays against the same reference, and fewer graphs captured with padding than
 // without over the schedule.
@@ -506,20 +511,17 @@ void expect_padded_equal_unpadded(const model::TextDecoder& dec, const model::Mo
     };
     counts(c0);
     {
-      GraphEnv env("eager");
-      PadEnv pad("0");
+      DecodeScope scope(dec, Graphs::kEager, false);
       run_padded_schedule(dec, sample, hooks, ref, &keep, sizes, base);
     }
     counts(c1);
     {
-      GraphEnv env("1");
-      PadEnv pad("1");
+      DecodeScope scope(dec, Graphs::kOn, true);
       run_padded_schedule(dec, sample, hooks, padded, &keep, sizes, base);
     }
     counts(c2);
     {
-      GraphEnv env("1");
-      PadEnv pad("0");
+      DecodeScope scope(dec, Graphs::kOn, false);
       run_padded_schedule(dec, sample, hooks, unpadded, &keep, sizes, base);
     }
     EXPECT_EQ(ref.launches, 0);

@@ -318,7 +318,8 @@ class CudaTextDecoder final : public model::TextDecoder {
     clear_graphs();
     if (stream_) cudaStreamDestroy(stream_);
   }
-  Status init(const model::DecoderWeights& w);
+  Status init(const model::DecoderWeights& w, const model::DeviceDecodeOptions& opts);
+  void set_options(const model::DeviceDecodeOptions& opts) const { opts_ = opts; }
 
   model::Backend backend() const override { return model::Backend::kCuda; }
   const io::TextConfig& config() const override { return cfg_; }
@@ -377,8 +378,8 @@ class CudaTextDecoder final : public model::TextDecoder {
     size_t extras_bytes = 0;
     // Decode-step graphs: key (sequences, context bound in KV blocks, device SERE spec, summary tail) -> the
     // instantiated graph (nullptr after the key's first, eager, step or after eviction) and its last use. Valid
-    // while the buffers and kernel options they were captured with stay the same (fingerprint). At most
-    // graph_cap() are instantiated; the least recently used one is destroyed for a new one.
+    // while the buffers they were captured with stay the same (fingerprint). At most
+    // opts_.graph_cap are instantiated; the least recently used one is destroyed for a new one.
     struct GraphEntry {
       cudaGraphExec_t exec = nullptr;
       uint64_t last_use = 0;
@@ -404,6 +405,8 @@ class CudaTextDecoder final : public model::TextDecoder {
                  bool all_active, const bf16* next_w) const;
 
   io::TextConfig cfg_;
+  // How decode steps run; set_decode_options (tests) changes it between steps.
+  mutable model::DeviceDecodeOptions opts_;
   int L_ = 0, H_ = 0, Hq_ = 0, Hkv_ = 0, D_ = 0, QKV_ = 0, E_ = 0, K_ = 0, I_ = 0, Id_ = 0, V_ = 0;
   float eps_ = 1e-6f;
   RopeParams rope_;
@@ -420,7 +423,9 @@ Status check_dtype(const io::TensorView& t) {
                      "; the CUDA decoder loads BF16, F16 or F32 weights");
 }
 
-Status CudaTextDecoder::init(const model::DecoderWeights& w) {
+Status CudaTextDecoder::init(const model::DecoderWeights& w, const model::DeviceDecodeOptions& opts) {
+  if (opts.graph_cap < 1) return invalid_argument("the CUDA graph cap must be at least 1");
+  opts_ = opts;
   cfg_ = w.config;
   const io::TextConfig& c = cfg_;
   L_ = static_cast<int>(c.num_layers);
@@ -653,7 +658,7 @@ Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const model::
   const model::RerouteSpec* spec = hooks ? hooks->reroute : nullptr;
   const bool spec_ok = spec && spec->complete(L_);
   // Decode-sized steps route in one launch (router GEMM + top-k, and the plan too when nothing re-routes in between).
-  const bool fuse_route = decode_option(DecodeOption::kRouteFused) >= 1 && moe_route_ok(T, H_, E_, K_);
+  const bool fuse_route = moe_route_ok(T, H_, E_, K_);
   const bool rerouted = spec_ok && all_active ? !spec->similarity[l].empty() && spec->params.enabled(K_)
                                               : hooks && hooks->route;
   const bool plan_routed = fuse_route && !rerouted;
@@ -715,7 +720,7 @@ Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const model::
                                       s.x, s.ids, next_w, next_w ? s.xn : nullptr, eps_, s.done, st);
   if (moe_prefill_bf16_slots(s.h, Ly.down, E_, H_, I_)) {
     // The default grouped GEMM stores its slot outputs (bf16-exact values) as bf16 in the fp32 slot buffer's first
-    // half: half the bytes for its stores and the combine's loads, the same results (PrefillOption::kSlots).
+    // half: half the bytes for its stores and the combine's loads, the same results .
     bf16* slots = reinterpret_cast<bf16*>(s.slot_out);
     ZEST_RETURN_IF_ERROR(moe_prefill_gate_up(s.xn, s.plan, Ly.gate_up, s.h, T, K_, E_, H_, I_, st));
     ZEST_RETURN_IF_ERROR(moe_prefill_down(s.h, s.plan, s.route_w, Ly.down, slots, T, K_, E_, H_, I_, st));
@@ -728,42 +733,10 @@ Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const model::
 
 // ---- decode graphs and device sampling -------------------------------------------------------------------
 
-// ZEST_CUDA_GRAPHS: unset or "1" = decode steps replay CUDA graphs (decode attention bounded by a context bucket);
-// "0" = every step launched eagerly with the exact context bound (the behaviour without graphs);
-// "eager" = eager launches with the graphs' context buckets (the same kernels and arguments as a replay).
-enum GraphMode { kGraphsOff = 0, kGraphsOn = 1, kGraphsEager = 2 };
-GraphMode graph_mode() {
-  const char* e = std::getenv("ZEST_CUDA_GRAPHS");
-  if (!e || !*e) return kGraphsOn;
-  const std::string v(e);
-  if (v == "0" || v == "off") return kGraphsOff;
-  if (v == "eager") return kGraphsEager;
-  return kGraphsOn;
-}
 // Graphs at most this many sequences (larger decode batches run eagerly).
 constexpr int kMaxGraphSeqs = 512;
-// ZEST_CUDA_GRAPH_PAD: unset or "1" = a decode step of S sequences that can replay a graph runs as a step of
-// graph_pad_rows(S) rows (padding rows, see run_step), so serving's ever-changing batch sizes share a few graph keys;
-// "0" = every sequence count is a key of its own.
-bool graph_padding() {
-  const char* e = std::getenv("ZEST_CUDA_GRAPH_PAD");
-  if (!e || !*e) return true;
-  const std::string v(e);
-  return !(v == "0" || v == "off");
-}
 // The padded row count of a decode step of S sequences: rows_class(S) (kernels.h).
 int graph_pad_rows(int S) { return rows_class(S); }
-// ZEST_CUDA_GRAPH_LOG=1: one stderr line per captured graph (benchmarks count them).
-bool graph_log() {
-  const char* e = std::getenv("ZEST_CUDA_GRAPH_LOG");
-  return e && std::string(e) == "1";
-}
-// Instantiated graphs kept at most (ZEST_CUDA_GRAPH_CAP, default 256), and keys remembered at most.
-int graph_cap() {
-  const char* e = std::getenv("ZEST_CUDA_GRAPH_CAP");
-  const int v = e && *e ? std::atoi(e) : 256;
-  return std::max(1, v);
-}
 constexpr size_t kMaxGraphKeys = 16384;
 // The decode-attention bound of a step whose longest sequence needs `blocks` KV blocks: the next power of two up
 // to 16 blocks, then the next multiple of 16 blocks, at most the block-table width.
@@ -812,8 +785,8 @@ void CudaTextDecoder::clear_graphs() const {
 }
 
 // What a captured step depends on besides its key: every buffer (the KV cache's included: its layers' K/V pointers
-// are kernel arguments), by address and by allocation (the cache's id, the step buffers' epoch), and the kernel
-// variant switches.
+// are kernel arguments), by address and by allocation (the cache's id, the step buffers' epoch), and whether launches
+// are programmatic.
 std::vector<uintptr_t> CudaTextDecoder::graph_fingerprint(const CudaKvStorage& kv) const {
   const Step& s = *st_;
   std::vector<uintptr_t> f = {static_cast<uintptr_t>(kv.id), static_cast<uintptr_t>(s.buffers_epoch),
@@ -823,10 +796,6 @@ std::vector<uintptr_t> CudaTextDecoder::graph_fingerprint(const CudaKvStorage& k
                               reinterpret_cast<uintptr_t>(s.sim.get()),       reinterpret_cast<uintptr_t>(s.samp.get()),
                               reinterpret_cast<uintptr_t>(s.samp_host.get()), reinterpret_cast<uintptr_t>(s.logits_host.get()),
                               static_cast<uintptr_t>(s.caps.max_blocks),      static_cast<uintptr_t>(programmatic_launch())};
-  for (int o = 0; o < static_cast<int>(DecodeOption::kCount); ++o)
-    f.push_back(static_cast<uintptr_t>(decode_option(static_cast<DecodeOption>(o))));
-  for (int o = 0; o < static_cast<int>(PrefillOption::kCount); ++o)
-    f.push_back(static_cast<uintptr_t>(prefill_option(static_cast<PrefillOption>(o))));
   return f;
 }
 
@@ -910,7 +879,8 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
   }
   // A decode step without host hooks or visual rows can replay a CUDA graph: everything its kernels read is at
   // fixed device addresses, and decode attention's bound is the context bucket rather than the exact length.
-  const GraphMode gmode = graph_mode();
+  using Graphs = model::DeviceDecodeOptions::Graphs;
+  const Graphs gmode = opts_.graphs;
   const model::RerouteSpec* gspec = hooks ? hooks->reroute : nullptr;
   const bool sere_dev = gspec && gspec->complete(L_) && all_active;
   const bool host_hooks = hooks && (hooks->moe_input || (hooks->route && !sere_dev));
@@ -920,9 +890,9 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
   if (sample_rows_in)
     for (const model::SampleRow& row : *sample_rows_in)
       row_extras = row_extras || !row.edits.empty() || row.logprobs >= 0 || row.allowed;
-  const bool graph_step = !row_extras && gmode != kGraphsOff && !(gmode == kGraphsOn && st_->graphs_broken) && decode_only &&
+  const bool graph_step = !row_extras && gmode != Graphs::kOff && !(gmode == Graphs::kOn && st_->graphs_broken) && decode_only &&
                           M == 0 && S_in <= kMaxGraphSeqs && !host_hooks;
-  const bool graphable = gmode == kGraphsOn && graph_step && (!sere_dev || st_->sim_spec == gspec->id);
+  const bool graphable = gmode == Graphs::kOn && graph_step && (!sere_dev || st_->sim_spec == gspec->id);
   // Padding of a decode step that replays a graph (or, in "eager" mode, launches what a replay would): S_in real
   // sequences run as P = graph_pad_rows(S_in) rows, rows S_in .. P-1 being padding rows. Padding row i repeats real
   // row (i - S_in) % S_in: its token, positions, context length and block table row, so every kernel computes for it
@@ -939,7 +909,7 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
   // The kernels take the same paths for S_in and P rows (every path switch is on the ladder, see rows_class) and
   // make their row-count-dependent choices (cuBLASLt algorithm, decode attention split plan) for the row class, so
   // each real row gets the unpadded step's bits.
-  const int P = graph_step && graph_padding() ? graph_pad_rows(S_in) : S_in;
+  const int P = graph_step && opts_.graph_padding ? graph_pad_rows(S_in) : S_in;
   const bool padded = P != S_in;
   const int T = padded ? P : static_cast<int>(T64), S = P;
   need.T = T;
@@ -1022,7 +992,7 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
     }
     xh.edit_begin[R] = at;
   }
-  const int ctx_bucket = gmode == kGraphsOff ? 0 : context_bucket_blocks(need.max_blocks, MB);
+  const int ctx_bucket = gmode == Graphs::kOff ? 0 : context_bucket_blocks(need.max_blocks, MB);
 
   // Host side of the step inputs, one H2D copy.
   StepInputs hi, di;
@@ -1143,7 +1113,7 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
 
   ZEST_RETURN_IF_ERROR(embedding(d_tokens, embed_, s.x, T, H_, V_, st));
   if (M > 0) ZEST_RETURN_IF_ERROR(scatter_rows(mm_src(0), d_mm, s.x, static_cast<int>(M), H_, false, st));
-  // Decode steps of one token (DecodeOption::kMoeDownRows): a MoE layer's experts leave x only (their down kernel
+  // Decode steps of one token (moe_down_rows_on): a MoE layer's experts leave x only (their down kernel
   // adds the slots by output rows) and the next layer's qkv GEMM normalises x itself, the first layer's too (no norm
   // after the embedding); the lm_head takes the final norm when one row is sampled (else it runs alone).
   const bool rows = use_decode && T == 1 && E_ > 0 && moe_down_rows_on(1, K_, E_, H_, I_) && gemm_kv_norm_ok(1, QKV_, H_);
@@ -1173,8 +1143,7 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
       ZEST_RETURN_IF_ERROR(gemm(s.xn, Ly.wqkv, s.qkv, T, QKV_, H_, st));
     }
     // Decode steps (token b is sequence b's current token) may fold q/k norm + RoPE + KV write into the attention.
-    const bool fused_attn = use_decode && decode_option(DecodeOption::kAttentionKernel) >= 2 &&
-                            decode_attention_fused_ok(dp, s.qkv, QKV_);
+    const bool fused_attn = use_decode && decode_attention_fused_ok(dp, s.qkv, QKV_);
     if (!fused_attn)
       ZEST_RETURN_IF_ERROR(qk_norm_rope_kv(s.qkv, Ly.q_norm, Ly.k_norm, d_pos, T, rope_, d_slots, kv->k(l), kv->v(l), T,
                                            Hq_, Hkv_, D_, eps_, st));
@@ -1292,7 +1261,7 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
     } else {
       if (!it->second.exec) {
         // Room for one more: the least recently used graph goes (no graph is in flight between steps).
-        if (s.live_graphs >= graph_cap()) {
+        if (s.live_graphs >= opts_.graph_cap) {
           auto lru = s.graphs.end();
           for (auto g = s.graphs.begin(); g != s.graphs.end(); ++g)
             if (g->second.exec && (lru == s.graphs.end() || g->second.last_use < lru->second.last_use)) lru = g;
@@ -1322,7 +1291,7 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
           it->second.exec = exec;
           ++s.live_graphs;
           const int64_t n = g_graph_captures.fetch_add(1, std::memory_order_relaxed) + 1;
-          if (graph_log())
+          if (opts_.graph_log)
             std::fprintf(stderr, "zest: decode graph captured: %d rows (%d sequences), context bucket %d, %d live, %lld captured\n",
                          S, S_in, ctx_bucket, s.live_graphs, static_cast<long long>(n));
         }
@@ -1428,6 +1397,14 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
 
 }  // namespace
 
+Status set_decode_options(const model::TextDecoder& dec, const model::DeviceDecodeOptions& opts) {
+  const auto* d = dynamic_cast<const CudaTextDecoder*>(&dec);
+  if (d == nullptr) return invalid_argument("set_decode_options: not a CUDA text decoder");
+  if (opts.graph_cap < 1) return invalid_argument("the CUDA graph cap must be at least 1");
+  d->set_options(opts);
+  return Status::ok();
+}
+
 int64_t decode_graph_launches() { return g_graph_launches.load(std::memory_order_relaxed); }
 int64_t decode_graph_captures() { return g_graph_captures.load(std::memory_order_relaxed); }
 
@@ -1442,11 +1419,12 @@ Status decode_kv_cache_copy(const model::PagedKVCache& cache, std::vector<uint16
 
 namespace zest::model {
 
-Result<std::unique_ptr<TextDecoder>> create_cuda_decoder(const DecoderWeights& weights) {
+Result<std::unique_ptr<TextDecoder>> create_cuda_decoder(const DecoderWeights& weights,
+                                                         const DeviceDecodeOptions& opts) {
   if (!kernels::cuda_available())
     return unsupported("no usable CUDA GPU found (check the driver and CUDA_VISIBLE_DEVICES); use --device cpu");
   auto d = std::make_unique<cuda::CudaTextDecoder>();
-  ZEST_RETURN_IF_ERROR(d->init(weights));
+  ZEST_RETURN_IF_ERROR(d->init(weights, opts));
   return std::unique_ptr<TextDecoder>(std::move(d));
 }
 

@@ -5,12 +5,16 @@
 #include <vector>
 
 #include "core/status.h"
+#include "model/decoder.h"
 #include "model/kv_cache.h"
 
 namespace zest::cuda {
 
-// CUDA graph launches of decode steps by the CUDA text decoder in this process (ZEST_CUDA_GRAPHS, see
-// cuda_decoder.cu), for tests that check a replay happened.
+// Changes how a CUDA text decoder runs its next decode steps (tests compare graph replays with eager steps on one
+// decoder); kInvalidArgument for another decoder or a cap below 1.
+Status set_decode_options(const model::TextDecoder& dec, const model::DeviceDecodeOptions& opts);
+// CUDA graph launches of decode steps by the CUDA text decoder in this process (model::DeviceDecodeOptions::graphs),
+// for tests that check a replay happened.
 int64_t decode_graph_launches();
 // CUDA graphs of decode steps captured (and instantiated) by the CUDA text decoder in this process.
 int64_t decode_graph_captures();

@@ -3,7 +3,7 @@
 
 namespace zest::model {
 
-Result<std::unique_ptr<TextDecoder>> create_cuda_decoder(const DecoderWeights&) {
+Result<std::unique_ptr<TextDecoder>> create_cuda_decoder(const DecoderWeights&, const DeviceDecodeOptions&) {
   return unsupported("zest was built without CUDA (configure with -DZEST_CUDA=ON), so --device cuda is unavailable");
 }
 

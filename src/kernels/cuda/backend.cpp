@@ -18,14 +18,7 @@
 namespace zest::cuda {
 
 namespace {
-// ZEST_CUDA_PDL: unset or "1" = programmatic dependent launches (the default); "0" / "off" = plain stream order.
-bool pdl_default() {
-  const char* e = std::getenv("ZEST_CUDA_PDL");
-  if (!e || !*e) return true;
-  const std::string v(e);
-  return !(v == "0" || v == "off");
-}
-std::atomic<bool> g_pdl{pdl_default()};
+std::atomic<bool> g_pdl{true};
 }  // namespace
 
 void set_programmatic_launch(bool on) { g_pdl.store(on); }
