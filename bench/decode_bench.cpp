@@ -3,10 +3,8 @@
 // step and the HBM floor (bytes / device-to-device copy bandwidth measured in the same run).
 //   bench_decode_bench --config qwen3-30b-a3b --batch 1,8,32,64 --context 1024 [--sere-primary 2
 //                      --sere-threshold 0] [--skew 1.0] [--layers N] [--steps 200] [--pdl 1] [--profile]
-//                      [--ablate 1,64] [--timeline 1,8] [--variant moe=2,gemm=1 ...]
-// --variant (repeatable) reruns everything with decode options set (sere: DecodeOption::kSereKernel, moe:
-// kMoeOccupancy, attn: kAttentionKernel, gemm: kGemmVariant, route: kRouteFused, experts: kMoeKernel,
-// l2: kL2Prefetch, carve: kMoeCarveout, combine: kMoeCombine, rows: kMoeDownRows); --ablate times the
+//                      [--ablate 1,64] [--timeline 1,8]
+// The kernels are the library's (each op picks its kernel from the sizes; no variants to choose). --ablate times the
 // graph again with each operation left out (per-op cost inside the replayed graph, PDL overlap included); --timeline
 // (bench_decode_timeline only: the same program on the kernels built with step-timeline records) prints when each
 // kernel of one replayed step was released from its PDL wait (kernels.h); with ZEST_TIMELINE_RAW=PATH it also
@@ -170,38 +168,6 @@ bool run_batch(SyntheticDecoder& dec, int batch, bool sere, int warmup, int step
   row->t = summarize(ms);
   row->experts = *experts;
   row->bytes = dec.bytes_per_step(batch, *experts);
-  return true;
-}
-
-// Parses "name=value,..." into decode options (names: sere, moe, attn, gemm; the others back to their
-// defaults). Returns false on a bad entry.
-bool apply_variant(const std::string& spec) {
-  for (int i = 0; i < static_cast<int>(DecodeOption::kCount); ++i)
-    set_decode_option(static_cast<DecodeOption>(i), default_decode_option(static_cast<DecodeOption>(i)));
-  std::stringstream ss(spec);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    if (item.empty()) continue;
-    const size_t eq = item.find('=');
-    if (eq == std::string::npos) return false;
-    const std::string name = item.substr(0, eq);
-    const int value = std::atoi(item.c_str() + eq + 1);
-    if (name == "sere") set_decode_option(DecodeOption::kSereKernel, value);
-    else if (name == "moe") set_decode_option(DecodeOption::kMoeOccupancy, value);
-    else if (name == "attn") set_decode_option(DecodeOption::kAttentionKernel, value);
-    else if (name == "gemm") set_decode_option(DecodeOption::kGemmVariant, value);
-    else if (name == "route") set_decode_option(DecodeOption::kRouteFused, value);
-    else if (name == "experts") set_decode_option(DecodeOption::kMoeKernel, value);
-    else if (name == "l2") set_decode_option(DecodeOption::kL2Prefetch, value);
-    else if (name == "carve") set_decode_option(DecodeOption::kMoeCarveout, value);
-    else if (name == "combine") set_decode_option(DecodeOption::kMoeCombine, value);
-    else if (name == "rows") set_decode_option(DecodeOption::kMoeDownRows, value);
-    else if (name == "ef") set_decode_option(DecodeOption::kMoeEvictFirst, value);
-    else if (name == "dcarve") set_decode_option(DecodeOption::kDecodeCarveout, value);
-    else if (name == "head") set_decode_option(DecodeOption::kHeadGemm, value);
-    else if (name == "slim") set_decode_option(DecodeOption::kQkvSlim, value);
-    else return false;
-  }
   return true;
 }
 
@@ -431,19 +397,17 @@ int bench_decode_main(int argc, char** argv) {
   bool profile = false;
   std::string ablate;
   int ablate_steps = 30;
-  std::vector<std::string> variants;
   app.add_flag("--profile", profile, "also print GPU time per operation of one eager step per batch");
   bool probe = false;
   app.add_flag("--probe-tiles", probe, "only print how fast CTAs copy weight tiles into shared memory, by method");
   app.add_option("--ablate", ablate,
                  "batch sizes (comma-separated) at which the graph is also timed with each operation left out "
-                 "(SERE off, first variant only)");
+                 "(SERE off)");
   app.add_option("--ablate-steps", ablate_steps, "timed steps per ablated graph")->check(CLI::PositiveNumber);
   std::string timeline;
   app.add_option("--timeline", timeline,
                  "batch sizes (comma-separated) at which one replayed step's kernel timeline is printed (PDL-wait "
-                 "release times per launch; SERE off, every variant)");
-  app.add_option("--variant", variants, "decode options to compare, e.g. moe=2,gemm=1 (repeatable; default: defaults)");
+                 "release times per launch; SERE off)");
   CLI11_PARSE(app, argc, argv);
 
   std::vector<int> bs;
@@ -489,15 +453,6 @@ int bench_decode_main(int argc, char** argv) {
   std::printf("model: %s, %d layers, context %d, skew %.2f, pdl %d, %d steps (median, p90 of per-step CUDA events)\n",
               cfg->name.c_str(), cfg->layers, context, skew, pdl, steps);
 
-  if (variants.empty()) variants.push_back("");
-  for (const std::string& variant : variants) {
-  if (!apply_variant(variant)) {
-    std::fprintf(stderr, "error: bad --variant '%s' (want name=value,... with names sere, moe, attn, gemm, route, experts, block, l2, carve, combine, rows, ef, dcarve, head, slim)\n",
-                 variant.c_str());
-    return 2;
-  }
-  (*dec)->clear_graphs();
-  std::printf("\n== variant: %s ==\n", variant.empty() ? "defaults" : variant.c_str());
   std::vector<Row> rows;
   for (int b : bs) {
     for (bool sere : {false, true}) {
@@ -523,7 +478,7 @@ int bench_decode_main(int argc, char** argv) {
           !print_timeline(**dec, b, cfg->layers, r.t.median_ms))
         return 1;
       const bool ablate_here = ("," + ablate + ",").find("," + std::to_string(b) + ",") != std::string::npos;
-      if (!sere && &variant == &variants.front() && ablate_here) {
+      if (!sere && ablate_here) {
         std::printf("    ablation (graph TPOT without the op; cost = difference):\n");
         for (const std::string& op : (*dec)->op_labels(false)) {
           (*dec)->set_skip(op);
@@ -537,13 +492,9 @@ int bench_decode_main(int argc, char** argv) {
       std::fflush(stdout);
     }
   }
-  double sere_us = 0, sere_single_us = 0, sere_one_us = 0;
+  double sere_us = 0, sere_one_us = 0;
   if (!time_sere(256, 128, 8, 2, &sere_us)) return 1;
   if (!time_sere(1, 128, 8, 2, &sere_one_us)) return 1;  // one token: about the launch-to-launch floor
-  const int sere_kernel = decode_option(DecodeOption::kSereKernel);
-  set_decode_option(DecodeOption::kSereKernel, 1);
-  if (!time_sere(256, 128, 8, 2, &sere_single_us)) return 1;
-  set_decode_option(DecodeOption::kSereKernel, sere_kernel);
 
   std::printf("\n| batch | SERE | TPOT median ms | TPOT p90 ms | tokens/s | experts/layer | GB/step | floor ms | floor share |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|\n");
@@ -559,10 +510,9 @@ int bench_decode_main(int argc, char** argv) {
       std::printf("SERE at batch %d: TPOT %.3f -> %.3f ms (%.1f%% lower), experts/layer %.1f -> %.1f\n", rows[i].batch,
                   rows[i].t.median_ms, rows[i + 1].t.median_ms,
                   100.0 * (1.0 - rows[i + 1].t.median_ms / rows[i].t.median_ms), rows[i].experts, rows[i + 1].experts);
-  std::printf("sere_reroute alone (N=256, E=128, K=8, S=2): %.2f us per launch (graph of 100 launches; "
-              "single-CTA kernel: %.2f us; N=1: %.2f us)\n", sere_us, sere_single_us, sere_one_us);
+  std::printf("sere_reroute alone (N=256, E=128, K=8, S=2): %.2f us per launch (graph of 100 launches; N=1: %.2f "
+              "us)\n", sere_us, sere_one_us);
   std::fflush(stdout);
-  }
   return 0;
 }
 

@@ -1,14 +1,14 @@
 # limit: 560
 # compute-sanitizer racecheck over the tests of the clustered decode kernels (distributed shared memory, cluster
-# barriers): the compact routing kernel against the cluster routing kernel, the one-token experts with the down
+# barriers): the fused routing kernels against the separate launches, the one-token experts with the down
 # projection by rows in CTA pairs (FoldedCombineMatchesTheSeparateLaunch), the clustered argmax, sampling
 # (SampleRows.*: 140 s under the sanitizer), decode attention with the cluster merge and the bulk-copy ring
-# (FusedVariantsRefillTheRingStages, every fused variant at contexts where the ring's stages are refilled: 49 s), and
+# (FusedRefillsTheRingStages, contexts where the ring's stages are refilled), and
 # the lm_head's bulk-copy ring refilling its stages (RingRefillsItsStagesWithShortRows). Per test group: the summary, the kinds of report (addresses,
 # threads and blocks folded) and the source lines named, most frequent first; the first 120 lines of each log go to
 # $OUT/racecheck-<group>.txt. Env FILTERS (space-separated gtest filters) and EACH (seconds per group) override.
 set -u
-FILTERS=${FILTERS:-"CudaRoute.CompactKernelMatchesClusterKernelBitForBit CudaMoeOne.FoldedCombineMatchesTheSeparateLaunch CudaMoeOne.DownPairWithStartBarrierMatchesTheChain CudaArgmax.FindsMaximumWithLowestIndexOnTies SampleRows.* CudaDecodeAttention.FusedVariantsRefillTheRingStages CudaLatencyGemm.RingRefillsItsStagesWithShortRows"}
+FILTERS=${FILTERS:-"CudaRoute.MatchesSeparateLaunchesBitForBit CudaMoeOne.FoldedCombineMatchesTheSeparateLaunch CudaMoeOne.DownPairWithStartBarrierMatchesTheChain CudaArgmax.FindsMaximumWithLowestIndexOnTies SampleRows.* CudaDecodeAttention.FusedRefillsTheRingStages CudaLatencyGemm.RingRefillsItsStagesWithShortRows"}
 for f in $FILTERS; do
   tag=$(echo "$f" | tr -c 'A-Za-z0-9' _ | cut -c1-60)
   log=/tmp/racecheck-$tag.log

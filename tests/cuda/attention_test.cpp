@@ -201,30 +201,27 @@ TEST(CudaDecodeAttention, UnalignedQueries) {
   run_decode_case({1}, 16, 1, rng, true);
 }
 
-// Both page loops (tensor cores for 8 query heads per kv head; CUDA cores): long and short contexts, lengths at and
-// around page boundaries (masked tokens of the last page), several sequences per launch; same f32 reference.
+// Both page loops (tensor cores for 8 query heads per kv head and 16-byte aligned query rows; CUDA cores, which the
+// unaligned rows take): long and short contexts, lengths at and around page boundaries (masked tokens of the last
+// page), several sequences per launch; same f32 reference.
 TEST(CudaDecodeAttention, BothPageLoopsMatchReference) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(27);
-  for (int kernel : {1, 0}) {  // tensor cores, then the CUDA-core page loop
-    SCOPED_TRACE(testing::Message() << "kernel " << kernel);
-    set_decode_option(DecodeOption::kAttentionKernel, kernel);
-    run_decode_case({5000}, 32, 4, rng);
-    run_decode_case({1, 15, 16, 17, 33, 1025, 300}, 32, 4, rng);
+  for (bool unaligned : {false, true}) {  // tensor cores, then the CUDA-core page loop
+    SCOPED_TRACE(testing::Message() << "unaligned q " << unaligned);
+    run_decode_case({5000}, 32, 4, rng, unaligned);
+    run_decode_case({1, 15, 16, 17, 33, 1025, 300}, 32, 4, rng, unaligned);
     run_decode_case({64, 2}, 8, 1, rng, true);
   }
-  set_decode_option(DecodeOption::kAttentionKernel, default_decode_option(DecodeOption::kAttentionKernel));
 }
 
-// decode_attention_fused with each kAttentionKernel value of `variants` against one host reference: q/k norm + RoPE,
-// the current token's k/v stored at its slot (k within bf16 tolerance, v bit for bit) and attended, attention in
-// double (output within kTol = 2e-2 of max |ref|). The cache is random; rows past each sequence's context in its last
-// page hold NaN (never attended: no NaN may reach the output) and the current token's slot holds stale random values.
-// Each variant starts from fresh copies of the inputs; a second launch on the same workspace, prefetching a buffer
-// into L2 for the next kernel (DecodeAttention::l2_next) and with counters of its own (DecodeAttention::counters;
-// the workspace then filled with 0xff bytes, the output poisoned), gives the same bits.
-void run_fused_variants_case(const std::vector<int>& variants, const std::vector<int>& lens, int Hkv, bool mrope,
-                             std::mt19937& rng) {
+// decode_attention_fused against a host reference: q/k norm + RoPE, the current token's k/v stored at its slot (k
+// within bf16 tolerance, v bit for bit) and attended, attention in double (output within kTol = 2e-2 of max |ref|).
+// The cache is random; rows past each sequence's context in its last page hold NaN (never attended: no NaN may reach
+// the output) and the current token's slot holds stale random values. A second launch on the same workspace with
+// counters of its own (DecodeAttention::counters; the workspace then filled with 0xff bytes, the output poisoned)
+// gives the same bits.
+void run_fused_case(const std::vector<int>& lens, int Hkv, bool mrope, std::mt19937& rng) {
   SCOPED_TRACE(testing::Message() << "B=" << lens.size() << " Hkv=" << Hkv << " mrope=" << mrope
                                   << " first len=" << lens[0]);
   const FusedDecodeCase c = make_fused_decode_case(lens, Hkv, mrope, /*nan_tail=*/true, rng);
@@ -240,7 +237,7 @@ void run_fused_variants_case(const std::vector<int>& variants, const std::vector
     }
     return rows;
   };
-  // Host reference (once for all variants).
+  // Host reference.
   const FusedDecodeRef r = fused_decode_reference(c);
   const std::vector<float>& ref = r.out;
   const std::vector<float> kr = at_slots(r.kref), vr = at_slots(r.vref);
@@ -249,80 +246,63 @@ void run_fused_variants_case(const std::vector<int>& variants, const std::vector
   auto dqn = upload_bf16(c.qn), dkn = upload_bf16(c.kn), dq = upload_bf16(c.qkv);
   DevBuf<unsigned char> ws(decode_attention_workspace_bytes(p));
   ASSERT_EQ(cudaMemset(ws.get(), 0, ws.size()), cudaSuccess);
-  DevBuf<unsigned char> next(1000003);  // prefetched for the "next kernel" (its size not a multiple of 16)
-  DecodeAttention p2 = p;
-  p2.l2_next = next.get();
-  p2.l2_next_bytes = next.size();
   // The second launch takes counters of its own (DecodeAttention::counters) and a workspace of 0xff bytes.
+  DecodeAttention p2 = p;
   DevBuf<int32_t> counters(std::vector<int32_t>(static_cast<size_t>(B) * Hkv, 0));
   p2.counters = counters.get();
-  const int l2_modes[3] = {1, 3, 0};
-  for (int variant : variants) {
-    SCOPED_TRACE(testing::Message() << "kAttentionKernel " << variant);
-    set_decode_option(DecodeOption::kAttentionKernel, variant);
-    ASSERT_EQ(cudaMemset(ws.get(), 0, ws.size()), cudaSuccess);  // the previous variant's second launch filled it
-    auto dk = upload_bf16(c.kc), dv = upload_bf16(c.vc);
-    DevBuf<bf16> out(static_cast<size_t>(B) * Hq * D);
-    out.poison();
-    const Status st1 = decode_attention_fused(p, dq->get(), q_stride, dqn->get(), dkn->get(), dpos.get(),
-                                              c.pos_stride, c.rope, dslots.get(), dk->get(), dv->get(), dbt.get(),
-                                              dlens.get(), out.get(), ws.get(), kEps, nullptr);
-    set_decode_option(DecodeOption::kAttentionKernel, default_decode_option(DecodeOption::kAttentionKernel));
-    ZEST_ASSERT_OK(st1);
-    sync_ok();
-    const auto got = download_bf16(out);
-    ZEST_EXPECT_CLOSE(got, ref, kTol);
-    // The current tokens' k and v at their slots.
-    const auto kg = at_slots(download_bf16(*dk)), vg = at_slots(download_bf16(*dv));
-    ZEST_EXPECT_CLOSE(kg, kr, kTol);
-    EXPECT_EQ(vg, vr);
+  auto dk = upload_bf16(c.kc), dv = upload_bf16(c.vc);
+  DevBuf<bf16> out(static_cast<size_t>(B) * Hq * D);
+  out.poison();
+  ZEST_ASSERT_OK(decode_attention_fused(p, dq->get(), q_stride, dqn->get(), dkn->get(), dpos.get(), c.pos_stride,
+                                        c.rope, dslots.get(), dk->get(), dv->get(), dbt.get(), dlens.get(), out.get(),
+                                        ws.get(), kEps, nullptr));
+  sync_ok();
+  const auto got = download_bf16(out);
+  ZEST_EXPECT_CLOSE(got, ref, kTol);
+  // The current tokens' k and v at their slots.
+  const auto kg = at_slots(download_bf16(*dk)), vg = at_slots(download_bf16(*dv));
+  ZEST_EXPECT_CLOSE(kg, kr, kTol);
+  EXPECT_EQ(vg, vr);
 
-    // The second launch may also prefetch a buffer for the next kernel into L2 (kL2Prefetch 1 or 3 with the ring).
-    set_decode_option(DecodeOption::kAttentionKernel, variant);
-    set_decode_option(DecodeOption::kL2Prefetch, l2_modes[variant % 3]);
-    ASSERT_EQ(cudaMemset(ws.get(), 0xff, ws.size()), cudaSuccess);
-    out.poison();
-    const Status st2 = decode_attention_fused(p2, dq->get(), q_stride, dqn->get(), dkn->get(), dpos.get(),
-                                              c.pos_stride, c.rope, dslots.get(), dk->get(), dv->get(), dbt.get(),
-                                              dlens.get(), out.get(), ws.get(), kEps, nullptr);
-    set_decode_option(DecodeOption::kAttentionKernel, default_decode_option(DecodeOption::kAttentionKernel));
-    set_decode_option(DecodeOption::kL2Prefetch, default_decode_option(DecodeOption::kL2Prefetch));
-    ZEST_ASSERT_OK(st2);
-    sync_ok();
-    const auto again = download_bf16(out);
-    for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(again[i], got[i]) << "element " << i;
-  }
+  ASSERT_EQ(cudaMemset(ws.get(), 0xff, ws.size()), cudaSuccess);
+  out.poison();
+  ZEST_ASSERT_OK(decode_attention_fused(p2, dq->get(), q_stride, dqn->get(), dkn->get(), dpos.get(), c.pos_stride,
+                                        c.rope, dslots.get(), dk->get(), dv->get(), dbt.get(), dlens.get(), out.get(),
+                                        ws.get(), kEps, nullptr));
+  sync_ok();
+  const auto again = download_bf16(out);
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(again[i], got[i]) << "element " << i;
 }
 
-// Every fused variant (2: global merge, 3: cluster merge at small sizes, 4: bulk-copy ring with the global merge,
-// 5: the ring with the cluster merge, 6: as 5 with two stages, 7: as 5 with four stages, 8: by size, 9: as 5 with
-// two token rows per bulk copy when kv_heads == 4, 10: as 8 with the cluster kernel's compact form) on the same
-// inputs: batch 1 (one token, 1025 tokens), mixed lengths around page boundaries with M-RoPE, batch 8 and 37 at about the decode benchmark's length, and Hkv = 2 (the
-// ring needs groups of 4: variants 4-9 fall back to the other kernel). Long contexts: the test after it.
-const std::vector<int> kFusedVariants = {4, 5, 6, 7, 8, 9, 2, 3, 10};
-
-TEST(CudaDecodeAttention, FusedVariantsMatchReference) {
+// decode_attention_fused picks its kernel by size; the cases reach each: the cluster merge in its compact form (batch
+// 1 at one token and 1025 tokens; Hkv = 2 with M-RoPE) and its full form (1500 tokens: more than 5 pages per split),
+// the bulk-copy ring (8 sequences at 4 kv heads: 32 (sequence, kv head) pairs, mixed lengths around page boundaries
+// with M-RoPE, and 8 x 1025), and the page-loop kernel with the global merge (37 sequences: above 32 pairs; Hkv = 2
+// at 5 sequences: 10 pairs, which the ring does not serve). Long contexts: the test after it.
+TEST(CudaDecodeAttention, FusedMatchesReference) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(41);
-  run_fused_variants_case(kFusedVariants, {1}, 4, false, rng);
-  run_fused_variants_case(kFusedVariants, {1025}, 4, false, rng);
-  run_fused_variants_case(kFusedVariants, {1, 15, 16, 17, 33, 64, 300, 1025}, 4, true, rng);
-  run_fused_variants_case(kFusedVariants, std::vector<int>(8, 1025), 4, false, rng);
+  run_fused_case({1}, 4, false, rng);
+  run_fused_case({1025}, 4, false, rng);
+  run_fused_case({1500}, 4, false, rng);
+  run_fused_case({1, 15, 16, 17, 33, 64, 300, 1025}, 4, true, rng);
+  run_fused_case(std::vector<int>(8, 1025), 4, false, rng);
   std::vector<int> mixed(37);
   for (int i = 0; i < 37; ++i) mixed[i] = 1 + (i * 389) % 1100;
-  run_fused_variants_case(kFusedVariants, mixed, 4, false, rng);
-  run_fused_variants_case(kFusedVariants, {129, 40}, 2, true, rng);
+  run_fused_case(mixed, 4, false, rng);
+  run_fused_case({129, 40}, 2, true, rng);
+  run_fused_case({1, 16, 17, 300, 1025}, 2, true, rng);
 }
 
 // The cases of few sequences with long contexts, where a split holds more pages than the bulk-copy ring has stages
 // (each stage refilled after its readers handed it back): one sequence of 5000 tokens with M-RoPE, and 700, 2049 and 3
-// tokens over two kv-head groups (Hkv = 8: variant 9 runs as 5). A test of its own so that compute-sanitizer's
-// racecheck can run the ring's reuse of stages in its time (bench/gpu/racecheck.sh).
-TEST(CudaDecodeAttention, FusedVariantsRefillTheRingStages) {
+// tokens over two kv-head groups (Hkv = 8). A test of its own so that compute-sanitizer's racecheck can run the ring's
+// reuse of stages in its time (bench/gpu/racecheck.sh).
+TEST(CudaDecodeAttention, FusedRefillsTheRingStages) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(43);
-  run_fused_variants_case(kFusedVariants, {5000}, 4, true, rng);
-  run_fused_variants_case(kFusedVariants, {700, 2049, 3}, 8, false, rng);
+  run_fused_case({5000}, 4, true, rng);
+  run_fused_case({700, 2049, 3}, 8, false, rng);
 }
 
 TEST(CudaDecodeAttention, RejectsOddHeadDim) {

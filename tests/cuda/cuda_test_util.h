@@ -30,15 +30,6 @@ namespace zest::cuda::test {
     ASSERT_TRUE(_s.is_ok()) << _s.to_string();      \
   } while (0)
 
-// Sets a decode option for one scope and restores its default afterwards (also when an assertion leaves early).
-struct DecodeOptionScope {
-  DecodeOption opt;
-  DecodeOptionScope(DecodeOption o, int v) : opt(o) { set_decode_option(o, v); }
-  ~DecodeOptionScope() { set_decode_option(opt, default_decode_option(opt)); }
-  DecodeOptionScope(const DecodeOptionScope&) = delete;
-  DecodeOptionScope& operator=(const DecodeOptionScope&) = delete;
-};
-
 // Owning device buffer of n elements of T.
 template <typename T>
 class DevBuf {

@@ -1,6 +1,6 @@
 // Low-latency decode kernels (batch 1-16) against plain loops: the small-M GEMM with its weight tile in shared memory,
 // the fused routing kernel (router GEMM + top-k + MoE plan in one cluster launch) and the synthetic decoder with
-// these variants (graph capture, SERE).
+// these kernels (graph capture, SERE).
 #ifdef ZEST_HAVE_CUDA
 #include <numeric>
 #include <tuple>
@@ -29,60 +29,67 @@ std::vector<float> ref_gemm(const std::vector<float>& x, const std::vector<float
   return y;
 }
 
-// Small-M GEMM, weight tile bulk-copied into shared memory before the PDL wait (kGemmVariant 4), at the model's
-// shapes (qkv 5120 x 2048, o 2048 x 4096, router 128 x 2048) and odd ones; M = 1, 8, 9 and 16 (one or two token
-// tiles). Shapes with more tiles than resident CTAs fall back to the streaming kernel and must match as well.
-// Variants 7 (register streaming up to K = 2048) and 8 (the tile at every row count), and 4 with and without the tiles
-// copied evict-first at M <= 2 (kL2Prefetch 0 / 5), on the same shapes and three more (K = 2080: 65 chunks of 32;
-// N = 1040: an odd number of 16-row tiles; M = 2).
+// Small-M GEMM (M <= 16) at the model's shapes (qkv 5120 x 2048, o 2048 x 4096, router 128 x 2048) and odd ones; M =
+// 1, 2, 8, 9 and 16 (one or two token tiles; the tiles copied evict-first at M <= 2): the weight tile bulk-copied into
+// shared memory before the PDL wait where every tile's CTA fits, the register-streamed kernel for 9-16 rows at K <=
+// 2048 and for shapes with more tiles than resident CTAs; also K = 2080 (65 chunks of 32) and N = 1040 (an odd number
+// of 16-row tiles).
 TEST(CudaLatencyGemm, SharedMemoryTileMatchesReference) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(901);
-  // (gemm variant, kL2Prefetch): 0 copies the tiles evict-first for M <= 2, 5 does not.
-  for (auto [variant, l2mode] : {std::pair{4, 0}, std::pair{7, 0}, std::pair{8, 0}, std::pair{4, 5}}) {
-    DecodeOptionScope opt(DecodeOption::kGemmVariant, variant), l2(DecodeOption::kL2Prefetch, l2mode);
-    for (auto [M, N, K] : {std::tuple{1, 5120, 2048}, std::tuple{1, 2048, 4096}, std::tuple{16, 2048, 4096},
-                           std::tuple{9, 128, 2048}, std::tuple{8, 48, 96}, std::tuple{3, 208, 1056},
-                           std::tuple{16, 16, 32}, std::tuple{5, 16 * 1000, 64}, std::tuple{8, 2064, 2080},
-                           std::tuple{9, 1040, 4096}, std::tuple{2, 2048, 4096}}) {
-      SCOPED_TRACE(testing::Message() << "gemm variant " << variant << " l2 " << l2mode << " M=" << M << " N=" << N
-                                      << " K=" << K);
-      auto x = random_bf16(static_cast<size_t>(M) * K, rng), w = random_bf16(static_cast<size_t>(N) * K, rng);
-      auto dx = upload_bf16(x), dw = upload_bf16(w);
-      DevBuf<bf16> dy(static_cast<size_t>(M) * N);
-      dy.poison();
-      ZEST_ASSERT_OK(gemm(dx->get(), dw->get(), dy.get(), M, N, K, nullptr));
-      sync_ok();
-      ZEST_EXPECT_CLOSE(download_bf16(dy), ref_gemm(x.f, w.f, M, N, K), kTol);
-    }
+  for (auto [M, N, K] : {std::tuple{1, 5120, 2048}, std::tuple{1, 2048, 4096}, std::tuple{16, 2048, 4096},
+                         std::tuple{9, 128, 2048}, std::tuple{8, 48, 96}, std::tuple{3, 208, 1056},
+                         std::tuple{16, 16, 32}, std::tuple{5, 16 * 1000, 64}, std::tuple{8, 2064, 2080},
+                         std::tuple{9, 1040, 4096}, std::tuple{2, 2048, 4096}}) {
+    SCOPED_TRACE(testing::Message() << "M=" << M << " N=" << N << " K=" << K);
+    auto x = random_bf16(static_cast<size_t>(M) * K, rng), w = random_bf16(static_cast<size_t>(N) * K, rng);
+    auto dx = upload_bf16(x), dw = upload_bf16(w);
+    DevBuf<bf16> dy(static_cast<size_t>(M) * N);
+    dy.poison();
+    ZEST_ASSERT_OK(gemm(dx->get(), dw->get(), dy.get(), M, N, K, nullptr));
+    sync_ok();
+    ZEST_EXPECT_CLOSE(download_bf16(dy), ref_gemm(x.f, w.f, M, N, K), kTol);
   }
 }
 
-// rows_ring (kHeadGemm 1) against rows_mma (kHeadGemm 0) on one random product: the same bits, and within kTol of a
-// double reference.
+// y = x W^T through gemm() in column slices of 2 row tiles per SM, fewer than rows_ring takes: each slice runs the
+// shared-memory tile kernel or the register-streamed one, whose chunk and reduction order rows_ring keeps.
+std::vector<float> gemm_in_slices(const bf16* x, const bf16* w, int M, int N, int K) {
+  int sms = 0;
+  EXPECT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  const int slice = 16 * 2 * std::max(1, sms);
+  std::vector<float> y(static_cast<size_t>(M) * N);
+  DevBuf<bf16> part(static_cast<size_t>(M) * slice);
+  for (int n0 = 0; n0 < N; n0 += slice) {
+    const int ns = std::min(slice, N - n0);
+    const Status st = gemm(x, w + static_cast<size_t>(n0) * K, part.get(), M, ns, K, nullptr);
+    EXPECT_TRUE(st.is_ok()) << st.to_string();
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto got = download_bf16(part);
+    for (int m = 0; m < M; ++m)
+      for (int n = 0; n < ns; ++n)
+        y[static_cast<size_t>(m) * N + n0 + n] = got[static_cast<size_t>(m) * ns + n];
+  }
+  return y;
+}
+
+// rows_ring (gemm() at these sizes) against the same product in slices of fewer tiles (gemm_in_slices): the same
+// bits, and within kTol of a double reference.
 void expect_ring_matches_streaming(int M, int N, int K, std::mt19937& rng) {
   auto x = random_bf16(static_cast<size_t>(M) * K, rng), w = random_bf16(static_cast<size_t>(N) * K, rng);
   auto dx = upload_bf16(x), dw = upload_bf16(w);
-  DevBuf<bf16> ring(static_cast<size_t>(M) * N), stream(static_cast<size_t>(M) * N);
+  DevBuf<bf16> ring(static_cast<size_t>(M) * N);
   ring.poison();
-  stream.poison();
-  {
-    DecodeOptionScope head(DecodeOption::kHeadGemm, 1);
-    ZEST_ASSERT_OK(gemm(dx->get(), dw->get(), ring.get(), M, N, K, nullptr));
-  }
-  {
-    DecodeOptionScope head(DecodeOption::kHeadGemm, 0);
-    ZEST_ASSERT_OK(gemm(dx->get(), dw->get(), stream.get(), M, N, K, nullptr));
-  }
+  ZEST_ASSERT_OK(gemm(dx->get(), dw->get(), ring.get(), M, N, K, nullptr));
   sync_ok();
   const auto got = download_bf16(ring);
-  EXPECT_EQ(got, download_bf16(stream));
+  EXPECT_EQ(got, gemm_in_slices(dx->get(), dw->get(), M, N, K));
   ZEST_EXPECT_CLOSE(got, ref_gemm(x.f, w.f, M, N, K), kTol);
 }
 
-// The small-M GEMM for many row tiles (the lm_head; DecodeOption::kHeadGemm 1: rows_ring, a persistent CTA per SM with
-// a bulk-copy ring of 16-row tiles): the same bits as the register-streamed rows_mma (kHeadGemm 0, whose chunk and
-// reduction order it keeps) and within kTol of a double reference, for one and two token tiles (M = 1, 5, 8, 9, 16),
+// The small-M GEMM for many row tiles (the lm_head: rows_ring, a persistent CTA per SM with a bulk-copy ring of 16-row
+// tiles): the same bits as the shared-memory tile and register-streamed kernels (whose chunk and reduction order it
+// keeps; reached on slices of fewer tiles) and within kTol of a double reference, for one and two token tiles (M = 1, 5, 8, 9, 16),
 // K = 2048 (3 stages), 1056 (33 chunks: warps with one chunk less; 4 stages) and 32 (one chunk), N with a tile count
 // that the SMs do not divide (some CTAs take one tile more; several trips round the ring). Then behind a kernel that
 // writes x, with programmatic launches on (x is read only after the wait): the same bits again.
@@ -120,8 +127,8 @@ TEST(CudaLatencyGemm, RingMatchesStreamingKernelAndReference) {
 }
 
 // rows_ring with short rows (K = 256: 8 chunks, one per consumer warp, so every warp reads every stage; 4 stages) and
-// 6-7 tiles per CTA, so each stage is refilled after its readers handed it back: the same bits as rows_mma and within
-// kTol of the reference, for one and two token tiles. Small enough for compute-sanitizer's racecheck
+// 6-7 tiles per CTA, so each stage is refilled after its readers handed it back: the same bits as gemm_in_slices and
+// within kTol of the reference, for one and two token tiles. Small enough for compute-sanitizer's racecheck
 // (bench/gpu/racecheck.sh).
 TEST(CudaLatencyGemm, RingRefillsItsStagesWithShortRows) {
   ZEST_REQUIRE_GPU();
@@ -135,16 +142,17 @@ TEST(CudaLatencyGemm, RingRefillsItsStagesWithShortRows) {
   }
 }
 
-// The qkv GEMM with L2 prefetches of a paged KV cache (gemm_kv_prefetch, DecodeOption::kL2Prefetch 0-5, small-M GEMM
-// variants 4 and 8): the same bits as gemm() and within bf16 tolerance of a double reference, for M = 1, 3, 8, 9 and
-// 16 sequences of mixed context lengths (1: nothing to prefetch; page boundaries; 1025) over a shuffled block table,
-// at the model's qkv shape and an odd one, with 4 and 2 kv heads per row; a KvPrefetch without a cache falls back to
-// gemm().
+// The qkv GEMM with L2 prefetches of a paged KV cache (gemm_kv_prefetch: the KV rows prefetched at M <= 2 on the
+// shared-memory tile path): the same bits as gemm() and within bf16 tolerance of a double reference, for M = 1, 2, 3,
+// 8, 9 and 16 sequences of mixed context lengths (1: nothing to prefetch; page boundaries; 1025) over a shuffled block
+// table, at the model's qkv shape and an odd one, with 4 and 2 kv heads per row; a KvPrefetch without a cache falls
+// back to gemm().
 TEST(CudaLatencyGemm, KvPrefetchGemmMatchesGemm) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(907);
-  for (auto [M, N, K, Hkv] : {std::tuple{1, 5120, 2048, 4}, std::tuple{8, 5120, 2048, 4}, std::tuple{9, 5120, 2048, 4},
-                              std::tuple{16, 5120, 2048, 4}, std::tuple{3, 208, 1056, 2}}) {
+  for (auto [M, N, K, Hkv] : {std::tuple{1, 5120, 2048, 4}, std::tuple{2, 5120, 2048, 4}, std::tuple{8, 5120, 2048, 4},
+                              std::tuple{9, 5120, 2048, 4}, std::tuple{16, 5120, 2048, 4}, std::tuple{3, 208, 1056, 2},
+                              std::tuple{2, 208, 1056, 2}}) {
     SCOPED_TRACE(testing::Message() << "M=" << M << " N=" << N << " K=" << K << " Hkv=" << Hkv);
     std::vector<int32_t> lens(M);
     const int pick[] = {1, 16, 17, 1025, 300, 2, 33, 1024};
@@ -168,27 +176,21 @@ TEST(CudaLatencyGemm, KvPrefetchGemmMatchesGemm) {
     kv.batch = M;
     kv.max_blocks = max_blocks;
     kv.row_bytes = Hkv * 128 * 2;
-    for (int gv : {4, 8}) {  // 8: the shared-memory tile (so the prefetching kernel) at every M
-      DecodeOptionScope gopt(DecodeOption::kGemmVariant, gv);
-      DevBuf<bf16> base(static_cast<size_t>(M) * N);
-      base.poison();
-      ZEST_ASSERT_OK(gemm(dx->get(), dw->get(), base.get(), M, N, K, nullptr));
+    DevBuf<bf16> base(static_cast<size_t>(M) * N);
+    base.poison();
+    ZEST_ASSERT_OK(gemm(dx->get(), dw->get(), base.get(), M, N, K, nullptr));
+    sync_ok();
+    const auto want = download_bf16(base);
+    ZEST_EXPECT_CLOSE(want, ref, kTol);
+    for (bool with_cache : {true, false}) {  // no cache: plain gemm()
+      SCOPED_TRACE(testing::Message() << (with_cache ? "cache" : "no cache"));
+      KvPrefetch use = kv;
+      if (!with_cache) use.k_cache = nullptr;
+      DevBuf<bf16> dy(static_cast<size_t>(M) * N);
+      dy.poison();
+      ZEST_ASSERT_OK(gemm_kv_prefetch(dx->get(), dw->get(), dy.get(), M, N, K, use, nullptr));
       sync_ok();
-      const auto want = download_bf16(base);
-      ZEST_EXPECT_CLOSE(want, ref, kTol);
-      for (int mode = 0; mode <= 5; ++mode) {
-        SCOPED_TRACE(testing::Message() << "gemm variant " << gv << " kL2Prefetch " << mode);
-        DecodeOptionScope l2(DecodeOption::kL2Prefetch, mode);
-        for (int variant = 0; variant < 2; ++variant) {
-          KvPrefetch use = kv;
-          if (variant == 1) use.k_cache = nullptr;  // no cache: plain gemm()
-          DevBuf<bf16> dy(static_cast<size_t>(M) * N);
-          dy.poison();
-          ZEST_ASSERT_OK(gemm_kv_prefetch(dx->get(), dw->get(), dy.get(), M, N, K, use, nullptr));
-          sync_ok();
-          EXPECT_EQ(download_bf16(dy), want);
-        }
-      }
+      EXPECT_EQ(download_bf16(dy), want);
     }
     // The caches are read only.
     EXPECT_EQ(download_bf16(*dk), kc.f);
@@ -198,11 +200,10 @@ TEST(CudaLatencyGemm, KvPrefetchGemmMatchesGemm) {
 
 // gemm_kv_prefetch with KvPrefetch::norm_w (x the residual row, normalised by the GEMM's CTAs) against the separate
 // norm (moe_combine_add_rmsnorm with only empty slots: x unchanged, y = RMSNorm(x), the arithmetic the one-token
-// experts' folded combine uses) followed by gemm(): bit for bit, with every kL2Prefetch mode, with and without the KV
-// cache, in both forms of the one-token kernel (kQkvSlim 0 / 1: norm weights in shared memory, or in the registers
-// of the lanes of an absent token row); the normalised GEMM within kTol of a double reference. One token row; K from
-// 256 to 2048 (odd chunk counts included); the lm_head's many row tiles (151936 x 2048, and 1024 tiles at K = 256), where the norm folds into
-// rows_ring (DecodeOption::kHeadGemm 1; with 0 the size is refused); and the sizes it refuses.
+// experts' folded combine uses) followed by gemm(): bit for bit, with and without the KV cache (the norm weights in
+// the registers of the lanes of an absent token row); the normalised GEMM within kTol of a double reference. One token
+// row; K from 256 to 2048 (odd chunk counts included); the lm_head's many row tiles (151936 x 2048, and 1024 tiles at
+// K = 256), where the norm folds into rows_ring; and the sizes it refuses.
 TEST(CudaLatencyGemm, NormFoldedGemmMatchesNormThenGemm) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(908);
@@ -248,25 +249,16 @@ TEST(CudaLatencyGemm, NormFoldedGemmMatchesNormThenGemm) {
     kv.batch = 1;
     kv.max_blocks = max_blocks;
     kv.row_bytes = 2 * 128 * 2;
-    for (int slim = 0; slim <= 1; ++slim)
-    for (int mode = 0; mode <= 5; ++mode)
-      for (int variant = 0; variant < 2; ++variant) {
-        SCOPED_TRACE(testing::Message() << "kQkvSlim " << slim << " kL2Prefetch " << mode
-                                        << (variant ? " no cache" : " cache"));
-        DecodeOptionScope qs(DecodeOption::kQkvSlim, slim);
-        DecodeOptionScope l2(DecodeOption::kL2Prefetch, mode);
-        KvPrefetch use = kv;
-        if (variant == 1) use.k_cache = nullptr;
-        DevBuf<bf16> dy(N);
-        dy.poison();
-        ZEST_ASSERT_OK(gemm_kv_prefetch(dx->get(), dw->get(), dy.get(), 1, N, K, use, nullptr));
-        sync_ok();
-        EXPECT_EQ(download_bf16(dy), want);
-      }
-  }
-  {
-    DecodeOptionScope head(DecodeOption::kHeadGemm, 0);
-    EXPECT_FALSE(gemm_kv_norm_ok(1, 151936, 2048));  // the lm_head without rows_ring
+    for (bool with_cache : {true, false}) {
+      SCOPED_TRACE(testing::Message() << (with_cache ? "cache" : "no cache"));
+      KvPrefetch use = kv;
+      if (!with_cache) use.k_cache = nullptr;
+      DevBuf<bf16> dy(N);
+      dy.poison();
+      ZEST_ASSERT_OK(gemm_kv_prefetch(dx->get(), dw->get(), dy.get(), 1, N, K, use, nullptr));
+      sync_ok();
+      EXPECT_EQ(download_bf16(dy), want);
+    }
   }
   EXPECT_FALSE(gemm_kv_norm_ok(2, 5120, 2048));  // one token row only
   EXPECT_FALSE(gemm_kv_norm_ok(1, 5120, 4096));  // one round: K <= 2048
@@ -275,13 +267,10 @@ TEST(CudaLatencyGemm, NormFoldedGemmMatchesNormThenGemm) {
 
 // Fused routing against the separate steps' definitions: logits within bf16 tolerance of a double GEMM; the ids and
 // weights equal the router reference applied to the kernel's own logits (the top-k is exact arithmetic on them); the
-// plan equals a plan built on the host from the returned ids. T = 1 and 16, odd T, E, K and H, with and without bias,
-// with and without the plan.
+// plan equals a plan built on the host from the returned ids. T = 1 and 16, odd T, E, K and H (E = 7: a single-CTA
+// split, which the cluster kernel serves), with and without bias, with and without the plan.
 TEST(CudaLatencyRoute, FusedRoutingMatchesReference) {
   ZEST_REQUIRE_GPU();
-  for (int variant : {1, 2, 3}) {  // clusters of up to 16 CTAs, of up to 8, late trigger of the next kernel
-  SCOPED_TRACE(testing::Message() << "kRouteFused " << variant);
-  DecodeOptionScope opt(DecodeOption::kRouteFused, variant);
   std::mt19937 rng(902);
   for (auto [T, E, K, H, use_bias] :
        {std::tuple{1, 128, 8, 2048, false}, std::tuple{16, 128, 8, 2048, true}, std::tuple{5, 40, 4, 96, true},
@@ -357,7 +346,6 @@ TEST(CudaLatencyRoute, FusedRoutingMatchesReference) {
       count.upload(std::vector<int64_t>{3});
     }
   }
-  }
   // Sizes outside the fused kernel's range are refused with an error, not launched.
   EXPECT_FALSE(moe_route_ok(17, 2048, 128, 8));
   EXPECT_FALSE(moe_route_ok(1, 2048, 17, 8));
@@ -415,19 +403,16 @@ void run_fused_attention_case(const std::vector<int>& lens, int Hkv, bool mrope,
   ZEST_EXPECT_CLOSE(download_bf16(*dv1), r.vref, 0.0);
 }
 
-// Both merges: global partials with a last-CTA merge (kAttentionKernel 2) and the cluster merge (3; contexts above
-// 2048 tokens fall back to the global merge).
+// Both merges: the cluster merge (up to 8 (sequence, kv head) pairs and 2048 tokens: 1025 tokens at 4 kv heads, three
+// sequences at one) and global partials with a last-CTA merge (10 pairs at Hkv = 2, which the bulk-copy ring does not
+// serve; contexts above 2048 tokens).
 TEST(CudaLatencyAttention, FusedNormRopeKvMatchesReferenceAndSeparateKernels) {
   ZEST_REQUIRE_GPU();
-  for (int variant : {2, 3}) {
-    SCOPED_TRACE(testing::Message() << "kAttentionKernel " << variant);
-    DecodeOptionScope opt(DecodeOption::kAttentionKernel, variant);
-    std::mt19937 rng(903);
-    run_fused_attention_case({1025}, 4, false, rng);
-    run_fused_attention_case({1, 16, 17, 300, 1025}, 2, true, rng);
-    run_fused_attention_case({33, 5, 64}, 1, false, rng);
-    run_fused_attention_case({2049, 700}, 1, false, rng);
-  }
+  std::mt19937 rng(903);
+  run_fused_attention_case({1025}, 4, false, rng);
+  run_fused_attention_case({1, 16, 17, 300, 1025}, 2, true, rng);
+  run_fused_attention_case({33, 5, 64}, 1, false, rng);
+  run_fused_attention_case({2049, 700}, 1, false, rng);
 }
 
 // MoE combine + residual add + RMSNorm (the register path for hidden <= 2048 and the loop above it): x equals the
@@ -476,10 +461,10 @@ TEST(CudaLatencyNorm, CombineAddRmsnormMatchesReference) {
   }
 }
 
-// The synthetic decoder with the low-latency variants (fused routing, shared-memory GEMM tiles, fused attention with
-// either merge) captures and replays its graphs at batch 1 and 5, with and without SERE; expert counts stay within what
-// top-8 (or SERE's S=2 union) allows and the tokens are valid.
-TEST(CudaLatencyDecoder, LowLatencyVariantsRunInGraphs) {
+// The synthetic decoder (fused routing, shared-memory GEMM tiles, fused attention) captures and replays its graphs at
+// batch 1 and 5, with and without SERE; expert counts stay within what top-8 (or SERE's S=2 union) allows and the
+// tokens are valid.
+TEST(CudaLatencyDecoder, StepsRunInGraphs) {
   ZEST_REQUIRE_GPU();
   auto cfg = synthetic_config("qwen3-30b-a3b", 2);
   ASSERT_TRUE(cfg.ok());
@@ -487,16 +472,12 @@ TEST(CudaLatencyDecoder, LowLatencyVariantsRunInGraphs) {
   opt.max_batch = 5;
   opt.context = 50;
   opt.sere_primary = 2;
-  DecodeOptionScope gemm_v(DecodeOption::kGemmVariant, 4);
-  DecodeOptionScope route(DecodeOption::kRouteFused, 1);
-  for (int attn_v : {2, 3}) {
-  DecodeOptionScope attn(DecodeOption::kAttentionKernel, attn_v);
   auto dec = SyntheticDecoder::create(*cfg, opt);
   ASSERT_TRUE(dec.ok()) << dec.status().to_string();
   SyntheticDecoder& d = **dec;
   for (int batch : {1, 5})
     for (bool sere : {false, true}) {
-      SCOPED_TRACE(testing::Message() << "attn " << attn_v << " batch " << batch << " sere " << sere);
+      SCOPED_TRACE(testing::Message() << "batch " << batch << " sere " << sere);
       ZEST_ASSERT_OK(d.replay(batch, sere));
       ZEST_ASSERT_OK(d.reset_expert_counts());
       for (int i = 0; i < 3; ++i) ZEST_ASSERT_OK(d.replay(batch, sere));
@@ -508,10 +489,9 @@ TEST(CudaLatencyDecoder, LowLatencyVariantsRunInGraphs) {
       ASSERT_TRUE(toks.ok());
       for (int t : *toks) EXPECT_TRUE(t >= 0 && t < cfg->vocab);
     }
-  }
 }
 
-// The default decode kernels give the same greedy tokens replayed from the CUDA graph as launched eagerly (two
+// The decode kernels give the same greedy tokens replayed from the CUDA graph as launched eagerly (two
 // decoders with the same seed: graph replays against eager steps), batch 1 and 5, SERE off and on.
 TEST(CudaLatencyDecoder, GraphReplayMatchesEagerSteps) {
   ZEST_REQUIRE_GPU();

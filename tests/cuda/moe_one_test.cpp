@@ -1,9 +1,9 @@
-// The one-token decode experts (moe_experts_one, DecodeOption::kMoeKernel 4-5) against a plain host loop on fresh
-// random inputs: every written slot within tolerance of the reference, slots with id -1 never written, every variant
-// bit-identical to the rows_mma kernels and to itself on a second launch, through moe_experts_decode, under CUDA graph
-// replay with programmatic launches while the routing changes between replays (variant 1's down kernel reads the plan
-// before its wait), the sizes it refuses, and the layer's combine folded into its down kernel against the separate
-// launch.
+// The one-token decode experts (moe_experts_one, which moe_experts_decode runs at one token) against a plain host loop
+// on fresh random inputs: every written slot within tolerance of the reference, slots with id -1 never written,
+// bit-identical to the rows_mma kernels (rows_mma_moe, called directly) and to itself on a second launch, through
+// moe_experts_decode at one token, under CUDA graph replay with programmatic launches while the routing changes between
+// replays (the down kernel reads the plan before its wait), the sizes it refuses, and the layer's combine folded into
+// its down kernel against the separate launch.
 #ifdef ZEST_HAVE_CUDA
 #include <algorithm>
 #include <cstdio>
@@ -16,13 +16,18 @@
 #include "cuda/cuda_test_util.h"
 #include "cuda/moe_decode_case.h"
 #include "kernels/cuda/moe_one.h"
-#include "kernels/cuda/moe_stream.h"
+
+namespace zest::cuda {
+// rows_mma.cu (common.cuh): the register-streamed tensor-core experts, which moe_experts_decode runs for sizes the
+// one-token and streaming kernels do not take; the bits moe_one must reproduce.
+Status rows_mma_moe(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up, const bf16* down,
+                    bf16* h, float* slot_out, int N, int K, int E, int H, int I, cudaStream_t stream);
+}  // namespace zest::cuda
 
 namespace zest::cuda::test {
 namespace {
 
 constexpr double kTol = 2e-2;  // max abs err <= 2e-2 * max |ref| (bf16 h and outputs, fp32 sums in another order)
-constexpr int kOneKernel = 2 + kStreamVariants;  // DecodeOption::kMoeKernel of moe_one variant 0 (rows_mma is 1)
 
 using OneCase = MoeCase;
 
@@ -55,17 +60,17 @@ struct Setup {
     EXPECT_TRUE(moe_plan(ids.get(), c.N, c.K, c.E, plan, nullptr, nullptr).is_ok());
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   }
-  Status run_one(int variant, cudaStream_t stream) const {
+  Status run_one(cudaStream_t stream) const {
     return moe_experts_one(x->get(), plan, w.get(), gu->get(), dn->get(), h.get(), out.get(), c.N, c.K, c.E, c.H, c.I,
-                           variant, stream);
+                           stream);
   }
-  // moe_experts_decode with DecodeOption::kMoeKernel = kernel (restored afterwards).
-  Status run_decode(int kernel, cudaStream_t stream) const {
-    set_decode_option(DecodeOption::kMoeKernel, kernel);
-    const Status st = moe_experts_decode(x->get(), plan, w.get(), gu->get(), dn->get(), h.get(), out.get(), c.N, c.K,
-                                         c.E, c.H, c.I, stream);
-    set_decode_option(DecodeOption::kMoeKernel, default_decode_option(DecodeOption::kMoeKernel));
-    return st;
+  Status run_rows_mma(cudaStream_t stream) const {
+    return rows_mma_moe(x->get(), plan, w.get(), gu->get(), dn->get(), h.get(), out.get(), c.N, c.K, c.E, c.H, c.I,
+                        stream);
+  }
+  Status run_decode(cudaStream_t stream) const {
+    return moe_experts_decode(x->get(), plan, w.get(), gu->get(), dn->get(), h.get(), out.get(), c.N, c.K, c.E, c.H,
+                              c.I, stream);
   }
   std::vector<uint32_t> bits() const {
     const auto all = out.download();
@@ -126,34 +131,35 @@ std::string case_name(const OneCase& c) {
          " hot=" + std::to_string(c.hot) + " holes=" + std::to_string(c.holes) + " dup=" + std::to_string(c.dup);
 }
 
-// rows_mma (kMoeKernel 1) first: its bits must match the host reference; then every variant twice, with and without
-// programmatic launches, and once through moe_experts_decode (kMoeKernel 4): each bit for bit equal to rows_mma.
+// rows_mma first: its bits must match the host reference; then moe_experts_one four times, with and without
+// programmatic launches, and (one token) once through moe_experts_decode: each bit for bit equal to rows_mma.
 void run_case(const OneCase& c, std::mt19937& rng) {
   SCOPED_TRACE(case_name(c));
   ASSERT_TRUE(moe_one_ok(c.N, c.K, c.E, c.H, c.I));
   const auto s = make_setup(c, rng);
   s->out.poison();
-  ZEST_ASSERT_OK(s->run_decode(1, nullptr));
+  ZEST_ASSERT_OK(s->run_rows_mma(nullptr));
   sync_ok();
   const auto want = s->bits();
   check_reference(*s, want);
   const bool pdl = programmatic_launch();
-  for (int variant = 0; variant < kOneVariants; ++variant)
-    for (int run = 0; run < 4; ++run) {
-      SCOPED_TRACE(testing::Message() << "variant " << variant << " run " << run);
-      set_programmatic_launch(run >= 2);
-      s->out.poison();
-      s->h.poison();
-      const Status st = s->run_one(variant, nullptr);
-      set_programmatic_launch(pdl);
-      ZEST_ASSERT_OK(st);
-      sync_ok();
-      EXPECT_TRUE(s->bits() == want) << "differs from rows_mma";
-    }
-  s->out.poison();
-  ZEST_ASSERT_OK(s->run_decode(kOneKernel, nullptr));
-  sync_ok();
-  EXPECT_TRUE(s->bits() == want) << "moe_experts_decode (kMoeKernel 4) differs from rows_mma";
+  for (int run = 0; run < 4; ++run) {
+    SCOPED_TRACE(testing::Message() << "run " << run);
+    set_programmatic_launch(run >= 2);
+    s->out.poison();
+    s->h.poison();
+    const Status st = s->run_one(nullptr);
+    set_programmatic_launch(pdl);
+    ZEST_ASSERT_OK(st);
+    sync_ok();
+    EXPECT_TRUE(s->bits() == want) << "differs from rows_mma";
+  }
+  if (c.N == 1) {  // moe_experts_decode runs moe_one at one token only
+    s->out.poison();
+    ZEST_ASSERT_OK(s->run_decode(nullptr));
+    sync_ok();
+    EXPECT_TRUE(s->bits() == want) << "moe_experts_decode differs from rows_mma";
+  }
 }
 
 // Model widths (H 2048, I 768, K 8) with E = 12 experts (8 active at one token as in the model; fewer experts keep the
@@ -202,12 +208,10 @@ TEST(CudaMoeOne, EverySlotEmpty) {
   std::mt19937 rng(107);
   const OneCase c{2, 4, 16, 256, 128, 0, -1, 8, false};
   const auto s = make_setup(c, rng);
-  for (int variant = 0; variant < kOneVariants; ++variant) {
-    s->out.poison();
-    ZEST_ASSERT_OK(s->run_one(variant, nullptr));
-    sync_ok();
-    for (uint32_t b : s->bits()) ASSERT_EQ(b, 0xffffffffu);
-  }
+  s->out.poison();
+  ZEST_ASSERT_OK(s->run_one(nullptr));
+  sync_ok();
+  for (uint32_t b : s->bits()) ASSERT_EQ(b, 0xffffffffu);
 }
 
 // Captures `layers` x (moe_plan, experts(stream)) on `st` with programmatic launches and instantiates the graph;
@@ -240,8 +244,8 @@ cudaGraphExec_t capture_plan_and_experts(Setup& s, cudaStream_t st, int layers,
   return exec;
 }
 
-// One graph of (moe_plan, moe_experts_one variant 1 with the combine `cmb`) replayed `reps` times, x restored by
-// reset() before each: result() must equal `want` after every replay. The decode options in force now pick the kernels.
+// One graph of (moe_plan, moe_experts_one with the combine `cmb`) replayed `reps` times, x restored by reset() before
+// each: result() must equal `want` after every replay.
 template <class Reset, class Result, class Want>
 void expect_replays_equal(Setup& s, const OneCombine& cmb, int reps, Reset&& reset, Result&& result,
                           const Want& want) {
@@ -250,7 +254,7 @@ void expect_replays_equal(Setup& s, const OneCombine& cmb, int reps, Reset&& res
   ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
   cudaGraphExec_t exec = capture_plan_and_experts(s, st, 1, [&](cudaStream_t stream) {
     return moe_experts_one(s.x->get(), s.plan, s.w.get(), s.gu->get(), s.dn->get(), s.h.get(), s.out.get(), c.N, c.K,
-                           c.E, c.H, c.I, 1, stream, nullptr, &cmb);
+                           c.E, c.H, c.I, stream, nullptr, &cmb);
   });
   for (int rep = 0; exec && rep < reps; ++rep) {
     SCOPED_TRACE(testing::Message() << "replay " << rep);
@@ -263,7 +267,7 @@ void expect_replays_equal(Setup& s, const OneCombine& cmb, int reps, Reset&& res
   cudaStreamDestroy(st);
 }
 
-// The experts through moe_experts_one (variant 1) with the combine `cmb`: eager with and without programmatic
+// The experts through moe_experts_one with the combine `cmb`: eager with and without programmatic
 // launches, then `reps` graph replays, each from reset() and giving result() == want.
 template <class Reset, class Result, class Want>
 void expect_eager_and_replays_equal(Setup& s, const OneCombine& cmb, int reps, Reset&& reset, Result&& result,
@@ -275,7 +279,7 @@ void expect_eager_and_replays_equal(Setup& s, const OneCombine& cmb, int reps, R
     reset();
     set_programmatic_launch(on);
     const Status rs = moe_experts_one(s.x->get(), s.plan, s.w.get(), s.gu->get(), s.dn->get(), s.h.get(),
-                                      s.out.get(), c.N, c.K, c.E, c.H, c.I, 1, nullptr, nullptr, &cmb);
+                                      s.out.get(), c.N, c.K, c.E, c.H, c.I, nullptr, nullptr, &cmb);
     set_programmatic_launch(pdl);
     EXPECT_TRUE(rs.is_ok()) << rs.to_string();
     EXPECT_TRUE(result() == want);
@@ -285,9 +289,9 @@ void expect_eager_and_replays_equal(Setup& s, const OneCombine& cmb, int reps, R
 
 // The combine folded into the down kernel (OneCombine: its last CTA runs moe_combine_add_rmsnorm's rows) against the
 // experts followed by the separate moe_combine_add_rmsnorm launch: the residual x and the normalised rows y equal bit
-// for bit, with the next norm's weight and without it (x only), for both variants, eager with and without
-// programmatic launches and replayed three times from one graph (the exit counter must come back to zero each time),
-// and through moe_experts_decode_combine with DecodeOption::kMoeCombine 1 and 0.
+// for bit, with the next norm's weight and without it (x only), eager with and without programmatic launches and
+// replayed three times from one graph (the exit counter must come back to zero each time), and (one token) through
+// moe_experts_decode_combine.
 TEST(CudaMoeOne, FoldedCombineMatchesTheSeparateLaunch) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(110);
@@ -332,7 +336,7 @@ TEST(CudaMoeOne, FoldedCombineMatchesTheSeparateLaunch) {
       cmb.eps = eps;
       cmb.done = done.get();
       reset();
-      ZEST_ASSERT_OK(s->run_one(0, nullptr));
+      ZEST_ASSERT_OK(s->run_one(nullptr));
       ZEST_ASSERT_OK(moe_combine_add_rmsnorm(x.get(), s->out.get(), s->ids.get(), c.K, cmb.w, y.get(), c.N, c.H, eps,
                                              nullptr));
       const auto want = result();
@@ -340,36 +344,28 @@ TEST(CudaMoeOne, FoldedCombineMatchesTheSeparateLaunch) {
       ASSERT_EQ(cudaMemcpy(x0b.data(), x0->get(), n * 2, cudaMemcpyDeviceToHost), cudaSuccess);
       EXPECT_NE(want.first, x0b);  // the combine changed x
       const bool pdl = programmatic_launch();
-      for (int variant = 0; variant < kOneVariants; ++variant)
-        for (bool on : {false, true}) {
-          SCOPED_TRACE(testing::Message() << "variant " << variant << " pdl " << on);
-          reset();
-          set_programmatic_launch(on);
-          const Status st = moe_experts_one(s->x->get(), s->plan, s->w.get(), s->gu->get(), s->dn->get(), s->h.get(),
-                                            s->out.get(), c.N, c.K, c.E, c.H, c.I, variant, nullptr, nullptr, &cmb);
-          set_programmatic_launch(pdl);
-          ZEST_ASSERT_OK(st);
-          EXPECT_TRUE(result() == want);
-        }
+      for (bool on : {false, true}) {
+        SCOPED_TRACE(testing::Message() << "pdl " << on);
+        reset();
+        set_programmatic_launch(on);
+        const Status st = moe_experts_one(s->x->get(), s->plan, s->w.get(), s->gu->get(), s->dn->get(), s->h.get(),
+                                          s->out.get(), c.N, c.K, c.E, c.H, c.I, nullptr, nullptr, &cmb);
+        set_programmatic_launch(pdl);
+        ZEST_ASSERT_OK(st);
+        EXPECT_TRUE(result() == want);
+      }
       // Replays of one graph (plan + folded experts), x restored before each.
       expect_replays_equal(*s, cmb, 3, reset, result, want);
-      // Through moe_experts_decode_combine (kMoeKernel 5 = moe_one variant 1), folded and separate.
-      for (int fold : {1, 0}) {
-        SCOPED_TRACE(testing::Message() << "kMoeCombine " << fold);
-        set_decode_option(DecodeOption::kMoeKernel, kOneKernel + 1);
-        set_decode_option(DecodeOption::kMoeCombine, fold);
+      // Through moe_experts_decode_combine, which folds the combine at one token.
+      if (c.N == 1) {
         reset();
-        const Status ds = moe_experts_decode_combine(s->x->get(), s->plan, s->w.get(), s->gu->get(), s->dn->get(),
-                                                     s->h.get(), s->out.get(), c.N, c.K, c.E, c.H, c.I, x.get(),
-                                                     s->ids.get(), cmb.w, y.get(), eps, done.get(), nullptr);
-        set_decode_option(DecodeOption::kMoeKernel, default_decode_option(DecodeOption::kMoeKernel));
-        set_decode_option(DecodeOption::kMoeCombine, default_decode_option(DecodeOption::kMoeCombine));
-        ZEST_ASSERT_OK(ds);
+        ZEST_ASSERT_OK(moe_experts_decode_combine(s->x->get(), s->plan, s->w.get(), s->gu->get(), s->dn->get(),
+                                                  s->h.get(), s->out.get(), c.N, c.K, c.E, c.H, c.I, x.get(),
+                                                  s->ids.get(), cmb.w, y.get(), eps, done.get(), nullptr));
         EXPECT_TRUE(result() == want);
       }
       // x only at one token: the down kernel by output rows (OneCombine::rows) gives the same x, eager with and
-      // without programmatic launches, replayed from a graph, and through moe_experts_decode_combine with
-      // DecodeOption::kMoeDownRows 1.
+      // without programmatic launches, replayed from a graph, and through moe_experts_decode_combine (x only).
       if (!with_norm && moe_one_rows_ok(c.N, c.K, c.E, c.H, c.I)) {
         OneCombine rows;
         rows.x = x.get();
@@ -379,22 +375,12 @@ TEST(CudaMoeOne, FoldedCombineMatchesTheSeparateLaunch) {
           SCOPED_TRACE("rows");
           expect_eager_and_replays_equal(*s, rows, 2, reset, result, want);
         }
-        // Through moe_experts_decode_combine, also with the weight loads marked evict-first (kMoeEvictFirst 1).
-        for (int ef : {0, 1}) {
-          set_decode_option(DecodeOption::kMoeKernel, kOneKernel + 1);
-          set_decode_option(DecodeOption::kMoeDownRows, 1);
-          set_decode_option(DecodeOption::kMoeEvictFirst, ef);
-          EXPECT_TRUE(moe_down_rows_on(c.N, c.K, c.E, c.H, c.I));
-          reset();
-          const Status ds = moe_experts_decode_combine(s->x->get(), s->plan, s->w.get(), s->gu->get(), s->dn->get(),
-                                                       s->h.get(), s->out.get(), c.N, c.K, c.E, c.H, c.I, x.get(),
-                                                       s->ids.get(), nullptr, nullptr, eps, nullptr, nullptr);
-          set_decode_option(DecodeOption::kMoeKernel, default_decode_option(DecodeOption::kMoeKernel));
-          set_decode_option(DecodeOption::kMoeDownRows, default_decode_option(DecodeOption::kMoeDownRows));
-          set_decode_option(DecodeOption::kMoeEvictFirst, default_decode_option(DecodeOption::kMoeEvictFirst));
-          ZEST_ASSERT_OK(ds);
-          EXPECT_TRUE(result() == want) << "kMoeEvictFirst " << ef;
-        }
+        EXPECT_TRUE(moe_down_rows_on(c.N, c.K, c.E, c.H, c.I));
+        reset();
+        ZEST_ASSERT_OK(moe_experts_decode_combine(s->x->get(), s->plan, s->w.get(), s->gu->get(), s->dn->get(),
+                                                  s->h.get(), s->out.get(), c.N, c.K, c.E, c.H, c.I, x.get(),
+                                                  s->ids.get(), nullptr, nullptr, eps, nullptr, nullptr));
+        EXPECT_TRUE(result() == want);
       }
     }
 }
@@ -430,7 +416,7 @@ TEST(CudaMoeOne, DownPairWithStartBarrierMatchesTheChain) {
       return xb;
     };
     reset();
-    ZEST_ASSERT_OK(s->run_one(0, nullptr));
+    ZEST_ASSERT_OK(s->run_one(nullptr));
     ZEST_ASSERT_OK(moe_combine_add_rmsnorm(x.get(), s->out.get(), s->ids.get(), c.K, nullptr, nullptr, c.N, c.H,
                                            1e-6f, nullptr));
     const auto want = result();
@@ -452,35 +438,31 @@ TEST(CudaMoeOne, GraphReplayWithProgrammaticLaunchAndNewRoutings) {
   std::mt19937 rng(108);
   const OneCase c{1, 8, 12, 2048, 768, 0, -1, 0, false};
   const auto s = make_setup(c, rng);
-  for (int variant = 0; variant < kOneVariants; ++variant) {
-    SCOPED_TRACE(testing::Message() << "variant " << variant);
-    cudaStream_t st = nullptr;
-    ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
-    cudaGraphExec_t exec =
-        capture_plan_and_experts(*s, st, 1, [&](cudaStream_t stream) { return s->run_one(variant, stream); });
-    ASSERT_NE(exec, nullptr);
-    for (int rep = 0; rep < 3; ++rep) {
-      SCOPED_TRACE(testing::Message() << "routing " << rep);
-      OneCase rc = c;
-      rc.holes = rep == 2 ? 6 : 0;  // the third routing has two active experts
-      s->set_routing(make_routing(rc, rng));
-      s->out.poison();
-      ZEST_ASSERT_OK(s->run_decode(1, nullptr));
-      sync_ok();
-      const auto want = s->bits();
-      check_reference(*s, want);
-      s->out.poison();
-      s->h.poison();
-      ASSERT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
-      ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
-      EXPECT_TRUE(s->bits() == want) << "graph replay differs from rows_mma";
-    }
-    cudaGraphExecDestroy(exec);
-    cudaStreamDestroy(st);
+  cudaStream_t st = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+  cudaGraphExec_t exec = capture_plan_and_experts(*s, st, 1, [&](cudaStream_t stream) { return s->run_one(stream); });
+  ASSERT_NE(exec, nullptr);
+  for (int rep = 0; rep < 3; ++rep) {
+    SCOPED_TRACE(testing::Message() << "routing " << rep);
+    OneCase rc = c;
+    rc.holes = rep == 2 ? 6 : 0;  // the third routing has two active experts
+    s->set_routing(make_routing(rc, rng));
+    s->out.poison();
+    ZEST_ASSERT_OK(s->run_rows_mma(nullptr));
+    sync_ok();
+    const auto want = s->bits();
+    check_reference(*s, want);
+    s->out.poison();
+    s->h.poison();
+    ASSERT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+    EXPECT_TRUE(s->bits() == want) << "graph replay differs from rows_mma";
   }
+  cudaGraphExecDestroy(exec);
+  cudaStreamDestroy(st);
 }
 
-// Phase times (printed, not asserted) of each variant at the model shape inside a replayed graph (moe_plan, then the
+// Phase times (printed, not asserted) at the model shape inside a replayed graph (moe_plan, then the
 // two kernels, programmatic launches): when the gate/up CTAs start and end and the down CTAs enter, leave their wait
 // and end, in microseconds from the first gate/up CTA's start. The outputs must match rows_mma.
 TEST(CudaMoeOne, PhaseTimesInAGraph) {
@@ -489,19 +471,18 @@ TEST(CudaMoeOne, PhaseTimesInAGraph) {
   const OneCase c{1, 8, 12, 2048, 768, 0, -1, 0, false};
   const auto s = make_setup(c, rng);
   s->out.poison();
-  ZEST_ASSERT_OK(s->run_decode(1, nullptr));
+  ZEST_ASSERT_OK(s->run_rows_mma(nullptr));
   sync_ok();
   const auto want = s->bits();
   int gg = 0, dg = 0;
   moe_one_grids(c.N, c.K, c.E, c.H, c.I, &gg, &dg);
-  for (int variant = 0; variant < kOneVariants; ++variant) {
-    SCOPED_TRACE(testing::Message() << "variant " << variant);
+  {
     DevBuf<uint64_t> stamps(2 * static_cast<size_t>(gg) + 3 * static_cast<size_t>(dg));
     cudaStream_t st = nullptr;
     ASSERT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
     cudaGraphExec_t exec = capture_plan_and_experts(*s, st, 1, [&](cudaStream_t stream) {
       return moe_experts_one(s->x->get(), s->plan, s->w.get(), s->gu->get(), s->dn->get(), s->h.get(), s->out.get(),
-                             c.N, c.K, c.E, c.H, c.I, variant, stream, stamps.get());
+                             c.N, c.K, c.E, c.H, c.I, stream, stamps.get());
     });
     ASSERT_NE(exec, nullptr);
     s->out.poison();
@@ -520,8 +501,7 @@ TEST(CudaMoeOne, PhaseTimesInAGraph) {
       std::sort(v.begin(), v.end());
       std::printf(" %s %.2f / %.2f / %.2f", name, v.front(), v[v.size() / 2], v.back());
     };
-    std::printf("variant %d (us from the first gate/up start; min / median / max over CTAs)\n  gate/up (%d CTAs)",
-                variant, gg);
+    std::printf("us from the first gate/up start; min / median / max over CTAs\n  gate/up (%d CTAs)", gg);
     show("start", 0, 2, gg, 0);
     show(", end", 0, 2, gg, 1);
     std::printf("\n  down (%d CTAs)", dg);
@@ -533,9 +513,8 @@ TEST(CudaMoeOne, PhaseTimesInAGraph) {
   }
 }
 
-// Time per replay (printed, not asserted) of a graph of moe_plan and the experts with programmatic launches, at the
-// model shape: rows_mma (kMoeKernel 1) and every moe_one variant, so the experts' cost alone can be told apart from
-// their cost inside a decode step.
+// Time per replay (printed, not asserted) of a graph of moe_plan and the experts (moe_one) with programmatic launches,
+// at the model shape, so the experts' cost alone can be told apart from their cost inside a decode step.
 TEST(CudaMoeOne, GraphReplayTimesPrinted) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(110);
@@ -546,9 +525,9 @@ TEST(CudaMoeOne, GraphReplayTimesPrinted) {
   cudaEvent_t e0, e1;
   ASSERT_EQ(cudaEventCreate(&e0), cudaSuccess);
   ASSERT_EQ(cudaEventCreate(&e1), cudaSuccess);
-  for (int v = -1; v < kOneVariants; ++v) {
+  {
     cudaGraphExec_t exec = capture_plan_and_experts(*s, st, 4, [&](cudaStream_t stream) {  // four layers per replay
-      return v < 0 ? s->run_decode(1, stream) : s->run_one(v, stream);
+      return s->run_one(stream);
     });
     ASSERT_NE(exec, nullptr);
     for (int r = 0; r < 5; ++r) ASSERT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
@@ -560,8 +539,7 @@ TEST(CudaMoeOne, GraphReplayTimesPrinted) {
     float ms = 0.f;
     ASSERT_EQ(cudaEventElapsedTime(&ms, e0, e1), cudaSuccess);
     cudaGraphExecDestroy(exec);
-    std::printf("%s: %.2f us per (plan + experts)\n",
-                v < 0 ? "rows_mma" : ("moe_one variant " + std::to_string(v)).c_str(), ms * 1e3 / (kReps * 4));
+    std::printf("moe_one: %.2f us per (plan + experts)\n", ms * 1e3 / (kReps * 4));
   }
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
@@ -579,10 +557,7 @@ TEST(CudaMoeOne, RefusesUnsupportedSizes) {
   EXPECT_TRUE(moe_one_ok(8, 8, 128, 2048, 768));
   const bf16* none = nullptr;
   MoePlan plan;
-  EXPECT_FALSE(moe_experts_one(none, plan, nullptr, none, none, nullptr, nullptr, 9, 8, 128, 2048, 768, 0, nullptr)
-                   .is_ok());
-  EXPECT_FALSE(moe_experts_one(none, plan, nullptr, none, none, nullptr, nullptr, 1, 8, 128, 2048, 768, kOneVariants,
-                               nullptr)
+  EXPECT_FALSE(moe_experts_one(none, plan, nullptr, none, none, nullptr, nullptr, 9, 8, 128, 2048, 768, nullptr)
                    .is_ok());
 }
 

@@ -564,22 +564,7 @@ struct DecodeFuse {
   RopeParams rope;
   const int32_t* slots;
   float eps;
-  const unsigned char* next;  // bytes of the next kernel prefetched into L2 by the ring kernel (nullptr: none)
-  size_t next_bytes;          // a multiple of 16
 };
-
-// This CTA's share of the next kernel's bytes (DecodeFuse::next) into L2: one warp's lanes issue bulk prefetches of at
-// most 32 KB each.
-__device__ __forceinline__ void prefetch_next_l2(const DecodeFuse& f, int lane) {
-  if (!f.next) return;
-  constexpr size_t kPiece = 32 * 1024;
-  const size_t ctas = static_cast<size_t>(gridDim.x) * gridDim.y * gridDim.z;
-  const size_t cta = blockIdx.x + static_cast<size_t>(gridDim.x) * (blockIdx.y + static_cast<size_t>(gridDim.y) * blockIdx.z);
-  const size_t per = ((f.next_bytes + ctas - 1) / ctas + 15) / 16 * 16;
-  const size_t beg = cta * per, end = min(beg + per, f.next_bytes);
-  for (size_t o = beg + lane * kPiece; o < end; o += 32 * kPiece)
-    bulk_prefetch_l2(f.next + o, static_cast<uint32_t>(min(kPiece, end - o)));
-}
 
 // A lane's RoPE factors for its two rotation pairs (j = lane, lane + 32) and its four norm weights (elements lane + 32 i).
 struct RopeLane {
@@ -658,12 +643,12 @@ __device__ __forceinline__ void norm_rope_head(const bf16* __restrict__ x, const
 // kCluster: the grid's splits of one (kv head, sequence) form one thread-block cluster; each CTA keeps its partial
 // (M, L and the 8 x 128 sums) in its shared memory and, after a cluster barrier, merges a slice of the outputs from
 // every CTA's partial (distributed shared memory, fixed split order): no global partials, fences or counters.
-// kVSlots: shared-memory V page buffers. 8 = two per warp. 5 (kAttentionKernel 10, the default, where a split has at
-// most 5 pages: only warp 0 has a second page) = one per warp and warp 0's second in slot 4: 23 KB of shared memory
-// instead of 35, and at most 128 registers (164 otherwise; 56 bytes of spills), so that the CTA fits on an SM beside
-// three qkv GEMM CTAs of the slim one-token form (DecodeOption::kQkvSlim: 3 x 65 KB tiles, no norm weights in shared
-// memory, 3 x 256 x 64 registers) or of the plain form (batch 2), and its cluster becomes resident (and issues its
-// pages) before they leave. The same arithmetic either way.
+// kVSlots: shared-memory V page buffers. 8 = two per warp. 5 (the compact form, where a split has at most 5 pages:
+// only warp 0 has a second page) = one per warp and warp 0's second in slot 4: 23 KB of shared memory instead of 35,
+// and at most 128 registers (164 otherwise; 56 bytes of spills), so that the CTA fits on an SM beside three qkv GEMM
+// CTAs of the one-token form with the norm folded in (3 x 65 KB tiles, 3 x 256 x 64 registers) or of the plain form
+// (batch 2), and its cluster becomes resident (and issues its pages) before they leave (measured at batch 1 and 2:
+// TPOT -0.02 to -0.09 and -0.085 to -0.1 ms). The same arithmetic either way.
 template <bool kCluster, int kVSlots = 2 * kDecWarps>
 __global__ void __launch_bounds__(kDecWarps * 32, kVSlots == 2 * kDecWarps ? 3 : 4) decode_attention_fused_kernel(
     const bf16* __restrict__ qkv, int q_stride, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
@@ -812,11 +797,11 @@ __global__ void __launch_bounds__(kDecWarps * 32, kVSlots == 2 * kDecWarps ? 3 :
   finish_split_global<G>(m_s, l_s, acc_s, part, counters, out, b, kvh, split, splits, Hq, Hkv, &last_s);
 }
 
-// ---- fused decode attention fed by a bulk-copy ring (kAttentionKernel 4 and 5; 4 kv heads per CTA) -------------
+// ---- fused decode attention fed by a bulk-copy ring (4 kv heads per CTA) ----------------------------------------
 // The paged cache stores a token's row with all its kv heads ([block][token][kv head][128]), so the 4 kv heads
 // [4 grp, 4 grp + 4) of one token are 1 KB of contiguous bytes. CTA (split, group, sequence), 5 warps:
 // - the producer warp copies every page of the split (16 token rows of K and 16 of V, 1 KB each, one
-//   cp.async.bulk per row and lane) into a ring of kStages shared-memory stages (rows padded to 1040 bytes so
+//   cp.async.bulk per row and lane) into a ring of kRingStages shared-memory stages (rows padded to 1040 bytes so
 //   that ldmatrix is free of bank conflicts), completing on the stage's full mbarrier; the first stages are issued
 //   before the wait on the previous kernel, later ones when the four consumer warps have released the stage;
 // - consumer warp w serves kv head 4 grp + w and its 8 query heads over every page of the split: q/k RMSNorm +
@@ -831,16 +816,7 @@ constexpr int kRingHeads = 4;                                   // kv heads per 
 constexpr int kRingRowCopy = kRingHeads * kHeadDim * 2;        // bytes of one token row's 4 heads
 constexpr int kRingRow = kRingRowCopy + 16;                     // padded row in shared memory
 constexpr int kRingStageBytes = 2 * kKvBlock * kRingRow;        // K rows, then V rows
-// With two-row copies (kv_heads == 4: consecutive token rows are contiguous in the cache) a pair of rows is copied
-// at once; pairs are padded by 16 bytes (two-way conflicts of ldmatrix between the rows of a pair).
-constexpr int kRingPairRow = 2 * kRingRowCopy + 16;
-static_assert(kKvBlock / 2 * kRingPairRow <= kKvBlock * kRingRow, "a stage holds the paired layout");
-
-// Byte offset of token row r of a stage's K (or V) half.
-template <bool kPairs>
-__host__ __device__ constexpr int ring_row_off(int r) {
-  return kPairs ? (r >> 1) * kRingPairRow + (r & 1) * kRingRowCopy : r * kRingRow;
-}
+constexpr int kRingStages = 3;  // measured faster than two or four (with one CTA per SM)
 constexpr int kRingMaxSplits = 64;
 constexpr int kRingThreads = (kRingHeads + 1) * 32;
 constexpr int kRingQHeads = kRingHeads * 8;                     // query heads per CTA
@@ -854,13 +830,13 @@ static_assert(kRingQHeads * kHeadDim * sizeof(float) + 2 * kRingQHeads * sizeof(
               "the cluster partial fits in the ring");
 static_assert(2 * kRingQHeads * kRingMaxSplits * sizeof(float) <= ring_q_off(2), "the merge weights fit in the ring");
 
-template <bool kCluster, int kStages, bool kPairs>
+template <bool kCluster>
 __global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
     const bf16* __restrict__ qkv, int q_stride, bf16* __restrict__ k_cache, bf16* __restrict__ v_cache,
     const int32_t* __restrict__ block_table, int max_blocks, const int32_t* __restrict__ context_lens,
     bf16* __restrict__ out, float* __restrict__ part, int* __restrict__ counters, int Hkv, int splits,
     int pages_per_split, float scale, DecodeFuse f) {
-  constexpr int G = 8, D = kHeadDim, S = kStages, GH = kRingQHeads;
+  constexpr int G = 8, D = kHeadDim, S = kRingStages, GH = kRingQHeads;
   extern __shared__ __align__(128) unsigned char smem[];
   bf16* q_s = reinterpret_cast<bf16*>(smem + ring_q_off(S));
   bf16* kn_s = reinterpret_cast<bf16*>(smem + ring_kn_off(S));
@@ -907,21 +883,8 @@ __global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
       const bf16* base = (lane < 16 ? k_cache : v_cache) + static_cast<size_t>(blk) * kKvBlock * row_stride +
                          static_cast<size_t>(kvh0) * D;
       unsigned char* half = smem + static_cast<size_t>(s) * kRingStageBytes + (lane < 16 ? 0 : kKvBlock * kRingRow);
-      if constexpr (kPairs) {  // lanes 0-7: K pairs, 16-23: V pairs; a pair that crosses the context end row by row
-        const int pr = lane & 15;
-        if (pr < kKvBlock / 2) {
-          unsigned char* dst = half + pr * kRingPairRow;
-          if (2 * pr + 1 < nv) {
-            bulk_load(dst, base + static_cast<size_t>(2 * pr) * row_stride, 2 * kRingRowCopy, &full[s]);
-          } else {
-            bulk_load(dst, base + static_cast<size_t>(min(2 * pr, nv - 1)) * row_stride, kRingRowCopy, &full[s]);
-            bulk_load(dst + kRingRowCopy, base + static_cast<size_t>(nv - 1) * row_stride, kRingRowCopy, &full[s]);
-          }
-        }
-      } else {
-        const int r = lane & 15, row = min(r, nv - 1);
-        bulk_load(half + r * kRingRow, base + static_cast<size_t>(row) * row_stride, kRingRowCopy, &full[s]);
-      }
+      const int r = lane & 15, row = min(r, nv - 1);
+      bulk_load(half + r * kRingRow, base + static_cast<size_t>(row) * row_stride, kRingRowCopy, &full[s]);
     };
     const int pre = min(npages, S);
     for (int i = 0; i < pre; ++i) issue(i);  // before the wait: the cache holds no value of this step yet
@@ -930,8 +893,6 @@ __global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
       mbar_wait(&empty[i % S], ((i / S) - 1) & 1);
       issue(i);
     }
-    // After this CTA's own copies: the SM's copy engine serves bulk prefetches in issue order with them.
-    prefetch_next_l2(f, lane);
   } else {
     const int kvh = kvh0 + warp;
     float qw[4], kw[4];
@@ -975,8 +936,8 @@ __global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
     mma_state_init(st);
     const int mi = lane >> 3, r8 = lane & 7;
     // ldmatrix row addresses: K (non-transposed, rows = tokens) and V (transposed).
-    const uint32_t k_lane = ring_row_off<kPairs>(r8 + (mi & 1) * 8) + warp * D * 2 + (mi >> 1) * 16;
-    const uint32_t v_lane = ring_row_off<kPairs>(r8 + (mi >= 2 ? 8 : 0)) + warp * D * 2 + (mi & 1) * 16;
+    const uint32_t k_lane = (r8 + (mi & 1) * 8) * kRingRow + warp * D * 2 + (mi >> 1) * 16;
+    const uint32_t v_lane = (r8 + (mi >= 2 ? 8 : 0)) * kRingRow + warp * D * 2 + (mi & 1) * 16;
     for (int i = 0; i < npages; ++i) {
       const int s = i % S;
       mbar_wait(&full[s], (i / S) & 1);
@@ -987,7 +948,7 @@ __global__ void __launch_bounds__(kRingThreads, 2) decode_attention_ring_kernel(
       const int tn = pg == new_pg ? new_pos - pg * kKvBlock : -1;  // the current token's row in this page
       if (tn >= 0) {  // its k and v over the (stale) copies of the cache row
         const bf16* src = (lane < 16 ? kn_s : vn_s) + warp * D + (lane & 15) * 8;
-        unsigned char* dst = (lane < 16 ? kst : vst) + ring_row_off<kPairs>(tn) + warp * D * 2 + (lane & 15) * 16;
+        unsigned char* dst = (lane < 16 ? kst : vst) + tn * kRingRow + warp * D * 2 + (lane & 15) * 16;
         *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
         __syncwarp();
       }
@@ -1084,10 +1045,11 @@ struct RingPlan {
   int splits = 1, pages_per_split = 1;
 };
 
-// Splits of the ring kernel: about ctas_per_sm CTAs per SM over all (sequence, kv-head group) pairs, at least 4
-// pages per split with the global merge (its one merging CTA per sequence reads every split's partial) and 2 with
-// the cluster merge (at most 16 splits there, 64 otherwise).
-RingPlan ring_plan(const DecodeAttention& p, bool cluster, int ctas_per_sm = 2) {
+// Splits of the ring kernel: about two CTAs per SM over all (sequence, kv-head group) pairs, at least 4 pages per
+// split with the global merge (its one merging CTA per sequence reads every split's partial) and 2 with the cluster
+// merge (at most 16 splits there, 64 otherwise).
+RingPlan ring_plan(const DecodeAttention& p, bool cluster) {
+  constexpr int ctas_per_sm = 2;
   const int pages = std::max(1, (p.max_context + kKvBlock - 1) / kKvBlock);
   const int units = std::max(1, rows_class(p.batch) * std::max(1, p.kv_heads / kRingHeads));  // (kernels.h)
   const int split_target = std::max(1, ctas_per_sm * sm_count() / units);
@@ -1101,7 +1063,7 @@ RingPlan ring_plan(const DecodeAttention& p, bool cluster, int ctas_per_sm = 2) 
 }
 
 // CTAs of decode_attention_kernel<G, false> resident per SM (3 from the launch bounds when the query fails). The
-// split plan (and so the workspace size) depends on this only, not on the page-loop variant.
+// split plan (and so the workspace size) depends on this only, not on the page loop (tensor or CUDA cores).
 int decode_ctas_per_sm(int G) {
   const void* fn = nullptr;
   switch (G) {
@@ -1145,8 +1107,8 @@ SplitPlan split_plan(const DecodeAttention& p) {
 
 namespace {
 
-// Workspace: split partials (as many as the largest plan of any variant needs), then the (sequence, kv head)
-// counters at an offset that does not depend on the variant (a workspace may serve several).
+// Workspace: split partials (as many as the larger of the page-loop and ring kernels' plans needs), then the
+// (sequence, kv head) counters at an offset that does not depend on the kernel (a workspace may serve several).
 size_t counters_offset(const DecodeAttention& p) {
   const int splits = std::max(split_plan(p).splits, ring_plan(p, false).splits);
   const size_t parts = static_cast<size_t>(p.batch) * p.q_heads * splits * kPartStride * sizeof(float);
@@ -1181,7 +1143,7 @@ Status decode_attention(const DecodeAttention& p, const bf16* q, int q_stride, c
   const dim3 grid(sp.splits, p.kv_heads, p.batch), block(kDecWarps * 32);
   const int G = p.q_heads / p.kv_heads;
   const bool q_aligned = q_stride % 8 == 0 && reinterpret_cast<uintptr_t>(q) % 16 == 0;
-  if (G == 8 && q_aligned && decode_option(DecodeOption::kAttentionKernel) >= 1)
+  if (G == 8 && q_aligned)  // the tensor-core page loop
     return launch("decode_attention", decode_attention_kernel<8, true>, grid, block, 0, stream, q, q_stride, k_cache,
                   v_cache, block_table, p.max_blocks, context_lens, out, part, counters, p.kv_heads, sp.splits,
                   sp.pages_per_split, p.scale);
@@ -1206,13 +1168,12 @@ namespace {
 
 constexpr int kClusterMaxPages = 16 * kDecWarps * 2;  // cluster merge up to 2 pages per warp (2048 tokens)
 constexpr int kClusterMaxPairs = 8;                    // and up to 8 (sequence, kv head) pairs
-// kAttentionKernel 8 (by size) runs ring variant kRingBySize above the cluster merge's sizes up to kRingBySizeMaxPairs
-// (sequence, kv head) pairs, variant 3 otherwise. Measured on H200 at Qwen3-30B-A3B shapes, context 1024 (51ca14c,
-// ce692be): in the decode graph the ring kernel costs 13.2-14.2 us per layer at batch 8 against 15.8 for variant 3
+// Above the cluster merge's sizes, the ring kernel up to kRingMaxPairs (sequence, kv head) pairs, the page-loop
+// kernel with the global merge above. Measured on H200 at Qwen3-30B-A3B shapes, context 1024 (51ca14c, ce692be): in
+// the decode graph the ring kernel costs 13.2-14.2 us per layer at batch 8 against 15.8 for the page-loop kernel
 // (TPOT at batch 4 / 8: 5.720 / 8.430 ms against 5.793 / 8.498), but is slower at batch 32 and 64 (TPOT 16.44 / 19.05
-// ms against 15.93 / 18.54; alone at batch 64 60 us against 51, with two-row copies (variant 9) 53-57 us).
-constexpr int kRingBySize = 5;
-constexpr int kRingBySizeMaxPairs = 32;
+// ms against 15.93 / 18.54; alone at batch 64 60 us against 51).
+constexpr int kRingMaxPairs = 32;
 
 // Whether 16-CTA clusters of the fused kernel (kVSlots: its form, see the kernel) can be scheduled (checked once).
 template <int kVSlots = 2 * kDecWarps>
@@ -1242,12 +1203,12 @@ bool ring_ok(const DecodeAttention& p, const bf16* k_cache, const bf16* v_cache)
 
 // The dynamic shared memory size, and the largest shared-memory carveout (two CTAs of the three-stage ring per SM
 // need 222 KB of the 228).
-template <bool kCluster, int S, bool kPairs>
+template <bool kCluster>
 bool ring_smem_set() {
   static const bool ok = [] {
-    const void* fn = reinterpret_cast<const void*>(decode_attention_ring_kernel<kCluster, S, kPairs>);
+    const void* fn = reinterpret_cast<const void*>(decode_attention_ring_kernel<kCluster>);
     const bool size_ok = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                              static_cast<int>(ring_smem(S))) == cudaSuccess;
+                                              static_cast<int>(ring_smem(kRingStages))) == cudaSuccess;
     if (cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared) !=
         cudaSuccess)
       cudaGetLastError();
@@ -1257,47 +1218,43 @@ bool ring_smem_set() {
 }
 
 // Whether clusters of `size` CTAs of the ring kernel can be scheduled (checked once per size).
-template <int S, bool kPairs>
 bool ring_cluster_ok(int size) {
   static int ok[17] = {};
   if (size < 1 || size > 16) return false;
   if (ok[size] == 0) {
     ok[size] = 2;
-    const void* fn = reinterpret_cast<const void*>(decode_attention_ring_kernel<true, S, kPairs>);
-    if (ring_smem_set<true, S, kPairs>() &&
+    const void* fn = reinterpret_cast<const void*>(decode_attention_ring_kernel<true>);
+    if (ring_smem_set<true>() &&
         cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess &&
-        max_active_clusters(decode_attention_ring_kernel<true, S, kPairs>, size, size, dim3(kRingThreads),
-                            ring_smem(S)) > 0)
+        max_active_clusters(decode_attention_ring_kernel<true>, size, size, dim3(kRingThreads),
+                            ring_smem(kRingStages)) > 0)
       ok[size] = 1;
     cudaGetLastError();
   }
   return ok[size] == 1;
 }
 
-// The ring kernel with S stages: the cluster merge when `cluster` and clusters of the plan's splits can be
-// scheduled (splits for about ctas_per_sm CTAs per SM), else the global merge (its plan always for two CTAs per SM:
-// the workspace is sized for that plan).
-template <int S, bool kPairs = false>
+// The ring kernel: the cluster merge when clusters of the plan's splits can be scheduled, else the global merge (its
+// plan: the workspace is sized for it).
 Status launch_ring(const DecodeAttention& p, const bf16* qkv, int q_stride, bf16* k_cache, bf16* v_cache,
                    const int32_t* block_table, const int32_t* context_lens, bf16* out, float* part, int* counters,
-                   const DecodeFuse& f, bool cluster, int ctas_per_sm, cudaStream_t stream) {
+                   const DecodeFuse& f, cudaStream_t stream) {
   const dim3 block(kRingThreads);
   const int groups = p.kv_heads / kRingHeads;
-  if (cluster) {
-    const RingPlan rp = ring_plan(p, true, ctas_per_sm);
-    if (ring_cluster_ok<S, kPairs>(rp.splits))
-      return launch_cluster("decode_attention_fused (ring, cluster)", decode_attention_ring_kernel<true, S, kPairs>,
-                            dim3(rp.splits, groups, p.batch), block, ring_smem(S), stream, rp.splits, qkv, q_stride,
-                            k_cache, v_cache, block_table, p.max_blocks, context_lens, out, part, counters,
-                            p.kv_heads, rp.splits, rp.pages_per_split, p.scale, f);
+  const size_t smem = ring_smem(kRingStages);
+  {
+    const RingPlan rp = ring_plan(p, true);
+    if (ring_cluster_ok(rp.splits))
+      return launch_cluster("decode_attention_fused (ring, cluster)", decode_attention_ring_kernel<true>,
+                            dim3(rp.splits, groups, p.batch), block, smem, stream, rp.splits, qkv, q_stride, k_cache,
+                            v_cache, block_table, p.max_blocks, context_lens, out, part, counters, p.kv_heads,
+                            rp.splits, rp.pages_per_split, p.scale, f);
   }
-  if (!ring_smem_set<false, S, kPairs>())
-    return internal_error("decode_attention_fused: ring kernel shared memory attribute");
+  if (!ring_smem_set<false>()) return internal_error("decode_attention_fused: ring kernel shared memory attribute");
   const RingPlan rp = ring_plan(p, false);
-  return launch("decode_attention_fused (ring)", decode_attention_ring_kernel<false, S, kPairs>,
-                dim3(rp.splits, groups, p.batch), block, ring_smem(S), stream, qkv, q_stride, k_cache, v_cache,
-                block_table, p.max_blocks, context_lens, out, part, counters, p.kv_heads, rp.splits,
-                rp.pages_per_split, p.scale, f);
+  return launch("decode_attention_fused (ring)", decode_attention_ring_kernel<false>, dim3(rp.splits, groups, p.batch),
+                block, smem, stream, qkv, q_stride, k_cache, v_cache, block_table, p.max_blocks, context_lens, out,
+                part, counters, p.kv_heads, rp.splits, rp.pages_per_split, p.scale, f);
 }
 
 }  // namespace
@@ -1321,51 +1278,26 @@ Status decode_attention_fused(const DecodeAttention& p, const bf16* qkv, int q_s
   const SplitPlan sp = split_plan(p);
   float* part = static_cast<float*>(workspace);
   int* counters = split_counters(p, workspace);
-  DecodeFuse f{q_norm, k_norm, pos, pos_stride, rope, slot_mapping, eps, nullptr, 0};
-  const int l2 = decode_option(DecodeOption::kL2Prefetch);
-  if ((l2 == 1 || l2 == 3) && p.batch <= 16 && p.l2_next &&
-      reinterpret_cast<uintptr_t>(p.l2_next) % 16 == 0 && p.l2_next_bytes >= 16) {
-    f.next = static_cast<const unsigned char*>(p.l2_next);
-    f.next_bytes = p.l2_next_bytes / 16 * 16;
-  }
+  DecodeFuse f{q_norm, k_norm, pos, pos_stride, rope, slot_mapping, eps};
+  // By size: the cluster merge up to kClusterMaxPairs (sequence, kv head) pairs and kClusterMaxPages pages (measured at
+  // batch 1: 13 splits of 5 pages; at batch 8 and 64 the many CTAs of the forced 13+ splits cost more than the global
+  // merge saves), the ring kernel above up to kRingMaxPairs pairs, else the global merge.
   const int pages = (p.max_context + kKvBlock - 1) / kKvBlock;
-  int variant = decode_option(DecodeOption::kAttentionKernel);
-  const bool compact = variant == 10;  // as 8, the cluster kernel's compact form where a split has at most 5 pages
-  if (compact) variant = 8;
-  if (variant == 8) {  // by size: variant 3's cluster merge where it applies, the ring kernel above, up to 32 pairs
-    const int pairs = p.batch * p.kv_heads;
-    const bool small = pages <= kClusterMaxPages && pairs <= kClusterMaxPairs;
-    variant = small || pairs > kRingBySizeMaxPairs || !ring_ok(p, k_cache, v_cache) ? 3 : kRingBySize;
-  }
-  if (variant >= 4 && variant <= 9 && variant != 8 && ring_ok(p, k_cache, v_cache)) {
-    // 4: global merge; 5: cluster merge; 6: as 5 with two stages; 7: as 5 with four stages, one CTA per SM; 9: as 5
-    // with two token rows per bulk copy (kv_heads == 4 only; else as 5).
-    if (variant == 9 && p.kv_heads == kRingHeads)
-      return launch_ring<3, true>(p, qkv, q_stride, k_cache, v_cache, block_table, context_lens, out, part, counters,
-                                  f, true, 2, stream);
-    if (variant == 6)
-      return launch_ring<2>(p, qkv, q_stride, k_cache, v_cache, block_table, context_lens, out, part, counters, f,
-                            true, 2, stream);
-    if (variant == 7)
-      return launch_ring<4>(p, qkv, q_stride, k_cache, v_cache, block_table, context_lens, out, part, counters, f,
-                            true, 1, stream);
-    return launch_ring<3>(p, qkv, q_stride, k_cache, v_cache, block_table, context_lens, out, part, counters, f,
-                          variant != 4, 2, stream);
-  }
-  // The cluster merge pays off at small batches (measured at batch 1: 13 splits of 5 pages); at batch 8 and 64 the
-  // many CTAs of the forced 13+ splits cost more than the global merge saves.
-  if (variant == 3 && pages <= kClusterMaxPages &&
-      p.batch * p.kv_heads <= kClusterMaxPairs && cluster_attention_ok()) {
-    // At most 16 splits (one cluster per kv head and sequence), at least one page per warp.
+  const int pairs = p.batch * p.kv_heads;
+  const bool small = pages <= kClusterMaxPages && pairs <= kClusterMaxPairs;
+  if (!small && pairs <= kRingMaxPairs && ring_ok(p, k_cache, v_cache))
+    return launch_ring(p, qkv, q_stride, k_cache, v_cache, block_table, context_lens, out, part, counters, f, stream);
+  if (small && cluster_attention_ok()) {
+    // At most 16 splits (one cluster per kv head and sequence), at least one page per warp; the compact form where a
+    // split has at most 5 pages.
     const int per = std::max(kDecWarps, (pages + 15) / 16);
     const int splits = (pages + per - 1) / per;
-    // DecodeOption::kDecodeCarveout: the largest carveout, so that an SM with two of these CTAs (2 x ~36 KB) still
-    // takes an o GEMM CTA (~132 KB) before they leave.
-    const auto kernel = compact && per <= kDecWarps + 1 && cluster_attention_ok<kDecWarps + 1>()
+    // The largest carveout, so that an SM with two of these CTAs (2 x ~36 KB) still takes an o GEMM CTA (~132 KB)
+    // before they leave (measured at batch 1: TPOT -0.025 ms against the driver's default).
+    const auto kernel = per <= kDecWarps + 1 && cluster_attention_ok<kDecWarps + 1>()
                             ? decode_attention_fused_kernel<true, kDecWarps + 1>
                             : decode_attention_fused_kernel<true>;
-    ZEST_RETURN_IF_ERROR(set_max_carveout(reinterpret_cast<const void*>(kernel),
-                                          decode_option(DecodeOption::kDecodeCarveout) >= 1));
+    ZEST_RETURN_IF_ERROR(set_max_carveout(reinterpret_cast<const void*>(kernel)));
     return launch_cluster("decode_attention_fused (cluster)", kernel,
                           dim3(splits, p.kv_heads, p.batch), dim3(kDecWarps * 32), 0, stream, splits, qkv, q_stride,
                           k_cache, v_cache, block_table, p.max_blocks, context_lens, out, part, counters, p.kv_heads,

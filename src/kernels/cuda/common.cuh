@@ -428,12 +428,11 @@ int sm_count();
 // Lets fn take `smem` bytes of dynamic shared memory (needed above 48 KiB; below it nothing is set).
 Status set_dynamic_smem(const void* fn, size_t smem);
 // Sets fn's preferred shared-memory carveout to the smallest share of the SM's unified L1 / shared memory that still
-// holds ctas_per_sm CTAs (static + dynamic_smem shared memory and the per-CTA reserve each), the rest staying L1;
-// on = false: the driver's default (-1).
-Status set_min_carveout(const void* fn, int ctas_per_sm, size_t dynamic_smem, bool on);
-// Sets fn's preferred carveout to the largest shared-memory share (on) or the driver's default (-1); remembered per
-// function, so that launches set it only when it changes.
-Status set_max_carveout(const void* fn, bool on);
+// holds ctas_per_sm CTAs (static + dynamic_smem shared memory and the per-CTA reserve each), the rest staying L1.
+Status set_min_carveout(const void* fn, int ctas_per_sm, size_t dynamic_smem);
+// Sets fn's preferred carveout to the largest shared-memory share; remembered per function, so that only the first
+// launch sets it.
+Status set_max_carveout(const void* fn);
 
 // Tensor-core weight-streaming paths (rows_mma.cu) for few tokens, used by gemm and moe_experts_decode.
 bool rows_mma_gemm_ok(int M, int N, int K);

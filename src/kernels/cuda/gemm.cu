@@ -1,45 +1,14 @@
 // Dense y[M,N] = x[M,K] * W[N,K]^T: a weight-streaming kernel for small M (decode) and cuBLASLt otherwise.
 #include <cublasLt.h>
 
-#include <array>
-#include <atomic>
 #include <map>
 #include <mutex>
+#include <set>
 #include <tuple>
 
 #include "kernels/cuda/common.cuh"
 
 namespace zest::cuda {
-
-namespace {
-
-std::array<std::atomic<int>, static_cast<size_t>(DecodeOption::kCount)>& decode_options() {
-  static std::array<std::atomic<int>, static_cast<size_t>(DecodeOption::kCount)>* opts = [] {
-    auto* o = new std::array<std::atomic<int>, static_cast<size_t>(DecodeOption::kCount)>();
-    for (size_t i = 0; i < o->size(); ++i) (*o)[i].store(default_decode_option(static_cast<DecodeOption>(i)));
-    return o;
-  }();
-  return *opts;
-}
-
-}  // namespace
-
-int default_decode_option(DecodeOption opt) {
-  switch (opt) {
-    case DecodeOption::kMoeOccupancy: return 1;
-    case DecodeOption::kAttentionKernel: return 10;
-    case DecodeOption::kGemmVariant: return 4;
-    case DecodeOption::kRouteFused: return 10;
-    case DecodeOption::kMoeCarveout: return 1;
-    case DecodeOption::kMoeCombine: return 1;
-    case DecodeOption::kMoeDownRows: return 1;
-    case DecodeOption::kDecodeCarveout: return 1;
-    case DecodeOption::kMoeEvictFirst: return 1;
-    case DecodeOption::kHeadGemm: return 1;
-    case DecodeOption::kQkvSlim: return 1;
-    default: return 0;
-  }
-}
 
 Status set_dynamic_smem(const void* fn, size_t smem) {
   if (smem <= 48 * 1024) return Status::ok();
@@ -47,44 +16,30 @@ Status set_dynamic_smem(const void* fn, size_t smem) {
                      "cudaFuncSetAttribute");
 }
 
-Status set_max_carveout(const void* fn, bool on) {
+Status set_max_carveout(const void* fn) {
   static std::mutex mu;
-  static std::map<const void*, bool> applied;
+  static std::set<const void*> applied;
   std::lock_guard<std::mutex> lock(mu);
-  auto it = applied.find(fn);
-  if (it != applied.end() && it->second == on) return Status::ok();
+  if (applied.count(fn)) return Status::ok();
   ZEST_RETURN_IF_ERROR(cuda_status(
-      cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, on ? cudaSharedmemCarveoutMaxShared : -1),
+      cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared),
       "carveout"));
-  applied[fn] = on;
+  applied.insert(fn);
   return Status::ok();
 }
 
-Status set_min_carveout(const void* fn, int ctas_per_sm, size_t dynamic_smem, bool on) {
-  int pct = -1;  // the driver's default
-  if (on) {
-    cudaFuncAttributes fa{};
-    int dev = 0, max_sm = 0, reserved = 0;
-    ZEST_RETURN_IF_ERROR(cuda_status(cudaFuncGetAttributes(&fa, fn), "carveout"));
-    ZEST_RETURN_IF_ERROR(cuda_status(cudaGetDevice(&dev), "carveout"));
-    ZEST_RETURN_IF_ERROR(
-        cuda_status(cudaDeviceGetAttribute(&max_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev), "carveout"));
-    ZEST_RETURN_IF_ERROR(
-        cuda_status(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev), "carveout"));
-    const size_t need = static_cast<size_t>(ctas_per_sm) * (fa.sharedSizeBytes + dynamic_smem + reserved);
-    pct = max_sm > 0 ? static_cast<int>(std::min<size_t>(100, (100 * need + max_sm - 1) / max_sm)) : -1;
-  }
+Status set_min_carveout(const void* fn, int ctas_per_sm, size_t dynamic_smem) {
+  cudaFuncAttributes fa{};
+  int dev = 0, max_sm = 0, reserved = 0;
+  ZEST_RETURN_IF_ERROR(cuda_status(cudaFuncGetAttributes(&fa, fn), "carveout"));
+  ZEST_RETURN_IF_ERROR(cuda_status(cudaGetDevice(&dev), "carveout"));
+  ZEST_RETURN_IF_ERROR(
+      cuda_status(cudaDeviceGetAttribute(&max_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev), "carveout"));
+  ZEST_RETURN_IF_ERROR(
+      cuda_status(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev), "carveout"));
+  const size_t need = static_cast<size_t>(ctas_per_sm) * (fa.sharedSizeBytes + dynamic_smem + reserved);
+  const int pct = max_sm > 0 ? static_cast<int>(std::min<size_t>(100, (100 * need + max_sm - 1) / max_sm)) : -1;
   return cuda_status(cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, pct), "carveout");
-}
-
-void set_decode_option(DecodeOption opt, int value) {
-  const auto i = static_cast<size_t>(opt);
-  if (i < decode_options().size()) decode_options()[i].store(value);
-}
-
-int decode_option(DecodeOption opt) {
-  const auto i = static_cast<size_t>(opt);
-  return i < decode_options().size() ? decode_options()[i].load() : 0;
 }
 
 namespace {

@@ -84,89 +84,14 @@ void set_launch_log(bool on);
 std::vector<std::string> take_launch_log();
 void note_launch(const char* name);
 
-// Decode variants that benchmarks compare (process-wide switches, read on the host at launch time; a CUDA
-// graph keeps the variant it was captured with). Defaults are the variants measured fastest on H200.
-enum class DecodeOption : int {
-  kSereKernel = 0,  // 0 = per-CTA map kernel when E <= 128 (else 1); 1 = the single-CTA kernel for any E
-  kMoeOccupancy,    // decode experts, chunks in flight per warp (gate/up, down) and CTAs per SM the registers
-                    // allow: 1 (default) = 2/4 chunks, 3 CTAs; 0 = 4/8, 1 CTA; 2 = 2/4, 4 CTAs; 3 = 4/8, 2 CTAs
-  kAttentionKernel, // decode attention: 1 = tensor cores (mma.sync) when 8 query heads share a kv head and q rows
-                    // are 16-byte aligned; 0 = the CUDA-core page loop; 2 = as 1, and decoders call
-                    // decode_attention_fused (q/k norm + RoPE + KV write folded in) for decode steps; 3 =
-                    // as 2, the fused kernel's splits (at most 16) merged inside a thread-block cluster when there
-                    // are at most 8 (sequence, kv head) pairs and 2048 tokens; 4 = as 2 with decode_attention_fused
-                    // run by the bulk-copy ring kernel (CTA = split x 4 kv heads, a producer warp copying K/V rows
-                    // into an mbarrier ring, splits sized by batch, global last-CTA merge) when kv_heads % 4 == 0;
-                    // 5 = as 4 with the splits (at most 16) merged inside a thread-block cluster; 6 = as 5 with a
-                    // two-stage ring; 7 = as 5 with four stages and splits for one CTA per SM; 8 = by
-                    // size: 3 up to 8 (sequence, kv head) pairs and 2048 tokens, 5 up to 32 pairs, 3 above; 9 = as
-                    // 5 with two token rows per bulk copy when kv_heads == 4; 10 (default) = as 8 with the cluster
-                    // kernel's compact form where a split has at most 5 pages (V buffers 20 KB instead of 32, at most
-                    // 128 registers: a CTA fits beside three qkv GEMM CTAs; measured at batch 1 with kQkvSlim 1 and
-                    // at batch 2: TPOT -0.02 to -0.09 and -0.085 to -0.1 ms)
-  kGemmVariant,     // small-M GEMM, chunks in flight per warp and CTAs per SM: 1 = 4, 3 CTAs; 0 = 8, 1; 2 = 8, 2;
-                    // 3 = 2, 4; 4 (default) = the weight tile bulk-copied into shared memory before the wait on the
-                    // previous kernel, one CTA per 16-row tile (when every tile's CTA fits on the GPU; else 1), except
-                    // 1 for 9-16 rows when K <= 2048 (the qkv GEMM at batch 9-16: measured faster at 16); 7 = 1 when
-                    // K <= 2048 at every row count, else as 4; 8 = the tile at every row count (4 before)
-  kRouteFused,      // decode routing (T <= 16): 1 = moe_route (router GEMM + top-k + plan in one cluster
-                    // launch); 2 = as 1 in clusters of at most 8 CTAs; 3 = as 1, the next kernel launched only when
-                    // it exits; 4 = the compact kernel (router.cu: logits into CTA 0 by st.async on an mbarrier,
-                    // top-k rounds in registers, the plan from per-expert token masks; the same results bit for
-                    // bit); 5 / 6 = as 4 in clusters of at most 8 / 4 CTAs; 10 (default) = as 4 with the plan
-                    // entries that do not depend on the routing written early (off the top-k warp's chain); 0 =
-                    // router GEMM, router_topk and moe_plan as separate launches
-  kMoeKernel,       // decode experts: 0 (default) = by batch (see moe.cu: 5 for one token, else streaming);
-                    // 1 = rows_mma gate/up + down kernels; 2-3 = one persistent bulk-copy streaming kernel
-                    // (moe_stream.h variants 0-1); 4-5 = moe_one.h variants 0-1 (up to 8 tokens, H and I
-                    // multiples of 32; other sizes take the default by batch)
-  kL2Prefetch,      // decode steps of at most 16 tokens, L2 prefetches for the kernel that follows: 0 (default) = for
-                    // steps of at most 2 tokens (measured faster at batch 1 and 2) 1's KV prefetch, and the other
-                    // small-M GEMMs' weight tiles (the o GEMM's) copied evict-first as well; none above; 1 = the qkv
-                    // GEMM (gemm_kv_prefetch on the shared-memory small-M path) prefetches the layer's KV rows of the
-                    // earlier tokens before its wait, its weight tiles copied with an evict-first policy, and the ring
-                    // decode attention prefetches the o GEMM's weights (DecodeAttention::l2_next) after its copies;
-                    // 2 = the KV prefetch only (weight tiles without the policy); 3 = the o weights only; 4 = none;
-                    // 5 = as 0 without the other GEMMs' evict-first tiles
-  kMoeCombine,      // moe_experts_decode_combine: 1 (default) = the combine folded into the one-token experts' down
-                    // kernel (its last CTA); 0 = always the separate moe_combine_add_rmsnorm launch
-  kMoeCarveout,     // decode experts at one token (moe_one.h): 1 (default) = both kernels prefer the smallest
-                    // shared-memory carveout that holds their 3 CTAs per SM (set_min_carveout), the rest of the SM
-                    // staying L1; 0 = the driver's default. Measured: with the default, the experts ran ~10 us per
-                    // layer slower when the routing cluster launched right behind the o GEMM (no kernel between them
-                    // to let SMs drain), as when every launch asked for the largest carveout
-  kMoeDownRows,     // decode steps of one token (moe_one experts): 1 (default) = the down kernel by output rows in
-                    // CTA pairs adds the slots to x itself (moe_one.h OneCombine::rows) and the next layer's qkv
-                    // GEMM normalises x itself (KvPrefetch::norm_w); 2 = as 1 with the gate/up kernel's carveout
-                    // leaving room for a pair CTA; 0 = the folded combine (kMoeCombine)
-  kMoeEvictFirst,   // decode experts at one token (moe_one.h): 1 (default) = the gate/up weight loads and the
-                    // down-by-rows weight copies marked evict-first in L2 (read once per step: the KV rows the qkv
-                    // GEMM prefetches and the activations keep their lines; measured at batch 1: TPOT -0.003 to
-                    // -0.015 ms, never slower in 8 comparisons); 0 = the default policy
-  kDecodeCarveout,  // 1 (default) = the small-M shared-memory GEMM (rows_pre: the qkv and o projections of decode
-                    // steps) and the fused cluster decode attention prefer the largest shared-memory carveout, so
-                    // that an SM keeps room for an o GEMM CTA beside two attention CTAs (measured at batch 1: TPOT
-                    // -0.025 ms); 0 = the driver's default
-  kHeadGemm,        // small-M GEMMs (M <= 16, K <= 2048) with at least 4 row tiles of 16 per SM, the lm_head: 1 (default)
-                    // = rows_ring (one persistent CTA per SM, a producer warp bulk-copying the tiles into a ring of
-                    // stages; measured on H200: lm_head 149-154 us eager against 152-158, TPOT batch 8 -0.02 to -0.07
-                    // ms, batch 16 -0.2 ms); 0 = the register-streamed rows_mma kernel
-  kQkvSlim,         // decode steps of one token whose qkv GEMM normalises x itself (kMoeDownRows): 1 (default) = the
-                    // norm weights not in shared memory but loaded beside x by the lanes of the absent second token
-                    // row (64 registers), so that an SM holding three of its CTAs keeps room for a compact cluster
-                    // attention CTA (kAttentionKernel 10; measured at batch 1: TPOT -0.02 to -0.09 ms); 0 = the norm
-                    // weights in shared memory
-  kCount
-};
-void set_decode_option(DecodeOption opt, int value);
-int decode_option(DecodeOption opt);
-int default_decode_option(DecodeOption opt);
-
 // ---- dense ops ----------------------------------------------------------------------------------
 
 // y[M,N] = x[M,K] * w[N,K]^T, bf16 in/out, fp32 accumulation. M <= 16 (with N % 16 == 0, K % 32 == 0) streams
-// the weights once through tensor cores; other small M use a CUDA-core streaming kernel; larger M cuBLASLt
-// (handle, heuristics and a 32 MiB workspace are cached per device).
+// the weights once through tensor cores, the kernel chosen by size (rows_mma.cu): each 16-row weight tile copied into
+// shared memory by a CTA of its own when every tile's CTA fits on the GPU (M <= 8, or K > 2048), a persistent ring of
+// tiles for at least 4 tiles per SM (the lm_head), else register streaming; all give the same bits. Other small M
+// use a CUDA-core streaming kernel; larger M cuBLASLt (handle, heuristics and a 32 MiB workspace are cached per
+// device).
 Status gemm(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream);
 // The same product always through cuBLASLt (for tests and comparisons).
 Status gemm_cublaslt(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream);
@@ -223,9 +148,8 @@ struct DecodeAttention {
   int max_context = 0;   // upper bound of context_lens (fixes the grid, so a graph can be replayed)
   int max_blocks = 0;    // row stride of block_table
   float scale = 0.f;     // softmax scale, usually 1/sqrt(head_dim)
-  // decode_attention_fused with DecodeOption::kL2Prefetch 1 or 3 and batch <= 16, run by the bulk-copy ring kernel:
-  // bytes for the next kernel (the o projection's weights, whose CTAs cannot be resident beside the ring's) that its
-  // CTAs prefetch into L2 after their own copies; nullptr: none. 16-byte aligned.
+  // Unused: no decode attention kernel prefetches the next kernel's bytes any more (the form that did, measured
+  // slower, was removed); kept while decoders still set it.
   const void* l2_next = nullptr;
   size_t l2_next_bytes = 0;
   // The splits' arrival counters, batch * kv_heads ints, zero-filled once (every launch leaves them at zero); the
@@ -269,22 +193,24 @@ struct KvPrefetch {
   int batch = 0, max_blocks = 0;
   int row_bytes = 0;  // one token's row of all kv heads: kv_heads * head_dim * 2 (a multiple of 16)
 };
-// gemm() for the qkv projection of a decode step: with DecodeOption::kL2Prefetch 0 (M <= 2), 1 or 2 and the
-// shared-memory small-M path serving (M, N, K), its CTAs also prefetch kv's rows into L2 (a hint: the result is
-// gemm()'s, bit for bit); otherwise gemm().
+// gemm() for the qkv projection of a decode step: for at most 2 token rows on the shared-memory small-M path, its CTAs
+// also prefetch kv's rows into L2 before their wait on the previous kernel (a hint: the result is gemm()'s, bit for
+// bit; measured faster at batch 1 and 2 only); otherwise gemm().
 Status gemm_kv_prefetch(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, const KvPrefetch& kv,
                         cudaStream_t stream);
 // Whether gemm_kv_prefetch takes KvPrefetch::norm_w for these sizes (one token row, 256 <= K <= 2048: the
-// shared-memory small-M path, or rows_ring for the lm_head's many row tiles, DecodeOption::kHeadGemm).
+// shared-memory small-M path, or the ring of tiles for the lm_head's many row tiles).
 bool gemm_kv_norm_ok(int M, int N, int K);
-// Whether moe_experts_decode_combine with cw and cy null (x only) runs the down kernel by output rows
-// (DecodeOption::kMoeDownRows) for these sizes.
+// Whether moe_experts_decode_combine with cw and cy null (x only) runs the down kernel by output rows for these sizes
+// (one token on the one-token experts, moe_one.h OneCombine::rows).
 bool moe_down_rows_on(int N, int K, int E, int H, int I);
 
 // Prefill attention: causal, GQA, variable-length sequences packed along tokens (cu_seqlens [nseq+1]).
 // q/k/v rows at q + t * q_stride (Hq heads of D), k + t * kv_stride, v + t * kv_stride (Hkv heads).
-// out [T, Hq * D]. D = 128: tensor cores (mma.sync, FlashAttention-2 style), fp32 online softmax; other even
-// D <= 256: prefill_attention_generic. Pointers and strides must be 16-byte aligned (multiples of 8 elements).
+// out [T, Hq * D]. D = 128: wgmma tensor cores, fp32 online softmax: a persistent warp-specialised kernel (TMA
+// producer, two consumer warpgroups) when max_seqlen > 256 and nseq * 128 <= max_seqlen, else a pipelined kernel of
+// one CTA per (head, 128-row query tile, sequence); other even D <= 256: prefill_attention_generic. Pointers and
+// strides must be 16-byte aligned (multiples of 8 elements).
 Status prefill_attention(const bf16* q, int q_stride, const bf16* k, const bf16* v, int kv_stride,
                          const int32_t* cu_seqlens, int nseq, int max_seqlen, bf16* out, int Hq, int Hkv, int D,
                          float scale, cudaStream_t stream);
@@ -408,9 +334,10 @@ Status moe_route(const bf16* xn, const bf16* router_w, const float* bias, int32_
                  MoePlan* plan, int64_t* active_count_sum, int T, int H, int E, int K, cudaStream_t stream);
 
 // Decode/small-batch experts: h = silu(x Wg^T) * (x Wu^T) for each (token, slot) of each active expert, then
-// slot_out[n, k, :] = weights[n, k] * (h Wd^T). Each active expert's weights are read once (a CTA per
-// (expert, row tile), looping over that expert's tokens, on tensor cores when H and I are multiples of 32);
-// experts without tokens are skipped.
+// slot_out[n, k, :] = weights[n, k] * (h Wd^T). Each active expert's weights are read once; experts without tokens
+// are skipped. By batch: one token the one-token experts (moe_one.h), more the persistent streaming kernel
+// (moe_stream.h: up to 8 tokens and above in two forms); sizes those do not take run rows_mma's tensor-core kernels
+// (H and I multiples of 32) or CUDA-core kernels.
 // x [N, H] bf16; h workspace [N * K, I] bf16 (indexed by sorted position); slot_out [N, K, H] fp32 (slots
 // with id -1 are not written; moe_combine_add_rmsnorm skips them). The streaming kernel (moe_stream.h) spends the
 // plan's counters: call it on a freshly built plan, or after moe_plan_reset_counters.
@@ -418,8 +345,9 @@ Status moe_experts_decode(const bf16* x, const MoePlan& plan, const float* weigh
                           const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I,
                           cudaStream_t stream);
 // moe_experts_decode followed by the layer's combine, moe_combine_add_rmsnorm(cx, slot_out, ids, K, cw, cy, N, H,
-// eps): folded into the experts' last kernel when DecodeOption::kMoeCombine allows it and that kernel can (the
-// one-token experts, moe_one.h, H <= 2048), else as the separate launch; the same bits either way. done: one device
+// eps): folded into the experts' last kernel when that kernel can (the one-token experts, moe_one.h, H <= 2048; with
+// cw and cy null the down kernel by output rows adds the slots to cx itself), else as the separate launch; the same
+// bits either way. done: one device
 // word, zero before the first call (the folded form leaves it zero).
 Status moe_experts_decode_combine(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
                                   const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I,

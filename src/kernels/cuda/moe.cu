@@ -11,19 +11,16 @@ namespace {
 constexpr int kMaxExperts = 1024;
 constexpr int kPlanStage = 4096;  // slot ids staged in shared memory by moe_plan_kernel (16 KiB)
 constexpr int kPlanSlotE = 256;   // slot-per-thread path: at most blockDim slots and this many experts
-// DecodeOption::kMoeKernel when left at 0: 1 = rows_mma gate/up + down kernels, 2-3 = moe_experts_stream variants
-// 0-1, 4-5 = moe_one variants 0-1. By batch: streaming variant 0 (tensor boxes, two m16 tiles per stage, items
-// claimed ahead, epilogue warp; variant 11 when there were fourteen) up to 8 tokens, variant 1 (as 0 with four m16
-// tiles, two stages; was 12) above. Measured on H200
-// (Qwen3-30B-A3B shapes, 48 layers, context 1024, TPOT in one run at 6ca2520): batch 8 / 32 / 64 rows_mma 9.456 /
-// 18.097 / 21.365 ms, variants 2 + 7 (the previous streaming pair) 8.762 / 16.830 / 19.603, variant 11 8.477 / 16.365
-// / 19.037, variant 12 8.534 / 16.062 / 18.653. The streaming kernel claims its items in order, so it completes
-// whatever share of the GPU it gets (two decoders on two streams at once). One token: moe_one variant 1 (kMoeKernel 5; rows_mma's
-// two kernels with the first gate/up item's plan entries loaded beside the active count, one-barrier epilogues and
-// the down CTAs' first weights loaded before their wait; the same bits): batch-1 TPOT 2.742 ms against 2.853 with
-// rows_mma, SERE S=2 2.306 against 2.445 (H200, d84b9e8, where it ran as 33).
-constexpr int kOneBase = 2 + kStreamVariants;  // kMoeKernel of moe_one variant 0
-int default_moe_kernel(int N) { return N <= 1 ? kOneBase + 1 : N <= 8 ? 2 : 3; }
+// The decode experts by batch. One token: moe_one (rows_mma's two kernels with the first gate/up item's plan entries
+// loaded beside the active count, one-barrier epilogues and the down CTAs' first weights loaded before their wait; the
+// same bits): batch-1 TPOT 2.742 ms against 2.853 with rows_mma, SERE S=2 2.306 against 2.445 (H200, d84b9e8). More
+// tokens: the streaming kernel, form 0 (tensor boxes, two m16 tiles per stage, items claimed ahead, epilogue warp) up
+// to 8 tokens, form 1 (as 0 with four m16 tiles, two stages) above. Measured on H200 (Qwen3-30B-A3B shapes, 48 layers,
+// context 1024, TPOT at 6ca2520): batch 8 / 32 / 64 rows_mma 9.456 / 18.097 / 21.365 ms, form 0 8.477 / 16.365 /
+// 19.037, form 1 8.534 / 16.062 / 18.653. The streaming kernel claims its items in order, so it completes whatever
+// share of the GPU it gets (two decoders on two streams at once). Sizes a kernel does not take go to rows_mma's
+// tensor-core kernels (H and I multiples of 32), else the CUDA-core kernels below.
+constexpr int kStreamMaxFormZero = 8;  // tokens
 
 // ---- plan ------------------------------------------------------------------------------------------------
 
@@ -308,18 +305,13 @@ Status moe_experts_decode(const bf16* x, const MoePlan& plan, const float* weigh
                           const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I,
                           cudaStream_t stream) {
   ZEST_RETURN_IF_ERROR(check_moe("moe_experts_decode", N, K, E, H, I));
-  int kernel = decode_option(DecodeOption::kMoeKernel);
-  if (kernel == 0) kernel = default_moe_kernel(N);
-  // kOneBase + v: moe_one.h variant v; sizes it does not take go to the default by batch (rows_mma where that is
-  // moe_one).
-  if (kernel >= kOneBase && kernel < kOneBase + kOneVariants) {
+  if (N <= 1) {
     if (moe_one_ok(N, K, E, H, I))
-      return moe_experts_one(x, plan, weights, gate_up, down, h, slot_out, N, K, E, H, I, kernel - kOneBase, stream);
-    kernel = default_moe_kernel(N);
-    if (kernel >= kOneBase) kernel = 1;
+      return moe_experts_one(x, plan, weights, gate_up, down, h, slot_out, N, K, E, H, I, stream);
+  } else if (moe_stream_ok(H, I)) {
+    return moe_experts_stream(x, plan, weights, gate_up, down, h, slot_out, N, K, E, H, I,
+                              N <= kStreamMaxFormZero ? 0 : 1, stream);
   }
-  if (kernel >= 2 && kernel < 2 + kStreamVariants && moe_stream_ok(H, I))
-    return moe_experts_stream(x, plan, weights, gate_up, down, h, slot_out, N, K, E, H, I, kernel - 2, stream);
   if (rows_mma_moe_ok(H, I)) return rows_mma_moe(x, plan, weights, gate_up, down, h, slot_out, N, K, E, H, I, stream);
   const size_t smem_gu = static_cast<size_t>(kTok) * H * sizeof(bf16);
   const size_t smem_dn = static_cast<size_t>(kTok) * I * sizeof(bf16);
@@ -345,12 +337,10 @@ Status moe_experts_decode(const bf16* x, const MoePlan& plan, const float* weigh
                 weights, down, h, slot_out, H, I);
 }
 
+// One token on moe_one: the down kernel by output rows (OneCombine::rows) when the caller leaves the next RMSNorm to
+// the next kernel (x only).
 bool moe_down_rows_on(int N, int K, int E, int H, int I) {
-  if (decode_option(DecodeOption::kMoeDownRows) < 1) return false;
-  int kernel = decode_option(DecodeOption::kMoeKernel);
-  if (kernel == 0) kernel = default_moe_kernel(N);
-  return kernel >= kOneBase && kernel < kOneBase + kOneVariants && moe_one_ok(N, K, E, H, I) &&
-         moe_one_rows_ok(N, K, E, H, I);
+  return N <= 1 && moe_one_ok(N, K, E, H, I) && moe_one_rows_ok(N, K, E, H, I);
 }
 
 Status moe_experts_decode_combine(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
@@ -358,18 +348,16 @@ Status moe_experts_decode_combine(const bf16* x, const MoePlan& plan, const floa
                                   bf16* cx, const int32_t* ids, const bf16* cw, bf16* cy, float eps, unsigned* done,
                                   cudaStream_t stream) {
   ZEST_RETURN_IF_ERROR(check_moe("moe_experts_decode_combine", N, K, E, H, I));
-  int kernel = decode_option(DecodeOption::kMoeKernel);
-  if (kernel == 0) kernel = default_moe_kernel(N);
   // One token, x only (the caller normalises later): the down kernel by output rows adds the slots itself.
   if (!cw && !cy && moe_down_rows_on(N, K, E, H, I)) {
     OneCombine c;
     c.x = cx;
     c.ids = ids;
     c.rows = true;
-    return moe_experts_one(x, plan, weights, gate_up, down, h, slot_out, N, K, E, H, I, 1, stream, nullptr, &c);
+    return moe_experts_one(x, plan, weights, gate_up, down, h, slot_out, N, K, E, H, I, stream, nullptr, &c);
   }
-  if (decode_option(DecodeOption::kMoeCombine) >= 1 && done && kernel >= kOneBase && kernel < kOneBase + kOneVariants &&
-      moe_one_ok(N, K, E, H, I) && moe_one_combine_ok(H)) {
+  // One token: the combine folded into the down kernel's last CTA.
+  if (done && N <= 1 && moe_one_ok(N, K, E, H, I) && moe_one_combine_ok(H)) {
     OneCombine c;
     c.x = cx;
     c.ids = ids;
@@ -377,8 +365,7 @@ Status moe_experts_decode_combine(const bf16* x, const MoePlan& plan, const floa
     c.y = cy;
     c.eps = eps;
     c.done = done;
-    return moe_experts_one(x, plan, weights, gate_up, down, h, slot_out, N, K, E, H, I, kernel - kOneBase, stream,
-                           nullptr, &c);
+    return moe_experts_one(x, plan, weights, gate_up, down, h, slot_out, N, K, E, H, I, stream, nullptr, &c);
   }
   ZEST_RETURN_IF_ERROR(moe_experts_decode(x, plan, weights, gate_up, down, h, slot_out, N, K, E, H, I, stream));
   return moe_combine_add_rmsnorm(cx, slot_out, ids, K, cw, cy, N, H, eps, stream);

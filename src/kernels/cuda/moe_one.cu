@@ -7,9 +7,12 @@
 //   loads instead of two); the 8 warps split k, their partial sums are reduced in shared memory in fixed order and
 //   SiLU(gate) * up is written by 128 threads at once (one barrier).
 // - down: the same structure on (active expert j, 16 output rows) items with 4 chunks in flight per warp (a warp's
-//   whole k at I = 768). Variant 1: before its programmatic-dependent-launch wait each CTA loads its first item's
-//   weights into registers and prefetches its later items into L2, so that the down weights move while the gate/up
-//   CTAs that finish last are still running.
+//   whole k at I = 768). Before its programmatic-dependent-launch wait each CTA loads its first item's weights into
+//   registers and prefetches its later items into L2, so that the down weights move while the gate/up CTAs that finish
+//   last are still running.
+// - the gate/up weight loads and the down-by-rows weight copies are marked evict-first in L2 (read once per step: the
+//   KV rows the qkv GEMM prefetches and the activations keep their lines; measured at batch 1: TPOT -0.003 to -0.015
+//   ms, never slower in 8 comparisons).
 #include "kernels/cuda/moe_one.h"
 
 #include <algorithm>
@@ -41,17 +44,15 @@ struct OneParams {
   uint64_t* stamps_dn;  // optional: down CTA b writes [3b] at entry, [3b + 1] after its wait, [3b + 2] at its end
   OneCombine cmb;       // cmb.x != null: the down kernel's last CTA runs the combine
   int N;
-  bool ef;  // DecodeOption::kMoeEvictFirst: the weight loads marked evict-first in L2
 };
 
 // One gate/up item: SiLU(gate) * up of expert e's intermediate rows [r0, r0 + 16) for its sorted slots [beg, end),
 // written to h. Warp w takes chunks w, w + 8, ... of k (2 in flight per matrix), as rows_mma_kernel<kGateUp> does.
-// Ends with a barrier (h written by the CTA's 128 storing threads).
-template <bool kEF>
+// Ends with a barrier (h written by the CTA's 128 storing threads). The weight loads are marked evict-first.
 __device__ __forceinline__ void gate_up_item(const OneParams& p, int e, int r0, int beg, int end,
                                              float (*red)[8][32]) {
-  const uint64_t pol = kEF ? evict_first_policy() : 0;
-  auto ld = [&](const bf16* q) { return kEF ? ld_stream_hint(q, pol) : ld_stream(q); };
+  const uint64_t pol = evict_first_policy();
+  auto ld = [&](const bf16* q) { return ld_stream_hint(q, pol); };
   constexpr int kU = 2;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, tq = lane & 3;
@@ -205,11 +206,10 @@ __device__ __forceinline__ bool finish_last(const OneParams& p, unsigned* exit_c
 }
 
 // gate/up: item = (active expert j, 16 intermediate rows); CTA b takes items b, b + G, ... (G = grid).
-template <bool kEF>
 __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_gate_up_kernel(OneParams p) {
   // Every CTA waits first, before any exit: the down kernel starts only once each CTA of this grid has passed this
   // wait (pdl_wait triggers the dependents after it), i.e. after the kernel that built the plan has completed; the
-  // down kernel of variant 1 reads the plan before its own wait on that basis.
+  // down kernel reads the plan before its own wait on that basis.
   step_timeline_phase(0);
   pdl_wait();
   if (p.stamps_gu && threadIdx.x == 0) p.stamps_gu[2 * blockIdx.x] = global_ns();
@@ -225,27 +225,26 @@ __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_gate_up_kernel(OnePar
     const int j = item / tiles, r0 = (item % tiles) * kRows;
     const int e = first ? ef : p.plan.active_experts[j];
     const int beg = first ? begf : p.plan.offsets[j], end = first ? endf : p.plan.offsets[j + 1];
-    gate_up_item<kEF>(p, e, r0, beg, end, red);
+    gate_up_item(p, e, r0, beg, end, red);
   }
   step_timeline_phase(2);
   if (p.stamps_gu && threadIdx.x == 0) p.stamps_gu[2 * blockIdx.x + 1] = global_ns();
 }
 
-// down: item = (active expert j, 16 output rows); CTA b takes items b, b + G, ... kPre: before its wait the CTA loads
-// its first item's first round of weights into registers and prefetches its next three items into L2. The plan is
+// down: item = (active expert j, 16 output rows); CTA b takes items b, b + G, ... Before its wait the CTA loads its
+// first item's first round of weights into registers and prefetches its next three items into L2. The plan is
 // read there at L2 (ld.global.cg): this grid starts only after every CTA of the gate/up grid has passed its own wait,
 // so the kernel that built the plan (the one gate/up waits on, or an earlier one) has completed and its writes are
 // visible; the items' experts are loaded beside the active count. The down weights are never written by a kernel; h
 // is read only after the wait.
-template <bool kPre>
 __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_down_kernel(OneParams p) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int tiles = p.H / kRows;
   step_timeline_phase(0);
   if (p.stamps_dn && threadIdx.x == 0) p.stamps_dn[3 * blockIdx.x] = global_ns();
-  uint4 lo[kDnU], hi[kDnU];  // a round of weight fragments (kPre: the first item's first round, loaded before the wait)
+  uint4 lo[kDnU], hi[kDnU];  // a round of weight fragments (the first item's first round, loaded before the wait)
   bool pre = false;
-  if constexpr (kPre) {
+  {
     const int jf = min(static_cast<int>(blockIdx.x) / tiles, p.plan.experts - 1);
     const int nx = blockIdx.x + (lane + 1) * gridDim.x;  // warp 0, lanes 0-2: the next items
     const int jx = min(nx / tiles, p.plan.experts - 1);
@@ -265,7 +264,7 @@ __global__ void __launch_bounds__(kWarps * 32, kPerSm) one_down_kernel(OneParams
   for (int item = blockIdx.x; item < items; item += gridDim.x) {
     const int j = item / tiles, r0 = (item % tiles) * kRows;
     down_item(p, p.plan.active_experts[j], r0, p.plan.offsets[j], p.plan.offsets[j + 1],
-                     kPre && pre && item == static_cast<int>(blockIdx.x), lo, hi, red);
+                     pre && item == static_cast<int>(blockIdx.x), lo, hi, red);
   }
   step_timeline_phase(2);
   if (p.stamps_dn && threadIdx.x == 0) p.stamps_dn[3 * blockIdx.x + 2] = global_ns();
@@ -328,8 +327,7 @@ __global__ void __launch_bounds__(kPairThreads, 2) one_down_pair_kernel(OneParam
 #pragma unroll
       for (int y = 1; y < kPairExperts; ++y) ex = x == y ? e[y] : ex;
       const bf16* src = p.down + (static_cast<size_t>(ex) * p.H + r0 + r) * p.I;
-      if (p.ef) bulk_load_hint(wsm + static_cast<size_t>(c) * stride, src, row_bytes, &bar, evict_first_policy());
-      else bulk_load(wsm + static_cast<size_t>(c) * stride, src, row_bytes, &bar);
+      bulk_load_hint(wsm + static_cast<size_t>(c) * stride, src, row_bytes, &bar, evict_first_policy());
     }
   }
   __syncthreads();  // the mbarrier is initialised before any warp waits on it
@@ -421,14 +419,12 @@ void moe_one_grids(int N, int K, int E, int H, int I, int* gate_up_grid, int* do
 }
 
 Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up, const bf16* down,
-                       bf16* h, float* slot_out, int N, int K, int E, int H, int I, int variant, cudaStream_t stream,
+                       bf16* h, float* slot_out, int N, int K, int E, int H, int I, cudaStream_t stream,
                        uint64_t* stamps, const OneCombine* combine) {
   if (!moe_one_ok(N, K, E, H, I))
     return invalid_argument("moe_experts_one: unsupported sizes (need 1 <= N <= 8, 1 <= K <= E, H and I positive "
                             "multiples of 32; N=" + std::to_string(N) + " K=" + std::to_string(K) + " E=" +
                             std::to_string(E) + " H=" + std::to_string(H) + " I=" + std::to_string(I) + ")");
-  if (variant < 0 || variant >= kOneVariants)
-    return invalid_argument("moe_experts_one: variant " + std::to_string(variant) + " out of range");
   if (combine && (!combine->x || !combine->ids || (!combine->done && !combine->rows) || (combine->w && !combine->y) ||
                   !moe_one_combine_ok(H)))
     return invalid_argument("moe_experts_one: the folded combine needs x, ids, done (y with w) and H <= 2048, H % 8 == 0");
@@ -450,31 +446,18 @@ Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights,
   if (combine) p.cmb = *combine;
   p.N = N;
   const dim3 block(kWarps * 32);
-  // The carveout preference follows DecodeOption::kMoeCarveout (set again when the option changes). With the down
-  // kernel by rows and kMoeDownRows 2, the gate/up kernel's carveout also leaves room for one of its CTAs, so that
-  // they can join an SM as soon as a gate/up CTA has left it (measured equal or slower than without: 1; registers keep
-  // them out: 3 x 256 x 80 of the gate/up CTAs leave 4 K. Both kernels at most 64 registers let a pair CTA in, and
-  // also a fourth gate/up CTA on 72 SMs: gate/up 1.3 us longer per layer, TPOT +0.07 ms; docs/perf-history.md).
-  static int carve = -1;
-  const bool rows = combine && combine->rows;
-  const int want = (decode_option(DecodeOption::kMoeCarveout) >= 1 ? 1 : 0) +
-                   (rows && decode_option(DecodeOption::kMoeDownRows) == 2 ? 2 * (1 + I / kChunk) : 0);
-  if (want != carve) {
-    for (const void* fn : {reinterpret_cast<const void*>(one_gate_up_kernel<false>),
-                           reinterpret_cast<const void*>(one_gate_up_kernel<true>),
-                           reinterpret_cast<const void*>(one_down_kernel<true>),
-                           reinterpret_cast<const void*>(one_down_kernel<false>)})
-      ZEST_RETURN_IF_ERROR(set_min_carveout(fn, kPerSm, 0, (want & 1) == 1));
-    if (want >= 2) {  // kPerSm gate/up CTAs and one pair CTA
-      for (const void* fn : {reinterpret_cast<const void*>(one_gate_up_kernel<false>),
-                             reinterpret_cast<const void*>(one_gate_up_kernel<true>)})
-        ZEST_RETURN_IF_ERROR(set_min_carveout(fn, kPerSm, (pair_smem(I) + 1024 + kPerSm - 1) / kPerSm, true));
-    }
-    carve = want;
+  // Both kernels prefer the smallest shared-memory carveout that holds their 3 CTAs per SM, the rest of the SM staying
+  // L1 (set once; measured faster than the driver's default). A gate/up carveout that also leaves room for a down pair
+  // CTA measured equal or slower (registers keep it out: 3 x 256 x 80 of the gate/up CTAs leave 4 K;
+  // docs/perf-history.md).
+  static bool carved = false;
+  if (!carved) {
+    for (const void* fn :
+         {reinterpret_cast<const void*>(one_gate_up_kernel), reinterpret_cast<const void*>(one_down_kernel)})
+      ZEST_RETURN_IF_ERROR(set_min_carveout(fn, kPerSm, 0));
+    carved = true;
   }
-  p.ef = decode_option(DecodeOption::kMoeEvictFirst) >= 1;
-  ZEST_RETURN_IF_ERROR(launch("moe_one_gate_up", p.ef ? one_gate_up_kernel<true> : one_gate_up_kernel<false>,
-                              dim3(gu_grid), block, 0, stream, p));
+  ZEST_RETURN_IF_ERROR(launch("moe_one_gate_up", one_gate_up_kernel, dim3(gu_grid), block, 0, stream, p));
   if (combine && combine->rows) {
     if (!moe_one_rows_ok(N, K, E, H, I) || combine->w || combine->y)
       return invalid_argument("moe_experts_one: the down kernel by output rows needs one token, K <= 8, I <= 768 "
@@ -489,8 +472,7 @@ Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights,
                                      "moe_experts_one: down kernel by rows"));
     return launch_cluster("moe_one_down_pair", kernel, dim3(2, H / kRows), dim3(kPairThreads), smem, stream, 2, p);
   }
-  return launch("moe_one_down", variant == 1 ? one_down_kernel<true> : one_down_kernel<false>, dim3(dn_grid), block,
-                0, stream, p);
+  return launch("moe_one_down", one_down_kernel, dim3(dn_grid), block, 0, stream, p);
 }
 
 }  // namespace zest::cuda

@@ -1,7 +1,6 @@
 // Decode experts at one token (moe_one.cu): rows_mma's gate/up and down kernels (same arithmetic, same bits) with the
-// first gate/up item's plan entries loaded beside the active count, one-barrier epilogues and (variant 1) the down
-// CTAs loading their first item's weights and prefetching their next items before their programmatic-dependent-launch
-// wait.
+// first gate/up item's plan entries loaded beside the active count, one-barrier epilogues and the down CTAs loading
+// their first item's weights and prefetching their next items before their programmatic-dependent-launch wait.
 #pragma once
 #include <cstdint>
 
@@ -9,11 +8,7 @@
 
 namespace zest::cuda {
 
-// Variants (DecodeOption::kMoeKernel 16 + variant): 0 = both kernels after their waits; 1 = as 0 with the down
-// kernel's first weights loaded (and its next items prefetched into L2) before its wait.
-constexpr int kOneVariants = 2;
-
-// The layer's MoE combine folded into the down kernel (DecodeOption::kMoeCombine): the last of its CTAs to finish
+// The layer's MoE combine folded into the down kernel: the last of its CTAs to finish
 // (an exit counter) runs moe_combine_add_rmsnorm on x / y for the N tokens, the same bits as that launch. `done` is
 // one device word, zero before the first launch; the last CTA sets it back to zero. Needs moe_one_combine_ok(H).
 struct OneCombine {
@@ -40,7 +35,7 @@ bool moe_one_ok(int N, int K, int E, int H, int I);
 // when not null, globaltimer stamps [2 * gate/up grid + 3 * down grid] (grids from moe_one_grids): gate/up CTA b
 // after its wait and at its end; down CTA b at entry, after its wait and at its end.
 Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up, const bf16* down,
-                       bf16* h, float* slot_out, int N, int K, int E, int H, int I, int variant, cudaStream_t stream,
+                       bf16* h, float* slot_out, int N, int K, int E, int H, int I, cudaStream_t stream,
                        uint64_t* stamps = nullptr, const OneCombine* combine = nullptr);
 // The gate/up and down grids of moe_experts_one for these sizes.
 void moe_one_grids(int N, int K, int E, int H, int I, int* gate_up_grid, int* down_grid);

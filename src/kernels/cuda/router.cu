@@ -116,7 +116,6 @@ struct RouteParams {
   bf16* logits;         // [T, E] or null
   MoePlan plan;
   int make_plan;
-  int early_trigger;  // let the next kernel launch right after the wait (else when this grid exits)
   int64_t* count_sum;
   long long* clocks;  // compact kernel, when not null: CTA 0 thread 0's clock64 at 8 points (phase diagnostics)
   int T, H, E, K;
@@ -145,7 +144,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_kernel(RouteParams
   cluster_arrive_relaxed();  // every CTA of the cluster runs before any distributed shared-memory store
   __syncthreads();
   pdl_wait_only();
-  if (p.early_trigger) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // the next kernel may launch right after the wait
   const int T = p.T, chunks = p.H / 32;
   const bf16* x0p = g < T ? p.xn + static_cast<size_t>(g) * p.H + tq * 8 : nullptr;
   const bf16* x1p = g + 8 < T ? p.xn + static_cast<size_t>(g + 8) * p.H + tq * 8 : nullptr;
@@ -235,7 +234,7 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_kernel(RouteParams
   if (my_id >= 0) p.plan.sorted_slots[offset_of[my_id] + scratch[warp * E + my_id] + __popc(below)] = tid;
 }
 
-// ---- fused routing, compact (kRouteFused 4-6, 10) -------------------------------------------------------------
+// ---- fused routing, compact ------------------------------------------------------------------------------------
 // moe_route_kernel's arithmetic (same logits, ids, weights and plan, bit for bit) with a shorter chain after the
 // wait and less code: each CTA's logits go to CTA 0 by st.async completing bytes on an mbarrier of CTA 0 (CTA 0 waits
 // for exactly T * E * 4 bytes; the other CTAs exit after their stores, no second cluster barrier); warp t of CTA 0
@@ -245,9 +244,9 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_kernel(RouteParams
 // each slot's sorted position is its expert's offset plus the tokens below it in the mask (one token: from the
 // chosen ids alone, no block barrier). kMT m16 tiles of router rows per CTA (rows <= 16 kMT), kEP experts per lane
 // (E <= 32 kEP).
-// kEarly: the plan entries that do not depend on the routing (the ready words; with one token the offsets and tiles,
-// 0..K, and the counts) are written by the threads of CTA 0 once their x loads are in flight, off the chain; with one
-// token each chosen id's sorted position is counted over the K ids in shared memory (no warp reductions).
+// The plan entries that do not depend on the routing (the ready words; with one token the offsets and tiles, 0..K,
+// and the counts) are written by the threads of CTA 0 once their x loads are in flight, off the chain; with one token
+// each chosen id's sorted position is counted over the K ids in shared memory (no warp reductions).
 constexpr int kRoute2MaxRows = 32;
 
 __device__ __forceinline__ void st_async_f32(uint32_t addr, float v, uint32_t bar) {
@@ -256,7 +255,7 @@ __device__ __forceinline__ void st_async_f32(uint32_t addr, float v, uint32_t ba
                : "memory");
 }
 
-template <int kMT, int kEP, bool kEarly>
+template <int kMT, int kEP>
 __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(RouteParams p) {
   extern __shared__ __align__(128) unsigned char wsm[];  // [rows][H * 2 + 16]
   __shared__ __align__(8) uint64_t wbar, lbar;
@@ -296,24 +295,22 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
   __syncthreads();
   pdl_wait();
   if (stamp) p.clocks[1] = clock64();
-  // kEarly: plan entries that do not depend on the routing, written by warps 1-7 of CTA 0 once their x loads are in
-  // flight (warp 0, whose top-k and plan are the chain at one token, writes none of them).
+  // Plan entries that do not depend on the routing, written by warps 1-7 of CTA 0 once their x loads are in flight
+  // (warp 0, whose top-k and plan are the chain at one token, writes none of them).
   auto early_plan = [&]() {
-    if constexpr (kEarly) {
-      if (rank != 0 || !p.make_plan || warp == 0) return;
-      const int w = tid - 32;
-      for (int e = w; e <= E; e += kRouteThreads - 32) p.plan.ready[e] = 0u;  // nothing ready or claimed
-      if (T == 1) {
-        if (w < K) {
-          p.plan.offsets[w] = w;
-          p.plan.tile_active[w] = w;
-          p.plan.tile_start[w] = w;
-        } else if (w == K) {
-          p.plan.offsets[K] = K;
-          *p.plan.num_active = K;
-          *p.plan.num_tiles = K;
-          if (p.count_sum) count_add(p.count_sum, K);
-        }
+    if (rank != 0 || !p.make_plan || warp == 0) return;
+    const int w = tid - 32;
+    for (int e = w; e <= E; e += kRouteThreads - 32) p.plan.ready[e] = 0u;  // nothing ready or claimed
+    if (T == 1) {
+      if (w < K) {
+        p.plan.offsets[w] = w;
+        p.plan.tile_active[w] = w;
+        p.plan.tile_start[w] = w;
+      } else if (w == K) {
+        p.plan.offsets[K] = K;
+        *p.plan.num_active = K;
+        *p.plan.num_tiles = K;
+        if (p.count_sum) count_add(p.count_sum, K);
       }
     }
   };
@@ -451,42 +448,18 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
   if (!p.make_plan) return;
   if (T == 1) {
     // One token: warp 0 holds the K distinct ids (lane k the k-th); an id's sorted position is the number of chosen
-    // ids below it (kEarly: counted over ids_s; else from a mask of the chosen experts, one word per 32 experts,
-    // OR-reduced over the warp). Each active expert has one slot and one tile.
+    // ids below it, counted over ids_s (the offsets, tiles and counts were written early). Each active expert has
+    // one slot and one tile.
     if (warp != 0) return;
     if (stamp) p.clocks[6] = clock64();
     int pos = 0;
-    if (kEarly) {
-      __syncwarp();  // ids_s[0..K) written by this warp's lanes
+    __syncwarp();  // ids_s[0..K) written by this warp's lanes
 #pragma unroll
-      for (int k = 0; k < kMaxTopK; ++k)
-        if (k < K) pos += ids_s[k] < my_i ? 1 : 0;
-    } else {
-      const int word = my_i >> 5;
-#pragma unroll
-      for (int j = 0; j < kEP; ++j) {
-        const unsigned wj = __reduce_or_sync(0xffffffffu, lane < K && word == j ? 1u << (my_i & 31) : 0u);
-        pos += j < word ? __popc(wj) : j == word ? __popc(wj & ((1u << (my_i & 31)) - 1u)) : 0;
-      }
-    }
+    for (int k = 0; k < kMaxTopK; ++k)
+      if (k < K) pos += ids_s[k] < my_i ? 1 : 0;
     if (lane < K) {
       p.plan.active_experts[pos] = my_i;
       p.plan.sorted_slots[pos] = lane;
-      if (!kEarly) {
-        p.plan.offsets[pos] = pos;
-        p.plan.tile_active[pos] = pos;
-        p.plan.tile_start[pos] = pos;
-      }
-    }
-    if (!kEarly) {
-      if (lane == 0) {
-        p.plan.offsets[K] = K;
-        *p.plan.num_active = K;
-        *p.plan.num_tiles = K;
-        if (p.count_sum) count_add(p.count_sum, K);
-      }
-#pragma unroll 1
-      for (int e = lane; e <= E; e += 32) p.plan.ready[e] = 0u;
     }
     if (stamp) p.clocks[7] = clock64();
     return;
@@ -536,10 +509,6 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
     *p.plan.num_tiles = tile;
     if (p.count_sum) count_add(p.count_sum, idx);
   }
-  if (!kEarly) {
-#pragma unroll 1
-    for (int e = lane; e <= E; e += 32) p.plan.ready[e] = 0u;  // a fresh plan: nothing ready or claimed
-  }
   __syncwarp();
 #pragma unroll 1
   for (int s = lane; s < T * K; s += 32) {
@@ -550,16 +519,16 @@ __global__ void __launch_bounds__(kRouteThreads, 1) moe_route_compact_kernel(Rou
   if (stamp) p.clocks[7] = clock64();
 }
 
-// Cluster size for E experts: the largest C <= max_c dividing E with at most max_rows experts per CTA (0: none).
-int route_cluster(int E, int max_c = 16, int max_rows = 16) {
+// Cluster size for E experts: the largest C <= 16 dividing E with at most max_rows experts per CTA (0: none).
+int route_cluster(int E, int max_rows = 16) {
   for (int c : {16, 8, 4, 2, 1})
-    if (c <= max_c && E % c == 0 && E / c <= max_rows) return c;
+    if (E % c == 0 && E / c <= max_rows) return c;
   return 0;
 }
 
 // Dynamic shared memory: the CTA's router rows.
-size_t route_smem(int E, int H, int max_c = 16, int max_rows = 16) {
-  const int c = route_cluster(E, max_c, max_rows);
+size_t route_smem(int E, int H, int max_rows = 16) {
+  const int c = route_cluster(E, max_rows);
   return c ? static_cast<size_t>(E / c) * (static_cast<size_t>(H) * 2 + 16) : 0;
 }
 constexpr size_t kRouteMaxSmem = 160 * 1024;
@@ -700,13 +669,13 @@ __global__ void __launch_bounds__(kSereThreads) sere_reroute_kernel(int32_t* __r
   }
 }
 
-// Per-CTA map variant for E <= 128: 256 threads; thread t owns half (t & 1) of expert row u = t >> 1 of the
-// similarity matrix, 64 floats held in registers, loaded before pdl_wait (sim is a weight). After the wait each
-// thread loads its own token (16-byte loads when K % 4 == 0); with one CTA (N <= 256) the primary set P comes from
-// those registers, else each CTA also reads all tokens' primaries; P is a 128-bit mask OR-reduced per warp
-// (__reduce_or_sync) and over the warps (one barrier); every CTA builds the whole map (one more barrier) and folds
-// its 256 tokens. (Every warp reading all 512 primaries itself, without the first barrier, measured 7.9 us at
-// N = 256 against 5.6.)
+// Per-CTA map kernel for E <= 128 (above, sere_reroute_kernel: one CTA for any E): 256 threads; thread t owns half
+// (t & 1) of expert row u = t >> 1 of the similarity matrix, 64 floats held in registers, loaded before pdl_wait (sim
+// is a weight). After the wait each thread loads its own token (16-byte loads when K % 4 == 0); with one CTA
+// (N <= 256) the primary set P comes from those registers, else each CTA also reads all tokens' primaries; P is a
+// 128-bit mask OR-reduced per warp (__reduce_or_sync) and over the warps (one barrier); every CTA builds the whole
+// map (one more barrier) and folds its 256 tokens. (Every warp reading all 512 primaries itself, without the first
+// barrier, measured 7.9 us at N = 256 against 5.6.)
 constexpr int kSereFastThreads = 256;
 constexpr int kSereFastMaxE = 128;
 
@@ -853,42 +822,27 @@ bool moe_route_ok(int T, int H, int E, int K) {
 
 namespace {
 
-// DecodeOption::kRouteFused: 2 = clusters of at most 8 CTAs (16 experts each at E = 128); 3 = the next kernel launches
-// only when this grid exits; 4 / 5 / 6 = moe_route_compact_kernel in clusters of at most 16 / 8 / 4 CTAs (at most 32
-// experts per CTA); 10 = as 4 with kEarly (the plan entries that do not depend on the routing written off the chain).
-// A size the variant's cluster cannot take runs in clusters of at most 16 CTAs. (Removed, no faster than 4 on H200:
-// 7, lane-sorted top-k keys; 8, a warm-up warp running the code before the wait; 9, the top-k by ranks over shared
-// memory for one or two tokens.)
+// moe_route_compact_kernel in clusters of at most 16 CTAs (at most 32 experts per CTA; measured faster than the
+// cluster kernel, and than clusters of at most 8 or 4 CTAs); a size whose rows do not fit takes clusters of at most 16
+// rows per CTA. A single-CTA split (odd E <= 16) takes moe_route_kernel: st.async into shared::cluster needs a cluster
+// of at least two CTAs (the same results).
 Status launch_route(RouteParams p, cudaStream_t stream) {
-  const int variant = decode_option(DecodeOption::kRouteFused);
-  bool compact = (variant >= 4 && variant <= 6) || variant == 10;
-  int max_c = variant == 2 || variant == 5 ? 8 : variant == 6 ? 4 : 16;
-  int max_rows = compact ? kRoute2MaxRows : 16;
-  if (route_cluster(p.E, max_c, max_rows) == 0 || route_smem(p.E, p.H, max_c, max_rows) > kRouteMaxSmem) {
-    max_c = 16;  // as variant 1
-    max_rows = 16;
-  }
-  p.early_trigger = variant == 3 ? 0 : 1;
-  int C = route_cluster(p.E, max_c, max_rows);
-  if (compact && C < 2) {
-    // st.async into shared::cluster needs a cluster of at least two CTAs: a single-CTA split (odd E <= 16) takes the
-    // cluster kernel, which gives the same results.
+  int max_rows = kRoute2MaxRows;
+  if (route_cluster(p.E, max_rows) == 0 || route_smem(p.E, p.H, max_rows) > kRouteMaxSmem) max_rows = 16;
+  int C = route_cluster(p.E, max_rows);
+  bool compact = true;
+  if (C < 2) {
     compact = false;
-    max_c = 16;
     max_rows = 16;
-    C = route_cluster(p.E, max_c, max_rows);
+    C = route_cluster(p.E, max_rows);
   }
   void (*kernel)(RouteParams) = moe_route_kernel;
   if (compact) {
-    static bool attributes_set[8] = {};
-    const int mt2 = p.E / C > 16 ? 1 : 0, ep8 = p.E > 128 ? 1 : 0, early = variant == 10 ? 1 : 0;
-    if (early)
-      kernel = mt2 ? (ep8 ? moe_route_compact_kernel<2, 8, true> : moe_route_compact_kernel<2, 4, true>)
-                   : (ep8 ? moe_route_compact_kernel<1, 8, true> : moe_route_compact_kernel<1, 4, true>);
-    else
-      kernel = mt2 ? (ep8 ? moe_route_compact_kernel<2, 8, false> : moe_route_compact_kernel<2, 4, false>)
-                   : (ep8 ? moe_route_compact_kernel<1, 8, false> : moe_route_compact_kernel<1, 4, false>);
-    bool& set = attributes_set[early * 4 + mt2 * 2 + ep8];
+    static bool attributes_set[4] = {};
+    const int mt2 = p.E / C > 16 ? 1 : 0, ep8 = p.E > 128 ? 1 : 0;
+    kernel = mt2 ? (ep8 ? moe_route_compact_kernel<2, 8> : moe_route_compact_kernel<2, 4>)
+                 : (ep8 ? moe_route_compact_kernel<1, 8> : moe_route_compact_kernel<1, 4>);
+    bool& set = attributes_set[mt2 * 2 + ep8];
     if (!set) {
       const void* fn = reinterpret_cast<const void*>(kernel);
       ZEST_RETURN_IF_ERROR(cuda_status(
@@ -899,8 +853,8 @@ Status launch_route(RouteParams p, cudaStream_t stream) {
       set = true;
     }
   }
-  return launch_cluster("moe_route", kernel, dim3(C), dim3(kRouteThreads), route_smem(p.E, p.H, max_c, max_rows),
-                        stream, C, p);
+  return launch_cluster("moe_route", kernel, dim3(C), dim3(kRouteThreads), route_smem(p.E, p.H, max_rows), stream, C,
+                        p);
 }
 
 Status route_params(RouteParams& p, const bf16* router_w, const float* bias, int32_t* ids, float* weights,
@@ -938,14 +892,12 @@ Status moe_route(const bf16* xn, const bf16* router_w, const float* bias, int32_
   return launch_route(p, stream);
 }
 
-// moe_route with the compact kernel's phase clocks (DecodeOption::kRouteFused 4-6 and 10 only; clocks: 8 values on the
-// device): for tests that print where one launch's time goes. Not declared in kernels.h.
+// moe_route with the compact kernel's phase clocks (clocks: 8 values on the device; moe_route_kernel, for a single-CTA
+// split, records none): for tests that print where one launch's time goes. Not declared in kernels.h.
 Status moe_route_phase_clocks(const bf16* xn, const bf16* router_w, const float* bias, int32_t* ids, float* weights,
                               bf16* logits, MoePlan* plan, int64_t* active_count_sum, int T, int H, int E, int K,
                               long long* clocks, cudaStream_t stream) {
-  const int variant = decode_option(DecodeOption::kRouteFused);
-  if (!((variant >= 4 && variant <= 6) || variant == 10) || !clocks)
-    return invalid_argument("moe_route_phase_clocks: compact variants only");
+  if (!clocks) return invalid_argument("moe_route_phase_clocks: clocks is null");
   RouteParams p{};
   ZEST_RETURN_IF_ERROR(route_params(p, router_w, bias, ids, weights, logits, plan, active_count_sum, T, H, E, K));
   if (!xn) return invalid_argument("moe_route: null pointer");
@@ -962,7 +914,7 @@ Status sere_reroute(int32_t* ids, float* weights, const float* sim, int N, int E
                             " E=" + std::to_string(E) + " K=" + std::to_string(K) + ")");
   if (!sim) return invalid_argument("sere_reroute: the similarity matrix is null");
   const bool vec = E % 4 == 0 && reinterpret_cast<uintptr_t>(sim) % 16 == 0;
-  if (E <= kSereFastMaxE && decode_option(DecodeOption::kSereKernel) == 0) {
+  if (E <= kSereFastMaxE) {
     const bool vec_tok =
         K % 4 == 0 && (reinterpret_cast<uintptr_t>(ids) | reinterpret_cast<uintptr_t>(weights)) % 16 == 0;
     const dim3 grid((N + kSereFastThreads - 1) / kSereFastThreads);

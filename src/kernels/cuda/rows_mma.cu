@@ -161,9 +161,9 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) rows_mma_kernel(RowsP
 // the warps' partial sums are reduced in shared memory in fixed order. kTwo: more than 8 token rows (M <= 16).
 constexpr int kPreRound = 8;  // token chunks in flight per warp
 
-// L2 prefetches issued by rows_pre_kernel (DecodeOption::kL2Prefetch): none; the KV rows before the wait with the
-// weight tile copied evict-first; the KV rows before the wait, plain tile copies; no prefetch, the tile evict-first.
-enum PreFetch { kPfNone = 0, kPfBefore = 1, kPfBeforePlain = 2, kPfTileHint = 3 };
+// L2 policy of rows_pre_kernel: none; the KV rows prefetched before the wait, the weight tile copied evict-first (the
+// qkv GEMM of steps of at most 2 rows); no prefetch, the tile evict-first (the other GEMMs of such steps).
+enum PreFetch { kPfNone = 0, kPfBefore = 1, kPfTileHint = 3 };
 
 // The KV rows of kv's earlier tokens into L2: items (sequence, page, K or V) dealt round-robin over the CTAs (an SM's
 // copy engine serves bulk prefetches in order with the CTA's own copies, so they are spread over every SM), one bulk
@@ -244,14 +244,14 @@ __device__ __forceinline__ void norm_row_regs(uint4 (&xa)[kRound], int cb, int c
 // loading it each CTA normalises it itself with the 256-thread norm kernels' arithmetic and summation order (8-element
 // groups t = k / 8 summed as thread t of such a CTA would: warp butterflies over groups 32 w .. 32 w + 31, then over
 // the 8 warp sums), so the GEMM sees the bits of the normalised row the chain writes.
-// kNorm 2 (the slim form, DecodeOption::kQkvSlim 1, the default): the norm weights are not staged in shared memory
-// (4 KB per CTA); lanes g == 1, whose token row does not exist at M = 1, load them into their B fragments beside the
-// row (one round trip for both) and hand them to lanes g == 0 by shuffle. Three such CTAs (1152 bytes of static shared
-// memory and 64 registers each) leave room for a compact cluster decode attention CTA (kAttentionKernel 10) on an SM,
-// so that its cluster becomes resident before they leave. Measured: the weights read from L1 after the wait instead (a
-// prefetch before it) cost ~1 us per layer; 56 registers (room for a 164-register attention) cost ~0.9 us per layer
-// in the qkv GEMM (spills).
-template <bool kTwo, int kRound, int kPf, int kNorm>
+// The norm weights are not staged in shared memory: lanes g == 1, whose token row does not exist at M = 1, load them
+// into their B fragments beside the row (one round trip for both) and hand them to lanes g == 0 by shuffle. Three
+// such CTAs (64 registers each, no weight copy in shared memory) leave room for a compact cluster decode attention
+// CTA on an SM, so that its cluster becomes resident before they leave (measured faster than the weights in shared
+// memory: batch-1 TPOT -0.02 to -0.09 ms). Measured: the weights read from L1 after the wait instead (a prefetch
+// before it) cost ~1 us per layer; 56 registers (room for a 164-register attention) cost ~0.9 us per layer in the qkv
+// GEMM (spills).
+template <bool kTwo, int kRound, int kPf, bool kNorm>
 __device__ __forceinline__ void rows_pre_body(const bf16* __restrict__ x, const bf16* __restrict__ w,
                                               bf16* __restrict__ y, int M, int N, int Kdim, const KvPrefetch& kv) {
   static_assert(!kNorm || (!kTwo && kRound == kPreRound), "the norm takes one token tile in one round");
@@ -265,7 +265,7 @@ __device__ __forceinline__ void rows_pre_body(const bf16* __restrict__ x, const 
   if (threadIdx.x == 0) {
     mbar_init(&bar);
     mbar_arrive_expect_tx(&bar, kRows * row_bytes);
-    if constexpr (kPf == kPfBefore || kPf == kPfTileHint) {
+    if constexpr (kPf != kPfNone) {
       const uint64_t pol = evict_first_policy();
       for (int r = 0; r < kRows; ++r)
         bulk_load_hint(wsm + r * stride, w + static_cast<size_t>(r0 + r) * Kdim, row_bytes, &bar, pol);
@@ -275,19 +275,14 @@ __device__ __forceinline__ void rows_pre_body(const bf16* __restrict__ x, const 
     }
   }
   // Block tables and context lengths are step inputs, not written by the previous kernel.
-  if constexpr (kPf == kPfBefore || kPf == kPfBeforePlain) prefetch_kv_l2(kv);
-  // kNorm: the norm weights into shared memory (a weight: loaded before the wait).
-  __shared__ __align__(16) bf16 nw_s[kNorm == 1 ? kWarps * kChunk * kPreRound : 8];  // 2: in lanes' registers
-  if constexpr (kNorm == 1)
-    for (int o = threadIdx.x * 8; o < Kdim; o += blockDim.x * 8)
-      *reinterpret_cast<uint4*>(nw_s + o) = __ldg(reinterpret_cast<const uint4*>(kv.norm_w + o));
+  if constexpr (kPf == kPfBefore) prefetch_kv_l2(kv);
   __syncthreads();
   pdl_wait();
   const int chunks = Kdim / kChunk;
-  // kNorm 2: lanes g == 1 load the norm weights beside the row (norm_row_regs<kFromLane>).
+  // kNorm: lanes g == 1 load the norm weights beside the row (norm_row_regs<kFromLane>).
   const bf16* x0p = g < M ? x + static_cast<size_t>(g) * Kdim + tq * 8
-                    : kNorm == 2 && g == 1 ? kv.norm_w + tq * 8
-                                           : nullptr;
+                    : kNorm && g == 1 ? kv.norm_w + tq * 8
+                                      : nullptr;
   const bf16* x1p = kTwo && g + 8 < M ? x + static_cast<size_t>(g + 8) * Kdim + tq * 8 : nullptr;
   const unsigned char* a_lo = wsm + g * stride + tq * 16;
   const unsigned char* a_hi = a_lo + 8 * stride;
@@ -299,8 +294,7 @@ __device__ __forceinline__ void rows_pre_body(const bf16* __restrict__ x, const 
     if constexpr (kNorm) {  // one token row (M == 1): lanes g == 0 hold it
       __shared__ float ss_s[kWarps * 32];  // per 8-element group
       __shared__ float wsum[kWarps];
-      norm_row_regs<kRound, kNorm == 2>(xa, cb, chunks, Kdim, nw_s, kv.norm_eps, ss_s, wsum,
-                                        [] { __syncthreads(); });
+      norm_row_regs<kRound, true>(xa, cb, chunks, Kdim, nullptr, kv.norm_eps, ss_s, wsum, [] { __syncthreads(); });
     }
     if (!landed) {
       mbar_wait(&bar, 0);
@@ -339,10 +333,10 @@ __device__ __forceinline__ void rows_pre_body(const bf16* __restrict__ x, const 
   }
 }
 
-// kNorm 2 is bounded to 64 registers (4 CTAs' worth), so that three CTAs leave 16 K registers for a compact decode
-// attention CTA of at most 128 (kAttentionKernel 10) whatever else the build adds (the step timeline's stamps).
-template <bool kTwo, int kRound, int kPf, int kNorm = 0>
-__global__ void __launch_bounds__(kWarps * 32, kNorm == 2 ? 4 : kRound <= 8 ? 3 : 1)
+// kNorm is bounded to 64 registers (4 CTAs' worth), so that three CTAs leave 16 K registers for a compact decode
+// attention CTA of at most 128 whatever else the build adds (the step timeline's stamps).
+template <bool kTwo, int kRound, int kPf, bool kNorm = false>
+__global__ void __launch_bounds__(kWarps * 32, kNorm ? 4 : kRound <= 8 ? 3 : 1)
     rows_pre_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ y, int M, int N,
                     int Kdim, KvPrefetch kv) {
   rows_pre_body<kTwo, kRound, kPf, kNorm>(x, w, y, M, N, Kdim, kv);
@@ -360,9 +354,7 @@ size_t rows_pre_smem(int K) {
 using PreKernel = void (*)(const bf16*, const bf16*, bf16*, int, int, int, KvPrefetch);
 template <int kPf>
 PreKernel rows_pre_pick_pf(int M, int K, bool norm = false) {
-  if (norm)
-    return decode_option(DecodeOption::kQkvSlim) >= 1 ? rows_pre_kernel<false, kPreRound, kPf, 2>
-                                                       : rows_pre_kernel<false, kPreRound, kPf, 1>;
+  if (norm) return rows_pre_kernel<false, kPreRound, kPf, true>;
   if (M > 8) return rows_pre_kernel<true, kPreRound / 2, kPf>;
   return K > kWarps * kChunk * kPreRound ? rows_pre_kernel<false, 2 * kPreRound, kPf>
                                          : rows_pre_kernel<false, kPreRound, kPf>;
@@ -371,7 +363,6 @@ PreKernel rows_pre_pick_pf(int M, int K, bool norm = false) {
 PreKernel rows_pre_pick(int M, int K, int pf, bool norm = false) {
   switch (pf) {
     case kPfBefore: return rows_pre_pick_pf<kPfBefore>(M, K, norm);
-    case kPfBeforePlain: return rows_pre_pick_pf<kPfBeforePlain>(M, K, norm);
     case kPfTileHint: return rows_pre_pick_pf<kPfTileHint>(M, K, norm);
     default: return rows_pre_pick_pf<kPfNone>(M, K, norm);
   }
@@ -381,8 +372,7 @@ template <int kPf>
 bool rows_pre_configure() {
   static const bool ok = [] {
     for (PreKernel f : {rows_pre_kernel<true, kPreRound / 2, kPf>, rows_pre_kernel<false, kPreRound, kPf>,
-                        rows_pre_kernel<false, 2 * kPreRound, kPf>, rows_pre_kernel<false, kPreRound, kPf, 1>,
-                        rows_pre_kernel<false, kPreRound, kPf, 2>})
+                        rows_pre_kernel<false, 2 * kPreRound, kPf>, rows_pre_kernel<false, kPreRound, kPf, true>})
       if (cudaFuncSetAttribute(reinterpret_cast<const void*>(f), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(kPreMaxSmem)) != cudaSuccess) {
         cudaGetLastError();
@@ -399,10 +389,9 @@ bool rows_pre_ok(int M, int N, int K, int pf = kPfNone, bool norm = false) {
   if (M < 1 || M > kTokens || N % kRows != 0 || K % kChunk != 0 || rows_pre_smem(K) > kPreMaxSmem) return false;
   if (norm && (M != 1 || K < kWarps * kChunk || K > kWarps * kChunk * kPreRound)) return false;
   const size_t smem = rows_pre_smem(K);
-  const bool configured = pf == kPfBefore         ? rows_pre_configure<kPfBefore>()
-                          : pf == kPfBeforePlain ? rows_pre_configure<kPfBeforePlain>()
-                          : pf == kPfTileHint    ? rows_pre_configure<kPfTileHint>()
-                                                 : rows_pre_configure<kPfNone>();
+  const bool configured = pf == kPfBefore     ? rows_pre_configure<kPfBefore>()
+                          : pf == kPfTileHint ? rows_pre_configure<kPfTileHint>()
+                                              : rows_pre_configure<kPfNone>();
   if (!configured) return false;
   int n = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, reinterpret_cast<const void*>(rows_pre_pick(M, K, pf, norm)),
@@ -413,11 +402,10 @@ bool rows_pre_ok(int M, int N, int K, int pf = kPfNone, bool norm = false) {
 
 Status launch_rows_pre(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream,
                        int pf = kPfNone, const KvPrefetch& kv = KvPrefetch{}) {
-  // DecodeOption::kDecodeCarveout: the largest carveout, so that an SM that holds this kernel's CTAs (or, for the o
-  // projection, two fused-attention CTAs) keeps room for the next ones.
+  // The largest carveout, so that an SM that holds this kernel's CTAs (or, for the o projection, two fused-attention
+  // CTAs) keeps room for the next ones (measured at batch 1: TPOT -0.025 ms against the driver's default).
   const PreKernel fn = rows_pre_pick(M, K, pf, kv.norm_w != nullptr);
-  ZEST_RETURN_IF_ERROR(
-      set_max_carveout(reinterpret_cast<const void*>(fn), decode_option(DecodeOption::kDecodeCarveout) >= 1));
+  ZEST_RETURN_IF_ERROR(set_max_carveout(reinterpret_cast<const void*>(fn)));
   return launch("rows_pre", fn, dim3(N / kRows), dim3(kWarps * 32), rows_pre_smem(K), stream, x, w, y, M, N, K, kv);
 }
 
@@ -537,11 +525,11 @@ int rows_ring_stages(int K) {
   return static_cast<int>(std::min<size_t>(kRingMaxStages, (kRingMaxSmem - kRingStatic - kRingRedBytes) / tile));
 }
 
-// Whether rows_ring serves (M, N, K) (DecodeOption::kHeadGemm): M <= 16, at least two stages, and at least 4 tiles per
-// SM (fewer tiles are the qkv / o projections, which rows_pre or rows_mma serve as measured).
+// Whether rows_ring serves (M, N, K): M <= 16, at least two stages, and at least 4 tiles per SM (fewer tiles are the
+// qkv / o projections, which rows_pre or rows_mma serve as measured). Measured faster than rows_mma for the lm_head on
+// H200: 149-154 us eager against 152-158, TPOT batch 8 -0.02 to -0.07 ms, batch 16 -0.2 ms.
 bool rows_ring_ok(int M, int N, int K) {
-  return decode_option(DecodeOption::kHeadGemm) == 1 && M >= 1 && M <= kTokens && N % kRows == 0 &&
-         rows_ring_stages(K) >= 2 && N / kRows >= 4 * sm_count();
+  return M >= 1 && M <= kTokens && N % kRows == 0 && rows_ring_stages(K) >= 2 && N / kRows >= 4 * sm_count();
 }
 
 // norm_w: the norm folded in (one token row, 256 <= K <= 2048).
@@ -565,12 +553,12 @@ Status launch_rows_ring(const bf16* x, const bf16* w, bf16* y, int M, int N, int
                 eps);
 }
 
-// kGemmVariant 4 (default) runs the register-streamed kernel for 9-16 token rows when K <= 2048 (the qkv GEMM at
-// Qwen3-30B-A3B shapes), measured faster at batch 16 on H200 (TPOT 11.810 / 11.748 against 11.890 / 11.872-11.850
+// The register-streamed kernel for 9-16 token rows when K <= 2048 (the qkv GEMM at Qwen3-30B-A3B shapes), measured
+// faster than the shared-memory tile at batch 16 on H200 (TPOT 11.810 / 11.748 against 11.890 / 11.872-11.850
 // ms at b8cfb69 / f8caf08; at 12 / 16 10.10-10.13 / 11.74-11.78 against 10.21 / 11.86-11.87 at d84b9e8 and aea5e48;
 // batch 8 and below equal or slower, so the tile stays up to 8 rows).
 constexpr int kStreamMinRows = 9;
-// kL2Prefetch 0 (default) prefetches the KV rows (with evict-first qkv tiles) for steps of at most this many rows:
+// gemm_kv_prefetch prefetches the KV rows (with evict-first qkv tiles) for steps of at most this many rows:
 // measured faster at batch 1 and 2 (TPOT -0.04 to -0.07 ms in four comparisons at batch 1, two at batch 2), slower
 // at batch 4 (+0.1 ms) and equal at 8 and 16 (b8cfb69, f8caf08); the other small-M GEMMs' tiles (the o GEMM's)
 // evict-first as well: batch 1 -0.009 to -0.018 ms in five comparisons, batch 2 equal (89d6b4e, aea5e48).
@@ -599,26 +587,12 @@ Status rows_mma_gemm(const bf16* x, const bf16* w, bf16* y, int M, int N, int K,
   p.N = N;
   p.Kdim = K;
   const bool long_k = K > kWarps * kChunk * kPreRound;  // rows_pre holds one 16-row tile per SM
-  switch (decode_option(DecodeOption::kGemmVariant)) {
-    case 4: {  // the tile in shared memory; register streaming for 9-16 rows at K <= 2048
-      // kL2Prefetch 0: tiles copied evict-first for steps of at most kPrefetchMaxRows rows.
-      const int pf = decode_option(DecodeOption::kL2Prefetch) == 0 && M <= kPrefetchMaxRows ? kPfTileHint : kPfNone;
-      if ((long_k || M < kStreamMinRows) && rows_pre_ok(M, N, K, pf))
-        return launch_rows_pre(x, w, y, M, N, K, stream, pf);
-      if (rows_ring_ok(M, N, K)) return launch_rows_ring(x, w, y, M, N, K, stream);
-      return launch_rows<kDense, 4, 3>(p, N / kRows, stream);
-    }
-    case 7:  // register streaming for K <= 2048 at every row count, the tile otherwise
-      if (long_k && rows_pre_ok(M, N, K)) return launch_rows_pre(x, w, y, M, N, K, stream);
-      return launch_rows<kDense, 4, 3>(p, N / kRows, stream);
-    case 8:  // the tile at every row count
-      if (rows_pre_ok(M, N, K)) return launch_rows_pre(x, w, y, M, N, K, stream);
-      return launch_rows<kDense, 4, 3>(p, N / kRows, stream);
-    case 1: return launch_rows<kDense, 4, 3>(p, N / kRows, stream);
-    case 2: return launch_rows<kDense, 8, 2>(p, N / kRows, stream);
-    case 3: return launch_rows<kDense, 2, 4>(p, N / kRows, stream);
-    default: return launch_rows<kDense, 8, 1>(p, N / kRows, stream);
-  }
+  // The tile in shared memory (copied evict-first for steps of at most kPrefetchMaxRows rows) where every tile's CTA
+  // fits, except 9-16 rows at K <= 2048; the ring for many tiles; else register streaming.
+  const int pf = M <= kPrefetchMaxRows ? kPfTileHint : kPfNone;
+  if ((long_k || M < kStreamMinRows) && rows_pre_ok(M, N, K, pf)) return launch_rows_pre(x, w, y, M, N, K, stream, pf);
+  if (rows_ring_ok(M, N, K)) return launch_rows_ring(x, w, y, M, N, K, stream);
+  return launch_rows<kDense, 4, 3>(p, N / kRows, stream);
 }
 
 namespace {
@@ -632,23 +606,15 @@ bool pre_norm_ok(int M, int N, int K) {
 
 Status gemm_kv_prefetch(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, const KvPrefetch& kv,
                         cudaStream_t stream) {
-  int pf = kPfNone;
-  switch (decode_option(DecodeOption::kL2Prefetch)) {
-    case 0:
-    case 5: pf = M <= kPrefetchMaxRows ? kPfBefore : kPfNone; break;
-    case 1: pf = kPfBefore; break;
-    case 2: pf = kPfBeforePlain; break;
-    default: break;
-  }
+  const int pf = M <= kPrefetchMaxRows ? kPfBefore : kPfNone;
   const bool kv_ok = kv.k_cache && kv.v_cache && kv.block_table && kv.context_lens && kv.batch > 0 &&
                      kv.max_blocks > 0 && kv.row_bytes > 0 && kv.row_bytes % 16 == 0 &&
                      (reinterpret_cast<uintptr_t>(kv.k_cache) | reinterpret_cast<uintptr_t>(kv.v_cache)) % 16 == 0;
   const bool aligned =
       x && w && y && K % 8 == 0 && (reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w)) % 16 == 0;
-  // The GEMM variants that run rows_pre_kernel for these sizes.
-  const int gv = decode_option(DecodeOption::kGemmVariant);
+  // Whether gemm() would run rows_pre_kernel for these sizes.
   const bool long_k = K > kWarps * kChunk * kPreRound;
-  const bool pre = gv == 8 || (gv == 4 && (long_k || M < kStreamMinRows)) || (gv == 7 && long_k);
+  const bool pre = long_k || M < kStreamMinRows;
   if (kv.norm_w) {  // x is the residual: the norm in the GEMM's CTAs (the KV prefetch where it would run)
     if (!aligned || !gemm_kv_norm_ok(M, N, K))
       return invalid_argument("gemm_kv_prefetch: the folded RMSNorm needs gemm_kv_norm_ok sizes and aligned operands");
@@ -681,17 +647,9 @@ Status rows_mma_moe(const bf16* x, const MoePlan& plan, const float* weights, co
   gu.N = I;
   gu.Kdim = H;
   gu.topk = K;
-  const int variant = decode_option(DecodeOption::kMoeOccupancy);
   const int gu_items = max_active * (I / kRows), dn_items = max_active * (H / kRows);
-  const Status st = [&]() -> Status {
-    switch (variant) {
-      case 0: return launch_rows<kGateUp, 4, 1>(gu, gu_items, stream);
-      case 2: return launch_rows<kGateUp, 2, 4>(gu, gu_items, stream);
-      case 3: return launch_rows<kGateUp, 4, 2>(gu, gu_items, stream);
-      default: return launch_rows<kGateUp, 2, 3>(gu, gu_items, stream);
-    }
-  }();
-  ZEST_RETURN_IF_ERROR(st);
+  // 2 (gate/up) and 4 (down) chunks in flight per warp, 3 CTAs per SM: measured faster than more chunks or CTAs.
+  ZEST_RETURN_IF_ERROR((launch_rows<kGateUp, 2, 3>(gu, gu_items, stream)));
   RowsParams dn{};
   dn.src = h;
   dn.w = down;
@@ -701,12 +659,7 @@ Status rows_mma_moe(const bf16* x, const MoePlan& plan, const float* weights, co
   dn.N = H;
   dn.Kdim = I;
   dn.topk = K;
-  switch (variant) {
-    case 0: return launch_rows<kDown, 8, 1>(dn, dn_items, stream);
-    case 2: return launch_rows<kDown, 4, 4>(dn, dn_items, stream);
-    case 3: return launch_rows<kDown, 8, 2>(dn, dn_items, stream);
-    default: return launch_rows<kDown, 4, 3>(dn, dn_items, stream);
-  }
+  return launch_rows<kDown, 4, 3>(dn, dn_items, stream);
 }
 
 }  // namespace zest::cuda

@@ -282,15 +282,14 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
   ZEST_OP("inputs", launch("advance_inputs", advance_inputs_kernel, dim3(1), dim3(256), 0, s, ids_, step_counter_,
                             batch, c.vocab));
   ZEST_OP("embedding", embedding(ids_, embed_, x_, batch, H, c.vocab, s));
-  // One token (DecodeOption::kMoeDownRows): the experts' down kernel adds the slots to x by output rows and every
-  // qkv GEMM, the first one included, normalises x itself (the final norm runs before the lm_head).
+  // One token (moe_down_rows_on): the experts' down kernel adds the slots to x by output rows and every qkv GEMM, the
+  // first one included, normalises x itself (the final norm runs before the lm_head).
   const bool rows = moe && batch == 1 && moe_down_rows_on(1, c.top_k, c.experts, H, c.expert_inter) && gemm_kv_norm_ok(1, QKV, H);
   if (!rows) ZEST_OP("rmsnorm", rmsnorm(x_, layers_[0].in_norm, xn_, batch, H, kEps, s));
   for (int l = 0; l < c.layers; ++l) {
     const Layer& L = layers_[l];
     const bf16* next_norm = l + 1 < c.layers ? layers_[l + 1].in_norm : final_norm_;
-    // The qkv GEMM may prefetch this layer's KV rows into L2, the attention the o GEMM's weights
-    // (DecodeOption::kL2Prefetch).
+    // The qkv GEMM may prefetch this layer's KV rows into L2 (gemm_kv_prefetch).
     KvPrefetch kvp;
     kvp.k_cache = L.k_cache;
     kvp.v_cache = L.v_cache;
@@ -299,15 +298,13 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
     kvp.batch = batch;
     kvp.max_blocks = blocks_per_seq_;
     kvp.row_bytes = c.kv_heads * D * 2;
-    ap.l2_next = L.wo;
-    ap.l2_next_bytes = static_cast<size_t>(H) * c.q_heads * D * 2;
     if (rows) {
       kvp.norm_w = L.in_norm;
       kvp.norm_eps = kEps;
     }
     ZEST_OP("qkv gemm", gemm_kv_prefetch(rows ? x_ : xn_, L.wqkv, qkv_, batch, QKV, H, kvp, s));
     const int pos_stride = c.mrope ? opt_.max_batch : 0;
-    if (decode_option(DecodeOption::kAttentionKernel) >= 2 && decode_attention_fused_ok(ap, qkv_, QKV)) {
+    if (decode_attention_fused_ok(ap, qkv_, QKV)) {
       ZEST_OP("decode attention (fused)",
               decode_attention_fused(ap, qkv_, QKV, L.q_norm, L.k_norm, pos_, pos_stride, rope, slots_, L.k_cache,
                                      L.v_cache, block_table_, ctx_lens_, attn_, ws, kEps, s));
@@ -323,7 +320,7 @@ Status SyntheticDecoder::enqueue_step(int batch, bool sere) {
       const int E = c.experts, K = c.top_k, I = c.expert_inter;
       const float* bias = opt_.skew > 0.f ? L.router_bias : nullptr;
       // Fused routing: with SERE the re-routing runs between top-k and the plan, so the plan stays separate.
-      const bool fused = decode_option(DecodeOption::kRouteFused) >= 1 && moe_route_ok(batch, H, E, K);
+      const bool fused = moe_route_ok(batch, H, E, K);
       if (fused) {
         ZEST_OP("router (fused)", moe_route(xn_, L.router, bias, route_ids_, route_w_, nullptr, sere ? nullptr : &plan_,
                                             sere ? nullptr : expert_counts_ + l, batch, H, E, K, s));
@@ -408,11 +405,10 @@ std::vector<std::string> SyntheticDecoder::op_labels(bool sere) const {
   if (cfg_.experts == 0)
     return {"qkv gemm", "qk norm + rope + kv", "decode attention", "o gemm", "add + rmsnorm", "mlp gate/up gemm",
             "silu*up", "mlp down gemm", "lm_head gemm", "argmax"};
-  // The union over the decode variants: an op a step does not launch has no cost in the ablation.
+  // The union over the sizes (fused attention and routing where they serve, the separate launches otherwise): an op a
+  // step does not launch has no cost in the ablation.
   std::vector<std::string> ops = {"qkv gemm", "qk norm + rope + kv", "decode attention", "o gemm", "add + rmsnorm",
-                                  "router gemm", "router top-k"};
-  if (decode_option(DecodeOption::kAttentionKernel) >= 2) ops.push_back("decode attention (fused)");
-  if (decode_option(DecodeOption::kRouteFused) >= 1) ops.push_back("router (fused)");
+                                  "router gemm", "router top-k", "decode attention (fused)", "router (fused)"};
   if (sere) ops.push_back("sere");
   for (const char* o : {"moe plan", "moe experts + combine + rmsnorm", "lm_head gemm"}) ops.push_back(o);
   return ops;
