@@ -8,7 +8,8 @@
 // part, which extrapolates the full-depth prefill time.
 //   bench_prefill_bench --config qwen3-30b-a3b --tokens 512,2048,8192 [--layers 0] [--runs 5]
 // --ops times each kernel of one decoder layer instead (kernels called directly on random device data,
-// CUDA events around each launch, median of --runs after warm-up), with the TFLOP/s of the matmul ops.
+// CUDA events around each launch, median of --runs after warm-up), with the TFLOP/s of the matmul ops; then the
+// paths a layer of this shape does not take (fp32 slots, the decode plan, the wmma experts) for comparison.
 //   bench_prefill_bench --config qwen3-30b-a3b --tokens 2048,8192 --ops [--runs 10]
 #include <algorithm>
 #include <chrono>
@@ -184,19 +185,7 @@ Result<double> time_op(cudaStream_t st, int runs, const std::function<Status()>&
   return ms[ms.size() / 2];
 }
 
-// max |a - b| and max |b| of two bf16 device arrays of n elements.
-Result<std::pair<double, double>> compare_bf16(const cuda::bf16* a, const cuda::bf16* b, size_t n) {
-  std::vector<uint16_t> ha(n), hb(n);
-  ZEST_RETURN_IF_ERROR(cu(cudaMemcpy(ha.data(), a, n * 2, cudaMemcpyDeviceToHost), "copy"));
-  ZEST_RETURN_IF_ERROR(cu(cudaMemcpy(hb.data(), b, n * 2, cudaMemcpyDeviceToHost), "copy"));
-  double err = 0, ref = 0;
-  for (size_t i = 0; i < n; ++i) {
-    const double x = bf16_to_f32(ha[i]), y = bf16_to_f32(hb[i]);
-    err = std::max(err, std::isnan(x) ? INFINITY : std::fabs(x - y));
-    ref = std::max(ref, std::fabs(y));
-  }
-  return std::make_pair(err, ref);
-}
+// max |a - b| and max |b| of two fp32 device arrays of n elements.
 Result<std::pair<double, double>> compare_f32(const float* a, const float* b, size_t n) {
   std::vector<float> ha(n), hb(n);
   ZEST_RETURN_IF_ERROR(cu(cudaMemcpy(ha.data(), a, n * 4, cudaMemcpyDeviceToHost), "copy"));
@@ -209,29 +198,9 @@ Result<std::pair<double, double>> compare_f32(const float* a, const float* b, si
   return std::make_pair(err, ref);
 }
 
-// Runs fn with a prefill kernel variant selected, then restores the previous one.
-Status with_option(cuda::PrefillOption opt, int value, const std::function<Status()>& fn) {
-  const int before = cuda::prefill_option(opt);
-  cuda::set_prefill_option(opt, value);
-  Status s = fn();
-  cuda::set_prefill_option(opt, before);
-  return s;
-}
-
 // Times each kernel of one MoE decoder layer over a T-token prefill (one sequence from position 0) on random
 // device data: uniform weights with std 1/sqrt(fan_in), activations uniform in [-1, 1).
-// Whether `name` contains one of the '|'-separated parts of `filter` (an empty filter matches everything).
-bool name_matches(const std::string& name, const std::string& filter) {
-  if (filter.empty()) return true;
-  std::stringstream ss(filter);
-  std::string part;
-  while (std::getline(ss, part, '|'))
-    if (!part.empty() && name.find(part) != std::string::npos) return true;
-  return false;
-}
-
-// variant_filter: only the variant rows whose name matches it (name_matches) are timed.
-Status run_ops(const io::TextConfig& c, int64_t T64, int runs, const std::string& variant_filter) {
+Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
   using cuda::bf16;
   const int T = static_cast<int>(T64), H = static_cast<int>(c.hidden_size), D = static_cast<int>(c.head_dim);
   const int Hq = static_cast<int>(c.num_heads), Hkv = static_cast<int>(c.num_kv_heads);
@@ -247,7 +216,7 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs, const std::string
   DeviceArena a;
   const size_t blocks = (static_cast<size_t>(T) + cuda::kKvBlock - 1) / cuda::kKvBlock;
   bf16 *x = a.take<bf16>(size_t(T) * H), *xn = a.take<bf16>(size_t(T) * H), *qkv = a.take<bf16>(size_t(T) * QKV);
-  bf16 *attn = a.take<bf16>(size_t(T) * Hq * D), *attn2 = a.take<bf16>(size_t(T) * Hq * D);
+  bf16* attn = a.take<bf16>(size_t(T) * Hq * D);
   bf16 *o = a.take<bf16>(size_t(T) * H), *rl = a.take<bf16>(size_t(T) * E), *h = a.take<bf16>(size_t(T) * K * I);
   bf16 *wqkv = a.take<bf16>(size_t(QKV) * H), *wo = a.take<bf16>(size_t(H) * Hq * D), *wr = a.take<bf16>(size_t(E) * H);
   bf16 *gate_up = a.take<bf16>(size_t(E) * 2 * I * H), *down = a.take<bf16>(size_t(E) * H * I);
@@ -292,49 +261,22 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs, const std::string
   struct Op {
     std::string name;
     double flops;  // 0: not a matmul op
-    bool in_layer;  // counted in the per-layer sum (variants and previous kernels are not)
+    bool in_layer;  // counted in the per-layer sum (the other paths are not)
     std::function<Status()> fn;
   };
   const double t = T;
-  const int gemm_option = cuda::prefill_option(cuda::PrefillOption::kGroupedGemm);
-  const std::string gemm_in_use = gemm_option == 0 ? "default" : std::to_string(gemm_option);
-  // The decoders' prefill: bf16 slot outputs where the default grouped GEMM runs (PrefillOption::kSlots).
+  // The decoders' prefill: bf16 slot outputs where moe_prefill_bf16_slots allows.
   const bool bf16_slots = cuda::moe_prefill_bf16_slots(h, down, E, H, I);
   const std::string slots_in_use = bf16_slots ? "bf16 slots" : "fp32 slots";
-  std::vector<Op> ops = {
+  const std::vector<Op> ops = {
       {"qkv gemm", 2 * t * QKV * H, true, [&] { return cuda::gemm(xn, wqkv, qkv, T, QKV, H, st); }},
       {"q/k norm + rope + kv write", 0, true,
        [&] {
          return cuda::qk_norm_rope_kv(qkv, qn, kn, pos, 0, rope, slots, kc, vc, T, Hq, Hkv, D, eps, st);
        }},
-      {"prefill attention (default: variant 9, wgmma, 2 warpgroups x 64 rows, 128 keys, pipelined)", 4 * t * t / 2 * Hq * D, true,
+      {std::string("prefill attention (") + (T > 256 ? "persistent warp-specialised" : "pipelined wgmma") + ")",
+       4 * t * t / 2 * Hq * D, true,
        [&] { return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn, Hq, Hkv, D, scale, st); }},
-      {"prefill attention, variant 2 (4 warps x 16 rows, 64 keys)", 4 * t * t / 2 * Hq * D, false,
-       [&] {
-         return with_option(cuda::PrefillOption::kAttention, 2, [&] {
-           return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn2, Hq, Hkv, D, scale, st);
-         });
-       }},
-      {"prefill attention, variant 3 (8 warps x 32 rows, 32 keys)", 4 * t * t / 2 * Hq * D, false,
-       [&] {
-         return with_option(cuda::PrefillOption::kAttention, 3, [&] {
-           return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn2, Hq, Hkv, D, scale, st);
-         });
-       }},
-      {"prefill attention, variant 1 (8 warps x 16 rows, 64 keys)", 4 * t * t / 2 * Hq * D, false,
-       [&] {
-         return with_option(cuda::PrefillOption::kAttention, 1, [&] {
-           return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn2, Hq, Hkv, D, scale, st);
-         });
-       }},
-      {"prefill attention, variant 5 (8 warps x 16 rows, 32 keys)", 4 * t * t / 2 * Hq * D, false,
-       [&] {
-         return with_option(cuda::PrefillOption::kAttention, 5, [&] {
-           return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn2, Hq, Hkv, D, scale, st);
-         });
-       }},
-      {"prefill attention (previous wmma)", 4 * t * t / 2 * Hq * D, false,
-       [&] { return cuda::prefill_attention_wmma(qkv, QKV, kq, vq, QKV, cus, 1, T, attn2, Hq, Hkv, D, scale, st); }},
       {"o gemm", 2 * t * H * Hq * D, true, [&] { return cuda::gemm(attn, wo, o, T, H, Hq * D, st); }},
       {"residual + rmsnorm", 0, true, [&] { return cuda::add_rmsnorm(x, o, norm, xn, T, H, eps, st); }},
       {"router gemm + top-k", 2 * t * E * H, true,
@@ -344,27 +286,16 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs, const std::string
        }},
       {"moe plan (moe_plan_prefill)", 0, true, [&] { return cuda::moe_plan_prefill(ids, T, K, E, plan, nullptr, st); }},
       {"moe plan (moe_plan, as decode)", 0, false, [&] { return cuda::moe_plan(ids, T, K, E, plan, nullptr, st); }},
-      {"experts gate/up (variant " + gemm_in_use + ")", 2 * t * K * 2 * I * H, true,
+      {"experts gate/up", 2 * t * K * 2 * I * H, true,
        [&] { return cuda::moe_prefill_gate_up(xn, plan, gate_up, h, T, K, E, H, I, st); }},
-      {"experts down (variant " + gemm_in_use + ", " + slots_in_use + ")", 2 * t * K * H * I, true,
+      {"experts down (" + slots_in_use + ")", 2 * t * K * H * I, true,
        [&] {
          return bf16_slots ? cuda::moe_prefill_down(h, plan, rw, down, slot_bf, T, K, E, H, I, st)
                            : cuda::moe_prefill_down(h, plan, rw, down, slot_out, T, K, E, H, I, st);
        }},
-      {"experts down (variant " + gemm_in_use + ", fp32 slots)", 2 * t * K * H * I, false,
+      {"experts down (fp32 slots)", 2 * t * K * H * I, false,
        [&] { return cuda::moe_prefill_down(h, plan, rw, down, slot_out, T, K, E, H, I, st); }},
-      {"experts gate/up, variant 1 (mma.sync, k-chunk 32, 4 stages)", 2 * t * K * 2 * I * H, false,
-       [&] {
-         return with_option(cuda::PrefillOption::kGroupedGemm, 1,
-                            [&] { return cuda::moe_prefill_gate_up(xn, plan, gate_up, h, T, K, E, H, I, st); });
-       }},
-      {"experts down, variant 1 (mma.sync, k-chunk 32, 4 stages)", 2 * t * K * H * I, false,
-       [&] {
-         return with_option(cuda::PrefillOption::kGroupedGemm, 1, [&] {
-           return cuda::moe_prefill_down(h, plan, rw, down, slot_out2, T, K, E, H, I, st);
-         });
-       }},
-      {"experts gate/up + down (previous wmma)", 2 * t * K * 3 * I * H, false,
+      {"experts gate/up + down (wmma, the path for widths off the main kernels' tiles)", 2 * t * K * 3 * I * H, false,
        [&] {
          return cuda::moe_experts_prefill_wmma(xn, plan, rw, gate_up, down, h, slot_out2, T, K, E, H, I, st);
        }},
@@ -375,158 +306,7 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs, const std::string
        }},
       {"combine + residual + rmsnorm (fp32 slots)", 0, false,
        [&] { return cuda::moe_combine_add_rmsnorm(x, slot_out, ids, K, norm, xn, T, H, eps, st); }},
-      {"prefill attention, variant 4 (mma.sync, 4 warps x 32 rows, 32 keys)", 4 * t * t / 2 * Hq * D, false,
-       [&] {
-         return with_option(cuda::PrefillOption::kAttention, 4, [&] {
-           return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn2, Hq, Hkv, D, scale, st);
-         });
-       }},
-      {"prefill attention, variant 7 (wgmma, 1 warpgroup x 64 rows, 64 keys)", 4 * t * t / 2 * Hq * D, false,
-       [&] {
-         return with_option(cuda::PrefillOption::kAttention, 7, [&] {
-           return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn2, Hq, Hkv, D, scale, st);
-         });
-       }},
-      {"prefill attention, variant 6 (wgmma, not pipelined)", 4 * t * t / 2 * Hq * D, false,
-       [&] {
-         return with_option(cuda::PrefillOption::kAttention, 6, [&] {
-           return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn2, Hq, Hkv, D, scale, st);
-         });
-       }},
-      {"prefill attention, variant 8 (as 9, every tile masked, scale then subtract)", 4 * t * t / 2 * Hq * D, false,
-       [&] {
-         return with_option(cuda::PrefillOption::kAttention, 8, [&] {
-           return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn2, Hq, Hkv, D, scale, st);
-         });
-       }},
-      {"prefill attention, variant 10 (as 9, score arrays swapped, no copy)", 4 * t * t / 2 * Hq * D, false,
-       [&] {
-         return with_option(cuda::PrefillOption::kAttention, 10, [&] {
-           return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn2, Hq, Hkv, D, scale, st);
-         });
-       }},
-      {"prefill attention, variant 11 (as 9, ex2.approx.ftz)", 4 * t * t / 2 * Hq * D, false,
-       [&] {
-         return with_option(cuda::PrefillOption::kAttention, 11, [&] {
-           return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn2, Hq, Hkv, D, scale, st);
-         });
-       }},
-      {"experts gate/up, variant 2 (mma.sync, k-chunk 64, 3 stages)", 2 * t * K * 2 * I * H, false,
-       [&] {
-         return with_option(cuda::PrefillOption::kGroupedGemm, 2,
-                            [&] { return cuda::moe_prefill_gate_up(xn, plan, gate_up, h, T, K, E, H, I, st); });
-       }},
-      {"experts down, variant 2 (mma.sync, k-chunk 64, 3 stages)", 2 * t * K * H * I, false,
-       [&] {
-         return with_option(cuda::PrefillOption::kGroupedGemm, 2, [&] {
-           return cuda::moe_prefill_down(h, plan, rw, down, slot_out2, T, K, E, H, I, st);
-         });
-       }},
-      {"experts gate/up, variant 4 (wgmma, k-chunk 64, 4 stages, overlapped)", 2 * t * K * 2 * I * H, false,
-       [&] {
-         return with_option(cuda::PrefillOption::kGroupedGemm, 4,
-                            [&] { return cuda::moe_prefill_gate_up(xn, plan, gate_up, h, T, K, E, H, I, st); });
-       }},
-      {"experts down, variant 4 (wgmma, k-chunk 64, 4 stages, overlapped)", 2 * t * K * H * I, false,
-       [&] {
-         return with_option(cuda::PrefillOption::kGroupedGemm, 4, [&] {
-           return cuda::moe_prefill_down(h, plan, rw, down, slot_out2, T, K, E, H, I, st);
-         });
-       }},
-      {"experts gate/up, variant 5 (wgmma, k-chunk 64, 3 stages, overlapped)", 2 * t * K * 2 * I * H, false,
-       [&] {
-         return with_option(cuda::PrefillOption::kGroupedGemm, 5,
-                            [&] { return cuda::moe_prefill_gate_up(xn, plan, gate_up, h, T, K, E, H, I, st); });
-       }},
-      {"experts down, variant 5 (wgmma, k-chunk 64, 3 stages, overlapped)", 2 * t * K * H * I, false,
-       [&] {
-         return with_option(cuda::PrefillOption::kGroupedGemm, 5, [&] {
-           return cuda::moe_prefill_down(h, plan, rw, down, slot_out2, T, K, E, H, I, st);
-         });
-       }},
-      {"experts gate/up, variant 6 (wgmma, 256 weight rows, 3 stages)", 2 * t * K * 2 * I * H, false,
-       [&] {
-         return with_option(cuda::PrefillOption::kGroupedGemm, 6,
-                            [&] { return cuda::moe_prefill_gate_up(xn, plan, gate_up, h, T, K, E, H, I, st); });
-       }},
-      {"experts down, variant 6 (wgmma, 256 weight rows, 3 stages)", 2 * t * K * H * I, false,
-       [&] {
-         return with_option(cuda::PrefillOption::kGroupedGemm, 6, [&] {
-           return cuda::moe_prefill_down(h, plan, rw, down, slot_out2, T, K, E, H, I, st);
-         });
-       }},
-      {"experts gate/up, variant 7 (wgmma, 256 weight rows, 4 stages, overlapped)", 2 * t * K * 2 * I * H, false,
-       [&] {
-         return with_option(cuda::PrefillOption::kGroupedGemm, 7,
-                            [&] { return cuda::moe_prefill_gate_up(xn, plan, gate_up, h, T, K, E, H, I, st); });
-       }},
-      {"experts down, variant 7 (wgmma, 256 weight rows, 4 stages, overlapped)", 2 * t * K * H * I, false,
-       [&] {
-         return with_option(cuda::PrefillOption::kGroupedGemm, 7, [&] {
-           return cuda::moe_prefill_down(h, plan, rw, down, slot_out2, T, K, E, H, I, st);
-         });
-       }},
-      {"experts gate/up, variant 8 (wgmma, 64-row CTAs, 3 stages)", 2 * t * K * 2 * I * H, false,
-       [&] {
-         return with_option(cuda::PrefillOption::kGroupedGemm, 8,
-                            [&] { return cuda::moe_prefill_gate_up(xn, plan, gate_up, h, T, K, E, H, I, st); });
-       }},
-      {"experts down, variant 8 (wgmma, 64-row CTAs, 3 stages)", 2 * t * K * H * I, false,
-       [&] {
-         return with_option(cuda::PrefillOption::kGroupedGemm, 8, [&] {
-           return cuda::moe_prefill_down(h, plan, rw, down, slot_out2, T, K, E, H, I, st);
-         });
-       }},
-      {"experts gate/up, variant 9 (wgmma, 64-row CTAs, 4 stages, overlapped)", 2 * t * K * 2 * I * H, false,
-       [&] {
-         return with_option(cuda::PrefillOption::kGroupedGemm, 9,
-                            [&] { return cuda::moe_prefill_gate_up(xn, plan, gate_up, h, T, K, E, H, I, st); });
-       }},
-      {"experts down, variant 9 (wgmma, 64-row CTAs, 4 stages, overlapped)", 2 * t * K * H * I, false,
-       [&] {
-         return with_option(cuda::PrefillOption::kGroupedGemm, 9, [&] {
-           return cuda::moe_prefill_down(h, plan, rw, down, slot_out2, T, K, E, H, I, st);
-         });
-       }},
-      {"experts gate/up, variant 10 (wgmma, 64-row CTAs, 3 stages, overlapped)", 2 * t * K * 2 * I * H, false,
-       [&] {
-         return with_option(cuda::PrefillOption::kGroupedGemm, 10,
-                            [&] { return cuda::moe_prefill_gate_up(xn, plan, gate_up, h, T, K, E, H, I, st); });
-       }},
-      {"experts down, variant 10 (wgmma, 64-row CTAs, 3 stages, overlapped)", 2 * t * K * H * I, false,
-       [&] {
-         return with_option(cuda::PrefillOption::kGroupedGemm, 10, [&] {
-           return cuda::moe_prefill_down(h, plan, rw, down, slot_out2, T, K, E, H, I, st);
-         });
-       }},
   };
-  // Grouped-GEMM variants 3 (the previous default) and the warp-specialised ones, whatever the default is.
-  for (const auto& [v, what] : std::vector<std::pair<int, std::string>>{
-           {3, "wgmma, all threads load, 3 stages"},
-           {11, "warp-specialised: TMA/cp.async producer, mbarriers, 128 x 256 tiles, 4 stages"},
-           {12, "warp-specialised, 128 x 128 tiles, 6 stages"},
-           {13, "as 11, two-CTA clusters sharing the weight tile by TMA multicast"},
-           {14, "warp-specialised ping-pong, 128 x 128 tile per warpgroup, 6 stages"},
-           {15, "as 14, two-CTA clusters sharing the weight tile by TMA multicast"},
-           {16, "as 13, sm_count / 2 clusters launched"},
-           {17, "as 11, evict-first output stores"},
-           {18, "as 11, down's slots and weights loaded before the GEMM"},
-           {19, "as 11, with both 17 and 18"},
-           {20, "as 18, outputs stored during the next tile's first k-chunks"},
-           {11, "measured again last: the drift of the GPU's speed over this table"}}) {
-    ops.push_back({"experts gate/up, variant " + std::to_string(v) + " (" + what + ")", 2 * t * K * 2 * I * H, false,
-                   [&, v] {
-                     return with_option(cuda::PrefillOption::kGroupedGemm, v, [&] {
-                       return cuda::moe_prefill_gate_up(xn, plan, gate_up, h, T, K, E, H, I, st);
-                     });
-                   }});
-    ops.push_back({"experts down, variant " + std::to_string(v) + " (" + what + ")", 2 * t * K * H * I, false,
-                   [&, v] {
-                     return with_option(cuda::PrefillOption::kGroupedGemm, v, [&] {
-                       return cuda::moe_prefill_down(h, plan, rw, down, slot_out2, T, K, E, H, I, st);
-                     });
-                   }});
-  }
   // One pass of the layer's ops in order first, so every op's inputs exist (routing, plan, h).
   for (const Op& op : ops)
     if (op.in_layer) ZEST_RETURN_IF_ERROR(op.fn());
@@ -553,19 +333,14 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs, const std::string
   std::printf("| layer (sum of the ops above) | %.3f | %.1f | 100%% |\n", layer_ms,
               layer_flops / (layer_ms * 1e-3) / 1e12);
   std::fflush(stdout);
-  // The new kernels against the previous ones on these inputs (a sanity check; the tests hold the references).
-  ZEST_RETURN_IF_ERROR(cuda::qk_norm_rope_kv(qkv, qn, kn, pos, 0, rope, slots, kc, vc, T, Hq, Hkv, D, eps, st));
-  ZEST_RETURN_IF_ERROR(cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn, Hq, Hkv, D, scale, st));
-  ZEST_RETURN_IF_ERROR(cuda::prefill_attention_wmma(qkv, QKV, kq, vq, QKV, cus, 1, T, attn2, Hq, Hkv, D, scale, st));
+  // The experts against the wmma kernels on these inputs (a sanity check; the tests hold the references).
   ZEST_RETURN_IF_ERROR(cuda::moe_experts_prefill(xn, plan, rw, gate_up, down, h, slot_out, T, K, E, H, I, st));
   ZEST_RETURN_IF_ERROR(cuda::moe_experts_prefill_wmma(xn, plan, rw, gate_up, down, h, slot_out2, T, K, E, H, I, st));
   ZEST_RETURN_IF_ERROR(cu(cudaStreamSynchronize(st), "comparison pass"));
-  ZEST_ASSIGN_OR_RETURN(auto ad, compare_bf16(attn, attn2, size_t(T) * Hq * D));
   const size_t n_slots = std::min<size_t>(size_t(T) * K * H, size_t{1} << 24);
   ZEST_ASSIGN_OR_RETURN(auto ed, compare_f32(slot_out, slot_out2, n_slots));
-  std::printf("new vs previous kernels: attention max |diff| %.3g (max |out| %.3g); experts max |diff| %.3g "
-              "(max |out| %.3g, first %zu values)\n",
-              ad.first, ad.second, ed.first, ed.second, n_slots);
+  std::printf("experts vs the wmma kernels: max |diff| %.3g (max |out| %.3g, first %zu values)\n", ed.first,
+              ed.second, n_slots);
   {  // bf16 slots hold the fp32 slots' values exactly (the tests check every slot; here the first ones)
     ZEST_RETURN_IF_ERROR(cuda::moe_prefill_gate_up(xn, plan, gate_up, h, T, K, E, H, I, st));
     ZEST_RETURN_IF_ERROR(cuda::moe_prefill_down(h, plan, rw, down, slot_out, T, K, E, H, I, st));
@@ -579,39 +354,13 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs, const std::string
     for (size_t i = 0; i < n_slots; ++i) differ += bf16_to_f32(hb[i]) != hf[i];
     std::printf("bf16 slots vs fp32 slots: %zu of the first %zu values differ\n", differ, n_slots);
   }
-  std::printf("variant 13 clusters of two CTAs resident at once: gate/up %d, down %d\n",
-              cuda::moe_prefill_cluster_capacity(true), cuda::moe_prefill_cluster_capacity(false));
-  // Variants and the previous kernels, one row as each is measured.
-  std::printf("\nT=%d, variants and previous kernels:\n| op | ms | TFLOP/s |\n|---|---|---|\n", T);
+  // The other paths, one row as each is measured.
+  std::printf("\nT=%d, other paths:\n| op | ms | TFLOP/s |\n|---|---|---|\n", T);
   std::fflush(stdout);
   for (size_t i = 0; i < ops.size(); ++i) {
     if (ops[i].in_layer) continue;
-    if (!name_matches(ops[i].name, variant_filter)) continue;
     ZEST_ASSIGN_OR_RETURN(ms[i], time_op(st, runs, ops[i].fn));
     std::printf("| %s | %.3f | %s |\n", ops[i].name.c_str(), ms[i], tflops(ops[i], ms[i]).c_str());
-    std::fflush(stdout);
-  }
-  // Attention variants against the default kernel.
-  for (int v : {4, 6, 7, 8, 10, 11}) {
-    if (!name_matches("attention variant", variant_filter)) break;
-    ZEST_RETURN_IF_ERROR(with_option(cuda::PrefillOption::kAttention, v, [&] {
-      return cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn2, Hq, Hkv, D, scale, st);
-    }));
-    ZEST_RETURN_IF_ERROR(cuda::prefill_attention(qkv, QKV, kq, vq, QKV, cus, 1, T, attn, Hq, Hkv, D, scale, st));
-    ZEST_RETURN_IF_ERROR(cu(cudaStreamSynchronize(st), "comparison pass"));
-    ZEST_ASSIGN_OR_RETURN(auto wd, compare_bf16(attn2, attn, size_t(T) * Hq * D));
-    std::printf("attention variant %d vs default: max |diff| %.3g (max |out| %.3g)\n", v, wd.first, wd.second);
-  }
-  // Every grouped-GEMM variant against the default on the layer's routing.
-  for (int v : {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20}) {
-    if (!name_matches("variant " + std::to_string(v) + " (", variant_filter)) continue;
-    ZEST_RETURN_IF_ERROR(with_option(cuda::PrefillOption::kGroupedGemm, v, [&] {
-      return cuda::moe_experts_prefill(xn, plan, rw, gate_up, down, h, slot_out2, T, K, E, H, I, st);
-    }));
-    ZEST_RETURN_IF_ERROR(cuda::moe_experts_prefill(xn, plan, rw, gate_up, down, h, slot_out, T, K, E, H, I, st));
-    ZEST_RETURN_IF_ERROR(cu(cudaStreamSynchronize(st), "comparison pass"));
-    ZEST_ASSIGN_OR_RETURN(auto vd, compare_f32(slot_out2, slot_out, n_slots));
-    std::printf("grouped GEMM variant %d vs default: max |diff| %.3g (max |out| %.3g)\n", v, vd.first, vd.second);
     std::fflush(stdout);
   }
   return Status::ok();
@@ -633,13 +382,6 @@ int bench_prefill_main(int argc, char** argv) {
   app.add_option("--runs", runs, "timed forwards per T (median reported)")->check(CLI::Range(1, 100));
   bool per_op = false;
   app.add_flag("--ops", per_op, "time each kernel of one layer (device time, CUDA events) instead of forward()");
-  int grouped_gemm = -1;
-  app.add_option("--grouped-gemm", grouped_gemm,
-                 "MoE expert grouped-GEMM variant (PrefillOption::kGroupedGemm) for the layer and forward() timings; "
-                 "default: the library's");
-  std::string variant_filter;
-  app.add_option("--variant-filter", variant_filter,
-                 "--ops: time only the variant rows whose name contains one of these '|'-separated strings");
   CLI11_PARSE(app, argc, argv);
 
   std::vector<int64_t> Ts;
@@ -691,16 +433,10 @@ int bench_prefill_main(int argc, char** argv) {
     return 1;
   }
   std::printf("device: %s\n", kernels::cuda_describe().c_str());
-#ifdef ZEST_HAVE_CUDA
-  if (grouped_gemm >= 0) {
-    cuda::set_prefill_option(cuda::PrefillOption::kGroupedGemm, grouped_gemm);
-    std::printf("MoE grouped-GEMM variant %d\n", grouped_gemm);
-  }
-#endif
   if (per_op) {
 #ifdef ZEST_HAVE_CUDA
     for (int64_t T : Ts) {
-      Status s = run_ops(cfg, T, runs, variant_filter);
+      Status s = run_ops(cfg, T, runs);
       if (!s.is_ok()) {
         std::fprintf(stderr, "error: %s\n", s.to_string().c_str());
         return 1;

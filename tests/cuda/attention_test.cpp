@@ -322,7 +322,7 @@ TEST(CudaDecodeAttention, RejectsOddHeadDim) {
 TEST(CudaPrefillAttention, CausalVarlenGqaMatchesReference) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(26);
-  check_prefill_attention({1, 70, 130, 64}, 8, 2, 0, false, kTol, rng);
+  check_prefill_attention({1, 70, 130, 64}, 8, 2, 0, kTol, rng);
 }
 
 }  // namespace

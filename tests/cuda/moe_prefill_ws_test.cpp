@@ -1,8 +1,9 @@
-// Warp-specialised persistent grouped GEMMs of the MoE prefill experts (PrefillOption::kGroupedGemm 11-20: TMA +
-// cp.async producer warpgroup, mbarrier ring, two wgmma consumer warpgroups, cooperative or ping-pong; 13, 15 and 16
-// in two-CTA clusters sharing the weight tile by TMA multicast) against a plain f64 host reference on fresh random data: routing with odd slot counts per expert, empty experts, empty slots (id -1),
-// one expert that every token picks, T = 1, 17, 333 and 4096, model widths and widths off the kernels' tiles; and
-// variant 11 storing bf16 slots against its fp32 slots, value for value.
+// The MoE prefill experts (moe_experts_prefill: the warp-specialised persistent grouped GEMMs, TMA + cp.async producer
+// warpgroup, mbarrier ring, two wgmma consumer warpgroups; the wgmma kernel for widths off their tiles) against a
+// plain f64 host reference and against moe_experts_prefill_wmma on fresh random data: routing with odd slot counts
+// per expert, empty experts, empty slots (id -1), one expert that every token picks, T = 1, 17, 333 and 4096, model
+// widths and widths off the kernels' tiles; and the down kernel storing bf16 slots against its fp32 slots, value for
+// value.
 #ifdef ZEST_HAVE_CUDA
 #include <numeric>
 
@@ -15,17 +16,6 @@ namespace {
 // slot outputs: max abs err <= 2e-2 * max |ref| (g, u and h are rounded to bf16 before the next product, so a
 // one-ulp difference in a bf16 rounding of the reference moves an output by up to ~1% of its magnitude).
 constexpr double kTol = 2e-2;
-
-class GemmVariant {
- public:
-  explicit GemmVariant(int v) : before_(prefill_option(PrefillOption::kGroupedGemm)) {
-    set_prefill_option(PrefillOption::kGroupedGemm, v);
-  }
-  ~GemmVariant() { set_prefill_option(PrefillOption::kGroupedGemm, before_); }
-
- private:
-  int before_;
-};
 
 // Uniform values in [lo, hi) rounded to bf16, from a xorshift64* stream seeded by `rng` (fast enough for the
 // weights of many experts at model widths).
@@ -77,9 +67,9 @@ void make_routing(const Case& c, std::mt19937& rng, std::vector<int32_t>& ids, s
   }
 }
 
-// Runs variant 3 and each of `variants` on the same data and plan; checks each against the host reference on
-// the checked tokens and against variant 3 on every slot.
-void run_case(const Case& c, const std::vector<int>& variants, std::mt19937& rng) {
+// Runs moe_experts_prefill_wmma and moe_experts_prefill on the same data and plan; checks the latter against the host
+// reference on the checked tokens and against the wmma kernels on every slot.
+void run_case(const Case& c, std::mt19937& rng) {
   SCOPED_TRACE(testing::Message() << "N=" << c.N << " K=" << c.K << " E=" << c.E << " H=" << c.H << " I=" << c.I
                                   << " used experts " << c.used_experts << " all-token expert " << c.all_expert);
   std::vector<int32_t> ids;
@@ -98,17 +88,18 @@ void run_case(const Case& c, const std::vector<int>& variants, std::mt19937& rng
   MoePlan plan;
   moe_plan_bind(plan, buf.get(), c.N, c.K, c.E);
   ZEST_ASSERT_OK(moe_plan_prefill(di.get(), c.N, c.K, c.E, plan, nullptr, nullptr));
-  auto run = [&](int variant) {
+  auto run = [&](bool wmma) {
     out.poison();
     h.poison();
-    GemmVariant v(variant);
-    const Status s = moe_experts_prefill(dx->get(), plan, dw.get(), dgu->get(), ddn->get(), h.get(), out.get(), c.N,
-                                         c.K, c.E, c.H, c.I, nullptr);
+    const Status s = wmma ? moe_experts_prefill_wmma(dx->get(), plan, dw.get(), dgu->get(), ddn->get(), h.get(),
+                                                     out.get(), c.N, c.K, c.E, c.H, c.I, nullptr)
+                          : moe_experts_prefill(dx->get(), plan, dw.get(), dgu->get(), ddn->get(), h.get(), out.get(),
+                                                c.N, c.K, c.E, c.H, c.I, nullptr);
     EXPECT_TRUE(s.is_ok()) << s.to_string();
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     return out.download();
   };
-  const std::vector<float> v3_all = run(3);
+  const std::vector<float> wmma_all = run(true);
 
   // Host reference for the checked tokens.
   std::vector<int> tokens;
@@ -131,39 +122,36 @@ void run_case(const Case& c, const std::vector<int>& variants, std::mt19937& rng
       for (int r = 0; r < c.H; ++r) ref_at.push_back(slot * c.H + r);
     }
 
-  for (int variant : variants) {
-    SCOPED_TRACE(testing::Message() << "variant " << variant);
-    const std::vector<float> got_all = run(variant);
+  const std::vector<float> f32 = run(false);  // h now holds moe_experts_prefill's gate/up output
+  {
     std::vector<float> got(ref.size());
-    for (size_t i = 0; i < ref.size(); ++i) got[i] = got_all[ref_at[i]];
+    for (size_t i = 0; i < ref.size(); ++i) got[i] = f32[ref_at[i]];
     ZEST_EXPECT_CLOSE(got, ref, kTol);
-    // Every written slot against variant 3 (itself checked against the reference in prefill_kernels_test), same
-    // tolerance; empty slots stay unwritten (NaN poison).
+    // Every written slot against the wmma kernels (themselves checked against the reference in prefill_kernels_test),
+    // same tolerance; empty slots stay unwritten (NaN poison).
     double err = 0, mx = 0;
     int unwritten_empty = 0, empty = 0;
     for (size_t s = 0; s < slots; ++s) {
       if (ids[s] < 0) {
         ++empty;
-        unwritten_empty += std::isnan(got_all[s * c.H]) ? 1 : 0;
+        unwritten_empty += std::isnan(f32[s * c.H]) ? 1 : 0;
         continue;
       }
       for (size_t i = s * c.H; i < (s + 1) * c.H; ++i) {
-        err = std::max(err, std::isnan(got_all[i]) ? INFINITY : std::fabs(static_cast<double>(got_all[i]) - v3_all[i]));
-        mx = std::max(mx, std::fabs(static_cast<double>(v3_all[i])));
+        err = std::max(err, std::isnan(f32[i]) ? INFINITY : std::fabs(static_cast<double>(f32[i]) - wmma_all[i]));
+        mx = std::max(mx, std::fabs(static_cast<double>(wmma_all[i])));
       }
     }
     EXPECT_GT(mx, 0.0);
-    EXPECT_LE(err, kTol * mx) << "against variant 3: max err " << err << " max |out| " << mx;
+    EXPECT_LE(err, kTol * mx) << "against the wmma kernels: max err " << err << " max |out| " << mx;
     EXPECT_EQ(unwritten_empty, empty) << "an empty slot was written";
   }
 
-  // The bf16 slots (the decoders' form of variants 11 and 14, PrefillOption::kSlots 0): every written value equals
-  // the variant's fp32 one exactly (both hold bf16(bf16(C) * w)); empty slots stay unwritten. Sizes the variant's
-  // kernel does not take are refused with an error, as moe_prefill_bf16_slots says.
-  for (int variant : {11, 14}) {
-    SCOPED_TRACE(testing::Message() << "bf16 slots, variant " << variant);
-    const std::vector<float> f32 = run(variant);  // h now holds the variant's gate/up output
-    GemmVariant gv(variant);
+  // The bf16 slots (the decoders' prefill experts where moe_prefill_bf16_slots allows): every written value equals the
+  // fp32 one exactly (both hold bf16(bf16(C) * w)); empty slots stay unwritten. Sizes the kernel does not take are
+  // refused with an error, as moe_prefill_bf16_slots says.
+  {
+    SCOPED_TRACE("bf16 slots");
     DevBuf<bf16> ob(slots * c.H);
     ob.poison();
     const bool takes = moe_prefill_bf16_slots(h.get(), ddn->get(), c.E, c.H, c.I);
@@ -193,35 +181,25 @@ void run_case(const Case& c, const std::vector<int>& variants, std::mt19937& rng
 TEST(CudaMoePrefillWs, ModelWidthsFewTokens) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(901);
-  run_case({1, 8, 16, 2048, 768, 12, -1, 1}, {11, 12, 13, 16, 17, 18, 19, 20}, rng);    // one token: 8 experts of one row
-  run_case({17, 8, 16, 2048, 768, 12, -1, 17}, {11, 12, 13, 16, 17, 18, 19, 20}, rng);  // odd counts, experts 12..15 empty
+  run_case({1, 8, 16, 2048, 768, 12, -1, 1}, rng);    // one token: 8 experts of one row
+  run_case({17, 8, 16, 2048, 768, 12, -1, 17}, rng);  // odd counts, experts 12..15 empty
 }
 
 TEST(CudaMoePrefillWs, ModelWidths4096TokensOneExpertEverywhere) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(902);
   // Expert 7 in every token's first slot (4096 rows: 32 row tiles), the other slots over experts 0..11 (odd
-  // counts, ~2600 rows each), experts 12..15 empty; 16 tokens against the reference, all slots against variant 3.
-  run_case({4096, 8, 16, 2048, 768, 12, 7, 16}, {11, 12, 13, 16, 17, 18, 19, 20}, rng);
+  // counts, ~2600 rows each), experts 12..15 empty; 16 tokens against the reference, all slots against the wmma
+  // kernels.
+  run_case({4096, 8, 16, 2048, 768, 12, 7, 16}, rng);
 }
 
 TEST(CudaMoePrefillWs, SmallWidthsAllSlots) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(903);
-  run_case({333, 2, 8, 256, 128, 6, 0, 333}, {11, 12, 13, 16, 17, 18, 19, 20}, rng);   // expert 0: 333 rows (last tile 77), 6 and 7 empty
-  run_case({77, 2, 8, 384, 192, 8, -1, 77}, {11, 12, 13, 16, 17, 18, 19, 20}, rng);    // widths off variant 11's tiles (runs variant 3)
-  run_case({130, 4, 16, 512, 256, 5, -1, 130}, {11, 12, 13, 16, 17, 18, 19, 20}, rng);  // K = 4 over 5 experts: ~100 rows each
-}
-
-// The ping-pong variants on the cases above.
-TEST(CudaMoePrefillWs, PingPongVariants) {
-  ZEST_REQUIRE_GPU();
-  std::mt19937 rng(904);
-  run_case({1, 8, 16, 2048, 768, 12, -1, 1}, {14, 15}, rng);
-  run_case({17, 8, 16, 2048, 768, 12, -1, 17}, {14, 15}, rng);
-  run_case({4096, 8, 16, 2048, 768, 12, 7, 16}, {14, 15}, rng);
-  run_case({333, 2, 8, 256, 128, 6, 0, 333}, {14, 15}, rng);  // 4 k-chunks per tile, fewer than the 6 stages
-  run_case({130, 4, 16, 512, 256, 5, -1, 130}, {14, 15}, rng);
+  run_case({333, 2, 8, 256, 128, 6, 0, 333}, rng);   // expert 0: 333 rows (last tile 77), 6 and 7 empty
+  run_case({77, 2, 8, 384, 192, 8, -1, 77}, rng);    // widths off the warp-specialised tiles (runs the wgmma kernel)
+  run_case({130, 4, 16, 512, 256, 5, -1, 130}, rng);  // K = 4 over 5 experts: ~100 rows each
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // Causal GQA prefill attention of packed sequences `lens` over a [T, (Hq + 2 Hkv) * 128 + pad] qkv buffer of fresh
-// random bf16 values, through prefill_attention (or prefill_attention_wmma, with whichever PrefillOption variant is
-// set), checked against an f64 softmax per (token, head): max abs err <= tol * max |ref|.
+// random bf16 values, through prefill_attention, checked against an f64 softmax per (token, head): max abs err <=
+// tol * max |ref|.
 #pragma once
 #ifdef ZEST_HAVE_CUDA
 #include <algorithm>
@@ -12,10 +12,10 @@
 
 namespace zest::cuda::test {
 
-inline void check_prefill_attention(const std::vector<int>& lens, int Hq, int Hkv, int pad, bool wmma, double tol,
+inline void check_prefill_attention(const std::vector<int>& lens, int Hq, int Hkv, int pad, double tol,
                                     std::mt19937& rng) {
   SCOPED_TRACE(testing::Message() << "Hq=" << Hq << " Hkv=" << Hkv << " pad=" << pad << " seqs=" << lens.size()
-                                  << " first len=" << lens[0] << (wmma ? " wmma" : ""));
+                                  << " first len=" << lens[0]);
   const int D = 128, row = (Hq + 2 * Hkv) * D + pad;
   std::vector<int32_t> cu = {0};
   for (int l : lens) cu.push_back(cu.back() + l);
@@ -30,12 +30,8 @@ inline void check_prefill_attention(const std::vector<int>& lens, int Hq, int Hk
   const bf16* k = base + Hq * D;
   const bf16* v = base + (Hq + Hkv) * D;
   const int nseq = static_cast<int>(lens.size());
-  if (wmma)
-    ZEST_ASSERT_OK(prefill_attention_wmma(base, row, k, v, row, dcu.get(), nseq, max_len, out.get(), Hq, Hkv, D, scale,
-                                          nullptr));
-  else
-    ZEST_ASSERT_OK(
-        prefill_attention(base, row, k, v, row, dcu.get(), nseq, max_len, out.get(), Hq, Hkv, D, scale, nullptr));
+  ZEST_ASSERT_OK(
+      prefill_attention(base, row, k, v, row, dcu.get(), nseq, max_len, out.get(), Hq, Hkv, D, scale, nullptr));
   sync_ok();
   const auto got = download_bf16(out);
   std::vector<float> ref(got.size());

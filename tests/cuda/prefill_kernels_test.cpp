@@ -1,6 +1,6 @@
 // CUDA prefill kernels against plain f64 loops on fresh random inputs: the FlashAttention-style prefill
-// attention (causal, GQA, packed variable-length sequences) and the mma.sync grouped GEMMs of the MoE
-// experts (gate/up with SiLU*up, down with the routing weights) over experts with 0, 1, 17 and 300 slots.
+// attention (causal, GQA, packed variable-length sequences) and the grouped GEMMs of the MoE experts (gate/up
+// with SiLU*up, down with the routing weights) over experts with 0, 1, 17 and 300 slots.
 #ifdef ZEST_HAVE_CUDA
 #include <numeric>
 
@@ -13,63 +13,34 @@ namespace {
 // bf16 outputs: max abs err <= 2e-2 * max |ref| (P and h are rounded to bf16 before their second matmul).
 constexpr double kTol = 2e-2;
 
-// Causal attention of packed sequences through prefill_attention (or prefill_attention_wmma) against an f64
-// reference (prefill_attention_check.h).
-void run_prefill_case(const std::vector<int>& lens, int Hq, int Hkv, int row_pad, bool wmma, std::mt19937& rng) {
-  check_prefill_attention(lens, Hq, Hkv, row_pad, wmma, kTol, rng);
+// Causal attention of packed sequences through prefill_attention against an f64 reference
+// (prefill_attention_check.h).
+void run_prefill_case(const std::vector<int>& lens, int Hq, int Hkv, int row_pad, std::mt19937& rng) {
+  check_prefill_attention(lens, Hq, Hkv, row_pad, kTol, rng);
 }
 
 TEST(CudaPrefillKernels, AttentionOddLengthsPackedGqa4) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(501);
   // Lengths around the 64-key and 128-query tiles, a single token and a long sequence, packed together.
-  run_prefill_case({1, 17, 63, 65, 1000}, 4, 1, 0, false, rng);
+  run_prefill_case({1, 17, 63, 65, 1000}, 4, 1, 0, rng);
 }
 
 TEST(CudaPrefillKernels, AttentionGqa1AndGqa8PaddedRows) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(502);
-  run_prefill_case({129, 256, 7}, 3, 3, 8, false, rng);  // no grouping, row stride padded by 8 elements
-  run_prefill_case({300, 128}, 16, 2, 0, false, rng);    // 8 query heads per kv head
+  run_prefill_case({129, 256, 7}, 3, 3, 8, rng);  // no grouping, row stride padded by 8 elements
+  run_prefill_case({300, 128}, 16, 2, 0, rng);    // 8 query heads per kv head
 }
 
-// Selects a prefill kernel variant for the scope of a test.
-class OptionScope {
- public:
-  OptionScope(PrefillOption opt, int value) : opt_(opt), before_(prefill_option(opt)) { set_prefill_option(opt, value); }
-  ~OptionScope() { set_prefill_option(opt_, before_); }
-
- private:
-  PrefillOption opt_;
-  int before_;
-};
-
-TEST(CudaPrefillKernels, AttentionVariantsMatchReference) {
-  ZEST_REQUIRE_GPU();
-  std::mt19937 rng(504);
-  for (int variant : {1, 2, 3, 4, 5}) {
-    SCOPED_TRACE(testing::Message() << "variant " << variant);
-    OptionScope scope(PrefillOption::kAttention, variant);
-    run_prefill_case({1, 17, 63, 65, 300}, 4, 2, 0, false, rng);
-  }
-}
-
-TEST(CudaPrefillKernels, AttentionWgmmaVariantsMatchReference) {
+// Sizes that take the pipelined kernel (max_seqlen <= 256, or nseq * 128 > max_seqlen: many short sequences).
+TEST(CudaPrefillKernels, AttentionPipelinedKernelMatchesReference) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(505);
-  for (int variant : {6, 7, 8, 9, 10, 11}) {
-    SCOPED_TRACE(testing::Message() << "variant " << variant);
-    OptionScope scope(PrefillOption::kAttention, variant);
-    run_prefill_case({1, 17, 63, 65, 300}, 4, 2, 0, false, rng);
-    run_prefill_case({129, 256, 7}, 3, 3, 8, false, rng);
-    run_prefill_case({700}, 2, 1, 0, false, rng);  // 6 key tiles of 128: the triple buffer of variant 8 wraps
-  }
-}
-
-TEST(CudaPrefillKernels, PreviousWmmaAttentionMatchesReference) {
-  ZEST_REQUIRE_GPU();
-  std::mt19937 rng(503);
-  run_prefill_case({1, 65, 200}, 4, 2, 0, true, rng);
+  run_prefill_case({1, 17, 63, 65, 300}, 4, 2, 0, rng);
+  run_prefill_case({129, 256, 7}, 3, 3, 8, rng);
+  // 6 key tiles of 128 (the triple buffer wraps), packed with enough short sequences to stay off the persistent kernel.
+  run_prefill_case({700, 1, 2, 3, 4, 5}, 2, 1, 0, rng);
 }
 
 TEST(CudaPrefillKernels, AttentionRejectsBadShapes) {
@@ -266,27 +237,12 @@ TEST(CudaPrefillKernels, GroupedExpertsModelWidths) {
   run_grouped_case({150, 10, 2048, 768, 130, 3, 1}, false, rng);
 }
 
-TEST(CudaPrefillKernels, GroupedGemmVariantsMatchReference) {
-  ZEST_REQUIRE_GPU();
-  std::mt19937 rng(514);
-  for (int variant : {1, 2}) {
-    SCOPED_TRACE(testing::Message() << "variant " << variant);
-    OptionScope scope(PrefillOption::kGroupedGemm, variant);
-    run_grouped_case({320, 8, 256, 128, 300, 17, 1}, false, rng);
-    run_grouped_case({40, 8, 2048, 768, 17, 1, 0}, false, rng);
-  }
-}
-
-TEST(CudaPrefillKernels, GroupedGemmWgmmaVariantsMatchReference) {
+// Sizes the warp-specialised kernels do not take run the wgmma kernel (128 x 128 tiles).
+TEST(CudaPrefillKernels, GroupedGemmWgmmaFallbackMatchesReference) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(515);
-  for (int variant : {3, 4, 5, 6, 7, 8, 9, 10}) {
-    SCOPED_TRACE(testing::Message() << "variant " << variant);
-    OptionScope scope(PrefillOption::kGroupedGemm, variant);
-    run_grouped_case({320, 8, 256, 128, 300, 17, 1}, false, rng);
-    run_grouped_case({40, 8, 2048, 768, 17, 1, 0}, false, rng);
-    run_grouped_case({60, 8, 384, 192, 40, 1, 1}, false, rng);  // widths off the 256-row tiles
-  }
+  run_grouped_case({60, 8, 384, 192, 40, 1, 1}, false, rng);      // widths off the 256-row tiles
+  run_grouped_case({320, 260, 256, 128, 300, 17, 1}, false, rng);  // more than 256 experts
 }
 
 TEST(CudaPrefillKernels, PreviousWmmaGroupedExpertsMatchReference) {

@@ -1,5 +1,6 @@
-// The warp-specialised (TMA producer, mbarrier ring, two consumer warpgroups) prefill attention variants and the
-// streaming q/k norm + RoPE + KV-write kernel against plain host loops on fresh random inputs.
+// The persistent warp-specialised prefill attention kernel (TMA producer, mbarrier ring, two consumer warpgroups;
+// prefill_attention takes it when max_seqlen > 256 and nseq * 128 <= max_seqlen) and the streaming q/k norm + RoPE +
+// KV-write kernel against plain host loops on fresh random inputs.
 #ifdef ZEST_HAVE_CUDA
 #include <numeric>
 
@@ -9,84 +10,55 @@
 namespace zest::cuda::test {
 namespace {
 
-// Selects a kernel variant for the scope of a test.
-class VariantScope {
- public:
-  VariantScope(PrefillOption opt, int value) : opt_(opt), before_(prefill_option(opt)) { set_prefill_option(opt, value); }
-  ~VariantScope() { set_prefill_option(opt_, before_); }
-
- private:
-  PrefillOption opt_;
-  int before_;
-};
-
 // Attention outputs are bf16 and P is rounded to bf16 before the PV GEMM: max abs err <= 2e-2 * max |ref|.
 constexpr double kAttnTol = 2e-2;
 
 // Causal GQA attention of the packed sequences `lens` against an f64 softmax per (token, head)
-// (prefill_attention_check.h), through the variant the scope selects.
+// (prefill_attention_check.h).
 void attention_case(const std::vector<int>& lens, int Hq, int Hkv, int pad, std::mt19937& rng) {
-  check_prefill_attention(lens, Hq, Hkv, pad, false, kAttnTol, rng);
+  check_prefill_attention(lens, Hq, Hkv, pad, kAttnTol, rng);
 }
 
 TEST(CudaPrefillWs, VarlenOddLengthsAndLengthOne) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(9001);
-  for (int variant : {12, 13, 14, 15, 16, 17, 18}) {
-    SCOPED_TRACE(testing::Message() << "variant " << variant);
-    VariantScope scope(PrefillOption::kAttention, variant);
-    // Lengths around the 64-row halves and 128-row tiles; a single token alone and packed.
-    attention_case({1, 17, 63, 65, 300}, 4, 2, 0, rng);
-    attention_case({1}, 2, 1, 0, rng);
-    attention_case({129, 256, 7}, 3, 3, 8, rng);  // no grouping, row stride padded by 8 elements
-  }
+  // Lengths around the 64-row halves and 128-row tiles, a single token packed with them, each with one sequence long
+  // enough for the persistent kernel.
+  attention_case({1, 17, 63, 65, 700}, 4, 2, 0, rng);
+  attention_case({1, 300}, 2, 1, 0, rng);
+  attention_case({129, 256, 7, 520}, 3, 3, 8, rng);  // no grouping, row stride padded by 8 elements
 }
 
 TEST(CudaPrefillWs, WholeTilesOnlyTakeTheTmaPath) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(9002);
-  for (int variant : {12, 13, 14, 15, 16, 17, 18}) {
-    SCOPED_TRACE(testing::Message() << "variant " << variant);
-    VariantScope scope(PrefillOption::kAttention, variant);
-    attention_case({128, 384, 256}, 4, 1, 0, rng);  // every tile whole: no cp.async fallback
-  }
+  attention_case({128, 384, 256}, 4, 1, 0, rng);  // every tile whole: no cp.async fallback
 }
 
 TEST(CudaPrefillWs, LongSequencesGqa8WrapTheRing) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(9003);
-  for (int variant : {12, 13, 15, 17}) {
-    SCOPED_TRACE(testing::Message() << "variant " << variant);
-    VariantScope scope(PrefillOption::kAttention, variant);
-    // 8 query heads per kv head; 1100 tokens = 9 key tiles (the 2- and 3-stage rings wrap several times), packed
-    // with a sequence that ends 1 row into a tile.
-    attention_case({1100, 129}, 8, 1, 0, rng);
-  }
+  // 8 query heads per kv head; 1100 tokens = 9 key tiles (the 2-stage ring wraps several times), packed with a
+  // sequence that ends 1 row into a tile.
+  attention_case({1100, 129}, 8, 1, 0, rng);
 }
 
 TEST(CudaPrefillWs, PersistentCtasTakeManyItems) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(9005);
-  for (int variant : {15, 16, 17, 18}) {
-    SCOPED_TRACE(testing::Message() << "variant " << variant);
-    VariantScope scope(PrefillOption::kAttention, variant);
-    // 32 heads x 5 query tiles x 3 sequences = 480 items (variant 17: 16 head pairs x 10 tiles of 64 rows x 3),
-    // more than the CTAs (one per SM): the K/V ring and the Q/O tiles carry over from item to item, partial and
-    // whole tiles alternate.
-    attention_case({600, 250, 5}, 32, 4, 0, rng);
-  }
+  // 32 heads x 5 query tiles x 3 sequences = 480 items, more than the CTAs (one per SM): the K/V ring and the Q/O
+  // tiles carry over from item to item, partial and whole tiles alternate.
+  attention_case({600, 250, 5}, 32, 4, 0, rng);
 }
 
 TEST(CudaPrefillWs, LongSingleSequence) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(9004);
-  VariantScope scope(PrefillOption::kAttention, 12);
   attention_case({2000}, 2, 1, 0, rng);
 }
 
 TEST(CudaPrefillWs, RejectsBadShapes) {
   ZEST_REQUIRE_GPU();
-  VariantScope scope(PrefillOption::kAttention, 12);
   DevBuf<bf16> buf(4096);
   DevBuf<int32_t> cu(std::vector<int32_t>{0, 4});
   const bf16* p = buf.get();
@@ -195,7 +167,6 @@ void rope_case(const RopeShape& c, std::mt19937& rng) {
 TEST(CudaRopeStream, DecodeSizes) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(9101);
-  VariantScope scope(PrefillOption::kRope, 2);
   for (int T : {1, 3, 64}) rope_case({T, 32, 4, 128, false, true}, rng);
   rope_case({5, 4, 2, 128, true, true}, rng);
   rope_case({2, 6, 3, 128, false, false}, rng);  // no cache write
@@ -204,20 +175,15 @@ TEST(CudaRopeStream, DecodeSizes) {
 TEST(CudaRopeStream, PrefillSizes) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(9102);
-  for (int variant : {2, 3}) {
-    SCOPED_TRACE(testing::Message() << "variant " << variant);
-    VariantScope scope(PrefillOption::kRope, variant);
-    rope_case({256, 32, 4, 128, false, true}, rng);
-    rope_case({1001, 32, 4, 128, true, true}, rng);  // T % 4 != 0: the last CTA has one token
-    rope_case({777, 3, 1, 128, false, true}, rng);   // 5 heads: rows of a CTA span tokens unevenly
-    rope_case({300, 32, 4, 128, false, false}, rng);  // no cache write
-  }
+  rope_case({256, 32, 4, 128, false, true}, rng);
+  rope_case({1001, 32, 4, 128, true, true}, rng);  // T % 4 != 0: the last CTA has one token
+  rope_case({777, 3, 1, 128, false, true}, rng);   // 5 heads: rows of a CTA span tokens unevenly
+  rope_case({300, 32, 4, 128, false, false}, rng);  // no cache write
 }
 
 TEST(CudaRopeStream, OtherHeadDimTakesThePerWarpKernel) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(9103);
-  VariantScope scope(PrefillOption::kRope, 2);
   rope_case({300, 6, 3, 64, true, true}, rng);
 }
 

@@ -214,46 +214,6 @@ bool moe_down_rows_on(int N, int K, int E, int H, int I);
 Status prefill_attention(const bf16* q, int q_stride, const bf16* k, const bf16* v, int kv_stride,
                          const int32_t* cu_seqlens, int nseq, int max_seqlen, bf16* out, int Hq, int Hkv, int D,
                          float scale, cudaStream_t stream);
-// Prefill kernel variants that benchmarks compare (process-wide switches read on the host at launch time;
-// 0 = the default, the variant measured fastest on H200).
-//   kAttention (prefill_attention, D = 128; default 18 when max_seqlen > 256 and nseq * 128 <= max_seqlen, else
-//     9): CTAs of W warps x R query rows, key tiles of B:
-//     mma.sync: 1 = 8 x 16, B 64; 2 = 4 x 16, B 64; 3 = 8 x 32, B 32; 4 = 4 x 32, B 32; 5 = 8 x 16, B 32;
-//     wgmma: 6 = 2 warpgroups x 64 rows, B 128; 7 = 1 warpgroup x 64 rows, B 64 (two CTAs per SM); 8 = as 6,
-//     with S of the next tile issued before the softmax of the current one (K/V triple-buffered); 9 = as 8, the
-//     causal mask on the diagonal tile only and the scale folded into the exponent's FFMA; 10 = as 9, the two
-//     score register arrays swapping roles every tile instead of a copy; 11 = as 9, exponentials by
-//     ex2.approx.ftz; warp-specialised (a TMA producer warp, mbarrier-guarded K/V stages, two consumer
-//     warpgroups of 64 rows with setmaxnreg, softmax overlapping the PV GEMM): 12 = 2 stages, the consumers
-//     taking turns at issuing GEMMs; 13 = as 12 with 3 stages; 14 = as 12 without the turn-taking; persistent
-//     (one CTA per SM over the (query tile, head, sequence) items in snake order, the K/V ring and a separate O
-//     tile carried across items so the next item's loads overlap the current epilogue): 15 = with turn-taking,
-//     16 = without; 17 = as 15 with items of two query heads of one kv head x 64 rows (one consumer per head, each
-//     K/V tile read once for both; an odd number of query heads per kv head takes 15); 18 = as 15 with
-//     exponentials by ex2.approx.ftz and the O rescale skipped when no row of a warp changed its maximum.
-//   kGroupedGemm (moe_prefill_gate_up/down; default 11, see below): mma.sync with 1 = k-chunks of 32 in a 4-stage
-//     cp.async ring, 2 = 64 in 3 stages; wgmma (two warpgroups of 64 rows, k-chunks of 64): 3 = 3 stages, each stage's
-//     wgmma waited for; 4 = 4 stages, one wgmma group left in flight; 5 = 3 stages, one group in flight;
-//     256 weight rows per CTA (m64n256k16; needs I % 128 == 0 and H % 256 == 0, else variant 3): 6 = 3 stages,
-//     7 = 4 stages with one group in flight; one warpgroup of 64 rows per CTA (one plan tile): 8 = 3 stages (three
-//     CTAs per SM), 9 = 4 stages with one group in flight, 10 = 3 stages with one group in flight.
-//   kRope (qk_norm_rope_kv at every T, decode included; default 2): 1 = one warp per (token, head), scalar loads;
-//     2 = head_dim 128 only (other sizes take 1): a half-warp per (token, head) with 16-byte loads and stores, the
-//     cos/sin of a CTA's tokens computed once in shared memory, 4 tokens per CTA (T >= 256) or one token's heads
-//     over CTAs of 16 rows, two rows per half-warp in flight; 3 = as 2 with five rows in flight and the tokens'
-//     cache slots read once into shared memory.
-//   kSlots (the decoders' prefill experts, moe_prefill_bf16_slots): 0 (default) = the down GEMM stores its slot
-//     outputs as bf16 and the combine reads them (half the bytes; the same values, see moe_prefill_down) wherever
-//     the grouped GEMM is variant 11 (the default); 1 = fp32 slots always.
-//   Start values of kAttention, kRope and kSlots may be given by the environment: ZEST_PREFILL_ATTENTION,
-//   ZEST_PREFILL_ROPE, ZEST_PREFILL_SLOTS.
-enum class PrefillOption : int { kAttention = 0, kGroupedGemm, kRope, kSlots, kCount };
-void set_prefill_option(PrefillOption opt, int value);
-int prefill_option(PrefillOption opt);
-// The same function (D = 128 only) through the previous wmma kernel, kept for comparison in benchmarks.
-Status prefill_attention_wmma(const bf16* q, int q_stride, const bf16* k, const bf16* v, int kv_stride,
-                              const int32_t* cu_seqlens, int nseq, int max_seqlen, bf16* out, int Hq, int Hkv, int D,
-                              float scale, cudaStream_t stream);
 
 // Generic attention over the paged cache for any even head_dim <= 256 (fp32 scores and softmax): query i < n is
 // token t = rows ? rows[i] : i, read at q + t * q_stride (Hq heads of D); it attends keys 0 .. ctx_lens[t] - 1 of
@@ -359,37 +319,27 @@ Status moe_experts_decode_combine(const bf16* x, const MoePlan& plan, const floa
 Status moe_experts_prefill(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
                            const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I,
                            cudaStream_t stream);
-// The two grouped GEMMs of moe_experts_prefill (mma.sync, cp.async pipeline; H % 128 == 0, I % 64 == 0):
-// h[sorted position] = silu(x Wg^T) * (x Wu^T), then slot_out[slot] = weights[slot] * (h Wd^T).
+// The two grouped GEMMs of moe_experts_prefill (H % 128 == 0, I % 64 == 0): h[sorted position] =
+// silu(x Wg^T) * (x Wu^T), then slot_out[slot] = weights[slot] * (h Wd^T). Warp-specialised persistent kernels: one
+// CTA per SM walks a flat list of (128 sorted slots of one expert) x (256 weight rows) tiles; a producer warpgroup
+// fills a 4-stage ring of k-chunks (weights and down's h rows by TMA, gate/up's token rows gathered by cp.async)
+// under full/empty mbarriers, two wgmma consumer warpgroups (64 rows each) compute and store. Sizes or operands they
+// do not take (I % 128 != 0, H % 256 != 0, E > 256, operands not 16-byte aligned) run a wgmma kernel of 128 x 128
+// tiles with a 3-stage cp.async ring. Every output is bf16(bf16(C) * w), a value bf16 holds exactly.
 Status moe_prefill_gate_up(const bf16* x, const MoePlan& plan, const bf16* gate_up, bf16* h, int N, int K, int E,
                            int H, int I, cudaStream_t stream);
 Status moe_prefill_down(const bf16* h, const MoePlan& plan, const float* weights, const bf16* down, float* slot_out,
                         int N, int K, int E, int H, int I, cudaStream_t stream);
-// PrefillOption::kGroupedGemm 11-16 run both as warp-specialised persistent kernels: one CTA per SM walks a flat
-// list of (128 sorted slots of one expert) x (BN weight rows) tiles; a producer warpgroup fills a ring of k-chunks
-// (weights and down's h rows by TMA, gate/up's token rows gathered by cp.async) under full/empty mbarriers, two
-// wgmma consumer warpgroups (64 rows each) compute and store. 11 = BN 256, 4 stages (needs I % 128 == 0 and
-// H % 256 == 0; the default: 0.74 + 0.47 ms at T = 8192 on H200 against 0.97 + 0.59 for variant 3); 12 = BN 128,
-// 6 stages; 13 = as 11 in clusters of two CTAs on consecutive row tiles that share (TMA
-// multicast) the weight tile when both belong to one expert; 14 = ping-pong: each consumer warpgroup takes every
-// other tile whole (128 x 128, 6 stages), its epilogue overlapping the other's GEMM; 15 = 14 in clusters as 13;
-// 16 = 13 launching sm_count / 2 clusters whatever the occupancy query says; 17 = 11 with evict-first (streaming)
-// output stores; 18 = 11 with down's slots and routing weights loaded before the GEMM; 19 = 17 and 18 together;
-// 20 = 18 with the epilogue's outputs (all of gate/up's, half of down's) kept as bf16 pairs in registers and stored
-// during the next tile's first k-chunks. All need E <= 256 and 16-byte aligned operands, else variant 3 runs.
-// Every variant stores bf16(bf16(C) * w) in its fp32 slots, a value bf16 holds exactly. This form runs variant 11's
-// down kernel (variant 14's, the ping-pong kernel, when PrefillOption::kGroupedGemm is 14) storing those values as
-// bf16: half the bytes written here and read by the combine, the same results. Sizes or operands that kernel does
-// not take are kInvalidArgument (moe_prefill_bf16_slots says when it runs).
+// moe_prefill_down's warp-specialised kernel storing its slot outputs as bf16: half the bytes written here and read
+// by the combine, the same results. Sizes or operands that kernel does not take are kInvalidArgument
+// (moe_prefill_bf16_slots says when it runs).
 Status moe_prefill_down(const bf16* h, const MoePlan& plan, const float* weights, const bf16* down, bf16* slot_out,
                         int N, int K, int E, int H, int I, cudaStream_t stream);
-// Whether the decoders' prefill experts use the bf16 slots: PrefillOption::kSlots 0, the grouped GEMM at variant 11
-// (0 or 11) or 14, and sizes and operands its kernel takes (h and down 16-byte aligned).
+// Whether the bf16-slot moe_prefill_down takes these sizes and operands (h and down 16-byte aligned); the decoders'
+// prefill experts use the bf16 slots where it does, fp32 slots elsewhere.
 bool moe_prefill_bf16_slots(const bf16* h, const bf16* down, int E, int H, int I);
-// Clusters of variant 13's gate/up (or down) kernel that can be resident at once (cudaOccupancyMaxActiveClusters).
-int moe_prefill_cluster_capacity(bool gate_up);
-// The previous grouped GEMMs (wmma 64x64 tiles) when H and I are multiples of 64, else moe_experts_decode;
-// kept for comparison in benchmarks.
+// Grouped GEMMs on wmma 64x64 tiles when H and I are multiples of 64, else moe_experts_decode; moe_experts_prefill's
+// path for widths off the main kernels' tiles.
 Status moe_experts_prefill_wmma(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
                                 const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I,
                                 cudaStream_t stream);

@@ -1,24 +1,16 @@
 // MoE prefill experts: tensor-core grouped GEMMs over the tiles of the device-side plan (MoePlan), gate/up with
 // the SiLU*up epilogue, then down with the routing-weight epilogue; and moe_plan_prefill, the plan for many tokens.
 //
-// CTA = 128 sorted slots of one expert x 128 weight rows. The gate/up CTA takes 64 gate rows and the matching 64
-// up rows of one expert, so a thread holds gate and up of the same columns and the SiLU*up epilogue runs in
-// registers. The A rows of gate/up are tokens gathered through the plan's sorted slots (one cp.async per 16
-// bytes of a row); those of down are the contiguous h rows of the sorted positions. The plan's tiles are
-// kMoeTileM (64) slots: the CTA of an even tile (counted from its expert's first) covers it and the next. The
-// grid runs the weight-row tiles fastest, so the CTAs of one expert's row tile (and then of its next row tiles)
-// run together and share the A rows and the expert's weights in L2. Three kernel families, chosen by
-// PrefillOption::kGroupedGemm (kernels.h):
-// - warp-specialised wgmma (default, variant 11; 11-16 in the section "warp-specialised persistent grouped GEMM"):
-//   persistent CTAs of 128 slots x 256 weight rows, a TMA/cp.async producer warpgroup and two consumer warpgroups
-//   synchronised by mbarriers; sizes it does not take run variant 3;
-// - wgmma (variants 3-10): two warpgroups of 64 rows issue wgmma.m64n128k16 on 128-byte swizzled shared-memory
-//   stages filled by cp.async by all threads (see the section below);
-// - mma.sync: 8 warps (4 along the rows x 2 along the weight rows, 32 x 64 each), ldmatrix fragments, a
-//   cp.async ring of k-chunks.
+// moe_prefill_gate_up / moe_prefill_down run the warp-specialised persistent kernels (see their section below):
+// work tiles of 128 sorted slots of one expert x 256 weight rows, a TMA/cp.async producer warpgroup and two wgmma
+// consumer warpgroups synchronised by mbarriers. Sizes or operands those do not take (I % 128, H % 256, E > 256,
+// operands not 16-byte aligned) run the wgmma kernel: CTA = 128 sorted slots x 128 weight rows, cp.async stages
+// filled by all threads. The gate/up CTA takes gate rows and the matching up rows of one expert, so a thread holds
+// gate and up of the same columns and the SiLU*up epilogue runs in registers. The A rows of gate/up are tokens
+// gathered through the plan's sorted slots; those of down are the contiguous h rows of the sorted positions.
 //
-// The previous kernels (wmma 64x64 tiles, plain loads) stay behind moe_experts_prefill_wmma for comparison
-// and serve widths that are multiples of 64 but not of the main kernels' tiles.
+// moe_experts_prefill_wmma (wmma 64x64 tiles, plain loads) serves widths that are multiples of 64 but not of the
+// main kernels' tiles.
 #include <cuda.h>
 #include <mma.h>
 
@@ -41,7 +33,9 @@ __device__ __forceinline__ float swiglu_acc(float g_acc, float u_acc) {
   return bf16_round(gv / (1.f + __expf(-gv))) * uv;
 }
 
-// ---- prefill experts: grouped GEMM over the plan's tiles ------------------------------------------------------
+// ---- wmma grouped GEMM (moe_experts_prefill_wmma) --------------------------------------------------------------
+//
+// CTA = one 64-slot plan tile x 64 weight rows, plain loads into shared memory.
 
 using namespace nvcuda;
 constexpr int kGT = 64;       // tile rows (sorted slots), columns and k-chunk
@@ -149,214 +143,23 @@ size_t grouped_smem(bool gate_up) {
   return (3 * kGT * kGLd) * sizeof(bf16) + (gate_up ? 2 : 1) * kGT * (kGT + 4) * sizeof(float);
 }
 
+// The widths moe_prefill_gate_up and moe_prefill_down take.
+bool mma_shapes_ok(int H, int I) { return H % 128 == 0 && I % 64 == 0; }
 
-// ---- main grouped GEMM (mma.sync, cp.async ring) ------------------------------------------------------------
-
-constexpr int kMBM = 128;     // sorted slots per CTA (two plan tiles)
-constexpr int kMBN = 128;     // weight rows per CTA
-constexpr int kMWarps = 8;
-constexpr int kMThreads = kMWarps * 32;
-static_assert(kMBM % kMoeTileM == 0, "a CTA covers whole plan tiles");
-// k-chunk BK (32 or 64) and ring depth; smem rows padded by 8 elements (an odd number of 16-byte units, so
-// ldmatrix rows fall on distinct banks).
-template <int BK>
-constexpr int m_ld() {
-  return BK + 8;
-}
-template <int BK>
-constexpr size_t m_stage_elems() {
-  return static_cast<size_t>(kMBM + kMBN) * m_ld<BK>();
-}
-template <int BK, int ST>
-constexpr size_t m_smem() {
-  return ST * m_stage_elems<BK>() * sizeof(bf16);
-}
-
-// kGateUp: C = x[token] x [Wg | Wu]^T over H for 64 intermediate columns; h = silu(g) * u at the sorted position.
-// else:    C = h x Wd^T over I for 128 output columns; slot_out[slot] = w[slot] * C.
-template <bool kGateUp, int BK, int ST>
-__global__ void __launch_bounds__(kMThreads, 2)
-    moe_grouped_mma_kernel(const bf16* __restrict__ a_src, MoePlan plan, const float* __restrict__ weights,
-                           const bf16* __restrict__ w_all, bf16* __restrict__ h, float* __restrict__ slot_out, int K,
-                           int H, int I) {
-  using namespace vmma;
-  constexpr int kMBK = BK, kMStages = ST, kMLd = m_ld<BK>();
-  constexpr size_t kMStageElems = m_stage_elems<BK>();
-  constexpr int kCh = BK / 8;               // 16-byte chunks per smem row
-  constexpr int kRowsPass = kMThreads / kCh;  // rows one pass of the CTA copies
-  constexpr int kPasses = kMBM / kRowsPass;
-  pdl_wait();
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  bf16* smem = reinterpret_cast<bf16*>(smem_raw);
-  __shared__ int a_row[kMBM];
-  const int Kdim = kGateUp ? H : I;
-  const int nk = Kdim / kMBK;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int wm = warp & 3, wn = warp >> 2;
-  const int num_tiles = *plan.num_tiles;
-  for (int tile = blockIdx.y; tile < num_tiles; tile += gridDim.y) {
-    const int j = plan.tile_active[tile];
-    const int start = plan.tile_start[tile];
-    const int beg = plan.offsets[j], end = plan.offsets[j + 1];
-    if (((start - beg) / kMoeTileM) % (kMBM / kMoeTileM) != 0) continue;  // covered by an earlier tile's CTA
-    const int rows = min(kMBM, end - start);
-    const int e = plan.active_experts[j];
-    __syncthreads();  // a_row and the ring of the previous tile are no longer read
-    if (threadIdx.x < kMBM) {
-      const int r = threadIdx.x;
-      a_row[r] = r < rows ? (kGateUp ? plan.sorted_slots[start + r] / K : start + r) : -1;
-    }
-    __syncthreads();
-
-    // Each thread copies 16 bytes (chunk lc) of kPasses A rows and kPasses B rows per stage.
-    const int lr = threadIdx.x / kCh, lc = threadIdx.x % kCh;
-    const bf16* a_ptr[kPasses];
-    bool a_ok[kPasses];
-    const bf16* b_ptr[kPasses];
-#pragma unroll
-    for (int u = 0; u < kPasses; ++u) {
-      const int r = lr + u * kRowsPass;
-      const int src = a_row[r];
-      a_ok[u] = src >= 0;
-      a_ptr[u] = a_src + static_cast<size_t>(src >= 0 ? src : 0) * Kdim + lc * 8;
-      size_t wrow;
-      if constexpr (kGateUp) {
-        const int n0 = blockIdx.x * (kMBN / 2);
-        wrow = static_cast<size_t>(e) * 2 * I + (r < 64 ? n0 + r : I + n0 + r - 64);
-      } else {
-        wrow = static_cast<size_t>(e) * H + blockIdx.x * kMBN + r;
-      }
-      b_ptr[u] = w_all + wrow * Kdim + lc * 8;
-    }
-    auto load_stage = [&](int stage, int kc) {
-      bf16* sA = smem + stage * kMStageElems;
-      bf16* sB = sA + kMBM * kMLd;
-      const int k0 = kc * kMBK;
-#pragma unroll
-      for (int u = 0; u < kPasses; ++u) {
-        const int r = lr + u * kRowsPass;
-        cp_async16(sA + r * kMLd + lc * 8, a_ptr[u] + k0, a_ok[u]);
-        cp_async16(sB + r * kMLd + lc * 8, b_ptr[u] + k0, true);
-      }
-    };
-
-    float acc[2][8][4];
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.f;
-
-#pragma unroll
-    for (int s = 0; s < kMStages - 1; ++s) {
-      if (s < nk) load_stage(s, s);
-      cp_async_commit();
-    }
-    // B row of n-tile nt (pairs 2p, 2p+1 are adjacent): gate/up: 32 gate rows then the same 32 up rows.
-    auto brow = [&](int nt) {
-      if constexpr (kGateUp) return nt < 4 ? 32 * wn + 8 * nt : 64 + 32 * wn + 8 * (nt - 4);
-      else return 64 * wn + 8 * nt;
-    };
-    for (int kt = 0; kt < nk; ++kt) {
-      cp_async_wait<kMStages - 2>();
-      __syncthreads();
-      if (kt + kMStages - 1 < nk) load_stage((kt + kMStages - 1) % kMStages, kt + kMStages - 1);
-      cp_async_commit();
-      const bf16* sA = smem + (kt % kMStages) * kMStageElems;
-      const bf16* sB = sA + kMBM * kMLd;
-      if (32 * wm >= rows) continue;  // this warp's rows are all past the expert's last slot
-#pragma unroll
-      for (int kk = 0; kk < kMBK / 16; ++kk) {
-        uint32_t af[2][4];
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt)
-          ldsm_x4(af[mt], sA + (32 * wm + 16 * mt + (lane & 15)) * kMLd + kk * 16 + (lane >> 4) * 8);
-#pragma unroll
-        for (int p = 0; p < 4; ++p) {
-          uint32_t b[4];
-          ldsm_x4(b, sB + (brow(2 * p) + (lane >> 4) * 8 + (lane & 7)) * kMLd + kk * 16 + ((lane >> 3) & 1) * 8);
-#pragma unroll
-          for (int mt = 0; mt < 2; ++mt) {
-            mma16816(acc[mt][2 * p], af[mt], b[0], b[1]);
-            mma16816(acc[mt][2 * p + 1], af[mt], b[2], b[3]);
-          }
-        }
-      }
-    }
-    cp_async_wait<0>();
-
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-        const int r = 32 * wm + 16 * mt + g + hr * 8;
-        if (r >= rows) continue;
-        if constexpr (kGateUp) {
-          bf16* hrow = h + static_cast<size_t>(start + r) * I + blockIdx.x * (kMBN / 2) + 32 * wn + 2 * t;
-#pragma unroll
-          for (int nt = 0; nt < 4; ++nt) {
-            float hv[2];
-#pragma unroll
-            for (int c = 0; c < 2; ++c) {
-              hv[c] = swiglu_acc(acc[mt][nt][hr * 2 + c], acc[mt][nt + 4][hr * 2 + c]);
-            }
-            *reinterpret_cast<__nv_bfloat162*>(hrow + 8 * nt) = __floats2bfloat162_rn(hv[0], hv[1]);
-          }
-        } else {
-          const int slot = plan.sorted_slots[start + r];
-          const float wt = weights[slot];
-          float* orow = slot_out + static_cast<size_t>(slot) * H + blockIdx.x * kMBN + 64 * wn + 2 * t;
-#pragma unroll
-          for (int nt = 0; nt < 8; ++nt)
-            *reinterpret_cast<float2*>(orow + 8 * nt) =
-                make_float2(bf16_round(bf16_round(acc[mt][nt][hr * 2]) * wt),
-                            bf16_round(bf16_round(acc[mt][nt][hr * 2 + 1]) * wt));
-        }
-      }
-  }
-}
-
-// Variant 2 of PrefillOption::kGroupedGemm: k-chunks of 64 in a 3-stage ring; otherwise 32 in a 4-stage ring.
-bool mma_shapes_ok(int H, int I) { return H % kMBN == 0 && I % (kMBN / 2) == 0; }
-
-template <bool kGateUp, int BK, int ST>
-Status launch_grouped(const bf16* a, const MoePlan& plan, const float* weights, const bf16* w, bf16* h,
-                      float* slot_out, int N, int K, int E, int H, int I, cudaStream_t stream) {
-  constexpr size_t smem = m_smem<BK, ST>();
-  static const cudaError_t attr = cudaFuncSetAttribute(moe_grouped_mma_kernel<kGateUp, BK, ST>,
-                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-  ZEST_RETURN_IF_ERROR(cuda_status(attr, "moe grouped GEMM smem attribute"));
-  const int n_tiles = kGateUp ? I / (kMBN / 2) : H / kMBN;
-  return launch(kGateUp ? "moe_prefill_gate_up" : "moe_prefill_down", moe_grouped_mma_kernel<kGateUp, BK, ST>,
-                dim3(n_tiles, std::min(moe_max_tiles(N, K, E), 65535)), dim3(kMThreads), smem, stream, a, plan, weights,
-                w, h, slot_out, K, H, I);
-}
-
-
-// ---- grouped GEMM on wgmma (variant 3) ---------------------------------------------------------------------
+// ---- grouped GEMM on wgmma ---------------------------------------------------------------------------------
 //
 // CTA = 2 warpgroups over 128 sorted slots (64 each) x 128 weight rows, k-chunks of 64 (one 128-byte swizzled
-// row per operand row) through a 3-stage cp.async ring; each warpgroup issues wgmma.m64n128k16 with both
-// operands in shared memory (K-major, 128-byte swizzle: the 16-byte chunk c of row r is stored at chunk
-// c ^ (r % 8), matrix descriptors with 1024-byte 8-row groups). The accumulator fragment of a warp has the
-// mma.sync m16n8 layout per 8 columns, so the epilogues are those of the mma.sync kernels.
-
-// ST stages; kOverlap keeps one wgmma group in flight while the next stage's wgmma is issued (prefetch distance
-// ST - 2), otherwise each stage's wgmma is waited for before the next (prefetch distance ST - 1).
-// BM sorted slots per CTA (BM / 64 warpgroups: 128, or 64 for one plan tile per CTA) and BN weight rows (128:
-// m64n128k16; 256: m64n256k16, gate/up then covers 128 intermediate columns).
+// row per operand row) through a 3-stage cp.async ring, each stage's wgmma waited for before the next; each
+// warpgroup issues wgmma.m64n128k16 with both operands in shared memory (K-major, 128-byte swizzle: the 16-byte
+// chunk c of row r is stored at chunk c ^ (r % 8), matrix descriptors with 1024-byte 8-row groups). The
+// accumulator fragment of a warp has the mma.sync m16n8 layout per 8 columns.
 constexpr int kWBK = 64;
-template <int BM, int BN>
-constexpr size_t w_stage_bytes() {
-  return static_cast<size_t>(BM + BN) * kWBK * sizeof(bf16);
-}
-template <int BM, int BN, int ST>
-constexpr size_t w_smem() {
-  return ST * w_stage_bytes<BM, BN>() + 1024;  // + alignment slack
-}
-template <int BM, int BN, int ST>
-constexpr int w_ctas_per_sm() {
-  return BM == 64 ? 3 : (ST <= 3 && BN == 128 ? 2 : 1);
-}
+constexpr int kWBM = 128;     // sorted slots per CTA (two plan tiles)
+constexpr int kWBN = 128;     // weight rows per CTA
+constexpr int kWStages = 3;
+constexpr size_t kWStageBytes = static_cast<size_t>(kWBM + kWBN) * kWBK * sizeof(bf16);
+constexpr size_t kWSmem = kWStages * kWStageBytes + 1024;  // + alignment slack
+static_assert(kWBM % kMoeTileM == 0, "a CTA covers whole plan tiles");
 
 __device__ __forceinline__ uint64_t wgmma_desc(const void* smem) {
   const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
@@ -384,16 +187,8 @@ __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_
       : "l"(desc_a), "l"(desc_b));
 }
 
-template <int BN>
-__device__ __forceinline__ void wgmma_n(float (&d)[BN / 2], uint64_t desc_a, uint64_t desc_b) {
-  if constexpr (BN == 128)
-    wgmma_m64n128k16(d, desc_a, desc_b);
-  else
-    wgmma_m64n256k16(d, desc_a, desc_b);
-}
-
-template <bool kGateUp, int BM, int BN, int kWStages, bool kOverlap>
-__global__ void __launch_bounds__(BM * 2, w_ctas_per_sm<BM, BN, kWStages>())
+template <bool kGateUp>
+__global__ void __launch_bounds__(kWBM * 2, 2)
     moe_grouped_wgmma_kernel(const bf16* __restrict__ a_src, MoePlan plan, const float* __restrict__ weights,
                              const bf16* __restrict__ w_all, bf16* __restrict__ h, float* __restrict__ slot_out, int K,
                              int H, int I) {
@@ -402,8 +197,8 @@ __global__ void __launch_bounds__(BM * 2, w_ctas_per_sm<BM, BN, kWStages>())
   extern __shared__ __align__(128) unsigned char smem_raw[];
   // Stages start on a 1024-byte boundary (the swizzle pattern repeats every 8 rows of 128 bytes).
   unsigned char* smem = smem_raw + ((1024 - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
-  constexpr int kThreads = BM * 2, kRowsPass = kThreads / 8;  // rows one pass of 16-byte copies covers
-  __shared__ int a_row[BM];
+  constexpr int kThreads = kWBM * 2, kRowsPass = kThreads / 8;  // rows one pass of 16-byte copies covers
+  __shared__ int a_row[kWBM];
   const int Kdim = kGateUp ? H : I;
   const int nk = Kdim / kWBK;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -413,23 +208,23 @@ __global__ void __launch_bounds__(BM * 2, w_ctas_per_sm<BM, BN, kWStages>())
     const int j = plan.tile_active[tile];
     const int start = plan.tile_start[tile];
     const int beg = plan.offsets[j], end = plan.offsets[j + 1];
-    if (((start - beg) / kMoeTileM) % (BM / kMoeTileM) != 0) continue;  // covered by an earlier tile's CTA
-    const int rows = min(BM, end - start);
+    if (((start - beg) / kMoeTileM) % (kWBM / kMoeTileM) != 0) continue;  // covered by an earlier tile's CTA
+    const int rows = min(kWBM, end - start);
     const int e = plan.active_experts[j];
     __syncthreads();
-    if (threadIdx.x < BM) {
+    if (threadIdx.x < kWBM) {
       const int r = threadIdx.x;
       a_row[r] = r < rows ? (kGateUp ? plan.sorted_slots[start + r] / K : start + r) : -1;
     }
     __syncthreads();
 
-    // Thread copies chunk lc of rows lr + kRowsPass * u of A (u < 4) and B (u < BN / kRowsPass); its swizzled
+    // Thread copies chunk lc of rows lr + kRowsPass * u of A (u < 4) and B (u < kWBN / kRowsPass); its swizzled
     // chunk is lc ^ (lr % 8).
     const int lr = threadIdx.x >> 3, lc = threadIdx.x & 7;
     const int sw = (lc ^ (lr & 7)) * 8;
     const bf16* a_ptr[4];
     bool a_ok[4];
-    const bf16* b_ptr[BN / kRowsPass];
+    const bf16* b_ptr[kWBN / kRowsPass];
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
       const int src = a_row[lr + u * kRowsPass];
@@ -437,33 +232,32 @@ __global__ void __launch_bounds__(BM * 2, w_ctas_per_sm<BM, BN, kWStages>())
       a_ptr[u] = a_src + static_cast<size_t>(src >= 0 ? src : 0) * Kdim + lc * 8;
     }
 #pragma unroll
-    for (int u = 0; u < BN / kRowsPass; ++u) {
+    for (int u = 0; u < kWBN / kRowsPass; ++u) {
       const int r = lr + u * kRowsPass;
       size_t wrow;
       if constexpr (kGateUp) {
-        const int n0 = blockIdx.x * (BN / 2);
-        wrow = static_cast<size_t>(e) * 2 * I + (r < BN / 2 ? n0 + r : I + n0 + r - BN / 2);
+        const int n0 = blockIdx.x * (kWBN / 2);
+        wrow = static_cast<size_t>(e) * 2 * I + (r < kWBN / 2 ? n0 + r : I + n0 + r - kWBN / 2);
       } else {
-        wrow = static_cast<size_t>(e) * H + blockIdx.x * BN + r;
+        wrow = static_cast<size_t>(e) * H + blockIdx.x * kWBN + r;
       }
       b_ptr[u] = w_all + wrow * Kdim + lc * 8;
     }
-    constexpr size_t kWStageBytes = w_stage_bytes<BM, BN>();
     auto load_stage = [&](int stage, int kc) {
       bf16* sA = reinterpret_cast<bf16*>(smem + stage * kWStageBytes);
-      bf16* sB = sA + BM * kWBK;
+      bf16* sB = sA + kWBM * kWBK;
       const int k0 = kc * kWBK;
 #pragma unroll
       for (int u = 0; u < 4; ++u) cp_async16(sA + (lr + u * kRowsPass) * kWBK + sw, a_ptr[u] + k0, a_ok[u]);
 #pragma unroll
-      for (int u = 0; u < BN / kRowsPass; ++u)
+      for (int u = 0; u < kWBN / kRowsPass; ++u)
         cp_async16(sB + (lr + u * kRowsPass) * kWBK + sw, b_ptr[u] + k0, true);
     };
 
-    float acc[BN / 2];
+    float acc[kWBN / 2];
 #pragma unroll
-    for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
-    constexpr int kDist = kOverlap ? kWStages - 2 : kWStages - 1;  // stages loaded ahead
+    for (int i = 0; i < kWBN / 2; ++i) acc[i] = 0.f;
+    constexpr int kDist = kWStages - 1;  // stages loaded ahead
 #pragma unroll
     for (int s = 0; s < kDist; ++s) {
       if (s < nk) load_stage(s, s);
@@ -472,23 +266,19 @@ __global__ void __launch_bounds__(BM * 2, w_ctas_per_sm<BM, BN, kWStages>())
     for (int kt = 0; kt < nk; ++kt) {
       cp_async_wait<kDist - 1>();
       asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async writes -> wgmma reads
-      // Also: every warpgroup's wgmma of stage kt - kDist (kt - 1 without overlap) has completed, so that stage
-      // can be refilled.
+      // Also: every warpgroup's wgmma of stage kt - 1 has completed, so that stage can be refilled.
       __syncthreads();
       if (kt + kDist < nk) load_stage((kt + kDist) % kWStages, kt + kDist);
       cp_async_commit();
       const unsigned char* st = smem + (kt % kWStages) * kWStageBytes;
       const unsigned char* sA = st + wg * 64 * kWBK * sizeof(bf16);
-      const unsigned char* sB = st + BM * kWBK * sizeof(bf16);
+      const unsigned char* sB = st + kWBM * kWBK * sizeof(bf16);
       if (64 * wg >= rows) continue;  // the warpgroup's rows are all past the expert's last slot
       asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-      for (int kk = 0; kk < kWBK / 16; ++kk) wgmma_n<BN>(acc, wgmma_desc(sA + kk * 32), wgmma_desc(sB + kk * 32));
+      for (int kk = 0; kk < kWBK / 16; ++kk) wgmma_m64n128k16(acc, wgmma_desc(sA + kk * 32), wgmma_desc(sB + kk * 32));
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-      if constexpr (kOverlap)
-        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
-      else
-        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
     cp_async_wait<0>();
@@ -499,22 +289,22 @@ __global__ void __launch_bounds__(BM * 2, w_ctas_per_sm<BM, BN, kWStages>())
       const int r = wg * 64 + 16 * wq + g + hr * 8;
       if (r >= rows) continue;
       if constexpr (kGateUp) {
-        bf16* hrow = h + static_cast<size_t>(start + r) * I + blockIdx.x * (BN / 2) + 2 * t;
+        bf16* hrow = h + static_cast<size_t>(start + r) * I + blockIdx.x * (kWBN / 2) + 2 * t;
 #pragma unroll
-        for (int i = 0; i < BN / 16; ++i) {
+        for (int i = 0; i < kWBN / 16; ++i) {
           float hv[2];
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
-            hv[c] = swiglu_acc(acc[4 * i + 2 * hr + c], acc[4 * (i + BN / 16) + 2 * hr + c]);
+            hv[c] = swiglu_acc(acc[4 * i + 2 * hr + c], acc[4 * (i + kWBN / 16) + 2 * hr + c]);
           }
           *reinterpret_cast<__nv_bfloat162*>(hrow + 8 * i) = __floats2bfloat162_rn(hv[0], hv[1]);
         }
       } else {
         const int slot = plan.sorted_slots[start + r];
         const float wt = weights[slot];
-        float* orow = slot_out + static_cast<size_t>(slot) * H + blockIdx.x * BN + 2 * t;
+        float* orow = slot_out + static_cast<size_t>(slot) * H + blockIdx.x * kWBN + 2 * t;
 #pragma unroll
-        for (int i = 0; i < BN / 8; ++i)
+        for (int i = 0; i < kWBN / 8; ++i)
           *reinterpret_cast<float2*>(orow + 8 * i) = make_float2(bf16_round(bf16_round(acc[4 * i + 2 * hr]) * wt),
                                                                  bf16_round(bf16_round(acc[4 * i + 2 * hr + 1]) * wt));
       }
@@ -522,94 +312,54 @@ __global__ void __launch_bounds__(BM * 2, w_ctas_per_sm<BM, BN, kWStages>())
   }
 }
 
-template <bool kGateUp, int BM, int BN, int ST, bool kOverlap>
+template <bool kGateUp>
 Status launch_grouped_wgmma(const bf16* a, const MoePlan& plan, const float* weights, const bf16* w, bf16* h,
                             float* slot_out, int N, int K, int E, int H, int I, cudaStream_t stream) {
-  if (BN == 256 && (I % 128 != 0 || H % 256 != 0))  // the 256-row tiles do not divide the widths: 128-row tiles
-    return launch_grouped_wgmma<kGateUp, BM, 128, 3, false>(a, plan, weights, w, h, slot_out, N, K, E, H, I, stream);
-  constexpr size_t kWSmem = w_smem<BM, BN, ST>();
-  auto* kernel = moe_grouped_wgmma_kernel<kGateUp, BM, BN, ST, kOverlap>;
+  auto* kernel = moe_grouped_wgmma_kernel<kGateUp>;
   static const cudaError_t attr =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kWSmem));
   ZEST_RETURN_IF_ERROR(cuda_status(attr, "moe grouped GEMM (wgmma) smem attribute"));
-  const int n_tiles = kGateUp ? I / (BN / 2) : H / BN;
+  const int n_tiles = kGateUp ? I / (kWBN / 2) : H / kWBN;
   return launch(kGateUp ? "moe_prefill_gate_up" : "moe_prefill_down", kernel,
-                dim3(n_tiles, std::min(moe_max_tiles(N, K, E), 65535)), dim3(BM * 2), kWSmem, stream, a, plan,
+                dim3(n_tiles, std::min(moe_max_tiles(N, K, E), 65535)), dim3(kWBM * 2), kWSmem, stream, a, plan,
                 weights, w, h, slot_out, K, H, I);
 }
 
-
-// ---- warp-specialised persistent grouped GEMM (variants 11-15) ------------------------------------------------
+// ---- warp-specialised persistent grouped GEMM ----------------------------------------------------------------
 //
 // CTA = one producer warpgroup + two consumer warpgroups (384 threads, one CTA per SM, persistent over a flat list
-// of work tiles). A work tile is 128 sorted slots of one expert (the consumers take 64 rows each, like variant 3)
-// x BN weight rows (BN = 256: gate/up covers 128 intermediate columns, gate rows then the matching up rows; down
-// 256 output columns; BN = 128 halves both). Each CTA builds the list itself: per active expert ceil(slots / 128)
-// row tiles (a prefix sum in shared memory), times the weight-row tiles, weight-row tiles fastest; CTA b takes
-// tiles b, b + grid, ... so the CTAs running together share an expert's A rows and weights in L2.
+// of work tiles). A work tile is 128 sorted slots of one expert (the consumers take 64 rows each) x 256 weight rows
+// (gate/up covers 128 intermediate columns, gate rows then the matching up rows; down 256 output columns). Each CTA
+// builds the list itself: per active expert ceil(slots / 128) row tiles (a prefix sum in shared memory), times the
+// weight-row tiles, weight-row tiles fastest; CTA b takes tiles b, b + grid, ... so the CTAs running together share
+// an expert's A rows and weights in L2.
 //
 // Producer: the weight tiles (and down's contiguous h rows) by TMA (cp.async.bulk.tensor, 128-byte swizzle, tensor
 // maps built on the host), gate/up's token rows gathered through the plan by cp.async (eight 16-byte chunks per row
-// across 8 lanes, swizzled by hand to the same layout), into an ST-stage ring of k-chunks of 64. Stage s has two
+// across 8 lanes, swizzled by hand to the same layout), into a 4-stage ring of k-chunks of 64. Stage s has two
 // mbarriers: full[s] (TMA bytes + one cp.async arrival per producer thread) and empty[s] (one arrival per consumer
 // warp once its wgmma reading the stage has completed). setmaxnreg moves registers from the producer (56) to the
-// consumers (224). Consumers: wgmma.m64nBNk16 from shared memory with one wgmma group left in flight, stage kt - 1
+// consumers (224). Consumers: wgmma.m64n256k16 from shared memory with one wgmma group left in flight, stage kt - 1
 // released after the wait; the epilogue stores straight from registers while the producer already fills the ring
-// with the next tile's k-chunks. Cooperative (11-13): both consumer warpgroups take every tile, 64 rows each.
-// Ping-pong (14, 15; BN = 128): warpgroup w takes the CTA's tiles i with i % 2 == w, all 128 rows (two m64 row
-// blocks); as the ring holds the tiles' k-chunks in order, one warpgroup's epilogue overlaps the other's GEMM.
+// with the next tile's k-chunks. Both consumer warpgroups take every tile, 64 rows each.
 constexpr int kXBM = 128;          // sorted slots per work tile
+constexpr int kXBN = 256;          // weight rows per work tile
+constexpr int kXStages = 4;        // ring depth
 constexpr int kXBK = 64;           // k-chunk (one 128-byte row per operand row)
 constexpr int kXThreads = 384;     // producer warpgroup + 2 consumer warpgroups
 constexpr int kXMaxExperts = 256;  // active-expert prefix table in shared memory
 constexpr int kXRowBytes = kXBK * 2;
-
-template <int BN>
-constexpr size_t x_stage_bytes() {
-  return static_cast<size_t>(kXBM + BN) * kXRowBytes;
-}
-template <int BN, int ST>
-constexpr size_t x_smem() {
-  return ST * x_stage_bytes<BN>() + 1024;  // + alignment slack
-}
+constexpr size_t kXStageBytes = static_cast<size_t>(kXBM + kXBN) * kXRowBytes;
+constexpr size_t kXSmem = kXStages * kXStageBytes + 1024;  // + alignment slack
 
 // Arrives on `bar` once every cp.async this thread issued before has landed (counts as one of its arrivals).
 __device__ __forceinline__ void cp_async_mbar_arrive(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(vmma::smem_addr(bar)) : "memory");
 }
-// Arrives on the barrier at the same shared-memory offset as `bar` in CTA `cta` of the cluster. A consumer arrives
-// only after its wgmma reads of the stage have completed (wgmma.wait_group), so the partner's multicast that follows
-// the arrival cannot overwrite data still being read; no cluster-scope release is needed (nor waited for).
-__device__ __forceinline__ void mbar_arrive_remote(uint64_t* bar, uint32_t cta) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(vmma::smem_addr(bar)), "r"(cta));
-  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
-}
-// tensor_load_2d into the same shared-memory offset of every CTA in `mask`, completing bytes on each one's `bar`.
-__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar,
-                                                      uint16_t mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1, {%2, "
-      "%3}], [%4], %5;\n" ::"r"(vmma::smem_addr(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(vmma::smem_addr(bar)), "h"(mask)
-      : "memory");
-}
 
-// Two adjacent slot outputs (values already rounded to bf16) into fp32 or bf16 slots; kStream: evict-first.
-template <bool kStream>
+// Two adjacent fp32 slot outputs (values already rounded to bf16).
 __device__ __forceinline__ void store_slot2(float* p, float a, float b) {
-  if constexpr (kStream)
-    __stcs(reinterpret_cast<float2*>(p), make_float2(a, b));
-  else
-    *reinterpret_cast<float2*>(p) = make_float2(a, b);
-}
-template <bool kStream>
-__device__ __forceinline__ void store_slot2(bf16* p, float a, float b) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-  if constexpr (kStream)
-    __stcs(reinterpret_cast<unsigned int*>(p), *reinterpret_cast<const unsigned int*>(&v));
-  else
-    *reinterpret_cast<__nv_bfloat162*>(p) = v;
+  *reinterpret_cast<float2*>(p) = make_float2(a, b);
 }
 
 // Two words of an accumulator row's bf16 pairs (lo: pairs of 8-column group 2m, hi: of group 2m + 1; the quad's lane
@@ -624,52 +374,32 @@ __device__ __forceinline__ uint2 pair_swap(uint32_t lo, uint32_t hi) {
 }
 
 // pair_swap, then the lane's 8 bytes into 8-column group 2m + (t & 1) of a bf16 row (row: the lane's base, already
-// offset by 4 * (t >> 1)); live = false only swaps (the shuffle needs every lane). kStream: evict-first.
-template <bool kStream>
+// offset by 4 * (t >> 1)); live = false only swaps (the shuffle needs every lane).
 __device__ __forceinline__ void store_swapped(bf16* row, int m, uint32_t lo, uint32_t hi, bool live) {
   const uint2 o = pair_swap(lo, hi);
   if (!live) return;
-  uint2* dst = reinterpret_cast<uint2*>(row + 8 * (2 * m + (threadIdx.x & 1)));
-  if constexpr (kStream)
-    __stcs(dst, o);
-  else
-    *dst = o;
+  *reinterpret_cast<uint2*>(row + 8 * (2 * m + (threadIdx.x & 1))) = o;
 }
 
-// CL = 1: CTAs independent. CL = 2 (variant 13): clusters of two CTAs take consecutive row tiles 2p and 2p + 1 of the
-// flat list with the same weight-row tile; when both row tiles belong to one expert, each CTA loads half of the
-// weight tile and multicasts it into both (half the weight traffic from L2), else each loads its own. A stage is
-// refilled only once the consumers of both CTAs released it (empty barriers count the 8 consumer warps of each).
-// kStream: the epilogue stores with the evict-first (streaming) cache policy, so the outputs passing through L2 do
-// not push out the weights and activations the other CTAs still read. kPrefetch: down's epilogue inputs (the slot
-// and routing weight of the thread's rows) are loaded before the GEMM instead of after it.
-// kDefer (cooperative, CL = 1): the epilogue's outputs (bf16 values) are packed into bf16 pairs in registers and
-// stored during the first k-chunks of the next tile, so the stores overlap its GEMM instead of idling the tensor
-// cores. Slot: down's slot outputs as fp32 or as bf16 (the same values: every output is bf16(bf16(C) * w)).
-template <bool kGateUp, int BN, int ST, int CL, bool kPP, bool kStream = false, bool kPrefetch = false,
-          bool kDefer = false, class Slot = float>
+// Slot: down's slot outputs as fp32 or as bf16 (the same values: every output is bf16(bf16(C) * w)).
+template <bool kGateUp, class Slot = float>
 __global__ void __launch_bounds__(kXThreads, 1)
     moe_grouped_ws_kernel(const __grid_constant__ CUtensorMap tm_w, const __grid_constant__ CUtensorMap tm_a,
                           const bf16* __restrict__ a_src, MoePlan plan, const float* __restrict__ weights,
                           bf16* __restrict__ h, Slot* __restrict__ slot_out, int K, int H, int I) {
   using namespace vmma;
-  static_assert(CL == 1 || CL == 2, "clusters of one or two CTAs");
-  static_assert(!kPP || BN == 128, "ping-pong: a warpgroup holds 128 x 128 accumulators");
-  static_assert(!kDefer || (!kPP && CL == 1), "deferred epilogue: cooperative, one CTA per cluster");
-  constexpr size_t kStage = x_stage_bytes<BN>();
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = smem_raw + ((1024 - (static_cast<uint32_t>(__cvta_generic_to_shared(smem_raw)) & 1023)) & 1023);
-  __shared__ __align__(8) uint64_t full_bar[ST];
-  __shared__ __align__(8) uint64_t empty_bar[ST];
+  __shared__ __align__(8) uint64_t full_bar[kXStages];
+  __shared__ __align__(8) uint64_t empty_bar[kXStages];
   __shared__ int mstart[kXMaxExperts + 1];  // first row tile of each active expert
   __shared__ int s_active;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const uint32_t rank = CL > 1 ? cluster_rank() : 0;
   if (threadIdx.x == 0) {
 #pragma unroll
-    for (int s = 0; s < ST; ++s) {
+    for (int s = 0; s < kXStages; ++s) {
       mbar_init_count(&full_bar[s], kGateUp ? 128 + 1 : 1);
-      mbar_init_count(&empty_bar[s], (kPP ? 4 : 8) * CL);  // the consumer warps that read the stage, in every CTA
+      mbar_init_count(&empty_bar[s], 8);  // the consumer warps that read the stage
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -694,14 +424,11 @@ __global__ void __launch_bounds__(kXThreads, 1)
       s_active = na;
     }
   }
-  if constexpr (CL > 1)
-    cluster_sync();  // also: the partner's barriers are initialised before any multicast or remote arrival
-  else
-    __syncthreads();
+  __syncthreads();
   const int na = s_active;
   const int total_m = mstart[na];
-  const int n_tiles = kGateUp ? I / (BN / 2) : H / BN;
-  const int units = (total_m + CL - 1) / CL * n_tiles;
+  const int n_tiles = kGateUp ? I / (kXBN / 2) : H / kXBN;
+  const int units = total_m * n_tiles;
   const int Kdim = kGateUp ? H : I;
   const int nk = Kdim / kXBK;
   // Row tile q -> active expert j (-1 past the list), first sorted position m0, rows.
@@ -724,48 +451,32 @@ __global__ void __launch_bounds__(kXThreads, 1)
     m0 = plan.offsets[j] + (q - mstart[j]) * kXBM;
     rows = min(kXBM, plan.offsets[j + 1] - m0);
   };
-  // Work unit u -> this CTA's row tile (j, m0, rows), weight-row tile nt, and whether the cluster shares the weight
-  // tile. A CTA whose row tile is past the list (rows 0) takes its partner's expert and computes nothing.
-  auto decode = [&](int u, int& j, int& m0, int& rows, int& nt, bool& shared) {
+  // Work unit u -> row tile (j, m0, rows) and weight-row tile nt.
+  auto decode = [&](int u, int& j, int& m0, int& rows, int& nt) {
     const int pq = u / n_tiles;
     nt = u - pq * n_tiles;
-    decode_rows(pq * CL + static_cast<int>(rank), j, m0, rows);
-    shared = false;
-    if constexpr (CL > 1) {
-      int jp, mp, rp;
-      decode_rows(pq * CL + static_cast<int>(rank ^ 1), jp, mp, rp);
-      shared = j >= 0 && j == jp;
-      if (j < 0) {
-        j = jp;
-        m0 = mp;
-      }
-    }
+    decode_rows(pq, j, m0, rows);
   };
 
   if (warp < 4) {
     // ---- producer warpgroup ----
-    // (down with the deferred epilogue: the producer only issues TMA, and the consumers hold 64 more registers)
-    if constexpr (kDefer && !kGateUp)
-      asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
-    else
-      asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
     const int p = threadIdx.x;
     const int lr = p >> 3, lc = p & 7;  // rows lr + 16 u (u < 8), 16-byte chunk lc
     const int sw = ((lc ^ (lr & 7)) * 16);
     int stage = 0;
     unsigned phase = 0;
-    for (int u = blockIdx.x / CL; u < units; u += gridDim.x / CL) {
+    for (int u = blockIdx.x; u < units; u += gridDim.x) {
       int j, m0, rows, nt;
-      bool shared;
-      decode(u, j, m0, rows, nt, shared);
+      decode(u, j, m0, rows, nt);
       const int e = plan.active_experts[j];
       int wr0, wr1;  // first rows of the two halves of the weight tile
       if constexpr (kGateUp) {
-        wr0 = e * 2 * I + nt * (BN / 2);
+        wr0 = e * 2 * I + nt * (kXBN / 2);
         wr1 = wr0 + I;
       } else {
-        wr0 = e * H + nt * BN;
-        wr1 = wr0 + BN / 2;
+        wr0 = e * H + nt * kXBN;
+        wr1 = wr0 + kXBN / 2;
       }
       int tok[8];
       if constexpr (kGateUp) {
@@ -777,17 +488,12 @@ __global__ void __launch_bounds__(kXThreads, 1)
       }
       for (int kc = 0; kc < nk; ++kc) {
         mbar_wait(&empty_bar[stage], phase ^ 1);
-        unsigned char* sA = smem + stage * kStage;
+        unsigned char* sA = smem + stage * kXStageBytes;
         unsigned char* sB = sA + kXBM * kXRowBytes;
         if (p == 0) {
-          mbar_arrive_expect_tx(&full_bar[stage], BN * kXRowBytes + (kGateUp ? 0 : kXBM * kXRowBytes));
-          if (CL > 1 && shared) {
-            tma_load_2d_multicast(sB + rank * (BN / 2) * kXRowBytes, &tm_w, kc * kXBK, rank ? wr1 : wr0,
-                                  &full_bar[stage], static_cast<uint16_t>((1u << CL) - 1));
-          } else {
-            tensor_load_2d(sB, &tm_w, kc * kXBK, wr0, &full_bar[stage]);
-            tensor_load_2d(sB + (BN / 2) * kXRowBytes, &tm_w, kc * kXBK, wr1, &full_bar[stage]);
-          }
+          mbar_arrive_expect_tx(&full_bar[stage], kXBN * kXRowBytes + (kGateUp ? 0 : kXBM * kXRowBytes));
+          tensor_load_2d(sB, &tm_w, kc * kXBK, wr0, &full_bar[stage]);
+          tensor_load_2d(sB + (kXBN / 2) * kXRowBytes, &tm_w, kc * kXBK, wr1, &full_bar[stage]);
           if constexpr (!kGateUp) tensor_load_2d(sA, &tm_a, kc * kXBK, m0, &full_bar[stage]);
         }
         if constexpr (kGateUp) {
@@ -799,7 +505,7 @@ __global__ void __launch_bounds__(kXThreads, 1)
           }
           cp_async_mbar_arrive(&full_bar[stage]);
         }
-        if (++stage == ST) {
+        if (++stage == kXStages) {
           stage = 0;
           phase ^= 1;
         }
@@ -808,213 +514,104 @@ __global__ void __launch_bounds__(kXThreads, 1)
     if constexpr (kGateUp) cp_async_wait<0>();
   } else {
     // ---- consumer warpgroups ----
-    if constexpr (kDefer && !kGateUp)
-      asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
-    else
-      asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
     const int wg = (warp >> 2) - 1, wq = warp & 3, g = lane >> 2, t = lane & 3;
     auto release = [&](int s) {
       if (lane != 0) return;
       mbar_arrive(&empty_bar[s]);
-      if constexpr (CL > 1) mbar_arrive_remote(&empty_bar[s], rank ^ 1);  // the partner multicasts into this stage
     };
-    // Cooperative: both warpgroups take every work tile, 64 rows each (row block wg). Ping-pong: warpgroup wg takes
-    // the CTA's work tiles i with i % 2 == wg, all 128 rows (row blocks 0 and 1); the ring holds the tiles' k-chunks
-    // in order, so one warpgroup's epilogue runs while the other's GEMM does.
-    constexpr int RB = kPP ? 2 : 1;
-    // kDefer: the previous tile's outputs, packed bf16 pairs: index hr * kPairsRow + c8 (gate/up: h columns
-    // 8 * c8 + 2 * t, + 1; down: output columns likewise, routing weight applied), stored in kParts parts.
-    // Down defers only the second of its two rows (hr = 1): both would not fit in the registers next to the
-    // accumulators.
-    constexpr int kPairsRow = kGateUp ? BN / 16 : BN / 8;
-    constexpr int kDeferHr = kGateUp ? 2 : 1;  // deferred rows hr = 2 - kDeferHr .. 1
-    constexpr int kParts = 4;
-    constexpr int kPerPart = kDeferHr * kPairsRow / kParts;
-    uint32_t pk[kDefer ? kDeferHr * kPairsRow : 1];
-    int d_m0 = 0, d_rows = 0, d_nt = 0, d_slot[2] = {0, 0};
-    bool d_pend = false;
-    auto flush = [&](int part) {
-      if constexpr (kDefer) {
-#pragma unroll
-        for (int idx = 0; idx < kDeferHr * kPairsRow; ++idx) {
-          if (idx / kPerPart != part) continue;
-          const int hr = 2 - kDeferHr + idx / kPairsRow, c8 = idx % kPairsRow;
-          const int r = wg * 64 + 16 * wq + g + hr * 8;
-          if (r >= d_rows) continue;
-          const __nv_bfloat162 v = *reinterpret_cast<const __nv_bfloat162*>(&pk[idx]);
-          if constexpr (kGateUp) {
-            *reinterpret_cast<__nv_bfloat162*>(h + static_cast<size_t>(d_m0 + r) * I + d_nt * (BN / 2) + 2 * t +
-                                               8 * c8) = v;
-          } else {
-            const float2 f = __bfloat1622float2(v);
-            store_slot2<false>(slot_out + static_cast<size_t>(d_slot[hr]) * H + d_nt * BN + 2 * t + 8 * c8, f.x, f.y);
-          }
-        }
-      }
-    };
+    // Both warpgroups take every work tile, 64 rows each (row block wg).
     int i = 0;
-    for (int u = blockIdx.x / CL; u < units; u += gridDim.x / CL, ++i) {
-      if (kPP && (i & 1) != wg) continue;
+    for (int u = blockIdx.x; u < units; u += gridDim.x, ++i) {
       int j, m0, rows, nt;
-      bool shared;
-      decode(u, j, m0, rows, nt, shared);
-      bool act[RB];  // row block rb has rows of the expert
+      decode(u, j, m0, rows, nt);
+      const bool act = 64 * wg < rows;  // the row block has rows of the expert
+      float acc[kXBN / 2];
 #pragma unroll
-      for (int rb = 0; rb < RB; ++rb) act[rb] = 64 * (kPP ? rb : wg) < rows;
-      int pre_slot[RB][2];  // kPrefetch (down): slot and routing weight of rows 16 * wq + g + 8 * hr of row block rb
-      float pre_wt[RB][2];
-      if constexpr (!kGateUp && (kPrefetch || kDefer)) {
-#pragma unroll
-        for (int rb = 0; rb < RB; ++rb)
-#pragma unroll
-          for (int hr = 0; hr < 2; ++hr) {
-            const int r = (kPP ? rb : wg) * 64 + 16 * wq + g + hr * 8;
-            pre_slot[rb][hr] = r < rows ? plan.sorted_slots[m0 + r] : 0;
-            pre_wt[rb][hr] = r < rows ? weights[pre_slot[rb][hr]] : 0.f;
-          }
-      }
-      float acc[RB][BN / 2];
-#pragma unroll
-      for (int rb = 0; rb < RB; ++rb)
-#pragma unroll
-        for (int c = 0; c < BN / 2; ++c) acc[rb][c] = 0.f;
-      // Ping-pong: start tile i once the other warpgroup has waited for every k-chunk of tile i - 1, so a wait on a
-      // full barrier is never more than one phase ahead of it (parity waits cannot tell phases two apart).
-      if (kPP && i > 0) named_bar_sync(1 + wg, 256);
+      for (int c = 0; c < kXBN / 2; ++c) acc[c] = 0.f;
       int prev = -1;
       for (int kc = 0; kc < nk; ++kc) {
         const int pos = i * nk + kc;  // position in the ring's sequence of k-chunks
-        const int stage = pos % ST;
-        mbar_wait(&full_bar[stage], (pos / ST) & 1);
-        if (act[0]) {
+        const int stage = pos % kXStages;
+        mbar_wait(&full_bar[stage], (pos / kXStages) & 1);
+        if (act) {
           if constexpr (kGateUp) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async -> wgmma
-          const unsigned char* sA = smem + stage * kStage + (kPP ? 0 : wg) * 64 * kXRowBytes;
-          const unsigned char* sB = smem + stage * kStage + kXBM * kXRowBytes;
+          const unsigned char* sA = smem + stage * kXStageBytes + wg * 64 * kXRowBytes;
+          const unsigned char* sB = smem + stage * kXStageBytes + kXBM * kXRowBytes;
           asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-          // Ping-pong: both row blocks' wgmmas whether or not the second holds rows of the tile (the epilogue drops
-          // them): a wgmma under a condition ptxas cannot prove uniform serialises every wgmma of the kernel (ptxas
-          // C7520, "wgmma.mma_async instructions are serialized ... WG.AR in divergent path").
 #pragma unroll
           for (int kk = 0; kk < kXBK / 16; ++kk)
-#pragma unroll
-            for (int rb = 0; rb < RB; ++rb)
-              wgmma_n<BN>(acc[rb], wgmma_desc(sA + rb * 64 * kXRowBytes + kk * 32), wgmma_desc(sB + kk * 32));
+            wgmma_m64n256k16(acc, wgmma_desc(sA + kk * 32), wgmma_desc(sB + kk * 32));
           asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
           asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
         }
         if (prev >= 0) release(prev);  // its wgmma group has completed
         prev = stage;
-        if (kDefer && d_pend && kc < kParts) flush(kc);  // while this k-chunk's wgmma runs
       }
-      if (kPP && u + static_cast<int>(gridDim.x) / CL < units) named_bar_arrive(1 + (wg ^ 1), 256);  // tile i + 1
       asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
       if (prev >= 0) release(prev);
-      if constexpr (kDefer) {
-        if (d_pend)
-          for (int part = nk; part < kParts; ++part) flush(part);  // tiles of fewer k-chunks than parts
-        d_pend = act[0];
-        if (!act[0]) continue;
-        d_m0 = m0;
-        d_rows = rows;
-        d_nt = nt;
+      // The epilogue, written as a one-pass loop over the warpgroup's row block: the form the kernel was measured in
+      // (the same SASS).
+#pragma unroll
+      for (int rb = 0; rb < 1; ++rb) {
+      if (!act) continue;
+
+      // acc[4 * c8 + 2 * hr + c]: row 16 * wq + g + 8 * hr of row block wg, column 8 * c8 + 2 * t + c.
+      if constexpr (!kGateUp && std::is_same_v<Slot, bf16>) {
+        // bf16 slots: each lane packs its pairs, neighbouring lanes swap one word of each two (pair_swap), and every
+        // lane stores 4 consecutive columns (8 bytes; 4-byte stores of pairs ran slower than the fp32 slots' 8-byte
+        // ones, and a 4 x 4 quad transpose for 16-byte stores cost more in the epilogue than it saved). The shuffles
+        // need the whole warp, so rows past the tile's end only skip the stores.
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
-          const bool deferred = hr >= 2 - kDeferHr;
           const int r = wg * 64 + 16 * wq + g + hr * 8;
-          if constexpr (!kGateUp) d_slot[hr] = pre_slot[0][hr];
+          const bool live = r < rows;
+          const int slot = live ? plan.sorted_slots[m0 + r] : 0;
+          const float wt = live ? weights[slot] : 0.f;
+          Slot* orow = slot_out + static_cast<size_t>(slot) * H + nt * kXBN + 4 * (t >> 1);
 #pragma unroll
-          for (int c8 = 0; c8 < kPairsRow; ++c8) {
-            float v[2];
+          for (int m = 0; m < kXBN / 16; ++m) {
+            uint32_t pk[2];
 #pragma unroll
-            for (int c = 0; c < 2; ++c) {
-              if constexpr (kGateUp) {
-                v[c] = swiglu_acc(acc[0][4 * c8 + 2 * hr + c], acc[0][4 * (c8 + BN / 16) + 2 * hr + c]);
-              } else {
-                v[c] = bf16_round(bf16_round(acc[0][4 * c8 + 2 * hr + c]) * pre_wt[0][hr]);
-              }
+            for (int k = 0; k < 2; ++k) {
+              const int c8 = 2 * m + k;
+              const __nv_bfloat162 v = __floats2bfloat162_rn(bf16_round(bf16_round(acc[4 * c8 + 2 * hr]) * wt),
+                                                             bf16_round(bf16_round(acc[4 * c8 + 2 * hr + 1]) * wt));
+              pk[k] = *reinterpret_cast<const uint32_t*>(&v);
             }
-            if (deferred) {
-              const __nv_bfloat162 b = __floats2bfloat162_rn(v[0], v[1]);
-              pk[(hr - (2 - kDeferHr)) * kPairsRow + c8] = *reinterpret_cast<const uint32_t*>(&b);
-            } else if (r < rows) {  // down, row hr = 0: stored now
-              store_slot2<false>(slot_out + static_cast<size_t>(pre_slot[0][hr]) * H + nt * BN + 2 * t + 8 * c8, v[0],
-                                 v[1]);
-            }
+            store_swapped(orow, m, pk[0], pk[1], live);
           }
         }
       } else {
-
-      // acc[rb][4 * c8 + 2 * hr + c]: row 16 * wq + g + 8 * hr of row block rb, column 8 * c8 + 2 * t + c.
-#pragma unroll
-      for (int rb = 0; rb < RB; ++rb) {
-        if (!act[rb]) continue;
-        if constexpr (!kGateUp && std::is_same_v<Slot, bf16>) {
-          // bf16 slots: each lane packs its pairs, neighbouring lanes swap one word of each two (pair_swap), and every
-          // lane stores 4 consecutive columns (8 bytes; 4-byte stores of pairs ran slower than the fp32 slots' 8-byte
-          // ones, and a 4 x 4 quad transpose for 16-byte stores cost more in the epilogue than it saved). The shuffles
-          // need the whole warp, so rows past the tile's end only skip the stores.
-#pragma unroll
-          for (int hr = 0; hr < 2; ++hr) {
-            const int r = (kPP ? rb : wg) * 64 + 16 * wq + g + hr * 8;
-            const bool live = r < rows;
-            const int slot = live ? (kPrefetch ? pre_slot[rb][hr] : plan.sorted_slots[m0 + r]) : 0;
-            const float wt = live ? (kPrefetch ? pre_wt[rb][hr] : weights[slot]) : 0.f;
-            Slot* orow = slot_out + static_cast<size_t>(slot) * H + nt * BN + 4 * (t >> 1);
-#pragma unroll
-            for (int m = 0; m < BN / 16; ++m) {
-              uint32_t p[2];
-#pragma unroll
-              for (int k = 0; k < 2; ++k) {
-                const int c8 = 2 * m + k;
-                const __nv_bfloat162 v =
-                    __floats2bfloat162_rn(bf16_round(bf16_round(acc[rb][4 * c8 + 2 * hr]) * wt),
-                                          bf16_round(bf16_round(acc[rb][4 * c8 + 2 * hr + 1]) * wt));
-                p[k] = *reinterpret_cast<const uint32_t*>(&v);
-              }
-              store_swapped<kStream>(orow, m, p[0], p[1], live);
-            }
-          }
-        } else {
 #pragma unroll
         for (int hr = 0; hr < 2; ++hr) {
-          const int r = (kPP ? rb : wg) * 64 + 16 * wq + g + hr * 8;
+          const int r = wg * 64 + 16 * wq + g + hr * 8;
           if (r >= rows) continue;
           if constexpr (kGateUp) {
-            bf16* hrow = h + static_cast<size_t>(m0 + r) * I + nt * (BN / 2) + 2 * t;
+            bf16* hrow = h + static_cast<size_t>(m0 + r) * I + nt * (kXBN / 2) + 2 * t;
 #pragma unroll
-            for (int c8 = 0; c8 < BN / 16; ++c8) {
+            for (int c8 = 0; c8 < kXBN / 16; ++c8) {
               float hv[2];
 #pragma unroll
               for (int c = 0; c < 2; ++c) {
-                hv[c] = swiglu_acc(acc[rb][4 * c8 + 2 * hr + c], acc[rb][4 * (c8 + BN / 16) + 2 * hr + c]);
+                hv[c] = swiglu_acc(acc[4 * c8 + 2 * hr + c], acc[4 * (c8 + kXBN / 16) + 2 * hr + c]);
               }
-              const __nv_bfloat162 hb = __floats2bfloat162_rn(hv[0], hv[1]);
-              if constexpr (kStream)
-                __stcs(reinterpret_cast<unsigned int*>(hrow + 8 * c8), *reinterpret_cast<const unsigned int*>(&hb));
-              else
-                *reinterpret_cast<__nv_bfloat162*>(hrow + 8 * c8) = hb;
+              *reinterpret_cast<__nv_bfloat162*>(hrow + 8 * c8) = __floats2bfloat162_rn(hv[0], hv[1]);
             }
           } else {
-            const int slot = kPrefetch ? pre_slot[rb][hr] : plan.sorted_slots[m0 + r];
-            const float wt = kPrefetch ? pre_wt[rb][hr] : weights[slot];
-            Slot* orow = slot_out + static_cast<size_t>(slot) * H + nt * BN + 2 * t;
+            const int slot = plan.sorted_slots[m0 + r];
+            const float wt = weights[slot];
+            float* orow = slot_out + static_cast<size_t>(slot) * H + nt * kXBN + 2 * t;
 #pragma unroll
-            for (int c8 = 0; c8 < BN / 8; ++c8)
-              store_slot2<kStream>(orow + 8 * c8, bf16_round(bf16_round(acc[rb][4 * c8 + 2 * hr]) * wt),
-                                   bf16_round(bf16_round(acc[rb][4 * c8 + 2 * hr + 1]) * wt));
+            for (int c8 = 0; c8 < kXBN / 8; ++c8)
+              store_slot2(orow + 8 * c8, bf16_round(bf16_round(acc[4 * c8 + 2 * hr]) * wt),
+                          bf16_round(bf16_round(acc[4 * c8 + 2 * hr + 1]) * wt));
           }
         }
-        }  // the 4- and 8-byte pair stores
       }
-      }  // !kDefer
-    }
-    if constexpr (kDefer) {
-      if (d_pend)
-        for (int part = 0; part < kParts; ++part) flush(part);
+      }  // rb
     }
   }
-  // A CTA of a cluster stays until its partner no longer multicasts into it or arrives on its barriers.
-  if constexpr (CL > 1) cluster_sync();
 }
 
 // Tensor map over a row-major bf16 matrix [rows, cols]: boxes of 64 columns (128 bytes, 128-byte swizzle) x
@@ -1033,72 +630,44 @@ Status make_tensor_map(CUtensorMap* map, const bf16* base, uint64_t rows, uint64
   return Status::ok();
 }
 
-// Whether the warp-specialised kernel takes these sizes (else the caller runs variant 3).
-template <bool kGateUp, int BN>
+// Whether the warp-specialised kernel takes these sizes and operands (else the fp32-slot callers run the wgmma kernel).
+template <bool kGateUp>
 bool ws_ok(const void* a, const void* w, int E, int H, int I) {
-  const bool widths = kGateUp ? (I % (BN / 2) == 0 && H % kXBK == 0) : (H % BN == 0 && I % kXBK == 0);
+  const bool widths = kGateUp ? (I % (kXBN / 2) == 0 && H % kXBK == 0) : (H % kXBN == 0 && I % kXBK == 0);
   return widths && E <= kXMaxExperts && reinterpret_cast<uintptr_t>(a) % 16 == 0 &&
          reinterpret_cast<uintptr_t>(w) % 16 == 0 && encode_tiled_fn() != nullptr;
 }
 
-// Clusters of CL CTAs of the warp-specialised kernel that can be resident at once (cudaOccupancyMaxActiveClusters;
-// sm_count / CL when the query fails). Needs the kernel's shared-memory attribute set.
-template <bool kGateUp, int BN, int ST, int CL, bool kPP>
-int ws_max_clusters() {
-  static int max_clusters = 0;
-  if (max_clusters == 0) {
-    const int n = max_active_clusters(moe_grouped_ws_kernel<kGateUp, BN, ST, CL, kPP>, CL, CL * sm_count(),
-                                      dim3(kXThreads), x_smem<BN, ST>());
-    max_clusters = n > 0 ? n : sm_count() / CL;
-  }
-  return max_clusters;
-}
-
-// kFullGrid (CL > 1): launch sm_count / CL clusters instead of the number the occupancy query reports.
-// Slot = bf16: down's slot outputs as bf16; no fallback (the fp32 kernels), so sizes it does not take are an error.
-template <bool kGateUp, int BN, int ST, int CL = 1, bool kPP = false, bool kFullGrid = false, bool kStream = false,
-          bool kPrefetch = false, bool kDefer = false, class Slot = float>
+// Slot = float: sizes or operands the warp-specialised kernel does not take run the wgmma kernel. Slot = bf16 (down's
+// slot outputs as bf16): no fallback, those are an error.
+template <bool kGateUp, class Slot = float>
 Status launch_grouped_ws(const bf16* a, const MoePlan& plan, const float* weights, const bf16* w, bf16* h,
                          Slot* slot_out, int N, int K, int E, int H, int I, cudaStream_t stream) {
   if constexpr (std::is_same_v<Slot, float>) {
-    if (!ws_ok<kGateUp, BN>(a, w, E, H, I))
-      return launch_grouped_wgmma<kGateUp, 128, 128, 3, false>(a, plan, weights, w, h, slot_out, N, K, E, H, I,
-                                                               stream);
-  } else if (!ws_ok<kGateUp, BN>(a, w, E, H, I)) {
+    if (!ws_ok<kGateUp>(a, w, E, H, I))
+      return launch_grouped_wgmma<kGateUp>(a, plan, weights, w, h, slot_out, N, K, E, H, I, stream);
+  } else if (!ws_ok<kGateUp>(a, w, E, H, I)) {
     return invalid_argument(
         "moe_prefill_down (bf16 slots): sizes or operands the warp-specialised kernel does not take");
   }
-  constexpr size_t kSmem = x_smem<BN, ST>();
-  auto* kernel = moe_grouped_ws_kernel<kGateUp, BN, ST, CL, kPP, kStream, kPrefetch, kDefer, Slot>;
+  auto* kernel = moe_grouped_ws_kernel<kGateUp, Slot>;
   static const cudaError_t attr =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kXSmem));
   ZEST_RETURN_IF_ERROR(cuda_status(attr, "moe grouped GEMM (warp-specialised) smem attribute"));
   CUtensorMap tm_w, tm_a;
   if constexpr (kGateUp) {
-    ZEST_RETURN_IF_ERROR(make_tensor_map(&tm_w, w, static_cast<uint64_t>(E) * 2 * I, H, BN / 2));
+    ZEST_RETURN_IF_ERROR(make_tensor_map(&tm_w, w, static_cast<uint64_t>(E) * 2 * I, H, kXBN / 2));
     tm_a = tm_w;  // unused: gate/up gathers its rows by cp.async
   } else {
-    ZEST_RETURN_IF_ERROR(make_tensor_map(&tm_w, w, static_cast<uint64_t>(E) * H, I, BN / 2));
+    ZEST_RETURN_IF_ERROR(make_tensor_map(&tm_w, w, static_cast<uint64_t>(E) * H, I, kXBN / 2));
     ZEST_RETURN_IF_ERROR(make_tensor_map(&tm_a, a, static_cast<uint64_t>(N) * K, I, kXBM));
   }
-  const int n_tiles = kGateUp ? I / (BN / 2) : H / BN;
-  const long long units = static_cast<long long>((moe_max_tiles(N, K, E) + CL - 1) / CL) * n_tiles;
-  const char* name = kGateUp ? "moe_prefill_gate_up" : "moe_prefill_down";
-  if constexpr (CL == 1) {
-    const int grid = static_cast<int>(std::max<long long>(1, std::min<long long>(sm_count(), units)));
-    return launch(name, kernel, dim3(grid), dim3(kXThreads), kSmem, stream, tm_w, tm_a, a, plan, weights, h, slot_out,
-                  K, H, I);
-  } else {
-    const int clusters = kFullGrid ? std::max(1, sm_count() / CL) : ws_max_clusters<kGateUp, BN, ST, CL, kPP>();
-    cudaLaunchAttribute attrs[2];
-    cudaLaunchConfig_t cfg =
-        cluster_config(dim3(CL * static_cast<int>(std::max<long long>(1, std::min<long long>(clusters, units)))),
-                       dim3(kXThreads), kSmem, stream, CL, attrs);
-    cfg.numAttrs = static_cast<unsigned int>(common_launch_attrs(attrs, 1));
-    return cuda_status(cudaLaunchKernelEx(&cfg, kernel, tm_w, tm_a, a, plan, weights, h, slot_out, K, H, I), name);
-  }
+  const int n_tiles = kGateUp ? I / (kXBN / 2) : H / kXBN;
+  const long long units = static_cast<long long>(moe_max_tiles(N, K, E)) * n_tiles;
+  const int grid = static_cast<int>(std::max<long long>(1, std::min<long long>(sm_count(), units)));
+  return launch(kGateUp ? "moe_prefill_gate_up" : "moe_prefill_down", kernel, dim3(grid), dim3(kXThreads), kXSmem,
+                stream, tm_w, tm_a, a, plan, weights, h, slot_out, K, H, I);
 }
-
 
 // ---- plan for many tokens -------------------------------------------------------------------------------------
 //
@@ -1241,29 +810,7 @@ Status moe_prefill_gate_up(const bf16* x, const MoePlan& plan, const bf16* gate_
   if (!mma_shapes_ok(H, I))
     return invalid_argument("moe_prefill_gate_up: needs H % 128 == 0 and I % 64 == 0 (H=" + std::to_string(H) +
                             " I=" + std::to_string(I) + ")");
-  auto run = [&](auto fn) { return fn(x, plan, nullptr, gate_up, h, nullptr, N, K, E, H, I, stream); };
-  switch (prefill_option(PrefillOption::kGroupedGemm)) {
-    case 1: return run(launch_grouped<true, 32, 4>);
-    case 2: return run(launch_grouped<true, 64, 3>);
-    case 4: return run(launch_grouped_wgmma<true, 128, 128, 4, true>);
-    case 5: return run(launch_grouped_wgmma<true, 128, 128, 3, true>);
-    case 6: return run(launch_grouped_wgmma<true, 128, 256, 3, false>);
-    case 7: return run(launch_grouped_wgmma<true, 128, 256, 4, true>);
-    case 8: return run(launch_grouped_wgmma<true, 64, 128, 3, false>);
-    case 9: return run(launch_grouped_wgmma<true, 64, 128, 4, true>);
-    case 10: return run(launch_grouped_wgmma<true, 64, 128, 3, true>);
-    case 12: return run(launch_grouped_ws<true, 128, 6>);
-    case 13: return run(launch_grouped_ws<true, 256, 4, 2>);
-    case 14: return run(launch_grouped_ws<true, 128, 6, 1, true>);
-    case 15: return run(launch_grouped_ws<true, 128, 6, 2, true>);
-    case 16: return run(launch_grouped_ws<true, 256, 4, 2, false, true>);
-    case 17: return run(launch_grouped_ws<true, 256, 4, 1, false, false, true>);
-    case 18: return run(launch_grouped_ws<true, 256, 4, 1, false, false, false, true>);
-    case 19: return run(launch_grouped_ws<true, 256, 4, 1, false, false, true, true>);
-    case 20: return run(launch_grouped_ws<true, 256, 4, 1, false, false, false, false, true>);
-    case 3: return run(launch_grouped_wgmma<true, 128, 128, 3, false>);
-    default: return run(launch_grouped_ws<true, 256, 4>);  // 0 and 11: the fastest on H200
-  }
+  return launch_grouped_ws<true, float>(x, plan, nullptr, gate_up, h, nullptr, N, K, E, H, I, stream);
 }
 
 Status moe_prefill_down(const bf16* h, const MoePlan& plan, const float* weights, const bf16* down, float* slot_out,
@@ -1272,29 +819,7 @@ Status moe_prefill_down(const bf16* h, const MoePlan& plan, const float* weights
   if (!mma_shapes_ok(H, I))
     return invalid_argument("moe_prefill_down: needs H % 128 == 0 and I % 64 == 0 (H=" + std::to_string(H) +
                             " I=" + std::to_string(I) + ")");
-  auto run = [&](auto fn) { return fn(h, plan, weights, down, nullptr, slot_out, N, K, E, H, I, stream); };
-  switch (prefill_option(PrefillOption::kGroupedGemm)) {
-    case 1: return run(launch_grouped<false, 32, 4>);
-    case 2: return run(launch_grouped<false, 64, 3>);
-    case 4: return run(launch_grouped_wgmma<false, 128, 128, 4, true>);
-    case 5: return run(launch_grouped_wgmma<false, 128, 128, 3, true>);
-    case 6: return run(launch_grouped_wgmma<false, 128, 256, 3, false>);
-    case 7: return run(launch_grouped_wgmma<false, 128, 256, 4, true>);
-    case 8: return run(launch_grouped_wgmma<false, 64, 128, 3, false>);
-    case 9: return run(launch_grouped_wgmma<false, 64, 128, 4, true>);
-    case 10: return run(launch_grouped_wgmma<false, 64, 128, 3, true>);
-    case 12: return run(launch_grouped_ws<false, 128, 6>);
-    case 13: return run(launch_grouped_ws<false, 256, 4, 2>);
-    case 14: return run(launch_grouped_ws<false, 128, 6, 1, true>);
-    case 15: return run(launch_grouped_ws<false, 128, 6, 2, true>);
-    case 16: return run(launch_grouped_ws<false, 256, 4, 2, false, true>);
-    case 17: return run(launch_grouped_ws<false, 256, 4, 1, false, false, true>);
-    case 18: return run(launch_grouped_ws<false, 256, 4, 1, false, false, false, true>);
-    case 19: return run(launch_grouped_ws<false, 256, 4, 1, false, false, true, true>);
-    case 20: return run(launch_grouped_ws<false, 256, 4, 1, false, false, false, false, true>);
-    case 3: return run(launch_grouped_wgmma<false, 128, 128, 3, false>);
-    default: return run(launch_grouped_ws<false, 256, 4>);  // 0 and 11: the fastest on H200
-  }
+  return launch_grouped_ws<false, float>(h, plan, weights, down, nullptr, slot_out, N, K, E, H, I, stream);
 }
 
 Status moe_prefill_down(const bf16* h, const MoePlan& plan, const float* weights, const bf16* down, bf16* slot_out,
@@ -1303,36 +828,11 @@ Status moe_prefill_down(const bf16* h, const MoePlan& plan, const float* weights
   if (!mma_shapes_ok(H, I))
     return invalid_argument("moe_prefill_down: needs H % 128 == 0 and I % 64 == 0 (H=" + std::to_string(H) +
                             " I=" + std::to_string(I) + ")");
-  if (prefill_option(PrefillOption::kGroupedGemm) == 14)  // the ping-pong kernel
-    return launch_grouped_ws<false, 128, 6, 1, true, false, false, false, false, bf16>(h, plan, weights, down, nullptr,
-                                                                                       slot_out, N, K, E, H, I, stream);
-  return launch_grouped_ws<false, 256, 4, 1, false, false, false, false, false, bf16>(h, plan, weights, down, nullptr,
-                                                                                      slot_out, N, K, E, H, I, stream);
+  return launch_grouped_ws<false, bf16>(h, plan, weights, down, nullptr, slot_out, N, K, E, H, I, stream);
 }
 
 bool moe_prefill_bf16_slots(const bf16* h, const bf16* down, int E, int H, int I) {
-  const int v = prefill_option(PrefillOption::kGroupedGemm);
-  const bool takes = v == 14 ? ws_ok<false, 128>(h, down, E, H, I) : ws_ok<false, 256>(h, down, E, H, I);
-  return prefill_option(PrefillOption::kSlots) == 0 && (v == 0 || v == 11 || v == 14) && E <= 1024 &&
-         mma_shapes_ok(H, I) && takes;
-}
-
-int moe_prefill_cluster_capacity(bool gate_up) {
-  // The attribute must be set before the occupancy query counts the kernel's shared memory.
-  if (gate_up) {
-    if (cudaFuncSetAttribute(moe_grouped_ws_kernel<true, 256, 4, 2, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(x_smem<256, 4>())) != cudaSuccess) {
-      cudaGetLastError();
-      return 0;
-    }
-    return ws_max_clusters<true, 256, 4, 2, false>();
-  }
-  if (cudaFuncSetAttribute(moe_grouped_ws_kernel<false, 256, 4, 2, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(x_smem<256, 4>())) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
-  }
-  return ws_max_clusters<false, 256, 4, 2, false>();
+  return E <= 1024 && mma_shapes_ok(H, I) && ws_ok<false>(h, down, E, H, I);
 }
 
 Status moe_experts_prefill(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,

@@ -1,4 +1,5 @@
-// Fused per-head q/k RMSNorm + (M-)RoPE + paged KV-cache write, one warp per (token, head).
+// Fused per-head q/k RMSNorm + (M-)RoPE + paged KV-cache write: a half-warp per (token, head) row for head_dim 128
+// (16-byte operands), else one warp per (token, head).
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/vision_mma.cuh"
 
@@ -72,7 +73,7 @@ __global__ void __launch_bounds__(kRopeWarps * 32) qk_norm_rope_kv_kernel(
 constexpr int kStreamThreads = 256;
 
 template <int TPC, int UNROLL>
-__global__ void __launch_bounds__(kStreamThreads, UNROLL > 2 ? 3 : 4) qk_norm_rope_kv_stream_kernel(
+__global__ void __launch_bounds__(kStreamThreads, 4) qk_norm_rope_kv_stream_kernel(
     bf16* __restrict__ qkv, const bf16* __restrict__ q_norm, const bf16* __restrict__ k_norm,
     const int32_t* __restrict__ pos, int pos_stride, RopeParams rope, const int32_t* __restrict__ slot_mapping,
     bf16* __restrict__ k_cache, bf16* __restrict__ v_cache, int T, int Hq, int Hkv, int heads_per_cta, float eps) {
@@ -187,23 +188,18 @@ Status qk_norm_rope_kv(bf16* qkv, const bf16* q_norm, const bf16* k_norm, const 
   if (pos_stride < 0) return invalid_argument("qk_norm_rope_kv: pos_stride must be >= 0");
   if (slot_mapping && (!k_cache || !v_cache)) return invalid_argument("qk_norm_rope_kv: slot_mapping needs both caches");
   const int heads = Hq + 2 * Hkv;
-  const int variant = prefill_option(PrefillOption::kRope);
   const bool aligned = ((reinterpret_cast<uintptr_t>(qkv) | reinterpret_cast<uintptr_t>(q_norm) |
                           reinterpret_cast<uintptr_t>(k_norm) | reinterpret_cast<uintptr_t>(k_cache) |
                           reinterpret_cast<uintptr_t>(v_cache)) & 15) == 0;
-  if (D == 128 && (variant == 0 || variant == 2 || variant == 3) && aligned) {
+  if (D == 128 && aligned) {
     // Decode-sized batches: one token per CTA, its rows split over CTAs of 16 rows (one round of loads);
-    // prefill: 4 tokens per CTA, all heads.
+    // prefill: 4 tokens per CTA, all heads, two rows per half-warp in flight.
     if (T < 256) {
       const int split = (heads + 15) / 16;
       return launch("qk_norm_rope_kv", qk_norm_rope_kv_stream_kernel<1, 1>, dim3(T, split), dim3(kStreamThreads), 0,
                     stream, qkv, q_norm, k_norm, pos, pos_stride, rope, slot_mapping, k_cache, v_cache, T, Hq, Hkv,
                     (heads + split - 1) / split, eps);
     }
-    if (variant == 3)
-      return launch("qk_norm_rope_kv", qk_norm_rope_kv_stream_kernel<4, 5>, dim3((T + 3) / 4, 1),
-                    dim3(kStreamThreads), 0, stream, qkv, q_norm, k_norm, pos, pos_stride, rope, slot_mapping, k_cache,
-                    v_cache, T, Hq, Hkv, heads, eps);
     return launch("qk_norm_rope_kv", qk_norm_rope_kv_stream_kernel<4, 2>, dim3((T + 3) / 4, 1), dim3(kStreamThreads),
                   0, stream, qkv, q_norm, k_norm, pos, pos_stride, rope, slot_mapping, k_cache, v_cache, T, Hq, Hkv,
                   heads, eps);
