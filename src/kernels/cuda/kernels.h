@@ -37,8 +37,8 @@ using bf16 = __nv_bfloat16;
 constexpr int kKvBlock = 16;  // token slots per KV cache block
 
 // Programmatic dependent launch: when on, kernels of this library launch with the programmatic
-// stream serialisation attribute so their start overlaps the tail of the previous kernel. On by default
-// (ZEST_CUDA_PDL=0 at start-up turns it off); every kernel launched with it waits before touching memory.
+// stream serialisation attribute so their start overlaps the tail of the previous kernel. On by default (the
+// benchmarks' --pdl 0 turns it off for a comparison); every kernel launched with it waits before touching memory.
 void set_programmatic_launch(bool on);
 bool programmatic_launch();
 
