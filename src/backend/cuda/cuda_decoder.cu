@@ -312,6 +312,21 @@ class Uploader {
   uint64_t next_ = 0;
 };
 
+// How one step is composed, chosen in one place (the top of run_step) from the step's shape and the model's sizes,
+// then followed by every layer. The ops pick their own tiling and kernel from their sizes (kernels.h); these are the
+// choices between sequences of ops.
+struct StepForms {
+  bool decode_attention = false;   // head_dim 128, every token its sequence's next: split-K decode attention
+  bool fused_attention = false;    // ... with q/k norm, RoPE and the KV write folded in (decode_attention_fused)
+  bool prefill_attention = false;  // head_dim 128, chunks starting at 0: the contiguous prefill kernel
+  // One token (moe_down_rows_on): a MoE layer's experts leave x only (their down kernel adds the slots by output
+  // rows) and the next layer's qkv GEMM normalises x itself, the first layer's too; the lm_head takes the final norm
+  // when one row is sampled.
+  bool one_token = false;
+  bool fused_route = false;     // router GEMM, top-k (and the plan when nothing re-routes) in one launch (moe_route)
+  bool decode_experts = false;  // up to 64 tokens the experts stream their weights (decode kernels); above, grouped GEMMs
+};
+
 class CudaTextDecoder final : public model::TextDecoder {
  public:
   ~CudaTextDecoder() override {
@@ -401,8 +416,8 @@ class CudaTextDecoder final : public model::TextDecoder {
   std::vector<uintptr_t> graph_fingerprint(const CudaKvStorage& kv) const;
   Status ensure(const Caps& need) const;
   // Routing, experts and the combine into x / xn (next_w: the next RMSNorm's weight, or null for x only).
-  Status run_moe(int64_t l, const Layer& L, int T, const model::ForwardBatch& b, const model::MoeHooks* hooks,
-                 bool all_active, const bf16* next_w) const;
+  Status run_moe(int64_t l, const Layer& L, int T, const StepForms& forms, const model::ForwardBatch& b,
+                 const model::MoeHooks* hooks, bool all_active, const bf16* next_w) const;
 
   io::TextConfig cfg_;
   // How decode steps run; set_decode_options (tests) changes it between steps.
@@ -643,8 +658,9 @@ Result<std::vector<accel::RerouteCounts>> CudaTextDecoder::reroute_counts() cons
   return out;
 }
 
-Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const model::ForwardBatch& b,
-                                const model::MoeHooks* hooks, bool all_active, const bf16* next_w) const {
+Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const StepForms& forms,
+                                const model::ForwardBatch& b, const model::MoeHooks* hooks, bool all_active,
+                                const bf16* next_w) const {
   Step& s = *st_;
   cudaStream_t st = stream_;
   if (hooks && hooks->moe_input) {
@@ -657,8 +673,7 @@ Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const model::
   }
   const model::RerouteSpec* spec = hooks ? hooks->reroute : nullptr;
   const bool spec_ok = spec && spec->complete(L_);
-  // Decode-sized steps route in one launch (router GEMM + top-k, and the plan too when nothing re-routes in between).
-  const bool fuse_route = moe_route_ok(T, H_, E_, K_);
+  const bool fuse_route = forms.fused_route;
   const bool rerouted = spec_ok && all_active ? !spec->similarity[l].empty() && spec->params.enabled(K_)
                                               : hooks && hooks->route;
   const bool plan_routed = fuse_route && !rerouted;
@@ -709,13 +724,10 @@ Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const model::
     ZEST_CU(cudaMemcpyAsync(s.route_w, wts.data(), n * 4, cudaMemcpyHostToDevice, st), "routing copy");
     ZEST_CU(cudaStreamSynchronize(st), "routing copy");
   }
-  // Up to a decode batch of 64 tokens the experts stream their weights through the decode kernels (what the
-  // synthetic decode benchmark measures at batches 1-64); larger steps use the grouped prefill GEMMs.
-  constexpr int kDecodeMoeTokens = 64;
   if (!plan_routed)
-    ZEST_RETURN_IF_ERROR(T <= kDecodeMoeTokens ? moe_plan(s.ids, T, K_, E_, s.plan, nullptr, st)
-                                 : moe_plan_prefill(s.ids, T, K_, E_, s.plan, nullptr, st));
-  if (T <= kDecodeMoeTokens)  // next_w null: x only (the down kernel by rows at one token, moe_down_rows_on)
+    ZEST_RETURN_IF_ERROR(forms.decode_experts ? moe_plan(s.ids, T, K_, E_, s.plan, nullptr, st)
+                                              : moe_plan_prefill(s.ids, T, K_, E_, s.plan, nullptr, st));
+  if (forms.decode_experts)  // next_w null: x only (the down kernel by rows at one token)
     return moe_experts_decode_combine(s.xn, s.plan, s.route_w, Ly.gate_up, Ly.down, s.h, s.slot_out, T, K_, E_, H_, I_,
                                       s.x, s.ids, next_w, next_w ? s.xn : nullptr, eps_, s.done, st);
   if (moe_prefill_bf16_slots(s.h, Ly.down, E_, H_, I_)) {
@@ -1094,9 +1106,10 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
   // starting at 0 use the contiguous prefill kernel (run on every chunk, its rows of chunks with a cached prefix
   // are then recomputed); everything else goes through the generic paged kernel.
   const float scale = 1.f / std::sqrt(static_cast<float>(D_));
-  const bool fast = D_ == 128;
-  const bool use_decode = fast && decode_only;
-  const bool use_prefill = fast && !decode_only && any_fresh;
+  StepForms forms;
+  forms.decode_attention = D_ == 128 && decode_only;
+  forms.prefill_attention = D_ == 128 && !decode_only && any_fresh;
+  const bool use_decode = forms.decode_attention;
   DecodeAttention dp;
   if (use_decode) {
     dp.batch = S;
@@ -1111,18 +1124,21 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
     if (ws > s.ws.size()) ZEST_RETURN_IF_ERROR(s.ws.allocate(std::max(ws, 2 * s.ws.size()), "attention workspace"));
   }
 
+  // Decoder layers read qkv at the same address every layer: the fused attention's check holds for all of them.
+  forms.fused_attention = use_decode && decode_attention_fused_ok(dp, s.qkv, QKV_);
+  forms.one_token = use_decode && T == 1 && E_ > 0 && moe_down_rows_on(1, K_, E_, H_, I_) && gemm_kv_norm_ok(1, QKV_, H_);
+  forms.fused_route = E_ > 0 && moe_route_ok(T, H_, E_, K_);
+  forms.decode_experts = T <= 64;
+  const bool rows = forms.one_token;
+
   ZEST_RETURN_IF_ERROR(embedding(d_tokens, embed_, s.x, T, H_, V_, st));
   if (M > 0) ZEST_RETURN_IF_ERROR(scatter_rows(mm_src(0), d_mm, s.x, static_cast<int>(M), H_, false, st));
-  // Decode steps of one token (moe_down_rows_on): a MoE layer's experts leave x only (their down kernel
-  // adds the slots by output rows) and the next layer's qkv GEMM normalises x itself, the first layer's too (no norm
-  // after the embedding); the lm_head takes the final norm when one row is sampled (else it runs alone).
-  const bool rows = use_decode && T == 1 && E_ > 0 && moe_down_rows_on(1, K_, E_, H_, I_) && gemm_kv_norm_ok(1, QKV_, H_);
   if (!rows) ZEST_RETURN_IF_ERROR(rmsnorm(s.x, layers_[0].in_norm, s.xn, T, H_, eps_, st));
   bool x_only = rows;  // xn is stale: the next consumer normalises x
   for (int l = 0; l < L_; ++l) {
     const Layer& Ly = layers_[l];
     const bf16* next = l + 1 < L_ ? layers_[l + 1].in_norm : final_norm_;
-    if (use_decode) {  // the qkv GEMM may prefetch the layer's KV rows, the attention the o weights (kL2Prefetch)
+    if (use_decode) {  // the qkv GEMM prefetches the layer's KV rows into L2 (at most 2 tokens, gemm_kv_prefetch)
       KvPrefetch kvp;
       kvp.k_cache = kv->k(l);
       kvp.v_cache = kv->v(l);
@@ -1131,8 +1147,6 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
       kvp.batch = dp.batch;
       kvp.max_blocks = MB;
       kvp.row_bytes = Hkv_ * D_ * 2;
-      dp.l2_next = Ly.wo;
-      dp.l2_next_bytes = static_cast<size_t>(H_) * Hq_ * D_ * 2;
       if (x_only) {
         kvp.norm_w = Ly.in_norm;
         kvp.norm_eps = eps_;
@@ -1143,7 +1157,7 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
       ZEST_RETURN_IF_ERROR(gemm(s.xn, Ly.wqkv, s.qkv, T, QKV_, H_, st));
     }
     // Decode steps (token b is sequence b's current token) may fold q/k norm + RoPE + KV write into the attention.
-    const bool fused_attn = use_decode && decode_attention_fused_ok(dp, s.qkv, QKV_);
+    const bool fused_attn = forms.fused_attention;
     if (!fused_attn)
       ZEST_RETURN_IF_ERROR(qk_norm_rope_kv(s.qkv, Ly.q_norm, Ly.k_norm, d_pos, T, rope_, d_slots, kv->k(l), kv->v(l), T,
                                            Hq_, Hkv_, D_, eps_, st));
@@ -1153,10 +1167,10 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
     } else if (use_decode) {
       ZEST_RETURN_IF_ERROR(decode_attention(dp, s.qkv, QKV_, kv->k(l), kv->v(l), d_bt, d_seq_ctx, s.attn, s.ws.get(), st));
     } else {
-      if (use_prefill)
+      if (forms.prefill_attention)
         ZEST_RETURN_IF_ERROR(prefill_attention(s.qkv, QKV_, s.qkv + Hq_ * D_, s.qkv + (Hq_ + Hkv_) * D_, QKV_, d_cu, S,
                                                static_cast<int>(max_len), s.attn, Hq_, Hkv_, D_, scale, st));
-      const bool all_generic = !use_prefill;
+      const bool all_generic = !forms.prefill_attention;
       const int n = all_generic ? T : n_gen;
       if (n > 0)
         ZEST_RETURN_IF_ERROR(paged_attention(s.qkv, QKV_, kv->k(l), kv->v(l), d_bt, MB, d_tok_seq, d_tok_ctx,
@@ -1167,7 +1181,7 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
     ZEST_RETURN_IF_ERROR(add_rmsnorm(s.x, s.o, Ly.post_norm, s.xn, T, H_, eps_, st));
     const bool ds = l < nds;
     if (Ly.moe) {
-      Status ms = run_moe(l, Ly, T, b, hooks, all_active, ds || rows ? nullptr : next);
+      Status ms = run_moe(l, Ly, T, forms, b, hooks, all_active, ds || rows ? nullptr : next);
       if (!ms.is_ok()) return ms.with_context("layer " + std::to_string(l));
       x_only = rows && !ds;
     } else {

@@ -148,10 +148,6 @@ struct DecodeAttention {
   int max_context = 0;   // upper bound of context_lens (fixes the grid, so a graph can be replayed)
   int max_blocks = 0;    // row stride of block_table
   float scale = 0.f;     // softmax scale, usually 1/sqrt(head_dim)
-  // Unused: no decode attention kernel prefetches the next kernel's bytes any more (the form that did, measured
-  // slower, was removed); kept while decoders still set it.
-  const void* l2_next = nullptr;
-  size_t l2_next_bytes = 0;
   // The splits' arrival counters, batch * kv_heads ints, zero-filled once (every launch leaves them at zero); the
   // workspace then holds partials only (written before they are read), needs no zeroing and serves any shape it is
   // large enough for. nullptr: the counters are in the workspace, after the partials (see below).
