@@ -54,6 +54,15 @@ def stream_chat(url: str, body: dict) -> tuple[float, str, dict]:
     return ttft if ttft is not None else float("nan"), text, usage
 
 
+def server_ttft_sum(url: str) -> float:
+    """The server's zest_time_to_first_token_seconds_sum (from request received to the engine's first token)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("zest_time_to_first_token_seconds_sum"):
+                return float(line.split()[-1])
+    return float("nan")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", default="http://127.0.0.1:8000")
@@ -63,21 +72,25 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--out", help="write every reply here (JSON)")
     ap.add_argument("--label", default="", help="the first column of the table row")
+    ap.add_argument("--tag", default="", help="added to each conversation's first text (runs that must not share blocks)")
     a = ap.parse_args()
     images = [{"type": "image_url", "image_url": {"url": data_url(p)}} for p in a.image]
     ttft = [[] for _ in range(a.turns)]
+    server = [[] for _ in range(a.turns)]  # the server's own TTFT (received -> first token), ms
     cached = [[] for _ in range(a.turns)]
     prompt = [[] for _ in range(a.turns)]
     replies = []
     for r in range(a.repeat):
-        messages = [{"role": "user", "content": [{"type": "text", "text": f"Conversation {r}."}] + images +
+        messages = [{"role": "user", "content": [{"type": "text", "text": f"Conversation {r}{a.tag}."}] + images +
                      [{"type": "text", "text": QUESTIONS[0]}]}]
         convo = []
         for t in range(a.turns):
             if t > 0:
                 messages.append({"role": "user", "content": QUESTIONS[t % len(QUESTIONS)]})
+            before = server_ttft_sum(a.url)
             ms, text, usage = stream_chat(a.url, {"messages": messages, "max_tokens": a.max_tokens, "temperature": 0})
             ttft[t].append(ms)
+            server[t].append((server_ttft_sum(a.url) - before) * 1000.0)
             prompt[t].append(usage.get("prompt_tokens", 0))
             cached[t].append((usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0))
             convo.append(text)
@@ -85,11 +98,12 @@ def main() -> None:
         replies.append(convo)
     if a.out:
         pathlib.Path(a.out).write_text(json.dumps(replies, ensure_ascii=False, indent=1))
-    print("| setup | turn | TTFT median ms | TTFT min ms | prompt tokens | cached tokens |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| setup | turn | TTFT median ms | TTFT min ms | server TTFT median ms | prompt tokens | cached tokens |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for t in range(a.turns):
         print(f"| {a.label} | {t + 1} | {statistics.median(ttft[t]):.1f} | {min(ttft[t]):.1f} | "
-              f"{statistics.median(prompt[t]):.0f} | {statistics.median(cached[t]):.0f} |")
+              f"{statistics.median(server[t]):.1f} | {statistics.median(prompt[t]):.0f} | "
+              f"{statistics.median(cached[t]):.0f} |")
 
 
 if __name__ == "__main__":
