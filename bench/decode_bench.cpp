@@ -11,7 +11,6 @@
 // writes every per-CTA record of that step to PATH-b<batch>.txt (bench/timeline_raw.py reads it).
 #include <cstdio>
 #include <cstdlib>
-#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -26,7 +25,6 @@
 #include "kernels/backend.h"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/synthetic_decoder.h"
-#include "kernels/cuda/tile_probe.h"
 
 namespace {
 
@@ -283,100 +281,6 @@ bool print_timeline(SyntheticDecoder& dec, int batch, int layers, double tpot_ms
   return true;
 }
 
-// --probe-tiles: how fast CTAs move weight tiles from HBM into shared memory (tile_probe.h), alone on the GPU: per
-// (CTAs per SM, bytes per CTA, copy method), the span from the first CTA's start to the last tile landed (median over
-// launches; each launch reads bytes not in L2) and the median CTA's own copy time; then the same copies issued before
-// a PDL wait on a running kernel.
-bool probe_tiles() {
-  const size_t buf_bytes = size_t{1} << 31;
-  unsigned char* src = nullptr;
-  uint32_t* sink = nullptr;
-  unsigned long long* times = nullptr;
-  int sms = 0;
-  if (!check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "SM count")) return false;
-  if (!check(cudaMalloc(&src, buf_bytes), "probe buffer") || !check(cudaMemset(src, 0x5a, buf_bytes), "memset") ||
-      !check(cudaMalloc(&sink, 4 * 4 * sms), "sink") || !check(cudaMalloc(&times, 8 * 2 * 4 * sms), "times"))
-    return false;
-  // 24 launches of `run(offset)` (the first 4 untimed), each over bytes the previous ones did not touch; the median
-  // span and median per-CTA copy time, in us.
-  auto measure = [&](int ctas, int bytes, const std::function<Status(size_t)>& run, double* span, double* cta) {
-    const size_t total = static_cast<size_t>(ctas) * bytes;
-    std::vector<double> spans, medians;
-    for (int it = 0; it < 24; ++it) {
-      const size_t offset = (static_cast<size_t>(it) * (total + 4096)) % (buf_bytes - total) / 256 * 256;
-      if (!check(run(offset), "probe") || !check(cudaDeviceSynchronize(), "probe sync")) return false;
-      if (it < 4) continue;
-      std::vector<unsigned long long> t(2 * ctas);
-      if (!check(cudaMemcpy(t.data(), times, t.size() * 8, cudaMemcpyDeviceToHost), "times")) return false;
-      unsigned long long lo = ~0ull, hi = 0;
-      std::vector<double> own;
-      for (int c = 0; c < ctas; ++c) {
-        lo = std::min(lo, t[2 * c]);
-        hi = std::max(hi, t[2 * c + 1]);
-        own.push_back((t[2 * c + 1] - t[2 * c]) / 1e3);
-      }
-      std::sort(own.begin(), own.end());
-      spans.push_back((hi - lo) / 1e3);
-      medians.push_back(own[own.size() / 2]);
-    }
-    std::sort(spans.begin(), spans.end());
-    std::sort(medians.begin(), medians.end());
-    *span = spans[spans.size() / 2];
-    *cta = medians[medians.size() / 2];
-    return true;
-  };
-  std::printf("tile copies into shared memory (CTAs alone on the GPU; %d SMs):\n", sms);
-  std::printf("| CTAs per SM | KB per CTA | method | copies per CTA | span us | rate TB/s | median CTA us |\n");
-  std::printf("|---|---|---|---|---|---|---|\n");
-  const char* names[] = {"bulk, thread 0", "bulk, 32 lanes", "cp.async, all threads", "registers, all threads"};
-  bool ok = true;
-  for (int per_sm : {1, 2, 3})
-    for (int kb : {32, 64, 128}) {
-      if (per_sm * (kb + 2) > 226) continue;
-      const int ctas = per_sm * sms, bytes = kb * 1024;
-      struct M {
-        TileCopy how;
-        int pieces;
-      };
-      for (M m : {M{TileCopy::kBulkOne, kb / 4}, M{TileCopy::kBulkOne, kb / 8}, M{TileCopy::kBulkOne, 1},
-                  M{TileCopy::kBulkLanes, kb / 4}, M{TileCopy::kBulkLanes, kb}, M{TileCopy::kCpAsync, 1},
-                  M{TileCopy::kLoads, 1}}) {
-        double span = 0, cta = 0;
-        ok = ok && measure(ctas, bytes, [&](size_t offset) {
-               return tile_copy_probe(src, offset, sink, times, ctas, bytes, m.pieces, m.how, nullptr);
-             }, &span, &cta);
-        if (!ok) break;
-        std::printf("| %d | %d | %s | %d | %.2f | %.2f | %.2f |\n", per_sm, kb, names[static_cast<int>(m.how)],
-                    m.how == TileCopy::kBulkOne || m.how == TileCopy::kBulkLanes ? m.pieces : bytes / 16, span,
-                    static_cast<double>(ctas) * bytes / span / 1e6, cta);
-      }
-    }
-  // The 1 x 128 KB and 3 x 64 KB bulk copies with each CTA's PDL wait after its copies, launched behind a kernel of 52
-  // one-warp CTAs spinning for `spin` us (as the o GEMM behind the decode attention): the tile's landing time from a
-  // warp that does not wait.
-  std::printf("\nthe same copies issued before a PDL wait on a running kernel (52 CTAs spinning):\n");
-  std::printf("| CTAs per SM | KB per CTA | spin us | span us | rate TB/s | median CTA us |\n|---|---|---|---|---|---|\n");
-  const bool pdl = programmatic_launch();
-  set_programmatic_launch(true);
-  for (auto [per_sm, kb] : {std::pair{1, 128}, std::pair{3, 64}})
-    for (double spin : {0.0, 10.0, 20.0}) {
-      const int ctas = per_sm * sms, bytes = kb * 1024;
-      double span = 0, cta = 0;
-      ok = ok && measure(ctas, bytes, [&](size_t offset) {
-             ZEST_RETURN_IF_ERROR(busy_wait_kernel(52, spin, nullptr));
-             return tile_copy_probe(src, offset, sink, times, ctas, bytes, kb / 8, TileCopy::kBulkOne, nullptr, true);
-           }, &span, &cta);
-      if (!ok) break;
-      std::printf("| %d | %d | %.0f | %.2f | %.2f | %.2f |\n", per_sm, kb, spin, span,
-                  static_cast<double>(ctas) * bytes / span / 1e6, cta);
-    }
-  set_programmatic_launch(pdl);
-  cudaFree(src);
-  cudaFree(sink);
-  cudaFree(times);
-  return ok;
-}
-
 }  // namespace
 
 int bench_decode_main(int argc, char** argv) {
@@ -398,8 +302,6 @@ int bench_decode_main(int argc, char** argv) {
   std::string ablate;
   int ablate_steps = 30;
   app.add_flag("--profile", profile, "also print GPU time per operation of one eager step per batch");
-  bool probe = false;
-  app.add_flag("--probe-tiles", probe, "only print how fast CTAs copy weight tiles into shared memory, by method");
   app.add_option("--ablate", ablate,
                  "batch sizes (comma-separated) at which the graph is also timed with each operation left out "
                  "(SERE off)");
@@ -438,7 +340,6 @@ int bench_decode_main(int argc, char** argv) {
   double bw = 0;
   if (!copy_bandwidth(&bw)) return 1;
   std::printf("device-to-device copy bandwidth: %.2f TB/s (read + write, 2 GiB buffers)\n", bw / 1e12);
-  if (probe) return probe_tiles() ? 0 : 1;
 
   auto cfg = synthetic_config(config, layers);
   if (!check(cfg.status(), "config")) return 2;

@@ -9,7 +9,6 @@
 #include "cuda/fused_decode_case.h"
 #include "cuda/route_case.h"
 #include "kernels/cuda/synthetic_decoder.h"
-#include "kernels/cuda/tile_probe.h"
 
 namespace zest::cuda::test {
 namespace {
@@ -516,54 +515,6 @@ TEST(CudaLatencyDecoder, GraphReplayMatchesEagerSteps) {
         EXPECT_EQ(*ta, *tb) << "step " << step;
       }
     }
-}
-
-// The tile-copy probe of the decode benchmark (tile_probe.h): every method and piece count copies the CTA's bytes
-// exactly (the XOR of its 32-bit words against the host's), at an odd offset of 16 bytes, with and without times.
-TEST(CudaTileProbe, EveryMethodCopiesTheTile) {
-  ZEST_REQUIRE_GPU();
-  std::mt19937 rng(911);
-  const int ctas = 5, bytes = 48 * 1024;
-  const size_t offset = 16 * 37;
-  std::vector<uint32_t> words((offset + static_cast<size_t>(ctas) * bytes) / 4);
-  for (auto& w : words) w = static_cast<uint32_t>(rng());
-  DevBuf<uint32_t> src(words), sink(ctas);
-  DevBuf<unsigned long long> times(2 * ctas);
-  std::vector<uint32_t> want(ctas, 0);
-  for (int b = 0; b < ctas; ++b)
-    for (int i = 0; i < bytes / 4; ++i) want[b] ^= words[offset / 4 + static_cast<size_t>(b) * bytes / 4 + i];
-  struct M {
-    TileCopy how;
-    int pieces;
-  };
-  for (M m : {M{TileCopy::kBulkOne, 1}, M{TileCopy::kBulkOne, 12}, M{TileCopy::kBulkLanes, 48},
-              M{TileCopy::kCpAsync, 1}, M{TileCopy::kLoads, 1}})
-    for (bool timed : {false, true}) {
-      SCOPED_TRACE(testing::Message() << "method " << static_cast<int>(m.how) << " pieces " << m.pieces);
-      ASSERT_EQ(cudaMemset(sink.get(), 0, ctas * 4), cudaSuccess);
-      ZEST_ASSERT_OK(tile_copy_probe(src.get(), offset, sink.get(), timed ? times.get() : nullptr, ctas, bytes,
-                                     m.pieces, m.how, nullptr));
-      sync_ok();
-      EXPECT_EQ(sink.download(), want);
-      if (timed) {
-        const auto t = times.download();
-        for (int b = 0; b < ctas; ++b) EXPECT_LE(t[2 * b], t[2 * b + 1]);
-      }
-    }
-  // The PDL wait after the copies, behind a spinning kernel (programmatic launches on).
-  const bool pdl = programmatic_launch();
-  set_programmatic_launch(true);
-  ASSERT_EQ(cudaMemset(sink.get(), 0, ctas * 4), cudaSuccess);
-  const Status spin = busy_wait_kernel(3, 5.0, nullptr);
-  const Status late =
-      tile_copy_probe(src.get(), offset, sink.get(), times.get(), ctas, bytes, 12, TileCopy::kBulkOne, nullptr, true);
-  set_programmatic_launch(pdl);
-  ZEST_ASSERT_OK(spin);
-  ZEST_ASSERT_OK(late);
-  sync_ok();
-  EXPECT_EQ(sink.download(), want);
-  EXPECT_FALSE(tile_copy_probe(src.get(), offset, sink.get(), nullptr, ctas, bytes, 7, TileCopy::kBulkOne, nullptr)
-                   .is_ok());  // 48 KB is not 7 pieces of 16-byte multiples
 }
 
 }  // namespace
