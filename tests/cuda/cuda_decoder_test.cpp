@@ -220,14 +220,15 @@ Result<Tensor> run_chunks(const model::TextDecoder& dec, model::PagedKVCache& ca
   return dec.forward(b, cache);
 }
 
-// Prefix prefills, then a step mixing decode tokens, a fresh prefill and a chunk continuing a cached prefix,
-// then a decode-only step; every sequence's logits equal its one-sequence prefill.
+// Prefix prefills, then a step of a decode token and a chunk continuing a cached prefix (no chunk from 0, as a chat
+// turn after a prefix-cache hit), a step mixing decode tokens, a fresh prefill and a continuing chunk, then a
+// decode-only step; every sequence's logits equal its one-sequence prefill.
 void check_mixed_batches(const model::TextDecoder& dec, int32_t vocab, const std::string& label) {
   SCOPED_TRACE(label);
   std::mt19937 rng(93);
   std::uniform_int_distribution<int32_t> tok(0, vocab - 1);
   std::vector<std::vector<int32_t>> seqs;
-  for (int len : {6, 18, 2, 34}) {
+  for (int len : {8, 18, 2, 34}) {
     std::vector<int32_t> s(len);
     for (auto& t : s) t = tok(rng);
     seqs.push_back(s);
@@ -245,12 +246,14 @@ void check_mixed_batches(const model::TextDecoder& dec, int32_t vocab, const std
   ASSERT_TRUE(cache.ok());
   std::vector<std::vector<int32_t>> tables(seqs.size());
   for (size_t s = 0; s < seqs.size(); ++s) ASSERT_TRUE(cache->reserve(tables[s], seqs[s].size()).is_ok());
-  ASSERT_TRUE(run_chunks(dec, *cache, tables, seqs, {{0, 0, 4}, {1, 0, 16}, {3, 0, 20}}).ok());
-  // Mixed: decode of 0 (position 4) and 1 (position 16), fresh prefill of 2 (1 token), chunk 20..32 of 3.
-  const std::vector<std::array<int64_t, 3>> mixed = {{0, 4, 1}, {1, 16, 1}, {2, 0, 1}, {3, 20, 13}};
+  ASSERT_TRUE(run_chunks(dec, *cache, tables, seqs, {{0, 0, 4}, {1, 0, 10}, {3, 0, 20}}).ok());
+  // Continued: decode of 0 (position 4) and chunk 10..15 of 1, nothing from 0.
+  const std::vector<std::array<int64_t, 3>> continued = {{0, 4, 1}, {1, 10, 6}};
+  // Mixed: decode of 0 (position 5) and 1 (position 16), fresh prefill of 2 (1 token), chunk 20..32 of 3.
+  const std::vector<std::array<int64_t, 3>> mixed = {{0, 5, 1}, {1, 16, 1}, {2, 0, 1}, {3, 20, 13}};
   // Decode-only: the next token of every sequence.
-  const std::vector<std::array<int64_t, 3>> decode = {{0, 5, 1}, {1, 17, 1}, {2, 1, 1}, {3, 33, 1}};
-  for (const auto* step : {&mixed, &decode}) {
+  const std::vector<std::array<int64_t, 3>> decode = {{0, 6, 1}, {1, 17, 1}, {2, 1, 1}, {3, 33, 1}};
+  for (const auto* step : {&continued, &mixed, &decode}) {
     auto l = run_chunks(dec, *cache, tables, seqs, *step);
     ASSERT_TRUE(l.ok()) << l.status().to_string();
     const int64_t V = l->dim(1);
@@ -260,7 +263,8 @@ void check_mixed_batches(const model::TextDecoder& dec, int32_t vocab, const std
       ASSERT_TRUE(ref.defined());
       const Err e = compare_rows(l->data<float>() + i * V, ref.data<float>(), V);
       std::printf("[batch-vs-solo] %s %s seq %lld: max diff %.4g, max |solo| %.4g\n", label.c_str(),
-                  step == &mixed ? "mixed" : "decode", static_cast<long long>(s), e.max_err, e.max_ref);
+                  step == &continued ? "continued" : step == &mixed ? "mixed" : "decode", static_cast<long long>(s),
+                  e.max_err, e.max_ref);
       EXPECT_LE(e.max_err, kBatchTol * e.max_ref) << "sequence " << s;
     }
   }
