@@ -32,7 +32,7 @@ json logprobs_json(const std::vector<engine::TokenLogprob>& v) {
   for (const engine::TokenLogprob& lp : v) {
     json top = json::array();
     for (const auto& [id, p] : lp.top) top.push_back({id, p});
-    out.push_back({{"token", lp.token}, {"logprob", lp.logprob}, {"top", std::move(top)}});
+    out.push_back({{"token", lp.token}, {"logprob", lp.logprob}, {"rank", lp.rank}, {"top", std::move(top)}});
   }
   return out;
 }
@@ -52,6 +52,7 @@ json RemotePrefill::to_json() const {
           {"rope_delta", rope_delta},
           {"first_tokens", first_tokens},
           {"first_logprobs", logprobs_json(first_logprobs)},
+          {"prompt_logprobs", logprobs_json(prompt_logprobs)},
           {"cached_tokens", cached_tokens},
           {"visual_tokens_before", visual_tokens_before},
           {"visual_tokens_after", visual_tokens_after}};
@@ -71,6 +72,30 @@ Status get_int(const json& j, const char* key, int64_t lo, int64_t hi, int64_t& 
                             std::to_string(hi) + "]");
   out = v;
   return Status::ok();
+}
+
+// One {"token", "logprob", "rank" (optional), "top": [[id, logprob], ...]} entry; `at` names it in errors.
+Result<engine::TokenLogprob> logprob_from_json(const json& e, const std::string& at) {
+  engine::TokenLogprob lp;
+  int64_t tok = 0, rank = 0;
+  if (!e.is_object()) return invalid_argument(at + " must be an object");
+  ZEST_RETURN_IF_ERROR(get_int(e, "token", 0, INT32_MAX, tok, at));
+  lp.token = static_cast<int32_t>(tok);
+  if (e.contains("rank")) ZEST_RETURN_IF_ERROR(get_int(e, "rank", 0, INT32_MAX, rank, at));
+  lp.rank = static_cast<int32_t>(rank);
+  auto p = e.find("logprob");
+  if (p == e.end() || !p->is_number()) return invalid_argument(at + "logprob must be a number");
+  lp.logprob = p->get<float>();
+  auto top = e.find("top");
+  if (top == e.end() || !top->is_array() || top->size() > 20)  // OpenAI's (and zest's) top_logprobs limit
+    return invalid_argument(at + "top must be an array of at most 20 pairs");
+  for (const json& t : *top) {
+    if (!t.is_array() || t.size() != 2 || !t[0].is_number_integer() || !t[1].is_number() || t[0].get<int64_t>() < 0 ||
+        t[0].get<int64_t>() > INT32_MAX)
+      return invalid_argument(at + "top must hold [token id, logprob] pairs");
+    lp.top.emplace_back(static_cast<int32_t>(t[0].get<int64_t>()), t[1].get<float>());
+  }
+  return lp;
 }
 
 }  // namespace
@@ -132,26 +157,27 @@ Result<RemotePrefill> RemotePrefill::from_json(const json& j) {
   if (lps == j.end() || !lps->is_array() || (!lps->empty() && lps->size() != r.first_tokens.size()))
     return invalid_argument(kWhere + "first_logprobs must be an array with one entry per first token, or empty");
   for (size_t i = 0; i < lps->size(); ++i) {
-    const json& e = (*lps)[i];
-    const std::string at = kWhere + "first_logprobs[" + std::to_string(i) + "].";
-    engine::TokenLogprob lp;
-    int64_t tok = 0;
-    if (!e.is_object()) return invalid_argument(at + " must be an object");
-    ZEST_RETURN_IF_ERROR(get_int(e, "token", 0, INT32_MAX, tok, at));
-    lp.token = static_cast<int32_t>(tok);
-    if (lp.token != r.first_tokens[i]) return invalid_argument(at + "token is not first_tokens[" + std::to_string(i) + "]");
-    auto p = e.find("logprob");
-    if (p == e.end() || !p->is_number()) return invalid_argument(at + "logprob must be a number");
-    lp.logprob = p->get<float>();
-    auto top = e.find("top");
-    if (top == e.end() || !top->is_array() || top->size() > 20) return invalid_argument(at + "top must be an array of at most 20 pairs");
-    for (const json& t : *top) {
-      if (!t.is_array() || t.size() != 2 || !t[0].is_number_integer() || !t[1].is_number() || t[0].get<int64_t>() < 0 ||
-          t[0].get<int64_t>() > INT32_MAX)
-        return invalid_argument(at + "top must hold [token id, logprob] pairs");
-      lp.top.emplace_back(static_cast<int32_t>(t[0].get<int64_t>()), t[1].get<float>());
-    }
+    ZEST_ASSIGN_OR_RETURN(engine::TokenLogprob lp,
+                          logprob_from_json((*lps)[i], kWhere + "first_logprobs[" + std::to_string(i) + "]."));
+    if (lp.token != r.first_tokens[i])
+      return invalid_argument(kWhere + "first_logprobs[" + std::to_string(i) + "].token is not first_tokens[" +
+                              std::to_string(i) + "]");
     r.first_logprobs.push_back(std::move(lp));
+  }
+  // Optional (older prefill instances do not send it): one entry per prompt token from the second on, or none.
+  auto plp = j.find("prompt_logprobs");
+  if (plp != j.end()) {
+    if (!plp->is_array() || (!plp->empty() && plp->size() + 1 != r.prompt_ids.size()))
+      return invalid_argument(kWhere + "prompt_logprobs must be an array with one entry per prompt token after the "
+                                       "first, or empty");
+    for (size_t i = 0; i < plp->size(); ++i) {
+      ZEST_ASSIGN_OR_RETURN(engine::TokenLogprob lp,
+                            logprob_from_json((*plp)[i], kWhere + "prompt_logprobs[" + std::to_string(i) + "]."));
+      if (lp.token != r.prompt_ids[i + 1])
+        return invalid_argument(kWhere + "prompt_logprobs[" + std::to_string(i) + "].token is not prompt token " +
+                                std::to_string(i + 1));
+      r.prompt_logprobs.push_back(std::move(lp));
+    }
   }
   ZEST_RETURN_IF_ERROR(get_int(j, "cached_tokens", 0, r.kv.tokens, r.cached_tokens));
   ZEST_RETURN_IF_ERROR(get_int(j, "visual_tokens_before", 0, kBig, r.visual_tokens_before));

@@ -40,6 +40,9 @@ struct RemotePrefill {
   int64_t rope_delta = 0;          // decode position = tokens in cache + rope_delta
   std::vector<int32_t> first_tokens;  // per choice (n), sampled by the prefill instance
   std::vector<engine::TokenLogprob> first_logprobs;  // per choice when the request asks for logprobs, else empty
+  // When the request asks for prompt_logprobs: one per prompt token from the second on (computed by the prefill),
+  // else empty.
+  std::vector<engine::TokenLogprob> prompt_logprobs;
   int64_t cached_tokens = 0, visual_tokens_before = 0, visual_tokens_after = 0;  // for usage
 
   nlohmann::json to_json() const;

@@ -94,6 +94,8 @@ struct Job {
   bool include_usage = false;
   bool logprobs = false;
   bool prompt_logprobs = false;
+  // A decode instance's request: the prompt log-probabilities the prefill instance computed (RemotePrefill).
+  std::vector<engine::TokenLogprob> remote_prompt_logprobs;
   bool token_ids = false;    // logprob tokens as "token_id:N"
   // Streaming only: the role chunk of each choice was sent; text completions: each choice's text so far (bytes, the
   // logprobs' text_offset).
@@ -109,6 +111,11 @@ struct Job {
   std::vector<int32_t> prompt_ids;
   int64_t rope_delta = 0;
 };
+
+// The prompt log-probabilities of a choice: the prefill instance's for a decode instance's request, else the engine's.
+const std::vector<engine::TokenLogprob>& prompt_lps(const Job& job, const engine::RequestOutput& out) {
+  return job.remote_prompt_logprobs.empty() ? out.prompt_logprobs : job.remote_prompt_logprobs;
+}
 
 // One choice of a request to submit.
 struct ChoiceSpec {
@@ -432,17 +439,12 @@ void Server::Impl::handle_chat(const httplib::Request&, httplib::Response& res,
   engine::ChatRequest& cr = *parsed;
   keep_key_order(cr, raw);
   std::string().swap(raw);
-  if (export_kv || import_kv) {
-    // What one prefilled token cannot carry to the decode instance yet is refused by name.
-    const char* field = cr.sampling.prompt_logprobs >= 0 ? "prompt_logprobs"
-                        : export_kv && cr.stream  ? "stream"
-                                                  : nullptr;
-    if (field != nullptr)
-      return reply_error(res, 400,
-                         "'" + std::string(field) + "' is not supported by zest's disaggregated serving (unsupported "
-                         "field '" + field + "' with kv_transfer_params)",
-                         field);
-  }
+  // The prefill step answers the front in one response; the client's stream comes from the decode instance.
+  if (export_kv && cr.stream)
+    return reply_error(res, 400,
+                       "'stream' is not supported by a prefill instance (unsupported field 'stream' with "
+                       "kv_transfer_params {\"do_remote_decode\": true}): the decode instance streams",
+                       "stream");
   std::optional<RemotePrefill> remote;
   if (import_kv) {
     auto checked = check_signature(std::move(kvp), opts.kv_secret);
@@ -450,14 +452,25 @@ void Server::Impl::handle_chat(const httplib::Request&, httplib::Response& res,
     auto rp = RemotePrefill::from_json(*checked);
     if (!rp.ok()) return reply_status(res, rp.status());
     if (Status st = check_geometry(rp->kv, model->config.text); !st.is_ok()) return reply_status(res, st);
-    if (static_cast<int64_t>(rp->first_tokens.size()) != cr.n)
-      return reply_error(res, 400,
-                         "'n' = " + std::to_string(cr.n) + " but the prefill instance sampled " +
-                             std::to_string(rp->first_tokens.size()) + " first tokens: send the same request to both",
-                         "n");
-    if (cr.sampling.logprobs && rp->first_logprobs.size() != rp->first_tokens.size())
-      return reply_error(res, 400, "'logprobs' is set but the prefill instance sent no log-probabilities of the first "
-                                   "tokens: send the same request to both", "logprobs");
+    // A request that does not match its params is refused, and the offer dropped now (not at --kv-hold-s).
+    const char* param = nullptr;
+    std::string why;
+    if (static_cast<int64_t>(rp->first_tokens.size()) != cr.n) {
+      param = "n";
+      why = "'n' = " + std::to_string(cr.n) + " but the prefill instance sampled " +
+            std::to_string(rp->first_tokens.size()) + " first tokens: send the same request to both";
+    } else if (cr.sampling.logprobs && rp->first_logprobs.size() != rp->first_tokens.size()) {
+      param = "logprobs";
+      why = "'logprobs' is set but the prefill instance sent no log-probabilities of the first tokens: send the same "
+            "request to both";
+    } else if (cr.sampling.prompt_logprobs >= 0 && rp->prompt_logprobs.empty() && rp->prompt_ids.size() > 1) {
+      param = "prompt_logprobs";
+      why = "'prompt_logprobs' is set but the prefill instance sent none: send the same request to both";
+    }
+    if (param != nullptr) {
+      this->reader->release(rp->handle);
+      return reply_error(res, 400, why, param);
+    }
     remote = std::move(rp).value();
   }
   // A request refused before its K/V is read lets the prefill instance drop the offer now (not at --kv-hold-s).
@@ -538,6 +551,7 @@ void Server::Impl::handle_chat(const httplib::Request&, httplib::Response& res,
   for (int64_t v : prompt->visual_tokens_after) job.usage.visual_tokens_after += v;
   if (remote) {
     job.usage.cached_tokens = remote->cached_tokens;  // the engine adds its own (none: the prompt is not run here)
+    job.remote_prompt_logprobs = remote->prompt_logprobs;
     job.usage.visual_tokens_before = remote->visual_tokens_before;
     job.usage.visual_tokens_after = remote->visual_tokens_after;
   }
@@ -559,6 +573,8 @@ void Server::Impl::handle_chat(const httplib::Request&, httplib::Response& res,
       choices[i].export_kv = i == 0;
     }
     if (remote) {
+      // The prompt ran on the prefill instance: its log-probabilities come from there (job.remote_prompt_logprobs).
+      choices[i].sampling.prompt_logprobs = -1;
       choices[i].kv = imported;
       choices[i].first_token = remote->first_tokens[static_cast<size_t>(i)];
       if (!remote->first_logprobs.empty()) choices[i].first_logprob = remote->first_logprobs[static_cast<size_t>(i)];
@@ -754,7 +770,7 @@ std::pair<int, std::string> Server::Impl::whole_body(const ChannelUpdate& u, con
       choices.push_back(text_choice_json(
           c.index, out.text, openai_finish_reason(out.finish),
           job.logprobs ? text_logprobs_json(out.logprobs, model->tokenizer, job.token_ids, offset) : json()));
-      if (job.prompt_logprobs) choices.back()["prompt_logprobs"] = prompt_logprobs_json(out.prompt_logprobs, model->tokenizer);
+      if (job.prompt_logprobs) choices.back()["prompt_logprobs"] = prompt_logprobs_json(prompt_lps(job, out), model->tokenizer);
     } else {
       const engine::ParsedMessage m = engine::parse_chat_output(out.text, job.parse);
       choices.push_back(chat_choice_json(
@@ -768,7 +784,7 @@ std::pair<int, std::string> Server::Impl::whole_body(const ChannelUpdate& u, con
   for (const auto& [k, v] : extra.items()) body[k] = v;
   // Chat: one prompt, its log-probabilities at the top level (vLLM's place for them).
   if (job.prompt_logprobs && !u.choices.empty())
-    body["prompt_logprobs"] = prompt_logprobs_json(u.choices.front().output.prompt_logprobs, model->tokenizer);
+    body["prompt_logprobs"] = prompt_logprobs_json(prompt_lps(job, u.choices.front().output), model->tokenizer);
   return {200, dump_json(body)};
 }
 
@@ -806,6 +822,7 @@ Result<json> Server::Impl::offer_kv(const ChannelUpdate& u, const Job& job) {
   rp.rope_delta = job.rope_delta;
   rp.first_tokens = std::move(firsts);
   rp.first_logprobs = std::move(lps);
+  if (job.prompt_logprobs) rp.prompt_logprobs = out.prompt_logprobs;
   rp.cached_tokens = out.cached_tokens;
   rp.visual_tokens_before = job.usage.visual_tokens_before;
   rp.visual_tokens_after = job.usage.visual_tokens_after;

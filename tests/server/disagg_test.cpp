@@ -168,6 +168,43 @@ TEST(Disagg, SeededChoicesAndLogprobsEqualOneInstance) {
   EXPECT_EQ(wait_metrics(*dc, idle)["zest_kv_blocks_used"], 0);
 }
 
+// Prompt log-probabilities are computed by the prefill instance (which runs the prompt) and carried in the signed
+// params: the reply equals one instance's, at the top level as vLLM puts them; a decode instance asked for them
+// without any in the params refuses by name.
+TEST(Disagg, PromptLogprobsEqualOneInstance) {
+  Deployment d("qwen3_moe_tiny");
+  ASSERT_TRUE(d.ok());
+  json body = chat_body("Name some animals.", 6);
+  body["prompt_logprobs"] = 2;
+  body["logprobs"] = true;
+  body["top_logprobs"] = 2;
+  HttpReply want = post_json(*client(*d.both), body.dump());
+  HttpReply got = post_json(*client_of(d.front->port()), body.dump());
+  ASSERT_EQ(want.status, 200) << want.body;
+  ASSERT_EQ(got.status, 200) << got.body;
+  ASSERT_TRUE(want.j.contains("prompt_logprobs"));
+  ASSERT_GT(want.j["prompt_logprobs"].size(), 2u);
+  EXPECT_EQ(got.j["prompt_logprobs"], want.j["prompt_logprobs"]);
+  EXPECT_EQ(got.j["choices"][0]["message"], want.j["choices"][0]["message"]);
+  EXPECT_EQ(got.j["choices"][0]["logprobs"], want.j["choices"][0]["logprobs"]);
+  EXPECT_EQ(got.j["usage"], want.j["usage"]);
+  // The prefill's params without prompt log-probabilities, to a decode instance asked for them.
+  json pb = body;
+  pb.erase("prompt_logprobs");
+  pb["kv_transfer_params"] = {{"do_remote_decode", true}};
+  HttpReply p = post_json(*client(*d.prefill), pb.dump());
+  ASSERT_EQ(p.status, 200) << p.body;
+  json db = body;
+  db["kv_transfer_params"] = p.j["kv_transfer_params"];
+  HttpReply e = post_json(*client(*d.decode), db.dump());
+  EXPECT_EQ(e.status, 400) << e.body;
+  EXPECT_EQ(e.j["error"]["param"], "prompt_logprobs") << e.body;
+  EXPECT_EQ(wait_metrics(*client(*d.decode), idle)["zest_kv_blocks_used"], 0);
+  // The refused request's offer is released at once (the two requests before it were read and released too).
+  EXPECT_EQ(wait_metric(*client(*d.prefill), "zest_kv_transfer_released_total", 2), 2);
+  EXPECT_EQ(metric(*client(*d.prefill), "zest_kv_transfer_held"), 0);
+}
+
 TEST(Disagg, ClientGoneMidStreamAbortsOnTheDecodeInstance) {
   Deployment d("qwen3_moe_tiny");
   ASSERT_TRUE(d.ok());
@@ -424,12 +461,12 @@ TEST(Disagg, WhatCannotBeCarriedIsRefusedByName) {
   EXPECT_EQ(r.status, 400) << r.body;
   EXPECT_EQ(r.j["error"]["param"], "kv_transfer_params") << r.body;
   auto pc = client(*prefill);
-  for (const auto& [field, value] : std::vector<std::pair<std::string, json>>{{"prompt_logprobs", 1}, {"stream", true}}) {
+  {  // The prefill step is answered in one response (the decode instance streams to the client).
     json b = body;
-    b[field] = value;
+    b["stream"] = true;
     HttpReply e = post_json(*pc, b.dump());
-    EXPECT_EQ(e.status, 400) << field << ": " << e.body;
-    EXPECT_EQ(e.j["error"]["param"], field) << e.body;
+    EXPECT_EQ(e.status, 400) << e.body;
+    EXPECT_EQ(e.j["error"]["param"], "stream") << e.body;
   }
   json odd = body;
   odd["kv_transfer_params"] = {{"do_remote_decode", "yes"}};
