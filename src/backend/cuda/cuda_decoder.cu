@@ -1478,11 +1478,12 @@ Result<KvSnapshot> cuda_ipc_import(const std::string& hex, const KvSnapshot& geo
   KvSnapshot out = geometry;
   out.bytes.reset();
   auto buf = std::make_shared<DeviceMemory>();
-  Status st = buf->allocate(static_cast<size_t>(geometry.expected_bytes()), "the imported KV snapshot");
-  if (st.is_ok())
-    st = cuda_status(cudaMemcpy(buf->get(), peer, static_cast<size_t>(geometry.expected_bytes()),
-                                cudaMemcpyDeviceToDevice),
-                     "copying the prefill instance's K/V");
+  const Status st = [&]() -> Status {  // the handle is closed whatever happens here
+    ZEST_RETURN_IF_ERROR(buf->allocate(static_cast<size_t>(geometry.expected_bytes()), "the imported KV snapshot"));
+    return cuda_status(cudaMemcpy(buf->get(), peer, static_cast<size_t>(geometry.expected_bytes()),
+                                  cudaMemcpyDeviceToDevice),
+                       "copying the prefill instance's K/V");
+  }();
   const cudaError_t closed = cudaIpcCloseMemHandle(peer);
   ZEST_RETURN_IF_ERROR(st);
   ZEST_CU(closed, "cudaIpcCloseMemHandle");
