@@ -24,6 +24,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/cuda/kernels.h"
+#include "backend/cuda/synthetic_shape.h"
 #include "kernels/cuda/synthetic_decoder.h"
 
 namespace {

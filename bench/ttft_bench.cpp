@@ -39,6 +39,7 @@
 #include "io/image.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/kernels.h"
+#include "backend/cuda/synthetic_shape.h"
 #include "kernels/cuda/synthetic_decoder.h"
 #include "kernels/cuda/vision_kernels.h"
 #include "model/decoder.h"

@@ -18,7 +18,7 @@
 namespace zest::model {
 
 // The names named_model_config knows: qwen3-30b-a3b (text only), qwen3-vl-30b-a3b, qwen3-vl-235b-a22b
-// (MoE), qwen3-vl-32b (dense; these four are also cuda::synthetic_config's) and qwen3-8b (dense, text only).
+// (MoE), qwen3-vl-32b (dense) and qwen3-8b (dense, text only); the CUDA benchmarks take theirs from here too.
 std::vector<std::string> named_model_configs();
 
 // The config of a named shape; layers > 0 overrides the decoder's layer count. Unknown names and

@@ -8,6 +8,7 @@
 #include "cuda/cuda_test_util.h"
 #include "cuda/fused_decode_case.h"
 #include "cuda/route_case.h"
+#include "backend/cuda/synthetic_shape.h"
 #include "kernels/cuda/synthetic_decoder.h"
 
 namespace zest::cuda::test {

@@ -7,6 +7,7 @@
 
 #include "cuda/cuda_test_util.h"
 #include "cuda/route_case.h"
+#include "backend/cuda/synthetic_shape.h"
 #include "kernels/cuda/synthetic_decoder.h"
 
 namespace zest::cuda::test {

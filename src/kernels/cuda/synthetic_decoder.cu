@@ -35,48 +35,6 @@ __global__ void advance_inputs_kernel(int32_t* __restrict__ ids, int32_t* __rest
 
 }  // namespace
 
-Result<SyntheticConfig> synthetic_config(const std::string& name, int layers) {
-  SyntheticConfig c;
-  c.name = name;
-  c.vocab = 151936;
-  c.head_dim = 128;
-  if (name == "qwen3-30b-a3b" || name == "qwen3-vl-30b-a3b") {
-    c.layers = 48;
-    c.hidden = 2048;
-    c.q_heads = 32;
-    c.kv_heads = 4;
-    c.experts = 128;
-    c.top_k = 8;
-    c.expert_inter = 768;
-    c.rope_theta = name == "qwen3-30b-a3b" ? 1e6f : 5e6f;
-    c.mrope = name != "qwen3-30b-a3b";
-  } else if (name == "qwen3-vl-235b-a22b") {
-    c.layers = 94;
-    c.hidden = 4096;
-    c.q_heads = 64;
-    c.kv_heads = 4;
-    c.experts = 128;
-    c.top_k = 8;
-    c.expert_inter = 1536;
-    c.rope_theta = 5e6f;
-    c.mrope = true;
-  } else if (name == "qwen3-vl-32b") {
-    c.layers = 64;
-    c.hidden = 5120;
-    c.q_heads = 64;
-    c.kv_heads = 8;
-    c.dense_inter = 25600;
-    c.rope_theta = 5e6f;
-    c.mrope = true;
-  } else {
-    return invalid_argument("unknown synthetic config '" + name +
-                            "'; use qwen3-30b-a3b, qwen3-vl-30b-a3b, qwen3-vl-235b-a22b or qwen3-vl-32b");
-  }
-  if (layers < 0) return invalid_argument("--layers must be positive");
-  if (layers > 0) c.layers = layers;
-  return c;
-}
-
 SyntheticDecoder::~SyntheticDecoder() {
   for (auto& [key, g] : graphs_) cudaGraphExecDestroy(g);
   for (void* p : allocations_) cudaFree(p);

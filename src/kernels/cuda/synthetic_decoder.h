@@ -27,9 +27,7 @@ struct SyntheticConfig {
   bool mrope = false;  // interleaved M-RoPE with sections [24, 20, 20] (Qwen3-VL)
 };
 
-// Named shapes: qwen3-30b-a3b, qwen3-vl-30b-a3b, qwen3-vl-235b-a22b, qwen3-vl-32b. layers > 0 overrides the
-// layer count.
-Result<SyntheticConfig> synthetic_config(const std::string& name, int layers);
+// Named shapes come from model::named_model_config through backend/cuda/synthetic_shape.h (kernels know no models).
 
 struct SyntheticOptions {
   int max_batch = 64;
