@@ -25,7 +25,8 @@ void add_model_args(CLI::App* app, ModelArgs& a, bool random_model) {
   app->add_option("--cuda-graphs", a.decode.graphs,
                   "CUDA decode steps: on = replay CUDA graphs; off = eager launches with exact context bounds; eager = "
                   "eager launches of what a graph would replay (padding and context buckets included)")
-      ->transform(CLI::CheckedTransformer(graphs, CLI::ignore_case))
+      ->transform(CLI::CheckedTransformer(graphs, CLI::ignore_case).description("on | off | eager"))
+      ->type_name("MODE")
       ->default_str("on");
   app->add_flag("!--no-cuda-graph-padding", a.decode.graph_padding,
                 "CUDA decode graphs keyed by the exact sequence count (default: padded up to a ladder of row counts)");
