@@ -37,9 +37,16 @@ TEST(CudaGemm, MatchesReferenceAcrossShapes) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(11);
   // (M, N, K): tensor-core streaming (M <= 16, N % 16 == 0, K % 32 == 0), the CUDA-core streaming kernel
-  // (M <= 8, other N, K), and cuBLASLt sizes.
+  // (M <= 8, other N, K), and cuBLASLt sizes. Small M at the model's shapes (qkv 5120 x 2048, o 2048 x 4096, router
+  // 128 x 2048) and odd ones, M = 1, 2, 8, 9 and 16: the weight tile bulk-copied into shared memory where every
+  // tile's CTA fits (tiles evict-first at M <= 2), the register-streamed kernel for 9-16 rows at K <= 2048 and for
+  // more tiles than resident CTAs, rows_ring for many tiles; K = 2080 (65 chunks of 32), N = 1040 (an odd number of
+  // 16-row tiles), N with fewer row tiles than SMs.
   for (auto [M, N, K] : {std::tuple{1, 64, 2048}, {13, 160, 96}, {16, 512, 4096}, {1, 67, 200}, {5, 300, 136},
-                         {8, 1000, 2048}, {13, 72, 104}, {64, 512, 256}}) {
+                         {8, 1000, 2048}, {13, 72, 104}, {64, 512, 256}, {1, 5120, 2048}, {1, 2048, 4096},
+                         {16, 2048, 4096}, {9, 128, 2048}, {8, 48, 96}, {3, 208, 1056}, {16, 16, 32},
+                         {5, 16 * 1000, 64}, {8, 2064, 2080}, {9, 1040, 4096}, {2, 2048, 4096}, {1, 48, 96},
+                         {5, 4096, 2048}, {16, 128, 2080}, {3, 160, 1600}}) {
     SCOPED_TRACE(testing::Message() << "M=" << M << " N=" << N << " K=" << K);
     auto x = random_bf16(static_cast<size_t>(M) * K, rng), w = random_bf16(static_cast<size_t>(N) * K, rng);
     auto dx = upload_bf16(x), dw = upload_bf16(w);
