@@ -220,9 +220,9 @@ Result<Tensor> run_chunks(const model::TextDecoder& dec, model::PagedKVCache& ca
   return dec.forward(b, cache);
 }
 
-// Prefix prefills, then a step of a decode token and a chunk continuing a cached prefix (no chunk from 0, as a chat
-// turn after a prefix-cache hit), a step mixing decode tokens, a fresh prefill and a continuing chunk, then a
-// decode-only step; every sequence's logits equal its one-sequence prefill.
+// Prefix prefills, then a step of a decode token and a chunk continuing a cached prefix (no chunk from 0: every
+// token through the decode attention kernels as a row of its own), a step mixing decode tokens, a fresh prefill and
+// a continuing chunk, then a decode-only step; every sequence's logits equal its one-sequence prefill.
 void check_mixed_batches(const model::TextDecoder& dec, int32_t vocab, const std::string& label) {
   SCOPED_TRACE(label);
   std::mt19937 rng(93);

@@ -319,6 +319,11 @@ struct StepForms {
   bool decode_attention = false;   // head_dim 128, every token its sequence's next: split-K decode attention
   bool fused_attention = false;    // ... with q/k norm, RoPE and the KV write folded in (decode_attention_fused)
   bool prefill_attention = false;  // head_dim 128, chunks starting at 0: the contiguous prefill kernel
+  // head_dim 128, no chunk from 0 and not decode-only (a chat turn's new message after a prefix-cache hit, a later
+  // chunk of a long prompt): every token attends its own context through the decode attention kernels as a one-token
+  // row of its own (tensor cores, split over the context, one CTA per kv head for its query heads) instead of the
+  // generic kernel (one CTA per token and query head).
+  bool token_attention = false;
   // One token (moe_down_rows_on): a MoE layer's experts leave x only (their down kernel adds the slots by output
   // rows) and the next layer's qkv GEMM normalises x itself, the first layer's too; the lm_head takes the final norm
   // when one row is sampled.
@@ -365,6 +370,7 @@ class CudaTextDecoder final : public model::TextDecoder {
   struct Step {
     Caps caps;
     DeviceMemory act, in_dev, ws, sim, counters;
+    DeviceMemory tok_table;  // token_attention: each token's block-table row [T, max_blocks]
     PinnedMemory in_host, logits_host;
     bf16 *x = nullptr, *xn = nullptr, *qkv = nullptr, *attn = nullptr, *o = nullptr, *rl = nullptr, *h = nullptr,
          *gu = nullptr, *xr = nullptr, *logits = nullptr;
@@ -1102,13 +1108,15 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
     return d_mm_emb + k * M * H_;
   };
 
-  // Attention plan: the fast kernels need head_dim 128; decode-only steps use split-K decode attention; chunks
-  // starting at 0 use the contiguous prefill kernel (run on every chunk, its rows of chunks with a cached prefix
-  // are then recomputed); everything else goes through the generic paged kernel.
+  // Attention plan: the fast kernels need head_dim 128; decode-only steps use split-K decode attention; steps with a
+  // chunk starting at 0 use the contiguous prefill kernel (run on every chunk, the rows of the other chunks and
+  // decode tokens are then recomputed by the generic paged kernel); steps without one run every token through the
+  // decode attention kernels as a row of its own (token_attention).
   const float scale = 1.f / std::sqrt(static_cast<float>(D_));
   StepForms forms;
   forms.decode_attention = D_ == 128 && decode_only;
   forms.prefill_attention = D_ == 128 && !decode_only && any_fresh;
+  forms.token_attention = D_ == 128 && !decode_only && !any_fresh;
   const bool use_decode = forms.decode_attention;
   DecodeAttention dp;
   if (use_decode) {
@@ -1122,6 +1130,25 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
     dp.counters = s.attn_counters;  // zero between launches: the workspace holds partials only, never zeroed
     const size_t ws = decode_attention_workspace_bytes(dp);
     if (ws > s.ws.size()) ZEST_RETURN_IF_ERROR(s.ws.allocate(std::max(ws, 2 * s.ws.size()), "attention workspace"));
+  }
+  DecodeAttention tp;  // token_attention: row t is token t, its sequence's block-table row gathered for it
+  if (forms.token_attention) {
+    tp.batch = T;
+    tp.q_heads = Hq_;
+    tp.kv_heads = Hkv_;
+    tp.head_dim = D_;
+    tp.max_context = static_cast<int>(max_ctx);
+    tp.max_blocks = MB;
+    tp.scale = scale;
+    tp.counters = s.attn_counters;  // T * kv_heads, zero between launches
+    const size_t ws = decode_attention_workspace_bytes(tp);
+    if (ws > s.ws.size()) ZEST_RETURN_IF_ERROR(s.ws.allocate(std::max(ws, 2 * s.ws.size()), "attention workspace"));
+    const size_t tab = static_cast<size_t>(T) * MB * sizeof(int32_t);
+    if (tab > s.tok_table.size())
+      ZEST_RETURN_IF_ERROR(s.tok_table.allocate(std::max(tab, 2 * s.tok_table.size()), "per-token block tables"));
+    // A bit copy of int32 rows (2 * MB bf16 lanes each) from the sequences' table rows.
+    ZEST_RETURN_IF_ERROR(gather_rows(reinterpret_cast<const bf16*>(d_bt), d_tok_seq,
+                                     reinterpret_cast<bf16*>(s.tok_table.get()), T, 2 * MB, st));
   }
 
   // Decoder layers read qkv at the same address every layer: the fused attention's check holds for all of them.
@@ -1166,6 +1193,10 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
                                                   kv->k(l), kv->v(l), d_bt, d_seq_ctx, s.attn, s.ws.get(), eps_, st));
     } else if (use_decode) {
       ZEST_RETURN_IF_ERROR(decode_attention(dp, s.qkv, QKV_, kv->k(l), kv->v(l), d_bt, d_seq_ctx, s.attn, s.ws.get(), st));
+    } else if (forms.token_attention) {
+      ZEST_RETURN_IF_ERROR(decode_attention(tp, s.qkv, QKV_, kv->k(l), kv->v(l),
+                                            reinterpret_cast<const int32_t*>(s.tok_table.get()), d_tok_ctx, s.attn,
+                                            s.ws.get(), st));
     } else {
       if (forms.prefill_attention)
         ZEST_RETURN_IF_ERROR(prefill_attention(s.qkv, QKV_, s.qkv + Hq_ * D_, s.qkv + (Hq_ + Hkv_) * D_, QKV_, d_cu, S,
