@@ -42,7 +42,7 @@ Status launch(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block,
   cudaLaunchAttribute attr[1];
   cfg.attrs = attr;
   cfg.numAttrs = static_cast<unsigned int>(common_launch_attrs(attr, 0));
-  note_launch(name);
+  note_launch(name, stream);
   return cuda_status(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(std::forward<Args>(args))...), name);
 }
 
@@ -71,7 +71,7 @@ Status launch_cluster(const char* name, void (*kernel)(KArgs...), dim3 grid, dim
   cudaLaunchAttribute attr[2];
   cudaLaunchConfig_t cfg = cluster_config(grid, block, smem, stream, cluster_x, attr);
   cfg.numAttrs = static_cast<unsigned int>(common_launch_attrs(attr, 1));
-  note_launch(name);
+  note_launch(name, stream);
   return cuda_status(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(std::forward<Args>(args))...), name);
 }
 

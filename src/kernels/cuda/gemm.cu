@@ -193,6 +193,7 @@ Status gemm_cublaslt(const bf16* x, const bf16* w, bf16* y, int M, int N, int K,
   void*& ws = s.workspaces[stream];
   if (!ws) ZEST_RETURN_IF_ERROR(cuda_status(cudaMalloc(&ws, s.workspace_bytes), "cuBLASLt workspace"));
   const float alpha = 1.f, beta = 0.f;
+  note_launch("cublasLtMatmul", stream);
   return lt_status(cublasLtMatmul(s.handle, p->desc, &alpha, w, p->a, x, p->b, &beta, y, p->c, y, p->c, &p->algo,
                                   ws, s.workspace_bytes, stream),
                    "cublasLtMatmul");

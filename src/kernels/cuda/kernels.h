@@ -26,6 +26,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/status.h"
@@ -82,7 +83,14 @@ bool register_step_timeline_unit(cudaError_t (*setter)(void*));
 // Launch log, for benchmarks: while on, every kernel launch of this library appends its name (host side).
 void set_launch_log(bool on);
 std::vector<std::string> take_launch_log();
-void note_launch(const char* name);
+// Launch timing, for benchmarks: while on, every kernel launch of this library and every cuBLASLt matmul records a
+// CUDA event on its stream just before it. take_launch_times synchronises and returns, per launch in launch order, its
+// name and the milliseconds from its event to the next one on its stream (the last launch of a stream: to an event
+// recorded by take_launch_times). For eager steps only (an event between two launches also ends programmatic
+// dependent launch overlap), never while a stream is being captured.
+void set_launch_timing(bool on);
+Result<std::vector<std::pair<std::string, float>>> take_launch_times();
+void note_launch(const char* name, cudaStream_t stream);
 
 // ---- dense ops ----------------------------------------------------------------------------------
 

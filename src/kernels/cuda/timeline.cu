@@ -22,9 +22,20 @@ std::vector<Setter>& setters() {
   return v;
 }
 
-std::atomic<bool> g_log_on{false};
+std::atomic<bool> g_log_on{false}, g_timing_on{false};
 std::mutex g_log_mutex;
 std::vector<std::string> g_log;
+struct TimedLaunch {
+  std::string name;
+  cudaStream_t stream;
+  cudaEvent_t event;
+};
+std::vector<TimedLaunch> g_timed;  // under g_log_mutex
+
+void destroy_events(std::vector<TimedLaunch>& v) {
+  for (TimedLaunch& t : v) cudaEventDestroy(t.event);
+  v.clear();
+}
 
 }  // namespace
 
@@ -64,10 +75,58 @@ std::vector<std::string> take_launch_log() {
   return out;
 }
 
-void note_launch(const char* name) {
-  if (!g_log_on.load(std::memory_order_relaxed)) return;
+void set_launch_timing(bool on) {
   std::lock_guard<std::mutex> lock(g_log_mutex);
-  g_log.emplace_back(name);
+  if (on) destroy_events(g_timed);
+  g_timing_on.store(on, std::memory_order_relaxed);
+}
+
+Result<std::vector<std::pair<std::string, float>>> take_launch_times() {
+  std::vector<TimedLaunch> timed;
+  {
+    std::lock_guard<std::mutex> lock(g_log_mutex);
+    timed.swap(g_timed);
+  }
+  std::map<cudaStream_t, cudaEvent_t> tail;  // per stream, the event after its last launch
+  auto times = [&]() -> Result<std::vector<std::pair<std::string, float>>> {
+    for (const TimedLaunch& t : timed) {
+      if (tail.count(t.stream)) continue;
+      ZEST_RETURN_IF_ERROR(cuda_status(cudaEventCreate(&tail[t.stream]), "take_launch_times"));
+      ZEST_RETURN_IF_ERROR(cuda_status(cudaEventRecord(tail[t.stream], t.stream), "take_launch_times"));
+    }
+    ZEST_RETURN_IF_ERROR(cuda_status(cudaDeviceSynchronize(), "take_launch_times"));
+    std::vector<std::pair<std::string, float>> out;
+    for (size_t i = 0; i < timed.size(); ++i) {
+      cudaEvent_t next = tail[timed[i].stream];
+      for (size_t j = i + 1; j < timed.size(); ++j)
+        if (timed[j].stream == timed[i].stream) {
+          next = timed[j].event;
+          break;
+        }
+      float ms = 0.f;
+      ZEST_RETURN_IF_ERROR(cuda_status(cudaEventElapsedTime(&ms, timed[i].event, next), "take_launch_times"));
+      out.emplace_back(timed[i].name, ms);
+    }
+    return out;
+  };
+  auto out = times();
+  destroy_events(timed);
+  for (auto& [stream, e] : tail)
+    if (e) cudaEventDestroy(e);
+  return out;
+}
+
+void note_launch(const char* name, cudaStream_t stream) {
+  const bool log = g_log_on.load(std::memory_order_relaxed), timing = g_timing_on.load(std::memory_order_relaxed);
+  if (!log && !timing) return;
+  std::lock_guard<std::mutex> lock(g_log_mutex);
+  if (log) g_log.emplace_back(name);
+  if (timing) {
+    cudaEvent_t e = nullptr;
+    if (cudaEventCreate(&e) != cudaSuccess) return;
+    cudaEventRecord(e, stream);
+    g_timed.push_back({name, stream, e});
+  }
 }
 
 Result<void*> alloc_step_timeline(int sms, int capacity) {

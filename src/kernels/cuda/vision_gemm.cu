@@ -97,6 +97,7 @@ struct Operands {
 cublasStatus_t run(VisionLt& s, const VisionLt::Plan& p, const Operands& o, const cublasLtMatmulAlgo_t& algo,
                    cudaStream_t stream) {
   const float alpha = 1.f, beta = 0.f;
+  note_launch("cublasLtMatmul (vision)", stream);
   return cublasLtMatmul(s.handle, p.desc, &alpha, o.w, p.a, o.x, p.b, &beta, o.y, p.c, o.y, p.c, &algo, o.ws,
                         s.workspace_bytes, stream);
 }
