@@ -1,14 +1,19 @@
-// Decode benchmark of the CUDA kernels on a synthetic Qwen3-shaped model (random weights on the GPU):
-// TPOT per batch size from CUDA-graph replays timed with CUDA events, distinct experts per layer, bytes per
-// step and the HBM floor (bytes / device-to-device copy bandwidth measured in the same run).
+// Decode benchmark of zest's CUDA text decoder (model::create_cuda_decoder, the serving decoder) at real model
+// shapes on random weights (model::random_decoder_weights; the shapes are model::named_model_config's): every
+// sequence's KV cache is filled by a prefill of --context random tokens, then each timed step decodes one token per
+// sequence at position --context (the same slot every step, so the attended context stays context + 1) through
+// forward_sample with greedy rows, as the engine calls it: a CUDA graph replay, the inputs' upload and the sampled
+// tokens' download. TPOT = wall clock per step (median, p90); distinct experts per MoE layer (from the routing of
+// untimed steps, or SERE's own counts), bytes per step and the HBM floor (bytes / device-to-device copy bandwidth
+// measured in the same run).
 //   bench_decode_bench --config qwen3-30b-a3b --batch 1,8,32,64 --context 1024 [--sere-primary 2
 //                      --sere-threshold 0] [--skew 1.0] [--layers N] [--steps 200] [--pdl 1] [--profile]
-//                      [--ablate 1,64] [--timeline 1,8]
-// The kernels are the library's (each op picks its kernel from the sizes; no variants to choose). --ablate times the
-// graph again with each operation left out (per-op cost inside the replayed graph, PDL overlap included); --timeline
-// (bench_decode_timeline only: the same program on the kernels built with step-timeline records) prints when each
-// kernel of one replayed step was released from its PDL wait (kernels.h); with ZEST_TIMELINE_RAW=PATH it also
-// writes every per-CTA record of that step to PATH-b<batch>.txt (bench/timeline_raw.py reads it).
+//                      [--timeline 1,8]
+// --profile: the GPU time of every kernel of one eager step (events between launches, summed per kernel name over
+// the layers). --timeline (bench_decode_timeline only: the same program on the kernels built with step-timeline
+// records) prints when each kernel of one replayed step was released from its PDL wait (kernels.h); with
+// ZEST_TIMELINE_RAW=PATH it also writes every per-CTA record of that step to PATH-b<batch>.txt
+// (bench/timeline_raw.py reads it).
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -22,10 +27,17 @@
 #include <cmath>
 #include <random>
 
+#include <chrono>
+#include <map>
+#include <memory>
+#include <set>
+
+#include "backend/cuda.h"
+#include "backend/cuda/cuda_decoder.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/kernels.h"
-#include "backend/cuda/synthetic_shape.h"
-#include "kernels/cuda/synthetic_decoder.h"
+#include "model/decoder.h"
+#include "model/random_weights.h"
 
 namespace {
 
@@ -144,58 +156,189 @@ struct Row {
   double experts, bytes, floor_ms;
 };
 
-bool run_batch(SyntheticDecoder& dec, int batch, bool sere, int warmup, int steps, Row* row) {
-  if (!check(dec.replay(batch, sere), "capture") || !check(cudaStreamSynchronize(dec.stream()), "sync")) return false;
-  for (int i = 0; i < warmup; ++i)
-    if (!check(dec.replay(batch, sere), "replay")) return false;
-  if (!check(dec.reset_expert_counts(), "reset")) return false;
-  std::vector<cudaEvent_t> ev(steps + 1);
-  for (auto& e : ev) cudaEventCreate(&e);
-  cudaEventRecord(ev[0], dec.stream());
-  for (int i = 0; i < steps; ++i) {
-    if (!check(dec.replay(batch, sere), "replay")) return false;
-    cudaEventRecord(ev[i + 1], dec.stream());
+// The decoder, its KV cache filled to `context` tokens for `max_batch` sequences, and the decode step.
+struct Bench {
+  std::unique_ptr<model::TextDecoder> dec;
+  io::TextConfig cfg;
+  model::PagedKVCache cache;
+  std::vector<std::vector<int32_t>> tables;
+  std::vector<int32_t> next;  // each sequence's next input token (its last sampled one)
+  int context = 0;
+  model::RerouteSpec sere;
+  model::DeviceDecodeOptions graphs;  // graphs on, one graph per batch size (no padding rows)
+
+  Status fill(int max_batch, uint64_t seed) {
+    constexpr int64_t kBlock = 16, kChunk = 8192;
+    const int64_t per_seq = (context + 1 + kBlock - 1) / kBlock;
+    ZEST_ASSIGN_OR_RETURN(cache, dec->allocate_cache(per_seq * max_batch, kBlock));
+    tables.assign(static_cast<size_t>(max_batch), {});
+    std::mt19937 rng(static_cast<uint32_t>(seed));
+    std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(cfg.vocab_size) - 1);
+    next.assign(static_cast<size_t>(max_batch), 0);
+    // Prefill chunks of up to kChunk tokens, several sequences per forward.
+    model::ForwardBatch fb;
+    auto flush = [&]() -> Status {
+      if (fb.seqs.empty()) return Status::ok();
+      ZEST_RETURN_IF_ERROR(dec->forward(fb, cache).status());
+      fb = model::ForwardBatch();
+      return Status::ok();
+    };
+    for (int s = 0; s < max_batch; ++s) {
+      ZEST_RETURN_IF_ERROR(cache.reserve(tables[static_cast<size_t>(s)], context + 1));
+      next[static_cast<size_t>(s)] = tok(rng);
+      for (int64_t start = 0; start < context;) {
+        const int64_t room = kChunk - fb.num_tokens();
+        const int64_t len = std::min<int64_t>(room, context - start);
+        for (int64_t i = 0; i < len; ++i) fb.tokens.push_back(tok(rng));
+        fb.seqs.push_back({&tables[static_cast<size_t>(s)], start, len});
+        start += len;
+        if (fb.num_tokens() == kChunk) ZEST_RETURN_IF_ERROR(flush());
+      }
+    }
+    ZEST_RETURN_IF_ERROR(flush());
+    return Status::ok();
   }
-  if (!check(cudaStreamSynchronize(dec.stream()), "timed steps")) return false;
+
+  // One decode step of the first `batch` sequences at position `context`, through forward_sample (greedy).
+  Status step(int batch, bool with_sere, const model::MoeHooks* hooks = nullptr) {
+    model::ForwardBatch fb;
+    fb.tokens.assign(next.begin(), next.begin() + batch);
+    fb.positions.assign(3 * static_cast<size_t>(batch), context);
+    for (int s = 0; s < batch; ++s) fb.seqs.push_back({&tables[static_cast<size_t>(s)], context, 1});
+    model::MoeHooks sere_hooks;
+    sere_hooks.reroute = &sere;
+    if (!hooks && with_sere) hooks = &sere_hooks;
+    ZEST_ASSIGN_OR_RETURN(std::vector<model::SampleResult> out,
+                          dec->forward_sample(fb, cache, hooks, std::vector<model::SampleRow>(batch)));
+    for (int s = 0; s < batch; ++s) next[static_cast<size_t>(s)] = out[static_cast<size_t>(s)].token;
+    return Status::ok();
+  }
+
+  // Bytes one step must read at least: the weights it touches (non-expert weights, `distinct_experts` experts per
+  // MoE layer, the batch's embedding rows, the final norm, lm_head) plus the batch's KV cache.
+  double bytes_per_step(int batch, double distinct_experts) const {
+    const double H = cfg.hidden_size, D = cfg.head_dim, Hq = cfg.num_heads, Hkv = cfg.num_kv_heads;
+    double elems = 0;
+    for (int64_t l = 0; l < cfg.num_layers; ++l) {
+      elems += (Hq + 2 * Hkv) * D * H + H * Hq * D + 2 * H + 2 * D;
+      if (cfg.is_moe_layer(l))
+        elems += cfg.num_experts * H + distinct_experts * 3.0 * cfg.moe_intermediate_size * H;
+      else
+        elems += 3.0 * cfg.intermediate_size * H;
+      elems += static_cast<double>(batch) * (context + 1) * Hkv * D * 2;
+    }
+    elems += batch * H + H + static_cast<double>(cfg.vocab_size) * H;
+    return elems * 2.0;
+  }
+};
+
+// Mean distinct experts per MoE layer per step over `steps` untimed steps (the routing seen by a host hook, which
+// makes these steps eager; the routing is the timed steps').
+Result<double> distinct_experts(Bench& b, int batch, int steps) {
+  int64_t distinct = 0, layers_seen = 0;
+  model::MoeHooks hooks;
+  hooks.route = [&](int64_t, int32_t* ids, float*, int64_t n, int64_t k, const std::vector<uint8_t>& active) {
+    std::set<int32_t> seen;
+    for (int64_t t = 0; t < n; ++t)
+      if (active.empty() || active[static_cast<size_t>(t)])
+        for (int64_t j = 0; j < k; ++j) seen.insert(ids[t * k + j]);
+    distinct += static_cast<int64_t>(seen.size());
+    ++layers_seen;
+  };
+  for (int i = 0; i < steps; ++i) ZEST_RETURN_IF_ERROR(b.step(batch, false, &hooks));
+  return layers_seen ? static_cast<double>(distinct) / static_cast<double>(layers_seen) : 0.0;
+}
+
+Result<accel::RerouteCounts> total_counts(const model::TextDecoder& dec) {
+  ZEST_ASSIGN_OR_RETURN(std::vector<accel::RerouteCounts> per_layer, dec.reroute_counts());
+  accel::RerouteCounts sum;
+  for (const auto& c : per_layer) sum += c;
+  return sum;
+}
+
+bool run_batch(Bench& b, int batch, bool sere, int warmup, int steps, Row* row) {
+  for (int i = 0; i < 1 + warmup; ++i)  // the first step captures the graph
+    if (!check(b.step(batch, sere), "warm-up step")) return false;
+  auto before = total_counts(*b.dec);
+  if (!check(before.status(), "SERE counts")) return false;
   std::vector<float> ms(steps);
-  for (int i = 0; i < steps; ++i) cudaEventElapsedTime(&ms[i], ev[i], ev[i + 1]);
-  for (auto& e : ev) cudaEventDestroy(e);
-  auto experts = dec.mean_distinct_experts(steps);
-  if (!check(experts.status(), "expert counts")) return false;
+  for (int i = 0; i < steps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (!check(b.step(batch, sere), "decode step")) return false;
+    ms[i] = std::chrono::duration<float, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  }
+  double experts = 0;
+  if (sere) {
+    auto after = total_counts(*b.dec);
+    if (!check(after.status(), "SERE counts")) return false;
+    const int64_t layer_steps = after->steps - before->steps;
+    experts = layer_steps ? static_cast<double>(after->distinct_after - before->distinct_after) / layer_steps : 0.0;
+  } else {
+    auto e = distinct_experts(b, batch, 5);
+    if (!check(e.status(), "expert counts")) return false;
+    experts = *e;
+  }
   row->batch = batch;
   row->sere = sere;
   row->t = summarize(ms);
-  row->experts = *experts;
-  row->bytes = dec.bytes_per_step(batch, *experts);
+  row->experts = experts;
+  row->bytes = b.bytes_per_step(batch, experts);
+  return true;
+}
+
+// One eager step (the replay's kernels and arguments) with a CUDA event before every launch: GPU time per kernel
+// name, summed over the layers, in first-launch order.
+bool print_profile(Bench& b, int batch, bool sere) {
+  model::DeviceDecodeOptions eager = b.graphs;
+  eager.graphs = model::DeviceDecodeOptions::Graphs::kEager;
+  if (!check(cuda::set_decode_options(*b.dec, eager), "eager steps") || !check(b.step(batch, sere), "eager step"))
+    return false;
+  set_launch_timing(true);
+  const Status st = b.step(batch, sere);
+  set_launch_timing(false);
+  auto times = take_launch_times();
+  if (!check(cuda::set_decode_options(*b.dec, b.graphs), "graph steps") || !check(st, "profiled step") ||
+      !check(times.status(), "launch times"))
+    return false;
+  std::vector<std::string> order;
+  std::map<std::string, std::pair<double, int>> per;
+  double total = 0;
+  for (const auto& [name, ms] : *times) {
+    if (!per.count(name)) order.push_back(name);
+    per[name].first += ms;
+    per[name].second += 1;
+    total += ms;
+  }
+  std::printf("    eager step %.3f ms on the GPU (events between launches; a graph replay has fewer gaps), %zu launches:\n",
+              total, times->size());
+  for (const std::string& name : order)
+    std::printf("    %-44s %4d x %8.3f ms %5.1f%%\n", name.c_str(), per[name].second, per[name].first,
+                100.0 * per[name].first / total);
   return true;
 }
 
 // One replayed step with the step timeline on (kernels.h): per launch, when its CTAs were resident and when their
-// PDL wait released, labelled by the launch log of an eager step. Prints, per kernel of a layer (averaged over the
-// layers but the first and last), the time from its release to the next kernel's release ("span": its part of the
-// layer's critical path), how long before its release its first CTA was resident, and how long after the release
-// its last CTA passed the wait (CTAs not resident at release).
-bool print_timeline(SyntheticDecoder& dec, int batch, int layers, double tpot_ms) {
-  if (!check(dec.replay(batch, false), "replay") || !check(cudaStreamSynchronize(dec.stream()), "sync")) return false;
+// PDL wait released, labelled by the launch log of an eager step (the same kernels). Prints, per kernel of a layer
+// (averaged over the layers but the first and last), the time from its release to the next kernel's release ("span":
+// its part of the layer's critical path), how long before its release its first CTA was resident, and how long after
+// the release its last CTA passed the wait (CTAs not resident at release).
+bool print_timeline(Bench& b, int batch, int layers, double tpot_ms) {
+  model::DeviceDecodeOptions eager = b.graphs;
+  eager.graphs = model::DeviceDecodeOptions::Graphs::kEager;
+  if (!check(cuda::set_decode_options(*b.dec, eager), "eager steps")) return false;
   set_launch_log(true);
-  auto eager = dec.profile_step(batch, false);
+  const Status eager_step = b.step(batch, false);
   set_launch_log(false);
   const std::vector<std::string> names = take_launch_log();
-  if (!check(eager.status(), "eager step")) return false;
+  if (!check(cuda::set_decode_options(*b.dec, b.graphs), "graph steps") || !check(eager_step, "eager step"))
+    return false;
   auto buf = alloc_step_timeline(256, 4096);
   if (!check(buf.status(), "timeline buffer")) return false;
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  bool ok = check(dec.replay(batch, false), "replay") && check(cudaStreamSynchronize(dec.stream()), "sync") &&
-            check(set_step_timeline(*buf), "timeline on") && check(cudaEventRecord(e0, dec.stream()), "event") &&
-            check(dec.replay(batch, false), "replay") && check(cudaEventRecord(e1, dec.stream()), "event") &&
-            check(cudaStreamSynchronize(dec.stream()), "sync");
+  bool ok = check(b.step(batch, false), "replay") && check(set_step_timeline(*buf), "timeline on");
+  const auto t0 = std::chrono::steady_clock::now();
+  ok = ok && check(b.step(batch, false), "replay");
+  const double rec_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   ok = check(set_step_timeline(nullptr), "timeline off") && ok;
-  float rec_ms = 0;
-  cudaEventElapsedTime(&rec_ms, e0, e1);
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
   long long dropped = 0, orphans = 0;
   auto launches =
       ok ? read_step_timeline(*buf, &dropped, &orphans) : Result<std::vector<TimelineLaunch>>(internal_error("no run"));
@@ -285,28 +428,24 @@ bool print_timeline(SyntheticDecoder& dec, int batch, int layers, double tpot_ms
 }  // namespace
 
 int bench_decode_main(int argc, char** argv) {
-  CLI::App app{"zest CUDA decode benchmark on a synthetic Qwen3-shaped model"};
+  CLI::App app{"zest CUDA decode benchmark: the serving decoder on random weights at a named model's shapes"};
   std::string config = "qwen3-30b-a3b", batches = "1,8,32,64";
   int context = 1024, layers = 0, steps = 200, warmup = 20, sere_primary = 0, pdl = 1;
   float sere_threshold = 0.f, skew = 0.f;
-  app.add_option("--config", config, "qwen3-30b-a3b | qwen3-vl-30b-a3b | qwen3-vl-235b-a22b | qwen3-vl-32b");
+  app.add_option("--config", config, "a named shape: qwen3-30b-a3b | qwen3-vl-30b-a3b | qwen3-vl-235b-a22b | ...");
   app.add_option("--batch", batches, "comma-separated batch sizes");
-  app.add_option("--context", context, "tokens already in each sequence's KV cache");
-  app.add_option("--layers", layers, "override the number of decoder layers (0: the model's)");
+  app.add_option("--context", context, "tokens already in each sequence's KV cache")->check(CLI::NonNegativeNumber);
+  app.add_option("--layers", layers, "override the number of decoder layers (0: the model's)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--steps", steps, "timed decode steps per batch size")->check(CLI::PositiveNumber);
-  app.add_option("--warmup", warmup, "untimed decode steps before timing");
-  app.add_option("--sere-primary", sere_primary, "SERE primary ranks S (0: off); also runs without SERE");
+  app.add_option("--warmup", warmup, "untimed decode steps before timing")->check(CLI::NonNegativeNumber);
+  app.add_option("--sere-primary", sere_primary, "SERE primary ranks S (0: off); also runs without SERE")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--sere-threshold", sere_threshold, "SERE similarity threshold rho");
-  app.add_option("--skew", skew, "Zipf exponent of the synthetic router bias (0: none)");
+  app.add_option("--skew", skew, "Zipf exponent of the random router bias (0: none)")->check(CLI::NonNegativeNumber);
   app.add_option("--pdl", pdl, "programmatic dependent launch between kernels (0/1)");
   bool profile = false;
-  std::string ablate;
-  int ablate_steps = 30;
-  app.add_flag("--profile", profile, "also print GPU time per operation of one eager step per batch");
-  app.add_option("--ablate", ablate,
-                 "batch sizes (comma-separated) at which the graph is also timed with each operation left out "
-                 "(SERE off)");
-  app.add_option("--ablate-steps", ablate_steps, "timed steps per ablated graph")->check(CLI::PositiveNumber);
+  app.add_flag("--profile", profile, "also print the GPU time of every kernel of one eager step per batch");
   std::string timeline;
   app.add_option("--timeline", timeline,
                  "batch sizes (comma-separated) at which one replayed step's kernel timeline is printed (PDL-wait "
@@ -335,6 +474,8 @@ int bench_decode_main(int argc, char** argv) {
                          "bench_decode_timeline (same options)\n");
     return 2;
   }
+  auto mcfg = model::named_model_config(config, layers);
+  if (!check(mcfg.status(), "config")) return 2;
   if (!check(kernels::cuda_init(0), "cuda_init")) return 1;
   set_programmatic_launch(pdl != 0);
   std::printf("device: %s\n", kernels::cuda_describe().c_str());
@@ -342,55 +483,44 @@ int bench_decode_main(int argc, char** argv) {
   if (!copy_bandwidth(&bw)) return 1;
   std::printf("device-to-device copy bandwidth: %.2f TB/s (read + write, 2 GiB buffers)\n", bw / 1e12);
 
-  auto cfg = synthetic_config(config, layers);
-  if (!check(cfg.status(), "config")) return 2;
-  SyntheticOptions opt;
-  opt.max_batch = *std::max_element(bs.begin(), bs.end());
-  opt.context = context;
-  opt.skew = skew;
-  opt.sere_primary = sere_primary;
-  opt.sere_threshold = sere_threshold;
-  auto dec = SyntheticDecoder::create(*cfg, opt);
-  if (!check(dec.status(), "synthetic model")) return 1;
-  std::printf("model: %s, %d layers, context %d, skew %.2f, pdl %d, %d steps (median, p90 of per-step CUDA events)\n",
-              cfg->name.c_str(), cfg->layers, context, skew, pdl, steps);
+  Bench b;
+  b.cfg = mcfg->text;
+  b.context = context;
+  b.graphs.graph_padding = false;  // one graph per batch size: each row of the table is that many sequences
+  const auto g0 = std::chrono::steady_clock::now();
+  model::RandomTensors hw(7);
+  // At most 4 distinct layers in host memory; the device decoder uploads every layer into weights of its own.
+  const model::DecoderWeights w = model::random_decoder_weights(b.cfg, hw, 4, 0, skew);
+  auto dec = model::create_cuda_decoder(w, b.graphs);
+  if (!check(dec.status(), "decoder")) return 1;
+  b.dec = std::move(dec).value();
+  const int max_batch = *std::max_element(bs.begin(), bs.end());
+  if (!check(b.fill(max_batch, 11), "prefill of the contexts")) return 1;
+  if (sere_primary > 0) {
+    b.sere.params.primary = sere_primary;
+    b.sere.params.threshold = sere_threshold;
+    b.sere.params.layer_thresholds.assign(static_cast<size_t>(b.cfg.num_layers), sere_threshold);
+    b.sere.similarity = model::random_sere_similarity(b.cfg, 13);
+    if (!check(b.sere.params.validate(b.cfg.num_layers), "SERE")) return 2;
+  }
+  std::printf("model: %s shapes, %lld layers, random weights (skew %.2f), %d sequences prefilled to context %d in %.1f s; "
+              "pdl %d, %d steps (median, p90 of the wall clock per forward_sample)\n",
+              config.c_str(), static_cast<long long>(b.cfg.num_layers), skew, max_batch, context,
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - g0).count(), pdl, steps);
 
   std::vector<Row> rows;
-  for (int b : bs) {
+  for (int batch : bs) {
     for (bool sere : {false, true}) {
       if (sere && sere_primary <= 0) continue;
       Row r;
-      if (!run_batch(**dec, b, sere, warmup, steps, &r)) return 1;
+      if (!run_batch(b, batch, sere, warmup, steps, &r)) return 1;
       r.floor_ms = r.bytes / bw * 1e3;
       rows.push_back(r);
-      std::printf("  batch %d%s: TPOT %.3f ms\n", b, sere ? " +SERE" : "", r.t.median_ms);
-      if (profile) {
-        auto prof = (*dec)->profile_step(b, sere, /*sampling=*/true);
-        if (!check(prof.status(), "profile")) return 1;
-        double total = 0;  // the step's ops; the "(serving)" rows after them are not part of it
-        for (const auto& [op, ms] : *prof)
-          if (op.rfind("(serving)", 0) != 0) total += ms;
-        std::printf("    eager step %.3f ms (events between launches; graph replay has fewer gaps):\n", total);
-        for (const auto& [op, ms] : *prof)
-          std::printf("    %-24s %8.3f ms %5.1f%%\n", op.c_str(), ms, 100.0 * ms / total);
-        std::printf("    (serving rows: the same logits through sample_rows per mode, not in the step or its total)\n");
-      }
-      const bool timeline_here = ("," + timeline + ",").find("," + std::to_string(b) + ",") != std::string::npos;
-      if (!sere && timeline_here &&
-          !print_timeline(**dec, b, cfg->layers, r.t.median_ms))
+      std::printf("  batch %d%s: TPOT %.3f ms\n", batch, sere ? " +SERE" : "", r.t.median_ms);
+      if (profile && !print_profile(b, batch, sere)) return 1;
+      const bool timeline_here = ("," + timeline + ",").find("," + std::to_string(batch) + ",") != std::string::npos;
+      if (!sere && timeline_here && !print_timeline(b, batch, static_cast<int>(b.cfg.num_layers), r.t.median_ms))
         return 1;
-      const bool ablate_here = ("," + ablate + ",").find("," + std::to_string(b) + ",") != std::string::npos;
-      if (!sere && ablate_here) {
-        std::printf("    ablation (graph TPOT without the op; cost = difference):\n");
-        for (const std::string& op : (*dec)->op_labels(false)) {
-          (*dec)->set_skip(op);
-          Row a;
-          if (!run_batch(**dec, b, false, 3, ablate_steps, &a)) return 1;
-          std::printf("    %-24s %8.3f ms  cost %7.3f ms (%5.1f us/layer)\n", op.c_str(), a.t.median_ms,
-                      r.t.median_ms - a.t.median_ms, 1e3 * (r.t.median_ms - a.t.median_ms) / cfg->layers);
-        }
-        (*dec)->set_skip("");
-      }
       std::fflush(stdout);
     }
   }

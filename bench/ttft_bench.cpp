@@ -2,7 +2,7 @@
 // VisionZip scoring + selection + gathers, and the decoder prefill of the resulting prompt.
 //   bench_ttft_bench --config qwen3-vl-30b-a3b --images 1,8,30 --image-size 640x480
 //                    --vision-prune-rate 0,0.3,0.4,0.5 [--mode uniform|global] [--iters 5] [--text-tokens 64]
-//                    [--prefill measured|estimate|both] [--prefill-iters 3] [--group 8]
+//                    [--prefill-iters 3] [--group 8]
 // Per (images, rate): CPU preprocessing (JPEG decode + smart_resize + patchify + bf16 of synthetic images,
 // one image per worker thread), the host-to-device copy, the tower (CUDA events, median of --iters), scoring
 // + selection + gathers (wall clock, including the one device-to-host copy of the kept counts and indices),
@@ -14,8 +14,6 @@
 // (ForwardBatch::mm_device); wall clock around forward(), which returns the last token's logits.
 // Also per image count: the tower with its epilogues as separate kernels (before the fusion), and the front
 // end pipelined in groups of --group images (host decodes/preprocesses group g + 1 while the tower runs g).
-// Estimated prefill (labelled): one decoder layer built from the CUDA decoder kernels timed at the prompt
-// length, times the layer count (RoPE/KV writes, embedding and LM head left out).
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <sstream>
@@ -39,8 +37,6 @@
 #include "io/image.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/kernels.h"
-#include "backend/cuda/synthetic_shape.h"
-#include "kernels/cuda/synthetic_decoder.h"
 #include "kernels/cuda/vision_kernels.h"
 #include "model/decoder.h"
 #include "model/kv_cache.h"
@@ -105,109 +101,6 @@ std::vector<T> parse_list(const std::string& s) {
   return out;
 }
 
-// One decoder layer of the synthetic model, built from the CUDA decoder kernels, for prefill timing.
-class PrefillLayer {
- public:
-  bool init(const SyntheticConfig& c, int max_tokens) {
-    c_ = c;
-    max_ = max_tokens;
-    const size_t H = c.hidden, Q = static_cast<size_t>(c.q_heads) * c.head_dim,
-                 KV = static_cast<size_t>(c.kv_heads) * c.head_dim;
-    const size_t E = c.experts, I = c.expert_inter, T = max_tokens, K = c.top_k;
-    qkv_out_ = static_cast<int>(Q + 2 * KV);
-    bool good = alloc(&wqkv_, qkv_out_ * H) && alloc(&wo_, H * Q) && alloc(&router_, E * H) &&
-                alloc(&gate_up_, E * 2 * I * H) && alloc(&down_, E * H * I) && alloc(&norm_, H) && alloc(&x_, T * H) &&
-                alloc(&xn_, T * H) && alloc(&qkv_, T * qkv_out_) && alloc(&attn_, T * Q) && alloc(&o_, T * H) &&
-                alloc(&logits_, T * E) && alloc(&h_, T * K * I);
-    if (!good) return false;
-    if (!ok(cudaMalloc(&ids_, T * K * sizeof(int32_t)), "ids") ||
-        !ok(cudaMalloc(&weights_, T * K * sizeof(float)), "weights") ||
-        !ok(cudaMalloc(&slot_out_, T * K * H * sizeof(float)), "slot_out") ||
-        !ok(cudaMalloc(&cu_, 2 * sizeof(int32_t)), "cu") ||
-        !ok(cudaMalloc(&plan_buf_, moe_plan_bytes(max_tokens, c.top_k, c.experts)), "plan"))
-      return false;
-    moe_plan_bind(plan_, plan_buf_, max_tokens, c.top_k, c.experts);
-    uint64_t seed = 100;
-    auto fill = [&](bf16* p, size_t n, float a) { return ok(fill_random_bf16(p, n, ++seed, -a, a, nullptr), "fill"); };
-    return fill(wqkv_, qkv_out_ * H, 1.f / std::sqrt(float(H))) && fill(wo_, H * Q, 1.f / std::sqrt(float(Q))) &&
-           fill(router_, E * H, 1.f / std::sqrt(float(H))) &&
-           fill(gate_up_, E * 2 * I * H, 1.f / std::sqrt(float(H))) &&
-           fill(down_, E * H * I, 1.f / std::sqrt(float(I))) &&
-           ok(fill_random_bf16(norm_, H, 7, 0.9f, 1.1f, nullptr), "fill") && fill(x_, T * H, 1.f) &&
-           ok(cudaDeviceSynchronize(), "prefill init");
-  }
-  ~PrefillLayer() {
-    for (void* p : allocs_) cudaFree(p);
-    for (void* p : {static_cast<void*>(ids_), static_cast<void*>(weights_), static_cast<void*>(slot_out_),
-                    static_cast<void*>(cu_), plan_buf_})
-      if (p) cudaFree(p);
-  }
-  // Enqueues one layer over T tokens (one sequence) on `s`.
-  Status enqueue(int T, cudaStream_t s) {
-    const int H = c_.hidden, Q = c_.q_heads * c_.head_dim, KVd = c_.kv_heads * c_.head_dim, E = c_.experts,
-              K = c_.top_k;
-    const int32_t cu[2] = {0, T};
-    ZEST_RETURN_IF_ERROR(cuda_status_of(cudaMemcpyAsync(cu_, cu, sizeof(cu), cudaMemcpyHostToDevice, s)));
-    ZEST_RETURN_IF_ERROR(rmsnorm(x_, norm_, xn_, T, H, 1e-6f, s));
-    ZEST_RETURN_IF_ERROR(gemm(xn_, wqkv_, qkv_, T, qkv_out_, H, s));
-    ZEST_RETURN_IF_ERROR(prefill_attention(qkv_, qkv_out_, qkv_ + Q, qkv_ + Q + KVd, qkv_out_, cu_, 1, T, attn_,
-                                           c_.q_heads, c_.kv_heads, c_.head_dim, 1.f / std::sqrt(float(c_.head_dim)),
-                                           s));
-    ZEST_RETURN_IF_ERROR(gemm(attn_, wo_, o_, T, H, Q, s));
-    ZEST_RETURN_IF_ERROR(add_rmsnorm(x_, o_, norm_, xn_, T, H, 1e-6f, s));
-    ZEST_RETURN_IF_ERROR(gemm(xn_, router_, logits_, T, E, H, s));
-    ZEST_RETURN_IF_ERROR(router_topk(logits_, nullptr, ids_, weights_, T, E, K, s));
-    ZEST_RETURN_IF_ERROR(moe_plan(ids_, T, K, E, plan_, nullptr, s));
-    ZEST_RETURN_IF_ERROR(
-        moe_experts_prefill(xn_, plan_, weights_, gate_up_, down_, h_, slot_out_, T, K, E, H, c_.expert_inter, s));
-    return moe_combine_add_rmsnorm(x_, slot_out_, ids_, K, norm_, xn_, T, H, 1e-6f, s);
-  }
-
- private:
-  static Status cuda_status_of(cudaError_t e) {
-    return e == cudaSuccess ? Status::ok() : internal_error(cudaGetErrorString(e));
-  }
-  bool alloc(bf16** p, size_t n) {
-    if (!ok(cudaMalloc(p, n * sizeof(bf16)), "cudaMalloc")) return false;
-    allocs_.push_back(*p);
-    return true;
-  }
-  SyntheticConfig c_;
-  int max_ = 0, qkv_out_ = 0;
-  std::vector<void*> allocs_;
-  bf16 *wqkv_ = nullptr, *wo_ = nullptr, *router_ = nullptr, *gate_up_ = nullptr, *down_ = nullptr, *norm_ = nullptr;
-  bf16 *x_ = nullptr, *xn_ = nullptr, *qkv_ = nullptr, *attn_ = nullptr, *o_ = nullptr, *logits_ = nullptr,
-       *h_ = nullptr;
-  int32_t *ids_ = nullptr, *cu_ = nullptr;
-  float *weights_ = nullptr, *slot_out_ = nullptr;
-  void* plan_buf_ = nullptr;
-  MoePlan plan_;
-};
-
-// The text shape of a named synthetic config as the decoder's io::TextConfig.
-io::TextConfig text_config(const SyntheticConfig& c) {
-  io::TextConfig t;
-  t.vocab_size = c.vocab;
-  t.hidden_size = c.hidden;
-  t.num_layers = c.layers;
-  t.num_heads = c.q_heads;
-  t.num_kv_heads = c.kv_heads;
-  t.head_dim = c.head_dim;
-  t.intermediate_size = c.dense_inter;
-  t.moe_intermediate_size = c.expert_inter;
-  t.num_experts = c.experts;
-  t.num_experts_per_tok = c.top_k;
-  t.norm_topk_prob = true;
-  t.rope_theta = c.rope_theta;
-  if (c.mrope) {
-    t.mrope_section = {24, 20, 20};
-    t.mrope_interleaved = true;
-  }
-  t.max_position_embeddings = 262144;
-  t.tie_word_embeddings = true;  // one host/device copy of the [vocab, hidden] matrix
-  return t;
-}
-
 // M-RoPE positions of the visual tokens of images with merged grids (rows, cols), one frame each, as three
 // rows t, h, w of V columns: image tokens at (start, start + r, start + c), the next image starting after
 // the previous one's largest position. *next receives the first text position after the images.
@@ -231,8 +124,8 @@ std::vector<std::vector<int32_t>> visual_positions(const std::vector<std::pair<i
 // features on the device), then text tokens; the KV blocks are reserved and released around the call.
 class MeasuredPrefill {
  public:
-  Status init(const SyntheticConfig& sc, int max_tokens) {
-    const io::TextConfig c = text_config(sc);
+  Status init(io::TextConfig c, int max_tokens) {
+    c.tie_word_embeddings = true;  // one host/device copy of the [vocab, hidden] matrix
     const auto t0 = Clock::now();
     // One layer and one expert synthesised; every layer's and expert's views point at them.
     model::DecoderWeights w = model::random_decoder_weights(c, host_, 1, 1);
@@ -328,7 +221,7 @@ double gemm_throughput(cudaStream_t s) {
 
 struct Options {
   std::string config = "qwen3-vl-30b-a3b", images = "1,8,30", size = "640x480", rates = "0,0.3,0.4,0.5";
-  std::string mode = "uniform", prefill = "both";
+  std::string mode = "uniform";
   int iters = 5, prefill_iters = 3, text_tokens = 64, threads = 0, group = 8;
 };
 
@@ -341,7 +234,6 @@ int run(const Options& o) {
     return 1;
   }
   if (o.threads > 0) set_num_threads(o.threads);
-  const bool measured = o.prefill != "estimate", estimate = o.prefill != "measured";
   const auto counts = parse_list<int>(o.images);
   const auto rates = parse_list<float>(o.rates);
   if (counts.empty() || rates.empty()) {
@@ -353,12 +245,17 @@ int run(const Options& o) {
       std::fprintf(stderr, "error: --images values must be positive\n");
       return 1;
     }
-  auto vcfg = vision_tower_config(o.config);
-  auto dcfg = synthetic_config(o.config, 0);
-  if (!ok(vcfg.status(), "vision config") || !ok(dcfg.status(), "decoder config")) return 1;
-  if (vcfg->out_hidden_size != dcfg->hidden) {
-    std::fprintf(stderr, "error: vision out_hidden %lld != decoder hidden %d\n",
-                 static_cast<long long>(vcfg->out_hidden_size), dcfg->hidden);
+  auto mcfg = model::named_model_config(o.config);
+  if (!ok(mcfg.status(), "config")) return 1;
+  if (!mcfg->vision) {
+    std::fprintf(stderr, "error: %s has no vision tower (a Qwen3-VL shape is needed)\n", o.config.c_str());
+    return 1;
+  }
+  const io::VisionConfig* vcfg = &*mcfg->vision;
+  const io::TextConfig* dcfg = &mcfg->text;
+  if (vcfg->out_hidden_size != dcfg->hidden_size) {
+    std::fprintf(stderr, "error: vision out_hidden %lld != decoder hidden %lld\n",
+                 static_cast<long long>(vcfg->out_hidden_size), static_cast<long long>(dcfg->hidden_size));
     return 1;
   }
   auto tower = VisionTowerCuda::create_random(*vcfg, 1);
@@ -373,12 +270,10 @@ int run(const Options& o) {
   const int max_images = *std::max_element(counts.begin(), counts.end());
   std::vector<std::vector<uint8_t>> jpegs;
   for (int i = 0; i < max_images; ++i) jpegs.push_back(make_jpeg(W, Hh, static_cast<uint32_t>(i + 1)));
-  std::printf("synthetic JPEG %dx%d, %.1f KB each; %d worker threads; mode %s; prefill: %s (%d layers, %s shapes)\n",
-              W, Hh, jpegs[0].size() / 1e3, num_threads(), o.mode.c_str(),
-              measured && estimate ? "measured full-depth forward + ESTIMATE column (one layer x depth)"
-              : measured           ? "measured full-depth forward"
-                                   : "ESTIMATE (one measured layer x depth)",
-              dcfg->layers, o.config.c_str());
+  std::printf("synthetic JPEG %dx%d, %.1f KB each; %d worker threads; mode %s; prefill: the serving decoder's "
+              "forward (%lld layers, %s shapes)\n",
+              W, Hh, jpegs[0].size() / 1e3, num_threads(), o.mode.c_str(), static_cast<long long>(dcfg->num_layers),
+              o.config.c_str());
 
   // Largest prompt: all visual tokens of the largest request + text.
   auto probe = io::decode_image(jpegs[0]);
@@ -387,16 +282,13 @@ int run(const Options& o) {
   if (!ok(probe_plan.status(), "plan")) return 1;
   const int tok_per_img = static_cast<int>(probe_plan->grids[0].merged_tokens(pcfg.merge_size));
   const int max_prompt = max_images * tok_per_img + o.text_tokens;
-  PrefillLayer layer;
-  if (estimate && !layer.init(*dcfg, max_prompt)) return 1;
   MeasuredPrefill full;
-  if (measured && !ok(full.init(*dcfg, max_prompt), "measured prefill decoder")) return 1;
+  if (!ok(full.init(*dcfg, max_prompt), "prefill decoder")) return 1;
 
   std::printf(
       "\n| images | rate | visual tokens | kept | preprocess ms | H2D ms | tower ms | tower MFU | score+select ms "
-      "| score/tower | prefill ms | TTFT ms | TTFT vs rate 0 |%s\n",
-      estimate ? " prefill est. ms | TTFT est. ms |" : "");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|%s\n", estimate ? "---|---|" : "");
+      "| score/tower | prefill ms | TTFT ms | TTFT vs rate 0 |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   bool good = true;
   std::string breakdown, pipeline, fusion;
   for (int n_img : counts) {
@@ -524,7 +416,7 @@ int run(const Options& o) {
     cudaMallocHost(&sel_host, (T + n_img) * sizeof(int32_t));
     cudaMalloc(&emb_out, size_t(T) * O * sizeof(bf16));
     cudaMalloc(&ds_out, out.deepstack.size() * size_t(T) * O * sizeof(bf16));
-    double ttft0 = 0, ttft0_est = 0;
+    double ttft0 = 0;
     for (float rate : rates) {
       VisionZipSelect sel;
       sel.rate = rate;
@@ -571,39 +463,19 @@ int run(const Options& o) {
         }
       }
       cudaFree(ws);
-      const int prompt = n_out + o.text_tokens;
-      double t_prefill = 0, t_est = 0;
-      if (measured) {
-        std::vector<double> ms;
-        for (int it = 0; it <= o.prefill_iters; ++it) {
-          auto r = full.run(n_out, kept_pos, o.text_tokens, text_start, emb_in, ds_in, 99 + it);
-          if (!ok(r.status(), "prefill forward")) return 1;
-          if (it > 0) ms.push_back(*r);
-        }
-        t_prefill = median(ms);
+      std::vector<double> ms;
+      for (int it = 0; it <= o.prefill_iters; ++it) {
+        auto r = full.run(n_out, kept_pos, o.text_tokens, text_start, emb_in, ds_in, 99 + it);
+        if (!ok(r.status(), "prefill forward")) return 1;
+        if (it > 0) ms.push_back(*r);
       }
-      if (estimate) {
-        const double t_layer = time_gpu(
-            o.iters, s, [&] { return layer.enqueue(prompt, s).is_ok(); }, &good);
-        t_est = t_layer * dcfg->layers;
-      }
-      const double front = t_pre + t_h2d + t_tower + t_sel;
-      const double ttft = front + (measured ? t_prefill : t_est), ttft_est = front + t_est;
-      if (rate == 0.f) {
-        ttft0 = ttft;
-        ttft0_est = ttft_est;
-      }
-      char red[32] = "-", est[96] = "";
+      const double t_prefill = median(ms);
+      const double ttft = t_pre + t_h2d + t_tower + t_sel + t_prefill;
+      if (rate == 0.f) ttft0 = ttft;
+      char red[32] = "-";
       if (rate > 0.f && ttft0 > 0) std::snprintf(red, sizeof(red), "%.1f%%", -100.0 * (1.0 - ttft / ttft0));
-      if (estimate) {
-        char red_e[32] = "";
-        if (rate > 0.f && ttft0_est > 0) std::snprintf(red_e, sizeof(red_e), " (%.1f%%)", -100.0 * (1.0 - ttft_est / ttft0_est));
-        std::snprintf(est, sizeof(est), " %.2f | %.1f%s |", t_est, ttft_est, red_e);
-      }
-      char pf[32] = "-";
-      if (measured) std::snprintf(pf, sizeof(pf), "%.2f", t_prefill);
-      std::printf("| %d | %.2f | %d | %d | %.1f | %.2f | %.2f | %.1f%% | %.3f | %.2f%% | %s | %.1f | %s |%s\n", n_img,
-                  rate, T, n_out, t_pre, t_h2d, t_tower, 100 * mfu, t_sel, 100 * t_sel / t_tower, pf, ttft, red, est);
+      std::printf("| %d | %.2f | %d | %d | %.1f | %.2f | %.2f | %.1f%% | %.3f | %.2f%% | %.2f | %.1f | %s |\n", n_img,
+                  rate, T, n_out, t_pre, t_h2d, t_tower, 100 * mfu, t_sel, 100 * t_sel / t_tower, t_prefill, ttft, red);
       std::fflush(stdout);
     }
     for (void* p : {static_cast<void*>(scores), static_cast<void*>(sel_dev), static_cast<void*>(emb_out),
@@ -639,8 +511,6 @@ int bench_ttft_main(int argc, char** argv) {
   app.add_option("--iters", o.iters, "timed iterations (median)");
   app.add_option("--text-tokens", o.text_tokens, "text tokens in the prompt besides the images");
   app.add_option("--threads", o.threads, "preprocessing worker threads (0 = all cores)");
-  app.add_option("--prefill", o.prefill, "measured (full-depth decoder forward), estimate (one layer x depth) or both")
-      ->check(CLI::IsMember({"measured", "estimate", "both"}));
   app.add_option("--prefill-iters", o.prefill_iters, "timed prefill forwards per row (median)");
   app.add_option("--group", o.group, "images per tower forward in the pipelined front-end timing (0 = off)");
   CLI11_PARSE(app, argc, argv);

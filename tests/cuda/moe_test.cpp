@@ -1,5 +1,5 @@
 // CUDA MoE kernels (router top-k, SERE re-routing, device plan, decode and prefill experts) against plain
-// loops, plus a smoke test of the synthetic decoder used by the benchmarks.
+// loops.
 #ifdef ZEST_HAVE_CUDA
 #include <numeric>
 #include <set>
@@ -7,8 +7,6 @@
 
 #include "cuda/cuda_test_util.h"
 #include "cuda/route_case.h"
-#include "backend/cuda/synthetic_shape.h"
-#include "kernels/cuda/synthetic_decoder.h"
 
 namespace zest::cuda::test {
 namespace {
@@ -346,33 +344,6 @@ TEST(CudaMoeExperts, PrefillWidthsNotMultipleOf64UseGenericPath) {
   std::mt19937 rng(37);
   run_moe_case({40, 4, 16, 16, 24, 0}, true, rng);
   run_moe_case({21, 2, 8, 72, 40, 3}, true, rng);
-}
-
-TEST(CudaSyntheticDecoder, GraphStepProducesTokensAndExpertCounts) {
-  ZEST_REQUIRE_GPU();
-  auto cfg = synthetic_config("qwen3-30b-a3b", 2);
-  ASSERT_TRUE(cfg.ok());
-  SyntheticOptions opt;
-  opt.max_batch = 4;
-  opt.context = 40;
-  opt.sere_primary = 2;
-  auto dec = SyntheticDecoder::create(*cfg, opt);
-  ASSERT_TRUE(dec.ok()) << dec.status().to_string();
-  SyntheticDecoder& d = **dec;
-  for (bool sere : {false, true}) {
-    ZEST_ASSERT_OK(d.replay(3, sere));  // captures the graph (after one eager step)
-    ZEST_ASSERT_OK(d.reset_expert_counts());
-    for (int i = 0; i < 3; ++i) ZEST_ASSERT_OK(d.replay(3, sere));
-    auto mean = d.mean_distinct_experts(3);
-    ASSERT_TRUE(mean.ok());
-    // 3 tokens x top-8: between 8 and 24 experts; with SERE (S=2, rho=0) only the union of the top-2 sets.
-    EXPECT_GE(*mean, sere ? 2.0 : 8.0);
-    EXPECT_LE(*mean, sere ? 6.0 : 24.0);
-    auto toks = d.last_tokens(3);
-    ASSERT_TRUE(toks.ok());
-    for (int t : *toks) EXPECT_TRUE(t >= 0 && t < cfg->vocab);
-  }
-  EXPECT_FALSE(synthetic_config("no-such-model", 0).ok());
 }
 
 }  // namespace

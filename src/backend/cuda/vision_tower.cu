@@ -46,28 +46,6 @@ Status check_config(const io::VisionConfig& c) {
 
 }  // namespace
 
-Result<io::VisionConfig> vision_tower_config(const std::string& name) {
-  io::VisionConfig c;
-  c.depth = 27;
-  c.hidden_size = 1152;
-  c.num_heads = 16;
-  c.intermediate_size = 4304;
-  c.num_position_embeddings = 2304;
-  c.hidden_act = "gelu_pytorch_tanh";
-  c.deepstack_visual_indexes = {8, 16, 24};
-  if (name == "qwen3-vl-30b-a3b") {
-    c.out_hidden_size = 2048;
-  } else if (name == "qwen3-vl-235b-a22b" || name == "qwen3-vl-8b") {
-    c.out_hidden_size = 4096;
-  } else if (name == "qwen3-vl-32b") {
-    c.out_hidden_size = 5120;
-  } else {
-    return invalid_argument("unknown vision tower config '" + name +
-                            "' (qwen3-vl-30b-a3b, qwen3-vl-235b-a22b, qwen3-vl-8b, qwen3-vl-32b)");
-  }
-  return c;
-}
-
 VisionTowerCuda::~VisionTowerCuda() {
   if (weights_) cudaFree(weights_);
   if (act_) cudaFree(act_);

@@ -22,10 +22,6 @@
 
 namespace zest::cuda {
 
-// Named tower shapes (random-weight benchmarks): "qwen3-vl-30b-a3b" (out 2048), "qwen3-vl-235b-a22b" and
-// "qwen3-vl-8b" (out 4096), "qwen3-vl-32b" (out 5120); all 27 blocks of width 1152, 16 heads, MLP 4304.
-Result<io::VisionConfig> vision_tower_config(const std::string& name);
-
 // Device outputs of the last forward (owned by the tower, valid until the next forward).
 struct VisionTowerOutput {
   const bf16* embeds = nullptr;        // [tokens, out_hidden]
