@@ -2,7 +2,7 @@
 # The device tool carries the working tree, at most 64 MiB, and the tracked tree alone is ~59 MiB. A call
 # moves aside what it does not need first, into the ignored .gl/, and back after:
 #   bash bench/lighten.sh off demo       # models/zest-demo-vl: bench/gpu-check.sh (with .gpu/ carried)
-#   bash bench/lighten.sh off check      # as demo, and the fixtures test_cuda does not read (fp8, preprocess)
+#   bash bench/lighten.sh off check      # as demo, and the data test_cuda does not read (tests/vision/data, preprocess)
 #   bash bench/lighten.sh off fixtures   # tests/fixtures/{models,ref}: tools/demo_model/gpu_eval.sh
 #                                        # (the demo model, .gpu/zest-gpu.tar.xz and the fonts carried)
 #   ... the device call ...
@@ -13,7 +13,7 @@ paths() {
   case "$1" in
     demo) echo models/zest-demo-vl ;;
     fixtures) echo tests/fixtures/models tests/fixtures/ref ;;
-    check) echo models/zest-demo-vl tests/fixtures/fp8 tests/fixtures/ref/preprocess ;;
+    check) echo models/zest-demo-vl tests/vision/data tests/fixtures/ref/preprocess ;;
     *) echo "unknown set '$1' (demo, check or fixtures)" >&2; exit 2 ;;
   esac
 }

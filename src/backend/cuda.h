@@ -13,8 +13,8 @@
 
 namespace zest::model {
 
-// The CUDA decoder for a checkpoint (weights uploaded as bf16); kUnsupported when zest was built without
-// CUDA or no GPU is usable, and for FP8 checkpoints (no FP8 kernels yet; the CPU backend runs them).
+// The CUDA decoder for a checkpoint (weights uploaded as bf16; block-wise FP8 weights dequantized to bf16 at load,
+// as no kernel reads FP8 yet); kUnsupported when zest was built without CUDA or no GPU is usable.
 Result<std::unique_ptr<TextDecoder>> make_cuda_decoder(const io::SafeTensors& st, const io::ModelConfig& cfg,
                                                        const DeviceDecodeOptions& opts = {});
 

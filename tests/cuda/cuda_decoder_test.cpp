@@ -1,5 +1,6 @@
-// The CUDA text decoder against the CPU f32 decoder: the three fixture checkpoints with their reference
-// prompts (last-position logits, greedy tokens through the engine), a random head_dim-128 checkpoint stored in
+// The CUDA text decoder against the CPU f32 decoder: the fixture checkpoints with their reference prompts (last-position
+// logits, greedy tokens through the engine; the block-wise FP8 fixture too, dequantized to bf16 at load against the
+// CPU's f32 dequantization), a random head_dim-128 checkpoint stored in
 // F32 that takes the fast attention and MoE kernels, mixed prefill/decode/chunked batches against one sequence
 // at a time, SERE on the device, and bad inputs.
 //
@@ -45,16 +46,30 @@ constexpr double kNoiseFactor = 2.0;
     if (!::zest::kernels::cuda_available()) GTEST_SKIP() << "no CUDA GPU available"; \
   } while (0)
 
+// A fixture name, or "fp8/<name>" for the block-wise FP8 fixture (tests/fixtures/fp8): its folder of fixtures.
+fs::path fixture_root(const std::string& name) {
+  return name.rfind("fp8/", 0) == 0 ? fs::path(ZEST_FIXTURES_DIR) / "fp8" : fs::path(ZEST_FIXTURES_DIR);
+}
+std::string fixture_base(const std::string& name) { return name.rfind("fp8/", 0) == 0 ? name.substr(4) : name; }
+
 std::shared_ptr<engine::ModelBundle> cuda_fixture(const std::string& name) {
   // Never destroyed: device memory must not be freed from static destructors after the CUDA runtime is gone.
   static auto* cache = new std::map<std::string, std::shared_ptr<engine::ModelBundle>>();
   auto& m = (*cache)[name];
   if (!m) {
-    auto r = engine::ModelBundle::load(std::string(ZEST_FIXTURES_DIR) + "/models/" + name, model::Backend::kCuda);
+    auto r = engine::ModelBundle::load((fixture_root(name) / "models" / fixture_base(name)).string(),
+                                       model::Backend::kCuda);
     EXPECT_TRUE(r.ok()) << r.status().to_string();
     if (r.ok()) m = *r;
   }
   return m;
+}
+
+std::shared_ptr<engine::ModelBundle> cpu_fixture(const std::string& name) {
+  if (fixture_root(name) == fs::path(ZEST_FIXTURES_DIR)) return zest::testing::fixture_model(name);
+  auto r = engine::ModelBundle::load((fixture_root(name) / "models" / fixture_base(name)).string());
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  return r.ok() ? *r : nullptr;
 }
 
 struct Err {
@@ -81,11 +96,11 @@ class CudaDecoderFixture : public ::testing::TestWithParam<std::string> {};
 TEST_P(CudaDecoderFixture, LogitsAndGreedyMatchCpu) {
   ZEST_REQUIRE_GPU_DECODER();
   const std::string name = GetParam();
-  auto cpu = zest::testing::fixture_model(name);
+  auto cpu = cpu_fixture(name);
   auto gpu = cuda_fixture(name);
   ASSERT_TRUE(cpu && gpu);
   ASSERT_EQ(gpu->decoder().backend(), model::Backend::kCuda);
-  const fs::path dir = fs::path(ZEST_FIXTURES_DIR) / "ref" / name;
+  const fs::path dir = fixture_root(name) / "ref" / fixture_base(name);
   const auto cases = zest::testing::json_cases(dir);
   ASSERT_FALSE(cases.empty());
   std::vector<engine::Prompt> prompts;
@@ -131,7 +146,8 @@ TEST_P(CudaDecoderFixture, LogitsAndGreedyMatchCpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaDecoderFixture,
-                         ::testing::Values("qwen3_moe_tiny", "qwen3_vl_moe_tiny", "qwen3_vl_tiny", "qwen3_tiny"));
+                         ::testing::Values("qwen3_moe_tiny", "qwen3_vl_moe_tiny", "qwen3_vl_tiny", "qwen3_tiny",
+                                           "fp8/qwen3_moe_fp8_tiny"));
 
 // The random checkpoint of random_checkpoint.h, loaded on the CPU (reference) and on the GPU.
 struct RandomModel {
@@ -418,6 +434,26 @@ TEST(CudaDecoder, RejectsForeignCacheAndOtherBlockSizes) {
   ASSERT_TRUE(cache.ok());
   b.tokens = {1, 2, 151936};
   EXPECT_EQ(dec.forward(b, *cache).status().code(), ErrorCode::kInvalidArgument);
+}
+
+// An FP8 weight reaches the CUDA decoder only with its block scale bound: one without (or with a scale grid of another
+// shape) is refused naming the tensor, never read as unscaled bytes.
+TEST(CudaDecoder, RefusesFp8WeightsWithoutTheirBlockScale) {
+  ZEST_REQUIRE_GPU_DECODER();
+  auto cpu = cpu_fixture("fp8/qwen3_moe_fp8_tiny");
+  ASSERT_TRUE(cpu);
+  auto w = model::collect_decoder_weights(cpu->weights, cpu->config);
+  ASSERT_TRUE(w.ok()) << w.status().to_string();
+  ASSERT_EQ(w->layers[0].q.dtype, DType::F8E4M3);
+  model::DecoderWeights bad = *w;
+  bad.layers[0].q.scale.data = nullptr;
+  auto r = model::create_cuda_decoder(bad);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), ErrorCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find(w->layers[0].q.name), std::string::npos) << r.status().to_string();
+  bad = *w;
+  bad.layers[0].q.scale.cols += 1;
+  EXPECT_EQ(model::create_cuda_decoder(bad).status().code(), ErrorCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -244,11 +244,28 @@ class CudaKvStorage : public model::KvStorage {
   }
 };
 
-// Element i of a checkpoint tensor, as bf16 bits.
+// Element i of a block scale grid as f32.
+inline float scale_f32(const io::BlockScale& s, size_t i) {
+  switch (s.dtype) {
+    case DType::BF16: return bf16_to_f32(static_cast<const uint16_t*>(s.data)[i]);
+    case DType::F16: return f16_to_f32(static_cast<const uint16_t*>(s.data)[i]);
+    default: return static_cast<const float*>(s.data)[i];
+  }
+}
+
+// Element i of a checkpoint tensor, as bf16 bits. An FP8 weight (2-D, its block scale bound: check_dtype) is
+// dequantized as the CPU reference does, f32(fp8) * f32(scale), then rounded once to bf16.
 inline uint16_t elem_bf16(const io::TensorView& t, size_t i) {
   switch (t.dtype) {
     case DType::BF16: return static_cast<const uint16_t*>(t.data)[i];
     case DType::F16: return f32_to_bf16(f16_to_f32(static_cast<const uint16_t*>(t.data)[i]));
+    case DType::F8E4M3: {
+      const size_t cols = static_cast<size_t>(t.shape[1]), r = i / cols, c = i % cols;
+      const io::BlockScale& s = t.scale;
+      const size_t cell = (r / static_cast<size_t>(s.block_rows)) * static_cast<size_t>(s.cols) +
+                          c / static_cast<size_t>(s.block_cols);
+      return f32_to_bf16(f8e4m3_to_f32(static_cast<const uint8_t*>(t.data)[i]) * scale_f32(s, cell));
+    }
     default: return f32_to_bf16(static_cast<const float*>(t.data)[i]);
   }
 }
@@ -438,10 +455,20 @@ class CudaTextDecoder final : public model::TextDecoder {
   std::unique_ptr<Step> st_ = std::make_unique<Step>();
 };
 
+// The weight dtypes the upload converts to bf16: BF16, F16, F32, and block-wise FP8 (2-D with its scale bound),
+// dequantized at load: FP8 checkpoints run at bf16 speed and memory until the kernels read FP8 themselves.
 Status check_dtype(const io::TensorView& t) {
   if (t.dtype == DType::BF16 || t.dtype == DType::F16 || t.dtype == DType::F32) return Status::ok();
+  if (t.dtype == DType::F8E4M3) {
+    const io::BlockScale& s = t.scale;
+    if (t.shape.size() != 2 || s.data == nullptr || s.block_rows <= 0 || s.block_cols <= 0 ||
+        s.rows != (t.shape[0] + s.block_rows - 1) / s.block_rows || s.cols != (t.shape[1] + s.block_cols - 1) / s.block_cols)
+      return invalid_argument("FP8 tensor '" + t.name + "' has no block scale of its shape bound (load it through "
+                              "an FP8 checkpoint's quantization_config)");
+    return Status::ok();
+  }
   return unsupported("tensor '" + t.name + "' has dtype " + dtype_name(t.dtype) +
-                     "; the CUDA decoder loads BF16, F16 or F32 weights");
+                     "; the CUDA decoder loads BF16, F16, F32 or block-wise FP8 weights");
 }
 
 Status CudaTextDecoder::init(const model::DecoderWeights& w, const model::DeviceDecodeOptions& opts) {
