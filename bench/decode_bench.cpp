@@ -8,7 +8,7 @@
 // measured in the same run).
 //   bench_decode_bench --config qwen3-30b-a3b --batch 1,8,32,64 --context 1024 [--sere-primary 2
 //                      --sere-threshold 0] [--skew 1.0] [--layers N] [--steps 200] [--pdl 1] [--profile]
-//                      [--timeline 1,8]
+//                      [--timeline 1,8] [--dtype fp8]
 // --profile: the GPU time of every kernel of one eager step (events between launches, summed per kernel name over
 // the layers). --timeline (bench_decode_timeline only: the same program on the kernels built with step-timeline
 // records) prints when each kernel of one replayed step was released from its PDL wait (kernels.h); with
@@ -166,6 +166,7 @@ struct Bench {
   int context = 0;
   model::RerouteSpec sere;
   model::DeviceDecodeOptions graphs;  // graphs on, one graph per batch size (no padding rows)
+  bool fp8 = false;                    // block-wise FP8 weights (dequantized to bf16 at load until FP8 kernels exist)
 
   Status fill(int max_batch, uint64_t seed) {
     constexpr int64_t kBlock = 16, kChunk = 8192;
@@ -215,20 +216,21 @@ struct Bench {
   }
 
   // Bytes one step must read at least: the weights it touches (non-expert weights, `distinct_experts` experts per
-  // MoE layer, the batch's embedding rows, the final norm, lm_head) plus the batch's KV cache.
+  // MoE layer, the batch's embedding rows, the final norm, lm_head) plus the batch's KV cache; with FP8 weights the
+  // projections and experts at one byte an element plus their f32 block scales (what FP8 kernels would read).
   double bytes_per_step(int batch, double distinct_experts) const {
     const double H = cfg.hidden_size, D = cfg.head_dim, Hq = cfg.num_heads, Hkv = cfg.num_kv_heads;
-    double elems = 0;
+    const double lin = fp8 ? 1.0 + 4.0 / (128.0 * 128.0) : 2.0;  // bytes per projection / expert element
+    double bytes = 0;
     for (int64_t l = 0; l < cfg.num_layers; ++l) {
-      elems += (Hq + 2 * Hkv) * D * H + H * Hq * D + 2 * H + 2 * D;
+      bytes += lin * ((Hq + 2 * Hkv) * D * H + H * Hq * D) + 2.0 * (2 * H + 2 * D);
       if (cfg.is_moe_layer(l))
-        elems += cfg.num_experts * H + distinct_experts * 3.0 * cfg.moe_intermediate_size * H;
+        bytes += 2.0 * cfg.num_experts * H + lin * distinct_experts * 3.0 * cfg.moe_intermediate_size * H;
       else
-        elems += 3.0 * cfg.intermediate_size * H;
-      elems += static_cast<double>(batch) * (context + 1) * Hkv * D * 2;
+        bytes += lin * 3.0 * cfg.intermediate_size * H;
+      bytes += 2.0 * static_cast<double>(batch) * (context + 1) * Hkv * D * 2;
     }
-    elems += batch * H + H + static_cast<double>(cfg.vocab_size) * H;
-    return elems * 2.0;
+    return bytes + 2.0 * (batch * H + H + static_cast<double>(cfg.vocab_size) * H);
   }
 };
 
@@ -444,6 +446,9 @@ int bench_decode_main(int argc, char** argv) {
   app.add_option("--sere-threshold", sere_threshold, "SERE similarity threshold rho");
   app.add_option("--skew", skew, "Zipf exponent of the random router bias (0: none)")->check(CLI::NonNegativeNumber);
   app.add_option("--pdl", pdl, "programmatic dependent launch between kernels (0/1)");
+  std::string dtype = "bf16";
+  app.add_option("--dtype", dtype, "weight format: bf16, or fp8 (block-wise 128x128, as the official -FP8 checkpoints)")
+      ->check(CLI::IsMember({"bf16", "fp8"}));
   bool profile = false;
   app.add_flag("--profile", profile, "also print the GPU time of every kernel of one eager step per batch");
   std::string timeline;
@@ -490,7 +495,9 @@ int bench_decode_main(int argc, char** argv) {
   const auto g0 = std::chrono::steady_clock::now();
   model::RandomTensors hw(7);
   // At most 4 distinct layers in host memory; the device decoder uploads every layer into weights of its own.
-  const model::DecoderWeights w = model::random_decoder_weights(b.cfg, hw, 4, 0, skew);
+  model::DecoderWeights w = model::random_decoder_weights(b.cfg, hw, 4, 0, skew);
+  b.fp8 = dtype == "fp8";
+  if (b.fp8) model::quantize_fp8_blockwise(w, hw);
   auto dec = model::create_cuda_decoder(w, b.graphs);
   if (!check(dec.status(), "decoder")) return 1;
   b.dec = std::move(dec).value();
@@ -503,9 +510,10 @@ int bench_decode_main(int argc, char** argv) {
     b.sere.similarity = model::random_sere_similarity(b.cfg, 13);
     if (!check(b.sere.params.validate(b.cfg.num_layers), "SERE")) return 2;
   }
-  std::printf("model: %s shapes, %lld layers, random weights (skew %.2f), %d sequences prefilled to context %d in %.1f s; "
-              "pdl %d, %d steps (median, p90 of the wall clock per forward_sample)\n",
-              config.c_str(), static_cast<long long>(b.cfg.num_layers), skew, max_batch, context,
+  std::printf("model: %s shapes, %lld layers, random %s weights (skew %.2f), %d sequences prefilled to context %d in "
+              "%.1f s; pdl %d, %d steps (median, p90 of the wall clock per forward_sample)\n",
+              config.c_str(), static_cast<long long>(b.cfg.num_layers),
+              b.fp8 ? "block-wise FP8 (dequantized to bf16 at load)" : "bf16", skew, max_batch, context,
               std::chrono::duration<double>(std::chrono::steady_clock::now() - g0).count(), pdl, steps);
 
   std::vector<Row> rows;

@@ -54,6 +54,11 @@ void add_model_args(CLI::App* app, ModelArgs& a, bool random_model) {
   app->add_option("--skew", a.skew,
                   "with --config: Zipf-like expert popularity, router logits biased by -SKEW*ln(rank+1) (0 = uniform)")
       ->check(CLI::NonNegativeNumber);
+  app->add_option("--dtype", a.dtype,
+                  "with --config: weight format, bf16 or fp8 (block-wise 128x128 FP8 as the official -FP8 checkpoints; "
+                  "--device cuda)")
+      ->check(CLI::IsMember({"bf16", "fp8"}))
+      ->capture_default_str();
 }
 
 Result<std::shared_ptr<engine::ModelBundle>> load_model(const ModelArgs& a) {
@@ -72,6 +77,7 @@ Result<std::shared_ptr<engine::ModelBundle>> load_model(const ModelArgs& a) {
     o.tokenizer = a.tokenizer;
     o.seed = a.seed;
     o.router_skew = a.skew;
+    o.fp8 = a.dtype == "fp8";
     return engine::ModelBundle::random(o, backend, a.decode);
   }
   return engine::ModelBundle::load(a.model, backend, a.decode);
@@ -87,7 +93,8 @@ std::string random_model_note(const engine::ModelBundle& m) {
                             : std::string("dense")) +
          (t.num_experts > 0 && m.random_router_skew > 0.f ? ", router skew " + std::to_string(m.random_router_skew)
                                                             : std::string()) +
-         (m.config.vision ? ", vision tower " + std::to_string(m.config.vision->depth) + " blocks" : "") + ", " +
+         (m.config.vision ? ", vision tower " + std::to_string(m.config.vision->depth) + " blocks" : "") +
+         (m.config.fp8 ? ", block-wise FP8 weights" : "") + ", " +
          std::to_string(model::text_parameters(t) +
                         (m.config.vision ? model::vision_parameters(*m.config.vision) : 0)) +
          " parameters on " + model::backend_name(m.backend);

@@ -25,6 +25,7 @@ struct ModelArgs {
   std::string tokenizer;
   uint64_t seed = 1;
   float skew = 0.f;
+  std::string dtype = "bf16";  // with --config: bf16, or fp8 (block-wise, as the official -FP8 checkpoints)
   model::DeviceDecodeOptions decode;  // --cuda-graphs, --no-cuda-graph-padding, --cuda-graph-cap, --cuda-graph-log
 };
 // With `random_model`, --config/--layers/--tokenizer/--seed are added and --model becomes optional

@@ -43,6 +43,22 @@ float f16_to_f32(uint16_t h) {
   return sign ? -v : v;
 }
 
+uint8_t f32_to_f8e4m3(float f) {
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0x00;
+  if (std::isnan(f)) return static_cast<uint8_t>(sign | 0x7f);
+  const float a = std::fabs(f);
+  if (a < 0.015625f) {  // below 2^-6, the smallest normal: subnormal steps of 2^-9 (a step count of 8 is 2^-6, code 8)
+    return static_cast<uint8_t>(sign | static_cast<uint32_t>(std::nearbyint(a * 512.0f)));
+  }
+  int e = 0;
+  const float frac = std::frexp(a, &e);  // a = frac * 2^e, frac in [0.5, 1)
+  int q = static_cast<int>(std::nearbyint(frac * 16.0f));  // 8 .. 16: the mantissa with its leading one
+  if (q == 16) q = 8, ++e;
+  const int biased = e - 1 + 7;
+  if (biased > 15 || (biased == 15 && q - 8 == 7)) return static_cast<uint8_t>(sign | 0x7e);  // saturate at 448
+  return static_cast<uint8_t>(sign | (biased << 3) | (q - 8));
+}
+
 uint16_t f32_to_f16(float f) {
   uint32_t x;
   std::memcpy(&x, &f, 4);

@@ -1,5 +1,5 @@
 // Element types and the scalar conversions between them (bf16/f16 <-> f32, round to nearest even;
-// float8 e4m3fn -> f32).
+// float8 e4m3fn <-> f32).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -37,6 +37,9 @@ inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);
+// f32 -> float8_e4m3fn, round to nearest even; magnitudes past the largest finite value (448) saturate to it (the
+// format has no infinity), NaN -> 0x7f with the sign kept.
+uint8_t f32_to_f8e4m3(float f);
 
 // Exact float8_e4m3fn -> f32 (every FP8 value is an f32 value): subnormals m * 2^-9, normals
 // (1 + m/8) * 2^(e-7), 0x7f / 0xff NaN (sign kept), 0x80 is -0.

@@ -131,7 +131,8 @@ Result<std::shared_ptr<ModelBundle>> ModelBundle::random(const RandomModelOption
     if (!init.is_ok()) return init.with_context("--device cuda");
     {
       model::RandomTensors store(o.seed);
-      const model::DecoderWeights w = model::random_decoder_weights(tc, store, o.distinct_layers, 0, o.router_skew);
+      model::DecoderWeights w = model::random_decoder_weights(tc, store, o.distinct_layers, 0, o.router_skew);
+      if (o.fp8) m->config.fp8 = model::quantize_fp8_blockwise(w, store);
       auto dev = model::create_cuda_decoder(w, decode);
       if (!dev.ok()) return dev.status().with_context("CUDA text decoder with random weights");
       m->text_decoder = std::move(dev).value();
@@ -150,6 +151,9 @@ Result<std::shared_ptr<ModelBundle>> ModelBundle::random(const RandomModelOption
   }
 
   // CPU: through a checkpoint file (unlinked once mapped) and the ordinary loaders.
+  if (o.fp8)
+    return unsupported("random FP8 weights are made for device backends only (--device cuda); the CPU backend runs "
+                       "FP8 checkpoints from disk");
   const double f32_bytes =
       4.0 * static_cast<double>(model::text_parameters(tc) +
                                 (m->config.vision ? model::vision_parameters(*m->config.vision) : 0));

@@ -32,6 +32,8 @@ struct RandomModelOptions {
   int64_t distinct_layers = 1;
   // > 0: Zipf-like expert popularity (model::random_decoder_weights' router_skew).
   float router_skew = 0.f;
+  // Block-wise FP8 weights as the official -FP8 checkpoints hold them (model::quantize_fp8_blockwise; device backends).
+  bool fp8 = false;
 };
 
 struct ModelBundle {

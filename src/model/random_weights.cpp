@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 
 #include "core/dtype.h"
 #include "core/thread_pool.h"
@@ -205,6 +206,63 @@ io::TensorView RandomTensors::make(const std::string& name, std::vector<int64_t>
   bytes_ += v.nbytes;
   bufs_.push_back(std::move(buf));
   return v;
+}
+
+io::TensorView RandomTensors::fp8_blockwise(const io::TensorView& w, int64_t block) {
+  const int64_t R = w.shape.at(0), C = w.shape.at(1);
+  const int64_t gr = (R + block - 1) / block, gc = (C + block - 1) / block;
+  std::unique_ptr<uint8_t[]> q(new uint8_t[static_cast<size_t>(R * C)]);
+  std::unique_ptr<float[]> sc(new float[static_cast<size_t>(gr * gc)]);
+  const uint16_t* src = static_cast<const uint16_t*>(w.data);
+  for (int64_t bi = 0; bi < gr; ++bi)
+    for (int64_t bj = 0; bj < gc; ++bj) {
+      const int64_t r1 = std::min(R, (bi + 1) * block), c1 = std::min(C, (bj + 1) * block);
+      float amax = 0.f;
+      for (int64_t r = bi * block; r < r1; ++r)
+        for (int64_t c = bj * block; c < c1; ++c) amax = std::max(amax, std::fabs(bf16_to_f32(src[r * C + c])));
+      const float scale = amax > 0.f ? amax / 448.f : 1.f;
+      sc[static_cast<size_t>(bi * gc + bj)] = scale;
+      for (int64_t r = bi * block; r < r1; ++r)
+        for (int64_t c = bj * block; c < c1; ++c) q[static_cast<size_t>(r * C + c)] = f32_to_f8e4m3(bf16_to_f32(src[r * C + c]) / scale);
+    }
+  io::TensorView v;
+  v.name = w.name;
+  v.dtype = DType::F8E4M3;
+  v.shape = w.shape;
+  v.data = q.get();
+  v.nbytes = static_cast<size_t>(R * C);
+  v.scale.name = w.name + "_scale_inv";
+  v.scale.dtype = DType::F32;
+  v.scale.data = sc.get();
+  v.scale.rows = gr;
+  v.scale.cols = gc;
+  v.scale.block_rows = v.scale.block_cols = block;
+  bytes_ += v.nbytes + static_cast<size_t>(gr * gc) * sizeof(float);
+  fp8_bufs_.push_back(std::move(q));
+  scale_bufs_.push_back(std::move(sc));
+  return v;
+}
+
+io::Fp8Config quantize_fp8_blockwise(DecoderWeights& w, RandomTensors& store, int64_t block) {
+  std::map<const void*, io::TensorView> done;  // by the bf16 data they came from: shared views stay shared
+  auto quantize = [&](io::TensorView& t) {
+    if (t.data == nullptr || t.dtype != DType::BF16) return;
+    auto it = done.find(t.data);
+    if (it == done.end()) it = done.emplace(t.data, store.fp8_blockwise(t, block)).first;
+    const std::string name = t.name;
+    t = it->second;
+    t.name = name;
+    t.scale.name = name + "_scale_inv";
+  };
+  for (DecoderLayerWeights& L : w.layers) {
+    for (io::TensorView* t : {&L.q, &L.k, &L.v, &L.o}) quantize(*t);
+    for (auto* list : {&L.gate, &L.up, &L.down})
+      for (io::TensorView& t : *list) quantize(t);
+  }
+  io::Fp8Config cfg;
+  cfg.block_rows = cfg.block_cols = block;
+  cfg.modules_to_not_convert = {"lm_head", "mlp.gate"};
+  return cfg;
 }
 
 std::vector<float> random_router_bias(int64_t experts, float skew, uint64_t seed) {

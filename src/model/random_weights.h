@@ -33,6 +33,10 @@ class RandomTensors {
   io::TensorView normal(const std::string& name, std::vector<int64_t> shape, float stddev);
   // Uniform in [lo, hi).
   io::TensorView uniform(const std::string& name, std::vector<int64_t> shape, float lo, float hi);
+  // The block-wise FP8 form of a 2-D bf16 view, as the official -FP8 checkpoints store a weight: per block of
+  // `block` x `block` (edge blocks partial) the scale amax / 448 (f32; 1 for an all-zero block) and float8_e4m3fn
+  // values round(w / scale); the view's `scale` is bound to that grid, so the real weight is fp8 * scale.
+  io::TensorView fp8_blockwise(const io::TensorView& w, int64_t block = 128);
   // Host bytes held.
   size_t bytes() const { return bytes_; }
   uint64_t seed() const { return seed_; }
@@ -42,6 +46,8 @@ class RandomTensors {
   uint64_t seed_;
   size_t bytes_ = 0;
   std::vector<std::unique_ptr<uint16_t[]>> bufs_;
+  std::vector<std::unique_ptr<uint8_t[]>> fp8_bufs_;
+  std::vector<std::unique_ptr<float[]>> scale_bufs_;
 };
 
 // Random text-decoder weights of `cfg` as views into `store`: embeddings N(0, 1), every matrix
@@ -69,6 +75,12 @@ class RandomTensors {
 // -router_skew * ln(rank_e + 1) (random_router_bias); 0 = no bias.
 DecoderWeights random_decoder_weights(const io::TextConfig& cfg, RandomTensors& store, int64_t distinct_layers = 0,
                                       int64_t distinct_experts = 0, float router_skew = 0.f);
+
+// The weights as an official block-wise FP8 checkpoint holds them: every attention projection (q, k, v, o) and every
+// expert or dense-MLP matrix replaced by its RandomTensors::fp8_blockwise form (views shared between layers or experts
+// stay shared); embeddings, lm_head, norms and the router stay bf16 (the checkpoints' modules_to_not_convert). The
+// returned config is `w.config`'s block size for io::ModelConfig::fp8.
+io::Fp8Config quantize_fp8_blockwise(DecoderWeights& w, RandomTensors& store, int64_t block = 128);
 
 // Token channels random_decoder_weights reserves: min(64, (hidden - 1) / 2), 0 below hidden 8.
 int64_t token_channels(int64_t hidden);

@@ -414,6 +414,66 @@ TEST(RandomModel, RouterBiasIsAZipfRankingPermutation) {
   EXPECT_EQ(b, model::random_router_bias(128, 1.5f, 3));
 }
 
+// Random FP8 weights as the official checkpoints hold them: projections and experts replaced by block-wise FP8 (edge
+// blocks partial) whose dequantization is the bf16 weight to within e4m3's rounding, the rest untouched, shared views
+// still shared.
+TEST(RandomModel, Fp8BlockwiseQuantizesProjectionsAndExperts) {
+  auto cfg = model::named_model_config("qwen3-30b-a3b", 2);
+  ASSERT_TRUE(cfg.ok());
+  io::TextConfig t = cfg->text;
+  t.hidden_size = 200, t.num_heads = 2, t.num_kv_heads = 1, t.head_dim = 64, t.num_experts = 4;
+  t.num_experts_per_tok = 2, t.moe_intermediate_size = 72, t.vocab_size = 300;
+  model::RandomTensors store(3);
+  model::DecoderWeights w = model::random_decoder_weights(t, store, 1, 2);
+  const model::DecoderWeights bf = w;
+  const io::Fp8Config fc = model::quantize_fp8_blockwise(w, store, 128);
+  EXPECT_EQ(fc.block_rows, 128);
+  EXPECT_TRUE(fc.not_converted("model.layers.0.mlp.gate"));
+  EXPECT_EQ(w.embed.dtype, DType::BF16);
+  EXPECT_EQ(w.layers[0].router.dtype, DType::BF16);
+  EXPECT_EQ(w.layers[0].in_norm.dtype, DType::BF16);
+  auto check = [](const io::TensorView& q, const io::TensorView& b) {
+    SCOPED_TRACE(b.name);
+    ASSERT_EQ(q.dtype, DType::F8E4M3);
+    ASSERT_EQ(q.shape, b.shape);
+    EXPECT_EQ(q.name, b.name);
+    EXPECT_EQ(q.scale.name, b.name + "_scale_inv");
+    const int64_t R = b.shape[0], C = b.shape[1];
+    ASSERT_EQ(q.scale.rows, (R + 127) / 128);
+    ASSERT_EQ(q.scale.cols, (C + 127) / 128);
+    const float* sc = static_cast<const float*>(q.scale.data);
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t c = 0; c < C; ++c) {
+        const float scale = sc[(r / 128) * q.scale.cols + c / 128];
+        const float x = bf16_to_f32(static_cast<const uint16_t*>(b.data)[r * C + c]);
+        const float deq = f8e4m3_to_f32(static_cast<const uint8_t*>(q.data)[r * C + c]) * scale;
+        // Half a step of e4m3: 1/16 of the value for normals, 2^-10 of the scale for subnormals.
+        ASSERT_LE(std::fabs(deq - x), std::max(std::fabs(x) / 16.f, scale * std::ldexp(1.f, -10)) * 1.0001f)
+            << r << "," << c;
+      }
+  };
+  for (size_t l = 0; l < w.layers.size(); ++l) {
+    const auto &L = w.layers[l], &B = bf.layers[l];
+    check(L.q, B.q);
+    check(L.k, B.k);
+    check(L.v, B.v);
+    check(L.o, B.o);
+    for (size_t e = 0; e < L.gate.size(); ++e) {
+      check(L.gate[e], B.gate[e]);
+      check(L.up[e], B.up[e]);
+      check(L.down[e], B.down[e]);
+      // Experts 2 and 3 view experts 0 and 1 (distinct_experts 2), and layer 1 views layer 0: still one tensor.
+      EXPECT_EQ(L.gate[e].data, w.layers[0].gate[e % 2].data);
+    }
+  }
+  // A block's largest magnitude maps to 448.
+  const io::TensorView& q = w.layers[0].q;
+  float amax = 0.f;
+  for (int64_t c = 0; c < 128; ++c)
+    for (int64_t r = 0; r < 128; ++r) amax = std::max(amax, std::fabs(f8e4m3_to_f32(static_cast<const uint8_t*>(q.data)[r * 200 + c])));
+  EXPECT_EQ(amax, 448.f);
+}
+
 TEST(RandomModel, BundleErrors) {
   engine::RandomModelOptions o;
   o.tokenizer = kTokenizer;
@@ -437,6 +497,13 @@ TEST(RandomModel, BundleErrors) {
   o.layers = -2;
   r = engine::ModelBundle::random(o);
   EXPECT_FALSE(r.ok());
+
+  o.layers = 0;
+  o.fp8 = true;  // random FP8 weights are made for device backends
+  r = engine::ModelBundle::random(o, model::Backend::kCpu);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), ErrorCode::kUnsupported);
+  EXPECT_NE(r.status().message().find("--device cuda"), std::string::npos) << r.status().to_string();
 }
 
 }  // namespace

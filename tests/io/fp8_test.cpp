@@ -73,6 +73,43 @@ TEST(Fp8Decode, EveryByteMatchesTheFormatDefinition) {
   EXPECT_STREQ(dtype_name(DType::F8E4M3), "F8_E4M3");
 }
 
+// f32 -> e4m3 (the quantizer of random FP8 weights): every finite code comes back to itself, any other value goes to
+// a nearest code (checked against the definition; ties to the even mantissa), magnitudes past 448 saturate, NaN stays
+// NaN.
+TEST(Fp8Encode, NearestCodeWithTiesToEvenAndSaturation) {
+  for (int c = 0; c < 256; ++c) {
+    const float v = f8e4m3_to_f32(static_cast<uint8_t>(c));
+    if (std::isnan(v)) continue;
+    EXPECT_EQ(f32_to_f8e4m3(v), c) << "code " << c;
+  }
+  std::mt19937 rng(41);
+  std::uniform_real_distribution<float> mag(-12.f, 9.5f);
+  for (int i = 0; i < 20000; ++i) {
+    const float x = (rng() & 1 ? -1.f : 1.f) * std::exp2(mag(rng));
+    const uint8_t got = f32_to_f8e4m3(x);
+    double best = INFINITY;
+    for (int c = 0; c < 256; ++c) {
+      const double v = e4m3_definition(static_cast<uint8_t>(c));
+      if (!std::isnan(v)) best = std::min(best, std::fabs(v - x));
+    }
+    const double err = std::fabs(e4m3_definition(got) - x);
+    if (std::fabs(x) <= 448.f) {
+      EXPECT_EQ(err, best) << x;
+    } else {
+      EXPECT_EQ(got & 0x7f, 0x7e) << x;  // 448 with the sign of x
+    }
+    EXPECT_EQ(got >> 7, x < 0 ? 1 : 0) << x;
+  }
+  EXPECT_EQ(f32_to_f8e4m3(1e9f), 0x7e);
+  EXPECT_EQ(f32_to_f8e4m3(-464.f), 0xfe);         // a tie between 448 and 480 (not a value): 448
+  EXPECT_EQ(f32_to_f8e4m3(std::ldexp(1.f, -10)), 0x00);  // half the smallest subnormal: tie to even (zero)
+  EXPECT_EQ(f32_to_f8e4m3(3.f * std::ldexp(1.f, -10)), 0x02);  // 1.5 subnormal steps: tie to even (2)
+  EXPECT_EQ(f32_to_f8e4m3(1.0625f), 0x38);  // between 1 (mantissa 0) and 1.125 (1): the even one, 1
+  EXPECT_EQ(f32_to_f8e4m3(1.1875f), 0x3a);  // between 1.125 (1) and 1.25 (2): 1.25
+  EXPECT_EQ(f32_to_f8e4m3(NAN) & 0x7f, 0x7f);
+  EXPECT_EQ(f32_to_f8e4m3(-0.f), 0x80);
+}
+
 // ---- quantization_config ------------------------------------------------------------------------------
 
 std::string text_config(const std::string& quant) {
