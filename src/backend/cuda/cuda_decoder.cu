@@ -253,19 +253,11 @@ inline float scale_f32(const io::BlockScale& s, size_t i) {
   }
 }
 
-// Element i of a checkpoint tensor, as bf16 bits. An FP8 weight (2-D, its block scale bound: check_dtype) is
-// dequantized as the CPU reference does, f32(fp8) * f32(scale), then rounded once to bf16.
+// Element i of a BF16, F16 or F32 checkpoint tensor, as bf16 bits (FP8 tensors: Uploader::put_fp8).
 inline uint16_t elem_bf16(const io::TensorView& t, size_t i) {
   switch (t.dtype) {
     case DType::BF16: return static_cast<const uint16_t*>(t.data)[i];
     case DType::F16: return f32_to_bf16(f16_to_f32(static_cast<const uint16_t*>(t.data)[i]));
-    case DType::F8E4M3: {
-      const size_t cols = static_cast<size_t>(t.shape[1]), r = i / cols, c = i % cols;
-      const io::BlockScale& s = t.scale;
-      const size_t cell = (r / static_cast<size_t>(s.block_rows)) * static_cast<size_t>(s.cols) +
-                          c / static_cast<size_t>(s.block_cols);
-      return f32_to_bf16(f8e4m3_to_f32(static_cast<const uint8_t*>(t.data)[i]) * scale_f32(s, cell));
-    }
     default: return f32_to_bf16(static_cast<const float*>(t.data)[i]);
   }
 }
@@ -318,7 +310,36 @@ class Uploader {
       }
       return Status::ok();
     }
+    if (src.dtype == DType::F8E4M3) return put_fp8(dst, src, n);
     return put(dst, src, n, [](size_t i) { return i; });
+  }
+  // A block-wise FP8 tensor (2-D, its block scale bound: check_dtype), dequantized as the CPU reference does,
+  // f32(fp8) * f32(scale), then rounded once to bf16; row by row, one scale per run of a block's columns.
+  Status put_fp8(bf16* dst, const io::TensorView& src, size_t n) {
+    float lut[256];
+    for (int c = 0; c < 256; ++c) lut[c] = f8e4m3_to_f32(static_cast<uint8_t>(c));
+    const size_t cols = static_cast<size_t>(src.shape[1]);
+    const size_t br = static_cast<size_t>(src.scale.block_rows), bc = static_cast<size_t>(src.scale.block_cols);
+    const uint8_t* q = static_cast<const uint8_t*>(src.data);
+    size_t r = 0, c = 0;  // the position of element `off` below
+    for (size_t off = 0; off < n; off += kChunk) {
+      const size_t cnt = std::min(kChunk, n - off);
+      const int b = next_++ & 1;
+      ZEST_CU(cudaEventSynchronize(done_[b]), "staging buffer wait");
+      uint16_t* h = reinterpret_cast<uint16_t*>(buf_[b].get());
+      for (size_t i = 0; i < cnt;) {
+        // The rest of this row's current scale block.
+        const size_t run = std::min({cnt - i, cols - c, bc - c % bc});
+        const float s = scale_f32(src.scale, (r / br) * static_cast<size_t>(src.scale.cols) + c / bc);
+        for (size_t j = 0; j < run; ++j) h[i + j] = f32_to_bf16(lut[q[off + i + j]] * s);
+        i += run;
+        c += run;
+        if (c == cols) c = 0, ++r;
+      }
+      ZEST_CU(cudaMemcpyAsync(dst + off, h, cnt * sizeof(uint16_t), cudaMemcpyHostToDevice, stream_), "weight upload");
+      ZEST_CU(cudaEventRecord(done_[b], stream_), "cudaEventRecord");
+    }
+    return Status::ok();
   }
   Status finish() { return cuda_status(cudaStreamSynchronize(stream_), "weight upload"); }
 
