@@ -178,10 +178,13 @@ struct Bench {
     next.assign(static_cast<size_t>(max_batch), 0);
     // Prefill chunks of up to kChunk tokens, several sequences per forward.
     model::ForwardBatch fb;
+    std::vector<int32_t> pos;  // each token's position (text: the three M-RoPE rows alike)
     auto flush = [&]() -> Status {
       if (fb.seqs.empty()) return Status::ok();
+      for (int r = 0; r < 3; ++r) fb.positions.insert(fb.positions.end(), pos.begin(), pos.end());
       ZEST_RETURN_IF_ERROR(dec->forward(fb, cache).status());
       fb = model::ForwardBatch();
+      pos.clear();
       return Status::ok();
     };
     for (int s = 0; s < max_batch; ++s) {
@@ -190,7 +193,10 @@ struct Bench {
       for (int64_t start = 0; start < context;) {
         const int64_t room = kChunk - fb.num_tokens();
         const int64_t len = std::min<int64_t>(room, context - start);
-        for (int64_t i = 0; i < len; ++i) fb.tokens.push_back(tok(rng));
+        for (int64_t i = 0; i < len; ++i) {
+          fb.tokens.push_back(tok(rng));
+          pos.push_back(static_cast<int32_t>(start + i));
+        }
         fb.seqs.push_back({&tables[static_cast<size_t>(s)], start, len});
         start += len;
         if (fb.num_tokens() == kChunk) ZEST_RETURN_IF_ERROR(flush());
