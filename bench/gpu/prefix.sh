@@ -1,4 +1,5 @@
 # limit: 300
+# REPEAT: conversations per pass (default 5).
 # Multi-turn chat with three images on one zest serve of Qwen3-VL-30B-A3B shapes (random weights): turn 2 re-sends
 # the history (images included); with automatic prefix caching it skips the images' encoding and the cached prefill.
 # bench/prefix_chat.py against a server with prefix caching and one without (--no-enable-prefix-caching): TTFT of
@@ -26,11 +27,11 @@ for mode in on off; do
   [ "$mode" = off ] && flags="--no-enable-prefix-caching"
   start_server -- $flags || continue
   python3 bench/prefix_chat.py --url "http://127.0.0.1:$PORT" --image "$IMG/img0.png" --image "$IMG/img1.png" \
-    --image "$IMG/img2.png" --turns 2 --repeat 5 --max-tokens 16 --out "/tmp/zest-prefix-$mode.json" \
+    --image "$IMG/img2.png" --turns 2 --repeat "${REPEAT:-5}" --max-tokens 16 --out "/tmp/zest-prefix-$mode.json" \
     --label "prefix caching $mode"
   # One output token: the time to the engine's first token, whatever the random weights' first pieces are.
   python3 bench/prefix_chat.py --url "http://127.0.0.1:$PORT" --image "$IMG/img0.png" --image "$IMG/img1.png" \
-    --image "$IMG/img2.png" --turns 2 --repeat 5 --max-tokens 1 --tag b --label "prefix caching $mode, max_tokens 1" | tail -2
+    --image "$IMG/img2.png" --turns 2 --repeat "${REPEAT:-5}" --max-tokens 1 --tag b --label "prefix caching $mode, max_tokens 1" | tail -2
   stop_server
 done
 cmp -s /tmp/zest-prefix-on.json /tmp/zest-prefix-off.json && echo "replies: identical with and without the cache" \
