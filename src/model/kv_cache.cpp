@@ -8,7 +8,7 @@ namespace zest::model {
 
 CpuKvStorage::CpuKvStorage(int64_t num_layers, int64_t num_blocks, int64_t block_size, int64_t kv_heads,
                            int64_t head_dim)
-    : row_elems_(kv_heads * head_dim), kv_heads_(kv_heads), head_dim_(head_dim) {
+    : kv_heads_(kv_heads), head_dim_(head_dim), row_elems_(kv_heads * head_dim) {
   for (int64_t l = 0; l < num_layers; ++l) {
     k_.push_back(Tensor::empty({num_blocks, block_size, kv_heads, head_dim}));
     v_.push_back(Tensor::empty({num_blocks, block_size, kv_heads, head_dim}));
