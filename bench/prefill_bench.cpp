@@ -6,7 +6,7 @@
 // the measured figure is the model's prefill time. With 2 <= --layers < the model's depth, a second,
 // 1-layer decoder over the same weights separates the per-layer time from the embed/final-norm/lm_head
 // part, which extrapolates the full-depth prefill time.
-//   bench_prefill_bench --config qwen3-30b-a3b --tokens 512,2048,8192 [--layers 0] [--runs 5]
+//   bench_prefill_bench --config qwen3-30b-a3b --tokens 512,2048,8192 [--layers 0] [--runs 5] [--dtype fp8]
 // --ops times each kernel of one decoder layer instead (kernels called directly on random device data,
 // CUDA events around each launch, median of --runs after warm-up), with the TFLOP/s of the matmul ops; then the
 // paths a layer of this shape does not take (fp32 slots, the decode plan, the wmma experts) for comparison.
@@ -382,7 +382,16 @@ int bench_prefill_main(int argc, char** argv) {
   app.add_option("--runs", runs, "timed forwards per T (median reported)")->check(CLI::Range(1, 100));
   bool per_op = false;
   app.add_flag("--ops", per_op, "time each kernel of one layer (device time, CUDA events) instead of forward()");
+  std::string dtype = "bf16";
+  app.add_option("--dtype", dtype,
+                 "weight format: bf16, or fp8 (block-wise 128x128 as the official -FP8 checkpoints; dequantized to "
+                 "bf16 at load until FP8 kernels exist)")
+      ->check(CLI::IsMember({"bf16", "fp8"}));
   CLI11_PARSE(app, argc, argv);
+  if (per_op && dtype == "fp8") {
+    std::fprintf(stderr, "error: --ops times the bf16 kernels; there are no FP8 kernels yet (leave out --dtype fp8)\n");
+    return 2;
+  }
 
   std::vector<int64_t> Ts;
   {
@@ -455,11 +464,12 @@ int bench_prefill_main(int argc, char** argv) {
   // At most 4 distinct layers in host memory; the device decoder uploads every layer into its own weights.
   constexpr int64_t kHostLayers = 4;
   model::DecoderWeights w = model::random_decoder_weights(cfg, hw, kHostLayers);
+  if (dtype == "fp8") model::quantize_fp8_blockwise(w, hw);
   std::printf("model: %s shapes, %lld of %lld layers on the device (host weights of %lld distinct layers, %.1f GB), "
-              "random bf16 weights synthesised in %.1f s\n",
+              "random %s weights synthesised in %.1f s\n",
               config.c_str(), static_cast<long long>(layers), static_cast<long long>(full_layers),
               static_cast<long long>(std::min(layers, kHostLayers)), hw.bytes() / 1e9,
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - g0).count());
+              dtype == "fp8" ? "block-wise FP8" : "bf16", std::chrono::duration<double>(std::chrono::steady_clock::now() - g0).count());
 
   auto main_t = run_decoder(w, Ts, runs);
   if (!main_t.ok()) {
