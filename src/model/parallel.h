@@ -1,0 +1,38 @@
+// How one model is split over the GPUs of one host (tensor parallel attention, expert parallel MoE): which query and
+// key/value heads, which MLP columns and which experts each rank holds. The plan is data; the split math it implies
+// (partial attention outputs and MLP/expert contributions summed over ranks by an all-reduce) is checked on the CPU
+// in tests/model/parallel_test.cpp.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/status.h"
+#include "io/config.h"
+
+namespace zest::model {
+
+struct RankShard {
+  int rank = 0;
+  int64_t q_head0 = 0, q_heads = 0;    // query heads [q_head0, q_head0 + q_heads)
+  int64_t kv_head0 = 0, kv_heads = 0;  // key/value heads it holds (one, replicated, when world > kv heads)
+  int64_t inter0 = 0, inter = 0;       // dense MLP intermediate columns [inter0, inter0 + inter)
+  int64_t expert0 = 0, experts = 0;    // expert parallel: its experts; tensor parallel experts: all of them
+  int64_t expert_inter0 = 0, expert_inter = 0;  // each expert's intermediate columns it holds
+};
+
+struct ParallelPlan {
+  int world = 1;
+  bool expert_parallel = false;
+  std::vector<RankShard> ranks;
+  // The rank that holds expert e under expert parallelism (-1: every rank holds a slice of it).
+  int owner_of_expert(int64_t e) const;
+};
+
+// The split of `cfg` over `world` ranks. Attention: query heads split evenly (world must divide them); key/value
+// heads split when world divides them, else (world a multiple of them) each rank holds the one its query heads read,
+// replicated. Dense MLP: intermediate columns split evenly. MoE: with `expert_parallel`, experts in contiguous ranges
+// (world must divide them), each whole; without, every expert's intermediate columns split evenly. kInvalidArgument
+// naming the size that does not divide; world 1 is the whole model on rank 0.
+Result<ParallelPlan> plan_parallel(const io::TextConfig& cfg, int world, bool expert_parallel);
+
+}  // namespace zest::model

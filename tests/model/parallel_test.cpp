@@ -1,0 +1,182 @@
+// The split of a model over several GPUs (model/parallel.h) and the math it implies, emulated on the CPU: every query
+// head, MLP column and expert on exactly one rank (key/value heads where each rank's query heads read them), and the
+// per-rank partial results (attention output projection over a rank's heads, MLP over its columns, MoE over its
+// experts or expert columns) summing to the unsplit layer's, as the all-reduce will sum them. Tolerance: f32
+// summation order, 1e-5 of the largest output.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "model/parallel.h"
+#include "model/random_weights.h"
+
+namespace zest::model {
+namespace {
+
+using Mat = std::vector<float>;  // row-major
+
+Mat random_mat(size_t n, std::mt19937& rng) {
+  std::normal_distribution<float> d(0.f, 1.f);
+  Mat m(n);
+  for (float& v : m) v = d(rng);
+  return m;
+}
+
+// y[r] = sum over c in [c0, c1) of w[r, c] * x[c], w [rows, cols].
+std::vector<float> matvec(const Mat& w, int64_t rows, int64_t cols, const std::vector<float>& x, int64_t c0, int64_t c1) {
+  std::vector<float> y(static_cast<size_t>(rows), 0.f);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = c0; c < c1; ++c) y[r] += w[r * cols + c] * x[c];
+  return y;
+}
+
+float silu(float v) { return v / (1.f + std::exp(-v)); }
+
+// A SwiGLU MLP over intermediate columns [i0, i1): down[:, i0:i1] (silu(gate[i0:i1] x) * up[i0:i1] x).
+std::vector<float> mlp_cols(const Mat& gate, const Mat& up, const Mat& down, int64_t H, int64_t I,
+                            const std::vector<float>& x, int64_t i0, int64_t i1) {
+  std::vector<float> h(static_cast<size_t>(I), 0.f);
+  const auto g = matvec(gate, I, H, x, 0, H), u = matvec(up, I, H, x, 0, H);
+  for (int64_t i = i0; i < i1; ++i) h[i] = silu(g[i]) * u[i];
+  return matvec(down, H, I, h, i0, i1);
+}
+
+void expect_close(const std::vector<float>& got, const std::vector<float>& want) {
+  float m = 0.f, e = 0.f;
+  for (size_t i = 0; i < want.size(); ++i) {
+    m = std::max(m, std::fabs(want[i]));
+    e = std::max(e, std::fabs(got[i] - want[i]));
+  }
+  EXPECT_GT(m, 0.f);
+  EXPECT_LE(e, 1e-5f * m);
+}
+
+io::TextConfig named(const std::string& name) {
+  auto c = named_model_config(name);
+  EXPECT_TRUE(c.ok());
+  return c->text;
+}
+
+TEST(ParallelPlan, EveryHeadColumnAndExpertOnExactlyOneRank) {
+  for (const std::string name : {"qwen3-30b-a3b", "qwen3-vl-235b-a22b", "qwen3-vl-32b", "qwen3-8b"}) {
+    const io::TextConfig c = named(name);
+    for (int world : {1, 2, 4, 8})
+      for (bool ep : {false, true}) {
+        if (ep && c.num_experts == 0) continue;
+        SCOPED_TRACE(name + " world " + std::to_string(world) + (ep ? " EP" : " TP"));
+        auto p = plan_parallel(c, world, ep);
+        ASSERT_TRUE(p.ok()) << p.status().to_string();
+        ASSERT_EQ(static_cast<int>(p->ranks.size()), world);
+        std::vector<int> q(c.num_heads), cols(c.intermediate_size), experts(c.num_experts), ecols(c.moe_intermediate_size);
+        const int64_t group = c.num_heads / c.num_kv_heads;
+        for (const RankShard& r : p->ranks) {
+          for (int64_t h = r.q_head0; h < r.q_head0 + r.q_heads; ++h) {
+            ++q[h];
+            // The key/value head this query head reads is on the rank.
+            EXPECT_GE(h / group, r.kv_head0);
+            EXPECT_LT(h / group, r.kv_head0 + r.kv_heads);
+          }
+          for (int64_t i = r.inter0; i < r.inter0 + r.inter; ++i) ++cols[i];
+          if (c.num_experts > 0) {
+            for (int64_t e = r.expert0; e < r.expert0 + r.experts; ++e) ++experts[e];
+            for (int64_t i = r.expert_inter0; i < r.expert_inter0 + r.expert_inter; ++i) ++ecols[i];
+          }
+        }
+        for (int v : q) EXPECT_EQ(v, 1);
+        if (c.num_experts == 0) {
+          for (int v : cols) EXPECT_EQ(v, 1);
+        } else {
+          for (int v : experts) EXPECT_EQ(v, ep ? 1 : world);
+          for (int v : ecols) EXPECT_EQ(v, ep ? world : 1);
+          for (int64_t e = 0; e < c.num_experts; ++e)
+            EXPECT_EQ(p->owner_of_expert(e), ep ? static_cast<int>(e / (c.num_experts / world)) : -1);
+        }
+      }
+  }
+}
+
+TEST(ParallelPlan, SizesThatDoNotSplitAreRefusedByName) {
+  const io::TextConfig c = named("qwen3-30b-a3b");  // 32 query heads, 4 key/value heads, 128 experts of 768 columns
+  auto expect = [](const Result<ParallelPlan>& r, const std::string& what) {
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find(what), std::string::npos) << r.status().to_string();
+  };
+  expect(plan_parallel(c, 3, true), "query heads (32)");
+  expect(plan_parallel(c, 0, true), "at least 1");
+  io::TextConfig odd = c;
+  odd.num_kv_heads = 3, odd.num_heads = 24;
+  expect(plan_parallel(odd, 4, true), "key/value heads (3)");
+  odd = c;
+  odd.num_experts = 60;
+  expect(plan_parallel(odd, 8, true), "the experts (60)");
+  expect(plan_parallel(named("qwen3-8b"), 2, true), "needs a MoE model");
+  // World 8 over 4 key/value heads: each pair of ranks holds one of them.
+  auto p = plan_parallel(c, 8, true);
+  ASSERT_TRUE(p.ok());
+  for (const RankShard& r : p->ranks) {
+    EXPECT_EQ(r.kv_heads, 1);
+    EXPECT_EQ(r.kv_head0, r.rank / 2);
+  }
+}
+
+// The partial results of every rank sum to the unsplit layer's (what the all-reduce after attention and after the
+// MLP/MoE computes), for a small layer of each kind split over 1, 2 and 4 ranks.
+TEST(ParallelPlan, PartialResultsSumToTheUnsplitLayer) {
+  std::mt19937 rng(17);
+  io::TextConfig c;
+  c.hidden_size = 32, c.num_heads = 8, c.num_kv_heads = 2, c.head_dim = 4, c.num_layers = 2;
+  c.intermediate_size = 48, c.num_experts = 8, c.num_experts_per_tok = 3, c.moe_intermediate_size = 12;
+  c.mlp_only_layers = {1};  // layer 1 dense
+  const int64_t H = c.hidden_size, QD = c.num_heads * c.head_dim;
+  const Mat wo = random_mat(H * QD, rng);
+  const std::vector<float> attn = random_mat(QD, rng);  // the heads' outputs, concatenated
+  const std::vector<float> x = random_mat(H, rng);
+  const Mat g = random_mat(c.intermediate_size * H, rng), u = random_mat(c.intermediate_size * H, rng),
+            d = random_mat(H * c.intermediate_size, rng);
+  const int64_t EI = c.moe_intermediate_size;
+  std::vector<Mat> eg, eu, ed;
+  for (int64_t e = 0; e < c.num_experts; ++e) {
+    eg.push_back(random_mat(EI * H, rng));
+    eu.push_back(random_mat(EI * H, rng));
+    ed.push_back(random_mat(H * EI, rng));
+  }
+  const std::vector<int64_t> slots = {5, 1, 6};
+  const std::vector<float> slot_w = {0.5f, 0.3f, 0.2f};
+  auto moe = [&](auto take) {  // sum over the token's slots of weight * expert columns the rank holds
+    std::vector<float> y(static_cast<size_t>(H), 0.f);
+    for (size_t s = 0; s < slots.size(); ++s) {
+      const auto [ok, i0, i1] = take(slots[s]);
+      if (!ok) continue;
+      const auto o = mlp_cols(eg[slots[s]], eu[slots[s]], ed[slots[s]], H, EI, x, i0, i1);
+      for (int64_t j = 0; j < H; ++j) y[j] += slot_w[s] * o[j];
+    }
+    return y;
+  };
+  const auto full_attn = matvec(wo, H, QD, attn, 0, QD);
+  const auto full_mlp = mlp_cols(g, u, d, H, c.intermediate_size, x, 0, c.intermediate_size);
+  const auto full_moe = moe([&](int64_t) { return std::tuple{true, int64_t{0}, EI}; });
+  for (int world : {1, 2, 4})
+    for (bool ep : {false, true}) {
+      SCOPED_TRACE("world " + std::to_string(world) + (ep ? " EP" : " TP"));
+      auto p = plan_parallel(c, world, ep);
+      ASSERT_TRUE(p.ok()) << p.status().to_string();
+      std::vector<float> a(H, 0.f), m(H, 0.f), e(H, 0.f);
+      for (const RankShard& r : p->ranks) {
+        const auto pa = matvec(wo, H, QD, attn, r.q_head0 * c.head_dim, (r.q_head0 + r.q_heads) * c.head_dim);
+        const auto pm = mlp_cols(g, u, d, H, c.intermediate_size, x, r.inter0, r.inter0 + r.inter);
+        const auto pe = moe([&](int64_t ex) {
+          return std::tuple{ex >= r.expert0 && ex < r.expert0 + r.experts, r.expert_inter0,
+                            r.expert_inter0 + r.expert_inter};
+        });
+        for (int64_t j = 0; j < H; ++j) a[j] += pa[j], m[j] += pm[j], e[j] += pe[j];
+      }
+      expect_close(a, full_attn);
+      expect_close(m, full_mlp);
+      expect_close(e, full_moe);
+    }
+}
+
+}  // namespace
+}  // namespace zest::model
