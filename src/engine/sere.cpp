@@ -371,6 +371,8 @@ Result<std::string> calibrate_sere(const ModelBundle& model, const CalibrationOp
   for (int64_t l = 0; l < L; ++l) {
     if (on_device) {
       auto w = dec.device_expert_weights(l);
+      if (!w.ok() && w.status().code() == ErrorCode::kUnsupported)
+        return w.status().with_context("device SERE calibration");
       if (!w.ok()) continue;  // not an MoE layer
       dev_w[l] = {w->gate_up, w->down, w->experts, w->hidden, w->inter};
     } else if (!tc.is_moe_layer(l)) {

@@ -362,6 +362,9 @@ TEST(CudaDecoder, MixedBatchEqualsOneByOne) {
     ASSERT_TRUE(gpu);
     check_mixed_batches(gpu->decoder(), 151000, name);
   }
+  auto fp8 = cuda_fixture("fp8/qwen3_moe_fp8_tiny");  // projections and experts kept in FP8
+  ASSERT_TRUE(fp8);
+  check_mixed_batches(fp8->decoder(), 1000, "fp8");
   const fs::path dir = temp_dir("mixed");
   auto m = random_model(dir);
   ASSERT_TRUE(m);
@@ -434,6 +437,38 @@ TEST(CudaDecoder, RejectsForeignCacheAndOtherBlockSizes) {
   ASSERT_TRUE(cache.ok());
   b.tokens = {1, 2, 151936};
   EXPECT_EQ(dec.forward(b, *cache).status().code(), ErrorCode::kInvalidArgument);
+}
+
+// The FP8 fixture with its projections and experts kept in FP8 (every FP8 tensor of rows and columns multiples of 16:
+// qkv, o_proj and the experts; the dense MLP of width 200 and layer 2's bf16 o_proj are bf16 on the device) against
+// the CPU's f32 dequantization: a short prompt (prefill through the FP8 streaming kernels) and one past 64 tokens (the
+// prefill's bf16 copies of the FP8 weights), then greedy decode steps where the margin allows.
+TEST(CudaDecoder, Fp8FixtureShortAndLongPromptsMatchCpu) {
+  ZEST_REQUIRE_GPU_DECODER();
+  auto cpu = cpu_fixture("fp8/qwen3_moe_fp8_tiny");
+  auto gpu = cuda_fixture("fp8/qwen3_moe_fp8_tiny");
+  ASSERT_TRUE(cpu && gpu);
+  std::mt19937 rng(94);
+  std::uniform_int_distribution<int32_t> tok(0, 999);
+  for (int n : {6, 100}) {
+    SCOPED_TRACE(::testing::Message() << "prompt of " << n << " tokens");
+    std::vector<int32_t> ids(n);
+    for (auto& t : ids) t = tok(rng);
+    const engine::Prompt p = text_ids_prompt(ids);
+    const Tensor lc = zest::testing::last_logits(cpu->decoder(), p);
+    const Tensor lg = zest::testing::last_logits(gpu->decoder(), p);
+    ASSERT_TRUE(lc.defined() && lg.defined());
+    const Err e = compare_rows(lg.data<float>(), lc.data<float>(), lc.numel());
+    std::printf("[cuda-vs-cpu] fp8 fixture, %d tokens: max|cuda-cpu| %.4g, max|cpu| %.4g, ratio %.3g\n", n, e.max_err,
+                e.max_ref, e.max_err / e.max_ref);
+    EXPECT_LE(e.max_err, kLogitTol * e.max_ref);
+    std::vector<int32_t> tc, tg;
+    std::vector<double> mc, mg;
+    greedy(cpu->decoder(), p, 8, tc, mc);
+    greedy(gpu->decoder(), p, 8, tg, mg);
+    for (size_t i = 0; i < tc.size() && mc[i] >= kNoiseFactor * e.max_err; ++i)
+      EXPECT_EQ(tg[i], tc[i]) << "greedy step " << i;
+  }
 }
 
 // An FP8 weight reaches the CUDA decoder only with its block scale bound: one without (or with a scale grid of another

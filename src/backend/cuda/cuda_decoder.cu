@@ -341,6 +341,29 @@ class Uploader {
     }
     return Status::ok();
   }
+  // An FP8 tensor's bytes as they are (dst: rows [n / cols, cols] of the kernels' Fp8Weight layout) and its block
+  // scales repeated per 16-row x 64-column chunk into scales [rows / 16, ceil(cols / 64)] (fp8_layout_ok).
+  Status put_fp8_raw(uint8_t* dst, float* scales, const io::TensorView& src) {
+    const size_t rows = static_cast<size_t>(src.shape[0]), cols = static_cast<size_t>(src.shape[1]);
+    const size_t n = rows * cols, chunk = kChunk * sizeof(uint16_t);
+    for (size_t off = 0; off < n; off += chunk) {
+      const size_t cnt = std::min(chunk, n - off);
+      const int b = next_++ & 1;
+      ZEST_CU(cudaEventSynchronize(done_[b]), "staging buffer wait");
+      std::memcpy(buf_[b].get(), static_cast<const uint8_t*>(src.data) + off, cnt);
+      ZEST_CU(cudaMemcpyAsync(dst + off, buf_[b].get(), cnt, cudaMemcpyHostToDevice, stream_), "weight upload");
+      ZEST_CU(cudaEventRecord(done_[b], stream_), "cudaEventRecord");
+    }
+    const size_t kc = (cols + 63) / 64, sr = rows / 16;
+    const size_t br = static_cast<size_t>(src.scale.block_rows), bc = static_cast<size_t>(src.scale.block_cols);
+    std::vector<float> sc(sr * kc);
+    for (size_t r = 0; r < sr; ++r)
+      for (size_t c = 0; c < kc; ++c)
+        sc[r * kc + c] = scale_f32(src.scale, (r * 16 / br) * static_cast<size_t>(src.scale.cols) + c * 64 / bc);
+    ZEST_CU(cudaMemcpyAsync(scales, sc.data(), sc.size() * sizeof(float), cudaMemcpyHostToDevice, stream_),
+            "weight scale upload");
+    return cuda_status(cudaStreamSynchronize(stream_), "weight scale upload");  // sc is freed on return
+  }
   Status finish() { return cuda_status(cudaStreamSynchronize(stream_), "weight upload"); }
 
  private:
@@ -349,6 +372,28 @@ class Uploader {
   cudaEvent_t done_[2] = {nullptr, nullptr};
   uint64_t next_ = 0;
 };
+
+// A projection's device weight: bf16, or a block-wise FP8 checkpoint tensor kept in FP8 (the kernels' Fp8Weight
+// layout), which decode steps read as it is and prefill steps through a bf16 copy in the decoder's scratch.
+struct Proj {
+  bf16* bf = nullptr;
+  uint8_t* q = nullptr;
+  float* s = nullptr;
+  bool fp8() const { return q != nullptr; }
+  Fp8Weight f8() const { return {q, s}; }
+};
+
+// Whether FP8 tensors stay FP8 on the device as rows of one projection (the kernels' layout): each is a block-wise
+// FP8 tensor (check_dtype) of rows and columns multiples of 16 with scale blocks multiples of 16 rows and 64 columns.
+bool fp8_layout_ok(std::initializer_list<const io::TensorView*> ts) {
+  for (const io::TensorView* t : ts) {
+    if (t->dtype != DType::F8E4M3 || t->shape.size() != 2 || t->scale.data == nullptr) return false;
+    if (!fp8_weight_ok(static_cast<int>(t->shape[0]), static_cast<int>(t->shape[1])) || t->scale.block_rows % 16 != 0 ||
+        t->scale.block_cols % 64 != 0)
+      return false;
+  }
+  return true;
+}
 
 // How one step is composed, chosen in one place (the top of run_step) from the step's shape and the model's sizes,
 // then followed by every layer. The ops pick their own tiling and kernel from their sizes (kernels.h); these are the
@@ -391,13 +436,16 @@ class CudaTextDecoder final : public model::TextDecoder {
   Result<model::DeviceExpertWeights> device_expert_weights(int64_t layer) const override {
     if (layer < 0 || layer >= L_ || !layers_[layer].moe)
       return invalid_argument("layer " + std::to_string(layer) + " is not an MoE layer of this decoder");
-    return model::DeviceExpertWeights{layers_[layer].gate_up, layers_[layer].down, E_, H_, I_};
+    if (layers_[layer].gate_up.fp8())
+      return unsupported("the CUDA decoder keeps this checkpoint's experts in FP8; SERE calibration on the device "
+                         "reads bf16 experts (calibrate with --device cpu)");
+    return model::DeviceExpertWeights{layers_[layer].gate_up.bf, layers_[layer].down.bf, E_, H_, I_};
   }
 
  private:
   struct Layer {
-    bf16 *in_norm = nullptr, *post_norm = nullptr, *q_norm = nullptr, *k_norm = nullptr, *wqkv = nullptr,
-         *wo = nullptr, *router = nullptr, *gate_up = nullptr, *down = nullptr;
+    bf16 *in_norm = nullptr, *post_norm = nullptr, *q_norm = nullptr, *k_norm = nullptr, *router = nullptr;
+    Proj wqkv, wo, gate_up, down;
     bool moe = false;
   };
   // Sizes the step buffers are allocated for.
@@ -451,6 +499,9 @@ class CudaTextDecoder final : public model::TextDecoder {
   };
 
   Status upload_layer(Uploader& up, const model::DecoderLayerWeights& src, Layer& L);
+  // y = x W^T for weight w [N, K] (Proj): bf16 through gemm; FP8 streamed by gemm_fp8 up to 64 rows, above through its
+  // bf16 copy in fp8_scratch_ (dequantize_fp8).
+  Status project(const bf16* x, const Proj& w, bf16* y, int M, int N, int K, cudaStream_t st) const;
   // One forward step: host logits into *logits_out (rows == nullptr) or the rows' sampling summaries.
   Status run_step(const model::ForwardBatch& b, model::PagedKVCache& cache, const model::MoeHooks* hooks,
                   const std::vector<model::SampleRow>* rows, Tensor* logits_out,
@@ -473,6 +524,8 @@ class CudaTextDecoder final : public model::TextDecoder {
   DeviceMemory weights_;
   std::vector<Layer> layers_;
   bf16 *embed_ = nullptr, *final_norm_ = nullptr, *lm_head_ = nullptr;
+  bool fp8_ = false;          // some projection is kept in FP8
+  DeviceMemory fp8_scratch_;  // bf16 copies of FP8 weights for prefill steps (the largest projection, or a layer's experts)
   std::unique_ptr<Step> st_ = std::make_unique<Step>();
 };
 
@@ -521,9 +574,35 @@ Status CudaTextDecoder::init(const model::DecoderWeights& w, const model::Device
     return unsupported("CUDA decoder: MoE layers need at most 1024 experts, top-k <= 16, an expert width that is a "
                        "multiple of 8 and norm_topk_prob");
 
+  // Which projections stay FP8 on the device (fp8_layout_ok over their source tensors); everything else, the
+  // router, embeddings and norms included, is uploaded as bf16 (block-wise FP8 dequantized at load).
+  struct Fp8Choice {
+    bool qkv = false, o = false, ffn = false;
+  };
+  std::vector<Fp8Choice> f8(L_);
+  for (int l = 0; l < L_; ++l) {
+    const model::DecoderLayerWeights& s = w.layers[l];
+    f8[l].qkv = fp8_layout_ok({&s.q, &s.k, &s.v});
+    f8[l].o = fp8_layout_ok({&s.o});
+    bool ffn = !s.fused_gate_up.data && !s.gate.empty() && s.gate.size() == s.up.size() && s.gate.size() == s.down.size();
+    for (size_t e = 0; ffn && e < s.gate.size(); ++e) ffn = fp8_layout_ok({&s.gate[e], &s.up[e], &s.down[e]});
+    f8[l].ffn = ffn;
+    fp8_ = fp8_ || f8[l].qkv || f8[l].o || ffn;
+  }
+
   // Weight arena: sizes first, then one allocation.
   const size_t H = H_, D = D_, QKV = QKV_, E = E_, I = I_, Id = Id_, V = V_;
   const bool tied = w.lm_head.data == w.embed.data;
+  size_t scratch = 0;  // bytes of the largest bf16 copy a prefill step makes of FP8 weights
+  auto take = [&](Carver& cv, Proj& p, bool fp8, size_t rows, size_t K) {
+    if (!fp8) {
+      p.bf = cv.take<bf16>(rows * K);
+      return;
+    }
+    p.q = cv.take<uint8_t>(rows * K);
+    p.s = cv.take<float>(fp8_scale_count(static_cast<int>(rows), static_cast<int>(K)));
+    scratch = std::max(scratch, rows * K * sizeof(bf16));
+  };
   auto layout = [&](Carver& cv) {
     layers_.assign(L_, Layer{});
     for (int l = 0; l < L_; ++l) {
@@ -533,15 +612,17 @@ Status CudaTextDecoder::init(const model::DecoderWeights& w, const model::Device
       Ly.post_norm = cv.take<bf16>(H);
       Ly.q_norm = cv.take<bf16>(D);
       Ly.k_norm = cv.take<bf16>(D);
-      Ly.wqkv = cv.take<bf16>(QKV * H);
-      Ly.wo = cv.take<bf16>(H * Hq_ * D);
+      take(cv, Ly.wqkv, f8[l].qkv, QKV, H);
+      take(cv, Ly.wo, f8[l].o, H, Hq_ * D);
       if (Ly.moe) {
         Ly.router = cv.take<bf16>(E * H);
-        Ly.gate_up = cv.take<bf16>(E * 2 * I * H);
-        Ly.down = cv.take<bf16>(E * H * I);
+        take(cv, Ly.gate_up, f8[l].ffn, E * 2 * I, H);
+        take(cv, Ly.down, f8[l].ffn, E * H, I);
+        // prefill steps copy a layer's FP8 experts to bf16 at once (the grouped GEMMs read bf16)
+        if (f8[l].ffn) scratch = std::max(scratch, E * 3 * I * H * sizeof(bf16));
       } else {
-        Ly.gate_up = cv.take<bf16>(2 * Id * H);
-        Ly.down = cv.take<bf16>(H * Id);
+        take(cv, Ly.gate_up, f8[l].ffn, 2 * Id, H);
+        take(cv, Ly.down, f8[l].ffn, H, Id);
       }
     }
     embed_ = cv.take<bf16>(V * H);
@@ -552,10 +633,11 @@ Status CudaTextDecoder::init(const model::DecoderWeights& w, const model::Device
   layout(sizing);
   size_t free_b = 0, total_b = 0;
   ZEST_CU(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
-  if (sizing.used > free_b)
-    return resource_exhausted("the model's bf16 weights need " + std::to_string(sizing.used >> 20) +
+  if (sizing.used + scratch > free_b)
+    return resource_exhausted("the model's weights need " + std::to_string((sizing.used + scratch) >> 20) +
                               " MiB of GPU memory but only " + std::to_string(free_b >> 20) + " MiB are free");
-  ZEST_RETURN_IF_ERROR(weights_.allocate(sizing.used, "the model's bf16 weights"));
+  ZEST_RETURN_IF_ERROR(weights_.allocate(sizing.used, "the model's weights"));
+  ZEST_RETURN_IF_ERROR(fp8_scratch_.allocate(scratch, "the bf16 copies of FP8 weights for prefill"));
   Carver real{weights_.get(), 0};
   layout(real);
 
@@ -584,10 +666,24 @@ Status CudaTextDecoder::upload_layer(Uploader& up, const model::DecoderLayerWeig
   ZEST_RETURN_IF_ERROR(up.put(L.post_norm, s.post_norm));
   ZEST_RETURN_IF_ERROR(up.put(L.q_norm, s.q_norm));
   ZEST_RETURN_IF_ERROR(up.put(L.k_norm, s.k_norm));
-  ZEST_RETURN_IF_ERROR(up.put(L.wqkv, s.q));
-  ZEST_RETURN_IF_ERROR(up.put(L.wqkv + Hq_ * D * H, s.k));
-  ZEST_RETURN_IF_ERROR(up.put(L.wqkv + (Hq_ + Hkv_) * D * H, s.v));
-  ZEST_RETURN_IF_ERROR(up.put(L.wo, s.o));
+  // rows r0 .. of an FP8 projection of K columns
+  auto put8 = [&](const Proj& p, size_t r0, size_t K, const io::TensorView& t) {
+    return up.put_fp8_raw(p.q + r0 * K, p.s + fp8_scale_count(static_cast<int>(r0), static_cast<int>(K)), t);
+  };
+  if (L.wqkv.fp8()) {
+    ZEST_RETURN_IF_ERROR(put8(L.wqkv, 0, H, s.q));
+    ZEST_RETURN_IF_ERROR(put8(L.wqkv, Hq_ * D, H, s.k));
+    ZEST_RETURN_IF_ERROR(put8(L.wqkv, (Hq_ + Hkv_) * D, H, s.v));
+  } else {
+    ZEST_RETURN_IF_ERROR(up.put(L.wqkv.bf, s.q));
+    ZEST_RETURN_IF_ERROR(up.put(L.wqkv.bf + Hq_ * D * H, s.k));
+    ZEST_RETURN_IF_ERROR(up.put(L.wqkv.bf + (Hq_ + Hkv_) * D * H, s.v));
+  }
+  if (L.wo.fp8()) {
+    ZEST_RETURN_IF_ERROR(put8(L.wo, 0, static_cast<size_t>(Hq_) * D, s.o));
+  } else {
+    ZEST_RETURN_IF_ERROR(up.put(L.wo.bf, s.o));
+  }
   if (L.moe) {
     ZEST_RETURN_IF_ERROR(check_dtype(s.router));
     ZEST_RETURN_IF_ERROR(up.put(L.router, s.router));
@@ -597,11 +693,11 @@ Status CudaTextDecoder::upload_layer(Uploader& up, const model::DecoderLayerWeig
     ZEST_RETURN_IF_ERROR(check_dtype(s.fused_gate_up));
     ZEST_RETURN_IF_ERROR(check_dtype(s.fused_down));
     const size_t E = E_;
-    ZEST_RETURN_IF_ERROR(up.put(L.gate_up, s.fused_gate_up, E * 2 * I * H, [&](size_t i) {
+    ZEST_RETURN_IF_ERROR(up.put(L.gate_up.bf, s.fused_gate_up, E * 2 * I * H, [&](size_t i) {
       const size_t e = i / (2 * I * H), rem = i % (2 * I * H), r = rem / H, c = rem % H;
       return e * H * 2 * I + c * 2 * I + r;
     }));
-    ZEST_RETURN_IF_ERROR(up.put(L.down, s.fused_down, E * H * I, [&](size_t i) {
+    ZEST_RETURN_IF_ERROR(up.put(L.down.bf, s.fused_down, E * H * I, [&](size_t i) {
       const size_t e = i / (H * I), rem = i % (H * I), r = rem / I, c = rem % I;
       return e * I * H + c * H + r;
     }));
@@ -609,9 +705,15 @@ Status CudaTextDecoder::upload_layer(Uploader& up, const model::DecoderLayerWeig
   }
   for (size_t e = 0; e < s.gate.size(); ++e) {
     for (const io::TensorView* t : {&s.gate[e], &s.up[e], &s.down[e]}) ZEST_RETURN_IF_ERROR(check_dtype(*t));
-    ZEST_RETURN_IF_ERROR(up.put(L.gate_up + e * 2 * I * H, s.gate[e]));
-    ZEST_RETURN_IF_ERROR(up.put(L.gate_up + e * 2 * I * H + I * H, s.up[e]));
-    ZEST_RETURN_IF_ERROR(up.put(L.down + e * H * I, s.down[e]));
+    if (L.gate_up.fp8()) {
+      ZEST_RETURN_IF_ERROR(put8(L.gate_up, e * 2 * I, H, s.gate[e]));
+      ZEST_RETURN_IF_ERROR(put8(L.gate_up, e * 2 * I + I, H, s.up[e]));
+      ZEST_RETURN_IF_ERROR(put8(L.down, e * H, I, s.down[e]));
+      continue;
+    }
+    ZEST_RETURN_IF_ERROR(up.put(L.gate_up.bf + e * 2 * I * H, s.gate[e]));
+    ZEST_RETURN_IF_ERROR(up.put(L.gate_up.bf + e * 2 * I * H + I * H, s.up[e]));
+    ZEST_RETURN_IF_ERROR(up.put(L.down.bf + e * H * I, s.down[e]));
   }
   return Status::ok();
 }
@@ -712,6 +814,14 @@ Result<std::vector<accel::RerouteCounts>> CudaTextDecoder::reroute_counts() cons
   return out;
 }
 
+Status CudaTextDecoder::project(const bf16* x, const Proj& w, bf16* y, int M, int N, int K, cudaStream_t st) const {
+  if (!w.fp8()) return gemm(x, w.bf, y, M, N, K, st);
+  if (M <= kFp8StreamMaxM) return gemm_fp8(x, w.f8(), y, M, N, K, st);
+  bf16* wb = reinterpret_cast<bf16*>(fp8_scratch_.get());
+  ZEST_RETURN_IF_ERROR(dequantize_fp8(w.f8(), wb, N, K, st));
+  return gemm(x, wb, y, M, N, K, st);
+}
+
 Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const StepForms& forms,
                                 const model::ForwardBatch& b, const model::MoeHooks* hooks, bool all_active,
                                 const bf16* next_w) const {
@@ -781,19 +891,33 @@ Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const StepFor
   if (!plan_routed)
     ZEST_RETURN_IF_ERROR(forms.decode_experts ? moe_plan(s.ids, T, K_, E_, s.plan, nullptr, st)
                                               : moe_plan_prefill(s.ids, T, K_, E_, s.plan, nullptr, st));
+  if (forms.decode_experts && Ly.gate_up.fp8()) {
+    ZEST_RETURN_IF_ERROR(moe_experts_fp8(s.xn, s.plan, s.route_w, Ly.gate_up.f8(), Ly.down.f8(), s.h, s.slot_out, T,
+                                         K_, E_, H_, I_, st));
+    return moe_combine_add_rmsnorm(s.x, s.slot_out, s.ids, K_, next_w, s.xn, T, H_, eps_, st);
+  }
+  const bf16 *gate_up = Ly.gate_up.bf, *down = Ly.down.bf;
+  if (Ly.gate_up.fp8()) {  // prefill: the layer's experts copied to bf16 for the grouped GEMMs
+    bf16* g = reinterpret_cast<bf16*>(fp8_scratch_.get());
+    bf16* d = g + static_cast<size_t>(E_) * 2 * I_ * H_;
+    ZEST_RETURN_IF_ERROR(dequantize_fp8(Ly.gate_up.f8(), g, E_ * 2 * I_, H_, st));
+    ZEST_RETURN_IF_ERROR(dequantize_fp8(Ly.down.f8(), d, E_ * H_, I_, st));
+    gate_up = g;
+    down = d;
+  }
   if (forms.decode_experts)  // next_w null: x only (the down kernel by rows at one token)
-    return moe_experts_decode_combine(s.xn, s.plan, s.route_w, Ly.gate_up, Ly.down, s.h, s.slot_out, T, K_, E_, H_, I_,
+    return moe_experts_decode_combine(s.xn, s.plan, s.route_w, gate_up, down, s.h, s.slot_out, T, K_, E_, H_, I_,
                                       s.x, s.ids, next_w, next_w ? s.xn : nullptr, eps_, s.done, st);
-  if (moe_prefill_bf16_slots(s.h, Ly.down, E_, H_, I_)) {
+  if (moe_prefill_bf16_slots(s.h, down, E_, H_, I_)) {
     // The default grouped GEMM stores its slot outputs (bf16-exact values) as bf16 in the fp32 slot buffer's first
     // half: half the bytes for its stores and the combine's loads, the same results .
     bf16* slots = reinterpret_cast<bf16*>(s.slot_out);
-    ZEST_RETURN_IF_ERROR(moe_prefill_gate_up(s.xn, s.plan, Ly.gate_up, s.h, T, K_, E_, H_, I_, st));
-    ZEST_RETURN_IF_ERROR(moe_prefill_down(s.h, s.plan, s.route_w, Ly.down, slots, T, K_, E_, H_, I_, st));
+    ZEST_RETURN_IF_ERROR(moe_prefill_gate_up(s.xn, s.plan, gate_up, s.h, T, K_, E_, H_, I_, st));
+    ZEST_RETURN_IF_ERROR(moe_prefill_down(s.h, s.plan, s.route_w, down, slots, T, K_, E_, H_, I_, st));
     return moe_combine_add_rmsnorm(s.x, slots, s.ids, K_, next_w, s.xn, T, H_, eps_, st);
   }
   ZEST_RETURN_IF_ERROR(
-      moe_experts_prefill(s.xn, s.plan, s.route_w, Ly.gate_up, Ly.down, s.h, s.slot_out, T, K_, E_, H_, I_, st));
+      moe_experts_prefill(s.xn, s.plan, s.route_w, gate_up, down, s.h, s.slot_out, T, K_, E_, H_, I_, st));
   return moe_combine_add_rmsnorm(s.x, s.slot_out, s.ids, K_, next_w, s.xn, T, H_, eps_, st);
 }
 
@@ -1201,7 +1325,9 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
 
   // Decoder layers read qkv at the same address every layer: the fused attention's check holds for all of them.
   forms.fused_attention = use_decode && decode_attention_fused_ok(dp, s.qkv, QKV_);
-  forms.one_token = use_decode && T == 1 && E_ > 0 && moe_down_rows_on(1, K_, E_, H_, I_) && gemm_kv_norm_ok(1, QKV_, H_);
+  // (the one-token forms fold norms into bf16 kernels: not with FP8 weights)
+  forms.one_token = use_decode && T == 1 && E_ > 0 && !fp8_ && moe_down_rows_on(1, K_, E_, H_, I_) &&
+                    gemm_kv_norm_ok(1, QKV_, H_);
   forms.fused_route = E_ > 0 && moe_route_ok(T, H_, E_, K_);
   forms.decode_experts = T <= 64;
   const bool rows = forms.one_token;
@@ -1213,7 +1339,7 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
   for (int l = 0; l < L_; ++l) {
     const Layer& Ly = layers_[l];
     const bf16* next = l + 1 < L_ ? layers_[l + 1].in_norm : final_norm_;
-    if (use_decode) {  // the qkv GEMM prefetches the layer's KV rows into L2 (at most 2 tokens, gemm_kv_prefetch)
+    if (use_decode && !Ly.wqkv.fp8()) {  // the qkv GEMM prefetches the layer's KV rows into L2 (gemm_kv_prefetch)
       KvPrefetch kvp;
       kvp.k_cache = kv->k(l);
       kvp.v_cache = kv->v(l);
@@ -1226,10 +1352,10 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
         kvp.norm_w = Ly.in_norm;
         kvp.norm_eps = eps_;
       }
-      ZEST_RETURN_IF_ERROR(gemm_kv_prefetch(x_only ? s.x : s.xn, Ly.wqkv, s.qkv, T, QKV_, H_, kvp, st));
+      ZEST_RETURN_IF_ERROR(gemm_kv_prefetch(x_only ? s.x : s.xn, Ly.wqkv.bf, s.qkv, T, QKV_, H_, kvp, st));
       x_only = false;
     } else {
-      ZEST_RETURN_IF_ERROR(gemm(s.xn, Ly.wqkv, s.qkv, T, QKV_, H_, st));
+      ZEST_RETURN_IF_ERROR(project(s.xn, Ly.wqkv, s.qkv, T, QKV_, H_, st));
     }
     // Decode steps (token b is sequence b's current token) may fold q/k norm + RoPE + KV write into the attention.
     const bool fused_attn = forms.fused_attention;
@@ -1256,7 +1382,7 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
                                              all_generic ? nullptr : d_gen, n, s.attn, Hq_ * D_, Hq_, Hkv_, D_, scale,
                                              st));
     }
-    ZEST_RETURN_IF_ERROR(gemm(s.attn, Ly.wo, s.o, T, H_, Hq_ * D_, st));
+    ZEST_RETURN_IF_ERROR(project(s.attn, Ly.wo, s.o, T, H_, Hq_ * D_, st));
     ZEST_RETURN_IF_ERROR(add_rmsnorm(s.x, s.o, Ly.post_norm, s.xn, T, H_, eps_, st));
     const bool ds = l < nds;
     if (Ly.moe) {
@@ -1264,9 +1390,9 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
       if (!ms.is_ok()) return ms.with_context("layer " + std::to_string(l));
       x_only = rows && !ds;
     } else {
-      ZEST_RETURN_IF_ERROR(gemm(s.xn, Ly.gate_up, s.gu, T, 2 * Id_, H_, st));
+      ZEST_RETURN_IF_ERROR(project(s.xn, Ly.gate_up, s.gu, T, 2 * Id_, H_, st));
       ZEST_RETURN_IF_ERROR(silu_mul(s.gu, s.h, T, Id_, st));
-      ZEST_RETURN_IF_ERROR(gemm(s.h, Ly.down, s.o, T, H_, Id_, st));
+      ZEST_RETURN_IF_ERROR(project(s.h, Ly.down, s.o, T, H_, Id_, st));
       ZEST_RETURN_IF_ERROR(add_rmsnorm(s.x, s.o, next, s.xn, T, H_, eps_, st));
     }
     if (ds) {

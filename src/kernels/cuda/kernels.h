@@ -104,6 +104,24 @@ Status gemm(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStre
 // The same product always through cuBLASLt (for tests and comparisons).
 Status gemm_cublaslt(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, cudaStream_t stream);
 
+// ---- block-wise FP8 weights (fp8.cu) ---------------------------------------------------------------------
+
+// A float8_e4m3fn weight as the FP8 kernels read it: q [rows, K] (row-major, 16-byte aligned), scales [rows / 16,
+// ceil(K / 64)] f32, the scale of each 16-row x 64-column chunk (a checkpoint's 128x128 block scales repeated); the
+// real weight is f32(q) * scale. Needs fp8_weight_ok(rows, K): both positive multiples of 16.
+struct Fp8Weight {
+  const uint8_t* q = nullptr;
+  const float* scales = nullptr;
+};
+bool fp8_weight_ok(int rows, int K);
+constexpr int kFp8StreamMaxM = 64;  // gemm_fp8's largest M
+size_t fp8_scale_count(int rows, int K);
+// y[M, N] = x[M, K] * W^T for 0 < M <= 64 (decode): the FP8 bytes streamed once, turned into bf16 exactly in registers
+// and multiplied on tensor cores, each 16 x 64 chunk's products scaled in f32.
+Status gemm_fp8(const bf16* x, Fp8Weight w, bf16* y, int M, int N, int K, cudaStream_t stream);
+// out[r, k] = bf16(f32(q[r, k]) * scale) (the prefill GEMMs' bf16 copy of an FP8 weight).
+Status dequantize_fp8(Fp8Weight w, bf16* out, int rows, int K, cudaStream_t stream);
+
 // out[t, :] = table[ids[t], :] for t < n (rows of `hidden` bf16); ids outside [0, vocab) give zeros.
 Status embedding(const int32_t* ids, const bf16* table, bf16* out, int n, int hidden, int vocab,
                  cudaStream_t stream);
@@ -317,6 +335,12 @@ Status moe_experts_decode_combine(const bf16* x, const MoePlan& plan, const floa
                                   const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I,
                                   bf16* cx, const int32_t* ids, const bf16* cw, bf16* cy, float eps, unsigned* done,
                                   cudaStream_t stream);
+// moe_experts_decode over FP8 experts: gate_up q [E, 2I, H] with scales [E * 2I / 16, ceil(H / 64)], down q [E, H, I]
+// with scales [E * H / 16, ceil(I / 64)] (Fp8Weight per expert, experts contiguous); H and I multiples of 16. Each
+// active expert's FP8 weights are streamed once per 32 of its tokens (gemm_fp8's core), h = bf16(silu(gate) * up) in
+// f32, slot_out as moe_experts_decode (the plan's counters are not used).
+Status moe_experts_fp8(const bf16* x, const MoePlan& plan, const float* weights, Fp8Weight gate_up, Fp8Weight down,
+                       bf16* h, float* slot_out, int N, int K, int E, int H, int I, cudaStream_t stream);
 // Prefill experts: the same function as moe_experts_decode through tensor-core grouped GEMMs over the
 // plan's tiles (device-side offsets): moe_prefill_gate_up then moe_prefill_down when H % 128 == 0 and
 // I % 64 == 0, else moe_experts_prefill_wmma.

@@ -1,0 +1,353 @@
+// Block-wise FP8 weights (float8_e4m3fn with f32 scales, the format of the official -FP8 checkpoints) read as they
+// are: the small-M products of decode (dense projections and the MoE experts) stream the FP8 bytes once and multiply
+// on tensor cores; the dequantizer turns a weight into bf16 for the grouped GEMMs of prefill.
+//
+// The streaming products share one warp core. A CTA of KW warps owns up to two 16-row tiles of the weight ("m-tiles")
+// and splits the reduction over K between its warps in chunks of 64 columns (warp w takes chunks w, w + KW, ...).
+// In a chunk, lane (g, t) (g = lane / 4, t = lane % 4) loads the 16 bytes at columns 16t .. 16t + 15 of rows g and
+// g + 8 of each m-tile and the same 16 columns of its token g; its four mma.m16n8k16 k-steps j take columns 16t + 4j ..
+// 16t + 4j + 3 as the fragment's k pairs (2t, 2t + 1) and (2t + 8, 2t + 9). Every lane uses one permutation of k for
+// the weight and for the token, so the products are the plain dot products. An e4m3 byte becomes bf16 exactly (bit
+// moves, then a multiplication by 2^120: e4m3 values, subnormals included, are bf16 values); the chunk's products
+// (one 16 x 64 block of one scale) are summed on the tensor cores and added to the f32 accumulators times the scale.
+#include <algorithm>
+#include <string>
+
+#include "kernels/cuda/common.cuh"
+
+namespace zest::cuda {
+
+namespace {
+
+constexpr int kTokGroups = 4;         // 8-token groups per pass (32 tokens); more tokens take more passes
+
+// Two e4m3 bytes (bytes b and b + 1 of w, selected by `sel`: 0x1404 for bytes 0-1, 0x3424 for bytes 2-3) as bf16x2.
+__device__ __forceinline__ uint32_t e4m3x2_bf16x2(uint32_t w, uint32_t sel) {
+  const uint32_t y = __byte_perm(w, 0u, sel);  // byte b at bits 15:8, byte b + 1 at bits 31:24
+  // sign in place; exponent and mantissa (7 bits) at bf16 bits 10:4 (exponent field = e4m3 exponent, bias 7 not 127)
+  const uint32_t r = (y & 0x80008000u) | ((y >> 4) & 0x07f007f0u);
+  const uint32_t two120 = 0x7b807b80u;  // bf16 2^120, twice
+  const __nv_bfloat162 v = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&r),
+                                   *reinterpret_cast<const __nv_bfloat162*>(&two120));
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// A 16-byte load that gives zeros when p is null.
+__device__ __forceinline__ uint4 ld16_or_zero(const void* p) {
+  return p ? __ldg(reinterpret_cast<const uint4*>(p)) : make_uint4(0, 0, 0, 0);
+}
+
+// The per-lane accumulators of one warp: [m-tile][token group][4] in the mma C layout (rows g, g + 8; tokens 2t, 2t+1).
+template <int NG>
+struct Acc {
+  float v[2][NG][4];
+};
+
+// One warp's share of a CTA's tiles: for every chunk c = warp, warp + KW, ... < ceil(K / 64), acc[i][q] += scale(i, c)
+// * (W rows of m-tile i, chunk c) x (tokens of group q, chunk c). w_row[i]: the lane's row g of m-tile i (row g + 8 is
+// 8 * K bytes on), null for an m-tile the CTA does not have; s_row[i]: m-tile i's scale row; x_row[q]: the lane's
+// token g of group q (bf16, K columns), null for none. Groups q >= groups are skipped.
+template <int KW, int NG>
+__device__ __forceinline__ void stream_tiles(Acc<NG>& acc, const uint8_t* const (&w_row)[2], const float* const (&s_row)[2],
+                                             const bf16* const (&x_row)[NG], int groups, int K, int warp, int t) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int q = 0; q < NG; ++q)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc.v[i][q][e] = 0.f;
+  const int chunks = (K + 63) / 64;
+  const size_t row8 = static_cast<size_t>(8) * K;
+  for (int c = warp; c < chunks; c += KW) {
+    const int k0 = c * 64 + 16 * t;
+    const bool in = k0 < K;  // K % 16 == 0: a lane's 16 columns are all in or all out
+    uint4 wa[2], wb[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      wa[i] = in && w_row[i] ? ld_stream(w_row[i] + k0) : make_uint4(0, 0, 0, 0);
+      wb[i] = in && w_row[i] ? ld_stream(w_row[i] + row8 + k0) : make_uint4(0, 0, 0, 0);
+    }
+    uint4 xa[NG], xb[NG];
+#pragma unroll
+    for (int q = 0; q < NG; ++q) {
+      const bool use = q < groups && in && x_row[q];
+      xa[q] = ld16_or_zero(use ? x_row[q] + k0 : nullptr);
+      xb[q] = ld16_or_zero(use ? x_row[q] + k0 + 8 : nullptr);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      if (!w_row[i]) continue;
+      const float s = s_row[i][c];
+      const uint32_t ra[4] = {wa[i].x, wa[i].y, wa[i].z, wa[i].w}, rb[4] = {wb[i].x, wb[i].y, wb[i].z, wb[i].w};
+      float part[NG][4];
+#pragma unroll
+      for (int q = 0; q < NG; ++q)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) part[q][e] = 0.f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t a0 = e4m3x2_bf16x2(ra[j], 0x1404), a2 = e4m3x2_bf16x2(ra[j], 0x3424);
+        const uint32_t a1 = e4m3x2_bf16x2(rb[j], 0x1404), a3 = e4m3x2_bf16x2(rb[j], 0x3424);
+#pragma unroll
+        for (int q = 0; q < NG; ++q) {
+          if (q >= groups) continue;
+          // token columns 16t + 4j .. 16t + 4j + 3: words 2j and 2j + 1 of the lane's 32 bytes
+          const uint32_t xw[8] = {xa[q].x, xa[q].y, xa[q].z, xa[q].w, xb[q].x, xb[q].y, xb[q].z, xb[q].w};
+          mma16816(part[q], a0, a1, a2, a3, xw[2 * j], xw[2 * j + 1]);
+        }
+      }
+#pragma unroll
+      for (int q = 0; q < NG; ++q)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc.v[i][q][e] = fmaf(s, part[q][e], acc.v[i][q][e]);
+    }
+  }
+}
+
+// Sums the KW warps' accumulators into warp 0's (shared memory red: KW * 2 * NG * 4 * 32 floats); every warp calls it.
+template <int KW, int NG>
+__device__ __forceinline__ void reduce_warps(Acc<NG>& acc, float* red, int warp, int lane, int groups) {
+  constexpr int per = 2 * NG * 4;
+  if (warp > 0) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int q = 0; q < NG; ++q)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) red[((warp * per) + (i * NG + q) * 4 + e) * 32 + lane] = acc.v[i][q][e];
+  }
+  __syncthreads();
+  if (warp == 0) {
+    for (int w = 1; w < KW; ++w)
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int q = 0; q < NG; ++q) {
+          if (q >= groups) continue;
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc.v[i][q][e] += red[((w * per) + (i * NG + q) * 4 + e) * 32 + lane];
+        }
+  }
+  __syncthreads();  // red is reused by the next pass
+}
+
+// y[m, n] = sum_k x[m, k] * w(n, k) for m < M: CTA b owns rows 32b .. 32b + 31 (two m-tiles; the second absent past N).
+template <int KW, int NG>
+__global__ void __launch_bounds__(KW * 32) gemm_fp8_kernel(const bf16* __restrict__ x, Fp8Weight w, bf16* __restrict__ y,
+                                                           int M, int N, int K) {
+  __shared__ float red[KW * 2 * NG * 4 * 32];
+  pdl_wait();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int r0 = blockIdx.x * 32;
+  const int kc = (K + 63) / 64;
+  const uint8_t* w_row[2];
+  const float* s_row[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int rb = r0 + 16 * i;
+    w_row[i] = rb < N ? w.q + static_cast<size_t>(rb + g) * K : nullptr;
+    s_row[i] = rb < N ? w.scales + static_cast<size_t>(rb / 16) * kc : nullptr;
+  }
+  for (int base = 0; base < M; base += 8 * NG) {
+    const int groups = min(NG, (M - base + 7) / 8);
+    const bf16* x_row[NG];
+#pragma unroll
+    for (int q = 0; q < NG; ++q) {
+      const int m = base + 8 * q + g;
+      x_row[q] = m < M ? x + static_cast<size_t>(m) * K : nullptr;
+    }
+    Acc<NG> acc;
+    stream_tiles<KW, NG>(acc, w_row, s_row, x_row, groups, K, warp, t);
+    reduce_warps<KW, NG>(acc, red, warp, lane, groups);
+    if (warp == 0) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        if (!w_row[i]) continue;
+#pragma unroll
+        for (int q = 0; q < NG; ++q) {
+          if (q >= groups) continue;
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int n = r0 + 16 * i + g + (e >= 2 ? 8 : 0), m = base + 8 * q + 2 * t + (e & 1);
+            if (m < M) y[static_cast<size_t>(m) * N + n] = __float2bfloat16(acc.v[i][q][e]);
+          }
+        }
+      }
+    }
+  }
+}
+
+// The MoE experts' two products over the plan (blockIdx.y: active expert j; blockIdx.x: a tile of the expert's rows).
+// kGateUp: m-tiles gate rows 16b .. 16b + 15 and the matching up rows (I on); h[p, r] = bf16(silu(gate) * up) for the
+// expert's sorted positions p. Down: m-tiles output rows 32b .. 32b + 31; slot_out[slot(p), r] = weights[slot] * sum.
+template <int KW, int NG, bool kGateUp>
+__global__ void __launch_bounds__(KW * 32) moe_fp8_kernel(const bf16* __restrict__ in, MoePlan plan,
+                                                          const float* __restrict__ weights, Fp8Weight w,
+                                                          bf16* __restrict__ h, float* __restrict__ slot_out, int K,
+                                                          int E, int H, int I) {
+  __shared__ float red[KW * 2 * NG * 4 * 32];
+  pdl_wait();
+  const int j = blockIdx.y;
+  if (j >= *plan.num_active) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int e = plan.active_experts[j], p0 = plan.offsets[j], cnt = plan.offsets[j + 1] - p0;
+  const int rows = kGateUp ? 2 * I : H, cols = kGateUp ? H : I, kc = (cols + 63) / 64;
+  const uint8_t* wq = w.q + static_cast<size_t>(e) * rows * cols;
+  const float* ws = w.scales + static_cast<size_t>(e) * (rows / 16) * kc;
+  int rb[2];
+  if (kGateUp) {
+    rb[0] = blockIdx.x * 16;
+    rb[1] = I + blockIdx.x * 16;
+  } else {
+    rb[0] = blockIdx.x * 32;
+    rb[1] = rb[0] + 16 < H ? rb[0] + 16 : -1;
+  }
+  const uint8_t* w_row[2];
+  const float* s_row[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    w_row[i] = rb[i] >= 0 ? wq + static_cast<size_t>(rb[i] + g) * cols : nullptr;
+    s_row[i] = rb[i] >= 0 ? ws + static_cast<size_t>(rb[i] / 16) * kc : nullptr;
+  }
+  for (int base = 0; base < cnt; base += 8 * NG) {
+    const int groups = min(NG, (cnt - base + 7) / 8);
+    const bf16* x_row[NG];
+#pragma unroll
+    for (int q = 0; q < NG; ++q) {
+      const int i = base + 8 * q + g;
+      if (i >= cnt) {
+        x_row[q] = nullptr;
+      } else if (kGateUp) {  // the token of sorted position p0 + i
+        x_row[q] = in + static_cast<size_t>(plan.sorted_slots[p0 + i] / plan.top_k) * H;
+      } else {  // h rows are indexed by sorted position
+        x_row[q] = in + static_cast<size_t>(p0 + i) * I;
+      }
+    }
+    Acc<NG> acc;
+    stream_tiles<KW, NG>(acc, w_row, s_row, x_row, groups, cols, warp, t);
+    reduce_warps<KW, NG>(acc, red, warp, lane, groups);
+    if (warp == 0) {
+#pragma unroll
+      for (int q = 0; q < NG; ++q) {
+        if (q >= groups) continue;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int i = base + 8 * q + 2 * t + (c & 1);
+          if (i >= cnt) continue;
+          const int p = p0 + i, r = g + (c >= 2 ? 8 : 0);
+          if (kGateUp) {
+            const float gv = acc.v[0][q][c], uv = acc.v[1][q][c];
+            h[static_cast<size_t>(p) * I + rb[0] + r] = __float2bfloat16(gv / (1.f + __expf(-gv)) * uv);
+          } else {
+            const int slot = plan.sorted_slots[p];
+            const float wt = weights[slot];
+            float* out = slot_out + static_cast<size_t>(slot) * H;
+            out[rb[0] + r] = wt * acc.v[0][q][c];
+            if (w_row[1]) out[rb[1] + r] = wt * acc.v[1][q][c];
+          }
+        }
+      }
+    }
+  }
+}
+
+// out[r, k] = bf16(f32(q[r, k]) * scale(r, k)): the rounding of the CUDA upload's dequantization. One thread per 16
+// bytes.
+__global__ void dequantize_fp8_kernel(Fp8Weight w, bf16* __restrict__ out, int rows, int K) {
+  pdl_wait();
+  const size_t i = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 16;
+  if (i >= static_cast<size_t>(rows) * K) return;
+  const int r = static_cast<int>(i / K), k = static_cast<int>(i % K);
+  const float s = w.scales[static_cast<size_t>(r / 16) * ((K + 63) / 64) + k / 64];
+  const uint4 raw = __ldg(reinterpret_cast<const uint4*>(w.q + i));
+  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+  uint32_t o[8];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf) {
+      const uint32_t u = e4m3x2_bf16x2(words[j], hf ? 0x3424 : 0x1404);
+      const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u));
+      const __nv_bfloat162 b = __floats2bfloat162_rn(f.x * s, f.y * s);
+      o[2 * j + hf] = *reinterpret_cast<const uint32_t*>(&b);
+    }
+  }
+  uint4* dst = reinterpret_cast<uint4*>(out + i);
+  dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
+  dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+// KW: 8 warps split K from 16 chunks of 64 (K >= 1024), else 4.
+template <template <int, int> class F, typename... A>
+Status pick(int K, int maxTok, A... args) {
+  const bool wide = (K + 63) / 64 >= 16;
+  if (maxTok <= 8) return wide ? F<8, 1>::run(args...) : F<4, 1>::run(args...);
+  if (maxTok <= 16) return wide ? F<8, 2>::run(args...) : F<4, 2>::run(args...);
+  return wide ? F<8, kTokGroups>::run(args...) : F<4, kTokGroups>::run(args...);
+}
+
+template <int KW, int NG>
+struct GemmLaunch {
+  static Status run(const bf16* x, Fp8Weight w, bf16* y, int M, int N, int K, cudaStream_t st) {
+    return launch("gemm_fp8", gemm_fp8_kernel<KW, NG>, dim3((N + 31) / 32), dim3(KW * 32), 0, st, x, w, y, M, N, K);
+  }
+};
+
+template <int KW, int NG>
+struct MoeLaunch {
+  static Status run(const bf16* x, const MoePlan& plan, const float* weights, Fp8Weight gate_up, Fp8Weight down,
+                    bf16* h, float* slot_out, int N, int K, int E, int H, int I, cudaStream_t st) {
+    const int maxActive = std::min(E, N * K);
+    ZEST_RETURN_IF_ERROR(launch("moe_fp8_gate_up", moe_fp8_kernel<KW, NG, true>, dim3(I / 16, maxActive),
+                                dim3(KW * 32), 0, st, x, plan, weights, gate_up, h, slot_out, K, E, H, I));
+    return Status::ok();
+  }
+};
+
+template <int KW, int NG>
+struct MoeDownLaunch {
+  static Status run(const MoePlan& plan, const float* weights, Fp8Weight down, bf16* h, float* slot_out, int N, int K,
+                    int E, int H, int I, cudaStream_t st) {
+    const int maxActive = std::min(E, N * K);
+    return launch("moe_fp8_down", moe_fp8_kernel<KW, NG, false>, dim3((H + 31) / 32, maxActive), dim3(KW * 32), 0, st,
+                  static_cast<const bf16*>(h), plan, weights, down, static_cast<bf16*>(nullptr), slot_out, K, E, H, I);
+  }
+};
+
+}  // namespace
+
+bool fp8_weight_ok(int rows, int K) { return rows > 0 && K > 0 && rows % 16 == 0 && K % 16 == 0; }
+
+size_t fp8_scale_count(int rows, int K) { return static_cast<size_t>(rows / 16) * ((K + 63) / 64); }
+
+Status gemm_fp8(const bf16* x, Fp8Weight w, bf16* y, int M, int N, int K, cudaStream_t stream) {
+  if (M <= 0 || M > kFp8StreamMaxM || !fp8_weight_ok(N, K))
+    return invalid_argument("gemm_fp8: need 0 < M <= 64, N a positive multiple of 16 and K of 16 (M " +
+                            std::to_string(M) + ", N " + std::to_string(N) + ", K " + std::to_string(K) + ")");
+  if (!aligned16(x) || !aligned16(w.q))
+    return invalid_argument("gemm_fp8: x and the weight must be 16-byte aligned");
+  return pick<GemmLaunch>(K, M, x, w, y, M, N, K, stream);
+}
+
+Status moe_experts_fp8(const bf16* x, const MoePlan& plan, const float* weights, Fp8Weight gate_up, Fp8Weight down,
+                       bf16* h, float* slot_out, int N, int K, int E, int H, int I, cudaStream_t stream) {
+  if (N <= 0 || K <= 0 || E <= 0 || !fp8_weight_ok(H, I) || !fp8_weight_ok(I, H))
+    return invalid_argument("moe_experts_fp8: need tokens, experts, and H and I positive multiples of 16");
+  if (!aligned16(x) || !aligned16(h) || !aligned16(gate_up.q) || !aligned16(down.q))
+    return invalid_argument("moe_experts_fp8: x, h and the weights must be 16-byte aligned");
+  // A token picks an expert at most once: an expert has at most N tokens.
+  ZEST_RETURN_IF_ERROR(pick<MoeLaunch>(H, N, x, plan, weights, gate_up, down, h, slot_out, N, K, E, H, I, stream));
+  return pick<MoeDownLaunch>(I, N, plan, weights, down, h, slot_out, N, K, E, H, I, stream);
+}
+
+Status dequantize_fp8(Fp8Weight w, bf16* out, int rows, int K, cudaStream_t stream) {
+  if (!fp8_weight_ok(rows, K)) return invalid_argument("dequantize_fp8: rows and K must be positive multiples of 16");
+  if (!aligned16(out) || !aligned16(w.q)) return invalid_argument("dequantize_fp8: operands must be 16-byte aligned");
+  const size_t threads = static_cast<size_t>(rows) * K / 16;
+  return launch("dequantize_fp8", dequantize_fp8_kernel, dim3(static_cast<unsigned>((threads + 255) / 256)), dim3(256),
+                0, stream, w, out, rows, K);
+}
+
+}  // namespace zest::cuda
