@@ -384,12 +384,12 @@ int bench_prefill_main(int argc, char** argv) {
   app.add_flag("--ops", per_op, "time each kernel of one layer (device time, CUDA events) instead of forward()");
   std::string dtype = "bf16";
   app.add_option("--dtype", dtype,
-                 "weight format: bf16, or fp8 (block-wise 128x128 as the official -FP8 checkpoints; dequantized to "
-                 "bf16 at load until FP8 kernels exist)")
+                 "weight format: bf16, or fp8 (block-wise 128x128 as the official -FP8 checkpoints; kept in FP8, "
+                 "prefill multiplies bf16 copies made per layer until FP8 tensor-core GEMMs exist)")
       ->check(CLI::IsMember({"bf16", "fp8"}));
   CLI11_PARSE(app, argc, argv);
   if (per_op && dtype == "fp8") {
-    std::fprintf(stderr, "error: --ops times the bf16 kernels; there are no FP8 kernels yet (leave out --dtype fp8)\n");
+    std::fprintf(stderr, "error: --ops times the bf16 kernels; the FP8 prefill has no kernels of its own yet (leave out --dtype fp8)\n");
     return 2;
   }
 
