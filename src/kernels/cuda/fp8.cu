@@ -131,22 +131,24 @@ __device__ __forceinline__ void reduce_warps(Acc<NG>& acc, float* red, int warp,
   __syncthreads();  // red is reused by the next pass
 }
 
-// y[m, n] = sum_k x[m, k] * w(n, k) for m < M: CTA b owns rows 32b .. 32b + 31 (two m-tiles; the second absent past N).
+// y[m, n] = sum_k x[m, k] * w(n, k) for m < M: CTA b owns rows tile * b .. (tile 16 or 32: one or two m-tiles; the
+// second absent past N).
 template <int KW, int NG>
 __global__ void __launch_bounds__(KW * 32) gemm_fp8_kernel(const bf16* __restrict__ x, Fp8Weight w, bf16* __restrict__ y,
-                                                           int M, int N, int K) {
+                                                           int M, int N, int K, int tile) {
   __shared__ float red[KW * 2 * NG * 4 * 32];
   pdl_wait();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int r0 = blockIdx.x * 32;
+  const int r0 = blockIdx.x * tile;
   const int kc = (K + 63) / 64;
   const uint8_t* w_row[2];
   const float* s_row[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const int rb = r0 + 16 * i;
-    w_row[i] = rb < N ? w.q + static_cast<size_t>(rb + g) * K : nullptr;
-    s_row[i] = rb < N ? w.scales + static_cast<size_t>(rb / 16) * kc : nullptr;
+    const bool has = 16 * i < tile && rb < N;
+    w_row[i] = has ? w.q + static_cast<size_t>(rb + g) * K : nullptr;
+    s_row[i] = has ? w.scales + static_cast<size_t>(rb / 16) * kc : nullptr;
   }
   for (int base = 0; base < M; base += 8 * NG) {
     const int groups = min(NG, (M - base + 7) / 8);
@@ -288,10 +290,25 @@ Status pick(int K, int maxTok, A... args) {
   return wide ? F<8, kTokGroups>::run(args...) : F<4, kTokGroups>::run(args...);
 }
 
+// Multiprocessors of the current device (cached per device).
+int sm_count() {
+  static int cached[64] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 132;
+  if (cached[dev] == 0) {
+    int n = 0;
+    cached[dev] = cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && n > 0 ? n : 132;
+  }
+  return cached[dev];
+}
+
 template <int KW, int NG>
 struct GemmLaunch {
   static Status run(const bf16* x, Fp8Weight w, bf16* y, int M, int N, int K, cudaStream_t st) {
-    return launch("gemm_fp8", gemm_fp8_kernel<KW, NG>, dim3((N + 31) / 32), dim3(KW * 32), 0, st, x, w, y, M, N, K);
+    // 32 rows a CTA where that still gives two CTAs per multiprocessor, else 16 (more CTAs streaming at once)
+    const int tile = (N + 31) / 32 >= 2 * sm_count() ? 32 : 16;
+    return launch("gemm_fp8", gemm_fp8_kernel<KW, NG>, dim3((N + tile - 1) / tile), dim3(KW * 32), 0, st, x, w, y, M,
+                  N, K, tile);
   }
 };
 
@@ -337,6 +354,8 @@ Status moe_experts_fp8(const bf16* x, const MoePlan& plan, const float* weights,
     return invalid_argument("moe_experts_fp8: need tokens, experts, and H and I positive multiples of 16");
   if (!aligned16(x) || !aligned16(h) || !aligned16(gate_up.q) || !aligned16(down.q))
     return invalid_argument("moe_experts_fp8: x, h and the weights must be 16-byte aligned");
+  if (N > plan.max_tokens || K != plan.top_k || E != plan.experts)
+    return invalid_argument("moe_experts_fp8: the plan is bound for other sizes");
   // A token picks an expert at most once: an expert has at most N tokens.
   ZEST_RETURN_IF_ERROR(pick<MoeLaunch>(H, N, x, plan, weights, gate_up, down, h, slot_out, N, K, E, H, I, stream));
   return pick<MoeDownLaunch>(I, N, plan, weights, down, h, slot_out, N, K, E, H, I, stream);
