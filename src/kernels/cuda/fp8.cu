@@ -48,8 +48,9 @@ struct Acc {
 // 8 * K bytes on), null for an m-tile the CTA does not have; s_row[i]: m-tile i's scale row; x_row[q]: the lane's
 // token g of group q (bf16, K columns), null for none. Groups q >= groups are skipped.
 template <int KW, int NG>
-__device__ __forceinline__ void stream_tiles(Acc<NG>& acc, const uint8_t* const (&w_row)[2], const float* const (&s_row)[2],
-                                             const bf16* const (&x_row)[NG], int groups, int K, int warp, int t) {
+__device__ __forceinline__ void stream_tiles(Acc<NG>& acc, const uint8_t* const (&w_row)[2],
+                                             const float* const (&s_row)[2], const bf16* const (&x_row)[NG], int groups,
+                                             int K, int warp, int t) {
 #pragma unroll
   for (int i = 0; i < 2; ++i)
 #pragma unroll
@@ -58,15 +59,24 @@ __device__ __forceinline__ void stream_tiles(Acc<NG>& acc, const uint8_t* const 
       for (int e = 0; e < 4; ++e) acc.v[i][q][e] = 0.f;
   const int chunks = (K + 63) / 64;
   const size_t row8 = static_cast<size_t>(8) * K;
-  for (int c = warp; c < chunks; c += KW) {
+  // The weight bytes of chunk c (zeros past K or for an absent m-tile; K % 16 == 0: a lane's 16 columns are all in
+  // or all out); the next chunk's are loaded before this one is multiplied (two chunks in flight a warp).
+  auto load_w = [&](int c, uint4 (&wa)[2], uint4 (&wb)[2]) {
     const int k0 = c * 64 + 16 * t;
-    const bool in = k0 < K;  // K % 16 == 0: a lane's 16 columns are all in or all out
-    uint4 wa[2], wb[2];
+    const bool in = c < chunks && k0 < K;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       wa[i] = in && w_row[i] ? ld_stream(w_row[i] + k0) : make_uint4(0, 0, 0, 0);
       wb[i] = in && w_row[i] ? ld_stream(w_row[i] + row8 + k0) : make_uint4(0, 0, 0, 0);
     }
+  };
+  uint4 wa[2], wb[2];
+  load_w(warp, wa, wb);
+  for (int c = warp; c < chunks; c += KW) {
+    const int k0 = c * 64 + 16 * t;
+    const bool in = k0 < K;
+    uint4 na[2], nb[2];
+    load_w(c + KW, na, nb);
     uint4 xa[NG], xb[NG];
 #pragma unroll
     for (int q = 0; q < NG; ++q) {
@@ -101,6 +111,11 @@ __device__ __forceinline__ void stream_tiles(Acc<NG>& acc, const uint8_t* const 
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc.v[i][q][e] = fmaf(s, part[q][e], acc.v[i][q][e]);
     }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      wa[i] = na[i];
+      wb[i] = nb[i];
+    }
   }
 }
 
@@ -112,9 +127,11 @@ __device__ __forceinline__ void reduce_warps(Acc<NG>& acc, float* red, int warp,
 #pragma unroll
     for (int i = 0; i < 2; ++i)
 #pragma unroll
-      for (int q = 0; q < NG; ++q)
+      for (int q = 0; q < NG; ++q) {
+        if (q >= groups) continue;
 #pragma unroll
         for (int e = 0; e < 4; ++e) red[((warp * per) + (i * NG + q) * 4 + e) * 32 + lane] = acc.v[i][q][e];
+      }
   }
   __syncthreads();
   if (warp == 0) {
@@ -134,8 +151,8 @@ __device__ __forceinline__ void reduce_warps(Acc<NG>& acc, float* red, int warp,
 // y[m, n] = sum_k x[m, k] * w(n, k) for m < M: CTA b owns rows tile * b .. (tile 16 or 32: one or two m-tiles; the
 // second absent past N).
 template <int KW, int NG>
-__global__ void __launch_bounds__(KW * 32) gemm_fp8_kernel(const bf16* __restrict__ x, Fp8Weight w, bf16* __restrict__ y,
-                                                           int M, int N, int K, int tile) {
+__global__ void __launch_bounds__(KW * 32) gemm_fp8_kernel(const bf16* __restrict__ x, Fp8Weight w,
+                                                           bf16* __restrict__ y, int M, int N, int K, int tile) {
   __shared__ float red[KW * 2 * NG * 4 * 32];
   pdl_wait();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -179,9 +196,11 @@ __global__ void __launch_bounds__(KW * 32) gemm_fp8_kernel(const bf16* __restric
   }
 }
 
-// The MoE experts' two products over the plan (blockIdx.y: active expert j; blockIdx.x: a tile of the expert's rows).
-// kGateUp: m-tiles gate rows 16b .. 16b + 15 and the matching up rows (I on); h[p, r] = bf16(silu(gate) * up) for the
-// expert's sorted positions p. Down: m-tiles output rows 32b .. 32b + 31; slot_out[slot(p), r] = weights[slot] * sum.
+// The MoE experts' two products over the plan (blockIdx.y: active expert j; tiles b = blockIdx.x, + gridDim.x, ... of
+// the expert's rows, so that a CTA's prologue - the plan's expert and token lists - serves several tiles at larger
+// batches). kGateUp: tile b is gate rows 16b .. 16b + 15 and the matching up rows (I on); h[p, r] = bf16(silu(gate) *
+// up) for the expert's sorted positions p. Down: tile b is output rows 32b .. 32b + 31; slot_out[slot(p), r] =
+// weights[slot] * sum.
 template <int KW, int NG, bool kGateUp>
 __global__ void __launch_bounds__(KW * 32) moe_fp8_kernel(const bf16* __restrict__ in, MoePlan plan,
                                                           const float* __restrict__ weights, Fp8Weight w,
@@ -196,56 +215,59 @@ __global__ void __launch_bounds__(KW * 32) moe_fp8_kernel(const bf16* __restrict
   const int rows = kGateUp ? 2 * I : H, cols = kGateUp ? H : I, kc = (cols + 63) / 64;
   const uint8_t* wq = w.q + static_cast<size_t>(e) * rows * cols;
   const float* ws = w.scales + static_cast<size_t>(e) * (rows / 16) * kc;
-  int rb[2];
-  if (kGateUp) {
-    rb[0] = blockIdx.x * 16;
-    rb[1] = I + blockIdx.x * 16;
-  } else {
-    rb[0] = blockIdx.x * 32;
-    rb[1] = rb[0] + 16 < H ? rb[0] + 16 : -1;
-  }
-  const uint8_t* w_row[2];
-  const float* s_row[2];
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    w_row[i] = rb[i] >= 0 ? wq + static_cast<size_t>(rb[i] + g) * cols : nullptr;
-    s_row[i] = rb[i] >= 0 ? ws + static_cast<size_t>(rb[i] / 16) * kc : nullptr;
-  }
-  for (int base = 0; base < cnt; base += 8 * NG) {
-    const int groups = min(NG, (cnt - base + 7) / 8);
-    const bf16* x_row[NG];
-#pragma unroll
-    for (int q = 0; q < NG; ++q) {
-      const int i = base + 8 * q + g;
-      if (i >= cnt) {
-        x_row[q] = nullptr;
-      } else if (kGateUp) {  // the token of sorted position p0 + i
-        x_row[q] = in + static_cast<size_t>(plan.sorted_slots[p0 + i] / plan.top_k) * H;
-      } else {  // h rows are indexed by sorted position
-        x_row[q] = in + static_cast<size_t>(p0 + i) * I;
-      }
+  const int tiles = kGateUp ? I / 16 : (H + 31) / 32;
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    int rb[2];
+    if (kGateUp) {
+      rb[0] = tile * 16;
+      rb[1] = I + tile * 16;
+    } else {
+      rb[0] = tile * 32;
+      rb[1] = rb[0] + 16 < H ? rb[0] + 16 : -1;
     }
-    Acc<NG> acc;
-    stream_tiles<KW, NG>(acc, w_row, s_row, x_row, groups, cols, warp, t);
-    reduce_warps<KW, NG>(acc, red, warp, lane, groups);
-    if (warp == 0) {
-#pragma unroll
+    const uint8_t* w_row[2];
+    const float* s_row[2];
+  #pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      w_row[i] = rb[i] >= 0 ? wq + static_cast<size_t>(rb[i] + g) * cols : nullptr;
+      s_row[i] = rb[i] >= 0 ? ws + static_cast<size_t>(rb[i] / 16) * kc : nullptr;
+    }
+    for (int base = 0; base < cnt; base += 8 * NG) {
+      const int groups = min(NG, (cnt - base + 7) / 8);
+      const bf16* x_row[NG];
+  #pragma unroll
       for (int q = 0; q < NG; ++q) {
-        if (q >= groups) continue;
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int i = base + 8 * q + 2 * t + (c & 1);
-          if (i >= cnt) continue;
-          const int p = p0 + i, r = g + (c >= 2 ? 8 : 0);
-          if (kGateUp) {
-            const float gv = acc.v[0][q][c], uv = acc.v[1][q][c];
-            h[static_cast<size_t>(p) * I + rb[0] + r] = __float2bfloat16(gv / (1.f + __expf(-gv)) * uv);
-          } else {
-            const int slot = plan.sorted_slots[p];
-            const float wt = weights[slot];
-            float* out = slot_out + static_cast<size_t>(slot) * H;
-            out[rb[0] + r] = wt * acc.v[0][q][c];
-            if (w_row[1]) out[rb[1] + r] = wt * acc.v[1][q][c];
+        const int i = base + 8 * q + g;
+        if (i >= cnt) {
+          x_row[q] = nullptr;
+        } else if (kGateUp) {  // the token of sorted position p0 + i
+          x_row[q] = in + static_cast<size_t>(plan.sorted_slots[p0 + i] / plan.top_k) * H;
+        } else {  // h rows are indexed by sorted position
+          x_row[q] = in + static_cast<size_t>(p0 + i) * I;
+        }
+      }
+      Acc<NG> acc;
+      stream_tiles<KW, NG>(acc, w_row, s_row, x_row, groups, cols, warp, t);
+      reduce_warps<KW, NG>(acc, red, warp, lane, groups);
+      if (warp == 0) {
+  #pragma unroll
+        for (int q = 0; q < NG; ++q) {
+          if (q >= groups) continue;
+  #pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            const int i = base + 8 * q + 2 * t + (c & 1);
+            if (i >= cnt) continue;
+            const int p = p0 + i, r = g + (c >= 2 ? 8 : 0);
+            if (kGateUp) {
+              const float gv = acc.v[0][q][c], uv = acc.v[1][q][c];
+              h[static_cast<size_t>(p) * I + rb[0] + r] = __float2bfloat16(gv / (1.f + __expf(-gv)) * uv);
+            } else {
+              const int slot = plan.sorted_slots[p];
+              const float wt = weights[slot];
+              float* out = slot_out + static_cast<size_t>(slot) * H;
+              out[rb[0] + r] = wt * acc.v[0][q][c];
+              if (w_row[1]) out[rb[1] + r] = wt * acc.v[1][q][c];
+            }
           }
         }
       }
@@ -312,13 +334,20 @@ struct GemmLaunch {
   }
 };
 
+// CTAs along the tiles of one expert: every tile its own CTA while the experts that can be active give fewer than
+// 8 CTAs a multiprocessor, else fewer CTAs each taking several tiles.
+int moe_tile_ctas(int tiles, int max_active) {
+  return std::max(1, std::min(tiles, (8 * sm_count() + max_active - 1) / max_active));
+}
+
 template <int KW, int NG>
 struct MoeLaunch {
   static Status run(const bf16* x, const MoePlan& plan, const float* weights, Fp8Weight gate_up, Fp8Weight down,
                     bf16* h, float* slot_out, int N, int K, int E, int H, int I, cudaStream_t st) {
     const int maxActive = std::min(E, N * K);
-    ZEST_RETURN_IF_ERROR(launch("moe_fp8_gate_up", moe_fp8_kernel<KW, NG, true>, dim3(I / 16, maxActive),
-                                dim3(KW * 32), 0, st, x, plan, weights, gate_up, h, slot_out, K, E, H, I));
+    ZEST_RETURN_IF_ERROR(launch("moe_fp8_gate_up", moe_fp8_kernel<KW, NG, true>,
+                                dim3(moe_tile_ctas(I / 16, maxActive), maxActive), dim3(KW * 32), 0, st, x, plan,
+                                weights, gate_up, h, slot_out, K, E, H, I));
     return Status::ok();
   }
 };
@@ -328,7 +357,8 @@ struct MoeDownLaunch {
   static Status run(const MoePlan& plan, const float* weights, Fp8Weight down, bf16* h, float* slot_out, int N, int K,
                     int E, int H, int I, cudaStream_t st) {
     const int maxActive = std::min(E, N * K);
-    return launch("moe_fp8_down", moe_fp8_kernel<KW, NG, false>, dim3((H + 31) / 32, maxActive), dim3(KW * 32), 0, st,
+    return launch("moe_fp8_down", moe_fp8_kernel<KW, NG, false>,
+                  dim3(moe_tile_ctas((H + 31) / 32, maxActive), maxActive), dim3(KW * 32), 0, st,
                   static_cast<const bf16*>(h), plan, weights, down, static_cast<bf16*>(nullptr), slot_out, K, E, H, I);
   }
 };
