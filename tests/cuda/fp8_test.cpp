@@ -150,7 +150,7 @@ TEST(CudaFp8, MoeExpertsMatchHostLoop) {
   run_moe_case({64, 8, 32, 256, 128, 0, 3, 0}, rng);
   run_moe_case({40, 4, 16, 160, 48, 0, -1, 5}, rng);
   run_moe_case({12, 2, 4, 256, 96, 0, -1, 0, true}, rng);
-  // 128 experts all active at 64 tokens: CTAs that take several row tiles of their expert.
+  // 128 experts, all active at 64 tokens.
   run_moe_case({64, 8, 128, 512, 256, 0, -1, 0}, rng);
 }
 
