@@ -166,7 +166,8 @@ struct Bench {
   int context = 0;
   model::RerouteSpec sere;
   model::DeviceDecodeOptions graphs;  // graphs on, one graph per batch size (no padding rows)
-  bool fp8 = false;                    // block-wise FP8 weights (kept in FP8 on the device; the floor counts their 1-byte elements and 128x128 block scales)
+  // block-wise FP8 weights (kept in FP8 on the device; the floor counts one byte an element and the 128x128 scales)
+  bool fp8 = false;
 
   Status fill(int max_batch, uint64_t seed) {
     constexpr int64_t kBlock = 16, kChunk = 8192;

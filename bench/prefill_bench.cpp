@@ -389,7 +389,9 @@ int bench_prefill_main(int argc, char** argv) {
       ->check(CLI::IsMember({"bf16", "fp8"}));
   CLI11_PARSE(app, argc, argv);
   if (per_op && dtype == "fp8") {
-    std::fprintf(stderr, "error: --ops times the bf16 kernels; the FP8 prefill has no kernels of its own yet (leave out --dtype fp8)\n");
+    std::fprintf(stderr,
+                 "error: --ops times the bf16 kernels; the FP8 prefill has no kernels of its own yet (leave out "
+                 "--dtype fp8)\n");
     return 2;
   }
 

@@ -525,7 +525,8 @@ class CudaTextDecoder final : public model::TextDecoder {
   std::vector<Layer> layers_;
   bf16 *embed_ = nullptr, *final_norm_ = nullptr, *lm_head_ = nullptr;
   bool fp8_ = false;          // some projection is kept in FP8
-  DeviceMemory fp8_scratch_;  // bf16 copies of FP8 weights for prefill steps (the largest projection, or a layer's experts)
+  // bf16 copies of FP8 weights for prefill steps (the largest projection, or one layer's experts)
+  DeviceMemory fp8_scratch_;
   std::unique_ptr<Step> st_ = std::make_unique<Step>();
 };
 
@@ -584,7 +585,8 @@ Status CudaTextDecoder::init(const model::DecoderWeights& w, const model::Device
     const model::DecoderLayerWeights& s = w.layers[l];
     f8[l].qkv = fp8_layout_ok({&s.q, &s.k, &s.v});
     f8[l].o = fp8_layout_ok({&s.o});
-    bool ffn = !s.fused_gate_up.data && !s.gate.empty() && s.gate.size() == s.up.size() && s.gate.size() == s.down.size();
+    bool ffn =
+        !s.fused_gate_up.data && !s.gate.empty() && s.gate.size() == s.up.size() && s.gate.size() == s.down.size();
     for (size_t e = 0; ffn && e < s.gate.size(); ++e) ffn = fp8_layout_ok({&s.gate[e], &s.up[e], &s.down[e]});
     f8[l].ffn = ffn;
     fp8_ = fp8_ || f8[l].qkv || f8[l].o || ffn;
