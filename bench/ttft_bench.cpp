@@ -2,7 +2,7 @@
 // VisionZip scoring + selection + gathers, and the decoder prefill of the resulting prompt.
 //   bench_ttft_bench --config qwen3-vl-30b-a3b --images 1,8,30 --image-size 640x480
 //                    --vision-prune-rate 0,0.3,0.4,0.5 [--mode uniform|global] [--iters 5] [--text-tokens 64]
-//                    [--prefill-iters 3] [--group 8]
+//                    [--prefill-iters 3] [--group 8] [--dtype fp8]
 // Per (images, rate): CPU preprocessing (JPEG decode + smart_resize + patchify + bf16 of synthetic images,
 // one image per worker thread), the host-to-device copy, the tower (CUDA events, median of --iters), scoring
 // + selection + gathers (wall clock, including the one device-to-host copy of the kept counts and indices),
@@ -124,17 +124,18 @@ std::vector<std::vector<int32_t>> visual_positions(const std::vector<std::pair<i
 // features on the device), then text tokens; the KV blocks are reserved and released around the call.
 class MeasuredPrefill {
  public:
-  Status init(io::TextConfig c, int max_tokens) {
+  Status init(io::TextConfig c, int max_tokens, bool fp8) {
     c.tie_word_embeddings = true;  // one host/device copy of the [vocab, hidden] matrix
     const auto t0 = Clock::now();
     // One layer and one expert synthesised; every layer's and expert's views point at them.
     model::DecoderWeights w = model::random_decoder_weights(c, host_, 1, 1);
+    if (fp8) model::quantize_fp8_blockwise(w, host_);  // the decoder's projections and experts; the tower stays bf16
     ZEST_ASSIGN_OR_RETURN(dec_, model::create_cuda_decoder(w));
     constexpr int64_t kBlock = 16;
     ZEST_ASSIGN_OR_RETURN(model::PagedKVCache cache, dec_->allocate_cache((max_tokens + kBlock - 1) / kBlock, kBlock));
     cache_ = std::make_unique<model::PagedKVCache>(std::move(cache));
-    std::printf("measured prefill: %lld-layer decoder built and uploaded in %.1f s\n",
-                static_cast<long long>(c.num_layers), ms_since(t0) / 1e3);
+    std::printf("measured prefill: %lld-layer %s decoder built and uploaded in %.1f s\n",
+                static_cast<long long>(c.num_layers), fp8 ? "block-wise FP8" : "bf16", ms_since(t0) / 1e3);
     return Status::ok();
   }
   // visual: kept visual tokens (rows of `embeds` / `deepstack` on the device), vis_pos [3][visual] their
@@ -221,7 +222,7 @@ double gemm_throughput(cudaStream_t s) {
 
 struct Options {
   std::string config = "qwen3-vl-30b-a3b", images = "1,8,30", size = "640x480", rates = "0,0.3,0.4,0.5";
-  std::string mode = "uniform";
+  std::string mode = "uniform", dtype = "bf16";
   int iters = 5, prefill_iters = 3, text_tokens = 64, threads = 0, group = 8;
 };
 
@@ -283,7 +284,7 @@ int run(const Options& o) {
   const int tok_per_img = static_cast<int>(probe_plan->grids[0].merged_tokens(pcfg.merge_size));
   const int max_prompt = max_images * tok_per_img + o.text_tokens;
   MeasuredPrefill full;
-  if (!ok(full.init(*dcfg, max_prompt), "prefill decoder")) return 1;
+  if (!ok(full.init(*dcfg, max_prompt, o.dtype == "fp8"), "prefill decoder")) return 1;
 
   std::printf(
       "\n| images | rate | visual tokens | kept | preprocess ms | H2D ms | tower ms | tower MFU | score+select ms "
@@ -513,6 +514,10 @@ int bench_ttft_main(int argc, char** argv) {
   app.add_option("--threads", o.threads, "preprocessing worker threads (0 = all cores)");
   app.add_option("--prefill-iters", o.prefill_iters, "timed prefill forwards per row (median)");
   app.add_option("--group", o.group, "images per tower forward in the pipelined front-end timing (0 = off)");
+  app.add_option("--dtype", o.dtype,
+                 "decoder weight format: bf16, or fp8 (block-wise 128x128 as the official -FP8 checkpoints; the vision "
+                 "tower stays bf16)")
+      ->check(CLI::IsMember({"bf16", "fp8"}));
   CLI11_PARSE(app, argc, argv);
   return run(o);
 }
