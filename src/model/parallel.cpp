@@ -1,6 +1,9 @@
 #include "model/parallel.h"
 
+#include <cstring>
 #include <string>
+
+#include "core/dtype.h"
 
 namespace zest::model {
 
@@ -66,6 +69,113 @@ Result<ParallelPlan> plan_parallel(const io::TextConfig& cfg, int world, bool ex
     p.ranks.push_back(s);
   }
   return p;
+}
+
+namespace {
+
+// Rows [r0, r0 + n) of a 2-D (or, for fused experts, the first dimension of an N-D) tensor: a view.
+Result<io::TensorView> slice_rows(const io::TensorView& t, int64_t r0, int64_t n) {
+  io::TensorView v = t;
+  if (t.data == nullptr || (r0 == 0 && n == t.shape[0])) return v;
+  int64_t inner = 1;
+  for (size_t d = 1; d < t.shape.size(); ++d) inner *= t.shape[d];
+  const size_t es = dtype_size(t.dtype);
+  v.shape[0] = n;
+  v.data = static_cast<const uint8_t*>(t.data) + static_cast<size_t>(r0 * inner) * es;
+  v.nbytes = static_cast<size_t>(n * inner) * es;
+  if (t.scale.data) {
+    const int64_t br = t.scale.block_rows;
+    if (t.shape.size() != 2 || r0 % br != 0 || (n % br != 0 && r0 + n != t.shape[0]))
+      return unsupported("FP8 tensor '" + t.name + "' would be cut off its " + std::to_string(br) + "-row scale blocks");
+    v.scale.data = static_cast<const uint8_t*>(t.scale.data) +
+                   static_cast<size_t>(r0 / br * t.scale.cols) * dtype_size(t.scale.dtype);
+    v.scale.rows = (n + br - 1) / br;
+  }
+  return v;
+}
+
+// Columns [c0, c0 + n) of a 2-D tensor: a copy held by `owned`.
+Result<io::TensorView> slice_cols(const io::TensorView& t, int64_t c0, int64_t n,
+                                  std::vector<std::unique_ptr<uint8_t[]>>& owned) {
+  io::TensorView v = t;
+  if (t.data == nullptr || (c0 == 0 && n == t.shape[1])) return v;
+  const int64_t rows = t.shape[0], cols = t.shape[1];
+  const size_t es = dtype_size(t.dtype);
+  auto copy_grid = [&](const void* src, int64_t r, int64_t c, int64_t from, int64_t count, size_t e) {
+    owned.push_back(std::make_unique<uint8_t[]>(static_cast<size_t>(r * count) * e));
+    uint8_t* dst = owned.back().get();
+    for (int64_t i = 0; i < r; ++i)
+      std::memcpy(dst + static_cast<size_t>(i * count) * e,
+                  static_cast<const uint8_t*>(src) + static_cast<size_t>(i * c + from) * e, static_cast<size_t>(count) * e);
+    return static_cast<const void*>(dst);
+  };
+  if (t.scale.data) {
+    const int64_t bc = t.scale.block_cols;
+    if (c0 % bc != 0 || (n % bc != 0 && c0 + n != cols))
+      return unsupported("FP8 tensor '" + t.name + "' would be cut off its " + std::to_string(bc) +
+                         "-column scale blocks");
+    const int64_t sc = (n + bc - 1) / bc;
+    v.scale.data = copy_grid(t.scale.data, t.scale.rows, t.scale.cols, c0 / bc, sc, dtype_size(t.scale.dtype));
+    v.scale.cols = sc;
+  }
+  v.data = copy_grid(t.data, rows, cols, c0, n, es);
+  v.shape[1] = n;
+  v.nbytes = static_cast<size_t>(rows * n) * es;
+  return v;
+}
+
+}  // namespace
+
+Result<ShardWeights> shard_decoder_weights(const DecoderWeights& w, const ParallelPlan& plan, int rank) {
+  if (rank < 0 || rank >= static_cast<int>(plan.ranks.size()))
+    return invalid_argument("rank " + std::to_string(rank) + " is not in a plan of " +
+                            std::to_string(plan.ranks.size()) + " ranks");
+  const RankShard& r = plan.ranks[static_cast<size_t>(rank)];
+  ShardWeights out;
+  DecoderWeights& s = out.weights;
+  s = w;
+  io::TextConfig& c = s.config;
+  const int64_t D = c.head_dim;
+  c.num_heads = r.q_heads;
+  c.num_kv_heads = r.kv_heads;
+  if (c.intermediate_size > 0) c.intermediate_size = r.inter;
+  if (c.num_experts > 0 && !plan.expert_parallel) c.moe_intermediate_size = r.expert_inter;
+  for (size_t l = 0; l < s.layers.size(); ++l) {
+    DecoderLayerWeights& L = s.layers[l];
+    const DecoderLayerWeights& src = w.layers[l];
+    ZEST_ASSIGN_OR_RETURN(L.q, slice_rows(src.q, r.q_head0 * D, r.q_heads * D));
+    ZEST_ASSIGN_OR_RETURN(L.k, slice_rows(src.k, r.kv_head0 * D, r.kv_heads * D));
+    ZEST_ASSIGN_OR_RETURN(L.v, slice_rows(src.v, r.kv_head0 * D, r.kv_heads * D));
+    ZEST_ASSIGN_OR_RETURN(L.o, slice_cols(src.o, r.q_head0 * D, r.q_heads * D, out.owned));
+    if (!src.moe) {  // dense MLP: one entry each
+      for (size_t i = 0; i < src.gate.size(); ++i) {
+        ZEST_ASSIGN_OR_RETURN(L.gate[i], slice_rows(src.gate[i], r.inter0, r.inter));
+        ZEST_ASSIGN_OR_RETURN(L.up[i], slice_rows(src.up[i], r.inter0, r.inter));
+        ZEST_ASSIGN_OR_RETURN(L.down[i], slice_cols(src.down[i], r.inter0, r.inter, out.owned));
+      }
+      continue;
+    }
+    if (src.fused_gate_up.data) {
+      if (!plan.expert_parallel)
+        return unsupported("fused experts ('" + src.fused_gate_up.name +
+                           "') split only by expert parallelism (--expert-parallel)");
+      ZEST_ASSIGN_OR_RETURN(L.fused_gate_up, slice_rows(src.fused_gate_up, r.expert0, r.experts));
+      ZEST_ASSIGN_OR_RETURN(L.fused_down, slice_rows(src.fused_down, r.expert0, r.experts));
+      continue;
+    }
+    for (size_t e = 0; e < src.gate.size(); ++e) {
+      const int64_t ex = static_cast<int64_t>(e);
+      if (plan.expert_parallel) {
+        if (ex < r.expert0 || ex >= r.expert0 + r.experts)
+          for (io::TensorView* t : {&L.gate[e], &L.up[e], &L.down[e]}) t->data = nullptr, t->nbytes = 0;
+        continue;
+      }
+      ZEST_ASSIGN_OR_RETURN(L.gate[e], slice_rows(src.gate[e], r.expert_inter0, r.expert_inter));
+      ZEST_ASSIGN_OR_RETURN(L.up[e], slice_rows(src.up[e], r.expert_inter0, r.expert_inter));
+      ZEST_ASSIGN_OR_RETURN(L.down[e], slice_cols(src.down[e], r.expert_inter0, r.expert_inter, out.owned));
+    }
+  }
+  return out;
 }
 
 }  // namespace zest::model

@@ -4,10 +4,12 @@
 // in tests/model/parallel_test.cpp.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "core/status.h"
 #include "io/config.h"
+#include "model/decoder.h"
 
 namespace zest::model {
 
@@ -34,5 +36,21 @@ struct ParallelPlan {
 // (world must divide them), each whole; without, every expert's intermediate columns split evenly. kInvalidArgument
 // naming the size that does not divide; world 1 is the whole model on rank 0.
 Result<ParallelPlan> plan_parallel(const io::TextConfig& cfg, int world, bool expert_parallel);
+
+// One rank's decoder weights under a plan: the model's tensors cut to the rank's shard, for a decoder that runs
+// today's layer on it (docs/architecture.md, Several GPUs). Row slices (q/k/v of its heads; gate/up rows of its MLP
+// or expert columns; under expert parallelism its experts of a fused [E, ...] tensor) are views into the source;
+// column slices (o_proj, down_proj) are copies held by `owned`. Under expert parallelism the per-expert tensors of
+// experts it does not hold are empty (data null). The config is the shard's: num_heads, num_kv_heads,
+// intermediate_size and (tensor-parallel experts) moe_intermediate_size; num_experts stays (the router is whole on
+// every rank). Embeddings, norms, router and lm_head are the source's views.
+struct ShardWeights {
+  DecoderWeights weights;
+  std::vector<std::unique_ptr<uint8_t[]>> owned;
+};
+
+// kInvalidArgument for a rank outside the plan; kUnsupported naming the tensor for a block-wise FP8 tensor cut off
+// its scale blocks, or fused experts split by columns (tensor-parallel experts need the per-expert layout).
+Result<ShardWeights> shard_decoder_weights(const DecoderWeights& w, const ParallelPlan& plan, int rank);
 
 }  // namespace zest::model

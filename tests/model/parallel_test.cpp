@@ -1,12 +1,14 @@
 // The split of a model over several GPUs (model/parallel.h) and the math it implies, emulated on the CPU: every query
 // head, MLP column and expert on exactly one rank (key/value heads where each rank's query heads read them), and the
 // per-rank partial results (attention output projection over a rank's heads, MLP over its columns, MoE over its
-// experts or expert columns) summing to the unsplit layer's, as the all-reduce will sum them. Tolerance: f32
-// summation order, 1e-5 of the largest output.
+// experts or expert columns) summing to the unsplit layer's, as the all-reduce will sum them; then the same sums
+// computed from each rank's cut of real decoder weights (shard_decoder_weights, bf16 and block-wise FP8). Tolerance:
+// f32 summation order, 1e-5 of the largest output.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <random>
+#include <tuple>
 
 #include "model/parallel.h"
 #include "model/random_weights.h"
@@ -176,6 +178,127 @@ TEST(ParallelPlan, PartialResultsSumToTheUnsplitLayer) {
       expect_close(m, full_mlp);
       expect_close(e, full_moe);
     }
+}
+
+// The f32 values of a 2-D weight view (FP8 dequantized with its scale).
+Mat values(const io::TensorView& t) {
+  const Tensor f = t.to_f32();
+  return Mat(f.data<float>(), f.data<float>() + f.numel());
+}
+
+// y = W x for W [rows, cols] row-major.
+std::vector<float> apply(const Mat& w, int64_t rows, int64_t cols, const std::vector<float>& x) {
+  return matvec(w, rows, cols, x, 0, cols);
+}
+
+// SwiGLU through one (gate, up, down) triple of views: down (silu(gate x) * (up x)).
+std::vector<float> swiglu(const io::TensorView& g, const io::TensorView& u, const io::TensorView& d,
+                          const std::vector<float>& x) {
+  const int64_t I = g.shape[0], H = g.shape[1];
+  const auto gx = apply(values(g), I, H, x), ux = apply(values(u), I, H, x);
+  std::vector<float> h(static_cast<size_t>(I));
+  for (int64_t i = 0; i < I; ++i) h[i] = silu(gx[i]) * ux[i];
+  return apply(values(d), H, I, h);
+}
+
+io::TextConfig tiny_parallel_config() {
+  io::TextConfig c;
+  c.hidden_size = 32, c.num_heads = 8, c.num_kv_heads = 2, c.head_dim = 4, c.num_layers = 2, c.vocab_size = 64;
+  c.intermediate_size = 48, c.num_experts = 8, c.num_experts_per_tok = 3, c.moe_intermediate_size = 12;
+  c.mlp_only_layers = {1};  // layer 1 dense
+  c.norm_topk_prob = true;
+  return c;
+}
+
+// Each rank's cut of random decoder weights, run through the layer math with plain loops, sums to the whole model's:
+// the attention output projection over the rank's heads (its o_proj columns against its heads' outputs), the q
+// projection of its heads (rows of the whole q), the dense MLP over its columns and the MoE over its experts or
+// expert columns. World 1 is the source's views unchanged.
+void check_shards(const DecoderWeights& w, const std::string& label) {
+  SCOPED_TRACE(label);
+  std::mt19937 rng(19);
+  const io::TextConfig& c = w.config;
+  const int64_t H = c.hidden_size, D = c.head_dim, QD = c.num_heads * D;
+  const std::vector<float> x = random_mat(H, rng), attn = random_mat(QD, rng);
+  const DecoderLayerWeights& L0 = w.layers[0];  // MoE
+  const DecoderLayerWeights& L1 = w.layers[1];  // dense
+  const auto full_o = apply(values(L0.o), H, QD, attn);
+  const auto full_q = apply(values(L0.q), QD, H, x);
+  const auto full_mlp = swiglu(L1.gate[0], L1.up[0], L1.down[0], x);
+  const std::vector<int64_t> slots = {5, 1, 6};
+  const std::vector<float> slot_w = {0.5f, 0.3f, 0.2f};
+  auto moe = [&](const DecoderLayerWeights& L) {
+    std::vector<float> y(static_cast<size_t>(H), 0.f);
+    for (size_t s = 0; s < slots.size(); ++s) {
+      if (L.gate[slots[s]].data == nullptr) continue;  // another rank's expert
+      const auto o = swiglu(L.gate[slots[s]], L.up[slots[s]], L.down[slots[s]], x);
+      for (int64_t j = 0; j < H; ++j) y[j] += slot_w[s] * o[j];
+    }
+    return y;
+  };
+  const auto full_moe = moe(L0);
+  for (int world : {1, 2, 4})
+    for (bool ep : {false, true}) {
+      SCOPED_TRACE("world " + std::to_string(world) + (ep ? " EP" : " TP"));
+      auto p = plan_parallel(c, world, ep);
+      ASSERT_TRUE(p.ok()) << p.status().to_string();
+      std::vector<float> o(H, 0.f), m(H, 0.f), e(H, 0.f);
+      for (const RankShard& r : p->ranks) {
+        auto s = shard_decoder_weights(w, *p, r.rank);
+        ASSERT_TRUE(s.ok()) << s.status().to_string();
+        const DecoderWeights& sw = s->weights;
+        EXPECT_EQ(sw.config.num_heads, r.q_heads);
+        EXPECT_EQ(sw.config.num_kv_heads, r.kv_heads);
+        const DecoderLayerWeights& S0 = sw.layers[0];
+        const DecoderLayerWeights& S1 = sw.layers[1];
+        if (world == 1) {
+          EXPECT_EQ(S0.o.data, L0.o.data);
+          EXPECT_EQ(S0.down[0].data, L0.down[0].data);
+          EXPECT_TRUE(s->owned.empty());
+        }
+        ASSERT_EQ(S0.k.shape[0], r.kv_heads * D);
+        const std::vector<float> my_attn(attn.begin() + r.q_head0 * D, attn.begin() + (r.q_head0 + r.q_heads) * D);
+        const auto po = apply(values(S0.o), H, r.q_heads * D, my_attn);
+        const auto pq = apply(values(S0.q), r.q_heads * D, H, x);
+        for (int64_t i = 0; i < r.q_heads * D; ++i) EXPECT_EQ(pq[i], full_q[r.q_head0 * D + i]) << "q row " << i;
+        const auto pm = swiglu(S1.gate[0], S1.up[0], S1.down[0], x);
+        const auto pe = moe(S0);
+        for (int64_t j = 0; j < H; ++j) o[j] += po[j], m[j] += pm[j], e[j] += pe[j];
+      }
+      expect_close(o, full_o);
+      expect_close(m, full_mlp);
+      expect_close(e, full_moe);
+    }
+}
+
+TEST(ParallelShard, RanksCutsOfRealWeightsSumToTheWholeLayer) {
+  RandomTensors store(23);
+  const DecoderWeights w = random_decoder_weights(tiny_parallel_config(), store);
+  check_shards(w, "bf16");
+  // Block-wise FP8 in 4 x 4 blocks, expert width 16: every cut (heads of 4 rows, 48 / 4 MLP and 16 / 4 expert
+  // columns) on block edges at 1, 2 and 4 ranks.
+  io::TextConfig c = tiny_parallel_config();
+  c.moe_intermediate_size = 16;
+  RandomTensors fstore(23);
+  DecoderWeights f = random_decoder_weights(c, fstore);
+  quantize_fp8_blockwise(f, fstore, 4);
+  check_shards(f, "fp8");
+}
+
+TEST(ParallelShard, RefusesCutsOffFp8BlocksAndBadRanks) {
+  RandomTensors store(29);
+  DecoderWeights w = random_decoder_weights(tiny_parallel_config(), store);
+  quantize_fp8_blockwise(w, store, 4);  // expert columns 12 / 2 = 6: off the 4-column blocks
+  auto p = plan_parallel(w.config, 2, false);
+  ASSERT_TRUE(p.ok());
+  auto s = shard_decoder_weights(w, *p, 0);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), ErrorCode::kUnsupported);
+  EXPECT_NE(s.status().message().find("scale blocks"), std::string::npos) << s.status().to_string();
+  auto ep = plan_parallel(w.config, 2, true);  // whole experts: no cut inside a block
+  ASSERT_TRUE(ep.ok());
+  EXPECT_TRUE(shard_decoder_weights(w, *ep, 1).ok());
+  EXPECT_EQ(shard_decoder_weights(w, *ep, 2).status().code(), ErrorCode::kInvalidArgument);
 }
 
 }  // namespace
