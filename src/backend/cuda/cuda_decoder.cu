@@ -298,18 +298,7 @@ class Uploader {
   Status put(bf16* dst, const io::TensorView& src) {
     size_t n = 1;
     for (int64_t d : src.shape) n *= static_cast<size_t>(d);
-    if (src.dtype == DType::BF16) {
-      for (size_t off = 0; off < n; off += kChunk) {
-        const size_t cnt = std::min(kChunk, n - off);
-        const int b = next_++ & 1;
-        ZEST_CU(cudaEventSynchronize(done_[b]), "staging buffer wait");
-        std::memcpy(buf_[b].get(), static_cast<const uint16_t*>(src.data) + off, cnt * sizeof(uint16_t));
-        ZEST_CU(cudaMemcpyAsync(dst + off, buf_[b].get(), cnt * sizeof(uint16_t), cudaMemcpyHostToDevice, stream_),
-                "weight upload");
-        ZEST_CU(cudaEventRecord(done_[b], stream_), "cudaEventRecord");
-      }
-      return Status::ok();
-    }
+    if (src.dtype == DType::BF16) return put_bytes(dst, src.data, n * sizeof(uint16_t));
     if (src.dtype == DType::F8E4M3) return put_fp8(dst, src, n);
     return put(dst, src, n, [](size_t i) { return i; });
   }
@@ -345,15 +334,7 @@ class Uploader {
   // scales repeated per 16-row x 64-column chunk into scales [rows / 16, ceil(cols / 64)] (fp8_layout_ok).
   Status put_fp8_raw(uint8_t* dst, float* scales, const io::TensorView& src) {
     const size_t rows = static_cast<size_t>(src.shape[0]), cols = static_cast<size_t>(src.shape[1]);
-    const size_t n = rows * cols, chunk = kChunk * sizeof(uint16_t);
-    for (size_t off = 0; off < n; off += chunk) {
-      const size_t cnt = std::min(chunk, n - off);
-      const int b = next_++ & 1;
-      ZEST_CU(cudaEventSynchronize(done_[b]), "staging buffer wait");
-      std::memcpy(buf_[b].get(), static_cast<const uint8_t*>(src.data) + off, cnt);
-      ZEST_CU(cudaMemcpyAsync(dst + off, buf_[b].get(), cnt, cudaMemcpyHostToDevice, stream_), "weight upload");
-      ZEST_CU(cudaEventRecord(done_[b], stream_), "cudaEventRecord");
-    }
+    ZEST_RETURN_IF_ERROR(put_bytes(dst, src.data, rows * cols));
     const size_t kc = (cols + 63) / 64, sr = rows / 16;
     const size_t br = static_cast<size_t>(src.scale.block_rows), bc = static_cast<size_t>(src.scale.block_cols);
     std::vector<float> sc(sr * kc);
@@ -367,6 +348,21 @@ class Uploader {
   Status finish() { return cuda_status(cudaStreamSynchronize(stream_), "weight upload"); }
 
  private:
+  // n bytes as they are, through the staging buffers.
+  Status put_bytes(void* dst, const void* src, size_t n) {
+    const size_t chunk = kChunk * sizeof(uint16_t);
+    for (size_t off = 0; off < n; off += chunk) {
+      const size_t cnt = std::min(chunk, n - off);
+      const int b = next_++ & 1;
+      ZEST_CU(cudaEventSynchronize(done_[b]), "staging buffer wait");
+      std::memcpy(buf_[b].get(), static_cast<const uint8_t*>(src) + off, cnt);
+      ZEST_CU(cudaMemcpyAsync(static_cast<char*>(dst) + off, buf_[b].get(), cnt, cudaMemcpyHostToDevice, stream_),
+              "weight upload");
+      ZEST_CU(cudaEventRecord(done_[b], stream_), "cudaEventRecord");
+    }
+    return Status::ok();
+  }
+
   cudaStream_t stream_ = nullptr;
   PinnedMemory buf_[2];
   cudaEvent_t done_[2] = {nullptr, nullptr};
