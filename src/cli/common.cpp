@@ -34,6 +34,16 @@ void add_model_args(CLI::App* app, ModelArgs& a, bool random_model) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app->add_flag("--cuda-graph-log", a.decode.graph_log, "one stderr line per captured CUDA decode graph");
+  app->add_option("--tensor-parallel", a.parallel.tensor_parallel,
+                  "split the decoder over N ranks: attention heads and MLP columns (and each expert's columns, or "
+                  "whole experts with --expert-parallel), partial results summed by all-reduces; the CPU backend runs "
+                  "the ranks as threads (one GPU only so far on CUDA)")
+      ->check(CLI::PositiveNumber)
+      ->type_name("N")
+      ->capture_default_str();
+  app->add_flag("--expert-parallel", a.parallel.expert_parallel,
+                "with --tensor-parallel: place whole experts on ranks (expert parallel MoE) instead of splitting each "
+                "expert's columns");
   if (!random_model) {
     model->required();
     return;
@@ -78,9 +88,9 @@ Result<std::shared_ptr<engine::ModelBundle>> load_model(const ModelArgs& a) {
     o.seed = a.seed;
     o.router_skew = a.skew;
     o.fp8 = a.dtype == "fp8";
-    return engine::ModelBundle::random(o, backend, a.decode);
+    return engine::ModelBundle::random(o, backend, a.decode, a.parallel);
   }
-  return engine::ModelBundle::load(a.model, backend, a.decode);
+  return engine::ModelBundle::load(a.model, backend, a.decode, a.parallel);
 }
 
 std::string random_model_note(const engine::ModelBundle& m) {

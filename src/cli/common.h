@@ -27,6 +27,7 @@ struct ModelArgs {
   float skew = 0.f;
   std::string dtype = "bf16";  // with --config: bf16, or fp8 (block-wise, as the official -FP8 checkpoints)
   model::DeviceDecodeOptions decode;  // --cuda-graphs, --no-cuda-graph-padding, --cuda-graph-cap, --cuda-graph-log
+  model::ParallelOptions parallel;    // --tensor-parallel, --expert-parallel
 };
 // With `random_model`, --config/--layers/--tokenizer/--seed are added and --model becomes optional
 // (one of --model and --config is required).

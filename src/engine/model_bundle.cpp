@@ -13,6 +13,7 @@
 #include "engine/vision_encode.h"
 #include "kernels/backend.h"
 #include "model/architecture.h"
+#include "model/parallel_decoder.h"
 #include "model/random_weights.h"
 #include "vision/encoder.h"
 
@@ -24,10 +25,29 @@ text::TemplateKind template_kind(io::Arch arch) {
   return io::has_vision(arch) ? text::TemplateKind::kQwen3VL : text::TemplateKind::kQwen3;
 }
 
+// The CPU text decoder of a checkpoint: the whole model, or split over ranks (--tensor-parallel, threads of this
+// process joined by all-reduces).
+Result<std::unique_ptr<model::TextDecoder>> cpu_text_decoder(const io::SafeTensors& st, const io::ModelConfig& cfg,
+                                                             const model::ParallelOptions& par) {
+  if (par.tensor_parallel <= 1 && !par.expert_parallel) return model::architecture(cfg.arch).cpu_decoder(st, cfg);
+  ZEST_ASSIGN_OR_RETURN(model::DecoderWeights w, model::collect_decoder_weights(st, cfg));
+  ZEST_ASSIGN_OR_RETURN(auto d, model::ParallelCpuDecoder::create(w, par.tensor_parallel, par.expert_parallel));
+  return std::unique_ptr<model::TextDecoder>(std::move(d));
+}
+
+// Several GPUs are not built yet: the CUDA backend refuses the flags by name.
+Status cuda_parallel_ok(const model::ParallelOptions& par) {
+  if (par.tensor_parallel > 1 || par.expert_parallel)
+    return unsupported("--tensor-parallel / --expert-parallel on the CUDA backend (one GPU only so far; the CPU "
+                       "backend runs split decoders)");
+  return Status::ok();
+}
+
 }  // namespace
 
 Result<std::shared_ptr<ModelBundle>> ModelBundle::load(const std::string& dir, model::Backend backend,
-                                                       const model::DeviceDecodeOptions& decode) {
+                                                       const model::DeviceDecodeOptions& decode,
+                                                       const model::ParallelOptions& parallel) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
@@ -51,13 +71,14 @@ Result<std::shared_ptr<ModelBundle>> ModelBundle::load(const std::string& dir, m
   if (!scales.is_ok()) return scales.with_context("weights in " + dir);
   m->backend = backend;
   if (backend == model::Backend::kCuda) {
+    ZEST_RETURN_IF_ERROR(cuda_parallel_ok(parallel));
     Status init = kernels::cuda_init(0);
     if (!init.is_ok()) return init.with_context("--device cuda");
     auto dev = model::make_cuda_decoder(m->weights, m->config, decode);
     if (!dev.ok()) return dev.status().with_context("CUDA text decoder of " + dir);
     m->text_decoder = std::move(dev).value();
   } else {
-    auto text = model::architecture(m->config.arch).cpu_decoder(m->weights, m->config);
+    auto text = cpu_text_decoder(m->weights, m->config, parallel);
     if (!text.ok()) return text.status().with_context("text decoder of " + dir);
     m->text_decoder = std::move(text).value();
   }
@@ -94,7 +115,8 @@ Result<std::optional<int64_t>> load_score_layer(const std::string& file, int64_t
 }
 
 Result<std::shared_ptr<ModelBundle>> ModelBundle::random(const RandomModelOptions& o, model::Backend backend,
-                                                         const model::DeviceDecodeOptions& decode) {
+                                                         const model::DeviceDecodeOptions& decode,
+                                                         const model::ParallelOptions& parallel) {
   namespace fs = std::filesystem;
   std::error_code ec;
   auto m = std::make_shared<ModelBundle>();
@@ -127,6 +149,7 @@ Result<std::shared_ptr<ModelBundle>> ModelBundle::random(const RandomModelOption
   m->random_router_skew = o.router_skew;
 
   if (backend == model::Backend::kCuda) {
+    ZEST_RETURN_IF_ERROR(cuda_parallel_ok(parallel));
     Status init = kernels::cuda_init(0);
     if (!init.is_ok()) return init.with_context("--device cuda");
     {
@@ -173,7 +196,7 @@ Result<std::shared_ptr<ModelBundle>> ModelBundle::random(const RandomModelOption
   fs::remove(file, ec);
   if (!st.ok()) return st.status().with_context("random checkpoint");
   m->weights = std::move(st).value();
-  auto text = model::architecture(m->config.arch).cpu_decoder(m->weights, m->config);
+  auto text = cpu_text_decoder(m->weights, m->config, parallel);
   if (!text.ok()) return text.status().with_context("text decoder with random weights");
   m->text_decoder = std::move(text).value();
   if (m->config.vision) {

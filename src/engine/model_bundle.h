@@ -11,6 +11,7 @@
 #include "io/config.h"
 #include "io/safetensors.h"
 #include "model/decoder.h"
+#include "model/parallel.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
 
@@ -62,13 +63,15 @@ struct ModelBundle {
   // problem is returned as a Status naming the file and what is wrong.
   static Result<std::shared_ptr<ModelBundle>> load(const std::string& dir,
                                                    model::Backend backend = model::Backend::kCpu,
-                                                   const model::DeviceDecodeOptions& decode = {});
+                                                   const model::DeviceDecodeOptions& decode = {},
+                                                   const model::ParallelOptions& parallel = {});
   // A model of the shape `opts.config` with random weights on `backend` (dir = the config's name). The
   // CPU backend loads them through a temporary checkpoint file (small shapes only: its f32 weights must
   // fit in 16 GiB); device backends upload host tensors directly.
   static Result<std::shared_ptr<ModelBundle>> random(const RandomModelOptions& opts,
                                                      model::Backend backend = model::Backend::kCpu,
-                                                     const model::DeviceDecodeOptions& decode = {});
+                                                     const model::DeviceDecodeOptions& decode = {},
+                                                     const model::ParallelOptions& parallel = {});
   // Set by random(): the seed the weights came from, and the router skew.
   std::optional<uint64_t> random_seed;
   float random_router_skew = 0.f;

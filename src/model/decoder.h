@@ -152,6 +152,7 @@ struct DecoderLayerWeights {
   io::TensorView router;                     // [E, H]
   std::vector<io::TensorView> gate, up, down;  // per expert [I, H], [I, H], [H, I]; dense MLP: one entry each
   io::TensorView fused_gate_up, fused_down;  // input-major [E, H, 2I] and [E, I, H] (data == nullptr: absent)
+  int64_t fused_expert0 = 0;  // the expert of the fused tensors' first entry (an expert-parallel shard's first expert)
 };
 
 struct DecoderWeights {

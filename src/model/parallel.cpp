@@ -1,5 +1,6 @@
 #include "model/parallel.h"
 
+#include <barrier>
 #include <cstring>
 #include <string>
 
@@ -161,6 +162,7 @@ Result<ShardWeights> shard_decoder_weights(const DecoderWeights& w, const Parall
                            "') split only by expert parallelism (--expert-parallel)");
       ZEST_ASSIGN_OR_RETURN(L.fused_gate_up, slice_rows(src.fused_gate_up, r.expert0, r.experts));
       ZEST_ASSIGN_OR_RETURN(L.fused_down, slice_rows(src.fused_down, r.expert0, r.experts));
+      L.fused_expert0 = src.fused_expert0 + r.expert0;
       continue;
     }
     for (size_t e = 0; e < src.gate.size(); ++e) {
@@ -176,6 +178,49 @@ Result<ShardWeights> shard_decoder_weights(const DecoderWeights& w, const Parall
     }
   }
   return out;
+}
+
+// ---- in-process ranks ----
+
+struct LocalGroup::Member final : Communicator {
+  LocalGroup* group = nullptr;
+  int r = 0;
+  int rank() const override { return r; }
+  int world() const override { return group->world_; }
+  Status all_reduce_sum(float* data, int64_t n) override { return group->all_reduce(r, data, n); }
+};
+
+LocalGroup::LocalGroup(int world)
+    : world_(world < 1 ? 1 : world), ptrs_(world_), sizes_(world_), barrier_(std::make_unique<std::barrier<>>(world_)) {
+  for (int r = 0; r < world_; ++r) {
+    auto m = std::make_unique<Member>();
+    m->group = this;
+    m->r = r;
+    members_.push_back(std::move(m));
+  }
+}
+
+LocalGroup::~LocalGroup() = default;
+
+Communicator& LocalGroup::member(int rank) { return *members_.at(static_cast<size_t>(rank)); }
+
+Status LocalGroup::all_reduce(int rank, float* data, int64_t n) {
+  if (world_ == 1) return Status::ok();
+  ptrs_[rank] = data;
+  sizes_[rank] = n;
+  barrier_->arrive_and_wait();  // every rank's buffer is posted
+  bool same = true;
+  for (int64_t m : sizes_) same = same && m == n;
+  std::vector<float> sum;
+  if (same) {
+    sum.assign(ptrs_[0], ptrs_[0] + n);
+    for (int q = 1; q < world_; ++q)
+      for (int64_t i = 0; i < n; ++i) sum[i] += ptrs_[q][i];
+  }
+  barrier_->arrive_and_wait();  // every rank has read every buffer
+  if (!same) return internal_error("all-reduce: the ranks passed buffers of different sizes");
+  std::memcpy(data, sum.data(), static_cast<size_t>(n) * sizeof(float));
+  return Status::ok();
 }
 
 }  // namespace zest::model

@@ -3,6 +3,7 @@
 // (partial attention outputs and MLP/expert contributions summed over ranks by an all-reduce) is checked on the CPU
 // in tests/model/parallel_test.cpp.
 #pragma once
+#include <barrier>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -12,6 +13,13 @@
 #include "model/decoder.h"
 
 namespace zest::model {
+
+// How a decoder is split (zest's --tensor-parallel / --expert-parallel, typed once at the command line): ranks, and
+// whether the MoE layers place whole experts on ranks instead of splitting every expert's columns.
+struct ParallelOptions {
+  int tensor_parallel = 1;
+  bool expert_parallel = false;
+};
 
 struct RankShard {
   int rank = 0;
@@ -52,5 +60,37 @@ struct ShardWeights {
 // kInvalidArgument for a rank outside the plan; kUnsupported naming the tensor for a block-wise FP8 tensor cut off
 // its scale blocks, or fused experts split by columns (tensor-parallel experts need the per-expert layout).
 Result<ShardWeights> shard_decoder_weights(const DecoderWeights& w, const ParallelPlan& plan, int rank);
+
+// The ranks of one parallel decoder summing their partial results (the all-reduces after the attention output
+// projection and after the MLP/experts, docs/architecture.md).
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int world() const = 0;
+  // data[0, n) becomes the sum over the ranks of their data[0, n), added in rank order, so every rank holds the same
+  // bits. Every rank calls it, with the same n, in the same order.
+  virtual Status all_reduce_sum(float* data, int64_t n) = 0;
+};
+
+// `world` ranks that are threads of one process (the CPU decoder's ranks): member(r) is rank r's communicator. Each
+// all-reduce meets every rank at a barrier, so the ranks must run concurrently. World 1 changes nothing.
+class LocalGroup {
+ public:
+  explicit LocalGroup(int world);
+  ~LocalGroup();
+  LocalGroup(const LocalGroup&) = delete;
+  LocalGroup& operator=(const LocalGroup&) = delete;
+  Communicator& member(int rank);
+
+ private:
+  struct Member;
+  Status all_reduce(int rank, float* data, int64_t n);
+  int world_;
+  std::vector<float*> ptrs_;
+  std::vector<int64_t> sizes_;
+  std::unique_ptr<std::barrier<>> barrier_;
+  std::vector<std::unique_ptr<Member>> members_;
+};
 
 }  // namespace zest::model

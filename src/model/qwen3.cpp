@@ -29,6 +29,10 @@ void top_k(const float* p, int64_t n, int64_t k, int32_t* ids, float* vals) {
 
 Result<Qwen3TextModel> Qwen3TextModel::load(const io::SafeTensors& st, const io::ModelConfig& mc) {
   ZEST_ASSIGN_OR_RETURN(DecoderWeights w, collect_decoder_weights(st, mc));
+  return from_weights(w);
+}
+
+Result<Qwen3TextModel> Qwen3TextModel::from_weights(const DecoderWeights& w) {
   Qwen3TextModel m;
   m.cfg_ = w.config;
   const io::TextConfig& c = m.cfg_;
@@ -57,15 +61,24 @@ Result<Qwen3TextModel> Qwen3TextModel::load(const io::SafeTensors& st, const io:
     L.moe = lw.moe;
     if (L.moe) L.router = lw.router.to_f32();
     if (lw.fused_gate_up.data) {
-      // Fused, input-major: gate_up [E, H, 2I] (gate = first I columns), down [E, I, H].
+      // Fused, input-major: gate_up [E, H, 2I] (gate = first I columns), down [E, I, H]; an expert-parallel shard's
+      // hold experts [fused_expert0, fused_expert0 + dim 0), the others stay empty.
       const int64_t E = c.num_experts, I = c.moe_intermediate_size;
+      const int64_t e0 = lw.fused_expert0, held = lw.fused_gate_up.shape[0];
       Tensor gu = lw.fused_gate_up.to_f32(), dn = lw.fused_down.to_f32();
-      for (int64_t e = 0; e < E; ++e) {
-        L.gate_up.push_back(transpose_2d(gu.rows(e, e + 1).reshape({H, 2 * I})));
-        L.down.push_back(transpose_2d(dn.rows(e, e + 1).reshape({I, H})));
+      L.gate_up.resize(E);
+      L.down.resize(E);
+      for (int64_t e = e0; e < e0 + held && e < E; ++e) {
+        L.gate_up[e] = transpose_2d(gu.rows(e - e0, e - e0 + 1).reshape({H, 2 * I}));
+        L.down[e] = transpose_2d(dn.rows(e - e0, e - e0 + 1).reshape({I, H}));
       }
     } else {
       for (size_t e = 0; e < lw.gate.size(); ++e) {
+        if (!lw.gate[e].data) {  // an expert another rank holds (expert parallelism)
+          L.gate_up.emplace_back();
+          L.down.emplace_back();
+          continue;
+        }
         L.gate_up.push_back(stack(lw.gate[e], lw.up[e]));
         L.down.push_back(lw.down[e].to_f32());
       }
@@ -196,7 +209,7 @@ void Qwen3TextModel::mlp(const Layer& L, int64_t layer, const ForwardBatch& b, c
   std::vector<float> slot_out(T * K * H, 0.0f);
   for (int64_t e = 0; e < E; ++e) {
     const auto& slots = by_expert[e];
-    if (slots.empty()) continue;
+    if (slots.empty() || !L.gate_up[e].defined()) continue;  // no tokens, or another rank's expert
     const int64_t n = static_cast<int64_t>(slots.size());
     std::vector<float> xe(n * H), y(n * H);
     for (int64_t r = 0; r < n; ++r) std::memcpy(&xe[r * H], x + (slots[r] / K) * H, H * 4);
@@ -216,6 +229,9 @@ Status Qwen3TextModel::run_expert(int64_t layer, int64_t expert, const float* x,
     return invalid_argument("layer " + std::to_string(layer) + " is not an MoE layer of this decoder");
   if (expert < 0 || expert >= static_cast<int64_t>(layers_[layer].gate_up.size()))
     return invalid_argument("expert " + std::to_string(expert) + " is outside layer " + std::to_string(layer));
+  if (!layers_[layer].gate_up[expert].defined())
+    return invalid_argument("expert " + std::to_string(expert) + " of layer " + std::to_string(layer) +
+                            " is held by another rank");
   expert_ffn(layers_[layer], expert, x, n, y);
   return Status::ok();
 }
@@ -256,9 +272,11 @@ Result<Tensor> Qwen3TextModel::forward(const ForwardBatch& b, PagedKVCache& cach
     const Layer& L = layers_[l];
     cpu::rmsnorm(h.data(), x, L.in_norm.data<float>(), T, H, eps);
     attention(L, l, b, cache, h.data(), y.data());
+    if (comm_) ZEST_RETURN_IF_ERROR(comm_->all_reduce_sum(y.data(), T * H));  // the ranks' heads' partial outputs
     cpu::add_inplace(x, y.data(), T * H);
     cpu::rmsnorm(h.data(), x, L.post_norm.data<float>(), T, H, eps);
     mlp(L, l, b, h.data(), y.data(), hooks);
+    if (comm_) ZEST_RETURN_IF_ERROR(comm_->all_reduce_sum(y.data(), T * H));  // MLP columns' / experts' partials
     cpu::add_inplace(x, y.data(), T * H);
     if (l < static_cast<int64_t>(b.deepstack.size()))
       for (size_t r = 0; r < b.mm_index.size(); ++r)

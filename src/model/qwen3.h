@@ -13,6 +13,7 @@
 #include "io/safetensors.h"
 #include "model/decoder.h"
 #include "model/kv_cache.h"
+#include "model/parallel.h"
 
 namespace zest::model {
 
@@ -21,6 +22,12 @@ class Qwen3TextModel : public TextDecoder {
   // Binds the decoder weights. `prefix` is "model." (qwen3_moe) or "model.language_model." (VL);
   // expert tensors in either layout (per-expert nn.Linear or fused input-major).
   static Result<Qwen3TextModel> load(const io::SafeTensors& st, const io::ModelConfig& cfg);
+  // The same from collected weights: the whole model's, or one rank's shard (shard_decoder_weights; experts another
+  // rank holds stay empty and are skipped).
+  static Result<Qwen3TextModel> from_weights(const DecoderWeights& w);
+  // A rank of a parallel decoder: forward sums the attention output and the MLP/expert output over the ranks
+  // (Communicator::all_reduce_sum) before each residual add. Null (the default): the whole model.
+  void set_communicator(Communicator* comm) { comm_ = comm; }
 
   Backend backend() const override { return Backend::kCpu; }
   const io::TextConfig& config() const override { return cfg_; }
@@ -59,6 +66,7 @@ class Qwen3TextModel : public TextDecoder {
   std::vector<Layer> layers_;
   std::vector<float> inv_freq_;
   std::vector<int8_t> freq_axis_;  // M-RoPE axis (0 t, 1 h, 2 w) of each frequency
+  Communicator* comm_ = nullptr;
 };
 
 }  // namespace zest::model

@@ -1,0 +1,59 @@
+#include "model/parallel_decoder.h"
+
+#include <thread>
+
+namespace zest::model {
+namespace {
+
+// The storage of a parallel decoder's cache: one CPU cache per rank (its key/value heads) over the same block ids.
+class RankKvStorage final : public KvStorage {
+ public:
+  std::vector<PagedKVCache> ranks;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<ParallelCpuDecoder>> ParallelCpuDecoder::create(const DecoderWeights& w, int world,
+                                                                       bool expert_parallel) {
+  ZEST_ASSIGN_OR_RETURN(ParallelPlan plan, plan_parallel(w.config, world, expert_parallel));
+  std::unique_ptr<ParallelCpuDecoder> d(new ParallelCpuDecoder());
+  d->config_ = w.config;
+  d->group_ = std::make_unique<LocalGroup>(world);
+  for (int r = 0; r < world; ++r) {
+    ZEST_ASSIGN_OR_RETURN(ShardWeights s, shard_decoder_weights(w, plan, r));
+    d->shards_.push_back(std::move(s));
+    ZEST_ASSIGN_OR_RETURN(Qwen3TextModel m, Qwen3TextModel::from_weights(d->shards_.back().weights));
+    d->ranks_.push_back(std::make_unique<Qwen3TextModel>(std::move(m)));
+    if (world > 1) d->ranks_.back()->set_communicator(&d->group_->member(r));
+  }
+  return d;
+}
+
+ParallelCpuDecoder::~ParallelCpuDecoder() = default;
+
+Result<PagedKVCache> ParallelCpuDecoder::allocate_cache(int64_t num_blocks, int64_t block_size) const {
+  if (num_blocks <= 0 || block_size <= 0) return invalid_argument("KV cache: need blocks and a block size");
+  auto storage = std::make_shared<RankKvStorage>();
+  for (const auto& m : ranks_) storage->ranks.push_back(m->make_cache(num_blocks, block_size));
+  return PagedKVCache(num_blocks, block_size, std::move(storage));
+}
+
+Result<Tensor> ParallelCpuDecoder::forward(const ForwardBatch& batch, PagedKVCache& cache,
+                                           const MoeHooks* hooks) const {
+  auto* storage = dynamic_cast<RankKvStorage*>(cache.storage());
+  if (!storage || storage->ranks.size() != ranks_.size())
+    return invalid_argument("forward: the KV cache was not made by this parallel decoder (use its allocate_cache)");
+  if (ranks_.size() == 1) return ranks_[0]->forward(batch, storage->ranks[0], hooks);
+  if (hooks) return unsupported("MoE hooks (host re-routing, calibration) on a decoder split over ranks");
+  std::vector<Result<Tensor>> out(ranks_.size(), Result<Tensor>(internal_error("rank did not run")));
+  std::vector<std::thread> threads;
+  for (size_t r = 1; r < ranks_.size(); ++r)
+    threads.emplace_back([&, r] { out[r] = ranks_[r]->forward(batch, storage->ranks[r]); });
+  out[0] = ranks_[0]->forward(batch, storage->ranks[0]);
+  for (auto& t : threads) t.join();
+  for (auto& o : out)
+    if (!o.ok()) return o.status();
+  return std::move(out[0]);
+}
+
+}  // namespace zest::model
