@@ -228,6 +228,15 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
   float* slot_out2 = a.take<float>(size_t(T) * K * H);
   bf16* slot_bf = a.take<bf16>(size_t(T) * K * H);  // the bf16 slot outputs of the decoders' default
   void* plan_buf = a.take<char>(cuda::moe_plan_bytes(T, K, E));
+  // FP8 tensor-core paths (other paths below): e4m3 weights and activations, block scales.
+  constexpr int kPeakN = 8192;  // the dense FP8 product T x 8192 x 8192 of the same kernel: its best case
+  uint8_t *x8 = a.take<uint8_t>(size_t(T) * kPeakN), *h8 = a.take<uint8_t>(size_t(T) * K * I);
+  uint8_t *wqkv8 = a.take<uint8_t>(size_t(QKV) * H), *wo8 = a.take<uint8_t>(size_t(H) * Hq * D);
+  uint8_t *gate_up8 = a.take<uint8_t>(size_t(E) * 2 * I * H), *down8 = a.take<uint8_t>(size_t(E) * H * I);
+  uint8_t* wpeak8 = a.take<uint8_t>(size_t(kPeakN) * kPeakN);
+  float *xs = a.take<float>(size_t(T) * kPeakN / 128), *hs = a.take<float>(size_t(T) * K * I / 128);
+  float* wscale = a.take<float>(size_t(E) * 2 * I * H / 128);  // scale grids and the quantizer's scratch (all 0)
+  bf16* ypeak = a.take<bf16>(size_t(T) * kPeakN);
   if (!a.ok()) return resource_exhausted("--ops: not enough GPU memory for T=" + std::to_string(T));
   cuda::MoePlan plan;
   cuda::moe_plan_bind(plan, plan_buf, T, K, E);
@@ -246,6 +255,16 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
   ZEST_RETURN_IF_ERROR(cuda::fill_random_bf16(qn, D, ++seed, 0.5f, 1.5f, st));
   ZEST_RETURN_IF_ERROR(cuda::fill_random_bf16(kn, D, ++seed, 0.5f, 1.5f, st));
   ZEST_RETURN_IF_ERROR(cuda::fill_random_bf16(norm, H, ++seed, 0.5f, 1.5f, st));
+  // FP8 codes of the bf16 weights (valid e4m3 bytes; the scales, zero, do not change the time)
+  ZEST_RETURN_IF_ERROR(cuda::quantize_rows_fp8(gate_up, gate_up8, wscale, E * 2 * I, H, st));
+  ZEST_RETURN_IF_ERROR(cuda::quantize_rows_fp8(down, down8, wscale, E * H, I, st));
+  ZEST_RETURN_IF_ERROR(cuda::quantize_rows_fp8(wqkv, wqkv8, wscale, QKV, H, st));
+  ZEST_RETURN_IF_ERROR(cuda::quantize_rows_fp8(wo, wo8, wscale, H, Hq * D, st));
+  ZEST_RETURN_IF_ERROR(cuda::quantize_rows_fp8(gate_up, wpeak8, wscale, kPeakN * kPeakN / H, H, st));
+  ZEST_RETURN_IF_ERROR(cuda::quantize_rows_fp8(gate_up, x8, wscale, T * kPeakN / H, H, st));
+  ZEST_RETURN_IF_ERROR(cu(cudaMemsetAsync(wscale, 0, size_t(E) * 2 * I * H / 128 * 4, st), "memset"));
+  const cuda::Fp8Weight fqkv{wqkv8, wscale}, fo{wo8, wscale}, fgu{gate_up8, wscale}, fdn{down8, wscale},
+      fpeak{wpeak8, wscale};
   std::vector<int32_t> hp(T);
   for (int t = 0; t < T; ++t) hp[t] = t;
   ZEST_RETURN_IF_ERROR(cu(cudaMemcpy(pos, hp.data(), size_t(T) * 4, cudaMemcpyHostToDevice), "copy"));
@@ -306,6 +325,19 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
        }},
       {"combine + residual + rmsnorm (fp32 slots)", 0, false,
        [&] { return cuda::moe_combine_add_rmsnorm(x, slot_out, ids, K, norm, xn, T, H, eps, st); }},
+      {"fp8: quantize x per token per 128 columns", 0, false,
+       [&] { return cuda::quantize_rows_fp8(xn, x8, xs, T, H, st); }},
+      {"fp8 tensor cores: qkv gemm", 2 * t * QKV * H, false,
+       [&] { return cuda::gemm_fp8_tc(x8, xs, fqkv, qkv, T, QKV, H, st); }},
+      {"fp8 tensor cores: o gemm", 2 * t * H * Hq * D, false,
+       [&] { return cuda::gemm_fp8_tc(x8, xs, fo, o, T, H, Hq * D, st); }},
+      {"fp8 tensor cores: experts gate/up", 2 * t * K * 2 * I * H, false,
+       [&] { return cuda::moe_gate_up_fp8_tc(x8, xs, plan, fgu, h, T, K, E, H, I, st); }},
+      {"fp8: quantize h", 0, false, [&] { return cuda::quantize_rows_fp8(h, h8, hs, T * K, I, st); }},
+      {"fp8 tensor cores: experts down (fp32 slots)", 2 * t * K * H * I, false,
+       [&] { return cuda::moe_down_fp8_tc(h8, hs, plan, rw, fdn, slot_out, T, K, E, H, I, st); }},
+      {"fp8 tensor cores: dense T x 8192 x 8192 (the kernel's best case)", 2 * t * kPeakN * kPeakN, false,
+       [&] { return cuda::gemm_fp8_tc(x8, xs, fpeak, ypeak, T, kPeakN, kPeakN, st); }},
   };
   // One pass of the layer's ops in order first, so every op's inputs exist (routing, plan, h).
   for (const Op& op : ops)

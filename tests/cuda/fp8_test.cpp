@@ -9,6 +9,7 @@
 
 #include "cuda/cuda_test_util.h"
 #include "cuda/moe_decode_case.h"
+#include "kernels/cuda/moe_stream.h"
 
 namespace zest::cuda::test {
 namespace {
@@ -40,6 +41,36 @@ HostFp8 random_fp8(int rows, int K, std::mt19937& rng, float amax) {
     }
   return w;
 }
+
+// random_fp8 with one scale per 128 x 128 block (the official checkpoints' blocks; what the tensor-core products take).
+HostFp8 random_fp8_blocks(int rows, int K, std::mt19937& rng, float amax) {
+  HostFp8 w = random_fp8(rows, K, rng, amax);
+  const int kc = (K + 63) / 64;
+  for (int r = 0; r < rows; ++r)
+    for (int k = 0; k < K; ++k) {
+      const float s = w.s[static_cast<size_t>(r / 128 * 8) * kc + k / 128 * 2];
+      w.s[static_cast<size_t>(r / 16) * kc + k / 64] = s;
+      const size_t i = static_cast<size_t>(r) * K + k;
+      w.deq.f[i] = f8e4m3_to_f32(w.q[i]) * s;
+    }
+  return w;
+}
+
+// Rows quantized on the device (quantize_rows_fp8) and their dequantized values on the host.
+struct QuantRows {
+  DevBuf<uint8_t> q;
+  DevBuf<float> s;
+  std::vector<float> deq;
+  QuantRows(const bf16* x, int rows, int K)
+      : q(static_cast<size_t>(rows) * K), s(static_cast<size_t>(rows) * (K / 128)) {
+    EXPECT_TRUE(quantize_rows_fp8(x, q.get(), s.get(), rows, K, nullptr).is_ok());
+    sync_ok();
+    const auto codes = q.download();
+    const auto sc = s.download();
+    deq.resize(codes.size());
+    for (size_t i = 0; i < codes.size(); ++i) deq[i] = f8e4m3_to_f32(codes[i]) * sc[i / K * (K / 128) + i % K / 128];
+  }
+};
 
 struct DevFp8 {
   DevBuf<uint8_t> q;
@@ -99,10 +130,160 @@ TEST(CudaFp8, DequantizeMatchesHostRounding) {
   for (size_t i = 0; i < bits.size(); ++i) ASSERT_EQ(bits[i], f32_to_bf16(w.deq.f[i])) << "element " << i;
 }
 
+// The nearest e4m3 code of v (ties to the even code, magnitudes past 448 saturated), by search over every finite code.
+uint8_t nearest_e4m3(float v) {
+  const float a = std::fabs(v);
+  int best = 0;
+  for (int c = 1; c < 0x7f; ++c) {
+    const float d = std::fabs(f8e4m3_to_f32(static_cast<uint8_t>(c)) - a), bd = std::fabs(f8e4m3_to_f32(best) - a);
+    if (d < bd || (d == bd && c % 2 == 0)) best = c;
+  }
+  return static_cast<uint8_t>(best | (std::signbit(v) ? 0x80 : 0));
+}
+
+TEST(CudaFp8, QuantizeRowsMatchesNearestCodes) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(913);
+  const int rows = 37, K = 384;
+  HostBF16 x = random_bf16(static_cast<size_t>(rows) * K, rng);
+  // one all-zero block, one block with a single large value (the rest underflow towards subnormals and zero)
+  for (int k = 128; k < 256; ++k) x.f[static_cast<size_t>(5) * K + k] = 0.f;
+  for (int k = 0; k < 128; ++k) x.f[static_cast<size_t>(9) * K + k] *= 1e-3f;
+  x.f[static_cast<size_t>(9) * K + 17] = -300.f;
+  for (size_t i = 0; i < x.f.size(); ++i) {
+    x.bits[i] = f32_to_bf16(x.f[i]);
+    x.f[i] = bf16_to_f32(x.bits[i]);
+  }
+  auto dx = upload_bf16(x);
+  DevBuf<uint8_t> q(static_cast<size_t>(rows) * K);
+  DevBuf<float> sc(static_cast<size_t>(rows) * (K / 128));
+  ZEST_ASSERT_OK(quantize_rows_fp8(dx->get(), q.get(), sc.get(), rows, K, nullptr));
+  sync_ok();
+  const auto codes = q.download();
+  const auto scales = sc.download();
+  for (int r = 0; r < rows; ++r)
+    for (int b = 0; b < K / 128; ++b) {
+      float amax = 0.f;
+      for (int k = 0; k < 128; ++k) amax = std::max(amax, std::fabs(x.f[static_cast<size_t>(r) * K + b * 128 + k]));
+      const float inv = amax > 0.f ? 448.f / amax : 1.f;
+      ASSERT_EQ(scales[static_cast<size_t>(r) * (K / 128) + b], amax > 0.f ? amax / 448.f : 1.f) << r << " " << b;
+      for (int k = 0; k < 128; ++k) {
+        const size_t i = static_cast<size_t>(r) * K + b * 128 + k;
+        ASSERT_EQ(codes[i], nearest_e4m3(x.f[i] * inv)) << "row " << r << " column " << b * 128 + k;
+      }
+    }
+  EXPECT_EQ(quantize_rows_fp8(dx->get(), q.get(), sc.get(), rows, 200, nullptr).code(), ErrorCode::kInvalidArgument);
+}
+
+TEST(CudaFp8, TensorCoreDenseMatchesQuantizedReference) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(917);
+  // one token; a last row tile of 44 rows; three row tiles
+  for (const auto& [M, N, K] : {std::tuple{1, 256, 384}, std::tuple{300, 128, 256}, std::tuple{384, 384, 1024}}) {
+    SCOPED_TRACE(testing::Message() << "M " << M << " N " << N << " K " << K);
+    const HostFp8 w = random_fp8_blocks(N, K, rng, 0.05f);
+    const HostBF16 x = random_bf16(static_cast<size_t>(M) * K, rng);
+    auto dx = upload_bf16(x);
+    const QuantRows xq(dx->get(), M, K);
+    std::vector<float> ref(static_cast<size_t>(M) * N);
+    for (int m = 0; m < M; ++m)
+      for (int n = 0; n < N; ++n) {
+        double a = 0;
+        for (int k = 0; k < K; ++k)
+          a += static_cast<double>(xq.deq[static_cast<size_t>(m) * K + k]) * w.deq.f[static_cast<size_t>(n) * K + k];
+        ref[static_cast<size_t>(m) * N + n] = static_cast<float>(a);
+      }
+    DevFp8 dw(w);
+    DevBuf<bf16> dy(static_cast<size_t>(M) * N);
+    dy.poison();
+    ZEST_ASSERT_OK(gemm_fp8_tc(xq.q.get(), xq.s.get(), dw.view(), dy.get(), M, N, K, nullptr));
+    sync_ok();
+    ZEST_EXPECT_CLOSE(download_bf16(dy), ref, 1e-2);
+  }
+  DevBuf<uint8_t> q(128 * 128);
+  DevBuf<bf16> y(128 * 128);
+  EXPECT_EQ(gemm_fp8_tc(q.get(), nullptr, {q.get(), nullptr}, y.get(), 4, 96, 128, nullptr).code(),
+            ErrorCode::kInvalidArgument);
+}
+
+// The experts on FP8 tensor cores: gate/up's h against the host's from the device-quantized token rows, then down's
+// slot outputs against the host's from the device-quantized h (each product checked on the inputs it was given).
+TEST(CudaFp8, TensorCoreExpertsMatchQuantizedReference) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(919);
+  // A hot expert with 300 slots (three row tiles), holes, 16 experts of which some idle.
+  const MoeCase c{300, 4, 16, 256, 384, 12, 5, 7};
+  const Routing route = make_routing(c, rng);
+  const HostBF16 x = random_bf16(static_cast<size_t>(c.N) * c.H, rng);
+  const HostFp8 gu = random_fp8_blocks(c.E * 2 * c.I, c.H, rng, 2.f * std::sqrt(3.f / c.H));
+  const HostFp8 dn = random_fp8_blocks(c.E * c.H, c.I, rng, 2.f * std::sqrt(3.f / c.I));
+  auto dx = upload_bf16(x);
+  const QuantRows xq(dx->get(), c.N, c.H);
+  DevFp8 dgu(gu), ddn(dn);
+  DevBuf<int32_t> ids(route.ids);
+  const int NK = c.N * c.K;
+  DevBuf<float> w(route.w), out(static_cast<size_t>(NK) * c.H);
+  DevBuf<bf16> h(static_cast<size_t>(NK) * c.I);
+  DevBuf<unsigned char> plan_buf(moe_plan_bytes(c.N, c.K, c.E));
+  MoePlan plan;
+  moe_plan_bind(plan, plan_buf.get(), c.N, c.K, c.E);
+  ZEST_ASSERT_OK(moe_plan_prefill(ids.get(), c.N, c.K, c.E, plan, nullptr, nullptr));
+  h.poison();
+  ZEST_ASSERT_OK(moe_gate_up_fp8_tc(xq.q.get(), xq.s.get(), plan, dgu.view(), h.get(), c.N, c.K, c.E, c.H, c.I,
+                                    nullptr));
+  sync_ok();
+  // The plan's sorted positions (host copy of the device plan's offsets and slots).
+  std::vector<int32_t> sorted(NK), offsets(c.E + 1), active(c.E);
+  int na = 0;
+  ASSERT_EQ(cudaMemcpy(&na, plan.num_active, 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(sorted.data(), plan.sorted_slots, NK * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(offsets.data(), plan.offsets, (na + 1) * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(active.data(), plan.active_experts, na * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+  const auto hb = download_bf16(h);
+  std::vector<float> got_h, ref_h;
+  for (int j = 0; j < na; ++j)
+    for (int pos = offsets[j]; pos < offsets[j + 1]; ++pos) {
+      const int e = active[j], tok = sorted[pos] / c.K;
+      for (int i = 0; i < c.I; ++i) {
+        double g = 0, u = 0;
+        for (int k = 0; k < c.H; ++k) {
+          const double xv = xq.deq[static_cast<size_t>(tok) * c.H + k];
+          g += xv * gu.deq.f[(static_cast<size_t>(e) * 2 * c.I + i) * c.H + k];
+          u += xv * gu.deq.f[(static_cast<size_t>(e) * 2 * c.I + c.I + i) * c.H + k];
+        }
+        const float gv = round_bf16(static_cast<float>(g));
+        ref_h.push_back(round_bf16(gv / (1.f + std::exp(-gv))) * round_bf16(static_cast<float>(u)));
+        got_h.push_back(hb[static_cast<size_t>(pos) * c.I + i]);
+      }
+    }
+  ASSERT_FALSE(ref_h.empty());
+  ZEST_EXPECT_CLOSE(got_h, ref_h, 2e-2);
+  const QuantRows hq(h.get(), NK, c.I);
+  out.poison();
+  ZEST_ASSERT_OK(moe_down_fp8_tc(hq.q.get(), hq.s.get(), plan, w.get(), ddn.view(), out.get(), c.N, c.K, c.E, c.H,
+                                 c.I, nullptr));
+  sync_ok();
+  const auto all = out.download();
+  std::vector<float> got, ref;
+  for (int j = 0; j < na; ++j)
+    for (int pos = offsets[j]; pos < offsets[j + 1]; ++pos) {
+      const int e = active[j], slot = sorted[pos];
+      for (int r = 0; r < c.H; ++r) {
+        double a = 0;
+        for (int i = 0; i < c.I; ++i)
+          a += static_cast<double>(hq.deq[static_cast<size_t>(pos) * c.I + i]) *
+               dn.deq.f[(static_cast<size_t>(e) * c.H + r) * c.I + i];
+        ref.push_back(static_cast<float>(a) * route.w[slot]);
+        got.push_back(all[static_cast<size_t>(slot) * c.H + r]);
+      }
+    }
+  ZEST_EXPECT_CLOSE(got, ref, 2e-2);
+}
+
 // The MoE experts over FP8 weights against ref_expert (moe_decode_case.h) on the dequantized weights; slots with
-// id -1 stay unwritten.
-void run_moe_case(const MoeCase& c, std::mt19937& rng) {
-  SCOPED_TRACE(testing::Message() << "N=" << c.N << " K=" << c.K << " E=" << c.E << " H=" << c.H << " I=" << c.I
+// id -1 stay unwritten. stream: moe_experts_stream_fp8 (the persistent weight-streaming kernel), else moe_experts_fp8.
+void run_moe_case(const MoeCase& c, std::mt19937& rng, bool stream = false) {
+  SCOPED_TRACE(testing::Message() << (stream ? "stream " : "") << "N=" << c.N << " K=" << c.K << " E=" << c.E << " H=" << c.H << " I=" << c.I
                                   << " pool=" << c.pool << " hot=" << c.hot << " holes=" << c.holes
                                   << " dup=" << c.dup);
   const Routing route = make_routing(c, rng);
@@ -119,8 +300,12 @@ void run_moe_case(const MoeCase& c, std::mt19937& rng) {
   moe_plan_bind(plan, plan_buf.get(), c.N, c.K, c.E);
   ZEST_ASSERT_OK(moe_plan(ids.get(), c.N, c.K, c.E, plan, nullptr, nullptr));
   out.poison();
-  ZEST_ASSERT_OK(moe_experts_fp8(dx->get(), plan, w.get(), dgu.view(), ddn.view(), h.get(), out.get(), c.N, c.K, c.E,
-                                 c.H, c.I, nullptr));
+  if (stream)
+    ZEST_ASSERT_OK(moe_experts_stream_fp8(dx->get(), plan, w.get(), dgu.view(), ddn.view(), h.get(), out.get(), c.N,
+                                          c.K, c.E, c.H, c.I, nullptr));
+  else
+    ZEST_ASSERT_OK(moe_experts_fp8(dx->get(), plan, w.get(), dgu.view(), ddn.view(), h.get(), out.get(), c.N, c.K,
+                                   c.E, c.H, c.I, nullptr));
   sync_ok();
   const auto all = out.download();
   std::vector<uint32_t> bits(all.size());
@@ -152,6 +337,28 @@ TEST(CudaFp8, MoeExpertsMatchHostLoop) {
   run_moe_case({12, 2, 4, 256, 96, 0, -1, 0, true}, rng);
   // 128 experts, all active at 64 tokens.
   run_moe_case({64, 8, 128, 512, 256, 0, -1, 0}, rng);
+}
+
+TEST(CudaFp8, MoeStreamMatchesHostLoop) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(911);
+  // Model widths at one, five and seven tokens; 33 tokens (three passes of 16 for the hot expert); empty slots;
+  // repeated ids; 128 experts all active at 64 tokens; I a single 256-column stage.
+  run_moe_case({1, 8, 8, 2048, 768, 0, -1, 0}, rng, true);
+  run_moe_case({7, 8, 16, 2048, 768, 0, -1, 0}, rng, true);
+  run_moe_case({33, 8, 32, 512, 768, 0, 3, 0}, rng, true);
+  run_moe_case({40, 4, 16, 256, 512, 0, -1, 5}, rng, true);
+  run_moe_case({12, 2, 4, 256, 256, 0, -1, 0, true}, rng, true);
+  run_moe_case({64, 8, 128, 512, 256, 0, -1, 0}, rng, true);
+  run_moe_case({5, 8, 64, 2048, 768, 0, -1, 0}, rng, true);
+  MoePlan plan;
+  DevBuf<bf16> buf(1024);
+  DevBuf<uint8_t> q(1024);
+  EXPECT_FALSE(moe_stream_fp8_ok(2048, 192));
+  EXPECT_EQ(moe_experts_stream_fp8(buf.get(), plan, nullptr, {q.get(), nullptr}, {q.get(), nullptr}, buf.get(),
+                                   nullptr, 1, 2, 4, 2048, 192, nullptr)
+                .code(),
+            ErrorCode::kUnsupported);
 }
 
 TEST(CudaFp8, MoeExpertsRefuseWidthsOffSixteen) {

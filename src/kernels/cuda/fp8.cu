@@ -10,27 +10,19 @@
 // the weight and for the token, so the products are the plain dot products. An e4m3 byte becomes bf16 exactly (bit
 // moves, then a multiplication by 2^120: e4m3 values, subnormals included, are bf16 values); the chunk's products
 // (one 16 x 64 block of one scale) are summed on the tensor cores and added to the f32 accumulators times the scale.
+#include <cuda_fp8.h>
+
 #include <algorithm>
 #include <string>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/fp8.cuh"
 
 namespace zest::cuda {
 
 namespace {
 
 constexpr int kTokGroups = 4;         // 8-token groups per pass (32 tokens); more tokens take more passes
-
-// Two e4m3 bytes (bytes b and b + 1 of w, selected by `sel`: 0x1404 for bytes 0-1, 0x3424 for bytes 2-3) as bf16x2.
-__device__ __forceinline__ uint32_t e4m3x2_bf16x2(uint32_t w, uint32_t sel) {
-  const uint32_t y = __byte_perm(w, 0u, sel);  // byte b at bits 15:8, byte b + 1 at bits 31:24
-  // sign in place; exponent and mantissa (7 bits) at bf16 bits 10:4 (exponent field = e4m3 exponent, bias 7 not 127)
-  const uint32_t r = (y & 0x80008000u) | ((y >> 4) & 0x07f007f0u);
-  const uint32_t two120 = 0x7b807b80u;  // bf16 2^120, twice
-  const __nv_bfloat162 v = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&r),
-                                   *reinterpret_cast<const __nv_bfloat162*>(&two120));
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
 
 // A 16-byte load that gives zeros when p is null.
 __device__ __forceinline__ uint4 ld16_or_zero(const void* p) {
@@ -299,6 +291,32 @@ __global__ void dequantize_fp8_kernel(Fp8Weight w, bf16* __restrict__ out, int r
   dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
 }
 
+// One warp per (row, 128-column block): amax over the block, scale = amax / 448 (1 for an all-zero block), codes =
+// e4m3(x * (448 / amax)) rounded to nearest even, saturating.
+__global__ void quantize_rows_fp8_kernel(const bf16* __restrict__ x, uint8_t* __restrict__ q, float* __restrict__ scales,
+                                         int rows, int K) {
+  pdl_wait();
+  const int blocks = K / 128;
+  const int wid = static_cast<int>((static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32);
+  const int lane = threadIdx.x & 31;
+  if (wid >= rows * blocks) return;
+  const int r = wid / blocks, b = wid - r * blocks;
+  const size_t off = static_cast<size_t>(r) * K + b * 128 + lane * 4;
+  const uint2 raw = __ldg(reinterpret_cast<const uint2*>(x + off));
+  const float2 v01 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+  const float2 v23 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+  float amax = fmaxf(fmaxf(fabsf(v01.x), fabsf(v01.y)), fmaxf(fabsf(v23.x), fabsf(v23.y)));
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float inv = amax > 0.f ? 448.f / amax : 1.f;
+  const __nv_fp8x2_storage_t lo = __nv_cvt_float2_to_fp8x2(make_float2(v01.x * inv, v01.y * inv), __NV_SATFINITE,
+                                                           __NV_E4M3);
+  const __nv_fp8x2_storage_t hi = __nv_cvt_float2_to_fp8x2(make_float2(v23.x * inv, v23.y * inv), __NV_SATFINITE,
+                                                           __NV_E4M3);
+  *reinterpret_cast<uint32_t*>(q + off) = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+  if (lane == 0) scales[static_cast<size_t>(r) * blocks + b] = amax > 0.f ? amax / 448.f : 1.f;
+}
+
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 // KW: 8 warps split K from 16 chunks of 64 (K >= 1024), else 4.
@@ -381,6 +399,17 @@ Status moe_experts_fp8(const bf16* x, const MoePlan& plan, const float* weights,
   // A token picks an expert at most once: an expert has at most N tokens.
   ZEST_RETURN_IF_ERROR(pick<MoeLaunch>(H, N, x, plan, weights, gate_up, down, h, slot_out, N, K, E, H, I, stream));
   return pick<MoeDownLaunch>(I, N, plan, weights, down, h, slot_out, N, K, E, H, I, stream);
+}
+
+Status quantize_rows_fp8(const bf16* x, uint8_t* q, float* scales, int rows, int K, cudaStream_t stream) {
+  if (rows <= 0 || K <= 0 || K % 128 != 0)
+    return invalid_argument("quantize_rows_fp8: need rows > 0 and K a positive multiple of 128 (K " +
+                            std::to_string(K) + ")");
+  if ((reinterpret_cast<uintptr_t>(x) & 7) != 0 || (reinterpret_cast<uintptr_t>(q) & 3) != 0)
+    return invalid_argument("quantize_rows_fp8: x must be 8-byte and q 4-byte aligned");
+  const size_t warps = static_cast<size_t>(rows) * (K / 128);
+  return launch("quantize_rows_fp8", quantize_rows_fp8_kernel, dim3(static_cast<unsigned>((warps + 7) / 8)), dim3(256),
+                0, stream, x, q, scales, rows, K);
 }
 
 Status dequantize_fp8(Fp8Weight w, bf16* out, int rows, int K, cudaStream_t stream) {

@@ -119,6 +119,17 @@ size_t fp8_scale_count(int rows, int K);
 // y[M, N] = x[M, K] * W^T for 0 < M <= 64 (decode): the FP8 bytes streamed once, turned into bf16 exactly in registers
 // and multiplied on tensor cores, each 16 x 64 chunk's products scaled in f32.
 Status gemm_fp8(const bf16* x, Fp8Weight w, bf16* y, int M, int N, int K, cudaStream_t stream);
+// Activations for FP8 tensor-core products, per row per 128 columns (the DeepSeek-V3 scheme): scales[r, b] = amax / 448
+// of x[r, 128b .. 128b + 127] (1 when all zero), q[r, k] = e4m3(x[r, k] * 448 / amax), nearest even, saturating.
+// K a multiple of 128; scales [rows, K / 128] f32.
+Status quantize_rows_fp8(const bf16* x, uint8_t* q, float* scales, int rows, int K, cudaStream_t stream);
+// FP8 tensor-core products for prefill (gemm_fp8_tc.cu; wgmma e4m3, fp32 sums): the activations quantized by
+// quantize_rows_fp8 (x8, scales [rows, width / 128]), the weight's scales uniform over 128 x 128 blocks (the official
+// checkpoints' blocks; each 128-column chunk of a 64-row box is scaled by the scale of its first 16 x 64 chunk).
+// y [M, N] = x W^T for N, K multiples of 128.
+bool gemm_fp8_tc_ok(int N, int K);
+Status gemm_fp8_tc(const uint8_t* x8, const float* x_scale, Fp8Weight w, bf16* y, int M, int N, int K,
+                   cudaStream_t stream);
 // out[r, k] = bf16(f32(q[r, k]) * scale) (the prefill GEMMs' bf16 copy of an FP8 weight).
 Status dequantize_fp8(Fp8Weight w, bf16* out, int rows, int K, cudaStream_t stream);
 
@@ -341,6 +352,14 @@ Status moe_experts_decode_combine(const bf16* x, const MoePlan& plan, const floa
 // f32, slot_out as moe_experts_decode (the plan's counters are not used).
 Status moe_experts_fp8(const bf16* x, const MoePlan& plan, const float* weights, Fp8Weight gate_up, Fp8Weight down,
                        bf16* h, float* slot_out, int N, int K, int E, int H, int I, cudaStream_t stream);
+// Prefill experts on FP8 tensor cores (gemm_fp8_tc.cu, the activations and weights as gemm_fp8_tc takes them): gate/up
+// writes h at the sorted positions as moe_prefill_gate_up does (x8: the N tokens' rows); down reads h8 (h quantized)
+// and writes slot_out (fp32) as moe_prefill_down does. E <= 256, H and I multiples of 128.
+bool moe_experts_fp8_tc_ok(int E, int H, int I);
+Status moe_gate_up_fp8_tc(const uint8_t* x8, const float* x_scale, const MoePlan& plan, Fp8Weight gate_up, bf16* h,
+                          int N, int K, int E, int H, int I, cudaStream_t stream);
+Status moe_down_fp8_tc(const uint8_t* h8, const float* h_scale, const MoePlan& plan, const float* weights,
+                       Fp8Weight down, float* slot_out, int N, int K, int E, int H, int I, cudaStream_t stream);
 // Prefill experts: the same function as moe_experts_decode through tensor-core grouped GEMMs over the
 // plan's tiles (device-side offsets): moe_prefill_gate_up then moe_prefill_down when H % 128 == 0 and
 // I % 64 == 0, else moe_experts_prefill_wmma.

@@ -30,6 +30,7 @@
 
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/fp8.cuh"
 #include "kernels/cuda/moe_stream.h"
 
 namespace zest::cuda {
@@ -51,21 +52,29 @@ constexpr int kItemWords = 768;                   // byte offset of the item wor
 // Shared memory before the ring: mbarriers, then partial sums (two buffers of [warp][MT * 8 values][lane]).
 constexpr int head_bytes(int MT) { return kBarBytes + 2 * kConsumers * MT * 8 * 32 * 4; }
 constexpr int kMaxExperts = 1024;
+constexpr int kFp8Width = 256;                    // FP8: H and I multiples of this (whole 256-column stages)
 
 // A ring stage: RA = 16 MT weight rows, then TG token rows, each KC columns. A gate/up item covers GU = 8 MT
 // intermediate rows: stage rows [0, GU) are its gate rows, [GU, 2 GU) the matching up rows, and m16 tile m takes gate
 // rows 8m .. 8m+7 (tile rows 0-7) and the matching up rows (tile rows 8-15). A down item's rows are in order. BOX:
 // the weight rows come as 2-D tensor boxes (dense rows, KC <= 256); else each row is one 1-D copy (rows padded so
-// that rows g and g+1 fall in different banks).
-template <int KC, int TG, int MT, bool BOX>
+// that rows g and g+1 fall in different banks). F8 (block-wise FP8 weights, BOX only): weight rows of KC bytes, then
+// the token rows, then the stage's weight scales (f32 per 16 rows x 64 columns, Fp8Weight's layout): [RA / 16 row
+// groups][KC / 64 chunks], a gate/up stage's gate groups at kScaleOff and its up groups 128 bytes on.
+template <int KC, int TG, int MT, bool BOX, bool F8 = false>
 struct Ring {
   static_assert(TG == 8 || TG == kMaxTokG, "one or two n8 tiles");
   static_assert(MT == 1 || MT == 2 || MT == 4, "one, two or four m16 tiles");
   static_assert(!BOX || KC <= 256, "a tensor box has at most 256 columns");
+  static_assert(!F8 || (BOX && MT >= 2 && KC % 256 == 0), "FP8: tensor boxes of whole 16-row scale groups");
   static constexpr int RA = kTileRows * MT;
   static constexpr int GU = 8 * MT;
-  static constexpr int kRowBytes = KC * 2 + (BOX ? 0 : kPadBytes);
-  static constexpr int kSlotBytes = (RA + TG) * kRowBytes;
+  static constexpr int kRowBytes = KC * 2 + (BOX ? 0 : kPadBytes);  // token rows (and bf16 weight rows)
+  static constexpr int kWRowBytes = F8 ? KC : kRowBytes;            // weight rows
+  static constexpr int kTokOff = RA * kWRowBytes;                   // the token rows' offset in a stage
+  static constexpr int kScaleOff = kTokOff + TG * kRowBytes;        // F8: the scales' offset (128-byte aligned)
+  static constexpr int kScaleBytes = F8 ? 256 : 0;
+  static constexpr int kSlotBytes = kScaleOff + kScaleBytes;
   static constexpr int kHead = head_bytes(MT);
 };
 
@@ -292,15 +301,17 @@ __device__ __forceinline__ void publish_item(const StreamArgs& a, int j, int lan
 }
 
 // Tensor maps of the BOX variants (unused otherwise): gate_up [E 2I, H] in boxes of KC x GU, down [E H, I] in boxes of
-// KC x RA, h [N K, I] in boxes of KC x TG.
+// KC x RA, h [N K, I] in boxes of KC x TG; F8: the weights' bytes as above and their scales, gate_up [E 2I / 16, H /
+// 64] in boxes of KC / 64 x GU / 16, down [E H / 16, I / 64] in boxes of KC / 64 x RA / 16.
 struct StreamMaps {
-  CUtensorMap gu, dn, h;
+  CUtensorMap gu, dn, h, gus, dns;
 };
 
-template <int KC, int NS, int TG, int MT, int P, int kMinBlocks, bool BOX, bool EVICT_FIRST, bool AHEAD, bool EPI>
+template <int KC, int NS, int TG, int MT, int P, int kMinBlocks, bool BOX, bool EVICT_FIRST, bool AHEAD, bool EPI,
+          bool F8>
 __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
     moe_stream_kernel(StreamArgs a, const __grid_constant__ StreamMaps maps) {
-  using R = Ring<KC, TG, MT, BOX>;
+  using R = Ring<KC, TG, MT, BOX, F8>;
   constexpr int RA = R::RA, GU = R::GU;
   static_assert(BOX || 32 * P >= RA, "the producer lanes cover every weight row of a stage");
   extern __shared__ __align__(128) unsigned char smem[];
@@ -364,7 +375,10 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
           const uint32_t par = (stage / NS) & 1u;
           const uint32_t bytes = static_cast<uint32_t>(min(KC, width - k0)) * 2u;
           const uint32_t full = bar0 + 8 * s, empty = bar0 + 8 * (NS + s);
-          const uint32_t boxes = pw == 0 ? static_cast<uint32_t>((RA + (it.gu ? 0 : TG)) * KC * 2) : 0u;
+          const uint32_t boxes =
+              pw == 0 ? static_cast<uint32_t>(RA * R::kWRowBytes + (it.gu ? 0 : TG * KC * 2) +
+                                              (F8 ? RA / 16 * (KC / 64) * 4 : 0))
+                      : 0u;
           if (lane == 0) {
             mbar_wait_or_trap(empty, par ^ 1u);
             mbar_arrive_expect_tx(full, boxes + bytes * b_rows);
@@ -375,9 +389,15 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
             if (it.gu) {
               const int r0 = it.e * 2 * a.I + it.tile * GU;
               tensor_load_2d_hint(slot, &maps.gu, k0, r0, full, policy);
-              tensor_load_2d_hint(slot + GU * R::kRowBytes, &maps.gu, k0, r0 + a.I, full, policy);
+              tensor_load_2d_hint(slot + GU * R::kWRowBytes, &maps.gu, k0, r0 + a.I, full, policy);
+              if constexpr (F8) {
+                tensor_load_2d(slot + R::kScaleOff, &maps.gus, k0 / 64, r0 / 16, full);
+                tensor_load_2d(slot + R::kScaleOff + 128, &maps.gus, k0 / 64, (r0 + a.I) / 16, full);
+              }
             } else {
-              tensor_load_2d_hint(slot, &maps.dn, k0, it.e * a.H + it.tile * RA, full, policy);
+              const int r0 = it.e * a.H + it.tile * RA;
+              tensor_load_2d_hint(slot, &maps.dn, k0, r0, full, policy);
+              if constexpr (F8) tensor_load_2d(slot + R::kScaleOff, &maps.dns, k0 / 64, r0 / 16, full);
               if (!h_ready) {
                 const uint64_t t0 = global_ns();
                 while (ld_acquire(a.plan.ready + it.j) < static_cast<uint32_t>(gu_tiles)) {
@@ -387,12 +407,12 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
                 fence_proxy_async_global();
                 h_ready = true;
               }
-              tensor_load_2d(slot + RA * R::kRowBytes, &maps.h, k0, c0, full);
+              tensor_load_2d(slot + R::kTokOff, &maps.h, k0, c0, full);
             }
           }
           if (has_b) {
             if (!brow) brow = a.x + static_cast<size_t>(__ldg(a.plan.sorted_slots + c0 + tb) / a.K) * a.H;
-            bulk_load(slot + (RA + tb) * R::kRowBytes, brow + k0, bytes, full);
+            bulk_load(slot + R::kTokOff + tb * R::kRowBytes, brow + k0, bytes, full);
           }
         }
       }
@@ -501,9 +521,56 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
         for (int k0 = 0; k0 < width; k0 += KC, ++stage) {
           const int s = stage % NS;
           const uint32_t par = (stage / NS) & 1u;
-          const int steps = min(KC, width - k0) / 32;
           mbar_wait_or_trap(bar0 + 8 * s, par);
           if (stage == 0) step_timeline_phase(1);  // the CTA's first stage has landed (timeline build only)
+          if constexpr (F8) {
+            // 64-wide k steps (one scale chunk each): warp w takes steps w, w + 4, ...; lane (g, q) holds weight
+            // columns 16q .. 16q + 15 of the step (16 bytes) and the same token columns (32 bytes), mma_fp8_k64's
+            // permutation. Each step's products are scaled by their rows' scales into the f32 sums.
+            const unsigned char* sb = slots + s * R::kSlotBytes;
+            const unsigned char* a_lo = sb + g * R::kWRowBytes + q * 16;
+            const unsigned char* a_hi = a_lo + (it.gu ? GU : 8) * R::kWRowBytes;
+            const int m_step = (it.gu ? 8 : kTileRows) * R::kWRowBytes;
+            const unsigned char* b_0 = sb + R::kTokOff + g * R::kRowBytes + q * 32;
+            const unsigned char* b_1 = b_0 + 8 * R::kRowBytes;
+            const float* sc = reinterpret_cast<const float*>(sb + R::kScaleOff);
+            constexpr int kChunks = KC / 64;
+            for (int ks = warp; ks < KC / 64; ks += kConsumers) {
+              uint32_t x0[8], x1[8];
+              const uint4 x0a = *reinterpret_cast<const uint4*>(b_0 + ks * 128);
+              const uint4 x0b = *reinterpret_cast<const uint4*>(b_0 + ks * 128 + 16);
+              const uint4 x1a = two ? *reinterpret_cast<const uint4*>(b_1 + ks * 128) : x0a;
+              const uint4 x1b = two ? *reinterpret_cast<const uint4*>(b_1 + ks * 128 + 16) : x0b;
+              x0[0] = x0a.x, x0[1] = x0a.y, x0[2] = x0a.z, x0[3] = x0a.w;
+              x0[4] = x0b.x, x0[5] = x0b.y, x0[6] = x0b.z, x0[7] = x0b.w;
+              x1[0] = x1a.x, x1[1] = x1a.y, x1[2] = x1a.z, x1[3] = x1a.w;
+              x1[4] = x1b.x, x1[5] = x1b.y, x1[6] = x1b.z, x1[7] = x1b.w;
+#pragma unroll
+              for (int m = 0; m < MT; ++m) {
+                const int mo = m * m_step + ks * 64;
+                const uint4 lo = *reinterpret_cast<const uint4*>(a_lo + mo);
+                const uint4 hi = *reinterpret_cast<const uint4*>(a_hi + mo);
+                // rows of the lane: gate/up tile m = gate rows 8m + g and up rows 8m + g (group m / 2 of each
+                // part); down tile m = rows 16m + g and 16m + 8 + g (group m)
+                const float s_lo = it.gu ? sc[(m / 2) * kChunks + ks] : sc[m * kChunks + ks];
+                const float s_hi = it.gu ? sc[32 + (m / 2) * kChunks + ks] : s_lo;
+                float p0[4] = {0.f, 0.f, 0.f, 0.f}, p1[4] = {0.f, 0.f, 0.f, 0.f};
+                mma_fp8_k64(p0, lo, hi, x0);
+                if (two) mma_fp8_k64(p1, lo, hi, x1);
+                acc[m][0][0] = fmaf(s_lo, p0[0], acc[m][0][0]);
+                acc[m][0][1] = fmaf(s_lo, p0[1], acc[m][0][1]);
+                acc[m][0][2] = fmaf(s_hi, p0[2], acc[m][0][2]);
+                acc[m][0][3] = fmaf(s_hi, p0[3], acc[m][0][3]);
+                if (two) {
+                  acc[m][1][0] = fmaf(s_lo, p1[0], acc[m][1][0]);
+                  acc[m][1][1] = fmaf(s_lo, p1[1], acc[m][1][1]);
+                  acc[m][1][2] = fmaf(s_hi, p1[2], acc[m][1][2]);
+                  acc[m][1][3] = fmaf(s_hi, p1[3], acc[m][1][3]);
+                }
+              }
+            }
+          } else {
+          const int steps = min(KC, width - k0) / 32;
           const unsigned char* sb = slots + s * R::kSlotBytes + q * 16;
           const unsigned char* a_lo = sb + g * R::kRowBytes;
           const unsigned char* a_hi = a_lo + (it.gu ? GU : 8) * R::kRowBytes;
@@ -522,6 +589,7 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
               mma_k32(acc[m][0], lo, hi, x0);
               if (two) mma_k32(acc[m][1], lo, hi, x1);
             }
+          }
           }
           mbar_arrive(bar0 + 8 * (NS + s));  // each thread releases its own reads of the stage
         }
@@ -554,17 +622,18 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
 #endif
 }
 
-// Tensor map over a row-major bf16 matrix [rows, cols] in dense boxes of box_cols x box_rows (no swizzle); reads
-// past the last row or column give zeros (and still count as box bytes on the barrier).
-Status make_map(CUtensorMap* map, const bf16* base, uint64_t rows, uint64_t cols, uint32_t box_cols,
-                uint32_t box_rows) {
+// Tensor map over a row-major matrix [rows, cols] of bf16 (or `type`, elements of `elem_bytes`) in dense boxes of
+// box_cols x box_rows (no swizzle); reads past the last row or column give zeros (and still count as box bytes on the
+// barrier).
+Status make_map(CUtensorMap* map, const void* base, uint64_t rows, uint64_t cols, uint32_t box_cols, uint32_t box_rows,
+                CUtensorMapDataType type = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, uint64_t elem_bytes = sizeof(bf16)) {
   const EncodeTiledFn fn = encode_tiled_fn();
   if (fn == nullptr) return unsupported("moe_experts_stream: cuTensorMapEncodeTiled is not available");
   const cuuint64_t dims[2] = {cols, rows};
-  const cuuint64_t strides[1] = {cols * sizeof(bf16)};
+  const cuuint64_t strides[1] = {cols * elem_bytes};
   const cuuint32_t box[2] = {box_cols, box_rows};
   const cuuint32_t elem[2] = {1, 1};
-  const CUresult r = fn(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(base), dims, strides, box, elem,
+  const CUresult r = fn(map, type, 2, const_cast<void*>(base), dims, strides, box, elem,
                         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
@@ -572,15 +641,17 @@ Status make_map(CUtensorMap* map, const bf16* base, uint64_t rows, uint64_t cols
   return Status::ok();
 }
 
+// F8: the weights are block-wise FP8 (gate_up8 / down8; args.gate_up and args.down unused).
 template <int KC, int NS, int TG, int MT, int P, int kMinBlocks, bool BOX = false, bool EVICT_FIRST = true,
-          bool AHEAD = false, bool EPI = false>
-Status launch_stream(const StreamArgs& args, int max_active, cudaStream_t stream) {
-  using R = Ring<KC, TG, MT, BOX>;
+          bool AHEAD = false, bool EPI = false, bool F8 = false>
+Status launch_stream(const StreamArgs& args, int max_active, cudaStream_t stream, Fp8Weight gate_up8 = {},
+                     Fp8Weight down8 = {}) {
+  using R = Ring<KC, TG, MT, BOX, F8>;
   constexpr size_t smem = R::kHead + static_cast<size_t>(NS) * R::kSlotBytes;
   static_assert(8 * (2 * NS + 2 * kItemRing) <= kItemWords && kItemWords + 16 * kItemRing <= kBarBytes,
                 "mbarriers and item words do not fit");
   static_assert(smem <= 227 * 1024, "shared memory of one CTA");
-  const auto kernel = moe_stream_kernel<KC, NS, TG, MT, P, kMinBlocks, BOX, EVICT_FIRST, AHEAD, EPI>;
+  const auto kernel = moe_stream_kernel<KC, NS, TG, MT, P, kMinBlocks, BOX, EVICT_FIRST, AHEAD, EPI, F8>;
   const void* fn = reinterpret_cast<const void*>(kernel);
   static bool configured = false;
   if (!configured) {
@@ -598,7 +669,18 @@ Status launch_stream(const StreamArgs& args, int max_active, cudaStream_t stream
   const int grid = std::max(1, std::min(max_items, per_sm * sm_count()));
   StreamMaps maps;
   std::memset(&maps, 0, sizeof(maps));
-  if constexpr (BOX) {
+  if constexpr (F8) {
+    const uint64_t E = static_cast<uint64_t>(args.plan.experts);
+    constexpr auto u8 = CU_TENSOR_MAP_DATA_TYPE_UINT8;
+    constexpr auto f32 = CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+    ZEST_RETURN_IF_ERROR(make_map(&maps.gu, gate_up8.q, E * 2 * args.I, args.H, KC, R::GU, u8, 1));
+    ZEST_RETURN_IF_ERROR(make_map(&maps.dn, down8.q, E * args.H, args.I, KC, R::RA, u8, 1));
+    ZEST_RETURN_IF_ERROR(make_map(&maps.gus, gate_up8.scales, E * 2 * args.I / 16, args.H / 64, KC / 64, R::GU / 16,
+                                  f32, 4));
+    ZEST_RETURN_IF_ERROR(
+        make_map(&maps.dns, down8.scales, E * args.H / 16, args.I / 64, KC / 64, R::RA / 16, f32, 4));
+    ZEST_RETURN_IF_ERROR(make_map(&maps.h, args.h, static_cast<uint64_t>(args.NK), args.I, KC, TG));
+  } else if constexpr (BOX) {
     const int E = args.plan.experts;
     ZEST_RETURN_IF_ERROR(make_map(&maps.gu, args.gate_up, static_cast<uint64_t>(E) * 2 * args.I, args.H, KC, R::GU));
     ZEST_RETURN_IF_ERROR(make_map(&maps.dn, args.down, static_cast<uint64_t>(E) * args.H, args.I, KC, R::RA));
@@ -635,6 +717,8 @@ Status hold_multiprocessors(int ctas, int* started, const int* release, cudaStre
 
 bool moe_stream_ok(int H, int I) { return H > 0 && I > 0 && H % kWidthStep == 0 && I % kWidthStep == 0; }
 
+bool moe_stream_fp8_ok(int H, int I) { return H > 0 && I > 0 && H % kFp8Width == 0 && I % kFp8Width == 0; }
+
 Status moe_experts_stream(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
                           const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I, int variant,
                           cudaStream_t stream) {
@@ -664,6 +748,35 @@ Status moe_experts_stream(const bf16* x, const MoePlan& plan, const float* weigh
   const int max_active = std::min(E, N * K);
   if (variant == 0) return launch_stream<256, 3, 16, 2, 1, 2, true, true, true, true>(args, max_active, stream);
   return launch_stream<256, 2, 16, 4, 1, 2, true, true, true, true>(args, max_active, stream);
+}
+
+Status moe_experts_stream_fp8(const bf16* x, const MoePlan& plan, const float* weights, Fp8Weight gate_up,
+                              Fp8Weight down, bf16* h, float* slot_out, int N, int K, int E, int H, int I,
+                              cudaStream_t stream) {
+  if (N <= 0 || K <= 0 || E <= 0 || K > E || E > kMaxExperts || !moe_stream_fp8_ok(H, I))
+    return unsupported("moe_experts_stream_fp8: need N, K > 0, K <= E <= 1024 and H, I positive multiples of 256 (N=" +
+                       std::to_string(N) + " K=" + std::to_string(K) + " E=" + std::to_string(E) +
+                       " H=" + std::to_string(H) + " I=" + std::to_string(I) + ")");
+  if (N > plan.max_tokens || K != plan.top_k || E != plan.experts)
+    return invalid_argument("moe_experts_stream_fp8: the plan was bound for other sizes");
+  const auto misaligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) != 0; };
+  if (misaligned(gate_up.q) || misaligned(down.q) || misaligned(gate_up.scales) || misaligned(down.scales) ||
+      misaligned(h) || misaligned(x))
+    return invalid_argument("moe_experts_stream_fp8: x, h, the weights and their scales must be 16-byte aligned");
+  StreamArgs args{};
+  args.x = x;
+  args.h = h;
+  args.slot_out = slot_out;
+  args.route_w = weights;
+  args.plan = plan;
+  args.K = K;
+  args.H = H;
+  args.I = I;
+  args.NK = N * K;
+  // 256 FP8 columns a stage (one tensor box), 3 stages, 16 tokens a pass, four m16 tiles (64 weight rows: 16 KB a
+  // stage, as many bytes in flight a multiprocessor as variant 1 of the bf16 kernel).
+  return launch_stream<256, 3, 16, 4, 1, 2, true, true, true, true, true>(args, std::min(E, N * K), stream, gate_up,
+                                                                            down);
 }
 
 }  // namespace zest::cuda

@@ -28,6 +28,15 @@ Status moe_experts_stream(const bf16* x, const MoePlan& plan, const float* weigh
                           const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I, int variant,
                           cudaStream_t stream);
 
+// The same over block-wise FP8 weights (Fp8Weight, as moe_experts_fp8 takes them): the ring's stages carry 256 FP8
+// columns of 64 weight rows and their scales, the consumers turn the bytes into bf16 exactly and scale each 64-column
+// step's products in f32; h and slot_out as above (h rounded as the bf16 kernel rounds it). Needs H and I multiples of
+// 256 (moe_stream_fp8_ok) and 16-byte aligned operands; the plan's counters as above.
+bool moe_stream_fp8_ok(int H, int I);
+Status moe_experts_stream_fp8(const bf16* x, const MoePlan& plan, const float* weights, Fp8Weight gate_up,
+                              Fp8Weight down, bf16* h, float* slot_out, int N, int K, int E, int H, int I,
+                              cudaStream_t stream);
+
 // For tests of the above on a partly occupied GPU: launches `ctas` one-warp CTAs on `stream`, each with the largest
 // shared memory a CTA may have (so no CTA of the streaming kernel fits beside one on its multiprocessor). CTA b sets
 // started[b] = 1, then spins until *release != 0 or 30 s have passed. `started` and `release` are host memory mapped
