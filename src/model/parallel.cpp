@@ -125,6 +125,51 @@ Result<io::TensorView> slice_cols(const io::TensorView& t, int64_t c0, int64_t n
   return v;
 }
 
+// Fused input-major experts split by their intermediate columns [i0, i0 + n) (tensor-parallel experts): gate_up
+// [E, H, 2I] keeps gate columns [i0, i0 + n) and up columns [I + i0, I + i0 + n) of every row; down [E, I, H] keeps
+// rows [i0, i0 + n) of every expert. Copies held by `owned`; block-wise FP8 fused experts are refused (their
+// scale blocks would need cutting across experts).
+Result<io::TensorView> fused_gate_up_cols(const io::TensorView& t, int64_t i0, int64_t n,
+                                          std::vector<std::unique_ptr<uint8_t[]>>& owned) {
+  if (t.scale.data) return unsupported("block-wise FP8 fused experts ('" + t.name + "') split by columns");
+  if (t.shape.size() != 3) return invalid_argument("fused gate_up '" + t.name + "' is not [experts, hidden, 2I]");
+  const int64_t E = t.shape[0], H = t.shape[1], I = t.shape[2] / 2;
+  if (i0 == 0 && n == I) return t;
+  const size_t es = dtype_size(t.dtype);
+  owned.push_back(std::make_unique<uint8_t[]>(static_cast<size_t>(E * H * 2 * n) * es));
+  uint8_t* dst = owned.back().get();
+  const auto* src = static_cast<const uint8_t*>(t.data);
+  for (int64_t row = 0; row < E * H; ++row)
+    for (int64_t part = 0; part < 2; ++part)
+      std::memcpy(dst + static_cast<size_t>((row * 2 + part) * n) * es,
+                  src + static_cast<size_t>(row * 2 * I + part * I + i0) * es, static_cast<size_t>(n) * es);
+  io::TensorView v = t;
+  v.data = dst;
+  v.shape = {E, H, 2 * n};
+  v.nbytes = static_cast<size_t>(E * H * 2 * n) * es;
+  return v;
+}
+
+Result<io::TensorView> fused_down_rows(const io::TensorView& t, int64_t i0, int64_t n,
+                                       std::vector<std::unique_ptr<uint8_t[]>>& owned) {
+  if (t.scale.data) return unsupported("block-wise FP8 fused experts ('" + t.name + "') split by columns");
+  if (t.shape.size() != 3) return invalid_argument("fused down '" + t.name + "' is not [experts, I, hidden]");
+  const int64_t E = t.shape[0], I = t.shape[1], H = t.shape[2];
+  if (i0 == 0 && n == I) return t;
+  const size_t es = dtype_size(t.dtype);
+  owned.push_back(std::make_unique<uint8_t[]>(static_cast<size_t>(E * n * H) * es));
+  uint8_t* dst = owned.back().get();
+  const auto* src = static_cast<const uint8_t*>(t.data);
+  for (int64_t e = 0; e < E; ++e)
+    std::memcpy(dst + static_cast<size_t>(e * n * H) * es, src + static_cast<size_t>((e * I + i0) * H) * es,
+                static_cast<size_t>(n * H) * es);
+  io::TensorView v = t;
+  v.data = dst;
+  v.shape = {E, n, H};
+  v.nbytes = static_cast<size_t>(E * n * H) * es;
+  return v;
+}
+
 }  // namespace
 
 Result<ShardWeights> shard_decoder_weights(const DecoderWeights& w, const ParallelPlan& plan, int rank) {
@@ -156,10 +201,13 @@ Result<ShardWeights> shard_decoder_weights(const DecoderWeights& w, const Parall
       }
       continue;
     }
+    if (src.fused_gate_up.data && !plan.expert_parallel) {
+      ZEST_ASSIGN_OR_RETURN(L.fused_gate_up, fused_gate_up_cols(src.fused_gate_up, r.expert_inter0, r.expert_inter,
+                                                                out.owned));
+      ZEST_ASSIGN_OR_RETURN(L.fused_down, fused_down_rows(src.fused_down, r.expert_inter0, r.expert_inter, out.owned));
+      continue;
+    }
     if (src.fused_gate_up.data) {
-      if (!plan.expert_parallel)
-        return unsupported("fused experts ('" + src.fused_gate_up.name +
-                           "') split only by expert parallelism (--expert-parallel)");
       ZEST_ASSIGN_OR_RETURN(L.fused_gate_up, slice_rows(src.fused_gate_up, r.expert0, r.experts));
       ZEST_ASSIGN_OR_RETURN(L.fused_down, slice_rows(src.fused_down, r.expert0, r.experts));
       L.fused_expert0 = src.fused_expert0 + r.expert0;

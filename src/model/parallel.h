@@ -57,8 +57,9 @@ struct ShardWeights {
   std::vector<std::unique_ptr<uint8_t[]>> owned;
 };
 
+// Fused input-major experts are cut by experts (expert parallelism, views) or by each expert's columns (copies).
 // kInvalidArgument for a rank outside the plan; kUnsupported naming the tensor for a block-wise FP8 tensor cut off
-// its scale blocks, or fused experts split by columns (tensor-parallel experts need the per-expert layout).
+// its scale blocks, or block-wise FP8 fused experts split by columns.
 Result<ShardWeights> shard_decoder_weights(const DecoderWeights& w, const ParallelPlan& plan, int rank);
 
 // The ranks of one parallel decoder summing their partial results (the all-reduces after the attention output

@@ -436,6 +436,68 @@ TEST(ParallelDecoder, OneDecoderOverRanks) {
   EXPECT_TRUE((*two)->forward(b, *cache).ok());
 }
 
+// w's experts in the fused input-major layout of the Qwen3-VL-MoE checkpoints (gate_up [E, H, 2I], down [E, I, H]),
+// f32 copies held by `keep`.
+DecoderWeights fuse_experts(const DecoderWeights& w, std::vector<std::vector<float>>& keep) {
+  DecoderWeights f = w;
+  for (DecoderLayerWeights& L : f.layers) {
+    if (!L.moe) continue;
+    const int64_t E = static_cast<int64_t>(L.gate.size()), I = L.gate[0].shape[0], H = L.gate[0].shape[1];
+    std::vector<float> gu(static_cast<size_t>(E * H * 2 * I)), dn(static_cast<size_t>(E * I * H));
+    for (int64_t e = 0; e < E; ++e) {
+      const Mat g = values(L.gate[e]), u = values(L.up[e]), d = values(L.down[e]);
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t i = 0; i < I; ++i) {
+          gu[(e * H + h) * 2 * I + i] = g[i * H + h];
+          gu[(e * H + h) * 2 * I + I + i] = u[i * H + h];
+          dn[(e * I + i) * H + h] = d[h * I + i];
+        }
+    }
+    keep.push_back(std::move(gu));
+    keep.push_back(std::move(dn));
+    auto view = [](const std::vector<float>& v, std::vector<int64_t> shape, const std::string& name) {
+      io::TensorView t;
+      t.name = name;
+      t.dtype = DType::F32;
+      t.shape = std::move(shape);
+      t.data = v.data();
+      t.nbytes = v.size() * sizeof(float);
+      return t;
+    };
+    L.fused_gate_up = view(keep[keep.size() - 2], {E, H, 2 * I}, "experts.gate_up_proj");
+    L.fused_down = view(keep.back(), {E, I, H}, "experts.down_proj");
+    L.gate.clear();
+    L.up.clear();
+    L.down.clear();
+  }
+  return f;
+}
+
+// Fused experts (the Qwen3-VL-MoE layout) split by each expert's columns (copies) or by experts (views): the whole
+// model's logits at 2 and 4 ranks, world 1 bit-identical.
+TEST(ParallelDecoder, FusedExpertsSplitByColumnsOrByExperts) {
+  io::TextConfig c = tiny_parallel_config();
+  c.moe_intermediate_size = 16;
+  RandomTensors store(41);
+  const DecoderWeights w = random_decoder_weights(c, store);
+  std::vector<std::vector<float>> keep;
+  const DecoderWeights f = fuse_experts(w, keep);
+  auto whole = Qwen3TextModel::from_weights(w);
+  ASSERT_TRUE(whole.ok());
+  const std::vector<float> want = run_two_steps(*whole);
+  for (int world : {1, 2, 4})
+    for (bool ep : {false, true}) {
+      SCOPED_TRACE("world " + std::to_string(world) + (ep ? " EP" : " TP"));
+      auto d = ParallelCpuDecoder::create(f, world, ep);
+      ASSERT_TRUE(d.ok()) << d.status().to_string();
+      const auto got = run_two_steps(**d);
+      if (world == 1)
+        EXPECT_EQ(got, want);
+      else
+        expect_close(got, want);
+    }
+}
+
 TEST(ParallelDecoder, AllReduceOfDifferentSizesIsAnError) {
   LocalGroup group(2);
   std::vector<float> a(4, 1.f), b(5, 2.f);
