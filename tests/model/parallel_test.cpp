@@ -395,16 +395,9 @@ TEST(ParallelDecoder, CpuRanksGiveTheWholeModelsLogits) {
   }
 }
 
-// The same through the engine-facing decoder (one TextDecoder over the ranks, one cache whose storage holds each
-// rank's heads): two and four ranks give the whole model's logits; sizes that do not split and hooks are refused.
-TEST(ParallelDecoder, OneDecoderOverRanks) {
-  io::TextConfig c = tiny_parallel_config();
-  c.moe_intermediate_size = 16;
-  RandomTensors store(37);
-  const DecoderWeights w = random_decoder_weights(c, store);
-  auto whole = Qwen3TextModel::from_weights(w);
-  ASSERT_TRUE(whole.ok());
-  const std::vector<float> want = run_two_steps(*whole);
+// ParallelCpuDecoder over w at 1, 2 and 4 ranks, TP and EP, against the whole model's logits `want` (world 1: the
+// same bits).
+void expect_decoders_match(const DecoderWeights& w, const std::vector<float>& want) {
   for (int world : {1, 2, 4})
     for (bool ep : {false, true}) {
       SCOPED_TRACE("world " + std::to_string(world) + (ep ? " EP" : " TP"));
@@ -417,6 +410,18 @@ TEST(ParallelDecoder, OneDecoderOverRanks) {
       else
         expect_close(got, want);
     }
+}
+
+// The same through the engine-facing decoder (one TextDecoder over the ranks, one cache whose storage holds each
+// rank's heads): two and four ranks give the whole model's logits; sizes that do not split and hooks are refused.
+TEST(ParallelDecoder, OneDecoderOverRanks) {
+  io::TextConfig c = tiny_parallel_config();
+  c.moe_intermediate_size = 16;
+  RandomTensors store(37);
+  const DecoderWeights w = random_decoder_weights(c, store);
+  auto whole = Qwen3TextModel::from_weights(w);
+  ASSERT_TRUE(whole.ok());
+  expect_decoders_match(w, run_two_steps(*whole));
   auto bad = ParallelCpuDecoder::create(w, 3, false);
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), ErrorCode::kInvalidArgument);
@@ -484,18 +489,7 @@ TEST(ParallelDecoder, FusedExpertsSplitByColumnsOrByExperts) {
   const DecoderWeights f = fuse_experts(w, keep);
   auto whole = Qwen3TextModel::from_weights(w);
   ASSERT_TRUE(whole.ok());
-  const std::vector<float> want = run_two_steps(*whole);
-  for (int world : {1, 2, 4})
-    for (bool ep : {false, true}) {
-      SCOPED_TRACE("world " + std::to_string(world) + (ep ? " EP" : " TP"));
-      auto d = ParallelCpuDecoder::create(f, world, ep);
-      ASSERT_TRUE(d.ok()) << d.status().to_string();
-      const auto got = run_two_steps(**d);
-      if (world == 1)
-        EXPECT_EQ(got, want);
-      else
-        expect_close(got, want);
-    }
+  expect_decoders_match(f, run_two_steps(*whole));
 }
 
 TEST(ParallelDecoder, AllReduceOfDifferentSizesIsAnError) {

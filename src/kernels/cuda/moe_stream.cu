@@ -715,6 +715,26 @@ Status hold_multiprocessors(int ctas, int* started, const int* release, cudaStre
   return cuda_status(cudaGetLastError(), "hold_multiprocessors");
 }
 
+namespace {
+
+// The kernel arguments both weight formats share (the bf16 weight pointers are set by their caller).
+StreamArgs stream_args(const bf16* x, const MoePlan& plan, const float* weights, bf16* h, float* slot_out, int N,
+                       int K, int H, int I) {
+  StreamArgs a{};
+  a.x = x;
+  a.h = h;
+  a.slot_out = slot_out;
+  a.route_w = weights;
+  a.plan = plan;
+  a.K = K;
+  a.H = H;
+  a.I = I;
+  a.NK = N * K;
+  return a;
+}
+
+}  // namespace
+
 bool moe_stream_ok(int H, int I) { return H > 0 && I > 0 && H % kWidthStep == 0 && I % kWidthStep == 0; }
 
 bool moe_stream_fp8_ok(int H, int I) { return H > 0 && I > 0 && H % kFp8Width == 0 && I % kFp8Width == 0; }
@@ -733,18 +753,9 @@ Status moe_experts_stream(const bf16* x, const MoePlan& plan, const float* weigh
   if (variant < 0 || variant >= kStreamVariants)
     return invalid_argument("moe_experts_stream: variant " + std::to_string(variant) + " (want 0 to " +
                             std::to_string(kStreamVariants - 1) + ")");
-  StreamArgs args{};
-  args.x = x;
+  StreamArgs args = stream_args(x, plan, weights, h, slot_out, N, K, H, I);
   args.gate_up = gate_up;
   args.down = down;
-  args.h = h;
-  args.slot_out = slot_out;
-  args.route_w = weights;
-  args.plan = plan;
-  args.K = K;
-  args.H = H;
-  args.I = I;
-  args.NK = N * K;
   const int max_active = std::min(E, N * K);
   if (variant == 0) return launch_stream<256, 3, 16, 2, 1, 2, true, true, true, true>(args, max_active, stream);
   return launch_stream<256, 2, 16, 4, 1, 2, true, true, true, true>(args, max_active, stream);
@@ -763,16 +774,7 @@ Status moe_experts_stream_fp8(const bf16* x, const MoePlan& plan, const float* w
   if (misaligned(gate_up.q) || misaligned(down.q) || misaligned(gate_up.scales) || misaligned(down.scales) ||
       misaligned(h) || misaligned(x))
     return invalid_argument("moe_experts_stream_fp8: x, h, the weights and their scales must be 16-byte aligned");
-  StreamArgs args{};
-  args.x = x;
-  args.h = h;
-  args.slot_out = slot_out;
-  args.route_w = weights;
-  args.plan = plan;
-  args.K = K;
-  args.H = H;
-  args.I = I;
-  args.NK = N * K;
+  const StreamArgs args = stream_args(x, plan, weights, h, slot_out, N, K, H, I);
   // 256 FP8 columns a stage (one tensor box), 3 stages, 16 tokens a pass, four m16 tiles (64 weight rows: 16 KB a
   // stage, as many bytes in flight a multiprocessor as variant 1 of the bf16 kernel).
   return launch_stream<256, 3, 16, 4, 1, 2, true, true, true, true, true>(args, std::min(E, N * K), stream, gate_up,
