@@ -236,6 +236,7 @@ struct LocalGroup::Member final : Communicator {
   int rank() const override { return r; }
   int world() const override { return group->world_; }
   Status all_reduce_sum(float* data, int64_t n) override { return group->all_reduce(r, data, n); }
+  Status broadcast(void* data, int64_t bytes, int root) override { return group->broadcast(r, data, bytes, root); }
 };
 
 LocalGroup::LocalGroup(int world)
@@ -261,13 +262,29 @@ Status LocalGroup::all_reduce(int rank, float* data, int64_t n) {
   for (int64_t m : sizes_) same = same && m == n;
   std::vector<float> sum;
   if (same) {
-    sum.assign(ptrs_[0], ptrs_[0] + n);
-    for (int q = 1; q < world_; ++q)
-      for (int64_t i = 0; i < n; ++i) sum[i] += ptrs_[q][i];
+    const float* first = static_cast<const float*>(ptrs_[0]);
+    sum.assign(first, first + n);
+    for (int q = 1; q < world_; ++q) {
+      const float* other = static_cast<const float*>(ptrs_[q]);
+      for (int64_t i = 0; i < n; ++i) sum[i] += other[i];
+    }
   }
   barrier_->arrive_and_wait();  // every rank has read every buffer
   if (!same) return internal_error("all-reduce: the ranks passed buffers of different sizes");
   std::memcpy(data, sum.data(), static_cast<size_t>(n) * sizeof(float));
+  return Status::ok();
+}
+
+Status LocalGroup::broadcast(int rank, void* data, int64_t bytes, int root) {
+  if (world_ == 1) return Status::ok();
+  ptrs_[rank] = data;
+  sizes_[rank] = bytes;
+  barrier_->arrive_and_wait();  // the root's buffer is posted
+  bool same = root >= 0 && root < world_;
+  for (int64_t m : sizes_) same = same && m == bytes;
+  if (same && rank != root) std::memcpy(data, ptrs_[root], static_cast<size_t>(bytes));
+  barrier_->arrive_and_wait();  // every rank has copied it
+  if (!same) return internal_error("broadcast: the ranks passed different sizes or a root outside the group");
   return Status::ok();
 }
 

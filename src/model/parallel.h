@@ -72,6 +72,8 @@ class Communicator {
   // data[0, n) becomes the sum over the ranks of their data[0, n), added in rank order, so every rank holds the same
   // bits. Every rank calls it, with the same n, in the same order.
   virtual Status all_reduce_sum(float* data, int64_t n) = 0;
+  // data[0, bytes) becomes rank root's. Every rank calls it, with the same bytes and root, in the same order.
+  virtual Status broadcast(void* data, int64_t bytes, int root) = 0;
 };
 
 // `world` ranks that are threads of one process (the CPU decoder's ranks): member(r) is rank r's communicator. Each
@@ -87,8 +89,9 @@ class LocalGroup {
  private:
   struct Member;
   Status all_reduce(int rank, float* data, int64_t n);
+  Status broadcast(int rank, void* data, int64_t bytes, int root);
   int world_;
-  std::vector<float*> ptrs_;
+  std::vector<void*> ptrs_;
   std::vector<int64_t> sizes_;
   std::unique_ptr<std::barrier<>> barrier_;
   std::vector<std::unique_ptr<Member>> members_;

@@ -44,12 +44,11 @@ Result<Tensor> ParallelCpuDecoder::forward(const ForwardBatch& batch, PagedKVCac
   if (!storage || storage->ranks.size() != ranks_.size())
     return invalid_argument("forward: the KV cache was not made by this parallel decoder (use its allocate_cache)");
   if (ranks_.size() == 1) return ranks_[0]->forward(batch, storage->ranks[0], hooks);
-  if (hooks) return unsupported("MoE hooks (host re-routing, calibration) on a decoder split over ranks");
   std::vector<Result<Tensor>> out(ranks_.size(), Result<Tensor>(internal_error("rank did not run")));
   std::vector<std::thread> threads;
   for (size_t r = 1; r < ranks_.size(); ++r)
-    threads.emplace_back([&, r] { out[r] = ranks_[r]->forward(batch, storage->ranks[r]); });
-  out[0] = ranks_[0]->forward(batch, storage->ranks[0]);
+    threads.emplace_back([&, r] { out[r] = ranks_[r]->forward(batch, storage->ranks[r], hooks); });
+  out[0] = ranks_[0]->forward(batch, storage->ranks[0], hooks);
   for (auto& t : threads) t.join();
   for (auto& o : out)
     if (!o.ok()) return o.status();

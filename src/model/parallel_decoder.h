@@ -23,7 +23,7 @@ class ParallelCpuDecoder final : public TextDecoder {
   int world() const { return static_cast<int>(ranks_.size()); }
   Result<PagedKVCache> allocate_cache(int64_t num_blocks, int64_t block_size) const override;
   // Every rank runs the step on its storage; rank 0's logits (all ranks hold the same bits). MoE hooks (host
-  // re-routing, calibration taps) are refused (kUnsupported) above one rank: each rank would call them.
+  // re-routing such as SERE's, calibration taps) are called by rank 0 once a layer; its re-routing is broadcast.
   Result<Tensor> forward(const ForwardBatch& batch, PagedKVCache& cache, const MoeHooks* hooks = nullptr) const override;
 
  private:

@@ -169,7 +169,7 @@ void Qwen3TextModel::attention(const Layer& L, int64_t layer, const ForwardBatch
   cpu::linear(out, attn.data(), L.wo.data<float>(), nullptr, T, H, nh * hd);
 }
 
-void Qwen3TextModel::mlp(const Layer& L, int64_t layer, const ForwardBatch& b, const float* x, float* out,
+Status Qwen3TextModel::mlp(const Layer& L, int64_t layer, const ForwardBatch& b, const float* x, float* out,
                          const MoeHooks* hooks) const {
   const int64_t T = b.num_tokens(), H = cfg_.hidden_size;
   if (!L.moe) {
@@ -178,9 +178,12 @@ void Qwen3TextModel::mlp(const Layer& L, int64_t layer, const ForwardBatch& b, c
     cpu::linear(gu.data(), x, L.gate_up[0].data<float>(), nullptr, T, 2 * I, H);
     cpu::silu_mul(a.data(), gu.data(), T, I);
     cpu::linear(out, a.data(), L.down[0].data<float>(), nullptr, T, H, I);
-    return;
+    return Status::ok();
   }
-  if (hooks && hooks->moe_input) hooks->moe_input(layer, x, T);
+  // Under several ranks (identical routing inputs on every rank) only rank 0 calls the hooks; its re-routing is
+  // broadcast.
+  const bool lead = !comm_ || comm_->rank() == 0;
+  if (hooks && hooks->moe_input && lead) hooks->moe_input(layer, x, T);
   const int64_t E = cfg_.num_experts, K = cfg_.num_experts_per_tok;
   std::vector<float> probs(T * E);
   cpu::linear(probs.data(), x, L.router.data<float>(), nullptr, T, E, H);
@@ -200,7 +203,11 @@ void Qwen3TextModel::mlp(const Layer& L, int64_t layer, const ForwardBatch& b, c
     int64_t t = 0;
     for (const SeqChunk& s : b.seqs)
       for (int64_t i = 0; i < s.length; ++i, ++t) active[t] = s.reroute ? 1 : 0;
-    hooks->route(layer, ids.data(), w.data(), T, K, active);
+    if (lead) hooks->route(layer, ids.data(), w.data(), T, K, active);
+    if (comm_) {
+      ZEST_RETURN_IF_ERROR(comm_->broadcast(ids.data(), T * K * 4, 0));
+      ZEST_RETURN_IF_ERROR(comm_->broadcast(w.data(), T * K * 4, 0));
+    }
   }
   // Group (token, slot) pairs by expert; each expert's weights are used once for all its tokens.
   std::vector<std::vector<int64_t>> by_expert(E);
@@ -222,6 +229,7 @@ void Qwen3TextModel::mlp(const Layer& L, int64_t layer, const ForwardBatch& b, c
     std::fill(o, o + H, 0.0f);
     for (int64_t k = 0; k < K; ++k) cpu::add_inplace(o, &slot_out[(t * K + k) * H], H);
   }
+  return Status::ok();
 }
 
 Status Qwen3TextModel::run_expert(int64_t layer, int64_t expert, const float* x, int64_t n, float* y) const {
@@ -275,7 +283,7 @@ Result<Tensor> Qwen3TextModel::forward(const ForwardBatch& b, PagedKVCache& cach
     if (comm_) ZEST_RETURN_IF_ERROR(comm_->all_reduce_sum(y.data(), T * H));  // the ranks' heads' partial outputs
     cpu::add_inplace(x, y.data(), T * H);
     cpu::rmsnorm(h.data(), x, L.post_norm.data<float>(), T, H, eps);
-    mlp(L, l, b, h.data(), y.data(), hooks);
+    ZEST_RETURN_IF_ERROR(mlp(L, l, b, h.data(), y.data(), hooks));
     if (comm_) ZEST_RETURN_IF_ERROR(comm_->all_reduce_sum(y.data(), T * H));  // MLP columns' / experts' partials
     cpu::add_inplace(x, y.data(), T * H);
     if (l < static_cast<int64_t>(b.deepstack.size()))

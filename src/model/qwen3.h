@@ -56,7 +56,8 @@ class Qwen3TextModel : public TextDecoder {
                  float* out) const;
   // Expert `expert` of an MoE layer on x [n, hidden]: its un-weighted output [n, hidden] into y.
   void expert_ffn(const Layer& L, int64_t expert, const float* x, int64_t n, float* y) const;
-  void mlp(const Layer& L, int64_t layer, const ForwardBatch& b, const float* x, float* out,
+  // The layer's MLP or experts; under several ranks rank 0 calls the hooks and broadcasts their re-routing.
+  Status mlp(const Layer& L, int64_t layer, const ForwardBatch& b, const float* x, float* out,
            const MoeHooks* hooks) const;
   // cos/sin tables [T, head_dim/2] for the batch positions.
   void rope_tables(const ForwardBatch& b, std::vector<float>& cos, std::vector<float>& sin) const;

@@ -10,6 +10,7 @@
 #include <random>
 #include <tuple>
 
+#include <atomic>
 #include <thread>
 
 #include "model/parallel.h"
@@ -307,7 +308,7 @@ TEST(ParallelShard, RefusesCutsOffFp8BlocksAndBadRanks) {
 
 // Two steps of a decoder: a prefill of two sequences (5 and 3 tokens), then one decode token each; the logits of both
 // steps, concatenated.
-std::vector<float> run_two_steps(const TextDecoder& m) {
+std::vector<float> run_two_steps(const TextDecoder& m, const MoeHooks* hooks = nullptr) {
   auto made = m.allocate_cache(8, 4);
   EXPECT_TRUE(made.ok()) << made.status().to_string();
   if (!made.ok()) return {};
@@ -318,14 +319,14 @@ std::vector<float> run_two_steps(const TextDecoder& m) {
   for (int r = 0; r < 3; ++r)
     for (int p : {0, 1, 2, 3, 4, 0, 1, 2}) b.positions.push_back(p);
   b.seqs = {{&t0, 0, 5}, {&t1, 0, 3}};
-  auto l1 = m.forward(b, cache);
+  auto l1 = m.forward(b, cache, hooks);
   EXPECT_TRUE(l1.ok()) << l1.status().to_string();
   ForwardBatch d;
   d.tokens = {17, 30};
   for (int r = 0; r < 3; ++r)
     for (int p : {5, 3}) d.positions.push_back(p);
   d.seqs = {{&t0, 5, 1}, {&t1, 3, 1}};
-  auto l2 = m.forward(d, cache);
+  auto l2 = m.forward(d, cache, hooks);
   EXPECT_TRUE(l2.ok()) << l2.status().to_string();
   if (!l1.ok() || !l2.ok()) return {};
   std::vector<float> out(l1->data<float>(), l1->data<float>() + l1->numel());
@@ -413,7 +414,8 @@ void expect_decoders_match(const DecoderWeights& w, const std::vector<float>& wa
 }
 
 // The same through the engine-facing decoder (one TextDecoder over the ranks, one cache whose storage holds each
-// rank's heads): two and four ranks give the whole model's logits; sizes that do not split and hooks are refused.
+// rank's heads): two and four ranks give the whole model's logits; sizes that do not split and foreign caches are
+// refused.
 TEST(ParallelDecoder, OneDecoderOverRanks) {
   io::TextConfig c = tiny_parallel_config();
   c.moe_intermediate_size = 16;
@@ -434,8 +436,6 @@ TEST(ParallelDecoder, OneDecoderOverRanks) {
   b.tokens = {1};
   b.positions = {0, 0, 0};
   b.seqs = {{&table, 0, 1}};
-  MoeHooks hooks;
-  EXPECT_EQ((*two)->forward(b, *cache, &hooks).status().code(), ErrorCode::kUnsupported);
   PagedKVCache other = whole->make_cache(4, 4);
   EXPECT_EQ((*two)->forward(b, other).status().code(), ErrorCode::kInvalidArgument);
   EXPECT_TRUE((*two)->forward(b, *cache).ok());
@@ -490,6 +490,42 @@ TEST(ParallelDecoder, FusedExpertsSplitByColumnsOrByExperts) {
   auto whole = Qwen3TextModel::from_weights(w);
   ASSERT_TRUE(whole.ok());
   expect_decoders_match(f, run_two_steps(*whole));
+}
+
+// Host re-routing hooks (SERE's CPU path) on a split decoder: rank 0 calls them once a MoE layer (the ranks hold the
+// same routing inputs) and its re-routing reaches every rank: the logits equal the whole model's with the same hooks,
+// and differ from those without them.
+TEST(ParallelDecoder, HooksRunOnRankZeroAndItsReroutingReachesEveryRank) {
+  io::TextConfig c = tiny_parallel_config();
+  c.moe_intermediate_size = 16;
+  RandomTensors store(43);
+  const DecoderWeights w = random_decoder_weights(c, store);
+  std::atomic<int> routes{0}, inputs{0};
+  MoeHooks hooks;
+  hooks.route = [&](int64_t, int32_t* ids, float*, int64_t n, int64_t k, const std::vector<uint8_t>& active) {
+    ++routes;
+    for (int64_t t = 0; t < n; ++t)
+      if (active[t]) ids[t * k + k - 1] = ids[t * k] == 7 ? 6 : 7;  // the last slot to expert 7 (6 if taken)
+  };
+  hooks.moe_input = [&](int64_t, const float*, int64_t) { ++inputs; };
+  auto whole = Qwen3TextModel::from_weights(w);
+  ASSERT_TRUE(whole.ok());
+  const std::vector<float> want = run_two_steps(*whole, &hooks);
+  const int per_run = routes.load();
+  EXPECT_EQ(per_run, 2);  // one MoE layer, two steps
+  EXPECT_EQ(inputs.load(), per_run);
+  EXPECT_NE(want, run_two_steps(*whole));
+  for (int world : {2, 4})
+    for (bool ep : {false, true}) {
+      SCOPED_TRACE("world " + std::to_string(world) + (ep ? " EP" : " TP"));
+      auto d = ParallelCpuDecoder::create(w, world, ep);
+      ASSERT_TRUE(d.ok()) << d.status().to_string();
+      routes = 0;
+      inputs = 0;
+      expect_close(run_two_steps(**d, &hooks), want);
+      EXPECT_EQ(routes.load(), per_run);
+      EXPECT_EQ(inputs.load(), per_run);
+    }
 }
 
 TEST(ParallelDecoder, AllReduceOfDifferentSizesIsAnError) {
