@@ -456,6 +456,10 @@ int bench_decode_main(int argc, char** argv) {
   std::string dtype = "bf16";
   app.add_option("--dtype", dtype, "weight format: bf16, or fp8 (block-wise 128x128, as the official -FP8 checkpoints)")
       ->check(CLI::IsMember({"bf16", "fp8"}));
+  bool stream_fp8 = false;
+  app.add_flag("--fp8-stream-experts", stream_fp8,
+               "with --dtype fp8: decode experts through the weight-streaming kernel over FP8 rows from two tokens "
+               "(DeviceDecodeOptions::fp8_stream_experts, off by default)");
   bool profile = false;
   app.add_flag("--profile", profile, "also print the GPU time of every kernel of one eager step per batch");
   std::string timeline;
@@ -504,6 +508,7 @@ int bench_decode_main(int argc, char** argv) {
   // At most 4 distinct layers in host memory; the device decoder uploads every layer into weights of its own.
   model::DecoderWeights w = model::random_decoder_weights(b.cfg, hw, 4, 0, skew);
   b.fp8 = dtype == "fp8";
+  b.graphs.fp8_stream_experts = stream_fp8;
   if (b.fp8) model::quantize_fp8_blockwise(w, hw);
   auto dec = model::create_cuda_decoder(w, b.graphs);
   if (!check(dec.status(), "decoder")) return 1;

@@ -2,9 +2,9 @@
 # One call on the GPU machine, with the package from bench/gpu-package.sh carried (.gpu/zest-gpu.tar.xz; run
 # `bash bench/lighten.sh off demo` before the call and `bash bench/lighten.sh on` after, for the 64 MiB limit): the CUDA
 # test suite, a compute-sanitizer memcheck pass over it (MEMCHECK=0 skips), the decode benchmark (Qwen3-30B-A3B
-# shapes, SERE off/on; bf16, then FP8 weights), the prefill benchmark, the multi-image TTFT benchmark (Qwen3-VL-30B-A3B shapes, VisionZip
-# rates), SERE calibration on the CUDA decoder, served decode steps against the decoder's own (bench/gpu/servegap.sh),
-# with SERVE=1 the zest serve load test (bench/gpu/serve.sh), and with RACECHECK=1 compute-sanitizer racecheck over
+# shapes, SERE off/on; bf16, then FP8 weights), the FP8 paths behind options (fp8-paths), the prefill benchmark, the
+# multi-image TTFT benchmark (Qwen3-VL-30B-A3B shapes, VisionZip rates), SERE calibration on the CUDA decoder, served
+# decode steps against the decoder's own (bench/gpu/servegap.sh), with SERVE=1 the zest serve load test (bench/gpu/serve.sh), and with RACECHECK=1 compute-sanitizer racecheck over
 # the cluster kernels' tests (bench/gpu/racecheck.sh; several minutes).
 # MEMCHECK=only runs the memcheck pass alone (so that a long sanitizer run gets a call of its own).
 # Each step is a job of bench/gpu-batch.sh with its own time limit; logs go to $OUT (default /tmp/zest-gpu-batch).
@@ -35,6 +35,16 @@ cat >"$J/decode-fp8.sh" <<'JOB'
 # The same shapes with block-wise FP8 weights kept in FP8 (issue 42's bar compares them with the bf16 job above).
 "$P/bench_decode_bench" --config qwen3-30b-a3b --batch 1,8,32,64 --context 1024 --dtype fp8 --sere-primary 2 --sere-threshold 0
 JOB
+cat >"$J/fp8-paths.sh" <<'JOB'
+# limit: 300
+# The FP8 paths behind DeviceDecodeOptions (off by default until these run): streaming experts in decode, FP8 tensor
+# cores in prefill, each against the default path in the same job.
+"$P/bench_decode_bench" --config qwen3-30b-a3b --batch 1,8,32,64 --context 1024 --dtype fp8 --fp8-stream-experts \
+  --sere-primary 2 --sere-threshold 0
+"$P/bench_prefill_bench" --config qwen3-30b-a3b --tokens 2048,8192 --dtype fp8
+"$P/bench_prefill_bench" --config qwen3-30b-a3b --tokens 2048,8192 --dtype fp8 --fp8-tensor-cores
+"$P/bench_prefill_bench" --config qwen3-30b-a3b --tokens 8192 --ops --runs 5
+JOB
 cat >"$J/prefill.sh" <<'JOB'
 # limit: 150
 # The SM clock sampled every 100 ms meanwhile: a whole-model 8k prefill holds the GPU's power limit, which lowers it.
@@ -58,7 +68,7 @@ echo "calibrate-sere wall: $((($(date +%s%N) - start) / 1000000)) ms (model synt
 JOB
 jobs=("$J/tests.sh")
 [ "${MEMCHECK:-1}" = 1 ] && jobs+=("$J/memcheck.sh")
-jobs+=("$J/decode.sh" "$J/decode-fp8.sh" "$J/prefill.sh" "$J/ttft.sh" "$J/sere.sh" bench/gpu/servegap.sh)
+jobs+=("$J/decode.sh" "$J/decode-fp8.sh" "$J/fp8-paths.sh" "$J/prefill.sh" "$J/ttft.sh" "$J/sere.sh" bench/gpu/servegap.sh)
 [ "${MEMCHECK:-1}" = only ] && jobs=("$J/memcheck.sh")
 [ "${SERVE:-0}" = 1 ] && jobs+=(bench/gpu/serve.sh)
 [ "${RACECHECK:-0}" = 1 ] && jobs+=(bench/gpu/racecheck.sh)
@@ -69,6 +79,7 @@ echo "================ summary ================"
 [ -e "$L/memcheck.log" ] && grep -E 'ERROR SUMMARY' "$L/memcheck.log" | tail -1
 if [ -e "$L/decode.log" ]; then
   echo "--- decode"; grep -E '^\||^SERE at|^sere_reroute|copy bandwidth' "$L/decode.log"
+  echo "--- fp8 paths"; grep -E '^\||^SERE at|^T=' "$L/fp8-paths.log"
   echo "--- prefill"; grep -E '^\||^SM clock' "$L/prefill.log"
   echo "--- ttft"; grep -E '^\|' "$L/ttft.log" | head -20
   echo "--- sere calibration"; cat "$L/sere.log"

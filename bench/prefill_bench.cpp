@@ -110,8 +110,9 @@ Result<Timing> time_prefill(const model::TextDecoder& dec, model::PagedKVCache& 
 }
 
 // Median prefill times (ms) per T of a decoder over `w`.
-Result<std::vector<Timing>> run_decoder(const model::DecoderWeights& w, const std::vector<int64_t>& Ts, int runs) {
-  ZEST_ASSIGN_OR_RETURN(std::unique_ptr<model::TextDecoder> dec, model::create_cuda_decoder(w));
+Result<std::vector<Timing>> run_decoder(const model::DecoderWeights& w, const std::vector<int64_t>& Ts, int runs,
+                                        const model::DeviceDecodeOptions& opts = {}) {
+  ZEST_ASSIGN_OR_RETURN(std::unique_ptr<model::TextDecoder> dec, model::create_cuda_decoder(w, opts));
   const int64_t maxT = *std::max_element(Ts.begin(), Ts.end());
   constexpr int64_t kBlock = 16;  // the CUDA decoder's KV block size
   ZEST_ASSIGN_OR_RETURN(model::PagedKVCache cache, dec->allocate_cache((maxT + kBlock - 1) / kBlock, kBlock));
@@ -417,12 +418,17 @@ int bench_prefill_main(int argc, char** argv) {
   std::string dtype = "bf16";
   app.add_option("--dtype", dtype,
                  "weight format: bf16, or fp8 (block-wise 128x128 as the official -FP8 checkpoints; kept in FP8, "
-                 "prefill multiplies bf16 copies made per layer until FP8 tensor-core GEMMs exist)")
+                 "prefill multiplies bf16 copies of the weights made per layer, or with --fp8-tensor-cores runs on FP8 "
+                 "tensor cores)")
       ->check(CLI::IsMember({"bf16", "fp8"}));
+  bool fp8_tc = false;
+  app.add_flag("--fp8-tensor-cores", fp8_tc,
+               "with --dtype fp8: prefill on FP8 tensor cores, activations quantized per token per 128 columns "
+               "(DeviceDecodeOptions::fp8_tensor_core_prefill, off by default)");
   CLI11_PARSE(app, argc, argv);
   if (per_op && dtype == "fp8") {
     std::fprintf(stderr,
-                 "error: --ops times the bf16 kernels; the FP8 prefill has no kernels of its own yet (leave out "
+                 "error: --ops times every kernel of a layer, the FP8 ones among the other paths (leave out "
                  "--dtype fp8)\n");
     return 2;
   }
@@ -505,7 +511,9 @@ int bench_prefill_main(int argc, char** argv) {
               static_cast<long long>(std::min(layers, kHostLayers)), hw.bytes() / 1e9,
               dtype == "fp8" ? "block-wise FP8" : "bf16", std::chrono::duration<double>(std::chrono::steady_clock::now() - g0).count());
 
-  auto main_t = run_decoder(w, Ts, runs);
+  model::DeviceDecodeOptions opts;
+  opts.fp8_tensor_core_prefill = fp8_tc;
+  auto main_t = run_decoder(w, Ts, runs, opts);
   if (!main_t.ok()) {
     std::fprintf(stderr, "error: %s\n", main_t.status().to_string().c_str());
     return 1;
@@ -515,7 +523,7 @@ int bench_prefill_main(int argc, char** argv) {
     model::DecoderWeights w1 = w;
     w1.layers.resize(1);
     w1.config.num_layers = 1;
-    auto r = run_decoder(w1, Ts, runs);
+    auto r = run_decoder(w1, Ts, runs, opts);
     if (!r.ok()) {
       std::fprintf(stderr, "error: %s\n", r.status().to_string().c_str());
       return 1;

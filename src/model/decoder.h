@@ -179,6 +179,13 @@ struct DeviceDecodeOptions {
   bool graph_padding = true;
   int graph_cap = 256;     // instantiated graphs kept at most (least recently used destroyed first)
   bool graph_log = false;  // one stderr line per captured graph (benchmarks count them)
+  // Block-wise FP8 models (fixed at creation): decode steps of two tokens or more run the experts through the
+  // persistent weight-streaming kernel over FP8 rows (moe_experts_stream_fp8; where H and I are multiples of 256);
+  // prefill steps run the projections and experts on FP8 tensor cores with activations quantized per token per 128
+  // columns (gemm_fp8_tc.cu; weights in 128 x 128 blocks) instead of bf16 copies of the weights. Both off by
+  // default until their tests and measurements have run on a GPU (docs/fp8.md); the benchmarks and tests turn them on.
+  bool fp8_stream_experts = false;
+  bool fp8_tensor_core_prefill = false;
 };
 
 // The CUDA decoder from these weights: model::create_cuda_decoder (src/backend/cuda.h).

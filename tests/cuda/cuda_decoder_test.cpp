@@ -22,6 +22,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <tuple>
 
 #include "backend/cuda.h"
 #include "cuda/cuda_test_util.h"
@@ -31,6 +32,7 @@
 #include "kernels/cuda/kernels.h"
 #include "model/golden_util.h"
 #include "model/qwen3.h"
+#include "model/random_weights.h"
 
 namespace zest::cuda::test {
 namespace {
@@ -469,6 +471,78 @@ TEST(CudaDecoder, Fp8FixtureShortAndLongPromptsMatchCpu) {
     for (size_t i = 0; i < tc.size() && mc[i] >= kNoiseFactor * e.max_err; ++i)
       EXPECT_EQ(tg[i], tc[i]) << "greedy step " << i;
   }
+}
+
+// The FP8 paths behind DeviceDecodeOptions on random block-wise FP8 weights in 128 x 128 blocks at widths they take
+// (hidden 256, 16 experts of width 256 top-4, head_dim 128, two MoE layers):
+// - fp8_tensor_core_prefill: a 150-token prefill (FP8 tensor-core projections and experts, activations quantized per
+//   token per 128 columns) against the CPU's f32 reference within kFp8ActTol: e4m3 activations carry about 6% error
+//   each (3 mantissa bits), far above bf16 noise; the dequantizing path (option off) within kLogitTol as before.
+// - fp8_stream_experts: prefills of four short sequences (up to 64 tokens: decode kernels) then a decode step of all
+//   four, the streaming experts against the per-tile FP8 kernel (option off; same FP8 weights, bf16 activations)
+//   within kBatchTol.
+constexpr double kFp8ActTol = 1e-1;
+
+TEST(CudaDecoder, Fp8StreamExpertsAndTensorCorePrefill) {
+  ZEST_REQUIRE_GPU_DECODER();
+  io::TextConfig c;
+  c.hidden_size = 256, c.num_heads = 4, c.num_kv_heads = 2, c.head_dim = 128, c.num_layers = 2, c.vocab_size = 512;
+  c.num_experts = 16, c.num_experts_per_tok = 4, c.moe_intermediate_size = 256;
+  model::RandomTensors store(97);
+  model::DecoderWeights w = model::random_decoder_weights(c, store);
+  model::quantize_fp8_blockwise(w, store);
+  auto cpu = model::Qwen3TextModel::from_weights(w);
+  ASSERT_TRUE(cpu.ok()) << cpu.status().to_string();
+  model::DeviceDecodeOptions tc, stream;
+  tc.fp8_tensor_core_prefill = true;
+  stream.fp8_stream_experts = true;
+  auto off = model::create_cuda_decoder(w);
+  auto on_tc = model::create_cuda_decoder(w, tc);
+  auto on_stream = model::create_cuda_decoder(w, stream);
+  ASSERT_TRUE(off.ok() && on_tc.ok() && on_stream.ok()) << off.status().to_string() << on_tc.status().to_string();
+  std::mt19937 rng(98);
+  std::uniform_int_distribution<int32_t> tok(0, 511);
+  std::vector<int32_t> ids(150);
+  for (auto& t : ids) t = tok(rng);
+  const engine::Prompt p = text_ids_prompt(ids);
+  const Tensor lc = zest::testing::last_logits(*cpu, p);
+  for (const auto& [dec, tol, label] : {std::tuple{off->get(), kLogitTol, "dequantized copies"},
+                                        std::tuple{on_tc->get(), kFp8ActTol, "FP8 tensor cores"}}) {
+    const Tensor lg = zest::testing::last_logits(*dec, p);
+    ASSERT_TRUE(lc.defined() && lg.defined());
+    const Err e = compare_rows(lg.data<float>(), lc.data<float>(), lc.numel());
+    std::printf("[cuda-vs-cpu] fp8 random, 150-token prefill through %s: max|cuda-cpu| %.4g, max|cpu| %.4g, ratio "
+                "%.3g\n", label, e.max_err, e.max_ref, e.max_err / e.max_ref);
+    EXPECT_LE(e.max_err, tol * e.max_ref) << label;
+  }
+  // four sequences, prefilled in one step, then one decode token each
+  std::vector<std::vector<int32_t>> seqs;
+  for (int len : {9, 17, 3, 30}) {
+    std::vector<int32_t> sq(len + 1);
+    for (auto& t : sq) t = tok(rng);
+    seqs.push_back(sq);
+  }
+  auto two_steps = [&](const model::TextDecoder& dec) {
+    auto cache = dec.allocate_cache(16, 16);
+    EXPECT_TRUE(cache.ok());
+    std::vector<std::vector<int32_t>> tables(seqs.size());
+    for (size_t i = 0; i < seqs.size(); ++i) EXPECT_TRUE(cache->reserve(tables[i], seqs[i].size()).is_ok());
+    std::vector<std::array<int64_t, 3>> pre, dec1;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const int64_t n = static_cast<int64_t>(seqs[i].size()) - 1;
+      pre.push_back({static_cast<int64_t>(i), 0, n});
+      dec1.push_back({static_cast<int64_t>(i), n, 1});
+    }
+    EXPECT_TRUE(run_chunks(dec, *cache, tables, seqs, pre).ok());
+    auto l = run_chunks(dec, *cache, tables, seqs, dec1);
+    EXPECT_TRUE(l.ok()) << l.status().to_string();
+    return l.ok() ? *l : Tensor();
+  };
+  const Tensor a = two_steps(**off), b = two_steps(**on_stream);
+  ASSERT_TRUE(a.defined() && b.defined());
+  const Err e = compare_rows(b.data<float>(), a.data<float>(), a.numel());
+  std::printf("[stream-vs-tiles] fp8 random, decode of 4: max diff %.4g, max |tiles| %.4g\n", e.max_err, e.max_ref);
+  EXPECT_LE(e.max_err, kBatchTol * e.max_ref);
 }
 
 // An FP8 weight reaches the CUDA decoder only with its block scale bound: one without (or with a scale grid of another

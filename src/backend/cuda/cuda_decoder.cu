@@ -26,6 +26,7 @@
 #include "kernels/backend.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kv_copy.h"
+#include "kernels/cuda/moe_stream.h"
 #include "model/decoder.h"
 
 namespace zest::cuda {
@@ -375,6 +376,7 @@ struct Proj {
   bf16* bf = nullptr;
   uint8_t* q = nullptr;
   float* s = nullptr;
+  bool blocks128 = false;  // FP8 with scale blocks of whole 128 x 128 tiles (what the tensor-core products take)
   bool fp8() const { return q != nullptr; }
   Fp8Weight f8() const { return {q, s}; }
 };
@@ -388,6 +390,13 @@ bool fp8_layout_ok(std::initializer_list<const io::TensorView*> ts) {
         t->scale.block_cols % 64 != 0)
       return false;
   }
+  return true;
+}
+
+// Whether FP8 tensors' scale blocks are whole 128 x 128 tiles (the official checkpoints' blocks).
+bool fp8_blocks128(std::initializer_list<const io::TensorView*> ts) {
+  for (const io::TensorView* t : ts)
+    if (t->scale.block_rows % 128 != 0 || t->scale.block_cols % 128 != 0) return false;
   return true;
 }
 
@@ -575,16 +584,22 @@ Status CudaTextDecoder::init(const model::DecoderWeights& w, const model::Device
   // router, embeddings and norms included, is uploaded as bf16 (block-wise FP8 dequantized at load).
   struct Fp8Choice {
     bool qkv = false, o = false, ffn = false;
+    bool qkv128 = false, o128 = false, ffn128 = false;  // ... and in 128 x 128 blocks
   };
   std::vector<Fp8Choice> f8(L_);
   for (int l = 0; l < L_; ++l) {
     const model::DecoderLayerWeights& s = w.layers[l];
     f8[l].qkv = fp8_layout_ok({&s.q, &s.k, &s.v});
     f8[l].o = fp8_layout_ok({&s.o});
+    f8[l].qkv128 = f8[l].qkv && fp8_blocks128({&s.q, &s.k, &s.v});
+    f8[l].o128 = f8[l].o && fp8_blocks128({&s.o});
     bool ffn =
         !s.fused_gate_up.data && !s.gate.empty() && s.gate.size() == s.up.size() && s.gate.size() == s.down.size();
     for (size_t e = 0; ffn && e < s.gate.size(); ++e) ffn = fp8_layout_ok({&s.gate[e], &s.up[e], &s.down[e]});
     f8[l].ffn = ffn;
+    f8[l].ffn128 = ffn;
+    for (size_t e = 0; f8[l].ffn128 && e < s.gate.size(); ++e)
+      f8[l].ffn128 = fp8_blocks128({&s.gate[e], &s.up[e], &s.down[e]});
     fp8_ = fp8_ || f8[l].qkv || f8[l].o || ffn;
   }
 
@@ -592,11 +607,12 @@ Status CudaTextDecoder::init(const model::DecoderWeights& w, const model::Device
   const size_t H = H_, D = D_, QKV = QKV_, E = E_, I = I_, Id = Id_, V = V_;
   const bool tied = w.lm_head.data == w.embed.data;
   size_t scratch = 0;  // bytes of the largest bf16 copy a prefill step makes of FP8 weights
-  auto take = [&](Carver& cv, Proj& p, bool fp8, size_t rows, size_t K) {
+  auto take = [&](Carver& cv, Proj& p, bool fp8, size_t rows, size_t K, bool blocks128) {
     if (!fp8) {
       p.bf = cv.take<bf16>(rows * K);
       return;
     }
+    p.blocks128 = blocks128;
     p.q = cv.take<uint8_t>(rows * K);
     p.s = cv.take<float>(fp8_scale_count(static_cast<int>(rows), static_cast<int>(K)));
     scratch = std::max(scratch, rows * K * sizeof(bf16));
@@ -610,17 +626,17 @@ Status CudaTextDecoder::init(const model::DecoderWeights& w, const model::Device
       Ly.post_norm = cv.take<bf16>(H);
       Ly.q_norm = cv.take<bf16>(D);
       Ly.k_norm = cv.take<bf16>(D);
-      take(cv, Ly.wqkv, f8[l].qkv, QKV, H);
-      take(cv, Ly.wo, f8[l].o, H, Hq_ * D);
+      take(cv, Ly.wqkv, f8[l].qkv, QKV, H, f8[l].qkv128);
+      take(cv, Ly.wo, f8[l].o, H, Hq_ * D, f8[l].o128);
       if (Ly.moe) {
         Ly.router = cv.take<bf16>(E * H);
-        take(cv, Ly.gate_up, f8[l].ffn, E * 2 * I, H);
-        take(cv, Ly.down, f8[l].ffn, E * H, I);
+        take(cv, Ly.gate_up, f8[l].ffn, E * 2 * I, H, f8[l].ffn128);
+        take(cv, Ly.down, f8[l].ffn, E * H, I, f8[l].ffn128);
         // prefill steps copy a layer's FP8 experts to bf16 at once (the grouped GEMMs read bf16)
         if (f8[l].ffn) scratch = std::max(scratch, E * 3 * I * H * sizeof(bf16));
       } else {
-        take(cv, Ly.gate_up, f8[l].ffn, 2 * Id, H);
-        take(cv, Ly.down, f8[l].ffn, H, Id);
+        take(cv, Ly.gate_up, f8[l].ffn, 2 * Id, H, f8[l].ffn128);
+        take(cv, Ly.down, f8[l].ffn, H, Id, f8[l].ffn128);
       }
     }
     embed_ = cv.take<bf16>(V * H);
@@ -815,6 +831,16 @@ Result<std::vector<accel::RerouteCounts>> CudaTextDecoder::reroute_counts() cons
 Status CudaTextDecoder::project(const bf16* x, const Proj& w, bf16* y, int M, int N, int K, cudaStream_t st) const {
   if (!w.fp8()) return gemm(x, w.bf, y, M, N, K, st);
   if (M <= kFp8StreamMaxM) return gemm_fp8(x, w.f8(), y, M, N, K, st);
+  if (opts_.fp8_tensor_core_prefill && w.blocks128 && gemm_fp8_tc_ok(N, K)) {
+    // x quantized per token per 128 columns into the scratch, then the FP8 tensor-core product
+    uint8_t* x8 = reinterpret_cast<uint8_t*>(fp8_scratch_.get());
+    const size_t codes = (static_cast<size_t>(M) * K + 255) / 256 * 256;
+    if (codes + static_cast<size_t>(M) * (K / 128) * sizeof(float) <= fp8_scratch_.size()) {
+      float* xs = reinterpret_cast<float*>(x8 + codes);
+      ZEST_RETURN_IF_ERROR(quantize_rows_fp8(x, x8, xs, M, K, st));
+      return gemm_fp8_tc(x8, xs, w.f8(), y, M, N, K, st);
+    }
+  }
   bf16* wb = reinterpret_cast<bf16*>(fp8_scratch_.get());
   ZEST_RETURN_IF_ERROR(dequantize_fp8(w.f8(), wb, N, K, st));
   return gemm(x, wb, y, M, N, K, st);
@@ -890,9 +916,35 @@ Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const StepFor
     ZEST_RETURN_IF_ERROR(forms.decode_experts ? moe_plan(s.ids, T, K_, E_, s.plan, nullptr, st)
                                               : moe_plan_prefill(s.ids, T, K_, E_, s.plan, nullptr, st));
   if (forms.decode_experts && Ly.gate_up.fp8()) {
-    ZEST_RETURN_IF_ERROR(moe_experts_fp8(s.xn, s.plan, s.route_w, Ly.gate_up.f8(), Ly.down.f8(), s.h, s.slot_out, T,
-                                         K_, E_, H_, I_, st));
+    // With fp8_stream_experts, the persistent weight-streaming kernel from two tokens where its 256-column stages
+    // fit the widths (at one token its per-item overhead made it slower: batch 1 TPOT 3.42 against 2.84 ms, one
+    // H200); else one CTA per row tile.
+    ZEST_RETURN_IF_ERROR(opts_.fp8_stream_experts && T >= 2 && moe_stream_fp8_ok(H_, I_)
+                             ? moe_experts_stream_fp8(s.xn, s.plan, s.route_w, Ly.gate_up.f8(), Ly.down.f8(), s.h,
+                                                      s.slot_out, T, K_, E_, H_, I_, st)
+                             : moe_experts_fp8(s.xn, s.plan, s.route_w, Ly.gate_up.f8(), Ly.down.f8(), s.h,
+                                               s.slot_out, T, K_, E_, H_, I_, st));
     return moe_combine_add_rmsnorm(s.x, s.slot_out, s.ids, K_, next_w, s.xn, T, H_, eps_, st);
+  }
+  if (Ly.gate_up.fp8() && opts_.fp8_tensor_core_prefill && Ly.gate_up.blocks128 &&
+      moe_experts_fp8_tc_ok(E_, H_, I_)) {
+    // prefill on FP8 tensor cores: x and then h quantized per row per 128 columns into the scratch
+    auto aligned = [](size_t b) { return (b + 255) / 256 * 256; };
+    const size_t NK = static_cast<size_t>(T) * K_;
+    const size_t x_codes = aligned(static_cast<size_t>(T) * H_), x_scales = aligned(static_cast<size_t>(T) * H_ / 32);
+    const size_t h_codes = aligned(NK * I_), h_scales = aligned(NK * I_ / 32);
+    if (x_codes + x_scales + h_codes + h_scales <= fp8_scratch_.size()) {
+      uint8_t* x8 = reinterpret_cast<uint8_t*>(fp8_scratch_.get());
+      float* xs = reinterpret_cast<float*>(x8 + x_codes);
+      uint8_t* h8 = x8 + x_codes + x_scales;
+      float* hs = reinterpret_cast<float*>(h8 + h_codes);
+      ZEST_RETURN_IF_ERROR(quantize_rows_fp8(s.xn, x8, xs, T, H_, st));
+      ZEST_RETURN_IF_ERROR(moe_gate_up_fp8_tc(x8, xs, s.plan, Ly.gate_up.f8(), s.h, T, K_, E_, H_, I_, st));
+      ZEST_RETURN_IF_ERROR(quantize_rows_fp8(s.h, h8, hs, static_cast<int>(NK), I_, st));
+      ZEST_RETURN_IF_ERROR(
+          moe_down_fp8_tc(h8, hs, s.plan, s.route_w, Ly.down.f8(), s.slot_out, T, K_, E_, H_, I_, st));
+      return moe_combine_add_rmsnorm(s.x, s.slot_out, s.ids, K_, next_w, s.xn, T, H_, eps_, st);
+    }
   }
   const bf16 *gate_up = Ly.gate_up.bf, *down = Ly.down.bf;
   if (Ly.gate_up.fp8()) {  // prefill: the layer's experts copied to bf16 for the grouped GEMMs
