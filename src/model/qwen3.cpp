@@ -62,7 +62,7 @@ Result<Qwen3TextModel> Qwen3TextModel::from_weights(const DecoderWeights& w) {
     if (L.moe) L.router = lw.router.to_f32();
     if (lw.fused_gate_up.data) {
       // Fused, input-major: gate_up [E, H, 2I] (gate = first I columns), down [E, I, H]; an expert-parallel shard's
-      // hold experts [fused_expert0, fused_expert0 + dim 0), the others stay empty.
+      // tensors hold experts [fused_expert0, fused_expert0 + dim 0), the others stay empty.
       const int64_t E = c.num_experts, I = c.moe_intermediate_size;
       const int64_t e0 = lw.fused_expert0, held = lw.fused_gate_up.shape[0];
       Tensor gu = lw.fused_gate_up.to_f32(), dn = lw.fused_down.to_f32();
