@@ -1,7 +1,9 @@
 // The CPU decoder split over ranks (tensor-parallel attention, tensor- or expert-parallel MLP/experts): one
 // Qwen3TextModel per rank on its shard (shard_decoder_weights), run by one thread per rank and joined by a LocalGroup's
 // all-reduces; the engine sees one TextDecoder (one scheduler, one block allocator; each rank keeps the K/V of its
-// heads in its own storage under the same block tables). The math and placement of the CUDA ranks, on the CPU.
+// heads in its own storage under the same block tables). The math and placement of the CUDA ranks, on the CPU: the
+// ranks share the process's thread pool (their parallel loops take turns), so a split CPU decoder is no faster than
+// the whole one.
 #pragma once
 #include <memory>
 #include <vector>
