@@ -1,5 +1,6 @@
 #include "model/parallel_decoder.h"
 
+#include <algorithm>
 #include <thread>
 
 namespace zest::model {
@@ -53,6 +54,22 @@ Result<Tensor> ParallelCpuDecoder::forward(const ForwardBatch& batch, PagedKVCac
   for (auto& o : out)
     if (!o.ok()) return o.status();
   return std::move(out[0]);
+}
+
+Status ParallelCpuDecoder::run_expert(int64_t layer, int64_t expert, const float* x, int64_t n, float* y) const {
+  if (n < 0) return invalid_argument("run_expert: negative row count");
+  const size_t out = static_cast<size_t>(n) * static_cast<size_t>(config_.hidden_size);
+  std::fill(y, y + out, 0.f);
+  std::vector<float> part(out);
+  bool held = false;
+  for (const auto& m : ranks_) {
+    if (!m->holds_expert(layer, expert)) continue;  // another rank's (expert parallelism), or out of range
+    ZEST_RETURN_IF_ERROR(m->run_expert(layer, expert, x, n, part.data()));
+    held = true;
+    for (size_t i = 0; i < out; ++i) y[i] += part[i];
+  }
+  if (!held) return ranks_[0]->run_expert(layer, expert, x, n, y);  // its error: no such MoE layer or expert
+  return Status::ok();
 }
 
 }  // namespace zest::model

@@ -27,6 +27,9 @@ class ParallelCpuDecoder final : public TextDecoder {
   // Every rank runs the step on its storage; rank 0's logits (all ranks hold the same bits). MoE hooks (host
   // re-routing such as SERE's, calibration taps) are called by rank 0 once a layer; its re-routing is broadcast.
   Result<Tensor> forward(const ForwardBatch& batch, PagedKVCache& cache, const MoeHooks* hooks = nullptr) const override;
+  // The whole expert (SERE calibration on the host): the rank that holds it (expert parallel), or the sum of every
+  // rank's output over its columns of it (tensor parallel experts).
+  Status run_expert(int64_t layer, int64_t expert, const float* x, int64_t n, float* y) const override;
 
  private:
   ParallelCpuDecoder() = default;

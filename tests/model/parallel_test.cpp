@@ -528,6 +528,36 @@ TEST(ParallelDecoder, HooksRunOnRankZeroAndItsReroutingReachesEveryRank) {
     }
 }
 
+// SERE calibration's host experts through a split decoder: expert e of the MoE layer over a few rows equals the
+// whole model's (the owning rank's under expert parallelism, the sum of the ranks' column slices under tensor
+// parallelism); a dense layer and an expert out of range keep their errors.
+TEST(ParallelDecoder, RunExpertGivesTheWholeExpert) {
+  io::TextConfig c = tiny_parallel_config();
+  c.moe_intermediate_size = 16;
+  RandomTensors store(47);
+  const DecoderWeights w = random_decoder_weights(c, store);
+  auto whole = Qwen3TextModel::from_weights(w);
+  ASSERT_TRUE(whole.ok());
+  std::mt19937 rng(48);
+  const int64_t n = 3, H = c.hidden_size;
+  const Mat x = random_mat(static_cast<size_t>(n * H), rng);
+  for (int world : {2, 4})
+    for (bool ep : {false, true}) {
+      SCOPED_TRACE("world " + std::to_string(world) + (ep ? " EP" : " TP"));
+      auto d = ParallelCpuDecoder::create(w, world, ep);
+      ASSERT_TRUE(d.ok());
+      for (int64_t e : {0, 5, 7}) {
+        std::vector<float> want(static_cast<size_t>(n * H)), got(want.size());
+        ASSERT_TRUE(whole->run_expert(0, e, x.data(), n, want.data()).is_ok());
+        ASSERT_TRUE((*d)->run_expert(0, e, x.data(), n, got.data()).is_ok()) << "expert " << e;
+        expect_close(got, want);
+      }
+      std::vector<float> y(static_cast<size_t>(n * H));
+      EXPECT_EQ((*d)->run_expert(1, 0, x.data(), n, y.data()).code(), ErrorCode::kInvalidArgument);  // dense layer
+      EXPECT_EQ((*d)->run_expert(0, 8, x.data(), n, y.data()).code(), ErrorCode::kInvalidArgument);
+    }
+}
+
 TEST(ParallelDecoder, AllReduceOfDifferentSizesIsAnError) {
   LocalGroup group(2);
   std::vector<float> a(4, 1.f), b(5, 2.f);
