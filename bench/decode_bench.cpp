@@ -456,10 +456,10 @@ int bench_decode_main(int argc, char** argv) {
   std::string dtype = "bf16";
   app.add_option("--dtype", dtype, "weight format: bf16, or fp8 (block-wise 128x128, as the official -FP8 checkpoints)")
       ->check(CLI::IsMember({"bf16", "fp8"}));
-  bool stream_fp8 = false;
-  app.add_flag("--fp8-stream-experts", stream_fp8,
-               "with --dtype fp8: decode experts through the weight-streaming kernel over FP8 rows from two tokens "
-               "(DeviceDecodeOptions::fp8_stream_experts, off by default)");
+  bool stream_fp8 = true;
+  app.add_option("--fp8-stream-experts", stream_fp8,
+                 "with --dtype fp8: 1 (default) decode experts through the weight-streaming kernel over FP8 rows from "
+                 "two tokens, 0 the per-tile FP8 kernel (DeviceDecodeOptions::fp8_stream_experts)");
   bool profile = false;
   app.add_flag("--profile", profile, "also print the GPU time of every kernel of one eager step per batch");
   std::string timeline;

@@ -2,7 +2,7 @@
 # One call on the GPU machine, with the package from bench/gpu-package.sh carried (.gpu/zest-gpu.tar.xz; run
 # `bash bench/lighten.sh off demo` before the call and `bash bench/lighten.sh on` after, for the 64 MiB limit): the CUDA
 # test suite, a compute-sanitizer memcheck pass over it (MEMCHECK=0 skips), the decode benchmark (Qwen3-30B-A3B
-# shapes, SERE off/on; bf16, then FP8 weights), the FP8 paths behind options (fp8-paths), the prefill benchmark, the
+# shapes, SERE off/on; bf16, then FP8 weights), the FP8 paths' off forms (fp8-paths), the prefill benchmark, the
 # multi-image TTFT benchmark (Qwen3-VL-30B-A3B shapes, VisionZip rates), SERE calibration on the CUDA decoder, served
 # decode steps against the decoder's own (bench/gpu/servegap.sh), with SERVE=1 the zest serve load test (bench/gpu/serve.sh), and with RACECHECK=1 compute-sanitizer racecheck over
 # the cluster kernels' tests (bench/gpu/racecheck.sh; several minutes).
@@ -37,21 +37,21 @@ cat >"$J/decode-fp8.sh" <<'JOB'
 JOB
 cat >"$J/fp8-paths.sh" <<'JOB'
 # limit: 300
-# The FP8 paths behind DeviceDecodeOptions (off by default until these run): streaming experts in decode, FP8 tensor
-# cores in prefill, each against the default path in the same job.
-"$P/bench_decode_bench" --config qwen3-30b-a3b --batch 1,8,32,64 --context 1024 --dtype fp8 --fp8-stream-experts \
-  --sere-primary 2 --sere-threshold 0
-"$P/bench_prefill_bench" --config qwen3-30b-a3b --tokens 2048,8192 --dtype fp8
-"$P/bench_prefill_bench" --config qwen3-30b-a3b --tokens 2048,8192 --dtype fp8 --fp8-tensor-cores
+# The FP8 paths of DeviceDecodeOptions against their off forms in the same job: decode experts through the per-tile
+# kernel instead of the streaming one, prefill through bf16 copies of the weights instead of FP8 tensor cores (the
+# default FP8 prefill, with the card's cuBLASLt FP8 peak, is the prefill job's last run); then the per-op layer.
+"$P/bench_decode_bench" --config qwen3-30b-a3b --batch 1,8,32,64 --context 1024 --dtype fp8 --fp8-stream-experts 0
+"$P/bench_prefill_bench" --config qwen3-30b-a3b --tokens 2048,8192 --dtype fp8 --fp8-tensor-cores 0
 "$P/bench_prefill_bench" --config qwen3-30b-a3b --tokens 8192 --ops --runs 5
 JOB
 cat >"$J/prefill.sh" <<'JOB'
-# limit: 150
+# limit: 240
 # The SM clock sampled every 100 ms meanwhile: a whole-model 8k prefill holds the GPU's power limit, which lowers it.
 nvidia-smi --query-gpu=clocks.sm,power.draw --format=csv,noheader,nounits -lms 100 >/tmp/zest-prefill-clocks.txt 2>&1 &
 smi=$!
 "$P/bench_prefill_bench" --config qwen3-30b-a3b --tokens 512,2048,8192
 kill "$smi" 2>/dev/null
+"$P/bench_prefill_bench" --config qwen3-30b-a3b --tokens 2048,8192 --dtype fp8
 # Samples under load (power above 400 W): SM clock min / median / max, MHz.
 awk -F', *' '$2 + 0 > 400 {print $1 + 0}' /tmp/zest-prefill-clocks.txt | sort -n |
   awk '{v[NR] = $1} END {if (NR) printf "SM clock under load (%d samples, power > 400 W): min %d / median %d / max %d MHz\n", NR, v[1], v[int((NR + 1) / 2)], v[NR]}'
@@ -80,7 +80,7 @@ echo "================ summary ================"
 if [ -e "$L/decode.log" ]; then
   echo "--- decode"; grep -E '^\||^SERE at|^sere_reroute|copy bandwidth' "$L/decode.log"
   echo "--- fp8 paths"; grep -E '^\||^SERE at|^T=' "$L/fp8-paths.log"
-  echo "--- prefill"; grep -E '^\||^SM clock' "$L/prefill.log"
+  echo "--- prefill"; grep -E '^\||^SM clock|^FP8 tensor-core peak' "$L/prefill.log"
   echo "--- ttft"; grep -E '^\|' "$L/ttft.log" | head -20
   echo "--- sere calibration"; cat "$L/sere.log"
 fi

@@ -7,6 +7,8 @@
 // 1-layer decoder over the same weights separates the per-layer time from the embed/final-norm/lm_head
 // part, which extrapolates the full-depth prefill time.
 //   bench_prefill_bench --config qwen3-30b-a3b --tokens 512,2048,8192 [--layers 0] [--runs 5] [--dtype fp8]
+// --dtype fp8 (block-wise FP8 weights; FP8 tensor cores unless --fp8-tensor-cores 0) also measures the card's FP8
+// tensor-core peak in the same run (cuBLASLt's e4m3 product of 8192^3) and gives each prefill's share of it.
 // --ops times each kernel of one decoder layer instead (kernels called directly on random device data,
 // CUDA events around each launch, median of --runs after warm-up), with the TFLOP/s of the matmul ops; then the
 // paths a layer of this shape does not take (fp32 slots, the decode plan, the wmma experts) for comparison.
@@ -32,6 +34,7 @@
 #include "model/random_weights.h"
 
 #ifdef ZEST_HAVE_CUDA
+#include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <functional>
@@ -44,6 +47,7 @@ namespace {
 using namespace zest;
 
 constexpr double kPeakFlops = 989e12;  // H200 dense bf16 tensor-core peak, FLOP/s
+constexpr int kFp8PeakN = 8192;       // the FP8 peak's product: n x n x n
 
 // The text shape of a named MoE model (model::named_model_config) with `layers` decoder layers;
 // full_layers gets the model's depth.
@@ -398,6 +402,68 @@ Status run_ops(const io::TextConfig& c, int64_t T64, int runs) {
   }
   return Status::ok();
 }
+
+// The card's FP8 tensor-core rate as a well-tuned library reaches it, the yardstick of an FP8 prefill: cuBLASLt's
+// e4m3 x e4m3 product of n x n x n (f32 accumulation, bf16 out), the fastest of its heuristic's first four
+// candidates (median of `runs` each), in FLOP/s.
+Result<double> cublaslt_fp8_peak(int n, int runs) {
+  auto ok = [](cublasStatus_t s, const char* what) {
+    return s == CUBLAS_STATUS_SUCCESS
+               ? Status::ok()
+               : internal_error(std::string("cuBLASLt FP8 peak: ") + what + ": status " + std::to_string(int(s)));
+  };
+  const size_t nn = static_cast<size_t>(n) * n, ws_bytes = 64u << 20;
+  DeviceArena arena;
+  uint8_t *a = arena.take<uint8_t>(nn), *b = arena.take<uint8_t>(nn), *ws = arena.take<uint8_t>(ws_bytes);
+  uint16_t* d = arena.take<uint16_t>(nn);
+  if (!arena.ok()) return resource_exhausted("cuBLASLt FP8 peak: not enough GPU memory");
+  // codes 0x31 and 0x34 (0.5625, 0.75): finite values, sums far from overflow
+  ZEST_RETURN_IF_ERROR(cu(cudaMemset(a, 0x34, nn), "memset"));
+  ZEST_RETURN_IF_ERROR(cu(cudaMemset(b, 0x31, nn), "memset"));
+  cublasLtHandle_t h = nullptr;
+  ZEST_RETURN_IF_ERROR(ok(cublasLtCreate(&h), "handle"));
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;  // FP8 products take A transposed ("TN")
+  cublasLtMatmulHeuristicResult_t res[4] = {};
+  int found = 0;
+  Status st = ok(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
+  if (st.is_ok()) {
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta));
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb));
+    st = ok(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, n, n, n), "layout A");
+  }
+  if (st.is_ok()) st = ok(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, n, n, n), "layout B");
+  if (st.is_ok()) st = ok(cublasLtMatrixLayoutCreate(&ld, CUDA_R_16BF, n, n, n), "layout D");
+  if (st.is_ok()) st = ok(cublasLtMatmulPreferenceCreate(&pref), "preference");
+  if (st.is_ok()) {
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof(ws_bytes));
+    st = ok(cublasLtMatmulAlgoGetHeuristic(h, desc, la, lb, ld, ld, pref, 4, res, &found), "heuristic");
+  }
+  if (st.is_ok() && found == 0) st = internal_error("cuBLASLt FP8 peak: no algorithm for an e4m3 product");
+  const float alpha = 1.f, beta = 0.f;
+  double best = 0;
+  for (int i = 0; st.is_ok() && i < found; ++i) {
+    auto ms = time_op(nullptr, runs, [&] {
+      return ok(cublasLtMatmul(h, desc, &alpha, a, la, b, lb, &beta, d, ld, d, ld, &res[i].algo, ws, ws_bytes,
+                               nullptr),
+                "matmul");
+    });
+    if (!ms.ok()) {
+      st = ms.status();
+      break;
+    }
+    best = std::max(best, 2.0 * n * n * static_cast<double>(n) / (*ms * 1e-3));
+  }
+  if (pref) cublasLtMatmulPreferenceDestroy(pref);
+  for (cublasLtMatrixLayout_t l : {la, lb, ld})
+    if (l) cublasLtMatrixLayoutDestroy(l);
+  if (desc) cublasLtMatmulDescDestroy(desc);
+  cublasLtDestroy(h);
+  ZEST_RETURN_IF_ERROR(st);
+  return best;
+}
 #endif  // ZEST_HAVE_CUDA
 }  // namespace
 
@@ -417,14 +483,13 @@ int bench_prefill_main(int argc, char** argv) {
   app.add_flag("--ops", per_op, "time each kernel of one layer (device time, CUDA events) instead of forward()");
   std::string dtype = "bf16";
   app.add_option("--dtype", dtype,
-                 "weight format: bf16, or fp8 (block-wise 128x128 as the official -FP8 checkpoints; kept in FP8, "
-                 "prefill multiplies bf16 copies of the weights made per layer, or with --fp8-tensor-cores runs on FP8 "
-                 "tensor cores)")
+                 "weight format: bf16, or fp8 (block-wise 128x128 as the official -FP8 checkpoints, kept in FP8; "
+                 "also measures the card's FP8 tensor-core peak with cuBLASLt for the table's last column)")
       ->check(CLI::IsMember({"bf16", "fp8"}));
-  bool fp8_tc = false;
-  app.add_flag("--fp8-tensor-cores", fp8_tc,
-               "with --dtype fp8: prefill on FP8 tensor cores, activations quantized per token per 128 columns "
-               "(DeviceDecodeOptions::fp8_tensor_core_prefill, off by default)");
+  bool fp8_tc = true;
+  app.add_option("--fp8-tensor-cores", fp8_tc,
+                 "with --dtype fp8: 1 (default) prefill on FP8 tensor cores, activations quantized per token per 128 "
+                 "columns; 0 bf16 copies of the weights (DeviceDecodeOptions::fp8_tensor_core_prefill)");
   CLI11_PARSE(app, argc, argv);
   if (per_op && dtype == "fp8") {
     std::fprintf(stderr,
@@ -531,16 +596,33 @@ int bench_prefill_main(int argc, char** argv) {
     one_t = std::move(r).value();
   }
 
+  // FP8: the card's FP8 tensor-core rate measured in this run (cuBLASLt), for the table's last column
+  double fp8_peak = 0;
+#ifdef ZEST_HAVE_CUDA
+  if (dtype == "fp8") {
+    auto pk = cublaslt_fp8_peak(kFp8PeakN, 10);
+    if (!pk.ok()) {
+      std::fprintf(stderr, "error: %s\n", pk.status().to_string().c_str());
+      return 1;
+    }
+    fp8_peak = *pk;
+    std::printf("\nFP8 tensor-core peak in this run: %.1f TFLOP/s (cuBLASLt e4m3 product %d x %d x %d, bf16 out)\n",
+                fp8_peak / 1e12, kFp8PeakN, kFp8PeakN, kFp8PeakN);
+  }
+#endif
   std::printf("\nmeasured, %lld layers%s (median of %d, wall clock around forward()):\n",
               static_cast<long long>(layers), whole ? ", the whole model" : "", runs);
-  std::printf("| T | ms | tokens/s | TFLOP | TFLOP/s | MFU | attention share of FLOPs |\n|---|---|---|---|---|---|---|\n");
+  std::printf("| T | ms | tokens/s | TFLOP | TFLOP/s | MFU | attention share of FLOPs |%s\n|---|---|---|---|---|---|---|%s\n",
+              fp8_peak > 0 ? " share of FP8 peak |" : "", fp8_peak > 0 ? "---|" : "");
   for (size_t i = 0; i < Ts.size(); ++i) {
     double attn = 0;
     const double lf = layer_flops(cfg, Ts[i], &attn);
     const double fl = layers * lf + head_flops(cfg);
     const double s = (*main_t)[i].median_ms * 1e-3;
-    std::printf("| %lld | %.2f | %.0f | %.3f | %.1f | %.1f%% | %.0f%% |\n", static_cast<long long>(Ts[i]),
-                s * 1e3, Ts[i] / s, fl / 1e12, fl / s / 1e12, 100.0 * fl / s / kPeakFlops, 100.0 * attn / lf);
+    std::printf("| %lld | %.2f | %.0f | %.3f | %.1f | %.1f%% | %.0f%% |", static_cast<long long>(Ts[i]), s * 1e3,
+                Ts[i] / s, fl / 1e12, fl / s / 1e12, 100.0 * fl / s / kPeakFlops, 100.0 * attn / lf);
+    if (fp8_peak > 0) std::printf(" %.1f%% |", 100.0 * fl / s / fp8_peak);
+    std::printf("\n");
   }
   auto print_flops = [&] {
     std::printf("FLOPs: 2 * (q/k/v/o + router + %lld routed experts' gate/up/down) per token per layer, causal "

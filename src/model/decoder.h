@@ -182,10 +182,11 @@ struct DeviceDecodeOptions {
   // Block-wise FP8 models (fixed at creation): decode steps of two tokens or more run the experts through the
   // persistent weight-streaming kernel over FP8 rows (moe_experts_stream_fp8; where H and I are multiples of 256);
   // prefill steps run the projections and experts on FP8 tensor cores with activations quantized per token per 128
-  // columns (gemm_fp8_tc.cu; weights in 128 x 128 blocks) instead of bf16 copies of the weights. Both off by
-  // default until their tests and measurements have run on a GPU (docs/fp8.md); the benchmarks and tests turn them on.
-  bool fp8_stream_experts = false;
-  bool fp8_tensor_core_prefill = false;
+  // columns (gemm_fp8_tc.cu; weights in 128 x 128 blocks) instead of bf16 copies of the weights. false: the per-tile
+  // FP8 experts, and prefill through bf16 copies of the weights (exact against the dequantized reference up to bf16
+  // rounding; docs/fp8.md).
+  bool fp8_stream_experts = true;
+  bool fp8_tensor_core_prefill = true;
 };
 
 // The CUDA decoder from these weights: model::create_cuda_decoder (src/backend/cuda.h).

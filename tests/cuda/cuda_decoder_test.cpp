@@ -473,7 +473,7 @@ TEST(CudaDecoder, Fp8FixtureShortAndLongPromptsMatchCpu) {
   }
 }
 
-// The FP8 paths behind DeviceDecodeOptions on random block-wise FP8 weights in 128 x 128 blocks at widths they take
+// The FP8 paths of DeviceDecodeOptions (on by default) against their off forms on random block-wise FP8 weights in 128 x 128 blocks at widths they take
 // (hidden 256, 16 experts of width 256 top-4, head_dim 128, two MoE layers):
 // - fp8_tensor_core_prefill: a 150-token prefill (FP8 tensor-core projections and experts, activations quantized per
 //   token per 128 columns) against the CPU's f32 reference within kFp8ActTol: e4m3 activations carry about 6% error
@@ -493,10 +493,12 @@ TEST(CudaDecoder, Fp8StreamExpertsAndTensorCorePrefill) {
   model::quantize_fp8_blockwise(w, store);
   auto cpu = model::Qwen3TextModel::from_weights(w);
   ASSERT_TRUE(cpu.ok()) << cpu.status().to_string();
-  model::DeviceDecodeOptions tc, stream;
+  model::DeviceDecodeOptions off_opts, tc, stream;
+  off_opts.fp8_tensor_core_prefill = off_opts.fp8_stream_experts = false;
+  tc = stream = off_opts;
   tc.fp8_tensor_core_prefill = true;
   stream.fp8_stream_experts = true;
-  auto off = model::create_cuda_decoder(w);
+  auto off = model::create_cuda_decoder(w, off_opts);
   auto on_tc = model::create_cuda_decoder(w, tc);
   auto on_stream = model::create_cuda_decoder(w, stream);
   ASSERT_TRUE(off.ok() && on_tc.ok() && on_stream.ok()) << off.status().to_string() << on_tc.status().to_string();
