@@ -92,6 +92,7 @@ struct DeviceExpertWeights {
 };
 
 enum class Backend { kCpu, kCuda };
+class Communicator;  // model/parallel.h
 inline const char* backend_name(Backend b) { return b == Backend::kCpu ? "cpu" : "cuda"; }
 
 class TextDecoder {
@@ -140,6 +141,13 @@ class TextDecoder {
   virtual Result<DeviceExpertWeights> device_expert_weights(int64_t layer) const {
     (void)layer;
     return unsupported("this decoder backend keeps no device copy of the expert weights");
+  }
+  // Makes this decoder a rank of a parallel decoder (model/parallel.h): its weights are its rank's shard
+  // (shard_decoder_weights), and forward sums the attention output and the MLP/expert output over the ranks
+  // (Communicator::all_reduce_sum) before each residual add; every rank runs the same steps concurrently. Null (the
+  // default): the whole model. kUnsupported for decoders that cannot be split.
+  virtual Status set_communicator(Communicator* comm) {
+    return comm ? unsupported("this decoder backend cannot run as a rank of a parallel decoder") : Status::ok();
   }
 };
 

@@ -25,7 +25,7 @@ Result<std::unique_ptr<ParallelCpuDecoder>> ParallelCpuDecoder::create(const Dec
     d->shards_.push_back(std::move(s));
     ZEST_ASSIGN_OR_RETURN(Qwen3TextModel m, Qwen3TextModel::from_weights(d->shards_.back().weights));
     d->ranks_.push_back(std::make_unique<Qwen3TextModel>(std::move(m)));
-    if (world > 1) d->ranks_.back()->set_communicator(&d->group_->member(r));
+    if (world > 1) ZEST_RETURN_IF_ERROR(d->ranks_.back()->set_communicator(&d->group_->member(r)));
   }
   return d;
 }

@@ -25,9 +25,11 @@ class Qwen3TextModel : public TextDecoder {
   // The same from collected weights: the whole model's, or one rank's shard (shard_decoder_weights; experts another
   // rank holds stay empty and are skipped).
   static Result<Qwen3TextModel> from_weights(const DecoderWeights& w);
-  // A rank of a parallel decoder: forward sums the attention output and the MLP/expert output over the ranks
-  // (Communicator::all_reduce_sum) before each residual add. Null (the default): the whole model.
-  void set_communicator(Communicator* comm) { comm_ = comm; }
+  // A rank of a parallel decoder (TextDecoder::set_communicator).
+  Status set_communicator(Communicator* comm) override {
+    comm_ = comm;
+    return Status::ok();
+  }
 
   Backend backend() const override { return Backend::kCpu; }
   const io::TextConfig& config() const override { return cfg_; }

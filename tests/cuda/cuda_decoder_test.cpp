@@ -19,9 +19,11 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <thread>
 #include <tuple>
 
 #include "backend/cuda.h"
@@ -31,6 +33,7 @@
 #include "kernels/backend.h"
 #include "kernels/cuda/kernels.h"
 #include "model/golden_util.h"
+#include "model/parallel.h"
 #include "model/qwen3.h"
 #include "model/random_weights.h"
 
@@ -545,6 +548,106 @@ TEST(CudaDecoder, Fp8StreamExpertsAndTensorCorePrefill) {
   const Err e = compare_rows(b.data<float>(), a.data<float>(), a.numel());
   std::printf("[stream-vs-tiles] fp8 random, decode of 4: max diff %.4g, max |tiles| %.4g\n", e.max_err, e.max_ref);
   EXPECT_LE(e.max_err, kBatchTol * e.max_ref);
+}
+
+// A decoder split over ranks (model/parallel.h) on one GPU: each rank a CUDA decoder on its shard
+// (shard_decoder_weights), the partial sums after attention and after the MLP/experts all-reduced through a LocalGroup
+// (host-staged), every rank on a thread of its own with its own KV cache. Tensor-parallel attention (two query heads
+// and one key/value head a rank) with the experts split by columns or placed whole (expert parallelism), bf16 and
+// block-wise FP8 weights, a dense layer split by columns: rank 0's logits over a prefill of two sequences (prefill
+// kernels) and then a decode step of both (decode kernels) against the whole decoder's within kLogitTol (the ranks'
+// partial sums are rounded to bf16 before the sum), every rank the same bits. A shard holding some of the experts
+// refuses to run alone.
+TEST(CudaDecoder, SplitOverRanksOnOneGpuGivesTheWholeModelsLogits) {
+  ZEST_REQUIRE_GPU_DECODER();
+  struct Case {
+    const char* name;
+    bool fp8, expert_parallel;
+  };
+  for (const Case& k : {Case{"bf16, experts by columns", false, false}, Case{"bf16, experts placed whole", false, true},
+                        Case{"fp8, experts by columns", true, false}, Case{"fp8, experts placed whole", true, true}}) {
+    SCOPED_TRACE(k.name);
+    io::TextConfig c;
+    c.hidden_size = 256, c.num_heads = 4, c.num_kv_heads = 2, c.head_dim = 128, c.num_layers = 2, c.vocab_size = 512;
+    c.num_experts = 16, c.num_experts_per_tok = 4, c.moe_intermediate_size = 256, c.intermediate_size = 512;
+    c.mlp_only_layers = {1};  // layer 1 dense
+    c.norm_topk_prob = true;
+    model::RandomTensors store(131);
+    model::DecoderWeights w = model::random_decoder_weights(c, store);
+    if (k.fp8) model::quantize_fp8_blockwise(w, store);
+    auto whole = model::create_cuda_decoder(w);
+    ASSERT_TRUE(whole.ok()) << whole.status().to_string();
+    constexpr int kWorld = 2;
+    auto plan = model::plan_parallel(c, kWorld, k.expert_parallel);
+    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+    std::vector<model::ShardWeights> shards;
+    std::vector<std::unique_ptr<model::TextDecoder>> ranks;
+    for (int r = 0; r < kWorld; ++r) {
+      auto sh = model::shard_decoder_weights(w, *plan, r);
+      ASSERT_TRUE(sh.ok()) << sh.status().to_string();
+      shards.push_back(std::move(*sh));
+      auto d = model::create_cuda_decoder(shards.back().weights);
+      ASSERT_TRUE(d.ok()) << d.status().to_string();
+      ranks.push_back(std::move(*d));
+    }
+    std::mt19937 rng(132);
+    std::uniform_int_distribution<int32_t> tok(0, 511);
+    std::vector<std::vector<int32_t>> seqs;
+    for (int len : {90, 37}) {
+      std::vector<int32_t> sq(len + 1);
+      for (auto& t : sq) t = tok(rng);
+      seqs.push_back(sq);
+    }
+    // prefill logits of both sequences, then their decode-step logits
+    auto two_steps = [&](const model::TextDecoder& dec) {
+      std::vector<Tensor> out;
+      auto cache = dec.allocate_cache(32, 16);
+      EXPECT_TRUE(cache.ok());
+      if (!cache.ok()) return out;
+      std::vector<std::vector<int32_t>> tables(seqs.size());
+      std::vector<std::array<int64_t, 3>> pre, dec1;
+      for (size_t i = 0; i < seqs.size(); ++i) {
+        EXPECT_TRUE(cache->reserve(tables[i], seqs[i].size()).is_ok());
+        const int64_t n = static_cast<int64_t>(seqs[i].size()) - 1;
+        pre.push_back({static_cast<int64_t>(i), 0, n});
+        dec1.push_back({static_cast<int64_t>(i), n, 1});
+      }
+      for (const auto* chunks : {&pre, &dec1}) {
+        auto l = run_chunks(dec, *cache, tables, seqs, *chunks);
+        EXPECT_TRUE(l.ok()) << l.status().to_string();
+        if (!l.ok()) return std::vector<Tensor>();
+        out.push_back(std::move(*l));
+      }
+      return out;
+    };
+    if (k.expert_parallel) {  // a shard of some experts refuses to run alone
+      auto cache = ranks[0]->allocate_cache(32, 16);
+      ASSERT_TRUE(cache.ok());
+      std::vector<std::vector<int32_t>> tables(seqs.size());
+      ASSERT_TRUE(cache->reserve(tables[0], seqs[0].size()).is_ok());
+      auto l = run_chunks(*ranks[0], *cache, tables, seqs, {{0, 0, 4}});
+      ASSERT_FALSE(l.ok()) << "an expert-parallel shard ran without its group";
+      EXPECT_NE(l.status().to_string().find("rank of a parallel decoder"), std::string::npos) << l.status().to_string();
+    }
+    const std::vector<Tensor> ref = two_steps(**whole);
+    ASSERT_EQ(ref.size(), 2u);
+    model::LocalGroup group(kWorld);
+    for (int r = 0; r < kWorld; ++r) ASSERT_TRUE(ranks[r]->set_communicator(&group.member(r)).is_ok());
+    std::vector<std::vector<Tensor>> got(kWorld);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kWorld; ++r) threads.emplace_back([&, r] { got[r] = two_steps(*ranks[r]); });
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < kWorld; ++r) ASSERT_EQ(got[r].size(), 2u) << "rank " << r;
+    for (size_t st = 0; st < 2; ++st) {
+      const Err e = compare_rows(got[0][st].data<float>(), ref[st].data<float>(), ref[st].numel());
+      std::printf("[split-vs-whole] %s, %s: max diff %.4g, max |whole| %.4g\n", k.name,
+                  st == 0 ? "prefill of 2" : "decode of 2", e.max_err, e.max_ref);
+      EXPECT_LE(e.max_err, kLogitTol * e.max_ref) << (st == 0 ? "prefill" : "decode");
+      for (int r = 1; r < kWorld; ++r)
+        EXPECT_EQ(std::memcmp(got[r][st].data<float>(), got[0][st].data<float>(), got[0][st].numel() * 4), 0)
+            << "rank " << r << " differs from rank 0";
+    }
+  }
 }
 
 // An FP8 weight reaches the CUDA decoder only with its block scale bound: one without (or with a scale grid of another

@@ -356,7 +356,7 @@ std::vector<std::vector<float>> run_ranks(const DecoderWeights& w, int world, bo
   std::vector<std::vector<float>> out(static_cast<size_t>(world));
   std::vector<std::thread> ranks;
   for (int r = 0; r < world; ++r) {
-    models[r].set_communicator(&group.member(r));
+    EXPECT_TRUE(models[r].set_communicator(&group.member(r)).is_ok());
     ranks.emplace_back([&, r] { out[r] = run_two_steps(models[r]); });
   }
   for (auto& t : ranks) t.join();

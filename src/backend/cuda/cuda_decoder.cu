@@ -28,6 +28,7 @@
 #include "kernels/cuda/kv_copy.h"
 #include "kernels/cuda/moe_stream.h"
 #include "model/decoder.h"
+#include "model/parallel.h"
 
 namespace zest::cuda {
 
@@ -444,7 +445,20 @@ class CudaTextDecoder final : public model::TextDecoder {
     if (layers_[layer].gate_up.fp8())
       return unsupported("the CUDA decoder keeps this checkpoint's experts in FP8; SERE calibration on the device "
                          "reads bf16 experts (calibrate with --device cpu)");
+    if (comm_ || El_ != E_)
+      return unsupported("a rank of a parallel decoder holds a part of the experts; SERE calibration on the device "
+                         "reads whole experts (calibrate with --device cpu)");
     return model::DeviceExpertWeights{layers_[layer].gate_up.bf, layers_[layer].down.bf, E_, H_, I_};
+  }
+  // A rank of a parallel decoder: the partial sums after attention and after the MLP/experts go through comm's
+  // all-reduce (host-staged: this decoder copies them out, the communicator sums the ranks' values in rank order,
+  // every rank copies the same bits back). Steps run eagerly while split (no graphs) and without the fused forms that
+  // reach past those sums (the one-token forms, the folded decode combine).
+  Status set_communicator(model::Communicator* comm) override {
+    ZEST_CU(cudaStreamSynchronize(stream_), "sync before joining a parallel decoder");
+    clear_graphs();
+    comm_ = comm && comm->world() > 1 ? comm : nullptr;
+    return Status::ok();
   }
 
  private:
@@ -466,6 +480,9 @@ class CudaTextDecoder final : public model::TextDecoder {
     bf16 *x = nullptr, *xn = nullptr, *qkv = nullptr, *attn = nullptr, *o = nullptr, *rl = nullptr, *h = nullptr,
          *gu = nullptr, *xr = nullptr, *logits = nullptr;
     int32_t *ids = nullptr, *ids_before = nullptr;
+    int32_t* ids_local = nullptr;  // expert parallelism: ids as this rank's expert indices, -1 for the others'
+    std::vector<float> reduce_host;  // a parallel decoder's partial sums on their way through the communicator
+    std::vector<uint16_t> reduce_bits;
     float *route_w = nullptr, *slot_out = nullptr;
     unsigned* done = nullptr;  // the folded MoE combine's exit counter (zero between launches)
   int32_t* attn_counters = nullptr;  // decode attention's split counters, T * kv_heads (zero between launches)
@@ -518,6 +535,9 @@ class CudaTextDecoder final : public model::TextDecoder {
   // Routing, experts and the combine into x / xn (next_w: the next RMSNorm's weight, or null for x only).
   Status run_moe(int64_t l, const Layer& L, int T, const StepForms& forms, const model::ForwardBatch& b,
                  const model::MoeHooks* hooks, bool all_active, const bf16* next_w) const;
+  // A parallel decoder's sum over the ranks of n values at dev (bf16 or f32), in place (set_communicator).
+  Status all_reduce(void* dev, int64_t n, bool bf16_values) const;
+  bool split() const { return comm_ != nullptr || El_ != E_; }
 
   io::TextConfig cfg_;
   // How decode steps run; set_decode_options (tests) changes it between steps.
@@ -530,6 +550,10 @@ class CudaTextDecoder final : public model::TextDecoder {
   std::vector<Layer> layers_;
   bf16 *embed_ = nullptr, *final_norm_ = nullptr, *lm_head_ = nullptr;
   bool fp8_ = false;          // some projection is kept in FP8
+  // A rank of a parallel decoder (set_communicator), or null; under expert parallelism its shard holds experts
+  // [ep0_, ep0_ + El_) of the E_ the router picks from, stored and planned by their index from ep0_ (El_ == E_: all).
+  model::Communicator* comm_ = nullptr;
+  int ep0_ = 0, El_ = 0;
   // bf16 copies of FP8 weights for prefill steps (the largest projection, or one layer's experts)
   DeviceMemory fp8_scratch_;
   std::unique_ptr<Step> st_ = std::make_unique<Step>();
@@ -573,6 +597,32 @@ Status CudaTextDecoder::init(const model::DecoderWeights& w, const model::Device
   if (c.mrope_section.size() >= 3) rope_.section_w = static_cast<int>(c.mrope_section[2]);
   bool any_moe = false;
   for (const auto& l : w.layers) any_moe = any_moe || l.moe;
+  // The experts the weights hold: all E_, or (an expert-parallel shard, shard_decoder_weights) one range of them,
+  // the same in every MoE layer; the others' tensors are empty.
+  El_ = E_;
+  bool first_moe = true;
+  for (const model::DecoderLayerWeights& s : w.layers) {
+    if (!s.moe) continue;
+    int64_t lo = 0, n = 0;
+    if (s.fused_gate_up.data) {
+      lo = s.fused_expert0;
+      n = s.fused_gate_up.shape.empty() ? 0 : s.fused_gate_up.shape[0];
+    } else {
+      lo = -1;
+      for (int64_t e = 0; e < static_cast<int64_t>(s.gate.size()); ++e) {
+        if (!s.gate[e].data) continue;
+        if (lo < 0) lo = e;
+        if (e != lo + n) return unsupported("CUDA decoder: the experts a layer holds must be one range");
+        ++n;
+      }
+    }
+    if (n <= 0 || lo < 0 || lo + n > E_) return invalid_argument("CUDA decoder: an MoE layer holds no experts");
+    if (!first_moe && (lo != ep0_ || n != El_))
+      return unsupported("CUDA decoder: every MoE layer must hold the same experts");
+    ep0_ = static_cast<int>(lo);
+    El_ = static_cast<int>(n);
+    first_moe = false;
+  }
   if (H_ % 8 != 0) return unsupported("CUDA decoder: hidden_size must be a multiple of 8 (is " + std::to_string(H_) + ")");
   if (D_ % 2 != 0 || D_ > 256)
     return unsupported("CUDA decoder: head_dim must be even and at most 256 (is " + std::to_string(D_) + ")");
@@ -595,16 +645,17 @@ Status CudaTextDecoder::init(const model::DecoderWeights& w, const model::Device
     f8[l].o128 = f8[l].o && fp8_blocks128({&s.o});
     bool ffn =
         !s.fused_gate_up.data && !s.gate.empty() && s.gate.size() == s.up.size() && s.gate.size() == s.down.size();
-    for (size_t e = 0; ffn && e < s.gate.size(); ++e) ffn = fp8_layout_ok({&s.gate[e], &s.up[e], &s.down[e]});
+    for (size_t e = 0; ffn && e < s.gate.size(); ++e)  // the experts it holds (another rank's are empty)
+      ffn = !s.gate[e].data || fp8_layout_ok({&s.gate[e], &s.up[e], &s.down[e]});
     f8[l].ffn = ffn;
     f8[l].ffn128 = ffn;
     for (size_t e = 0; f8[l].ffn128 && e < s.gate.size(); ++e)
-      f8[l].ffn128 = fp8_blocks128({&s.gate[e], &s.up[e], &s.down[e]});
+      f8[l].ffn128 = !s.gate[e].data || fp8_blocks128({&s.gate[e], &s.up[e], &s.down[e]});
     fp8_ = fp8_ || f8[l].qkv || f8[l].o || ffn;
   }
 
   // Weight arena: sizes first, then one allocation.
-  const size_t H = H_, D = D_, QKV = QKV_, E = E_, I = I_, Id = Id_, V = V_;
+  const size_t H = H_, D = D_, QKV = QKV_, E = E_, El = El_, I = I_, Id = Id_, V = V_;
   const bool tied = w.lm_head.data == w.embed.data;
   size_t scratch = 0;  // bytes of the largest bf16 copy a prefill step makes of FP8 weights
   auto take = [&](Carver& cv, Proj& p, bool fp8, size_t rows, size_t K, bool blocks128) {
@@ -630,10 +681,10 @@ Status CudaTextDecoder::init(const model::DecoderWeights& w, const model::Device
       take(cv, Ly.wo, f8[l].o, H, Hq_ * D, f8[l].o128);
       if (Ly.moe) {
         Ly.router = cv.take<bf16>(E * H);
-        take(cv, Ly.gate_up, f8[l].ffn, E * 2 * I, H, f8[l].ffn128);
-        take(cv, Ly.down, f8[l].ffn, E * H, I, f8[l].ffn128);
+        take(cv, Ly.gate_up, f8[l].ffn, El * 2 * I, H, f8[l].ffn128);
+        take(cv, Ly.down, f8[l].ffn, El * H, I, f8[l].ffn128);
         // prefill steps copy a layer's FP8 experts to bf16 at once (the grouped GEMMs read bf16)
-        if (f8[l].ffn) scratch = std::max(scratch, E * 3 * I * H * sizeof(bf16));
+        if (f8[l].ffn) scratch = std::max(scratch, El * 3 * I * H * sizeof(bf16));
       } else {
         take(cv, Ly.gate_up, f8[l].ffn, 2 * Id, H, f8[l].ffn128);
         take(cv, Ly.down, f8[l].ffn, H, Id, f8[l].ffn128);
@@ -706,7 +757,7 @@ Status CudaTextDecoder::upload_layer(Uploader& up, const model::DecoderLayerWeig
     // Input-major [E, H, 2I] -> [E, 2I, H] and [E, I, H] -> [E, H, I].
     ZEST_RETURN_IF_ERROR(check_dtype(s.fused_gate_up));
     ZEST_RETURN_IF_ERROR(check_dtype(s.fused_down));
-    const size_t E = E_;
+    const size_t E = El_;  // the experts the tensors hold (an expert-parallel shard's)
     ZEST_RETURN_IF_ERROR(up.put(L.gate_up.bf, s.fused_gate_up, E * 2 * I * H, [&](size_t i) {
       const size_t e = i / (2 * I * H), rem = i % (2 * I * H), r = rem / H, c = rem % H;
       return e * H * 2 * I + c * 2 * I + r;
@@ -717,17 +768,19 @@ Status CudaTextDecoder::upload_layer(Uploader& up, const model::DecoderLayerWeig
     }));
     return Status::ok();
   }
-  for (size_t e = 0; e < s.gate.size(); ++e) {
-    for (const io::TensorView* t : {&s.gate[e], &s.up[e], &s.down[e]}) ZEST_RETURN_IF_ERROR(check_dtype(*t));
+  for (size_t g = 0; g < s.gate.size(); ++g) {
+    if (!s.gate[g].data) continue;  // another rank's expert
+    const size_t e = g - ep0_;      // its index among the experts this decoder holds
+    for (const io::TensorView* t : {&s.gate[g], &s.up[g], &s.down[g]}) ZEST_RETURN_IF_ERROR(check_dtype(*t));
     if (L.gate_up.fp8()) {
-      ZEST_RETURN_IF_ERROR(put8(L.gate_up, e * 2 * I, H, s.gate[e]));
-      ZEST_RETURN_IF_ERROR(put8(L.gate_up, e * 2 * I + I, H, s.up[e]));
-      ZEST_RETURN_IF_ERROR(put8(L.down, e * H, I, s.down[e]));
+      ZEST_RETURN_IF_ERROR(put8(L.gate_up, e * 2 * I, H, s.gate[g]));
+      ZEST_RETURN_IF_ERROR(put8(L.gate_up, e * 2 * I + I, H, s.up[g]));
+      ZEST_RETURN_IF_ERROR(put8(L.down, e * H, I, s.down[g]));
       continue;
     }
-    ZEST_RETURN_IF_ERROR(up.put(L.gate_up.bf + e * 2 * I * H, s.gate[e]));
-    ZEST_RETURN_IF_ERROR(up.put(L.gate_up.bf + e * 2 * I * H + I * H, s.up[e]));
-    ZEST_RETURN_IF_ERROR(up.put(L.down.bf + e * H * I, s.down[e]));
+    ZEST_RETURN_IF_ERROR(up.put(L.gate_up.bf + e * 2 * I * H, s.gate[g]));
+    ZEST_RETURN_IF_ERROR(up.put(L.gate_up.bf + e * 2 * I * H + I * H, s.up[g]));
+    ZEST_RETURN_IF_ERROR(up.put(L.down.bf + e * H * I, s.down[g]));
   }
   return Status::ok();
 }
@@ -788,6 +841,7 @@ Status CudaTextDecoder::ensure(const Caps& need) const {
       s.gu = cv.take<bf16>(T * 2 * Id_);
       s.ids = cv.take<int32_t>(T * K);
       s.ids_before = cv.take<int32_t>(T * K);
+      s.ids_local = cv.take<int32_t>(El_ != E_ ? T * K : 1);
       s.route_w = cv.take<float>(T * K);
       s.slot_out = cv.take<float>(E_ > 0 ? T * K * H : 1);
       s.plan_buf = cv.take<char>(E_ > 0 ? moe_plan_bytes(static_cast<int>(T), K_, E_) : 1);
@@ -801,7 +855,7 @@ Status CudaTextDecoder::ensure(const Caps& need) const {
     ZEST_RETURN_IF_ERROR(s.act.allocate(sizing.used, "step buffers for " + std::to_string(n.T) + " tokens"));
     Carver real{s.act.get(), 0};
     layout(real);
-    if (E_ > 0) moe_plan_bind(s.plan, s.plan_buf, static_cast<int>(T), K_, E_);
+    if (E_ > 0) moe_plan_bind(s.plan, s.plan_buf, static_cast<int>(T), K_, El_);  // over the experts held
     ZEST_CU(cudaMemsetAsync(s.done, 0, sizeof(unsigned), stream_), "combine counter");
     ZEST_CU(cudaMemsetAsync(s.attn_counters, 0, T * std::max(Hkv_, 1) * sizeof(int32_t), stream_),
             "attention counters");
@@ -851,6 +905,8 @@ Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const StepFor
                                 const bf16* next_w) const {
   Step& s = *st_;
   cudaStream_t st = stream_;
+  if (comm_ && hooks && hooks->moe_input)
+    return unsupported("a rank of a parallel CUDA decoder takes no host MoE hooks (SERE runs on the device)");
   if (hooks && hooks->moe_input) {
     std::vector<uint16_t> bits(static_cast<size_t>(T) * H_);
     ZEST_CU(cudaMemcpyAsync(bits.data(), s.xn, bits.size() * 2, cudaMemcpyDeviceToHost, st), "MoE input copy");
@@ -864,7 +920,7 @@ Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const StepFor
   const bool fuse_route = forms.fused_route;
   const bool rerouted = spec_ok && all_active ? !spec->similarity[l].empty() && spec->params.enabled(K_)
                                               : hooks && hooks->route;
-  const bool plan_routed = fuse_route && !rerouted;
+  const bool plan_routed = fuse_route && !rerouted && !split();  // a split decoder plans its own experts below
   if (fuse_route) {
     ZEST_RETURN_IF_ERROR(moe_route(s.xn, Ly.router, nullptr, s.ids, s.route_w, s.rl, plan_routed ? &s.plan : nullptr,
                                    nullptr, T, H_, E_, K_, st));
@@ -896,6 +952,7 @@ Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const StepFor
                                       reinterpret_cast<int64_t*>(s.counters.get()) + l * 6, st, s.n_real));
     }
   } else if (hooks && hooks->route) {
+    if (comm_) return unsupported("a rank of a parallel CUDA decoder takes no host MoE hooks (SERE runs on the device)");
     // Host re-routing: the hook sees the routing on the host, with per-token participation.
     const size_t n = static_cast<size_t>(T) * K_;
     std::vector<int32_t> ids(n);
@@ -912,22 +969,35 @@ Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const StepFor
     ZEST_CU(cudaMemcpyAsync(s.route_w, wts.data(), n * 4, cudaMemcpyHostToDevice, st), "routing copy");
     ZEST_CU(cudaStreamSynchronize(st), "routing copy");
   }
+  // Expert parallelism: the plan over this rank's experts (the others' slots stay zero here and come from their
+  // ranks in the all-reduce); the combine reads every slot through the whole ids.
+  const int32_t* plan_ids = s.ids;
+  if (El_ != E_) {
+    ZEST_RETURN_IF_ERROR(local_expert_ids(s.ids, s.ids_local, T * K_, ep0_, El_, st));
+    plan_ids = s.ids_local;
+    ZEST_CU(cudaMemsetAsync(s.slot_out, 0, static_cast<size_t>(T) * K_ * H_ * sizeof(float), st), "slot zeroing");
+  }
   if (!plan_routed)
-    ZEST_RETURN_IF_ERROR(forms.decode_experts ? moe_plan(s.ids, T, K_, E_, s.plan, nullptr, st)
-                                              : moe_plan_prefill(s.ids, T, K_, E_, s.plan, nullptr, st));
+    ZEST_RETURN_IF_ERROR(forms.decode_experts ? moe_plan(plan_ids, T, K_, El_, s.plan, nullptr, st)
+                                              : moe_plan_prefill(plan_ids, T, K_, El_, s.plan, nullptr, st));
+  // The f32 slot outputs into x (and xn), summed over the ranks first when split.
+  auto combine = [&]() -> Status {
+    if (comm_) ZEST_RETURN_IF_ERROR(all_reduce(s.slot_out, static_cast<int64_t>(T) * K_ * H_, false));
+    return moe_combine_add_rmsnorm(s.x, s.slot_out, s.ids, K_, next_w, s.xn, T, H_, eps_, st);
+  };
   if (forms.decode_experts && Ly.gate_up.fp8()) {
     // With fp8_stream_experts, the persistent weight-streaming kernel from two tokens where its 256-column stages
     // fit the widths (at one token its per-item overhead made it slower: batch 1 TPOT 3.42 against 2.84 ms, one
     // H200); else one CTA per row tile.
     ZEST_RETURN_IF_ERROR(opts_.fp8_stream_experts && T >= 2 && moe_stream_fp8_ok(H_, I_)
                              ? moe_experts_stream_fp8(s.xn, s.plan, s.route_w, Ly.gate_up.f8(), Ly.down.f8(), s.h,
-                                                      s.slot_out, T, K_, E_, H_, I_, st)
+                                                      s.slot_out, T, K_, El_, H_, I_, st)
                              : moe_experts_fp8(s.xn, s.plan, s.route_w, Ly.gate_up.f8(), Ly.down.f8(), s.h,
-                                               s.slot_out, T, K_, E_, H_, I_, st));
-    return moe_combine_add_rmsnorm(s.x, s.slot_out, s.ids, K_, next_w, s.xn, T, H_, eps_, st);
+                                               s.slot_out, T, K_, El_, H_, I_, st));
+    return combine();
   }
   if (Ly.gate_up.fp8() && opts_.fp8_tensor_core_prefill && Ly.gate_up.blocks128 &&
-      moe_experts_fp8_tc_ok(E_, H_, I_)) {
+      moe_experts_fp8_tc_ok(El_, H_, I_)) {
     // prefill on FP8 tensor cores: x and then h quantized per row per 128 columns into the scratch
     auto aligned = [](size_t b) { return (b + 255) / 256 * 256; };
     const size_t NK = static_cast<size_t>(T) * K_;
@@ -939,26 +1009,26 @@ Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const StepFor
       uint8_t* h8 = x8 + x_codes + x_scales;
       float* hs = reinterpret_cast<float*>(h8 + h_codes);
       ZEST_RETURN_IF_ERROR(quantize_rows_fp8(s.xn, x8, xs, T, H_, st));
-      ZEST_RETURN_IF_ERROR(moe_gate_up_fp8_tc(x8, xs, s.plan, Ly.gate_up.f8(), s.h, T, K_, E_, H_, I_, st));
+      ZEST_RETURN_IF_ERROR(moe_gate_up_fp8_tc(x8, xs, s.plan, Ly.gate_up.f8(), s.h, T, K_, El_, H_, I_, st));
       ZEST_RETURN_IF_ERROR(quantize_rows_fp8(s.h, h8, hs, static_cast<int>(NK), I_, st));
       ZEST_RETURN_IF_ERROR(
-          moe_down_fp8_tc(h8, hs, s.plan, s.route_w, Ly.down.f8(), s.slot_out, T, K_, E_, H_, I_, st));
-      return moe_combine_add_rmsnorm(s.x, s.slot_out, s.ids, K_, next_w, s.xn, T, H_, eps_, st);
+          moe_down_fp8_tc(h8, hs, s.plan, s.route_w, Ly.down.f8(), s.slot_out, T, K_, El_, H_, I_, st));
+      return combine();
     }
   }
   const bf16 *gate_up = Ly.gate_up.bf, *down = Ly.down.bf;
   if (Ly.gate_up.fp8()) {  // prefill: the layer's experts copied to bf16 for the grouped GEMMs
     bf16* g = reinterpret_cast<bf16*>(fp8_scratch_.get());
-    bf16* d = g + static_cast<size_t>(E_) * 2 * I_ * H_;
-    ZEST_RETURN_IF_ERROR(dequantize_fp8(Ly.gate_up.f8(), g, E_ * 2 * I_, H_, st));
-    ZEST_RETURN_IF_ERROR(dequantize_fp8(Ly.down.f8(), d, E_ * H_, I_, st));
+    bf16* d = g + static_cast<size_t>(El_) * 2 * I_ * H_;
+    ZEST_RETURN_IF_ERROR(dequantize_fp8(Ly.gate_up.f8(), g, El_ * 2 * I_, H_, st));
+    ZEST_RETURN_IF_ERROR(dequantize_fp8(Ly.down.f8(), d, El_ * H_, I_, st));
     gate_up = g;
     down = d;
   }
-  if (forms.decode_experts)  // next_w null: x only (the down kernel by rows at one token)
+  if (forms.decode_experts && !split())  // next_w null: x only (the down kernel by rows at one token)
     return moe_experts_decode_combine(s.xn, s.plan, s.route_w, gate_up, down, s.h, s.slot_out, T, K_, E_, H_, I_,
                                       s.x, s.ids, next_w, next_w ? s.xn : nullptr, eps_, s.done, st);
-  if (moe_prefill_bf16_slots(s.h, down, E_, H_, I_)) {
+  if (!split() && moe_prefill_bf16_slots(s.h, down, E_, H_, I_)) {
     // The default grouped GEMM stores its slot outputs (bf16-exact values) as bf16 in the fp32 slot buffer's first
     // half: half the bytes for its stores and the combine's loads, the same results .
     bf16* slots = reinterpret_cast<bf16*>(s.slot_out);
@@ -967,8 +1037,31 @@ Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const StepFor
     return moe_combine_add_rmsnorm(s.x, slots, s.ids, K_, next_w, s.xn, T, H_, eps_, st);
   }
   ZEST_RETURN_IF_ERROR(
-      moe_experts_prefill(s.xn, s.plan, s.route_w, gate_up, down, s.h, s.slot_out, T, K_, E_, H_, I_, st));
-  return moe_combine_add_rmsnorm(s.x, s.slot_out, s.ids, K_, next_w, s.xn, T, H_, eps_, st);
+      moe_experts_prefill(s.xn, s.plan, s.route_w, gate_up, down, s.h, s.slot_out, T, K_, El_, H_, I_, st));
+  return combine();
+}
+
+Status CudaTextDecoder::all_reduce(void* dev, int64_t n, bool bf16_values) const {
+  Step& s = *st_;
+  const size_t un = static_cast<size_t>(n);
+  s.reduce_host.resize(un);
+  if (bf16_values) {
+    s.reduce_bits.resize(un);
+    ZEST_CU(cudaMemcpyAsync(s.reduce_bits.data(), dev, un * 2, cudaMemcpyDeviceToHost, stream_), "all-reduce copy");
+    ZEST_CU(cudaStreamSynchronize(stream_), "all-reduce copy");
+    for (size_t i = 0; i < un; ++i) s.reduce_host[i] = bf16_to_f32(s.reduce_bits[i]);
+  } else {
+    ZEST_CU(cudaMemcpyAsync(s.reduce_host.data(), dev, un * 4, cudaMemcpyDeviceToHost, stream_), "all-reduce copy");
+    ZEST_CU(cudaStreamSynchronize(stream_), "all-reduce copy");
+  }
+  ZEST_RETURN_IF_ERROR(comm_->all_reduce_sum(s.reduce_host.data(), n));
+  if (bf16_values) {
+    for (size_t i = 0; i < un; ++i) s.reduce_bits[i] = f32_to_bf16(s.reduce_host[i]);
+    ZEST_CU(cudaMemcpyAsync(dev, s.reduce_bits.data(), un * 2, cudaMemcpyHostToDevice, stream_), "all-reduce copy");
+  } else {
+    ZEST_CU(cudaMemcpyAsync(dev, s.reduce_host.data(), un * 4, cudaMemcpyHostToDevice, stream_), "all-reduce copy");
+  }
+  return cuda_status(cudaStreamSynchronize(stream_), "all-reduce copy");  // the host buffer is reused
 }
 
 // ---- decode graphs and device sampling -------------------------------------------------------------------
@@ -1064,6 +1157,10 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
     return invalid_argument("forward: the KV cache was not made by this CUDA decoder (use its allocate_cache)");
   if (T64 <= 0) return invalid_argument("forward: the batch has no tokens");
   if (T64 > (int64_t{1} << 24)) return out_of_range("forward: too many tokens in one step");
+  if (El_ != E_ && !comm_)
+    return invalid_argument("forward: this decoder holds experts " + std::to_string(ep0_) + ".." +
+                            std::to_string(ep0_ + El_ - 1) + " of " + std::to_string(E_) +
+                            ": it runs only as a rank of a parallel decoder (set_communicator)");
   if (static_cast<int64_t>(b.positions.size()) != 3 * T64) return invalid_argument("forward: positions must be [3, T]");
   Caps need;
   int64_t sum = 0, max_ctx = 0, max_len = 0;
@@ -1131,7 +1228,7 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
     for (const model::SampleRow& row : *sample_rows_in)
       row_extras = row_extras || !row.edits.empty() || row.logprobs >= 0 || row.allowed;
   const bool graph_step = !row_extras && gmode != Graphs::kOff && !(gmode == Graphs::kOn && st_->graphs_broken) && decode_only &&
-                          M == 0 && S_in <= kMaxGraphSeqs && !host_hooks;
+                          M == 0 && S_in <= kMaxGraphSeqs && !host_hooks && !comm_;  // split: host-staged sums
   const bool graphable = gmode == Graphs::kOn && graph_step && (!sere_dev || st_->sim_spec == gspec->id);
   // Padding of a decode step that replays a graph (or, in "eager" mode, launches what a replay would): S_in real
   // sequences run as P = graph_pad_rows(S_in) rows, rows S_in .. P-1 being padding rows. Padding row i repeats real
@@ -1376,7 +1473,7 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
   // Decoder layers read qkv at the same address every layer: the fused attention's check holds for all of them.
   forms.fused_attention = use_decode && decode_attention_fused_ok(dp, s.qkv, QKV_);
   // (the one-token forms fold norms into bf16 kernels: not with FP8 weights)
-  forms.one_token = use_decode && T == 1 && E_ > 0 && !fp8_ && moe_down_rows_on(1, K_, E_, H_, I_) &&
+  forms.one_token = use_decode && T == 1 && E_ > 0 && !fp8_ && !split() && moe_down_rows_on(1, K_, E_, H_, I_) &&
                     gemm_kv_norm_ok(1, QKV_, H_);
   forms.fused_route = E_ > 0 && moe_route_ok(T, H_, E_, K_);
   forms.decode_experts = T <= 64;
@@ -1433,6 +1530,7 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
                                              st));
     }
     ZEST_RETURN_IF_ERROR(project(s.attn, Ly.wo, s.o, T, H_, Hq_ * D_, st));
+    if (comm_) ZEST_RETURN_IF_ERROR(all_reduce(s.o, static_cast<int64_t>(T) * H_, true));  // the ranks' heads
     ZEST_RETURN_IF_ERROR(add_rmsnorm(s.x, s.o, Ly.post_norm, s.xn, T, H_, eps_, st));
     const bool ds = l < nds;
     if (Ly.moe) {
@@ -1443,6 +1541,7 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
       ZEST_RETURN_IF_ERROR(project(s.xn, Ly.gate_up, s.gu, T, 2 * Id_, H_, st));
       ZEST_RETURN_IF_ERROR(silu_mul(s.gu, s.h, T, Id_, st));
       ZEST_RETURN_IF_ERROR(project(s.h, Ly.down, s.o, T, H_, Id_, st));
+      if (comm_) ZEST_RETURN_IF_ERROR(all_reduce(s.o, static_cast<int64_t>(T) * H_, true));  // the ranks' columns
       ZEST_RETURN_IF_ERROR(add_rmsnorm(s.x, s.o, next, s.xn, T, H_, eps_, st));
     }
     if (ds) {

@@ -309,6 +309,10 @@ Status moe_plan_reset_counters(const MoePlan& plan, cudaStream_t stream);
 Status moe_plan(const int32_t* ids, int N, int K, int E, MoePlan& plan, int64_t* active_count_sum,
                 cudaStream_t stream);
 
+// Routing ids as the ids of a range of experts: out[i] = ids[i] - first for first <= ids[i] < first + count, else -1
+// (a plan over out skips the others: an expert-parallel rank's own experts, indexed from its first).
+Status local_expert_ids(const int32_t* ids, int32_t* out, int n, int first, int count, cudaStream_t stream);
+
 // The plan of moe_plan (the same contents), built for many tokens by two launches over CTAs of kMoePlanCtaSlots
 // slots each: per-CTA expert counts, then every CTA places its slots in order after the slots of earlier CTAs
 // (per-warp counts and a scan inside the CTA); the scattered sorted_slots stores spread over the SMs. E > 256 goes

@@ -301,6 +301,23 @@ Status moe_plan(const int32_t* ids, int N, int K, int E, MoePlan& plan, int64_t*
   return launch("moe_plan", moe_plan_kernel, dim3(1), dim3(1024), 0, stream, ids, N * K, E, plan, active_count_sum);
 }
 
+namespace {
+__global__ void local_expert_ids_kernel(const int32_t* __restrict__ ids, int32_t* __restrict__ out, int n, int first,
+                                        int count) {
+  pdl_wait();
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int id = ids[i];
+  out[i] = id >= first && id < first + count ? id - first : -1;
+}
+}  // namespace
+
+Status local_expert_ids(const int32_t* ids, int32_t* out, int n, int first, int count, cudaStream_t stream) {
+  if (n <= 0 || first < 0 || count <= 0) return invalid_argument("local_expert_ids: need ids and a range of experts");
+  return launch("local_expert_ids", local_expert_ids_kernel, dim3((n + 255) / 256), dim3(256), 0, stream, ids, out, n,
+                first, count);
+}
+
 Status moe_experts_decode(const bf16* x, const MoePlan& plan, const float* weights, const bf16* gate_up,
                           const bf16* down, bf16* h, float* slot_out, int N, int K, int E, int H, int I,
                           cudaStream_t stream) {
