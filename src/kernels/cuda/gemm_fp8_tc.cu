@@ -167,6 +167,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warp < 4) {
     // ---- producer warpgroup ----
     asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
+    // Without the gathered cp.async rows (down, dense) the loads are all TMA issued by one thread: warp 0 alone runs
+    // the ring. Warps that only waited on the empty barriers were gated by nothing, so one could fall two phases
+    // behind and wait on a parity that does not come again: its CTA never ended (a hang seen in the CUDA suite).
+    if constexpr (!kGU) {
+      if (warp != 0) return;
+    }
     const int t = threadIdx.x;
     const int lr = t >> 3, lc = t & 7;  // kGateUp: rows lr + 16 v (v < 8), 16-byte chunk lc
     const int sw = (lc ^ (lr & 7)) * 16;

@@ -461,6 +461,12 @@ __global__ void __launch_bounds__(kXThreads, 1)
   if (warp < 4) {
     // ---- producer warpgroup ----
     asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
+    // Without the gathered cp.async rows (down, dense) the loads are all TMA issued by one thread: warp 0 alone runs
+    // the ring. Warps that only waited on the empty barriers were gated by nothing, so one could fall two phases
+    // behind and wait on a parity that does not come again: its CTA never ended (a hang seen in the CUDA suite).
+    if constexpr (!kGateUp) {
+      if (warp != 0) return;
+    }
     const int p = threadIdx.x;
     const int lr = p >> 3, lc = p & 7;  // rows lr + 16 u (u < 8), 16-byte chunk lc
     const int sw = ((lc ^ (lr & 7)) * 16);
