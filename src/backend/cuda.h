@@ -4,11 +4,13 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 #include "io/config.h"
 #include "io/safetensors.h"
 #include "model/decoder.h"
+#include "model/parallel.h"
 #include "vision/encoder.h"
 
 namespace zest::model {
@@ -30,6 +32,12 @@ Result<std::unique_ptr<TextDecoder>> create_cuda_decoder(const DecoderWeights& w
 // exporting process gone).
 Result<std::string> cuda_ipc_export(const KvSnapshot& device_snapshot);
 Result<KvSnapshot> cuda_ipc_import(const std::string& handle_hex, const KvSnapshot& geometry);
+
+// NCCL communicators for the ranks of a parallel decoder on GPUs of this host, rank r on devices[r]: all-reduces on
+// the device, queued on the decoder's stream (Communicator::all_reduce_sum_device; src/backend/cuda/nccl_group.cpp),
+// with NVLink SHARP off unless NCCL_NVLS_ENABLE is set. kUnsupported without CUDA; kInvalidArgument for fewer than
+// two devices, a device twice or one that does not exist; kInternal naming NCCL's error otherwise.
+Result<std::unique_ptr<CommunicatorGroup>> create_nccl_group(const std::vector<int>& devices);
 
 }  // namespace zest::model
 

@@ -74,17 +74,35 @@ class Communicator {
   virtual Status all_reduce_sum(float* data, int64_t n) = 0;
   // data[0, bytes) becomes rank root's. Every rank calls it, with the same bytes and root, in the same order.
   virtual Status broadcast(void* data, int64_t bytes, int root) = 0;
+  // A communicator over GPUs: the all-reduce of n values (bf16 or f32) at `data` in the calling rank's device memory,
+  // in place, queued on `stream` (a cudaStream_t; the caller's thread has the rank's device current) so that the
+  // decoder's stream never waits for the host, and inside a CUDA graph too. Every rank calls it, with the same n and
+  // type, in the same order. Communicators without it (reduces_on_device false) take the host form.
+  virtual bool reduces_on_device() const { return false; }
+  virtual Status all_reduce_sum_device(void* data, int64_t n, bool bf16, void* stream) {
+    (void)data, (void)n, (void)bf16, (void)stream;
+    return unsupported("this communicator sums host values only");
+  }
+};
+
+// The communicators of one parallel decoder's ranks, owned together (LocalGroup; the NCCL group of the CUDA backend).
+class CommunicatorGroup {
+ public:
+  virtual ~CommunicatorGroup() = default;
+  virtual int world() const = 0;
+  virtual Communicator& member(int rank) = 0;
 };
 
 // `world` ranks that are threads of one process (the CPU decoder's ranks): member(r) is rank r's communicator. Each
 // all-reduce meets every rank at a barrier, so the ranks must run concurrently. World 1 changes nothing.
-class LocalGroup {
+class LocalGroup final : public CommunicatorGroup {
  public:
   explicit LocalGroup(int world);
-  ~LocalGroup();
+  ~LocalGroup() override;
   LocalGroup(const LocalGroup&) = delete;
   LocalGroup& operator=(const LocalGroup&) = delete;
-  Communicator& member(int rank);
+  int world() const override { return world_; }
+  Communicator& member(int rank) override;
 
  private:
   struct Member;

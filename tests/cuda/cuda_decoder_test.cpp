@@ -22,6 +22,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <thread>
 #include <tuple>
@@ -550,20 +551,20 @@ TEST(CudaDecoder, Fp8StreamExpertsAndTensorCorePrefill) {
   EXPECT_LE(e.max_err, kBatchTol * e.max_ref);
 }
 
-// A decoder split over ranks (model/parallel.h) on one GPU: each rank a CUDA decoder on its shard
-// (shard_decoder_weights), the partial sums after attention and after the MLP/experts all-reduced through a LocalGroup
-// (host-staged), every rank on a thread of its own with its own KV cache. Tensor-parallel attention (two query heads
-// and one key/value head a rank) with the experts split by columns or placed whole (expert parallelism), bf16 and
-// block-wise FP8 weights, a dense layer split by columns: rank 0's logits over a prefill of two sequences (prefill
-// kernels) and then a decode step of both (decode kernels) against the whole decoder's within kLogitTol (the ranks'
-// partial sums are rounded to bf16 before the sum), every rank the same bits. A shard holding some of the experts
-// refuses to run alone.
-TEST(CudaDecoder, SplitOverRanksOnOneGpuGivesTheWholeModelsLogits) {
-  ZEST_REQUIRE_GPU_DECODER();
+// A decoder split over two ranks (model/parallel.h): each rank a CUDA decoder on its shard (shard_decoder_weights),
+// made on devices[r], joined by make_group(), every rank on a thread of its own with its own KV cache. Tensor-parallel
+// attention (two query heads and one key/value head a rank) with the experts split by columns or placed whole
+// (expert parallelism), bf16 and block-wise FP8 weights, a dense layer split by columns: rank 0's logits over a
+// prefill of two sequences (prefill kernels) and then a decode step of both (decode kernels) against the whole
+// decoder's within kLogitTol (the ranks' partial sums are rounded to bf16 before the sum), every rank the same bits.
+// A shard holding some of the experts refuses to run alone.
+void expect_split_gives_whole(const std::vector<int>& devices,
+                              const std::function<std::unique_ptr<model::CommunicatorGroup>()>& make_group) {
   struct Case {
     const char* name;
     bool fp8, expert_parallel;
   };
+  const int world = static_cast<int>(devices.size());
   for (const Case& k : {Case{"bf16, experts by columns", false, false}, Case{"bf16, experts placed whole", false, true},
                         Case{"fp8, experts by columns", true, false}, Case{"fp8, experts placed whole", true, true}}) {
     SCOPED_TRACE(k.name);
@@ -575,21 +576,23 @@ TEST(CudaDecoder, SplitOverRanksOnOneGpuGivesTheWholeModelsLogits) {
     model::RandomTensors store(131);
     model::DecoderWeights w = model::random_decoder_weights(c, store);
     if (k.fp8) model::quantize_fp8_blockwise(w, store);
+    ASSERT_EQ(cudaSetDevice(devices[0]), cudaSuccess);
     auto whole = model::create_cuda_decoder(w);
     ASSERT_TRUE(whole.ok()) << whole.status().to_string();
-    constexpr int kWorld = 2;
-    auto plan = model::plan_parallel(c, kWorld, k.expert_parallel);
+    auto plan = model::plan_parallel(c, world, k.expert_parallel);
     ASSERT_TRUE(plan.ok()) << plan.status().to_string();
     std::vector<model::ShardWeights> shards;
     std::vector<std::unique_ptr<model::TextDecoder>> ranks;
-    for (int r = 0; r < kWorld; ++r) {
+    for (int r = 0; r < world; ++r) {
       auto sh = model::shard_decoder_weights(w, *plan, r);
       ASSERT_TRUE(sh.ok()) << sh.status().to_string();
       shards.push_back(std::move(*sh));
+      ASSERT_EQ(cudaSetDevice(devices[r]), cudaSuccess);
       auto d = model::create_cuda_decoder(shards.back().weights);
       ASSERT_TRUE(d.ok()) << d.status().to_string();
       ranks.push_back(std::move(*d));
     }
+    ASSERT_EQ(cudaSetDevice(devices[0]), cudaSuccess);
     std::mt19937 rng(132);
     std::uniform_int_distribution<int32_t> tok(0, 511);
     std::vector<std::vector<int32_t>> seqs;
@@ -631,23 +634,45 @@ TEST(CudaDecoder, SplitOverRanksOnOneGpuGivesTheWholeModelsLogits) {
     }
     const std::vector<Tensor> ref = two_steps(**whole);
     ASSERT_EQ(ref.size(), 2u);
-    model::LocalGroup group(kWorld);
-    for (int r = 0; r < kWorld; ++r) ASSERT_TRUE(ranks[r]->set_communicator(&group.member(r)).is_ok());
-    std::vector<std::vector<Tensor>> got(kWorld);
+    std::unique_ptr<model::CommunicatorGroup> group = make_group();
+    ASSERT_TRUE(group);
+    for (int r = 0; r < world; ++r) ASSERT_TRUE(ranks[r]->set_communicator(&group->member(r)).is_ok());
+    std::vector<std::vector<Tensor>> got(world);
     std::vector<std::thread> threads;
-    for (int r = 0; r < kWorld; ++r) threads.emplace_back([&, r] { got[r] = two_steps(*ranks[r]); });
+    for (int r = 0; r < world; ++r) threads.emplace_back([&, r] { got[r] = two_steps(*ranks[r]); });
     for (auto& t : threads) t.join();
-    for (int r = 0; r < kWorld; ++r) ASSERT_EQ(got[r].size(), 2u) << "rank " << r;
+    for (int r = 0; r < world; ++r) ASSERT_EQ(got[r].size(), 2u) << "rank " << r;
     for (size_t st = 0; st < 2; ++st) {
       const Err e = compare_rows(got[0][st].data<float>(), ref[st].data<float>(), ref[st].numel());
       std::printf("[split-vs-whole] %s, %s: max diff %.4g, max |whole| %.4g\n", k.name,
                   st == 0 ? "prefill of 2" : "decode of 2", e.max_err, e.max_ref);
       EXPECT_LE(e.max_err, kLogitTol * e.max_ref) << (st == 0 ? "prefill" : "decode");
-      for (int r = 1; r < kWorld; ++r)
+      for (int r = 1; r < world; ++r)
         EXPECT_EQ(std::memcmp(got[r][st].data<float>(), got[0][st].data<float>(), got[0][st].numel() * 4), 0)
             << "rank " << r << " differs from rank 0";
     }
+    ranks.clear();  // the decoders leave before their group
   }
+}
+
+// Two ranks on one GPU joined by host-staged all-reduces (LocalGroup): the split math on one card.
+TEST(CudaDecoder, SplitOverRanksOnOneGpuGivesTheWholeModelsLogits) {
+  ZEST_REQUIRE_GPU_DECODER();
+  expect_split_gives_whole({0, 0}, [] { return std::make_unique<model::LocalGroup>(2); });
+}
+
+// Two ranks on two GPUs joined by NCCL all-reduces in the decoders' streams (decode steps replay CUDA graphs with the
+// all-reduces inside). Skipped with fewer than two GPUs.
+TEST(CudaDecoder, NcclRanksOnTwoGpusGiveTheWholeModelsLogits) {
+  ZEST_REQUIRE_GPU_DECODER();
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count < 2) GTEST_SKIP() << "needs two GPUs";
+  expect_split_gives_whole({0, 1}, [] {
+    auto g = model::create_nccl_group({0, 1});
+    EXPECT_TRUE(g.ok()) << g.status().to_string();
+    return g.ok() ? std::move(*g) : nullptr;
+  });
+  cudaSetDevice(0);
 }
 
 // An FP8 weight reaches the CUDA decoder only with its block scale bound: one without (or with a scale grid of another

@@ -424,6 +424,7 @@ struct StepForms {
 class CudaTextDecoder final : public model::TextDecoder {
  public:
   ~CudaTextDecoder() override {
+    cudaSetDevice(dev_);
     clear_graphs();
     if (stream_) cudaStreamDestroy(stream_);
   }
@@ -451,10 +452,12 @@ class CudaTextDecoder final : public model::TextDecoder {
     return model::DeviceExpertWeights{layers_[layer].gate_up.bf, layers_[layer].down.bf, E_, H_, I_};
   }
   // A rank of a parallel decoder: the partial sums after attention and after the MLP/experts go through comm's
-  // all-reduce (host-staged: this decoder copies them out, the communicator sums the ranks' values in rank order,
-  // every rank copies the same bits back). Steps run eagerly while split (no graphs) and without the fused forms that
+  // all-reduce: on the device, in the decoder's stream, where the communicator does that (NCCL: decode steps still
+  // replay graphs), else host-staged (this decoder copies them out, the communicator sums the ranks' values in rank
+  // order, every rank copies the same bits back; steps then run eagerly). Split steps run without the fused forms that
   // reach past those sums (the one-token forms, the folded decode combine).
   Status set_communicator(model::Communicator* comm) override {
+    ZEST_CU(cudaSetDevice(dev_), "cudaSetDevice");
     ZEST_CU(cudaStreamSynchronize(stream_), "sync before joining a parallel decoder");
     clear_graphs();
     comm_ = comm && comm->world() > 1 ? comm : nullptr;
@@ -554,6 +557,7 @@ class CudaTextDecoder final : public model::TextDecoder {
   // [ep0_, ep0_ + El_) of the E_ the router picks from, stored and planned by their index from ep0_ (El_ == E_: all).
   model::Communicator* comm_ = nullptr;
   int ep0_ = 0, El_ = 0;
+  int dev_ = 0;  // the GPU the decoder was made on: every call makes it current (a rank thread may come from anywhere)
   // bf16 copies of FP8 weights for prefill steps (the largest projection, or one layer's experts)
   DeviceMemory fp8_scratch_;
   std::unique_ptr<Step> st_ = std::make_unique<Step>();
@@ -579,6 +583,7 @@ Status CudaTextDecoder::init(const model::DecoderWeights& w, const model::Device
   if (opts.graph_cap < 1) return invalid_argument("the CUDA graph cap must be at least 1");
   opts_ = opts;
   cfg_ = w.config;
+  ZEST_CU(cudaGetDevice(&dev_), "cudaGetDevice");
   const io::TextConfig& c = cfg_;
   L_ = static_cast<int>(c.num_layers);
   H_ = static_cast<int>(c.hidden_size);
@@ -786,6 +791,7 @@ Status CudaTextDecoder::upload_layer(Uploader& up, const model::DecoderLayerWeig
 }
 
 Result<model::PagedKVCache> CudaTextDecoder::allocate_cache(int64_t num_blocks, int64_t block_size) const {
+  ZEST_CU(cudaSetDevice(dev_), "cudaSetDevice");
   if (block_size != kKvBlock)
     return invalid_argument("the CUDA KV cache uses blocks of " + std::to_string(kKvBlock) + " tokens (asked for " +
                             std::to_string(block_size) + ")");
@@ -870,6 +876,7 @@ Status CudaTextDecoder::ensure(const Caps& need) const {
 }
 
 Result<std::vector<accel::RerouteCounts>> CudaTextDecoder::reroute_counts() const {
+  ZEST_CU(cudaSetDevice(dev_), "cudaSetDevice");
   std::vector<int64_t> raw(static_cast<size_t>(L_) * 6);
   ZEST_CU(cudaMemcpyAsync(raw.data(), st_->counters.get(), raw.size() * 8, cudaMemcpyDeviceToHost, stream_),
           "SERE counters copy");
@@ -1042,6 +1049,7 @@ Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const StepFor
 }
 
 Status CudaTextDecoder::all_reduce(void* dev, int64_t n, bool bf16_values) const {
+  if (comm_->reduces_on_device()) return comm_->all_reduce_sum_device(dev, n, bf16_values, stream_);
   Step& s = *st_;
   const size_t un = static_cast<size_t>(n);
   s.reduce_host.resize(un);
@@ -1151,6 +1159,7 @@ Result<std::vector<model::SampleResult>> CudaTextDecoder::forward_sample(const m
 Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCache& cache, const model::MoeHooks* hooks,
                                  const std::vector<model::SampleRow>* sample_rows_in, Tensor* logits_out,
                                  std::vector<model::SampleResult>* sampled) const {
+  ZEST_CU(cudaSetDevice(dev_), "cudaSetDevice");
   const int64_t T64 = b.num_tokens();
   auto* kv = dynamic_cast<CudaKvStorage*>(cache.storage());
   if (!kv || kv->owner != this)
@@ -1228,7 +1237,8 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
     for (const model::SampleRow& row : *sample_rows_in)
       row_extras = row_extras || !row.edits.empty() || row.logprobs >= 0 || row.allowed;
   const bool graph_step = !row_extras && gmode != Graphs::kOff && !(gmode == Graphs::kOn && st_->graphs_broken) && decode_only &&
-                          M == 0 && S_in <= kMaxGraphSeqs && !host_hooks && !comm_;  // split: host-staged sums
+                          M == 0 && S_in <= kMaxGraphSeqs && !host_hooks &&
+                          (!comm_ || comm_->reduces_on_device());  // host-staged sums run eagerly
   const bool graphable = gmode == Graphs::kOn && graph_step && (!sere_dev || st_->sim_spec == gspec->id);
   // Padding of a decode step that replays a graph (or, in "eager" mode, launches what a replay would): S_in real
   // sequences run as P = graph_pad_rows(S_in) rows, rows S_in .. P-1 being padding rows. Padding row i repeats real

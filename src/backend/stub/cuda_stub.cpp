@@ -15,6 +15,10 @@ Result<KvSnapshot> cuda_ipc_import(const std::string&, const KvSnapshot&) {
   return unsupported("zest was built without CUDA: --kv-transfer cuda-ipc is unavailable");
 }
 
+Result<std::unique_ptr<CommunicatorGroup>> create_nccl_group(const std::vector<int>&) {
+  return unsupported("zest was built without CUDA: no NCCL communicators");
+}
+
 }  // namespace zest::model
 
 namespace zest::vision {

@@ -1,0 +1,98 @@
+// NCCL communicators for the ranks of a parallel decoder on the GPUs of one host (backend/cuda.h).
+#include <cuda_runtime.h>
+#ifdef ZEST_HAVE_NCCL
+#include <nccl.h>
+#endif
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "backend/cuda.h"
+
+namespace zest::model {
+#ifdef ZEST_HAVE_NCCL
+namespace {
+
+Status nccl_status(ncclResult_t r, const char* what) {
+  if (r == ncclSuccess) return Status::ok();
+  return internal_error(std::string(what) + ": " + ncclGetErrorString(r));
+}
+
+class NcclMember final : public Communicator {
+ public:
+  NcclMember(ncclComm_t comm, int rank, int world) : comm_(comm), rank_(rank), world_(world) {}
+  int rank() const override { return rank_; }
+  int world() const override { return world_; }
+  Status all_reduce_sum(float*, int64_t) override {
+    return unsupported("the NCCL communicator sums device values (all_reduce_sum_device), not host ones");
+  }
+  Status broadcast(void*, int64_t, int) override {
+    return unsupported("the NCCL communicator does not broadcast host values");
+  }
+  bool reduces_on_device() const override { return true; }
+  Status all_reduce_sum_device(void* data, int64_t n, bool bf16, void* stream) override {
+    if (n < 0) return invalid_argument("all-reduce of a negative count");
+    if (n == 0) return Status::ok();
+    return nccl_status(ncclAllReduce(data, data, static_cast<size_t>(n), bf16 ? ncclBfloat16 : ncclFloat32, ncclSum,
+                                     comm_, static_cast<cudaStream_t>(stream)),
+                       "ncclAllReduce");
+  }
+
+ private:
+  ncclComm_t comm_;
+  int rank_, world_;
+};
+
+class NcclGroup final : public CommunicatorGroup {
+ public:
+  explicit NcclGroup(std::vector<ncclComm_t> comms) : comms_(std::move(comms)) {
+    const int n = static_cast<int>(comms_.size());
+    for (int r = 0; r < n; ++r) members_.push_back(std::make_unique<NcclMember>(comms_[r], r, n));
+  }
+  ~NcclGroup() override {
+    for (ncclComm_t c : comms_) ncclCommDestroy(c);
+  }
+  int world() const override { return static_cast<int>(comms_.size()); }
+  Communicator& member(int rank) override { return *members_.at(static_cast<size_t>(rank)); }
+
+ private:
+  std::vector<ncclComm_t> comms_;
+  std::vector<std::unique_ptr<NcclMember>> members_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<CommunicatorGroup>> create_nccl_group(const std::vector<int>& devices) {
+  const int n = static_cast<int>(devices.size());
+  if (n < 2) return invalid_argument("an NCCL group needs at least two GPUs");
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    count = 0;
+  }
+  std::vector<int> sorted = devices;
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
+    return invalid_argument("an NCCL group takes each GPU once (NCCL runs one rank per device)");
+  for (int d : devices)
+    if (d < 0 || d >= count)
+      return invalid_argument("GPU " + std::to_string(d) + " does not exist (" + std::to_string(count) +
+                              " visible)");
+  setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);  // NVLink multicast stays off unless asked for
+  int current = 0;
+  cudaGetDevice(&current);
+  std::vector<ncclComm_t> comms(static_cast<size_t>(n));
+  const Status s = nccl_status(ncclCommInitAll(comms.data(), n, devices.data()), "ncclCommInitAll");
+  cudaSetDevice(current);
+  ZEST_RETURN_IF_ERROR(s);
+  return std::unique_ptr<CommunicatorGroup>(std::make_unique<NcclGroup>(std::move(comms)));
+}
+#else
+Result<std::unique_ptr<CommunicatorGroup>> create_nccl_group(const std::vector<int>&) {
+  return unsupported("zest was built without NCCL (no nccl.h / libnccl in the CUDA toolkit): one GPU only");
+}
+#endif
+
+}  // namespace zest::model
