@@ -4,8 +4,9 @@
 namespace zest::model {
 
 Result<std::unique_ptr<TextDecoder>> make_cuda_decoder(const io::SafeTensors& st, const io::ModelConfig& cfg,
-                                                       const DeviceDecodeOptions& opts) {
+                                                       const DeviceDecodeOptions& opts, const ParallelOptions& parallel) {
   ZEST_ASSIGN_OR_RETURN(DecoderWeights w, collect_decoder_weights(st, cfg));
+  if (parallel.tensor_parallel > 1 || parallel.expert_parallel) return create_cuda_parallel_decoder(w, parallel, opts);
   return create_cuda_decoder(w, opts);
 }
 

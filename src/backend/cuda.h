@@ -18,7 +18,8 @@ namespace zest::model {
 // The CUDA decoder for a checkpoint (weights uploaded as bf16; block-wise FP8 weights dequantized to bf16 at load,
 // as no kernel reads FP8 yet); kUnsupported when zest was built without CUDA or no GPU is usable.
 Result<std::unique_ptr<TextDecoder>> make_cuda_decoder(const io::SafeTensors& st, const io::ModelConfig& cfg,
-                                                       const DeviceDecodeOptions& opts = {});
+                                                       const DeviceDecodeOptions& opts = {},
+                                                       const ParallelOptions& parallel = {});
 
 // The CUDA decoder from collected weights (src/backend/cuda/cuda_decoder.cu, or its stub).
 Result<std::unique_ptr<TextDecoder>> create_cuda_decoder(const DecoderWeights& weights,
@@ -38,6 +39,13 @@ Result<KvSnapshot> cuda_ipc_import(const std::string& handle_hex, const KvSnapsh
 // with NVLink SHARP off unless NCCL_NVLS_ENABLE is set. kUnsupported without CUDA; kInvalidArgument for fewer than
 // two devices, a device twice or one that does not exist; kInternal naming NCCL's error otherwise.
 Result<std::unique_ptr<CommunicatorGroup>> create_nccl_group(const std::vector<int>& devices);
+
+// The CUDA decoder split over the GPUs of this host (--tensor-parallel N [--expert-parallel]): rank r a CUDA decoder
+// on GPU r holding its shard (shard_decoder_weights), joined by NCCL, behind one model::ParallelDecoder; world 1
+// without expert parallelism is create_cuda_decoder. kInvalidArgument for fewer GPUs than ranks and for sizes the
+// plan does not split (plan_parallel).
+Result<std::unique_ptr<TextDecoder>> create_cuda_parallel_decoder(const DecoderWeights& w, const ParallelOptions& par,
+                                                                  const DeviceDecodeOptions& opts = {});
 
 }  // namespace zest::model
 

@@ -37,7 +37,7 @@ void add_model_args(CLI::App* app, ModelArgs& a, bool random_model) {
   app->add_option("--tensor-parallel", a.parallel.tensor_parallel,
                   "split the decoder over N ranks: attention heads and MLP columns (and each expert's columns, or "
                   "whole experts with --expert-parallel), partial results summed by all-reduces; the CPU backend runs "
-                  "the ranks as threads (one GPU only so far on CUDA)")
+                  "the ranks as threads, the CUDA backend one a GPU joined by NCCL")
       ->check(CLI::PositiveNumber)
       ->type_name("N")
       ->capture_default_str();

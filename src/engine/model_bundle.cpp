@@ -31,16 +31,8 @@ Result<std::unique_ptr<model::TextDecoder>> cpu_text_decoder(const io::SafeTenso
                                                              const model::ParallelOptions& par) {
   if (par.tensor_parallel <= 1 && !par.expert_parallel) return model::architecture(cfg.arch).cpu_decoder(st, cfg);
   ZEST_ASSIGN_OR_RETURN(model::DecoderWeights w, model::collect_decoder_weights(st, cfg));
-  ZEST_ASSIGN_OR_RETURN(auto d, model::ParallelCpuDecoder::create(w, par.tensor_parallel, par.expert_parallel));
+  ZEST_ASSIGN_OR_RETURN(auto d, model::ParallelDecoder::create_cpu(w, par.tensor_parallel, par.expert_parallel));
   return std::unique_ptr<model::TextDecoder>(std::move(d));
-}
-
-// Several GPUs are not built yet: the CUDA backend refuses the flags by name.
-Status cuda_parallel_ok(const model::ParallelOptions& par) {
-  if (par.tensor_parallel > 1 || par.expert_parallel)
-    return unsupported("--tensor-parallel / --expert-parallel on the CUDA backend (one GPU only so far; the CPU "
-                       "backend runs split decoders)");
-  return Status::ok();
 }
 
 }  // namespace
@@ -71,10 +63,9 @@ Result<std::shared_ptr<ModelBundle>> ModelBundle::load(const std::string& dir, m
   if (!scales.is_ok()) return scales.with_context("weights in " + dir);
   m->backend = backend;
   if (backend == model::Backend::kCuda) {
-    ZEST_RETURN_IF_ERROR(cuda_parallel_ok(parallel));
     Status init = kernels::cuda_init(0);
     if (!init.is_ok()) return init.with_context("--device cuda");
-    auto dev = model::make_cuda_decoder(m->weights, m->config, decode);
+    auto dev = model::make_cuda_decoder(m->weights, m->config, decode, parallel);
     if (!dev.ok()) return dev.status().with_context("CUDA text decoder of " + dir);
     m->text_decoder = std::move(dev).value();
   } else {
@@ -149,14 +140,13 @@ Result<std::shared_ptr<ModelBundle>> ModelBundle::random(const RandomModelOption
   m->random_router_skew = o.router_skew;
 
   if (backend == model::Backend::kCuda) {
-    ZEST_RETURN_IF_ERROR(cuda_parallel_ok(parallel));
     Status init = kernels::cuda_init(0);
     if (!init.is_ok()) return init.with_context("--device cuda");
     {
       model::RandomTensors store(o.seed);
       model::DecoderWeights w = model::random_decoder_weights(tc, store, o.distinct_layers, 0, o.router_skew);
       if (o.fp8) m->config.fp8 = model::quantize_fp8_blockwise(w, store);
-      auto dev = model::create_cuda_decoder(w, decode);
+      auto dev = model::create_cuda_parallel_decoder(w, parallel, decode);  // one GPU unless --tensor-parallel
       if (!dev.ok()) return dev.status().with_context("CUDA text decoder with random weights");
       m->text_decoder = std::move(dev).value();
     }

@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <thread>
 
+#include "model/qwen3.h"
+
 namespace zest::model {
 namespace {
 
-// The storage of a parallel decoder's cache: one CPU cache per rank (its key/value heads) over the same block ids.
+// The storage of a parallel decoder's cache: one cache per rank (its key/value heads) over the same block ids.
 class RankKvStorage final : public KvStorage {
  public:
   std::vector<PagedKVCache> ranks;
@@ -14,61 +16,107 @@ class RankKvStorage final : public KvStorage {
 
 }  // namespace
 
-Result<std::unique_ptr<ParallelCpuDecoder>> ParallelCpuDecoder::create(const DecoderWeights& w, int world,
-                                                                       bool expert_parallel) {
+Result<std::unique_ptr<ParallelDecoder>> ParallelDecoder::create(const DecoderWeights& w, int world,
+                                                                 bool expert_parallel, const MakeRank& make_rank,
+                                                                 std::unique_ptr<CommunicatorGroup> group) {
   ZEST_ASSIGN_OR_RETURN(ParallelPlan plan, plan_parallel(w.config, world, expert_parallel));
-  std::unique_ptr<ParallelCpuDecoder> d(new ParallelCpuDecoder());
+  if (world > 1 && (!group || group->world() != world))
+    return invalid_argument("a parallel decoder of " + std::to_string(world) + " ranks needs a group of as many");
+  std::unique_ptr<ParallelDecoder> d(new ParallelDecoder());
   d->config_ = w.config;
-  d->group_ = std::make_unique<LocalGroup>(world);
+  d->plan_ = plan;
+  d->group_ = std::move(group);
+  d->shards_.reserve(world);  // the ranks' weights view the shards: no reallocation
   for (int r = 0; r < world; ++r) {
     ZEST_ASSIGN_OR_RETURN(ShardWeights s, shard_decoder_weights(w, plan, r));
     d->shards_.push_back(std::move(s));
-    ZEST_ASSIGN_OR_RETURN(Qwen3TextModel m, Qwen3TextModel::from_weights(d->shards_.back().weights));
-    d->ranks_.push_back(std::make_unique<Qwen3TextModel>(std::move(m)));
+    auto m = make_rank(d->shards_.back().weights, r);
+    if (!m.ok()) return m.status().with_context("rank " + std::to_string(r));
+    d->ranks_.push_back(std::move(m).value());
     if (world > 1) ZEST_RETURN_IF_ERROR(d->ranks_.back()->set_communicator(&d->group_->member(r)));
   }
   return d;
 }
 
-ParallelCpuDecoder::~ParallelCpuDecoder() = default;
+Result<std::unique_ptr<ParallelDecoder>> ParallelDecoder::create_cpu(const DecoderWeights& w, int world,
+                                                                     bool expert_parallel) {
+  auto make = [](const DecoderWeights& shard, int) -> Result<std::unique_ptr<TextDecoder>> {
+    ZEST_ASSIGN_OR_RETURN(Qwen3TextModel m, Qwen3TextModel::from_weights(shard));
+    return std::unique_ptr<TextDecoder>(std::make_unique<Qwen3TextModel>(std::move(m)));
+  };
+  return create(w, world, expert_parallel, make, world > 1 ? std::make_unique<LocalGroup>(world) : nullptr);
+}
 
-Result<PagedKVCache> ParallelCpuDecoder::allocate_cache(int64_t num_blocks, int64_t block_size) const {
+ParallelDecoder::~ParallelDecoder() {
+  ranks_.clear();  // the decoders leave before their communicators
+}
+
+Status ParallelDecoder::on_ranks(const std::function<Status(int)>& fn) const {
+  std::vector<Status> out(ranks_.size(), Status::ok());
+  std::vector<std::thread> threads;
+  for (size_t r = 1; r < ranks_.size(); ++r) threads.emplace_back([&, r] { out[r] = fn(static_cast<int>(r)); });
+  out[0] = fn(0);
+  for (auto& t : threads) t.join();
+  for (const Status& s : out)
+    if (!s.is_ok()) return s;
+  return Status::ok();
+}
+
+Result<PagedKVCache> ParallelDecoder::allocate_cache(int64_t num_blocks, int64_t block_size) const {
   if (num_blocks <= 0 || block_size <= 0) return invalid_argument("KV cache: need blocks and a block size");
   auto storage = std::make_shared<RankKvStorage>();
-  for (const auto& m : ranks_) storage->ranks.push_back(m->make_cache(num_blocks, block_size));
+  for (const auto& m : ranks_) {
+    ZEST_ASSIGN_OR_RETURN(PagedKVCache c, m->allocate_cache(num_blocks, block_size));
+    storage->ranks.push_back(std::move(c));
+  }
   return PagedKVCache(num_blocks, block_size, std::move(storage));
 }
 
-Result<Tensor> ParallelCpuDecoder::forward(const ForwardBatch& batch, PagedKVCache& cache,
-                                           const MoeHooks* hooks) const {
+Result<Tensor> ParallelDecoder::forward(const ForwardBatch& batch, PagedKVCache& cache, const MoeHooks* hooks) const {
   auto* storage = dynamic_cast<RankKvStorage*>(cache.storage());
   if (!storage || storage->ranks.size() != ranks_.size())
     return invalid_argument("forward: the KV cache was not made by this parallel decoder (use its allocate_cache)");
   if (ranks_.size() == 1) return ranks_[0]->forward(batch, storage->ranks[0], hooks);
-  std::vector<Result<Tensor>> out(ranks_.size(), Result<Tensor>(internal_error("rank did not run")));
-  std::vector<std::thread> threads;
-  for (size_t r = 1; r < ranks_.size(); ++r)
-    threads.emplace_back([&, r] { out[r] = ranks_[r]->forward(batch, storage->ranks[r], hooks); });
-  out[0] = ranks_[0]->forward(batch, storage->ranks[0], hooks);
-  for (auto& t : threads) t.join();
-  for (auto& o : out)
-    if (!o.ok()) return o.status();
-  return std::move(out[0]);
+  Tensor out;
+  ZEST_RETURN_IF_ERROR(on_ranks([&](int r) -> Status {
+    auto l = ranks_[r]->forward(batch, storage->ranks[r], hooks);
+    if (!l.ok()) return l.status();
+    if (r == 0) out = std::move(l).value();
+    return Status::ok();
+  }));
+  return out;
 }
 
-Status ParallelCpuDecoder::run_expert(int64_t layer, int64_t expert, const float* x, int64_t n, float* y) const {
+Result<std::vector<SampleResult>> ParallelDecoder::forward_sample(const ForwardBatch& batch, PagedKVCache& cache,
+                                                                  const MoeHooks* hooks,
+                                                                  const std::vector<SampleRow>& rows) const {
+  auto* storage = dynamic_cast<RankKvStorage*>(cache.storage());
+  if (!storage || storage->ranks.size() != ranks_.size())
+    return invalid_argument("forward: the KV cache was not made by this parallel decoder (use its allocate_cache)");
+  if (ranks_.size() == 1) return ranks_[0]->forward_sample(batch, storage->ranks[0], hooks, rows);
+  std::vector<SampleResult> out;
+  ZEST_RETURN_IF_ERROR(on_ranks([&](int r) -> Status {
+    auto l = ranks_[r]->forward_sample(batch, storage->ranks[r], hooks, rows);
+    if (!l.ok()) return l.status();
+    if (r == 0) out = std::move(l).value();
+    return Status::ok();
+  }));
+  return out;
+}
+
+Status ParallelDecoder::run_expert(int64_t layer, int64_t expert, const float* x, int64_t n, float* y) const {
   if (n < 0) return invalid_argument("run_expert: negative row count");
+  if (layer < 0 || layer >= config_.num_layers || expert < 0 || expert >= config_.num_experts)
+    return ranks_[0]->run_expert(layer, expert, x, n, y);  // its error: no such MoE layer or expert
+  const int owner = plan_.owner_of_expert(expert);
+  if (owner >= 0) return ranks_[owner]->run_expert(layer, expert, x, n, y);
   const size_t out = static_cast<size_t>(n) * static_cast<size_t>(config_.hidden_size);
   std::fill(y, y + out, 0.f);
   std::vector<float> part(out);
-  bool held = false;
-  for (const auto& m : ranks_) {
-    if (!m->holds_expert(layer, expert)) continue;  // another rank's (expert parallelism), or out of range
+  for (const auto& m : ranks_) {  // tensor-parallel experts: every rank holds a slice of the expert's columns
     ZEST_RETURN_IF_ERROR(m->run_expert(layer, expert, x, n, part.data()));
-    held = true;
     for (size_t i = 0; i < out; ++i) y[i] += part[i];
   }
-  if (!held) return ranks_[0]->run_expert(layer, expert, x, n, y);  // its error: no such MoE layer or expert
   return Status::ok();
 }
 

@@ -1,42 +1,61 @@
-// The CPU decoder split over ranks (tensor-parallel attention, tensor- or expert-parallel MLP/experts): one
-// Qwen3TextModel per rank on its shard (shard_decoder_weights), run by one thread per rank and joined by a LocalGroup's
-// all-reduces; the engine sees one TextDecoder (one scheduler, one block allocator; each rank keeps the K/V of its
-// heads in its own storage under the same block tables). The math and placement of the CUDA ranks, on the CPU: the
-// ranks share the process's thread pool (their parallel loops take turns), so a split CPU decoder is no faster than
-// the whole one.
+// A decoder split over ranks (tensor-parallel attention, tensor- or expert-parallel MLP/experts): one decoder per rank
+// on its shard (shard_decoder_weights), joined by a CommunicatorGroup's all-reduces, run by one thread per rank for
+// every step; the engine sees one TextDecoder (one scheduler, one block allocator; each rank keeps the K/V of its
+// heads in its own storage under the same block tables). On the CPU (create_cpu) the ranks are Qwen3 models joined by
+// a LocalGroup: they share the process's thread pool (their parallel loops take turns), so a split CPU decoder shows
+// the split's math and placement, not a speed-up. On GPUs the ranks are CUDA decoders, one a GPU, joined by NCCL
+// (backend/cuda.h, create_cuda_parallel_decoder).
 #pragma once
+#include <functional>
 #include <memory>
 #include <vector>
 
 #include "model/parallel.h"
-#include "model/qwen3.h"
 
 namespace zest::model {
 
-class ParallelCpuDecoder final : public TextDecoder {
+class ParallelDecoder final : public TextDecoder {
  public:
-  // world >= 1 ranks of `w` (views that must outlive the decoder) under plan_parallel(w.config, world,
-  // expert_parallel); its errors (sizes that do not split) as they are.
-  static Result<std::unique_ptr<ParallelCpuDecoder>> create(const DecoderWeights& w, int world, bool expert_parallel);
-  ~ParallelCpuDecoder() override;
+  // Rank r's decoder on its shard's weights (views that outlive the decoder).
+  using MakeRank = std::function<Result<std::unique_ptr<TextDecoder>>(const DecoderWeights& shard, int rank)>;
+  // world >= 1 ranks of `w` (views that must outlive the decoder where the ranks read them: the CPU ranks; CUDA ranks
+  // copy them to their GPUs when made) under plan_parallel(w.config, world,
+  // expert_parallel), rank r made by make_rank and joined to group->member(r) (world > 1); the plan's errors (sizes
+  // that do not split) as they are.
+  static Result<std::unique_ptr<ParallelDecoder>> create(const DecoderWeights& w, int world, bool expert_parallel,
+                                                         const MakeRank& make_rank,
+                                                         std::unique_ptr<CommunicatorGroup> group);
+  // The CPU ranks: Qwen3 models joined by a LocalGroup.
+  static Result<std::unique_ptr<ParallelDecoder>> create_cpu(const DecoderWeights& w, int world, bool expert_parallel);
+  ~ParallelDecoder() override;
 
-  Backend backend() const override { return Backend::kCpu; }
+  Backend backend() const override { return ranks_[0]->backend(); }
   const io::TextConfig& config() const override { return config_; }
   int world() const { return static_cast<int>(ranks_.size()); }
   Result<PagedKVCache> allocate_cache(int64_t num_blocks, int64_t block_size) const override;
   // Every rank runs the step on its storage; rank 0's logits (all ranks hold the same bits). MoE hooks (host
-  // re-routing such as SERE's, calibration taps) are called by rank 0 once a layer; its re-routing is broadcast.
+  // re-routing such as SERE's, calibration taps) are called by rank 0 once a layer; its re-routing is broadcast
+  // (ranks that take no host hooks refuse them).
   Result<Tensor> forward(const ForwardBatch& batch, PagedKVCache& cache, const MoeHooks* hooks = nullptr) const override;
+  // The same through every rank's forward_sample (device sampling on the GPU ranks); rank 0's summaries.
+  Result<std::vector<SampleResult>> forward_sample(const ForwardBatch& batch, PagedKVCache& cache,
+                                                   const MoeHooks* hooks,
+                                                   const std::vector<SampleRow>& rows) const override;
+  // Rank 0's counters (every rank re-routes the same tokens the same way).
+  Result<std::vector<accel::RerouteCounts>> reroute_counts() const override { return ranks_[0]->reroute_counts(); }
   // The whole expert (SERE calibration on the host): the rank that holds it (expert parallel), or the sum of every
   // rank's output over its columns of it (tensor parallel experts).
   Status run_expert(int64_t layer, int64_t expert, const float* x, int64_t n, float* y) const override;
 
  private:
-  ParallelCpuDecoder() = default;
+  ParallelDecoder() = default;
+  // fn(r) on a thread per rank (rank 0 on the caller's); the first error in rank order.
+  Status on_ranks(const std::function<Status(int)>& fn) const;
   io::TextConfig config_;
-  std::unique_ptr<LocalGroup> group_;
+  ParallelPlan plan_;
+  std::unique_ptr<CommunicatorGroup> group_;
   std::vector<ShardWeights> shards_;
-  std::vector<std::unique_ptr<Qwen3TextModel>> ranks_;
+  std::vector<std::unique_ptr<TextDecoder>> ranks_;
 };
 
 }  // namespace zest::model

@@ -45,11 +45,6 @@ class Qwen3TextModel : public TextDecoder {
                          const MoeHooks* hooks = nullptr) const override;
 
   Status run_expert(int64_t layer, int64_t expert, const float* x, int64_t n, float* y) const override;
-  // Whether this decoder holds the weights of expert `expert` of MoE layer `layer` (a rank's shard may not).
-  bool holds_expert(int64_t layer, int64_t expert) const {
-    return layer >= 0 && layer < static_cast<int64_t>(layers_.size()) && layers_[layer].moe && expert >= 0 &&
-           expert < static_cast<int64_t>(layers_[layer].gate_up.size()) && layers_[layer].gate_up[expert].defined();
-  }
 
  private:
   struct Layer {

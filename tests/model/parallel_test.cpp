@@ -396,13 +396,13 @@ TEST(ParallelDecoder, CpuRanksGiveTheWholeModelsLogits) {
   }
 }
 
-// ParallelCpuDecoder over w at 1, 2 and 4 ranks, TP and EP, against the whole model's logits `want` (world 1: the
+// ParallelDecoder::create_cpu over w at 1, 2 and 4 ranks, TP and EP, against the whole model's logits `want` (world 1: the
 // same bits).
 void expect_decoders_match(const DecoderWeights& w, const std::vector<float>& want) {
   for (int world : {1, 2, 4})
     for (bool ep : {false, true}) {
       SCOPED_TRACE("world " + std::to_string(world) + (ep ? " EP" : " TP"));
-      auto d = ParallelCpuDecoder::create(w, world, ep);
+      auto d = ParallelDecoder::create_cpu(w, world, ep);
       ASSERT_TRUE(d.ok()) << d.status().to_string();
       EXPECT_EQ((*d)->world(), world);
       const auto got = run_two_steps(**d);
@@ -424,10 +424,10 @@ TEST(ParallelDecoder, OneDecoderOverRanks) {
   auto whole = Qwen3TextModel::from_weights(w);
   ASSERT_TRUE(whole.ok());
   expect_decoders_match(w, run_two_steps(*whole));
-  auto bad = ParallelCpuDecoder::create(w, 3, false);
+  auto bad = ParallelDecoder::create_cpu(w, 3, false);
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), ErrorCode::kInvalidArgument);
-  auto two = ParallelCpuDecoder::create(w, 2, true);
+  auto two = ParallelDecoder::create_cpu(w, 2, true);
   ASSERT_TRUE(two.ok());
   auto cache = (*two)->allocate_cache(4, 4);
   ASSERT_TRUE(cache.ok());
@@ -518,7 +518,7 @@ TEST(ParallelDecoder, HooksRunOnRankZeroAndItsReroutingReachesEveryRank) {
   for (int world : {2, 4})
     for (bool ep : {false, true}) {
       SCOPED_TRACE("world " + std::to_string(world) + (ep ? " EP" : " TP"));
-      auto d = ParallelCpuDecoder::create(w, world, ep);
+      auto d = ParallelDecoder::create_cpu(w, world, ep);
       ASSERT_TRUE(d.ok()) << d.status().to_string();
       routes = 0;
       inputs = 0;
@@ -544,7 +544,7 @@ TEST(ParallelDecoder, RunExpertGivesTheWholeExpert) {
   for (int world : {2, 4})
     for (bool ep : {false, true}) {
       SCOPED_TRACE("world " + std::to_string(world) + (ep ? " EP" : " TP"));
-      auto d = ParallelCpuDecoder::create(w, world, ep);
+      auto d = ParallelDecoder::create_cpu(w, world, ep);
       ASSERT_TRUE(d.ok());
       for (int64_t e : {0, 5, 7}) {
         std::vector<float> want(static_cast<size_t>(n * H)), got(want.size());

@@ -19,6 +19,11 @@ Result<std::unique_ptr<CommunicatorGroup>> create_nccl_group(const std::vector<i
   return unsupported("zest was built without CUDA: no NCCL communicators");
 }
 
+Result<std::unique_ptr<TextDecoder>> create_cuda_parallel_decoder(const DecoderWeights&, const ParallelOptions&,
+                                                                  const DeviceDecodeOptions&) {
+  return unsupported("zest was built without CUDA (configure with -DZEST_CUDA=ON), so --device cuda is unavailable");
+}
+
 }  // namespace zest::model
 
 namespace zest::vision {

@@ -1,4 +1,5 @@
-// NCCL communicators for the ranks of a parallel decoder on the GPUs of one host (backend/cuda.h).
+// A decoder split over the GPUs of one host (backend/cuda.h): NCCL communicators for its ranks, and the ranks as CUDA
+// decoders, one a GPU, behind one model::ParallelDecoder.
 #include <cuda_runtime.h>
 #ifdef ZEST_HAVE_NCCL
 #include <nccl.h>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "backend/cuda.h"
+#include "model/parallel_decoder.h"
 
 namespace zest::model {
 #ifdef ZEST_HAVE_NCCL
@@ -94,5 +96,42 @@ Result<std::unique_ptr<CommunicatorGroup>> create_nccl_group(const std::vector<i
   return unsupported("zest was built without NCCL (no nccl.h / libnccl in the CUDA toolkit): one GPU only");
 }
 #endif
+
+Result<std::unique_ptr<TextDecoder>> create_cuda_parallel_decoder(const DecoderWeights& w, const ParallelOptions& par,
+                                                                  const DeviceDecodeOptions& opts) {
+  const int world = std::max(1, par.tensor_parallel);
+  if (world == 1 && !par.expert_parallel) return create_cuda_decoder(w, opts);
+  if (world == 1) return invalid_argument("--expert-parallel places experts on the GPUs of --tensor-parallel (2 or more)");
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    count = 0;
+  }
+  if (count < world)
+    return invalid_argument("--tensor-parallel " + std::to_string(world) + " runs a rank on each of as many GPUs; " +
+                            std::to_string(count) + " visible");
+  std::vector<int> devices(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) devices[r] = r;
+  // Every rank reads device rows rank 0's GPU holds (the vision tower's visual rows): peer access between the GPUs.
+  for (int a : devices)
+    for (int b : devices) {
+      if (a == b) continue;
+      int can = 0;
+      cudaDeviceCanAccessPeer(&can, a, b);
+      if (!can) continue;
+      cudaSetDevice(a);
+      if (cudaDeviceEnablePeerAccess(b, 0) != cudaSuccess) cudaGetLastError();  // already enabled
+    }
+  cudaSetDevice(devices[0]);
+  ZEST_ASSIGN_OR_RETURN(std::unique_ptr<CommunicatorGroup> group, create_nccl_group(devices));
+  auto make = [&](const DecoderWeights& shard, int r) -> Result<std::unique_ptr<TextDecoder>> {
+    if (cudaSetDevice(devices[r]) != cudaSuccess) return internal_error("cudaSetDevice(" + std::to_string(r) + ")");
+    auto d = create_cuda_decoder(shard, opts);  // on the rank's GPU
+    cudaSetDevice(devices[0]);
+    return d;
+  };
+  ZEST_ASSIGN_OR_RETURN(auto d, ParallelDecoder::create(w, world, par.expert_parallel, make, std::move(group)));
+  return std::unique_ptr<TextDecoder>(std::move(d));
+}
 
 }  // namespace zest::model
