@@ -8,7 +8,10 @@
 // measured in the same run).
 //   bench_decode_bench --config qwen3-30b-a3b --batch 1,8,32,64 --context 1024 [--sere-primary 2
 //                      --sere-threshold 0] [--skew 1.0] [--layers N] [--steps 200] [--pdl 1] [--profile]
-//                      [--timeline 1,8] [--dtype fp8]
+//                      [--timeline 1,8] [--dtype fp8] [--tensor-parallel N [--expert-parallel]]
+// --tensor-parallel N: the decoder split over GPUs 0 .. N-1 (model::create_cuda_parallel_decoder: tensor-parallel
+// attention, experts split by columns or, with --expert-parallel, placed whole; NCCL all-reduces); the floor then
+// counts the step's bytes read by N GPUs at once (bytes / (N x copy bandwidth of GPU 0)).
 // --profile: the GPU time of every kernel of one eager step (events between launches, summed per kernel name over
 // the layers). --timeline (bench_decode_timeline only: the same program on the kernels built with step-timeline
 // records) prints when each kernel of one replayed step was released from its PDL wait (kernels.h); with
@@ -462,6 +465,11 @@ int bench_decode_main(int argc, char** argv) {
                  "two tokens, 0 the per-tile FP8 kernel (DeviceDecodeOptions::fp8_stream_experts)");
   bool profile = false;
   app.add_flag("--profile", profile, "also print the GPU time of every kernel of one eager step per batch");
+  model::ParallelOptions par;
+  app.add_option("--tensor-parallel", par.tensor_parallel, "split the decoder over GPUs 0 .. N-1 (NCCL)")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--expert-parallel", par.expert_parallel,
+               "with --tensor-parallel: place whole experts on the GPUs instead of splitting each expert's columns");
   std::string timeline;
   app.add_option("--timeline", timeline,
                  "batch sizes (comma-separated) at which one replayed step's kernel timeline is printed (PDL-wait "
@@ -483,6 +491,11 @@ int bench_decode_main(int argc, char** argv) {
   }
   if (bs.empty()) {
     std::fprintf(stderr, "error: --batch is empty\n");
+    return 2;
+  }
+  const int world = par.tensor_parallel;
+  if (world > 1 && (profile || !timeline.empty())) {
+    std::fprintf(stderr, "error: --profile and --timeline time one GPU's decoder: leave out --tensor-parallel\n");
     return 2;
   }
   if (!timeline.empty() && !step_timeline_built()) {
@@ -510,7 +523,7 @@ int bench_decode_main(int argc, char** argv) {
   b.fp8 = dtype == "fp8";
   b.graphs.fp8_stream_experts = stream_fp8;
   if (b.fp8) model::quantize_fp8_blockwise(w, hw);
-  auto dec = model::create_cuda_decoder(w, b.graphs);
+  auto dec = model::create_cuda_parallel_decoder(w, par, b.graphs);  // one GPU unless --tensor-parallel
   if (!check(dec.status(), "decoder")) return 1;
   b.dec = std::move(dec).value();
   const int max_batch = *std::max_element(bs.begin(), bs.end());
@@ -522,6 +535,9 @@ int bench_decode_main(int argc, char** argv) {
     b.sere.similarity = model::random_sere_similarity(b.cfg, 13);
     if (!check(b.sere.params.validate(b.cfg.num_layers), "SERE")) return 2;
   }
+  if (world > 1)
+    std::printf("split over GPUs 0 .. %d: tensor-parallel attention, experts %s, NCCL all-reduces\n", world - 1,
+                par.expert_parallel ? "placed whole (expert parallel)" : "split by columns");
   std::printf("model: %s shapes, %lld layers, random %s weights (skew %.2f), %d sequences prefilled to context %d in "
               "%.1f s; pdl %d, %d steps (median, p90 of the wall clock per forward_sample)\n",
               config.c_str(), static_cast<long long>(b.cfg.num_layers),
@@ -534,7 +550,7 @@ int bench_decode_main(int argc, char** argv) {
       if (sere && sere_primary <= 0) continue;
       Row r;
       if (!run_batch(b, batch, sere, warmup, steps, &r)) return 1;
-      r.floor_ms = r.bytes / bw * 1e3;
+      r.floor_ms = r.bytes / (bw * world) * 1e3;  // N GPUs read their shares at once
       rows.push_back(r);
       std::printf("  batch %d%s: TPOT %.3f ms\n", batch, sere ? " +SERE" : "", r.t.median_ms);
       if (profile && !print_profile(b, batch, sere)) return 1;
