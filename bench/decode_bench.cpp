@@ -11,7 +11,9 @@
 //                      [--timeline 1,8] [--dtype fp8] [--tensor-parallel N [--expert-parallel]]
 // --tensor-parallel N: the decoder split over GPUs 0 .. N-1 (model::create_cuda_parallel_decoder: tensor-parallel
 // attention, experts split by columns or, with --expert-parallel, placed whole; NCCL all-reduces); the floor then
-// counts the step's bytes read by N GPUs at once (bytes / (N x copy bandwidth of GPU 0)).
+// counts the step's bytes read by N GPUs at once (bytes / (N x copy bandwidth of GPU 0)). --comm-off times the same
+// split decoder with its all-reduces skipped (wrong sums, the same kernels otherwise): against the run with them, the
+// share of a step spent in communication.
 // --profile: the GPU time of every kernel of one eager step (events between launches, summed per kernel name over
 // the layers). --timeline (bench_decode_timeline only: the same program on the kernels built with step-timeline
 // records) prints when each kernel of one replayed step was released from its PDL wait (kernels.h); with
@@ -46,6 +48,29 @@ namespace {
 
 using namespace zest;
 using namespace zest::cuda;
+
+// --comm-off: communicators whose device all-reduce does nothing (the split decoder's step without communication).
+class SkipGroup final : public model::CommunicatorGroup {
+ public:
+  explicit SkipGroup(int world) {
+    for (int r = 0; r < world; ++r) members_.push_back(std::make_unique<Member>(r, world));
+  }
+  int world() const override { return static_cast<int>(members_.size()); }
+  model::Communicator& member(int rank) override { return *members_.at(static_cast<size_t>(rank)); }
+
+ private:
+  struct Member final : model::Communicator {
+    Member(int r, int w) : r_(r), w_(w) {}
+    int rank() const override { return r_; }
+    int world() const override { return w_; }
+    Status all_reduce_sum(float*, int64_t) override { return Status::ok(); }
+    Status broadcast(void*, int64_t, int) override { return Status::ok(); }
+    bool reduces_on_device() const override { return true; }
+    Status all_reduce_sum_device(void*, int64_t, bool, void*) override { return Status::ok(); }
+    int r_, w_;
+  };
+  std::vector<std::unique_ptr<Member>> members_;
+};
 
 bool check(const Status& s, const char* what) {
   if (s.is_ok()) return true;
@@ -470,6 +495,9 @@ int bench_decode_main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_flag("--expert-parallel", par.expert_parallel,
                "with --tensor-parallel: place whole experts on the GPUs instead of splitting each expert's columns");
+  bool comm_off = false;
+  app.add_flag("--comm-off", comm_off,
+               "with --tensor-parallel: skip the all-reduces (wrong sums; the step time without communication)");
   std::string timeline;
   app.add_option("--timeline", timeline,
                  "batch sizes (comma-separated) at which one replayed step's kernel timeline is printed (PDL-wait "
@@ -523,7 +551,9 @@ int bench_decode_main(int argc, char** argv) {
   b.fp8 = dtype == "fp8";
   b.graphs.fp8_stream_experts = stream_fp8;
   if (b.fp8) model::quantize_fp8_blockwise(w, hw);
-  auto dec = model::create_cuda_parallel_decoder(w, par, b.graphs);  // one GPU unless --tensor-parallel
+  std::unique_ptr<model::CommunicatorGroup> group;
+  if (comm_off && world > 1) group = std::make_unique<SkipGroup>(world);
+  auto dec = model::create_cuda_parallel_decoder(w, par, b.graphs, std::move(group));  // one GPU unless --tensor-parallel
   if (!check(dec.status(), "decoder")) return 1;
   b.dec = std::move(dec).value();
   const int max_batch = *std::max_element(bs.begin(), bs.end());
@@ -536,8 +566,9 @@ int bench_decode_main(int argc, char** argv) {
     if (!check(b.sere.params.validate(b.cfg.num_layers), "SERE")) return 2;
   }
   if (world > 1)
-    std::printf("split over GPUs 0 .. %d: tensor-parallel attention, experts %s, NCCL all-reduces\n", world - 1,
-                par.expert_parallel ? "placed whole (expert parallel)" : "split by columns");
+    std::printf("split over GPUs 0 .. %d: tensor-parallel attention, experts %s, %s\n", world - 1,
+                par.expert_parallel ? "placed whole (expert parallel)" : "split by columns",
+                comm_off ? "all-reduces SKIPPED (--comm-off: step time without communication)" : "NCCL all-reduces");
   std::printf("model: %s shapes, %lld layers, random %s weights (skew %.2f), %d sequences prefilled to context %d in "
               "%.1f s; pdl %d, %d steps (median, p90 of the wall clock per forward_sample)\n",
               config.c_str(), static_cast<long long>(b.cfg.num_layers),

@@ -44,8 +44,10 @@ Result<std::unique_ptr<CommunicatorGroup>> create_nccl_group(const std::vector<i
 // on GPU r holding its shard (shard_decoder_weights), joined by NCCL, behind one model::ParallelDecoder; world 1
 // without expert parallelism is create_cuda_decoder. kInvalidArgument for fewer GPUs than ranks and for sizes the
 // plan does not split (plan_parallel).
+// `group`: the ranks' communicators (null: NCCL over the GPUs; a benchmark may pass one that skips the sums).
 Result<std::unique_ptr<TextDecoder>> create_cuda_parallel_decoder(const DecoderWeights& w, const ParallelOptions& par,
-                                                                  const DeviceDecodeOptions& opts = {});
+                                                                  const DeviceDecodeOptions& opts = {},
+                                                                  std::unique_ptr<CommunicatorGroup> group = nullptr);
 
 }  // namespace zest::model
 

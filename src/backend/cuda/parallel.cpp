@@ -98,7 +98,8 @@ Result<std::unique_ptr<CommunicatorGroup>> create_nccl_group(const std::vector<i
 #endif
 
 Result<std::unique_ptr<TextDecoder>> create_cuda_parallel_decoder(const DecoderWeights& w, const ParallelOptions& par,
-                                                                  const DeviceDecodeOptions& opts) {
+                                                                  const DeviceDecodeOptions& opts,
+                                                                  std::unique_ptr<CommunicatorGroup> group) {
   const int world = std::max(1, par.tensor_parallel);
   if (world == 1 && !par.expert_parallel) return create_cuda_decoder(w, opts);
   if (world == 1) return invalid_argument("--expert-parallel places experts on the GPUs of --tensor-parallel (2 or more)");
@@ -123,7 +124,10 @@ Result<std::unique_ptr<TextDecoder>> create_cuda_parallel_decoder(const DecoderW
       if (cudaDeviceEnablePeerAccess(b, 0) != cudaSuccess) cudaGetLastError();  // already enabled
     }
   cudaSetDevice(devices[0]);
-  ZEST_ASSIGN_OR_RETURN(std::unique_ptr<CommunicatorGroup> group, create_nccl_group(devices));
+  if (!group) {
+    ZEST_ASSIGN_OR_RETURN(group, create_nccl_group(devices));
+  }
+  if (group->world() != world) return invalid_argument("the communicator group has another number of ranks");
   auto make = [&](const DecoderWeights& shard, int r) -> Result<std::unique_ptr<TextDecoder>> {
     if (cudaSetDevice(devices[r]) != cudaSuccess) return internal_error("cudaSetDevice(" + std::to_string(r) + ")");
     auto d = create_cuda_decoder(shard, opts);  // on the rank's GPU

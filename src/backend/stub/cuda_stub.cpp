@@ -20,7 +20,8 @@ Result<std::unique_ptr<CommunicatorGroup>> create_nccl_group(const std::vector<i
 }
 
 Result<std::unique_ptr<TextDecoder>> create_cuda_parallel_decoder(const DecoderWeights&, const ParallelOptions&,
-                                                                  const DeviceDecodeOptions&) {
+                                                                  const DeviceDecodeOptions&,
+                                                                  std::unique_ptr<CommunicatorGroup>) {
   return unsupported("zest was built without CUDA (configure with -DZEST_CUDA=ON), so --device cuda is unavailable");
 }
 
