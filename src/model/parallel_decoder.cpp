@@ -1,6 +1,8 @@
 #include "model/parallel_decoder.h"
 
 #include <algorithm>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
 #include "model/qwen3.h"
@@ -15,6 +17,58 @@ class RankKvStorage final : public KvStorage {
 };
 
 }  // namespace
+
+// Threads for ranks 1 .. n: run() hands every one the same job (its rank as the argument), runs rank 0's part on the
+// caller's thread, and returns once all are done.
+struct ParallelDecoder::Workers {
+  explicit Workers(int n) {
+    for (int r = 1; r <= n; ++r) threads.emplace_back([this, r] { loop(r); });
+  }
+  ~Workers() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stop = true;
+    }
+    wake.notify_all();
+    for (auto& t : threads) t.join();
+  }
+  void run(const std::function<void(int)>& fn) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      job = &fn;
+      pending = static_cast<int>(threads.size());
+      ++generation;
+    }
+    wake.notify_all();
+    fn(0);
+    std::unique_lock<std::mutex> lock(mu);
+    done.wait(lock, [this] { return pending == 0; });
+    job = nullptr;
+  }
+  void loop(int rank) {
+    uint64_t seen = 0;
+    for (;;) {
+      const std::function<void(int)>* fn = nullptr;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        wake.wait(lock, [&] { return stop || generation != seen; });
+        if (stop) return;
+        seen = generation;
+        fn = job;
+      }
+      (*fn)(rank);
+      std::lock_guard<std::mutex> lock(mu);
+      if (--pending == 0) done.notify_one();
+    }
+  }
+  std::mutex mu;
+  std::condition_variable wake, done;
+  const std::function<void(int)>* job = nullptr;
+  uint64_t generation = 0;
+  int pending = 0;
+  bool stop = false;
+  std::vector<std::thread> threads;
+};
 
 Result<std::unique_ptr<ParallelDecoder>> ParallelDecoder::create(const DecoderWeights& w, int world,
                                                                  bool expert_parallel, const MakeRank& make_rank,
@@ -35,6 +89,7 @@ Result<std::unique_ptr<ParallelDecoder>> ParallelDecoder::create(const DecoderWe
     d->ranks_.push_back(std::move(m).value());
     if (world > 1) ZEST_RETURN_IF_ERROR(d->ranks_.back()->set_communicator(&d->group_->member(r)));
   }
+  if (world > 1) d->workers_ = std::make_unique<Workers>(world - 1);
   return d;
 }
 
@@ -48,15 +103,17 @@ Result<std::unique_ptr<ParallelDecoder>> ParallelDecoder::create_cpu(const Decod
 }
 
 ParallelDecoder::~ParallelDecoder() {
+  workers_.reset();
   ranks_.clear();  // the decoders leave before their communicators
 }
 
 Status ParallelDecoder::on_ranks(const std::function<Status(int)>& fn) const {
   std::vector<Status> out(ranks_.size(), Status::ok());
-  std::vector<std::thread> threads;
-  for (size_t r = 1; r < ranks_.size(); ++r) threads.emplace_back([&, r] { out[r] = fn(static_cast<int>(r)); });
-  out[0] = fn(0);
-  for (auto& t : threads) t.join();
+  if (!workers_) {
+    out[0] = fn(0);
+  } else {
+    workers_->run([&](int r) { out[static_cast<size_t>(r)] = fn(r); });
+  }
   for (const Status& s : out)
     if (!s.is_ok()) return s;
   return Status::ok();

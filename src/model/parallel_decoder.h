@@ -1,7 +1,7 @@
 // A decoder split over ranks (tensor-parallel attention, tensor- or expert-parallel MLP/experts): one decoder per rank
-// on its shard (shard_decoder_weights), joined by a CommunicatorGroup's all-reduces, run by one thread per rank for
-// every step; the engine sees one TextDecoder (one scheduler, one block allocator; each rank keeps the K/V of its
-// heads in its own storage under the same block tables). On the CPU (create_cpu) the ranks are Qwen3 models joined by
+// on its shard (shard_decoder_weights), joined by a CommunicatorGroup's all-reduces, every step run by all ranks at
+// once; the engine sees one TextDecoder (one scheduler, one block allocator; each rank keeps the K/V of its
+// heads in its own storage under the same block tables); ranks 1 .. N-1 run on threads the decoder keeps. On the CPU (create_cpu) the ranks are Qwen3 models joined by
 // a LocalGroup: they share the process's thread pool (their parallel loops take turns), so a split CPU decoder shows
 // the split's math and placement, not a speed-up. On GPUs the ranks are CUDA decoders, one a GPU, joined by NCCL
 // (backend/cuda.h, create_cuda_parallel_decoder).
@@ -49,13 +49,16 @@ class ParallelDecoder final : public TextDecoder {
 
  private:
   ParallelDecoder() = default;
-  // fn(r) on a thread per rank (rank 0 on the caller's); the first error in rank order.
+  // fn(r) for every rank at once: rank 0 on the caller's thread, the others on the decoder's worker threads (one a
+  // rank, kept for the decoder's life); the first error in rank order.
   Status on_ranks(const std::function<Status(int)>& fn) const;
+  struct Workers;
   io::TextConfig config_;
   ParallelPlan plan_;
   std::unique_ptr<CommunicatorGroup> group_;
   std::vector<ShardWeights> shards_;
   std::vector<std::unique_ptr<TextDecoder>> ranks_;
+  std::unique_ptr<Workers> workers_;
 };
 
 }  // namespace zest::model
