@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Run here (no GPU needed): builds the CUDA targets and packs them, with the shared libraries the GPU
-# machine lacks (it has the CUDA toolkit, NCCL included, but not zest's Debian -dev packages), into
-# .gpu/zest-gpu.tar.xz.
+# machine lacks (it has the CUDA toolkit but not zest's Debian -dev packages), into .gpu/zest-gpu.tar.xz.
 # bench/gpu-check.sh runs that package on the GPU machine. TIMELINE=1 also packs the timeline tools (below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +17,7 @@ for kind in decode prefill ttft; do
 done
 for bin in .gpu/pkg/test_cuda .gpu/pkg/zest; do
   ldd "$bin" | awk '/=> \// {print $3}'
-done | sort -u | grep -vE '/(libc|libm|libdl|librt|libpthread|libgcc_s|libstdc\+\+|ld-linux[^/]*|libcuda|libcudart|libcublas|libcublasLt|libnccl)\.so' \
+done | sort -u | grep -vE '/(libc|libm|libdl|librt|libpthread|libgcc_s|libstdc\+\+|ld-linux[^/]*|libcuda|libcudart|libcublas|libcublasLt)\.so' \
   | xargs -r cp -L -t .gpu/pkg/lib
 pwd >.gpu/pkg/source_dir  # tests find their fixtures through this compiled-in path
 git rev-parse --short HEAD >.gpu/pkg/commit

@@ -36,8 +36,9 @@ Result<KvSnapshot> cuda_ipc_import(const std::string& handle_hex, const KvSnapsh
 
 // NCCL communicators for the ranks of a parallel decoder on GPUs of this host, rank r on devices[r]: all-reduces on
 // the device, queued on the decoder's stream (Communicator::all_reduce_sum_device; src/backend/cuda/nccl_group.cpp),
-// with NVLink SHARP off unless NCCL_NVLS_ENABLE is set. kUnsupported without CUDA; kInvalidArgument for fewer than
-// two devices, a device twice or one that does not exist; kInternal naming NCCL's error otherwise.
+// with NVLink SHARP off unless NCCL_NVLS_ENABLE is set; libnccl.so.2 is loaded at the first call. kUnsupported without
+// CUDA or NCCL; kInvalidArgument for fewer than two devices, a device twice or one that does not exist; kInternal
+// naming NCCL's error otherwise.
 Result<std::unique_ptr<CommunicatorGroup>> create_nccl_group(const std::vector<int>& devices);
 
 // The CUDA decoder split over the GPUs of this host (--tensor-parallel N [--expert-parallel]): rank r a CUDA decoder

@@ -1,6 +1,7 @@
 // A decoder split over the GPUs of one host (backend/cuda.h): NCCL communicators for its ranks, and the ranks as CUDA
 // decoders, one a GPU, behind one model::ParallelDecoder.
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #ifdef ZEST_HAVE_NCCL
 #include <nccl.h>
 #endif
@@ -17,9 +18,34 @@ namespace zest::model {
 #ifdef ZEST_HAVE_NCCL
 namespace {
 
+// NCCL's entry points, loaded when a group is first made: zest starts (and runs on one GPU) where the toolkit's
+// libnccl is missing, and only a split decoder needs it.
+struct NcclApi {
+  decltype(&ncclCommInitAll) comm_init_all = nullptr;
+  decltype(&ncclAllReduce) all_reduce = nullptr;
+  decltype(&ncclCommDestroy) comm_destroy = nullptr;
+  decltype(&ncclGetErrorString) error_string = nullptr;
+};
+
+const NcclApi* nccl_api() {
+  static const NcclApi* api = []() -> const NcclApi* {
+    void* h = nullptr;
+    for (const char* name : {"libnccl.so.2", "/usr/local/cuda/lib64/libnccl.so.2", "/usr/local/cuda/lib/libnccl.so.2"})
+      if ((h = dlopen(name, RTLD_NOW | RTLD_GLOBAL)) != nullptr) break;
+    if (!h) return nullptr;
+    static NcclApi a;
+    a.comm_init_all = reinterpret_cast<decltype(&ncclCommInitAll)>(dlsym(h, "ncclCommInitAll"));
+    a.all_reduce = reinterpret_cast<decltype(&ncclAllReduce)>(dlsym(h, "ncclAllReduce"));
+    a.comm_destroy = reinterpret_cast<decltype(&ncclCommDestroy)>(dlsym(h, "ncclCommDestroy"));
+    a.error_string = reinterpret_cast<decltype(&ncclGetErrorString)>(dlsym(h, "ncclGetErrorString"));
+    return a.comm_init_all && a.all_reduce && a.comm_destroy && a.error_string ? &a : nullptr;
+  }();
+  return api;
+}
+
 Status nccl_status(ncclResult_t r, const char* what) {
   if (r == ncclSuccess) return Status::ok();
-  return internal_error(std::string(what) + ": " + ncclGetErrorString(r));
+  return internal_error(std::string(what) + ": " + nccl_api()->error_string(r));
 }
 
 class NcclMember final : public Communicator {
@@ -37,8 +63,8 @@ class NcclMember final : public Communicator {
   Status all_reduce_sum_device(void* data, int64_t n, bool bf16, void* stream) override {
     if (n < 0) return invalid_argument("all-reduce of a negative count");
     if (n == 0) return Status::ok();
-    return nccl_status(ncclAllReduce(data, data, static_cast<size_t>(n), bf16 ? ncclBfloat16 : ncclFloat32, ncclSum,
-                                     comm_, static_cast<cudaStream_t>(stream)),
+    return nccl_status(nccl_api()->all_reduce(data, data, static_cast<size_t>(n), bf16 ? ncclBfloat16 : ncclFloat32,
+                                              ncclSum, comm_, static_cast<cudaStream_t>(stream)),
                        "ncclAllReduce");
   }
 
@@ -54,7 +80,7 @@ class NcclGroup final : public CommunicatorGroup {
     for (int r = 0; r < n; ++r) members_.push_back(std::make_unique<NcclMember>(comms_[r], r, n));
   }
   ~NcclGroup() override {
-    for (ncclComm_t c : comms_) ncclCommDestroy(c);
+    for (ncclComm_t c : comms_) nccl_api()->comm_destroy(c);
   }
   int world() const override { return static_cast<int>(comms_.size()); }
   Communicator& member(int rank) override { return *members_.at(static_cast<size_t>(rank)); }
@@ -86,7 +112,9 @@ Result<std::unique_ptr<CommunicatorGroup>> create_nccl_group(const std::vector<i
   int current = 0;
   cudaGetDevice(&current);
   std::vector<ncclComm_t> comms(static_cast<size_t>(n));
-  const Status s = nccl_status(ncclCommInitAll(comms.data(), n, devices.data()), "ncclCommInitAll");
+  if (!nccl_api())
+    return unsupported("NCCL (libnccl.so.2 of the CUDA toolkit) could not be loaded: a decoder split over GPUs needs it");
+  const Status s = nccl_status(nccl_api()->comm_init_all(comms.data(), n, devices.data()), "ncclCommInitAll");
   cudaSetDevice(current);
   ZEST_RETURN_IF_ERROR(s);
   return std::unique_ptr<CommunicatorGroup>(std::make_unique<NcclGroup>(std::move(comms)));
