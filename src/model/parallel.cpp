@@ -1,6 +1,5 @@
 #include "model/parallel.h"
 
-#include <barrier>
 #include <cstring>
 #include <string>
 
@@ -239,8 +238,7 @@ struct LocalGroup::Member final : Communicator {
   Status broadcast(void* data, int64_t bytes, int root) override { return group->broadcast(r, data, bytes, root); }
 };
 
-LocalGroup::LocalGroup(int world)
-    : world_(world < 1 ? 1 : world), ptrs_(world_), sizes_(world_), barrier_(std::make_unique<std::barrier<>>(world_)) {
+LocalGroup::LocalGroup(int world) : world_(world < 1 ? 1 : world), ptrs_(world_), sizes_(world_) {
   for (int r = 0; r < world_; ++r) {
     auto m = std::make_unique<Member>();
     m->group = this;
@@ -253,11 +251,42 @@ LocalGroup::~LocalGroup() = default;
 
 Communicator& LocalGroup::member(int rank) { return *members_.at(static_cast<size_t>(rank)); }
 
+bool LocalGroup::meet() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (aborted_) return false;
+  const uint64_t gen = generation_;
+  if (++arrived_ == world_) {
+    arrived_ = 0;
+    ++generation_;
+    cv_.notify_all();
+    return true;
+  }
+  cv_.wait(lock, [&] { return generation_ != gen || aborted_; });
+  return generation_ != gen;
+}
+
+void LocalGroup::abort() {
+  std::lock_guard<std::mutex> lock(mu_);
+  aborted_ = true;
+  cv_.notify_all();
+}
+
+void LocalGroup::reset() {
+  std::lock_guard<std::mutex> lock(mu_);
+  aborted_ = false;
+  arrived_ = 0;
+  ++generation_;
+}
+
+namespace {
+Status aborted_error() { return internal_error("collective abandoned: another rank of the parallel decoder failed"); }
+}  // namespace
+
 Status LocalGroup::all_reduce(int rank, float* data, int64_t n) {
   if (world_ == 1) return Status::ok();
   ptrs_[rank] = data;
   sizes_[rank] = n;
-  barrier_->arrive_and_wait();  // every rank's buffer is posted
+  if (!meet()) return aborted_error();  // every rank's buffer is posted
   bool same = true;
   for (int64_t m : sizes_) same = same && m == n;
   std::vector<float> sum;
@@ -269,7 +298,7 @@ Status LocalGroup::all_reduce(int rank, float* data, int64_t n) {
       for (int64_t i = 0; i < n; ++i) sum[i] += other[i];
     }
   }
-  barrier_->arrive_and_wait();  // every rank has read every buffer
+  if (!meet()) return aborted_error();  // every rank has read every buffer
   if (!same) return internal_error("all-reduce: the ranks passed buffers of different sizes");
   std::memcpy(data, sum.data(), static_cast<size_t>(n) * sizeof(float));
   return Status::ok();
@@ -279,11 +308,11 @@ Status LocalGroup::broadcast(int rank, void* data, int64_t bytes, int root) {
   if (world_ == 1) return Status::ok();
   ptrs_[rank] = data;
   sizes_[rank] = bytes;
-  barrier_->arrive_and_wait();  // the root's buffer is posted
+  if (!meet()) return aborted_error();  // the root's buffer is posted
   bool same = root >= 0 && root < world_;
   for (int64_t m : sizes_) same = same && m == bytes;
   if (same && rank != root) std::memcpy(data, ptrs_[root], static_cast<size_t>(bytes));
-  barrier_->arrive_and_wait();  // every rank has copied it
+  if (!meet()) return aborted_error();  // every rank has copied it
   if (!same) return internal_error("broadcast: the ranks passed different sizes or a root outside the group");
   return Status::ok();
 }

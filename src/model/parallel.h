@@ -3,8 +3,9 @@
 // (partial attention outputs and MLP/expert contributions summed over ranks by an all-reduce) is checked on the CPU
 // in tests/model/parallel_test.cpp.
 #pragma once
-#include <barrier>
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
 #include <memory>
 #include <vector>
 
@@ -91,10 +92,16 @@ class CommunicatorGroup {
   virtual ~CommunicatorGroup() = default;
   virtual int world() const = 0;
   virtual Communicator& member(int rank) = 0;
+  // A rank's step failed: the ranks blocked in a collective of this step (and those that reach one) return an error
+  // instead of waiting for the failed rank forever; reset() (once every rank has returned from the step) makes the
+  // group usable again. Groups that cannot do this leave both as no-ops.
+  virtual void abort() {}
+  virtual void reset() {}
 };
 
 // `world` ranks that are threads of one process (the CPU decoder's ranks): member(r) is rank r's communicator. Each
-// all-reduce meets every rank at a barrier, so the ranks must run concurrently. World 1 changes nothing.
+// all-reduce meets every rank at a barrier, so the ranks must run concurrently (abort() releases it). World 1 changes
+// nothing.
 class LocalGroup final : public CommunicatorGroup {
  public:
   explicit LocalGroup(int world);
@@ -103,15 +110,23 @@ class LocalGroup final : public CommunicatorGroup {
   LocalGroup& operator=(const LocalGroup&) = delete;
   int world() const override { return world_; }
   Communicator& member(int rank) override;
+  void abort() override;
+  void reset() override;
 
  private:
   struct Member;
   Status all_reduce(int rank, float* data, int64_t n);
   Status broadcast(int rank, void* data, int64_t bytes, int root);
+  // Waits until every rank has arrived (true), or until the group is aborted (false).
+  bool meet();
   int world_;
   std::vector<void*> ptrs_;
   std::vector<int64_t> sizes_;
-  std::unique_ptr<std::barrier<>> barrier_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int arrived_ = 0;
+  uint64_t generation_ = 0;
+  bool aborted_ = false;
   std::vector<std::unique_ptr<Member>> members_;
 };
 

@@ -108,15 +108,20 @@ ParallelDecoder::~ParallelDecoder() {
 }
 
 Status ParallelDecoder::on_ranks(const std::function<Status(int)>& fn) const {
-  std::vector<Status> out(ranks_.size(), Status::ok());
-  if (!workers_) {
-    out[0] = fn(0);
-  } else {
-    workers_->run([&](int r) { out[static_cast<size_t>(r)] = fn(r); });
-  }
-  for (const Status& s : out)
-    if (!s.is_ok()) return s;
-  return Status::ok();
+  if (!workers_) return fn(0);
+  std::mutex mu;
+  Status first = Status::ok();  // the first failure in time: the cause (the others abandoned collectives for it)
+  workers_->run([&](int r) {
+    Status s = fn(r);
+    if (s.is_ok()) return;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (first.is_ok()) first = std::move(s);
+    }
+    group_->abort();  // the other ranks stop waiting for this one in a collective
+  });
+  if (!first.is_ok()) group_->reset();  // every rank has returned: the next step meets afresh
+  return first;
 }
 
 Result<PagedKVCache> ParallelDecoder::allocate_cache(int64_t num_blocks, int64_t block_size) const {

@@ -576,5 +576,65 @@ TEST(ParallelDecoder, AllReduceOfDifferentSizesIsAnError) {
   EXPECT_EQ(y, x);
 }
 
+// A rank whose steps fail while `fail` is set (before any collective), else the Qwen3 model's.
+class FailingRank final : public TextDecoder {
+ public:
+  explicit FailingRank(Qwen3TextModel m) : m_(std::move(m)) {}
+  Backend backend() const override { return m_.backend(); }
+  const io::TextConfig& config() const override { return m_.config(); }
+  Result<PagedKVCache> allocate_cache(int64_t blocks, int64_t block_size) const override {
+    return m_.allocate_cache(blocks, block_size);
+  }
+  Result<Tensor> forward(const ForwardBatch& b, PagedKVCache& cache, const MoeHooks* hooks) const override {
+    if (fail) return resource_exhausted("rank 1 is out of memory (test)");
+    return m_.forward(b, cache, hooks);
+  }
+  Status set_communicator(Communicator* comm) override { return m_.set_communicator(comm); }
+  bool fail = false;
+
+ private:
+  Qwen3TextModel m_;
+};
+
+// One rank's step fails while the other waits for it in an all-reduce: the step returns that rank's error (not a
+// hang, not the collective the other abandoned), and the next step, with every rank well, gives the whole model's
+// logits (the group was reset). Mutation: without the abort the test hangs; without the reset the second step fails.
+TEST(ParallelDecoder, ARankThatFailsMidStepEndsTheStepWithItsError) {
+  io::TextConfig c = tiny_parallel_config();
+  c.moe_intermediate_size = 16;
+  RandomTensors store(41);
+  const DecoderWeights w = random_decoder_weights(c, store);
+  auto whole = Qwen3TextModel::from_weights(w);
+  ASSERT_TRUE(whole.ok());
+  const std::vector<float> want = run_two_steps(*whole);
+  FailingRank* failing = nullptr;
+  auto make = [&](const DecoderWeights& shard, int r) -> Result<std::unique_ptr<TextDecoder>> {
+    ZEST_ASSIGN_OR_RETURN(Qwen3TextModel m, Qwen3TextModel::from_weights(shard));
+    if (r == 0) return std::unique_ptr<TextDecoder>(std::make_unique<Qwen3TextModel>(std::move(m)));
+    auto f = std::make_unique<FailingRank>(std::move(m));
+    failing = f.get();
+    return std::unique_ptr<TextDecoder>(std::move(f));
+  };
+  auto d = ParallelDecoder::create(w, 2, false, make, std::make_unique<LocalGroup>(2));
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  ASSERT_NE(failing, nullptr);
+  auto cache = (*d)->allocate_cache(8, 4);
+  ASSERT_TRUE(cache.ok());
+  std::vector<int32_t> table = {0, 1};
+  ForwardBatch b;
+  b.tokens = {7, 3, 11};
+  for (int r = 0; r < 3; ++r)
+    for (int p : {0, 1, 2}) b.positions.push_back(p);
+  b.seqs = {{&table, 0, 3}};
+  failing->fail = true;
+  for (int i = 0; i < 2; ++i) {
+    auto l = (*d)->forward(b, *cache);
+    ASSERT_FALSE(l.ok());
+    EXPECT_EQ(l.status().code(), ErrorCode::kResourceExhausted) << l.status().to_string();
+  }
+  failing->fail = false;
+  expect_close(run_two_steps(**d), want);
+}
+
 }  // namespace
 }  // namespace zest::model
