@@ -1178,9 +1178,8 @@ constexpr int kRingMaxPairs = 32;
 // Whether 16-CTA clusters of the fused kernel (kVSlots: its form, see the kernel) can be scheduled (checked once).
 template <int kVSlots = 2 * kDecWarps>
 bool cluster_attention_ok() {
-  static int ok = -1;
-  if (ok < 0) {
-    ok = 0;
+  return once_per_device<bool>([] {
+    bool ok = false;
     const auto kernel = decode_attention_fused_kernel<true, kVSlots>;
     const void* fn = reinterpret_cast<const void*>(kernel);
     // The largest shared-memory carveout, as the ring kernel: measured 0.03-0.04 ms faster per batch-1 step (H200).
@@ -1189,10 +1188,10 @@ bool cluster_attention_ok() {
       cudaGetLastError();
     if (cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess &&
         max_active_clusters(kernel, 16, 16, dim3(kDecWarps * 32), 0) > 0)
-      ok = 1;
+      ok = true;
     cudaGetLastError();
-  }
-  return ok == 1;
+    return ok;
+  });
 }
 
 // The ring kernel serves groups of 4 kv heads and copies cache rows with 16-byte aligned bulk copies.
@@ -1205,7 +1204,7 @@ bool ring_ok(const DecodeAttention& p, const bf16* k_cache, const bf16* v_cache)
 // need 222 KB of the 228).
 template <bool kCluster>
 bool ring_smem_set() {
-  static const bool ok = [] {
+  return once_per_device<bool>([] {
     const void* fn = reinterpret_cast<const void*>(decode_attention_ring_kernel<kCluster>);
     const bool size_ok = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                               static_cast<int>(ring_smem(kRingStages))) == cudaSuccess;
@@ -1213,14 +1212,18 @@ bool ring_smem_set() {
         cudaSuccess)
       cudaGetLastError();
     return size_ok;
-  }();
-  return ok;
+  });
 }
 
 // Whether clusters of `size` CTAs of the ring kernel can be scheduled (checked once per size).
 bool ring_cluster_ok(int size) {
-  static int ok[17] = {};
+  static int oks[64][17] = {};  // per device, per size
+  static std::mutex mu;
   if (size < 1 || size > 16) return false;
+  const int dev = current_device();
+  if (dev < 0 || dev >= 64) return false;
+  std::lock_guard<std::mutex> lock(mu);
+  int* ok = oks[dev];
   if (ok[size] == 0) {
     ok[size] = 2;
     const void* fn = reinterpret_cast<const void*>(decode_attention_ring_kernel<true>);

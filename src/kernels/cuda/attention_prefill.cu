@@ -257,8 +257,10 @@ __global__ void __launch_bounds__(256, 1)
 Status launch_wgmma_pipe(const bf16* q, int q_stride, const bf16* k, const bf16* v, int kv_stride,
                          const int32_t* cu_seqlens, int nseq, int max_seqlen, bf16* out, int Hq, int Hkv, float scale,
                          cudaStream_t stream) {
-  static const cudaError_t attr = cudaFuncSetAttribute(
-      prefill_attention_wgmma_pipe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kPipeSmem));
+  const cudaError_t attr = once_per_device<cudaError_t>([&] {  // function attributes are per GPU
+    return cudaFuncSetAttribute(prefill_attention_wgmma_pipe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(kPipeSmem));
+  });
   ZEST_RETURN_IF_ERROR(cuda_status(attr, "prefill_attention (wgmma, pipelined) smem attribute"));
   constexpr float kLog2e = 1.4426950408889634f;
   const dim3 grid(Hq, (max_seqlen + 127) / 128, nseq);
@@ -658,8 +660,10 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 Status launch_wsp(const bf16* q, int q_stride, const bf16* k, const bf16* v, int kv_stride, const int32_t* cu_seqlens,
                   int nseq, int max_seqlen, bf16* out, int Hq, int Hkv, float scale, cudaStream_t stream) {
   constexpr size_t smem = static_cast<size_t>(6) * kWsTile + 1024 + 256;  // Q, O, 2 x K/V, alignment, barriers
-  static const cudaError_t attr = cudaFuncSetAttribute(prefill_attention_wsp_kernel,
-                                                       cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  const cudaError_t attr = once_per_device<cudaError_t>([&] {  // function attributes are per GPU
+    return cudaFuncSetAttribute(prefill_attention_wsp_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                static_cast<int>(smem));
+  });
   ZEST_RETURN_IF_ERROR(cuda_status(attr, "prefill_attention (persistent) smem attribute"));
   int dev = 0, sms = 0;
   ZEST_RETURN_IF_ERROR(cuda_status(cudaGetDevice(&dev), "cudaGetDevice"));

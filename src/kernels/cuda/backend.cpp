@@ -9,6 +9,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -36,18 +37,24 @@ int sm_count() {
 
 namespace {
 
-// Caching pool: blocks are rounded up to a size class and kept on a free list when released, so that
+// Caching pool: blocks are rounded up to a size class and kept on a free list of their GPU when released, so that
 // steady-state allocation never calls cudaMalloc/cudaFree (which synchronise the device).
 class DevicePool {
  public:
   void* alloc(size_t bytes) {
     const size_t size = round_up(bytes);
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+      cudaGetLastError();
+      dev = 0;
+    }
+    const std::pair<int, size_t> key(dev, size);
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = free_.find(size);
+    auto it = free_.find(key);
     if (it != free_.end() && !it->second.empty()) {
       void* p = it->second.back();
       it->second.pop_back();
-      live_[p] = size;
+      live_[p] = key;
       return p;
     }
     void* p = nullptr;
@@ -59,7 +66,7 @@ class DevicePool {
         return nullptr;
       }
     }
-    live_[p] = size;
+    live_[p] = key;
     return p;
   }
   void free(void* p) {
@@ -77,14 +84,14 @@ class DevicePool {
     if (b < (1u << 20)) return (b + 255) / 256 * 256;
     return (b + (1u << 20) - 1) / (1u << 20) * (1u << 20);
   }
-  void release_cached_locked() {
-    for (auto& [size, ptrs] : free_)
+  void release_cached_locked() {  // every GPU's cached blocks (cudaFree finds a block's GPU itself)
+    for (auto& [key, ptrs] : free_)
       for (void* p : ptrs) cudaFree(p);
     free_.clear();
   }
   std::mutex mu_;
-  std::map<size_t, std::vector<void*>> free_;
-  std::unordered_map<void*, size_t> live_;
+  std::map<std::pair<int, size_t>, std::vector<void*>> free_;  // (GPU, size class) -> blocks
+  std::unordered_map<void*, std::pair<int, size_t>> live_;
 };
 
 DevicePool& pool() {

@@ -4,6 +4,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
+#include <mutex>
 #include <string>
 #include <utility>
 
@@ -20,6 +22,37 @@ inline Status cuda_status(cudaError_t e, const char* what) {
 
 // Appends the launch attributes every launch of this library carries to attrs[n...] (programmatic stream
 // serialisation when enabled) and returns the new count (at most n + 1).
+// The current GPU (0 when the runtime cannot say).
+inline int current_device() {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    cudaGetLastError();
+    dev = 0;
+  }
+  return dev;
+}
+
+// f() once per GPU (the current one) and its result from then on: for what belongs to a device rather than to the
+// process - a kernel's function attributes (cudaFuncSetAttribute sets them for the current device only) and what the
+// device can schedule - so that a process launching on several GPUs sets them on each. Every call site (a lambda of
+// its own type) has its own memory.
+template <class T, class F>
+T once_per_device(F f) {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<bool> done[kMaxDevices];
+  static T value[kMaxDevices];
+  static std::mutex mu;
+  const int dev = current_device();
+  if (dev < 0 || dev >= kMaxDevices) return f();
+  if (done[dev].load(std::memory_order_acquire)) return value[dev];
+  std::lock_guard<std::mutex> lock(mu);
+  if (!done[dev].load(std::memory_order_relaxed)) {
+    value[dev] = f();
+    done[dev].store(true, std::memory_order_release);
+  }
+  return value[dev];
+}
+
 inline int common_launch_attrs(cudaLaunchAttribute* attrs, int n) {
   if (programmatic_launch()) {
     attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;

@@ -18,13 +18,14 @@ Status set_dynamic_smem(const void* fn, size_t smem) {
 
 Status set_max_carveout(const void* fn) {
   static std::mutex mu;
-  static std::set<const void*> applied;
+  static std::set<std::pair<const void*, int>> applied;  // (kernel, GPU): function attributes are per device
+  const std::pair<const void*, int> key(fn, current_device());
   std::lock_guard<std::mutex> lock(mu);
-  if (applied.count(fn)) return Status::ok();
+  if (applied.count(key)) return Status::ok();
   ZEST_RETURN_IF_ERROR(cuda_status(
       cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared),
       "carveout"));
-  applied.insert(fn);
+  applied.insert(key);
   return Status::ok();
 }
 
@@ -94,12 +95,12 @@ Status launch_skinny(const bf16* x, const bf16* w, bf16* y, int N, int K, cudaSt
                 dim3(kSkinnyWarps * 32), 0, s, x, w, y, N, K);
 }
 
-// cuBLASLt state: one handle, one workspace per stream (GEMMs on different streams, e.g. the vision
-// encoder's and the decoder's, run concurrently and must not share scratch memory), and the chosen
-// algorithm per (M, N, K).
+// cuBLASLt state: one handle per GPU (a cuBLASLt context belongs to the device current at its creation), one
+// workspace per stream (GEMMs on different streams, e.g. the vision encoder's and the decoder's, run concurrently and
+// must not share scratch memory), and the chosen algorithm per (GPU, M, N, K).
 struct LtState {
   std::mutex mu;
-  cublasLtHandle_t handle = nullptr;
+  std::map<int, cublasLtHandle_t> handles;
   std::map<cudaStream_t, void*> workspaces;
   size_t workspace_bytes = 32u << 20;
   struct Plan {
@@ -107,7 +108,7 @@ struct LtState {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
     cublasLtMatmulAlgo_t algo{};
   };
-  std::map<std::tuple<int, int, int>, Plan> plans;
+  std::map<std::tuple<int, int, int, int>, Plan> plans;
 };
 
 LtState& lt() {
@@ -122,15 +123,14 @@ Status lt_status(cublasStatus_t st, const char* what) {
 
 // Finds (or builds) the cached plan of an (M, N, K) product. Row-major y = x W^T is computed as the
 // column-major product y^T[N,M] = W'^T x' where W' = W^T viewed column-major [K,N] and x' = [K,M].
-Status lt_plan(int M, int N, int K, LtState::Plan** out) {
+Status lt_plan(int dev, cublasLtHandle_t handle, int M, int N, int K, LtState::Plan** out) {
   LtState& s = lt();
-  auto key = std::make_tuple(M, N, K);
+  auto key = std::make_tuple(dev, M, N, K);
   auto it = s.plans.find(key);
   if (it != s.plans.end()) {
     *out = &it->second;
     return Status::ok();
   }
-  if (!s.handle) ZEST_RETURN_IF_ERROR(lt_status(cublasLtCreate(&s.handle), "cublasLtCreate"));
   LtState::Plan p;
   ZEST_RETURN_IF_ERROR(lt_status(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc"));
   cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
@@ -154,17 +154,17 @@ Status lt_plan(int M, int N, int K, LtState::Plan** out) {
     cublasLtMatmulHeuristicResult_t check{};
     const bool ok = cublasLtMatrixLayoutCreate(&bc, CUDA_R_16BF, K, Mc, K) == CUBLAS_STATUS_SUCCESS &&
                     cublasLtMatrixLayoutCreate(&cc, CUDA_R_16BF, N, Mc, N) == CUBLAS_STATUS_SUCCESS &&
-                    cublasLtMatmulAlgoGetHeuristic(s.handle, p.desc, p.a, bc, cc, cc, pref, 1, &res, &found) ==
+                    cublasLtMatmulAlgoGetHeuristic(handle, p.desc, p.a, bc, cc, cc, pref, 1, &res, &found) ==
                         CUBLAS_STATUS_SUCCESS &&
                     found > 0 &&
-                    cublasLtMatmulAlgoCheck(s.handle, p.desc, p.a, p.b, p.c, p.c, &res.algo, &check) ==
+                    cublasLtMatmulAlgoCheck(handle, p.desc, p.a, p.b, p.c, p.c, &res.algo, &check) ==
                         CUBLAS_STATUS_SUCCESS &&
                     check.workspaceSize <= s.workspace_bytes;
     if (!ok) found = 0;
     if (bc) cublasLtMatrixLayoutDestroy(bc);
     if (cc) cublasLtMatrixLayoutDestroy(cc);
   }
-  if (found == 0) st = cublasLtMatmulAlgoGetHeuristic(s.handle, p.desc, p.a, p.b, p.c, p.c, pref, 1, &res, &found);
+  if (found == 0) st = cublasLtMatmulAlgoGetHeuristic(handle, p.desc, p.a, p.b, p.c, p.c, pref, 1, &res, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS || found == 0)
     return internal_error("cuBLASLt found no algorithm for a bf16 GEMM of M=" + std::to_string(M) +
@@ -188,13 +188,16 @@ Status gemm_cublaslt(const bf16* x, const bf16* w, bf16* y, int M, int N, int K,
   ZEST_RETURN_IF_ERROR(check_dims(x, w, y, M, N, K));
   LtState& s = lt();
   std::lock_guard<std::mutex> lock(s.mu);
+  const int dev = current_device();
+  cublasLtHandle_t& handle = s.handles[dev];
+  if (!handle) ZEST_RETURN_IF_ERROR(lt_status(cublasLtCreate(&handle), "cublasLtCreate"));
   LtState::Plan* p = nullptr;
-  ZEST_RETURN_IF_ERROR(lt_plan(M, N, K, &p));
+  ZEST_RETURN_IF_ERROR(lt_plan(dev, handle, M, N, K, &p));
   void*& ws = s.workspaces[stream];
   if (!ws) ZEST_RETURN_IF_ERROR(cuda_status(cudaMalloc(&ws, s.workspace_bytes), "cuBLASLt workspace"));
   const float alpha = 1.f, beta = 0.f;
   note_launch("cublasLtMatmul", stream);
-  return lt_status(cublasLtMatmul(s.handle, p->desc, &alpha, w, p->a, x, p->b, &beta, y, p->c, y, p->c, &p->algo,
+  return lt_status(cublasLtMatmul(handle, p->desc, &alpha, w, p->a, x, p->b, &beta, y, p->c, y, p->c, &p->algo,
                                   ws, s.workspace_bytes, stream),
                    "cublasLtMatmul");
 }

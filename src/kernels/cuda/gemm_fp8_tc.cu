@@ -337,8 +337,9 @@ template <TcMode kMode>
 Status launch_tc(const CUtensorMap& tm_w, const CUtensorMap& tm_a, const TcArgs& args, long long units,
                  cudaStream_t stream, const char* name) {
   auto* kernel = gemm_fp8_tc_kernel<kMode>;
-  static const cudaError_t attr =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
+  const cudaError_t attr = once_per_device<cudaError_t>([&] {  // function attributes are per GPU
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
+  });
   ZEST_RETURN_IF_ERROR(cuda_status(attr, "FP8 tensor-core GEMM smem attribute"));
   int dev = 0, sms = 0;
   ZEST_RETURN_IF_ERROR(cuda_status(cudaGetDevice(&dev), "cudaGetDevice"));

@@ -335,12 +335,13 @@ Status moe_experts_decode(const bf16* x, const MoePlan& plan, const float* weigh
   constexpr size_t kMaxSmem = static_cast<size_t>(kTok) * 8192 * sizeof(bf16);
   if (smem_gu > kMaxSmem || smem_dn > kMaxSmem)
     return unsupported("moe_experts_decode: hidden or expert width above 8192 is not supported");
-  static bool configured = false;
-  if (!configured) {
-    ZEST_RETURN_IF_ERROR(set_dynamic_smem(reinterpret_cast<const void*>(moe_gate_up_decode_kernel), kMaxSmem));
-    ZEST_RETURN_IF_ERROR(set_dynamic_smem(reinterpret_cast<const void*>(moe_down_decode_kernel), kMaxSmem));
-    configured = true;
-  }
+  const cudaError_t configured = once_per_device<cudaError_t>([&] {  // function attributes are per GPU
+    for (const void* fn : {reinterpret_cast<const void*>(moe_gate_up_decode_kernel),
+                           reinterpret_cast<const void*>(moe_down_decode_kernel)})
+      if (!set_dynamic_smem(fn, kMaxSmem).is_ok()) return cudaErrorInvalidValue;
+    return cudaSuccess;
+  });
+  ZEST_RETURN_IF_ERROR(cuda_status(configured, "moe_experts_decode: shared memory attribute"));
   // Upper bound of work items: every expert with tokens (at most min(E, N*K)).
   const int max_active = std::min(E, N * K);
   int grid_gu = 0, grid_dn = 0;

@@ -450,13 +450,13 @@ Status moe_experts_one(const bf16* x, const MoePlan& plan, const float* weights,
   // L1 (set once; measured faster than the driver's default). A gate/up carveout that also leaves room for a down pair
   // CTA measured equal or slower (registers keep it out: 3 x 256 x 80 of the gate/up CTAs leave 4 K;
   // docs/perf-history.md).
-  static bool carved = false;
-  if (!carved) {
+  const cudaError_t carved = once_per_device<cudaError_t>([] {  // function attributes are per GPU
     for (const void* fn :
          {reinterpret_cast<const void*>(one_gate_up_kernel), reinterpret_cast<const void*>(one_down_kernel)})
-      ZEST_RETURN_IF_ERROR(set_min_carveout(fn, kPerSm, 0));
-    carved = true;
-  }
+      if (!set_min_carveout(fn, kPerSm, 0).is_ok()) return cudaErrorInvalidValue;
+    return cudaSuccess;
+  });
+  ZEST_RETURN_IF_ERROR(cuda_status(carved, "moe_experts_one: carveout"));
   ZEST_RETURN_IF_ERROR(launch("moe_one_gate_up", one_gate_up_kernel, dim3(gu_grid), block, 0, stream, p));
   if (combine && combine->rows) {
     if (!moe_one_rows_ok(N, K, E, H, I) || combine->w || combine->y)

@@ -316,8 +316,9 @@ template <bool kGateUp>
 Status launch_grouped_wgmma(const bf16* a, const MoePlan& plan, const float* weights, const bf16* w, bf16* h,
                             float* slot_out, int N, int K, int E, int H, int I, cudaStream_t stream) {
   auto* kernel = moe_grouped_wgmma_kernel<kGateUp>;
-  static const cudaError_t attr =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kWSmem));
+  const cudaError_t attr = once_per_device<cudaError_t>([&] {  // function attributes are per GPU
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kWSmem));
+  });
   ZEST_RETURN_IF_ERROR(cuda_status(attr, "moe grouped GEMM (wgmma) smem attribute"));
   const int n_tiles = kGateUp ? I / (kWBN / 2) : H / kWBN;
   return launch(kGateUp ? "moe_prefill_gate_up" : "moe_prefill_down", kernel,
@@ -657,8 +658,9 @@ Status launch_grouped_ws(const bf16* a, const MoePlan& plan, const float* weight
         "moe_prefill_down (bf16 slots): sizes or operands the warp-specialised kernel does not take");
   }
   auto* kernel = moe_grouped_ws_kernel<kGateUp, Slot>;
-  static const cudaError_t attr =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kXSmem));
+  const cudaError_t attr = once_per_device<cudaError_t>([&] {  // function attributes are per GPU
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kXSmem));
+  });
   ZEST_RETURN_IF_ERROR(cuda_status(attr, "moe grouped GEMM (warp-specialised) smem attribute"));
   CUtensorMap tm_w, tm_a;
   if constexpr (kGateUp) {
@@ -858,14 +860,13 @@ Status moe_experts_prefill_wmma(const bf16* x, const MoePlan& plan, const float*
   ZEST_RETURN_IF_ERROR(check_grouped(N, K, E, H, I));
   if (H % kGT != 0 || I % kGT != 0)
     return moe_experts_decode(x, plan, weights, gate_up, down, h, slot_out, N, K, E, H, I, stream);
-  static bool configured = false;
-  if (!configured) {
-    ZEST_RETURN_IF_ERROR(
-        set_dynamic_smem(reinterpret_cast<const void*>(moe_grouped_gemm_kernel<true>), grouped_smem(true)));
-    ZEST_RETURN_IF_ERROR(
-        set_dynamic_smem(reinterpret_cast<const void*>(moe_grouped_gemm_kernel<false>), grouped_smem(false)));
-    configured = true;
-  }
+  const cudaError_t configured = once_per_device<cudaError_t>([] {  // function attributes are per GPU
+    if (!set_dynamic_smem(reinterpret_cast<const void*>(moe_grouped_gemm_kernel<true>), grouped_smem(true)).is_ok() ||
+        !set_dynamic_smem(reinterpret_cast<const void*>(moe_grouped_gemm_kernel<false>), grouped_smem(false)).is_ok())
+      return cudaErrorInvalidValue;
+    return cudaSuccess;
+  });
+  ZEST_RETURN_IF_ERROR(cuda_status(configured, "moe_experts_prefill_wmma: shared memory attribute"));
   const int tiles = moe_max_tiles(N, K, E);
   ZEST_RETURN_IF_ERROR(launch("moe_gate_up_prefill", moe_grouped_gemm_kernel<true>, dim3(tiles, I / kGT),
                               dim3(kGWarps * 32), grouped_smem(true), stream, x, plan, weights, gate_up, h, slot_out, K,

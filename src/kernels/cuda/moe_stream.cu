@@ -653,13 +653,10 @@ Status launch_stream(const StreamArgs& args, int max_active, cudaStream_t stream
   static_assert(smem <= 227 * 1024, "shared memory of one CTA");
   const auto kernel = moe_stream_kernel<KC, NS, TG, MT, P, kMinBlocks, BOX, EVICT_FIRST, AHEAD, EPI, F8>;
   const void* fn = reinterpret_cast<const void*>(kernel);
-  static bool configured = false;
-  if (!configured) {
-    ZEST_RETURN_IF_ERROR(cuda_status(
-        cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
-        "moe_experts_stream: cudaFuncSetAttribute"));
-    configured = true;
-  }
+  const cudaError_t configured = once_per_device<cudaError_t>([&] {  // function attributes are per GPU
+    return cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  });
+  ZEST_RETURN_IF_ERROR(cuda_status(configured, "moe_experts_stream: cudaFuncSetAttribute"));
   int per_sm = 0;
   ZEST_RETURN_IF_ERROR(
       cuda_status(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, threads(P, EPI), smem), "occupancy"));

@@ -806,18 +806,18 @@ bool moe_route_ok(int T, int H, int E, int K) {
   if (T < 1 || T > kRouteMaxT || E < 1 || E > kRouteMaxE || K < 1 || K > kMaxTopK || K > E || H < 32 || H % 32 != 0 ||
       route_cluster(E) == 0 || route_smem(E, H) > kRouteMaxSmem)
     return false;
-  static int usable = -1;  // whether a cluster of the largest size can be scheduled at all (checked once)
-  if (usable < 0) {
-    usable = 0;
+  // whether a cluster of the largest size can be scheduled at all (checked once per GPU)
+  return once_per_device<bool>([] {
+    bool usable = false;
     const void* fn = reinterpret_cast<const void*>(moe_route_kernel);
     if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kRouteMaxSmem)) ==
             cudaSuccess &&
         cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess &&
         max_active_clusters(moe_route_kernel, 16, 16, dim3(kRouteThreads), kRouteMaxSmem) > 0)
-      usable = 1;
+      usable = true;
     cudaGetLastError();
-  }
-  return usable == 1;
+    return usable;
+  });
 }
 
 namespace {
@@ -838,20 +838,22 @@ Status launch_route(RouteParams p, cudaStream_t stream) {
   }
   void (*kernel)(RouteParams) = moe_route_kernel;
   if (compact) {
-    static bool attributes_set[4] = {};
     const int mt2 = p.E / C > 16 ? 1 : 0, ep8 = p.E > 128 ? 1 : 0;
     kernel = mt2 ? (ep8 ? moe_route_compact_kernel<2, 8> : moe_route_compact_kernel<2, 4>)
                  : (ep8 ? moe_route_compact_kernel<1, 8> : moe_route_compact_kernel<1, 4>);
-    bool& set = attributes_set[mt2 * 2 + ep8];
-    if (!set) {
-      const void* fn = reinterpret_cast<const void*>(kernel);
-      ZEST_RETURN_IF_ERROR(cuda_status(
-          cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kRouteMaxSmem)),
-          "moe_route"));
-      ZEST_RETURN_IF_ERROR(
-          cuda_status(cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1), "moe_route"));
-      set = true;
-    }
+    // the four forms' attributes, once per GPU
+    const cudaError_t set = once_per_device<cudaError_t>([] {
+      for (auto k : {moe_route_compact_kernel<1, 4>, moe_route_compact_kernel<1, 8>, moe_route_compact_kernel<2, 4>,
+                     moe_route_compact_kernel<2, 8>}) {
+        const void* fn = reinterpret_cast<const void*>(k);
+        cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(kRouteMaxSmem));
+        if (e == cudaSuccess) e = cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+        if (e != cudaSuccess) return e;
+      }
+      return cudaSuccess;
+    });
+    ZEST_RETURN_IF_ERROR(cuda_status(set, "moe_route"));
   }
   return launch_cluster("moe_route", kernel, dim3(C), dim3(kRouteThreads), route_smem(p.E, p.H, max_rows), stream, C,
                         p);

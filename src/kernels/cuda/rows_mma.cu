@@ -370,7 +370,7 @@ PreKernel rows_pre_pick(int M, int K, int pf, bool norm = false) {
 
 template <int kPf>
 bool rows_pre_configure() {
-  static const bool ok = [] {
+  return once_per_device<bool>([] {
     for (PreKernel f : {rows_pre_kernel<true, kPreRound / 2, kPf>, rows_pre_kernel<false, kPreRound, kPf>,
                         rows_pre_kernel<false, 2 * kPreRound, kPf>, rows_pre_kernel<false, kPreRound, kPf, true>})
       if (cudaFuncSetAttribute(reinterpret_cast<const void*>(f), cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -379,8 +379,7 @@ bool rows_pre_configure() {
         return false;
       }
     return true;
-  }();
-  return ok;
+  });
 }
 
 // Whether rows_pre_kernel (with prefetch mode pf) serves (M, N, K): the tile fits in shared memory and every tile
@@ -538,7 +537,7 @@ Status launch_rows_ring(const bf16* x, const bf16* w, bf16* y, int M, int N, int
   const int stages = rows_ring_stages(K);
   const size_t smem = kRingRedBytes + static_cast<size_t>(stages) * kRows * (static_cast<size_t>(K) * 2 + 16);
   auto fn = norm_w ? rows_ring_kernel<false, true> : M > 8 ? rows_ring_kernel<true> : rows_ring_kernel<false>;
-  static const bool configured = [] {
+  const bool configured = once_per_device<bool>([] {
     for (auto f : {rows_ring_kernel<true>, rows_ring_kernel<false>, rows_ring_kernel<false, true>})
       if (cudaFuncSetAttribute(reinterpret_cast<const void*>(f), cudaFuncAttributeMaxDynamicSharedMemorySize,
                                static_cast<int>(kRingMaxSmem - kRingStatic)) != cudaSuccess) {
@@ -546,7 +545,7 @@ Status launch_rows_ring(const bf16* x, const bf16* w, bf16* y, int M, int N, int
         return false;
       }
     return true;
-  }();
+  });
   if (!configured) return internal_error("rows_ring: the shared-memory size was refused");
   const int grid = std::min(N / kRows, sm_count());
   return launch("rows_ring", fn, dim3(grid), dim3((kWarps + 1) * 32), smem, stream, x, w, y, M, N, K, stages, norm_w,

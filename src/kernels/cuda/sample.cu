@@ -717,8 +717,10 @@ Status sample_rows(const bf16* logits, int rows, int vocab, const SampleRowSpec*
   if (vec && vocab >= kClMinVocab && vocab <= kClMaxVocab) {
     const int per = (vocab / 8 + kClCtas - 1) / kClCtas;
     const size_t smem = static_cast<size_t>(per) * 16 + static_cast<size_t>(kClCtas) * kSampleMaxCandidates * 8;
-    static const cudaError_t smem_attr = cudaFuncSetAttribute(
-        sample_rows_cluster_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kClMaxSmem));
+    const cudaError_t smem_attr = once_per_device<cudaError_t>([&] {  // function attributes are per GPU
+      return cudaFuncSetAttribute(sample_rows_cluster_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(kClMaxSmem));
+    });
     ZEST_RETURN_IF_ERROR(cuda_status(smem_attr, "sample_rows: shared memory attribute"));
     return launch_cluster("sample_rows", sample_rows_cluster_kernel, dim3(rows * kClCtas), dim3(kClThreads), smem,
                           stream, kClCtas, bits, vocab, spec, out, cand_ids, cand_logits);

@@ -187,8 +187,9 @@ Status launch_attention(const bf16* q, const bf16* k, const bf16* v, int stride,
                         int max_seqlen, int N, int heads, int D, float scale, bf16* out, float* lse,
                         cudaStream_t stream) {
   constexpr size_t smem = attention_smem_bytes<DK8>();
-  static const cudaError_t attr =
-      cudaFuncSetAttribute(attention_kernel<DK8>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  const cudaError_t attr = once_per_device<cudaError_t>([&] {  // function attributes are per GPU
+    return cudaFuncSetAttribute(attention_kernel<DK8>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  });
   ZEST_RETURN_IF_ERROR(cuda_status(attr, "vision_attention smem attribute"));
   const dim3 grid((max_seqlen + kBlockQ - 1) / kBlockQ, nseg, heads);
   return launch("vision_attention", attention_kernel<DK8>, grid, dim3(kThreads), smem, stream, q, k, v, stride, cu, N,

@@ -135,8 +135,9 @@ Status launch_scores(const bf16* q, const bf16* k, int stride, const float* lse,
                      int max_seqlen, int N, int heads, int D, float scale, int group, float* token_scores,
                      float* patch_scores, cudaStream_t stream) {
   constexpr size_t smem = score_smem_bytes<DP>();
-  static const cudaError_t attr =
-      cudaFuncSetAttribute(score_kernel<DP>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  const cudaError_t attr = once_per_device<cudaError_t>([&] {  // function attributes are per GPU
+    return cudaFuncSetAttribute(score_kernel<DP>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  });
   ZEST_RETURN_IF_ERROR(cuda_status(attr, "visionzip_scores smem attribute"));
   const dim3 grid((max_seqlen + kTile - 1) / kTile, nseg);
   return launch("visionzip_scores", score_kernel<DP>, grid, dim3(kThreads), smem, stream, q, k, stride, lse, cu, N,
