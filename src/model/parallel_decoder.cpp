@@ -16,6 +16,15 @@ class RankKvStorage final : public KvStorage {
   std::vector<PagedKVCache> ranks;
 };
 
+// The per-rank caches of a cache made by a parallel decoder of `world` ranks, or null.
+std::vector<PagedKVCache>* rank_caches(PagedKVCache& cache, size_t world) {
+  auto* storage = dynamic_cast<RankKvStorage*>(cache.storage());
+  return storage && storage->ranks.size() == world ? &storage->ranks : nullptr;
+}
+
+constexpr const char* kForeignCache =
+    "forward: the KV cache was not made by this parallel decoder (use its allocate_cache)";
+
 }  // namespace
 
 // Threads for ranks 1 .. n: run() hands every one the same job (its rank as the argument), runs rank 0's part on the
@@ -135,13 +144,11 @@ Result<PagedKVCache> ParallelDecoder::allocate_cache(int64_t num_blocks, int64_t
 }
 
 Result<Tensor> ParallelDecoder::forward(const ForwardBatch& batch, PagedKVCache& cache, const MoeHooks* hooks) const {
-  auto* storage = dynamic_cast<RankKvStorage*>(cache.storage());
-  if (!storage || storage->ranks.size() != ranks_.size())
-    return invalid_argument("forward: the KV cache was not made by this parallel decoder (use its allocate_cache)");
-  if (ranks_.size() == 1) return ranks_[0]->forward(batch, storage->ranks[0], hooks);
+  std::vector<PagedKVCache>* caches = rank_caches(cache, ranks_.size());
+  if (!caches) return invalid_argument(kForeignCache);
   Tensor out;
   ZEST_RETURN_IF_ERROR(on_ranks([&](int r) -> Status {
-    auto l = ranks_[r]->forward(batch, storage->ranks[r], hooks);
+    auto l = ranks_[r]->forward(batch, (*caches)[r], hooks);
     if (!l.ok()) return l.status();
     if (r == 0) out = std::move(l).value();
     return Status::ok();
@@ -152,13 +159,11 @@ Result<Tensor> ParallelDecoder::forward(const ForwardBatch& batch, PagedKVCache&
 Result<std::vector<SampleResult>> ParallelDecoder::forward_sample(const ForwardBatch& batch, PagedKVCache& cache,
                                                                   const MoeHooks* hooks,
                                                                   const std::vector<SampleRow>& rows) const {
-  auto* storage = dynamic_cast<RankKvStorage*>(cache.storage());
-  if (!storage || storage->ranks.size() != ranks_.size())
-    return invalid_argument("forward: the KV cache was not made by this parallel decoder (use its allocate_cache)");
-  if (ranks_.size() == 1) return ranks_[0]->forward_sample(batch, storage->ranks[0], hooks, rows);
+  std::vector<PagedKVCache>* caches = rank_caches(cache, ranks_.size());
+  if (!caches) return invalid_argument(kForeignCache);
   std::vector<SampleResult> out;
   ZEST_RETURN_IF_ERROR(on_ranks([&](int r) -> Status {
-    auto l = ranks_[r]->forward_sample(batch, storage->ranks[r], hooks, rows);
+    auto l = ranks_[r]->forward_sample(batch, (*caches)[r], hooks, rows);
     if (!l.ok()) return l.status();
     if (r == 0) out = std::move(l).value();
     return Status::ok();
