@@ -496,8 +496,11 @@ TEST_F(CudaVisionEngine, DeviceEncoderRejectsBadInput) {
 // host rows and refused). The CUDA bundle's KL per expert is finite and non-negative, and every layer's KL
 // vector is within 20% (L1, relative) of the CPU bundle's f32 reference: bf16 forwards, small KLs.
 TEST_F(CudaVisionEngine, SereProtectRanksImagePromptsOnTheDevice) {
-  const auto cases = reference_cases();
+  auto cases = reference_cases();
   ASSERT_FALSE(cases.empty());
+  // One document and the two-image case: every masked forward copies all of a prompt's logits to the host and sums
+  // them there, so each prompt costs about half a minute here.
+  if (cases.size() > 2) cases.erase(cases.begin() + 1, cases.end() - 1);
   engine::PromptOptions po;
   po.base_dir = ZEST_SOURCE_DIR;
   std::vector<engine::Prompt> pc, pg;
