@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <string>
 
+#include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/fp8.cuh"
 
@@ -265,6 +266,239 @@ __global__ void __launch_bounds__(KW * 32) moe_fp8_kernel(const bf16* __restrict
   }
 }
 
+// ---- the weight tile in shared memory ----
+// One CTA per item takes its whole weight tile (MT 16-row m-tiles x K bytes) into shared memory with bulk copies, all
+// issued at once (a dense weight's before the PDL wait: weights are not written by the previous kernel), and its
+// scales beside it; meanwhile its warps load their token chunks. Every item's bytes are in flight together, where the
+// register-streaming kernel above keeps two chunks a warp in flight and leaves the rest of its latency exposed (gemm_fp8
+// at one token: 11 us for 8-10 MB). The chunk order, the per-chunk scaling and the fixed-order warp sums are
+// stream_tiles' and reduce_warps', so the bits are the streaming kernel's.
+enum TileMode { kTileDense = 0, kTileGateUp = 1, kTileDown = 2 };
+constexpr int kTilePad = 64;  // row stride K + 64: rows g and g + 1 start 64 bytes apart mod 128 (conflict-free reads)
+constexpr size_t kTileMaxSmem = 220 * 1024;
+
+struct TileArgs {
+  const bf16* in;        // dense: x [M, K]; gate/up: x [tokens, H]; down: h by sorted position [N * K, I]
+  Fp8Weight w;           // dense: [N, K]; gate/up: [E, 2I, H]; down: [E, H, I]
+  bf16* out;             // dense: y [M, N]; gate/up: h
+  float* slot_out;       // down: [N * K, H]
+  const float* weights;  // down: the slots' routing weights
+  MoePlan plan;
+  int M, N, K, I;        // M: dense token rows; N: dense rows, or H for the experts; K: the reduction width
+  int red_apart;         // 1: the warps' sums get their own shared memory (several passes over the tokens)
+};
+
+template <int kMode>
+constexpr int tile_mtiles() { return kMode == kTileDense ? 1 : 2; }
+
+// Dynamic shared memory of a tile kernel: the tile, its scales [MT][ceil(K / 64)], and the warps' sums where they do
+// not reuse the tile (red_apart).
+template <int KW, int NG, int kMode>
+size_t tile_smem(int K, bool red_apart) {
+  constexpr int MT = tile_mtiles<kMode>();
+  const size_t tile = static_cast<size_t>(MT) * 16 * (K + kTilePad);
+  const size_t scales = (static_cast<size_t>(MT) * ((K + 63) / 64) * 4 + 15) / 16 * 16;
+  const size_t red = static_cast<size_t>(KW) * MT * NG * 4 * 32 * 4;
+  return red_apart ? tile + scales + red : std::max(tile, red) + scales;
+}
+
+template <int KW, int NG, int kMode>
+__global__ void __launch_bounds__(KW * 32) fp8_tile_kernel(TileArgs a) {
+  constexpr int MT = tile_mtiles<kMode>();
+  constexpr int U = NG >= 4 ? 1 : 4 / NG;  // chunks a warp loads tokens for at once
+  extern __shared__ __align__(128) unsigned char smem[];
+  __shared__ __align__(8) uint64_t bar;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int K = a.K, kc = (K + 63) / 64;
+  const uint32_t stride = static_cast<uint32_t>(K) + kTilePad;
+  const size_t tile_bytes = static_cast<size_t>(MT) * 16 * stride;
+  // the warps' sums: apart, or over the tile once every warp is done with it (one pass over the tokens)
+  const size_t red_bytes = static_cast<size_t>(KW) * MT * NG * 4 * 32 * 4;
+  const size_t scale_off = a.red_apart ? tile_bytes : std::max(tile_bytes, red_bytes);
+  float* s_sm = reinterpret_cast<float*>(smem + scale_off);
+  float* red = reinterpret_cast<float*>(a.red_apart ? smem + scale_off + (MT * kc * 4 + 15) / 16 * 16 : smem);
+
+  int rows[MT];  // first weight row of each m-tile (-1: absent)
+  const uint8_t* wq = a.w.q;
+  const float* ws = a.w.scales;
+  int tokens = a.M, p0 = 0, e = 0;
+  if constexpr (kMode == kTileDense) {
+    rows[0] = blockIdx.x * 16;
+  } else {
+    pdl_wait();  // the plan is the previous kernels'
+    const int j = blockIdx.y;
+    if (j >= *a.plan.num_active) return;
+    e = a.plan.active_experts[j];
+    p0 = a.plan.offsets[j];
+    tokens = a.plan.offsets[j + 1] - p0;
+    const int er = kMode == kTileGateUp ? 2 * a.I : a.N;  // an expert's rows
+    wq += static_cast<size_t>(e) * er * K;
+    ws += static_cast<size_t>(e) * (er / 16) * kc;
+    if constexpr (kMode == kTileGateUp) {
+      rows[0] = blockIdx.x * 16;
+      rows[1] = a.I + blockIdx.x * 16;
+    } else {
+      rows[0] = blockIdx.x * 32;
+      rows[1] = rows[0] + 16 < a.N ? rows[0] + 16 : -1;
+    }
+  }
+  if (threadIdx.x == 0) {
+    mbar_init(&bar);
+    int present = 0;
+#pragma unroll
+    for (int i = 0; i < MT; ++i) present += rows[i] >= 0;
+    mbar_arrive_expect_tx(&bar, static_cast<uint32_t>(present) * 16 * K);
+    const uint64_t pol = evict_first_policy();
+#pragma unroll
+    for (int i = 0; i < MT; ++i) {
+      if (rows[i] < 0) continue;
+      for (int r = 0; r < 16; ++r)
+        bulk_load_hint(smem + static_cast<size_t>(i * 16 + r) * stride, wq + static_cast<size_t>(rows[i] + r) * K,
+                       static_cast<uint32_t>(K), &bar, pol);
+    }
+  }
+  for (int idx = threadIdx.x; idx < MT * kc; idx += KW * 32) {
+    const int i = idx / kc, c = idx - i * kc;
+    s_sm[idx] = rows[i] >= 0 ? ws[static_cast<size_t>(rows[i] / 16) * kc + c] : 0.f;
+  }
+  __syncthreads();  // the barrier's initialisation and the scales
+  if constexpr (kMode == kTileDense) pdl_wait();
+
+  const int chunks = kc;
+  bool landed = false;
+  for (int base = 0; base < tokens; base += 8 * NG) {
+    const int groups = min(NG, (tokens - base + 7) / 8);
+    const bf16* x_row[NG];
+#pragma unroll
+    for (int q = 0; q < NG; ++q) {
+      const int i = base + 8 * q + g;
+      if (i >= tokens) {
+        x_row[q] = nullptr;
+      } else if constexpr (kMode == kTileDense) {
+        x_row[q] = a.in + static_cast<size_t>(i) * K;
+      } else if constexpr (kMode == kTileGateUp) {  // the token of sorted position p0 + i
+        x_row[q] = a.in + static_cast<size_t>(a.plan.sorted_slots[p0 + i] / a.plan.top_k) * K;
+      } else {  // h rows are indexed by sorted position
+        x_row[q] = a.in + static_cast<size_t>(p0 + i) * K;
+      }
+    }
+    float acc[MT][NG][4];
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+      for (int q = 0; q < NG; ++q)
+#pragma unroll
+        for (int v = 0; v < 4; ++v) acc[i][q][v] = 0.f;
+    for (int cb = warp; cb < chunks; cb += KW * U) {
+      uint4 xa[U][NG], xb[U][NG];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int k0 = (cb + u * KW) * 64 + 16 * t;
+#pragma unroll
+        for (int q = 0; q < NG; ++q) {
+          const bool use = q < groups && cb + u * KW < chunks && k0 < K && x_row[q];
+          xa[u][q] = ld16_or_zero(use ? x_row[q] + k0 : nullptr);
+          xb[u][q] = ld16_or_zero(use ? x_row[q] + k0 + 8 : nullptr);
+        }
+      }
+      if (!landed) {
+        mbar_wait(&bar, 0);
+        landed = true;
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int c = cb + u * KW;
+        if (c >= chunks) break;
+        const int k0 = c * 64 + 16 * t;
+        const bool in = k0 < K;
+#pragma unroll
+        for (int i = 0; i < MT; ++i) {
+          if (rows[i] < 0) continue;
+          const unsigned char* lo = smem + static_cast<size_t>(i * 16 + g) * stride + k0;
+          const uint4 wa = in ? *reinterpret_cast<const uint4*>(lo) : make_uint4(0, 0, 0, 0);
+          const uint4 wb = in ? *reinterpret_cast<const uint4*>(lo + 8 * stride) : make_uint4(0, 0, 0, 0);
+          const float sc = s_sm[i * kc + c];
+          float part[NG][4];
+#pragma unroll
+          for (int q = 0; q < NG; ++q)
+#pragma unroll
+            for (int v = 0; v < 4; ++v) part[q][v] = 0.f;
+          const uint32_t ra[4] = {wa.x, wa.y, wa.z, wa.w}, rb[4] = {wb.x, wb.y, wb.z, wb.w};
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const uint32_t a0 = e4m3x2_bf16x2(ra[j], 0x1404), a2 = e4m3x2_bf16x2(ra[j], 0x3424);
+            const uint32_t a1 = e4m3x2_bf16x2(rb[j], 0x1404), a3 = e4m3x2_bf16x2(rb[j], 0x3424);
+#pragma unroll
+            for (int q = 0; q < NG; ++q) {
+              if (q >= groups) continue;
+              const uint32_t xw[8] = {xa[u][q].x, xa[u][q].y, xa[u][q].z, xa[u][q].w,
+                                      xb[u][q].x, xb[u][q].y, xb[u][q].z, xb[u][q].w};
+              mma16816(part[q], a0, a1, a2, a3, xw[2 * j], xw[2 * j + 1]);
+            }
+          }
+#pragma unroll
+          for (int q = 0; q < NG; ++q)
+#pragma unroll
+            for (int v = 0; v < 4; ++v) acc[i][q][v] = fmaf(sc, part[q][v], acc[i][q][v]);
+        }
+      }
+    }
+    if (!landed) {  // a warp without chunks still waits: the tile's shared memory may be reused below
+      mbar_wait(&bar, 0);
+      landed = true;
+    }
+    // The warps' sums in fixed order (warp 0, then 1, 2, ...: reduce_warps' order).
+    if (!a.red_apart) __syncthreads();  // every warp is done reading the tile that red overlays
+    constexpr int per = MT * NG * 4;
+    if (warp > 0) {
+#pragma unroll
+      for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int q = 0; q < NG; ++q) {
+          if (q >= groups) continue;
+#pragma unroll
+          for (int v = 0; v < 4; ++v) red[((warp * per) + (i * NG + q) * 4 + v) * 32 + lane] = acc[i][q][v];
+        }
+    }
+    __syncthreads();
+    if (warp == 0) {
+      for (int w = 1; w < KW; ++w)
+#pragma unroll
+        for (int i = 0; i < MT; ++i)
+#pragma unroll
+          for (int q = 0; q < NG; ++q) {
+            if (q >= groups) continue;
+#pragma unroll
+            for (int v = 0; v < 4; ++v) acc[i][q][v] += red[((w * per) + (i * NG + q) * 4 + v) * 32 + lane];
+          }
+#pragma unroll
+      for (int q = 0; q < NG; ++q) {
+        if (q >= groups) continue;
+#pragma unroll
+        for (int v = 0; v < 4; ++v) {
+          const int i = base + 8 * q + 2 * t + (v & 1);
+          if (i >= tokens) continue;
+          const int r = g + (v >= 2 ? 8 : 0);
+          if constexpr (kMode == kTileDense) {
+            a.out[static_cast<size_t>(i) * a.N + rows[0] + r] = __float2bfloat16(acc[0][q][v]);
+          } else if constexpr (kMode == kTileGateUp) {
+            const float gv = acc[0][q][v], uv = acc[MT - 1][q][v];
+            a.out[static_cast<size_t>(p0 + i) * a.I + rows[0] + r] = __float2bfloat16(gv / (1.f + __expf(-gv)) * uv);
+          } else {
+            const int slot = a.plan.sorted_slots[p0 + i];
+            const float wt = a.weights[slot];
+            float* o = a.slot_out + static_cast<size_t>(slot) * a.N;
+            o[rows[0] + r] = wt * acc[0][q][v];
+            if (rows[MT - 1] >= 0) o[rows[MT - 1] + r] = wt * acc[MT - 1][q][v];
+          }
+        }
+      }
+    }
+    __syncthreads();  // red is reused by the next pass
+  }
+  if (!landed) mbar_wait(&bar, 0);  // no tokens: the copies still land before the CTA leaves
+}
+
 // out[r, k] = bf16(f32(q[r, k]) * scale(r, k)): the rounding of the CUDA upload's dequantization. One thread per 16
 // bytes.
 __global__ void dequantize_fp8_kernel(Fp8Weight w, bf16* __restrict__ out, int rows, int K) {
@@ -340,9 +574,36 @@ int sm_count() {
   return cached[dev];
 }
 
+// Launches the tile kernel (red_apart from the most tokens an item can have); false in *done where its shared memory
+// does not fit (the caller streams instead).
+template <int KW, int NG, int kMode>
+Status launch_tile(TileArgs a, int max_tokens, dim3 grid, cudaStream_t st, bool* done) {
+  a.red_apart = max_tokens > 8 * NG ? 1 : 0;
+  const size_t smem = tile_smem<KW, NG, kMode>(a.K, a.red_apart != 0);
+  *done = smem <= kTileMaxSmem;
+  if (!*done) return Status::ok();
+  auto* kernel = fp8_tile_kernel<KW, NG, kMode>;
+  const cudaError_t attr = once_per_device<cudaError_t>([&] {  // function attributes are per GPU
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kTileMaxSmem));
+  });
+  ZEST_RETURN_IF_ERROR(cuda_status(attr, "FP8 tile kernel smem attribute"));
+  const char* name = kMode == kTileDense ? "gemm_fp8" : kMode == kTileGateUp ? "moe_fp8_gate_up" : "moe_fp8_down";
+  return launch(name, kernel, grid, dim3(KW * 32), smem, st, a);
+}
+
 template <int KW, int NG>
 struct GemmLaunch {
   static Status run(const bf16* x, Fp8Weight w, bf16* y, int M, int N, int K, cudaStream_t st) {
+    TileArgs a{};
+    a.in = x;
+    a.w = w;
+    a.out = y;
+    a.M = M;
+    a.N = N;
+    a.K = K;
+    bool done = false;
+    ZEST_RETURN_IF_ERROR((launch_tile<KW, NG, kTileDense>(a, M, dim3(N / 16), st, &done)));
+    if (done) return Status::ok();
     // 32 rows a CTA where that still gives two CTAs per multiprocessor, else 16 (more CTAs streaming at once)
     const int tile = (N + 31) / 32 >= 2 * sm_count() ? 32 : 16;
     return launch("gemm_fp8", gemm_fp8_kernel<KW, NG>, dim3((N + tile - 1) / tile), dim3(KW * 32), 0, st, x, w, y, M,
@@ -355,6 +616,17 @@ struct MoeLaunch {
   static Status run(const bf16* x, const MoePlan& plan, const float* weights, Fp8Weight gate_up, Fp8Weight down,
                     bf16* h, float* slot_out, int N, int K, int E, int H, int I, cudaStream_t st) {
     const int maxActive = std::min(E, N * K);
+    TileArgs a{};
+    a.in = x;
+    a.w = gate_up;
+    a.out = h;
+    a.plan = plan;
+    a.N = H;
+    a.K = H;
+    a.I = I;
+    bool done = false;
+    ZEST_RETURN_IF_ERROR((launch_tile<KW, NG, kTileGateUp>(a, N, dim3(I / 16, maxActive), st, &done)));
+    if (done) return Status::ok();
     ZEST_RETURN_IF_ERROR(launch("moe_fp8_gate_up", moe_fp8_kernel<KW, NG, true>,
                                 dim3(I / 16, maxActive), dim3(KW * 32), 0, st, x, plan,
                                 weights, gate_up, h, slot_out, K, E, H, I));
@@ -367,6 +639,18 @@ struct MoeDownLaunch {
   static Status run(const MoePlan& plan, const float* weights, Fp8Weight down, bf16* h, float* slot_out, int N, int K,
                     int E, int H, int I, cudaStream_t st) {
     const int maxActive = std::min(E, N * K);
+    TileArgs a{};
+    a.in = h;
+    a.w = down;
+    a.slot_out = slot_out;
+    a.weights = weights;
+    a.plan = plan;
+    a.N = H;
+    a.K = I;
+    a.I = I;
+    bool done = false;
+    ZEST_RETURN_IF_ERROR((launch_tile<KW, NG, kTileDown>(a, N, dim3((H + 31) / 32, maxActive), st, &done)));
+    if (done) return Status::ok();
     return launch("moe_fp8_down", moe_fp8_kernel<KW, NG, false>,
                   dim3((H + 31) / 32, maxActive), dim3(KW * 32), 0, st,
                   static_cast<const bf16*>(h), plan, weights, down, static_cast<bf16*>(nullptr), slot_out, K, E, H, I);
