@@ -469,7 +469,7 @@ int bench_decode_main(int argc, char** argv) {
   std::string config = "qwen3-30b-a3b", batches = "1,8,32,64";
   int context = 1024, layers = 0, steps = 200, warmup = 20, sere_primary = 0, pdl = 1;
   float sere_threshold = 0.f, skew = 0.f;
-  app.add_option("--config", config, "a named shape: qwen3-30b-a3b | qwen3-vl-30b-a3b | qwen3-vl-235b-a22b | ...");
+  app.add_option("--config", config, "a named shape: qwen3-30b-a3b | qwen3-vl-30b-a3b | qwen3-235b-a22b | qwen3-vl-235b-a22b | ...");
   app.add_option("--batch", batches, "comma-separated batch sizes");
   app.add_option("--context", context, "tokens already in each sequence's KV cache")->check(CLI::NonNegativeNumber);
   app.add_option("--layers", layers, "override the number of decoder layers (0: the model's)")

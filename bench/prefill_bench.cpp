@@ -519,7 +519,7 @@ int bench_prefill_main(int argc, char** argv) {
   io::TextConfig cfg;
   int64_t full_layers = 0;
   if (!named_config(config, layers, &cfg, &full_layers)) {
-    std::fprintf(stderr, "error: unknown --config '%s' (known: qwen3-30b-a3b, qwen3-vl-30b-a3b, qwen3-vl-235b-a22b)\n",
+    std::fprintf(stderr, "error: unknown --config '%s' (the MoE shapes: qwen3-30b-a3b, qwen3-vl-30b-a3b, qwen3-235b-a22b, qwen3-vl-235b-a22b)\n",
                  config.c_str());
     return 2;
   }

@@ -139,7 +139,7 @@ void reserve_channels(DecoderLayerWeights& L, int64_t own_experts, int64_t H, in
 int64_t token_channels(int64_t hidden) { return hidden >= 8 ? std::min<int64_t>(64, (hidden - 1) / 2) : 0; }
 
 std::vector<std::string> named_model_configs() {
-  return {"qwen3-30b-a3b", "qwen3-vl-30b-a3b", "qwen3-vl-235b-a22b", "qwen3-vl-32b", "qwen3-8b"};
+  return {"qwen3-30b-a3b", "qwen3-vl-30b-a3b", "qwen3-235b-a22b", "qwen3-vl-235b-a22b", "qwen3-vl-32b", "qwen3-8b"};
 }
 
 Result<io::ModelConfig> named_model_config(const std::string& name, int64_t layers) {
@@ -156,6 +156,12 @@ Result<io::ModelConfig> named_model_config(const std::string& name, int64_t laye
     c.model_type = "qwen3_vl_moe";
     c.text = moe_text(48, 2048, 32, 4, 128, 8, 768, 6144);
     make_vl(c, 2048);
+  } else if (name == "qwen3-235b-a22b") {
+    c.arch = io::Arch::kQwen3Moe;
+    c.model_type = "qwen3_moe";
+    c.text = moe_text(94, 4096, 64, 4, 128, 8, 1536, 12288);
+    c.text.rope_theta = 1e6;
+    c.text.max_position_embeddings = 40960;
   } else if (name == "qwen3-vl-235b-a22b") {
     c.arch = io::Arch::kQwen3VLMoe;
     c.model_type = "qwen3_vl_moe";

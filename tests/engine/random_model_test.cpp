@@ -62,6 +62,10 @@ TEST(RandomModel, NamedConfigsAreConsistent) {
   auto m30 = model::named_model_config("qwen3-30b-a3b");
   ASSERT_TRUE(m30.ok());
   EXPECT_NEAR(static_cast<double>(model::text_parameters(m30->text)), 30.5e9, 0.2e9);
+  auto m235 = model::named_model_config("qwen3-235b-a22b");  // Qwen3-235B-A22B: 235B in total
+  ASSERT_TRUE(m235.ok());
+  EXPECT_EQ(m235->arch, io::Arch::kQwen3Moe);
+  EXPECT_NEAR(static_cast<double>(model::text_parameters(m235->text)), 235.1e9, 0.5e9);
   auto m8 = model::named_model_config("qwen3-8b");  // Qwen3-8B: 8.2B
   ASSERT_TRUE(m8.ok());
   EXPECT_EQ(m8->arch, io::Arch::kQwen3);
