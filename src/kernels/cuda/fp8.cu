@@ -325,12 +325,19 @@ __global__ void __launch_bounds__(KW * 32) fp8_tile_kernel(TileArgs a) {
   if constexpr (kMode == kTileDense) {
     rows[0] = blockIdx.x * 16;
   } else {
-    pdl_wait();  // the plan is the previous kernels'
+    // gate/up: the plan is the previous kernel's. Down follows gate/up, each of whose CTAs passes its wait (which lets
+    // this grid launch) before it can leave: the plan was complete before this grid started, so down reads it and
+    // moves its weights before its own wait, while the last gate/up CTAs still run (moe_one's down kernel does the same).
+    if constexpr (kMode == kTileGateUp) pdl_wait();
     const int j = blockIdx.y;
-    if (j >= *a.plan.num_active) return;
-    e = a.plan.active_experts[j];
-    p0 = a.plan.offsets[j];
-    tokens = a.plan.offsets[j + 1] - p0;
+    // (read through L2, as moe_one's down kernel reads it before its wait)
+    if (j >= __ldcg(a.plan.num_active)) {
+      if constexpr (kMode == kTileDown) pdl_wait();  // every CTA passes its wait before it leaves (see above)
+      return;
+    }
+    e = __ldcg(a.plan.active_experts + j);
+    p0 = __ldcg(a.plan.offsets + j);
+    tokens = __ldcg(a.plan.offsets + j + 1) - p0;
     const int er = kMode == kTileGateUp ? 2 * a.I : a.N;  // an expert's rows
     wq += static_cast<size_t>(e) * er * K;
     ws += static_cast<size_t>(e) * (er / 16) * kc;
@@ -362,7 +369,7 @@ __global__ void __launch_bounds__(KW * 32) fp8_tile_kernel(TileArgs a) {
     s_sm[idx] = rows[i] >= 0 ? ws[static_cast<size_t>(rows[i] / 16) * kc + c] : 0.f;
   }
   __syncthreads();  // the barrier's initialisation and the scales
-  if constexpr (kMode == kTileDense) pdl_wait();
+  if constexpr (kMode != kTileGateUp) pdl_wait();  // the tokens (x, or gate/up's h) are the previous kernel's
 
   const int chunks = kc;
   bool landed = false;
