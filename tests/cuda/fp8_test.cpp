@@ -83,11 +83,11 @@ TEST(CudaFp8, StreamingProductMatchesDequantizedReference) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(903);
   // Model widths (qkv and o, one token), a K past the last full 64-column chunk, N ending in half a CTA (16 rows), a
-  // second pass of tokens (33 > 32), the largest M; a K whose 16-row tile does not fit shared memory (the register-
-  // streaming kernel).
+  // second pass of tokens (33 > 32), the largest M; a K whose 16-row tile does not fit shared memory (two segments),
+  // with one pass and with two (the segments loaded again for the second).
   for (const auto& [M, N, K] : {std::tuple{1, 5120, 2048}, std::tuple{1, 2048, 4096}, std::tuple{8, 512, 160},
                                 std::tuple{13, 176, 768}, std::tuple{33, 96, 1024}, std::tuple{64, 256, 2048},
-                                std::tuple{3, 48, 48}, std::tuple{2, 32, 14336}}) {
+                                std::tuple{3, 48, 48}, std::tuple{2, 32, 14336}, std::tuple{40, 16, 14336}}) {
     SCOPED_TRACE(testing::Message() << "M " << M << " N " << N << " K " << K);
     const HostFp8 w = random_fp8(N, K, rng, 0.05f);
     const HostBF16 x = random_bf16(static_cast<size_t>(M) * K, rng);
