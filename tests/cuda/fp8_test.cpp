@@ -341,6 +341,95 @@ TEST(CudaFp8, MoeExpertsMatchHostLoop) {
   run_moe_case({64, 8, 128, 512, 256, 0, -1, 0}, rng);
 }
 
+// The combine folded into the down kernel at one token (the decoder's FP8 one-token step): x and y get the bits
+// moe_combine_add_rmsnorm gives over the folded launch's own slots (its row arithmetic, common.cuh's combine_norm_row,
+// on as many threads), empty slots (-1) skipped; with no norm weight only x changes; the slots agree with the unfolded
+// launch's (the folded one splits k over 8 warps: bf16 noise); the exit counter is left zero, so a second launch finds
+// it ready. Mutations: a CTA that leaves without counting (no expert) makes no CTA last and x stays unchanged; a
+// counter left non-zero breaks the second launch.
+TEST(CudaFp8, MoeExpertsFoldTheCombineAtOneToken) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(911);
+  auto bits = [](const std::vector<bf16>& v) {
+    std::vector<uint16_t> b(v.size());
+    std::memcpy(b.data(), v.data(), v.size() * 2);
+    return b;
+  };
+  for (const MoeCase& c : {MoeCase{1, 8, 16, 2048, 256, 0, -1, 0}, MoeCase{1, 8, 16, 512, 128, 0, -1, 3}}) {
+    for (const bool norm : {true, false}) {
+      SCOPED_TRACE(testing::Message() << "H=" << c.H << " holes=" << c.holes << " norm=" << norm);
+      const Routing route = make_routing(c, rng);
+      const HostBF16 x = random_bf16(static_cast<size_t>(c.H), rng);
+      const HostBF16 res = random_bf16(static_cast<size_t>(c.H), rng);
+      const HostBF16 nw = random_bf16(static_cast<size_t>(c.H), rng);
+      const HostFp8 gu = random_fp8(c.E * 2 * c.I, c.H, rng, 2.f * std::sqrt(3.f / c.H));
+      const HostFp8 dn = random_fp8(c.E * c.H, c.I, rng, 2.f * std::sqrt(3.f / c.I));
+      auto dx = upload_bf16(x);
+      auto dnw = upload_bf16(nw);
+      DevFp8 dgu(gu), ddn(dn);
+      DevBuf<int32_t> ids(route.ids);
+      DevBuf<float> w(route.w), out(static_cast<size_t>(c.K) * c.H);
+      DevBuf<bf16> h(static_cast<size_t>(c.K) * c.I);
+      DevBuf<unsigned char> plan_buf(moe_plan_bytes(c.N, c.K, c.E));
+      DevBuf<unsigned> done(1);
+      ASSERT_EQ(cudaMemset(done.get(), 0, sizeof(unsigned)), cudaSuccess);
+      MoePlan plan;
+      moe_plan_bind(plan, plan_buf.get(), c.N, c.K, c.E);
+      ZEST_ASSERT_OK(moe_plan(ids.get(), c.N, c.K, c.E, plan, nullptr, nullptr));
+      out.poison();
+      ZEST_ASSERT_OK(moe_experts_fp8(dx->get(), plan, w.get(), dgu.view(), ddn.view(), h.get(), out.get(), c.N, c.K,
+                                     c.E, c.H, c.I, nullptr));
+      sync_ok();
+      const std::vector<float> unfolded = out.download();
+      for (int rep = 0; rep < 2; ++rep) {
+        auto fx = upload_bf16(res);
+        DevBuf<bf16> fy(static_cast<size_t>(c.H));
+        fy.poison();
+        const auto poisoned = bits(fy.download());
+        Fp8Combine cmb;
+        cmb.x = fx->get();
+        cmb.ids = ids.get();
+        cmb.w = norm ? dnw->get() : nullptr;
+        cmb.y = norm ? fy.get() : nullptr;
+        cmb.eps = 1e-6f;
+        cmb.done = done.get();
+        out.poison();
+        ZEST_ASSERT_OK(moe_experts_fp8(dx->get(), plan, w.get(), dgu.view(), ddn.view(), h.get(), out.get(), c.N, c.K,
+                                       c.E, c.H, c.I, nullptr, &cmb));
+        sync_ok();
+        EXPECT_EQ(done.download()[0], 0u) << "launch " << rep;
+        // The reference: the combine kernel over the same slots.
+        auto rx = upload_bf16(res);
+        DevBuf<bf16> ry(static_cast<size_t>(c.H));
+        ry.poison();
+        ZEST_ASSERT_OK(moe_combine_add_rmsnorm(rx->get(), out.get(), ids.get(), c.K, norm ? dnw->get() : nullptr,
+                                               ry.get(), 1, c.H, 1e-6f, nullptr));
+        sync_ok();
+        EXPECT_NE(bits(rx->download()), bits(upload_bf16(res)->download()));  // the slots moved x
+        EXPECT_EQ(bits(fx->download()), bits(rx->download())) << "launch " << rep;
+        EXPECT_EQ(bits(fy.download()), norm ? bits(ry.download()) : poisoned) << "launch " << rep;
+        std::vector<float> got, want;
+        const auto folded = out.download();
+        for (int k = 0; k < c.K; ++k) {
+          if (route.ids[k] < 0) continue;
+          got.insert(got.end(), folded.begin() + k * c.H, folded.begin() + (k + 1) * c.H);
+          want.insert(want.end(), unfolded.begin() + k * c.H, unfolded.begin() + (k + 1) * c.H);
+        }
+        ZEST_EXPECT_CLOSE(got, want, 1e-3);
+      }
+    }
+  }
+  DevBuf<bf16> buf(4096);
+  DevBuf<unsigned char> q(4096), plan_buf(moe_plan_bytes(1, 8, 16));
+  MoePlan plan;
+  moe_plan_bind(plan, plan_buf.get(), 1, 8, 16);
+  Fp8Combine cmb;  // no x, ids or counter
+  EXPECT_EQ(moe_experts_fp8(buf.get(), plan, nullptr, {q.get(), nullptr}, {q.get(), nullptr}, buf.get(), nullptr, 1, 8,
+                            16, 256, 128, nullptr, &cmb)
+                .code(),
+            ErrorCode::kInvalidArgument);
+}
+
 TEST(CudaFp8, MoeStreamMatchesHostLoop) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(911);

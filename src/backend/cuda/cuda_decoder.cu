@@ -993,6 +993,18 @@ Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const StepFor
     return moe_combine_add_rmsnorm(s.x, s.slot_out, s.ids, K_, next_w, s.xn, T, H_, eps_, st);
   };
   if (forms.decode_experts && Ly.gate_up.fp8()) {
+    // One token on one GPU: the combine folded into the down kernel (its last CTA), one launch fewer a layer.
+    if (T == 1 && !split() && moe_fp8_combine_ok(T, H_)) {
+      Fp8Combine c;
+      c.x = s.x;
+      c.ids = s.ids;
+      c.w = next_w;
+      c.y = next_w ? s.xn : nullptr;
+      c.eps = eps_;
+      c.done = s.done;
+      return moe_experts_fp8(s.xn, s.plan, s.route_w, Ly.gate_up.f8(), Ly.down.f8(), s.h, s.slot_out, T, K_, El_, H_,
+                             I_, st, &c);
+    }
     // With fp8_stream_experts, the persistent weight-streaming kernel from two tokens where its 256-column stages
     // fit the widths (at one token its per-item overhead made it slower: batch 1 TPOT 3.42 against 2.84 ms, one
     // H200); else one CTA per row tile.

@@ -51,6 +51,7 @@ struct TileArgs {
   int M, N, K, I;        // M: dense token rows; N: dense rows, or H for the experts; K: the reduction width
   int seg;               // chunks of 64 columns a segment of the tile holds (all of them: one segment)
   int red_apart;         // 1: the warps' sums get their own shared memory (one segment, several passes)
+  Fp8Combine cmb;        // down: cmb.done != null: the last CTA combines the slots of the M tokens (KW * 256 >= H)
 };
 
 template <int kMode>
@@ -103,21 +104,25 @@ __global__ void __launch_bounds__(KW * 32) fp8_tile_kernel(TileArgs a) {
     const int j = blockIdx.y;
     // (read through L2, as moe_one's down kernel reads it before its wait)
     if (j >= __ldcg(a.plan.num_active)) {
-      if constexpr (kMode == kTileDown) pdl_wait();  // every CTA passes its wait before it leaves (see above)
-      return;
-    }
-    const int e = __ldcg(a.plan.active_experts + j);
-    p0 = __ldcg(a.plan.offsets + j);
-    tokens = __ldcg(a.plan.offsets + j + 1) - p0;
-    const int er = kMode == kTileGateUp ? 2 * a.I : a.N;  // an expert's rows
-    wq += static_cast<size_t>(e) * er * K;
-    ws += static_cast<size_t>(e) * (er / 16) * chunks;
-    if constexpr (kMode == kTileGateUp) {
-      rows[0] = blockIdx.x * 16;
-      rows[1] = a.I + blockIdx.x * 16;
+      if constexpr (kMode == kTileGateUp) return;
+      // down: no expert here, but every CTA passes its wait before it leaves (see above), and counts itself for
+      // the folded combine: it goes through with no rows and no tokens
+      tokens = 0;
+      rows[0] = rows[1] = -1;
     } else {
-      rows[0] = blockIdx.x * 32;
-      rows[1] = rows[0] + 16 < a.N ? rows[0] + 16 : -1;
+      const int e = __ldcg(a.plan.active_experts + j);
+      p0 = __ldcg(a.plan.offsets + j);
+      tokens = __ldcg(a.plan.offsets + j + 1) - p0;
+      const int er = kMode == kTileGateUp ? 2 * a.I : a.N;  // an expert's rows
+      wq += static_cast<size_t>(e) * er * K;
+      ws += static_cast<size_t>(e) * (er / 16) * chunks;
+      if constexpr (kMode == kTileGateUp) {
+        rows[0] = blockIdx.x * 16;
+        rows[1] = a.I + blockIdx.x * 16;
+      } else {
+        rows[0] = blockIdx.x * 32;
+        rows[1] = rows[0] + 16 < a.N ? rows[0] + 16 : -1;
+      }
     }
   }
   // Thread 0 copies segment sg of every m-tile's rows into shared memory, completing on bar (one phase a segment).
@@ -288,6 +293,29 @@ __global__ void __launch_bounds__(KW * 32) fp8_tile_kernel(TileArgs a) {
     overlaid = !a.red_apart;
   }
   if (!landed) mbar_wait(&bar, phase & 1);  // no tokens: the copies still land before the CTA leaves
+  if constexpr (kMode == kTileDown) {
+    if (!a.cmb.done) return;
+    // The folded combine, by the CTA that finds itself last on the counter (each CTA's slot rows are ordered before
+    // its count: the barrier, then a fence by the counting thread; the last one's fence after the count orders its
+    // loads after all of them), which clears the counter for the next launch.
+    __shared__ unsigned last;
+    __shared__ float sums[KW];
+    const int c = threadIdx.x * 8;  // this thread's norm weights
+    const uint4 wv = a.cmb.w && c < a.N ? __ldg(reinterpret_cast<const uint4*>(a.cmb.w + c)) : make_uint4(0, 0, 0, 0);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence();
+      last = atomicAdd(a.cmb.done, 1u) == gridDim.x * gridDim.y - 1 ? 1u : 0u;
+      if (last) __threadfence();
+    }
+    __syncthreads();
+    if (!last) return;
+    for (int m = 0; m < a.M; ++m)
+      combine_norm_row(a.cmb.x + static_cast<size_t>(m) * a.N, a.slot_out + static_cast<size_t>(m) * a.plan.top_k * a.N,
+                       a.cmb.ids + m * a.plan.top_k, a.plan.top_k, wv,
+                       a.cmb.w ? a.cmb.y + static_cast<size_t>(m) * a.N : nullptr, a.N, a.cmb.eps, sums);
+    if (threadIdx.x == 0) *a.cmb.done = 0u;
+  }
 }
 
 // out[r, k] = bf16(f32(q[r, k]) * scale(r, k)): the rounding of the CUDA upload's dequantization. One thread per 16
@@ -415,8 +443,12 @@ struct MoeLaunch {
 template <int KW, int NG>
 struct MoeDownLaunch {
   static Status run(const MoePlan& plan, const float* weights, Fp8Weight down, const bf16* h, float* slot_out, int N,
-                    int K, int E, int H, int I, cudaStream_t st) {
+                    int K, int E, int H, int I, cudaStream_t st, const Fp8Combine* combine = nullptr) {
     TileArgs a{};
+    if (combine) {
+      a.cmb = *combine;
+      a.M = N;
+    }
     a.in = h;
     a.w = down;
     a.slot_out = slot_out;
@@ -444,8 +476,11 @@ Status gemm_fp8(const bf16* x, Fp8Weight w, bf16* y, int M, int N, int K, cudaSt
   return pick<GemmLaunch>(K, M, x, w, y, M, N, K, stream);
 }
 
+bool moe_fp8_combine_ok(int N, int H) { return N == 1 && H > 0 && H % 8 == 0 && H <= 8 * 8 * 32; }
+
 Status moe_experts_fp8(const bf16* x, const MoePlan& plan, const float* weights, Fp8Weight gate_up, Fp8Weight down,
-                       bf16* h, float* slot_out, int N, int K, int E, int H, int I, cudaStream_t stream) {
+                       bf16* h, float* slot_out, int N, int K, int E, int H, int I, cudaStream_t stream,
+                       const Fp8Combine* combine) {
   if (N <= 0 || K <= 0 || E <= 0 || !fp8_weight_ok(H, I) || !fp8_weight_ok(I, H))
     return invalid_argument("moe_experts_fp8: need tokens, experts, and H and I positive multiples of 16");
   if (!aligned16(x) || !aligned16(h) || !aligned16(gate_up.q) || !aligned16(down.q))
@@ -453,7 +488,14 @@ Status moe_experts_fp8(const bf16* x, const MoePlan& plan, const float* weights,
   if (N > plan.max_tokens || K != plan.top_k || E != plan.experts)
     return invalid_argument("moe_experts_fp8: the plan is bound for other sizes");
   // A token picks an expert at most once: an expert has at most N tokens.
+  if (combine && (!moe_fp8_combine_ok(N, H) || !combine->x || !combine->ids || !combine->done ||
+                  (combine->w && !combine->y) || !aligned16(combine->x) || (combine->w && !aligned16(combine->w)) ||
+                  (combine->y && !aligned16(combine->y))))
+    return invalid_argument("moe_experts_fp8: the folded combine takes one token, H <= 2048 (a multiple of 8), "
+                            "16-byte aligned x (and w, y) and a counter");
   ZEST_RETURN_IF_ERROR(pick<MoeLaunch>(H, N, x, plan, gate_up, h, N, K, E, H, I, stream));
+  // The folded combine runs on 8 warps: one 8-column chunk of the row a thread.
+  if (combine) return MoeDownLaunch<8, 1>::run(plan, weights, down, h, slot_out, N, K, E, H, I, stream, combine);
   return pick<MoeDownLaunch>(I, N, plan, weights, down, static_cast<const bf16*>(h), slot_out, N, K, E, H, I, stream);
 }
 

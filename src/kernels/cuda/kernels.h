@@ -352,10 +352,22 @@ Status moe_experts_decode_combine(const bf16* x, const MoePlan& plan, const floa
                                   cudaStream_t stream);
 // moe_experts_decode over FP8 experts: gate_up q [E, 2I, H] with scales [E * 2I / 16, ceil(H / 64)], down q [E, H, I]
 // with scales [E * H / 16, ceil(I / 64)] (Fp8Weight per expert, experts contiguous); H and I multiples of 16. Each
-// active expert's FP8 weights are streamed once per 32 of its tokens (gemm_fp8's core), h = bf16(silu(gate) * up) in
+// active expert's FP8 weights are read once per 32 of its tokens (gemm_fp8's kernel), h = bf16(silu(gate) * up) in
 // f32, slot_out as moe_experts_decode (the plan's counters are not used).
+// combine (moe_fp8_combine_ok(N, H): one token, H <= 2048): the down kernel's last CTA runs moe_combine_add_rmsnorm
+// on the token (x += its slots; with w, y = RMSNorm(x) * w); done is a counter that is zero before and after.
+struct Fp8Combine {
+  bf16* x = nullptr;             // [N, H] residual, updated in place
+  const int32_t* ids = nullptr;  // [N, K] routing ids (-1: empty slot)
+  const bf16* w = nullptr;       // the next RMSNorm's weight, or null (x only)
+  bf16* y = nullptr;             // [N, H] normalised rows
+  float eps = 0.f;
+  unsigned* done = nullptr;
+};
+bool moe_fp8_combine_ok(int N, int H);
 Status moe_experts_fp8(const bf16* x, const MoePlan& plan, const float* weights, Fp8Weight gate_up, Fp8Weight down,
-                       bf16* h, float* slot_out, int N, int K, int E, int H, int I, cudaStream_t stream);
+                       bf16* h, float* slot_out, int N, int K, int E, int H, int I, cudaStream_t stream,
+                       const Fp8Combine* combine = nullptr);
 // Prefill experts on FP8 tensor cores (gemm_fp8_tc.cu, the activations and weights as gemm_fp8_tc takes them): gate/up
 // writes h at the sorted positions as moe_prefill_gate_up does (x8: the N tokens' rows); down reads h8 (h quantized)
 // and writes slot_out (fp32) as moe_prefill_down does. E <= 256, H and I multiples of 128.
