@@ -117,6 +117,75 @@ TEST(CudaFp8, StreamingProductMatchesDequantizedReference) {
             ErrorCode::kInvalidArgument);
 }
 
+// The residual add and RMSNorm folded into gemm_fp8 at one row (the decoder's FP8 o projection at one token): x and y
+// get the bits add_rmsnorm gives over the folded launch's own output row (the same row arithmetic on as many threads);
+// with no norm weight only x changes; the output row agrees with the unfolded product's (the fold splits k over 8
+// warps); the exit counter is left zero, so a second launch finds it ready; bad fold arguments are refused.
+TEST(CudaFp8, GemmFoldsTheAddAndNormAtOneRow) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(913);
+  auto bits = [](const std::vector<bf16>& v) {
+    std::vector<uint16_t> b(v.size());
+    std::memcpy(b.data(), v.data(), v.size() * 2);
+    return b;
+  };
+  for (const auto& [N, K] : {std::pair{2048, 4096}, std::pair{512, 256}}) {
+    for (const bool norm : {true, false}) {
+      SCOPED_TRACE(testing::Message() << "N " << N << " K " << K << " norm " << norm);
+      const HostFp8 w = random_fp8(N, K, rng, 0.05f);
+      const HostBF16 x = random_bf16(static_cast<size_t>(K), rng);
+      const HostBF16 res = random_bf16(static_cast<size_t>(N), rng);
+      const HostBF16 nw = random_bf16(static_cast<size_t>(N), rng);
+      auto dx = upload_bf16(x);
+      auto dnw = upload_bf16(nw);
+      DevFp8 dw(w);
+      DevBuf<bf16> o(static_cast<size_t>(N));
+      DevBuf<unsigned> done(1);
+      ASSERT_EQ(cudaMemset(done.get(), 0, sizeof(unsigned)), cudaSuccess);
+      ZEST_ASSERT_OK(gemm_fp8(dx->get(), dw.view(), o.get(), 1, N, K, nullptr));
+      sync_ok();
+      const std::vector<float> unfolded = download_bf16(o);
+      for (int rep = 0; rep < 2; ++rep) {
+        auto fx = upload_bf16(res);
+        DevBuf<bf16> fy(static_cast<size_t>(N));
+        fy.poison();
+        const auto poisoned = bits(fy.download());
+        Fp8AddNorm an;
+        an.x = fx->get();
+        an.w = norm ? dnw->get() : nullptr;
+        an.y = norm ? fy.get() : nullptr;
+        an.eps = 1e-6f;
+        an.done = done.get();
+        o.poison();
+        ZEST_ASSERT_OK(gemm_fp8(dx->get(), dw.view(), o.get(), 1, N, K, nullptr, &an));
+        sync_ok();
+        EXPECT_EQ(done.download()[0], 0u) << "launch " << rep;
+        auto rx = upload_bf16(res);
+        DevBuf<bf16> ry(static_cast<size_t>(N));
+        ry.poison();
+        ZEST_ASSERT_OK(add_rmsnorm(rx->get(), o.get(), norm ? dnw->get() : nullptr, ry.get(), 1, N, 1e-6f, nullptr));
+        sync_ok();
+        EXPECT_NE(bits(rx->download()), res.bits);  // the product moved x
+        EXPECT_EQ(bits(fx->download()), bits(rx->download())) << "launch " << rep;
+        EXPECT_EQ(bits(fy.download()), norm ? bits(ry.download()) : poisoned) << "launch " << rep;
+        ZEST_EXPECT_CLOSE(download_bf16(o), unfolded, 1e-2);
+      }
+    }
+  }
+  DevBuf<bf16> buf(4096);
+  DevBuf<uint8_t> q(4096 * 16);
+  DevBuf<unsigned> done(1);
+  Fp8AddNorm an;  // no x
+  an.done = done.get();
+  EXPECT_EQ(gemm_fp8(buf.get(), {q.get(), nullptr}, buf.get(), 1, 256, 16, nullptr, &an).code(),
+            ErrorCode::kInvalidArgument);
+  an.x = buf.get();  // two rows
+  EXPECT_EQ(gemm_fp8(buf.get(), {q.get(), nullptr}, buf.get(), 2, 256, 16, nullptr, &an).code(),
+            ErrorCode::kInvalidArgument);
+  EXPECT_EQ(gemm_fp8(buf.get(), {q.get(), nullptr}, buf.get(), 1, 4096, 16, nullptr, &an).code(),  // past 2048
+            ErrorCode::kInvalidArgument);
+}
+
 TEST(CudaFp8, DequantizeMatchesHostRounding) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(905);
@@ -386,7 +455,7 @@ TEST(CudaFp8, MoeExpertsFoldTheCombineAtOneToken) {
         DevBuf<bf16> fy(static_cast<size_t>(c.H));
         fy.poison();
         const auto poisoned = bits(fy.download());
-        Fp8Combine cmb;
+        Fp8AddNorm cmb;
         cmb.x = fx->get();
         cmb.ids = ids.get();
         cmb.w = norm ? dnw->get() : nullptr;
@@ -423,7 +492,7 @@ TEST(CudaFp8, MoeExpertsFoldTheCombineAtOneToken) {
   DevBuf<unsigned char> q(4096), plan_buf(moe_plan_bytes(1, 8, 16));
   MoePlan plan;
   moe_plan_bind(plan, plan_buf.get(), 1, 8, 16);
-  Fp8Combine cmb;  // no x, ids or counter
+  Fp8AddNorm cmb;  // no x, ids or counter
   EXPECT_EQ(moe_experts_fp8(buf.get(), plan, nullptr, {q.get(), nullptr}, {q.get(), nullptr}, buf.get(), nullptr, 1, 8,
                             16, 256, 128, nullptr, &cmb)
                 .code(),

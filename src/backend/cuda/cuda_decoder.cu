@@ -994,8 +994,8 @@ Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const StepFor
   };
   if (forms.decode_experts && Ly.gate_up.fp8()) {
     // One token on one GPU: the combine folded into the down kernel (its last CTA), one launch fewer a layer.
-    if (T == 1 && !split() && moe_fp8_combine_ok(T, H_)) {
-      Fp8Combine c;
+    if (T == 1 && !split() && fp8_add_norm_ok(T, H_)) {
+      Fp8AddNorm c;
       c.x = s.x;
       c.ids = s.ids;
       c.w = next_w;
@@ -1551,9 +1551,20 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
                                              all_generic ? nullptr : d_gen, n, s.attn, Hq_ * D_, Hq_, Hkv_, D_, scale,
                                              st));
     }
-    ZEST_RETURN_IF_ERROR(project(s.attn, Ly.wo, s.o, T, H_, Hq_ * D_, st));
-    if (comm_) ZEST_RETURN_IF_ERROR(all_reduce(s.o, static_cast<int64_t>(T) * H_, true));  // the ranks' heads
-    ZEST_RETURN_IF_ERROR(add_rmsnorm(s.x, s.o, Ly.post_norm, s.xn, T, H_, eps_, st));
+    if (T == 1 && !split() && Ly.wo.fp8() && fp8_add_norm_ok(T, H_)) {
+      // FP8 at one token: the residual add and the post-attention norm in the o product's last CTA
+      Fp8AddNorm an;
+      an.x = s.x;
+      an.w = Ly.post_norm;
+      an.y = s.xn;
+      an.eps = eps_;
+      an.done = s.done;
+      ZEST_RETURN_IF_ERROR(gemm_fp8(s.attn, Ly.wo.f8(), s.o, T, H_, Hq_ * D_, st, &an));
+    } else {
+      ZEST_RETURN_IF_ERROR(project(s.attn, Ly.wo, s.o, T, H_, Hq_ * D_, st));
+      if (comm_) ZEST_RETURN_IF_ERROR(all_reduce(s.o, static_cast<int64_t>(T) * H_, true));  // the ranks' heads
+      ZEST_RETURN_IF_ERROR(add_rmsnorm(s.x, s.o, Ly.post_norm, s.xn, T, H_, eps_, st));
+    }
     const bool ds = l < nds;
     if (Ly.moe) {
       Status ms = run_moe(l, Ly, T, forms, b, hooks, all_active, ds || rows ? nullptr : next);

@@ -317,8 +317,8 @@ __device__ __forceinline__ void ldcg_slot8(const bf16* p, float* v) {
 // 8-element chunk per thread; the one-token experts' folded combine): x = bf16(x + bf16(sum of slot_out[k] over
 // k < K with ids[k] >= 0, in k order, in fp32)), then, when y is not null, y = w * bf16(x * rsqrt(mean(x^2) + eps))
 // with wv this thread's 8 norm weights (loaded by the caller, possibly before its PDL wait). All K slot rows are
-// loaded at once (empty slots skipped at the sum); x, ids and slot_out are read through L2 (they may come from other
-// CTAs of the same launch). Slot outputs fp32 or bf16. Every thread of the CTA calls it; red: blockDim.x / 32 floats
+// loaded at once (empty slots skipped at the sum; ids null: none empty); x, ids and slot_out are read through L2 (they
+// may come from other CTAs of the same launch). Slot outputs fp32 or bf16. Every thread of the CTA calls it; red: blockDim.x / 32 floats
 // of shared memory.
 template <class Slot>
 __device__ __forceinline__ void combine_norm_row(bf16* x, const Slot* slot_out, const int32_t* ids, int K,
@@ -335,7 +335,7 @@ __device__ __forceinline__ void combine_norm_row(bf16* x, const Slot* slot_out, 
 #pragma unroll
       for (int u = 0; u < 8; ++u) {
         const int k = k0 + u;
-        id[u] = k < K ? __ldcg(ids + k) : -1;
+        id[u] = k < K ? (ids ? __ldcg(ids + k) : 0) : -1;
         ldcg_slot8(slot_out + static_cast<size_t>(k < K ? k : 0) * hidden + c, a[u]);
       }
 #pragma unroll

@@ -51,7 +51,8 @@ struct TileArgs {
   int M, N, K, I;        // M: dense token rows; N: dense rows, or H for the experts; K: the reduction width
   int seg;               // chunks of 64 columns a segment of the tile holds (all of them: one segment)
   int red_apart;         // 1: the warps' sums get their own shared memory (one segment, several passes)
-  Fp8Combine cmb;        // down: cmb.done != null: the last CTA combines the slots of the M tokens (KW * 256 >= H)
+  Fp8AddNorm fold;       // dense, down: fold.done != null: the last CTA adds the rows to fold.x and normalises
+                         // (one token; KW * 256 >= the row's width)
 };
 
 template <int kMode>
@@ -293,28 +294,31 @@ __global__ void __launch_bounds__(KW * 32) fp8_tile_kernel(TileArgs a) {
     overlaid = !a.red_apart;
   }
   if (!landed) mbar_wait(&bar, phase & 1);  // no tokens: the copies still land before the CTA leaves
-  if constexpr (kMode == kTileDown) {
-    if (!a.cmb.done) return;
-    // The folded combine, by the CTA that finds itself last on the counter (each CTA's slot rows are ordered before
-    // its count: the barrier, then a fence by the counting thread; the last one's fence after the count orders its
-    // loads after all of them), which clears the counter for the next launch.
+  if constexpr (kMode != kTileGateUp) {
+    if (!a.fold.done) return;
+    // The folded add and norm, by the CTA that finds itself last on the counter (each CTA's output rows are ordered
+    // before its count: the barrier, then a fence by the counting thread; the last one's fence after the count orders
+    // its loads after all of them), which clears the counter for the next launch. The rows: dense, the product's
+    // one row; down, the token's slots.
     __shared__ unsigned last;
     __shared__ float sums[KW];
     const int c = threadIdx.x * 8;  // this thread's norm weights
-    const uint4 wv = a.cmb.w && c < a.N ? __ldg(reinterpret_cast<const uint4*>(a.cmb.w + c)) : make_uint4(0, 0, 0, 0);
+    const uint4 wv = a.fold.w && c < a.N ? __ldg(reinterpret_cast<const uint4*>(a.fold.w + c)) : make_uint4(0, 0, 0, 0);
     __syncthreads();
     if (threadIdx.x == 0) {
       __threadfence();
-      last = atomicAdd(a.cmb.done, 1u) == gridDim.x * gridDim.y - 1 ? 1u : 0u;
+      last = atomicAdd(a.fold.done, 1u) == gridDim.x * gridDim.y - 1 ? 1u : 0u;
       if (last) __threadfence();
     }
     __syncthreads();
     if (!last) return;
-    for (int m = 0; m < a.M; ++m)
-      combine_norm_row(a.cmb.x + static_cast<size_t>(m) * a.N, a.slot_out + static_cast<size_t>(m) * a.plan.top_k * a.N,
-                       a.cmb.ids + m * a.plan.top_k, a.plan.top_k, wv,
-                       a.cmb.w ? a.cmb.y + static_cast<size_t>(m) * a.N : nullptr, a.N, a.cmb.eps, sums);
-    if (threadIdx.x == 0) *a.cmb.done = 0u;
+    bf16* y = a.fold.w ? a.fold.y : nullptr;
+    if constexpr (kMode == kTileDense)
+      combine_norm_row(a.fold.x, static_cast<const bf16*>(a.out), nullptr, 1, wv, y, a.N, a.fold.eps, sums);
+    else
+      combine_norm_row(a.fold.x, static_cast<const float*>(a.slot_out), a.fold.ids, a.plan.top_k, wv, y, a.N,
+                       a.fold.eps, sums);
+    if (threadIdx.x == 0) *a.fold.done = 0u;
   }
 }
 
@@ -412,8 +416,10 @@ Status launch_tile(TileArgs a, int max_tokens, dim3 grid, cudaStream_t st) {
 
 template <int KW, int NG>
 struct GemmLaunch {
-  static Status run(const bf16* x, Fp8Weight w, bf16* y, int M, int N, int K, cudaStream_t st) {
+  static Status run(const bf16* x, Fp8Weight w, bf16* y, int M, int N, int K, cudaStream_t st,
+                    const Fp8AddNorm* add_norm = nullptr) {
     TileArgs a{};
+    if (add_norm) a.fold = *add_norm;
     a.in = x;
     a.w = w;
     a.out = y;
@@ -443,12 +449,9 @@ struct MoeLaunch {
 template <int KW, int NG>
 struct MoeDownLaunch {
   static Status run(const MoePlan& plan, const float* weights, Fp8Weight down, const bf16* h, float* slot_out, int N,
-                    int K, int E, int H, int I, cudaStream_t st, const Fp8Combine* combine = nullptr) {
+                    int K, int E, int H, int I, cudaStream_t st, const Fp8AddNorm* add_norm = nullptr) {
     TileArgs a{};
-    if (combine) {
-      a.cmb = *combine;
-      a.M = N;
-    }
+    if (add_norm) a.fold = *add_norm;
     a.in = h;
     a.w = down;
     a.slot_out = slot_out;
@@ -467,20 +470,35 @@ bool fp8_weight_ok(int rows, int K) { return rows > 0 && K > 0 && rows % 16 == 0
 
 size_t fp8_scale_count(int rows, int K) { return static_cast<size_t>(rows / 16) * ((K + 63) / 64); }
 
-Status gemm_fp8(const bf16* x, Fp8Weight w, bf16* y, int M, int N, int K, cudaStream_t stream) {
+bool fp8_add_norm_ok(int M, int H) { return M == 1 && H > 0 && H % 8 == 0 && H <= 8 * 8 * 32; }
+
+namespace {
+// What a folded add and norm needs (fp8_add_norm_ok, x, a counter, y with w, 16-byte aligned rows); ids: the experts'.
+bool add_norm_args_ok(const Fp8AddNorm& f, int M, int H, bool ids) {
+  return fp8_add_norm_ok(M, H) && f.x && f.done && (!ids || f.ids) && (!f.w || f.y) && aligned16(f.x) &&
+         (!f.w || aligned16(f.w)) && (!f.y || aligned16(f.y));
+}
+}  // namespace
+
+Status gemm_fp8(const bf16* x, Fp8Weight w, bf16* y, int M, int N, int K, cudaStream_t stream,
+                const Fp8AddNorm* add_norm) {
   if (M <= 0 || M > kFp8StreamMaxM || !fp8_weight_ok(N, K))
     return invalid_argument("gemm_fp8: need 0 < M <= 64, N a positive multiple of 16 and K of 16 (M " +
                             std::to_string(M) + ", N " + std::to_string(N) + ", K " + std::to_string(K) + ")");
   if (!aligned16(x) || !aligned16(w.q))
     return invalid_argument("gemm_fp8: x and the weight must be 16-byte aligned");
+  if (add_norm) {  // on 8 warps: one 8-column chunk of the row a thread
+    if (!add_norm_args_ok(*add_norm, M, N, false) || !aligned16(y))
+      return invalid_argument("gemm_fp8: the folded add and norm takes one row of N <= 2048 (a multiple of 8), 16-byte "
+                              "aligned x, y (and w) and a counter");
+    return GemmLaunch<8, 1>::run(x, w, y, M, N, K, stream, add_norm);
+  }
   return pick<GemmLaunch>(K, M, x, w, y, M, N, K, stream);
 }
 
-bool moe_fp8_combine_ok(int N, int H) { return N == 1 && H > 0 && H % 8 == 0 && H <= 8 * 8 * 32; }
-
 Status moe_experts_fp8(const bf16* x, const MoePlan& plan, const float* weights, Fp8Weight gate_up, Fp8Weight down,
                        bf16* h, float* slot_out, int N, int K, int E, int H, int I, cudaStream_t stream,
-                       const Fp8Combine* combine) {
+                       const Fp8AddNorm* add_norm) {
   if (N <= 0 || K <= 0 || E <= 0 || !fp8_weight_ok(H, I) || !fp8_weight_ok(I, H))
     return invalid_argument("moe_experts_fp8: need tokens, experts, and H and I positive multiples of 16");
   if (!aligned16(x) || !aligned16(h) || !aligned16(gate_up.q) || !aligned16(down.q))
@@ -488,14 +506,12 @@ Status moe_experts_fp8(const bf16* x, const MoePlan& plan, const float* weights,
   if (N > plan.max_tokens || K != plan.top_k || E != plan.experts)
     return invalid_argument("moe_experts_fp8: the plan is bound for other sizes");
   // A token picks an expert at most once: an expert has at most N tokens.
-  if (combine && (!moe_fp8_combine_ok(N, H) || !combine->x || !combine->ids || !combine->done ||
-                  (combine->w && !combine->y) || !aligned16(combine->x) || (combine->w && !aligned16(combine->w)) ||
-                  (combine->y && !aligned16(combine->y))))
+  if (add_norm && !add_norm_args_ok(*add_norm, N, H, true))
     return invalid_argument("moe_experts_fp8: the folded combine takes one token, H <= 2048 (a multiple of 8), "
-                            "16-byte aligned x (and w, y) and a counter");
+                            "16-byte aligned x (and w, y), the ids and a counter");
   ZEST_RETURN_IF_ERROR(pick<MoeLaunch>(H, N, x, plan, gate_up, h, N, K, E, H, I, stream));
   // The folded combine runs on 8 warps: one 8-column chunk of the row a thread.
-  if (combine) return MoeDownLaunch<8, 1>::run(plan, weights, down, h, slot_out, N, K, E, H, I, stream, combine);
+  if (add_norm) return MoeDownLaunch<8, 1>::run(plan, weights, down, h, slot_out, N, K, E, H, I, stream, add_norm);
   return pick<MoeDownLaunch>(I, N, plan, weights, down, static_cast<const bf16*>(h), slot_out, N, K, E, H, I, stream);
 }
 

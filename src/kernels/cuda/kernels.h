@@ -118,7 +118,22 @@ constexpr int kFp8StreamMaxM = 64;  // gemm_fp8's largest M
 size_t fp8_scale_count(int rows, int K);
 // y[M, N] = x[M, K] * W^T for 0 < M <= 64 (decode): the FP8 bytes streamed once, turned into bf16 exactly in registers
 // and multiplied on tensor cores, each 16 x 64 chunk's products scaled in f32.
-Status gemm_fp8(const bf16* x, Fp8Weight w, bf16* y, int M, int N, int K, cudaStream_t stream);
+// A residual add and RMSNorm folded into an FP8 product at one token (fp8_add_norm_ok(1, H): H <= 2048, a multiple of
+// 8), run by the product's last CTA with the arithmetic of add_rmsnorm / moe_combine_add_rmsnorm (the same bits):
+// x = bf16(x + bf16(the sum of the rows)) - gemm_fp8: its one output row; moe_experts_fp8: the token's slots with ids
+// >= 0, in slot order - then, with w, y = w * bf16(x * rsqrt(mean(x^2) + eps)). done: a counter, zero before and
+// after the launch.
+struct Fp8AddNorm {
+  bf16* x = nullptr;             // [1, H] residual, updated in place
+  const int32_t* ids = nullptr;  // moe_experts_fp8: the token's K routing ids (-1: empty slot); gemm_fp8: unused
+  const bf16* w = nullptr;       // the RMSNorm's weight, or null (x only)
+  bf16* y = nullptr;             // [1, H] the normalised row
+  float eps = 0.f;
+  unsigned* done = nullptr;
+};
+bool fp8_add_norm_ok(int M, int H);
+Status gemm_fp8(const bf16* x, Fp8Weight w, bf16* y, int M, int N, int K, cudaStream_t stream,
+                const Fp8AddNorm* add_norm = nullptr);
 // Activations for FP8 tensor-core products, per row per 128 columns (the DeepSeek-V3 scheme): scales[r, b] = amax / 448
 // of x[r, 128b .. 128b + 127] (1 when all zero), q[r, k] = e4m3(x[r, k] * 448 / amax), nearest even, saturating.
 // K a multiple of 128; scales [rows, K / 128] f32.
@@ -353,21 +368,11 @@ Status moe_experts_decode_combine(const bf16* x, const MoePlan& plan, const floa
 // moe_experts_decode over FP8 experts: gate_up q [E, 2I, H] with scales [E * 2I / 16, ceil(H / 64)], down q [E, H, I]
 // with scales [E * H / 16, ceil(I / 64)] (Fp8Weight per expert, experts contiguous); H and I multiples of 16. Each
 // active expert's FP8 weights are read once per 32 of its tokens (gemm_fp8's kernel), h = bf16(silu(gate) * up) in
-// f32, slot_out as moe_experts_decode (the plan's counters are not used).
-// combine (moe_fp8_combine_ok(N, H): one token, H <= 2048): the down kernel's last CTA runs moe_combine_add_rmsnorm
-// on the token (x += its slots; with w, y = RMSNorm(x) * w); done is a counter that is zero before and after.
-struct Fp8Combine {
-  bf16* x = nullptr;             // [N, H] residual, updated in place
-  const int32_t* ids = nullptr;  // [N, K] routing ids (-1: empty slot)
-  const bf16* w = nullptr;       // the next RMSNorm's weight, or null (x only)
-  bf16* y = nullptr;             // [N, H] normalised rows
-  float eps = 0.f;
-  unsigned* done = nullptr;
-};
-bool moe_fp8_combine_ok(int N, int H);
+// f32, slot_out as moe_experts_decode (the plan's counters are not used). add_norm (fp8_add_norm_ok(N, H)): the down
+// kernel's last CTA runs moe_combine_add_rmsnorm on the token (x += its slots; with w, y = RMSNorm(x) * w).
 Status moe_experts_fp8(const bf16* x, const MoePlan& plan, const float* weights, Fp8Weight gate_up, Fp8Weight down,
                        bf16* h, float* slot_out, int N, int K, int E, int H, int I, cudaStream_t stream,
-                       const Fp8Combine* combine = nullptr);
+                       const Fp8AddNorm* add_norm = nullptr);
 // Prefill experts on FP8 tensor cores (gemm_fp8_tc.cu, the activations and weights as gemm_fp8_tc takes them): gate/up
 // writes h at the sorted positions as moe_prefill_gate_up does (x8: the N tokens' rows); down reads h8 (h quantized)
 // and writes slot_out (fp32) as moe_prefill_down does. E <= 256, H and I multiples of 128.
