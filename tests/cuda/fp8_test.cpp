@@ -72,6 +72,13 @@ struct QuantRows {
   }
 };
 
+// The bits of bf16 values (for exact comparisons: poisoned values are NaNs).
+std::vector<uint16_t> bits(const std::vector<bf16>& v) {
+  std::vector<uint16_t> b(v.size());
+  std::memcpy(b.data(), v.data(), v.size() * 2);
+  return b;
+}
+
 struct DevFp8 {
   DevBuf<uint8_t> q;
   DevBuf<float> s;
@@ -124,11 +131,6 @@ TEST(CudaFp8, StreamingProductMatchesDequantizedReference) {
 TEST(CudaFp8, GemmFoldsTheAddAndNormAtOneRow) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(913);
-  auto bits = [](const std::vector<bf16>& v) {
-    std::vector<uint16_t> b(v.size());
-    std::memcpy(b.data(), v.data(), v.size() * 2);
-    return b;
-  };
   for (const auto& [N, K] : {std::pair{2048, 4096}, std::pair{512, 256}}) {
     for (const bool norm : {true, false}) {
       SCOPED_TRACE(testing::Message() << "N " << N << " K " << K << " norm " << norm);
@@ -419,11 +421,6 @@ TEST(CudaFp8, MoeExpertsMatchHostLoop) {
 TEST(CudaFp8, MoeExpertsFoldTheCombineAtOneToken) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(911);
-  auto bits = [](const std::vector<bf16>& v) {
-    std::vector<uint16_t> b(v.size());
-    std::memcpy(b.data(), v.data(), v.size() * 2);
-    return b;
-  };
   for (const MoeCase& c : {MoeCase{1, 8, 16, 2048, 256, 0, -1, 0}, MoeCase{1, 8, 16, 512, 128, 0, -1, 3}}) {
     for (const bool norm : {true, false}) {
       SCOPED_TRACE(testing::Message() << "H=" << c.H << " holes=" << c.holes << " norm=" << norm);
