@@ -3,8 +3,10 @@
 // weights f32(code) * scale. The streaming product and the MoE experts within 1e-2 / 2e-2 of the largest reference
 // (bf16 outputs and h, f32 sums in another order); the dequantizer bit for bit against the host rounding.
 #ifdef ZEST_HAVE_CUDA
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <tuple>
 
 #include "cuda/cuda_test_util.h"
@@ -186,6 +188,61 @@ TEST(CudaFp8, GemmFoldsTheAddAndNormAtOneRow) {
             ErrorCode::kInvalidArgument);
   EXPECT_EQ(gemm_fp8(buf.get(), {q.get(), nullptr}, buf.get(), 1, 4096, 16, nullptr, &an).code(),  // past 2048
             ErrorCode::kInvalidArgument);
+}
+
+// The FP8 qkv product with L2 prefetches of a paged KV cache (gemm_fp8_kv_prefetch: at most 2 rows): the bits of
+// gemm_fp8, for 1, 2 and 3 sequences (3: no prefetch) of mixed context lengths over a shuffled block table; without a
+// cache described, gemm_fp8; the caches are read only; a KvPrefetch with a norm weight is refused.
+TEST(CudaFp8, KvPrefetchProductMatchesGemmFp8) {
+  ZEST_REQUIRE_GPU();
+  std::mt19937 rng(917);
+  const int N = 5120, K = 2048, Hkv = 4;
+  const HostFp8 w = random_fp8(N, K, rng, 0.05f);
+  DevFp8 dw(w);
+  for (int M : {1, 2, 3}) {
+    SCOPED_TRACE(testing::Message() << "M " << M);
+    std::vector<int32_t> lens(M);
+    const int choose[] = {1, 17, 1025};
+    for (int b = 0; b < M; ++b) lens[b] = choose[(b + M) % 3];
+    const int max_blocks = 1025 / kKvBlock + 2, blocks = M * max_blocks;
+    std::vector<int32_t> bt(blocks);
+    std::iota(bt.begin(), bt.end(), 0);
+    std::shuffle(bt.begin(), bt.end(), rng);
+    const size_t cache_elems = static_cast<size_t>(blocks) * kKvBlock * Hkv * 128;
+    const HostBF16 kc = random_bf16(cache_elems, rng), vc = random_bf16(cache_elems, rng);
+    auto dk = upload_bf16(kc), dv = upload_bf16(vc);
+    DevBuf<int32_t> dbt(bt), dlens(lens);
+    const HostBF16 x = random_bf16(static_cast<size_t>(M) * K, rng);
+    auto dx = upload_bf16(x);
+    DevBuf<bf16> base(static_cast<size_t>(M) * N);
+    ZEST_ASSERT_OK(gemm_fp8(dx->get(), dw.view(), base.get(), M, N, K, nullptr));
+    sync_ok();
+    const auto want = bits(base.download());
+    KvPrefetch kv;
+    kv.k_cache = dk->get();
+    kv.v_cache = dv->get();
+    kv.block_table = dbt.get();
+    kv.context_lens = dlens.get();
+    kv.batch = M;
+    kv.max_blocks = max_blocks;
+    kv.row_bytes = Hkv * 128 * 2;
+    for (bool with_cache : {true, false}) {
+      SCOPED_TRACE(with_cache ? "cache" : "no cache");
+      KvPrefetch use = kv;
+      if (!with_cache) use.k_cache = nullptr;
+      DevBuf<bf16> dy(static_cast<size_t>(M) * N);
+      dy.poison();
+      ZEST_ASSERT_OK(gemm_fp8_kv_prefetch(dx->get(), dw.view(), dy.get(), M, N, K, use, nullptr));
+      sync_ok();
+      EXPECT_EQ(bits(dy.download()), want);
+    }
+    EXPECT_EQ(bits(dk->download()), kc.bits);
+    EXPECT_EQ(bits(dv->download()), vc.bits);
+    KvPrefetch normed = kv;
+    normed.norm_w = dx->get();
+    EXPECT_EQ(gemm_fp8_kv_prefetch(dx->get(), dw.view(), base.get(), M, N, K, normed, nullptr).code(),
+              ErrorCode::kInvalidArgument);
+  }
 }
 
 TEST(CudaFp8, DequantizeMatchesHostRounding) {

@@ -1508,7 +1508,7 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
   for (int l = 0; l < L_; ++l) {
     const Layer& Ly = layers_[l];
     const bf16* next = l + 1 < L_ ? layers_[l + 1].in_norm : final_norm_;
-    if (use_decode && !Ly.wqkv.fp8()) {  // the qkv GEMM prefetches the layer's KV rows into L2 (gemm_kv_prefetch)
+    if (use_decode) {  // the qkv GEMM prefetches the layer's KV rows into L2 (gemm_kv_prefetch, gemm_fp8_kv_prefetch)
       KvPrefetch kvp;
       kvp.k_cache = kv->k(l);
       kvp.v_cache = kv->v(l);
@@ -1517,11 +1517,16 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
       kvp.batch = dp.batch;
       kvp.max_blocks = MB;
       kvp.row_bytes = Hkv_ * D_ * 2;
-      if (x_only) {
-        kvp.norm_w = Ly.in_norm;
-        kvp.norm_eps = eps_;
+      if (Ly.wqkv.fp8()) {  // (never x only: the one-token forms are off with FP8 weights)
+        ZEST_RETURN_IF_ERROR(T <= 2 ? gemm_fp8_kv_prefetch(s.xn, Ly.wqkv.f8(), s.qkv, T, QKV_, H_, kvp, st)
+                                    : project(s.xn, Ly.wqkv, s.qkv, T, QKV_, H_, st));
+      } else {
+        if (x_only) {
+          kvp.norm_w = Ly.in_norm;
+          kvp.norm_eps = eps_;
+        }
+        ZEST_RETURN_IF_ERROR(gemm_kv_prefetch(x_only ? s.x : s.xn, Ly.wqkv.bf, s.qkv, T, QKV_, H_, kvp, st));
       }
-      ZEST_RETURN_IF_ERROR(gemm_kv_prefetch(x_only ? s.x : s.xn, Ly.wqkv.bf, s.qkv, T, QKV_, H_, kvp, st));
       x_only = false;
     } else {
       ZEST_RETURN_IF_ERROR(project(s.xn, Ly.wqkv, s.qkv, T, QKV_, H_, st));

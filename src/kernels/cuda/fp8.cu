@@ -25,6 +25,7 @@
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/fp8.cuh"
+#include "kernels/cuda/kv_prefetch.cuh"
 
 namespace zest::cuda {
 
@@ -53,6 +54,7 @@ struct TileArgs {
   int red_apart;         // 1: the warps' sums get their own shared memory (one segment, several passes)
   Fp8AddNorm fold;       // dense, down: fold.done != null: the last CTA adds the rows to fold.x and normalises
                          // (one token; KW * 256 >= the row's width)
+  KvPrefetch kv;         // dense: kv.batch > 0: the CTAs prefetch these KV rows into L2 before their wait
 };
 
 template <int kMode>
@@ -149,6 +151,9 @@ __global__ void __launch_bounds__(KW * 32) fp8_tile_kernel(TileArgs a) {
   for (int idx = threadIdx.x; idx < MT * chunks; idx += KW * 32) {
     const int i = idx / chunks, c = idx - i * chunks;
     s_sm[idx] = rows[i] >= 0 ? ws[static_cast<size_t>(rows[i] / 16) * chunks + c] : 0.f;
+  }
+  if constexpr (kMode == kTileDense) {
+    if (a.kv.batch > 0) prefetch_kv_l2(a.kv);  // block tables and context lengths are step inputs
   }
   __syncthreads();  // the barrier's initialisation and the scales
   if constexpr (kMode != kTileGateUp) pdl_wait();  // the tokens (x, or gate/up's h) are the previous kernel's
@@ -417,9 +422,10 @@ Status launch_tile(TileArgs a, int max_tokens, dim3 grid, cudaStream_t st) {
 template <int KW, int NG>
 struct GemmLaunch {
   static Status run(const bf16* x, Fp8Weight w, bf16* y, int M, int N, int K, cudaStream_t st,
-                    const Fp8AddNorm* add_norm = nullptr) {
+                    const Fp8AddNorm* add_norm = nullptr, const KvPrefetch* kv = nullptr) {
     TileArgs a{};
     if (add_norm) a.fold = *add_norm;
+    if (kv) a.kv = *kv;
     a.in = x;
     a.w = w;
     a.out = y;
@@ -494,6 +500,20 @@ Status gemm_fp8(const bf16* x, Fp8Weight w, bf16* y, int M, int N, int K, cudaSt
     return GemmLaunch<8, 1>::run(x, w, y, M, N, K, stream, add_norm);
   }
   return pick<GemmLaunch>(K, M, x, w, y, M, N, K, stream);
+}
+
+// At most this many token rows prefetch the KV rows (bf16's gemm_kv_prefetch measured faster at 1 and 2 rows only).
+constexpr int kFp8PrefetchMaxRows = 2;
+
+Status gemm_fp8_kv_prefetch(const bf16* x, Fp8Weight w, bf16* y, int M, int N, int K, const KvPrefetch& kv,
+                            cudaStream_t stream) {
+  if (kv.norm_w) return invalid_argument("gemm_fp8_kv_prefetch: the FP8 products take normalised rows (norm_w set)");
+  // More rows, no cache described, or arguments gemm_fp8 refuses: gemm_fp8 itself.
+  if (M > kFp8PrefetchMaxRows || M <= 0 || kv.batch <= 0 || !kv.k_cache || !kv.v_cache || !kv.block_table ||
+      !kv.context_lens || kv.max_blocks <= 0 || kv.row_bytes <= 0 || kv.row_bytes % 16 != 0 || !fp8_weight_ok(N, K) ||
+      !aligned16(x) || !aligned16(w.q))
+    return gemm_fp8(x, w, y, M, N, K, stream);
+  return pick<GemmLaunch>(K, M, x, w, y, M, N, K, stream, nullptr, &kv);
 }
 
 Status moe_experts_fp8(const bf16* x, const MoePlan& plan, const float* weights, Fp8Weight gate_up, Fp8Weight down,

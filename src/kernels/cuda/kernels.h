@@ -246,6 +246,11 @@ struct KvPrefetch {
 // bit; measured faster at batch 1 and 2 only); otherwise gemm().
 Status gemm_kv_prefetch(const bf16* x, const bf16* w, bf16* y, int M, int N, int K, const KvPrefetch& kv,
                         cudaStream_t stream);
+// gemm_fp8 for the qkv projection of a decode step: for at most 2 token rows its CTAs also prefetch kv's rows into L2
+// before their PDL wait, as gemm_kv_prefetch does (a hint: the result is gemm_fp8's, bit for bit; without a cache
+// described, gemm_fp8); kv.norm_w must be null (the FP8 products take normalised rows).
+Status gemm_fp8_kv_prefetch(const bf16* x, Fp8Weight w, bf16* y, int M, int N, int K, const KvPrefetch& kv,
+                            cudaStream_t stream);
 // Whether gemm_kv_prefetch takes KvPrefetch::norm_w for these sizes (one token row, 256 <= K <= 2048: the
 // shared-memory small-M path, or the ring of tiles for the lm_head's many row tiles).
 bool gemm_kv_norm_ok(int M, int N, int K);

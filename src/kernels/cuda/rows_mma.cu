@@ -6,6 +6,7 @@
 // Modes: dense small-M GEMM, MoE gate/up (SiLU * up epilogue) and MoE down (routing-weight epilogue).
 #include "kernels/cuda/async_copy.cuh"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/kv_prefetch.cuh"
 
 namespace zest::cuda {
 
@@ -164,24 +165,6 @@ constexpr int kPreRound = 8;  // token chunks in flight per warp
 // L2 policy of rows_pre_kernel: none; the KV rows prefetched before the wait, the weight tile copied evict-first (the
 // qkv GEMM of steps of at most 2 rows); no prefetch, the tile evict-first (the other GEMMs of such steps).
 enum PreFetch { kPfNone = 0, kPfBefore = 1, kPfTileHint = 3 };
-
-// The KV rows of kv's earlier tokens into L2: items (sequence, page, K or V) dealt round-robin over the CTAs (an SM's
-// copy engine serves bulk prefetches in order with the CTA's own copies, so they are spread over every SM), one bulk
-// prefetch per item of the page's rows before the current token (position context_lens[b] - 1).
-__device__ __forceinline__ void prefetch_kv_l2(const KvPrefetch& kv) {
-  const int threads = gridDim.x * blockDim.x;
-  const int items = kv.batch * kv.max_blocks * 2;
-  for (int it = threadIdx.x * gridDim.x + blockIdx.x; it < items; it += threads) {
-    const int b = it / (2 * kv.max_blocks), pg = (it >> 1) % kv.max_blocks;
-    const int ctx = kv.context_lens[b];
-    const int blk = kv.block_table[static_cast<size_t>(b) * kv.max_blocks + pg];  // both loads in flight at once
-    const int r0 = pg * kKvBlock, r1 = min(r0 + kKvBlock, ctx - 1);
-    if (r1 <= r0) continue;
-    const unsigned char* base = reinterpret_cast<const unsigned char*>((it & 1) ? kv.v_cache : kv.k_cache) +
-                                static_cast<size_t>(blk) * kKvBlock * kv.row_bytes;
-    bulk_prefetch_l2(base, static_cast<uint32_t>((r1 - r0) * kv.row_bytes));
-  }
-}
 
 // Normalises the one token row (M == 1) that the lanes g == 0 of 8 warps hold in xa (chunks warp + u * kWarps, one
 // round: 256 <= K <= 2048) with the 256-thread norm kernels' arithmetic and summation order (8-element groups t = k / 8
