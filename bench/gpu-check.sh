@@ -6,7 +6,8 @@
 # multi-image TTFT benchmark (Qwen3-VL-30B-A3B shapes, VisionZip rates), SERE calibration on the CUDA decoder, served
 # decode steps against the decoder's own (bench/gpu/servegap.sh), with SERVE=1 the zest serve load test (bench/gpu/serve.sh), and with RACECHECK=1 compute-sanitizer racecheck over
 # the cluster kernels' tests (bench/gpu/racecheck.sh; several minutes).
-# MEMCHECK=only runs the memcheck pass alone (so that a long sanitizer run gets a call of its own).
+# MEMCHECK=only runs the memcheck pass alone (so that a long sanitizer run gets a call of its own); ONLY="names" keeps
+# the jobs named (tests, memcheck, decode, decode-fp8, fp8-paths, prefill, ttft, sere, servegap, serve, racecheck).
 # Each step is a job of bench/gpu-batch.sh with its own time limit; logs go to $OUT (default /tmp/zest-gpu-batch).
 # A short summary is printed last.
 set -u
@@ -68,6 +69,14 @@ jobs+=("$J/decode.sh" "$J/decode-fp8.sh" "$J/fp8-paths.sh" "$J/prefill.sh" "$J/t
 [ "${MEMCHECK:-1}" = only ] && jobs=("$J/memcheck.sh")
 [ "${SERVE:-0}" = 1 ] && jobs+=(bench/gpu/serve.sh)
 [ "${RACECHECK:-0}" = 1 ] && jobs+=(bench/gpu/racecheck.sh)
+# ONLY="tests decode decode-fp8" keeps those jobs (a call is limited to 600 s; the whole check takes about ten minutes).
+if [ -n "${ONLY:-}" ]; then
+  kept=()
+  for j in "${jobs[@]}"; do
+    case " $ONLY " in *" $(basename "$j" .sh) "*) kept+=("$j") ;; esac
+  done
+  jobs=("${kept[@]}")
+fi
 bash bench/gpu-batch.sh "${jobs[@]}"
 L=${OUT:-/tmp/zest-gpu-batch}
 echo "================ summary ================"
