@@ -408,6 +408,20 @@ TEST(CudaFp8, TensorCoreExpertsMatchQuantizedReference) {
       }
     }
   ZEST_EXPECT_CLOSE(got, ref, 2e-2);
+  // The slots as bf16: the same values (they are bf16-exact), in half the bytes.
+  DevBuf<bf16> out16(static_cast<size_t>(c.N) * c.K * c.H);
+  out16.poison();
+  ZEST_ASSERT_OK(moe_down_fp8_tc(hq.q.get(), hq.s.get(), plan, w.get(), ddn.view(), out16.get(), c.N, c.K, c.E, c.H,
+                                 c.I, nullptr));
+  sync_ok();
+  const auto all16 = download_bf16(out16);
+  size_t checked = 0;
+  for (size_t slot = 0; slot < route.ids.size(); ++slot) {
+    if (route.ids[slot] < 0) continue;
+    for (int r = 0; r < c.H; ++r, ++checked)
+      ASSERT_EQ(all16[slot * c.H + r], all[slot * c.H + r]) << "slot " << slot << " row " << r;
+  }
+  EXPECT_GT(checked, 0u);
 }
 
 // The MoE experts over FP8 weights against ref_expert (moe_decode_case.h) on the dequantized weights; slots with

@@ -1030,6 +1030,11 @@ Status CudaTextDecoder::run_moe(int64_t l, const Layer& Ly, int T, const StepFor
       ZEST_RETURN_IF_ERROR(quantize_rows_fp8(s.xn, x8, xs, T, H_, st));
       ZEST_RETURN_IF_ERROR(moe_gate_up_fp8_tc(x8, xs, s.plan, Ly.gate_up.f8(), s.h, T, K_, El_, H_, I_, st));
       ZEST_RETURN_IF_ERROR(quantize_rows_fp8(s.h, h8, hs, static_cast<int>(NK), I_, st));
+      if (!split()) {  // bf16-exact slots stored as bf16 in the slot buffer's first half: half the bytes, the same bits
+        bf16* slots = reinterpret_cast<bf16*>(s.slot_out);
+        ZEST_RETURN_IF_ERROR(moe_down_fp8_tc(h8, hs, s.plan, s.route_w, Ly.down.f8(), slots, T, K_, El_, H_, I_, st));
+        return moe_combine_add_rmsnorm(s.x, slots, s.ids, K_, next_w, s.xn, T, H_, eps_, st);
+      }
       ZEST_RETURN_IF_ERROR(
           moe_down_fp8_tc(h8, hs, s.plan, s.route_w, Ly.down.f8(), s.slot_out, T, K_, El_, H_, I_, st));
       return combine();

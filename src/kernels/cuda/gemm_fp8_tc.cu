@@ -77,8 +77,8 @@ struct TcArgs {
   const float* w_scale;  // Fp8Weight scales: [weight rows / 16, width / 64]
   MoePlan plan;          // kGateUp, kDown
   const float* route_w;  // kDown
-  bf16* out;             // kGateUp: h [N K, I]; kDense: y [M, N]
-  float* slot_out;       // kDown: [N K, H]
+  bf16* out;             // kGateUp: h [N K, I]; kDense: y [M, N]; kDown: the slots as bf16 [N K, H], or null
+  float* slot_out;       // kDown without out: the slots as f32 [N K, H]
   int top_k, H, I;       // experts
   int M, N, K;           // kDense: rows, weight rows, width
 };
@@ -297,11 +297,17 @@ __global__ void __launch_bounds__(kThreads, 1)
         } else if constexpr (kDn) {
           const int slot = p.plan.sorted_slots[m0 + r];
           const float wt = p.route_w[slot];
-          float* orow = p.slot_out + static_cast<size_t>(slot) * p.H + nt * kBN + 2 * tq;
+          const size_t at = static_cast<size_t>(slot) * p.H + nt * kBN + 2 * tq;
+          // bf16-exact values: stored as bf16 (half the bytes, for the combine's bf16 form) or as f32
 #pragma unroll
-          for (int c8 = 0; c8 < 16; ++c8)
-            *reinterpret_cast<float2*>(orow + 8 * c8) = make_float2(bf16_round(bf16_round(acc[4 * c8 + 2 * hr]) * wt),
-                                                                    bf16_round(bf16_round(acc[4 * c8 + 2 * hr + 1]) * wt));
+          for (int c8 = 0; c8 < 16; ++c8) {
+            const float v0 = bf16_round(bf16_round(acc[4 * c8 + 2 * hr]) * wt);
+            const float v1 = bf16_round(bf16_round(acc[4 * c8 + 2 * hr + 1]) * wt);
+            if (p.out)
+              *reinterpret_cast<__nv_bfloat162*>(p.out + at + 8 * c8) = __floats2bfloat162_rn(v0, v1);
+            else
+              *reinterpret_cast<float2*>(p.slot_out + at + 8 * c8) = make_float2(v0, v1);
+          }
         } else {
           bf16* yrow = p.out + static_cast<size_t>(m0 + r) * p.N + nt * kBN + 2 * tq;
 #pragma unroll
@@ -401,13 +407,15 @@ Status moe_gate_up_fp8_tc(const uint8_t* x8, const float* x_scale, const MoePlan
   return launch_tc<TcMode::kGateUp>(tm_w, tm_w, a, units, stream, "moe_gate_up_fp8_tc");
 }
 
-Status moe_down_fp8_tc(const uint8_t* h8, const float* h_scale, const MoePlan& plan, const float* weights,
-                       Fp8Weight down, float* slot_out, int N, int K, int E, int H, int I, cudaStream_t stream) {
+namespace {
+// moe_down_fp8_tc into f32 slots (slot_out) or bf16 ones (slot_bf16).
+Status down_tc(const uint8_t* h8, const float* h_scale, const MoePlan& plan, const float* weights, Fp8Weight down,
+               float* slot_out, bf16* slot_bf16, int N, int K, int E, int H, int I, cudaStream_t stream) {
   if (N <= 0 || K <= 0 || !moe_experts_fp8_tc_ok(E, H, I))
     return invalid_argument("moe_down_fp8_tc: need tokens, E <= 256, H a multiple of 128 and I of 128");
   if (N > plan.max_tokens || K != plan.top_k || E != plan.experts)
     return invalid_argument("moe_down_fp8_tc: the plan is bound for other sizes");
-  if (!aligned16(h8) || !aligned16(down.q) || !aligned16(slot_out))
+  if (!aligned16(h8) || !aligned16(down.q) || !aligned16(slot_out ? static_cast<const void*>(slot_out) : slot_bf16))
     return invalid_argument("moe_down_fp8_tc: operands must be 16-byte aligned");
   CUtensorMap tm_w, tm_a;
   ZEST_RETURN_IF_ERROR(make_map_u8(&tm_w, down.q, static_cast<uint64_t>(E) * H, I, kBN / 2));
@@ -419,11 +427,25 @@ Status moe_down_fp8_tc(const uint8_t* h8, const float* h_scale, const MoePlan& p
   a.plan = plan;
   a.route_w = weights;
   a.slot_out = slot_out;
+  a.out = slot_bf16;
   a.top_k = K;
   a.H = H;
   a.I = I;
   const long long units = static_cast<long long>(moe_max_tiles(N, K, E)) * (H / kBN);
   return launch_tc<TcMode::kDown>(tm_w, tm_a, a, units, stream, "moe_down_fp8_tc");
+}
+}  // namespace
+
+Status moe_down_fp8_tc(const uint8_t* h8, const float* h_scale, const MoePlan& plan, const float* weights,
+                       Fp8Weight down, float* slot_out, int N, int K, int E, int H, int I, cudaStream_t stream) {
+  if (!slot_out) return invalid_argument("moe_down_fp8_tc: no slot output");
+  return down_tc(h8, h_scale, plan, weights, down, slot_out, nullptr, N, K, E, H, I, stream);
+}
+
+Status moe_down_fp8_tc(const uint8_t* h8, const float* h_scale, const MoePlan& plan, const float* weights,
+                       Fp8Weight down, bf16* slot_out, int N, int K, int E, int H, int I, cudaStream_t stream) {
+  if (!slot_out) return invalid_argument("moe_down_fp8_tc: no slot output");
+  return down_tc(h8, h_scale, plan, weights, down, nullptr, slot_out, N, K, E, H, I, stream);
 }
 
 }  // namespace zest::cuda

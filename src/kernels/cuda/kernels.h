@@ -386,6 +386,10 @@ Status moe_gate_up_fp8_tc(const uint8_t* x8, const float* x_scale, const MoePlan
                           int N, int K, int E, int H, int I, cudaStream_t stream);
 Status moe_down_fp8_tc(const uint8_t* h8, const float* h_scale, const MoePlan& plan, const float* weights,
                        Fp8Weight down, float* slot_out, int N, int K, int E, int H, int I, cudaStream_t stream);
+// The same slots stored as bf16 (they are bf16-exact values: moe_combine_add_rmsnorm's bf16 form then gives the bits
+// of its f32 one, with half the bytes written and read).
+Status moe_down_fp8_tc(const uint8_t* h8, const float* h_scale, const MoePlan& plan, const float* weights,
+                       Fp8Weight down, bf16* slot_out, int N, int K, int E, int H, int I, cudaStream_t stream);
 // Prefill experts: the same function as moe_experts_decode through tensor-core grouped GEMMs over the
 // plan's tiles (device-side offsets): moe_prefill_gate_up then moe_prefill_down when H % 128 == 0 and
 // I % 64 == 0, else moe_experts_prefill_wmma.
