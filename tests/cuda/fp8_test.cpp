@@ -6,11 +6,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <numeric>
 #include <tuple>
 
 #include "cuda/cuda_test_util.h"
 #include "cuda/moe_decode_case.h"
+#include "cuda/paged_kv_case.h"
 #include "kernels/cuda/moe_stream.h"
 
 namespace zest::cuda::test {
@@ -204,28 +204,14 @@ TEST(CudaFp8, KvPrefetchProductMatchesGemmFp8) {
     std::vector<int32_t> lens(M);
     const int choose[] = {1, 17, 1025};
     for (int b = 0; b < M; ++b) lens[b] = choose[(b + M) % 3];
-    const int max_blocks = 1025 / kKvBlock + 2, blocks = M * max_blocks;
-    std::vector<int32_t> bt(blocks);
-    std::iota(bt.begin(), bt.end(), 0);
-    std::shuffle(bt.begin(), bt.end(), rng);
-    const size_t cache_elems = static_cast<size_t>(blocks) * kKvBlock * Hkv * 128;
-    const HostBF16 kc = random_bf16(cache_elems, rng), vc = random_bf16(cache_elems, rng);
-    auto dk = upload_bf16(kc), dv = upload_bf16(vc);
-    DevBuf<int32_t> dbt(bt), dlens(lens);
+    const PagedKvCase cache(lens, Hkv, rng);
     const HostBF16 x = random_bf16(static_cast<size_t>(M) * K, rng);
     auto dx = upload_bf16(x);
     DevBuf<bf16> base(static_cast<size_t>(M) * N);
     ZEST_ASSERT_OK(gemm_fp8(dx->get(), dw.view(), base.get(), M, N, K, nullptr));
     sync_ok();
     const auto want = bits(base.download());
-    KvPrefetch kv;
-    kv.k_cache = dk->get();
-    kv.v_cache = dv->get();
-    kv.block_table = dbt.get();
-    kv.context_lens = dlens.get();
-    kv.batch = M;
-    kv.max_blocks = max_blocks;
-    kv.row_bytes = Hkv * 128 * 2;
+    const KvPrefetch& kv = cache.kv;
     for (bool with_cache : {true, false}) {
       SCOPED_TRACE(with_cache ? "cache" : "no cache");
       KvPrefetch use = kv;
@@ -236,8 +222,8 @@ TEST(CudaFp8, KvPrefetchProductMatchesGemmFp8) {
       sync_ok();
       EXPECT_EQ(bits(dy.download()), want);
     }
-    EXPECT_EQ(bits(dk->download()), kc.bits);
-    EXPECT_EQ(bits(dv->download()), vc.bits);
+    EXPECT_EQ(bits(cache.dk->download()), cache.kc.bits);
+    EXPECT_EQ(bits(cache.dv->download()), cache.vc.bits);
     KvPrefetch normed = kv;
     normed.norm_w = dx->get();
     EXPECT_EQ(gemm_fp8_kv_prefetch(dx->get(), dw.view(), base.get(), M, N, K, normed, nullptr).code(),

@@ -6,6 +6,7 @@
 
 #include "cuda/cuda_test_util.h"
 #include "cuda/fused_decode_case.h"
+#include "cuda/paged_kv_case.h"
 #include "cuda/route_case.h"
 
 namespace zest::cuda::test {
@@ -131,25 +132,11 @@ TEST(CudaLatencyGemm, KvPrefetchGemmMatchesGemm) {
     std::vector<int32_t> lens(M);
     const int pick[] = {1, 16, 17, 1025, 300, 2, 33, 1024};
     for (int b = 0; b < M; ++b) lens[b] = pick[(b * 5 + M) % 8];
-    const int max_blocks = 1025 / kKvBlock + 2, blocks = M * max_blocks;
-    std::vector<int32_t> bt(blocks);
-    std::iota(bt.begin(), bt.end(), 0);
-    std::shuffle(bt.begin(), bt.end(), rng);
-    const size_t cache_elems = static_cast<size_t>(blocks) * kKvBlock * Hkv * 128;
-    auto kc = random_bf16(cache_elems, rng), vc = random_bf16(cache_elems, rng);
-    auto dk = upload_bf16(kc), dv = upload_bf16(vc);
-    DevBuf<int32_t> dbt(bt), dlens(lens);
+    const PagedKvCase cache(lens, Hkv, rng);
     auto x = random_bf16(static_cast<size_t>(M) * K, rng), w = random_bf16(static_cast<size_t>(N) * K, rng);
     auto dx = upload_bf16(x), dw = upload_bf16(w);
     const auto ref = ref_gemm(x.f, w.f, M, N, K);
-    KvPrefetch kv;
-    kv.k_cache = dk->get();
-    kv.v_cache = dv->get();
-    kv.block_table = dbt.get();
-    kv.context_lens = dlens.get();
-    kv.batch = M;
-    kv.max_blocks = max_blocks;
-    kv.row_bytes = Hkv * 128 * 2;
+    const KvPrefetch& kv = cache.kv;
     DevBuf<bf16> base(static_cast<size_t>(M) * N);
     base.poison();
     ZEST_ASSERT_OK(gemm(dx->get(), dw->get(), base.get(), M, N, K, nullptr));
@@ -167,8 +154,8 @@ TEST(CudaLatencyGemm, KvPrefetchGemmMatchesGemm) {
       EXPECT_EQ(download_bf16(dy), want);
     }
     // The caches are read only.
-    EXPECT_EQ(download_bf16(*dk), kc.f);
-    EXPECT_EQ(download_bf16(*dv), vc.f);
+    EXPECT_EQ(download_bf16(*cache.dk), cache.kc.f);
+    EXPECT_EQ(download_bf16(*cache.dv), cache.vc.f);
   }
 }
 
