@@ -35,8 +35,10 @@ Result<std::string> cuda_ipc_export(const KvSnapshot& device_snapshot);
 Result<KvSnapshot> cuda_ipc_import(const std::string& handle_hex, const KvSnapshot& geometry);
 
 // NCCL communicators for the ranks of a parallel decoder on GPUs of this host, rank r on devices[r]: all-reduces on
-// the device, queued on the decoder's stream (Communicator::all_reduce_sum_device; src/backend/cuda/nccl_group.cpp),
-// with NVLink SHARP off unless NCCL_NVLS_ENABLE is set; libnccl.so.2 is loaded at the first call. kUnsupported without
+// the device, queued on the decoder's stream (Communicator::all_reduce_sum_device; src/backend/cuda/parallel.cpp),
+// each only once every rank's host thread is about to queue its own (model::GatedDeviceGroup: a rank that fails
+// first releases the others with an error), with NVLink SHARP off unless NCCL_NVLS_ENABLE is set; libnccl.so.2 is
+// loaded at the first call. kUnsupported without
 // CUDA or NCCL; kInvalidArgument for fewer than two devices, a device twice or one that does not exist; kInternal
 // naming NCCL's error otherwise.
 Result<std::unique_ptr<CommunicatorGroup>> create_nccl_group(const std::vector<int>& devices);

@@ -238,7 +238,8 @@ struct LocalGroup::Member final : Communicator {
   Status broadcast(void* data, int64_t bytes, int root) override { return group->broadcast(r, data, bytes, root); }
 };
 
-LocalGroup::LocalGroup(int world) : world_(world < 1 ? 1 : world), ptrs_(world_), sizes_(world_) {
+LocalGroup::LocalGroup(int world)
+    : world_(world < 1 ? 1 : world), ptrs_(world_), sizes_(world_), barrier_(world_) {
   for (int r = 0; r < world_; ++r) {
     auto m = std::make_unique<Member>();
     m->group = this;
@@ -251,7 +252,7 @@ LocalGroup::~LocalGroup() = default;
 
 Communicator& LocalGroup::member(int rank) { return *members_.at(static_cast<size_t>(rank)); }
 
-bool LocalGroup::meet() {
+bool RankBarrier::meet() {
   std::unique_lock<std::mutex> lock(mu_);
   if (aborted_) return false;
   const uint64_t gen = generation_;
@@ -265,13 +266,13 @@ bool LocalGroup::meet() {
   return generation_ != gen;
 }
 
-void LocalGroup::abort() {
+void RankBarrier::abort() {
   std::lock_guard<std::mutex> lock(mu_);
   aborted_ = true;
   cv_.notify_all();
 }
 
-void LocalGroup::reset() {
+void RankBarrier::reset() {
   std::lock_guard<std::mutex> lock(mu_);
   aborted_ = false;
   arrived_ = 0;
@@ -286,7 +287,7 @@ Status LocalGroup::all_reduce(int rank, float* data, int64_t n) {
   if (world_ == 1) return Status::ok();
   ptrs_[rank] = data;
   sizes_[rank] = n;
-  if (!meet()) return aborted_error();  // every rank's buffer is posted
+  if (!barrier_.meet()) return aborted_error();  // every rank's buffer is posted
   bool same = true;
   for (int64_t m : sizes_) same = same && m == n;
   std::vector<float> sum;
@@ -298,7 +299,7 @@ Status LocalGroup::all_reduce(int rank, float* data, int64_t n) {
       for (int64_t i = 0; i < n; ++i) sum[i] += other[i];
     }
   }
-  if (!meet()) return aborted_error();  // every rank has read every buffer
+  if (!barrier_.meet()) return aborted_error();  // every rank has read every buffer
   if (!same) return internal_error("all-reduce: the ranks passed buffers of different sizes");
   std::memcpy(data, sum.data(), static_cast<size_t>(n) * sizeof(float));
   return Status::ok();
@@ -308,13 +309,53 @@ Status LocalGroup::broadcast(int rank, void* data, int64_t bytes, int root) {
   if (world_ == 1) return Status::ok();
   ptrs_[rank] = data;
   sizes_[rank] = bytes;
-  if (!meet()) return aborted_error();  // the root's buffer is posted
+  if (!barrier_.meet()) return aborted_error();  // the root's buffer is posted
   bool same = root >= 0 && root < world_;
   for (int64_t m : sizes_) same = same && m == bytes;
   if (same && rank != root) std::memcpy(data, ptrs_[root], static_cast<size_t>(bytes));
-  if (!meet()) return aborted_error();  // every rank has copied it
+  if (!barrier_.meet()) return aborted_error();  // every rank has copied it
   if (!same) return internal_error("broadcast: the ranks passed different sizes or a root outside the group");
   return Status::ok();
+}
+
+// ---- device communicators behind a host gate ----
+
+struct GatedDeviceGroup::Member final : Communicator {
+  Communicator* inner = nullptr;
+  RankBarrier* gate = nullptr;
+  int rank() const override { return inner->rank(); }
+  int world() const override { return inner->world(); }
+  Status all_reduce_sum(float* data, int64_t n) override { return inner->all_reduce_sum(data, n); }
+  Status broadcast(void* data, int64_t bytes, int root) override { return inner->broadcast(data, bytes, root); }
+  bool reduces_on_device() const override { return inner->reduces_on_device(); }
+  Status all_reduce_sum_device(void* data, int64_t n, bool bf16, void* stream) override {
+    if (!gate->meet()) return aborted_error();  // every rank is about to queue this collective
+    return inner->all_reduce_sum_device(data, n, bf16, stream);
+  }
+};
+
+GatedDeviceGroup::GatedDeviceGroup(std::unique_ptr<CommunicatorGroup> inner)
+    : inner_(std::move(inner)), barrier_(inner_->world()) {
+  for (int r = 0; r < inner_->world(); ++r) {
+    auto m = std::make_unique<Member>();
+    m->inner = &inner_->member(r);
+    m->gate = &barrier_;
+    members_.push_back(std::move(m));
+  }
+}
+
+GatedDeviceGroup::~GatedDeviceGroup() = default;
+
+Communicator& GatedDeviceGroup::member(int rank) { return *members_.at(static_cast<size_t>(rank)); }
+
+void GatedDeviceGroup::abort() {
+  barrier_.abort();
+  inner_->abort();
+}
+
+void GatedDeviceGroup::reset() {
+  inner_->reset();
+  barrier_.reset();
 }
 
 }  // namespace zest::model

@@ -99,6 +99,24 @@ class CommunicatorGroup {
   virtual void reset() {}
 };
 
+// A meeting point of the ranks' host threads: meet() returns true once every rank has arrived, or false once the
+// group is aborted (at once for a rank that arrives after the abort). reset() (when no rank waits) clears the abort.
+class RankBarrier {
+ public:
+  explicit RankBarrier(int world) : world_(world < 1 ? 1 : world) {}
+  bool meet();
+  void abort();
+  void reset();
+
+ private:
+  int world_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int arrived_ = 0;
+  uint64_t generation_ = 0;
+  bool aborted_ = false;
+};
+
 // `world` ranks that are threads of one process (the CPU decoder's ranks): member(r) is rank r's communicator. Each
 // all-reduce meets every rank at a barrier, so the ranks must run concurrently (abort() releases it). World 1 changes
 // nothing.
@@ -110,23 +128,39 @@ class LocalGroup final : public CommunicatorGroup {
   LocalGroup& operator=(const LocalGroup&) = delete;
   int world() const override { return world_; }
   Communicator& member(int rank) override;
-  void abort() override;
-  void reset() override;
+  void abort() override { barrier_.abort(); }
+  void reset() override { barrier_.reset(); }
 
  private:
   struct Member;
   Status all_reduce(int rank, float* data, int64_t n);
   Status broadcast(int rank, void* data, int64_t bytes, int root);
-  // Waits until every rank has arrived (true), or until the group is aborted (false).
-  bool meet();
   int world_;
   std::vector<void*> ptrs_;
   std::vector<int64_t> sizes_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int arrived_ = 0;
-  uint64_t generation_ = 0;
-  bool aborted_ = false;
+  RankBarrier barrier_;
+  std::vector<std::unique_ptr<Member>> members_;
+};
+
+// A group of device communicators (NCCL) made abortable: a collective queued on a GPU waits there for every rank's,
+// so a rank that fails before queuing its own (an allocation, a launch, its inputs) would leave the others' streams
+// waiting forever. Here each rank's host thread meets the others before it queues a collective, and queues it only
+// when all of them are about to queue theirs; after abort() the ranks return an error instead, so every collective
+// that reached a GPU is matched on every rank. Steps captured into a CUDA graph meet at capture, not at replay.
+// Host collectives and everything else pass through to `inner`.
+class GatedDeviceGroup final : public CommunicatorGroup {
+ public:
+  explicit GatedDeviceGroup(std::unique_ptr<CommunicatorGroup> inner);
+  ~GatedDeviceGroup() override;
+  int world() const override { return inner_->world(); }
+  Communicator& member(int rank) override;
+  void abort() override;
+  void reset() override;
+
+ private:
+  struct Member;
+  std::unique_ptr<CommunicatorGroup> inner_;
+  RankBarrier barrier_;
   std::vector<std::unique_ptr<Member>> members_;
 };
 

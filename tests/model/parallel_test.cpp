@@ -636,5 +636,71 @@ TEST(ParallelDecoder, ARankThatFailsMidStepEndsTheStepWithItsError) {
   expect_close(run_two_steps(**d), want);
 }
 
+
+// A device communicator group that only counts the collectives each rank queued (a GPU waits for every one of them
+// to be matched by the other ranks').
+class CountingDeviceGroup final : public CommunicatorGroup {
+ public:
+  explicit CountingDeviceGroup(int world) {
+    for (int r = 0; r < world; ++r) members_.push_back(std::make_unique<Member>(r, world));
+  }
+  int world() const override { return static_cast<int>(members_.size()); }
+  Communicator& member(int rank) override { return *members_.at(static_cast<size_t>(rank)); }
+  int queued(int rank) const { return members_.at(static_cast<size_t>(rank))->queued.load(); }
+
+ private:
+  struct Member final : Communicator {
+    Member(int r, int w) : r_(r), w_(w) {}
+    int rank() const override { return r_; }
+    int world() const override { return w_; }
+    Status all_reduce_sum(float*, int64_t) override { return unsupported("device sums only"); }
+    Status broadcast(void*, int64_t, int) override { return unsupported("device sums only"); }
+    bool reduces_on_device() const override { return true; }
+    Status all_reduce_sum_device(void*, int64_t, bool, void*) override {
+      ++queued;
+      return Status::ok();
+    }
+    std::atomic<int> queued{0};
+    int r_, w_;
+  };
+  std::vector<std::unique_ptr<Member>> members_;
+};
+
+// The gate of device collectives (the NCCL group's): rank 1 fails after queuing two collectives while rank 0 goes
+// for a third; rank 0 gets an error for it without queuing it, so both GPUs hold two matched collectives (no stream
+// left waiting). After reset() the ranks queue together again. Mutation: without the gate rank 0 queues three.
+TEST(ParallelDecoder, DeviceCollectivesAreQueuedOnlyWhenEveryRankQueuesThem) {
+  auto* counting = new CountingDeviceGroup(2);
+  GatedDeviceGroup g{std::unique_ptr<CommunicatorGroup>(counting)};
+  ASSERT_TRUE(g.member(0).reduces_on_device());
+  float buf = 0.f;
+  Status third = Status::ok();
+  std::thread r0([&] {
+    for (int i = 0; i < 3; ++i) {
+      Status s = g.member(0).all_reduce_sum_device(&buf, 1, false, nullptr);
+      if (!s.is_ok()) {
+        third = s;
+        return;
+      }
+    }
+  });
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(g.member(1).all_reduce_sum_device(&buf, 1, false, nullptr).is_ok());
+  g.abort();  // rank 1's step failed (ParallelDecoder::on_ranks)
+  r0.join();
+  EXPECT_EQ(third.code(), ErrorCode::kInternal) << third.to_string();
+  EXPECT_NE(third.to_string().find("another rank"), std::string::npos) << third.to_string();
+  EXPECT_EQ(counting->queued(0), 2);
+  EXPECT_EQ(counting->queued(1), 2);
+  // Aborted: a rank arriving now is refused at once.
+  EXPECT_FALSE(g.member(1).all_reduce_sum_device(&buf, 1, false, nullptr).is_ok());
+  EXPECT_EQ(counting->queued(1), 2);
+  g.reset();
+  std::thread r1([&] { EXPECT_TRUE(g.member(1).all_reduce_sum_device(&buf, 1, false, nullptr).is_ok()); });
+  EXPECT_TRUE(g.member(0).all_reduce_sum_device(&buf, 1, false, nullptr).is_ok());
+  r1.join();
+  EXPECT_EQ(counting->queued(0), 3);
+  EXPECT_EQ(counting->queued(1), 3);
+}
+
 }  // namespace
 }  // namespace zest::model

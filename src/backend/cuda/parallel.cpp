@@ -117,7 +117,10 @@ Result<std::unique_ptr<CommunicatorGroup>> create_nccl_group(const std::vector<i
   const Status s = nccl_status(nccl_api()->comm_init_all(comms.data(), n, devices.data()), "ncclCommInitAll");
   cudaSetDevice(current);
   ZEST_RETURN_IF_ERROR(s);
-  return std::unique_ptr<CommunicatorGroup>(std::make_unique<NcclGroup>(std::move(comms)));
+  // Behind a host gate: a rank that fails before queuing a collective releases the others with an error
+  // (GatedDeviceGroup) instead of leaving their streams waiting on the GPU.
+  return std::unique_ptr<CommunicatorGroup>(
+      std::make_unique<GatedDeviceGroup>(std::make_unique<NcclGroup>(std::move(comms))));
 }
 #else
 Result<std::unique_ptr<CommunicatorGroup>> create_nccl_group(const std::vector<int>&) {
