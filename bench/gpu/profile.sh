@@ -2,10 +2,11 @@
 # Where the batch-1 and batch-8 decode step goes (Qwen3-30B-A3B shapes, 48 layers, context 1024): GPU time per
 # operation of one eager step (--profile), TPOT with and without programmatic dependent launch, and each kernel of
 # one replayed layer under Nsight Compute (duration and DRAM bytes read, kernels serialised: the sum against TPOT
-# per layer is the cost of the dependent chain).
+# per layer is the cost of the dependent chain). BENCH_ARGS adds options to every benchmark run (e.g. "--dtype fp8";
+# with NCU_DETAIL="fp8_tile" NCU_BATCH=64: where the FP8 dense product's warps stall at 64 rows).
 B="$P/bench_decode_bench"
-[ -n "${NCU_ONLY:-}" ] || "$B" --config qwen3-30b-a3b --batch 1,8 --context 1024 --steps 30 --warmup 5 --profile 2>&1 | grep -v '^sere_reroute'
-[ -n "${NCU_ONLY:-}" ] || "$B" --config qwen3-30b-a3b --batch 1,8 --context 1024 --steps 30 --warmup 5 --pdl 0 2>&1 | grep -E 'batch|TPOT|tpot'
+[ -n "${NCU_ONLY:-}" ] || "$B" --config qwen3-30b-a3b --batch 1,8 --context 1024 ${BENCH_ARGS:-} --steps 30 --warmup 5 --profile 2>&1 | grep -v '^sere_reroute'
+[ -n "${NCU_ONLY:-}" ] || "$B" --config qwen3-30b-a3b --batch 1,8 --context 1024 ${BENCH_ARGS:-} --steps 30 --warmup 5 --pdl 0 2>&1 | grep -E 'batch|TPOT|tpot'
 if [ -n "${NCU_SOURCE:-}" ]; then
   # Per-instruction warp stall samples of one launch of each named kernel (regex) at batch NCU_BATCH: the hottest
   # SASS instructions in program order, with their share of all samples.
@@ -13,7 +14,7 @@ if [ -n "${NCU_SOURCE:-}" ]; then
     echo "== ncu source: $k, batch ${NCU_BATCH:-1} =="
     timeout 90 ncu --clock-control none --graph-profiling node -k "regex:$k" --launch-skip 100 --launch-count 1 \
       --section SourceCounters --section WarpStateStats --sampling-interval "${NCU_SAMPLING:-auto}" --page source --print-source sass --csv \
-      "$B" --config qwen3-30b-a3b --batch "${NCU_BATCH:-1}" --context 1024 --steps 2 --warmup 1 2>/dev/null |
+      "$B" --config qwen3-30b-a3b --batch "${NCU_BATCH:-1}" --context 1024 ${BENCH_ARGS:-} --steps 2 --warmup 1 2>/dev/null |
       python3 -c '
 import csv, sys
 lines = [l for l in sys.stdin if l.startswith("\"")]
@@ -46,7 +47,7 @@ elif [ -n "${NCU_DETAIL:-}" ]; then
     timeout 60 ncu --clock-control none --graph-profiling node -k "regex:$k" --launch-skip 100 --launch-count 1 \
       --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
       --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
-      "$B" --config qwen3-30b-a3b --batch "${NCU_BATCH:-1}" --context 1024 --steps 2 --warmup 1 2>&1 |
+      "$B" --config qwen3-30b-a3b --batch "${NCU_BATCH:-1}" --context 1024 ${BENCH_ARGS:-} --steps 2 --warmup 1 2>&1 |
       awk '/^  [^ ]/ {print; next} /stalled/ {v = $NF + 0; if (v >= 0.3) print; next}
            /Duration|Throughput|Elapsed Cycles|Registers|Shared Memory Config|Dynamic Shared|Grid Size|Block Size|Cluster|Achieved Occupancy|Theoretical Occupancy|Warp Cycles Per|Issued Warp|No Eligible|Active Warps/ {print}' | head -70
   done
@@ -55,7 +56,7 @@ elif command -v ncu >/dev/null; then
     echo "== ncu, batch $b: one layer of a replayed step (duration us, DRAM MB read) =="
     timeout 40 ncu --clock-control none --graph-profiling node -k regex:"rows_|decode_attention|moe_|norm_kernel|router|gemm_skinny" --launch-skip 500 --launch-count 16 \
       --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size,launch__cluster_dim_x --csv --print-units base \
-      "$B" --config qwen3-30b-a3b --batch $b --context 1024 --steps 3 --warmup 1 2>/dev/null |
+      "$B" --config qwen3-30b-a3b --batch $b --context 1024 ${BENCH_ARGS:-} --steps 3 --warmup 1 2>/dev/null |
       python3 -c '
 import csv, sys
 rows = [r for r in csv.reader(l for l in sys.stdin if l.startswith("\"")) ]
