@@ -223,6 +223,7 @@ __global__ void __launch_bounds__(KW * 32) fp8_tile_kernel(TileArgs a) {
             const unsigned char* lo = smem + static_cast<size_t>(i * 16 + g) * stride + (k0 - c_begin * 64);
             const uint4 wa = in ? *reinterpret_cast<const uint4*>(lo) : make_uint4(0, 0, 0, 0);
             const uint4 wb = in ? *reinterpret_cast<const uint4*>(lo + 8 * stride) : make_uint4(0, 0, 0, 0);
+            const Fp8FragA fa = fp8_frag_a(wa, wb);  // once for all token groups
             const float sc = s_sm[i * chunks + c];
             float part[NG][4];
 #pragma unroll
@@ -234,7 +235,7 @@ __global__ void __launch_bounds__(KW * 32) fp8_tile_kernel(TileArgs a) {
               if (q >= groups) continue;
               const uint32_t xw[8] = {xa[u][q].x, xa[u][q].y, xa[u][q].z, xa[u][q].w,
                                       xb[u][q].x, xb[u][q].y, xb[u][q].z, xb[u][q].w};
-              mma_fp8_k64(part[q], wa, wb, xw);
+              mma_frag_k64(part[q], fa, xw);
             }
 #pragma unroll
             for (int q = 0; q < NG; ++q)

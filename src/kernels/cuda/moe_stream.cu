@@ -525,7 +525,7 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
           if (stage == 0) step_timeline_phase(1);  // the CTA's first stage has landed (timeline build only)
           if constexpr (F8) {
             // 64-wide k steps (one scale chunk each): warp w takes steps w, w + 4, ...; lane (g, q) holds weight
-            // columns 16q .. 16q + 15 of the step (16 bytes) and the same token columns (32 bytes), mma_fp8_k64's
+            // columns 16q .. 16q + 15 of the step (16 bytes) and the same token columns (32 bytes), fp8_frag_a's
             // permutation. Each step's products are scaled by their rows' scales into the f32 sums.
             const unsigned char* sb = slots + s * R::kSlotBytes;
             const unsigned char* a_lo = sb + g * R::kWRowBytes + q * 16;
@@ -555,8 +555,9 @@ __global__ void __launch_bounds__(threads(P, EPI), kMinBlocks)
                 const float s_lo = it.gu ? sc[(m / 2) * kChunks + ks] : sc[m * kChunks + ks];
                 const float s_hi = it.gu ? sc[32 + (m / 2) * kChunks + ks] : s_lo;
                 float p0[4] = {0.f, 0.f, 0.f, 0.f}, p1[4] = {0.f, 0.f, 0.f, 0.f};
-                mma_fp8_k64(p0, lo, hi, x0);
-                if (two) mma_fp8_k64(p1, lo, hi, x1);
+                const Fp8FragA fa = fp8_frag_a(lo, hi);  // once for both token tiles
+                mma_frag_k64(p0, fa, x0);
+                if (two) mma_frag_k64(p1, fa, x1);
                 acc[m][0][0] = fmaf(s_lo, p0[0], acc[m][0][0]);
                 acc[m][0][1] = fmaf(s_lo, p0[1], acc[m][0][1]);
                 acc[m][0][2] = fmaf(s_hi, p0[2], acc[m][0][2]);
