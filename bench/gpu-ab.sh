@@ -7,12 +7,14 @@
 # other's libraries.
 # Usage: bash bench/gpu-ab.sh A.tar.xz B.tar.xz 'COMMAND'   (COMMAND may use "$P/bench_decode_bench" etc.)
 # One-package form: bash bench/gpu-ab.sh DIR 'COMMAND', DIR an unpacked package that holds old/ (bench/gpu-package.sh
-# with OLD_ZEST): DIR against DIR/old (its zest, with DIR's libraries), when two packages would not fit the carry.
+# with OLD_ZEST): DIR against DIR/old (its zest, with DIR's libraries), when two packages would not fit the carry; and
+# against DIR/old2 too where the package holds one (OLD2_ZEST).
 set -u
 cd "$(dirname "$0")/.."
 dirs=()
 if [ $# -eq 2 ] && [ -d "$1/old" ]; then
   dirs=("$1" "$1/old")
+  [ -d "$1/old2" ] && dirs+=("$1/old2")
   shift
   set -- "" "" "$1"
 else

@@ -29,6 +29,11 @@ if [ -n "${OLD_ZEST:-}" ]; then
   cp "$OLD_ZEST/zest" "$OLD_ZEST/commit" .gpu/pkg/old/
   cp .gpu/pkg/bench_*_bench .gpu/pkg/old/
 fi
+if [ -n "${OLD2_ZEST:-}" ]; then  # a third build as old2/ (a three-way A/B: the change, its parent, an older base)
+  mkdir -p .gpu/pkg/old2
+  cp "$OLD2_ZEST/zest" "$OLD2_ZEST/commit" .gpu/pkg/old2/
+  cp .gpu/pkg/bench_*_bench .gpu/pkg/old2/
+fi
 tar -cf - -C .gpu pkg | xz -9 -T0 >.gpu/zest-gpu.tar.xz
 echo "packed $(du -h .gpu/zest-gpu.tar.xz | cut -f1) from commit $(git rev-parse --short HEAD)"
 # TIMELINE=1: also the timeline tools (the kernels built with step-timeline records: bench_decode_timeline,
