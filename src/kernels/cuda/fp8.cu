@@ -80,9 +80,7 @@ __host__ __device__ inline TileSmem tile_smem(int KW, int MT, int NG, int K, int
 template <int KW, int NG, int kMode>
 __global__ void __launch_bounds__(KW * 32) fp8_tile_kernel(TileArgs a) {
   constexpr int MT = tile_mtiles<kMode>();
-  // Chunks a warp loads tokens for at once: dense products keep two chunks' token loads in flight at 17-64 rows too
-  // (127 registers: still two 8-warp CTAs an SM); the expert modes stay at one there (above 150 registers with two).
-  constexpr int U = NG >= 4 ? (kMode == kTileDense ? 2 : 1) : 4 / NG;
+  constexpr int U = NG >= 4 ? 1 : 4 / NG;  // chunks a warp loads tokens for at once
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ __align__(8) uint64_t bar;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
