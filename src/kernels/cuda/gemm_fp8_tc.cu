@@ -92,8 +92,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ __align__(8) uint64_t full_bar[kStages];
   __shared__ __align__(8) uint64_t empty_bar[kStages];
   __shared__ int mstart[kMaxExperts + 1];  // first row tile of each active expert (experts)
-  __shared__ int s_off[kMaxExperts + 1];   // the plan's offsets and active experts, so that a tile's rows and
-  __shared__ int s_exp[kMaxExperts];       // weights come without a global round trip
   __shared__ int s_active;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0) {
@@ -111,14 +109,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       int base = 0;
       for (int j0 = 0; j0 < na; j0 += 32) {
         const int j = j0 + lane;
-        int m = 0;
-        if (j < na) {
-          const int o0 = p.plan.offsets[j], o1 = p.plan.offsets[j + 1];
-          s_off[j] = o0;
-          s_exp[j] = p.plan.active_experts[j];
-          if (j == na - 1) s_off[na] = o1;
-          m = (o1 - o0 + kBM - 1) / kBM;
-        }
+        const int m = j < na ? (p.plan.offsets[j + 1] - p.plan.offsets[j] + kBM - 1) / kBM : 0;
         int s = m;
 #pragma unroll
         for (int o = 1; o < 32; o <<= 1) {
@@ -157,13 +148,13 @@ __global__ void __launch_bounds__(kThreads, 1)
           hi = mid - 1;
       }
       j = lo;
-      m0 = s_off[j] + (q - mstart[j]) * kBM;
-      rows = min(kBM, s_off[j + 1] - m0);
+      m0 = p.plan.offsets[j] + (q - mstart[j]) * kBM;
+      rows = min(kBM, p.plan.offsets[j + 1] - m0);
     }
   };
   // The weight rows of the tile's two 64-row boxes.
   auto weight_rows = [&](int j, int nt, int& wr0, int& wr1) {
-    const int e = kDense ? 0 : s_exp[j];
+    const int e = kDense ? 0 : p.plan.active_experts[j];
     if constexpr (kGU) {
       wr0 = e * 2 * p.I + nt * (kBN / 2);
       wr1 = wr0 + p.I;
@@ -238,17 +229,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       decode_rows(pq, j, m0, rows);
       weight_rows(j, nt, wr0, wr1);
       const bool act = 64 * wg < rows;
-      // The thread's two rows (16 wq + g and + 8 of its warpgroup's 64). Their slots (gate/up: the token's activation
-      // scale row; down: the routing weight and the output row) are loaded here and first used after the first
-      // chunk's products are issued, so that the tile's first wgmma does not wait on a global round trip.
-      int slot[2];
+      // The thread's two rows (16 wq + g and + 8 of its warpgroup's 64) and their activation scale rows.
+      const float* as[2];
 #pragma unroll
       for (int hr = 0; hr < 2; ++hr) {
         const int r = 64 * wg + 16 * wq + g + 8 * hr;
-        slot[hr] = r >= rows ? -1 : kDense ? m0 + r : p.plan.sorted_slots[m0 + r];
+        int arow = -1;
+        if (r < rows) arow = kGU ? p.plan.sorted_slots[m0 + r] / p.top_k : m0 + r;
+        as[hr] = arow >= 0 ? p.a_scale + static_cast<size_t>(arow) * a_blocks : nullptr;
       }
-      const float* as[2] = {nullptr, nullptr};  // the rows' activation scales (set at the first chunk)
-      float wt[2] = {0.f, 0.f};                 // down: the slots' routing weights (set at the first chunk)
       // The two weight boxes' scale rows (a 64-row box lies in one 128 x 128 block).
       const float* ws0 = p.w_scale + static_cast<size_t>(wr0 / 16) * w_chunks;
       const float* ws1 = p.w_scale + static_cast<size_t>(wr1 / 16) * w_chunks;
@@ -258,8 +247,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int kc = 0; kc < nk; ++kc) {
         const int pos = i * nk + kc;
         const int stage = pos % kStages;
+        // this chunk's scales, loaded before the wait
+        const float sa0 = as[0] ? __ldg(as[0] + kc) : 0.f, sa1 = as[1] ? __ldg(as[1] + kc) : 0.f;
+        const float sw0 = __ldg(ws0 + 2 * kc), sw1 = __ldg(ws1 + 2 * kc);
         mbar_wait(&full_bar[stage], (pos / kStages) & 1);
-        float sa0 = 0.f, sa1 = 0.f, sw0 = 0.f, sw1 = 0.f;
         if (act) {
           if constexpr (kGU) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async -> wgmma
           const unsigned char* sA = smem + stage * kStageBytes + wg * 64 * kBK;
@@ -269,21 +260,6 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int kk = 0; kk < kBK / 32; ++kk)
             wgmma_e4m3_m64n128k32(part, desc_sw128(sA + kk * 32), desc_sw128(sB + kk * 32), kk > 0);
           asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-          // The chunk's scales (and at the first chunk the rows' scale rows and routing weights) while the
-          // products run.
-          if (kc == 0) {
-#pragma unroll
-            for (int hr = 0; hr < 2; ++hr) {
-              if (slot[hr] < 0) continue;
-              const int arow = kGU ? slot[hr] / p.top_k : m0 + 64 * wg + 16 * wq + g + 8 * hr;
-              as[hr] = p.a_scale + static_cast<size_t>(arow) * a_blocks;
-              if constexpr (kDn) wt[hr] = __ldg(p.route_w + slot[hr]);
-            }
-          }
-          sa0 = as[0] ? __ldg(as[0] + kc) : 0.f;
-          sa1 = as[1] ? __ldg(as[1] + kc) : 0.f;
-          sw0 = __ldg(ws0 + 2 * kc);
-          sw1 = __ldg(ws1 + 2 * kc);
           asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
         }
         if (lane == 0) mbar_arrive(&empty_bar[stage]);
@@ -319,12 +295,14 @@ __global__ void __launch_bounds__(kThreads, 1)
             *reinterpret_cast<__nv_bfloat162*>(hrow + 8 * c8) = __floats2bfloat162_rn(hv[0], hv[1]);
           }
         } else if constexpr (kDn) {
-          const size_t at = static_cast<size_t>(slot[hr]) * p.H + nt * kBN + 2 * tq;
+          const int slot = p.plan.sorted_slots[m0 + r];
+          const float wt = p.route_w[slot];
+          const size_t at = static_cast<size_t>(slot) * p.H + nt * kBN + 2 * tq;
           // bf16-exact values: stored as bf16 (half the bytes, for the combine's bf16 form) or as f32
 #pragma unroll
           for (int c8 = 0; c8 < 16; ++c8) {
-            const float v0 = bf16_round(bf16_round(acc[4 * c8 + 2 * hr]) * wt[hr]);
-            const float v1 = bf16_round(bf16_round(acc[4 * c8 + 2 * hr + 1]) * wt[hr]);
+            const float v0 = bf16_round(bf16_round(acc[4 * c8 + 2 * hr]) * wt);
+            const float v1 = bf16_round(bf16_round(acc[4 * c8 + 2 * hr + 1]) * wt);
             if (p.out)
               *reinterpret_cast<__nv_bfloat162*>(p.out + at + 8 * c8) = __floats2bfloat162_rn(v0, v1);
             else
