@@ -44,7 +44,7 @@ elif [ -n "${NCU_DETAIL:-}" ]; then
   # One launch of each named kernel (regex) at batch NCU_BATCH (default 1): where its warps stall.
   for k in $NCU_DETAIL; do
     echo "== ncu detail: $k, batch ${NCU_BATCH:-1} =="
-    timeout 60 ncu --clock-control none --graph-profiling node -k "regex:$k" --launch-skip 100 --launch-count 1 \
+    timeout ${NCU_TIMEOUT:-60} ncu --clock-control none --graph-profiling node -k "regex:$k" --launch-skip 100 --launch-count 1 \
       --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
       --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
       "$B" --config qwen3-30b-a3b --batch "${NCU_BATCH:-1}" --context 1024 ${BENCH_ARGS:-} --steps 2 --warmup 1 2>&1 |
@@ -54,7 +54,7 @@ elif [ -n "${NCU_DETAIL:-}" ]; then
 elif command -v ncu >/dev/null; then
   for b in 1 8; do
     echo "== ncu, batch $b: one layer of a replayed step (duration us, DRAM MB read) =="
-    timeout 40 ncu --clock-control none --graph-profiling node -k regex:"rows_|decode_attention|moe_|norm_kernel|router|gemm_skinny|fp8_tile" --launch-skip 500 --launch-count ${NCU_COUNT:-16} \
+    timeout ${NCU_TIMEOUT:-40} ncu --clock-control none --graph-profiling node -k regex:"rows_|decode_attention|moe_|norm_kernel|router|gemm_skinny|fp8_tile" --launch-skip 500 --launch-count ${NCU_COUNT:-16} \
       --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size,launch__cluster_dim_x --csv --print-units base \
       "$B" --config qwen3-30b-a3b --batch $b --context 1024 ${BENCH_ARGS:-} --steps 3 --warmup 1 2>/dev/null |
       python3 -c '
