@@ -3,7 +3,8 @@
 // tensor cores; the dequantizer turns a weight into bf16 for the grouped GEMMs of prefill.
 //
 // The products share one kernel, fp8_tile_kernel. A CTA of KW warps owns one item: 16 weight rows of a dense
-// projection, the matching 16 gate and 16 up rows of an active expert, or 32 down rows of one ("m-tiles" of 16 rows).
+// projection, the matching 16 gate and 16 up rows of an active expert, or 32 down rows of one (64 at up to 8 tokens;
+// "m-tiles" of 16 rows).
 // It copies the item's tile and scales into shared memory with bulk copies issued at once (a dense weight's and the
 // down experts' before the PDL wait: weights are not written by the previous kernel), while its warps load their
 // token chunks, and splits the reduction over K between its warps in chunks of 64 columns (warp w takes chunks w, w +
@@ -57,8 +58,10 @@ struct TileArgs {
   KvPrefetch kv;         // dense: kv.batch > 0: the CTAs prefetch these KV rows into L2 before their wait
 };
 
-template <int kMode>
-constexpr int tile_mtiles() { return kMode == kTileDense ? 1 : 2; }
+// m-tiles of an item: dense 1; gate/up 2 (gate and up); down 4 at one 8-token group (64 rows: 256 items at one
+// token, one wave of 8-warp CTAs), else 2.
+template <int kMode, int NG>
+constexpr int tile_mtiles() { return kMode == kTileDense ? 1 : kMode == kTileDown && NG == 1 ? 4 : 2; }
 
 // Bytes of a segment's row in shared memory: the whole row, or seg chunks of 64 columns.
 __host__ __device__ inline int tile_seg_bytes(int K, int seg) { return seg * 64 >= K ? K : seg * 64; }
@@ -78,8 +81,12 @@ __host__ __device__ inline TileSmem tile_smem(int KW, int MT, int NG, int K, int
 }
 
 template <int KW, int NG, int kMode>
-__global__ void __launch_bounds__(KW * 32) fp8_tile_kernel(TileArgs a) {
-  constexpr int MT = tile_mtiles<kMode>();
+// At one 8-token group 8-warp CTAs fit three an SM (at most 85 registers; down's 64-row items two), so that one
+// token's items go in one wave: 8 experts x 48 gate/up items, 8 x 32 down items (two waves each before, at 96 and 114
+// registers).
+__global__ void __launch_bounds__(KW * 32, KW == 8 && NG == 1 ? (kMode == kTileDown ? 2 : 3) : 1)
+    fp8_tile_kernel(TileArgs a) {
+  constexpr int MT = tile_mtiles<kMode, NG>();
   constexpr int U = NG >= 4 ? 1 : 4 / NG;  // chunks a warp loads tokens for at once
   extern __shared__ __align__(128) unsigned char smem[];
   __shared__ __align__(8) uint64_t bar;
@@ -111,7 +118,8 @@ __global__ void __launch_bounds__(KW * 32) fp8_tile_kernel(TileArgs a) {
       // down: no expert here, but every CTA passes its wait before it leaves (see above), and counts itself for
       // the folded combine: it goes through with no rows and no tokens
       tokens = 0;
-      rows[0] = rows[1] = -1;
+#pragma unroll
+      for (int i = 0; i < MT; ++i) rows[i] = -1;
     } else {
       const int e = __ldcg(a.plan.active_experts + j);
       p0 = __ldcg(a.plan.offsets + j);
@@ -123,8 +131,8 @@ __global__ void __launch_bounds__(KW * 32) fp8_tile_kernel(TileArgs a) {
         rows[0] = blockIdx.x * 16;
         rows[1] = a.I + blockIdx.x * 16;
       } else {
-        rows[0] = blockIdx.x * 32;
-        rows[1] = rows[0] + 16 < a.N ? rows[0] + 16 : -1;
+#pragma unroll
+        for (int i = 0; i < MT; ++i) rows[i] = (blockIdx.x * MT + i) * 16 < a.N ? (blockIdx.x * MT + i) * 16 : -1;
       }
     }
   }
@@ -290,8 +298,9 @@ __global__ void __launch_bounds__(KW * 32) fp8_tile_kernel(TileArgs a) {
             const int slot = a.plan.sorted_slots[p0 + i];
             const float wt = a.weights[slot];
             float* o = a.slot_out + static_cast<size_t>(slot) * a.N;
-            o[rows[0] + r] = wt * acc[0][q][v];
-            if (rows[MT - 1] >= 0) o[rows[MT - 1] + r] = wt * acc[MT - 1][q][v];
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+              if (rows[m] >= 0) o[rows[m] + r] = wt * acc[m][q][v];
           }
         }
       }
@@ -396,7 +405,7 @@ Status pick(int K, int maxTok, A... args) {
 // chunks that fit, the sums over the tile.
 template <int KW, int NG, int kMode>
 Status launch_tile(TileArgs a, int max_tokens, dim3 grid, cudaStream_t st) {
-  constexpr int MT = tile_mtiles<kMode>();
+  constexpr int MT = tile_mtiles<kMode, NG>();
   const int chunks = (a.K + 63) / 64;
   a.seg = chunks;
   a.red_apart = max_tokens > 8 * NG ? 1 : 0;
@@ -467,7 +476,8 @@ struct MoeDownLaunch {
     a.N = H;
     a.K = I;
     a.I = I;
-    return launch_tile<KW, NG, kTileDown>(a, N, dim3((H + 31) / 32, std::min(E, N * K)), st);
+    constexpr int rows = 16 * tile_mtiles<kTileDown, NG>();
+    return launch_tile<KW, NG, kTileDown>(a, N, dim3((H + rows - 1) / rows, std::min(E, N * K)), st);
   }
 };
 
