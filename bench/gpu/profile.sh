@@ -12,7 +12,7 @@ if [ -n "${NCU_SOURCE:-}" ]; then
   # SASS instructions in program order, with their share of all samples.
   for k in $NCU_SOURCE; do
     echo "== ncu source: $k, batch ${NCU_BATCH:-1} =="
-    timeout 90 ncu --clock-control none --graph-profiling node -k "regex:$k" --launch-skip 100 --launch-count 1 \
+    timeout 90 ncu --clock-control none --graph-profiling node -k "regex:$k" --launch-skip ${NCU_SKIP:-100} --launch-count 1 \
       --section SourceCounters --section WarpStateStats --sampling-interval "${NCU_SAMPLING:-auto}" --page source --print-source sass --csv \
       "$B" --config qwen3-30b-a3b --batch "${NCU_BATCH:-1}" --context 1024 ${BENCH_ARGS:-} --steps 2 --warmup 1 2>/dev/null |
       python3 -c '
@@ -44,7 +44,7 @@ elif [ -n "${NCU_DETAIL:-}" ]; then
   # One launch of each named kernel (regex) at batch NCU_BATCH (default 1): where its warps stall.
   for k in $NCU_DETAIL; do
     echo "== ncu detail: $k, batch ${NCU_BATCH:-1} =="
-    timeout ${NCU_TIMEOUT:-60} ncu --clock-control none --graph-profiling node -k "regex:$k" --launch-skip 100 --launch-count 1 \
+    timeout ${NCU_TIMEOUT:-60} ncu --clock-control none --graph-profiling node -k "regex:$k" --launch-skip ${NCU_SKIP:-100} --launch-count 1 \
       --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
       --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
       "$B" --config qwen3-30b-a3b --batch "${NCU_BATCH:-1}" --context 1024 ${BENCH_ARGS:-} --steps 2 --warmup 1 2>&1 |
