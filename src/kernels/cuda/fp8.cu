@@ -80,19 +80,12 @@ __host__ __device__ inline TileSmem tile_smem(int KW, int MT, int NG, int K, int
   return m;
 }
 
-// 8-warp CTAs an SM, from the registers allowed: three at one 8-token group (at most 85 registers; down's 64-row items
-// two), so that one token's items go in one wave (8 experts x 48 gate/up items, 8 x 32 down items; two waves each
-// at 96 and 114 registers), and three for the dense products at 17-64 rows (the qkv projection's 320 items: two waves
-// at 96 registers, 30 us at 64 rows).
 template <int KW, int NG, int kMode>
-constexpr int tile_min_ctas() {
-  if (KW != 8) return 1;
-  if (NG == 1) return kMode == kTileDown ? 2 : 3;
-  return kMode == kTileDense ? 3 : 1;
-}
-
-template <int KW, int NG, int kMode>
-__global__ void __launch_bounds__(KW * 32, tile_min_ctas<KW, NG, kMode>()) fp8_tile_kernel(TileArgs a) {
+// At one 8-token group 8-warp CTAs fit three an SM (at most 85 registers; down's 64-row items two), so that one
+// token's items go in one wave: 8 experts x 48 gate/up items, 8 x 32 down items (two waves each before, at 96 and 114
+// registers).
+__global__ void __launch_bounds__(KW * 32, KW == 8 && NG == 1 ? (kMode == kTileDown ? 2 : 3) : 1)
+    fp8_tile_kernel(TileArgs a) {
   constexpr int MT = tile_mtiles<kMode, NG>();
   constexpr int U = NG >= 4 ? 1 : 4 / NG;  // chunks a warp loads tokens for at once
   extern __shared__ __align__(128) unsigned char smem[];
