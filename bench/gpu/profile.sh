@@ -12,7 +12,7 @@ if [ -n "${NCU_SOURCE:-}" ]; then
   # SASS instructions in program order, with their share of all samples.
   for k in $NCU_SOURCE; do
     echo "== ncu source: $k, batch ${NCU_BATCH:-1} =="
-    timeout 90 ncu --clock-control none --graph-profiling node -k "regex:$k" --launch-skip ${NCU_SKIP:-100} --launch-count 1 \
+    timeout ${NCU_TIMEOUT:-90} ncu --clock-control none --graph-profiling node -k "regex:$k" --launch-skip ${NCU_SKIP:-100} --launch-count 1 \
       --section SourceCounters --section WarpStateStats --sampling-interval "${NCU_SAMPLING:-auto}" --page source --print-source sass --csv \
       "$B" --config qwen3-30b-a3b --batch "${NCU_BATCH:-1}" --context 1024 ${BENCH_ARGS:-} --steps 2 --warmup 1 2>/dev/null |
       python3 -c '
