@@ -132,7 +132,10 @@ __global__ void __launch_bounds__(KW * 32, KW == 8 && NG == 1 ? (kMode == kTileD
         rows[1] = a.I + blockIdx.x * 16;
       } else {
 #pragma unroll
-        for (int i = 0; i < MT; ++i) rows[i] = (blockIdx.x * MT + i) * 16 < a.N ? (blockIdx.x * MT + i) * 16 : -1;
+        for (int i = 0; i < MT; ++i) {
+          const int r0 = (static_cast<int>(blockIdx.x) * MT + i) * 16;
+          rows[i] = r0 < a.N ? r0 : -1;
+        }
       }
     }
   }
