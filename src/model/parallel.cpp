@@ -332,6 +332,10 @@ struct GatedDeviceGroup::Member final : Communicator {
     if (!gate->meet()) return aborted_error();  // every rank is about to queue this collective
     return inner->all_reduce_sum_device(data, n, bf16, stream);
   }
+  Status launch_gate() override {
+    if (!gate->meet()) return aborted_error();  // every rank is about to launch its replay
+    return inner->launch_gate();
+  }
 };
 
 GatedDeviceGroup::GatedDeviceGroup(std::unique_ptr<CommunicatorGroup> inner)
@@ -356,6 +360,11 @@ void GatedDeviceGroup::abort() {
 void GatedDeviceGroup::reset() {
   inner_->reset();
   barrier_.reset();
+}
+
+void GatedDeviceGroup::abort_device() {
+  barrier_.abort();
+  inner_->abort_device();
 }
 
 }  // namespace zest::model

@@ -84,6 +84,10 @@ class Communicator {
     (void)data, (void)n, (void)bf16, (void)stream;
     return unsupported("this communicator sums host values only");
   }
+  // Before a rank launches work on its GPU that holds collectives queued earlier (a CUDA graph's replay). A group that
+  // gates its device collectives (GatedDeviceGroup) meets every rank here, so that a replay is launched only when
+  // every rank launches its own (an error, and no launch, once the step was aborted); others return ok.
+  virtual Status launch_gate() { return Status::ok(); }
 };
 
 // The communicators of one parallel decoder's ranks, owned together (LocalGroup; the NCCL group of the CUDA backend).
@@ -97,6 +101,13 @@ class CommunicatorGroup {
   // group usable again. Groups that cannot do this leave both as no-ops.
   virtual void abort() {}
   virtual void reset() {}
+  // A rank's GPU failed after its collectives were queued (they will never run): the other ranks' GPUs wait on theirs,
+  // and their host threads on those GPUs. abort_device() aborts every member's queued device collectives (the NCCL
+  // group: ncclCommAbort), which lets those GPUs go on; the group is broken() from then on (reset() does not mend it:
+  // its device communicators are gone) and every collective returns an error. Groups without device collectives leave
+  // it a no-op.
+  virtual void abort_device() {}
+  virtual bool broken() const { return false; }
 };
 
 // A meeting point of the ranks' host threads: meet() returns true once every rank has arrived, or false once the
@@ -146,7 +157,8 @@ class LocalGroup final : public CommunicatorGroup {
 // so a rank that fails before queuing its own (an allocation, a launch, its inputs) would leave the others' streams
 // waiting forever. Here each rank's host thread meets the others before it queues a collective, and queues it only
 // when all of them are about to queue theirs; after abort() the ranks return an error instead, so every collective
-// that reached a GPU is matched on every rank. Steps captured into a CUDA graph meet at capture, not at replay.
+// that reached a GPU is matched on every rank. Steps captured into a CUDA graph meet at capture, and at each replay's
+// launch (launch_gate).
 // Host collectives and everything else pass through to `inner`.
 class GatedDeviceGroup final : public CommunicatorGroup {
  public:
@@ -156,6 +168,8 @@ class GatedDeviceGroup final : public CommunicatorGroup {
   Communicator& member(int rank) override;
   void abort() override;
   void reset() override;
+  void abort_device() override;
+  bool broken() const override { return inner_->broken(); }
 
  private:
   struct Member;

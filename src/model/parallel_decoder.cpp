@@ -118,16 +118,32 @@ ParallelDecoder::~ParallelDecoder() {
 
 Status ParallelDecoder::on_ranks(const std::function<Status(int)>& fn) const {
   if (!workers_) return fn(0);
+  if (group_->broken())
+    return internal_error("the split decoder is unusable: a rank's GPU failed mid-step and its collectives were "
+                          "aborted (restart zest)");
   std::mutex mu;
+  std::condition_variable returned;
+  int running = world();
   Status first = Status::ok();  // the first failure in time: the cause (the others abandoned collectives for it)
   workers_->run([&](int r) {
     Status s = fn(r);
-    if (s.is_ok()) return;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (first.is_ok()) first = std::move(s);
+    const bool failed = !s.is_ok();
+    if (failed) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (first.is_ok()) first = std::move(s);
+      }
+      group_->abort();  // the other ranks stop waiting for this one in a collective
     }
-    group_->abort();  // the other ranks stop waiting for this one in a collective
+    std::unique_lock<std::mutex> lock(mu);
+    --running;
+    returned.notify_all();
+    // The others leave their host gates at once; one that does not return waits on its GPU for a collective this
+    // rank queued and that will not run (its GPU failed): the device collectives are aborted.
+    if (failed && !returned.wait_for(lock, abort_grace_, [&] { return running == 0; })) {
+      lock.unlock();
+      group_->abort_device();
+    }
   });
   if (!first.is_ok()) group_->reset();  // every rank has returned: the next step meets afresh
   return first;

@@ -6,6 +6,7 @@
 // the split's math and placement, not a speed-up. On GPUs the ranks are CUDA decoders, one a GPU, joined by NCCL
 // (backend/cuda.h, create_cuda_parallel_decoder).
 #pragma once
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -46,11 +47,16 @@ class ParallelDecoder final : public TextDecoder {
   // The whole expert (SERE calibration on the host): the rank that holds it (expert parallel), or the sum of every
   // rank's output over its columns of it (tensor parallel experts).
   Status run_expert(int64_t layer, int64_t expert, const float* x, int64_t n, float* y) const override;
+  // How long a rank whose step failed waits for the others to return (released from the host gates) before it takes
+  // them for waiting on device collectives that will not run and aborts those (CommunicatorGroup::abort_device; the
+  // decoder is unusable from then on). 10 s by default: longer than any layer's work between two collectives.
+  void set_abort_grace(std::chrono::milliseconds grace) { abort_grace_ = grace; }
 
  private:
   ParallelDecoder() = default;
   // fn(r) for every rank at once: rank 0 on the caller's thread, the others on the decoder's worker threads (one a
-  // rank, kept for the decoder's life); the first error in rank order.
+  // rank, kept for the decoder's life); the first error in time. A failed rank aborts the group (the others leave
+  // their collectives), and its device collectives too if the others have not returned within the abort grace.
   Status on_ranks(const std::function<Status(int)>& fn) const;
   struct Workers;
   io::TextConfig config_;
@@ -59,6 +65,7 @@ class ParallelDecoder final : public TextDecoder {
   std::vector<ShardWeights> shards_;
   std::vector<std::unique_ptr<TextDecoder>> ranks_;
   std::unique_ptr<Workers> workers_;
+  std::chrono::milliseconds abort_grace_{10000};
 };
 
 }  // namespace zest::model

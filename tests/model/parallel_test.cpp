@@ -11,6 +11,10 @@
 #include <tuple>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <future>
+#include <mutex>
 #include <thread>
 
 #include "model/parallel.h"
@@ -700,6 +704,171 @@ TEST(ParallelDecoder, DeviceCollectivesAreQueuedOnlyWhenEveryRankQueuesThem) {
   r1.join();
   EXPECT_EQ(counting->queued(0), 3);
   EXPECT_EQ(counting->queued(1), 3);
+}
+
+// A replay's launch gate: rank 1's step failed before its replay, so rank 0 does not launch its own (whose
+// collectives would wait on rank 1's GPU forever); after reset() the ranks launch together. Mutation: a launch_gate
+// that does not meet (the Communicator default) lets rank 0 launch.
+TEST(ParallelDecoder, AReplayIsLaunchedOnlyWhenEveryRankLaunchesItsOwn) {
+  GatedDeviceGroup g{std::make_unique<CountingDeviceGroup>(2)};
+  Status r0 = Status::ok();
+  std::thread t([&] { r0 = g.member(0).launch_gate(); });
+  g.abort();  // rank 1's step failed before its launch (ParallelDecoder::on_ranks)
+  t.join();
+  EXPECT_EQ(r0.code(), ErrorCode::kInternal) << r0.to_string();
+  g.reset();
+  Status r1 = Status::ok();
+  std::thread u([&] { r1 = g.member(1).launch_gate(); });
+  EXPECT_TRUE(g.member(0).launch_gate().is_ok());
+  u.join();
+  EXPECT_TRUE(r1.is_ok()) << r1.to_string();
+}
+
+// Two GPUs as the host sees them: a collective queued by every rank runs once every rank's GPU reaches it, and a
+// rank's stream sync waits for that; abort_device() (ncclCommAbort) ends the wait with an error, for good.
+class FakeDevices final : public CommunicatorGroup {
+ public:
+  explicit FakeDevices(int world) {
+    for (int r = 0; r < world; ++r) members_.push_back(std::make_unique<Member>(this, r, world));
+  }
+  int world() const override { return static_cast<int>(members_.size()); }
+  Communicator& member(int rank) override { return *members_.at(static_cast<size_t>(rank)); }
+  void abort_device() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    aborted_ = true;
+    ++device_aborts;
+    cv_.notify_all();
+  }
+  bool broken() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return aborted_;
+  }
+  // Rank r's stream sync: its GPU got past its queued collectives once every rank's GPU has queued as many and
+  // reached its sync (a failed GPU never does); false once aborted.
+  bool sync(int r) {
+    std::unique_lock<std::mutex> lock(mu_);
+    reached_[r] = queued_[r];
+    cv_.notify_all();
+    cv_.wait(lock, [&] {
+      if (aborted_) return true;
+      for (size_t i = 0; i < members_.size(); ++i)
+        if (reached_[i] < queued_[r]) return false;
+      return true;
+    });
+    return !aborted_;
+  }
+  int device_aborts = 0;
+
+ private:
+  struct Member final : Communicator {
+    Member(FakeDevices* d, int r, int w) : d_(d), r_(r), w_(w) {}
+    int rank() const override { return r_; }
+    int world() const override { return w_; }
+    Status all_reduce_sum(float*, int64_t) override { return unsupported("device sums only"); }
+    Status broadcast(void*, int64_t, int) override { return unsupported("device sums only"); }
+    bool reduces_on_device() const override { return true; }
+    Status all_reduce_sum_device(void*, int64_t, bool, void*) override {
+      std::lock_guard<std::mutex> lock(d_->mu_);
+      if (d_->aborted_) return internal_error("aborted communicator");
+      ++d_->queued_[r_];
+      return Status::ok();
+    }
+    FakeDevices* d_;
+    int r_, w_;
+  };
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool aborted_ = false;
+  std::vector<int> queued_ = std::vector<int>(8, 0), reached_ = std::vector<int>(8, 0);  // (up to 8 ranks)
+  std::vector<std::unique_ptr<Member>> members_;
+};
+
+// A rank of a split GPU decoder as the host sees it: a step queues one all-reduce, then syncs its stream. Rank 1's
+// host fails before queuing (`host_fails`) or its GPU after (`gpu_fails`: its collective never runs).
+class DeviceRank final : public TextDecoder {
+ public:
+  DeviceRank(Qwen3TextModel m, FakeDevices* devices, int rank) : m_(std::move(m)), devices_(devices), rank_(rank) {}
+  Backend backend() const override { return m_.backend(); }
+  const io::TextConfig& config() const override { return m_.config(); }
+  Result<PagedKVCache> allocate_cache(int64_t blocks, int64_t block_size) const override {
+    return m_.allocate_cache(blocks, block_size);
+  }
+  Status set_communicator(Communicator* comm) override {
+    comm_ = comm;
+    return Status::ok();
+  }
+  Result<Tensor> forward(const ForwardBatch&, PagedKVCache&, const MoeHooks*) const override {
+    ++steps;
+    if (host_fails) return resource_exhausted("rank 1 is out of host memory (test)");
+    float v = 0.f;
+    ZEST_RETURN_IF_ERROR(comm_->all_reduce_sum_device(&v, 1, false, nullptr));
+    if (gpu_fails) return internal_error("rank 1's GPU failed after queuing its all-reduce (test)");
+    if (!devices_->sync(rank_)) return internal_error("stream sync: the collective was aborted");
+    return Tensor::empty({1, 1});
+  }
+  bool host_fails = false, gpu_fails = false;
+  mutable std::atomic<int> steps{0};
+
+ private:
+  Qwen3TextModel m_;
+  FakeDevices* devices_;
+  int rank_;
+  Communicator* comm_ = nullptr;
+};
+
+// A rank's GPU fails after its collective was queued: the other rank's GPU waits on its own forever, and its host
+// thread in the stream sync. The failed rank finds it still running after the abort grace and aborts the device
+// collectives: the step returns the failed rank's error (no hang), and the decoder refuses later steps without
+// running them. A rank that fails on the host before queuing leaves the devices alone (the other rank leaves the
+// gate), and the next step runs. Mutation: without abort_device the first forward hangs (the test's deadline ends it
+// as a failure); with it on every failure the host-side case breaks the decoder.
+TEST(ParallelDecoder, ARankWhoseGpuFailsMidStepAbortsTheDeviceCollectives) {
+  io::TextConfig c = tiny_parallel_config();
+  c.moe_intermediate_size = 16;
+  RandomTensors store(43);
+  const DecoderWeights w = random_decoder_weights(c, store);
+  auto* devices = new FakeDevices(2);
+  std::vector<DeviceRank*> ranks(2, nullptr);
+  auto make = [&](const DecoderWeights& shard, int r) -> Result<std::unique_ptr<TextDecoder>> {
+    ZEST_ASSIGN_OR_RETURN(Qwen3TextModel m, Qwen3TextModel::from_weights(shard));
+    auto d = std::make_unique<DeviceRank>(std::move(m), devices, r);
+    ranks[r] = d.get();
+    return std::unique_ptr<TextDecoder>(std::move(d));
+  };
+  auto d = ParallelDecoder::create(w, 2, false, make,
+                                   std::make_unique<GatedDeviceGroup>(std::unique_ptr<CommunicatorGroup>(devices)));
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  (*d)->set_abort_grace(std::chrono::milliseconds(50));
+  auto cache = (*d)->allocate_cache(8, 4);
+  ASSERT_TRUE(cache.ok());
+  ForwardBatch b;
+  auto step = [&]() -> Status {
+    auto f = std::async(std::launch::async, [&] { return (*d)->forward(b, *cache).status(); });
+    if (f.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+      devices->abort_device();  // release the hung rank so the test can end
+      f.wait();
+      return internal_error("the step hung");
+    }
+    return f.get();
+  };
+  EXPECT_TRUE(step().is_ok());
+  ranks[1]->host_fails = true;
+  Status s = step();
+  EXPECT_EQ(s.code(), ErrorCode::kResourceExhausted) << s.to_string();
+  EXPECT_EQ(devices->device_aborts, 0);
+  ranks[1]->host_fails = false;
+  EXPECT_TRUE(step().is_ok());  // the queued collectives still match: the devices were left alone
+  ranks[1]->gpu_fails = true;
+  s = step();
+  EXPECT_EQ(s.code(), ErrorCode::kInternal) << s.to_string();
+  EXPECT_NE(s.to_string().find("rank 1's GPU failed"), std::string::npos) << s.to_string();
+  EXPECT_EQ(devices->device_aborts, 1);
+  ranks[1]->gpu_fails = false;
+  const int before = ranks[0]->steps.load();
+  s = step();
+  EXPECT_EQ(s.code(), ErrorCode::kInternal) << s.to_string();
+  EXPECT_NE(s.to_string().find("unusable"), std::string::npos) << s.to_string();
+  EXPECT_EQ(ranks[0]->steps.load(), before);
 }
 
 }  // namespace

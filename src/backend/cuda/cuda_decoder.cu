@@ -1709,6 +1709,8 @@ Status CudaTextDecoder::run_step(const model::ForwardBatch& b, model::PagedKVCac
       }
       if (it->second.exec) {
         it->second.last_use = ++s.graph_clock;
+        // A rank of a split decoder launches a replay (its collectives) only when every rank launches its own.
+        if (comm_) ZEST_RETURN_IF_ERROR(comm_->launch_gate());
         ZEST_CU(cudaGraphLaunch(it->second.exec, st), "graph launch");
         g_graph_launches.fetch_add(1, std::memory_order_relaxed);
       }

@@ -7,6 +7,7 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -24,6 +25,7 @@ struct NcclApi {
   decltype(&ncclCommInitAll) comm_init_all = nullptr;
   decltype(&ncclAllReduce) all_reduce = nullptr;
   decltype(&ncclCommDestroy) comm_destroy = nullptr;
+  decltype(&ncclCommAbort) comm_abort = nullptr;
   decltype(&ncclGetErrorString) error_string = nullptr;
 };
 
@@ -37,8 +39,9 @@ const NcclApi* nccl_api() {
     a.comm_init_all = reinterpret_cast<decltype(&ncclCommInitAll)>(dlsym(h, "ncclCommInitAll"));
     a.all_reduce = reinterpret_cast<decltype(&ncclAllReduce)>(dlsym(h, "ncclAllReduce"));
     a.comm_destroy = reinterpret_cast<decltype(&ncclCommDestroy)>(dlsym(h, "ncclCommDestroy"));
+    a.comm_abort = reinterpret_cast<decltype(&ncclCommAbort)>(dlsym(h, "ncclCommAbort"));
     a.error_string = reinterpret_cast<decltype(&ncclGetErrorString)>(dlsym(h, "ncclGetErrorString"));
-    return a.comm_init_all && a.all_reduce && a.comm_destroy && a.error_string ? &a : nullptr;
+    return a.comm_init_all && a.all_reduce && a.comm_destroy && a.comm_abort && a.error_string ? &a : nullptr;
   }();
   return api;
 }
@@ -50,7 +53,8 @@ Status nccl_status(ncclResult_t r, const char* what) {
 
 class NcclMember final : public Communicator {
  public:
-  NcclMember(ncclComm_t comm, int rank, int world) : comm_(comm), rank_(rank), world_(world) {}
+  NcclMember(ncclComm_t comm, int rank, int world, const std::atomic<bool>* aborted)
+      : comm_(comm), rank_(rank), world_(world), aborted_(aborted) {}
   int rank() const override { return rank_; }
   int world() const override { return world_; }
   Status all_reduce_sum(float*, int64_t) override {
@@ -63,6 +67,7 @@ class NcclMember final : public Communicator {
   Status all_reduce_sum_device(void* data, int64_t n, bool bf16, void* stream) override {
     if (n < 0) return invalid_argument("all-reduce of a negative count");
     if (n == 0) return Status::ok();
+    if (aborted_->load()) return internal_error("the NCCL communicators were aborted after a rank's GPU failed");
     return nccl_status(nccl_api()->all_reduce(data, data, static_cast<size_t>(n), bf16 ? ncclBfloat16 : ncclFloat32,
                                               ncclSum, comm_, static_cast<cudaStream_t>(stream)),
                        "ncclAllReduce");
@@ -71,21 +76,31 @@ class NcclMember final : public Communicator {
  private:
   ncclComm_t comm_;
   int rank_, world_;
+  const std::atomic<bool>* aborted_;
 };
 
 class NcclGroup final : public CommunicatorGroup {
  public:
   explicit NcclGroup(std::vector<ncclComm_t> comms) : comms_(std::move(comms)) {
     const int n = static_cast<int>(comms_.size());
-    for (int r = 0; r < n; ++r) members_.push_back(std::make_unique<NcclMember>(comms_[r], r, n));
+    for (int r = 0; r < n; ++r) members_.push_back(std::make_unique<NcclMember>(comms_[r], r, n, &aborted_));
   }
   ~NcclGroup() override {
-    for (ncclComm_t c : comms_) nccl_api()->comm_destroy(c);
+    if (!aborted_.load())
+      for (ncclComm_t c : comms_) nccl_api()->comm_destroy(c);
   }
   int world() const override { return static_cast<int>(comms_.size()); }
   Communicator& member(int rank) override { return *members_.at(static_cast<size_t>(rank)); }
+  // ncclCommAbort of every rank's communicator (once): their kernels waiting on a failed rank end, the GPUs go on;
+  // the communicators are freed.
+  void abort_device() override {
+    if (aborted_.exchange(true)) return;
+    for (ncclComm_t c : comms_) nccl_api()->comm_abort(c);
+  }
+  bool broken() const override { return aborted_.load(); }
 
  private:
+  std::atomic<bool> aborted_{false};
   std::vector<ncclComm_t> comms_;
   std::vector<std::unique_ptr<NcclMember>> members_;
 };
