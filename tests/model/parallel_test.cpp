@@ -641,6 +641,17 @@ TEST(ParallelDecoder, ARankThatFailsMidStepEndsTheStepWithItsError) {
 }
 
 
+// A member of the test groups of device communicators: host collectives refused, the device all-reduce the group's.
+struct DeviceMember : Communicator {
+  DeviceMember(int r, int w) : r_(r), w_(w) {}
+  int rank() const override { return r_; }
+  int world() const override { return w_; }
+  Status all_reduce_sum(float*, int64_t) override { return unsupported("device sums only"); }
+  Status broadcast(void*, int64_t, int) override { return unsupported("device sums only"); }
+  bool reduces_on_device() const override { return true; }
+  int r_, w_;
+};
+
 // A device communicator group that only counts the collectives each rank queued (a GPU waits for every one of them
 // to be matched by the other ranks').
 class CountingDeviceGroup final : public CommunicatorGroup {
@@ -653,19 +664,13 @@ class CountingDeviceGroup final : public CommunicatorGroup {
   int queued(int rank) const { return members_.at(static_cast<size_t>(rank))->queued.load(); }
 
  private:
-  struct Member final : Communicator {
-    Member(int r, int w) : r_(r), w_(w) {}
-    int rank() const override { return r_; }
-    int world() const override { return w_; }
-    Status all_reduce_sum(float*, int64_t) override { return unsupported("device sums only"); }
-    Status broadcast(void*, int64_t, int) override { return unsupported("device sums only"); }
-    bool reduces_on_device() const override { return true; }
+  struct Member final : DeviceMember {
+    Member(int r, int w) : DeviceMember(r, w) {}
     Status all_reduce_sum_device(void*, int64_t, bool, void*) override {
       ++queued;
       return Status::ok();
     }
     std::atomic<int> queued{0};
-    int r_, w_;
   };
   std::vector<std::unique_ptr<Member>> members_;
 };
@@ -760,13 +765,8 @@ class FakeDevices final : public CommunicatorGroup {
   int device_aborts = 0;
 
  private:
-  struct Member final : Communicator {
-    Member(FakeDevices* d, int r, int w) : d_(d), r_(r), w_(w) {}
-    int rank() const override { return r_; }
-    int world() const override { return w_; }
-    Status all_reduce_sum(float*, int64_t) override { return unsupported("device sums only"); }
-    Status broadcast(void*, int64_t, int) override { return unsupported("device sums only"); }
-    bool reduces_on_device() const override { return true; }
+  struct Member final : DeviceMember {
+    Member(FakeDevices* d, int r, int w) : DeviceMember(r, w), d_(d) {}
     Status all_reduce_sum_device(void*, int64_t, bool, void*) override {
       std::lock_guard<std::mutex> lock(d_->mu_);
       if (d_->aborted_) return internal_error("aborted communicator");
@@ -774,7 +774,6 @@ class FakeDevices final : public CommunicatorGroup {
       return Status::ok();
     }
     FakeDevices* d_;
-    int r_, w_;
   };
   mutable std::mutex mu_;
   std::condition_variable cv_;
