@@ -552,6 +552,7 @@ EngineStats Engine::stats() const {
   s.waiting = static_cast<int64_t>(waiting_.size());
   s.kv_blocks_used = cache_.used_blocks();
   s.prefix_cache_blocks = cache_.cached_blocks();
+  if (Status h = model_->decoder().health(); !h.is_ok()) s.decoder_error = h.message();
   return s;
 }
 

@@ -8,6 +8,7 @@
 #include <list>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "core/status.h"
@@ -70,6 +71,7 @@ struct EngineStats {
   // sequence sees as its time per token; minus the device's step time, it is the device's idle time per step).
   int64_t decode_steps = 0, decode_intervals = 0;
   double decode_step_s = 0, decode_forward_s = 0, decode_interval_s = 0;
+  std::string decoder_error;  // non-empty: the decoder can run no more steps (TextDecoder::health), and why
 };
 
 class Engine {

@@ -142,6 +142,9 @@ class TextDecoder {
     (void)layer;
     return unsupported("this decoder backend keeps no device copy of the expert weights");
   }
+  // Ok while the decoder can run steps; else why it cannot, for good (a split decoder whose device collectives were
+  // aborted after a rank's GPU failed): the server's /health reports it.
+  virtual Status health() const { return Status::ok(); }
   // Makes this decoder a rank of a parallel decoder (model/parallel.h): its weights are its rank's shard
   // (shard_decoder_weights), and forward sums the attention output and the MLP/expert output over the ranks
   // (Communicator::all_reduce_sum) before each residual add; every rank runs the same steps concurrently. Null (the

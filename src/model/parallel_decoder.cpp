@@ -116,11 +116,16 @@ ParallelDecoder::~ParallelDecoder() {
   ranks_.clear();  // the decoders leave before their communicators
 }
 
-Status ParallelDecoder::on_ranks(const std::function<Status(int)>& fn) const {
-  if (!workers_) return fn(0);
-  if (group_->broken())
+Status ParallelDecoder::health() const {
+  if (group_ && group_->broken())
     return internal_error("the split decoder is unusable: a rank's GPU failed mid-step and its collectives were "
                           "aborted (restart zest)");
+  return Status::ok();
+}
+
+Status ParallelDecoder::on_ranks(const std::function<Status(int)>& fn) const {
+  if (!workers_) return fn(0);
+  ZEST_RETURN_IF_ERROR(health());
   std::mutex mu;
   std::condition_variable returned;
   int running = world();

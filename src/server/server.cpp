@@ -214,13 +214,15 @@ void Server::Impl::routes() {
   });
   http->Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     const engine::EngineStats s = loop->stats();
-    json j = {{"status", stopping ? "stopping" : "ok"},
+    const bool broken = !s.decoder_error.empty();  // e.g. a split decoder that lost a GPU: restart the instance
+    json j = {{"status", stopping ? "stopping" : broken ? "unhealthy" : "ok"},
               {"model", model_name},
               {"kv_blocks_used", s.kv_blocks_used},
               {"kv_blocks_total", s.kv_blocks_total},
               {"requests_running", s.running},
               {"requests_waiting", s.waiting}};
-    res.status = stopping ? 503 : 200;
+    if (broken) j["error"] = s.decoder_error;
+    res.status = stopping || broken ? 503 : 200;
     res.set_content(dump_json(j), kJson);
   });
   http->Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {

@@ -851,6 +851,7 @@ TEST(ParallelDecoder, ARankWhoseGpuFailsMidStepAbortsTheDeviceCollectives) {
     return f.get();
   };
   EXPECT_TRUE(step().is_ok());
+  EXPECT_TRUE((*d)->health().is_ok());
   ranks[1]->host_fails = true;
   Status s = step();
   EXPECT_EQ(s.code(), ErrorCode::kResourceExhausted) << s.to_string();
@@ -862,6 +863,7 @@ TEST(ParallelDecoder, ARankWhoseGpuFailsMidStepAbortsTheDeviceCollectives) {
   EXPECT_EQ(s.code(), ErrorCode::kInternal) << s.to_string();
   EXPECT_NE(s.to_string().find("rank 1's GPU failed"), std::string::npos) << s.to_string();
   EXPECT_EQ(devices->device_aborts, 1);
+  EXPECT_EQ((*d)->health().code(), ErrorCode::kInternal);  // the server's /health says so
   ranks[1]->gpu_fails = false;
   const int before = ranks[0]->steps.load();
   s = step();

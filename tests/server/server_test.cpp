@@ -442,6 +442,46 @@ TEST_P(ServerTest, ModelsHealthAndMetricsEndpoints) {
     EXPECT_NE(res->body.find(std::string("# TYPE ") + name + " gauge"), std::string::npos) << name;
 }
 
+// A decoder that can run no more steps (a split decoder whose GPU failed and whose collectives were aborted).
+class LostDecoder final : public model::TextDecoder {
+ public:
+  explicit LostDecoder(std::shared_ptr<model::TextDecoder> d) : d_(std::move(d)) {}
+  model::Backend backend() const override { return d_->backend(); }
+  const io::TextConfig& config() const override { return d_->config(); }
+  Result<model::PagedKVCache> allocate_cache(int64_t blocks, int64_t block_size) const override {
+    return d_->allocate_cache(blocks, block_size);
+  }
+  Result<Tensor> forward(const model::ForwardBatch&, model::PagedKVCache&, const model::MoeHooks*) const override {
+    return health();
+  }
+  Status health() const override { return internal_error("the decoder lost a GPU (test)"); }
+
+ private:
+  std::shared_ptr<model::TextDecoder> d_;
+};
+
+// Such a decoder: a chat gets 500 naming why, and /health answers 503 "unhealthy" with the reason (so that an
+// orchestrator restarts the instance) instead of "ok". Mutation: /health without the decoder's health says 200.
+TEST(ServerHealth, ADecoderThatCanRunNoMoreStepsMakesTheInstanceUnhealthy) {
+  auto loaded = engine::ModelBundle::load((std::filesystem::path(ZEST_FIXTURES_DIR) / "models" / "qwen3_tiny").string());
+  ASSERT_TRUE(loaded.ok()) << loaded.status().to_string();
+  std::shared_ptr<engine::ModelBundle> m = *loaded;
+  m->text_decoder = std::make_shared<LostDecoder>(m->text_decoder);
+  ServerOptions opts;
+  opts.host = "127.0.0.1";
+  opts.port = 0;
+  auto s = Server::start(m, opts);
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  auto c = client(**s);
+  HttpReply r = post_json(*c, chat_body("Hello", 4).dump());
+  EXPECT_EQ(r.status, 500) << r.body;
+  EXPECT_NE(r.body.find("lost a GPU"), std::string::npos) << r.body;
+  HttpReply h = get(*c, "/health");
+  EXPECT_EQ(h.status, 503) << h.body;
+  EXPECT_EQ(h.j["status"], "unhealthy") << h.body;
+  EXPECT_NE(h.j.value("error", std::string()).find("lost a GPU"), std::string::npos) << h.body;
+}
+
 // A second request with the same long prompt takes its full blocks from the prefix cache: the same answer, its
 // cached tokens in usage (OpenAI's prompt_tokens_details), hits and queries in /metrics.
 TEST_P(ServerTest, RepeatedPromptReportsCachedTokens) {
