@@ -116,16 +116,23 @@ ParallelDecoder::~ParallelDecoder() {
   ranks_.clear();  // the decoders leave before their communicators
 }
 
+namespace {
+Status broken_error() {
+  return internal_error("the split decoder is unusable: a rank's GPU failed mid-step and its collectives were aborted "
+                        "(restart zest)");
+}
+}  // namespace
+
 Status ParallelDecoder::health() const {
-  if (group_ && group_->broken())
-    return internal_error("the split decoder is unusable: a rank's GPU failed mid-step and its collectives were "
-                          "aborted (restart zest)");
+  if (group_ && group_->broken()) return broken_error();
+  for (size_t r = 0; r < ranks_.size(); ++r)
+    if (Status h = ranks_[r]->health(); !h.is_ok()) return h.with_context("rank " + std::to_string(r));
   return Status::ok();
 }
 
 Status ParallelDecoder::on_ranks(const std::function<Status(int)>& fn) const {
   if (!workers_) return fn(0);
-  ZEST_RETURN_IF_ERROR(health());
+  if (group_->broken()) return broken_error();
   std::mutex mu;
   std::condition_variable returned;
   int running = world();

@@ -51,7 +51,8 @@ class ParallelDecoder final : public TextDecoder {
   // them for waiting on device collectives that will not run and aborts those (CommunicatorGroup::abort_device; the
   // decoder is unusable from then on). 10 s by default: longer than any layer's work between two collectives.
   void set_abort_grace(std::chrono::milliseconds grace) { abort_grace_ = grace; }
-  // An error once a rank's device collectives were aborted: the decoder refuses every step from then on.
+  // An error once a rank's device collectives were aborted (the decoder refuses every step from then on) or while a
+  // rank reports one.
   Status health() const override;
 
  private:

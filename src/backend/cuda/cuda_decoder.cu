@@ -440,6 +440,20 @@ class CudaTextDecoder final : public model::TextDecoder {
                                                           const model::MoeHooks* hooks,
                                                           const std::vector<model::SampleRow>& rows) const override;
   Result<std::vector<accel::RerouteCounts>> reroute_counts() const override;
+  // A failed GPU context (a kernel's illegal address, an uncorrectable ECC error: every later CUDA call fails the same
+  // way) leaves the decoder unusable; the stream's state says so without waiting for it.
+  Status health() const override {
+    if (cudaSetDevice(dev_) != cudaSuccess) {
+      const cudaError_t e = cudaGetLastError();
+      return internal_error(std::string("GPU ") + std::to_string(dev_) + " is unusable (" + cudaGetErrorString(e) +
+                            "): restart zest");
+    }
+    const cudaError_t e = cudaStreamQuery(stream_);
+    if (e == cudaSuccess || e == cudaErrorNotReady) return Status::ok();
+    cudaGetLastError();  // a passing error is cleared (a sticky one stays and is reported again)
+    return internal_error(std::string("GPU ") + std::to_string(dev_) + " failed (" + cudaGetErrorString(e) +
+                          "): its context is unusable, restart zest");
+  }
   Result<model::DeviceExpertWeights> device_expert_weights(int64_t layer) const override {
     if (layer < 0 || layer >= L_ || !layers_[layer].moe)
       return invalid_argument("layer " + std::to_string(layer) + " is not an MoE layer of this decoder");
