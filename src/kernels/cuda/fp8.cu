@@ -80,10 +80,10 @@ __host__ __device__ inline TileSmem tile_smem(int KW, int MT, int NG, int K, int
   return m;
 }
 
-template <int KW, int NG, int kMode>
 // At one 8-token group 8-warp CTAs fit three an SM (at most 85 registers; down's 64-row items two), so that one
 // token's items go in one wave: 8 experts x 48 gate/up items, 8 x 32 down items (two waves each before, at 96 and 114
-// registers).
+// registers; one wave measured batch-1 TPOT -6% on one H100).
+template <int KW, int NG, int kMode>
 __global__ void __launch_bounds__(KW * 32, KW == 8 && NG == 1 ? (kMode == kTileDown ? 2 : 3) : 1)
     fp8_tile_kernel(TileArgs a) {
   constexpr int MT = tile_mtiles<kMode, NG>();
