@@ -10,7 +10,7 @@ for s in 102 103; do
     bash bench/gpu/profile.sh
 done
 echo "== ncu: prefill experts' FP8 gate/up at 8192 tokens (bench_prefill_bench --ops) =="
-timeout 120 ncu --clock-control none --kernel-name-base demangled -k 'regex:gemm_fp8_tc_kernel<.*0>' --launch-skip 2 \
+timeout 120 ncu --clock-control none --kernel-name-base demangled -k 'regex:gemm_fp8_tc_kernel<.*(0|kGateUp)>' --launch-skip 2 \
   --launch-count 1 --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis \
   --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
   "$P/bench_prefill_bench" --config qwen3-30b-a3b --tokens 8192 --ops --runs 2 2>&1 |
