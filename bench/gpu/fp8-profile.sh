@@ -1,14 +1,12 @@
 # limit: 580
 # Where issue 42's FP8 kernels spend their time (one GPU; package from bench/gpu-package.sh): each kernel of one
-# replayed decode layer at batch 1 and 8 (ncu, serialised: duration and DRAM bytes), the per-instruction warp stalls
-# of the one-token expert kernels (the tile kernel's launches 102 and 103 of a step are layer 25's gate/up and down),
-# and the stall reasons of the prefill experts' FP8 tensor-core gate/up at 8k tokens (its chunks take ~1.06 us
-# against ~0.65 us in the dense products of the same kernel: BENCHMARKS.md).
-NCU_ONLY=1 NCU_TIMEOUT=150 NCU_COUNT=12 BENCH_ARGS="--dtype fp8" timeout 230 bash bench/gpu/profile.sh
-for s in 102 103; do
-  NCU_SKIP=$s NCU_ONLY=1 NCU_TIMEOUT=100 NCU_SOURCE=fp8_tile NCU_BATCH=1 BENCH_ARGS="--dtype fp8" timeout 110 \
-    bash bench/gpu/profile.sh
-done
+# replayed decode layer at batch 1 and 64 (ncu, serialised: duration and DRAM bytes; batch 8's is in BENCHMARKS.md),
+# the per-instruction warp stalls of the one-token gate/up (the tile kernel's launch 102 of a step is layer 25's
+# gate/up; 103 its down), and the stall reasons of the prefill experts' FP8 tensor-core gate/up at 8k tokens (its
+# chunks take ~1.06 us against ~0.65 us in the dense products of the same kernel: BENCHMARKS.md).
+NCU_ONLY=1 NCU_BATCHES="1 64" NCU_TIMEOUT=150 NCU_COUNT=12 BENCH_ARGS="--dtype fp8" timeout 300 bash bench/gpu/profile.sh
+NCU_SKIP=102 NCU_ONLY=1 NCU_TIMEOUT=100 NCU_SOURCE=fp8_tile NCU_BATCH=1 BENCH_ARGS="--dtype fp8" timeout 110 \
+  bash bench/gpu/profile.sh
 echo "== ncu: prefill experts' FP8 gate/up at 8192 tokens (bench_prefill_bench --ops) =="
 timeout 120 ncu --clock-control none --kernel-name-base demangled -k 'regex:gemm_fp8_tc_kernel<.*(0|kGateUp)>' --launch-skip 2 \
   --launch-count 1 --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis \

@@ -52,7 +52,7 @@ elif [ -n "${NCU_DETAIL:-}" ]; then
            /Duration|Throughput|Elapsed Cycles|Registers|Shared Memory Config|Dynamic Shared|Grid Size|Block Size|Cluster|Achieved Occupancy|Theoretical Occupancy|Warp Cycles Per|Issued Warp|No Eligible|Active Warps/ {print}' | head -70
   done
 elif command -v ncu >/dev/null; then
-  for b in 1 8; do
+  for b in ${NCU_BATCHES:-1 8}; do
     echo "== ncu, batch $b: one layer of a replayed step (duration us, DRAM MB read) =="
     timeout ${NCU_TIMEOUT:-40} ncu --clock-control none --graph-profiling node -k regex:"rows_|decode_attention|moe_|norm_kernel|router|gemm_skinny|fp8_tile" --launch-skip 500 --launch-count ${NCU_COUNT:-16} \
       --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size,launch__cluster_dim_x --csv --print-units base \
