@@ -11,6 +11,6 @@ echo "== ncu: prefill experts' FP8 gate/up at 8192 tokens (bench_prefill_bench -
 timeout 120 ncu --clock-control none --kernel-name-base demangled -k 'regex:gemm_fp8_tc_kernel<.*(0|kGateUp)>' --launch-skip 2 \
   --launch-count 1 --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis \
   --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" \
-  "$P/bench_prefill_bench" --config qwen3-30b-a3b --tokens 8192 --ops --runs 2 2>&1 |
+  "$P/bench_prefill_bench" --config qwen3-30b-a3b --tokens 8192 --ops --runs 4 2>&1 |
   awk '/^  [^ ]/ {print; next} /stalled/ {v = $NF + 0; if (v >= 0.3) print; next}
        /Duration|Throughput|Elapsed Cycles|Hit Rate|Warp Cycles Per|Issued Warp|No Eligible|Active Warps/ {print}' | head -50
