@@ -540,6 +540,8 @@ Status Engine::step() {
   if (!st.is_ok()) {
     for (auto& s : running_) finish(*s, FinishReason::kError, s->out.text, st.message());
     running_.clear();
+    // Can the decoder run another step? (Asked only here: a healthy decoder turns unusable only in a failed step.)
+    if (Status h = model_->decoder().health(); !h.is_ok()) decoder_error_ = h.message();
     return st;
   }
   running_.remove_if([](const std::unique_ptr<Seq>& p) { return p->done; });
@@ -552,7 +554,7 @@ EngineStats Engine::stats() const {
   s.waiting = static_cast<int64_t>(waiting_.size());
   s.kv_blocks_used = cache_.used_blocks();
   s.prefix_cache_blocks = cache_.cached_blocks();
-  if (Status h = model_->decoder().health(); !h.is_ok()) s.decoder_error = h.message();
+  s.decoder_error = decoder_error_;
   return s;
 }
 

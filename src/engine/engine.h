@@ -115,6 +115,7 @@ class Engine {
   Seq* find(int64_t id);
 
   std::shared_ptr<ModelBundle> model_;
+  std::string decoder_error_;  // the decoder's health after a failed step (EngineStats::decoder_error)
   EngineOptions opts_;
   int64_t max_context_ = 0;
   Status init_status_;  // why the engine cannot run (the KV cache could not be allocated), else ok
