@@ -294,8 +294,10 @@ TEST(CudaFp8, QuantizeRowsMatchesNearestCodes) {
 TEST(CudaFp8, TensorCoreDenseMatchesQuantizedReference) {
   ZEST_REQUIRE_GPU();
   std::mt19937 rng(917);
-  // one token; a last row tile of 44 rows; three row tiles
-  for (const auto& [M, N, K] : {std::tuple{1, 256, 384}, std::tuple{300, 128, 256}, std::tuple{384, 384, 1024}}) {
+  // one token; a decode step's 40 rows (one part tile, the second warpgroup idle) over 16 chunks (the ring wraps); a
+  // last row tile of 44 rows; three row tiles
+  for (const auto& [M, N, K] : {std::tuple{1, 256, 384}, std::tuple{40, 512, 2048}, std::tuple{300, 128, 256},
+                                std::tuple{384, 384, 1024}}) {
     SCOPED_TRACE(testing::Message() << "M " << M << " N " << N << " K " << K);
     const HostFp8 w = random_fp8_blocks(N, K, rng, 0.05f);
     const HostBF16 x = random_bf16(static_cast<size_t>(M) * K, rng);

@@ -10,8 +10,11 @@
 // then the 64 matching up rows). K goes in chunks of 128 (one 128-byte swizzled shared row per operand row, one scale
 // block): for each chunk a consumer warpgroup issues four wgmma.m64n128k32 into a chunk accumulator, waits for them,
 // and adds it times (row scale x weight block scale) to its fp32 sums (the promotion of block-scaled FP8 GEMMs). A
-// 6-stage ring of (A 16 KB, B 16 KB) chunks is filled by the producer warpgroup: the weight tile by TMA (two boxes of
-// 64 rows), A rows by TMA (kDown, kDense) or by cp.async with the 128-byte swizzle applied by hand (kGateUp).
+// 6-stage ring of (A 16 KB, B 16 KB, 130 scales) chunks is filled by the producer warpgroup: the weight tile by TMA (two
+// boxes of 64 rows), A rows by TMA (kDown, kDense) or by cp.async with the 128-byte swizzle applied by hand (kGateUp),
+// the chunk's 128 row scales and two weight-box scales by cp.async (each producer thread one row; all 128 arrive on the
+// stage's full barrier). The plan's offsets and experts sit in shared memory and down's slots and routing weights are
+// read at the tile's start, so no consumer waits on a global load between two chunks or at a tile's end.
 #include <cuda.h>
 
 #include <algorithm>
@@ -67,6 +70,13 @@ __device__ __forceinline__ void wgmma_e4m3_m64n128k32(float (&d)[64], uint64_t d
       : "l"(da), "l"(db), "r"(static_cast<int>(acc_in)));
 }
 
+// 4-byte async copy global -> shared; zero-fills when !valid (gmem is then not read).
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(vmma::smem_addr(smem)), "l"(gmem),
+               "r"(valid ? 4 : 0)
+               : "memory");
+}
+
 __device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(vmma::smem_addr(bar)) : "memory");
 }
@@ -92,12 +102,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ __align__(8) uint64_t full_bar[kStages];
   __shared__ __align__(8) uint64_t empty_bar[kStages];
   __shared__ int mstart[kMaxExperts + 1];  // first row tile of each active expert (experts)
+  __shared__ int s_off[kMaxExperts + 1];   // the plan's offsets and active experts (experts)
+  __shared__ int s_exp[kMaxExperts];
+  __shared__ float s_sc[kStages][kBM + 2];  // per stage: the chunk's 128 row scales, then the two weight-box scales
   __shared__ int s_active;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
-      mbar_init_count(&full_bar[s], kGU ? 128 + 1 : 1);
+      mbar_init_count(&full_bar[s], 128 + 1);  // every producer thread (cp.async, noinc) + the expect_tx arrival
       mbar_init_count(&empty_bar[s], 8);  // the consumer warps that read the stage
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -116,11 +129,16 @@ __global__ void __launch_bounds__(kThreads, 1)
           const int v = __shfl_up_sync(0xffffffffu, s, o);
           if (lane >= o) s += v;
         }
-        if (j < na) mstart[j] = base + s - m;
+        if (j < na) {
+          mstart[j] = base + s - m;
+          s_off[j] = p.plan.offsets[j];
+          s_exp[j] = p.plan.active_experts[j];
+        }
         base += __shfl_sync(0xffffffffu, s, 31);
       }
       if (lane == 0) {
         mstart[na] = base;
+        s_off[na] = p.plan.offsets[na];
         s_active = na;
       }
     }
@@ -148,13 +166,13 @@ __global__ void __launch_bounds__(kThreads, 1)
           hi = mid - 1;
       }
       j = lo;
-      m0 = p.plan.offsets[j] + (q - mstart[j]) * kBM;
-      rows = min(kBM, p.plan.offsets[j + 1] - m0);
+      m0 = s_off[j] + (q - mstart[j]) * kBM;
+      rows = min(kBM, s_off[j + 1] - m0);
     }
   };
   // The weight rows of the tile's two 64-row boxes.
   auto weight_rows = [&](int j, int nt, int& wr0, int& wr1) {
-    const int e = kDense ? 0 : p.plan.active_experts[j];
+    const int e = kDense ? 0 : s_exp[j];
     if constexpr (kGU) {
       wr0 = e * 2 * p.I + nt * (kBN / 2);
       wr1 = wr0 + p.I;
@@ -167,13 +185,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warp < 4) {
     // ---- producer warpgroup ----
     asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n" ::: "memory");
-    // Without the gathered cp.async rows (down, dense) the loads are all TMA issued by one thread: warp 0 alone runs
-    // the ring. Warps that only waited on the empty barriers were gated by nothing, so one could fall two phases
-    // behind and wait on a parity that does not come again: its CTA never ended (a hang seen in the CUDA suite).
-    if constexpr (!kGU) {
-      if (warp != 0) return;
-    }
+    // Every producer thread copies a row scale per chunk and arrives on the stage's full barrier, so none can run a
+    // phase ahead of the consumers' release of a stage it has not filled (a warp that only waited on the empty
+    // barriers, gated by nothing, once fell two phases behind and hung its CTA).
     const int t = threadIdx.x;
+    const int a_blocks = width / 128, w_chunks = (width + 63) / 64;
     const int lr = t >> 3, lc = t & 7;  // kGateUp: rows lr + 16 v (v < 8), 16-byte chunk lc
     const int sw = (lc ^ (lr & 7)) * 16;
     int stage = 0;
@@ -183,6 +199,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       int j, m0, rows, wr0, wr1;
       decode_rows(pq, j, m0, rows);
       weight_rows(j, nt, wr0, wr1);
+      // this thread's scale row (row t of the tile) and, in thread 0, the two weight boxes' scale rows
+      int srow = -1;
+      if (t < rows) srow = kGU ? p.plan.sorted_slots[m0 + t] / p.top_k : m0 + t;
+      const float* sa_src = p.a_scale + static_cast<size_t>(srow >= 0 ? srow : 0) * a_blocks;
+      const float* sw0_src = p.w_scale + static_cast<size_t>(wr0 / 16) * w_chunks;
+      const float* sw1_src = p.w_scale + static_cast<size_t>(wr1 / 16) * w_chunks;
       int tok[8];
       if constexpr (kGU) {
 #pragma unroll
@@ -208,49 +230,52 @@ __global__ void __launch_bounds__(kThreads, 1)
             const uint8_t* src = p.a + static_cast<size_t>(tok[v] >= 0 ? tok[v] : 0) * p.H + kc * kBK + lc * 16;
             vmma::cp_async16(sA + r * kBK + sw, src, tok[v] >= 0);
           }
-          cp_async_mbar_arrive_noinc(&full_bar[stage]);
         }
+        cp_async4(&s_sc[stage][t], sa_src + kc, srow >= 0);
+        if (t == 0) {
+          cp_async4(&s_sc[stage][kBM], sw0_src + 2 * kc, true);
+          cp_async4(&s_sc[stage][kBM + 1], sw1_src + 2 * kc, true);
+        }
+        cp_async_mbar_arrive_noinc(&full_bar[stage]);
         if (++stage == kStages) {
           stage = 0;
           phase ^= 1;
         }
       }
     }
-    if constexpr (kGU) vmma::cp_async_wait<0>();
+    vmma::cp_async_wait<0>();
   } else {
     // ---- consumer warpgroups: rows 64 wg .. 64 wg + 63 of each tile ----
     asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n" ::: "memory");
     const int wg = (warp >> 2) - 1, wq = warp & 3, g = lane >> 2, tq = lane & 3;
-    const int a_blocks = width / 128, w_chunks = (width + 63) / 64;
     int i = 0;
     for (int u = blockIdx.x; u < units; u += gridDim.x, ++i) {
       const int pq = u / n_tiles, nt = u - pq * n_tiles;
-      int j, m0, rows, wr0, wr1;
+      int j, m0, rows;
       decode_rows(pq, j, m0, rows);
-      weight_rows(j, nt, wr0, wr1);
       const bool act = 64 * wg < rows;
-      // The thread's two rows (16 wq + g and + 8 of its warpgroup's 64) and their activation scale rows.
-      const float* as[2];
+      const int r0 = 64 * wg + 16 * wq + g;  // the thread's two rows: r0 and r0 + 8 of the tile
+      // down: the rows' slots and routing weights, read now for the tile's end
+      int slot[2] = {0, 0};
+      float wt[2] = {0.f, 0.f};
+      if constexpr (kDn) {
 #pragma unroll
-      for (int hr = 0; hr < 2; ++hr) {
-        const int r = 64 * wg + 16 * wq + g + 8 * hr;
-        int arow = -1;
-        if (r < rows) arow = kGU ? p.plan.sorted_slots[m0 + r] / p.top_k : m0 + r;
-        as[hr] = arow >= 0 ? p.a_scale + static_cast<size_t>(arow) * a_blocks : nullptr;
+        for (int hr = 0; hr < 2; ++hr)
+          if (r0 + 8 * hr < rows) {
+            slot[hr] = p.plan.sorted_slots[m0 + r0 + 8 * hr];
+            wt[hr] = p.route_w[slot[hr]];
+          }
       }
-      // The two weight boxes' scale rows (a 64-row box lies in one 128 x 128 block).
-      const float* ws0 = p.w_scale + static_cast<size_t>(wr0 / 16) * w_chunks;
-      const float* ws1 = p.w_scale + static_cast<size_t>(wr1 / 16) * w_chunks;
       float acc[64], part[64];
 #pragma unroll
       for (int c = 0; c < 64; ++c) acc[c] = 0.f;
       for (int kc = 0; kc < nk; ++kc) {
         const int pos = i * nk + kc;
         const int stage = pos % kStages;
-        // this chunk's scales, loaded before the wait
-        const float sa0 = as[0] ? __ldg(as[0] + kc) : 0.f, sa1 = as[1] ? __ldg(as[1] + kc) : 0.f;
-        const float sw0 = __ldg(ws0 + 2 * kc), sw1 = __ldg(ws1 + 2 * kc);
         mbar_wait(&full_bar[stage], (pos / kStages) & 1);
+        // this chunk's scales, read before the stage is released
+        const float sa0 = s_sc[stage][r0], sa1 = s_sc[stage][r0 + 8];
+        const float sw0 = s_sc[stage][kBM], sw1 = s_sc[stage][kBM + 1];
         if (act) {
           if constexpr (kGU) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // cp.async -> wgmma
           const unsigned char* sA = smem + stage * kStageBytes + wg * 64 * kBK;
@@ -295,14 +320,12 @@ __global__ void __launch_bounds__(kThreads, 1)
             *reinterpret_cast<__nv_bfloat162*>(hrow + 8 * c8) = __floats2bfloat162_rn(hv[0], hv[1]);
           }
         } else if constexpr (kDn) {
-          const int slot = p.plan.sorted_slots[m0 + r];
-          const float wt = p.route_w[slot];
-          const size_t at = static_cast<size_t>(slot) * p.H + nt * kBN + 2 * tq;
+          const size_t at = static_cast<size_t>(slot[hr]) * p.H + nt * kBN + 2 * tq;
           // bf16-exact values: stored as bf16 (half the bytes, for the combine's bf16 form) or as f32
 #pragma unroll
           for (int c8 = 0; c8 < 16; ++c8) {
-            const float v0 = bf16_round(bf16_round(acc[4 * c8 + 2 * hr]) * wt);
-            const float v1 = bf16_round(bf16_round(acc[4 * c8 + 2 * hr + 1]) * wt);
+            const float v0 = bf16_round(bf16_round(acc[4 * c8 + 2 * hr]) * wt[hr]);
+            const float v1 = bf16_round(bf16_round(acc[4 * c8 + 2 * hr + 1]) * wt[hr]);
             if (p.out)
               *reinterpret_cast<__nv_bfloat162*>(p.out + at + 8 * c8) = __floats2bfloat162_rn(v0, v1);
             else
