@@ -1,6 +1,7 @@
-// FP8 tensor-core products for prefill (wgmma e4m3 x e4m3, fp32 accumulation) with block scales: weights as
-// Fp8Weight (scales uniform over 128 x 128 blocks, the official checkpoints' blocks), activations from
-// quantize_rows_fp8 (one scale per row per 128 columns). Three modes of one warp-specialised persistent kernel:
+// FP8 tensor-core products for prefill and decode's dense products of 33-64 rows (wgmma e4m3 x e4m3, fp32
+// accumulation) with block scales: weights as Fp8Weight (scales uniform over 128 x 128 blocks, the official
+// checkpoints' blocks), activations from quantize_rows_fp8 (one scale per row per 128 columns). Three modes of one
+// warp-specialised persistent kernel:
 // - kGateUp: the MoE experts' gate/up over the plan's sorted slots (token rows gathered by cp.async), h =
 //   bf16(silu(gate) * up) at the sorted position;
 // - kDown: the experts' down over h's FP8 rows by sorted position (tensor copies), slot_out[slot] = w[slot] * out;

@@ -138,10 +138,10 @@ Status gemm_fp8(const bf16* x, Fp8Weight w, bf16* y, int M, int N, int K, cudaSt
 // of x[r, 128b .. 128b + 127] (1 when all zero), q[r, k] = e4m3(x[r, k] * 448 / amax), nearest even, saturating.
 // K a multiple of 128; scales [rows, K / 128] f32.
 Status quantize_rows_fp8(const bf16* x, uint8_t* q, float* scales, int rows, int K, cudaStream_t stream);
-// FP8 tensor-core products for prefill (gemm_fp8_tc.cu; wgmma e4m3, fp32 sums): the activations quantized by
-// quantize_rows_fp8 (x8, scales [rows, width / 128]), the weight's scales uniform over 128 x 128 blocks (the official
-// checkpoints' blocks; each 128-column chunk of a 64-row box is scaled by the scale of its first 16 x 64 chunk).
-// y [M, N] = x W^T for N, K multiples of 128.
+// FP8 tensor-core products for prefill and 33-64 row decode products (gemm_fp8_tc.cu; wgmma e4m3, fp32 sums): the
+// activations quantized by quantize_rows_fp8 (x8, scales [rows, width / 128]), the weight's scales uniform over 128 x
+// 128 blocks (the official checkpoints' blocks; each 128-column chunk of a 64-row box is scaled by the scale of its
+// first 16 x 64 chunk). y [M, N] = x W^T for N, K multiples of 128.
 bool gemm_fp8_tc_ok(int N, int K);
 Status gemm_fp8_tc(const uint8_t* x8, const float* x_scale, Fp8Weight w, bf16* y, int M, int N, int K,
                    cudaStream_t stream);
