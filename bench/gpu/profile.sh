@@ -54,11 +54,11 @@ elif [ -n "${NCU_DETAIL:-}" ]; then
 elif command -v ncu >/dev/null; then
   # The context prefill's launches come first: 8 sequences' (8k tokens) fit in the 500 skipped, batch 64's (64k
   # tokens, ~300 matching launches per 8k) take a skip of 500 per 8 sequences (~2900 at 64), and more steps.
-  # NCU_LAYER_SKIP sets the skip (FP8 prefill matches ~9 launches a layer: ~3500 at batch 64).
+  # NCU_LAYER_SKIP sets the skip (FP8 prefill matches ~13 launches a layer, gemm_fp8_tc included: ~5000 at batch 64).
   for b in ${NCU_BATCHES:-1 8}; do
     echo "== ncu, batch $b: one layer of a replayed step (duration us, DRAM MB read) =="
     skip=${NCU_LAYER_SKIP:-$((b > 8 ? 500 + 300 * b / 8 : 500))}
-    timeout ${NCU_TIMEOUT:-40} ncu --clock-control none --graph-profiling node -k regex:"rows_|decode_attention|moe_|norm_kernel|router|gemm_skinny|fp8_tile" --launch-skip $skip --launch-count ${NCU_COUNT:-16} \
+    timeout ${NCU_TIMEOUT:-40} ncu --clock-control none --graph-profiling node -k regex:"rows_|decode_attention|moe_|norm_kernel|router|gemm_skinny|gemm_fp8|fp8_tile" --launch-skip $skip --launch-count ${NCU_COUNT:-16} \
       --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size,launch__cluster_dim_x --csv --print-units base \
       "$B" --config qwen3-30b-a3b --batch $b --context 1024 ${BENCH_ARGS:-} --steps 6 --warmup 1 2>/dev/null |
       python3 -c '
